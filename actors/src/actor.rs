@@ -1,0 +1,720 @@
+//! The actor state machine: act when every input has a ready register and every output a
+//! free slot; tell consumers and producers when the kernel completes; forward end of data
+//! once drained; linger as a zombie until every slot is back.
+
+use crate::regst::{Consumer, InputState, OutputState, ReadyRegst};
+use crate::{
+    ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, GroupPosition, Message,
+    PlanIds, RegstRef,
+};
+use regflow_graph::plan::{ActorIndex, ActorKind, Plan, SourcePieces};
+use std::collections::VecDeque;
+
+/// Where an actor is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Taking messages and firing.
+    Running,
+    /// Drained and `Eord` sent; waiting for its consumers to give back its last slots.
+    Zombie,
+    /// Finished (or stopped): it sends nothing more.
+    Done,
+}
+
+/// Kind-specific state.
+#[derive(Debug)]
+pub(crate) enum KindState {
+    Source {
+        limit: Option<u64>,
+        available: u64,
+        closed: bool,
+        produced: u64,
+    },
+    Compute,
+    /// `credits`: pieces the user may still be handed before fetching; `None` is unbounded.
+    Sink {
+        credits: Option<u64>,
+    },
+    Acc {
+        count: u32,
+        position: u32,
+        held: Option<u32>,
+    },
+    Repeat {
+        count: u32,
+        held: Option<ReadyRegst>,
+        handed: u32,
+        outstanding: u32,
+    },
+}
+
+/// What a launch must do when its kernel completes.
+#[derive(Debug, Clone, Copy)]
+struct Launch {
+    ack_inputs: bool,
+    emit: bool,
+}
+
+/// One actor. Owned by its stream thread; driven only through [`Actor::handle`].
+#[derive(Debug)]
+pub struct Actor {
+    pub(crate) id: ActorId,
+    pub(crate) name: String,
+    pub(crate) kind: KindState,
+    pub(crate) inputs: Vec<InputState>,
+    pub(crate) outputs: Vec<OutputState>,
+    pending: VecDeque<Launch>,
+    pub(crate) started: bool,
+    pub(crate) lifecycle: Lifecycle,
+    scratch_inputs: Vec<RegstRef>,
+    scratch_outputs: Vec<RegstRef>,
+    pub(crate) fires: u64,
+}
+
+impl Actor {
+    /// Builds plan actor `index`. The plan must be validated and `ids` assigned from it.
+    pub fn from_plan(plan: &Plan, ids: &PlanIds, index: ActorIndex) -> Self {
+        let desc = &plan.actors[index.index()];
+        let id = ids.of(index);
+        let inputs: Vec<InputState> = desc
+            .inputs
+            .iter()
+            .map(|&r| {
+                let regst = &plan.regst_descs[r.index()];
+                InputState::new(r, ids.of(regst.producer), regst.register_num)
+            })
+            .collect();
+        let outputs: Vec<OutputState> = plan
+            .outputs_of(index)
+            .map(|r| {
+                let regst = &plan.regst_descs[r.index()];
+                let consumers = regst
+                    .consumers
+                    .iter()
+                    .map(|&c| {
+                        let cid = ids.of(c);
+                        Consumer {
+                            id: cid,
+                            same_stream: cid.stream_id() == id.stream_id(),
+                        }
+                    })
+                    .collect();
+                OutputState::new(r, regst.register_num, consumers)
+            })
+            .collect();
+        let kind = match desc.kind {
+            ActorKind::Source { pieces } => KindState::Source {
+                limit: match pieces {
+                    SourcePieces::Count(n) => Some(n),
+                    SourcePieces::Fed => None,
+                },
+                available: 0,
+                closed: false,
+                produced: 0,
+            },
+            ActorKind::Compute { .. } => KindState::Compute,
+            ActorKind::Sink => KindState::Sink { credits: None },
+            ActorKind::Acc { count, .. } => KindState::Acc {
+                count,
+                position: 0,
+                held: None,
+            },
+            ActorKind::Repeat { count } => KindState::Repeat {
+                count,
+                held: None,
+                handed: 0,
+                outstanding: 0,
+            },
+        };
+        // Every launch holds at least one slot until it completes, so this bounds `pending`.
+        let max_pending: usize = inputs.iter().map(|i| i.ready.capacity()).sum::<usize>()
+            + outputs
+                .iter()
+                .map(|o| o.register_num as usize)
+                .sum::<usize>()
+            + 1;
+        Self {
+            id,
+            name: desc.name.clone(),
+            kind,
+            scratch_inputs: Vec::with_capacity(inputs.len()),
+            scratch_outputs: Vec::with_capacity(outputs.len()),
+            inputs,
+            outputs,
+            pending: VecDeque::with_capacity(max_pending),
+            started: false,
+            lifecycle: Lifecycle::Running,
+            fires: 0,
+        }
+    }
+
+    /// The actor's id.
+    pub fn id(&self) -> ActorId {
+        self.id
+    }
+
+    /// The actor's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where it is in its life.
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.lifecycle
+    }
+
+    /// Makes a sink hand the user at most `credits` pieces ahead of the user's fetches
+    /// (each [`Cmd::Fetched`] gives one back). Sinks are unbounded by default.
+    pub fn set_sink_credits(&mut self, credits: u64) {
+        if let KindState::Sink { credits: c } = &mut self.kind {
+            *c = Some(credits);
+        }
+    }
+
+    /// Launches whose kernels have not completed.
+    pub fn pending_launches(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// How many times it has fired.
+    pub fn fires(&self) -> u64 {
+        self.fires
+    }
+
+    /// Most pieces each output had in flight at once, with its `register_num`.
+    pub fn max_in_flight(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.outputs
+            .iter()
+            .map(|o| (o.max_in_flight, o.register_num))
+    }
+
+    /// Most slots of each input this actor held at once, with the producer's `register_num`.
+    pub fn max_held(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.inputs.iter().map(|i| (i.max_held, i.ready.capacity()))
+    }
+
+    /// Handles one message, fires as often as it can, and returns its lifecycle after.
+    pub fn handle<E: ActorEnv>(
+        &mut self,
+        msg: &Message,
+        env: &mut E,
+    ) -> Result<Lifecycle, ActorError> {
+        if self.lifecycle == Lifecycle::Done {
+            return Ok(Lifecycle::Done);
+        }
+        match msg.body {
+            Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
+            Body::Ack { regst } => self.on_ack(msg.src, regst, env)?,
+            Body::Eord { desc } => {
+                let input = self.inputs.iter_mut().find(|i| i.desc == desc);
+                match input {
+                    Some(input) if !input.eord => input.eord = true,
+                    _ => {
+                        return Err(self.unexpected(format!(
+                            "Eord for {desc}, which it does not consume or already ended"
+                        )))
+                    }
+                }
+            }
+            Body::ActDone => self.complete_oldest(env)?,
+            Body::Cmd(Cmd::Start) => self.started = true,
+            Body::Cmd(Cmd::Stop) => {
+                self.lifecycle = Lifecycle::Done;
+                return Ok(Lifecycle::Done);
+            }
+            Body::Cmd(cmd @ (Cmd::Feed | Cmd::CloseFeed)) => match &mut self.kind {
+                KindState::Source {
+                    limit: None,
+                    available,
+                    closed,
+                    ..
+                } if !*closed => {
+                    if cmd == Cmd::Feed {
+                        *available += 1;
+                    } else {
+                        *closed = true;
+                    }
+                }
+                _ => return Err(self.unexpected(format!("{cmd:?}: not an open fed source"))),
+            },
+            Body::Cmd(Cmd::Fetched) => match &mut self.kind {
+                KindState::Sink {
+                    credits: Some(credits),
+                } => *credits += 1,
+                _ => {
+                    return Err(
+                        self.unexpected("Fetched: not a sink that delivers to the user".into())
+                    )
+                }
+            },
+        }
+        self.progress(env)?;
+        Ok(self.lifecycle)
+    }
+
+    fn unexpected(&self, detail: String) -> ActorError {
+        ActorError::Unexpected {
+            name: self.name.clone(),
+            id: self.id,
+            detail,
+        }
+    }
+
+    fn env_error(&self, source: EnvError) -> ActorError {
+        ActorError::Env {
+            name: self.name.clone(),
+            id: self.id,
+            source,
+        }
+    }
+
+    fn send<E: ActorEnv>(&self, env: &mut E, dst: ActorId, body: Body) -> Result<(), ActorError> {
+        env.send(Message {
+            dst,
+            src: self.id,
+            body,
+        })
+        .map_err(|e| self.env_error(e))
+    }
+
+    fn on_ready(
+        &mut self,
+        src: ActorId,
+        regst: RegstRef,
+        piece: u64,
+        data: RegstRef,
+    ) -> Result<(), ActorError> {
+        let Some(position) = self.inputs.iter().position(|i| i.desc == regst.desc) else {
+            return Err(self.unexpected(format!(
+                "Ready of {} from {src}, which it does not consume",
+                regst.desc
+            )));
+        };
+        let input = &mut self.inputs[position];
+        if input.producer != src || input.eord {
+            let detail = format!(
+                "Ready of {} from {src} (producer {}, ended: {})",
+                regst.desc, input.producer, input.eord
+            );
+            return Err(self.unexpected(detail));
+        }
+        if piece != input.next_piece {
+            let detail = format!(
+                "{} delivered piece {piece}, expected piece {}",
+                regst.desc, input.next_piece
+            );
+            return Err(ActorError::PieceOrder {
+                name: self.name.clone(),
+                id: self.id,
+                detail,
+            });
+        }
+        if input.ready.len() + input.in_use.len() >= input.ready.capacity() {
+            let detail = format!(
+                "{} delivered more slots than its register_num {}",
+                regst.desc,
+                input.ready.capacity()
+            );
+            return Err(self.unexpected(detail));
+        }
+        input.next_piece += 1;
+        input.ready.push_back(ReadyRegst {
+            slot: regst.slot,
+            piece,
+            data,
+        });
+        input.note_held();
+        Ok(())
+    }
+
+    fn on_ack<E: ActorEnv>(
+        &mut self,
+        src: ActorId,
+        regst: RegstRef,
+        env: &mut E,
+    ) -> Result<(), ActorError> {
+        let Some(output) = self.outputs.iter_mut().find(|o| o.desc == regst.desc) else {
+            return Err(self.unexpected(format!(
+                "Ack of {} from {src}, which it does not produce",
+                regst.desc
+            )));
+        };
+        let freed = output
+            .ack(regst.slot, src)
+            .map_err(|detail| ActorError::Unexpected {
+                name: self.name.clone(),
+                id: self.id,
+                detail,
+            })?;
+        if freed {
+            self.on_slot_freed(env)?;
+        }
+        Ok(())
+    }
+
+    /// A repeat actor gives its input back once every piece it handed out has come back.
+    fn on_slot_freed<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        if let KindState::Repeat {
+            count,
+            held,
+            handed,
+            outstanding,
+        } = &mut self.kind
+        {
+            *outstanding -= 1;
+            if *handed == *count && *outstanding == 0 {
+                if let Some(regst) = held.take() {
+                    *handed = 0;
+                    let input = &self.inputs[0];
+                    let (producer, desc) = (input.producer, input.desc);
+                    self.send(
+                        env,
+                        producer,
+                        Body::Ack {
+                            regst: RegstRef {
+                                desc,
+                                slot: regst.slot,
+                            },
+                        },
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn can_fire(&self) -> bool {
+        let outputs_free = || self.outputs.iter().all(OutputState::has_free);
+        let inputs_ready = || self.inputs.iter().all(|i| !i.ready.is_empty());
+        match &self.kind {
+            KindState::Source {
+                limit,
+                available,
+                produced,
+                ..
+            } => {
+                let has_piece = match limit {
+                    Some(n) => produced < n,
+                    None => *available > 0,
+                };
+                self.started && has_piece && outputs_free()
+            }
+            KindState::Compute => inputs_ready() && outputs_free(),
+            KindState::Sink { credits } => inputs_ready() && *credits != Some(0),
+            KindState::Acc { position, .. } => inputs_ready() && (*position > 0 || outputs_free()),
+            KindState::Repeat {
+                count,
+                held,
+                handed,
+                ..
+            } => {
+                let has_input = match held {
+                    Some(_) => handed < count,
+                    None => inputs_ready(),
+                };
+                has_input && outputs_free()
+            }
+        }
+    }
+
+    fn progress<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        if self.lifecycle == Lifecycle::Running {
+            while self.can_fire() {
+                self.fire(env)?;
+            }
+            if self.pending.is_empty() && self.drained()? {
+                self.flush_partial_group(env)?;
+                for o in 0..self.outputs.len() {
+                    for c in 0..self.outputs[o].consumers.len() {
+                        let (dst, desc) = (self.outputs[o].consumers[c].id, self.outputs[o].desc);
+                        self.send(env, dst, Body::Eord { desc })?;
+                    }
+                }
+                self.lifecycle = Lifecycle::Zombie;
+            }
+        }
+        if self.lifecycle == Lifecycle::Zombie && self.outputs.iter().all(|o| o.in_flight == 0) {
+            self.lifecycle = Lifecycle::Done;
+        }
+        Ok(())
+    }
+
+    /// Whether no piece can ever come again. Inputs that end after different numbers of
+    /// pieces are a plan error, reported instead of silently dropping pieces.
+    fn drained(&self) -> Result<bool, ActorError> {
+        match &self.kind {
+            KindState::Source {
+                limit: Some(n),
+                produced,
+                ..
+            } => Ok(produced >= n),
+            KindState::Source {
+                limit: None,
+                available,
+                closed,
+                ..
+            } => Ok(*closed && *available == 0),
+            KindState::Repeat { held, .. } if held.is_some() => Ok(false),
+            _ => {
+                let ended = self.inputs.iter().find(|i| i.is_finished());
+                let waiting = self.inputs.iter().find(|i| !i.ready.is_empty());
+                if let (Some(ended), Some(waiting)) = (ended, waiting) {
+                    let detail = format!(
+                        "input {} ended after {} pieces but input {} still has piece {} ready",
+                        ended.desc, ended.next_piece, waiting.desc, waiting.ready[0].piece
+                    );
+                    return Err(ActorError::PieceOrder {
+                        name: self.name.clone(),
+                        id: self.id,
+                        detail,
+                    });
+                }
+                Ok(self.inputs.iter().all(InputState::is_finished))
+            }
+        }
+    }
+
+    fn fire<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        self.fires += 1;
+        if matches!(self.kind, KindState::Repeat { .. }) {
+            return self.fire_repeat(env);
+        }
+        // Consume the front of every input; the pieces must be in step.
+        self.scratch_inputs.clear();
+        let mut piece = None;
+        let first_desc = self.inputs.first().map(|i| i.desc);
+        for i in 0..self.inputs.len() {
+            let input = &mut self.inputs[i];
+            let Some(front) = input.ready.pop_front() else {
+                unreachable!("fired without a ready input")
+            };
+            input.in_use.push_back(front.slot);
+            if let Some(p) = piece.filter(|&p| p != front.piece) {
+                let detail = format!(
+                    "input {} is at piece {} while input {} is at piece {p}",
+                    input.desc,
+                    front.piece,
+                    first_desc.map(|d| d.to_string()).unwrap_or_default()
+                );
+                return Err(ActorError::PieceOrder {
+                    name: self.name.clone(),
+                    id: self.id,
+                    detail,
+                });
+            }
+            piece = Some(front.piece);
+            self.scratch_inputs.push(front.data);
+        }
+        // Decide the group position and which output slots this launch writes.
+        let (group, ack_inputs, emit) = match &mut self.kind {
+            KindState::Source {
+                available,
+                produced,
+                limit,
+                ..
+            } => {
+                piece = Some(*produced);
+                *produced += 1;
+                if limit.is_none() {
+                    *available -= 1;
+                }
+                (GroupPosition { index: 0, count: 1 }, false, true)
+            }
+            KindState::Acc {
+                count,
+                position,
+                held,
+            } => {
+                if *position == 0 {
+                    *held = self.outputs[0].take(true);
+                }
+                let group = GroupPosition {
+                    index: *position,
+                    count: *count,
+                };
+                *position += 1;
+                let emit = *position == *count;
+                if emit {
+                    *position = 0;
+                }
+                (group, true, emit)
+            }
+            KindState::Sink { credits } => {
+                if let Some(credits) = credits {
+                    *credits -= 1;
+                }
+                (GroupPosition { index: 0, count: 1 }, true, true)
+            }
+            _ => (GroupPosition { index: 0, count: 1 }, true, true),
+        };
+        self.scratch_outputs.clear();
+        for o in 0..self.outputs.len() {
+            let output = &mut self.outputs[o];
+            let slot = match self.kind {
+                KindState::Acc {
+                    held: Some(slot), ..
+                } => slot,
+                _ => match output.take(true) {
+                    Some(slot) => slot,
+                    None => unreachable!("fired without a free output slot"),
+                },
+            };
+            self.scratch_outputs.push(RegstRef {
+                desc: output.desc,
+                slot,
+            });
+        }
+        let firing = Firing {
+            actor: self.id,
+            piece: piece.unwrap_or(0),
+            inputs: &self.scratch_inputs,
+            outputs: &self.scratch_outputs,
+            group,
+        };
+        let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
+        if emit {
+            for o in 0..self.outputs.len() {
+                let slot = self.scratch_outputs[o].slot;
+                let output = &mut self.outputs[o];
+                let piece = output.next_piece;
+                output.next_piece += 1;
+                let regst = RegstRef {
+                    desc: output.desc,
+                    slot,
+                };
+                output.launched.push_back((slot, piece, regst));
+                for c in 0..output.consumers.len() {
+                    let consumer = self.outputs[o].consumers[c];
+                    if consumer.same_stream {
+                        self.send(
+                            env,
+                            consumer.id,
+                            Body::Ready {
+                                regst,
+                                piece,
+                                data: regst,
+                            },
+                        )?;
+                    }
+                }
+            }
+        }
+        self.pending.push_back(Launch { ack_inputs, emit });
+        if completion == Completion::Done {
+            self.complete_oldest(env)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the held input (or the next one) to one more output piece, without a kernel.
+    fn fire_repeat<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        let KindState::Repeat {
+            held,
+            handed,
+            outstanding,
+            ..
+        } = &mut self.kind
+        else {
+            unreachable!("fire_repeat on a non-repeat actor")
+        };
+        if held.is_none() {
+            *held = self.inputs[0].ready.pop_front();
+        }
+        let Some(data) = held.map(|h| h.data) else {
+            unreachable!("repeat fired without input")
+        };
+        *handed += 1;
+        *outstanding += 1;
+        let output = &mut self.outputs[0];
+        let Some(slot) = output.take(false) else {
+            unreachable!("repeat fired without a free slot")
+        };
+        let piece = output.next_piece;
+        output.next_piece += 1;
+        let regst = RegstRef {
+            desc: output.desc,
+            slot,
+        };
+        for c in 0..self.outputs[0].consumers.len() {
+            let dst = self.outputs[0].consumers[c].id;
+            self.send(env, dst, Body::Ready { regst, piece, data })?;
+        }
+        Ok(())
+    }
+
+    /// The oldest launch's kernel completed: tell other-stream consumers and producers.
+    fn complete_oldest<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        let Some(launch) = self.pending.pop_front() else {
+            return Err(self.unexpected("ActDone with no kernel in flight".into()));
+        };
+        if launch.emit {
+            for o in 0..self.outputs.len() {
+                let Some((slot, piece, data)) = self.outputs[o].launched.pop_front() else {
+                    unreachable!("an emitting launch recorded no slot")
+                };
+                for c in 0..self.outputs[o].consumers.len() {
+                    let consumer = self.outputs[o].consumers[c];
+                    if !consumer.same_stream {
+                        let regst = RegstRef {
+                            desc: self.outputs[o].desc,
+                            slot,
+                        };
+                        self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
+                    }
+                }
+                self.outputs[o].complete(slot);
+            }
+        }
+        if launch.ack_inputs {
+            for i in 0..self.inputs.len() {
+                let Some(slot) = self.inputs[i].in_use.pop_front() else {
+                    unreachable!("a launch that read inputs recorded no slot")
+                };
+                let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
+                self.send(
+                    env,
+                    producer,
+                    Body::Ack {
+                        regst: RegstRef { desc, slot },
+                    },
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An acc actor that drains mid-group emits the partial sum rather than losing it.
+    fn flush_partial_group<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        let KindState::Acc { position, held, .. } = &mut self.kind else {
+            return Ok(());
+        };
+        if *position == 0 {
+            return Ok(());
+        }
+        *position = 0;
+        let Some(slot) = held.take() else {
+            return Ok(());
+        };
+        let output = &mut self.outputs[0];
+        let piece = output.next_piece;
+        output.next_piece += 1;
+        let regst = RegstRef {
+            desc: output.desc,
+            slot,
+        };
+        for c in 0..self.outputs[0].consumers.len() {
+            let dst = self.outputs[0].consumers[c].id;
+            self.send(
+                env,
+                dst,
+                Body::Ready {
+                    regst,
+                    piece,
+                    data: regst,
+                },
+            )?;
+        }
+        self.outputs[0].complete(slot);
+        Ok(())
+    }
+}

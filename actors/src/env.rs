@@ -1,0 +1,67 @@
+//! What an actor needs from the outside: a way to send messages and a way to launch its
+//! kernel. The runtime implements it with its bus and its device streams.
+
+use crate::{ActorId, Message, RegstRef};
+
+/// Where a firing sits in an acc group or a repeat fan-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupPosition {
+    /// Position in the group, `0..count`.
+    pub index: u32,
+    /// Group size (1 for plain actors).
+    pub count: u32,
+}
+
+/// One firing, as the kernel sees it.
+#[derive(Debug)]
+pub struct Firing<'a> {
+    /// The firing actor.
+    pub actor: ActorId,
+    /// Piece number of the inputs (for a source: of the outputs).
+    pub piece: u64,
+    /// Memory of each input, in kernel input order.
+    pub inputs: &'a [RegstRef],
+    /// Slot of each output, in output order.
+    pub outputs: &'a [RegstRef],
+    /// Position in an acc group (`index` 0 starts a new sum).
+    pub group: GroupPosition,
+}
+
+/// How a launch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// The kernel finished during the call (cpu).
+    Done,
+    /// The kernel was queued on the stream; an `ActDone` message will follow, in launch order.
+    Pending,
+}
+
+/// Why a send or launch failed; the actor wraps it with its own name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    /// No route to the recipient's node.
+    #[error("cannot reach actor {dst}: node {node} is not connected")]
+    NotConnected {
+        /// Recipient.
+        dst: ActorId,
+        /// Its node.
+        node: u16,
+    },
+    /// The recipient's thread has gone (the job is stopping).
+    #[error("cannot reach actor {dst}: its stream has stopped")]
+    Disconnected {
+        /// Recipient.
+        dst: ActorId,
+    },
+    /// The kernel failed.
+    #[error("kernel failed: {0}")]
+    Kernel(String),
+}
+
+/// Services the runtime gives an actor while it handles a message.
+pub trait ActorEnv {
+    /// Delivers a message (same thread, other thread or other node).
+    fn send(&mut self, msg: Message) -> Result<(), EnvError>;
+    /// Runs or queues the actor's kernel for one firing.
+    fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError>;
+}

@@ -1,0 +1,31 @@
+//! The actor protocol of regflow: actor ids, register-slot messages, register slots and the
+//! actor state machine with its kinds (source, compute, sink, acc, repeat). No threads and
+//! no devices: the runtime drives actors through [`Actor::handle`] and gives them an
+//! [`ActorEnv`] to send messages and launch kernels.
+//!
+//! The protocol (ARCHITECTURE.md §4): a producer sends `Ready(regst, piece)` to each
+//! consumer; a consumer sends `Ack(regst)` back when its kernel no longer reads it; a slot is
+//! free again when every consumer has acked. An actor fires when every input has a ready
+//! register and every output a free slot, so `register_num` bounds how far a producer runs
+//! ahead. Consumers on the producer's own stream are told at launch; others, and the acks to
+//! producers, wait for the kernel to complete. After its last piece an actor sends `Eord`,
+//! and stays a zombie until every slot it lent is back.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod actor;
+mod env;
+mod error;
+mod id;
+mod message;
+mod regst;
+mod snapshot;
+
+pub use actor::{Actor, Lifecycle};
+pub use env::{ActorEnv, Completion, EnvError, Firing, GroupPosition};
+pub use error::ActorError;
+pub use id::{
+    ActorId, IdError, PlanIds, StreamId, MAX_ACTORS_PER_STREAM, MAX_DEVICES, MAX_STREAMS_PER_DEVICE,
+};
+pub use message::{Body, Cmd, Message, RegstRef};
+pub use regst::MAX_CONSUMERS;
+pub use snapshot::{ActorSnapshot, WaitReason};

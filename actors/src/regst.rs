@@ -1,0 +1,168 @@
+//! Register slots as one actor sees them: a FIFO of ready slots per consumed descriptor,
+//! and free slots plus per-slot holders per produced descriptor.
+
+use crate::{ActorId, RegstRef};
+use regflow_graph::plan::RegstDescId;
+use std::collections::VecDeque;
+
+pub use regflow_graph::plan::MAX_CONSUMERS;
+
+/// A slot that arrived ready and waits to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadyRegst {
+    pub(crate) slot: u32,
+    pub(crate) piece: u64,
+    pub(crate) data: RegstRef,
+}
+
+/// One consumed descriptor.
+#[derive(Debug)]
+pub(crate) struct InputState {
+    pub(crate) desc: RegstDescId,
+    pub(crate) producer: ActorId,
+    /// Arrived, not yet read; never longer than the producer's `register_num`.
+    pub(crate) ready: VecDeque<ReadyRegst>,
+    /// Read by launched firings whose kernels have not completed, oldest first.
+    pub(crate) in_use: VecDeque<u32>,
+    /// Piece expected in the next `Ready`.
+    pub(crate) next_piece: u64,
+    pub(crate) eord: bool,
+    /// Most slots of this input this actor held at once (ready or in use).
+    pub(crate) max_held: u32,
+}
+
+impl InputState {
+    pub(crate) fn new(desc: RegstDescId, producer: ActorId, register_num: u32) -> Self {
+        let capacity = register_num as usize;
+        Self {
+            desc,
+            producer,
+            ready: VecDeque::with_capacity(capacity),
+            in_use: VecDeque::with_capacity(capacity),
+            next_piece: 0,
+            eord: false,
+            max_held: 0,
+        }
+    }
+
+    pub(crate) fn note_held(&mut self) {
+        let held = (self.ready.len() + self.in_use.len()) as u32;
+        self.max_held = self.max_held.max(held);
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.eord && self.ready.is_empty()
+    }
+}
+
+/// A consumer of a produced descriptor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Consumer {
+    pub(crate) id: ActorId,
+    /// On the producer's stream: told at launch, since stream order makes that safe.
+    pub(crate) same_stream: bool,
+}
+
+/// One produced descriptor.
+#[derive(Debug)]
+pub(crate) struct OutputState {
+    pub(crate) desc: RegstDescId,
+    pub(crate) register_num: u32,
+    pub(crate) consumers: Vec<Consumer>,
+    pub(crate) free: VecDeque<u32>,
+    /// Per slot: bit `i` set while consumer `i` has not acked it.
+    pub(crate) holders: Vec<u64>,
+    /// Per slot: written by a launch whose kernel has not completed.
+    pub(crate) completing: Vec<bool>,
+    /// Emitted by launches not yet completed: (slot, piece, data), oldest first.
+    pub(crate) launched: VecDeque<(u32, u64, RegstRef)>,
+    pub(crate) next_piece: u64,
+    /// Pieces taken and not yet given back by every consumer, counted apart from `free`.
+    pub(crate) in_flight: u32,
+    pub(crate) max_in_flight: u32,
+}
+
+impl OutputState {
+    pub(crate) fn new(desc: RegstDescId, register_num: u32, consumers: Vec<Consumer>) -> Self {
+        let slots = register_num as usize;
+        Self {
+            desc,
+            register_num,
+            consumers,
+            free: (0..register_num).collect(),
+            holders: vec![0; slots],
+            completing: vec![false; slots],
+            launched: VecDeque::with_capacity(slots),
+            next_piece: 0,
+            in_flight: 0,
+            max_in_flight: 0,
+        }
+    }
+
+    fn all_consumers_mask(&self) -> u64 {
+        if self.consumers.len() >= MAX_CONSUMERS {
+            u64::MAX
+        } else {
+            (1u64 << self.consumers.len()) - 1
+        }
+    }
+
+    pub(crate) fn has_free(&self) -> bool {
+        !self.free.is_empty()
+    }
+
+    /// Takes a free slot for a new piece; every consumer will hold it until it acks.
+    pub(crate) fn take(&mut self, completing: bool) -> Option<u32> {
+        let slot = self.free.pop_front()?;
+        self.holders[slot as usize] = self.all_consumers_mask();
+        self.completing[slot as usize] = completing;
+        self.in_flight += 1;
+        self.max_in_flight = self.max_in_flight.max(self.in_flight);
+        Some(slot)
+    }
+
+    /// Records an ack; returns `Ok(true)` if the slot became free.
+    pub(crate) fn ack(&mut self, slot: u32, from: ActorId) -> Result<bool, String> {
+        let Some(position) = self.consumers.iter().position(|c| c.id == from) else {
+            return Err(format!(
+                "ack of slot {slot} from {from}, which does not consume it"
+            ));
+        };
+        let Some(holders) = self.holders.get_mut(slot as usize) else {
+            return Err(format!(
+                "ack of slot {slot}, but the register has {} slots",
+                self.register_num
+            ));
+        };
+        let bit = 1u64 << position;
+        if *holders & bit == 0 {
+            return Err(format!(
+                "slot {slot} acked by {from}, which does not hold it (acked twice?)"
+            ));
+        }
+        *holders &= !bit;
+        Ok(*holders == 0 && !self.completing[slot as usize] && self.release(slot))
+    }
+
+    /// Marks the slot's kernel complete; returns whether the slot became free.
+    pub(crate) fn complete(&mut self, slot: u32) -> bool {
+        self.completing[slot as usize] = false;
+        self.holders[slot as usize] == 0 && self.release(slot)
+    }
+
+    fn release(&mut self, slot: u32) -> bool {
+        self.free.push_back(slot);
+        self.in_flight -= 1;
+        true
+    }
+
+    /// Consumers still holding `slot`.
+    pub(crate) fn holders_of(&self, slot: u32) -> impl Iterator<Item = ActorId> + '_ {
+        let mask = self.holders[slot as usize];
+        self.consumers
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| mask & (1u64 << i) != 0)
+            .map(|(_, c)| c.id)
+    }
+}

@@ -1,0 +1,159 @@
+//! What an actor waits on, for the watchdog's wait-for graph and for counters.
+
+use crate::actor::{Actor, KindState, Lifecycle};
+use crate::ActorId;
+use regflow_graph::plan::RegstDescId;
+use std::fmt;
+
+/// One reason an actor cannot fire right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitReason {
+    /// A source that has not been started.
+    NotStarted,
+    /// A fed source with no piece pushed by the user.
+    Feed,
+    /// An input with no ready register.
+    Input {
+        /// The empty input.
+        desc: RegstDescId,
+        /// Who should produce it.
+        producer: ActorId,
+    },
+    /// An output whose every slot is still held by consumers.
+    OutputFull {
+        /// The full output.
+        desc: RegstDescId,
+        /// Its slot count.
+        register_num: u32,
+        /// Consumers still holding at least one slot.
+        holders: Vec<ActorId>,
+    },
+    /// A sink whose user has not fetched the pieces it was handed.
+    Fetch,
+    /// Kernels launched and not yet completed.
+    Kernel {
+        /// How many.
+        launches: usize,
+    },
+}
+
+/// A snapshot of one actor's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorSnapshot {
+    /// Id.
+    pub id: ActorId,
+    /// Name.
+    pub name: String,
+    /// Lifecycle.
+    pub lifecycle: Lifecycle,
+    /// Times fired.
+    pub fires: u64,
+    /// Everything it waits on (empty if it could fire).
+    pub waits: Vec<WaitReason>,
+    /// Whether a piece is inside it: a register ready or being read, a slot lent out, a
+    /// kernel in flight, or a source that still has pieces to produce.
+    pub holds_pieces: bool,
+}
+
+impl Actor {
+    /// Describes what the actor waits on. Allocates: for diagnostics, not the hot path.
+    pub fn snapshot(&self) -> ActorSnapshot {
+        let mut waits = Vec::new();
+        if let KindState::Source {
+            limit, available, ..
+        } = &self.kind
+        {
+            if !self.started {
+                waits.push(WaitReason::NotStarted);
+            } else if limit.is_none() && *available == 0 {
+                waits.push(WaitReason::Feed);
+            }
+        }
+        let repeat_holds_input = matches!(self.kind, KindState::Repeat { held: Some(_), .. });
+        for input in &self.inputs {
+            if input.ready.is_empty() && !input.eord && !repeat_holds_input {
+                waits.push(WaitReason::Input {
+                    desc: input.desc,
+                    producer: input.producer,
+                });
+            }
+        }
+        for output in &self.outputs {
+            if !output.has_free() {
+                let mut holders: Vec<ActorId> = (0..output.register_num)
+                    .flat_map(|slot| output.holders_of(slot))
+                    .collect();
+                holders.sort();
+                holders.dedup();
+                waits.push(WaitReason::OutputFull {
+                    desc: output.desc,
+                    register_num: output.register_num,
+                    holders,
+                });
+            }
+        }
+        if let KindState::Sink { credits: Some(0) } = self.kind {
+            waits.push(WaitReason::Fetch);
+        }
+        let launches = self.pending_launches();
+        if launches > 0 {
+            waits.push(WaitReason::Kernel { launches });
+        }
+        let holds_pieces = launches > 0
+            || self
+                .inputs
+                .iter()
+                .any(|i| !i.ready.is_empty() || !i.in_use.is_empty())
+            || self.outputs.iter().any(|o| o.in_flight > 0)
+            || match &self.kind {
+                KindState::Source {
+                    limit: Some(n),
+                    produced,
+                    ..
+                } => self.started && produced < n,
+                KindState::Source {
+                    limit: None,
+                    available,
+                    ..
+                } => *available > 0,
+                KindState::Repeat { held, .. } => held.is_some(),
+                _ => false,
+            };
+        ActorSnapshot {
+            id: self.id,
+            name: self.name.clone(),
+            lifecycle: self.lifecycle,
+            fires: self.fires,
+            waits,
+            holds_pieces,
+        }
+    }
+}
+
+impl fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitReason::NotStarted => write!(f, "not started"),
+            WaitReason::Feed => write!(f, "waits for the user to push a piece"),
+            WaitReason::Input { desc, producer } => {
+                write!(f, "waits on input {desc}: empty, produced by {producer}")
+            }
+            WaitReason::OutputFull {
+                desc,
+                register_num,
+                holders,
+            } => {
+                let holders: Vec<String> = holders.iter().map(ToString::to_string).collect();
+                write!(
+                    f,
+                    "output {desc} is full: all {register_num} slots held by [{}]",
+                    holders.join(", ")
+                )
+            }
+            WaitReason::Fetch => write!(f, "waits for the user to fetch the pieces it delivered"),
+            WaitReason::Kernel { launches } => {
+                write!(f, "{launches} kernel launch(es) not completed")
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Why a plan was rejected: every variant names the actor, register or stream involved.
+
+/// A plan that cannot be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The text is not a plan.
+    #[error("plan file is not valid JSON for a plan: {0}")]
+    Parse(String),
+    /// Written by another version of regflow.
+    #[error("plan schema version {found} is not supported: this build reads version {expected}")]
+    SchemaVersion {
+        /// Version in the file.
+        found: u64,
+        /// Version this build reads.
+        expected: u32,
+    },
+    /// A reference to a register descriptor that does not exist.
+    #[error("{owner} refers to unknown register descriptor {desc} (the plan has {count})")]
+    UnknownRegstDesc {
+        /// Who refers to it.
+        owner: String,
+        /// The bad index.
+        desc: u32,
+        /// Number of descriptors in the plan.
+        count: usize,
+    },
+    /// A reference to an actor that does not exist.
+    #[error("{owner} refers to unknown actor {actor} (the plan has {count})")]
+    UnknownActor {
+        /// Who refers to it.
+        owner: String,
+        /// The bad index.
+        actor: u32,
+        /// Number of actors in the plan.
+        count: usize,
+    },
+    /// A reference to a stream that does not exist.
+    #[error("actor '{actor}' is bound to unknown stream {stream} (the plan has {count})")]
+    UnknownStream {
+        /// The actor.
+        actor: String,
+        /// The bad index.
+        stream: u32,
+        /// Number of streams in the plan.
+        count: usize,
+    },
+    /// A reference to a device that does not exist.
+    #[error("stream {stream} belongs to unknown device {device} (the plan has {count})")]
+    UnknownDevice {
+        /// The stream index.
+        stream: u32,
+        /// The bad index.
+        device: u32,
+        /// Number of devices in the plan.
+        count: usize,
+    },
+    /// Two devices with the same node, kind and index.
+    #[error("device {label} is declared twice")]
+    DuplicateDevice {
+        /// The device label.
+        label: String,
+    },
+    /// Two actors with the same name.
+    #[error("two actors are named '{name}'")]
+    DuplicateActorName {
+        /// The name.
+        name: String,
+    },
+    /// A descriptor with no slots can never carry a piece.
+    #[error(
+        "register '{desc}' of actor '{producer}' has register_num 0: it needs at least 1 slot"
+    )]
+    ZeroRegisterNum {
+        /// The descriptor.
+        desc: String,
+        /// Its producer.
+        producer: String,
+    },
+    /// Consumers listed on one side only.
+    #[error("register '{desc}' and actor '{actor}' disagree: {detail}")]
+    InconsistentEdge {
+        /// The descriptor.
+        desc: String,
+        /// The actor.
+        actor: String,
+        /// Which side lists what.
+        detail: String,
+    },
+    /// A produced register nobody reads.
+    #[error("register '{desc}' of actor '{producer}' has no consumer")]
+    NoConsumer {
+        /// The descriptor.
+        desc: String,
+        /// Its producer.
+        producer: String,
+    },
+    /// More consumers than a register can track.
+    #[error("register '{desc}' has {count} consumers; at most {max} are supported", max = super::MAX_CONSUMERS)]
+    TooManyConsumers {
+        /// The descriptor.
+        desc: String,
+        /// Its consumer count.
+        count: usize,
+    },
+    /// An actor whose inputs or outputs do not fit its kind.
+    #[error("{kind} actor '{actor}' {detail}")]
+    BadArity {
+        /// The actor.
+        actor: String,
+        /// Its kind.
+        kind: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A dependency cycle: every register on it starts empty, so none of its actors can fire.
+    #[error("cycle {} has no free register to start from: every register on it starts empty, so no actor on it can ever fire", path.join(" -> "))]
+    Cycle {
+        /// Actor names along the cycle, first repeated at the end.
+        path: Vec<String>,
+    },
+    /// A device's registers do not fit its memory.
+    #[error("registers on device {device} need {needed} bytes but it offers {capacity}; largest: {largest}")]
+    DoesNotFit {
+        /// Device label.
+        device: String,
+        /// Bytes needed by the layout.
+        needed: u64,
+        /// Bytes available.
+        capacity: u64,
+        /// The largest registers, `name (register_num x bytes)`.
+        largest: String,
+    },
+    /// A size that overflows.
+    #[error("memory layout of device {device}: {detail}")]
+    Memory {
+        /// Device label.
+        device: String,
+        /// The memory crate's message.
+        detail: String,
+    },
+}

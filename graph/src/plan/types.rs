@@ -1,0 +1,292 @@
+//! The serializable plan types.
+
+use regflow_memory::MemoryKind;
+use serde::{Deserialize, Serialize};
+
+/// Most consumers one register descriptor may have: the runtime tracks which consumers
+/// still hold a slot in a 64-bit mask.
+pub const MAX_CONSUMERS: usize = 64;
+
+/// Schema version written into every plan file; loading any other version is an error.
+pub const PLAN_SCHEMA_VERSION: u32 = 1;
+
+macro_rules! index_type {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub u32);
+
+        impl $name {
+            /// The index as a `usize`, for indexing the plan's vectors.
+            pub fn index(self) -> usize {
+                self.0 as usize
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+index_type!(
+    /// Index of a device in [`Plan::devices`].
+    DeviceIndex,
+    "device#"
+);
+index_type!(
+    /// Index of a stream in [`Plan::streams`].
+    StreamIndex,
+    "stream#"
+);
+index_type!(
+    /// Index of an actor in [`Plan::actors`].
+    ActorIndex,
+    "actor#"
+);
+index_type!(
+    /// Index of a register descriptor in [`Plan::regst_descs`].
+    RegstDescId,
+    "regst#"
+);
+
+/// A physical plan: everything the runtime needs to run a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Must equal [`PLAN_SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Devices, on any node.
+    pub devices: Vec<DeviceDesc>,
+    /// Streams; each runs on one OS thread of its device's node.
+    pub streams: Vec<StreamDesc>,
+    /// Actors; each is bound to one stream.
+    pub actors: Vec<ActorDesc>,
+    /// Register descriptors; each has one producing actor.
+    pub regst_descs: Vec<RegstDesc>,
+}
+
+/// The kind of a device and what its backend needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// Host CPU: kernels run synchronously on the stream thread.
+    Cpu,
+    /// Simulated device: kernels compute on the host but complete after a modeled duration.
+    Sim,
+}
+
+impl DeviceKind {
+    /// Short name used in labels such as `cpu:0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Sim => "sim",
+        }
+    }
+}
+
+/// One device of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceDesc {
+    /// Node (process / machine) that owns the device.
+    pub node: u16,
+    /// Backend kind.
+    pub kind: DeviceKind,
+    /// Index among the node's devices of this kind (`cpu:0`, `cpu:1`, …).
+    pub index: u16,
+    /// Bytes the device can give this plan; `None` means unbounded (host memory).
+    #[serde(default)]
+    pub memory_capacity: Option<u64>,
+}
+
+impl DeviceDesc {
+    /// Label such as `node0/sim:1`.
+    pub fn label(&self) -> String {
+        format!("node{}/{}:{}", self.node, self.kind.name(), self.index)
+    }
+}
+
+/// What a stream is for; several streams per device let compute and copies overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    /// Kernels.
+    Compute,
+    /// Host↔device copies.
+    Copy,
+    /// Collectives.
+    Comm,
+    /// Network send/recv.
+    Net,
+}
+
+/// One stream of one device: one OS thread at run time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamDesc {
+    /// Device the stream belongs to.
+    pub device: DeviceIndex,
+    /// What the stream is for.
+    pub kind: StreamKind,
+}
+
+/// How a source actor gets its pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourcePieces {
+    /// Produces this many pieces, each tagged with its piece number, then ends.
+    Count(u64),
+    /// Produces one piece per buffer the user pushes, and ends when the user closes it.
+    Fed,
+}
+
+/// Which kernel a compute (or acc) actor runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelConf {
+    /// Does nothing.
+    Noop,
+    /// Copies input 0 into every output (up to the shorter length).
+    Copy,
+    /// Elementwise f32 sum of all inputs into every output. In an acc actor: the sum over
+    /// the pieces of a group.
+    SumF32,
+    /// A kernel the embedding program registers under this name.
+    Custom {
+        /// Registered name.
+        name: String,
+    },
+}
+
+/// What an actor does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// Produces pieces: no inputs, at least one output.
+    Source {
+        /// Where the pieces come from.
+        pieces: SourcePieces,
+    },
+    /// Runs a kernel once per piece: at least one input.
+    Compute {
+        /// The kernel.
+        kernel: KernelConf,
+    },
+    /// Delivers every piece of its inputs to the user: no outputs.
+    Sink,
+    /// Accumulates `count` input pieces into one output piece (one input, one output).
+    Acc {
+        /// Pieces per output.
+        count: u32,
+        /// Kernel that folds each input piece into the output register.
+        kernel: KernelConf,
+    },
+    /// Hands one input register to `count` consecutive output pieces without copying
+    /// (one input, one output of the same size).
+    Repeat {
+        /// Output pieces per input piece.
+        count: u32,
+    },
+}
+
+impl ActorKind {
+    /// Short name of the kind.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ActorKind::Source { .. } => "source",
+            ActorKind::Compute { .. } => "compute",
+            ActorKind::Sink => "sink",
+            ActorKind::Acc { .. } => "acc",
+            ActorKind::Repeat { .. } => "repeat",
+        }
+    }
+}
+
+/// One actor: a physical operation bound to one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActorDesc {
+    /// Unique name, used in errors, traces and to find sources and sinks.
+    pub name: String,
+    /// Stream that runs it.
+    pub stream: StreamIndex,
+    /// What it does.
+    pub kind: ActorKind,
+    /// Register descriptors it consumes, in kernel input order.
+    pub inputs: Vec<RegstDescId>,
+    /// Modeled kernel duration on a `sim` device, in nanoseconds (0 when absent).
+    #[serde(default)]
+    pub sim_nanos: Option<u64>,
+}
+
+/// A register descriptor: `register_num` slots of `bytes` bytes, written by one producer
+/// and read by its consumers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegstDesc {
+    /// Name, used in errors and traces.
+    pub name: String,
+    /// Producing actor.
+    pub producer: ActorIndex,
+    /// Consuming actors; each must list this descriptor in its `inputs`.
+    pub consumers: Vec<ActorIndex>,
+    /// Number of slots: how many pieces the producer may have in flight.
+    pub register_num: u32,
+    /// Bytes per slot.
+    pub bytes: u64,
+    /// Where the slots live.
+    pub memory: MemoryKind,
+}
+
+impl Plan {
+    /// An empty plan of the current schema version.
+    pub fn empty() -> Self {
+        Self {
+            schema_version: PLAN_SCHEMA_VERSION,
+            devices: Vec::new(),
+            streams: Vec::new(),
+            actors: Vec::new(),
+            regst_descs: Vec::new(),
+        }
+    }
+
+    /// The actor with this name.
+    pub fn actor_by_name(&self, name: &str) -> Option<ActorIndex> {
+        self.actors
+            .iter()
+            .position(|a| a.name == name)
+            .map(|i| ActorIndex(i as u32))
+    }
+
+    /// Register descriptors produced by `actor`, in descriptor order (the kernel's outputs).
+    pub fn outputs_of(&self, actor: ActorIndex) -> impl Iterator<Item = RegstDescId> + '_ {
+        self.regst_descs
+            .iter()
+            .enumerate()
+            .filter(move |(_, d)| d.producer == actor)
+            .map(|(i, _)| RegstDescId(i as u32))
+    }
+
+    /// The device an actor runs on. Panics on an index out of range (validate first).
+    pub fn device_of(&self, actor: ActorIndex) -> DeviceIndex {
+        self.streams[self.actors[actor.index()].stream.index()].device
+    }
+
+    /// Whether a descriptor's slots have memory of their own. A repeat actor's output
+    /// hands out its input register without copying, so it owns none.
+    pub fn owns_memory(&self, desc: RegstDescId) -> bool {
+        let producer = self.regst_descs[desc.index()].producer;
+        !matches!(self.actors[producer.index()].kind, ActorKind::Repeat { .. })
+    }
+
+    /// Serializes to pretty JSON.
+    pub fn to_json(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}

@@ -1,0 +1,253 @@
+//! Load-time checks: a plan that passes them can be run by the actor protocol without a
+//! dangling reference, an actor that can never fire, or memory that does not fit.
+
+use super::*;
+use std::collections::HashSet;
+
+impl Plan {
+    /// Parses a JSON plan, checks its schema version, then validates it.
+    pub fn from_json(text: &str) -> Result<Plan, PlanError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| PlanError::Parse(e.to_string()))?;
+        let found = value
+            .get("schema_version")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| PlanError::Parse("missing field `schema_version`".into()))?;
+        if found != u64::from(PLAN_SCHEMA_VERSION) {
+            return Err(PlanError::SchemaVersion {
+                found,
+                expected: PLAN_SCHEMA_VERSION,
+            });
+        }
+        let plan: Plan =
+            serde_json::from_value(value).map_err(|e| PlanError::Parse(e.to_string()))?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Checks references, register counts, edge consistency, arities, cycles and memory.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        if self.schema_version != PLAN_SCHEMA_VERSION {
+            return Err(PlanError::SchemaVersion {
+                found: u64::from(self.schema_version),
+                expected: PLAN_SCHEMA_VERSION,
+            });
+        }
+        self.check_references()?;
+        self.check_edges()?;
+        self.check_arities()?;
+        self.check_cycles()?;
+        self.memory()?;
+        Ok(())
+    }
+
+    fn check_references(&self) -> Result<(), PlanError> {
+        let mut seen = HashSet::new();
+        for device in &self.devices {
+            if !seen.insert((device.node, device.kind, device.index)) {
+                return Err(PlanError::DuplicateDevice {
+                    label: device.label(),
+                });
+            }
+        }
+        for (i, stream) in self.streams.iter().enumerate() {
+            if stream.device.index() >= self.devices.len() {
+                return Err(PlanError::UnknownDevice {
+                    stream: i as u32,
+                    device: stream.device.0,
+                    count: self.devices.len(),
+                });
+            }
+        }
+        let mut names = HashSet::new();
+        for actor in &self.actors {
+            if !names.insert(actor.name.as_str()) {
+                return Err(PlanError::DuplicateActorName {
+                    name: actor.name.clone(),
+                });
+            }
+            if actor.stream.index() >= self.streams.len() {
+                return Err(PlanError::UnknownStream {
+                    actor: actor.name.clone(),
+                    stream: actor.stream.0,
+                    count: self.streams.len(),
+                });
+            }
+            for input in &actor.inputs {
+                if input.index() >= self.regst_descs.len() {
+                    return Err(PlanError::UnknownRegstDesc {
+                        owner: format!("actor '{}'", actor.name),
+                        desc: input.0,
+                        count: self.regst_descs.len(),
+                    });
+                }
+            }
+        }
+        for desc in &self.regst_descs {
+            let owner = || format!("register '{}'", desc.name);
+            for actor in std::iter::once(&desc.producer).chain(&desc.consumers) {
+                if actor.index() >= self.actors.len() {
+                    return Err(PlanError::UnknownActor {
+                        owner: owner(),
+                        actor: actor.0,
+                        count: self.actors.len(),
+                    });
+                }
+            }
+            if desc.register_num == 0 {
+                return Err(PlanError::ZeroRegisterNum {
+                    desc: desc.name.clone(),
+                    producer: self.actors[desc.producer.index()].name.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_edges(&self) -> Result<(), PlanError> {
+        for (desc_index, desc) in self.regst_descs.iter().enumerate() {
+            let desc_id = RegstDescId(desc_index as u32);
+            let producer = &self.actors[desc.producer.index()].name;
+            if desc.consumers.is_empty() {
+                return Err(PlanError::NoConsumer {
+                    desc: desc.name.clone(),
+                    producer: producer.clone(),
+                });
+            }
+            if desc.consumers.len() > MAX_CONSUMERS {
+                return Err(PlanError::TooManyConsumers {
+                    desc: desc.name.clone(),
+                    count: desc.consumers.len(),
+                });
+            }
+            let mut seen = HashSet::new();
+            for consumer in &desc.consumers {
+                let actor = &self.actors[consumer.index()];
+                let listed = actor.inputs.iter().filter(|&&d| d == desc_id).count();
+                let detail = if !seen.insert(*consumer) {
+                    Some("the register lists the actor as a consumer twice".to_string())
+                } else if listed != 1 {
+                    Some(format!(
+                        "the register lists the actor as a consumer, but the actor lists it {listed} times in its inputs"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(detail) = detail {
+                    return Err(PlanError::InconsistentEdge {
+                        desc: desc.name.clone(),
+                        actor: actor.name.clone(),
+                        detail,
+                    });
+                }
+            }
+        }
+        for (i, actor) in self.actors.iter().enumerate() {
+            for input in &actor.inputs {
+                let desc = &self.regst_descs[input.index()];
+                if !desc.consumers.contains(&ActorIndex(i as u32)) {
+                    return Err(PlanError::InconsistentEdge {
+                        desc: desc.name.clone(),
+                        actor: actor.name.clone(),
+                        detail: "the actor reads the register, but the register does not list it as a consumer".into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_arities(&self) -> Result<(), PlanError> {
+        for (i, actor) in self.actors.iter().enumerate() {
+            let outputs: Vec<RegstDescId> = self.outputs_of(ActorIndex(i as u32)).collect();
+            let (ins, outs) = (actor.inputs.len(), outputs.len());
+            let bad = |detail: String| PlanError::BadArity {
+                actor: actor.name.clone(),
+                kind: actor.kind.name(),
+                detail,
+            };
+            match &actor.kind {
+                ActorKind::Source { .. } if ins != 0 || outs == 0 => return Err(bad(format!(
+                    "needs no inputs and at least one output, has {ins} inputs and {outs} outputs"
+                ))),
+                ActorKind::Compute { .. } if ins == 0 => {
+                    return Err(bad(
+                        "needs at least one input (a source produces pieces from nothing)".into(),
+                    ))
+                }
+                ActorKind::Sink if ins == 0 || outs != 0 => return Err(bad(format!(
+                    "needs at least one input and no outputs, has {ins} inputs and {outs} outputs"
+                ))),
+                ActorKind::Acc { count, .. } | ActorKind::Repeat { count } => {
+                    if ins != 1 || outs != 1 {
+                        return Err(bad(format!(
+                            "needs exactly one input and one output, has {ins} inputs and {outs} outputs"
+                        )));
+                    }
+                    if *count == 0 {
+                        return Err(bad("has count 0: it must be at least 1".into()));
+                    }
+                    let (input, output) = (
+                        &self.regst_descs[actor.inputs[0].index()],
+                        &self.regst_descs[outputs[0].index()],
+                    );
+                    if matches!(actor.kind, ActorKind::Repeat { .. }) && input.bytes != output.bytes
+                    {
+                        return Err(bad(format!(
+                            "hands its input register to its consumers, so output '{}' must have the input's {} bytes, not {}",
+                            output.name, input.bytes, output.bytes
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Rejects any dependency cycle: every register starts empty, so no actor on a cycle
+    /// could ever fire. Reports the cycle by actor names.
+    fn check_cycles(&self) -> Result<(), PlanError> {
+        let n = self.actors.len();
+        let mut successors = vec![Vec::new(); n];
+        for desc in &self.regst_descs {
+            for consumer in &desc.consumers {
+                successors[desc.producer.index()].push(consumer.index());
+            }
+        }
+        // Iterative DFS; state 0 = unvisited, 1 = on the stack, 2 = done.
+        let mut state = vec![0u8; n];
+        for root in 0..n {
+            if state[root] != 0 {
+                continue;
+            }
+            let mut stack: Vec<(usize, usize)> = vec![(root, 0)];
+            state[root] = 1;
+            while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+                if let Some(&succ) = successors[node].get(*next) {
+                    *next += 1;
+                    match state[succ] {
+                        0 => {
+                            state[succ] = 1;
+                            stack.push((succ, 0));
+                        }
+                        1 => {
+                            let start = stack.iter().position(|&(a, _)| a == succ).unwrap_or(0);
+                            let mut path: Vec<String> = stack[start..]
+                                .iter()
+                                .map(|&(a, _)| self.actors[a].name.clone())
+                                .collect();
+                            path.push(self.actors[succ].name.clone());
+                            return Err(PlanError::Cycle { path });
+                        }
+                        _ => {}
+                    }
+                } else {
+                    state[node] = 2;
+                    stack.pop();
+                }
+            }
+        }
+        Ok(())
+    }
+}

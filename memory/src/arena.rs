@@ -1,0 +1,241 @@
+//! Aligned host buffers, arenas and the views that register slots are made of.
+
+use crate::{MemoryError, MemoryKind, ALIGNMENT};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+/// A zeroed, [`ALIGNMENT`]-aligned block of host memory, freed on drop.
+#[derive(Debug)]
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer owns its memory exclusively; sharing it across threads is sound because
+// all access goes through `BufferView`, whose users uphold the register protocol.
+unsafe impl Send for HostBuffer {}
+// SAFETY: see above; `&HostBuffer` only hands out raw views.
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes aligned to [`ALIGNMENT`]. A length of 0 allocates nothing.
+    pub fn zeroed(label: &str, len: usize) -> Result<Self, MemoryError> {
+        if len == 0 {
+            // A well-aligned dangling pointer: never dereferenced for a non-empty slice.
+            let ptr = NonNull::new(ALIGNMENT as *mut u8).unwrap_or(NonNull::dangling());
+            return Ok(Self { ptr, len });
+        }
+        let failed = || MemoryError::AllocationFailed {
+            arena: label.to_string(),
+            kind: MemoryKind::Host,
+            bytes: len,
+        };
+        let layout = Layout::from_size_align(len, ALIGNMENT).map_err(|_| failed())?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(failed)?;
+        Ok(Self { ptr, len })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Base address, for views.
+    fn base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        // SAFETY: allocated in `zeroed` with exactly this layout.
+        unsafe {
+            dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.len, ALIGNMENT),
+            )
+        }
+    }
+}
+
+/// One device's memory for one plan: a single allocation that every register of that
+/// device is a view into. Allocated when the plan is loaded, freed when the job ends.
+#[derive(Debug)]
+pub struct Arena {
+    label: String,
+    kind: MemoryKind,
+    buffer: HostBuffer,
+}
+
+impl Arena {
+    /// Allocates an arena of `bytes` bytes of `kind` memory for the device named `label`.
+    ///
+    /// Host and pinned-host kinds are served from the host allocator here; device memory
+    /// belongs to a device backend and is refused with [`MemoryError::UnsupportedKind`].
+    pub fn allocate(label: &str, kind: MemoryKind, bytes: u64) -> Result<Self, MemoryError> {
+        if kind == MemoryKind::Device {
+            return Err(MemoryError::UnsupportedKind {
+                arena: label.to_string(),
+                kind,
+            });
+        }
+        let len = usize::try_from(bytes).map_err(|_| MemoryError::AllocationFailed {
+            arena: label.to_string(),
+            kind,
+            bytes: usize::MAX,
+        })?;
+        Ok(Self {
+            label: label.to_string(),
+            kind,
+            buffer: HostBuffer::zeroed(label, len)?,
+        })
+    }
+
+    /// The device label this arena was allocated for.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The memory kind.
+    pub fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Whether the arena holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// A view of `len` bytes at `offset`, checked against the arena's bounds.
+    pub fn view(&self, offset: u64, len: u64) -> Result<BufferView, MemoryError> {
+        let out_of_range = || MemoryError::OutOfRange {
+            arena: self.label.clone(),
+            offset,
+            len,
+            arena_len: self.buffer.len() as u64,
+        };
+        let end = offset.checked_add(len).ok_or_else(out_of_range)?;
+        if end > self.buffer.len() as u64 {
+            return Err(out_of_range());
+        }
+        // Both fit in usize: they are bounded by the allocation's length.
+        let (offset, len) = (offset as usize, len as usize);
+        // SAFETY: offset + len is within the allocation (checked above).
+        let ptr = unsafe { self.buffer.base().add(offset) };
+        Ok(BufferView { ptr, len })
+    }
+}
+
+/// A view of bytes inside an [`Arena`]: a register slot.
+///
+/// Views are plain addresses: whoever dereferences one must know that nobody writes the
+/// same bytes meanwhile. In regflow the register protocol guarantees it: a producer writes a
+/// slot only while every consumer has acknowledged it, consumers read it only between its
+/// `Ready` and their `Ack`. A view must not outlive its arena.
+#[derive(Debug, Clone, Copy)]
+pub struct BufferView {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a view is an address; data races are excluded by the register protocol (see above).
+unsafe impl Send for BufferView {}
+// SAFETY: as above.
+unsafe impl Sync for BufferView {}
+
+impl BufferView {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads the bytes.
+    ///
+    /// # Safety
+    /// The arena must be alive for `'a` and nobody may write these bytes during `'a`.
+    pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
+        // SAFETY: upheld by the caller; ptr/len come from a bounds-checked arena view.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Writes the bytes.
+    ///
+    /// # Safety
+    /// The arena must be alive for `'a` and nobody else may read or write these bytes
+    /// during `'a`.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
+        // SAFETY: upheld by the caller; ptr/len come from a bounds-checked arena view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Address of the first byte (for alignment checks and diagnostics).
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_zeroed() {
+        for len in [1usize, 63, 64, 65, 4096, 1 << 20] {
+            let buf = HostBuffer::zeroed("t", len).unwrap();
+            assert_eq!(buf.base().as_ptr() as usize % ALIGNMENT, 0, "len {len}");
+            let arena_view = BufferView {
+                ptr: buf.base(),
+                len,
+            };
+            // SAFETY: the buffer is alive and unshared.
+            assert!(unsafe { arena_view.as_slice() }.iter().all(|&b| b == 0));
+        }
+    }
+
+    #[test]
+    fn views_outside_the_arena_are_errors() {
+        let arena = Arena::allocate("cpu:0", MemoryKind::Host, 128).unwrap();
+        assert!(arena.view(64, 64).is_ok());
+        let err = arena.view(100, 29).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "view [100, 100+29) is outside arena cpu:0 of 128 bytes"
+        );
+        assert!(arena.view(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn device_memory_is_refused_by_the_host_allocator() {
+        let err = Arena::allocate("cuda:0", MemoryKind::Device, 8).unwrap_err();
+        assert!(err.to_string().contains("needs a device backend"), "{err}");
+    }
+
+    #[test]
+    fn empty_arena_gives_empty_views() {
+        let arena = Arena::allocate("cpu:0", MemoryKind::Host, 0).unwrap();
+        let view = arena.view(0, 0).unwrap();
+        // SAFETY: empty slice.
+        assert!(unsafe { view.as_slice() }.is_empty());
+    }
+}

@@ -1,0 +1,54 @@
+//! The memory of a loaded plan: one arena per device, and a view per register slot.
+
+use regflow_actors::RegstRef;
+use regflow_graph::plan::{Plan, PlanMemory};
+use regflow_memory::{Arena, BufferView, MemoryError, MemoryReport};
+
+/// All memory of a running plan. Allocated once at load; dropped after every thread ends.
+#[derive(Debug)]
+pub(crate) struct PlanArenas {
+    /// Kept alive for the views.
+    _arenas: Vec<Arena>,
+    /// `views[desc][slot]`; empty for descriptors that own no memory.
+    views: Vec<Vec<BufferView>>,
+    report: MemoryReport,
+}
+
+impl PlanArenas {
+    /// Allocates every device's arena exactly as the memory plan says.
+    pub(crate) fn allocate(plan: &Plan, memory: &PlanMemory) -> Result<Self, MemoryError> {
+        let mut arenas = Vec::with_capacity(memory.devices.len());
+        for device in &memory.devices {
+            let kind = device
+                .descs
+                .first()
+                .map(|r| plan.regst_descs[r.index()].memory)
+                .unwrap_or(regflow_memory::MemoryKind::Host);
+            arenas.push(Arena::allocate(&device.label, kind, device.layout.total_bytes())?);
+        }
+        let mut views = Vec::with_capacity(plan.regst_descs.len());
+        for (d, desc) in plan.regst_descs.iter().enumerate() {
+            let id = regflow_graph::plan::RegstDescId(d as u32);
+            let mut slots = Vec::with_capacity(desc.register_num as usize);
+            for slot in 0..desc.register_num {
+                if let Some((device, offset)) = memory.slot(id, slot) {
+                    slots.push(arenas[device].view(offset, desc.bytes)?);
+                }
+            }
+            views.push(slots);
+        }
+        let report = memory.report();
+        Ok(Self { _arenas: arenas, views, report })
+    }
+
+    /// The bytes of a slot. Panics on a slot the plan does not have: refs come from
+    /// validated plans and the actor protocol, so that would be a broken invariant.
+    pub(crate) fn view(&self, regst: RegstRef) -> BufferView {
+        self.views[regst.desc.index()][regst.slot as usize]
+    }
+
+    /// Bytes per device.
+    pub(crate) fn report(&self) -> &MemoryReport {
+        &self.report
+    }
+}

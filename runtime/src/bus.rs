@@ -1,0 +1,51 @@
+//! The message bus: one `send` for every tier. Same-stream messages never reach it (the
+//! stream thread keeps a local queue); other streams of hosted nodes get the message in
+//! their inbox; other nodes go through the transport, which is not connected yet.
+
+use crate::inbox::{Envelope, InboxSender};
+use regflow_actors::{EnvError, Message};
+
+/// Routes messages by decoding the recipient's [`regflow_actors::ActorId`].
+#[derive(Debug, Clone)]
+pub(crate) struct Router {
+    /// The node this job runs, or `None` when it runs every node in-process.
+    hosted_node: Option<u16>,
+    /// `stream_of[device][position]`: the plan stream index.
+    stream_of: Vec<Vec<u32>>,
+    /// Inbox of each plan stream; `None` for streams of nodes this job does not run.
+    inboxes: Vec<Option<InboxSender>>,
+}
+
+impl Router {
+    pub(crate) fn new(hosted_node: Option<u16>, stream_of: Vec<Vec<u32>>, inboxes: Vec<Option<InboxSender>>) -> Self {
+        Self { hosted_node, stream_of, inboxes }
+    }
+
+    /// Whether this job runs `node`.
+    pub(crate) fn hosts(&self, node: u16) -> bool {
+        self.hosted_node.is_none_or(|n| n == node)
+    }
+
+    /// The inbox of the stream that runs `dst`, if this job runs it.
+    pub(crate) fn inbox_of(&self, dst: regflow_actors::ActorId) -> Option<&InboxSender> {
+        let stream = *self.stream_of.get(dst.device() as usize)?.get(dst.stream() as usize)?;
+        self.inboxes.get(stream as usize)?.as_ref()
+    }
+
+    /// Delivers to another stream thread, or fails with the reason.
+    pub(crate) fn send(&self, msg: Message) -> Result<(), EnvError> {
+        let node = msg.dst.node();
+        if !self.hosts(node) {
+            return Err(EnvError::NotConnected { dst: msg.dst, node });
+        }
+        let inbox = self.inbox_of(msg.dst).ok_or(EnvError::NotConnected { dst: msg.dst, node })?;
+        inbox.send(Envelope::Actor(msg)).map_err(|_| EnvError::Disconnected { dst: msg.dst })
+    }
+
+    /// Sends an envelope to every hosted stream, ignoring streams that already ended.
+    pub(crate) fn broadcast(&self, envelope: Envelope) {
+        for inbox in self.inboxes.iter().flatten() {
+            let _ = inbox.send(envelope);
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! The `cpu` device: kernels run synchronously on the stream thread.
+
+use super::{DeviceStream, Launched};
+use crate::kernel::{Kernel, KernelError, KernelIo};
+use regflow_actors::{ActorId, Completion};
+use std::time::{Duration, Instant};
+
+/// A cpu stream: nothing to queue, nothing to poll.
+#[derive(Debug, Default)]
+pub(crate) struct CpuStream;
+
+impl DeviceStream for CpuStream {
+    fn launch(
+        &mut self,
+        _actor: ActorId,
+        kernel: &mut dyn Kernel,
+        io: &mut KernelIo<'_>,
+        _modeled: Duration,
+    ) -> Result<Launched, KernelError> {
+        let start = Instant::now();
+        kernel.run(io)?;
+        Ok(Launched { completion: Completion::Done, start, end: Instant::now() })
+    }
+}

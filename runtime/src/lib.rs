@@ -1,0 +1,45 @@
+//! The regflow runtime: one OS thread per stream, a message bus (local queue, crossbeam
+//! inboxes, a remote route), devices behind one trait with asynchronous completion (`cpu`,
+//! `sim`), the [`Job`] that runs a plan in-process, the watchdog and Chrome-trace timelines.
+//!
+//! ```
+//! use regflow_graph::plan::{ActorKind, DeviceKind, KernelConf, PlanBuilder, SourcePieces, StreamKind};
+//! use regflow_runtime::Job;
+//!
+//! let mut b = PlanBuilder::new();
+//! let cpu = b.device(0, DeviceKind::Cpu, 0);
+//! let s = b.stream(cpu, StreamKind::Compute);
+//! let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Count(3) });
+//! let x = b.regst("src.out", src, 8, 2);
+//! let sink = b.actor("sink", s, ActorKind::Sink);
+//! b.consume(sink, x);
+//! let mut job = Job::local(b.build().unwrap()).unwrap();
+//! let fetcher = job.fetcher("sink").unwrap();
+//! let pieces: Vec<u64> = std::iter::from_fn(|| fetcher.recv().map(|p| p.piece())).collect();
+//! assert_eq!(pieces, [0, 1, 2]);
+//! job.wait().unwrap();
+//! ```
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod arenas;
+mod bus;
+mod device;
+mod error;
+mod inbox;
+mod io;
+mod job;
+mod kernel;
+mod stream;
+mod sync;
+mod trace;
+mod watchdog;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+pub use error::RuntimeError;
+pub use io::{Feeder, Fetched, Fetcher};
+pub use job::{Job, JobBuilder, JobReport, DEFAULT_WATCHDOG};
+pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec};
+pub use stream::ActorStats;
+pub use watchdog::{StuckActor, Wait, WaitForGraph};

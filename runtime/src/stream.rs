@@ -1,0 +1,278 @@
+//! A stream thread: runs every actor of one stream, serially. Messages between its own
+//! actors go through a local queue; other threads' messages arrive in its inbox. It blocks
+//! only on an empty inbox, and ends when all its actors are done or the job aborts.
+
+use crate::arenas::PlanArenas;
+use crate::bus::Router;
+use crate::device::DeviceStream;
+use crate::inbox::{Envelope, InboxReceiver};
+use crate::kernel::{Kernel, KernelIo};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::trace::{flow_id, TraceBuffer, TraceEvent};
+use crate::RuntimeError;
+use crossbeam_utils::CachePadded;
+use regflow_actors::{
+    Actor, ActorEnv, ActorError, ActorId, ActorSnapshot, Body, Completion, EnvError, Firing, Lifecycle, Message, StreamId,
+};
+use regflow_graph::plan::RegstDescId;
+use regflow_memory::BufferView;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// What the watchdog and the job can see of a stream thread, without locks on the hot path.
+#[derive(Debug, Default)]
+pub(crate) struct StreamProbe {
+    /// Firings so far.
+    pub(crate) fires: CachePadded<AtomicU64>,
+    /// Bits + 1 of the actor whose kernel is running, 0 when none.
+    pub(crate) in_kernel: AtomicU64,
+    /// Set when the thread has left its loop.
+    pub(crate) exited: AtomicBool,
+}
+
+/// State shared by every thread of a job.
+#[derive(Debug)]
+pub(crate) struct JobShared {
+    pub(crate) probes: Vec<StreamProbe>,
+    /// The first error; later ones are consequences of the abort.
+    pub(crate) error: Mutex<Option<RuntimeError>>,
+    pub(crate) aborting: AtomicBool,
+    /// Where threads answer the watchdog's snapshot requests: (stream, snapshots).
+    pub(crate) snapshots: crossbeam_channel::Sender<(usize, Vec<ActorSnapshot>)>,
+}
+
+impl JobShared {
+    /// Records the first error and tells every stream to stop.
+    pub(crate) fn abort(&self, error: RuntimeError, router: &Router) {
+        {
+            let mut slot = lock(&self.error);
+            if slot.is_none() {
+                *slot = Some(error);
+            }
+        }
+        if !self.aborting.swap(true, Ordering::AcqRel) {
+            router.broadcast(Envelope::Stop);
+        }
+    }
+}
+
+/// The runtime side of one actor: its kernel and what tracing needs.
+pub(crate) struct ActorRuntime {
+    pub(crate) kernel: Option<Box<dyn Kernel>>,
+    pub(crate) modeled: Duration,
+    pub(crate) plan_index: u32,
+    pub(crate) input_descs: Vec<RegstDescId>,
+    /// Modeled (start, end) of launches not yet completed, oldest first (for flow arrows).
+    pub(crate) pending_slices: VecDeque<(Instant, Instant)>,
+}
+
+impl std::fmt::Debug for ActorRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActorRuntime").field("plan_index", &self.plan_index).finish_non_exhaustive()
+    }
+}
+
+/// Everything one stream thread owns.
+pub(crate) struct StreamWorker {
+    pub(crate) index: usize,
+    pub(crate) stream_id: StreamId,
+    pub(crate) actors: Vec<Actor>,
+    pub(crate) runtimes: Vec<ActorRuntime>,
+    pub(crate) local: VecDeque<Message>,
+    pub(crate) inbox: InboxReceiver,
+    pub(crate) router: Router,
+    pub(crate) device: Box<dyn DeviceStream>,
+    pub(crate) memory: Arc<PlanArenas>,
+    pub(crate) shared: Arc<JobShared>,
+    pub(crate) trace: Option<TraceBuffer>,
+    pub(crate) scratch_inputs: Vec<BufferView>,
+    pub(crate) scratch_outputs: Vec<BufferView>,
+}
+
+impl std::fmt::Debug for StreamWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamWorker").field("index", &self.index).finish_non_exhaustive()
+    }
+}
+
+/// What a finished stream thread hands back.
+#[derive(Debug)]
+pub(crate) struct StreamExit {
+    pub(crate) trace: Option<TraceBuffer>,
+    pub(crate) snapshots: Vec<ActorStats>,
+}
+
+/// Counters of one actor at the end of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorStats {
+    /// Actor name.
+    pub name: String,
+    /// Times it fired.
+    pub fires: u64,
+    /// Per output: most pieces in flight at once, and its `register_num`.
+    pub max_in_flight: Vec<(u32, u32)>,
+    /// Per input: most slots held at once, and the producer's `register_num`.
+    pub max_held: Vec<(u32, usize)>,
+    /// Whether it finished (not stopped by an abort).
+    pub finished: bool,
+}
+
+/// The `ActorEnv` of one message: borrows the worker's parts the actor does not own.
+struct Env<'w> {
+    stream_id: StreamId,
+    local: &'w mut VecDeque<Message>,
+    router: &'w Router,
+    device: &'w mut dyn DeviceStream,
+    runtime: &'w mut ActorRuntime,
+    memory: &'w PlanArenas,
+    probe: &'w StreamProbe,
+    trace: Option<&'w mut TraceBuffer>,
+    scratch_inputs: &'w mut Vec<BufferView>,
+    scratch_outputs: &'w mut Vec<BufferView>,
+    stream_index: usize,
+    /// The firing whose messages are being sent: flow arrows start inside its slice.
+    anchor: Option<(Instant, Instant)>,
+}
+
+impl ActorEnv for Env<'_> {
+    fn send(&mut self, msg: Message) -> Result<(), EnvError> {
+        if let (Some(trace), Body::Ready { regst, piece, .. }, Some((start, end))) = (self.trace.as_deref_mut(), msg.body, self.anchor) {
+            let at = if end > start { end - Duration::from_nanos(1) } else { start };
+            trace.events.push(TraceEvent::FlowOut { id: flow_id(regst.desc, piece, msg.dst), at });
+        }
+        if msg.dst.stream_id() == self.stream_id {
+            self.local.push_back(msg);
+            Ok(())
+        } else {
+            self.router.send(msg)
+        }
+    }
+
+    fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
+        let _span = tracing::trace_span!("fire", actor = firing.actor.bits(), piece = firing.piece, stream = self.stream_index).entered();
+        self.scratch_inputs.clear();
+        self.scratch_inputs.extend(firing.inputs.iter().map(|&r| self.memory.view(r)));
+        self.scratch_outputs.clear();
+        self.scratch_outputs.extend(firing.outputs.iter().map(|&r| self.memory.view(r)));
+        let mut io = KernelIo {
+            piece: firing.piece,
+            group: firing.group,
+            inputs: self.scratch_inputs,
+            outputs: self.scratch_outputs,
+        };
+        let Some(kernel) = self.runtime.kernel.as_deref_mut() else {
+            return Err(EnvError::Kernel("actor has no kernel (broken invariant)".into()));
+        };
+        self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
+        let launched = self.device.launch(firing.actor, kernel, &mut io, self.runtime.modeled);
+        self.probe.in_kernel.store(0, Ordering::Relaxed);
+        self.probe.fires.fetch_add(1, Ordering::Relaxed);
+        let launched = launched.map_err(|e| EnvError::Kernel(e.0))?;
+        self.anchor = Some((launched.start, launched.end));
+        if let Some(trace) = self.trace.as_deref_mut() {
+            let plan_index = self.runtime.plan_index;
+            trace.events.push(TraceEvent::Slice { actor: plan_index, piece: firing.piece, start: launched.start, end: launched.end });
+            let at = launched.start;
+            for &desc in &self.runtime.input_descs {
+                trace.events.push(TraceEvent::FlowIn { id: flow_id(desc, firing.piece, firing.actor), at });
+            }
+        }
+        if launched.completion == Completion::Pending && self.trace.is_some() {
+            self.runtime.pending_slices.push_back((launched.start, launched.end));
+        }
+        Ok(launched.completion)
+    }
+}
+
+impl StreamWorker {
+    /// The thread's main loop.
+    pub(crate) fn run(mut self) -> StreamExit {
+        let mut live = self.actors.iter().filter(|a| a.lifecycle() != Lifecycle::Done).count();
+        'outer: while live > 0 {
+            while let Some(msg) = self.local.pop_front() {
+                match self.dispatch(msg) {
+                    Ok(true) => live -= 1,
+                    Ok(false) => {}
+                    Err(error) => {
+                        self.shared.abort(RuntimeError::Actor(error), &self.router);
+                        break 'outer;
+                    }
+                }
+            }
+            if live == 0 {
+                break;
+            }
+            let envelope = match self.inbox.try_recv() {
+                Some(envelope) => envelope,
+                None => match self.inbox.recv() {
+                    Some(envelope) => envelope,
+                    None => break,
+                },
+            };
+            match envelope {
+                Envelope::Actor(msg) => self.local.push_back(msg),
+                Envelope::Snapshot => {
+                    let snapshots = self.actors.iter().map(Actor::snapshot).collect();
+                    let _ = self.shared.snapshots.send((self.index, snapshots));
+                }
+                Envelope::Stop => break,
+            }
+        }
+        let snapshots = self
+            .actors
+            .iter()
+            .map(|a| ActorStats {
+                name: a.name().to_string(),
+                fires: a.fires(),
+                max_in_flight: a.max_in_flight().collect(),
+                max_held: a.max_held().collect(),
+                finished: a.lifecycle() == Lifecycle::Done,
+            })
+            .collect();
+        self.shared.probes[self.index].exited.store(true, Ordering::Release);
+        StreamExit { trace: self.trace.take(), snapshots }
+    }
+
+    /// Hands one message to its actor; `Ok(true)` if that actor just finished.
+    fn dispatch(&mut self, msg: Message) -> Result<bool, ActorError> {
+        let index = msg.dst.index() as usize;
+        let Some(actor) = self.actors.get_mut(index) else {
+            return Err(unknown_recipient(msg.dst, self.actors.len()));
+        };
+        let runtime = &mut self.runtimes[index];
+        let anchor = match msg.body {
+            Body::ActDone => runtime.pending_slices.pop_front(),
+            _ => None,
+        };
+        let was_done = actor.lifecycle() == Lifecycle::Done;
+        let mut env = Env {
+            stream_id: self.stream_id,
+            local: &mut self.local,
+            router: &self.router,
+            device: self.device.as_mut(),
+            runtime,
+            memory: &self.memory,
+            probe: &self.shared.probes[self.index],
+            trace: self.trace.as_mut(),
+            scratch_inputs: &mut self.scratch_inputs,
+            scratch_outputs: &mut self.scratch_outputs,
+            stream_index: self.index,
+            anchor,
+        };
+        let lifecycle = actor.handle(&msg, &mut env)?;
+        let finished = !was_done && lifecycle == Lifecycle::Done;
+        if finished {
+            // Dropping the kernel closes what it feeds (a sink's fetcher sees the end).
+            self.runtimes[index].kernel = None;
+        }
+        Ok(finished)
+    }
+}
+
+fn unknown_recipient(dst: ActorId, count: usize) -> ActorError {
+    ActorError::Unexpected {
+        name: format!("<stream of {dst}>"),
+        id: dst,
+        detail: format!("message for actor index {} but the stream has {count} actors", dst.index()),
+    }
+}
