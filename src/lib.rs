@@ -50,12 +50,11 @@ pub use regflow_runtime as runtime;
 /// The names most programs use.
 pub mod prelude {
     pub use regflow_graph::plan::{
-        ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, RegstDescId,
-        SourcePieces, StreamKind,
+        ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, RegstDescId, SourcePieces,
+        StreamKind,
     };
     pub use regflow_memory::MemoryKind;
     pub use regflow_runtime::{
-        Feeder, Fetched, Fetcher, Job, JobBuilder, JobReport, Kernel, KernelError, KernelIo,
-        RuntimeError, WaitForGraph,
+        Feeder, Fetched, Fetcher, Job, JobBuilder, JobReport, Kernel, KernelError, KernelIo, RuntimeError, WaitForGraph,
     };
 }

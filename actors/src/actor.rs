@@ -4,8 +4,7 @@
 
 use crate::regst::{Consumer, InputState, OutputState, ReadyRegst};
 use crate::{
-    ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, GroupPosition, Message,
-    PlanIds, RegstRef,
+    ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, GroupPosition, Message, PlanIds, RegstRef,
 };
 use regflow_graph::plan::{ActorIndex, ActorKind, Plan, SourcePieces};
 use std::collections::VecDeque;
@@ -93,10 +92,7 @@ impl Actor {
                     .iter()
                     .map(|&c| {
                         let cid = ids.of(c);
-                        Consumer {
-                            id: cid,
-                            same_stream: cid.stream_id() == id.stream_id(),
-                        }
+                        Consumer { id: cid, same_stream: cid.stream_id() == id.stream_id() }
                     })
                     .collect();
                 OutputState::new(r, regst.register_num, consumers)
@@ -114,24 +110,12 @@ impl Actor {
             },
             ActorKind::Compute { .. } => KindState::Compute,
             ActorKind::Sink => KindState::Sink { credits: None },
-            ActorKind::Acc { count, .. } => KindState::Acc {
-                count,
-                position: 0,
-                held: None,
-            },
-            ActorKind::Repeat { count } => KindState::Repeat {
-                count,
-                held: None,
-                handed: 0,
-                outstanding: 0,
-            },
+            ActorKind::Acc { count, .. } => KindState::Acc { count, position: 0, held: None },
+            ActorKind::Repeat { count } => KindState::Repeat { count, held: None, handed: 0, outstanding: 0 },
         };
         // Every launch holds at least one slot until it completes, so this bounds `pending`.
         let max_pending: usize = inputs.iter().map(|i| i.ready.capacity()).sum::<usize>()
-            + outputs
-                .iter()
-                .map(|o| o.register_num as usize)
-                .sum::<usize>()
+            + outputs.iter().map(|o| o.register_num as usize).sum::<usize>()
             + 1;
         Self {
             id,
@@ -183,9 +167,7 @@ impl Actor {
 
     /// Most pieces each output had in flight at once, with its `register_num`.
     pub fn max_in_flight(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.outputs
-            .iter()
-            .map(|o| (o.max_in_flight, o.register_num))
+        self.outputs.iter().map(|o| (o.max_in_flight, o.register_num))
     }
 
     /// Most slots of each input this actor held at once, with the producer's `register_num`.
@@ -194,11 +176,7 @@ impl Actor {
     }
 
     /// Handles one message, fires as often as it can, and returns its lifecycle after.
-    pub fn handle<E: ActorEnv>(
-        &mut self,
-        msg: &Message,
-        env: &mut E,
-    ) -> Result<Lifecycle, ActorError> {
+    pub fn handle<E: ActorEnv>(&mut self, msg: &Message, env: &mut E) -> Result<Lifecycle, ActorError> {
         if self.lifecycle == Lifecycle::Done {
             return Ok(Lifecycle::Done);
         }
@@ -210,9 +188,9 @@ impl Actor {
                 match input {
                     Some(input) if !input.eord => input.eord = true,
                     _ => {
-                        return Err(self.unexpected(format!(
-                            "Eord for {desc}, which it does not consume or already ended"
-                        )))
+                        return Err(
+                            self.unexpected(format!("Eord for {desc}, which it does not consume or already ended"))
+                        )
                     }
                 }
             }
@@ -223,12 +201,7 @@ impl Actor {
                 return Ok(Lifecycle::Done);
             }
             Body::Cmd(cmd @ (Cmd::Feed | Cmd::CloseFeed)) => match &mut self.kind {
-                KindState::Source {
-                    limit: None,
-                    available,
-                    closed,
-                    ..
-                } if !*closed => {
+                KindState::Source { limit: None, available, closed, .. } if !*closed => {
                     if cmd == Cmd::Feed {
                         *available += 1;
                     } else {
@@ -238,14 +211,8 @@ impl Actor {
                 _ => return Err(self.unexpected(format!("{cmd:?}: not an open fed source"))),
             },
             Body::Cmd(Cmd::Fetched) => match &mut self.kind {
-                KindState::Sink {
-                    credits: Some(credits),
-                } => *credits += 1,
-                _ => {
-                    return Err(
-                        self.unexpected("Fetched: not a sink that delivers to the user".into())
-                    )
-                }
+                KindState::Sink { credits: Some(credits) } => *credits += 1,
+                _ => return Err(self.unexpected("Fetched: not a sink that delivers to the user".into())),
             },
         }
         self.progress(env)?;
@@ -253,99 +220,51 @@ impl Actor {
     }
 
     fn unexpected(&self, detail: String) -> ActorError {
-        ActorError::Unexpected {
-            name: self.name.clone(),
-            id: self.id,
-            detail,
-        }
+        ActorError::Unexpected { name: self.name.clone(), id: self.id, detail }
     }
 
     fn env_error(&self, source: EnvError) -> ActorError {
-        ActorError::Env {
-            name: self.name.clone(),
-            id: self.id,
-            source,
-        }
+        ActorError::Env { name: self.name.clone(), id: self.id, source }
     }
 
     fn send<E: ActorEnv>(&self, env: &mut E, dst: ActorId, body: Body) -> Result<(), ActorError> {
-        env.send(Message {
-            dst,
-            src: self.id,
-            body,
-        })
-        .map_err(|e| self.env_error(e))
+        env.send(Message { dst, src: self.id, body }).map_err(|e| self.env_error(e))
     }
 
-    fn on_ready(
-        &mut self,
-        src: ActorId,
-        regst: RegstRef,
-        piece: u64,
-        data: RegstRef,
-    ) -> Result<(), ActorError> {
+    fn on_ready(&mut self, src: ActorId, regst: RegstRef, piece: u64, data: RegstRef) -> Result<(), ActorError> {
         let Some(position) = self.inputs.iter().position(|i| i.desc == regst.desc) else {
-            return Err(self.unexpected(format!(
-                "Ready of {} from {src}, which it does not consume",
-                regst.desc
-            )));
+            return Err(self.unexpected(format!("Ready of {} from {src}, which it does not consume", regst.desc)));
         };
         let input = &mut self.inputs[position];
         if input.producer != src || input.eord {
-            let detail = format!(
-                "Ready of {} from {src} (producer {}, ended: {})",
-                regst.desc, input.producer, input.eord
-            );
+            let detail =
+                format!("Ready of {} from {src} (producer {}, ended: {})", regst.desc, input.producer, input.eord);
             return Err(self.unexpected(detail));
         }
         if piece != input.next_piece {
-            let detail = format!(
-                "{} delivered piece {piece}, expected piece {}",
-                regst.desc, input.next_piece
-            );
-            return Err(ActorError::PieceOrder {
-                name: self.name.clone(),
-                id: self.id,
-                detail,
-            });
+            let detail = format!("{} delivered piece {piece}, expected piece {}", regst.desc, input.next_piece);
+            return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
         }
         if input.ready.len() + input.in_use.len() >= input.ready.capacity() {
-            let detail = format!(
-                "{} delivered more slots than its register_num {}",
-                regst.desc,
-                input.ready.capacity()
-            );
+            let detail =
+                format!("{} delivered more slots than its register_num {}", regst.desc, input.ready.capacity());
             return Err(self.unexpected(detail));
         }
         input.next_piece += 1;
-        input.ready.push_back(ReadyRegst {
-            slot: regst.slot,
-            piece,
-            data,
-        });
+        input.ready.push_back(ReadyRegst { slot: regst.slot, piece, data });
         input.note_held();
         Ok(())
     }
 
-    fn on_ack<E: ActorEnv>(
-        &mut self,
-        src: ActorId,
-        regst: RegstRef,
-        env: &mut E,
-    ) -> Result<(), ActorError> {
+    fn on_ack<E: ActorEnv>(&mut self, src: ActorId, regst: RegstRef, env: &mut E) -> Result<(), ActorError> {
         let Some(output) = self.outputs.iter_mut().find(|o| o.desc == regst.desc) else {
-            return Err(self.unexpected(format!(
-                "Ack of {} from {src}, which it does not produce",
-                regst.desc
-            )));
+            return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
-        let freed = output
-            .ack(regst.slot, src)
-            .map_err(|detail| ActorError::Unexpected {
-                name: self.name.clone(),
-                id: self.id,
-                detail,
-            })?;
+        let freed = output.ack(regst.slot, src).map_err(|detail| ActorError::Unexpected {
+            name: self.name.clone(),
+            id: self.id,
+            detail,
+        })?;
         if freed {
             self.on_slot_freed(env)?;
         }
@@ -354,29 +273,14 @@ impl Actor {
 
     /// A repeat actor gives its input back once every piece it handed out has come back.
     fn on_slot_freed<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
-        if let KindState::Repeat {
-            count,
-            held,
-            handed,
-            outstanding,
-        } = &mut self.kind
-        {
+        if let KindState::Repeat { count, held, handed, outstanding } = &mut self.kind {
             *outstanding -= 1;
             if *handed == *count && *outstanding == 0 {
                 if let Some(regst) = held.take() {
                     *handed = 0;
                     let input = &self.inputs[0];
                     let (producer, desc) = (input.producer, input.desc);
-                    self.send(
-                        env,
-                        producer,
-                        Body::Ack {
-                            regst: RegstRef {
-                                desc,
-                                slot: regst.slot,
-                            },
-                        },
-                    )?;
+                    self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot: regst.slot } })?;
                 }
             }
         }
@@ -387,12 +291,7 @@ impl Actor {
         let outputs_free = || self.outputs.iter().all(OutputState::has_free);
         let inputs_ready = || self.inputs.iter().all(|i| !i.ready.is_empty());
         match &self.kind {
-            KindState::Source {
-                limit,
-                available,
-                produced,
-                ..
-            } => {
+            KindState::Source { limit, available, produced, .. } => {
                 let has_piece = match limit {
                     Some(n) => produced < n,
                     None => *available > 0,
@@ -402,12 +301,7 @@ impl Actor {
             KindState::Compute => inputs_ready() && outputs_free(),
             KindState::Sink { credits } => inputs_ready() && *credits != Some(0),
             KindState::Acc { position, .. } => inputs_ready() && (*position > 0 || outputs_free()),
-            KindState::Repeat {
-                count,
-                held,
-                handed,
-                ..
-            } => {
+            KindState::Repeat { count, held, handed, .. } => {
                 let has_input = match held {
                     Some(_) => handed < count,
                     None => inputs_ready(),
@@ -443,17 +337,8 @@ impl Actor {
     /// pieces are a plan error, reported instead of silently dropping pieces.
     fn drained(&self) -> Result<bool, ActorError> {
         match &self.kind {
-            KindState::Source {
-                limit: Some(n),
-                produced,
-                ..
-            } => Ok(produced >= n),
-            KindState::Source {
-                limit: None,
-                available,
-                closed,
-                ..
-            } => Ok(*closed && *available == 0),
+            KindState::Source { limit: Some(n), produced, .. } => Ok(produced >= n),
+            KindState::Source { limit: None, available, closed, .. } => Ok(*closed && *available == 0),
             KindState::Repeat { held, .. } if held.is_some() => Ok(false),
             _ => {
                 let ended = self.inputs.iter().find(|i| i.is_finished());
@@ -463,11 +348,7 @@ impl Actor {
                         "input {} ended after {} pieces but input {} still has piece {} ready",
                         ended.desc, ended.next_piece, waiting.desc, waiting.ready[0].piece
                     );
-                    return Err(ActorError::PieceOrder {
-                        name: self.name.clone(),
-                        id: self.id,
-                        detail,
-                    });
+                    return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
                 }
                 Ok(self.inputs.iter().all(InputState::is_finished))
             }
@@ -485,9 +366,7 @@ impl Actor {
         let first_desc = self.inputs.first().map(|i| i.desc);
         for i in 0..self.inputs.len() {
             let input = &mut self.inputs[i];
-            let Some(front) = input.ready.pop_front() else {
-                unreachable!("fired without a ready input")
-            };
+            let Some(front) = input.ready.pop_front() else { unreachable!("fired without a ready input") };
             input.in_use.push_back(front.slot);
             if let Some(p) = piece.filter(|&p| p != front.piece) {
                 let detail = format!(
@@ -496,23 +375,14 @@ impl Actor {
                     front.piece,
                     first_desc.map(|d| d.to_string()).unwrap_or_default()
                 );
-                return Err(ActorError::PieceOrder {
-                    name: self.name.clone(),
-                    id: self.id,
-                    detail,
-                });
+                return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
             }
             piece = Some(front.piece);
             self.scratch_inputs.push(front.data);
         }
         // Decide the group position and which output slots this launch writes.
         let (group, ack_inputs, emit) = match &mut self.kind {
-            KindState::Source {
-                available,
-                produced,
-                limit,
-                ..
-            } => {
+            KindState::Source { available, produced, limit, .. } => {
                 piece = Some(*produced);
                 *produced += 1;
                 if limit.is_none() {
@@ -520,18 +390,11 @@ impl Actor {
                 }
                 (GroupPosition { index: 0, count: 1 }, false, true)
             }
-            KindState::Acc {
-                count,
-                position,
-                held,
-            } => {
+            KindState::Acc { count, position, held } => {
                 if *position == 0 {
                     *held = self.outputs[0].take(true);
                 }
-                let group = GroupPosition {
-                    index: *position,
-                    count: *count,
-                };
+                let group = GroupPosition { index: *position, count: *count };
                 *position += 1;
                 let emit = *position == *count;
                 if emit {
@@ -551,18 +414,13 @@ impl Actor {
         for o in 0..self.outputs.len() {
             let output = &mut self.outputs[o];
             let slot = match self.kind {
-                KindState::Acc {
-                    held: Some(slot), ..
-                } => slot,
+                KindState::Acc { held: Some(slot), .. } => slot,
                 _ => match output.take(true) {
                     Some(slot) => slot,
                     None => unreachable!("fired without a free output slot"),
                 },
             };
-            self.scratch_outputs.push(RegstRef {
-                desc: output.desc,
-                slot,
-            });
+            self.scratch_outputs.push(RegstRef { desc: output.desc, slot });
         }
         let firing = Firing {
             actor: self.id,
@@ -578,23 +436,12 @@ impl Actor {
                 let output = &mut self.outputs[o];
                 let piece = output.next_piece;
                 output.next_piece += 1;
-                let regst = RegstRef {
-                    desc: output.desc,
-                    slot,
-                };
+                let regst = RegstRef { desc: output.desc, slot };
                 output.launched.push_back((slot, piece, regst));
                 for c in 0..output.consumers.len() {
                     let consumer = self.outputs[o].consumers[c];
                     if consumer.same_stream {
-                        self.send(
-                            env,
-                            consumer.id,
-                            Body::Ready {
-                                regst,
-                                piece,
-                                data: regst,
-                            },
-                        )?;
+                        self.send(env, consumer.id, Body::Ready { regst, piece, data: regst })?;
                     }
                 }
             }
@@ -608,33 +455,20 @@ impl Actor {
 
     /// Hands the held input (or the next one) to one more output piece, without a kernel.
     fn fire_repeat<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
-        let KindState::Repeat {
-            held,
-            handed,
-            outstanding,
-            ..
-        } = &mut self.kind
-        else {
+        let KindState::Repeat { held, handed, outstanding, .. } = &mut self.kind else {
             unreachable!("fire_repeat on a non-repeat actor")
         };
         if held.is_none() {
             *held = self.inputs[0].ready.pop_front();
         }
-        let Some(data) = held.map(|h| h.data) else {
-            unreachable!("repeat fired without input")
-        };
+        let Some(data) = held.map(|h| h.data) else { unreachable!("repeat fired without input") };
         *handed += 1;
         *outstanding += 1;
         let output = &mut self.outputs[0];
-        let Some(slot) = output.take(false) else {
-            unreachable!("repeat fired without a free slot")
-        };
+        let Some(slot) = output.take(false) else { unreachable!("repeat fired without a free slot") };
         let piece = output.next_piece;
         output.next_piece += 1;
-        let regst = RegstRef {
-            desc: output.desc,
-            slot,
-        };
+        let regst = RegstRef { desc: output.desc, slot };
         for c in 0..self.outputs[0].consumers.len() {
             let dst = self.outputs[0].consumers[c].id;
             self.send(env, dst, Body::Ready { regst, piece, data })?;
@@ -655,10 +489,7 @@ impl Actor {
                 for c in 0..self.outputs[o].consumers.len() {
                     let consumer = self.outputs[o].consumers[c];
                     if !consumer.same_stream {
-                        let regst = RegstRef {
-                            desc: self.outputs[o].desc,
-                            slot,
-                        };
+                        let regst = RegstRef { desc: self.outputs[o].desc, slot };
                         self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
                     }
                 }
@@ -671,13 +502,7 @@ impl Actor {
                     unreachable!("a launch that read inputs recorded no slot")
                 };
                 let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
-                self.send(
-                    env,
-                    producer,
-                    Body::Ack {
-                        regst: RegstRef { desc, slot },
-                    },
-                )?;
+                self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot } })?;
             }
         }
         Ok(())
@@ -698,21 +523,10 @@ impl Actor {
         let output = &mut self.outputs[0];
         let piece = output.next_piece;
         output.next_piece += 1;
-        let regst = RegstRef {
-            desc: output.desc,
-            slot,
-        };
+        let regst = RegstRef { desc: output.desc, slot };
         for c in 0..self.outputs[0].consumers.len() {
             let dst = self.outputs[0].consumers[c].id;
-            self.send(
-                env,
-                dst,
-                Body::Ready {
-                    regst,
-                    piece,
-                    data: regst,
-                },
-            )?;
+            self.send(env, dst, Body::Ready { regst, piece, data: regst })?;
         }
         self.outputs[0].complete(slot);
         Ok(())

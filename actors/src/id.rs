@@ -29,18 +29,10 @@ pub struct StreamId(u64);
 impl ActorId {
     /// Packs the four fields; `None` if one is out of range.
     pub fn new(node: u16, device: u32, stream: u32, index: u32) -> Option<Self> {
-        if device >= MAX_DEVICES
-            || stream >= MAX_STREAMS_PER_DEVICE
-            || index >= MAX_ACTORS_PER_STREAM
-        {
+        if device >= MAX_DEVICES || stream >= MAX_STREAMS_PER_DEVICE || index >= MAX_ACTORS_PER_STREAM {
             return None;
         }
-        Some(Self(
-            (u64::from(node) << 48)
-                | (u64::from(device) << 32)
-                | (u64::from(stream) << 24)
-                | u64::from(index),
-        ))
+        Some(Self((u64::from(node) << 48) | (u64::from(device) << 32) | (u64::from(stream) << 24) | u64::from(index)))
     }
 
     /// Node that runs the actor.
@@ -89,14 +81,7 @@ impl fmt::Debug for ActorId {
 
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "n{}.d{}.s{}.a{}",
-            self.node(),
-            self.device(),
-            self.stream(),
-            self.index()
-        )
+        write!(f, "n{}.d{}.s{}.a{}", self.node(), self.device(), self.stream(), self.index())
     }
 }
 
@@ -119,10 +104,7 @@ impl PlanIds {
     /// they appear. Expects a validated plan.
     pub fn assign(plan: &Plan) -> Result<Self, IdError> {
         if plan.devices.len() as u64 > u64::from(MAX_DEVICES) {
-            return Err(IdError(format!(
-                "{} devices, at most {MAX_DEVICES}",
-                plan.devices.len()
-            )));
+            return Err(IdError(format!("{} devices, at most {MAX_DEVICES}", plan.devices.len())));
         }
         let mut streams_per_device = vec![0u32; plan.devices.len()];
         let mut stream_position = Vec::with_capacity(plan.streams.len());
@@ -145,18 +127,11 @@ impl PlanIds {
             let node = plan.devices[device.index()].node;
             let index = actors_per_stream[stream];
             actors_per_stream[stream] += 1;
-            let id =
-                ActorId::new(node, device.0, stream_position[stream], index).ok_or_else(|| {
-                    IdError(format!(
-                        "stream {stream} has more than {MAX_ACTORS_PER_STREAM} actors"
-                    ))
-                })?;
+            let id = ActorId::new(node, device.0, stream_position[stream], index)
+                .ok_or_else(|| IdError(format!("stream {stream} has more than {MAX_ACTORS_PER_STREAM} actors")))?;
             actors.push(id);
         }
-        Ok(Self {
-            actors,
-            stream_position,
-        })
+        Ok(Self { actors, stream_position })
     }
 
     /// Id of a plan actor.
@@ -171,16 +146,9 @@ mod tests {
 
     #[test]
     fn fields_round_trip_through_the_bits() {
-        for (node, device, stream, index) in [
-            (0, 0, 0, 0),
-            (65535, 65535, 255, (1 << 24) - 1),
-            (7, 300, 3, 12345),
-        ] {
+        for (node, device, stream, index) in [(0, 0, 0, 0), (65535, 65535, 255, (1 << 24) - 1), (7, 300, 3, 12345)] {
             let id = ActorId::new(node, device, stream, index).unwrap();
-            assert_eq!(
-                (id.node(), id.device(), id.stream(), id.index()),
-                (node, device, stream, index)
-            );
+            assert_eq!((id.node(), id.device(), id.stream(), id.index()), (node, device, stream, index));
             assert_eq!(id.stream_id().node(), node);
         }
         assert!(ActorId::new(0, 1 << 16, 0, 0).is_none());

@@ -23,9 +23,7 @@ mod snapshot;
 pub use actor::{Actor, Lifecycle};
 pub use env::{ActorEnv, Completion, EnvError, Firing, GroupPosition};
 pub use error::ActorError;
-pub use id::{
-    ActorId, IdError, PlanIds, StreamId, MAX_ACTORS_PER_STREAM, MAX_DEVICES, MAX_STREAMS_PER_DEVICE,
-};
+pub use id::{ActorId, IdError, PlanIds, StreamId, MAX_ACTORS_PER_STREAM, MAX_DEVICES, MAX_STREAMS_PER_DEVICE};
 pub use message::{Body, Cmd, Message, RegstRef};
 pub use regst::MAX_CONSUMERS;
 pub use snapshot::{ActorSnapshot, WaitReason};

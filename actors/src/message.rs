@@ -75,10 +75,6 @@ mod tests {
     fn messages_are_small_and_copy() {
         fn is_copy<T: Copy>() {}
         is_copy::<Message>();
-        assert!(
-            std::mem::size_of::<Message>() <= 48,
-            "{}",
-            std::mem::size_of::<Message>()
-        );
+        assert!(std::mem::size_of::<Message>() <= 48, "{}", std::mem::size_of::<Message>());
     }
 }

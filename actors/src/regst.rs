@@ -124,21 +124,14 @@ impl OutputState {
     /// Records an ack; returns `Ok(true)` if the slot became free.
     pub(crate) fn ack(&mut self, slot: u32, from: ActorId) -> Result<bool, String> {
         let Some(position) = self.consumers.iter().position(|c| c.id == from) else {
-            return Err(format!(
-                "ack of slot {slot} from {from}, which does not consume it"
-            ));
+            return Err(format!("ack of slot {slot} from {from}, which does not consume it"));
         };
         let Some(holders) = self.holders.get_mut(slot as usize) else {
-            return Err(format!(
-                "ack of slot {slot}, but the register has {} slots",
-                self.register_num
-            ));
+            return Err(format!("ack of slot {slot}, but the register has {} slots", self.register_num));
         };
         let bit = 1u64 << position;
         if *holders & bit == 0 {
-            return Err(format!(
-                "slot {slot} acked by {from}, which does not hold it (acked twice?)"
-            ));
+            return Err(format!("slot {slot} acked by {from}, which does not hold it (acked twice?)"));
         }
         *holders &= !bit;
         Ok(*holders == 0 && !self.completing[slot as usize] && self.release(slot))
@@ -159,10 +152,6 @@ impl OutputState {
     /// Consumers still holding `slot`.
     pub(crate) fn holders_of(&self, slot: u32) -> impl Iterator<Item = ActorId> + '_ {
         let mask = self.holders[slot as usize];
-        self.consumers
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| mask & (1u64 << i) != 0)
-            .map(|(_, c)| c.id)
+        self.consumers.iter().enumerate().filter(move |(i, _)| mask & (1u64 << i) != 0).map(|(_, c)| c.id)
     }
 }

@@ -59,10 +59,7 @@ impl Actor {
     /// Describes what the actor waits on. Allocates: for diagnostics, not the hot path.
     pub fn snapshot(&self) -> ActorSnapshot {
         let mut waits = Vec::new();
-        if let KindState::Source {
-            limit, available, ..
-        } = &self.kind
-        {
+        if let KindState::Source { limit, available, .. } = &self.kind {
             if !self.started {
                 waits.push(WaitReason::NotStarted);
             } else if limit.is_none() && *available == 0 {
@@ -72,24 +69,16 @@ impl Actor {
         let repeat_holds_input = matches!(self.kind, KindState::Repeat { held: Some(_), .. });
         for input in &self.inputs {
             if input.ready.is_empty() && !input.eord && !repeat_holds_input {
-                waits.push(WaitReason::Input {
-                    desc: input.desc,
-                    producer: input.producer,
-                });
+                waits.push(WaitReason::Input { desc: input.desc, producer: input.producer });
             }
         }
         for output in &self.outputs {
             if !output.has_free() {
-                let mut holders: Vec<ActorId> = (0..output.register_num)
-                    .flat_map(|slot| output.holders_of(slot))
-                    .collect();
+                let mut holders: Vec<ActorId> =
+                    (0..output.register_num).flat_map(|slot| output.holders_of(slot)).collect();
                 holders.sort();
                 holders.dedup();
-                waits.push(WaitReason::OutputFull {
-                    desc: output.desc,
-                    register_num: output.register_num,
-                    holders,
-                });
+                waits.push(WaitReason::OutputFull { desc: output.desc, register_num: output.register_num, holders });
             }
         }
         if let KindState::Sink { credits: Some(0) } = self.kind {
@@ -100,22 +89,11 @@ impl Actor {
             waits.push(WaitReason::Kernel { launches });
         }
         let holds_pieces = launches > 0
-            || self
-                .inputs
-                .iter()
-                .any(|i| !i.ready.is_empty() || !i.in_use.is_empty())
+            || self.inputs.iter().any(|i| !i.ready.is_empty() || !i.in_use.is_empty())
             || self.outputs.iter().any(|o| o.in_flight > 0)
             || match &self.kind {
-                KindState::Source {
-                    limit: Some(n),
-                    produced,
-                    ..
-                } => self.started && produced < n,
-                KindState::Source {
-                    limit: None,
-                    available,
-                    ..
-                } => *available > 0,
+                KindState::Source { limit: Some(n), produced, .. } => self.started && produced < n,
+                KindState::Source { limit: None, available, .. } => *available > 0,
                 KindState::Repeat { held, .. } => held.is_some(),
                 _ => false,
             };
@@ -138,17 +116,9 @@ impl fmt::Display for WaitReason {
             WaitReason::Input { desc, producer } => {
                 write!(f, "waits on input {desc}: empty, produced by {producer}")
             }
-            WaitReason::OutputFull {
-                desc,
-                register_num,
-                holders,
-            } => {
+            WaitReason::OutputFull { desc, register_num, holders } => {
                 let holders: Vec<String> = holders.iter().map(ToString::to_string).collect();
-                write!(
-                    f,
-                    "output {desc} is full: all {register_num} slots held by [{}]",
-                    holders.join(", ")
-                )
+                write!(f, "output {desc} is full: all {register_num} slots held by [{}]", holders.join(", "))
             }
             WaitReason::Fetch => write!(f, "waits for the user to fetch the pieces it delivered"),
             WaitReason::Kernel { launches } => {

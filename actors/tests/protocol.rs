@@ -1,23 +1,19 @@
 //! Actor protocol tests: every actor of a plan driven by one deterministic message loop.
 
 use regflow_actors::{
-    Actor, ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, GroupPosition,
-    Lifecycle, Message, PlanIds, RegstRef, WaitReason,
+    Actor, ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, GroupPosition, Lifecycle, Message,
+    PlanIds, RegstRef, WaitReason,
 };
 use regflow_graph::plan::{
-    ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, RegstDescId, SourcePieces,
-    StreamIndex, StreamKind,
+    ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, RegstDescId, SourcePieces, StreamIndex,
+    StreamKind,
 };
 use std::collections::{HashMap, VecDeque};
 
 type Desc = RegstDescId;
 
-const COPY: ActorKind = ActorKind::Compute {
-    kernel: KernelConf::Copy,
-};
-const FED: ActorKind = ActorKind::Source {
-    pieces: SourcePieces::Fed,
-};
+const COPY: ActorKind = ActorKind::Compute { kernel: KernelConf::Copy };
+const FED: ActorKind = ActorKind::Source { pieces: SourcePieces::Fed };
 const FEED: Body = Body::Cmd(Cmd::Feed);
 const CLOSE: Body = Body::Cmd(Cmd::CloseFeed);
 
@@ -113,13 +109,7 @@ impl ActorEnv for Env {
     fn launch(&mut self, f: &Firing<'_>) -> Result<Completion, EnvError> {
         let (actor, piece, group) = (f.actor, f.piece, f.group);
         let (inputs, outputs) = (f.inputs.to_vec(), f.outputs.to_vec());
-        let fired = Fired {
-            actor,
-            piece,
-            group,
-            inputs,
-            outputs,
-        };
+        let fired = Fired { actor, piece, group, inputs, outputs };
         self.log.push(Event::Launch(fired));
         if self.asynchronous.contains(&actor) {
             self.in_flight.push(actor);
@@ -143,18 +133,9 @@ impl Harness {
     fn new(plan: Plan, pending: &[&str]) -> Self {
         let ids = PlanIds::assign(&plan).expect("ids fit");
         let build = |i| Actor::from_plan(&plan, &ids, ActorIndex(i as u32));
-        let actors = (0..plan.actors.len())
-            .map(build)
-            .map(|a| (a.id(), a))
-            .collect();
+        let actors = (0..plan.actors.len()).map(build).map(|a| (a.id(), a)).collect();
         let (env, transitions) = (Env::default(), Vec::new());
-        let mut h = Self {
-            plan,
-            ids,
-            actors,
-            env,
-            transitions,
-        };
+        let mut h = Self { plan, ids, actors, env, transitions };
         h.env.asynchronous = pending.iter().map(|name| h.id(name)).collect();
         h
     }
@@ -179,11 +160,7 @@ impl Harness {
     }
 
     fn start(&mut self) {
-        let sources = self
-            .plan
-            .actors
-            .iter()
-            .filter(|a| matches!(a.kind, ActorKind::Source { .. }));
+        let sources = self.plan.actors.iter().filter(|a| matches!(a.kind, ActorKind::Source { .. }));
         let ids: Vec<ActorId> = sources.map(|a| self.id(&a.name)).collect();
         for id in ids {
             self.env.queue.push_back(msg(id, id, Body::Cmd(Cmd::Start)));
@@ -232,15 +209,8 @@ impl Harness {
             }
             seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             let stream = streams[(seed >> 33) as usize % streams.len()];
-            let i = self
-                .env
-                .in_flight
-                .iter()
-                .position(|a| a.stream_id() == stream);
-            let id = self
-                .env
-                .in_flight
-                .remove(i.expect("a launch on that stream"));
+            let i = self.env.in_flight.iter().position(|a| a.stream_id() == stream);
+            let id = self.env.in_flight.remove(i.expect("a launch on that stream"));
             self.env.queue.push_back(msg(id, id, Body::ActDone));
         }
     }
@@ -279,9 +249,7 @@ impl Harness {
     }
 
     fn delivered(&self, i: usize) -> Message {
-        let Event::Deliver(m) = self.env.log[i] else {
-            panic!("log entry {i} is no delivery")
-        };
+        let Event::Deliver(m) = self.env.log[i] else { panic!("log entry {i} is no delivery") };
         m
     }
 
@@ -293,23 +261,13 @@ impl Harness {
 
     /// Quiescent, every actor Done, and no register ever had more pieces out than slots.
     fn assert_finished(&self, ctx: &str) {
-        assert!(
-            self.env.queue.is_empty() && self.env.in_flight.is_empty(),
-            "{ctx}"
-        );
+        assert!(self.env.queue.is_empty() && self.env.in_flight.is_empty(), "{ctx}");
         for (i, desc) in self.plan.actors.iter().enumerate() {
             let a = &self.actors[&self.ids.of(ActorIndex(i as u32))];
             let what = format!("{ctx}: {}: {:?}", a.name(), a.snapshot());
-            assert_eq!(
-                (a.lifecycle(), a.pending_launches()),
-                (Lifecycle::Done, 0),
-                "{what}"
-            );
+            assert_eq!((a.lifecycle(), a.pending_launches()), (Lifecycle::Done, 0), "{what}");
             assert!(a.max_in_flight().all(|(most, regs)| most <= regs), "{what}");
-            let slots = desc
-                .inputs
-                .iter()
-                .map(|d| self.plan.regst_descs[d.index()].register_num);
+            let slots = desc.inputs.iter().map(|d| self.plan.regst_descs[d.index()].register_num);
             for ((most, regs), slots) in a.max_held().zip(slots) {
                 assert_eq!(regs, slots as usize, "{what}");
                 assert!(most <= slots, "{what}: held {most} of {slots}");
@@ -341,12 +299,7 @@ const SYNC: Timing = (&[], 0);
 #[test]
 fn chain_delivers_every_piece_in_order_within_register_bounds() {
     let all = &["src", "f", "sink"][..];
-    let layouts = [
-        ([0, 0, 0], SYNC),
-        ([0, 1, 2], SYNC),
-        ([0, 1, 2], (all, 1)),
-        ([0, 0, 1], (all, 7)),
-    ];
+    let layouts = [([0, 0, 0], SYNC), ([0, 1, 2], SYNC), ([0, 1, 2], (all, 1)), ([0, 0, 1], (all, 7))];
     for n in [0, 1, 2, 7] {
         for (rs, rf) in [(1, 1), (2, 1), (1, 3), (3, 2)] {
             for (s, (pending, seed)) in layouts {
@@ -389,13 +342,7 @@ fn eord_cascades_and_producers_stay_zombie_until_their_last_ack() {
         let (p, c) = (h.id(producer), h.id(consumer));
         let zombie_then_done = [Lifecycle::Zombie, Lifecycle::Done];
         assert_eq!(h.lifecycles(producer), zombie_then_done, "{producer}");
-        let at = |l| {
-            h.transitions
-                .iter()
-                .find(|t| t.0 == p && t.1 == l)
-                .expect("entered")
-                .2
-        };
+        let at = |l| h.transitions.iter().find(|t| t.0 == p && t.1 == l).expect("entered").2;
         let (zombie, done) = (at(Lifecycle::Zombie), at(Lifecycle::Done));
         let acks = h.deliveries(|m| m.dst == p && is_ack(m));
         assert_eq!(acks.len() as u64, n, "{producer}: one ack per piece");
@@ -403,11 +350,7 @@ fn eord_cascades_and_producers_stay_zombie_until_their_last_ack() {
         let early = acks.iter().filter(|&&i| i < zombie).count() as u64;
         assert_eq!(early, n - 1, "{producer}");
         // ... and the last ack, from the consumer, is what lets it finish.
-        assert_eq!(
-            (done, h.delivered(done).src),
-            (acks[acks.len() - 1], c),
-            "{producer}"
-        );
+        assert_eq!((done, h.delivered(done).src), (acks[acks.len() - 1], c), "{producer}");
         let eords = h.sent(|m| m.src == p && is_eord(m));
         assert_eq!(eords.len(), 1, "{producer}: one Eord");
         assert_eq!((eords[0].0.dst, eords[0].1), (c, zombie), "{producer}");
@@ -463,10 +406,7 @@ fn acc_folds_groups_of_k_and_flushes_a_partial_last_group() {
                 assert_eq!(fired.len() as u64, n, "{ctx}");
                 let k_ = k as usize;
                 for (i, f) in fired.iter().enumerate() {
-                    let group = GroupPosition {
-                        index: i as u32 % k,
-                        count: k,
-                    };
+                    let group = GroupPosition { index: i as u32 % k, count: k };
                     assert_eq!((f.piece, f.group), (i as u64, group), "{ctx}");
                     // The whole group folds into the slot its first piece took.
                     assert_eq!(f.outputs, fired[i - i % k_].outputs, "{ctx}");
@@ -499,30 +439,17 @@ fn repeat_hands_its_input_to_k_pieces_without_copy_and_acks_it_last() {
     let src = h.fired("src");
     assert_eq!(h.pieces("sink"), (0..n * k as u64).collect::<Vec<_>>());
     for (j, f) in h.fired("sink").iter().enumerate() {
-        assert_eq!(
-            f.inputs,
-            src[j / k].outputs,
-            "piece {j} reads the source's register"
-        );
+        assert_eq!(f.inputs, src[j / k].outputs, "piece {j} reads the source's register");
     }
     let (rep, sink_id, src_id) = (h.id("rep"), h.id("sink"), h.id("src"));
     for (m, _) in h.sent(|m| m.src == rep && is_ready(m)) {
-        let Body::Ready { regst, piece, data } = m.body else {
-            unreachable!()
-        };
-        assert_eq!(
-            (regst.desc, data),
-            (y, src[piece as usize / k].outputs[0]),
-            "{piece}"
-        );
+        let Body::Ready { regst, piece, data } = m.body else { unreachable!() };
+        assert_eq!((regst.desc, data), (y, src[piece as usize / k].outputs[0]), "{piece}");
     }
     // Input i is acked while the repeat handles the ack of its k-th (last) output piece.
     let acks_in = h.deliveries(|m| m.src == sink_id && m.dst == rep && is_ack(m));
     let acks_out = h.sent(|m| m.src == rep && m.dst == src_id && is_ack(m));
-    assert_eq!(
-        (acks_in.len(), acks_out.len()),
-        (n as usize * k, n as usize)
-    );
+    assert_eq!((acks_in.len(), acks_out.len()), (n as usize * k, n as usize));
     for (i, (ack, cause)) in acks_out.iter().enumerate() {
         assert_eq!(*cause, acks_in[(i + 1) * k - 1], "input {i}");
         let regst = src[i].outputs[0];
@@ -550,10 +477,7 @@ fn fed_source_produces_one_piece_per_feed_and_ends_on_close() {
         h.post("src", FEED);
     }
     h.run().unwrap();
-    assert_eq!(
-        (h.pieces("src"), h.pieces("sink")),
-        (vec![0, 1, 2], vec![0, 1, 2])
-    );
+    assert_eq!((h.pieces("src"), h.pieces("sink")), (vec![0, 1, 2], vec![0, 1, 2]));
     assert_eq!(h.actor("src").lifecycle(), Lifecycle::Running);
     assert!(h.sent(is_eord).is_empty());
     h.post("src", CLOSE);
@@ -576,10 +500,7 @@ fn feed_after_close_feed_is_an_error() {
         h.post("src", body);
         let text = err_text(h.run());
         let what = format!("{cmd}: not an open fed source");
-        assert!(
-            text.contains("actor 'src' (") && text.contains(&what),
-            "{text}"
-        );
+        assert!(text.contains("actor 'src' (") && text.contains(&what), "{text}");
     }
     // Feeding a counted source is just as wrong.
     let mut net = Net::new();
@@ -626,66 +547,24 @@ fn protocol_errors_name_the_actor() {
     expect(&mut h, ack, "src", "which does not hold it (acked twice?)");
 
     let mut h = fresh();
-    let regst = RegstRef {
-        desc: h.desc("src.out"),
-        slot: 1,
-    };
+    let regst = RegstRef { desc: h.desc("src.out"), slot: 1 };
     let stray = msg(src, sink, Body::Ack { regst });
-    expect(
-        &mut h,
-        stray,
-        "src",
-        "ack of slot 1 from n0.d0.s2.a0, which does not consume it",
-    );
+    expect(&mut h, stray, "src", "ack of slot 1 from n0.d0.s2.a0, which does not consume it");
 
     let mut h = fresh();
     let again = h.delivered(h.deliveries(|m| m.dst == f && is_ready(m))[0]);
-    expect(
-        &mut h,
-        again,
-        "f",
-        "out of order: regst#0 delivered piece 0, expected piece 1",
-    );
+    expect(&mut h, again, "f", "out of order: regst#0 delivered piece 0, expected piece 1");
 
     let mut h = fresh();
-    let ready = msg(
-        sink,
-        src,
-        Body::Ready {
-            regst,
-            piece: 0,
-            data: regst,
-        },
-    );
-    expect(
-        &mut h,
-        ready,
-        "sink",
-        "Ready of regst#0 from n0.d0.s0.a0, which it does not consume",
-    );
+    let ready = msg(sink, src, Body::Ready { regst, piece: 0, data: regst });
+    expect(&mut h, ready, "sink", "Ready of regst#0 from n0.d0.s0.a0, which it does not consume");
 
     let mut h = fresh();
-    expect(
-        &mut h,
-        msg(f, f, Body::ActDone),
-        "f",
-        "ActDone with no kernel in flight",
-    );
+    expect(&mut h, msg(f, f, Body::ActDone), "f", "ActDone with no kernel in flight");
 
     let mut h = fresh();
-    let eord = msg(
-        f,
-        src,
-        Body::Eord {
-            desc: h.desc("f.out"),
-        },
-    );
-    expect(
-        &mut h,
-        eord,
-        "f",
-        "Eord for regst#1, which it does not consume",
-    );
+    let eord = msg(f, src, Body::Eord { desc: h.desc("f.out") });
+    expect(&mut h, eord, "f", "Eord for regst#1, which it does not consume");
 }
 
 #[test]
@@ -698,10 +577,7 @@ fn inputs_ending_unevenly_are_an_error() {
     let mut h = Harness::new(net.build(), &[]);
     h.start();
     let text = err_text(h.run());
-    assert!(
-        text.contains("actor 'join' (") && text.contains("pieces out of order"),
-        "{text}"
-    );
+    assert!(text.contains("actor 'join' (") && text.contains("pieces out of order"), "{text}");
     let what = "input regst#0 ended after 3 pieces but input regst#1 still has piece 3 ready";
     assert!(text.contains(what), "{text}");
     assert_eq!(h.pieces("join"), [0, 1, 2]);
@@ -732,31 +608,17 @@ fn same_stream_consumers_hear_at_launch_others_and_producers_at_completion() {
     assert_eq!(near_ready.len(), 1);
     let cause = h.delivered(near_ready[0].1);
     assert!(cause.dst == mid && is_ready(&cause), "{cause:?}");
-    assert!(
-        h.sent(to(far)).is_empty(),
-        "not even src's completion tells far"
-    );
+    assert!(h.sent(to(far)).is_empty(), "not even src's completion tells far");
     let acks_from = |h: &Harness, who| h.sent(move |m| m.src == who && is_ack(m));
     assert!(acks_from(&h, mid).is_empty() && acks_from(&h, near).is_empty());
     h.complete("mid");
     h.run().unwrap();
     let mid_done = h.deliveries(|m| m.dst == mid && m.body == Body::ActDone)[0];
     let far_ready = h.sent(to(far));
-    assert_eq!(
-        (far_ready.len(), far_ready[0].1),
-        (1, mid_done),
-        "far hears at completion"
-    );
+    assert_eq!((far_ready.len(), far_ready[0].1), (1, mid_done), "far hears at completion");
     let mid_acks = acks_from(&h, mid);
-    assert_eq!(
-        (mid_acks.len(), mid_acks[0].1),
-        (1, mid_done),
-        "mid acks at completion"
-    );
-    assert!(
-        acks_from(&h, near).is_empty(),
-        "near's kernel is still running"
-    );
+    assert_eq!((mid_acks.len(), mid_acks[0].1), (1, mid_done), "mid acks at completion");
+    assert!(acks_from(&h, near).is_empty(), "near's kernel is still running");
     h.finish(0).unwrap();
     h.assert_finished("streams");
 }
@@ -769,16 +631,9 @@ fn repeat_does_not_forward_unfinished_data_to_another_stream() {
     let (mid, far) = (h.id("mid"), h.id("far"));
     h.start();
     h.run().unwrap();
-    assert_eq!(
-        h.pieces("src"),
-        [0],
-        "src launched; its kernel is still running"
-    );
+    assert_eq!(h.pieces("src"), [0], "src launched; its kernel is still running");
     let early = h.sent(|m| m.src == mid && m.dst == far && is_ready(m));
-    assert!(
-        early.is_empty(),
-        "far (stream 1) told before src completed: {early:?}"
-    );
+    assert!(early.is_empty(), "far (stream 1) told before src completed: {early:?}");
 }
 
 #[test]
@@ -794,18 +649,11 @@ fn snapshot_names_the_holder_of_a_full_output_and_the_producer_of_an_empty_input
     let snap = h.actor("src").snapshot();
     assert_eq!((snap.lifecycle, snap.fires), (Lifecycle::Running, 1));
     let holders = vec![sink];
-    let full = WaitReason::OutputFull {
-        desc: x,
-        register_num: 1,
-        holders,
-    };
+    let full = WaitReason::OutputFull { desc: x, register_num: 1, holders };
     assert_eq!(snap.waits, std::slice::from_ref(&full));
     let text = format!("output regst#0 is full: all 1 slots held by [{sink}]");
     assert_eq!(full.to_string(), text);
-    let empty = WaitReason::Input {
-        desc: x,
-        producer: src,
-    };
+    let empty = WaitReason::Input { desc: x, producer: src };
     let kernel = WaitReason::Kernel { launches: 1 };
     assert_eq!(h.actor("sink").snapshot().waits, [empty.clone(), kernel]);
     let text = format!("waits on input regst#0: empty, produced by {src}");

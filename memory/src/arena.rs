@@ -25,11 +25,7 @@ impl HostBuffer {
             let ptr = NonNull::new(ALIGNMENT as *mut u8).unwrap_or(NonNull::dangling());
             return Ok(Self { ptr, len });
         }
-        let failed = || MemoryError::AllocationFailed {
-            arena: label.to_string(),
-            kind: MemoryKind::Host,
-            bytes: len,
-        };
+        let failed = || MemoryError::AllocationFailed { arena: label.to_string(), kind: MemoryKind::Host, bytes: len };
         let layout = Layout::from_size_align(len, ALIGNMENT).map_err(|_| failed())?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
@@ -59,12 +55,7 @@ impl Drop for HostBuffer {
             return;
         }
         // SAFETY: allocated in `zeroed` with exactly this layout.
-        unsafe {
-            dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.len, ALIGNMENT),
-            )
-        }
+        unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, ALIGNMENT)) }
     }
 }
 
@@ -84,21 +75,14 @@ impl Arena {
     /// belongs to a device backend and is refused with [`MemoryError::UnsupportedKind`].
     pub fn allocate(label: &str, kind: MemoryKind, bytes: u64) -> Result<Self, MemoryError> {
         if kind == MemoryKind::Device {
-            return Err(MemoryError::UnsupportedKind {
-                arena: label.to_string(),
-                kind,
-            });
+            return Err(MemoryError::UnsupportedKind { arena: label.to_string(), kind });
         }
         let len = usize::try_from(bytes).map_err(|_| MemoryError::AllocationFailed {
             arena: label.to_string(),
             kind,
             bytes: usize::MAX,
         })?;
-        Ok(Self {
-            label: label.to_string(),
-            kind,
-            buffer: HostBuffer::zeroed(label, len)?,
-        })
+        Ok(Self { label: label.to_string(), kind, buffer: HostBuffer::zeroed(label, len)? })
     }
 
     /// The device label this arena was allocated for.
@@ -123,12 +107,8 @@ impl Arena {
 
     /// A view of `len` bytes at `offset`, checked against the arena's bounds.
     pub fn view(&self, offset: u64, len: u64) -> Result<BufferView, MemoryError> {
-        let out_of_range = || MemoryError::OutOfRange {
-            arena: self.label.clone(),
-            offset,
-            len,
-            arena_len: self.buffer.len() as u64,
-        };
+        let out_of_range =
+            || MemoryError::OutOfRange { arena: self.label.clone(), offset, len, arena_len: self.buffer.len() as u64 };
         let end = offset.checked_add(len).ok_or_else(out_of_range)?;
         if end > self.buffer.len() as u64 {
             return Err(out_of_range());
@@ -204,10 +184,7 @@ mod tests {
         for len in [1usize, 63, 64, 65, 4096, 1 << 20] {
             let buf = HostBuffer::zeroed("t", len).unwrap();
             assert_eq!(buf.base().as_ptr() as usize % ALIGNMENT, 0, "len {len}");
-            let arena_view = BufferView {
-                ptr: buf.base(),
-                len,
-            };
+            let arena_view = BufferView { ptr: buf.base(), len };
             // SAFETY: the buffer is alive and unshared.
             assert!(unsafe { arena_view.as_slice() }.iter().all(|&b| b == 0));
         }
@@ -218,10 +195,7 @@ mod tests {
         let arena = Arena::allocate("cpu:0", MemoryKind::Host, 128).unwrap();
         assert!(arena.view(64, 64).is_ok());
         let err = arena.view(100, 29).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "view [100, 100+29) is outside arena cpu:0 of 128 bytes"
-        );
+        assert_eq!(err.to_string(), "view [100, 100+29) is outside arena cpu:0 of 128 bytes");
         assert!(arena.view(u64::MAX, 2).is_err());
     }
 

@@ -25,20 +25,14 @@ impl ArenaLayout {
         let mut offset = 0u64;
         let mut out = Vec::with_capacity(blocks.len());
         for (index, &(bytes, count)) in blocks.iter().enumerate() {
-            let overflow = || MemoryError::SizeOverflow {
-                what: format!("block {index}"),
-                bytes,
-                count: u64::from(count),
-            };
+            let overflow =
+                || MemoryError::SizeOverflow { what: format!("block {index}"), bytes, count: u64::from(count) };
             let stride = align_up(bytes).ok_or_else(overflow)?;
             let size = stride.checked_mul(u64::from(count)).ok_or_else(overflow)?;
             out.push((offset, stride));
             offset = offset.checked_add(size).ok_or_else(overflow)?;
         }
-        Ok(Self {
-            blocks: out,
-            total_bytes: offset,
-        })
+        Ok(Self { blocks: out, total_bytes: offset })
     }
 
     /// Offset of slot `slot` of block `block`. Panics if the block does not exist, which
@@ -69,10 +63,7 @@ impl MemoryReport {
 
     /// Bytes of the device with this label, if it is in the report.
     pub fn bytes_of(&self, label: &str) -> Option<u64> {
-        self.devices
-            .iter()
-            .find(|(l, _)| l == label)
-            .map(|(_, b)| *b)
+        self.devices.iter().find(|(l, _)| l == label).map(|(_, b)| *b)
     }
 }
 
@@ -108,9 +99,7 @@ mod tests {
 
     #[test]
     fn report_sums_devices() {
-        let report = MemoryReport {
-            devices: vec![("cpu:0".into(), 100), ("sim:0".into(), 28)],
-        };
+        let report = MemoryReport { devices: vec![("cpu:0".into(), 100), ("sim:0".into(), 28)] };
         assert_eq!(report.total_bytes(), 128);
         assert_eq!(report.bytes_of("sim:0"), Some(28));
         assert!(report.to_string().contains("total"));

@@ -66,9 +66,7 @@ pub enum MemoryError {
         bytes: usize,
     },
     /// A memory kind this build cannot allocate.
-    #[error(
-        "{arena}: {kind} memory needs a device backend; this allocator serves host memory only"
-    )]
+    #[error("{arena}: {kind} memory needs a device backend; this allocator serves host memory only")]
     UnsupportedKind {
         /// Label of the arena being allocated.
         arena: String,

@@ -69,7 +69,11 @@ impl Feeder {
             return Err(RuntimeError::FeedClosed { source_name: self.name.clone() });
         }
         if piece.len() as u64 != self.bytes {
-            return Err(RuntimeError::FeedSize { source_name: self.name.clone(), got: piece.len(), expected: self.bytes });
+            return Err(RuntimeError::FeedSize {
+                source_name: self.name.clone(),
+                got: piece.len(),
+                expected: self.bytes,
+            });
         }
         let mut buffer = self.pool.recv().map_err(|_| RuntimeError::Stopped)?;
         buffer.clear();
@@ -128,7 +132,9 @@ impl Kernel for ChannelSinkKernel {
             part.clear();
             part.extend_from_slice(io.input(i));
         }
-        if let Err(crossbeam_channel::SendError(undelivered)) = self.deliveries.send(Delivery { piece: io.piece(), parts }) {
+        if let Err(crossbeam_channel::SendError(undelivered)) =
+            self.deliveries.send(Delivery { piece: io.piece(), parts })
+        {
             // The fetcher is gone: nobody wants the pieces. Recycle the buffer and the
             // credit, so the sink keeps draining its inputs instead of stalling the job.
             let _ = self.give_back.send(undelivered.parts);

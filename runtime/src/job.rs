@@ -203,7 +203,11 @@ impl Job {
             let index = plan.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.clone() })?;
             let kind = &plan.actors[index.index()].kind;
             if !matches!(kind, ActorKind::Sink) {
-                return Err(RuntimeError::WrongKind { name: name.clone(), kind: kind.name(), expected: "on_sink needs a sink" });
+                return Err(RuntimeError::WrongKind {
+                    name: name.clone(),
+                    kind: kind.name(),
+                    expected: "on_sink needs a sink",
+                });
             }
         }
 
@@ -233,17 +237,22 @@ impl Job {
         let router = Router::new(builder.node, stream_of, senders.clone());
 
         // Sim poller, sized by the launches that can be in flight on sim streams.
-        let sim_streams: Vec<usize> =
-            (0..plan.streams.len()).filter(|&s| plan.devices[plan.streams[s].device.index()].kind == DeviceKind::Sim).collect();
+        let sim_streams: Vec<usize> = (0..plan.streams.len())
+            .filter(|&s| plan.devices[plan.streams[s].device.index()].kind == DeviceKind::Sim)
+            .collect();
         let poller = if sim_streams.is_empty() {
             None
         } else {
             let capacity: usize = plan.regst_descs.iter().map(|r| r.register_num as usize * 2).sum::<usize>() + 64;
-            Some(SimPoller::start(capacity).map_err(|e| RuntimeError::Spawn { thread: "sim poller".into(), message: e.to_string() })?)
+            Some(
+                SimPoller::start(capacity)
+                    .map_err(|e| RuntimeError::Spawn { thread: "sim poller".into(), message: e.to_string() })?,
+            )
         };
 
         // Actors, kernels, feeders and fetchers, per stream.
-        let mut per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)> = (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
+        let mut per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)> =
+            (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
         let mut feeders = HashMap::new();
         let mut fetchers = HashMap::new();
         let mut sources = Vec::new();
@@ -264,7 +273,8 @@ impl Job {
                 ActorKind::Source { pieces: SourcePieces::Fed } => {
                     sources.push(id);
                     let bytes = outputs.iter().copied().min().unwrap_or(0);
-                    let register_num = plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].register_num).min().unwrap_or(1);
+                    let register_num =
+                        plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].register_num).min().unwrap_or(1);
                     let depth = register_num as usize + 1;
                     let (data_tx, data_rx) = crossbeam_channel::bounded(depth);
                     let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth);
@@ -273,7 +283,15 @@ impl Job {
                     }
                     feeders.insert(
                         desc.name.clone(),
-                        Feeder { name: desc.name.clone(), source: id, bytes, data: data_tx, pool: pool_rx, inbox, closed: false },
+                        Feeder {
+                            name: desc.name.clone(),
+                            source: id,
+                            bytes,
+                            data: data_tx,
+                            pool: pool_rx,
+                            inbox,
+                            closed: false,
+                        },
                     );
                     Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
                 }
@@ -296,7 +314,13 @@ impl Job {
                             desc.name.clone(),
                             Fetcher { sink: id, deliveries: delivery_rx, pool: pool_tx.clone(), inbox: inbox.clone() },
                         );
-                        Some(Box::new(ChannelSinkKernel { deliveries: delivery_tx, pool: pool_rx, give_back: pool_tx, inbox, sink: id }))
+                        Some(Box::new(ChannelSinkKernel {
+                            deliveries: delivery_tx,
+                            pool: pool_rx,
+                            give_back: pool_tx,
+                            inbox,
+                            sink: id,
+                        }))
                     }
                 },
                 ActorKind::Repeat { .. } => None,
@@ -323,7 +347,8 @@ impl Job {
         // Stream threads.
         let epoch = Instant::now();
         let mut threads = Vec::new();
-        let max_arity = plan.actors.iter().map(|a| a.inputs.len()).max().unwrap_or(0).max(plan.regst_descs.len().min(64));
+        let max_arity =
+            plan.actors.iter().map(|a| a.inputs.len()).max().unwrap_or(0).max(plan.regst_descs.len().min(64));
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
             let device: Box<dyn DeviceStream> = match (&poller, plan.devices[plan.streams[s].device.index()].kind) {
@@ -333,7 +358,8 @@ impl Job {
                 },
                 _ => Box::new(CpuStream),
             };
-            let stream_id = actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
+            let stream_id =
+                actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
             let worker = StreamWorker {
                 index: s,
                 stream_id,
@@ -355,19 +381,17 @@ impl Job {
             let label = stream_label(&plan, s);
             let handle = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || {
-                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run())) {
-                        Ok(exit) => exit,
-                        Err(panic) => {
-                            let message = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "unknown panic".into());
-                            shared_for_panic.probes[s].exited.store(true, crate::sync::Ordering::Release);
-                            shared_for_panic.abort(RuntimeError::Panicked { stream: label, message }, &router_for_panic);
-                            StreamExit { trace: None, snapshots: Vec::new() }
-                        }
+                .spawn(move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run())) {
+                    Ok(exit) => exit,
+                    Err(panic) => {
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        shared_for_panic.probes[s].exited.store(true, crate::sync::Ordering::Release);
+                        shared_for_panic.abort(RuntimeError::Panicked { stream: label, message }, &router_for_panic);
+                        StreamExit { trace: None, snapshots: Vec::new() }
                     }
                 })
                 .map_err(|e| RuntimeError::Spawn { thread: name, message: e.to_string() });
@@ -434,7 +458,12 @@ impl Job {
     /// The fetcher of sink `name` (once). Pieces of a sink whose fetcher is never taken are
     /// dropped when [`Job::wait`] runs.
     pub fn fetcher(&mut self, name: &str) -> Result<Fetcher, RuntimeError> {
-        self.take(name, "fetcher", |job| job.fetchers.remove(name), "a fetcher needs a sink without an on_sink callback")
+        self.take(
+            name,
+            "fetcher",
+            |job| job.fetchers.remove(name),
+            "a fetcher needs a sink without an on_sink callback",
+        )
     }
 
     fn take<T>(
@@ -447,7 +476,8 @@ impl Job {
         if let Some(found) = remove(self) {
             return Ok(found);
         }
-        let index = self.plan.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.to_string() })?;
+        let index =
+            self.plan.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.to_string() })?;
         let actor = &self.plan.actors[index.index()];
         let node = self.plan.devices[self.plan.device_of(index).index()].node;
         if !self.router.hosts(node) {

@@ -12,7 +12,8 @@ use crate::trace::{flow_id, TraceBuffer, TraceEvent};
 use crate::RuntimeError;
 use crossbeam_utils::CachePadded;
 use regflow_actors::{
-    Actor, ActorEnv, ActorError, ActorId, ActorSnapshot, Body, Completion, EnvError, Firing, Lifecycle, Message, StreamId,
+    Actor, ActorEnv, ActorError, ActorId, ActorSnapshot, Body, Completion, EnvError, Firing, Lifecycle, Message,
+    StreamId,
 };
 use regflow_graph::plan::RegstDescId;
 use regflow_memory::BufferView;
@@ -136,7 +137,9 @@ struct Env<'w> {
 
 impl ActorEnv for Env<'_> {
     fn send(&mut self, msg: Message) -> Result<(), EnvError> {
-        if let (Some(trace), Body::Ready { regst, piece, .. }, Some((start, end))) = (self.trace.as_deref_mut(), msg.body, self.anchor) {
+        if let (Some(trace), Body::Ready { regst, piece, .. }, Some((start, end))) =
+            (self.trace.as_deref_mut(), msg.body, self.anchor)
+        {
             let at = if end > start { end - Duration::from_nanos(1) } else { start };
             trace.events.push(TraceEvent::FlowOut { id: flow_id(regst.desc, piece, msg.dst), at });
         }
@@ -149,7 +152,9 @@ impl ActorEnv for Env<'_> {
     }
 
     fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
-        let _span = tracing::trace_span!("fire", actor = firing.actor.bits(), piece = firing.piece, stream = self.stream_index).entered();
+        let _span =
+            tracing::trace_span!("fire", actor = firing.actor.bits(), piece = firing.piece, stream = self.stream_index)
+                .entered();
         self.scratch_inputs.clear();
         self.scratch_inputs.extend(firing.inputs.iter().map(|&r| self.memory.view(r)));
         self.scratch_outputs.clear();
@@ -171,7 +176,12 @@ impl ActorEnv for Env<'_> {
         self.anchor = Some((launched.start, launched.end));
         if let Some(trace) = self.trace.as_deref_mut() {
             let plan_index = self.runtime.plan_index;
-            trace.events.push(TraceEvent::Slice { actor: plan_index, piece: firing.piece, start: launched.start, end: launched.end });
+            trace.events.push(TraceEvent::Slice {
+                actor: plan_index,
+                piece: firing.piece,
+                start: launched.start,
+                end: launched.end,
+            });
             let at = launched.start;
             for &desc in &self.runtime.input_descs {
                 trace.events.push(TraceEvent::FlowIn { id: flow_id(desc, firing.piece, firing.actor), at });

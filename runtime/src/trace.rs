@@ -2,8 +2,8 @@
 //! buffer of its own; at the end the job writes them as Chrome-trace / Perfetto JSON
 //! (pid = node, tid = stream, one slice per firing, flow arrows for `Ready` messages).
 
-use regflow_graph::plan::{Plan, RegstDescId};
 use regflow_actors::ActorId;
+use regflow_graph::plan::{Plan, RegstDescId};
 use serde::Serialize;
 use std::io::Write;
 use std::time::Instant;

@@ -79,7 +79,9 @@ impl WaitForGraph {
         for actor in &self.actors {
             for wait in &actor.waits {
                 match wait {
-                    Wait::Input { regst, producer } => edges.push((actor.name.clone(), producer.clone(), regst.clone())),
+                    Wait::Input { regst, producer } => {
+                        edges.push((actor.name.clone(), producer.clone(), regst.clone()))
+                    }
                     Wait::OutputFull { regst, holders, .. } => {
                         for holder in holders {
                             edges.push((actor.name.clone(), holder.clone(), regst.clone()));
@@ -148,7 +150,11 @@ impl fmt::Display for WaitForGraph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "wait-for graph ({} actor(s) not done):", self.actors.len())?;
         for actor in &self.actors {
-            writeln!(f, "  '{}' ({}, {}, {:?}, fired {} times):", actor.name, actor.id, actor.stream, actor.lifecycle, actor.fires)?;
+            writeln!(
+                f,
+                "  '{}' ({}, {}, {:?}, fired {} times):",
+                actor.name, actor.id, actor.stream, actor.lifecycle, actor.fires
+            )?;
             for wait in &actor.waits {
                 writeln!(f, "    {wait}")?;
             }

@@ -12,9 +12,7 @@ pub struct PlanBuilder {
 impl PlanBuilder {
     /// An empty builder.
     pub fn new() -> Self {
-        Self {
-            plan: Some(Plan::empty()),
-        }
+        Self { plan: Some(Plan::empty()) }
     }
 
     fn plan(&mut self) -> &mut Plan {
@@ -24,12 +22,7 @@ impl PlanBuilder {
     /// Adds a device of `kind` with this index on `node`.
     pub fn device(&mut self, node: u16, kind: DeviceKind, index: u16) -> DeviceIndex {
         let plan = self.plan();
-        plan.devices.push(DeviceDesc {
-            node,
-            kind,
-            index,
-            memory_capacity: None,
-        });
+        plan.devices.push(DeviceDesc { node, kind, index, memory_capacity: None });
         DeviceIndex(plan.devices.len() as u32 - 1)
     }
 
@@ -51,13 +44,7 @@ impl PlanBuilder {
     /// Adds an actor bound to `stream`.
     pub fn actor(&mut self, name: &str, stream: StreamIndex, kind: ActorKind) -> ActorIndex {
         let plan = self.plan();
-        plan.actors.push(ActorDesc {
-            name: name.to_string(),
-            stream,
-            kind,
-            inputs: Vec::new(),
-            sim_nanos: None,
-        });
+        plan.actors.push(ActorDesc { name: name.to_string(), stream, kind, inputs: Vec::new(), sim_nanos: None });
         ActorIndex(plan.actors.len() as u32 - 1)
     }
 
@@ -70,13 +57,7 @@ impl PlanBuilder {
     }
 
     /// Adds a host-memory register descriptor produced by `producer`.
-    pub fn regst(
-        &mut self,
-        name: &str,
-        producer: ActorIndex,
-        bytes: u64,
-        register_num: u32,
-    ) -> RegstDescId {
+    pub fn regst(&mut self, name: &str, producer: ActorIndex, bytes: u64, register_num: u32) -> RegstDescId {
         let plan = self.plan();
         plan.regst_descs.push(RegstDesc {
             name: name.to_string(),

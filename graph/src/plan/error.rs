@@ -67,9 +67,7 @@ pub enum PlanError {
         name: String,
     },
     /// A descriptor with no slots can never carry a piece.
-    #[error(
-        "register '{desc}' of actor '{producer}' has register_num 0: it needs at least 1 slot"
-    )]
+    #[error("register '{desc}' of actor '{producer}' has register_num 0: it needs at least 1 slot")]
     ZeroRegisterNum {
         /// The descriptor.
         desc: String,

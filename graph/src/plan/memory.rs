@@ -36,13 +36,7 @@ impl PlanMemory {
 
     /// Bytes per device.
     pub fn report(&self) -> MemoryReport {
-        MemoryReport {
-            devices: self
-                .devices
-                .iter()
-                .map(|d| (d.label.clone(), d.layout.total_bytes()))
-                .collect(),
-        }
+        MemoryReport { devices: self.devices.iter().map(|d| (d.label.clone(), d.layout.total_bytes())).collect() }
     }
 }
 
@@ -70,17 +64,12 @@ impl Plan {
                     (desc.bytes, desc.register_num)
                 })
                 .collect();
-            let layout = ArenaLayout::pack(&blocks).map_err(|e| PlanError::Memory {
-                device: label.clone(),
-                detail: e.to_string(),
-            })?;
+            let layout = ArenaLayout::pack(&blocks)
+                .map_err(|e| PlanError::Memory { device: label.clone(), detail: e.to_string() })?;
             if let Some(capacity) = self.devices[d].memory_capacity {
                 if layout.total_bytes() > capacity {
-                    let mut largest: Vec<&RegstDesc> =
-                        descs.iter().map(|r| &self.regst_descs[r.index()]).collect();
-                    largest.sort_by_key(|r| {
-                        std::cmp::Reverse(r.bytes.saturating_mul(u64::from(r.register_num)))
-                    });
+                    let mut largest: Vec<&RegstDesc> = descs.iter().map(|r| &self.regst_descs[r.index()]).collect();
+                    largest.sort_by_key(|r| std::cmp::Reverse(r.bytes.saturating_mul(u64::from(r.register_num))));
                     let largest = largest
                         .iter()
                         .take(3)
@@ -98,12 +87,7 @@ impl Plan {
             for (block, r) in descs.iter().enumerate() {
                 placement[r.index()] = Some((d, block));
             }
-            devices.push(DeviceMemory {
-                device: DeviceIndex(d as u32),
-                label,
-                descs,
-                layout,
-            });
+            devices.push(DeviceMemory { device: DeviceIndex(d as u32), label, descs, layout });
         }
         Ok(PlanMemory { devices, placement })
     }

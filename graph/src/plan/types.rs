@@ -257,10 +257,7 @@ impl Plan {
 
     /// The actor with this name.
     pub fn actor_by_name(&self, name: &str) -> Option<ActorIndex> {
-        self.actors
-            .iter()
-            .position(|a| a.name == name)
-            .map(|i| ActorIndex(i as u32))
+        self.actors.iter().position(|a| a.name == name).map(|i| ActorIndex(i as u32))
     }
 
     /// Register descriptors produced by `actor`, in descriptor order (the kernel's outputs).

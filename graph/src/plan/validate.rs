@@ -7,20 +7,15 @@ use std::collections::HashSet;
 impl Plan {
     /// Parses a JSON plan, checks its schema version, then validates it.
     pub fn from_json(text: &str) -> Result<Plan, PlanError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| PlanError::Parse(e.to_string()))?;
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| PlanError::Parse(e.to_string()))?;
         let found = value
             .get("schema_version")
             .and_then(serde_json::Value::as_u64)
             .ok_or_else(|| PlanError::Parse("missing field `schema_version`".into()))?;
         if found != u64::from(PLAN_SCHEMA_VERSION) {
-            return Err(PlanError::SchemaVersion {
-                found,
-                expected: PLAN_SCHEMA_VERSION,
-            });
+            return Err(PlanError::SchemaVersion { found, expected: PLAN_SCHEMA_VERSION });
         }
-        let plan: Plan =
-            serde_json::from_value(value).map_err(|e| PlanError::Parse(e.to_string()))?;
+        let plan: Plan = serde_json::from_value(value).map_err(|e| PlanError::Parse(e.to_string()))?;
         plan.validate()?;
         Ok(plan)
     }
@@ -45,9 +40,7 @@ impl Plan {
         let mut seen = HashSet::new();
         for device in &self.devices {
             if !seen.insert((device.node, device.kind, device.index)) {
-                return Err(PlanError::DuplicateDevice {
-                    label: device.label(),
-                });
+                return Err(PlanError::DuplicateDevice { label: device.label() });
             }
         }
         for (i, stream) in self.streams.iter().enumerate() {
@@ -62,9 +55,7 @@ impl Plan {
         let mut names = HashSet::new();
         for actor in &self.actors {
             if !names.insert(actor.name.as_str()) {
-                return Err(PlanError::DuplicateActorName {
-                    name: actor.name.clone(),
-                });
+                return Err(PlanError::DuplicateActorName { name: actor.name.clone() });
             }
             if actor.stream.index() >= self.streams.len() {
                 return Err(PlanError::UnknownStream {
@@ -87,11 +78,7 @@ impl Plan {
             let owner = || format!("register '{}'", desc.name);
             for actor in std::iter::once(&desc.producer).chain(&desc.consumers) {
                 if actor.index() >= self.actors.len() {
-                    return Err(PlanError::UnknownActor {
-                        owner: owner(),
-                        actor: actor.0,
-                        count: self.actors.len(),
-                    });
+                    return Err(PlanError::UnknownActor { owner: owner(), actor: actor.0, count: self.actors.len() });
                 }
             }
             if desc.register_num == 0 {
@@ -109,16 +96,10 @@ impl Plan {
             let desc_id = RegstDescId(desc_index as u32);
             let producer = &self.actors[desc.producer.index()].name;
             if desc.consumers.is_empty() {
-                return Err(PlanError::NoConsumer {
-                    desc: desc.name.clone(),
-                    producer: producer.clone(),
-                });
+                return Err(PlanError::NoConsumer { desc: desc.name.clone(), producer: producer.clone() });
             }
             if desc.consumers.len() > MAX_CONSUMERS {
-                return Err(PlanError::TooManyConsumers {
-                    desc: desc.name.clone(),
-                    count: desc.consumers.len(),
-                });
+                return Err(PlanError::TooManyConsumers { desc: desc.name.clone(), count: desc.consumers.len() });
             }
             let mut seen = HashSet::new();
             for consumer in &desc.consumers {
@@ -161,23 +142,22 @@ impl Plan {
         for (i, actor) in self.actors.iter().enumerate() {
             let outputs: Vec<RegstDescId> = self.outputs_of(ActorIndex(i as u32)).collect();
             let (ins, outs) = (actor.inputs.len(), outputs.len());
-            let bad = |detail: String| PlanError::BadArity {
-                actor: actor.name.clone(),
-                kind: actor.kind.name(),
-                detail,
-            };
+            let bad =
+                |detail: String| PlanError::BadArity { actor: actor.name.clone(), kind: actor.kind.name(), detail };
             match &actor.kind {
-                ActorKind::Source { .. } if ins != 0 || outs == 0 => return Err(bad(format!(
-                    "needs no inputs and at least one output, has {ins} inputs and {outs} outputs"
-                ))),
-                ActorKind::Compute { .. } if ins == 0 => {
-                    return Err(bad(
-                        "needs at least one input (a source produces pieces from nothing)".into(),
-                    ))
+                ActorKind::Source { .. } if ins != 0 || outs == 0 => {
+                    return Err(bad(format!(
+                        "needs no inputs and at least one output, has {ins} inputs and {outs} outputs"
+                    )))
                 }
-                ActorKind::Sink if ins == 0 || outs != 0 => return Err(bad(format!(
-                    "needs at least one input and no outputs, has {ins} inputs and {outs} outputs"
-                ))),
+                ActorKind::Compute { .. } if ins == 0 => {
+                    return Err(bad("needs at least one input (a source produces pieces from nothing)".into()))
+                }
+                ActorKind::Sink if ins == 0 || outs != 0 => {
+                    return Err(bad(format!(
+                        "needs at least one input and no outputs, has {ins} inputs and {outs} outputs"
+                    )))
+                }
                 ActorKind::Acc { count, .. } | ActorKind::Repeat { count } => {
                     if ins != 1 || outs != 1 {
                         return Err(bad(format!(
@@ -187,12 +167,9 @@ impl Plan {
                     if *count == 0 {
                         return Err(bad("has count 0: it must be at least 1".into()));
                     }
-                    let (input, output) = (
-                        &self.regst_descs[actor.inputs[0].index()],
-                        &self.regst_descs[outputs[0].index()],
-                    );
-                    if matches!(actor.kind, ActorKind::Repeat { .. }) && input.bytes != output.bytes
-                    {
+                    let (input, output) =
+                        (&self.regst_descs[actor.inputs[0].index()], &self.regst_descs[outputs[0].index()]);
+                    if matches!(actor.kind, ActorKind::Repeat { .. }) && input.bytes != output.bytes {
                         return Err(bad(format!(
                             "hands its input register to its consumers, so output '{}' must have the input's {} bytes, not {}",
                             output.name, input.bytes, output.bytes
@@ -233,10 +210,8 @@ impl Plan {
                         }
                         1 => {
                             let start = stack.iter().position(|&(a, _)| a == succ).unwrap_or(0);
-                            let mut path: Vec<String> = stack[start..]
-                                .iter()
-                                .map(|&(a, _)| self.actors[a].name.clone())
-                                .collect();
+                            let mut path: Vec<String> =
+                                stack[start..].iter().map(|&(a, _)| self.actors[a].name.clone()).collect();
                             path.push(self.actors[succ].name.clone());
                             return Err(PlanError::Cycle { path });
                         }

@@ -51,9 +51,7 @@ impl SimPoller {
     /// scheduling never allocates.
     pub(crate) fn start(capacity: usize) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::bounded::<Timer>(capacity.max(1));
-        let thread = std::thread::Builder::new()
-            .name("regflow-sim-poller".into())
-            .spawn(move || poll(rx, capacity))?;
+        let thread = std::thread::Builder::new().name("regflow-sim-poller".into()).spawn(move || poll(rx, capacity))?;
         Ok(Self { timers: tx, thread: Some(thread) })
     }
 
@@ -141,9 +139,7 @@ impl DeviceStream for SimStream {
         }
         self.seq += 1;
         let timer = Timer { at: end, seq: self.seq, inbox: self.inbox.clone(), actor };
-        self.timers
-            .send(timer)
-            .map_err(|_| KernelError("the sim poller has stopped".into()))?;
+        self.timers.send(timer).map_err(|_| KernelError("the sim poller has stopped".into()))?;
         Ok(Launched { completion: Completion::Pending, start, end })
     }
 }

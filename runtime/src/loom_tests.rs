@@ -1,0 +1,1 @@
+//! Loom models of the cross-thread register protocol.
