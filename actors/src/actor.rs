@@ -65,6 +65,8 @@ pub struct Actor {
     pending: VecDeque<Launch>,
     pub(crate) started: bool,
     pub(crate) lifecycle: Lifecycle,
+    /// Done because of a Stop, not because it finished.
+    stopped: bool,
     scratch_inputs: Vec<RegstRef>,
     scratch_outputs: Vec<RegstRef>,
     pub(crate) fires: u64,
@@ -114,7 +116,7 @@ impl Actor {
             ActorKind::Repeat { count } => KindState::Repeat { count, held: None, handed: 0, outstanding: 0 },
         };
         // Every launch holds at least one slot until it completes, so this bounds `pending`.
-        let max_pending: usize = inputs.iter().map(|i| i.ready.capacity()).sum::<usize>()
+        let max_pending: usize = inputs.iter().map(|i| i.register_num as usize).sum::<usize>()
             + outputs.iter().map(|o| o.register_num as usize).sum::<usize>()
             + 1;
         Self {
@@ -128,6 +130,7 @@ impl Actor {
             pending: VecDeque::with_capacity(max_pending),
             started: false,
             lifecycle: Lifecycle::Running,
+            stopped: false,
             fires: 0,
         }
     }
@@ -172,13 +175,20 @@ impl Actor {
 
     /// Most slots of each input this actor held at once, with the producer's `register_num`.
     pub fn max_held(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
-        self.inputs.iter().map(|i| (i.max_held, i.ready.capacity()))
+        self.inputs.iter().map(|i| (i.max_held, i.register_num as usize))
     }
 
     /// Handles one message, fires as often as it can, and returns its lifecycle after.
     pub fn handle<E: ActorEnv>(&mut self, msg: &Message, env: &mut E) -> Result<Lifecycle, ActorError> {
         if self.lifecycle == Lifecycle::Done {
-            return Ok(Lifecycle::Done);
+            // After a Stop anything may still arrive; after a normal finish only the user's
+            // late fetches may: every slot is back and every input ended, so anything else
+            // is a protocol violation.
+            return match msg.body {
+                _ if self.stopped => Ok(Lifecycle::Done),
+                Body::Cmd(Cmd::Fetched | Cmd::Stop) => Ok(Lifecycle::Done),
+                other => Err(self.unexpected(format!("{other:?} after the actor finished"))),
+            };
         }
         match msg.body {
             Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
@@ -197,6 +207,7 @@ impl Actor {
             Body::ActDone => self.complete_oldest(env)?,
             Body::Cmd(Cmd::Start) => self.started = true,
             Body::Cmd(Cmd::Stop) => {
+                self.stopped = true;
                 self.lifecycle = Lifecycle::Done;
                 return Ok(Lifecycle::Done);
             }
@@ -433,17 +444,10 @@ impl Actor {
         if emit {
             for o in 0..self.outputs.len() {
                 let slot = self.scratch_outputs[o].slot;
-                let output = &mut self.outputs[o];
-                let piece = output.next_piece;
-                output.next_piece += 1;
-                let regst = RegstRef { desc: output.desc, slot };
-                output.launched.push_back((slot, piece, regst));
-                for c in 0..output.consumers.len() {
-                    let consumer = self.outputs[o].consumers[c];
-                    if consumer.same_stream {
-                        self.send(env, consumer.id, Body::Ready { regst, piece, data: regst })?;
-                    }
-                }
+                let piece = self.outputs[o].next_piece;
+                self.outputs[o].next_piece += 1;
+                let regst = RegstRef { desc: self.outputs[o].desc, slot };
+                self.emit_at_launch(env, o, slot, piece, regst)?;
             }
         }
         self.pending.push_back(Launch { ack_inputs, emit });
@@ -453,25 +457,58 @@ impl Actor {
         Ok(())
     }
 
-    /// Hands the held input (or the next one) to one more output piece, without a kernel.
+    /// Hands the held input (or the next one) to one more output piece, without copying.
+    ///
+    /// The hand-off is launched on the repeat's stream like a kernel (the runtime runs a
+    /// no-op): if the input was written by a kernel on this stream that has not completed,
+    /// consumers on other streams must not hear of it before it has, and the stream's
+    /// completion order is what tells. Same-stream consumers are told at once, as always.
     fn fire_repeat<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
-        let KindState::Repeat { held, handed, outstanding, .. } = &mut self.kind else {
+        let KindState::Repeat { count, held, handed, outstanding } = &mut self.kind else {
             unreachable!("fire_repeat on a non-repeat actor")
         };
         if held.is_none() {
             *held = self.inputs[0].ready.pop_front();
         }
-        let Some(data) = held.map(|h| h.data) else { unreachable!("repeat fired without input") };
+        let Some(input) = *held else { unreachable!("repeat fired without input") };
+        let group = GroupPosition { index: *handed, count: *count };
         *handed += 1;
         *outstanding += 1;
         let output = &mut self.outputs[0];
-        let Some(slot) = output.take(false) else { unreachable!("repeat fired without a free slot") };
+        let Some(slot) = output.take(true) else { unreachable!("repeat fired without a free slot") };
         let piece = output.next_piece;
         output.next_piece += 1;
+        self.scratch_inputs.clear();
+        self.scratch_inputs.push(input.data);
+        let firing = Firing { actor: self.id, piece, inputs: &self.scratch_inputs, outputs: &[], group };
+        let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
+        self.emit_at_launch(env, 0, slot, piece, input.data)?;
+        self.pending.push_back(Launch { ack_inputs: false, emit: true });
+        if completion == Completion::Done {
+            self.complete_oldest(env)?;
+        }
+        Ok(())
+    }
+
+    /// An emitting launch: lend the slot to every consumer, record it until completion, and
+    /// tell the consumers on this stream now.
+    fn emit_at_launch<E: ActorEnv>(
+        &mut self,
+        env: &mut E,
+        o: usize,
+        slot: u32,
+        piece: u64,
+        data: RegstRef,
+    ) -> Result<(), ActorError> {
+        let output = &mut self.outputs[o];
+        output.lend(slot);
+        output.launched.push_back((slot, piece, data));
         let regst = RegstRef { desc: output.desc, slot };
-        for c in 0..self.outputs[0].consumers.len() {
-            let dst = self.outputs[0].consumers[c].id;
-            self.send(env, dst, Body::Ready { regst, piece, data })?;
+        for c in 0..self.outputs[o].consumers.len() {
+            let consumer = self.outputs[o].consumers[c];
+            if consumer.same_stream {
+                self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
+            }
         }
         Ok(())
     }
@@ -493,7 +530,9 @@ impl Actor {
                         self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
                     }
                 }
-                self.outputs[o].complete(slot);
+                if self.outputs[o].complete(slot) {
+                    self.on_slot_freed(env)?;
+                }
             }
         }
         if launch.ack_inputs {
@@ -523,6 +562,7 @@ impl Actor {
         let output = &mut self.outputs[0];
         let piece = output.next_piece;
         output.next_piece += 1;
+        output.lend(slot);
         let regst = RegstRef { desc: output.desc, slot };
         for c in 0..self.outputs[0].consumers.len() {
             let dst = self.outputs[0].consumers[c].id;

@@ -27,6 +27,8 @@ pub(crate) struct InputState {
     /// Piece expected in the next `Ready`.
     pub(crate) next_piece: u64,
     pub(crate) eord: bool,
+    /// The producer's slot count.
+    pub(crate) register_num: u32,
     /// Most slots of this input this actor held at once (ready or in use).
     pub(crate) max_held: u32,
 }
@@ -41,6 +43,7 @@ impl InputState {
             in_use: VecDeque::with_capacity(capacity),
             next_piece: 0,
             eord: false,
+            register_num,
             max_held: 0,
         }
     }
@@ -111,14 +114,20 @@ impl OutputState {
         !self.free.is_empty()
     }
 
-    /// Takes a free slot for a new piece; every consumer will hold it until it acks.
+    /// Takes a free slot for a new piece. Until [`OutputState::lend`] it is held by the
+    /// producer alone (an acc accumulating into it, a kernel writing it).
     pub(crate) fn take(&mut self, completing: bool) -> Option<u32> {
         let slot = self.free.pop_front()?;
-        self.holders[slot as usize] = self.all_consumers_mask();
+        self.holders[slot as usize] = 0;
         self.completing[slot as usize] = completing;
         self.in_flight += 1;
         self.max_in_flight = self.max_in_flight.max(self.in_flight);
         Some(slot)
+    }
+
+    /// The piece in `slot` is being handed to every consumer: each holds it until it acks.
+    pub(crate) fn lend(&mut self, slot: u32) {
+        self.holders[slot as usize] = self.all_consumers_mask();
     }
 
     /// Records an ack; returns `Ok(true)` if the slot became free.

@@ -28,6 +28,15 @@ pub enum WaitReason {
         /// Consumers still holding at least one slot.
         holders: Vec<ActorId>,
     },
+    /// A repeat that handed its input to all its pieces and waits for them to come back.
+    Lent {
+        /// Its output.
+        desc: RegstDescId,
+        /// Pieces not yet given back.
+        pieces: u32,
+        /// Consumers still holding them.
+        holders: Vec<ActorId>,
+    },
     /// A sink whose user has not fetched the pieces it was handed.
     Fetch,
     /// Kernels launched and not yet completed.
@@ -72,13 +81,25 @@ impl Actor {
                 waits.push(WaitReason::Input { desc: input.desc, producer: input.producer });
             }
         }
-        for output in &self.outputs {
+        // An acc in mid-group writes into the slot it holds and needs no free one.
+        let mid_group = matches!(self.kind, KindState::Acc { position, .. } if position > 0);
+        for output in self.outputs.iter().filter(|_| !mid_group) {
             if !output.has_free() {
                 let mut holders: Vec<ActorId> =
                     (0..output.register_num).flat_map(|slot| output.holders_of(slot)).collect();
                 holders.sort();
                 holders.dedup();
                 waits.push(WaitReason::OutputFull { desc: output.desc, register_num: output.register_num, holders });
+            }
+        }
+        if let KindState::Repeat { count, held: Some(_), handed, outstanding } = self.kind {
+            if handed == count && outstanding > 0 {
+                let output = &self.outputs[0];
+                let mut holders: Vec<ActorId> =
+                    (0..output.register_num).flat_map(|slot| output.holders_of(slot)).collect();
+                holders.sort();
+                holders.dedup();
+                waits.push(WaitReason::Lent { desc: output.desc, pieces: outstanding, holders });
             }
         }
         if let KindState::Sink { credits: Some(0) } = self.kind {
@@ -119,6 +140,10 @@ impl fmt::Display for WaitReason {
             WaitReason::OutputFull { desc, register_num, holders } => {
                 let holders: Vec<String> = holders.iter().map(ToString::to_string).collect();
                 write!(f, "output {desc} is full: all {register_num} slots held by [{}]", holders.join(", "))
+            }
+            WaitReason::Lent { desc, pieces, holders } => {
+                let holders: Vec<String> = holders.iter().map(ToString::to_string).collect();
+                write!(f, "waits for {pieces} piece(s) of {desc} to come back from [{}]", holders.join(", "))
             }
             WaitReason::Fetch => write!(f, "waits for the user to fetch the pieces it delivered"),
             WaitReason::Kernel { launches } => {

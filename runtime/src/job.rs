@@ -72,7 +72,7 @@ impl JobBuilder {
     where
         F: Fn(&KernelSpec<'_>) -> Result<Box<dyn Kernel>, crate::KernelError> + Send + Sync + 'static,
     {
-        let factory: KernelFactory = Arc::new(factory);
+        let factory: KernelFactory = std::sync::Arc::new(factory);
         self.kernels.register(name, factory);
         self
     }
@@ -323,7 +323,16 @@ impl Job {
                         }))
                     }
                 },
-                ActorKind::Repeat { .. } => None,
+                // The hand-off is a no-op launch on the repeat's stream (see the actor).
+                ActorKind::Repeat { .. } => Some(
+                    builder
+                        .kernels
+                        .make(
+                            &regflow_graph::plan::KernelConf::Noop,
+                            &KernelSpec { actor: &desc.name, input_bytes: &inputs, output_bytes: &[] },
+                        )
+                        .map_err(|e| setup(e.0))?,
+                ),
             };
             let slots = plan.regst_descs.iter().map(|r| r.register_num as usize).sum::<usize>().min(1 << 12);
             per_stream[stream].0.push(actor);

@@ -1,25 +1,18 @@
-//! The loom switch: `std` (and crossbeam) primitives in normal builds, loom's under
-//! `--cfg loom`, so the model checker runs the real cross-thread code, not a copy.
+//! The loom switch: `std` primitives in normal builds, loom's under `--cfg loom`, so the
+//! model checker runs the real cross-thread code, not a copy.
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Mutex};
+pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Mutex};
+pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: every value we
 /// guard stays consistent across a panic (we only push or replace whole values).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    #[cfg(not(loom))]
-    {
-        mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-    #[cfg(loom)]
-    {
-        mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -37,6 +37,15 @@ pub enum Wait {
         /// Names of the consumers holding slots.
         holders: Vec<String>,
     },
+    /// A repeat waiting for the pieces it handed out.
+    Lent {
+        /// Register descriptor name.
+        regst: String,
+        /// Pieces not yet given back.
+        pieces: u32,
+        /// Names of the consumers holding them.
+        holders: Vec<String>,
+    },
     /// Kernels in flight.
     Kernel {
         /// How many.
@@ -82,7 +91,7 @@ impl WaitForGraph {
                     Wait::Input { regst, producer } => {
                         edges.push((actor.name.clone(), producer.clone(), regst.clone()))
                     }
-                    Wait::OutputFull { regst, holders, .. } => {
+                    Wait::OutputFull { regst, holders, .. } | Wait::Lent { regst, holders, .. } => {
                         for holder in holders {
                             edges.push((actor.name.clone(), holder.clone(), regst.clone()));
                         }
@@ -140,6 +149,9 @@ impl fmt::Display for Wait {
             Wait::Input { regst, producer } => write!(f, "waits on input '{regst}': empty, produced by '{producer}'"),
             Wait::OutputFull { regst, register_num, holders } => {
                 write!(f, "output '{regst}' is full: all {register_num} slot(s) held by ['{}']", holders.join("', '"))
+            }
+            Wait::Lent { regst, pieces, holders } => {
+                write!(f, "waits for {pieces} piece(s) of '{regst}' to come back from ['{}']", holders.join("', '"))
             }
             Wait::Kernel { launches } => write!(f, "{launches} kernel(s) in flight"),
         }
@@ -201,6 +213,11 @@ impl Names {
                         WaitReason::OutputFull { desc, register_num, holders } => Wait::OutputFull {
                             regst: self.descs[desc.index()].clone(),
                             register_num: *register_num,
+                            holders: holders.iter().map(|h| self.actor(*h)).collect(),
+                        },
+                        WaitReason::Lent { desc, pieces, holders } => Wait::Lent {
+                            regst: self.descs[desc.index()].clone(),
+                            pieces: *pieces,
                             holders: holders.iter().map(|h| self.actor(*h)).collect(),
                         },
                         WaitReason::Kernel { launches } => Wait::Kernel { launches: *launches },
