@@ -23,6 +23,10 @@ use std::time::{Duration, Instant};
 /// Default watchdog timeout: long enough for any sane kernel, short enough to notice a hang.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
 
+/// After an abort, how long `wait` gives stream threads to stop before it leaves behind
+/// those still inside a kernel (they keep the job's memory alive until they return).
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
 type SinkCallback = Box<dyn FnMut(&KernelIo<'_>) + Send>;
 
 /// Configures a [`Job`]: `Job::builder(plan).watchdog(..).trace(..).build()?`.
@@ -112,6 +116,8 @@ impl JobBuilder {
 pub struct Job {
     plan: Arc<Plan>,
     threads: Vec<(usize, JoinHandle<StreamExit>)>,
+    /// Each stream thread sends its index here as it ends.
+    exits: crossbeam_channel::Receiver<usize>,
     shared: Arc<JobShared>,
     router: Router,
     feeders: HashMap<String, Feeder>,
@@ -356,6 +362,7 @@ impl Job {
         // Stream threads.
         let epoch = Instant::now();
         let mut threads = Vec::new();
+        let (exit_tx, exits) = crossbeam_channel::unbounded();
         let max_arity =
             plan.actors.iter().map(|a| a.inputs.len()).max().unwrap_or(0).max(plan.regst_descs.len().min(64));
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
@@ -388,20 +395,13 @@ impl Job {
             let shared_for_panic = shared.clone();
             let router_for_panic = router.clone();
             let label = stream_label(&plan, s);
+            let exit_notice = ExitNotice(exit_tx.clone(), s);
             let handle = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run())) {
-                    Ok(exit) => exit,
-                    Err(panic) => {
-                        let message = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "unknown panic".into());
-                        shared_for_panic.probes[s].exited.store(true, crate::sync::Ordering::Release);
-                        shared_for_panic.abort(RuntimeError::Panicked { stream: label, message }, &router_for_panic);
-                        StreamExit { trace: None, snapshots: Vec::new() }
-                    }
+                .spawn(move || {
+                    // Dropped last, after a panic has been recorded as the job's error.
+                    let _notice = exit_notice;
+                    run_stream(worker, s, label, shared_for_panic, router_for_panic)
                 })
                 .map_err(|e| RuntimeError::Spawn { thread: name, message: e.to_string() });
             match handle {
@@ -448,6 +448,7 @@ impl Job {
             arenas: Some(arenas),
             plan,
             threads,
+            exits,
             shared,
             router,
             feeders,
@@ -525,15 +526,12 @@ impl Job {
     pub fn wait(mut self) -> Result<JobReport, RuntimeError> {
         self.feeders.clear();
         self.fetchers.clear();
+        let end = self.join_threads();
         let mut actors = Vec::new();
         let mut buffers = Vec::new();
-        let mut end = Instant::now();
-        for (_, handle) in std::mem::take(&mut self.threads) {
-            if let Ok(exit) = handle.join() {
-                actors.extend(exit.snapshots);
-                buffers.extend(exit.trace);
-            }
-            end = Instant::now();
+        for exit in end.exits {
+            actors.extend(exit.snapshots);
+            buffers.extend(exit.trace);
         }
         self.stop_helpers();
         if let Some(error) = lock(&self.shared.error).take() {
@@ -545,7 +543,49 @@ impl Job {
             crate::trace::write_chrome_trace(file, &self.plan, self.epoch, &buffers)
                 .map_err(|e| RuntimeError::Trace { path: path.display().to_string(), message: e.to_string() })?;
         }
-        Ok(JobReport { actors, elapsed: end - self.epoch, memory: self.memory.clone(), trace: self.trace_path.clone() })
+        Ok(JobReport {
+            actors,
+            elapsed: end.at - self.epoch,
+            memory: self.memory.clone(),
+            trace: self.trace_path.clone(),
+        })
+    }
+
+    /// Waits for every stream thread to end. After an abort, threads still inside a kernel
+    /// after [`ABORT_GRACE`] are left behind rather than waited on for ever.
+    fn join_threads(&mut self) -> Joined {
+        let mut ended = Vec::with_capacity(self.threads.len());
+        let mut aborted_at: Option<Instant> = None;
+        let mut at = Instant::now();
+        while ended.len() < self.threads.len() {
+            match self.exits.recv_timeout(Duration::from_millis(50)) {
+                Ok(s) => {
+                    ended.push(s);
+                    at = Instant::now();
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if self.shared.aborting.load(crate::sync::Ordering::Acquire) {
+                        let since = *aborted_at.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= ABORT_GRACE {
+                            break;
+                        }
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let mut exits = Vec::new();
+        for (s, handle) in std::mem::take(&mut self.threads) {
+            // A thread that sent its notice has left its body: joining it returns at once.
+            if ended.contains(&s) {
+                if let Ok(exit) = handle.join() {
+                    exits.push(exit);
+                }
+            } else {
+                tracing::warn!(stream = s, "stream thread still inside a kernel after the abort; leaving it behind");
+            }
+        }
+        Joined { exits, at }
     }
 
     fn stop_helpers(&mut self) {
@@ -563,11 +603,41 @@ impl Drop for Job {
         if !self.threads.is_empty() {
             // Dropped without `wait`: stop the threads rather than leave them running.
             self.shared.abort(RuntimeError::Stopped, &self.router);
-            for (_, handle) in std::mem::take(&mut self.threads) {
-                let _ = handle.join();
-            }
+            self.join_threads();
         }
         self.stop_helpers();
+    }
+}
+
+/// A stream thread's body: runs the worker; a panic aborts the job with its message.
+fn run_stream(worker: StreamWorker, s: usize, label: String, shared: Arc<JobShared>, router: Router) -> StreamExit {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run())) {
+        Ok(exit) => exit,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            shared.probes[s].exited.store(true, crate::sync::Ordering::Release);
+            shared.abort(RuntimeError::Panicked { stream: label, message }, &router);
+            StreamExit { trace: None, snapshots: Vec::new() }
+        }
+    }
+}
+
+/// Stream threads that ended, and when the last one did.
+struct Joined {
+    exits: Vec<StreamExit>,
+    at: Instant,
+}
+
+/// Sent when a stream thread ends, however it ends (dropped last, even on panic).
+struct ExitNotice(crossbeam_channel::Sender<usize>, usize);
+
+impl Drop for ExitNotice {
+    fn drop(&mut self) {
+        let _ = self.0.send(self.1);
     }
 }
 

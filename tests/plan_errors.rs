@@ -1,0 +1,198 @@
+//! Bad plans are rejected at load with errors that name the actor, register, stream or
+//! device and the values involved; good plans survive a JSON round trip unchanged.
+
+use regflow::graph::plan::{ActorIndex, RegstDescId, StreamIndex, PLAN_SCHEMA_VERSION};
+use regflow::prelude::*;
+
+/// `src -> f -> sink` on one cpu stream, plus the ids to break it with.
+fn chain() -> Plan {
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let s = b.stream(cpu, StreamKind::Compute);
+    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Count(4) });
+    let x = b.regst("src.out", src, 64, 2);
+    let f = b.actor("f", s, ActorKind::Compute { kernel: KernelConf::Copy });
+    b.consume(f, x);
+    let y = b.regst("f.out", f, 64, 1);
+    let sink = b.actor("sink", s, ActorKind::Sink);
+    b.consume(sink, y);
+    b.build().unwrap()
+}
+
+fn rejected(plan: Plan) -> String {
+    let message = plan.validate().unwrap_err().to_string();
+    // The runtime refuses it the same way, before starting anything.
+    let job_error = Job::local(plan).unwrap_err();
+    assert!(matches!(job_error, RuntimeError::Plan(_)), "{job_error}");
+    assert_eq!(job_error.to_string(), format!("invalid plan: {message}"));
+    message
+}
+
+#[test]
+fn unknown_register_descriptor_is_rejected() {
+    let mut plan = chain();
+    plan.actors[1].inputs[0] = RegstDescId(9);
+    assert_eq!(rejected(plan), "actor 'f' refers to unknown register descriptor 9 (the plan has 2)");
+}
+
+#[test]
+fn register_num_zero_is_rejected() {
+    let mut plan = chain();
+    plan.regst_descs[1].register_num = 0;
+    assert_eq!(rejected(plan), "register 'f.out' of actor 'f' has register_num 0: it needs at least 1 slot");
+}
+
+#[test]
+fn cycle_with_no_free_register_is_rejected() {
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let s = b.stream(cpu, StreamKind::Compute);
+    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Count(4) });
+    let x = b.regst("src.out", src, 8, 1);
+    let a = b.actor("a", s, ActorKind::Compute { kernel: KernelConf::Copy });
+    let bb = b.actor("b", s, ActorKind::Compute { kernel: KernelConf::Copy });
+    let ya = b.regst("a.out", a, 8, 2);
+    let yb = b.regst("b.out", bb, 8, 2);
+    b.consume(a, x).consume(a, yb).consume(bb, ya);
+    let sink = b.actor("sink", s, ActorKind::Sink);
+    let z = b.regst("b.side", bb, 8, 1);
+    b.consume(sink, z);
+    let message = b.build().unwrap_err().to_string();
+    assert_eq!(
+        message,
+        "cycle a -> b -> a has no free register to start from: every register on it starts empty, \
+         so no actor on it can ever fire"
+    );
+}
+
+#[test]
+fn unknown_stream_is_rejected() {
+    let mut plan = chain();
+    plan.actors[2].stream = StreamIndex(3);
+    assert_eq!(rejected(plan), "actor 'sink' is bound to unknown stream 3 (the plan has 1)");
+}
+
+#[test]
+fn bytes_that_do_not_fit_are_rejected() {
+    let mut plan = chain();
+    plan.regst_descs[0].bytes = 1 << 20;
+    plan.devices[0].memory_capacity = Some(1 << 20);
+    assert_eq!(
+        rejected(plan),
+        "registers on device node0/cpu:0 need 2097216 bytes but it offers 1048576; largest: 'src.out' (2 x 1048576 \
+         bytes), 'f.out' (1 x 64 bytes)"
+    );
+}
+
+#[test]
+fn sizes_that_overflow_are_rejected() {
+    let mut plan = chain();
+    plan.regst_descs[0].bytes = u64::MAX - 10;
+    let message = rejected(plan);
+    assert!(message.starts_with("memory layout of device node0/cpu:0: size of block 0 overflows"), "{message}");
+}
+
+#[test]
+fn edges_listed_on_one_side_only_are_rejected() {
+    let mut plan = chain();
+    plan.regst_descs[0].consumers.push(ActorIndex(2));
+    assert_eq!(
+        rejected(plan),
+        "register 'src.out' and actor 'sink' disagree: the register lists the actor as a consumer, but the actor \
+         lists it 0 times in its inputs"
+    );
+    let mut plan = chain();
+    plan.actors[2].inputs.push(RegstDescId(0));
+    assert_eq!(
+        rejected(plan),
+        "register 'src.out' and actor 'sink' disagree: the actor reads the register, but the register does not list \
+         it as a consumer"
+    );
+}
+
+#[test]
+fn kinds_with_the_wrong_inputs_or_outputs_are_rejected() {
+    let mut plan = chain();
+    plan.actors[2].kind = ActorKind::Compute { kernel: KernelConf::Noop };
+    // A compute with no outputs is allowed (a side-effect kernel); a sink with outputs is not.
+    assert!(plan.validate().is_ok());
+    let mut plan = chain();
+    plan.actors[1].kind = ActorKind::Sink;
+    assert_eq!(rejected(plan), "sink actor 'f' needs at least one input and no outputs, has 1 inputs and 1 outputs");
+    let mut plan = chain();
+    plan.actors[1].kind = ActorKind::Acc { count: 0, kernel: KernelConf::Copy };
+    assert_eq!(rejected(plan), "acc actor 'f' has count 0: it must be at least 1");
+    let mut plan = chain();
+    plan.regst_descs[1].bytes = 32;
+    plan.actors[1].kind = ActorKind::Repeat { count: 2 };
+    assert_eq!(
+        rejected(plan),
+        "repeat actor 'f' hands its input register to its consumers, so output 'f.out' must have the input's 64 \
+         bytes, not 32"
+    );
+}
+
+#[test]
+fn registers_without_consumers_and_duplicate_names_are_rejected() {
+    let mut plan = chain();
+    plan.actors[2].inputs.clear();
+    plan.regst_descs[1].consumers.clear();
+    assert_eq!(rejected(plan), "register 'f.out' of actor 'f' has no consumer");
+    let mut plan = chain();
+    plan.actors[2].name = "f".into();
+    assert_eq!(rejected(plan), "two actors are named 'f'");
+}
+
+#[test]
+fn plans_round_trip_through_json() {
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let sim = b.device(1, DeviceKind::Sim, 0);
+    b.memory_capacity(sim, 1 << 30);
+    let s0 = b.stream(cpu, StreamKind::Compute);
+    let s1 = b.stream(sim, StreamKind::Comm);
+    let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Fed });
+    let x = b.regst("x", src, 16, 2);
+    let rep = b.actor("rep", s1, ActorKind::Repeat { count: 3 });
+    b.consume(rep, x);
+    let y = b.regst("y", rep, 16, 1);
+    let acc = b.actor("acc", s1, ActorKind::Acc { count: 3, kernel: KernelConf::SumF32 });
+    b.sim_nanos(acc, 1_000);
+    b.consume(acc, y);
+    let z = b.regst("z", acc, 16, 1);
+    let f = b.actor("f", s0, ActorKind::Compute { kernel: KernelConf::Custom { name: "mine".into() } });
+    b.consume(f, z);
+    let w = b.regst("w", f, 16, 1);
+    let sink = b.actor("sink", s0, ActorKind::Sink);
+    b.consume(sink, w);
+    let plan = b.build().unwrap();
+    let json = plan.to_json();
+    assert!(json.contains(&format!("\"schema_version\": {PLAN_SCHEMA_VERSION}")), "{json}");
+    assert_eq!(Plan::from_json(&json).unwrap(), plan);
+    let text = plan.to_string();
+    assert!(text.contains("rep [repeat x3] <- [x]"), "{text}");
+    assert!(text.contains("-> z: 1 x 16 bytes (host), read by f"), "{text}");
+}
+
+#[test]
+fn bad_plan_files_are_rejected_with_the_reason() {
+    let json = chain().to_json();
+    let old = json.replace(&format!("\"schema_version\": {PLAN_SCHEMA_VERSION}"), "\"schema_version\": 0");
+    assert_eq!(
+        Plan::from_json(&old).unwrap_err().to_string(),
+        format!("plan schema version 0 is not supported: this build reads version {PLAN_SCHEMA_VERSION}")
+    );
+    let unknown = json.replacen("\"register_num\"", "\"registers\"", 1);
+    let message = Plan::from_json(&unknown).unwrap_err().to_string();
+    assert!(message.contains("unknown field `registers`"), "{message}");
+    let message = Plan::from_json("{\"schema_version\": 1, \"devices\": [").unwrap_err().to_string();
+    assert!(message.starts_with("plan file is not valid JSON for a plan"), "{message}");
+    let message = Plan::from_json("[]").unwrap_err().to_string();
+    assert!(message.contains("missing field `schema_version`"), "{message}");
+    // A well-formed file describing a bad plan is validated too.
+    let zero = json.replacen("\"register_num\": 2", "\"register_num\": 0", 1);
+    assert_eq!(
+        Plan::from_json(&zero).unwrap_err().to_string(),
+        "register 'src.out' of actor 'src' has register_num 0: it needs at least 1 slot"
+    );
+}
