@@ -58,3 +58,8 @@ pub mod prelude {
         Feeder, Fetched, Fetcher, Job, JobBuilder, JobReport, Kernel, KernelError, KernelIo, RuntimeError, WaitForGraph,
     };
 }
+
+/// The README's examples, compiled and run as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
