@@ -343,6 +343,7 @@ impl Job {
             let slots = plan.regst_descs.iter().map(|r| r.register_num as usize).sum::<usize>().min(1 << 12);
             per_stream[stream].0.push(actor);
             per_stream[stream].1.push(ActorRuntime {
+                name: desc.name.clone(),
                 kernel,
                 modeled: Duration::from_nanos(desc.sim_nanos.unwrap_or(0)),
                 plan_index: a as u32,
@@ -493,10 +494,10 @@ impl Job {
         if !self.router.hosts(node) {
             return Err(RuntimeError::NotLocal { name: name.to_string(), node });
         }
-        let fits = match (what, &actor.kind) {
-            ("feeder", ActorKind::Source { pieces: SourcePieces::Fed }) | ("fetcher", ActorKind::Sink) => true,
-            _ => false,
-        };
+        let fits = matches!(
+            (what, &actor.kind),
+            ("feeder", ActorKind::Source { pieces: SourcePieces::Fed }) | ("fetcher", ActorKind::Sink)
+        );
         if fits {
             Err(RuntimeError::AlreadyTaken { what, name: name.to_string() })
         } else {

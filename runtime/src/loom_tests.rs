@@ -128,6 +128,7 @@ fn run_model(plan: &Plan) {
             };
             actors.push(Actor::from_plan(plan, &ids, index));
             runtimes.push(ActorRuntime {
+                name: desc.name.clone(),
                 kernel: Some(kernel),
                 modeled: Duration::ZERO,
                 plan_index: a as u32,

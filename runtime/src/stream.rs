@@ -59,6 +59,8 @@ impl JobShared {
 
 /// The runtime side of one actor: its kernel and what tracing needs.
 pub(crate) struct ActorRuntime {
+    /// Actor name, for the per-firing `tracing` span.
+    pub(crate) name: String,
     pub(crate) kernel: Option<Box<dyn Kernel>>,
     pub(crate) modeled: Duration,
     pub(crate) plan_index: u32,
@@ -152,9 +154,9 @@ impl ActorEnv for Env<'_> {
     }
 
     fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
+        let name = self.runtime.name.as_str();
         let _span =
-            tracing::trace_span!("fire", actor = firing.actor.bits(), piece = firing.piece, stream = self.stream_index)
-                .entered();
+            tracing::trace_span!("fire", actor = name, piece = firing.piece, stream = self.stream_index).entered();
         self.scratch_inputs.clear();
         self.scratch_inputs.extend(firing.inputs.iter().map(|&r| self.memory.view(r)));
         self.scratch_outputs.clear();
@@ -171,7 +173,8 @@ impl ActorEnv for Env<'_> {
         self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
         let launched = self.device.launch(firing.actor, kernel, &mut io, self.runtime.modeled);
         self.probe.in_kernel.store(0, Ordering::Relaxed);
-        self.probe.fires.fetch_add(1, Ordering::Relaxed);
+        // One writer (this thread): a plain store avoids a locked read-modify-write.
+        self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let launched = launched.map_err(|e| EnvError::Kernel(e.0))?;
         self.anchor = Some((launched.start, launched.end));
         if let Some(trace) = self.trace.as_deref_mut() {
