@@ -67,6 +67,8 @@ pub struct Actor {
     pub(crate) lifecycle: Lifecycle,
     /// Done because of a Stop, not because it finished.
     stopped: bool,
+    /// Inputs whose producer sent `Eord`: until one has, the actor cannot be drained.
+    ended_inputs: usize,
     scratch_inputs: Vec<RegstRef>,
     scratch_outputs: Vec<RegstRef>,
     pub(crate) fires: u64,
@@ -131,6 +133,7 @@ impl Actor {
             started: false,
             lifecycle: Lifecycle::Running,
             stopped: false,
+            ended_inputs: 0,
             fires: 0,
         }
     }
@@ -196,7 +199,10 @@ impl Actor {
             Body::Eord { desc } => {
                 let input = self.inputs.iter_mut().find(|i| i.desc == desc);
                 match input {
-                    Some(input) if !input.eord => input.eord = true,
+                    Some(input) if !input.eord => {
+                        input.eord = true;
+                        self.ended_inputs += 1;
+                    }
                     _ => {
                         return Err(
                             self.unexpected(format!("Eord for {desc}, which it does not consume or already ended"))
@@ -351,6 +357,8 @@ impl Actor {
             KindState::Source { limit: Some(n), produced, .. } => Ok(produced >= n),
             KindState::Source { limit: None, available, closed, .. } => Ok(*closed && *available == 0),
             KindState::Repeat { held, .. } if held.is_some() => Ok(false),
+            // Checked after every message: keep the common case to one comparison.
+            _ if self.ended_inputs == 0 => Ok(false),
             _ => {
                 let ended = self.inputs.iter().find(|i| i.is_finished());
                 let waiting = self.inputs.iter().find(|i| !i.ready.is_empty());

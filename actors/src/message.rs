@@ -5,6 +5,7 @@ use regflow_graph::plan::RegstDescId;
 
 /// One slot of a register descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
 pub struct RegstRef {
     /// The descriptor.
     pub desc: RegstDescId,
@@ -14,6 +15,7 @@ pub struct RegstRef {
 
 /// A command from the runtime or the user to an actor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Cmd {
     /// Begin: sources start producing.
     Start,
@@ -28,7 +30,12 @@ pub enum Cmd {
 }
 
 /// What a message says.
+///
+/// `repr(C)`: a defined layout of aligned words. The default layout packs the tag and
+/// payload so that moving a message through a queue becomes unaligned overlapping copies,
+/// which stall store-to-load forwarding on every dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub enum Body {
     /// Producer → consumer: slot `regst` holds piece `piece`; its bytes are those of `data`
     /// (the same slot, or the register a repeat actor hands on without copying).
@@ -58,6 +65,7 @@ pub enum Body {
 
 /// A routed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct Message {
     /// Recipient.
     pub dst: ActorId,

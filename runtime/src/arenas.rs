@@ -9,8 +9,10 @@ use regflow_memory::{Arena, BufferView, MemoryError, MemoryReport};
 pub(crate) struct PlanArenas {
     /// Kept alive for the views.
     _arenas: Vec<Arena>,
-    /// `views[desc][slot]`; empty for descriptors that own no memory.
-    views: Vec<Vec<BufferView>>,
+    /// Every slot's view, descriptor after descriptor: one lookup per firing input.
+    views: Vec<BufferView>,
+    /// Index in `views` of each descriptor's slot 0; `u32::MAX` for those without memory.
+    first_view: Vec<u32>,
     report: MemoryReport,
 }
 
@@ -26,25 +28,27 @@ impl PlanArenas {
                 .unwrap_or(regflow_memory::MemoryKind::Host);
             arenas.push(Arena::allocate(&device.label, kind, device.layout.total_bytes())?);
         }
-        let mut views = Vec::with_capacity(plan.regst_descs.len());
+        let mut views = Vec::new();
+        let mut first_view = Vec::with_capacity(plan.regst_descs.len());
         for (d, desc) in plan.regst_descs.iter().enumerate() {
             let id = regflow_graph::plan::RegstDescId(d as u32);
-            let mut slots = Vec::with_capacity(desc.register_num as usize);
+            // No memory (a repeat's output): a sentinel, so a stray lookup panics rather
+            // than aliasing the next descriptor. Data refs always name the owner.
+            first_view.push(if plan.owns_memory(id) { views.len() as u32 } else { u32::MAX });
             for slot in 0..desc.register_num {
                 if let Some((device, offset)) = memory.slot(id, slot) {
-                    slots.push(arenas[device].view(offset, desc.bytes)?);
+                    views.push(arenas[device].view(offset, desc.bytes)?);
                 }
             }
-            views.push(slots);
         }
         let report = memory.report();
-        Ok(Self { _arenas: arenas, views, report })
+        Ok(Self { _arenas: arenas, views, first_view, report })
     }
 
     /// The bytes of a slot. Panics on a slot the plan does not have: refs come from
     /// validated plans and the actor protocol, so that would be a broken invariant.
     pub(crate) fn view(&self, regst: RegstRef) -> BufferView {
-        self.views[regst.desc.index()][regst.slot as usize]
+        self.views[self.first_view[regst.desc.index()] as usize + regst.slot as usize]
     }
 
     /// Bytes per device.

@@ -157,10 +157,16 @@ impl ActorEnv for Env<'_> {
         let name = self.runtime.name.as_str();
         let _span =
             tracing::trace_span!("fire", actor = name, piece = firing.piece, stream = self.stream_index).entered();
+        // Plain pushes: `extend` over a mapped iterator costs more than the one or two
+        // views a firing has.
         self.scratch_inputs.clear();
-        self.scratch_inputs.extend(firing.inputs.iter().map(|&r| self.memory.view(r)));
+        for &r in firing.inputs {
+            self.scratch_inputs.push(self.memory.view(r));
+        }
         self.scratch_outputs.clear();
-        self.scratch_outputs.extend(firing.outputs.iter().map(|&r| self.memory.view(r)));
+        for &r in firing.outputs {
+            self.scratch_outputs.push(self.memory.view(r));
+        }
         let mut io = KernelIo {
             piece: firing.piece,
             group: firing.group,
@@ -171,27 +177,22 @@ impl ActorEnv for Env<'_> {
             return Err(EnvError::Kernel("actor has no kernel (broken invariant)".into()));
         };
         self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
-        let launched = self.device.launch(firing.actor, kernel, &mut io, self.runtime.modeled);
+        let timed = self.trace.is_some();
+        let launched = self.device.launch(firing.actor, kernel, &mut io, self.runtime.modeled, timed);
         self.probe.in_kernel.store(0, Ordering::Relaxed);
         // One writer (this thread): a plain store avoids a locked read-modify-write.
         self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let launched = launched.map_err(|e| EnvError::Kernel(e.0))?;
-        self.anchor = Some((launched.start, launched.end));
-        if let Some(trace) = self.trace.as_deref_mut() {
+        self.anchor = launched.span;
+        if let (Some(trace), Some((start, end))) = (self.trace.as_deref_mut(), launched.span) {
             let plan_index = self.runtime.plan_index;
-            trace.events.push(TraceEvent::Slice {
-                actor: plan_index,
-                piece: firing.piece,
-                start: launched.start,
-                end: launched.end,
-            });
-            let at = launched.start;
+            trace.events.push(TraceEvent::Slice { actor: plan_index, piece: firing.piece, start, end });
             for &desc in &self.runtime.input_descs {
-                trace.events.push(TraceEvent::FlowIn { id: flow_id(desc, firing.piece, firing.actor), at });
+                trace.events.push(TraceEvent::FlowIn { id: flow_id(desc, firing.piece, firing.actor), at: start });
             }
-        }
-        if launched.completion == Completion::Pending && self.trace.is_some() {
-            self.runtime.pending_slices.push_back((launched.start, launched.end));
+            if launched.completion == Completion::Pending {
+                self.runtime.pending_slices.push_back((start, end));
+            }
         }
         Ok(launched.completion)
     }
@@ -202,7 +203,11 @@ impl StreamWorker {
     pub(crate) fn run(mut self) -> StreamExit {
         let mut live = self.actors.iter().filter(|a| a.lifecycle() != Lifecycle::Done).count();
         'outer: while live > 0 {
-            while let Some(msg) = self.local.pop_front() {
+            // Copy from `front()` then pop: moving the `Option<Message>` out of `pop_front`
+            // compiles to overlapping partial copies that stall store-to-load forwarding on
+            // every message (measured: half the time of this loop).
+            while let Some(&msg) = self.local.front() {
+                self.local.pop_front();
                 match self.dispatch(msg) {
                     Ok(true) => live -= 1,
                     Ok(false) => {}

@@ -16,9 +16,14 @@ impl DeviceStream for CpuStream {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         _modeled: Duration,
+        timed: bool,
     ) -> Result<Launched, KernelError> {
+        if !timed {
+            kernel.run(io)?;
+            return Ok(Launched { completion: Completion::Done, span: None });
+        }
         let start = Instant::now();
         kernel.run(io)?;
-        Ok(Launched { completion: Completion::Done, start, end: Instant::now() })
+        Ok(Launched { completion: Completion::Done, span: Some((start, Instant::now())) })
     }
 }

@@ -17,20 +17,21 @@ use std::time::{Duration, Instant};
 pub(crate) struct Launched {
     /// Done now, or an `ActDone` will follow.
     pub(crate) completion: Completion,
-    /// When the kernel started (modeled on `sim`).
-    pub(crate) start: Instant,
-    /// When it ends (modeled on `sim`).
-    pub(crate) end: Instant,
+    /// When the kernel starts and ends (modeled on `sim`); on `cpu` only when asked for,
+    /// since reading the clock twice per firing costs more than a small kernel.
+    pub(crate) span: Option<(Instant, Instant)>,
 }
 
 /// One stream of one device, owned by its stream thread.
 pub(crate) trait DeviceStream: Send {
-    /// Runs or queues `kernel` for `actor`. `modeled` is the plan's modeled duration.
+    /// Runs or queues `kernel` for `actor`. `modeled` is the plan's modeled duration;
+    /// `timed` asks for the kernel's start and end (for timelines).
     fn launch(
         &mut self,
         actor: ActorId,
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         modeled: Duration,
+        timed: bool,
     ) -> Result<Launched, KernelError>;
 }

@@ -131,6 +131,7 @@ impl DeviceStream for SimStream {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         modeled: Duration,
+        _timed: bool,
     ) -> Result<Launched, KernelError> {
         kernel.run(io)?;
         let now = Instant::now();
@@ -138,11 +139,11 @@ impl DeviceStream for SimStream {
         let end = start + modeled;
         self.busy_until = end;
         if end <= now {
-            return Ok(Launched { completion: Completion::Done, start, end });
+            return Ok(Launched { completion: Completion::Done, span: Some((start, end)) });
         }
         self.seq += 1;
         let timer = Timer { at: end, seq: self.seq, inbox: self.inbox.clone(), actor };
         self.timers.send(timer).map_err(|_| KernelError("the sim poller has stopped".into()))?;
-        Ok(Launched { completion: Completion::Pending, start, end })
+        Ok(Launched { completion: Completion::Pending, span: Some((start, end)) })
     }
 }
