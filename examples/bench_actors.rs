@@ -1,14 +1,17 @@
 //! Actor-runtime benchmarks B1–B4: regflow chains, sim pipelines and copies against hand-written floors.
 //!
-//! Run with `cargo run --release --example bench_actors [b1|b2|b3|b4|primitives]...`. Every figure is the best and the
-//! median of [`REPS`] runs, because the machine these numbers come from is a shared VM.
+//! Run with `cargo run --release --example bench_actors`; name benchmarks to run only those
+//! (`-- b1 b3`; the others are `b2`, `b4` and `primitives`). Every figure is the best and
+//! the median of [`REPS`] runs, because the machine these numbers come from is a shared VM.
+//! Results and their analysis: `BENCHMARKS.md`.
 //!
 //! - **B1** one cpu stream, source → 64 no-op stages → sink: ns per firing, beside two
 //!   single-thread floors that move the same pieces through the same 65 bounded edges
 //!   (plain `VecDeque`s, and crossbeam bounded channels).
 //! - **B2** the same chain with actor *i* on stream *i* % 2: ns per hop, beside the same
 //!   chain of crossbeam bounded channels alternating between two threads.
-//! - **B3** four `sim` stages of 1 ms each: wall time against the ideal (m + p − 1)·t.
+//! - **B3** four `sim` stages of 1 ms each: wall time against the ideal (m + p − 1)·t,
+//!   with 1, 2 and 3 registers per stage edge.
 //! - **B4** source → copy → sink with 1 MiB registers: pieces/s and GB/s copied.
 
 use regflow::prelude::*;
@@ -358,15 +361,15 @@ fn b3() {
     let p = B3_STAGES as u32;
     println!("\n## B3: {p}-stage pipeline on sim, t = {t:?} per stage");
     println!(
-        "{:>4} | {:>5} | {:>8} | {:>19} | {:>15} | {:>19} | {:>8} | {:>15}",
-        "m", "regs", "ideal", "measured (ms)", "vs ideal", "job total (ms)", "model", "vs model"
+        "{:>4} | {:>4} | {:>7} | {:>17} | {:>15} | {:>7} | {:>15} | {:>11} | {:>17}",
+        "m", "regs", "ideal", "measured (ms)", "vs ideal", "model", "vs model", "extra/piece", "job total (ms)"
     );
     println!(
-        "{:>4} | {:>5} | {:>8} | {:>19} | {:>15} | {:>19} | {:>8} | {:>15}",
-        "", "", "(ms)", "best / median", "best / median", "best / median", "(ms)", "best / median"
+        "{:>4} | {:>4} | {:>7} | {:>17} | {:>15} | {:>7} | {:>15} | {:>11} | {:>17}",
+        "", "", "(ms)", "best / median", "best / median", "(ms)", "best / median", "(us, best)", "best / median"
     );
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    for register_num in [1u32, 2] {
+    for register_num in [1u32, 2, 3] {
         for m in [4u32, 8, 32] {
             let plan = pipeline_plan(u64::from(m), register_num);
             let runs: Vec<(Duration, Duration)> = (0..REPS).map(|_| run_pipeline(&plan, u64::from(m))).collect();
@@ -377,8 +380,9 @@ fn b3() {
             // so each stage alternates one t of compute and one t of waiting:
             // stage i starts piece k at (i + 2k)·t and the last piece ends at (2m + p − 2)·t.
             let model = if register_num == 1 { t * (2 * m + p - 2) } else { ideal };
+            let extra_per_piece = (pipeline.best.as_secs_f64() - model.as_secs_f64()) / f64::from(m) * 1e6;
             println!(
-                "{:>4} | {:>5} | {:>8.2} | {:>8.3} / {:>8.3} | {:>6.3}x / {:>5.3}x | {:>8.3} / {:>8.3} | {:>8.2} | {:>6.3}x / {:>5.3}x",
+                "{:>4} | {:>4} | {:>7.2} | {:>7.3} / {:>7.3} | {:>6.3}x / {:>5.3}x | {:>7.2} | {:>6.3}x / {:>5.3}x | {:>11.1} | {:>7.3} / {:>7.3}",
                 m,
                 register_num,
                 ms(ideal),
@@ -386,16 +390,19 @@ fn b3() {
                 ms(pipeline.median),
                 pipeline.best.as_secs_f64() / ideal.as_secs_f64(),
                 pipeline.median.as_secs_f64() / ideal.as_secs_f64(),
-                ms(total.best),
-                ms(total.median),
                 ms(model),
                 pipeline.best.as_secs_f64() / model.as_secs_f64(),
                 pipeline.median.as_secs_f64() / model.as_secs_f64(),
+                extra_per_piece,
+                ms(total.best),
+                ms(total.median),
             );
         }
     }
     println!("measured: first stage's first kernel start -> last piece at the sink; ideal = (m + p - 1)·t");
-    println!("model: ideal for 2 registers, (2m + p - 2)·t for 1 register; target: <= 1.02x ideal with 2 registers");
+    println!("model: (2m + p - 2)·t for 1 register, the ideal otherwise; extra/piece = (best - model) / m");
+    println!("job total: Job::build -> end of Job::wait (adds thread start-up and shutdown)");
+    println!("target: <= 1.02x ideal with 2 registers");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -421,8 +428,10 @@ fn copy_plan(register_num: u32, streams: usize, layout: [usize; 3]) -> Plan {
 /// Floor for B4: the same number of 1 MiB `copy_from_slice` calls on one thread, between
 /// buffers that rotate like `register_num` slots: the memory bandwidth one core reaches.
 fn memcpy_floor(register_num: usize) -> Duration {
-    let inputs: Vec<Vec<u8>> = (0..register_num).map(|i| vec![i as u8; B4_BYTES]).collect();
-    let mut outputs: Vec<Vec<u8>> = (0..register_num).map(|_| vec![0u8; B4_BYTES]).collect();
+    // Non-zero fills: `vec![0; n]` maps lazily zeroed pages, which would put page faults
+    // (outputs) or the shared zero page (inputs) into the timed loop.
+    let inputs: Vec<Vec<u8>> = (0..register_num).map(|i| vec![1 + i as u8; B4_BYTES]).collect();
+    let mut outputs: Vec<Vec<u8>> = (0..register_num).map(|_| vec![0xff; B4_BYTES]).collect();
     let start = Instant::now();
     for piece in 0..B4_PIECES as usize {
         let slot = piece % register_num;
@@ -499,9 +508,56 @@ fn primitives() {
         black_box(rx.try_recv().expect("just sent"));
     }
     let channel = start.elapsed().as_nanos() as f64 / f64::from(N);
-    println!("\n## Primitive costs on this machine (ns, one thread, uncontended)");
+    // Round trip between two threads that block in `recv`, as a stream thread waits on its
+    // inbox: what a `Ready` → `Ack` exchange across threads costs when the other side sleeps.
+    const ROUND_TRIPS: u32 = 20_000;
+    let (ping_tx, ping_rx) = crossbeam_channel::bounded::<u64>(1);
+    let (pong_tx, pong_rx) = crossbeam_channel::bounded::<u64>(1);
+    let echo = std::thread::spawn(move || {
+        while let Ok(v) = ping_rx.recv() {
+            if pong_tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    for i in 0..u64::from(ROUND_TRIPS) {
+        ping_tx.send(i).expect("echo thread alive");
+        black_box(pong_rx.recv().expect("echo thread alive"));
+    }
+    let round_trip = start.elapsed().as_nanos() as f64 / f64::from(ROUND_TRIPS);
+    drop(ping_tx);
+    echo.join().expect("echo thread ends");
+    println!("\n## Primitive costs on this machine (ns)");
     println!(
-        "Instant::now: {now:.1} | AtomicU64::fetch_add: {fetch_add:.1} | crossbeam try_send + try_recv: {channel:.1}"
+        "one thread: Instant::now {now:.1} | AtomicU64::fetch_add {fetch_add:.1} | crossbeam try_send + try_recv {channel:.1}"
+    );
+    println!("two threads: crossbeam ping-pong round trip, blocking recv: {round_trip:.0}");
+
+    // Latency from a send to the return of `recv` in a thread that had time to park, as a
+    // stream thread parks between the 1 ms kernels of B3: what each message on a
+    // pipeline's critical path costs there.
+    const WAKES: usize = 300;
+    let (wake_tx, wake_rx) = crossbeam_channel::bounded::<Instant>(1);
+    let sleeper = std::thread::spawn(move || {
+        let mut latencies = Vec::with_capacity(WAKES);
+        while let Ok(sent) = wake_rx.recv() {
+            latencies.push(sent.elapsed());
+        }
+        latencies
+    });
+    for _ in 0..WAKES {
+        std::thread::sleep(Duration::from_micros(300));
+        wake_tx.send(Instant::now()).expect("sleeper alive");
+    }
+    drop(wake_tx);
+    let mut latencies = sleeper.join().expect("sleeper ends");
+    latencies.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "two threads: wake-up of a parked receiver, send -> recv returns (us): median {:.1} | p90 {:.1}",
+        us(latencies[WAKES / 2]),
+        us(latencies[WAKES * 9 / 10]),
     );
 }
 

@@ -30,8 +30,9 @@ fn fed_pieces_come_out_in_order_with_their_bytes() {
         }
         feeder.close().unwrap();
     });
-    let got: Vec<(u64, u64)> =
-        std::iter::from_fn(|| fetcher.recv()).map(|p| (p.piece(), u64::from_le_bytes(p.bytes().try_into().unwrap()))).collect();
+    let got: Vec<(u64, u64)> = std::iter::from_fn(|| fetcher.recv())
+        .map(|p| (p.piece(), u64::from_le_bytes(p.bytes().try_into().unwrap())))
+        .collect();
     pusher.join().unwrap();
     assert_eq!(got, (0..100).map(|v| (v, v * 3)).collect::<Vec<_>>());
     let report = job.wait().unwrap();
@@ -123,7 +124,10 @@ fn messages_to_a_node_this_job_does_not_run_fail_as_not_connected() {
     Job::local(plan.clone()).unwrap().wait().unwrap();
     // Running node 0 alone, the transport is missing: a clear error, not a hang.
     let mut job = Job::builder(plan).node(0).build().unwrap();
-    assert_eq!(job.fetcher("remote").unwrap_err().to_string(), "actor 'remote' runs on node 1, which this job does not run");
+    assert_eq!(
+        job.fetcher("remote").unwrap_err().to_string(),
+        "actor 'remote' runs on node 1, which this job does not run"
+    );
     let message = job.wait().unwrap_err().to_string();
     assert_eq!(message, "actor 'src' (n0.d0.s0.a0): cannot reach actor n1.d1.s0.a0: node 1 is not connected");
 }
@@ -214,7 +218,8 @@ fn acc_and_repeat_run_micro_batches_through_the_runtime() {
     let sink = b.actor("sink", s1, ActorKind::Sink);
     b.consume(sink, a);
     let mut job = Job::local(b.build().unwrap()).unwrap();
-    let (mut wf, mut df, fetcher) = (job.feeder("w").unwrap(), job.feeder("data").unwrap(), job.fetcher("sink").unwrap());
+    let (mut wf, mut df, fetcher) =
+        (job.feeder("w").unwrap(), job.feeder("data").unwrap(), job.fetcher("sink").unwrap());
     let f32s = |v: [f32; 2]| [v[0].to_le_bytes(), v[1].to_le_bytes()].concat();
     wf.push(&f32s([10.0, 100.0])).unwrap();
     wf.close().unwrap();

@@ -17,7 +17,9 @@ const MAX_PIECES: u64 = 120;
 
 fn proptest_config() -> ProptestConfig {
     let cases = std::env::var("REGFLOW_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(256);
-    ProptestConfig::with_cases(cases)
+    // A case that stalls costs a whole watchdog timeout per shrinking step: bound shrinking
+    // so that a failure is reported within minutes, not hours.
+    ProptestConfig { max_shrink_time: 120_000, ..ProptestConfig::with_cases(cases) }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -248,6 +250,12 @@ fn dag_spec() -> impl Strategy<Value = DagSpec> {
 #[derive(Debug, Clone)]
 struct RegInfo {
     id: RegstDescId,
+    /// Registers of one domain advance in lockstep, one piece in, one piece out: every
+    /// source output is in domain 0, and each acc or repeat output starts a new domain.
+    /// Only registers of one domain are joined: joining an acc's (or repeat's) output with
+    /// a register that bypasses it needs that bypass to buffer a whole group, and a plan
+    /// that does not is a deadlock of the plan, not of the runtime.
+    domain: usize,
     pieces: u64,
     tagging: Tagging,
     bytes: u64,
@@ -299,14 +307,15 @@ fn build_plan(spec: &DagSpec) -> Built {
         for (o, out) in source.outputs.iter().enumerate() {
             let id = b.regst(&format!("{name}.out{o}"), actor, out.bytes, out.register_num);
             let tagging = Tagging { divisor: 1, patterned: false };
-            regs.push(RegInfo { id, pieces: spec.pieces, tagging, bytes: out.bytes, consumed: false });
+            regs.push(RegInfo { id, domain: 0, pieces: spec.pieces, tagging, bytes: out.bytes, consumed: false });
         }
         fires.push((name, spec.pieces));
     }
 
     for (n, node) in spec.nodes.iter().enumerate() {
         let first = node.inputs[0].index(regs.len());
-        let pieces = regs[first].pieces;
+        let (domain, pieces) = (regs[first].domain, regs[first].pieces);
+        let new_domain = n + 1;
         let stream = stream_of(&node.stream);
         let patterned = Tagging { divisor: 1, patterned: true };
         match node.op {
@@ -314,7 +323,7 @@ fn build_plan(spec: &DagSpec) -> Built {
                 let mut chosen = vec![first];
                 for pick in &node.inputs[1..] {
                     let candidates: Vec<usize> =
-                        (0..regs.len()).filter(|r| regs[*r].pieces == pieces && !chosen.contains(r)).collect();
+                        (0..regs.len()).filter(|r| regs[*r].domain == domain && !chosen.contains(r)).collect();
                     if candidates.is_empty() {
                         break;
                     }
@@ -332,7 +341,7 @@ fn build_plan(spec: &DagSpec) -> Built {
                 kernels.insert(name.clone(), KernelPlan::Tag { inputs });
                 for (o, out) in node.outputs.iter().enumerate() {
                     let id = b.regst(&format!("{name}.out{o}"), actor, out.bytes, out.register_num);
-                    regs.push(RegInfo { id, pieces, tagging: patterned, bytes: out.bytes, consumed: false });
+                    regs.push(RegInfo { id, domain, pieces, tagging: patterned, bytes: out.bytes, consumed: false });
                 }
                 fires.push((name, pieces));
             }
@@ -347,7 +356,14 @@ fn build_plan(spec: &DagSpec) -> Built {
                 let out = &node.outputs[0];
                 let id = b.regst(&format!("{name}.out"), actor, out.bytes, out.register_num);
                 let out_pieces = pieces.div_ceil(u64::from(count));
-                regs.push(RegInfo { id, pieces: out_pieces, tagging: patterned, bytes: out.bytes, consumed: false });
+                regs.push(RegInfo {
+                    id,
+                    domain: new_domain,
+                    pieces: out_pieces,
+                    tagging: patterned,
+                    bytes: out.bytes,
+                    consumed: false,
+                });
                 fires.push((name, pieces));
             }
             Op::Repeat(count) => {
@@ -362,30 +378,29 @@ fn build_plan(spec: &DagSpec) -> Built {
                 let tagging =
                     Tagging { divisor: input.tagging.divisor * u64::from(count), patterned: input.tagging.patterned };
                 let out_pieces = pieces * u64::from(count);
-                regs.push(RegInfo { id, pieces: out_pieces, tagging, bytes: input.bytes, consumed: false });
+                regs.push(RegInfo {
+                    id,
+                    domain: new_domain,
+                    pieces: out_pieces,
+                    tagging,
+                    bytes: input.bytes,
+                    consumed: false,
+                });
                 fires.push((name, out_pieces));
             }
         }
     }
 
     let mut sinks = Vec::new();
-    for r in 0..regs.len() {
-        if regs[r].consumed {
-            continue;
-        }
+    for (r, reg) in regs.iter_mut().enumerate().filter(|(_, reg)| !reg.consumed) {
         let sink = &spec.sinks[sinks.len() % spec.sinks.len()];
         let name = format!("sink{r}");
         let actor = b.actor(&name, stream_of(&sink.stream), ActorKind::Sink);
         b.sim_nanos(actor, sink.sim_nanos);
-        b.consume(actor, regs[r].id);
-        regs[r].consumed = true;
-        sinks.push(SinkInfo {
-            name: name.clone(),
-            pieces: regs[r].pieces,
-            tagging: regs[r].tagging,
-            fetch: sink.fetch,
-        });
-        fires.push((name, regs[r].pieces));
+        b.consume(actor, reg.id);
+        reg.consumed = true;
+        sinks.push(SinkInfo { name: name.clone(), pieces: reg.pieces, tagging: reg.tagging, fetch: sink.fetch });
+        fires.push((name, reg.pieces));
     }
     let plan = match b.build() {
         Ok(plan) => plan,
@@ -574,7 +589,7 @@ proptest! {
                     let count = if tags.len() as u64 * u64::from(count) > MAX_PIECES { 1 } else { count };
                     (
                         ActorKind::Repeat { count },
-                        tags.iter().flat_map(|&t| std::iter::repeat(t).take(count as usize)).collect(),
+                        tags.iter().flat_map(|&t| std::iter::repeat_n(t, count as usize)).collect(),
                     )
                 }
             };
@@ -612,6 +627,9 @@ proptest! {
 // ---------------------------------------------------------------------------------------
 // Register bounds are reached, never exceeded.
 // ---------------------------------------------------------------------------------------
+
+/// What a sink callback saw: (piece, tag).
+type Tagged = Vec<(u64, Option<u64>)>;
 
 /// Sleeps before copying, so its producers fill up behind it.
 struct SlowCopy(Duration);
@@ -660,7 +678,7 @@ fn producer_never_holds_more_pieces_than_register_num() {
         b.consume(sink_slow, w);
         let plan = b.build().unwrap();
 
-        let delivered: Arc<Mutex<HashMap<&'static str, Vec<(u64, Option<u64>)>>>> = Arc::default();
+        let delivered: Arc<Mutex<HashMap<&'static str, Tagged>>> = Arc::default();
         let mut builder = Job::builder(plan.clone())
             .watchdog(WATCHDOG)
             .kernel("slow", |_| Ok(Box::new(SlowCopy(Duration::from_millis(2)))));

@@ -46,7 +46,11 @@ fn trace_has_a_slice_per_firing_and_paired_flow_arrows() {
         events.iter().filter(|e| e["ph"] == "X" && e["name"] == "work").map(|e| e["dur"].as_f64().unwrap()).collect();
     assert!(work_durations.iter().all(|&d| (d - 100.0).abs() < 1e-6), "{work_durations:?}");
 
-    let names: Vec<&str> = events.iter().filter(|e| e["ph"] == "M" && e["name"] == "thread_name").map(|e| e["args"]["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["node0/cpu:0 Compute#0", "node0/sim:0 Compute#1"]);
 
     // Every register hand-off src->work and work->sink is an arrow: 12 starts, 12 ends, paired by id.

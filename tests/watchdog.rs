@@ -105,7 +105,10 @@ fn watchdog_names_the_actor_whose_kernel_never_returns() {
     assert_eq!(graph.silent_streams.len(), 1, "{graph}");
     assert!(graph.silent_streams[0].contains("busy in the kernel of 'stuck'"), "{graph}");
     let src = graph.actor("src").expect("src waits on the stuck actor");
-    assert!(matches!(&src.waits[..], [Wait::OutputFull { holders, .. }] if holders == &["stuck".to_string()]), "{graph}");
+    assert!(
+        matches!(&src.waits[..], [Wait::OutputFull { holders, .. }] if holders == &["stuck".to_string()]),
+        "{graph}"
+    );
 }
 
 #[test]

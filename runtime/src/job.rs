@@ -363,7 +363,8 @@ impl Job {
         // Stream threads.
         let epoch = Instant::now();
         let mut threads = Vec::new();
-        let (exit_tx, exits) = crossbeam_channel::unbounded();
+        // Bounded: one notice per stream, allocated now, so teardown allocates nothing.
+        let (exit_tx, exits) = crossbeam_channel::bounded(plan.streams.len().max(1));
         let max_arity =
             plan.actors.iter().map(|a| a.inputs.len()).max().unwrap_or(0).max(plan.regst_descs.len().min(64));
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {

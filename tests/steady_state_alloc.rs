@@ -1,0 +1,506 @@
+//! Steady state allocates nothing: a counting global allocator shows that running more pieces through a plan costs no more heap allocations.
+//!
+//! Only allocations on the threads a job uses are counted: its stream threads, the sim
+//! poller and the watchdog (recognized by their `regflow-` thread names) and the test thread
+//! that builds, feeds, fetches and waits. Libtest's own threads are not counted, and the
+//! tests take one lock so that two jobs never overlap. During measured runs every counted
+//! allocation is classified by its backtrace, so that crossbeam-channel's lazy, timing-
+//! dependent allocations (see `lazy_channel_allocation`) are told apart from the rest.
+//! Set `REGFLOW_ALLOC_BACKTRACE=1` to print a backtrace of every other allocation made
+//! inside a steady-state window.
+//!
+//! The watchdog stays on (and one test makes it tick during the window): a tick only reads
+//! counters. The Chrome-trace timeline (`JobBuilder::trace`) is left off: its buffer grows
+//! with the run by design, and it is opt-in. No `tracing` subscriber is installed, so the
+//! per-firing span is disabled.
+
+use regflow::prelude::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------------------
+// The counting allocator.
+// ---------------------------------------------------------------------------------------
+
+/// Who allocated: the kinds of threads that are counted, plus two buckets for
+/// crossbeam-channel's lazy allocations, which happen a number of times that depends on
+/// timing, not on pieces (see [`lazy_channel_allocation`]).
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    Stream = 0,
+    Poller = 1,
+    Watchdog = 2,
+    TestThread = 3,
+    FirstBlock = 4,
+    ListBlock = 5,
+}
+
+const CATEGORIES: [&str; 6] = [
+    "stream threads",
+    "sim poller",
+    "watchdog",
+    "test thread",
+    "crossbeam first blocking receive",
+    "crossbeam unbounded-channel block",
+];
+
+static COUNTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+/// Set during measured runs: every counted allocation is classified by its backtrace.
+static CLASSIFY: AtomicBool = AtomicBool::new(false);
+/// Set while a steady-state window is open, to print backtraces when asked.
+static WINDOW_OPEN: AtomicBool = AtomicBool::new(false);
+static PRINT_BACKTRACES: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// The test thread counts its own allocations once it arms itself.
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread takes a backtrace, whose own allocations are not counted.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Which counted kind of thread the caller is, if any. Reads the OS thread name with
+/// `pthread_getname_np`, which neither allocates nor touches Rust's thread-locals, so it is
+/// safe inside the allocator.
+fn category() -> Option<Counted> {
+    if ARMED.try_with(Cell::get).unwrap_or(false) {
+        return Some(Counted::TestThread);
+    }
+    let mut name = [0 as libc::c_char; 16];
+    // SAFETY: the buffer is 16 bytes, the size Linux thread names are limited to.
+    let rc = unsafe { libc::pthread_getname_np(libc::pthread_self(), name.as_mut_ptr(), name.len()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: on success the name is NUL-terminated within the buffer.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_bytes();
+    if name.starts_with(b"regflow-sim") {
+        Some(Counted::Poller)
+    } else if name.starts_with(b"regflow-watch") {
+        Some(Counted::Watchdog)
+    } else if name.starts_with(b"regflow-") {
+        Some(Counted::Stream)
+    } else {
+        None
+    }
+}
+
+/// Whether an allocation is one of crossbeam-channel's lazy ones, and which:
+///
+/// - `FirstBlock`: a thread's first blocking receive creates its `Context` (a thread-local
+///   `Arc`), and a channel's first blocked receiver grows the channel's waker list from
+///   empty (to 4 entries, kept for the channel's life; no channel here has more than one
+///   blocked receiver). At most once per thread or channel, whenever the scheduler first
+///   makes a receive block.
+/// - `ListBlock`: an unbounded channel allocates its first block of 31 slots on its first
+///   send, and senders that race for that first send each allocate one (the losers' are
+///   freed). The runtime's only unbounded channel that sees traffic in these runs is the
+///   job's stream-exit channel, sent once by each stream thread as it ends. Inside a
+///   steady-state window these count as ordinary allocations: an unbounded channel used
+///   per piece would allocate a block every 31 pieces.
+fn lazy_channel_allocation(backtrace: &str) -> Option<Counted> {
+    if backtrace.contains("crossbeam_channel::context::Context::new")
+        || backtrace.contains("crossbeam_channel::waker::Waker::register")
+    {
+        Some(Counted::FirstBlock)
+    } else if backtrace.contains("crossbeam_channel::flavors::list::Block") {
+        Some(Counted::ListBlock)
+    } else {
+        None
+    }
+}
+
+fn note_allocation() {
+    if IN_HOOK.try_with(Cell::get).unwrap_or(true) {
+        return;
+    }
+    let Some(mut category) = category() else { return };
+    if CLASSIFY.load(Ordering::Relaxed) {
+        let _ = IN_HOOK.try_with(|hook| {
+            hook.set(true);
+            let backtrace = std::backtrace::Backtrace::force_capture().to_string();
+            if let Some(lazy) = lazy_channel_allocation(&backtrace) {
+                category = lazy;
+            }
+            if !matches!(category, Counted::FirstBlock)
+                && WINDOW_OPEN.load(Ordering::Relaxed)
+                && PRINT_BACKTRACES.load(Ordering::Relaxed)
+            {
+                eprintln!("steady-state allocation on the {}:\n{backtrace}", CATEGORIES[category as usize]);
+            }
+            hook.set(false);
+        });
+    }
+    COUNTS[category as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+struct CountingAllocator;
+
+// SAFETY: every call is forwarded to `System` unchanged; counting touches only atomics and
+// const-initialized thread-locals, and never allocates.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// Allocations so far, per category.
+fn counts() -> [u64; 6] {
+    std::array::from_fn(|c| COUNTS[c].load(Ordering::Relaxed))
+}
+
+fn total(counts: [u64; 6]) -> u64 {
+    counts.iter().sum()
+}
+
+fn difference(after: [u64; 6], before: [u64; 6]) -> [u64; 6] {
+    std::array::from_fn(|c| after[c] - before[c])
+}
+
+fn describe(counts: [u64; 6]) -> String {
+    let parts: Vec<String> = CATEGORIES.iter().zip(counts).map(|(name, n)| format!("{name}: {n}")).collect();
+    parts.join(", ")
+}
+
+/// One job at a time in this binary, so counts belong to the test that reads them. Arms
+/// the test thread.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let guard = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    PRINT_BACKTRACES.store(std::env::var_os("REGFLOW_ALLOC_BACKTRACE").is_some(), Ordering::Relaxed);
+    ARMED.with(|armed| armed.set(true));
+    guard
+}
+
+// ---------------------------------------------------------------------------------------
+// Measuring.
+// ---------------------------------------------------------------------------------------
+
+/// Pieces of the shorter run.
+const N1: u64 = 500;
+/// Pieces of the longer run: the 1000 extra pieces must cost no allocation.
+const N2: u64 = N1 + 1000;
+/// Pieces run before the steady-state window opens.
+const WARM_UP: u64 = 200;
+/// Pieces inside the window (the window fits in a run of `N2` pieces).
+const WINDOW: u64 = 1000;
+/// How long the window waits, before it opens, for every thread of the job to settle.
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// The steady-state window of one run: pieces `WARM_UP..WARM_UP + WINDOW`.
+///
+/// Whoever sees pieces in order calls [`Window::at_piece`]. At `WARM_UP` it waits until the
+/// test thread has finished starting the job (`Job::build` still allocates after the
+/// sources start), then pauses a little so that every thread of the job has started and
+/// blocked once: a thread's first start-up and first blocking receive allocate, once, at
+/// whatever moment the scheduler runs them, and that is not per piece.
+#[derive(Debug, Default)]
+struct Window {
+    /// Only a run long enough to close the window opens it.
+    enabled: bool,
+    started: AtomicBool,
+    opened: Mutex<Option<[u64; 6]>>,
+    allocations: Mutex<Option<[u64; 6]>>,
+}
+
+impl Window {
+    fn new(pieces: u64) -> Arc<Self> {
+        Arc::new(Self { enabled: pieces >= WARM_UP + WINDOW, ..Self::default() })
+    }
+
+    /// The test thread has finished starting the job.
+    fn job_started(&self) {
+        self.started.store(true, Ordering::Release);
+    }
+
+    /// Called before piece `piece` is handled. Reads atomics, locks uncontended mutexes
+    /// and sleeps: no allocation.
+    fn at_piece(&self, piece: u64) {
+        if !self.enabled {
+            return;
+        }
+        if piece == WARM_UP {
+            while !self.started.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(SETTLE);
+            *self.opened.lock().unwrap() = Some(counts());
+            WINDOW_OPEN.store(true, Ordering::Relaxed);
+        } else if piece == WARM_UP + WINDOW {
+            WINDOW_OPEN.store(false, Ordering::Relaxed);
+            let now = counts();
+            let opened = *self.opened.lock().unwrap();
+            *self.allocations.lock().unwrap() = opened.map(|opened| difference(now, opened));
+        }
+    }
+
+    fn allocations(&self) -> Option<[u64; 6]> {
+        *self.allocations.lock().unwrap()
+    }
+}
+
+/// Most lazy crossbeam-channel allocations one job of this file may make: one `Context` per
+/// thread (two stream threads, the sim poller, the watchdog, the test thread), one waker
+/// list per channel a receiver blocks on (two stream inboxes, the poller's timers, the
+/// watchdog's stop and snapshot channels, a feeder's buffer pool, a fetcher's deliveries),
+/// and the stream-exit channel's first block plus one per racing stream thread.
+const LAZY_CHANNEL_BOUND: u64 = 5 + 7 + 3;
+
+/// Allocations that are not crossbeam-channel's lazy ones.
+fn ordinary(counts: [u64; 6]) -> u64 {
+    total(counts) - counts[Counted::FirstBlock as usize] - counts[Counted::ListBlock as usize]
+}
+
+/// Runs `run(pieces)` for `N1` and `N2` pieces (after one warm-up run that pays for the
+/// process's first-use allocations) and checks that the extra pieces allocate nothing:
+/// neither inside the steady-state window of the long run, nor in the whole long run
+/// compared to the short one. Crossbeam's lazy allocations are counted apart and only
+/// bounded: they happen once per thread or channel, at moments the scheduler picks. In the
+/// window only the first-blocking-receive set-up is let through (an unbounded channel's
+/// blocks there would be per piece).
+fn assert_allocates_nothing_per_piece(variant: &str, run: impl Fn(u64, &Arc<Window>)) {
+    let _serial = serial();
+    run(N1, &Window::new(N1));
+
+    let (short_window, window) = (Window::new(N1), Window::new(N2));
+    CLASSIFY.store(true, Ordering::Relaxed);
+    let before = counts();
+    run(N1, &short_window);
+    let short = difference(counts(), before);
+
+    let before = counts();
+    run(N2, &window);
+    let long = difference(counts(), before);
+    CLASSIFY.store(false, Ordering::Relaxed);
+
+    let in_window = window.allocations().unwrap_or_else(|| panic!("{variant}: the window never closed"));
+    assert_eq!(
+        total(in_window) - in_window[Counted::FirstBlock as usize],
+        0,
+        "{variant}: {WINDOW} pieces in steady state allocated ({}); rerun with REGFLOW_ALLOC_BACKTRACE=1 to see where",
+        describe(in_window)
+    );
+    assert_eq!(
+        ordinary(long),
+        ordinary(short),
+        "{variant}: a run of {N2} pieces allocated ({}), one of {N1} pieces ({})",
+        describe(long),
+        describe(short)
+    );
+    for (pieces, run) in [(N1, short), (N2, long)] {
+        let lazy = total(run) - ordinary(run);
+        assert!(lazy <= LAZY_CHANNEL_BOUND, "{variant}: a run of {pieces} pieces allocated ({})", describe(run));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Plans.
+// ---------------------------------------------------------------------------------------
+
+const BYTES: u64 = 64;
+
+fn tag_of(bytes: &[u8]) -> u64 {
+    let mut tag = [0u8; 8];
+    tag.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(tag)
+}
+
+/// Adds one to the tag it copies, so the sink can check every stage ran on every piece.
+struct Increment;
+
+impl Kernel for Increment {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let input = io.input(0);
+        let tag = tag_of(input);
+        let out = io.output(0);
+        out.copy_from_slice(input);
+        out[..8].copy_from_slice(&(tag + 1).to_le_bytes());
+        Ok(())
+    }
+}
+
+/// `src -> copy -> increment -> increment -> sink` on two streams of `kind`, alternating, so
+/// every edge but one crosses threads. On sim, every stage takes `sim_nanos`.
+fn chain(kind: DeviceKind, source: SourcePieces, sim_nanos: u64) -> Plan {
+    let mut b = PlanBuilder::new();
+    let device = b.device(0, kind, 0);
+    let streams = [b.stream(device, StreamKind::Compute), b.stream(device, StreamKind::Copy)];
+    let src = b.actor("src", streams[0], ActorKind::Source { pieces: source });
+    let mut prev = b.regst("src.out", src, BYTES, 2);
+    let stages = [
+        ("copy", KernelConf::Copy),
+        ("increment0", KernelConf::Custom { name: "increment".into() }),
+        ("increment1", KernelConf::Custom { name: "increment".into() }),
+    ];
+    for (i, (name, kernel)) in stages.into_iter().enumerate() {
+        let actor = b.actor(name, streams[(i + 1) % 2], ActorKind::Compute { kernel });
+        b.sim_nanos(actor, sim_nanos);
+        b.consume(actor, prev);
+        prev = b.regst(&format!("{name}.out"), actor, BYTES, 2);
+    }
+    let sink = b.actor("sink", streams[0], ActorKind::Sink);
+    b.consume(sink, prev);
+    b.build().unwrap()
+}
+
+/// The watchdog of every job here unless a test says otherwise: long enough that it never
+/// ticks during these short runs.
+const WATCHDOG: Duration = Duration::from_secs(20);
+
+/// Runs a plan with a counting source and an `on_sink` callback that checks each piece's
+/// tag (`piece + increments`) and drives the window.
+fn run_with_callback(plan: &Plan, pieces: u64, window: &Arc<Window>, watchdog: Duration, expected_tag: fn(u64) -> u64) {
+    let mut plan = plan.clone();
+    for actor in &mut plan.actors {
+        if let ActorKind::Source { pieces: SourcePieces::Count(n) } = &mut actor.kind {
+            *n = pieces;
+        }
+    }
+    let delivered = Arc::new(AtomicU64::new(0));
+    let wrong = Arc::new(AtomicU64::new(0));
+    let (sink_delivered, sink_wrong) = (delivered.clone(), wrong.clone());
+    let sink_window = window.clone();
+    let job = Job::builder(plan)
+        .watchdog(watchdog)
+        .kernel("increment", |_| Ok(Box::new(Increment)))
+        .on_sink("sink", move |io| {
+            sink_window.at_piece(io.piece());
+            if tag_of(io.input(0)) != expected_tag(io.piece()) {
+                sink_wrong.fetch_add(1, Ordering::Relaxed);
+            }
+            sink_delivered.fetch_add(1, Ordering::Relaxed);
+        })
+        .build()
+        .unwrap();
+    window.job_started();
+    job.wait().unwrap();
+    assert_eq!(delivered.load(Ordering::Relaxed), pieces);
+    assert_eq!(wrong.load(Ordering::Relaxed), 0, "pieces with a wrong tag");
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests.
+// ---------------------------------------------------------------------------------------
+
+/// A counting source through copy and custom kernels on two cpu streams to an `on_sink`
+/// callback: the extra pieces allocate nothing.
+#[test]
+fn cpu_chain_allocates_nothing_per_piece() {
+    let plan = chain(DeviceKind::Cpu, SourcePieces::Count(0), 0);
+    assert_allocates_nothing_per_piece("cpu chain", |pieces, window| {
+        run_with_callback(&plan, pieces, window, WATCHDOG, |piece| piece + 2)
+    });
+}
+
+/// The same chain on a sim device: launches complete through the sim poller thread.
+#[test]
+fn sim_chain_allocates_nothing_per_piece() {
+    let plan = chain(DeviceKind::Sim, SourcePieces::Count(0), 2_000);
+    assert_allocates_nothing_per_piece("sim chain", |pieces, window| {
+        run_with_callback(&plan, pieces, window, WATCHDOG, |piece| piece + 2)
+    });
+}
+
+/// The sim chain with a watchdog that ticks every 62.5 ms (a 250 ms timeout checks every
+/// quarter). One stream runs two 100 us stages per piece, so a run of `N2` pieces lasts at
+/// least 300 ms of modeled time and its window at least 200 ms: the watchdog ticks several
+/// times in each, sees progress, and allocates nothing.
+#[test]
+fn watchdog_ticks_allocate_nothing() {
+    let plan = chain(DeviceKind::Sim, SourcePieces::Count(0), 100_000);
+    assert_allocates_nothing_per_piece("sim chain with a ticking watchdog", |pieces, window| {
+        run_with_callback(&plan, pieces, window, Duration::from_millis(250), |piece| piece + 2)
+    });
+}
+
+/// `src -> repeat(2) -> acc(2, Copy) -> sink`, on a cpu and a sim stream: the repeat lends
+/// its input register, the acc holds its output across a group; neither allocates.
+#[test]
+fn acc_and_repeat_allocate_nothing_per_piece() {
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let sim = b.device(0, DeviceKind::Sim, 0);
+    let (s0, s1) = (b.stream(cpu, StreamKind::Compute), b.stream(sim, StreamKind::Compute));
+    let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(0) });
+    let x = b.regst("x", src, BYTES, 2);
+    let repeat = b.actor("repeat", s1, ActorKind::Repeat { count: 2 });
+    b.consume(repeat, x);
+    let y = b.regst("y", repeat, BYTES, 2);
+    let acc = b.actor("acc", s1, ActorKind::Acc { count: 2, kernel: KernelConf::Copy });
+    b.sim_nanos(acc, 2_000);
+    b.consume(acc, y);
+    let z = b.regst("z", acc, BYTES, 2);
+    let sink = b.actor("sink", s0, ActorKind::Sink);
+    b.consume(sink, z);
+    let plan = b.build().unwrap();
+    // repeat(2) then acc(2) gives one piece per source piece, holding that source piece.
+    assert_allocates_nothing_per_piece("acc and repeat", |pieces, window| {
+        run_with_callback(&plan, pieces, window, WATCHDOG, |piece| piece)
+    });
+}
+
+/// A fed source and a fetcher driven from the test thread, a few pieces in flight: pushes
+/// reuse the feeder's buffers and fetches the sink's, so neither side allocates per piece.
+#[test]
+fn fed_source_and_fetcher_allocate_nothing_per_piece() {
+    /// Pieces pushed ahead of the one fetched; small enough that a push never waits on a
+    /// fetch that has not happened (feeder buffers + registers + sink credits hold more).
+    const LAG: u64 = 3;
+    let plan = chain(DeviceKind::Cpu, SourcePieces::Fed, 0);
+    assert_allocates_nothing_per_piece("fed source and fetcher", |pieces, window| {
+        let mut job = Job::builder(plan.clone())
+            .watchdog(WATCHDOG)
+            .kernel("increment", |_| Ok(Box::new(Increment)))
+            .build()
+            .unwrap();
+        let mut feeder = job.feeder("src").unwrap();
+        let fetcher = job.fetcher("sink").unwrap();
+        window.job_started();
+        let mut piece_bytes = [0u8; BYTES as usize];
+        let mut fetched = 0;
+        let mut fetch_one = || {
+            window.at_piece(fetched);
+            let got = fetcher.recv().expect("the sink ended early");
+            assert_eq!((got.piece(), tag_of(got.bytes())), (fetched, fetched + 2));
+            fetched += 1;
+        };
+        for piece in 0..pieces {
+            piece_bytes[..8].copy_from_slice(&piece.to_le_bytes());
+            feeder.push(&piece_bytes).unwrap();
+            if piece >= LAG {
+                fetch_one();
+            }
+        }
+        feeder.close().unwrap();
+        for _ in pieces.saturating_sub(LAG)..pieces {
+            fetch_one();
+        }
+        assert!(fetcher.recv().is_none(), "more pieces than were pushed");
+        drop((feeder, fetcher));
+        job.wait().unwrap();
+    });
+}
