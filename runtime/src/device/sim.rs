@@ -10,9 +10,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-/// How long before a deadline the poller stops sleeping and waits by yielding: OS timer
-/// wake-ups are late by tens of microseconds, which would add up along a pipeline of
-/// modeled kernels.
+/// How long before a deadline the poller stops sleeping and spins: OS timer wake-ups are
+/// late by tens of microseconds, which would add up along a pipeline of modeled kernels.
 const SPIN_MARGIN: Duration = Duration::from_micros(150);
 
 #[derive(Debug)]
@@ -101,10 +100,10 @@ fn poll(rx: crossbeam_channel::Receiver<Timer>, capacity: usize) {
             if timer.at > now + SPIN_MARGIN {
                 break;
             }
-            // Yield rather than spin hard: on a small machine the stream threads this
-            // completion wakes need the core more than the poller does.
+            // Spin the last stretch: yielding measured slower on the pipeline benchmark
+            // (B3), notably under load, and the margin bounds the spin.
             while Instant::now() < timer.at {
-                std::thread::yield_now();
+                std::hint::spin_loop();
             }
             if let Some(Reverse(timer)) = heap.pop() {
                 let msg = Message { dst: timer.actor, src: timer.actor, body: Body::ActDone };
