@@ -1,8 +1,38 @@
-//! The logical side of regflow: this issue provides the [`plan`] module, the physical plan
-//! of actors, register descriptors, streams and memory that the runtime executes.
+//! The logical side of regflow: the graph DSL ([`Graph`], [`Tensor`] and the ops in
+//! [`ops`]), reverse-mode autodiff ([`Graph::grad`]), a host reference evaluator
+//! ([`Graph::eval`]), seeded initializers, and the [`plan`] module, the physical plan of
+//! actors, register descriptors, streams and memory that the runtime executes.
 //!
-//! The DSL, autodiff, SBP and the compiler that produce plans arrive in later issues; until
-//! then plans are built by hand with [`plan::PlanBuilder`] or loaded from JSON.
+//! ```
+//! use regflow_graph::{DType, Graph, HostArray, Init};
+//!
+//! let g = Graph::new();
+//! let x = g.input("x", [2, 3], DType::F64).unwrap();
+//! let w = g.variable("w", [2, 3], DType::F64, Init::Constant(2.0)).unwrap();
+//! let loss = x.mul(&w).unwrap().relu().unwrap().sum_to(&[].into()).unwrap();
+//! let dw = g.grad(loss, &[w]).unwrap()[0];
+//! let feed = HostArray::f64([2, 3], vec![1.0, -1.0, 2.0, -2.0, 3.0, -3.0]).unwrap();
+//! let out = g.eval(&[(x, feed)], &[loss, dw]).unwrap();
+//! assert_eq!(out[0].to_f64_vec(), [12.0]);
+//! assert_eq!(out[1].to_f64_vec(), [1.0, 0.0, 2.0, 0.0, 3.0, 0.0]);
+//! ```
+//!
+//! Plans are built by hand with [`plan::PlanBuilder`] or loaded from JSON until the
+//! compiler that lowers graphs to plans arrives.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod autodiff;
+mod dsl;
+mod error;
+mod eval;
+mod init;
+pub mod ops;
 pub mod plan;
+mod tensor;
+
+pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
+pub use error::GraphError;
+pub use init::{Init, SplitMix64};
+pub use tensor::{
+    DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta,
+};

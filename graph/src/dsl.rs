@@ -1,0 +1,228 @@
+//! The graph builder: a [`Graph`] holds tensors and op applications; a [`Tensor`] is a
+//! cheap handle into it whose op methods (defined next to each op in `ops/`) return
+//! `Result`, so a bad shape or dtype is reported where the graph is built.
+
+use crate::init::Init;
+use crate::ops::OpDef;
+use crate::tensor::{DType, Shape, TensorMeta};
+use crate::GraphError;
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+/// Index of a tensor in its graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+/// Where a tensor's value comes from.
+#[derive(Debug, Clone)]
+pub enum TensorSource {
+    /// Fed by the user for each step.
+    Input,
+    /// Persistent state, initialized once.
+    Variable {
+        /// Initializer.
+        init: Init,
+        /// Whether optimizers update it.
+        trainable: bool,
+    },
+    /// Output `output` of op application `node`.
+    Op {
+        /// Index in [`Graph::nodes`].
+        node: usize,
+        /// Which output.
+        output: usize,
+    },
+}
+
+/// One tensor of a graph.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    /// Shape and dtype.
+    pub meta: TensorMeta,
+    /// Where its value comes from.
+    pub source: TensorSource,
+    /// Name (inputs and variables: the user's; op outputs: generated).
+    pub name: String,
+}
+
+/// One op application.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// The op.
+    pub op: Arc<dyn OpDef>,
+    /// Its inputs.
+    pub inputs: Vec<TensorId>,
+    /// Its outputs.
+    pub outputs: Vec<TensorId>,
+}
+
+#[derive(Debug, Default)]
+struct GraphData {
+    tensors: Vec<TensorInfo>,
+    nodes: Vec<Node>,
+    names: HashSet<String>,
+}
+
+/// A logical graph under construction. Nodes are appended in a valid evaluation order.
+#[derive(Debug, Default)]
+pub struct Graph {
+    data: RefCell<GraphData>,
+}
+
+/// A tensor of a [`Graph`]: a copyable handle.
+#[derive(Clone, Copy)]
+pub struct Tensor<'g> {
+    graph: &'g Graph,
+    id: TensorId,
+}
+
+impl fmt::Debug for Tensor<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, {})", self.id.0, self.meta())
+    }
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn add_named(&self, name: &str, meta: TensorMeta, source: TensorSource) -> Result<Tensor<'_>, GraphError> {
+        let mut data = self.data.borrow_mut();
+        if !data.names.insert(name.to_string()) {
+            return Err(GraphError::DuplicateName(name.to_string()));
+        }
+        data.tensors.push(TensorInfo { meta, source, name: name.to_string() });
+        Ok(Tensor { graph: self, id: TensorId(data.tensors.len() as u32 - 1) })
+    }
+
+    /// A tensor fed by the user for every step.
+    pub fn input(&self, name: &str, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor<'_>, GraphError> {
+        self.add_named(name, TensorMeta::new(shape, dtype), TensorSource::Input)
+    }
+
+    /// A trainable variable.
+    pub fn variable(
+        &self,
+        name: &str,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        init: Init,
+    ) -> Result<Tensor<'_>, GraphError> {
+        let meta = TensorMeta::new(shape, dtype);
+        init.check(&meta).map_err(|message| GraphError::Op {
+            op: "variable".into(),
+            inputs: vec![format!("'{name}': {meta}")],
+            message,
+        })?;
+        self.add_named(name, meta, TensorSource::Variable { init, trainable: true })
+    }
+
+    /// Applies `op` to `inputs`, checking them with its shape rule; returns its outputs.
+    pub fn apply(&self, op: impl OpDef + 'static, inputs: &[Tensor<'_>]) -> Result<Vec<Tensor<'_>>, GraphError> {
+        self.apply_arc(Arc::new(op), inputs)
+    }
+
+    pub(crate) fn apply_arc(&self, op: Arc<dyn OpDef>, inputs: &[Tensor<'_>]) -> Result<Vec<Tensor<'_>>, GraphError> {
+        for (index, t) in inputs.iter().enumerate() {
+            if !std::ptr::eq(t.graph, self) {
+                return Err(GraphError::ForeignTensor { op: op.name().into(), index });
+            }
+        }
+        let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
+        let outputs = op.infer(&metas).map_err(|message| GraphError::Op {
+            op: op.name().into(),
+            inputs: metas.iter().map(ToString::to_string).collect(),
+            message,
+        })?;
+        let mut data = self.data.borrow_mut();
+        let node = data.nodes.len();
+        let first = data.tensors.len();
+        for (output, meta) in outputs.into_iter().enumerate() {
+            let name = format!("{}{}:{}", op.name(), node, output);
+            data.tensors.push(TensorInfo { meta, source: TensorSource::Op { node, output }, name });
+        }
+        let ids: Vec<TensorId> = (first..data.tensors.len()).map(|i| TensorId(i as u32)).collect();
+        data.nodes.push(Node { op, inputs: inputs.iter().map(|t| t.id).collect(), outputs: ids.clone() });
+        Ok(ids.into_iter().map(|id| Tensor { graph: self, id }).collect())
+    }
+
+    /// Applies a single-output op.
+    pub fn apply1(&self, op: impl OpDef + 'static, inputs: &[Tensor<'_>]) -> Result<Tensor<'_>, GraphError> {
+        let mut outputs = self.apply(op, inputs)?;
+        match outputs.len() {
+            1 => Ok(outputs.remove(0)),
+            n => Err(GraphError::Kernel { op: "apply1".into(), message: format!("op has {n} outputs, not 1") }),
+        }
+    }
+
+    /// The tensor with this id.
+    pub fn tensor(&self, id: TensorId) -> Option<Tensor<'_>> {
+        ((id.0 as usize) < self.data.borrow().tensors.len()).then_some(Tensor { graph: self, id })
+    }
+
+    /// The tensor with this name (inputs and variables).
+    pub fn by_name(&self, name: &str) -> Option<Tensor<'_>> {
+        let data = self.data.borrow();
+        data.tensors.iter().position(|t| t.name == name).map(|i| Tensor { graph: self, id: TensorId(i as u32) })
+    }
+
+    /// A copy of tensor `id`'s information.
+    pub fn info(&self, id: TensorId) -> TensorInfo {
+        self.data.borrow().tensors[id.0 as usize].clone()
+    }
+
+    /// A copy of the op applications, in evaluation order.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.data.borrow().nodes.clone()
+    }
+
+    /// Number of tensors.
+    pub fn tensor_count(&self) -> usize {
+        self.data.borrow().tensors.len()
+    }
+
+    /// Trainable variables, in creation order.
+    pub fn trainable_variables(&self) -> Vec<Tensor<'_>> {
+        let data = self.data.borrow();
+        (0..data.tensors.len())
+            .filter(|&i| matches!(data.tensors[i].source, TensorSource::Variable { trainable: true, .. }))
+            .map(|i| Tensor { graph: self, id: TensorId(i as u32) })
+            .collect()
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// Its graph.
+    pub fn graph(&self) -> &'g Graph {
+        self.graph
+    }
+
+    /// Its id.
+    pub fn id(&self) -> TensorId {
+        self.id
+    }
+
+    /// Shape and dtype.
+    pub fn meta(&self) -> TensorMeta {
+        self.graph.data.borrow().tensors[self.id.0 as usize].meta.clone()
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> Shape {
+        self.meta().shape
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.meta().dtype
+    }
+
+    /// Name.
+    pub fn name(&self) -> String {
+        self.graph.data.borrow().tensors[self.id.0 as usize].name.clone()
+    }
+}

@@ -1,0 +1,58 @@
+//! Errors raised while building or evaluating a logical graph, in logical terms: the op,
+//! its input shapes and dtypes, and what does not fit.
+
+/// A graph that cannot be built, differentiated or evaluated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    /// An op rejected its inputs.
+    #[error("{op}({}): {message}", inputs.join(", "))]
+    Op {
+        /// The op's name.
+        op: String,
+        /// Its inputs, as `dtype[shape]`.
+        inputs: Vec<String>,
+        /// What does not fit.
+        message: String,
+    },
+    /// Tensors from two different graphs were combined.
+    #[error("{op}: input {index} belongs to another graph")]
+    ForeignTensor {
+        /// The op.
+        op: String,
+        /// Which input.
+        index: usize,
+    },
+    /// Two inputs or variables with one name.
+    #[error("a tensor named '{0}' already exists")]
+    DuplicateName(String),
+    /// `grad` of something that is not a scalar.
+    #[error("loss must be a scalar to differentiate, got {0}")]
+    NonScalarLoss(String),
+    /// A value fed for a tensor that is not an input or variable, or of the wrong shape.
+    #[error("feed for '{name}': {message}")]
+    Feed {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An input without a feed.
+    #[error("input '{0}' has no feed")]
+    MissingFeed(String),
+    /// An op without a gradient rule on the path to the loss.
+    #[error("{op} has no gradient with respect to input {index}")]
+    NoGradient {
+        /// The op.
+        op: String,
+        /// Which input.
+        index: usize,
+    },
+    /// A host kernel failed (a broken invariant: inputs were checked when the op was built).
+    #[error("{op}: kernel failed: {message}")]
+    Kernel {
+        /// The op.
+        op: String,
+        /// What failed.
+        message: String,
+    },
+}

@@ -1,0 +1,66 @@
+//! `fill`: a tensor of one value (the seed of backward passes, zeros, constants).
+
+use super::{GradCtx, InputGrads, OpDef};
+use crate::tensor::{DType, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
+use crate::{Graph, GraphError, Tensor};
+
+/// Every element `value`, of shape and dtype `meta`. No inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fill {
+    /// The value.
+    pub value: f64,
+    /// Output shape and dtype.
+    pub meta: TensorMeta,
+}
+
+impl Fill {
+    /// A fill op.
+    pub fn new(value: f64, meta: TensorMeta) -> Self {
+        Self { value, meta }
+    }
+}
+
+impl OpDef for Fill {
+    fn name(&self) -> &'static str {
+        "fill"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        if !inputs.is_empty() {
+            return Err(format!("takes no inputs, got {}", inputs.len()));
+        }
+        Ok(vec![self.meta.clone()])
+    }
+
+    fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        Ok(Vec::new())
+    }
+
+    fn compute(&self, _inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+        match &mut outputs[0].data {
+            HostSliceMut::F32(v) => v.fill(self.value as f32),
+            HostSliceMut::F64(v) => v.fill(self.value),
+            HostSliceMut::I64(v) => v.fill(self.value as i64),
+        }
+        Ok(())
+    }
+}
+
+impl Graph {
+    /// A constant tensor.
+    pub fn constant(&self, value: f64, shape: impl Into<crate::Shape>, dtype: DType) -> Result<Tensor<'_>, GraphError> {
+        self.apply1(Fill::new(value, TensorMeta::new(shape, dtype)), &[])
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// Zeros shaped like this tensor.
+    pub fn zeros_like(&self) -> Result<Tensor<'g>, GraphError> {
+        self.graph().apply1(Fill::new(0.0, self.meta()), &[])
+    }
+
+    /// Ones shaped like this tensor.
+    pub fn ones_like(&self) -> Result<Tensor<'g>, GraphError> {
+        self.graph().apply1(Fill::new(1.0, self.meta()), &[])
+    }
+}

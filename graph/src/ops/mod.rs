@@ -1,0 +1,63 @@
+//! Op definitions: each op is a struct in a file of its own that says how to infer its
+//! outputs, how to differentiate it, and how to compute it on the host; the same file adds
+//! the DSL method to [`Tensor`](crate::Tensor). Adding an op touches that one file (plus
+//! its `mod` line here).
+//!
+//! The host computation lives with the op, not in the runtime: it is plain arithmetic on
+//! slices (no device), and keeping it next to the shape and gradient rules means one file
+//! holds everything an op is. Device kernels (CUDA) will live with their device in
+//! `runtime/` and take the same op as their configuration.
+
+use crate::tensor::{HostTensor, HostTensorMut, TensorMeta};
+use crate::{GraphError, Tensor};
+use std::fmt;
+
+mod binary;
+mod fill;
+mod reduce_to;
+mod unary;
+
+pub use binary::{Binary, BinaryKind};
+pub use fill::Fill;
+pub use reduce_to::{BroadcastTo, SumTo};
+pub use unary::{Unary, UnaryKind};
+
+/// What the gradient rule of one op application sees.
+#[derive(Debug)]
+pub struct GradCtx<'g> {
+    /// The op's inputs.
+    pub inputs: Vec<Tensor<'g>>,
+    /// The op's outputs.
+    pub outputs: Vec<Tensor<'g>>,
+    /// Gradient of the loss with respect to each output (`None`: the loss does not depend on it).
+    pub output_grads: Vec<Option<Tensor<'g>>>,
+}
+
+impl<'g> GradCtx<'g> {
+    /// Gradient of output 0 (every single-output op has one when it is asked for gradients).
+    pub fn grad(&self) -> Result<Tensor<'g>, GraphError> {
+        self.output_grads.first().copied().flatten().ok_or_else(|| GraphError::Kernel {
+            op: "autodiff".into(),
+            message: "gradient rule called without an output gradient (broken invariant)".into(),
+        })
+    }
+}
+
+/// The gradients of an op's inputs: `None` where an input gets none (integer indices).
+pub type InputGrads<'g> = Vec<Option<Tensor<'g>>>;
+
+/// An op: shape and dtype inference, gradient rule, host computation.
+pub trait OpDef: fmt::Debug + Send + Sync {
+    /// Short name, used in errors, plans and traces (`matmul`, `add`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Outputs for these inputs, or a message saying what does not fit; the graph wraps
+    /// it with the op's name and input shapes.
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String>;
+
+    /// Gradients of the inputs, built with the DSL from the output gradients.
+    fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError>;
+
+    /// Computes the outputs on the host. Inputs have the shapes `infer` accepted.
+    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String>;
+}

@@ -1,0 +1,455 @@
+//! Tensor metadata (dtypes, shapes, broadcasting) and host arrays: the values a graph is
+//! fed, evaluated to and checked against, and the typed slices host kernels compute on.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float (gradient checks, precise training).
+    F64,
+    /// 64-bit signed integer (labels, indices).
+    I64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I64 => "i64",
+        })
+    }
+}
+
+/// Dimensions of a tensor, outermost first. `[]` is a scalar.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Shape(pub Vec<usize>);
+
+impl Shape {
+    /// A shape from its dimensions.
+    pub fn new(dims: impl Into<Vec<usize>>) -> Self {
+        Shape(dims.into())
+    }
+
+    /// The scalar shape `[]`.
+    pub fn scalar() -> Self {
+        Shape(Vec::new())
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Dimensions.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Number of elements (1 for a scalar).
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+
+    /// Row-major strides in elements.
+    pub fn strides(&self) -> Vec<usize> {
+        let mut strides = vec![1; self.rank()];
+        for i in (0..self.rank().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * self.0[i + 1];
+        }
+        strides
+    }
+
+    /// The shape two shapes broadcast to (numpy rules: align from the right, a dimension
+    /// of 1 stretches), or `None` if they do not broadcast.
+    pub fn broadcast(a: &Shape, b: &Shape) -> Option<Shape> {
+        let rank = a.rank().max(b.rank());
+        let mut dims = vec![0; rank];
+        for (i, dim) in dims.iter_mut().enumerate() {
+            let da = if i + a.rank() >= rank { a.0[i + a.rank() - rank] } else { 1 };
+            let db = if i + b.rank() >= rank { b.0[i + b.rank() - rank] } else { 1 };
+            *dim = match (da, db) {
+                (x, y) if x == y => x,
+                (1, y) => y,
+                (x, 1) => x,
+                _ => return None,
+            };
+        }
+        Some(Shape(dims))
+    }
+
+    /// Strides to read this shape as if broadcast to `target` (0 on stretched dimensions).
+    /// `target` must be a broadcast of `self`.
+    pub fn broadcast_strides(&self, target: &Shape) -> Vec<usize> {
+        let own = self.strides();
+        let offset = target.rank() - self.rank();
+        (0..target.rank()).map(|i| if i < offset || self.0[i - offset] == 1 { 0 } else { own[i - offset] }).collect()
+    }
+
+    /// A negative axis counts from the end; `None` if out of range.
+    pub fn axis(&self, axis: isize) -> Option<usize> {
+        let rank = self.rank() as isize;
+        let a = if axis < 0 { axis + rank } else { axis };
+        (0..rank).contains(&a).then_some(a as usize)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        write!(f, "]")
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(dims: &[usize]) -> Self {
+        Shape(dims.to_vec())
+    }
+}
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(dims: [usize; N]) -> Self {
+        Shape(dims.to_vec())
+    }
+}
+
+/// Shape and dtype of a tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorMeta {
+    /// Shape.
+    pub shape: Shape,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl TensorMeta {
+    /// Metadata from a shape and a dtype.
+    pub fn new(shape: impl Into<Shape>, dtype: DType) -> Self {
+        Self { shape: shape.into(), dtype }
+    }
+
+    /// Bytes of the tensor's data.
+    pub fn bytes(&self) -> usize {
+        self.shape.numel() * self.dtype.size()
+    }
+}
+
+impl fmt::Display for TensorMeta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.dtype, self.shape)
+    }
+}
+
+/// Owned elements of one dtype.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostData {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f64 elements.
+    F64(Vec<f64>),
+    /// i64 elements.
+    I64(Vec<i64>),
+}
+
+/// An owned host tensor: shape plus row-major elements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostArray {
+    /// Shape.
+    pub shape: Shape,
+    /// Elements, row-major.
+    pub data: HostData,
+}
+
+impl HostArray {
+    /// Zeros of the given metadata.
+    pub fn zeros(meta: &TensorMeta) -> Self {
+        let n = meta.shape.numel();
+        let data = match meta.dtype {
+            DType::F32 => HostData::F32(vec![0.0; n]),
+            DType::F64 => HostData::F64(vec![0.0; n]),
+            DType::I64 => HostData::I64(vec![0; n]),
+        };
+        Self { shape: meta.shape.clone(), data }
+    }
+
+    /// An f32 array; `None` if the element count does not match the shape.
+    pub fn f32(shape: impl Into<Shape>, data: Vec<f32>) -> Option<Self> {
+        let shape = shape.into();
+        (shape.numel() == data.len()).then_some(Self { shape, data: HostData::F32(data) })
+    }
+
+    /// An f64 array; `None` if the element count does not match the shape.
+    pub fn f64(shape: impl Into<Shape>, data: Vec<f64>) -> Option<Self> {
+        let shape = shape.into();
+        (shape.numel() == data.len()).then_some(Self { shape, data: HostData::F64(data) })
+    }
+
+    /// An i64 array; `None` if the element count does not match the shape.
+    pub fn i64(shape: impl Into<Shape>, data: Vec<i64>) -> Option<Self> {
+        let shape = shape.into();
+        (shape.numel() == data.len()).then_some(Self { shape, data: HostData::I64(data) })
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::I64(_) => DType::I64,
+        }
+    }
+
+    /// Shape and dtype.
+    pub fn meta(&self) -> TensorMeta {
+        TensorMeta { shape: self.shape.clone(), dtype: self.dtype() }
+    }
+
+    /// The elements as f64 (integers converted), for comparisons in tests and reports.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            HostData::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            HostData::F64(v) => v.clone(),
+            HostData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+
+    /// A read view for kernels.
+    pub fn view(&self) -> HostTensor<'_> {
+        HostTensor {
+            shape: &self.shape,
+            data: match &self.data {
+                HostData::F32(v) => HostSlice::F32(v),
+                HostData::F64(v) => HostSlice::F64(v),
+                HostData::I64(v) => HostSlice::I64(v),
+            },
+        }
+    }
+
+    /// A write view for kernels.
+    pub fn view_mut(&mut self) -> HostTensorMut<'_> {
+        HostTensorMut {
+            shape: &self.shape,
+            data: match &mut self.data {
+                HostData::F32(v) => HostSliceMut::F32(v),
+                HostData::F64(v) => HostSliceMut::F64(v),
+                HostData::I64(v) => HostSliceMut::I64(v),
+            },
+        }
+    }
+}
+
+/// Typed read-only elements.
+#[derive(Debug, Clone, Copy)]
+pub enum HostSlice<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// f64 elements.
+    F64(&'a [f64]),
+    /// i64 elements.
+    I64(&'a [i64]),
+}
+
+/// Typed writable elements.
+#[derive(Debug)]
+pub enum HostSliceMut<'a> {
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// f64 elements.
+    F64(&'a mut [f64]),
+    /// i64 elements.
+    I64(&'a mut [i64]),
+}
+
+/// A tensor a host kernel reads.
+#[derive(Debug, Clone, Copy)]
+pub struct HostTensor<'a> {
+    /// Shape.
+    pub shape: &'a Shape,
+    /// Elements, row-major.
+    pub data: HostSlice<'a>,
+}
+
+/// A tensor a host kernel writes.
+#[derive(Debug)]
+pub struct HostTensorMut<'a> {
+    /// Shape.
+    pub shape: &'a Shape,
+    /// Elements, row-major.
+    pub data: HostSliceMut<'a>,
+}
+
+impl<'a> HostTensor<'a> {
+    /// The elements as `T`, or an error naming the dtypes.
+    pub fn as_slice<T: Element>(&self) -> Result<&'a [T], String> {
+        T::from_slice(self.data).ok_or_else(|| format!("expected {} data, got {}", T::DTYPE, self.dtype()))
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            HostSlice::F32(_) => DType::F32,
+            HostSlice::F64(_) => DType::F64,
+            HostSlice::I64(_) => DType::I64,
+        }
+    }
+}
+
+impl HostTensorMut<'_> {
+    /// The elements as `T`, or an error naming the dtypes.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], String> {
+        let dtype = self.dtype();
+        T::from_slice_mut(&mut self.data).ok_or_else(|| format!("expected {} output, got {dtype}", T::DTYPE))
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            HostSliceMut::F32(_) => DType::F32,
+            HostSliceMut::F64(_) => DType::F64,
+            HostSliceMut::I64(_) => DType::I64,
+        }
+    }
+}
+
+/// An element type host kernels can be generic over.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// Its dtype.
+    const DTYPE: DType;
+    /// Borrows typed elements if the dtype matches.
+    fn from_slice(s: HostSlice<'_>) -> Option<&[Self]>;
+    /// Borrows typed writable elements if the dtype matches.
+    fn from_slice_mut<'a>(s: &'a mut HostSliceMut<'_>) -> Option<&'a mut [Self]>;
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn from_slice(s: HostSlice<'_>) -> Option<&[Self]> {
+                match s {
+                    HostSlice::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn from_slice_mut<'a>(s: &'a mut HostSliceMut<'_>) -> Option<&'a mut [Self]> {
+                match s {
+                    HostSliceMut::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+element!(f32, F32);
+element!(f64, F64);
+element!(i64, I64);
+
+/// Real numbers host kernels compute in (f32 and f64), with the math they need.
+pub trait Real:
+    Element
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
+    + std::ops::AddAssign
+    + std::iter::Sum
+{
+    /// From an f64 constant.
+    fn from_f64(x: f64) -> Self;
+    /// To f64.
+    fn to_f64(self) -> f64;
+    /// e^x.
+    fn exp(self) -> Self;
+    /// Natural logarithm.
+    fn ln(self) -> Self;
+    /// Hyperbolic tangent.
+    fn tanh(self) -> Self;
+    /// Square root.
+    fn sqrt(self) -> Self;
+    /// The larger of two values (NaN-propagating is not required).
+    fn max(self, other: Self) -> Self;
+    /// Zero.
+    fn zero() -> Self {
+        Self::from_f64(0.0)
+    }
+    /// One.
+    fn one() -> Self {
+        Self::from_f64(1.0)
+    }
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            fn from_f64(x: f64) -> Self {
+                x as $t
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn tanh(self) -> Self {
+                <$t>::tanh(self)
+            }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            fn max(self, other: Self) -> Self {
+                <$t>::max(self, other)
+            }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_follows_numpy() {
+        let b = |a: &[usize], c: &[usize]| Shape::broadcast(&Shape::from(a), &Shape::from(c));
+        assert_eq!(b(&[4, 1, 3], &[5, 1]), Some(Shape::from([4, 5, 3])));
+        assert_eq!(b(&[], &[2, 3]), Some(Shape::from([2, 3])));
+        assert_eq!(b(&[2, 3], &[3, 2]), None);
+        assert_eq!(Shape::from([1, 3]).broadcast_strides(&Shape::from([4, 2, 3])), vec![0, 0, 1]);
+        assert_eq!(Shape::from([2, 3, 4]).strides(), vec![12, 4, 1]);
+        assert_eq!(Shape::from([2, 3]).axis(-1), Some(1));
+        assert_eq!(Shape::from([2, 3]).axis(2), None);
+    }
+}
