@@ -17,6 +17,21 @@ mod fill;
 mod reduce_to;
 mod unary;
 
+// Linear algebra and neural-network ops.
+mod cross_entropy;
+mod dropout;
+mod embedding;
+mod layer_norm;
+mod matmul;
+mod softmax;
+
+// Reductions and shape ops.
+mod concat;
+mod permute;
+mod reduce;
+mod reshape;
+mod slice;
+
 pub use binary::{Binary, BinaryKind};
 pub use fill::Fill;
 pub use reduce_to::{BroadcastTo, SumTo};
