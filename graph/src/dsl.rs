@@ -121,6 +121,15 @@ impl Graph {
         self.add_named(name, meta, TensorSource::Variable { init, trainable: true })
     }
 
+    /// Marks a variable as trainable (updated by optimizers) or not (state, constants).
+    pub fn set_trainable(&self, variable: Tensor<'_>, trainable: bool) {
+        if let TensorSource::Variable { trainable: t, .. } =
+            &mut self.data.borrow_mut().tensors[variable.id.0 as usize].source
+        {
+            *t = trainable;
+        }
+    }
+
     /// Applies `op` to `inputs`, checking them with its shape rule; returns its outputs.
     pub fn apply(&self, op: impl OpDef + 'static, inputs: &[Tensor<'_>]) -> Result<Vec<Tensor<'_>>, GraphError> {
         self.apply_arc(Arc::new(op), inputs)

@@ -27,12 +27,16 @@ mod error;
 mod eval;
 mod init;
 pub mod ops;
+mod optim;
 pub mod plan;
+mod session;
 mod tensor;
 
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use init::{Init, SplitMix64};
+pub use optim::{Optimizer, OptimizerKind, Schedule, TrainStep};
+pub use session::Session;
 pub use tensor::{
     DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta,
 };
