@@ -97,8 +97,11 @@ impl Init {
         match self {
             Init::Zeros | Init::Ones | Init::Constant(_) => Ok(()),
             _ if !meta.dtype.is_float() => Err(format!("{self:?} needs a float variable, not {}", meta.dtype)),
-            Init::Normal { std, .. } if !(*std >= 0.0) => Err(format!("normal std must be >= 0, got {std}")),
-            Init::Uniform { low, high, .. } if !(low < high) => {
+            // Written so that NaN parameters are rejected too.
+            Init::Normal { std, .. } if std.is_nan() || *std < 0.0 => {
+                Err(format!("normal std must be >= 0, got {std}"))
+            }
+            Init::Uniform { low, high, .. } if low.is_nan() || high.is_nan() || low >= high => {
                 Err(format!("uniform needs low < high, got [{low}, {high})"))
             }
             _ => Ok(()),

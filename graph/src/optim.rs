@@ -316,7 +316,7 @@ impl Graph {
         let params = self.trainable_variables();
         let mut grads = self.grad(loss, &params)?;
         if let Some(max_norm) = optimizer.clip_norm {
-            if !(max_norm > 0.0) {
+            if max_norm.is_nan() || max_norm <= 0.0 {
                 return Err(GraphError::Op {
                     op: "clip_by_global_norm".into(),
                     inputs: vec![],

@@ -128,6 +128,12 @@ impl fmt::Display for Shape {
     }
 }
 
+impl From<Vec<usize>> for Shape {
+    fn from(dims: Vec<usize>) -> Self {
+        Shape(dims)
+    }
+}
+
 impl From<&[usize]> for Shape {
     fn from(dims: &[usize]) -> Self {
         Shape(dims.to_vec())

@@ -1,1 +1,112 @@
-//! (being written)
+//! `concat`: joins tensors of one dtype along an axis on which alone their shapes differ.
+
+use super::reduce::axis_index;
+use super::slice::AxisBlocks;
+use super::{GradCtx, InputGrads, OpDef};
+use crate::tensor::{Element, HostTensor, HostTensorMut, Shape, TensorMeta};
+use crate::{DType, GraphError, Tensor};
+
+/// Concatenates its inputs (one or more) along `axis`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Concat {
+    /// The joined axis; negative counts from the end.
+    pub axis: isize,
+}
+
+impl Concat {
+    /// The axis index, checked against the first input's shape.
+    fn resolve(&self, first: &Shape) -> Result<usize, String> {
+        axis_index(first, self.axis)
+    }
+}
+
+fn concat_typed<T: Element>(axis: usize, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let blocks = AxisBlocks::new(out.shape, axis);
+    let total = out.shape.dims()[axis];
+    let o = out.as_mut_slice::<T>()?;
+    let mut offset = 0;
+    for input in inputs {
+        let size = input.shape.dims()[axis];
+        blocks.copy((input.as_slice::<T>()?, size, 0), (&mut *o, total, offset), size)?;
+        offset += size;
+    }
+    Ok(())
+}
+
+impl OpDef for Concat {
+    fn name(&self) -> &'static str {
+        "concat"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        let Some(first) = inputs.first() else { return Err("needs at least one input".into()) };
+        let axis = self.resolve(&first.shape)?;
+        let mut shape = first.shape.clone();
+        for (i, x) in inputs.iter().enumerate().skip(1) {
+            if x.dtype != first.dtype {
+                return Err(format!("dtype mismatch: input {i} is {}, input 0 is {}", x.dtype, first.dtype));
+            }
+            let same_elsewhere = x.shape.rank() == first.shape.rank()
+                && (0..x.shape.rank()).all(|a| a == axis || x.shape.dims()[a] == first.shape.dims()[a]);
+            if !same_elsewhere {
+                return Err(format!(
+                    "input {i} has shape {}, input 0 has {}: they must agree on every axis but {axis}",
+                    x.shape, first.shape
+                ));
+            }
+            shape.0[axis] += x.shape.dims()[axis];
+        }
+        Ok(vec![TensorMeta { shape, dtype: first.dtype }])
+    }
+
+    fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        let dy = ctx.grad()?;
+        let axis =
+            self.resolve(&dy.shape()).map_err(|message| GraphError::Kernel { op: self.name().into(), message })?;
+        let mut offset = 0;
+        let mut grads = Vec::with_capacity(ctx.inputs.len());
+        for x in &ctx.inputs {
+            let size = x.shape().dims()[axis];
+            grads.push(match (x.dtype().is_float(), size) {
+                (false, _) => None,
+                // An empty slice is not a slice: an input with nothing on the axis gets zeros.
+                (true, 0) => Some(x.zeros_like()?),
+                (true, _) => Some(dy.slice(axis as isize, offset, offset + size)?),
+            });
+            offset += size;
+        }
+        Ok(grads)
+    }
+
+    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+        let axis = self.resolve(outputs[0].shape)?;
+        match outputs[0].dtype() {
+            DType::F32 => concat_typed::<f32>(axis, inputs, &mut outputs[0]),
+            DType::F64 => concat_typed::<f64>(axis, inputs, &mut outputs[0]),
+            DType::I64 => concat_typed::<i64>(axis, inputs, &mut outputs[0]),
+        }
+    }
+}
+
+/// Joins `tensors` (at least one, all of one graph and dtype) along `axis`; their shapes
+/// must agree on every other axis.
+pub fn concat<'g>(tensors: &[Tensor<'g>], axis: isize) -> Result<Tensor<'g>, GraphError> {
+    let Some(first) = tensors.first() else {
+        return Err(GraphError::Op {
+            op: "concat".into(),
+            inputs: Vec::new(),
+            message: "needs at least one input".into(),
+        });
+    };
+    first.graph().apply1(Concat { axis }, tensors)
+}
+
+impl<'g> Tensor<'g> {
+    /// This tensor followed by `others` along `axis` (see [`concat()`]).
+    pub fn concat(&self, others: &[Tensor<'g>], axis: isize) -> Result<Tensor<'g>, GraphError> {
+        let mut tensors = Vec::with_capacity(others.len() + 1);
+        tensors.push(*self);
+        tensors.extend_from_slice(others);
+        concat(&tensors, axis)
+    }
+}

@@ -1,6 +1,6 @@
 //! Op definitions: each op is a struct in a file of its own that says how to infer its
 //! outputs, how to differentiate it, and how to compute it on the host; the same file adds
-//! the DSL method to [`Tensor`](crate::Tensor). Adding an op touches that one file (plus
+//! the DSL method to [`Tensor`]. Adding an op touches that one file (plus
 //! its `mod` line here).
 //!
 //! The host computation lives with the op, not in the runtime: it is plain arithmetic on
@@ -76,3 +76,14 @@ pub trait OpDef: fmt::Debug + Send + Sync {
     /// Computes the outputs on the host. Inputs have the shapes `infer` accepted.
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String>;
 }
+pub use concat::{concat, Concat};
+pub use cross_entropy::{SparseCrossEntropy, SparseCrossEntropyGrad};
+pub use dropout::Dropout;
+pub use embedding::{Embedding, EmbeddingGrad};
+pub use layer_norm::{LayerNorm, LayerNormGrad};
+pub use matmul::{MatMul, MatMulBatchSum};
+pub use permute::Permute;
+pub use reduce::{MaxMask, Reduce, ReduceKind};
+pub use reshape::Reshape;
+pub use slice::{Slice, SliceGrad};
+pub use softmax::{LogSoftmax, Softmax, SoftmaxGrad};

@@ -5,7 +5,7 @@
 use regflow_graph::{DType, Graph, GraphError, HostArray, HostData, Shape, SplitMix64, Tensor};
 
 /// Normal(0, 1) f64 values of `shape`, from `seed`.
-pub fn random(shape: impl Into<Shape>, seed: u64) -> HostArray {
+pub(crate) fn random(shape: impl Into<Shape>, seed: u64) -> HostArray {
     let shape = shape.into();
     let mut rng = SplitMix64::new(seed);
     let data = (0..shape.numel()).map(|_| rng.next_normal()).collect();
@@ -13,7 +13,7 @@ pub fn random(shape: impl Into<Shape>, seed: u64) -> HostArray {
 }
 
 /// Uniform integers in `0..high` of `shape`, from `seed` (indices, labels).
-pub fn random_indices(shape: impl Into<Shape>, high: i64, seed: u64) -> HostArray {
+pub(crate) fn random_indices(shape: impl Into<Shape>, high: i64, seed: u64) -> HostArray {
     let shape = shape.into();
     let mut rng = SplitMix64::new(seed);
     let data = (0..shape.numel()).map(|_| (rng.next_u64() % high as u64) as i64).collect();
@@ -33,7 +33,7 @@ fn with_element(array: &HostArray, index: usize, delta: f64) -> HostArray {
 /// loss is `sum(y * r)` with a random `r`, so every output element's gradient matters.
 ///
 /// Panics with the op, the input, the element and both values on a mismatch.
-pub fn check_grad<F>(name: &str, inputs: &[HostArray], build: F)
+pub(crate) fn check_grad<F>(name: &str, inputs: &[HostArray], build: F)
 where
     F: for<'g> Fn(&[Tensor<'g>]) -> Result<Tensor<'g>, GraphError>,
 {
@@ -61,17 +61,16 @@ where
     let eps = 1e-6;
     for (k, &i) in float_inputs.iter().enumerate() {
         let a = analytic[k].to_f64_vec();
-        for e in 0..inputs[i].shape.numel() {
+        for (e, &autodiff) in a.iter().enumerate() {
             let mut plus = inputs.to_vec();
             plus[i] = with_element(&inputs[i], e, eps);
             let mut minus = inputs.to_vec();
             minus[i] = with_element(&inputs[i], e, -eps);
             let numeric = (loss_at(&plus) - loss_at(&minus)) / (2.0 * eps);
-            let tolerance = 1e-6 * (1.0 + numeric.abs().max(a[e].abs()));
+            let tolerance = 1e-6 * (1.0 + numeric.abs().max(autodiff.abs()));
             assert!(
-                (a[e] - numeric).abs() <= tolerance,
-                "{name}: d loss / d x{i}[{e}]: autodiff {} vs finite differences {numeric}",
-                a[e]
+                (autodiff - numeric).abs() <= tolerance,
+                "{name}: d loss / d x{i}[{e}]: autodiff {autodiff} vs finite differences {numeric}"
             );
         }
     }
