@@ -61,7 +61,7 @@ fn cycle_with_no_free_register_is_rejected() {
     assert_eq!(
         message,
         "cycle a -> b -> a has no free register to start from: every register on it starts empty, \
-         so no actor on it can ever fire"
+         so no actor on it can ever fire (preload a register on the cycle to give it a first piece)"
     );
 }
 

@@ -67,7 +67,8 @@ pub struct Actor {
     pub(crate) lifecycle: Lifecycle,
     /// Done because of a Stop, not because it finished.
     stopped: bool,
-    /// Inputs whose producer sent `Eord`: until one has, the actor cannot be drained.
+    /// Inputs (not loop-carried) whose producer sent `Eord`: until one has, the actor
+    /// cannot be drained.
     ended_inputs: usize,
     scratch_inputs: Vec<RegstRef>,
     scratch_outputs: Vec<RegstRef>,
@@ -79,12 +80,14 @@ impl Actor {
     pub fn from_plan(plan: &Plan, ids: &PlanIds, index: ActorIndex) -> Self {
         let desc = &plan.actors[index.index()];
         let id = ids.of(index);
+        let loop_inputs = plan.loop_inputs(index);
         let inputs: Vec<InputState> = desc
             .inputs
             .iter()
-            .map(|&r| {
+            .zip(loop_inputs)
+            .map(|(&r, closes_loop)| {
                 let regst = &plan.regst_descs[r.index()];
-                InputState::new(r, ids.of(regst.producer), regst.register_num)
+                InputState::new(r, ids.of(regst.producer), regst.register_num, closes_loop)
             })
             .collect();
         let outputs: Vec<OutputState> = plan
@@ -99,7 +102,7 @@ impl Actor {
                         Consumer { id: cid, same_stream: cid.stream_id() == id.stream_id() }
                     })
                     .collect();
-                OutputState::new(r, regst.register_num, consumers)
+                OutputState::new(r, regst.register_num, regst.preloaded, consumers)
             })
             .collect();
         let kind = match desc.kind {
@@ -201,7 +204,9 @@ impl Actor {
                 match input {
                     Some(input) if !input.eord => {
                         input.eord = true;
-                        self.ended_inputs += 1;
+                        if !input.loop_carried {
+                            self.ended_inputs += 1;
+                        }
                     }
                     _ => {
                         return Err(
@@ -211,7 +216,12 @@ impl Actor {
                 }
             }
             Body::ActDone => self.complete_oldest(env)?,
-            Body::Cmd(Cmd::Start) => self.started = true,
+            Body::Cmd(Cmd::Start) => {
+                if !self.started {
+                    self.started = true;
+                    self.emit_preloaded(env)?;
+                }
+            }
             Body::Cmd(Cmd::Stop) => {
                 self.stopped = true;
                 self.lifecycle = Lifecycle::Done;
@@ -344,8 +354,47 @@ impl Actor {
                 self.lifecycle = Lifecycle::Zombie;
             }
         }
-        if self.lifecycle == Lifecycle::Zombie && self.outputs.iter().all(|o| o.in_flight == 0) {
-            self.lifecycle = Lifecycle::Done;
+        if self.lifecycle == Lifecycle::Zombie {
+            // Loop state still arriving after the loop ended is given straight back.
+            self.give_back_loop_pieces(env)?;
+            let loops_ended = self.inputs.iter().filter(|i| i.loop_carried).all(InputState::is_finished);
+            if loops_ended && self.outputs.iter().all(|o| o.in_flight == 0) {
+                self.lifecycle = Lifecycle::Done;
+            }
+        }
+        Ok(())
+    }
+
+    /// Acks every ready piece of the loop-carried inputs without firing.
+    fn give_back_loop_pieces<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        for i in 0..self.inputs.len() {
+            if !self.inputs[i].loop_carried {
+                continue;
+            }
+            while let Some(regst) = self.inputs[i].ready.pop_front() {
+                let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
+                self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot: regst.slot } })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// On start, a register with preloaded slots hands them to its consumers as pieces
+    /// `0..preloaded`, holding whatever the runtime put there (a loop's initial value).
+    fn emit_preloaded<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        for o in 0..self.outputs.len() {
+            for _ in 0..self.outputs[o].preloaded {
+                let output = &mut self.outputs[o];
+                let Some(slot) = output.take(false) else { unreachable!("validation keeps preloaded <= register_num") };
+                output.lend(slot);
+                let piece = output.next_piece;
+                output.next_piece += 1;
+                let regst = RegstRef { desc: output.desc, slot };
+                for c in 0..self.outputs[o].consumers.len() {
+                    let dst = self.outputs[o].consumers[c].id;
+                    self.send(env, dst, Body::Ready { regst, piece, data: regst })?;
+                }
+            }
         }
         Ok(())
     }
@@ -360,8 +409,10 @@ impl Actor {
             // Checked after every message: keep the common case to one comparison.
             _ if self.ended_inputs == 0 => Ok(false),
             _ => {
-                let ended = self.inputs.iter().find(|i| i.is_finished());
-                let waiting = self.inputs.iter().find(|i| !i.ready.is_empty());
+                // Loop-carried inputs do not decide the end: they carry one value more than
+                // the loop runs (given back once the actor is drained).
+                let ended = self.inputs.iter().find(|i| !i.loop_carried && i.is_finished());
+                let waiting = self.inputs.iter().find(|i| !i.loop_carried && !i.ready.is_empty());
                 if let (Some(ended), Some(waiting)) = (ended, waiting) {
                     let detail = format!(
                         "input {} ended after {} pieces but input {} still has piece {} ready",
@@ -369,7 +420,7 @@ impl Actor {
                     );
                     return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
                 }
-                Ok(self.inputs.iter().all(InputState::is_finished))
+                Ok(self.inputs.iter().filter(|i| !i.loop_carried).all(InputState::is_finished))
             }
         }
     }

@@ -29,12 +29,15 @@ pub(crate) struct InputState {
     pub(crate) eord: bool,
     /// The producer's slot count.
     pub(crate) register_num: u32,
+    /// Carries loop state (its register is preloaded): it may hold more pieces than the
+    /// loop runs, which the actor gives back without firing when its other inputs end.
+    pub(crate) loop_carried: bool,
     /// Most slots of this input this actor held at once (ready or in use).
     pub(crate) max_held: u32,
 }
 
 impl InputState {
-    pub(crate) fn new(desc: RegstDescId, producer: ActorId, register_num: u32) -> Self {
+    pub(crate) fn new(desc: RegstDescId, producer: ActorId, register_num: u32, loop_carried: bool) -> Self {
         let capacity = register_num as usize;
         Self {
             desc,
@@ -44,6 +47,7 @@ impl InputState {
             next_piece: 0,
             eord: false,
             register_num,
+            loop_carried,
             max_held: 0,
         }
     }
@@ -71,6 +75,8 @@ pub(crate) struct Consumer {
 pub(crate) struct OutputState {
     pub(crate) desc: RegstDescId,
     pub(crate) register_num: u32,
+    /// Slots handed out as pieces `0..preloaded` when the actor starts.
+    pub(crate) preloaded: u32,
     pub(crate) consumers: Vec<Consumer>,
     pub(crate) free: VecDeque<u32>,
     /// Per slot: bit `i` set while consumer `i` has not acked it.
@@ -86,11 +92,12 @@ pub(crate) struct OutputState {
 }
 
 impl OutputState {
-    pub(crate) fn new(desc: RegstDescId, register_num: u32, consumers: Vec<Consumer>) -> Self {
+    pub(crate) fn new(desc: RegstDescId, register_num: u32, preloaded: u32, consumers: Vec<Consumer>) -> Self {
         let slots = register_num as usize;
         Self {
             desc,
             register_num,
+            preloaded,
             consumers,
             free: (0..register_num).collect(),
             holders: vec![0; slots],

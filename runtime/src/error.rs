@@ -72,6 +72,14 @@ pub enum RuntimeError {
         /// Bytes of its output register.
         expected: u64,
     },
+    /// Initial bytes for a register that cannot take them.
+    #[error("preload of register '{regst}': {message}")]
+    Preload {
+        /// The register.
+        regst: String,
+        /// Why.
+        message: String,
+    },
     /// A push after `close`.
     #[error("feed of source '{source_name}' is closed")]
     FeedClosed {

@@ -38,6 +38,7 @@ pub struct JobBuilder {
     sink_callbacks: HashMap<String, SinkCallback>,
     node: Option<u16>,
     fetch_depth: Option<u64>,
+    preloads: Vec<(String, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for JobBuilder {
@@ -102,6 +103,13 @@ impl JobBuilder {
     /// (default: 4, or the sink's register count if larger).
     pub fn fetch_depth(mut self, pieces: u64) -> Self {
         self.fetch_depth = Some(pieces.max(1));
+        self
+    }
+
+    /// The initial bytes of the preloaded slots of register `regst` (a loop's first value,
+    /// e.g. a variable's initial weights). Registers not given bytes start zeroed.
+    pub fn preload(mut self, regst: &str, bytes: Vec<u8>) -> Self {
+        self.preloads.push((regst.to_string(), bytes));
         self
     }
 
@@ -187,6 +195,7 @@ impl Job {
             sink_callbacks: HashMap::new(),
             node: None,
             fetch_depth: None,
+            preloads: Vec::new(),
         }
     }
 
@@ -200,7 +209,9 @@ impl Job {
         plan.validate()?;
         let ids = PlanIds::assign(&plan)?;
         let memory_plan = plan.memory()?;
-        let arenas = Arc::new(PlanArenas::allocate(&plan, &memory_plan)?);
+        let arenas = PlanArenas::allocate(&plan, &memory_plan)?;
+        write_preloads(&plan, &arenas, &builder.preloads)?;
+        let arenas = Arc::new(arenas);
         let hosts = |node: u16| builder.node.is_none_or(|n| n == node);
         let stream_node = |s: usize| plan.devices[plan.streams[s].device.index()].node;
 
@@ -271,13 +282,21 @@ impl Job {
             let outputs: Vec<u64> = plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].bytes).collect();
             let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
             let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
+            if plan.outputs_of(index).any(|r| plan.regst_descs[r.index()].preloaded > 0) {
+                // Hands out its preloaded slots when started.
+                sources.push(id);
+            }
             let kernel: Option<Box<dyn Kernel>> = match &desc.kind {
                 ActorKind::Source { pieces: SourcePieces::Count(_) } => {
-                    sources.push(id);
+                    if !sources.contains(&id) {
+                        sources.push(id);
+                    }
                     Some(Box::new(CountSourceKernel))
                 }
                 ActorKind::Source { pieces: SourcePieces::Fed } => {
-                    sources.push(id);
+                    if !sources.contains(&id) {
+                        sources.push(id);
+                    }
                     let bytes = outputs.iter().copied().min().unwrap_or(0);
                     let register_num =
                         plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].register_num).min().unwrap_or(1);
@@ -626,6 +645,34 @@ fn run_stream(worker: StreamWorker, s: usize, label: String, shared: Arc<JobShar
             StreamExit { trace: None, snapshots: Vec::new() }
         }
     }
+}
+
+/// Writes the initial bytes of preloaded registers into their slots (before any thread runs).
+fn write_preloads(plan: &Plan, arenas: &PlanArenas, preloads: &[(String, Vec<u8>)]) -> Result<(), RuntimeError> {
+    for (name, bytes) in preloads {
+        let mut matches = plan.regst_descs.iter().enumerate().filter(|(_, d)| &d.name == name);
+        let (Some((d, desc)), None) = (matches.next(), matches.next()) else {
+            return Err(RuntimeError::Preload {
+                regst: name.clone(),
+                message: "no single register has this name".into(),
+            });
+        };
+        if desc.preloaded == 0 {
+            return Err(RuntimeError::Preload { regst: name.clone(), message: "has no preloaded slots".into() });
+        }
+        if bytes.len() as u64 != desc.bytes {
+            return Err(RuntimeError::Preload {
+                regst: name.clone(),
+                message: format!("got {} bytes, its slots hold {}", bytes.len(), desc.bytes),
+            });
+        }
+        for slot in 0..desc.preloaded {
+            let view = arenas.view(regflow_actors::RegstRef { desc: regflow_graph::plan::RegstDescId(d as u32), slot });
+            // SAFETY: no stream thread exists yet; nothing else can touch the arena.
+            unsafe { view.as_mut_slice() }.copy_from_slice(bytes);
+        }
+    }
+    Ok(())
 }
 
 /// Stream threads that ended, and when the last one did.

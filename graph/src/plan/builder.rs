@@ -66,8 +66,18 @@ impl PlanBuilder {
             register_num,
             bytes,
             memory: MemoryKind::Host,
+            preloaded: 0,
         });
         RegstDescId(plan.regst_descs.len() as u32 - 1)
+    }
+
+    /// Makes `slots` slots of `desc` start ready (a loop's initial value; see
+    /// [`RegstDesc::preloaded`]).
+    pub fn preload(&mut self, desc: RegstDescId, slots: u32) -> &mut Self {
+        if let Some(d) = self.plan().regst_descs.get_mut(desc.index()) {
+            d.preloaded = slots;
+        }
+        self
     }
 
     /// Makes `consumer` read `desc` as its next kernel input.

@@ -84,6 +84,16 @@ pub enum PlanError {
         /// Which side lists what.
         detail: String,
     },
+    /// More preloaded slots than slots.
+    #[error("register '{desc}' preloads {preloaded} slots but has only {register_num}")]
+    TooManyPreloaded {
+        /// The descriptor.
+        desc: String,
+        /// Preloaded slots.
+        preloaded: u32,
+        /// Its slot count.
+        register_num: u32,
+    },
     /// A produced register nobody reads.
     #[error("register '{desc}' of actor '{producer}' has no consumer")]
     NoConsumer {
@@ -111,7 +121,7 @@ pub enum PlanError {
         detail: String,
     },
     /// A dependency cycle: every register on it starts empty, so none of its actors can fire.
-    #[error("cycle {} has no free register to start from: every register on it starts empty, so no actor on it can ever fire", path.join(" -> "))]
+    #[error("cycle {} has no free register to start from: every register on it starts empty, so no actor on it can ever fire (preload a register on the cycle to give it a first piece)", path.join(" -> "))]
     Cycle {
         /// Actor names along the cycle, first repeated at the end.
         path: Vec<String>,

@@ -241,6 +241,13 @@ pub struct RegstDesc {
     pub bytes: u64,
     /// Where the slots live.
     pub memory: MemoryKind,
+    /// Slots that start ready, holding pieces `0..preloaded` (their initial bytes), before
+    /// the producer has fired: the initial tokens of a loop (a variable's first value).
+    /// The producer numbers its own pieces from `preloaded` on. A register with preloaded
+    /// slots carries loop state: its consumers see `preloaded` more pieces than the loop
+    /// runs and give the extra ones back without firing when their other inputs end.
+    #[serde(default)]
+    pub preloaded: u32,
 }
 
 impl Plan {

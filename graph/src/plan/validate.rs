@@ -87,6 +87,13 @@ impl Plan {
                     producer: self.actors[desc.producer.index()].name.clone(),
                 });
             }
+            if desc.preloaded > desc.register_num {
+                return Err(PlanError::TooManyPreloaded {
+                    desc: desc.name.clone(),
+                    preloaded: desc.preloaded,
+                    register_num: desc.register_num,
+                });
+            }
         }
         Ok(())
     }
@@ -150,6 +157,13 @@ impl Plan {
                         "needs no inputs and at least one output, has {ins} inputs and {outs} outputs"
                     )))
                 }
+                _ if ins > 0 && self.loop_inputs(ActorIndex(i as u32)).iter().all(|&l| l) => {
+                    return Err(bad(
+                        "reads only loop-carried (preloaded) registers: with no input from outside the loop it \
+                         would never end"
+                            .into(),
+                    ))
+                }
                 ActorKind::Compute { .. } if ins == 0 => {
                     return Err(bad("needs at least one input (a source produces pieces from nothing)".into()))
                 }
@@ -169,6 +183,12 @@ impl Plan {
                     }
                     let (input, output) =
                         (&self.regst_descs[actor.inputs[0].index()], &self.regst_descs[outputs[0].index()]);
+                    if matches!(actor.kind, ActorKind::Repeat { .. }) && output.preloaded > 0 {
+                        return Err(bad(format!(
+                            "hands out its input register, so its output '{}' has no memory to preload",
+                            output.name
+                        )));
+                    }
                     if matches!(actor.kind, ActorKind::Repeat { .. }) && input.bytes != output.bytes {
                         return Err(bad(format!(
                             "hands its input register to its consumers, so output '{}' must have the input's {} bytes, not {}",
@@ -182,12 +202,46 @@ impl Plan {
         Ok(())
     }
 
-    /// Rejects any dependency cycle: every register starts empty, so no actor on a cycle
-    /// could ever fire. Reports the cycle by actor names.
+    /// For each input of `actor`, whether it closes a loop: its register is preloaded and
+    /// `actor` can reach the register's producer. Such an input carries one value per
+    /// preloaded slot more than the loop runs; an actor that merely reads a preloaded
+    /// register from outside the loop sees every value as an ordinary input.
+    pub fn loop_inputs(&self, actor: ActorIndex) -> Vec<bool> {
+        let Some(desc) = self.actors.get(actor.index()) else { return Vec::new() };
+        desc.inputs
+            .iter()
+            .map(|r| {
+                let regst = &self.regst_descs[r.index()];
+                regst.preloaded > 0 && self.reaches(actor, regst.producer)
+            })
+            .collect()
+    }
+
+    /// Whether a path of registers leads from `from` to `to` (or they are the same actor).
+    fn reaches(&self, from: ActorIndex, to: ActorIndex) -> bool {
+        let mut seen = vec![false; self.actors.len()];
+        let mut stack = vec![from];
+        while let Some(a) = stack.pop() {
+            if a == to {
+                return true;
+            }
+            if std::mem::replace(&mut seen[a.index()], true) {
+                continue;
+            }
+            for d in self.regst_descs.iter().filter(|d| d.producer == a) {
+                stack.extend(d.consumers.iter().copied());
+            }
+        }
+        false
+    }
+
+    /// Rejects a dependency cycle unless it passes through a preloaded register: without
+    /// one, every register on it starts empty and no actor on it could ever fire. Reports
+    /// the cycle by actor names. (Edges of preloaded registers are left out of the search.)
     fn check_cycles(&self) -> Result<(), PlanError> {
         let n = self.actors.len();
         let mut successors = vec![Vec::new(); n];
-        for desc in &self.regst_descs {
+        for desc in self.regst_descs.iter().filter(|d| d.preloaded == 0) {
             for consumer in &desc.consumers {
                 successors[desc.producer.index()].push(consumer.index());
             }
