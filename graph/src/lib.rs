@@ -22,6 +22,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod autodiff;
+mod compile;
 mod dsl;
 mod error;
 mod eval;
@@ -32,6 +33,7 @@ pub mod plan;
 mod session;
 mod tensor;
 
+pub use compile::{CompileOptions, CompiledGraph, CompiledKernel, CompiledVariable};
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use init::{Init, SplitMix64};

@@ -18,9 +18,11 @@
 
 mod arena;
 mod layout;
+mod reuse;
 
 pub use arena::{Arena, BufferView, HostBuffer};
 pub use layout::{ArenaLayout, MemoryReport};
+pub use reuse::ReusedLayout;
 
 use serde::{Deserialize, Serialize};
 
@@ -82,6 +84,28 @@ pub enum MemoryError {
         bytes: u64,
         /// Number of items.
         count: u64,
+    },
+    /// A block's lifetime range is empty or inverted, so it is never live.
+    #[error(
+        "block {block} has lifetime [{start}, {end}), which is empty: a block must be live for at least one step (start < end)"
+    )]
+    EmptyLifetime {
+        /// Index of the block in the planner's input.
+        block: usize,
+        /// First step of the range.
+        start: u32,
+        /// Step past the last of the range.
+        end: u32,
+    },
+    /// Blocks laid out one after another would end past `u64::MAX` bytes.
+    #[error("block {block} of {bytes} bytes at offset {offset} would end past the largest 64-bit arena")]
+    ArenaOverflow {
+        /// Index of the block in the planner's input.
+        block: usize,
+        /// Where the block would start.
+        offset: u64,
+        /// Aligned size of the block.
+        bytes: u64,
     },
     /// A view outside its arena.
     #[error("view [{offset}, {offset}+{len}) is outside arena {arena} of {arena_len} bytes")]

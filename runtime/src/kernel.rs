@@ -48,6 +48,15 @@ impl<'a> KernelIo<'a> {
         unsafe { self.inputs[i].as_slice() }
     }
 
+    /// Output `i` with the lifetime of the registers, so a kernel can hold several outputs
+    /// at once. The caller must take each output at most once per firing: outputs are
+    /// distinct registers, but two views of the same one would alias.
+    pub(crate) fn output_detached(&mut self, i: usize) -> &'a mut [u8] {
+        // SAFETY: as for `output`; distinct indices are distinct slots of distinct registers,
+        // and the caller takes each index once.
+        unsafe { self.outputs[i].as_mut_slice() }
+    }
+
     /// Output `i`. Panics if `i` is out of range (a kernel bug, not a user error).
     pub fn output(&mut self, i: usize) -> &mut [u8] {
         // SAFETY: the slot was free (every consumer acked it) when this firing took it,

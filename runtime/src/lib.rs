@@ -25,6 +25,7 @@ mod arenas;
 mod bus;
 mod device;
 mod error;
+mod graph_ops;
 mod inbox;
 mod io;
 mod job;

@@ -19,6 +19,11 @@ impl PlanBuilder {
         self.plan.get_or_insert_with(Plan::empty)
     }
 
+    /// The plan being built, for compiler passes that adjust what they created.
+    pub(crate) fn plan_mut(&mut self) -> &mut Plan {
+        self.plan()
+    }
+
     /// Adds a device of `kind` with this index on `node`.
     pub fn device(&mut self, node: u16, kind: DeviceKind, index: u16) -> DeviceIndex {
         let plan = self.plan();

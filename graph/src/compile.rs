@@ -1,0 +1,294 @@
+//! The compiler for one device: lowers a logical graph (a step's fetches and variable
+//! updates) to a [`Plan`] of actors. Inputs become fed sources, every op a compute actor
+//! running the op's host computation, fetches sinks, and every variable a loop-carried
+//! register: preloaded with its initial value and produced by its update op, so step k+1
+//! reads what step k wrote.
+//!
+//! Ops that read nothing fed (constants, the step counter) and variables nobody updates
+//! also read a *tick*, the register of the first input, so they run once per step and end
+//! when the inputs end. Registers are laid out one after
+//! another; reuse across lifetimes is the next pass.
+
+use crate::dsl::{Graph, Tensor, TensorId, TensorSource};
+use crate::ops::OpDef;
+use crate::plan::{ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, RegstDescId, SourcePieces, StreamKind};
+use crate::tensor::{HostArray, HostData, TensorMeta};
+use crate::GraphError;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Options of the one-device compiler.
+#[derive(Debug, Clone)]
+pub struct CompileOptions {
+    /// The device kind of the plan.
+    pub device: DeviceKind,
+    /// Slots of the registers of fed inputs (how many steps may be pushed ahead).
+    pub input_register_num: u32,
+    /// Slots of the other registers.
+    pub activation_register_num: u32,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        Self { device: DeviceKind::Cpu, input_register_num: 2, activation_register_num: 1 }
+    }
+}
+
+/// The op a compute actor runs: registered with the runtime under `name`.
+#[derive(Debug, Clone)]
+pub struct CompiledKernel {
+    /// Kernel name in the plan (`KernelConf::Custom`).
+    pub name: String,
+    /// The op.
+    pub op: Arc<dyn OpDef>,
+    /// The op's inputs (a tick input, if any, is not among them).
+    pub inputs: Vec<TensorMeta>,
+    /// For each op input, which of the actor's inputs holds it (an op may read one tensor
+    /// twice; the actor reads its register once).
+    pub input_map: Vec<usize>,
+    /// Its outputs.
+    pub outputs: Vec<TensorMeta>,
+}
+
+/// A variable of the compiled plan.
+#[derive(Debug, Clone)]
+pub struct CompiledVariable {
+    /// The variable's name in the graph.
+    pub name: String,
+    /// The register holding it.
+    pub regst: String,
+    /// Its initial bytes (little-endian elements).
+    pub initial: Vec<u8>,
+}
+
+/// A plan and what the runtime needs to run it.
+#[derive(Debug, Clone)]
+pub struct CompiledGraph {
+    /// The plan.
+    pub plan: Plan,
+    /// Kernels to register, one per op actor.
+    pub kernels: Vec<CompiledKernel>,
+    /// `(graph input name, source actor name)`.
+    pub inputs: Vec<(String, String)>,
+    /// Sink actor names, in fetch order.
+    pub fetches: Vec<String>,
+    /// Variables and their initial values.
+    pub variables: Vec<CompiledVariable>,
+}
+
+impl HostArray {
+    /// The elements as little-endian bytes.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            HostData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
+
+impl Graph {
+    /// Lowers one step (`fetch`, plus `updates` as `(variable, next value)`) to a plan.
+    pub fn compile(
+        &self,
+        fetch: &[Tensor<'_>],
+        updates: &[(Tensor<'_>, Tensor<'_>)],
+        options: &CompileOptions,
+    ) -> Result<CompiledGraph, GraphError> {
+        let nodes = self.nodes();
+        let count = self.tensor_count();
+        let compile_error = |message: String| GraphError::Op { op: "compile".into(), inputs: vec![], message };
+        // Which tensors the step needs.
+        let mut needed = vec![false; count];
+        for t in fetch.iter().chain(updates.iter().map(|(_, new)| new)) {
+            needed[t.id().0 as usize] = true;
+        }
+        for node in nodes.iter().rev() {
+            if node.outputs.iter().any(|o| needed[o.0 as usize]) {
+                for i in &node.inputs {
+                    needed[i.0 as usize] = true;
+                }
+            }
+        }
+        let update_of: HashMap<TensorId, TensorId> = updates.iter().map(|(v, new)| (v.id(), new.id())).collect();
+
+        let mut b = PlanBuilder::new();
+        let device = b.device(0, options.device, 0);
+        let stream = b.stream(device, StreamKind::Compute);
+        let mut regst_of: HashMap<TensorId, RegstDescId> = HashMap::new();
+        let mut pending_consumers: Vec<(crate::plan::ActorIndex, Vec<TensorId>)> = Vec::new();
+        let mut compiled = CompiledGraph {
+            plan: Plan::empty(),
+            kernels: Vec::new(),
+            inputs: Vec::new(),
+            fetches: Vec::new(),
+            variables: Vec::new(),
+        };
+
+        // Inputs: fed sources. The first is every step's tick.
+        let mut tick: Option<TensorId> = None;
+        for (i, &is_needed) in needed.iter().enumerate() {
+            let id = TensorId(i as u32);
+            let info = self.info(id);
+            if !is_needed || !matches!(info.source, TensorSource::Input) {
+                continue;
+            }
+            let actor_name = format!("input:{}", info.name);
+            let source = b.actor(&actor_name, stream, ActorKind::Source { pieces: SourcePieces::Fed });
+            let regst = b.regst(&info.name, source, info.meta.bytes() as u64, options.input_register_num);
+            regst_of.insert(id, regst);
+            compiled.inputs.push((info.name.clone(), actor_name));
+            tick.get_or_insert(id);
+        }
+        let tick = tick.ok_or_else(|| compile_error("the step reads no input, so nothing paces it".into()))?;
+
+        // Which tensors change with the fed inputs: an op reading none of them (a constant,
+        // the step counter) is paced by the tick instead, or it would have no end.
+        let mut paced: Vec<bool> =
+            (0..count).map(|i| matches!(self.info(TensorId(i as u32)).source, TensorSource::Input)).collect();
+        for node in &nodes {
+            if node.inputs.iter().any(|i| paced[i.0 as usize]) {
+                for o in &node.outputs {
+                    paced[o.0 as usize] = true;
+                }
+            }
+        }
+
+        // Op nodes: one compute actor each; variables become the outputs of their updates.
+        let mut actor_of_node = HashMap::new();
+        for (n, node) in nodes.iter().enumerate() {
+            if !node.outputs.iter().any(|o| needed[o.0 as usize]) {
+                continue;
+            }
+            let name = format!("{}:{n}", node.op.name());
+            let actor =
+                b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Custom { name: name.clone() } });
+            actor_of_node.insert(n, actor);
+            // An actor reads each register once, even if the op names a tensor twice (x * x).
+            let mut reads: Vec<TensorId> = Vec::new();
+            let input_map: Vec<usize> = node
+                .inputs
+                .iter()
+                .map(|t| match reads.iter().position(|r| r == t) {
+                    Some(p) => p,
+                    None => {
+                        reads.push(*t);
+                        reads.len() - 1
+                    }
+                })
+                .collect();
+            if !node.inputs.iter().any(|i| paced[i.0 as usize]) {
+                reads.push(tick);
+            }
+            pending_consumers.push((actor, reads));
+            for &o in &node.outputs {
+                let meta = self.info(o).meta;
+                let regst =
+                    b.regst(&format!("{name}.{}", o.0), actor, meta.bytes() as u64, options.activation_register_num);
+                regst_of.insert(o, regst);
+            }
+            compiled.kernels.push(CompiledKernel {
+                name,
+                op: node.op.clone(),
+                inputs: node.inputs.iter().map(|i| self.info(*i).meta).collect(),
+                input_map,
+                outputs: node.outputs.iter().map(|o| self.info(*o).meta).collect(),
+            });
+        }
+
+        // Variables.
+        for (i, &is_needed) in needed.iter().enumerate() {
+            let id = TensorId(i as u32);
+            let info = self.info(id);
+            let TensorSource::Variable { init, .. } = &info.source else { continue };
+            if !is_needed {
+                continue;
+            }
+            let initial = init.value(&info.meta).to_le_bytes();
+            let regst = match update_of.get(&id) {
+                Some(new) => {
+                    let new_regst = *regst_of.get(new).ok_or_else(|| {
+                        compile_error(format!("the update of '{}' is not computed by an op", info.name))
+                    })?;
+                    // Step k reads the variable as piece k of its loop register and the new
+                    // value as piece k + 1. If only the next step reads the new value (weights),
+                    // the update writes the loop register itself; if this step reads it too
+                    // (the step counter, read by the schedule), an `assign` copy feeds the loop.
+                    let read_in_step = fetch.iter().any(|f| f.id() == *new)
+                        || nodes
+                            .iter()
+                            .enumerate()
+                            .any(|(n, node)| actor_of_node.contains_key(&n) && node.inputs.contains(new));
+                    if read_in_step {
+                        let name = format!("assign:{}", info.name);
+                        let actor = b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Copy });
+                        let regst = b.regst(&info.name, actor, info.meta.bytes() as u64, 2);
+                        b.preload(regst, 1);
+                        pending_consumers.push((actor, vec![*new]));
+                        regst
+                    } else {
+                        let desc = &mut b_plan_regst(&mut b, new_regst);
+                        desc.register_num = desc.register_num.max(2);
+                        desc.preloaded = 1;
+                        new_regst
+                    }
+                }
+                None => {
+                    // A constant: a copy loop paced by the tick.
+                    let name = format!("variable:{}", info.name);
+                    let actor = b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Copy });
+                    let regst = b.regst(&info.name, actor, info.meta.bytes() as u64, 2);
+                    b.preload(regst, 1);
+                    b.consume(actor, regst);
+                    pending_consumers.push((actor, vec![tick]));
+                    regst
+                }
+            };
+            compiled.variables.push(CompiledVariable {
+                name: info.name.clone(),
+                regst: b_plan_regst(&mut b, regst).name.clone(),
+                initial,
+            });
+            regst_of.insert(id, regst);
+        }
+
+        for (actor, reads) in pending_consumers {
+            for t in reads {
+                let regst = *regst_of.get(&t).ok_or_else(|| {
+                    compile_error(format!("tensor '{}' has no register (broken invariant)", self.info(t).name))
+                })?;
+                b.consume(actor, regst);
+            }
+        }
+        for (k, t) in fetch.iter().enumerate() {
+            let name = format!("fetch:{k}");
+            let sink = b.actor(&name, stream, ActorKind::Sink);
+            let regst = *regst_of.get(&t.id()).ok_or_else(|| compile_error(format!("cannot fetch '{}'", t.name())))?;
+            b.consume(sink, regst);
+            compiled.fetches.push(name);
+        }
+        // Op outputs nobody reads (e.g. an optimizer state's last value) still need a reader.
+        let plan_so_far = b_plan(&mut b);
+        let unread: Vec<RegstDescId> = (0..plan_so_far.regst_descs.len())
+            .filter(|&r| plan_so_far.regst_descs[r].consumers.is_empty())
+            .map(|r| RegstDescId(r as u32))
+            .collect();
+        for regst in unread {
+            let name = format!("discard:{}", regst.0);
+            let sink = b.actor(&name, stream, ActorKind::Sink);
+            b.consume(sink, regst);
+        }
+        compiled.plan = b.build().map_err(|e| compile_error(e.to_string()))?;
+        Ok(compiled)
+    }
+}
+
+/// The plan under construction (the builder keeps it private to guarantee consistency; the
+/// compiler adjusts register counts and preloads on descriptors it created itself).
+fn b_plan(b: &mut PlanBuilder) -> &mut Plan {
+    b.plan_mut()
+}
+
+fn b_plan_regst(b: &mut PlanBuilder, regst: RegstDescId) -> &mut crate::plan::RegstDesc {
+    &mut b.plan_mut().regst_descs[regst.index()]
+}

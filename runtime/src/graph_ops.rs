@@ -1,0 +1,78 @@
+//! Graph ops as kernels: a compiled plan's compute actors run their op's host computation
+//! on their registers, viewed as typed tensors.
+
+use crate::kernel::{Kernel, KernelError, KernelIo};
+use crate::JobBuilder;
+use regflow_graph::ops::OpDef;
+use regflow_graph::{CompiledGraph, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
+use std::sync::Arc;
+
+/// Runs one op of a compiled graph.
+struct OpKernel {
+    op: Arc<dyn OpDef>,
+    inputs: Vec<TensorMeta>,
+    input_map: Vec<usize>,
+    outputs: Vec<TensorMeta>,
+}
+
+fn view<'a>(meta: &'a TensorMeta, bytes: &'a [u8]) -> Result<HostTensor<'a>, String> {
+    let cast = |e: bytemuck::PodCastError| format!("register of {meta} is not a whole, aligned {}: {e}", meta.dtype);
+    let data = match meta.dtype {
+        DType::F32 => HostSlice::F32(bytemuck::try_cast_slice(bytes).map_err(cast)?),
+        DType::F64 => HostSlice::F64(bytemuck::try_cast_slice(bytes).map_err(cast)?),
+        DType::I64 => HostSlice::I64(bytemuck::try_cast_slice(bytes).map_err(cast)?),
+    };
+    Ok(HostTensor { shape: &meta.shape, data })
+}
+
+fn view_mut<'a>(meta: &'a TensorMeta, bytes: &'a mut [u8]) -> Result<HostTensorMut<'a>, String> {
+    let cast = |e: bytemuck::PodCastError| format!("register of {meta} is not a whole, aligned {}: {e}", meta.dtype);
+    let data = match meta.dtype {
+        DType::F32 => HostSliceMut::F32(bytemuck::try_cast_slice_mut(bytes).map_err(cast)?),
+        DType::F64 => HostSliceMut::F64(bytemuck::try_cast_slice_mut(bytes).map_err(cast)?),
+        DType::I64 => HostSliceMut::I64(bytemuck::try_cast_slice_mut(bytes).map_err(cast)?),
+    };
+    Ok(HostTensorMut { shape: &meta.shape, data })
+}
+
+impl Kernel for OpKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let fail = |m: String| KernelError(format!("{}: {m}", self.op.name()));
+        // A tick input (constants) comes after the real ones and is not passed on.
+        let inputs: Vec<HostTensor<'_>> = self
+            .inputs
+            .iter()
+            .zip(&self.input_map)
+            .map(|(meta, &i)| view(meta, io.input(i)))
+            .collect::<Result<_, _>>()
+            .map_err(fail)?;
+        // Outputs are distinct registers: split the borrows one by one.
+        let mut outputs: Vec<HostTensorMut<'_>> = Vec::with_capacity(self.outputs.len());
+        for (o, meta) in self.outputs.iter().enumerate() {
+            outputs.push(view_mut(meta, io.output_detached(o)).map_err(fail)?);
+        }
+        self.op.compute(&inputs, &mut outputs).map_err(fail)
+    }
+}
+
+impl JobBuilder {
+    /// Registers the kernels of a compiled graph and preloads its variables' initial values.
+    pub fn compiled(mut self, compiled: &CompiledGraph) -> Self {
+        for kernel in &compiled.kernels {
+            let kernel = kernel.clone();
+            let name = kernel.name.clone();
+            self = self.kernel(&name, move |_| {
+                Ok(Box::new(OpKernel {
+                    op: kernel.op.clone(),
+                    inputs: kernel.inputs.clone(),
+                    input_map: kernel.input_map.clone(),
+                    outputs: kernel.outputs.clone(),
+                }))
+            });
+        }
+        for variable in &compiled.variables {
+            self = self.preload(&variable.regst, variable.initial.clone());
+        }
+        self
+    }
+}
