@@ -5,11 +5,14 @@
 //! cargo run --release --example train_digits -- [epochs]
 //! ```
 //!
-//! This runs the graph with the host reference [`Session`]; lowering the same graph to a
-//! plan of actors is the compiler's job (issue 4, in progress).
+//! The training step is compiled to a plan of actors and run by the runtime, one piece per
+//! step; the weights are variables carried from step to step in loop-carried registers.
+//! The test set goes through a forward-only plan preloaded with the trained weights.
 
 use flate2::read::GzDecoder;
-use regflow::graph::{DType, Graph, GraphError, HostArray, Init, Optimizer, Schedule, Session, SplitMix64, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use regflow::graph::{CompileOptions, DType, Graph, GraphError, Init, Optimizer, Schedule, SplitMix64, Tensor};
+use regflow::prelude::{Job, RuntimeError};
 use std::io::Read;
 
 const FEATURES: usize = 64;
@@ -78,13 +81,25 @@ fn mlp<'g>(x: Tensor<'g>, [w1, b1, w2, b2]: &[Tensor<'g>; 4]) -> Result<Tensor<'
     x.matmul(w1)?.add(b1)?.relu()?.matmul(w2)?.add(b2)
 }
 
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn i64_bytes(values: &[i64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let epochs: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(30);
     let data = Digits::load(concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.csv.gz"))?;
     let order = shuffled(data.rows(), 0);
     let split = data.rows() * 8 / 10;
     let (train_rows, test_rows) = order.split_at(split);
+    let train_rows = train_rows.to_vec();
+    let steps_per_epoch = train_rows.len() / BATCH;
+    let steps = epochs * steps_per_epoch;
 
+    // The model and one training step, as a logical graph.
     let g = Graph::new();
     let w1 = g.variable("w1", [FEATURES, HIDDEN], DType::F32, Init::Kaiming { seed: 1 })?;
     let b1 = g.variable("b1", [HIDDEN], DType::F32, Init::Zeros)?;
@@ -94,37 +109,100 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let x = g.input("x", [BATCH, FEATURES], DType::F32)?;
     let y = g.input("y", [BATCH], DType::I64)?;
     let loss = mlp(x, &params)?.sparse_cross_entropy(&y)?;
-    let steps = (epochs * (train_rows.len() / BATCH)) as u64;
     let optimizer = Optimizer::adamw(1e-2, 1e-4)
-        .with_schedule(Schedule::WarmupCosine { peak: 1e-2, warmup: 20, total: steps, min: 1e-4 })
+        .with_schedule(Schedule::WarmupCosine { peak: 1e-2, warmup: 20, total: steps as u64, min: 1e-4 })
         .with_clip_norm(5.0);
     let train = g.minimize(loss, &optimizer)?;
-    let x_test = g.input("x_test", [test_rows.len(), FEATURES], DType::F32)?;
-    let logits_test = mlp(x_test, &params)?;
 
-    let mut session = Session::new(&g);
-    for epoch in 0..epochs {
-        let epoch_order: Vec<usize> =
-            shuffled(train_rows.len(), 1 + epoch as u64).iter().map(|&i| train_rows[i]).collect();
-        let mut total = 0.0;
-        let batches = epoch_order.len() / BATCH;
-        for b in 0..batches {
-            let (xs, ys) = data.batch(&epoch_order[b * BATCH..(b + 1) * BATCH]);
-            let feeds = [
-                (x, HostArray::f32([BATCH, FEATURES], xs).ok_or("batch shape")?),
-                (y, HostArray::i64([BATCH], ys).ok_or("label shape")?),
-            ];
-            total += session.step(&train, &feeds)?;
-        }
-        if epoch % 5 == 4 || epoch + 1 == epochs {
-            println!("epoch {:>3}: mean loss {:.4}", epoch + 1, total / batches as f64);
+    // Compile the step to a plan of actors and run it: one piece per step. The weights are
+    // fetched too (every value they take), so the test plan can start from the last ones.
+    let mut fetch = vec![train.loss];
+    fetch.extend(params);
+    let compiled = g.compile(&fetch, &train.updates, &CompileOptions::default())?;
+    println!(
+        "training plan: {} actors, {} registers, {} bytes",
+        compiled.plan.actors.len(),
+        compiled.plan.regst_descs.len(),
+        compiled.plan.memory()?.report().total_bytes()
+    );
+    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build()?;
+    let (mut feed_x, mut feed_y) = (job.feeder("input:x")?, job.feeder("input:y")?);
+    let losses = job.fetcher(&compiled.fetches[0])?;
+    let weight_watchers: Vec<_> = compiled.fetches[1..]
+        .iter()
+        .map(|name| {
+            let fetcher = job.fetcher(name)?;
+            Ok(std::thread::spawn(move || std::iter::from_fn(|| fetcher.recv().map(|p| p.bytes().to_vec())).last()))
+        })
+        .collect::<Result<_, RuntimeError>>()?;
+    let pusher = {
+        let data_rows = train_rows.clone();
+        let (pixels, labels) = (data.pixels.clone(), data.labels.clone());
+        let data = Digits { pixels, labels };
+        std::thread::spawn(move || -> Result<(), RuntimeError> {
+            for epoch in 0..epochs {
+                let epoch_order: Vec<usize> =
+                    shuffled(data_rows.len(), 1 + epoch as u64).iter().map(|&i| data_rows[i]).collect();
+                for b in 0..epoch_order.len() / BATCH {
+                    let (xs, ys) = data.batch(&epoch_order[b * BATCH..(b + 1) * BATCH]);
+                    feed_x.push(&f32_bytes(&xs))?;
+                    feed_y.push(&i64_bytes(&ys))?;
+                }
+            }
+            feed_x.close()?;
+            feed_y.close()
+        })
+    };
+    let bar = ProgressBar::new(steps as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} steps  loss {msg}")?);
+    let mut curve = Vec::with_capacity(steps);
+    while let Some(piece) = losses.recv() {
+        let loss = f32::from_le_bytes(piece.bytes().try_into()?);
+        curve.push(loss);
+        bar.inc(1);
+        if curve.len() % 10 == 0 {
+            bar.set_message(format!("{loss:.4}"));
         }
     }
+    bar.finish_and_clear();
+    pusher.join().map_err(|_| "the feeding thread panicked")??;
+    let trained: Vec<Vec<u8>> = weight_watchers
+        .into_iter()
+        .map(|w| w.join().map_err(|_| "a fetching thread panicked")?.ok_or("no weights were delivered"))
+        .collect::<Result<_, &str>>()?;
+    let report = job.wait()?;
+    let mut reported: Vec<usize> = (4..epochs).step_by(5).collect();
+    if reported.last() != Some(&(epochs - 1)) {
+        reported.push(epochs - 1);
+    }
+    for epoch in reported {
+        let slice = &curve[epoch * steps_per_epoch..(epoch + 1) * steps_per_epoch];
+        println!("epoch {:>3}: mean loss {:.4}", epoch + 1, slice.iter().sum::<f32>() / slice.len() as f32);
+    }
+    println!("{steps} steps in {:.2?} on the actor runtime", report.elapsed);
 
+    // Test: a forward-only plan, its variables preloaded with the trained weights.
+    let x_test = g.input("x_test", [test_rows.len(), FEATURES], DType::F32)?;
+    let logits_test = mlp(x_test, &params)?;
+    let test_plan = g.compile(&[logits_test], &[], &CompileOptions::default())?;
+    let mut builder = Job::builder(test_plan.plan.clone()).compiled(&test_plan);
+    for (variable, bytes) in params.iter().zip(trained) {
+        let regst =
+            &test_plan.variables.iter().find(|v| v.name == variable.name()).ok_or("variable not compiled")?.regst;
+        builder = builder.preload(regst, bytes);
+    }
+    let mut test_job = builder.build()?;
     let (xs, ys) = data.batch(test_rows);
-    let logits = session
-        .run(&[(x_test, HostArray::f32([test_rows.len(), FEATURES], xs).ok_or("test shape")?)], &[logits_test])?;
-    let logits = logits[0].to_f64_vec();
+    let mut feed = test_job.feeder("input:x_test")?;
+    let logits_fetcher = test_job.fetcher(&test_plan.fetches[0])?;
+    feed.push(&f32_bytes(&xs))?;
+    feed.close()?;
+    let logits: Vec<f32> = {
+        let piece = logits_fetcher.recv().ok_or("no logits were delivered")?;
+        piece.bytes().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    drop(logits_fetcher);
+    test_job.wait()?;
     let correct = logits
         .chunks(CLASSES)
         .zip(&ys)

@@ -234,14 +234,24 @@ impl Graph {
                     }
                 }
                 None => {
-                    // A constant: a copy loop paced by the tick.
+                    // A constant: a copy loop paced by the tick. The loop register carries
+                    // one value more than the steps; readers get an ordinary register with
+                    // one value per step, written by the same copy.
                     let name = format!("variable:{}", info.name);
                     let actor = b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Copy });
-                    let regst = b.regst(&info.name, actor, info.meta.bytes() as u64, 2);
-                    b.preload(regst, 1);
-                    b.consume(actor, regst);
+                    let bytes = info.meta.bytes() as u64;
+                    let state = b.regst(&info.name, actor, bytes, 2);
+                    b.preload(state, 1);
+                    b.consume(actor, state);
+                    let value = b.regst(&format!("{}.value", info.name), actor, bytes, options.activation_register_num);
                     pending_consumers.push((actor, vec![tick]));
-                    regst
+                    compiled.variables.push(CompiledVariable {
+                        name: info.name.clone(),
+                        regst: info.name.clone(),
+                        initial,
+                    });
+                    regst_of.insert(id, value);
+                    continue;
                 }
             };
             compiled.variables.push(CompiledVariable {
