@@ -1,0 +1,333 @@
+//! Trains a tiny character-level GPT (2 pre-LayerNorm blocks, d_model 64, 4 heads, causal
+//! self-attention, context 64, batch 16) on `data/tiny_text.txt` with the graph DSL,
+//! autodiff and AdamW (warm-up + cosine), prints the loss curve (train and held-out) and a
+//! seeded sample continuing a prompt.
+//!
+//! ```text
+//! cargo run --release --example train_char_gpt -- [steps]
+//! ```
+//!
+//! `steps` defaults to 400, about 25 s of training on one CPU core (the host matmuls run
+//! single-threaded so that every run computes the same sums).
+//!
+//! This runs the graph with the host reference [`Session`]; lowering the same graph to a
+//! plan of actors is the compiler's job (issue 4, in progress).
+//!
+//! The model: learned token and position embeddings; per block `x + attn(ln1(x))` then
+//! `x + mlp(ln2(x))`, where attention has separate Q/K/V projections, scaled dot-product
+//! scores plus a constant causal mask (fed as an input `[T, T]` of 0 / -1e9 that broadcasts
+//! over batch and heads), a softmax and an output projection, and the MLP is
+//! `gelu(x·w1 + b1)·w2 + b2` with a 4× hidden width; a final LayerNorm, then logits from
+//! the *tied* token embedding (`h · wteᵀ`); the loss is the mean cross-entropy of the next
+//! character at every position.
+
+use regflow::graph::{DType, Graph, GraphError, HostArray, Init, Optimizer, Schedule, Session, SplitMix64, Tensor};
+use std::time::Instant;
+
+const D_MODEL: usize = 64;
+const HEADS: usize = 4;
+const HEAD_DIM: usize = D_MODEL / HEADS;
+const LAYERS: usize = 2;
+const CONTEXT: usize = 64;
+const BATCH: usize = 16;
+const MLP_WIDTH: usize = 4 * D_MODEL;
+/// What the causal mask adds to the score of a future position: exp underflows to 0.
+const MASKED: f32 = -1e9;
+const PEAK_LR: f64 = 6e-3;
+const DEFAULT_STEPS: usize = 400;
+const LOG_EVERY: usize = 25;
+const PROMPT: &str = "MARCIUS:\n";
+const SAMPLE_CHARS: usize = 200;
+const TEMPERATURE: f64 = 0.8;
+
+/// The text as character ids over a vocabulary of its distinct characters.
+struct Corpus {
+    vocab: Vec<char>,
+    ids: Vec<i64>,
+}
+
+impl Corpus {
+    fn new(text: &str) -> Self {
+        let mut vocab: Vec<char> = text.chars().collect();
+        vocab.sort_unstable();
+        vocab.dedup();
+        // Every character is in the vocabulary built from the same text.
+        let ids = text.chars().map(|c| vocab.binary_search(&c).map_or(0, |i| i as i64)).collect();
+        Self { vocab, ids }
+    }
+
+    /// Ids of `text`, or the first character the vocabulary lacks.
+    fn encode(&self, text: &str) -> Result<Vec<i64>, char> {
+        text.chars().map(|c| self.vocab.binary_search(&c).map(|i| i as i64).map_err(|_| c)).collect()
+    }
+
+    fn decode(&self, id: i64) -> char {
+        usize::try_from(id).ok().and_then(|i| self.vocab.get(i)).copied().unwrap_or('?')
+    }
+}
+
+/// `BATCH` windows of `CONTEXT` ids starting in `starts`, with the windows shifted by one
+/// as targets: `(inputs [B, T], targets [B·T])`.
+fn windows(ids: &[i64], starts: &[usize]) -> (Vec<i64>, Vec<i64>) {
+    let mut inputs = Vec::with_capacity(starts.len() * CONTEXT);
+    let mut targets = Vec::with_capacity(starts.len() * CONTEXT);
+    for &s in starts {
+        inputs.extend_from_slice(&ids[s..s + CONTEXT]);
+        targets.extend_from_slice(&ids[s + 1..s + CONTEXT + 1]);
+    }
+    (inputs, targets)
+}
+
+/// `count` window starts drawn uniformly from `range` (each window needs `CONTEXT + 1` ids).
+fn random_starts(rng: &mut SplitMix64, range: std::ops::Range<usize>, count: usize) -> Vec<usize> {
+    let span = (range.end - range.start - CONTEXT) as u64;
+    (0..count).map(|_| range.start + (rng.next_u64() % span) as usize).collect()
+}
+
+/// `[T, T]`: 0 where query position `i` may attend to key position `j` (`j <= i`), else
+/// [`MASKED`].
+fn causal_mask() -> Option<HostArray> {
+    let values = (0..CONTEXT * CONTEXT).map(|k| if k % CONTEXT <= k / CONTEXT { 0.0 } else { MASKED }).collect();
+    HostArray::f32([CONTEXT, CONTEXT], values)
+}
+
+/// Creates the variables with distinct seeds and readable names.
+struct Params<'g> {
+    graph: &'g Graph,
+    next_seed: u64,
+}
+
+impl<'g> Params<'g> {
+    /// GPT-2's initialization: N(0, 0.02) weights (`std` scales it), zero biases.
+    fn normal(&mut self, name: &str, shape: [usize; 2], std: f64) -> Result<Tensor<'g>, GraphError> {
+        self.next_seed += 1;
+        self.graph.variable(name, shape, DType::F32, Init::Normal { mean: 0.0, std, seed: self.next_seed })
+    }
+
+    fn linear(&mut self, name: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear<'g>, GraphError> {
+        Ok(Linear {
+            weight: self.normal(&format!("{name}.weight"), [inputs, outputs], std)?,
+            bias: self.graph.variable(&format!("{name}.bias"), [outputs], DType::F32, Init::Zeros)?,
+        })
+    }
+
+    fn layer_norm(&self, name: &str) -> Result<LayerNorm<'g>, GraphError> {
+        Ok(LayerNorm {
+            gamma: self.graph.variable(&format!("{name}.gamma"), [D_MODEL], DType::F32, Init::Ones)?,
+            beta: self.graph.variable(&format!("{name}.beta"), [D_MODEL], DType::F32, Init::Zeros)?,
+        })
+    }
+}
+
+/// `x·weight + bias` on rows `[N, inputs]`.
+struct Linear<'g> {
+    weight: Tensor<'g>,
+    bias: Tensor<'g>,
+}
+
+impl<'g> Linear<'g> {
+    fn forward(&self, x: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        x.matmul(&self.weight)?.add(&self.bias)
+    }
+}
+
+struct LayerNorm<'g> {
+    gamma: Tensor<'g>,
+    beta: Tensor<'g>,
+}
+
+impl<'g> LayerNorm<'g> {
+    fn forward(&self, x: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        x.layer_norm(&self.gamma, &self.beta, 1e-5)
+    }
+}
+
+/// One pre-LayerNorm transformer block.
+struct Block<'g> {
+    ln1: LayerNorm<'g>,
+    query: Linear<'g>,
+    key: Linear<'g>,
+    value: Linear<'g>,
+    attn_out: Linear<'g>,
+    ln2: LayerNorm<'g>,
+    mlp_in: Linear<'g>,
+    mlp_out: Linear<'g>,
+}
+
+impl<'g> Block<'g> {
+    fn new(params: &mut Params<'g>, name: &str) -> Result<Self, GraphError> {
+        // GPT-2 scales the projections that write into the residual stream by 1/√(2·layers),
+        // so the stream's variance does not grow with depth.
+        let residual_std = 0.02 / ((2 * LAYERS) as f64).sqrt();
+        Ok(Self {
+            ln1: params.layer_norm(&format!("{name}.ln1"))?,
+            query: params.linear(&format!("{name}.attn.query"), D_MODEL, D_MODEL, 0.02)?,
+            key: params.linear(&format!("{name}.attn.key"), D_MODEL, D_MODEL, 0.02)?,
+            value: params.linear(&format!("{name}.attn.value"), D_MODEL, D_MODEL, 0.02)?,
+            attn_out: params.linear(&format!("{name}.attn.out"), D_MODEL, D_MODEL, residual_std)?,
+            ln2: params.layer_norm(&format!("{name}.ln2"))?,
+            mlp_in: params.linear(&format!("{name}.mlp.in"), D_MODEL, MLP_WIDTH, 0.02)?,
+            mlp_out: params.linear(&format!("{name}.mlp.out"), MLP_WIDTH, D_MODEL, residual_std)?,
+        })
+    }
+
+    /// `x` is the residual stream as rows `[B·T, D]`; `mask` is `[T, T]`.
+    fn forward(&self, x: Tensor<'g>, batch: usize, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        let (b, t) = (batch as isize, CONTEXT as isize);
+        // [B·T, D] -> [B, H, T, d]: one attention problem per (sequence, head).
+        let split_heads =
+            |rows: Tensor<'g>| rows.reshape(&[b, t, HEADS as isize, HEAD_DIM as isize])?.permute(&[0, 2, 1, 3]);
+        let h = self.ln1.forward(&x)?;
+        let q = split_heads(self.query.forward(&h)?)?;
+        let k = split_heads(self.key.forward(&h)?)?;
+        let v = split_heads(self.value.forward(&h)?)?;
+        let scores = q.matmul_transposed(&k, false, true)?.mul_scalar(1.0 / (HEAD_DIM as f64).sqrt())?.add(mask)?;
+        let attended = scores.softmax(-1)?.matmul(&v)?;
+        let merged = attended.permute(&[0, 2, 1, 3])?.reshape(&[b * t, D_MODEL as isize])?;
+        let x = x.add(&self.attn_out.forward(&merged)?)?;
+        let hidden = self.mlp_in.forward(&self.ln2.forward(&x)?)?.gelu()?;
+        x.add(&self.mlp_out.forward(&hidden)?)
+    }
+}
+
+struct Gpt<'g> {
+    token_embedding: Tensor<'g>,
+    position_embedding: Tensor<'g>,
+    blocks: Vec<Block<'g>>,
+    ln_final: LayerNorm<'g>,
+}
+
+impl<'g> Gpt<'g> {
+    fn new(graph: &'g Graph, vocab_size: usize) -> Result<Self, GraphError> {
+        let mut params = Params { graph, next_seed: 0 };
+        Ok(Self {
+            token_embedding: params.normal("token_embedding", [vocab_size, D_MODEL], 0.02)?,
+            position_embedding: params.normal("position_embedding", [CONTEXT, D_MODEL], 0.01)?,
+            blocks: (0..LAYERS).map(|i| Block::new(&mut params, &format!("block{i}"))).collect::<Result<_, _>>()?,
+            ln_final: params.layer_norm("ln_final")?,
+        })
+    }
+
+    /// Next-character logits `[B·T, V]` for ids `[B, T]`.
+    fn logits(&self, ids: &Tensor<'g>, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        let batch = ids.shape().dims()[0];
+        // [B, T, D] + [T, D]: the position table broadcasts over the batch.
+        let embedded = self.token_embedding.embedding(ids)?.add(&self.position_embedding)?;
+        let mut x = embedded.reshape(&[(batch * CONTEXT) as isize, D_MODEL as isize])?;
+        for block in &self.blocks {
+            x = block.forward(x, batch, mask)?;
+        }
+        // Tied output projection: the token table read transposed.
+        self.ln_final.forward(&x)?.matmul_transposed(&self.token_embedding, false, true)
+    }
+}
+
+/// Draws from `softmax(logits / temperature)`.
+fn sample(logits: &[f64], temperature: f64, rng: &mut SplitMix64) -> usize {
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = logits.iter().map(|&l| ((l - max) / temperature).exp()).collect();
+    let mut u = rng.next_f64() * weights.iter().sum::<f64>();
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return i;
+        }
+        u -= w;
+    }
+    weights.len() - 1
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(DEFAULT_STEPS);
+    if steps == 0 {
+        return Err("steps must be at least 1".into());
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/tiny_text.txt");
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let corpus = Corpus::new(&text);
+    // The last tenth is held out: its loss says whether the model learned the language or
+    // only the training windows.
+    let split = corpus.ids.len() * 9 / 10;
+    if split <= CONTEXT + 1 || corpus.ids.len() - split <= CONTEXT + 1 {
+        return Err(format!("{path}: {} characters are too few for windows of {CONTEXT}", corpus.ids.len()).into());
+    }
+    let vocab_size = corpus.vocab.len();
+
+    let g = Graph::new();
+    let model = Gpt::new(&g, vocab_size)?;
+    let mask = g.input("causal_mask", [CONTEXT, CONTEXT], DType::F32)?;
+    let ids = g.input("ids", [BATCH, CONTEXT], DType::I64)?;
+    let targets = g.input("targets", [BATCH * CONTEXT], DType::I64)?;
+    let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;
+    // One parameter group: the (small) decoupled weight decay also reaches the gains,
+    // biases and embeddings, which GPT-2 exempts; over a few hundred steps it hardly shows.
+    let optimizer = Optimizer::adamw(PEAK_LR, 0.01)
+        .with_schedule(Schedule::WarmupCosine { peak: PEAK_LR, warmup: 30, total: steps as u64, min: PEAK_LR / 10.0 })
+        .with_clip_norm(1.0);
+    let train = g.minimize(loss, &optimizer)?;
+    // Generation reuses the weights on one sequence.
+    let sample_ids = g.input("sample_ids", [1, CONTEXT], DType::I64)?;
+    let sample_logits = model.logits(&sample_ids, &mask)?;
+
+    let parameters: usize = g.trainable_variables().iter().map(|v| v.shape().numel()).sum();
+    println!(
+        "char GPT: {LAYERS} blocks, d_model {D_MODEL}, {HEADS} heads, context {CONTEXT}, vocab {vocab_size}, \
+         {parameters} parameters; {} training / {} held-out characters",
+        split,
+        corpus.ids.len() - split
+    );
+
+    let mask_value = causal_mask().ok_or("mask shape")?;
+    let mut rng = SplitMix64::new(42);
+    let (val_inputs, val_targets) = windows(&corpus.ids, &random_starts(&mut rng, split..corpus.ids.len(), BATCH));
+    let val_feeds = [
+        (mask, mask_value.clone()),
+        (ids, HostArray::i64([BATCH, CONTEXT], val_inputs).ok_or("validation batch shape")?),
+        (targets, HostArray::i64([BATCH * CONTEXT], val_targets).ok_or("validation target shape")?),
+    ];
+
+    let mut session = Session::new(&g);
+    let started = Instant::now();
+    let (mut window_loss, mut last_logged) = (0.0, 0);
+    for step in 1..=steps {
+        let (inputs, step_targets) = windows(&corpus.ids, &random_starts(&mut rng, 0..split, BATCH));
+        let feeds = [
+            (mask, mask_value.clone()),
+            (ids, HostArray::i64([BATCH, CONTEXT], inputs).ok_or("batch shape")?),
+            (targets, HostArray::i64([BATCH * CONTEXT], step_targets).ok_or("target shape")?),
+        ];
+        let step_loss = session.step(&train, &feeds)?;
+        if !step_loss.is_finite() {
+            return Err(format!("step {step}: loss is {step_loss}").into());
+        }
+        window_loss += step_loss;
+        if step == 1 || step % LOG_EVERY == 0 || step == steps {
+            let logged = step - last_logged;
+            let val_loss = session.run(&val_feeds, &[loss])?[0].to_f64_vec()[0];
+            println!(
+                "step {step:>4}: train loss {:.4} (mean of last {logged:>2}), held-out loss {val_loss:.4}, {:.1}s",
+                window_loss / logged as f64,
+                started.elapsed().as_secs_f64()
+            );
+            (window_loss, last_logged) = (0.0, step);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!("{steps} steps in {elapsed:.1}s ({:.1} ms/step)", 1e3 * elapsed / steps as f64);
+
+    // Sampling: the context is the last `CONTEXT` characters, padded on the right with id 0
+    // (the causal mask keeps the padding from affecting the position that is read).
+    let mut text_ids = corpus.encode(PROMPT).map_err(|c| format!("prompt character {c:?} is not in the text"))?;
+    let mut sample_rng = SplitMix64::new(7);
+    for _ in 0..SAMPLE_CHARS {
+        let context = &text_ids[text_ids.len().saturating_sub(CONTEXT)..];
+        let mut window = context.to_vec();
+        window.resize(CONTEXT, 0);
+        let feeds = [(mask, mask_value.clone()), (sample_ids, HostArray::i64([1, CONTEXT], window).ok_or("shape")?)];
+        let logits = session.run(&feeds, &[sample_logits])?[0].to_f64_vec();
+        let row = &logits[(context.len() - 1) * vocab_size..context.len() * vocab_size];
+        text_ids.push(sample(row, TEMPERATURE, &mut sample_rng) as i64);
+    }
+    let continuation: String = text_ids.iter().map(|&id| corpus.decode(id)).collect();
+    println!("--- sample (temperature {TEMPERATURE}, seed 7) ---\n{continuation}");
+    Ok(())
+}
