@@ -4,25 +4,9 @@
 
 mod common;
 
-use common::{check_grad, random, random_indices};
+use common::{check_grad, eval_op as run, random, random_indices};
 use regflow_graph::ops::{EmbeddingGrad, MatMulBatchSum};
 use regflow_graph::{DType, Graph, GraphError, HostArray, Shape, Tensor};
-
-/// Evaluates `build(inputs)` with the inputs fed.
-fn run<F>(inputs: &[HostArray], build: F) -> Result<HostArray, GraphError>
-where
-    F: for<'g> Fn(&[Tensor<'g>]) -> Result<Tensor<'g>, GraphError>,
-{
-    let g = Graph::new();
-    let xs: Vec<Tensor<'_>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()))
-        .collect::<Result<_, _>>()?;
-    let y = build(&xs)?;
-    let feeds: Vec<_> = xs.into_iter().zip(inputs.iter().cloned()).collect();
-    Ok(g.eval(&feeds, &[y])?.remove(0))
-}
 
 fn assert_close(actual: &[f64], expected: &[f64], tolerance: f64) {
     assert_eq!(actual.len(), expected.len(), "{actual:?} vs {expected:?}");

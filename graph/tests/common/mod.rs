@@ -20,6 +20,23 @@ pub(crate) fn random_indices(shape: impl Into<Shape>, high: i64, seed: u64) -> H
     HostArray { shape, data: HostData::I64(data) }
 }
 
+/// One graph input per array, named `x0`, `x1`, … with the array's shape and dtype.
+pub(crate) fn graph_inputs<'g>(g: &'g Graph, arrays: &[HostArray]) -> Result<Vec<Tensor<'g>>, GraphError> {
+    arrays.iter().enumerate().map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype())).collect()
+}
+
+/// Evaluates `build(inputs)` with the arrays fed.
+pub(crate) fn eval_op<F>(inputs: &[HostArray], build: F) -> Result<HostArray, GraphError>
+where
+    F: for<'g> Fn(&[Tensor<'g>]) -> Result<Tensor<'g>, GraphError>,
+{
+    let g = Graph::new();
+    let xs = graph_inputs(&g, inputs)?;
+    let y = build(&xs)?;
+    let feeds: Vec<_> = xs.into_iter().zip(inputs.iter().cloned()).collect();
+    Ok(g.eval(&feeds, &[y])?.remove(0))
+}
+
 fn with_element(array: &HostArray, index: usize, delta: f64) -> HostArray {
     let mut out = array.clone();
     if let HostData::F64(v) = &mut out.data {
@@ -38,11 +55,7 @@ where
     F: for<'g> Fn(&[Tensor<'g>]) -> Result<Tensor<'g>, GraphError>,
 {
     let g = Graph::new();
-    let xs: Vec<Tensor<'_>> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()).unwrap())
-        .collect();
+    let xs = graph_inputs(&g, inputs).unwrap();
     let y = build(&xs).unwrap_or_else(|e| panic!("{name}: building failed: {e}"));
     let r_value = random(y.shape(), 0xfeed);
     let r = g.input("r", y.shape(), DType::F64).unwrap();
