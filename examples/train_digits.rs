@@ -2,7 +2,7 @@
 //! and prints the test accuracy on a deterministic 80/20 split.
 //!
 //! ```text
-//! cargo run --release --example train_digits -- [epochs]
+//! cargo run --release --example train_digits -- [--epochs N] [--save ckpt.safetensors] [--plot loss.png]
 //! ```
 //!
 //! The training step is compiled to a plan of actors and run by the runtime, one piece per
@@ -89,8 +89,73 @@ fn i64_bytes(values: &[i64]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// Command-line options.
+struct Options {
+    epochs: usize,
+    save: Option<std::path::PathBuf>,
+    plot: Option<std::path::PathBuf>,
+}
+
+fn options() -> Result<Options, String> {
+    let mut o = Options { epochs: 30, save: None, plot: None };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--epochs" => o.epochs = value()?.parse().map_err(|e| format!("--epochs: {e}"))?,
+            "--save" => o.save = Some(value()?.into()),
+            "--plot" => o.plot = Some(value()?.into()),
+            other => return Err(format!("unknown argument '{other}' (expected --epochs N, --save FILE, --plot FILE)")),
+        }
+    }
+    if o.epochs == 0 {
+        return Err("--epochs must be at least 1".into());
+    }
+    Ok(o)
+}
+
+/// Draws the loss curve (log scale, one point per step) as a PNG line chart.
+fn plot(path: &std::path::Path, losses: &[f32]) -> Result<(), Box<dyn std::error::Error>> {
+    let (w, h, margin) = (800usize, 400usize, 20usize);
+    let mut pixels = vec![255u8; w * h * 3];
+    let mut dot = |x: usize, y: usize, rgb: [u8; 3]| {
+        if x < w && y < h {
+            pixels[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&rgb);
+        }
+    };
+    for x in margin..w - margin {
+        dot(x, h - margin, [0, 0, 0]);
+    }
+    for y in margin..h - margin {
+        dot(margin, y, [0, 0, 0]);
+    }
+    let logs: Vec<f32> = losses.iter().map(|l| l.max(1e-6).ln()).collect();
+    let (lo, hi) = logs.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    let span = (hi - lo).max(1e-6);
+    let (plot_w, plot_h) = ((w - 2 * margin) as f32, (h - 2 * margin) as f32);
+    let point = |i: usize| {
+        let x = margin as f32 + plot_w * i as f32 / (logs.len().max(2) - 1) as f32;
+        let y = margin as f32 + plot_h * (hi - logs[i]) / span;
+        (x, y)
+    };
+    for i in 1..logs.len() {
+        let ((x0, y0), (x1, y1)) = (point(i - 1), point(i));
+        let steps = ((x1 - x0).abs().max((y1 - y0).abs()).ceil() as usize).max(1);
+        for s in 0..=steps {
+            let t = s as f32 / steps as f32;
+            dot((x0 + t * (x1 - x0)) as usize, (y0 + t * (y1 - y0)) as usize, [30, 90, 200]);
+        }
+    }
+    let mut encoder = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path)?), w as u32, h as u32);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.write_header()?.write_image_data(&pixels)?;
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let epochs: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(30);
+    let options = options()?;
+    let epochs = options.epochs;
     let data = Digits::load(concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.csv.gz"))?;
     let order = shuffled(data.rows(), 0);
     let split = data.rows() * 8 / 10;
@@ -180,6 +245,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("epoch {:>3}: mean loss {:.4}", epoch + 1, slice.iter().sum::<f32>() / slice.len() as f32);
     }
     println!("{steps} steps in {:.2?} on the actor runtime", report.elapsed);
+    if let Some(path) = &options.plot {
+        plot(path, &curve)?;
+        println!("loss curve written to {}", path.display());
+    }
+    if let Some(path) = &options.save {
+        let tensors: Vec<(String, regflow::graph::HostArray)> = params
+            .iter()
+            .zip(&trained)
+            .map(|(p, bytes)| {
+                let values = bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                regflow::graph::HostArray::f32(p.shape(), values).map(|a| (p.name(), a)).ok_or("weight size")
+            })
+            .collect::<Result<_, _>>()?;
+        regflow::graph::checkpoint::save(path, &tensors)?;
+        println!("weights written to {}", path.display());
+    }
 
     // Test: a forward-only plan, its variables preloaded with the trained weights.
     let x_test = g.input("x_test", [test_rows.len(), FEATURES], DType::F32)?;

@@ -22,6 +22,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod autodiff;
+pub mod checkpoint;
 mod compile;
 mod dsl;
 mod error;

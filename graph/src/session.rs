@@ -29,6 +29,11 @@ impl<'g> Session<'g> {
         Ok(self.values.entry(var.id()).or_insert_with(|| init.value(&info.meta)))
     }
 
+    /// Its graph.
+    pub fn graph(&self) -> &'g Graph {
+        self.graph
+    }
+
     /// The current value of a variable.
     pub fn value(&mut self, var: Tensor<'g>) -> Result<HostArray, GraphError> {
         self.variable_value(var).cloned()
