@@ -210,30 +210,33 @@ fn update_typed<T: Real>(
     let (p, g) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
     let [p_out, rest @ ..] = outputs else { return Err("missing outputs".into()) };
     let p_out = p_out.as_mut_slice::<T>()?;
+    // Element math in the parameter's own type, constants hoisted (as PyTorch does).
+    let c = T::from_f64;
     match *kind {
         OptimizerKind::Sgd { momentum, weight_decay } => {
             let v = inputs[4].as_slice::<T>()?;
             let v_out = rest[0].as_mut_slice::<T>()?;
+            let (lr, momentum, weight_decay) = (c(lr), c(momentum), c(weight_decay));
             for i in 0..p.len() {
-                let grad = g[i].to_f64() + weight_decay * p[i].to_f64();
-                let velocity = momentum * v[i].to_f64() + grad;
-                v_out[i] = T::from_f64(velocity);
-                p_out[i] = T::from_f64(p[i].to_f64() - lr * velocity);
+                let velocity = momentum * v[i] + (g[i] + weight_decay * p[i]);
+                v_out[i] = velocity;
+                p_out[i] = p[i] - lr * velocity;
             }
         }
         OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
             let (m, v) = (inputs[4].as_slice::<T>()?, inputs[5].as_slice::<T>()?);
             let [m_out, v_out] = rest else { return Err("missing moment outputs".into()) };
             let (m_out, v_out) = (m_out.as_mut_slice::<T>()?, v_out.as_mut_slice::<T>()?);
-            let (c1, c2) = (1.0 - beta1.powf(step), 1.0 - beta2.powf(step));
+            let (b1, b2, one_b1, one_b2) = (c(beta1), c(beta2), c(1.0 - beta1), c(1.0 - beta2));
+            let (c1, c2) = (c(1.0 - beta1.powf(step)), c(1.0 - beta2.powf(step)));
+            let (lr_t, eps, decay) = (c(lr), c(eps), c(1.0 - lr * weight_decay));
             for i in 0..p.len() {
-                let grad = g[i].to_f64();
-                let m1 = beta1 * m[i].to_f64() + (1.0 - beta1) * grad;
-                let v1 = beta2 * v[i].to_f64() + (1.0 - beta2) * grad * grad;
-                m_out[i] = T::from_f64(m1);
-                v_out[i] = T::from_f64(v1);
-                let decayed = p[i].to_f64() * (1.0 - lr * weight_decay);
-                p_out[i] = T::from_f64(decayed - lr * (m1 / c1) / ((v1 / c2).sqrt() + eps));
+                let grad = g[i];
+                let m1 = b1 * m[i] + one_b1 * grad;
+                let v1 = b2 * v[i] + one_b2 * grad * grad;
+                m_out[i] = m1;
+                v_out[i] = v1;
+                p_out[i] = p[i] * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps);
             }
         }
     }

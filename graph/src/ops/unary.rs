@@ -93,8 +93,29 @@ fn apply<T: Real>(kind: UnaryKind, x: T) -> T {
 
 fn compute_typed<T: Real>(kind: UnaryKind, input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let x = input.as_slice::<T>()?;
-    for (o, &v) in out.as_mut_slice::<T>()?.iter_mut().zip(x) {
-        *o = apply(kind, v);
+    let out = out.as_mut_slice::<T>()?;
+    // One tight loop per kind (the match outside), so the simple ones vectorize.
+    macro_rules! map {
+        ($f:expr) => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = $f(v);
+            }
+        };
+    }
+    let zero = T::zero();
+    match kind {
+        UnaryKind::Neg => map!(|v: T| -v),
+        UnaryKind::Relu => map!(|v: T| if v > zero { v } else { zero }),
+        UnaryKind::Step => map!(|v: T| if v > zero { T::one() } else { zero }),
+        UnaryKind::AddScalar(c) => {
+            let c = T::from_f64(c);
+            map!(|v: T| v + c)
+        }
+        UnaryKind::MulScalar(c) => {
+            let c = T::from_f64(c);
+            map!(|v: T| v * c)
+        }
+        other => map!(|v: T| apply(other, v)),
     }
     Ok(())
 }

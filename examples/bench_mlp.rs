@@ -1,0 +1,73 @@
+//! Benchmark: one training step (forward, backward, AdamW update) of an MLP
+//! 784-1024-1024-10, batch 256, f32, compiled to a plan and run by the actor runtime.
+//! Prints samples per second; `benches/peers/run.sh` runs it beside JAX and PyTorch.
+//!
+//! ```text
+//! cargo run --release --example bench_mlp -- [steps]
+//! ```
+
+use regflow::graph::{CompileOptions, DType, Graph, Init, Optimizer, SplitMix64};
+use regflow::prelude::{Job, RuntimeError};
+use std::time::Instant;
+
+const BATCH: usize = 256;
+const SIZES: [usize; 4] = [784, 1024, 1024, 10];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(30);
+    let warmup = 3;
+    let g = Graph::new();
+    let x = g.input("x", [BATCH, SIZES[0]], DType::F32)?;
+    let y = g.input("y", [BATCH], DType::I64)?;
+    let mut h = x;
+    for layer in 0..3 {
+        let w = g.variable(
+            &format!("w{layer}"),
+            [SIZES[layer], SIZES[layer + 1]],
+            DType::F32,
+            Init::Kaiming { seed: layer as u64 },
+        )?;
+        let b = g.variable(&format!("b{layer}"), [SIZES[layer + 1]], DType::F32, Init::Zeros)?;
+        h = h.matmul(&w)?.add(&b)?;
+        if layer < 2 {
+            h = h.relu()?;
+        }
+    }
+    let loss = h.sparse_cross_entropy(&y)?;
+    let train = g.minimize(loss, &Optimizer::adamw(1e-3, 0.0))?;
+    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
+    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build()?;
+    let (mut fx, mut fy) = (job.feeder("input:x")?, job.feeder("input:y")?);
+    let losses = job.fetcher(&compiled.fetches[0])?;
+
+    let mut rng = SplitMix64::new(0);
+    let xs: Vec<u8> = (0..BATCH * SIZES[0]).flat_map(|_| (rng.next_normal() as f32).to_le_bytes()).collect();
+    let ys: Vec<u8> = (0..BATCH).flat_map(|_| ((rng.next_u64() % 10) as i64).to_le_bytes()).collect();
+    let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
+        for _ in 0..warmup + steps {
+            fx.push(&xs)?;
+            fy.push(&ys)?;
+        }
+        Ok(())
+    });
+    let mut start = Instant::now();
+    let mut last = 0.0f32;
+    for step in 0..warmup + steps {
+        if step == warmup {
+            start = Instant::now();
+        }
+        let piece = losses.recv().ok_or("the job ended early")?;
+        last = f32::from_le_bytes(piece.bytes().try_into()?);
+    }
+    let elapsed = start.elapsed();
+    pusher.join().map_err(|_| "feeder panicked")??;
+    drop(losses);
+    job.wait()?;
+    let per_step = elapsed.as_secs_f64() / steps as f64;
+    println!(
+        "regflow: {steps} steps, {:.2} ms/step, {:.0} samples/s (last loss {last:.4})",
+        per_step * 1e3,
+        BATCH as f64 / per_step
+    );
+    Ok(())
+}
