@@ -3,7 +3,7 @@
 //! Prints samples per second; `benches/peers/run.sh` runs it beside JAX and PyTorch.
 //!
 //! ```text
-//! cargo run --release --example bench_mlp -- [steps]
+//! cargo run --release --example bench_mlp -- [steps] [threads]
 //! ```
 
 use regflow::graph::{CompileOptions, DType, Graph, Init, Optimizer, SplitMix64};
@@ -15,6 +15,8 @@ const SIZES: [usize; 4] = [784, 1024, 1024, 10];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(30);
+    let threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(1);
+    regflow::graph::set_cpu_threads(threads);
     let warmup = 3;
     let g = Graph::new();
     let x = g.input("x", [BATCH, SIZES[0]], DType::F32)?;
@@ -65,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     job.wait()?;
     let per_step = elapsed.as_secs_f64() / steps as f64;
     println!(
-        "regflow: {steps} steps, {:.2} ms/step, {:.0} samples/s (last loss {last:.4})",
+        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4})",
         per_step * 1e3,
         BATCH as f64 / per_step
     );

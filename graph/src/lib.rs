@@ -34,6 +34,20 @@ pub mod plan;
 mod session;
 mod tensor;
 
+/// Threads the host kernels may use (matrix products split their output tiles over them).
+static CPU_THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+/// Sets how many threads host matrix products use (default 1). Each output element is
+/// computed by one thread in a fixed order, so results are bitwise reproducible.
+pub fn set_cpu_threads(threads: usize) {
+    CPU_THREADS.store(threads.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Threads host matrix products use.
+pub fn cpu_threads() -> usize {
+    CPU_THREADS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub use compile::{CompileOptions, CompiledGraph, CompiledKernel, CompiledVariable};
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;

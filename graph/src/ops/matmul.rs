@@ -172,8 +172,12 @@ fn gemm_typed<T: Real>(
                 false,
                 false,
                 false,
-                // One thread: the same sums in the same order on every run.
-                gemm::Parallelism::None,
+                // Split by output tiles: every element is still one thread's sum in a
+                // fixed order, so results do not depend on scheduling.
+                match crate::cpu_threads() {
+                    0 | 1 => gemm::Parallelism::None,
+                    n => gemm::Parallelism::Rayon(n),
+                },
             );
         }
     }
