@@ -162,3 +162,35 @@ fn a_compiled_attention_block_trains_like_the_reference_session() {
     assert_eq!(losses, reference);
     assert!(losses[steps - 1] < losses[0], "{losses:?}");
 }
+
+#[test]
+fn typed_feeds_name_the_input_and_the_values_that_do_not_fit() {
+    let g = Graph::new();
+    let train = model(&g);
+    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
+    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let losses = job.fetcher(&compiled.fetches[0]).unwrap();
+    let (xs, ys) = batches(1).remove(0);
+    let x = HostArray::f32([8, 6], xs).unwrap();
+    let y = HostArray::i64([8], ys).unwrap();
+    let err = |r: Result<(), RuntimeError>| r.unwrap_err().to_string();
+    assert_eq!(err(feeds.push("z", &x)), "feed for input 'z': the graph has no such input (inputs: x, y)");
+    assert_eq!(
+        err(feeds.push("x", &HostArray::f32([6, 8], vec![0.0; 48]).unwrap())),
+        "feed for input 'x': got f32[6, 8], expected f32[8, 6]"
+    );
+    assert_eq!(
+        err(feeds.push("y", &HostArray::f64([8], vec![0.0; 8]).unwrap())),
+        "feed for input 'y': got f64[8], expected i64[8]"
+    );
+    // Nothing was lost: a correct step goes through and gives the reference loss.
+    feeds.push("x", &x).unwrap();
+    feeds.push("y", &y).unwrap();
+    feeds.close().unwrap();
+    let loss = f64::from(f32::from_le_bytes(losses.recv().unwrap().bytes().try_into().unwrap()));
+    assert_eq!(loss, session_losses(1)[0]);
+    assert!(losses.recv().is_none());
+    drop(losses);
+    job.wait().unwrap();
+}

@@ -50,6 +50,17 @@ pub struct CompiledKernel {
     pub outputs: Vec<TensorMeta>,
 }
 
+/// An input of the compiled plan: fed by the user, one value per step.
+#[derive(Debug, Clone)]
+pub struct CompiledInput {
+    /// The input's name in the graph.
+    pub name: String,
+    /// Its fed source actor.
+    pub actor: String,
+    /// Shape and dtype every value must have.
+    pub meta: TensorMeta,
+}
+
 /// A variable of the compiled plan.
 #[derive(Debug, Clone)]
 pub struct CompiledVariable {
@@ -68,8 +79,8 @@ pub struct CompiledGraph {
     pub plan: Plan,
     /// Kernels to register, one per op actor.
     pub kernels: Vec<CompiledKernel>,
-    /// `(graph input name, source actor name)`.
-    pub inputs: Vec<(String, String)>,
+    /// The graph's inputs: name, source actor, shape and dtype.
+    pub inputs: Vec<CompiledInput>,
     /// Sink actor names, in fetch order.
     pub fetches: Vec<String>,
     /// Variables and their initial values.
@@ -137,7 +148,7 @@ impl Graph {
             let source = b.actor(&actor_name, stream, ActorKind::Source { pieces: SourcePieces::Fed });
             let regst = b.regst(&info.name, source, info.meta.bytes() as u64, options.input_register_num);
             regst_of.insert(id, regst);
-            compiled.inputs.push((info.name.clone(), actor_name));
+            compiled.inputs.push(CompiledInput { name: info.name.clone(), actor: actor_name, meta: info.meta.clone() });
             tick.get_or_insert(id);
         }
         let tick = tick.ok_or_else(|| compile_error("the step reads no input, so nothing paces it".into()))?;

@@ -80,6 +80,14 @@ pub enum RuntimeError {
         /// Why.
         message: String,
     },
+    /// A typed feed that does not fit the graph's input.
+    #[error("feed for input '{input}': {message}")]
+    Feed {
+        /// The input.
+        input: String,
+        /// What does not fit.
+        message: String,
+    },
     /// A push after `close`.
     #[error("feed of source '{source_name}' is closed")]
     FeedClosed {

@@ -2,8 +2,9 @@
 //! on their registers, viewed as typed tensors.
 
 use crate::kernel::{Kernel, KernelError, KernelIo};
-use crate::JobBuilder;
+use crate::{Feeder, Job, JobBuilder, RuntimeError};
 use regflow_graph::ops::OpDef;
+use regflow_graph::HostArray;
 use regflow_graph::{CompiledGraph, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 use std::sync::Arc;
 
@@ -74,5 +75,52 @@ impl JobBuilder {
             self = self.preload(&variable.regst, variable.initial.clone());
         }
         self
+    }
+}
+
+/// Typed feeds of a compiled graph's inputs: each value is checked against the input's
+/// shape and dtype before its bytes go to the source.
+#[derive(Debug)]
+pub struct GraphFeeds {
+    inputs: Vec<(String, TensorMeta, Feeder)>,
+}
+
+impl Job {
+    /// Takes the feeders of every input of `compiled`, for typed pushes.
+    pub fn graph_feeds(&mut self, compiled: &CompiledGraph) -> Result<GraphFeeds, RuntimeError> {
+        let inputs = compiled
+            .inputs
+            .iter()
+            .map(|input| Ok((input.name.clone(), input.meta.clone(), self.feeder(&input.actor)?)))
+            .collect::<Result<_, RuntimeError>>()?;
+        Ok(GraphFeeds { inputs })
+    }
+}
+
+impl GraphFeeds {
+    /// Pushes the next value of input `name`.
+    pub fn push(&mut self, name: &str, value: &HostArray) -> Result<(), RuntimeError> {
+        let Some((_, meta, feeder)) = self.inputs.iter_mut().find(|(n, _, _)| n == name) else {
+            let known: Vec<&str> = self.inputs.iter().map(|(n, _, _)| n.as_str()).collect();
+            return Err(RuntimeError::Feed {
+                input: name.to_string(),
+                message: format!("the graph has no such input (inputs: {})", known.join(", ")),
+            });
+        };
+        if value.meta() != *meta {
+            return Err(RuntimeError::Feed {
+                input: name.to_string(),
+                message: format!("got {}, expected {meta}", value.meta()),
+            });
+        }
+        feeder.push(&value.to_le_bytes())
+    }
+
+    /// Ends every input: the job finishes once the pushed steps are through.
+    pub fn close(&mut self) -> Result<(), RuntimeError> {
+        for (_, _, feeder) in &mut self.inputs {
+            feeder.close()?;
+        }
+        Ok(())
     }
 }

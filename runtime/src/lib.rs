@@ -39,6 +39,7 @@ mod watchdog;
 mod loom_tests;
 
 pub use error::RuntimeError;
+pub use graph_ops::GraphFeeds;
 pub use io::{Feeder, Fetched, Fetcher};
 pub use job::{Job, JobBuilder, JobReport, DEFAULT_WATCHDOG};
 pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec};
