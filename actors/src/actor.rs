@@ -105,10 +105,10 @@ impl Actor {
                 OutputState::new(r, regst.register_num, regst.preloaded, consumers)
             })
             .collect();
-        let kind = match desc.kind {
+        let kind = match &desc.kind {
             ActorKind::Source { pieces } => KindState::Source {
-                limit: match pieces {
-                    SourcePieces::Count(n) => Some(n),
+                limit: match *pieces {
+                    SourcePieces::Count(n) | SourcePieces::Custom { count: n, .. } => Some(n),
                     SourcePieces::Fed => None,
                 },
                 available: 0,
@@ -117,8 +117,8 @@ impl Actor {
             },
             ActorKind::Compute { .. } => KindState::Compute,
             ActorKind::Sink => KindState::Sink { credits: None },
-            ActorKind::Acc { count, .. } => KindState::Acc { count, position: 0, held: None },
-            ActorKind::Repeat { count } => KindState::Repeat { count, held: None, handed: 0, outstanding: 0 },
+            ActorKind::Acc { count, .. } => KindState::Acc { count: *count, position: 0, held: None },
+            ActorKind::Repeat { count } => KindState::Repeat { count: *count, held: None, handed: 0, outstanding: 0 },
         };
         // Every launch holds at least one slot until it completes, so this bounds `pending`.
         let max_pending: usize = inputs.iter().map(|i| i.register_num as usize).sum::<usize>()

@@ -88,6 +88,12 @@ pub enum RuntimeError {
         /// What does not fit.
         message: String,
     },
+    /// A dataset that cannot be read or served.
+    #[error("dataset: {message}")]
+    Data {
+        /// What is wrong.
+        message: String,
+    },
     /// A push after `close`.
     #[error("feed of source '{source_name}' is closed")]
     FeedClosed {

@@ -287,6 +287,14 @@ impl Job {
                 sources.push(id);
             }
             let kernel: Option<Box<dyn Kernel>> = match &desc.kind {
+                ActorKind::Source { pieces: SourcePieces::Custom { kernel, .. } } => {
+                    if !sources.contains(&id) {
+                        sources.push(id);
+                    }
+                    let spec = KernelSpec { actor: &desc.name, input_bytes: &inputs, output_bytes: &outputs };
+                    let conf = regflow_graph::plan::KernelConf::Custom { name: kernel.clone() };
+                    Some(builder.kernels.make(&conf, &spec).map_err(|e| setup(e.0))?)
+                }
                 ActorKind::Source { pieces: SourcePieces::Count(_) } => {
                     if !sources.contains(&id) {
                         sources.push(id);

@@ -23,6 +23,7 @@
 
 mod arenas;
 mod bus;
+mod data;
 mod device;
 mod error;
 mod graph_ops;
@@ -38,6 +39,7 @@ mod watchdog;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use data::{RecordFile, ShuffledBatches};
 pub use error::RuntimeError;
 pub use graph_ops::GraphFeeds;
 pub use io::{Feeder, Fetched, Fetcher};

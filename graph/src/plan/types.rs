@@ -136,13 +136,21 @@ pub struct StreamDesc {
 }
 
 /// How a source actor gets its pieces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourcePieces {
     /// Produces this many pieces, each tagged with its piece number, then ends.
     Count(u64),
     /// Produces one piece per buffer the user pushes, and ends when the user closes it.
     Fed,
+    /// Produces `count` pieces with a kernel the embedding program registers under
+    /// `kernel` (a dataset reader, a generator), then ends.
+    Custom {
+        /// Pieces to produce.
+        count: u64,
+        /// Registered kernel name.
+        kernel: String,
+    },
 }
 
 /// Which kernel a compute (or acc) actor runs.
