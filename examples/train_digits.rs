@@ -6,13 +6,17 @@
 //! ```
 //!
 //! The training step is compiled to a plan of actors and run by the runtime, one piece per
-//! step; the weights are variables carried from step to step in loop-carried registers.
+//! step: a dataset source actor serves shuffled batches, the weights are variables carried
+//! from step to step in loop-carried registers.
 //! The test set goes through a forward-only plan preloaded with the trained weights.
 
 use flate2::read::GzDecoder;
 use indicatif::{ProgressBar, ProgressStyle};
-use regflow::graph::{CompileOptions, DType, Graph, GraphError, Init, Optimizer, Schedule, SplitMix64, Tensor};
+use regflow::graph::{
+    CompileOptions, DType, DatasetInputs, Graph, GraphError, Init, Optimizer, Schedule, SplitMix64, Tensor,
+};
 use regflow::prelude::{Job, RuntimeError};
+use regflow::runtime::RecordFile;
 use std::io::Read;
 
 const FEATURES: usize = 64;
@@ -183,15 +187,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // fetched too (every value they take), so the test plan can start from the last ones.
     let mut fetch = vec![train.loss];
     fetch.extend(params);
-    let compiled = g.compile(&fetch, &train.updates, &CompileOptions::default())?;
+    // The training batches come from a dataset source actor: the training rows as records
+    // of 64 f32 pixels and an i64 label, reshuffled by seed every epoch.
+    let records: Vec<u8> = train_rows
+        .iter()
+        .flat_map(|&r| {
+            let (x, y) = data.batch(&[r]);
+            [f32_bytes(&x), i64_bytes(&y)].concat()
+        })
+        .collect();
+    let batches = RecordFile::from_bytes(records, FEATURES * 4 + 8)?.batches(&[FEATURES * 4, 8], BATCH, 1)?;
+    let compile_options = CompileOptions {
+        dataset: Some(DatasetInputs {
+            kernel: "digits".into(),
+            pieces: batches.pieces(epochs as u64),
+            inputs: vec!["x".into(), "y".into()],
+        }),
+        ..CompileOptions::default()
+    };
+    let compiled = g.compile(&fetch, &train.updates, &compile_options)?;
     println!(
         "training plan: {} actors, {} registers, {} bytes",
         compiled.plan.actors.len(),
         compiled.plan.regst_descs.len(),
         compiled.plan.memory()?.report().total_bytes()
     );
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build()?;
-    let (mut feed_x, mut feed_y) = (job.feeder("input:x")?, job.feeder("input:y")?);
+    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).dataset("digits", batches).build()?;
     let losses = job.fetcher(&compiled.fetches[0])?;
     let weight_watchers: Vec<_> = compiled.fetches[1..]
         .iter()
@@ -200,24 +221,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(std::thread::spawn(move || std::iter::from_fn(|| fetcher.recv().map(|p| p.bytes().to_vec())).last()))
         })
         .collect::<Result<_, RuntimeError>>()?;
-    let pusher = {
-        let data_rows = train_rows.clone();
-        let (pixels, labels) = (data.pixels.clone(), data.labels.clone());
-        let data = Digits { pixels, labels };
-        std::thread::spawn(move || -> Result<(), RuntimeError> {
-            for epoch in 0..epochs {
-                let epoch_order: Vec<usize> =
-                    shuffled(data_rows.len(), 1 + epoch as u64).iter().map(|&i| data_rows[i]).collect();
-                for b in 0..epoch_order.len() / BATCH {
-                    let (xs, ys) = data.batch(&epoch_order[b * BATCH..(b + 1) * BATCH]);
-                    feed_x.push(&f32_bytes(&xs))?;
-                    feed_y.push(&i64_bytes(&ys))?;
-                }
-            }
-            feed_x.close()?;
-            feed_y.close()
-        })
-    };
     let bar = ProgressBar::new(steps as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} steps  loss {msg}")?);
     let mut curve = Vec::with_capacity(steps);
@@ -230,7 +233,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     bar.finish_and_clear();
-    pusher.join().map_err(|_| "the feeding thread panicked")??;
     let trained: Vec<Vec<u8>> = weight_watchers
         .into_iter()
         .map(|w| w.join().map_err(|_| "a fetching thread panicked")?.ok_or("no weights were delivered"))

@@ -26,11 +26,25 @@ pub struct CompileOptions {
     pub input_register_num: u32,
     /// Slots of the other registers.
     pub activation_register_num: u32,
+    /// Inputs read by one dataset source actor instead of being fed.
+    pub dataset: Option<DatasetInputs>,
+}
+
+/// Inputs a dataset source produces: one source actor running the kernel registered as
+/// `kernel` for `pieces` steps, with one output register per input, in this order.
+#[derive(Debug, Clone)]
+pub struct DatasetInputs {
+    /// Registered kernel name (e.g. a runtime `ShuffledBatches`).
+    pub kernel: String,
+    /// Steps it produces.
+    pub pieces: u64,
+    /// The graph inputs it produces, in output order.
+    pub inputs: Vec<String>,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        Self { device: DeviceKind::Cpu, input_register_num: 2, activation_register_num: 1 }
+        Self { device: DeviceKind::Cpu, input_register_num: 2, activation_register_num: 1, dataset: None }
     }
 }
 
@@ -136,12 +150,32 @@ impl Graph {
             variables: Vec::new(),
         };
 
-        // Inputs: fed sources. The first is every step's tick.
+        // Inputs: a dataset source for those it produces, fed sources for the others. The
+        // first input is every step's tick.
         let mut tick: Option<TensorId> = None;
+        if let Some(dataset) = &options.dataset {
+            let source = b.actor(
+                "dataset",
+                stream,
+                ActorKind::Source {
+                    pieces: SourcePieces::Custom { count: dataset.pieces, kernel: dataset.kernel.clone() },
+                },
+            );
+            for name in &dataset.inputs {
+                let t =
+                    self.by_name(name).filter(|t| matches!(self.info(t.id()).source, TensorSource::Input)).ok_or_else(
+                        || compile_error(format!("the dataset produces '{name}', which is not an input of the graph")),
+                    )?;
+                let info = self.info(t.id());
+                let regst = b.regst(&info.name, source, info.meta.bytes() as u64, options.input_register_num);
+                regst_of.insert(t.id(), regst);
+                tick.get_or_insert(t.id());
+            }
+        }
         for (i, &is_needed) in needed.iter().enumerate() {
             let id = TensorId(i as u32);
             let info = self.info(id);
-            if !is_needed || !matches!(info.source, TensorSource::Input) {
+            if !is_needed || !matches!(info.source, TensorSource::Input) || regst_of.contains_key(&id) {
                 continue;
             }
             let actor_name = format!("input:{}", info.name);
