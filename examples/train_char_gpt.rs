@@ -1,17 +1,15 @@
 //! Trains a tiny character-level GPT (2 pre-LayerNorm blocks, d_model 64, 4 heads, causal
 //! self-attention, context 64, batch 16) on `data/tiny_text.txt` with the graph DSL,
-//! autodiff and AdamW (warm-up + cosine), prints the loss curve (train and held-out) and a
-//! seeded sample continuing a prompt.
+//! autodiff and AdamW (warm-up + cosine), prints the training loss curve, the held-out loss
+//! and a seeded sample continuing a prompt.
 //!
 //! ```text
 //! cargo run --release --example train_char_gpt -- [steps]
 //! ```
 //!
-//! `steps` defaults to 400, about 25 s of training on one CPU core (the host matmuls run
-//! single-threaded so that every run computes the same sums).
-//!
-//! This runs the graph with the host reference [`Session`]; lowering the same graph to a
-//! plan of actors is the compiler's job (issue 4, in progress).
+//! `steps` defaults to 400. Training is compiled to a plan and run by the actor runtime;
+//! the trained weights are then loaded into the host reference [`Session`] for the
+//! held-out loss and for sampling (one forward pass per generated character).
 //!
 //! The model: learned token and position embeddings; per block `x + attn(ln1(x))` then
 //! `x + mlp(ln2(x))`, where attention has separate Q/K/V projections, scaled dot-product
@@ -21,7 +19,10 @@
 //! the *tied* token embedding (`h · wteᵀ`); the loss is the mean cross-entropy of the next
 //! character at every position.
 
-use regflow::graph::{DType, Graph, GraphError, HostArray, Init, Optimizer, Schedule, Session, SplitMix64, Tensor};
+use regflow::graph::{
+    CompileOptions, DType, Graph, GraphError, HostArray, Init, Optimizer, Schedule, Session, SplitMix64, Tensor,
+};
+use regflow::prelude::{Job, RuntimeError};
 use std::time::Instant;
 
 const D_MODEL: usize = 64;
@@ -285,34 +286,76 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (targets, HostArray::i64([BATCH * CONTEXT], val_targets).ok_or("validation target shape")?),
     ];
 
-    let mut session = Session::new(&g);
+    // Training runs on the actor runtime: the step is compiled to a plan, batches are
+    // pushed by a feeding thread, and the parameters are watched so the trained values can
+    // be evaluated and sampled from afterwards.
+    let params = g.trainable_variables();
+    let mut fetch = vec![train.loss];
+    fetch.extend(params.iter().copied());
+    let compiled = g.compile(&fetch, &train.updates, &CompileOptions::default())?;
+    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build()?;
+    let mut feeds = job.graph_feeds(&compiled)?;
+    let losses = job.fetcher(&compiled.fetches[0])?;
+    let watchers: Vec<_> = compiled.fetches[1..]
+        .iter()
+        .map(|name| {
+            let fetcher = job.fetcher(name)?;
+            Ok(std::thread::spawn(move || std::iter::from_fn(|| fetcher.recv().map(|p| p.bytes().to_vec())).last()))
+        })
+        .collect::<Result<_, RuntimeError>>()?;
+    let batches: Vec<(Vec<i64>, Vec<i64>)> =
+        (0..steps).map(|_| windows(&corpus.ids, &random_starts(&mut rng, 0..split, BATCH))).collect();
+    let pusher = {
+        let mask_value = mask_value.clone();
+        std::thread::spawn(move || -> Result<(), RuntimeError> {
+            for (inputs, step_targets) in batches {
+                feeds.push("causal_mask", &mask_value)?;
+                feeds.push("ids", &HostArray::i64([BATCH, CONTEXT], inputs).unwrap_or_else(|| unreachable!()))?;
+                feeds.push(
+                    "targets",
+                    &HostArray::i64([BATCH * CONTEXT], step_targets).unwrap_or_else(|| unreachable!()),
+                )?;
+            }
+            feeds.close()
+        })
+    };
     let started = Instant::now();
     let (mut window_loss, mut last_logged) = (0.0, 0);
     for step in 1..=steps {
-        let (inputs, step_targets) = windows(&corpus.ids, &random_starts(&mut rng, 0..split, BATCH));
-        let feeds = [
-            (mask, mask_value.clone()),
-            (ids, HostArray::i64([BATCH, CONTEXT], inputs).ok_or("batch shape")?),
-            (targets, HostArray::i64([BATCH * CONTEXT], step_targets).ok_or("target shape")?),
-        ];
-        let step_loss = session.step(&train, &feeds)?;
+        let piece = losses.recv().ok_or("the training job ended early")?;
+        let step_loss = f64::from(f32::from_le_bytes(piece.bytes().try_into()?));
+        drop(piece);
         if !step_loss.is_finite() {
             return Err(format!("step {step}: loss is {step_loss}").into());
         }
         window_loss += step_loss;
         if step == 1 || step % LOG_EVERY == 0 || step == steps {
             let logged = step - last_logged;
-            let val_loss = session.run(&val_feeds, &[loss])?[0].to_f64_vec()[0];
             println!(
-                "step {step:>4}: train loss {:.4} (mean of last {logged:>2}), held-out loss {val_loss:.4}, {:.1}s",
+                "step {step:>4}: train loss {:.4} (mean of last {logged:>2}), {:.1}s",
                 window_loss / logged as f64,
                 started.elapsed().as_secs_f64()
             );
             (window_loss, last_logged) = (0.0, step);
         }
     }
+    drop(losses);
+    pusher.join().map_err(|_| "the feeding thread panicked")??;
+    let mut session = Session::new(&g);
+    for (param, watcher) in params.iter().zip(watchers) {
+        let bytes = watcher.join().map_err(|_| "a fetching thread panicked")?.ok_or("no weights were delivered")?;
+        let values = bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        session.set(*param, HostArray::f32(param.shape(), values).ok_or("weight shape")?)?;
+    }
+    let report = job.wait()?;
     let elapsed = started.elapsed().as_secs_f64();
-    println!("{steps} steps in {elapsed:.1}s ({:.1} ms/step)", 1e3 * elapsed / steps as f64);
+    println!(
+        "{steps} steps in {elapsed:.1}s ({:.1} ms/step) on the actor runtime ({} actors)",
+        1e3 * elapsed / steps as f64,
+        report.actors.len()
+    );
+    let val_loss = session.run(&val_feeds, &[loss])?[0].to_f64_vec()[0];
+    println!("held-out loss after training: {val_loss:.4}");
 
     // Sampling: the context is the last `CONTEXT` characters, padded on the right with id 0
     // (the causal mask keeps the padding from affecting the position that is read).
