@@ -26,7 +26,7 @@ impl PlanArenas {
                 .first()
                 .map(|r| plan.regst_descs[r.index()].memory)
                 .unwrap_or(regflow_memory::MemoryKind::Host);
-            arenas.push(Arena::allocate(&device.label, kind, device.layout.total_bytes())?);
+            arenas.push(Arena::allocate(&device.label, kind, device.total_bytes())?);
         }
         let mut views = Vec::new();
         let mut first_view = Vec::with_capacity(plan.regst_descs.len());

@@ -72,6 +72,7 @@ impl PlanBuilder {
             bytes,
             memory: MemoryKind::Host,
             preloaded: 0,
+            shared_offset: None,
         });
         RegstDescId(plan.regst_descs.len() as u32 - 1)
     }

@@ -4,17 +4,39 @@
 use super::*;
 use regflow_memory::{ArenaLayout, MemoryReport};
 
-/// The arena layout of one device.
+/// The arena layout of one device: a shared region first (registers that share memory
+/// across disjoint lifetimes, at the offsets the compiler chose), then every other register
+/// with bytes of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceMemory {
     /// The device.
     pub device: DeviceIndex,
     /// Its label.
     pub label: String,
-    /// Descriptors placed in this arena, in layout block order.
+    /// Descriptors with memory of their own, in layout block order.
     pub descs: Vec<RegstDescId>,
-    /// Offsets of their slots.
+    /// Offsets of their slots, relative to the end of the shared region.
     pub layout: ArenaLayout,
+    /// Bytes of the shared region.
+    pub shared_bytes: u64,
+    /// What the shared registers would take without sharing.
+    pub unshared_bytes: u64,
+}
+
+impl DeviceMemory {
+    /// Bytes of the device's arena.
+    pub fn total_bytes(&self) -> u64 {
+        self.shared_bytes + self.layout.total_bytes()
+    }
+}
+
+/// Where one descriptor's memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Block of the device's own layout.
+    Own(usize),
+    /// Offset in the shared region.
+    Shared(u64),
 }
 
 /// The memory plan of a whole plan: where every slot of every register lives.
@@ -22,29 +44,37 @@ pub struct DeviceMemory {
 pub struct PlanMemory {
     /// One entry per device of the plan, in plan order.
     pub devices: Vec<DeviceMemory>,
-    /// For each descriptor: (device entry, block in its layout), or `None` if it owns no memory.
-    placement: Vec<Option<(usize, usize)>>,
+    /// For each descriptor: its device entry and place, or `None` if it owns no memory.
+    placement: Vec<Option<(usize, Place)>>,
 }
 
 impl PlanMemory {
     /// Offset of a slot inside its device's arena, with the device entry; `None` for a
     /// descriptor that owns no memory (a repeat's output).
     pub fn slot(&self, desc: RegstDescId, slot: u32) -> Option<(usize, u64)> {
-        let (device, block) = (*self.placement.get(desc.index())?)?;
-        Some((device, self.devices[device].layout.slot_offset(block, slot)))
+        let (device, place) = (*self.placement.get(desc.index())?)?;
+        let memory = &self.devices[device];
+        Some((
+            device,
+            match place {
+                Place::Own(block) => memory.shared_bytes + memory.layout.slot_offset(block, slot),
+                Place::Shared(offset) => offset,
+            },
+        ))
     }
 
     /// Bytes per device.
     pub fn report(&self) -> MemoryReport {
-        MemoryReport { devices: self.devices.iter().map(|d| (d.label.clone(), d.layout.total_bytes())).collect() }
+        MemoryReport { devices: self.devices.iter().map(|d| (d.label.clone(), d.total_bytes())).collect() }
     }
 }
 
 impl Plan {
     /// Lays out every register in its producer's device arena and checks device capacities.
     ///
-    /// Registers live on the producer's device. This planner gives every slot its own bytes;
-    /// reuse across non-overlapping lifetimes is a later compiler pass.
+    /// Registers live on the producer's device. Registers with a `shared_offset` sit in the
+    /// device's shared region at that offset (the compiler chose offsets so that registers
+    /// live at the same time never overlap); every other slot gets bytes of its own after it.
     pub fn memory(&self) -> Result<PlanMemory, PlanError> {
         let mut per_device: Vec<Vec<RegstDescId>> = vec![Vec::new(); self.devices.len()];
         for i in 0..self.regst_descs.len() {
@@ -55,8 +85,30 @@ impl Plan {
         }
         let mut placement = vec![None; self.regst_descs.len()];
         let mut devices = Vec::with_capacity(self.devices.len());
-        for (d, descs) in per_device.into_iter().enumerate() {
+        for (d, all) in per_device.into_iter().enumerate() {
             let label = self.devices[d].label();
+            let memory_error = |detail: String| PlanError::Memory { device: label.clone(), detail };
+            let (shared, descs): (Vec<RegstDescId>, Vec<RegstDescId>) =
+                all.into_iter().partition(|r| self.regst_descs[r.index()].shared_offset.is_some());
+            let (mut shared_bytes, mut unshared_bytes) = (0u64, 0u64);
+            for r in &shared {
+                let desc = &self.regst_descs[r.index()];
+                let offset = desc.shared_offset.unwrap_or(0);
+                if desc.register_num != 1 || offset % regflow_memory::ALIGNMENT as u64 != 0 {
+                    return Err(memory_error(format!(
+                        "register '{}' shares memory at offset {offset} with {} slots: shared registers need one slot at a {}-byte boundary",
+                        desc.name,
+                        desc.register_num,
+                        regflow_memory::ALIGNMENT
+                    )));
+                }
+                let end = offset
+                    .checked_add(desc.bytes)
+                    .ok_or_else(|| memory_error(format!("register '{}' ends past 2^64", desc.name)))?;
+                shared_bytes = shared_bytes.max(end.div_ceil(64) * 64);
+                unshared_bytes += desc.bytes.div_ceil(64) * 64;
+                placement[r.index()] = Some((d, Place::Shared(offset)));
+            }
             let blocks: Vec<(u64, u32)> = descs
                 .iter()
                 .map(|r| {
@@ -64,10 +116,10 @@ impl Plan {
                     (desc.bytes, desc.register_num)
                 })
                 .collect();
-            let layout = ArenaLayout::pack(&blocks)
-                .map_err(|e| PlanError::Memory { device: label.clone(), detail: e.to_string() })?;
+            let layout = ArenaLayout::pack(&blocks).map_err(|e| memory_error(e.to_string()))?;
+            let total = shared_bytes + layout.total_bytes();
             if let Some(capacity) = self.devices[d].memory_capacity {
-                if layout.total_bytes() > capacity {
+                if total > capacity {
                     let mut largest: Vec<&RegstDesc> = descs.iter().map(|r| &self.regst_descs[r.index()]).collect();
                     largest.sort_by_key(|r| std::cmp::Reverse(r.bytes.saturating_mul(u64::from(r.register_num))));
                     let largest = largest
@@ -76,18 +128,20 @@ impl Plan {
                         .map(|r| format!("'{}' ({} x {} bytes)", r.name, r.register_num, r.bytes))
                         .collect::<Vec<_>>()
                         .join(", ");
-                    return Err(PlanError::DoesNotFit {
-                        device: label,
-                        needed: layout.total_bytes(),
-                        capacity,
-                        largest,
-                    });
+                    return Err(PlanError::DoesNotFit { device: label, needed: total, capacity, largest });
                 }
             }
             for (block, r) in descs.iter().enumerate() {
-                placement[r.index()] = Some((d, block));
+                placement[r.index()] = Some((d, Place::Own(block)));
             }
-            devices.push(DeviceMemory { device: DeviceIndex(d as u32), label, descs, layout });
+            devices.push(DeviceMemory {
+                device: DeviceIndex(d as u32),
+                label,
+                descs,
+                layout,
+                shared_bytes,
+                unshared_bytes,
+            });
         }
         Ok(PlanMemory { devices, placement })
     }

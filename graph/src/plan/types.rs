@@ -256,6 +256,11 @@ pub struct RegstDesc {
     /// runs and give the extra ones back without firing when their other inputs end.
     #[serde(default)]
     pub preloaded: u32,
+    /// Offset in its device's shared region, for a one-slot register that shares memory
+    /// with others whose lifetimes never overlap with its own (the compiler guarantees
+    /// that, and serializes steps so no later piece overtakes). `None`: memory of its own.
+    #[serde(default)]
+    pub shared_offset: Option<u64>,
 }
 
 impl Plan {
