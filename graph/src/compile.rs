@@ -4,6 +4,12 @@
 //! register: preloaded with its initial value and produced by its update op, so step k+1
 //! reads what step k wrote.
 //!
+//! A variable's register has two slots, not the one ARCHITECTURE.md §4 sketches: the update
+//! of step k writes the value of step k + 1 into the other slot while step k's readers may
+//! still hold theirs, and piece numbers keep every reader on its own step's value. One slot
+//! would need the update to write in place over the slot it is reading (an in-place update
+//! op is the memory optimization that can come later); two slots are not staleness.
+//!
 //! Ops that read nothing fed (constants, the step counter) and variables nobody updates
 //! also read a *tick*, the register of the first input, so they run once per step and end
 //! when the inputs end. Registers are laid out one after
