@@ -406,6 +406,9 @@ impl Actor {
             KindState::Source { limit: Some(n), produced, .. } => Ok(produced >= n),
             KindState::Source { limit: None, available, closed, .. } => Ok(*closed && *available == 0),
             KindState::Repeat { held, .. } if held.is_some() => Ok(false),
+            // Only loop inputs (a repeat handing a variable to micro-batches): it ends when
+            // they end.
+            _ if self.inputs.iter().all(|i| i.loop_carried) => Ok(self.inputs.iter().all(InputState::is_finished)),
             // Checked after every message: keep the common case to one comparison.
             _ if self.ended_inputs == 0 => Ok(false),
             _ => {

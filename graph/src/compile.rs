@@ -35,8 +35,21 @@ pub struct CompileOptions {
     /// Inputs read by one dataset source actor instead of being fed.
     pub dataset: Option<DatasetInputs>,
     /// Let activation registers whose lifetimes do not overlap share memory (the compute
-    /// actors then run in one fixed order, one step at a time).
+    /// actors then run in one fixed order, one step at a time). Not combined with
+    /// `accumulate`, whose actors run at two rates.
     pub reuse_memory: bool,
+    /// Gradient accumulation: the loss and gradients run once per micro-batch, the rest of
+    /// the step (clipping, schedule, updates) once per `micro_batches` pieces of input.
+    pub accumulate: Option<Accumulate>,
+}
+
+/// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
+#[derive(Debug, Clone)]
+pub struct Accumulate {
+    /// Micro-batches per optimizer step.
+    pub micro_batches: u32,
+    /// The raw gradients: where the micro-batch part of the step ends.
+    pub gradients: Vec<TensorId>,
 }
 
 /// Inputs a dataset source produces: one source actor running the kernel registered as
@@ -59,6 +72,7 @@ impl Default for CompileOptions {
             activation_register_num: 1,
             dataset: None,
             reuse_memory: true,
+            accumulate: None,
         }
     }
 }
@@ -114,6 +128,8 @@ pub struct CompiledGraph {
     pub fetches: Vec<String>,
     /// Variables and their initial values.
     pub variables: Vec<CompiledVariable>,
+    /// Accumulation kernels to register: `(name, dtype)`; each averages a group of pieces.
+    pub accumulators: Vec<(String, crate::DType)>,
 }
 
 impl HostArray {
@@ -156,13 +172,15 @@ impl Graph {
         let device = b.device(0, options.device, 0);
         let stream = b.stream(device, StreamKind::Compute);
         let mut regst_of: HashMap<TensorId, RegstDescId> = HashMap::new();
-        let mut pending_consumers: Vec<(crate::plan::ActorIndex, Vec<TensorId>)> = Vec::new();
+        // (actor, whether it runs once per micro-batch, the tensors it reads)
+        let mut pending_consumers: Vec<(crate::plan::ActorIndex, bool, Vec<TensorId>)> = Vec::new();
         let mut compiled = CompiledGraph {
             plan: Plan::empty(),
             kernels: Vec::new(),
             inputs: Vec::new(),
             fetches: Vec::new(),
             variables: Vec::new(),
+            accumulators: Vec::new(),
         };
 
         // Inputs: a dataset source for those it produces, fed sources for the others. The
@@ -214,6 +232,28 @@ impl Graph {
             }
         }
 
+        // Rates under gradient accumulation: a tensor is per micro-batch if it changes with
+        // the inputs and the fetches or the raw gradients need it; the rest is per step.
+        let accumulate = options.accumulate.as_ref().filter(|a| a.micro_batches > 1);
+        let mut micro = vec![true; count];
+        if let Some(acc) = accumulate {
+            let mut wanted = vec![false; count];
+            for t in fetch.iter().map(|t| t.id()).chain(acc.gradients.iter().copied()) {
+                wanted[t.0 as usize] = true;
+            }
+            for node in nodes.iter().rev() {
+                if node.outputs.iter().any(|o| wanted[o.0 as usize]) {
+                    for i in &node.inputs {
+                        wanted[i.0 as usize] = true;
+                    }
+                }
+            }
+            for (m, (&p, &w)) in micro.iter_mut().zip(paced.iter().zip(&wanted)) {
+                *m = p && w;
+            }
+        }
+        let step_tick = TensorId(u32::MAX);
+
         // Op nodes: one compute actor each; variables become the outputs of their updates.
         let mut actor_of_node = HashMap::new();
         for (n, node) in nodes.iter().enumerate() {
@@ -237,10 +277,11 @@ impl Graph {
                     }
                 })
                 .collect();
+            let node_micro = node.outputs.iter().any(|o| micro[o.0 as usize]);
             if !node.inputs.iter().any(|i| paced[i.0 as usize]) {
-                reads.push(tick);
+                reads.push(if accumulate.is_some() && !node_micro { step_tick } else { tick });
             }
-            pending_consumers.push((actor, reads));
+            pending_consumers.push((actor, node_micro, reads));
             for &o in &node.outputs {
                 let meta = self.info(o).meta;
                 let regst =
@@ -284,7 +325,7 @@ impl Graph {
                         let actor = b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Copy });
                         let regst = b.regst(&info.name, actor, info.meta.bytes() as u64, 2);
                         b.preload(regst, 1);
-                        pending_consumers.push((actor, vec![*new]));
+                        pending_consumers.push((actor, accumulate.is_none(), vec![*new]));
                         regst
                     } else {
                         let desc = &mut b_plan_regst(&mut b, new_regst);
@@ -304,7 +345,8 @@ impl Graph {
                     b.preload(state, 1);
                     b.consume(actor, state);
                     let value = b.regst(&format!("{}.value", info.name), actor, bytes, options.activation_register_num);
-                    pending_consumers.push((actor, vec![tick]));
+                    let pace = if accumulate.is_some() { step_tick } else { tick };
+                    pending_consumers.push((actor, accumulate.is_none(), vec![pace]));
                     compiled.variables.push(CompiledVariable {
                         name: info.name.clone(),
                         regst: info.name.clone(),
@@ -322,11 +364,61 @@ impl Graph {
             regst_of.insert(id, regst);
         }
 
-        for (actor, reads) in pending_consumers {
+        // Variables and constants run per step under accumulation.
+        for (i, m) in micro.iter_mut().enumerate() {
+            if matches!(self.info(TensorId(i as u32)).source, TensorSource::Variable { .. }) {
+                *m = accumulate.is_none();
+            }
+        }
+        let mut adapters: HashMap<(TensorId, bool), RegstDescId> = HashMap::new();
+        for (actor, consumer_micro, reads) in pending_consumers {
             for t in reads {
-                let regst = *regst_of.get(&t).ok_or_else(|| {
-                    compile_error(format!("tensor '{}' has no register (broken invariant)", self.info(t).name))
-                })?;
+                let regst = if t == step_tick {
+                    let k = accumulate.map(|a| a.micro_batches).unwrap_or(1);
+                    *adapters.entry((t, false)).or_insert_with(|| {
+                        let acc = b.actor("step_tick", stream, ActorKind::Acc { count: k, kernel: KernelConf::Noop });
+                        let tick_regst = regst_of[&tick];
+                        b.consume(acc, tick_regst);
+                        b.regst("step_tick.out", acc, 0, 1)
+                    })
+                } else {
+                    let own = *regst_of.get(&t).ok_or_else(|| {
+                        compile_error(format!("tensor '{}' has no register (broken invariant)", self.info(t).name))
+                    })?;
+                    match (accumulate, micro[t.0 as usize], consumer_micro) {
+                        (Some(acc), true, false) => {
+                            // Per micro-batch into a per-step reader: the mean over the group.
+                            let meta = self.info(t).meta;
+                            let kernel = format!("accumulate_mean:{}", meta.dtype);
+                            if !compiled.accumulators.iter().any(|(n, _)| n == &kernel) {
+                                compiled.accumulators.push((kernel.clone(), meta.dtype));
+                            }
+                            *adapters.entry((t, true)).or_insert_with(|| {
+                                let name = format!("accumulate:{}", self.info(t).name);
+                                let a = b.actor(
+                                    &name,
+                                    stream,
+                                    ActorKind::Acc {
+                                        count: acc.micro_batches,
+                                        kernel: KernelConf::Custom { name: kernel },
+                                    },
+                                );
+                                b.consume(a, own);
+                                b.regst(&format!("{name}.out"), a, meta.bytes() as u64, 1)
+                            })
+                        }
+                        (Some(acc), false, true) => {
+                            // Per step into a per-micro-batch reader: the same value k times.
+                            *adapters.entry((t, false)).or_insert_with(|| {
+                                let name = format!("repeat:{}", self.info(t).name);
+                                let r = b.actor(&name, stream, ActorKind::Repeat { count: acc.micro_batches });
+                                b.consume(r, own);
+                                b.regst(&format!("{name}.out"), r, self.info(t).meta.bytes() as u64, 1)
+                            })
+                        }
+                        _ => own,
+                    }
+                };
                 b.consume(actor, regst);
             }
         }
@@ -348,7 +440,7 @@ impl Graph {
             let sink = b.actor(&name, stream, ActorKind::Sink);
             b.consume(sink, regst);
         }
-        if options.reuse_memory {
+        if options.reuse_memory && accumulate.is_none() {
             share_memory(&mut b, stream).map_err(compile_error)?;
         }
         compiled.plan = b.build().map_err(|e| compile_error(e.to_string()))?;

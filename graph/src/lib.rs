@@ -48,7 +48,9 @@ pub fn cpu_threads() -> usize {
     CPU_THREADS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-pub use compile::{CompileOptions, CompiledGraph, CompiledInput, CompiledKernel, CompiledVariable, DatasetInputs};
+pub use compile::{
+    Accumulate, CompileOptions, CompiledGraph, CompiledInput, CompiledKernel, CompiledVariable, DatasetInputs,
+};
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use init::{Init, SplitMix64};

@@ -125,6 +125,15 @@ pub struct TrainStep<'g> {
     pub grads: Vec<Tensor<'g>>,
     /// The learning rate used by this step.
     pub lr: Tensor<'g>,
+    /// The gradients before clipping: where a micro-batch's part of the step ends.
+    pub raw_grads: Vec<Tensor<'g>>,
+}
+
+impl TrainStep<'_> {
+    /// Compile option for accumulating gradients over `micro_batches` pieces per step.
+    pub fn accumulate(&self, micro_batches: u32) -> crate::Accumulate {
+        crate::Accumulate { micro_batches, gradients: self.raw_grads.iter().map(|g| g.id()).collect() }
+    }
 }
 
 /// Computes the learning rate of a step from the step counter.
@@ -318,6 +327,7 @@ impl Graph {
     pub fn minimize<'g>(&'g self, loss: Tensor<'g>, optimizer: &Optimizer) -> Result<TrainStep<'g>, GraphError> {
         let params = self.trainable_variables();
         let mut grads = self.grad(loss, &params)?;
+        let raw_grads = grads.clone();
         if let Some(max_norm) = optimizer.clip_norm {
             if max_norm.is_nan() || max_norm <= 0.0 {
                 return Err(GraphError::Op {
@@ -368,7 +378,7 @@ impl Graph {
             updates.push((*p, outputs[0]));
             updates.extend(states.into_iter().zip(outputs[1..].iter().copied()));
         }
-        Ok(TrainStep { loss, updates, grads, lr })
+        Ok(TrainStep { loss, updates, grads, lr, raw_grads })
     }
 
     /// A non-trainable variable (optimizer state, counters).

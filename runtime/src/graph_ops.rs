@@ -71,10 +71,51 @@ impl JobBuilder {
                 }))
             });
         }
+        for (name, dtype) in &compiled.accumulators {
+            let dtype = *dtype;
+            self = self.kernel(name, move |_| Ok(Box::new(AccumulateMean { dtype })));
+        }
         for variable in &compiled.variables {
             self = self.preload(&variable.regst, variable.initial.clone());
         }
         self
+    }
+}
+
+/// The kernel of an acc actor under gradient accumulation: the mean of a group of pieces
+/// (the first is copied, the others added, the sum scaled by 1/k on the last).
+struct AccumulateMean {
+    dtype: DType,
+}
+
+fn accumulate<T: regflow_graph::Real + bytemuck::Pod>(io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+    let group = io.group();
+    let input: &[T] = bytemuck::try_cast_slice(io.input(0)).map_err(|e| KernelError(format!("accumulate: {e}")))?;
+    let out: &mut [T] =
+        bytemuck::try_cast_slice_mut(io.output(0)).map_err(|e| KernelError(format!("accumulate: {e}")))?;
+    if group.index == 0 {
+        out.copy_from_slice(input);
+    } else {
+        for (o, &x) in out.iter_mut().zip(input) {
+            *o += x;
+        }
+    }
+    if group.index + 1 == group.count {
+        let scale = T::from_f64(1.0 / f64::from(group.count));
+        for o in out.iter_mut() {
+            *o = *o * scale;
+        }
+    }
+    Ok(())
+}
+
+impl Kernel for AccumulateMean {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        match self.dtype {
+            DType::F32 => accumulate::<f32>(io),
+            DType::F64 => accumulate::<f64>(io),
+            DType::I64 => Err(KernelError("accumulate: integer tensors have no mean".into())),
+        }
     }
 }
 

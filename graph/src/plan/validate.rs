@@ -157,7 +157,15 @@ impl Plan {
                         "needs no inputs and at least one output, has {ins} inputs and {outs} outputs"
                     )))
                 }
-                _ if ins > 0 && self.loop_inputs(ActorIndex(i as u32)).iter().all(|&l| l) => {
+                // An actor reading only loop registers ends when they end, which needs each
+                // of their producers to read something from outside the loop.
+                _ if ins > 0
+                    && self.loop_inputs(ActorIndex(i as u32)).iter().all(|&l| l)
+                    && actor.inputs.iter().any(|r| {
+                        let producer = self.regst_descs[r.index()].producer;
+                        self.loop_inputs(producer).iter().all(|&l| l)
+                    }) =>
+                {
                     return Err(bad(
                         "reads only loop-carried (preloaded) registers: with no input from outside the loop it \
                          would never end"
@@ -202,19 +210,26 @@ impl Plan {
         Ok(())
     }
 
-    /// For each input of `actor`, whether it closes a loop: its register is preloaded and
-    /// `actor` can reach the register's producer. Such an input carries one value per
+    /// For each input of `actor`, whether it closes a loop: its register carries loop state
+    /// (preloaded, or handed on by a repeat) and `actor` can reach the register's producer. Such an input carries one value per
     /// preloaded slot more than the loop runs; an actor that merely reads a preloaded
     /// register from outside the loop sees every value as an ordinary input.
     pub fn loop_inputs(&self, actor: ActorIndex) -> Vec<bool> {
         let Some(desc) = self.actors.get(actor.index()) else { return Vec::new() };
         desc.inputs
             .iter()
-            .map(|r| {
-                let regst = &self.regst_descs[r.index()];
-                regst.preloaded > 0 && self.reaches(actor, regst.producer)
-            })
+            .map(|&r| self.carries_loop_state(r) && self.reaches(actor, self.regst_descs[r.index()].producer))
             .collect()
+    }
+
+    /// Whether a register can hold more pieces than the loop runs: it is preloaded, or a
+    /// repeat hands on such a register (a variable handed to every micro-batch).
+    fn carries_loop_state(&self, desc: RegstDescId) -> bool {
+        let regst = &self.regst_descs[desc.index()];
+        let producer = &self.actors[regst.producer.index()];
+        regst.preloaded > 0
+            || (matches!(producer.kind, ActorKind::Repeat { .. })
+                && producer.inputs.first().is_some_and(|&input| self.carries_loop_state(input)))
     }
 
     /// Whether a path of registers leads from `from` to `to` (or they are the same actor).
