@@ -1,31 +1,23 @@
-//! `Job`: loads a plan in-process, starts one thread per stream, lets the embedding program
-//! push pieces in and take results out, and waits for the end (or the first error).
+//! Building a job: validate the plan, allocate its memory, size the inboxes, make the
+//! kernels, feeders and fetchers, start the stream threads, the watchdog and the sources.
 
+use super::{Job, DEFAULT_WATCHDOG};
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, DeviceStream, SimPoller};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
 use crate::kernel::{Kernel, KernelFactory, KernelIo, KernelRegistry, KernelSpec};
-use crate::stream::{ActorRuntime, ActorStats, JobShared, StreamExit, StreamProbe, StreamWorker};
-use crate::sync::{lock, Arc, AtomicBool, Mutex};
+use crate::stream::{ActorRuntime, JobShared, StreamExit, StreamProbe, StreamWorker};
+use crate::sync::{Arc, AtomicBool, Mutex};
 use crate::trace::TraceBuffer;
 use crate::watchdog::{watch, Names};
 use crate::RuntimeError;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds, StreamId};
 use regflow_graph::plan::{ActorIndex, ActorKind, DeviceKind, Plan, SourcePieces};
-use regflow_memory::MemoryReport;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Default watchdog timeout: long enough for any sane kernel, short enough to notice a hang.
-pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
-
-/// After an abort, how long `wait` gives stream threads to stop before it leaves behind
-/// those still inside a kernel (they keep the job's memory alive until they return).
-const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 type SinkCallback = Box<dyn FnMut(&KernelIo<'_>) + Send>;
 
@@ -119,48 +111,22 @@ impl JobBuilder {
     }
 }
 
-/// A plan running in this process.
-#[derive(Debug)]
-pub struct Job {
-    plan: Arc<Plan>,
-    threads: Vec<(usize, JoinHandle<StreamExit>)>,
-    /// Each stream thread sends its index here as it ends.
-    exits: crossbeam_channel::Receiver<usize>,
-    shared: Arc<JobShared>,
-    router: Router,
-    feeders: HashMap<String, Feeder>,
-    fetchers: HashMap<String, Fetcher>,
-    watchdog: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
-    poller: Option<SimPoller>,
-    memory: MemoryReport,
-    arenas: Option<Arc<PlanArenas>>,
-    epoch: Instant,
-    trace_path: Option<PathBuf>,
+/// Buffers a fed source cycles through: its register count plus one, so the user can stage
+/// one piece ahead.
+fn feed_depth(plan: &Plan, source: ActorIndex) -> u64 {
+    u64::from(plan.outputs_of(source).map(|r| plan.regst_descs[r.index()].register_num).min().unwrap_or(1)) + 1
 }
 
-/// What a finished job reports.
-#[derive(Debug, Clone)]
-pub struct JobReport {
-    /// Counters per actor, in plan order of streams.
-    pub actors: Vec<ActorStats>,
-    /// From start to the last thread's end.
-    pub elapsed: Duration,
-    /// Bytes per device.
-    pub memory: MemoryReport,
-    /// Where the timeline was written, if it was recorded.
-    pub trace: Option<PathBuf>,
-}
-
-impl JobReport {
-    /// Counters of the actor with this name.
-    pub fn actor(&self, name: &str) -> Option<&ActorStats> {
-        self.actors.iter().find(|a| a.name == name)
-    }
+/// Pieces a channel sink may deliver ahead of the user's fetches.
+fn fetch_depth(plan: &Plan, sink: ActorIndex, configured: Option<u64>) -> u64 {
+    let inputs = &plan.actors[sink.index()].inputs;
+    let register_num = inputs.iter().map(|r| plan.regst_descs[r.index()].register_num).max().unwrap_or(1);
+    configured.unwrap_or(u64::from(register_num).max(4))
 }
 
 /// Upper bound of the messages that can be in flight to one stream: every `Ready` holds a
 /// slot, every `Ack` answers one, every `ActDone` answers a launch that holds one.
-fn inbox_capacity(plan: &Plan, stream: usize, feed_depth: u64, fetch_depth: u64) -> usize {
+fn inbox_capacity(plan: &Plan, stream: usize, configured_fetch_depth: Option<u64>) -> usize {
     let mut capacity = 16usize;
     for (a, actor) in plan.actors.iter().enumerate() {
         if actor.stream.index() != stream {
@@ -175,9 +141,10 @@ fn inbox_capacity(plan: &Plan, stream: usize, feed_depth: u64, fetch_depth: u64)
             slots += desc.register_num as usize * (desc.consumers.len() + 1);
         }
         capacity += 2 * slots + 4;
+        let index = ActorIndex(a as u32);
         match actor.kind {
-            ActorKind::Source { pieces: SourcePieces::Fed } => capacity += feed_depth as usize,
-            ActorKind::Sink => capacity += fetch_depth as usize,
+            ActorKind::Source { pieces: SourcePieces::Fed } => capacity += feed_depth(plan, index) as usize,
+            ActorKind::Sink => capacity += fetch_depth(plan, index, configured_fetch_depth) as usize,
             _ => {}
         }
     }
@@ -229,17 +196,11 @@ impl Job {
         }
 
         // Inboxes and the router.
-        let fetch_depth_of = |actor: &regflow_graph::plan::ActorDesc| {
-            let register_num = actor.inputs.iter().map(|r| plan.regst_descs[r.index()].register_num).max().unwrap_or(1);
-            builder.fetch_depth.unwrap_or(u64::from(register_num).max(4))
-        };
         let mut senders: Vec<Option<InboxSender>> = Vec::with_capacity(plan.streams.len());
         let mut receivers: Vec<Option<InboxReceiver>> = Vec::with_capacity(plan.streams.len());
         for s in 0..plan.streams.len() {
             if hosts(stream_node(s)) {
-                let max_register = plan.regst_descs.iter().map(|r| r.register_num).max().unwrap_or(1);
-                let fetch = builder.fetch_depth.unwrap_or(u64::from(max_register).max(4));
-                let (tx, rx) = inbox(inbox_capacity(&plan, s, u64::from(max_register) + 1, fetch));
+                let (tx, rx) = inbox(inbox_capacity(&plan, s, builder.fetch_depth));
                 senders.push(Some(tx));
                 receivers.push(Some(rx));
             } else {
@@ -282,33 +243,22 @@ impl Job {
             let outputs: Vec<u64> = plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].bytes).collect();
             let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
             let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
-            if plan.outputs_of(index).any(|r| plan.regst_descs[r.index()].preloaded > 0) {
-                // Hands out its preloaded slots when started.
+            // Sources start producing, and actors with preloaded outputs hand them out, on Start.
+            if matches!(desc.kind, ActorKind::Source { .. })
+                || plan.outputs_of(index).any(|r| plan.regst_descs[r.index()].preloaded > 0)
+            {
                 sources.push(id);
             }
             let kernel: Option<Box<dyn Kernel>> = match &desc.kind {
                 ActorKind::Source { pieces: SourcePieces::Custom { kernel, .. } } => {
-                    if !sources.contains(&id) {
-                        sources.push(id);
-                    }
                     let spec = KernelSpec { actor: &desc.name, input_bytes: &inputs, output_bytes: &outputs };
                     let conf = regflow_graph::plan::KernelConf::Custom { name: kernel.clone() };
                     Some(builder.kernels.make(&conf, &spec).map_err(|e| setup(e.0))?)
                 }
-                ActorKind::Source { pieces: SourcePieces::Count(_) } => {
-                    if !sources.contains(&id) {
-                        sources.push(id);
-                    }
-                    Some(Box::new(CountSourceKernel))
-                }
+                ActorKind::Source { pieces: SourcePieces::Count(_) } => Some(Box::new(CountSourceKernel)),
                 ActorKind::Source { pieces: SourcePieces::Fed } => {
-                    if !sources.contains(&id) {
-                        sources.push(id);
-                    }
                     let bytes = outputs.iter().copied().min().unwrap_or(0);
-                    let register_num =
-                        plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].register_num).min().unwrap_or(1);
-                    let depth = register_num as usize + 1;
+                    let depth = feed_depth(&plan, index) as usize;
                     let (data_tx, data_rx) = crossbeam_channel::bounded(depth);
                     let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth);
                     for _ in 0..depth {
@@ -335,7 +285,7 @@ impl Job {
                 ActorKind::Sink => match builder.sink_callbacks.remove(&desc.name) {
                     Some(callback) => Some(Box::new(CallbackSinkKernel(callback))),
                     None => {
-                        let depth = fetch_depth_of(desc);
+                        let depth = fetch_depth(&plan, index, builder.fetch_depth);
                         actor.set_sink_credits(depth);
                         let (delivery_tx, delivery_rx) = crossbeam_channel::bounded(depth as usize);
                         let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth as usize);
@@ -367,7 +317,14 @@ impl Job {
                         .map_err(|e| setup(e.0))?,
                 ),
             };
-            let slots = plan.regst_descs.iter().map(|r| r.register_num as usize).sum::<usize>().min(1 << 12);
+            // Launches in flight are bounded by the actor's own slots.
+            let slots: usize = desc
+                .inputs
+                .iter()
+                .copied()
+                .chain(plan.outputs_of(index))
+                .map(|r| plan.regst_descs[r.index()].register_num as usize)
+                .sum();
             per_stream[stream].0.push(actor);
             per_stream[stream].1.push(ActorRuntime {
                 name: desc.name.clone(),
@@ -392,8 +349,11 @@ impl Job {
         let mut threads = Vec::new();
         // Bounded: one notice per stream, allocated now, so teardown allocates nothing.
         let (exit_tx, exits) = crossbeam_channel::bounded(plan.streams.len().max(1));
-        let max_arity =
-            plan.actors.iter().map(|a| a.inputs.len()).max().unwrap_or(0).max(plan.regst_descs.len().min(64));
+        // The most registers one firing reads or writes.
+        let max_arity = (0..plan.actors.len())
+            .map(|a| plan.actors[a].inputs.len().max(plan.outputs_of(ActorIndex(a as u32)).count()))
+            .max()
+            .unwrap_or(0);
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
             let device: Box<dyn DeviceStream> = match (&poller, plan.devices[plan.streams[s].device.index()].kind) {
@@ -488,154 +448,6 @@ impl Job {
             trace_path: builder.trace,
         })
     }
-
-    /// The feeder of fed source `name` (once).
-    pub fn feeder(&mut self, name: &str) -> Result<Feeder, RuntimeError> {
-        self.take(name, "feeder", |job| job.feeders.remove(name), "a feeder needs a source with `pieces: fed`")
-    }
-
-    /// The fetcher of sink `name` (once). Pieces of a sink whose fetcher is never taken are
-    /// dropped when [`Job::wait`] runs.
-    pub fn fetcher(&mut self, name: &str) -> Result<Fetcher, RuntimeError> {
-        self.take(
-            name,
-            "fetcher",
-            |job| job.fetchers.remove(name),
-            "a fetcher needs a sink without an on_sink callback",
-        )
-    }
-
-    fn take<T>(
-        &mut self,
-        name: &str,
-        what: &'static str,
-        remove: impl FnOnce(&mut Self) -> Option<T>,
-        expected: &'static str,
-    ) -> Result<T, RuntimeError> {
-        if let Some(found) = remove(self) {
-            return Ok(found);
-        }
-        let index =
-            self.plan.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.to_string() })?;
-        let actor = &self.plan.actors[index.index()];
-        let node = self.plan.devices[self.plan.device_of(index).index()].node;
-        if !self.router.hosts(node) {
-            return Err(RuntimeError::NotLocal { name: name.to_string(), node });
-        }
-        let fits = matches!(
-            (what, &actor.kind),
-            ("feeder", ActorKind::Source { pieces: SourcePieces::Fed }) | ("fetcher", ActorKind::Sink)
-        );
-        if fits {
-            Err(RuntimeError::AlreadyTaken { what, name: name.to_string() })
-        } else {
-            Err(RuntimeError::WrongKind { name: name.to_string(), kind: actor.kind.name(), expected })
-        }
-    }
-
-    /// Bytes per device, known before anything ran.
-    pub fn memory_report(&self) -> &MemoryReport {
-        &self.memory
-    }
-
-    /// The plan being run.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// Aborts the job: every stream stops at once; `wait` then returns this error.
-    pub fn abort(&self, reason: RuntimeError) {
-        self.shared.abort(reason, &self.router);
-    }
-
-    /// Waits until every actor has finished, then reports; or returns the first error.
-    ///
-    /// Feeders not taken are closed; pieces for fetchers not taken are dropped. A fed
-    /// source whose feeder the caller still holds open keeps the job running.
-    pub fn wait(mut self) -> Result<JobReport, RuntimeError> {
-        self.feeders.clear();
-        self.fetchers.clear();
-        let end = self.join_threads();
-        let mut actors = Vec::new();
-        let mut buffers = Vec::new();
-        for exit in end.exits {
-            actors.extend(exit.snapshots);
-            buffers.extend(exit.trace);
-        }
-        self.stop_helpers();
-        if let Some(error) = lock(&self.shared.error).take() {
-            return Err(error);
-        }
-        if let Some(path) = &self.trace_path {
-            let file = std::fs::File::create(path)
-                .map_err(|e| RuntimeError::Trace { path: path.display().to_string(), message: e.to_string() })?;
-            crate::trace::write_chrome_trace(file, &self.plan, self.epoch, &buffers)
-                .map_err(|e| RuntimeError::Trace { path: path.display().to_string(), message: e.to_string() })?;
-        }
-        Ok(JobReport {
-            actors,
-            elapsed: end.at - self.epoch,
-            memory: self.memory.clone(),
-            trace: self.trace_path.clone(),
-        })
-    }
-
-    /// Waits for every stream thread to end. After an abort, threads still inside a kernel
-    /// after [`ABORT_GRACE`] are left behind rather than waited on for ever.
-    fn join_threads(&mut self) -> Joined {
-        let mut ended = Vec::with_capacity(self.threads.len());
-        let mut aborted_at: Option<Instant> = None;
-        let mut at = Instant::now();
-        while ended.len() < self.threads.len() {
-            match self.exits.recv_timeout(Duration::from_millis(50)) {
-                Ok(s) => {
-                    ended.push(s);
-                    at = Instant::now();
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    if self.shared.aborting.load(crate::sync::Ordering::Acquire) {
-                        let since = *aborted_at.get_or_insert_with(Instant::now);
-                        if since.elapsed() >= ABORT_GRACE {
-                            break;
-                        }
-                    }
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        let mut exits = Vec::new();
-        for (s, handle) in std::mem::take(&mut self.threads) {
-            // A thread that sent its notice has left its body: joining it returns at once.
-            if ended.contains(&s) {
-                if let Ok(exit) = handle.join() {
-                    exits.push(exit);
-                }
-            } else {
-                tracing::warn!(stream = s, "stream thread still inside a kernel after the abort; leaving it behind");
-            }
-        }
-        Joined { exits, at }
-    }
-
-    fn stop_helpers(&mut self) {
-        if let Some((stop, handle)) = self.watchdog.take() {
-            drop(stop);
-            let _ = handle.join();
-        }
-        self.poller.take();
-        self.arenas.take();
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        if !self.threads.is_empty() {
-            // Dropped without `wait`: stop the threads rather than leave them running.
-            self.shared.abort(RuntimeError::Stopped, &self.router);
-            self.join_threads();
-        }
-        self.stop_helpers();
-    }
 }
 
 /// A stream thread's body: runs the worker; a panic aborts the job with its message.
@@ -681,12 +493,6 @@ fn write_preloads(plan: &Plan, arenas: &PlanArenas, preloads: &[(String, Vec<u8>
         }
     }
     Ok(())
-}
-
-/// Stream threads that ended, and when the last one did.
-struct Joined {
-    exits: Vec<StreamExit>,
-    at: Instant,
 }
 
 /// Sent when a stream thread ends, however it ends (dropped last, even on panic).

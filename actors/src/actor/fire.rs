@@ -1,0 +1,213 @@
+//! Firing: take the inputs in step and free output slots, launch the kernel, tell
+//! same-stream consumers at launch and the others (and the producers) at completion.
+
+use super::{Actor, KindState, Launch};
+use crate::{ActorEnv, ActorError, Body, Completion, Firing, GroupPosition, RegstRef};
+
+impl Actor {
+    pub(super) fn fire<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        self.fires += 1;
+        if matches!(self.kind, KindState::Repeat { .. }) {
+            return self.fire_repeat(env);
+        }
+        // Consume the front of every input; the pieces must be in step.
+        self.scratch_inputs.clear();
+        let mut piece = None;
+        let first_desc = self.inputs.first().map(|i| i.desc);
+        for i in 0..self.inputs.len() {
+            let input = &mut self.inputs[i];
+            let Some(front) = input.ready.pop_front() else { unreachable!("fired without a ready input") };
+            input.in_use.push_back(front.slot);
+            if let Some(p) = piece.filter(|&p| p != front.piece) {
+                let detail = format!(
+                    "input {} is at piece {} while input {} is at piece {p}",
+                    input.desc,
+                    front.piece,
+                    first_desc.map(|d| d.to_string()).unwrap_or_default()
+                );
+                return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
+            }
+            piece = Some(front.piece);
+            self.scratch_inputs.push(front.data);
+        }
+        // Decide the group position and which output slots this launch writes.
+        let (group, ack_inputs, emit) = match &mut self.kind {
+            KindState::Source { available, produced, limit, .. } => {
+                piece = Some(*produced);
+                *produced += 1;
+                if limit.is_none() {
+                    *available -= 1;
+                }
+                (GroupPosition { index: 0, count: 1 }, false, true)
+            }
+            KindState::Acc { count, position, held } => {
+                if *position == 0 {
+                    *held = self.outputs[0].take(true);
+                }
+                let group = GroupPosition { index: *position, count: *count };
+                *position += 1;
+                let emit = *position == *count;
+                if emit {
+                    *position = 0;
+                }
+                (group, true, emit)
+            }
+            KindState::Sink { credits } => {
+                if let Some(credits) = credits {
+                    *credits -= 1;
+                }
+                (GroupPosition { index: 0, count: 1 }, true, true)
+            }
+            _ => (GroupPosition { index: 0, count: 1 }, true, true),
+        };
+        self.scratch_outputs.clear();
+        for o in 0..self.outputs.len() {
+            let output = &mut self.outputs[o];
+            let slot = match self.kind {
+                KindState::Acc { held: Some(slot), .. } => slot,
+                _ => match output.take(true) {
+                    Some(slot) => slot,
+                    None => unreachable!("fired without a free output slot"),
+                },
+            };
+            self.scratch_outputs.push(RegstRef { desc: output.desc, slot });
+        }
+        let firing = Firing {
+            actor: self.id,
+            piece: piece.unwrap_or(0),
+            inputs: &self.scratch_inputs,
+            outputs: &self.scratch_outputs,
+            group,
+        };
+        let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
+        if emit {
+            for o in 0..self.outputs.len() {
+                let slot = self.scratch_outputs[o].slot;
+                let piece = self.outputs[o].next_piece;
+                self.outputs[o].next_piece += 1;
+                let regst = RegstRef { desc: self.outputs[o].desc, slot };
+                self.emit_at_launch(env, o, slot, piece, regst)?;
+            }
+        }
+        self.pending.push_back(Launch { ack_inputs, emit });
+        if completion == Completion::Done {
+            self.complete_oldest(env)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the held input (or the next one) to one more output piece, without copying.
+    ///
+    /// The hand-off is launched on the repeat's stream like a kernel (the runtime runs a
+    /// no-op): if the input was written by a kernel on this stream that has not completed,
+    /// consumers on other streams must not hear of it before it has, and the stream's
+    /// completion order is what tells. Same-stream consumers are told at once, as always.
+    fn fire_repeat<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        let KindState::Repeat { count, held, handed, outstanding } = &mut self.kind else {
+            unreachable!("fire_repeat on a non-repeat actor")
+        };
+        if held.is_none() {
+            *held = self.inputs[0].ready.pop_front();
+        }
+        let Some(input) = *held else { unreachable!("repeat fired without input") };
+        let group = GroupPosition { index: *handed, count: *count };
+        *handed += 1;
+        *outstanding += 1;
+        let output = &mut self.outputs[0];
+        let Some(slot) = output.take(true) else { unreachable!("repeat fired without a free slot") };
+        let piece = output.next_piece;
+        output.next_piece += 1;
+        self.scratch_inputs.clear();
+        self.scratch_inputs.push(input.data);
+        let firing = Firing { actor: self.id, piece, inputs: &self.scratch_inputs, outputs: &[], group };
+        let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
+        self.emit_at_launch(env, 0, slot, piece, input.data)?;
+        self.pending.push_back(Launch { ack_inputs: false, emit: true });
+        if completion == Completion::Done {
+            self.complete_oldest(env)?;
+        }
+        Ok(())
+    }
+
+    /// An emitting launch: lend the slot to every consumer, record it until completion, and
+    /// tell the consumers on this stream now.
+    fn emit_at_launch<E: ActorEnv>(
+        &mut self,
+        env: &mut E,
+        o: usize,
+        slot: u32,
+        piece: u64,
+        data: RegstRef,
+    ) -> Result<(), ActorError> {
+        let output = &mut self.outputs[o];
+        output.lend(slot);
+        output.launched.push_back((slot, piece, data));
+        let regst = RegstRef { desc: output.desc, slot };
+        for c in 0..self.outputs[o].consumers.len() {
+            let consumer = self.outputs[o].consumers[c];
+            if consumer.same_stream {
+                self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The oldest launch's kernel completed: tell other-stream consumers and producers.
+    pub(super) fn complete_oldest<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        let Some(launch) = self.pending.pop_front() else {
+            return Err(self.unexpected("ActDone with no kernel in flight".into()));
+        };
+        if launch.emit {
+            for o in 0..self.outputs.len() {
+                let Some((slot, piece, data)) = self.outputs[o].launched.pop_front() else {
+                    unreachable!("an emitting launch recorded no slot")
+                };
+                for c in 0..self.outputs[o].consumers.len() {
+                    let consumer = self.outputs[o].consumers[c];
+                    if !consumer.same_stream {
+                        let regst = RegstRef { desc: self.outputs[o].desc, slot };
+                        self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
+                    }
+                }
+                if self.outputs[o].complete(slot) {
+                    self.on_slot_freed(env)?;
+                }
+            }
+        }
+        if launch.ack_inputs {
+            for i in 0..self.inputs.len() {
+                let Some(slot) = self.inputs[i].in_use.pop_front() else {
+                    unreachable!("a launch that read inputs recorded no slot")
+                };
+                let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
+                self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot } })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An acc actor that drains mid-group emits the partial sum rather than losing it.
+    pub(super) fn flush_partial_group<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        let KindState::Acc { position, held, .. } = &mut self.kind else {
+            return Ok(());
+        };
+        if *position == 0 {
+            return Ok(());
+        }
+        *position = 0;
+        let Some(slot) = held.take() else {
+            return Ok(());
+        };
+        let output = &mut self.outputs[0];
+        let piece = output.next_piece;
+        output.next_piece += 1;
+        output.lend(slot);
+        let regst = RegstRef { desc: output.desc, slot };
+        for c in 0..self.outputs[0].consumers.len() {
+            let dst = self.outputs[0].consumers[c].id;
+            self.send(env, dst, Body::Ready { regst, piece, data: regst })?;
+        }
+        self.outputs[0].complete(slot);
+        Ok(())
+    }
+}

@@ -1,0 +1,223 @@
+//! `Job`: loads a plan in-process, starts one thread per stream, lets the embedding program
+//! push pieces in and take results out, and waits for the end (or the first error).
+//! Building a job (validation, memory, threads) is in `start`.
+
+mod start;
+
+use crate::arenas::PlanArenas;
+use crate::bus::Router;
+use crate::device::SimPoller;
+use crate::io::{Feeder, Fetcher};
+use crate::stream::{ActorStats, JobShared, StreamExit};
+use crate::sync::{lock, Arc};
+use crate::RuntimeError;
+use regflow_graph::plan::{ActorKind, Plan, SourcePieces};
+use regflow_memory::MemoryReport;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use start::JobBuilder;
+
+/// Default watchdog timeout: long enough for any sane kernel, short enough to notice a hang.
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
+
+/// After an abort, how long `wait` gives stream threads to stop before it leaves behind
+/// those still inside a kernel (they keep the job's memory alive until they return).
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// A plan running in this process.
+#[derive(Debug)]
+pub struct Job {
+    plan: Arc<Plan>,
+    threads: Vec<(usize, JoinHandle<StreamExit>)>,
+    /// Each stream thread sends its index here as it ends.
+    exits: crossbeam_channel::Receiver<usize>,
+    shared: Arc<JobShared>,
+    router: Router,
+    feeders: HashMap<String, Feeder>,
+    fetchers: HashMap<String, Fetcher>,
+    watchdog: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
+    poller: Option<SimPoller>,
+    memory: MemoryReport,
+    arenas: Option<Arc<PlanArenas>>,
+    epoch: Instant,
+    trace_path: Option<PathBuf>,
+}
+
+/// What a finished job reports.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    /// Counters per actor, in plan order of streams.
+    pub actors: Vec<ActorStats>,
+    /// From start to the last thread's end.
+    pub elapsed: Duration,
+    /// Bytes per device.
+    pub memory: MemoryReport,
+    /// Where the timeline was written, if it was recorded.
+    pub trace: Option<PathBuf>,
+}
+
+impl JobReport {
+    /// Counters of the actor with this name.
+    pub fn actor(&self, name: &str) -> Option<&ActorStats> {
+        self.actors.iter().find(|a| a.name == name)
+    }
+}
+
+impl Job {
+    /// The feeder of fed source `name` (once).
+    pub fn feeder(&mut self, name: &str) -> Result<Feeder, RuntimeError> {
+        self.take(name, "feeder", |job| job.feeders.remove(name), "a feeder needs a source with `pieces: fed`")
+    }
+
+    /// The fetcher of sink `name` (once). Pieces of a sink whose fetcher is never taken are
+    /// dropped when [`Job::wait`] runs.
+    pub fn fetcher(&mut self, name: &str) -> Result<Fetcher, RuntimeError> {
+        self.take(
+            name,
+            "fetcher",
+            |job| job.fetchers.remove(name),
+            "a fetcher needs a sink without an on_sink callback",
+        )
+    }
+
+    fn take<T>(
+        &mut self,
+        name: &str,
+        what: &'static str,
+        remove: impl FnOnce(&mut Self) -> Option<T>,
+        expected: &'static str,
+    ) -> Result<T, RuntimeError> {
+        if let Some(found) = remove(self) {
+            return Ok(found);
+        }
+        let index =
+            self.plan.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.to_string() })?;
+        let actor = &self.plan.actors[index.index()];
+        let node = self.plan.devices[self.plan.device_of(index).index()].node;
+        if !self.router.hosts(node) {
+            return Err(RuntimeError::NotLocal { name: name.to_string(), node });
+        }
+        let fits = matches!(
+            (what, &actor.kind),
+            ("feeder", ActorKind::Source { pieces: SourcePieces::Fed }) | ("fetcher", ActorKind::Sink)
+        );
+        if fits {
+            Err(RuntimeError::AlreadyTaken { what, name: name.to_string() })
+        } else {
+            Err(RuntimeError::WrongKind { name: name.to_string(), kind: actor.kind.name(), expected })
+        }
+    }
+
+    /// Bytes per device, known before anything ran.
+    pub fn memory_report(&self) -> &MemoryReport {
+        &self.memory
+    }
+
+    /// The plan being run.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Aborts the job: every stream stops at once; `wait` then returns this error.
+    pub fn abort(&self, reason: RuntimeError) {
+        self.shared.abort(reason, &self.router);
+    }
+
+    /// Waits until every actor has finished, then reports; or returns the first error.
+    ///
+    /// Feeders not taken are closed; pieces for fetchers not taken are dropped. A fed
+    /// source whose feeder the caller still holds open keeps the job running.
+    pub fn wait(mut self) -> Result<JobReport, RuntimeError> {
+        self.feeders.clear();
+        self.fetchers.clear();
+        let end = self.join_threads();
+        let mut actors = Vec::new();
+        let mut buffers = Vec::new();
+        for exit in end.exits {
+            actors.extend(exit.snapshots);
+            buffers.extend(exit.trace);
+        }
+        self.stop_helpers();
+        if let Some(error) = lock(&self.shared.error).take() {
+            return Err(error);
+        }
+        if let Some(path) = &self.trace_path {
+            let file = std::fs::File::create(path)
+                .map_err(|e| RuntimeError::Trace { path: path.display().to_string(), message: e.to_string() })?;
+            crate::trace::write_chrome_trace(file, &self.plan, self.epoch, &buffers)
+                .map_err(|e| RuntimeError::Trace { path: path.display().to_string(), message: e.to_string() })?;
+        }
+        Ok(JobReport {
+            actors,
+            elapsed: end.at - self.epoch,
+            memory: self.memory.clone(),
+            trace: self.trace_path.clone(),
+        })
+    }
+
+    /// Waits for every stream thread to end. After an abort, threads still inside a kernel
+    /// after [`ABORT_GRACE`] are left behind rather than waited on for ever.
+    fn join_threads(&mut self) -> Joined {
+        let mut ended = Vec::with_capacity(self.threads.len());
+        let mut aborted_at: Option<Instant> = None;
+        let mut at = Instant::now();
+        while ended.len() < self.threads.len() {
+            match self.exits.recv_timeout(Duration::from_millis(50)) {
+                Ok(s) => {
+                    ended.push(s);
+                    at = Instant::now();
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if self.shared.aborting.load(crate::sync::Ordering::Acquire) {
+                        let since = *aborted_at.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= ABORT_GRACE {
+                            break;
+                        }
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let mut exits = Vec::new();
+        for (s, handle) in std::mem::take(&mut self.threads) {
+            // A thread that sent its notice has left its body: joining it returns at once.
+            if ended.contains(&s) {
+                if let Ok(exit) = handle.join() {
+                    exits.push(exit);
+                }
+            } else {
+                tracing::warn!(stream = s, "stream thread still inside a kernel after the abort; leaving it behind");
+            }
+        }
+        Joined { exits, at }
+    }
+
+    fn stop_helpers(&mut self) {
+        if let Some((stop, handle)) = self.watchdog.take() {
+            drop(stop);
+            let _ = handle.join();
+        }
+        self.poller.take();
+        self.arenas.take();
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            // Dropped without `wait`: stop the threads rather than leave them running.
+            self.shared.abort(RuntimeError::Stopped, &self.router);
+            self.join_threads();
+        }
+        self.stop_helpers();
+    }
+}
+
+/// Stream threads that ended, and when the last one did.
+struct Joined {
+    exits: Vec<StreamExit>,
+    at: Instant,
+}
