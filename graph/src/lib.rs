@@ -31,6 +31,7 @@ mod init;
 pub mod ops;
 mod optim;
 pub mod plan;
+pub mod sbp;
 mod session;
 mod tensor;
 

@@ -136,6 +136,12 @@ impl KernelRegistry {
                 })?;
                 factory(spec)?
             }
+            KernelConf::Collective(conf) => {
+                return Err(KernelError(format!(
+                    "actor '{}': collective '{}' is not supported by this runtime yet",
+                    spec.actor, conf.group
+                )))
+            }
         })
     }
 }

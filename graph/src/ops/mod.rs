@@ -8,9 +8,11 @@
 //! holds everything an op is. Device kernels (CUDA) will live with their device in
 //! `runtime/` and take the same op as their configuration.
 
+use crate::sbp::{NdSbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, TensorMeta};
 use crate::{GraphError, Tensor};
 use std::fmt;
+use std::sync::Arc;
 
 mod binary;
 mod fill;
@@ -75,6 +77,48 @@ pub trait OpDef: fmt::Debug + Send + Sync {
 
     /// Computes the outputs on the host. Inputs have the shapes `infer` accepted.
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String>;
+
+    /// The ways this op can run along one mesh axis, given its logical inputs and outputs:
+    /// each signature says the layout (`Split(dim)`, `Partial`, `Broadcast`) every input
+    /// must have and every output then has. A signature is valid when every device running
+    /// [`OpDef::localize`]'s op on its parts of the inputs gets exactly its part of each
+    /// output, for any number of devices and uneven splits included. All-`Broadcast` is
+    /// always valid and is not listed; the default lists nothing else (the op then runs
+    /// replicated).
+    fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let _ = (inputs, outputs);
+        Vec::new()
+    }
+
+    /// The op one device runs on its parts under a chosen signature: `None` when this op,
+    /// applied to the local shapes, already computes the right part (most ops). Ops whose
+    /// parameters carry logical sizes (a target shape, a divisor, an index range) return a
+    /// copy adjusted to the device's part, or an error naming what cannot be split.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        let _ = ctx;
+        Ok(None)
+    }
+}
+
+/// What [`OpDef::localize`] sees of one device's share of an op.
+#[derive(Debug)]
+pub struct LocalContext<'a> {
+    /// The op's logical inputs.
+    pub logical_inputs: &'a [TensorMeta],
+    /// The op's logical outputs.
+    pub logical_outputs: &'a [TensorMeta],
+    /// This device's inputs.
+    pub local_inputs: &'a [TensorMeta],
+    /// This device's outputs.
+    pub local_outputs: &'a [TensorMeta],
+    /// For each input, where this device's part starts in each logical dimension.
+    pub input_offsets: &'a [Vec<usize>],
+    /// For each output, where this device's part starts in each logical dimension.
+    pub output_offsets: &'a [Vec<usize>],
+    /// Layout of each input (one entry per mesh axis).
+    pub input_layouts: &'a [NdSbp],
+    /// Layout of each output.
+    pub output_layouts: &'a [NdSbp],
 }
 pub use concat::{concat, Concat};
 pub use cross_entropy::{SparseCrossEntropy, SparseCrossEntropyGrad};

@@ -169,6 +169,92 @@ pub enum KernelConf {
         /// Registered name.
         name: String,
     },
+    /// One member's share of a collective over a group of devices (runs on a comm stream;
+    /// every member of `group` must issue it, and each device issues its collectives in
+    /// one plan-fixed order).
+    Collective(CollectiveConf),
+}
+
+/// One member of a collective: which group, which rank, and what it computes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectiveConf {
+    /// Name of the collective instance, the same for all its members and unique in the plan.
+    pub group: String,
+    /// This member's rank in the group (`0..size`).
+    pub rank: u32,
+    /// Members in the group.
+    pub size: u32,
+    /// What the group computes.
+    pub op: CollectiveOp,
+    /// Element type.
+    pub dtype: crate::DType,
+    /// Shape of the whole tensor the group works on; parts along a dimension are balanced
+    /// ([`crate::sbp::part_range`]).
+    pub shape: Vec<usize>,
+}
+
+/// What a collective computes, on a tensor of the group's `shape`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveOp {
+    /// Every member holds a summand of the whole tensor and gets the sum.
+    AllReduce,
+    /// Every member holds a summand of the whole tensor and gets its part (along `dim`) of the sum.
+    ReduceScatter {
+        /// Dimension the result is split along.
+        dim: usize,
+    },
+    /// Every member holds its part along `dim` and gets the whole tensor.
+    AllGather {
+        /// Dimension the inputs are split along.
+        dim: usize,
+    },
+    /// Every member holds its part along `from` and gets its part along `to`.
+    AllToAll {
+        /// Dimension the inputs are split along.
+        from: usize,
+        /// Dimension the outputs are split along.
+        to: usize,
+    },
+}
+
+impl CollectiveConf {
+    fn part_shape(&self, dim: usize) -> Vec<usize> {
+        let mut shape = self.shape.clone();
+        if let Some(len) = shape.get_mut(dim) {
+            *len = crate::sbp::part_range(*len, self.size as usize, self.rank as usize).len();
+        }
+        shape
+    }
+
+    /// Shape of this member's input.
+    pub fn input_shape(&self) -> Vec<usize> {
+        match self.op {
+            CollectiveOp::AllReduce | CollectiveOp::ReduceScatter { .. } => self.shape.clone(),
+            CollectiveOp::AllGather { dim } => self.part_shape(dim),
+            CollectiveOp::AllToAll { from, .. } => self.part_shape(from),
+        }
+    }
+
+    /// Shape of this member's output.
+    pub fn output_shape(&self) -> Vec<usize> {
+        match self.op {
+            CollectiveOp::AllReduce | CollectiveOp::AllGather { .. } => self.shape.clone(),
+            CollectiveOp::ReduceScatter { dim } => self.part_shape(dim),
+            CollectiveOp::AllToAll { to, .. } => self.part_shape(to),
+        }
+    }
+
+    /// Short name of the operation (`all_reduce`, ...).
+    pub fn op_name(&self) -> &'static str {
+        match self.op {
+            CollectiveOp::AllReduce => "all_reduce",
+            CollectiveOp::ReduceScatter { .. } => "reduce_scatter",
+            CollectiveOp::AllGather { .. } => "all_gather",
+            CollectiveOp::AllToAll { .. } => "all_to_all",
+        }
+    }
 }
 
 /// What an actor does.
