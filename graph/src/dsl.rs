@@ -4,10 +4,11 @@
 
 use crate::init::Init;
 use crate::ops::OpDef;
+use crate::sbp::{Mesh, NdSbp};
 use crate::tensor::{DType, Shape, TensorMeta};
 use crate::GraphError;
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -63,6 +64,11 @@ struct GraphData {
     tensors: Vec<TensorInfo>,
     nodes: Vec<Node>,
     names: HashSet<String>,
+    /// Placement of each tensor that has one (set by `set_layout`/`to_global`, inherited by
+    /// op outputs from their inputs); tensors without one go where the compiler puts them.
+    placements: HashMap<TensorId, Arc<Mesh>>,
+    /// Layouts the user pinned: the tensor's producer must produce exactly this layout.
+    pins: HashMap<TensorId, NdSbp>,
 }
 
 /// A logical graph under construction. Nodes are appended in a valid evaluation order.
@@ -147,6 +153,7 @@ impl Graph {
             inputs: metas.iter().map(ToString::to_string).collect(),
             message,
         })?;
+        let placement = self.common_placement(op.name(), inputs)?;
         let mut data = self.data.borrow_mut();
         let node = data.nodes.len();
         let first = data.tensors.len();
@@ -155,8 +162,70 @@ impl Graph {
             data.tensors.push(TensorInfo { meta, source: TensorSource::Op { node, output }, name });
         }
         let ids: Vec<TensorId> = (first..data.tensors.len()).map(|i| TensorId(i as u32)).collect();
+        if let Some(placement) = placement {
+            for id in &ids {
+                data.placements.insert(*id, placement.clone());
+            }
+        }
         data.nodes.push(Node { op, inputs: inputs.iter().map(|t| t.id).collect(), outputs: ids.clone() });
         Ok(ids.into_iter().map(|id| Tensor { graph: self, id }).collect())
+    }
+
+    /// The placement the inputs of an op share, or an error naming the op, its inputs and
+    /// their placements when two differ (moving a tensor is an explicit `to_global`).
+    fn common_placement(&self, op: &str, inputs: &[Tensor<'_>]) -> Result<Option<Arc<Mesh>>, GraphError> {
+        let data = self.data.borrow();
+        let mut common: Option<(usize, &Arc<Mesh>)> = None;
+        for (i, t) in inputs.iter().enumerate() {
+            let Some(mesh) = data.placements.get(&t.id) else { continue };
+            match common {
+                None => common = Some((i, mesh)),
+                Some((first, other)) if **other != **mesh => {
+                    return Err(GraphError::Op {
+                        op: op.into(),
+                        inputs: inputs.iter().map(|t| data.tensors[t.id.0 as usize].meta.to_string()).collect(),
+                        message: format!(
+                            "inputs are on different placements: input {first} on {other}, input {i} on {mesh}; \
+                             move one with to_global"
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(common.map(|(_, m)| m.clone()))
+    }
+
+    /// Places `tensor` on `mesh` with the layout `layout` (one SBP per mesh axis): its
+    /// producer must produce exactly this layout (inputs and variables: how they are fed
+    /// and stored). Errors name the tensor, its shape, the mesh axes and the layout.
+    pub fn set_layout(&self, tensor: Tensor<'_>, mesh: &Mesh, layout: NdSbp) -> Result<(), GraphError> {
+        let meta = tensor.meta();
+        let error = |message: String| GraphError::Op {
+            op: "set_layout".into(),
+            inputs: vec![format!("'{}': {meta}", tensor.name())],
+            message,
+        };
+        layout.check(mesh, &meta.shape).map_err(error)?;
+        let mut data = self.data.borrow_mut();
+        if let Some(current) = data.placements.get(&tensor.id) {
+            if **current != *mesh {
+                return Err(error(format!("already placed on {current}, cannot also be on {mesh}")));
+            }
+        }
+        data.placements.insert(tensor.id, Arc::new(mesh.clone()));
+        data.pins.insert(tensor.id, layout);
+        Ok(())
+    }
+
+    /// The placement of tensor `id`, if it has one.
+    pub fn placement(&self, id: TensorId) -> Option<Arc<Mesh>> {
+        self.data.borrow().placements.get(&id).cloned()
+    }
+
+    /// The layout pinned on tensor `id`, if any.
+    pub fn pinned_layout(&self, id: TensorId) -> Option<NdSbp> {
+        self.data.borrow().pins.get(&id).cloned()
     }
 
     /// Applies a single-output op.

@@ -30,6 +30,7 @@ mod eval;
 mod init;
 pub mod ops;
 mod optim;
+pub mod parallel;
 pub mod plan;
 pub mod sbp;
 mod session;
@@ -55,6 +56,7 @@ pub use compile::{
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use init::{Init, SplitMix64};
+pub use parallel::{ParallelInfo, ParallelInput, ParallelOptions};
 pub use optim::{Optimizer, OptimizerKind, Schedule, TrainStep};
 pub use session::Session;
 pub use tensor::{

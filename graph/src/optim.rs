@@ -127,6 +127,10 @@ pub struct TrainStep<'g> {
     pub lr: Tensor<'g>,
     /// The gradients before clipping: where a micro-batch's part of the step ends.
     pub raw_grads: Vec<Tensor<'g>>,
+    /// The trainable parameters, in the order of `grads` and `raw_grads`.
+    pub params: Vec<Tensor<'g>>,
+    /// `(optimizer state, its parameter)`: momentum and moment estimates, shaped like it.
+    pub states: Vec<(Tensor<'g>, Tensor<'g>)>,
 }
 
 impl TrainStep<'_> {
@@ -291,6 +295,20 @@ impl OpDef for Update {
             DType::I64 => Err("cannot optimize an integer variable".into()),
         }
     }
+
+    /// Elementwise over the parameter, its gradient and its state: any split of those
+    /// (alike) splits every output, with the learning rate and step whole.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<crate::sbp::SbpSignature> {
+        use crate::sbp::{Sbp, SbpSignature};
+        let rank = inputs.first().map_or(0, |param| param.shape.rank());
+        (0..rank)
+            .map(|d| {
+                let operands: Vec<Sbp> =
+                    (0..inputs.len()).map(|i| if i == 2 || i == 3 { Sbp::Broadcast } else { Sbp::Split(d) }).collect();
+                SbpSignature::new(operands, vec![Sbp::Split(d); outputs.len()])
+            })
+            .collect()
+    }
 }
 
 /// Increments the step counter: `step + 1`.
@@ -362,6 +380,7 @@ impl Graph {
         let next_step = self.apply1(NextStep, &[step])?;
         let lr = self.apply1(LearningRate(optimizer.schedule.clone()), &[next_step])?;
         let mut updates = vec![(step, next_step)];
+        let mut all_states = Vec::new();
         for (p, g) in params.iter().zip(&grads) {
             let meta = p.meta();
             let name = p.name();
@@ -372,13 +391,14 @@ impl Graph {
                     self.state(&format!("{name}.adam_v"), &meta, Init::Zeros)?,
                 ],
             };
+            all_states.extend(states.iter().map(|s| (*s, *p)));
             let mut inputs = vec![*p, *g, lr, next_step];
             inputs.extend(&states);
             let outputs = self.apply(Update(optimizer.kind.clone()), &inputs)?;
             updates.push((*p, outputs[0]));
             updates.extend(states.into_iter().zip(outputs[1..].iter().copied()));
         }
-        Ok(TrainStep { loss, updates, grads, lr, raw_grads })
+        Ok(TrainStep { loss, updates, grads, lr, raw_grads, params, states: all_states })
     }
 
     /// A non-trainable variable (optimizer state, counters).

@@ -120,20 +120,45 @@ impl Kernel for AccumulateMean {
 }
 
 /// Typed feeds of a compiled graph's inputs: each value is checked against the input's
-/// shape and dtype before its bytes go to the source.
+/// shape and dtype before its bytes go to the source. On a mesh, a value is the logical
+/// tensor: it is cut into each device's part by the input's layout.
 #[derive(Debug)]
 pub struct GraphFeeds {
-    inputs: Vec<(String, TensorMeta, Feeder)>,
+    inputs: Vec<FedInput>,
+}
+
+#[derive(Debug)]
+struct FedInput {
+    name: String,
+    meta: TensorMeta,
+    /// On a mesh: the mesh and the input's layout; the feeders are by rank.
+    layout: Option<(regflow_graph::sbp::Mesh, regflow_graph::sbp::NdSbp)>,
+    feeders: Vec<Feeder>,
 }
 
 impl Job {
     /// Takes the feeders of every input of `compiled`, for typed pushes.
     pub fn graph_feeds(&mut self, compiled: &CompiledGraph) -> Result<GraphFeeds, RuntimeError> {
-        let inputs = compiled
-            .inputs
-            .iter()
-            .map(|input| Ok((input.name.clone(), input.meta.clone(), self.feeder(&input.actor)?)))
-            .collect::<Result<_, RuntimeError>>()?;
+        let mut inputs = Vec::new();
+        for input in &compiled.inputs {
+            let parallel =
+                compiled.parallel.as_ref().and_then(|p| p.inputs.iter().find(|i| i.name == input.name).map(|i| (p, i)));
+            let fed = match parallel {
+                Some((info, parts)) => FedInput {
+                    name: input.name.clone(),
+                    meta: input.meta.clone(),
+                    layout: Some((info.mesh.clone(), parts.layout.clone())),
+                    feeders: parts.parts.iter().map(|(actor, _)| self.feeder(actor)).collect::<Result<_, _>>()?,
+                },
+                None => FedInput {
+                    name: input.name.clone(),
+                    meta: input.meta.clone(),
+                    layout: None,
+                    feeders: vec![self.feeder(&input.actor)?],
+                },
+            };
+            inputs.push(fed);
+        }
         Ok(GraphFeeds { inputs })
     }
 }
@@ -141,26 +166,36 @@ impl Job {
 impl GraphFeeds {
     /// Pushes the next value of input `name`.
     pub fn push(&mut self, name: &str, value: &HostArray) -> Result<(), RuntimeError> {
-        let Some((_, meta, feeder)) = self.inputs.iter_mut().find(|(n, _, _)| n == name) else {
-            let known: Vec<&str> = self.inputs.iter().map(|(n, _, _)| n.as_str()).collect();
+        let Some(input) = self.inputs.iter_mut().find(|i| i.name == name) else {
+            let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
             return Err(RuntimeError::Feed {
                 input: name.to_string(),
                 message: format!("the graph has no such input (inputs: {})", known.join(", ")),
             });
         };
-        if value.meta() != *meta {
+        if value.meta() != input.meta {
             return Err(RuntimeError::Feed {
                 input: name.to_string(),
-                message: format!("got {}, expected {meta}", value.meta()),
+                message: format!("got {}, expected {}", value.meta(), input.meta),
             });
         }
-        feeder.push(&value.to_le_bytes())
+        match &input.layout {
+            None => input.feeders[0].push(&value.to_le_bytes()),
+            Some((mesh, layout)) => {
+                for (feeder, part) in input.feeders.iter_mut().zip(regflow_graph::sbp::scatter(value, layout, mesh)) {
+                    feeder.push(&part.to_le_bytes())?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Ends every input: the job finishes once the pushed steps are through.
     pub fn close(&mut self) -> Result<(), RuntimeError> {
-        for (_, _, feeder) in &mut self.inputs {
-            feeder.close()?;
+        for input in &mut self.inputs {
+            for feeder in &mut input.feeders {
+                feeder.close()?;
+            }
         }
         Ok(())
     }

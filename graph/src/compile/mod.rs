@@ -133,6 +133,8 @@ pub struct CompiledGraph {
     pub variables: Vec<CompiledVariable>,
     /// Accumulation kernels to register: `(name, dtype)`; each averages a group of pieces.
     pub accumulators: Vec<(String, crate::DType)>,
+    /// For a plan compiled onto a mesh: layouts, per-device inputs and collectives.
+    pub parallel: Option<crate::ParallelInfo>,
 }
 
 impl HostArray {
@@ -184,6 +186,7 @@ impl Graph {
             fetches: Vec::new(),
             variables: Vec::new(),
             accumulators: Vec::new(),
+            parallel: None,
         };
 
         // Inputs: a dataset source for those it produces, fed sources for the others. The

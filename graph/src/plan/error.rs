@@ -146,4 +146,18 @@ pub enum PlanError {
         /// The memory crate's message.
         detail: String,
     },
+    /// A collective group whose members do not fit together.
+    #[error("collective '{group}': {detail}")]
+    Collective {
+        /// The group.
+        group: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Devices that could issue collectives in different orders (a deadlock).
+    #[error("collective order: {detail}")]
+    CollectiveOrder {
+        /// Which collectives and devices.
+        detail: String,
+    },
 }

@@ -24,6 +24,7 @@
 //! ```
 
 mod builder;
+mod collectives;
 mod display;
 mod error;
 mod memory;

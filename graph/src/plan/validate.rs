@@ -32,6 +32,7 @@ impl Plan {
         self.check_edges()?;
         self.check_arities()?;
         self.check_cycles()?;
+        self.check_collective_order()?;
         self.memory()?;
         Ok(())
     }

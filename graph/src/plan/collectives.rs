@@ -1,0 +1,178 @@
+//! The collective check: every group's members agree, and no two devices could issue two
+//! collectives in different orders (collectives block their stream until the whole group
+//! arrives, so crossed orders deadlock, as with NCCL).
+
+use super::{ActorIndex, ActorKind, CollectiveConf, KernelConf, Plan, PlanError};
+use std::collections::BTreeMap;
+
+impl Plan {
+    fn collective_conf(&self, actor: usize) -> Option<&CollectiveConf> {
+        match &self.actors[actor].kind {
+            ActorKind::Compute { kernel: KernelConf::Collective(conf) } => Some(conf),
+            _ => None,
+        }
+    }
+
+    /// Actors reachable from `from` along registers that are not preloaded: what runs
+    /// after it within one step.
+    fn within_step_successors(&self) -> Vec<Vec<usize>> {
+        let mut successors = vec![Vec::new(); self.actors.len()];
+        for desc in self.regst_descs.iter().filter(|d| d.preloaded == 0) {
+            for consumer in &desc.consumers {
+                successors[desc.producer.index()].push(consumer.index());
+            }
+        }
+        successors
+    }
+
+    /// Checks every collective group (members, ranks, agreement on op, dtype and shape) and
+    /// that every device issues its collectives in one order that all devices share.
+    pub fn check_collective_order(&self) -> Result<(), PlanError> {
+        let error = |group: &str, detail: String| PlanError::Collective { group: group.to_string(), detail };
+        let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for a in 0..self.actors.len() {
+            if let Some(conf) = self.collective_conf(a) {
+                groups.entry(conf.group.as_str()).or_default().push(a);
+            }
+        }
+        for (group, members) in &groups {
+            let first =
+                self.collective_conf(members[0]).ok_or_else(|| error(group, "lost (broken invariant)".into()))?;
+            let mut ranks = vec![None; first.size as usize];
+            for &m in members {
+                let conf = self.collective_conf(m).ok_or_else(|| error(group, "lost (broken invariant)".into()))?;
+                let name = &self.actors[m].name;
+                if (conf.size, conf.op, conf.dtype, &conf.shape) != (first.size, first.op, first.dtype, &first.shape) {
+                    return Err(error(
+                        group,
+                        format!(
+                            "member '{name}' ({} of {} {:?} {:?}) disagrees with '{}' ({} of {} {:?} {:?})",
+                            conf.op_name(),
+                            conf.size,
+                            conf.dtype,
+                            conf.shape,
+                            self.actors[members[0]].name,
+                            first.op_name(),
+                            first.size,
+                            first.dtype,
+                            first.shape
+                        ),
+                    ));
+                }
+                let slot = ranks
+                    .get_mut(conf.rank as usize)
+                    .ok_or_else(|| error(group, format!("member '{name}' has rank {} of {}", conf.rank, conf.size)))?;
+                if let Some(other) = slot.replace(m) {
+                    return Err(error(
+                        group,
+                        format!("members '{}' and '{name}' both have rank {}", self.actors[other].name, conf.rank),
+                    ));
+                }
+            }
+            if let Some(missing) = ranks.iter().position(Option::is_none) {
+                return Err(error(group, format!("rank {missing} of {} has no member", first.size)));
+            }
+            let mut devices: Vec<_> = members.iter().map(|&m| self.device_of(ActorIndex(m as u32))).collect();
+            devices.sort_unstable();
+            if devices.windows(2).any(|w| w[0] == w[1]) {
+                return Err(error(group, "two members run on one device".into()));
+            }
+        }
+
+        // Per stream: every two collectives must be ordered within a step, and the orders
+        // of all streams together must not cross.
+        let successors = self.within_step_successors();
+        let mut by_stream: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for members in groups.values() {
+            for &m in members {
+                by_stream.entry(self.actors[m].stream.index()).or_default().push(m);
+            }
+        }
+        // before[(g1, g2)] = a stream that issues g1 before g2.
+        let mut before: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        for (&stream, actors) in &by_stream {
+            for &a in actors {
+                let mut seen = vec![false; self.actors.len()];
+                let mut stack = vec![a];
+                while let Some(x) = stack.pop() {
+                    if std::mem::replace(&mut seen[x], true) {
+                        continue;
+                    }
+                    stack.extend(successors[x].iter().copied());
+                }
+                for &b in actors.iter().filter(|&&b| b != a) {
+                    let (ga, gb) = match (self.collective_conf(a), self.collective_conf(b)) {
+                        (Some(x), Some(y)) => (x.group.as_str(), y.group.as_str()),
+                        _ => continue,
+                    };
+                    if seen[b] {
+                        before.insert((ga, gb), stream);
+                    }
+                }
+            }
+            for (i, &a) in actors.iter().enumerate() {
+                for &b in &actors[i + 1..] {
+                    let (ga, gb) = match (self.collective_conf(a), self.collective_conf(b)) {
+                        (Some(x), Some(y)) => (x.group.as_str(), y.group.as_str()),
+                        _ => continue,
+                    };
+                    if !before.contains_key(&(ga, gb)) && !before.contains_key(&(gb, ga)) {
+                        return Err(PlanError::CollectiveOrder {
+                            detail: format!(
+                                "'{}' ({ga}) and '{}' ({gb}) on {} could be issued in either order: \
+                                 chain them so that every device issues them in one order",
+                                self.actors[a].name,
+                                self.actors[b].name,
+                                self.stream_label(stream)
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        for (&(ga, gb), &stream) in &before {
+            if let Some(&other) = before.get(&(gb, ga)) {
+                return Err(PlanError::CollectiveOrder {
+                    detail: format!(
+                        "{} issues '{ga}' before '{gb}', but {} issues '{gb}' before '{ga}'",
+                        self.stream_label(stream),
+                        self.stream_label(other)
+                    ),
+                });
+            }
+        }
+        // Longer crossings (g1 < g2 on one device, g2 < g3 on another, g3 < g1 on a third).
+        let names: Vec<&str> = groups.keys().copied().collect();
+        let index = |g: &str| names.iter().position(|n| *n == g).unwrap_or(0);
+        let mut indegree = vec![0usize; names.len()];
+        let mut next: Vec<Vec<usize>> = vec![Vec::new(); names.len()];
+        for &(ga, gb) in before.keys() {
+            next[index(ga)].push(index(gb));
+            indegree[index(gb)] += 1;
+        }
+        let mut ready: Vec<usize> = (0..names.len()).filter(|&g| indegree[g] == 0).collect();
+        let mut done = 0;
+        while let Some(g) = ready.pop() {
+            done += 1;
+            for &h in &next[g] {
+                indegree[h] -= 1;
+                if indegree[h] == 0 {
+                    ready.push(h);
+                }
+            }
+        }
+        if done != names.len() {
+            let stuck: Vec<&str> = (0..names.len()).filter(|&g| indegree[g] > 0).map(|g| names[g]).collect();
+            return Err(PlanError::CollectiveOrder {
+                detail: format!("the devices' orders of collectives [{}] form a cycle", stuck.join(", ")),
+            });
+        }
+        Ok(())
+    }
+
+    fn stream_label(&self, stream: usize) -> String {
+        let s = &self.streams[stream];
+        let device = self.devices.get(s.device.index()).map(|d| d.label()).unwrap_or_default();
+        format!("device {device} ({:?} stream)", s.kind).to_lowercase()
+    }
+}

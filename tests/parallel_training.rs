@@ -1,0 +1,166 @@
+//! Data, tensor, ZeRO and 2-D parallel training from layouts: the same graph compiled onto
+//! a mesh of cpu devices trains like one device (the host reference session), step by step.
+
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Session, SplitMix64, TrainStep};
+use regflow::prelude::*;
+
+use Sbp::{Broadcast as B, Split as S};
+
+const BATCH: usize = 8;
+
+/// Layouts of one model: `(tensor name, layout)` plus the mesh.
+struct Layout {
+    mesh: Mesh,
+    pins: Vec<(&'static str, Vec<Sbp>)>,
+}
+
+fn batches(steps: usize, dtype: DType) -> Vec<(HostArray, HostArray)> {
+    let mut rng = SplitMix64::new(5);
+    (0..steps)
+        .map(|_| {
+            let x: Vec<f64> = (0..BATCH * 6).map(|_| rng.next_normal()).collect();
+            let y: Vec<i64> = (0..BATCH).map(|_| (rng.next_u64() % 3) as i64).collect();
+            let x = match dtype {
+                DType::F32 => HostArray::f32([BATCH, 6], x.iter().map(|&v| v as f32).collect()),
+                _ => HostArray::f64([BATCH, 6], x),
+            };
+            (x.unwrap(), HostArray::i64([BATCH], y).unwrap())
+        })
+        .collect()
+}
+
+fn model<'g>(g: &'g Graph, dtype: DType, layout: Option<&Layout>) -> TrainStep<'g> {
+    let x = g.input("x", [BATCH, 6], dtype).unwrap();
+    let y = g.input("y", [BATCH], DType::I64).unwrap();
+    let w1 = g.variable("w1", [6, 16], dtype, Init::Kaiming { seed: 1 }).unwrap();
+    let b1 = g.variable("b1", [16], dtype, Init::Normal { mean: 0.0, std: 0.1, seed: 3 }).unwrap();
+    let w2 = g.variable("w2", [16, 3], dtype, Init::Xavier { seed: 2 }).unwrap();
+    if let Some(layout) = layout {
+        for (name, sbp) in &layout.pins {
+            let t = g.by_name(name).unwrap();
+            g.set_layout(t, &layout.mesh, NdSbp(sbp.clone())).unwrap();
+        }
+    }
+    let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
+    let loss = h.matmul(&w2).unwrap().sparse_cross_entropy(&y).unwrap();
+    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
+}
+
+fn as_f64(bytes: &[u8], dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => f64::from(f32::from_le_bytes(bytes.try_into().unwrap())),
+        _ => f64::from_le_bytes(bytes.try_into().unwrap()),
+    }
+}
+
+fn reference_losses(steps: usize, dtype: DType) -> Vec<f64> {
+    let g = Graph::new();
+    let train = model(&g, dtype, None);
+    let (x, y) = (g.by_name("x").unwrap(), g.by_name("y").unwrap());
+    let mut s = Session::new(&g);
+    batches(steps, dtype).into_iter().map(|(xs, ys)| s.step(&train, &[(x, xs), (y, ys)]).unwrap()).collect()
+}
+
+fn parallel_losses(steps: usize, dtype: DType, layout: &Layout) -> Vec<f64> {
+    let g = Graph::new();
+    let train = model(&g, dtype, Some(layout));
+    let options = ParallelOptions::new(layout.mesh.clone()).train(&train);
+    let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
+    compiled.plan.validate().unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
+    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
+    let pusher = std::thread::spawn(move || {
+        for (xs, ys) in batches(steps, dtype) {
+            feeds.push("x", &xs).unwrap();
+            feeds.push("y", &ys).unwrap();
+        }
+        feeds.close().unwrap();
+    });
+    let losses: Vec<f64> = std::iter::from_fn(|| fetcher.recv()).map(|p| as_f64(p.bytes(), dtype)).collect();
+    pusher.join().unwrap();
+    job.wait().unwrap();
+    losses
+}
+
+fn assert_close(name: &str, got: &[f64], want: &[f64], tolerance: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: {got:?} vs {want:?}");
+    for (step, (a, b)) in got.iter().zip(want).enumerate() {
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        assert!(rel <= tolerance, "{name}: step {step}: {a} vs one device {b} (relative {rel:e})\n{got:?}\n{want:?}");
+    }
+    assert!(got[got.len() - 1] < got[0], "{name}: the loss went down: {got:?}");
+}
+
+fn layout(shape: &[usize], axes: &[&str], pins: Vec<(&'static str, Vec<Sbp>)>) -> Layout {
+    Layout { mesh: Mesh::cpu(shape, axes).unwrap(), pins }
+}
+
+fn data_parallel(p: usize) -> Layout {
+    layout(&[p], &["dp"], vec![("x", vec![S(0)]), ("y", vec![S(0)])])
+}
+
+fn tensor_parallel() -> Layout {
+    layout(&[2], &["tp"], vec![("w1", vec![S(1)]), ("b1", vec![S(0)]), ("w2", vec![S(0)])])
+}
+
+fn zero() -> Layout {
+    layout(
+        &[2],
+        &["dp"],
+        vec![("x", vec![S(0)]), ("y", vec![S(0)]), ("w1", vec![S(0)]), ("b1", vec![S(0)]), ("w2", vec![S(0)])],
+    )
+}
+
+fn dp_tp() -> Layout {
+    layout(
+        &[2, 2],
+        &["dp", "tp"],
+        vec![
+            ("x", vec![S(0), B]),
+            ("y", vec![S(0), B]),
+            ("w1", vec![B, S(1)]),
+            ("b1", vec![B, S(0)]),
+            ("w2", vec![B, S(0)]),
+        ],
+    )
+}
+
+fn check(name: &str, layout: Layout) {
+    let steps = 20;
+    let want = reference_losses(steps, DType::F64);
+    assert_close(name, &parallel_losses(steps, DType::F64, &layout), &want, 1e-10);
+    let want = reference_losses(steps, DType::F32);
+    assert_close(name, &parallel_losses(steps, DType::F32, &layout), &want, 1e-5);
+}
+
+#[test]
+fn data_parallel_2_trains_like_one_device() {
+    check("dp2", data_parallel(2));
+}
+
+#[test]
+fn data_parallel_4_trains_like_one_device() {
+    check("dp4", data_parallel(4));
+}
+
+#[test]
+fn uneven_data_parallel_3_trains_like_one_device() {
+    check("dp3 (batch 8 over 3)", data_parallel(3));
+}
+
+#[test]
+fn tensor_parallel_2_trains_like_one_device() {
+    check("tp2", tensor_parallel());
+}
+
+#[test]
+fn zero_2_trains_like_one_device() {
+    check("zero2", zero());
+}
+
+#[test]
+fn data_times_tensor_parallel_trains_like_one_device() {
+    check("dp2xtp2", dp_tp());
+}
