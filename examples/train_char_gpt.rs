@@ -19,15 +19,16 @@
 //! the *tied* token embedding (`h · wteᵀ`); the loss is the mean cross-entropy of the next
 //! character at every position.
 
-use regflow::graph::{
-    CompileOptions, DType, Graph, GraphError, HostArray, Init, Optimizer, Schedule, Session, SplitMix64, Tensor,
-};
+#[path = "common/gpt.rs"]
+mod gpt;
+
+use gpt::{Gpt, GptConfig};
+use regflow::graph::{CompileOptions, DType, Graph, HostArray, Optimizer, Schedule, Session, SplitMix64};
 use regflow::prelude::{Job, RuntimeError};
 use std::time::Instant;
 
 const D_MODEL: usize = 64;
 const HEADS: usize = 4;
-const HEAD_DIM: usize = D_MODEL / HEADS;
 const LAYERS: usize = 2;
 const CONTEXT: usize = 64;
 const BATCH: usize = 16;
@@ -93,136 +94,6 @@ fn causal_mask() -> Option<HostArray> {
 }
 
 /// Creates the variables with distinct seeds and readable names.
-struct Params<'g> {
-    graph: &'g Graph,
-    next_seed: u64,
-}
-
-impl<'g> Params<'g> {
-    /// GPT-2's initialization: N(0, 0.02) weights (`std` scales it), zero biases.
-    fn normal(&mut self, name: &str, shape: [usize; 2], std: f64) -> Result<Tensor<'g>, GraphError> {
-        self.next_seed += 1;
-        self.graph.variable(name, shape, DType::F32, Init::Normal { mean: 0.0, std, seed: self.next_seed })
-    }
-
-    fn linear(&mut self, name: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear<'g>, GraphError> {
-        Ok(Linear {
-            weight: self.normal(&format!("{name}.weight"), [inputs, outputs], std)?,
-            bias: self.graph.variable(&format!("{name}.bias"), [outputs], DType::F32, Init::Zeros)?,
-        })
-    }
-
-    fn layer_norm(&self, name: &str) -> Result<LayerNorm<'g>, GraphError> {
-        Ok(LayerNorm {
-            gamma: self.graph.variable(&format!("{name}.gamma"), [D_MODEL], DType::F32, Init::Ones)?,
-            beta: self.graph.variable(&format!("{name}.beta"), [D_MODEL], DType::F32, Init::Zeros)?,
-        })
-    }
-}
-
-/// `x·weight + bias` on rows `[N, inputs]`.
-struct Linear<'g> {
-    weight: Tensor<'g>,
-    bias: Tensor<'g>,
-}
-
-impl<'g> Linear<'g> {
-    fn forward(&self, x: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
-        x.matmul(&self.weight)?.add(&self.bias)
-    }
-}
-
-struct LayerNorm<'g> {
-    gamma: Tensor<'g>,
-    beta: Tensor<'g>,
-}
-
-impl<'g> LayerNorm<'g> {
-    fn forward(&self, x: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
-        x.layer_norm(&self.gamma, &self.beta, 1e-5)
-    }
-}
-
-/// One pre-LayerNorm transformer block.
-struct Block<'g> {
-    ln1: LayerNorm<'g>,
-    query: Linear<'g>,
-    key: Linear<'g>,
-    value: Linear<'g>,
-    attn_out: Linear<'g>,
-    ln2: LayerNorm<'g>,
-    mlp_in: Linear<'g>,
-    mlp_out: Linear<'g>,
-}
-
-impl<'g> Block<'g> {
-    fn new(params: &mut Params<'g>, name: &str) -> Result<Self, GraphError> {
-        // GPT-2 scales the projections that write into the residual stream by 1/√(2·layers),
-        // so the stream's variance does not grow with depth.
-        let residual_std = 0.02 / ((2 * LAYERS) as f64).sqrt();
-        Ok(Self {
-            ln1: params.layer_norm(&format!("{name}.ln1"))?,
-            query: params.linear(&format!("{name}.attn.query"), D_MODEL, D_MODEL, 0.02)?,
-            key: params.linear(&format!("{name}.attn.key"), D_MODEL, D_MODEL, 0.02)?,
-            value: params.linear(&format!("{name}.attn.value"), D_MODEL, D_MODEL, 0.02)?,
-            attn_out: params.linear(&format!("{name}.attn.out"), D_MODEL, D_MODEL, residual_std)?,
-            ln2: params.layer_norm(&format!("{name}.ln2"))?,
-            mlp_in: params.linear(&format!("{name}.mlp.in"), D_MODEL, MLP_WIDTH, 0.02)?,
-            mlp_out: params.linear(&format!("{name}.mlp.out"), MLP_WIDTH, D_MODEL, residual_std)?,
-        })
-    }
-
-    /// `x` is the residual stream as rows `[B·T, D]`; `mask` is `[T, T]`.
-    fn forward(&self, x: Tensor<'g>, batch: usize, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
-        let (b, t) = (batch as isize, CONTEXT as isize);
-        // [B·T, D] -> [B, H, T, d]: one attention problem per (sequence, head).
-        let split_heads =
-            |rows: Tensor<'g>| rows.reshape(&[b, t, HEADS as isize, HEAD_DIM as isize])?.permute(&[0, 2, 1, 3]);
-        let h = self.ln1.forward(&x)?;
-        let q = split_heads(self.query.forward(&h)?)?;
-        let k = split_heads(self.key.forward(&h)?)?;
-        let v = split_heads(self.value.forward(&h)?)?;
-        let scores = q.matmul_transposed(&k, false, true)?.mul_scalar(1.0 / (HEAD_DIM as f64).sqrt())?.add(mask)?;
-        let attended = scores.softmax(-1)?.matmul(&v)?;
-        let merged = attended.permute(&[0, 2, 1, 3])?.reshape(&[b * t, D_MODEL as isize])?;
-        let x = x.add(&self.attn_out.forward(&merged)?)?;
-        let hidden = self.mlp_in.forward(&self.ln2.forward(&x)?)?.gelu()?;
-        x.add(&self.mlp_out.forward(&hidden)?)
-    }
-}
-
-struct Gpt<'g> {
-    token_embedding: Tensor<'g>,
-    position_embedding: Tensor<'g>,
-    blocks: Vec<Block<'g>>,
-    ln_final: LayerNorm<'g>,
-}
-
-impl<'g> Gpt<'g> {
-    fn new(graph: &'g Graph, vocab_size: usize) -> Result<Self, GraphError> {
-        let mut params = Params { graph, next_seed: 0 };
-        Ok(Self {
-            token_embedding: params.normal("token_embedding", [vocab_size, D_MODEL], 0.02)?,
-            position_embedding: params.normal("position_embedding", [CONTEXT, D_MODEL], 0.01)?,
-            blocks: (0..LAYERS).map(|i| Block::new(&mut params, &format!("block{i}"))).collect::<Result<_, _>>()?,
-            ln_final: params.layer_norm("ln_final")?,
-        })
-    }
-
-    /// Next-character logits `[B·T, V]` for ids `[B, T]`.
-    fn logits(&self, ids: &Tensor<'g>, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
-        let batch = ids.shape().dims()[0];
-        // [B, T, D] + [T, D]: the position table broadcasts over the batch.
-        let embedded = self.token_embedding.embedding(ids)?.add(&self.position_embedding)?;
-        let mut x = embedded.reshape(&[(batch * CONTEXT) as isize, D_MODEL as isize])?;
-        for block in &self.blocks {
-            x = block.forward(x, batch, mask)?;
-        }
-        // Tied output projection: the token table read transposed.
-        self.ln_final.forward(&x)?.matmul_transposed(&self.token_embedding, false, true)
-    }
-}
-
 /// Draws from `softmax(logits / temperature)`.
 fn sample(logits: &[f64], temperature: f64, rng: &mut SplitMix64) -> usize {
     let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -254,7 +125,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vocab_size = corpus.vocab.len();
 
     let g = Graph::new();
-    let model = Gpt::new(&g, vocab_size)?;
+    let config = GptConfig { d_model: D_MODEL, heads: HEADS, layers: LAYERS, context: CONTEXT, mlp_width: MLP_WIDTH };
+    let model = Gpt::new(&g, config, vocab_size)?;
     let mask = g.input("causal_mask", [CONTEXT, CONTEXT], DType::F32)?;
     let ids = g.input("ids", [BATCH, CONTEXT], DType::I64)?;
     let targets = g.input("targets", [BATCH * CONTEXT], DType::I64)?;

@@ -1,6 +1,7 @@
 //! Elementwise `add`, `sub`, `mul`, `div` with numpy broadcasting.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -49,6 +50,18 @@ pub(crate) fn for_each_broadcast(out: &Shape, a: &Shape, b: &Shape, mut f: impl 
             ib -= sb[d] * dims[d];
             index[d] = 0;
         }
+    }
+}
+
+/// The layout an operand of shape `operand`, read broadcast to `output`, must have when
+/// the output is split along `out_dim`: split along its own matching dimension when it has
+/// that dimension at full size, else `Broadcast` (it is stretched along that dimension, so
+/// every device needs all of it).
+pub(crate) fn operand_sbp(operand: &Shape, output: &Shape, out_dim: usize) -> Sbp {
+    let offset = output.rank() - operand.rank().min(output.rank());
+    match out_dim.checked_sub(offset) {
+        Some(dim) if operand.dims().get(dim) == output.dims().get(out_dim) => Sbp::Split(dim),
+        _ => Sbp::Broadcast,
     }
 }
 
@@ -110,6 +123,30 @@ impl OpDef for Binary {
             DType::F64 => compute_typed::<f64>(self.0, inputs, &mut outputs[0]),
             DType::I64 => Err("integer arithmetic is not supported".into()),
         }
+    }
+
+    /// A split of the output dimension `d` splits each operand that has `d` at full size
+    /// and broadcasts the ones stretched along it. Summands: `add`/`sub` take them on both
+    /// sides; `mul` on either side (the other whole); `div` in the numerator only. `(P, B)`
+    /// is not valid for `add`: the whole `b` would be added once per device.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let ([a, b], [out]) = (inputs, outputs) else { return Vec::new() };
+        let mut signatures: Vec<SbpSignature> = (0..out.shape.rank())
+            .map(|d| {
+                let operands = [operand_sbp(&a.shape, &out.shape, d), operand_sbp(&b.shape, &out.shape, d)];
+                SbpSignature::new(operands, [Sbp::Split(d)])
+            })
+            .collect();
+        let (partial, whole) = (Sbp::Partial, Sbp::Broadcast);
+        match self.0 {
+            BinaryKind::Add | BinaryKind::Sub => signatures.push(SbpSignature::new([partial, partial], [partial])),
+            BinaryKind::Mul => {
+                signatures.push(SbpSignature::new([partial, whole], [partial]));
+                signatures.push(SbpSignature::new([whole, partial], [partial]));
+            }
+            BinaryKind::Div => signatures.push(SbpSignature::new([partial, whole], [partial])),
+        }
+        signatures
     }
 }
 

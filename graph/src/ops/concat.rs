@@ -3,6 +3,7 @@
 use super::reduce::axis_index;
 use super::slice::AxisBlocks;
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{Element, HostTensor, HostTensorMut, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -85,6 +86,18 @@ impl OpDef for Concat {
             DType::F64 => concat_typed::<f64>(axis, inputs, &mut outputs[0]),
             DType::I64 => concat_typed::<i64>(axis, inputs, &mut outputs[0]),
         }
+    }
+
+    /// Any axis but the joined one may be split (on every input alike); summands join to
+    /// summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let Some(first) = inputs.first() else { return Vec::new() };
+        let Ok(axis) = self.resolve(&first.shape) else { return Vec::new() };
+        let all = |sbp: Sbp| SbpSignature::new(vec![sbp; inputs.len()], [sbp]);
+        let mut signatures: Vec<SbpSignature> =
+            (0..first.shape.rank()).filter(|&d| d != axis).map(|d| all(Sbp::Split(d))).collect();
+        signatures.push(all(Sbp::Partial));
+        signatures
     }
 }
 

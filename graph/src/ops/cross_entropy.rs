@@ -1,9 +1,11 @@
 //! `sparse_cross_entropy`: the mean negative log-likelihood of integer labels under
 //! softmax(logits), computed with a stable log-sum-exp, and the op computing its gradient.
 
-use super::{GradCtx, InputGrads, OpDef};
+use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, TensorMeta};
 use crate::{DType, GraphError, Tensor};
+use std::sync::Arc;
 
 /// `mean_n (ln Σ_c e^logits[n, c] - logits[n, labels[n]])`: logits `[N, C]` (float), labels
 /// `[N]` (i64, each in `0..C`), a scalar loss of the logits' dtype.
@@ -49,7 +51,13 @@ fn log_sum_exp<T: Real>(row: &[T]) -> (T, T) {
     (max, sum.ln())
 }
 
-fn forward_typed<T: Real>(inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+/// `batch`: the rows the mean is over (`None`: the rows given; a device holding some of the
+/// rows divides by all of them, so that the devices' results sum to the mean).
+fn forward_typed<T: Real>(
+    batch: Option<usize>,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
     let (logits, labels) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
     let classes = inputs[0].shape.dims()[1];
     let rows = labels.len();
@@ -61,16 +69,21 @@ fn forward_typed<T: Real>(inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>
         // Subtracting in the shifted domain keeps it exact for huge logits.
         total += (log_sum - (row[c] - max)).to_f64();
     }
-    out.as_mut_slice::<T>()?[0] = T::from_f64(total / rows as f64);
+    out.as_mut_slice::<T>()?[0] = T::from_f64(total / batch.unwrap_or(rows) as f64);
     Ok(())
 }
 
-fn backward_typed<T: Real>(inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+/// `batch` as for [`forward_typed`].
+fn backward_typed<T: Real>(
+    batch: Option<usize>,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
     let (logits, labels) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
     let dy = inputs[2].as_slice::<T>()?[0];
     let classes = inputs[0].shape.dims()[1];
     let rows = labels.len();
-    let scale = dy / T::from_f64(rows as f64);
+    let scale = dy / T::from_f64(batch.unwrap_or(rows) as f64);
     let dx = out.as_mut_slice::<T>()?;
     for n in 0..rows {
         let row = &logits[n * classes..(n + 1) * classes];
@@ -104,10 +117,21 @@ impl OpDef for SparseCrossEntropy {
 
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
         match outputs[0].dtype() {
-            DType::F32 => forward_typed::<f32>(inputs, &mut outputs[0]),
-            DType::F64 => forward_typed::<f64>(inputs, &mut outputs[0]),
+            DType::F32 => forward_typed::<f32>(None, inputs, &mut outputs[0]),
+            DType::F64 => forward_typed::<f64>(None, inputs, &mut outputs[0]),
             DType::I64 => Err("integer logits are not supported".into()),
         }
+    }
+
+    /// A split of the rows (logits and labels alike) leaves each device the sum of its
+    /// rows' losses divided by the whole batch: summands of the mean.
+    fn sbp_signatures(&self, _inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        vec![SbpSignature::new([Sbp::Split(0), Sbp::Split(0)], [Sbp::Partial])]
+    }
+
+    /// Divides by the logical batch when the rows are split.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        Ok(split_batch(ctx).map(|batch| Arc::new(PartCrossEntropy { batch, grad: false }) as Arc<dyn OpDef>))
     }
 }
 
@@ -132,9 +156,75 @@ impl OpDef for SparseCrossEntropyGrad {
 
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
         match outputs[0].dtype() {
-            DType::F32 => backward_typed::<f32>(inputs, &mut outputs[0]),
-            DType::F64 => backward_typed::<f64>(inputs, &mut outputs[0]),
+            DType::F32 => backward_typed::<f32>(None, inputs, &mut outputs[0]),
+            DType::F64 => backward_typed::<f64>(None, inputs, &mut outputs[0]),
             DType::I64 => Err("integer logits are not supported".into()),
+        }
+    }
+
+    /// A split of the rows (with `dy` whole) splits the gradient's rows, each scaled by
+    /// the whole batch; the gradient is linear in `dy`, so summands of `dy` give summands.
+    fn sbp_signatures(&self, _inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let (partial, whole) = (Sbp::Partial, Sbp::Broadcast);
+        vec![
+            SbpSignature::new([Sbp::Split(0), Sbp::Split(0), whole], [Sbp::Split(0)]),
+            SbpSignature::new([whole, whole, partial], [partial]),
+        ]
+    }
+
+    /// Divides by the logical batch when the rows are split.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        Ok(split_batch(ctx).map(|batch| Arc::new(PartCrossEntropy { batch, grad: true }) as Arc<dyn OpDef>))
+    }
+}
+
+/// The logical batch size when this device holds only some of the rows.
+fn split_batch(ctx: &LocalContext<'_>) -> Option<usize> {
+    let logical = ctx.logical_inputs.first()?.shape.dims().first().copied()?;
+    let local = ctx.local_inputs.first()?.shape.dims().first().copied()?;
+    (local != logical).then_some(logical)
+}
+
+/// A device's share of [`SparseCrossEntropy`] (or, with `grad`, of its gradient) when the
+/// rows are split: its rows' terms divided by the whole batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PartCrossEntropy {
+    /// Rows of the logical batch.
+    batch: usize,
+    /// Whether this is the gradient op.
+    grad: bool,
+}
+
+impl OpDef for PartCrossEntropy {
+    fn name(&self) -> &'static str {
+        if self.grad {
+            SparseCrossEntropyGrad.name()
+        } else {
+            SparseCrossEntropy.name()
+        }
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        if self.grad {
+            SparseCrossEntropyGrad.infer(inputs)
+        } else {
+            SparseCrossEntropy.infer(inputs)
+        }
+    }
+
+    fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        // Gradients are taken of the logical graph, before it is split over devices.
+        Err(GraphError::NoGradient { op: format!("{} (one device's part)", self.name()), index: 0 })
+    }
+
+    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+        let batch = Some(self.batch);
+        match (outputs[0].dtype(), self.grad) {
+            (DType::F32, false) => forward_typed::<f32>(batch, inputs, &mut outputs[0]),
+            (DType::F64, false) => forward_typed::<f64>(batch, inputs, &mut outputs[0]),
+            (DType::F32, true) => backward_typed::<f32>(batch, inputs, &mut outputs[0]),
+            (DType::F64, true) => backward_typed::<f64>(batch, inputs, &mut outputs[0]),
+            (DType::I64, _) => Err("integer logits are not supported".into()),
         }
     }
 }

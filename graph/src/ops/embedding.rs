@@ -1,9 +1,12 @@
 //! `embedding`: rows of a table gathered by integer ids, and the scatter-add op that is
 //! its gradient.
 
-use super::{GradCtx, InputGrads, OpDef};
+use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
+use std::ops::Range;
+use std::sync::Arc;
 
 /// `table[ids]`: table `[V, D]` (float), ids of any shape (i64, each in `0..V`), output
 /// `ids.shape + [D]`.
@@ -25,35 +28,113 @@ fn check_ids(ids: &TensorMeta) -> Result<(), String> {
     Ok(())
 }
 
-/// Id `i` as a row index, or an error naming it.
-fn row(ids: &[i64], i: usize, rows: usize) -> Result<usize, String> {
-    let id = ids[i];
-    usize::try_from(id).ok().filter(|&r| r < rows).ok_or_else(|| format!("id {id} out of range for {rows} rows"))
+/// Which rows of the table a device holds: `held` of the `vocab_size` logical rows. Ids
+/// outside `0..vocab_size` are errors; ids of rows held elsewhere read (and write) zeros.
+#[derive(Debug, Clone)]
+struct Rows {
+    vocab_size: usize,
+    held: Range<usize>,
 }
 
-fn gather_typed<T: Real>(inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+impl Rows {
+    /// The whole table of `rows` rows.
+    fn all(rows: usize) -> Self {
+        Self { vocab_size: rows, held: 0..rows }
+    }
+
+    /// The local row of id `i`, `None` if another device holds it, or an error naming it.
+    fn local(&self, ids: &[i64], i: usize) -> Result<Option<usize>, String> {
+        let id = ids[i];
+        let row = usize::try_from(id)
+            .ok()
+            .filter(|&r| r < self.vocab_size)
+            .ok_or_else(|| format!("id {id} out of range for {} rows", self.vocab_size))?;
+        Ok(self.held.contains(&row).then(|| row - self.held.start))
+    }
+}
+
+fn gather_typed<T: Real>(rows: &Rows, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let (table, ids) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
-    let (rows, features) = (inputs[0].shape.dims()[0], inputs[0].shape.dims()[1]);
+    let features = inputs[0].shape.dims()[1];
     let out = out.as_mut_slice::<T>()?;
     for i in 0..ids.len() {
-        let r = row(ids, i, rows)?;
-        out[i * features..(i + 1) * features].copy_from_slice(&table[r * features..(r + 1) * features]);
+        let dst = &mut out[i * features..(i + 1) * features];
+        match rows.local(ids, i)? {
+            Some(r) => dst.copy_from_slice(&table[r * features..(r + 1) * features]),
+            None => dst.fill(T::zero()),
+        }
     }
     Ok(())
 }
 
-fn scatter_typed<T: Real>(inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+fn scatter_typed<T: Real>(rows: &Rows, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let (ids, dy) = (inputs[0].as_slice::<i64>()?, inputs[1].as_slice::<T>()?);
-    let (rows, features) = (out.shape.dims()[0], out.shape.dims()[1]);
+    let features = out.shape.dims()[1];
     let out = out.as_mut_slice::<T>()?;
     out.fill(T::zero());
     for i in 0..ids.len() {
-        let r = row(ids, i, rows)?;
+        let Some(r) = rows.local(ids, i)? else { continue };
         for (o, &d) in out[r * features..(r + 1) * features].iter_mut().zip(&dy[i * features..(i + 1) * features]) {
             *o += d;
         }
     }
     Ok(())
+}
+
+fn gather(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+    match outputs[0].dtype() {
+        DType::F32 => gather_typed::<f32>(rows, inputs, &mut outputs[0]),
+        DType::F64 => gather_typed::<f64>(rows, inputs, &mut outputs[0]),
+        DType::I64 => Err("integer tables are not supported".into()),
+    }
+}
+
+fn scatter(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+    match outputs[0].dtype() {
+        DType::F32 => scatter_typed::<f32>(rows, inputs, &mut outputs[0]),
+        DType::F64 => scatter_typed::<f64>(rows, inputs, &mut outputs[0]),
+        DType::I64 => Err("integer tables are not supported".into()),
+    }
+}
+
+/// A device's share of [`Embedding`] (or, with `grad`, of [`EmbeddingGrad`]) when the
+/// table's rows are split (vocabulary parallelism): ids of rows held elsewhere gather
+/// zeros (the devices' outputs are summands) and scatter nothing.
+#[derive(Debug, Clone)]
+struct VocabPart {
+    rows: Rows,
+    grad: bool,
+}
+
+impl OpDef for VocabPart {
+    fn name(&self) -> &'static str {
+        if self.grad {
+            "embedding_grad"
+        } else {
+            "embedding"
+        }
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        if self.grad {
+            EmbeddingGrad { vocab_size: self.rows.held.len() }.infer(inputs)
+        } else {
+            Embedding.infer(inputs)
+        }
+    }
+
+    fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        // Gradients are taken of the logical graph, before it is split over devices.
+        Err(GraphError::NoGradient { op: format!("{} (one device's part)", self.name()), index: 0 })
+    }
+
+    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+        if self.grad {
+            scatter(&self.rows, inputs, outputs)
+        } else {
+            gather(&self.rows, inputs, outputs)
+        }
+    }
 }
 
 impl OpDef for Embedding {
@@ -82,12 +163,42 @@ impl OpDef for Embedding {
     }
 
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => gather_typed::<f32>(inputs, &mut outputs[0]),
-            DType::F64 => gather_typed::<f64>(inputs, &mut outputs[0]),
-            DType::I64 => Err("integer tables are not supported".into()),
-        }
+        gather(&Rows::all(inputs[0].shape.dims()[0]), inputs, outputs)
     }
+
+    /// A split of the ids splits the output (table whole); a split of the features splits
+    /// the output's last dimension (ids whole); gathering is linear in the table, so
+    /// summands give summands; and a split of the table's rows (vocabulary parallelism)
+    /// gives summands: each device gathers the rows it holds and zeros for the others.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [_, ids] = inputs else { return Vec::new() };
+        let (partial, whole) = (Sbp::Partial, Sbp::Broadcast);
+        let rank = ids.shape.rank();
+        let mut signatures: Vec<SbpSignature> =
+            (0..rank).map(|d| SbpSignature::new([whole, Sbp::Split(d)], [Sbp::Split(d)])).collect();
+        signatures.push(SbpSignature::new([Sbp::Split(1), whole], [Sbp::Split(rank)]));
+        signatures.push(SbpSignature::new([partial, whole], [partial]));
+        signatures.push(SbpSignature::new([Sbp::Split(0), whole], [partial]));
+        signatures
+    }
+
+    /// With the table's rows split, gathers only the rows this device holds.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        let (Some(logical), Some(local), Some(offsets)) =
+            (ctx.logical_inputs.first(), ctx.local_inputs.first(), ctx.input_offsets.first())
+        else {
+            return Ok(None);
+        };
+        Ok(vocab_part(logical, local, offsets, false))
+    }
+}
+
+/// The vocabulary-parallel part of a device holding `local` of the `logical` table at
+/// `offsets`, or `None` if it holds every row.
+fn vocab_part(logical: &TensorMeta, local: &TensorMeta, offsets: &[usize], grad: bool) -> Option<Arc<dyn OpDef>> {
+    let (&vocab_size, &rows, &start) = (logical.shape.dims().first()?, local.shape.dims().first()?, offsets.first()?);
+    (rows != vocab_size)
+        .then(|| Arc::new(VocabPart { rows: Rows { vocab_size, held: start..start + rows }, grad }) as _)
 }
 
 impl OpDef for EmbeddingGrad {
@@ -117,11 +228,34 @@ impl OpDef for EmbeddingGrad {
     }
 
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => scatter_typed::<f32>(inputs, &mut outputs[0]),
-            DType::F64 => scatter_typed::<f64>(inputs, &mut outputs[0]),
-            DType::I64 => Err("integer tables are not supported".into()),
-        }
+        scatter(&Rows::all(self.vocab_size), inputs, outputs)
+    }
+
+    /// A split of the ids and `dy` leaves each device partial sums of the table gradient;
+    /// a split of the features of `dy` (ids whole) splits the gradient's features; the
+    /// scatter is linear in `dy`, so summands give summands; and with the ids and `dy`
+    /// whole, the gradient's rows may be split (vocabulary parallelism): each device
+    /// scatters only into the rows it holds.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [ids, _] = inputs else { return Vec::new() };
+        let (partial, whole) = (Sbp::Partial, Sbp::Broadcast);
+        let rank = ids.shape.rank();
+        let mut signatures: Vec<SbpSignature> =
+            (0..rank).map(|d| SbpSignature::new([Sbp::Split(d), Sbp::Split(d)], [partial])).collect();
+        signatures.push(SbpSignature::new([whole, Sbp::Split(rank)], [Sbp::Split(1)]));
+        signatures.push(SbpSignature::new([whole, partial], [partial]));
+        signatures.push(SbpSignature::new([whole, whole], [Sbp::Split(0)]));
+        signatures
+    }
+
+    /// With the gradient's rows split, scatters only into the rows this device holds.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        let (Some(logical), Some(local), Some(offsets)) =
+            (ctx.logical_outputs.first(), ctx.local_outputs.first(), ctx.output_offsets.first())
+        else {
+            return Ok(None);
+        };
+        Ok(vocab_part(logical, local, offsets, true))
     }
 }
 

@@ -1,8 +1,10 @@
 //! `fill`: a tensor of one value (the seed of backward passes, zeros, constants).
 
-use super::{GradCtx, InputGrads, OpDef};
+use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{DType, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 use crate::{Graph, GraphError, Tensor};
+use std::sync::Arc;
 
 /// Every element `value`, of shape and dtype `meta`. No inputs.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +45,25 @@ impl OpDef for Fill {
             HostSliceMut::I64(v) => v.fill(self.value as i64),
         }
         Ok(())
+    }
+
+    /// Every device can fill its own part of any split; zeros are also a valid set of
+    /// summands (of zero), so a zero fill may come out `Partial`.
+    fn sbp_signatures(&self, _inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let rank = outputs.first().map_or(0, |y| y.shape.rank());
+        let mut signatures: Vec<SbpSignature> = (0..rank).map(|d| SbpSignature::new([], [Sbp::Split(d)])).collect();
+        if self.value == 0.0 {
+            signatures.push(SbpSignature::new([], [Sbp::Partial]));
+        }
+        signatures
+    }
+
+    /// The fill of this device's part: the local output shape.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        match ctx.local_outputs {
+            [local] if *local != self.meta => Ok(Some(Arc::new(Fill::new(self.value, local.clone())))),
+            _ => Ok(None),
+        }
     }
 }
 

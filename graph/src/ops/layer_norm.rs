@@ -2,6 +2,7 @@
 //! all three of its gradients in one pass.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -129,6 +130,14 @@ impl OpDef for LayerNorm {
             DType::I64 => Err("integer layer norm is not supported".into()),
         }
     }
+
+    /// Rows are independent: any dimension of `x` but the normalized last one may be
+    /// split, with the scale and shift whole.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let rank = inputs.first().map_or(0, |x| x.shape.rank());
+        let whole = Sbp::Broadcast;
+        (0..rank.saturating_sub(1)).map(|d| SbpSignature::new([Sbp::Split(d), whole, whole], [Sbp::Split(d)])).collect()
+    }
 }
 
 impl OpDef for LayerNormGrad {
@@ -156,6 +165,19 @@ impl OpDef for LayerNormGrad {
             DType::F64 => backward_typed::<f64>(self.eps, inputs, outputs),
             DType::I64 => Err("integer layer norm is not supported".into()),
         }
+    }
+
+    /// A split of the rows of `x` and `dy` splits `dx` and leaves each device partial
+    /// sums of `dgamma` and `dbeta`. With `x` and `gamma` whole, all three outputs are
+    /// linear in `dy`, so summands of `dy` give summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let rank = inputs.first().map_or(0, |x| x.shape.rank());
+        let (partial, whole) = (Sbp::Partial, Sbp::Broadcast);
+        let mut signatures: Vec<SbpSignature> = (0..rank.saturating_sub(1))
+            .map(|d| SbpSignature::new([Sbp::Split(d), whole, Sbp::Split(d)], [Sbp::Split(d), partial, partial]))
+            .collect();
+        signatures.push(SbpSignature::new([whole, whole, partial], [partial, partial, partial]));
+        signatures
     }
 }
 

@@ -2,6 +2,7 @@
 //! expressed as strides so that gradients read operands transposed instead of copying them.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -100,6 +101,55 @@ fn layout(a: &Shape, transpose_a: bool, b: &Shape, transpose_b: bool) -> Result<
         a_strides,
         b_strides,
     })
+}
+
+/// Where the dimensions of a product sit in its stored operands, for its SBP signatures.
+#[derive(Debug)]
+struct ProductDims {
+    /// Stored dimension of `a` holding `m`, and of `a` and `b` holding `k`, of `b` holding `n`.
+    a_m: usize,
+    a_k: usize,
+    b_k: usize,
+    b_n: usize,
+    /// Batch dimensions of the result, and whether each operand carries them.
+    batch: usize,
+    a_batched: bool,
+    b_batched: bool,
+}
+
+impl ProductDims {
+    fn new(inputs: &[TensorMeta], transpose_a: bool, transpose_b: bool) -> Option<Self> {
+        let [a, b] = inputs else { return None };
+        let (a_shape, b_shape) = (&a.shape, &b.shape);
+        let layout = layout(a_shape, transpose_a, b_shape, transpose_b).ok()?;
+        let (ra, rb) = (a_shape.rank(), b_shape.rank());
+        // op(a) is [.., m, k]: transposed, m is the stored last axis.
+        let (a_m, a_k) = if transpose_a { (ra - 1, ra - 2) } else { (ra - 2, ra - 1) };
+        // op(b) is [.., k, n].
+        let (b_k, b_n) = if transpose_b { (rb - 1, rb - 2) } else { (rb - 2, rb - 1) };
+        Some(Self { a_m, a_k, b_k, b_n, batch: layout.batch.len(), a_batched: ra > 2, b_batched: rb > 2 })
+    }
+
+    /// Signatures shared by both products: `m` and `n` splits (the other operand whole)
+    /// give `m_out` and `n_out` splits, a `k` split on both gives partial sums, and
+    /// summands on either side (the other whole) give summands.
+    fn common(&self, m_out: Sbp, n_out: Sbp) -> Vec<SbpSignature> {
+        let (partial, whole) = (Sbp::Partial, Sbp::Broadcast);
+        vec![
+            SbpSignature::new([Sbp::Split(self.a_m), whole], [m_out]),
+            SbpSignature::new([whole, Sbp::Split(self.b_n)], [n_out]),
+            SbpSignature::new([Sbp::Split(self.a_k), Sbp::Split(self.b_k)], [partial]),
+            SbpSignature::new([partial, whole], [partial]),
+            SbpSignature::new([whole, partial], [partial]),
+        ]
+    }
+
+    /// The layouts of the operands for a split of batch dimension `dim`: split where an
+    /// operand carries the batch, whole where it is shared across it.
+    fn batch_split(&self, dim: usize) -> [Sbp; 2] {
+        let side = |batched: bool| if batched { Sbp::Split(dim) } else { Sbp::Broadcast };
+        [side(self.a_batched), side(self.b_batched)]
+    }
 }
 
 fn check_float_pair(inputs: &[TensorMeta]) -> Result<(&TensorMeta, &TensorMeta), String> {
@@ -254,6 +304,16 @@ impl OpDef for MatMul {
         let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
         compute_layout(&layout, false, inputs, outputs)
     }
+
+    /// Splits of `m`, `n` (the other operand whole) and the batch (a shared 2-D operand
+    /// whole) split the product; a `k` split on both operands or summands on one side give
+    /// summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let Some(dims) = ProductDims::new(inputs, self.transpose_a, self.transpose_b) else { return Vec::new() };
+        let mut signatures = dims.common(Sbp::Split(dims.batch), Sbp::Split(dims.batch + 1));
+        signatures.extend((0..dims.batch).map(|d| SbpSignature::new(dims.batch_split(d), [Sbp::Split(d)])));
+        signatures
+    }
 }
 
 impl OpDef for MatMulBatchSum {
@@ -281,6 +341,18 @@ impl OpDef for MatMulBatchSum {
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
         let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
         compute_layout(&layout, true, inputs, outputs)
+    }
+
+    /// As [`MatMul`], except that the batch is summed: a batch split on both operands
+    /// gives summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let Some(dims) = ProductDims::new(inputs, self.transpose_a, self.transpose_b) else { return Vec::new() };
+        if !(dims.a_batched && dims.b_batched) {
+            return Vec::new();
+        }
+        let mut signatures = dims.common(Sbp::Split(0), Sbp::Split(1));
+        signatures.extend((0..dims.batch).map(|d| SbpSignature::new(dims.batch_split(d), [Sbp::Partial])));
+        signatures
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::reduce::axis_index;
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{Element, HostTensor, HostTensorMut, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -109,6 +110,17 @@ impl OpDef for Permute {
             DType::F64 => permute_typed::<f64>(&perm, &inputs[0], &mut outputs[0]),
             DType::I64 => permute_typed::<i64>(&perm, &inputs[0], &mut outputs[0]),
         }
+    }
+
+    /// A split of input axis `perm[i]` is a split of output axis `i`; summands permute to
+    /// summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [x] = inputs else { return Vec::new() };
+        let Ok(perm) = self.resolve(&x.shape) else { return Vec::new() };
+        let mut signatures: Vec<SbpSignature> =
+            perm.iter().enumerate().map(|(i, &p)| SbpSignature::new([Sbp::Split(p)], [Sbp::Split(i)])).collect();
+        signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
+        signatures
     }
 }
 

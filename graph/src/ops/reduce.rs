@@ -1,10 +1,12 @@
 //! Reductions over a set of axes: `sum`, `mean`, `max` (and `sum_all` / `mean_all`), plus
 //! `max_mask`, the helper the gradient of `max` uses.
 
-use super::binary::for_each_broadcast;
-use super::{GradCtx, InputGrads, OpDef};
+use super::binary::{for_each_broadcast, operand_sbp};
+use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
+use std::sync::Arc;
 
 /// Which reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,9 +79,46 @@ impl Reduce {
     }
 }
 
+/// A device's share of a `mean` whose reduced axes are split: the sum of its elements
+/// divided by the logical count, so that the devices' results sum to the mean.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PartMean {
+    /// The `mean` it stands for (its axes and keepdim).
+    mean: Reduce,
+    /// Elements each logical output element averages.
+    logical_count: usize,
+}
+
+impl OpDef for PartMean {
+    fn name(&self) -> &'static str {
+        "mean"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        self.mean.infer(inputs)
+    }
+
+    fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        // Gradients are taken of the logical graph, before it is split over devices.
+        Err(GraphError::NoGradient { op: "mean (one device's part)".into(), index: 0 })
+    }
+
+    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+        let reduced = reduced_axes(inputs[0].shape, &self.mean.axes)?;
+        let divisor = Some(self.logical_count);
+        match outputs[0].dtype() {
+            DType::F32 => reduce_typed::<f32>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
+            DType::F64 => reduce_typed::<f64>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
+            DType::I64 => Err("integer reductions are not supported".into()),
+        }
+    }
+}
+
+/// `divisor`: what a mean divides by (`None`: the number of elements reduced).
 fn reduce_typed<T: Real>(
     kind: ReduceKind,
     reduced: &[bool],
+    divisor: Option<usize>,
     input: &HostTensor<'_>,
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
@@ -107,7 +146,7 @@ fn reduce_typed<T: Real>(
     }
     if kind == ReduceKind::Mean {
         // An empty reduction gives 0 / 0 = NaN, as numpy does.
-        let count = reduced_count(input.shape, reduced);
+        let count = divisor.unwrap_or_else(|| reduced_count(input.shape, reduced));
         let scale = T::from_f64(1.0 / count as f64);
         o.iter_mut().for_each(|v| *v = *v * scale);
     }
@@ -166,10 +205,49 @@ impl OpDef for Reduce {
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
         let reduced = reduced_axes(inputs[0].shape, &self.axes)?;
         match outputs[0].dtype() {
-            DType::F32 => reduce_typed::<f32>(self.kind, &reduced, &inputs[0], &mut outputs[0]),
-            DType::F64 => reduce_typed::<f64>(self.kind, &reduced, &inputs[0], &mut outputs[0]),
+            DType::F32 => reduce_typed::<f32>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
+            DType::F64 => reduce_typed::<f64>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
             DType::I64 => Err("integer reductions are not supported".into()),
         }
+    }
+
+    /// A split of a kept axis stays a split of the output; a split of a reduced axis
+    /// leaves each device a partial `sum` or `mean` (not `max`); `sum` and `mean` take
+    /// summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [x] = inputs else { return Vec::new() };
+        let Ok(reduced) = reduced_axes(&x.shape, &self.axes) else { return Vec::new() };
+        let linear = self.kind != ReduceKind::Max;
+        let mut signatures = Vec::new();
+        let mut out_dim = 0;
+        for (d, &r) in reduced.iter().enumerate() {
+            if !r {
+                signatures.push(SbpSignature::new([Sbp::Split(d)], [Sbp::Split(out_dim)]));
+            } else if linear {
+                signatures.push(SbpSignature::new([Sbp::Split(d)], [Sbp::Partial]));
+            }
+            if !r || self.keepdim {
+                out_dim += 1;
+            }
+        }
+        if linear {
+            signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
+        }
+        signatures
+    }
+
+    /// A `mean` over split axes divides each device's sum by the logical count.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        let ([logical], [local]) = (ctx.logical_inputs, ctx.local_inputs) else { return Ok(None) };
+        if self.kind != ReduceKind::Mean {
+            return Ok(None);
+        }
+        let reduced = reduced_axes(&logical.shape, &self.axes)?;
+        let logical_count = reduced_count(&logical.shape, &reduced);
+        if reduced_count(&local.shape, &reduced) == logical_count {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(PartMean { mean: self.clone(), logical_count })))
     }
 }
 
@@ -211,6 +289,15 @@ impl OpDef for MaxMask {
             DType::F64 => max_mask_typed::<f64>(inputs, &mut outputs[0]),
             DType::I64 => Err("integer comparisons are not supported".into()),
         }
+    }
+
+    /// Elementwise over `x`: a split of `x` splits the maxima where they have the
+    /// dimension at full size and needs them whole where they are stretched along it.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [x, m] = inputs else { return Vec::new() };
+        (0..x.shape.rank())
+            .map(|d| SbpSignature::new([Sbp::Split(d), operand_sbp(&m.shape, &x.shape, d)], [Sbp::Split(d)]))
+            .collect()
     }
 }
 

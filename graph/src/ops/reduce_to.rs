@@ -1,10 +1,12 @@
 //! `sum_to` and `broadcast_to`: the pair that makes broadcasting differentiable (the
 //! gradient of one is the other).
 
-use super::binary::for_each_broadcast;
-use super::{GradCtx, InputGrads, OpDef};
+use super::binary::{for_each_broadcast, operand_sbp};
+use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
+use std::sync::Arc;
 
 /// Sums a tensor down to a shape it broadcasts from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +59,37 @@ impl OpDef for SumTo {
             DType::I64 => Err("integer sums are not supported".into()),
         }
     }
+
+    /// A split of a kept dimension stays a split of the output; a split of a dimension
+    /// summed away leaves each device a partial sum; summands sum to summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let ([x], [y]) = (inputs, outputs) else { return Vec::new() };
+        let mut signatures: Vec<SbpSignature> = (0..x.shape.rank())
+            .map(|d| {
+                // The output read broadcast to the input: kept where it has the dimension at full size.
+                let out = match operand_sbp(&y.shape, &x.shape, d) {
+                    Sbp::Split(kept) => Sbp::Split(kept),
+                    _ => Sbp::Partial,
+                };
+                SbpSignature::new([Sbp::Split(d)], [out])
+            })
+            .collect();
+        signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
+        signatures
+    }
+
+    /// Sums to the local output shape.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        Ok(local_target(&self.0, ctx).map(|shape| Arc::new(SumTo(shape)) as Arc<dyn OpDef>))
+    }
+}
+
+/// The local output shape when it differs from the logical `target`.
+fn local_target(target: &Shape, ctx: &LocalContext<'_>) -> Option<Shape> {
+    match ctx.local_outputs {
+        [local] if local.shape != *target => Some(local.shape.clone()),
+        _ => None,
+    }
 }
 
 impl OpDef for BroadcastTo {
@@ -82,6 +115,23 @@ impl OpDef for BroadcastTo {
             DType::F64 => broadcast_typed::<f64>(&inputs[0], &mut outputs[0]),
             DType::I64 => broadcast_typed_i64(&inputs[0], &mut outputs[0]),
         }
+    }
+
+    /// A split of an input dimension stays a split of the output; an output dimension the
+    /// input is stretched along can be split with the whole input on every device (each
+    /// broadcasts to its part); summands broadcast to summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let ([x], [y]) = (inputs, outputs) else { return Vec::new() };
+        let mut signatures: Vec<SbpSignature> = (0..y.shape.rank())
+            .map(|d| SbpSignature::new([operand_sbp(&x.shape, &y.shape, d)], [Sbp::Split(d)]))
+            .collect();
+        signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
+        signatures
+    }
+
+    /// Broadcasts to the local output shape.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        Ok(local_target(&self.0, ctx).map(|shape| Arc::new(BroadcastTo(shape)) as Arc<dyn OpDef>))
     }
 }
 

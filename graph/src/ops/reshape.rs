@@ -1,9 +1,11 @@
 //! `reshape`: the same elements in row-major order under another shape, one dimension of
 //! which may be -1 (inferred from the element count).
 
-use super::{GradCtx, InputGrads, OpDef};
+use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostSlice, HostSliceMut, HostTensor, HostTensorMut, Shape, TensorMeta};
 use crate::{GraphError, Tensor};
+use std::sync::Arc;
 
 /// Reshapes its input to these dimensions; at most one may be -1, which takes whatever
 /// size makes the element counts match.
@@ -71,6 +73,42 @@ impl OpDef for Reshape {
 
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
         copy_all(&inputs[0], &mut outputs[0])
+    }
+
+    /// Input dimension `d` may be split as output dimension `e` when both have the same
+    /// size and the same number of elements before them (the same product of the leading
+    /// dimensions): then an index of `d` means the same elements as that index of `e`, so
+    /// each device's part, in row-major order, is its part of the output. Summands reshape
+    /// to summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let ([x], [y]) = (inputs, outputs) else { return Vec::new() };
+        let leading = |dims: &[usize]| -> Vec<(usize, usize)> {
+            let mut before = 1usize;
+            dims.iter()
+                .map(|&n| {
+                    let entry = (before, n);
+                    before = before.saturating_mul(n);
+                    entry
+                })
+                .collect()
+        };
+        let (from, to) = (leading(x.shape.dims()), leading(y.shape.dims()));
+        let mut signatures = Vec::new();
+        for (d, entry) in from.iter().enumerate() {
+            for (e, _) in to.iter().enumerate().filter(|(_, other)| *other == entry) {
+                signatures.push(SbpSignature::new([Sbp::Split(d)], [Sbp::Split(e)]));
+            }
+        }
+        signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
+        signatures
+    }
+
+    /// Reshapes to the local output shape.
+    fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
+        match (ctx.logical_outputs, ctx.local_outputs) {
+            ([logical], [local]) if local.shape != logical.shape => Ok(Some(Arc::new(Reshape::to(&local.shape)))),
+            _ => Ok(None),
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::reduce::axis_index;
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{Element, HostTensor, HostTensorMut, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -136,6 +137,23 @@ impl OpDef for Slice {
             DType::I64 => slice_typed::<i64>(self, resolved, &inputs[0], &mut outputs[0]),
         }
     }
+
+    /// Any axis but the sliced one may be split; summands slice to summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [x] = inputs else { return Vec::new() };
+        let Ok((axis, _)) = self.resolve(&x.shape) else { return Vec::new() };
+        splits_but(axis, x)
+    }
+}
+
+/// Splits of every axis of `x` but `axis`, and summands to summands.
+fn splits_but(axis: usize, x: &TensorMeta) -> Vec<SbpSignature> {
+    let mut signatures: Vec<SbpSignature> = (0..x.shape.rank())
+        .filter(|&d| d != axis)
+        .map(|d| SbpSignature::new([Sbp::Split(d)], [Sbp::Split(d)]))
+        .collect();
+    signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
+    signatures
 }
 
 impl SliceGrad {
@@ -188,6 +206,13 @@ impl OpDef for SliceGrad {
             DType::F64 => slice_grad_typed::<f64>(self, resolved, &inputs[0], &mut outputs[0]),
             DType::I64 => slice_grad_typed::<i64>(self, resolved, &inputs[0], &mut outputs[0]),
         }
+    }
+
+    /// Any axis but the padded one may be split; summands pad to summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [dy] = inputs else { return Vec::new() };
+        let Ok((axis, _)) = self.resolve(&dy.shape) else { return Vec::new() };
+        splits_but(axis, dy)
     }
 }
 

@@ -2,6 +2,7 @@
 //! subtracted before exponentiating), and the ops that compute their gradients.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -123,6 +124,16 @@ fn backward_typed<T: Real>(
     Ok(())
 }
 
+/// Splits of every dimension but the normalized one, on all `inputs` and the output.
+fn lane_splits(axis: isize, inputs: &[TensorMeta]) -> Vec<SbpSignature> {
+    let Some(x) = inputs.first() else { return Vec::new() };
+    let Some(axis) = x.shape.axis(axis) else { return Vec::new() };
+    (0..x.shape.rank())
+        .filter(|&d| d != axis)
+        .map(|d| SbpSignature::new(vec![Sbp::Split(d); inputs.len()], [Sbp::Split(d)]))
+        .collect()
+}
+
 fn forward(axis: isize, log: bool, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
     match outputs[0].dtype() {
         DType::F32 => forward_typed::<f32>(axis, log, &inputs[0], &mut outputs[0]),
@@ -148,6 +159,11 @@ impl OpDef for Softmax {
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
         forward(self.axis, false, inputs, outputs)
     }
+
+    /// Lanes are independent: any dimension but the normalized one may be split.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        lane_splits(self.axis, inputs)
+    }
 }
 
 impl OpDef for LogSoftmax {
@@ -166,6 +182,11 @@ impl OpDef for LogSoftmax {
 
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
         forward(self.axis, true, inputs, outputs)
+    }
+
+    /// Lanes are independent: any dimension but the normalized one may be split.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        lane_splits(self.axis, inputs)
     }
 }
 
@@ -193,6 +214,14 @@ impl OpDef for SoftmaxGrad {
             DType::F64 => backward_typed::<f64>(self.axis, self.log, inputs, &mut outputs[0]),
             DType::I64 => Err("integer softmax is not supported".into()),
         }
+    }
+
+    /// Lanes are independent: any dimension but the normalized one may be split. With `y`
+    /// whole, the gradient is linear in `dy`, so summands of `dy` give summands.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let mut signatures = lane_splits(self.axis, inputs);
+        signatures.push(SbpSignature::new([Sbp::Broadcast, Sbp::Partial], [Sbp::Partial]));
+        signatures
     }
 }
 

@@ -3,6 +3,7 @@
 //! gradients use (`step`, `gelu_derivative`).
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::sbp::{Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, Real, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 
@@ -173,6 +174,18 @@ impl OpDef for Unary {
             DType::F64 => compute_typed::<f64>(self.0, &inputs[0], &mut outputs[0]),
             DType::I64 => Err("integer math is not supported".into()),
         }
+    }
+
+    /// Any split passes through; summands pass through only the linear kinds (`neg`,
+    /// `mul_scalar`), for which the sum of the results is the result of the sum.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let rank = inputs.first().map_or(0, |x| x.shape.rank());
+        let mut signatures: Vec<SbpSignature> =
+            (0..rank).map(|d| SbpSignature::new([Sbp::Split(d)], [Sbp::Split(d)])).collect();
+        if matches!(self.0, UnaryKind::Neg | UnaryKind::MulScalar(_)) {
+            signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
+        }
+        signatures
     }
 }
 

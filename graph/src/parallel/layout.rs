@@ -44,6 +44,9 @@ fn describe_inputs(graph: &Graph, node: &Node, layouts: &HashMap<TensorId, NdSbp
         .collect()
 }
 
+/// One device's op with its local inputs and outputs.
+pub(crate) type LocalOp = (Arc<dyn OpDef>, Vec<TensorMeta>, Vec<TensorMeta>);
+
 /// The op one device runs under `signature`, after checking that it computes the local
 /// shapes the layouts say. `None` in the result means the op itself.
 pub(crate) fn localize(
@@ -53,7 +56,7 @@ pub(crate) fn localize(
     signature: &NdSignature,
     mesh: &Mesh,
     coords: &[usize],
-) -> Result<(Arc<dyn OpDef>, Vec<TensorMeta>, Vec<TensorMeta>), String> {
+) -> Result<LocalOp, String> {
     let region = |meta: &TensorMeta, layout: &NdSbp| {
         let (shape, offsets) = local_region(&meta.shape, layout, mesh, coords);
         (TensorMeta { shape, dtype: meta.dtype }, offsets)

@@ -158,6 +158,9 @@ impl<'g> Tensor<'g> {
     }
 }
 
+/// What an op actor reads: a tensor in a layout, or the step's tick (`None`).
+type Read = Option<(TensorId, NdSbp)>;
+
 /// Per-device plan objects.
 struct Devices {
     compute: Vec<StreamIndex>,
@@ -233,7 +236,7 @@ impl Lowering<'_> {
         let (from, to) = (step.from.0[axis], step.to.0[axis]);
         let key = (self.ready_at.get(&t).copied().unwrap_or(0), id);
         let mut outputs = Vec::with_capacity(self.mesh.size());
-        for rank in 0..self.mesh.size() {
+        for (rank, input) in inputs.iter().enumerate() {
             let coords = self.mesh.coords(rank);
             let out_meta = local_meta(meta, &step.to, self.mesh, &coords);
             // The tensor as the group along `axis` sees it: `axis` taken as Broadcast.
@@ -291,7 +294,7 @@ impl Lowering<'_> {
                     actor
                 }
             };
-            self.b.consume(actor, inputs[rank]);
+            self.b.consume(actor, *input);
             outputs.push(self.b.regst(&format!("{actor_name}.out"), actor, out_meta.bytes() as u64, self.register_num));
         }
         Ok(outputs)
@@ -492,7 +495,7 @@ impl Graph {
 
         // Ops: one compute actor per device, on local shapes.
         // (actor per rank, reads as (tensor, layout) — None = the tick)
-        let mut pending: Vec<(Vec<ActorIndex>, Vec<Option<(TensorId, NdSbp)>>)> = Vec::new();
+        let mut pending: Vec<(Vec<ActorIndex>, Vec<Read>)> = Vec::new();
         let update_of: HashMap<TensorId, TensorId> = updates.iter().map(|(v, new)| (v.id(), new.id())).collect();
         for (n, node) in nodes.iter().enumerate() {
             let Some(sig) = layouts.signatures.get(&n) else { continue };
@@ -580,7 +583,7 @@ impl Graph {
                             .enumerate()
                             .any(|(n, node)| layouts.signatures.contains_key(&n) && node.inputs.contains(new))
                         || new_layout != layout;
-                    for rank in 0..size {
+                    for (rank, initial) in initial.iter().enumerate() {
                         let local = local_meta(&t_info.meta, &layout, mesh, &mesh.coords(rank));
                         let reg = if read_in_step || produced_new != layout {
                             let name = format!("assign:{}@{rank}", t_info.name);
@@ -602,14 +605,14 @@ impl Graph {
                         compiled.variables.push(CompiledVariable {
                             name: format!("{}@{rank}", t_info.name),
                             regst: low.b.plan_mut().regst_descs[reg.index()].name.clone(),
-                            initial: initial[rank].to_le_bytes(),
+                            initial: initial.to_le_bytes(),
                         });
                         regs.push(reg);
                     }
                 }
                 None => {
                     let tick_regs = low.regs.get(&(tick, tick_layout.clone())).cloned().unwrap_or_default();
-                    for rank in 0..size {
+                    for (rank, initial) in initial.iter().enumerate() {
                         let local = local_meta(&t_info.meta, &layout, mesh, &mesh.coords(rank));
                         let name = format!("variable:{}@{rank}", t_info.name);
                         let actor = low.b.actor(
@@ -633,7 +636,7 @@ impl Graph {
                         compiled.variables.push(CompiledVariable {
                             name: format!("{}@{rank}", t_info.name),
                             regst: format!("{}@{rank}", t_info.name),
-                            initial: initial[rank].to_le_bytes(),
+                            initial: initial.to_le_bytes(),
                         });
                         regs.push(value);
                     }

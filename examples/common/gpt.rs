@@ -1,0 +1,167 @@
+//! A tiny GPT in the graph DSL, shared by the examples: learned token and position
+//! embeddings; per block `x + attn(ln1(x))` then `x + mlp(ln2(x))`, where attention has
+//! separate Q/K/V projections, scaled dot-product scores plus a causal mask (an input
+//! `[T, T]` of 0 / -1e9 that broadcasts over batch and heads), a softmax and an output
+//! projection, and the MLP is `gelu(x·w1 + b1)·w2 + b2`; a final LayerNorm, then logits from
+//! the *tied* token embedding (`h · wteᵀ`).
+
+use regflow::graph::{DType, Graph, GraphError, Init, Tensor};
+
+/// The model's sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GptConfig {
+    pub(crate) d_model: usize,
+    pub(crate) heads: usize,
+    pub(crate) layers: usize,
+    pub(crate) context: usize,
+    pub(crate) mlp_width: usize,
+}
+
+impl GptConfig {
+    fn head_dim(&self) -> usize {
+        self.d_model / self.heads
+    }
+}
+
+struct Params<'g> {
+    graph: &'g Graph,
+    next_seed: u64,
+    config: GptConfig,
+}
+
+impl<'g> Params<'g> {
+    /// GPT-2's initialization: N(0, 0.02) weights (`std` scales it), zero biases.
+    fn normal(&mut self, name: &str, shape: [usize; 2], std: f64) -> Result<Tensor<'g>, GraphError> {
+        self.next_seed += 1;
+        self.graph.variable(name, shape, DType::F32, Init::Normal { mean: 0.0, std, seed: self.next_seed })
+    }
+
+    fn linear(&mut self, name: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear<'g>, GraphError> {
+        Ok(Linear {
+            weight: self.normal(&format!("{name}.weight"), [inputs, outputs], std)?,
+            bias: self.graph.variable(&format!("{name}.bias"), [outputs], DType::F32, Init::Zeros)?,
+        })
+    }
+
+    fn layer_norm(&self, name: &str) -> Result<LayerNorm<'g>, GraphError> {
+        let d = self.config.d_model;
+        Ok(LayerNorm {
+            gamma: self.graph.variable(&format!("{name}.gamma"), [d], DType::F32, Init::Ones)?,
+            beta: self.graph.variable(&format!("{name}.beta"), [d], DType::F32, Init::Zeros)?,
+        })
+    }
+}
+
+/// `x·weight + bias` on rows `[N, inputs]`.
+struct Linear<'g> {
+    weight: Tensor<'g>,
+    bias: Tensor<'g>,
+}
+
+impl<'g> Linear<'g> {
+    fn forward(&self, x: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        x.matmul(&self.weight)?.add(&self.bias)
+    }
+}
+
+struct LayerNorm<'g> {
+    gamma: Tensor<'g>,
+    beta: Tensor<'g>,
+}
+
+impl<'g> LayerNorm<'g> {
+    fn forward(&self, x: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        x.layer_norm(&self.gamma, &self.beta, 1e-5)
+    }
+}
+
+/// One pre-LayerNorm transformer block.
+struct Block<'g> {
+    ln1: LayerNorm<'g>,
+    query: Linear<'g>,
+    key: Linear<'g>,
+    value: Linear<'g>,
+    attn_out: Linear<'g>,
+    ln2: LayerNorm<'g>,
+    mlp_in: Linear<'g>,
+    mlp_out: Linear<'g>,
+    config: GptConfig,
+}
+
+impl<'g> Block<'g> {
+    fn new(params: &mut Params<'g>, name: &str) -> Result<Self, GraphError> {
+        let c = params.config;
+        // GPT-2 scales the projections that write into the residual stream by 1/√(2·layers),
+        // so the stream's variance does not grow with depth.
+        let residual_std = 0.02 / ((2 * c.layers) as f64).sqrt();
+        Ok(Self {
+            ln1: params.layer_norm(&format!("{name}.ln1"))?,
+            query: params.linear(&format!("{name}.attn.query"), c.d_model, c.d_model, 0.02)?,
+            key: params.linear(&format!("{name}.attn.key"), c.d_model, c.d_model, 0.02)?,
+            value: params.linear(&format!("{name}.attn.value"), c.d_model, c.d_model, 0.02)?,
+            attn_out: params.linear(&format!("{name}.attn.out"), c.d_model, c.d_model, residual_std)?,
+            ln2: params.layer_norm(&format!("{name}.ln2"))?,
+            mlp_in: params.linear(&format!("{name}.mlp.in"), c.d_model, c.mlp_width, 0.02)?,
+            mlp_out: params.linear(&format!("{name}.mlp.out"), c.mlp_width, c.d_model, residual_std)?,
+            config: c,
+        })
+    }
+
+    /// `x` is the residual stream as rows `[B·T, D]`; `mask` is `[T, T]`.
+    fn forward(&self, x: Tensor<'g>, batch: usize, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        let c = self.config;
+        let (b, t) = (batch as isize, c.context as isize);
+        // [B·T, D] -> [B, H, T, d]: one attention problem per (sequence, head).
+        let split_heads =
+            |rows: Tensor<'g>| rows.reshape(&[b, t, c.heads as isize, c.head_dim() as isize])?.permute(&[0, 2, 1, 3]);
+        let h = self.ln1.forward(&x)?;
+        let q = split_heads(self.query.forward(&h)?)?;
+        let k = split_heads(self.key.forward(&h)?)?;
+        let v = split_heads(self.value.forward(&h)?)?;
+        let scores = q.matmul_transposed(&k, false, true)?.mul_scalar(1.0 / (c.head_dim() as f64).sqrt())?.add(mask)?;
+        let attended = scores.softmax(-1)?.matmul(&v)?;
+        let merged = attended.permute(&[0, 2, 1, 3])?.reshape(&[b * t, c.d_model as isize])?;
+        let x = x.add(&self.attn_out.forward(&merged)?)?;
+        let hidden = self.mlp_in.forward(&self.ln2.forward(&x)?)?.gelu()?;
+        x.add(&self.mlp_out.forward(&hidden)?)
+    }
+}
+
+/// The model's parameters.
+pub(crate) struct Gpt<'g> {
+    token_embedding: Tensor<'g>,
+    position_embedding: Tensor<'g>,
+    blocks: Vec<Block<'g>>,
+    ln_final: LayerNorm<'g>,
+    config: GptConfig,
+}
+
+impl<'g> Gpt<'g> {
+    /// Creates the parameters (seeded, so two graphs get the same initial weights).
+    pub(crate) fn new(graph: &'g Graph, config: GptConfig, vocab_size: usize) -> Result<Self, GraphError> {
+        let mut params = Params { graph, next_seed: 0, config };
+        Ok(Self {
+            token_embedding: params.normal("token_embedding", [vocab_size, config.d_model], 0.02)?,
+            position_embedding: params.normal("position_embedding", [config.context, config.d_model], 0.01)?,
+            blocks: (0..config.layers)
+                .map(|i| Block::new(&mut params, &format!("block{i}")))
+                .collect::<Result<_, _>>()?,
+            ln_final: params.layer_norm("ln_final")?,
+            config,
+        })
+    }
+
+    /// Next-character logits `[B·T, V]` for ids `[B, T]`.
+    pub(crate) fn logits(&self, ids: &Tensor<'g>, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        let batch = ids.shape().dims()[0];
+        let (t, d) = (self.config.context, self.config.d_model);
+        // [B, T, D] + [T, D]: the position table broadcasts over the batch.
+        let embedded = self.token_embedding.embedding(ids)?.add(&self.position_embedding)?;
+        let mut x = embedded.reshape(&[(batch * t) as isize, d as isize])?;
+        for block in &self.blocks {
+            x = block.forward(x, batch, mask)?;
+        }
+        // Tied output projection: the token table read transposed.
+        self.ln_final.forward(&x)?.matmul_transposed(&self.token_embedding, false, true)
+    }
+}

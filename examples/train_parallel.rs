@@ -1,0 +1,330 @@
+//! Trains the digits MLP or the tiny GPT on a mesh of `cpu` devices, with the parallelism
+//! stated only as layouts, and checks it against one device.
+//!
+//! ```text
+//! cargo run --release --example train_parallel -- --layout dp4|dp2|tp2|zero2|dp2xtp2 \
+//!     [--model mlp|gpt] [--steps N] [--trace timeline.json] [--no-compare]
+//! ```
+//!
+//! Layouts (`S(d)`: split along dim d over the mesh axis, `B`: whole on every device):
+//! - `dpN`: inputs `S(0)` over `dp`, weights `B`; gradients come out `Partial` and their
+//!   conversion back to the weights' `B` is the all-reduce.
+//! - `tp2`: Megatron: the first matrix of each pair column-split `S(1)` (attention: the
+//!   Q/K/V projections, so heads are split), the second row-split `S(0)`; its product is
+//!   `Partial` and is all-reduced before the next LayerNorm / loss.
+//! - `zero2`: inputs `S(0)` and every weight and its AdamW state `S(0)`: weights are
+//!   all-gathered before use and gradients reduce-scattered.
+//! - `dp2xtp2`: a 2 × 2 mesh `[dp, tp]` combining the two.
+//!
+//! After training on the mesh, the same graph is trained on one device (unless
+//! `--no-compare`) and the largest relative difference of the per-step losses is printed.
+
+#[path = "common/gpt.rs"]
+mod gpt;
+
+use flate2::read::GzDecoder;
+use gpt::{Gpt, GptConfig};
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{
+    DType, Graph, GraphError, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor, TrainStep,
+};
+use regflow::prelude::Job;
+use std::io::Read;
+use std::time::Instant;
+
+use Sbp::{Broadcast as B, Split as S};
+
+const MLP_BATCH: usize = 64;
+const GPT: GptConfig = GptConfig { d_model: 64, heads: 4, layers: 2, context: 32, mlp_width: 256 };
+const GPT_BATCH: usize = 8;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Model {
+    Mlp,
+    Gpt,
+}
+
+struct Options {
+    model: Model,
+    layout: String,
+    steps: usize,
+    trace: Option<String>,
+    compare: bool,
+}
+
+fn options() -> Result<Options, String> {
+    let mut o = Options { model: Model::Mlp, layout: "dp2".into(), steps: 60, trace: None, compare: true };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--model" => {
+                o.model = match value()?.as_str() {
+                    "mlp" => Model::Mlp,
+                    "gpt" => Model::Gpt,
+                    other => return Err(format!("--model {other}: expected mlp or gpt")),
+                }
+            }
+            "--layout" => o.layout = value()?,
+            "--steps" => o.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--trace" => o.trace = Some(value()?),
+            "--no-compare" => o.compare = false,
+            other => return Err(format!("unknown argument {other}; see the example's documentation")),
+        }
+    }
+    if o.steps == 0 {
+        return Err("--steps must be at least 1".into());
+    }
+    Ok(o)
+}
+
+/// The mesh and, for each parameter or input name, its layout. `tp` says which weights are
+/// split by columns (`S(1)`) or rows (`S(0)`) on the tensor-parallel axis.
+fn layout(name: &str, model: Model) -> Result<(Mesh, Vec<(String, Vec<Sbp>)>), String> {
+    let (shape, axes): (Vec<usize>, Vec<&str>) = match name {
+        "dp2" => (vec![2], vec!["dp"]),
+        "dp4" => (vec![4], vec!["dp"]),
+        "tp2" => (vec![2], vec!["tp"]),
+        "zero2" => (vec![2], vec!["dp"]),
+        "dp2xtp2" => (vec![2, 2], vec!["dp", "tp"]),
+        other => return Err(format!("--layout {other}: expected dp2, dp4, tp2, zero2 or dp2xtp2")),
+    };
+    let mesh = Mesh::cpu(&shape, &axes)?;
+    let dp = axes.iter().position(|a| *a == "dp");
+    let tp = axes.iter().position(|a| *a == "tp");
+    let on = |axis: Option<usize>, sbp: Sbp| -> Option<Vec<Sbp>> {
+        axis.map(|a| {
+            let mut v = vec![B; shape.len()];
+            v[a] = sbp;
+            v
+        })
+    };
+    let mut pins: Vec<(String, Vec<Sbp>)> = Vec::new();
+    let inputs: &[&str] = if model == Model::Mlp { &["x", "y"] } else { &["ids", "targets"] };
+    for input in inputs {
+        if let Some(l) = on(dp, S(0)) {
+            pins.push((input.to_string(), l));
+        }
+    }
+    // Megatron: column-split then row-split.
+    let (columns, rows): (Vec<String>, Vec<String>) = match model {
+        Model::Mlp => (vec!["w1".into()], vec!["w2".into()]),
+        Model::Gpt => {
+            let mut c = Vec::new();
+            let mut r = Vec::new();
+            for l in 0..GPT.layers {
+                for p in ["attn.query", "attn.key", "attn.value", "mlp.in"] {
+                    c.push(format!("block{l}.{p}"));
+                }
+                r.push(format!("block{l}.attn.out.weight"));
+                r.push(format!("block{l}.mlp.out.weight"));
+            }
+            (c, r)
+        }
+    };
+    if let Some(tp) = tp {
+        let mut with = |name: String, sbp: Sbp| {
+            let mut v = pins.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone()).unwrap_or(vec![B; shape.len()]);
+            v[tp] = sbp;
+            pins.retain(|(n, _)| *n != name);
+            pins.push((name, v));
+        };
+        for c in columns {
+            let (weight, bias) = match model {
+                Model::Mlp => (c.clone(), "b1".to_string()),
+                Model::Gpt => (format!("{c}.weight"), format!("{c}.bias")),
+            };
+            with(weight, S(1));
+            with(bias, S(0));
+        }
+        for r in rows {
+            with(r, S(0));
+        }
+    }
+    Ok((mesh, pins))
+}
+
+struct Task {
+    /// Per step: (input name, value).
+    batches: Vec<Vec<(&'static str, HostArray)>>,
+}
+
+fn digits(steps: usize) -> Result<Task, Box<dyn std::error::Error>> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.csv.gz");
+    let mut text = String::new();
+    GzDecoder::new(std::fs::File::open(path)?).read_to_string(&mut text)?;
+    let mut rows: Vec<(Vec<f32>, i64)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let v: Vec<&str> = line.split(',').collect();
+        if v.len() != 65 {
+            return Err(format!("{path}:{}: {} fields, expected 65", n + 1, v.len()).into());
+        }
+        let pixels = v[..64].iter().map(|p| p.trim().parse::<f32>().map(|p| p / 16.0)).collect::<Result<_, _>>()?;
+        rows.push((pixels, v[64].trim().parse()?));
+    }
+    let mut rng = SplitMix64::new(3);
+    let batches = (0..steps)
+        .map(|_| {
+            let picks: Vec<usize> = (0..MLP_BATCH).map(|_| (rng.next_u64() % rows.len() as u64) as usize).collect();
+            let x: Vec<f32> = picks.iter().flat_map(|&r| rows[r].0.clone()).collect();
+            let y: Vec<i64> = picks.iter().map(|&r| rows[r].1).collect();
+            Ok(vec![
+                ("x", HostArray::f32([MLP_BATCH, 64], x).ok_or("x shape")?),
+                ("y", HostArray::i64([MLP_BATCH], y).ok_or("y shape")?),
+            ])
+        })
+        .collect::<Result<_, &str>>()?;
+    Ok(Task { batches })
+}
+
+fn text(steps: usize) -> Result<(Task, usize), Box<dyn std::error::Error>> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/tiny_text.txt");
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut vocab: Vec<char> = text.chars().collect();
+    vocab.sort_unstable();
+    vocab.dedup();
+    let ids: Vec<i64> = text.chars().map(|c| vocab.binary_search(&c).map_or(0, |i| i as i64)).collect();
+    let t = GPT.context;
+    if ids.len() <= t + 1 {
+        return Err(format!("{path}: too short").into());
+    }
+    let mask: Vec<f32> = (0..t * t).map(|i| if i % t <= i / t { 0.0 } else { -1e9 }).collect();
+    let mut rng = SplitMix64::new(42);
+    let batches = (0..steps)
+        .map(|_| {
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            for _ in 0..GPT_BATCH {
+                let s = (rng.next_u64() % (ids.len() - t - 1) as u64) as usize;
+                x.extend_from_slice(&ids[s..s + t]);
+                y.extend_from_slice(&ids[s + 1..s + t + 1]);
+            }
+            Ok(vec![
+                ("causal_mask", HostArray::f32([t, t], mask.clone()).ok_or("mask shape")?),
+                ("ids", HostArray::i64([GPT_BATCH, t], x).ok_or("ids shape")?),
+                ("targets", HostArray::i64([GPT_BATCH * t], y).ok_or("targets shape")?),
+            ])
+        })
+        .collect::<Result<_, &str>>()?;
+    Ok((Task { batches }, vocab.len()))
+}
+
+/// Builds the model's training step, pinning the layouts first when given.
+fn build<'g>(
+    g: &'g Graph,
+    model: Model,
+    vocab: usize,
+    layout: Option<&(Mesh, Vec<(String, Vec<Sbp>)>)>,
+) -> Result<TrainStep<'g>, Box<dyn std::error::Error>> {
+    let pin = |t: Tensor<'g>| -> Result<(), GraphError> {
+        if let Some((mesh, pins)) = layout {
+            if let Some((_, sbp)) = pins.iter().find(|(n, _)| *n == t.name()) {
+                g.set_layout(t, mesh, NdSbp(sbp.clone()))?;
+            }
+        }
+        Ok(())
+    };
+    let loss = match model {
+        Model::Mlp => {
+            let x = g.input("x", [MLP_BATCH, 64], DType::F32)?;
+            let y = g.input("y", [MLP_BATCH], DType::I64)?;
+            let w1 = g.variable("w1", [64, 128], DType::F32, Init::Kaiming { seed: 1 })?;
+            let b1 = g.variable("b1", [128], DType::F32, Init::Zeros)?;
+            let w2 = g.variable("w2", [128, 10], DType::F32, Init::Xavier { seed: 2 })?;
+            let b2 = g.variable("b2", [10], DType::F32, Init::Zeros)?;
+            for t in [x, y, w1, b1, w2, b2] {
+                pin(t)?;
+            }
+            x.matmul(&w1)?.add(&b1)?.relu()?.matmul(&w2)?.add(&b2)?.sparse_cross_entropy(&y)?
+        }
+        Model::Gpt => {
+            let model = Gpt::new(g, GPT, vocab)?;
+            let mask = g.input("causal_mask", [GPT.context, GPT.context], DType::F32)?;
+            let ids = g.input("ids", [GPT_BATCH, GPT.context], DType::I64)?;
+            let targets = g.input("targets", [GPT_BATCH * GPT.context], DType::I64)?;
+            for t in [mask, ids, targets].into_iter().chain(g.trainable_variables()) {
+                pin(t)?;
+            }
+            model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?
+        }
+    };
+    Ok(g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0))?)
+}
+
+/// Trains on `mesh` (one device when `None`); returns the losses and the seconds taken.
+fn train(
+    o: &Options,
+    task: &Task,
+    vocab: usize,
+    layout: Option<&(Mesh, Vec<(String, Vec<Sbp>)>)>,
+    trace: Option<&str>,
+) -> Result<(Vec<f64>, f64, usize), Box<dyn std::error::Error>> {
+    let g = Graph::new();
+    let step = build(&g, o.model, vocab, layout)?;
+    let mesh = layout.map(|(m, _)| m.clone()).unwrap_or(Mesh::cpu(&[1], &["one"])?);
+    let compiled = g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step))?;
+    let actors = compiled.plan.actors.len();
+    let mut builder = Job::builder(compiled.plan.clone()).compiled(&compiled);
+    if let Some(path) = trace {
+        builder = builder.trace(path);
+    }
+    let mut job = builder.build()?;
+    let mut feeds = job.graph_feeds(&compiled)?;
+    let fetcher = job.fetcher(&compiled.fetches[0])?;
+    let started = Instant::now();
+    let batches = task.batches.clone();
+    let pusher = std::thread::spawn(move || -> Result<(), regflow::prelude::RuntimeError> {
+        for batch in batches {
+            for (name, value) in &batch {
+                feeds.push(name, value)?;
+            }
+        }
+        feeds.close()
+    });
+    let mut losses = Vec::with_capacity(task.batches.len());
+    while let Some(piece) = fetcher.recv() {
+        losses.push(f64::from(f32::from_le_bytes(piece.bytes().try_into()?)));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    pusher.join().map_err(|_| "the feeding thread panicked")??;
+    job.wait()?;
+    Ok((losses, elapsed, actors))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let o = options()?;
+    let (task, vocab) = match o.model {
+        Model::Mlp => (digits(o.steps)?, 0),
+        Model::Gpt => text(o.steps)?,
+    };
+    let spec = layout(&o.layout, o.model)?;
+    let model = if o.model == Model::Mlp { "digits MLP 64-128-10" } else { "tiny GPT" };
+    println!("{model}, layout {} on {}", o.layout, spec.0);
+    for (name, sbp) in &spec.1 {
+        println!("  {name:<28} {}", NdSbp(sbp.clone()).describe(&spec.0));
+    }
+    let (losses, seconds, actors) = train(&o, &task, vocab, Some(&spec), o.trace.as_deref())?;
+    for (step, loss) in losses.iter().enumerate() {
+        if step == 0 || (step + 1) % 10 == 0 || step + 1 == losses.len() {
+            println!("step {:>4}: loss {loss:.5}", step + 1);
+        }
+    }
+    println!("{} steps in {seconds:.2}s ({:.1} ms/step, {actors} actors)", losses.len(), 1e3 * seconds / o.steps as f64);
+    if let Some(path) = &o.trace {
+        println!("timeline written to {path} (open in https://ui.perfetto.dev)");
+    }
+    if o.compare {
+        let (single, single_seconds, _) = train(&o, &task, vocab, None, None)?;
+        let worst = losses
+            .iter()
+            .zip(&single)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-12))
+            .fold(0.0f64, f64::max);
+        println!(
+            "one device: {:.2}s ({:.1} ms/step); largest relative loss difference over {} steps: {worst:.2e}",
+            single_seconds,
+            1e3 * single_seconds / o.steps as f64,
+            single.len()
+        );
+    }
+    Ok(())
+}
