@@ -82,7 +82,9 @@ pub trait OpDef: fmt::Debug + Send + Sync {
     /// each signature says the layout (`Split(dim)`, `Partial`, `Broadcast`) every input
     /// must have and every output then has. A signature is valid when every device running
     /// [`OpDef::localize`]'s op on its parts of the inputs gets exactly its part of each
-    /// output, for any number of devices and uneven splits included. All-`Broadcast` is
+    /// output, for any number of devices and uneven splits included (or, where parts must
+    /// line up, as for a dimension a reshape factors, for the device counts where the local
+    /// shapes do: the compiler checks them per mesh and drops the others). All-`Broadcast` is
     /// always valid and is not listed; the default lists nothing else (the op then runs
     /// replicated).
     fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {

@@ -99,6 +99,17 @@ impl OpDef for Reshape {
                 signatures.push(SbpSignature::new([Sbp::Split(d)], [Sbp::Split(e)]));
             }
         }
+        // A dimension factored into several (or several merged into one) keeps its split on
+        // the outermost factor when the device count divides it (`[B·T, D] -> [B, T, H, d]`
+        // splits heads); the compiler checks the local shapes line up for its mesh.
+        for (d, &(before, n)) in from.iter().enumerate() {
+            for (e, &(other_before, m)) in to.iter().enumerate() {
+                let factored = n != m && n > 1 && m > 1 && (n % m == 0 || m % n == 0);
+                if other_before == before && factored {
+                    signatures.push(SbpSignature::new([Sbp::Split(d)], [Sbp::Split(e)]));
+                }
+            }
+        }
         signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
         signatures
     }
