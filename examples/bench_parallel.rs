@@ -14,7 +14,9 @@
 
 use regflow::graph::plan::{ActorKind, KernelConf, StreamKind};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64};
+use regflow::graph::{
+    CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64,
+};
 use regflow::prelude::{Job, RuntimeError};
 use std::time::Instant;
 
@@ -58,12 +60,21 @@ fn time_steps(
 }
 
 /// An MLP with `sizes`; inputs `x`, `y`; returns the graph's step.
-fn mlp<'g>(g: &'g Graph, batch: usize, sizes: &[usize]) -> Result<regflow::graph::TrainStep<'g>, Box<dyn std::error::Error>> {
+fn mlp<'g>(
+    g: &'g Graph,
+    batch: usize,
+    sizes: &[usize],
+) -> Result<regflow::graph::TrainStep<'g>, Box<dyn std::error::Error>> {
     let x = g.input("x", [batch, sizes[0]], DType::F32)?;
     let y = g.input("y", [batch], DType::I64)?;
     let mut h = x;
     for layer in 0..sizes.len() - 1 {
-        let w = g.variable(&format!("w{layer}"), [sizes[layer], sizes[layer + 1]], DType::F32, Init::Kaiming { seed: layer as u64 })?;
+        let w = g.variable(
+            &format!("w{layer}"),
+            [sizes[layer], sizes[layer + 1]],
+            DType::F32,
+            Init::Kaiming { seed: layer as u64 },
+        )?;
         let b = g.variable(&format!("b{layer}"), [sizes[layer + 1]], DType::F32, Init::Zeros)?;
         h = h.matmul(&w)?.add(&b)?;
         if layer + 2 < sizes.len() {
@@ -78,7 +89,10 @@ fn batch(batch: usize, features: usize, classes: usize) -> Vec<(&'static str, Ho
     let mut rng = SplitMix64::new(0);
     let x: Vec<f32> = (0..batch * features).map(|_| rng.next_normal() as f32).collect();
     let y: Vec<i64> = (0..batch).map(|_| (rng.next_u64() % classes as u64) as i64).collect();
-    vec![("x", HostArray::f32([batch, features], x).unwrap_or_else(|| unreachable!())), ("y", HostArray::i64([batch], y).unwrap_or_else(|| unreachable!()))]
+    vec![
+        ("x", HostArray::f32([batch, features], x).unwrap_or_else(|| unreachable!())),
+        ("y", HostArray::i64([batch], y).unwrap_or_else(|| unreachable!())),
+    ]
 }
 
 fn data_parallel(g: &Graph, mesh: &Mesh) -> Result<(), Box<dyn std::error::Error>> {

@@ -78,9 +78,12 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
+/// A mesh and the layout of each named tensor pinned on it.
+type Spec = (Mesh, Vec<(String, Vec<Sbp>)>);
+
 /// The mesh and, for each parameter or input name, its layout. `tp` says which weights are
 /// split by columns (`S(1)`) or rows (`S(0)`) on the tensor-parallel axis.
-fn layout(name: &str, model: Model) -> Result<(Mesh, Vec<(String, Vec<Sbp>)>), String> {
+fn layout(name: &str, model: Model) -> Result<Spec, String> {
     let (shape, axes): (Vec<usize>, Vec<&str>) = match name {
         "dp2" => (vec![2], vec!["dp"]),
         "dp4" => (vec![4], vec!["dp"]),
@@ -213,7 +216,7 @@ fn build<'g>(
     g: &'g Graph,
     model: Model,
     vocab: usize,
-    layout: Option<&(Mesh, Vec<(String, Vec<Sbp>)>)>,
+    layout: Option<&Spec>,
 ) -> Result<TrainStep<'g>, Box<dyn std::error::Error>> {
     let pin = |t: Tensor<'g>| -> Result<(), GraphError> {
         if let Some((mesh, pins)) = layout {
@@ -255,7 +258,7 @@ fn train(
     o: &Options,
     task: &Task,
     vocab: usize,
-    layout: Option<&(Mesh, Vec<(String, Vec<Sbp>)>)>,
+    layout: Option<&Spec>,
     trace: Option<&str>,
 ) -> Result<(Vec<f64>, f64, usize), Box<dyn std::error::Error>> {
     let g = Graph::new();
@@ -308,17 +311,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("step {:>4}: loss {loss:.5}", step + 1);
         }
     }
-    println!("{} steps in {seconds:.2}s ({:.1} ms/step, {actors} actors)", losses.len(), 1e3 * seconds / o.steps as f64);
+    println!(
+        "{} steps in {seconds:.2}s ({:.1} ms/step, {actors} actors)",
+        losses.len(),
+        1e3 * seconds / o.steps as f64
+    );
     if let Some(path) = &o.trace {
         println!("timeline written to {path} (open in https://ui.perfetto.dev)");
     }
     if o.compare {
         let (single, single_seconds, _) = train(&o, &task, vocab, None, None)?;
-        let worst = losses
-            .iter()
-            .zip(&single)
-            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-12))
-            .fold(0.0f64, f64::max);
+        let worst = losses.iter().zip(&single).map(|(a, b)| (a - b).abs() / b.abs().max(1e-12)).fold(0.0f64, f64::max);
         println!(
             "one device: {:.2}s ({:.1} ms/step); largest relative loss difference over {} steps: {worst:.2e}",
             single_seconds,

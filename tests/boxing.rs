@@ -36,7 +36,12 @@ fn case() -> impl Strategy<Value = Case> {
         Just(vec![2, 1]),
         Just(vec![1, 3]),
     ];
-    (proptest::collection::vec(1usize..7, 1..4), meshes, prop_oneof![Just(DType::F64), Just(DType::F32), Just(DType::I64)], any::<u64>())
+    (
+        proptest::collection::vec(1usize..7, 1..4),
+        meshes,
+        prop_oneof![Just(DType::F64), Just(DType::F32), Just(DType::I64)],
+        any::<u64>(),
+    )
         .prop_flat_map(|(dims, mesh, dtype, seed)| {
             let n = mesh.len();
             let rank = dims.len();
@@ -73,9 +78,15 @@ fn value(case: &Case) -> HostArray {
 
 fn decode(bytes: &[u8], dims: &[usize], dtype: DType) -> HostArray {
     match dtype {
-        DType::F64 => HostArray::f64(dims, bytes.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()),
-        DType::F32 => HostArray::f32(dims, bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
-        DType::I64 => HostArray::i64(dims, bytes.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
+        DType::F64 => {
+            HostArray::f64(dims, bytes.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
+        }
+        DType::F32 => {
+            HostArray::f32(dims, bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        }
+        DType::I64 => {
+            HostArray::i64(dims, bytes.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
+        }
     }
     .unwrap()
 }

@@ -8,6 +8,9 @@ use regflow_graph::HostArray;
 use regflow_graph::{CompiledGraph, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 use std::sync::Arc;
 
+/// Name prefix of the sinks compilers add for registers nobody reads.
+const DISCARD_PREFIX: &str = "discard:";
+
 /// Runs one op of a compiled graph.
 struct OpKernel {
     op: Arc<dyn OpDef>,
@@ -77,6 +80,13 @@ impl JobBuilder {
         }
         for variable in &compiled.variables {
             self = self.preload(&variable.regst, variable.initial.clone());
+        }
+        // Sinks the compiler added for values nobody reads drop their pieces: left to a
+        // fetcher nobody takes, they would stop after the fetch depth and stall the job.
+        for actor in &compiled.plan.actors {
+            if matches!(actor.kind, regflow_graph::plan::ActorKind::Sink) && actor.name.starts_with(DISCARD_PREFIX) {
+                self = self.on_sink(&actor.name, |_| {});
+            }
         }
         self
     }

@@ -1,5 +1,6 @@
 //! Kernels: what a compute or acc actor runs, behind a small trait, plus the built-in ones.
 
+use crate::collective::CollectiveGroups;
 use regflow_actors::GroupPosition;
 use regflow_graph::plan::KernelConf;
 use regflow_memory::BufferView;
@@ -91,10 +92,13 @@ pub struct KernelSpec<'a> {
     pub output_bytes: &'a [u64],
 }
 
-/// Kernels registered by name.
+/// Kernels registered by name, and the collective groups of the kernels made so far.
 #[derive(Clone, Default)]
 pub(crate) struct KernelRegistry {
     factories: HashMap<String, KernelFactory>,
+    /// One table per job (a registry builds one job): collective kernels find their
+    /// group's rendezvous here, and the job keeps it to wake them on abort.
+    collectives: Arc<CollectiveGroups>,
 }
 
 impl fmt::Debug for KernelRegistry {
@@ -106,6 +110,11 @@ impl fmt::Debug for KernelRegistry {
 impl KernelRegistry {
     pub(crate) fn register(&mut self, name: &str, factory: KernelFactory) {
         self.factories.insert(name.to_string(), factory);
+    }
+
+    /// The collective groups of the kernels made so far.
+    pub(crate) fn collectives(&self) -> Arc<CollectiveGroups> {
+        self.collectives.clone()
     }
 
     /// Builds the kernel a plan names.
@@ -136,12 +145,7 @@ impl KernelRegistry {
                 })?;
                 factory(spec)?
             }
-            KernelConf::Collective(conf) => {
-                return Err(KernelError(format!(
-                    "actor '{}': collective '{}' is not supported by this runtime yet",
-                    spec.actor, conf.group
-                )))
-            }
+            KernelConf::Collective(conf) => self.collectives.make_kernel(conf, spec)?,
         })
     }
 }

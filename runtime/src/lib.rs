@@ -23,6 +23,7 @@
 
 mod arenas;
 mod bus;
+mod collective;
 mod data;
 mod device;
 mod error;
@@ -39,6 +40,7 @@ mod watchdog;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use collective::CollectiveMember;
 pub use data::{RecordFile, ShuffledBatches};
 pub use error::RuntimeError;
 pub use graph_ops::GraphFeeds;

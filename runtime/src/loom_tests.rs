@@ -107,6 +107,7 @@ fn run_model(plan: &Plan) {
         error: Mutex::new(None),
         aborting: AtomicBool::new(false),
         snapshots,
+        collectives: Default::default(),
     });
     let mut workers = Vec::new();
     for (s, rx) in [(0usize, rx0), (1usize, rx1)] {
@@ -194,4 +195,82 @@ fn loom_two_registers_let_the_producer_run_ahead_safely() {
 #[test]
 fn loom_ready_and_ack_cross_both_ways_and_eord_cascades() {
     model(|| run_model(&ping_pong_plan(1, 2, true)));
+}
+
+/// One register per member, each a loom cell.
+struct Registers([UnsafeCell<u64>; 2]);
+
+// SAFETY: the claim under test: the rendezvous never lets a peer read a register while its
+// owner rewrites it. Loom's cells check every access against that claim.
+unsafe impl Sync for Registers {}
+
+/// Two members, two rounds, through the real rendezvous: each member's "register" is a loom
+/// cell that its owner rewrites as soon as `round` returns (what its producer does after the
+/// ack). A peer that read a cell after its owner's release would be a causality violation;
+/// every member must see the sum of both members' values of the same round.
+#[test]
+fn loom_rendezvous_members_see_the_full_sum_and_read_nothing_after_release() {
+    use crate::collective::{PeerInput, Rendezvous};
+    model(|| {
+        const ROUNDS: u64 = 2;
+        let rendezvous = Arc::new(Rendezvous::new("g", 2));
+        let cells = std::sync::Arc::new(Registers([UnsafeCell::new(0u64), UnsafeCell::new(0u64)]));
+        let value = |rank: usize, round: u64| 10 * round + rank as u64 + 1;
+        let member = |rank: usize| {
+            let (rendezvous, cells) = (rendezvous.clone(), cells.clone());
+            move || {
+                let mut peers = [PeerInput::new(&[]); 2];
+                for round in 0..ROUNDS {
+                    // The producer writes this member's register for the round.
+                    cells.0[rank].with_mut(|v| unsafe { *v = value(rank, round) });
+                    // Publish the cell's address (as an empty byte slice there).
+                    // SAFETY: a zero-length slice at a valid, non-null address.
+                    let at =
+                        unsafe { std::slice::from_raw_parts(&cells.0[rank] as *const UnsafeCell<u64> as *const u8, 0) };
+                    let mine = PeerInput::new(at);
+                    let sum = rendezvous
+                        .round(rank, mine, &mut peers, |peers| {
+                            (0..2)
+                                .map(|r| {
+                                    // SAFETY: the rendezvous published a pointer to cell `r`.
+                                    let cell = unsafe { &*(peers.addr(r) as *const UnsafeCell<u64>) };
+                                    cell.with(|v| unsafe { *v })
+                                })
+                                .sum::<u64>()
+                        })
+                        .unwrap();
+                    assert_eq!(sum, value(0, round) + value(1, round), "rank {rank}, round {round}");
+                }
+            }
+        };
+        let other = loom::thread::spawn(member(1));
+        member(0)();
+        other.join().unwrap();
+    });
+}
+
+/// An abort racing with the arrivals: the members agree on whether the round happened
+/// (both computed, or both failed), and nobody waits for ever.
+#[test]
+fn loom_rendezvous_abort_wakes_waiters_and_members_agree_on_the_round() {
+    use crate::collective::{PeerInput, Rendezvous};
+    model(|| {
+        let rendezvous = Arc::new(Rendezvous::new("g", 2));
+        let member = |rank: usize| {
+            let rendezvous = rendezvous.clone();
+            move || {
+                let mut peers = [PeerInput::new(&[]); 2];
+                rendezvous.round(rank, PeerInput::new(&[]), &mut peers, |_| ()).is_ok()
+            }
+        };
+        let other = loom::thread::spawn(member(1));
+        let aborter = {
+            let rendezvous = rendezvous.clone();
+            loom::thread::spawn(move || rendezvous.abort())
+        };
+        let mine = member(0)();
+        let theirs = other.join().unwrap();
+        aborter.join().unwrap();
+        assert_eq!(mine, theirs, "one member computed the round while the other failed it");
+    });
 }

@@ -4,6 +4,7 @@
 
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
+use crate::collective::CollectiveGroups;
 use crate::device::DeviceStream;
 use crate::inbox::{Envelope, InboxReceiver};
 use crate::kernel::{Kernel, KernelIo};
@@ -40,6 +41,9 @@ pub(crate) struct JobShared {
     pub(crate) aborting: AtomicBool,
     /// Where threads answer the watchdog's snapshot requests: (stream, snapshots).
     pub(crate) snapshots: crossbeam_channel::Sender<(usize, Vec<ActorSnapshot>)>,
+    /// Rendezvous of the job's collectives: a stream thread blocked in one does not read
+    /// its inbox, so an abort wakes them directly.
+    pub(crate) collectives: std::sync::Arc<CollectiveGroups>,
 }
 
 impl JobShared {
@@ -53,6 +57,7 @@ impl JobShared {
         }
         if !self.aborting.swap(true, Ordering::AcqRel) {
             router.broadcast(Envelope::Stop);
+            self.collectives.abort_all();
         }
     }
 }

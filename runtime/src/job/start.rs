@@ -336,12 +336,16 @@ impl Job {
             });
         }
 
+        // Every collective group complete in this job, on comm streams.
+        builder.kernels.collectives().check(&plan)?;
+
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(JobShared {
             probes: (0..plan.streams.len()).map(|_| StreamProbe::default()).collect(),
             error: Mutex::new(None),
             aborting: AtomicBool::new(false),
             snapshots: snapshot_tx,
+            collectives: builder.kernels.collectives(),
         });
 
         // Stream threads.

@@ -1,0 +1,497 @@
+//! In-process CPU collectives: the members of a group meet in a rendezvous every firing,
+//! and each computes its own output from all members' inputs.
+//!
+//! A group is `size` compute actors (one per device, each on its device's comm stream, so
+//! each on its own thread) whose kernels name the same [`CollectiveConf::group`]. One round
+//! per firing:
+//!
+//! 1. each member publishes where its input lies and waits until all `size` have arrived
+//!    (barrier 1);
+//! 2. each computes *its own* output by reading every member's input, so the work is
+//!    spread over the members' threads;
+//! 3. each waits until all have finished reading (barrier 2) and only then returns, so no
+//!    member's input is acked (released to its producer) while a peer still reads it.
+//!
+//! Blocking the comm stream inside the kernel is intended: like NCCL, a collective occupies
+//! its stream until the group completes, and the plan issues every device's collectives in
+//! the same order. Sums of `Partial` values are taken in rank order `0..size`, so every
+//! member gets bitwise the same result. When the job aborts, every rendezvous is woken:
+//! members waiting at barrier 1 return an error naming the ranks that had not arrived.
+//! Barrier 2 is not abortable: once barrier 1 completed, every member is computing and will
+//! arrive, and returning earlier would let a peer read a released input.
+
+mod layout;
+#[cfg(all(test, not(loom)))]
+mod tests;
+
+use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
+use crate::sync::{lock, Arc, Mutex, MutexGuard};
+use crate::RuntimeError;
+use layout::Layout;
+use regflow_graph::plan::{CollectiveConf, Plan, StreamKind};
+use std::collections::HashMap;
+use std::fmt;
+
+#[cfg(loom)]
+use loom::sync::Condvar;
+#[cfg(not(loom))]
+use std::sync::Condvar;
+
+/// Where one member's input lies during a round: an address, readable by peers only
+/// between the two barriers of that round (see [`Peers`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerInput {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a `PeerInput` is an address. It is dereferenced only through `Peers`, which exists
+// only between the barriers of a round, while the owner of the bytes is blocked inside
+// `Rendezvous::round` holding a shared borrow of them (nobody writes them meanwhile).
+unsafe impl Send for PeerInput {}
+// SAFETY: as above.
+unsafe impl Sync for PeerInput {}
+
+impl PeerInput {
+    /// The input `bytes` of one member for one round.
+    pub(crate) fn new(bytes: &[u8]) -> Self {
+        Self { ptr: bytes.as_ptr(), len: bytes.len() }
+    }
+
+    fn empty() -> Self {
+        Self { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), len: 0 }
+    }
+}
+
+/// Every member's input during one round, readable until the round's barrier 2.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peers<'r> {
+    inputs: &'r [PeerInput],
+}
+
+impl<'r> Peers<'r> {
+    /// Input of rank `r`. Panics if `r` is out of range (a kernel bug).
+    pub(crate) fn input(&self, r: usize) -> &'r [u8] {
+        let input = self.inputs[r];
+        // SAFETY: `Peers` is only handed to the compute step of `Rendezvous::round`, after
+        // barrier 1 (every member has published an input borrowed for the whole round) and
+        // before this member arrives at barrier 2. The owners do not return from `round`,
+        // and so do not release their inputs, before barrier 2 completes, which needs this
+        // member; `Peers` cannot outlive the compute step (its lifetime is the step's).
+        unsafe { std::slice::from_raw_parts(input.ptr, input.len) }
+    }
+
+    /// Address of rank `r`'s input (the loom model stores a cell there).
+    #[cfg(all(test, loom))]
+    pub(crate) fn addr(&self, r: usize) -> *const u8 {
+        self.inputs[r].ptr
+    }
+}
+
+/// What the rendezvous lock guards.
+#[derive(Debug)]
+struct RoundState {
+    /// Barriers completed so far: round `k` is phases `2k` (arrive) and `2k + 1` (depart).
+    phase: u64,
+    /// Which ranks have arrived at the barrier now filling.
+    arrived: Vec<bool>,
+    /// How many.
+    count: usize,
+    /// Each member's input of the current round.
+    inputs: Vec<PeerInput>,
+    /// Set by an abort, for ever: no barrier 1 completes after it.
+    aborted: bool,
+}
+
+/// The meeting point of one group's members; every table is allocated once, at creation.
+pub(crate) struct Rendezvous {
+    group: String,
+    size: usize,
+    state: Mutex<RoundState>,
+    changed: Condvar,
+}
+
+impl fmt::Debug for Rendezvous {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rendezvous").field("group", &self.group).field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+impl Rendezvous {
+    /// A rendezvous for `size` members of `group`.
+    pub(crate) fn new(group: &str, size: usize) -> Self {
+        Self {
+            group: group.to_string(),
+            size,
+            state: Mutex::new(RoundState {
+                phase: 0,
+                arrived: vec![false; size],
+                count: 0,
+                inputs: vec![PeerInput::empty(); size],
+                aborted: false,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Wakes every member waiting at barrier 1; they, and every later arrival, fail.
+    pub(crate) fn abort(&self) {
+        lock(&self.state).aborted = true;
+        self.changed.notify_all();
+    }
+
+    /// One round for `rank`: publishes `input`, waits for every member, runs `compute` on
+    /// all inputs (`peers` is this member's copy of the table, `size` long), waits until
+    /// every member has computed, and returns what `compute` returned. Fails, without
+    /// running `compute`, if the rendezvous is or gets aborted before all have arrived.
+    pub(crate) fn round<R>(
+        &self,
+        rank: usize,
+        input: PeerInput,
+        peers: &mut [PeerInput],
+        compute: impl FnOnce(Peers<'_>) -> R,
+    ) -> Result<R, KernelError> {
+        {
+            let mut state = lock(&self.state);
+            if state.aborted {
+                return Err(KernelError(format!("collective '{}': aborted before rank {rank} arrived", self.group)));
+            }
+            state.inputs[rank] = input;
+            let phase = state.phase;
+            if !self.arrive(&mut state, rank) {
+                loop {
+                    // A completed barrier wins over an abort: peers are reading our input.
+                    if state.phase != phase {
+                        break;
+                    }
+                    if state.aborted {
+                        let missing: Vec<usize> = (0..self.size).filter(|&r| !state.arrived[r]).collect();
+                        return Err(KernelError(format!(
+                            "collective '{}': aborted while waiting for ranks {missing:?}",
+                            self.group
+                        )));
+                    }
+                    state = self.wait(state);
+                }
+            }
+            // Nobody publishes the next round before this member passes barrier 2.
+            peers.copy_from_slice(&state.inputs);
+        }
+        // Arrives at barrier 2 when dropped, even if `compute` unwinds.
+        let departure = Departure { rendezvous: self, rank };
+        let result = compute(Peers { inputs: peers });
+        drop(departure);
+        Ok(result)
+    }
+
+    /// Counts `rank` in at the barrier now filling; the last arrival completes it, wakes
+    /// the others and returns true.
+    fn arrive(&self, state: &mut RoundState, rank: usize) -> bool {
+        state.arrived[rank] = true;
+        state.count += 1;
+        if state.count < self.size {
+            return false;
+        }
+        state.count = 0;
+        state.arrived.fill(false);
+        state.phase += 1;
+        self.changed.notify_all();
+        true
+    }
+
+    fn wait<'g>(&self, state: MutexGuard<'g, RoundState>) -> MutexGuard<'g, RoundState> {
+        // Poison only says another member panicked; the state is whole (see `sync::lock`).
+        self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Barrier 2 of one member's round.
+struct Departure<'a> {
+    rendezvous: &'a Rendezvous,
+    rank: usize,
+}
+
+impl Drop for Departure<'_> {
+    fn drop(&mut self) {
+        let rendezvous = self.rendezvous;
+        let mut state = lock(&rendezvous.state);
+        let phase = state.phase;
+        if rendezvous.arrive(&mut state, self.rank) {
+            return;
+        }
+        // Not abortable: every member passed barrier 1 and is computing (module docs).
+        while state.phase == phase {
+            state = rendezvous.wait(state);
+        }
+    }
+}
+
+/// One member of an in-process collective group, usable without a job (benchmarks, tests).
+///
+/// Inside a job the same member runs as the kernel of a collective actor. Each member must
+/// run on its own thread: [`CollectiveMember::run`] blocks until every member of the group
+/// has called it for the same round.
+///
+/// ```
+/// use regflow_graph::plan::{CollectiveConf, CollectiveOp};
+/// use regflow_graph::DType;
+/// use regflow_runtime::CollectiveMember;
+///
+/// let conf = CollectiveConf {
+///     group: "g".into(), rank: 0, size: 2, op: CollectiveOp::AllReduce, dtype: DType::I64, shape: vec![2],
+/// };
+/// let members = CollectiveMember::group(&conf).unwrap();
+/// let sums: Vec<Vec<u8>> = std::thread::scope(|s| {
+///     let threads: Vec<_> = members
+///         .into_iter()
+///         .map(|mut member| {
+///             s.spawn(move || {
+///                 let r = i64::from(member.rank());
+///                 let input: Vec<u8> = [r, 10 * r].iter().flat_map(|v| v.to_le_bytes()).collect();
+///                 let mut output = vec![0u8; 16];
+///                 member.run(&input, &mut output).unwrap();
+///                 output
+///             })
+///         })
+///         .collect();
+///     threads.into_iter().map(|t| t.join().unwrap()).collect()
+/// });
+/// let expected: Vec<u8> = [1i64, 10].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// assert_eq!(sums, [expected.clone(), expected]);
+/// ```
+#[derive(Debug)]
+pub struct CollectiveMember {
+    rendezvous: Arc<Rendezvous>,
+    layout: Layout,
+    /// This member's copy of the input table, taken at barrier 1 (no allocation per round).
+    peers: Vec<PeerInput>,
+}
+
+impl CollectiveMember {
+    /// The `conf.size` members of a new group computing `conf` (`conf.rank` is ignored),
+    /// in rank order.
+    pub fn group(conf: &CollectiveConf) -> Result<Vec<CollectiveMember>, KernelError> {
+        if conf.size == 0 {
+            return Err(KernelError(format!("collective '{}': size is 0", conf.group)));
+        }
+        let rendezvous = Arc::new(Rendezvous::new(&conf.group, conf.size as usize));
+        (0..conf.size)
+            .map(|rank| {
+                let conf = CollectiveConf { rank, ..conf.clone() };
+                let layout =
+                    Layout::new(&conf).map_err(|m| KernelError(format!("collective '{}': {m}", conf.group)))?;
+                Ok(Self::new(rendezvous.clone(), layout))
+            })
+            .collect()
+    }
+
+    fn new(rendezvous: Arc<Rendezvous>, layout: Layout) -> Self {
+        let peers = vec![PeerInput::empty(); layout.size];
+        Self { rendezvous, layout, peers }
+    }
+
+    /// This member's rank.
+    pub fn rank(&self) -> u32 {
+        self.layout.rank as u32
+    }
+
+    /// Bytes of this member's input.
+    pub fn input_bytes(&self) -> usize {
+        self.layout.input_bytes
+    }
+
+    /// Bytes of this member's output.
+    pub fn output_bytes(&self) -> usize {
+        self.layout.output_bytes
+    }
+
+    /// One round: waits for every member, computes this member's output from all inputs,
+    /// and returns once every member has finished reading `input`.
+    pub fn run(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), KernelError> {
+        let (layout, group) = (&self.layout, &self.rendezvous.group);
+        if input.len() != layout.input_bytes || output.len() != layout.output_bytes {
+            return Err(KernelError(format!(
+                "collective '{group}': rank {} got {} input and {} output bytes; it needs {} and {}",
+                layout.rank,
+                input.len(),
+                output.len(),
+                layout.input_bytes,
+                layout.output_bytes
+            )));
+        }
+        self.rendezvous
+            .round(layout.rank, PeerInput::new(input), &mut self.peers, |peers| layout.compute(peers, output))
+    }
+
+    /// Aborts the whole group: members waiting for others, and every later round, fail.
+    pub fn abort(&self) {
+        self.rendezvous.abort();
+    }
+}
+
+/// A collective actor's kernel: one round per firing, input 0 to output 0 (other registers
+/// are zero-byte order tokens).
+#[derive(Debug)]
+struct CollectiveKernel(CollectiveMember);
+
+impl Kernel for CollectiveKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let input = io.input(0);
+        self.0.run(input, io.output(0))
+    }
+}
+
+/// A group as far as the job build has seen it.
+#[derive(Debug)]
+struct GroupEntry {
+    /// The first member's configuration; the others must agree with it.
+    conf: CollectiveConf,
+    /// Actor name per rank.
+    members: Vec<Option<String>>,
+    rendezvous: Arc<Rendezvous>,
+}
+
+/// The rendezvous of every collective group of one job, by group name. Kernels find their
+/// group here when the job builds them; an abort of the job wakes them all.
+#[derive(Debug)]
+pub(crate) struct CollectiveGroups {
+    groups: Mutex<HashMap<String, GroupEntry>>,
+}
+
+impl Default for CollectiveGroups {
+    fn default() -> Self {
+        Self { groups: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl CollectiveGroups {
+    /// Makes the kernel of collective actor `spec.actor`, joining (or creating) its group.
+    pub(crate) fn make_kernel(
+        &self,
+        conf: &CollectiveConf,
+        spec: &KernelSpec<'_>,
+    ) -> Result<Box<dyn Kernel>, KernelError> {
+        let fail = |message: String| {
+            KernelError(format!(
+                "collective '{}' ({}, rank {} of {}): {message}",
+                conf.group,
+                conf.op_name(),
+                conf.rank,
+                conf.size
+            ))
+        };
+        let layout = Layout::new(conf).map_err(fail)?;
+        // Input 0 and output 0 carry the data; further registers order the collectives of a
+        // stream (the parallel compiler chains them with zero-byte tokens) and hold no bytes.
+        if spec.input_bytes.is_empty() || spec.output_bytes.is_empty() {
+            return Err(fail(format!(
+                "a collective actor needs a data input and a data output register; this one has {} input(s) and \
+                 {} output(s)",
+                spec.input_bytes.len(),
+                spec.output_bytes.len()
+            )));
+        }
+        for (side, bytes) in [("input", spec.input_bytes), ("output", spec.output_bytes)] {
+            if let Some((i, extra)) = bytes.iter().enumerate().skip(1).find(|(_, &b)| b != 0) {
+                return Err(fail(format!(
+                    "{side} {i} has {extra} bytes; only {side} 0 carries data, further registers are zero-byte \
+                     order tokens"
+                )));
+            }
+        }
+        for (side, shape, got, needed) in [
+            ("input", conf.input_shape(), spec.input_bytes[0], layout.input_bytes),
+            ("output", conf.output_shape(), spec.output_bytes[0], layout.output_bytes),
+        ] {
+            if got != needed as u64 {
+                return Err(fail(format!(
+                    "the {side} register has {got} bytes, but {side} shape {shape:?} of {} needs {needed}",
+                    conf.dtype
+                )));
+            }
+        }
+        let rendezvous = self.join(spec.actor, conf).map_err(fail)?;
+        Ok(Box::new(CollectiveKernel(CollectiveMember::new(rendezvous, layout))))
+    }
+
+    /// Registers `actor` as `conf.rank` of its group; fails if it disagrees with a member
+    /// already registered, or takes a rank already taken.
+    fn join(&self, actor: &str, conf: &CollectiveConf) -> Result<Arc<Rendezvous>, String> {
+        let mut groups = lock(&self.groups);
+        let entry = groups.entry(conf.group.clone()).or_insert_with(|| GroupEntry {
+            conf: conf.clone(),
+            members: vec![None; conf.size as usize],
+            rendezvous: Arc::new(Rendezvous::new(&conf.group, conf.size as usize)),
+        });
+        let first = &entry.conf;
+        let first_actor = entry.members.iter().flatten().next().map(String::as_str).unwrap_or("?");
+        let disagreement = if first.size != conf.size {
+            Some(("size", conf.size.to_string(), first.size.to_string()))
+        } else if first.op != conf.op {
+            Some(("op", format!("{:?}", conf.op), format!("{:?}", first.op)))
+        } else if first.dtype != conf.dtype {
+            Some(("dtype", conf.dtype.to_string(), first.dtype.to_string()))
+        } else if first.shape != conf.shape {
+            Some(("shape", format!("{:?}", conf.shape), format!("{:?}", first.shape)))
+        } else {
+            None
+        };
+        if let Some((what, mine, theirs)) = disagreement {
+            return Err(format!(
+                "members disagree on the {what}: this actor has {mine}, member '{first_actor}' has {theirs}"
+            ));
+        }
+        let slot = &mut entry.members[conf.rank as usize];
+        if let Some(holder) = slot {
+            return Err(format!("rank {} is already taken by actor '{holder}'", conf.rank));
+        }
+        *slot = Some(actor.to_string());
+        Ok(entry.rendezvous.clone())
+    }
+
+    /// After every kernel is made: every group has all its ranks in this job (a job that runs
+    /// one node of a multi-node plan may not), each member on a comm stream. Plan validation
+    /// already put members on distinct devices and ordered each stream's collectives.
+    pub(crate) fn check(&self, plan: &Plan) -> Result<(), RuntimeError> {
+        let groups = lock(&self.groups);
+        let mut names: Vec<&String> = groups.keys().collect();
+        names.sort_unstable();
+        for name in names {
+            let entry = &groups[name];
+            let present: Vec<&str> = entry.members.iter().flatten().map(String::as_str).collect();
+            let setup = |actor: &str, message: String| RuntimeError::KernelSetup {
+                actor: actor.to_string(),
+                message: format!("collective '{name}': {message}"),
+            };
+            let missing: Vec<usize> = (0..entry.members.len()).filter(|&r| entry.members[r].is_none()).collect();
+            if !missing.is_empty() {
+                return Err(setup(
+                    present.first().copied().unwrap_or("?"),
+                    format!(
+                        "size {} but ranks {missing:?} have no actor in this job (members: {present:?}); \
+                         in-process collectives need every member in one process",
+                        entry.conf.size
+                    ),
+                ));
+            }
+            for actor in present {
+                let Some(index) = plan.actor_by_name(actor) else { continue };
+                let kind = plan.streams[plan.actors[index.index()].stream.index()].kind;
+                if kind != StreamKind::Comm {
+                    return Err(setup(
+                        actor,
+                        format!("runs on a {kind:?} stream; collectives need a comm stream (they block it)"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Wakes every group's waiting members with an error (the job is aborting).
+    pub(crate) fn abort_all(&self) {
+        for entry in lock(&self.groups).values() {
+            entry.rendezvous.abort();
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! What one member of a collective computes: shapes checked into byte sizes, then sums in
+//! rank order and copies of parts, reading every member's input.
+
+use super::Peers;
+use regflow_graph::plan::{CollectiveConf, CollectiveOp};
+use regflow_graph::sbp::part_range;
+use regflow_graph::DType;
+
+/// One group member's view of what the group computes; validated, with byte sizes.
+#[derive(Debug, Clone)]
+pub(super) struct Layout {
+    op: CollectiveOp,
+    dtype: DType,
+    shape: Vec<usize>,
+    pub(super) size: usize,
+    pub(super) rank: usize,
+    pub(super) input_bytes: usize,
+    pub(super) output_bytes: usize,
+}
+
+impl Layout {
+    pub(super) fn new(conf: &CollectiveConf) -> Result<Self, String> {
+        if conf.size == 0 {
+            return Err("size is 0".into());
+        }
+        if conf.rank >= conf.size {
+            return Err(format!("rank {} is not below size {}", conf.rank, conf.size));
+        }
+        let dims = match conf.op {
+            CollectiveOp::AllReduce => vec![],
+            CollectiveOp::ReduceScatter { dim } | CollectiveOp::AllGather { dim } => vec![dim],
+            CollectiveOp::AllToAll { from, to } => vec![from, to],
+        };
+        if let Some(dim) = dims.into_iter().find(|&d| d >= conf.shape.len()) {
+            return Err(format!("dimension {dim} is out of range for shape {:?}", conf.shape));
+        }
+        let bytes = |shape: &[usize]| {
+            shape.iter().try_fold(conf.dtype.size(), |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
+                format!("shape {:?} of {} has more bytes than this machine can address", conf.shape, conf.dtype)
+            })
+        };
+        Ok(Self {
+            op: conf.op,
+            dtype: conf.dtype,
+            shape: conf.shape.clone(),
+            size: conf.size as usize,
+            rank: conf.rank as usize,
+            input_bytes: bytes(&conf.input_shape())?,
+            output_bytes: bytes(&conf.output_shape())?,
+        })
+    }
+
+    /// Shape seen as `(outer, shape[dim], inner)`, inner in bytes.
+    fn around(&self, dim: usize) -> (usize, usize, usize) {
+        let outer = self.shape[..dim].iter().product();
+        let inner = self.shape[dim + 1..].iter().product::<usize>() * self.dtype.size();
+        (outer, self.shape[dim], inner)
+    }
+
+    /// Computes this member's output from every member's input.
+    pub(super) fn compute(&self, peers: Peers<'_>, output: &mut [u8]) {
+        match self.op {
+            CollectiveOp::AllReduce => sum_into(self.dtype, output, self.size, |r| peers.input(r)),
+            CollectiveOp::ReduceScatter { dim } => {
+                let (outer, len, inner) = self.around(dim);
+                let part = part_range(len, self.size, self.rank);
+                let run = part.len() * inner;
+                for o in 0..outer {
+                    let at = (o * len + part.start) * inner;
+                    let out = &mut output[o * run..(o + 1) * run];
+                    sum_into(self.dtype, out, self.size, |r| &peers.input(r)[at..at + run]);
+                }
+            }
+            CollectiveOp::AllGather { dim } => {
+                let (outer, len, inner) = self.around(dim);
+                for r in 0..self.size {
+                    let part = part_range(len, self.size, r);
+                    let (run, input) = (part.len() * inner, peers.input(r));
+                    for o in 0..outer {
+                        let at = (o * len + part.start) * inner;
+                        output[at..at + run].copy_from_slice(&input[o * run..(o + 1) * run]);
+                    }
+                }
+            }
+            CollectiveOp::AllToAll { from, to } if from == to => output.copy_from_slice(peers.input(self.rank)),
+            CollectiveOp::AllToAll { from, to } => {
+                for r in 0..self.size {
+                    self.copy_block(from, to, r, peers.input(r), output);
+                }
+            }
+        }
+    }
+
+    /// All-to-all: copies the block of rank `r`'s input (its part along `from`) that lies
+    /// in this member's part along `to`. The shape is seen as `(a, n1, b, n2, c)` around
+    /// the two dimensions, and the block is copied in runs contiguous along the later one.
+    fn copy_block(&self, from: usize, to: usize, r: usize, input: &[u8], output: &mut [u8]) {
+        // Per dimension: the block's range (global coordinates), and where that dimension
+        // starts and how long it is in the input and in the output.
+        let along = |dim: usize, rank: usize, input_side: bool| {
+            let range = part_range(self.shape[dim], self.size, rank);
+            let (whole, local) = ((0, self.shape[dim]), (range.start, range.len()));
+            let (input_extent, output_extent) = if input_side { (local, whole) } else { (whole, local) };
+            (range, input_extent, output_extent)
+        };
+        let (first, second) = (from.min(to), from.max(to));
+        let (from_dim, to_dim) = (along(from, r, true), along(to, self.rank, false));
+        let (d1, d2) = if from < to { (from_dim, to_dim) } else { (to_dim, from_dim) };
+        let a: usize = self.shape[..first].iter().product();
+        let b: usize = self.shape[first + 1..second].iter().product();
+        let c = self.shape[second + 1..].iter().product::<usize>() * self.dtype.size();
+        let run = d2.0.len() * c;
+        if run == 0 {
+            return;
+        }
+        let at = |ia: usize, g1: usize, ib: usize, (start1, len1): (usize, usize), (start2, len2): (usize, usize)| {
+            (((ia * len1 + g1 - start1) * b + ib) * len2 + d2.0.start - start2) * c
+        };
+        for ia in 0..a {
+            for g1 in d1.0.clone() {
+                for ib in 0..b {
+                    let source = at(ia, g1, ib, d1.1, d2.1);
+                    let target = at(ia, g1, ib, d1.2, d2.2);
+                    output[target..target + run].copy_from_slice(&input[source..source + run]);
+                }
+            }
+        }
+    }
+}
+
+/// An element type a collective sums.
+trait Element: bytemuck::Pod {
+    fn add(self, other: Self) -> Self;
+    fn read(bytes: &[u8]) -> Self;
+    fn write(self, bytes: &mut [u8]);
+}
+
+macro_rules! element {
+    ($t:ty, $add:expr) => {
+        impl Element for $t {
+            fn add(self, other: Self) -> Self {
+                $add(self, other)
+            }
+            fn read(bytes: &[u8]) -> Self {
+                let mut word = [0u8; std::mem::size_of::<$t>()];
+                word.copy_from_slice(&bytes[..std::mem::size_of::<$t>()]);
+                <$t>::from_le_bytes(word)
+            }
+            fn write(self, bytes: &mut [u8]) {
+                bytes.copy_from_slice(&self.to_le_bytes());
+            }
+        }
+    };
+}
+
+element!(f32, |x: f32, y: f32| x + y);
+element!(f64, |x: f64, y: f64| x + y);
+// Integer sums wrap, as on every accelerator, instead of panicking in debug builds.
+element!(i64, i64::wrapping_add);
+
+/// `out = ((input(0) + input(1)) + input(2)) + ...`, elementwise, in rank order.
+fn sum_into<'a>(dtype: DType, out: &mut [u8], count: usize, input: impl Fn(usize) -> &'a [u8]) {
+    match dtype {
+        DType::F32 => sum_typed::<f32>(out, count, input),
+        DType::F64 => sum_typed::<f64>(out, count, input),
+        DType::I64 => sum_typed::<i64>(out, count, input),
+    }
+}
+
+fn sum_typed<'a, T: Element>(out: &mut [u8], count: usize, input: impl Fn(usize) -> &'a [u8]) {
+    if count == 1 {
+        out.copy_from_slice(input(0));
+        return;
+    }
+    // Fast path: little-endian host and aligned registers (arenas align every slot), so
+    // the bytes are the elements; the loops vectorize.
+    let typed = |r: usize| bytemuck::try_cast_slice::<u8, T>(input(r)).ok();
+    if cfg!(target_endian = "little") && (0..count).all(|r| typed(r).is_some()) {
+        if let (Ok(out), Some(first), Some(second)) = (bytemuck::try_cast_slice_mut::<u8, T>(out), typed(0), typed(1)) {
+            for ((o, &x), &y) in out.iter_mut().zip(first).zip(second) {
+                *o = x.add(y);
+            }
+            for r in 2..count {
+                for (o, &x) in out.iter_mut().zip(typed(r).unwrap_or_default()) {
+                    *o = o.add(x);
+                }
+            }
+            return;
+        }
+    }
+    let width = std::mem::size_of::<T>();
+    for (i, o) in out.chunks_exact_mut(width).enumerate() {
+        let at = i * width;
+        let mut sum = T::read(&input(0)[at..]);
+        for r in 1..count {
+            sum = sum.add(T::read(&input(r)[at..]));
+        }
+        sum.write(o);
+    }
+}
