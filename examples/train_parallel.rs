@@ -266,6 +266,9 @@ fn train(
     let mesh = layout.map(|(m, _)| m.clone()).unwrap_or(Mesh::cpu(&[1], &["one"])?);
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step))?;
     let actors = compiled.plan.actors.len();
+    if let (Some(path), Some(_)) = (std::env::var_os("REGFLOW_PLAN_JSON"), layout) {
+        std::fs::write(path, compiled.plan.to_json())?;
+    }
     let mut builder = Job::builder(compiled.plan.clone()).compiled(&compiled);
     if let Some(path) = trace {
         builder = builder.trace(path);

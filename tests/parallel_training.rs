@@ -36,6 +36,8 @@ fn model<'g>(g: &'g Graph, dtype: DType, layout: Option<&Layout>) -> TrainStep<'
     let w1 = g.variable("w1", [6, 16], dtype, Init::Kaiming { seed: 1 }).unwrap();
     let b1 = g.variable("b1", [16], dtype, Init::Normal { mean: 0.0, std: 0.1, seed: 3 }).unwrap();
     let w2 = g.variable("w2", [16, 3], dtype, Init::Xavier { seed: 2 }).unwrap();
+    // Added to a row-split product (Partial under tensor parallelism): boxed B -> P.
+    let b2 = g.variable("b2", [3], dtype, Init::Normal { mean: 0.0, std: 0.1, seed: 4 }).unwrap();
     if let Some(layout) = layout {
         for (name, sbp) in &layout.pins {
             let t = g.by_name(name).unwrap();
@@ -43,7 +45,7 @@ fn model<'g>(g: &'g Graph, dtype: DType, layout: Option<&Layout>) -> TrainStep<'
         }
     }
     let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
-    let loss = h.matmul(&w2).unwrap().sparse_cross_entropy(&y).unwrap();
+    let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
     g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
 }
 

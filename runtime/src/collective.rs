@@ -381,8 +381,9 @@ impl CollectiveGroups {
             ))
         };
         let layout = Layout::new(conf).map_err(fail)?;
-        // Input 0 and output 0 carry the data; further registers order the collectives of a
-        // stream (the parallel compiler chains them with zero-byte tokens) and hold no bytes.
+        // Input 0 and output 0 carry the data. Further inputs only order or pace the actor
+        // (zero-byte order tokens chaining a stream's collectives; the step's tick for a
+        // collective of a variable) and are not read; further outputs are order tokens.
         if spec.input_bytes.is_empty() || spec.output_bytes.is_empty() {
             return Err(fail(format!(
                 "a collective actor needs a data input and a data output register; this one has {} input(s) and \
@@ -391,7 +392,7 @@ impl CollectiveGroups {
                 spec.output_bytes.len()
             )));
         }
-        for (side, bytes) in [("input", spec.input_bytes), ("output", spec.output_bytes)] {
+        for (side, bytes) in [("output", spec.output_bytes)] {
             if let Some((i, extra)) = bytes.iter().enumerate().skip(1).find(|(_, &b)| b != 0) {
                 return Err(fail(format!(
                     "{side} {i} has {extra} bytes; only {side} 0 carries data, further registers are zero-byte \

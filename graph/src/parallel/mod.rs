@@ -189,6 +189,12 @@ struct Lowering<'a> {
     groups: Vec<((usize, usize), String)>,
     boxings: usize,
     register_num: u32,
+    /// Tensors that do not change with the inputs (variables, constants): their boxing
+    /// actors also read the step's tick, or they would run once more than the steps (a
+    /// variable's register carries one value more than the loop runs).
+    unpaced: std::collections::HashSet<TensorId>,
+    /// The tick's register on each device.
+    tick: Vec<RegstDescId>,
 }
 
 impl Lowering<'_> {
@@ -295,6 +301,11 @@ impl Lowering<'_> {
                 }
             };
             self.b.consume(actor, *input);
+            if self.unpaced.contains(&t) {
+                if let Some(tick) = self.tick.get(rank) {
+                    self.b.consume(actor, *tick);
+                }
+            }
             outputs.push(self.b.regst(&format!("{actor_name}.out"), actor, out_meta.bytes() as u64, self.register_num));
         }
         Ok(outputs)
@@ -381,6 +392,8 @@ impl Graph {
             groups: Vec::new(),
             boxings: 0,
             register_num: options.activation_register_num,
+            unpaced: std::collections::HashSet::new(),
+            tick: Vec::new(),
         };
         for (n, node) in nodes.iter().enumerate() {
             for o in &node.outputs {
@@ -482,6 +495,7 @@ impl Graph {
         }
         let tick = tick.ok_or_else(|| compile_error("the step reads no input, so nothing paces it".into()))?;
         let tick_layout = layout_of(&layouts.produced, tick)?;
+        low.tick = low.regs.get(&(tick, tick_layout.clone())).cloned().unwrap_or_default();
 
         let mut paced: Vec<bool> =
             (0..count).map(|i| matches!(self.info(TensorId(i as u32)).source, TensorSource::Input)).collect();
@@ -492,6 +506,8 @@ impl Graph {
                 }
             }
         }
+
+        low.unpaced = (0..count).filter(|&i| !paced[i]).map(|i| TensorId(i as u32)).collect();
 
         // Ops: one compute actor per device, on local shapes.
         // (actor per rank, reads as (tensor, layout) — None = the tick)
