@@ -120,14 +120,34 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     let mesh = Mesh::cpu(&[2], &["dp"])?;
     data_parallel(&g, &mesh)?;
     let dp = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
-    let parallel = time_steps(&dp, &feeds, warmup, steps, None)?;
+    if std::env::var_os("REGFLOW_SHOW_COLLECTIVES").is_some() {
+        println!("collectives: {:?}", dp.parallel.as_ref().map(|p| &p.collectives));
+        std::fs::write("/tmp/dp_plan.json", dp.plan.to_json())?;
+    }
+    let parallel = time_steps(&dp, &feeds, warmup, steps, std::env::var("REGFLOW_DP_TRACE").ok().as_deref())?;
+
+    // The same with the AdamW state sharded S(0) (ZeRO stage 1): each device updates half
+    // of every weight, and the weights are all-gathered after the update.
+    let g = Graph::new();
+    let train = mlp(&g, BATCH, &SIZES)?;
+    let mesh = Mesh::cpu(&[2], &["dp"])?;
+    data_parallel(&g, &mesh)?;
+    for (state, _) in &train.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)]))?;
+    }
+    let zero1 = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
+    let sharded = time_steps(&zero1, &feeds, warmup, steps, None)?;
     println!(
-        "cpu MLP 784-1024-1024-10, batch {BATCH}: one device {:.1} ms/step ({:.0} samples/s); dp2 {:.1} ms/step ({:.0} samples/s); ratio {:.2}x",
+        "cpu MLP 784-1024-1024-10, batch {BATCH}: one device {:.1} ms/step ({:.0} samples/s); \
+         dp2 {:.1} ms/step ({:.0} samples/s, {:.2}x); dp2 + sharded AdamW state {:.1} ms/step ({:.0} samples/s, {:.2}x)",
         single * 1e3,
         BATCH as f64 / single,
         parallel * 1e3,
         BATCH as f64 / parallel,
-        single / parallel
+        single / parallel,
+        sharded * 1e3,
+        BATCH as f64 / sharded,
+        single / sharded
     );
     Ok(())
 }
@@ -136,13 +156,14 @@ fn sim(trace: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
     const BATCH: usize = 32;
     const WIDTH: usize = 64;
     const LAYERS: usize = 16;
-    // Modeled times: a matmul (forward or either gradient) takes 100 µs, any other kernel
-    // 4 µs; a collective takes 10 µs plus 8 ns per byte of its tensor (a 64x64 f32 gradient:
-    // 141 µs), so a layer's gradient all-reduce takes about as long as its backward pass.
-    const MATMUL_NS: u64 = 100_000;
-    const OTHER_NS: u64 = 4_000;
-    const LINK_LATENCY_NS: u64 = 10_000;
-    const LINK_NS_PER_BYTE: u64 = 8;
+    // Modeled times: a matmul (forward or either gradient) takes 1 ms, any other kernel
+    // 40 µs; a collective takes 100 µs plus 80 ns per byte of its tensor (a 64x64 f32
+    // gradient: 1.4 ms, against the 2 ms of the layer's two backward products). Milliseconds keep the host's own costs (thread wake-ups of 10-20 µs,
+    // the kernels' real arithmetic) small against the model.
+    const MATMUL_NS: u64 = 1_000_000;
+    const OTHER_NS: u64 = 40_000;
+    const LINK_LATENCY_NS: u64 = 100_000;
+    const LINK_NS_PER_BYTE: u64 = 80;
     let mut sizes = vec![WIDTH; LAYERS + 1];
     sizes[LAYERS] = 10;
     let g = Graph::new();
@@ -170,8 +191,11 @@ fn sim(trace: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    if let Some(path) = std::env::var_os("REGFLOW_PLAN_JSON") {
+        std::fs::write(path, compiled.plan.to_json())?;
+    }
     let feeds = batch(BATCH, WIDTH, 10);
-    let step = time_steps(&compiled, &feeds, 3, 30, trace)?;
+    let step = time_steps(&compiled, &feeds, 2, 10, trace)?;
     let (compute_s, comm_s) = (compute as f64 * 1e-9, comm as f64 * 1e-9);
     println!(
         "sim dp2, {LAYERS}-layer MLP: step {:.2} ms; modeled compute {:.2} ms, comm {:.2} ms per device; \

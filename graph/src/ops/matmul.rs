@@ -284,6 +284,14 @@ fn grads<'g>(ctx: &GradCtx<'g>, transpose_a: bool, transpose_b: bool) -> Result<
 }
 
 impl OpDef for MatMul {
+    fn flops(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> f64 {
+        match inputs {
+            [a, b] => layout(&a.shape, self.transpose_a, &b.shape, self.transpose_b)
+                .map_or(0.0, |l| 2.0 * l.batch.iter().product::<usize>() as f64 * (l.m * l.n * l.k) as f64),
+            _ => 0.0,
+        }
+    }
+
     fn name(&self) -> &'static str {
         "matmul"
     }
@@ -317,6 +325,14 @@ impl OpDef for MatMul {
 }
 
 impl OpDef for MatMulBatchSum {
+    fn flops(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> f64 {
+        match inputs {
+            [a, b] => layout(&a.shape, self.transpose_a, &b.shape, self.transpose_b)
+                .map_or(0.0, |l| 2.0 * l.batch.iter().product::<usize>() as f64 * (l.m * l.n * l.k) as f64),
+            _ => 0.0,
+        }
+    }
+
     fn name(&self) -> &'static str {
         "matmul_batch_sum"
     }

@@ -92,6 +92,14 @@ pub trait OpDef: fmt::Debug + Send + Sync {
         Vec::new()
     }
 
+    /// Arithmetic operations to compute outputs from inputs of these shapes: what a device
+    /// spends on its share, weighed against bytes moved when signatures are chosen. The
+    /// default, one per output element, fits elementwise ops; products override it.
+    fn flops(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> f64 {
+        let _ = inputs;
+        outputs.iter().map(|o| o.shape.numel() as f64).sum()
+    }
+
     /// The op one device runs on its parts under a chosen signature: `None` when this op,
     /// applied to the local shapes, already computes the right part (most ops). Ops whose
     /// parameters carry logical sizes (a target shape, a divisor, an index range) return a

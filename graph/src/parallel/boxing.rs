@@ -104,18 +104,25 @@ pub(crate) fn steps(from: &NdSbp, to: &NdSbp, shape: &[usize]) -> Vec<Step> {
     out
 }
 
+/// What one collective costs beyond its bytes, in bytes: an in-process rendezvous takes
+/// about 45 µs however small the tensor, the time a collective needs to move about 1 MiB
+/// (`bench_collectives`). Without it, three small collectives in a row look cheaper than
+/// one all-reduce, and each waits on the one before, so nothing overlaps.
+pub(crate) const COLLECTIVE_LATENCY_BYTES: f64 = 1024.0 * 1024.0;
+
 /// Bytes a single-axis conversion moves for a tensor of `bytes` over `p` devices (the
-/// costs signature choice compares).
+/// costs signature choice compares): `S -> B` and `P -> S` move T(p-1), `P -> B` 2T(p-1),
+/// `S(i) -> S(j)` T(p-1)/p, local slices nothing; each collective adds its latency.
 pub(crate) fn axis_cost(from: Sbp, to: Sbp, bytes: f64, p: usize) -> f64 {
     let p1 = (p as f64) - 1.0;
-    match (from, to) {
-        _ if from == to || p <= 1 => 0.0,
-        (Sbp::Broadcast, _) => 0.0,
+    let moved = match (from, to) {
+        _ if from == to || p <= 1 => return 0.0,
+        (Sbp::Broadcast, _) | (Sbp::Partial, Sbp::Partial) => return 0.0,
         (Sbp::Split(_), Sbp::Broadcast) | (Sbp::Partial, Sbp::Split(_)) | (Sbp::Split(_), Sbp::Partial) => bytes * p1,
         (Sbp::Partial, Sbp::Broadcast) => 2.0 * bytes * p1,
         (Sbp::Split(_), Sbp::Split(_)) => bytes * p1 / p as f64,
-        (Sbp::Partial, Sbp::Partial) => 0.0,
-    }
+    };
+    moved + COLLECTIVE_LATENCY_BYTES
 }
 
 /// Bytes an n-d conversion moves (sum over the axes that change).

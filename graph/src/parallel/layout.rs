@@ -11,6 +11,10 @@ use crate::GraphError;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// How many bytes moved cost as much as one arithmetic operation: a core does tens of
+/// GFLOP/s in a product, and an in-process collective moves a few GB/s per member.
+const BYTES_PER_FLOP: f64 = 0.1;
+
 /// An op's layouts on every mesh axis.
 #[derive(Debug, Clone)]
 pub(crate) struct NdSignature {
@@ -241,7 +245,17 @@ pub(crate) fn infer(
                     destination.get(o).map(|to| boxing::cost(out, to, meta.bytes() as f64, mesh.shape()))
                 })
                 .sum();
-            candidates.push((moved + onward, index, sig));
+            // What one device computes: replicating a product on every device is not free.
+            let coords = vec![0; ndim];
+            let local = |metas: &[TensorMeta], layouts: &[NdSbp]| -> Vec<TensorMeta> {
+                metas
+                    .iter()
+                    .zip(layouts)
+                    .map(|(m, l)| TensorMeta { shape: local_region(&m.shape, l, mesh, &coords).0, dtype: m.dtype })
+                    .collect()
+            };
+            let work = node.op.flops(&local(&in_metas, &sig.inputs), &local(&out_metas, &sig.outputs)) * BYTES_PER_FLOP;
+            candidates.push((moved + onward + work, index, sig));
         }
         candidates.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let mut reasons = Vec::new();
