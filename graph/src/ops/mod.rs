@@ -92,12 +92,14 @@ pub trait OpDef: fmt::Debug + Send + Sync {
         Vec::new()
     }
 
-    /// Arithmetic operations to compute outputs from inputs of these shapes: what a device
-    /// spends on its share, weighed against bytes moved when signatures are chosen. The
-    /// default, one per output element, fits elementwise ops; products override it.
+    /// Arithmetic beyond one pass over the outputs for inputs of these shapes (a product's
+    /// multiply-adds): what replicating the op on every device wastes, weighed against
+    /// bytes moved when signatures are chosen. Ops that touch each element a few times
+    /// (elementwise, reductions, shape ops) count 0, the default, so that a free local
+    /// slice does not make the chooser split everything ahead of a gather.
     fn flops(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> f64 {
-        let _ = inputs;
-        outputs.iter().map(|o| o.shape.numel() as f64).sum()
+        let _ = (inputs, outputs);
+        0.0
     }
 
     /// The op one device runs on its parts under a chosen signature: `None` when this op,
