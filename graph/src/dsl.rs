@@ -218,6 +218,11 @@ impl Graph {
         Ok(())
     }
 
+    /// Moves tensor `id` to `mesh` (a stage edge made by `to_global`), whatever its inputs'.
+    pub(crate) fn place(&self, id: TensorId, mesh: Arc<Mesh>) {
+        self.data.borrow_mut().placements.insert(id, mesh);
+    }
+
     /// The placement of tensor `id`, if it has one.
     pub fn placement(&self, id: TensorId) -> Option<Arc<Mesh>> {
         self.data.borrow().placements.get(&id).cloned()

@@ -57,7 +57,7 @@ pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use init::{Init, SplitMix64};
 pub use optim::{Optimizer, OptimizerKind, Schedule, TrainStep};
-pub use parallel::{ParallelInfo, ParallelInput, ParallelOptions};
+pub use parallel::{ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule};
 pub use session::Session;
 pub use tensor::{
     DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta,

@@ -154,10 +154,10 @@ impl Job {
             let parallel =
                 compiled.parallel.as_ref().and_then(|p| p.inputs.iter().find(|i| i.name == input.name).map(|i| (p, i)));
             let fed = match parallel {
-                Some((info, parts)) => FedInput {
+                Some((_, parts)) => FedInput {
                     name: input.name.clone(),
                     meta: input.meta.clone(),
-                    layout: Some((info.mesh.clone(), parts.layout.clone())),
+                    layout: Some((parts.mesh.clone(), parts.layout.clone())),
                     feeders: parts.parts.iter().map(|(actor, _)| self.feeder(actor)).collect::<Result<_, _>>()?,
                 },
                 None => FedInput {

@@ -96,7 +96,8 @@ pub(crate) fn localize(
 /// What layout inference needs of the compile options.
 #[derive(Debug)]
 pub(crate) struct InferOptions<'a> {
-    pub mesh: &'a Mesh,
+    /// The mesh of every tensor the step needs.
+    pub meshes: &'a HashMap<TensorId, Arc<Mesh>>,
     pub follow: &'a [(TensorId, TensorId)],
     pub dataset_inputs: Vec<&'a str>,
     /// `(variable, its next value)`.
@@ -110,8 +111,12 @@ pub(crate) fn infer(
     needed: &[bool],
     options: &InferOptions<'_>,
 ) -> Result<Layouts, GraphError> {
-    let mesh = options.mesh;
-    let ndim = mesh.ndim();
+    let mesh_of = |t: TensorId| -> Result<&Arc<Mesh>, GraphError> {
+        options.meshes.get(&t).ok_or_else(|| GraphError::Kernel {
+            op: "layout".into(),
+            message: format!("'{}' has no placement (broken invariant)", graph.info(t).name),
+        })
+    };
     let follow: HashMap<TensorId, TensorId> = options.follow.iter().copied().collect();
     let dataset = &options.dataset_inputs;
     let mut produced: HashMap<TensorId, NdSbp> = HashMap::new();
@@ -129,15 +134,8 @@ pub(crate) fn infer(
         if !is_needed || matches!(info.source, TensorSource::Op { .. }) {
             continue;
         }
-        if let Some(placement) = graph.placement(id) {
-            if *placement != *mesh {
-                return Err(layout_error(
-                    &info.name,
-                    &info.meta,
-                    format!("placed on {placement}, but this step is compiled for {mesh}"),
-                ));
-            }
-        }
+        let mesh = mesh_of(id)?;
+        let ndim = mesh.ndim();
         let layout = graph
             .pinned_layout(id)
             .or_else(|| follow.get(&id).and_then(|like| graph.pinned_layout(*like)))
@@ -179,17 +177,9 @@ pub(crate) fn infer(
         let name = node.op.name();
         let in_metas: Vec<TensorMeta> = node.inputs.iter().map(|i| graph.info(*i).meta).collect();
         let out_metas: Vec<TensorMeta> = node.outputs.iter().map(|o| graph.info(*o).meta).collect();
-        for o in &node.outputs {
-            if let Some(placement) = graph.placement(*o) {
-                if *placement != *mesh {
-                    return Err(GraphError::Op {
-                        op: format!("{name} (node {n})"),
-                        inputs: in_metas.iter().map(ToString::to_string).collect(),
-                        message: format!("placed on {placement}, but this step is compiled for {mesh}"),
-                    });
-                }
-            }
-        }
+        let Some(first) = node.outputs.first() else { continue };
+        let mesh: &Mesh = mesh_of(*first)?;
+        let ndim = mesh.ndim();
         // All-Broadcast first: on a tie it wins, so nothing gets split only to be gathered
         // again by a consumer that needs it whole.
         let mut one_axis = vec![SbpSignature::broadcast(in_metas.len(), out_metas.len())];
@@ -228,12 +218,23 @@ pub(crate) fn infer(
             if pins.iter().zip(&sig.outputs).any(|(pin, out)| pin.as_ref().is_some_and(|p| p != out)) {
                 continue;
             }
-            let moved: f64 = input_layouts
-                .iter()
-                .zip(&sig.inputs)
-                .zip(&in_metas)
-                .map(|((from, to), meta)| boxing::cost(from, to, meta.bytes() as f64, mesh.shape()))
-                .sum();
+            let mut moved = 0.0;
+            for ((from, to), (meta, input)) in
+                input_layouts.iter().zip(&sig.inputs).zip(in_metas.iter().zip(&node.inputs))
+            {
+                let bytes = meta.bytes() as f64;
+                let source = mesh_of(*input)?;
+                moved += if **source == *mesh {
+                    boxing::cost(from, to, bytes, mesh.shape())
+                } else if source.shape() == mesh.shape() {
+                    // Boxed on the source mesh, then copied device by device.
+                    boxing::cost(from, to, bytes, mesh.shape()) + bytes
+                } else {
+                    // Made whole on the source mesh, copied to every device, cut there.
+                    boxing::cost(from, &NdSbp::broadcast(source.ndim()), bytes, source.shape())
+                        + bytes * mesh.size() as f64
+                };
+            }
             // Outputs with a known destination (a variable's next value, a tensor that
             // follows another's layout) also pay for their way there.
             let onward: f64 = node
@@ -242,7 +243,10 @@ pub(crate) fn infer(
                 .zip(&sig.outputs)
                 .zip(&out_metas)
                 .filter_map(|((o, out), meta)| {
-                    destination.get(o).map(|to| boxing::cost(out, to, meta.bytes() as f64, mesh.shape()))
+                    destination
+                        .get(o)
+                        .filter(|to| to.0.len() == out.0.len())
+                        .map(|to| boxing::cost(out, to, meta.bytes() as f64, mesh.shape()))
                 })
                 .sum();
             // What one device computes: replicating a product on every device is not free.

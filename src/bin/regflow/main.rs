@@ -1,0 +1,176 @@
+//! `regflow`: inspect regflow plans from the command line.
+//!
+//! ```text
+//! regflow plan show <plan.json> [--actors]     per device: streams, actors by kind, peak memory
+//! regflow plan dot <plan.json> [-o out.dot]    Graphviz: devices as clusters, boxing highlighted
+//! ```
+//!
+//! A plan file is the JSON that `Plan::to_json` writes; `-` reads it from stdin. The file is
+//! validated as the runtime would validate it before anything is printed, so a plan that
+//! `regflow plan show` accepts is one `Job::builder` accepts too.
+
+mod describe;
+mod dot;
+mod show;
+
+use clap::{Parser, Subcommand};
+use regflow::graph::plan::{Plan, PlanError};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Command line of the `regflow` tool.
+#[derive(Debug, Parser)]
+#[command(name = "regflow", version, about = "Inspect regflow plans", propagate_version = true)]
+struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Inspect a plan file (the JSON that `Plan::to_json` writes).
+    #[command(subcommand)]
+    Plan(PlanCommand),
+}
+
+/// `regflow plan ...` commands.
+#[derive(Debug, Subcommand)]
+enum PlanCommand {
+    /// Per device: its streams, its actors grouped by kind, its collectives and its peak
+    /// memory; then totals.
+    Show {
+        /// Plan file (JSON); `-` reads stdin.
+        plan: PathBuf,
+        /// Also list every actor with its inputs and outputs and their register counts.
+        #[arg(long)]
+        actors: bool,
+    },
+    /// Graphviz `digraph` of the plan: one cluster per device, actors as nodes, registers as
+    /// edges labelled with their register counts; collectives and boxing highlighted.
+    Dot {
+        /// Plan file (JSON); `-` reads stdin.
+        plan: PathBuf,
+        /// Write the graph to this file instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+}
+
+/// Why a command failed; every variant names the file involved.
+#[derive(Debug)]
+enum CliError {
+    /// The plan file could not be read.
+    Read {
+        /// File as given on the command line (`<stdin>` for `-`).
+        file: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid plan.
+    Plan {
+        /// File as given on the command line.
+        file: String,
+        /// What is wrong with it.
+        source: PlanError,
+    },
+    /// The output could not be written.
+    Write {
+        /// Output file (`<stdout>` for standard output).
+        file: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliError::Read { file, source } => write!(f, "cannot read plan file {file}: {source}"),
+            CliError::Plan { file, source } => write!(f, "{file} is not a valid plan: {source}"),
+            CliError::Write { file, source } => write!(f, "cannot write {file}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for CliError {}
+
+/// Reads and validates a plan; returns it with the name to use for it in messages.
+fn load(path: &Path) -> Result<(String, Plan), CliError> {
+    let (file, text) = if path == Path::new("-") {
+        let file = "<stdin>".to_string();
+        let mut text = String::new();
+        match std::io::stdin().read_to_string(&mut text) {
+            Ok(_) => (file, text),
+            Err(source) => return Err(CliError::Read { file, source }),
+        }
+    } else {
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => (file, text),
+            Err(source) => return Err(CliError::Read { file, source }),
+        }
+    };
+    match Plan::from_json(&text) {
+        Ok(plan) => Ok((file, plan)),
+        Err(source) => Err(CliError::Plan { file, source }),
+    }
+}
+
+/// Writes `text` to `output`, or to stdout when `None`. A closed stdout (`| head`) is not
+/// an error: the reader has what it wanted.
+fn emit(text: &str, output: Option<&Path>) -> Result<(), CliError> {
+    match output {
+        Some(path) => {
+            std::fs::write(path, text).map_err(|source| CliError::Write { file: path.display().to_string(), source })
+        }
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    Err(CliError::Write { file: "<stdout>".into(), source: e })
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Runs one command.
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Plan(PlanCommand::Show { plan, actors }) => {
+            let (file, plan) = load(&plan)?;
+            let text = show::render(&file, &plan, actors).map_err(|source| CliError::Plan { file, source })?;
+            emit(&text, None)
+        }
+        Command::Plan(PlanCommand::Dot { plan, output }) => {
+            let (file, plan) = load(&plan)?;
+            let text = dot::render(&plan).map_err(|source| CliError::Plan { file, source })?;
+            emit(&text, output.as_deref())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
