@@ -233,8 +233,12 @@ impl Lowering<'_> {
             self.boxings += 1;
             let r = self.b.actor(&name, self.devices[slot].compute, ActorKind::Repeat { count: self.micro_batches });
             self.b.consume(r, *input);
+            // As many micro-batches as the stage keeps in flight may hold the value at once
+            // (the repeat hands out the same register, so more slots cost no memory): with
+            // one, the forward of micro-batch j + 1 would wait for the backward of j.
             let bytes = self.b.plan_mut().regst_descs[input.index()].bytes;
-            out.push(self.b.regst(&format!("{name}.out"), r, bytes, 1));
+            let slots = self.register_num(Rate::Micro, mesh);
+            out.push(self.b.regst(&format!("{name}.out"), r, bytes, slots));
         }
         Ok(out)
     }
@@ -636,8 +640,12 @@ pub(super) fn compile(
                 }
             }
         }
-        for (m, (&p, &w)) in micro.iter_mut().zip(paced.iter().zip(&wanted)) {
-            *m = p && w;
+        // Constants the micro-batches need (the loss gradient's seed) run per micro-batch
+        // too: paced per step they would wait for a whole step of inputs, which the
+        // pipeline's registers cannot hold.
+        for (i, (m, (&p, &w))) in micro.iter_mut().zip(paced.iter().zip(&wanted)).enumerate() {
+            let op_output = matches!(graph.info(TensorId(i as u32)).source, TensorSource::Op { .. });
+            *m = w && (p || op_output);
         }
     } else {
         // One piece per step: everything runs at one rate.
@@ -970,7 +978,7 @@ pub(super) fn compile(
                     ActorKind::Repeat { count: micro_batches },
                 );
                 low.b.consume(fan, gated);
-                let fanned = low.b.regst(&format!("gpipe_fan@{slot}:{mesh}.out"), fan, 0, 1);
+                let fanned = low.b.regst(&format!("gpipe_fan@{slot}:{mesh}.out"), fan, 0, micro_batches);
                 for p in &backward {
                     low.b.consume(p.actors[rank], fanned);
                 }

@@ -39,8 +39,12 @@ enum Command {
 /// `regflow plan ...` commands.
 #[derive(Debug, Subcommand)]
 enum PlanCommand {
-    /// Per device: its streams, its actors grouped by kind, its collectives and its peak
-    /// memory; then totals.
+    /// Summarize a plan per device: streams, actors by kind, collectives, peak memory.
+    ///
+    /// Per device: its streams with their actor counts, its actors grouped by kind (source,
+    /// compute, copy, collective, acc, repeat, sink), its collectives with op, group and
+    /// rank, and its peak memory (the arena the runtime allocates for the plan: every
+    /// register slot plus the shared region); then totals over the plan.
     Show {
         /// Plan file (JSON); `-` reads stdin.
         plan: PathBuf,
@@ -48,8 +52,12 @@ enum PlanCommand {
         #[arg(long)]
         actors: bool,
     },
-    /// Graphviz `digraph` of the plan: one cluster per device, actors as nodes, registers as
-    /// edges labelled with their register counts; collectives and boxing highlighted.
+    /// Write the plan as a Graphviz digraph: devices as clusters, boxing highlighted.
+    ///
+    /// Actors are nodes, register descriptors are edges from their producer to each consumer
+    /// labelled `×register_num · bytes`. Collectives are orange, local boxing actors light
+    /// orange, registers crossing devices bold red, zero-byte registers dashed gray and
+    /// preloaded (loop) registers have a hollow arrowhead. Render with `dot -Tsvg`.
     Dot {
         /// Plan file (JSON); `-` reads stdin.
         plan: PathBuf,
