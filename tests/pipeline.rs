@@ -13,32 +13,65 @@ use regflow::prelude::*;
 
 const LAYERS: usize = 4;
 const WIDTH: usize = 6;
-const MICRO: usize = 2;
+const MICRO: usize = 4;
 
 fn stage_mesh(stage: usize) -> Mesh {
     Mesh::new(vec![MeshDevice { node: 0, kind: DeviceKind::Cpu, index: stage as u16 }], &[1], &["pp"]).unwrap()
 }
 
+/// Where the layers of a pipelined model live: `stages` meshes, the layouts of inputs,
+/// labels and each layer's weight and bias.
+struct Stages {
+    meshes: Vec<Mesh>,
+    input: Vec<Sbp>,
+    weight: fn(usize) -> Vec<Sbp>,
+    bias: fn(usize) -> Vec<Sbp>,
+}
+
+/// One cpu device per stage.
+fn single_devices(p: usize) -> Stages {
+    Stages {
+        meshes: (0..p).map(stage_mesh).collect(),
+        input: vec![Sbp::Broadcast],
+        weight: |_| vec![Sbp::Broadcast],
+        bias: |_| vec![Sbp::Broadcast],
+    }
+}
+
+/// Two stages of 2 × 2 devices `[dp, tp]`: batch rows split over dp, Megatron pairs over tp
+/// (even layers column-split, odd layers row-split).
+fn dp_tp_pp() -> Stages {
+    let mesh = |s: u16| {
+        let devices = (0..4).map(|i| MeshDevice { node: 0, kind: DeviceKind::Cpu, index: 4 * s + i }).collect();
+        Mesh::new(devices, &[2, 2], &["dp", "tp"]).unwrap()
+    };
+    Stages {
+        meshes: vec![mesh(0), mesh(1)],
+        input: vec![Sbp::Split(0), Sbp::Broadcast],
+        weight: |l| vec![Sbp::Broadcast, if l % 2 == 0 { Sbp::Split(1) } else { Sbp::Split(0) }],
+        bias: |l| vec![Sbp::Broadcast, if l % 2 == 0 { Sbp::Split(0) } else { Sbp::Broadcast }],
+    }
+}
+
 /// The MLP on `batch` rows; with `stages`, layer l lives on stage l * stages / LAYERS.
-fn model(g: &Graph, batch: usize, stages: Option<usize>) -> TrainStep<'_> {
+fn model<'g>(g: &'g Graph, batch: usize, stages: Option<&Stages>) -> TrainStep<'g> {
     let x = g.input("x", [batch, WIDTH], DType::F64).unwrap();
     let y = g.input("y", [batch], DType::I64).unwrap();
-    let stage_of = |l: usize| stages.map(|p| l * p / LAYERS);
-    if let Some(p) = stages {
-        g.set_layout(x, &stage_mesh(0), NdSbp(vec![Sbp::Broadcast])).unwrap();
-        g.set_layout(y, &stage_mesh(p - 1), NdSbp(vec![Sbp::Broadcast])).unwrap();
+    let stage_of = |l: usize| stages.map(|st| l * st.meshes.len() / LAYERS);
+    if let Some(st) = stages {
+        g.set_layout(x, &st.meshes[0], NdSbp(st.input.clone())).unwrap();
+        g.set_layout(y, &st.meshes[st.meshes.len() - 1], NdSbp(st.input.clone())).unwrap();
     }
     let mut h = x;
     for l in 0..LAYERS {
         let out = if l + 1 == LAYERS { 3 } else { WIDTH };
         let w = g.variable(&format!("w{l}"), [WIDTH, out], DType::F64, Init::Xavier { seed: l as u64 }).unwrap();
         let b = g.variable(&format!("b{l}"), [out], DType::F64, Init::Zeros).unwrap();
-        if let Some(s) = stage_of(l) {
-            for v in [w, b] {
-                g.set_layout(v, &stage_mesh(s), NdSbp(vec![Sbp::Broadcast])).unwrap();
-            }
+        if let (Some(s), Some(st)) = (stage_of(l), stages) {
+            g.set_layout(w, &st.meshes[s], NdSbp((st.weight)(l))).unwrap();
+            g.set_layout(b, &st.meshes[s], NdSbp((st.bias)(l))).unwrap();
             if l > 0 && stage_of(l - 1) != Some(s) {
-                h = h.to_placement(&stage_mesh(s)).unwrap();
+                h = h.to_placement(&st.meshes[s]).unwrap();
             }
         }
         h = h.matmul(&w).unwrap().add(&b).unwrap();
@@ -76,9 +109,14 @@ fn reference(steps: usize, m: usize) -> Vec<f64> {
 /// Trains on `p` stages with `m` micro-batches per step; returns each step's mean loss and
 /// the job's report.
 fn pipelined(steps: usize, p: usize, m: usize, schedule: PipelineSchedule) -> (Vec<f64>, regflow::prelude::JobReport) {
+    run(steps, &single_devices(p), m, schedule)
+}
+
+fn run(steps: usize, stages: &Stages, m: usize, schedule: PipelineSchedule) -> (Vec<f64>, regflow::prelude::JobReport) {
+    let p = stages.meshes.len();
     let g = Graph::new();
-    let train = model(&g, MICRO, Some(p));
-    let mut options = ParallelOptions::new(stage_mesh(0)).train(&train).micro_batches(&train, m as u32);
+    let train = model(&g, MICRO, Some(stages));
+    let mut options = ParallelOptions::new(stages.meshes[0].clone()).train(&train).micro_batches(&train, m as u32);
     options.schedule = schedule;
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     let mut job = Job::builder(compiled.plan.clone())
@@ -148,4 +186,18 @@ fn one_f_one_b_bounds_live_activations_by_the_stages_and_gpipe_does_not() {
     let (live_1f1b, live_gpipe) = (live_on_stage_0(&one_f_one_b), live_on_stage_0(&gpipe));
     assert!(live_1f1b >= 2 && live_1f1b <= p as u32, "1F1B: {live_1f1b} micro-batches live on stage 0");
     assert_eq!(live_gpipe, m as u32, "GPipe: every micro-batch of a step is live at once");
+}
+
+#[test]
+fn data_tensor_and_pipeline_parallel_together_train_like_one_device() {
+    let steps = 5;
+    for m in [1, 4] {
+        let want = reference(steps, m);
+        let (got, report) = run(steps, &dp_tp_pp(), m, PipelineSchedule::OneForwardOneBackward);
+        assert_close(&format!("dp2 x tp2 x pp2, m = {m}"), &got, &want);
+        // Eight devices took part: every one ran compute actors.
+        let devices: std::collections::BTreeSet<&str> =
+            report.actors.iter().filter_map(|a| a.name.rsplit_once('@').map(|(_, d)| d)).collect();
+        assert!(devices.len() >= 8, "{devices:?}");
+    }
 }

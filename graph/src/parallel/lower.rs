@@ -184,9 +184,13 @@ impl Lowering<'_> {
                     self.boxed(t, &produced, layout, Rate::Step, mesh)?
                 }
                 _ => {
-                    // Once per step, handed to every micro-batch.
-                    let stepped = self.read(t, layout, Rate::Step, mesh, layouts)?;
-                    self.repeat(t, &stepped, mesh)?
+                    // Once per step, handed to every micro-batch, then boxed per micro-batch:
+                    // boxing it per step would have to wait for a tick of the whole step
+                    // (all its micro-batches' inputs), which the pipeline cannot hold.
+                    let stepped = self.read(t, &visible, Rate::Step, mesh, layouts)?;
+                    let handed = self.repeat(t, &stepped, mesh)?;
+                    self.regs.insert((t, visible.clone(), Rate::Micro, mesh), handed);
+                    self.boxed(t, &visible, layout, Rate::Micro, mesh)?
                 }
             }
         };
