@@ -2,8 +2,9 @@
 //! stated only as layouts, and checks it against one device.
 //!
 //! ```text
-//! cargo run --release --example train_parallel -- --layout dp4|dp2|tp2|zero2|dp2xtp2 \
-//!     [--model mlp|gpt] [--steps N] [--trace timeline.json] [--no-compare]
+//! cargo run --release --example train_parallel -- \
+//!     --layout dp4|dp2|tp2|zero2|dp2xtp2|pp2|pp4|dp2xtp2xpp2 [--model mlp|gpt] \
+//!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare]
 //! ```
 //!
 //! Layouts (`S(d)`: split along dim d over the mesh axis, `B`: whole on every device):
@@ -15,6 +16,10 @@
 //! - `zero2`: inputs `S(0)` and every weight and its AdamW state `S(0)`: weights are
 //!   all-gathered before use and gradients reduce-scattered.
 //! - `dp2xtp2`: a 2 × 2 mesh `[dp, tp]` combining the two.
+//! - `pp2`, `pp4`: pipeline stages of one device each (the GPT's blocks spread over them,
+//!   embeddings on the first, the tied projection on the last); each step is fed as
+//!   `--micro-batches` pieces (default 4), and register counts give the 1F1B schedule.
+//! - `dp2xtp2xpp2`: two stages of 2 × 2 devices: 8 devices.
 //!
 //! After training on the mesh, the same graph is trained on one device (unless
 //! `--no-compare`) and the largest relative difference of the per-step losses is printed.
@@ -24,7 +29,8 @@ mod gpt;
 
 use flate2::read::GzDecoder;
 use gpt::{Gpt, GptConfig};
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::plan::DeviceKind;
+use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
 use regflow::graph::{
     DType, Graph, GraphError, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor, TrainStep,
 };
@@ -50,10 +56,12 @@ struct Options {
     steps: usize,
     trace: Option<String>,
     compare: bool,
+    micro_batches: usize,
 }
 
 fn options() -> Result<Options, String> {
-    let mut o = Options { model: Model::Mlp, layout: "dp2".into(), steps: 60, trace: None, compare: true };
+    let mut o =
+        Options { model: Model::Mlp, layout: "dp2".into(), steps: 60, trace: None, compare: true, micro_batches: 4 };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -69,6 +77,12 @@ fn options() -> Result<Options, String> {
             "--steps" => o.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--trace" => o.trace = Some(value()?),
             "--no-compare" => o.compare = false,
+            "--micro-batches" => {
+                o.micro_batches = value()?.parse().map_err(|e| format!("--micro-batches: {e}"))?;
+                if !(o.micro_batches == 1 || o.micro_batches == 2 || o.micro_batches == 4 || o.micro_batches == 8) {
+                    return Err("--micro-batches must divide the batch: 1, 2, 4 or 8".into());
+                }
+            }
             other => return Err(format!("unknown argument {other}; see the example's documentation")),
         }
     }
@@ -78,21 +92,63 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
-/// A mesh and the layout of each named tensor pinned on it.
-type Spec = (Mesh, Vec<(String, Vec<Sbp>)>);
+/// Stage meshes (one unless pipelined) and the layout of each named tensor on its stage.
+struct Spec {
+    stages: Vec<Mesh>,
+    pins: Vec<(String, Vec<Sbp>)>,
+    /// Every parameter `S(0)` over `dp` (ZeRO: its AdamW state follows).
+    zero: bool,
+}
 
-/// The mesh and, for each parameter or input name, its layout. `tp` says which weights are
-/// split by columns (`S(1)`) or rows (`S(0)`) on the tensor-parallel axis.
+/// The stage a named input or parameter lives on.
+fn stage_of(name: &str, model: Model, stages: usize) -> usize {
+    let last = stages - 1;
+    match model {
+        Model::Mlp => match name {
+            "y" | "w2" | "b2" => last,
+            _ => 0,
+        },
+        Model::Gpt => {
+            if name == "targets" || name.starts_with("ln_final") {
+                last
+            } else if let Some(l) = name.strip_prefix("block").and_then(|r| r.split('.').next()?.parse::<usize>().ok())
+            {
+                Gpt::stage_of_block(l, GPT.layers, stages)
+            } else {
+                0
+            }
+        }
+    }
+}
+
+/// The stage meshes and, for each parameter or input name, its layout. `tp` says which
+/// weights are split by columns (`S(1)`) or rows (`S(0)`) on the tensor-parallel axis.
 fn layout(name: &str, model: Model) -> Result<Spec, String> {
-    let (shape, axes): (Vec<usize>, Vec<&str>) = match name {
-        "dp2" => (vec![2], vec!["dp"]),
-        "dp4" => (vec![4], vec!["dp"]),
-        "tp2" => (vec![2], vec!["tp"]),
-        "zero2" => (vec![2], vec!["dp"]),
-        "dp2xtp2" => (vec![2, 2], vec!["dp", "tp"]),
-        other => return Err(format!("--layout {other}: expected dp2, dp4, tp2, zero2 or dp2xtp2")),
+    let (stages, shape, axes): (usize, Vec<usize>, Vec<&str>) = match name {
+        "dp2" => (1, vec![2], vec!["dp"]),
+        "dp4" => (1, vec![4], vec!["dp"]),
+        "tp2" => (1, vec![2], vec!["tp"]),
+        "zero2" => (1, vec![2], vec!["dp"]),
+        "dp2xtp2" => (1, vec![2, 2], vec!["dp", "tp"]),
+        "pp2" => (2, vec![1], vec!["pp"]),
+        "pp4" => (4, vec![1], vec!["pp"]),
+        "dp2xtp2xpp2" => (2, vec![2, 2], vec!["dp", "tp"]),
+        other => {
+            return Err(format!("--layout {other}: expected dp2, dp4, tp2, zero2, dp2xtp2, pp2, pp4 or dp2xtp2xpp2"))
+        }
     };
-    let mesh = Mesh::cpu(&shape, &axes)?;
+    if model == Model::Mlp && stages > 2 {
+        return Err(format!("--layout {name}: the MLP has 2 layers, too few for {stages} stages (try --model gpt)"));
+    }
+    let size: usize = shape.iter().product();
+    let stages: Vec<Mesh> = (0..stages)
+        .map(|s| {
+            let devices = (0..size)
+                .map(|i| MeshDevice { node: 0, kind: DeviceKind::Cpu, index: (s * size + i) as u16 })
+                .collect();
+            Mesh::new(devices, &shape, &axes)
+        })
+        .collect::<Result<_, _>>()?;
     let dp = axes.iter().position(|a| *a == "dp");
     let tp = axes.iter().position(|a| *a == "tp");
     let on = |axis: Option<usize>, sbp: Sbp| -> Option<Vec<Sbp>> {
@@ -144,7 +200,7 @@ fn layout(name: &str, model: Model) -> Result<Spec, String> {
             with(r, S(0));
         }
     }
-    Ok((mesh, pins))
+    Ok(Spec { stages, pins, zero: name == "zero2" })
 }
 
 struct Task {
@@ -217,19 +273,25 @@ fn build<'g>(
     model: Model,
     vocab: usize,
     layout: Option<&Spec>,
+    micro: usize,
 ) -> Result<TrainStep<'g>, Box<dyn std::error::Error>> {
+    // Every input and parameter goes on its stage, in its pinned layout (or Broadcast).
     let pin = |t: Tensor<'g>| -> Result<(), GraphError> {
-        if let Some((mesh, pins)) = layout {
-            if let Some((_, sbp)) = pins.iter().find(|(n, _)| *n == t.name()) {
-                g.set_layout(t, mesh, NdSbp(sbp.clone()))?;
-            }
-        }
-        Ok(())
+        let Some(spec) = layout else { return Ok(()) };
+        let name = t.name();
+        let mesh = &spec.stages[stage_of(&name, model, spec.stages.len())];
+        let sbp = match spec.pins.iter().find(|(n, _)| *n == name) {
+            Some((_, sbp)) => sbp.clone(),
+            None if spec.zero && g.trainable_variables().iter().any(|v| v.id() == t.id()) => vec![S(0)],
+            None => vec![B; mesh.ndim()],
+        };
+        g.set_layout(t, mesh, NdSbp(sbp))
     };
+    let stages: &[Mesh] = layout.map_or(&[], |s| &s.stages);
     let loss = match model {
         Model::Mlp => {
-            let x = g.input("x", [MLP_BATCH, 64], DType::F32)?;
-            let y = g.input("y", [MLP_BATCH], DType::I64)?;
+            let x = g.input("x", [MLP_BATCH / micro, 64], DType::F32)?;
+            let y = g.input("y", [MLP_BATCH / micro], DType::I64)?;
             let w1 = g.variable("w1", [64, 128], DType::F32, Init::Kaiming { seed: 1 })?;
             let b1 = g.variable("b1", [128], DType::F32, Init::Zeros)?;
             let w2 = g.variable("w2", [128, 10], DType::F32, Init::Xavier { seed: 2 })?;
@@ -237,17 +299,23 @@ fn build<'g>(
             for t in [x, y, w1, b1, w2, b2] {
                 pin(t)?;
             }
-            x.matmul(&w1)?.add(&b1)?.relu()?.matmul(&w2)?.add(&b2)?.sparse_cross_entropy(&y)?
+            let mut h = x.matmul(&w1)?.add(&b1)?.relu()?;
+            if let Some(last) = stages.get(1) {
+                h = h.to_placement(last)?;
+            }
+            h.matmul(&w2)?.add(&b2)?.sparse_cross_entropy(&y)?
         }
         Model::Gpt => {
             let model = Gpt::new(g, GPT, vocab)?;
             let mask = g.input("causal_mask", [GPT.context, GPT.context], DType::F32)?;
-            let ids = g.input("ids", [GPT_BATCH, GPT.context], DType::I64)?;
-            let targets = g.input("targets", [GPT_BATCH * GPT.context], DType::I64)?;
+            let ids = g.input("ids", [GPT_BATCH / micro, GPT.context], DType::I64)?;
+            let targets = g.input("targets", [GPT_BATCH / micro * GPT.context], DType::I64)?;
             for t in [mask, ids, targets].into_iter().chain(g.trainable_variables()) {
                 pin(t)?;
             }
-            model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?
+            let logits =
+                if stages.len() > 1 { model.logits_staged(&ids, &mask, stages)? } else { model.logits(&ids, &mask)? };
+            logits.sparse_cross_entropy(&targets)?
         }
     };
     Ok(g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0))?)
@@ -262,9 +330,15 @@ fn train(
     trace: Option<&str>,
 ) -> Result<(Vec<f64>, f64, usize), Box<dyn std::error::Error>> {
     let g = Graph::new();
-    let step = build(&g, o.model, vocab, layout)?;
-    let mesh = layout.map(|(m, _)| m.clone()).unwrap_or(Mesh::cpu(&[1], &["one"])?);
-    let compiled = g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step))?;
+    // Pipelines take each step as micro-batches (pieces); one device takes the whole batch.
+    let micro = if layout.is_some_and(|s| s.stages.len() > 1) { o.micro_batches } else { 1 };
+    let step = build(&g, o.model, vocab, layout, micro)?;
+    let mesh = layout.map(|s| s.stages[0].clone()).unwrap_or(Mesh::cpu(&[1], &["one"])?);
+    let mut options = ParallelOptions::new(mesh).train(&step);
+    if micro > 1 {
+        options = options.micro_batches(&step, micro as u32);
+    }
+    let compiled = g.compile_parallel(&[step.loss], &step.updates, &options)?;
     let actors = compiled.plan.actors.len();
     if let (Some(path), Some(_)) = (std::env::var_os("REGFLOW_PLAN_JSON"), layout) {
         std::fs::write(path, compiled.plan.to_json())?;
@@ -280,20 +354,40 @@ fn train(
     let batches = task.batches.clone();
     let pusher = std::thread::spawn(move || -> Result<(), regflow::prelude::RuntimeError> {
         for batch in batches {
-            for (name, value) in &batch {
-                feeds.push(name, value)?;
+            for k in 0..micro {
+                for (name, value) in &batch {
+                    feeds.push(name, &micro_batch(value, name, k, micro))?;
+                }
             }
         }
         feeds.close()
     });
-    let mut losses = Vec::with_capacity(task.batches.len());
+    let mut micro_losses = Vec::with_capacity(task.batches.len() * micro);
     while let Some(piece) = fetcher.recv() {
-        losses.push(f64::from(f32::from_le_bytes(piece.bytes().try_into()?)));
+        micro_losses.push(f64::from(f32::from_le_bytes(piece.bytes().try_into()?)));
     }
+    // A step's loss is the mean over its (equal) micro-batches.
+    let losses: Vec<f64> = micro_losses.chunks(micro).map(|c| c.iter().sum::<f64>() / c.len() as f64).collect();
     let elapsed = started.elapsed().as_secs_f64();
     pusher.join().map_err(|_| "the feeding thread panicked")??;
     job.wait()?;
     Ok((losses, elapsed, actors))
+}
+
+/// Micro-batch `k` of `m` of a batched input (rows along dim 0); the mask is not batched.
+fn micro_batch(value: &HostArray, name: &str, k: usize, m: usize) -> HostArray {
+    if m == 1 || name == "causal_mask" {
+        return value.clone();
+    }
+    let rows = value.shape.dims()[0] / m;
+    let ranges: Vec<std::ops::Range<usize>> = value
+        .shape
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| if d == 0 { k * rows..(k + 1) * rows } else { 0..n })
+        .collect();
+    value.region(&ranges)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -304,9 +398,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let spec = layout(&o.layout, o.model)?;
     let model = if o.model == Model::Mlp { "digits MLP 64-128-10" } else { "tiny GPT" };
-    println!("{model}, layout {} on {}", o.layout, spec.0);
-    for (name, sbp) in &spec.1 {
-        println!("  {name:<28} {}", NdSbp(sbp.clone()).describe(&spec.0));
+    let stages: Vec<String> = spec.stages.iter().map(ToString::to_string).collect();
+    println!("{model}, layout {} on {}", o.layout, stages.join(" | "));
+    if spec.stages.len() > 1 {
+        println!("  {} pipeline stages, {} micro-batches per step", spec.stages.len(), o.micro_batches);
+    }
+    for (name, sbp) in &spec.pins {
+        println!("  {name:<28} {}", NdSbp(sbp.clone()).describe(&spec.stages[0]));
     }
     let (losses, seconds, actors) = train(&o, &task, vocab, Some(&spec), o.trace.as_deref())?;
     for (step, loss) in losses.iter().enumerate() {

@@ -153,15 +153,50 @@ impl<'g> Gpt<'g> {
 
     /// Next-character logits `[B·T, V]` for ids `[B, T]`.
     pub(crate) fn logits(&self, ids: &Tensor<'g>, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        self.logits_staged(ids, mask, &[])
+    }
+
+    /// The pipeline stage of block `l` of `layers` over `stages` stages.
+    pub(crate) fn stage_of_block(l: usize, layers: usize, stages: usize) -> usize {
+        l * stages / layers
+    }
+
+    /// Logits with the blocks spread over `stages` (embeddings on the first, the final
+    /// LayerNorm and the tied projection on the last): the residual stream and the tied
+    /// table cross stage edges explicitly. No stages: one placement.
+    pub(crate) fn logits_staged(
+        &self,
+        ids: &Tensor<'g>,
+        mask: &Tensor<'g>,
+        stages: &[regflow::graph::sbp::Mesh],
+    ) -> Result<Tensor<'g>, GraphError> {
         let batch = ids.shape().dims()[0];
         let (t, d) = (self.config.context, self.config.d_model);
         // [B, T, D] + [T, D]: the position table broadcasts over the batch.
         let embedded = self.token_embedding.embedding(ids)?.add(&self.position_embedding)?;
         let mut x = embedded.reshape(&[(batch * t) as isize, d as isize])?;
-        for block in &self.blocks {
-            x = block.forward(x, batch, mask)?;
+        let mut stage = 0;
+        let mut mask = *mask;
+        for (l, block) in self.blocks.iter().enumerate() {
+            let s = Self::stage_of_block(l, self.blocks.len(), stages.len().max(1));
+            if s != stage {
+                // The residual stream and the mask cross to the next stage.
+                x = x.to_placement(&stages[s])?;
+                mask = mask.to_placement(&stages[s])?;
+                stage = s;
+            }
+            x = block.forward(x, batch, &mask)?;
+        }
+        let mut table = self.token_embedding;
+        if let Some(last) = stages.last() {
+            if stage + 1 != stages.len() {
+                x = x.to_placement(last)?;
+            }
+            if stages.len() > 1 {
+                table = table.to_placement(last)?;
+            }
         }
         // Tied output projection: the token table read transposed.
-        self.ln_final.forward(&x)?.matmul_transposed(&self.token_embedding, false, true)
+        self.ln_final.forward(&x)?.matmul_transposed(&table, false, true)
     }
 }

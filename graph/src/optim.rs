@@ -367,13 +367,13 @@ impl Graph {
                 }
                 let squares = g.mul(g)?.sum_to(&Shape::scalar())?;
                 total = Some(match total {
-                    Some(t) => t.add(&squares)?,
+                    Some(t) => t.add(&self.alongside(squares, t)?)?,
                     None => squares,
                 });
             }
             if let Some(total) = total {
                 let factor = self.apply1(ClipFactor(max_norm), &[total.sqrt()?])?;
-                grads = grads.iter().map(|g| g.mul(&factor)).collect::<Result<_, _>>()?;
+                grads = grads.iter().map(|g| g.mul(&self.alongside(factor, *g)?)).collect::<Result<_, _>>()?;
             }
         }
         let step = self.state("optimizer.step", &TensorMeta::new(Shape::scalar(), DType::F64), Init::Zeros)?;
@@ -399,6 +399,15 @@ impl Graph {
             updates.extend(states.into_iter().zip(outputs[1..].iter().copied()));
         }
         Ok(TrainStep { loss, updates, grads, lr, raw_grads, params, states: all_states })
+    }
+
+    /// `t` on `like`'s placement: moved there (a stage edge) when both have placements and
+    /// they differ, as the global norm of gradients spread over pipeline stages needs.
+    fn alongside<'g>(&'g self, t: Tensor<'g>, like: Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        match (self.placement(t.id()), self.placement(like.id())) {
+            (Some(from), Some(to)) if from != to => t.to_placement(&to),
+            _ => Ok(t),
+        }
     }
 
     /// A non-trainable variable (optimizer state, counters).

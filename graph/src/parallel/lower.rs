@@ -743,14 +743,29 @@ pub(super) fn compile(
     let tick = tick.ok_or_else(|| compile_error("the step reads no input, so nothing paces it".into()))?;
     let tick_mesh = low.mesh_of[&tick];
     let tick_regs = low.regs.get(&(tick, layout_of(tick)?, Rate::Micro, tick_mesh)).cloned().unwrap_or_default();
-    // Every device reads the tick of the device at its rank on the tick's mesh (or its first).
-    low.tick = (0..low.devices.len())
-        .map(|slot| {
-            let tm = &low.meshes[tick_mesh];
-            let rank = tm.devices().iter().position(|d| *d == low.devices[slot].desc).unwrap_or(0);
-            tick_regs.get(rank).copied().unwrap_or(tick_regs[0])
-        })
-        .collect();
+    // Every device has a tick of its own (a zero-byte register, so a register is not read
+    // by every paced op of every device), from the tick of the device at its rank on the
+    // tick's mesh (or its first).
+    for slot in 0..low.devices.len() {
+        let tm = low.meshes[tick_mesh].clone();
+        let rank = tm.devices().iter().position(|d| *d == low.devices[slot].desc).unwrap_or(0);
+        let source = tick_regs
+            .get(rank)
+            .copied()
+            .or(tick_regs.first().copied())
+            .ok_or_else(|| compile_error("no tick (broken invariant)".into()))?;
+        let home =
+            (0..low.meshes.len()).find(|&m| low.meshes[m].devices().contains(&low.devices[slot].desc)).unwrap_or(0);
+        let actor = low.b.actor(
+            &format!("tick@{slot}"),
+            low.devices[slot].compute,
+            ActorKind::Compute { kernel: KernelConf::Noop },
+        );
+        low.b.consume(actor, source);
+        let slots = low.register_num(Rate::Micro, home).max(options.input_register_num);
+        let tick = low.b.regst(&format!("tick@{slot}.out"), actor, 0, slots);
+        low.tick.push(tick);
+    }
 
     // Forward ops (what the fetches need): under GPipe their stage's backward waits for them.
     let mut forward = vec![false; count];
