@@ -532,14 +532,11 @@ pub(super) fn compile(
             .ok_or_else(|| compile_error(format!("'{}' has no layout", graph.info(t).name)))
     };
 
-    // Meshes in order of first use (inputs, then ops in graph order): pipeline stages.
+    // Meshes in the order ops first run on them (graph order: the forward pass goes
+    // through the stages in order), then any only inputs or variables use: pipeline stages.
     let mut meshes: Vec<Arc<Mesh>> = Vec::new();
-    let order: Vec<TensorId> = (0..count)
-        .map(|i| TensorId(i as u32))
-        .filter(|t| needed[t.0 as usize] && matches!(graph.info(*t).source, TensorSource::Input))
-        .chain(nodes.iter().flat_map(|n| n.outputs.iter().copied()))
-        .chain((0..count).map(|i| TensorId(i as u32)))
-        .collect();
+    let order: Vec<TensorId> =
+        nodes.iter().flat_map(|n| n.outputs.iter().copied()).chain((0..count).map(|i| TensorId(i as u32))).collect();
     for t in &order {
         if let Some(m) = tensor_mesh.get(t) {
             if !meshes.iter().any(|x| **x == **m) {
