@@ -201,3 +201,95 @@ fn data_tensor_and_pipeline_parallel_together_train_like_one_device() {
         assert!(devices.len() >= 8, "{devices:?}");
     }
 }
+
+/// On `sim` devices (modeled times, so the order is the model's): with 1F1B register
+/// counts, stage s of p runs p - s forwards before its first backward, and the last stage
+/// strictly alternates one forward, one backward.
+#[test]
+fn the_timeline_shows_one_forward_one_backward() {
+    let (p, m, rows) = (4usize, 8usize, 2usize);
+    let mesh = |s: usize| {
+        Mesh::new(vec![MeshDevice { node: 0, kind: DeviceKind::Sim, index: s as u16 }], &[1], &["pp"]).unwrap()
+    };
+    let g = Graph::new();
+    let x = g.input("x", [rows, WIDTH], DType::F32).unwrap();
+    let y = g.input("y", [rows], DType::I64).unwrap();
+    g.set_layout(x, &mesh(0), NdSbp(vec![Sbp::Broadcast])).unwrap();
+    g.set_layout(y, &mesh(p - 1), NdSbp(vec![Sbp::Broadcast])).unwrap();
+    let mut h = x;
+    for s in 0..p {
+        let w = g.variable(&format!("w{s}"), [WIDTH, WIDTH], DType::F32, Init::Xavier { seed: s as u64 }).unwrap();
+        g.set_layout(w, &mesh(s), NdSbp(vec![Sbp::Broadcast])).unwrap();
+        if s > 0 {
+            h = h.to_placement(&mesh(s)).unwrap();
+        }
+        h = h.matmul(&w).unwrap().tanh().unwrap();
+    }
+    let train = g.minimize(h.sparse_cross_entropy(&y).unwrap(), &Optimizer::sgd(0.01, 0.0, 0.0)).unwrap();
+    let options = ParallelOptions::new(mesh(0)).train(&train).micro_batches(&train, m as u32);
+    let mut compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
+    // Forward products are the first p matmul nodes; every product takes 1 ms.
+    let node = |name: &str| name.trim_start_matches("matmul:").split('@').next().unwrap().parse::<usize>().unwrap();
+    let mut forward_nodes: Vec<usize> =
+        compiled.plan.actors.iter().filter(|a| a.name.starts_with("matmul:")).map(|a| node(&a.name)).collect();
+    forward_nodes.sort_unstable();
+    forward_nodes.truncate(p);
+    for actor in &mut compiled.plan.actors {
+        actor.sim_nanos = Some(if actor.name.starts_with("matmul:") { 1_000_000 } else { 0 });
+    }
+    let path = std::env::temp_dir().join(format!("regflow-1f1b-{}.json", std::process::id()));
+    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).trace(&path).build().unwrap();
+    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
+    for _ in 0..m {
+        feeds.push("x", &HostArray::f32([rows, WIDTH], vec![0.1; rows * WIDTH]).unwrap()).unwrap();
+        feeds.push("y", &HostArray::i64([rows], vec![1; rows]).unwrap()).unwrap();
+    }
+    feeds.close().unwrap();
+    assert_eq!(std::iter::from_fn(|| fetcher.recv()).count(), m);
+    job.wait().unwrap();
+    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    // Per stage device, the sequence of F (forward product) and B (first backward product
+    // of a micro-batch) in time order.
+    let mut events: Vec<(f64, String, u64)> = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"].as_str().unwrap().starts_with("matmul:"))
+        .map(|e| {
+            (e["ts"].as_f64().unwrap(), e["name"].as_str().unwrap().to_string(), e["args"]["piece"].as_u64().unwrap())
+        })
+        .collect();
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for s in 0..p {
+        let stage_forward = forward_nodes[s];
+        let device = compiled
+            .plan
+            .actors
+            .iter()
+            .find(|a| a.name.starts_with(&format!("matmul:{stage_forward}@")))
+            .map(|a| a.name.rsplit_once('@').unwrap().1.to_string())
+            .unwrap();
+        let mut seen_backward = std::collections::HashSet::new();
+        let order: String = events
+            .iter()
+            .filter(|(_, n, _)| n.ends_with(&format!("@{device}")))
+            .filter_map(|(_, n, piece)| {
+                if node(n) == stage_forward {
+                    Some('F')
+                } else if seen_backward.insert(*piece) {
+                    Some('B')
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let warmup = p - s;
+        assert!(order.starts_with(&"F".repeat(warmup)), "stage {s}: {order}");
+        assert_eq!(order.chars().filter(|c| *c == 'F').count(), m, "stage {s}: {order}");
+        // After the warm-up, forwards and backwards alternate until the forwards run out.
+        let steady: String = order.chars().skip(warmup).take(2 * (m - warmup)).collect();
+        assert_eq!(steady, "BF".repeat(m - warmup), "stage {s}: {order}");
+    }
+}
