@@ -262,8 +262,7 @@ fn the_timeline_shows_one_forward_one_backward() {
         })
         .collect();
     events.sort_by(|a, b| a.0.total_cmp(&b.0));
-    for s in 0..p {
-        let stage_forward = forward_nodes[s];
+    for (s, &stage_forward) in forward_nodes.iter().enumerate() {
         let device = compiled
             .plan
             .actors
