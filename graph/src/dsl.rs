@@ -278,6 +278,38 @@ impl Graph {
     }
 }
 
+/// Which tensors `roots` depend on (themselves included), over `nodes` in graph order:
+/// what a step needs, what the fetches need, what the gradients need.
+pub(crate) fn ancestors(nodes: &[Node], count: usize, roots: impl IntoIterator<Item = TensorId>) -> Vec<bool> {
+    let mut reached = vec![false; count];
+    for t in roots {
+        reached[t.0 as usize] = true;
+    }
+    for node in nodes.iter().rev() {
+        if node.outputs.iter().any(|o| reached[o.0 as usize]) {
+            for i in &node.inputs {
+                reached[i.0 as usize] = true;
+            }
+        }
+    }
+    reached
+}
+
+/// Which tensors change with the fed inputs (the rest: variables, constants, what only
+/// they make). An op reading none of them is paced by a tick, or it would have no end.
+pub(crate) fn paced(graph: &Graph, nodes: &[Node], count: usize) -> Vec<bool> {
+    let mut paced: Vec<bool> =
+        (0..count).map(|i| matches!(graph.info(TensorId(i as u32)).source, TensorSource::Input)).collect();
+    for node in nodes {
+        if node.inputs.iter().any(|i| paced[i.0 as usize]) {
+            for o in &node.outputs {
+                paced[o.0 as usize] = true;
+            }
+        }
+    }
+    paced
+}
+
 impl<'g> Tensor<'g> {
     /// Its graph.
     pub fn graph(&self) -> &'g Graph {

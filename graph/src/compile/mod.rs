@@ -17,7 +17,7 @@
 
 mod share;
 
-use crate::dsl::{Graph, Tensor, TensorId, TensorSource};
+use crate::dsl::{ancestors, paced, Graph, Tensor, TensorId, TensorSource};
 use crate::ops::OpDef;
 use crate::plan::{ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, RegstDescId, SourcePieces, StreamKind};
 use crate::tensor::{HostArray, HostData, TensorMeta};
@@ -160,17 +160,7 @@ impl Graph {
         let count = self.tensor_count();
         let compile_error = |message: String| GraphError::Op { op: "compile".into(), inputs: vec![], message };
         // Which tensors the step needs.
-        let mut needed = vec![false; count];
-        for t in fetch.iter().chain(updates.iter().map(|(_, new)| new)) {
-            needed[t.id().0 as usize] = true;
-        }
-        for node in nodes.iter().rev() {
-            if node.outputs.iter().any(|o| needed[o.0 as usize]) {
-                for i in &node.inputs {
-                    needed[i.0 as usize] = true;
-                }
-            }
-        }
+        let needed = ancestors(&nodes, count, fetch.iter().chain(updates.iter().map(|(_, new)| new)).map(|t| t.id()));
         let update_of: HashMap<TensorId, TensorId> = updates.iter().map(|(v, new)| (v.id(), new.id())).collect();
 
         let mut b = PlanBuilder::new();
@@ -228,32 +218,14 @@ impl Graph {
 
         // Which tensors change with the fed inputs: an op reading none of them (a constant,
         // the step counter) is paced by the tick instead, or it would have no end.
-        let mut paced: Vec<bool> =
-            (0..count).map(|i| matches!(self.info(TensorId(i as u32)).source, TensorSource::Input)).collect();
-        for node in &nodes {
-            if node.inputs.iter().any(|i| paced[i.0 as usize]) {
-                for o in &node.outputs {
-                    paced[o.0 as usize] = true;
-                }
-            }
-        }
+        let paced = paced(self, &nodes, count);
 
         // Rates under gradient accumulation: a tensor is per micro-batch if it changes with
         // the inputs and the fetches or the raw gradients need it; the rest is per step.
         let accumulate = options.accumulate.as_ref().filter(|a| a.micro_batches > 1);
         let mut micro = vec![true; count];
         if let Some(acc) = accumulate {
-            let mut wanted = vec![false; count];
-            for t in fetch.iter().map(|t| t.id()).chain(acc.gradients.iter().copied()) {
-                wanted[t.0 as usize] = true;
-            }
-            for node in nodes.iter().rev() {
-                if node.outputs.iter().any(|o| wanted[o.0 as usize]) {
-                    for i in &node.inputs {
-                        wanted[i.0 as usize] = true;
-                    }
-                }
-            }
+            let wanted = ancestors(&nodes, count, fetch.iter().map(|t| t.id()).chain(acc.gradients.iter().copied()));
             for (m, (&p, &w)) in micro.iter_mut().zip(paced.iter().zip(&wanted)) {
                 *m = p && w;
             }

@@ -6,7 +6,7 @@ use super::boxing;
 use super::layout::{self, Layouts};
 use super::{KeepOnFirst, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule, TakePart};
 use crate::compile::{CompiledGraph, CompiledInput, CompiledKernel, CompiledVariable};
-use crate::dsl::{Graph, Node, Tensor, TensorId, TensorSource};
+use crate::dsl::{ancestors, paced, Graph, Node, Tensor, TensorId, TensorSource};
 use crate::ops::OpDef;
 use crate::plan::{
     ActorIndex, ActorKind, CollectiveConf, CollectiveOp, DeviceIndex, KernelConf, Plan, PlanBuilder, RegstDescId,
@@ -505,17 +505,7 @@ pub(super) fn compile(
     let nodes = graph.nodes();
     let count = graph.tensor_count();
     let compile_error = |message: String| GraphError::Op { op: "compile".into(), inputs: vec![], message };
-    let mut needed = vec![false; count];
-    for t in fetch.iter().chain(updates.iter().map(|(_, new)| new)) {
-        needed[t.id().0 as usize] = true;
-    }
-    for node in nodes.iter().rev() {
-        if node.outputs.iter().any(|o| needed[o.0 as usize]) {
-            for i in &node.inputs {
-                needed[i.0 as usize] = true;
-            }
-        }
-    }
+    let needed = ancestors(&nodes, count, fetch.iter().chain(updates.iter().map(|(_, new)| new)).map(|t| t.id()));
     let tensor_mesh = placements(graph, &nodes, &needed, &options.mesh);
     let infer_options = layout::InferOptions {
         meshes: &tensor_mesh,
@@ -618,29 +608,11 @@ pub(super) fn compile(
     };
 
     // Which tensors change with the inputs, and their rates.
-    let mut paced: Vec<bool> =
-        (0..count).map(|i| matches!(graph.info(TensorId(i as u32)).source, TensorSource::Input)).collect();
-    for node in &nodes {
-        if node.inputs.iter().any(|i| paced[i.0 as usize]) {
-            for o in &node.outputs {
-                paced[o.0 as usize] = true;
-            }
-        }
-    }
+    let paced = paced(graph, &nodes, count);
     low.unpaced = (0..count).filter(|&i| !paced[i]).map(|i| TensorId(i as u32)).collect();
     let mut micro = paced.clone();
     if let Some(acc) = options.accumulate.as_ref().filter(|a| a.micro_batches > 1) {
-        let mut wanted = vec![false; count];
-        for t in fetch.iter().map(|t| t.id()).chain(acc.gradients.iter().copied()) {
-            wanted[t.0 as usize] = true;
-        }
-        for node in nodes.iter().rev() {
-            if node.outputs.iter().any(|o| wanted[o.0 as usize]) {
-                for i in &node.inputs {
-                    wanted[i.0 as usize] = true;
-                }
-            }
-        }
+        let wanted = ancestors(&nodes, count, fetch.iter().map(|t| t.id()).chain(acc.gradients.iter().copied()));
         // Constants the micro-batches need (the loss gradient's seed) run per micro-batch
         // too: paced per step they would wait for a whole step of inputs, which the
         // pipeline's registers cannot hold.
@@ -765,17 +737,7 @@ pub(super) fn compile(
     }
 
     // Forward ops (what the fetches need): under GPipe their stage's backward waits for them.
-    let mut forward = vec![false; count];
-    for t in fetch {
-        forward[t.id().0 as usize] = true;
-    }
-    for node in nodes.iter().rev() {
-        if node.outputs.iter().any(|o| forward[o.0 as usize]) {
-            for i in &node.inputs {
-                forward[i.0 as usize] = true;
-            }
-        }
-    }
+    let forward = ancestors(&nodes, count, fetch.iter().map(|t| t.id()));
 
     // Ops: one compute actor per device of their mesh, on local shapes.
     struct Pending {
