@@ -283,13 +283,18 @@ fn grads<'g>(ctx: &GradCtx<'g>, transpose_a: bool, transpose_b: bool) -> Result<
     Ok(vec![Some(da), Some(db)])
 }
 
+/// Multiply-adds (×2) of the products of `op(a)` and `op(b)`, one per batch element.
+fn product_flops(inputs: &[TensorMeta], transpose_a: bool, transpose_b: bool) -> f64 {
+    match inputs {
+        [a, b] => layout(&a.shape, transpose_a, &b.shape, transpose_b)
+            .map_or(0.0, |l| 2.0 * l.batch.iter().product::<usize>() as f64 * (l.m * l.n * l.k) as f64),
+        _ => 0.0,
+    }
+}
+
 impl OpDef for MatMul {
     fn flops(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> f64 {
-        match inputs {
-            [a, b] => layout(&a.shape, self.transpose_a, &b.shape, self.transpose_b)
-                .map_or(0.0, |l| 2.0 * l.batch.iter().product::<usize>() as f64 * (l.m * l.n * l.k) as f64),
-            _ => 0.0,
-        }
+        product_flops(inputs, self.transpose_a, self.transpose_b)
     }
 
     fn name(&self) -> &'static str {
@@ -326,11 +331,7 @@ impl OpDef for MatMul {
 
 impl OpDef for MatMulBatchSum {
     fn flops(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> f64 {
-        match inputs {
-            [a, b] => layout(&a.shape, self.transpose_a, &b.shape, self.transpose_b)
-                .map_or(0.0, |l| 2.0 * l.batch.iter().product::<usize>() as f64 * (l.m * l.n * l.k) as f64),
-            _ => 0.0,
-        }
+        product_flops(inputs, self.transpose_a, self.transpose_b)
     }
 
     fn name(&self) -> &'static str {
