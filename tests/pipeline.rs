@@ -207,20 +207,51 @@ fn data_tensor_and_pipeline_parallel_together_train_like_one_device() {
 /// strictly alternates one forward, one backward.
 #[test]
 fn the_timeline_shows_one_forward_one_backward() {
-    let (p, m, rows) = (4usize, 8usize, 2usize);
+    check_one_forward_one_backward(4, &[1], &[]);
+}
+
+/// The same with tensor and data parallelism inside each stage (2 × 2 devices per stage,
+/// Megatron pairs): forward and backward collectives run on comm streams of their own, so
+/// the stages still interleave 1F1B.
+#[test]
+fn the_timeline_shows_one_forward_one_backward_with_collectives_in_the_stages() {
+    check_one_forward_one_backward(3, &[2, 2], &["dp", "tp"]);
+}
+
+fn check_one_forward_one_backward(p: usize, shape: &[usize], axes: &[&str]) {
+    let (m, rows) = (8usize, 4usize);
+    let size: usize = shape.iter().product();
+    let hybrid = size > 1;
     let mesh = |s: usize| {
-        Mesh::new(vec![MeshDevice { node: 0, kind: DeviceKind::Sim, index: s as u16 }], &[1], &["pp"]).unwrap()
+        let devices =
+            (0..size).map(|i| MeshDevice { node: 0, kind: DeviceKind::Sim, index: (s * size + i) as u16 }).collect();
+        if hybrid {
+            Mesh::new(devices, shape, axes).unwrap()
+        } else {
+            Mesh::new(devices, &[1], &["pp"]).unwrap()
+        }
     };
+    let whole = NdSbp(vec![Sbp::Broadcast; shape.len()]);
+    let rows_split = if hybrid { NdSbp(vec![Sbp::Split(0), Sbp::Broadcast]) } else { whole.clone() };
     let g = Graph::new();
     let x = g.input("x", [rows, WIDTH], DType::F32).unwrap();
     let y = g.input("y", [rows], DType::I64).unwrap();
-    g.set_layout(x, &mesh(0), NdSbp(vec![Sbp::Broadcast])).unwrap();
-    g.set_layout(y, &mesh(p - 1), NdSbp(vec![Sbp::Broadcast])).unwrap();
+    g.set_layout(x, &mesh(0), rows_split.clone()).unwrap();
+    g.set_layout(y, &mesh(p - 1), rows_split).unwrap();
+    // A hybrid stage holds a Megatron pair (column split, then row split): its forward
+    // all-reduces the pair's product, its backward the gradient of the pair's input.
+    let per_stage = if hybrid { 2 } else { 1 };
     let mut h = x;
-    for s in 0..p {
-        let w = g.variable(&format!("w{s}"), [WIDTH, WIDTH], DType::F32, Init::Xavier { seed: s as u64 }).unwrap();
-        g.set_layout(w, &mesh(s), NdSbp(vec![Sbp::Broadcast])).unwrap();
-        if s > 0 {
+    for l in 0..p * per_stage {
+        let s = l / per_stage;
+        let w = g.variable(&format!("w{l}"), [WIDTH, WIDTH], DType::F32, Init::Xavier { seed: l as u64 }).unwrap();
+        let layout = match (hybrid, l % 2) {
+            (false, _) => whole.clone(),
+            (true, 0) => NdSbp(vec![Sbp::Broadcast, Sbp::Split(1)]),
+            (true, _) => NdSbp(vec![Sbp::Broadcast, Sbp::Split(0)]),
+        };
+        g.set_layout(w, &mesh(s), layout).unwrap();
+        if s > 0 && l % per_stage == 0 {
             h = h.to_placement(&mesh(s)).unwrap();
         }
         h = h.matmul(&w).unwrap().tanh().unwrap();
@@ -230,14 +261,17 @@ fn the_timeline_shows_one_forward_one_backward() {
     let mut compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     // Forward products are the first p matmul nodes; every product takes 1 ms.
     let node = |name: &str| name.trim_start_matches("matmul:").split('@').next().unwrap().parse::<usize>().unwrap();
-    let mut forward_nodes: Vec<usize> =
+    let mut all_products: Vec<usize> =
         compiled.plan.actors.iter().filter(|a| a.name.starts_with("matmul:")).map(|a| node(&a.name)).collect();
-    forward_nodes.sort_unstable();
-    forward_nodes.truncate(p);
+    all_products.sort_unstable();
+    all_products.dedup();
+    // The first forward product of each stage.
+    let forward_products: Vec<usize> = all_products.iter().copied().take(p * per_stage).collect();
+    let forward_nodes: Vec<usize> = forward_products.iter().copied().step_by(per_stage).collect();
     for actor in &mut compiled.plan.actors {
         actor.sim_nanos = Some(if actor.name.starts_with("matmul:") { 1_000_000 } else { 0 });
     }
-    let path = std::env::temp_dir().join(format!("regflow-1f1b-{}.json", std::process::id()));
+    let path = std::env::temp_dir().join(format!("regflow-1f1b-{}-{size}.json", std::process::id()));
     let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).trace(&path).build().unwrap();
     let mut feeds = job.graph_feeds(&compiled).unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
@@ -249,7 +283,9 @@ fn the_timeline_shows_one_forward_one_backward() {
     assert_eq!(std::iter::from_fn(|| fetcher.recv()).count(), m);
     job.wait().unwrap();
     let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&path);
+    if std::env::var_os("REGFLOW_KEEP_TRACE").is_none() {
+        let _ = std::fs::remove_file(&path);
+    }
     // Per stage device, the sequence of F (forward product) and B (first backward product
     // of a micro-batch) in time order.
     let mut events: Vec<(f64, String, u64)> = trace["traceEvents"]
@@ -267,7 +303,9 @@ fn the_timeline_shows_one_forward_one_backward() {
             .plan
             .actors
             .iter()
-            .find(|a| a.name.starts_with(&format!("matmul:{stage_forward}@")))
+            .find(|a| {
+                a.name.starts_with(&format!("matmul:{stage_forward}@")) && a.name.ends_with(&format!("@{}", s * size))
+            })
             .map(|a| a.name.rsplit_once('@').unwrap().1.to_string())
             .unwrap();
         let mut seen_backward = std::collections::HashSet::new();
@@ -277,6 +315,8 @@ fn the_timeline_shows_one_forward_one_backward() {
             .filter_map(|(_, n, piece)| {
                 if node(n) == stage_forward {
                     Some('F')
+                } else if forward_products.contains(&node(n)) {
+                    None
                 } else if seen_backward.insert(*piece) {
                     Some('B')
                 } else {

@@ -33,15 +33,27 @@ struct Device {
     desc: MeshDevice,
     index: DeviceIndex,
     compute: StreamIndex,
-    comm: Option<StreamIndex>,
+    comm: HashMap<Phase, StreamIndex>,
     copy: Option<StreamIndex>,
+}
+
+/// Which comm stream of its device a collective runs on. A collective holds its stream
+/// until its group arrives, so collectives that 1F1B interleaves differently on different
+/// stages must not share a stream: forward collectives of micro-batch j + 1 run while
+/// backward ones of micro-batch j wait for their gradients. Each phase keeps its own
+/// stream (thread) and its own order; per-step collectives (of averaged gradients) a third.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Phase {
+    Forward,
+    Backward,
+    Step,
 }
 
 /// A collective actor and its place in its device's order.
 struct Issued {
     key: (usize, usize),
     slot: usize,
-    rate: Rate,
+    phase: Phase,
     actor: ActorIndex,
 }
 
@@ -67,6 +79,9 @@ struct Lowering<'a> {
     micro_batches: u32,
     /// Tensors that do not change with the inputs: their boxing and copies also read the tick.
     unpaced: HashSet<TensorId>,
+    /// Tensors the fetches need (the forward pass): their collectives run on the forward
+    /// comm stream.
+    forward: HashSet<TensorId>,
     /// The tick per device slot (a register of the first input), and per-step ticks.
     tick: Vec<RegstDescId>,
     step_tick: HashMap<usize, RegstDescId>,
@@ -78,12 +93,12 @@ impl Lowering<'_> {
         self.devices.iter().position(|x| x.desc == d).unwrap_or(0)
     }
 
-    fn comm_stream(&mut self, slot: usize) -> StreamIndex {
-        if let Some(s) = self.devices[slot].comm {
-            return s;
+    fn comm_stream(&mut self, slot: usize, phase: Phase) -> StreamIndex {
+        if let Some(s) = self.devices[slot].comm.get(&phase) {
+            return *s;
         }
         let s = self.b.stream(self.devices[slot].index, StreamKind::Comm);
-        self.devices[slot].comm = Some(s);
+        self.devices[slot].comm.insert(phase, s);
         s
     }
 
@@ -378,10 +393,15 @@ impl Lowering<'_> {
                     if !self.groups.iter().any(|(_, g)| *g == conf.group) {
                         self.groups.push((key, conf.group.clone()));
                     }
-                    let stream = self.comm_stream(slot);
+                    let phase = match rate {
+                        Rate::Step => Phase::Step,
+                        Rate::Micro if self.forward.contains(&t) => Phase::Forward,
+                        Rate::Micro => Phase::Backward,
+                    };
+                    let stream = self.comm_stream(slot, phase);
                     let actor =
                         self.b.actor(&actor_name, stream, ActorKind::Compute { kernel: KernelConf::Collective(conf) });
-                    self.issued.push(Issued { key, slot, rate, actor });
+                    self.issued.push(Issued { key, slot, phase, actor });
                     actor
                 }
             };
@@ -401,50 +421,29 @@ impl Lowering<'_> {
         Ok(outputs)
     }
 
-    /// Chains every device's collectives in the global order, per rate, each chain closed
-    /// by a step token; a device with collectives at both rates also orders the rates:
-    /// a step's per-step collectives after its micro-batches', the next step's
-    /// micro-batches' after those.
+    /// Chains every comm stream's collectives in the global order (when their input is
+    /// made), closed by a token back to the first, so every device issues them in one order
+    /// step after step (or micro-batch after micro-batch).
     fn order_collectives(&mut self) {
         self.issued.sort_by_key(|i| i.key);
-        let m = self.micro_batches;
-        for slot in 0..self.devices.len() {
-            let chain = |rate: Rate| -> Vec<ActorIndex> {
-                self.issued.iter().filter(|i| i.slot == slot && i.rate == rate).map(|i| i.actor).collect()
-            };
-            let (micro, step) = (chain(Rate::Micro), chain(Rate::Step));
-            for (rate, mine) in [(Rate::Micro, &micro), (Rate::Step, &step)] {
-                if mine.len() < 2 {
-                    continue;
-                }
-                for pair in mine.windows(2) {
-                    let token = self.b.regst(&format!("comm_order@{slot}:{}", pair[0].0), pair[0], 0, 1);
-                    self.b.consume(pair[1], token);
-                }
-                let token = self.b.regst(&format!("comm_step_token@{slot}:{rate:?}"), mine[mine.len() - 1], 0, 1);
-                self.b.preload(token, 1);
-                self.b.consume(mine[0], token);
+        let mut chains: Vec<((usize, Phase), Vec<ActorIndex>)> = Vec::new();
+        for i in &self.issued {
+            match chains.iter_mut().find(|(k, _)| *k == (i.slot, i.phase)) {
+                Some((_, chain)) => chain.push(i.actor),
+                None => chains.push(((i.slot, i.phase), vec![i.actor])),
             }
-            if let (Some(&last_micro), Some(&first_step), Some(&last_step), Some(&first_micro)) =
-                (micro.last(), step.first(), step.last(), micro.first())
-            {
-                let compute = self.devices[slot].compute;
-                let done = self.b.regst(&format!("comm_micro_done@{slot}"), last_micro, 0, 1);
-                let gate = self.b.actor(
-                    &format!("comm_gate@{slot}"),
-                    compute,
-                    ActorKind::Acc { count: m, kernel: KernelConf::Noop },
-                );
-                self.b.consume(gate, done);
-                let gated = self.b.regst(&format!("comm_gate@{slot}.out"), gate, 0, 1);
-                self.b.consume(first_step, gated);
-                let next = self.b.regst(&format!("comm_step_done@{slot}"), last_step, 0, 1);
-                self.b.preload(next, 1);
-                let fan = self.b.actor(&format!("comm_fan@{slot}"), compute, ActorKind::Repeat { count: m });
-                self.b.consume(fan, next);
-                let fanned = self.b.regst(&format!("comm_fan@{slot}.out"), fan, 0, 1);
-                self.b.consume(first_micro, fanned);
+        }
+        for ((slot, phase), chain) in chains {
+            if chain.len() < 2 {
+                continue;
             }
+            for pair in chain.windows(2) {
+                let token = self.b.regst(&format!("comm_order@{slot}:{}", pair[0].0), pair[0], 0, 1);
+                self.b.consume(pair[1], token);
+            }
+            let token = self.b.regst(&format!("comm_token@{slot}:{phase:?}"), chain[chain.len() - 1], 0, 1);
+            self.b.preload(token, 1);
+            self.b.consume(chain[0], token);
         }
     }
 }
@@ -557,7 +556,7 @@ pub(super) fn compile(
             if !devices.iter().any(|x| x.desc == *d) {
                 let index = b.device(d.node, d.kind, d.index);
                 let compute = b.stream(index, StreamKind::Compute);
-                devices.push(Device { desc: *d, index, compute, comm: None, copy: None });
+                devices.push(Device { desc: *d, index, compute, comm: HashMap::new(), copy: None });
             }
         }
     }
@@ -581,6 +580,7 @@ pub(super) fn compile(
         options,
         micro_batches,
         unpaced: HashSet::new(),
+        forward: HashSet::new(),
         tick: Vec::new(),
         step_tick: HashMap::new(),
     };
@@ -738,6 +738,7 @@ pub(super) fn compile(
 
     // Forward ops (what the fetches need): under GPipe their stage's backward waits for them.
     let forward = ancestors(&nodes, count, fetch.iter().map(|t| t.id()));
+    low.forward = (0..count).filter(|&i| forward[i]).map(|i| TensorId(i as u32)).collect();
 
     // Ops: one compute actor per device of their mesh, on local shapes.
     struct Pending {
