@@ -1,22 +1,24 @@
-//! The parallel compiler: lowers one step of a logical graph onto a device mesh. Layouts
+//! The parallel compiler: lowers one step of a logical graph onto its placements. Layouts
 //! come from pins and signature choice ([`layout`]); boxing is inserted wherever a consumer
 //! needs another layout than its producer made ([`boxing`]); every op becomes one compute
-//! actor per device running its op on local shapes, and every collective one actor per
-//! member on its device's comm stream.
+//! actor per device of its mesh running its op on local shapes, and every collective one
+//! actor per member on a comm stream of its device ([`lower`]).
 //!
 //! Data, tensor and ZeRO-style parallelism are all layouts of the same graph: inputs
 //! `S(0)` and weights `B` give data parallelism (the weight gradients come out `P` and are
 //! all-reduced); weights `S(0)` with their optimizer state give ZeRO (all-gather before
 //! use, reduce-scatter of gradients); column- then row-split weights give Megatron.
+//! Pipeline parallelism is placement: a tensor moved to another mesh crosses a stage edge
+//! (copy actors), micro-batches are pieces, and register counts per stage give 1F1B.
 //!
 //! Collectives block their comm stream until the whole group has arrived, as NCCL does, so
-//! every device must issue them in one order. The compiler orders all collectives by when
-//! their input is produced (the producing op's position in the graph, then creation), and
-//! chains each device's collectives in that order with zero-byte registers closed by a
-//! preloaded step token; [`crate::plan::check_collective_order`] verifies any plan.
+//! every device must issue a stream's collectives in one order. The compiler orders them by
+//! when their input is produced (the producing op's position in the graph, then creation)
+//! and chains each stream's collectives in that order with zero-byte registers closed by a
+//! preloaded token; `Plan::check_collective_order` verifies any plan.
 //!
 //! Not yet here: memory reuse across lifetimes (the one-device compiler's ordering chain
-//! would serialize the devices), gradient accumulation and pipeline stages (issue 6).
+//! would serialize the devices; it needs one chain per device and rate).
 
 pub(crate) mod boxing;
 mod layout;
