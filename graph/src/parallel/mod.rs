@@ -1,8 +1,8 @@
 //! The parallel compiler: lowers one step of a logical graph onto its placements. Layouts
-//! come from pins and signature choice ([`layout`]); boxing is inserted wherever a consumer
-//! needs another layout than its producer made ([`boxing`]); every op becomes one compute
+//! come from pins and signature choice (`layout`); boxing is inserted wherever a consumer
+//! needs another layout than its producer made (`boxing`); every op becomes one compute
 //! actor per device of its mesh running its op on local shapes, and every collective one
-//! actor per member on a comm stream of its device ([`lower`]).
+//! actor per member on a comm stream of its device (`lower`).
 //!
 //! Data, tensor and ZeRO-style parallelism are all layouts of the same graph: inputs
 //! `S(0)` and weights `B` give data parallelism (the weight gradients come out `P` and are
