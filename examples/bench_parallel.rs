@@ -11,6 +11,11 @@
 //! ```text
 //! cargo run --release --example bench_parallel -- [cpu|sim|all] [--trace dp_step.json]
 //! ```
+//!
+//! `--trace` writes the sim part's timeline. Environment, for looking closer:
+//! `REGFLOW_DP_TRACE=t.json` writes the timeline of the cpu dp2 run,
+//! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order, and
+//! `REGFLOW_PLAN_JSON=p.json` writes the sim plan (for `regflow plan show|dot`).
 
 use regflow::graph::plan::{ActorKind, KernelConf, StreamKind};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
@@ -122,7 +127,6 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     let dp = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
     if std::env::var_os("REGFLOW_SHOW_COLLECTIVES").is_some() {
         println!("collectives: {:?}", dp.parallel.as_ref().map(|p| &p.collectives));
-        std::fs::write("/tmp/dp_plan.json", dp.plan.to_json())?;
     }
     let parallel = time_steps(&dp, &feeds, warmup, steps, std::env::var("REGFLOW_DP_TRACE").ok().as_deref())?;
 

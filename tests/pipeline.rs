@@ -283,6 +283,7 @@ fn check_one_forward_one_backward(p: usize, shape: &[usize], axes: &[&str]) {
     assert_eq!(std::iter::from_fn(|| fetcher.recv()).count(), m);
     job.wait().unwrap();
     let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    // `REGFLOW_KEEP_TRACE=1` keeps the timeline in the temporary directory, to look at.
     if std::env::var_os("REGFLOW_KEEP_TRACE").is_none() {
         let _ = std::fs::remove_file(&path);
     }
