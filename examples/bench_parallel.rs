@@ -124,7 +124,9 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     let train = mlp(&g, BATCH, &SIZES)?;
     let mesh = Mesh::cpu(&[2], &["dp"])?;
     data_parallel(&g, &mesh)?;
-    let dp = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
+    let mut dp_options = ParallelOptions::new(mesh).train(&train);
+    dp_options.reuse_memory = std::env::var_os("REGFLOW_NO_REUSE").is_none();
+    let dp = g.compile_parallel(&[train.loss], &train.updates, &dp_options)?;
     if std::env::var_os("REGFLOW_SHOW_COLLECTIVES").is_some() {
         println!("collectives: {:?}", dp.parallel.as_ref().map(|p| &p.collectives));
     }

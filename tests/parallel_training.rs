@@ -306,3 +306,24 @@ fn tensor_parallel_attention_trains_like_one_device() {
         1e-10,
     );
 }
+
+/// Parallel plans share memory between one-slot registers whose lifetimes do not overlap,
+/// one ordering chain per device (the training tests above run with it on): every device
+/// needs fewer bytes than without, and the plan states them before running.
+#[test]
+fn parallel_plans_reuse_memory_per_device() {
+    let bytes = |reuse: bool| {
+        let g = Graph::new();
+        let layout = dp_tp();
+        let train = model(&g, DType::F32, Some(&layout));
+        let mut options = ParallelOptions::new(layout.mesh.clone()).train(&train);
+        options.reuse_memory = reuse;
+        let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
+        compiled.plan.memory().unwrap().report().devices.iter().map(|(_, b)| *b).collect::<Vec<u64>>()
+    };
+    let (with, without) = (bytes(true), bytes(false));
+    assert_eq!(with.len(), 4);
+    for (device, (a, b)) in with.iter().zip(&without).enumerate() {
+        assert!(a < b, "device {device}: {a} bytes with reuse, {b} without");
+    }
+}

@@ -15,7 +15,7 @@
 //! when the inputs end. Registers are laid out one after
 //! another; reuse across lifetimes is the next pass.
 
-mod share;
+pub(crate) mod share;
 
 use crate::dsl::{ancestors, paced, Graph, Tensor, TensorId, TensorSource};
 use crate::ops::OpDef;

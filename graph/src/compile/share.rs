@@ -11,7 +11,7 @@ use crate::plan::{ActorKind, PlanBuilder, RegstDescId};
 /// and the last one hands a preloaded token back to the first, so step k + 1 starts only
 /// when step k has finished. On one stream that costs nothing (it runs serially anyway).
 /// Registers read by a sink, fed inputs and variables keep memory of their own.
-pub(super) fn share_memory(b: &mut PlanBuilder) -> Result<(), String> {
+pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), String> {
     use crate::plan::ActorIndex;
     let plan = b.plan_mut().clone();
     let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
@@ -21,21 +21,115 @@ pub(super) fn share_memory(b: &mut PlanBuilder) -> Result<(), String> {
     }
     // Topological order of the compute actors over registers that are not preloaded
     // (Kahn's algorithm; ties by creation order, so the result is deterministic).
+    let order = topological(&plan, &computes, |a| (0, 0, a))?;
+    // With collectives (a parallel plan), a device's chain must not make its stream wait
+    // for communication while it has other work: an actor that depends on more
+    // collectives goes later, and among those waiting on collectives, the one whose
+    // collective is issued first goes first (a data-parallel step updates each weight as
+    // its all-reduce lands, after the whole backward pass).
+    let is_collective =
+        |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { kernel: crate::plan::KernelConf::Collective(_) });
+    let order = if computes.iter().any(|&a| is_collective(a)) {
+        let mut position = vec![0usize; plan.actors.len()];
+        for (p, &a) in order.iter().enumerate() {
+            position[a] = p;
+        }
+        // (collectives on a path to it, latest position of such a collective)
+        let mut waits = vec![(0usize, 0usize); plan.actors.len()];
+        for &a in &order {
+            let own = if is_collective(a) { (waits[a].0 + 1, position[a] + 1) } else { waits[a] };
+            for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && d.producer.index() == a) {
+                for c in desc.consumers.iter().map(|c| c.index()).filter(|&c| is_compute(c)) {
+                    waits[c] = (waits[c].0.max(own.0), waits[c].1.max(own.1));
+                }
+            }
+            waits[a] = own;
+        }
+        topological(&plan, &computes, |a| (waits[a].0, waits[a].1, a))?
+    } else {
+        order
+    };
+    let mut position = vec![usize::MAX; plan.actors.len()];
+    for (p, &a) in order.iter().enumerate() {
+        position[a] = p;
+    }
+    // One chain per compute stream (one per device in a parallel plan), in that order:
+    // collectives on comm streams and copies on copy streams stay outside the chains, so
+    // they still overlap, and the global order keeps every chain consistent with them.
+    let mut streams: Vec<crate::plan::StreamIndex> = Vec::new();
+    for &a in &order {
+        let stream = plan.actors[a].stream;
+        if plan.streams[stream.index()].kind == crate::plan::StreamKind::Compute && !streams.contains(&stream) {
+            streams.push(stream);
+        }
+    }
+    let single = streams.len() == 1;
+    for stream in streams {
+        let chain: Vec<usize> = order.iter().copied().filter(|&a| plan.actors[a].stream == stream).collect();
+        let on_chain = |a: usize| plan.actors[a].stream == stream && is_compute(a);
+        // Which registers share, and their lifetimes [producer, last reader].
+        let mut shared: Vec<(RegstDescId, u64, std::ops::Range<u32>)> = Vec::new();
+        for (r, desc) in plan.regst_descs.iter().enumerate() {
+            let readers_in_chain = desc.consumers.iter().all(|c| on_chain(c.index()));
+            if !on_chain(desc.producer.index())
+                || desc.register_num != 1
+                || desc.preloaded != 0
+                || desc.bytes == 0
+                || !readers_in_chain
+            {
+                continue;
+            }
+            let start = position[desc.producer.index()] as u32;
+            let end = desc.consumers.iter().map(|c| position[c.index()] as u32).max().unwrap_or(start) + 1;
+            shared.push((RegstDescId(r as u32), desc.bytes, start..end));
+        }
+        let blocks: Vec<(u64, std::ops::Range<u32>)> =
+            shared.iter().map(|(_, bytes, live)| (*bytes, live.clone())).collect();
+        let layout = regflow_memory::ReusedLayout::plan(&blocks).map_err(|e| e.to_string())?;
+        for (i, (regst, _, _)) in shared.iter().enumerate() {
+            b_plan_regst(b, *regst).shared_offset = Some(layout.offset(i));
+        }
+        // The chain that makes the order real, closed by the step token.
+        for pair in chain.windows(2) {
+            let (before, after) = (ActorIndex(pair[0] as u32), ActorIndex(pair[1] as u32));
+            let name = format!("order:{}", plan.actors[pair[0]].name);
+            let token = b.regst(&name, before, 0, 1);
+            b.consume(after, token);
+        }
+        if let (Some(&first), Some(&last)) = (chain.first(), chain.last()) {
+            let name = if single { "step_token".to_string() } else { format!("step_token@{}", stream.0) };
+            let token = b.regst(&name, ActorIndex(last as u32), 0, 1);
+            b.preload(token, 1);
+            b.consume(ActorIndex(first as u32), token);
+        }
+    }
+    Ok(())
+}
+
+/// Kahn's algorithm over the compute actors and the registers that are not preloaded,
+/// taking the ready actor with the smallest `priority` first.
+fn topological(
+    plan: &crate::plan::Plan,
+    computes: &[usize],
+    priority: impl Fn(usize) -> (usize, usize, usize),
+) -> Result<Vec<usize>, String> {
+    let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
     let mut indegree = vec![0usize; plan.actors.len()];
     for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && is_compute(d.producer.index())) {
         for c in desc.consumers.iter().filter(|c| is_compute(c.index())) {
             indegree[c.index()] += 1;
         }
     }
-    let mut ready: std::collections::BTreeSet<usize> = computes.iter().copied().filter(|&a| indegree[a] == 0).collect();
+    let mut ready: std::collections::BTreeSet<((usize, usize, usize), usize)> =
+        computes.iter().copied().filter(|&a| indegree[a] == 0).map(|a| (priority(a), a)).collect();
     let mut order = Vec::with_capacity(computes.len());
-    while let Some(a) = ready.pop_first() {
+    while let Some((_, a)) = ready.pop_first() {
         order.push(a);
         for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && d.producer.index() == a) {
             for c in desc.consumers.iter().filter(|c| is_compute(c.index())) {
                 indegree[c.index()] -= 1;
                 if indegree[c.index()] == 0 {
-                    ready.insert(c.index());
+                    ready.insert((priority(c.index()), c.index()));
                 }
             }
         }
@@ -43,42 +137,5 @@ pub(super) fn share_memory(b: &mut PlanBuilder) -> Result<(), String> {
     if order.len() != computes.len() {
         return Err("the compute actors form a cycle without a preloaded register (broken invariant)".into());
     }
-    let mut position = vec![usize::MAX; plan.actors.len()];
-    for (p, &a) in order.iter().enumerate() {
-        position[a] = p;
-    }
-    // Which registers share, and their lifetimes [producer, last reader].
-    let mut shared: Vec<(RegstDescId, u64, std::ops::Range<u32>)> = Vec::new();
-    for (r, desc) in plan.regst_descs.iter().enumerate() {
-        let readers_in_chain = desc.consumers.iter().all(|c| is_compute(c.index()));
-        if !is_compute(desc.producer.index())
-            || desc.register_num != 1
-            || desc.preloaded != 0
-            || desc.bytes == 0
-            || !readers_in_chain
-        {
-            continue;
-        }
-        let start = position[desc.producer.index()] as u32;
-        let end = desc.consumers.iter().map(|c| position[c.index()] as u32).max().unwrap_or(start) + 1;
-        shared.push((RegstDescId(r as u32), desc.bytes, start..end));
-    }
-    let blocks: Vec<(u64, std::ops::Range<u32>)> =
-        shared.iter().map(|(_, bytes, live)| (*bytes, live.clone())).collect();
-    let layout = regflow_memory::ReusedLayout::plan(&blocks).map_err(|e| e.to_string())?;
-    for (i, (regst, _, _)) in shared.iter().enumerate() {
-        b_plan_regst(b, *regst).shared_offset = Some(layout.offset(i));
-    }
-    // The chain that makes the order real, closed by the step token.
-    for pair in order.windows(2) {
-        let (before, after) = (ActorIndex(pair[0] as u32), ActorIndex(pair[1] as u32));
-        let name = format!("order:{}", plan.actors[pair[0]].name);
-        let token = b.regst(&name, before, 0, 1);
-        b.consume(after, token);
-    }
-    let (first, last) = (ActorIndex(order[0] as u32), ActorIndex(order[order.len() - 1] as u32));
-    let token = b.regst("step_token", last, 0, 1);
-    b.preload(token, 1);
-    b.consume(first, token);
-    Ok(())
+    Ok(order)
 }

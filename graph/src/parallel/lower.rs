@@ -1018,6 +1018,9 @@ pub(super) fn compile(
         layouts.visible.iter().map(|(t, l)| (graph.info(*t).name, l.clone())).collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     info.layouts = named;
+    if options.reuse_memory && micro_batches == 1 {
+        crate::compile::share::share_memory(&mut low.b).map_err(compile_error)?;
+    }
     compiled.kernels = low.kernels;
     compiled.accumulators = low.accumulators;
     compiled.plan = low.b.build().map_err(|e| compile_error(e.to_string()))?;

@@ -17,8 +17,8 @@
 //! and chains each stream's collectives in that order with zero-byte registers closed by a
 //! preloaded token; `Plan::check_collective_order` verifies any plan.
 //!
-//! Not yet here: memory reuse across lifetimes (the one-device compiler's ordering chain
-//! would serialize the devices; it needs one chain per device and rate).
+//! Memory reuse across lifetimes works as in the one-device compiler, with one ordering
+//! chain per device's compute stream, for plans of one micro-batch per step.
 
 pub(crate) mod boxing;
 mod layout;
@@ -60,6 +60,11 @@ pub struct ParallelOptions {
     pub accumulate: Option<Accumulate>,
     /// How pipeline stages order forward and backward micro-batches.
     pub schedule: PipelineSchedule,
+    /// Let one-slot registers of a device whose lifetimes do not overlap share memory: each
+    /// device's compute actors then run in one fixed order (collectives and copies, on
+    /// their own streams, still overlap). Applies to plans of one micro-batch per step;
+    /// pipelines keep several micro-batches' activations, which one order cannot serve.
+    pub reuse_memory: bool,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -89,6 +94,7 @@ impl ParallelOptions {
             fetch_parts: false,
             accumulate: None,
             schedule: PipelineSchedule::default(),
+            reuse_memory: true,
         }
     }
 
