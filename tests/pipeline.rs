@@ -53,6 +53,22 @@ fn dp_tp_pp() -> Stages {
     }
 }
 
+/// Stages of different sizes: data-parallel over 2 devices, then 1 device. The activations
+/// cross as a whole value cut on arrival, and their gradient goes back the same way.
+fn two_then_one() -> Stages {
+    let devices =
+        |from: u16, n: u16| (from..from + n).map(|i| MeshDevice { node: 0, kind: DeviceKind::Cpu, index: i }).collect();
+    Stages {
+        meshes: vec![
+            Mesh::new(devices(0, 2), &[2], &["dp"]).unwrap(),
+            Mesh::new(devices(2, 1), &[1], &["dp"]).unwrap(),
+        ],
+        input: vec![Sbp::Split(0)],
+        weight: |_| vec![Sbp::Broadcast],
+        bias: |_| vec![Sbp::Broadcast],
+    }
+}
+
 /// The MLP on `batch` rows; with `stages`, layer l lives on stage l * stages / LAYERS.
 fn model<'g>(g: &'g Graph, batch: usize, stages: Option<&Stages>) -> TrainStep<'g> {
     let x = g.input("x", [batch, WIDTH], DType::F64).unwrap();
@@ -186,6 +202,16 @@ fn one_f_one_b_bounds_live_activations_by_the_stages_and_gpipe_does_not() {
     let (live_1f1b, live_gpipe) = (live_on_stage_0(&one_f_one_b), live_on_stage_0(&gpipe));
     assert!(live_1f1b >= 2 && live_1f1b <= p as u32, "1F1B: {live_1f1b} micro-batches live on stage 0");
     assert_eq!(live_gpipe, m as u32, "GPipe: every micro-batch of a step is live at once");
+}
+
+#[test]
+fn stages_of_different_sizes_train_like_one_device() {
+    let steps = 5;
+    for m in [1, 4] {
+        let want = reference(steps, m);
+        let (got, _) = run(steps, &two_then_one(), m, PipelineSchedule::OneForwardOneBackward);
+        assert_close(&format!("dp2 then one device, m = {m}"), &got, &want);
+    }
 }
 
 #[test]
