@@ -504,3 +504,62 @@ fn fed_source_and_fetcher_allocate_nothing_per_piece() {
         job.wait().unwrap();
     });
 }
+
+/// An all-reduce between two cpu devices (counting sources on the compute streams, the
+/// collective on each comm stream, sinks back on the compute streams): the rendezvous
+/// reuses its tables, so a collective allocates nothing per piece either.
+#[test]
+fn collectives_allocate_nothing_per_piece() {
+    use regflow::graph::plan::{CollectiveConf, CollectiveOp};
+    use regflow::graph::DType;
+    let mut b = PlanBuilder::new();
+    for rank in 0..2u32 {
+        let device = b.device(0, DeviceKind::Cpu, rank as u16);
+        let (compute, comm) = (b.stream(device, StreamKind::Compute), b.stream(device, StreamKind::Comm));
+        let src = b.actor(&format!("src{rank}"), compute, ActorKind::Source { pieces: SourcePieces::Count(0) });
+        let x = b.regst(&format!("x{rank}"), src, BYTES, 2);
+        let conf = CollectiveConf {
+            group: "sum".into(),
+            rank,
+            size: 2,
+            op: CollectiveOp::AllReduce,
+            dtype: DType::I64,
+            shape: vec![BYTES as usize / 8],
+        };
+        let all_reduce =
+            b.actor(&format!("all_reduce{rank}"), comm, ActorKind::Compute { kernel: KernelConf::Collective(conf) });
+        b.consume(all_reduce, x);
+        let y = b.regst(&format!("y{rank}"), all_reduce, BYTES, 2);
+        let sink = b.actor(if rank == 0 { "sink" } else { "sink1" }, compute, ActorKind::Sink);
+        b.consume(sink, y);
+    }
+    let plan = b.build().unwrap();
+    assert_allocates_nothing_per_piece("all-reduce", |pieces, window| {
+        let mut plan = plan.clone();
+        for actor in &mut plan.actors {
+            if let ActorKind::Source { pieces: SourcePieces::Count(n) } = &mut actor.kind {
+                *n = pieces;
+            }
+        }
+        let delivered = Arc::new(AtomicU64::new(0));
+        let wrong = Arc::new(AtomicU64::new(0));
+        let (sink_delivered, sink_wrong, sink_window) = (delivered.clone(), wrong.clone(), window.clone());
+        let job = Job::builder(plan)
+            .watchdog(WATCHDOG)
+            .on_sink("sink", move |io| {
+                sink_window.at_piece(io.piece());
+                // Both sources tag piece k with k: the sum is 2k.
+                if tag_of(io.input(0)) != 2 * io.piece() {
+                    sink_wrong.fetch_add(1, Ordering::Relaxed);
+                }
+                sink_delivered.fetch_add(1, Ordering::Relaxed);
+            })
+            .on_sink("sink1", |_| {})
+            .build()
+            .unwrap();
+        window.job_started();
+        job.wait().unwrap();
+        assert_eq!(delivered.load(Ordering::Relaxed), pieces);
+        assert_eq!(wrong.load(Ordering::Relaxed), 0, "pieces with a wrong sum");
+    });
+}
