@@ -115,9 +115,9 @@ impl ParallelOptions {
 /// What a parallel plan adds to a [`CompiledGraph`].
 #[derive(Debug, Clone)]
 pub struct ParallelInfo {
-    /// The mesh.
+    /// The default mesh (of tensors without a placement of their own).
     pub mesh: Mesh,
-    /// Each fed input: its layout and, by rank, its source actor and local shape.
+    /// Each fed input: its mesh, its layout and, by rank, its source actor and local shape.
     pub inputs: Vec<ParallelInput>,
     /// Each fetch's layout (as the fetch sinks see it before it is made `Broadcast`).
     pub fetch_layouts: Vec<NdSbp>,
@@ -126,7 +126,7 @@ pub struct ParallelInfo {
     pub fetch_parts: Vec<Vec<String>>,
     /// Layout of every tensor of the step, by name.
     pub layouts: Vec<(String, NdSbp)>,
-    /// Collective groups in the order every device issues them.
+    /// Collective groups in the global order: each comm stream issues its own in this order.
     pub collectives: Vec<String>,
 }
 
