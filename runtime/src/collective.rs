@@ -25,17 +25,12 @@ mod layout;
 mod tests;
 
 use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
-use crate::sync::{lock, Arc, Mutex, MutexGuard};
+use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
 use crate::RuntimeError;
 use layout::Layout;
 use regflow_graph::plan::{CollectiveConf, Plan, StreamKind};
 use std::collections::HashMap;
 use std::fmt;
-
-#[cfg(loom)]
-use loom::sync::Condvar;
-#[cfg(not(loom))]
-use std::sync::Condvar;
 
 /// Where one member's input lies during a round: an address, readable by peers only
 /// between the two barriers of that round (see [`Peers`]).
