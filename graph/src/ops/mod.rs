@@ -141,5 +141,6 @@ pub use matmul::{MatMul, MatMulBatchSum};
 pub use permute::Permute;
 pub use reduce::{MaxMask, Reduce, ReduceKind};
 pub use reshape::Reshape;
+pub(crate) use slice::AxisBlocks;
 pub use slice::{Slice, SliceGrad};
 pub use softmax::{LogSoftmax, Softmax, SoftmaxGrad};

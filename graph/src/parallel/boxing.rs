@@ -6,7 +6,7 @@
 //! parts), so the dependent axes first go to `Broadcast` from the finest to the coarsest,
 //! then to their targets from the coarsest to the finest ([`steps`]).
 
-use crate::ops::{GradCtx, InputGrads, OpDef};
+use crate::ops::{AxisBlocks, GradCtx, InputGrads, OpDef};
 use crate::sbp::{part_range, NdSbp, Sbp};
 use crate::tensor::{HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 use crate::GraphError;
@@ -170,24 +170,16 @@ impl OpDef for TakePart {
     }
 
     fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        let dims = inputs[0].shape.dims();
-        let outer: usize = dims[..self.dim].iter().product();
-        let inner: usize = dims[self.dim + 1..].iter().product();
-        let range = part_range(dims[self.dim], self.parts, self.index);
-        let (len, rows) = (dims[self.dim], range.len());
-        macro_rules! copy {
-            ($x:expr, $o:expr) => {{
-                for b in 0..outer {
-                    let src = &$x[(b * len + range.start) * inner..(b * len + range.end) * inner];
-                    $o[b * rows * inner..(b + 1) * rows * inner].copy_from_slice(src);
-                }
-                Ok(())
-            }};
-        }
+        // The part is a slice of one axis: the slice op's block copy moves it (an empty
+        // part, which the DSL's slice rejects, copies nothing).
+        let size = inputs[0].shape.dims()[self.dim];
+        let range = part_range(size, self.parts, self.index);
+        let blocks = AxisBlocks::new(inputs[0].shape, self.dim);
+        let (src, dst) = ((size, range.start), (range.len(), 0));
         match (&inputs[0].data, &mut outputs[0].data) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => copy!(x, o),
-            (HostSlice::F64(x), HostSliceMut::F64(o)) => copy!(x, o),
-            (HostSlice::I64(x), HostSliceMut::I64(o)) => copy!(x, o),
+            (HostSlice::F32(x), HostSliceMut::F32(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
+            (HostSlice::F64(x), HostSliceMut::F64(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
+            (HostSlice::I64(x), HostSliceMut::I64(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
             _ => Err("dtype mismatch (broken invariant)".into()),
         }
     }

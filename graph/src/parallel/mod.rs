@@ -27,7 +27,6 @@ mod lower;
 use crate::compile::{Accumulate, CompiledGraph, DatasetInputs};
 use crate::dsl::{Graph, Tensor, TensorId};
 use crate::ops::{GradCtx, InputGrads, OpDef};
-use crate::plan::DeviceKind;
 use crate::sbp::{Mesh, NdSbp, Sbp, SbpSignature};
 use crate::tensor::{HostTensor, HostTensorMut, TensorMeta};
 use crate::{GraphError, TrainStep};
@@ -199,15 +198,13 @@ impl<'g> Tensor<'g> {
     /// tensor's, it is a pipeline stage edge: copy actors move it device by device, and its
     /// gradient moves back the same way.
     pub fn to_global(&self, mesh: &Mesh, layout: NdSbp) -> Result<Tensor<'g>, GraphError> {
-        let graph = self.graph();
         layout.check(mesh, &self.shape()).map_err(|message| GraphError::Op {
             op: "to_global".into(),
             inputs: vec![format!("'{}': {}", self.name(), self.meta())],
             message,
         })?;
-        let y = graph.apply1(ToGlobal, &[*self])?;
-        graph.place(y.id(), std::sync::Arc::new(mesh.clone()));
-        graph.set_layout(y, mesh, layout)?;
+        let y = self.to_placement(mesh)?;
+        self.graph().set_layout(y, mesh, layout)?;
         Ok(y)
     }
 
@@ -234,10 +231,4 @@ impl Graph {
     ) -> Result<CompiledGraph, GraphError> {
         lower::compile(self, fetch, updates, options)
     }
-}
-
-/// The device kind of every device of a mesh, if they share one.
-pub fn mesh_kind(mesh: &Mesh) -> Option<DeviceKind> {
-    let first = mesh.devices().first()?.kind;
-    mesh.devices().iter().all(|d| d.kind == first).then_some(first)
 }
