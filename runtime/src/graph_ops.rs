@@ -8,9 +8,6 @@ use regflow_graph::HostArray;
 use regflow_graph::{CompiledGraph, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 use std::sync::Arc;
 
-/// Name prefix of the sinks compilers add for registers nobody reads.
-const DISCARD_PREFIX: &str = "discard:";
-
 /// Runs one op of a compiled graph.
 struct OpKernel {
     op: Arc<dyn OpDef>,
@@ -83,10 +80,8 @@ impl JobBuilder {
         }
         // Sinks the compiler added for values nobody reads drop their pieces: left to a
         // fetcher nobody takes, they would stop after the fetch depth and stall the job.
-        for actor in &compiled.plan.actors {
-            if matches!(actor.kind, regflow_graph::plan::ActorKind::Sink) && actor.name.starts_with(DISCARD_PREFIX) {
-                self = self.on_sink(&actor.name, |_| {});
-            }
+        for sink in &compiled.discards {
+            self = self.on_sink(sink, |_| {});
         }
         self
     }

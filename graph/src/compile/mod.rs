@@ -135,6 +135,9 @@ pub struct CompiledGraph {
     pub accumulators: Vec<(String, crate::DType)>,
     /// For a plan compiled onto a mesh: layouts, per-device inputs and collectives.
     pub parallel: Option<crate::ParallelInfo>,
+    /// Sinks added for registers nobody reads (an optimizer state's last value): the job
+    /// drops their pieces.
+    pub discards: Vec<String>,
 }
 
 impl HostArray {
@@ -177,6 +180,7 @@ impl Graph {
             variables: Vec::new(),
             accumulators: Vec::new(),
             parallel: None,
+            discards: Vec::new(),
         };
 
         // Inputs: a dataset source for those it produces, fed sources for the others. The
@@ -408,22 +412,36 @@ impl Graph {
             compiled.fetches.push(name);
         }
         // Op outputs nobody reads (e.g. an optimizer state's last value) still need a reader.
-        let plan_so_far = b.plan_mut();
-        let unread: Vec<RegstDescId> = (0..plan_so_far.regst_descs.len())
-            .filter(|&r| plan_so_far.regst_descs[r].consumers.is_empty())
-            .map(|r| RegstDescId(r as u32))
-            .collect();
-        for regst in unread {
-            let name = format!("discard:{}", regst.0);
-            let sink = b.actor(&name, stream, ActorKind::Sink);
-            b.consume(sink, regst);
-        }
+        compiled.discards = discard_unread(&mut b, |_, _| stream);
         if options.reuse_memory && accumulate.is_none() {
             share_memory(&mut b).map_err(compile_error)?;
         }
         compiled.plan = b.build().map_err(|e| compile_error(e.to_string()))?;
         Ok(compiled)
     }
+}
+
+/// Gives every register nobody reads a sink, on the stream `stream_of(plan, register)`
+/// says (a register must have a reader); returns the sinks' names.
+pub(crate) fn discard_unread(
+    b: &mut PlanBuilder,
+    stream_of: impl Fn(&Plan, RegstDescId) -> crate::plan::StreamIndex,
+) -> Vec<String> {
+    let plan = b.plan_mut();
+    let unread: Vec<RegstDescId> = (0..plan.regst_descs.len())
+        .filter(|&r| plan.regst_descs[r].consumers.is_empty())
+        .map(|r| RegstDescId(r as u32))
+        .collect();
+    unread
+        .into_iter()
+        .map(|regst| {
+            let name = format!("discard:{}", regst.0);
+            let stream = stream_of(b.plan_mut(), regst);
+            let sink = b.actor(&name, stream, ActorKind::Sink);
+            b.consume(sink, regst);
+            name
+        })
+        .collect()
 }
 
 /// A descriptor of the plan under construction (the builder keeps the plan private to

@@ -597,6 +597,7 @@ pub(super) fn compile(
         variables: Vec::new(),
         accumulators: Vec::new(),
         parallel: None,
+        discards: Vec::new(),
     };
     let mut info = ParallelInfo {
         mesh: options.mesh.clone(),
@@ -995,21 +996,12 @@ pub(super) fn compile(
     low.order_collectives();
 
     // Registers nobody reads still need a reader on their device.
-    let unread: Vec<RegstDescId> = {
-        let plan = low.b.plan_mut();
-        (0..plan.regst_descs.len())
-            .filter(|&r| plan.regst_descs[r].consumers.is_empty())
-            .map(|r| RegstDescId(r as u32))
-            .collect()
-    };
-    for regst in unread {
-        let plan = low.b.plan_mut();
+    let devices: Vec<(DeviceIndex, StreamIndex)> = low.devices.iter().map(|d| (d.index, d.compute)).collect();
+    compiled.discards = crate::compile::discard_unread(&mut low.b, |plan, regst| {
         let producer = plan.regst_descs[regst.index()].producer;
-        let device = plan.streams[plan.actors[producer.index()].stream.index()].device;
-        let slot = low.devices.iter().position(|d| d.index == device).unwrap_or(0);
-        let sink = low.b.actor(&format!("discard:{}", regst.0), low.devices[slot].compute, ActorKind::Sink);
-        low.b.consume(sink, regst);
-    }
+        let device = plan.device_of(producer);
+        devices.iter().find(|(d, _)| *d == device).map_or(devices[0].1, |(_, s)| *s)
+    });
 
     let mut groups = low.groups.clone();
     groups.sort_by_key(|(key, _)| *key);
