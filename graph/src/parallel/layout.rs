@@ -33,6 +33,9 @@ pub(crate) struct Layouts {
     pub visible: HashMap<TensorId, NdSbp>,
     /// The signature of each op node.
     pub signatures: HashMap<usize, NdSignature>,
+    /// The op each device of a node's mesh runs, by rank, with its local shapes (made
+    /// while checking the signature fits).
+    pub local: HashMap<usize, Vec<LocalOp>>,
 }
 
 fn describe_inputs(graph: &Graph, node: &Node, layouts: &HashMap<TensorId, NdSbp>, mesh: &Mesh) -> Vec<String> {
@@ -170,6 +173,7 @@ pub(crate) fn infer(
 
     // Ops, in graph order.
     let mut signatures = HashMap::new();
+    let mut local = HashMap::new();
     for (n, node) in nodes.iter().enumerate() {
         if !node.outputs.iter().any(|o| needed[o.0 as usize]) {
             continue;
@@ -265,18 +269,18 @@ pub(crate) fn infer(
         let mut reasons = Vec::new();
         let mut chosen = None;
         for (_, _, sig) in candidates {
-            let fits = (0..mesh.size()).try_for_each(|rank| {
-                localize(&node.op, &in_metas, &out_metas, &sig, mesh, &mesh.coords(rank)).map(|_| ())
-            });
+            let fits: Result<Vec<LocalOp>, String> = (0..mesh.size())
+                .map(|rank| localize(&node.op, &in_metas, &out_metas, &sig, mesh, &mesh.coords(rank)))
+                .collect();
             match fits {
-                Ok(()) => {
-                    chosen = Some(sig);
+                Ok(ops) => {
+                    chosen = Some((sig, ops));
                     break;
                 }
                 Err(e) => reasons.push(e),
             }
         }
-        let Some(sig) = chosen else {
+        let Some((sig, ops)) = chosen else {
             let pinned: Vec<String> = pins
                 .iter()
                 .enumerate()
@@ -312,6 +316,7 @@ pub(crate) fn infer(
             visible.insert(*o, seen);
         }
         signatures.insert(n, sig);
+        local.insert(n, ops);
     }
-    Ok(Layouts { produced, visible, signatures })
+    Ok(Layouts { produced, visible, signatures, local })
 }

@@ -759,8 +759,6 @@ pub(super) fn compile(
         let m = low.meshes[mesh].clone();
         let rate = if step_rate(*first) { Rate::Step } else { Rate::Micro };
         let op_name = node.op.name();
-        let in_metas: Vec<TensorMeta> = node.inputs.iter().map(|i| graph.info(*i).meta).collect();
-        let out_metas: Vec<TensorMeta> = node.outputs.iter().map(|o| graph.info(*o).meta).collect();
         let mut reads: Vec<Option<(TensorId, NdSbp)>> = Vec::new();
         let input_map: Vec<usize> = node
             .inputs
@@ -784,11 +782,9 @@ pub(super) fn compile(
         let mut out_regs: Vec<Vec<RegstDescId>> = vec![Vec::new(); node.outputs.len()];
         for rank in 0..m.size() {
             let slot = low.slot(mesh, rank);
-            let (op, local_in, local_out) = layout::localize(&node.op, &in_metas, &out_metas, sig, &m, &m.coords(rank))
-                .map_err(|message| GraphError::Op {
-                    op: format!("{op_name} (node {n})"),
-                    inputs: in_metas.iter().map(ToString::to_string).collect(),
-                    message,
+            let (op, local_in, local_out) =
+                layouts.local.get(&n).and_then(|ops| ops.get(rank)).cloned().ok_or_else(|| {
+                    compile_error(format!("{op_name} (node {n}) has no op for rank {rank} (broken invariant)"))
                 })?;
             let name = format!("{op_name}:{n}@{slot}");
             let actor = low.b.actor(
