@@ -31,6 +31,18 @@ trait Elem: Copy + PartialEq + Debug + Send + 'static {
     fn from_le(bytes: &[u8]) -> Self;
 }
 
+/// The byte conversions every element type shares.
+macro_rules! le_bytes {
+    ($t:ty) => {
+        fn to_le(self) -> Vec<u8> {
+            self.to_le_bytes().to_vec()
+        }
+        fn from_le(bytes: &[u8]) -> Self {
+            <$t>::from_le_bytes(bytes.try_into().unwrap())
+        }
+    };
+}
+
 impl Elem for f32 {
     const DTYPE: DType = DType::F32;
     fn make(seed: u64) -> Self {
@@ -39,12 +51,7 @@ impl Elem for f32 {
     fn add(self, other: Self) -> Self {
         self + other
     }
-    fn to_le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-    fn from_le(bytes: &[u8]) -> Self {
-        f32::from_le_bytes(bytes.try_into().unwrap())
-    }
+    le_bytes!(f32);
 }
 
 impl Elem for f64 {
@@ -55,12 +62,7 @@ impl Elem for f64 {
     fn add(self, other: Self) -> Self {
         self + other
     }
-    fn to_le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-    fn from_le(bytes: &[u8]) -> Self {
-        f64::from_le_bytes(bytes.try_into().unwrap())
-    }
+    le_bytes!(f64);
 }
 
 impl Elem for i64 {
@@ -71,12 +73,7 @@ impl Elem for i64 {
     fn add(self, other: Self) -> Self {
         self.wrapping_add(other)
     }
-    fn to_le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-    fn from_le(bytes: &[u8]) -> Self {
-        i64::from_le_bytes(bytes.try_into().unwrap())
-    }
+    le_bytes!(i64);
 }
 
 /// Part `part` of `parts` along `dim` of a row-major tensor, by walking every index (a naive
