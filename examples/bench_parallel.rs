@@ -14,7 +14,8 @@
 //!
 //! `--trace` writes the sim part's timeline. Environment, for looking closer:
 //! `REGFLOW_DP_TRACE=t.json` writes the timeline of the cpu dp2 run,
-//! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order, and
+//! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
+//! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan (for `regflow plan show|dot`).
 
 use regflow::graph::plan::{ActorKind, KernelConf, StreamKind};
