@@ -16,7 +16,6 @@ const SIZES: [usize; 4] = [784, 1024, 1024, 10];
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(30);
     let threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(1);
-    regflow::graph::set_cpu_threads(threads);
     let warmup = 3;
     let g = Graph::new();
     let x = g.input("x", [BATCH, SIZES[0]], DType::F32)?;
@@ -38,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loss = h.sparse_cross_entropy(&y)?;
     let train = g.minimize(loss, &Optimizer::adamw(1e-3, 0.0))?;
     let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build()?;
+    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).build()?;
     let (mut fx, mut fy) = (job.feeder("input:x")?, job.feeder("input:y")?);
     let losses = job.fetcher(&compiled.fetches[0])?;
 

@@ -35,12 +35,12 @@ fn time_steps(
     steps: usize,
     trace: Option<&str>,
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let mut builder = Job::builder(compiled.plan.clone()).compiled(compiled);
+    let mut builder = Job::builder(compiled.plan.clone());
     if let Some(path) = trace {
         builder = builder.trace(path);
     }
     let mut job = builder.build()?;
-    let mut feeds = job.graph_feeds(compiled)?;
+    let mut feeds = job.graph_feeds()?;
     let losses = job.fetcher(&compiled.fetches[0])?;
     let values: Vec<(String, HostArray)> = feeds_of.iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
     let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
@@ -112,7 +112,6 @@ fn data_parallel(g: &Graph, mesh: &Mesh) -> Result<(), Box<dyn std::error::Error
 fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     const BATCH: usize = 256;
     const SIZES: [usize; 4] = [784, 1024, 1024, 10];
-    regflow::graph::set_cpu_threads(1);
     let (warmup, steps) = (3, 20);
     let feeds = batch(BATCH, SIZES[0], 10);
 

@@ -73,12 +73,12 @@ fn run(
         compiled.plan.actors[i].sim_nanos = Some(nanos);
     }
     let activation_bytes = compiled.plan.memory()?.report().devices.first().map_or(0, |d| d.1);
-    let mut builder = Job::builder(compiled.plan.clone()).compiled(&compiled);
+    let mut builder = Job::builder(compiled.plan.clone());
     if let Some(path) = trace {
         builder = builder.trace(path);
     }
     let mut job = builder.build()?;
-    let mut feeds = job.graph_feeds(&compiled)?;
+    let mut feeds = job.graph_feeds()?;
     let losses = job.fetcher(&compiled.fetches[0])?;
     let mut rng = SplitMix64::new(1);
     let xs = HostArray::f32([ROWS, WIDTH], (0..ROWS * WIDTH).map(|_| rng.next_normal() as f32).collect())

@@ -165,8 +165,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut fetch = vec![train.loss];
     fetch.extend(params.iter().copied());
     let compiled = g.compile(&fetch, &train.updates, &CompileOptions::default())?;
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build()?;
-    let mut feeds = job.graph_feeds(&compiled)?;
+    let mut job = Job::builder(compiled.plan.clone()).build()?;
+    let mut feeds = job.graph_feeds()?;
     let losses = job.fetcher(&compiled.fetches[0])?;
     let watchers: Vec<_> = compiled.fetches[1..]
         .iter()

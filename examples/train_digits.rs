@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use regflow::graph::{
     CompileOptions, DType, DatasetInputs, Graph, GraphError, Init, Optimizer, Schedule, SplitMix64, Tensor,
 };
-use regflow::prelude::{Job, RuntimeError};
+use regflow::prelude::{Job, RuntimeError, SourcePieces};
 use regflow::runtime::RecordFile;
 use std::io::Read;
 
@@ -199,8 +199,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batches = RecordFile::from_bytes(records, FEATURES * 4 + 8)?.batches(&[FEATURES * 4, 8], BATCH, 1)?;
     let compile_options = CompileOptions {
         dataset: Some(DatasetInputs {
-            kernel: "digits".into(),
-            pieces: batches.pieces(epochs as u64),
+            source: SourcePieces::Custom { count: batches.pieces(epochs as u64), kernel: "digits".into() },
             inputs: vec!["x".into(), "y".into()],
         }),
         ..CompileOptions::default()
@@ -212,7 +211,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         compiled.plan.regst_descs.len(),
         compiled.plan.memory()?.report().total_bytes()
     );
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).dataset("digits", batches).build()?;
+    let mut job = Job::builder(compiled.plan.clone()).dataset("digits", batches).build()?;
     let losses = job.fetcher(&compiled.fetches[0])?;
     let weight_watchers: Vec<_> = compiled.fetches[1..]
         .iter()
@@ -268,7 +267,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let x_test = g.input("x_test", [test_rows.len(), FEATURES], DType::F32)?;
     let logits_test = mlp(x_test, &params)?;
     let test_plan = g.compile(&[logits_test], &[], &CompileOptions::default())?;
-    let mut builder = Job::builder(test_plan.plan.clone()).compiled(&test_plan);
+    let mut builder = Job::builder(test_plan.plan.clone());
     for (variable, bytes) in params.iter().zip(trained) {
         let regst =
             &test_plan.variables.iter().find(|v| v.name == variable.name()).ok_or("variable not compiled")?.regst;

@@ -343,12 +343,12 @@ fn train(
     if let (Some(path), Some(_)) = (std::env::var_os("REGFLOW_PLAN_JSON"), layout) {
         std::fs::write(path, compiled.plan.to_json())?;
     }
-    let mut builder = Job::builder(compiled.plan.clone()).compiled(&compiled);
+    let mut builder = Job::builder(compiled.plan.clone());
     if let Some(path) = trace {
         builder = builder.trace(path);
     }
     let mut job = builder.build()?;
-    let mut feeds = job.graph_feeds(&compiled)?;
+    let mut feeds = job.graph_feeds()?;
     let fetcher = job.fetcher(&compiled.fetches[0])?;
     let started = Instant::now();
     let batches = task.batches.clone();

@@ -1,8 +1,10 @@
 //! regflow: a OneFlow-style dataflow actor runtime for distributed deep learning.
 //!
-//! This facade re-exports the crates: [`memory`] (arenas and layouts), [`graph`] (the
-//! plan), [`actors`] (the register-slot protocol) and [`runtime`] (threads, devices,
-//! [`runtime::Job`]). Most programs only need [`prelude`].
+//! This facade re-exports the crates, bottom up: [`memory`] (arenas and layouts),
+//! [`plan`] (the self-contained plan a job runs), [`kernels`] (the kernel registry and
+//! the CPU kernels), [`actors`] (the register-slot protocol), [`runtime`] (threads,
+//! devices, [`runtime::Job`]) and [`graph`] (the DSL and the compiler that emits plans).
+//! Most programs only need [`prelude`].
 //!
 //! ```
 //! use regflow::prelude::*;
@@ -44,16 +46,18 @@
 
 pub use regflow_actors as actors;
 pub use regflow_graph as graph;
+pub use regflow_kernels as kernels;
 pub use regflow_memory as memory;
+pub use regflow_plan as plan;
 pub use regflow_runtime as runtime;
 
 /// The names most programs use.
 pub mod prelude {
-    pub use regflow_graph::plan::{
+    pub use regflow_memory::MemoryKind;
+    pub use regflow_plan::{
         ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, RegstDescId, SourcePieces,
         StreamKind,
     };
-    pub use regflow_memory::MemoryKind;
     pub use regflow_runtime::{
         Feeder, Fetched, Fetcher, Job, JobBuilder, JobReport, Kernel, KernelError, KernelIo, RuntimeError, WaitForGraph,
     };

@@ -42,8 +42,8 @@ fn two_micro_batches_of_four_train_like_one_batch_of_eight() {
     let compiled = g.compile(&[train.loss], &train.updates, &options).unwrap();
     let kinds = |kind: &str| compiled.plan.actors.iter().filter(|a| a.kind.name() == kind).count();
     assert!(kinds("repeat") >= 2 && kinds("acc") >= 3, "repeat {} acc {}", kinds("repeat"), kinds("acc"));
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let losses = job.fetcher(&compiled.fetches[0]).unwrap();
     for k in 0..steps {
         let (xs, ys) = batch(k);

@@ -104,8 +104,8 @@ fn run(case: &Case) {
     options.fetch_parts = true;
     let compiled = g.compile_parallel(&[y], &[], &options).unwrap();
     let info = compiled.parallel.clone().unwrap();
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let whole = job.fetcher(&compiled.fetches[0]).unwrap();
     let parts: Vec<_> = info.fetch_parts[0].iter().map(|name| job.fetcher(name).unwrap()).collect();
     feeds.push("x", &x_value).unwrap();

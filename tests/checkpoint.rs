@@ -61,7 +61,7 @@ fn a_checkpoint_resumes_training_exactly_in_a_session_and_in_a_compiled_job() {
     let train3 = model(&g3);
     let compiled = g3.compile(&[train3.loss], &train3.updates, &CompileOptions::default()).unwrap();
     let saved = checkpoint::load(&path).unwrap();
-    let mut builder = Job::builder(compiled.plan.clone()).compiled(&compiled);
+    let mut builder = Job::builder(compiled.plan.clone());
     for variable in &compiled.variables {
         let (_, value) = saved.iter().find(|(n, _)| n == &variable.name).unwrap();
         builder = builder.preload(&variable.regst, value.to_le_bytes());

@@ -119,7 +119,7 @@ fn show_prints_per_device_streams_actors_collectives_and_peak_memory() {
     let path = write(&dir, "plan.json", &plan.to_json());
     let text = success(&["plan", "show", &path]);
     let expected = format!(
-        "plan {path} (schema 1): 2 devices, 4 streams, 9 actors, 9 registers
+        "plan {path} (schema 2): 2 devices, 4 streams, 9 actors, 9 registers
 
 device node0/cpu:0
   peak memory  448 bytes: own slots 448, shared region 0

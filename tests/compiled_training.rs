@@ -45,7 +45,7 @@ fn actor_losses(steps: usize) -> Vec<f64> {
     let g = Graph::new();
     let train = model(&g);
     let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let mut fx = job.feeder("input:x").unwrap();
     let mut fy = job.feeder("input:y").unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
@@ -143,7 +143,7 @@ fn a_compiled_attention_block_trains_like_the_reference_session() {
     let g = Graph::new();
     let train = attention_step(&g);
     let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let (mut fi, mut ft, mut fm) =
         (job.feeder("input:ids").unwrap(), job.feeder("input:targets").unwrap(), job.feeder("input:mask").unwrap());
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
@@ -168,8 +168,8 @@ fn typed_feeds_name_the_input_and_the_values_that_do_not_fit() {
     let g = Graph::new();
     let train = model(&g);
     let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let losses = job.fetcher(&compiled.fetches[0]).unwrap();
     let (xs, ys) = batches(1).remove(0);
     let x = HostArray::f32([8, 6], xs).unwrap();

@@ -26,9 +26,9 @@ fn forward_plan(reuse_memory: bool) -> (regflow::graph::CompiledGraph, u64) {
 }
 
 fn run(compiled: &regflow::graph::CompiledGraph, steps: usize) -> (Vec<Vec<u8>>, u64) {
-    let mut job = Job::builder(compiled.plan.clone()).compiled(compiled).build().unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let allocated = job.memory_report().total_bytes();
-    let mut feeds = job.graph_feeds(compiled).unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let out = job.fetcher(&compiled.fetches[0]).unwrap();
     let mut rng = SplitMix64::new(3);
     let mut results = Vec::new();

@@ -36,8 +36,8 @@ fn gradient_all_reduces_overlap_the_rest_of_backward() {
         });
     }
     let path = std::env::temp_dir().join(format!("regflow-dp-overlap-{}.json", std::process::id()));
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).trace(&path).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).trace(&path).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     for _ in 0..2 {
         feeds.push("x", &HostArray::f32([batch, width], vec![0.5; batch * width]).unwrap()).unwrap();

@@ -93,8 +93,8 @@ fn parallel(case: &Case) -> Vec<f64> {
     let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
     let options = ParallelOptions::new(Mesh::cpu(&case.mesh, &axes).unwrap()).train(&train);
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     for (xs, ys) in batches() {
         feeds.push("x", &xs).unwrap();

@@ -70,8 +70,8 @@ fn parallel_losses(steps: usize, dtype: DType, layout: &Layout) -> Vec<f64> {
     let options = ParallelOptions::new(layout.mesh.clone()).train(&train);
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     compiled.plan.validate().unwrap();
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     let pusher = std::thread::spawn(move || {
         for (xs, ys) in batches(steps, dtype) {
@@ -241,8 +241,8 @@ fn attention_losses(steps: usize, layout: Option<&Layout>) -> Vec<f64> {
     };
     let options = ParallelOptions::new(layout.mesh.clone()).train(&train);
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     let pusher = std::thread::spawn(move || {
         for batch in attention_batches(steps) {

@@ -135,12 +135,8 @@ fn run(steps: usize, stages: &Stages, m: usize, schedule: PipelineSchedule) -> (
     let mut options = ParallelOptions::new(stages.meshes[0].clone()).train(&train).micro_batches(&train, m as u32);
     options.schedule = schedule;
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
-    let mut job = Job::builder(compiled.plan.clone())
-        .compiled(&compiled)
-        .watchdog(std::time::Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).watchdog(std::time::Duration::from_secs(5)).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     let pusher = std::thread::spawn(move || {
         for (xs, ys) in data(steps, m * MICRO) {
@@ -297,8 +293,8 @@ fn check_one_forward_one_backward(p: usize, shape: &[usize], axes: &[&str]) {
         actor.sim_nanos = Some(if actor.name.starts_with("matmul:") { 1_000_000 } else { 0 });
     }
     let path = std::env::temp_dir().join(format!("regflow-1f1b-{}-{size}.json", std::process::id()));
-    let mut job = Job::builder(compiled.plan.clone()).compiled(&compiled).trace(&path).build().unwrap();
-    let mut feeds = job.graph_feeds(&compiled).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).trace(&path).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     for _ in 0..m {
         feeds.push("x", &HostArray::f32([rows, WIDTH], vec![0.1; rows * WIDTH]).unwrap()).unwrap();

@@ -668,7 +668,7 @@ fn producer_never_holds_more_pieces_than_register_num() {
         let z = b.regst("z", mid, 16, 2);
         let slow_kernel = match kind {
             DeviceKind::Cpu => KernelConf::Custom { name: "slow".into() },
-            DeviceKind::Sim => KernelConf::Copy,
+            _ => KernelConf::Copy,
         };
         let slow = b.actor("slow", streams[3], ActorKind::Compute { kernel: slow_kernel });
         b.sim_nanos(slow, 2_000_000);

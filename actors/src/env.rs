@@ -3,14 +3,7 @@
 
 use crate::{ActorId, Message, RegstRef};
 
-/// Where a firing sits in an acc group or a repeat fan-out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupPosition {
-    /// Position in the group, `0..count`.
-    pub index: u32,
-    /// Group size (1 for plain actors).
-    pub count: u32,
-}
+pub use regflow_plan::GroupPosition;
 
 /// One firing, as the kernel sees it.
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! `ActorId`: node, device, stream and index packed into 64 bits, so routing is a bit decode.
 
-use regflow_graph::plan::{ActorIndex, Plan};
+use regflow_plan::{ActorIndex, Plan};
 use std::fmt;
 
 const INDEX_BITS: u32 = 24;

@@ -1,7 +1,7 @@
 //! Messages between actors: small `Copy` values with no heap and no pointers.
 
 use crate::ActorId;
-use regflow_graph::plan::RegstDescId;
+use regflow_plan::RegstDescId;
 
 /// One slot of a register descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -2,10 +2,10 @@
 //! and free slots plus per-slot holders per produced descriptor.
 
 use crate::{ActorId, RegstRef};
-use regflow_graph::plan::RegstDescId;
+use regflow_plan::RegstDescId;
 use std::collections::VecDeque;
 
-pub use regflow_graph::plan::MAX_CONSUMERS;
+pub use regflow_plan::MAX_CONSUMERS;
 
 /// A slot that arrived ready and waits to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

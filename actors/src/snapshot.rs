@@ -2,7 +2,7 @@
 
 use crate::actor::{Actor, KindState, Lifecycle};
 use crate::ActorId;
-use regflow_graph::plan::RegstDescId;
+use regflow_plan::RegstDescId;
 use std::fmt;
 
 /// One reason an actor cannot fire right now.

@@ -4,7 +4,7 @@ use regflow_actors::{
     Actor, ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, GroupPosition, Lifecycle, Message,
     PlanIds, RegstRef, WaitReason,
 };
-use regflow_graph::plan::{
+use regflow_plan::{
     ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, RegstDescId, SourcePieces, StreamIndex,
     StreamKind,
 };

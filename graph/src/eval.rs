@@ -67,7 +67,7 @@ impl Graph {
                     .collect::<Result<_, _>>()?;
                 let mut views: Vec<HostTensorMut<'_>> = outputs.iter_mut().map(HostArray::view_mut).collect();
                 node.op
-                    .compute(&inputs, &mut views)
+                    .compute(&regflow_kernels::HostContext::default(), &inputs, &mut views)
                     .map_err(|message| GraphError::Kernel { op: node.op.name().into(), message })?;
             }
             for (o, value) in node.outputs.iter().zip(outputs) {

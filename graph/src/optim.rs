@@ -11,69 +11,10 @@
 use crate::dsl::{Graph, Tensor};
 use crate::init::Init;
 use crate::ops::{GradCtx, InputGrads, OpDef};
-use crate::tensor::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use crate::tensor::{DType, Shape, TensorMeta};
 use crate::GraphError;
-
-/// A learning-rate schedule, evaluated from the step counter (starting at 1).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Schedule {
-    /// The same rate every step.
-    Constant(f64),
-    /// Linear warm-up from 0 to `peak` over `warmup` steps, then cosine decay to `min`
-    /// at step `total` (and `min` after it).
-    WarmupCosine {
-        /// Rate at the end of warm-up.
-        peak: f64,
-        /// Warm-up steps.
-        warmup: u64,
-        /// Step at which the decay reaches `min`.
-        total: u64,
-        /// Final rate.
-        min: f64,
-    },
-}
-
-impl Schedule {
-    /// The rate at `step` (1-based).
-    pub fn at(&self, step: f64) -> f64 {
-        match *self {
-            Schedule::Constant(lr) => lr,
-            Schedule::WarmupCosine { peak, warmup, total, min } => {
-                if step <= warmup as f64 {
-                    peak * step / warmup.max(1) as f64
-                } else if step >= total as f64 {
-                    min
-                } else {
-                    let progress = (step - warmup as f64) / (total - warmup).max(1) as f64;
-                    min + 0.5 * (peak - min) * (1.0 + (std::f64::consts::PI * progress).cos())
-                }
-            }
-        }
-    }
-}
-
-/// Which update rule.
-#[derive(Debug, Clone, PartialEq)]
-pub enum OptimizerKind {
-    /// SGD with optional momentum and L2 weight decay (PyTorch `torch.optim.SGD`).
-    Sgd {
-        /// Momentum μ (0 for plain SGD).
-        momentum: f64,
-        /// L2 weight decay λ, added to the gradient.
-        weight_decay: f64,
-    },
-    /// AdamW (PyTorch `torch.optim.AdamW`): decoupled weight decay, bias-corrected moments.
-    AdamW {
-        /// β₁.
-        beta1: f64,
-        /// β₂.
-        beta2: f64,
-        /// ε.
-        eps: f64,
-        /// Decoupled weight decay λ.
-        weight_decay: f64,
-    },
-}
+use regflow_plan::ops::{ClipFactor, LearningRate, NextStep, Update};
+pub use regflow_plan::ops::{OptimizerKind, Schedule};
 
 /// An optimizer: an update rule, a learning-rate schedule and optional clipping.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,37 +81,6 @@ impl TrainStep<'_> {
     }
 }
 
-/// Computes the learning rate of a step from the step counter.
-#[derive(Debug, Clone, PartialEq)]
-struct LearningRate(Schedule);
-
-/// `min(1, max_norm / (norm + 1e-6))`: the factor that clips a global norm.
-#[derive(Debug, Clone, PartialEq)]
-struct ClipFactor(f64);
-
-/// One optimizer update: inputs `(param, grad, lr, step, state...)`, outputs
-/// `(param', state'...)`.
-#[derive(Debug, Clone, PartialEq)]
-struct Update(OptimizerKind);
-
-fn scalar_input(inputs: &[HostTensor<'_>], i: usize) -> Result<f64, String> {
-    match inputs[i].data {
-        crate::HostSlice::F64(v) => v.first().copied(),
-        crate::HostSlice::F32(v) => v.first().map(|&x| f64::from(x)),
-        crate::HostSlice::I64(v) => v.first().map(|&x| x as f64),
-    }
-    .ok_or_else(|| format!("input {i} is empty"))
-}
-
-fn write_scalar(out: &mut HostTensorMut<'_>, value: f64) -> Result<(), String> {
-    match &mut out.data {
-        crate::HostSliceMut::F64(v) => v.iter_mut().for_each(|x| *x = value),
-        crate::HostSliceMut::F32(v) => v.iter_mut().for_each(|x| *x = value as f32),
-        crate::HostSliceMut::I64(_) => return Err("the output must be a float".into()),
-    }
-    Ok(())
-}
-
 impl OpDef for LearningRate {
     fn name(&self) -> &'static str {
         "learning_rate"
@@ -185,10 +95,6 @@ impl OpDef for LearningRate {
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(vec![None])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        write_scalar(&mut outputs[0], self.0.at(scalar_input(inputs, 0)?))
     }
 }
 
@@ -207,53 +113,6 @@ impl OpDef for ClipFactor {
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(vec![None])
     }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        let norm = scalar_input(inputs, 0)?;
-        write_scalar(&mut outputs[0], (self.0 / (norm + 1e-6)).min(1.0))
-    }
-}
-
-fn update_typed<T: Real>(
-    kind: &OptimizerKind,
-    inputs: &[HostTensor<'_>],
-    outputs: &mut [HostTensorMut<'_>],
-) -> Result<(), String> {
-    let (lr, step) = (scalar_input(inputs, 2)?, scalar_input(inputs, 3)?);
-    let (p, g) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let [p_out, rest @ ..] = outputs else { return Err("missing outputs".into()) };
-    let p_out = p_out.as_mut_slice::<T>()?;
-    // Element math in the parameter's own type, constants hoisted (as PyTorch does).
-    let c = T::from_f64;
-    match *kind {
-        OptimizerKind::Sgd { momentum, weight_decay } => {
-            let v = inputs[4].as_slice::<T>()?;
-            let v_out = rest[0].as_mut_slice::<T>()?;
-            let (lr, momentum, weight_decay) = (c(lr), c(momentum), c(weight_decay));
-            for i in 0..p.len() {
-                let velocity = momentum * v[i] + (g[i] + weight_decay * p[i]);
-                v_out[i] = velocity;
-                p_out[i] = p[i] - lr * velocity;
-            }
-        }
-        OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
-            let (m, v) = (inputs[4].as_slice::<T>()?, inputs[5].as_slice::<T>()?);
-            let [m_out, v_out] = rest else { return Err("missing moment outputs".into()) };
-            let (m_out, v_out) = (m_out.as_mut_slice::<T>()?, v_out.as_mut_slice::<T>()?);
-            let (b1, b2, one_b1, one_b2) = (c(beta1), c(beta2), c(1.0 - beta1), c(1.0 - beta2));
-            let (c1, c2) = (c(1.0 - beta1.powf(step)), c(1.0 - beta2.powf(step)));
-            let (lr_t, eps, decay) = (c(lr), c(eps), c(1.0 - lr * weight_decay));
-            for i in 0..p.len() {
-                let grad = g[i];
-                let m1 = b1 * m[i] + one_b1 * grad;
-                let v1 = b2 * v[i] + one_b2 * grad * grad;
-                m_out[i] = m1;
-                v_out[i] = v1;
-                p_out[i] = p[i] * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps);
-            }
-        }
-    }
-    Ok(())
 }
 
 impl OpDef for Update {
@@ -288,14 +147,6 @@ impl OpDef for Update {
         Ok(vec![None; ctx.inputs.len()])
     }
 
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match inputs[0].dtype() {
-            DType::F32 => update_typed::<f32>(&self.0, inputs, outputs),
-            DType::F64 => update_typed::<f64>(&self.0, inputs, outputs),
-            DType::I64 => Err("cannot optimize an integer variable".into()),
-        }
-    }
-
     /// Elementwise over the parameter, its gradient and its state: any split of those
     /// (alike) splits every output, with the learning rate and step whole.
     fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<crate::sbp::SbpSignature> {
@@ -311,10 +162,6 @@ impl OpDef for Update {
     }
 }
 
-/// Increments the step counter: `step + 1`.
-#[derive(Debug, Clone, PartialEq)]
-struct NextStep;
-
 impl OpDef for NextStep {
     fn name(&self) -> &'static str {
         "next_step"
@@ -329,10 +176,6 @@ impl OpDef for NextStep {
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(vec![None])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        write_scalar(&mut outputs[0], scalar_input(inputs, 0)? + 1.0)
     }
 }
 

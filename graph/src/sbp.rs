@@ -9,7 +9,7 @@
 //! what axis 0 left, and so on (two axes may split one dimension; the parts nest).
 
 use crate::plan::DeviceKind;
-use crate::tensor::{HostArray, HostData, Shape, TensorMeta};
+use crate::tensor::{HostArray, Shape, TensorMeta};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::ops::Range;
@@ -275,69 +275,16 @@ pub fn local_region(shape: &Shape, layout: &NdSbp, mesh: &Mesh, coords: &[usize]
     (Shape(dims), offsets)
 }
 
+/// Where the device at `coords` holds its part of a tensor of `shape` in `layout`, as plan
+/// data: its offsets and local shape, and whether it is a `Partial` summand of zeros.
+pub fn part_region(shape: &Shape, layout: &NdSbp, mesh: &Mesh, coords: &[usize]) -> crate::plan::Region {
+    let (local, offsets) = local_region(shape, layout, mesh, coords);
+    crate::plan::Region { offsets, shape: local.dims().to_vec(), zeros: !holds_partial_value(layout, coords) }
+}
+
 /// Local shape and dtype of the device at `coords`.
 pub fn local_meta(meta: &TensorMeta, layout: &NdSbp, mesh: &Mesh, coords: &[usize]) -> TensorMeta {
     TensorMeta { shape: local_region(&meta.shape, layout, mesh, coords).0, dtype: meta.dtype }
-}
-
-impl HostArray {
-    /// The elements at `ranges` (one range per dimension), as an array of their own.
-    pub fn region(&self, ranges: &[Range<usize>]) -> HostArray {
-        let dims = self.shape.dims();
-        let out_shape = Shape(ranges.iter().map(|r| r.len()).collect());
-        let strides = self.shape.strides();
-        let mut indices = Vec::with_capacity(out_shape.numel());
-        let mut index = vec![0usize; dims.len()];
-        for _ in 0..out_shape.numel() {
-            indices.push(index.iter().zip(ranges).zip(&strides).map(|((i, r), s)| (r.start + i) * s).sum::<usize>());
-            for d in (0..dims.len()).rev() {
-                index[d] += 1;
-                if index[d] < ranges[d].len() {
-                    break;
-                }
-                index[d] = 0;
-            }
-        }
-        let data = match &self.data {
-            HostData::F32(v) => HostData::F32(indices.iter().map(|&i| v[i]).collect()),
-            HostData::F64(v) => HostData::F64(indices.iter().map(|&i| v[i]).collect()),
-            HostData::I64(v) => HostData::I64(indices.iter().map(|&i| v[i]).collect()),
-        };
-        HostArray { shape: out_shape, data }
-    }
-
-    /// Writes `part` into this array at `offsets`.
-    fn set_region(&mut self, offsets: &[usize], part: &HostArray) {
-        let strides = self.shape.strides();
-        let dims = part.shape.dims().to_vec();
-        let mut index = vec![0usize; dims.len()];
-        for k in 0..part.shape.numel() {
-            let at: usize = index.iter().zip(offsets).zip(&strides).map(|((i, o), s)| (o + i) * s).sum();
-            match (&mut self.data, &part.data) {
-                (HostData::F32(d), HostData::F32(s)) => d[at] = s[k],
-                (HostData::F64(d), HostData::F64(s)) => d[at] = s[k],
-                (HostData::I64(d), HostData::I64(s)) => d[at] = s[k],
-                _ => {}
-            }
-            for d in (0..dims.len()).rev() {
-                index[d] += 1;
-                if index[d] < dims[d] {
-                    break;
-                }
-                index[d] = 0;
-            }
-        }
-    }
-
-    /// Elementwise sum with an array of the same shape and dtype.
-    fn add_assign(&mut self, other: &HostArray) {
-        match (&mut self.data, &other.data) {
-            (HostData::F32(a), HostData::F32(b)) => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
-            (HostData::F64(a), HostData::F64(b)) => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
-            (HostData::I64(a), HostData::I64(b)) => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
-            _ => {}
-        }
-    }
 }
 
 /// Whether the device at `coords` holds the value (rather than zeros) of a `Partial`

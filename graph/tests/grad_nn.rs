@@ -390,20 +390,3 @@ fn second_derivatives_of_fused_gradient_ops_are_reported_not_wrong() {
     let second = dx.sum_to(&Shape::scalar()).unwrap();
     assert_eq!(g.grad(second, &[x]).unwrap_err().to_string(), "softmax_grad has no gradient with respect to input 0");
 }
-
-#[test]
-fn matmul_results_do_not_depend_on_the_thread_count() {
-    let (a, b) = (random([96, 200], 1), random([200, 130], 2));
-    let to_f32 =
-        |x: &HostArray| HostArray::f32(x.shape.clone(), x.to_f64_vec().iter().map(|&v| v as f32).collect()).unwrap();
-    let product = |threads| {
-        regflow_graph::set_cpu_threads(threads);
-        let out = (
-            run(&[a.clone(), b.clone()], |x| x[0].matmul(&x[1])).unwrap(),
-            run(&[to_f32(&a), to_f32(&b)], |x| x[0].matmul(&x[1])).unwrap(),
-        );
-        regflow_graph::set_cpu_threads(1);
-        out
-    };
-    assert_eq!(product(1), product(2));
-}

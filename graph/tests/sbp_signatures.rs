@@ -46,7 +46,7 @@ fn run(op: &dyn OpDef, inputs: &[HostArray]) -> Result<Vec<HostArray>, String> {
     let mut outputs: Vec<HostArray> = op.infer(&metas)?.iter().map(HostArray::zeros).collect();
     let views: Vec<HostTensor<'_>> = inputs.iter().map(HostArray::view).collect();
     let mut out_views: Vec<HostTensorMut<'_>> = outputs.iter_mut().map(HostArray::view_mut).collect();
-    op.compute(&views, &mut out_views)?;
+    op.compute(&HostContext::default(), &views, &mut out_views)?;
     Ok(outputs)
 }
 
@@ -474,10 +474,6 @@ impl OpDef for Claim {
         self.op.grad(ctx)
     }
 
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        self.op.compute(inputs, outputs)
-    }
-
     fn sbp_signatures(&self, _inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
         vec![self.signature.clone()]
     }
@@ -488,6 +484,27 @@ impl OpDef for Claim {
         } else {
             Ok(None)
         }
+    }
+}
+
+impl OpAttrs for Claim {
+    fn op_type(&self) -> &'static str {
+        self.op.op_type()
+    }
+
+    fn attrs(&self) -> serde_json::Value {
+        self.op.attrs()
+    }
+}
+
+impl HostCompute for Claim {
+    fn compute(
+        &self,
+        context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        self.op.compute(context, inputs, outputs)
     }
 }
 

@@ -1,8 +1,8 @@
 //! The memory of a loaded plan: one arena per device, and a view per register slot.
 
 use regflow_actors::RegstRef;
-use regflow_graph::plan::{Plan, PlanMemory};
 use regflow_memory::{Arena, BufferView, MemoryError, MemoryReport};
+use regflow_plan::{Plan, PlanMemory};
 
 /// All memory of a running plan. Allocated once at load; dropped after every thread ends.
 #[derive(Debug)]
@@ -31,7 +31,7 @@ impl PlanArenas {
         let mut views = Vec::new();
         let mut first_view = Vec::with_capacity(plan.regst_descs.len());
         for (d, desc) in plan.regst_descs.iter().enumerate() {
-            let id = regflow_graph::plan::RegstDescId(d as u32);
+            let id = regflow_plan::RegstDescId(d as u32);
             // No memory (a repeat's output): a sentinel, so a stray lookup panics rather
             // than aliasing the next descriptor. Data refs always name the owner.
             first_view.push(if plan.owns_memory(id) { views.len() as u32 } else { u32::MAX });

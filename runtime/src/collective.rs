@@ -28,7 +28,7 @@ use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
 use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
 use crate::RuntimeError;
 use layout::Layout;
-use regflow_graph::plan::{CollectiveConf, Plan, StreamKind};
+use regflow_plan::{CollectiveConf, Plan, StreamKind};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -228,8 +228,8 @@ impl Drop for Departure<'_> {
 /// has called it for the same round.
 ///
 /// ```
-/// use regflow_graph::plan::{CollectiveConf, CollectiveOp};
-/// use regflow_graph::DType;
+/// use regflow_plan::{CollectiveConf, CollectiveOp};
+/// use regflow_plan::DType;
 /// use regflow_runtime::CollectiveMember;
 ///
 /// let conf = CollectiveConf {

@@ -4,7 +4,7 @@
 
 use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
 use crate::{JobBuilder, RuntimeError};
-use regflow_graph::SplitMix64;
+use regflow_plan::SplitMix64;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -134,18 +134,45 @@ impl Kernel for ShuffledBatches {
     }
 }
 
+/// The kernel of a [`SourcePieces::Dataset`](regflow_plan::SourcePieces::Dataset) source:
+/// its record file opened (relative paths under `data_dir`) and checked against the
+/// source's registers.
+pub(crate) fn dataset_kernel(
+    conf: &regflow_plan::DatasetConf,
+    data_dir: Option<&Path>,
+    spec: &KernelSpec<'_>,
+) -> Result<Box<dyn Kernel>, RuntimeError> {
+    let setup = |message: String| RuntimeError::KernelSetup { actor: spec.actor.to_string(), message };
+    let path = match data_dir {
+        Some(dir) if Path::new(&conf.path).is_relative() => dir.join(&conf.path),
+        _ => Path::new(&conf.path).to_path_buf(),
+    };
+    let fields: Vec<usize> = conf.fields.iter().map(|&f| f as usize).collect();
+    let file =
+        RecordFile::open(&path, fields.iter().sum()).map_err(|e| setup(format!("dataset {}: {e}", path.display())))?;
+    let batches = file.batches(&fields, conf.batch as usize, conf.seed).map_err(|e| setup(e.to_string()))?;
+    check_outputs(&batches, spec).map_err(|e| setup(e.0))?;
+    Ok(Box::new(batches))
+}
+
+/// A source serving `batches` must have one output per field, each holding one batch.
+fn check_outputs(batches: &ShuffledBatches, spec: &KernelSpec<'_>) -> Result<(), KernelError> {
+    let expected: Vec<u64> = batches.fields.iter().map(|&f| (f * batches.batch) as u64).collect();
+    if spec.output_bytes != expected.as_slice() {
+        return Err(KernelError(format!(
+            "dataset source '{}' writes batches of {expected:?} bytes per output, but its registers hold {:?}",
+            spec.actor, spec.output_bytes
+        )));
+    }
+    Ok(())
+}
+
 impl JobBuilder {
     /// Registers `batches` as the kernel `name` of a `SourcePieces::Custom` source; its
     /// outputs must hold one batch of each field, in field order.
     pub fn dataset(self, name: &str, batches: ShuffledBatches) -> Self {
         self.kernel(name, move |spec: &KernelSpec<'_>| {
-            let expected: Vec<u64> = batches.fields.iter().map(|&f| (f * batches.batch) as u64).collect();
-            if spec.output_bytes != expected.as_slice() {
-                return Err(KernelError(format!(
-                    "dataset source '{}' writes batches of {expected:?} bytes per output, but its registers hold {:?}",
-                    spec.actor, spec.output_bytes
-                )));
-            }
+            check_outputs(&batches, spec)?;
             Ok(Box::new(batches.clone()))
         })
     }

@@ -3,8 +3,8 @@
 
 use crate::watchdog::WaitForGraph;
 use regflow_actors::{ActorError, IdError};
-use regflow_graph::plan::PlanError;
 use regflow_memory::MemoryError;
+use regflow_plan::PlanError;
 use std::time::Duration;
 
 /// Anything that can go wrong loading or running a job.
@@ -29,6 +29,14 @@ pub enum RuntimeError {
         actor: String,
         /// Why.
         message: String,
+    },
+    /// The plan names a device this build has no backend for.
+    #[error("device {device} has no backend in this runtime (available device kinds: {available}); its actors would not run")]
+    UnsupportedDevice {
+        /// The device's label (`node0/cuda:0`).
+        device: String,
+        /// The kinds this build runs.
+        available: String,
     },
     /// Nothing fired for the watchdog's timeout while pieces were pending.
     #[error("job stalled: no actor fired for {idle:?} while pieces were pending\n{graph}")]

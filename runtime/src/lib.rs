@@ -3,7 +3,7 @@
 //! `sim`), the [`Job`] that runs a plan in-process, the watchdog and Chrome-trace timelines.
 //!
 //! ```
-//! use regflow_graph::plan::{ActorKind, DeviceKind, KernelConf, PlanBuilder, SourcePieces, StreamKind};
+//! use regflow_plan::{ActorKind, DeviceKind, KernelConf, PlanBuilder, SourcePieces, StreamKind};
 //! use regflow_runtime::Job;
 //!
 //! let mut b = PlanBuilder::new();
@@ -27,7 +27,7 @@ mod collective;
 mod data;
 mod device;
 mod error;
-mod graph_ops;
+mod feeds;
 mod inbox;
 mod io;
 mod job;
@@ -43,9 +43,10 @@ mod loom_tests;
 pub use collective::CollectiveMember;
 pub use data::{RecordFile, ShuffledBatches};
 pub use error::RuntimeError;
-pub use graph_ops::GraphFeeds;
+pub use feeds::GraphFeeds;
 pub use io::{Feeder, Fetched, Fetcher};
 pub use job::{Job, JobBuilder, JobReport, DEFAULT_WATCHDOG};
-pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec};
+pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
+pub use regflow_kernels::KernelRegistry;
 pub use stream::ActorStats;
 pub use watchdog::{StuckActor, Wait, WaitForGraph};

@@ -14,7 +14,7 @@ use crate::stream::{ActorRuntime, JobShared, StreamProbe, StreamWorker};
 use crate::sync::{Arc, AtomicBool, Mutex};
 use loom::cell::UnsafeCell;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds};
-use regflow_graph::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind};
+use regflow_plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind};
 use std::collections::VecDeque;
 use std::time::Duration;
 

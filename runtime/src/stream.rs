@@ -7,7 +7,7 @@ use crate::bus::Router;
 use crate::collective::CollectiveGroups;
 use crate::device::DeviceStream;
 use crate::inbox::{Envelope, InboxReceiver};
-use crate::kernel::{Kernel, KernelIo};
+use crate::kernel::{Kernel, KernelIo, StreamContext};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::trace::{flow_id, TraceBuffer, TraceEvent};
 use crate::RuntimeError;
@@ -16,8 +16,8 @@ use regflow_actors::{
     Actor, ActorEnv, ActorError, ActorId, ActorSnapshot, Body, Completion, EnvError, Firing, Lifecycle, Message,
     StreamId,
 };
-use regflow_graph::plan::RegstDescId;
 use regflow_memory::BufferView;
+use regflow_plan::RegstDescId;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,8 @@ pub(crate) struct StreamWorker {
     pub(crate) trace: Option<TraceBuffer>,
     pub(crate) scratch_inputs: Vec<BufferView>,
     pub(crate) scratch_outputs: Vec<BufferView>,
+    /// What kernels on this stream learn of it (device, threads per kernel).
+    pub(crate) context: StreamContext,
 }
 
 impl std::fmt::Debug for StreamWorker {
@@ -137,6 +139,7 @@ struct Env<'w> {
     trace: Option<&'w mut TraceBuffer>,
     scratch_inputs: &'w mut Vec<BufferView>,
     scratch_outputs: &'w mut Vec<BufferView>,
+    context: &'w StreamContext,
     stream_index: usize,
     /// The firing whose messages are being sent: flow arrows start inside its slice.
     anchor: Option<(Instant, Instant)>,
@@ -172,12 +175,7 @@ impl ActorEnv for Env<'_> {
         for &r in firing.outputs {
             self.scratch_outputs.push(self.memory.view(r));
         }
-        let mut io = KernelIo {
-            piece: firing.piece,
-            group: firing.group,
-            inputs: self.scratch_inputs,
-            outputs: self.scratch_outputs,
-        };
+        let mut io = KernelIo::new(firing.piece, firing.group, self.scratch_inputs, self.scratch_outputs, self.context);
         let Some(kernel) = self.runtime.kernel.as_deref_mut() else {
             return Err(EnvError::Kernel("actor has no kernel (broken invariant)".into()));
         };
@@ -279,6 +277,7 @@ impl StreamWorker {
             trace: self.trace.as_mut(),
             scratch_inputs: &mut self.scratch_inputs,
             scratch_outputs: &mut self.scratch_outputs,
+            context: &self.context,
             stream_index: self.index,
             anchor,
         };

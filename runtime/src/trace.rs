@@ -3,7 +3,7 @@
 //! (pid = node, tid = stream, one slice per firing, flow arrows for `Ready` messages).
 
 use regflow_actors::ActorId;
-use regflow_graph::plan::{Plan, RegstDescId};
+use regflow_plan::{Plan, RegstDescId};
 use serde::Serialize;
 use std::io::Write;
 use std::time::Instant;

@@ -2,11 +2,11 @@
 //! for f32, f64 and i64 over 2, 3 and 4 devices (uneven parts included) and several pieces;
 //! build-time errors; and aborts that wake members waiting for a rank that never comes.
 
-use regflow_graph::plan::{
+use regflow_plan::part_range;
+use regflow_plan::DType;
+use regflow_plan::{
     ActorKind, CollectiveConf, CollectiveOp, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind,
 };
-use regflow_graph::sbp::part_range;
-use regflow_graph::DType;
 use regflow_runtime::{CollectiveMember, Job, RuntimeError};
 use std::fmt::Debug;
 use std::sync::mpsc;

@@ -6,7 +6,7 @@ mod fire;
 
 use crate::regst::{Consumer, InputState, OutputState, ReadyRegst};
 use crate::{ActorEnv, ActorError, ActorId, Body, Cmd, EnvError, Message, PlanIds, RegstRef};
-use regflow_graph::plan::{ActorIndex, ActorKind, Plan, SourcePieces};
+use regflow_plan::{ActorIndex, ActorKind, Plan, SourcePieces};
 use std::collections::VecDeque;
 
 /// Where an actor is in its life.
@@ -109,6 +109,7 @@ impl Actor {
             ActorKind::Source { pieces } => KindState::Source {
                 limit: match *pieces {
                     SourcePieces::Count(n) | SourcePieces::Custom { count: n, .. } => Some(n),
+                    SourcePieces::Dataset(ref d) => Some(d.pieces),
                     SourcePieces::Fed => None,
                 },
                 available: 0,
@@ -116,7 +117,7 @@ impl Actor {
                 produced: 0,
             },
             ActorKind::Compute { .. } => KindState::Compute,
-            ActorKind::Sink => KindState::Sink { credits: None },
+            ActorKind::Sink | ActorKind::Discard => KindState::Sink { credits: None },
             ActorKind::Acc { count, .. } => KindState::Acc { count: *count, position: 0, held: None },
             ActorKind::Repeat { count } => KindState::Repeat { count: *count, held: None, handed: 0, outstanding: 0 },
         };

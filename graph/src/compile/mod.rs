@@ -18,13 +18,14 @@
 pub(crate) mod share;
 
 use crate::dsl::{ancestors, paced, Graph, Tensor, TensorId, TensorSource};
-use crate::ops::OpDef;
-use crate::plan::{ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, RegstDescId, SourcePieces, StreamKind};
-use crate::tensor::{HostArray, HostData, TensorMeta};
+use crate::plan::{
+    ActorKind, DeviceKind, InputSignature, KernelConf, OpConf, OutputSignature, Plan, PlanBuilder, Region, RegstDescId,
+    SourcePieces, StreamKind, TensorPart, VariableDesc,
+};
+use crate::tensor::TensorMeta;
 use crate::GraphError;
 use share::share_memory;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Options of the one-device compiler.
 #[derive(Debug, Clone)]
@@ -55,14 +56,14 @@ pub struct Accumulate {
     pub gradients: Vec<TensorId>,
 }
 
-/// Inputs a dataset source produces: one source actor running the kernel registered as
-/// `kernel` for `pieces` steps, with one output register per input, in this order.
+/// Inputs a dataset source produces: one source actor with one output register per
+/// input, in this order.
 #[derive(Debug, Clone)]
 pub struct DatasetInputs {
-    /// Registered kernel name (e.g. a runtime `ShuffledBatches`).
-    pub kernel: String,
-    /// Steps it produces.
-    pub pieces: u64,
+    /// Where the pieces come from: a dataset file the plan names
+    /// ([`SourcePieces::Dataset`], so the plan runs by itself) or a kernel the program
+    /// registers ([`SourcePieces::Custom`]).
+    pub source: SourcePieces,
     /// The graph inputs it produces, in output order.
     pub inputs: Vec<String>,
 }
@@ -80,22 +81,6 @@ impl Default for CompileOptions {
     }
 }
 
-/// The op a compute actor runs: registered with the runtime under `name`.
-#[derive(Debug, Clone)]
-pub struct CompiledKernel {
-    /// Kernel name in the plan (`KernelConf::Custom`).
-    pub name: String,
-    /// The op.
-    pub op: Arc<dyn OpDef>,
-    /// The op's inputs (a tick input, if any, is not among them).
-    pub inputs: Vec<TensorMeta>,
-    /// For each op input, which of the actor's inputs holds it (an op may read one tensor
-    /// twice; the actor reads its register once).
-    pub input_map: Vec<usize>,
-    /// Its outputs.
-    pub outputs: Vec<TensorMeta>,
-}
-
 /// An input of the compiled plan: fed by the user, one value per step.
 #[derive(Debug, Clone)]
 pub struct CompiledInput {
@@ -107,48 +92,30 @@ pub struct CompiledInput {
     pub meta: TensorMeta,
 }
 
-/// A variable of the compiled plan.
+/// A variable of the compiled plan (its initializer is in the plan's `variables`).
 #[derive(Debug, Clone)]
 pub struct CompiledVariable {
-    /// The variable's name in the graph.
+    /// The variable's name in the graph (with `@device` on a mesh).
     pub name: String,
     /// The register holding it.
     pub regst: String,
-    /// Its initial bytes (little-endian elements).
-    pub initial: Vec<u8>,
 }
 
-/// A plan and what the runtime needs to run it.
+/// A self-contained plan, and the names a program uses to feed and fetch it. Everything a
+/// run needs is in `plan` (op configs, initializers, the typed signature); the rest is
+/// for the program that compiled it.
 #[derive(Debug, Clone)]
 pub struct CompiledGraph {
     /// The plan.
     pub plan: Plan,
-    /// Kernels to register, one per op actor.
-    pub kernels: Vec<CompiledKernel>,
-    /// The graph's inputs: name, source actor, shape and dtype.
+    /// The graph's inputs: name, (first) source actor, shape and dtype.
     pub inputs: Vec<CompiledInput>,
     /// Sink actor names, in fetch order.
     pub fetches: Vec<String>,
-    /// Variables and their initial values.
+    /// Variables and the registers that hold them.
     pub variables: Vec<CompiledVariable>,
-    /// Accumulation kernels to register: `(name, dtype)`; each averages a group of pieces.
-    pub accumulators: Vec<(String, crate::DType)>,
     /// For a plan compiled onto a mesh: layouts, per-device inputs and collectives.
     pub parallel: Option<crate::ParallelInfo>,
-    /// Sinks added for registers nobody reads (an optimizer state's last value): the job
-    /// drops their pieces.
-    pub discards: Vec<String>,
-}
-
-impl HostArray {
-    /// The elements as little-endian bytes.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        match &self.data {
-            HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        }
-    }
 }
 
 impl Graph {
@@ -174,26 +141,18 @@ impl Graph {
         let mut pending_consumers: Vec<(crate::plan::ActorIndex, bool, Vec<TensorId>)> = Vec::new();
         let mut compiled = CompiledGraph {
             plan: Plan::empty(),
-            kernels: Vec::new(),
             inputs: Vec::new(),
             fetches: Vec::new(),
             variables: Vec::new(),
-            accumulators: Vec::new(),
             parallel: None,
-            discards: Vec::new(),
         };
+        let mut variables: Vec<VariableDesc> = Vec::new();
 
         // Inputs: a dataset source for those it produces, fed sources for the others. The
         // first input is every step's tick.
         let mut tick: Option<TensorId> = None;
         if let Some(dataset) = &options.dataset {
-            let source = b.actor(
-                "dataset",
-                stream,
-                ActorKind::Source {
-                    pieces: SourcePieces::Custom { count: dataset.pieces, kernel: dataset.kernel.clone() },
-                },
-            );
+            let source = b.actor("dataset", stream, ActorKind::Source { pieces: dataset.source.clone() });
             for name in &dataset.inputs {
                 let t =
                     self.by_name(name).filter(|t| matches!(self.info(t.id()).source, TensorSource::Input)).ok_or_else(
@@ -215,6 +174,11 @@ impl Graph {
             let source = b.actor(&actor_name, stream, ActorKind::Source { pieces: SourcePieces::Fed });
             let regst = b.regst(&info.name, source, info.meta.bytes() as u64, options.input_register_num);
             regst_of.insert(id, regst);
+            b.plan_mut().signature.inputs.push(InputSignature {
+                name: info.name.clone(),
+                meta: info.meta.clone(),
+                parts: vec![TensorPart { actor: source, region: Region::whole(&info.meta.shape) }],
+            });
             compiled.inputs.push(CompiledInput { name: info.name.clone(), actor: actor_name, meta: info.meta.clone() });
             tick.get_or_insert(id);
         }
@@ -243,9 +207,6 @@ impl Graph {
                 continue;
             }
             let name = format!("{}:{n}", node.op.name());
-            let actor =
-                b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Custom { name: name.clone() } });
-            actor_of_node.insert(n, actor);
             // An actor reads each register once, even if the op names a tensor twice (x * x).
             let mut reads: Vec<TensorId> = Vec::new();
             let input_map: Vec<usize> = node
@@ -259,6 +220,14 @@ impl Graph {
                     }
                 })
                 .collect();
+            let op = OpConf::new(
+                &*node.op,
+                node.inputs.iter().map(|i| self.info(*i).meta).collect(),
+                input_map,
+                node.outputs.iter().map(|o| self.info(*o).meta).collect(),
+            );
+            let actor = b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Op(op) });
+            actor_of_node.insert(n, actor);
             let node_micro = node.outputs.iter().any(|o| micro[o.0 as usize]);
             if !node.inputs.iter().any(|i| paced[i.0 as usize]) {
                 reads.push(if accumulate.is_some() && !node_micro { step_tick } else { tick });
@@ -270,13 +239,6 @@ impl Graph {
                     b.regst(&format!("{name}.{}", o.0), actor, meta.bytes() as u64, options.activation_register_num);
                 regst_of.insert(o, regst);
             }
-            compiled.kernels.push(CompiledKernel {
-                name,
-                op: node.op.clone(),
-                inputs: node.inputs.iter().map(|i| self.info(*i).meta).collect(),
-                input_map,
-                outputs: node.outputs.iter().map(|o| self.info(*o).meta).collect(),
-            });
         }
 
         // Variables.
@@ -287,7 +249,7 @@ impl Graph {
             if !is_needed {
                 continue;
             }
-            let initial = init.value(&info.meta).to_le_bytes();
+            let init = init.clone();
             let regst = match update_of.get(&id) {
                 Some(new) => {
                     let new_regst = *regst_of.get(new).ok_or_else(|| {
@@ -329,19 +291,27 @@ impl Graph {
                     let value = b.regst(&format!("{}.value", info.name), actor, bytes, options.activation_register_num);
                     let pace = if accumulate.is_some() { step_tick } else { tick };
                     pending_consumers.push((actor, accumulate.is_none(), vec![pace]));
-                    compiled.variables.push(CompiledVariable {
+                    compiled.variables.push(CompiledVariable { name: info.name.clone(), regst: info.name.clone() });
+                    variables.push(VariableDesc {
                         name: info.name.clone(),
-                        regst: info.name.clone(),
-                        initial,
+                        regst: state,
+                        meta: info.meta.clone(),
+                        init,
+                        region: Region::whole(&info.meta.shape),
                     });
                     regst_of.insert(id, value);
                     continue;
                 }
             };
-            compiled.variables.push(CompiledVariable {
+            compiled
+                .variables
+                .push(CompiledVariable { name: info.name.clone(), regst: b_plan_regst(&mut b, regst).name.clone() });
+            variables.push(VariableDesc {
                 name: info.name.clone(),
-                regst: b_plan_regst(&mut b, regst).name.clone(),
-                initial,
+                regst,
+                meta: info.meta.clone(),
+                init,
+                region: Region::whole(&info.meta.shape),
             });
             regst_of.insert(id, regst);
         }
@@ -371,19 +341,12 @@ impl Graph {
                         (Some(acc), true, false) => {
                             // Per micro-batch into a per-step reader: the mean over the group.
                             let meta = self.info(t).meta;
-                            let kernel = format!("accumulate_mean:{}", meta.dtype);
-                            if !compiled.accumulators.iter().any(|(n, _)| n == &kernel) {
-                                compiled.accumulators.push((kernel.clone(), meta.dtype));
-                            }
                             *adapters.entry((t, true)).or_insert_with(|| {
                                 let name = format!("accumulate:{}", self.info(t).name);
                                 let a = b.actor(
                                     &name,
                                     stream,
-                                    ActorKind::Acc {
-                                        count: acc.micro_batches,
-                                        kernel: KernelConf::Custom { name: kernel },
-                                    },
+                                    ActorKind::Acc { count: acc.micro_batches, kernel: accumulate_mean(&meta) },
                                 );
                                 b.consume(a, own);
                                 b.regst(&format!("{name}.out"), a, meta.bytes() as u64, 1)
@@ -409,10 +372,12 @@ impl Graph {
             let sink = b.actor(&name, stream, ActorKind::Sink);
             let regst = *regst_of.get(&t.id()).ok_or_else(|| compile_error(format!("cannot fetch '{}'", t.name())))?;
             b.consume(sink, regst);
+            b.plan_mut().signature.outputs.push(OutputSignature { name: name.clone(), meta: t.meta(), actor: sink });
             compiled.fetches.push(name);
         }
         // Op outputs nobody reads (e.g. an optimizer state's last value) still need a reader.
-        compiled.discards = discard_unread(&mut b, |_, _| stream);
+        discard_unread(&mut b, |_, _| stream);
+        b.plan_mut().variables = variables;
         if options.reuse_memory && accumulate.is_none() {
             share_memory(&mut b).map_err(compile_error)?;
         }
@@ -421,27 +386,31 @@ impl Graph {
     }
 }
 
-/// Gives every register nobody reads a sink, on the stream `stream_of(plan, register)`
-/// says (a register must have a reader); returns the sinks' names.
-pub(crate) fn discard_unread(
-    b: &mut PlanBuilder,
-    stream_of: impl Fn(&Plan, RegstDescId) -> crate::plan::StreamIndex,
-) -> Vec<String> {
+/// The kernel of an acc actor averaging a group of micro-batch pieces of `meta`.
+pub(crate) fn accumulate_mean(meta: &TensorMeta) -> KernelConf {
+    KernelConf::Op(OpConf {
+        op_type: crate::plan::ops::ACCUMULATE_MEAN.into(),
+        attrs: serde_json::Value::Null,
+        inputs: vec![meta.clone()],
+        input_map: vec![0],
+        outputs: vec![meta.clone()],
+    })
+}
+
+/// Gives every register nobody reads a discarding reader, on the stream
+/// `stream_of(plan, register)` says (a register must have a reader).
+pub(crate) fn discard_unread(b: &mut PlanBuilder, stream_of: impl Fn(&Plan, RegstDescId) -> crate::plan::StreamIndex) {
     let plan = b.plan_mut();
     let unread: Vec<RegstDescId> = (0..plan.regst_descs.len())
         .filter(|&r| plan.regst_descs[r].consumers.is_empty())
         .map(|r| RegstDescId(r as u32))
         .collect();
-    unread
-        .into_iter()
-        .map(|regst| {
-            let name = format!("discard:{}", regst.0);
-            let stream = stream_of(b.plan_mut(), regst);
-            let sink = b.actor(&name, stream, ActorKind::Sink);
-            b.consume(sink, regst);
-            name
-        })
-        .collect()
+    for regst in unread {
+        let name = format!("discard:{}", regst.0);
+        let stream = stream_of(b.plan_mut(), regst);
+        let sink = b.actor(&name, stream, ActorKind::Discard);
+        b.consume(sink, regst);
+    }
 }
 
 /// A descriptor of the plan under construction (the builder keeps the plan private to

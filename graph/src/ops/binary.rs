@@ -2,56 +2,9 @@
 
 use super::{GradCtx, InputGrads, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
-use crate::{DType, GraphError, Tensor};
-
-/// Which binary op.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinaryKind {
-    /// a + b
-    Add,
-    /// a - b
-    Sub,
-    /// a * b
-    Mul,
-    /// a / b
-    Div,
-}
-
-/// An elementwise binary op with broadcasting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Binary(pub BinaryKind);
-
-/// Calls `f(out_index, a_index, b_index)` for every element of `out`, where `a` and `b`
-/// are read broadcast to `out`'s shape.
-pub(crate) fn for_each_broadcast(out: &Shape, a: &Shape, b: &Shape, mut f: impl FnMut(usize, usize, usize)) {
-    let n = out.numel();
-    if a == out && b == out {
-        for i in 0..n {
-            f(i, i, i);
-        }
-        return;
-    }
-    let (sa, sb) = (a.broadcast_strides(out), b.broadcast_strides(out));
-    let dims = out.dims();
-    let mut index = vec![0usize; dims.len()];
-    let (mut ia, mut ib) = (0usize, 0usize);
-    for o in 0..n {
-        f(o, ia, ib);
-        // Odometer increment, updating the two read offsets incrementally.
-        for d in (0..dims.len()).rev() {
-            index[d] += 1;
-            ia += sa[d];
-            ib += sb[d];
-            if index[d] < dims[d] {
-                break;
-            }
-            ia -= sa[d] * dims[d];
-            ib -= sb[d] * dims[d];
-            index[d] = 0;
-        }
-    }
-}
+use crate::tensor::{Shape, TensorMeta};
+use crate::{GraphError, Tensor};
+pub use regflow_plan::ops::{Binary, BinaryKind};
 
 /// The layout an operand of shape `operand`, read broadcast to `output`, must have when
 /// the output is split along `out_dim`: split along its own matching dimension when it has
@@ -63,24 +16,6 @@ pub(crate) fn operand_sbp(operand: &Shape, output: &Shape, out_dim: usize) -> Sb
         Some(dim) if operand.dims().get(dim) == output.dims().get(out_dim) => Sbp::Split(dim),
         _ => Sbp::Broadcast,
     }
-}
-
-fn compute_typed<T: Real>(
-    kind: BinaryKind,
-    inputs: &[HostTensor<'_>],
-    out: &mut HostTensorMut<'_>,
-) -> Result<(), String> {
-    let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let shape = out.shape.clone();
-    let o = out.as_mut_slice::<T>()?;
-    let op = |x: T, y: T| match kind {
-        BinaryKind::Add => x + y,
-        BinaryKind::Sub => x - y,
-        BinaryKind::Mul => x * y,
-        BinaryKind::Div => x / y,
-    };
-    for_each_broadcast(&shape, inputs[0].shape, inputs[1].shape, |i, ia, ib| o[i] = op(a[ia], b[ib]));
-    Ok(())
 }
 
 impl OpDef for Binary {
@@ -115,14 +50,6 @@ impl OpDef for Binary {
             BinaryKind::Div => (dy.div(&b)?, dy.mul(&a)?.div(&b.mul(&b)?)?.neg()?),
         };
         Ok(vec![Some(da.sum_to(&a.shape())?), Some(db.sum_to(&b.shape())?)])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => compute_typed::<f32>(self.0, inputs, &mut outputs[0]),
-            DType::F64 => compute_typed::<f64>(self.0, inputs, &mut outputs[0]),
-            DType::I64 => Err("integer arithmetic is not supported".into()),
-        }
     }
 
     /// A split of the output dimension `d` splits each operand that has `d` at full size

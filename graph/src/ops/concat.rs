@@ -1,38 +1,10 @@
 //! `concat`: joins tensors of one dtype along an axis on which alone their shapes differ.
 
-use super::reduce::axis_index;
-use super::slice::AxisBlocks;
 use super::{GradCtx, InputGrads, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{Element, HostTensor, HostTensorMut, Shape, TensorMeta};
-use crate::{DType, GraphError, Tensor};
-
-/// Concatenates its inputs (one or more) along `axis`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Concat {
-    /// The joined axis; negative counts from the end.
-    pub axis: isize,
-}
-
-impl Concat {
-    /// The axis index, checked against the first input's shape.
-    fn resolve(&self, first: &Shape) -> Result<usize, String> {
-        axis_index(first, self.axis)
-    }
-}
-
-fn concat_typed<T: Element>(axis: usize, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let blocks = AxisBlocks::new(out.shape, axis);
-    let total = out.shape.dims()[axis];
-    let o = out.as_mut_slice::<T>()?;
-    let mut offset = 0;
-    for input in inputs {
-        let size = input.shape.dims()[axis];
-        blocks.copy((input.as_slice::<T>()?, size, 0), (&mut *o, total, offset), size)?;
-        offset += size;
-    }
-    Ok(())
-}
+use crate::tensor::TensorMeta;
+use crate::{GraphError, Tensor};
+pub use regflow_plan::ops::Concat;
 
 impl OpDef for Concat {
     fn name(&self) -> &'static str {
@@ -77,15 +49,6 @@ impl OpDef for Concat {
             offset += size;
         }
         Ok(grads)
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        let axis = self.resolve(outputs[0].shape)?;
-        match outputs[0].dtype() {
-            DType::F32 => concat_typed::<f32>(axis, inputs, &mut outputs[0]),
-            DType::F64 => concat_typed::<f64>(axis, inputs, &mut outputs[0]),
-            DType::I64 => concat_typed::<i64>(axis, inputs, &mut outputs[0]),
-        }
     }
 
     /// Any axis but the joined one may be split (on every input alike); summands join to

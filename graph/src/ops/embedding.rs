@@ -3,107 +3,18 @@
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use crate::tensor::{Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
-use std::ops::Range;
+use regflow_plan::ops::Rows;
+use regflow_plan::ops::VocabPart;
+pub use regflow_plan::ops::{Embedding, EmbeddingGrad};
 use std::sync::Arc;
-
-/// `table[ids]`: table `[V, D]` (float), ids of any shape (i64, each in `0..V`), output
-/// `ids.shape + [D]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Embedding;
-
-/// The gradient of [`Embedding`] with respect to the table, from inputs `(ids, dy)`: a
-/// `[vocab_size, D]` table of zeros into which row `i` of `dy` is added at row `ids[i]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EmbeddingGrad {
-    /// Rows of the table (`V`).
-    pub vocab_size: usize,
-}
 
 fn check_ids(ids: &TensorMeta) -> Result<(), String> {
     if ids.dtype != DType::I64 {
         return Err(format!("ids must be i64, got {}", ids.dtype));
     }
     Ok(())
-}
-
-/// Which rows of the table a device holds: `held` of the `vocab_size` logical rows. Ids
-/// outside `0..vocab_size` are errors; ids of rows held elsewhere read (and write) zeros.
-#[derive(Debug, Clone)]
-struct Rows {
-    vocab_size: usize,
-    held: Range<usize>,
-}
-
-impl Rows {
-    /// The whole table of `rows` rows.
-    fn all(rows: usize) -> Self {
-        Self { vocab_size: rows, held: 0..rows }
-    }
-
-    /// The local row of id `i`, `None` if another device holds it, or an error naming it.
-    fn local(&self, ids: &[i64], i: usize) -> Result<Option<usize>, String> {
-        let id = ids[i];
-        let row = usize::try_from(id)
-            .ok()
-            .filter(|&r| r < self.vocab_size)
-            .ok_or_else(|| format!("id {id} out of range for {} rows", self.vocab_size))?;
-        Ok(self.held.contains(&row).then(|| row - self.held.start))
-    }
-}
-
-fn gather_typed<T: Real>(rows: &Rows, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let (table, ids) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
-    let features = inputs[0].shape.dims()[1];
-    let out = out.as_mut_slice::<T>()?;
-    for i in 0..ids.len() {
-        let dst = &mut out[i * features..(i + 1) * features];
-        match rows.local(ids, i)? {
-            Some(r) => dst.copy_from_slice(&table[r * features..(r + 1) * features]),
-            None => dst.fill(T::zero()),
-        }
-    }
-    Ok(())
-}
-
-fn scatter_typed<T: Real>(rows: &Rows, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let (ids, dy) = (inputs[0].as_slice::<i64>()?, inputs[1].as_slice::<T>()?);
-    let features = out.shape.dims()[1];
-    let out = out.as_mut_slice::<T>()?;
-    out.fill(T::zero());
-    for i in 0..ids.len() {
-        let Some(r) = rows.local(ids, i)? else { continue };
-        for (o, &d) in out[r * features..(r + 1) * features].iter_mut().zip(&dy[i * features..(i + 1) * features]) {
-            *o += d;
-        }
-    }
-    Ok(())
-}
-
-fn gather(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-    match outputs[0].dtype() {
-        DType::F32 => gather_typed::<f32>(rows, inputs, &mut outputs[0]),
-        DType::F64 => gather_typed::<f64>(rows, inputs, &mut outputs[0]),
-        DType::I64 => Err("integer tables are not supported".into()),
-    }
-}
-
-fn scatter(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-    match outputs[0].dtype() {
-        DType::F32 => scatter_typed::<f32>(rows, inputs, &mut outputs[0]),
-        DType::F64 => scatter_typed::<f64>(rows, inputs, &mut outputs[0]),
-        DType::I64 => Err("integer tables are not supported".into()),
-    }
-}
-
-/// A device's share of [`Embedding`] (or, with `grad`, of [`EmbeddingGrad`]) when the
-/// table's rows are split (vocabulary parallelism): ids of rows held elsewhere gather
-/// zeros (the devices' outputs are summands) and scatter nothing.
-#[derive(Debug, Clone)]
-struct VocabPart {
-    rows: Rows,
-    grad: bool,
 }
 
 impl OpDef for VocabPart {
@@ -126,14 +37,6 @@ impl OpDef for VocabPart {
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         // Gradients are taken of the logical graph, before it is split over devices.
         Err(GraphError::NoGradient { op: format!("{} (one device's part)", self.name()), index: 0 })
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        if self.grad {
-            scatter(&self.rows, inputs, outputs)
-        } else {
-            gather(&self.rows, inputs, outputs)
-        }
     }
 }
 
@@ -160,10 +63,6 @@ impl OpDef for Embedding {
         let (table, ids, dy) = (ctx.inputs[0], ctx.inputs[1], ctx.grad()?);
         let vocab_size = table.shape().dims()[0];
         Ok(vec![Some(table.graph().apply1(EmbeddingGrad { vocab_size }, &[ids, dy])?), None])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        gather(&Rows::all(inputs[0].shape.dims()[0]), inputs, outputs)
     }
 
     /// A split of the ids splits the output (table whole); a split of the features splits
@@ -225,10 +124,6 @@ impl OpDef for EmbeddingGrad {
         // Scatter-add is linear in dy; its adjoint is the gather.
         let (ids, dtable) = (ctx.inputs[0], ctx.grad()?);
         Ok(vec![None, Some(dtable.embedding(&ids)?)])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        scatter(&Rows::all(self.vocab_size), inputs, outputs)
     }
 
     /// A split of the ids and `dy` leaves each device partial sums of the table gradient;

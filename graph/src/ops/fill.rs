@@ -2,25 +2,10 @@
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{DType, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
+use crate::tensor::{DType, TensorMeta};
 use crate::{Graph, GraphError, Tensor};
+pub use regflow_plan::ops::Fill;
 use std::sync::Arc;
-
-/// Every element `value`, of shape and dtype `meta`. No inputs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fill {
-    /// The value.
-    pub value: f64,
-    /// Output shape and dtype.
-    pub meta: TensorMeta,
-}
-
-impl Fill {
-    /// A fill op.
-    pub fn new(value: f64, meta: TensorMeta) -> Self {
-        Self { value, meta }
-    }
-}
 
 impl OpDef for Fill {
     fn name(&self) -> &'static str {
@@ -36,15 +21,6 @@ impl OpDef for Fill {
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(Vec::new())
-    }
-
-    fn compute(&self, _inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match &mut outputs[0].data {
-            HostSliceMut::F32(v) => v.fill(self.value as f32),
-            HostSliceMut::F64(v) => v.fill(self.value),
-            HostSliceMut::I64(v) => v.fill(self.value as i64),
-        }
-        Ok(())
     }
 
     /// Every device can fill its own part of any split; zeros are also a valid set of

@@ -3,105 +3,10 @@
 
 use super::{GradCtx, InputGrads, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
-use crate::{DType, GraphError, Tensor};
-
-/// `op(a) · op(b)`, where `op` transposes the last two axes of an operand whose flag is set.
-///
-/// Operands are matrices `[m, k]` or batches of them `[..., m, k]`. Batch dimensions must be
-/// equal, or one operand is 2-D and shared across the other's batch (a weight).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MatMul {
-    /// Read `a` as its transpose.
-    pub transpose_a: bool,
-    /// Read `b` as its transpose.
-    pub transpose_b: bool,
-}
-
-/// `Σ_i op(a_i) · op(b_i)` over a batch: both operands batched with equal batch dimensions,
-/// one 2-D result. It is the gradient of a [`MatMul`] with respect to an operand shared
-/// across the batch, computed without materializing one product per batch element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MatMulBatchSum {
-    /// Read `a` as its transpose.
-    pub transpose_a: bool,
-    /// Read `b` as its transpose.
-    pub transpose_b: bool,
-}
-
-/// How two operands line up: sizes, batch, and the strides of `op(a)` and `op(b)`.
-#[derive(Debug)]
-struct Layout {
-    /// Batch dimensions of the result (empty for a plain matrix product).
-    batch: Vec<usize>,
-    /// Whether both operands carry the batch (rather than one being shared).
-    both_batched: bool,
-    m: usize,
-    k: usize,
-    n: usize,
-    /// Elements between consecutive batch elements of `a` (0: shared).
-    a_step: usize,
-    b_step: usize,
-    /// Row and column strides of `op(a)` (`m x k`) and `op(b)` (`k x n`).
-    a_strides: (isize, isize),
-    b_strides: (isize, isize),
-}
-
-fn describe(shape: &Shape, transposed: bool) -> String {
-    if transposed {
-        format!("{shape}ᵀ")
-    } else {
-        shape.to_string()
-    }
-}
-
-/// Rows, columns and (row, column) strides of `op(x)` for a row-major `x`.
-fn matrix(shape: &Shape, transposed: bool) -> (usize, usize, (isize, isize)) {
-    let dims = shape.dims();
-    let (rows, cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-    if transposed {
-        (cols, rows, (1, cols as isize))
-    } else {
-        (rows, cols, (cols as isize, 1))
-    }
-}
-
-fn layout(a: &Shape, transpose_a: bool, b: &Shape, transpose_b: bool) -> Result<Layout, String> {
-    let pair = || format!("{} x {}", describe(a, transpose_a), describe(b, transpose_b));
-    if a.rank() < 2 || b.rank() < 2 {
-        return Err(format!("operands must have rank >= 2, got {}", pair()));
-    }
-    let (m, k, a_strides) = matrix(a, transpose_a);
-    let (k_b, n, b_strides) = matrix(b, transpose_b);
-    if k != k_b {
-        return Err(format!("inner dimensions differ: {} ({k} vs {k_b})", pair()));
-    }
-    let batch_a = &a.dims()[..a.rank() - 2];
-    let batch_b = &b.dims()[..b.rank() - 2];
-    let batch = if batch_a == batch_b || batch_b.is_empty() {
-        batch_a
-    } else if batch_a.is_empty() {
-        batch_b
-    } else {
-        return Err(format!(
-            "batch dimensions differ: {} ({} vs {})",
-            pair(),
-            Shape::from(batch_a),
-            Shape::from(batch_b)
-        ));
-    };
-    Ok(Layout {
-        batch: batch.to_vec(),
-        both_batched: !batch_a.is_empty() && !batch_b.is_empty(),
-        m,
-        k,
-        n,
-        a_step: if batch_a.is_empty() { 0 } else { m * k },
-        b_step: if batch_b.is_empty() { 0 } else { k * n },
-        a_strides,
-        b_strides,
-    })
-}
+use crate::tensor::{Shape, TensorMeta};
+use crate::{GraphError, Tensor};
+use regflow_kernels::cpu::matmul::{describe, layout};
+pub use regflow_plan::ops::{MatMul, MatMulBatchSum};
 
 /// Where the dimensions of a product sit in its stored operands, for its SBP signatures.
 #[derive(Debug)]
@@ -161,90 +66,6 @@ fn check_float_pair(inputs: &[TensorMeta]) -> Result<(&TensorMeta, &TensorMeta),
         return Err(format!("needs float inputs, got {}", a.dtype));
     }
     Ok((a, b))
-}
-
-/// Computes the products into `out`: one per batch element, or their sum if `sum_batch`.
-fn gemm_typed<T: Real>(
-    layout: &Layout,
-    sum_batch: bool,
-    inputs: &[HostTensor<'_>],
-    out: &mut HostTensorMut<'_>,
-) -> Result<(), String> {
-    let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let out = out.as_mut_slice::<T>()?;
-    let Layout { m, k, n, a_step, b_step, .. } = *layout;
-    let count: usize = layout.batch.iter().product();
-    let out_step = if sum_batch { 0 } else { m * n };
-    // The pointer arithmetic below is sound only for these lengths.
-    let expected = |step: usize, size: usize| if step == 0 { size } else { count * size };
-    if a.len() != expected(a_step, m * k)
-        || b.len() != expected(b_step, k * n)
-        || out.len() != expected(out_step, m * n)
-    {
-        return Err(format!(
-            "operand lengths {}, {} -> {} do not fit {count} products of [{m}, {k}] x [{k}, {n}] (broken invariant)",
-            a.len(),
-            b.len(),
-            out.len()
-        ));
-    }
-    out.fill(T::zero());
-    if m == 0 || n == 0 || k == 0 {
-        return Ok(());
-    }
-    for i in 0..count {
-        let dst = out[i * out_step..].as_mut_ptr();
-        let lhs = a[i * a_step..].as_ptr();
-        let rhs = b[i * b_step..].as_ptr();
-        // Summing a batch accumulates into the result of the previous element.
-        let read_dst = sum_batch && i > 0;
-        // SAFETY: `dst` points to `m * n` writable elements (row stride `n`), `lhs` to the
-        // `m * k` elements of `op(a_i)` and `rhs` to the `k * n` of `op(b_i)`; the strides
-        // stay inside those ranges and the lengths were checked above. `T` is f32 or f64,
-        // types `gemm` supports.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst,
-                1,
-                n as isize,
-                read_dst,
-                lhs,
-                layout.a_strides.1,
-                layout.a_strides.0,
-                rhs,
-                layout.b_strides.1,
-                layout.b_strides.0,
-                T::one(),
-                T::one(),
-                false,
-                false,
-                false,
-                // Split by output tiles: every element is still one thread's sum in a
-                // fixed order, so results do not depend on scheduling.
-                match crate::cpu_threads() {
-                    0 | 1 => gemm::Parallelism::None,
-                    n => gemm::Parallelism::Rayon(n),
-                },
-            );
-        }
-    }
-    Ok(())
-}
-
-fn compute_layout(
-    layout: &Layout,
-    sum_batch: bool,
-    inputs: &[HostTensor<'_>],
-    outputs: &mut [HostTensorMut<'_>],
-) -> Result<(), String> {
-    match outputs[0].dtype() {
-        DType::F32 => gemm_typed::<f32>(layout, sum_batch, inputs, &mut outputs[0]),
-        DType::F64 => gemm_typed::<f64>(layout, sum_batch, inputs, &mut outputs[0]),
-        DType::I64 => Err("integer matrix products are not supported".into()),
-    }
 }
 
 /// `op(x) · op(y)` reduced to `target`'s shape: summed over the batch when `target` is a
@@ -313,11 +134,6 @@ impl OpDef for MatMul {
         grads(ctx, self.transpose_a, self.transpose_b)
     }
 
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
-        compute_layout(&layout, false, inputs, outputs)
-    }
-
     /// Splits of `m`, `n` (the other operand whole) and the batch (a shared 2-D operand
     /// whole) split the product; a `k` split on both operands or summands on one side give
     /// summands.
@@ -353,11 +169,6 @@ impl OpDef for MatMulBatchSum {
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         grads(ctx, self.transpose_a, self.transpose_b)
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
-        compute_layout(&layout, true, inputs, outputs)
     }
 
     /// As [`MatMul`], except that the batch is summed: a batch split on both operands

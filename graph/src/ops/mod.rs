@@ -1,16 +1,18 @@
-//! Op definitions: each op is a struct in a file of its own that says how to infer its
-//! outputs, how to differentiate it, and how to compute it on the host; the same file adds
-//! the DSL method to [`Tensor`]. Adding an op touches that one file (plus
-//! its `mod` line here).
+//! Op meanings: for each op, one file here says how to infer its outputs, how to
+//! differentiate it, how it splits across a mesh (SBP signatures, `localize`) and what it
+//! costs (flops), and adds the DSL method to [`Tensor`].
 //!
-//! The host computation lives with the op, not in the runtime: it is plain arithmetic on
-//! slices (no device), and keeping it next to the shape and gradient rules means one file
-//! holds everything an op is. Device kernels (CUDA) will live with their device in
-//! `runtime/` and take the same op as their configuration.
+//! An op's *attributes* are plan data (`regflow_plan::ops`, serializable, so a plan file
+//! names the op), and its *computation* is each device's kernel (`regflow_kernels::cpu`
+//! for the host). [`OpDef`] requires both, so the reference evaluator runs the same CPU
+//! kernels a job runs. Adding an op touches three files: its attributes in the plan, its
+//! meaning here, its CPU kernel (see docs/architecture.md).
 
 use crate::sbp::{NdSbp, SbpSignature};
-use crate::tensor::{HostTensor, HostTensorMut, TensorMeta};
+use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
+pub use regflow_kernels::{HostCompute, HostContext};
+pub use regflow_plan::OpAttrs;
 use std::fmt;
 use std::sync::Arc;
 
@@ -63,8 +65,9 @@ impl<'g> GradCtx<'g> {
 /// The gradients of an op's inputs: `None` where an input gets none (integer indices).
 pub type InputGrads<'g> = Vec<Option<Tensor<'g>>>;
 
-/// An op: shape and dtype inference, gradient rule, host computation.
-pub trait OpDef: fmt::Debug + Send + Sync {
+/// An op: shape and dtype inference, gradient rule, layouts and cost. Its attributes
+/// ([`OpAttrs`]) go into plans; its host computation ([`HostCompute`]) is the CPU kernel.
+pub trait OpDef: fmt::Debug + Send + Sync + OpAttrs + HostCompute {
     /// Short name, used in errors, plans and traces (`matmul`, `add`, ...).
     fn name(&self) -> &'static str;
 
@@ -74,9 +77,6 @@ pub trait OpDef: fmt::Debug + Send + Sync {
 
     /// Gradients of the inputs, built with the DSL from the output gradients.
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError>;
-
-    /// Computes the outputs on the host. Inputs have the shapes `infer` accepted.
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String>;
 
     /// The ways this op can run along one mesh axis, given its logical inputs and outputs:
     /// each signature says the layout (`Split(dim)`, `Partial`, `Broadcast`) every input
@@ -141,6 +141,5 @@ pub use matmul::{MatMul, MatMulBatchSum};
 pub use permute::Permute;
 pub use reduce::{MaxMask, Reduce, ReduceKind};
 pub use reshape::Reshape;
-pub(crate) use slice::AxisBlocks;
 pub use slice::{Slice, SliceGrad};
 pub use softmax::{LogSoftmax, Softmax, SoftmaxGrad};

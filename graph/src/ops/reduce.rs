@@ -1,93 +1,16 @@
 //! Reductions over a set of axes: `sum`, `mean`, `max` (and `sum_all` / `mean_all`), plus
 //! `max_mask`, the helper the gradient of `max` uses.
 
-use super::binary::{for_each_broadcast, operand_sbp};
+use super::binary::operand_sbp;
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
-use crate::{DType, GraphError, Tensor};
+use crate::tensor::{Shape, TensorMeta};
+use crate::{GraphError, Tensor};
+use regflow_kernels::cpu::reduce::reduced_count;
+use regflow_plan::ops::PartMean;
+use regflow_plan::ops::{keepdim_shape, reduced_axes};
+pub use regflow_plan::ops::{MaxMask, Reduce, ReduceKind};
 use std::sync::Arc;
-
-/// Which reduction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReduceKind {
-    /// Sum of the elements.
-    Sum,
-    /// Arithmetic mean of the elements.
-    Mean,
-    /// Largest element; NaNs are skipped (a group of only NaNs gives -inf).
-    Max,
-}
-
-/// Reduces the axes `axes` (all of them when empty) of its input; `keepdim` keeps each
-/// reduced axis as a dimension of 1 instead of removing it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reduce {
-    /// Which reduction.
-    pub kind: ReduceKind,
-    /// Axes to reduce; negative axes count from the end; empty means every axis.
-    pub axes: Vec<isize>,
-    /// Whether reduced axes stay as dimensions of 1.
-    pub keepdim: bool,
-}
-
-/// 1.0 where input 0 equals input 1 broadcast to its shape, else 0.0: the positions that
-/// hold the maximum when input 1 is the keepdim `max` of input 0. Piecewise constant, so
-/// its gradients are zero.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaxMask;
-
-/// `axis` as an index into `shape`'s dimensions, or the error every shape op reports.
-pub(crate) fn axis_index(shape: &Shape, axis: isize) -> Result<usize, String> {
-    shape.axis(axis).ok_or_else(|| format!("axis {axis} out of range for rank {}", shape.rank()))
-}
-
-/// Which of `shape`'s axes `axes` names (all of them when `axes` is empty).
-fn reduced_axes(shape: &Shape, axes: &[isize]) -> Result<Vec<bool>, String> {
-    if axes.is_empty() {
-        return Ok(vec![true; shape.rank()]);
-    }
-    let mut reduced = vec![false; shape.rank()];
-    for &axis in axes {
-        let index = axis_index(shape, axis)?;
-        if reduced[index] {
-            return Err(format!("axes {axes:?} name axis {index} twice"));
-        }
-        reduced[index] = true;
-    }
-    Ok(reduced)
-}
-
-/// How many input elements each output element reduces.
-fn reduced_count(shape: &Shape, reduced: &[bool]) -> usize {
-    shape.dims().iter().zip(reduced).filter(|(_, &r)| r).map(|(&d, _)| d).product()
-}
-
-/// `shape` with every reduced axis set to 1.
-fn keepdim_shape(shape: &Shape, reduced: &[bool]) -> Shape {
-    Shape(shape.dims().iter().zip(reduced).map(|(&d, &r)| if r { 1 } else { d }).collect())
-}
-
-impl Reduce {
-    /// The output shape for an input of `shape`.
-    fn output_shape(&self, shape: &Shape) -> Result<Shape, String> {
-        let reduced = reduced_axes(shape, &self.axes)?;
-        if self.keepdim {
-            return Ok(keepdim_shape(shape, &reduced));
-        }
-        Ok(Shape(shape.dims().iter().zip(&reduced).filter(|(_, &r)| !r).map(|(&d, _)| d).collect()))
-    }
-}
-
-/// A device's share of a `mean` whose reduced axes are split: the sum of its elements
-/// divided by the logical count, so that the devices' results sum to the mean.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PartMean {
-    /// The `mean` it stands for (its axes and keepdim).
-    mean: Reduce,
-    /// Elements each logical output element averages.
-    logical_count: usize,
-}
 
 impl OpDef for PartMean {
     fn name(&self) -> &'static str {
@@ -102,55 +25,6 @@ impl OpDef for PartMean {
         // Gradients are taken of the logical graph, before it is split over devices.
         Err(GraphError::NoGradient { op: "mean (one device's part)".into(), index: 0 })
     }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        let reduced = reduced_axes(inputs[0].shape, &self.mean.axes)?;
-        let divisor = Some(self.logical_count);
-        match outputs[0].dtype() {
-            DType::F32 => reduce_typed::<f32>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
-            DType::F64 => reduce_typed::<f64>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer reductions are not supported".into()),
-        }
-    }
-}
-
-/// `divisor`: what a mean divides by (`None`: the number of elements reduced).
-fn reduce_typed<T: Real>(
-    kind: ReduceKind,
-    reduced: &[bool],
-    divisor: Option<usize>,
-    input: &HostTensor<'_>,
-    out: &mut HostTensorMut<'_>,
-) -> Result<(), String> {
-    let x = input.as_slice::<T>()?;
-    let keep = keepdim_shape(input.shape, reduced);
-    let o = out.as_mut_slice::<T>()?;
-    if o.len() != keep.numel() {
-        return Err(format!("output has {} elements, expected {} (broken invariant)", o.len(), keep.numel()));
-    }
-    // The keepdim output, read "broadcast" to the input's shape, gives each input element
-    // its output slot; keepdim and squeezed outputs share one row-major layout.
-    match kind {
-        ReduceKind::Sum | ReduceKind::Mean => {
-            o.fill(T::zero());
-            for_each_broadcast(input.shape, input.shape, &keep, |i, _, io| o[io] += x[i]);
-        }
-        ReduceKind::Max => {
-            o.fill(T::from_f64(f64::NEG_INFINITY));
-            for_each_broadcast(input.shape, input.shape, &keep, |i, _, io| {
-                if x[i] > o[io] {
-                    o[io] = x[i];
-                }
-            });
-        }
-    }
-    if kind == ReduceKind::Mean {
-        // An empty reduction gives 0 / 0 = NaN, as numpy does.
-        let count = divisor.unwrap_or_else(|| reduced_count(input.shape, reduced));
-        let scale = T::from_f64(1.0 / count as f64);
-        o.iter_mut().for_each(|v| *v = *v * scale);
-    }
-    Ok(())
 }
 
 impl OpDef for Reduce {
@@ -202,15 +76,6 @@ impl OpDef for Reduce {
         Ok(vec![Some(dx)])
     }
 
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        let reduced = reduced_axes(inputs[0].shape, &self.axes)?;
-        match outputs[0].dtype() {
-            DType::F32 => reduce_typed::<f32>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
-            DType::F64 => reduce_typed::<f64>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer reductions are not supported".into()),
-        }
-    }
-
     /// A split of a kept axis stays a split of the output; a split of a reduced axis
     /// leaves each device a partial `sum` or `mean` (not `max`); `sum` and `mean` take
     /// summands.
@@ -251,15 +116,6 @@ impl OpDef for Reduce {
     }
 }
 
-fn max_mask_typed<T: Real>(inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let (x, m) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let o = out.as_mut_slice::<T>()?;
-    for_each_broadcast(inputs[0].shape, inputs[0].shape, inputs[1].shape, |i, _, im| {
-        o[i] = if x[i] == m[im] { T::one() } else { T::zero() };
-    });
-    Ok(())
-}
-
 impl OpDef for MaxMask {
     fn name(&self) -> &'static str {
         "max_mask"
@@ -281,14 +137,6 @@ impl OpDef for MaxMask {
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(vec![Some(ctx.inputs[0].zeros_like()?), Some(ctx.inputs[1].zeros_like()?)])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => max_mask_typed::<f32>(inputs, &mut outputs[0]),
-            DType::F64 => max_mask_typed::<f64>(inputs, &mut outputs[0]),
-            DType::I64 => Err("integer comparisons are not supported".into()),
-        }
     }
 
     /// Elementwise over `x`: a split of `x` splits the maxima where they have the

@@ -1,38 +1,13 @@
 //! `sum_to` and `broadcast_to`: the pair that makes broadcasting differentiable (the
 //! gradient of one is the other).
 
-use super::binary::{for_each_broadcast, operand_sbp};
+use super::binary::operand_sbp;
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
-use crate::{DType, GraphError, Tensor};
+use crate::tensor::{Shape, TensorMeta};
+use crate::{GraphError, Tensor};
+pub use regflow_plan::ops::{BroadcastTo, SumTo};
 use std::sync::Arc;
-
-/// Sums a tensor down to a shape it broadcasts from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SumTo(pub Shape);
-
-/// Broadcasts a tensor up to a shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BroadcastTo(pub Shape);
-
-fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let x = input.as_slice::<T>()?;
-    let shape = out.shape.clone();
-    let o = out.as_mut_slice::<T>()?;
-    o.fill(T::zero());
-    // Walk the input; the output is the operand read "broadcast" to the input's shape.
-    for_each_broadcast(input.shape, input.shape, &shape, |i, _, io| o[io] += x[i]);
-    Ok(())
-}
-
-fn broadcast_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let x = input.as_slice::<T>()?;
-    let shape = out.shape.clone();
-    let o = out.as_mut_slice::<T>()?;
-    for_each_broadcast(&shape, input.shape, &shape, |i, ix, _| o[i] = x[ix]);
-    Ok(())
-}
 
 impl OpDef for SumTo {
     fn name(&self) -> &'static str {
@@ -50,14 +25,6 @@ impl OpDef for SumTo {
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(vec![Some(ctx.grad()?.broadcast_to(&ctx.inputs[0].shape())?)])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => sum_to_typed::<f32>(&inputs[0], &mut outputs[0]),
-            DType::F64 => sum_to_typed::<f64>(&inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer sums are not supported".into()),
-        }
     }
 
     /// A split of a kept dimension stays a split of the output; a split of a dimension
@@ -109,14 +76,6 @@ impl OpDef for BroadcastTo {
         Ok(vec![Some(ctx.grad()?.sum_to(&ctx.inputs[0].shape())?)])
     }
 
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => broadcast_typed::<f32>(&inputs[0], &mut outputs[0]),
-            DType::F64 => broadcast_typed::<f64>(&inputs[0], &mut outputs[0]),
-            DType::I64 => broadcast_typed_i64(&inputs[0], &mut outputs[0]),
-        }
-    }
-
     /// A split of an input dimension stays a split of the output; an output dimension the
     /// input is stretched along can be split with the whole input on every device (each
     /// broadcasts to its part); summands broadcast to summands.
@@ -133,14 +92,6 @@ impl OpDef for BroadcastTo {
     fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
         Ok(local_target(&self.0, ctx).map(|shape| Arc::new(BroadcastTo(shape)) as Arc<dyn OpDef>))
     }
-}
-
-fn broadcast_typed_i64(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let x = input.as_slice::<i64>()?;
-    let shape = out.shape.clone();
-    let o = out.as_mut_slice::<i64>()?;
-    for_each_broadcast(&shape, input.shape, &shape, |i, ix, _| o[i] = x[ix]);
-    Ok(())
 }
 
 impl<'g> Tensor<'g> {

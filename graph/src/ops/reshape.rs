@@ -3,59 +3,10 @@
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{HostSlice, HostSliceMut, HostTensor, HostTensorMut, Shape, TensorMeta};
+use crate::tensor::{Shape, TensorMeta};
 use crate::{GraphError, Tensor};
+pub use regflow_plan::ops::Reshape;
 use std::sync::Arc;
-
-/// Reshapes its input to these dimensions; at most one may be -1, which takes whatever
-/// size makes the element counts match.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reshape(pub Vec<isize>);
-
-impl Reshape {
-    /// A reshape to a fully known shape.
-    pub fn to(shape: &Shape) -> Self {
-        Reshape(shape.dims().iter().map(|&d| d as isize).collect())
-    }
-
-    /// The shape an input of shape `from` becomes.
-    fn resolve(&self, from: &Shape) -> Result<Shape, String> {
-        let spec = &self.0;
-        let mut inferred = None;
-        let mut known: usize = 1;
-        for (i, &d) in spec.iter().enumerate() {
-            if d == -1 {
-                if inferred.replace(i).is_some() {
-                    return Err(format!("at most one dimension may be -1, got {spec:?}"));
-                }
-            } else {
-                let d = usize::try_from(d).map_err(|_| format!("invalid dimension {d} in {spec:?}"))?;
-                known = known.checked_mul(d).ok_or_else(|| format!("{spec:?} has too many elements"))?;
-            }
-        }
-        let numel = from.numel();
-        let mut dims: Vec<usize> = spec.iter().map(|&d| d.max(0) as usize).collect();
-        match inferred {
-            None if known != numel => {
-                return Err(format!("cannot reshape {from} ({numel} elements) to {spec:?} ({known} elements)"));
-            }
-            None => {}
-            Some(_) if known == 0 => {
-                return Err(format!(
-                    "cannot reshape {from} ({numel} elements) to {spec:?}: the other dimensions have 0 elements, \
-                     so -1 is ambiguous"
-                ));
-            }
-            Some(_) if numel % known != 0 => {
-                return Err(format!(
-                    "cannot reshape {from} ({numel} elements) to {spec:?}: {numel} is not a multiple of {known}"
-                ));
-            }
-            Some(i) => dims[i] = numel / known,
-        }
-        Ok(Shape(dims))
-    }
-}
 
 impl OpDef for Reshape {
     fn name(&self) -> &'static str {
@@ -69,10 +20,6 @@ impl OpDef for Reshape {
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(vec![Some(ctx.grad()?.reshape_to(&ctx.inputs[0].shape())?)])
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        copy_all(&inputs[0], &mut outputs[0])
     }
 
     /// Input dimension `d` may be split as output dimension `e` when both have the same
@@ -120,23 +67,6 @@ impl OpDef for Reshape {
             ([logical], [local]) if local.shape != logical.shape => Ok(Some(Arc::new(Reshape::to(&local.shape)))),
             _ => Ok(None),
         }
-    }
-}
-
-/// Copies every element of `input` to `out` (same dtype and element count).
-fn copy_all(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    fn copy<T: Copy>(x: &[T], o: &mut [T]) -> Result<(), String> {
-        if x.len() != o.len() {
-            return Err(format!("{} input elements for {} outputs (broken invariant)", x.len(), o.len()));
-        }
-        o.copy_from_slice(x);
-        Ok(())
-    }
-    match (input.data, &mut out.data) {
-        (HostSlice::F32(x), HostSliceMut::F32(o)) => copy(x, o),
-        (HostSlice::F64(x), HostSliceMut::F64(o)) => copy(x, o),
-        (HostSlice::I64(x), HostSliceMut::I64(o)) => copy(x, o),
-        _ => Err(format!("{} input, {} output (broken invariant)", input.dtype(), out.dtype())),
     }
 }
 

@@ -6,10 +6,11 @@
 //! parts), so the dependent axes first go to `Broadcast` from the finest to the coarsest,
 //! then to their targets from the coarsest to the finest ([`steps`]).
 
-use crate::ops::{AxisBlocks, GradCtx, InputGrads, OpDef};
+use crate::ops::{GradCtx, InputGrads, OpDef};
 use crate::sbp::{part_range, NdSbp, Sbp};
-use crate::tensor::{HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
+use crate::tensor::TensorMeta;
 use crate::GraphError;
+pub use regflow_plan::ops::{KeepOnFirst, TakePart};
 
 /// One single-axis boxing step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,24 +131,6 @@ pub(crate) fn cost(from: &NdSbp, to: &NdSbp, bytes: f64, shape: &[usize]) -> f64
     from.0.iter().zip(&to.0).zip(shape).map(|((&f, &t), &p)| axis_cost(f, t, bytes, p)).sum()
 }
 
-/// `B -> S(dim)` on one device: its part `index` of `parts` along `dim`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TakePart {
-    /// Dimension to split.
-    pub dim: usize,
-    /// Number of parts.
-    pub parts: usize,
-    /// Which part this device keeps.
-    pub index: usize,
-}
-
-/// `B -> P` on one device: the first device of the axis keeps the value, the others hold zeros.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeepOnFirst {
-    /// Whether this device is the first of its axis.
-    pub first: bool,
-}
-
 fn no_grad<'g>(op: &str) -> Result<InputGrads<'g>, GraphError> {
     Err(GraphError::NoGradient { op: op.into(), index: 0 })
 }
@@ -168,21 +151,6 @@ impl OpDef for TakePart {
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         no_grad(self.name())
     }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        // The part is a slice of one axis: the slice op's block copy moves it (an empty
-        // part, which the DSL's slice rejects, copies nothing).
-        let size = inputs[0].shape.dims()[self.dim];
-        let range = part_range(size, self.parts, self.index);
-        let blocks = AxisBlocks::new(inputs[0].shape, self.dim);
-        let (src, dst) = ((size, range.start), (range.len(), 0));
-        match (&inputs[0].data, &mut outputs[0].data) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
-            (HostSlice::F64(x), HostSliceMut::F64(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
-            (HostSlice::I64(x), HostSliceMut::I64(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
-            _ => Err("dtype mismatch (broken invariant)".into()),
-        }
-    }
 }
 
 impl OpDef for KeepOnFirst {
@@ -197,25 +165,6 @@ impl OpDef for KeepOnFirst {
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         no_grad(self.name())
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        macro_rules! keep {
-            ($x:expr, $o:expr, $zero:expr) => {{
-                if self.first {
-                    $o.copy_from_slice($x);
-                } else {
-                    $o.fill($zero);
-                }
-                Ok(())
-            }};
-        }
-        match (&inputs[0].data, &mut outputs[0].data) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => keep!(x, o, 0.0),
-            (HostSlice::F64(x), HostSliceMut::F64(o)) => keep!(x, o, 0.0),
-            (HostSlice::I64(x), HostSliceMut::I64(o)) => keep!(x, o, 0),
-            _ => Err("dtype mismatch (broken invariant)".into()),
-        }
     }
 }
 

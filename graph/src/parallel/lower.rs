@@ -5,14 +5,14 @@
 use super::boxing;
 use super::layout::{self, Layouts};
 use super::{KeepOnFirst, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule, TakePart};
-use crate::compile::{CompiledGraph, CompiledInput, CompiledKernel, CompiledVariable};
+use crate::compile::{accumulate_mean, CompiledGraph, CompiledInput, CompiledVariable};
 use crate::dsl::{ancestors, paced, Graph, Node, Tensor, TensorId, TensorSource};
 use crate::ops::OpDef;
 use crate::plan::{
-    ActorIndex, ActorKind, CollectiveConf, CollectiveOp, DeviceIndex, KernelConf, Plan, PlanBuilder, RegstDescId,
-    SourcePieces, StreamIndex, StreamKind,
+    ActorIndex, ActorKind, CollectiveConf, CollectiveOp, DeviceIndex, InputSignature, KernelConf, OpConf,
+    OutputSignature, Plan, PlanBuilder, RegstDescId, SourcePieces, StreamIndex, StreamKind, TensorPart, VariableDesc,
 };
-use crate::sbp::{local_meta, local_region, scatter, Mesh, MeshDevice, NdSbp, Sbp};
+use crate::sbp::{local_meta, local_region, part_region, Mesh, MeshDevice, NdSbp, Sbp};
 use crate::tensor::TensorMeta;
 use crate::GraphError;
 use std::collections::{HashMap, HashSet};
@@ -70,8 +70,6 @@ struct Lowering<'a> {
     rate: HashMap<TensorId, Rate>,
     /// Where each tensor's value becomes available (producing node + 1; 0 for inputs).
     ready_at: HashMap<TensorId, usize>,
-    kernels: Vec<CompiledKernel>,
-    accumulators: Vec<(String, crate::DType)>,
     issued: Vec<Issued>,
     groups: Vec<((usize, usize), String)>,
     boxings: usize,
@@ -222,10 +220,6 @@ impl Lowering<'_> {
         mesh: usize,
     ) -> Result<Vec<RegstDescId>, String> {
         let meta = self.graph.info(t).meta;
-        let kernel = format!("accumulate_mean:{}", meta.dtype);
-        if !self.accumulators.iter().any(|(n, _)| *n == kernel) {
-            self.accumulators.push((kernel.clone(), meta.dtype));
-        }
         let m = self.meshes[mesh].clone();
         let mut out = Vec::new();
         for (rank, input) in inputs.iter().enumerate() {
@@ -234,7 +228,10 @@ impl Lowering<'_> {
             let a = self.b.actor(
                 &name,
                 self.devices[slot].compute,
-                ActorKind::Acc { count: self.micro_batches, kernel: KernelConf::Custom { name: kernel.clone() } },
+                ActorKind::Acc {
+                    count: self.micro_batches,
+                    kernel: accumulate_mean(&local_meta(&meta, layout, &m, &m.coords(rank))),
+                },
             );
             self.b.consume(a, *input);
             let bytes = local_meta(&meta, layout, &m, &m.coords(rank)).bytes() as u64;
@@ -360,19 +357,12 @@ impl Lowering<'_> {
             let actor = match local_op {
                 Some(op) => {
                     let in_meta = local_meta(meta, &step.from, &mesh, &coords);
-                    let actor = self.b.actor(
+                    let conf = OpConf::new(&*op, vec![in_meta], vec![0], vec![out_meta.clone()]);
+                    self.b.actor(
                         &actor_name,
                         self.devices[slot].compute,
-                        ActorKind::Compute { kernel: KernelConf::Custom { name: actor_name.clone() } },
-                    );
-                    self.kernels.push(CompiledKernel {
-                        name: actor_name.clone(),
-                        op,
-                        inputs: vec![in_meta],
-                        input_map: vec![0],
-                        outputs: vec![out_meta.clone()],
-                    });
-                    actor
+                        ActorKind::Compute { kernel: KernelConf::Op(conf) },
+                    )
                 }
                 None => {
                     let op = match (from, to) {
@@ -572,8 +562,6 @@ pub(super) fn compile(
         regs: HashMap::new(),
         rate: HashMap::new(),
         ready_at: HashMap::new(),
-        kernels: Vec::new(),
-        accumulators: Vec::new(),
         issued: Vec::new(),
         groups: Vec::new(),
         boxings: 0,
@@ -591,14 +579,12 @@ pub(super) fn compile(
     }
     let mut compiled = CompiledGraph {
         plan: Plan::empty(),
-        kernels: Vec::new(),
         inputs: Vec::new(),
         fetches: Vec::new(),
         variables: Vec::new(),
-        accumulators: Vec::new(),
         parallel: None,
-        discards: Vec::new(),
     };
+    let mut variables: Vec<VariableDesc> = Vec::new();
     let mut info = ParallelInfo {
         mesh: options.mesh.clone(),
         inputs: Vec::new(),
@@ -653,9 +639,7 @@ pub(super) fn compile(
             let source = low.b.actor(
                 &format!("dataset@{slot}"),
                 low.devices[slot].compute,
-                ActorKind::Source {
-                    pieces: SourcePieces::Custom { count: dataset.pieces, kernel: dataset.kernel.clone() },
-                },
+                ActorKind::Source { pieces: dataset.source.clone() },
             );
             for (k, id) in ids.iter().enumerate() {
                 let meta = graph.info(*id).meta;
@@ -687,6 +671,7 @@ pub(super) fn compile(
         let slots = low.register_num(Rate::Micro, mesh).max(options.input_register_num);
         let mut parts = Vec::new();
         let mut regs = Vec::new();
+        let mut fed_parts = Vec::new();
         for rank in 0..m.size() {
             let slot = low.slot(mesh, rank);
             let local = local_meta(&t_info.meta, &produced, &m, &m.coords(rank));
@@ -695,7 +680,14 @@ pub(super) fn compile(
                 low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Source { pieces: SourcePieces::Fed });
             regs.push(low.b.regst(&format!("{}@{slot}", t_info.name), source, local.bytes() as u64, slots));
             parts.push((actor_name, local));
+            let region = part_region(&t_info.meta.shape, &produced, &m, &m.coords(rank));
+            fed_parts.push(TensorPart { actor: source, region });
         }
+        low.b.plan_mut().signature.inputs.push(InputSignature {
+            name: t_info.name.clone(),
+            meta: t_info.meta.clone(),
+            parts: fed_parts,
+        });
         compiled.inputs.push(CompiledInput {
             name: t_info.name.clone(),
             actor: parts[0].0.clone(),
@@ -787,22 +779,13 @@ pub(super) fn compile(
                     compile_error(format!("{op_name} (node {n}) has no op for rank {rank} (broken invariant)"))
                 })?;
             let name = format!("{op_name}:{n}@{slot}");
-            let actor = low.b.actor(
-                &name,
-                low.devices[slot].compute,
-                ActorKind::Compute { kernel: KernelConf::Custom { name: name.clone() } },
-            );
+            let conf = OpConf::new(&*op, local_in, input_map.clone(), local_out.clone());
+            let actor =
+                low.b.actor(&name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Op(conf) });
             let slots = low.register_num(rate, mesh);
             for (k, (o, meta)) in node.outputs.iter().zip(&local_out).enumerate() {
                 out_regs[k].push(low.b.regst(&format!("{name}.{}", o.0), actor, meta.bytes() as u64, slots));
             }
-            low.kernels.push(CompiledKernel {
-                name,
-                op,
-                inputs: local_in,
-                input_map: input_map.clone(),
-                outputs: local_out,
-            });
             actors.push(actor);
         }
         for ((o, regs), layout) in node.outputs.iter().zip(out_regs).zip(&sig.outputs) {
@@ -829,7 +812,6 @@ pub(super) fn compile(
         let layout = layout_of(id)?;
         let mesh = low.mesh_of[&id];
         let m = low.meshes[mesh].clone();
-        let initial = scatter(&init.value(&t_info.meta), &layout, &m);
         let rate = low.rate[&id];
         let mut regs = Vec::with_capacity(m.size());
         match update_of.get(&id) {
@@ -845,14 +827,14 @@ pub(super) fn compile(
                         .enumerate()
                         .any(|(n, node)| layouts.signatures.contains_key(&n) && node.inputs.contains(new))
                     && layouts.visible.get(new) == Some(&layout);
-                for (rank, initial) in initial.iter().enumerate() {
+                for (rank, &new_reg) in new_regs.iter().enumerate() {
                     let slot = low.slot(mesh, rank);
                     let local = local_meta(&t_info.meta, &layout, &m, &m.coords(rank));
                     let reg = if direct {
-                        let desc = &mut low.b.plan_mut().regst_descs[new_regs[rank].index()];
+                        let desc = &mut low.b.plan_mut().regst_descs[new_reg.index()];
                         desc.register_num = desc.register_num.max(2);
                         desc.preloaded = 1;
-                        new_regs[rank]
+                        new_reg
                     } else {
                         let name = format!("assign:{}@{slot}", t_info.name);
                         let actor = low.b.actor(
@@ -862,19 +844,25 @@ pub(super) fn compile(
                         );
                         let reg = low.b.regst(&format!("{}@{slot}", t_info.name), actor, local.bytes() as u64, 2);
                         low.b.preload(reg, 1);
-                        low.b.consume(actor, new_regs[rank]);
+                        low.b.consume(actor, new_reg);
                         reg
                     };
                     compiled.variables.push(CompiledVariable {
                         name: format!("{}@{slot}", t_info.name),
                         regst: low.b.plan_mut().regst_descs[reg.index()].name.clone(),
-                        initial: initial.to_le_bytes(),
+                    });
+                    variables.push(VariableDesc {
+                        name: format!("{}@{slot}", t_info.name),
+                        regst: reg,
+                        meta: t_info.meta.clone(),
+                        init: init.clone(),
+                        region: part_region(&t_info.meta.shape, &layout, &m, &m.coords(rank)),
                     });
                     regs.push(reg);
                 }
             }
             None => {
-                for (rank, initial) in initial.iter().enumerate() {
+                for rank in 0..m.size() {
                     let slot = low.slot(mesh, rank);
                     let local = local_meta(&t_info.meta, &layout, &m, &m.coords(rank));
                     let name = format!("variable:{}@{slot}", t_info.name);
@@ -896,7 +884,13 @@ pub(super) fn compile(
                     compiled.variables.push(CompiledVariable {
                         name: format!("{}@{slot}", t_info.name),
                         regst: format!("{}@{slot}", t_info.name),
-                        initial: initial.to_le_bytes(),
+                    });
+                    variables.push(VariableDesc {
+                        name: format!("{}@{slot}", t_info.name),
+                        regst: state,
+                        meta: t_info.meta.clone(),
+                        init: init.clone(),
+                        region: part_region(&t_info.meta.shape, &layout, &m, &m.coords(rank)),
                     });
                     regs.push(value);
                 }
@@ -974,6 +968,7 @@ pub(super) fn compile(
         let slot = low.slot(mesh, 0);
         let sink = low.b.actor(&name, low.devices[slot].compute, ActorKind::Sink);
         low.b.consume(sink, whole[0]);
+        low.b.plan_mut().signature.outputs.push(OutputSignature { name: name.clone(), meta: t.meta(), actor: sink });
         compiled.fetches.push(name);
         info.fetch_layouts.push(visible.clone());
         if options.fetch_parts {
@@ -993,7 +988,7 @@ pub(super) fn compile(
 
     // Registers nobody reads still need a reader on their device.
     let devices: Vec<(DeviceIndex, StreamIndex)> = low.devices.iter().map(|d| (d.index, d.compute)).collect();
-    compiled.discards = crate::compile::discard_unread(&mut low.b, |plan, regst| {
+    crate::compile::discard_unread(&mut low.b, |plan, regst| {
         let producer = plan.regst_descs[regst.index()].producer;
         let device = plan.device_of(producer);
         devices.iter().find(|(d, _)| *d == device).map_or(devices[0].1, |(_, s)| *s)
@@ -1009,8 +1004,7 @@ pub(super) fn compile(
     if options.reuse_memory && micro_batches == 1 {
         crate::compile::share::share_memory(&mut low.b).map_err(compile_error)?;
     }
-    compiled.kernels = low.kernels;
-    compiled.accumulators = low.accumulators;
+    low.b.plan_mut().variables = variables;
     compiled.plan = low.b.build().map_err(|e| compile_error(e.to_string()))?;
     compiled.parallel = Some(info);
     Ok(compiled)

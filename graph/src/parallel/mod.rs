@@ -28,9 +28,10 @@ use crate::compile::{Accumulate, CompiledGraph, DatasetInputs};
 use crate::dsl::{Graph, Tensor, TensorId};
 use crate::ops::{GradCtx, InputGrads, OpDef};
 use crate::sbp::{Mesh, NdSbp, Sbp, SbpSignature};
-use crate::tensor::{HostTensor, HostTensorMut, TensorMeta};
+use crate::tensor::TensorMeta;
 use crate::{GraphError, TrainStep};
 pub use boxing::{KeepOnFirst, TakePart};
+pub use regflow_plan::ops::ToGlobal;
 
 /// Options of the parallel compiler.
 #[derive(Debug, Clone)]
@@ -142,10 +143,6 @@ pub struct ParallelInput {
     pub parts: Vec<(String, TensorMeta)>,
 }
 
-/// `to_global`: the identity, whose output has a pinned layout (boxing goes before it).
-#[derive(Debug, Clone, Copy)]
-struct ToGlobal;
-
 impl OpDef for ToGlobal {
     fn name(&self) -> &'static str {
         "to_global"
@@ -171,17 +168,6 @@ impl OpDef for ToGlobal {
             }
             _ => Ok(vec![Some(g)]),
         }
-    }
-
-    fn compute(&self, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-        use crate::tensor::{HostSlice, HostSliceMut};
-        match (&inputs[0].data, &mut outputs[0].data) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => o.copy_from_slice(x),
-            (HostSlice::F64(x), HostSliceMut::F64(o)) => o.copy_from_slice(x),
-            (HostSlice::I64(x), HostSliceMut::I64(o)) => o.copy_from_slice(x),
-            _ => return Err("dtype mismatch (broken invariant)".into()),
-        }
-        Ok(())
     }
 
     fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {

@@ -2,9 +2,9 @@
 //! rank order and copies of parts, reading every member's input.
 
 use super::Peers;
-use regflow_graph::plan::{CollectiveConf, CollectiveOp};
-use regflow_graph::sbp::part_range;
-use regflow_graph::DType;
+use regflow_plan::part_range;
+use regflow_plan::DType;
+use regflow_plan::{CollectiveConf, CollectiveOp};
 
 /// One group member's view of what the group computes; validated, with byte sizes.
 #[derive(Debug, Clone)]

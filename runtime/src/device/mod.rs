@@ -10,6 +10,8 @@ pub(crate) use sim::SimPoller;
 
 use crate::kernel::{Kernel, KernelError, KernelIo};
 use regflow_actors::{ActorId, Completion};
+use regflow_kernels::KernelRegistry;
+use regflow_plan::DeviceKind;
 use std::time::{Duration, Instant};
 
 /// When a launched kernel runs, as far as the device knows at launch.
@@ -34,4 +36,18 @@ pub(crate) trait DeviceStream: Send {
         modeled: Duration,
         timed: bool,
     ) -> Result<Launched, KernelError>;
+}
+
+/// The device kinds this build runs. A plan naming another kind (`cuda` without a CUDA
+/// backend) is refused when its job is built, never run on the CPU instead.
+pub(crate) const KINDS: [DeviceKind; 2] = [DeviceKind::Cpu, DeviceKind::Sim];
+
+/// Adds the kernels of devices of kind `kind` to `registry`: each device brings its own.
+/// `cpu` runs the host kernels; `sim` computes with the same host kernels and only models
+/// time.
+pub(crate) fn register_kernels(registry: &mut KernelRegistry, kind: DeviceKind) {
+    match kind {
+        DeviceKind::Cpu | DeviceKind::Sim => regflow_kernels::cpu::register(registry, kind),
+        DeviceKind::Cuda => {}
+    }
 }

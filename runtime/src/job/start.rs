@@ -7,14 +7,14 @@ use crate::bus::Router;
 use crate::device::{CpuStream, DeviceStream, SimPoller};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
-use crate::kernel::{Kernel, KernelFactory, KernelIo, KernelRegistry, KernelSpec};
+use crate::kernel::{device_supported, JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
 use crate::stream::{ActorRuntime, JobShared, StreamExit, StreamProbe, StreamWorker};
 use crate::sync::{Arc, AtomicBool, Mutex};
 use crate::trace::TraceBuffer;
 use crate::watchdog::{watch, Names};
 use crate::RuntimeError;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds, StreamId};
-use regflow_graph::plan::{ActorIndex, ActorKind, DeviceKind, Plan, SourcePieces};
+use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, SourcePieces};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -26,11 +26,13 @@ pub struct JobBuilder {
     plan: Plan,
     watchdog: Option<Duration>,
     trace: Option<PathBuf>,
-    kernels: KernelRegistry,
+    kernels: JobKernels,
     sink_callbacks: HashMap<String, SinkCallback>,
     node: Option<u16>,
     fetch_depth: Option<u64>,
     preloads: Vec<(String, Vec<u8>)>,
+    cpu_threads: usize,
+    data_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for JobBuilder {
@@ -70,7 +72,32 @@ impl JobBuilder {
         F: Fn(&KernelSpec<'_>) -> Result<Box<dyn Kernel>, crate::KernelError> + Send + Sync + 'static,
     {
         let factory: KernelFactory = std::sync::Arc::new(factory);
-        self.kernels.register(name, factory);
+        self.kernels.registry.register_named(name, factory);
+        self
+    }
+
+    /// Registers (or replaces) the kernel of op type `op_type` on devices of kind `device`
+    /// for `dtype`: how a program brings kernels of its own for ops a plan names.
+    pub fn op_kernel<F>(mut self, op_type: &str, device: DeviceKind, dtype: regflow_plan::DType, factory: F) -> Self
+    where
+        F: Fn(&KernelSpec<'_>) -> Result<Box<dyn Kernel>, crate::KernelError> + Send + Sync + 'static,
+    {
+        self.kernels.registry.register_op(op_type, device, dtype, std::sync::Arc::new(factory));
+        self
+    }
+
+    /// Threads one kernel of a `cpu` device may use (matrix products split their output
+    /// tiles over them; results are bitwise the same for any count). Default 1, so that
+    /// devices on one machine do not compete for cores.
+    pub fn cpu_threads(mut self, threads: usize) -> Self {
+        self.cpu_threads = threads.max(1);
+        self
+    }
+
+    /// The directory relative dataset paths of the plan are resolved against (default: the
+    /// working directory). `regflow run` passes the plan file's directory.
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
         self
     }
 
@@ -99,7 +126,8 @@ impl JobBuilder {
     }
 
     /// The initial bytes of the preloaded slots of register `regst` (a loop's first value,
-    /// e.g. a variable's initial weights). Registers not given bytes start zeroed.
+    /// e.g. a variable's weights from a checkpoint), instead of the value the plan's
+    /// initializer draws. Other preloaded registers start zeroed.
     pub fn preload(mut self, regst: &str, bytes: Vec<u8>) -> Self {
         self.preloads.push((regst.to_string(), bytes));
         self
@@ -158,11 +186,13 @@ impl Job {
             plan,
             watchdog: Some(DEFAULT_WATCHDOG),
             trace: None,
-            kernels: KernelRegistry::default(),
+            kernels: JobKernels::default(),
             sink_callbacks: HashMap::new(),
             node: None,
             fetch_depth: None,
             preloads: Vec::new(),
+            cpu_threads: 1,
+            data_dir: None,
         }
     }
 
@@ -176,7 +206,9 @@ impl Job {
         plan.validate()?;
         let ids = PlanIds::assign(&plan)?;
         let memory_plan = plan.memory()?;
+        check_devices(&plan, builder.node)?;
         let arenas = PlanArenas::allocate(&plan, &memory_plan)?;
+        write_variables(&plan, &arenas)?;
         write_preloads(&plan, &arenas, &builder.preloads)?;
         let arenas = Arc::new(arenas);
         let hosts = |node: u16| builder.node.is_none_or(|n| n == node);
@@ -243,6 +275,8 @@ impl Job {
             let outputs: Vec<u64> = plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].bytes).collect();
             let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
             let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
+            let device = plan.devices[plan.streams[stream].device.index()].kind;
+            let spec = KernelSpec { actor: &desc.name, device, op: None, input_bytes: &inputs, output_bytes: &outputs };
             // Sources start producing, and actors with preloaded outputs hand them out, on Start.
             if matches!(desc.kind, ActorKind::Source { .. })
                 || plan.outputs_of(index).any(|r| plan.regst_descs[r.index()].preloaded > 0)
@@ -251,9 +285,10 @@ impl Job {
             }
             let kernel: Option<Box<dyn Kernel>> = match &desc.kind {
                 ActorKind::Source { pieces: SourcePieces::Custom { kernel, .. } } => {
-                    let spec = KernelSpec { actor: &desc.name, input_bytes: &inputs, output_bytes: &outputs };
-                    let conf = regflow_graph::plan::KernelConf::Custom { name: kernel.clone() };
-                    Some(builder.kernels.make(&conf, &spec).map_err(|e| setup(e.0))?)
+                    Some(builder.kernels.registry.make_named(kernel, &spec).map_err(|e| setup(e.0))?)
+                }
+                ActorKind::Source { pieces: SourcePieces::Dataset(conf) } => {
+                    Some(crate::data::dataset_kernel(conf, builder.data_dir.as_deref(), &spec)?)
                 }
                 ActorKind::Source { pieces: SourcePieces::Count(_) } => Some(Box::new(CountSourceKernel)),
                 ActorKind::Source { pieces: SourcePieces::Fed } => {
@@ -279,8 +314,10 @@ impl Job {
                     Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
                 }
                 ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => {
-                    let spec = KernelSpec { actor: &desc.name, input_bytes: &inputs, output_bytes: &outputs };
                     Some(builder.kernels.make(kernel, &spec).map_err(|e| setup(e.0))?)
+                }
+                ActorKind::Discard => {
+                    Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
                 }
                 ActorKind::Sink => match builder.sink_callbacks.remove(&desc.name) {
                     Some(callback) => Some(Box::new(CallbackSinkKernel(callback))),
@@ -307,15 +344,9 @@ impl Job {
                     }
                 },
                 // The hand-off is a no-op launch on the repeat's stream (see the actor).
-                ActorKind::Repeat { .. } => Some(
-                    builder
-                        .kernels
-                        .make(
-                            &regflow_graph::plan::KernelConf::Noop,
-                            &KernelSpec { actor: &desc.name, input_bytes: &inputs, output_bytes: &[] },
-                        )
-                        .map_err(|e| setup(e.0))?,
-                ),
+                ActorKind::Repeat { .. } => {
+                    Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
+                }
             };
             // Launches in flight are bounded by the actor's own slots.
             let slots: usize = desc
@@ -360,12 +391,24 @@ impl Job {
             .unwrap_or(0);
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
-            let device: Box<dyn DeviceStream> = match (&poller, plan.devices[plan.streams[s].device.index()].kind) {
+            let device_desc = &plan.devices[plan.streams[s].device.index()];
+            let device: Box<dyn DeviceStream> = match (&poller, device_desc.kind) {
                 (Some(poller), DeviceKind::Sim) => match &senders[s] {
                     Some(tx) => Box::new(poller.stream(tx.clone())),
                     None => continue,
                 },
-                _ => Box::new(CpuStream),
+                (_, DeviceKind::Cpu) => Box::new(CpuStream),
+                (_, kind) => {
+                    return Err(RuntimeError::UnsupportedDevice {
+                        device: device_desc.label(),
+                        available: format!("no stream backend for {} (broken invariant)", kind.name()),
+                    })
+                }
+            };
+            let context = StreamContext {
+                device: device_desc.kind,
+                device_index: device_desc.index,
+                threads: builder.cpu_threads,
             };
             let stream_id =
                 actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
@@ -383,6 +426,7 @@ impl Job {
                 trace: builder.trace.as_ref().map(|_| TraceBuffer::new(s)),
                 scratch_inputs: Vec::with_capacity(max_arity),
                 scratch_outputs: Vec::with_capacity(max_arity),
+                context,
             };
             let name = format!("regflow-s{s}");
             let shared_for_panic = shared.clone();
@@ -471,6 +515,47 @@ fn run_stream(worker: StreamWorker, s: usize, label: String, shared: Arc<JobShar
     }
 }
 
+/// Refuses a plan whose devices (on the nodes this job runs) have no backend in this
+/// build, naming the device, rather than running their kernels somewhere else.
+fn check_devices(plan: &Plan, node: Option<u16>) -> Result<(), RuntimeError> {
+    for device in &plan.devices {
+        if node.is_some_and(|n| n != device.node) || device_supported(device.kind) {
+            continue;
+        }
+        let available: Vec<&str> = crate::device::KINDS.iter().map(|k| k.name()).collect();
+        return Err(RuntimeError::UnsupportedDevice { device: device.label(), available: available.join(", ") });
+    }
+    Ok(())
+}
+
+/// Writes every variable's first value, drawn from its initializer and cut to its
+/// register's part, into the register's preloaded slots (before any thread runs). A
+/// logical value shared by several parts is drawn once.
+fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), RuntimeError> {
+    let mut drawn: HashMap<String, regflow_plan::HostArray> = HashMap::new();
+    for variable in &plan.variables {
+        let desc = &plan.regst_descs[variable.regst.index()];
+        let fail = |message: String| RuntimeError::Preload { regst: desc.name.clone(), message };
+        let key = format!("{:?}|{}", variable.init, variable.meta);
+        let whole = drawn.entry(key).or_insert_with(|| variable.init.value(&variable.meta));
+        let part = variable.region.cut(whole).to_le_bytes();
+        if part.len() as u64 != desc.bytes {
+            return Err(fail(format!(
+                "variable '{}' has {} bytes in its region, its register's slots hold {}",
+                variable.name,
+                part.len(),
+                desc.bytes
+            )));
+        }
+        for slot in 0..desc.preloaded {
+            let view = arenas.view(regflow_actors::RegstRef { desc: variable.regst, slot });
+            // SAFETY: no stream thread exists yet; nothing else can touch the arena.
+            unsafe { view.as_mut_slice() }.copy_from_slice(&part);
+        }
+    }
+    Ok(())
+}
+
 /// Writes the initial bytes of preloaded registers into their slots (before any thread runs).
 fn write_preloads(plan: &Plan, arenas: &PlanArenas, preloads: &[(String, Vec<u8>)]) -> Result<(), RuntimeError> {
     for (name, bytes) in preloads {
@@ -491,7 +576,7 @@ fn write_preloads(plan: &Plan, arenas: &PlanArenas, preloads: &[(String, Vec<u8>
             });
         }
         for slot in 0..desc.preloaded {
-            let view = arenas.view(regflow_actors::RegstRef { desc: regflow_graph::plan::RegstDescId(d as u32), slot });
+            let view = arenas.view(regflow_actors::RegstRef { desc: regflow_plan::RegstDescId(d as u32), slot });
             // SAFETY: no stream thread exists yet; nothing else can touch the arena.
             unsafe { view.as_mut_slice() }.copy_from_slice(bytes);
         }

@@ -36,7 +36,7 @@ impl Role {
             ActorKind::Compute { .. } => Role::Compute,
             ActorKind::Acc { .. } => Role::Acc,
             ActorKind::Repeat { .. } => Role::Repeat,
-            ActorKind::Sink => Role::Sink,
+            ActorKind::Sink | ActorKind::Discard => Role::Sink,
         }
     }
 
@@ -69,6 +69,8 @@ fn kernel_text(kernel: &KernelConf, actor_name: &str) -> Option<String> {
         KernelConf::Noop => Some("noop".into()),
         KernelConf::Copy => Some("copy".into()),
         KernelConf::SumF32 => Some("sum_f32".into()),
+        KernelConf::Op(op) if actor_name.starts_with(op.op_type.as_str()) => None,
+        KernelConf::Op(op) => Some(op.op_type.clone()),
         KernelConf::Custom { name } if name == actor_name => None,
         KernelConf::Custom { name } => Some(name.clone()),
         KernelConf::Collective(conf) => Some(conf.op_name().into()),
@@ -93,7 +95,11 @@ pub(crate) fn kind_text(actor: &ActorDesc) -> String {
         ActorKind::Compute { kernel } => with_kernel("compute".into(), kernel),
         ActorKind::Acc { count, kernel } => with_kernel(format!("acc x{count}"), kernel),
         ActorKind::Repeat { count } => format!("repeat x{count}"),
+        ActorKind::Source { pieces: SourcePieces::Dataset(d) } => {
+            format!("source ({} pieces from {})", d.pieces, d.path)
+        }
         ActorKind::Sink => "sink".into(),
+        ActorKind::Discard => "discard".into(),
     }
 }
 

@@ -20,7 +20,7 @@ impl PlanBuilder {
     }
 
     /// The plan being built, for compiler passes that adjust what they created.
-    pub(crate) fn plan_mut(&mut self) -> &mut Plan {
+    pub fn plan_mut(&mut self) -> &mut Plan {
         self.plan()
     }
 

@@ -29,6 +29,7 @@ impl fmt::Display for Plan {
                         ActorKind::Repeat { count } => format!("repeat x{count}"),
                         ActorKind::Source { pieces } => format!("source {pieces:?}"),
                         ActorKind::Sink => "sink".to_string(),
+                        ActorKind::Discard => "discard".to_string(),
                     };
                     writeln!(f, "    {} [{kind}] <- [{}]", actor.name, inputs.join(", "))?;
                     for r in self.outputs_of(ActorIndex(a as u32)) {

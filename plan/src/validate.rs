@@ -176,7 +176,7 @@ impl Plan {
                 ActorKind::Compute { .. } if ins == 0 => {
                     return Err(bad("needs at least one input (a source produces pieces from nothing)".into()))
                 }
-                ActorKind::Sink if ins == 0 || outs != 0 => {
+                ActorKind::Sink | ActorKind::Discard if ins == 0 || outs != 0 => {
                     return Err(bad(format!(
                         "needs at least one input and no outputs, has {ins} inputs and {outs} outputs"
                     )))

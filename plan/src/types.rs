@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_CONSUMERS: usize = 64;
 
 /// Schema version written into every plan file; loading any other version is an error.
-pub const PLAN_SCHEMA_VERSION: u32 = 1;
+pub const PLAN_SCHEMA_VERSION: u32 = 2;
 
 macro_rules! index_type {
     ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
@@ -67,6 +67,131 @@ pub struct Plan {
     pub actors: Vec<ActorDesc>,
     /// Register descriptors; each has one producing actor.
     pub regst_descs: Vec<RegstDesc>,
+    /// The typed inputs a user feeds and outputs a user fetches (empty for hand-built
+    /// plans, which are fed and fetched by actor name).
+    #[serde(default)]
+    pub signature: Signature,
+    /// Loop registers' first values, as initializers (a plan file carries no weights).
+    #[serde(default)]
+    pub variables: Vec<VariableDesc>,
+}
+
+/// Where one device's part of a logical tensor lies: `offsets` and `shape` in the logical
+/// tensor's coordinates; `zeros` for a summand (`Partial`) part that another device holds,
+/// which is all zeros.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Region {
+    /// Start of the part in each dimension.
+    pub offsets: Vec<usize>,
+    /// Length of the part in each dimension.
+    pub shape: Vec<usize>,
+    /// The part is zeros (a `Partial` summand held by another device).
+    #[serde(default)]
+    pub zeros: bool,
+}
+
+impl Region {
+    /// The whole of a tensor of `shape`.
+    pub fn whole(shape: &crate::Shape) -> Self {
+        Self { offsets: vec![0; shape.rank()], shape: shape.dims().to_vec(), zeros: false }
+    }
+
+    /// This region's part of the logical `value` (zeros for a zero part).
+    pub fn cut(&self, value: &crate::HostArray) -> crate::HostArray {
+        let meta = crate::TensorMeta::new(self.shape.clone(), value.meta().dtype);
+        if self.zeros {
+            return crate::HostArray::zeros(&meta);
+        }
+        let ranges: Vec<std::ops::Range<usize>> =
+            self.offsets.iter().zip(&self.shape).map(|(&o, &n)| o..o + n).collect();
+        value.region(&ranges)
+    }
+
+    /// Whether the region lies inside a tensor of `shape`.
+    pub fn fits(&self, shape: &crate::Shape) -> bool {
+        self.offsets.len() == shape.rank()
+            && self.shape.len() == shape.rank()
+            && self.offsets.iter().zip(&self.shape).zip(shape.dims()).all(|((&o, &n), &d)| o + n <= d)
+    }
+}
+
+/// One device's part of a fed input or a fetched output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorPart {
+    /// The source (input) or sink (output) actor of the part.
+    pub actor: ActorIndex,
+    /// Where the part lies in the logical tensor.
+    pub region: Region,
+}
+
+/// A typed input: a logical tensor fed once per piece, cut into its devices' parts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSignature {
+    /// The input's name in the graph.
+    pub name: String,
+    /// Shape and dtype of every logical value.
+    pub meta: crate::TensorMeta,
+    /// The fed source of each device's part, in feed order.
+    pub parts: Vec<TensorPart>,
+}
+
+/// A typed output: a logical tensor delivered whole by one sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSignature {
+    /// The output's name (`fetch:k`).
+    pub name: String,
+    /// Shape and dtype of every value.
+    pub meta: crate::TensorMeta,
+    /// The sink that delivers the whole value.
+    pub actor: ActorIndex,
+}
+
+/// What a plan reads and writes, in logical terms.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signature {
+    /// Fed inputs, in the graph's order.
+    pub inputs: Vec<InputSignature>,
+    /// Fetched outputs, in fetch order.
+    pub outputs: Vec<OutputSignature>,
+}
+
+/// A loop register's first value: the part `region` of the logical variable `meta`
+/// drawn from `init`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariableDesc {
+    /// The variable's name (with its device, `w@1`, on a mesh).
+    pub name: String,
+    /// The register whose preloaded slots take the value.
+    pub regst: RegstDescId,
+    /// Shape and dtype of the whole (logical) variable.
+    pub meta: crate::TensorMeta,
+    /// How its value is drawn.
+    pub init: crate::Init,
+    /// This register's part of it.
+    pub region: Region,
+}
+
+/// A dataset source: shuffled batches of a file of fixed-size records, each record split
+/// into fields, one field per output register.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConf {
+    /// The record file (a relative path is resolved against the job's data directory).
+    pub path: String,
+    /// Bytes of each field of a record, in output order.
+    pub fields: Vec<u64>,
+    /// Records per piece.
+    pub batch: u64,
+    /// Seed of the per-epoch shuffle.
+    pub seed: u64,
+    /// Pieces to produce (batches, over as many epochs as they take).
+    pub pieces: u64,
 }
 
 /// The kind of a device and what its backend needs to know.
@@ -77,6 +202,9 @@ pub enum DeviceKind {
     Cpu,
     /// Simulated device: kernels compute on the host but complete after a modeled duration.
     Sim,
+    /// An NVIDIA GPU. Plans may name it; a runtime without a CUDA backend refuses such a
+    /// plan when the job is built, naming the device.
+    Cuda,
 }
 
 impl DeviceKind {
@@ -85,6 +213,7 @@ impl DeviceKind {
         match self {
             DeviceKind::Cpu => "cpu",
             DeviceKind::Sim => "sim",
+            DeviceKind::Cuda => "cuda",
         }
     }
 }
@@ -151,6 +280,19 @@ pub enum SourcePieces {
         /// Registered kernel name.
         kernel: String,
     },
+    /// Produces the batches of a dataset file the plan names.
+    Dataset(DatasetConf),
+}
+
+impl SourcePieces {
+    /// How many pieces the source produces (`None`: as many as are fed).
+    pub fn count(&self) -> Option<u64> {
+        match self {
+            SourcePieces::Count(n) | SourcePieces::Custom { count: n, .. } => Some(*n),
+            SourcePieces::Dataset(d) => Some(d.pieces),
+            SourcePieces::Fed => None,
+        }
+    }
 }
 
 /// Which kernel a compute (or acc) actor runs.
@@ -164,6 +306,9 @@ pub enum KernelConf {
     /// Elementwise f32 sum of all inputs into every output. In an acc actor: the sum over
     /// the pieces of a group.
     SumF32,
+    /// An op of the graph, as data: its type, attributes and local metas. Kernels come
+    /// from the registry entry for (op type, the actor's device kind, the op's dtype).
+    Op(crate::OpConf),
     /// A kernel the embedding program registers under this name.
     Custom {
         /// Registered name.
@@ -190,7 +335,7 @@ pub struct CollectiveConf {
     /// Element type.
     pub dtype: crate::DType,
     /// Shape of the whole tensor the group works on; parts along a dimension are balanced
-    /// ([`crate::sbp::part_range`]).
+    /// ([`crate::part_range`]).
     pub shape: Vec<usize>,
 }
 
@@ -223,7 +368,7 @@ impl CollectiveConf {
     fn part_shape(&self, dim: usize) -> Vec<usize> {
         let mut shape = self.shape.clone();
         if let Some(len) = shape.get_mut(dim) {
-            *len = crate::sbp::part_range(*len, self.size as usize, self.rank as usize).len();
+            *len = crate::part_range(*len, self.size as usize, self.rank as usize).len();
         }
         shape
     }
@@ -273,6 +418,9 @@ pub enum ActorKind {
     },
     /// Delivers every piece of its inputs to the user: no outputs.
     Sink,
+    /// Takes every piece of its inputs and drops it: the reader of a register nobody else
+    /// reads (an optimizer state's last value). No outputs.
+    Discard,
     /// Accumulates `count` input pieces into one output piece (one input, one output).
     Acc {
         /// Pieces per output.
@@ -295,6 +443,7 @@ impl ActorKind {
             ActorKind::Source { .. } => "source",
             ActorKind::Compute { .. } => "compute",
             ActorKind::Sink => "sink",
+            ActorKind::Discard => "discard",
             ActorKind::Acc { .. } => "acc",
             ActorKind::Repeat { .. } => "repeat",
         }
@@ -358,6 +507,8 @@ impl Plan {
             streams: Vec::new(),
             actors: Vec::new(),
             regst_descs: Vec::new(),
+            signature: Signature::default(),
+            variables: Vec::new(),
         }
     }
 
@@ -392,4 +543,13 @@ impl Plan {
         // Serializing plain data with string keys cannot fail.
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
+}
+
+/// Where a firing sits in an acc group or a repeat fan-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupPosition {
+    /// Position in the group, `0..count`.
+    pub index: u32,
+    /// Group size (1 for plain actors).
+    pub count: u32,
 }

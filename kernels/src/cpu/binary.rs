@@ -1,0 +1,70 @@
+//! CPU kernels of `binary` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for Binary {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        match outputs[0].dtype() {
+            DType::F32 => compute_typed::<f32>(self.0, inputs, &mut outputs[0]),
+            DType::F64 => compute_typed::<f64>(self.0, inputs, &mut outputs[0]),
+            DType::I64 => Err("integer arithmetic is not supported".into()),
+        }
+    }
+}
+
+fn compute_typed<T: Real>(
+    kind: BinaryKind,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
+    let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
+    let shape = out.shape.clone();
+    let o = out.as_mut_slice::<T>()?;
+    let op = |x: T, y: T| match kind {
+        BinaryKind::Add => x + y,
+        BinaryKind::Sub => x - y,
+        BinaryKind::Mul => x * y,
+        BinaryKind::Div => x / y,
+    };
+    for_each_broadcast(&shape, inputs[0].shape, inputs[1].shape, |i, ia, ib| o[i] = op(a[ia], b[ib]));
+    Ok(())
+}
+
+/// Calls `f(out_index, a_index, b_index)` for every element of `out`, where `a` and `b`
+/// are read broadcast to `out`'s shape.
+pub fn for_each_broadcast(out: &Shape, a: &Shape, b: &Shape, mut f: impl FnMut(usize, usize, usize)) {
+    let n = out.numel();
+    if a == out && b == out {
+        for i in 0..n {
+            f(i, i, i);
+        }
+        return;
+    }
+    let (sa, sb) = (a.broadcast_strides(out), b.broadcast_strides(out));
+    let dims = out.dims();
+    let mut index = vec![0usize; dims.len()];
+    let (mut ia, mut ib) = (0usize, 0usize);
+    for o in 0..n {
+        f(o, ia, ib);
+        // Odometer increment, updating the two read offsets incrementally.
+        for d in (0..dims.len()).rev() {
+            index[d] += 1;
+            ia += sa[d];
+            ib += sb[d];
+            if index[d] < dims[d] {
+                break;
+            }
+            ia -= sa[d] * dims[d];
+            ib -= sb[d] * dims[d];
+            index[d] = 0;
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! CPU kernels of `concat` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for Concat {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let axis = self.resolve(outputs[0].shape)?;
+        match outputs[0].dtype() {
+            DType::F32 => concat_typed::<f32>(axis, inputs, &mut outputs[0]),
+            DType::F64 => concat_typed::<f64>(axis, inputs, &mut outputs[0]),
+            DType::I64 => concat_typed::<i64>(axis, inputs, &mut outputs[0]),
+        }
+    }
+}
+
+fn concat_typed<T: Element>(axis: usize, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let blocks = crate::cpu::slice::AxisBlocks::new(out.shape, axis);
+    let total = out.shape.dims()[axis];
+    let o = out.as_mut_slice::<T>()?;
+    let mut offset = 0;
+    for input in inputs {
+        let size = input.shape.dims()[axis];
+        blocks.copy((input.as_slice::<T>()?, size, 0), (&mut *o, total, offset), size)?;
+        offset += size;
+    }
+    Ok(())
+}

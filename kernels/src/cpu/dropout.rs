@@ -1,0 +1,53 @@
+//! CPU kernels of `dropout` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for DropoutPart {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let local = inputs[0].shape;
+        let index = |i| self.logical_index(local, i);
+        match outputs[0].dtype() {
+            DType::F32 => compute_typed::<f32>(&self.dropout, index, &inputs[0], &mut outputs[0]),
+            DType::F64 => compute_typed::<f64>(&self.dropout, index, &inputs[0], &mut outputs[0]),
+            DType::I64 => Err("integer dropout is not supported".into()),
+        }
+    }
+}
+
+impl HostCompute for Dropout {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        match outputs[0].dtype() {
+            DType::F32 => compute_typed::<f32>(self, |i| i, &inputs[0], &mut outputs[0]),
+            DType::F64 => compute_typed::<f64>(self, |i| i, &inputs[0], &mut outputs[0]),
+            DType::I64 => Err("integer dropout is not supported".into()),
+        }
+    }
+}
+
+/// `index(i)`: the logical index of local element `i` (the identity unless split).
+fn compute_typed<T: Real>(
+    op: &Dropout,
+    index: impl Fn(usize) -> usize,
+    input: &HostTensor<'_>,
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
+    let x = input.as_slice::<T>()?;
+    let scale = T::from_f64(1.0 / (1.0 - op.p));
+    for (i, (o, &v)) in out.as_mut_slice::<T>()?.iter_mut().zip(x).enumerate() {
+        *o = if op.keeps(index(i)) { v * scale } else { T::zero() };
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! CPU kernels of `embedding` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for VocabPart {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        if self.grad {
+            scatter(&self.rows, inputs, outputs)
+        } else {
+            gather(&self.rows, inputs, outputs)
+        }
+    }
+}
+
+impl HostCompute for Embedding {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        gather(&Rows::all(inputs[0].shape.dims()[0]), inputs, outputs)
+    }
+}
+
+impl HostCompute for EmbeddingGrad {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        scatter(&Rows::all(self.vocab_size), inputs, outputs)
+    }
+}
+
+fn gather(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+    match outputs[0].dtype() {
+        DType::F32 => gather_typed::<f32>(rows, inputs, &mut outputs[0]),
+        DType::F64 => gather_typed::<f64>(rows, inputs, &mut outputs[0]),
+        DType::I64 => Err("integer tables are not supported".into()),
+    }
+}
+
+fn scatter(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
+    match outputs[0].dtype() {
+        DType::F32 => scatter_typed::<f32>(rows, inputs, &mut outputs[0]),
+        DType::F64 => scatter_typed::<f64>(rows, inputs, &mut outputs[0]),
+        DType::I64 => Err("integer tables are not supported".into()),
+    }
+}
+
+fn gather_typed<T: Real>(rows: &Rows, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let (table, ids) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
+    let features = inputs[0].shape.dims()[1];
+    let out = out.as_mut_slice::<T>()?;
+    for i in 0..ids.len() {
+        let dst = &mut out[i * features..(i + 1) * features];
+        match rows.local(ids, i)? {
+            Some(r) => dst.copy_from_slice(&table[r * features..(r + 1) * features]),
+            None => dst.fill(T::zero()),
+        }
+    }
+    Ok(())
+}
+
+fn scatter_typed<T: Real>(rows: &Rows, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let (ids, dy) = (inputs[0].as_slice::<i64>()?, inputs[1].as_slice::<T>()?);
+    let features = out.shape.dims()[1];
+    let out = out.as_mut_slice::<T>()?;
+    out.fill(T::zero());
+    for i in 0..ids.len() {
+        let Some(r) = rows.local(ids, i)? else { continue };
+        for (o, &d) in out[r * features..(r + 1) * features].iter_mut().zip(&dy[i * features..(i + 1) * features]) {
+            *o += d;
+        }
+    }
+    Ok(())
+}

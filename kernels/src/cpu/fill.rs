@@ -1,0 +1,22 @@
+//! CPU kernels of `fill` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for Fill {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        _inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        match &mut outputs[0].data {
+            HostSliceMut::F32(v) => v.fill(self.value as f32),
+            HostSliceMut::F64(v) => v.fill(self.value),
+            HostSliceMut::I64(v) => v.fill(self.value as i64),
+        }
+        Ok(())
+    }
+}

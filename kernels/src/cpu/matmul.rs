@@ -1,0 +1,199 @@
+//! CPU kernels of `matmul` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for MatMul {
+    fn compute(
+        &self,
+        context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
+        compute_layout(&layout, false, context.threads, inputs, outputs)
+    }
+}
+
+impl HostCompute for MatMulBatchSum {
+    fn compute(
+        &self,
+        context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
+        compute_layout(&layout, true, context.threads, inputs, outputs)
+    }
+}
+
+/// Computes the products `layout` describes with up to `threads` threads.
+pub fn compute_layout(
+    layout: &Layout,
+    sum_batch: bool,
+    threads: usize,
+    inputs: &[HostTensor<'_>],
+    outputs: &mut [HostTensorMut<'_>],
+) -> Result<(), String> {
+    match outputs[0].dtype() {
+        DType::F32 => gemm_typed::<f32>(layout, sum_batch, threads, inputs, &mut outputs[0]),
+        DType::F64 => gemm_typed::<f64>(layout, sum_batch, threads, inputs, &mut outputs[0]),
+        DType::I64 => Err("integer matrix products are not supported".into()),
+    }
+}
+
+/// How `op(a) · op(b)` lines up (the matmul shape rule, shared with the graph's `infer`),
+/// or why the operands do not fit.
+pub fn layout(a: &Shape, transpose_a: bool, b: &Shape, transpose_b: bool) -> Result<Layout, String> {
+    let pair = || format!("{} x {}", describe(a, transpose_a), describe(b, transpose_b));
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(format!("operands must have rank >= 2, got {}", pair()));
+    }
+    let (m, k, a_strides) = matrix(a, transpose_a);
+    let (k_b, n, b_strides) = matrix(b, transpose_b);
+    if k != k_b {
+        return Err(format!("inner dimensions differ: {} ({k} vs {k_b})", pair()));
+    }
+    let batch_a = &a.dims()[..a.rank() - 2];
+    let batch_b = &b.dims()[..b.rank() - 2];
+    let batch = if batch_a == batch_b || batch_b.is_empty() {
+        batch_a
+    } else if batch_a.is_empty() {
+        batch_b
+    } else {
+        return Err(format!(
+            "batch dimensions differ: {} ({} vs {})",
+            pair(),
+            Shape::from(batch_a),
+            Shape::from(batch_b)
+        ));
+    };
+    Ok(Layout {
+        batch: batch.to_vec(),
+        both_batched: !batch_a.is_empty() && !batch_b.is_empty(),
+        m,
+        k,
+        n,
+        a_step: if batch_a.is_empty() { 0 } else { m * k },
+        b_step: if batch_b.is_empty() { 0 } else { k * n },
+        a_strides,
+        b_strides,
+    })
+}
+
+/// How two operands line up: sizes, batch, and the strides of `op(a)` and `op(b)`.
+#[derive(Debug)]
+pub struct Layout {
+    /// Batch dimensions of the result (empty for a plain matrix product).
+    pub batch: Vec<usize>,
+    /// Whether both operands carry the batch (rather than one being shared).
+    pub both_batched: bool,
+    /// Rows of `op(a)` and of the result.
+    pub m: usize,
+    /// Columns of `op(a)`, rows of `op(b)`.
+    pub k: usize,
+    /// Columns of `op(b)` and of the result.
+    pub n: usize,
+    /// Elements between consecutive batch elements of `a` (0: shared).
+    pub a_step: usize,
+    /// Elements between consecutive batch elements of `b` (0: shared).
+    pub b_step: usize,
+    /// Row and column strides of `op(a)` (`m x k`) and `op(b)` (`k x n`).
+    pub a_strides: (isize, isize),
+    /// Row and column strides of `op(b)`.
+    pub b_strides: (isize, isize),
+}
+
+/// `shape`, marked `ᵀ` when the operand is read transposed (for errors).
+pub fn describe(shape: &Shape, transposed: bool) -> String {
+    if transposed {
+        format!("{shape}ᵀ")
+    } else {
+        shape.to_string()
+    }
+}
+
+/// Computes the products into `out`: one per batch element, or their sum if `sum_batch`.
+pub fn gemm_typed<T: Real>(
+    layout: &Layout,
+    sum_batch: bool,
+    threads: usize,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
+    let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
+    let out = out.as_mut_slice::<T>()?;
+    let Layout { m, k, n, a_step, b_step, .. } = *layout;
+    let count: usize = layout.batch.iter().product();
+    let out_step = if sum_batch { 0 } else { m * n };
+    // The pointer arithmetic below is sound only for these lengths.
+    let expected = |step: usize, size: usize| if step == 0 { size } else { count * size };
+    if a.len() != expected(a_step, m * k)
+        || b.len() != expected(b_step, k * n)
+        || out.len() != expected(out_step, m * n)
+    {
+        return Err(format!(
+            "operand lengths {}, {} -> {} do not fit {count} products of [{m}, {k}] x [{k}, {n}] (broken invariant)",
+            a.len(),
+            b.len(),
+            out.len()
+        ));
+    }
+    out.fill(T::zero());
+    if m == 0 || n == 0 || k == 0 {
+        return Ok(());
+    }
+    for i in 0..count {
+        let dst = out[i * out_step..].as_mut_ptr();
+        let lhs = a[i * a_step..].as_ptr();
+        let rhs = b[i * b_step..].as_ptr();
+        // Summing a batch accumulates into the result of the previous element.
+        let read_dst = sum_batch && i > 0;
+        // SAFETY: `dst` points to `m * n` writable elements (row stride `n`), `lhs` to the
+        // `m * k` elements of `op(a_i)` and `rhs` to the `k * n` of `op(b_i)`; the strides
+        // stay inside those ranges and the lengths were checked above. `T` is f32 or f64,
+        // types `gemm` supports.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst,
+                1,
+                n as isize,
+                read_dst,
+                lhs,
+                layout.a_strides.1,
+                layout.a_strides.0,
+                rhs,
+                layout.b_strides.1,
+                layout.b_strides.0,
+                T::one(),
+                T::one(),
+                false,
+                false,
+                false,
+                // Split by output tiles: every element is still one thread's sum in a
+                // fixed order, so results do not depend on scheduling.
+                match threads {
+                    0 | 1 => gemm::Parallelism::None,
+                    n => gemm::Parallelism::Rayon(n),
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Rows, columns and (row, column) strides of `op(x)` for a row-major `x`.
+fn matrix(shape: &Shape, transposed: bool) -> (usize, usize, (isize, isize)) {
+    let dims = shape.dims();
+    let (rows, cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    if transposed {
+        (cols, rows, (1, cols as isize))
+    } else {
+        (rows, cols, (cols as isize, 1))
+    }
+}

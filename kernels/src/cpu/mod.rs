@@ -1,0 +1,121 @@
+//! CPU kernels: the host computation of every op of the graph DSL, moved here from the op
+//! definitions so that a plan runs without the DSL. One module per op family; [`register`]
+//! adds them to a registry for a device kind (`cpu`, and `sim`, which computes on the
+//! host and only models time).
+
+use crate::builtin::AccumulateMean;
+use crate::host::{HostCompute, HostOpKernel};
+use crate::{KernelError, KernelFactory, KernelRegistry};
+use regflow_plan::ops::{self, OpAttrs};
+use regflow_plan::{DType, DeviceKind};
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+
+pub mod binary;
+pub mod boxing;
+pub mod concat;
+pub mod cross_entropy;
+pub mod dropout;
+pub mod embedding;
+pub mod fill;
+pub mod layer_norm;
+pub mod matmul;
+pub mod optim;
+pub mod permute;
+pub mod reduce;
+pub mod reduce_to;
+pub mod reshape;
+pub mod slice;
+pub mod softmax;
+pub mod to_global;
+pub mod unary;
+
+/// A factory that parses the op's attributes as `T` and runs its host computation.
+fn host<T: HostCompute + DeserializeOwned + 'static>() -> KernelFactory {
+    Arc::new(|spec| {
+        let conf = spec.op.ok_or_else(|| {
+            KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
+        })?;
+        let op: T = conf.parse_attrs().map_err(|m| KernelError(format!("actor '{}': {m}", spec.actor)))?;
+        op.check(&conf.inputs, &conf.outputs)
+            .map_err(|m| KernelError(format!("actor '{}' (op '{}'): {m}", spec.actor, conf.op_type)))?;
+        Ok(Box::new(HostOpKernel::new(op, conf)))
+    })
+}
+
+/// Registers `T`'s host kernel under its op type for each of `dtypes`.
+fn add<T: HostCompute + DeserializeOwned + OpAttrs + Default + 'static>(
+    registry: &mut KernelRegistry,
+    device: DeviceKind,
+    dtypes: &[DType],
+) {
+    add_as::<T>(registry, T::default().op_type(), device, dtypes);
+}
+
+fn add_as<T: HostCompute + DeserializeOwned + 'static>(
+    registry: &mut KernelRegistry,
+    op_type: &str,
+    device: DeviceKind,
+    dtypes: &[DType],
+) {
+    for &dtype in dtypes {
+        registry.register_op(op_type, device, dtype, host::<T>());
+    }
+}
+
+/// Adds the CPU kernels of every op to `registry` for devices of kind `device`.
+pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
+    const FLOAT: &[DType] = &[DType::F32, DType::F64];
+    const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64];
+    let r = registry;
+    add_as::<ops::Binary>(r, "binary", device, FLOAT);
+    add_as::<ops::Unary>(r, "unary", device, FLOAT);
+    add_as::<ops::Fill>(r, "fill", device, ANY);
+    add_as::<ops::SumTo>(r, "sum_to", device, FLOAT);
+    add_as::<ops::BroadcastTo>(r, "broadcast_to", device, ANY);
+    add::<ops::SparseCrossEntropy>(r, device, FLOAT);
+    add::<ops::SparseCrossEntropyGrad>(r, device, FLOAT);
+    add_as::<ops::PartCrossEntropy>(r, "part_cross_entropy", device, FLOAT);
+    add_as::<ops::Dropout>(r, "dropout", device, FLOAT);
+    add_as::<ops::DropoutPart>(r, "dropout_part", device, FLOAT);
+    add::<ops::Embedding>(r, device, FLOAT);
+    add_as::<ops::EmbeddingGrad>(r, "embedding_grad", device, FLOAT);
+    add_as::<ops::VocabPart>(r, "vocab_part", device, FLOAT);
+    add_as::<ops::LayerNorm>(r, "layer_norm", device, FLOAT);
+    add_as::<ops::LayerNormGrad>(r, "layer_norm_grad", device, FLOAT);
+    add::<ops::MatMul>(r, device, FLOAT);
+    add::<ops::MatMulBatchSum>(r, device, FLOAT);
+    add_as::<ops::Softmax>(r, "softmax", device, FLOAT);
+    add_as::<ops::LogSoftmax>(r, "log_softmax", device, FLOAT);
+    add_as::<ops::SoftmaxGrad>(r, "softmax_grad", device, FLOAT);
+    add_as::<ops::Concat>(r, "concat", device, ANY);
+    add_as::<ops::Permute>(r, "permute", device, ANY);
+    add_as::<ops::Reduce>(r, "reduce", device, FLOAT);
+    add_as::<ops::MaxMask>(r, "max_mask", device, FLOAT);
+    add_as::<ops::PartMean>(r, "part_mean", device, FLOAT);
+    add_as::<ops::Reshape>(r, "reshape", device, ANY);
+    add_as::<ops::Slice>(r, "slice", device, ANY);
+    add_as::<ops::SliceGrad>(r, "slice_grad", device, ANY);
+    add_as::<ops::LearningRate>(r, "learning_rate", device, FLOAT);
+    add_as::<ops::ClipFactor>(r, "clip_factor", device, FLOAT);
+    add_as::<ops::Update>(r, "update", device, FLOAT);
+    add_as::<ops::NextStep>(r, "next_step", device, ANY);
+    add_as::<ops::TakePart>(r, "take_part", device, ANY);
+    add_as::<ops::KeepOnFirst>(r, "keep_on_first", device, ANY);
+    add_as::<ops::ToGlobal>(r, "to_global", device, ANY);
+    for dtype in [DType::F32, DType::F64] {
+        let factory: KernelFactory = match dtype {
+            DType::F64 => Arc::new(|_| Ok(Box::new(AccumulateMean::<f64>(std::marker::PhantomData)))),
+            _ => Arc::new(|_| Ok(Box::new(AccumulateMean::<f32>(std::marker::PhantomData)))),
+        };
+        r.register_op(ops::ACCUMULATE_MEAN, device, dtype, factory);
+    }
+}
+
+/// A registry with the built-in CPU kernels for `cpu` and `sim` devices.
+pub fn registry() -> KernelRegistry {
+    let mut registry = KernelRegistry::new();
+    register(&mut registry, DeviceKind::Cpu);
+    register(&mut registry, DeviceKind::Sim);
+    registry
+}

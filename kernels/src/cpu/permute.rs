@@ -1,0 +1,71 @@
+//! CPU kernels of `permute` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for Permute {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let perm = self.resolve(inputs[0].shape)?;
+        match outputs[0].dtype() {
+            DType::F32 => permute_typed::<f32>(&perm, &inputs[0], &mut outputs[0]),
+            DType::F64 => permute_typed::<f64>(&perm, &inputs[0], &mut outputs[0]),
+            DType::I64 => permute_typed::<i64>(&perm, &inputs[0], &mut outputs[0]),
+        }
+    }
+}
+
+fn permute_typed<T: Element>(
+    perm: &[usize],
+    input: &HostTensor<'_>,
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
+    permute_copy(input.as_slice::<T>()?, input.shape, perm, out.as_mut_slice::<T>()?)
+}
+
+/// Writes `x` (of shape `shape`) with its axes permuted by `perm` into `out`. Walks the
+/// output in order, one innermost row at a time, keeping the matching input offset with
+/// an odometer so no index is recomputed from scratch.
+fn permute_copy<T: Copy>(x: &[T], shape: &Shape, perm: &[usize], out: &mut [T]) -> Result<(), String> {
+    if x.len() != shape.numel() || out.len() != x.len() || perm.len() != shape.rank() {
+        return Err(format!(
+            "{} input elements of shape {shape}, {} outputs, permutation of {} axes (broken invariant)",
+            x.len(),
+            out.len(),
+            perm.len()
+        ));
+    }
+    if perm.iter().enumerate().all(|(i, &p)| i == p) || out.is_empty() {
+        out.copy_from_slice(x);
+        return Ok(());
+    }
+    let in_strides = shape.strides();
+    let dims: Vec<usize> = perm.iter().map(|&p| shape.dims()[p]).collect();
+    let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    // Not the identity, so the rank is at least 2.
+    let outer = dims.len() - 1;
+    let (row, row_stride) = (dims[outer], strides[outer]);
+    let mut index = vec![0usize; outer];
+    let mut base = 0usize;
+    for chunk in out.chunks_exact_mut(row) {
+        for (j, o) in chunk.iter_mut().enumerate() {
+            *o = x[base + j * row_stride];
+        }
+        for d in (0..outer).rev() {
+            index[d] += 1;
+            base += strides[d];
+            if index[d] < dims[d] {
+                break;
+            }
+            base -= strides[d] * dims[d];
+            index[d] = 0;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! CPU kernels of `reduce` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for PartMean {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let reduced = reduced_axes(inputs[0].shape, &self.mean.axes)?;
+        let divisor = Some(self.logical_count);
+        match outputs[0].dtype() {
+            DType::F32 => reduce_typed::<f32>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
+            DType::F64 => reduce_typed::<f64>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
+            DType::I64 => Err("integer reductions are not supported".into()),
+        }
+    }
+}
+
+impl HostCompute for Reduce {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let reduced = reduced_axes(inputs[0].shape, &self.axes)?;
+        match outputs[0].dtype() {
+            DType::F32 => reduce_typed::<f32>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
+            DType::F64 => reduce_typed::<f64>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
+            DType::I64 => Err("integer reductions are not supported".into()),
+        }
+    }
+}
+
+impl HostCompute for MaxMask {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        match outputs[0].dtype() {
+            DType::F32 => max_mask_typed::<f32>(inputs, &mut outputs[0]),
+            DType::F64 => max_mask_typed::<f64>(inputs, &mut outputs[0]),
+            DType::I64 => Err("integer comparisons are not supported".into()),
+        }
+    }
+}
+
+fn max_mask_typed<T: Real>(inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let (x, m) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
+    let o = out.as_mut_slice::<T>()?;
+    crate::cpu::binary::for_each_broadcast(inputs[0].shape, inputs[0].shape, inputs[1].shape, |i, _, im| {
+        o[i] = if x[i] == m[im] { T::one() } else { T::zero() };
+    });
+    Ok(())
+}
+
+/// `divisor`: what a mean divides by (`None`: the number of elements reduced).
+fn reduce_typed<T: Real>(
+    kind: ReduceKind,
+    reduced: &[bool],
+    divisor: Option<usize>,
+    input: &HostTensor<'_>,
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
+    let x = input.as_slice::<T>()?;
+    let keep = keepdim_shape(input.shape, reduced);
+    let o = out.as_mut_slice::<T>()?;
+    if o.len() != keep.numel() {
+        return Err(format!("output has {} elements, expected {} (broken invariant)", o.len(), keep.numel()));
+    }
+    // The keepdim output, read "broadcast" to the input's shape, gives each input element
+    // its output slot; keepdim and squeezed outputs share one row-major layout.
+    match kind {
+        ReduceKind::Sum | ReduceKind::Mean => {
+            o.fill(T::zero());
+            crate::cpu::binary::for_each_broadcast(input.shape, input.shape, &keep, |i, _, io| o[io] += x[i]);
+        }
+        ReduceKind::Max => {
+            o.fill(T::from_f64(f64::NEG_INFINITY));
+            crate::cpu::binary::for_each_broadcast(input.shape, input.shape, &keep, |i, _, io| {
+                if x[i] > o[io] {
+                    o[io] = x[i];
+                }
+            });
+        }
+    }
+    if kind == ReduceKind::Mean {
+        // An empty reduction gives 0 / 0 = NaN, as numpy does.
+        let count = divisor.unwrap_or_else(|| reduced_count(input.shape, reduced));
+        let scale = T::from_f64(1.0 / count as f64);
+        o.iter_mut().for_each(|v| *v = *v * scale);
+    }
+    Ok(())
+}
+
+/// How many input elements each output element reduces.
+pub fn reduced_count(shape: &Shape, reduced: &[bool]) -> usize {
+    shape.dims().iter().zip(reduced).filter(|(_, &r)| r).map(|(&d, _)| d).product()
+}

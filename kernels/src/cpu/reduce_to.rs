@@ -1,0 +1,62 @@
+//! CPU kernels of `reduce_to` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for SumTo {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        match outputs[0].dtype() {
+            DType::F32 => sum_to_typed::<f32>(&inputs[0], &mut outputs[0]),
+            DType::F64 => sum_to_typed::<f64>(&inputs[0], &mut outputs[0]),
+            DType::I64 => Err("integer sums are not supported".into()),
+        }
+    }
+}
+
+impl HostCompute for BroadcastTo {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        match outputs[0].dtype() {
+            DType::F32 => broadcast_typed::<f32>(&inputs[0], &mut outputs[0]),
+            DType::F64 => broadcast_typed::<f64>(&inputs[0], &mut outputs[0]),
+            DType::I64 => broadcast_typed_i64(&inputs[0], &mut outputs[0]),
+        }
+    }
+}
+
+fn broadcast_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let x = input.as_slice::<T>()?;
+    let shape = out.shape.clone();
+    let o = out.as_mut_slice::<T>()?;
+    crate::cpu::binary::for_each_broadcast(&shape, input.shape, &shape, |i, ix, _| o[i] = x[ix]);
+    Ok(())
+}
+
+fn broadcast_typed_i64(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let x = input.as_slice::<i64>()?;
+    let shape = out.shape.clone();
+    let o = out.as_mut_slice::<i64>()?;
+    crate::cpu::binary::for_each_broadcast(&shape, input.shape, &shape, |i, ix, _| o[i] = x[ix]);
+    Ok(())
+}
+
+fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let x = input.as_slice::<T>()?;
+    let shape = out.shape.clone();
+    let o = out.as_mut_slice::<T>()?;
+    o.fill(T::zero());
+    // Walk the input; the output is the operand read "broadcast" to the input's shape.
+    crate::cpu::binary::for_each_broadcast(input.shape, input.shape, &shape, |i, _, io| o[io] += x[i]);
+    Ok(())
+}

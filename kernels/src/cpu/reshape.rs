@@ -1,0 +1,34 @@
+//! CPU kernels of `reshape` ops.
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+#[allow(unused_imports)]
+use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+
+impl HostCompute for Reshape {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        copy_all(&inputs[0], &mut outputs[0])
+    }
+}
+
+/// Copies every element of `input` to `out` (same dtype and element count).
+fn copy_all(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    fn copy<T: Copy>(x: &[T], o: &mut [T]) -> Result<(), String> {
+        if x.len() != o.len() {
+            return Err(format!("{} input elements for {} outputs (broken invariant)", x.len(), o.len()));
+        }
+        o.copy_from_slice(x);
+        Ok(())
+    }
+    match (input.data, &mut out.data) {
+        (HostSlice::F32(x), HostSliceMut::F32(o)) => copy(x, o),
+        (HostSlice::F64(x), HostSliceMut::F64(o)) => copy(x, o),
+        (HostSlice::I64(x), HostSliceMut::I64(o)) => copy(x, o),
+        _ => Err(format!("{} input, {} output (broken invariant)", input.dtype(), out.dtype())),
+    }
+}

@@ -1,0 +1,136 @@
+//! What one firing of a kernel sees: its registers as bytes or typed tensors, its piece and
+//! group position, and the context of the stream it runs on.
+
+use regflow_memory::BufferView;
+use regflow_plan::{DType, DeviceKind, GroupPosition, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
+
+/// The stream a kernel runs on: its device and what the job configured for it. A CUDA
+/// kernel will find its stream handle here; CPU kernels read the thread count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamContext {
+    /// Kind of the device.
+    pub device: DeviceKind,
+    /// Index of the device among its node's devices of that kind.
+    pub device_index: u16,
+    /// Threads one kernel of this device may use (matrix products split their output
+    /// tiles over them); a per-job setting, 1 by default.
+    pub threads: usize,
+}
+
+impl Default for StreamContext {
+    fn default() -> Self {
+        Self { device: DeviceKind::Cpu, device_index: 0, threads: 1 }
+    }
+}
+
+/// The registers of one firing.
+///
+/// Inputs are read-only, outputs writable. The register protocol guarantees that nobody
+/// else writes an input, or touches an output, while the kernel runs.
+#[derive(Debug)]
+pub struct KernelIo<'a> {
+    piece: u64,
+    group: GroupPosition,
+    inputs: &'a [BufferView],
+    outputs: &'a [BufferView],
+    context: &'a StreamContext,
+}
+
+/// Why a register cannot be viewed as a tensor.
+fn cast_error(meta: &TensorMeta, e: bytemuck::PodCastError) -> String {
+    format!("register of {meta} is not a whole, aligned {}: {e}", meta.dtype)
+}
+
+/// `bytes` as a tensor of `meta`.
+pub(crate) fn view<'a>(meta: &'a TensorMeta, bytes: &'a [u8]) -> Result<HostTensor<'a>, String> {
+    let data = match meta.dtype {
+        DType::F32 => HostSlice::F32(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::F64 => HostSlice::F64(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::I64 => HostSlice::I64(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
+    };
+    Ok(HostTensor { shape: &meta.shape, data })
+}
+
+/// `bytes` as a writable tensor of `meta`.
+pub(crate) fn view_mut<'a>(meta: &'a TensorMeta, bytes: &'a mut [u8]) -> Result<HostTensorMut<'a>, String> {
+    let data = match meta.dtype {
+        DType::F32 => HostSliceMut::F32(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::F64 => HostSliceMut::F64(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::I64 => HostSliceMut::I64(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
+    };
+    Ok(HostTensorMut { shape: &meta.shape, data })
+}
+
+impl<'a> KernelIo<'a> {
+    /// The registers of one firing of piece `piece`. The caller (a stream) guarantees
+    /// that the views are the firing's slots: inputs ready for this actor, outputs free.
+    pub fn new(
+        piece: u64,
+        group: GroupPosition,
+        inputs: &'a [BufferView],
+        outputs: &'a [BufferView],
+        context: &'a StreamContext,
+    ) -> Self {
+        Self { piece, group, inputs, outputs, context }
+    }
+
+    /// Piece number of this firing.
+    pub fn piece(&self) -> u64 {
+        self.piece
+    }
+
+    /// Position in an acc group: `index == 0` starts a new accumulation.
+    pub fn group(&self) -> GroupPosition {
+        self.group
+    }
+
+    /// The stream this kernel runs on.
+    pub fn context(&self) -> &'a StreamContext {
+        self.context
+    }
+
+    /// Number of inputs.
+    pub fn input_count(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Number of outputs.
+    pub fn output_count(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// Input `i`. Panics if `i` is out of range (a kernel bug, not a user error).
+    pub fn input(&self, i: usize) -> &'a [u8] {
+        // SAFETY: the slot is Ready for this actor and no producer writes it until the
+        // actor acks it, which happens after this kernel completes; the arena outlives
+        // the job's threads.
+        unsafe { self.inputs[i].as_slice() }
+    }
+
+    /// Input `i` as a tensor of `meta`.
+    pub fn input_tensor(&self, i: usize, meta: &'a TensorMeta) -> Result<HostTensor<'a>, String> {
+        view(meta, self.input(i))
+    }
+
+    /// Output `i` with the lifetime of the registers, so a kernel can hold several outputs
+    /// at once. The caller must take each output at most once per firing: outputs are
+    /// distinct registers, but two views of the same one would alias.
+    pub(crate) fn output_detached(&mut self, i: usize) -> &'a mut [u8] {
+        // SAFETY: as for `output`; distinct indices are distinct slots of distinct registers,
+        // and the caller takes each index once.
+        unsafe { self.outputs[i].as_mut_slice() }
+    }
+
+    /// Output `i`. Panics if `i` is out of range (a kernel bug, not a user error).
+    pub fn output(&mut self, i: usize) -> &mut [u8] {
+        // SAFETY: the slot was free (every consumer acked it) when this firing took it,
+        // and no consumer reads it before this kernel completes; `&mut self` keeps two
+        // borrows of one output apart.
+        unsafe { self.outputs[i].as_mut_slice() }
+    }
+
+    /// Output `i` as a writable tensor of `meta`.
+    pub fn output_tensor(&mut self, i: usize, meta: &'a TensorMeta) -> Result<HostTensorMut<'_>, String> {
+        view_mut(meta, self.output(i))
+    }
+}

@@ -1,0 +1,43 @@
+//! regflow kernels: what a compute actor runs. The [`Kernel`] trait and its [`KernelIo`]
+//! (typed views of register memory plus the stream's [`StreamContext`]), the
+//! [`KernelRegistry`] keyed by (op type, device kind, dtype), the built-in kernels (copy,
+//! sum, accumulate) and the CPU kernels of every op ([`cpu`]).
+//!
+//! A plan names an op as data ([`regflow_plan::OpConf`]: type, attributes, local metas);
+//! a device brings its kernels by registering factories for the op types it runs. A
+//! missing entry is an error at job build naming the actor, the op, the device and the
+//! dtype, never a fallback to another device.
+//!
+//! ```
+//! use regflow_kernels::{HostCompute, HostContext};
+//! use regflow_plan::ops::{Binary, BinaryKind};
+//! use regflow_plan::HostArray;
+//!
+//! let a = HostArray::f32([2], vec![1.0, 2.0]).unwrap();
+//! let b = HostArray::f32([2], vec![10.0, 20.0]).unwrap();
+//! let mut out = HostArray::zeros(&a.meta());
+//! Binary(BinaryKind::Add).compute(&HostContext::default(), &[a.view(), b.view()], &mut [out.view_mut()]).unwrap();
+//! assert_eq!(out.to_f64_vec(), [11.0, 22.0]);
+//! ```
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod builtin;
+pub mod cpu;
+mod host;
+mod io;
+mod registry;
+
+pub use host::{HostCompute, HostContext, HostOpKernel};
+pub use io::{KernelIo, StreamContext};
+pub use registry::{nearest, KernelFactory, KernelKey, KernelRegistry, KernelSpec};
+
+/// A kernel failure, with a message naming what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelError(pub String);
+
+/// A kernel: runs once per firing of its actor, on the actor's stream thread.
+pub trait Kernel: Send {
+    /// Computes the outputs of one firing from its inputs.
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError>;
+}

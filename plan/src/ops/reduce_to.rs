@@ -1,0 +1,13 @@
+//! Attributes of `reduce_to` ops.
+
+#[allow(unused_imports)]
+use crate::{DType, Shape, SplitMix64, TensorMeta};
+use serde::{Deserialize, Serialize};
+
+/// Sums a tensor down to a shape it broadcasts from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SumTo(pub Shape);
+
+/// Broadcasts a tensor up to a shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BroadcastTo(pub Shape);
