@@ -126,15 +126,15 @@ impl KernelRegistry {
 
     fn make_op(&self, op: &OpConf, spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
         let key = KernelKey { op_type: op.op_type.clone(), device: spec.device, dtype: op.dtype() };
-        let Some(factory) = self.ops.get(&key) else { return Err(self.missing(&key, spec)) };
+        let Some(factory) = self.ops.get(&key) else { return Err(self.missing(&key)) };
         check_metas(op, spec)?;
         let with_op = KernelSpec { op: Some(op), ..*spec };
         factory(&with_op)
     }
 
-    /// The error for a missing kernel: which actor, op, device and dtype, and what the
-    /// registry does have (the nearest op type, or the dtypes and devices of this op).
-    fn missing(&self, key: &KernelKey, spec: &KernelSpec<'_>) -> KernelError {
+    /// The error for a missing kernel: which op, device and dtype (the caller names the
+    /// actor), and what the registry does have (the nearest op type, or the dtypes and devices of this op).
+    fn missing(&self, key: &KernelKey) -> KernelError {
         let mut same_op: Vec<String> = self
             .ops
             .keys()
@@ -154,14 +154,14 @@ impl KernelRegistry {
                 None => format!("; no device has op type '{}'", key.op_type),
             }
         };
-        KernelError(format!("actor '{}': no kernel is registered for {key}{hint}", spec.actor))
+        KernelError(format!("no kernel is registered for {key}{hint}"))
     }
 }
 
 /// The metas must describe the registers: the same bytes, and any registers besides the
 /// op's tensors zero-byte tokens.
 fn check_metas(op: &OpConf, spec: &KernelSpec<'_>) -> Result<(), KernelError> {
-    let fail = |m: String| KernelError(format!("actor '{}' (op '{}'): {m}", spec.actor, op.op_type));
+    let fail = |m: String| KernelError(format!("op '{}': {m}", op.op_type));
     if op.inputs.len() != op.input_map.len() {
         return Err(fail(format!(
             "{} input metas but an input map of {} entries",

@@ -36,9 +36,8 @@ fn host<T: HostCompute + DeserializeOwned + 'static>() -> KernelFactory {
         let conf = spec.op.ok_or_else(|| {
             KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
         })?;
-        let op: T = conf.parse_attrs().map_err(|m| KernelError(format!("actor '{}': {m}", spec.actor)))?;
-        op.check(&conf.inputs, &conf.outputs)
-            .map_err(|m| KernelError(format!("actor '{}' (op '{}'): {m}", spec.actor, conf.op_type)))?;
+        let op: T = conf.parse_attrs().map_err(KernelError)?;
+        op.check(&conf.inputs, &conf.outputs).map_err(|m| KernelError(format!("op '{}': {m}", conf.op_type)))?;
         Ok(Box::new(HostOpKernel::new(op, conf)))
     })
 }

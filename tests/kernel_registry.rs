@@ -1,0 +1,147 @@
+//! Ops are data in the plan and kernels come from a registry keyed by (op type, device
+//! kind, dtype): a plan naming an op no device has, a dtype its op has no kernel for, or a
+//! device this build cannot run is refused when the job is built, naming the actor, the op,
+//! the device and the dtype; a program can bring kernels of its own for an op type.
+
+use regflow::graph::plan::ops::{Binary, BinaryKind, MatMul};
+use regflow::graph::plan::{OpAttrs, OpConf};
+use regflow::graph::{DType, TensorMeta};
+use regflow::prelude::*;
+
+/// `x -> op -> sink` on one stream of a `kind` device, the op reading `inputs` copies of x.
+fn one_op(kind: DeviceKind, op: OpConf) -> Plan {
+    let mut b = PlanBuilder::new();
+    let device = b.device(0, kind, 0);
+    let s = b.stream(device, StreamKind::Compute);
+    let src = b.actor("input:x", s, ActorKind::Source { pieces: SourcePieces::Fed });
+    let x = b.regst("x", src, op.inputs[0].bytes() as u64, 2);
+    let bytes = op.outputs[0].bytes() as u64;
+    let f = b.actor("f", s, ActorKind::Compute { kernel: KernelConf::Op(op) });
+    b.consume(f, x);
+    let y = b.regst("y", f, bytes, 1);
+    let sink = b.actor("fetch:0", s, ActorKind::Sink);
+    b.consume(sink, y);
+    b.build().unwrap()
+}
+
+fn add(dtype: DType) -> OpConf {
+    let meta = TensorMeta::new([4], dtype);
+    OpConf::new(&Binary(BinaryKind::Add), vec![meta.clone(), meta.clone()], vec![0, 0], vec![meta])
+}
+
+fn build_error(plan: Plan) -> String {
+    Job::builder(plan).build().unwrap_err().to_string()
+}
+
+#[test]
+fn an_op_kernel_runs_from_the_plan_alone() {
+    let plan = Plan::from_json(&one_op(DeviceKind::Cpu, add(DType::F32)).to_json()).unwrap();
+    let mut job = Job::builder(plan).build().unwrap();
+    let mut feeder = job.feeder("input:x").unwrap();
+    let fetcher = job.fetcher("fetch:0").unwrap();
+    feeder.push(&[1f32, 2.0, 3.0, 4.5].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    feeder.close().unwrap();
+    let out: Vec<f32> =
+        fetcher.recv().unwrap().bytes().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(out, [2.0, 4.0, 6.0, 9.0]);
+    job.wait().unwrap();
+}
+
+#[test]
+fn an_unknown_op_type_is_refused_at_build_with_the_nearest_known_one() {
+    let mut op = add(DType::F32);
+    op.op_type = "binnary".into();
+    assert_eq!(
+        build_error(one_op(DeviceKind::Cpu, op)),
+        "cannot make the kernel of actor 'f': no kernel is registered for op 'binnary' on device kind \
+         cpu with dtype f32; no device has op type 'binnary' (did you mean 'binary'?)"
+    );
+}
+
+#[test]
+fn a_dtype_without_a_kernel_is_refused_naming_the_kernels_the_op_has() {
+    assert_eq!(
+        build_error(one_op(DeviceKind::Cpu, add(DType::I64))),
+        "cannot make the kernel of actor 'f': no kernel is registered for op 'binary' on device kind \
+         cpu with dtype i64; 'binary' has kernels for: cpu f32, cpu f64, sim f32, sim f64"
+    );
+}
+
+#[test]
+fn attributes_that_do_not_parse_are_refused_naming_the_actor() {
+    let mut op = add(DType::F32);
+    op.attrs = serde_json::json!("Pow");
+    let message = build_error(one_op(DeviceKind::Cpu, op));
+    assert!(
+        message.starts_with("cannot make the kernel of actor 'f': the attributes of op 'binary' do not parse: "),
+        "{message}"
+    );
+    assert!(message.contains("Pow"), "{message}");
+}
+
+#[test]
+fn metas_that_contradict_the_registers_are_refused() {
+    let mut op = add(DType::F32);
+    op.outputs[0] = TensorMeta::new([5], DType::F32);
+    let mut plan = one_op(DeviceKind::Cpu, op);
+    plan.regst_descs[1].bytes = 16;
+    assert_eq!(
+        build_error(plan),
+        "cannot make the kernel of actor 'f': op 'binary': output 0 is f32[5] (20 bytes), but its \
+         register has 16 bytes"
+    );
+}
+
+#[test]
+fn a_device_this_build_cannot_run_is_refused_not_run_on_the_cpu() {
+    let message = build_error(one_op(DeviceKind::Cuda, add(DType::F32)));
+    assert_eq!(
+        message,
+        "device node0/cuda:0 has no backend in this runtime (available device kinds: cpu, sim); its actors would not run"
+    );
+    // An unknown kind in a plan file does not even parse.
+    let json = one_op(DeviceKind::Cpu, add(DType::F32)).to_json().replace("\"cpu\"", "\"tpu\"");
+    let error = Plan::from_json(&json).unwrap_err().to_string();
+    assert!(error.contains("tpu"), "{error}");
+}
+
+#[test]
+fn a_program_brings_its_own_kernel_for_an_op_type() {
+    struct Negate;
+    impl Kernel for Negate {
+        fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+            let x: Vec<u8> = io.input(0).to_vec();
+            for (o, c) in io.output(0).chunks_mut(4).zip(x.chunks(4)) {
+                o.copy_from_slice(&(-f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes());
+            }
+            Ok(())
+        }
+    }
+    let meta = TensorMeta::new([2], DType::F32);
+    let op = OpConf {
+        op_type: "negate".into(),
+        attrs: serde_json::Value::Null,
+        inputs: vec![meta.clone()],
+        input_map: vec![0],
+        outputs: vec![meta],
+    };
+    let mut job = Job::builder(one_op(DeviceKind::Cpu, op))
+        .op_kernel("negate", DeviceKind::Cpu, DType::F32, |spec| {
+            assert_eq!(spec.op.map(|o| o.op_type.as_str()), Some("negate"));
+            Ok(Box::new(Negate))
+        })
+        .build()
+        .unwrap();
+    let mut feeder = job.feeder("input:x").unwrap();
+    let fetcher = job.fetcher("fetch:0").unwrap();
+    feeder.push(&[1f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    feeder.close().unwrap();
+    assert_eq!(fetcher.recv().unwrap().bytes(), [-1f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    job.wait().unwrap();
+    // The op's identity is data: its type and attributes serialize into the plan.
+    assert_eq!(MatMul { transpose_a: true, transpose_b: false }.op_type(), "matmul");
+    assert_eq!(
+        MatMul { transpose_a: true, transpose_b: false }.attrs(),
+        serde_json::json!({"transpose_a": true, "transpose_b": false})
+    );
+}
