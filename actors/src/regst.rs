@@ -79,8 +79,12 @@ pub(crate) struct OutputState {
     pub(crate) preloaded: u32,
     pub(crate) consumers: Vec<Consumer>,
     pub(crate) free: VecDeque<u32>,
-    /// Per slot: bit `i` set while consumer `i` has not acked it.
-    pub(crate) holders: Vec<u64>,
+    /// Per slot and consumer (`slot * consumers + i`): consumer `i` has not acked it.
+    /// A flat table allocated once, so a register may have any number of consumers (an
+    /// optimizer's clip factor is read by every update of a device).
+    pub(crate) holders: Vec<bool>,
+    /// Per slot: consumers that still hold it.
+    pub(crate) holding: Vec<u32>,
     /// Per slot: written by a launch whose kernel has not completed.
     pub(crate) completing: Vec<bool>,
     /// Emitted by launches not yet completed: (slot, piece, data), oldest first.
@@ -94,26 +98,20 @@ pub(crate) struct OutputState {
 impl OutputState {
     pub(crate) fn new(desc: RegstDescId, register_num: u32, preloaded: u32, consumers: Vec<Consumer>) -> Self {
         let slots = register_num as usize;
+        let table = slots * consumers.len();
         Self {
             desc,
             register_num,
             preloaded,
             consumers,
             free: (0..register_num).collect(),
-            holders: vec![0; slots],
+            holders: vec![false; table],
+            holding: vec![0; slots],
             completing: vec![false; slots],
             launched: VecDeque::with_capacity(slots),
             next_piece: 0,
             in_flight: 0,
             max_in_flight: 0,
-        }
-    }
-
-    fn all_consumers_mask(&self) -> u64 {
-        if self.consumers.len() >= MAX_CONSUMERS {
-            u64::MAX
-        } else {
-            (1u64 << self.consumers.len()) - 1
         }
     }
 
@@ -125,7 +123,7 @@ impl OutputState {
     /// producer alone (an acc accumulating into it, a kernel writing it).
     pub(crate) fn take(&mut self, completing: bool) -> Option<u32> {
         let slot = self.free.pop_front()?;
-        self.holders[slot as usize] = 0;
+        self.holding[slot as usize] = 0;
         self.completing[slot as usize] = completing;
         self.in_flight += 1;
         self.max_in_flight = self.max_in_flight.max(self.in_flight);
@@ -134,7 +132,10 @@ impl OutputState {
 
     /// The piece in `slot` is being handed to every consumer: each holds it until it acks.
     pub(crate) fn lend(&mut self, slot: u32) {
-        self.holders[slot as usize] = self.all_consumers_mask();
+        let n = self.consumers.len();
+        let at = slot as usize * n;
+        self.holders[at..at + n].fill(true);
+        self.holding[slot as usize] = n as u32;
     }
 
     /// Records an ack; returns `Ok(true)` if the slot became free.
@@ -142,21 +143,23 @@ impl OutputState {
         let Some(position) = self.consumers.iter().position(|c| c.id == from) else {
             return Err(format!("ack of slot {slot} from {from}, which does not consume it"));
         };
-        let Some(holders) = self.holders.get_mut(slot as usize) else {
+        if slot >= self.register_num {
             return Err(format!("ack of slot {slot}, but the register has {} slots", self.register_num));
-        };
-        let bit = 1u64 << position;
-        if *holders & bit == 0 {
+        }
+        let held = &mut self.holders[slot as usize * self.consumers.len() + position];
+        if !*held {
             return Err(format!("slot {slot} acked by {from}, which does not hold it (acked twice?)"));
         }
-        *holders &= !bit;
-        Ok(*holders == 0 && !self.completing[slot as usize] && self.release(slot))
+        *held = false;
+        let holding = &mut self.holding[slot as usize];
+        *holding -= 1;
+        Ok(*holding == 0 && !self.completing[slot as usize] && self.release(slot))
     }
 
     /// Marks the slot's kernel complete; returns whether the slot became free.
     pub(crate) fn complete(&mut self, slot: u32) -> bool {
         self.completing[slot as usize] = false;
-        self.holders[slot as usize] == 0 && self.release(slot)
+        self.holding[slot as usize] == 0 && self.release(slot)
     }
 
     fn release(&mut self, slot: u32) -> bool {
@@ -167,7 +170,8 @@ impl OutputState {
 
     /// Consumers still holding `slot`.
     pub(crate) fn holders_of(&self, slot: u32) -> impl Iterator<Item = ActorId> + '_ {
-        let mask = self.holders[slot as usize];
-        self.consumers.iter().enumerate().filter(move |(i, _)| mask & (1u64 << i) != 0).map(|(_, c)| c.id)
+        let n = self.consumers.len();
+        let held = &self.holders[slot as usize * n..(slot as usize + 1) * n];
+        self.consumers.iter().zip(held).filter(|(_, &h)| h).map(|(c, _)| c.id)
     }
 }

@@ -3,9 +3,9 @@
 use regflow_memory::MemoryKind;
 use serde::{Deserialize, Serialize};
 
-/// Most consumers one register descriptor may have: the runtime tracks which consumers
-/// still hold a slot in a 64-bit mask.
-pub const MAX_CONSUMERS: usize = 64;
+/// Most consumers one register descriptor may have (a bound on the per-slot table of who
+/// still holds a slot, which is allocated once per plan).
+pub const MAX_CONSUMERS: usize = 65_536;
 
 /// Schema version written into every plan file; loading any other version is an error.
 pub const PLAN_SCHEMA_VERSION: u32 = 2;

@@ -1,0 +1,162 @@
+//! Compile time, plan size and job build time of a 24-layer GPT training step (forward,
+//! backward, AdamW with clipping) on one device and on a 64-device mesh: four pipeline
+//! stages of a `[dp4, tp4]` mesh each (Megatron tensor parallelism inside a stage, data
+//! parallelism across, 1F1B over 4 micro-batches).
+//!
+//! ```text
+//! cargo run --release --example bench_compile [-- --layers 24 --repeats 3]
+//! ```
+//!
+//! Prints, per layout, the best and worst of `--repeats` runs of: building the graph
+//! (DSL, autodiff, optimizer), compiling it to a plan, writing the plan as JSON, reading it
+//! back, and building a job from it (validation, memory, kernels, threads; the job is then
+//! closed without running a step). Target (issue 11): compile under 2 s on one core.
+
+#[path = "common/gpt.rs"]
+mod gpt;
+
+use gpt::{Gpt, GptConfig};
+use regflow::graph::plan::{DeviceKind, Plan};
+use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
+use regflow::graph::{DType, Graph, Optimizer, ParallelOptions, TrainStep};
+use regflow::prelude::Job;
+use std::time::Instant;
+
+use Sbp::{Broadcast as B, Split as S};
+
+const BATCH: usize = 16;
+const VOCAB: usize = 256;
+
+/// `stages` meshes of `dp × tp` cpu devices (an empty list: one device).
+fn stages(count: usize, dp: usize, tp: usize) -> Result<Vec<Mesh>, String> {
+    (0..count)
+        .map(|s| {
+            let devices = (0..dp * tp)
+                .map(|i| MeshDevice { node: 0, kind: DeviceKind::Cpu, index: (s * dp * tp + i) as u16 })
+                .collect();
+            Mesh::new(devices, &[dp, tp], &["dp", "tp"])
+        })
+        .collect()
+}
+
+/// The GPT's training step; on `meshes`, every input and parameter pinned on its stage:
+/// inputs `S(0)` over dp, Megatron column/row splits over tp, the rest `B`.
+fn step<'g>(g: &'g Graph, config: GptConfig, meshes: &[Mesh], micro: usize) -> Result<TrainStep<'g>, String> {
+    let e = |e: regflow::graph::GraphError| e.to_string();
+    let model = Gpt::new(g, config, VOCAB).map_err(e)?;
+    let mask = g.input("causal_mask", [config.context, config.context], DType::F32).map_err(e)?;
+    let ids = g.input("ids", [BATCH / micro, config.context], DType::I64).map_err(e)?;
+    let targets = g.input("targets", [BATCH / micro * config.context], DType::I64).map_err(e)?;
+    if !meshes.is_empty() {
+        let last = meshes.len() - 1;
+        for t in [mask, ids, targets].into_iter().chain(g.trainable_variables()) {
+            let name = t.name();
+            let block = name.strip_prefix("block").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+            let stage = match block {
+                Some(l) => Gpt::stage_of_block(l, config.layers, meshes.len()),
+                None if name == "targets" || name.starts_with("ln_final") => last,
+                None => 0,
+            };
+            let column = ["attn.query", "attn.key", "attn.value", "mlp.in"].iter().any(|p| name.contains(p));
+            let row = name.ends_with("attn.out.weight") || name.ends_with("mlp.out.weight");
+            let layout = match () {
+                _ if name == "ids" || name == "targets" => vec![S(0), B],
+                _ if column && name.ends_with(".weight") => vec![B, S(1)],
+                _ if column => vec![B, S(0)],
+                _ if row => vec![B, S(0)],
+                _ => vec![B, B],
+            };
+            g.set_layout(t, &meshes[stage], NdSbp(layout)).map_err(e)?;
+        }
+    }
+    let logits = if meshes.len() > 1 { model.logits_staged(&ids, &mask, meshes) } else { model.logits(&ids, &mask) }
+        .map_err(e)?;
+    let loss = logits.sparse_cross_entropy(&targets).map_err(e)?;
+    g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).map_err(e)
+}
+
+/// Seconds taken by each phase of one run, and the plan's size.
+struct Run {
+    graph: f64,
+    compile: f64,
+    write: f64,
+    read: f64,
+    build: f64,
+    json_bytes: usize,
+    actors: usize,
+    registers: usize,
+    devices: usize,
+}
+
+fn run(config: GptConfig, meshes: &[Mesh], micro: usize) -> Result<Run, Box<dyn std::error::Error>> {
+    let t0 = Instant::now();
+    let g = Graph::new();
+    let train = step(&g, config, meshes, micro)?;
+    let t1 = Instant::now();
+    let mesh = meshes.first().cloned().unwrap_or(Mesh::cpu(&[1], &["one"])?);
+    let mut options = ParallelOptions::new(mesh).train(&train);
+    if micro > 1 {
+        options = options.micro_batches(&train, micro as u32);
+    }
+    let compiled = g.compile_parallel(&[train.loss], &train.updates, &options)?;
+    let t2 = Instant::now();
+    let json = compiled.plan.to_json();
+    let t3 = Instant::now();
+    let plan = Plan::from_json(&json)?;
+    let t4 = Instant::now();
+    let mut job = Job::builder(plan).build()?;
+    let t5 = Instant::now();
+    job.graph_feeds()?.close()?;
+    job.wait()?;
+    let secs = |a: Instant, b: Instant| (b - a).as_secs_f64();
+    Ok(Run {
+        graph: secs(t0, t1),
+        compile: secs(t1, t2),
+        write: secs(t2, t3),
+        read: secs(t3, t4),
+        build: secs(t4, t5),
+        json_bytes: json.len(),
+        actors: compiled.plan.actors.len(),
+        registers: compiled.plan.regst_descs.len(),
+        devices: compiled.plan.devices.len(),
+    })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str, default: usize| -> Result<usize, String> {
+        match args.iter().position(|a| a == name) {
+            Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or(format!("{name} takes a number")),
+            None => Ok(default),
+        }
+    };
+    let layers = flag("--layers", 24)?;
+    let repeats = flag("--repeats", 3)?.max(1);
+    let config = GptConfig { d_model: 128, heads: 4, layers, context: 64, mlp_width: 512 };
+    println!("GPT: {layers} layers, d_model 128, 4 heads, context 64, batch {BATCH}, vocab {VOCAB}; AdamW + clipping");
+    for (label, meshes, micro) in [("1 device", Vec::new(), 1), ("dp4 x tp4 x pp4", stages(4, 4, 4)?, 4)] {
+        let runs: Vec<Run> = (0..repeats).map(|_| run(config, &meshes, micro)).collect::<Result<_, _>>()?;
+        let range = |f: fn(&Run) -> f64| {
+            let v: Vec<f64> = runs.iter().map(f).collect();
+            let (lo, hi) = v.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            format!("{:.3}-{:.3} s", lo, hi)
+        };
+        let r = &runs[0];
+        println!(
+            "{label}: {} devices, {} actors, {} registers, plan JSON {:.1} MiB",
+            r.devices,
+            r.actors,
+            r.registers,
+            r.json_bytes as f64 / (1024.0 * 1024.0)
+        );
+        println!(
+            "  graph {}  compile {}  write JSON {}  read JSON {}  job build {}",
+            range(|r| r.graph),
+            range(|r| r.compile),
+            range(|r| r.write),
+            range(|r| r.read),
+            range(|r| r.build)
+        );
+    }
+    Ok(())
+}
