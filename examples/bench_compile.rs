@@ -4,13 +4,14 @@
 //! parallelism across, 1F1B over 4 micro-batches).
 //!
 //! ```text
-//! cargo run --release --example bench_compile [-- --layers 24 --repeats 3]
+//! cargo run --release --example bench_compile [-- --layers 24 --repeats 3 --no-job]
 //! ```
 //!
 //! Prints, per layout, the best and worst of `--repeats` runs of: building the graph
 //! (DSL, autodiff, optimizer), compiling it to a plan, writing the plan as JSON, reading it
 //! back, and building a job from it (validation, memory, kernels, threads; the job is then
-//! closed without running a step). Target (issue 11): compile under 2 s on one core.
+//! closed without running a step; `--no-job` skips it). Target (issue 11): compile under
+//! 2 s on one core.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -88,7 +89,7 @@ struct Run {
     devices: usize,
 }
 
-fn run(config: GptConfig, meshes: &[Mesh], micro: usize) -> Result<Run, Box<dyn std::error::Error>> {
+fn run(config: GptConfig, meshes: &[Mesh], micro: usize, build: bool) -> Result<Run, Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let g = Graph::new();
     let train = step(&g, config, meshes, micro)?;
@@ -104,22 +105,33 @@ fn run(config: GptConfig, meshes: &[Mesh], micro: usize) -> Result<Run, Box<dyn 
     let t3 = Instant::now();
     let plan = Plan::from_json(&json)?;
     let t4 = Instant::now();
-    let mut job = Job::builder(plan).build()?;
-    let t5 = Instant::now();
-    job.graph_feeds()?.close()?;
-    job.wait()?;
+    if build {
+        let mut job = Job::builder(plan).build()?;
+        let built = Instant::now();
+        job.graph_feeds()?.close()?;
+        job.wait()?;
+        return Ok(Run {
+            build: (built - t4).as_secs_f64(),
+            ..summary(&compiled.plan, json.len(), [t0, t1, t2, t3, t4])
+        });
+    }
+    Ok(summary(&compiled.plan, json.len(), [t0, t1, t2, t3, t4]))
+}
+
+/// The phases' seconds from their start times (job build not measured: 0).
+fn summary(plan: &Plan, json_bytes: usize, [t0, t1, t2, t3, t4]: [Instant; 5]) -> Run {
     let secs = |a: Instant, b: Instant| (b - a).as_secs_f64();
-    Ok(Run {
+    Run {
         graph: secs(t0, t1),
         compile: secs(t1, t2),
         write: secs(t2, t3),
         read: secs(t3, t4),
-        build: secs(t4, t5),
-        json_bytes: json.len(),
-        actors: compiled.plan.actors.len(),
-        registers: compiled.plan.regst_descs.len(),
-        devices: compiled.plan.devices.len(),
-    })
+        build: 0.0,
+        json_bytes,
+        actors: plan.actors.len(),
+        registers: plan.regst_descs.len(),
+        devices: plan.devices.len(),
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -132,10 +144,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let layers = flag("--layers", 24)?;
     let repeats = flag("--repeats", 3)?.max(1);
+    let build = !args.iter().any(|a| a == "--no-job");
     let config = GptConfig { d_model: 128, heads: 4, layers, context: 64, mlp_width: 512 };
     println!("GPT: {layers} layers, d_model 128, 4 heads, context 64, batch {BATCH}, vocab {VOCAB}; AdamW + clipping");
     for (label, meshes, micro) in [("1 device", Vec::new(), 1), ("dp4 x tp4 x pp4", stages(4, 4, 4)?, 4)] {
-        let runs: Vec<Run> = (0..repeats).map(|_| run(config, &meshes, micro)).collect::<Result<_, _>>()?;
+        let runs: Vec<Run> = (0..repeats).map(|_| run(config, &meshes, micro, build)).collect::<Result<_, _>>()?;
         let range = |f: fn(&Run) -> f64| {
             let v: Vec<f64> = runs.iter().map(f).collect();
             let (lo, hi) = v.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));

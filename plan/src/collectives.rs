@@ -3,7 +3,7 @@
 //! arrives, so crossed orders deadlock, as with NCCL).
 
 use super::{ActorIndex, ActorKind, CollectiveConf, KernelConf, Plan, PlanError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 impl Plan {
     fn collective_conf(&self, actor: usize) -> Option<&CollectiveConf> {
@@ -79,55 +79,41 @@ impl Plan {
             }
         }
 
-        // Per stream: every two collectives must be ordered within a step, and the orders
-        // of all streams together must not cross.
+        // Per stream: its collectives must be totally ordered within a step, and the orders
+        // of all streams together must not cross. In a topological order of the step, a
+        // stream's collectives are totally ordered exactly when each reaches the next one
+        // (the compiler chains them, so that is usually a direct edge); the devices'
+        // orders cross exactly when the graph of those consecutive pairs has a cycle.
+        // Linear in the plan (plus the rare search when a pair is not chained directly).
         let successors = self.within_step_successors();
+        let position = topological_positions(&successors);
         let mut by_stream: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for members in groups.values() {
             for &m in members {
                 by_stream.entry(self.actors[m].stream.index()).or_default().push(m);
             }
         }
-        // before[(g1, g2)] = a stream that issues g1 before g2.
+        // before[(g1, g2)] = a stream that issues g1 right before g2.
         let mut before: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-        for (&stream, actors) in &by_stream {
-            for &a in actors {
-                let mut seen = vec![false; self.actors.len()];
-                let mut stack = vec![a];
-                while let Some(x) = stack.pop() {
-                    if std::mem::replace(&mut seen[x], true) {
-                        continue;
-                    }
-                    stack.extend(successors[x].iter().copied());
+        let mut search = Reach::new(self.actors.len());
+        for (&stream, actors) in &mut by_stream {
+            actors.sort_by_key(|&a| (position[a], a));
+            for pair in actors.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                let (Some(x), Some(y)) = (self.collective_conf(a), self.collective_conf(b)) else { continue };
+                let (ga, gb) = (x.group.as_str(), y.group.as_str());
+                if !search.reaches(&successors, &position, a, b) {
+                    return Err(PlanError::CollectiveOrder {
+                        detail: format!(
+                            "'{}' ({ga}) and '{}' ({gb}) on {} could be issued in either order: \
+                             chain them so that every device issues them in one order",
+                            self.actors[a].name,
+                            self.actors[b].name,
+                            self.stream_label(stream)
+                        ),
+                    });
                 }
-                for &b in actors.iter().filter(|&&b| b != a) {
-                    let (ga, gb) = match (self.collective_conf(a), self.collective_conf(b)) {
-                        (Some(x), Some(y)) => (x.group.as_str(), y.group.as_str()),
-                        _ => continue,
-                    };
-                    if seen[b] {
-                        before.insert((ga, gb), stream);
-                    }
-                }
-            }
-            for (i, &a) in actors.iter().enumerate() {
-                for &b in &actors[i + 1..] {
-                    let (ga, gb) = match (self.collective_conf(a), self.collective_conf(b)) {
-                        (Some(x), Some(y)) => (x.group.as_str(), y.group.as_str()),
-                        _ => continue,
-                    };
-                    if !before.contains_key(&(ga, gb)) && !before.contains_key(&(gb, ga)) {
-                        return Err(PlanError::CollectiveOrder {
-                            detail: format!(
-                                "'{}' ({ga}) and '{}' ({gb}) on {} could be issued in either order: \
-                                 chain them so that every device issues them in one order",
-                                self.actors[a].name,
-                                self.actors[b].name,
-                                self.stream_label(stream)
-                            ),
-                        });
-                    }
-                }
+                before.entry((ga, gb)).or_insert(stream);
             }
         }
         for (&(ga, gb), &stream) in &before {
@@ -143,12 +129,13 @@ impl Plan {
         }
         // Longer crossings (g1 < g2 on one device, g2 < g3 on another, g3 < g1 on a third).
         let names: Vec<&str> = groups.keys().copied().collect();
-        let index = |g: &str| names.iter().position(|n| *n == g).unwrap_or(0);
+        let index: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
         let mut indegree = vec![0usize; names.len()];
         let mut next: Vec<Vec<usize>> = vec![Vec::new(); names.len()];
         for &(ga, gb) in before.keys() {
-            next[index(ga)].push(index(gb));
-            indegree[index(gb)] += 1;
+            let (a, b) = (index[ga], index[gb]);
+            next[a].push(b);
+            indegree[b] += 1;
         }
         let mut ready: Vec<usize> = (0..names.len()).filter(|&g| indegree[g] == 0).collect();
         let mut done = 0;
@@ -174,5 +161,66 @@ impl Plan {
         let s = &self.streams[stream];
         let device = self.devices.get(s.device.index()).map(|d| d.label()).unwrap_or_default();
         format!("device {device} ({:?} stream)", s.kind).to_lowercase()
+    }
+}
+
+/// Each actor's position in a topological order of `successors` (Kahn's, first come first
+/// served, so ties keep plan order); actors on a cycle get `usize::MAX`.
+fn topological_positions(successors: &[Vec<usize>]) -> Vec<usize> {
+    let n = successors.len();
+    let mut indegree = vec![0usize; n];
+    for next in successors {
+        for &b in next {
+            indegree[b] += 1;
+        }
+    }
+    let mut ready: VecDeque<usize> = (0..n).filter(|&a| indegree[a] == 0).collect();
+    let mut position = vec![usize::MAX; n];
+    let mut at = 0;
+    while let Some(a) = ready.pop_front() {
+        position[a] = at;
+        at += 1;
+        for &b in &successors[a] {
+            indegree[b] -= 1;
+            if indegree[b] == 0 {
+                ready.push_back(b);
+            }
+        }
+    }
+    position
+}
+
+/// Reachability queries that reuse one visited table (stamped per query, never cleared).
+struct Reach {
+    stamp: Vec<u32>,
+    query: u32,
+    stack: Vec<usize>,
+}
+
+impl Reach {
+    fn new(n: usize) -> Self {
+        Self { stamp: vec![0; n], query: 0, stack: Vec::new() }
+    }
+
+    /// Whether a path leads from `from` to `to`, searching only actors that come before
+    /// `to` in the topological order (no other can lead to it).
+    fn reaches(&mut self, successors: &[Vec<usize>], position: &[usize], from: usize, to: usize) -> bool {
+        if successors[from].contains(&to) {
+            return true;
+        }
+        self.query += 1;
+        self.stack.clear();
+        self.stack.push(from);
+        while let Some(a) = self.stack.pop() {
+            if a == to {
+                return true;
+            }
+            if self.stamp[a] == self.query || position[a] > position[to] {
+                continue;
+            }
+            self.stamp[a] = self.query;
+            self.stack.extend(successors[a].iter().copied());
+        }
+        false
     }
 }
