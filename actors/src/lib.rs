@@ -3,7 +3,7 @@
 //! no devices: the runtime drives actors through [`Actor::handle`] and gives them an
 //! [`ActorEnv`] to send messages and launch kernels.
 //!
-//! The protocol (ARCHITECTURE.md §4): a producer sends `Ready(regst, piece)` to each
+//! The protocol (docs/architecture.md): a producer sends `Ready(regst, piece)` to each
 //! consumer; a consumer sends `Ack(regst)` back when its kernel no longer reads it; a slot is
 //! free again when every consumer has acked. An actor fires when every input has a ready
 //! register and every output a free slot, so `register_num` bounds how far a producer runs
