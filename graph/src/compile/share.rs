@@ -92,7 +92,11 @@ pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
         for (i, (regst, _, _)) in shared.iter().enumerate() {
             b.plan_mut().regst_descs[regst.index()].shared_offset = Some(layout.offset(i));
         }
-        // The chain that makes the order real, closed by the step token.
+        // The chain that makes the order real, closed by the step token. A lone actor is
+        // its own order (and a token it both reads and writes would hold its one slot).
+        if chain.len() < 2 {
+            continue;
+        }
         for pair in chain.windows(2) {
             let (before, after) = (ActorIndex(pair[0] as u32), ActorIndex(pair[1] as u32));
             let name = format!("order:{}", plan.actors[pair[0]].name);

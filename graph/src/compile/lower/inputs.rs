@@ -1,15 +1,15 @@
 //! Sources: a dataset source or fed sources on every device of an input's mesh, and the
-//! tick every device paces its unpaced actors with.
+//! tick a device paces its unpaced actors with (made on a device when one asks for it).
 
 use super::Lowering;
 use crate::compile::compiled::{CompiledInput, ParallelInput};
 use crate::compile::error::CompileError;
 use crate::compile::step::Rate;
 use crate::dsl::{TensorId, TensorSource};
-use crate::plan::{ActorKind, InputSignature, KernelConf, SourcePieces, TensorPart};
+use crate::plan::{ActorKind, InputSignature, KernelConf, RegstDescId, SourcePieces, TensorPart};
 use crate::sbp::part_region;
 
-/// Sources for every input the step reads, then every device's tick.
+/// Sources for every input the step reads.
 pub(crate) fn lower_inputs(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     dataset_sources(low)?;
     let fed: Vec<TensorId> = low
@@ -20,7 +20,7 @@ pub(crate) fn lower_inputs(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     for t in fed {
         fed_source(low, t)?;
     }
-    ticks(low)
+    Ok(())
 }
 
 /// One dataset source per device of the dataset's mesh, with one register per input: each
@@ -92,42 +92,30 @@ fn fed_source(low: &mut Lowering<'_>, t: TensorId) -> Result<(), CompileError> {
     Ok(())
 }
 
-/// Every device's tick: a zero-byte register, so a fed register is not held by every
-/// unpaced actor of every device. A device takes it from the device at its rank on the
-/// pacing input's mesh, or, off that mesh, from the mesh's first device.
-fn ticks(low: &mut Lowering<'_>) -> Result<(), CompileError> {
+/// Device `slot`'s tick, made when the first reader asks for it: a no-op actor reading the
+/// pacing input and writing a zero-byte register, so a fed register is not held by every
+/// unpaced actor of every device. On the pacing input's mesh a device takes its own
+/// rank's piece; off that mesh, the mesh's first device's.
+pub(super) fn make_tick(low: &mut Lowering<'_>, slot: usize) -> Result<RegstDescId, CompileError> {
     let tick = low.facts.tick;
     let tick_mesh = low.placement.mesh_of(tick)?;
     let form = (tick, low.produced(tick)?, Rate::Micro, tick_mesh);
     let sources = low
         .regs
         .get(&form)
-        .cloned()
         .ok_or_else(|| CompileError::invariant(format!("the pacing input '{}' has no source", low.name(tick))))?;
-    for slot in 0..low.devices.len() {
-        // On the pacing input's mesh a device takes its own rank's piece; off it, the first.
-        let on_mesh = (0..sources.len()).find(|&rank| low.placement.slot(tick_mesh, rank) == slot);
-        let source = match on_mesh {
-            Some(rank) => sources.get(rank),
-            None => sources.first(),
-        };
-        let source = *source.ok_or_else(|| {
-            CompileError::invariant(format!(
-                "the pacing input '{}' has no source for device slot {slot}",
-                low.name(tick)
-            ))
-        })?;
-        let actor = low.b.actor(
-            &low.on_device("tick", slot),
-            low.devices[slot].compute,
-            ActorKind::Compute { kernel: KernelConf::Noop },
-        );
-        low.b.consume(actor, source);
-        let home = low.placement.home[slot];
-        let slots = low.register_num(Rate::Micro, home).max(low.options.input_register_num);
-        let name = format!("{}.out", low.on_device("tick", slot));
-        let out = low.b.regst(&name, actor, 0, slots);
-        low.ticks.push(out);
-    }
-    Ok(())
+    let on_mesh = (0..sources.len()).find(|&rank| low.placement.slot(tick_mesh, rank) == slot);
+    let source = match on_mesh {
+        Some(rank) => sources.get(rank),
+        None => sources.first(),
+    };
+    let source = *source.ok_or_else(|| {
+        CompileError::invariant(format!("the pacing input '{}' has no source for device slot {slot}", low.name(tick)))
+    })?;
+    let name = low.on_device("tick", slot);
+    let actor = low.b.actor(&name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Noop });
+    low.b.consume(actor, source);
+    let home = low.placement.home[slot];
+    let slots = low.register_num(Rate::Micro, home).max(low.options.input_register_num);
+    Ok(low.b.regst(&format!("{name}.out"), actor, 0, slots))
 }

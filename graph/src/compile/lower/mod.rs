@@ -100,8 +100,8 @@ pub(crate) struct Lowering<'a> {
     pub(crate) devices: Vec<DeviceStreams>,
     /// The registers of every form made so far.
     pub(crate) regs: HashMap<Form, Vec<RegstDescId>>,
-    /// The tick of every device slot (a zero-byte register per step or micro-batch).
-    pub(crate) ticks: Vec<RegstDescId>,
+    /// The tick of every device slot that has one (a zero-byte register per micro-batch).
+    ticks: Vec<Option<RegstDescId>>,
     /// The per-step tick of device slots that need one.
     pub(crate) step_ticks: HashMap<usize, RegstDescId>,
     /// Reads still to connect, in the order they were made.
@@ -127,7 +127,7 @@ impl<'a> Lowering<'a> {
         options: &'a ParallelOptions,
     ) -> Self {
         let mut b = PlanBuilder::new();
-        let devices = placement
+        let devices: Vec<DeviceStreams> = placement
             .devices
             .iter()
             .map(|d| {
@@ -145,7 +145,7 @@ impl<'a> Lowering<'a> {
             b,
             devices,
             regs: HashMap::new(),
-            ticks: Vec::new(),
+            ticks: vec![None; placement.devices.len()],
             step_ticks: HashMap::new(),
             reads: Vec::new(),
             op_actors: Vec::new(),
@@ -224,11 +224,17 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// Device `slot`'s tick (at micro-batch rate).
-    pub(crate) fn tick(&self, slot: usize) -> Result<RegstDescId, CompileError> {
-        self.ticks.get(slot).copied().ok_or_else(|| {
-            CompileError::invariant(format!("device slot {slot} has no tick (the inputs make one per device)"))
-        })
+    /// Device `slot`'s tick (at micro-batch rate), made on first use.
+    pub(crate) fn tick(&mut self, slot: usize) -> Result<RegstDescId, CompileError> {
+        match self.ticks.get(slot) {
+            Some(Some(tick)) => Ok(*tick),
+            Some(None) => {
+                let tick = inputs::make_tick(self, slot)?;
+                self.ticks[slot] = Some(tick);
+                Ok(tick)
+            }
+            None => Err(CompileError::invariant(format!("device slot {slot} is not a device of the plan"))),
+        }
     }
 
     /// Records that `actors` (by rank of `mesh`, running at `rate`) read `of`.
