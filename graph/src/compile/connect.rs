@@ -16,8 +16,8 @@ use crate::plan::{ActorKind, CollectiveConf, CollectiveOp, KernelConf, OpConf, R
 use crate::sbp::{local_meta, local_region, Mesh, NdSbp, Sbp};
 use std::sync::Arc;
 
-/// Every read gets its registers (made as needed), one per reader, in the order reads were
-/// recorded.
+/// Boxing: connects every recorded read to its registers (made as needed), one per reader,
+/// in the order reads were recorded.
 pub(crate) fn connect(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     let reads = std::mem::take(&mut low.reads);
     for read in reads {

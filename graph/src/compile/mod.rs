@@ -3,7 +3,9 @@
 //! [`Graph::compile`] is [`Graph::compile_parallel`] on a mesh of one device, with the
 //! graph's placements and pinned layouts ignored.
 //!
-//! It is a pipeline of passes, run in this order by [`compile_step`]:
+//! It is a pipeline of passes, run in this order by [`compile_step`] over the facts of
+//! the step ([`step`]: what it needs, what changes with the inputs, the rate of each
+//! tensor, the input that paces it):
 //!
 //! 1. **placement** ([`placement`]): the mesh of every tensor, the meshes in pipeline
 //!    order with their stages, and the plan's devices;
