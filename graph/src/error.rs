@@ -47,6 +47,9 @@ pub enum GraphError {
         /// Which input.
         index: usize,
     },
+    /// A step that cannot be compiled to a plan (boxed: it names many things).
+    #[error(transparent)]
+    Compile(Box<crate::CompileError>),
     /// A host kernel failed (a broken invariant: inputs were checked when the op was built).
     #[error("{op}: kernel failed: {message}")]
     Kernel {
@@ -55,4 +58,10 @@ pub enum GraphError {
         /// What failed.
         message: String,
     },
+}
+
+impl From<crate::CompileError> for GraphError {
+    fn from(error: crate::CompileError) -> Self {
+        Self::Compile(Box::new(error))
+    }
 }

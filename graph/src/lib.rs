@@ -32,7 +32,10 @@ pub mod parallel;
 pub mod sbp;
 mod session;
 
-pub use compile::{Accumulate, CompileOptions, CompiledGraph, CompiledInput, CompiledVariable, DatasetInputs};
+pub use compile::{
+    Accumulate, CompileError, CompileOptions, CompiledGraph, CompiledInput, CompiledVariable, DatasetInputs,
+    NoSignature,
+};
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use optim::{Optimizer, OptimizerKind, Schedule, TrainStep};

@@ -1,7 +1,9 @@
-//! Memory sharing in compiled plans: lifetimes from one topological order of the compute
-//! actors, offsets from the greedy planner, and the ordering chain that makes them hold.
+//! Memory sharing: lifetimes from one topological order of the compute actors, offsets
+//! from the greedy planner, and the ordering chain that makes them hold. Applies to plans
+//! of one micro-batch per step (a pipeline keeps several micro-batches' activations, which
+//! one order cannot serve).
 
-use super::b_plan_regst;
+use super::error::CompileError;
 use crate::plan::{ActorKind, PlanBuilder, RegstDescId};
 
 /// Lets one-slot activation registers whose lifetimes do not overlap share memory.
@@ -11,7 +13,7 @@ use crate::plan::{ActorKind, PlanBuilder, RegstDescId};
 /// and the last one hands a preloaded token back to the first, so step k + 1 starts only
 /// when step k has finished. On one stream that costs nothing (it runs serially anyway).
 /// Registers read by a sink, fed inputs and variables keep memory of their own.
-pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), String> {
+pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
     use crate::plan::ActorIndex;
     let plan = b.plan_mut().clone();
     let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
@@ -85,11 +87,16 @@ pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), String> {
         }
         let blocks: Vec<(u64, std::ops::Range<u32>)> =
             shared.iter().map(|(_, bytes, live)| (*bytes, live.clone())).collect();
-        let layout = regflow_memory::ReusedLayout::plan(&blocks).map_err(|e| e.to_string())?;
+        let layout = regflow_memory::ReusedLayout::plan(&blocks)
+            .map_err(|e| CompileError::MemorySharing { reason: e.to_string() })?;
         for (i, (regst, _, _)) in shared.iter().enumerate() {
-            b_plan_regst(b, *regst).shared_offset = Some(layout.offset(i));
+            b.plan_mut().regst_descs[regst.index()].shared_offset = Some(layout.offset(i));
         }
-        // The chain that makes the order real, closed by the step token.
+        // The chain that makes the order real, closed by the step token. A lone actor is
+        // its own order (and a token it both reads and writes would hold its one slot).
+        if chain.len() < 2 {
+            continue;
+        }
         for pair in chain.windows(2) {
             let (before, after) = (ActorIndex(pair[0] as u32), ActorIndex(pair[1] as u32));
             let name = format!("order:{}", plan.actors[pair[0]].name);
@@ -112,7 +119,7 @@ fn topological(
     plan: &crate::plan::Plan,
     computes: &[usize],
     priority: impl Fn(usize) -> (usize, usize, usize),
-) -> Result<Vec<usize>, String> {
+) -> Result<Vec<usize>, CompileError> {
     let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
     let mut indegree = vec![0usize; plan.actors.len()];
     for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && is_compute(d.producer.index())) {
@@ -135,7 +142,7 @@ fn topological(
         }
     }
     if order.len() != computes.len() {
-        return Err("the compute actors form a cycle without a preloaded register (broken invariant)".into());
+        return Err(CompileError::invariant("the compute actors form a cycle without a preloaded register"));
     }
     Ok(order)
 }

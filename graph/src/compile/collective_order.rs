@@ -1,0 +1,61 @@
+//! Collective order. A collective blocks its comm stream until its whole group has
+//! arrived, as NCCL does, so every device must issue a stream's collectives in one order.
+//! They are ordered by when their input is made (the producing op's position in the graph,
+//! then creation), and each stream's collectives are chained in that order by zero-byte
+//! registers closed by a preloaded token; `Plan::check_collective_order` verifies any plan.
+
+use super::lower::Lowering;
+use crate::plan::ActorIndex;
+
+/// Which comm stream of its device a collective runs on. A collective holds its stream
+/// until its group arrives, so collectives that 1F1B interleaves differently on different
+/// stages must not share a stream: forward collectives of micro-batch j + 1 run while
+/// backward ones of micro-batch j wait for their gradients. Each phase keeps its own
+/// stream (thread) and its own order; per-step collectives (of averaged gradients) a third.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Phase {
+    Forward,
+    Backward,
+    Step,
+}
+
+/// A collective actor and its place in its device's order.
+#[derive(Debug)]
+pub(crate) struct Issued {
+    /// (when its input is made, creation number): the global order.
+    pub(crate) key: (usize, usize),
+    /// Its device slot.
+    pub(crate) slot: usize,
+    pub(crate) phase: Phase,
+    pub(crate) actor: ActorIndex,
+}
+
+/// Chains every comm stream's collectives in the global order, closed by a token back to
+/// the first, so every device issues them in one order step after step (or micro-batch
+/// after micro-batch). Returns the collective groups in that order.
+pub(crate) fn order_collectives(low: &mut Lowering<'_>) -> Vec<String> {
+    low.issued.sort_by_key(|i| i.key);
+    let mut chains: Vec<((usize, Phase), Vec<ActorIndex>)> = Vec::new();
+    for i in &low.issued {
+        match chains.iter_mut().find(|(k, _)| *k == (i.slot, i.phase)) {
+            Some((_, chain)) => chain.push(i.actor),
+            None => chains.push(((i.slot, i.phase), vec![i.actor])),
+        }
+    }
+    for ((slot, phase), chain) in chains {
+        let (Some(&first), Some(&last)) = (chain.first(), chain.last()) else { continue };
+        if chain.len() < 2 {
+            continue;
+        }
+        for pair in chain.windows(2) {
+            let token = low.b.regst(&format!("comm_order@{slot}:{}", pair[0].0), pair[0], 0, 1);
+            low.b.consume(pair[1], token);
+        }
+        let token = low.b.regst(&format!("comm_token@{slot}:{phase:?}"), last, 0, 1);
+        low.b.preload(token, 1);
+        low.b.consume(first, token);
+    }
+    let mut groups = low.groups.clone();
+    groups.sort_by_key(|(key, _)| *key);
+    groups.into_iter().map(|(_, g)| g).collect()
+}

@@ -1,0 +1,244 @@
+//! Lowering: the plan's devices and streams, and one actor per device for every source,
+//! op, variable and fetch of the step, with the registers it writes. What each actor reads
+//! is recorded as a [`Read`] of a tensor in a layout, at a rate, on a mesh; the boxing
+//! pass connects reads to registers afterwards.
+
+mod discards;
+mod fetches;
+mod inputs;
+mod ops;
+mod variables;
+
+pub(crate) use discards::discard_unread;
+pub(crate) use fetches::lower_fetches;
+pub(crate) use inputs::lower_inputs;
+pub(crate) use ops::lower_ops;
+pub(crate) use variables::lower_variables;
+
+use super::collective_order::{Issued, Phase};
+use super::compiled::{CompiledInput, ParallelInput};
+use super::error::CompileError;
+use super::layout::Layouts;
+use super::options::{ParallelOptions, PipelineSchedule};
+use super::placement::Placement;
+use super::step::{Rate, StepFacts};
+use crate::dsl::{Graph, TensorId};
+use crate::plan::{ActorIndex, DeviceIndex, PlanBuilder, RegstDescId, StreamIndex, StreamKind, VariableDesc};
+use crate::sbp::{local_meta, NdSbp};
+use crate::tensor::TensorMeta;
+use std::collections::HashMap;
+
+/// The form of a tensor a reader needs: in a layout, at a rate, on a mesh (by index). A
+/// form has one register per device of the mesh, by rank.
+pub(crate) type Form = (TensorId, NdSbp, Rate, usize);
+
+/// What one group of actors (one per rank of `mesh`, or fewer: a fetch sink reads on the
+/// first rank only) reads.
+#[derive(Debug)]
+pub(crate) struct Read {
+    /// The readers, by rank.
+    pub(crate) actors: Vec<ActorIndex>,
+    /// Their mesh.
+    pub(crate) mesh: usize,
+    /// How often they run.
+    pub(crate) rate: Rate,
+    /// What they read.
+    pub(crate) of: ReadOf,
+}
+
+/// The value a [`Read`] takes.
+#[derive(Debug)]
+pub(crate) enum ReadOf {
+    /// A tensor in this layout.
+    Tensor(TensorId, NdSbp),
+    /// Its device's tick (at the reader's rate): what paces an actor that reads nothing fed.
+    Tick,
+}
+
+/// The compute actors of one op node, for the pipeline adapters.
+#[derive(Debug)]
+pub(crate) struct OpActors {
+    /// By rank.
+    pub(crate) actors: Vec<ActorIndex>,
+    pub(crate) mesh: usize,
+    pub(crate) rate: Rate,
+    /// Whether the fetches need its outputs (a forward op).
+    pub(crate) forward: bool,
+    pub(crate) node: usize,
+}
+
+/// Plan objects of one device.
+#[derive(Debug)]
+pub(crate) struct DeviceStreams {
+    pub(crate) index: DeviceIndex,
+    pub(crate) compute: StreamIndex,
+    comm: HashMap<Phase, StreamIndex>,
+    copy: Option<StreamIndex>,
+}
+
+/// What the program gets back besides the plan, gathered while lowering.
+#[derive(Debug, Default)]
+pub(crate) struct Outputs {
+    pub(crate) inputs: Vec<CompiledInput>,
+    pub(crate) parallel_inputs: Vec<ParallelInput>,
+    pub(crate) fetches: Vec<String>,
+    pub(crate) fetch_layouts: Vec<NdSbp>,
+    pub(crate) fetch_parts: Vec<Vec<String>>,
+    pub(crate) variables: Vec<VariableDesc>,
+}
+
+/// The plan under construction and what the passes record on the way.
+#[derive(Debug)]
+pub(crate) struct Lowering<'a> {
+    pub(crate) graph: &'a Graph,
+    pub(crate) facts: &'a StepFacts,
+    pub(crate) placement: &'a Placement,
+    pub(crate) layouts: &'a Layouts,
+    pub(crate) options: &'a ParallelOptions,
+    pub(crate) b: PlanBuilder,
+    /// By device slot.
+    pub(crate) devices: Vec<DeviceStreams>,
+    /// The registers of every form made so far.
+    pub(crate) regs: HashMap<Form, Vec<RegstDescId>>,
+    /// The tick of every device slot that has one (a zero-byte register per micro-batch).
+    ticks: Vec<Option<RegstDescId>>,
+    /// The per-step tick of device slots that need one.
+    pub(crate) step_ticks: HashMap<usize, RegstDescId>,
+    /// Reads still to connect, in the order they were made.
+    pub(crate) reads: Vec<Read>,
+    /// Op actors, for the GPipe gate.
+    pub(crate) op_actors: Vec<OpActors>,
+    /// Collective actors, for the collective order.
+    pub(crate) issued: Vec<Issued>,
+    /// Collective groups with their order keys.
+    pub(crate) groups: Vec<((usize, usize), String)>,
+    /// Conversions made so far (boxing steps, copies, repeats): numbers their names.
+    pub(crate) conversions: usize,
+    pub(crate) out: Outputs,
+}
+
+impl<'a> Lowering<'a> {
+    /// A plan with every placed device and its compute stream.
+    pub(crate) fn new(
+        graph: &'a Graph,
+        facts: &'a StepFacts,
+        placement: &'a Placement,
+        layouts: &'a Layouts,
+        options: &'a ParallelOptions,
+    ) -> Self {
+        let mut b = PlanBuilder::new();
+        let devices: Vec<DeviceStreams> = placement
+            .devices
+            .iter()
+            .map(|d| {
+                let index = b.device(d.node, d.kind, d.index);
+                let compute = b.stream(index, StreamKind::Compute);
+                DeviceStreams { index, compute, comm: HashMap::new(), copy: None }
+            })
+            .collect();
+        Self {
+            graph,
+            facts,
+            placement,
+            layouts,
+            options,
+            b,
+            devices,
+            regs: HashMap::new(),
+            ticks: vec![None; placement.devices.len()],
+            step_ticks: HashMap::new(),
+            reads: Vec::new(),
+            op_actors: Vec::new(),
+            issued: Vec::new(),
+            groups: Vec::new(),
+            conversions: 0,
+            out: Outputs::default(),
+        }
+    }
+
+    /// The name of `base` on device `slot`: `base@slot` in a plan of several devices,
+    /// `base` in a plan of one (so one-device names do not depend on the compiler).
+    pub(crate) fn on_device(&self, base: &str, slot: usize) -> String {
+        if self.placement.single_device() {
+            base.to_string()
+        } else {
+            format!("{base}@{slot}")
+        }
+    }
+
+    /// Tensor `t`'s name.
+    pub(crate) fn name(&self, t: TensorId) -> String {
+        self.graph.info(t).name
+    }
+
+    /// The layout `t` is produced in.
+    pub(crate) fn produced(&self, t: TensorId) -> Result<NdSbp, CompileError> {
+        self.layouts.produced.get(&t).cloned().ok_or_else(|| CompileError::UnknownLayout { tensor: self.name(t) })
+    }
+
+    /// The layout `t`'s consumers see.
+    pub(crate) fn visible(&self, t: TensorId) -> Result<NdSbp, CompileError> {
+        self.layouts.visible.get(&t).cloned().ok_or_else(|| CompileError::UnknownLayout { tensor: self.name(t) })
+    }
+
+    /// `t`'s part on rank `rank` of mesh `mesh` in `layout`.
+    pub(crate) fn local_meta(&self, t: TensorId, layout: &NdSbp, mesh: usize, rank: usize) -> TensorMeta {
+        let m = &self.placement.meshes[mesh];
+        local_meta(&self.graph.info(t).meta, layout, m, &m.coords(rank))
+    }
+
+    /// The comm stream of device `slot` for collectives of `phase`.
+    pub(crate) fn comm_stream(&mut self, slot: usize, phase: Phase) -> StreamIndex {
+        if let Some(s) = self.devices[slot].comm.get(&phase) {
+            return *s;
+        }
+        let s = self.b.stream(self.devices[slot].index, StreamKind::Comm);
+        self.devices[slot].comm.insert(phase, s);
+        s
+    }
+
+    /// The copy stream of device `slot`.
+    pub(crate) fn copy_stream(&mut self, slot: usize) -> StreamIndex {
+        if let Some(s) = self.devices[slot].copy {
+            return s;
+        }
+        let s = self.b.stream(self.devices[slot].index, StreamKind::Copy);
+        self.devices[slot].copy = Some(s);
+        s
+    }
+
+    /// Slots of a register at `rate` on `mesh`: at micro-batch rate a pipeline stage keeps
+    /// `stages - stage` pieces (1F1B: enough for the micro-batches still downstream) or
+    /// every micro-batch of a step (GPipe); per-step registers keep the configured count.
+    pub(crate) fn register_num(&self, rate: Rate, mesh: usize) -> u32 {
+        let base = self.options.activation_register_num.max(1);
+        let one_stage = self.placement.stages <= 1 && self.options.schedule == PipelineSchedule::OneForwardOneBackward;
+        if rate == Rate::Step || one_stage {
+            return base;
+        }
+        match self.options.schedule {
+            PipelineSchedule::OneForwardOneBackward => {
+                base.max((self.placement.stages - self.placement.stage[mesh]) as u32)
+            }
+            PipelineSchedule::GPipe => base.max(self.facts.micro_batches),
+        }
+    }
+
+    /// Device `slot`'s tick (at micro-batch rate), made on first use.
+    pub(crate) fn tick(&mut self, slot: usize) -> Result<RegstDescId, CompileError> {
+        match self.ticks.get(slot) {
+            Some(Some(tick)) => Ok(*tick),
+            Some(None) => {
+                let tick = inputs::make_tick(self, slot)?;
+                self.ticks[slot] = Some(tick);
+                Ok(tick)
+            }
+            None => Err(CompileError::invariant(format!("device slot {slot} is not a device of the plan"))),
+        }
+    }
+
+    /// Records that `actors` (by rank of `mesh`, running at `rate`) read `of`.
+    pub(crate) fn read(&mut self, actors: &[ActorIndex], mesh: usize, rate: Rate, of: ReadOf) {
+        self.reads.push(Read { actors: actors.to_vec(), mesh, rate, of });
+    }
+}

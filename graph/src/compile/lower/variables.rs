@@ -1,0 +1,153 @@
+//! Variables: per device a loop register holding its part, produced once per step by its
+//! update (or by an `assign` copy of it) and preloaded with its initial value, so step
+//! k + 1 reads what step k wrote. A variable nobody updates is a copy loop paced by the
+//! tick.
+//!
+//! A loop register has two slots: the update of step k writes the value of step k + 1
+//! into the other slot while step k's readers may still hold theirs, and piece numbers
+//! keep every reader on its own step's value. One slot would need the update to write in
+//! place over the slot it reads (an in-place update op is a later memory optimization);
+//! two slots are not staleness.
+
+use super::{Lowering, ReadOf};
+use crate::compile::error::CompileError;
+use crate::dsl::{TensorId, TensorSource};
+use crate::init::Init;
+use crate::plan::{ActorKind, KernelConf, RegstDescId, VariableDesc};
+use crate::sbp::{part_region, NdSbp};
+
+/// The loop registers of every variable the step needs.
+pub(crate) fn lower_variables(low: &mut Lowering<'_>) -> Result<(), CompileError> {
+    let variables: Vec<(TensorId, Init)> = low
+        .facts
+        .needed_tensors()
+        .filter_map(|t| match low.graph.info(t).source {
+            TensorSource::Variable { init, .. } => Some((t, init)),
+            _ => None,
+        })
+        .collect();
+    for (t, init) in variables {
+        let layout = low.produced(t)?;
+        let mesh = low.placement.mesh_of(t)?;
+        let regs = match low.facts.update_of(t) {
+            Some(new) if writes_loop_directly(low, t, new, &layout, mesh)? => direct_loop(low, new, &layout, mesh)?,
+            Some(new) => assign_loop(low, t, new, &layout, mesh)?,
+            None => constant_loop(low, t, &layout, mesh)?,
+        };
+        let m = low.placement.meshes[mesh].clone();
+        let info = low.graph.info(t);
+        for (rank, (state, _)) in regs.iter().enumerate() {
+            let slot = low.placement.slot(mesh, rank);
+            low.out.variables.push(VariableDesc {
+                name: low.on_device(&info.name, slot),
+                regst: *state,
+                meta: info.meta.clone(),
+                init: init.clone(),
+                region: part_region(&info.meta.shape, &layout, &m, &m.coords(rank)),
+            });
+        }
+        let rate = low.facts.rate(t);
+        low.regs.insert((t, layout, rate, mesh), regs.iter().map(|(_, value)| *value).collect());
+    }
+    Ok(())
+}
+
+/// Whether the update of variable `t` can write its loop register itself: the new value
+/// is made in the variable's form, and only the next step reads it. If this step reads it
+/// too (the step counter, read by the schedule), an `assign` copy feeds the loop instead.
+fn writes_loop_directly(
+    low: &Lowering<'_>,
+    t: TensorId,
+    new: TensorId,
+    layout: &NdSbp,
+    mesh: usize,
+) -> Result<bool, CompileError> {
+    let facts = low.facts;
+    Ok(matches!(low.graph.info(new).source, TensorSource::Op { .. })
+        && low.placement.mesh_of(new)? == mesh
+        && low.produced(new)? == *layout
+        && low.visible(new)? == *layout
+        && facts.rate(new) == facts.rate(t)
+        && !facts.read_in_step(new))
+}
+
+/// The update's own registers become the loop: two slots, one preloaded. By rank:
+/// `(loop register, register readers take)`, the same register.
+fn direct_loop(
+    low: &mut Lowering<'_>,
+    new: TensorId,
+    layout: &NdSbp,
+    mesh: usize,
+) -> Result<Vec<(RegstDescId, RegstDescId)>, CompileError> {
+    let form = (new, layout.clone(), low.facts.rate(new), mesh);
+    let regs = low.regs.get(&form).cloned().ok_or_else(|| {
+        CompileError::invariant(format!("the update '{}' has no registers in its own layout", low.name(new)))
+    })?;
+    for reg in &regs {
+        let desc = &mut low.b.plan_mut().regst_descs[reg.index()];
+        desc.register_num = desc.register_num.max(2);
+        desc.preloaded = 1;
+    }
+    Ok(regs.into_iter().map(|r| (r, r)).collect())
+}
+
+/// An `assign` copy per device reads the new value (in the variable's form) and writes the
+/// loop register.
+fn assign_loop(
+    low: &mut Lowering<'_>,
+    t: TensorId,
+    new: TensorId,
+    layout: &NdSbp,
+    mesh: usize,
+) -> Result<Vec<(RegstDescId, RegstDescId)>, CompileError> {
+    let name = low.name(t);
+    let size = low.placement.meshes[mesh].size();
+    let mut actors = Vec::with_capacity(size);
+    let mut regs = Vec::with_capacity(size);
+    for rank in 0..size {
+        let slot = low.placement.slot(mesh, rank);
+        let bytes = low.local_meta(t, layout, mesh, rank).bytes() as u64;
+        let actor_name = low.on_device(&format!("assign:{name}"), slot);
+        let actor =
+            low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Copy });
+        let reg = low.b.regst(&low.on_device(&name, slot), actor, bytes, 2);
+        low.b.preload(reg, 1);
+        actors.push(actor);
+        regs.push((reg, reg));
+    }
+    let rate = low.facts.rate(t);
+    low.read(&actors, mesh, rate, ReadOf::Tensor(new, layout.clone()));
+    Ok(regs)
+}
+
+/// A variable nobody updates: a copy loop paced by the tick. The loop register carries one
+/// value more than the steps; readers get an ordinary register with one value per step,
+/// written by the same copy. By rank: `(loop register, value register)`.
+fn constant_loop(
+    low: &mut Lowering<'_>,
+    t: TensorId,
+    layout: &NdSbp,
+    mesh: usize,
+) -> Result<Vec<(RegstDescId, RegstDescId)>, CompileError> {
+    let name = low.name(t);
+    let rate = low.facts.rate(t);
+    let size = low.placement.meshes[mesh].size();
+    let mut actors = Vec::with_capacity(size);
+    let mut regs = Vec::with_capacity(size);
+    for rank in 0..size {
+        let slot = low.placement.slot(mesh, rank);
+        let bytes = low.local_meta(t, layout, mesh, rank).bytes() as u64;
+        let actor_name = low.on_device(&format!("variable:{name}"), slot);
+        let actor =
+            low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Copy });
+        let state_name = low.on_device(&name, slot);
+        let state = low.b.regst(&state_name, actor, bytes, 2);
+        low.b.preload(state, 1);
+        low.b.consume(actor, state);
+        let value = low.b.regst(&format!("{state_name}.value"), actor, bytes, low.register_num(rate, mesh));
+        actors.push(actor);
+        regs.push((state, value));
+    }
+    low.read(&actors, mesh, rate, ReadOf::Tick);
+    Ok(regs)
+}

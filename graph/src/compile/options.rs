@@ -1,0 +1,172 @@
+//! What a compile is asked for: [`CompileOptions`] (one device) and [`ParallelOptions`]
+//! (a mesh and the graph's placements). The one-device options are the parallel ones on a
+//! mesh of one device ([`CompileOptions::on_one_device`]), so both go through one pipeline.
+
+use super::error::CompileError;
+use crate::dsl::TensorId;
+use crate::plan::{DeviceKind, SourcePieces};
+use crate::sbp::Mesh;
+use crate::TrainStep;
+
+/// Options of the one-device compiler.
+#[derive(Debug, Clone)]
+pub struct CompileOptions {
+    /// The device kind of the plan.
+    pub device: DeviceKind,
+    /// Slots of the registers of fed inputs (how many steps may be pushed ahead).
+    pub input_register_num: u32,
+    /// Slots of the other registers.
+    pub activation_register_num: u32,
+    /// Inputs read by one dataset source actor instead of being fed.
+    pub dataset: Option<DatasetInputs>,
+    /// Let activation registers whose lifetimes do not overlap share memory (the compute
+    /// actors then run in one fixed order, one step at a time). Not combined with
+    /// `accumulate`, whose actors run at two rates.
+    pub reuse_memory: bool,
+    /// Gradient accumulation: the loss and gradients run once per micro-batch, the rest of
+    /// the step (clipping, schedule, updates) once per `micro_batches` pieces of input.
+    pub accumulate: Option<Accumulate>,
+}
+
+/// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
+#[derive(Debug, Clone)]
+pub struct Accumulate {
+    /// Micro-batches per optimizer step.
+    pub micro_batches: u32,
+    /// The raw gradients: where the micro-batch part of the step ends.
+    pub gradients: Vec<TensorId>,
+}
+
+/// Inputs a dataset source produces: one source actor with one output register per
+/// input, in this order.
+#[derive(Debug, Clone)]
+pub struct DatasetInputs {
+    /// Where the pieces come from: a dataset file the plan names
+    /// ([`SourcePieces::Dataset`], so the plan runs by itself) or a kernel the program
+    /// registers ([`SourcePieces::Custom`]).
+    pub source: SourcePieces,
+    /// The graph inputs it produces, in output order.
+    pub inputs: Vec<String>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        Self {
+            device: DeviceKind::Cpu,
+            input_register_num: 2,
+            activation_register_num: 1,
+            dataset: None,
+            reuse_memory: true,
+            accumulate: None,
+        }
+    }
+}
+
+impl CompileOptions {
+    /// The same options for the parallel compiler, on a mesh of one device of `device`'s
+    /// kind (node 0, index 0).
+    pub(crate) fn on_one_device(&self) -> Result<ParallelOptions, CompileError> {
+        let mesh = Mesh::of_kind(self.device, &[1], &["device"]).map_err(CompileError::invariant)?;
+        Ok(ParallelOptions {
+            input_register_num: self.input_register_num,
+            activation_register_num: self.activation_register_num,
+            dataset: self.dataset.clone(),
+            accumulate: self.accumulate.clone(),
+            reuse_memory: self.reuse_memory,
+            ..ParallelOptions::new(mesh)
+        })
+    }
+}
+
+/// Options of the parallel compiler.
+#[derive(Debug, Clone)]
+pub struct ParallelOptions {
+    /// The devices every tensor of the step lives on.
+    pub mesh: Mesh,
+    /// Slots of the registers of fed inputs.
+    pub input_register_num: u32,
+    /// Slots of the other registers.
+    pub activation_register_num: u32,
+    /// Inputs read by a dataset source on every device (each reads whole batches and cuts
+    /// its part locally, so the kernel must give every device the same batches).
+    pub dataset: Option<DatasetInputs>,
+    /// `(tensor, like)`: `tensor` takes `like`'s layout: a variable's pin, or, for an op
+    /// output, the layout its consumers see (it is boxed there right after it is made).
+    /// Gradients follow their parameters (that boxing *is* the data-parallel all-reduce or
+    /// the ZeRO reduce-scatter) and optimizer state follows its parameter.
+    pub follow: Vec<(TensorId, TensorId)>,
+    /// Also add one sink per device for every fetch, reading the device's local value in
+    /// the fetch's own layout ([`ParallelInfo::fetch_parts`](crate::ParallelInfo::fetch_parts)).
+    pub fetch_parts: bool,
+    /// Micro-batches: each fed piece is one micro-batch; the loss and the gradients run
+    /// per micro-batch, the gradients are averaged over `micro_batches` pieces and the rest
+    /// of the step (clipping, schedule, updates) runs once ([`TrainStep::accumulate`]).
+    /// Across pipeline stages this is what keeps every stage busy.
+    pub accumulate: Option<Accumulate>,
+    /// How pipeline stages order forward and backward micro-batches.
+    pub schedule: PipelineSchedule,
+    /// Let one-slot registers of a device whose lifetimes do not overlap share memory: each
+    /// device's compute actors then run in one fixed order (collectives and copies, on
+    /// their own streams, still overlap). Applies to plans of one micro-batch per step;
+    /// pipelines keep several micro-batches' activations, which one order cannot serve.
+    pub reuse_memory: bool,
+}
+
+/// How pipeline stages order their micro-batches. Neither is schedule code: both are
+/// register counts (and, for GPipe, one gate per stage).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PipelineSchedule {
+    /// Stage `s` of `p` keeps `p - s` micro-batches' activations: it runs forwards until
+    /// its registers are full, then one backward frees one slot for one forward, which is
+    /// the 1F1B pattern, with live activations bounded by the number of stages.
+    #[default]
+    OneForwardOneBackward,
+    /// Every forward of a step, then every backward (activations of all micro-batches live
+    /// at once): a stage's backward actors wait for a gate that opens after its last
+    /// forward actor has run for every micro-batch. For comparison.
+    GPipe,
+}
+
+impl ParallelOptions {
+    /// Options for `mesh` with the one-device defaults.
+    pub fn new(mesh: Mesh) -> Self {
+        Self {
+            mesh,
+            input_register_num: 2,
+            activation_register_num: 1,
+            dataset: None,
+            follow: Vec::new(),
+            fetch_parts: false,
+            accumulate: None,
+            schedule: PipelineSchedule::default(),
+            reuse_memory: true,
+        }
+    }
+
+    /// Splits each step into `micro_batches` pieces (see [`ParallelOptions::accumulate`]).
+    pub fn micro_batches(mut self, step: &TrainStep<'_>, micro_batches: u32) -> Self {
+        self.accumulate = Some(step.accumulate(micro_batches));
+        self
+    }
+
+    /// Gradients and optimizer state of `step` follow their parameters' layouts.
+    pub fn train(mut self, step: &TrainStep<'_>) -> Self {
+        self.follow.extend(step.params.iter().zip(&step.raw_grads).map(|(p, g)| (g.id(), p.id())));
+        self.follow.extend(step.states.iter().map(|(s, p)| (s.id(), p.id())));
+        self
+    }
+
+    /// Micro-batches per step (1 without accumulation).
+    pub(crate) fn micro_batch_count(&self) -> u32 {
+        self.accumulate.as_ref().map_or(1, |a| a.micro_batches.max(1))
+    }
+}
+
+/// Where a step goes: `OneDevice` puts every tensor on the options' one-device mesh and
+/// ignores the graph's placements and pinned layouts (what [`crate::Graph::compile`]
+/// promises); `Placements` honours them ([`crate::Graph::compile_parallel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scope {
+    OneDevice,
+    Placements,
+}
