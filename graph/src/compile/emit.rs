@@ -13,11 +13,15 @@ pub(crate) fn emit(low: Lowering<'_>, collectives: Vec<String>, scope: Scope) ->
     b.plan_mut().variables = out.variables;
     let plan = b.build()?;
     let mut variables = Vec::with_capacity(plan.variables.len());
+    let mut named: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for desc in &plan.regst_descs {
+        *named.entry(desc.name.as_str()).or_default() += 1;
+    }
     for variable in &plan.variables {
         // The register is named by the plan itself, and preloading by that name must
         // find this register alone.
         let regst = plan.regst_descs[variable.regst.index()].name.clone();
-        if plan.regst_descs.iter().filter(|d| d.name == regst).count() != 1 {
+        if named.get(regst.as_str()) != Some(&1) {
             return Err(CompileError::AmbiguousVariableRegister { variable: variable.name.clone(), regst });
         }
         variables.push(CompiledVariable { name: variable.name.clone(), regst });
