@@ -6,6 +6,19 @@ pub enum PlanError {
     /// The text is not a plan.
     #[error("plan file is not valid JSON for a plan: {0}")]
     Parse(String),
+    /// A part of the plan file that does not deserialize, located in the plan (which
+    /// device, stream, actor, register, signature entry or variable) and in the text.
+    #[error("plan file: {element}: {message} (line {line}, column {column})")]
+    Element {
+        /// Which element: `actor 3 'matmul5'`, `device 0`, ...
+        element: String,
+        /// What serde found wrong with it.
+        message: String,
+        /// Line of the error in the file (1-based).
+        line: usize,
+        /// Column of the error in the file (1-based).
+        column: usize,
+    },
     /// Written by another version of regflow.
     #[error("plan schema version {found} is not supported: this build reads version {expected}")]
     SchemaVersion {
@@ -118,6 +131,30 @@ pub enum PlanError {
         /// Its kind.
         kind: &'static str,
         /// What is wrong.
+        detail: String,
+    },
+    /// A typed input of the signature that does not fit the plan.
+    #[error("input '{input}' of the signature {detail}")]
+    BadInput {
+        /// The input's name.
+        input: String,
+        /// What is wrong, naming the part, actor or register.
+        detail: String,
+    },
+    /// A typed output of the signature that does not fit the plan.
+    #[error("output '{output}' of the signature {detail}")]
+    BadOutput {
+        /// The output's name.
+        output: String,
+        /// What is wrong, naming the actor or register.
+        detail: String,
+    },
+    /// A variable whose register or region does not fit.
+    #[error("variable '{variable}' {detail}")]
+    BadVariable {
+        /// The variable's name.
+        variable: String,
+        /// What is wrong, naming the register and the values.
         detail: String,
     },
     /// A dependency cycle: every register on it starts empty, so none of its actors can fire.

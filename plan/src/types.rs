@@ -112,7 +112,12 @@ impl Region {
     pub fn fits(&self, shape: &crate::Shape) -> bool {
         self.offsets.len() == shape.rank()
             && self.shape.len() == shape.rank()
-            && self.offsets.iter().zip(&self.shape).zip(shape.dims()).all(|((&o, &n), &d)| o + n <= d)
+            && self
+                .offsets
+                .iter()
+                .zip(&self.shape)
+                .zip(shape.dims())
+                .all(|((&o, &n), &d)| o.checked_add(n).is_some_and(|end| end <= d))
     }
 }
 

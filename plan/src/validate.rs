@@ -2,10 +2,14 @@
 //! dangling reference, an actor that can never fire, or memory that does not fit.
 
 use super::*;
-use std::collections::HashSet;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
 
 impl Plan {
-    /// Parses a JSON plan, checks its schema version, then validates it.
+    /// Parses a JSON plan, checks its schema version, then validates it. An element that
+    /// does not deserialize (an unknown device kind, a misspelt field) is named by its
+    /// place in the plan (`actor 3 'matmul5'`) as well as by line and column.
     pub fn from_json(text: &str) -> Result<Plan, PlanError> {
         // The version first, skipping the rest without building it (a plan of a big model
         // is a hundred MiB of JSON; a `Value` tree of it costs more than the plan itself).
@@ -23,12 +27,21 @@ impl Plan {
         if found != u64::from(PLAN_SCHEMA_VERSION) {
             return Err(PlanError::SchemaVersion { found, expected: PLAN_SCHEMA_VERSION });
         }
-        let plan: Plan = serde_json::from_str(text).map_err(|e| PlanError::Parse(e.to_string()))?;
+        // Deserialized from the text so that errors carry a line and column; only a plan
+        // that fails is read again as a value, to name the element that does not parse.
+        let plan: Plan = serde_json::from_str(text).map_err(|e| {
+            let value: Option<Value> = serde_json::from_str(text).ok();
+            match value.as_ref().and_then(first_bad_element) {
+                Some((element, message)) => PlanError::Element { element, message, line: e.line(), column: e.column() },
+                None => PlanError::Parse(e.to_string()),
+            }
+        })?;
         plan.validate()?;
         Ok(plan)
     }
 
-    /// Checks references, register counts, edge consistency, arities, cycles and memory.
+    /// Checks references, register counts, edge consistency, arities, the signature and
+    /// the variables, cycles, collective order and memory.
     pub fn validate(&self) -> Result<(), PlanError> {
         if self.schema_version != PLAN_SCHEMA_VERSION {
             return Err(PlanError::SchemaVersion {
@@ -39,6 +52,8 @@ impl Plan {
         self.check_references()?;
         self.check_edges()?;
         self.check_arities()?;
+        self.check_signature()?;
+        self.check_variables()?;
         self.check_cycles()?;
         self.check_collective_order()?;
         self.memory()?;
@@ -379,4 +394,196 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+impl Plan {
+    /// Every input's parts are distinct fed sources whose registers hold the part's region
+    /// of the input; every output is delivered whole by a sink.
+    fn check_signature(&self) -> Result<(), PlanError> {
+        let mut fed_by: HashMap<ActorIndex, &str> = HashMap::new();
+        for input in &self.signature.inputs {
+            let bad = |detail: String| PlanError::BadInput { input: input.name.clone(), detail };
+            if input.parts.is_empty() {
+                return Err(bad("has no parts: no fed source would receive its values".into()));
+            }
+            for (p, part) in input.parts.iter().enumerate() {
+                let Some(actor) = self.actors.get(part.actor.index()) else {
+                    return Err(PlanError::UnknownActor {
+                        owner: format!("part {p} of input '{}' of the signature", input.name),
+                        actor: part.actor.0,
+                        count: self.actors.len(),
+                    });
+                };
+                if !matches!(actor.kind, ActorKind::Source { pieces: SourcePieces::Fed }) {
+                    return Err(bad(format!(
+                        "has part {p} fed to actor '{}', {}; the parts of an input must be fed sources \
+                         (`source` with `pieces: fed`)",
+                        actor.name,
+                        kind_phrase(&actor.kind)
+                    )));
+                }
+                if let Some(other) = fed_by.insert(part.actor, &input.name) {
+                    return Err(bad(format!(
+                        "has part {p} fed to source '{}', which input '{other}' feeds too",
+                        actor.name
+                    )));
+                }
+                let region = &part.region;
+                if !region.fits(&input.meta.shape) {
+                    return Err(bad(format!(
+                        "has part {p} (source '{}') at offsets {:?} of shape {}, which does not fit the input's \
+                         shape {}",
+                        actor.name,
+                        region.offsets,
+                        Shape::from(region.shape.as_slice()),
+                        input.meta.shape
+                    )));
+                }
+                let bytes = region_bytes(region, input.meta.dtype);
+                for output in self.outputs_of(part.actor) {
+                    let desc = &self.regst_descs[output.index()];
+                    if bytes != Some(desc.bytes) {
+                        return Err(bad(format!(
+                            "has part {p} {}{} ({}), but register '{}' of source '{}' holds {} bytes",
+                            input.meta.dtype,
+                            Shape::from(region.shape.as_slice()),
+                            bytes_phrase(bytes),
+                            desc.name,
+                            actor.name,
+                            desc.bytes
+                        )));
+                    }
+                }
+            }
+        }
+        for output in &self.signature.outputs {
+            let bad = |detail: String| PlanError::BadOutput { output: output.name.clone(), detail };
+            let Some(actor) = self.actors.get(output.actor.index()) else {
+                return Err(PlanError::UnknownActor {
+                    owner: format!("output '{}' of the signature", output.name),
+                    actor: output.actor.0,
+                    count: self.actors.len(),
+                });
+            };
+            if !matches!(actor.kind, ActorKind::Sink) {
+                return Err(bad(format!(
+                    "is delivered by actor '{}', {}; an output must be delivered by a sink",
+                    actor.name,
+                    kind_phrase(&actor.kind)
+                )));
+            }
+            // A sink has at least one input (arities are checked first); it delivers the
+            // whole value in its first.
+            let Some(first) = actor.inputs.first() else { continue };
+            let desc = &self.regst_descs[first.index()];
+            let bytes = meta_bytes(&output.meta);
+            if bytes != Some(desc.bytes) {
+                return Err(bad(format!(
+                    "is {} ({}), but sink '{}' reads it from register '{}' of {} bytes",
+                    output.meta,
+                    bytes_phrase(bytes),
+                    actor.name,
+                    desc.name,
+                    desc.bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every variable names a register with preloaded slots, and its region lies in the
+    /// variable and fills the register exactly.
+    fn check_variables(&self) -> Result<(), PlanError> {
+        for variable in &self.variables {
+            let bad = |detail: String| PlanError::BadVariable { variable: variable.name.clone(), detail };
+            let Some(desc) = self.regst_descs.get(variable.regst.index()) else {
+                return Err(PlanError::UnknownRegstDesc {
+                    owner: format!("variable '{}'", variable.name),
+                    desc: variable.regst.0,
+                    count: self.regst_descs.len(),
+                });
+            };
+            if desc.preloaded == 0 {
+                return Err(bad(format!(
+                    "goes into register '{}', which has no preloaded slots to hold its first value",
+                    desc.name
+                )));
+            }
+            let region = &variable.region;
+            if !region.fits(&variable.meta.shape) {
+                return Err(bad(format!(
+                    "has its part at offsets {:?} of shape {}, which does not fit the variable's shape {}",
+                    region.offsets,
+                    Shape::from(region.shape.as_slice()),
+                    variable.meta.shape
+                )));
+            }
+            let bytes = region_bytes(region, variable.meta.dtype);
+            if bytes != Some(desc.bytes) {
+                return Err(bad(format!(
+                    "has its part {}{} ({}), but its register '{}' holds {} bytes",
+                    variable.meta.dtype,
+                    Shape::from(region.shape.as_slice()),
+                    bytes_phrase(bytes),
+                    desc.name,
+                    desc.bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of a region's elements, `None` if that overflows.
+fn region_bytes(region: &Region, dtype: DType) -> Option<u64> {
+    region.shape.iter().try_fold(dtype.size() as u64, |bytes, &len| bytes.checked_mul(len as u64))
+}
+
+/// Bytes of a tensor, `None` if that overflows.
+fn meta_bytes(meta: &TensorMeta) -> Option<u64> {
+    meta.shape.dims().iter().try_fold(meta.dtype.size() as u64, |bytes, &len| bytes.checked_mul(len as u64))
+}
+
+fn bytes_phrase(bytes: Option<u64>) -> String {
+    match bytes {
+        Some(bytes) => format!("{bytes} bytes"),
+        None => "more bytes than fit in 64 bits".into(),
+    }
+}
+
+/// `a compute actor`, `a source of 4 counted pieces`, ... for errors.
+fn kind_phrase(kind: &ActorKind) -> String {
+    match kind {
+        ActorKind::Source { pieces: SourcePieces::Fed } => "a fed source".into(),
+        ActorKind::Source { pieces: SourcePieces::Count(n) } => format!("a source of {n} counted pieces"),
+        ActorKind::Source { pieces: SourcePieces::Custom { kernel, .. } } => {
+            format!("a source run by kernel '{kernel}'")
+        }
+        ActorKind::Source { pieces: SourcePieces::Dataset(d) } => format!("a source reading dataset {}", d.path),
+        other => format!("a {} actor", other.name()),
+    }
+}
+
+/// The first device, stream, actor, register, signature entry or variable of a plan file
+/// that does not deserialize, by its place (and name, if it has one), with serde's reason.
+fn first_bad_element(plan: &Value) -> Option<(String, String)> {
+    fn first_bad<T: DeserializeOwned>(parent: &Value, field: &str, what: &str) -> Option<(String, String)> {
+        let items = parent.get(field)?.as_array()?;
+        items.iter().enumerate().find_map(|(i, item)| {
+            let error = serde_json::from_value::<T>(item.clone()).err()?;
+            let element = match item.get("name").and_then(Value::as_str) {
+                Some(name) => format!("{what} {i} '{name}'"),
+                None => format!("{what} {i}"),
+            };
+            Some((element, error.to_string()))
+        })
+    }
+    let signature = plan.get("signature");
+    first_bad::<DeviceDesc>(plan, "devices", "device")
+        .or_else(|| first_bad::<StreamDesc>(plan, "streams", "stream"))
+        .or_else(|| first_bad::<ActorDesc>(plan, "actors", "actor"))
+        .or_else(|| first_bad::<RegstDesc>(plan, "regst_descs", "register"))
+        .or_else(|| signature.and_then(|s| first_bad::<InputSignature>(s, "inputs", "signature input")))
+        .or_else(|| signature.and_then(|s| first_bad::<OutputSignature>(s, "outputs", "signature output")))
+        .or_else(|| first_bad::<VariableDesc>(plan, "variables", "variable"))
 }

@@ -148,8 +148,7 @@ pub(crate) fn dataset_kernel(
         _ => Path::new(&conf.path).to_path_buf(),
     };
     let fields: Vec<usize> = conf.fields.iter().map(|&f| f as usize).collect();
-    let file =
-        RecordFile::open(&path, fields.iter().sum()).map_err(|e| setup(format!("dataset {}: {e}", path.display())))?;
+    let file = RecordFile::open(&path, fields.iter().sum()).map_err(|e| setup(e.to_string()))?;
     let batches = file.batches(&fields, conf.batch as usize, conf.seed).map_err(|e| setup(e.to_string()))?;
     check_outputs(&batches, spec).map_err(|e| setup(e.0))?;
     Ok(Box::new(batches))

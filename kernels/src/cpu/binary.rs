@@ -18,6 +18,22 @@ impl HostCompute for Binary {
             DType::I64 => Err("integer arithmetic is not supported".into()),
         }
     }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([a, b], [out]) = (inputs, outputs) else {
+            return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+        };
+        if a.dtype != b.dtype || a.dtype != out.dtype {
+            return Err(format!("operands {a} and {b} give {out}: all three must have one dtype"));
+        }
+        match Shape::broadcast(&a.shape, &b.shape) {
+            None => Err(format!("shapes {} and {} do not broadcast", a.shape, b.shape)),
+            Some(shape) if shape != out.shape => {
+                Err(format!("shapes {} and {} broadcast to {shape}, but the output is {}", a.shape, b.shape, out.shape))
+            }
+            Some(_) => Ok(()),
+        }
+    }
 }
 
 fn compute_typed<T: Real>(

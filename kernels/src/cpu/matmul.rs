@@ -15,6 +15,10 @@ impl HostCompute for MatMul {
         let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
         compute_layout(&layout, false, context.threads, inputs, outputs)
     }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        check_product(inputs, outputs, self.transpose_a, self.transpose_b, false)
+    }
 }
 
 impl HostCompute for MatMulBatchSum {
@@ -27,6 +31,39 @@ impl HostCompute for MatMulBatchSum {
         let layout = layout(inputs[0].shape, self.transpose_a, inputs[1].shape, self.transpose_b)?;
         compute_layout(&layout, true, context.threads, inputs, outputs)
     }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        check_product(inputs, outputs, self.transpose_a, self.transpose_b, true)
+    }
+}
+
+/// Whether metas fit a product (summed over the batch if `sum_batch`): two operands of
+/// one dtype whose shapes line up, and the output the product's shape.
+fn check_product(
+    inputs: &[TensorMeta],
+    outputs: &[TensorMeta],
+    transpose_a: bool,
+    transpose_b: bool,
+    sum_batch: bool,
+) -> Result<(), String> {
+    let ([a, b], [out]) = (inputs, outputs) else {
+        return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+    };
+    let pair = || format!("{} x {}", describe(&a.shape, transpose_a), describe(&b.shape, transpose_b));
+    if a.dtype != b.dtype || a.dtype != out.dtype {
+        return Err(format!("operands {} x {} give {out}: all three must have one dtype", a, b));
+    }
+    let layout = layout(&a.shape, transpose_a, &b.shape, transpose_b)?;
+    if sum_batch && !layout.both_batched {
+        return Err(format!("both operands must be batched, got {}", pair()));
+    }
+    let mut dims = if sum_batch { Vec::new() } else { layout.batch };
+    dims.extend([layout.m, layout.n]);
+    let expected = Shape::new(dims);
+    if out.shape != expected {
+        return Err(format!("{} gives {expected}, but the output is {}", pair(), out.shape));
+    }
+    Ok(())
 }
 
 /// Computes the products `layout` describes with up to `threads` threads.

@@ -18,6 +18,14 @@ impl HostCompute for Unary {
             DType::I64 => Err("integer math is not supported".into()),
         }
     }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        match (inputs, outputs) {
+            ([input], [out]) if input == out => Ok(()),
+            ([input], [out]) => Err(format!("maps {input} elementwise, but the output is {out}")),
+            _ => Err(format!("takes 1 input and gives 1 output, but has {} and {}", inputs.len(), outputs.len())),
+        }
+    }
 }
 
 fn compute_typed<T: Real>(kind: UnaryKind, input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {

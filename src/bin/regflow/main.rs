@@ -1,27 +1,32 @@
-//! `regflow`: inspect regflow plans from the command line.
+//! `regflow`: inspect and run regflow plans from the command line.
 //!
 //! ```text
 //! regflow plan show <plan.json> [--actors]     per device: streams, actors by kind, peak memory
 //! regflow plan dot <plan.json> [-o out.dot]    Graphviz: devices as clusters, boxing highlighted
+//! regflow run <plan.json> [--feeds feeds.safetensors] [--steps N] [--threads T] [--data-dir DIR]
 //! ```
 //!
 //! A plan file is the JSON that `Plan::to_json` writes; `-` reads it from stdin. The file is
 //! validated as the runtime would validate it before anything is printed, so a plan that
-//! `regflow plan show` accepts is one `Job::builder` accepts too.
+//! `regflow plan show` accepts is one `Job::builder` accepts too. `regflow run` runs it by
+//! itself and prints one line per step with its scalar outputs (`step 0 loss 2.3025851`).
 
 mod describe;
 mod dot;
+mod feeds;
+mod run;
 mod show;
 
 use clap::{Parser, Subcommand};
 use regflow::graph::plan::{Plan, PlanError};
+use regflow::runtime::RuntimeError;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Command line of the `regflow` tool.
 #[derive(Debug, Parser)]
-#[command(name = "regflow", version, about = "Inspect regflow plans", propagate_version = true)]
+#[command(name = "regflow", version, about = "Inspect and run regflow plans", propagate_version = true)]
 struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -34,6 +39,31 @@ enum Command {
     /// Inspect a plan file (the JSON that `Plan::to_json` writes).
     #[command(subcommand)]
     Plan(PlanCommand),
+    /// Run a plan file by itself and print its scalar outputs, one line per step.
+    ///
+    /// Kernels come from the registry and variables from their initializers. Fed inputs
+    /// take their values from `--feeds`: a safetensors file with one tensor per input of
+    /// the plan's signature, named after it, of the input's dtype and shape
+    /// `[steps, ...input shape]`; step k feeds row k. A plan whose source reads a dataset
+    /// file needs no feeds. Each line reads `step k loss v`, then `name v` for every
+    /// further scalar output; floats are printed in their shortest round-trip form.
+    Run {
+        /// Plan file (JSON); `-` reads stdin.
+        plan: PathBuf,
+        /// Values of the plan's fed inputs (safetensors, see above).
+        #[arg(long, value_name = "FILE")]
+        feeds: Option<PathBuf>,
+        /// Steps to run: the first N rows of the feeds, or N pieces of every dataset source
+        /// (default: every row of the feeds, or the pieces the plan names).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        steps: Option<u64>,
+        /// Threads one cpu kernel may use (results are bitwise the same for any count).
+        #[arg(long, value_name = "T", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        threads: u16,
+        /// Directory relative dataset paths resolve against (default: the plan file's).
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+    },
 }
 
 /// `regflow plan ...` commands.
@@ -84,6 +114,41 @@ enum CliError {
         /// What is wrong with it.
         source: PlanError,
     },
+    /// The plan cannot run by itself, or its feeds are missing.
+    Setup {
+        /// Plan file as given on the command line.
+        file: String,
+        /// Why, as a sentence.
+        message: String,
+    },
+    /// The feeds file could not be read or does not fit the plan's signature.
+    Feeds {
+        /// Feeds file as given on the command line.
+        file: String,
+        /// What does not fit, naming the tensor, the input and both shapes.
+        message: String,
+    },
+    /// The job could not be built (kernels, dataset, memory).
+    Build {
+        /// Plan file as given on the command line.
+        file: String,
+        /// The runtime's error, naming the actor.
+        source: RuntimeError,
+    },
+    /// The job failed while running.
+    Failed {
+        /// Plan file as given on the command line.
+        file: String,
+        /// The runtime's error, naming the actor.
+        source: RuntimeError,
+    },
+    /// Pushing the feeds failed.
+    Feeding {
+        /// Plan file as given on the command line.
+        file: String,
+        /// Why.
+        message: String,
+    },
     /// The output could not be written.
     Write {
         /// Output file (`<stdout>` for standard output).
@@ -98,6 +163,11 @@ impl std::fmt::Display for CliError {
         match self {
             CliError::Read { file, source } => write!(f, "cannot read plan file {file}: {source}"),
             CliError::Plan { file, source } => write!(f, "{file} is not a valid plan: {source}"),
+            CliError::Setup { file, message } => write!(f, "cannot run {file}: {message}"),
+            CliError::Feeds { file, message } => write!(f, "feeds file {file}: {message}"),
+            CliError::Build { file, source } => write!(f, "cannot run {file}: {source}"),
+            CliError::Failed { file, source } => write!(f, "running {file} failed: {source}"),
+            CliError::Feeding { file, message } => write!(f, "feeding {file} failed: {message}"),
             CliError::Write { file, source } => write!(f, "cannot write {file}: {source}"),
         }
     }
@@ -158,6 +228,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let (file, plan) = load(&plan)?;
             let text = dot::render(&plan).map_err(|source| CliError::Plan { file, source })?;
             emit(&text, output.as_deref())
+        }
+        Command::Run { plan, feeds, steps, threads, data_dir } => {
+            run::run(run::RunArgs { plan, feeds, steps, threads: usize::from(threads), data_dir })
         }
     }
 }

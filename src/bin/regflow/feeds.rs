@@ -1,0 +1,160 @@
+//! The feeds file of `regflow run`: a safetensors file with one tensor per input of the
+//! plan's signature, named after the input, of shape `[steps, ...input shape]` and the
+//! input's dtype. Step `k` feeds row `k` of every tensor.
+
+use regflow::graph::plan::{DType, HostArray, InputSignature, Shape, TensorMeta};
+use regflow::kernels::nearest;
+use safetensors::tensor::{Dtype, SafeTensors};
+use std::path::Path;
+
+/// Every input's values for every step, checked against the plan's signature.
+#[derive(Debug)]
+pub(crate) struct Feeds {
+    /// Steps the file holds: the rows of every tensor.
+    steps: u64,
+    /// Per input, in the signature's order.
+    inputs: Vec<InputRows>,
+}
+
+/// One input's rows, back to back.
+#[derive(Debug)]
+struct InputRows {
+    name: String,
+    meta: TensorMeta,
+    bytes: Vec<u8>,
+}
+
+impl Feeds {
+    /// Reads `path` and checks it against `inputs`: a tensor per input and no other, each
+    /// of the input's dtype and of shape `[steps, ...input shape]`, with one `steps` for
+    /// all. The error is a sentence naming the tensor, the input and both shapes.
+    pub(crate) fn read(path: &Path, inputs: &[InputSignature]) -> Result<Feeds, String> {
+        let buffer = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+        let file = SafeTensors::deserialize(&buffer).map_err(|e| format!("it is not a safetensors file: {e}"))?;
+        let input_names: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
+        let mut tensor_names: Vec<&str> = file.names().into_iter().map(String::as_str).collect();
+        tensor_names.sort_unstable();
+        for name in &tensor_names {
+            if !input_names.contains(name) {
+                let hint = match nearest(name, &input_names) {
+                    Some(near) => format!("; did you mean '{near}'?"),
+                    None => String::new(),
+                };
+                return Err(format!(
+                    "tensor '{name}' is not an input of the plan (its inputs: {}{hint})",
+                    input_names.join(", ")
+                ));
+            }
+        }
+        let mut rows: Vec<InputRows> = Vec::with_capacity(inputs.len());
+        let mut steps: Option<(u64, &str)> = None;
+        for input in inputs {
+            let name = input.name.as_str();
+            let meta = &input.meta;
+            let Ok(view) = file.tensor(name) else {
+                let holds = if tensor_names.is_empty() {
+                    "no tensors".to_string()
+                } else {
+                    format!("tensors {}", tensor_names.join(", "))
+                };
+                return Err(format!("it has no tensor '{name}' for input '{name}' ({meta}); it holds {holds}"));
+            };
+            let needed = stepped_shape(&meta.shape);
+            if dtype_of(view.dtype()) != Some(meta.dtype) {
+                return Err(format!(
+                    "tensor '{name}' holds {} values, but input '{name}' is {meta}: the tensor needs {} values of \
+                     shape {needed}",
+                    dtype_name(view.dtype()),
+                    meta.dtype
+                ));
+            }
+            let shape = view.shape();
+            if shape.len() != meta.shape.rank() + 1 || shape[1..] != *meta.shape.dims() {
+                return Err(format!(
+                    "tensor '{name}' has shape {}, but input '{name}' has shape {}: the tensor needs shape {needed}",
+                    Shape::from(shape),
+                    meta.shape
+                ));
+            }
+            let count = shape[0] as u64;
+            match steps {
+                Some((first, other)) if first != count => {
+                    return Err(format!(
+                        "tensor '{name}' has {count} steps (rows) but tensor '{other}' has {first}: every input \
+                         needs the same number of steps"
+                    ))
+                }
+                Some(_) => {}
+                None => steps = Some((count, name)),
+            }
+            let bytes = view.data();
+            if bytes.len() as u64 != count * meta.bytes() as u64 {
+                return Err(format!(
+                    "tensor '{name}' has {} bytes of data, but {count} rows of {meta} take {}",
+                    bytes.len(),
+                    count * meta.bytes() as u64
+                ));
+            }
+            rows.push(InputRows { name: name.to_string(), meta: meta.clone(), bytes: bytes.to_vec() });
+        }
+        Ok(Feeds { steps: steps.map_or(0, |(count, _)| count), inputs: rows })
+    }
+
+    /// Steps the file holds.
+    pub(crate) fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Every input's value at `step`, in the signature's order.
+    pub(crate) fn step(&self, step: u64) -> impl Iterator<Item = Result<(&str, HostArray), String>> + '_ {
+        self.inputs.iter().map(move |input| {
+            let row = input.meta.bytes();
+            let start = step as usize * row;
+            let value = input.bytes.get(start..start + row).and_then(|bytes| host_array(&input.meta, bytes));
+            match value {
+                Some(value) => Ok((input.name.as_str(), value)),
+                None => Err(format!("tensor '{}' has no row {step} (broken invariant: rows were checked)", input.name)),
+            }
+        })
+    }
+}
+
+/// `[steps, 8, 32]` for an input of shape `[8, 32]`.
+fn stepped_shape(shape: &Shape) -> String {
+    let dims: Vec<String> =
+        std::iter::once("steps".to_string()).chain(shape.dims().iter().map(usize::to_string)).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+/// The plan dtype of a safetensors dtype, if plans have it.
+fn dtype_of(dtype: Dtype) -> Option<DType> {
+    match dtype {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F64 => Some(DType::F64),
+        Dtype::I64 => Some(DType::I64),
+        _ => None,
+    }
+}
+
+/// `f32`, `bf16`, `u8`, ...
+fn dtype_name(dtype: Dtype) -> String {
+    format!("{dtype:?}").to_lowercase()
+}
+
+/// A row of little-endian bytes as a value of `meta`.
+fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Option<HostArray> {
+    let shape = meta.shape.clone();
+    match meta.dtype {
+        DType::F32 => {
+            HostArray::f32(shape, bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        }
+        DType::F64 => HostArray::f64(shape, bytes.chunks_exact(8).map(|c| f64::from_le_bytes(word(c))).collect()),
+        DType::I64 => HostArray::i64(shape, bytes.chunks_exact(8).map(|c| i64::from_le_bytes(word(c))).collect()),
+    }
+}
+
+fn word(chunk: &[u8]) -> [u8; 8] {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(chunk);
+    word
+}
