@@ -11,6 +11,7 @@ use regflow_plan::{DType, DeviceKind};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
+pub mod axes;
 pub mod binary;
 pub mod boxing;
 pub mod concat;
