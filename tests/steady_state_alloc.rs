@@ -13,6 +13,12 @@
 //! counters. The Chrome-trace timeline (`JobBuilder::trace`) is left off: its buffer grows
 //! with the run by design, and it is opt-in. No `tracing` subscriber is installed, so the
 //! per-firing span is disabled.
+//!
+//! Besides hand-built plans, two compiled training steps run here (the digits MLP and a
+//! GPT block, with AdamW), fed and fetched from the test thread: once every kernel has fired
+//! a few times, a step allocates nothing, matrix products included (gemm's per-call
+//! buffers are reused per thread: `vendor/gemm-common/REGFLOW.md`). Each check prints its
+//! steady-state count; `cargo test --test steady_state_alloc -- --nocapture` shows them.
 
 #[path = "../examples/common/gpt.rs"]
 mod gpt;

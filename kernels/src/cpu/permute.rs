@@ -25,21 +25,21 @@ impl HostCompute for Permute {
 /// [`Permute::resolve`] on the stack. A permutation that does not fit the input is the
 /// plan's error, with its message.
 fn resolve_inline(permute: &Permute, shape: &Shape) -> Result<AxisVec<usize>, String> {
-    let rank = shape.rank();
+    let plan_error = || {
+        permute
+            .resolve(shape)
+            .err()
+            .unwrap_or_else(|| format!("permutation {:?} of {shape} (broken invariant)", permute.0))
+    };
+    if permute.0.len() != shape.rank() {
+        return Err(plan_error());
+    }
     let mut axes = AxisVec::new();
     for &p in &permute.0 {
         match shape.axis(p) {
-            Some(axis) if permute.0.len() == rank && !axes.contains(&axis) => axes.push(axis),
-            _ => {
-                return Err(permute
-                    .resolve(shape)
-                    .err()
-                    .unwrap_or_else(|| format!("permutation {:?} of {shape} (broken invariant)", permute.0)))
-            }
+            Some(axis) if !axes.contains(&axis) => axes.push(axis),
+            _ => return Err(plan_error()),
         }
-    }
-    if axes.len() != rank {
-        return Err(permute.resolve(shape).err().unwrap_or_else(|| format!("permutation {:?} of {shape}", permute.0)));
     }
     Ok(axes)
 }
@@ -91,4 +91,18 @@ fn permute_copy<T: Copy>(x: &[T], shape: &Shape, perm: &[usize], out: &mut [T]) 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_resolution_agrees_with_the_plan_one_errors_included() {
+        let shape = Shape::new([2, 3, 4]);
+        for perm in [vec![0, 1, 2], vec![2, 0, 1], vec![-1, 0, 1], vec![0, 0, 1], vec![0, 1], vec![0, 1, 3], vec![]] {
+            let permute = Permute(perm);
+            assert_eq!(resolve_inline(&permute, &shape).map(|axes| axes.to_vec()), permute.resolve(&shape));
+        }
+    }
 }

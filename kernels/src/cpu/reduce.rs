@@ -127,3 +127,16 @@ fn reduced_axes_inline(shape: &Shape, axes: &[isize]) -> Result<AxisVec<bool>, S
 pub fn reduced_count(shape: &Shape, reduced: &[bool]) -> usize {
     shape.dims().iter().zip(reduced).filter(|(_, &r)| r).map(|(&d, _)| d).product()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_axes_agree_with_the_plan_ones_errors_included() {
+        let shape = Shape::new([2, 3, 4]);
+        for axes in [vec![], vec![0], vec![-1, 0], vec![1, 1], vec![3], vec![0, 1, 2]] {
+            assert_eq!(reduced_axes_inline(&shape, &axes).map(|r| r.to_vec()), reduced_axes(&shape, &axes));
+        }
+    }
+}
