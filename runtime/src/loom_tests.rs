@@ -9,7 +9,7 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::CpuStream;
 use crate::inbox::{inbox, Envelope};
-use crate::kernel::{Kernel, KernelError, KernelIo};
+use crate::kernel::{Kernel, KernelError, KernelIo, StreamContext};
 use crate::stream::{ActorRuntime, JobShared, StreamProbe, StreamWorker};
 use crate::sync::{Arc, AtomicBool, Mutex};
 use loom::cell::UnsafeCell;
@@ -155,6 +155,7 @@ fn run_model(plan: &Plan) {
             trace: None,
             scratch_inputs: Vec::with_capacity(4),
             scratch_outputs: Vec::with_capacity(4),
+            context: StreamContext::default(),
         });
     }
     drop(router);
