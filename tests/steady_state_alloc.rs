@@ -13,7 +13,17 @@
 //! counters. The Chrome-trace timeline (`JobBuilder::trace`) is left off: its buffer grows
 //! with the run by design, and it is opt-in. No `tracing` subscriber is installed, so the
 //! per-firing span is disabled.
+//!
+//! Besides hand-built plans, two compiled training steps run here (the digits MLP and a
+//! GPT block, with AdamW), fed and fetched from the test thread: once every kernel has fired
+//! a few times, a step allocates nothing, matrix products included (gemm's per-call
+//! buffers are reused per thread: `vendor/gemm-common/REGFLOW.md`). Each check prints its
+//! steady-state count; `cargo test --test steady_state_alloc -- --nocapture` shows them.
 
+#[path = "../examples/common/gpt.rs"]
+mod gpt;
+
+use regflow::graph::{CompileOptions, DType, Graph, Init, Optimizer, Schedule as LrSchedule, SplitMix64};
 use regflow::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -200,20 +210,32 @@ fn serial() -> MutexGuard<'static, ()> {
 // Measuring.
 // ---------------------------------------------------------------------------------------
 
-/// Pieces of the shorter run.
-const N1: u64 = 500;
-/// Pieces of the longer run: the 1000 extra pieces must cost no allocation.
-const N2: u64 = N1 + 1000;
-/// Pieces run before the steady-state window opens.
-const WARM_UP: u64 = 200;
-/// Pieces inside the window (the window fits in a run of `N2` pieces).
-const WINDOW: u64 = 1000;
+/// How many pieces the runs of one check take, and which of them the steady-state window
+/// covers: pieces `warm_up..warm_up + window` of the long run.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    /// Pieces of the shorter run.
+    short: u64,
+    /// Pieces of the longer run: its extra pieces must cost no allocation.
+    long: u64,
+    /// Pieces run before the steady-state window opens.
+    warm_up: u64,
+    /// Pieces inside the window (the window fits in the long run).
+    window: u64,
+}
+
+/// Hand-built plans: cheap pieces, so many of them.
+const PIECES: Schedule = Schedule { short: 500, long: 1500, warm_up: 200, window: 1000 };
+/// Compiled training steps: every step runs the whole model, so fewer of them; the window
+/// still covers many steps after every kernel has fired a few times.
+const STEPS: Schedule = Schedule { short: 12, long: 42, warm_up: 6, window: 30 };
+
 /// How long the window waits, before it opens, for every thread of the job to settle.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// The steady-state window of one run: pieces `WARM_UP..WARM_UP + WINDOW`.
+/// The steady-state window of one run: pieces `warm_up..warm_up + window` of its schedule.
 ///
-/// Whoever sees pieces in order calls [`Window::at_piece`]. At `WARM_UP` it waits until the
+/// Whoever sees pieces in order calls [`Window::at_piece`]. At `warm_up` it waits until the
 /// test thread has finished starting the job (`Job::build` still allocates after the
 /// sources start), then pauses a little so that every thread of the job has started and
 /// blocked once: a thread's first start-up and first blocking receive allocate, once, at
@@ -222,14 +244,19 @@ const SETTLE: Duration = Duration::from_millis(20);
 struct Window {
     /// Only a run long enough to close the window opens it.
     enabled: bool,
+    /// First piece of the window.
+    opens_at: u64,
+    /// First piece after the window.
+    closes_at: u64,
     started: AtomicBool,
     opened: Mutex<Option<[u64; 6]>>,
     allocations: Mutex<Option<[u64; 6]>>,
 }
 
 impl Window {
-    fn new(pieces: u64) -> Arc<Self> {
-        Arc::new(Self { enabled: pieces >= WARM_UP + WINDOW, ..Self::default() })
+    fn new(pieces: u64, schedule: Schedule) -> Arc<Self> {
+        let (opens_at, closes_at) = (schedule.warm_up, schedule.warm_up + schedule.window);
+        Arc::new(Self { enabled: pieces >= closes_at, opens_at, closes_at, ..Self::default() })
     }
 
     /// The test thread has finished starting the job.
@@ -243,14 +270,14 @@ impl Window {
         if !self.enabled {
             return;
         }
-        if piece == WARM_UP {
+        if piece == self.opens_at {
             while !self.started.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(1));
             }
             std::thread::sleep(SETTLE);
             *self.opened.lock().unwrap() = Some(counts());
             WINDOW_OPEN.store(true, Ordering::Relaxed);
-        } else if piece == WARM_UP + WINDOW {
+        } else if piece == self.closes_at {
             WINDOW_OPEN.store(false, Ordering::Relaxed);
             let now = counts();
             let opened = *self.opened.lock().unwrap();
@@ -263,11 +290,20 @@ impl Window {
     }
 }
 
-/// Most lazy crossbeam-channel allocations one job of this file may make: one `Context` per
-/// thread (two stream threads, the sim poller, the watchdog, the test thread), one waker
-/// list per channel a receiver blocks on (two stream inboxes, the poller's timers, the
-/// watchdog's stop and snapshot channels, a feeder's buffer pool, a fetcher's deliveries),
-/// and the stream-exit channel's first block plus one per racing stream thread.
+/// Most lazy crossbeam-channel allocations one job may make: one `Context` per thread (the
+/// stream threads, the sim poller, the watchdog, the test thread), one waker list per
+/// channel a receiver or a sender blocks on (the stream inboxes, the poller's timers, the
+/// watchdog's stop and snapshot channels, the feeders' buffer pools, the fetchers'
+/// deliveries, plus every inbox again for a full one a sender waits on), and the
+/// stream-exit channel's first block plus one per racing stream thread.
+fn lazy_channel_bound(streams: u64, feeders: u64, fetchers: u64) -> u64 {
+    let threads = streams + 3;
+    let channels = 2 * streams + 3 + feeders + fetchers;
+    threads + channels + 1 + streams
+}
+
+/// The bound for the hand-built plans of this file: two streams, a feeder and a fetcher at
+/// most.
 const LAZY_CHANNEL_BOUND: u64 = 5 + 7 + 3;
 
 /// Allocations that are not crossbeam-channel's lazy ones.
@@ -275,45 +311,57 @@ fn ordinary(counts: [u64; 6]) -> u64 {
     total(counts) - counts[Counted::FirstBlock as usize] - counts[Counted::ListBlock as usize]
 }
 
-/// Runs `run(pieces)` for `N1` and `N2` pieces (after one warm-up run that pays for the
-/// process's first-use allocations) and checks that the extra pieces allocate nothing:
-/// neither inside the steady-state window of the long run, nor in the whole long run
-/// compared to the short one. Crossbeam's lazy allocations are counted apart and only
-/// bounded: they happen once per thread or channel, at moments the scheduler picks. In the
-/// window only the first-blocking-receive set-up is let through (an unbounded channel's
-/// blocks there would be per piece).
-fn assert_allocates_nothing_per_piece(variant: &str, run: impl Fn(u64, &Arc<Window>)) {
+/// Runs `run(pieces)` for `schedule.short` and `schedule.long` pieces (after one warm-up run
+/// that pays for the process's first-use allocations) and checks that the extra pieces
+/// allocate nothing: neither inside the steady-state window of the long run, nor in the
+/// whole long run compared to the short one. Crossbeam's lazy allocations are counted apart
+/// and only bounded by `lazy_bound`: they happen once per thread or channel, at moments the
+/// scheduler picks. In the window only the first-blocking-receive set-up is let through (an
+/// unbounded channel's blocks there would be per piece). Prints the window's count.
+fn assert_allocates_nothing_per_piece(
+    variant: &str,
+    schedule: Schedule,
+    lazy_bound: u64,
+    run: impl Fn(u64, &Arc<Window>),
+) {
     let _serial = serial();
-    run(N1, &Window::new(N1));
+    let Schedule { short: n1, long: n2, window: pieces_in_window, .. } = schedule;
+    run(n1, &Window::new(n1, schedule));
 
-    let (short_window, window) = (Window::new(N1), Window::new(N2));
+    let (short_window, window) = (Window::new(n1, schedule), Window::new(n2, schedule));
     CLASSIFY.store(true, Ordering::Relaxed);
     let before = counts();
-    run(N1, &short_window);
+    run(n1, &short_window);
     let short = difference(counts(), before);
 
     let before = counts();
-    run(N2, &window);
+    run(n2, &window);
     let long = difference(counts(), before);
     CLASSIFY.store(false, Ordering::Relaxed);
 
     let in_window = window.allocations().unwrap_or_else(|| panic!("{variant}: the window never closed"));
+    let steady = total(in_window) - in_window[Counted::FirstBlock as usize];
+    println!(
+        "{variant}: {steady} allocations in {pieces_in_window} steady-state pieces ({:.2} per piece; {})",
+        steady as f64 / pieces_in_window as f64,
+        describe(in_window)
+    );
     assert_eq!(
-        total(in_window) - in_window[Counted::FirstBlock as usize],
+        steady,
         0,
-        "{variant}: {WINDOW} pieces in steady state allocated ({}); rerun with REGFLOW_ALLOC_BACKTRACE=1 to see where",
+        "{variant}: {pieces_in_window} pieces in steady state allocated ({}); rerun with REGFLOW_ALLOC_BACKTRACE=1 to see where",
         describe(in_window)
     );
     assert_eq!(
         ordinary(long),
         ordinary(short),
-        "{variant}: a run of {N2} pieces allocated ({}), one of {N1} pieces ({})",
+        "{variant}: a run of {n2} pieces allocated ({}), one of {n1} pieces ({})",
         describe(long),
         describe(short)
     );
-    for (pieces, run) in [(N1, short), (N2, long)] {
+    for (pieces, run) in [(n1, short), (n2, long)] {
         let lazy = total(run) - ordinary(run);
-        assert!(lazy <= LAZY_CHANNEL_BOUND, "{variant}: a run of {pieces} pieces allocated ({})", describe(run));
+        assert!(lazy <= lazy_bound, "{variant}: a run of {pieces} pieces allocated ({})", describe(run));
     }
 }
 
@@ -411,7 +459,7 @@ fn run_with_callback(plan: &Plan, pieces: u64, window: &Arc<Window>, watchdog: D
 #[test]
 fn cpu_chain_allocates_nothing_per_piece() {
     let plan = chain(DeviceKind::Cpu, SourcePieces::Count(0), 0);
-    assert_allocates_nothing_per_piece("cpu chain", |pieces, window| {
+    assert_allocates_nothing_per_piece("cpu chain", PIECES, LAZY_CHANNEL_BOUND, |pieces, window| {
         run_with_callback(&plan, pieces, window, WATCHDOG, |piece| piece + 2)
     });
 }
@@ -420,21 +468,24 @@ fn cpu_chain_allocates_nothing_per_piece() {
 #[test]
 fn sim_chain_allocates_nothing_per_piece() {
     let plan = chain(DeviceKind::Sim, SourcePieces::Count(0), 2_000);
-    assert_allocates_nothing_per_piece("sim chain", |pieces, window| {
+    assert_allocates_nothing_per_piece("sim chain", PIECES, LAZY_CHANNEL_BOUND, |pieces, window| {
         run_with_callback(&plan, pieces, window, WATCHDOG, |piece| piece + 2)
     });
 }
 
 /// The sim chain with a watchdog that ticks every 62.5 ms (a 250 ms timeout checks every
-/// quarter). One stream runs two 100 us stages per piece, so a run of `N2` pieces lasts at
+/// quarter). One stream runs two 100 us stages per piece, so a run of `PIECES.long` pieces lasts at
 /// least 300 ms of modeled time and its window at least 200 ms: the watchdog ticks several
 /// times in each, sees progress, and allocates nothing.
 #[test]
 fn watchdog_ticks_allocate_nothing() {
     let plan = chain(DeviceKind::Sim, SourcePieces::Count(0), 100_000);
-    assert_allocates_nothing_per_piece("sim chain with a ticking watchdog", |pieces, window| {
-        run_with_callback(&plan, pieces, window, Duration::from_millis(250), |piece| piece + 2)
-    });
+    assert_allocates_nothing_per_piece(
+        "sim chain with a ticking watchdog",
+        PIECES,
+        LAZY_CHANNEL_BOUND,
+        |pieces, window| run_with_callback(&plan, pieces, window, Duration::from_millis(250), |piece| piece + 2),
+    );
 }
 
 /// `src -> repeat(2) -> acc(2, Copy) -> sink`, on a cpu and a sim stream: the repeat lends
@@ -458,7 +509,7 @@ fn acc_and_repeat_allocate_nothing_per_piece() {
     b.consume(sink, z);
     let plan = b.build().unwrap();
     // repeat(2) then acc(2) gives one piece per source piece, holding that source piece.
-    assert_allocates_nothing_per_piece("acc and repeat", |pieces, window| {
+    assert_allocates_nothing_per_piece("acc and repeat", PIECES, LAZY_CHANNEL_BOUND, |pieces, window| {
         run_with_callback(&plan, pieces, window, WATCHDOG, |piece| piece)
     });
 }
@@ -471,7 +522,7 @@ fn fed_source_and_fetcher_allocate_nothing_per_piece() {
     /// fetch that has not happened (feeder buffers + registers + sink credits hold more).
     const LAG: u64 = 3;
     let plan = chain(DeviceKind::Cpu, SourcePieces::Fed, 0);
-    assert_allocates_nothing_per_piece("fed source and fetcher", |pieces, window| {
+    assert_allocates_nothing_per_piece("fed source and fetcher", PIECES, LAZY_CHANNEL_BOUND, |pieces, window| {
         let mut job = Job::builder(plan.clone())
             .watchdog(WATCHDOG)
             .kernel("increment", |_| Ok(Box::new(Increment)))
@@ -511,7 +562,6 @@ fn fed_source_and_fetcher_allocate_nothing_per_piece() {
 #[test]
 fn collectives_allocate_nothing_per_piece() {
     use regflow::graph::plan::{CollectiveConf, CollectiveOp};
-    use regflow::graph::DType;
     let mut b = PlanBuilder::new();
     for rank in 0..2u32 {
         let device = b.device(0, DeviceKind::Cpu, rank as u16);
@@ -534,7 +584,7 @@ fn collectives_allocate_nothing_per_piece() {
         b.consume(sink, y);
     }
     let plan = b.build().unwrap();
-    assert_allocates_nothing_per_piece("all-reduce", |pieces, window| {
+    assert_allocates_nothing_per_piece("all-reduce", PIECES, LAZY_CHANNEL_BOUND, |pieces, window| {
         let mut plan = plan.clone();
         for actor in &mut plan.actors {
             if let ActorKind::Source { pieces: SourcePieces::Count(n) } = &mut actor.kind {
@@ -562,4 +612,161 @@ fn collectives_allocate_nothing_per_piece() {
         assert_eq!(delivered.load(Ordering::Relaxed), pieces);
         assert_eq!(wrong.load(Ordering::Relaxed), 0, "pieces with a wrong sum");
     });
+}
+
+// ---------------------------------------------------------------------------------------
+// Compiled graphs.
+// ---------------------------------------------------------------------------------------
+
+/// Distinct batches a compiled test feeds in turn.
+const BATCHES: usize = 3;
+
+/// A training step compiled for one cpu device, with the bytes of `BATCHES` batches for
+/// each of its fed inputs.
+struct CompiledStep {
+    plan: Plan,
+    /// The loss's fetch (the sink the compiler named).
+    loss: String,
+    /// `(source name, bytes of each batch)` per graph input.
+    inputs: Vec<(String, Vec<Vec<u8>>)>,
+}
+
+impl CompiledStep {
+    fn compile(g: &Graph, train: &regflow::graph::TrainStep<'_>, inputs: Vec<(&str, Vec<Vec<u8>>)>) -> Self {
+        let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
+        Self {
+            plan: compiled.plan,
+            loss: compiled.fetches[0].clone(),
+            inputs: inputs.into_iter().map(|(name, batches)| (format!("input:{name}"), batches)).collect(),
+        }
+    }
+
+    fn lazy_bound(&self) -> u64 {
+        lazy_channel_bound(self.plan.streams.len() as u64, self.inputs.len() as u64, 1)
+    }
+
+    /// Runs `steps` steps from the test thread: every piece is pushed from bytes made before
+    /// the job starts, the loss fetched a few steps behind into a buffer sized up front.
+    /// Returns the losses.
+    fn run(&self, steps: u64, window: &Window) -> Vec<f32> {
+        /// Steps pushed ahead of the loss fetched: fewer than a fed source's buffers
+        /// (register count + 1), so a push never waits on a fetch that has not happened.
+        const LAG: u64 = 2;
+        let mut losses = Vec::with_capacity(steps as usize);
+        let mut job = Job::builder(self.plan.clone()).watchdog(WATCHDOG).build().unwrap();
+        let mut feeders: Vec<Feeder> = self.inputs.iter().map(|(name, _)| job.feeder(name).unwrap()).collect();
+        let fetcher = job.fetcher(&self.loss).unwrap();
+        window.job_started();
+        let mut fetch_one = || {
+            window.at_piece(losses.len() as u64);
+            let got = fetcher.recv().expect("the loss sink ended early");
+            losses.push(f32::from_le_bytes(got.bytes().try_into().expect("a 4-byte f32 loss")));
+        };
+        for step in 0..steps {
+            for (feeder, (_, batches)) in feeders.iter_mut().zip(&self.inputs) {
+                feeder.push(&batches[step as usize % BATCHES]).unwrap();
+            }
+            if step >= LAG {
+                fetch_one();
+            }
+        }
+        for feeder in &mut feeders {
+            feeder.close().unwrap();
+        }
+        for _ in steps.saturating_sub(LAG)..steps {
+            fetch_one();
+        }
+        assert!(fetcher.recv().is_none(), "more losses than steps");
+        drop((feeders, fetcher));
+        job.wait().unwrap();
+        losses
+    }
+
+    /// Checks that steady-state steps allocate nothing, and that every run gives the same
+    /// losses as the first one for the steps they share (the runtime is deterministic).
+    fn assert_allocates_nothing_per_step(&self, variant: &str) {
+        let first: Mutex<Vec<f32>> = Mutex::new(Vec::new());
+        assert_allocates_nothing_per_piece(variant, STEPS, self.lazy_bound(), |steps, window| {
+            let losses = self.run(steps, window);
+            assert!(losses.iter().all(|l| l.is_finite()), "{variant}: losses {losses:?}");
+            let mut first = first.lock().unwrap();
+            if first.is_empty() {
+                *first = losses;
+            } else {
+                let shared = first.len().min(losses.len());
+                assert_eq!(losses[..shared], first[..shared], "{variant}: two runs disagree");
+            }
+        });
+    }
+}
+
+fn f32_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+
+fn i64_bytes(values: impl IntoIterator<Item = i64>) -> Vec<u8> {
+    values.into_iter().flat_map(i64::to_le_bytes).collect()
+}
+
+/// The digits MLP of `examples/train_digits.rs` (64-128-10, batch 64, f32) with AdamW, a
+/// warm-up + cosine schedule and gradient clipping, on one cpu device: a training step
+/// allocates nothing once it has run a few times.
+#[test]
+fn compiled_mlp_training_allocates_nothing_per_step() {
+    const BATCH: usize = 64;
+    const FEATURES: usize = 64;
+    const HIDDEN: usize = 128;
+    const CLASSES: usize = 10;
+    let g = Graph::new();
+    let x = g.input("x", [BATCH, FEATURES], DType::F32).unwrap();
+    let y = g.input("y", [BATCH], DType::I64).unwrap();
+    let w1 = g.variable("w1", [FEATURES, HIDDEN], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let b1 = g.variable("b1", [HIDDEN], DType::F32, Init::Zeros).unwrap();
+    let w2 = g.variable("w2", [HIDDEN, CLASSES], DType::F32, Init::Xavier { seed: 2 }).unwrap();
+    let b2 = g.variable("b2", [CLASSES], DType::F32, Init::Zeros).unwrap();
+    let hidden = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
+    let loss = hidden.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
+    let optimizer = Optimizer::adamw(1e-2, 1e-4)
+        .with_schedule(LrSchedule::WarmupCosine { peak: 1e-2, warmup: 5, total: 100, min: 1e-4 })
+        .with_clip_norm(5.0);
+    let train = g.minimize(loss, &optimizer).unwrap();
+    let mut rng = SplitMix64::new(7);
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for _ in 0..BATCHES {
+        xs.push(f32_bytes((0..BATCH * FEATURES).map(|_| rng.next_normal() as f32)));
+        ys.push(i64_bytes((0..BATCH).map(|_| (rng.next_u64() % CLASSES as u64) as i64)));
+    }
+    let step = CompiledStep::compile(&g, &train, vec![("x", xs), ("y", ys)]);
+    step.assert_allocates_nothing_per_step("compiled digits MLP");
+}
+
+/// A GPT block as `examples/common/gpt.rs` builds it (embeddings, layer norms, causal
+/// attention with softmax, a GELU MLP, the tied output projection, cross entropy) with AdamW,
+/// on one cpu device: a training step allocates nothing once it has run a few times.
+#[test]
+fn compiled_gpt_block_training_allocates_nothing_per_step() {
+    const BATCH: usize = 2;
+    const VOCAB: usize = 12;
+    let config = gpt::GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 64 };
+    let time = config.context;
+    let g = Graph::new();
+    let ids = g.input("ids", [BATCH, time], DType::I64).unwrap();
+    let targets = g.input("targets", [BATCH * time], DType::I64).unwrap();
+    let mask = g.input("mask", [time, time], DType::F32).unwrap();
+    let model = gpt::Gpt::new(&g, config, VOCAB).unwrap();
+    let loss = model.logits(&ids, &mask).unwrap().sparse_cross_entropy(&targets).unwrap();
+    let optimizer = Optimizer::adamw(3e-3, 1e-2).with_clip_norm(1.0);
+    let train = g.minimize(loss, &optimizer).unwrap();
+    let mut rng = SplitMix64::new(11);
+    let mut token = || (rng.next_u64() % VOCAB as u64) as i64;
+    let (mut id_batches, mut target_batches, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..BATCHES {
+        id_batches.push(i64_bytes((0..BATCH * time).map(|_| token())));
+        target_batches.push(i64_bytes((0..BATCH * time).map(|_| token())));
+        // 0 where a position may attend, -1e9 on future positions.
+        masks.push(f32_bytes((0..time * time).map(|i| if i % time <= i / time { 0.0 } else { -1e9 })));
+    }
+    let step =
+        CompiledStep::compile(&g, &train, vec![("ids", id_batches), ("targets", target_batches), ("mask", masks)]);
+    step.assert_allocates_nothing_per_step("compiled GPT block");
 }

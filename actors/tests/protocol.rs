@@ -5,8 +5,8 @@ use regflow_actors::{
     PlanIds, RegstRef, WaitReason,
 };
 use regflow_plan::{
-    ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, RegstDescId, SourcePieces, StreamIndex,
-    StreamKind,
+    ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanIndex, RegstDescId, SourcePieces,
+    StreamIndex, StreamKind,
 };
 use std::collections::{HashMap, VecDeque};
 
@@ -142,7 +142,8 @@ impl Harness {
     /// Builds every actor of `plan`; launches of the actors named in `pending` complete later.
     fn new(plan: Plan, pending: &[&str]) -> Self {
         let ids = PlanIds::assign(&plan).expect("ids fit");
-        let build = |i| Actor::from_plan(&plan, &ids, ActorIndex(i as u32));
+        let index = PlanIndex::new(&plan);
+        let build = |i| Actor::from_plan(&index, &ids, ActorIndex(i as u32));
         let actors = (0..plan.actors.len()).map(build).map(|a| (a.id(), a)).collect();
         let (env, transitions) = (Env::default(), Vec::new());
         let mut h = Self { plan, ids, actors, env, transitions };

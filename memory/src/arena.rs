@@ -1,6 +1,6 @@
 //! Aligned host buffers, arenas and the views that register slots are made of.
 
-use crate::{MemoryError, MemoryKind, ALIGNMENT};
+use crate::{ArenaAllocator, ArenaMemory, HostAllocator, MemoryError, MemoryKind, ALIGNMENT};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
@@ -44,7 +44,7 @@ impl HostBuffer {
     }
 
     /// Base address, for views.
-    fn base(&self) -> NonNull<u8> {
+    pub(crate) fn base(&self) -> NonNull<u8> {
         self.ptr
     }
 }
@@ -65,24 +65,32 @@ impl Drop for HostBuffer {
 pub struct Arena {
     label: String,
     kind: MemoryKind,
-    buffer: HostBuffer,
+    memory: Box<dyn ArenaMemory>,
 }
 
 impl Arena {
-    /// Allocates an arena of `bytes` bytes of `kind` memory for the device named `label`.
-    ///
-    /// Host and pinned-host kinds are served from the host allocator here; device memory
-    /// belongs to a device backend and is refused with [`MemoryError::UnsupportedKind`].
+    /// The arena of the device named `label` over `memory` of `kind`, as an
+    /// [`ArenaAllocator`] handed it out.
+    pub fn new(label: &str, kind: MemoryKind, memory: Box<dyn ArenaMemory>) -> Self {
+        Self { label: label.to_string(), kind, memory }
+    }
+
+    /// Allocates an arena of `bytes` bytes of `kind` memory for the device named `label`
+    /// from `allocator`.
+    pub fn allocate_with(
+        allocator: &dyn ArenaAllocator,
+        label: &str,
+        kind: MemoryKind,
+        bytes: u64,
+    ) -> Result<Self, MemoryError> {
+        Ok(Self::new(label, kind, allocator.allocate(label, kind, bytes)?))
+    }
+
+    /// Allocates an arena of `bytes` bytes of `kind` memory for the device named `label`
+    /// from the [`HostAllocator`]: device memory belongs to a device backend and is refused
+    /// with [`MemoryError::UnsupportedKind`].
     pub fn allocate(label: &str, kind: MemoryKind, bytes: u64) -> Result<Self, MemoryError> {
-        if kind == MemoryKind::Device {
-            return Err(MemoryError::UnsupportedKind { arena: label.to_string(), kind });
-        }
-        let len = usize::try_from(bytes).map_err(|_| MemoryError::AllocationFailed {
-            arena: label.to_string(),
-            kind,
-            bytes: usize::MAX,
-        })?;
-        Ok(Self { label: label.to_string(), kind, buffer: HostBuffer::zeroed(label, len)? })
+        Self::allocate_with(&HostAllocator, label, kind, bytes)
     }
 
     /// The device label this arena was allocated for.
@@ -97,26 +105,27 @@ impl Arena {
 
     /// Size in bytes.
     pub fn len(&self) -> usize {
-        self.buffer.len()
+        self.memory.len()
     }
 
     /// Whether the arena holds no bytes.
     pub fn is_empty(&self) -> bool {
-        self.buffer.is_empty()
+        self.memory.is_empty()
     }
 
     /// A view of `len` bytes at `offset`, checked against the arena's bounds.
     pub fn view(&self, offset: u64, len: u64) -> Result<BufferView, MemoryError> {
-        let out_of_range =
-            || MemoryError::OutOfRange { arena: self.label.clone(), offset, len, arena_len: self.buffer.len() as u64 };
+        let arena_len = self.memory.len() as u64;
+        let out_of_range = || MemoryError::OutOfRange { arena: self.label.clone(), offset, len, arena_len };
         let end = offset.checked_add(len).ok_or_else(out_of_range)?;
-        if end > self.buffer.len() as u64 {
+        if end > arena_len {
             return Err(out_of_range());
         }
         // Both fit in usize: they are bounded by the allocation's length.
         let (offset, len) = (offset as usize, len as usize);
-        // SAFETY: offset + len is within the allocation (checked above).
-        let ptr = unsafe { self.buffer.base().add(offset) };
+        // Within the allocation (checked above). Wrapping arithmetic: a device address is
+        // not a host allocation, and is only offset here, never dereferenced.
+        let ptr = NonNull::new(self.memory.base().as_ptr().wrapping_add(offset)).ok_or_else(out_of_range)?;
         Ok(BufferView { ptr, len })
     }
 }
@@ -152,7 +161,8 @@ impl BufferView {
     /// Reads the bytes.
     ///
     /// # Safety
-    /// The arena must be alive for `'a` and nobody may write these bytes during `'a`.
+    /// The arena must be host memory (not [`MemoryKind::Device`]) alive for `'a`, and
+    /// nobody may write these bytes during `'a`.
     pub unsafe fn as_slice<'a>(&self) -> &'a [u8] {
         // SAFETY: upheld by the caller; ptr/len come from a bounds-checked arena view.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
@@ -161,8 +171,8 @@ impl BufferView {
     /// Writes the bytes.
     ///
     /// # Safety
-    /// The arena must be alive for `'a` and nobody else may read or write these bytes
-    /// during `'a`.
+    /// The arena must be host memory (not [`MemoryKind::Device`]) alive for `'a`, and
+    /// nobody else may read or write these bytes during `'a`.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
         // SAFETY: upheld by the caller; ptr/len come from a bounds-checked arena view.
@@ -203,6 +213,32 @@ mod tests {
     fn device_memory_is_refused_by_the_host_allocator() {
         let err = Arena::allocate("cuda:0", MemoryKind::Device, 8).unwrap_err();
         assert!(err.to_string().contains("needs a device backend"), "{err}");
+    }
+
+    /// A stand-in device allocator: counts its allocations and hands out host memory.
+    #[derive(Debug, Default)]
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl ArenaAllocator for Counting {
+        fn allocate(&self, label: &str, kind: MemoryKind, bytes: u64) -> Result<Box<dyn ArenaMemory>, MemoryError> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            HostAllocator.allocate(label, MemoryKind::Host, bytes).map_err(|_| MemoryError::AllocationFailed {
+                arena: label.to_string(),
+                kind,
+                bytes: bytes as usize,
+            })
+        }
+    }
+
+    #[test]
+    fn an_arena_takes_its_memory_from_the_allocator_it_is_given() {
+        let allocator = Counting::default();
+        let arena = Arena::allocate_with(&allocator, "sim:0", MemoryKind::Device, 192).unwrap();
+        assert_eq!(allocator.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!((arena.label(), arena.kind(), arena.len()), ("sim:0", MemoryKind::Device, 192));
+        let view = arena.view(128, 64).unwrap();
+        assert_eq!(view.len(), 64);
+        assert!(arena.view(129, 64).is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Memory for regflow plans: memory kinds, 64-byte-aligned host buffers, one arena per
-//! device per plan, register layouts inside it, and a report of bytes per device.
+//! device per plan (allocated through an [`ArenaAllocator`], the host one for `cpu` and
+//! `sim` devices), register layouts inside it, and a report of bytes per device.
 //!
 //! A plan's memory is allocated once, when the plan is loaded: every register slot is a
 //! [`BufferView`] into its device's [`Arena`], so steady-state execution allocates nothing.
@@ -16,10 +17,12 @@
 //! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod allocator;
 mod arena;
 mod layout;
 mod reuse;
 
+pub use allocator::{ArenaAllocator, ArenaMemory, HostAllocator};
 pub use arena::{Arena, BufferView, HostBuffer};
 pub use layout::{ArenaLayout, MemoryReport};
 pub use reuse::ReusedLayout;

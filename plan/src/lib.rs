@@ -31,6 +31,7 @@ mod builder;
 mod collectives;
 mod display;
 mod error;
+mod index;
 mod init;
 mod memory;
 pub mod ops;
@@ -46,6 +47,7 @@ pub use tensor::{
 
 pub use builder::PlanBuilder;
 pub use error::PlanError;
+pub use index::PlanIndex;
 pub use memory::{DeviceMemory, PlanMemory};
 pub use types::*;
 

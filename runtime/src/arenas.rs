@@ -1,8 +1,19 @@
-//! The memory of a loaded plan: one arena per device, and a view per register slot.
+//! The memory of a loaded plan: one arena per device, from the arena allocator of the
+//! device's kind, and a view per register slot.
 
 use regflow_actors::RegstRef;
-use regflow_memory::{Arena, BufferView, MemoryError, MemoryReport};
-use regflow_plan::{Plan, PlanMemory};
+use regflow_memory::{Arena, ArenaAllocator, BufferView, HostAllocator, MemoryError, MemoryReport};
+use regflow_plan::{DeviceKind, Plan, PlanMemory};
+
+/// Where the arenas of devices of `kind` come from: `cpu` and `sim` registers live in host
+/// memory. This build has no CUDA backend (a plan with a local `cuda` device is refused
+/// before memory is allocated); the host allocator stands in for devices on other nodes,
+/// and refuses device memory.
+fn allocator_for(kind: DeviceKind) -> &'static dyn ArenaAllocator {
+    match kind {
+        DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda => &HostAllocator,
+    }
+}
 
 /// All memory of a running plan. Allocated once at load; dropped after every thread ends.
 #[derive(Debug)]
@@ -17,7 +28,8 @@ pub(crate) struct PlanArenas {
 }
 
 impl PlanArenas {
-    /// Allocates every device's arena exactly as the memory plan says.
+    /// Allocates every device's arena exactly as the memory plan says, each from its
+    /// device kind's allocator.
     pub(crate) fn allocate(plan: &Plan, memory: &PlanMemory) -> Result<Self, MemoryError> {
         let mut arenas = Vec::with_capacity(memory.devices.len());
         for device in &memory.devices {
@@ -26,7 +38,8 @@ impl PlanArenas {
                 .first()
                 .map(|r| plan.regst_descs[r.index()].memory)
                 .unwrap_or(regflow_memory::MemoryKind::Host);
-            arenas.push(Arena::allocate(&device.label, kind, device.total_bytes())?);
+            let allocator = allocator_for(plan.devices[device.device.index()].kind);
+            arenas.push(Arena::allocate_with(allocator, &device.label, kind, device.total_bytes())?);
         }
         let mut views = Vec::new();
         let mut first_view = Vec::with_capacity(plan.regst_descs.len());

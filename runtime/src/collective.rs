@@ -28,7 +28,7 @@ use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
 use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
 use crate::RuntimeError;
 use layout::Layout;
-use regflow_plan::{CollectiveConf, Plan, StreamKind};
+use regflow_plan::{CollectiveConf, PlanIndex, StreamKind};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -448,7 +448,8 @@ impl CollectiveGroups {
     /// After every kernel is made: every group has all its ranks in this job (a job that runs
     /// one node of a multi-node plan may not), each member on a comm stream. Plan validation
     /// already put members on distinct devices and ordered each stream's collectives.
-    pub(crate) fn check(&self, plan: &Plan) -> Result<(), RuntimeError> {
+    pub(crate) fn check(&self, indexed: &PlanIndex<'_>) -> Result<(), RuntimeError> {
+        let plan = indexed.plan();
         let groups = lock(&self.groups);
         let mut names: Vec<&String> = groups.keys().collect();
         names.sort_unstable();
@@ -471,7 +472,7 @@ impl CollectiveGroups {
                 ));
             }
             for actor in present {
-                let Some(index) = plan.actor_by_name(actor) else { continue };
+                let Some(index) = indexed.actor_by_name(actor) else { continue };
                 let kind = plan.streams[plan.actors[index.index()].stream.index()].kind;
                 if kind != StreamKind::Comm {
                     return Err(setup(

@@ -9,12 +9,14 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::CpuStream;
 use crate::inbox::{inbox, Envelope};
-use crate::kernel::{Kernel, KernelError, KernelIo};
+use crate::kernel::{Kernel, KernelError, KernelIo, StreamContext};
 use crate::stream::{ActorRuntime, JobShared, StreamProbe, StreamWorker};
 use crate::sync::{Arc, AtomicBool, Mutex};
 use loom::cell::UnsafeCell;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds};
-use regflow_plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind};
+use regflow_plan::{
+    ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanIndex, SourcePieces, StreamKind,
+};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -89,6 +91,7 @@ fn ping_pong_plan(register_num: u32, pieces: u64, with_middle: bool) -> Plan {
 
 fn run_model(plan: &Plan) {
     let ids = PlanIds::assign(plan).unwrap();
+    let indexed = PlanIndex::new(plan);
     let memory = plan.memory().unwrap();
     let arenas = Arc::new(PlanArenas::allocate(plan, &memory).unwrap());
     let shadow = std::sync::Arc::new(Shadow {
@@ -118,7 +121,7 @@ fn run_model(plan: &Plan) {
                 continue;
             }
             let index = ActorIndex(a as u32);
-            let outputs: Vec<usize> = plan.outputs_of(index).map(|r| r.index()).collect();
+            let outputs: Vec<usize> = indexed.outputs_of(index).iter().map(|r| r.index()).collect();
             let kernel: Box<dyn Kernel> = match desc.kind {
                 ActorKind::Source { .. } => Box::new(Write { shadow: shadow.clone(), desc: outputs[0] }),
                 _ => Box::new(ReadThenWrite {
@@ -127,7 +130,7 @@ fn run_model(plan: &Plan) {
                     output: outputs.first().copied(),
                 }),
             };
-            actors.push(Actor::from_plan(plan, &ids, index));
+            actors.push(Actor::from_plan(&indexed, &ids, index));
             runtimes.push(ActorRuntime {
                 name: desc.name.clone(),
                 kernel: Some(kernel),
@@ -152,6 +155,7 @@ fn run_model(plan: &Plan) {
             trace: None,
             scratch_inputs: Vec::with_capacity(4),
             scratch_outputs: Vec::with_capacity(4),
+            context: StreamContext::default(),
         });
     }
     drop(router);

@@ -6,7 +6,7 @@ mod fire;
 
 use crate::regst::{Consumer, InputState, OutputState, ReadyRegst};
 use crate::{ActorEnv, ActorError, ActorId, Body, Cmd, EnvError, Message, PlanIds, RegstRef};
-use regflow_plan::{ActorIndex, ActorKind, Plan, SourcePieces};
+use regflow_plan::{ActorIndex, ActorKind, PlanIndex, SourcePieces};
 use std::collections::VecDeque;
 
 /// Where an actor is in its life.
@@ -76,23 +76,27 @@ pub struct Actor {
 }
 
 impl Actor {
-    /// Builds plan actor `index`. The plan must be validated and `ids` assigned from it.
-    pub fn from_plan(plan: &Plan, ids: &PlanIds, index: ActorIndex) -> Self {
+    /// Builds actor `index` of the indexed plan. The plan must be validated and `ids`
+    /// assigned from it. Looks its edges up in `indexed` (no scan of the plan's registers), so
+    /// building every actor is linear in the plan's size.
+    pub fn from_plan(indexed: &PlanIndex<'_>, ids: &PlanIds, index: ActorIndex) -> Self {
+        let plan = indexed.plan();
+        let loop_inputs = indexed.loop_inputs(index);
         let desc = &plan.actors[index.index()];
         let id = ids.of(index);
-        let loop_inputs = plan.loop_inputs(index);
         let inputs: Vec<InputState> = desc
             .inputs
             .iter()
             .zip(loop_inputs)
-            .map(|(&r, closes_loop)| {
+            .map(|(&r, &closes_loop)| {
                 let regst = &plan.regst_descs[r.index()];
                 InputState::new(r, ids.of(regst.producer), regst.register_num, closes_loop)
             })
             .collect();
-        let outputs: Vec<OutputState> = plan
+        let outputs: Vec<OutputState> = indexed
             .outputs_of(index)
-            .map(|r| {
+            .iter()
+            .map(|&r| {
                 let regst = &plan.regst_descs[r.index()];
                 let consumers = regst
                     .consumers

@@ -1,5 +1,6 @@
 //! CPU kernels of `binary` ops.
 
+use crate::cpu::axes;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 #[allow(unused_imports)]
@@ -42,7 +43,7 @@ fn compute_typed<T: Real>(
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
     let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let shape = out.shape.clone();
+    let shape = out.shape;
     let o = out.as_mut_slice::<T>()?;
     let op = |x: T, y: T| match kind {
         BinaryKind::Add => x + y,
@@ -50,23 +51,26 @@ fn compute_typed<T: Real>(
         BinaryKind::Mul => x * y,
         BinaryKind::Div => x / y,
     };
-    for_each_broadcast(&shape, inputs[0].shape, inputs[1].shape, |i, ia, ib| o[i] = op(a[ia], b[ib]));
+    for_each_broadcast(shape.dims(), inputs[0].shape.dims(), inputs[1].shape.dims(), |i, ia, ib| {
+        o[i] = op(a[ia], b[ib])
+    });
     Ok(())
 }
 
-/// Calls `f(out_index, a_index, b_index)` for every element of `out`, where `a` and `b`
-/// are read broadcast to `out`'s shape.
-pub fn for_each_broadcast(out: &Shape, a: &Shape, b: &Shape, mut f: impl FnMut(usize, usize, usize)) {
-    let n = out.numel();
+/// Calls `f(out_index, a_index, b_index)` for every element of an output of dimensions
+/// `out`, where operands of dimensions `a` and `b` are read broadcast to `out`. Allocates
+/// nothing up to rank [`INLINE_RANK`](crate::cpu::axes::INLINE_RANK).
+pub fn for_each_broadcast(out: &[usize], a: &[usize], b: &[usize], mut f: impl FnMut(usize, usize, usize)) {
+    let n: usize = out.iter().product();
     if a == out && b == out {
         for i in 0..n {
             f(i, i, i);
         }
         return;
     }
-    let (sa, sb) = (a.broadcast_strides(out), b.broadcast_strides(out));
-    let dims = out.dims();
-    let mut index = vec![0usize; dims.len()];
+    let (sa, sb) = (axes::broadcast_strides(a, out), axes::broadcast_strides(b, out));
+    let dims = out;
+    let mut index: axes::AxisVec<usize> = smallvec::smallvec![0; dims.len()];
     let (mut ia, mut ib) = (0usize, 0usize);
     for o in 0..n {
         f(o, ia, ib);

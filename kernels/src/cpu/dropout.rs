@@ -12,8 +12,25 @@ impl HostCompute for DropoutPart {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        let local = inputs[0].shape;
-        let index = |i| self.logical_index(local, i);
+        let local = inputs[0].shape.dims();
+        if local.len() != self.offsets.len() || local.len() != self.logical.rank() {
+            return Err(format!(
+                "a part of shape {} with {} offsets of a logical {} (broken invariant)",
+                inputs[0].shape,
+                self.offsets.len(),
+                self.logical
+            ));
+        }
+        // `DropoutPart::logical_index` with the strides computed once per firing.
+        let strides = crate::cpu::axes::strides(self.logical.dims());
+        let index = |i: usize| {
+            let (mut rest, mut index) = (i, 0);
+            for d in (0..local.len()).rev() {
+                index += (rest % local[d] + self.offsets[d]) * strides[d];
+                rest /= local[d];
+            }
+            index
+        };
         match outputs[0].dtype() {
             DType::F32 => compute_typed::<f32>(&self.dropout, index, &inputs[0], &mut outputs[0]),
             DType::F64 => compute_typed::<f64>(&self.dropout, index, &inputs[0], &mut outputs[0]),

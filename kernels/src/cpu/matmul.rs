@@ -108,7 +108,7 @@ pub fn layout(a: &Shape, transpose_a: bool, b: &Shape, transpose_b: bool) -> Res
         ));
     };
     Ok(Layout {
-        batch: batch.to_vec(),
+        batch: BatchDims(batch.iter().copied().collect()),
         both_batched: !batch_a.is_empty() && !batch_b.is_empty(),
         m,
         k,
@@ -124,7 +124,7 @@ pub fn layout(a: &Shape, transpose_a: bool, b: &Shape, transpose_b: bool) -> Res
 #[derive(Debug)]
 pub struct Layout {
     /// Batch dimensions of the result (empty for a plain matrix product).
-    pub batch: Vec<usize>,
+    pub batch: BatchDims,
     /// Whether both operands carry the batch (rather than one being shared).
     pub both_batched: bool,
     /// Rows of `op(a)` and of the result.
@@ -141,6 +141,32 @@ pub struct Layout {
     pub a_strides: (isize, isize),
     /// Row and column strides of `op(b)`.
     pub b_strides: (isize, isize),
+}
+
+/// The batch dimensions of a product, on the stack up to rank
+/// [`INLINE_RANK`](crate::cpu::axes::INLINE_RANK) (so that a firing's layout allocates
+/// nothing); read as a slice, extended like a `Vec` and turned into one.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BatchDims(crate::cpu::axes::AxisVec<usize>);
+
+impl std::ops::Deref for BatchDims {
+    type Target = [usize];
+
+    fn deref(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+impl Extend<usize> for BatchDims {
+    fn extend<I: IntoIterator<Item = usize>>(&mut self, dims: I) {
+        self.0.extend(dims);
+    }
+}
+
+impl From<BatchDims> for Vec<usize> {
+    fn from(dims: BatchDims) -> Self {
+        dims.0.into_vec()
+    }
 }
 
 /// `shape`, marked `ᵀ` when the operand is read transposed (for errors).

@@ -2,6 +2,11 @@
 //! definitions so that a plan runs without the DSL. One module per op family; [`register`]
 //! adds them to a registry for a device kind (`cpu`, and `sim`, which computes on the
 //! host and only models time).
+//!
+//! A firing allocates nothing: per-axis scratch lives on the stack ([`axes`], up to rank
+//! [`axes::INLINE_RANK`]), and the matrix products' packing buffers are reused per thread
+//! (the workspace patches gemm-common for that; with `cpu_threads > 1` rayon still
+//! allocates).
 
 use crate::builtin::AccumulateMean;
 use crate::host::{HostCompute, HostOpKernel};
@@ -11,6 +16,7 @@ use regflow_plan::{DType, DeviceKind};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
+pub mod axes;
 pub mod binary;
 pub mod boxing;
 pub mod concat;

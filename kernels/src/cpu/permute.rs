@@ -1,5 +1,6 @@
 //! CPU kernels of `permute` ops.
 
+use crate::cpu::axes::{self, AxisVec};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 #[allow(unused_imports)]
@@ -12,13 +13,35 @@ impl HostCompute for Permute {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        let perm = self.resolve(inputs[0].shape)?;
+        let perm = resolve_inline(self, inputs[0].shape)?;
         match outputs[0].dtype() {
             DType::F32 => permute_typed::<f32>(&perm, &inputs[0], &mut outputs[0]),
             DType::F64 => permute_typed::<f64>(&perm, &inputs[0], &mut outputs[0]),
             DType::I64 => permute_typed::<i64>(&perm, &inputs[0], &mut outputs[0]),
         }
     }
+}
+
+/// [`Permute::resolve`] on the stack. A permutation that does not fit the input is the
+/// plan's error, with its message.
+fn resolve_inline(permute: &Permute, shape: &Shape) -> Result<AxisVec<usize>, String> {
+    let plan_error = || {
+        permute
+            .resolve(shape)
+            .err()
+            .unwrap_or_else(|| format!("permutation {:?} of {shape} (broken invariant)", permute.0))
+    };
+    if permute.0.len() != shape.rank() {
+        return Err(plan_error());
+    }
+    let mut axes = AxisVec::new();
+    for &p in &permute.0 {
+        match shape.axis(p) {
+            Some(axis) if !axes.contains(&axis) => axes.push(axis),
+            _ => return Err(plan_error()),
+        }
+    }
+    Ok(axes)
 }
 
 fn permute_typed<T: Element>(
@@ -45,13 +68,13 @@ fn permute_copy<T: Copy>(x: &[T], shape: &Shape, perm: &[usize], out: &mut [T]) 
         out.copy_from_slice(x);
         return Ok(());
     }
-    let in_strides = shape.strides();
-    let dims: Vec<usize> = perm.iter().map(|&p| shape.dims()[p]).collect();
-    let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let in_strides = axes::strides(shape.dims());
+    let dims: AxisVec<usize> = perm.iter().map(|&p| shape.dims()[p]).collect();
+    let strides: AxisVec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
     // Not the identity, so the rank is at least 2.
     let outer = dims.len() - 1;
     let (row, row_stride) = (dims[outer], strides[outer]);
-    let mut index = vec![0usize; outer];
+    let mut index: AxisVec<usize> = smallvec::smallvec![0; outer];
     let mut base = 0usize;
     for chunk in out.chunks_exact_mut(row) {
         for (j, o) in chunk.iter_mut().enumerate() {
@@ -68,4 +91,18 @@ fn permute_copy<T: Copy>(x: &[T], shape: &Shape, perm: &[usize], out: &mut [T]) 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_resolution_agrees_with_the_plan_one_errors_included() {
+        let shape = Shape::new([2, 3, 4]);
+        for perm in [vec![0, 1, 2], vec![2, 0, 1], vec![-1, 0, 1], vec![0, 0, 1], vec![0, 1], vec![0, 1, 3], vec![]] {
+            let permute = Permute(perm);
+            assert_eq!(resolve_inline(&permute, &shape).map(|axes| axes.to_vec()), permute.resolve(&shape));
+        }
+    }
 }

@@ -37,26 +37,27 @@ impl HostCompute for BroadcastTo {
 
 fn broadcast_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let x = input.as_slice::<T>()?;
-    let shape = out.shape.clone();
+    let shape = out.shape;
     let o = out.as_mut_slice::<T>()?;
-    crate::cpu::binary::for_each_broadcast(&shape, input.shape, &shape, |i, ix, _| o[i] = x[ix]);
+    crate::cpu::binary::for_each_broadcast(shape.dims(), input.shape.dims(), shape.dims(), |i, ix, _| o[i] = x[ix]);
     Ok(())
 }
 
 fn broadcast_typed_i64(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let x = input.as_slice::<i64>()?;
-    let shape = out.shape.clone();
+    let shape = out.shape;
     let o = out.as_mut_slice::<i64>()?;
-    crate::cpu::binary::for_each_broadcast(&shape, input.shape, &shape, |i, ix, _| o[i] = x[ix]);
+    crate::cpu::binary::for_each_broadcast(shape.dims(), input.shape.dims(), shape.dims(), |i, ix, _| o[i] = x[ix]);
     Ok(())
 }
 
 fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let x = input.as_slice::<T>()?;
-    let shape = out.shape.clone();
+    let shape = out.shape;
     let o = out.as_mut_slice::<T>()?;
     o.fill(T::zero());
     // Walk the input; the output is the operand read "broadcast" to the input's shape.
-    crate::cpu::binary::for_each_broadcast(input.shape, input.shape, &shape, |i, _, io| o[io] += x[i]);
+    let dims = input.shape.dims();
+    crate::cpu::binary::for_each_broadcast(dims, dims, shape.dims(), |i, _, io| o[io] += x[i]);
     Ok(())
 }

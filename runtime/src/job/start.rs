@@ -14,7 +14,7 @@ use crate::trace::TraceBuffer;
 use crate::watchdog::{watch, Names};
 use crate::RuntimeError;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds, StreamId};
-use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, SourcePieces};
+use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePieces};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -141,8 +141,9 @@ impl JobBuilder {
 
 /// Buffers a fed source cycles through: its register count plus one, so the user can stage
 /// one piece ahead.
-fn feed_depth(plan: &Plan, source: ActorIndex) -> u64 {
-    u64::from(plan.outputs_of(source).map(|r| plan.regst_descs[r.index()].register_num).min().unwrap_or(1)) + 1
+fn feed_depth(indexed: &PlanIndex<'_>, source: ActorIndex) -> u64 {
+    let descs = &indexed.plan().regst_descs;
+    u64::from(indexed.outputs_of(source).iter().map(|r| descs[r.index()].register_num).min().unwrap_or(1)) + 1
 }
 
 /// Pieces a channel sink may deliver ahead of the user's fetches.
@@ -152,31 +153,31 @@ fn fetch_depth(plan: &Plan, sink: ActorIndex, configured: Option<u64>) -> u64 {
     configured.unwrap_or(u64::from(register_num).max(4))
 }
 
-/// Upper bound of the messages that can be in flight to one stream: every `Ready` holds a
-/// slot, every `Ack` answers one, every `ActDone` answers a launch that holds one.
-fn inbox_capacity(plan: &Plan, stream: usize, configured_fetch_depth: Option<u64>) -> usize {
-    let mut capacity = 16usize;
+/// Upper bound of the messages that can be in flight to each stream: every `Ready` holds a
+/// slot, every `Ack` answers one, every `ActDone` answers a launch that holds one. One pass
+/// over the actors.
+fn inbox_capacities(indexed: &PlanIndex<'_>, configured_fetch_depth: Option<u64>) -> Vec<usize> {
+    let plan = indexed.plan();
+    let mut capacities = vec![16usize; plan.streams.len()];
     for (a, actor) in plan.actors.iter().enumerate() {
-        if actor.stream.index() != stream {
-            continue;
-        }
+        let index = ActorIndex(a as u32);
         let mut slots = 0usize;
         for input in &actor.inputs {
             slots += plan.regst_descs[input.index()].register_num as usize + 1;
         }
-        for output in plan.outputs_of(ActorIndex(a as u32)) {
+        for output in indexed.outputs_of(index) {
             let desc = &plan.regst_descs[output.index()];
             slots += desc.register_num as usize * (desc.consumers.len() + 1);
         }
-        capacity += 2 * slots + 4;
-        let index = ActorIndex(a as u32);
+        let capacity = &mut capacities[actor.stream.index()];
+        *capacity += 2 * slots + 4;
         match actor.kind {
-            ActorKind::Source { pieces: SourcePieces::Fed } => capacity += feed_depth(plan, index) as usize,
-            ActorKind::Sink => capacity += fetch_depth(plan, index, configured_fetch_depth) as usize,
+            ActorKind::Source { pieces: SourcePieces::Fed } => *capacity += feed_depth(indexed, index) as usize,
+            ActorKind::Sink => *capacity += fetch_depth(plan, index, configured_fetch_depth) as usize,
             _ => {}
         }
     }
-    capacity
+    capacities
 }
 
 impl Job {
@@ -204,6 +205,9 @@ impl Job {
     fn start(mut builder: JobBuilder) -> Result<Job, RuntimeError> {
         let plan = Arc::new(std::mem::replace(&mut builder.plan, Plan::empty()));
         plan.validate()?;
+        // Every per-actor lookup below goes through the index: building is linear in the
+        // plan's size.
+        let indexed = PlanIndex::new(&plan);
         let ids = PlanIds::assign(&plan)?;
         let memory_plan = plan.memory()?;
         check_devices(&plan, builder.node)?;
@@ -216,7 +220,7 @@ impl Job {
 
         // Sink callbacks must name sinks.
         for name in builder.sink_callbacks.keys() {
-            let index = plan.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.clone() })?;
+            let index = indexed.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.clone() })?;
             let kind = &plan.actors[index.index()].kind;
             if !matches!(kind, ActorKind::Sink) {
                 return Err(RuntimeError::WrongKind {
@@ -230,9 +234,10 @@ impl Job {
         // Inboxes and the router.
         let mut senders: Vec<Option<InboxSender>> = Vec::with_capacity(plan.streams.len());
         let mut receivers: Vec<Option<InboxReceiver>> = Vec::with_capacity(plan.streams.len());
-        for s in 0..plan.streams.len() {
+        let capacities = inbox_capacities(&indexed, builder.fetch_depth);
+        for (s, &capacity) in capacities.iter().enumerate() {
             if hosts(stream_node(s)) {
-                let (tx, rx) = inbox(inbox_capacity(&plan, s, builder.fetch_depth));
+                let (tx, rx) = inbox(capacity);
                 senders.push(Some(tx));
                 receivers.push(Some(rx));
             } else {
@@ -271,15 +276,16 @@ impl Job {
             let Some(inbox) = senders[stream].clone() else { continue };
             let index = ActorIndex(a as u32);
             let id = ids.of(index);
-            let mut actor = Actor::from_plan(&plan, &ids, index);
-            let outputs: Vec<u64> = plan.outputs_of(index).map(|r| plan.regst_descs[r.index()].bytes).collect();
+            let mut actor = Actor::from_plan(&indexed, &ids, index);
+            let outputs: Vec<u64> =
+                indexed.outputs_of(index).iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
             let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
             let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
             let device = plan.devices[plan.streams[stream].device.index()].kind;
             let spec = KernelSpec { actor: &desc.name, device, op: None, input_bytes: &inputs, output_bytes: &outputs };
             // Sources start producing, and actors with preloaded outputs hand them out, on Start.
             if matches!(desc.kind, ActorKind::Source { .. })
-                || plan.outputs_of(index).any(|r| plan.regst_descs[r.index()].preloaded > 0)
+                || indexed.outputs_of(index).iter().any(|r| plan.regst_descs[r.index()].preloaded > 0)
             {
                 sources.push(id);
             }
@@ -293,7 +299,7 @@ impl Job {
                 ActorKind::Source { pieces: SourcePieces::Count(_) } => Some(Box::new(CountSourceKernel)),
                 ActorKind::Source { pieces: SourcePieces::Fed } => {
                     let bytes = outputs.iter().copied().min().unwrap_or(0);
-                    let depth = feed_depth(&plan, index) as usize;
+                    let depth = feed_depth(&indexed, index) as usize;
                     let (data_tx, data_rx) = crossbeam_channel::bounded(depth);
                     let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth);
                     for _ in 0..depth {
@@ -353,7 +359,7 @@ impl Job {
                 .inputs
                 .iter()
                 .copied()
-                .chain(plan.outputs_of(index))
+                .chain(indexed.outputs_of(index).iter().copied())
                 .map(|r| plan.regst_descs[r.index()].register_num as usize)
                 .sum();
             per_stream[stream].0.push(actor);
@@ -368,7 +374,7 @@ impl Job {
         }
 
         // Every collective group complete in this job, on comm streams.
-        builder.kernels.collectives().check(&plan)?;
+        builder.kernels.collectives().check(&indexed)?;
 
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(JobShared {
@@ -386,7 +392,7 @@ impl Job {
         let (exit_tx, exits) = crossbeam_channel::bounded(plan.streams.len().max(1));
         // The most registers one firing reads or writes.
         let max_arity = (0..plan.actors.len())
-            .map(|a| plan.actors[a].inputs.len().max(plan.outputs_of(ActorIndex(a as u32)).count()))
+            .map(|a| plan.actors[a].inputs.len().max(indexed.outputs_of(ActorIndex(a as u32)).len()))
             .max()
             .unwrap_or(0);
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
@@ -558,14 +564,22 @@ fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), RuntimeError>
 
 /// Writes the initial bytes of preloaded registers into their slots (before any thread runs).
 fn write_preloads(plan: &Plan, arenas: &PlanArenas, preloads: &[(String, Vec<u8>)]) -> Result<(), RuntimeError> {
+    if preloads.is_empty() {
+        return Ok(());
+    }
+    // Register by name; `None` for a name two registers share.
+    let mut by_name: HashMap<&str, Option<usize>> = HashMap::with_capacity(plan.regst_descs.len());
+    for (d, desc) in plan.regst_descs.iter().enumerate() {
+        by_name.entry(desc.name.as_str()).and_modify(|found| *found = None).or_insert(Some(d));
+    }
     for (name, bytes) in preloads {
-        let mut matches = plan.regst_descs.iter().enumerate().filter(|(_, d)| &d.name == name);
-        let (Some((d, desc)), None) = (matches.next(), matches.next()) else {
+        let Some(&Some(d)) = by_name.get(name.as_str()) else {
             return Err(RuntimeError::Preload {
                 regst: name.clone(),
                 message: "no single register has this name".into(),
             });
         };
+        let desc = &plan.regst_descs[d];
         if desc.preloaded == 0 {
             return Err(RuntimeError::Preload { regst: name.clone(), message: "has no preloaded slots".into() });
         }

@@ -1,0 +1,72 @@
+//! regflow patch (not in upstream gemm-common 0.18.2): the two buffers
+//! `gemm::gemm_basic_generic` allocated on every call — the packed-operand buffer and the
+//! "left-hand block packed" flags — are taken from a per-thread pool and given back after
+//! the call, so a thread that keeps multiplying matrices of sizes it has seen allocates
+//! nothing. A buffer only grows. A call nested on the same thread (rayon work stealing)
+//! finds the pool empty and allocates its own, as upstream does; so does a call without
+//! `std`. The arithmetic is untouched.
+
+use alloc::vec::Vec;
+use dyn_stack::{MemBuffer, StackReq};
+
+#[cfg(feature = "std")]
+std::thread_local! {
+    /// The packing buffer, with the alignment it was allocated with.
+    static PACKING: core::cell::RefCell<Option<(MemBuffer, usize)>> = const { core::cell::RefCell::new(None) };
+    static FLAGS: core::cell::RefCell<Option<Vec<bool>>> = const { core::cell::RefCell::new(None) };
+}
+
+/// A buffer for `req`: this thread's pooled one if it is large and aligned enough.
+pub(crate) fn take_buffer(req: StackReq) -> MemBuffer {
+    #[cfg(feature = "std")]
+    let pooled = PACKING.try_with(|slot| slot.borrow_mut().take()).ok().flatten();
+    #[cfg(not(feature = "std"))]
+    let pooled: Option<(MemBuffer, usize)> = None;
+    match pooled {
+        Some((buffer, align)) if buffer.len() >= req.size_bytes() && align >= req.align_bytes() => buffer,
+        // Grow to what both the old buffer and this call need, so that two alternating
+        // sizes settle on one buffer.
+        pooled => {
+            let size = pooled.map_or(0, |(buffer, _)| buffer.len()).max(req.size_bytes());
+            MemBuffer::new(StackReq::new_aligned::<u8>(size, req.align_bytes()))
+        }
+    }
+}
+
+/// Gives back a buffer from [`take_buffer`] for `req`; the pool keeps the larger one.
+pub(crate) fn give_buffer(buffer: MemBuffer, req: StackReq) {
+    #[cfg(feature = "std")]
+    let _ = PACKING.try_with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if slot.as_ref().map_or(true, |(pooled, _)| pooled.len() < buffer.len()) {
+            *slot = Some((buffer, req.align_bytes()));
+        }
+    });
+    #[cfg(not(feature = "std"))]
+    let _ = (buffer, req);
+}
+
+/// `len` flags, all `false`.
+pub(crate) fn take_flags(len: usize) -> Vec<bool> {
+    #[cfg(feature = "std")]
+    let pooled = FLAGS.try_with(|slot| slot.borrow_mut().take()).ok().flatten();
+    #[cfg(not(feature = "std"))]
+    let pooled: Option<Vec<bool>> = None;
+    let mut flags = pooled.unwrap_or_default();
+    flags.clear();
+    flags.resize(len, false);
+    flags
+}
+
+/// Gives back flags from [`take_flags`]; the pool keeps the larger allocation.
+pub(crate) fn give_flags(flags: Vec<bool>) {
+    #[cfg(feature = "std")]
+    let _ = FLAGS.try_with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if slot.as_ref().map_or(true, |pooled| pooled.capacity() < flags.capacity()) {
+            *slot = Some(flags);
+        }
+    });
+    #[cfg(not(feature = "std"))]
+    let _ = flags;
+}
