@@ -87,6 +87,7 @@ struct Run {
     actors: usize,
     registers: usize,
     devices: usize,
+    memory_bytes: u64,
 }
 
 fn run(config: GptConfig, meshes: &[Mesh], micro: usize, build: bool) -> Result<Run, Box<dyn std::error::Error>> {
@@ -131,6 +132,7 @@ fn summary(plan: &Plan, json_bytes: usize, [t0, t1, t2, t3, t4]: [Instant; 5]) -
         actors: plan.actors.len(),
         registers: plan.regst_descs.len(),
         devices: plan.devices.len(),
+        memory_bytes: plan.memory().map_or(0, |m| m.report().total_bytes()),
     }
 }
 
@@ -156,11 +158,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let r = &runs[0];
         println!(
-            "{label}: {} devices, {} actors, {} registers, plan JSON {:.1} MiB",
+            "{label}: {} devices, {} actors, {} registers, plan JSON {:.1} MiB, registers {:.2} GiB in all",
             r.devices,
             r.actors,
             r.registers,
-            r.json_bytes as f64 / (1024.0 * 1024.0)
+            r.json_bytes as f64 / (1024.0 * 1024.0),
+            r.memory_bytes as f64 / (1024.0 * 1024.0 * 1024.0)
         );
         println!(
             "  graph {}  compile {}  write JSON {}  read JSON {}  job build {}",

@@ -7,8 +7,11 @@ use std::ptr::NonNull;
 /// A zeroed, [`ALIGNMENT`]-aligned block of host memory, freed on drop.
 #[derive(Debug)]
 pub struct HostBuffer {
+    /// The first aligned byte.
     ptr: NonNull<u8>,
     len: usize,
+    /// The allocation itself (`len + ALIGNMENT` bytes, 16-byte aligned), for `dealloc`.
+    raw: NonNull<u8>,
 }
 
 // SAFETY: the buffer owns its memory exclusively; sharing it across threads is sound because
@@ -23,14 +26,30 @@ impl HostBuffer {
         if len == 0 {
             // A well-aligned dangling pointer: never dereferenced for a non-empty slice.
             let ptr = NonNull::new(ALIGNMENT as *mut u8).unwrap_or(NonNull::dangling());
-            return Ok(Self { ptr, len });
+            return Ok(Self { ptr, len, raw: ptr });
         }
         let failed = || MemoryError::AllocationFailed { arena: label.to_string(), kind: MemoryKind::Host, bytes: len };
-        let layout = Layout::from_size_align(len, ALIGNMENT).map_err(|_| failed())?;
+        // Allocated with the system allocator's own alignment and aligned by hand: a zeroed
+        // allocation of that alignment is `calloc`, whose large blocks are fresh pages the
+        // kernel zeroes on first touch, so a plan's arenas (gigabytes for a big model) cost
+        // nothing until used. An over-aligned `alloc_zeroed` would write every byte now.
+        let layout = Self::raw_layout(len).ok_or_else(failed)?;
         // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(failed)?;
-        Ok(Self { ptr, len })
+        let raw = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(failed)?;
+        let offset = raw.as_ptr().align_offset(ALIGNMENT);
+        if offset >= ALIGNMENT {
+            // SAFETY: allocated just above with this layout.
+            unsafe { dealloc(raw.as_ptr(), layout) };
+            return Err(failed());
+        }
+        // SAFETY: `offset < ALIGNMENT`, and the allocation has `len + ALIGNMENT` bytes.
+        let ptr = unsafe { NonNull::new_unchecked(raw.as_ptr().add(offset)) };
+        Ok(Self { ptr, len, raw })
+    }
+
+    /// The layout actually allocated for `len` bytes.
+    fn raw_layout(len: usize) -> Option<Layout> {
+        Layout::from_size_align(len.checked_add(ALIGNMENT)?, 16).ok()
     }
 
     /// Length in bytes.
@@ -54,8 +73,10 @@ impl Drop for HostBuffer {
         if self.len == 0 {
             return;
         }
-        // SAFETY: allocated in `zeroed` with exactly this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, ALIGNMENT)) }
+        if let Some(layout) = Self::raw_layout(self.len) {
+            // SAFETY: allocated in `zeroed` at `raw` with exactly this layout.
+            unsafe { dealloc(self.raw.as_ptr(), layout) }
+        }
     }
 }
 

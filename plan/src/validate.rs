@@ -170,13 +170,9 @@ impl Plan {
     }
 
     fn check_arities(&self) -> Result<(), PlanError> {
-        let loop_inputs = self.loop_input_table();
-        let mut outputs_of: Vec<Vec<RegstDescId>> = vec![Vec::new(); self.actors.len()];
-        for (d, desc) in self.regst_descs.iter().enumerate() {
-            outputs_of[desc.producer.index()].push(RegstDescId(d as u32));
-        }
+        let index = PlanIndex::new(self);
         for (i, actor) in self.actors.iter().enumerate() {
-            let outputs = &outputs_of[i];
+            let outputs = index.outputs_of(ActorIndex(i as u32));
             let (ins, outs) = (actor.inputs.len(), outputs.len());
             let bad =
                 |detail: String| PlanError::BadArity { actor: actor.name.clone(), kind: actor.kind.name(), detail };
@@ -189,10 +185,10 @@ impl Plan {
                 // An actor reading only loop registers ends when they end, which needs each
                 // of their producers to read something from outside the loop.
                 _ if ins > 0
-                    && loop_inputs[i].iter().all(|&l| l)
+                    && index.loop_inputs(ActorIndex(i as u32)).iter().all(|&l| l)
                     && actor.inputs.iter().any(|r| {
                         let producer = self.regst_descs[r.index()].producer;
-                        loop_inputs[producer.index()].iter().all(|&l| l)
+                        index.loop_inputs(producer).iter().all(|&l| l)
                     }) =>
                 {
                     return Err(bad(
@@ -243,111 +239,9 @@ impl Plan {
     /// (preloaded, or handed on by a repeat) and `actor` can reach the register's producer.
     /// Such an input carries one value per preloaded slot more than the loop runs; an actor
     /// that merely reads a preloaded register from outside the loop sees every value as an
-    /// ordinary input. Linear in the plan's size; for every actor at once use
-    /// [`Plan::loop_input_table`].
+    /// ordinary input. Linear in the plan's size; for many actors build one [`PlanIndex`].
     pub fn loop_inputs(&self, actor: ActorIndex) -> Vec<bool> {
-        let components = self.components();
-        self.loop_inputs_in(actor, &components)
-    }
-
-    /// [`Plan::loop_inputs`] of every actor, computed in one pass over the plan.
-    pub fn loop_input_table(&self) -> Vec<Vec<bool>> {
-        let components = self.components();
-        (0..self.actors.len()).map(|a| self.loop_inputs_in(ActorIndex(a as u32), &components)).collect()
-    }
-
-    /// An input closes a loop when its producer is reachable from the consumer, that is
-    /// (the register itself leads from producer to consumer) when both lie in one strongly
-    /// connected component.
-    fn loop_inputs_in(&self, actor: ActorIndex, components: &[usize]) -> Vec<bool> {
-        let Some(desc) = self.actors.get(actor.index()) else { return Vec::new() };
-        desc.inputs
-            .iter()
-            .map(|&r| {
-                let producer = self.regst_descs.get(r.index()).map(|d| d.producer.index());
-                self.carries_loop_state(r)
-                    && producer.is_some_and(|p| components.get(p) == components.get(actor.index()))
-            })
-            .collect()
-    }
-
-    /// Whether a register can hold more pieces than the loop runs: it is preloaded, or a
-    /// repeat hands on such a register (a variable handed to every micro-batch).
-    fn carries_loop_state(&self, desc: RegstDescId) -> bool {
-        let mut desc = desc;
-        // A chain of repeats is followed iteratively (and bounded, should a plan loop).
-        for _ in 0..=self.regst_descs.len() {
-            let Some(regst) = self.regst_descs.get(desc.index()) else { return false };
-            if regst.preloaded > 0 {
-                return true;
-            }
-            let Some(producer) = self.actors.get(regst.producer.index()) else { return false };
-            match (&producer.kind, producer.inputs.first()) {
-                (ActorKind::Repeat { .. }, Some(&input)) => desc = input,
-                _ => return false,
-            }
-        }
-        false
-    }
-
-    /// The strongly connected component of every actor over register edges (producer to
-    /// consumer), by Tarjan's algorithm without recursion.
-    fn components(&self) -> Vec<usize> {
-        let n = self.actors.len();
-        let mut successors = vec![Vec::new(); n];
-        for desc in &self.regst_descs {
-            for consumer in &desc.consumers {
-                if desc.producer.index() < n && consumer.index() < n {
-                    successors[desc.producer.index()].push(consumer.index());
-                }
-            }
-        }
-        const UNSEEN: usize = usize::MAX;
-        let (mut index, mut low, mut component) = (vec![UNSEEN; n], vec![0; n], vec![UNSEEN; n]);
-        let (mut on_stack, mut stack) = (vec![false; n], Vec::new());
-        let (mut next_index, mut next_component) = (0, 0);
-        for root in 0..n {
-            if index[root] != UNSEEN {
-                continue;
-            }
-            let mut calls: Vec<(usize, usize)> = vec![(root, 0)];
-            index[root] = next_index;
-            low[root] = next_index;
-            next_index += 1;
-            stack.push(root);
-            on_stack[root] = true;
-            while let Some(&mut (node, ref mut next)) = calls.last_mut() {
-                if let Some(&succ) = successors[node].get(*next) {
-                    *next += 1;
-                    if index[succ] == UNSEEN {
-                        index[succ] = next_index;
-                        low[succ] = next_index;
-                        next_index += 1;
-                        stack.push(succ);
-                        on_stack[succ] = true;
-                        calls.push((succ, 0));
-                    } else if on_stack[succ] {
-                        low[node] = low[node].min(index[succ]);
-                    }
-                    continue;
-                }
-                calls.pop();
-                if let Some(&(parent, _)) = calls.last() {
-                    low[parent] = low[parent].min(low[node]);
-                }
-                if low[node] == index[node] {
-                    while let Some(member) = stack.pop() {
-                        on_stack[member] = false;
-                        component[member] = next_component;
-                        if member == node {
-                            break;
-                        }
-                    }
-                    next_component += 1;
-                }
-            }
-        }
-        component
+        PlanIndex::new(self).loop_inputs(actor).to_vec()
     }
 
     /// Rejects a dependency cycle unless it passes through a preloaded register: without

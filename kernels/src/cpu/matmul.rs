@@ -57,7 +57,7 @@ fn check_product(
     if sum_batch && !layout.both_batched {
         return Err(format!("both operands must be batched, got {}", pair()));
     }
-    let mut dims = if sum_batch { Vec::new() } else { layout.batch };
+    let mut dims: Vec<usize> = if sum_batch { Vec::new() } else { layout.batch.into() };
     dims.extend([layout.m, layout.n]);
     let expected = Shape::new(dims);
     if out.shape != expected {
