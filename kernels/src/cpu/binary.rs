@@ -70,20 +70,33 @@ pub fn for_each_broadcast(out: &[usize], a: &[usize], b: &[usize], mut f: impl F
     }
     let (sa, sb) = (axes::broadcast_strides(a, out), axes::broadcast_strides(b, out));
     let dims = out;
-    let mut index: axes::AxisVec<usize> = smallvec::smallvec![0; dims.len()];
+    let Some((&inner, outer_dims)) = dims.split_last() else {
+        f(0, 0, 0);
+        return;
+    };
+    if inner == 0 {
+        return;
+    }
+    // The innermost dimension in a tight loop (a bias row, a broadcast column), the outer
+    // ones by an odometer that updates the two read offsets incrementally.
+    let rank = dims.len();
+    let (step_a, step_b) = (sa[rank - 1], sb[rank - 1]);
+    let mut index: axes::AxisVec<usize> = smallvec::smallvec![0; outer_dims.len()];
     let (mut ia, mut ib) = (0usize, 0usize);
-    for o in 0..n {
-        f(o, ia, ib);
-        // Odometer increment, updating the two read offsets incrementally.
-        for d in (0..dims.len()).rev() {
+    for block in 0..n / inner {
+        let base = block * inner;
+        for k in 0..inner {
+            f(base + k, ia + k * step_a, ib + k * step_b);
+        }
+        for d in (0..outer_dims.len()).rev() {
             index[d] += 1;
             ia += sa[d];
             ib += sb[d];
-            if index[d] < dims[d] {
+            if index[d] < outer_dims[d] {
                 break;
             }
-            ia -= sa[d] * dims[d];
-            ib -= sb[d] * dims[d];
+            ia -= sa[d] * outer_dims[d];
+            ib -= sb[d] * outer_dims[d];
             index[d] = 0;
         }
     }
