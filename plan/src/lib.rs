@@ -35,6 +35,7 @@ mod index;
 mod init;
 mod memory;
 pub mod ops;
+mod signature;
 mod tensor;
 mod types;
 mod validate;
@@ -49,6 +50,7 @@ pub use builder::PlanBuilder;
 pub use error::PlanError;
 pub use index::PlanIndex;
 pub use memory::{DeviceMemory, PlanMemory};
+pub use signature::*;
 pub use types::*;
 
 /// Elements `part` of `parts` holds of a dimension of length `len`: the first `len % parts`

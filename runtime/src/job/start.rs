@@ -1,17 +1,20 @@
 //! Building a job: validate the plan, allocate its memory, size the inboxes, make the
 //! kernels, feeders and fetchers, start the stream threads, the watchdog and the sources.
 
+use super::setup::{
+    check_devices, feed_depth, fetch_depth, inbox_capacities, start_watchdog, stream_label, write_preloads,
+    write_variables,
+};
 use super::{Job, DEFAULT_WATCHDOG};
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, DeviceStream, SimPoller};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
-use crate::kernel::{device_supported, JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
+use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
 use crate::stream::{ActorRuntime, JobShared, StreamExit, StreamProbe, StreamWorker};
 use crate::sync::{Arc, AtomicBool, Mutex};
 use crate::trace::TraceBuffer;
-use crate::watchdog::{watch, Names};
 use crate::RuntimeError;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds, StreamId};
 use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePieces};
@@ -139,47 +142,6 @@ impl JobBuilder {
     }
 }
 
-/// Buffers a fed source cycles through: its register count plus one, so the user can stage
-/// one piece ahead.
-fn feed_depth(indexed: &PlanIndex<'_>, source: ActorIndex) -> u64 {
-    let descs = &indexed.plan().regst_descs;
-    u64::from(indexed.outputs_of(source).iter().map(|r| descs[r.index()].register_num).min().unwrap_or(1)) + 1
-}
-
-/// Pieces a channel sink may deliver ahead of the user's fetches.
-fn fetch_depth(plan: &Plan, sink: ActorIndex, configured: Option<u64>) -> u64 {
-    let inputs = &plan.actors[sink.index()].inputs;
-    let register_num = inputs.iter().map(|r| plan.regst_descs[r.index()].register_num).max().unwrap_or(1);
-    configured.unwrap_or(u64::from(register_num).max(4))
-}
-
-/// Upper bound of the messages that can be in flight to each stream: every `Ready` holds a
-/// slot, every `Ack` answers one, every `ActDone` answers a launch that holds one. One pass
-/// over the actors.
-fn inbox_capacities(indexed: &PlanIndex<'_>, configured_fetch_depth: Option<u64>) -> Vec<usize> {
-    let plan = indexed.plan();
-    let mut capacities = vec![16usize; plan.streams.len()];
-    for (a, actor) in plan.actors.iter().enumerate() {
-        let index = ActorIndex(a as u32);
-        let mut slots = 0usize;
-        for input in &actor.inputs {
-            slots += plan.regst_descs[input.index()].register_num as usize + 1;
-        }
-        for output in indexed.outputs_of(index) {
-            let desc = &plan.regst_descs[output.index()];
-            slots += desc.register_num as usize * (desc.consumers.len() + 1);
-        }
-        let capacity = &mut capacities[actor.stream.index()];
-        *capacity += 2 * slots + 4;
-        match actor.kind {
-            ActorKind::Source { pieces: SourcePieces::Fed } => *capacity += feed_depth(indexed, index) as usize,
-            ActorKind::Sink => *capacity += fetch_depth(plan, index, configured_fetch_depth) as usize,
-            _ => {}
-        }
-    }
-    capacities
-}
-
 impl Job {
     /// A builder for running `plan`.
     pub fn builder(plan: Plan) -> JobBuilder {
@@ -215,7 +177,8 @@ impl Job {
         write_variables(&plan, &arenas)?;
         write_preloads(&plan, &arenas, &builder.preloads)?;
         let arenas = Arc::new(arenas);
-        let hosts = |node: u16| builder.node.is_none_or(|n| n == node);
+        let node = builder.node;
+        let hosts = move |n: u16| node.is_none_or(|only| only == n);
         let stream_node = |s: usize| plan.devices[plan.streams[s].device.index()].node;
 
         // Sink callbacks must name sinks.
@@ -245,6 +208,7 @@ impl Job {
                 receivers.push(None);
             }
         }
+        let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
         for (s, stream) in plan.streams.iter().enumerate() {
             stream_of[stream.device.index()].push(s as u32);
@@ -275,102 +239,12 @@ impl Job {
             let stream = desc.stream.index();
             let Some(inbox) = senders[stream].clone() else { continue };
             let index = ActorIndex(a as u32);
-            let id = ids.of(index);
-            let mut actor = Actor::from_plan(&indexed, &ids, index);
-            let outputs: Vec<u64> =
-                indexed.outputs_of(index).iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
-            let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
-            let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
-            let device = plan.devices[plan.streams[stream].device.index()].kind;
-            let spec = KernelSpec { actor: &desc.name, device, op: None, input_bytes: &inputs, output_bytes: &outputs };
-            // Sources start producing, and actors with preloaded outputs hand them out, on Start.
-            if matches!(desc.kind, ActorKind::Source { .. })
-                || indexed.outputs_of(index).iter().any(|r| plan.regst_descs[r.index()].preloaded > 0)
-            {
-                sources.push(id);
+            let made = make_actor(&mut builder, &indexed, &ids, index, inbox, &mut feeders, &mut fetchers)?;
+            if made.starts {
+                sources.push(made.actor.id());
             }
-            let kernel: Option<Box<dyn Kernel>> = match &desc.kind {
-                ActorKind::Source { pieces: SourcePieces::Custom { kernel, .. } } => {
-                    Some(builder.kernels.registry.make_named(kernel, &spec).map_err(|e| setup(e.0))?)
-                }
-                ActorKind::Source { pieces: SourcePieces::Dataset(conf) } => {
-                    Some(crate::data::dataset_kernel(conf, builder.data_dir.as_deref(), &spec)?)
-                }
-                ActorKind::Source { pieces: SourcePieces::Count(_) } => Some(Box::new(CountSourceKernel)),
-                ActorKind::Source { pieces: SourcePieces::Fed } => {
-                    let bytes = outputs.iter().copied().min().unwrap_or(0);
-                    let depth = feed_depth(&indexed, index) as usize;
-                    let (data_tx, data_rx) = crossbeam_channel::bounded(depth);
-                    let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth);
-                    for _ in 0..depth {
-                        let _ = pool_tx.send(Vec::with_capacity(bytes as usize));
-                    }
-                    feeders.insert(
-                        desc.name.clone(),
-                        Feeder {
-                            name: desc.name.clone(),
-                            source: id,
-                            bytes,
-                            data: data_tx,
-                            pool: pool_rx,
-                            inbox,
-                            closed: false,
-                        },
-                    );
-                    Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
-                }
-                ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => {
-                    Some(builder.kernels.make(kernel, &spec).map_err(|e| setup(e.0))?)
-                }
-                ActorKind::Discard => {
-                    Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
-                }
-                ActorKind::Sink => match builder.sink_callbacks.remove(&desc.name) {
-                    Some(callback) => Some(Box::new(CallbackSinkKernel(callback))),
-                    None => {
-                        let depth = fetch_depth(&plan, index, builder.fetch_depth);
-                        actor.set_sink_credits(depth);
-                        let (delivery_tx, delivery_rx) = crossbeam_channel::bounded(depth as usize);
-                        let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth as usize);
-                        for _ in 0..depth {
-                            let parts = inputs.iter().map(|&b| Vec::with_capacity(b as usize)).collect();
-                            let _ = pool_tx.send(parts);
-                        }
-                        fetchers.insert(
-                            desc.name.clone(),
-                            Fetcher { sink: id, deliveries: delivery_rx, pool: pool_tx.clone(), inbox: inbox.clone() },
-                        );
-                        Some(Box::new(ChannelSinkKernel {
-                            deliveries: delivery_tx,
-                            pool: pool_rx,
-                            give_back: pool_tx,
-                            inbox,
-                            sink: id,
-                        }))
-                    }
-                },
-                // The hand-off is a no-op launch on the repeat's stream (see the actor).
-                ActorKind::Repeat { .. } => {
-                    Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
-                }
-            };
-            // Launches in flight are bounded by the actor's own slots.
-            let slots: usize = desc
-                .inputs
-                .iter()
-                .copied()
-                .chain(indexed.outputs_of(index).iter().copied())
-                .map(|r| plan.regst_descs[r.index()].register_num as usize)
-                .sum();
-            per_stream[stream].0.push(actor);
-            per_stream[stream].1.push(ActorRuntime {
-                name: desc.name.clone(),
-                kernel,
-                modeled: Duration::from_nanos(desc.sim_nanos.unwrap_or(0)),
-                plan_index: a as u32,
-                input_descs: desc.inputs.clone(),
-                pending_slices: VecDeque::with_capacity(if builder.trace.is_some() { slots } else { 0 }),
-            });
+            per_stream[stream].0.push(made.actor);
+            per_stream[stream].1.push(made.runtime);
         }
 
         // Every collective group complete in this job, on comm streams.
@@ -459,24 +333,9 @@ impl Job {
             }
         }
 
-        // Watchdog.
         let watchdog = match builder.watchdog {
             None => None,
-            Some(timeout) => {
-                let names = Names {
-                    actors: plan.actors.iter().enumerate().map(|(a, d)| (ids.actors[a], d.name.clone())).collect(),
-                    descs: plan.regst_descs.iter().map(|d| d.name.clone()).collect(),
-                    streams: (0..plan.streams.len()).map(|s| stream_label(&plan, s)).collect(),
-                    hosted: (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect(),
-                };
-                let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
-                let (shared, router) = (shared.clone(), router.clone());
-                let handle = std::thread::Builder::new()
-                    .name("regflow-watchdog".into())
-                    .spawn(move || watch(shared, router, names, timeout, stop_rx, snapshot_rx))
-                    .map_err(|e| RuntimeError::Spawn { thread: "watchdog".into(), message: e.to_string() })?;
-                Some((stop_tx, handle))
-            }
+            Some(timeout) => Some(start_watchdog(&plan, &ids, &hosted, &shared, &router, timeout, snapshot_rx)?),
         };
 
         // Go.
@@ -504,6 +363,122 @@ impl Job {
     }
 }
 
+/// One actor of the job and what its stream runs it with.
+struct MadeActor {
+    actor: Actor,
+    runtime: ActorRuntime,
+    /// It gets `Start` when the job starts (a source, or an actor with preloaded outputs).
+    starts: bool,
+}
+
+/// Makes actor `index`: its state machine and its kernel (from the registry, a dataset, a
+/// feeder or a fetcher it creates, a sink callback).
+fn make_actor(
+    builder: &mut JobBuilder,
+    indexed: &PlanIndex<'_>,
+    ids: &PlanIds,
+    index: ActorIndex,
+    inbox: InboxSender,
+    feeders: &mut HashMap<String, Feeder>,
+    fetchers: &mut HashMap<String, Fetcher>,
+) -> Result<MadeActor, RuntimeError> {
+    let plan = indexed.plan();
+    let desc = &plan.actors[index.index()];
+    let stream = desc.stream.index();
+    let id = ids.of(index);
+    let mut actor = Actor::from_plan(indexed, ids, index);
+    let outputs: Vec<u64> = indexed.outputs_of(index).iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
+    let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
+    let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
+    let device = plan.devices[plan.streams[stream].device.index()].kind;
+    let spec = KernelSpec { actor: &desc.name, device, op: None, input_bytes: &inputs, output_bytes: &outputs };
+    // Sources start producing, and actors with preloaded outputs hand them out, on Start.
+    let starts = matches!(desc.kind, ActorKind::Source { .. })
+        || indexed.outputs_of(index).iter().any(|r| plan.regst_descs[r.index()].preloaded > 0);
+    let kernel: Option<Box<dyn Kernel>> = match &desc.kind {
+        ActorKind::Source { pieces: SourcePieces::Custom { kernel, .. } } => {
+            Some(builder.kernels.registry.make_named(kernel, &spec).map_err(|e| setup(e.0))?)
+        }
+        ActorKind::Source { pieces: SourcePieces::Dataset(conf) } => {
+            Some(crate::data::dataset_kernel(conf, builder.data_dir.as_deref(), &spec)?)
+        }
+        ActorKind::Source { pieces: SourcePieces::Count(_) } => Some(Box::new(CountSourceKernel)),
+        ActorKind::Source { pieces: SourcePieces::Fed } => {
+            let bytes = outputs.iter().copied().min().unwrap_or(0);
+            let depth = feed_depth(indexed, index) as usize;
+            let (data_tx, data_rx) = crossbeam_channel::bounded(depth);
+            let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth);
+            for _ in 0..depth {
+                let _ = pool_tx.send(Vec::with_capacity(bytes as usize));
+            }
+            feeders.insert(
+                desc.name.clone(),
+                Feeder {
+                    name: desc.name.clone(),
+                    source: id,
+                    bytes,
+                    data: data_tx,
+                    pool: pool_rx,
+                    inbox,
+                    closed: false,
+                },
+            );
+            Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
+        }
+        ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => {
+            Some(builder.kernels.make(kernel, &spec).map_err(|e| setup(e.0))?)
+        }
+        ActorKind::Discard => {
+            Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
+        }
+        ActorKind::Sink => match builder.sink_callbacks.remove(&desc.name) {
+            Some(callback) => Some(Box::new(CallbackSinkKernel(callback))),
+            None => {
+                let depth = fetch_depth(plan, index, builder.fetch_depth);
+                actor.set_sink_credits(depth);
+                let (delivery_tx, delivery_rx) = crossbeam_channel::bounded(depth as usize);
+                let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth as usize);
+                for _ in 0..depth {
+                    let parts = inputs.iter().map(|&b| Vec::with_capacity(b as usize)).collect();
+                    let _ = pool_tx.send(parts);
+                }
+                fetchers.insert(
+                    desc.name.clone(),
+                    Fetcher { sink: id, deliveries: delivery_rx, pool: pool_tx.clone(), inbox: inbox.clone() },
+                );
+                Some(Box::new(ChannelSinkKernel {
+                    deliveries: delivery_tx,
+                    pool: pool_rx,
+                    give_back: pool_tx,
+                    inbox,
+                    sink: id,
+                }))
+            }
+        },
+        // The hand-off is a no-op launch on the repeat's stream (see the actor).
+        ActorKind::Repeat { .. } => {
+            Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
+        }
+    };
+    // Launches in flight are bounded by the actor's own slots.
+    let slots: usize = desc
+        .inputs
+        .iter()
+        .copied()
+        .chain(indexed.outputs_of(index).iter().copied())
+        .map(|r| plan.regst_descs[r.index()].register_num as usize)
+        .sum();
+    let runtime = ActorRuntime {
+        name: desc.name.clone(),
+        kernel,
+        modeled: Duration::from_nanos(desc.sim_nanos.unwrap_or(0)),
+        plan_index: index.0,
+        input_descs: desc.inputs.clone(),
+        pending_slices: VecDeque::with_capacity(if builder.trace.is_some() { slots } else { 0 }),
+    };
+    Ok(MadeActor { actor, runtime, starts })
+}
+
 /// A stream thread's body: runs the worker; a panic aborts the job with its message.
 fn run_stream(worker: StreamWorker, s: usize, label: String, shared: Arc<JobShared>, router: Router) -> StreamExit {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run())) {
@@ -521,83 +496,6 @@ fn run_stream(worker: StreamWorker, s: usize, label: String, shared: Arc<JobShar
     }
 }
 
-/// Refuses a plan whose devices (on the nodes this job runs) have no backend in this
-/// build, naming the device, rather than running their kernels somewhere else.
-fn check_devices(plan: &Plan, node: Option<u16>) -> Result<(), RuntimeError> {
-    for device in &plan.devices {
-        if node.is_some_and(|n| n != device.node) || device_supported(device.kind) {
-            continue;
-        }
-        let available: Vec<&str> = crate::device::KINDS.iter().map(|k| k.name()).collect();
-        return Err(RuntimeError::UnsupportedDevice { device: device.label(), available: available.join(", ") });
-    }
-    Ok(())
-}
-
-/// Writes every variable's first value, drawn from its initializer and cut to its
-/// register's part, into the register's preloaded slots (before any thread runs). A
-/// logical value shared by several parts is drawn once.
-fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), RuntimeError> {
-    let mut drawn: HashMap<String, regflow_plan::HostArray> = HashMap::new();
-    for variable in &plan.variables {
-        let desc = &plan.regst_descs[variable.regst.index()];
-        let fail = |message: String| RuntimeError::Preload { regst: desc.name.clone(), message };
-        let key = format!("{:?}|{}", variable.init, variable.meta);
-        let whole = drawn.entry(key).or_insert_with(|| variable.init.value(&variable.meta));
-        let part = variable.region.cut(whole).to_le_bytes();
-        if part.len() as u64 != desc.bytes {
-            return Err(fail(format!(
-                "variable '{}' has {} bytes in its region, its register's slots hold {}",
-                variable.name,
-                part.len(),
-                desc.bytes
-            )));
-        }
-        for slot in 0..desc.preloaded {
-            let view = arenas.view(regflow_actors::RegstRef { desc: variable.regst, slot });
-            // SAFETY: no stream thread exists yet; nothing else can touch the arena.
-            unsafe { view.as_mut_slice() }.copy_from_slice(&part);
-        }
-    }
-    Ok(())
-}
-
-/// Writes the initial bytes of preloaded registers into their slots (before any thread runs).
-fn write_preloads(plan: &Plan, arenas: &PlanArenas, preloads: &[(String, Vec<u8>)]) -> Result<(), RuntimeError> {
-    if preloads.is_empty() {
-        return Ok(());
-    }
-    // Register by name; `None` for a name two registers share.
-    let mut by_name: HashMap<&str, Option<usize>> = HashMap::with_capacity(plan.regst_descs.len());
-    for (d, desc) in plan.regst_descs.iter().enumerate() {
-        by_name.entry(desc.name.as_str()).and_modify(|found| *found = None).or_insert(Some(d));
-    }
-    for (name, bytes) in preloads {
-        let Some(&Some(d)) = by_name.get(name.as_str()) else {
-            return Err(RuntimeError::Preload {
-                regst: name.clone(),
-                message: "no single register has this name".into(),
-            });
-        };
-        let desc = &plan.regst_descs[d];
-        if desc.preloaded == 0 {
-            return Err(RuntimeError::Preload { regst: name.clone(), message: "has no preloaded slots".into() });
-        }
-        if bytes.len() as u64 != desc.bytes {
-            return Err(RuntimeError::Preload {
-                regst: name.clone(),
-                message: format!("got {} bytes, its slots hold {}", bytes.len(), desc.bytes),
-            });
-        }
-        for slot in 0..desc.preloaded {
-            let view = arenas.view(regflow_actors::RegstRef { desc: regflow_plan::RegstDescId(d as u32), slot });
-            // SAFETY: no stream thread exists yet; nothing else can touch the arena.
-            unsafe { view.as_mut_slice() }.copy_from_slice(bytes);
-        }
-    }
-    Ok(())
-}
-
 /// Sent when a stream thread ends, however it ends (dropped last, even on panic).
 struct ExitNotice(crossbeam_channel::Sender<usize>, usize);
 
@@ -605,11 +503,6 @@ impl Drop for ExitNotice {
     fn drop(&mut self) {
         let _ = self.0.send(self.1);
     }
-}
-
-fn stream_label(plan: &Plan, s: usize) -> String {
-    let stream = &plan.streams[s];
-    format!("{}/{:?}#{s}", plan.devices[stream.device.index()].label(), stream.kind)
 }
 
 /// The id of a stream that has no actors (its thread ends at once).

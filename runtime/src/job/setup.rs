@@ -1,0 +1,166 @@
+//! The steps of building a job that need no builder: checking the plan's devices, writing
+//! the first values of loop registers, sizing the inboxes, starting the watchdog.
+
+use crate::arenas::PlanArenas;
+use crate::bus::Router;
+use crate::kernel::device_supported;
+use crate::stream::JobShared;
+use crate::sync::Arc;
+use crate::watchdog::{watch, Names};
+use crate::RuntimeError;
+use regflow_actors::PlanIds;
+use regflow_plan::{ActorIndex, ActorKind, Plan, PlanIndex, SourcePieces};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Refuses a plan whose devices (on the nodes this job runs) have no backend in this
+/// build, naming the device, rather than running their kernels somewhere else.
+pub(super) fn check_devices(plan: &Plan, node: Option<u16>) -> Result<(), RuntimeError> {
+    for device in &plan.devices {
+        if node.is_some_and(|n| n != device.node) || device_supported(device.kind) {
+            continue;
+        }
+        let available: Vec<&str> = crate::device::KINDS.iter().map(|k| k.name()).collect();
+        return Err(RuntimeError::UnsupportedDevice { device: device.label(), available: available.join(", ") });
+    }
+    Ok(())
+}
+
+/// Writes every variable's first value, drawn from its initializer and cut to its
+/// register's part, into the register's preloaded slots (before any thread runs). A
+/// logical value shared by several parts is drawn once.
+pub(super) fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), RuntimeError> {
+    let mut drawn: HashMap<String, regflow_plan::HostArray> = HashMap::new();
+    for variable in &plan.variables {
+        let desc = &plan.regst_descs[variable.regst.index()];
+        let fail = |message: String| RuntimeError::Preload { regst: desc.name.clone(), message };
+        let key = format!("{:?}|{}", variable.init, variable.meta);
+        let whole = drawn.entry(key).or_insert_with(|| variable.init.value(&variable.meta));
+        let part = variable.region.cut(whole).to_le_bytes();
+        if part.len() as u64 != desc.bytes {
+            return Err(fail(format!(
+                "variable '{}' has {} bytes in its region, its register's slots hold {}",
+                variable.name,
+                part.len(),
+                desc.bytes
+            )));
+        }
+        for slot in 0..desc.preloaded {
+            let view = arenas.view(regflow_actors::RegstRef { desc: variable.regst, slot });
+            // SAFETY: no stream thread exists yet; nothing else can touch the arena.
+            unsafe { view.as_mut_slice() }.copy_from_slice(&part);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the initial bytes of preloaded registers into their slots (before any thread runs).
+pub(super) fn write_preloads(
+    plan: &Plan,
+    arenas: &PlanArenas,
+    preloads: &[(String, Vec<u8>)],
+) -> Result<(), RuntimeError> {
+    if preloads.is_empty() {
+        return Ok(());
+    }
+    // Register by name; `None` for a name two registers share.
+    let mut by_name: HashMap<&str, Option<usize>> = HashMap::with_capacity(plan.regst_descs.len());
+    for (d, desc) in plan.regst_descs.iter().enumerate() {
+        by_name.entry(desc.name.as_str()).and_modify(|found| *found = None).or_insert(Some(d));
+    }
+    for (name, bytes) in preloads {
+        let Some(&Some(d)) = by_name.get(name.as_str()) else {
+            return Err(RuntimeError::Preload {
+                regst: name.clone(),
+                message: "no single register has this name".into(),
+            });
+        };
+        let desc = &plan.regst_descs[d];
+        if desc.preloaded == 0 {
+            return Err(RuntimeError::Preload { regst: name.clone(), message: "has no preloaded slots".into() });
+        }
+        if bytes.len() as u64 != desc.bytes {
+            return Err(RuntimeError::Preload {
+                regst: name.clone(),
+                message: format!("got {} bytes, its slots hold {}", bytes.len(), desc.bytes),
+            });
+        }
+        for slot in 0..desc.preloaded {
+            let view = arenas.view(regflow_actors::RegstRef { desc: regflow_plan::RegstDescId(d as u32), slot });
+            // SAFETY: no stream thread exists yet; nothing else can touch the arena.
+            unsafe { view.as_mut_slice() }.copy_from_slice(bytes);
+        }
+    }
+    Ok(())
+}
+
+/// Starts the watchdog thread over the hosted streams; the sender stops it.
+pub(super) fn start_watchdog(
+    plan: &Plan,
+    ids: &PlanIds,
+    hosted: &[usize],
+    shared: &Arc<JobShared>,
+    router: &Router,
+    timeout: Duration,
+    snapshots: crossbeam_channel::Receiver<(usize, Vec<regflow_actors::ActorSnapshot>)>,
+) -> Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>), RuntimeError> {
+    let names = Names {
+        actors: plan.actors.iter().enumerate().map(|(a, d)| (ids.actors[a], d.name.clone())).collect(),
+        descs: plan.regst_descs.iter().map(|d| d.name.clone()).collect(),
+        streams: (0..plan.streams.len()).map(|s| stream_label(plan, s)).collect(),
+        hosted: hosted.to_vec(),
+    };
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+    let (shared, router) = (shared.clone(), router.clone());
+    let handle = std::thread::Builder::new()
+        .name("regflow-watchdog".into())
+        .spawn(move || watch(shared, router, names, timeout, stop_rx, snapshots))
+        .map_err(|e| RuntimeError::Spawn { thread: "watchdog".into(), message: e.to_string() })?;
+    Ok((stop_tx, handle))
+}
+
+/// Buffers a fed source cycles through: its register count plus one, so the user can stage
+/// one piece ahead.
+pub(super) fn feed_depth(indexed: &PlanIndex<'_>, source: ActorIndex) -> u64 {
+    let descs = &indexed.plan().regst_descs;
+    u64::from(indexed.outputs_of(source).iter().map(|r| descs[r.index()].register_num).min().unwrap_or(1)) + 1
+}
+
+/// Pieces a channel sink may deliver ahead of the user's fetches.
+pub(super) fn fetch_depth(plan: &Plan, sink: ActorIndex, configured: Option<u64>) -> u64 {
+    let inputs = &plan.actors[sink.index()].inputs;
+    let register_num = inputs.iter().map(|r| plan.regst_descs[r.index()].register_num).max().unwrap_or(1);
+    configured.unwrap_or(u64::from(register_num).max(4))
+}
+
+/// Upper bound of the messages that can be in flight to each stream: every `Ready` holds a
+/// slot, every `Ack` answers one, every `ActDone` answers a launch that holds one. One pass
+/// over the actors.
+pub(super) fn inbox_capacities(indexed: &PlanIndex<'_>, configured_fetch_depth: Option<u64>) -> Vec<usize> {
+    let plan = indexed.plan();
+    let mut capacities = vec![16usize; plan.streams.len()];
+    for (a, actor) in plan.actors.iter().enumerate() {
+        let index = ActorIndex(a as u32);
+        let mut slots = 0usize;
+        for input in &actor.inputs {
+            slots += plan.regst_descs[input.index()].register_num as usize + 1;
+        }
+        for output in indexed.outputs_of(index) {
+            let desc = &plan.regst_descs[output.index()];
+            slots += desc.register_num as usize * (desc.consumers.len() + 1);
+        }
+        let capacity = &mut capacities[actor.stream.index()];
+        *capacity += 2 * slots + 4;
+        match actor.kind {
+            ActorKind::Source { pieces: SourcePieces::Fed } => *capacity += feed_depth(indexed, index) as usize,
+            ActorKind::Sink => *capacity += fetch_depth(plan, index, configured_fetch_depth) as usize,
+            _ => {}
+        }
+    }
+    capacities
+}
+
+pub(super) fn stream_label(plan: &Plan, s: usize) -> String {
+    let stream = &plan.streams[s];
+    format!("{}/{:?}#{s}", plan.devices[stream.device.index()].label(), stream.kind)
+}
