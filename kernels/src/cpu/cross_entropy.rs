@@ -12,11 +12,7 @@ impl HostCompute for SparseCrossEntropy {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => forward_typed::<f32>(None, inputs, &mut outputs[0]),
-            DType::F64 => forward_typed::<f64>(None, inputs, &mut outputs[0]),
-            DType::I64 => Err("integer logits are not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, inputs, &mut outputs[0]))
     }
 }
 
@@ -27,11 +23,7 @@ impl HostCompute for SparseCrossEntropyGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => backward_typed::<f32>(None, inputs, &mut outputs[0]),
-            DType::F64 => backward_typed::<f64>(None, inputs, &mut outputs[0]),
-            DType::I64 => Err("integer logits are not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, inputs, &mut outputs[0]))
     }
 }
 

@@ -31,11 +31,7 @@ impl HostCompute for DropoutPart {
             }
             index
         };
-        match outputs[0].dtype() {
-            DType::F32 => compute_typed::<f32>(&self.dropout, index, &inputs[0], &mut outputs[0]),
-            DType::F64 => compute_typed::<f64>(&self.dropout, index, &inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer dropout is not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer dropout is not supported", T => compute_typed::<T>(&self.dropout, index, &inputs[0], &mut outputs[0]))
     }
 }
 
@@ -46,11 +42,7 @@ impl HostCompute for Dropout {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => compute_typed::<f32>(self, |i| i, &inputs[0], &mut outputs[0]),
-            DType::F64 => compute_typed::<f64>(self, |i| i, &inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer dropout is not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer dropout is not supported", T => compute_typed::<T>(self, |i| i, &inputs[0], &mut outputs[0]))
     }
 }
 

@@ -43,19 +43,11 @@ impl HostCompute for EmbeddingGrad {
 }
 
 fn gather(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-    match outputs[0].dtype() {
-        DType::F32 => gather_typed::<f32>(rows, inputs, &mut outputs[0]),
-        DType::F64 => gather_typed::<f64>(rows, inputs, &mut outputs[0]),
-        DType::I64 => Err("integer tables are not supported".into()),
-    }
+    by_float!(outputs[0].dtype(), "integer tables are not supported", T => gather_typed::<T>(rows, inputs, &mut outputs[0]))
 }
 
 fn scatter(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-    match outputs[0].dtype() {
-        DType::F32 => scatter_typed::<f32>(rows, inputs, &mut outputs[0]),
-        DType::F64 => scatter_typed::<f64>(rows, inputs, &mut outputs[0]),
-        DType::I64 => Err("integer tables are not supported".into()),
-    }
+    by_float!(outputs[0].dtype(), "integer tables are not supported", T => scatter_typed::<T>(rows, inputs, &mut outputs[0]))
 }
 
 fn gather_typed<T: Real>(rows: &Rows, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {

@@ -12,11 +12,7 @@ impl HostCompute for LayerNorm {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => forward_typed::<f32>(self.eps, inputs, &mut outputs[0]),
-            DType::F64 => forward_typed::<f64>(self.eps, inputs, &mut outputs[0]),
-            DType::I64 => Err("integer layer norm is not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => forward_typed::<T>(self.eps, inputs, &mut outputs[0]))
     }
 }
 
@@ -27,11 +23,7 @@ impl HostCompute for LayerNormGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => backward_typed::<f32>(self.eps, inputs, outputs),
-            DType::F64 => backward_typed::<f64>(self.eps, inputs, outputs),
-            DType::I64 => Err("integer layer norm is not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T>(self.eps, inputs, outputs))
     }
 }
 

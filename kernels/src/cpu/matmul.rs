@@ -74,11 +74,7 @@ pub fn compute_layout(
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
-    match outputs[0].dtype() {
-        DType::F32 => gemm_typed::<f32>(layout, sum_batch, threads, inputs, &mut outputs[0]),
-        DType::F64 => gemm_typed::<f64>(layout, sum_batch, threads, inputs, &mut outputs[0]),
-        DType::I64 => Err("integer matrix products are not supported".into()),
-    }
+    by_float!(outputs[0].dtype(), "integer matrix products are not supported", T => gemm_typed::<T>(layout, sum_batch, threads, inputs, &mut outputs[0]))
 }
 
 /// How `op(a) · op(b)` lines up (the matmul shape rule, shared with the graph's `infer`),

@@ -9,6 +9,24 @@
 //! allocates).
 
 use crate::builtin::AccumulateMean;
+
+/// `$call` with the element type `$t` chosen by a float `$dtype` (`f32` or `f64`); integer
+/// tensors are refused with the message `$refusal`. Every float kernel dispatches so.
+macro_rules! by_float {
+    ($dtype:expr, $refusal:expr, $t:ident => $call:expr) => {
+        match $dtype {
+            regflow_plan::DType::F32 => {
+                type $t = f32;
+                $call
+            }
+            regflow_plan::DType::F64 => {
+                type $t = f64;
+                $call
+            }
+            regflow_plan::DType::I64 => Err(String::from($refusal)),
+        }
+    };
+}
 use crate::host::{HostCompute, HostOpKernel};
 use crate::{KernelError, KernelFactory, KernelRegistry};
 use regflow_plan::ops::{self, OpAttrs};

@@ -35,11 +35,7 @@ impl HostCompute for Update {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match inputs[0].dtype() {
-            DType::F32 => update_typed::<f32>(&self.0, inputs, outputs),
-            DType::F64 => update_typed::<f64>(&self.0, inputs, outputs),
-            DType::I64 => Err("cannot optimize an integer variable".into()),
-        }
+        by_float!(inputs[0].dtype(), "cannot optimize an integer variable", T => update_typed::<T>(&self.0, inputs, outputs))
     }
 }
 

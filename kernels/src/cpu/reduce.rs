@@ -15,11 +15,7 @@ impl HostCompute for PartMean {
     ) -> Result<(), String> {
         let reduced = reduced_axes_inline(inputs[0].shape, &self.mean.axes)?;
         let divisor = Some(self.logical_count);
-        match outputs[0].dtype() {
-            DType::F32 => reduce_typed::<f32>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
-            DType::F64 => reduce_typed::<f64>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer reductions are not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer reductions are not supported", T => reduce_typed::<T>(ReduceKind::Mean, &reduced, divisor, &inputs[0], &mut outputs[0]))
     }
 }
 
@@ -31,11 +27,7 @@ impl HostCompute for Reduce {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let reduced = reduced_axes_inline(inputs[0].shape, &self.axes)?;
-        match outputs[0].dtype() {
-            DType::F32 => reduce_typed::<f32>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
-            DType::F64 => reduce_typed::<f64>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer reductions are not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer reductions are not supported", T => reduce_typed::<T>(self.kind, &reduced, None, &inputs[0], &mut outputs[0]))
     }
 }
 
@@ -46,11 +38,7 @@ impl HostCompute for MaxMask {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => max_mask_typed::<f32>(inputs, &mut outputs[0]),
-            DType::F64 => max_mask_typed::<f64>(inputs, &mut outputs[0]),
-            DType::I64 => Err("integer comparisons are not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer comparisons are not supported", T => max_mask_typed::<T>(inputs, &mut outputs[0]))
     }
 }
 

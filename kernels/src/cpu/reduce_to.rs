@@ -12,11 +12,7 @@ impl HostCompute for SumTo {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => sum_to_typed::<f32>(&inputs[0], &mut outputs[0]),
-            DType::F64 => sum_to_typed::<f64>(&inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer sums are not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer sums are not supported", T => sum_to_typed::<T>(&inputs[0], &mut outputs[0]))
     }
 }
 

@@ -34,11 +34,7 @@ impl HostCompute for SoftmaxGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => backward_typed::<f32>(self.axis, self.log, inputs, &mut outputs[0]),
-            DType::F64 => backward_typed::<f64>(self.axis, self.log, inputs, &mut outputs[0]),
-            DType::I64 => Err("integer softmax is not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer softmax is not supported", T => backward_typed::<T>(self.axis, self.log, inputs, &mut outputs[0]))
     }
 }
 
@@ -68,11 +64,7 @@ fn backward_typed<T: Real>(
 }
 
 fn forward(axis: isize, log: bool, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-    match outputs[0].dtype() {
-        DType::F32 => forward_typed::<f32>(axis, log, &inputs[0], &mut outputs[0]),
-        DType::F64 => forward_typed::<f64>(axis, log, &inputs[0], &mut outputs[0]),
-        DType::I64 => Err("integer softmax is not supported".into()),
-    }
+    by_float!(outputs[0].dtype(), "integer softmax is not supported", T => forward_typed::<T>(axis, log, &inputs[0], &mut outputs[0]))
 }
 
 /// A tensor seen as `[outer, len, inner]` around one axis.

@@ -12,11 +12,7 @@ impl HostCompute for Unary {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match outputs[0].dtype() {
-            DType::F32 => compute_typed::<f32>(self.0, &inputs[0], &mut outputs[0]),
-            DType::F64 => compute_typed::<f64>(self.0, &inputs[0], &mut outputs[0]),
-            DType::I64 => Err("integer math is not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer math is not supported", T => compute_typed::<T>(self.0, &inputs[0], &mut outputs[0]))
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
