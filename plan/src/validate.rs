@@ -249,12 +249,7 @@ impl Plan {
     /// the cycle by actor names. (Edges of preloaded registers are left out of the search.)
     fn check_cycles(&self) -> Result<(), PlanError> {
         let n = self.actors.len();
-        let mut successors = vec![Vec::new(); n];
-        for desc in self.regst_descs.iter().filter(|d| d.preloaded == 0) {
-            for consumer in &desc.consumers {
-                successors[desc.producer.index()].push(consumer.index());
-            }
-        }
+        let successors = self.within_step_successors();
         // Iterative DFS; state 0 = unvisited, 1 = on the stack, 2 = done.
         let mut state = vec![0u8; n];
         for root in 0..n {
