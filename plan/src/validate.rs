@@ -51,8 +51,9 @@ impl Plan {
         }
         self.check_references()?;
         self.check_edges()?;
-        self.check_arities()?;
-        self.check_signature()?;
+        let index = PlanIndex::new(self);
+        self.check_arities(&index)?;
+        self.check_signature(&index)?;
         self.check_variables()?;
         self.check_cycles()?;
         self.check_collective_order()?;
@@ -169,8 +170,7 @@ impl Plan {
         Ok(())
     }
 
-    fn check_arities(&self) -> Result<(), PlanError> {
-        let index = PlanIndex::new(self);
+    fn check_arities(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
         for (i, actor) in self.actors.iter().enumerate() {
             let outputs = index.outputs_of(ActorIndex(i as u32));
             let (ins, outs) = (actor.inputs.len(), outputs.len());
@@ -288,7 +288,7 @@ impl Plan {
 impl Plan {
     /// Every input's parts are distinct fed sources whose registers hold the part's region
     /// of the input; every output is delivered whole by a sink.
-    fn check_signature(&self) -> Result<(), PlanError> {
+    fn check_signature(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
         let mut fed_by: HashMap<ActorIndex, &str> = HashMap::new();
         for input in &self.signature.inputs {
             let bad = |detail: String| PlanError::BadInput { input: input.name.clone(), detail };
@@ -329,7 +329,7 @@ impl Plan {
                     )));
                 }
                 let bytes = region_bytes(region, input.meta.dtype);
-                for output in self.outputs_of(part.actor) {
+                for output in index.outputs_of(part.actor) {
                     let desc = &self.regst_descs[output.index()];
                     if bytes != Some(desc.bytes) {
                         return Err(bad(format!(
