@@ -123,7 +123,17 @@ impl Plan {
         Ok(())
     }
 
+    /// Every register lists each consumer once, every consumer lists the register once
+    /// among its inputs, and every input's register lists its reader. Linear in the edges
+    /// (a register may have tens of thousands of consumers).
     fn check_edges(&self) -> Result<(), PlanError> {
+        let mut listed: HashMap<(RegstDescId, ActorIndex), usize> = HashMap::new();
+        for (i, actor) in self.actors.iter().enumerate() {
+            for &input in &actor.inputs {
+                *listed.entry((input, ActorIndex(i as u32))).or_default() += 1;
+            }
+        }
+        let mut consumed = HashSet::with_capacity(listed.len());
         for (desc_index, desc) in self.regst_descs.iter().enumerate() {
             let desc_id = RegstDescId(desc_index as u32);
             let producer = &self.actors[desc.producer.index()].name;
@@ -133,11 +143,10 @@ impl Plan {
             if desc.consumers.len() > MAX_CONSUMERS {
                 return Err(PlanError::TooManyConsumers { desc: desc.name.clone(), count: desc.consumers.len() });
             }
-            let mut seen = HashSet::new();
-            for consumer in &desc.consumers {
+            for &consumer in &desc.consumers {
                 let actor = &self.actors[consumer.index()];
-                let listed = actor.inputs.iter().filter(|&&d| d == desc_id).count();
-                let detail = if !seen.insert(*consumer) {
+                let listed = listed.get(&(desc_id, consumer)).copied().unwrap_or(0);
+                let detail = if !consumed.insert((desc_id, consumer)) {
                     Some("the register lists the actor as a consumer twice".to_string())
                 } else if listed != 1 {
                     Some(format!(
@@ -156,9 +165,9 @@ impl Plan {
             }
         }
         for (i, actor) in self.actors.iter().enumerate() {
-            for input in &actor.inputs {
-                let desc = &self.regst_descs[input.index()];
-                if !desc.consumers.contains(&ActorIndex(i as u32)) {
+            for &input in &actor.inputs {
+                if !consumed.contains(&(input, ActorIndex(i as u32))) {
+                    let desc = &self.regst_descs[input.index()];
                     return Err(PlanError::InconsistentEdge {
                         desc: desc.name.clone(),
                         actor: actor.name.clone(),
