@@ -289,10 +289,39 @@ mod tests {
             assert_eq!(index.consumers_of(a), consumers, "consumers of {}", actor.name);
             assert_eq!(index.actor_by_name(&actor.name), plan.actor_by_name(&actor.name));
             assert_eq!(index.loop_inputs(a), plan.loop_inputs(a), "loop inputs of {}", actor.name);
+            // `Plan::loop_inputs` asks an index too: compare with a search of its own.
+            assert_eq!(index.loop_inputs(a), scanning_loop_inputs(plan, a), "loop inputs of {}", actor.name);
         }
         assert_eq!(index.actor_by_name("nobody"), None);
         assert!(index.outputs_of(ActorIndex(plan.actors.len() as u32)).is_empty());
         index.closes_loop.iter().filter(|&&closes| closes).count()
+    }
+
+    /// `Plan::loop_inputs` by definition, one search per input: the register carries loop
+    /// state and the reader reaches its producer.
+    fn scanning_loop_inputs(plan: &Plan, actor: ActorIndex) -> Vec<bool> {
+        fn carries(plan: &Plan, desc: RegstDescId) -> bool {
+            let regst = &plan.regst_descs[desc.index()];
+            let producer = &plan.actors[regst.producer.index()];
+            regst.preloaded > 0
+                || (matches!(producer.kind, ActorKind::Repeat { .. })
+                    && producer.inputs.first().is_some_and(|&input| carries(plan, input)))
+        }
+        fn reaches(plan: &Plan, from: ActorIndex, to: ActorIndex) -> bool {
+            let mut seen = vec![false; plan.actors.len()];
+            let mut stack = vec![from];
+            while let Some(a) = stack.pop() {
+                if a == to {
+                    return true;
+                }
+                if !std::mem::replace(&mut seen[a.index()], true) {
+                    stack.extend(plan.outputs_of(a).flat_map(|d| plan.regst_descs[d.index()].consumers.clone()));
+                }
+            }
+            false
+        }
+        let inputs = &plan.actors[actor.index()].inputs;
+        inputs.iter().map(|&r| carries(plan, r) && reaches(plan, actor, plan.regst_descs[r.index()].producer)).collect()
     }
 
     #[test]

@@ -51,8 +51,9 @@ impl Plan {
         }
         self.check_references()?;
         self.check_edges()?;
-        self.check_arities()?;
-        self.check_signature()?;
+        let index = PlanIndex::new(self);
+        self.check_arities(&index)?;
+        self.check_signature(&index)?;
         self.check_variables()?;
         self.check_cycles()?;
         self.check_collective_order()?;
@@ -122,7 +123,17 @@ impl Plan {
         Ok(())
     }
 
+    /// Every register lists each consumer once, every consumer lists the register once
+    /// among its inputs, and every input's register lists its reader. Linear in the edges
+    /// (a register may have tens of thousands of consumers).
     fn check_edges(&self) -> Result<(), PlanError> {
+        let mut listed: HashMap<(RegstDescId, ActorIndex), usize> = HashMap::new();
+        for (i, actor) in self.actors.iter().enumerate() {
+            for &input in &actor.inputs {
+                *listed.entry((input, ActorIndex(i as u32))).or_default() += 1;
+            }
+        }
+        let mut consumed = HashSet::with_capacity(listed.len());
         for (desc_index, desc) in self.regst_descs.iter().enumerate() {
             let desc_id = RegstDescId(desc_index as u32);
             let producer = &self.actors[desc.producer.index()].name;
@@ -132,11 +143,10 @@ impl Plan {
             if desc.consumers.len() > MAX_CONSUMERS {
                 return Err(PlanError::TooManyConsumers { desc: desc.name.clone(), count: desc.consumers.len() });
             }
-            let mut seen = HashSet::new();
-            for consumer in &desc.consumers {
+            for &consumer in &desc.consumers {
                 let actor = &self.actors[consumer.index()];
-                let listed = actor.inputs.iter().filter(|&&d| d == desc_id).count();
-                let detail = if !seen.insert(*consumer) {
+                let listed = listed.get(&(desc_id, consumer)).copied().unwrap_or(0);
+                let detail = if !consumed.insert((desc_id, consumer)) {
                     Some("the register lists the actor as a consumer twice".to_string())
                 } else if listed != 1 {
                     Some(format!(
@@ -155,9 +165,9 @@ impl Plan {
             }
         }
         for (i, actor) in self.actors.iter().enumerate() {
-            for input in &actor.inputs {
-                let desc = &self.regst_descs[input.index()];
-                if !desc.consumers.contains(&ActorIndex(i as u32)) {
+            for &input in &actor.inputs {
+                if !consumed.contains(&(input, ActorIndex(i as u32))) {
+                    let desc = &self.regst_descs[input.index()];
                     return Err(PlanError::InconsistentEdge {
                         desc: desc.name.clone(),
                         actor: actor.name.clone(),
@@ -169,8 +179,7 @@ impl Plan {
         Ok(())
     }
 
-    fn check_arities(&self) -> Result<(), PlanError> {
-        let index = PlanIndex::new(self);
+    fn check_arities(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
         for (i, actor) in self.actors.iter().enumerate() {
             let outputs = index.outputs_of(ActorIndex(i as u32));
             let (ins, outs) = (actor.inputs.len(), outputs.len());
@@ -249,12 +258,7 @@ impl Plan {
     /// the cycle by actor names. (Edges of preloaded registers are left out of the search.)
     fn check_cycles(&self) -> Result<(), PlanError> {
         let n = self.actors.len();
-        let mut successors = vec![Vec::new(); n];
-        for desc in self.regst_descs.iter().filter(|d| d.preloaded == 0) {
-            for consumer in &desc.consumers {
-                successors[desc.producer.index()].push(consumer.index());
-            }
-        }
+        let successors = self.within_step_successors();
         // Iterative DFS; state 0 = unvisited, 1 = on the stack, 2 = done.
         let mut state = vec![0u8; n];
         for root in 0..n {
@@ -293,7 +297,7 @@ impl Plan {
 impl Plan {
     /// Every input's parts are distinct fed sources whose registers hold the part's region
     /// of the input; every output is delivered whole by a sink.
-    fn check_signature(&self) -> Result<(), PlanError> {
+    fn check_signature(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
         let mut fed_by: HashMap<ActorIndex, &str> = HashMap::new();
         for input in &self.signature.inputs {
             let bad = |detail: String| PlanError::BadInput { input: input.name.clone(), detail };
@@ -334,7 +338,7 @@ impl Plan {
                     )));
                 }
                 let bytes = region_bytes(region, input.meta.dtype);
-                for output in self.outputs_of(part.actor) {
+                for output in index.outputs_of(part.actor) {
                     let desc = &self.regst_descs[output.index()];
                     if bytes != Some(desc.bytes) {
                         return Err(bad(format!(

@@ -3,8 +3,7 @@
 use crate::cpu::axes;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-#[allow(unused_imports)]
-use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
 impl HostCompute for Binary {
     fn compute(

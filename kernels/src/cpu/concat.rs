@@ -2,8 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-#[allow(unused_imports)]
-use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{Element, HostTensor, HostTensorMut};
 
 impl HostCompute for Concat {
     fn compute(
@@ -13,11 +12,7 @@ impl HostCompute for Concat {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let axis = self.resolve(outputs[0].shape)?;
-        match outputs[0].dtype() {
-            DType::F32 => concat_typed::<f32>(axis, inputs, &mut outputs[0]),
-            DType::F64 => concat_typed::<f64>(axis, inputs, &mut outputs[0]),
-            DType::I64 => concat_typed::<i64>(axis, inputs, &mut outputs[0]),
-        }
+        by_element!(outputs[0].dtype(), T => concat_typed::<T>(axis, inputs, &mut outputs[0]))
     }
 }
 

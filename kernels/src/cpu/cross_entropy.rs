@@ -2,8 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-#[allow(unused_imports)]
-use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{HostTensor, HostTensorMut, Real};
 
 impl HostCompute for SparseCrossEntropy {
     fn compute(
@@ -35,13 +34,11 @@ impl HostCompute for PartCrossEntropy {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let batch = Some(self.batch);
-        match (outputs[0].dtype(), self.grad) {
-            (DType::F32, false) => forward_typed::<f32>(batch, inputs, &mut outputs[0]),
-            (DType::F64, false) => forward_typed::<f64>(batch, inputs, &mut outputs[0]),
-            (DType::F32, true) => backward_typed::<f32>(batch, inputs, &mut outputs[0]),
-            (DType::F64, true) => backward_typed::<f64>(batch, inputs, &mut outputs[0]),
-            (DType::I64, _) => Err("integer logits are not supported".into()),
-        }
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
+            backward_typed::<T>(batch, inputs, &mut outputs[0])
+        } else {
+            forward_typed::<T>(batch, inputs, &mut outputs[0])
+        })
     }
 }
 

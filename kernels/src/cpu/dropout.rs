@@ -2,8 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-#[allow(unused_imports)]
-use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{HostTensor, HostTensorMut, Real};
 
 impl HostCompute for DropoutPart {
     fn compute(

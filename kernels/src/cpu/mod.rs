@@ -27,6 +27,28 @@ macro_rules! by_float {
         }
     };
 }
+
+/// `$call` with the element type `$t` chosen by `$dtype`, for kernels that only move
+/// elements and so run on every dtype.
+macro_rules! by_element {
+    ($dtype:expr, $t:ident => $call:expr) => {
+        match $dtype {
+            regflow_plan::DType::F32 => {
+                type $t = f32;
+                $call
+            }
+            regflow_plan::DType::F64 => {
+                type $t = f64;
+                $call
+            }
+            regflow_plan::DType::I64 => {
+                type $t = i64;
+                $call
+            }
+        }
+    };
+}
+
 use crate::host::{HostCompute, HostOpKernel};
 use crate::{KernelError, KernelFactory, KernelRegistry};
 use regflow_plan::ops::{self, OpAttrs};

@@ -3,8 +3,7 @@
 use crate::cpu::axes::{self, AxisVec};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-#[allow(unused_imports)]
-use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{Element, HostTensor, HostTensorMut, Shape};
 
 impl HostCompute for Permute {
     fn compute(
@@ -14,11 +13,7 @@ impl HostCompute for Permute {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let perm = resolve_inline(self, inputs[0].shape)?;
-        match outputs[0].dtype() {
-            DType::F32 => permute_typed::<f32>(&perm, &inputs[0], &mut outputs[0]),
-            DType::F64 => permute_typed::<f64>(&perm, &inputs[0], &mut outputs[0]),
-            DType::I64 => permute_typed::<i64>(&perm, &inputs[0], &mut outputs[0]),
-        }
+        by_element!(outputs[0].dtype(), T => permute_typed::<T>(&perm, &inputs[0], &mut outputs[0]))
     }
 }
 

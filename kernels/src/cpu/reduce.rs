@@ -3,8 +3,7 @@
 use crate::cpu::axes::AxisVec;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-#[allow(unused_imports)]
-use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{HostTensor, HostTensorMut, Real, Shape};
 
 impl HostCompute for PartMean {
     fn compute(

@@ -2,8 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-#[allow(unused_imports)]
-use regflow_plan::{DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{Element, HostTensor, HostTensorMut, Shape};
 
 impl HostCompute for Slice {
     fn compute(
@@ -13,11 +12,7 @@ impl HostCompute for Slice {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let resolved = self.resolve(inputs[0].shape)?;
-        match outputs[0].dtype() {
-            DType::F32 => slice_typed::<f32>(self, resolved, &inputs[0], &mut outputs[0]),
-            DType::F64 => slice_typed::<f64>(self, resolved, &inputs[0], &mut outputs[0]),
-            DType::I64 => slice_typed::<i64>(self, resolved, &inputs[0], &mut outputs[0]),
-        }
+        by_element!(outputs[0].dtype(), T => slice_typed::<T>(self, resolved, &inputs[0], &mut outputs[0]))
     }
 }
 
@@ -29,11 +24,7 @@ impl HostCompute for SliceGrad {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let resolved = self.resolve(inputs[0].shape)?;
-        match outputs[0].dtype() {
-            DType::F32 => slice_grad_typed::<f32>(self, resolved, &inputs[0], &mut outputs[0]),
-            DType::F64 => slice_grad_typed::<f64>(self, resolved, &inputs[0], &mut outputs[0]),
-            DType::I64 => slice_grad_typed::<i64>(self, resolved, &inputs[0], &mut outputs[0]),
-        }
+        by_element!(outputs[0].dtype(), T => slice_grad_typed::<T>(self, resolved, &inputs[0], &mut outputs[0]))
     }
 }
 

@@ -1,7 +1,5 @@
 //! Attributes of `binary` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// Which binary op.

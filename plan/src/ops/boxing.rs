@@ -1,7 +1,5 @@
 //! Attributes of `boxing` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// `B -> S(dim)` on one device: its part `index` of `parts` along `dim`.

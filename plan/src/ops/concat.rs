@@ -1,8 +1,7 @@
 //! Attributes of `concat` ops.
 
 use super::axis_index;
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::Shape;
 use serde::{Deserialize, Serialize};
 
 /// Concatenates its inputs (one or more) along `axis`.

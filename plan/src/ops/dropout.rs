@@ -1,7 +1,6 @@
 //! Attributes of `dropout` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::{Shape, SplitMix64};
 use serde::{Deserialize, Serialize};
 
 /// `x · mask / (1 - p)`, where element `i` is kept iff the `i`-th output of

@@ -1,7 +1,5 @@
 //! Attributes of `embedding` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// `table[ids]`: table `[V, D]` (float), ids of any shape (i64, each in `0..V`), output

@@ -1,7 +1,6 @@
 //! Attributes of `fill` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::TensorMeta;
 use serde::{Deserialize, Serialize};
 
 /// Every element `value`, of shape and dtype `meta`. No inputs.

@@ -1,7 +1,5 @@
 //! Attributes of `layer_norm` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// `(x - mean) / √(var + eps) · gamma + beta` over the last axis of `x` (`[..., D]`), with

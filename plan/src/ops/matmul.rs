@@ -1,7 +1,5 @@
 //! Attributes of `matmul` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// `op(a) · op(b)`, where `op` transposes the last two axes of an operand whose flag is set.

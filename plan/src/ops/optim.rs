@@ -1,7 +1,5 @@
 //! Attributes of `optim` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// A learning-rate schedule, evaluated from the step counter (starting at 1).

@@ -1,8 +1,7 @@
 //! Attributes of `permute` ops.
 
 use super::axis_index;
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::Shape;
 use serde::{Deserialize, Serialize};
 
 /// Output axis `i` is input axis `perm[i]`; `perm` is a permutation of the input's axes

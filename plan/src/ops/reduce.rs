@@ -1,7 +1,6 @@
 //! Attributes of `reduce` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::Shape;
 use serde::{Deserialize, Serialize};
 
 /// Which reduction.

@@ -1,7 +1,6 @@
 //! Attributes of `reduce_to` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::Shape;
 use serde::{Deserialize, Serialize};
 
 /// Sums a tensor down to a shape it broadcasts from.

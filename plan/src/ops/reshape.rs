@@ -1,7 +1,6 @@
 //! Attributes of `reshape` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::Shape;
 use serde::{Deserialize, Serialize};
 
 /// Reshapes its input to these dimensions; at most one may be -1, which takes whatever

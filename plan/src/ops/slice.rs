@@ -1,8 +1,7 @@
 //! Attributes of `slice` ops.
 
 use super::axis_index;
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
+use crate::Shape;
 use serde::{Deserialize, Serialize};
 
 /// Elements `start..end` of axis `axis`: `start < end`, and `end` at most the axis' size.

@@ -1,7 +1,5 @@
 //! Attributes of `softmax` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// `e^x / Σ e^x` along `axis` (negative: from the end).

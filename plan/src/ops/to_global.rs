@@ -1,7 +1,5 @@
 //! Attributes of `to_global` ops.
 
-#[allow(unused_imports)]
-use crate::{DType, Shape, SplitMix64, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// `to_global`: the identity, whose output has a pinned layout (boxing goes before it).
