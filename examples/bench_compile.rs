@@ -106,17 +106,15 @@ fn run(config: GptConfig, meshes: &[Mesh], micro: usize, build: bool) -> Result<
     let t3 = Instant::now();
     let plan = Plan::from_json(&json)?;
     let t4 = Instant::now();
+    let mut run = summary(&compiled.plan, json.len(), [t0, t1, t2, t3, t4]);
     if build {
+        let start = Instant::now();
         let mut job = Job::builder(plan).build()?;
-        let built = Instant::now();
+        run.build = start.elapsed().as_secs_f64();
         job.graph_feeds()?.close()?;
         job.wait()?;
-        return Ok(Run {
-            build: (built - t4).as_secs_f64(),
-            ..summary(&compiled.plan, json.len(), [t0, t1, t2, t3, t4])
-        });
     }
-    Ok(summary(&compiled.plan, json.len(), [t0, t1, t2, t3, t4]))
+    Ok(run)
 }
 
 /// The phases' seconds from their start times (job build not measured: 0).

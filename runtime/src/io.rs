@@ -65,19 +65,28 @@ impl Feeder {
     /// Pushes one piece. Waits while the source already holds as many pieces as it has
     /// buffers (its register count plus one): that is the job's backpressure.
     pub fn push(&mut self, piece: &[u8]) -> Result<(), RuntimeError> {
+        self.push_with(piece.len(), |buffer| buffer.extend_from_slice(piece))
+    }
+
+    /// Pushes one piece of `bytes` bytes that `write` appends to an empty pooled buffer,
+    /// so a caller that produces the bytes (a typed feed cutting its part) needs no buffer
+    /// of its own. Checks and waits as [`Feeder::push`] does.
+    pub(crate) fn push_with(&mut self, bytes: usize, write: impl FnOnce(&mut Vec<u8>)) -> Result<(), RuntimeError> {
         if self.closed {
             return Err(RuntimeError::FeedClosed { source_name: self.name.clone() });
         }
-        if piece.len() as u64 != self.bytes {
-            return Err(RuntimeError::FeedSize {
-                source_name: self.name.clone(),
-                got: piece.len(),
-                expected: self.bytes,
-            });
+        if bytes as u64 != self.bytes {
+            return Err(RuntimeError::FeedSize { source_name: self.name.clone(), got: bytes, expected: self.bytes });
         }
         let mut buffer = self.pool.recv().map_err(|_| RuntimeError::Stopped)?;
         buffer.clear();
-        buffer.extend_from_slice(piece);
+        write(&mut buffer);
+        assert_eq!(
+            buffer.len(),
+            bytes,
+            "feeder '{}': the piece written is not the size announced (broken invariant)",
+            self.name
+        );
         self.data.send(buffer).map_err(|_| RuntimeError::Stopped)?;
         self.command(Cmd::Feed)
     }
