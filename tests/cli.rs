@@ -5,51 +5,10 @@ use regflow::graph::plan::{CollectiveConf, CollectiveOp};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{DType, Graph, Init, Optimizer, ParallelOptions};
 use regflow::prelude::*;
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
-/// A fresh directory for one test's files.
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli").join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Runs `regflow` with these arguments and, if given, this stdin.
-fn regflow(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_regflow"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    child.wait_with_output().unwrap()
-}
-
-/// Stdout of a run that must succeed.
-fn success(args: &[&str]) -> String {
-    let out = regflow(args, None);
-    assert!(out.status.success(), "regflow {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Stderr of a run that must fail (not by a panic).
-fn failure(args: &[&str], stdin: Option<&str>) -> String {
-    let out = regflow(args, stdin);
-    assert!(!out.status.success(), "regflow {args:?} should fail");
-    assert_eq!(out.status.code(), Some(1), "regflow {args:?} should exit with 1");
-    assert!(out.stdout.is_empty());
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(stderr.starts_with("error: "), "{stderr}");
-    stderr
-}
+mod common;
+use common::{failure, regflow, success, temp_dir};
 
 /// Two cpu devices with a compute and a comm stream each. Per rank `r`: `src@r` makes a
 /// 64-byte gradient (×2) and a zero-byte tick; `allreduce@r` sums the gradients over both
@@ -115,7 +74,7 @@ fn show_prints_per_device_streams_actors_collectives_and_peak_memory() {
     let report = plan.memory().unwrap().report();
     assert_eq!(report.bytes_of("node0/cpu:0"), Some(448));
     assert_eq!(report.bytes_of("node0/cpu:1"), Some(320));
-    let dir = temp_dir("show");
+    let dir = temp_dir("cli", "show");
     let path = write(&dir, "plan.json", &plan.to_json());
     let text = success(&["plan", "show", &path]);
     let expected = format!(
@@ -156,7 +115,7 @@ total
 
 #[test]
 fn show_actors_lists_every_input_and_output_with_its_register_count() {
-    let dir = temp_dir("show_actors");
+    let dir = temp_dir("cli", "show_actors");
     let path = write(&dir, "plan.json", &two_device_plan().to_json());
     let text = success(&["plan", "show", "--actors", &path]);
     let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
@@ -174,7 +133,7 @@ fn show_actors_lists_every_input_and_output_with_its_register_count() {
 
 #[test]
 fn dot_draws_devices_as_clusters_with_register_counts_and_boxing_highlighted() {
-    let dir = temp_dir("dot");
+    let dir = temp_dir("cli", "dot");
     let path = write(&dir, "plan.json", &two_device_plan().to_json());
     let dot = success(&["plan", "dot", &path]);
     assert!(dot.starts_with("digraph plan {\n") && dot.ends_with("}\n"), "{dot}");
@@ -210,7 +169,7 @@ fn dot_draws_devices_as_clusters_with_register_counts_and_boxing_highlighted() {
 
 #[test]
 fn dot_output_file_and_stdin_give_the_same_graph() {
-    let dir = temp_dir("dot_output");
+    let dir = temp_dir("cli", "dot_output");
     let json = two_device_plan().to_json();
     let path = write(&dir, "plan.json", &json);
     let out = dir.join("plan.dot");
@@ -236,7 +195,7 @@ fn dot_escapes_quotes_and_backslashes_in_names() {
     let x = b.regst("x\\y", src, 4, 1);
     let sink = b.actor("sink", s, ActorKind::Sink);
     b.consume(sink, x);
-    let dir = temp_dir("dot_escape");
+    let dir = temp_dir("cli", "dot_escape");
     let path = write(&dir, "plan.json", &b.build().unwrap().to_json());
     let dot = success(&["plan", "dot", &path]);
     assert!(dot.contains(r#"a0 [label="say \"hi\"\nsource (fed)""#), "{dot}");
@@ -245,7 +204,7 @@ fn dot_escapes_quotes_and_backslashes_in_names() {
 
 #[test]
 fn missing_file_is_an_error_naming_the_file() {
-    let dir = temp_dir("missing");
+    let dir = temp_dir("cli", "missing");
     let path = dir.join("nope.json");
     let path = path.to_str().unwrap();
     for command in ["show", "dot"] {
@@ -256,7 +215,7 @@ fn missing_file_is_an_error_naming_the_file() {
 
 #[test]
 fn invalid_json_is_an_error_naming_the_file() {
-    let dir = temp_dir("bad_json");
+    let dir = temp_dir("cli", "bad_json");
     let path = write(&dir, "broken.json", "{ \"schema_version\": 1, ");
     let stderr = failure(&["plan", "show", &path], None);
     assert!(stderr.contains(&format!("{path} is not a valid plan: plan file is not valid JSON")), "{stderr}");
@@ -266,7 +225,7 @@ fn invalid_json_is_an_error_naming_the_file() {
 
 #[test]
 fn plan_that_fails_validation_is_an_error_naming_the_problem() {
-    let dir = temp_dir("invalid_plan");
+    let dir = temp_dir("cli", "invalid_plan");
     // A collective group with a rank nobody issues.
     let mut plan = two_device_plan();
     if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &mut plan.actors[6].kind {
@@ -310,7 +269,7 @@ fn compiled_data_parallel_plan_shows_both_devices_and_their_all_reduces() {
     let step = g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).unwrap();
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step)).unwrap();
     let report = compiled.plan.memory().unwrap().report();
-    let dir = temp_dir("compiled");
+    let dir = temp_dir("cli", "compiled");
     let path = write(&dir, "dp2.json", &compiled.plan.to_json());
 
     let text = success(&["plan", "show", &path]);

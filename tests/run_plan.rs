@@ -15,9 +15,11 @@ use regflow::graph::{
     SplitMix64,
 };
 use regflow::prelude::*;
+
+mod common;
+use common::{failure, regflow, temp_dir};
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 const FEATURES: usize = 64;
 const BATCH: usize = 32;
@@ -27,14 +29,6 @@ const RECORD_FILE: &str = "digits.records";
 const GPT: GptConfig = GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32 };
 const GPT_BATCH: usize = 4;
 const VOCAB: usize = 13;
-
-/// A fresh directory under target/tmp for one test's files.
-fn temp_dir(test: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("run_plan").join(test);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn path_str(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -198,13 +192,9 @@ fn losses_in_process(plan: &Plan, data_dir: &Path, steps: Option<&[Vec<(String, 
     losses
 }
 
-fn regflow(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_regflow")).args(args).output().unwrap()
-}
-
 /// The losses `regflow run` prints: `step k loss v` per line, `k` counting from 0.
 fn losses_from_cli(args: &[&str]) -> Vec<f32> {
-    let out = regflow(args);
+    let out = regflow(args, None);
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "regflow {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     stdout
@@ -223,20 +213,9 @@ fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|v| v.to_bits()).collect()
 }
 
-/// Stderr of a run that must fail with exit code 1, not by a panic.
-fn failure(args: &[&str]) -> String {
-    let out = regflow(args);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(1), "regflow {args:?} should exit with 1: {stderr}");
-    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(stderr.starts_with("error: "), "{stderr}");
-    stderr
-}
-
 #[test]
 fn dataset_plan_prints_the_losses_it_computes_in_process_bit_for_bit() {
-    let dir = temp_dir("dataset");
+    let dir = temp_dir("run_plan", "dataset");
     std::fs::write(dir.join(RECORD_FILE), digits_records()).unwrap();
     let compiled = digits_plan(Some(6));
     assert!(compiled.plan.signature.inputs.is_empty(), "the dataset source feeds x and y");
@@ -250,10 +229,10 @@ fn dataset_plan_prints_the_losses_it_computes_in_process_bit_for_bit() {
     assert_eq!(bits(&losses_from_cli(&["run", path_str(&plan_path)])), bits(&expected));
 
     // Elsewhere, with --data-dir; --steps runs the first batches; threads change no bits.
-    let elsewhere = temp_dir("dataset_elsewhere");
+    let elsewhere = temp_dir("run_plan", "dataset_elsewhere");
     let moved = elsewhere.join("digits.json");
     std::fs::copy(&plan_path, &moved).unwrap();
-    let stderr = failure(&["run", path_str(&moved)]);
+    let stderr = failure(&["run", path_str(&moved)], None);
     assert!(stderr.contains("dataset") && stderr.contains(RECORD_FILE), "{stderr}");
     let args = ["run", path_str(&moved), "--data-dir", path_str(&dir), "--steps", "3", "--threads", "2"];
     assert_eq!(bits(&losses_from_cli(&args)), bits(&expected[..3]));
@@ -261,7 +240,7 @@ fn dataset_plan_prints_the_losses_it_computes_in_process_bit_for_bit() {
 
 #[test]
 fn parallel_gpt_fed_from_a_feeds_file_prints_the_losses_it_computes_in_process_bit_for_bit() {
-    let dir = temp_dir("gpt");
+    let dir = temp_dir("run_plan", "gpt");
     let compiled = gpt_plan();
     assert_eq!(compiled.plan.devices.len(), 4);
     let collectives = compiled
@@ -313,7 +292,7 @@ fn first_layer(plan: &mut Plan) -> (String, &mut OpConf) {
 
 #[test]
 fn bad_plan_files_are_errors_naming_the_actor() {
-    let dir = temp_dir("bad_plans");
+    let dir = temp_dir("run_plan", "bad_plans");
     std::fs::write(dir.join(RECORD_FILE), digits_records()).unwrap();
     let plan = digits_plan(Some(2)).plan;
     let json = plan.to_json();
@@ -321,7 +300,7 @@ fn bad_plan_files_are_errors_naming_the_actor() {
     // Truncated JSON: where it ends.
     let path = dir.join("truncated.json");
     std::fs::write(&path, &json[..json.len() / 2]).unwrap();
-    let stderr = failure(&["run", path_str(&path)]);
+    let stderr = failure(&["run", path_str(&path)], None);
     let head = format!(
         "error: {} is not a valid plan: plan file is not valid JSON for a plan: EOF while parsing",
         path_str(&path)
@@ -331,13 +310,13 @@ fn bad_plan_files_are_errors_naming_the_actor() {
     // Another schema version: the one found and the one expected.
     let path = dir.join("schema.json");
     std::fs::write(&path, json.replacen("\"schema_version\": 2", "\"schema_version\": 7", 1)).unwrap();
-    let stderr = failure(&["run", path_str(&path)]);
+    let stderr = failure(&["run", path_str(&path)], None);
     assert!(stderr.contains("plan schema version 7 is not supported: this build reads version 2"), "{stderr}");
 
     // An unknown device kind: the device, the variant, and where.
     let path = dir.join("device.json");
     std::fs::write(&path, json.replacen("\"kind\": \"cpu\"", "\"kind\": \"tpu\"", 1)).unwrap();
-    let stderr = failure(&["run", path_str(&path)]);
+    let stderr = failure(&["run", path_str(&path)], None);
     assert!(
         stderr.contains("is not a valid plan: plan file: device 0: unknown variant `tpu`, expected one of `cpu`, `sim`, `cuda` (line "),
         "{stderr}"
@@ -347,7 +326,7 @@ fn bad_plan_files_are_errors_naming_the_actor() {
     let mut typo = plan.clone();
     let (actor, op) = first_layer(&mut typo);
     op.op_type = "mtamul".into();
-    let stderr = failure(&["run", &write_plan(&dir, "typo.json", &typo)]);
+    let stderr = failure(&["run", &write_plan(&dir, "typo.json", &typo)], None);
     assert!(
         stderr.contains(&format!(
             "actor '{actor}': no kernel is registered for op 'mtamul' on device kind cpu with dtype f32; no device \
@@ -360,7 +339,7 @@ fn bad_plan_files_are_errors_naming_the_actor() {
     let mut attrs = plan.clone();
     let (actor, op) = first_layer(&mut attrs);
     op.attrs = serde_json::json!({ "transpose_a": "yes", "transpose_b": false });
-    let stderr = failure(&["run", &write_plan(&dir, "attrs.json", &attrs)]);
+    let stderr = failure(&["run", &write_plan(&dir, "attrs.json", &attrs)], None);
     assert!(stderr.contains(&format!("actor '{actor}': the attributes of op 'matmul' do not parse")), "{stderr}");
     assert!(stderr.contains("\"transpose_a\":\"yes\""), "{stderr}");
 
@@ -369,7 +348,7 @@ fn bad_plan_files_are_errors_naming_the_actor() {
     let mut metas = plan.clone();
     let (actor, op) = first_layer(&mut metas);
     op.inputs[1].shape = [128, FEATURES].into();
-    let stderr = failure(&["run", &write_plan(&dir, "metas.json", &metas)]);
+    let stderr = failure(&["run", &write_plan(&dir, "metas.json", &metas)], None);
     assert!(
         stderr.contains(&format!(
             "actor '{actor}': op 'matmul': inner dimensions differ: [{BATCH}, 64] x [128, 64] (64 vs 128)"
@@ -382,7 +361,7 @@ fn bad_plan_files_are_errors_naming_the_actor() {
     let variable = region.variables.iter_mut().find(|v| v.name == "w1").unwrap();
     variable.region = Region { offsets: vec![1, 0], shape: vec![64, 128], zeros: false };
     let name = variable.name.clone();
-    let stderr = failure(&["run", &write_plan(&dir, "region.json", &region)]);
+    let stderr = failure(&["run", &write_plan(&dir, "region.json", &region)], None);
     assert!(
         stderr.contains(&format!(
             "variable '{name}' has its part at offsets [1, 0] of shape [64, 128], which does not fit the variable's \
@@ -394,7 +373,7 @@ fn bad_plan_files_are_errors_naming_the_actor() {
 
 #[test]
 fn feeds_that_do_not_fit_the_signature_are_errors_naming_the_input_and_both_shapes() {
-    let dir = temp_dir("bad_feeds");
+    let dir = temp_dir("run_plan", "bad_feeds");
     let compiled = digits_plan(None);
     let inputs: Vec<&str> = compiled.plan.signature.inputs.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(inputs, ["x", "y"]);
@@ -414,13 +393,13 @@ fn feeds_that_do_not_fit_the_signature_are_errors_naming_the_input_and_both_shap
     let good = feeds("good.safetensors", vec![("x", x(3, BATCH)), ("y", y(3))]);
     assert_eq!(losses_from_cli(&["run", &plan, "--feeds", &good]).len(), 3);
 
-    let stderr = failure(&["run", &plan]);
+    let stderr = failure(&["run", &plan], None);
     assert!(
         stderr.contains(&format!("cannot run {plan}: it has fed inputs (x, y) and no --feeds file gives their values")),
         "{stderr}"
     );
     let path = feeds("missing.safetensors", vec![("x", x(3, BATCH))]);
-    let stderr = failure(&["run", &plan, "--feeds", &path]);
+    let stderr = failure(&["run", &plan, "--feeds", &path], None);
     assert!(
         stderr
             .contains(&format!("feeds file {path}: it has no tensor 'y' for input 'y' (i64[32]); it holds tensors x")),
@@ -430,7 +409,7 @@ fn feeds_that_do_not_fit_the_signature_are_errors_naming_the_input_and_both_shap
         "dtype.safetensors",
         vec![("x", x(3, BATCH)), ("y", HostArray::f32([3, BATCH], vec![1.0; 3 * BATCH]).unwrap())],
     );
-    let stderr = failure(&["run", &plan, "--feeds", &path]);
+    let stderr = failure(&["run", &plan, "--feeds", &path], None);
     assert!(
         stderr.contains(
             "tensor 'y' holds f32 values, but input 'y' is i64[32]: the tensor needs i64 values of shape [steps, 32]"
@@ -438,7 +417,7 @@ fn feeds_that_do_not_fit_the_signature_are_errors_naming_the_input_and_both_shap
         "{stderr}"
     );
     let path = feeds("shape.safetensors", vec![("x", x(3, 16)), ("y", y(3))]);
-    let stderr = failure(&["run", &plan, "--feeds", &path]);
+    let stderr = failure(&["run", &plan, "--feeds", &path], None);
     assert!(
         stderr.contains(
             "tensor 'x' has shape [3, 16, 64], but input 'x' has shape [32, 64]: the tensor needs shape [steps, 32, 64]"
@@ -446,22 +425,22 @@ fn feeds_that_do_not_fit_the_signature_are_errors_naming_the_input_and_both_shap
         "{stderr}"
     );
     let path = feeds("steps.safetensors", vec![("x", x(3, BATCH)), ("y", y(2))]);
-    let stderr = failure(&["run", &plan, "--feeds", &path]);
+    let stderr = failure(&["run", &plan, "--feeds", &path], None);
     assert!(
         stderr
             .contains("tensor 'y' has 2 steps (rows) but tensor 'x' has 3: every input needs the same number of steps"),
         "{stderr}"
     );
     let path = feeds("extra.safetensors", vec![("x", x(3, BATCH)), ("y", y(3)), ("yy", y(3))]);
-    let stderr = failure(&["run", &plan, "--feeds", &path]);
+    let stderr = failure(&["run", &plan, "--feeds", &path], None);
     assert!(
         stderr.contains("tensor 'yy' is not an input of the plan (its inputs: x, y; did you mean 'y'?)"),
         "{stderr}"
     );
-    let stderr = failure(&["run", &plan, "--feeds", &good, "--steps", "5"]);
+    let stderr = failure(&["run", &plan, "--feeds", &good, "--steps", "5"], None);
     assert!(stderr.contains("it holds 3 steps, fewer than the 5 that --steps asks for"), "{stderr}");
     let path = dir.join("nope.safetensors");
-    let stderr = failure(&["run", &plan, "--feeds", path_str(&path)]);
+    let stderr = failure(&["run", &plan, "--feeds", path_str(&path)], None);
     assert!(stderr.contains(&format!("feeds file {}: cannot read it: ", path_str(&path))), "{stderr}");
 
     // A signature input whose part names an actor that is not a fed source.
@@ -469,7 +448,7 @@ fn feeds_that_do_not_fit_the_signature_are_errors_naming_the_input_and_both_shap
     let sink = wrong.signature.outputs[0].actor;
     wrong.signature.inputs[1].parts[0].actor = sink;
     let path = write_plan(&dir, "signature.json", &wrong);
-    let stderr = failure(&["run", &path, "--feeds", &good]);
+    let stderr = failure(&["run", &path, "--feeds", &good], None);
     assert!(
         stderr.contains(
             "input 'y' of the signature has part 0 fed to actor 'fetch:0', a sink actor; the parts of an input must \
@@ -481,11 +460,11 @@ fn feeds_that_do_not_fit_the_signature_are_errors_naming_the_input_and_both_shap
 
 #[test]
 fn plans_that_only_their_program_can_run_are_refused_with_the_reason() {
-    let dir = temp_dir("not_by_itself");
+    let dir = temp_dir("run_plan", "not_by_itself");
     std::fs::write(dir.join(RECORD_FILE), digits_records()).unwrap();
     let plan = digits_plan(Some(2)).plan;
     let path = write_plan(&dir, "digits.json", &plan);
-    let stderr = failure(&["run", &path, "--feeds", "feeds.safetensors"]);
+    let stderr = failure(&["run", &path, "--feeds", "feeds.safetensors"], None);
     assert!(
         stderr.contains(&format!(
             "cannot run {path}: --feeds feeds.safetensors was given, but the plan has no fed inputs"
@@ -497,7 +476,7 @@ fn plans_that_only_their_program_can_run_are_refused_with_the_reason() {
     let source = custom.actor_by_name("dataset").unwrap();
     custom.actors[source.index()].kind =
         ActorKind::Source { pieces: SourcePieces::Custom { count: 2, kernel: "digits".into() } };
-    let stderr = failure(&["run", &write_plan(&dir, "custom.json", &custom)]);
+    let stderr = failure(&["run", &write_plan(&dir, "custom.json", &custom)], None);
     assert!(
         stderr.contains("source 'dataset' gets its pieces from kernel 'digits', which only the program that built the plan registers"),
         "{stderr}"
@@ -505,6 +484,6 @@ fn plans_that_only_their_program_can_run_are_refused_with_the_reason() {
 
     let mut silent = plan.clone();
     silent.signature.outputs.clear();
-    let stderr = failure(&["run", &write_plan(&dir, "silent.json", &silent)]);
+    let stderr = failure(&["run", &write_plan(&dir, "silent.json", &silent)], None);
     assert!(stderr.contains("its signature has no outputs, so there is nothing to print"), "{stderr}");
 }

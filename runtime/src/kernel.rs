@@ -34,7 +34,7 @@ impl JobKernels {
         self.collectives.clone()
     }
 
-    /// Builds the kernel a plan names for an actor on a device of kind `device`.
+    /// Builds the kernel a plan names for the actor `spec` describes (on its device kind).
     pub(crate) fn make(&self, conf: &KernelConf, spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
         match conf {
             KernelConf::Collective(conf) => self.collectives.make_kernel(conf, spec),

@@ -1,0 +1,48 @@
+//! Helpers of the tests that run the `regflow` binary: a scratch directory per test, and
+//! runs that must succeed or fail cleanly (exit code 1, an `error:` sentence, no panic).
+#![allow(dead_code)] // each test file uses some of them
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+/// A fresh directory under target/tmp for the files of test `test` of file `group`.
+pub(crate) fn temp_dir(group: &str, test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(group).join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `regflow` with these arguments and, if given, this stdin.
+pub(crate) fn regflow(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_regflow"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+/// Stdout of a run that must succeed.
+pub(crate) fn success(args: &[&str]) -> String {
+    let out = regflow(args, None);
+    assert!(out.status.success(), "regflow {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Stderr of a run that must fail with exit code 1, not by a panic.
+pub(crate) fn failure(args: &[&str], stdin: Option<&str>) -> String {
+    let out = regflow(args, stdin);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "regflow {args:?} should exit with 1: {stderr}");
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    stderr
+}
