@@ -4,8 +4,8 @@
 use super::{Lowering, OpActors, ReadOf};
 use crate::compile::error::CompileError;
 use crate::compile::layout::NdSignature;
-use crate::dsl::{Node, TensorId};
 use crate::compile::step::Rate;
+use crate::dsl::{Node, TensorId};
 use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, RegstDescId};
 use crate::sbp::NdSbp;
 

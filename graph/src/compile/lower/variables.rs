@@ -12,8 +12,7 @@
 use super::{Lowering, ReadOf};
 use crate::compile::error::CompileError;
 use crate::dsl::{TensorId, TensorSource};
-use crate::init::Init;
-use crate::plan::{ActorIndex, ActorKind, KernelConf, RegstDescId, VariableDesc};
+use crate::plan::{ActorIndex, ActorKind, Init, KernelConf, RegstDescId, VariableDesc};
 use crate::sbp::{part_region, NdSbp};
 
 /// The loop registers of every variable the step needs.
