@@ -2,8 +2,8 @@
 //! variable, optimizer state included, so training resumes exactly where it stopped.
 
 use crate::dsl::{TensorId, TensorSource};
+use crate::plan::{DType, HostArray, HostData, Shape};
 use crate::session::Session;
-use crate::tensor::{DType, HostArray, HostData, Shape};
 use crate::GraphError;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::path::Path;

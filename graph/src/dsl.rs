@@ -2,10 +2,9 @@
 //! cheap handle into it whose op methods (defined next to each op in `ops/`) return
 //! `Result`, so a bad shape or dtype is reported where the graph is built.
 
-use crate::init::Init;
 use crate::ops::OpDef;
+use crate::plan::{DType, Init, Shape, TensorMeta};
 use crate::sbp::{Mesh, NdSbp};
-use crate::tensor::{DType, Shape, TensorMeta};
 use crate::GraphError;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};

@@ -2,7 +2,7 @@
 //! computations. It is the ground truth for gradient checks and for the compiled plans.
 
 use crate::dsl::{Graph, Tensor, TensorSource};
-use crate::tensor::{HostArray, HostTensor, HostTensorMut};
+use crate::plan::{HostArray, HostTensor, HostTensorMut};
 use crate::GraphError;
 
 impl Graph {

@@ -46,12 +46,3 @@ pub use regflow_plan::{
     SplitMix64, TensorMeta,
 };
 pub use session::Session;
-
-/// The plan's tensor types under their old path, for the graph's own modules.
-pub(crate) mod tensor {
-    pub(crate) use regflow_plan::*;
-}
-/// The plan's initializers under their old path.
-pub(crate) mod init {
-    pub(crate) use regflow_plan::Init;
-}

@@ -9,9 +9,8 @@
 //! step k wrote.
 
 use crate::dsl::{Graph, Tensor};
-use crate::init::Init;
 use crate::ops::{GradCtx, InputGrads, OpDef};
-use crate::tensor::{DType, Shape, TensorMeta};
+use crate::plan::{DType, Init, Shape, TensorMeta};
 use crate::GraphError;
 use regflow_plan::ops::{ClipFactor, LearningRate, NextStep, Update};
 pub use regflow_plan::ops::{OptimizerKind, Schedule};

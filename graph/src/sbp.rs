@@ -8,8 +8,7 @@
 //! On an n-d mesh the axes apply in order: axis 0 splits the logical tensor, axis 1 splits
 //! what axis 0 left, and so on (two axes may split one dimension; the parts nest).
 
-use crate::plan::DeviceKind;
-use crate::tensor::{HostArray, Shape, TensorMeta};
+use crate::plan::{DeviceKind, HostArray, Shape, TensorMeta};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::ops::Range;

@@ -4,7 +4,7 @@
 
 use crate::dsl::{Graph, Tensor, TensorId, TensorSource};
 use crate::optim::TrainStep;
-use crate::tensor::HostArray;
+use crate::plan::HostArray;
 use crate::GraphError;
 use std::collections::HashMap;
 

@@ -12,9 +12,8 @@ use super::lower::{Lowering, OpActors};
 use super::options::PipelineSchedule;
 use super::step::Rate;
 use crate::dsl::TensorId;
-use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, RegstDescId};
+use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, RegstDescId, TensorMeta};
 use crate::sbp::NdSbp;
-use crate::tensor::TensorMeta;
 
 impl Lowering<'_> {
     /// Device `slot`'s tick at `rate`: per micro-batch, its tick; per step (with several

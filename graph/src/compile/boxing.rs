@@ -7,8 +7,8 @@
 //! then to their targets from the coarsest to the finest ([`steps`]).
 
 use crate::ops::{GradCtx, InputGrads, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{part_range, NdSbp, Sbp};
-use crate::tensor::TensorMeta;
 use crate::GraphError;
 pub use regflow_plan::ops::{KeepOnFirst, TakePart};
 

@@ -6,6 +6,7 @@
 
 use super::lower::Lowering;
 use crate::plan::ActorIndex;
+use std::collections::HashMap;
 
 /// Which comm stream of its device a collective runs on. A collective holds its stream
 /// until its group arrives, so collectives that 1F1B interleaves differently on different
@@ -35,12 +36,15 @@ pub(crate) struct Issued {
 /// after micro-batch). Returns the collective groups in that order.
 pub(crate) fn order_collectives(low: &mut Lowering<'_>) -> Vec<String> {
     low.issued.sort_by_key(|i| i.key);
+    // Chains in order of their first collective, found by stream.
     let mut chains: Vec<((usize, Phase), Vec<ActorIndex>)> = Vec::new();
+    let mut chain_of: HashMap<(usize, Phase), usize> = HashMap::new();
     for i in &low.issued {
-        match chains.iter_mut().find(|(k, _)| *k == (i.slot, i.phase)) {
-            Some((_, chain)) => chain.push(i.actor),
-            None => chains.push(((i.slot, i.phase), vec![i.actor])),
-        }
+        let k = *chain_of.entry((i.slot, i.phase)).or_insert_with(|| {
+            chains.push(((i.slot, i.phase), Vec::new()));
+            chains.len() - 1
+        });
+        chains[k].1.push(i.actor);
     }
     for ((slot, phase), chain) in chains {
         let (Some(&first), Some(&last)) = (chain.first(), chain.last()) else { continue };
@@ -55,7 +59,7 @@ pub(crate) fn order_collectives(low: &mut Lowering<'_>) -> Vec<String> {
         low.b.preload(token, 1);
         low.b.consume(first, token);
     }
-    let mut groups = low.groups.clone();
+    let mut groups = std::mem::take(&mut low.groups);
     groups.sort_by_key(|(key, _)| *key);
     groups.into_iter().map(|(_, g)| g).collect()
 }

@@ -1,9 +1,8 @@
 //! What a compile returns: the self-contained plan, and the names a program feeds and
 //! fetches it by.
 
-use crate::plan::Plan;
+use crate::plan::{Plan, TensorMeta};
 use crate::sbp::{Mesh, NdSbp};
-use crate::tensor::TensorMeta;
 
 /// An input of the compiled plan: fed by the user, one value per step.
 #[derive(Debug, Clone)]

@@ -190,6 +190,8 @@ impl Lowering<'_> {
         let mesh = self.placement.meshes[mesh_index].clone();
         let (from, to) = (step.from.0[step.axis], step.to.0[step.axis]);
         let key = (self.facts.ready_at(self.graph, t), id);
+        // Group names start with `box{id}`, so only this step's groups can repeat one.
+        let first_group = self.groups.len();
         let mut outputs = Vec::with_capacity(mesh.size());
         for (rank, input) in inputs.iter().enumerate() {
             let slot = self.placement.slot(mesh_index, rank);
@@ -212,7 +214,7 @@ impl Lowering<'_> {
                 }
                 None => {
                     let conf = self.collective(t, step, &mesh, rank, id)?;
-                    if !self.groups.iter().any(|(_, g)| *g == conf.group) {
+                    if !self.groups[first_group..].iter().any(|(_, g)| *g == conf.group) {
                         self.groups.push((key, conf.group.clone()));
                     }
                     let phase = match rate {

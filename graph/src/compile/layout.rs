@@ -10,8 +10,8 @@ use super::placement::Placement;
 use super::step::StepFacts;
 use crate::dsl::{Graph, Node, TensorId, TensorSource};
 use crate::ops::{LocalContext, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{local_region, Mesh, NdSbp, Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use std::collections::HashMap;
 use std::sync::Arc;
 

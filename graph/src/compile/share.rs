@@ -4,7 +4,7 @@
 //! one order cannot serve).
 
 use super::error::CompileError;
-use crate::plan::{ActorKind, PlanBuilder, RegstDescId};
+use crate::plan::{ActorIndex, ActorKind, PlanBuilder, PlanIndex, RegstDesc, RegstDescId};
 
 /// Lets one-slot activation registers whose lifetimes do not overlap share memory.
 ///
@@ -14,7 +14,6 @@ use crate::plan::{ActorKind, PlanBuilder, RegstDescId};
 /// when step k has finished. On one stream that costs nothing (it runs serially anyway).
 /// Registers read by a sink, fed inputs and variables keep memory of their own.
 pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
-    use crate::plan::ActorIndex;
     let plan = b.plan_mut().clone();
     let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
     let computes: Vec<usize> = (0..plan.actors.len()).filter(|&a| is_compute(a)).collect();
@@ -23,7 +22,12 @@ pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
     }
     // Topological order of the compute actors over registers that are not preloaded
     // (Kahn's algorithm; ties by creation order, so the result is deterministic).
-    let order = topological(&plan, &computes, |a| (0, 0, a))?;
+    let index = PlanIndex::new(&plan);
+    // The registers `a` produces that order actors (those not preloaded).
+    let ordering_outputs = |a: usize| {
+        index.outputs_of(ActorIndex(a as u32)).iter().map(|r| &plan.regst_descs[r.index()]).filter(|d| d.preloaded == 0)
+    };
+    let order = topological(&plan, &computes, &ordering_outputs, |a| (0, 0, a))?;
     // With collectives (a parallel plan), a device's chain must not make its stream wait
     // for communication while it has other work: an actor that depends on more
     // collectives goes later, and among those waiting on collectives, the one whose
@@ -40,14 +44,14 @@ pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
         let mut waits = vec![(0usize, 0usize); plan.actors.len()];
         for &a in &order {
             let own = if is_collective(a) { (waits[a].0 + 1, position[a] + 1) } else { waits[a] };
-            for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && d.producer.index() == a) {
+            for desc in ordering_outputs(a) {
                 for c in desc.consumers.iter().map(|c| c.index()).filter(|&c| is_compute(c)) {
                     waits[c] = (waits[c].0.max(own.0), waits[c].1.max(own.1));
                 }
             }
             waits[a] = own;
         }
-        topological(&plan, &computes, |a| (waits[a].0, waits[a].1, a))?
+        topological(&plan, &computes, &ordering_outputs, |a| (waits[a].0, waits[a].1, a))?
     } else {
         order
     };
@@ -113,11 +117,13 @@ pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
     Ok(())
 }
 
-/// Kahn's algorithm over the compute actors and the registers that are not preloaded,
-/// taking the ready actor with the smallest `priority` first.
-fn topological(
+/// Kahn's algorithm over the compute actors and the registers that are not preloaded
+/// (`ordering_outputs` of an actor), taking the ready actor with the smallest `priority`
+/// first.
+fn topological<'p, I: Iterator<Item = &'p RegstDesc>>(
     plan: &crate::plan::Plan,
     computes: &[usize],
+    ordering_outputs: &impl Fn(usize) -> I,
     priority: impl Fn(usize) -> (usize, usize, usize),
 ) -> Result<Vec<usize>, CompileError> {
     let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
@@ -132,7 +138,7 @@ fn topological(
     let mut order = Vec::with_capacity(computes.len());
     while let Some((_, a)) = ready.pop_first() {
         order.push(a);
-        for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && d.producer.index() == a) {
+        for desc in ordering_outputs(a) {
             for c in desc.consumers.iter().filter(|c| is_compute(c.index())) {
                 indegree[c.index()] -= 1;
                 if indegree[c.index()] == 0 {

@@ -32,6 +32,8 @@ pub(crate) struct StepFacts {
     needed: Vec<bool>,
     paced: Vec<bool>,
     forward: Vec<bool>,
+    /// Fetched or an input of a needed op.
+    read: Vec<bool>,
     rate: Vec<Rate>,
     update_of: HashMap<TensorId, TensorId>,
 }
@@ -60,6 +62,15 @@ impl StepFacts {
         let forward = ancestors(&nodes, count, fetch.iter().map(|t| t.id()));
         let micro_batches = options.micro_batch_count();
         let rate = rates(graph, &nodes, &paced, fetch, options);
+        let mut read = vec![false; count];
+        for node in nodes.iter().filter(|node| node.outputs.iter().any(|o| needed[o.0 as usize])) {
+            for i in &node.inputs {
+                read[i.0 as usize] = true;
+            }
+        }
+        for t in fetch {
+            read[t.id().0 as usize] = true;
+        }
         Ok(Self {
             fetch: fetch.iter().map(|t| t.id()).collect(),
             updates: updates.iter().map(|(v, new)| (v.id(), new.id())).collect(),
@@ -71,6 +82,7 @@ impl StepFacts {
             needed,
             paced,
             forward,
+            read,
             rate,
         })
     }
@@ -112,7 +124,7 @@ impl StepFacts {
 
     /// Whether the step itself reads `t` (fetches it or feeds it to an op it runs).
     pub(crate) fn read_in_step(&self, t: TensorId) -> bool {
-        self.fetch.contains(&t) || self.needed_nodes().any(|(_, node)| node.inputs.contains(&t))
+        self.read[t.0 as usize]
     }
 
     /// Where `t`'s value becomes available in graph order: its producing node + 1, or 0

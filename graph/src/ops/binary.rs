@@ -1,8 +1,8 @@
 //! Elementwise `add`, `sub`, `mul`, `div` with numpy broadcasting.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::{Shape, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{Shape, TensorMeta};
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::{Binary, BinaryKind};
 

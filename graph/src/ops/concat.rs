@@ -1,8 +1,8 @@
 //! `concat`: joins tensors of one dtype along an axis on which alone their shapes differ.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::Concat;
 

@@ -2,8 +2,8 @@
 //! softmax(logits), computed with a stable log-sum-exp, and the op computing its gradient.
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{DType, GraphError, Tensor};
 use regflow_plan::ops::PartCrossEntropy;
 pub use regflow_plan::ops::{SparseCrossEntropy, SparseCrossEntropyGrad};

@@ -3,8 +3,8 @@
 //! the same elements.
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::Dropout;
 use regflow_plan::ops::DropoutPart;

@@ -2,8 +2,8 @@
 //! its gradient.
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::plan::{Shape, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{Shape, TensorMeta};
 use crate::{DType, GraphError, Tensor};
 use regflow_plan::ops::Rows;
 use regflow_plan::ops::VocabPart;

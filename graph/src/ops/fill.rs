@@ -1,8 +1,8 @@
 //! `fill`: a tensor of one value (the seed of backward passes, zeros, constants).
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::plan::{DType, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{DType, TensorMeta};
 use crate::{Graph, GraphError, Tensor};
 pub use regflow_plan::ops::Fill;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! all three of its gradients in one pass.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::{LayerNorm, LayerNormGrad};
 

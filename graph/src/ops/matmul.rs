@@ -2,8 +2,8 @@
 //! expressed as strides so that gradients read operands transposed instead of copying them.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::{Shape, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{Shape, TensorMeta};
 use crate::{GraphError, Tensor};
 use regflow_kernels::cpu::matmul::{describe, layout};
 pub use regflow_plan::ops::{MatMul, MatMulBatchSum};

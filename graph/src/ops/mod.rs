@@ -8,8 +8,8 @@
 //! kernels a job runs. Adding an op touches three files: its attributes in the plan, its
 //! meaning here, its CPU kernel (see docs/architecture.md).
 
+use crate::plan::TensorMeta;
 use crate::sbp::{NdSbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
 pub use regflow_kernels::{HostCompute, HostContext};
 pub use regflow_plan::OpAttrs;

@@ -1,8 +1,8 @@
 //! `permute` and `transpose`: reorder a tensor's axes, as a strided copy.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::{Shape, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{Shape, TensorMeta};
 use crate::{GraphError, Tensor};
 use regflow_plan::ops::axis_index;
 pub use regflow_plan::ops::Permute;

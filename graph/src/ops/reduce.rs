@@ -3,8 +3,8 @@
 
 use super::binary::operand_sbp;
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::plan::{Shape, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{Shape, TensorMeta};
 use crate::{GraphError, Tensor};
 use regflow_kernels::cpu::reduce::reduced_count;
 use regflow_plan::ops::PartMean;

@@ -2,8 +2,8 @@
 //! which may be -1 (inferred from the element count).
 
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
+use crate::plan::{Shape, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::{Shape, TensorMeta};
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::Reshape;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! slice back into zeros of the full shape.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::{Slice, SliceGrad};
 

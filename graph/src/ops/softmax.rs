@@ -2,8 +2,8 @@
 //! subtracted before exponentiating), and the ops that compute their gradients.
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
 use regflow_kernels::cpu::softmax::Lanes;
 pub use regflow_plan::ops::{LogSoftmax, Softmax, SoftmaxGrad};

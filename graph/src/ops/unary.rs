@@ -3,8 +3,8 @@
 //! gradients use (`step`, `gelu_derivative`).
 
 use super::{GradCtx, InputGrads, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::{Unary, UnaryKind};
 

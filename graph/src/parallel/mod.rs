@@ -9,8 +9,8 @@ pub use crate::compile::boxing::{KeepOnFirst, TakePart};
 pub use crate::compile::{Accumulate, DatasetInputs, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule};
 use crate::dsl::Tensor;
 use crate::ops::{GradCtx, InputGrads, OpDef};
+use crate::plan::TensorMeta;
 use crate::sbp::{Mesh, NdSbp, Sbp, SbpSignature};
-use crate::tensor::TensorMeta;
 use crate::GraphError;
 pub use regflow_plan::ops::ToGlobal;
 

@@ -23,9 +23,10 @@ use super::options::{ParallelOptions, PipelineSchedule};
 use super::placement::Placement;
 use super::step::{Rate, StepFacts};
 use crate::dsl::{Graph, TensorId};
-use crate::plan::{ActorIndex, DeviceIndex, PlanBuilder, RegstDescId, StreamIndex, StreamKind, VariableDesc};
+use crate::plan::{
+    ActorIndex, DeviceIndex, PlanBuilder, RegstDescId, StreamIndex, StreamKind, TensorMeta, VariableDesc,
+};
 use crate::sbp::{local_meta, NdSbp};
-use crate::tensor::TensorMeta;
 use std::collections::HashMap;
 
 /// The form of a tensor a reader needs: in a layout, at a rate, on a mesh (by index). A

@@ -4,8 +4,9 @@
 use super::{Lowering, OpActors, ReadOf};
 use crate::compile::error::CompileError;
 use crate::compile::layout::NdSignature;
+use crate::compile::step::Rate;
 use crate::dsl::{Node, TensorId};
-use crate::plan::{ActorKind, KernelConf, OpConf, RegstDescId};
+use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, RegstDescId};
 use crate::sbp::NdSbp;
 
 /// One compute actor per device for every needed op, its output registers, and its reads:
@@ -18,7 +19,7 @@ pub(crate) fn lower_ops(low: &mut Lowering<'_>) -> Result<(), CompileError> {
         let mesh = low.placement.mesh_of(*first)?;
         let rate = facts.rate(*first);
         let (reads, input_map) = distinct_reads(node, sig);
-        let actors = op_actors(low, n, node, sig, input_map)?;
+        let actors = op_actors(low, n, node, sig, input_map, mesh, rate)?;
         for (t, layout) in reads {
             low.read(&actors, mesh, rate, ReadOf::Tensor(t, layout));
         }
@@ -50,19 +51,17 @@ fn distinct_reads(node: &Node, sig: &NdSignature) -> (Vec<(TensorId, NdSbp)>, Ve
     (reads, input_map)
 }
 
-/// The compute actors of node `n`, by rank, with their output registers recorded as the
-/// outputs' forms.
+/// The compute actors of node `n` (on mesh `mesh`, at `rate`: its first output's), by
+/// rank, with their output registers recorded as the outputs' forms.
 fn op_actors(
     low: &mut Lowering<'_>,
     n: usize,
     node: &Node,
     sig: &NdSignature,
     input_map: Vec<usize>,
-) -> Result<Vec<crate::plan::ActorIndex>, CompileError> {
-    let first =
-        node.outputs.first().copied().ok_or_else(|| CompileError::invariant(format!("node {n} has no outputs")))?;
-    let mesh = low.placement.mesh_of(first)?;
-    let rate = low.facts.rate(first);
+    mesh: usize,
+    rate: Rate,
+) -> Result<Vec<ActorIndex>, CompileError> {
     let size = low.placement.meshes[mesh].size();
     let op_name = node.op.name();
     let mut actors = Vec::with_capacity(size);

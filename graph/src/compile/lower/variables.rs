@@ -12,8 +12,7 @@
 use super::{Lowering, ReadOf};
 use crate::compile::error::CompileError;
 use crate::dsl::{TensorId, TensorSource};
-use crate::init::Init;
-use crate::plan::{ActorKind, KernelConf, RegstDescId, VariableDesc};
+use crate::plan::{ActorIndex, ActorKind, Init, KernelConf, RegstDescId, VariableDesc};
 use crate::sbp::{part_region, NdSbp};
 
 /// The loop registers of every variable the step needs.
@@ -100,18 +99,11 @@ fn assign_loop(
     layout: &NdSbp,
     mesh: usize,
 ) -> Result<Vec<(RegstDescId, RegstDescId)>, CompileError> {
-    let name = low.name(t);
     let size = low.placement.meshes[mesh].size();
     let mut actors = Vec::with_capacity(size);
     let mut regs = Vec::with_capacity(size);
     for rank in 0..size {
-        let slot = low.placement.slot(mesh, rank);
-        let bytes = low.local_meta(t, layout, mesh, rank).bytes() as u64;
-        let actor_name = low.on_device(&format!("assign:{name}"), slot);
-        let actor =
-            low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Copy });
-        let reg = low.b.regst(&low.on_device(&name, slot), actor, bytes, 2);
-        low.b.preload(reg, 1);
+        let (actor, reg, _) = loop_copy(low, "assign", t, layout, mesh, rank);
         actors.push(actor);
         regs.push((reg, reg));
     }
@@ -129,25 +121,39 @@ fn constant_loop(
     layout: &NdSbp,
     mesh: usize,
 ) -> Result<Vec<(RegstDescId, RegstDescId)>, CompileError> {
-    let name = low.name(t);
     let rate = low.facts.rate(t);
     let size = low.placement.meshes[mesh].size();
     let mut actors = Vec::with_capacity(size);
     let mut regs = Vec::with_capacity(size);
     for rank in 0..size {
-        let slot = low.placement.slot(mesh, rank);
-        let bytes = low.local_meta(t, layout, mesh, rank).bytes() as u64;
-        let actor_name = low.on_device(&format!("variable:{name}"), slot);
-        let actor =
-            low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Copy });
-        let state_name = low.on_device(&name, slot);
-        let state = low.b.regst(&state_name, actor, bytes, 2);
-        low.b.preload(state, 1);
+        let (actor, state, bytes) = loop_copy(low, "variable", t, layout, mesh, rank);
         low.b.consume(actor, state);
-        let value = low.b.regst(&format!("{state_name}.value"), actor, bytes, low.register_num(rate, mesh));
+        let value_name = format!("{}.value", low.b.plan_mut().regst_descs[state.index()].name);
+        let value = low.b.regst(&value_name, actor, bytes, low.register_num(rate, mesh));
         actors.push(actor);
         regs.push((state, value));
     }
     low.read(&actors, mesh, rate, ReadOf::Tick);
     Ok(regs)
+}
+
+/// The copy actor `role:<variable>` on rank `rank` of `mesh` and the two-slot loop
+/// register it writes (named after the variable, one slot preloaded with its initial
+/// value): `(actor, loop register, bytes of the variable's part)`.
+fn loop_copy(
+    low: &mut Lowering<'_>,
+    role: &str,
+    t: TensorId,
+    layout: &NdSbp,
+    mesh: usize,
+    rank: usize,
+) -> (ActorIndex, RegstDescId, u64) {
+    let name = low.name(t);
+    let slot = low.placement.slot(mesh, rank);
+    let bytes = low.local_meta(t, layout, mesh, rank).bytes() as u64;
+    let actor_name = low.on_device(&format!("{role}:{name}"), slot);
+    let actor = low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Copy });
+    let reg = low.b.regst(&low.on_device(&name, slot), actor, bytes, 2);
+    low.b.preload(reg, 1);
+    (actor, reg, bytes)
 }
