@@ -29,7 +29,7 @@ mod registry;
 
 pub use host::{HostCompute, HostContext, HostOpKernel};
 pub use io::{KernelIo, StreamContext};
-pub use registry::{nearest, KernelFactory, KernelKey, KernelRegistry, KernelSpec};
+pub use registry::{edit_distance, nearest, KernelFactory, KernelKey, KernelRegistry, KernelSpec};
 
 /// A kernel failure, with a message naming what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -201,24 +201,26 @@ fn check_metas(op: &OpConf, spec: &KernelSpec<'_>) -> Result<(), KernelError> {
 
 /// The candidate closest to `name` by edit distance, if it is close enough to be a typo.
 pub fn nearest<'a>(name: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    let distance = |a: &str, b: &str| {
-        let b: Vec<char> = b.chars().collect();
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.chars().enumerate() {
-            let mut previous = row[0];
-            row[0] = i + 1;
-            for (j, cb) in b.iter().enumerate() {
-                let substitution = previous + usize::from(ca != *cb);
-                previous = row[j + 1];
-                row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
-            }
-        }
-        row[b.len()]
-    };
     candidates
         .iter()
-        .map(|c| (distance(name, c), *c))
+        .map(|c| (edit_distance(name, c), *c))
         .filter(|(d, c)| *d <= (name.len().max(c.len()) / 3).max(2))
         .min()
         .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over characters: the edits that turn `a` into `b`.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
 }

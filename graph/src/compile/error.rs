@@ -146,28 +146,13 @@ impl CompileError {
 
 /// The candidate closest to `name` by edit distance (ties: the first).
 pub(crate) fn nearest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    candidates.into_iter().min_by_key(|c| edit_distance(name, c)).map(str::to_string)
-}
-
-/// Levenshtein distance over characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitute = diagonal + usize::from(ca != *cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
-        }
-    }
-    row[b.len()]
+    candidates.into_iter().min_by_key(|c| regflow_kernels::edit_distance(name, c)).map(str::to_string)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use regflow_kernels::edit_distance;
 
     #[test]
     fn the_nearest_name_has_the_fewest_edits() {

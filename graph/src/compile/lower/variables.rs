@@ -85,7 +85,7 @@ fn direct_loop(
     for reg in &regs {
         let desc = &mut low.b.plan_mut().regst_descs[reg.index()];
         desc.register_num = desc.register_num.max(2);
-        desc.preloaded = 1;
+        low.b.preload(*reg, 1);
     }
     Ok(regs.into_iter().map(|r| (r, r)).collect())
 }
