@@ -17,6 +17,7 @@ mod env;
 mod error;
 mod id;
 mod message;
+mod progress;
 mod regst;
 mod snapshot;
 
@@ -25,5 +26,6 @@ pub use env::{ActorEnv, Completion, EnvError, Firing, GroupPosition};
 pub use error::ActorError;
 pub use id::{ActorId, IdError, PlanIds, StreamId, MAX_ACTORS_PER_STREAM, MAX_DEVICES, MAX_STREAMS_PER_DEVICE};
 pub use message::{Body, Cmd, Message, RegstRef};
+pub use progress::{check_progress, firings_per_step, Deadlock, Progress, ProgressError, WaitEdge};
 pub use regst::MAX_CONSUMERS;
 pub use snapshot::{ActorSnapshot, WaitReason};

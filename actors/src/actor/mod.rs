@@ -169,6 +169,14 @@ impl Actor {
         }
     }
 
+    /// Makes a source with a piece limit (counted, custom, dataset) produce `pieces`
+    /// instead: the progress check runs a plan for a few steps, not for its whole length.
+    pub(crate) fn set_source_limit(&mut self, pieces: u64) {
+        if let KindState::Source { limit: Some(limit), .. } = &mut self.kind {
+            *limit = pieces;
+        }
+    }
+
     /// Launches whose kernels have not completed.
     pub fn pending_launches(&self) -> usize {
         self.pending.len()

@@ -94,6 +94,24 @@ pub enum CompileError {
         /// The register name.
         regst: String,
     },
+    /// An option with a value that means nothing (zero micro-batches, zero slots).
+    #[error("option `{option}` is {value}: {expected}")]
+    BadOption {
+        /// The option, as its field or method is named.
+        option: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// The emitted plan cannot make progress: a cycle of waits its register counts allow.
+    #[error("the compiled plan cannot run: {report}{}", hint.as_deref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    WouldDeadlock {
+        /// The progress check's report (who waits on whom, through which registers).
+        report: String,
+        /// The option that sizes the registers on the cycle, when one does.
+        hint: Option<String>,
+    },
     /// Something the earlier passes guarantee does not hold: a bug in the compiler.
     #[error("broken invariant of the compiler: {what}")]
     Invariant {

@@ -22,7 +22,9 @@
 //! 7. **discards** ([`lower::discard_unread`]): every register nobody reads gets a reader;
 //! 8. **memory sharing** ([`share`]): one-slot registers whose lifetimes do not overlap
 //!    share memory;
-//! 9. **emit** ([`emit`]): the validated plan and the names it is fed and fetched by.
+//! 9. **emit** ([`emit`]): the validated plan and the names it is fed and fetched by;
+//! 10. **progress** ([`progress`]): the proof that the plan runs: its actors, run serially
+//!     for two steps, all finish (a wait-for cycle the register counts allow is an error).
 //!
 //! Data, tensor and ZeRO-style parallelism are all layouts of the same graph: inputs
 //! `S(0)` and weights `B` give data parallelism (the weight gradients come out `P` and are
@@ -49,6 +51,7 @@ mod layout;
 mod lower;
 mod options;
 mod placement;
+mod progress;
 mod share;
 mod step;
 
@@ -97,6 +100,7 @@ fn compile_step(
     options: &ParallelOptions,
     scope: Scope,
 ) -> Result<CompiledGraph, CompileError> {
+    options.check()?;
     let facts = StepFacts::new(graph, fetch, updates, options)?;
     let placement = placement::place(graph, &facts, &options.mesh, scope)?;
     let layouts = layout::infer(graph, &facts, &placement, options, scope)?;
@@ -113,5 +117,7 @@ fn compile_step(
     if options.reuse_memory && facts.micro_batches == 1 {
         share::share_memory(&mut low.b)?;
     }
-    emit::emit(low, collectives, scope)
+    let compiled = emit::emit(low, collectives, scope)?;
+    progress::prove(&compiled.plan, options)?;
+    Ok(compiled)
 }

@@ -158,7 +158,26 @@ impl ParallelOptions {
 
     /// Micro-batches per step (1 without accumulation).
     pub(crate) fn micro_batch_count(&self) -> u32 {
-        self.accumulate.as_ref().map_or(1, |a| a.micro_batches.max(1))
+        self.accumulate.as_ref().map_or(1, |a| a.micro_batches)
+    }
+
+    /// Refuses values that mean nothing, naming the option and the value.
+    pub(crate) fn check(&self) -> Result<(), CompileError> {
+        let positive = [
+            ("input_register_num", self.input_register_num),
+            ("activation_register_num", self.activation_register_num),
+            ("micro_batches", self.micro_batch_count()),
+        ];
+        for (option, value) in positive {
+            if value == 0 {
+                let expected = match option {
+                    "micro_batches" => "a step needs at least one micro-batch (1 means no accumulation)",
+                    _ => "a register needs at least one slot",
+                };
+                return Err(CompileError::BadOption { option, value: value.to_string(), expected });
+            }
+        }
+        Ok(())
     }
 }
 
