@@ -75,6 +75,10 @@ pub struct Plan {
     /// Loop registers' first values, as initializers (a plan file carries no weights).
     #[serde(default)]
     pub variables: Vec<VariableDesc>,
+    /// Anomaly checking: after every op kernel, the job scans its floating-point outputs
+    /// and stops at the first NaN or infinity, naming the op, the step and the device.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub check_finite: bool,
 }
 
 /// The kind of a device and what its backend needs to know.
@@ -392,6 +396,7 @@ impl Plan {
             regst_descs: Vec::new(),
             signature: Signature::default(),
             variables: Vec::new(),
+            check_finite: false,
         }
     }
 

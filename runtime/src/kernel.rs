@@ -3,9 +3,10 @@
 //! collective groups, which make the collective kernels.
 
 use crate::collective::CollectiveGroups;
+use crate::finite::{FiniteCheck, FiniteSite};
 use regflow_kernels::KernelRegistry;
-use regflow_plan::{DeviceKind, KernelConf};
-use std::sync::Arc;
+use regflow_plan::{ActorIndex, DeviceKind, KernelConf, PlanIndex};
+use std::sync::{Arc, OnceLock};
 
 pub use regflow_kernels::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
 
@@ -16,6 +17,9 @@ pub(crate) struct JobKernels {
     /// One table per job (a builder builds one job): collective kernels find their
     /// group's rendezvous here, and the job keeps it to wake them on abort.
     collectives: Arc<CollectiveGroups>,
+    /// Firings per step of every actor, computed on first use by plans that check finite
+    /// values (to say which step a piece belongs to).
+    per_step: OnceLock<Vec<u64>>,
 }
 
 impl Default for JobKernels {
@@ -24,7 +28,7 @@ impl Default for JobKernels {
         for kind in crate::device::KINDS {
             crate::device::register_kernels(&mut registry, kind);
         }
-        Self { registry, collectives: Arc::default() }
+        Self { registry, collectives: Arc::default(), per_step: OnceLock::new() }
     }
 }
 
@@ -39,6 +43,33 @@ impl JobKernels {
         match conf {
             KernelConf::Collective(conf) => self.collectives.make_kernel(conf, spec),
             other => self.registry.make(other, spec),
+        }
+    }
+
+    /// Builds the kernel of actor `index` of the indexed plan, as [`JobKernels::make`]
+    /// does; under `Plan::check_finite` an op kernel also scans its outputs.
+    pub(crate) fn make_for(
+        &self,
+        conf: &KernelConf,
+        spec: &KernelSpec<'_>,
+        indexed: &PlanIndex<'_>,
+        index: ActorIndex,
+    ) -> Result<Box<dyn Kernel>, KernelError> {
+        let kernel = self.make(conf, spec)?;
+        let plan = indexed.plan();
+        match conf {
+            KernelConf::Op(op) if plan.check_finite => {
+                // A plan whose rates do not balance has no steps; count pieces then.
+                let per_step =
+                    self.per_step.get_or_init(|| regflow_actors::firings_per_step(indexed).unwrap_or_default());
+                let site = FiniteSite {
+                    actor: spec.actor.to_string(),
+                    device: plan.devices[plan.device_of(index).index()].label(),
+                    per_step: per_step.get(index.index()).copied().unwrap_or(1),
+                };
+                Ok(FiniteCheck::wrap(kernel, op, site))
+            }
+            _ => Ok(kernel),
         }
     }
 }

@@ -28,6 +28,7 @@ mod data;
 mod device;
 mod error;
 mod feeds;
+mod finite;
 mod inbox;
 mod io;
 mod job;

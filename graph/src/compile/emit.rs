@@ -11,6 +11,7 @@ use crate::sbp::NdSbp;
 pub(crate) fn emit(low: Lowering<'_>, collectives: Vec<String>, scope: Scope) -> Result<CompiledGraph, CompileError> {
     let Lowering { graph, layouts, options, mut b, out, .. } = low;
     b.plan_mut().variables = out.variables;
+    b.plan_mut().check_finite = options.check_finite;
     let plan = b.build()?;
     let mut variables = Vec::with_capacity(plan.variables.len());
     let mut named: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();

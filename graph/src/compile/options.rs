@@ -26,6 +26,11 @@ pub struct CompileOptions {
     /// Gradient accumulation: the loss and gradients run once per micro-batch, the rest of
     /// the step (clipping, schedule, updates) once per `micro_batches` pieces of input.
     pub accumulate: Option<Accumulate>,
+    /// Anomaly checking: every op's float outputs are scanned after each firing and the
+    /// job stops at the first NaN or infinity, naming the op, the step, the micro-batch and
+    /// the device ([`Plan::check_finite`](crate::plan::Plan::check_finite)). Costs one read
+    /// of every output; cheap enough to leave on in tests.
+    pub check_finite: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -58,6 +63,7 @@ impl Default for CompileOptions {
             dataset: None,
             reuse_memory: true,
             accumulate: None,
+            check_finite: false,
         }
     }
 }
@@ -73,6 +79,7 @@ impl CompileOptions {
             dataset: self.dataset.clone(),
             accumulate: self.accumulate.clone(),
             reuse_memory: self.reuse_memory,
+            check_finite: self.check_finite,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -110,6 +117,11 @@ pub struct ParallelOptions {
     /// their own streams, still overlap). Applies to plans of one micro-batch per step;
     /// pipelines keep several micro-batches' activations, which one order cannot serve.
     pub reuse_memory: bool,
+    /// Anomaly checking: every op's float outputs are scanned after each firing and the
+    /// job stops at the first NaN or infinity, naming the op, the step, the micro-batch and
+    /// the device ([`Plan::check_finite`](crate::plan::Plan::check_finite)). Costs one read
+    /// of every output; cheap enough to leave on in tests.
+    pub check_finite: bool,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -140,6 +152,7 @@ impl ParallelOptions {
             accumulate: None,
             schedule: PipelineSchedule::default(),
             reuse_memory: true,
+            check_finite: false,
         }
     }
 

@@ -426,7 +426,7 @@ fn make_actor(
             Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
         }
         ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => {
-            Some(builder.kernels.make(kernel, &spec).map_err(|e| setup(e.0))?)
+            Some(builder.kernels.make_for(kernel, &spec, indexed, index).map_err(|e| setup(e.0))?)
         }
         ActorKind::Discard => {
             Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
