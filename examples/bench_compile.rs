@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Prints, per layout, the best and worst of `--repeats` runs of: building the graph
-//! (DSL, autodiff, optimizer), compiling it to a plan, writing the plan as JSON, reading it
+//! (DSL, autodiff, optimizer), compiling it to a plan (of which: the progress proof, run
+//! again alone and reported as `progress`), writing the plan as JSON, reading it
 //! back, and building a job from it (validation, memory, kernels, threads; the job is then
 //! closed without running a step; `--no-job` skips it). Target (issue 11): compile under
 //! 2 s on one core.
@@ -80,6 +81,7 @@ fn step<'g>(g: &'g Graph, config: GptConfig, meshes: &[Mesh], micro: usize) -> R
 struct Run {
     graph: f64,
     compile: f64,
+    progress: f64,
     write: f64,
     read: f64,
     build: f64,
@@ -107,6 +109,9 @@ fn run(config: GptConfig, meshes: &[Mesh], micro: usize, build: bool) -> Result<
     let plan = Plan::from_json(&json)?;
     let t4 = Instant::now();
     let mut run = summary(&compiled.plan, json.len(), [t0, t1, t2, t3, t4]);
+    let start = Instant::now();
+    regflow::actors::check_progress(&plan, 2)?;
+    run.progress = start.elapsed().as_secs_f64();
     if build {
         let start = Instant::now();
         let mut job = Job::builder(plan).build()?;
@@ -123,6 +128,7 @@ fn summary(plan: &Plan, json_bytes: usize, [t0, t1, t2, t3, t4]: [Instant; 5]) -
     Run {
         graph: secs(t0, t1),
         compile: secs(t1, t2),
+        progress: 0.0,
         write: secs(t2, t3),
         read: secs(t3, t4),
         build: 0.0,
@@ -164,9 +170,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.memory_bytes as f64 / (1024.0 * 1024.0 * 1024.0)
         );
         println!(
-            "  graph {}  compile {}  write JSON {}  read JSON {}  job build {}",
+            "  graph {}  compile {} (progress proof {})  write JSON {}  read JSON {}  job build {}",
             range(|r| r.graph),
             range(|r| r.compile),
+            range(|r| r.progress),
             range(|r| r.write),
             range(|r| r.read),
             range(|r| r.build)

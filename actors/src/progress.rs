@@ -131,11 +131,10 @@ pub fn check_progress(plan: &Plan, steps: u64) -> Result<Progress, ProgressError
     let index = PlanIndex::new(plan);
     let per_step = firings_per_step(&index)?;
     let ids = PlanIds::assign(plan)?;
-    let mut slot_of: HashMap<ActorId, usize> = HashMap::with_capacity(plan.actors.len());
+    let slot_of = DenseIds::new(plan, &ids);
     let mut actors: Vec<Actor> = Vec::with_capacity(plan.actors.len());
     for (i, (desc, &firings)) in plan.actors.iter().zip(&per_step).enumerate() {
         let mut actor = Actor::from_plan(&index, &ids, ActorIndex(i as u32));
-        slot_of.insert(actor.id(), i);
         if let ActorKind::Source { pieces } = &desc.kind {
             if !matches!(pieces, SourcePieces::Fed) {
                 actor.set_source_limit(steps * firings);
@@ -155,7 +154,7 @@ pub fn check_progress(plan: &Plan, steps: u64) -> Result<Progress, ProgressError
         }
     }
     while let Some(msg) = env.queue.pop_front() {
-        let Some(&at) = slot_of.get(&msg.dst) else {
+        let Some(at) = slot_of.get(msg.dst) else {
             unreachable!("a message to {} which no plan actor has as id", msg.dst)
         };
         actors[at].handle(&msg, &mut env)?;
@@ -166,6 +165,33 @@ pub fn check_progress(plan: &Plan, steps: u64) -> Result<Progress, ProgressError
         return Ok(Progress { steps, fired, per_step });
     }
     Err(ProgressError::Deadlock(Box::new(explain(plan, &actors, &slot_of, &stuck, steps, fired))))
+}
+
+/// Plan actor index of an actor id, without hashing: ids number actors per stream in plan
+/// order, so a table per (device, stream position) of its actors' plan indices does it.
+#[derive(Debug)]
+struct DenseIds {
+    /// `streams[device][position]`: the plan indices of that stream's actors, in id order.
+    streams: Vec<Vec<Vec<usize>>>,
+}
+
+impl DenseIds {
+    fn new(plan: &Plan, ids: &PlanIds) -> Self {
+        let mut streams: Vec<Vec<Vec<usize>>> = vec![Vec::new(); plan.devices.len()];
+        for (i, id) in ids.actors.iter().enumerate() {
+            let device = &mut streams[id.device() as usize];
+            let position = id.stream() as usize;
+            if device.len() <= position {
+                device.resize(position + 1, Vec::new());
+            }
+            device[position].push(i);
+        }
+        Self { streams }
+    }
+
+    fn get(&self, id: ActorId) -> Option<usize> {
+        self.streams.get(id.device() as usize)?.get(id.stream() as usize)?.get(id.index() as usize).copied()
+    }
 }
 
 /// Serial environment: kernels complete at once, messages wait in one queue.
@@ -314,17 +340,10 @@ pub fn firings_per_step(index: &PlanIndex<'_>) -> Result<Vec<u64>, ProgressError
 }
 
 /// Describes a stop: the wait-for cycle among the stuck actors, or their waits.
-fn explain(
-    plan: &Plan,
-    actors: &[Actor],
-    slot_of: &HashMap<ActorId, usize>,
-    stuck: &[usize],
-    steps: u64,
-    fired: u64,
-) -> Deadlock {
+fn explain(plan: &Plan, actors: &[Actor], slot_of: &DenseIds, stuck: &[usize], steps: u64, fired: u64) -> Deadlock {
     let regst_name = |d: RegstDescId| plan.regst_descs[d.index()].name.clone();
     let register_num = |d: RegstDescId| plan.regst_descs[d.index()].register_num;
-    let actor_name = |id: &ActorId| slot_of.get(id).map_or_else(|| id.to_string(), |&i| plan.actors[i].name.clone());
+    let actor_name = |id: &ActorId| slot_of.get(*id).map_or_else(|| id.to_string(), |i| plan.actors[i].name.clone());
     // Wait edges of every stuck actor, in plan order.
     let mut edges: HashMap<usize, Vec<(usize, WaitEdge)>> = HashMap::new();
     for &i in stuck {
@@ -349,7 +368,7 @@ fn explain(
                 _ => continue,
             };
             for target in on {
-                if let Some(&t) = slot_of.get(&target) {
+                if let Some(t) = slot_of.get(target) {
                     let edge = WaitEdge {
                         waiter: waiter.clone(),
                         on: actor_name(&target),
