@@ -256,7 +256,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .zip(&trained)
             .map(|(p, bytes)| {
                 let values = bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                regflow::graph::HostArray::f32(p.shape(), values).map(|a| (p.name(), a)).ok_or("weight size")
+                regflow::graph::HostArray::f32(p.shape(), values).map(|a| (p.name(), a))
             })
             .collect::<Result<_, _>>()?;
         regflow::graph::checkpoint::save(path, &tensors)?;

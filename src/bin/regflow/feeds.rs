@@ -2,7 +2,7 @@
 //! plan's signature, named after the input, of shape `[steps, ...input shape]` and the
 //! input's dtype. Step `k` feeds row `k` of every tensor.
 
-use regflow::graph::plan::{DType, HostArray, InputSignature, Shape, TensorMeta};
+use regflow::graph::plan::{ArrayError, DType, HostArray, InputSignature, Shape, TensorMeta};
 use regflow::kernels::nearest;
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
@@ -110,11 +110,12 @@ impl Feeds {
         self.inputs.iter().map(move |input| {
             let row = input.meta.bytes();
             let start = step as usize * row;
-            let value = input.bytes.get(start..start + row).and_then(|bytes| host_array(&input.meta, bytes));
-            match value {
-                Some(value) => Ok((input.name.as_str(), value)),
-                None => Err(format!("tensor '{}' has no row {step} (broken invariant: rows were checked)", input.name)),
-            }
+            let Some(bytes) = input.bytes.get(start..start + row) else {
+                return Err(format!("tensor '{}' has no row {step} (broken invariant: rows were checked)", input.name));
+            };
+            host_array(&input.meta, bytes)
+                .map(|value| (input.name.as_str(), value))
+                .map_err(|e| format!("tensor '{}', row {step}: {e}", input.name))
         })
     }
 }
@@ -142,7 +143,7 @@ fn dtype_name(dtype: Dtype) -> String {
 }
 
 /// A row of little-endian bytes as a value of `meta`.
-fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Option<HostArray> {
+fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, ArrayError> {
     let shape = meta.shape.clone();
     match meta.dtype {
         DType::F32 => {
