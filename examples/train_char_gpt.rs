@@ -134,7 +134,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One parameter group: the (small) decoupled weight decay also reaches the gains,
     // biases and embeddings, which GPT-2 exempts; over a few hundred steps it hardly shows.
     let optimizer = Optimizer::adamw(PEAK_LR, 0.01)
-        .with_schedule(Schedule::WarmupCosine { peak: PEAK_LR, warmup: 30, total: steps as u64, min: PEAK_LR / 10.0 })
+        .with_schedule(Schedule::WarmupCosine {
+            peak: PEAK_LR,
+            warmup: 30,
+            total: (steps as u64).max(30),
+            min: PEAK_LR / 10.0,
+        })
         .with_clip_norm(1.0);
     let train = g.minimize(loss, &optimizer)?;
     // Generation reuses the weights on one sequence.

@@ -179,7 +179,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let y = g.input("y", [BATCH], DType::I64)?;
     let loss = mlp(x, &params)?.sparse_cross_entropy(&y)?;
     let optimizer = Optimizer::adamw(1e-2, 1e-4)
-        .with_schedule(Schedule::WarmupCosine { peak: 1e-2, warmup: 20, total: steps as u64, min: 1e-4 })
+        .with_schedule(Schedule::WarmupCosine { peak: 1e-2, warmup: 20, total: (steps as u64).max(20), min: 1e-4 })
         .with_clip_norm(5.0);
     let train = g.minimize(loss, &optimizer)?;
 
