@@ -96,8 +96,8 @@ fn batch(batch: usize, features: usize, classes: usize) -> Vec<(&'static str, Ho
     let x: Vec<f32> = (0..batch * features).map(|_| rng.next_normal() as f32).collect();
     let y: Vec<i64> = (0..batch).map(|_| (rng.next_u64() % classes as u64) as i64).collect();
     vec![
-        ("x", HostArray::f32([batch, features], x).unwrap_or_else(|| unreachable!())),
-        ("y", HostArray::i64([batch], y).unwrap_or_else(|| unreachable!())),
+        ("x", HostArray::f32([batch, features], x).unwrap_or_else(|_| unreachable!())),
+        ("y", HostArray::i64([batch], y).unwrap_or_else(|_| unreachable!())),
     ]
 }
 

@@ -81,9 +81,8 @@ fn run(
     let mut feeds = job.graph_feeds()?;
     let losses = job.fetcher(&compiled.fetches[0])?;
     let mut rng = SplitMix64::new(1);
-    let xs = HostArray::f32([ROWS, WIDTH], (0..ROWS * WIDTH).map(|_| rng.next_normal() as f32).collect())
-        .ok_or("x shape")?;
-    let ys = HostArray::i64([ROWS], (0..ROWS).map(|i| (i % 3) as i64).collect()).ok_or("y shape")?;
+    let xs = HostArray::f32([ROWS, WIDTH], (0..ROWS * WIDTH).map(|_| rng.next_normal() as f32).collect())?;
+    let ys = HostArray::i64([ROWS], (0..ROWS).map(|i| (i % 3) as i64).collect())?;
     let pusher = std::thread::spawn(move || -> Result<(), regflow::prelude::RuntimeError> {
         for _ in 0..(steps + 1) * m {
             feeds.push("x", &xs)?;

@@ -88,7 +88,7 @@ fn random_starts(rng: &mut SplitMix64, range: std::ops::Range<usize>, count: usi
 
 /// `[T, T]`: 0 where query position `i` may attend to key position `j` (`j <= i`), else
 /// [`MASKED`].
-fn causal_mask() -> Option<HostArray> {
+fn causal_mask() -> Result<HostArray, regflow::graph::plan::ArrayError> {
     let values = (0..CONTEXT * CONTEXT).map(|k| if k % CONTEXT <= k / CONTEXT { 0.0 } else { MASKED }).collect();
     HostArray::f32([CONTEXT, CONTEXT], values)
 }
@@ -134,7 +134,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One parameter group: the (small) decoupled weight decay also reaches the gains,
     // biases and embeddings, which GPT-2 exempts; over a few hundred steps it hardly shows.
     let optimizer = Optimizer::adamw(PEAK_LR, 0.01)
-        .with_schedule(Schedule::WarmupCosine { peak: PEAK_LR, warmup: 30, total: steps as u64, min: PEAK_LR / 10.0 })
+        .with_schedule(Schedule::WarmupCosine {
+            peak: PEAK_LR,
+            warmup: 30,
+            total: (steps as u64).max(30),
+            min: PEAK_LR / 10.0,
+        })
         .with_clip_norm(1.0);
     let train = g.minimize(loss, &optimizer)?;
     // Generation reuses the weights on one sequence.
@@ -149,13 +154,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         corpus.ids.len() - split
     );
 
-    let mask_value = causal_mask().ok_or("mask shape")?;
+    let mask_value = causal_mask()?;
     let mut rng = SplitMix64::new(42);
     let (val_inputs, val_targets) = windows(&corpus.ids, &random_starts(&mut rng, split..corpus.ids.len(), BATCH));
     let val_feeds = [
         (mask, mask_value.clone()),
-        (ids, HostArray::i64([BATCH, CONTEXT], val_inputs).ok_or("validation batch shape")?),
-        (targets, HostArray::i64([BATCH * CONTEXT], val_targets).ok_or("validation target shape")?),
+        (ids, HostArray::i64([BATCH, CONTEXT], val_inputs)?),
+        (targets, HostArray::i64([BATCH * CONTEXT], val_targets)?),
     ];
 
     // Training runs on the actor runtime: the step is compiled to a plan, batches are
@@ -182,10 +187,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::spawn(move || -> Result<(), RuntimeError> {
             for (inputs, step_targets) in batches {
                 feeds.push("causal_mask", &mask_value)?;
-                feeds.push("ids", &HostArray::i64([BATCH, CONTEXT], inputs).unwrap_or_else(|| unreachable!()))?;
+                feeds.push("ids", &HostArray::i64([BATCH, CONTEXT], inputs).unwrap_or_else(|_| unreachable!()))?;
                 feeds.push(
                     "targets",
-                    &HostArray::i64([BATCH * CONTEXT], step_targets).unwrap_or_else(|| unreachable!()),
+                    &HostArray::i64([BATCH * CONTEXT], step_targets).unwrap_or_else(|_| unreachable!()),
                 )?;
             }
             feeds.close()
@@ -217,7 +222,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (param, watcher) in params.iter().zip(watchers) {
         let bytes = watcher.join().map_err(|_| "a fetching thread panicked")?.ok_or("no weights were delivered")?;
         let values = bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        session.set(*param, HostArray::f32(param.shape(), values).ok_or("weight shape")?)?;
+        session.set(*param, HostArray::f32(param.shape(), values)?)?;
     }
     let report = job.wait()?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -237,7 +242,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let context = &text_ids[text_ids.len().saturating_sub(CONTEXT)..];
         let mut window = context.to_vec();
         window.resize(CONTEXT, 0);
-        let feeds = [(mask, mask_value.clone()), (sample_ids, HostArray::i64([1, CONTEXT], window).ok_or("shape")?)];
+        let feeds = [(mask, mask_value.clone()), (sample_ids, HostArray::i64([1, CONTEXT], window)?)];
         let logits = session.run(&feeds, &[sample_logits])?[0].to_f64_vec();
         let row = &logits[(context.len() - 1) * vocab_size..context.len() * vocab_size];
         text_ids.push(sample(row, TEMPERATURE, &mut sample_rng) as i64);

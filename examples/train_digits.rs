@@ -179,7 +179,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let y = g.input("y", [BATCH], DType::I64)?;
     let loss = mlp(x, &params)?.sparse_cross_entropy(&y)?;
     let optimizer = Optimizer::adamw(1e-2, 1e-4)
-        .with_schedule(Schedule::WarmupCosine { peak: 1e-2, warmup: 20, total: steps as u64, min: 1e-4 })
+        .with_schedule(Schedule::WarmupCosine { peak: 1e-2, warmup: 20, total: (steps as u64).max(20), min: 1e-4 })
         .with_clip_norm(5.0);
     let train = g.minimize(loss, &optimizer)?;
 
@@ -256,7 +256,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .zip(&trained)
             .map(|(p, bytes)| {
                 let values = bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                regflow::graph::HostArray::f32(p.shape(), values).map(|a| (p.name(), a)).ok_or("weight size")
+                regflow::graph::HostArray::f32(p.shape(), values).map(|a| (p.name(), a))
             })
             .collect::<Result<_, _>>()?;
         regflow::graph::checkpoint::save(path, &tensors)?;

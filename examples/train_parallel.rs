@@ -227,12 +227,9 @@ fn digits(steps: usize) -> Result<Task, Box<dyn std::error::Error>> {
             let picks: Vec<usize> = (0..MLP_BATCH).map(|_| (rng.next_u64() % rows.len() as u64) as usize).collect();
             let x: Vec<f32> = picks.iter().flat_map(|&r| rows[r].0.clone()).collect();
             let y: Vec<i64> = picks.iter().map(|&r| rows[r].1).collect();
-            Ok(vec![
-                ("x", HostArray::f32([MLP_BATCH, 64], x).ok_or("x shape")?),
-                ("y", HostArray::i64([MLP_BATCH], y).ok_or("y shape")?),
-            ])
+            Ok(vec![("x", HostArray::f32([MLP_BATCH, 64], x)?), ("y", HostArray::i64([MLP_BATCH], y)?)])
         })
-        .collect::<Result<_, &str>>()?;
+        .collect::<Result<_, regflow::graph::plan::ArrayError>>()?;
     Ok(Task { batches })
 }
 
@@ -258,12 +255,12 @@ fn text(steps: usize) -> Result<(Task, usize), Box<dyn std::error::Error>> {
                 y.extend_from_slice(&ids[s + 1..s + t + 1]);
             }
             Ok(vec![
-                ("causal_mask", HostArray::f32([t, t], mask.clone()).ok_or("mask shape")?),
-                ("ids", HostArray::i64([GPT_BATCH, t], x).ok_or("ids shape")?),
-                ("targets", HostArray::i64([GPT_BATCH * t], y).ok_or("targets shape")?),
+                ("causal_mask", HostArray::f32([t, t], mask.clone())?),
+                ("ids", HostArray::i64([GPT_BATCH, t], x)?),
+                ("targets", HostArray::i64([GPT_BATCH * t], y)?),
             ])
         })
-        .collect::<Result<_, &str>>()?;
+        .collect::<Result<_, regflow::graph::plan::ArrayError>>()?;
     Ok((Task { batches }, vocab.len()))
 }
 

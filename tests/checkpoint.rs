@@ -1,7 +1,7 @@
 //! Checkpoints round-trip: save mid-training, load into a fresh session or a fresh compiled
 //! job, and the next losses are identical to the run that kept going.
 
-use regflow::graph::checkpoint;
+use regflow::graph::checkpoint::{self, CheckpointError};
 use regflow::graph::{CompileOptions, DType, Graph, HostArray, Init, Optimizer, Session, SplitMix64, TrainStep};
 use regflow::prelude::*;
 use std::path::PathBuf;
@@ -91,24 +91,131 @@ fn checkpoints_that_do_not_fit_are_refused_with_the_tensor_named() {
     checkpoint::save(&path, &[("w".into(), HostArray::f32([5, 3], vec![0.0; 15]).unwrap())]).unwrap();
     let g = Graph::new();
     model(&g);
-    let err = Session::new(&g).load(&path).unwrap_err().to_string();
-    assert_eq!(err, format!("checkpoint {shown}: variable 'b' is missing"));
-
-    checkpoint::save(&path, &[("w".into(), HostArray::f32([3, 5], vec![0.0; 15]).unwrap())]).unwrap();
-    let err = Session::new(&g).load(&path).unwrap_err().to_string();
-    assert_eq!(err, format!("checkpoint {shown}: variable 'w' is f32[3, 5] in the checkpoint, f32[5, 3] in the graph"));
+    let err = Session::new(&g).load(&path).unwrap_err();
+    assert!(matches!(&err, CheckpointError::MissingVariable { variable, .. } if variable == "b"), "{err}");
+    assert_eq!(err.to_string(), format!("checkpoint '{shown}' has no tensor for variable 'b'; it holds 1 tensor: 'w'"));
 
     let mut s = Session::new(&g);
     s.save(&path).unwrap();
     let mut extra = checkpoint::load(&path).unwrap();
     extra.push(("stray".into(), HostArray::f64([1], vec![1.0]).unwrap()));
     checkpoint::save(&path, &extra).unwrap();
-    let err = Session::new(&g).load(&path).unwrap_err().to_string();
-    assert_eq!(err, format!("checkpoint {shown}: tensor 'stray' is not a variable of the graph"));
-
-    std::fs::write(&path, b"not a checkpoint").unwrap();
-    let err = checkpoint::load(&path).unwrap_err().to_string();
-    assert!(err.starts_with(&format!("checkpoint {shown}: ")), "{err}");
+    let err = Session::new(&g).load(&path).unwrap_err();
+    assert!(matches!(&err, CheckpointError::UnknownTensor { tensor, .. } if tensor == "stray"), "{err}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "checkpoint '{shown}': tensor 'stray' is not a variable of the graph; the nearest of its"
+        )),
+        "{err}"
+    );
     std::fs::remove_file(&path).unwrap();
-    assert!(checkpoint::load(&path).unwrap_err().to_string().contains("No such file"));
+}
+
+#[test]
+fn a_renamed_variable_is_refused_with_the_nearest_name() {
+    let path = temp("renamed");
+    let shown = path.display().to_string();
+    let g = Graph::new();
+    model(&g);
+    let mut s = Session::new(&g);
+    s.save(&path).unwrap();
+    let renamed: Vec<(String, HostArray)> = checkpoint::load(&path)
+        .unwrap()
+        .into_iter()
+        .map(|(name, value)| (if name == "w.adam_m" { "w.adam_mm".into() } else { name }, value))
+        .collect();
+    checkpoint::save(&path, &renamed).unwrap();
+    let err = Session::new(&g).load(&path).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!("checkpoint '{shown}': tensor 'w.adam_mm' is not a variable of the graph; did you mean 'w.adam_m'?")
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_transposed_weight_with_the_right_element_count_is_refused_with_both_shapes() {
+    let path = temp("transposed");
+    let shown = path.display().to_string();
+    let g = Graph::new();
+    model(&g);
+    let mut s = Session::new(&g);
+    s.save(&path).unwrap();
+    let transposed: Vec<(String, HostArray)> = checkpoint::load(&path)
+        .unwrap()
+        .into_iter()
+        .map(|(name, value)| {
+            let value = if name == "w" { HostArray::f32([3, 5], vec![0.5; 15]).unwrap() } else { value };
+            (name, value)
+        })
+        .collect();
+    checkpoint::save(&path, &transposed).unwrap();
+    let err = Session::new(&g).load(&path).unwrap_err();
+    let CheckpointError::ShapeMismatch { tensor, checkpoint, variable, .. } = &err else { panic!("{err}") };
+    assert_eq!((tensor.as_str(), checkpoint.dims(), variable.dims()), ("w", &[3, 5][..], &[5, 3][..]));
+    assert_eq!(
+        err.to_string(),
+        format!("checkpoint '{shown}': tensor 'w' has shape [3, 5], but variable 'w' has shape [5, 3]")
+    );
+
+    // The same check serves a compiled job's preload, which only sees bytes.
+    let value = HostArray::f32([3, 5], vec![0.5; 15]).unwrap();
+    let meta = g.by_name("w").unwrap().meta();
+    assert!(matches!(checkpoint::check_fits(&path, "w", &value, &meta), Err(CheckpointError::ShapeMismatch { .. })));
+    let wrong_dtype = HostArray::f64([5, 3], vec![0.5; 15]).unwrap();
+    let err = checkpoint::check_fits(&path, "w", &wrong_dtype, &meta).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("checkpoint '{shown}': tensor 'w' holds f64 values, but variable 'w' is f32[5, 3]")
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn files_that_are_not_checkpoints_are_refused_in_terms_of_the_file() {
+    let path = temp("garbage");
+    let shown = path.display().to_string();
+    let refused = |bytes: &[u8]| {
+        std::fs::write(&path, bytes).unwrap();
+        let err = checkpoint::load(&path).unwrap_err();
+        assert!(matches!(err, CheckpointError::NotSafetensors { .. }), "{err}");
+        err.to_string()
+    };
+    assert_eq!(
+        refused(b"short"),
+        format!("checkpoint '{shown}' is not a safetensors file: it is shorter than the 8 bytes that give its header's length")
+    );
+    assert_eq!(
+        refused(b"not a checkpoint"),
+        format!("checkpoint '{shown}' is not a safetensors file: it declares a header larger than safetensors allows (100 MB)")
+    );
+    let mut cut = 64u64.to_le_bytes().to_vec();
+    cut.extend_from_slice(b"{\"w\":");
+    assert_eq!(
+        refused(&cut),
+        format!(
+            "checkpoint '{shown}' is not a safetensors file: its header is cut short: the file ends before the header \
+             length it declares"
+        )
+    );
+    let mut not_json = 4u64.to_le_bytes().to_vec();
+    not_json.extend_from_slice(b"{{{{");
+    assert!(refused(&not_json).ends_with("its header is not the JSON table of tensors a safetensors file starts with"));
+
+    // A dtype regflow does not hold.
+    let header = br#"{"h":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}"#;
+    let mut bf16 = (header.len() as u64).to_le_bytes().to_vec();
+    bf16.extend_from_slice(header);
+    bf16.extend_from_slice(&[0; 4]);
+    std::fs::write(&path, &bf16).unwrap();
+    let err = checkpoint::load(&path).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!("checkpoint '{shown}': tensor 'h' holds bf16 values, which regflow does not support (f32, f64 and i64 it does)")
+    );
+
+    std::fs::remove_file(&path).unwrap();
+    let err = checkpoint::load(&path).unwrap_err();
+    assert!(matches!(err, CheckpointError::Io { action: "read", .. }), "{err}");
+    assert!(err.to_string().starts_with(&format!("checkpoint '{shown}' cannot be read: ")), "{err}");
 }

@@ -104,12 +104,16 @@ impl Graph {
         Ok(Tensor { graph: self, id: TensorId(data.tensors.len() as u32 - 1) })
     }
 
-    /// A tensor fed by the user for every step.
+    /// A tensor fed by the user for every step. Refused, naming it and its shape, when
+    /// its element count or byte size overflows.
     pub fn input(&self, name: &str, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor<'_>, GraphError> {
-        self.add_named(name, TensorMeta::new(shape, dtype), TensorSource::Input)
+        let meta = TensorMeta::new(shape, dtype);
+        check_size(&format!("input '{name}'"), &meta)?;
+        self.add_named(name, meta, TensorSource::Input)
     }
 
-    /// A trainable variable.
+    /// A trainable variable. Refused, naming it and its shape, when its element count or
+    /// byte size overflows or its initializer does not fit it.
     pub fn variable(
         &self,
         name: &str,
@@ -118,6 +122,7 @@ impl Graph {
         init: Init,
     ) -> Result<Tensor<'_>, GraphError> {
         let meta = TensorMeta::new(shape, dtype);
+        check_size(&format!("variable '{name}'"), &meta)?;
         init.check(&meta).map_err(|message| GraphError::Op {
             op: "variable".into(),
             inputs: vec![format!("'{name}': {meta}")],
@@ -153,8 +158,13 @@ impl Graph {
             message,
         })?;
         let placement = self.common_placement(op.name(), inputs)?;
+        let node = self.data.borrow().nodes.len();
+        for (output, meta) in outputs.iter().enumerate() {
+            let inputs: Vec<String> = metas.iter().map(ToString::to_string).collect();
+            let name = format!("{}{node}:{output} (the result of {}({}))", op.name(), op.name(), inputs.join(", "));
+            check_size(&name, meta)?;
+        }
         let mut data = self.data.borrow_mut();
-        let node = data.nodes.len();
         let first = data.tensors.len();
         for (output, meta) in outputs.into_iter().enumerate() {
             let name = format!("{}{}:{}", op.name(), node, output);
@@ -275,6 +285,16 @@ impl Graph {
             .map(|i| Tensor { graph: self, id: TensorId(i as u32) })
             .collect()
     }
+}
+
+/// Refuses a tensor whose element count or byte size overflows, naming it (`input 'x'`,
+/// `variable 'w'`, `matmul3:0 (the result of ...)`) and its shape.
+fn check_size(name: &str, meta: &TensorMeta) -> Result<(), GraphError> {
+    meta.check_size().map_err(|_| GraphError::TooLarge {
+        tensor: name.to_string(),
+        shape: meta.shape.clone(),
+        dtype: meta.dtype,
+    })
 }
 
 /// Which tensors `roots` depend on (themselves included), over `nodes` in graph order:

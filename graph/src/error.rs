@@ -47,6 +47,32 @@ pub enum GraphError {
         /// Which input.
         index: usize,
     },
+    /// An optimizer option with a value it cannot train with.
+    #[error("optimizer option '{option}' is {value}: {requirement}")]
+    OptimizerOption {
+        /// The option, as the API names it (`lr`, `beta1`, `warmup`, ...).
+        option: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        requirement: String,
+    },
+    /// `minimize` of a loss that no trainable variable reaches.
+    #[error("loss '{loss}' depends on no trainable variable: minimize has nothing to train")]
+    NothingToTrain {
+        /// The loss tensor's name.
+        loss: String,
+    },
+    /// An input, variable or op result whose element count or byte size overflows.
+    #[error("{tensor} of shape {shape} ({dtype}) is too large: its element count or byte size exceeds {} (the largest size this machine can address)", usize::MAX)]
+    TooLarge {
+        /// The tensor: `input 'x'`, `variable 'w'`, or an op result with its op and inputs.
+        tensor: String,
+        /// Its shape.
+        shape: crate::plan::Shape,
+        /// Its dtype.
+        dtype: crate::plan::DType,
+    },
     /// A step that cannot be compiled to a plan (boxed: it names many things).
     #[error(transparent)]
     Compile(Box<crate::CompileError>),

@@ -42,7 +42,7 @@ pub use optim::{Optimizer, OptimizerKind, Schedule, TrainStep};
 pub use parallel::{ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule};
 pub use regflow_plan as plan;
 pub use regflow_plan::{
-    DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Init, Real, Shape,
-    SplitMix64, TensorMeta,
+    ArrayError, DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Init, Real,
+    Shape, SplitMix64, TensorMeta,
 };
 pub use session::Session;

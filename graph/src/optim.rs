@@ -52,6 +52,75 @@ impl Optimizer {
         self.clip_norm = Some(max_norm);
         self
     }
+
+    /// Checks every option (run by [`Graph::minimize`] before it adds anything): learning
+    /// rates finite and >= 0, momentum and Adam betas in [0, 1), eps finite and > 0,
+    /// weight decay finite and >= 0, clip norm finite and > 0, a schedule with a total of
+    /// at least one step and a warm-up no longer than it. The error names the option and
+    /// its value.
+    pub fn check(&self) -> Result<(), GraphError> {
+        match self.kind {
+            OptimizerKind::Sgd { momentum, weight_decay } => {
+                unit_interval("momentum", momentum)?;
+                non_negative("weight_decay", weight_decay, "weight decay")?;
+            }
+            OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
+                unit_interval("beta1", beta1)?;
+                unit_interval("beta2", beta2)?;
+                positive("eps", eps, "Adam's eps")?;
+                non_negative("weight_decay", weight_decay, "weight decay")?;
+            }
+        }
+        match self.schedule {
+            Schedule::Constant(lr) => non_negative("lr", lr, "the learning rate")?,
+            Schedule::WarmupCosine { peak, warmup, total, min } => {
+                non_negative("peak", peak, "the schedule's peak learning rate")?;
+                non_negative("min", min, "the schedule's final learning rate")?;
+                if total == 0 {
+                    return Err(option_error("total", total, "the schedule needs at least 1 step".into()));
+                }
+                if warmup > total {
+                    return Err(option_error(
+                        "warmup",
+                        warmup,
+                        format!("the warm-up must not be longer than the schedule's total of {total} steps"),
+                    ));
+                }
+            }
+        }
+        if let Some(max_norm) = self.clip_norm {
+            positive("clip_norm", max_norm, "the clipping norm")?;
+        }
+        Ok(())
+    }
+}
+
+fn option_error(option: &'static str, value: impl std::fmt::Display, requirement: String) -> GraphError {
+    GraphError::OptimizerOption { option, value: value.to_string(), requirement }
+}
+
+/// `value` finite and >= 0.
+fn non_negative(option: &'static str, value: f64, what: &str) -> Result<(), GraphError> {
+    if value.is_finite() && value >= 0.0 {
+        return Ok(());
+    }
+    Err(option_error(option, value, format!("{what} must be a finite number >= 0")))
+}
+
+/// `value` finite and > 0.
+fn positive(option: &'static str, value: f64, what: &str) -> Result<(), GraphError> {
+    if value.is_finite() && value > 0.0 {
+        return Ok(());
+    }
+    Err(option_error(option, value, format!("{what} must be a finite number > 0")))
+}
+
+/// `value` in [0, 1).
+fn unit_interval(option: &'static str, value: f64) -> Result<(), GraphError> {
+    if (0.0..1.0).contains(&value) {
+        return Ok(());
+    }
+    Err(option_error(option, value, format!("{option} must be in [0, 1)")))
 }
 
 /// What one training step computes: the loss and, for each variable, its next value.
@@ -184,18 +253,21 @@ impl Graph {
     }
 
     /// Appends the backward pass and the updates of every trainable variable.
+    /// Refuses, naming the option and its value, an optimizer whose options cannot train
+    /// ([`Optimizer::check`]), and a loss no trainable variable reaches.
     pub fn minimize<'g>(&'g self, loss: Tensor<'g>, optimizer: &Optimizer) -> Result<TrainStep<'g>, GraphError> {
+        optimizer.check()?;
+        if !std::ptr::eq(loss.graph(), self) {
+            return Err(GraphError::ForeignTensor { op: "minimize".into(), index: 0 });
+        }
         let params = self.trainable_variables();
+        let reached = crate::dsl::ancestors(&self.nodes(), self.tensor_count(), [loss.id()]);
+        if !params.iter().any(|p| reached[p.id().0 as usize]) {
+            return Err(GraphError::NothingToTrain { loss: loss.name() });
+        }
         let mut grads = self.grad(loss, &params)?;
         let raw_grads = grads.clone();
         if let Some(max_norm) = optimizer.clip_norm {
-            if max_norm.is_nan() || max_norm <= 0.0 {
-                return Err(GraphError::Op {
-                    op: "clip_by_global_norm".into(),
-                    inputs: vec![],
-                    message: format!("max norm must be > 0, got {max_norm}"),
-                });
-            }
             let mut total: Option<Tensor<'g>> = None;
             for g in &grads {
                 if let Some(t) = total {

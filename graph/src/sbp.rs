@@ -34,6 +34,24 @@ impl fmt::Display for MeshDevice {
     }
 }
 
+/// Most devices of one kind one node can hold: a [`MeshDevice`] index is 16-bit.
+pub const MAX_DEVICES_PER_NODE: usize = 1 << 16;
+
+/// The number of devices of a mesh shape, or an error when it overflows.
+fn mesh_size(shape: &[usize]) -> Result<usize, String> {
+    Shape::from(shape)
+        .checked_numel()
+        .ok_or_else(|| format!("mesh shape {} holds more than {} devices", Shape::from(shape), usize::MAX))
+}
+
+/// `'dp', 'tp'` (or `no names`).
+fn quoted(names: &[&str]) -> String {
+    if names.is_empty() {
+        return "no names".to_string();
+    }
+    names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
+}
+
 /// An n-d array of devices with named axes: a placement.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Mesh {
@@ -43,26 +61,42 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// A mesh of `devices` (row-major over `shape`) with one name per axis.
+    /// A mesh of `devices` (row-major over `shape`) with one name per axis. Refused, in a
+    /// sentence naming the shape and names: a mesh of no axis, axis names that do not
+    /// match the axes one to one, an empty axis, a size that is not the device count.
     pub fn new(devices: Vec<MeshDevice>, shape: &[usize], axes: &[&str]) -> Result<Self, String> {
-        if shape.is_empty() || shape.len() != axes.len() {
-            return Err(format!("mesh shape {shape:?} needs one name per axis, got {axes:?}"));
+        let shown = Shape::from(shape);
+        if shape.is_empty() {
+            return Err("a mesh needs at least one axis, got shape []".to_string());
         }
-        if shape.contains(&0) {
-            return Err(format!("mesh shape {shape:?} has an empty axis"));
+        if shape.len() != axes.len() {
+            return Err(format!(
+                "mesh shape {shown} has {} axes and needs one name per axis, got {} name{} ({})",
+                shape.len(),
+                axes.len(),
+                if axes.len() == 1 { "" } else { "s" },
+                quoted(axes)
+            ));
         }
-        let size: usize = shape.iter().product();
+        if let Some(axis) = shape.iter().position(|&n| n == 0) {
+            return Err(format!(
+                "mesh shape {shown} has an empty axis: axis {axis} ('{}') holds 0 devices",
+                axes[axis]
+            ));
+        }
+        let size = mesh_size(shape)?;
         if size != devices.len() {
-            return Err(format!("mesh shape {shape:?} holds {size} devices, got {}", devices.len()));
+            return Err(format!("mesh shape {shown} holds {size} devices, got {}", devices.len()));
         }
-        for (i, d) in devices.iter().enumerate() {
-            if devices[..i].contains(d) {
+        let mut seen = std::collections::HashSet::with_capacity(devices.len());
+        for d in &devices {
+            if !seen.insert(*d) {
                 return Err(format!("device {d} appears twice in the mesh"));
             }
         }
         for (i, a) in axes.iter().enumerate() {
             if a.is_empty() || axes[..i].contains(a) {
-                return Err(format!("mesh axis names must be distinct and non-empty, got {axes:?}"));
+                return Err(format!("mesh axis names must be distinct and non-empty, got {}", quoted(axes)));
             }
         }
         Ok(Self { devices, shape: shape.to_vec(), axes: axes.iter().map(|a| a.to_string()).collect() })
@@ -73,10 +107,18 @@ impl Mesh {
         Self::of_kind(DeviceKind::Cpu, shape, axes)
     }
 
-    /// Devices `0 .. n` of one kind on node 0 arranged as `shape`.
+    /// Devices `0 .. n` of one kind on node 0 arranged as `shape`. Refused when `n` is
+    /// more than one node can index ([`MAX_DEVICES_PER_NODE`]), naming both.
     pub fn of_kind(kind: DeviceKind, shape: &[usize], axes: &[&str]) -> Result<Self, String> {
-        let size: usize = shape.iter().product();
-        let devices = (0..size).map(|i| MeshDevice { node: 0, kind, index: i as u16 }).collect();
+        let size = mesh_size(shape)?;
+        if size > MAX_DEVICES_PER_NODE {
+            return Err(format!(
+                "mesh shape {} holds {size} devices, but one node indexes at most {MAX_DEVICES_PER_NODE} devices of a \
+                 kind (device indices are 16-bit)",
+                Shape::from(shape)
+            ));
+        }
+        let devices = (0..=u16::MAX).take(size).map(|index| MeshDevice { node: 0, kind, index }).collect();
         Self::new(devices, shape, axes)
     }
 

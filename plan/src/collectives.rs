@@ -46,16 +46,16 @@ impl Plan {
                     return Err(error(
                         group,
                         format!(
-                            "member '{name}' ({} of {} {:?} {:?}) disagrees with '{}' ({} of {} {:?} {:?})",
+                            "member '{name}' ({} of {} {}{}) disagrees with '{}' ({} of {} {}{})",
                             conf.op_name(),
                             conf.size,
                             conf.dtype,
-                            conf.shape,
+                            crate::Shape::from(conf.shape.as_slice()),
                             self.actors[members[0]].name,
                             first.op_name(),
                             first.size,
                             first.dtype,
-                            first.shape
+                            crate::Shape::from(first.shape.as_slice())
                         ),
                     ));
                 }

@@ -96,7 +96,15 @@ impl Init {
     pub fn check(&self, meta: &TensorMeta) -> Result<(), String> {
         match self {
             Init::Zeros | Init::Ones | Init::Constant(_) => Ok(()),
-            _ if !meta.dtype.is_float() => Err(format!("{self:?} needs a float variable, not {}", meta.dtype)),
+            _ if !meta.dtype.is_float() => {
+                let name = match self {
+                    Init::Normal { .. } => "normal",
+                    Init::Uniform { .. } => "uniform",
+                    Init::Xavier { .. } => "Xavier",
+                    _ => "Kaiming",
+                };
+                Err(format!("a {name} initializer needs a float variable, not {}", meta.dtype))
+            }
             // Written so that NaN parameters are rejected too.
             Init::Normal { std, .. } if std.is_nan() || *std < 0.0 => {
                 Err(format!("normal std must be >= 0, got {std}"))

@@ -43,7 +43,8 @@ mod validate;
 pub use init::{Init, SplitMix64};
 pub use ops::{OpAttrs, OpConf};
 pub use tensor::{
-    DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape, TensorMeta,
+    ArrayError, DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape,
+    TensorMeta,
 };
 
 pub use builder::PlanBuilder;

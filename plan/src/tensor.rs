@@ -68,16 +68,30 @@ impl Shape {
         &self.0
     }
 
-    /// Number of elements (1 for a scalar).
+    /// Number of elements (1 for a scalar). A shape whose count does not fit a `usize`
+    /// gives `usize::MAX` rather than a wrapped small number, so it never matches a real
+    /// buffer; [`Shape::checked_numel`] says so instead.
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        self.checked_numel().unwrap_or(usize::MAX)
     }
 
-    /// Row-major strides in elements.
+    /// Number of elements, or `None` when the dimensions multiply past `usize::MAX`. Zero
+    /// dimensions count as 1 for the overflow test: a shape is only representable when
+    /// every partial product of its dimensions (what strides and kernels compute) fits.
+    pub fn checked_numel(&self) -> Option<usize> {
+        let mut nonzero: usize = 1;
+        for &d in &self.0 {
+            nonzero = nonzero.checked_mul(d.max(1))?;
+        }
+        Some(if self.0.contains(&0) { 0 } else { nonzero })
+    }
+
+    /// Row-major strides in elements (saturating: an overflowing shape is refused where it
+    /// is made, see [`Shape::checked_numel`]).
     pub fn strides(&self) -> Vec<usize> {
-        let mut strides = vec![1; self.rank()];
+        let mut strides = vec![1usize; self.rank()];
         for i in (0..self.rank().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * self.0[i + 1];
+            strides[i] = strides[i + 1].saturating_mul(self.0[i + 1]);
         }
         strides
     }
@@ -162,10 +176,56 @@ impl TensorMeta {
         Self { shape: shape.into(), dtype }
     }
 
-    /// Bytes of the tensor's data.
+    /// Bytes of the tensor's data (`usize::MAX` when that does not fit a `usize`; see
+    /// [`TensorMeta::checked_bytes`]).
     pub fn bytes(&self) -> usize {
-        self.shape.numel() * self.dtype.size()
+        self.checked_bytes().unwrap_or(usize::MAX)
     }
+
+    /// Bytes of the tensor's data, or `None` when the element count or the byte size
+    /// overflows a `usize`.
+    pub fn checked_bytes(&self) -> Option<usize> {
+        let nonzero = self.shape.0.iter().try_fold(self.dtype.size(), |n: usize, &d| n.checked_mul(d.max(1)))?;
+        Some(if self.shape.0.contains(&0) { 0 } else { nonzero })
+    }
+
+    /// `Ok` when the element count and the byte size fit a `usize`; otherwise an error
+    /// naming the shape, the dtype and the limit.
+    pub fn check_size(&self) -> Result<(), ArrayError> {
+        match self.checked_bytes() {
+            Some(_) => Ok(()),
+            None => Err(ArrayError::TooLarge { shape: self.shape.clone(), dtype: self.dtype }),
+        }
+    }
+}
+
+/// A host array, shape or meta that cannot exist: the reason as a sentence naming the
+/// shape, the dtype and the counts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArrayError {
+    /// The values do not fill the shape.
+    #[error("a {shape} {dtype} array needs {needed} value{}; got {got}", if *needed == 1 { "" } else { "s" })]
+    Length {
+        /// The shape asked for.
+        shape: Shape,
+        /// The element type.
+        dtype: DType,
+        /// Elements the shape holds.
+        needed: usize,
+        /// Elements given.
+        got: usize,
+    },
+    /// The element count or byte size does not fit in memory addresses.
+    #[error(
+        "a {shape} {dtype} tensor is too large: its element count or byte size exceeds {} (the largest size this machine can address)",
+        usize::MAX
+    )]
+    TooLarge {
+        /// The shape.
+        shape: Shape,
+        /// The element type.
+        dtype: DType,
+    },
 }
 
 impl fmt::Display for TensorMeta {
@@ -206,22 +266,40 @@ impl HostArray {
         Self { shape: meta.shape.clone(), data }
     }
 
-    /// An f32 array; `None` if the element count does not match the shape.
-    pub fn f32(shape: impl Into<Shape>, data: Vec<f32>) -> Option<Self> {
-        let shape = shape.into();
-        (shape.numel() == data.len()).then_some(Self { shape, data: HostData::F32(data) })
+    /// An f32 array; an error when the number of values does not match the shape.
+    pub fn f32(shape: impl Into<Shape>, data: Vec<f32>) -> Result<Self, ArrayError> {
+        Self::checked(shape.into(), DType::F32, data.len(), HostData::F32(data))
     }
 
-    /// An f64 array; `None` if the element count does not match the shape.
-    pub fn f64(shape: impl Into<Shape>, data: Vec<f64>) -> Option<Self> {
-        let shape = shape.into();
-        (shape.numel() == data.len()).then_some(Self { shape, data: HostData::F64(data) })
+    /// An f64 array; an error when the number of values does not match the shape.
+    pub fn f64(shape: impl Into<Shape>, data: Vec<f64>) -> Result<Self, ArrayError> {
+        Self::checked(shape.into(), DType::F64, data.len(), HostData::F64(data))
     }
 
-    /// An i64 array; `None` if the element count does not match the shape.
-    pub fn i64(shape: impl Into<Shape>, data: Vec<i64>) -> Option<Self> {
-        let shape = shape.into();
-        (shape.numel() == data.len()).then_some(Self { shape, data: HostData::I64(data) })
+    /// An i64 array; an error when the number of values does not match the shape.
+    pub fn i64(shape: impl Into<Shape>, data: Vec<i64>) -> Result<Self, ArrayError> {
+        Self::checked(shape.into(), DType::I64, data.len(), HostData::I64(data))
+    }
+
+    /// An array of `shape` holding `data`; an error when the number of values does not
+    /// match the shape.
+    pub fn new(shape: impl Into<Shape>, data: HostData) -> Result<Self, ArrayError> {
+        let (dtype, len) = match &data {
+            HostData::F32(v) => (DType::F32, v.len()),
+            HostData::F64(v) => (DType::F64, v.len()),
+            HostData::I64(v) => (DType::I64, v.len()),
+        };
+        Self::checked(shape.into(), dtype, len, data)
+    }
+
+    fn checked(shape: Shape, dtype: DType, got: usize, data: HostData) -> Result<Self, ArrayError> {
+        let meta = TensorMeta { shape, dtype };
+        meta.check_size()?;
+        let needed = meta.shape.numel();
+        if needed != got {
+            return Err(ArrayError::Length { shape: meta.shape, dtype, needed, got });
+        }
+        Ok(Self { shape: meta.shape, data })
     }
 
     /// Element type.
@@ -529,5 +607,38 @@ mod tests {
         assert_eq!(Shape::from([2, 3, 4]).strides(), vec![12, 4, 1]);
         assert_eq!(Shape::from([2, 3]).axis(-1), Some(1));
         assert_eq!(Shape::from([2, 3]).axis(2), None);
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_refused_not_wrapped() {
+        let huge = Shape::from([1 << 40, 1 << 40]);
+        assert_eq!(huge.checked_numel(), None);
+        assert_eq!(huge.numel(), usize::MAX);
+        let meta = TensorMeta::new(huge, DType::F32);
+        assert_eq!(meta.checked_bytes(), None);
+        assert_eq!(
+            meta.check_size().unwrap_err().to_string(),
+            format!(
+                "a [1099511627776, 1099511627776] f32 tensor is too large: its element count or byte size exceeds {} \
+                 (the largest size this machine can address)",
+                usize::MAX
+            )
+        );
+        // Fits in elements, not in bytes.
+        assert_eq!(TensorMeta::new([usize::MAX / 2], DType::F64).checked_bytes(), None);
+        // A zero dimension does not hide an overflowing product of the others.
+        assert_eq!(Shape::from([0, 1 << 40, 1 << 40]).checked_numel(), None);
+        assert_eq!(Shape::from([0, 3]).checked_numel(), Some(0));
+        assert_eq!(Shape::scalar().checked_numel(), Some(1));
+    }
+
+    #[test]
+    fn host_arrays_say_what_does_not_fit() {
+        let err = HostArray::f32([2, 3], vec![0.0; 5]).unwrap_err();
+        assert_eq!(err, ArrayError::Length { shape: Shape::from([2, 3]), dtype: DType::F32, needed: 6, got: 5 });
+        assert_eq!(err.to_string(), "a [2, 3] f32 array needs 6 values; got 5");
+        assert_eq!(HostArray::i64([], vec![]).unwrap_err().to_string(), "a [] i64 array needs 1 value; got 0");
+        assert!(matches!(HostArray::f64([1 << 40, 1 << 40], vec![]), Err(ArrayError::TooLarge { .. })));
+        assert_eq!(HostArray::new([2], HostData::I64(vec![1, 2])).unwrap().dtype(), DType::I64);
     }
 }

@@ -27,7 +27,9 @@ impl OpDef for Concat {
                     x.shape, first.shape
                 ));
             }
-            shape.0[axis] += x.shape.dims()[axis];
+            shape.0[axis] = shape.0[axis]
+                .checked_add(x.shape.dims()[axis])
+                .ok_or_else(|| format!("axis {axis} of the result would hold more than {} elements", usize::MAX))?;
         }
         Ok(vec![TensorMeta { shape, dtype: first.dtype }])
     }

@@ -107,8 +107,9 @@ fn grads<'g>(ctx: &GradCtx<'g>, transpose_a: bool, transpose_b: bool) -> Result<
 /// Multiply-adds (×2) of the products of `op(a)` and `op(b)`, one per batch element.
 fn product_flops(inputs: &[TensorMeta], transpose_a: bool, transpose_b: bool) -> f64 {
     match inputs {
-        [a, b] => layout(&a.shape, transpose_a, &b.shape, transpose_b)
-            .map_or(0.0, |l| 2.0 * l.batch.iter().product::<usize>() as f64 * (l.m * l.n * l.k) as f64),
+        [a, b] => layout(&a.shape, transpose_a, &b.shape, transpose_b).map_or(0.0, |l| {
+            2.0 * l.batch.iter().map(|&d| d as f64).product::<f64>() * l.m as f64 * l.n as f64 * l.k as f64
+        }),
         _ => 0.0,
     }
 }

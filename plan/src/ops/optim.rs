@@ -72,7 +72,7 @@ impl Schedule {
                 } else if step >= total as f64 {
                     min
                 } else {
-                    let progress = (step - warmup as f64) / (total - warmup).max(1) as f64;
+                    let progress = (step - warmup as f64) / total.saturating_sub(warmup).max(1) as f64;
                     min + 0.5 * (peak - min) * (1.0 + (std::f64::consts::PI * progress).cos())
                 }
             }

@@ -2,7 +2,8 @@
 //! plan's signature, named after the input, of shape `[steps, ...input shape]` and the
 //! input's dtype. Step `k` feeds row `k` of every tensor.
 
-use regflow::graph::plan::{DType, HostArray, InputSignature, Shape, TensorMeta};
+use regflow::graph::checkpoint::{dtype_name, safetensors_problem};
+use regflow::graph::plan::{ArrayError, DType, HostArray, InputSignature, Shape, TensorMeta};
 use regflow::kernels::nearest;
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
@@ -30,7 +31,8 @@ impl Feeds {
     /// all. The error is a sentence naming the tensor, the input and both shapes.
     pub(crate) fn read(path: &Path, inputs: &[InputSignature]) -> Result<Feeds, String> {
         let buffer = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
-        let file = SafeTensors::deserialize(&buffer).map_err(|e| format!("it is not a safetensors file: {e}"))?;
+        let file = SafeTensors::deserialize(&buffer)
+            .map_err(|e| format!("it is not a safetensors file: {}", safetensors_problem(&e)))?;
         let input_names: Vec<&str> = inputs.iter().map(|i| i.name.as_str()).collect();
         let mut tensor_names: Vec<&str> = file.names().into_iter().map(String::as_str).collect();
         tensor_names.sort_unstable();
@@ -88,11 +90,12 @@ impl Feeds {
                 None => steps = Some((count, name)),
             }
             let bytes = view.data();
-            if bytes.len() as u64 != count * meta.bytes() as u64 {
+            let needed = meta.checked_bytes().and_then(|row| row.checked_mul(shape[0]));
+            if needed != Some(bytes.len()) {
+                let needed = needed.map_or_else(|| format!("more than {} bytes", usize::MAX), |n| format!("{n}"));
                 return Err(format!(
-                    "tensor '{name}' has {} bytes of data, but {count} rows of {meta} take {}",
-                    bytes.len(),
-                    count * meta.bytes() as u64
+                    "tensor '{name}' has {} bytes of data, but {count} rows of {meta} take {needed}",
+                    bytes.len()
                 ));
             }
             rows.push(InputRows { name: name.to_string(), meta: meta.clone(), bytes: bytes.to_vec() });
@@ -110,11 +113,12 @@ impl Feeds {
         self.inputs.iter().map(move |input| {
             let row = input.meta.bytes();
             let start = step as usize * row;
-            let value = input.bytes.get(start..start + row).and_then(|bytes| host_array(&input.meta, bytes));
-            match value {
-                Some(value) => Ok((input.name.as_str(), value)),
-                None => Err(format!("tensor '{}' has no row {step} (broken invariant: rows were checked)", input.name)),
-            }
+            let Some(bytes) = input.bytes.get(start..start + row) else {
+                return Err(format!("tensor '{}' has no row {step} (broken invariant: rows were checked)", input.name));
+            };
+            host_array(&input.meta, bytes)
+                .map(|value| (input.name.as_str(), value))
+                .map_err(|e| format!("tensor '{}', row {step}: {e}", input.name))
         })
     }
 }
@@ -136,13 +140,8 @@ fn dtype_of(dtype: Dtype) -> Option<DType> {
     }
 }
 
-/// `f32`, `bf16`, `u8`, ...
-fn dtype_name(dtype: Dtype) -> String {
-    format!("{dtype:?}").to_lowercase()
-}
-
 /// A row of little-endian bytes as a value of `meta`.
-fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Option<HostArray> {
+fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, ArrayError> {
     let shape = meta.shape.clone();
     match meta.dtype {
         DType::F32 => {
@@ -157,4 +156,26 @@ fn word(chunk: &[u8]) -> [u8; 8] {
     let mut word = [0u8; 8];
     word.copy_from_slice(chunk);
     word
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_feeds_file_that_is_not_safetensors_is_described_in_terms_of_the_file() {
+        let path = std::env::temp_dir().join(format!("regflow-feeds-garbage-{}.safetensors", std::process::id()));
+        std::fs::write(&path, b"short").unwrap();
+        let err = Feeds::read(&path, &[]).unwrap_err();
+        assert_eq!(err, "it is not a safetensors file: it is shorter than the 8 bytes that give its header's length");
+        let header = br#"{"x":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]}}"#;
+        let mut bf16 = (header.len() as u64).to_le_bytes().to_vec();
+        bf16.extend_from_slice(header);
+        bf16.extend_from_slice(&[0; 4]);
+        std::fs::write(&path, &bf16).unwrap();
+        let input = InputSignature { name: "x".into(), meta: TensorMeta::new([2], DType::F32), parts: Vec::new() };
+        let err = Feeds::read(&path, &[input]).unwrap_err();
+        assert!(err.starts_with("tensor 'x' holds bf16 values, but input 'x' is f32[2]"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+    }
 }
