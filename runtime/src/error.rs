@@ -46,8 +46,8 @@ pub enum RuntimeError {
     Stalled {
         /// How long nothing fired.
         idle: Duration,
-        /// Who waits on whom.
-        graph: WaitForGraph,
+        /// Who waits on whom (boxed: it is large, and errors travel by value).
+        graph: Box<WaitForGraph>,
     },
     /// No actor of that name.
     #[error("no actor named '{name}' in the plan")]

@@ -459,7 +459,7 @@ pub(crate) fn watch(
         if (pending && !excused) || !silent.is_empty() {
             answers.sort_by_key(|(s, _)| *s);
             let graph = names.graph(&answers, silent, user_nodes);
-            shared.abort(RuntimeError::Stalled { idle, graph }, &router);
+            shared.abort(RuntimeError::Stalled { idle, graph: Box::new(graph) }, &router);
             return;
         }
         last_progress = Instant::now();

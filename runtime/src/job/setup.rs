@@ -121,23 +121,25 @@ pub(super) fn write_preloads(
     Ok(())
 }
 
-/// Starts the watchdog thread over the hosted streams; the sender stops it.
+/// The names the watchdog reports in, for the streams `hosted`.
+pub(super) fn watch_names(plan: &Plan, ids: &PlanIds, hosted: &[usize]) -> Names {
+    Names {
+        actors: plan.actors.iter().enumerate().map(|(a, d)| (ids.actors[a], d.name.clone())).collect(),
+        descs: plan.regst_descs.iter().map(|d| d.name.clone()).collect(),
+        streams: (0..plan.streams.len()).map(|s| stream_label(plan, s)).collect(),
+        hosted: hosted.to_vec(),
+    }
+}
+
+/// Starts the watchdog thread; the sender stops it.
 pub(super) fn start_watchdog(
-    plan: &Plan,
-    ids: &PlanIds,
-    hosted: &[usize],
+    names: Names,
     shared: &Arc<JobShared>,
     user: &std::sync::Arc<UserWaits>,
     router: &Router,
     timeout: Duration,
     snapshots: crossbeam_channel::Receiver<(usize, Vec<regflow_actors::ActorSnapshot>)>,
 ) -> Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>), RuntimeError> {
-    let names = Names {
-        actors: plan.actors.iter().enumerate().map(|(a, d)| (ids.actors[a], d.name.clone())).collect(),
-        descs: plan.regst_descs.iter().map(|d| d.name.clone()).collect(),
-        streams: (0..plan.streams.len()).map(|s| stream_label(plan, s)).collect(),
-        hosted: hosted.to_vec(),
-    };
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
     let (shared, user, router) = (shared.clone(), user.clone(), router.clone());
     let handle = std::thread::Builder::new()

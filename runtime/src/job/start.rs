@@ -2,7 +2,7 @@
 //! kernels, feeders and fetchers, start the stream threads, the watchdog and the sources.
 
 use super::setup::{
-    check_devices, feed_depth, fetch_depth, inbox_capacities, start_watchdog, stream_label, user_records,
+    check_devices, feed_depth, fetch_depth, inbox_capacities, start_watchdog, stream_label, user_records, watch_names,
     write_preloads, write_variables,
 };
 use super::{Job, UserWaits, DEFAULT_WATCHDOG};
@@ -349,7 +349,9 @@ impl Job {
 
         let watchdog = match builder.watchdog {
             None => None,
-            Some(timeout) => Some(start_watchdog(&plan, &ids, &hosted, &shared, &user, &router, timeout, snapshot_rx)?),
+            Some(timeout) => {
+                Some(start_watchdog(watch_names(&plan, &ids, &hosted), &shared, &user, &router, timeout, snapshot_rx)?)
+            }
         };
 
         // Go.
