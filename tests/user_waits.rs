@@ -129,6 +129,29 @@ fn wait_while_another_thread_holds_the_unread_fetcher_is_in_the_graph() {
     assert!(message.contains("Job::wait() waits for the job while the fetcher of sink 'sink' holds 2"), "{message}");
 }
 
+/// Reading one sink while another sink's fetcher is full and unread: a cycle through the
+/// reading thread.
+#[test]
+fn reading_one_sink_while_another_is_full_and_unread_is_a_user_side_deadlock() {
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let s = b.stream(cpu, StreamKind::Compute);
+    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Count(50) });
+    let x = b.regst("x", src, 8, 1);
+    let first = b.actor("first", s, ActorKind::Sink);
+    let second = b.actor("second", s, ActorKind::Sink);
+    b.consume(first, x).consume(second, x);
+    let mut job = Job::builder(b.build().unwrap()).fetch_depth(2).watchdog(WATCHDOG).build().unwrap();
+    let (first, _second) = (job.fetcher("first").unwrap(), job.fetcher("second").unwrap());
+    let read = std::iter::from_fn(|| first.recv()).count();
+    assert!(read < 50, "'first' cannot get every piece while 'second' is unread");
+    let message = job.wait().unwrap_err().to_string();
+    assert!(
+        message.contains("the program waits for a piece of sink 'first' while the fetcher of sink 'second' holds 2"),
+        "{message}"
+    );
+}
+
 /// Case 3: one input pushed, the other never.
 #[test]
 fn an_input_never_fed_is_named_with_what_the_others_got() {

@@ -95,6 +95,11 @@ pub enum UserWait {
         /// Whether the program took the fetcher (`Job::fetcher`).
         taken: bool,
     },
+    /// A thread of the program waiting in [`crate::Fetcher::recv`] for a piece.
+    Recv {
+        /// The sink whose fetcher it reads.
+        sink: String,
+    },
     /// An input (or fed source) never pushed to while others were.
     NeverFed {
         /// The input's name (the source's, for a plan without a signature).
@@ -112,6 +117,7 @@ impl UserWait {
         match self {
             UserWait::Push { feed, .. } => format!("push to {feed}"),
             UserWait::Unread { sink, .. } => format!("fetcher of '{sink}'"),
+            UserWait::Recv { sink } => format!("recv on '{sink}'"),
             UserWait::NeverFed { input, .. } => format!("feed of '{input}'"),
             UserWait::JobWait => "Job::wait()".into(),
         }
@@ -137,8 +143,9 @@ impl WaitForGraph {
     /// Edges `(waiter, waited on, what)`: between actors `what` is the register; edges
     /// through the program use user-side node names ([`UserWait::node`]) and say `push`
     /// (a push waits on its source), `fetch` (a sink waits on its fetcher), `not reading`
-    /// (an unread fetcher waits on the program's thread blocked in a push or in
-    /// `Job::wait`) or `end` (`Job::wait` waits on a sink to finish).
+    /// (an unread fetcher waits on the program's thread blocked in a push, in another
+    /// fetcher's `recv` or in `Job::wait`), `recv` (a reading thread waits on its sink) or
+    /// `end` (`Job::wait` waits on a sink to finish).
     pub fn edges(&self) -> Vec<(String, String, String)> {
         let mut edges = Vec::new();
         for actor in &self.actors {
@@ -165,8 +172,11 @@ impl WaitForGraph {
                 }
             }
         }
-        let busy: Vec<&UserWait> =
-            self.user.iter().filter(|u| matches!(u, UserWait::Push { .. } | UserWait::JobWait)).collect();
+        let busy: Vec<&UserWait> = self
+            .user
+            .iter()
+            .filter(|u| matches!(u, UserWait::Push { .. } | UserWait::Recv { .. } | UserWait::JobWait))
+            .collect();
         for node in &self.user {
             match node {
                 UserWait::Push { source, .. } => edges.push((node.node(), source.clone(), "push".into())),
@@ -180,6 +190,7 @@ impl WaitForGraph {
                         edges.push((node.node(), sink.name.clone(), "end".into()));
                     }
                 }
+                UserWait::Recv { sink } => edges.push((node.node(), sink.clone(), "recv".into())),
                 UserWait::NeverFed { .. } => {}
             }
         }
@@ -205,6 +216,16 @@ impl WaitForGraph {
         if let (Some((feed, buffers)), Some(unread)) = (push, unread) {
             return Some(format!(
                 "user-side deadlock: the program is blocked pushing to {feed}, whose {buffers} buffer(s) are full, while {} that nobody reads, so the job cannot take the push; fetch from another thread, or push fewer pieces ahead of your fetches",
+                fetcher(unread)
+            ));
+        }
+        let recv = self.user.iter().find_map(|u| match u {
+            UserWait::Recv { sink } => Some(sink),
+            _ => None,
+        });
+        if let (Some(reading), Some(unread)) = (recv, unread) {
+            return Some(format!(
+                "user-side deadlock: the program waits for a piece of sink '{reading}' while {} that nobody reads; read each fetcher on a thread of its own",
                 fetcher(unread)
             ));
         }
@@ -295,6 +316,7 @@ impl fmt::Display for UserWait {
                 let others: Vec<String> = others.iter().map(|(name, n)| format!("'{name}' got {n}")).collect();
                 write!(f, "input '{input}' was never fed: 0 pieces pushed while {}", others.join(", "))
             }
+            UserWait::Recv { sink } => write!(f, "a thread waits in recv() on the fetcher of sink '{sink}'"),
             UserWait::JobWait => write!(f, "Job::wait() is waiting for every actor to finish"),
         }
     }
@@ -442,8 +464,9 @@ pub(crate) fn watch(
         // itself waiting on the job (blocked in a push, or in `Job::wait`) and nobody reads
         // the fetcher: that is a deadlock through the user.
         let user_nodes = user.nodes();
-        let user_blocked = user_nodes.iter().any(|u| matches!(u, UserWait::Push { .. } | UserWait::JobWait))
-            && user_nodes.iter().any(|u| matches!(u, UserWait::Unread { .. }));
+        let user_blocked =
+            user_nodes.iter().any(|u| matches!(u, UserWait::Push { .. } | UserWait::Recv { .. } | UserWait::JobWait))
+                && user_nodes.iter().any(|u| matches!(u, UserWait::Unread { .. }));
         let excused = all.iter().any(|s| s.waits.contains(&WaitReason::Fetch)) && !user_blocked;
         let silent: Vec<String> = live
             .iter()

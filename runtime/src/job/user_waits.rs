@@ -125,8 +125,9 @@ impl UserWaits {
         self.feeds[feed].blocked_since.store(0, Ordering::SeqCst);
     }
 
-    /// The user-side nodes of the wait-for graph now: blocked pushes, fetchers holding
-    /// pieces nobody is reading, inputs never fed while others were, `Job::wait`.
+    /// The user-side nodes of the wait-for graph now: blocked pushes, threads in `recv`,
+    /// fetchers holding pieces nobody is reading, inputs never fed while others were,
+    /// `Job::wait`.
     pub(crate) fn nodes(&self) -> Vec<UserWait> {
         let mut nodes = Vec::new();
         let now = self.epoch.elapsed();
@@ -142,6 +143,9 @@ impl UserWaits {
             }
         }
         for fetch in &self.fetches {
+            if fetch.readers.load(Ordering::SeqCst) > 0 {
+                nodes.push(UserWait::Recv { sink: fetch.sink.clone() });
+            }
             let unread = fetch.unread();
             let idle = fetch.readers.load(Ordering::SeqCst) == 0 && !fetch.dropped.load(Ordering::SeqCst);
             if idle && unread > 0 && unread >= fetch.depth {
