@@ -58,7 +58,7 @@ fn feeds_of_the_wrong_size_are_refused_and_lose_nothing() {
 #[test]
 fn feeders_and_fetchers_are_checked_by_name_and_kind() {
     let mut job = Job::local(fed_chain(1)).unwrap();
-    assert_eq!(job.feeder("nope").unwrap_err().to_string(), "no actor named 'nope' in the plan");
+    assert_eq!(job.feeder("nope").unwrap_err().to_string(), "no fed source named 'nope' (nearest fed sources: 'src')");
     assert_eq!(
         job.feeder("sink").unwrap_err().to_string(),
         "actor 'sink' is a sink actor; a feeder needs a source with `pieces: fed`"

@@ -81,3 +81,30 @@ unsafe impl ArenaMemory for HostBuffer {
         self.len()
     }
 }
+
+/// The machine's physical memory in bytes, where the platform says (Linux: `MemTotal` of
+/// `/proc/meminfo`); `None` elsewhere. Host arenas are `calloc`ed and cost nothing until
+/// touched, so an arena larger than this would be granted and fail later (the process
+/// killed when its pages are written): a runtime compares the arenas it needs with this
+/// before allocating them.
+pub fn host_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let amount: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => amount.checked_mul(1024),
+        None => Some(amount),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn host_memory_is_known_on_linux() {
+        let bytes = super::host_memory_bytes().expect("/proc/meminfo has MemTotal");
+        assert!(bytes > 1 << 20, "{bytes}");
+    }
+}

@@ -22,7 +22,7 @@ mod arena;
 mod layout;
 mod reuse;
 
-pub use allocator::{ArenaAllocator, ArenaMemory, HostAllocator};
+pub use allocator::{host_memory_bytes, ArenaAllocator, ArenaMemory, HostAllocator};
 pub use arena::{Arena, BufferView, HostBuffer};
 pub use layout::{ArenaLayout, MemoryReport};
 pub use reuse::ReusedLayout;

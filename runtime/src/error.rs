@@ -38,19 +38,32 @@ pub enum RuntimeError {
         /// The kinds this build runs.
         available: String,
     },
-    /// Nothing fired for the watchdog's timeout while pieces were pending.
-    #[error("job stalled: no actor fired for {idle:?} while pieces were pending\n{graph}")]
+    /// Nothing fired for the watchdog's timeout while pieces were pending. When the program
+    /// is part of the deadlock (a push waiting on a full source while nobody reads a full
+    /// fetcher, `wait` with a full unread fetcher, an input never fed), the first line says
+    /// so and the graph has the user-side nodes.
+    #[error("job stalled: {}\n{graph}", graph.cause().unwrap_or_else(|| format!("no actor fired for {idle:?} while pieces were pending")))]
     Stalled {
         /// How long nothing fired.
         idle: Duration,
-        /// Who waits on whom.
-        graph: WaitForGraph,
+        /// Who waits on whom (boxed: it is large, and errors travel by value).
+        graph: Box<WaitForGraph>,
     },
     /// No actor of that name.
     #[error("no actor named '{name}' in the plan")]
     UnknownActor {
         /// The name asked for.
         name: String,
+    },
+    /// No feed, fetch or input of that name; the nearest valid names are listed.
+    #[error("no {what} named '{name}'{hint}")]
+    UnknownName {
+        /// What was asked for: `fed source`, `sink`, `input`.
+        what: &'static str,
+        /// The name asked for.
+        name: String,
+        /// The nearest valid names, as the end of the sentence.
+        hint: String,
     },
     /// An actor of another kind than the call needs.
     #[error("actor '{name}' is a {kind} actor; {expected}")]
@@ -108,6 +121,37 @@ pub enum RuntimeError {
         /// The source.
         source_name: String,
     },
+    /// A push the job can no longer take: it stopped (with the reason when it has one,
+    /// e.g. the watchdog's user-side deadlock) while or before the push waited.
+    #[error("push to {feed} failed: {reason}")]
+    FeedStopped {
+        /// The feed: its input and source, or its source.
+        feed: String,
+        /// Why the job stopped.
+        reason: String,
+    },
+    /// `Job::wait` found a fetcher only the waiting thread could read, full and unread.
+    #[error(
+        "Job::wait() would wait for ever: the fetcher of sink '{sink}' holds {unread} unread piece(s) and the sink can deliver no more until they are read; read the fetcher to its end, or drop it, before calling wait()"
+    )]
+    UnreadFetcher {
+        /// The sink.
+        sink: String,
+        /// Pieces delivered and not read.
+        unread: u64,
+    },
+    /// A plan's registers (a variable, a register) need more memory than a device has.
+    #[error("device {device} cannot hold this plan: it needs {bytes} bytes for {what}, and has {available}")]
+    DoesNotFit {
+        /// The device's label.
+        device: String,
+        /// What did not fit: the largest registers, by tensor (variable) and register.
+        what: String,
+        /// Bytes needed.
+        bytes: u64,
+        /// The memory available, in words (`1048576 bytes (memory_capacity)`).
+        available: String,
+    },
     /// A feeder or fetcher asked for twice.
     #[error("the {what} of '{name}' was already taken")]
     AlreadyTaken {
@@ -143,4 +187,28 @@ pub enum RuntimeError {
         /// The I/O error.
         message: String,
     },
+}
+
+impl RuntimeError {
+    /// [`RuntimeError::UnknownName`] for `name`, listing the valid names nearest to it (a
+    /// close one first as "did you mean").
+    pub(crate) fn unknown_name(what: &'static str, name: &str, valid: &[&str]) -> Self {
+        const LISTED: usize = 5;
+        let mut hint = String::new();
+        if let Some(close) = regflow_kernels::nearest(name, valid) {
+            hint.push_str(&format!("; did you mean '{close}'?"));
+        }
+        if valid.is_empty() {
+            hint.push_str(&format!(" (the plan has no {what}s)"));
+        } else {
+            let mut by_distance: Vec<(usize, &str)> =
+                valid.iter().map(|v| (regflow_kernels::edit_distance(name, v), *v)).collect();
+            by_distance.sort();
+            let nearest: Vec<String> = by_distance.iter().take(LISTED).map(|(_, v)| format!("'{v}'")).collect();
+            let more = valid.len().saturating_sub(LISTED);
+            let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+            hint.push_str(&format!(" (nearest {what}s: {}{more})", nearest.join(", ")));
+        }
+        Self::UnknownName { what, name: name.to_string(), hint }
+    }
 }

@@ -2,8 +2,10 @@
 //! shape and dtype, cut into its devices' parts by the regions the plan records, and
 //! pushed to each part's fed source.
 
+use crate::io::Patience;
 use crate::{Feeder, Job, RuntimeError};
 use regflow_plan::{HostArray, HostData, Region, TensorMeta};
+use std::time::{Duration, Instant};
 
 /// Typed feeds of every input of a plan's signature.
 #[derive(Debug)]
@@ -43,14 +45,31 @@ impl GraphFeeds {
         self.inputs.iter().map(|i| (i.name.as_str(), &i.meta))
     }
 
-    /// Pushes the next value of input `name`.
+    /// Pushes the next value of input `name`, waiting while its sources are full (the
+    /// job's backpressure). An unknown name is an error listing the nearest inputs; if the
+    /// job stops while the push waits, the error says why (see [`Feeder::push`]).
     pub fn push(&mut self, name: &str, value: &HostArray) -> Result<(), RuntimeError> {
+        self.push_within(name, value, Patience::Forever).map(|_| ())
+    }
+
+    /// Pushes the next value of input `name` if every one of its sources has room now:
+    /// `Ok(true)` when pushed, `Ok(false)` (nothing pushed, to any part) when one is full.
+    /// Errors as [`GraphFeeds::push`].
+    pub fn try_push(&mut self, name: &str, value: &HostArray) -> Result<bool, RuntimeError> {
+        self.push_within(name, value, Patience::None)
+    }
+
+    /// Pushes the next value of input `name`, waiting at most `timeout` for room in its
+    /// sources: `Ok(true)` when pushed, `Ok(false)` (nothing pushed, to any part) when one
+    /// stayed full. Errors as [`GraphFeeds::push`].
+    pub fn push_timeout(&mut self, name: &str, value: &HostArray, timeout: Duration) -> Result<bool, RuntimeError> {
+        self.push_within(name, value, Patience::Until(Instant::now() + timeout))
+    }
+
+    fn push_within(&mut self, name: &str, value: &HostArray, patience: Patience) -> Result<bool, RuntimeError> {
         let Some(input) = self.inputs.iter_mut().find(|i| i.name == name) else {
             let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(RuntimeError::Feed {
-                input: name.to_string(),
-                message: format!("the graph has no such input (inputs: {})", known.join(", ")),
-            });
+            return Err(RuntimeError::unknown_name("input", name, &known));
         };
         if value.meta() != input.meta {
             return Err(RuntimeError::Feed {
@@ -59,11 +78,22 @@ impl GraphFeeds {
             });
         }
         let element = input.meta.dtype.size();
-        for (region, feeder) in &mut input.parts {
-            let bytes = region.shape.iter().product::<usize>() * element;
-            feeder.push_with(bytes, |buffer| write_part(value, region, buffer))?;
+        let part_bytes = |region: &Region| region.shape.iter().product::<usize>() * element;
+        for (region, feeder) in &input.parts {
+            feeder.check(part_bytes(region))?;
         }
-        Ok(())
+        // A buffer for every part before any part is sent: a value is pushed whole or not
+        // at all. A buffer reserved for a push that then gives up stays with its feeder for
+        // the next push; it withholds no piece from the job.
+        for (_, feeder) in &mut input.parts {
+            if !feeder.reserve(patience)? {
+                return Ok(false);
+            }
+        }
+        for (region, feeder) in &mut input.parts {
+            feeder.send_reserved(part_bytes(region), |buffer| write_part(value, region, buffer))?;
+        }
+        Ok(true)
     }
 
     /// Ends every input: the job finishes once the pushed steps are through.

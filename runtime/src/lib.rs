@@ -50,4 +50,4 @@ pub use job::{Job, JobBuilder, JobReport, DEFAULT_WATCHDOG};
 pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
 pub use regflow_kernels::KernelRegistry;
 pub use stream::ActorStats;
-pub use watchdog::{StuckActor, Wait, WaitForGraph};
+pub use watchdog::{StuckActor, UserWait, Wait, WaitForGraph};

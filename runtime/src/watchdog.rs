@@ -4,6 +4,7 @@
 
 use crate::bus::Router;
 use crate::inbox::Envelope;
+use crate::job::UserWaits;
 use crate::stream::JobShared;
 use crate::sync::{Arc, Ordering};
 use crate::RuntimeError;
@@ -70,6 +71,59 @@ pub struct StuckActor {
     pub waits: Vec<Wait>,
 }
 
+/// What the program embedding the job is doing or holding when it stalls: the user-side
+/// nodes of the wait-for graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserWait {
+    /// A push waiting for a free buffer: the source holds all its pieces.
+    Push {
+        /// The feed, as messages name it (`input 'x' (source 'input:x')`, `source 'src'`).
+        feed: String,
+        /// The fed source actor.
+        source: String,
+        /// Pieces the source holds before a push waits.
+        buffers: u64,
+        /// How long the push has waited.
+        blocked_for: Duration,
+    },
+    /// A fetcher whose sink has used every credit, and that nobody is reading.
+    Unread {
+        /// The sink actor.
+        sink: String,
+        /// Pieces delivered and not read (or read and still held).
+        pieces: u64,
+        /// Whether the program took the fetcher (`Job::fetcher`).
+        taken: bool,
+    },
+    /// A thread of the program waiting in [`crate::Fetcher::recv`] for a piece.
+    Recv {
+        /// The sink whose fetcher it reads.
+        sink: String,
+    },
+    /// An input (or fed source) never pushed to while others were.
+    NeverFed {
+        /// The input's name (the source's, for a plan without a signature).
+        input: String,
+        /// The inputs that got pieces, with how many.
+        others: Vec<(String, u64)>,
+    },
+    /// `Job::wait` is running: it waits for every actor to finish.
+    JobWait,
+}
+
+impl UserWait {
+    /// The node's name in edges and cycles; actors are named by their plan names.
+    pub fn node(&self) -> String {
+        match self {
+            UserWait::Push { feed, .. } => format!("push to {feed}"),
+            UserWait::Unread { sink, .. } => format!("fetcher of '{sink}'"),
+            UserWait::Recv { sink } => format!("recv on '{sink}'"),
+            UserWait::NeverFed { input, .. } => format!("feed of '{input}'"),
+            UserWait::JobWait => "Job::wait()".into(),
+        }
+    }
+}
+
 /// Who waits on whom when a job stalls.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WaitForGraph {
@@ -77,12 +131,21 @@ pub struct WaitForGraph {
     pub actors: Vec<StuckActor>,
     /// Streams that did not answer the watchdog (blocked outside the protocol).
     pub silent_streams: Vec<String>,
-    /// A cycle of actors each waiting on the next, if there is one.
+    /// What the program's threads wait on or hold: blocked pushes, unread fetchers, inputs
+    /// never fed, `Job::wait`.
+    pub user: Vec<UserWait>,
+    /// A cycle of nodes (actors, and user-side nodes named by [`UserWait::node`]) each
+    /// waiting on the next, if there is one.
     pub cycle: Option<Vec<String>>,
 }
 
 impl WaitForGraph {
-    /// Edges `(waiter, waited on, register)`.
+    /// Edges `(waiter, waited on, what)`: between actors `what` is the register; edges
+    /// through the program use user-side node names ([`UserWait::node`]) and say `push`
+    /// (a push waits on its source), `fetch` (a sink waits on its fetcher), `not reading`
+    /// (an unread fetcher waits on the program's thread blocked in a push, in another
+    /// fetcher's `recv` or in `Job::wait`), `recv` (a reading thread waits on its sink) or
+    /// `end` (`Job::wait` waits on a sink to finish).
     pub fn edges(&self) -> Vec<(String, String, String)> {
         let mut edges = Vec::new();
         for actor in &self.actors {
@@ -96,11 +159,89 @@ impl WaitForGraph {
                             edges.push((actor.name.clone(), holder.clone(), regst.clone()));
                         }
                     }
+                    Wait::Fetch => {
+                        for fetcher in self
+                            .user
+                            .iter()
+                            .filter(|u| matches!(u, UserWait::Unread { sink, .. } if *sink == actor.name))
+                        {
+                            edges.push((actor.name.clone(), fetcher.node(), "fetch".into()));
+                        }
+                    }
                     _ => {}
                 }
             }
         }
+        let busy: Vec<&UserWait> = self
+            .user
+            .iter()
+            .filter(|u| matches!(u, UserWait::Push { .. } | UserWait::Recv { .. } | UserWait::JobWait))
+            .collect();
+        for node in &self.user {
+            match node {
+                UserWait::Push { source, .. } => edges.push((node.node(), source.clone(), "push".into())),
+                UserWait::Unread { .. } => {
+                    for thread in &busy {
+                        edges.push((node.node(), thread.node(), "not reading".into()));
+                    }
+                }
+                UserWait::JobWait => {
+                    for sink in self.actors.iter().filter(|a| a.waits.contains(&Wait::Fetch)) {
+                        edges.push((node.node(), sink.name.clone(), "end".into()));
+                    }
+                }
+                UserWait::Recv { sink } => edges.push((node.node(), sink.clone(), "recv".into())),
+                UserWait::NeverFed { .. } => {}
+            }
+        }
         edges
+    }
+
+    /// The stall's cause in one sentence when the program is part of it: a push waiting
+    /// while nobody reads a full fetcher (a deadlock through the user), `Job::wait` with a
+    /// full unread fetcher, an input never fed.
+    pub fn cause(&self) -> Option<String> {
+        let unread = self.user.iter().find_map(|u| match u {
+            UserWait::Unread { sink, pieces, taken } => Some((sink, pieces, taken)),
+            _ => None,
+        });
+        let fetcher = |(sink, pieces, taken): (&String, &u64, &bool)| {
+            let never = if *taken { "" } else { " (never taken)" };
+            format!("the fetcher of sink '{sink}'{never} holds {pieces} unread piece(s)")
+        };
+        let push = self.user.iter().find_map(|u| match u {
+            UserWait::Push { feed, buffers, .. } => Some((feed, buffers)),
+            _ => None,
+        });
+        if let (Some((feed, buffers)), Some(unread)) = (push, unread) {
+            return Some(format!(
+                "user-side deadlock: the program is blocked pushing to {feed}, whose {buffers} buffer(s) are full, while {} that nobody reads, so the job cannot take the push; fetch from another thread, or push fewer pieces ahead of your fetches",
+                fetcher(unread)
+            ));
+        }
+        let recv = self.user.iter().find_map(|u| match u {
+            UserWait::Recv { sink } => Some(sink),
+            _ => None,
+        });
+        if let (Some(reading), Some(unread)) = (recv, unread) {
+            return Some(format!(
+                "user-side deadlock: the program waits for a piece of sink '{reading}' while {} that nobody reads; read each fetcher on a thread of its own",
+                fetcher(unread)
+            ));
+        }
+        if let (true, Some(unread)) = (self.user.contains(&UserWait::JobWait), unread) {
+            return Some(format!(
+                "Job::wait() waits for the job while {}; read the fetcher to its end, or drop it, before calling wait()",
+                fetcher(unread)
+            ));
+        }
+        self.user.iter().find_map(|u| match u {
+            UserWait::NeverFed { input, others } => {
+                let others: Vec<String> = others.iter().map(|(name, n)| format!("'{name}' got {n}")).collect();
+                Some(format!("input '{input}' was never fed: 0 pieces pushed while {}", others.join(", ")))
+            }
+            _ => None,
+        })
     }
 
     /// The stuck actor with this name.
@@ -114,7 +255,8 @@ impl WaitForGraph {
         for (from, to, _) in &edges {
             next.entry(from.as_str()).or_default().push(to.as_str());
         }
-        for start in self.actors.iter().map(|a| a.name.as_str()) {
+        let user_nodes: Vec<String> = self.user.iter().map(UserWait::node).collect();
+        for start in user_nodes.iter().map(String::as_str).chain(self.actors.iter().map(|a| a.name.as_str())) {
             // Depth-first from `start`, looking for a way back to it.
             let mut stack = vec![(start, 0usize)];
             let mut seen = vec![start];
@@ -158,6 +300,28 @@ impl fmt::Display for Wait {
     }
 }
 
+impl fmt::Display for UserWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UserWait::Push { feed, buffers, blocked_for, .. } => {
+                write!(f, "a push to {feed} has waited {blocked_for:?}: the source holds all {buffers} of its buffers")
+            }
+            UserWait::Unread { sink, pieces, taken: true } => {
+                write!(f, "the fetcher of sink '{sink}' holds {pieces} unread piece(s) and nobody is reading it")
+            }
+            UserWait::Unread { sink, pieces, taken: false } => {
+                write!(f, "the fetcher of sink '{sink}' was never taken and holds {pieces} unread piece(s)")
+            }
+            UserWait::NeverFed { input, others } => {
+                let others: Vec<String> = others.iter().map(|(name, n)| format!("'{name}' got {n}")).collect();
+                write!(f, "input '{input}' was never fed: 0 pieces pushed while {}", others.join(", "))
+            }
+            UserWait::Recv { sink } => write!(f, "a thread waits in recv() on the fetcher of sink '{sink}'"),
+            UserWait::JobWait => write!(f, "Job::wait() is waiting for every actor to finish"),
+        }
+    }
+}
+
 impl fmt::Display for WaitForGraph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "wait-for graph ({} actor(s) not done):", self.actors.len())?;
@@ -173,6 +337,9 @@ impl fmt::Display for WaitForGraph {
         }
         for stream in &self.silent_streams {
             writeln!(f, "  stream {stream} did not answer")?;
+        }
+        for node in &self.user {
+            writeln!(f, "  program: {node}")?;
         }
         if let Some(cycle) = &self.cycle {
             writeln!(f, "  deadlock cycle: {}", cycle.join(" -> "))?;
@@ -196,7 +363,12 @@ impl Names {
         self.actors.get(&id).cloned().unwrap_or_else(|| id.to_string())
     }
 
-    fn graph(&self, snapshots: &[(usize, Vec<ActorSnapshot>)], silent: Vec<String>) -> WaitForGraph {
+    fn graph(
+        &self,
+        snapshots: &[(usize, Vec<ActorSnapshot>)],
+        silent: Vec<String>,
+        user: Vec<UserWait>,
+    ) -> WaitForGraph {
         let mut actors = Vec::new();
         for (stream, list) in snapshots {
             for snap in list.iter().filter(|s| s.lifecycle != Lifecycle::Done) {
@@ -233,7 +405,7 @@ impl Names {
                 });
             }
         }
-        let mut graph = WaitForGraph { actors, silent_streams: silent, cycle: None };
+        let mut graph = WaitForGraph { actors, silent_streams: silent, user, cycle: None };
         graph.cycle = graph.find_cycle();
         graph
     }
@@ -242,6 +414,7 @@ impl Names {
 /// Runs until `stop` closes; checks every `timeout / 4`.
 pub(crate) fn watch(
     shared: Arc<JobShared>,
+    user: std::sync::Arc<UserWaits>,
     router: Router,
     names: Names,
     timeout: Duration,
@@ -286,9 +459,15 @@ pub(crate) fn watch(
         }
         let all: Vec<&ActorSnapshot> = answers.iter().flat_map(|(_, list)| list).collect();
         let pending = all.iter().any(|s| s.holds_pieces);
-        // A sink whose user has not fetched what it delivered holds finished results:
-        // the job waits on its consumer, and aborting would lose them.
-        let excused = all.iter().any(|s| s.waits.contains(&WaitReason::Fetch));
+        // A sink whose user has not fetched what it delivered holds finished results: the
+        // job waits on its consumer, and aborting would lose them. Unless the consumer is
+        // itself waiting on the job (blocked in a push, or in `Job::wait`) and nobody reads
+        // the fetcher: that is a deadlock through the user.
+        let user_nodes = user.nodes();
+        let user_blocked =
+            user_nodes.iter().any(|u| matches!(u, UserWait::Push { .. } | UserWait::Recv { .. } | UserWait::JobWait))
+                && user_nodes.iter().any(|u| matches!(u, UserWait::Unread { .. }));
+        let excused = all.iter().any(|s| s.waits.contains(&WaitReason::Fetch)) && !user_blocked;
         let silent: Vec<String> = live
             .iter()
             .filter(|s| !answers.iter().any(|(a, _)| a == *s) && !shared.probes[**s].exited.load(Ordering::Acquire))
@@ -302,8 +481,8 @@ pub(crate) fn watch(
             .collect();
         if (pending && !excused) || !silent.is_empty() {
             answers.sort_by_key(|(s, _)| *s);
-            let graph = names.graph(&answers, silent);
-            shared.abort(RuntimeError::Stalled { idle, graph }, &router);
+            let graph = names.graph(&answers, silent, user_nodes);
+            shared.abort(RuntimeError::Stalled { idle, graph: Box::new(graph) }, &router);
             return;
         }
         last_progress = Instant::now();

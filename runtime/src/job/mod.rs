@@ -4,6 +4,7 @@
 
 mod setup;
 mod start;
+mod user_waits;
 
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
@@ -16,10 +17,17 @@ use regflow_memory::MemoryReport;
 use regflow_plan::{ActorKind, Plan, SourcePieces};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use start::JobBuilder;
+pub(crate) use user_waits::{thread_token, FetchRecord, UserWaits};
+
+/// How long `wait` lets a fetcher it found full and unread stay so (nothing fired, nothing
+/// fetched) before it fails: the program may be reading it from another thread that is
+/// about to call `recv`.
+const UNREAD_GRACE: Duration = Duration::from_millis(250);
 
 /// Default watchdog timeout: long enough for any sane kernel, short enough to notice a hang.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
@@ -43,6 +51,8 @@ pub struct Job {
     poller: Option<SimPoller>,
     memory: MemoryReport,
     arenas: Option<Arc<PlanArenas>>,
+    /// What the program's threads wait on and hold (feeders, fetchers, `wait`).
+    user: std::sync::Arc<UserWaits>,
     epoch: Instant,
     trace_path: Option<PathBuf>,
 }
@@ -68,20 +78,25 @@ impl JobReport {
 }
 
 impl Job {
-    /// The feeder of fed source `name` (once).
+    /// The feeder of fed source `name` (once). An unknown name is an error listing the
+    /// nearest fed sources.
     pub fn feeder(&mut self, name: &str) -> Result<Feeder, RuntimeError> {
         self.take(name, "feeder", |job| job.feeders.remove(name), "a feeder needs a source with `pieces: fed`")
     }
 
     /// The fetcher of sink `name` (once). Pieces of a sink whose fetcher is never taken are
-    /// dropped when [`Job::wait`] runs.
+    /// dropped when [`Job::wait`] runs. An unknown name is an error listing the nearest sinks.
     pub fn fetcher(&mut self, name: &str) -> Result<Fetcher, RuntimeError> {
-        self.take(
+        let fetcher = self.take(
             name,
             "fetcher",
             |job| job.fetchers.remove(name),
             "a fetcher needs a sink without an on_sink callback",
-        )
+        )?;
+        let record = &self.user.fetches[fetcher.record];
+        record.taken.store(true, Ordering::SeqCst);
+        record.reader.store(thread_token(), Ordering::SeqCst);
+        Ok(fetcher)
     }
 
     fn take<T>(
@@ -94,8 +109,14 @@ impl Job {
         if let Some(found) = remove(self) {
             return Ok(found);
         }
-        let index =
-            self.plan.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.to_string() })?;
+        let Some(index) = self.plan.actor_by_name(name) else {
+            let (kind, fits): (&'static str, fn(&ActorKind) -> bool) = match what {
+                "feeder" => ("fed source", |k| matches!(k, ActorKind::Source { pieces: SourcePieces::Fed })),
+                _ => ("sink", |k| matches!(k, ActorKind::Sink)),
+            };
+            let valid: Vec<&str> = self.plan.actors.iter().filter(|a| fits(&a.kind)).map(|a| a.name.as_str()).collect();
+            return Err(RuntimeError::unknown_name(kind, name, &valid));
+        };
         let actor = &self.plan.actors[index.index()];
         let node = self.plan.devices[self.plan.device_of(index).index()].node;
         if !self.router.hosts(node) {
@@ -131,10 +152,22 @@ impl Job {
     ///
     /// Feeders not taken are closed; pieces for fetchers not taken are dropped. A fed
     /// source whose feeder the caller still holds open keeps the job running.
+    ///
+    /// A fetcher the caller holds is not drained: its pieces are the caller's. If its sink
+    /// has delivered as many pieces as it may ahead of the fetches (the fetch depth), nobody
+    /// is inside [`Fetcher::recv`], and this thread was the last to read (or take) it, the
+    /// job could only go on once this very thread reads: `wait` then fails at once (after a
+    /// short grace in which nothing fires and nothing is fetched) with
+    /// [`RuntimeError::UnreadFetcher`], naming the sink and its unread pieces. Read the
+    /// fetcher to its end, or drop it, before calling `wait`. A fetcher read to its end and
+    /// still in scope is fine. A fetcher read by another thread that stops reading is the
+    /// watchdog's to report (a cycle through `Job::wait` in its wait-for graph).
     pub fn wait(mut self) -> Result<JobReport, RuntimeError> {
         self.feeders.clear();
         self.fetchers.clear();
+        self.user.waiting.store(true, Ordering::SeqCst);
         let end = self.join_threads();
+        self.user.waiting.store(false, Ordering::SeqCst);
         let mut actors = Vec::new();
         let mut buffers = Vec::new();
         for exit in end.exits {
@@ -165,6 +198,7 @@ impl Job {
         let mut ended = Vec::with_capacity(self.threads.len());
         let mut aborted_at: Option<Instant> = None;
         let mut at = Instant::now();
+        let mut unread = UnreadWatch::default();
         while ended.len() < self.threads.len() {
             match self.exits.recv_timeout(Duration::from_millis(50)) {
                 Ok(s) => {
@@ -172,6 +206,9 @@ impl Job {
                     at = Instant::now();
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if let Some(error) = unread.check(&self.user, &self.shared) {
+                        self.shared.abort(error, &self.router);
+                    }
                     if self.shared.aborting.load(crate::sync::Ordering::Acquire) {
                         let since = *aborted_at.get_or_insert_with(Instant::now);
                         if since.elapsed() >= ABORT_GRACE {
@@ -214,6 +251,41 @@ impl Drop for Job {
             self.join_threads();
         }
         self.stop_helpers();
+    }
+}
+
+/// `wait`'s watch over fetchers only the waiting thread could read (see [`Job::wait`]).
+#[derive(Debug, Default)]
+struct UnreadWatch {
+    /// The fetcher found full and unread, its pieces received and the job's firings then,
+    /// and since when.
+    seen: Option<(usize, u64, u64, Instant)>,
+}
+
+impl UnreadWatch {
+    /// The error to abort with once a fetcher stayed full, unread and idle for the grace.
+    fn check(&mut self, user: &UserWaits, shared: &JobShared) -> Option<RuntimeError> {
+        if shared.aborting.load(crate::sync::Ordering::Acquire) {
+            return None;
+        }
+        let fires: u64 = shared.probes.iter().map(|p| p.fires.load(crate::sync::Ordering::Relaxed)).sum();
+        let Some((fetch, received)) = user.unread_by(thread_token()) else {
+            self.seen = None;
+            return None;
+        };
+        match self.seen {
+            Some((f, r, n, since)) if (f, r, n) == (fetch, received, fires) => {
+                if since.elapsed() < UNREAD_GRACE {
+                    return None;
+                }
+                let record = &user.fetches[fetch];
+                Some(RuntimeError::UnreadFetcher { sink: record.sink.clone(), unread: record.unread() })
+            }
+            _ => {
+                self.seen = Some((fetch, received, fires, Instant::now()));
+                None
+            }
+        }
     }
 }
 

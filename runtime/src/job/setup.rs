@@ -1,6 +1,7 @@
 //! The steps of building a job that need no builder: checking the plan's devices, writing
 //! the first values of loop registers, sizing the inboxes, starting the watchdog.
 
+use super::UserWaits;
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::kernel::device_supported;
@@ -31,9 +32,35 @@ pub(super) fn check_devices(plan: &Plan, node: Option<u16>) -> Result<(), Runtim
 /// logical value shared by several parts is drawn once.
 pub(super) fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), RuntimeError> {
     let mut drawn: HashMap<String, regflow_plan::HostArray> = HashMap::new();
+    let host = regflow_memory::host_memory_bytes();
     for variable in &plan.variables {
         let desc = &plan.regst_descs[variable.regst.index()];
         let fail = |message: String| RuntimeError::Preload { regst: desc.name.clone(), message };
+        // The whole value is drawn before it is cut: it must fit in host memory even where
+        // its part does (an allocation that fails would abort the process).
+        let whole_bytes = variable
+            .meta
+            .shape
+            .dims()
+            .iter()
+            .try_fold(variable.meta.dtype.size() as u64, |bytes, &d| bytes.checked_mul(d as u64));
+        match (whole_bytes, host) {
+            (Some(bytes), Some(host)) if bytes > host => {
+                return Err(RuntimeError::DoesNotFit {
+                    device: "host".into(),
+                    what: format!(
+                        "variable '{}' ({}), drawn whole before it is cut to its parts",
+                        variable.name, variable.meta
+                    ),
+                    bytes,
+                    available: format!("{host} bytes of host memory"),
+                })
+            }
+            (None, _) => {
+                return Err(fail(format!("variable '{}' ({}) has more bytes than 2^64", variable.name, variable.meta)))
+            }
+            _ => {}
+        }
         let key = format!("{:?}|{}", variable.init, variable.meta);
         let whole = drawn.entry(key).or_insert_with(|| variable.init.value(&variable.meta));
         let part = variable.region.cut(whole).to_le_bytes();
@@ -94,29 +121,69 @@ pub(super) fn write_preloads(
     Ok(())
 }
 
-/// Starts the watchdog thread over the hosted streams; the sender stops it.
-pub(super) fn start_watchdog(
-    plan: &Plan,
-    ids: &PlanIds,
-    hosted: &[usize],
-    shared: &Arc<JobShared>,
-    router: &Router,
-    timeout: Duration,
-    snapshots: crossbeam_channel::Receiver<(usize, Vec<regflow_actors::ActorSnapshot>)>,
-) -> Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>), RuntimeError> {
-    let names = Names {
+/// The names the watchdog reports in, for the streams `hosted`.
+pub(super) fn watch_names(plan: &Plan, ids: &PlanIds, hosted: &[usize]) -> Names {
+    Names {
         actors: plan.actors.iter().enumerate().map(|(a, d)| (ids.actors[a], d.name.clone())).collect(),
         descs: plan.regst_descs.iter().map(|d| d.name.clone()).collect(),
         streams: (0..plan.streams.len()).map(|s| stream_label(plan, s)).collect(),
         hosted: hosted.to_vec(),
-    };
+    }
+}
+
+/// Starts the watchdog thread; the sender stops it.
+pub(super) fn start_watchdog(
+    names: Names,
+    shared: &Arc<JobShared>,
+    user: &std::sync::Arc<UserWaits>,
+    router: &Router,
+    timeout: Duration,
+    snapshots: crossbeam_channel::Receiver<(usize, Vec<regflow_actors::ActorSnapshot>)>,
+) -> Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>), RuntimeError> {
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
-    let (shared, router) = (shared.clone(), router.clone());
+    let (shared, user, router) = (shared.clone(), user.clone(), router.clone());
     let handle = std::thread::Builder::new()
         .name("regflow-watchdog".into())
-        .spawn(move || watch(shared, router, names, timeout, stop_rx, snapshots))
+        .spawn(move || watch(shared, user, router, names, timeout, stop_rx, snapshots))
         .map_err(|e| RuntimeError::Spawn { thread: "watchdog".into(), message: e.to_string() })?;
     Ok((stop_tx, handle))
+}
+
+/// The user-side record of every fed source and channel sink of the actors `hosted`
+/// (indexed by actor), and each one's record index: feeds named by their typed input where
+/// the plan's signature has one. Sinks in `callbacks` deliver to no fetcher.
+pub(super) fn user_records(
+    indexed: &PlanIndex<'_>,
+    hosted: impl Fn(ActorIndex) -> bool,
+    callbacks: impl Fn(&str) -> bool,
+    configured_fetch_depth: Option<u64>,
+) -> (UserWaits, Vec<Option<usize>>) {
+    let plan = indexed.plan();
+    let mut inputs: HashMap<u32, &str> = HashMap::new();
+    for input in &plan.signature.inputs {
+        for part in &input.parts {
+            inputs.insert(part.actor.0, input.name.as_str());
+        }
+    }
+    let mut user = UserWaits::new();
+    let mut records = vec![None; plan.actors.len()];
+    for (a, actor) in plan.actors.iter().enumerate() {
+        let index = ActorIndex(a as u32);
+        if !hosted(index) {
+            continue;
+        }
+        records[a] = match actor.kind {
+            ActorKind::Source { pieces: SourcePieces::Fed } => {
+                let input = inputs.get(&index.0).map(|name| name.to_string());
+                Some(user.add_feed(&actor.name, input, feed_depth(indexed, index)))
+            }
+            ActorKind::Sink if !callbacks(&actor.name) => {
+                Some(user.add_fetch(&actor.name, fetch_depth(plan, index, configured_fetch_depth)))
+            }
+            _ => None,
+        };
+    }
+    (user, records)
 }
 
 /// Buffers a fed source cycles through: its register count plus one, so the user can stage

@@ -2,10 +2,10 @@
 //! kernels, feeders and fetchers, start the stream threads, the watchdog and the sources.
 
 use super::setup::{
-    check_devices, feed_depth, fetch_depth, inbox_capacities, start_watchdog, stream_label, write_preloads,
-    write_variables,
+    check_devices, feed_depth, fetch_depth, inbox_capacities, start_watchdog, stream_label, user_records, watch_names,
+    write_preloads, write_variables,
 };
-use super::{Job, DEFAULT_WATCHDOG};
+use super::{Job, UserWaits, DEFAULT_WATCHDOG};
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, DeviceStream, SimPoller};
@@ -229,27 +229,6 @@ impl Job {
             )
         };
 
-        // Actors, kernels, feeders and fetchers, per stream.
-        let mut per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)> =
-            (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
-        let mut feeders = HashMap::new();
-        let mut fetchers = HashMap::new();
-        let mut sources = Vec::new();
-        for (a, desc) in plan.actors.iter().enumerate() {
-            let stream = desc.stream.index();
-            let Some(inbox) = senders[stream].clone() else { continue };
-            let index = ActorIndex(a as u32);
-            let made = make_actor(&mut builder, &indexed, &ids, index, inbox, &mut feeders, &mut fetchers)?;
-            if made.starts {
-                sources.push(made.actor.id());
-            }
-            per_stream[stream].0.push(made.actor);
-            per_stream[stream].1.push(made.runtime);
-        }
-
-        // Every collective group complete in this job, on comm streams.
-        builder.kernels.collectives().check(&indexed)?;
-
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(JobShared {
             probes: (0..plan.streams.len()).map(|_| StreamProbe::default()).collect(),
@@ -258,6 +237,41 @@ impl Job {
             snapshots: snapshot_tx,
             collectives: builder.kernels.collectives(),
         });
+        let (user, records) = user_records(
+            &indexed,
+            |a| senders[plan.actors[a.index()].stream.index()].is_some(),
+            |name| builder.sink_callbacks.contains_key(name),
+            builder.fetch_depth,
+        );
+        let user = std::sync::Arc::new(user);
+        let mut ends = UserEnds {
+            user: &user,
+            records: &records,
+            shared: &shared,
+            feeders: HashMap::new(),
+            fetchers: HashMap::new(),
+        };
+
+        // Actors, kernels, feeders and fetchers, per stream.
+        let mut per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)> =
+            (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
+        let mut sources = Vec::new();
+        for (a, desc) in plan.actors.iter().enumerate() {
+            let stream = desc.stream.index();
+            let Some(inbox) = senders[stream].clone() else { continue };
+            let index = ActorIndex(a as u32);
+            let made = make_actor(&mut builder, &indexed, &ids, index, inbox, &mut ends)?;
+            if made.starts {
+                sources.push(made.actor.id());
+            }
+            per_stream[stream].0.push(made.actor);
+            per_stream[stream].1.push(made.runtime);
+        }
+
+        let UserEnds { feeders, fetchers, .. } = ends;
+
+        // Every collective group complete in this job, on comm streams.
+        builder.kernels.collectives().check(&indexed)?;
 
         // Stream threads.
         let epoch = Instant::now();
@@ -335,7 +349,9 @@ impl Job {
 
         let watchdog = match builder.watchdog {
             None => None,
-            Some(timeout) => Some(start_watchdog(&plan, &ids, &hosted, &shared, &router, timeout, snapshot_rx)?),
+            Some(timeout) => {
+                Some(start_watchdog(watch_names(&plan, &ids, &hosted), &shared, &user, &router, timeout, snapshot_rx)?)
+            }
         };
 
         // Go.
@@ -355,11 +371,32 @@ impl Job {
             router,
             feeders,
             fetchers,
+            user,
             watchdog,
             poller,
             epoch,
             trace_path: builder.trace,
         })
+    }
+}
+
+/// What feeders, fetchers and sink kernels share with the job: the user-side record, each
+/// actor's index in it, and the job's state (a waiting push watches for an abort).
+struct UserEnds<'a> {
+    user: &'a std::sync::Arc<UserWaits>,
+    records: &'a [Option<usize>],
+    shared: &'a Arc<JobShared>,
+    /// Feeders and fetchers made so far, by actor name.
+    feeders: HashMap<String, Feeder>,
+    fetchers: HashMap<String, Fetcher>,
+}
+
+impl UserEnds<'_> {
+    /// The record of actor `index`, made by `user_records` for every fed source and
+    /// channel sink this job hosts.
+    fn record(&self, index: ActorIndex) -> usize {
+        self.records[index.index()]
+            .unwrap_or_else(|| panic!("actor {index:?} has no user-side record (broken invariant)"))
     }
 }
 
@@ -379,8 +416,7 @@ fn make_actor(
     ids: &PlanIds,
     index: ActorIndex,
     inbox: InboxSender,
-    feeders: &mut HashMap<String, Feeder>,
-    fetchers: &mut HashMap<String, Fetcher>,
+    ends: &mut UserEnds<'_>,
 ) -> Result<MadeActor, RuntimeError> {
     let plan = indexed.plan();
     let desc = &plan.actors[index.index()];
@@ -411,7 +447,7 @@ fn make_actor(
             for _ in 0..depth {
                 let _ = pool_tx.send(Vec::with_capacity(bytes as usize));
             }
-            feeders.insert(
+            ends.feeders.insert(
                 desc.name.clone(),
                 Feeder {
                     name: desc.name.clone(),
@@ -421,6 +457,10 @@ fn make_actor(
                     pool: pool_rx,
                     inbox,
                     closed: false,
+                    reserved: None,
+                    waits: ends.user.clone(),
+                    record: ends.record(index),
+                    shared: ends.shared.clone(),
                 },
             );
             Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
@@ -442,16 +482,27 @@ fn make_actor(
                     let parts = inputs.iter().map(|&b| Vec::with_capacity(b as usize)).collect();
                     let _ = pool_tx.send(parts);
                 }
-                fetchers.insert(
+                let record = ends.record(index);
+                ends.fetchers.insert(
                     desc.name.clone(),
-                    Fetcher { sink: id, deliveries: delivery_rx, pool: pool_tx.clone(), inbox: inbox.clone() },
+                    Fetcher {
+                        sink: id,
+                        deliveries: delivery_rx.clone(),
+                        pool: pool_tx.clone(),
+                        inbox: inbox.clone(),
+                        waits: ends.user.clone(),
+                        record,
+                    },
                 );
                 Some(Box::new(ChannelSinkKernel {
                     deliveries: delivery_tx,
+                    undelivered: delivery_rx,
                     pool: pool_rx,
                     give_back: pool_tx,
                     inbox,
                     sink: id,
+                    waits: ends.user.clone(),
+                    record,
                 }))
             }
         },
