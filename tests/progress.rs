@@ -366,3 +366,48 @@ fn zero_micro_batches_or_zero_slots_are_refused_naming_the_option() {
     let (option, _, _) = option_error(g.compile_parallel(&[train.loss], &train.updates, &options));
     assert_eq!(option, "micro_batches");
 }
+
+/// A program may push every micro-batch of one input of a step before the next input: the
+/// feed holds a step of pieces (its register count plus the source's firings per step).
+#[test]
+fn a_whole_step_of_one_input_may_be_pushed_before_the_next() {
+    for k in [1u32, 3, 8] {
+        let g = Graph::new();
+        let case = Case {
+            widths: vec![4, 4],
+            bias: vec![true],
+            activation: vec![0],
+            residual: vec![false],
+            layout: Layout::OneDevice,
+            micro_batches: k,
+            steps: 2,
+            input_register_num: 1,
+            activation_register_num: 1,
+            reuse_memory: true,
+            gpipe: false,
+        };
+        let train = model(&g, &case);
+        let options = CompileOptions { accumulate: Some(train.accumulate(k)), ..CompileOptions::default() };
+        let compiled = g.compile(&[train.loss], &train.updates, &options).unwrap();
+        let mut job = Job::builder(compiled.plan.clone()).watchdog(WATCHDOG).build().unwrap();
+        let mut feeds = job.graph_feeds().unwrap();
+        let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
+        let data = batches(&case);
+        let pusher = std::thread::spawn(move || {
+            for step in data.chunks(k as usize) {
+                for (x, _) in step {
+                    feeds.push("x", x).unwrap();
+                }
+                for (_, y) in step {
+                    feeds.push("y", y).unwrap();
+                }
+            }
+            feeds.close().unwrap();
+        });
+        let losses = std::iter::from_fn(|| fetcher.recv()).count();
+        drop(fetcher);
+        job.wait().unwrap_or_else(|e| panic!("k = {k}: {e}"));
+        pusher.join().unwrap();
+        assert_eq!(losses, 2 * k as usize);
+    }
+}

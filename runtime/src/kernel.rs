@@ -6,7 +6,7 @@ use crate::collective::CollectiveGroups;
 use crate::finite::{FiniteCheck, FiniteSite};
 use regflow_kernels::KernelRegistry;
 use regflow_plan::{ActorIndex, DeviceKind, KernelConf, PlanIndex};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 pub use regflow_kernels::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
 
@@ -17,9 +17,6 @@ pub(crate) struct JobKernels {
     /// One table per job (a builder builds one job): collective kernels find their
     /// group's rendezvous here, and the job keeps it to wake them on abort.
     collectives: Arc<CollectiveGroups>,
-    /// Firings per step of every actor, computed on first use by plans that check finite
-    /// values (to say which step a piece belongs to).
-    per_step: OnceLock<Vec<u64>>,
 }
 
 impl Default for JobKernels {
@@ -28,7 +25,7 @@ impl Default for JobKernels {
         for kind in crate::device::KINDS {
             crate::device::register_kernels(&mut registry, kind);
         }
-        Self { registry, collectives: Arc::default(), per_step: OnceLock::new() }
+        Self { registry, collectives: Arc::default() }
     }
 }
 
@@ -47,25 +44,24 @@ impl JobKernels {
     }
 
     /// Builds the kernel of actor `index` of the indexed plan, as [`JobKernels::make`]
-    /// does; under `Plan::check_finite` an op kernel also scans its outputs.
+    /// does; under `Plan::check_finite` an op kernel also scans its outputs (and names the
+    /// step of a piece from the actor's `per_step` firings).
     pub(crate) fn make_for(
         &self,
         conf: &KernelConf,
         spec: &KernelSpec<'_>,
         indexed: &PlanIndex<'_>,
         index: ActorIndex,
+        per_step: u64,
     ) -> Result<Box<dyn Kernel>, KernelError> {
         let kernel = self.make(conf, spec)?;
         let plan = indexed.plan();
         match conf {
             KernelConf::Op(op) if plan.check_finite => {
-                // A plan whose rates do not balance has no steps; count pieces then.
-                let per_step =
-                    self.per_step.get_or_init(|| regflow_actors::firings_per_step(indexed).unwrap_or_default());
                 let site = FiniteSite {
                     actor: spec.actor.to_string(),
                     device: plan.devices[plan.device_of(index).index()].label(),
-                    per_step: per_step.get(index.index()).copied().unwrap_or(1),
+                    per_step,
                 };
                 Ok(FiniteCheck::wrap(kernel, op, site))
             }

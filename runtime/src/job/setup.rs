@@ -157,6 +157,7 @@ pub(super) fn user_records(
     hosted: impl Fn(ActorIndex) -> bool,
     callbacks: impl Fn(&str) -> bool,
     configured_fetch_depth: Option<u64>,
+    per_step: &[u64],
 ) -> (UserWaits, Vec<Option<usize>>) {
     let plan = indexed.plan();
     let mut inputs: HashMap<u32, &str> = HashMap::new();
@@ -175,7 +176,7 @@ pub(super) fn user_records(
         records[a] = match actor.kind {
             ActorKind::Source { pieces: SourcePieces::Fed } => {
                 let input = inputs.get(&index.0).map(|name| name.to_string());
-                Some(user.add_feed(&actor.name, input, feed_depth(indexed, index)))
+                Some(user.add_feed(&actor.name, input, feed_depth(indexed, index, per_step[a])))
             }
             ActorKind::Sink if !callbacks(&actor.name) => {
                 Some(user.add_fetch(&actor.name, fetch_depth(plan, index, configured_fetch_depth)))
@@ -186,11 +187,13 @@ pub(super) fn user_records(
     (user, records)
 }
 
-/// Buffers a fed source cycles through: its register count plus one, so the user can stage
-/// one piece ahead.
-pub(super) fn feed_depth(indexed: &PlanIndex<'_>, source: ActorIndex) -> u64 {
+/// Buffers a fed source cycles through: its register count plus a step of its pieces, so a
+/// program may push every micro-batch of one input of a step before the next input (with
+/// one micro-batch per step: one piece ahead). More than a step ahead waits for the job.
+pub(super) fn feed_depth(indexed: &PlanIndex<'_>, source: ActorIndex, per_step: u64) -> u64 {
     let descs = &indexed.plan().regst_descs;
-    u64::from(indexed.outputs_of(source).iter().map(|r| descs[r.index()].register_num).min().unwrap_or(1)) + 1
+    let register_num = indexed.outputs_of(source).iter().map(|r| descs[r.index()].register_num).min().unwrap_or(1);
+    u64::from(register_num) + per_step.max(1)
 }
 
 /// Pieces a channel sink may deliver ahead of the user's fetches.
@@ -203,7 +206,11 @@ pub(super) fn fetch_depth(plan: &Plan, sink: ActorIndex, configured: Option<u64>
 /// Upper bound of the messages that can be in flight to each stream: every `Ready` holds a
 /// slot, every `Ack` answers one, every `ActDone` answers a launch that holds one. One pass
 /// over the actors.
-pub(super) fn inbox_capacities(indexed: &PlanIndex<'_>, configured_fetch_depth: Option<u64>) -> Vec<usize> {
+pub(super) fn inbox_capacities(
+    indexed: &PlanIndex<'_>,
+    configured_fetch_depth: Option<u64>,
+    per_step: &[u64],
+) -> Vec<usize> {
     let plan = indexed.plan();
     let mut capacities = vec![16usize; plan.streams.len()];
     for (a, actor) in plan.actors.iter().enumerate() {
@@ -219,7 +226,9 @@ pub(super) fn inbox_capacities(indexed: &PlanIndex<'_>, configured_fetch_depth: 
         let capacity = &mut capacities[actor.stream.index()];
         *capacity += 2 * slots + 4;
         match actor.kind {
-            ActorKind::Source { pieces: SourcePieces::Fed } => *capacity += feed_depth(indexed, index) as usize,
+            ActorKind::Source { pieces: SourcePieces::Fed } => {
+                *capacity += feed_depth(indexed, index, per_step[a]) as usize
+            }
             ActorKind::Sink => *capacity += fetch_depth(plan, index, configured_fetch_depth) as usize,
             _ => {}
         }

@@ -171,6 +171,10 @@ impl Job {
         // plan's size.
         let indexed = PlanIndex::new(&plan);
         let ids = PlanIds::assign(&plan)?;
+        // Firings of each actor per step (its micro-batches): how many pieces a program may
+        // push into one input before the next, and which step a piece belongs to. A
+        // hand-built plan whose rates do not balance counts pieces as steps.
+        let per_step = regflow_actors::firings_per_step(&indexed).unwrap_or_else(|_| vec![1; plan.actors.len()]);
         let memory_plan = plan.memory()?;
         check_devices(&plan, builder.node)?;
         let arenas = PlanArenas::allocate(&plan, &memory_plan)?;
@@ -197,7 +201,7 @@ impl Job {
         // Inboxes and the router.
         let mut senders: Vec<Option<InboxSender>> = Vec::with_capacity(plan.streams.len());
         let mut receivers: Vec<Option<InboxReceiver>> = Vec::with_capacity(plan.streams.len());
-        let capacities = inbox_capacities(&indexed, builder.fetch_depth);
+        let capacities = inbox_capacities(&indexed, builder.fetch_depth, &per_step);
         for (s, &capacity) in capacities.iter().enumerate() {
             if hosts(stream_node(s)) {
                 let (tx, rx) = inbox(capacity);
@@ -242,6 +246,7 @@ impl Job {
             |a| senders[plan.actors[a.index()].stream.index()].is_some(),
             |name| builder.sink_callbacks.contains_key(name),
             builder.fetch_depth,
+            &per_step,
         );
         let user = std::sync::Arc::new(user);
         let mut ends = UserEnds {
@@ -260,7 +265,7 @@ impl Job {
             let stream = desc.stream.index();
             let Some(inbox) = senders[stream].clone() else { continue };
             let index = ActorIndex(a as u32);
-            let made = make_actor(&mut builder, &indexed, &ids, index, inbox, &mut ends)?;
+            let made = make_actor(&mut builder, &indexed, &ids, &per_step, index, inbox, &mut ends)?;
             if made.starts {
                 sources.push(made.actor.id());
             }
@@ -414,6 +419,7 @@ fn make_actor(
     builder: &mut JobBuilder,
     indexed: &PlanIndex<'_>,
     ids: &PlanIds,
+    per_step: &[u64],
     index: ActorIndex,
     inbox: InboxSender,
     ends: &mut UserEnds<'_>,
@@ -441,7 +447,7 @@ fn make_actor(
         ActorKind::Source { pieces: SourcePieces::Count(_) } => Some(Box::new(CountSourceKernel)),
         ActorKind::Source { pieces: SourcePieces::Fed } => {
             let bytes = outputs.iter().copied().min().unwrap_or(0);
-            let depth = feed_depth(indexed, index) as usize;
+            let depth = feed_depth(indexed, index, per_step[index.index()]) as usize;
             let (data_tx, data_rx) = crossbeam_channel::bounded(depth);
             let (pool_tx, pool_rx) = crossbeam_channel::bounded(depth);
             for _ in 0..depth {
@@ -465,9 +471,9 @@ fn make_actor(
             );
             Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
         }
-        ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => {
-            Some(builder.kernels.make_for(kernel, &spec, indexed, index).map_err(|e| setup(e.0))?)
-        }
+        ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => Some(
+            builder.kernels.make_for(kernel, &spec, indexed, index, per_step[index.index()]).map_err(|e| setup(e.0))?,
+        ),
         ActorKind::Discard => {
             Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
         }
