@@ -59,7 +59,17 @@ fn job_building() {
         "a custom kernel nobody registered",
         || quick(with_kernel(custom("mine"), DeviceKind::Cpu)).build(),
         "RuntimeError::KernelSetup",
-        &["actor 'f'", "kernel 'mine'", "not registered"],
+        &["actor 'f'", "kernel 'mine'", "not registered", "registers no kernels by name"],
+    );
+    c.case(
+        "a custom kernel name with a typo",
+        || {
+            quick(with_kernel(custom("mine"), DeviceKind::Cpu))
+                .kernel("mien", |_| Err(regflow::kernels::KernelError("unused".into())))
+                .build()
+        },
+        "RuntimeError::KernelSetup",
+        &["actor 'f'", "kernel 'mine'", "registered: mien", "did you mean 'mien'"],
     );
     c.case(
         "a custom source kernel nobody registered",
@@ -179,6 +189,18 @@ fn job_building() {
         },
         "RuntimeError::KernelSetup",
         &["actor 'op'", "40"],
+    );
+    c.case(
+        "an op meta whose bytes overflow",
+        || {
+            let mut plan = one_op(matmul(&[4, 3], &[3, 2], &[4, 2]), DeviceKind::Cpu);
+            if let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &mut plan.actors[2].kind {
+                conf.inputs[0] = f32s(&[1 << 40, 1 << 40]);
+            }
+            quick(plan).build()
+        },
+        "RuntimeError::KernelSetup",
+        &["actor 'op'", "input 0", "f32[1099511627776, 1099511627776]", "more bytes than fit in 64 bits"],
     );
     c.case(
         "a collective whose shape does not fit its registers",

@@ -393,13 +393,25 @@ fn hand_built_plans() {
         "a collective whose members disagree on the size",
         || collective(|confs| confs[1].size = 3),
         "PlanError::Collective",
-        &["'grad'", "3"],
+        &["'grad'", "all_reduce of 3 on f32[4]", "all_reduce of 2 on f32[4]"],
     );
     c.case(
         "a collective whose members disagree on the op",
         || collective(|confs| confs[1].op = CollectiveOp::AllGather { dim: 0 }),
         "PlanError::Collective",
         &["'grad'"],
+    );
+    c.case(
+        "a collective claiming 2^32 - 1 members",
+        || {
+            collective(|confs| {
+                for conf in confs.iter_mut() {
+                    conf.size = u32::MAX;
+                }
+            })
+        },
+        "PlanError::Collective",
+        &["'grad'", "rank 2 of 4294967295 has no member"],
     );
     c.case(
         "a collective rank out of its group",
