@@ -250,3 +250,47 @@ fn usage_errors_are_clap_errors_not_panics() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// A plan file whose register claims `register_num` slots of 0 bytes (a counted source
+/// read by a sink that delivers `fetch:0`), for `regflow run`.
+fn many_slots_plan(register_num: u32) -> String {
+    use regflow::graph::plan::{OutputSignature, TensorMeta};
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let s = b.stream(cpu, StreamKind::Compute);
+    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Count(1) });
+    let x = b.regst("x", src, 0, register_num);
+    let sink = b.actor("sink", s, ActorKind::Sink);
+    b.consume(sink, x);
+    let meta = TensorMeta::new([0], DType::F32);
+    b.plan_mut().signature.outputs.push(OutputSignature { name: "fetch:0".into(), meta, actor: sink });
+    b.build().expect("the plan validates").to_json()
+}
+
+#[test]
+#[ignore = "aborts: a register_num of 2^26 sizes the stream inbox to 2^28 messages (runtime/src/job/setup.rs:146-153 inbox_capacities, allocated in runtime/src/inbox.rs); 2^32 - 1 slots exhaust memory instead"]
+fn a_plan_claiming_millions_of_slots_is_refused_not_aborted() {
+    let mut c = Catalogue::new("cli");
+    let dir = temp_dir("bad_input", "many_slots");
+    let plan = write(&dir, "plan.json", many_slots_plan(1 << 26).as_bytes());
+    c.case("a register of 2^26 slots", || run(&["run", &plan], None), "CliFailure", &["'x'", "67108864"]);
+    c.finish();
+}
+
+#[test]
+#[ignore = "aborts: a variable whose logical meta claims 2^36 bytes is drawn whole on the host at job build (runtime/src/job/setup.rs:38 write_variables -> plan/src/init.rs Init::value), whatever its part"]
+fn a_variable_claiming_a_huge_logical_shape_is_refused_not_aborted() {
+    let mut c = Catalogue::new("cli");
+    let dir = temp_dir("bad_input", "huge_variable");
+    let json = fed_plan_json();
+    // The variable `w` is f32[3, 2]; its logical shape now claims 2^34 x 2 elements while
+    // its part (the region) still fills its 24-byte register.
+    let mut plan = Plan::from_json(&json).expect("the plan loads");
+    plan.variables[0].meta = regflow::graph::plan::TensorMeta::new([1usize << 34, 2], DType::F32);
+    let plan = write(&dir, "plan.json", plan.to_json().as_bytes());
+    let x = HostArray::f32([1, 2, 3], vec![0.0; 6]).expect("value");
+    let feeds =
+        save(&dir, "feeds.safetensors", vec![("x", x), ("y", HostArray::i64([1, 2], vec![0; 2]).expect("value"))]);
+    c.case("a variable of 2^35 elements", || run(&["run", &plan, "--feeds", &feeds], None), "CliFailure", &["'w'"]);
+    c.finish();
+}

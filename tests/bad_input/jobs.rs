@@ -279,5 +279,42 @@ fn job_building() {
         "RuntimeError",
         &["'src'"],
     );
+    c.case(
+        "a join whose fed input is never pushed",
+        stalled_join,
+        "RuntimeError::Stalled",
+        &[
+            "job stalled: no actor fired for",
+            "wait-for graph",
+            "'fed' (",
+            "waits for the user to push a piece",
+            "waits on input 'fed.out': empty, produced by 'fed'",
+        ],
+    );
     c.finish();
+}
+
+/// `src` (counted) -> `a` -> `join` <- `fed` (never pushed): the watchdog reports who
+/// waits on whom. The wait runs on a thread so that a regression that hangs fails the case.
+fn stalled_join() -> Result<(), RuntimeError> {
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let s0 = b.stream(cpu, StreamKind::Compute);
+    let s1 = b.stream(cpu, StreamKind::Compute);
+    let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(100) });
+    let x = b.regst("src.out", src, 8, 1);
+    let fed = b.actor("fed", s0, ActorKind::Source { pieces: SourcePieces::Fed });
+    let y = b.regst("fed.out", fed, 8, 1);
+    let a = b.actor("a", s1, ActorKind::Compute { kernel: KernelConf::Copy });
+    b.consume(a, x);
+    let z = b.regst("a.out", a, 8, 1);
+    let join = b.actor("join", s1, ActorKind::Sink);
+    b.consume(join, z).consume(join, y);
+    let mut job = quick(b.build().expect("the plan validates")).build()?;
+    let feeder = job.feeder("fed")?;
+    let (done, waited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(job.wait().map(drop)));
+    let result = waited.recv_timeout(crate::WATCHDOG * 20).expect("the watchdog ends a stalled job");
+    drop(feeder);
+    result
 }
