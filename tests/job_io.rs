@@ -167,7 +167,7 @@ fn a_failing_kernel_aborts_the_job_with_the_actor_name() {
     assert_eq!(message, "actor 'picky' (n0.d0.s1.a0): kernel failed: refusing piece 7");
     // An unregistered kernel is refused before anything runs.
     let message = Job::local(plan).unwrap_err().to_string();
-    assert_eq!(message, "cannot make the kernel of actor 'picky': actor 'picky' names kernel 'fail_on_7', which is not registered (registered: [])");
+    assert_eq!(message, "cannot make the kernel of actor 'picky': actor 'picky' names kernel 'fail_on_7', which is not registered (the job registers no kernels by name: add it with JobBuilder::kernel)");
 }
 
 #[test]

@@ -115,11 +115,12 @@ impl KernelRegistry {
         let factory = self.named.get(name).ok_or_else(|| {
             let mut known: Vec<&str> = self.named.keys().map(String::as_str).collect();
             known.sort_unstable();
-            KernelError(format!(
-                "actor '{}' names kernel '{name}', which is not registered (registered: [{}])",
-                spec.actor,
-                known.join(", ")
-            ))
+            let registered = match (known.is_empty(), nearest(name, &known)) {
+                (true, _) => "the job registers no kernels by name: add it with JobBuilder::kernel".to_string(),
+                (false, Some(near)) => format!("registered: {}; did you mean '{near}'?", known.join(", ")),
+                (false, None) => format!("registered: {}", known.join(", ")),
+            };
+            KernelError(format!("actor '{}' names kernel '{name}', which is not registered ({registered})", spec.actor))
         })?;
         factory(spec)
     }
@@ -173,10 +174,10 @@ fn check_metas(op: &OpConf, spec: &KernelSpec<'_>) -> Result<(), KernelError> {
         let Some(&bytes) = spec.input_bytes.get(i) else {
             return Err(fail(format!("input {k} reads actor input {i}, but the actor has {}", spec.input_bytes.len())));
         };
-        if meta.bytes() as u64 != bytes {
+        if meta_bytes(meta) != Some(bytes) {
             return Err(fail(format!(
-                "input {k} is {meta} ({} bytes), but its register has {bytes} bytes",
-                meta.bytes()
+                "input {k} is {meta} ({}), but its register has {bytes} bytes",
+                bytes_phrase(meta)
             )));
         }
     }
@@ -189,14 +190,27 @@ fn check_metas(op: &OpConf, spec: &KernelSpec<'_>) -> Result<(), KernelError> {
         )));
     }
     for (k, (meta, &bytes)) in op.outputs.iter().zip(spec.output_bytes).enumerate() {
-        if meta.bytes() as u64 != bytes {
+        if meta_bytes(meta) != Some(bytes) {
             return Err(fail(format!(
-                "output {k} is {meta} ({} bytes), but its register has {bytes} bytes",
-                meta.bytes()
+                "output {k} is {meta} ({}), but its register has {bytes} bytes",
+                bytes_phrase(meta)
             )));
         }
     }
     Ok(())
+}
+
+/// Bytes of a tensor of `meta`, `None` past 2^64 (metas come from plan files; shapes
+/// checked here are safe to count elements of afterwards).
+fn meta_bytes(meta: &regflow_plan::TensorMeta) -> Option<u64> {
+    meta.shape.dims().iter().try_fold(meta.dtype.size() as u64, |bytes, &len| bytes.checked_mul(len as u64))
+}
+
+fn bytes_phrase(meta: &regflow_plan::TensorMeta) -> String {
+    match meta_bytes(meta) {
+        Some(bytes) => format!("{bytes} bytes"),
+        None => "more bytes than fit in 64 bits".into(),
+    }
 }
 
 /// The candidate closest to `name` by edit distance, if it is close enough to be a typo.

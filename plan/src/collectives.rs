@@ -2,7 +2,7 @@
 //! collectives in different orders (collectives block their stream until the whole group
 //! arrives, so crossed orders deadlock, as with NCCL).
 
-use super::{ActorIndex, ActorKind, CollectiveConf, KernelConf, Plan, PlanError};
+use super::{ActorIndex, ActorKind, CollectiveConf, KernelConf, Plan, PlanError, Shape};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 impl Plan {
@@ -38,7 +38,9 @@ impl Plan {
         for (group, members) in &groups {
             let first =
                 self.collective_conf(members[0]).ok_or_else(|| error(group, "lost (broken invariant)".into()))?;
-            let mut ranks = vec![None; first.size as usize];
+            // By rank, not a vector of `size` slots: `size` comes from the plan file and may
+            // claim 2^32 members.
+            let mut ranks: BTreeMap<u32, usize> = BTreeMap::new();
             for &m in members {
                 let conf = self.collective_conf(m).ok_or_else(|| error(group, "lost (broken invariant)".into()))?;
                 let name = &self.actors[m].name;
@@ -46,30 +48,32 @@ impl Plan {
                     return Err(error(
                         group,
                         format!(
-                            "member '{name}' ({} of {} {}{}) disagrees with '{}' ({} of {} {}{})",
+                            "member '{name}' ({} of {} on {}{}) disagrees with '{}' ({} of {} on {}{})",
                             conf.op_name(),
                             conf.size,
                             conf.dtype,
-                            crate::Shape::from(conf.shape.as_slice()),
+                            Shape::from(conf.shape.as_slice()),
                             self.actors[members[0]].name,
                             first.op_name(),
                             first.size,
                             first.dtype,
-                            crate::Shape::from(first.shape.as_slice())
+                            Shape::from(first.shape.as_slice())
                         ),
                     ));
                 }
-                let slot = ranks
-                    .get_mut(conf.rank as usize)
-                    .ok_or_else(|| error(group, format!("member '{name}' has rank {} of {}", conf.rank, conf.size)))?;
-                if let Some(other) = slot.replace(m) {
+                if conf.rank >= conf.size {
+                    return Err(error(group, format!("member '{name}' has rank {} of {}", conf.rank, conf.size)));
+                }
+                if let Some(other) = ranks.insert(conf.rank, m) {
                     return Err(error(
                         group,
                         format!("members '{}' and '{name}' both have rank {}", self.actors[other].name, conf.rank),
                     ));
                 }
             }
-            if let Some(missing) = ranks.iter().position(Option::is_none) {
+            // Ranks are below `size` and distinct: the first rank missing is at most the
+            // member count.
+            if let Some(missing) = (0..first.size).find(|rank| !ranks.contains_key(rank)) {
                 return Err(error(group, format!("rank {missing} of {} has no member", first.size)));
             }
             let mut devices: Vec<_> = members.iter().map(|&m| self.device_of(ActorIndex(m as u32))).collect();

@@ -102,11 +102,15 @@ impl Plan {
                         regflow_memory::ALIGNMENT
                     )));
                 }
-                let end = offset
-                    .checked_add(desc.bytes)
-                    .ok_or_else(|| memory_error(format!("register '{}' ends past 2^64", desc.name)))?;
-                shared_bytes = shared_bytes.max(end.div_ceil(64) * 64);
-                unshared_bytes += desc.bytes.div_ceil(64) * 64;
+                // Sizes come from plan files: every sum is checked (a file may say 2^64 - 1).
+                let past_2_64 = || memory_error(format!("register '{}' ends past 2^64", desc.name));
+                let end = offset.checked_add(desc.bytes).and_then(|end| end.checked_next_multiple_of(64));
+                shared_bytes = shared_bytes.max(end.ok_or_else(past_2_64)?);
+                unshared_bytes = desc
+                    .bytes
+                    .checked_next_multiple_of(64)
+                    .and_then(|bytes| unshared_bytes.checked_add(bytes))
+                    .ok_or_else(past_2_64)?;
                 placement[r.index()] = Some((d, Place::Shared(offset)));
             }
             let blocks: Vec<(u64, u32)> = descs
@@ -117,7 +121,12 @@ impl Plan {
                 })
                 .collect();
             let layout = ArenaLayout::pack(&blocks).map_err(|e| memory_error(e.to_string()))?;
-            let total = shared_bytes + layout.total_bytes();
+            let total = shared_bytes.checked_add(layout.total_bytes()).ok_or_else(|| {
+                memory_error(format!(
+                    "the shared region ({shared_bytes} bytes) and the other slots ({} bytes) together exceed 2^64",
+                    layout.total_bytes()
+                ))
+            })?;
             if let Some(capacity) = self.devices[d].memory_capacity {
                 if total > capacity {
                     let mut largest: Vec<&RegstDesc> = descs.iter().map(|r| &self.regst_descs[r.index()]).collect();

@@ -22,7 +22,13 @@ impl Plan {
                 "the file is not a JSON object, so it has no `schema_version`: missing field `schema_version`".into(),
             ));
         }
-        let version: Version = serde_json::from_str(text).map_err(|e| PlanError::Parse(e.to_string()))?;
+        let version: Version = serde_json::from_str(text).map_err(|e| match e.classify() {
+            // Well-formed JSON whose only field read here has the wrong type.
+            serde_json::error::Category::Data => {
+                PlanError::Parse(format!("`schema_version` must be a whole number such as {PLAN_SCHEMA_VERSION}: {e}"))
+            }
+            _ => PlanError::Parse(e.to_string()),
+        })?;
         let found = version.schema_version.ok_or_else(|| PlanError::Parse("missing field `schema_version`".into()))?;
         if found != u64::from(PLAN_SCHEMA_VERSION) {
             return Err(PlanError::SchemaVersion { found, expected: PLAN_SCHEMA_VERSION });
