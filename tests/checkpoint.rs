@@ -64,7 +64,7 @@ fn a_checkpoint_resumes_training_exactly_in_a_session_and_in_a_compiled_job() {
     let mut builder = Job::builder(compiled.plan.clone());
     for variable in &compiled.variables {
         let (_, value) = saved.iter().find(|(n, _)| n == &variable.name).unwrap();
-        builder = builder.preload(&variable.regst, value.to_le_bytes());
+        builder = builder.preload_variable(&variable.name, value.clone());
     }
     let mut job = builder.build().unwrap();
     let (mut fx, mut fy, losses) =
@@ -218,4 +218,86 @@ fn files_that_are_not_checkpoints_are_refused_in_terms_of_the_file() {
     let err = checkpoint::load(&path).unwrap_err();
     assert!(matches!(err, CheckpointError::Io { action: "read", .. }), "{err}");
     assert!(err.to_string().starts_with(&format!("checkpoint '{shown}' cannot be read: ")), "{err}");
+}
+
+/// Runs `steps` of the model compiled with `options` on `mesh`, every variable preloaded
+/// from `saved` by its logical name; returns the losses.
+fn job_losses(
+    saved: &[(String, HostArray)],
+    mesh: Option<regflow::graph::sbp::Mesh>,
+    steps: std::ops::Range<u64>,
+) -> Vec<f64> {
+    use regflow::graph::sbp::{NdSbp, Sbp};
+    let g = Graph::new();
+    let train = model(&g);
+    let compiled = match mesh {
+        None => g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap(),
+        Some(mesh) => {
+            g.set_layout(g.by_name("w").unwrap(), &mesh, NdSbp(vec![Sbp::Split(1)])).unwrap();
+            g.set_layout(g.by_name("b").unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+            let options = regflow::graph::ParallelOptions::new(mesh).train(&train);
+            g.compile_parallel(&[train.loss], &train.updates, &options).unwrap()
+        }
+    };
+    let mut builder = Job::builder(compiled.plan.clone());
+    for (name, value) in saved {
+        builder = builder.preload_variable(name, value.clone());
+    }
+    let mut job = builder.build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let losses = job.fetcher(&compiled.fetches[0]).unwrap();
+    for k in steps {
+        let (xs, ys) = batch(k);
+        feeds.push("x", &HostArray::f32([4, 5], xs).unwrap()).unwrap();
+        feeds.push("y", &HostArray::i64([4], ys).unwrap()).unwrap();
+    }
+    feeds.close().unwrap();
+    let got: Vec<f64> = std::iter::from_fn(|| losses.recv())
+        .map(|p| f64::from(f32::from_le_bytes(p.bytes().try_into().unwrap())))
+        .collect();
+    drop(losses);
+    job.wait().unwrap();
+    got
+}
+
+#[test]
+fn a_checkpoint_preloads_a_tensor_parallel_job_by_logical_name() {
+    let path = temp("tensor-parallel");
+    let g = Graph::new();
+    let train = model(&g);
+    let mut s = Session::new(&g);
+    session_steps(&g, &train, &mut s, 0..3);
+    s.save(&path).unwrap();
+    let saved = checkpoint::load(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let one = job_losses(&saved, None, 3..6);
+    // w is split by columns and b by rows over two devices: each gets its part of the value.
+    let two = job_losses(&saved, Some(regflow::graph::sbp::Mesh::cpu(&[2], &["tp"]).unwrap()), 3..6);
+    assert_eq!(one.len(), 3);
+    for (a, b) in one.iter().zip(&two) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{one:?} vs {two:?}");
+    }
+}
+
+#[test]
+fn a_job_refuses_a_transposed_or_unknown_variable_value() {
+    let g = Graph::new();
+    let train = model(&g);
+    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
+    let build = |name: &str, value: HostArray| {
+        Job::builder(compiled.plan.clone()).preload_variable(name, value).build().map(|_| ()).unwrap_err().to_string()
+    };
+    let transposed = HostArray::f32([3, 5], vec![0.5; 15]).unwrap();
+    assert_eq!(
+        build("w", transposed),
+        "preload of variable 'w': the variable is f32[5, 3], the value given is f32[3, 5] \
+         (the same number of elements in another shape: transposed?)"
+    );
+    let wrong_dtype = HostArray::f64([5, 3], vec![0.5; 15]).unwrap();
+    assert_eq!(
+        build("w", wrong_dtype),
+        "preload of variable 'w': the variable is f32[5, 3], the value given is f64[5, 3]"
+    );
+    let message = build("ww", HostArray::f32([5, 3], vec![0.5; 15]).unwrap());
+    assert!(message.starts_with("no variable named 'ww'; did you mean 'w'?"), "{message}");
 }

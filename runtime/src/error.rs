@@ -101,6 +101,18 @@ pub enum RuntimeError {
         /// Why.
         message: String,
     },
+    /// A variable's value whose dtype or shape differs from the variable's.
+    #[error("preload of variable '{variable}': the variable is {expected}, the value given is {got}{hint}")]
+    VariableMismatch {
+        /// The variable (logical name).
+        variable: String,
+        /// Its dtype and shape, `f32[5, 3]`.
+        expected: String,
+        /// The value's.
+        got: String,
+        /// A note when only the shape differs with the same element count.
+        hint: &'static str,
+    },
     /// A typed feed that does not fit the graph's input.
     #[error("feed for input '{input}': {message}")]
     Feed {

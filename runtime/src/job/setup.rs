@@ -81,6 +81,41 @@ pub(super) fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), Ru
     Ok(())
 }
 
+/// The register preloads of whole variable values (`JobBuilder::preload_variable`): each
+/// value is checked against the variable's logical dtype and shape, then cut into the part
+/// every device's register holds.
+pub(super) fn variable_preloads(
+    plan: &Plan,
+    values: &[(String, regflow_plan::HostArray)],
+) -> Result<Vec<(String, Vec<u8>)>, RuntimeError> {
+    let logical = |name: &str| name.split('@').next().unwrap_or(name).to_string();
+    let mut preloads = Vec::new();
+    for (name, value) in values {
+        let parts: Vec<_> = plan.variables.iter().filter(|v| logical(&v.name) == *name).collect();
+        let Some(first) = parts.first() else {
+            let mut names: Vec<String> = plan.variables.iter().map(|v| logical(&v.name)).collect();
+            names.dedup();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            return Err(RuntimeError::unknown_name("variable", name, &names));
+        };
+        let got = value.meta();
+        if got != first.meta {
+            let same_count = got.dtype == first.meta.dtype && got.shape.numel() == first.meta.shape.numel();
+            return Err(RuntimeError::VariableMismatch {
+                variable: name.clone(),
+                expected: first.meta.to_string(),
+                got: got.to_string(),
+                hint: if same_count { " (the same number of elements in another shape: transposed?)" } else { "" },
+            });
+        }
+        for part in parts {
+            let regst = plan.regst_descs[part.regst.index()].name.clone();
+            preloads.push((regst, part.region.cut(value).to_le_bytes()));
+        }
+    }
+    Ok(preloads)
+}
+
 /// Writes the initial bytes of preloaded registers into their slots (before any thread runs).
 pub(super) fn write_preloads(
     plan: &Plan,

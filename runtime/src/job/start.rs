@@ -2,8 +2,8 @@
 //! kernels, feeders and fetchers, start the stream threads, the watchdog and the sources.
 
 use super::setup::{
-    check_devices, feed_depth, fetch_depth, inbox_capacities, start_watchdog, stream_label, user_records, watch_names,
-    write_preloads, write_variables,
+    check_devices, feed_depth, fetch_depth, inbox_capacities, start_watchdog, stream_label, user_records,
+    variable_preloads, watch_names, write_preloads, write_variables,
 };
 use super::{Job, UserWaits, DEFAULT_WATCHDOG};
 use crate::arenas::PlanArenas;
@@ -34,6 +34,7 @@ pub struct JobBuilder {
     node: Option<u16>,
     fetch_depth: Option<u64>,
     preloads: Vec<(String, Vec<u8>)>,
+    variable_values: Vec<(String, regflow_plan::HostArray)>,
     cpu_threads: usize,
     data_dir: Option<PathBuf>,
 }
@@ -136,6 +137,15 @@ impl JobBuilder {
         self
     }
 
+    /// The initial value of variable `name` (its logical name, as the graph calls it; e.g.
+    /// from a checkpoint), instead of the value the plan's initializer draws. At build it
+    /// must have the variable's dtype and shape (a transposed weight is refused, not loaded),
+    /// and each device's register gets its part (its region of the value).
+    pub fn preload_variable(mut self, name: &str, value: regflow_plan::HostArray) -> Self {
+        self.variable_values.push((name.to_string(), value));
+        self
+    }
+
     /// Validates the plan, allocates its memory, starts its threads and its sources.
     pub fn build(self) -> Result<Job, RuntimeError> {
         Job::start(self)
@@ -154,6 +164,7 @@ impl Job {
             node: None,
             fetch_depth: None,
             preloads: Vec::new(),
+            variable_values: Vec::new(),
             cpu_threads: 1,
             data_dir: None,
         }
@@ -179,7 +190,9 @@ impl Job {
         check_devices(&plan, builder.node)?;
         let arenas = PlanArenas::allocate(&plan, &memory_plan)?;
         write_variables(&plan, &arenas)?;
-        write_preloads(&plan, &arenas, &builder.preloads)?;
+        let mut preloads = std::mem::take(&mut builder.preloads);
+        preloads.extend(variable_preloads(&plan, &builder.variable_values)?);
+        write_preloads(&plan, &arenas, &preloads)?;
         let arenas = Arc::new(arenas);
         let node = builder.node;
         let hosts = move |n: u16| node.is_none_or(|only| only == n);
