@@ -210,9 +210,11 @@ impl Graph {
     /// and stored). Errors name the tensor, its shape, the mesh axes and the layout.
     pub fn set_layout(&self, tensor: Tensor<'_>, mesh: &Mesh, layout: NdSbp) -> Result<(), GraphError> {
         let meta = tensor.meta();
+        // Named before the graph is borrowed mutably below (the name reads the graph).
+        let name = tensor.name();
         let error = |message: String| GraphError::Op {
             op: "set_layout".into(),
-            inputs: vec![format!("'{}': {meta}", tensor.name())],
+            inputs: vec![format!("'{name}': {meta}")],
             message,
         };
         layout.check(mesh, &meta.shape).map_err(error)?;

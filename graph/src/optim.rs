@@ -260,6 +260,11 @@ impl Graph {
         if !std::ptr::eq(loss.graph(), self) {
             return Err(GraphError::ForeignTensor { op: "minimize".into(), index: 0 });
         }
+        // A loss that is not a scalar float is the first thing wrong with it.
+        let loss_meta = loss.meta();
+        if loss_meta.shape.numel() != 1 || !loss_meta.dtype.is_float() {
+            return Err(GraphError::NonScalarLoss(loss_meta.to_string()));
+        }
         let params = self.trainable_variables();
         let reached = crate::dsl::ancestors(&self.nodes(), self.tensor_count(), [loss.id()]);
         if !params.iter().any(|p| reached[p.id().0 as usize]) {

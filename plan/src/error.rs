@@ -115,6 +115,17 @@ pub enum PlanError {
         /// Its producer.
         producer: String,
     },
+    /// More slots than a register may have.
+    #[error(
+        "register '{desc}' has register_num {register_num}; at most {max} slots are supported",
+        max = super::MAX_REGISTER_NUM
+    )]
+    TooManySlots {
+        /// The descriptor.
+        desc: String,
+        /// Its slot count.
+        register_num: u32,
+    },
     /// More consumers than a register can track.
     #[error("register '{desc}' has {count} consumers; at most {max} are supported", max = super::MAX_CONSUMERS)]
     TooManyConsumers {

@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 /// still holds a slot, which is allocated once per plan).
 pub const MAX_CONSUMERS: usize = 65_536;
 
+/// Most slots one register descriptor may have: the job sizes each stream's inbox and each
+/// register's slot tables from the slot counts, once per plan, so a count from a file must
+/// stay far from what would exhaust memory.
+pub const MAX_REGISTER_NUM: u32 = 65_536;
+
 /// Schema version written into every plan file; loading any other version is an error.
 pub const PLAN_SCHEMA_VERSION: u32 = 2;
 

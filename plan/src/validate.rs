@@ -118,6 +118,9 @@ impl Plan {
                     producer: self.actors[desc.producer.index()].name.clone(),
                 });
             }
+            if desc.register_num > MAX_REGISTER_NUM {
+                return Err(PlanError::TooManySlots { desc: desc.name.clone(), register_num: desc.register_num });
+            }
             if desc.preloaded > desc.register_num {
                 return Err(PlanError::TooManyPreloaded {
                     desc: desc.name.clone(),

@@ -63,7 +63,7 @@ fn feeds() {
     c.case(
         "a feeder for an unknown actor",
         || with_job(fed_chain(), |job| job.feeder("srcc").map(drop)),
-        "RuntimeError::UnknownActor",
+        "RuntimeError::UnknownName",
         &["'srcc'"],
     );
     c.case(
@@ -159,8 +159,8 @@ fn feeds() {
     c.case(
         "a typed feed for an unknown input",
         || typed(HostArray::f32([2, 3], vec![0.0; 6]).expect("value"), "y"),
-        "RuntimeError::Feed",
-        &["input 'y'", "no such input", "x"],
+        "RuntimeError::UnknownName",
+        &["input named 'y'", "did you mean 'x'"],
     );
     c.case(
         "a typed feed of the wrong shape",
@@ -213,7 +213,7 @@ fn feeds() {
                 feeds.push("src", &HostArray::f32([2], vec![0.0; 2]).expect("value"))
             })
         },
-        "RuntimeError::Feed",
+        "RuntimeError::UnknownName",
         &["'src'"],
     );
     c.finish();

@@ -126,7 +126,6 @@ fn graph_building() {
 }
 
 #[test]
-#[ignore = "confusing: Init::check writes the initializer with {:?} ('Xavier { seed: 0 } needs a float variable, not i64'), plan/src/init.rs:99"]
 fn an_initializer_for_an_integer_variable_is_named_in_words() {
     let mut c = Catalogue::new("graphs");
     let g = Graph::new();

@@ -113,7 +113,6 @@ fn meshes_and_layouts() {
 }
 
 #[test]
-#[ignore = "panics: set_layout's error closure calls Tensor::name while the graph is mutably borrowed (graph/src/dsl.rs:205 via :212)"]
 fn a_second_pin_on_another_mesh_is_refused() {
     let mut c = Catalogue::new("meshes");
     let g = Graph::new();

@@ -66,7 +66,6 @@ fn compile_options_and_step_lists() {
 /// Register counts of 0 are raised to 1 without a word (`.max(..)` in
 /// graph/src/compile/lower/inputs.rs:35 and graph/src/compile/lower/mod.rs:215).
 #[test]
-#[ignore = "silently accepted: CompileOptions register counts of 0 become 1 (graph/src/compile/lower/mod.rs:215, lower/inputs.rs:35)"]
 fn register_counts_of_zero_are_refused() {
     let mut c = Catalogue::new("options");
     let g = Graph::new();

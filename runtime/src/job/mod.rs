@@ -47,6 +47,8 @@ pub struct Job {
     router: Router,
     feeders: HashMap<String, Feeder>,
     fetchers: HashMap<String, Fetcher>,
+    /// Sinks that deliver to an `on_sink` callback (no fetcher can take them).
+    callback_sinks: Vec<String>,
     watchdog: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
     poller: Option<SimPoller>,
     memory: MemoryReport,
@@ -126,7 +128,11 @@ impl Job {
             (what, &actor.kind),
             ("feeder", ActorKind::Source { pieces: SourcePieces::Fed }) | ("fetcher", ActorKind::Sink)
         );
-        if fits {
+        if what == "fetcher" && self.callback_sinks.iter().any(|s| s == name) {
+            let expected = "it delivers to the on_sink callback the job was built with; a fetcher needs a sink \
+                            without one";
+            Err(RuntimeError::WrongKind { name: name.to_string(), kind: actor.kind.name(), expected })
+        } else if fits {
             Err(RuntimeError::AlreadyTaken { what, name: name.to_string() })
         } else {
             Err(RuntimeError::WrongKind { name: name.to_string(), kind: actor.kind.name(), expected })

@@ -198,6 +198,7 @@ impl Job {
         let hosts = move |n: u16| node.is_none_or(|only| only == n);
         let stream_node = |s: usize| plan.devices[plan.streams[s].device.index()].node;
 
+        let callback_sinks: Vec<String> = builder.sink_callbacks.keys().cloned().collect();
         // Sink callbacks must name sinks.
         for name in builder.sink_callbacks.keys() {
             let index = indexed.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.clone() })?;
@@ -389,6 +390,7 @@ impl Job {
             router,
             feeders,
             fetchers,
+            callback_sinks,
             user,
             watchdog,
             poller,
