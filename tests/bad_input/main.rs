@@ -26,6 +26,7 @@ mod meshes;
 mod options;
 mod plan_files;
 mod plans;
+mod values;
 
 use regflow::prelude::*;
 use std::fmt::{Debug, Display};
