@@ -175,7 +175,7 @@ fn typed_feeds_name_the_input_and_the_values_that_do_not_fit() {
     let x = HostArray::f32([8, 6], xs).unwrap();
     let y = HostArray::i64([8], ys).unwrap();
     let err = |r: Result<(), RuntimeError>| r.unwrap_err().to_string();
-    assert_eq!(err(feeds.push("z", &x)), "feed for input 'z': the graph has no such input (inputs: x, y)");
+    assert_eq!(err(feeds.push("z", &x)), "no input named 'z'; did you mean 'x'? (nearest inputs: 'x', 'y')");
     assert_eq!(
         err(feeds.push("x", &HostArray::f32([6, 8], vec![0.0; 48]).unwrap())),
         "feed for input 'x': got f32[6, 8], expected f32[8, 6]"

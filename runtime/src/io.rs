@@ -64,9 +64,6 @@ pub(crate) enum Patience {
     Forever,
 }
 
-/// How often a waiting push looks whether the job was aborted.
-const ABORT_POLL: Duration = Duration::from_millis(50);
-
 /// Pushes pieces into a fed source. Closing it (or dropping it) ends the source's data.
 ///
 /// The source holds a fixed number of pieces (its register count plus one); past that,
@@ -151,22 +148,21 @@ impl Feeder {
             Err(crossbeam_channel::TryRecvError::Empty) => {}
         }
         self.waits.push_blocked(self.record);
-        let got = loop {
-            if self.shared.aborting.load(Ordering::Acquire) {
-                break Err(self.stopped());
-            }
-            let slice = match patience {
-                Patience::Until(deadline) => deadline.saturating_duration_since(Instant::now()).min(ABORT_POLL),
-                _ => ABORT_POLL,
-            };
-            match self.pool.recv_timeout(slice) {
-                Ok(buffer) => break Ok(Some(buffer)),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break Err(self.stopped()),
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    if matches!(patience, Patience::Until(deadline) if Instant::now() >= deadline) {
-                        break Ok(None);
-                    }
-                }
+        // Waits for a buffer, the deadline or the job's abort, whichever comes first.
+        let aborted = self.shared.abort_signal.receiver();
+        let got = if self.shared.aborting.load(Ordering::Acquire) {
+            Err(self.stopped())
+        } else {
+            match patience {
+                Patience::Until(deadline) => crossbeam_channel::select! {
+                    recv(self.pool) -> buffer => buffer.map(Some).map_err(|_| self.stopped()),
+                    recv(aborted) -> _ => Err(self.stopped()),
+                    default(deadline.saturating_duration_since(Instant::now())) => Ok(None),
+                },
+                _ => crossbeam_channel::select! {
+                    recv(self.pool) -> buffer => buffer.map(Some).map_err(|_| self.stopped()),
+                    recv(aborted) -> _ => Err(self.stopped()),
+                },
             }
         };
         self.waits.push_unblocked(self.record);

@@ -111,6 +111,7 @@ fn run_model(plan: &Plan) {
         aborting: AtomicBool::new(false),
         snapshots,
         collectives: Default::default(),
+        abort_signal: crate::stream::AbortSignal::new(),
     });
     let mut workers = Vec::new();
     for (s, rx) in [(0usize, rx0), (1usize, rx1)] {

@@ -44,6 +44,37 @@ pub(crate) struct JobShared {
     /// Rendezvous of the job's collectives: a stream thread blocked in one does not read
     /// its inbox, so an abort wakes them directly.
     pub(crate) collectives: std::sync::Arc<CollectiveGroups>,
+    /// Wakes the program's threads blocked on the job (a push waiting for a buffer) the
+    /// moment it aborts, instead of their polling `aborting`.
+    pub(crate) abort_signal: AbortSignal,
+}
+
+/// A channel that carries nothing and disconnects when the job aborts: a thread that waits
+/// on the job selects on it next to what it waits for.
+#[derive(Debug)]
+pub(crate) struct AbortSignal {
+    sender: std::sync::Mutex<Option<crossbeam_channel::Sender<()>>>,
+    receiver: crossbeam_channel::Receiver<()>,
+}
+
+impl AbortSignal {
+    pub(crate) fn new() -> Self {
+        // Capacity 1, not 0: selecting on a zero-capacity channel allocates a packet per
+        // blocking wait, and a push may wait once per piece (nothing is ever sent anyway).
+        let (sender, receiver) = crossbeam_channel::bounded(1);
+        Self { sender: std::sync::Mutex::new(Some(sender)), receiver }
+    }
+
+    /// Disconnects: every `recv` on [`AbortSignal::receiver`] returns at once, now and later.
+    fn fire(&self) {
+        let mut sender = self.sender.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        sender.take();
+    }
+
+    /// Never receives a value; disconnected once the job aborted.
+    pub(crate) fn receiver(&self) -> &crossbeam_channel::Receiver<()> {
+        &self.receiver
+    }
 }
 
 impl JobShared {
@@ -58,6 +89,7 @@ impl JobShared {
         if !self.aborting.swap(true, Ordering::AcqRel) {
             router.broadcast(Envelope::Stop);
             self.collectives.abort_all();
+            self.abort_signal.fire();
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::device::{CpuStream, DeviceStream, SimPoller};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
 use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
-use crate::stream::{ActorRuntime, JobShared, StreamExit, StreamProbe, StreamWorker};
+use crate::stream::{AbortSignal, ActorRuntime, JobShared, StreamExit, StreamProbe, StreamWorker};
 use crate::sync::{Arc, AtomicBool, Mutex};
 use crate::trace::TraceBuffer;
 use crate::RuntimeError;
@@ -254,6 +254,7 @@ impl Job {
             aborting: AtomicBool::new(false),
             snapshots: snapshot_tx,
             collectives: builder.kernels.collectives(),
+            abort_signal: AbortSignal::new(),
         });
         let (user, records) = user_records(
             &indexed,
