@@ -25,9 +25,9 @@ pub use start::JobBuilder;
 pub(crate) use user_waits::{thread_token, FetchRecord, UserWaits};
 
 /// How long `wait` lets a fetcher it found full and unread stay so (nothing fired, nothing
-/// fetched) before it fails: the program may be reading it from another thread that is
-/// about to call `recv`.
-const UNREAD_GRACE: Duration = Duration::from_millis(250);
+/// fetched) before it fails: the program may have moved it to another thread that is about
+/// to call `recv` (on a loaded machine a new thread may take a while to run).
+const UNREAD_GRACE: Duration = Duration::from_secs(1);
 
 /// Default watchdog timeout: long enough for any sane kernel, short enough to notice a hang.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
@@ -166,8 +166,10 @@ impl Job {
     /// short grace in which nothing fires and nothing is fetched) with
     /// [`RuntimeError::UnreadFetcher`], naming the sink and its unread pieces. Read the
     /// fetcher to its end, or drop it, before calling `wait`. A fetcher read to its end and
-    /// still in scope is fine. A fetcher read by another thread that stops reading is the
-    /// watchdog's to report (a cycle through `Job::wait` in its wait-for graph).
+    /// still in scope is fine. A fetcher moved to another thread counts as this thread's
+    /// until that thread first calls `recv`, so that thread should do so within a second
+    /// (or take the fetcher itself). A fetcher read by another thread that stops reading is
+    /// the watchdog's to report (a cycle through `Job::wait` in its wait-for graph).
     pub fn wait(mut self) -> Result<JobReport, RuntimeError> {
         self.feeders.clear();
         self.fetchers.clear();
