@@ -142,7 +142,7 @@ pub fn check_progress(plan: &Plan, steps: u64) -> Result<Progress, ProgressError
         }
         actors.push(actor);
     }
-    let mut env = SerialEnv { queue: VecDeque::new() };
+    let mut env = SerialEnv { queue: VecDeque::with_capacity(4 * plan.actors.len()) };
     for (i, actor) in actors.iter().enumerate() {
         let id = actor.id();
         env.queue.push_back(Message { dst: id, src: id, body: Body::Cmd(Cmd::Start) });
@@ -271,6 +271,7 @@ pub fn firings_per_step(index: &PlanIndex<'_>) -> Result<Vec<u64>, ProgressError
     let mut rate: Vec<Option<Ratio>> = vec![None; n];
     let mut out = vec![0u64; n];
     let name = |a: ActorIndex| plan.actors[a.index()].name.clone();
+    let mut edges: Vec<(RegstDescId, usize, Ratio)> = Vec::new();
     for root in 0..n {
         if rate[root].is_some() {
             continue;
@@ -282,7 +283,7 @@ pub fn firings_per_step(index: &PlanIndex<'_>) -> Result<Vec<u64>, ProgressError
             let here = rate[a].unwrap_or_else(|| unreachable!("queued actors have a rate"));
             let at = ActorIndex(a as u32);
             // Edges to consumers (through each output) and to producers (through each input).
-            let mut edges: Vec<(RegstDescId, usize, Ratio)> = Vec::new();
+            edges.clear();
             for &r in index.outputs_of(at) {
                 let (en, ed) = emitted(&plan.actors[a].kind);
                 let pieces = here.times(en, ed);
@@ -298,7 +299,7 @@ pub fn firings_per_step(index: &PlanIndex<'_>) -> Result<Vec<u64>, ProgressError
                 let (en, ed) = emitted(&plan.actors[p].kind);
                 edges.push((r, p, pieces.times(ed, en)));
             }
-            for (r, other, want) in edges {
+            for &(r, other, want) in &edges {
                 match rate[other] {
                     None => {
                         rate[other] = Some(want);
