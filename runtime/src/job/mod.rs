@@ -2,6 +2,7 @@
 //! push pieces in and take results out, and waits for the end (or the first error).
 //! Building a job (validation, memory, threads) is in `start`.
 
+mod make;
 mod setup;
 mod start;
 mod user_waits;
