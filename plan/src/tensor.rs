@@ -583,6 +583,28 @@ impl HostArray {
 }
 
 impl HostArray {
+    /// The array of `meta` whose elements are `bytes`, little-endian (what a register
+    /// holds): an error says how many bytes the meta needs when `bytes` has another count.
+    pub fn from_le_bytes(meta: &TensorMeta, bytes: &[u8]) -> Result<Self, ArrayError> {
+        meta.check_size()?;
+        let size = meta.dtype.size();
+        if bytes.len() != meta.bytes() {
+            let (needed, got) = (meta.shape.numel(), bytes.len() / size);
+            return Err(ArrayError::Length { shape: meta.shape.clone(), dtype: meta.dtype, needed, got });
+        }
+        let words = bytes.chunks_exact(size);
+        let data = match meta.dtype {
+            DType::F32 => HostData::F32(words.map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            DType::F64 => HostData::F64(
+                words.map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
+            ),
+            DType::I64 => HostData::I64(
+                words.map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
+            ),
+        };
+        Ok(Self { shape: meta.shape.clone(), data })
+    }
+
     /// The elements as little-endian bytes.
     pub fn to_le_bytes(&self) -> Vec<u8> {
         match &self.data {

@@ -1,0 +1,135 @@
+//! Where one request's answer lands: a slot the serving threads fill once and the caller
+//! waits on, blocking ([`Reply::wait`]) or as a future ([`InferFuture`]) that works with any
+//! async runtime. Dropping the future cancels the request.
+
+use crate::ServeError;
+use regflow_plan::HostArray;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// The outputs of one request, in the plan signature's order.
+pub type Answer = Result<Vec<HostArray>, ServeError>;
+
+#[derive(Debug, Default)]
+struct State {
+    answer: Option<Answer>,
+    waker: Option<Waker>,
+}
+
+/// One request's answer slot, shared by the caller and the serving threads.
+#[derive(Debug, Default)]
+pub(crate) struct Reply {
+    state: Mutex<State>,
+    ready: Condvar,
+    /// The caller gave up: the request is skipped if it has not run, its answer dropped.
+    cancelled: AtomicBool,
+}
+
+impl Reply {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Fills the slot (the first answer wins) and wakes the caller.
+    pub(crate) fn answer(&self, answer: Answer) {
+        let waker = {
+            let mut state = self.lock();
+            if state.answer.is_some() {
+                return;
+            }
+            state.answer = Some(answer);
+            state.waker.take()
+        };
+        self.ready.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Whether the caller gave up.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+
+    /// Waits for the answer until `deadline`; `None` when it passed first.
+    pub(crate) fn wait(&self, deadline: Option<Instant>) -> Option<Answer> {
+        let mut state = self.lock();
+        loop {
+            if let Some(answer) = state.answer.take() {
+                return Some(answer);
+            }
+            state = match deadline {
+                None => self.ready.wait(state).unwrap_or_else(PoisonError::into_inner),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    self.ready.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0
+                }
+            };
+        }
+    }
+}
+
+/// The answer to [`crate::Model::infer_async`]: a future that needs no particular async
+/// runtime (the serving threads wake it). Dropping it before it is ready cancels the
+/// request: if it has not run yet it never will, and its place in the queue is freed.
+#[derive(Debug)]
+pub struct InferFuture {
+    pub(crate) reply: Option<Arc<Reply>>,
+    /// The request's deadline and the duration it was given, to answer `DeadlineExceeded`
+    /// if the answer is late (the dispatcher answers requests that expire in the queue).
+    pub(crate) deadline: Option<(Instant, Duration)>,
+}
+
+impl InferFuture {
+    /// A future that is ready at once with `answer` (a request refused on submission).
+    pub(crate) fn ready(answer: Answer) -> Self {
+        let reply = Arc::new(Reply::default());
+        reply.answer(answer);
+        Self { reply: Some(reply), deadline: None }
+    }
+}
+
+impl Future for InferFuture {
+    type Output = Answer;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
+        let Some(reply) = self.reply.clone() else {
+            return Poll::Ready(Err(ServeError::Stopped("the future was polled after it completed".into())));
+        };
+        let mut state = reply.lock();
+        if let Some(answer) = state.answer.take() {
+            drop(state);
+            self.reply = None;
+            return Poll::Ready(answer);
+        }
+        if let Some((deadline, given)) = self.deadline {
+            if Instant::now() >= deadline {
+                drop(state);
+                reply.cancel();
+                self.reply = None;
+                return Poll::Ready(Err(ServeError::DeadlineExceeded { deadline: given, when: "while it ran" }));
+            }
+        }
+        state.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for InferFuture {
+    fn drop(&mut self) {
+        if let Some(reply) = self.reply.take() {
+            reply.cancel();
+        }
+    }
+}
