@@ -4,7 +4,7 @@
 //! one piece, and tells the collector which rows of it belong to which request.
 
 use crate::metrics::Metrics;
-use crate::reply::Reply;
+use crate::reply::{GaveUp, Reply};
 use crate::ServeError;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use regflow_plan::{HostArray, HostData, TensorMeta};
@@ -117,9 +117,14 @@ impl Dispatcher {
 
     /// The request if it should run: a cancelled one is dropped, an expired one answered.
     fn admit(&self, request: Request) -> Option<Request> {
-        if request.reply.is_cancelled() {
-            Metrics::add(&self.metrics.cancelled, 1);
-            return None;
+        match request.reply.gave_up() {
+            GaveUp::No => {}
+            GaveUp::Dropped => {
+                Metrics::add(&self.metrics.cancelled, 1);
+                return None;
+            }
+            // The caller counted its missed deadline.
+            GaveUp::TimedOut => return None,
         }
         if let Some((deadline, given)) = request.deadline {
             if Instant::now() >= deadline {

@@ -5,6 +5,7 @@
 
 use crate::batch::InFlight;
 use crate::metrics::Metrics;
+use crate::reply::GaveUp;
 use crate::ServeError;
 use crossbeam_channel::Receiver;
 use regflow_plan::{HostArray, TensorMeta};
@@ -59,8 +60,9 @@ impl Collector {
             let single = piece.parts.len() == 1 && !batched;
             let mut values = Some(values);
             for part in piece.parts {
-                if part.reply.is_cancelled() {
-                    Metrics::add(&metrics.cancelled, 1);
+                if part.reply.gave_up() != GaveUp::No {
+                    // It ran, but nobody waits for it: not cancelled (it used compute), not
+                    // answered.
                     continue;
                 }
                 let answer = if single {

@@ -6,7 +6,7 @@
 use crate::batch::{Dispatcher, InFlight, Packing, Request};
 use crate::collect::Collector;
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::reply::{Answer, InferFuture, Reply};
+use crate::reply::{Answer, GaveUp, InferFuture, Reply};
 use crate::ServeError;
 use crossbeam_channel::{Sender, TrySendError};
 use regflow_plan::{HostArray, Plan, TensorMeta};
@@ -330,7 +330,7 @@ impl Model {
         match reply.wait(deadline.map(|(at, _)| at)) {
             Some(answer) => answer,
             None => {
-                reply.cancel();
+                reply.give_up(GaveUp::TimedOut);
                 let given = deadline.map_or(Duration::ZERO, |(_, given)| given);
                 Metrics::add(&self.shared.metrics.deadline_exceeded, 1);
                 Err(ServeError::DeadlineExceeded { deadline: given, when: "while it ran" })
@@ -344,7 +344,9 @@ impl Model {
         deadline: Option<Duration>,
     ) -> InferFuture {
         match self.submit(inputs, deadline, QueueFull::Refuse) {
-            Ok((reply, deadline)) => InferFuture { reply: Some(reply), deadline },
+            Ok((reply, deadline)) => {
+                InferFuture { reply: Some(reply), metrics: Some(self.shared.metrics.clone()), deadline }
+            }
             Err(error) => InferFuture::ready(Err(error)),
         }
     }

@@ -2,11 +2,12 @@
 //! waits on, blocking ([`Reply::wait`]) or as a future ([`InferFuture`]) that works with any
 //! async runtime. Dropping the future cancels the request.
 
+use crate::metrics::Metrics;
 use crate::ServeError;
 use regflow_plan::HostArray;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -25,8 +26,21 @@ struct State {
 pub(crate) struct Reply {
     state: Mutex<State>,
     ready: Condvar,
-    /// The caller gave up: the request is skipped if it has not run, its answer dropped.
-    cancelled: AtomicBool,
+    /// Whether and how the caller gave up ([`GaveUp`]): the request is skipped if it has
+    /// not run, its answer dropped.
+    gave_up: AtomicU8,
+}
+
+/// How a caller gave up on its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum GaveUp {
+    /// It still waits.
+    No = 0,
+    /// It dropped the future: the dispatcher counts the request as cancelled.
+    Dropped = 1,
+    /// Its deadline passed while it waited: it counted that itself.
+    TimedOut = 2,
 }
 
 impl Reply {
@@ -50,13 +64,18 @@ impl Reply {
         }
     }
 
-    /// Whether the caller gave up.
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
+    /// Whether and how the caller gave up.
+    pub(crate) fn gave_up(&self) -> GaveUp {
+        match self.gave_up.load(Ordering::Acquire) {
+            0 => GaveUp::No,
+            1 => GaveUp::Dropped,
+            _ => GaveUp::TimedOut,
+        }
     }
 
-    pub(crate) fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Release);
+    /// The caller gives up (the first reason given stays).
+    pub(crate) fn give_up(&self, why: GaveUp) {
+        let _ = self.gave_up.compare_exchange(0, why as u8, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Waits for the answer until `deadline`; `None` when it passed first.
@@ -86,6 +105,8 @@ impl Reply {
 #[derive(Debug)]
 pub struct InferFuture {
     pub(crate) reply: Option<Arc<Reply>>,
+    /// The model's counters (a late answer counts as a missed deadline).
+    pub(crate) metrics: Option<Arc<Metrics>>,
     /// The request's deadline and the duration it was given, to answer `DeadlineExceeded`
     /// if the answer is late (the dispatcher answers requests that expire in the queue).
     pub(crate) deadline: Option<(Instant, Duration)>,
@@ -96,7 +117,7 @@ impl InferFuture {
     pub(crate) fn ready(answer: Answer) -> Self {
         let reply = Arc::new(Reply::default());
         reply.answer(answer);
-        Self { reply: Some(reply), deadline: None }
+        Self { reply: Some(reply), metrics: None, deadline: None }
     }
 }
 
@@ -116,7 +137,10 @@ impl Future for InferFuture {
         if let Some((deadline, given)) = self.deadline {
             if Instant::now() >= deadline {
                 drop(state);
-                reply.cancel();
+                reply.give_up(GaveUp::TimedOut);
+                if let Some(metrics) = &self.metrics {
+                    Metrics::add(&metrics.deadline_exceeded, 1);
+                }
                 self.reply = None;
                 return Poll::Ready(Err(ServeError::DeadlineExceeded { deadline: given, when: "while it ran" }));
             }
@@ -129,7 +153,7 @@ impl Future for InferFuture {
 impl Drop for InferFuture {
     fn drop(&mut self) {
         if let Some(reply) = self.reply.take() {
-            reply.cancel();
+            reply.give_up(GaveUp::Dropped);
         }
     }
 }

@@ -335,3 +335,52 @@ fn prometheus_text_counts_requests_errors_batches_and_latency() {
     }
     model.shutdown().unwrap();
 }
+
+#[test]
+fn a_blocking_request_past_its_deadline_is_answered_deadline_exceeded_once() {
+    let gate = Gate::default();
+    let model = gate.install(model(8, false)).build().unwrap();
+    let err = model.infer_within(one_row(0), Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(err, ServeError::DeadlineExceeded { when: "while it ran", .. }), "{err}");
+    assert!(err.to_string().starts_with("the request's deadline of 20ms passed while it ran"), "{err}");
+    gate.release(u64::MAX / 2);
+    let answer = model.infer(one_row(1)).unwrap();
+    assert_answer(&answer[0], &input(1, 0, 8), 8, "the next request");
+    let metrics = model.metrics();
+    assert_eq!((metrics.deadline_exceeded, metrics.cancelled, metrics.answered), (1, 0, 1), "{metrics:?}");
+    model.shutdown().unwrap();
+}
+
+/// A plan file compiled for two tensor-parallel devices, served with a checkpoint of whole
+/// weights: each device gets its part, and the answers are the one-device ones.
+#[test]
+fn a_plan_file_and_a_checkpoint_serve_a_tensor_parallel_layout() {
+    use regflow_graph::sbp::{Mesh, NdSbp, Sbp};
+    let g = Graph::new();
+    let x = g.input("x", [8, FEATURES], DType::F32).unwrap();
+    let v1 = g.variable("w1", [FEATURES, HIDDEN], DType::F32, Init::Zeros).unwrap();
+    let v2 = g.variable("w2", [HIDDEN, CLASSES], DType::F32, Init::Zeros).unwrap();
+    let mesh = Mesh::cpu(&[2], &["tp"]).unwrap();
+    g.set_layout(x, &mesh, NdSbp(vec![Sbp::Broadcast])).unwrap();
+    g.set_layout(v1, &mesh, NdSbp(vec![Sbp::Split(1)])).unwrap();
+    g.set_layout(v2, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    let y = x.matmul(&v1).unwrap().relu().unwrap().matmul(&v2).unwrap();
+    let compiled = g.compile_parallel(&[y], &[], &regflow_graph::ParallelOptions::new(mesh)).unwrap();
+    let dir = std::env::temp_dir().join(format!("regflow-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (plan_path, checkpoint) = (dir.join("plan.json"), dir.join("weights.safetensors"));
+    std::fs::write(&plan_path, compiled.plan.to_json()).unwrap();
+    let weights = vec![
+        ("w1".to_string(), HostArray::f32([FEATURES, HIDDEN], w1()).unwrap()),
+        ("w2".to_string(), HostArray::f32([HIDDEN, CLASSES], w2()).unwrap()),
+    ];
+    regflow_graph::checkpoint::save(&checkpoint, &weights).unwrap();
+    let plan = regflow_graph::plan::Plan::from_json(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    let model = Model::builder(plan).checkpoint(&checkpoint).build().unwrap();
+    for caller in 0..4 {
+        let answer = model.infer(one_row(caller)).unwrap();
+        assert_answer(&answer[0], &input(caller, 0, 8), 8, &format!("request {caller} on tp2"));
+    }
+    model.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
