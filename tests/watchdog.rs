@@ -139,3 +139,30 @@ fn watchdog_leaves_a_job_waiting_on_its_user_alone() {
     let report = job.wait().unwrap();
     assert_eq!(report.actor("sink").unwrap().fires, 2);
 }
+
+/// A training job whose program takes longer than the watchdog's timeout between steps
+/// holds only loop state (the variables, the step token) while it waits: idle, not stuck.
+#[test]
+fn a_training_job_idle_between_steps_longer_than_the_timeout_is_not_stalled() {
+    use regflow::graph::{CompileOptions, DType, Graph, HostArray, Init, Optimizer};
+    let g = Graph::new();
+    let x = g.input("x", [4, 3], DType::F32).unwrap();
+    let y = g.input("y", [4], DType::I64).unwrap();
+    let w = g.variable("w", [3, 2], DType::F32, Init::Xavier { seed: 1 }).unwrap();
+    let loss = x.matmul(&w).unwrap().sparse_cross_entropy(&y).unwrap();
+    let train = g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).unwrap();
+    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
+    let mut job = Job::builder(compiled.plan.clone()).watchdog(Duration::from_millis(100)).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let losses = job.fetcher(&compiled.fetches[0]).unwrap();
+    for _ in 0..2 {
+        feeds.push("x", &HostArray::f32([4, 3], vec![0.5; 12]).unwrap()).unwrap();
+        feeds.push("y", &HostArray::i64([4], vec![0, 1, 0, 1]).unwrap()).unwrap();
+        assert!(losses.recv().is_some(), "the step's loss");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    feeds.close().unwrap();
+    assert!(losses.recv().is_none());
+    drop(losses);
+    job.wait().unwrap();
+}

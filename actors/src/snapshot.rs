@@ -62,6 +62,11 @@ pub struct ActorSnapshot {
     /// Whether a piece is inside it: a register ready or being read, a slot lent out, a
     /// kernel in flight, or a source that still has pieces to produce.
     pub holds_pieces: bool,
+    /// Whether it holds data on its way, not state at rest: a piece ready or being read on
+    /// an input that does not close a loop, a kernel in flight, a source with pieces to
+    /// produce, a repeat holding its input. A job between steps (a served model waiting for
+    /// requests, a trainer preparing its next batch) holds loop state only: idle, not stuck.
+    pub holds_data: bool,
 }
 
 impl Actor {
@@ -118,6 +123,14 @@ impl Actor {
                 KindState::Repeat { held, .. } => held.is_some(),
                 _ => false,
             };
+        let holds_data = launches > 0
+            || self.inputs.iter().any(|i| !i.loop_carried && (!i.ready.is_empty() || !i.in_use.is_empty()))
+            || match &self.kind {
+                KindState::Source { limit: Some(n), produced, .. } => self.started && produced < n,
+                KindState::Source { limit: None, available, .. } => *available > 0,
+                KindState::Repeat { held, .. } => held.is_some(),
+                _ => false,
+            };
         ActorSnapshot {
             id: self.id,
             name: self.name.clone(),
@@ -125,6 +138,7 @@ impl Actor {
             fires: self.fires,
             waits,
             holds_pieces,
+            holds_data,
         }
     }
 }

@@ -458,7 +458,9 @@ pub(crate) fn watch(
             continue;
         }
         let all: Vec<&ActorSnapshot> = answers.iter().flat_map(|(_, list)| list).collect();
-        let pending = all.iter().any(|s| s.holds_pieces);
+        // Loop state at rest (variables, step tokens between steps) is not pending work: a
+        // job waiting for its next push is idle, however long the program takes.
+        let pending = all.iter().any(|s| s.holds_data);
         // A sink whose user has not fetched what it delivered holds finished results: the
         // job waits on its consumer, and aborting would lose them. Unless the consumer is
         // itself waiting on the job (blocked in a push, or in `Job::wait`) and nobody reads

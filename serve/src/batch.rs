@@ -4,7 +4,7 @@
 //! one piece, and tells the collector which rows of it belong to which request.
 
 use crate::metrics::Metrics;
-use crate::reply::{GaveUp, Reply};
+use crate::reply::{GaveUp, Responder};
 use crate::ServeError;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use regflow_plan::{HostArray, HostData, TensorMeta};
@@ -22,7 +22,7 @@ pub(crate) struct Request {
     pub(crate) submitted: Instant,
     /// The deadline and the duration it was given.
     pub(crate) deadline: Option<(Instant, Duration)>,
-    pub(crate) reply: Arc<Reply>,
+    pub(crate) reply: Responder,
 }
 
 /// A piece on its way through the plan: which rows answer which request.
@@ -34,7 +34,7 @@ pub(crate) struct InFlight {
 /// Rows `start..start + rows` of a piece's outputs answer this request.
 #[derive(Debug)]
 pub(crate) struct Part {
-    pub(crate) reply: Arc<Reply>,
+    pub(crate) reply: Responder,
     pub(crate) start: usize,
     pub(crate) rows: usize,
     pub(crate) submitted: Instant,

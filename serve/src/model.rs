@@ -6,7 +6,7 @@
 use crate::batch::{Dispatcher, InFlight, Packing, Request};
 use crate::collect::Collector;
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::reply::{Answer, GaveUp, InferFuture, Reply};
+use crate::reply::{Answer, GaveUp, InferFuture, Reply, Responder};
 use crate::ServeError;
 use crossbeam_channel::{Sender, TrySendError};
 use regflow_plan::{HostArray, Plan, TensorMeta};
@@ -364,7 +364,7 @@ impl Model {
         let (inputs, rows) = self.check(inputs).inspect_err(|_| Metrics::add(&metrics.bad_input, 1))?;
         let deadline = deadline.map(|given| (submitted.checked_add(given).unwrap_or(submitted), given));
         let reply = Arc::new(Reply::default());
-        let request = Request { inputs, rows, submitted, deadline, reply: reply.clone() };
+        let request = Request { inputs, rows, submitted, deadline, reply: Responder(reply.clone()) };
         let queue = self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let Some(queue) = queue else {
             return Err(ServeError::Stopped("the model was shut down".into()));

@@ -99,6 +99,27 @@ impl Reply {
     }
 }
 
+/// The serving side's hold on a request's answer slot. Whatever path a request takes —
+/// answered, refused, or dropped with a queue or a batch when the job stops — its caller
+/// hears: a responder dropped before its request was answered answers `Stopped`.
+#[derive(Debug)]
+pub(crate) struct Responder(pub(crate) Arc<Reply>);
+
+impl std::ops::Deref for Responder {
+    type Target = Reply;
+
+    fn deref(&self) -> &Reply {
+        &self.0
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        // A no-op when the request was answered (the first answer wins).
+        self.0.answer(Err(ServeError::Stopped("the model stopped before answering this request".into())));
+    }
+}
+
 /// The answer to [`crate::Model::infer_async`]: a future that needs no particular async
 /// runtime (the serving threads wake it). Dropping it before it is ready cancels the
 /// request: if it has not run yet it never will, and its place in the queue is freed.

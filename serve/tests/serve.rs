@@ -384,3 +384,53 @@ fn a_plan_file_and_a_checkpoint_serve_a_tensor_parallel_layout() {
     model.shutdown().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A model that waits for requests longer than its watchdog's timeout is idle, not stuck.
+#[test]
+fn an_idle_model_outlives_its_watchdog() {
+    let model = model(8, true).watchdog(Some(Duration::from_millis(100))).build().unwrap();
+    let answer = model.infer(one_row(0)).unwrap();
+    assert_answer(&answer[0], &input(0, 0, 8), 8, "before idling");
+    std::thread::sleep(Duration::from_millis(600));
+    let answer = model.infer(one_row(1)).unwrap();
+    assert_answer(&answer[0], &input(1, 0, 8), 8, "after idling");
+    model.shutdown().unwrap();
+}
+
+/// A kernel that fails on its third firing.
+struct FailsOnThird(u64);
+
+impl Kernel for FailsOnThird {
+    fn run(&mut self, _io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        self.0 += 1;
+        if self.0 == 3 {
+            return Err(KernelError("refusing the third piece".into()));
+        }
+        Ok(())
+    }
+}
+
+/// When the model's job fails, every caller hears it — those in flight, those queued and
+/// those who come later — and nobody waits for ever.
+#[test]
+fn a_failing_job_answers_every_caller() {
+    let model = model(8, false)
+        .configure_job(|job| {
+            job.op_kernel("unary", DeviceKind::Cpu, DType::F32, |_: &KernelSpec<'_>| {
+                Ok(Box::new(FailsOnThird(0)) as Box<dyn Kernel>)
+            })
+        })
+        .build()
+        .unwrap();
+    let futures: Vec<InferFuture> = (0..16).map(|k| model.infer_async(one_row(k))).collect();
+    let answers: Vec<Answer> = futures.into_iter().map(block_on).collect();
+    let failed = answers.iter().filter(|a| a.is_err()).count();
+    let ok = answers.iter().filter(|a| a.is_ok()).count();
+    assert_eq!(ok + failed, 16);
+    assert!(failed >= 1, "{answers:?}");
+    let later = model.infer(one_row(99));
+    assert!(matches!(later, Err(ServeError::Stopped(_))), "{later:?}");
+    let report = model.shutdown();
+    let message = report.map(|_| ()).unwrap_err().to_string();
+    assert!(message.contains("refusing the third piece"), "{message}");
+}
