@@ -51,6 +51,8 @@ pub use regflow_memory as memory;
 pub use regflow_plan as plan;
 pub use regflow_runtime as runtime;
 
+pub mod train;
+
 /// The names most programs use.
 pub mod prelude {
     pub use regflow_memory::MemoryKind;
@@ -61,6 +63,7 @@ pub mod prelude {
     pub use regflow_runtime::{
         Feeder, Fetched, Fetcher, Job, JobBuilder, JobReport, Kernel, KernelError, KernelIo, RuntimeError, WaitForGraph,
     };
+    pub use crate::train::{LoadStateDict, ReportState, StateDict, TrainError, Trainer};
 }
 
 /// The README's examples, compiled and run as doctests so they cannot rot.
