@@ -163,8 +163,10 @@ impl LoadStateDict for JobBuilder {
         let known: Vec<&str> = variables.iter().map(|(n, _)| n.as_str()).collect();
         skipped.unexpected = state.names().filter(|n| !known.contains(n)).map(str::to_string).collect();
         if strict {
+            // A renamed variable is both missing and unexpected: each names the other first.
             if let Some(first) = skipped.missing.first() {
-                let names: Vec<&str> = state.names().collect();
+                let unexpected: Vec<&str> = skipped.unexpected.iter().map(String::as_str).collect();
+                let names: Vec<&str> = if unexpected.is_empty() { state.names().collect() } else { unexpected };
                 let hint = suggest(first, &names, "tensors");
                 return Err(TrainError::MissingVariables { variables: skipped.missing, hint });
             }
