@@ -196,7 +196,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut session = Session::new(&g);
     for param in g.trainable_variables() {
-        let value = history.state.get(&param.name()).ok_or_else(|| format!("no trained value of '{}'", param.name()))?;
+        let value =
+            history.state.get(&param.name()).ok_or_else(|| format!("no trained value of '{}'", param.name()))?;
         session.set(param, value.clone())?;
     }
     println!(

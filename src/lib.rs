@@ -55,6 +55,7 @@ pub mod train;
 
 /// The names most programs use.
 pub mod prelude {
+    pub use crate::train::{LoadStateDict, ReportState, StateDict, TrainError, Trainer};
     pub use regflow_memory::MemoryKind;
     pub use regflow_plan::{
         ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, RegstDescId, SourcePieces,
@@ -63,7 +64,6 @@ pub mod prelude {
     pub use regflow_runtime::{
         Feeder, Fetched, Fetcher, Job, JobBuilder, JobReport, Kernel, KernelError, KernelIo, RuntimeError, WaitForGraph,
     };
-    pub use crate::train::{LoadStateDict, ReportState, StateDict, TrainError, Trainer};
 }
 
 /// The README's examples, compiled and run as doctests so they cannot rot.

@@ -1,7 +1,9 @@
 //! Training a compiled graph: the state of a finished job as a [`StateDict`] (saved and
 //! loaded as safetensors), [`Trainer`] (a loop with a progress bar, evaluations and
 //! checkpoints that returns the loss [`History`]) and loss curves as PNG or SVG
-//! ([`save_loss_plot`]). The guide is `docs/training.md`.
+//! ([`save_loss_plot`]). The guide below is `docs/training.md`; its code runs as doctests.
+//!
+#![doc = include_str!("../docs/training.md")]
 
 mod plot;
 mod state;

@@ -82,7 +82,11 @@ fn a_finished_jobs_state_is_every_variable_as_the_host_session_has_it_for_any_re
             if register_num == 3 {
                 // The loops of directly updated variables take the activation count: the
                 // last value is not always in slot 1 of 2.
-                assert!(compiled.plan.variables.iter().any(|v| compiled.plan.regst_descs[v.regst.index()].register_num == 3));
+                assert!(compiled
+                    .plan
+                    .variables
+                    .iter()
+                    .any(|v| compiled.plan.regst_descs[v.regst.index()].register_num == 3));
             }
             let (losses, report) = run_job(&compiled, steps);
 
@@ -250,7 +254,12 @@ fn strict_loads_refuse_missing_and_unexpected_names_and_loose_ones_report_them()
     extra.insert("w3", HostArray::f32([1], vec![0.0]).unwrap());
     let err = Job::builder(compiled.plan.clone()).load_state_dict(&extra, true).unwrap_err();
     assert!(matches!(&err, TrainError::UnexpectedTensors { tensors, .. } if tensors == &["w3"]), "{err}");
-    assert!(err.to_string().starts_with("strict load: the state dict holds 1 tensor(s) that are no variable of the plan: 'w3'; did you mean"), "{err}");
+    assert!(
+        err.to_string().starts_with(
+            "strict load: the state dict holds 1 tensor(s) that are no variable of the plan: 'w3'; did you mean"
+        ),
+        "{err}"
+    );
 
     // Non-strict: loads the rest, reports the skipped names, trains from them.
     let (builder, skipped) = Job::builder(compiled.plan.clone()).load_state_dict(&renamed, false).unwrap();
@@ -278,7 +287,10 @@ fn typed_fetches_return_tensors_and_name_the_nearest_output() {
     assert!(err.to_string().starts_with("no output named 'fetch:7'; did you mean"), "{err}");
     let mut feeds = job.graph_feeds().unwrap();
     let fetches = job.graph_fetches().unwrap();
-    assert_eq!(fetches.outputs().map(|(n, m)| format!("{n} {m}")).collect::<Vec<_>>(), ["fetch:0 f32[]", "fetch:1 f32[8, 3]"]);
+    assert_eq!(
+        fetches.outputs().map(|(n, m)| format!("{n} {m}")).collect::<Vec<_>>(),
+        ["fetch:0 f32[]", "fetch:1 f32[8, 3]"]
+    );
     let err = fetches.get("fetch:1").unwrap().recv_scalar().unwrap_err();
     assert_eq!(err.to_string(), "fetch of output 'fetch:1': it is f32[8, 3], not a scalar; use recv for tensors");
     for (name, value) in batch(0) {

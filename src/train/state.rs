@@ -154,7 +154,11 @@ impl LoadStateDict for JobBuilder {
         for (name, meta) in &variables {
             match state.get(name) {
                 Some(value) if value.meta() != *meta => {
-                    return Err(TrainError::Mismatch { variable: name.clone(), expected: meta.clone(), got: value.meta() })
+                    return Err(TrainError::Mismatch {
+                        variable: name.clone(),
+                        expected: meta.clone(),
+                        got: value.meta(),
+                    })
                 }
                 Some(_) => {}
                 None => skipped.missing.push(name.clone()),
