@@ -312,7 +312,6 @@ impl<'a> Trainer<'a> {
                 push(step + 1)?;
             }
             let Some(value) = loss.recv_scalar()? else {
-                drop(push);
                 drop((feeds, loss));
                 job.wait()?;
                 return Err(TrainError::EndedEarly { first, delivered: step - first, expected: stop - first });
@@ -322,7 +321,6 @@ impl<'a> Trainer<'a> {
             let rate = samples * (step + 1 - first) as f64 / started.elapsed().as_secs_f64().max(1e-9);
             bar.set_message(format!("loss {value:.4}  {rate:.0} samples/s"));
         }
-        drop(push);
         feeds.close()?;
         drop((feeds, loss));
         job.wait()?.state_dict()
