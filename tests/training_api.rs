@@ -352,3 +352,24 @@ fn loss_plots_are_written_as_png_and_svg() {
     let err = save_loss_plot(&png, &[f64::NAN]).unwrap_err();
     assert!(err.to_string().ends_with("none of the 1 losses is finite and positive: nothing to draw"), "{err}");
 }
+
+#[test]
+fn accumulating_micro_batches_resume_bitwise_at_optimizer_steps() {
+    let g = Graph::new();
+    let train = model(&g, None, false);
+    let options = CompileOptions { accumulate: Some(train.accumulate(2)), ..CompileOptions::default() };
+    let compiled = compile(&g, &train, &options);
+    // A Trainer step is one piece (one micro-batch): 8 pieces are 4 optimizer steps.
+    let unbroken = Trainer::new(&compiled).steps(8).progress(false).run(|s| Ok::<_, TrainError>(batch(s))).unwrap();
+    let dir = temp("accumulate-checkpoints");
+    let stepped = Trainer::new(&compiled)
+        .steps(8)
+        .progress(false)
+        .checkpoint_every(4, &dir)
+        .run(|s| Ok::<_, TrainError>(batch(s)))
+        .unwrap();
+    assert_eq!(stepped.jobs, 2);
+    assert_eq!(stepped.losses, unbroken.losses);
+    assert_eq!(stepped.state, unbroken.state);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
