@@ -24,7 +24,8 @@ mod gpt;
 
 use gpt::{Gpt, GptConfig};
 use regflow::graph::{CompileOptions, DType, Graph, HostArray, Optimizer, Schedule, Session, SplitMix64};
-use regflow::prelude::{Job, RuntimeError};
+use regflow::prelude::Trainer;
+use regflow::train::BoxError;
 use std::time::Instant;
 
 const D_MODEL: usize = 64;
@@ -163,73 +164,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (targets, HostArray::i64([BATCH * CONTEXT], val_targets)?),
     ];
 
-    // Training runs on the actor runtime: the step is compiled to a plan, batches are
-    // pushed by a feeding thread, and the parameters are watched so the trained values can
-    // be evaluated and sampled from afterwards.
-    let params = g.trainable_variables();
-    let mut fetch = vec![train.loss];
-    fetch.extend(params.iter().copied());
-    let compiled = g.compile(&fetch, &train.updates, &CompileOptions::default())?;
-    let mut job = Job::builder(compiled.plan.clone()).build()?;
-    let mut feeds = job.graph_feeds()?;
-    let losses = job.fetcher(&compiled.fetches[0])?;
-    let watchers: Vec<_> = compiled.fetches[1..]
-        .iter()
-        .map(|name| {
-            let fetcher = job.fetcher(name)?;
-            Ok(std::thread::spawn(move || std::iter::from_fn(|| fetcher.recv().map(|p| p.bytes().to_vec())).last()))
-        })
-        .collect::<Result<_, RuntimeError>>()?;
-    let batches: Vec<(Vec<i64>, Vec<i64>)> =
-        (0..steps).map(|_| windows(&corpus.ids, &random_starts(&mut rng, 0..split, BATCH))).collect();
-    let pusher = {
-        let mask_value = mask_value.clone();
-        std::thread::spawn(move || -> Result<(), RuntimeError> {
-            for (inputs, step_targets) in batches {
-                feeds.push("causal_mask", &mask_value)?;
-                feeds.push("ids", &HostArray::i64([BATCH, CONTEXT], inputs).unwrap_or_else(|_| unreachable!()))?;
-                feeds.push(
-                    "targets",
-                    &HostArray::i64([BATCH * CONTEXT], step_targets).unwrap_or_else(|_| unreachable!()),
-                )?;
-            }
-            feeds.close()
-        })
-    };
+    // Training runs on the actor runtime: the step is compiled to a plan and run by a
+    // Trainer, which feeds each step's batch and hands back the losses and the final state
+    // (weights and optimizer state), loaded into the host session for evaluation and
+    // sampling afterwards.
+    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
     let started = Instant::now();
-    let (mut window_loss, mut last_logged) = (0.0, 0);
-    for step in 1..=steps {
-        let piece = losses.recv().ok_or("the training job ended early")?;
-        let step_loss = f64::from(f32::from_le_bytes(piece.bytes().try_into()?));
-        drop(piece);
-        if !step_loss.is_finite() {
-            return Err(format!("step {step}: loss is {step_loss}").into());
-        }
-        window_loss += step_loss;
-        if step == 1 || step % LOG_EVERY == 0 || step == steps {
-            let logged = step - last_logged;
-            println!(
-                "step {step:>4}: train loss {:.4} (mean of last {logged:>2}), {:.1}s",
-                window_loss / logged as f64,
-                started.elapsed().as_secs_f64()
-            );
-            (window_loss, last_logged) = (0.0, step);
-        }
-    }
-    drop(losses);
-    pusher.join().map_err(|_| "the feeding thread panicked")??;
-    let mut session = Session::new(&g);
-    for (param, watcher) in params.iter().zip(watchers) {
-        let bytes = watcher.join().map_err(|_| "a fetching thread panicked")?.ok_or("no weights were delivered")?;
-        let values = bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        session.set(*param, HostArray::f32(param.shape(), values)?)?;
-    }
-    let report = job.wait()?;
+    let history = Trainer::new(&compiled).steps(steps as u64).run(|_| -> Result<_, BoxError> {
+        let (inputs, step_targets) = windows(&corpus.ids, &random_starts(&mut rng, 0..split, BATCH));
+        Ok(vec![
+            ("causal_mask", mask_value.clone()),
+            ("ids", HostArray::i64([BATCH, CONTEXT], inputs)?),
+            ("targets", HostArray::i64([BATCH * CONTEXT], step_targets)?),
+        ])
+    })?;
     let elapsed = started.elapsed().as_secs_f64();
+    let mut last_logged = 0;
+    for step in 1..=steps {
+        if step == 1 || step % LOG_EVERY == 0 || step == steps {
+            let window = &history.losses[last_logged..step];
+            if let Some(bad) = window.iter().find(|l| !l.is_finite()) {
+                return Err(format!("a loss before step {step} is {bad}").into());
+            }
+            println!(
+                "step {step:>4}: train loss {:.4} (mean of last {:>2})",
+                window.iter().sum::<f64>() / window.len() as f64,
+                window.len()
+            );
+            last_logged = step;
+        }
+    }
+    let mut session = Session::new(&g);
+    for param in g.trainable_variables() {
+        let value =
+            history.state.get(&param.name()).ok_or_else(|| format!("no trained value of '{}'", param.name()))?;
+        session.set(param, value.clone())?;
+    }
     println!(
         "{steps} steps in {elapsed:.1}s ({:.1} ms/step) on the actor runtime ({} actors)",
         1e3 * elapsed / steps as f64,
-        report.actors.len()
+        compiled.plan.actors.len()
     );
     let val_loss = session.run(&val_feeds, &[loss])?[0].to_f64_vec()[0];
     println!("held-out loss after training: {val_loss:.4}");

@@ -2,21 +2,22 @@
 //! and prints the test accuracy on a deterministic 80/20 split.
 //!
 //! ```text
-//! cargo run --release --example train_digits -- [--epochs N] [--save ckpt.safetensors] [--plot loss.png]
+//! cargo run --release --example train_digits -- [--epochs N] [--save ckpt.safetensors] [--plot loss.png|loss.svg]
+//!     [--eval-every EPOCHS]
 //! ```
 //!
-//! The training step is compiled to a plan of actors and run by the runtime, one piece per
-//! step: a dataset source actor serves shuffled batches, the weights are variables carried
-//! from step to step in loop-carried registers.
-//! The test set goes through a forward-only plan preloaded with the trained weights.
+//! The training step is compiled to a plan of actors and run by a [`Trainer`], one piece
+//! per step, with a progress bar: each epoch's batches are the training rows in a seeded
+//! order, the weights and optimizer state are variables carried from step to step in
+//! loop-carried registers. The test set goes through a forward-only plan preloaded with
+//! the trained weights (`--eval-every` does that during training too).
 
 use flate2::read::GzDecoder;
-use indicatif::{ProgressBar, ProgressStyle};
 use regflow::graph::{
-    CompileOptions, DType, DatasetInputs, Graph, GraphError, Init, Optimizer, Schedule, SplitMix64, Tensor,
+    CompileOptions, CompiledGraph, DType, Graph, GraphError, HostArray, Init, Optimizer, Schedule, SplitMix64, Tensor,
 };
-use regflow::prelude::{Job, RuntimeError, SourcePieces};
-use regflow::runtime::RecordFile;
+use regflow::prelude::{Job, LoadStateDict, StateDict, Trainer};
+use regflow::train::BoxError;
 use std::io::Read;
 
 const FEATURES: usize = 64;
@@ -85,23 +86,16 @@ fn mlp<'g>(x: Tensor<'g>, [w1, b1, w2, b2]: &[Tensor<'g>; 4]) -> Result<Tensor<'
     x.matmul(w1)?.add(b1)?.relu()?.matmul(w2)?.add(b2)
 }
 
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn i64_bytes(values: &[i64]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
 /// Command-line options.
 struct Options {
     epochs: usize,
     save: Option<std::path::PathBuf>,
     plot: Option<std::path::PathBuf>,
+    eval_every: Option<usize>,
 }
 
 fn options() -> Result<Options, String> {
-    let mut o = Options { epochs: 30, save: None, plot: None };
+    let mut o = Options { epochs: 30, save: None, plot: None, eval_every: None };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
@@ -109,52 +103,50 @@ fn options() -> Result<Options, String> {
             "--epochs" => o.epochs = value()?.parse().map_err(|e| format!("--epochs: {e}"))?,
             "--save" => o.save = Some(value()?.into()),
             "--plot" => o.plot = Some(value()?.into()),
-            other => return Err(format!("unknown argument '{other}' (expected --epochs N, --save FILE, --plot FILE)")),
+            "--eval-every" => o.eval_every = Some(value()?.parse().map_err(|e| format!("--eval-every: {e}"))?),
+            other => {
+                return Err(format!(
+                    "unknown argument '{other}' (expected --epochs N, --save FILE, --plot FILE.png|FILE.svg, \
+                     --eval-every EPOCHS)"
+                ))
+            }
         }
     }
     if o.epochs == 0 {
         return Err("--epochs must be at least 1".into());
     }
+    if o.eval_every == Some(0) {
+        return Err("--eval-every must be at least 1".into());
+    }
     Ok(o)
 }
 
-/// Draws the loss curve (log scale, one point per step) as a PNG line chart.
-fn plot(path: &std::path::Path, losses: &[f32]) -> Result<(), Box<dyn std::error::Error>> {
-    let (w, h, margin) = (800usize, 400usize, 20usize);
-    let mut pixels = vec![255u8; w * h * 3];
-    let mut dot = |x: usize, y: usize, rgb: [u8; 3]| {
-        if x < w && y < h {
-            pixels[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&rgb);
-        }
-    };
-    for x in margin..w - margin {
-        dot(x, h - margin, [0, 0, 0]);
+/// Accuracy of the model with weights `state` on `rows`: a forward-only plan (compiled
+/// once by the caller) preloaded with the trained weights (the optimizer state in `state`
+/// is no variable of it: a non-strict load skips it).
+fn accuracy(test_plan: &CompiledGraph, state: &StateDict, data: &Digits, rows: &[usize]) -> Result<f64, BoxError> {
+    let (builder, skipped) = Job::builder(test_plan.plan.clone()).load_state_dict(state, false)?;
+    if !skipped.missing.is_empty() {
+        return Err(format!("the trained state lacks weights: {skipped}").into());
     }
-    for y in margin..h - margin {
-        dot(margin, y, [0, 0, 0]);
-    }
-    let logs: Vec<f32> = losses.iter().map(|l| l.max(1e-6).ln()).collect();
-    let (lo, hi) = logs.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-    let span = (hi - lo).max(1e-6);
-    let (plot_w, plot_h) = ((w - 2 * margin) as f32, (h - 2 * margin) as f32);
-    let point = |i: usize| {
-        let x = margin as f32 + plot_w * i as f32 / (logs.len().max(2) - 1) as f32;
-        let y = margin as f32 + plot_h * (hi - logs[i]) / span;
-        (x, y)
-    };
-    for i in 1..logs.len() {
-        let ((x0, y0), (x1, y1)) = (point(i - 1), point(i));
-        let steps = ((x1 - x0).abs().max((y1 - y0).abs()).ceil() as usize).max(1);
-        for s in 0..=steps {
-            let t = s as f32 / steps as f32;
-            dot((x0 + t * (x1 - x0)) as usize, (y0 + t * (y1 - y0)) as usize, [30, 90, 200]);
-        }
-    }
-    let mut encoder = png::Encoder::new(std::io::BufWriter::new(std::fs::File::create(path)?), w as u32, h as u32);
-    encoder.set_color(png::ColorType::Rgb);
-    encoder.set_depth(png::BitDepth::Eight);
-    encoder.write_header()?.write_image_data(&pixels)?;
-    Ok(())
+    let mut job = builder.build()?;
+    let (xs, ys) = data.batch(rows);
+    let mut feeds = job.graph_feeds()?;
+    let logits = job.graph_fetcher(&test_plan.fetches[0])?;
+    feeds.push("x_test", &HostArray::f32([rows.len(), FEATURES], xs)?)?;
+    feeds.close()?;
+    let values = logits.recv()?.ok_or("no logits were delivered")?.to_f64_vec();
+    drop((feeds, logits));
+    job.wait()?;
+    let correct = values
+        .chunks(CLASSES)
+        .zip(&ys)
+        .filter(|(row, &label)| {
+            let best = row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
+            best as i64 == label
+        })
+        .count();
+    Ok(correct as f64 / ys.len() as f64)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -164,7 +156,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let order = shuffled(data.rows(), 0);
     let split = data.rows() * 8 / 10;
     let (train_rows, test_rows) = order.split_at(split);
-    let train_rows = train_rows.to_vec();
     let steps_per_epoch = train_rows.len() / BATCH;
     let steps = epochs * steps_per_epoch;
 
@@ -182,121 +173,61 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_schedule(Schedule::WarmupCosine { peak: 1e-2, warmup: 20, total: (steps as u64).max(20), min: 1e-4 })
         .with_clip_norm(5.0);
     let train = g.minimize(loss, &optimizer)?;
+    // The test set goes through a forward-only plan of the same weights.
+    let x_test = g.input("x_test", [test_rows.len(), FEATURES], DType::F32)?;
+    let test_plan = g.compile(&[mlp(x_test, &params)?], &[], &CompileOptions::default())?;
 
-    // Compile the step to a plan of actors and run it: one piece per step. The weights are
-    // fetched too (every value they take), so the test plan can start from the last ones.
-    let mut fetch = vec![train.loss];
-    fetch.extend(params);
-    // The training batches come from a dataset source actor: the training rows as records
-    // of 64 f32 pixels and an i64 label, reshuffled by seed every epoch.
-    let records: Vec<u8> = train_rows
-        .iter()
-        .flat_map(|&r| {
-            let (x, y) = data.batch(&[r]);
-            [f32_bytes(&x), i64_bytes(&y)].concat()
-        })
-        .collect();
-    let batches = RecordFile::from_bytes(records, FEATURES * 4 + 8)?.batches(&[FEATURES * 4, 8], BATCH, 1)?;
-    let compile_options = CompileOptions {
-        dataset: Some(DatasetInputs {
-            source: SourcePieces::Custom { count: batches.pieces(epochs as u64), kernel: "digits".into() },
-            inputs: vec!["x".into(), "y".into()],
-        }),
-        ..CompileOptions::default()
-    };
-    let compiled = g.compile(&fetch, &train.updates, &compile_options)?;
+    // Compile the step to a plan of actors; the Trainer runs it one piece per step, the
+    // weights and optimizer state carried from step to step in loop-carried registers.
+    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
     println!(
         "training plan: {} actors, {} registers, {} bytes",
         compiled.plan.actors.len(),
         compiled.plan.regst_descs.len(),
         compiled.plan.memory()?.report().total_bytes()
     );
-    let mut job = Job::builder(compiled.plan.clone()).dataset("digits", batches).build()?;
-    let losses = job.fetcher(&compiled.fetches[0])?;
-    let weight_watchers: Vec<_> = compiled.fetches[1..]
-        .iter()
-        .map(|name| {
-            let fetcher = job.fetcher(name)?;
-            Ok(std::thread::spawn(move || std::iter::from_fn(|| fetcher.recv().map(|p| p.bytes().to_vec())).last()))
-        })
-        .collect::<Result<_, RuntimeError>>()?;
-    let bar = ProgressBar::new(steps as u64);
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} steps  loss {msg}")?);
-    let mut curve = Vec::with_capacity(steps);
-    while let Some(piece) = losses.recv() {
-        let loss = f32::from_le_bytes(piece.bytes().try_into()?);
-        curve.push(loss);
-        bar.inc(1);
-        if curve.len() % 10 == 0 {
-            bar.set_message(format!("{loss:.4}"));
-        }
+    // Each epoch visits the training rows in its own seeded order.
+    let batches = |step: u64| -> Result<_, BoxError> {
+        let (epoch, k) = (step as usize / steps_per_epoch, step as usize % steps_per_epoch);
+        let epoch_order = shuffled(train_rows.len(), 1 + epoch as u64);
+        let rows: Vec<usize> = epoch_order[k * BATCH..(k + 1) * BATCH].iter().map(|&i| train_rows[i]).collect();
+        let (xs, ys) = data.batch(&rows);
+        Ok(vec![("x", HostArray::f32([BATCH, FEATURES], xs)?), ("y", HostArray::i64([BATCH], ys)?)])
+    };
+    let mut trainer = Trainer::new(&compiled).steps(steps as u64);
+    if let Some(every) = options.eval_every {
+        trainer = trainer.on_eval((every * steps_per_epoch) as u64, |e| {
+            let correct = accuracy(&test_plan, e.state, &data, test_rows)?;
+            println!("epoch {:>3}: test accuracy {:.2}%", e.step as usize / steps_per_epoch, 100.0 * correct);
+            Ok(correct)
+        });
     }
-    bar.finish_and_clear();
-    let trained: Vec<Vec<u8>> = weight_watchers
-        .into_iter()
-        .map(|w| w.join().map_err(|_| "a fetching thread panicked")?.ok_or("no weights were delivered"))
-        .collect::<Result<_, &str>>()?;
-    let report = job.wait()?;
+    let started = std::time::Instant::now();
+    let history = trainer.run(batches)?;
+    let curve = &history.losses;
     let mut reported: Vec<usize> = (4..epochs).step_by(5).collect();
     if reported.last() != Some(&(epochs - 1)) {
         reported.push(epochs - 1);
     }
     for epoch in reported {
         let slice = &curve[epoch * steps_per_epoch..(epoch + 1) * steps_per_epoch];
-        println!("epoch {:>3}: mean loss {:.4}", epoch + 1, slice.iter().sum::<f32>() / slice.len() as f32);
+        println!("epoch {:>3}: mean loss {:.4}", epoch + 1, slice.iter().sum::<f64>() / slice.len() as f64);
     }
-    println!("{steps} steps in {:.2?} on the actor runtime", report.elapsed);
+    println!("{steps} steps in {:.2?} on the actor runtime ({} job(s))", started.elapsed(), history.jobs);
     if let Some(path) = &options.plot {
-        plot(path, &curve)?;
+        history.save_loss_plot(path)?;
         println!("loss curve written to {}", path.display());
     }
     if let Some(path) = &options.save {
-        let tensors: Vec<(String, regflow::graph::HostArray)> = params
-            .iter()
-            .zip(&trained)
-            .map(|(p, bytes)| {
-                let values = bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                regflow::graph::HostArray::f32(p.shape(), values).map(|a| (p.name(), a))
-            })
-            .collect::<Result<_, _>>()?;
-        regflow::graph::checkpoint::save(path, &tensors)?;
-        println!("weights written to {}", path.display());
+        history.state.save(path)?;
+        println!("weights and optimizer state written to {}", path.display());
     }
-
-    // Test: a forward-only plan, its variables preloaded with the trained weights.
-    let x_test = g.input("x_test", [test_rows.len(), FEATURES], DType::F32)?;
-    let logits_test = mlp(x_test, &params)?;
-    let test_plan = g.compile(&[logits_test], &[], &CompileOptions::default())?;
-    let mut builder = Job::builder(test_plan.plan.clone());
-    for (variable, bytes) in params.iter().zip(trained) {
-        let regst =
-            &test_plan.variables.iter().find(|v| v.name == variable.name()).ok_or("variable not compiled")?.regst;
-        builder = builder.preload(regst, bytes);
-    }
-    let mut test_job = builder.build()?;
-    let (xs, ys) = data.batch(test_rows);
-    let mut feed = test_job.feeder("input:x_test")?;
-    let logits_fetcher = test_job.fetcher(&test_plan.fetches[0])?;
-    feed.push(&f32_bytes(&xs))?;
-    feed.close()?;
-    let logits: Vec<f32> = {
-        let piece = logits_fetcher.recv().ok_or("no logits were delivered")?;
-        piece.bytes().chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-    };
-    drop(logits_fetcher);
-    test_job.wait()?;
-    let correct = logits
-        .chunks(CLASSES)
-        .zip(&ys)
-        .filter(|(row, &label)| {
-            let best = row.iter().enumerate().fold(0, |best, (i, &v)| if v > row[best] { i } else { best });
-            best as i64 == label
-        })
-        .count();
+    let correct = accuracy(&test_plan, &history.state, &data, test_rows).map_err(|e| e.to_string())?;
     println!(
-        "test accuracy: {:.2}% ({correct}/{} held-out digits)",
-        100.0 * correct as f64 / ys.len() as f64,
-        ys.len()
+        "test accuracy: {:.2}% ({}/{} held-out digits)",
+        100.0 * correct,
+        (correct * test_rows.len() as f64).round(),
+        test_rows.len()
     );
     Ok(())
 }

@@ -51,8 +51,11 @@ pub use regflow_memory as memory;
 pub use regflow_plan as plan;
 pub use regflow_runtime as runtime;
 
+pub mod train;
+
 /// The names most programs use.
 pub mod prelude {
+    pub use crate::train::{LoadStateDict, ReportState, StateDict, TrainError, Trainer};
     pub use regflow_memory::MemoryKind;
     pub use regflow_plan::{
         ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, RegstDescId, SourcePieces,

@@ -55,6 +55,23 @@ pub enum RuntimeError {
         /// The name asked for.
         name: String,
     },
+    /// A typed fetch could not turn what a sink delivered into the value asked for.
+    #[error("fetch of output '{output}': {message}")]
+    Fetch {
+        /// The output (`fetch:0`).
+        output: String,
+        /// Why.
+        message: String,
+    },
+    /// A variable's final value could not be read back from its register
+    /// (`JobBuilder::keep_state`).
+    #[error("reading the final value of variable '{variable}': {message}")]
+    StateRead {
+        /// The variable part (`w`, or `w@1` on a mesh).
+        variable: String,
+        /// Why.
+        message: String,
+    },
     /// No feed, fetch or input of that name; the nearest valid names are listed.
     #[error("no {what} named '{name}'{hint}")]
     UnknownName {

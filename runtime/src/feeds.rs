@@ -1,9 +1,10 @@
-//! Typed feeds of a plan's signature: each logical value is checked against the input's
-//! shape and dtype, cut into its devices' parts by the regions the plan records, and
-//! pushed to each part's fed source.
+//! Typed feeds and fetches of a plan's signature: each logical value fed is checked
+//! against the input's shape and dtype, cut into its devices' parts by the regions the plan
+//! records, and pushed to each part's fed source; each value fetched comes back as a
+//! [`HostArray`] of the output's meta.
 
 use crate::io::Patience;
-use crate::{Feeder, Job, RuntimeError};
+use crate::{Feeder, Fetcher, Job, RuntimeError};
 use regflow_plan::{HostArray, HostData, Region, TensorMeta};
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,121 @@ impl GraphFeeds {
             }
         }
         Ok(())
+    }
+}
+
+/// Typed fetches of one output of a plan's signature: each value a [`HostArray`] of the
+/// output's meta, or a scalar as `f64`.
+#[derive(Debug)]
+pub struct GraphFetcher {
+    name: String,
+    meta: TensorMeta,
+    fetcher: Fetcher,
+}
+
+/// Typed fetches of every output of a plan's signature, in fetch order.
+#[derive(Debug)]
+pub struct GraphFetches {
+    outputs: Vec<GraphFetcher>,
+}
+
+impl Job {
+    /// The typed fetcher of output `name`: the signature's name (`fetch:0`) or its sink's
+    /// (what `CompiledGraph::fetches` lists). An unknown name is an error listing the
+    /// nearest outputs.
+    pub fn graph_fetcher(&mut self, name: &str) -> Result<GraphFetcher, RuntimeError> {
+        let outputs = &self.plan().signature.outputs;
+        let found = outputs.iter().find(|o| o.name == name || self.plan().actors[o.actor.index()].name == name);
+        let Some(output) = found.cloned() else {
+            let known: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
+            return Err(RuntimeError::unknown_name("output", name, &known));
+        };
+        let sink = self.plan().actors[output.actor.index()].name.clone();
+        Ok(GraphFetcher { name: output.name, meta: output.meta, fetcher: self.fetcher(&sink)? })
+    }
+
+    /// Takes the fetchers of every output of the plan's signature, for typed fetches.
+    pub fn graph_fetches(&mut self) -> Result<GraphFetches, RuntimeError> {
+        let names: Vec<String> = self.plan().signature.outputs.iter().map(|o| o.name.clone()).collect();
+        let outputs = names.iter().map(|name| self.graph_fetcher(name)).collect::<Result<_, _>>()?;
+        Ok(GraphFetches { outputs })
+    }
+}
+
+impl GraphFetcher {
+    /// The output's name in the signature (`fetch:0`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Shape and dtype of every value.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// The next value; `Ok(None)` once the output has delivered its last one (or the job
+    /// stopped: [`Job::wait`] says why).
+    pub fn recv(&self) -> Result<Option<HostArray>, RuntimeError> {
+        let Some(piece) = self.fetcher.recv() else { return Ok(None) };
+        crate::job::host_array(&self.meta, piece.bytes())
+            .map(Some)
+            .map_err(|message| RuntimeError::Fetch { output: self.name.clone(), message })
+    }
+
+    /// The next value of a scalar output (one element of any dtype, e.g. a loss) as `f64`;
+    /// `Ok(None)` at the end. An output of more elements is an error naming its meta.
+    pub fn recv_scalar(&self) -> Result<Option<f64>, RuntimeError> {
+        if self.meta.shape.numel() != 1 {
+            return Err(RuntimeError::Fetch {
+                output: self.name.clone(),
+                message: format!("it is {}, not a scalar; use recv for tensors", self.meta),
+            });
+        }
+        Ok(self.recv()?.map(|value| value.to_f64_vec()[0]))
+    }
+
+    /// The untyped fetcher underneath (its bytes, without a copy into a [`HostArray`]).
+    pub fn fetcher(&self) -> &Fetcher {
+        &self.fetcher
+    }
+}
+
+impl GraphFetches {
+    /// The outputs' names and metas, in fetch order.
+    pub fn outputs(&self) -> impl Iterator<Item = (&str, &TensorMeta)> {
+        self.outputs.iter().map(|o| (o.name.as_str(), &o.meta))
+    }
+
+    /// The fetcher of output `name` (`fetch:0`); an unknown name is an error listing the
+    /// nearest outputs.
+    pub fn get(&self, name: &str) -> Result<&GraphFetcher, RuntimeError> {
+        self.outputs.iter().find(|o| o.name == name).ok_or_else(|| {
+            let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
+            RuntimeError::unknown_name("output", name, &known)
+        })
+    }
+
+    /// The next value of output `name`, as [`GraphFetcher::recv`].
+    pub fn recv(&self, name: &str) -> Result<Option<HostArray>, RuntimeError> {
+        self.get(name)?.recv()
+    }
+
+    /// The next value of every output, in fetch order (one step's results); `Ok(None)` once
+    /// any output has ended.
+    pub fn recv_all(&self) -> Result<Option<Vec<HostArray>>, RuntimeError> {
+        let mut values = Vec::with_capacity(self.outputs.len());
+        for output in &self.outputs {
+            match output.recv()? {
+                Some(value) => values.push(value),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(values))
+    }
+
+    /// The fetchers, in fetch order.
+    pub fn into_fetchers(self) -> Vec<GraphFetcher> {
+        self.outputs
     }
 }
 

@@ -44,7 +44,7 @@ mod loom_tests;
 pub use collective::CollectiveMember;
 pub use data::{RecordFile, ShuffledBatches};
 pub use error::RuntimeError;
-pub use feeds::GraphFeeds;
+pub use feeds::{GraphFeeds, GraphFetcher, GraphFetches};
 pub use io::{Feeder, Fetched, Fetcher};
 pub use job::{Job, JobBuilder, JobReport, DEFAULT_WATCHDOG};
 pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};

@@ -5,6 +5,7 @@
 mod make;
 mod setup;
 mod start;
+mod state;
 mod user_waits;
 
 use crate::arenas::PlanArenas;
@@ -23,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use start::JobBuilder;
+pub(crate) use state::{host_array, logical_name};
 pub(crate) use user_waits::{thread_token, FetchRecord, UserWaits};
 
 /// How long `wait` lets a fetcher it found full and unread stay so (nothing fired, nothing
@@ -58,6 +60,8 @@ pub struct Job {
     user: std::sync::Arc<UserWaits>,
     epoch: Instant,
     trace_path: Option<PathBuf>,
+    /// Read every variable's final value when the job ends (`JobBuilder::keep_state`).
+    keep_state: bool,
 }
 
 /// What a finished job reports.
@@ -71,12 +75,21 @@ pub struct JobReport {
     pub memory: MemoryReport,
     /// Where the timeline was written, if it was recorded.
     pub trace: Option<PathBuf>,
+    /// With [`JobBuilder::keep_state`]: the final value of every variable (weights and
+    /// optimizer state), whole, by its logical name, in the plan's order; `None` otherwise.
+    /// A variable with a part on a node this job does not run is left out.
+    pub state: Option<Vec<(String, regflow_plan::HostArray)>>,
 }
 
 impl JobReport {
     /// Counters of the actor with this name.
     pub fn actor(&self, name: &str) -> Option<&ActorStats> {
         self.actors.iter().find(|a| a.name == name)
+    }
+
+    /// The final value of variable `name` (its logical name), when the state was kept.
+    pub fn variable(&self, name: &str) -> Option<&regflow_plan::HostArray> {
+        self.state.as_ref()?.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }
 }
 
@@ -183,10 +196,17 @@ impl Job {
             actors.extend(exit.snapshots);
             buffers.extend(exit.trace);
         }
+        let failed = lock(&self.shared.error).take();
+        // Read while the arenas live (`stop_helpers` frees them) and every thread has ended.
+        let state = match (&failed, self.keep_state, &self.arenas) {
+            (None, true, Some(arenas)) => Some(state::read_variables(&self.plan, arenas, &actors)),
+            _ => None,
+        };
         self.stop_helpers();
-        if let Some(error) = lock(&self.shared.error).take() {
+        if let Some(error) = failed {
             return Err(error);
         }
+        let state = state.transpose()?;
         if let Some(path) = &self.trace_path {
             let file = std::fs::File::create(path)
                 .map_err(|e| RuntimeError::Trace { path: path.display().to_string(), message: e.to_string() })?;
@@ -198,6 +218,7 @@ impl Job {
             elapsed: end.at - self.epoch,
             memory: self.memory.clone(),
             trace: self.trace_path.clone(),
+            state,
         })
     }
 

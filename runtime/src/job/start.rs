@@ -37,6 +37,7 @@ pub struct JobBuilder {
     pub(super) variable_values: Vec<(String, regflow_plan::HostArray)>,
     pub(super) cpu_threads: usize,
     pub(super) data_dir: Option<PathBuf>,
+    pub(super) keep_state: bool,
 }
 
 impl std::fmt::Debug for JobBuilder {
@@ -146,6 +147,33 @@ impl JobBuilder {
         self
     }
 
+    /// Reads the final value of every variable (weights and optimizer state: AdamW moments,
+    /// the step counter) when the job ends: [`JobReport::state`](super::JobReport::state),
+    /// whole logical tensors by the names the graph gave them, each gathered from its
+    /// devices' parts. Off by default: a job that does not ask copies nothing.
+    pub fn keep_state(mut self) -> Self {
+        self.keep_state = true;
+        self
+    }
+
+    /// The plan this builder will run.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The plan's variables by logical name (a variable split over devices once), with
+    /// their whole dtype and shape, in the plan's order: what
+    /// [`JobBuilder::preload_variable`] takes and [`JobBuilder::keep_state`] reads.
+    pub fn variables(&self) -> Vec<(String, regflow_plan::TensorMeta)> {
+        let mut seen = std::collections::HashSet::new();
+        self.plan
+            .variables
+            .iter()
+            .filter(|v| seen.insert(super::logical_name(&v.name)))
+            .map(|v| (super::logical_name(&v.name).to_string(), v.meta.clone()))
+            .collect()
+    }
+
     /// Validates the plan, allocates its memory, starts its threads and its sources.
     pub fn build(self) -> Result<Job, RuntimeError> {
         Job::start(self)
@@ -167,6 +195,7 @@ impl Job {
             variable_values: Vec::new(),
             cpu_threads: 1,
             data_dir: None,
+            keep_state: false,
         }
     }
 
@@ -397,6 +426,7 @@ impl Job {
             poller,
             epoch,
             trace_path: builder.trace,
+            keep_state: builder.keep_state,
         })
     }
 }

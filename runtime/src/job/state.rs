@@ -1,0 +1,118 @@
+//! Reading a finished job's variables back (`JobBuilder::keep_state`): every loop
+//! register's last value, gathered from each device's part into whole logical tensors.
+//!
+//! Which slot holds the last value: a register's slots are taken from a FIFO of free slots
+//! (`regflow_actors` `OutputState`), and a slot goes back to it when its last consumer
+//! acks. Every consumer reads and acks its pieces in order, and the producer completes
+//! them in order, so slots come back in piece order and piece `n` always lands in slot
+//! `n % register_num`. The preloaded pieces are `0..preloaded`; each firing of the
+//! producer writes the next one, so after `fires` firings the last value is piece
+//! `preloaded + fires - 1`.
+
+use crate::arenas::PlanArenas;
+use crate::stream::ActorStats;
+use crate::RuntimeError;
+use regflow_plan::{DType, HostArray, HostData, Plan, TensorMeta};
+use std::collections::HashMap;
+
+/// The slot of a register of `register_num` slots, `preloaded` of them preloaded, that
+/// holds the last value once its producer fired `fires` times; `None` when it never held
+/// one (no preloaded slot and no firing).
+pub(crate) fn last_slot(register_num: u32, preloaded: u32, fires: u64) -> Option<u32> {
+    let pieces = u64::from(preloaded) + fires;
+    let last = pieces.checked_sub(1)?;
+    Some((last % u64::from(register_num.max(1))) as u32)
+}
+
+/// The logical name of a variable part (`w@1` is part of `w`).
+pub(crate) fn logical_name(name: &str) -> &str {
+    name.split('@').next().unwrap_or(name)
+}
+
+/// Every variable of `plan` whose parts all ran in this job, as whole logical tensors in
+/// the order of the plan's variables. Called after every stream thread has ended and
+/// before the arenas are freed.
+pub(super) fn read_variables(
+    plan: &Plan,
+    arenas: &PlanArenas,
+    actors: &[ActorStats],
+) -> Result<Vec<(String, HostArray)>, RuntimeError> {
+    let fires: HashMap<&str, u64> = actors.iter().map(|a| (a.name.as_str(), a.fires)).collect();
+    let mut order: Vec<&str> = Vec::new();
+    let mut wholes: HashMap<&str, Option<HostArray>> = HashMap::new();
+    for variable in &plan.variables {
+        let name = logical_name(&variable.name);
+        let whole = wholes.entry(name).or_insert_with(|| {
+            order.push(name);
+            Some(HostArray::zeros(&variable.meta))
+        });
+        let desc = &plan.regst_descs[variable.regst.index()];
+        let producer = &plan.actors[desc.producer.index()].name;
+        // A part on a node this job does not run: the variable is not whole here.
+        let Some(&fired) = fires.get(producer.as_str()) else {
+            *whole = None;
+            continue;
+        };
+        let Some(whole) = whole else { continue };
+        if variable.region.zeros {
+            continue;
+        }
+        let fail = |message: String| RuntimeError::StateRead { variable: variable.name.clone(), message };
+        let slot = last_slot(desc.register_num, desc.preloaded, fired)
+            .ok_or_else(|| fail(format!("its register '{}' never held a value", desc.name)))?;
+        let view = arenas.view(regflow_actors::RegstRef { desc: variable.regst, slot });
+        // SAFETY: every stream thread has ended (the caller joined them): nothing writes
+        // the arena any more.
+        let bytes = unsafe { view.as_slice() };
+        let meta = TensorMeta::new(variable.region.shape.clone(), variable.meta.dtype);
+        let part = host_array(&meta, bytes).map_err(fail)?;
+        whole.set_region(&variable.region.offsets, &part);
+    }
+    Ok(order.into_iter().filter_map(|name| wholes.remove(name).flatten().map(|v| (name.to_string(), v))).collect())
+}
+
+/// The tensor of `meta` whose little-endian bytes are `bytes`; an error saying both sizes
+/// when they do not match.
+pub(crate) fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, String> {
+    if meta.checked_bytes() != Some(bytes.len()) {
+        return Err(format!("{} bytes do not hold a {meta} tensor ({} bytes)", bytes.len(), meta.bytes()));
+    }
+    let data = match meta.dtype {
+        DType::F32 => HostData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(word(c))).collect()),
+        DType::F64 => HostData::F64(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(word(c))).collect()),
+        DType::I64 => HostData::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(word(c))).collect()),
+    };
+    HostArray::new(meta.shape.clone(), data).map_err(|e| e.to_string())
+}
+
+/// A chunk of exactly `N` bytes as an array (`chunks_exact` gives no other length).
+fn word<const N: usize>(chunk: &[u8]) -> [u8; N] {
+    let mut word = [0u8; N];
+    word.copy_from_slice(chunk);
+    word
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{host_array, last_slot};
+    use regflow_plan::{DType, HostArray, TensorMeta};
+
+    #[test]
+    fn the_last_value_is_in_the_slot_of_the_last_piece() {
+        // Two slots, one preloaded: the initial value in slot 0, step 0's in slot 1, ...
+        assert_eq!(last_slot(2, 1, 0), Some(0));
+        assert_eq!(last_slot(2, 1, 1), Some(1));
+        assert_eq!(last_slot(2, 1, 4), Some(0));
+        assert_eq!(last_slot(3, 1, 4), Some(1));
+        assert_eq!(last_slot(3, 2, 2), Some(0));
+        assert_eq!(last_slot(1, 0, 0), None);
+    }
+
+    #[test]
+    fn bytes_become_the_tensor_they_encode_or_say_why_not() {
+        let value = HostArray::f64([2], vec![1.5, -2.0]).unwrap();
+        assert_eq!(host_array(&value.meta(), &value.to_le_bytes()).unwrap(), value);
+        let err = host_array(&TensorMeta::new([3], DType::F32), &[0; 8]).unwrap_err();
+        assert_eq!(err, "8 bytes do not hold a f32[3] tensor (12 bytes)");
+    }
+}
