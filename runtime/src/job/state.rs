@@ -12,7 +12,7 @@
 use crate::arenas::PlanArenas;
 use crate::stream::ActorStats;
 use crate::RuntimeError;
-use regflow_plan::{DType, HostArray, HostData, Plan, TensorMeta};
+use regflow_plan::{HostArray, Plan, TensorMeta};
 use std::collections::HashMap;
 
 /// The slot of a register of `register_num` slots, `preloaded` of them preloaded, that
@@ -74,22 +74,7 @@ pub(super) fn read_variables(
 /// The tensor of `meta` whose little-endian bytes are `bytes`; an error saying both sizes
 /// when they do not match.
 pub(crate) fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, String> {
-    if meta.checked_bytes() != Some(bytes.len()) {
-        return Err(format!("{} bytes do not hold a {meta} tensor ({} bytes)", bytes.len(), meta.bytes()));
-    }
-    let data = match meta.dtype {
-        DType::F32 => HostData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(word(c))).collect()),
-        DType::F64 => HostData::F64(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(word(c))).collect()),
-        DType::I64 => HostData::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(word(c))).collect()),
-    };
-    HostArray::new(meta.shape.clone(), data).map_err(|e| e.to_string())
-}
-
-/// A chunk of exactly `N` bytes as an array (`chunks_exact` gives no other length).
-fn word<const N: usize>(chunk: &[u8]) -> [u8; N] {
-    let mut word = [0u8; N];
-    word.copy_from_slice(chunk);
-    word
+    HostArray::from_le_bytes(meta, bytes).map_err(|e| format!("{} bytes do not hold a {meta} tensor: {e}", bytes.len()))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! input's dtype. Step `k` feeds row `k` of every tensor.
 
 use regflow::graph::checkpoint::{dtype_name, safetensors_problem};
-use regflow::graph::plan::{ArrayError, DType, HostArray, InputSignature, Shape, TensorMeta};
+use regflow::graph::plan::{DType, HostArray, InputSignature, Shape, TensorMeta};
 use regflow::kernels::nearest;
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
@@ -116,7 +116,7 @@ impl Feeds {
             let Some(bytes) = input.bytes.get(start..start + row) else {
                 return Err(format!("tensor '{}' has no row {step} (broken invariant: rows were checked)", input.name));
             };
-            host_array(&input.meta, bytes)
+            HostArray::from_le_bytes(&input.meta, bytes)
                 .map(|value| (input.name.as_str(), value))
                 .map_err(|e| format!("tensor '{}', row {step}: {e}", input.name))
         })
@@ -138,24 +138,6 @@ fn dtype_of(dtype: Dtype) -> Option<DType> {
         Dtype::I64 => Some(DType::I64),
         _ => None,
     }
-}
-
-/// A row of little-endian bytes as a value of `meta`.
-fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, ArrayError> {
-    let shape = meta.shape.clone();
-    match meta.dtype {
-        DType::F32 => {
-            HostArray::f32(shape, bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-        }
-        DType::F64 => HostArray::f64(shape, bytes.chunks_exact(8).map(|c| f64::from_le_bytes(word(c))).collect()),
-        DType::I64 => HostArray::i64(shape, bytes.chunks_exact(8).map(|c| i64::from_le_bytes(word(c))).collect()),
-    }
-}
-
-fn word(chunk: &[u8]) -> [u8; 8] {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(chunk);
-    word
 }
 
 #[cfg(test)]
