@@ -74,7 +74,8 @@ pub(super) fn read_variables(
 /// The tensor of `meta` whose little-endian bytes are `bytes`; an error saying both sizes
 /// when they do not match.
 pub(crate) fn host_array(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, String> {
-    HostArray::from_le_bytes(meta, bytes).map_err(|e| format!("{} bytes do not hold a {meta} tensor: {e}", bytes.len()))
+    HostArray::from_le_bytes(meta, bytes)
+        .map_err(|_| format!("{} bytes do not hold a {meta} tensor ({} bytes)", bytes.len(), meta.bytes()))
 }
 
 #[cfg(test)]
