@@ -17,7 +17,7 @@ mod mlp;
 
 use clap::Parser;
 use plotters::prelude::*;
-use regflow::graph::HostArray;
+use regflow::graph::{CompileOptions, HostArray};
 use regflow::prelude::Job;
 use regflow_serve::{Answer, InferFuture, Model, ServeError};
 use std::future::Future;
@@ -41,6 +41,9 @@ struct Options {
     /// Threads each CPU kernel may use.
     #[arg(long, default_value_t = 1)]
     cpu_threads: usize,
+    /// Slots of the plan's input registers: pieces pushed ahead of the one computing.
+    #[arg(long, default_value_t = 2)]
+    input_registers: u32,
     /// Where to draw the latency-throughput plot (PNG).
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
@@ -53,7 +56,8 @@ fn shape() -> mlp::MlpShape {
 }
 
 fn model(batch: usize, options: &Options, batching: bool, queue: usize) -> Result<Model> {
-    let mut builder = Model::builder(shape().plan(batch)?).cpu_threads(options.cpu_threads).queue_capacity(queue);
+    let compile = CompileOptions { input_register_num: options.input_registers, ..CompileOptions::default() };
+    let mut builder = Model::builder(shape().plan_with(batch, &compile)?).cpu_threads(options.cpu_threads).queue_capacity(queue);
     if batching {
         builder = builder.dynamic_batching(Duration::from_micros(options.max_delay_us));
     }
@@ -346,8 +350,8 @@ fn main() -> Result<()> {
     let options = Options::parse();
     let seconds = options.seconds;
     println!(
-        "MLP 784-1024-1024-10 f32, cpu_threads {}, {seconds} s per point, max delay {} us\n",
-        options.cpu_threads, options.max_delay_us
+        "MLP 784-1024-1024-10 f32, cpu_threads {}, {seconds} s per point, max delay {} us, input registers {}\n",
+        options.cpu_threads, options.max_delay_us, options.input_registers
     );
     println!("| run | requests | rows/s | p50 ms | p99 ms |\n| --- | ---: | ---: | ---: | ---: |");
 

@@ -64,6 +64,12 @@ impl MlpShape {
     /// The forward plan for batches of `batch` rows: input `x`, one output (the logits);
     /// weights seeded (Kaiming), biases zero, unless a checkpoint or preloads replace them.
     pub(crate) fn plan(&self, batch: usize) -> Result<Plan, GraphError> {
+        self.plan_with(batch, &CompileOptions::default())
+    }
+
+    /// [`MlpShape::plan`] compiled with `options` (e.g. fewer input registers, so fewer
+    /// sealed pieces wait in the plan while a server could still batch requests together).
+    pub(crate) fn plan_with(&self, batch: usize, options: &CompileOptions) -> Result<Plan, GraphError> {
         let g = Graph::new();
         let mut h = g.input("x", [batch, self.features()], DType::F32)?;
         let layers = self.widths.len() - 1;
@@ -75,7 +81,7 @@ impl MlpShape {
                 h = h.relu()?;
             }
         }
-        Ok(g.compile(&[h], &[], &CompileOptions::default())?.plan)
+        Ok(g.compile(&[h], &[], options)?.plan)
     }
 
     /// Deterministic weights (small, varied values) for every variable, to preload instead
