@@ -57,7 +57,8 @@ fn shape() -> mlp::MlpShape {
 
 fn model(batch: usize, options: &Options, batching: bool, queue: usize) -> Result<Model> {
     let compile = CompileOptions { input_register_num: options.input_registers, ..CompileOptions::default() };
-    let mut builder = Model::builder(shape().plan_with(batch, &compile)?).cpu_threads(options.cpu_threads).queue_capacity(queue);
+    let mut builder =
+        Model::builder(shape().plan_with(batch, &compile)?).cpu_threads(options.cpu_threads).queue_capacity(queue);
     if batching {
         builder = builder.dynamic_batching(Duration::from_micros(options.max_delay_us));
     }
@@ -300,7 +301,7 @@ fn overload_answer(options: &Options) -> Result<(Duration, Duration, Duration, u
     }
 }
 
-/// Latency (log scale: light grid lines at 0.1, 1, 10, 100 ms) against throughput (grid
+/// Latency (log scale: light grid lines at 0.1, 1, 10, 100 ms; the bottom line is 1 ms at most) against throughput (grid
 /// lines every power of ten below the largest); blue: closed-loop p50, red: closed-loop p99
 /// (concurrency 1 to 64 from left to right), green and orange: open-loop p50 and p99.
 fn plot(path: &std::path::Path, closed: &[Point], open: &[Point]) -> Result<()> {
@@ -310,7 +311,8 @@ fn plot(path: &std::path::Path, closed: &[Point], open: &[Point]) -> Result<()> 
         let all = closed.iter().chain(open);
         let x_max = all.clone().map(|p| p.throughput).fold(1.0, f64::max) * 1.1;
         let ms = |d: Duration| (d.as_secs_f64() * 1e3).max(1e-3).log10();
-        let (y_min, y_max) = (-1.5f64, all.map(|p| ms(p.p99)).fold(0.0, f64::max).max(0.0) + 0.3);
+        let y_min = all.clone().map(|p| ms(p.p50)).fold(f64::MAX, f64::min).min(0.0) - 0.3;
+        let y_max = all.map(|p| ms(p.p99)).fold(0.0, f64::max) + 0.3;
         let root = BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area();
         root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(&root).margin(20).build_cartesian_2d(0f64..x_max, y_min..y_max)?;
@@ -326,7 +328,8 @@ fn plot(path: &std::path::Path, closed: &[Point], open: &[Point]) -> Result<()> 
             chart.draw_series(std::iter::once(PathElement::new(vec![(x, y_min), (x, y_max)], grid)))?;
             x += step;
         }
-        chart.draw_series(std::iter::once(PathElement::new(vec![(0.0, y_max), (0.0, y_min), (x_max, y_min)], BLACK)))?;
+        chart
+            .draw_series(std::iter::once(PathElement::new(vec![(0.0, y_max), (0.0, y_min), (x_max, y_min)], BLACK)))?;
         for (points, p50_color, p99_color) in [(closed, BLUE, RED), (open, GREEN, RGBColor(255, 140, 0))] {
             for (pick, color) in [(0, p50_color), (1, p99_color)] {
                 let series: Vec<(f64, f64)> =

@@ -191,7 +191,10 @@ async fn bad_inputs_answer_400_an_expired_deadline_504_and_a_stopped_model_503()
             json!({"inputs": {"x": {"shape": [2, 784], "data": x, "dtype": "f64"}}}),
             "input 'x': expected f32[n, 784] with 1 <= n <= 8, got f64[2, 784]",
         ),
-        (json!({"inputs": {"x": {"shape": [9, 784], "data": rows(9, 1)}}}), "expected f32[n, 784] with 1 <= n <= 8, got f32[9, 784]"),
+        (
+            json!({"inputs": {"x": {"shape": [9, 784], "data": rows(9, 1)}}}),
+            "expected f32[n, 784] with 1 <= n <= 8, got f32[9, 784]",
+        ),
         (json!({"inputs": {"x": {"shape": [3, 784], "data": x}}}), "input 'x': "),
         (json!({"inputs": {}}), "input 'x' (f32[8, 784]) is missing"),
         (json!({"input": {}}), "the body is not a request"),
@@ -362,4 +365,25 @@ async fn a_graceful_shutdown_finishes_the_request_in_flight_then_stops_the_model
     for (g, w) in got.iter().zip(&want) {
         assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{got:?} vs {want:?}");
     }
+}
+
+#[test]
+fn a_checkpoint_with_train_digits_names_sizes_the_mlp_and_loads_its_weights() {
+    let trained = mlp::MlpShape { widths: vec![64, 16, 10] };
+    let path = std::env::temp_dir().join(format!("regflow-serve-http-{}.safetensors", std::process::id()));
+    regflow::graph::checkpoint::save(&path, &trained.weights()).unwrap();
+    let shape = mlp::MlpShape::of_checkpoint(&path).unwrap();
+    assert_eq!(shape, trained);
+    let from_file = Model::builder(shape.plan(4).unwrap()).checkpoint(&path).build().unwrap();
+    let mut preloaded = Model::builder(trained.plan(4).unwrap());
+    for (name, value) in trained.weights() {
+        preloaded = preloaded.variable(&name, value);
+    }
+    let preloaded = preloaded.build().unwrap();
+    let x = || [("x", HostArray::f32([4, 64], (0..4).flat_map(|r| mlp::input_row(64, r)).collect()).unwrap())];
+    assert_eq!(from_file.infer(x()).unwrap(), preloaded.infer(x()).unwrap());
+    std::fs::remove_file(&path).unwrap();
+    assert!(mlp::MlpShape::of_checkpoint(&path).is_err(), "a missing file is an error, not a panic");
+    assert_eq!(mlp::MlpShape::parse("784, 32,10").unwrap().widths, vec![784, 32, 10]);
+    assert!(mlp::MlpShape::parse("784").is_err());
 }

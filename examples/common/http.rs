@@ -171,7 +171,9 @@ async fn infer(State(app): State<Arc<App>>, body: Bytes) -> Response {
 async fn answer(app: &App, body: &[u8]) -> Response {
     let request: InferRequest = match serde_json::from_slice(body) {
         Ok(request) => request,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, "bad_input", format!("the body is not a request: {e}")),
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, "bad_input", format!("the body is not a request: {e}"))
+        }
     };
     let mut inputs = Vec::with_capacity(request.inputs.len());
     for (name, tensor) in request.inputs {
@@ -217,7 +219,10 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
          # TYPE regflow_http_responses_total counter\n",
     );
     for (status, count) in STATUSES.iter().zip(&app.answers) {
-        text.push_str(&format!("regflow_http_responses_total{{status=\"{status}\"}} {}\n", count.load(Ordering::Relaxed)));
+        text.push_str(&format!(
+            "regflow_http_responses_total{{status=\"{status}\"}} {}\n",
+            count.load(Ordering::Relaxed)
+        ));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
@@ -235,12 +240,7 @@ pub(crate) async fn serve(
     limit: Option<u64>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let app = Arc::new(App {
-        model: model.clone(),
-        answers: Default::default(),
-        limit,
-        limit_reached: Notify::new(),
-    });
+    let app = Arc::new(App { model: model.clone(), answers: Default::default(), limit, limit_reached: Notify::new() });
     let router = Router::new()
         .route("/v1/infer", post(infer))
         .route("/metrics", get(metrics))

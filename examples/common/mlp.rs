@@ -37,7 +37,11 @@ impl MlpShape {
             let Some((_, w)) = tensors.iter().find(|(name, _)| *name == format!("w{layer}")) else { break };
             let dims = w.shape.dims();
             if dims.len() != 2 || (!widths.is_empty() && widths.last() != Some(&dims[0])) {
-                return Err(format!("{}: w{layer} is {:?}, which does not follow the layer before", path.display(), dims));
+                return Err(format!(
+                    "{}: w{layer} is {:?}, which does not follow the layer before",
+                    path.display(),
+                    dims
+                ));
             }
             if widths.is_empty() {
                 widths.push(dims[0]);
@@ -74,7 +78,12 @@ impl MlpShape {
         let mut h = g.input("x", [batch, self.features()], DType::F32)?;
         let layers = self.widths.len() - 1;
         for (k, pair) in self.widths.windows(2).enumerate() {
-            let w = g.variable(&format!("w{}", k + 1), [pair[0], pair[1]], DType::F32, Init::Kaiming { seed: k as u64 + 1 })?;
+            let w = g.variable(
+                &format!("w{}", k + 1),
+                [pair[0], pair[1]],
+                DType::F32,
+                Init::Kaiming { seed: k as u64 + 1 },
+            )?;
             let b = g.variable(&format!("b{}", k + 1), [pair[1]], DType::F32, Init::Zeros)?;
             h = h.matmul(&w)?.add(&b)?;
             if k + 1 < layers {
