@@ -89,7 +89,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut builder = Model::builder(plan)
         .queue_capacity(options.queue as usize)
         .dynamic_batching(Duration::from_micros(options.max_delay_us))
-        .cpu_threads(options.cpu_threads);
+        .cpu_threads(options.cpu_threads)
+        // A server idles between requests: the job's watchdog would take a quiet minute for
+        // a stall and stop the job (the model then no longer answers).
+        .watchdog(None);
     if let Some(path) = &options.checkpoint {
         builder = builder.checkpoint(path);
     }
