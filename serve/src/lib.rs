@@ -47,3 +47,7 @@ pub use error::ServeError;
 pub use metrics::{Metrics, MetricsSnapshot, LATENCY_BUCKETS_US};
 pub use model::{Model, ModelBuilder, DEFAULT_QUEUE};
 pub use reply::{Answer, InferFuture};
+
+/// The serving guide, `docs/serving.md`, whose code blocks run as this crate's doctests.
+#[doc = include_str!("../../docs/serving.md")]
+mod serving_guide {}
