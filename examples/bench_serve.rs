@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-const BATCH: usize = 64;
 
 /// Serving benchmark of a 784-1024-1024-10 MLP.
 #[derive(Debug, Parser)]
@@ -45,6 +44,10 @@ struct Options {
     /// compiler's default is 2; 1 leaves more requests in the queue to batch together).
     #[arg(long, default_value_t = 1)]
     input_registers: u32,
+    /// Rows of the batched plan (the most a piece carries). With fewer rows than callers,
+    /// one full piece waits while another computes.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
     /// Where to draw the latency-throughput plot (PNG).
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
@@ -217,7 +220,8 @@ fn direct_single(seconds: f64, options: &Options) -> Result<Point> {
 /// Full batches of 64 rows pushed back to back into the batch-64 plan's job by one thread
 /// and fetched by another: the throughput with no serving layer and no idle row.
 fn offline_batched(seconds: f64, options: &Options) -> Result<Point> {
-    let plan = shape().plan(BATCH)?;
+    let batch = options.batch;
+    let plan = shape().plan(batch)?;
     let sink = {
         let output = plan.signature.outputs.first().ok_or("the plan has no output")?;
         plan.actors[output.actor.index()].name.clone()
@@ -226,8 +230,8 @@ fn offline_batched(seconds: f64, options: &Options) -> Result<Point> {
     let mut feeds = job.graph_feeds()?;
     let fetcher = job.fetcher(&sink)?;
     let input = HostArray {
-        shape: [BATCH, 784].into(),
-        data: regflow::plan::HostData::F32((0..BATCH as u64).flat_map(|r| mlp::input_row(784, r)).collect()),
+        shape: [batch, 784].into(),
+        data: regflow::plan::HostData::F32((0..batch as u64).flat_map(|r| mlp::input_row(784, r)).collect()),
     };
     let pieces = (seconds * 200.0) as usize + 16;
     let feeder = std::thread::spawn(move || -> Result<()> {
@@ -258,7 +262,7 @@ fn offline_batched(seconds: f64, options: &Options) -> Result<Point> {
     feeder.join().map_err(|_| "the feeder panicked")??;
     drop(fetcher);
     job.wait()?;
-    Ok(Point::new("offline: full batches of 64 through a Job".into(), latencies, elapsed, BATCH))
+    Ok(Point::new(format!("offline: full batches of {batch} through a Job"), latencies, elapsed, batch))
 }
 
 /// How long `try_infer` takes to answer `Overloaded` while 8 callers keep a queue of 4 full.
@@ -369,10 +373,10 @@ fn main() -> Result<()> {
     let offline = offline_batched(seconds, &options)?;
     println!("{}", offline.row());
 
-    let batched = model(BATCH, &options, true, regflow_serve::DEFAULT_QUEUE)?;
+    let batched = model(options.batch, &options, true, regflow_serve::DEFAULT_QUEUE)?;
     let mut closed = Vec::new();
     for threads in [1, 2, 4, 8, 16, 32, 64] {
-        let point = closed_loop(&batched, threads, seconds, "Model, batch-64 plan, dynamic batching")?;
+        let point = closed_loop(&batched, threads, seconds, "Model, batched plan, dynamic batching")?;
         println!("{}", point.row());
         closed.push(point);
     }
