@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-
 /// Serving benchmark of a 784-1024-1024-10 MLP.
 #[derive(Debug, Parser)]
 struct Options {

@@ -26,6 +26,7 @@ mod meshes;
 mod options;
 mod plan_files;
 mod plans;
+mod serving;
 mod values;
 
 use regflow::prelude::*;
