@@ -22,7 +22,7 @@ pub enum ServeError {
     DeadlineExceeded {
         /// The deadline the request was given, counted from its submission.
         deadline: Duration,
-        /// Where it was: `in the queue, before it ran` or `while it ran`.
+        /// Where it was: `in the queue, before it ran` (it never used compute) or `before its answer came` (the caller stopped waiting; it may have run).
         when: &'static str,
     },
     /// The caller gave up (the future was dropped) before the answer.

@@ -333,7 +333,7 @@ impl Model {
                 reply.give_up(GaveUp::TimedOut);
                 let given = deadline.map_or(Duration::ZERO, |(_, given)| given);
                 Metrics::add(&self.shared.metrics.deadline_exceeded, 1);
-                Err(ServeError::DeadlineExceeded { deadline: given, when: "while it ran" })
+                Err(ServeError::DeadlineExceeded { deadline: given, when: "before its answer came" })
             }
         }
     }

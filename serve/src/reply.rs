@@ -163,7 +163,10 @@ impl Future for InferFuture {
                     Metrics::add(&metrics.deadline_exceeded, 1);
                 }
                 self.reply = None;
-                return Poll::Ready(Err(ServeError::DeadlineExceeded { deadline: given, when: "while it ran" }));
+                return Poll::Ready(Err(ServeError::DeadlineExceeded {
+                    deadline: given,
+                    when: "before its answer came",
+                }));
             }
         }
         state.waker = Some(cx.waker().clone());
