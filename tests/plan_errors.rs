@@ -290,7 +290,14 @@ fn variable_loop() -> Plan {
     b.consume(step, tick).consume(step, state);
     let meta = TensorMeta::new([2], DType::F32);
     let region = Region::whole(&meta.shape);
-    b.plan_mut().variables.push(VariableDesc { name: "w".into(), regst: state, meta, init: Init::Zeros, region });
+    b.plan_mut().variables.push(VariableDesc {
+        name: "w".into(),
+        regst: state,
+        meta,
+        init: Init::Zeros,
+        region,
+        constant: false,
+    });
     b.build().unwrap()
 }
 

@@ -109,6 +109,12 @@ pub struct VariableDesc {
     pub init: crate::Init,
     /// This register's part of it.
     pub region: Region,
+    /// The register holds the part in *every* slot, written once when the job starts, and
+    /// nothing ever writes it again: a variable nobody updates, handed out each step by a
+    /// no-op actor without a copy. Otherwise the part goes into the register's preloaded
+    /// slots (a loop's first value).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub constant: bool,
 }
 
 /// A dataset source: shuffled batches of a file of fixed-size records, each record split

@@ -410,7 +410,16 @@ impl Plan {
                     count: self.regst_descs.len(),
                 });
             };
-            if desc.preloaded == 0 {
+            if variable.constant {
+                // Its slots hold the value for the whole job: nothing may share their bytes
+                // or hand them out as loop pieces.
+                if desc.shared_offset.is_some() || desc.preloaded != 0 {
+                    return Err(bad(format!(
+                        "is constant in register '{}', whose slots must hold it alone (not shared, not preloaded)",
+                        desc.name
+                    )));
+                }
+            } else if desc.preloaded == 0 {
                 return Err(bad(format!(
                     "goes into register '{}', which has no preloaded slots to hold its first value",
                     desc.name

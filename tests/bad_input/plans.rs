@@ -364,6 +364,7 @@ fn hand_built_plans() {
         meta: meta(shape),
         init: Init::Zeros,
         region: Region::whole(&shape.to_vec().into()),
+        constant: false,
     };
     c.case(
         "a variable in a register without preloaded slots",

@@ -172,7 +172,7 @@ fn jobs_refuse_values_and_end_user_side_waits() {
             quick(p).build()
         },
         "RuntimeError::Plan::DoesNotFit",
-        &["node0/cpu:0", "384 bytes", "offers 16"],
+        &["node0/cpu:0", "256 bytes", "offers 16"],
     );
     c.case(
         "a register of more slots than supported",

@@ -115,7 +115,8 @@ fn compile_step(
     let collectives = collective_order::order_collectives(&mut low);
     lower::discard_unread(&mut low)?;
     if options.reuse_memory && facts.micro_batches == 1 {
-        share::share_memory(&mut low.b)?;
+        let constants: Vec<_> = low.out.variables.iter().filter(|v| v.constant).map(|v| v.regst).collect();
+        share::share_memory(&mut low.b, &constants)?;
     }
     let compiled = emit::emit(low, collectives, scope)?;
     progress::prove(&compiled.plan, options)?;

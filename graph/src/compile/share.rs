@@ -13,7 +13,7 @@ use crate::plan::{ActorIndex, ActorKind, PlanBuilder, PlanIndex, RegstDesc, Regs
 /// and the last one hands a preloaded token back to the first, so step k + 1 starts only
 /// when step k has finished. On one stream that costs nothing (it runs serially anyway).
 /// Registers read by a sink, fed inputs and variables keep memory of their own.
-pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
+pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Result<(), CompileError> {
     let plan = b.plan_mut().clone();
     let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
     let computes: Vec<usize> = (0..plan.actors.len()).filter(|&a| is_compute(a)).collect();
@@ -82,6 +82,8 @@ pub(crate) fn share_memory(b: &mut PlanBuilder) -> Result<(), CompileError> {
                 || desc.preloaded != 0
                 || desc.bytes == 0
                 || !readers_in_chain
+                // A constant variable's slots hold its value for the whole job.
+                || constants.contains(&RegstDescId(r as u32))
             {
                 continue;
             }

@@ -72,7 +72,9 @@ pub(super) fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), Ru
                 desc.bytes
             )));
         }
-        for slot in 0..desc.preloaded {
+        // A constant variable's every slot holds its value for the whole job.
+        let slots = if variable.constant { desc.register_num } else { desc.preloaded };
+        for slot in 0..slots {
             let view = arenas.view(regflow_actors::RegstRef { desc: variable.regst, slot });
             // SAFETY: no stream thread exists yet; nothing else can touch the arena.
             unsafe { view.as_mut_slice() }.copy_from_slice(&part);
@@ -138,7 +140,8 @@ pub(super) fn write_preloads(
             });
         };
         let desc = &plan.regst_descs[d];
-        if desc.preloaded == 0 {
+        let constant = plan.variables.iter().any(|v| v.constant && v.regst.index() == d);
+        if desc.preloaded == 0 && !constant {
             return Err(RuntimeError::Preload { regst: name.clone(), message: "has no preloaded slots".into() });
         }
         if bytes.len() as u64 != desc.bytes {
@@ -147,7 +150,8 @@ pub(super) fn write_preloads(
                 message: format!("got {} bytes, its slots hold {}", bytes.len(), desc.bytes),
             });
         }
-        for slot in 0..desc.preloaded {
+        let slots = if constant { desc.register_num } else { desc.preloaded };
+        for slot in 0..slots {
             let view = arenas.view(regflow_actors::RegstRef { desc: regflow_plan::RegstDescId(d as u32), slot });
             // SAFETY: no stream thread exists yet; nothing else can touch the arena.
             unsafe { view.as_mut_slice() }.copy_from_slice(bytes);

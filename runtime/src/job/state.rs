@@ -58,8 +58,9 @@ pub(super) fn read_variables(
             continue;
         }
         let fail = |message: String| RuntimeError::StateRead { variable: variable.name.clone(), message };
-        let slot = last_slot(desc.register_num, desc.preloaded, fired)
-            .ok_or_else(|| fail(format!("its register '{}' never held a value", desc.name)))?;
+        // A constant variable's every slot holds its value.
+        let last = if variable.constant { Some(0) } else { last_slot(desc.register_num, desc.preloaded, fired) };
+        let slot = last.ok_or_else(|| fail(format!("its register '{}' never held a value", desc.name)))?;
         let view = arenas.view(regflow_actors::RegstRef { desc: variable.regst, slot });
         // SAFETY: every stream thread has ended (the caller joined them): nothing writes
         // the arena any more.

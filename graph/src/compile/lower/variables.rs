@@ -1,7 +1,8 @@
 //! Variables: per device a loop register holding its part, produced once per step by its
 //! update (or by an `assign` copy of it) and preloaded with its initial value, so step
-//! k + 1 reads what step k wrote. A variable nobody updates is a copy loop paced by the
-//! tick.
+//! k + 1 reads what step k wrote. A variable nobody updates is a constant register: every
+//! slot holds its value from the job's start, handed out each step by a no-op paced by the
+//! tick, so a forward plan copies no weights per piece.
 //!
 //! A loop register has two slots: the update of step k writes the value of step k + 1
 //! into the other slot while step k's readers may still hold theirs, and piece numbers
@@ -31,8 +32,9 @@ pub(crate) fn lower_variables(low: &mut Lowering<'_>) -> Result<(), CompileError
         let regs = match low.facts.update_of(t) {
             Some(new) if writes_loop_directly(low, t, new, &layout, mesh)? => direct_loop(low, new, &layout, mesh)?,
             Some(new) => assign_loop(low, t, new, &layout, mesh)?,
-            None => constant_loop(low, t, &layout, mesh)?,
+            None => constant_value(low, t, &layout, mesh)?,
         };
+        let constant = low.facts.update_of(t).is_none();
         let m = low.placement.meshes[mesh].clone();
         let info = low.graph.info(t);
         for (rank, (state, _)) in regs.iter().enumerate() {
@@ -43,6 +45,7 @@ pub(crate) fn lower_variables(low: &mut Lowering<'_>) -> Result<(), CompileError
                 meta: info.meta.clone(),
                 init: init.clone(),
                 region: part_region(&info.meta.shape, &layout, &m, &m.coords(rank)),
+                constant,
             });
         }
         let rate = low.facts.rate(t);
@@ -112,10 +115,11 @@ fn assign_loop(
     Ok(regs)
 }
 
-/// A variable nobody updates: a copy loop paced by the tick. The loop register carries one
-/// value more than the steps; readers get an ordinary register with one value per step,
-/// written by the same copy. By rank: `(loop register, value register)`.
-fn constant_loop(
+/// A variable nobody updates: per device a register whose every slot holds its part
+/// from the job's start (`VariableDesc::constant`; nothing ever writes it), handed out
+/// once per step by a no-op actor paced by the tick. No copy per step: a forward plan's
+/// weights are read where they were written. By rank: `(register, register)`.
+fn constant_value(
     low: &mut Lowering<'_>,
     t: TensorId,
     layout: &NdSbp,
@@ -123,15 +127,18 @@ fn constant_loop(
 ) -> Result<Vec<(RegstDescId, RegstDescId)>, CompileError> {
     let rate = low.facts.rate(t);
     let size = low.placement.meshes[mesh].size();
+    let name = low.name(t);
     let mut actors = Vec::with_capacity(size);
     let mut regs = Vec::with_capacity(size);
     for rank in 0..size {
-        let (actor, state, bytes) = loop_copy(low, "variable", t, layout, mesh, rank);
-        low.b.consume(actor, state);
-        let value_name = format!("{}.value", low.b.plan_mut().regst_descs[state.index()].name);
-        let value = low.b.regst(&value_name, actor, bytes, low.register_num(rate, mesh));
+        let slot = low.placement.slot(mesh, rank);
+        let bytes = low.local_meta(t, layout, mesh, rank).bytes() as u64;
+        let actor_name = low.on_device(&format!("variable:{name}"), slot);
+        let actor =
+            low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Noop });
+        let reg = low.b.regst(&low.on_device(&name, slot), actor, bytes, low.register_num(rate, mesh));
         actors.push(actor);
-        regs.push((state, value));
+        regs.push((reg, reg));
     }
     low.read(&actors, mesh, rate, ReadOf::Tick);
     Ok(regs)
