@@ -36,9 +36,10 @@
 //! Inputs become fed (or dataset) sources, every op a compute actor running its op on its
 //! local shapes, fetches sinks, and every variable a loop-carried register preloaded with
 //! its initial value and produced by its update, so step k + 1 reads what step k wrote.
-//! Ops that read nothing fed (constants, the step counter) and variables nobody updates
-//! read their device's *tick*, made from the first input, so they run once per step and
-//! end when the inputs end.
+//! A variable nobody updates is a *constant* register instead: every slot holds its value
+//! from the job's start and a no-op hands it out, so no step copies it. Ops that read
+//! nothing fed (constants, the step counter) and those no-ops read their device's *tick*,
+//! made from the first input, so they run once per step and end when the inputs end.
 
 mod adapters;
 pub(crate) mod boxing;
