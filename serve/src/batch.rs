@@ -100,12 +100,14 @@ impl Dispatcher {
                 }
             }
             if let Err(error) = self.push(batch) {
-                // The job stopped: every request still queued gets the reason.
+                // The job stopped: every request queued now or later gets the reason. The
+                // dispatcher keeps receiving until the last handle is gone, so a request
+                // sent after the failure cannot sit unanswered in the channel.
                 let reason = ServeError::Stopped(error.to_string());
                 if let Some(request) = carried.take() {
                     request.reply.answer(Err(reason.clone()));
                 }
-                for request in self.queue.try_iter() {
+                for request in self.queue.iter() {
                     self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
                     request.reply.answer(Err(reason.clone()));
                 }

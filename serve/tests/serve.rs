@@ -201,20 +201,40 @@ fn one_row(caller: usize) -> [(&'static str, HostArray); 1] {
 #[test]
 fn a_full_queue_answers_overloaded_at_once_and_the_accepted_requests_complete() {
     let gate = Gate::default();
-    let model = gate.install(model(8, false).queue_capacity(4)).build().unwrap();
+    let model =
+        gate.install(model(8, false).queue_capacity(4).default_deadline(Duration::from_secs(20))).build().unwrap();
     let mut accepted = Vec::new();
+    // Submit until refused, then wait for the queue to stop moving: until the dispatcher is
+    // blocked in its push it may take one more request out of the queue, and then the queue
+    // has room again; fill it again.
+    let mut refusals = 0;
     let refused = loop {
-        let mut future = model.infer_async(one_row(accepted.len()));
-        match poll_once(&mut future) {
-            Poll::Ready(Err(error)) => break error,
-            Poll::Ready(Ok(_)) => panic!("answered while the kernel is held"),
-            Poll::Pending => accepted.push(future),
+        refusals += 1;
+        let refused = loop {
+            let mut future = model.infer_async(one_row(accepted.len()));
+            match poll_once(&mut future) {
+                Poll::Ready(Err(error)) => break error,
+                Poll::Ready(Ok(_)) => panic!("answered while the kernel is held"),
+                Poll::Pending => accepted.push(future),
+            }
+            assert!(accepted.len() < 1000, "the queue never filled");
+        };
+        let mut last = model.metrics().queued;
+        let mut still = 0;
+        while still < 3 {
+            std::thread::sleep(Duration::from_millis(10));
+            let now = model.metrics().queued;
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
         }
-        assert!(accepted.len() < 1000, "the queue never filled");
+        if last == 4 {
+            break refused;
+        }
     };
     assert!(matches!(refused, ServeError::Overloaded { capacity: 4, .. }), "{refused}");
     assert!(refused.to_string().contains("overloaded") && refused.to_string().contains("4"), "{refused}");
-    // The blocking form refuses at once too.
+    // The blocking form refuses at once too (the dispatcher is blocked in its push; the
+    // model's default deadline would turn a mistake here into a failure, not a hang).
     assert!(matches!(model.try_infer(one_row(0)), Err(ServeError::Overloaded { .. })));
     // The queue holds 4; the rest are in the plan's feeds and registers.
     assert!(accepted.len() >= 4, "{}", accepted.len());
@@ -224,7 +244,7 @@ fn a_full_queue_answers_overloaded_at_once_and_the_accepted_requests_complete() 
         assert_answer(&answer[0], &input(caller, 0, 8), 8, &format!("accepted request {caller}"));
     }
     let metrics = model.metrics();
-    assert_eq!(metrics.overloaded, 2);
+    assert_eq!(metrics.overloaded, refusals + 1, "each refusal counted once, try_infer's too");
     model.shutdown().unwrap();
 }
 
