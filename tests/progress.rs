@@ -68,6 +68,8 @@ struct Case {
     activation: Vec<u8>,
     /// Per hidden layer: add its input back when the shapes agree.
     residual: Vec<bool>,
+    /// Freeze the first layer's weight (a constant register) when another layer trains.
+    frozen_first: bool,
     layout: Layout,
     micro_batches: u32,
     steps: usize,
@@ -78,8 +80,11 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (1usize..=3, 0usize..LAYOUTS.len(), 1u32..=8, 1usize..=3, 1u32..=3, 1u32..=2, any::<bool>(), any::<bool>())
-        .prop_flat_map(|(layers, layout, k, steps, inputs, activations, reuse, gpipe)| {
+    (
+        (1usize..=3, 0usize..LAYOUTS.len(), 1u32..=8, 1usize..=3),
+        (1u32..=3, 1u32..=2, any::<bool>(), any::<bool>(), any::<bool>()),
+    )
+        .prop_flat_map(|((layers, layout, k, steps), (inputs, activations, reuse, gpipe, frozen_first))| {
             (
                 prop::collection::vec(prop::sample::select(vec![4usize, 6]), layers + 1),
                 prop::collection::vec(any::<bool>(), layers),
@@ -91,6 +96,7 @@ fn case() -> impl Strategy<Value = Case> {
                     bias,
                     activation,
                     residual,
+                    frozen_first,
                     layout: LAYOUTS[layout],
                     micro_batches: k,
                     steps,
@@ -173,6 +179,9 @@ fn model<'g>(g: &'g Graph, case: &Case) -> TrainStep<'g> {
             Layout::Zero => g.set_layout(w, mesh, NdSbp(vec![S(0)])).unwrap(),
             Layout::OneDevice => {}
             _ => g.set_layout(w, mesh, NdSbp(vec![B; mesh.axes().len()])).unwrap(),
+        }
+        if l == 0 && case.frozen_first && layers > 1 {
+            g.set_trainable(w, false);
         }
         let input = h;
         h = h.matmul(&w).unwrap();
@@ -281,6 +290,7 @@ fn every_layout_runs_every_micro_batch_count_from_1_to_8() {
                 bias: vec![true, true],
                 activation: vec![1, 0],
                 residual: vec![false, false],
+                frozen_first: k % 3 == 0,
                 layout,
                 micro_batches: k,
                 steps: 2,
@@ -341,6 +351,7 @@ fn zero_micro_batches_or_zero_slots_are_refused_naming_the_option() {
         bias: vec![false],
         activation: vec![0],
         residual: vec![false],
+        frozen_first: false,
         layout: Layout::OneDevice,
         micro_batches: 1,
         steps: 1,
@@ -378,6 +389,7 @@ fn a_whole_step_of_one_input_may_be_pushed_before_the_next() {
             bias: vec![true],
             activation: vec![0],
             residual: vec![false],
+            frozen_first: false,
             layout: Layout::OneDevice,
             micro_batches: k,
             steps: 2,

@@ -15,7 +15,15 @@ pub(crate) fn prove(plan: &Plan, options: &ParallelOptions) -> Result<(), Compil
     match check_progress(plan, STEPS) {
         Ok(_) => Ok(()),
         Err(ProgressError::Deadlock(deadlock)) => {
-            let inputs: Vec<&str> = deadlock.registers().map(|(r, _)| r).filter(|r| r.starts_with("input:")).collect();
+            // Registers on the cycle that a fed source writes: their slots are `input_register_num`.
+            let fed = |name: &str| {
+                plan.regst_descs.iter().any(|d| {
+                    d.name == name
+                        && matches!(plan.actors[d.producer.index()].kind, crate::plan::ActorKind::Source { .. })
+                })
+            };
+            let mut inputs: Vec<&str> = deadlock.registers().map(|(r, _)| r).filter(|r| fed(r)).collect();
+            inputs.dedup();
             let hint = if inputs.is_empty() {
                 format!(
                     "its registers hold `activation_register_num` = {} slot(s) unless the compiler sized them",

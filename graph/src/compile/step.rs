@@ -61,7 +61,8 @@ impl StepFacts {
         let paced = paced(graph, &nodes, count);
         let forward = ancestors(&nodes, count, fetch.iter().map(|t| t.id()));
         let micro_batches = options.micro_batch_count();
-        let rate = rates(graph, &nodes, &paced, fetch, options);
+        let updated: std::collections::HashSet<TensorId> = updates.iter().map(|(v, _)| v.id()).collect();
+        let rate = rates(graph, &nodes, &paced, fetch, &updated, options);
         let mut read = vec![false; count];
         for node in nodes.iter().filter(|node| node.outputs.iter().any(|o| needed[o.0 as usize])) {
             for i in &node.inputs {
@@ -168,9 +169,17 @@ fn dataset_inputs(graph: &Graph, options: &ParallelOptions) -> Result<Vec<Tensor
 /// Under accumulation a tensor runs per micro-batch if the fetches or the raw gradients
 /// need it and it changes with the inputs or is an op output (constants the micro-batches
 /// need, such as the loss gradient's seed: paced per step they would wait for a whole
-/// step of inputs, which a pipeline's registers cannot hold); fed inputs always do. The
-/// rest (variables, clipping, the schedule, the updates) runs once per step.
-fn rates(graph: &Graph, nodes: &[Node], paced: &[bool], fetch: &[Tensor<'_>], options: &ParallelOptions) -> Vec<Rate> {
+/// step of inputs, which a pipeline's registers cannot hold); fed inputs always do, and so
+/// do variables nobody updates (constant registers, handed out without a copy). The rest
+/// (updated variables, clipping, the schedule, the updates) runs once per step.
+fn rates(
+    graph: &Graph,
+    nodes: &[Node],
+    paced: &[bool],
+    fetch: &[Tensor<'_>],
+    updated: &std::collections::HashSet<TensorId>,
+    options: &ParallelOptions,
+) -> Vec<Rate> {
     let count = paced.len();
     let Some(acc) = options.accumulate.as_ref().filter(|a| a.micro_batches > 1) else {
         return vec![Rate::Micro; count];
@@ -178,9 +187,15 @@ fn rates(graph: &Graph, nodes: &[Node], paced: &[bool], fetch: &[Tensor<'_>], op
     let wanted = ancestors(nodes, count, fetch.iter().map(|t| t.id()).chain(acc.gradients.iter().copied()));
     (0..count)
         .map(|i| {
-            let source = graph.info(TensorId(i as u32)).source;
+            let id = TensorId(i as u32);
+            let source = graph.info(id).source;
+            // A variable nobody updates is a constant register handed out without a copy:
+            // per micro-batch it costs nothing, and it needs no step's worth of inputs first
+            // (paced per step, it waits for a whole step of ticks while the micro-batches
+            // that would make them hold the input registers).
+            let constant = matches!(source, TensorSource::Variable { .. }) && !updated.contains(&id);
             let micro = matches!(source, TensorSource::Input)
-                || wanted[i] && (paced[i] || matches!(source, TensorSource::Op { .. }));
+                || wanted[i] && (paced[i] || constant || matches!(source, TensorSource::Op { .. }));
             if micro {
                 Rate::Micro
             } else {
