@@ -10,8 +10,8 @@ use crate::bus::Router;
 use crate::device::CpuStream;
 use crate::inbox::{inbox, Envelope};
 use crate::kernel::{Kernel, KernelError, KernelIo, StreamContext};
-use crate::stream::{ActorRuntime, JobShared, StreamProbe, StreamWorker};
-use crate::sync::{Arc, AtomicBool, Mutex};
+use crate::stream::{ActorRuntime, JobShared, StreamWorker};
+use crate::sync::Arc;
 use loom::cell::UnsafeCell;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds};
 use regflow_plan::{
@@ -105,14 +105,7 @@ fn run_model(plan: &Plan) {
     let (tx1, rx1) = inbox(64);
     let router = Router::new(None, vec![vec![0, 1]], vec![Some(tx0.clone()), Some(tx1)]);
     let (snapshots, _) = crossbeam_channel::unbounded();
-    let shared = Arc::new(JobShared {
-        probes: vec![StreamProbe::default(), StreamProbe::default()],
-        error: Mutex::new(None),
-        aborting: AtomicBool::new(false),
-        snapshots,
-        collectives: Default::default(),
-        abort_signal: crate::stream::AbortSignal::new(),
-    });
+    let shared = Arc::new(JobShared::new(2, snapshots, Default::default()));
     let mut workers = Vec::new();
     for (s, rx) in [(0usize, rx0), (1usize, rx1)] {
         let mut actors = Vec::new();

@@ -78,6 +78,22 @@ impl AbortSignal {
 }
 
 impl JobShared {
+    /// The state of a job of `streams` streams, before any error.
+    pub(crate) fn new(
+        streams: usize,
+        snapshots: crossbeam_channel::Sender<(usize, Vec<ActorSnapshot>)>,
+        collectives: std::sync::Arc<CollectiveGroups>,
+    ) -> Self {
+        Self {
+            probes: (0..streams).map(|_| StreamProbe::default()).collect(),
+            error: Mutex::new(None),
+            aborting: AtomicBool::new(false),
+            snapshots,
+            collectives,
+            abort_signal: AbortSignal::new(),
+        }
+    }
+
     /// Records the first error and tells every stream to stop.
     pub(crate) fn abort(&self, error: RuntimeError, router: &Router) {
         {

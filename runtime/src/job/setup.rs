@@ -1,16 +1,21 @@
 //! The steps of building a job that need no builder: checking the plan's devices, writing
 //! the first values of loop registers, sizing the inboxes, starting the watchdog.
 
+use super::make::{make_actor, UserEnds};
+use super::start::JobBuilder;
 use super::UserWaits;
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
+use crate::device::{CpuStream, DeviceStream, SimPoller};
+use crate::inbox::{Envelope, InboxSender};
 use crate::kernel::device_supported;
+use crate::stream::ActorRuntime;
 use crate::stream::JobShared;
 use crate::sync::Arc;
 use crate::watchdog::{watch, Names};
 use crate::RuntimeError;
-use regflow_actors::PlanIds;
-use regflow_plan::{ActorIndex, ActorKind, Plan, PlanIndex, SourcePieces};
+use regflow_actors::{Actor, ActorId, Body, Cmd, Message, PlanIds};
+use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePieces};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -278,4 +283,102 @@ pub(super) fn inbox_capacities(
 pub(super) fn stream_label(plan: &Plan, s: usize) -> String {
     let stream = &plan.streams[s];
     format!("{}/{:?}#{s}", plan.devices[stream.device.index()].label(), stream.kind)
+}
+
+/// Per stream, its actors and their runtimes (kernels, feeders and fetchers made on the
+/// way), and the actors to start (sources, and actors with preloaded outputs).
+#[allow(clippy::type_complexity)]
+pub(super) fn make_actors(
+    builder: &mut JobBuilder,
+    indexed: &PlanIndex<'_>,
+    ids: &PlanIds,
+    per_step: &[u64],
+    senders: &[Option<InboxSender>],
+    ends: &mut UserEnds<'_>,
+) -> Result<(Vec<(Vec<Actor>, Vec<ActorRuntime>)>, Vec<ActorId>), RuntimeError> {
+    let plan = indexed.plan();
+    let mut per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)> =
+        (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
+    let mut sources = Vec::new();
+    for (a, desc) in plan.actors.iter().enumerate() {
+        let stream = desc.stream.index();
+        let Some(inbox) = senders[stream].clone() else { continue };
+        let made = make_actor(builder, indexed, ids, per_step, ActorIndex(a as u32), inbox, ends)?;
+        if made.starts {
+            sources.push(made.actor.id());
+        }
+        per_stream[stream].0.push(made.actor);
+        per_stream[stream].1.push(made.runtime);
+    }
+    Ok((per_stream, sources))
+}
+
+/// The most registers one firing reads or writes (the streams' scratch capacity).
+pub(super) fn max_arity(indexed: &PlanIndex<'_>) -> usize {
+    let plan = indexed.plan();
+    (0..plan.actors.len())
+        .map(|a| plan.actors[a].inputs.len().max(indexed.outputs_of(ActorIndex(a as u32)).len()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Go: every source (and actor with preloaded outputs) gets `Start`.
+pub(super) fn start_sources(router: &Router, sources: Vec<ActorId>) {
+    for source in sources {
+        let msg = Message { dst: source, src: source, body: Body::Cmd(Cmd::Start) };
+        if let Some(inbox) = router.inbox_of(source) {
+            let _ = inbox.send(Envelope::Actor(msg));
+        }
+    }
+}
+
+/// Every `on_sink` callback names a sink of the plan.
+pub(super) fn check_sink_callbacks(builder: &JobBuilder, indexed: &PlanIndex<'_>) -> Result<(), RuntimeError> {
+    let plan = indexed.plan();
+    for name in builder.sink_callbacks.keys() {
+        let index = indexed.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.clone() })?;
+        let kind = &plan.actors[index.index()].kind;
+        if !matches!(kind, ActorKind::Sink) {
+            return Err(RuntimeError::WrongKind {
+                name: name.clone(),
+                kind: kind.name(),
+                expected: "on_sink needs a sink",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The sim poller, when the plan has sim streams, sized by the launches that can be in
+/// flight on them.
+pub(super) fn sim_poller(plan: &Plan) -> Result<Option<SimPoller>, RuntimeError> {
+    let has_sim = plan.streams.iter().any(|s| plan.devices[s.device.index()].kind == DeviceKind::Sim);
+    if !has_sim {
+        return Ok(None);
+    }
+    let capacity: usize = plan.regst_descs.iter().map(|r| r.register_num as usize * 2).sum::<usize>() + 64;
+    SimPoller::start(capacity)
+        .map(Some)
+        .map_err(|e| RuntimeError::Spawn { thread: "sim poller".into(), message: e.to_string() })
+}
+
+/// How stream `s` launches kernels on its device; `None` for a sim stream this job has no
+/// inbox for.
+pub(super) fn stream_device(
+    plan: &Plan,
+    s: usize,
+    poller: Option<&SimPoller>,
+    inbox: Option<&InboxSender>,
+) -> Result<Option<Box<dyn DeviceStream>>, RuntimeError> {
+    let device = &plan.devices[plan.streams[s].device.index()];
+    match (poller, device.kind) {
+        (Some(poller), DeviceKind::Sim) => {
+            Ok(inbox.map(|tx| Box::new(poller.stream(tx.clone())) as Box<dyn DeviceStream>))
+        }
+        (_, DeviceKind::Cpu) => Ok(Some(Box::new(CpuStream))),
+        (_, kind) => Err(RuntimeError::UnsupportedDevice {
+            device: device.label(),
+            available: format!("no stream backend for {} (broken invariant)", kind.name()),
+        }),
+    }
 }

@@ -1,23 +1,24 @@
 //! Building a job: validate the plan, allocate its memory, size the inboxes, make the
 //! kernels, feeders and fetchers, start the stream threads, the watchdog and the sources.
 
-use super::make::{make_actor, UserEnds};
+use super::make::UserEnds;
 use super::setup::{
-    check_devices, inbox_capacities, start_watchdog, stream_label, user_records, variable_preloads, watch_names,
-    write_preloads, write_variables,
+    check_devices, check_sink_callbacks, inbox_capacities, make_actors, max_arity, sim_poller, start_sources,
+    start_watchdog, stream_device, stream_label, user_records, variable_preloads, watch_names, write_preloads,
+    write_variables,
 };
 use super::{Job, DEFAULT_WATCHDOG};
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
-use crate::device::{CpuStream, DeviceStream, SimPoller};
-use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
+
+use crate::inbox::{inbox, InboxReceiver, InboxSender};
 use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
-use crate::stream::{AbortSignal, ActorRuntime, JobShared, StreamExit, StreamProbe, StreamWorker};
-use crate::sync::{Arc, AtomicBool, Mutex};
+use crate::stream::{JobShared, StreamExit, StreamWorker};
+use crate::sync::Arc;
 use crate::trace::TraceBuffer;
 use crate::RuntimeError;
-use regflow_actors::{Actor, Body, Cmd, Message, PlanIds, StreamId};
-use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex};
+use regflow_actors::{PlanIds, StreamId};
+use regflow_plan::{DeviceKind, Plan, PlanIndex};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -228,63 +229,31 @@ impl Job {
         let stream_node = |s: usize| plan.devices[plan.streams[s].device.index()].node;
 
         let callback_sinks: Vec<String> = builder.sink_callbacks.keys().cloned().collect();
-        // Sink callbacks must name sinks.
-        for name in builder.sink_callbacks.keys() {
-            let index = indexed.actor_by_name(name).ok_or_else(|| RuntimeError::UnknownActor { name: name.clone() })?;
-            let kind = &plan.actors[index.index()].kind;
-            if !matches!(kind, ActorKind::Sink) {
-                return Err(RuntimeError::WrongKind {
-                    name: name.clone(),
-                    kind: kind.name(),
-                    expected: "on_sink needs a sink",
-                });
-            }
-        }
+        check_sink_callbacks(&builder, &indexed)?;
 
         // Inboxes and the router.
-        let mut senders: Vec<Option<InboxSender>> = Vec::with_capacity(plan.streams.len());
-        let mut receivers: Vec<Option<InboxReceiver>> = Vec::with_capacity(plan.streams.len());
         let capacities = inbox_capacities(&indexed, builder.fetch_depth, &per_step);
-        for (s, &capacity) in capacities.iter().enumerate() {
-            if hosts(stream_node(s)) {
-                let (tx, rx) = inbox(capacity);
-                senders.push(Some(tx));
-                receivers.push(Some(rx));
-            } else {
-                senders.push(None);
-                receivers.push(None);
-            }
-        }
+        let (senders, mut receivers): (Vec<Option<InboxSender>>, Vec<Option<InboxReceiver>>) = capacities
+            .iter()
+            .enumerate()
+            .map(|(s, &capacity)| match hosts(stream_node(s)) {
+                true => {
+                    let (tx, rx) = inbox(capacity);
+                    (Some(tx), Some(rx))
+                }
+                false => (None, None),
+            })
+            .unzip();
         let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
         for (s, stream) in plan.streams.iter().enumerate() {
             stream_of[stream.device.index()].push(s as u32);
         }
         let router = Router::new(builder.node, stream_of, senders.clone());
-
-        // Sim poller, sized by the launches that can be in flight on sim streams.
-        let sim_streams: Vec<usize> = (0..plan.streams.len())
-            .filter(|&s| plan.devices[plan.streams[s].device.index()].kind == DeviceKind::Sim)
-            .collect();
-        let poller = if sim_streams.is_empty() {
-            None
-        } else {
-            let capacity: usize = plan.regst_descs.iter().map(|r| r.register_num as usize * 2).sum::<usize>() + 64;
-            Some(
-                SimPoller::start(capacity)
-                    .map_err(|e| RuntimeError::Spawn { thread: "sim poller".into(), message: e.to_string() })?,
-            )
-        };
+        let poller = sim_poller(&plan)?;
 
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
-        let shared = Arc::new(JobShared {
-            probes: (0..plan.streams.len()).map(|_| StreamProbe::default()).collect(),
-            error: Mutex::new(None),
-            aborting: AtomicBool::new(false),
-            snapshots: snapshot_tx,
-            collectives: builder.kernels.collectives(),
-            abort_signal: AbortSignal::new(),
-        });
+        let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
         let (user, records) = user_records(
             &indexed,
             |a| senders[plan.actors[a.index()].stream.index()].is_some(),
@@ -301,21 +270,7 @@ impl Job {
             fetchers: HashMap::new(),
         };
 
-        // Actors, kernels, feeders and fetchers, per stream.
-        let mut per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)> =
-            (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
-        let mut sources = Vec::new();
-        for (a, desc) in plan.actors.iter().enumerate() {
-            let stream = desc.stream.index();
-            let Some(inbox) = senders[stream].clone() else { continue };
-            let index = ActorIndex(a as u32);
-            let made = make_actor(&mut builder, &indexed, &ids, &per_step, index, inbox, &mut ends)?;
-            if made.starts {
-                sources.push(made.actor.id());
-            }
-            per_stream[stream].0.push(made.actor);
-            per_stream[stream].1.push(made.runtime);
-        }
+        let (per_stream, sources) = make_actors(&mut builder, &indexed, &ids, &per_step, &senders, &mut ends)?;
 
         let UserEnds { feeders, fetchers, .. } = ends;
 
@@ -327,27 +282,11 @@ impl Job {
         let mut threads = Vec::new();
         // Bounded: one notice per stream, allocated now, so teardown allocates nothing.
         let (exit_tx, exits) = crossbeam_channel::bounded(plan.streams.len().max(1));
-        // The most registers one firing reads or writes.
-        let max_arity = (0..plan.actors.len())
-            .map(|a| plan.actors[a].inputs.len().max(indexed.outputs_of(ActorIndex(a as u32)).len()))
-            .max()
-            .unwrap_or(0);
+        let max_arity = max_arity(&indexed);
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
             let device_desc = &plan.devices[plan.streams[s].device.index()];
-            let device: Box<dyn DeviceStream> = match (&poller, device_desc.kind) {
-                (Some(poller), DeviceKind::Sim) => match &senders[s] {
-                    Some(tx) => Box::new(poller.stream(tx.clone())),
-                    None => continue,
-                },
-                (_, DeviceKind::Cpu) => Box::new(CpuStream),
-                (_, kind) => {
-                    return Err(RuntimeError::UnsupportedDevice {
-                        device: device_desc.label(),
-                        available: format!("no stream backend for {} (broken invariant)", kind.name()),
-                    })
-                }
-            };
+            let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref())? else { continue };
             let context = StreamContext {
                 device: device_desc.kind,
                 device_index: device_desc.index,
@@ -371,26 +310,14 @@ impl Job {
                 scratch_outputs: Vec::with_capacity(max_arity),
                 context,
             };
-            let name = format!("regflow-s{s}");
-            let shared_for_panic = shared.clone();
-            let router_for_panic = router.clone();
-            let label = stream_label(&plan, s);
             let exit_notice = ExitNotice(exit_tx.clone(), s);
-            let handle = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || {
-                    // Dropped last, after a panic has been recorded as the job's error.
-                    let _notice = exit_notice;
-                    run_stream(worker, s, label, shared_for_panic, router_for_panic)
-                })
-                .map_err(|e| RuntimeError::Spawn { thread: name, message: e.to_string() });
+            let handle = spawn_stream(worker, stream_label(&plan, s), &shared, &router, exit_notice);
             match handle {
                 Ok(handle) => threads.push((s, handle)),
                 Err(e) => {
+                    // The threads started so far stop before the error is returned.
                     shared.abort(RuntimeError::Stopped, &router);
-                    for (_, t) in threads {
-                        let _ = t.join();
-                    }
+                    threads.into_iter().for_each(|(_, t)| drop(t.join()));
                     return Err(e);
                 }
             }
@@ -403,13 +330,7 @@ impl Job {
             }
         };
 
-        // Go.
-        for source in sources {
-            let msg = Message { dst: source, src: source, body: Body::Cmd(Cmd::Start) };
-            if let Some(inbox) = router.inbox_of(source) {
-                let _ = inbox.send(Envelope::Actor(msg));
-            }
-        }
+        start_sources(&router, sources);
         Ok(Job {
             memory: arenas.report().clone(),
             arenas: Some(arenas),
@@ -429,6 +350,27 @@ impl Job {
             keep_state: builder.keep_state,
         })
     }
+}
+
+/// Starts the thread of one stream; its exit notice is sent however the thread ends.
+fn spawn_stream(
+    worker: StreamWorker,
+    label: String,
+    shared: &Arc<JobShared>,
+    router: &Router,
+    exit_notice: ExitNotice,
+) -> Result<std::thread::JoinHandle<StreamExit>, RuntimeError> {
+    let s = exit_notice.1;
+    let name = format!("regflow-s{s}");
+    let (shared, router) = (shared.clone(), router.clone());
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(move || {
+            // Dropped last, after a panic has been recorded as the job's error.
+            let _notice = exit_notice;
+            run_stream(worker, s, label, shared, router)
+        })
+        .map_err(|e| RuntimeError::Spawn { thread: name, message: e.to_string() })
 }
 
 /// A stream thread's body: runs the worker; a panic aborts the job with its message.
