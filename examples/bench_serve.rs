@@ -19,12 +19,9 @@ use clap::Parser;
 use plotters::prelude::*;
 use regflow::graph::{CompileOptions, HostArray};
 use regflow::prelude::Job;
-use regflow_serve::{Answer, InferFuture, Model, ServeError};
-use std::future::Future;
-use std::pin::Pin;
+use regflow_serve::{InferFuture, Model, ServeError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// Serving benchmark of a 784-1024-1024-10 MLP.
@@ -134,26 +131,6 @@ fn closed_loop(model: &Model, threads: usize, seconds: f64, label: &str) -> Resu
     Ok(Point::new(format!("{label}, concurrency {threads}"), latencies, start.elapsed(), 1))
 }
 
-struct Unpark(std::thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Runs a future to its end on this thread.
-fn block_on(mut future: InferFuture) -> Answer {
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(answer) = Pin::new(&mut future).poll(&mut cx) {
-            return answer;
-        }
-        std::thread::park();
-    }
-}
-
 /// Requests arriving at `rate` per second for `seconds` (submitted with `infer_async`,
 /// whatever the answers do); latency counts from each request's scheduled arrival.
 fn open_loop(model: &Model, rate: f64, seconds: f64) -> Result<(Point, u64)> {
@@ -163,7 +140,7 @@ fn open_loop(model: &Model, rate: f64, seconds: f64) -> Result<(Point, u64)> {
         let mut latencies = Vec::with_capacity(count);
         let mut refused = 0u64;
         for (arrival, future) in rx {
-            match block_on(future) {
+            match future.wait() {
                 Ok(_) => latencies.push(arrival.elapsed()),
                 Err(_) => refused += 1,
             }

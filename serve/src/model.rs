@@ -6,7 +6,7 @@
 use crate::batch::{Dispatcher, InFlight, Packing, Request};
 use crate::collect::Collector;
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::reply::{Answer, GaveUp, InferFuture, Reply, Responder};
+use crate::reply::{Answer, InferFuture, Reply, Responder};
 use crate::ServeError;
 use crossbeam_channel::{Sender, TrySendError};
 use regflow_plan::{HostArray, Plan, TensorMeta};
@@ -327,15 +327,7 @@ impl Model {
         full: QueueFull,
     ) -> Answer {
         let (reply, deadline) = self.submit(inputs, deadline, full)?;
-        match reply.wait(deadline.map(|(at, _)| at)) {
-            Some(answer) => answer,
-            None => {
-                reply.give_up(GaveUp::TimedOut);
-                let given = deadline.map_or(Duration::ZERO, |(_, given)| given);
-                Metrics::add(&self.shared.metrics.deadline_exceeded, 1);
-                Err(ServeError::DeadlineExceeded { deadline: given, when: "before its answer came" })
-            }
-        }
+        InferFuture { reply: Some(reply), metrics: Some(self.shared.metrics.clone()), deadline }.wait()
     }
 
     fn future<N: AsRef<str>>(

@@ -140,34 +140,47 @@ impl InferFuture {
         reply.answer(answer);
         Self { reply: Some(reply), metrics: None, deadline: None }
     }
+
+    /// Waits for the answer on this thread, with no async runtime; the request's deadline
+    /// still applies.
+    pub fn wait(mut self) -> Answer {
+        let Some(reply) = self.reply.take() else { return Err(polled_after_ready()) };
+        match reply.wait(self.deadline.map(|(at, _)| at)) {
+            Some(answer) => answer,
+            None => self.timed_out(&reply),
+        }
+    }
+
+    /// The caller stops waiting at the deadline: counted once, here.
+    fn timed_out(&self, reply: &Reply) -> Answer {
+        reply.give_up(GaveUp::TimedOut);
+        if let Some(metrics) = &self.metrics {
+            Metrics::add(&metrics.deadline_exceeded, 1);
+        }
+        let deadline = self.deadline.map_or(Duration::ZERO, |(_, given)| given);
+        Err(ServeError::DeadlineExceeded { deadline, when: "before its answer came" })
+    }
+}
+
+fn polled_after_ready() -> ServeError {
+    ServeError::Stopped("the future was polled after it completed".into())
 }
 
 impl Future for InferFuture {
     type Output = Answer;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
-        let Some(reply) = self.reply.clone() else {
-            return Poll::Ready(Err(ServeError::Stopped("the future was polled after it completed".into())));
-        };
+        let Some(reply) = self.reply.clone() else { return Poll::Ready(Err(polled_after_ready())) };
         let mut state = reply.lock();
         if let Some(answer) = state.answer.take() {
             drop(state);
             self.reply = None;
             return Poll::Ready(answer);
         }
-        if let Some((deadline, given)) = self.deadline {
-            if Instant::now() >= deadline {
-                drop(state);
-                reply.give_up(GaveUp::TimedOut);
-                if let Some(metrics) = &self.metrics {
-                    Metrics::add(&metrics.deadline_exceeded, 1);
-                }
-                self.reply = None;
-                return Poll::Ready(Err(ServeError::DeadlineExceeded {
-                    deadline: given,
-                    when: "before its answer came",
-                }));
-            }
+        if self.deadline.is_some_and(|(deadline, _)| Instant::now() >= deadline) {
+            drop(state);
+            self.reply = None;
+            return Poll::Ready(self.timed_out(&reply));
         }
         state.waker = Some(cx.waker().clone());
         Poll::Pending
