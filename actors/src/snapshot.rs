@@ -59,9 +59,6 @@ pub struct ActorSnapshot {
     pub fires: u64,
     /// Everything it waits on (empty if it could fire).
     pub waits: Vec<WaitReason>,
-    /// Whether a piece is inside it: a register ready or being read, a slot lent out, a
-    /// kernel in flight, or a source that still has pieces to produce.
-    pub holds_pieces: bool,
     /// Whether it holds data on its way, not state at rest: a piece ready or being read on
     /// an input that does not close a loop, a kernel in flight, a source with pieces to
     /// produce, a repeat holding its input. A job between steps (a served model waiting for
@@ -114,15 +111,6 @@ impl Actor {
         if launches > 0 {
             waits.push(WaitReason::Kernel { launches });
         }
-        let holds_pieces = launches > 0
-            || self.inputs.iter().any(|i| !i.ready.is_empty() || !i.in_use.is_empty())
-            || self.outputs.iter().any(|o| o.in_flight > 0)
-            || match &self.kind {
-                KindState::Source { limit: Some(n), produced, .. } => self.started && produced < n,
-                KindState::Source { limit: None, available, .. } => *available > 0,
-                KindState::Repeat { held, .. } => held.is_some(),
-                _ => false,
-            };
         let holds_data = launches > 0
             || self.inputs.iter().any(|i| !i.loop_carried && (!i.ready.is_empty() || !i.in_use.is_empty()))
             || match &self.kind {
@@ -137,7 +125,6 @@ impl Actor {
             lifecycle: self.lifecycle,
             fires: self.fires,
             waits,
-            holds_pieces,
             holds_data,
         }
     }
