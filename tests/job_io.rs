@@ -1,23 +1,12 @@
 //! The embedding API: feeds and fetches, their errors, backpressure towards the user, the
 //! remote route, and failures that abort the job with the actor's name.
 
+#[path = "common/mod.rs"]
+mod common;
+use common::fed_chain;
+
 use regflow::prelude::*;
 use std::time::Duration;
-
-/// `src (fed, 8 bytes) -> f (copy) -> sink` on one cpu stream.
-fn fed_chain(register_num: u32) -> Plan {
-    let mut b = PlanBuilder::new();
-    let cpu = b.device(0, DeviceKind::Cpu, 0);
-    let s = b.stream(cpu, StreamKind::Compute);
-    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Fed });
-    let x = b.regst("x", src, 8, register_num);
-    let f = b.actor("f", s, ActorKind::Compute { kernel: KernelConf::Copy });
-    b.consume(f, x);
-    let y = b.regst("y", f, 8, register_num);
-    let sink = b.actor("sink", s, ActorKind::Sink);
-    b.consume(sink, y);
-    b.build().unwrap()
-}
 
 #[test]
 fn fed_pieces_come_out_in_order_with_their_bytes() {

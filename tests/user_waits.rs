@@ -3,6 +3,10 @@
 //! fed end with errors that name the feeder, the fetcher or the input, never a hang. Also:
 //! non-blocking pushes, dropped fetchers, unknown names, plans too big for the device.
 
+#[path = "common/mod.rs"]
+mod common;
+use common::fed_chain;
+
 use regflow::graph::{CompileOptions, CompiledGraph, DType, Graph, Init};
 use regflow::plan::HostArray;
 use regflow::prelude::*;
@@ -11,21 +15,6 @@ use std::time::Duration;
 
 /// Short enough for tests; every test ends within a couple of these.
 const WATCHDOG: Duration = Duration::from_millis(200);
-
-/// `src (fed, 8 bytes) -> f (copy) -> sink` on one cpu stream.
-fn fed_chain(register_num: u32) -> Plan {
-    let mut b = PlanBuilder::new();
-    let cpu = b.device(0, DeviceKind::Cpu, 0);
-    let s = b.stream(cpu, StreamKind::Compute);
-    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Fed });
-    let x = b.regst("x", src, 8, register_num);
-    let f = b.actor("f", s, ActorKind::Compute { kernel: KernelConf::Copy });
-    b.consume(f, x);
-    let y = b.regst("y", f, 8, register_num);
-    let sink = b.actor("sink", s, ActorKind::Sink);
-    b.consume(sink, y);
-    b.build().unwrap()
-}
 
 /// `z = x + y` over typed inputs `x` and `y` of f32[2].
 fn sum_graph() -> CompiledGraph {

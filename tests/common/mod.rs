@@ -1,5 +1,6 @@
-//! Helpers of the tests that run the `regflow` binary: a scratch directory per test, and
-//! runs that must succeed or fail cleanly (exit code 1, an `error:` sentence, no panic).
+//! Helpers shared by the root tests: a scratch directory per test, runs of the `regflow`
+//! binary that must succeed or fail cleanly (exit code 1, an `error:` sentence, no panic),
+//! and the smallest fed plan.
 #![allow(dead_code)] // each test file uses some of them
 
 use std::io::Write;
@@ -45,4 +46,21 @@ pub(crate) fn failure(args: &[&str], stdin: Option<&str>) -> String {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
     stderr
+}
+
+/// `src (fed, 8 bytes) -> f (copy) -> sink` on one cpu stream, every register of
+/// `register_num` slots.
+pub(crate) fn fed_chain(register_num: u32) -> regflow::prelude::Plan {
+    use regflow::prelude::*;
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let s = b.stream(cpu, StreamKind::Compute);
+    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Fed });
+    let x = b.regst("x", src, 8, register_num);
+    let f = b.actor("f", s, ActorKind::Compute { kernel: KernelConf::Copy });
+    b.consume(f, x);
+    let y = b.regst("y", f, 8, register_num);
+    let sink = b.actor("sink", s, ActorKind::Sink);
+    b.consume(sink, y);
+    b.build().unwrap()
 }
