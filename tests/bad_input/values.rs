@@ -23,14 +23,19 @@ fn set_adamw(optimizer: &mut Optimizer, beta1: f64, beta2: f64, eps: f64) {
     }
 }
 
+/// `x [4, 3] · w [3, 2]` scored against `labels [4]`: a loss with one variable to train.
+fn classifier(g: &Graph) -> regflow::graph::Tensor<'_> {
+    let x = g.input("x", [4, 3], DType::F32).unwrap();
+    let labels = g.input("labels", [4], DType::I64).unwrap();
+    let w = g.variable("w", [3, 2], DType::F32, Init::Zeros).unwrap();
+    x.matmul(&w).unwrap().sparse_cross_entropy(&labels).unwrap()
+}
+
 #[test]
 fn optimizer_options_and_schedules() {
     let mut c = Catalogue::new("values");
     let g = Graph::new();
-    let x = g.input("x", [4, 3], DType::F32).unwrap();
-    let labels = g.input("labels", [4], DType::I64).unwrap();
-    let w = g.variable("w", [3, 2], DType::F32, Init::Zeros).unwrap();
-    let loss = x.matmul(&w).unwrap().sparse_cross_entropy(&labels).unwrap();
+    let loss = classifier(&g);
     let minimize = |o: Optimizer| g.minimize(loss, &o).map(|_| ());
     let option = "GraphError::OptimizerOption";
     c.case("a NaN learning rate", || minimize(Optimizer::sgd(f64::NAN, 0.0, 0.0)), option, &["'lr'", "NaN"]);
@@ -80,10 +85,7 @@ fn optimizer_options_and_schedules() {
 fn micro_batches_sizes_and_meshes() {
     let mut c = Catalogue::new("values");
     let g = Graph::new();
-    let x = g.input("x", [4, 3], DType::F32).unwrap();
-    let labels = g.input("labels", [4], DType::I64).unwrap();
-    let w = g.variable("w", [3, 2], DType::F32, Init::Zeros).unwrap();
-    let loss = x.matmul(&w).unwrap().sparse_cross_entropy(&labels).unwrap();
+    let loss = classifier(&g);
     let train = g.minimize(loss, &Optimizer::adamw(1e-3, 0.0)).unwrap();
     c.case(
         "accumulate(0)",
