@@ -9,17 +9,7 @@ use regflow::prelude::*;
 
 /// `src -> f -> sink`, as plan JSON.
 fn chain_json() -> String {
-    let mut b = PlanBuilder::new();
-    let cpu = b.device(0, DeviceKind::Cpu, 0);
-    let s = b.stream(cpu, StreamKind::Compute);
-    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Count(4) });
-    let x = b.regst("src.out", src, 64, 2);
-    let f = b.actor("f", s, ActorKind::Compute { kernel: KernelConf::Copy });
-    b.consume(f, x);
-    let y = b.regst("f.out", f, 64, 1);
-    let sink = b.actor("sink", s, ActorKind::Sink);
-    b.consume(sink, y);
-    b.build().expect("the plan validates").to_json()
+    crate::plans::chain(|_, _, _| {}).expect("the plan validates").to_json()
 }
 
 /// The JSON of a plan with one matmul op actor.

@@ -10,7 +10,7 @@ use regflow::graph::plan::{
 use regflow::prelude::*;
 
 /// `src -> f -> sink` on one cpu stream; `edit` may change anything before it is built.
-fn chain(edit: impl FnOnce(&mut PlanBuilder, [ActorIndex; 3], [RegstDescId; 2])) -> Result<Plan, PlanError> {
+pub(crate) fn chain(edit: impl FnOnce(&mut PlanBuilder, [ActorIndex; 3], [RegstDescId; 2])) -> Result<Plan, PlanError> {
     let mut b = PlanBuilder::new();
     let cpu = b.device(0, DeviceKind::Cpu, 0);
     let s = b.stream(cpu, StreamKind::Compute);
