@@ -191,7 +191,8 @@ pub enum FrameError {
 ///
 /// Used by [`FrameReader`] and by the fuzz tests: any input gives a header or an error.
 pub fn decode(bytes: &[u8]) -> Result<(Header, usize), FrameError> {
-    let prefix: [u8; 4] = bytes.get(..4).and_then(|p| p.try_into().ok()).ok_or(FrameError::Truncated { what: "length" })?;
+    let prefix: [u8; 4] =
+        bytes.get(..4).and_then(|p| p.try_into().ok()).ok_or(FrameError::Truncated { what: "length" })?;
     let len = u32::from_le_bytes(prefix) as usize;
     if len > MAX_HEADER_BYTES {
         return Err(FrameError::HeaderTooLarge { len: len as u64 });

@@ -1,5 +1,12 @@
-//! The memory of a loaded plan: one arena per device, from the arena allocator of the
-//! device's kind, and a view per register slot.
+//! The memory of a loaded plan: one arena per hosted device, from the arena allocator of
+//! the device's kind, a mirror of every register another node produces for this one, and a
+//! view per register slot.
+//!
+//! A job that runs one node of a multi-node plan allocates only its own devices. A register
+//! produced on another node and read here gets a *mirror*: `register_num` slots of its size
+//! in one host arena of the node, into which the network reader writes the bytes of each
+//! piece before the consumer hears of it (see `crate::net`). Consumers read the mirror
+//! through the same [`PlanArenas::view`] as any local slot, so kernels never know.
 
 use crate::RuntimeError;
 use regflow_actors::RegstRef;
@@ -62,10 +69,19 @@ impl PlanArenas {
     /// without one, than the host's memory, where every arena of this build lives), or one
     /// the allocator cannot provide, is [`RuntimeError::DoesNotFit`] naming the device's
     /// largest registers and their tensors, never an abort.
-    pub(crate) fn allocate(plan: &Plan, memory: &PlanMemory) -> Result<Self, RuntimeError> {
+    ///
+    /// With `node`, only that node's devices get arenas, and registers produced elsewhere
+    /// and read on it get mirrors; slots of other registers have no view.
+    pub(crate) fn allocate(plan: &Plan, memory: &PlanMemory, node: Option<u16>) -> Result<Self, RuntimeError> {
         let host = host_memory_bytes();
+        let hosted = |d: regflow_plan::DeviceIndex| node.is_none_or(|n| plan.devices[d.index()].node == n);
         let mut arenas = Vec::with_capacity(memory.devices.len());
+        // Arena index of each memory-plan device entry (`None`: not hosted).
+        let mut arena_of = vec![None; memory.devices.len()];
         for (d, device) in memory.devices.iter().enumerate() {
+            if !hosted(device.device) {
+                continue;
+            }
             let kind = device
                 .descs
                 .first()
@@ -88,23 +104,54 @@ impl PlanArenas {
                 }
                 other => RuntimeError::Memory(other),
             })?;
+            arena_of[d] = Some(arenas.len());
             arenas.push(arena);
         }
+        let mirrored = mirrored_descs(plan, node);
+        let mirror = mirror_arena(plan, &mirrored, node)?;
+        let mut mirror_offset = 0u64;
         let mut views = Vec::new();
         let mut first_view = Vec::with_capacity(plan.regst_descs.len());
         for (d, desc) in plan.regst_descs.iter().enumerate() {
             let id = regflow_plan::RegstDescId(d as u32);
-            // No memory (a repeat's output): a sentinel, so a stray lookup panics rather
-            // than aliasing the next descriptor. Data refs always name the owner.
-            first_view.push(if plan.owns_memory(id) { views.len() as u32 } else { u32::MAX });
-            for slot in 0..desc.register_num {
-                if let Some((device, offset)) = memory.slot(id, slot) {
-                    views.push(arenas[device].view(offset, desc.bytes)?);
+            if mirrored[d] {
+                first_view.push(views.len() as u32);
+                for _ in 0..desc.register_num {
+                    let arena = mirror.as_ref().unwrap_or_else(|| unreachable!("a mirrored register has an arena"));
+                    views.push(arena.view(mirror_offset, desc.bytes)?);
+                    mirror_offset += desc.bytes;
                 }
+                continue;
             }
+            let local = (0..desc.register_num).map(|slot| memory.slot(id, slot)).collect::<Option<Vec<_>>>();
+            // No memory here (a repeat's output, or a register of another node): a
+            // sentinel, so a stray lookup panics rather than aliasing the next descriptor.
+            // Data refs always name the owner.
+            match local.filter(|slots| slots.iter().all(|&(device, _)| arena_of[device].is_some())) {
+                Some(slots) if plan.owns_memory(id) => {
+                    first_view.push(views.len() as u32);
+                    for (device, offset) in slots {
+                        let arena = arena_of[device].unwrap_or_else(|| unreachable!("filtered on hosted"));
+                        views.push(arenas[arena].view(offset, desc.bytes)?);
+                    }
+                }
+                _ => first_view.push(u32::MAX),
+            }
+        }
+        if let Some(mirror) = mirror {
+            arenas.push(mirror);
         }
         let report = memory.report();
         Ok(Self { _arenas: arenas, views, first_view, report })
+    }
+
+    /// The bytes of a slot, or `None` where this node has no memory for it.
+    pub(crate) fn try_view(&self, regst: RegstRef) -> Option<BufferView> {
+        let first = *self.first_view.get(regst.desc.index())?;
+        if first == u32::MAX {
+            return None;
+        }
+        self.views.get(first as usize + regst.slot as usize).copied()
     }
 
     /// The bytes of a slot. Panics on a slot the plan does not have: refs come from
@@ -117,4 +164,40 @@ impl PlanArenas {
     pub(crate) fn report(&self) -> &MemoryReport {
         &self.report
     }
+}
+
+/// Which registers `node` mirrors: produced on another node, read by an actor of this one.
+/// A register without memory of its own (a repeat's output) is mirrored too: the bytes
+/// land under the name the message carries.
+pub(crate) fn mirrored_descs(plan: &Plan, node: Option<u16>) -> Vec<bool> {
+    let Some(node) = node else { return vec![false; plan.regst_descs.len()] };
+    let node_of = |a: regflow_plan::ActorIndex| plan.devices[plan.device_of(a).index()].node;
+    plan.regst_descs
+        .iter()
+        .map(|desc| node_of(desc.producer) != node && desc.consumers.iter().any(|&c| node_of(c) == node))
+        .collect()
+}
+
+/// One host arena holding every mirror slot of `node`, or `None` when it mirrors nothing.
+fn mirror_arena(plan: &Plan, mirrored: &[bool], node: Option<u16>) -> Result<Option<Arena>, RuntimeError> {
+    let bytes: u64 = plan
+        .regst_descs
+        .iter()
+        .zip(mirrored)
+        .filter(|(_, &m)| m)
+        .map(|(desc, _)| desc.bytes.saturating_mul(u64::from(desc.register_num)))
+        .fold(0u64, u64::saturating_add);
+    if bytes == 0 && !mirrored.iter().any(|&m| m) {
+        return Ok(None);
+    }
+    let label = format!("node{}/mirrors", node.unwrap_or(0));
+    if let Some(host) = host_memory_bytes().filter(|&host| bytes > host) {
+        return Err(RuntimeError::DoesNotFit {
+            device: label,
+            what: "the mirrors of registers other nodes produce for it".into(),
+            bytes,
+            available: format!("{host} bytes of host memory"),
+        });
+    }
+    Ok(Some(Arena::allocate_with(&HostAllocator, &label, regflow_memory::MemoryKind::Host, bytes)?))
 }

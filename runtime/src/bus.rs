@@ -1,9 +1,11 @@
 //! The message bus: one `send` for every tier. Same-stream messages never reach it (the
 //! stream thread keeps a local queue); other streams of hosted nodes get the message in
-//! their inbox; other nodes go through the transport, which is not connected yet.
+//! their inbox; other nodes go through the writer of their connection (`crate::net`).
 
 use crate::inbox::{Envelope, InboxSender};
+use crate::net::NetOut;
 use regflow_actors::{EnvError, Message};
+use std::sync::Arc;
 
 /// Routes messages by decoding the recipient's [`regflow_actors::ActorId`].
 #[derive(Debug, Clone)]
@@ -14,11 +16,30 @@ pub(crate) struct Router {
     stream_of: Vec<Vec<u32>>,
     /// Inbox of each plan stream; `None` for streams of nodes this job does not run.
     inboxes: Vec<Option<InboxSender>>,
+    /// The writers of the other nodes, in a job that runs one node of several.
+    remote: Option<Arc<NetOut>>,
 }
 
 impl Router {
-    pub(crate) fn new(hosted_node: Option<u16>, stream_of: Vec<Vec<u32>>, inboxes: Vec<Option<InboxSender>>) -> Self {
-        Self { hosted_node, stream_of, inboxes }
+    pub(crate) fn new(
+        hosted_node: Option<u16>,
+        stream_of: Vec<Vec<u32>>,
+        inboxes: Vec<Option<InboxSender>>,
+        remote: Option<Arc<NetOut>>,
+    ) -> Self {
+        Self { hosted_node, stream_of, inboxes, remote }
+    }
+
+    /// The node this job runs, if it runs one node of several.
+    pub(crate) fn hosted_node(&self) -> Option<u16> {
+        self.hosted_node
+    }
+
+    /// Tells the other nodes this job failed.
+    pub(crate) fn abort_peers(&self, error: &crate::RuntimeError) {
+        if let Some(remote) = &self.remote {
+            remote.abort_peers(error);
+        }
     }
 
     /// Whether this job runs `node`.
@@ -36,7 +57,10 @@ impl Router {
     pub(crate) fn send(&self, msg: Message) -> Result<(), EnvError> {
         let node = msg.dst.node();
         if !self.hosts(node) {
-            return Err(EnvError::NotConnected { dst: msg.dst, node });
+            return match &self.remote {
+                Some(remote) => remote.send_actor(msg),
+                None => Err(EnvError::NotConnected { dst: msg.dst, node }),
+            };
         }
         let inbox = self.inbox_of(msg.dst).ok_or(EnvError::NotConnected { dst: msg.dst, node })?;
         inbox.send(Envelope::Actor(msg)).map_err(|_| EnvError::Disconnected { dst: msg.dst })

@@ -21,8 +21,11 @@
 //! arrive, and returning earlier would let a peer read a released input.
 
 mod layout;
+mod net;
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+pub(crate) use net::NetGroups;
 
 use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
 use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
@@ -351,11 +354,13 @@ struct GroupEntry {
 #[derive(Debug)]
 pub(crate) struct CollectiveGroups {
     groups: Mutex<HashMap<String, GroupEntry>>,
+    /// Groups with members on other nodes, in a job that runs one node of several.
+    net: std::sync::OnceLock<Arc<NetGroups>>,
 }
 
 impl Default for CollectiveGroups {
     fn default() -> Self {
-        Self { groups: Mutex::new(HashMap::new()) }
+        Self { groups: Mutex::new(HashMap::new()), net: std::sync::OnceLock::new() }
     }
 }
 
@@ -407,7 +412,16 @@ impl CollectiveGroups {
             }
         }
         let rendezvous = self.join(spec.actor, conf).map_err(fail)?;
+        if let Some((net, group)) = self.net.get().and_then(|net| Some((net, net.get(&conf.group)?.clone()))) {
+            return net.kernel(group, layout).map_err(fail);
+        }
         Ok(Box::new(CollectiveKernel(CollectiveMember::new(rendezvous, layout))))
+    }
+
+    /// Makes the groups that span nodes exchange inputs over the network (before any
+    /// kernel is made).
+    pub(crate) fn set_net(&self, groups: Arc<NetGroups>) {
+        let _ = self.net.set(groups);
     }
 
     /// Registers `actor` as `conf.rank` of its group; fails if it disagrees with a member
@@ -461,12 +475,13 @@ impl CollectiveGroups {
                 message: format!("collective '{name}': {message}"),
             };
             let missing: Vec<usize> = (0..entry.members.len()).filter(|&r| entry.members[r].is_none()).collect();
-            if !missing.is_empty() {
+            let spanning = self.net.get().is_some_and(|net| net.get(name).is_some());
+            if !missing.is_empty() && !spanning {
                 return Err(setup(
                     present.first().copied().unwrap_or("?"),
                     format!(
                         "size {} but ranks {missing:?} have no actor in this job (members: {present:?}); \
-                         in-process collectives need every member in one process",
+                         a job that runs one node of several needs a cluster for collectives across nodes",
                         entry.conf.size
                     ),
                 ));
@@ -489,6 +504,9 @@ impl CollectiveGroups {
     pub(crate) fn abort_all(&self) {
         for entry in lock(&self.groups).values() {
             entry.rendezvous.abort();
+        }
+        if let Some(net) = self.net.get() {
+            net.abort_all();
         }
     }
 }

@@ -30,6 +30,36 @@ pub enum RuntimeError {
         /// Why.
         message: String,
     },
+    /// Another node of a multi-node job failed; this node aborted with it.
+    #[error("node {node} ({host}) failed, so this node stopped too: {reason}")]
+    PeerFailed {
+        /// The failing node.
+        node: u16,
+        /// Its host.
+        host: String,
+        /// Its error, as it printed it.
+        reason: String,
+    },
+    /// The connection to another node broke, or it sent what the plan does not allow.
+    #[error("lost node {node} ({host}): {message}")]
+    PeerLost {
+        /// The node.
+        node: u16,
+        /// Its host.
+        host: String,
+        /// What happened, as a sentence.
+        message: String,
+    },
+    /// This node could not join the other nodes of a multi-node job.
+    #[error("cannot join the cluster as node {node} of {world}: {message}")]
+    Cluster {
+        /// This node.
+        node: u16,
+        /// Nodes in the job.
+        world: u16,
+        /// Why, naming the peer or the master.
+        message: String,
+    },
     /// The plan names a device this build has no backend for.
     #[error("device {device} has no backend in this runtime (available device kinds: {available}); its actors would not run")]
     UnsupportedDevice {

@@ -25,12 +25,19 @@ struct FedInput {
 impl Job {
     /// Takes the feeders of every input of the plan's signature, for typed pushes of whole
     /// (logical) values.
+    ///
+    /// In a job that runs one node of several, only the parts whose sources run on this
+    /// node are fed: every node pushes the same logical values (as every rank of a
+    /// `torchrun` program loads the same batches) and each keeps its own parts.
     pub fn graph_feeds(&mut self) -> Result<GraphFeeds, RuntimeError> {
         let signature = self.plan().signature.inputs.clone();
         let mut inputs = Vec::with_capacity(signature.len());
         for input in signature {
             let mut parts = Vec::with_capacity(input.parts.len());
             for part in input.parts {
+                if !self.runs(part.actor) {
+                    continue;
+                }
                 let name = self.plan().actors[part.actor.index()].name.clone();
                 parts.push((part.region, self.feeder(&name)?));
             }

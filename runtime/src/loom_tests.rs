@@ -93,7 +93,7 @@ fn run_model(plan: &Plan) {
     let ids = PlanIds::assign(plan).unwrap();
     let indexed = PlanIndex::new(plan);
     let memory = plan.memory().unwrap();
-    let arenas = Arc::new(PlanArenas::allocate(plan, &memory).unwrap());
+    let arenas = Arc::new(PlanArenas::allocate(plan, &memory, None).unwrap());
     let shadow = std::sync::Arc::new(Shadow {
         slots: plan
             .regst_descs

@@ -62,6 +62,8 @@ pub struct Job {
     trace_path: Option<PathBuf>,
     /// Read every variable's final value when the job ends (`JobBuilder::keep_state`).
     keep_state: bool,
+    /// The connections to the other nodes, in a job that runs one node of several.
+    net: Option<crate::net::NetPlane>,
 }
 
 /// What a finished job reports.
@@ -151,6 +153,26 @@ impl Job {
         } else {
             Err(RuntimeError::WrongKind { name: name.to_string(), kind: actor.kind.name(), expected })
         }
+    }
+
+    /// Whether this job runs plan actor `actor` (every actor, unless it runs one node).
+    pub(crate) fn runs(&self, actor: regflow_plan::ActorIndex) -> bool {
+        self.router.hosts(self.plan.devices[self.plan.device_of(actor).index()].node)
+    }
+
+    /// Whether output `name` of the plan's signature (or its sink) is delivered on this
+    /// node: in a job that runs one node of several, only there can it be fetched.
+    pub fn has_output(&self, name: &str) -> bool {
+        let outputs = &self.plan.signature.outputs;
+        outputs
+            .iter()
+            .find(|o| o.name == name || self.plan.actors[o.actor.index()].name == name)
+            .is_some_and(|o| self.runs(o.actor))
+    }
+
+    /// The node this job runs, when it runs one node of a multi-node plan.
+    pub fn node(&self) -> Option<u16> {
+        self.router.hosted_node()
     }
 
     /// Bytes per device, known before anything ran.
@@ -264,6 +286,9 @@ impl Job {
     }
 
     fn stop_helpers(&mut self) {
+        if let Some(mut net) = self.net.take() {
+            net.finish();
+        }
         if let Some((stop, handle)) = self.watchdog.take() {
             drop(stop);
             let _ = handle.join();

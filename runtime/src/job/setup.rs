@@ -41,6 +41,9 @@ pub(super) fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), Ru
     for variable in &plan.variables {
         let desc = &plan.regst_descs[variable.regst.index()];
         let fail = |message: String| RuntimeError::Preload { regst: desc.name.clone(), message };
+        if arenas.try_view(regflow_actors::RegstRef { desc: variable.regst, slot: 0 }).is_none() {
+            continue; // another node's register: that node draws and writes it
+        }
         // The whole value is drawn before it is cut: it must fit in host memory even where
         // its part does (an allocation that fails would abort the process).
         let whole_bytes = variable
@@ -80,7 +83,8 @@ pub(super) fn write_variables(plan: &Plan, arenas: &PlanArenas) -> Result<(), Ru
         // A constant variable's every slot holds its value for the whole job.
         let slots = if variable.constant { desc.register_num } else { desc.preloaded };
         for slot in 0..slots {
-            let view = arenas.view(regflow_actors::RegstRef { desc: variable.regst, slot });
+            // A register of another node (nor mirrored here): that node writes it.
+            let Some(view) = arenas.try_view(regflow_actors::RegstRef { desc: variable.regst, slot }) else { break };
             // SAFETY: no stream thread exists yet; nothing else can touch the arena.
             unsafe { view.as_mut_slice() }.copy_from_slice(&part);
         }
@@ -157,7 +161,9 @@ pub(super) fn write_preloads(
         }
         let slots = if constant { desc.register_num } else { desc.preloaded };
         for slot in 0..slots {
-            let view = arenas.view(regflow_actors::RegstRef { desc: regflow_plan::RegstDescId(d as u32), slot });
+            let regst = regflow_actors::RegstRef { desc: regflow_plan::RegstDescId(d as u32), slot };
+            // A register of another node (nor mirrored here): that node writes it.
+            let Some(view) = arenas.try_view(regst) else { break };
             // SAFETY: no stream thread exists yet; nothing else can touch the arena.
             unsafe { view.as_mut_slice() }.copy_from_slice(bytes);
         }

@@ -39,6 +39,7 @@ pub struct JobBuilder {
     pub(super) cpu_threads: usize,
     pub(super) data_dir: Option<PathBuf>,
     pub(super) keep_state: bool,
+    pub(super) cluster: Option<crate::net::Cluster>,
 }
 
 impl std::fmt::Debug for JobBuilder {
@@ -118,9 +119,19 @@ impl JobBuilder {
     }
 
     /// Runs only the actors of `node`; messages to other nodes fail with "not connected"
-    /// until the transport exists. By default a job runs every node in-process.
+    /// unless the job has a [`JobBuilder::cluster`]. By default a job runs every node
+    /// in-process.
     pub fn node(mut self, node: u16) -> Self {
         self.node = Some(node);
+        self
+    }
+
+    /// Runs the actors of `cluster`'s node, and reaches the other nodes of the plan over
+    /// its connections: registers, collectives and aborts cross them (see
+    /// [`crate::Cluster`]). Every node must build its job from the same plan.
+    pub fn cluster(mut self, cluster: crate::net::Cluster) -> Self {
+        self.node = Some(cluster.rank());
+        self.cluster = Some(cluster);
         self
     }
 
@@ -197,6 +208,7 @@ impl Job {
             cpu_threads: 1,
             data_dir: None,
             keep_state: false,
+            cluster: None,
         }
     }
 
@@ -206,6 +218,16 @@ impl Job {
     }
 
     fn start(mut builder: JobBuilder) -> Result<Job, RuntimeError> {
+        // A node that cannot start tells the others at once rather than leave them waiting.
+        let mut cluster = builder.cluster.take();
+        let started = Self::start_with(builder, &mut cluster);
+        if let (Err(error), Some(cluster)) = (&started, cluster) {
+            cluster.refuse(error);
+        }
+        started
+    }
+
+    fn start_with(mut builder: JobBuilder, cluster: &mut Option<crate::net::Cluster>) -> Result<Job, RuntimeError> {
         let plan = Arc::new(std::mem::replace(&mut builder.plan, Plan::empty()));
         plan.validate()?;
         // Every per-actor lookup below goes through the index: building is linear in the
@@ -218,7 +240,7 @@ impl Job {
         let per_step = regflow_actors::firings_per_step(&indexed).unwrap_or_else(|_| vec![1; plan.actors.len()]);
         let memory_plan = plan.memory()?;
         check_devices(&plan, builder.node)?;
-        let arenas = PlanArenas::allocate(&plan, &memory_plan)?;
+        let arenas = PlanArenas::allocate(&plan, &memory_plan, builder.node)?;
         write_variables(&plan, &arenas)?;
         let mut preloads = std::mem::take(&mut builder.preloads);
         preloads.extend(variable_preloads(&plan, &builder.variable_values)?);
@@ -249,11 +271,27 @@ impl Job {
         for (s, stream) in plan.streams.iter().enumerate() {
             stream_of[stream.device.index()].push(s as u32);
         }
-        let router = Router::new(builder.node, stream_of, senders.clone());
-        let poller = sim_poller(&plan)?;
-
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
+        // The network: a writer channel per peer, and the collectives that span nodes.
+        let net = match cluster.as_ref() {
+            Some(cluster) => {
+                check_cluster(&plan, cluster)?;
+                let capacities = crate::net::channel_capacities(&plan, cluster.rank(), cluster.world());
+                let abort = shared.abort_signal.receiver().clone();
+                let (out, receivers) = crate::net::NetPlane::channels(cluster, &capacities, abort);
+                let groups =
+                    crate::collective::NetGroups::new(&plan, cluster.rank(), out.clone()).map_err(|message| {
+                        RuntimeError::Cluster { node: cluster.rank(), world: cluster.world(), message }
+                    })?;
+                let groups = Arc::new(groups);
+                builder.kernels.collectives().set_net(groups.clone());
+                Some((out, receivers, groups))
+            }
+            None => None,
+        };
+        let router = Router::new(builder.node, stream_of, senders.clone(), net.as_ref().map(|(out, _, _)| out.clone()));
+        let poller = sim_poller(&plan)?;
         let (user, records) = user_records(
             &indexed,
             |a| senders[plan.actors[a.index()].stream.index()].is_some(),
@@ -276,6 +314,22 @@ impl Job {
 
         // Every collective group complete in this job, on comm streams.
         builder.kernels.collectives().check(&indexed)?;
+
+        // The connections' threads, before any stream runs.
+        let net = match (net, cluster.take()) {
+            (Some((out, receivers, groups)), Some(cluster)) => Some(crate::net::NetPlane::start(
+                cluster,
+                out,
+                receivers,
+                plan.clone(),
+                &ids,
+                arenas.clone(),
+                groups,
+                shared.clone(),
+                router.clone(),
+            )?),
+            _ => None,
+        };
 
         // Stream threads.
         let epoch = Instant::now();
@@ -348,6 +402,7 @@ impl Job {
             epoch,
             trace_path: builder.trace,
             keep_state: builder.keep_state,
+            net,
         })
     }
 }
@@ -406,4 +461,17 @@ fn placeholder_stream_id(plan: &Plan, ids: &PlanIds, s: usize) -> StreamId {
     regflow_actors::ActorId::new(node, device.0, ids.stream_position[s], 0)
         .map(|id| id.stream_id())
         .unwrap_or_else(|| unreachable!("PlanIds::assign accepted stream {s}, so its id fits"))
+}
+
+/// A cluster fits the plan: as many nodes as the plan's devices name.
+fn check_cluster(plan: &Plan, cluster: &crate::net::Cluster) -> Result<(), RuntimeError> {
+    let nodes = plan.devices.iter().map(|d| d.node).max().map_or(1, |n| n + 1);
+    if nodes != cluster.world() {
+        return Err(RuntimeError::Cluster {
+            node: cluster.rank(),
+            world: cluster.world(),
+            message: format!("the plan places devices on {nodes} node(s), but the cluster has {}", cluster.world()),
+        });
+    }
+    Ok(())
 }

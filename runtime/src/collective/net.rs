@@ -1,0 +1,301 @@
+//! Collectives whose members live on several nodes: every member's input reaches every
+//! node of the group over the network, and each member computes its output from all inputs
+//! exactly as in-process (sums in rank order), so results are bitwise those of one process.
+//!
+//! Each node keeps, per group, two *landing* tables (rounds alternate between them) of one
+//! buffer per rank. In round `k` a member copies its input into its own buffer of table
+//! `k % 2`, hands that buffer to the writer of every other node of the group, waits until
+//! every rank's buffer of the table holds round `k`, and computes. The network reader writes
+//! a remote member's round-`k` input into table `k % 2` of this node.
+//!
+//! Why two tables suffice, with no second barrier: a member publishes round `k + 2` only
+//! after finishing round `k + 1`, which needed every member's round-`k + 1` input, which
+//! each member publishes only after finishing round `k`. So when any buffer of table
+//! `k % 2` is overwritten with round `k + 2`, every member of every node has finished
+//! reading round `k` from it, and every writer has sent it (a member's round-`k + 1` input
+//! reached the peer only after its round-`k` one, on the same ordered connection).
+//!
+//! Direct exchange (every input to every node) moves `size - 1` inputs into each node: for
+//! the 2–4 node groups regflow plans today it equals a ring's traffic per node at `size` 2
+//! and stays within 1.5× at 4, and it keeps the sum order, hence bitwise parity with one
+//! process. A ring for large groups is future work (docs/architecture.md, "Nodes").
+
+use super::layout::Layout;
+use super::{PeerInput, Peers};
+use crate::kernel::{Kernel, KernelError, KernelIo};
+use crate::net::{NetOut, Outgoing, RawBytes};
+use crate::sync::{lock, Condvar, Mutex};
+use regflow_plan::{ActorKind, CollectiveConf, KernelConf, Plan};
+use std::cell::UnsafeCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// One rank's landing buffer of one table: an allocation written and read through its
+/// address only (never through a reference to the whole, which would alias).
+struct Landing {
+    ptr: *mut u8,
+    len: usize,
+    /// Owns the bytes; its heap block does not move when the box does.
+    _owner: UnsafeCell<Box<[u8]>>,
+}
+
+// SAFETY: a landing buffer is written by its rank's member (local) or by the reader of its
+// rank's node (remote) only for a new round, and read by members only between that write
+// and the next one of the same table; the module docs show the two never overlap.
+unsafe impl Sync for Landing {}
+// SAFETY: as above; the buffer is a plain heap block.
+unsafe impl Send for Landing {}
+
+impl Landing {
+    fn zeroed(len: usize) -> Self {
+        let mut owner = vec![0u8; len].into_boxed_slice();
+        Self { ptr: owner.as_mut_ptr(), len, _owner: UnsafeCell::new(owner) }
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// What the group's lock guards.
+#[derive(Debug)]
+struct RoundState {
+    /// `filled[t][r]`: `round + 1` of the input rank `r`'s buffer of table `t` holds (0: none).
+    filled: [Vec<u64>; 2],
+    /// Next round expected from each remote rank (checks the peer keeps the protocol).
+    next_remote: Vec<u64>,
+    aborted: bool,
+}
+
+/// One group spanning nodes, as this node sees it.
+pub(crate) struct NetGroup {
+    name: String,
+    /// Its index on the wire: position among every spanning group's name, sorted.
+    wire: u32,
+    size: usize,
+    /// Node of each rank.
+    node_of: Vec<u16>,
+    /// Other nodes with members: where this node's members send their inputs.
+    remote_nodes: Vec<u16>,
+    landing: [Vec<Landing>; 2],
+    state: Mutex<RoundState>,
+    changed: Condvar,
+}
+
+impl std::fmt::Debug for NetGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetGroup").field("name", &self.name).field("size", &self.size).finish_non_exhaustive()
+    }
+}
+
+/// Every collective group of the plan with members on this node and on others.
+#[derive(Debug, Default)]
+pub(crate) struct NetGroups {
+    groups: Vec<Option<Arc<NetGroup>>>,
+    by_name: HashMap<String, u32>,
+    out: Option<Arc<NetOut>>,
+}
+
+impl NetGroups {
+    /// The spanning groups of `plan` that `node` takes part in, with landing tables sized
+    /// from each rank's input. Every node computes the same wire indices.
+    pub(crate) fn new(plan: &Plan, node: u16, out: Arc<NetOut>) -> Result<Self, String> {
+        let mut members: BTreeMap<&str, Vec<(u16, &CollectiveConf)>> = BTreeMap::new();
+        for (a, actor) in plan.actors.iter().enumerate() {
+            if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &actor.kind {
+                let device = plan.device_of(regflow_plan::ActorIndex(a as u32));
+                members.entry(conf.group.as_str()).or_default().push((plan.devices[device.index()].node, conf));
+            }
+        }
+        let mut groups = Vec::new();
+        let mut by_name = HashMap::new();
+        let spanning = members.into_iter().filter(|(_, m)| m.iter().any(|(n, _)| *n != m[0].0));
+        for (wire, (name, members)) in spanning.enumerate() {
+            let wire = wire as u32;
+            let size = members[0].1.size as usize;
+            if !members.iter().any(|(n, _)| *n == node) {
+                groups.push(None);
+                continue;
+            }
+            let mut node_of = vec![u16::MAX; size];
+            let mut bytes = vec![0usize; size];
+            for (n, conf) in &members {
+                let rank = conf.rank as usize;
+                if rank >= size || conf.size as usize != size {
+                    return Err(format!(
+                        "collective '{name}': rank {} of size {} does not fit size {size}",
+                        conf.rank, conf.size
+                    ));
+                }
+                node_of[rank] = *n;
+                bytes[rank] = Layout::new(conf).map_err(|m| format!("collective '{name}': {m}"))?.input_bytes;
+            }
+            if let Some(r) = node_of.iter().position(|&n| n == u16::MAX) {
+                return Err(format!("collective '{name}': rank {r} of {size} has no actor in the plan"));
+            }
+            let mut remote_nodes: Vec<u16> = node_of.iter().copied().filter(|&n| n != node).collect();
+            remote_nodes.sort_unstable();
+            remote_nodes.dedup();
+            let table = || bytes.iter().map(|&b| Landing::zeroed(b)).collect();
+            by_name.insert(name.to_string(), wire);
+            groups.push(Some(Arc::new(NetGroup {
+                name: name.to_string(),
+                wire,
+                size,
+                node_of,
+                remote_nodes,
+                landing: [table(), table()],
+                state: Mutex::new(RoundState {
+                    filled: [vec![0; size], vec![0; size]],
+                    next_remote: vec![0; size],
+                    aborted: false,
+                }),
+                changed: Condvar::new(),
+            })));
+        }
+        Ok(Self { groups, by_name, out: Some(out) })
+    }
+
+    /// The group `name`, if it spans nodes.
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<NetGroup>> {
+        self.by_name.get(name).and_then(|&w| self.groups[w as usize].as_ref())
+    }
+
+    /// A member kernel of spanning group `group`.
+    pub(super) fn kernel(&self, group: Arc<NetGroup>, layout: Layout) -> Result<Box<dyn Kernel>, String> {
+        let out = self
+            .out
+            .clone()
+            .ok_or_else(|| format!("collective '{}' spans nodes but this job has no network", group.name))?;
+        if group.node_of[layout.rank] == u16::MAX {
+            return Err(format!("rank {} has no node", layout.rank));
+        }
+        Ok(Box::new(NetCollectiveKernel { peers: vec![PeerInput::empty(); group.size], group, layout, out, round: 0 }))
+    }
+
+    /// The reader got rank `rank`'s input of round `round` of group `wire` from `node`:
+    /// checks it against the plan and the protocol, then `read`s the `len` bytes into the
+    /// landing buffer and tells the waiting members.
+    pub(crate) fn receive(
+        &self,
+        node: u16,
+        wire: u32,
+        round: u64,
+        rank: u32,
+        len: u64,
+        read: impl FnOnce(&mut [u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let Some(Some(group)) = self.groups.get(wire as usize) else {
+            return Err(format!("it sent an input of collective group {wire}, which has no member on this node"));
+        };
+        let r = rank as usize;
+        if r >= group.size || group.node_of[r] != node {
+            return Err(format!(
+                "it sent rank {rank}'s input of collective '{}' (size {}), which is not a rank of node {node}",
+                group.name, group.size
+            ));
+        }
+        let table = (round % 2) as usize;
+        let landing = &group.landing[table][r];
+        if len != landing.len() as u64 {
+            return Err(format!(
+                "it sent {len} bytes as rank {rank}'s input of collective '{}'; that input has {}",
+                group.name,
+                landing.len()
+            ));
+        }
+        {
+            let state = lock(&group.state);
+            if state.next_remote[r] != round {
+                return Err(format!(
+                    "it sent round {round} of rank {rank} of collective '{}' while round {} was due",
+                    group.name, state.next_remote[r]
+                ));
+            }
+        }
+        // SAFETY: see `Landing`: no member reads this buffer until `filled` says so below.
+        read(unsafe { std::slice::from_raw_parts_mut(landing.ptr(), landing.len()) })?;
+        let mut state = lock(&group.state);
+        state.filled[table][r] = round + 1;
+        state.next_remote[r] = round + 1;
+        group.changed.notify_all();
+        Ok(())
+    }
+
+    /// Wakes every member waiting for inputs with an error (the job is aborting).
+    pub(crate) fn abort_all(&self) {
+        for group in self.groups.iter().flatten() {
+            lock(&group.state).aborted = true;
+            group.changed.notify_all();
+        }
+    }
+}
+
+/// A collective actor's kernel when its group spans nodes.
+struct NetCollectiveKernel {
+    group: Arc<NetGroup>,
+    layout: Layout,
+    out: Arc<NetOut>,
+    /// Rounds done so far.
+    round: u64,
+    /// The landing table of this round as peer inputs (no allocation per round).
+    peers: Vec<PeerInput>,
+}
+
+impl std::fmt::Debug for NetCollectiveKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetCollectiveKernel").field("group", &self.group.name).field("rank", &self.layout.rank).finish()
+    }
+}
+
+impl Kernel for NetCollectiveKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (group, rank, round) = (&self.group, self.layout.rank, self.round);
+        let fail = |m: String| KernelError(format!("collective '{}' (rank {rank} of {}): {m}", group.name, group.size));
+        let table = (round % 2) as usize;
+        let input = io.input(0);
+        let own = &group.landing[table][rank];
+        if input.len() != own.len() {
+            return Err(fail(format!("got {} input bytes; it needs {}", input.len(), own.len())));
+        }
+        // SAFETY: see `Landing`: this member alone writes its buffer, for a new round.
+        unsafe { std::slice::from_raw_parts_mut(own.ptr(), own.len()) }.copy_from_slice(input);
+        {
+            let mut state = lock(&group.state);
+            state.filled[table][rank] = round + 1;
+            group.changed.notify_all();
+        }
+        for &node in &group.remote_nodes {
+            let bytes = RawBytes { ptr: own.ptr(), len: own.len() };
+            let item = Outgoing::Collective { group: group.wire, round, rank: rank as u32, bytes };
+            self.out.send_collective(node, item).map_err(fail)?;
+        }
+        {
+            let mut state = lock(&group.state);
+            loop {
+                if state.filled[table].iter().all(|&f| f == round + 1) {
+                    break;
+                }
+                if state.aborted {
+                    let missing: Vec<String> = (0..group.size)
+                        .filter(|&r| state.filled[table][r] != round + 1)
+                        .map(|r| format!("rank {r} (node {})", group.node_of[r]))
+                        .collect();
+                    return Err(fail(format!("aborted in round {round} while waiting for {}", missing.join(", "))));
+                }
+                state = group.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
+        for (peer, landing) in self.peers.iter_mut().zip(&group.landing[table]) {
+            // SAFETY: filled for this round; nobody writes it until every member is done.
+            *peer = PeerInput::new(unsafe { std::slice::from_raw_parts(landing.ptr(), landing.len()) });
+        }
+        self.layout.compute(Peers { inputs: &self.peers }, io.output(0));
+        self.round += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,325 @@
+//! Nodes over the network: the data plane of a job that runs one node of a multi-node plan.
+//!
+//! A [`Cluster`] is this node's connections to the other nodes, one per peer, each already
+//! through the handshake (same protocol, build and plan, the shared secret proven). The job
+//! drives each connection with two threads of its own, never with an async runtime:
+//!
+//! - a **writer** takes what the stream threads route to that node (actor messages,
+//!   collective inputs, an abort, the final bye) from a bounded channel sized from the
+//!   plan's register counts, and writes each as one frame. A `Ready` carries the slot's
+//!   bytes, written straight from the producer's memory (no copy); a second `Ready` of the
+//!   same piece to another consumer on the same node carries none (the bytes are there).
+//! - a **reader** reads frames, checks each against the plan (the recipient runs here, the
+//!   register connects the two nodes, the slot exists, the length is the register's), reads
+//!   a `Ready`'s bytes straight into this node's mirror of the slot, and only then hands the
+//!   message to the consumer's stream. A consumer therefore never sees a piece before its
+//!   bytes have landed, and the producer's slot is freed only when the consumer's `Ack`
+//!   comes back: `register_num` still bounds the pieces in flight across the network, and a
+//!   slow consumer slows its producer.
+//!
+//! Failures end the job on every node: an error here sends `Abort` to every peer (their
+//! jobs fail with [`RuntimeError::PeerFailed`] naming this node); a connection that breaks
+//! or a frame the plan does not allow fails the job with [`RuntimeError::PeerLost`]. At the
+//! end each side sends `Bye`; a connection closing after its peer's bye is the normal end.
+
+mod cluster;
+mod reader;
+mod writer;
+
+pub use cluster::{Cluster, ClusterOptions, PeerLink, Transport};
+
+use crate::arenas::PlanArenas;
+use crate::collective::NetGroups;
+use crate::stream::JobShared;
+use crate::RuntimeError;
+use regflow_actors::{ActorId, EnvError, Message, PlanIds};
+use regflow_plan::{ActorIndex, Plan};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Bytes a collective member hands its writer: its input of one round, in the group's
+/// landing buffer, which stays unchanged until the peers have received it (see
+/// `collective::net`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBytes {
+    pub(crate) ptr: *const u8,
+    pub(crate) len: usize,
+}
+
+// SAFETY: an address; the collective protocol keeps the bytes unchanged until written.
+unsafe impl Send for RawBytes {}
+
+/// What a stream thread hands the writer of one peer.
+#[derive(Debug, Clone)]
+pub(crate) enum Outgoing {
+    /// An actor message for an actor of that node.
+    Actor(Message),
+    /// One member's input of one collective round.
+    Collective { group: u32, round: u64, rank: u32, bytes: RawBytes },
+    /// This node's job failed.
+    Abort(String),
+    /// This node's job is over: nothing more follows.
+    Bye,
+}
+
+/// The sending side every router holds: one bounded channel per peer node.
+#[derive(Debug)]
+pub(crate) struct NetOut {
+    rank: u16,
+    /// `peers[node]`: the channel to that node's writer; `None` for this node.
+    peers: Vec<Option<crossbeam_channel::Sender<Outgoing>>>,
+    /// Disconnected once the job aborts (`JobShared::abort_signal`).
+    abort: crossbeam_channel::Receiver<()>,
+}
+
+impl NetOut {
+    /// Hands `msg` to the writer of its recipient's node. The channel has room for every
+    /// message the register counts allow in flight, so this waits only if the plan's bound
+    /// is wrong; it never waits past an abort.
+    pub(crate) fn send_actor(&self, msg: Message) -> Result<(), EnvError> {
+        let node = msg.dst.node();
+        let Some(Some(peer)) = self.peers.get(node as usize) else {
+            return Err(EnvError::NotConnected { dst: msg.dst, node });
+        };
+        self.send_to(peer, Outgoing::Actor(msg)).map_err(|_| EnvError::Disconnected { dst: msg.dst })
+    }
+
+    /// Hands a collective input to the writer of `node`.
+    pub(crate) fn send_collective(&self, node: u16, item: Outgoing) -> Result<(), String> {
+        let Some(Some(peer)) = self.peers.get(node as usize) else {
+            return Err(format!("node {node} is not connected to node {}", self.rank));
+        };
+        self.send_to(peer, item).map_err(|()| format!("the connection to node {node} is closed"))
+    }
+
+    fn send_to(&self, peer: &crossbeam_channel::Sender<Outgoing>, item: Outgoing) -> Result<(), ()> {
+        match peer.try_send(item) {
+            Ok(()) => Ok(()),
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => Err(()),
+            Err(crossbeam_channel::TrySendError::Full(item)) => {
+                crossbeam_channel::select! {
+                    send(peer, item) -> sent => sent.map_err(|_| ()),
+                    recv(self.abort) -> _ => Err(()),
+                }
+            }
+        }
+    }
+
+    /// Tells every peer this node's job failed (best effort: a peer already gone is skipped).
+    pub(crate) fn abort_peers(&self, error: &RuntimeError) {
+        // A peer's own failure is not echoed back to it; the others still hear of it.
+        let reason = regflow_net::frame::cut_reason(&error.to_string());
+        for peer in self.peers.iter().flatten() {
+            let _ = peer.try_send(Outgoing::Abort(reason.clone()));
+        }
+    }
+}
+
+/// Who sits at the other end of each connection, for errors.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerNames {
+    pub(crate) hosts: Vec<String>,
+}
+
+impl PeerNames {
+    pub(crate) fn host(&self, node: u16) -> String {
+        self.hosts.get(node as usize).cloned().unwrap_or_else(|| "?".into())
+    }
+}
+
+/// What the reader checks frames against: the plan, the hosted actors, the mirrors.
+#[derive(Debug)]
+pub(crate) struct WireCheck {
+    pub(crate) plan: Arc<Plan>,
+    /// Plan index of every actor, by raw id.
+    pub(crate) by_id: HashMap<u64, ActorIndex>,
+    pub(crate) ids: Vec<ActorId>,
+    /// Node of each actor.
+    pub(crate) node_of: Vec<u16>,
+}
+
+impl WireCheck {
+    fn new(plan: Arc<Plan>, ids: &PlanIds) -> Self {
+        let by_id = ids.actors.iter().enumerate().map(|(a, id)| (id.bits(), ActorIndex(a as u32))).collect();
+        let node_of =
+            (0..plan.actors.len()).map(|a| plan.devices[plan.device_of(ActorIndex(a as u32)).index()].node).collect();
+        Self { plan, by_id, ids: ids.actors.clone(), node_of }
+    }
+}
+
+/// A running data plane: the threads of every connection, and how to end them.
+#[derive(Debug)]
+pub(crate) struct NetPlane {
+    out: Arc<NetOut>,
+    writers: Vec<(u16, JoinHandle<()>)>,
+    readers: Vec<(u16, JoinHandle<()>)>,
+    transports: Vec<Arc<dyn Transport>>,
+    /// Set once this node's job is over: a connection closing after that is no error.
+    done: Arc<AtomicBool>,
+}
+
+/// How long the end of a job waits for its writers to flush their last frames.
+const FLUSH_GRACE: Duration = Duration::from_secs(10);
+
+impl NetPlane {
+    /// The channels of every peer of `cluster`, before any thread runs; capacity per peer
+    /// from [`channel_capacities`].
+    pub(crate) fn channels(
+        cluster: &Cluster,
+        capacities: &[usize],
+        abort: crossbeam_channel::Receiver<()>,
+    ) -> (Arc<NetOut>, Vec<Option<crossbeam_channel::Receiver<Outgoing>>>) {
+        let mut senders = Vec::with_capacity(cluster.world() as usize);
+        let mut receivers = Vec::with_capacity(cluster.world() as usize);
+        for node in 0..cluster.world() {
+            if cluster.link(node).is_some() {
+                let (tx, rx) = crossbeam_channel::bounded(capacities.get(node as usize).copied().unwrap_or(64));
+                senders.push(Some(tx));
+                receivers.push(Some(rx));
+            } else {
+                senders.push(None);
+                receivers.push(None);
+            }
+        }
+        (Arc::new(NetOut { rank: cluster.rank(), peers: senders, abort }), receivers)
+    }
+
+    /// Starts the reader and writer of every connection.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        cluster: Cluster,
+        out: Arc<NetOut>,
+        receivers: Vec<Option<crossbeam_channel::Receiver<Outgoing>>>,
+        plan: Arc<Plan>,
+        ids: &PlanIds,
+        arenas: Arc<PlanArenas>,
+        groups: Arc<NetGroups>,
+        shared: Arc<JobShared>,
+        router: crate::bus::Router,
+    ) -> Result<Self, RuntimeError> {
+        let rank = cluster.rank();
+        let names = PeerNames { hosts: cluster.hosts() };
+        let check = Arc::new(WireCheck::new(plan, ids));
+        let done = Arc::new(AtomicBool::new(false));
+        let mut plane =
+            NetPlane { out, writers: Vec::new(), readers: Vec::new(), transports: Vec::new(), done: done.clone() };
+        let world = cluster.world();
+        let fail = |node: u16, message: String| RuntimeError::Cluster {
+            node: rank,
+            world,
+            message: format!("node {node}: {message}"),
+        };
+        for (link, receiver) in cluster.into_links().into_iter().zip(receivers) {
+            let (Some(link), Some(receiver)) = (link, receiver) else { continue };
+            let node = link.rank;
+            let transport: Arc<dyn Transport> = Arc::from(link.transport);
+            let read_half = transport.reader().map_err(|e| fail(node, e.to_string()))?;
+            let write_half = transport.writer().map_err(|e| fail(node, e.to_string()))?;
+            plane.transports.push(transport.clone());
+            let writer = writer::Writer::new(
+                node,
+                write_half,
+                receiver,
+                &check,
+                arenas.clone(),
+                shared.clone(),
+                router.clone(),
+                names.clone(),
+                done.clone(),
+            );
+            let handle =
+                std::thread::Builder::new().name(format!("regflow-net-w{node}")).spawn(move || writer.run()).map_err(
+                    |e| RuntimeError::Spawn { thread: format!("regflow-net-w{node}"), message: e.to_string() },
+                )?;
+            plane.writers.push((node, handle));
+            let reader = reader::Reader::new(
+                node,
+                read_half,
+                check.clone(),
+                arenas.clone(),
+                groups.clone(),
+                shared.clone(),
+                router.clone(),
+                names.clone(),
+                done.clone(),
+            );
+            let handle =
+                std::thread::Builder::new().name(format!("regflow-net-r{node}")).spawn(move || reader.run()).map_err(
+                    |e| RuntimeError::Spawn { thread: format!("regflow-net-r{node}"), message: e.to_string() },
+                )?;
+            plane.readers.push((node, handle));
+        }
+        Ok(plane)
+    }
+
+    /// Ends the data plane after this node's job is over (ended or failed): every writer
+    /// sends `Bye` after what it still holds and stops; then the connections close and the
+    /// readers stop. Bounded: a writer stuck on a peer that reads nothing is left behind
+    /// after [`FLUSH_GRACE`].
+    pub(crate) fn finish(&mut self) {
+        for peer in self.out.peers.iter().flatten() {
+            let _ = peer.send_timeout(Outgoing::Bye, FLUSH_GRACE);
+        }
+        let deadline = std::time::Instant::now() + FLUSH_GRACE;
+        for (node, handle) in self.writers.drain(..) {
+            while !handle.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if handle.is_finished() {
+                let _ = handle.join();
+            } else {
+                tracing::warn!(node, "the writer to node {node} did not flush within {FLUSH_GRACE:?}; leaving it");
+            }
+        }
+        self.done.store(true, Ordering::Release);
+        for transport in &self.transports {
+            transport.close();
+        }
+        for (_, handle) in self.readers.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for NetPlane {
+    fn drop(&mut self) {
+        if !self.writers.is_empty() || !self.readers.is_empty() {
+            self.finish();
+        }
+    }
+}
+
+/// Per peer node: how many frames the stream threads may have queued for its writer at
+/// once. Each register crossing to that node has at most `register_num` pieces in flight
+/// per consumer there (a `Ready` each), and as many `Ack`s come back the other way; one
+/// `Eord` per consumer; two collective rounds per member; plus room for the abort and bye.
+pub(crate) fn channel_capacities(plan: &Plan, node: u16, world: u16) -> Vec<usize> {
+    let node_of = |a: ActorIndex| plan.devices[plan.device_of(a).index()].node;
+    let mut capacity = vec![16usize; world as usize];
+    for desc in &plan.regst_descs {
+        let producer = node_of(desc.producer);
+        for &consumer in &desc.consumers {
+            let consumer_node = node_of(consumer);
+            if producer == consumer_node {
+                continue;
+            }
+            let per_edge = desc.register_num as usize + 1;
+            if producer == node {
+                capacity[consumer_node as usize] += per_edge;
+            } else if consumer_node == node {
+                capacity[producer as usize] += per_edge;
+            }
+        }
+    }
+    for actor in &plan.actors {
+        if let regflow_plan::ActorKind::Compute { kernel: regflow_plan::KernelConf::Collective(_) } = &actor.kind {
+            for c in capacity.iter_mut() {
+                *c += 2;
+            }
+        }
+    }
+    capacity
+}

@@ -1,0 +1,143 @@
+//! The writer of one connection: frames from the stream threads' channel onto the socket,
+//! a `Ready`'s bytes straight from the slot that holds them.
+
+use super::{Outgoing, PeerNames, WireCheck};
+use crate::arenas::PlanArenas;
+use crate::bus::Router;
+use crate::stream::JobShared;
+use crate::RuntimeError;
+use regflow_actors::{Body, Message};
+use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
+use std::io::{BufWriter, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Buffer of small frames between flushes; a payload larger than this bypasses it.
+const WRITE_BUFFER: usize = 64 * 1024;
+
+pub(super) struct Writer {
+    node: u16,
+    out: FrameWriter<BufWriter<Box<dyn Write + Send>>>,
+    items: crossbeam_channel::Receiver<Outgoing>,
+    arenas: Arc<PlanArenas>,
+    shared: Arc<JobShared>,
+    router: Router,
+    names: PeerNames,
+    done: Arc<AtomicBool>,
+    /// Per slot of each register crossing to `node`: the last piece whose bytes went out,
+    /// so a second consumer there of the same piece gets the message without the bytes.
+    first_slot: Vec<u32>,
+    sent: Vec<u64>,
+}
+
+impl Writer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        node: u16,
+        write: Box<dyn Write + Send>,
+        items: crossbeam_channel::Receiver<Outgoing>,
+        check: &WireCheck,
+        arenas: Arc<PlanArenas>,
+        shared: Arc<JobShared>,
+        router: Router,
+        names: PeerNames,
+        done: Arc<AtomicBool>,
+    ) -> Self {
+        // Only registers with a consumer on `node` get entries: allocated once, here.
+        let plan = &check.plan;
+        let mut first_slot = vec![u32::MAX; plan.regst_descs.len()];
+        let mut slots = 0u32;
+        for (d, desc) in plan.regst_descs.iter().enumerate() {
+            if desc.consumers.iter().any(|c| check.node_of[c.index()] == node) {
+                first_slot[d] = slots;
+                slots += desc.register_num;
+            }
+        }
+        Self {
+            node,
+            out: FrameWriter::new(BufWriter::with_capacity(WRITE_BUFFER, write)),
+            items,
+            arenas,
+            shared,
+            router,
+            names,
+            done,
+            first_slot,
+            sent: vec![u64::MAX; slots as usize],
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        while let Ok(item) = self.items.recv() {
+            let bye = matches!(item, Outgoing::Bye);
+            let result = self.write(item).and_then(|()| {
+                // Flush once the queue is empty: frames written together go out together.
+                if bye || self.items.is_empty() {
+                    self.out.flush().map_err(|e| e.to_string())
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(message) = result {
+                if !self.done.load(Ordering::Acquire) {
+                    let host = self.names.host(self.node);
+                    self.shared.abort(
+                        RuntimeError::PeerLost { node: self.node, host, message: format!("sending failed: {message}") },
+                        &self.router,
+                    );
+                }
+                return;
+            }
+            if bye {
+                return;
+            }
+        }
+    }
+
+    fn write(&mut self, item: Outgoing) -> Result<(), String> {
+        match item {
+            Outgoing::Actor(msg) => self.write_actor(msg),
+            Outgoing::Collective { group, round, rank, bytes } => {
+                // SAFETY: the member's landing buffer holds these bytes unchanged until the
+                // peers have them (collective::net explains why).
+                let payload = unsafe { std::slice::from_raw_parts(bytes.ptr, bytes.len) };
+                let header = Header::Collective { group, round, rank, len: bytes.len as u64 };
+                self.out.write(&header, payload).map_err(|e| e.to_string())
+            }
+            Outgoing::Abort(reason) => self.out.write(&Header::Abort { reason }, &[]).map_err(|e| e.to_string()),
+            Outgoing::Bye => self.out.write(&Header::Bye, &[]).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn write_actor(&mut self, msg: Message) -> Result<(), String> {
+        let (dst, src) = (msg.dst.bits(), msg.src.bits());
+        let (body, payload): (WireBody, &[u8]) = match msg.body {
+            Body::Ready { regst, piece, data } => {
+                let first = self.first_slot.get(regst.desc.index()).copied().unwrap_or(u32::MAX);
+                let entry = (first != u32::MAX).then(|| (first + regst.slot) as usize);
+                let already = entry.and_then(|e| self.sent.get(e)).is_some_and(|&p| p == piece);
+                let payload: &[u8] = if already {
+                    &[]
+                } else {
+                    let view = self.arenas.try_view(data).ok_or_else(|| {
+                        format!("register {} slot {} has no memory on this node to send from", data.desc.0, data.slot)
+                    })?;
+                    if let Some(e) = entry.filter(|&e| e < self.sent.len()) {
+                        self.sent[e] = piece;
+                    }
+                    // SAFETY: the slot holds piece `piece` until every consumer acked it,
+                    // and the consumer this message goes to acks only after receiving it.
+                    unsafe { view.as_slice() }
+                };
+                let body = WireBody::Ready { desc: regst.desc.0, slot: regst.slot, piece, len: payload.len() as u64 };
+                (body, payload)
+            }
+            Body::Ack { regst } => (WireBody::Ack { desc: regst.desc.0, slot: regst.slot }, &[]),
+            Body::Eord { desc } => (WireBody::Eord { desc: desc.0 }, &[]),
+            Body::ActDone | Body::Cmd(_) => {
+                return Err(format!("a {:?} message for {} cannot cross nodes", msg.body, msg.dst));
+            }
+        };
+        self.out.write(&Header::Actor(WireMessage { dst, src, body }), payload).map_err(|e| e.to_string())
+    }
+}

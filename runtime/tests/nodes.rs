@@ -1,0 +1,231 @@
+//! Jobs that run one node each of a multi-node plan, connected over loopback TCP inside
+//! this process (one thread per node): registers crossing nodes with their bytes and their
+//! backpressure, collectives across nodes bitwise equal to one process, aborts that reach
+//! every node, and peers that vanish or send what the plan does not allow.
+
+use regflow_plan::{
+    ActorKind, CollectiveConf, CollectiveOp, DType, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind,
+};
+use regflow_runtime::{Cluster, Job};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes longer than
+/// `limit`. This bounds a hang; it asserts nothing about speed.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).expect("the nodes hung instead of ending")
+}
+
+/// `in` (fed, node 0) -> x (3 slots of 16 bytes) -> `copy` and `tap` (node 1); `copy` ->
+/// `out` (sink, node 1); `tap` is a second consumer of the same register on node 1.
+fn two_node_chain() -> Plan {
+    let mut b = PlanBuilder::new();
+    let d0 = b.device(0, DeviceKind::Cpu, 0);
+    let d1 = b.device(1, DeviceKind::Cpu, 0);
+    let s0 = b.stream(d0, StreamKind::Compute);
+    let s1 = b.stream(d1, StreamKind::Compute);
+    let src = b.actor("in", s0, ActorKind::Source { pieces: SourcePieces::Fed });
+    let x = b.regst("x", src, 16, 3);
+    let copy = b.actor("copy", s1, ActorKind::Compute { kernel: KernelConf::Copy });
+    b.consume(copy, x);
+    let y = b.regst("y", copy, 16, 2);
+    let out = b.actor("out", s1, ActorKind::Sink);
+    b.consume(out, y);
+    let tap = b.actor("tap", s1, ActorKind::Sink);
+    b.consume(tap, x);
+    b.build().unwrap()
+}
+
+fn piece_bytes(piece: u64) -> Vec<u8> {
+    (0..16).map(|i| (piece as u8).wrapping_mul(31).wrapping_add(i)).collect()
+}
+
+#[test]
+fn a_register_crosses_nodes_with_its_bytes_to_two_consumers() {
+    let report = within(Duration::from_secs(30), || {
+        let mut clusters = Cluster::loopback(2).unwrap().into_iter();
+        let (c0, c1) = (clusters.next().unwrap(), clusters.next().unwrap());
+        let node1 = std::thread::spawn(move || {
+            let mut job = Job::builder(two_node_chain()).cluster(c1).build().unwrap();
+            let out = job.fetcher("out").unwrap();
+            let tap = job.fetcher("tap").unwrap();
+            let mut got = Vec::new();
+            while let Some(piece) = out.recv() {
+                let tapped = tap.recv().expect("the tap got every piece too");
+                assert_eq!(tapped.bytes(), piece.bytes());
+                got.push((piece.piece(), piece.bytes().to_vec()));
+            }
+            (got, job.wait().unwrap())
+        });
+        let mut job = Job::builder(two_node_chain()).cluster(c0).build().unwrap();
+        assert_eq!(job.node(), Some(0));
+        let mut feeder = job.feeder("in").unwrap();
+        for piece in 0..40 {
+            feeder.push(&piece_bytes(piece)).unwrap();
+        }
+        feeder.close().unwrap();
+        let report0 = job.wait().unwrap();
+        let (got, report1) = node1.join().unwrap();
+        (got, report0, report1)
+    });
+    let (got, report0, report1) = report;
+    assert_eq!(got.len(), 40);
+    for (i, (piece, bytes)) in got.iter().enumerate() {
+        assert_eq!(*piece, i as u64);
+        assert_eq!(*bytes, piece_bytes(i as u64));
+    }
+    let producer = report0.actor("in").unwrap();
+    assert_eq!(producer.fires, 40);
+    // Never more pieces in flight across the network than the register has slots.
+    assert!(producer.max_in_flight.iter().all(|&(most, slots)| most <= slots), "{:?}", producer.max_in_flight);
+    assert_eq!(report1.actor("copy").unwrap().fires, 40);
+    assert!(report0.actor("copy").is_none(), "node 0 ran node 1's actor");
+}
+
+#[test]
+fn a_consumer_that_reads_nothing_stops_its_producer_on_the_other_node() {
+    let accepted = within(Duration::from_secs(30), || {
+        let mut clusters = Cluster::loopback(2).unwrap().into_iter();
+        let (c0, c1) = (clusters.next().unwrap(), clusters.next().unwrap());
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        let node1 = std::thread::spawn(move || {
+            let mut job = Job::builder(two_node_chain()).cluster(c1).fetch_depth(1).build().unwrap();
+            let out = job.fetcher("out").unwrap();
+            let tap = job.fetcher("tap").unwrap();
+            // Read nothing until node 0 found its input full.
+            ready_rx.recv().unwrap();
+            // Both consumers of x in step: each holds slots the other's pieces need.
+            while out.recv().is_some() | tap.recv().is_some() {}
+            job.wait().unwrap()
+        });
+        let mut job = Job::builder(two_node_chain()).cluster(c0).build().unwrap();
+        let mut feeder = job.feeder("in").unwrap();
+        let mut accepted = 0u64;
+        // Pieces go out until the slots, the mirrors and node 1's fetch depth are full.
+        while feeder.push_timeout(&piece_bytes(accepted), Duration::from_millis(500)).unwrap() {
+            accepted += 1;
+            assert!(accepted < 100, "the producer was never held back");
+        }
+        ready_tx.send(()).unwrap();
+        feeder.close().unwrap();
+        job.wait().unwrap();
+        node1.join().unwrap();
+        accepted
+    });
+    assert!(accepted >= 3, "the producer should fill the register's 3 slots, got {accepted}");
+}
+
+fn conf(rank: usize, size: usize, op: CollectiveOp, shape: &[usize]) -> CollectiveConf {
+    CollectiveConf {
+        group: "g".into(),
+        rank: rank as u32,
+        size: size as u32,
+        op,
+        dtype: DType::F32,
+        shape: shape.to_vec(),
+    }
+}
+
+/// Rank `r` on device `r % per_node` of node `r / per_node`: `in{r}` (fed) -> `c{r}` (the
+/// collective, comm stream) -> `out{r}` (sink).
+fn collective_plan(size: usize, per_node: usize, op: CollectiveOp, shape: &[usize]) -> Plan {
+    let mut b = PlanBuilder::new();
+    for r in 0..size {
+        let c = conf(r, size, op, shape);
+        let bytes = |s: Vec<usize>| (s.iter().product::<usize>() * 4) as u64;
+        let device = b.device((r / per_node) as u16, DeviceKind::Cpu, (r % per_node) as u16);
+        let compute = b.stream(device, StreamKind::Compute);
+        let comm = b.stream(device, StreamKind::Comm);
+        let src = b.actor(&format!("in{r}"), compute, ActorKind::Source { pieces: SourcePieces::Fed });
+        let x = b.regst(&format!("x{r}"), src, bytes(c.input_shape()), 2);
+        let output = bytes(c.output_shape());
+        let member = b.actor(&format!("c{r}"), comm, ActorKind::Compute { kernel: KernelConf::Collective(c) });
+        b.consume(member, x);
+        let y = b.regst(&format!("y{r}"), member, output, 2);
+        let sink = b.actor(&format!("out{r}"), compute, ActorKind::Sink);
+        b.consume(sink, y);
+    }
+    b.build().unwrap()
+}
+
+/// Rank `r`'s input of piece `p`: values whose sum order shows in f32.
+fn input(r: usize, p: u64, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((r * 7919 + i * 31 + p as usize * 13) % 1000) as f32 * 0.1 + 1e-3 / (i % 7 + 1) as f32).collect()
+}
+
+/// Feeds the ranks whose sources `job` runs, then fetches the ranks whose sinks it runs.
+fn run_ranks(mut job: Job, plan: &Plan, size: usize, pieces: u64) -> Vec<(usize, Vec<Vec<u8>>)> {
+    for r in 0..size {
+        if let Ok(mut feeder) = job.feeder(&format!("in{r}")) {
+            let bytes = plan.regst_descs.iter().find(|d| d.name == format!("x{r}")).unwrap().bytes as usize;
+            for p in 0..pieces {
+                let values: Vec<u8> = input(r, p, bytes / 4).iter().flat_map(|v| v.to_le_bytes()).collect();
+                feeder.push(&values).unwrap();
+            }
+            feeder.close().unwrap();
+        }
+    }
+    let fetchers: Vec<_> = (0..size).filter_map(|r| Some((r, job.fetcher(&format!("out{r}")).ok()?))).collect();
+    let results = fetchers
+        .iter()
+        .map(|(r, f)| (*r, (0..pieces).map(|_| f.recv().expect("a piece").bytes().to_vec()).collect()))
+        .collect();
+    drop(fetchers);
+    job.wait().unwrap();
+    results
+}
+
+/// Every rank's outputs, piece by piece, of `plan` run as `nodes` nodes (or one process).
+fn run_collective(plan: &Plan, size: usize, nodes: Option<u16>, pieces: u64) -> Vec<Vec<Vec<u8>>> {
+    let mut outputs = vec![Vec::new(); size];
+    let results: Vec<(usize, Vec<Vec<u8>>)> = match nodes {
+        None => {
+            let job = Job::builder(plan.clone()).watchdog(Duration::from_secs(20)).build().unwrap();
+            run_ranks(job, plan, size, pieces)
+        }
+        Some(n) => {
+            let threads: Vec<_> = Cluster::loopback(n)
+                .unwrap()
+                .into_iter()
+                .map(|cluster| {
+                    let plan = plan.clone();
+                    std::thread::spawn(move || {
+                        let builder = Job::builder(plan.clone()).cluster(cluster).watchdog(Duration::from_secs(20));
+                        run_ranks(builder.build().unwrap(), &plan, size, pieces)
+                    })
+                })
+                .collect();
+            threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+        }
+    };
+    for (r, o) in results {
+        outputs[r] = o;
+    }
+    outputs
+}
+
+#[test]
+fn collectives_across_nodes_equal_one_process_bit_for_bit() {
+    within(Duration::from_secs(60), || {
+        let shape = [7, 5, 3];
+        let ops = [
+            CollectiveOp::AllReduce,
+            CollectiveOp::ReduceScatter { dim: 0 },
+            CollectiveOp::AllGather { dim: 1 },
+            CollectiveOp::AllToAll { from: 0, to: 2 },
+        ];
+        for op in ops {
+            let local = run_collective(&collective_plan(4, 4, op, &shape), 4, None, 3);
+            for per_node in [2, 1] {
+                let plan = collective_plan(4, per_node, op, &shape);
+                let nodes = (4 / per_node) as u16;
+                let remote = run_collective(&plan, 4, Some(nodes), 3);
+                assert_eq!(remote, local, "{op:?} on {nodes} nodes differs from one process");
+            }
+        }
+    });
+}
