@@ -6,7 +6,8 @@
 use regflow_plan::{
     ActorKind, CollectiveConf, CollectiveOp, DType, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind,
 };
-use regflow_runtime::{Cluster, Job};
+use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
+use regflow_runtime::{Cluster, Job, PeerLink, RuntimeError};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -228,4 +229,133 @@ fn collectives_across_nodes_equal_one_process_bit_for_bit() {
             }
         }
     });
+}
+
+/// Node 0 of [`two_node_chain`] against a hand-driven peer: the raw socket of "node 1".
+fn node0_against_raw_peer() -> (Job, std::net::TcpStream) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (ours, _) = listener.accept().unwrap();
+    let link = PeerLink { rank: 1, host: "fake-host".into(), transport: Box::new(ours) };
+    let cluster = Cluster::from_links(0, 2, "localhost", vec![link]).unwrap();
+    let job = Job::builder(two_node_chain()).cluster(cluster).watchdog(Duration::from_secs(20)).build().unwrap();
+    (job, peer)
+}
+
+fn failure_of(mut job: Job, pieces: u64) -> RuntimeError {
+    let mut feeder = job.feeder("in").unwrap();
+    for piece in 0..pieces {
+        if feeder.push(&piece_bytes(piece)).is_err() {
+            break;
+        }
+    }
+    let _ = feeder.close();
+    job.wait().expect_err("the job should fail")
+}
+
+#[test]
+fn a_peer_that_vanishes_fails_the_job_naming_it() {
+    let error = within(Duration::from_secs(30), || {
+        let (job, peer) = node0_against_raw_peer();
+        drop(peer);
+        failure_of(job, 10)
+    });
+    let message = error.to_string();
+    assert!(matches!(error, RuntimeError::PeerLost { node: 1, .. }), "{error:?}");
+    assert!(message.contains("lost node 1 (fake-host)"), "{message}");
+}
+
+#[test]
+fn garbage_from_a_peer_fails_the_job_naming_it_without_a_panic() {
+    let error = within(Duration::from_secs(30), || {
+        let (job, mut peer) = node0_against_raw_peer();
+        std::io::Write::write_all(&mut peer, &[7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).unwrap();
+        let error = failure_of(job, 3);
+        drop(peer);
+        error
+    });
+    let message = error.to_string();
+    assert!(matches!(error, RuntimeError::PeerLost { node: 1, .. }), "{error:?}");
+    assert!(message.contains("does not decode"), "{message}");
+}
+
+#[test]
+fn an_oversized_header_or_a_wrong_payload_length_is_refused() {
+    // A header length over the bound: refused before anything is allocated for it.
+    let error = within(Duration::from_secs(30), || {
+        let (job, mut peer) = node0_against_raw_peer();
+        std::io::Write::write_all(&mut peer, &u32::MAX.to_le_bytes()).unwrap();
+        let error = failure_of(job, 3);
+        drop(peer);
+        error
+    });
+    assert!(error.to_string().contains("headers are at most"), "{error}");
+
+    // An `Ack` for a register node 1 does not consume: the plan has no such edge.
+    let error = within(Duration::from_secs(30), || {
+        let (job, peer) = node0_against_raw_peer();
+        let ids = regflow_actors::PlanIds::assign(job.plan()).unwrap();
+        let index = |name: &str| job.plan().actor_by_name(name).unwrap().index();
+        let (src, copy) = (ids.actors[index("in")], ids.actors[index("copy")]);
+        let mut writer = FrameWriter::new(&peer);
+        let wrong = WireMessage { dst: copy.bits(), src: src.bits(), body: WireBody::Ack { desc: 0, slot: 0 } };
+        writer.write(&Header::Actor(wrong), &[]).unwrap();
+        writer.flush().unwrap();
+        let error = failure_of(job, 3);
+        drop(peer);
+        error
+    });
+    let message = error.to_string();
+    assert!(message.contains("lost node 1 (fake-host)"), "{message}");
+    assert!(message.contains("node 0 to an actor of node 1"), "{message}");
+}
+
+#[test]
+fn a_failing_node_fails_every_node_naming_it() {
+    let (error0, error1) = within(Duration::from_secs(30), || {
+        let mut clusters = Cluster::loopback(2).unwrap().into_iter();
+        let (c0, c1) = (clusters.next().unwrap(), clusters.next().unwrap());
+        let node1 = std::thread::spawn(move || {
+            let mut job = Job::builder(two_node_chain()).cluster(c1).build().unwrap();
+            let out = job.fetcher("out").unwrap();
+            let tap = job.fetcher("tap").unwrap();
+            // Take two pieces, then stop the job as a failing kernel would.
+            for _ in 0..2 {
+                out.recv().unwrap();
+                tap.recv().unwrap();
+            }
+            job.abort(RuntimeError::Panicked { stream: "node1/cpu:0 compute".into(), message: "boom".into() });
+            job.wait().expect_err("node 1 aborted")
+        });
+        let job = Job::builder(two_node_chain()).cluster(c0).build().unwrap();
+        let error0 = failure_of(job, 1000);
+        (error0, node1.join().unwrap())
+    });
+    assert!(matches!(error1, RuntimeError::Panicked { .. }), "{error1:?}");
+    let message = error0.to_string();
+    assert!(matches!(error0, RuntimeError::PeerFailed { node: 1, .. }), "{error0:?}");
+    assert!(message.contains("node 1 (localhost) failed") && message.contains("boom"), "{message}");
+}
+
+#[test]
+fn a_node_that_cannot_start_tells_the_others() {
+    let error = within(Duration::from_secs(30), || {
+        let mut clusters = Cluster::loopback(2).unwrap().into_iter();
+        let (c0, c1) = (clusters.next().unwrap(), clusters.next().unwrap());
+        // Node 1 refuses to start: its preload names no register.
+        let refused = Job::builder(two_node_chain()).cluster(c1).preload("no-such-register", vec![0; 4]).build();
+        assert!(refused.is_err());
+        let job = Job::builder(two_node_chain()).cluster(c0).build().unwrap();
+        failure_of(job, 1000)
+    });
+    let message = error.to_string();
+    assert!(matches!(error, RuntimeError::PeerFailed { node: 1, .. }), "{error:?}");
+    assert!(message.contains("node 1 could not start") && message.contains("no-such-register"), "{message}");
+}
+
+#[test]
+fn a_cluster_that_does_not_fit_the_plan_is_refused() {
+    let mut clusters = Cluster::loopback(3).unwrap().into_iter();
+    let error = Job::builder(two_node_chain()).cluster(clusters.next().unwrap()).build().unwrap_err();
+    assert!(error.to_string().contains("places devices on 2 node(s), but the cluster has 3"), "{error}");
 }
