@@ -102,6 +102,35 @@ impl Mesh {
         Ok(Self { devices, shape: shape.to_vec(), axes: axes.iter().map(|a| a.to_string()).collect() })
     }
 
+    /// The same mesh with its node-0 devices spread over nodes, `per_node` devices each:
+    /// device `kind:i` becomes device `kind:(i % per_node)` of node `i / per_node`. Meshes of
+    /// several pipeline stages spread with the same `per_node` keep their devices distinct.
+    /// Refused for `per_node` 0 and for a mesh already on other nodes.
+    ///
+    /// ```
+    /// use regflow_graph::sbp::Mesh;
+    /// let mesh = Mesh::cpu(&[2, 2], &["dp", "tp"]).unwrap().place_on_nodes(2).unwrap();
+    /// let shown: Vec<String> = mesh.devices().iter().map(ToString::to_string).collect();
+    /// assert_eq!(shown, ["cpu:0", "cpu:1", "node1/cpu:0", "node1/cpu:1"]);
+    /// ```
+    pub fn place_on_nodes(&self, per_node: usize) -> Result<Self, String> {
+        if per_node == 0 {
+            return Err("a node needs at least one device: per_node is 0".to_string());
+        }
+        let mut devices = Vec::with_capacity(self.devices.len());
+        for d in &self.devices {
+            if d.node != 0 {
+                return Err(format!("device {d} is already on node {}; only node-0 meshes are spread", d.node));
+            }
+            let i = usize::from(d.index);
+            let node = u16::try_from(i / per_node)
+                .map_err(|_| format!("device {d} with {per_node} device(s) per node needs node {}", i / per_node))?;
+            devices.push(MeshDevice { node, kind: d.kind, index: (i % per_node) as u16 });
+        }
+        let axes: Vec<&str> = self.axes.iter().map(String::as_str).collect();
+        Self::new(devices, &self.shape, &axes)
+    }
+
     /// `cpu:0 .. cpu:n` of node 0 arranged as `shape`.
     pub fn cpu(shape: &[usize], axes: &[&str]) -> Result<Self, String> {
         Self::of_kind(DeviceKind::Cpu, shape, axes)

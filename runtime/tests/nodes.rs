@@ -3,10 +3,10 @@
 //! backpressure, collectives across nodes bitwise equal to one process, aborts that reach
 //! every node, and peers that vanish or send what the plan does not allow.
 
+use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
 use regflow_plan::{
     ActorKind, CollectiveConf, CollectiveOp, DType, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind,
 };
-use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
 use regflow_runtime::{Cluster, Job, PeerLink, RuntimeError};
 use std::sync::mpsc;
 use std::time::Duration;

@@ -1,0 +1,231 @@
+//! Training across nodes: the same graph and layout, compiled once with its devices spread
+//! over 2 or 4 nodes and run as one job per node (threads of this process joined over
+//! loopback TCP), gives bitwise the losses of the same layout in one process, over 20
+//! steps, for data, tensor, ZeRO, 2-D and pipeline layouts.
+
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, TrainStep};
+use regflow::prelude::*;
+use regflow::runtime::Cluster;
+use std::time::Duration;
+
+use Sbp::{Broadcast as B, Split as S};
+
+const BATCH: usize = 8;
+const STEPS: usize = 20;
+
+/// A layout: the stages' meshes (one unless pipelined) and the tensors pinned on them.
+#[derive(Clone)]
+struct Layout {
+    stages: Vec<Mesh>,
+    pins: Vec<(&'static str, Vec<Sbp>)>,
+    micro_batches: u32,
+}
+
+impl Layout {
+    fn new(shape: &[usize], axes: &[&str], pins: Vec<(&'static str, Vec<Sbp>)>) -> Self {
+        Self { stages: vec![Mesh::cpu(shape, axes).unwrap()], pins, micro_batches: 1 }
+    }
+
+    /// The same layout with its devices spread over nodes of `per_node` devices.
+    fn on_nodes(&self, per_node: usize) -> Self {
+        let stages = self.stages.iter().map(|m| m.place_on_nodes(per_node).unwrap()).collect();
+        Self { stages, ..self.clone() }
+    }
+
+    fn nodes(&self) -> u16 {
+        self.stages.iter().flat_map(|m| m.devices()).map(|d| d.node).max().unwrap_or(0) + 1
+    }
+}
+
+fn batches() -> Vec<(HostArray, HostArray)> {
+    let mut rng = SplitMix64::new(5);
+    (0..STEPS)
+        .map(|_| {
+            let x: Vec<f32> = (0..BATCH * 6).map(|_| rng.next_normal() as f32).collect();
+            let y: Vec<i64> = (0..BATCH).map(|_| (rng.next_u64() % 3) as i64).collect();
+            (HostArray::f32([BATCH, 6], x).unwrap(), HostArray::i64([BATCH], y).unwrap())
+        })
+        .collect()
+}
+
+/// A 2-layer MLP; under a 2-stage layout its second layer runs on the second stage.
+fn model<'g>(g: &'g Graph, layout: &Layout) -> TrainStep<'g> {
+    let rows = BATCH / layout.micro_batches as usize;
+    let x = g.input("x", [rows, 6], DType::F32).unwrap();
+    let y = g.input("y", [rows], DType::I64).unwrap();
+    let w1 = g.variable("w1", [6, 16], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let b1 = g.variable("b1", [16], DType::F32, Init::Normal { mean: 0.0, std: 0.1, seed: 3 }).unwrap();
+    let w2 = g.variable("w2", [16, 3], DType::F32, Init::Xavier { seed: 2 }).unwrap();
+    let b2 = g.variable("b2", [3], DType::F32, Init::Normal { mean: 0.0, std: 0.1, seed: 4 }).unwrap();
+    let first = &layout.stages[0];
+    let last = layout.stages.last().unwrap();
+    for t in [x, y, w1, b1, w2, b2] {
+        let name = t.name();
+        let mesh = if layout.stages.len() > 1 && (name == "w2" || name == "b2" || name == "y") { last } else { first };
+        let sbp = layout.pins.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone());
+        g.set_layout(t, mesh, NdSbp(sbp.unwrap_or_else(|| vec![B; mesh.ndim()]))).unwrap();
+    }
+    let mut h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
+    if layout.stages.len() > 1 {
+        h = h.to_placement(last).unwrap();
+    }
+    let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
+    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
+}
+
+fn compile(layout: &Layout) -> (regflow::graph::plan::Plan, String) {
+    let g = Graph::new();
+    let train = model(&g, layout);
+    let mut options = ParallelOptions::new(layout.stages[0].clone()).train(&train);
+    if layout.micro_batches > 1 {
+        options = options.micro_batches(&train, layout.micro_batches);
+    }
+    let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
+    (compiled.plan, compiled.fetches[0].clone())
+}
+
+/// Micro-batch `k` of `m`: rows `k*r..(k+1)*r` of a batched input.
+fn micro(value: &HostArray, k: usize, m: usize) -> HostArray {
+    let rows = value.shape.dims()[0] / m;
+    let ranges: Vec<std::ops::Range<usize>> = value
+        .shape
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| if d == 0 { k * rows..(k + 1) * rows } else { 0..n })
+        .collect();
+    value.region(&ranges)
+}
+
+/// Feeds every step (only this node's parts go anywhere) and, where the loss is delivered
+/// here, returns each step's losses (one per micro-batch).
+fn train_node(mut job: Job, loss: &str, m: usize) -> Option<Vec<f32>> {
+    let mut feeds = job.graph_feeds().unwrap();
+    let fetcher = job.has_output(loss).then(|| job.fetcher(loss).unwrap());
+    let pusher = std::thread::spawn(move || {
+        for (xs, ys) in batches() {
+            for k in 0..m {
+                feeds.push("x", &micro(&xs, k, m)).unwrap();
+                feeds.push("y", &micro(&ys, k, m)).unwrap();
+            }
+        }
+        feeds.close().unwrap();
+    });
+    let losses = fetcher
+        .as_ref()
+        .map(|f| std::iter::from_fn(|| f.recv()).map(|p| f32::from_le_bytes(p.bytes().try_into().unwrap())).collect());
+    drop(fetcher);
+    pusher.join().unwrap();
+    job.wait().unwrap();
+    losses
+}
+
+fn one_process(layout: &Layout) -> Vec<f32> {
+    let (plan, loss) = compile(layout);
+    let job = Job::builder(plan).watchdog(Duration::from_secs(30)).build().unwrap();
+    train_node(job, &loss, layout.micro_batches as usize).unwrap()
+}
+
+fn across_nodes(layout: &Layout) -> Vec<f32> {
+    let (plan, loss) = compile(layout);
+    let m = layout.micro_batches as usize;
+    let threads: Vec<_> = Cluster::loopback(layout.nodes())
+        .unwrap()
+        .into_iter()
+        .map(|cluster| {
+            let (plan, loss) = (plan.clone(), loss.clone());
+            std::thread::spawn(move || {
+                let job = Job::builder(plan).cluster(cluster).watchdog(Duration::from_secs(30)).build().unwrap();
+                train_node(job, &loss, m)
+            })
+        })
+        .collect();
+    let mut found: Vec<Vec<f32>> = threads.into_iter().filter_map(|t| t.join().unwrap()).collect();
+    assert_eq!(found.len(), 1, "exactly one node delivers the loss");
+    found.remove(0)
+}
+
+/// Same layout, same plan but for the nodes: bitwise the same losses.
+fn check(name: &str, layout: Layout, per_node: usize) {
+    let want = one_process(&layout);
+    assert_eq!(want.len(), STEPS * layout.micro_batches as usize);
+    assert!(want[want.len() - 1] < want[0], "{name}: the loss went down: {want:?}");
+    let spread = layout.on_nodes(per_node);
+    let got = across_nodes(&spread);
+    assert_eq!(got, want, "{name} on {} node(s) of {per_node} device(s)", spread.nodes());
+}
+
+fn dp(p: usize) -> Layout {
+    Layout::new(&[p], &["dp"], vec![("x", vec![S(0)]), ("y", vec![S(0)])])
+}
+
+fn tp() -> Layout {
+    Layout::new(&[2], &["tp"], vec![("w1", vec![S(1)]), ("b1", vec![S(0)]), ("w2", vec![S(0)])])
+}
+
+fn zero() -> Layout {
+    let pins = vec![("x", vec![S(0)]), ("y", vec![S(0)]), ("w1", vec![S(0)]), ("b1", vec![S(0)]), ("w2", vec![S(0)])];
+    Layout::new(&[2], &["dp"], pins)
+}
+
+fn dp_tp() -> Layout {
+    let pins = vec![
+        ("x", vec![S(0), B]),
+        ("y", vec![S(0), B]),
+        ("w1", vec![B, S(1)]),
+        ("b1", vec![B, S(0)]),
+        ("w2", vec![B, S(0)]),
+    ];
+    Layout::new(&[2, 2], &["dp", "tp"], pins)
+}
+
+/// Two stages of 2 devices `[dp]` each, 2 micro-batches per step.
+fn pp_dp() -> Layout {
+    let stage = |first: u16| {
+        let devices =
+            (first..first + 2).map(|i| regflow::graph::sbp::MeshDevice { node: 0, kind: DeviceKind::Cpu, index: i });
+        Mesh::new(devices.collect(), &[2], &["dp"]).unwrap()
+    };
+    Layout { stages: vec![stage(0), stage(2)], pins: vec![("x", vec![S(0)]), ("y", vec![S(0)])], micro_batches: 2 }
+}
+
+#[test]
+fn data_parallel_across_2_nodes_equals_one_process() {
+    check("dp2", dp(2), 1);
+}
+
+#[test]
+fn data_parallel_across_4_nodes_equals_one_process() {
+    check("dp4", dp(4), 1);
+}
+
+#[test]
+fn tensor_parallel_across_2_nodes_equals_one_process() {
+    check("tp2", tp(), 1);
+}
+
+#[test]
+fn zero_across_2_nodes_equals_one_process() {
+    check("zero2", zero(), 1);
+}
+
+#[test]
+fn data_times_tensor_parallel_on_2_nodes_of_2_devices_equals_one_process() {
+    check("dp2 x tp2", dp_tp(), 2);
+}
+
+#[test]
+fn data_times_tensor_parallel_on_4_nodes_equals_one_process() {
+    check("dp2 x tp2", dp_tp(), 1);
+}
+
+#[test]
+fn pipeline_of_data_parallel_stages_across_2_nodes_equals_one_process() {
+    check("pp2 x dp2", pp_dp(), 2);
+}
+
+#[test]
+fn pipeline_of_data_parallel_stages_across_4_nodes_equals_one_process() {
+    check("pp2 x dp2", pp_dp(), 1);
+}
