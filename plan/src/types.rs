@@ -431,6 +431,27 @@ impl Plan {
         !matches!(self.actors[producer.index()].kind, ActorKind::Repeat { .. })
     }
 
+    /// A fingerprint of the whole plan: 128 bits of its JSON, as 32 hex digits. Nodes of a
+    /// multi-node job compare fingerprints when they connect, so a node running another
+    /// plan (another model, another layout, another build's compiler) is refused by name.
+    pub fn fingerprint(&self) -> String {
+        // Two FNV-1a-style lanes with different seeds and multipliers, each finished with a
+        // SplitMix64 mix: not cryptographic (the shared secret guards against strangers),
+        // only a sure sign of two different plans.
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let mut lanes = [0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142u64];
+        for &byte in &json {
+            lanes[0] = (lanes[0] ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            lanes[1] = (lanes[1] ^ u64::from(byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+        let mix = |mut x: u64| {
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        format!("{:016x}{:016x}", mix(lanes[0]), mix(lanes[1] ^ json.len() as u64))
+    }
+
     /// Serializes to pretty JSON.
     pub fn to_json(&self) -> String {
         // Serializing plain data with string keys cannot fail.

@@ -1,0 +1,162 @@
+//! Joining the other nodes: the control plane on rank 0 (keys and barriers, `regflow-net`),
+//! every node's data-plane address published there, then one connection per pair of nodes,
+//! each through the handshake (protocol, build, plan fingerprint, the shared secret).
+
+use super::{Cluster, ClusterOptions, PeerLink};
+use crate::RuntimeError;
+use regflow_net::control::{ControlClient, ControlServer};
+use regflow_net::env::ClusterEnv;
+use regflow_net::handshake::{check_bind, handshake, Expect, Identity, Secret};
+use regflow_plan::Plan;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+impl Cluster {
+    /// Joins the other nodes of a job as `env` says (rank, world, master; see
+    /// [`ClusterEnv::from_env`] for torchrun, Slurm, Open MPI and PMI variables), for `plan`.
+    ///
+    /// Rank 0 hosts the control plane at the master's address. Every node listens for its
+    /// peers (on loopback unless a secret is set: `REGFLOW_SECRET` or `REGFLOW_SECRET_FILE`),
+    /// publishes that address, connects to every lower rank and accepts every higher one.
+    /// Each connection proves the shared secret and agrees on protocol, build and plan
+    /// fingerprint; any mismatch is refused on both sides, naming both ranks, hosts and
+    /// values. Every wait ends within `options.timeout` with an error naming who is missing.
+    pub fn join(env: &ClusterEnv, plan: &Plan, options: &ClusterOptions) -> Result<Cluster, RuntimeError> {
+        let (rank, world) = (env.rank, env.world);
+        let (node, world16) = match (u16::try_from(rank), u16::try_from(world)) {
+            (Ok(r), Ok(w)) => (r, w),
+            _ => {
+                return Err(RuntimeError::Cluster {
+                    node: u16::MAX,
+                    world: u16::MAX,
+                    message: format!("rank {rank} of {world}: a job has at most {} nodes", u16::MAX),
+                })
+            }
+        };
+        let fail = |message: String| RuntimeError::Cluster { node, world: world16, message };
+        let secret = Secret::from_env().map_err(|e| fail(e.to_string()))?;
+        let me = Identity::new(rank, world, plan.fingerprint());
+        let deadline = Instant::now() + options.timeout;
+        let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(50));
+
+        // Rank 0 serves the control plane at the master's address.
+        let master = env.master();
+        let server = if rank == 0 {
+            let bind = resolve(&master).map_err(&fail)?;
+            let control = Identity { plan: String::new(), ..me.clone() };
+            Some(ControlServer::start(bind, control, secret.clone()).map_err(|e| fail(e.to_string()))?)
+        } else {
+            None
+        };
+        let mut control = ControlClient::connect(&master, &me, &secret, left()).map_err(|e| fail(e.to_string()))?;
+
+        // This node's data-plane listener, published for the others.
+        let ip = options.bind.unwrap_or(if secret.is_set() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        });
+        let bind = SocketAddr::new(ip, 0);
+        check_bind(&bind, &secret).map_err(|e| fail(e.to_string()))?;
+        let listener = TcpListener::bind(bind).map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
+        let port = listener.local_addr().map_err(|e| fail(e.to_string()))?.port();
+        let advertised = match ip {
+            ip if !ip.is_unspecified() => SocketAddr::new(ip, port).to_string(),
+            _ => format!("{}:{port}", me.host),
+        };
+        control.set(&format!("data/{rank}"), advertised.as_bytes()).map_err(|e| fail(e.to_string()))?;
+        control.barrier("addresses", left()).map_err(|e| fail(e.to_string()))?;
+
+        // Connect down, accept up: one connection per pair.
+        let mut links = Vec::with_capacity(world as usize);
+        for peer in 0..rank {
+            let address = control.get(&format!("data/{peer}"), left()).map_err(|e| fail(e.to_string()))?;
+            let address = String::from_utf8_lossy(&address).into_owned();
+            let mut stream = connect(&address, left()).map_err(|e| fail(format!("node {peer} at {address}: {e}")))?;
+            prepare(&stream, left()).map_err(|e| fail(e.to_string()))?;
+            let info = handshake(&mut stream, &me, &secret, Expect::Rank(peer)).map_err(|e| fail(e.to_string()))?;
+            links.push(PeerLink { rank: peer as u16, host: info.host, transport: Box::new(done(stream)?) });
+        }
+        listener.set_nonblocking(true).map_err(|e| fail(e.to_string()))?;
+        let mut accepted = vec![false; world as usize];
+        while links.len() + 1 < world as usize {
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        let missing: Vec<u32> = (rank + 1..world).filter(|&r| !accepted[r as usize]).collect();
+                        return Err(fail(format!(
+                            "nodes {missing:?} did not connect within {:?}",
+                            options.timeout
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                Err(e) => return Err(fail(format!("accepting a peer failed: {e}"))),
+            };
+            stream.set_nonblocking(false).map_err(|e| fail(e.to_string()))?;
+            prepare(&stream, left()).map_err(|e| fail(e.to_string()))?;
+            let mut stream = stream;
+            // A stranger or a wrong peer is refused and dropped; the others go on.
+            let info = match handshake(&mut stream, &me, &secret, Expect::AnyOtherRank) {
+                Ok(info) => info,
+                Err(e) => {
+                    tracing::warn!("node {rank} refused a connection: {e}");
+                    if matches!(e, regflow_net::handshake::HandshakeError::Frame(_)) {
+                        continue;
+                    }
+                    return Err(fail(e.to_string()));
+                }
+            };
+            if info.rank <= rank || accepted[info.rank as usize] {
+                return Err(fail(format!(
+                    "node {} ({}) connected to node {rank}, which connects to it instead or already has it",
+                    info.rank, info.host
+                )));
+            }
+            accepted[info.rank as usize] = true;
+            links.push(PeerLink { rank: info.rank as u16, host: info.host, transport: Box::new(done(stream)?) });
+        }
+        control.barrier("connected", left()).map_err(|e| fail(e.to_string()))?;
+        let mut cluster = Cluster::from_links(node, world16, &me.host, links)?;
+        cluster.keep = Some(Box::new((server, control)));
+        Ok(cluster)
+    }
+}
+
+fn resolve(master: &str) -> Result<SocketAddr, String> {
+    master
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve the master address {master}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("the master address {master} resolves to nothing"))
+}
+
+fn connect(address: &str, timeout: Duration) -> Result<TcpStream, String> {
+    let target = resolve(address)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(&target, Duration::from_millis(500)) {
+            Ok(stream) => return Ok(stream),
+            Err(e) if Instant::now() >= deadline => return Err(format!("unreachable after {timeout:?}: {e}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Timeouts for the handshake, so a silent peer cannot hold the join.
+fn prepare(stream: &TcpStream, timeout: Duration) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))
+}
+
+/// After the handshake the data plane blocks without timeouts: its waits have owners
+/// (the job's abort closes the connection).
+fn done(stream: TcpStream) -> Result<TcpStream, RuntimeError> {
+    let clear = |e: std::io::Error| RuntimeError::Cluster { node: 0, world: 0, message: e.to_string() };
+    stream.set_read_timeout(None).map_err(clear)?;
+    stream.set_write_timeout(None).map_err(clear)?;
+    Ok(stream)
+}
