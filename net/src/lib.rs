@@ -8,5 +8,6 @@
 //! - [`control`]: the control plane rank 0 hosts: a key-value store and named barriers.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod env;
 pub mod frame;
 pub mod handshake;
