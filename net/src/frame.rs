@@ -201,6 +201,19 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, usize), FrameError> {
     Ok((decode_header(body)?, 4 + len))
 }
 
+/// Encodes `header` as one whole frame (the length prefix, then the header) into a new
+/// buffer: for handshakes and tests, where a frame is rare. [`FrameWriter`] reuses its buffer.
+pub fn encode(header: &Header) -> Result<Vec<u8>, FrameError> {
+    let body = postcard::to_stdvec(header).map_err(|_| FrameError::TooLargeToSend { kind: header.kind() })?;
+    if body.len() > MAX_HEADER_BYTES {
+        return Err(FrameError::TooLargeToSend { kind: header.kind() });
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
 fn decode_header(body: &[u8]) -> Result<Header, FrameError> {
     let (header, rest) = postcard::take_from_bytes::<Header>(body)
         .map_err(|e| FrameError::Malformed { len: body.len(), reason: e.to_string() })?;
@@ -361,6 +374,15 @@ mod tests {
         let mut reader = FrameReader::new(&[5u8, 0][..]);
         assert!(matches!(reader.read_header(), Err(FrameError::Truncated { what: "length" })));
         assert!(matches!(decode(&[1, 0, 0, 0, 200]), Err(FrameError::Malformed { .. })));
+    }
+
+    #[test]
+    fn encode_gives_what_decode_reads() {
+        let header = Header::Refused { reason: "plan differs".into() };
+        let frame = encode(&header).unwrap();
+        assert_eq!(decode(&frame).unwrap(), (header, frame.len()));
+        let too_long = Header::Abort { reason: "x".repeat(MAX_HEADER_BYTES) };
+        assert!(matches!(encode(&too_long), Err(FrameError::TooLargeToSend { kind: "abort" })));
     }
 
     #[test]
