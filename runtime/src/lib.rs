@@ -50,6 +50,8 @@ pub use io::{Feeder, Fetched, Fetcher};
 pub use job::{Job, JobBuilder, JobReport, DEFAULT_WATCHDOG};
 pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
 pub use net::{Cluster, ClusterOptions, PeerLink, Transport};
+pub use regflow_net::env::ClusterEnv;
+pub use regflow_net::handshake::Secret;
 pub use regflow_kernels::KernelRegistry;
 pub use stream::ActorStats;
 pub use watchdog::{StuckActor, UserWait, Wait, WaitForGraph};

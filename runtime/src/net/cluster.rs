@@ -48,13 +48,16 @@ pub struct ClusterOptions {
     /// How long joining may take: reaching the master, every peer, every handshake.
     pub timeout: Duration,
     /// The address this node's data plane listens on (default: loopback, or every
-    /// interface when a secret is set). Port 0 picks a free one.
+    /// interface when a secret is set).
     pub bind: Option<std::net::IpAddr>,
+    /// The cluster's shared secret (default: from `REGFLOW_SECRET` or
+    /// `REGFLOW_SECRET_FILE`; none when neither is set, and then only loopback binds).
+    pub secret: Option<regflow_net::handshake::Secret>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(60), bind: None }
+        Self { timeout: Duration::from_secs(60), bind: None, secret: None }
     }
 }
 
@@ -62,12 +65,23 @@ impl Default for ClusterOptions {
 ///
 /// Hand it to [`crate::JobBuilder::cluster`]: the job then runs this node's actors, and
 /// registers, collectives and aborts cross to the other nodes over these connections.
-#[derive(Debug)]
 pub struct Cluster {
     rank: u16,
     world: u16,
     hosts: Vec<String>,
     links: Vec<Option<PeerLink>>,
+    /// What must live as long as the job: rank 0's control plane, the control client.
+    pub(super) keep: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Cluster {
@@ -95,7 +109,7 @@ impl Cluster {
         if let Some(missing) = (0..world).find(|&n| n != rank && slots[n as usize].is_none()) {
             return Err(fail(format!("no link to node {missing}")));
         }
-        Ok(Self { rank, world, hosts, links: slots })
+        Ok(Self { rank, world, hosts, links: slots, keep: None })
     }
 
     /// `world` nodes in this process, connected pairwise over loopback TCP: one cluster per
@@ -139,8 +153,9 @@ impl Cluster {
         self.links.get(node as usize).and_then(Option::as_ref)
     }
 
-    pub(crate) fn into_links(self) -> Vec<Option<PeerLink>> {
-        self.links
+    /// The links, and what must outlive the job.
+    pub(crate) fn into_parts(self) -> (Vec<Option<PeerLink>>, Option<Box<dyn std::any::Any + Send>>) {
+        (self.links, self.keep)
     }
 
     /// Tells every peer this node cannot start its part of the job (its job never ran).

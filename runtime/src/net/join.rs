@@ -34,10 +34,22 @@ impl Cluster {
             }
         };
         let fail = |message: String| RuntimeError::Cluster { node, world: world16, message };
-        let secret = Secret::from_env().map_err(|e| fail(e.to_string()))?;
+        let secret = match &options.secret {
+            Some(secret) => secret.clone(),
+            None => Secret::from_env().map_err(|e| fail(e.to_string()))?,
+        };
         let me = Identity::new(rank, world, plan.fingerprint());
         let deadline = Instant::now() + options.timeout;
         let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(50));
+
+        // This node's data-plane listener, checked before anything else.
+        let ip = options.bind.unwrap_or(if secret.is_set() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        });
+        let bind = SocketAddr::new(ip, 0);
+        check_bind(&bind, &secret).map_err(|e| fail(e.to_string()))?;
 
         // Rank 0 serves the control plane at the master's address.
         let master = env.master();
@@ -50,14 +62,7 @@ impl Cluster {
         };
         let mut control = ControlClient::connect(&master, &me, &secret, left()).map_err(|e| fail(e.to_string()))?;
 
-        // This node's data-plane listener, published for the others.
-        let ip = options.bind.unwrap_or(if secret.is_set() {
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-        } else {
-            IpAddr::V4(Ipv4Addr::LOCALHOST)
-        });
-        let bind = SocketAddr::new(ip, 0);
-        check_bind(&bind, &secret).map_err(|e| fail(e.to_string()))?;
+        // This node's data-plane listener, published for the others below.
         let listener = TcpListener::bind(bind).map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
         let port = listener.local_addr().map_err(|e| fail(e.to_string()))?.port();
         let advertised = match ip {

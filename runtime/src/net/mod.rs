@@ -23,6 +23,7 @@
 //! end each side sends `Bye`; a connection closing after its peer's bye is the normal end.
 
 mod cluster;
+mod join;
 mod reader;
 mod writer;
 
@@ -159,6 +160,8 @@ pub(crate) struct NetPlane {
     transports: Vec<Arc<dyn Transport>>,
     /// Set once this node's job is over: a connection closing after that is no error.
     done: Arc<AtomicBool>,
+    /// Rank 0's control plane and this node's control client, kept until the job ends.
+    _keep: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// How long the end of a job waits for its writers to flush their last frames.
@@ -200,19 +203,25 @@ impl NetPlane {
         shared: Arc<JobShared>,
         router: crate::bus::Router,
     ) -> Result<Self, RuntimeError> {
-        let rank = cluster.rank();
+        let (rank, world) = (cluster.rank(), cluster.world());
         let names = PeerNames { hosts: cluster.hosts() };
         let check = Arc::new(WireCheck::new(plan, ids));
         let done = Arc::new(AtomicBool::new(false));
-        let mut plane =
-            NetPlane { out, writers: Vec::new(), readers: Vec::new(), transports: Vec::new(), done: done.clone() };
-        let world = cluster.world();
+        let (links, keep) = cluster.into_parts();
+        let mut plane = NetPlane {
+            out,
+            writers: Vec::new(),
+            readers: Vec::new(),
+            transports: Vec::new(),
+            done: done.clone(),
+            _keep: keep,
+        };
         let fail = |node: u16, message: String| RuntimeError::Cluster {
             node: rank,
             world,
             message: format!("node {node}: {message}"),
         };
-        for (link, receiver) in cluster.into_links().into_iter().zip(receivers) {
+        for (link, receiver) in links.into_iter().zip(receivers) {
             let (Some(link), Some(receiver)) = (link, receiver) else { continue };
             let node = link.rank;
             let transport: Arc<dyn Transport> = Arc::from(link.transport);
