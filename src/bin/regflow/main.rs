@@ -4,6 +4,7 @@
 //! regflow plan show <plan.json> [--actors]     per device: streams, actors by kind, peak memory
 //! regflow plan dot <plan.json> [-o out.dot]    Graphviz: devices as clusters, boxing highlighted
 //! regflow run <plan.json> [--feeds feeds.safetensors] [--steps N] [--threads T] [--data-dir DIR]
+//! regflow launch --nodes N [--devices-per-node K] [--master-port P] [--grace S] -- PROGRAM [ARGS...]
 //! ```
 //!
 //! A plan file is the JSON that `Plan::to_json` writes; `-` reads it from stdin. The file is
@@ -14,6 +15,7 @@
 mod describe;
 mod dot;
 mod feeds;
+mod launch;
 mod run;
 mod show;
 
@@ -64,6 +66,15 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
     },
+    /// Start one process per node on this host, as `torchrun --standalone` does.
+    ///
+    /// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK (= RANK), LOCAL_WORLD_SIZE,
+    /// MASTER_ADDR=127.0.0.1, MASTER_PORT, REGFLOW_DEVICES_PER_NODE and, unless
+    /// REGFLOW_SECRET or REGFLOW_SECRET_FILE is set, a fresh random REGFLOW_SECRET. Its
+    /// output lines are forwarded prefixed `[rank k] `. When a rank fails, the others get
+    /// `--grace` seconds to end, then SIGTERM and, 2 s later, SIGKILL. Exit code: 0 when
+    /// every rank exits 0, 130 when interrupted (Ctrl-C, SIGTERM), 1 otherwise.
+    Launch(launch::LaunchArgs),
 }
 
 /// `regflow plan ...` commands.
@@ -149,6 +160,8 @@ enum CliError {
         /// Why.
         message: String,
     },
+    /// `regflow launch` could not start or watch its ranks.
+    Launch(String),
     /// The output could not be written.
     Write {
         /// Output file (`<stdout>` for standard output).
@@ -168,6 +181,7 @@ impl std::fmt::Display for CliError {
             CliError::Build { file, source } => write!(f, "cannot run {file}: {source}"),
             CliError::Failed { file, source } => write!(f, "running {file} failed: {source}"),
             CliError::Feeding { file, message } => write!(f, "feeding {file} failed: {message}"),
+            CliError::Launch(message) => write!(f, "{message}"),
             CliError::Write { file, source } => write!(f, "cannot write {file}: {source}"),
         }
     }
@@ -216,9 +230,9 @@ fn emit(text: &str, output: Option<&Path>) -> Result<(), CliError> {
     }
 }
 
-/// Runs one command.
-fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {
+/// Runs one command; its exit code when it did not fail outright.
+fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let done = match cli.command {
         Command::Plan(PlanCommand::Show { plan, actors }) => {
             let (file, plan) = load(&plan)?;
             let text = show::render(&file, &plan, actors).map_err(|source| CliError::Plan { file, source })?;
@@ -232,12 +246,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Run { plan, feeds, steps, threads, data_dir } => {
             run::run(run::RunArgs { plan, feeds, steps, threads: usize::from(threads), data_dir })
         }
-    }
+        Command::Launch(args) => return launch::run(args),
+    };
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
