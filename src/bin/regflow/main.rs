@@ -5,6 +5,7 @@
 //! regflow plan dot <plan.json> [-o out.dot]    Graphviz: devices as clusters, boxing highlighted
 //! regflow run <plan.json> [--feeds feeds.safetensors] [--steps N] [--threads T] [--data-dir DIR]
 //! regflow launch --nodes N [--devices-per-node K] [--master-port P] [--grace S] -- PROGRAM [ARGS...]
+//! regflow trace merge <out.json> <in.json>...  one Perfetto timeline from each node's trace
 //! ```
 //!
 //! A plan file is the JSON that `Plan::to_json` writes; `-` reads it from stdin. The file is
@@ -18,6 +19,7 @@ mod feeds;
 mod launch;
 mod run;
 mod show;
+mod trace;
 
 use clap::{Parser, Subcommand};
 use regflow::graph::plan::{Plan, PlanError};
@@ -75,6 +77,27 @@ enum Command {
     /// `--grace` seconds to end, then SIGTERM and, 2 s later, SIGKILL. Exit code: 0 when
     /// every rank exits 0, 130 when interrupted (Ctrl-C, SIGTERM), 1 otherwise.
     Launch(launch::LaunchArgs),
+    /// Work with the Chrome / Perfetto traces jobs write.
+    #[command(subcommand)]
+    Trace(TraceCommand),
+}
+
+/// `regflow trace ...` commands.
+#[derive(Debug, Subcommand)]
+enum TraceCommand {
+    /// Merge the traces each node of a job wrote into one file Perfetto opens.
+    ///
+    /// Every event is kept. A pid (node) that two files both have events on is renumbered
+    /// in the later file, and its process name says which file it came from; flow arrows
+    /// keep their ids, so hand-offs between nodes stay connected. Each file's timestamps
+    /// count from its own job's start: the files are aligned at their starts.
+    Merge {
+        /// The merged trace to write.
+        output: PathBuf,
+        /// The traces to merge, in the order their events are written.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+    },
 }
 
 /// `regflow plan ...` commands.
@@ -162,6 +185,13 @@ enum CliError {
     },
     /// `regflow launch` could not start or watch its ranks.
     Launch(String),
+    /// A trace file could not be read or is not a Chrome trace.
+    Trace {
+        /// File as given on the command line.
+        file: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The output could not be written.
     Write {
         /// Output file (`<stdout>` for standard output).
@@ -182,6 +212,7 @@ impl std::fmt::Display for CliError {
             CliError::Failed { file, source } => write!(f, "running {file} failed: {source}"),
             CliError::Feeding { file, message } => write!(f, "feeding {file} failed: {message}"),
             CliError::Launch(message) => write!(f, "{message}"),
+            CliError::Trace { file, message } => write!(f, "trace {file}: {message}"),
             CliError::Write { file, source } => write!(f, "cannot write {file}: {source}"),
         }
     }
@@ -247,6 +278,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             run::run(run::RunArgs { plan, feeds, steps, threads: usize::from(threads), data_dir })
         }
         Command::Launch(args) => return launch::run(args),
+        Command::Trace(TraceCommand::Merge { output, inputs }) => trace::merge(&output, &inputs),
     };
     done.map(|()| ExitCode::SUCCESS)
 }
