@@ -252,3 +252,15 @@ fn the_library_refuses_zero_nodes_and_names_a_program_it_cannot_start() {
     let error = launch(&LaunchOptions::new(2, "/nonexistent/trainer")).unwrap_err();
     assert!(matches!(error, LaunchError::Spawn { rank: 0, .. }), "{error}");
 }
+
+#[test]
+fn the_distributed_guide_shows_its_example_files_as_they_are() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guide = std::fs::read_to_string(root.join("docs/distributed.md")).unwrap();
+    for (file, fence) in
+        [("docs/examples/slurm_train.sbatch", "```bash\n"), ("docs/examples/k8s_train.yaml", "```yaml\n")]
+    {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        assert!(guide.contains(&format!("{fence}{text}```\n")), "docs/distributed.md does not show {file} as it is");
+    }
+}
