@@ -3,7 +3,8 @@
 //! This facade re-exports the crates, bottom up: [`memory`] (arenas and layouts),
 //! [`plan`] (the self-contained plan a job runs), [`kernels`] (the kernel registry and
 //! the CPU kernels), [`actors`] (the register-slot protocol), [`runtime`] (threads,
-//! devices, [`runtime::Job`]) and [`graph`] (the DSL and the compiler that emits plans).
+//! devices, [`runtime::Job`]) and [`graph`] (the DSL and the compiler that emits plans);
+//! [`launch`] starts the processes of a multi-process job on one host.
 //! Most programs only need [`prelude`].
 //!
 //! ```
@@ -51,6 +52,8 @@ pub use regflow_memory as memory;
 pub use regflow_plan as plan;
 pub use regflow_runtime as runtime;
 
+#[cfg(unix)]
+pub mod launch;
 pub mod train;
 
 /// The names most programs use.

@@ -4,6 +4,8 @@
 //! regflow plan show <plan.json> [--actors]     per device: streams, actors by kind, peak memory
 //! regflow plan dot <plan.json> [-o out.dot]    Graphviz: devices as clusters, boxing highlighted
 //! regflow run <plan.json> [--feeds feeds.safetensors] [--steps N] [--threads T] [--data-dir DIR]
+//! regflow launch --nodes N [--devices-per-node K] [--master-port P] [--grace S] -- PROGRAM [ARGS...]
+//! regflow trace merge <out.json> <in.json>...  one Perfetto timeline from each node's trace
 //! ```
 //!
 //! A plan file is the JSON that `Plan::to_json` writes; `-` reads it from stdin. The file is
@@ -14,8 +16,10 @@
 mod describe;
 mod dot;
 mod feeds;
+mod launch;
 mod run;
 mod show;
+mod trace;
 
 use clap::{Parser, Subcommand};
 use regflow::graph::plan::{Plan, PlanError};
@@ -63,6 +67,36 @@ enum Command {
         /// Directory relative dataset paths resolve against (default: the plan file's).
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
+    },
+    /// Start one process per node on this host, as `torchrun --standalone` does.
+    ///
+    /// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK (= RANK), LOCAL_WORLD_SIZE,
+    /// MASTER_ADDR=127.0.0.1, MASTER_PORT, REGFLOW_DEVICES_PER_NODE and, unless
+    /// REGFLOW_SECRET or REGFLOW_SECRET_FILE is set, a fresh random REGFLOW_SECRET. Its
+    /// output lines are forwarded prefixed `[rank k] `. When a rank fails, the others get
+    /// `--grace` seconds to end, then SIGTERM and, 2 s later, SIGKILL. Exit code: 0 when
+    /// every rank exits 0, 130 when interrupted (Ctrl-C, SIGTERM), 1 otherwise.
+    Launch(launch::LaunchArgs),
+    /// Work with the Chrome / Perfetto traces jobs write.
+    #[command(subcommand)]
+    Trace(TraceCommand),
+}
+
+/// `regflow trace ...` commands.
+#[derive(Debug, Subcommand)]
+enum TraceCommand {
+    /// Merge the traces each node of a job wrote into one file Perfetto opens.
+    ///
+    /// Every event is kept. A pid (node) that two files both have events on is renumbered
+    /// in the later file, and its process name says which file it came from; flow arrows
+    /// keep their ids, so hand-offs between nodes stay connected. Each file's timestamps
+    /// count from its own job's start: the files are aligned at their starts.
+    Merge {
+        /// The merged trace to write.
+        output: PathBuf,
+        /// The traces to merge, in the order their events are written.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
     },
 }
 
@@ -149,6 +183,15 @@ enum CliError {
         /// Why.
         message: String,
     },
+    /// `regflow launch` could not start or watch its ranks.
+    Launch(String),
+    /// A trace file could not be read or is not a Chrome trace.
+    Trace {
+        /// File as given on the command line.
+        file: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The output could not be written.
     Write {
         /// Output file (`<stdout>` for standard output).
@@ -168,6 +211,8 @@ impl std::fmt::Display for CliError {
             CliError::Build { file, source } => write!(f, "cannot run {file}: {source}"),
             CliError::Failed { file, source } => write!(f, "running {file} failed: {source}"),
             CliError::Feeding { file, message } => write!(f, "feeding {file} failed: {message}"),
+            CliError::Launch(message) => write!(f, "{message}"),
+            CliError::Trace { file, message } => write!(f, "trace {file}: {message}"),
             CliError::Write { file, source } => write!(f, "cannot write {file}: {source}"),
         }
     }
@@ -216,9 +261,9 @@ fn emit(text: &str, output: Option<&Path>) -> Result<(), CliError> {
     }
 }
 
-/// Runs one command.
-fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {
+/// Runs one command; its exit code when it did not fail outright.
+fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let done = match cli.command {
         Command::Plan(PlanCommand::Show { plan, actors }) => {
             let (file, plan) = load(&plan)?;
             let text = show::render(&file, &plan, actors).map_err(|source| CliError::Plan { file, source })?;
@@ -232,12 +277,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Run { plan, feeds, steps, threads, data_dir } => {
             run::run(run::RunArgs { plan, feeds, steps, threads: usize::from(threads), data_dir })
         }
-    }
+        Command::Launch(args) => return launch::run(args),
+        Command::Trace(TraceCommand::Merge { output, inputs }) => trace::merge(&output, &inputs),
+    };
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
