@@ -1,12 +1,15 @@
 //! Training across nodes: the same graph and layout, compiled once with its devices spread
-//! over 2 or 4 nodes and run as one job per node (threads of this process joined over
-//! loopback TCP), gives bitwise the losses of the same layout in one process, over 20
-//! steps, for data, tensor, ZeRO, 2-D and pipeline layouts.
+//! over 2 or 4 nodes and run as one job per node, gives bitwise the losses of the same
+//! layout in one process, over 20 steps, for data, tensor, ZeRO, 2-D, pipeline and 3-D
+//! layouts. The nodes are threads of this process joined over loopback TCP, or real
+//! processes (this test binary again, as one rank each) started by hand with torchrun's
+//! variables, by `regflow launch`, or by Open MPI's `mpirun` where it is installed.
 
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, TrainStep};
 use regflow::prelude::*;
-use regflow::runtime::Cluster;
+use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use Sbp::{Broadcast as B, Split as S};
@@ -180,6 +183,16 @@ fn dp_tp() -> Layout {
     Layout::new(&[2, 2], &["dp", "tp"], pins)
 }
 
+/// Two stages of 2 × 2 devices `[dp, tp]` each, 2 micro-batches per step.
+fn pp_dp_tp() -> Layout {
+    let stage = |first: u16| {
+        let devices =
+            (first..first + 4).map(|i| regflow::graph::sbp::MeshDevice { node: 0, kind: DeviceKind::Cpu, index: i });
+        Mesh::new(devices.collect(), &[2, 2], &["dp", "tp"]).unwrap()
+    };
+    Layout { stages: vec![stage(0), stage(4)], micro_batches: 2, ..dp_tp() }
+}
+
 /// Two stages of 2 devices `[dp]` each, 2 micro-batches per step.
 fn pp_dp() -> Layout {
     let stage = |first: u16| {
@@ -228,4 +241,167 @@ fn pipeline_of_data_parallel_stages_across_2_nodes_equals_one_process() {
 #[test]
 fn pipeline_of_data_parallel_stages_across_4_nodes_equals_one_process() {
     check("pp2 x dp2", pp_dp(), 1);
+}
+
+#[test]
+fn three_d_layout_on_2_nodes_of_4_devices_equals_one_process() {
+    check("pp2 x dp2 x tp2", pp_dp_tp(), 4);
+}
+
+#[test]
+fn three_d_layout_on_4_nodes_of_2_devices_equals_one_process() {
+    check("pp2 x dp2 x tp2", pp_dp_tp(), 2);
+}
+
+/// A layout by name, and its devices per node: `dp2@1` is dp(2) with one device per node.
+fn named(name: &str) -> Layout {
+    let (base, per_node) = name.split_once('@').expect("layout@per_node");
+    let layout = match base {
+        "dp2" => dp(2),
+        "tp2" => tp(),
+        "zero2" => zero(),
+        "dp2xtp2" => dp_tp(),
+        "pp2xdp2" => pp_dp(),
+        "pp2xdp2xtp2" => pp_dp_tp(),
+        other => panic!("no layout {other}"),
+    };
+    layout.on_nodes(per_node.parse().unwrap())
+}
+
+const LAYOUT_VAR: &str = "REGFLOW_TEST_LAYOUT";
+const WORKER: &str = "rank_of_a_multi_process_job";
+
+/// One rank of the multi-process tests below: joins the others as the launcher's variables
+/// say, trains its part, and prints the losses where they are delivered. Run directly
+/// (without the variables) it does nothing.
+#[test]
+#[ignore = "a rank of the multi-process tests, which start it"]
+fn rank_of_a_multi_process_job() {
+    let (Some(env), Ok(name)) = (ClusterEnv::from_env().unwrap(), std::env::var(LAYOUT_VAR)) else { return };
+    let layout = named(&name);
+    let (plan, loss) = compile(&layout);
+    let options = ClusterOptions { timeout: Duration::from_secs(60), ..ClusterOptions::default() };
+    let cluster = Cluster::join(&env, &plan, &options).unwrap();
+    let job = Job::builder(plan).cluster(cluster).watchdog(Duration::from_secs(60)).build().unwrap();
+    if let Some(losses) = train_node(job, &loss, layout.micro_batches as usize) {
+        let bits: Vec<String> = losses.iter().map(|l| l.to_bits().to_string()).collect();
+        println!("LOSSES {}", bits.join(","));
+    }
+}
+
+/// The losses a multi-process run printed (the one `LOSSES` line among the ranks' output).
+fn printed_losses(output: &str) -> Vec<f32> {
+    let lines: Vec<&str> = output.lines().filter_map(|l| l.split_once("LOSSES ").map(|(_, rest)| rest)).collect();
+    assert_eq!(lines.len(), 1, "exactly one rank prints the losses:\n{output}");
+    lines[0].split(',').map(|b| f32::from_bits(b.trim().parse().unwrap())).collect()
+}
+
+fn worker_args() -> Vec<&'static str> {
+    vec![WORKER, "--exact", "--ignored", "--nocapture", "--test-threads=1"]
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Waits for `child` at most `limit` (then kills it and fails: a hang, not a timing).
+fn finish(mut child: std::process::Child, limit: Duration, what: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let output = child.wait_with_output().unwrap();
+            let text =
+                format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            assert!(status.success(), "{what} failed ({status}):\n{text}");
+            return text;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!("{what} hung:\n{}", String::from_utf8_lossy(&output.stdout));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts one process per node with torchrun's variables, by hand.
+fn by_hand(name: &str) -> Vec<f32> {
+    let nodes = named(name).nodes();
+    let port = free_port().to_string();
+    let children: Vec<_> = (0..nodes)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(worker_args())
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", nodes.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env(LAYOUT_VAR, name)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let output: String = children
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| finish(c, Duration::from_secs(120), &format!("rank {r}")))
+        .collect();
+    printed_losses(&output)
+}
+
+#[test]
+fn data_parallel_in_2_processes_equals_one_process() {
+    assert_eq!(by_hand("dp2@1"), one_process(&dp(2)));
+}
+
+#[test]
+fn a_3d_layout_in_4_processes_equals_one_process() {
+    assert_eq!(by_hand("pp2xdp2xtp2@2"), one_process(&pp_dp_tp()));
+}
+
+#[test]
+fn regflow_launch_runs_a_2_process_job_that_equals_one_process() {
+    let name = "dp2xtp2@2";
+    let child = Command::new(env!("CARGO_BIN_EXE_regflow"))
+        .args(["launch", "--nodes", "2", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(worker_args())
+        .env(LAYOUT_VAR, name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = finish(child, Duration::from_secs(120), "regflow launch");
+    assert_eq!(printed_losses(&output), one_process(&dp_tp()));
+}
+
+#[test]
+fn mpirun_runs_a_2_process_job_that_equals_one_process() {
+    let Ok(version) = Command::new("mpirun").arg("--version").output() else {
+        eprintln!("skipped: mpirun is not installed (.ci/run installs Open MPI)");
+        return;
+    };
+    let name = "zero2@1";
+    let mut command = Command::new("mpirun");
+    command.args(["-np", "2", "--oversubscribe"]);
+    // Open MPI refuses to run as root unless told; CI containers run as root.
+    if String::from_utf8_lossy(&version.stdout).contains("Open MPI") {
+        command.arg("--allow-run-as-root");
+    }
+    let child = command
+        .args(["-x", "MASTER_ADDR=127.0.0.1", "-x", &format!("MASTER_PORT={}", free_port())])
+        .args(["-x", &format!("{LAYOUT_VAR}={name}")])
+        .arg(std::env::current_exe().unwrap())
+        .args(worker_args())
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = finish(child, Duration::from_secs(120), "mpirun");
+    assert_eq!(printed_losses(&output), one_process(&zero()));
 }

@@ -90,10 +90,7 @@ impl Cluster {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
                         let missing: Vec<u32> = (rank + 1..world).filter(|&r| !accepted[r as usize]).collect();
-                        return Err(fail(format!(
-                            "nodes {missing:?} did not connect within {:?}",
-                            options.timeout
-                        )));
+                        return Err(fail(format!("nodes {missing:?} did not connect within {:?}", options.timeout)));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
