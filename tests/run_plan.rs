@@ -83,9 +83,12 @@ fn digits_plan(pieces: Option<u64>) -> CompiledGraph {
 /// `dp`, Megatron's column / row splits over `tp` (as examples/train_parallel.rs lays out
 /// `dp2xtp2`), fed inputs `causal_mask`, `ids`, `targets`.
 fn gpt_plan() -> CompiledGraph {
+    gpt_plan_on(Mesh::cpu(&[2, 2], &["dp", "tp"]).unwrap())
+}
+
+fn gpt_plan_on(mesh: Mesh) -> CompiledGraph {
     use Sbp::{Broadcast as B, Split as S};
     let g = Graph::new();
-    let mesh = Mesh::cpu(&[2, 2], &["dp", "tp"]).unwrap();
     let model = Gpt::new(&g, GPT, VOCAB).unwrap();
     let mask = g.input("causal_mask", [GPT.context, GPT.context], DType::F32).unwrap();
     let ids = g.input("ids", [GPT_BATCH, GPT.context], DType::I64).unwrap();
@@ -265,6 +268,67 @@ fn parallel_gpt_fed_from_a_feeds_file_prints_the_losses_it_computes_in_process_b
     assert_eq!(bits(&printed), bits(&expected), "cli {printed:?}, in-process {expected:?}");
     let printed = losses_from_cli(&["run", path_str(&plan_path), "--feeds", path_str(&feeds_path), "--steps", "2"]);
     assert_eq!(bits(&printed), bits(&expected[..2]));
+}
+
+/// The step lines of the rank that printed them, from `regflow launch`'s prefixed output.
+fn launched_losses(stdout: &str) -> Vec<f32> {
+    let lines: Vec<(&str, &str)> = stdout.lines().filter_map(|l| l.split_once("] step ")).collect();
+    let printer = lines.first().map(|(rank, _)| *rank).expect("a rank printed the steps");
+    assert!(lines.iter().all(|(rank, _)| *rank == printer), "one rank prints the steps: {stdout}");
+    lines.iter().map(|(_, rest)| rest.rsplit(' ').next().unwrap().parse::<f32>().unwrap()).collect()
+}
+
+#[test]
+fn a_plan_across_two_nodes_runs_under_regflow_launch_and_as_run_plus_daemon() {
+    let dir = temp_dir("run_plan", "gpt_nodes");
+    let mesh = Mesh::cpu(&[2, 2], &["dp", "tp"]).unwrap().place_on_nodes(2).unwrap();
+    let compiled = gpt_plan_on(mesh);
+    let steps = gpt_steps(3);
+    let plan_path = dir.join("gpt_2_nodes.json");
+    std::fs::write(&plan_path, compiled.plan.to_json()).unwrap();
+    let feeds_path = dir.join("feeds.safetensors");
+    checkpoint::save(&feeds_path, &stacked(&steps)).unwrap();
+    // The same layout on one node, in this process: the reference, bit for bit.
+    let expected = losses_in_process(&gpt_plan().plan, &dir, Some(&steps));
+
+    // Every rank runs the plan file; the rank with the loss prints.
+    let (plan_arg, feeds_arg) = (path_str(&plan_path), path_str(&feeds_path));
+    let out = regflow(
+        &["launch", "--nodes", "2", "--", env!("CARGO_BIN_EXE_regflow"), "run", plan_arg, "--feeds", feeds_arg],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(bits(&launched_losses(&stdout)), bits(&expected), "{stdout}");
+
+    // Rank 0 runs the file and shares it; rank 1 is a daemon that takes it from rank 0.
+    let master =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let node = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_regflow"))
+            .args(args)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let rank0 = node(&["run", plan_arg, "--feeds", feeds_arg, "--rank", "0", "--world", "2", "--master", &master]);
+    let rank1 = node(&["daemon", "--feeds", feeds_arg, "--rank", "1", "--world", "2", "--master", &master]);
+    let (out0, out1) = (rank0.wait_with_output().unwrap(), rank1.wait_with_output().unwrap());
+    let text = |o: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    };
+    assert!(out0.status.success() && out1.status.success(), "rank 0:\n{}\nrank 1:\n{}", text(&out0), text(&out1));
+    let printed = format!("[0] {}[1] {}", String::from_utf8_lossy(&out0.stdout), String::from_utf8_lossy(&out1.stdout));
+    let printed: String =
+        printed.lines().map(|l| format!("[x] {}\n", l.trim_start_matches("[0] ").trim_start_matches("[1] "))).collect();
+    assert_eq!(bits(&launched_losses(&printed)), bits(&expected), "{printed}");
+
+    // A daemon alone, with no node flags and no launcher, is refused with the reason.
+    let stderr = failure(&["daemon"], None);
+    assert!(stderr.contains("--rank") && stderr.contains("launcher"), "{stderr}");
 }
 
 /// Writes `plan` as JSON into `dir` and returns its path.

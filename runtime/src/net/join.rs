@@ -22,6 +22,31 @@ impl Cluster {
     /// fingerprint; any mismatch is refused on both sides, naming both ranks, hosts and
     /// values. Every wait ends within `options.timeout` with an error naming who is missing.
     pub fn join(env: &ClusterEnv, plan: &Plan, options: &ClusterOptions) -> Result<Cluster, RuntimeError> {
+        Self::join_inner(env, Some(plan), options).map(|(cluster, _)| cluster)
+    }
+
+    /// Joins as [`Cluster::join`] does, and shares the plan: rank 0 must hold it and
+    /// publishes it on the control plane; a rank given none (a `regflow daemon`) receives
+    /// it from there. A rank given its own is still checked against rank 0's by
+    /// fingerprint. Returns the cluster and the plan this node runs.
+    pub fn join_sharing(
+        env: &ClusterEnv,
+        plan: Option<&Plan>,
+        options: &ClusterOptions,
+    ) -> Result<(Cluster, Plan), RuntimeError> {
+        let (cluster, received) = Self::join_inner(env, plan, options)?;
+        match (received, plan) {
+            (Some(received), _) => Ok((cluster, received)),
+            (None, Some(plan)) => Ok((cluster, plan.clone())),
+            (None, None) => unreachable!("join_inner receives the plan when given none"),
+        }
+    }
+
+    fn join_inner(
+        env: &ClusterEnv,
+        given: Option<&Plan>,
+        options: &ClusterOptions,
+    ) -> Result<(Cluster, Option<Plan>), RuntimeError> {
         let (rank, world) = (env.rank, env.world);
         let (node, world16) = match (u16::try_from(rank), u16::try_from(world)) {
             (Ok(r), Ok(w)) => (r, w),
@@ -38,7 +63,10 @@ impl Cluster {
             Some(secret) => secret.clone(),
             None => Secret::from_env().map_err(|e| fail(e.to_string()))?,
         };
-        let me = Identity::new(rank, world, plan.fingerprint());
+        if rank == 0 && given.is_none() {
+            return Err(fail("rank 0 hosts the control plane and shares the plan, so it must be given one".into()));
+        }
+        let mut me = Identity::new(rank, world, given.map(Plan::fingerprint).unwrap_or_default());
         let deadline = Instant::now() + options.timeout;
         let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(50));
 
@@ -61,6 +89,22 @@ impl Cluster {
             None
         };
         let mut control = ControlClient::connect(&master, &me, &secret, left()).map_err(|e| fail(e.to_string()))?;
+        // Rank 0 shares its plan; a rank without one takes it (and its fingerprint) from there.
+        let mut received = None;
+        match given {
+            Some(plan) if rank == 0 => {
+                control.set("plan", plan.to_json().as_bytes()).map_err(|e| fail(e.to_string()))?;
+            }
+            Some(_) => {}
+            None => {
+                let json = control.get("plan", left()).map_err(|e| fail(e.to_string()))?;
+                let text =
+                    String::from_utf8(json).map_err(|_| fail("rank 0 shared a plan that is not UTF-8".into()))?;
+                let plan = Plan::from_json(&text).map_err(|e| fail(format!("rank 0 shared an invalid plan: {e}")))?;
+                me.plan = plan.fingerprint();
+                received = Some(plan);
+            }
+        }
 
         // This node's data-plane listener, published for the others below.
         let listener = TcpListener::bind(bind).map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
@@ -123,7 +167,7 @@ impl Cluster {
         control.barrier("connected", left()).map_err(|e| fail(e.to_string()))?;
         let mut cluster = Cluster::from_links(node, world16, &me.host, links)?;
         cluster.keep = Some(Box::new((server, control)));
-        Ok(cluster)
+        Ok((cluster, received))
     }
 }
 

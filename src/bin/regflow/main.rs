@@ -67,6 +67,30 @@ enum Command {
         /// Directory relative dataset paths resolve against (default: the plan file's).
         #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
+        /// Which node of a multi-node plan this process runs.
+        #[command(flatten)]
+        node: NodeFlags,
+    },
+    /// Run one node of a multi-node job whose plan rank 0 shares.
+    ///
+    /// Joins the cluster (rank, world and master from `--rank/--world/--master`, or from
+    /// the variables of torchrun, Slurm, Open MPI or PMI; see docs/distributed.md), takes
+    /// the plan rank 0 runs (`regflow run plan.json` there), and runs this node's actors:
+    /// its dataset sources read their own shards; fed inputs need `--feeds`, as on rank 0.
+    /// The node that receives the first output prints the step lines.
+    Daemon {
+        /// Values of the plan's fed inputs (safetensors, as for `run`).
+        #[arg(long, value_name = "FILE")]
+        feeds: Option<PathBuf>,
+        /// Threads one cpu kernel may use.
+        #[arg(long, value_name = "T", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        threads: u16,
+        /// Directory relative dataset paths resolve against (default: the working directory).
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Which node this process runs.
+        #[command(flatten)]
+        node: NodeFlags,
     },
     /// Start one process per node on this host, as `torchrun --standalone` does.
     ///
@@ -98,6 +122,23 @@ enum TraceCommand {
         #[arg(required = true)]
         inputs: Vec<PathBuf>,
     },
+}
+
+/// Where a process stands in a multi-node job, when not from a launcher's variables.
+#[derive(Debug, Clone, clap::Args)]
+struct NodeFlags {
+    /// This node's rank (with --world and --master; default: from the launcher's variables).
+    #[arg(long, value_name = "R", requires_all = ["world", "master"])]
+    rank: Option<u32>,
+    /// Nodes in the job.
+    #[arg(long, value_name = "N", requires_all = ["rank", "master"])]
+    world: Option<u32>,
+    /// Rank 0's control plane, `host:port`.
+    #[arg(long, value_name = "HOST:PORT", requires_all = ["rank", "world"])]
+    master: Option<String>,
+    /// Seconds joining the other nodes may take.
+    #[arg(long, value_name = "S", default_value_t = 60)]
+    join_timeout: u64,
 }
 
 /// `regflow plan ...` commands.
@@ -274,9 +315,22 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             let text = dot::render(&plan).map_err(|source| CliError::Plan { file, source })?;
             emit(&text, output.as_deref())
         }
-        Command::Run { plan, feeds, steps, threads, data_dir } => {
-            run::run(run::RunArgs { plan, feeds, steps, threads: usize::from(threads), data_dir })
-        }
+        Command::Run { plan, feeds, steps, threads, data_dir, node } => run::run(run::RunArgs {
+            plan: Some(plan),
+            feeds,
+            steps,
+            threads: usize::from(threads),
+            data_dir,
+            node: run::node_of(node.rank, node.world, node.master, node.join_timeout, false)?,
+        }),
+        Command::Daemon { feeds, threads, data_dir, node } => run::run(run::RunArgs {
+            plan: None,
+            feeds,
+            steps: None,
+            threads: usize::from(threads),
+            data_dir,
+            node: run::node_of(node.rank, node.world, node.master, node.join_timeout, true)?,
+        }),
         Command::Launch(args) => return launch::run(args),
         Command::Trace(TraceCommand::Merge { output, inputs }) => trace::merge(&output, &inputs),
     };

@@ -1,20 +1,22 @@
-//! `regflow run`: runs a plan file by itself (kernels from the registry, variables from
-//! their initializers, inputs from a feeds file or the dataset the plan names) and prints
-//! one line per step with its scalar outputs.
+//! `regflow run` and `regflow daemon`: run a plan by itself (kernels from the registry,
+//! variables from their initializers, inputs from a feeds file or the dataset the plan
+//! names) and print one line per step with its scalar outputs. Under a launcher (or with
+//! `--rank/--world/--master`) each process runs one node of the plan; a daemon takes the
+//! plan rank 0 shares.
 
 use crate::feeds::Feeds;
 use crate::{load, CliError};
 use regflow::graph::plan::{ActorKind, DType, KernelConf, Plan, SourcePieces};
-use regflow::runtime::{Fetcher, GraphFeeds, Job, RuntimeError};
+use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions, Fetcher, GraphFeeds, Job, RuntimeError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-/// What `regflow run` was asked to do.
+/// What `regflow run` (or `regflow daemon`) was asked to do.
 #[derive(Debug)]
 pub(crate) struct RunArgs {
-    /// The plan file (`-`: stdin).
-    pub(crate) plan: PathBuf,
+    /// The plan file (`-`: stdin); `None` for a daemon, which takes rank 0's.
+    pub(crate) plan: Option<PathBuf>,
     /// The values of the plan's fed inputs.
     pub(crate) feeds: Option<PathBuf>,
     /// Steps to run (default: all the feeds file holds, or the plan's dataset pieces).
@@ -23,6 +25,35 @@ pub(crate) struct RunArgs {
     pub(crate) threads: usize,
     /// Where relative dataset paths resolve (default: the plan file's directory).
     pub(crate) data_dir: Option<PathBuf>,
+    /// The node this process runs, in a multi-node job.
+    pub(crate) node: Option<(ClusterEnv, ClusterOptions)>,
+}
+
+/// Where this process stands: flags, else a launcher's variables, else one process. A
+/// daemon must be a node of something.
+pub(crate) fn node_of(
+    rank: Option<u32>,
+    world: Option<u32>,
+    master: Option<String>,
+    join_timeout: u64,
+    daemon: bool,
+) -> Result<Option<(ClusterEnv, ClusterOptions)>, CliError> {
+    let fail = |message: String| CliError::Setup { file: "the cluster".into(), message };
+    let env = match (rank, world, master) {
+        (Some(rank), Some(world), Some(master)) => {
+            Some(ClusterEnv::from_flags(rank, world, &master).map_err(|e| fail(e.to_string()))?)
+        }
+        _ => ClusterEnv::from_env().map_err(|e| fail(e.to_string()))?,
+    };
+    if daemon && env.is_none() {
+        return Err(fail(
+            "a daemon is one node of a job: give --rank, --world and --master, or start it under a launcher \
+             (regflow launch, torchrun, srun, mpirun) that sets RANK and WORLD_SIZE or their equivalents"
+                .into(),
+        ));
+    }
+    let options = ClusterOptions { timeout: std::time::Duration::from_secs(join_timeout), ..ClusterOptions::default() };
+    Ok(env.map(|env| (env, options)))
 }
 
 /// An output read on every step: printed on the step's line if it is a scalar.
@@ -37,7 +68,31 @@ struct Column {
 /// Loads the plan, checks that it can run by itself and that the feeds fit it, runs it,
 /// and prints `step k loss v [name v]...` per step as the values arrive.
 pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
-    let (file, mut plan) = load(&args.plan)?;
+    // A plan file is made ready (its step count set) before joining, so that every node
+    // compares the plan it will run; a daemon runs rank 0's as shared.
+    let (file, given) = match &args.plan {
+        Some(path) => {
+            let (file, mut plan) = load(path)?;
+            if let Some(steps) = args.steps {
+                set_source_pieces(&mut plan, steps);
+            }
+            (file, Some(plan))
+        }
+        None => ("the plan rank 0 shared".to_string(), None),
+    };
+    let (cluster, plan) = match (&args.node, given) {
+        (Some((env, options)), given) => {
+            let joined = Cluster::join_sharing(env, given.as_ref(), options);
+            let (cluster, plan) = joined.map_err(|source| CliError::Build { file: file.clone(), source })?;
+            (Some(cluster), plan)
+        }
+        (None, Some(plan)) => (None, plan),
+        (None, None) => unreachable!("node_of refuses a daemon without a node"),
+    };
+    run_plan(&args, file, plan, cluster)
+}
+
+fn run_plan(args: &RunArgs, file: String, mut plan: Plan, cluster: Option<Cluster>) -> Result<(), CliError> {
     let setup = |message: String| CliError::Setup { file: file.clone(), message };
     check_runs_by_itself(&plan).map_err(setup)?;
     let feeds = match (&args.feeds, plan.signature.inputs.as_slice()) {
@@ -69,12 +124,17 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
         }
     };
     let steps = args.steps.or(feeds.as_ref().map(Feeds::steps));
-    if let Some(steps) = steps {
+    // Across nodes the step count was set before joining (from --steps), or is rank 0's.
+    if let (Some(steps), None) = (steps, &cluster) {
         set_source_pieces(&mut plan, steps);
     }
-    let data_dir = args.data_dir.clone().unwrap_or_else(|| plan_dir(&args.plan));
+    let data_dir = args.data_dir.clone().unwrap_or_else(|| args.plan.as_deref().map_or(PathBuf::from("."), plan_dir));
     let build = |source| CliError::Build { file: file.clone(), source };
-    let mut job = Job::builder(plan).data_dir(data_dir).cpu_threads(args.threads).build().map_err(build)?;
+    let mut builder = Job::builder(plan).data_dir(data_dir).cpu_threads(args.threads);
+    if let Some(cluster) = cluster {
+        builder = builder.cluster(cluster);
+    }
+    let mut job = builder.build().map_err(build)?;
     let graph_feeds = match feeds {
         Some(_) => Some(job.graph_feeds().map_err(build)?),
         None => None,
@@ -107,7 +167,10 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
             });
             columns.push((label, received));
         }
-        let printed = print_steps(&first, &columns);
+        let printed = match &first {
+            Some(first) => print_steps(first, &columns),
+            None => Ok(()),
+        };
         let fed = match feeding.map(|f| f.join()) {
             None | Some(Ok(Ok(()))) => Ok(()),
             Some(Ok(Err(message))) => Err(message),
@@ -240,16 +303,18 @@ fn plan_dir(plan: &Path) -> PathBuf {
     }
 }
 
-/// The first output's column (it paces the lines), the other scalar outputs' columns,
-/// and the fetchers of every other sink (drained, so that no sink stalls the job).
-fn take_fetchers(job: &mut Job) -> Result<(Column, Vec<Column>, Vec<Fetcher>), RuntimeError> {
+/// The first output's column (it paces the lines; `None` on a node that does not deliver
+/// it), the other scalar outputs' columns, and the fetchers of every other sink this node
+/// runs (drained, so that no sink stalls the job).
+fn take_fetchers(job: &mut Job) -> Result<(Option<Column>, Vec<Column>, Vec<Fetcher>), RuntimeError> {
     let plan = job.plan().clone();
     let mut columns = Vec::new();
     let mut drained = Vec::new();
     let mut taken: Vec<&str> = Vec::new();
     for (k, output) in plan.signature.outputs.iter().enumerate() {
         let sink = plan.actors[output.actor.index()].name.as_str();
-        if taken.contains(&sink) {
+        // Another node delivers it (and prints its column).
+        if taken.contains(&sink) || !job.has_output(sink) {
             continue;
         }
         taken.push(sink);
@@ -264,11 +329,16 @@ fn take_fetchers(job: &mut Job) -> Result<(Column, Vec<Column>, Vec<Fetcher>), R
     }
     for actor in &plan.actors {
         if matches!(actor.kind, ActorKind::Sink) && !taken.contains(&actor.name.as_str()) {
-            drained.push(job.fetcher(&actor.name)?);
+            match job.fetcher(&actor.name) {
+                Ok(fetcher) => drained.push(fetcher),
+                Err(RuntimeError::NotLocal { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
-    // The signature has outputs (checked before the job was built).
+    // Only the node that delivers the first output prints the step lines.
+    let first_here = plan.signature.outputs.first().is_some_and(|o| job.has_output(&o.name));
     let mut columns = columns.into_iter();
-    let first = columns.next().ok_or_else(|| RuntimeError::UnknownActor { name: "the first output's sink".into() })?;
+    let first = if first_here { columns.next() } else { None };
     Ok((first, columns.collect(), drained))
 }
