@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example train_parallel -- \
 //!     --layout dp4|dp2|tp2|zero2|dp2xtp2|pp2|pp4|dp2xtp2xpp2 [--model mlp|gpt] \
-//!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare]
+//!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare] [--nodes N]
 //! ```
 //!
 //! Layouts (`S(d)`: split along dim d over the mesh axis, `B`: whole on every device):
@@ -23,6 +23,12 @@
 //!
 //! After training on the mesh, the same graph is trained on one device (unless
 //! `--no-compare`) and the largest relative difference of the per-step losses is printed.
+//!
+//! `--nodes N` spreads the layout's devices over N nodes (processes joined over loopback
+//! TCP): the example starts N copies of itself with `regflow::launch` (as `regflow launch`
+//! would), each joins the others and runs its node's actors; the node that receives the
+//! loss reports it, and the comparison with one device is made as before. Under a launcher
+//! (`RANK`, `WORLD_SIZE`, ... set) it runs as that one node.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -35,6 +41,7 @@ use regflow::graph::{
     DType, Graph, GraphError, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor, TrainStep,
 };
 use regflow::prelude::Job;
+use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions};
 use std::io::Read;
 use std::time::Instant;
 
@@ -57,11 +64,20 @@ struct Options {
     trace: Option<String>,
     compare: bool,
     micro_batches: usize,
+    /// Nodes (processes) the layout's devices are spread over.
+    nodes: u16,
 }
 
 fn options() -> Result<Options, String> {
-    let mut o =
-        Options { model: Model::Mlp, layout: "dp2".into(), steps: 60, trace: None, compare: true, micro_batches: 4 };
+    let mut o = Options {
+        model: Model::Mlp,
+        layout: "dp2".into(),
+        steps: 60,
+        trace: None,
+        compare: true,
+        micro_batches: 4,
+        nodes: 1,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -77,6 +93,12 @@ fn options() -> Result<Options, String> {
             "--steps" => o.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--trace" => o.trace = Some(value()?),
             "--no-compare" => o.compare = false,
+            "--nodes" => {
+                o.nodes = value()?.parse().map_err(|e| format!("--nodes: {e}"))?;
+                if o.nodes == 0 {
+                    return Err("--nodes must be at least 1".into());
+                }
+            }
             "--micro-batches" => {
                 o.micro_batches = value()?.parse().map_err(|e| format!("--micro-batches: {e}"))?;
                 if !(o.micro_batches == 1 || o.micro_batches == 2 || o.micro_batches == 4 || o.micro_batches == 8) {
@@ -344,9 +366,18 @@ fn train(
     if let Some(path) = trace {
         builder = builder.trace(path);
     }
+    // Under a launcher with a layout: this process runs one node of it.
+    if let (Some(env), Some(_)) = (ClusterEnv::from_env()?, layout) {
+        let options = ClusterOptions { timeout: std::time::Duration::from_secs(60), ..ClusterOptions::default() };
+        builder = builder.cluster(Cluster::join(&env, &compiled.plan, &options)?);
+    }
     let mut job = builder.build()?;
+    // Every node pushes every batch (each keeps its own parts); one receives the loss.
     let mut feeds = job.graph_feeds()?;
-    let fetcher = job.fetcher(&compiled.fetches[0])?;
+    let fetcher = match job.has_output(&compiled.fetches[0]) {
+        true => Some(job.fetcher(&compiled.fetches[0])?),
+        false => None,
+    };
     let started = Instant::now();
     let batches = task.batches.clone();
     let pusher = std::thread::spawn(move || -> Result<(), regflow::prelude::RuntimeError> {
@@ -360,7 +391,7 @@ fn train(
         feeds.close()
     });
     let mut micro_losses = Vec::with_capacity(task.batches.len() * micro);
-    while let Some(piece) = fetcher.recv() {
+    while let Some(piece) = fetcher.as_ref().and_then(|f| f.recv()) {
         micro_losses.push(f64::from(f32::from_le_bytes(piece.bytes().try_into()?)));
     }
     // A step's loss is the mean over its (equal) micro-batches.
@@ -393,7 +424,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Model::Mlp => (digits(o.steps)?, 0),
         Model::Gpt => text(o.steps)?,
     };
-    let spec = layout(&o.layout, o.model)?;
+    let mut spec = layout(&o.layout, o.model)?;
+    if o.nodes > 1 {
+        let devices: usize = spec.stages.iter().map(Mesh::size).sum();
+        if devices % usize::from(o.nodes) != 0 {
+            return Err(format!(
+                "layout {} has {devices} devices, which {} nodes cannot share evenly",
+                o.layout, o.nodes
+            )
+            .into());
+        }
+        let per_node = devices / usize::from(o.nodes);
+        spec.stages = spec.stages.iter().map(|m| m.place_on_nodes(per_node)).collect::<Result<_, _>>()?;
+        if ClusterEnv::from_env()?.is_none() {
+            return launch_nodes(&o, &task, vocab);
+        }
+    }
     let model = if o.model == Model::Mlp { "digits MLP 64-128-10" } else { "tiny GPT" };
     let stages: Vec<String> = spec.stages.iter().map(ToString::to_string).collect();
     println!("{model}, layout {} on {}", o.layout, stages.join(" | "));
@@ -404,6 +450,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("  {name:<28} {}", NdSbp(sbp.clone()).describe(&spec.stages[0]));
     }
     let (losses, seconds, actors) = train(&o, &task, vocab, Some(&spec), o.trace.as_deref())?;
+    if o.nodes > 1 {
+        // One rank of a multi-node run: the rank with the loss reports it to the launcher.
+        if !losses.is_empty() {
+            let bits: Vec<String> = losses.iter().map(|l| l.to_bits().to_string()).collect();
+            println!("LOSSES {seconds} {}", bits.join(","));
+        }
+        return Ok(());
+    }
     for (step, loss) in losses.iter().enumerate() {
         if step == 0 || (step + 1) % 10 == 0 || step + 1 == losses.len() {
             println!("step {:>4}: loss {loss:.5}", step + 1);
@@ -419,6 +473,56 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if o.compare {
         let (single, single_seconds, _) = train(&o, &task, vocab, None, None)?;
+        let worst = losses.iter().zip(&single).map(|(a, b)| (a - b).abs() / b.abs().max(1e-12)).fold(0.0f64, f64::max);
+        println!(
+            "one device: {:.2}s ({:.1} ms/step); largest relative loss difference over {} steps: {worst:.2e}",
+            single_seconds,
+            1e3 * single_seconds / o.steps as f64,
+            single.len()
+        );
+    }
+    Ok(())
+}
+
+/// Starts `o.nodes` copies of this program, one per node, and reports like one process:
+/// the losses come from the rank that received them, the comparison from one device here.
+fn launch_nodes(o: &Options, task: &Task, vocab: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let mut launch = regflow::launch::LaunchOptions::new(u32::from(o.nodes), std::env::current_exe()?);
+    launch.args = std::env::args_os().skip(1).collect();
+    launch.args.push("--no-compare".into());
+    launch.capture = true;
+    println!("{} nodes on loopback, started by regflow::launch", o.nodes);
+    let outcome = regflow::launch::launch(&launch)?;
+    let mut report = None;
+    for rank in &outcome.ranks {
+        for line in rank.stdout.lines() {
+            match line.strip_prefix("LOSSES ") {
+                Some(rest) => report = Some(rest.to_string()),
+                None => println!("[rank {}] {line}", rank.rank),
+            }
+        }
+        if !rank.status.success() {
+            eprint!("{}", rank.stderr);
+            return Err(format!("rank {} {}", rank.rank, rank.status).into());
+        }
+    }
+    let report = report.ok_or("no rank reported the losses")?;
+    let (seconds, bits) = report.split_once(' ').ok_or("a malformed LOSSES line")?;
+    let seconds: f64 = seconds.parse()?;
+    let losses: Vec<f64> = bits.split(',').map(|b| b.parse::<u64>().map(f64::from_bits)).collect::<Result<_, _>>()?;
+    for (step, loss) in losses.iter().enumerate() {
+        if step == 0 || (step + 1) % 10 == 0 || step + 1 == losses.len() {
+            println!("step {:>4}: loss {loss:.5}", step + 1);
+        }
+    }
+    println!(
+        "{} steps in {seconds:.2}s ({:.1} ms/step) on {} nodes",
+        losses.len(),
+        1e3 * seconds / o.steps as f64,
+        o.nodes
+    );
+    if o.compare {
+        let (single, single_seconds, _) = train(o, task, vocab, None, None)?;
         let worst = losses.iter().zip(&single).map(|(a, b)| (a - b).abs() / b.abs().max(1e-12)).fold(0.0f64, f64::max);
         println!(
             "one device: {:.2}s ({:.1} ms/step); largest relative loss difference over {} steps: {worst:.2e}",

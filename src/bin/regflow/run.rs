@@ -303,10 +303,13 @@ fn plan_dir(plan: &Path) -> PathBuf {
     }
 }
 
+/// What [`take_fetchers`] takes: the first column, the other columns, sinks to drain.
+type Fetchers = (Option<Column>, Vec<Column>, Vec<Fetcher>);
+
 /// The first output's column (it paces the lines; `None` on a node that does not deliver
 /// it), the other scalar outputs' columns, and the fetchers of every other sink this node
 /// runs (drained, so that no sink stalls the job).
-fn take_fetchers(job: &mut Job) -> Result<(Option<Column>, Vec<Column>, Vec<Fetcher>), RuntimeError> {
+fn take_fetchers(job: &mut Job) -> Result<Fetchers, RuntimeError> {
     let plan = job.plan().clone();
     let mut columns = Vec::new();
     let mut drained = Vec::new();
