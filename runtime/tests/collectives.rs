@@ -453,7 +453,8 @@ fn a_job_of_one_node_refuses_a_group_that_spans_nodes() {
     assert_eq!(
         err,
         "cannot make the kernel of actor 'c0': collective 'g': size 3 but ranks [2] have no actor in this job \
-         (members: [\"c0\", \"c1\"]); in-process collectives need every member in one process"
+         (members: [\"c0\", \"c1\"]); a job that runs one node of several needs a cluster for collectives across \
+         nodes"
     );
 }
 
