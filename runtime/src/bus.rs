@@ -4,8 +4,8 @@
 
 use crate::inbox::{Envelope, InboxSender};
 use crate::net::NetOut;
+use crate::sync::Arc;
 use regflow_actors::{EnvError, Message};
-use std::sync::Arc;
 
 /// Routes messages by decoding the recipient's [`regflow_actors::ActorId`].
 #[derive(Debug, Clone)]

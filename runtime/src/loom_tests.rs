@@ -103,7 +103,7 @@ fn run_model(plan: &Plan) {
     });
     let (tx0, rx0) = inbox(64);
     let (tx1, rx1) = inbox(64);
-    let router = Router::new(None, vec![vec![0, 1]], vec![Some(tx0.clone()), Some(tx1)]);
+    let router = Router::new(None, vec![vec![0, 1]], vec![Some(tx0.clone()), Some(tx1)], None);
     let (snapshots, _) = crossbeam_channel::unbounded();
     let shared = Arc::new(JobShared::new(2, snapshots, Default::default()));
     let mut workers = Vec::new();

@@ -24,11 +24,11 @@ use super::layout::Layout;
 use super::{PeerInput, Peers};
 use crate::kernel::{Kernel, KernelError, KernelIo};
 use crate::net::{NetOut, Outgoing, RawBytes};
+use crate::sync::Arc;
 use crate::sync::{lock, Condvar, Mutex};
 use regflow_plan::{ActorKind, CollectiveConf, KernelConf, Plan};
 use std::cell::UnsafeCell;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 /// One rank's landing buffer of one table: an allocation written and read through its
 /// address only (never through a reference to the whole, which would alias).

@@ -23,6 +23,7 @@
 //! end each side sends `Bye`; a connection closing after its peer's bye is the normal end.
 
 mod cluster;
+#[cfg(not(loom))]
 mod join;
 mod reader;
 mod writer;
@@ -32,12 +33,12 @@ pub use cluster::{Cluster, ClusterOptions, PeerLink, Transport};
 use crate::arenas::PlanArenas;
 use crate::collective::NetGroups;
 use crate::stream::JobShared;
+use crate::sync::Arc;
 use crate::RuntimeError;
 use regflow_actors::{ActorId, EnvError, Message, PlanIds};
 use regflow_plan::{ActorIndex, Plan};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -157,7 +158,7 @@ pub(crate) struct NetPlane {
     out: Arc<NetOut>,
     writers: Vec<(u16, JoinHandle<()>)>,
     readers: Vec<(u16, JoinHandle<()>)>,
-    transports: Vec<Arc<dyn Transport>>,
+    transports: Vec<std::sync::Arc<dyn Transport>>,
     /// Set once this node's job is over: a connection closing after that is no error.
     done: Arc<AtomicBool>,
     /// Rank 0's control plane and this node's control client, kept until the job ends.
@@ -224,7 +225,7 @@ impl NetPlane {
         for (link, receiver) in links.into_iter().zip(receivers) {
             let (Some(link), Some(receiver)) = (link, receiver) else { continue };
             let node = link.rank;
-            let transport: Arc<dyn Transport> = Arc::from(link.transport);
+            let transport: std::sync::Arc<dyn Transport> = std::sync::Arc::from(link.transport);
             let read_half = transport.reader().map_err(|e| fail(node, e.to_string()))?;
             let write_half = transport.writer().map_err(|e| fail(node, e.to_string()))?;
             plane.transports.push(transport.clone());

@@ -6,13 +6,13 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::collective::NetGroups;
 use crate::stream::JobShared;
+use crate::sync::Arc;
 use crate::RuntimeError;
 use regflow_actors::{Body, Message, RegstRef};
 use regflow_net::frame::{FrameError, FrameReader, Header, WireBody, WireMessage};
 use regflow_plan::{ActorIndex, RegstDescId};
 use std::io::{BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 /// Read buffer: headers come in small reads; payloads larger than this bypass it.
 const READ_BUFFER: usize = 64 * 1024;

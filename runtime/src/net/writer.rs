@@ -5,12 +5,12 @@ use super::{Outgoing, PeerNames, WireCheck};
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::stream::JobShared;
+use crate::sync::Arc;
 use crate::RuntimeError;
 use regflow_actors::{Body, Message};
 use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
 use std::io::{BufWriter, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 /// Buffer of small frames between flushes; a payload larger than this bypasses it.
 const WRITE_BUFFER: usize = 64 * 1024;
