@@ -12,7 +12,8 @@
 //!   the end of both waits (so job start and the registers' first touch are in it,
 //!   amortized over ≥ 256 MiB); *steady* is the rate between the first and the last piece
 //!   at the sink. Raw: one thread `write_all`s the same bytes in chunks of `S` to a
-//!   `TcpStream`, another `read_exact`s them into one buffer of `S`.
+//!   `TcpStream`, another `read_exact`s them into one buffer of `S`. A second table runs
+//!   4 KiB pieces with 1 … 32 slots: small pieces are bound by slots per round trip.
 //! - **hop**: latency of one 8-byte piece crossing nodes. Source (node 0) → copy (node 1)
 //!   → sink (node 0), every register with 1 slot: a piece needs the previous one's `Ack`
 //!   to come back over the network, so each piece costs one round trip (a `Ready` one way,
@@ -239,12 +240,7 @@ fn transfer() {
             raw_streams(vec![(a, b)], bytes, pieces) / pieces as u32
         });
         let rate = |t: Duration| gbps(bytes as f64, t);
-        let mut row = format!(
-            "| {} | {pieces} | {:.2} / {:.2} ",
-            human(bytes),
-            rate(raw.best),
-            rate(raw.median)
-        );
+        let mut row = format!("| {} | {pieces} | {:.2} / {:.2} ", human(bytes), rate(raw.best), rate(raw.median));
         for slots in [2, 4] {
             let plan = transfer_plan(bytes, slots, pieces as u64);
             let (whole, steady) = time_plan(&plan, 2, "sink", pieces as u64);
@@ -257,6 +253,23 @@ fn transfer() {
             );
         }
         println!("{row}|");
+    }
+    window();
+}
+
+/// Small pieces are bound by `register_num` / round trip, not by bandwidth: the same
+/// 4 KiB transfer with more slots.
+fn window() {
+    let (bytes, pieces) = (4usize << 10, 16_384usize);
+    println!(
+        "\n4 KiB pieces ({pieces}) by slots: at most register_num pieces per round trip (steady GB/s, best / median)\n"
+    );
+    println!("| slots | GB/s | µs per piece |");
+    println!("|---:|---:|---:|");
+    for slots in [1, 2, 4, 8, 16, 32] {
+        let (_, steady) = time_plan(&transfer_plan(bytes, slots, pieces as u64), 2, "sink", pieces as u64);
+        let rate = |t: Duration| gbps(bytes as f64, t);
+        println!("| {slots} | {:.2} / {:.2} | {:.1} |", rate(steady.best), rate(steady.median), micros(steady.best));
     }
 }
 
@@ -351,14 +364,16 @@ fn allreduce() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("\n## allreduce: f32 all-reduce across loopback nodes, one cpu device each (direct exchange)");
     println!("bus GB/s = 2(n-1)/n × bytes / time per all-reduce; raw: the same exchange by hand, no reduction");
-    println!("whole: job start to end of wait; steady: first to last piece at node 0's sink; best / median of {REPS} runs");
+    println!(
+        "whole: job start to end of wait; steady: first to last piece at node 0's sink; best / median of {REPS} runs"
+    );
     println!("this machine has {cores} cores: 4 nodes (each a writer and a reader thread per peer, and its streams) oversubscribe it\n");
     println!("| nodes | size | pieces | raw bus GB/s | regflow bus GB/s | steady | ratio |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for world in [2usize, 4] {
         for bytes in [1 << 20, 16 << 20, 64 << 20] {
             // Each piece moves (n-1) × bytes into every node.
-            let pieces = ((1usize << 30) / (bytes * (world - 1) * world)).clamp(8, 256);
+            let pieces = ((2usize << 30) / (bytes * (world - 1) * world)).clamp(8, 256);
             let bus = |t: Duration| gbps(2.0 * (world - 1) as f64 / world as f64 * bytes as f64, t);
             let raw = repeat(|| raw_streams(all_pairs(world), bytes, pieces) / pieces as u32);
             let plan = all_reduce_plan(world, bytes, pieces as u64);
@@ -395,11 +410,7 @@ fn mlp_plan(mesh: &Mesh) -> (Plan, String) {
         g.set_layout(t, mesh, NdSbp(vec![B])).expect("weights whole on each device");
     }
     let hidden = x.matmul(&w1).and_then(|h| h.add(&b1)).and_then(|h| h.relu()).expect("hidden layer");
-    let loss = hidden
-        .matmul(&w2)
-        .and_then(|l| l.add(&b2))
-        .and_then(|l| l.sparse_cross_entropy(&y))
-        .expect("the loss");
+    let loss = hidden.matmul(&w2).and_then(|l| l.add(&b2)).and_then(|l| l.sparse_cross_entropy(&y)).expect("the loss");
     let step = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).expect("the training step");
     let options = ParallelOptions::new(mesh.clone()).train(&step);
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).expect("the plan compiles");
@@ -446,7 +457,9 @@ fn train_node(mut job: Job, loss: &str, data: Arc<Vec<(HostArray, HostArray)>>, 
 
 fn train() {
     println!("\n## train: digits-size MLP 64-128-10, batch {MLP_BATCH}, dp2, {STEPS} steps (synthetic inputs)");
-    println!("ms per step (whole: job start to end of wait; steady: first to last loss); best / median of {REPS} runs\n");
+    println!(
+        "ms per step (whole: job start to end of wait; steady: first to last loss); best / median of {REPS} runs\n"
+    );
     println!("| where | ms / step | steady ms / step | / one process |");
     println!("|---|---:|---:|---:|");
     let mesh = Mesh::cpu(&[2], &["dp"]).expect("a mesh");
