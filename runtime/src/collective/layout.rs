@@ -57,6 +57,12 @@ impl Layout {
         (outer, self.shape[dim], inner)
     }
 
+    /// The element type, when the group is an all-reduce: its output is the elementwise
+    /// sum of the inputs, so any byte range of it can be computed on its own.
+    pub(super) fn all_reduce(&self) -> Option<DType> {
+        matches!(self.op, CollectiveOp::AllReduce).then_some(self.dtype)
+    }
+
     /// Computes this member's output from every member's input.
     pub(super) fn compute(&self, peers: Peers<'_>, output: &mut [u8]) {
         match self.op {
@@ -159,7 +165,7 @@ element!(f64, |x: f64, y: f64| x + y);
 element!(i64, i64::wrapping_add);
 
 /// `out = ((input(0) + input(1)) + input(2)) + ...`, elementwise, in rank order.
-fn sum_into<'a>(dtype: DType, out: &mut [u8], count: usize, input: impl Fn(usize) -> &'a [u8]) {
+pub(super) fn sum_into<'a>(dtype: DType, out: &mut [u8], count: usize, input: impl Fn(usize) -> &'a [u8]) {
     match dtype {
         DType::F32 => sum_typed::<f32>(out, count, input),
         DType::F64 => sum_typed::<f64>(out, count, input),

@@ -30,6 +30,10 @@ use regflow_plan::{ActorKind, CollectiveConf, KernelConf, Plan};
 use std::cell::UnsafeCell;
 use std::collections::{BTreeMap, HashMap};
 
+/// Bytes a reader lands before telling the members: an all-reduce sums each chunk while
+/// the next one is still on the wire. A multiple of every element size.
+const LANDING_CHUNK: usize = 256 * 1024;
+
 /// One rank's landing buffer of one table: an allocation written and read through its
 /// address only (never through a reference to the whole, which would alias).
 struct Landing {
@@ -68,6 +72,9 @@ struct RoundState {
     filled: [Vec<u64>; 2],
     /// Next round expected from each remote rank (checks the peer keeps the protocol).
     next_remote: Vec<u64>,
+    /// `landed[t][r]`: `(round + 1, bytes)` of the input now landing in rank `r`'s buffer
+    /// of table `t`: an all-reduce sums each chunk as soon as every rank's has landed.
+    landed: [Vec<(u64, usize)>; 2],
     aborted: bool,
 }
 
@@ -152,6 +159,7 @@ impl NetGroups {
                 state: Mutex::new(RoundState {
                     filled: [vec![0; size], vec![0; size]],
                     next_remote: vec![0; size],
+                    landed: [vec![(0, 0); size], vec![(0, 0); size]],
                     aborted: false,
                 }),
                 changed: Condvar::new(),
@@ -187,7 +195,7 @@ impl NetGroups {
         round: u64,
         rank: u32,
         len: u64,
-        read: impl FnOnce(&mut [u8]) -> Result<(), String>,
+        mut read: impl FnMut(&mut [u8]) -> Result<(), String>,
     ) -> Result<(), String> {
         let Some(Some(group)) = self.groups.get(wire as usize) else {
             return Err(format!("it sent an input of collective group {wire}, which has no member on this node"));
@@ -217,12 +225,27 @@ impl NetGroups {
                 ));
             }
         }
-        // SAFETY: see `Landing`: no member reads this buffer until `filled` says so below.
-        read(unsafe { std::slice::from_raw_parts_mut(landing.ptr(), landing.len()) })?;
-        let mut state = lock(&group.state);
-        state.filled[table][r] = round + 1;
-        state.next_remote[r] = round + 1;
-        group.changed.notify_all();
+        // Chunk by chunk: members read a chunk only after `landed` says it is there.
+        let mut at = 0;
+        while at < landing.len() {
+            let end = (at + LANDING_CHUNK).min(landing.len());
+            // SAFETY: see `Landing`: no member reads these bytes before `landed` covers them.
+            read(unsafe { std::slice::from_raw_parts_mut(landing.ptr().add(at), end - at) })?;
+            at = end;
+            let mut state = lock(&group.state);
+            state.landed[table][r] = (round + 1, at);
+            if at == landing.len() {
+                state.filled[table][r] = round + 1;
+                state.next_remote[r] = round + 1;
+            }
+            group.changed.notify_all();
+        }
+        if landing.len() == 0 {
+            let mut state = lock(&group.state);
+            state.filled[table][r] = round + 1;
+            state.next_remote[r] = round + 1;
+            group.changed.notify_all();
+        }
         Ok(())
     }
 
@@ -252,9 +275,57 @@ impl std::fmt::Debug for NetCollectiveKernel {
     }
 }
 
+impl NetCollectiveKernel {
+    /// An all-reduce's output, summed chunk by chunk as every rank's chunk lands (in rank
+    /// order, as `Layout::compute` sums: the same bits).
+    fn sum_as_landed(&mut self, dtype: regflow_plan::DType, table: usize, output: &mut [u8]) -> Result<(), String> {
+        let (group, round) = (&self.group, self.round);
+        let total = output.len();
+        let mut done = 0;
+        while done < total {
+            let ready = {
+                let mut state = lock(&group.state);
+                loop {
+                    let available = |r: usize| -> usize {
+                        if state.filled[table][r] == round + 1 {
+                            return total;
+                        }
+                        match state.landed[table][r] {
+                            (landing, bytes) if landing == round + 1 => bytes,
+                            _ => 0,
+                        }
+                    };
+                    let ready = (0..group.size).map(available).min().unwrap_or(total);
+                    if ready > done {
+                        break ready;
+                    }
+                    if state.aborted {
+                        let missing: Vec<String> = (0..group.size)
+                            .filter(|&r| available(r) < total)
+                            .map(|r| format!("rank {r} (node {})", group.node_of[r]))
+                            .collect();
+                        return Err(format!("aborted in round {round} while waiting for {}", missing.join(", ")));
+                    }
+                    state = group.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            };
+            let end = ready.min(total);
+            let inputs = &group.landing[table];
+            // SAFETY: bytes `done..end` of every rank's buffer have landed for this round,
+            // and nobody writes them until every member is done with the round.
+            let part = |r: usize| unsafe { std::slice::from_raw_parts(inputs[r].ptr().add(done), end - done) };
+            super::layout::sum_into(dtype, &mut output[done..end], group.size, part);
+            done = end;
+        }
+        self.round += 1;
+        Ok(())
+    }
+}
+
 impl Kernel for NetCollectiveKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        let (group, rank, round) = (&self.group, self.layout.rank, self.round);
+        let group = self.group.clone();
+        let (group, rank, round) = (&group, self.layout.rank, self.round);
         let fail = |m: String| KernelError(format!("collective '{}' (rank {rank} of {}): {m}", group.name, group.size));
         let table = (round % 2) as usize;
         let input = io.input(0);
@@ -273,6 +344,9 @@ impl Kernel for NetCollectiveKernel {
             let bytes = RawBytes { ptr: own.ptr(), len: own.len() };
             let item = Outgoing::Collective { group: group.wire, round, rank: rank as u32, bytes };
             self.out.send_collective(node, item).map_err(fail)?;
+        }
+        if let Some(dtype) = self.layout.all_reduce() {
+            return self.sum_as_landed(dtype, table, io.output(0)).map_err(fail);
         }
         {
             let mut state = lock(&group.state);

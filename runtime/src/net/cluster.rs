@@ -15,6 +15,15 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn writer(&self) -> io::Result<Box<dyn Write + Send>>;
     /// Closes both directions: a thread blocked reading or writing returns.
     fn close(&self);
+    /// Ends the sending direction only (the peer reads the end of the stream after what
+    /// was sent), so this side can still read what the peer sends until it closes.
+    fn close_write(&self) {
+        self.close();
+    }
+    /// Bounds each later read by `timeout` (`None`: no bound).
+    fn set_read_timeout(&self, _timeout: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Transport for TcpStream {
@@ -29,6 +38,40 @@ impl Transport for TcpStream {
     fn close(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
     }
+
+    fn close_write(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+}
+
+/// How long a node that cannot start reads what a peer still sends before it closes.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends a connection without losing what this side sent last: closes the sending side,
+/// then reads (and drops) what the peer still sends until it closes, for at most
+/// `grace`. Closing a TCP socket with unread bytes resets the connection, and a reset can
+/// discard the last frames in flight to the peer (an abort, a bye) before it reads them.
+pub(crate) fn close_gracefully(transport: &dyn Transport, grace: Duration) {
+    transport.close_write();
+    let deadline = std::time::Instant::now() + grace;
+    if let Ok(mut reader) = transport.reader() {
+        let mut sink = [0u8; 4096];
+        while std::time::Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
+            if transport.set_read_timeout(Some(left)).is_err() {
+                break;
+            }
+            match reader.read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+    transport.close();
 }
 
 /// One connected peer.
@@ -167,7 +210,7 @@ impl Cluster {
                 let _ = w.write(&regflow_net::frame::Header::Abort { reason: reason.clone() }, &[]);
                 let _ = w.flush();
             }
-            link.transport.close();
+            close_gracefully(link.transport.as_ref(), DRAIN_GRACE);
         }
     }
 }

@@ -284,7 +284,16 @@ impl NetPlane {
                 tracing::warn!(node, "the writer to node {node} did not flush within {FLUSH_GRACE:?}; leaving it");
             }
         }
+        // The readers go on until each peer closes (after its bye): closing with unread
+        // bytes would reset the connection and could drop this node's bye in flight.
         self.done.store(true, Ordering::Release);
+        for transport in &self.transports {
+            transport.close_write();
+        }
+        let deadline = std::time::Instant::now() + FLUSH_GRACE;
+        while self.readers.iter().any(|(_, h)| !h.is_finished()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
         for transport in &self.transports {
             transport.close();
         }

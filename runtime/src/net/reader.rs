@@ -11,7 +11,7 @@ use crate::RuntimeError;
 use regflow_actors::{Body, Message, RegstRef};
 use regflow_net::frame::{FrameError, FrameReader, Header, WireBody, WireMessage};
 use regflow_plan::{ActorIndex, RegstDescId};
-use std::io::{BufReader, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Read buffer: headers come in small reads; payloads larger than this bypass it.
@@ -86,11 +86,9 @@ impl Reader {
         match header {
             Header::Actor(msg) => self.actor(msg),
             Header::Collective { group, round, rank, len } => {
-                let input = &mut self.input;
+                let input = self.input.get_mut();
                 self.groups
-                    .receive(self.node, group, round, rank, len, |into| {
-                        input.read_payload(into).map_err(|e| describe(&e))
-                    })
+                    .receive(self.node, group, round, rank, len, |into| read_direct(input, into))
                     .map_err(Stop::Lost)
             }
             Header::Abort { reason } => {
@@ -155,7 +153,7 @@ impl Reader {
                     // and the producer sends one only after every consumer here acked the
                     // slot's last piece: nobody on this node reads it meanwhile.
                     let into = unsafe { view.as_mut_slice() };
-                    self.input.read_payload(into).map_err(|e| Stop::Lost(describe(&e)))?;
+                    read_direct(self.input.get_mut(), into).map_err(Stop::Lost)?;
                 }
                 Body::Ready { regst, piece, data: regst }
             }
@@ -195,6 +193,19 @@ enum Stop {
     Aborted,
     /// The connection broke or carried what the plan does not allow.
     Lost(String),
+}
+
+/// Reads a payload into `into`: what the buffer already holds, then the rest straight from
+/// the socket into its place (a buffered read would copy the bytes a second time).
+fn read_direct(reader: &mut BufReader<Box<dyn Read + Send>>, into: &mut [u8]) -> Result<(), String> {
+    let buffered = reader.buffer();
+    let n = buffered.len().min(into.len());
+    into[..n].copy_from_slice(&buffered[..n]);
+    reader.consume(n);
+    reader.get_mut().read_exact(&mut into[n..]).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => "the connection closed in the middle of a frame (payload)".to_string(),
+        _ => describe(&FrameError::Io(e)),
+    })
 }
 
 fn describe(e: &FrameError) -> String {
