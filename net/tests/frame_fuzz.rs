@@ -3,7 +3,7 @@
 //! Arbitrary bytes, valid frames with bytes overwritten, and truncated frames go to
 //! `frame::decode` and to `FrameReader::read_header`; both must agree, and every header they
 //! return must encode and decode back to itself. Cases per property: `REGFLOW_FUZZ_CASES`
-//! (default 2000). A long deterministic run is `examples/fuzz_frames.rs` (figures in FUZZ.md).
+//! (default 2000). A long deterministic run is `examples/fuzz_frames.rs` (figures in BENCHMARKS.md, "Issue 15: frame decoder fuzzing").
 
 use proptest::prelude::*;
 use regflow_net::frame::{decode, encode, FrameError, FrameReader, Header, Hello, WireBody, WireMessage};
