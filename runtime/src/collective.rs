@@ -25,7 +25,7 @@ mod net;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub(crate) use net::NetGroups;
+pub(crate) use net::{CollectiveSend, NetGroups};
 
 use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
 use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};

@@ -24,6 +24,19 @@ use super::layout::Layout;
 use super::{PeerInput, Peers};
 use crate::kernel::{Kernel, KernelError, KernelIo};
 use crate::net::{NetOut, Outgoing, RawBytes};
+
+/// Where a member's input goes to reach another node: the writer of the connection (the
+/// loom model hands it to the other node directly).
+pub(crate) trait CollectiveSend: Send + Sync {
+    /// Queues `item` (a [`Outgoing::Collective`]) for `node`.
+    fn send(&self, node: u16, item: Outgoing) -> Result<(), String>;
+}
+
+impl CollectiveSend for Arc<NetOut> {
+    fn send(&self, node: u16, item: Outgoing) -> Result<(), String> {
+        self.send_collective(node, item)
+    }
+}
 use crate::sync::Arc;
 use crate::sync::{lock, Condvar, Mutex};
 use regflow_plan::{ActorKind, CollectiveConf, KernelConf, Plan};
@@ -41,6 +54,10 @@ struct Landing {
     len: usize,
     /// Owns the bytes; its heap block does not move when the box does.
     _owner: UnsafeCell<Box<[u8]>>,
+    /// Under loom, every write and read of the bytes also touches this cell, so the model
+    /// checker reports any write not ordered after the reads of the round before.
+    #[cfg(loom)]
+    shadow: loom::cell::UnsafeCell<()>,
 }
 
 // SAFETY: a landing buffer is written by its rank's member (local) or by the reader of its
@@ -53,7 +70,25 @@ unsafe impl Send for Landing {}
 impl Landing {
     fn zeroed(len: usize) -> Self {
         let mut owner = vec![0u8; len].into_boxed_slice();
-        Self { ptr: owner.as_mut_ptr(), len, _owner: UnsafeCell::new(owner) }
+        Self {
+            ptr: owner.as_mut_ptr(),
+            len,
+            _owner: UnsafeCell::new(owner),
+            #[cfg(loom)]
+            shadow: loom::cell::UnsafeCell::new(()),
+        }
+    }
+
+    /// Marks a write of the bytes (checked under loom; nothing otherwise).
+    fn wrote(&self) {
+        #[cfg(loom)]
+        self.shadow.with_mut(|_| ());
+    }
+
+    /// Marks a read of the bytes (checked under loom; nothing otherwise).
+    fn read(&self) {
+        #[cfg(loom)]
+        self.shadow.with(|_| ());
     }
 
     fn ptr(&self) -> *mut u8 {
@@ -100,17 +135,23 @@ impl std::fmt::Debug for NetGroup {
 }
 
 /// Every collective group of the plan with members on this node and on others.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct NetGroups {
     groups: Vec<Option<Arc<NetGroup>>>,
     by_name: HashMap<String, u32>,
-    out: Option<Arc<NetOut>>,
+    out: Option<std::sync::Arc<dyn CollectiveSend>>,
+}
+
+impl std::fmt::Debug for NetGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetGroups").field("groups", &self.groups).finish_non_exhaustive()
+    }
 }
 
 impl NetGroups {
     /// The spanning groups of `plan` that `node` takes part in, with landing tables sized
     /// from each rank's input. Every node computes the same wire indices.
-    pub(crate) fn new(plan: &Plan, node: u16, out: Arc<NetOut>) -> Result<Self, String> {
+    pub(crate) fn new(plan: &Plan, node: u16, out: std::sync::Arc<dyn CollectiveSend>) -> Result<Self, String> {
         let mut members: BTreeMap<&str, Vec<(u16, &CollectiveConf)>> = BTreeMap::new();
         for (a, actor) in plan.actors.iter().enumerate() {
             if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &actor.kind {
@@ -229,6 +270,7 @@ impl NetGroups {
         let mut at = 0;
         while at < landing.len() {
             let end = (at + LANDING_CHUNK).min(landing.len());
+            landing.wrote();
             // SAFETY: see `Landing`: no member reads these bytes before `landed` covers them.
             read(unsafe { std::slice::from_raw_parts_mut(landing.ptr().add(at), end - at) })?;
             at = end;
@@ -262,7 +304,7 @@ impl NetGroups {
 struct NetCollectiveKernel {
     group: Arc<NetGroup>,
     layout: Layout,
-    out: Arc<NetOut>,
+    out: std::sync::Arc<dyn CollectiveSend>,
     /// Rounds done so far.
     round: u64,
     /// The landing table of this round as peer inputs (no allocation per round).
@@ -311,6 +353,7 @@ impl NetCollectiveKernel {
             };
             let end = ready.min(total);
             let inputs = &group.landing[table];
+            inputs.iter().for_each(Landing::read);
             // SAFETY: bytes `done..end` of every rank's buffer have landed for this round,
             // and nobody writes them until every member is done with the round.
             let part = |r: usize| unsafe { std::slice::from_raw_parts(inputs[r].ptr().add(done), end - done) };
@@ -322,18 +365,19 @@ impl NetCollectiveKernel {
     }
 }
 
-impl Kernel for NetCollectiveKernel {
-    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+impl NetCollectiveKernel {
+    /// One round: publishes `input`, sends it to the group's other nodes, and computes
+    /// `output` from every rank's input of the round.
+    fn round(&mut self, input: &[u8], output: &mut [u8]) -> Result<(), String> {
         let group = self.group.clone();
         let (group, rank, round) = (&group, self.layout.rank, self.round);
-        let fail = |m: String| KernelError(format!("collective '{}' (rank {rank} of {}): {m}", group.name, group.size));
         let table = (round % 2) as usize;
-        let input = io.input(0);
         let own = &group.landing[table][rank];
         if input.len() != own.len() {
-            return Err(fail(format!("got {} input bytes; it needs {}", input.len(), own.len())));
+            return Err(format!("got {} input bytes; it needs {}", input.len(), own.len()));
         }
         // SAFETY: see `Landing`: this member alone writes its buffer, for a new round.
+        own.wrote();
         unsafe { std::slice::from_raw_parts_mut(own.ptr(), own.len()) }.copy_from_slice(input);
         {
             let mut state = lock(&group.state);
@@ -343,10 +387,10 @@ impl Kernel for NetCollectiveKernel {
         for &node in &group.remote_nodes {
             let bytes = RawBytes { ptr: own.ptr(), len: own.len() };
             let item = Outgoing::Collective { group: group.wire, round, rank: rank as u32, bytes };
-            self.out.send_collective(node, item).map_err(fail)?;
+            self.out.send(node, item)?;
         }
         if let Some(dtype) = self.layout.all_reduce() {
-            return self.sum_as_landed(dtype, table, io.output(0)).map_err(fail);
+            return self.sum_as_landed(dtype, table, output);
         }
         {
             let mut state = lock(&group.state);
@@ -359,17 +403,168 @@ impl Kernel for NetCollectiveKernel {
                         .filter(|&r| state.filled[table][r] != round + 1)
                         .map(|r| format!("rank {r} (node {})", group.node_of[r]))
                         .collect();
-                    return Err(fail(format!("aborted in round {round} while waiting for {}", missing.join(", "))));
+                    return Err(format!("aborted in round {round} while waiting for {}", missing.join(", ")));
                 }
                 state = group.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
             }
         }
         for (peer, landing) in self.peers.iter_mut().zip(&group.landing[table]) {
+            landing.read();
             // SAFETY: filled for this round; nobody writes it until every member is done.
             *peer = PeerInput::new(unsafe { std::slice::from_raw_parts(landing.ptr(), landing.len()) });
         }
-        self.layout.compute(Peers { inputs: &self.peers }, io.output(0));
+        self.layout.compute(Peers { inputs: &self.peers }, output);
         self.round += 1;
         Ok(())
+    }
+}
+
+impl Kernel for NetCollectiveKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let input = io.input(0);
+        let result = self.round(input, io.output(0));
+        let (group, rank) = (&self.group, self.layout.rank);
+        result.map_err(|m| KernelError(format!("collective '{}' (rank {rank} of {}): {m}", group.name, group.size)))
+    }
+}
+
+/// Loom models of the landing protocol: two nodes with one member each, the "network" the
+/// sending member itself (it lands its input in the other node's table at once, the most
+/// eager a reader thread could be). Each landing buffer is shadowed by a loom cell, so a
+/// round's input overwriting a buffer a member still reads is reported.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use regflow_plan::{CollectiveOp, DType, DeviceKind, PlanBuilder, StreamKind};
+    /// The other node's groups, cleared at the end of a model (the two nodes' sinks point at
+    /// each other: left set, the cycle would leak).
+    type Slot = std::sync::Arc<std::sync::Mutex<Option<Arc<NetGroups>>>>;
+
+    /// Hands a member's input straight to the other node's groups.
+    struct Direct(Slot, u16);
+
+    impl CollectiveSend for Direct {
+        fn send(&self, _node: u16, item: Outgoing) -> Result<(), String> {
+            let Outgoing::Collective { group, round, rank, bytes } = item else { return Err("not an input".into()) };
+            let other = self.0.lock().map_err(|_| "poisoned")?.clone().ok_or("the other node is not ready")?;
+            // SAFETY: the sender's landing buffer holds its input unchanged meanwhile.
+            let source = unsafe { std::slice::from_raw_parts(bytes.ptr, bytes.len) };
+            other.receive(self.1, group, round, rank, bytes.len as u64, |into| {
+                // The inputs here are smaller than one chunk: one call lands all of it.
+                into.copy_from_slice(&source[..into.len()]);
+                Ok(())
+            })
+        }
+    }
+
+    /// An all-reduce (or all-gather) of `elements` f32 over 2 nodes with one cpu device each.
+    fn plan(op: CollectiveOp, elements: usize) -> Plan {
+        let mut b = PlanBuilder::new();
+        for r in 0..2u32 {
+            let device = b.device(r as u16, DeviceKind::Cpu, 0);
+            let comm = b.stream(device, StreamKind::Comm);
+            let conf =
+                CollectiveConf { group: "g".into(), rank: r, size: 2, op, dtype: DType::F32, shape: vec![elements] };
+            let bytes = |s: Vec<usize>| (s.iter().product::<usize>() * 4) as u64;
+            let (input, output) = (bytes(conf.input_shape()), bytes(conf.output_shape()));
+            let src = b.actor(
+                &format!("in{r}"),
+                comm,
+                regflow_plan::ActorKind::Source { pieces: regflow_plan::SourcePieces::Fed },
+            );
+            let x = b.regst(&format!("x{r}"), src, input, 1);
+            let c = b.actor(&format!("c{r}"), comm, ActorKind::Compute { kernel: KernelConf::Collective(conf) });
+            b.consume(c, x);
+            let y = b.regst(&format!("y{r}"), c, output, 1);
+            let sink = b.actor(&format!("out{r}"), comm, regflow_plan::ActorKind::Sink);
+            b.consume(sink, y);
+        }
+        b.build().expect("a valid plan")
+    }
+
+    fn members(plan: &Plan) -> (Vec<NetCollectiveKernel>, Vec<Slot>) {
+        let slots: Vec<Slot> = (0..2).map(|_| Slot::default()).collect();
+        let groups: Vec<Arc<NetGroups>> = (0..2u16)
+            .map(|node| {
+                let sink: std::sync::Arc<dyn CollectiveSend> =
+                    std::sync::Arc::new(Direct(slots[1 - node as usize].clone(), node));
+                Arc::new(NetGroups::new(plan, node, sink).expect("groups"))
+            })
+            .collect();
+        for (slot, g) in slots.iter().zip(&groups) {
+            *slot.lock().expect("unpoisoned") = Some(g.clone());
+        }
+        let kernels = (0..2u32)
+            .map(|r| {
+                let g = &groups[r as usize];
+                let group = g.get("g").expect("the group spans both nodes").clone();
+                let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &plan.actors[3 * r as usize + 1].kind
+                else {
+                    panic!("actor 1 of each node is the collective")
+                };
+                let layout = Layout::new(conf).expect("a layout");
+                NetCollectiveKernel {
+                    peers: vec![PeerInput::empty(); 2],
+                    group,
+                    layout,
+                    out: g.out.clone().expect("a sink"),
+                    round: 0,
+                }
+            })
+            .collect();
+        (kernels, slots)
+    }
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(f);
+    }
+
+    fn check(
+        op: CollectiveOp,
+        elements: usize,
+        expected: impl Fn(u32, u64) -> Vec<f32> + Send + Sync + Copy + 'static,
+    ) {
+        model(move || {
+            const ROUNDS: u64 = 3;
+            let plan = plan(op, elements);
+            let (members, slots) = members(&plan);
+            let mut members = members.into_iter();
+            let member = |mut kernel: NetCollectiveKernel, rank: u32| {
+                move || {
+                    let out_len = kernel.layout.output_bytes;
+                    for round in 0..ROUNDS {
+                        let input: Vec<u8> = (0..kernel.layout.input_bytes / 4)
+                            .flat_map(|i| ((10 * round + u64::from(rank) + 1) as f32 + i as f32).to_le_bytes())
+                            .collect();
+                        let mut output = vec![0u8; out_len];
+                        kernel.round(&input, &mut output).expect("a round");
+                        let got: Vec<f32> =
+                            output.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                        assert_eq!(got, expected(rank, round), "rank {rank}, round {round}");
+                    }
+                }
+            };
+            let (m0, m1) = (members.next().expect("rank 0"), members.next().expect("rank 1"));
+            let other = loom::thread::spawn(member(m1, 1));
+            member(m0, 0)();
+            other.join().expect("rank 1");
+            for slot in &slots {
+                slot.lock().expect("unpoisoned").take();
+            }
+        });
+    }
+
+    #[test]
+    fn loom_all_reduce_across_nodes_lands_each_round_before_it_is_summed_and_after_it_was_read() {
+        // Rank r's element i in round k is 10k + r + 1 + i: the sum is 20k + 3 + 2i.
+        check(CollectiveOp::AllReduce, 2, |_, k| (0..2).map(|i| (20 * k + 3) as f32 + 2.0 * i as f32).collect());
+    }
+
+    #[test]
+    fn loom_all_gather_across_nodes_sees_both_parts_of_each_round() {
+        // Each rank holds one element (10k + r + 1); both get [10k + 1, 10k + 2].
+        check(CollectiveOp::AllGather { dim: 0 }, 2, |_, k| vec![(10 * k + 1) as f32, (10 * k + 2) as f32]);
     }
 }

@@ -280,10 +280,10 @@ impl Job {
                 let capacities = crate::net::channel_capacities(&plan, cluster.rank(), cluster.world());
                 let abort = shared.abort_signal.receiver().clone();
                 let (out, receivers) = crate::net::NetPlane::channels(cluster, &capacities, abort);
-                let groups =
-                    crate::collective::NetGroups::new(&plan, cluster.rank(), out.clone()).map_err(|message| {
-                        RuntimeError::Cluster { node: cluster.rank(), world: cluster.world(), message }
-                    })?;
+                let sink: std::sync::Arc<dyn crate::collective::CollectiveSend> = std::sync::Arc::new(out.clone());
+                let groups = crate::collective::NetGroups::new(&plan, cluster.rank(), sink).map_err(|message| {
+                    RuntimeError::Cluster { node: cluster.rank(), world: cluster.world(), message }
+                })?;
                 let groups = Arc::new(groups);
                 builder.kernels.collectives().set_net(groups.clone());
                 Some((out, receivers, groups))
