@@ -214,6 +214,11 @@ fn data_parallel_across_4_nodes_equals_one_process() {
 }
 
 #[test]
+fn data_parallel_on_2_nodes_of_2_devices_equals_one_process() {
+    check("dp4", dp(4), 2);
+}
+
+#[test]
 fn tensor_parallel_across_2_nodes_equals_one_process() {
     check("tp2", tp(), 1);
 }
@@ -404,4 +409,96 @@ fn mpirun_runs_a_2_process_job_that_equals_one_process() {
         .unwrap();
     let output = finish(child, Duration::from_secs(120), "mpirun");
     assert_eq!(printed_losses(&output), one_process(&zero()));
+}
+
+const READY_DIR_VAR: &str = "REGFLOW_TEST_READY_DIR";
+
+/// One rank of [`killing_a_rank_fails_every_other_rank_naming_it`]: joins, says so with a
+/// file, and trains until the job fails; prints the error's sentence and exits 3.
+#[test]
+#[ignore = "a rank of the kill test, which starts it"]
+fn rank_of_a_job_that_loses_a_node() {
+    let (Some(env), Ok(dir)) = (ClusterEnv::from_env().unwrap(), std::env::var(READY_DIR_VAR)) else { return };
+    let layout = named("dp2xtp2@1");
+    let (plan, loss) = compile(&layout);
+    let options = ClusterOptions { timeout: Duration::from_secs(60), ..ClusterOptions::default() };
+    let cluster = Cluster::join(&env, &plan, &options).unwrap();
+    let mut job = Job::builder(plan).cluster(cluster).watchdog(Duration::from_secs(60)).build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let fetcher = job.has_output(&loss).then(|| job.fetcher(&loss).unwrap());
+    let reader = std::thread::spawn(move || while fetcher.as_ref().and_then(|f| f.recv()).is_some() {});
+    std::fs::write(format!("{dir}/ready{}", env.rank), b"").unwrap();
+    // Pushes until the job stops (it never ends by itself: the kill stops it).
+    'feed: loop {
+        for (xs, ys) in batches() {
+            if feeds.push("x", &xs).is_err() || feeds.push("y", &ys).is_err() {
+                break 'feed;
+            }
+        }
+    }
+    drop(feeds);
+    let _ = reader.join();
+    let error = job.wait().expect_err("the job cannot end well: a node was killed");
+    println!("RANK ERROR {error}");
+    std::process::exit(3);
+}
+
+#[test]
+fn killing_a_rank_fails_every_other_rank_naming_it() {
+    // Rank 0 (which hosts the control plane), a middle rank and the last one.
+    for victim in [2usize, 0, 3] {
+        let dir = std::env::temp_dir().join(format!("regflow-kill-{}-{victim}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port().to_string();
+        let mut children: Vec<_> = (0..4)
+            .map(|rank| {
+                Command::new(std::env::current_exe().unwrap())
+                    .args([
+                        "rank_of_a_job_that_loses_a_node",
+                        "--exact",
+                        "--ignored",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", "4")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", &port)
+                    .env(READY_DIR_VAR, &dir)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        while (0..4).any(|r| !dir.join(format!("ready{r}")).exists()) {
+            assert!(started.elapsed() < Duration::from_secs(60), "the ranks did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        // SIGKILL: no chance to say goodbye.
+        children[victim].kill().unwrap();
+        let _ = children[victim].wait();
+        for (rank, child) in children.into_iter().enumerate().filter(|(r, _)| *r != victim) {
+            let start = std::time::Instant::now();
+            let mut child = child;
+            while child.try_wait().unwrap().is_none() {
+                if start.elapsed() > Duration::from_secs(60) {
+                    let _ = child.kill();
+                    panic!("rank {rank} hung after rank {victim} was killed");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let output = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let line = stdout.lines().find(|l| l.contains("RANK ERROR")).unwrap_or_else(|| {
+                panic!("rank {rank} printed no error:\n{stdout}{}", String::from_utf8_lossy(&output.stderr))
+            });
+            assert_eq!(output.status.code(), Some(3), "rank {rank}: {line}");
+            assert!(line.contains(&format!("lost node {victim} ")), "rank {rank} does not name node {victim}: {line}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
