@@ -48,7 +48,7 @@ impl Rng {
 }
 
 fn random_header(rng: &mut Rng) -> Header {
-    match rng.below(7) {
+    match rng.below(8) {
         0 => Header::Hello(Hello {
             protocol: rng.below(3) as u32,
             build: rng.text(24),
@@ -80,6 +80,7 @@ fn random_header(rng: &mut Rng) -> Header {
             len: rng.below(1 << 20),
         },
         5 => Header::Abort { reason: rng.text(80) },
+        6 => Header::Heartbeat { fires: rng.next() },
         _ => Header::Bye,
     }
 }

@@ -58,6 +58,11 @@ pub enum Header {
     },
     /// The sender's job is done: it sends nothing more on this connection.
     Bye,
+    /// The sender is alive (sent when it has had nothing else to send for a while).
+    Heartbeat {
+        /// Firings of the sender's actors so far: how far its part of the job has come.
+        fires: u64,
+    },
 }
 
 impl Header {
@@ -81,6 +86,7 @@ impl Header {
             Header::Collective { .. } => "collective input",
             Header::Abort { .. } => "abort",
             Header::Bye => "bye",
+            Header::Heartbeat { .. } => "heartbeat",
         }
     }
 }
@@ -361,6 +367,7 @@ mod tests {
         roundtrip(Header::Collective { group: 0, round: 9, rank: 1, len: 3 }, b"abc");
         roundtrip(Header::Abort { reason: "node 1 failed".into() }, b"");
         roundtrip(Header::Bye, b"");
+        roundtrip(Header::Heartbeat { fires: 12345 }, b"");
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn header() -> impl Strategy<Value = Header> {
         }),
         ".{0,64}".prop_map(|reason| Header::Abort { reason }),
         Just(Header::Bye),
+        any::<u64>().prop_map(|fires| Header::Heartbeat { fires }),
     ]
 }
 

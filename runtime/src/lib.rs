@@ -49,7 +49,7 @@ pub use feeds::{GraphFeeds, GraphFetcher, GraphFetches};
 pub use io::{Feeder, Fetched, Fetcher};
 pub use job::{Job, JobBuilder, JobReport, DEFAULT_WATCHDOG};
 pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
-pub use net::{Cluster, ClusterOptions, PeerLink, Transport};
+pub use net::{Cluster, ClusterOptions, PeerLink, Transport, DEFAULT_SILENCE};
 pub use regflow_kernels::KernelRegistry;
 pub use regflow_net::env::ClusterEnv;
 pub use regflow_net::handshake::Secret;

@@ -163,6 +163,7 @@ fn a_public_bind_without_a_secret_is_refused() {
             timeout: Duration::from_millis(500),
             bind: Some("0.0.0.0".parse().unwrap()),
             secret: Some(Secret::none()),
+            ..ClusterOptions::default()
         };
         join_all(vec![(1, 2, chain(8), options)])
     });

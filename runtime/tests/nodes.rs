@@ -233,11 +233,16 @@ fn collectives_across_nodes_equal_one_process_bit_for_bit() {
 
 /// Node 0 of [`two_node_chain`] against a hand-driven peer: the raw socket of "node 1".
 fn node0_against_raw_peer() -> (Job, std::net::TcpStream) {
+    node0_against_raw_peer_silent_after(Duration::from_secs(10))
+}
+
+/// As [`node0_against_raw_peer`], with the peer allowed `silence` without a frame.
+fn node0_against_raw_peer_silent_after(silence: Duration) -> (Job, std::net::TcpStream) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (ours, _) = listener.accept().unwrap();
     let link = PeerLink { rank: 1, host: "fake-host".into(), transport: Box::new(ours) };
-    let cluster = Cluster::from_links(0, 2, "localhost", vec![link]).unwrap();
+    let cluster = Cluster::from_links(0, 2, "localhost", vec![link]).unwrap().with_silence_limit(silence);
     let job = Job::builder(two_node_chain()).cluster(cluster).watchdog(Duration::from_secs(20)).build().unwrap();
     (job, peer)
 }
@@ -358,4 +363,52 @@ fn a_cluster_that_does_not_fit_the_plan_is_refused() {
     let mut clusters = Cluster::loopback(3).unwrap().into_iter();
     let error = Job::builder(two_node_chain()).cluster(clusters.next().unwrap()).build().unwrap_err();
     assert!(error.to_string().contains("places devices on 2 node(s), but the cluster has 3"), "{error}");
+}
+
+#[test]
+fn a_peer_that_goes_silent_without_closing_is_lost_naming_it() {
+    // The peer beats once (its job is up), then sends nothing and keeps the connection
+    // open: a stuck process or a cut network, which no end-of-stream would reveal.
+    let error = within(Duration::from_secs(30), || {
+        let (job, peer) = node0_against_raw_peer_silent_after(Duration::from_millis(600));
+        let mut writer = FrameWriter::new(&peer);
+        writer.write(&Header::Heartbeat { fires: 7 }, &[]).unwrap();
+        writer.flush().unwrap();
+        let error = failure_of(job, 3);
+        drop(peer);
+        error
+    });
+    let message = error.to_string();
+    assert!(matches!(error, RuntimeError::PeerLost { node: 1, .. }), "{error:?}");
+    assert!(message.contains("not even a heartbeat") && message.contains("fired 7 times"), "{message}");
+}
+
+#[test]
+fn an_idle_peer_that_beats_is_not_lost() {
+    // Node 1 takes its time (3 × the silence limit) before reading anything: its heartbeats
+    // keep node 0 waiting rather than failing.
+    let report = within(Duration::from_secs(30), || {
+        let mut clusters = Cluster::loopback(2).unwrap().into_iter();
+        let silence = Duration::from_millis(700);
+        let c0 = clusters.next().unwrap().with_silence_limit(silence);
+        let c1 = clusters.next().unwrap().with_silence_limit(silence);
+        let node1 = std::thread::spawn(move || {
+            let mut job = Job::builder(two_node_chain()).cluster(c1).build().unwrap();
+            let (out, tap) = (job.fetcher("out").unwrap(), job.fetcher("tap").unwrap());
+            std::thread::sleep(Duration::from_millis(2100));
+            while out.recv().is_some() | tap.recv().is_some() {}
+            job.wait().unwrap()
+        });
+        let mut job = Job::builder(two_node_chain()).cluster(c0).build().unwrap();
+        let mut feeder = job.feeder("in").unwrap();
+        // More pieces than node 1's slots and fetch depths hold: node 0 waits on it.
+        for piece in 0..40 {
+            feeder.push(&piece_bytes(piece)).unwrap();
+        }
+        feeder.close().unwrap();
+        let report = job.wait().unwrap();
+        node1.join().unwrap();
+        report
+    });
+    assert_eq!(report.actor("in").unwrap().fires, 40);
 }

@@ -85,6 +85,9 @@ pub struct PeerLink {
     pub transport: Box<dyn Transport>,
 }
 
+/// How long a peer may be silent by default (see [`Cluster::with_silence_limit`]).
+pub const DEFAULT_SILENCE: Duration = Duration::from_secs(10);
+
 /// How a node joins the others (see [`Cluster::join`]).
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
@@ -96,11 +99,13 @@ pub struct ClusterOptions {
     /// The cluster's shared secret (default: from `REGFLOW_SECRET` or
     /// `REGFLOW_SECRET_FILE`; none when neither is set, and then only loopback binds).
     pub secret: Option<regflow_net::handshake::Secret>,
+    /// How long a peer may send nothing before it counts as lost ([`DEFAULT_SILENCE`]).
+    pub silence: Duration,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(60), bind: None, secret: None }
+        Self { timeout: Duration::from_secs(60), bind: None, secret: None, silence: DEFAULT_SILENCE }
     }
 }
 
@@ -115,6 +120,8 @@ pub struct Cluster {
     links: Vec<Option<PeerLink>>,
     /// What must live as long as the job: rank 0's control plane, the control client.
     pub(super) keep: Option<Box<dyn std::any::Any + Send>>,
+    /// How long a peer may send nothing (not even a heartbeat) before it counts as lost.
+    pub(super) silence: Duration,
 }
 
 impl fmt::Debug for Cluster {
@@ -152,7 +159,7 @@ impl Cluster {
         if let Some(missing) = (0..world).find(|&n| n != rank && slots[n as usize].is_none()) {
             return Err(fail(format!("no link to node {missing}")));
         }
-        Ok(Self { rank, world, hosts, links: slots, keep: None })
+        Ok(Self { rank, world, hosts, links: slots, keep: None, silence: DEFAULT_SILENCE })
     }
 
     /// `world` nodes in this process, connected pairwise over loopback TCP: one cluster per
@@ -177,6 +184,15 @@ impl Cluster {
         links.into_iter().enumerate().map(|(r, l)| Cluster::from_links(r as u16, world, "localhost", l)).collect()
     }
 
+    /// How long a peer may send nothing, not even a heartbeat (each node beats every
+    /// second when it has nothing else to send), before this node's job fails with
+    /// [`RuntimeError::PeerLost`] naming it (default 10 s). A node whose job has not yet
+    /// started sends nothing: before a peer's first frame the limit is six times longer.
+    pub fn with_silence_limit(mut self, silence: Duration) -> Self {
+        self.silence = silence.max(Duration::from_millis(100));
+        self
+    }
+
     /// This node.
     pub fn rank(&self) -> u16 {
         self.rank
@@ -199,6 +215,11 @@ impl Cluster {
     /// The links, and what must outlive the job.
     pub(crate) fn into_parts(self) -> (Vec<Option<PeerLink>>, Option<Box<dyn std::any::Any + Send>>) {
         (self.links, self.keep)
+    }
+
+    /// The silence limit (see [`Cluster::with_silence_limit`]).
+    pub(crate) fn silence(&self) -> Duration {
+        self.silence
     }
 
     /// Tells every peer this node cannot start its part of the job (its job never ran).

@@ -165,7 +165,7 @@ impl Cluster {
             links.push(PeerLink { rank: info.rank as u16, host: info.host, transport: Box::new(done(stream)?) });
         }
         control.barrier("connected", left()).map_err(|e| fail(e.to_string()))?;
-        let mut cluster = Cluster::from_links(node, world16, &me.host, links)?;
+        let mut cluster = Cluster::from_links(node, world16, &me.host, links)?.with_silence_limit(options.silence);
         cluster.keep = Some(Box::new((server, control)));
         Ok((cluster, received))
     }

@@ -28,7 +28,7 @@ mod join;
 mod reader;
 mod writer;
 
-pub use cluster::{Cluster, ClusterOptions, PeerLink, Transport};
+pub use cluster::{Cluster, ClusterOptions, PeerLink, Transport, DEFAULT_SILENCE};
 
 use crate::arenas::PlanArenas;
 use crate::collective::NetGroups;
@@ -204,7 +204,7 @@ impl NetPlane {
         shared: Arc<JobShared>,
         router: crate::bus::Router,
     ) -> Result<Self, RuntimeError> {
-        let (rank, world) = (cluster.rank(), cluster.world());
+        let (rank, world, silence) = (cluster.rank(), cluster.world(), cluster.silence());
         let names = PeerNames { hosts: cluster.hosts() };
         let check = Arc::new(WireCheck::new(plan, ids));
         let done = Arc::new(AtomicBool::new(false));
@@ -226,10 +226,13 @@ impl NetPlane {
             let (Some(link), Some(receiver)) = (link, receiver) else { continue };
             let node = link.rank;
             let transport: std::sync::Arc<dyn Transport> = std::sync::Arc::from(link.transport);
+            // Reads wake regularly so the reader can tell a silent peer from a slow one.
+            transport.set_read_timeout(Some(reader::SILENCE_POLL)).map_err(|e| fail(node, e.to_string()))?;
             let read_half = transport.reader().map_err(|e| fail(node, e.to_string()))?;
             let write_half = transport.writer().map_err(|e| fail(node, e.to_string()))?;
             plane.transports.push(transport.clone());
             let writer = writer::Writer::new(
+                silence,
                 node,
                 write_half,
                 receiver,
@@ -246,6 +249,7 @@ impl NetPlane {
                 )?;
             plane.writers.push((node, handle));
             let reader = reader::Reader::new(
+                silence,
                 node,
                 read_half,
                 check.clone(),

@@ -13,11 +13,21 @@ use regflow_net::frame::{FrameError, FrameReader, Header, WireBody, WireMessage}
 use regflow_plan::{ActorIndex, RegstDescId};
 use std::io::{BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Read buffer: headers come in small reads; payloads larger than this bypass it.
 const READ_BUFFER: usize = 64 * 1024;
 
+/// How often a reader waiting for a frame wakes to check how long its peer has been
+/// silent (the socket's read timeout; see `NetPlane::start`).
+pub(super) const SILENCE_POLL: Duration = Duration::from_millis(500);
+/// Before a peer's first frame (its job may still be starting), the silence it is allowed
+/// is this many times the limit.
+const START_SILENCE_FACTOR: u32 = 6;
+
 pub(super) struct Reader {
+    /// How long the peer may send nothing (`Cluster::with_silence_limit`).
+    silence: Duration,
     node: u16,
     input: FrameReader<BufReader<Box<dyn Read + Send>>>,
     check: Arc<WireCheck>,
@@ -29,11 +39,17 @@ pub(super) struct Reader {
     done: Arc<AtomicBool>,
     /// The peer said `Bye`: its closing the connection is the normal end.
     bye: bool,
+    /// When the last frame (of any kind) arrived; `None` before the first.
+    heard: Option<Instant>,
+    /// The firings the peer's last heartbeat reported.
+    peer_fires: u64,
+    started: Instant,
 }
 
 impl Reader {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        silence: Duration,
         node: u16,
         read: Box<dyn Read + Send>,
         check: Arc<WireCheck>,
@@ -45,6 +61,7 @@ impl Reader {
         done: Arc<AtomicBool>,
     ) -> Self {
         Self {
+            silence,
             node,
             input: FrameReader::new(BufReader::with_capacity(READ_BUFFER, read)),
             check,
@@ -55,16 +72,55 @@ impl Reader {
             names,
             done,
             bye: false,
+            heard: None,
+            peer_fires: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// Waits until bytes of the next frame are there: `Ok(false)` at the end of the stream.
+    /// Wakes every `SILENCE_POLL` to check the peer has not been silent for too long.
+    fn await_frame(&mut self) -> Result<bool, Stop> {
+        loop {
+            match self.input.get_mut().fill_buf() {
+                Ok(bytes) => return Ok(!bytes.is_empty()),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    if self.bye || self.done.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    let (since, limit) = match self.heard {
+                        Some(at) => (at, self.silence),
+                        None => (self.started, self.silence * START_SILENCE_FACTOR),
+                    };
+                    if since.elapsed() >= limit {
+                        return Err(Stop::Lost(format!(
+                            "it sent nothing for {:.0} s, not even a heartbeat (its last frame said it had fired {} \
+                             times): its process is stuck or the network between the nodes is down",
+                            since.elapsed().as_secs_f64(),
+                            self.peer_fires
+                        )));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Stop::Lost(describe(&FrameError::Io(e)))),
+            }
         }
     }
 
     pub(super) fn run(mut self) {
         loop {
-            let outcome = match self.input.read_header() {
-                Ok(Some(header)) => self.handle(header),
-                Ok(None) if self.bye || self.done.load(Ordering::Acquire) => return,
-                Ok(None) => Err(Stop::Lost("the connection closed before the node said goodbye".into())),
-                Err(e) => Err(Stop::Lost(describe(&e))),
+            let outcome = match self.await_frame() {
+                Ok(true) => match self.input.read_header() {
+                    Ok(Some(header)) => {
+                        self.heard = Some(Instant::now());
+                        self.handle(header)
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(Stop::Lost(describe(&e))),
+                },
+                Ok(false) if self.bye || self.done.load(Ordering::Acquire) => return,
+                Ok(false) => Err(Stop::Lost("the connection closed before the node said goodbye".into())),
+                Err(stop) => Err(stop),
             };
             match outcome {
                 Ok(()) => {}
@@ -86,9 +142,9 @@ impl Reader {
         match header {
             Header::Actor(msg) => self.actor(msg),
             Header::Collective { group, round, rank, len } => {
-                let input = self.input.get_mut();
+                let (input, silence) = (self.input.get_mut(), self.silence);
                 self.groups
-                    .receive(self.node, group, round, rank, len, |into| read_direct(input, into))
+                    .receive(self.node, group, round, rank, len, |into| read_direct(input, into, silence))
                     .map_err(Stop::Lost)
             }
             Header::Abort { reason } => {
@@ -98,6 +154,10 @@ impl Reader {
             }
             Header::Bye => {
                 self.bye = true;
+                Ok(())
+            }
+            Header::Heartbeat { fires } => {
+                self.peer_fires = fires;
                 Ok(())
             }
             other => Err(Stop::Lost(format!("it sent a {} frame in the middle of the job", other.kind()))),
@@ -153,7 +213,7 @@ impl Reader {
                     // and the producer sends one only after every consumer here acked the
                     // slot's last piece: nobody on this node reads it meanwhile.
                     let into = unsafe { view.as_mut_slice() };
-                    read_direct(self.input.get_mut(), into).map_err(Stop::Lost)?;
+                    read_direct(self.input.get_mut(), into, self.silence).map_err(Stop::Lost)?;
                 }
                 Body::Ready { regst, piece, data: regst }
             }
@@ -197,15 +257,35 @@ enum Stop {
 
 /// Reads a payload into `into`: what the buffer already holds, then the rest straight from
 /// the socket into its place (a buffered read would copy the bytes a second time).
-fn read_direct(reader: &mut BufReader<Box<dyn Read + Send>>, into: &mut [u8]) -> Result<(), String> {
+/// The socket's read timeout only wakes the reader to check on its peer: in the middle of
+/// a payload, reading goes on as long as bytes keep coming within `silence`.
+fn read_direct(reader: &mut BufReader<Box<dyn Read + Send>>, into: &mut [u8], silence: Duration) -> Result<(), String> {
     let buffered = reader.buffer();
-    let n = buffered.len().min(into.len());
-    into[..n].copy_from_slice(&buffered[..n]);
-    reader.consume(n);
-    reader.get_mut().read_exact(&mut into[n..]).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => "the connection closed in the middle of a frame (payload)".to_string(),
-        _ => describe(&FrameError::Io(e)),
-    })
+    let mut at = buffered.len().min(into.len());
+    into[..at].copy_from_slice(&buffered[..at]);
+    reader.consume(at);
+    let mut progress = Instant::now();
+    while at < into.len() {
+        match reader.get_mut().read(&mut into[at..]) {
+            Ok(0) => return Err("the connection closed in the middle of a frame (payload)".to_string()),
+            Ok(n) => {
+                at += n;
+                progress = Instant::now();
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                if progress.elapsed() >= silence {
+                    return Err(format!(
+                        "it stopped for {:.0} s in the middle of a {}-byte payload",
+                        progress.elapsed().as_secs_f64(),
+                        into.len()
+                    ));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(describe(&FrameError::Io(e))),
+        }
+    }
+    Ok(())
 }
 
 fn describe(e: &FrameError) -> String {

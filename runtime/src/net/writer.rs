@@ -12,6 +12,10 @@ use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
 use std::io::{IoSlice, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// How long a writer with nothing to send waits before it sends a heartbeat, at most (a
+/// quarter of the silence the peer allows, if that is shorter).
+pub(super) const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Buffer of small frames between flushes.
 const WRITE_BUFFER: usize = 64 * 1024;
 /// A payload of this size or more is not copied into the buffer: it goes out with what the
@@ -72,6 +76,8 @@ impl Write for Coalescer {
 }
 
 pub(super) struct Writer {
+    /// Heartbeat interval.
+    beat: std::time::Duration,
     node: u16,
     out: FrameWriter<Coalescer>,
     items: crossbeam_channel::Receiver<Outgoing>,
@@ -89,6 +95,7 @@ pub(super) struct Writer {
 impl Writer {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        silence: std::time::Duration,
         node: u16,
         write: Box<dyn Write + Send>,
         items: crossbeam_channel::Receiver<Outgoing>,
@@ -110,6 +117,7 @@ impl Writer {
             }
         }
         Self {
+            beat: HEARTBEAT_EVERY.min(silence / 4),
             node,
             out: FrameWriter::new(Coalescer::new(write)),
             items,
@@ -124,7 +132,20 @@ impl Writer {
     }
 
     pub(super) fn run(mut self) {
-        while let Ok(item) = self.items.recv() {
+        // A first beat at once: the peer's reader knows this node's job is up.
+        if self.heartbeat().is_err() {
+            return;
+        }
+        loop {
+            let item = match self.items.recv_timeout(self.beat) {
+                Ok(item) => item,
+                // Nothing to send for a while: say this node is alive.
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => match self.heartbeat() {
+                    Ok(()) => continue,
+                    Err(()) => return,
+                },
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            };
             let bye = matches!(item, Outgoing::Bye);
             let result = self.write(item).and_then(|()| {
                 // Flush once the queue is empty: frames written together go out together.
@@ -135,18 +156,30 @@ impl Writer {
                 }
             });
             if let Err(message) = result {
-                if !self.done.load(Ordering::Acquire) {
-                    let host = self.names.host(self.node);
-                    self.shared.abort(
-                        RuntimeError::PeerLost { node: self.node, host, message: format!("sending failed: {message}") },
-                        &self.router,
-                    );
-                }
+                self.lost(message);
                 return;
             }
             if bye {
                 return;
             }
+        }
+    }
+
+    /// Writes and flushes a heartbeat; a failure aborts the job (as any failed write).
+    fn heartbeat(&mut self) -> Result<(), ()> {
+        let fires = self.shared.probes.iter().map(|p| p.fires.load(crate::sync::Ordering::Relaxed)).sum();
+        let written = self.out.write(&Header::Heartbeat { fires }, &[]).and_then(|()| self.out.flush());
+        written.map_err(|e| self.lost(e.to_string()))
+    }
+
+    /// Aborts the job with the connection's failure, unless the job is already over.
+    fn lost(&self, message: String) {
+        if !self.done.load(Ordering::Acquire) {
+            let host = self.names.host(self.node);
+            self.shared.abort(
+                RuntimeError::PeerLost { node: self.node, host, message: format!("sending failed: {message}") },
+                &self.router,
+            );
         }
     }
 
