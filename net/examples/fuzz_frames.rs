@@ -48,7 +48,7 @@ impl Rng {
 }
 
 fn random_header(rng: &mut Rng) -> Header {
-    match rng.below(8) {
+    match rng.below(10) {
         0 => Header::Hello(Hello {
             protocol: rng.below(3) as u32,
             build: rng.text(24),
@@ -81,6 +81,8 @@ fn random_header(rng: &mut Rng) -> Header {
         },
         5 => Header::Abort { reason: rng.text(80) },
         6 => Header::Heartbeat { fires: rng.next() },
+        7 => Header::SnapshotRequest,
+        8 => Header::Snapshot { len: rng.below(1 << 20) },
         _ => Header::Bye,
     }
 }

@@ -58,6 +58,14 @@ pub enum Header {
     },
     /// The sender's job is done: it sends nothing more on this connection.
     Bye,
+    /// The sender's watchdog found its job stalled: the receiver answers with what its own
+    /// actors wait on ([`Header::Snapshot`]), so the wait-for graph spans every node.
+    SnapshotRequest,
+    /// What the sender's actors wait on: `len` bytes of JSON follow (the runtime's format).
+    Snapshot {
+        /// Payload bytes that follow.
+        len: u64,
+    },
     /// The sender is alive (sent when it has had nothing else to send for a while).
     Heartbeat {
         /// Firings of the sender's actors so far: how far its part of the job has come.
@@ -69,9 +77,9 @@ impl Header {
     /// Bytes of payload following this header.
     pub fn payload_len(&self) -> u64 {
         match self {
-            Header::Actor(WireMessage { body: WireBody::Ready { len, .. }, .. }) | Header::Collective { len, .. } => {
-                *len
-            }
+            Header::Actor(WireMessage { body: WireBody::Ready { len, .. }, .. })
+            | Header::Collective { len, .. }
+            | Header::Snapshot { len } => *len,
             _ => 0,
         }
     }
@@ -87,6 +95,8 @@ impl Header {
             Header::Abort { .. } => "abort",
             Header::Bye => "bye",
             Header::Heartbeat { .. } => "heartbeat",
+            Header::SnapshotRequest => "snapshot request",
+            Header::Snapshot { .. } => "snapshot",
         }
     }
 }

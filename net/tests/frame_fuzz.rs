@@ -45,6 +45,8 @@ fn header() -> impl Strategy<Value = Header> {
         ".{0,64}".prop_map(|reason| Header::Abort { reason }),
         Just(Header::Bye),
         any::<u64>().prop_map(|fires| Header::Heartbeat { fires }),
+        Just(Header::SnapshotRequest),
+        (0u64..64).prop_map(|len| Header::Snapshot { len }),
     ]
 }
 

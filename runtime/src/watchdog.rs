@@ -1,10 +1,16 @@
 //! The watchdog: when pieces are pending and no actor has fired for a while, it asks every
 //! stream what its actors wait on and aborts the job with the wait-for graph. A job never
 //! hangs silently.
+//!
+//! In a job that runs one node of several, the graph spans the nodes: before it aborts,
+//! the watchdog asks every peer for what its actors wait on (`SnapshotRequest`), waits a
+//! bounded time for the answers, and adds them, so a cycle through actors of several nodes
+//! is found and named. Each watchdog also answers its peers' requests.
 
 use crate::bus::Router;
 use crate::inbox::Envelope;
 use crate::job::UserWaits;
+use crate::net::WatchNet;
 use crate::stream::JobShared;
 use crate::sync::{Arc, Ordering};
 use crate::RuntimeError;
@@ -14,7 +20,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 /// One thing a stuck actor waits on, in plan names.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Wait {
     /// A source not started.
     NotStarted,
@@ -69,6 +75,42 @@ pub struct StuckActor {
     pub fires: u64,
     /// What it waits on.
     pub waits: Vec<Wait>,
+}
+
+/// A stuck actor as one node tells another (its waits already in plan names).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RemoteStuck {
+    name: String,
+    stream: String,
+    lifecycle: String,
+    fires: u64,
+    waits: Vec<Wait>,
+}
+
+impl RemoteStuck {
+    fn from_local(actor: &StuckActor) -> Self {
+        Self {
+            name: actor.name.clone(),
+            stream: actor.stream.clone(),
+            lifecycle: format!("{:?}", actor.lifecycle),
+            fires: actor.fires,
+            waits: actor.waits.clone(),
+        }
+    }
+
+    /// As a stuck actor of the graph, its id found by name in the plan (every node has it).
+    fn into_stuck(self, names: &Names) -> StuckActor {
+        let id = names.actors.iter().find(|(_, n)| **n == self.name).map(|(id, _)| *id);
+        let lifecycle = if self.lifecycle == "Zombie" { Lifecycle::Zombie } else { Lifecycle::Running };
+        StuckActor {
+            id: id.unwrap_or_else(|| ActorId::new(0, 0, 0, 0).unwrap_or_else(|| unreachable!("0 fits every field"))),
+            name: self.name,
+            stream: self.stream,
+            lifecycle,
+            fires: self.fires,
+            waits: self.waits,
+        }
+    }
 }
 
 /// What the program embedding the job is doing or holding when it stalls: the user-side
@@ -411,7 +453,75 @@ impl Names {
     }
 }
 
+/// How long a stalled watchdog waits for its peers' snapshots.
+const PEER_SNAPSHOT_WAIT: Duration = Duration::from_secs(2);
+
+/// What every hosted stream's actors wait on now: (stream, snapshots) per stream that
+/// answered within `wait`, and the live streams that did not.
+fn collect(
+    shared: &JobShared,
+    router: &Router,
+    names: &Names,
+    snapshots: &crossbeam_channel::Receiver<(usize, Vec<ActorSnapshot>)>,
+    wait: Duration,
+) -> (Vec<(usize, Vec<ActorSnapshot>)>, Vec<usize>) {
+    while snapshots.try_recv().is_ok() {}
+    router.broadcast(Envelope::Snapshot);
+    let mut answers: Vec<(usize, Vec<ActorSnapshot>)> = Vec::new();
+    let deadline = Instant::now() + wait;
+    let live: Vec<usize> =
+        names.hosted.iter().copied().filter(|&s| !shared.probes[s].exited.load(Ordering::Acquire)).collect();
+    while answers.len() < live.len() {
+        match snapshots.recv_deadline(deadline) {
+            Ok(answer) => answers.push(answer),
+            Err(_) => break,
+        }
+    }
+    (answers, live)
+}
+
+/// Answers a peer's request for this node's snapshot.
+fn answer_peer(
+    node: u16,
+    net: &WatchNet,
+    shared: &JobShared,
+    router: &Router,
+    names: &Names,
+    snapshots: &crossbeam_channel::Receiver<(usize, Vec<ActorSnapshot>)>,
+    tick: Duration,
+) {
+    let (mut answers, _) = collect(shared, router, names, snapshots, tick.max(Duration::from_millis(200)));
+    answers.sort_by_key(|(s, _)| *s);
+    let graph = names.graph(&answers, Vec::new(), Vec::new());
+    let remote: Vec<RemoteStuck> = graph.actors.iter().map(RemoteStuck::from_local).collect();
+    if let Ok(json) = serde_json::to_vec(&remote) {
+        net.out.to_node(node, crate::net::Outgoing::Snapshot(json));
+    }
+}
+
+/// The stuck actors of the other nodes, as far as they answer within [`PEER_SNAPSHOT_WAIT`].
+fn peer_actors(net: &WatchNet, names: &Names) -> (Vec<StuckActor>, Vec<u16>) {
+    while net.replies.try_recv().is_ok() {}
+    let peers = net.out.peers();
+    net.out.to_all(&crate::net::Outgoing::SnapshotRequest);
+    let deadline = Instant::now() + PEER_SNAPSHOT_WAIT;
+    let mut answered = Vec::new();
+    let mut actors = Vec::new();
+    while answered.len() < peers.len() {
+        match net.replies.recv_deadline(deadline) {
+            Ok((node, remote)) => {
+                answered.push(node);
+                actors.extend(remote.into_iter().map(|r| r.into_stuck(names)));
+            }
+            Err(_) => break,
+        }
+    }
+    let silent = peers.into_iter().filter(|p| !answered.contains(p)).collect();
+    (actors, silent)
+}
+
 /// Runs until `stop` closes; checks every `timeout / 4`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn watch(
     shared: Arc<JobShared>,
     user: std::sync::Arc<UserWaits>,
@@ -420,6 +530,7 @@ pub(crate) fn watch(
     timeout: Duration,
     stop: crossbeam_channel::Receiver<()>,
     snapshots: crossbeam_channel::Receiver<(usize, Vec<ActorSnapshot>)>,
+    net: Option<WatchNet>,
 ) {
     let tick = (timeout / 4).max(Duration::from_millis(1));
     // A kernel that runs longer than the timeout counts as stuck, like a collective that
@@ -427,9 +538,18 @@ pub(crate) fn watch(
     let fires = |shared: &JobShared| -> u64 { shared.probes.iter().map(|p| p.fires.load(Ordering::Relaxed)).sum() };
     let mut last_fires = fires(&shared);
     let mut last_progress = Instant::now();
+    let never = crossbeam_channel::never();
     loop {
-        if !matches!(stop.recv_timeout(tick), Err(crossbeam_channel::RecvTimeoutError::Timeout)) {
-            return;
+        let requests = net.as_ref().map_or(&never, |n| &n.requests);
+        crossbeam_channel::select! {
+            recv(stop) -> _ => return,
+            recv(requests) -> node => {
+                if let (Ok(node), Some(net)) = (node, &net) {
+                    answer_peer(node, net, &shared, &router, &names, &snapshots, tick);
+                }
+                continue;
+            }
+            default(tick) => {}
         }
         let total = fires(&shared);
         if total != last_fires {
@@ -440,18 +560,7 @@ pub(crate) fn watch(
         if idle < timeout || shared.aborting.load(Ordering::Acquire) {
             continue;
         }
-        while snapshots.try_recv().is_ok() {}
-        router.broadcast(Envelope::Snapshot);
-        let mut answers: Vec<(usize, Vec<ActorSnapshot>)> = Vec::new();
-        let deadline = Instant::now() + tick.max(Duration::from_millis(200));
-        let live: Vec<usize> =
-            names.hosted.iter().copied().filter(|&s| !shared.probes[s].exited.load(Ordering::Acquire)).collect();
-        while answers.len() < live.len() {
-            match snapshots.recv_deadline(deadline) {
-                Ok(answer) => answers.push(answer),
-                Err(_) => break,
-            }
-        }
+        let (mut answers, live) = collect(&shared, &router, &names, &snapshots, tick.max(Duration::from_millis(200)));
         let now_fires = fires(&shared);
         if now_fires != last_fires {
             (last_fires, last_progress) = (now_fires, Instant::now());
@@ -483,7 +592,14 @@ pub(crate) fn watch(
             .collect();
         if (pending && !excused) || !silent.is_empty() {
             answers.sort_by_key(|(s, _)| *s);
-            let graph = names.graph(&answers, silent, user_nodes);
+            let mut graph = names.graph(&answers, silent, user_nodes);
+            // The other nodes' stuck actors: the cycle may run through them.
+            if let Some(net) = &net {
+                let (remote, unanswered) = peer_actors(net, &names);
+                graph.actors.extend(remote);
+                graph.silent_streams.extend(unanswered.iter().map(|n| format!("node {n} (sent no snapshot)")));
+                graph.cycle = graph.find_cycle();
+            }
             shared.abort(RuntimeError::Stalled { idle, graph: Box::new(graph) }, &router);
             return;
         }

@@ -412,3 +412,64 @@ fn an_idle_peer_that_beats_is_not_lost() {
     });
     assert_eq!(report.actor("in").unwrap().fires, 40);
 }
+
+/// An accumulation of 3 pieces beside a bypass of 1 slot, split over two nodes: `src` and
+/// the bypass `a` on node 0, `acc`, `repeat`, `join` and `sink` on node 1. The join holds
+/// the bypass's only slot while it waits for the accumulation, which waits for pieces
+/// `src` cannot make: a cycle through both nodes (the compiler's progress proof refuses
+/// such plans; this one is built by hand).
+fn cross_node_deadlock() -> Plan {
+    let mut b = PlanBuilder::new();
+    let d0 = b.device(0, DeviceKind::Cpu, 0);
+    let d1 = b.device(1, DeviceKind::Cpu, 0);
+    let s0 = b.stream(d0, StreamKind::Compute);
+    let s1 = b.stream(d1, StreamKind::Compute);
+    let copy = || ActorKind::Compute { kernel: KernelConf::Copy };
+    let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(6) });
+    let x = b.regst("x", src, 8, 1);
+    let a = b.actor("a", s0, copy());
+    b.consume(a, x);
+    let ax = b.regst("a.out", a, 8, 1);
+    let acc = b.actor("acc", s1, ActorKind::Acc { count: 3, kernel: KernelConf::Noop });
+    b.consume(acc, x);
+    let summed = b.regst("acc.out", acc, 8, 1);
+    let repeat = b.actor("repeat", s1, ActorKind::Repeat { count: 3 });
+    b.consume(repeat, summed);
+    let repeated = b.regst("repeat.out", repeat, 8, 1);
+    let join = b.actor("join", s1, copy());
+    b.consume(join, ax).consume(join, repeated);
+    let out = b.regst("join.out", join, 8, 1);
+    let sink = b.actor("sink", s1, ActorKind::Sink);
+    b.consume(sink, out);
+    b.build().unwrap()
+}
+
+#[test]
+fn a_deadlock_across_nodes_is_reported_with_the_cycle_on_every_node() {
+    let (error0, error1) = within(Duration::from_secs(30), || {
+        let mut clusters = Cluster::loopback(2).unwrap().into_iter();
+        let (c0, c1) = (clusters.next().unwrap(), clusters.next().unwrap());
+        let node1 = std::thread::spawn(move || {
+            // Node 1's watchdog is slower: node 0's reports first, with node 1's snapshot.
+            let job = Job::builder(cross_node_deadlock()).cluster(c1).watchdog(Duration::from_secs(20)).build();
+            let mut job = job.unwrap();
+            let sink = job.fetcher("sink").unwrap();
+            while sink.recv().is_some() {}
+            drop(sink);
+            job.wait().expect_err("node 1 is part of the deadlock")
+        });
+        let job = Job::builder(cross_node_deadlock()).cluster(c0).watchdog(Duration::from_millis(300)).build();
+        (job.unwrap().wait().expect_err("a deadlock"), node1.join().unwrap())
+    });
+    let RuntimeError::Stalled { graph, .. } = &error0 else { panic!("node 0 should report the stall: {error0}") };
+    // Node 1's actors are in node 0's graph, with their streams on node 1, and the cycle
+    // through both nodes is named.
+    let join = graph.actor("join").unwrap_or_else(|| panic!("node 1's 'join' is missing from the graph:\n{graph}"));
+    assert!(join.stream.contains("node1"), "{}", join.stream);
+    let cycle = graph.cycle.clone().unwrap_or_else(|| panic!("no cycle found:\n{graph}"));
+    assert!(cycle.contains(&"a".to_string()) && cycle.contains(&"join".to_string()), "{cycle:?}\n{graph}");
+    // Node 1 stops too, with node 0's report.
+    let message = error1.to_string();
+    assert!(matches!(error1, RuntimeError::PeerFailed { node: 0, .. }), "{error1:?}");
+    assert!(message.contains("deadlock cycle"), "{message}");
+}

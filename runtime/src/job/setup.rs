@@ -189,12 +189,13 @@ pub(super) fn start_watchdog(
     router: &Router,
     timeout: Duration,
     snapshots: crossbeam_channel::Receiver<(usize, Vec<regflow_actors::ActorSnapshot>)>,
+    net: Option<crate::net::WatchNet>,
 ) -> Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>), RuntimeError> {
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
     let (shared, user, router) = (shared.clone(), user.clone(), router.clone());
     let handle = std::thread::Builder::new()
         .name("regflow-watchdog".into())
-        .spawn(move || watch(shared, user, router, names, timeout, stop_rx, snapshots))
+        .spawn(move || watch(shared, user, router, names, timeout, stop_rx, snapshots, net))
         .map_err(|e| RuntimeError::Spawn { thread: "watchdog".into(), message: e.to_string() })?;
     Ok((stop_tx, handle))
 }

@@ -316,19 +316,24 @@ impl Job {
         builder.kernels.collectives().check(&indexed)?;
 
         // The connections' threads, before any stream runs.
-        let net = match (net, cluster.take()) {
-            (Some((out, receivers, groups)), Some(cluster)) => Some(crate::net::NetPlane::start(
-                cluster,
-                out,
-                receivers,
-                plan.clone(),
-                &ids,
-                arenas.clone(),
-                groups,
-                shared.clone(),
-                router.clone(),
-            )?),
-            _ => None,
+        let (net, watch_net) = match (net, cluster.take()) {
+            (Some((out, receivers, groups)), Some(cluster)) => {
+                let (watch_net, watch_senders) = crate::net::watch_channels(out.clone());
+                let plane = crate::net::NetPlane::start(
+                    cluster,
+                    out,
+                    receivers,
+                    plan.clone(),
+                    &ids,
+                    arenas.clone(),
+                    groups,
+                    shared.clone(),
+                    router.clone(),
+                    watch_senders,
+                )?;
+                (Some(plane), Some(watch_net))
+            }
+            _ => (None, None),
         };
 
         // Stream threads.
@@ -380,7 +385,8 @@ impl Job {
         let watchdog = match builder.watchdog {
             None => None,
             Some(timeout) => {
-                Some(start_watchdog(watch_names(&plan, &ids, &hosted), &shared, &user, &router, timeout, snapshot_rx)?)
+                let names = watch_names(&plan, &ids, &hosted);
+                Some(start_watchdog(names, &shared, &user, &router, timeout, snapshot_rx, watch_net)?)
             }
         };
 

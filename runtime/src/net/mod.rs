@@ -65,6 +65,37 @@ pub(crate) enum Outgoing {
     Abort(String),
     /// This node's job is over: nothing more follows.
     Bye,
+    /// This node's watchdog found the job stalled and asks what the peer's actors wait on.
+    SnapshotRequest,
+    /// What this node's actors wait on (JSON of `watchdog::RemoteStuck`s), for a peer's
+    /// wait-for graph.
+    Snapshot(Vec<u8>),
+}
+
+/// What the watchdog of a node of several needs from the network: the writers, to ask
+/// peers for their snapshots and to answer theirs; requests and replies from the readers.
+#[derive(Debug)]
+pub(crate) struct WatchNet {
+    pub(crate) out: Arc<NetOut>,
+    /// Peers' requests for this node's snapshot, by the requesting node.
+    pub(crate) requests: crossbeam_channel::Receiver<u16>,
+    /// Peers' snapshots, by node.
+    pub(crate) replies: crossbeam_channel::Receiver<(u16, Vec<crate::watchdog::RemoteStuck>)>,
+}
+
+/// The readers' ends of [`WatchNet`]'s channels.
+#[derive(Debug, Clone)]
+pub(crate) struct WatchNetSenders {
+    pub(crate) requests: crossbeam_channel::Sender<u16>,
+    pub(crate) replies: crossbeam_channel::Sender<(u16, Vec<crate::watchdog::RemoteStuck>)>,
+}
+
+/// The channels between the readers and the watchdog (bounded: a peer flooding requests
+/// loses the extra ones, never blocks a reader).
+pub(crate) fn watch_channels(out: Arc<NetOut>) -> (WatchNet, WatchNetSenders) {
+    let (requests_tx, requests) = crossbeam_channel::bounded(64);
+    let (replies_tx, replies) = crossbeam_channel::bounded(64);
+    (WatchNet { out, requests, replies }, WatchNetSenders { requests: requests_tx, replies: replies_tx })
 }
 
 /// The sending side every router holds: one bounded channel per peer node.
@@ -108,6 +139,25 @@ impl NetOut {
                 }
             }
         }
+    }
+
+    /// Queues `item` for every peer (best effort: a full or closed channel skips that peer).
+    pub(crate) fn to_all(&self, item: &Outgoing) {
+        for peer in self.peers.iter().flatten() {
+            let _ = peer.try_send(item.clone());
+        }
+    }
+
+    /// Queues `item` for `node` (best effort).
+    pub(crate) fn to_node(&self, node: u16, item: Outgoing) {
+        if let Some(Some(peer)) = self.peers.get(node as usize) {
+            let _ = peer.try_send(item);
+        }
+    }
+
+    /// The other nodes.
+    pub(crate) fn peers(&self) -> Vec<u16> {
+        (0..self.peers.len() as u16).filter(|&n| self.peers[n as usize].is_some()).collect()
     }
 
     /// Tells every peer this node's job failed (best effort: a peer already gone is skipped).
@@ -203,6 +253,7 @@ impl NetPlane {
         groups: Arc<NetGroups>,
         shared: Arc<JobShared>,
         router: crate::bus::Router,
+        watch: WatchNetSenders,
     ) -> Result<Self, RuntimeError> {
         let (rank, world, silence) = (cluster.rank(), cluster.world(), cluster.silence());
         let names = PeerNames { hosts: cluster.hosts() };
@@ -259,6 +310,7 @@ impl NetPlane {
                 router.clone(),
                 names.clone(),
                 done.clone(),
+                watch.clone(),
             );
             let handle =
                 std::thread::Builder::new().name(format!("regflow-net-r{node}")).spawn(move || reader.run()).map_err(

@@ -21,6 +21,9 @@ const READ_BUFFER: usize = 64 * 1024;
 /// How often a reader waiting for a frame wakes to check how long its peer has been
 /// silent (the socket's read timeout; see `NetPlane::start`).
 pub(super) const SILENCE_POLL: Duration = Duration::from_millis(500);
+/// The largest snapshot a peer may send (JSON of what its stuck actors wait on).
+const MAX_SNAPSHOT_BYTES: u64 = 64 << 20;
+
 /// Before a peer's first frame (its job may still be starting), the silence it is allowed
 /// is this many times the limit.
 const START_SILENCE_FACTOR: u32 = 6;
@@ -44,6 +47,8 @@ pub(super) struct Reader {
     /// The firings the peer's last heartbeat reported.
     peer_fires: u64,
     started: Instant,
+    /// Where snapshot requests and replies go (the watchdog).
+    watch: super::WatchNetSenders,
 }
 
 impl Reader {
@@ -59,6 +64,7 @@ impl Reader {
         router: Router,
         names: PeerNames,
         done: Arc<AtomicBool>,
+        watch: super::WatchNetSenders,
     ) -> Self {
         Self {
             silence,
@@ -75,6 +81,7 @@ impl Reader {
             heard: None,
             peer_fires: 0,
             started: Instant::now(),
+            watch,
         }
     }
 
@@ -158,6 +165,24 @@ impl Reader {
             }
             Header::Heartbeat { fires } => {
                 self.peer_fires = fires;
+                Ok(())
+            }
+            Header::SnapshotRequest => {
+                // A node without a watchdog does not answer; the asker waits a bounded time.
+                let _ = self.watch.requests.try_send(self.node);
+                Ok(())
+            }
+            Header::Snapshot { len } => {
+                if len > MAX_SNAPSHOT_BYTES {
+                    return Err(Stop::Lost(format!(
+                        "it sent a {len}-byte snapshot; snapshots are at most {MAX_SNAPSHOT_BYTES} bytes"
+                    )));
+                }
+                let mut json = vec![0u8; len as usize];
+                read_direct(self.input.get_mut(), &mut json, self.silence).map_err(Stop::Lost)?;
+                let actors = serde_json::from_slice(&json)
+                    .map_err(|e| Stop::Lost(format!("it sent a snapshot that does not parse: {e}")))?;
+                let _ = self.watch.replies.try_send((self.node, actors));
                 Ok(())
             }
             other => Err(Stop::Lost(format!("it sent a {} frame in the middle of the job", other.kind()))),

@@ -195,6 +195,10 @@ impl Writer {
             }
             Outgoing::Abort(reason) => self.out.write(&Header::Abort { reason }, &[]).map_err(|e| e.to_string()),
             Outgoing::Bye => self.out.write(&Header::Bye, &[]).map_err(|e| e.to_string()),
+            Outgoing::SnapshotRequest => self.out.write(&Header::SnapshotRequest, &[]).map_err(|e| e.to_string()),
+            Outgoing::Snapshot(json) => {
+                self.out.write(&Header::Snapshot { len: json.len() as u64 }, &json).map_err(|e| e.to_string())
+            }
         }
     }
 
