@@ -179,6 +179,9 @@ pub struct WaitForGraph {
     /// A cycle of nodes (actors, and user-side nodes named by [`UserWait::node`]) each
     /// waiting on the next, if there is one.
     pub cycle: Option<Vec<String>>,
+    /// In a job that runs one node of several: each connection's last frames (its flight
+    /// recorder) and each collective across nodes' rounds, one line each.
+    pub network: Vec<String>,
 }
 
 impl WaitForGraph {
@@ -386,6 +389,9 @@ impl fmt::Display for WaitForGraph {
         if let Some(cycle) = &self.cycle {
             writeln!(f, "  deadlock cycle: {}", cycle.join(" -> "))?;
         }
+        for line in &self.network {
+            writeln!(f, "  {line}")?;
+        }
         Ok(())
     }
 }
@@ -447,7 +453,7 @@ impl Names {
                 });
             }
         }
-        let mut graph = WaitForGraph { actors, silent_streams: silent, user, cycle: None };
+        let mut graph = WaitForGraph { actors, silent_streams: silent, user, cycle: None, network: Vec::new() };
         graph.cycle = graph.find_cycle();
         graph
     }
@@ -599,6 +605,7 @@ pub(crate) fn watch(
                 graph.actors.extend(remote);
                 graph.silent_streams.extend(unanswered.iter().map(|n| format!("node {n} (sent no snapshot)")));
                 graph.cycle = graph.find_cycle();
+                graph.network = net.dump(&names.descs);
             }
             shared.abort(RuntimeError::Stalled { idle, graph: Box::new(graph) }, &router);
             return;

@@ -381,6 +381,11 @@ fn a_peer_that_goes_silent_without_closing_is_lost_naming_it() {
     let message = error.to_string();
     assert!(matches!(error, RuntimeError::PeerLost { node: 1, .. }), "{error:?}");
     assert!(message.contains("not even a heartbeat") && message.contains("fired 7 times"), "{message}");
+    // The connection's flight recorder comes with the error.
+    assert!(
+        message.contains("connection with node 1:") && message.contains("received #1 heartbeat (7 firings)"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -468,6 +473,10 @@ fn a_deadlock_across_nodes_is_reported_with_the_cycle_on_every_node() {
     assert!(join.stream.contains("node1"), "{}", join.stream);
     let cycle = graph.cycle.clone().unwrap_or_else(|| panic!("no cycle found:\n{graph}"));
     assert!(cycle.contains(&"a".to_string()) && cycle.contains(&"join".to_string()), "{cycle:?}\n{graph}");
+    // The flight recorder of the connection: the pieces of 'x' that went to node 1.
+    let network = graph.network.join("\n");
+    assert!(network.contains("connection with node 1:"), "{network}");
+    assert!(network.contains("sent #1 ") && network.contains("ready 'x' slot 0 piece 0 (8 bytes)"), "{network}");
     // Node 1 stops too, with node 0's report.
     let message = error1.to_string();
     assert!(matches!(error1, RuntimeError::PeerFailed { node: 0, .. }), "{error1:?}");

@@ -209,6 +209,29 @@ impl NetGroups {
         Ok(Self { groups, by_name, out: Some(out) })
     }
 
+    /// Names of the spanning groups by wire index (empty for groups without a member here).
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.groups.iter().map(|g| g.as_ref().map(|g| g.name.clone()).unwrap_or_default()).collect()
+    }
+
+    /// Each spanning group's rounds, one line per group: what every rank has published.
+    pub(crate) fn describe(&self) -> Vec<String> {
+        self.groups
+            .iter()
+            .flatten()
+            .map(|g| {
+                let state = lock(&g.state);
+                let ranks: Vec<String> = (0..g.size)
+                    .map(|r| {
+                        let done = state.filled[0][r].max(state.filled[1][r]);
+                        format!("rank {r} (node {}) {} round(s)", g.node_of[r], done)
+                    })
+                    .collect();
+                format!("collective '{}': {}", g.name, ranks.join(", "))
+            })
+            .collect()
+    }
+
     /// The group `name`, if it spans nodes.
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<NetGroup>> {
         self.by_name.get(name).and_then(|&w| self.groups[w as usize].as_ref())

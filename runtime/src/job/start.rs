@@ -318,7 +318,8 @@ impl Job {
         // The connections' threads, before any stream runs.
         let (net, watch_net) = match (net, cluster.take()) {
             (Some((out, receivers, groups)), Some(cluster)) => {
-                let (watch_net, watch_senders) = crate::net::watch_channels(out.clone());
+                let (mut watch_net, watch_senders) = crate::net::watch_channels(out.clone());
+                watch_net.groups = Some(groups.clone());
                 let plane = crate::net::NetPlane::start(
                     cluster,
                     out,
@@ -331,6 +332,7 @@ impl Job {
                     router.clone(),
                     watch_senders,
                 )?;
+                watch_net.recorders = plane.recorders();
                 (Some(plane), Some(watch_net))
             }
             _ => (None, None),

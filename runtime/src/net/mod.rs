@@ -26,6 +26,7 @@ mod cluster;
 #[cfg(not(loom))]
 mod join;
 mod reader;
+mod record;
 mod writer;
 
 pub use cluster::{Cluster, ClusterOptions, PeerLink, Transport, DEFAULT_SILENCE};
@@ -81,6 +82,23 @@ pub(crate) struct WatchNet {
     pub(crate) requests: crossbeam_channel::Receiver<u16>,
     /// Peers' snapshots, by node.
     pub(crate) replies: crossbeam_channel::Receiver<(u16, Vec<crate::watchdog::RemoteStuck>)>,
+    /// Each connection's flight recorder (filled once the connections' threads start).
+    pub(crate) recorders: Vec<std::sync::Arc<record::FlightRecorder>>,
+    /// The collective groups spanning nodes, for their round states and names.
+    pub(crate) groups: Option<Arc<NetGroups>>,
+}
+
+impl WatchNet {
+    /// What the network was doing: each connection's last frames, each spanning
+    /// collective's rounds. `descs` names registers by index.
+    pub(crate) fn dump(&self, descs: &[String]) -> Vec<String> {
+        let names = self.groups.as_ref().map(|g| g.names()).unwrap_or_default();
+        let mut lines: Vec<String> = self.recorders.iter().flat_map(|r| r.dump(descs, &names)).collect();
+        if let Some(groups) = &self.groups {
+            lines.extend(groups.describe());
+        }
+        lines
+    }
 }
 
 /// The readers' ends of [`WatchNet`]'s channels.
@@ -95,7 +113,8 @@ pub(crate) struct WatchNetSenders {
 pub(crate) fn watch_channels(out: Arc<NetOut>) -> (WatchNet, WatchNetSenders) {
     let (requests_tx, requests) = crossbeam_channel::bounded(64);
     let (replies_tx, replies) = crossbeam_channel::bounded(64);
-    (WatchNet { out, requests, replies }, WatchNetSenders { requests: requests_tx, replies: replies_tx })
+    let watch = WatchNet { out, requests, replies, recorders: Vec::new(), groups: None };
+    (watch, WatchNetSenders { requests: requests_tx, replies: replies_tx })
 }
 
 /// The sending side every router holds: one bounded channel per peer node.
@@ -213,6 +232,8 @@ pub(crate) struct NetPlane {
     done: Arc<AtomicBool>,
     /// Rank 0's control plane and this node's control client, kept until the job ends.
     _keep: Option<Box<dyn std::any::Any + Send>>,
+    /// Each connection's flight recorder.
+    recorders: Vec<std::sync::Arc<record::FlightRecorder>>,
 }
 
 /// How long the end of a job waits for its writers to flush their last frames.
@@ -267,6 +288,7 @@ impl NetPlane {
             transports: Vec::new(),
             done: done.clone(),
             _keep: keep,
+            recorders: Vec::new(),
         };
         let fail = |node: u16, message: String| RuntimeError::Cluster {
             node: rank,
@@ -282,7 +304,10 @@ impl NetPlane {
             let read_half = transport.reader().map_err(|e| fail(node, e.to_string()))?;
             let write_half = transport.writer().map_err(|e| fail(node, e.to_string()))?;
             plane.transports.push(transport.clone());
+            let recorder = std::sync::Arc::new(record::FlightRecorder::new(node));
+            plane.recorders.push(recorder.clone());
             let writer = writer::Writer::new(
+                recorder.clone(),
                 silence,
                 node,
                 write_half,
@@ -300,6 +325,7 @@ impl NetPlane {
                 )?;
             plane.writers.push((node, handle));
             let reader = reader::Reader::new(
+                recorder,
                 silence,
                 node,
                 read_half,
@@ -319,6 +345,11 @@ impl NetPlane {
             plane.readers.push((node, handle));
         }
         Ok(plane)
+    }
+
+    /// Each connection's flight recorder.
+    pub(crate) fn recorders(&self) -> Vec<std::sync::Arc<record::FlightRecorder>> {
+        self.recorders.clone()
     }
 
     /// Ends the data plane after this node's job is over (ended or failed): every writer

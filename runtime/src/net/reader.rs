@@ -29,6 +29,7 @@ const MAX_SNAPSHOT_BYTES: u64 = 64 << 20;
 const START_SILENCE_FACTOR: u32 = 6;
 
 pub(super) struct Reader {
+    recorder: std::sync::Arc<super::record::FlightRecorder>,
     /// How long the peer may send nothing (`Cluster::with_silence_limit`).
     silence: Duration,
     node: u16,
@@ -54,6 +55,7 @@ pub(super) struct Reader {
 impl Reader {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        recorder: std::sync::Arc<super::record::FlightRecorder>,
         silence: Duration,
         node: u16,
         read: Box<dyn Read + Send>,
@@ -67,6 +69,7 @@ impl Reader {
         watch: super::WatchNetSenders,
     ) -> Self {
         Self {
+            recorder,
             silence,
             node,
             input: FrameReader::new(BufReader::with_capacity(READ_BUFFER, read)),
@@ -120,6 +123,7 @@ impl Reader {
                 Ok(true) => match self.input.read_header() {
                     Ok(Some(header)) => {
                         self.heard = Some(Instant::now());
+                        self.recorder.record(false, &header);
                         self.handle(header)
                     }
                     Ok(None) => Ok(()),
@@ -135,6 +139,10 @@ impl Reader {
                 Err(Stop::Lost(message)) => {
                     // After this node's job is over, a peer that vanishes is no error.
                     if !self.done.load(Ordering::Acquire) && !self.bye {
+                        // The connection's last frames go with the error.
+                        let descs: Vec<String> = self.check.plan.regst_descs.iter().map(|d| d.name.clone()).collect();
+                        let record = self.recorder.dump(&descs, &self.groups.names()).join("\n");
+                        let message = format!("{message}\n{record}");
                         let error =
                             RuntimeError::PeerLost { node: self.node, host: self.names.host(self.node), message };
                         self.shared.abort(error, &self.router);

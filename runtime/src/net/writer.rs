@@ -76,6 +76,7 @@ impl Write for Coalescer {
 }
 
 pub(super) struct Writer {
+    recorder: std::sync::Arc<super::record::FlightRecorder>,
     /// Heartbeat interval.
     beat: std::time::Duration,
     node: u16,
@@ -95,6 +96,7 @@ pub(super) struct Writer {
 impl Writer {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        recorder: std::sync::Arc<super::record::FlightRecorder>,
         silence: std::time::Duration,
         node: u16,
         write: Box<dyn Write + Send>,
@@ -117,6 +119,7 @@ impl Writer {
             }
         }
         Self {
+            recorder,
             beat: HEARTBEAT_EVERY.min(silence / 4),
             node,
             out: FrameWriter::new(Coalescer::new(write)),
@@ -165,10 +168,16 @@ impl Writer {
         }
     }
 
+    /// Writes one frame, and records it.
+    fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), regflow_net::frame::FrameError> {
+        self.recorder.record(true, header);
+        self.out.write(header, payload)
+    }
+
     /// Writes and flushes a heartbeat; a failure aborts the job (as any failed write).
     fn heartbeat(&mut self) -> Result<(), ()> {
         let fires = self.shared.probes.iter().map(|p| p.fires.load(crate::sync::Ordering::Relaxed)).sum();
-        let written = self.out.write(&Header::Heartbeat { fires }, &[]).and_then(|()| self.out.flush());
+        let written = self.send(&Header::Heartbeat { fires }, &[]).and_then(|()| self.out.flush());
         written.map_err(|e| self.lost(e.to_string()))
     }
 
@@ -191,13 +200,13 @@ impl Writer {
                 // peers have them (collective::net explains why).
                 let payload = unsafe { std::slice::from_raw_parts(bytes.ptr, bytes.len) };
                 let header = Header::Collective { group, round, rank, len: bytes.len as u64 };
-                self.out.write(&header, payload).map_err(|e| e.to_string())
+                self.send(&header, payload).map_err(|e| e.to_string())
             }
-            Outgoing::Abort(reason) => self.out.write(&Header::Abort { reason }, &[]).map_err(|e| e.to_string()),
-            Outgoing::Bye => self.out.write(&Header::Bye, &[]).map_err(|e| e.to_string()),
-            Outgoing::SnapshotRequest => self.out.write(&Header::SnapshotRequest, &[]).map_err(|e| e.to_string()),
+            Outgoing::Abort(reason) => self.send(&Header::Abort { reason }, &[]).map_err(|e| e.to_string()),
+            Outgoing::Bye => self.send(&Header::Bye, &[]).map_err(|e| e.to_string()),
+            Outgoing::SnapshotRequest => self.send(&Header::SnapshotRequest, &[]).map_err(|e| e.to_string()),
             Outgoing::Snapshot(json) => {
-                self.out.write(&Header::Snapshot { len: json.len() as u64 }, &json).map_err(|e| e.to_string())
+                self.send(&Header::Snapshot { len: json.len() as u64 }, &json).map_err(|e| e.to_string())
             }
         }
     }
@@ -231,6 +240,6 @@ impl Writer {
                 return Err(format!("a {:?} message for {} cannot cross nodes", msg.body, msg.dst));
             }
         };
-        self.out.write(&Header::Actor(WireMessage { dst, src, body }), payload).map_err(|e| e.to_string())
+        self.send(&Header::Actor(WireMessage { dst, src, body }), payload).map_err(|e| e.to_string())
     }
 }
