@@ -270,6 +270,54 @@ fn parallel_gpt_fed_from_a_feeds_file_prints_the_losses_it_computes_in_process_b
     assert_eq!(bits(&printed), bits(&expected[..2]));
 }
 
+/// The digits MLP with its dataset source, data-parallel over `mesh` (x and y split by
+/// rows): each device's source reads the same batches and keeps its rows.
+fn digits_dp_plan(mesh: Mesh, pieces: u64) -> CompiledGraph {
+    use Sbp::Split as S;
+    let g = Graph::new();
+    let w1 = g.variable("w1", [FEATURES, 128], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let b1 = g.variable("b1", [128], DType::F32, Init::Zeros).unwrap();
+    let w2 = g.variable("w2", [128, 10], DType::F32, Init::Xavier { seed: 2 }).unwrap();
+    let b2 = g.variable("b2", [10], DType::F32, Init::Zeros).unwrap();
+    let x = g.input("x", [BATCH, FEATURES], DType::F32).unwrap();
+    let y = g.input("y", [BATCH], DType::I64).unwrap();
+    g.set_layout(x, &mesh, NdSbp(vec![S(0)])).unwrap();
+    g.set_layout(y, &mesh, NdSbp(vec![S(0)])).unwrap();
+    let logits = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap().matmul(&w2).unwrap().add(&b2).unwrap();
+    let train = g.minimize(logits.sparse_cross_entropy(&y).unwrap(), &Optimizer::adamw(1e-2, 1e-4)).unwrap();
+    let mut options = ParallelOptions::new(mesh).train(&train);
+    options.dataset = Some(DatasetInputs {
+        source: SourcePieces::Dataset(DatasetConf {
+            path: RECORD_FILE.into(),
+            fields: vec![(FEATURES * 4) as u64, 8],
+            batch: BATCH as u64,
+            seed: 1,
+            pieces,
+        }),
+        inputs: vec!["x".into(), "y".into()],
+    });
+    g.compile_parallel(&[train.loss], &train.updates, &options).unwrap()
+}
+
+#[test]
+fn a_dataset_plan_across_two_nodes_reads_each_batch_once_per_node_and_equals_one_process() {
+    let dir = temp_dir("run_plan", "dataset_nodes");
+    std::fs::write(dir.join(RECORD_FILE), digits_records()).unwrap();
+    let one = digits_dp_plan(Mesh::cpu(&[2], &["dp"]).unwrap(), 6);
+    let expected = losses_in_process(&one.plan, &dir, None);
+    assert_eq!(expected.len(), 6);
+    let spread = digits_dp_plan(Mesh::cpu(&[2], &["dp"]).unwrap().place_on_nodes(1).unwrap(), 6);
+    let plan_path = dir.join("digits_2_nodes.json");
+    std::fs::write(&plan_path, spread.plan.to_json()).unwrap();
+    // Each node's source reads the record file on its own node: nothing is fed, no batch
+    // crosses the network, and the losses are those of one process, bit for bit.
+    let args = ["launch", "--nodes", "2", "--", env!("CARGO_BIN_EXE_regflow"), "run", path_str(&plan_path)];
+    let out = regflow(&args, None);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(bits(&launched_losses(&stdout)), bits(&expected), "{stdout}");
+}
+
 /// The step lines of the rank that printed them, from `regflow launch`'s prefixed output.
 fn launched_losses(stdout: &str) -> Vec<f32> {
     let lines: Vec<(&str, &str)> = stdout.lines().filter_map(|l| l.split_once("] step ")).collect();
