@@ -264,3 +264,173 @@ fn the_distributed_guide_shows_its_example_files_as_they_are() {
         assert!(guide.contains(&format!("{fence}{text}```\n")), "docs/distributed.md does not show {file} as it is");
     }
 }
+
+/// Prints what a rank is told about the attempt; rank 1 of the first attempt fails with 3.
+const FAIL_ONCE: &str = r#"echo "rank=$RANK attempt=$REGFLOW_RESTART torch=$TORCHELASTIC_RESTART_COUNT world=$WORLD_SIZE changed=$REGFLOW_WORLD_CHANGED port=$MASTER_PORT"
+    if [ "$REGFLOW_RESTART" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi"#;
+
+/// Prints its attempt and world size; rank 2 of the first attempt kills itself first.
+const KILLED_ONCE: &str = r#"if [ "$REGFLOW_RESTART" = 0 ] && [ "$RANK" = 2 ]; then kill -9 $$; fi
+    echo "rank=$RANK attempt=$REGFLOW_RESTART world=$WORLD_SIZE changed=$REGFLOW_WORLD_CHANGED""#;
+
+#[test]
+fn a_job_that_fails_once_is_restarted_with_the_next_attempt_number_and_a_fresh_port() {
+    let (status, lines, stderr) = run(&["--nodes", "2", "--max-restarts", "2", "--", "sh", "-c", FAIL_ONCE], &[]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stderr,
+        "regflow launch: rank 1 exited with status 3\n\
+         regflow launch: restarting the job (attempt 2 of 3) after rank 1 exited with status 3\n"
+    );
+    // Each attempt's output is complete before the next attempt starts.
+    let (first, second) = lines.split_at(2);
+    let port = |line: &String| line.rsplit_once("port=").unwrap().1.to_string();
+    for (attempt, lines) in [(0, first), (1, second)] {
+        let mut lines = lines.to_vec();
+        lines.sort();
+        let expected: Vec<String> = (0..2)
+            .map(|r| format!("[rank {r}] rank={r} attempt={attempt} torch={attempt} world=2 changed=0 port="))
+            .collect();
+        for (line, expected) in lines.iter().zip(&expected) {
+            assert!(line.starts_with(expected), "{line} is not {expected}…: {lines:?}");
+        }
+        assert_eq!(port(&lines[0]), port(&lines[1]), "one port per attempt: {lines:?}");
+    }
+    assert_ne!(port(&first[0]), port(&second[0]), "the restart has a fresh MASTER_PORT");
+}
+
+#[test]
+fn a_job_that_always_fails_is_given_up_after_its_restarts_naming_the_rank() {
+    let script = r#"echo "attempt $REGFLOW_RESTART"; if [ "$RANK" = 1 ]; then exit 3; fi"#;
+    let (status, mut lines, stderr) = run(&["--nodes", "2", "--max-restarts", "2", "--", "sh", "-c", script], &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "regflow launch: rank 1 exited with status 3\n\
+         regflow launch: restarting the job (attempt 2 of 3) after rank 1 exited with status 3\n\
+         regflow launch: rank 1 exited with status 3\n\
+         regflow launch: restarting the job (attempt 3 of 3) after rank 1 exited with status 3\n\
+         regflow launch: rank 1 exited with status 3\n\
+         regflow launch: giving up after 3 attempts: in the last one, rank 1 exited with status 3\n"
+    );
+    lines.sort();
+    let expected: Vec<String> = (0..2).flat_map(|r| (0..3).map(move |a| format!("[rank {r}] attempt {a}"))).collect();
+    assert_eq!(lines, expected);
+}
+
+#[test]
+fn an_elastic_job_goes_on_without_a_rank_killed_by_a_signal() {
+    let (status, mut lines, stderr) =
+        run(&["--nodes", "2:3", "--max-restarts", "1", "--", "sh", "-c", KILLED_ONCE], &[]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stderr,
+        "regflow launch: rank 2 was killed by signal 9\n\
+         regflow launch: restarting the job (attempt 2 of 2) after rank 2 was killed by signal 9, with 2 nodes \
+         instead of 3 (lost: rank 2)\n"
+    );
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "[rank 0] rank=0 attempt=0 world=3 changed=0",
+            "[rank 0] rank=0 attempt=1 world=2 changed=1",
+            "[rank 1] rank=1 attempt=0 world=3 changed=0",
+            "[rank 1] rank=1 attempt=1 world=2 changed=1",
+        ]
+    );
+}
+
+#[test]
+fn an_elastic_job_below_its_minimum_is_given_up_naming_the_lost_rank() {
+    let (status, mut lines, stderr) =
+        run(&["--nodes", "3:3", "--max-restarts", "2", "--", "sh", "-c", KILLED_ONCE], &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "regflow launch: rank 2 was killed by signal 9\n\
+         regflow launch: giving up after attempt 1 of 3: rank 2 was killed by a signal and counts as a lost node, \
+         which leaves 2 of 3 nodes, fewer than the minimum of 3\n"
+    );
+    lines.sort();
+    assert_eq!(lines, ["[rank 0] rank=0 attempt=0 world=3 changed=0", "[rank 1] rank=1 attempt=0 world=3 changed=0"]);
+}
+
+#[test]
+fn an_elastic_range_needs_a_minimum_of_at_least_one_and_at_most_the_maximum() {
+    let (status, _, stderr) = run(&["--nodes", "3:2", "--", "true"], &[]);
+    assert_eq!(status.code(), Some(2));
+    assert!(
+        stderr.contains("invalid value '3:2' for '--nodes <N>': the minimum of 3 nodes is more than the maximum of 2"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = run(&["--nodes", "0:2", "--", "true"], &[]);
+    assert_eq!(status.code(), Some(2));
+    assert!(stderr.contains("invalid value '0:2' for '--nodes <N>': a job needs at least 1 node, not 0"), "{stderr}");
+    let mut options = LaunchOptions::new(2, "true");
+    options.min_nodes = Some(3);
+    let error = launch(&options).unwrap_err();
+    assert!(matches!(error, LaunchError::NodeRange { min_nodes: 3, nodes: 2 }), "{error}");
+    assert_eq!(
+        error.to_string(),
+        "cannot launch an elastic job of at least 3 and at most 2 nodes: the minimum must be at least 1 and at most \
+         the maximum"
+    );
+}
+
+#[test]
+fn the_library_reports_every_attempt_with_its_world_size() {
+    let mut options = LaunchOptions::new(3, "sh");
+    options.args = vec!["-c".into(), KILLED_ONCE.into()];
+    options.capture = true;
+    options.max_restarts = 3;
+    options.min_nodes = Some(1);
+    let outcome = launch(&options).unwrap();
+    assert!(outcome.success());
+    let attempts: Vec<(u32, u32, Vec<u32>, Option<u32>)> =
+        outcome.attempts.iter().map(|a| (a.attempt, a.world_size, a.lost_ranks(), a.first_failure)).collect();
+    assert_eq!(attempts, [(0, 3, vec![2], Some(2)), (1, 2, vec![], None)]);
+    assert_eq!(outcome.attempts[0].failure().map(|r| r.status), Some(RankStatus::Signaled(9)));
+    // The outcome's own fields describe the last attempt.
+    assert_eq!(outcome.master_port, outcome.attempts[1].master_port);
+    assert_eq!(outcome.ranks.len(), 2);
+    assert_eq!(outcome.ranks[1].stdout, "rank=1 attempt=1 world=2 changed=1\n");
+    assert_eq!(outcome.too_few_nodes, None);
+}
+
+#[test]
+fn a_rank_the_launcher_stopped_is_neither_the_cause_nor_a_lost_node() {
+    // Rank 0 sleeps through the first attempt until the launcher stops it; rank 1 fails.
+    let script = r#"if [ "$REGFLOW_RESTART" = 0 ]; then
+            if [ "$RANK" = 0 ]; then exec sleep 60; fi
+            exit 3
+        fi"#;
+    let mut options = LaunchOptions::new(2, "sh");
+    options.args = vec!["-c".into(), script.into()];
+    options.capture = true;
+    options.grace = Duration::ZERO;
+    options.max_restarts = 1;
+    options.min_nodes = Some(2);
+    let outcome = launch(&options).unwrap();
+    assert!(outcome.success(), "{:?}", outcome.attempts);
+    let first = &outcome.attempts[0];
+    let statuses: Vec<RankStatus> = first.ranks.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [RankStatus::Stopped, RankStatus::Exited(3)]);
+    assert_eq!(first.first_failure, Some(1));
+    assert!(first.lost_ranks().is_empty());
+    assert_eq!(outcome.attempts[1].world_size, 2);
+}
+
+#[test]
+fn the_library_gives_up_an_elastic_job_below_its_minimum() {
+    let mut options = LaunchOptions::new(3, "sh");
+    options.args = vec!["-c".into(), KILLED_ONCE.into()];
+    options.capture = true;
+    options.max_restarts = 1;
+    options.min_nodes = Some(3);
+    let outcome = launch(&options).unwrap();
+    assert!(!outcome.success());
+    assert_eq!(outcome.attempts.len(), 1);
+    assert_eq!(outcome.too_few_nodes, Some(2));
+    assert_eq!(outcome.failure().map(|r| (r.rank, r.status)), Some((2, RankStatus::Signaled(9))));
+}

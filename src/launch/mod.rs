@@ -11,6 +11,13 @@
 //! started too (a shell wrapper's children, data loader workers). On Linux a rank also gets
 //! `SIGTERM` if the launching process dies without stopping it.
 //!
+//! With [`LaunchOptions::max_restarts`], a failed job is started again as a whole, each
+//! attempt with a fresh port and `REGFLOW_RESTART` (and torchrun's
+//! `TORCHELASTIC_RESTART_COUNT`) counting the attempts from 0, so the program resumes from
+//! its latest checkpoint. With [`LaunchOptions::min_nodes`] the job is elastic: a rank killed
+//! by a signal counts as a lost node and the next attempt has one node fewer per lost rank,
+//! down to `min_nodes`.
+//!
 //! ```
 //! use regflow::launch::{launch, LaunchOptions};
 //!
@@ -24,8 +31,10 @@
 //! ```
 
 mod rank;
+mod restart;
 
 use rank::{stop, Rank, Watch};
+use restart::Next;
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -59,7 +68,8 @@ const FOREIGN_RANK_VARIABLES: &[&str] = &[
 /// What to start and how.
 #[derive(Debug, Clone)]
 pub struct LaunchOptions {
-    /// Processes to start, one per node; rank `k` is node `k`.
+    /// Processes to start, one per node; rank `k` is node `k`. In an elastic job (with
+    /// `min_nodes`) the most there can be: the first attempt starts this many.
     pub nodes: u32,
     /// Devices each node drives (`REGFLOW_DEVICES_PER_NODE`).
     pub devices_per_node: u32,
@@ -79,11 +89,20 @@ pub struct LaunchOptions {
     pub capture: bool,
     /// Set to `true` (by a signal handler, say) to stop every rank at once.
     pub stop: Option<Arc<AtomicBool>>,
+    /// How many times the whole job is started again after it failed: once a rank has
+    /// failed and the others were stopped, every rank starts anew with a fresh
+    /// `MASTER_PORT` (unless `master_port` is given) and `REGFLOW_RESTART` one higher.
+    pub max_restarts: u32,
+    /// `Some(min)` makes the job elastic (torchrun's `--nnodes MIN:MAX`, with `nodes` the
+    /// maximum): each rank an attempt loses to a signal counts as a lost node, and the
+    /// restart runs with that many nodes fewer, as long as at least `min` remain; below, the
+    /// launcher gives up. `None`: every attempt has `nodes` ranks, whatever ended them.
+    pub min_nodes: Option<u32>,
 }
 
 impl LaunchOptions {
     /// `nodes` copies of `program` without arguments: one device per node, a free port,
-    /// 10 seconds of grace, output forwarded.
+    /// 10 seconds of grace, output forwarded, no restarts, a fixed number of nodes.
     pub fn new(nodes: u32, program: impl Into<PathBuf>) -> Self {
         Self {
             nodes,
@@ -95,6 +114,8 @@ impl LaunchOptions {
             env: Vec::new(),
             capture: false,
             stop: None,
+            max_restarts: 0,
+            min_nodes: None,
         }
     }
 }
@@ -150,23 +171,71 @@ pub struct RankOutcome {
     pub stderr: String,
 }
 
-/// What became of every rank.
+/// One start of the whole job: its size and what became of each rank.
 #[derive(Debug, Clone)]
-pub struct LaunchOutcome {
-    /// The control plane's port the ranks were given.
+pub struct AttemptOutcome {
+    /// 0 for the first start, then 1, 2, … (the ranks' `REGFLOW_RESTART`).
+    pub attempt: u32,
+    /// How many ranks it started (their `WORLD_SIZE`).
+    pub world_size: u32,
+    /// The control plane's port its ranks were given.
     pub master_port: u16,
     /// One entry per rank, in rank order.
     pub ranks: Vec<RankOutcome>,
     /// The first rank that failed, whose failure stopped the others.
     pub first_failure: Option<u32>,
-    /// Whether the job was stopped through [`LaunchOptions::stop`].
+    /// Whether it was stopped through [`LaunchOptions::stop`].
     pub interrupted: bool,
 }
 
-impl LaunchOutcome {
+impl AttemptOutcome {
     /// Whether every rank exited with status 0.
     pub fn success(&self) -> bool {
         !self.interrupted && self.ranks.iter().all(|r| r.status.success())
+    }
+
+    /// The rank whose failure ended the attempt. A rank the launcher stopped is never the
+    /// cause: it is reported as [`RankStatus::Stopped`] and not counted here.
+    pub fn failure(&self) -> Option<&RankOutcome> {
+        self.first_failure.and_then(|rank| self.ranks.iter().find(|r| r.rank == rank))
+    }
+
+    /// The ranks killed by a signal (not by the launcher), in rank order: the nodes an
+    /// elastic job counts as lost.
+    pub fn lost_ranks(&self) -> Vec<u32> {
+        self.ranks.iter().filter(|r| matches!(r.status, RankStatus::Signaled(_))).map(|r| r.rank).collect()
+    }
+}
+
+/// What became of every rank, in the last attempt and in each one before it.
+#[derive(Debug, Clone)]
+pub struct LaunchOutcome {
+    /// The control plane's port the ranks of the last attempt were given.
+    pub master_port: u16,
+    /// One entry per rank of the last attempt, in rank order.
+    pub ranks: Vec<RankOutcome>,
+    /// The first rank that failed in the last attempt, whose failure stopped the others.
+    pub first_failure: Option<u32>,
+    /// Whether the job was stopped through [`LaunchOptions::stop`], during the last attempt
+    /// or before it could be started again.
+    pub interrupted: bool,
+    /// Every attempt, the first one first; the last one is the one the fields above
+    /// describe. One entry unless the job was restarted.
+    pub attempts: Vec<AttemptOutcome>,
+    /// `Some(n)` when the launcher gave up on an elastic job because the nodes lost in the
+    /// last attempt would have left `n` nodes, fewer than [`LaunchOptions::min_nodes`].
+    pub too_few_nodes: Option<u32>,
+}
+
+impl LaunchOutcome {
+    /// Whether every rank of the last attempt exited with status 0.
+    pub fn success(&self) -> bool {
+        !self.interrupted && self.ranks.iter().all(|r| r.status.success())
+    }
+
+    /// The rank whose failure ended the last attempt, and how it ended.
+    pub fn failure(&self) -> Option<&RankOutcome> {
+        self.first_failure.and_then(|rank| self.ranks.iter().find(|r| r.rank == rank))
     }
 }
 
@@ -176,6 +245,17 @@ pub enum LaunchError {
     /// `nodes` was 0.
     #[error("cannot launch a job of 0 nodes: it needs at least one")]
     NoNodes,
+    /// `min_nodes` was 0 or more than `nodes`.
+    #[error(
+        "cannot launch an elastic job of at least {min_nodes} and at most {nodes} nodes: the minimum must be \
+         at least 1 and at most the maximum"
+    )]
+    NodeRange {
+        /// The minimum asked for.
+        min_nodes: u32,
+        /// The maximum (`nodes`).
+        nodes: u32,
+    },
     /// `devices_per_node` was 0.
     #[error("cannot launch a job with 0 devices per node: each node needs at least one")]
     NoDevices,
@@ -213,29 +293,82 @@ pub enum LaunchError {
     },
 }
 
-/// Starts `options.nodes` processes, waits for all of them, and says how each ended.
+/// Starts `options.nodes` processes, waits for all of them, and says how each ended;
+/// starts the job again after a failure, up to `options.max_restarts` times.
 ///
 /// Returns `Ok` whenever the ranks could be started, also when some failed: look at
 /// [`LaunchOutcome::success`]. When a rank fails, the others get `options.grace` to end by
 /// themselves; those still running then get `SIGTERM` and, 2 seconds later, `SIGKILL`
-/// (each to its whole process group), and are reported as [`RankStatus::Stopped`].
+/// (each to its whole process group), and are reported as [`RankStatus::Stopped`]. An
+/// error in a later attempt (a program that cannot be started any more) is returned as
+/// such, without the attempts before it.
 pub fn launch(options: &LaunchOptions) -> Result<LaunchOutcome, LaunchError> {
     if options.nodes == 0 {
         return Err(LaunchError::NoNodes);
     }
+    if let Some(min_nodes) = options.min_nodes.filter(|&min| min == 0 || min > options.nodes) {
+        return Err(LaunchError::NodeRange { min_nodes, nodes: options.nodes });
+    }
     if options.devices_per_node == 0 {
         return Err(LaunchError::NoDevices);
     }
-    let master_port = match options.master_port {
-        Some(port) => port,
-        None => free_loopback_port().map_err(|source| LaunchError::Port { source })?,
+    let mut attempts: Vec<AttemptOutcome> = Vec::new();
+    let mut world_size = options.nodes;
+    let (last, too_few_nodes, stopped_between) = loop {
+        let previous = attempts.last();
+        let master_port = match options.master_port {
+            Some(port) => port,
+            None => fresh_port(previous.map(|a| a.master_port))?,
+        };
+        let start = AttemptStart {
+            attempt: attempts.len() as u32,
+            world_size,
+            world_changed: previous.is_some_and(|a| a.world_size != world_size),
+            master_port,
+        };
+        let outcome = run_attempt(options, &start)?;
+        match restart::next(options, &outcome) {
+            Next::Finish => break (outcome, None, false),
+            Next::Interrupted => break (outcome, None, true),
+            Next::TooFewNodes { remaining } => break (outcome, Some(remaining), false),
+            Next::Restart { world_size: next_size } => {
+                world_size = next_size;
+                attempts.push(outcome);
+            }
+        }
     };
+    attempts.push(last.clone());
+    Ok(LaunchOutcome {
+        master_port: last.master_port,
+        ranks: last.ranks,
+        first_failure: last.first_failure,
+        interrupted: last.interrupted || stopped_between,
+        attempts,
+        too_few_nodes,
+    })
+}
+
+/// What one attempt's ranks are told besides their rank.
+#[derive(Debug, Clone, Copy)]
+struct AttemptStart {
+    /// `REGFLOW_RESTART`.
+    attempt: u32,
+    /// `WORLD_SIZE`.
+    world_size: u32,
+    /// `REGFLOW_WORLD_CHANGED`: whether the previous attempt had another size.
+    world_changed: bool,
+    /// `MASTER_PORT`.
+    master_port: u16,
+}
+
+/// Starts one attempt's ranks and waits until every one has ended.
+fn run_attempt(options: &LaunchOptions, start: &AttemptStart) -> Result<AttemptOutcome, LaunchError> {
     let secret =
         if has_secret(options) { None } else { Some(fresh_secret().map_err(|source| LaunchError::Secret { source })?) };
     let (done_sender, done) = mpsc::channel();
     let mut ranks: Vec<Rank> = Vec::new();
-    for rank in 0..options.nodes {
-        let command = rank_command(options, rank, master_port, secret.as_deref());
+    for rank in 0..start.world_size {
+        let command = rank_command(options, start, rank, secret.as_deref());
         match Rank::start(rank, command, options.capture, &done_sender) {
             Ok(started) => ranks.push(started),
             Err(source) => {
@@ -264,25 +397,36 @@ pub fn launch(options: &LaunchOptions) -> Result<LaunchOutcome, LaunchError> {
             stderr: r.stderr.take(),
         })
         .collect();
-    Ok(LaunchOutcome { master_port, ranks: outcomes, first_failure, interrupted })
+    Ok(AttemptOutcome {
+        attempt: start.attempt,
+        world_size: start.world_size,
+        master_port: start.master_port,
+        ranks: outcomes,
+        first_failure,
+        interrupted,
+    })
 }
 
 /// The command of one rank: the program, its arguments and its environment.
-fn rank_command(options: &LaunchOptions, rank: u32, master_port: u16, secret: Option<&str>) -> Command {
+fn rank_command(options: &LaunchOptions, start: &AttemptStart, rank: u32, secret: Option<&str>) -> Command {
     let mut command = Command::new(&options.program);
     command.args(&options.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for name in FOREIGN_RANK_VARIABLES {
         command.env_remove(name);
     }
-    let nodes = options.nodes.to_string();
+    let nodes = start.world_size.to_string();
     command
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", &nodes)
         .env("LOCAL_RANK", rank.to_string())
         .env("LOCAL_WORLD_SIZE", &nodes)
         .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", master_port.to_string())
-        .env("REGFLOW_DEVICES_PER_NODE", options.devices_per_node.to_string());
+        .env("MASTER_PORT", start.master_port.to_string())
+        .env("REGFLOW_DEVICES_PER_NODE", options.devices_per_node.to_string())
+        .env("REGFLOW_RESTART", start.attempt.to_string())
+        .env("TORCHELASTIC_RESTART_COUNT", start.attempt.to_string())
+        .env("TORCHELASTIC_MAX_RESTARTS", options.max_restarts.to_string())
+        .env("REGFLOW_WORLD_CHANGED", if start.world_changed { "1" } else { "0" });
     if let Some(secret) = secret {
         command.env("REGFLOW_SECRET", secret);
     }
@@ -317,10 +461,20 @@ fn has_secret(options: &LaunchOptions) -> bool {
         || options.env.iter().any(|(name, _)| names.contains(&name.as_str()))
 }
 
-/// A port nothing listens on right now. Another process could take it before rank 0
-/// binds it; `torchrun --standalone` takes the same chance.
-fn free_loopback_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+/// A port nothing listens on right now, other than `previous` (the last attempt's, whose
+/// sockets may linger). Another process could take it before rank 0 binds it;
+/// `torchrun --standalone` takes the same chance.
+fn fresh_port(previous: Option<u16>) -> Result<u16, LaunchError> {
+    let free = || -> std::io::Result<u16> { Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port()) };
+    let mut port = free().map_err(|source| LaunchError::Port { source })?;
+    // The kernel seldom hands out the same port twice in a row; a few tries are plenty.
+    for _ in 0..8 {
+        if Some(port) != previous {
+            break;
+        }
+        port = free().map_err(|source| LaunchError::Port { source })?;
+    }
+    Ok(port)
 }
 
 /// 32 random bytes as 64 lowercase hex digits.

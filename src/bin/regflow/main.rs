@@ -4,7 +4,8 @@
 //! regflow plan show <plan.json> [--actors]     per device: streams, actors by kind, peak memory
 //! regflow plan dot <plan.json> [-o out.dot]    Graphviz: devices as clusters, boxing highlighted
 //! regflow run <plan.json> [--feeds feeds.safetensors] [--steps N] [--threads T] [--data-dir DIR]
-//! regflow launch --nodes N [--devices-per-node K] [--master-port P] [--grace S] -- PROGRAM [ARGS...]
+//! regflow launch --nodes N|MIN:MAX [--max-restarts R] [--devices-per-node K] [--master-port P] [--grace S]
+//!                -- PROGRAM [ARGS...]
 //! regflow trace merge <out.json> <in.json>...  one Perfetto timeline from each node's trace
 //! ```
 //!
