@@ -19,10 +19,11 @@
 
 use super::{StateDict, TrainError};
 use regflow_graph::checkpoint::{dtype_name, safetensors_problem, CheckpointError};
-use regflow_plan::{DType, HostArray, Shape, TensorMeta};
+use regflow_plan::{DType, HostArray, HostData, Shape, TensorMeta};
 use regflow_runtime::StatePart;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -212,7 +213,7 @@ fn write_shard(dir: &Path, rank: u32, world: u32, step: u64, parts: &[StatePart]
     let file = format!("rank{rank}.safetensors");
     let path = dir.join(&file);
     let shown = path.display().to_string();
-    let bytes: Vec<Vec<u8>> = parts.iter().map(|p| p.value.to_le_bytes()).collect();
+    let bytes: Vec<Cow<'_, [u8]>> = parts.iter().map(|p| le_bytes(&p.value)).collect();
     let mut variables: Vec<VariableRecord> = Vec::new();
     let mut views = Vec::with_capacity(parts.len());
     for (part, data) in parts.iter().zip(&bytes) {
@@ -252,11 +253,12 @@ fn write_shard(dir: &Path, rank: u32, world: u32, step: u64, parts: &[StatePart]
         }
         views.push((tensor, view));
     }
-    let serialized = safetensors::tensor::serialize(views, &None)
-        .map_err(|e| CheckpointError::NotSafetensors { path: shown.clone(), reason: safetensors_problem(&e) })?;
-    drop(bytes);
-    write_atomic(&path, &serialized)?;
-    Ok(RankList { format: FORMAT.into(), rank, world, step, file, bytes: serialized.len() as u64, variables })
+    let length = write_atomic_with(&path, |temp| {
+        safetensors::tensor::serialize_to_file(views, &None, temp).map_err(|e| {
+            CheckpointError::NotSafetensors { path: shown.clone(), reason: safetensors_problem(&e) }.into()
+        })
+    })?;
+    Ok(RankList { format: FORMAT.into(), rank, world, step, file, bytes: length, variables })
 }
 
 /// Waits until every `rank{k}.json` of `dir` exists and reads them, in rank order; an
@@ -455,7 +457,7 @@ impl Shard {
             return Err(bad("its data is corrupt: the checksum differs from the one written".into()));
         }
         let meta = TensorMeta::new(part.shape.clone(), variable.dtype);
-        HostArray::from_le_bytes(&meta, view.data()).map_err(|e| bad(e.to_string()))
+        from_le_bytes(&meta, view.data()).map_err(bad)
     }
 }
 
@@ -484,18 +486,28 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, TrainError>
     })
 }
 
-/// Writes `bytes` to `path` whole or not at all: a temporary file, synced, renamed, and
-/// the directory synced so that the rename survives a crash.
+/// Writes `bytes` to `path` whole or not at all ([`write_atomic_with`]).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    use std::io::Write;
+    write_atomic_with(path, |temp| {
+        std::fs::write(temp, bytes).map_err(|source| {
+            CheckpointError::Io { path: temp.display().to_string(), action: "written", source }.into()
+        })
+    })
+    .map(|_| ())
+}
+
+/// Has `write` write `path` under a temporary name, then syncs it, renames it and syncs
+/// the directory, so that `path` is whole or absent even after a crash; the file's length.
+fn write_atomic_with(path: &Path, write: impl FnOnce(&Path) -> Result<(), TrainError>) -> Result<u64, TrainError> {
     let shown = path.display().to_string();
     let io = |source: std::io::Error| CheckpointError::Io { path: shown.clone(), action: "written", source };
     let mut temp = path.as_os_str().to_owned();
     temp.push(".tmp");
     let temp = PathBuf::from(temp);
-    let mut file = std::fs::File::create(&temp).map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
+    write(&temp)?;
+    let file = std::fs::OpenOptions::new().write(true).open(&temp).map_err(io)?;
     file.sync_all().map_err(io)?;
+    let length = file.metadata().map_err(io)?.len();
     drop(file);
     std::fs::rename(&temp, path).map_err(io)?;
     if let Some(dir) = path.parent() {
@@ -504,7 +516,39 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
             let _ = dir.sync_all();
         }
     }
-    Ok(())
+    Ok(length)
+}
+
+/// A tensor's little-endian bytes: its own memory on a little-endian machine, a copy
+/// otherwise.
+fn le_bytes(value: &HostArray) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "big") {
+        return Cow::Owned(value.to_le_bytes());
+    }
+    match &value.data {
+        HostData::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+        HostData::F64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+        HostData::I64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+    }
+}
+
+/// The tensor of `meta` whose little-endian bytes are `bytes` (as many as `meta` needs).
+fn from_le_bytes(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, String> {
+    if cfg!(target_endian = "big") || meta.checked_bytes() != Some(bytes.len()) {
+        return HostArray::from_le_bytes(meta, bytes).map_err(|e| e.to_string());
+    }
+    // Copied into an aligned vector whatever the bytes' alignment in the file.
+    fn collect<T: bytemuck::Pod + Default>(bytes: &[u8]) -> Vec<T> {
+        let mut values = vec![T::default(); bytes.len() / std::mem::size_of::<T>()];
+        bytemuck::cast_slice_mut(&mut values).copy_from_slice(bytes);
+        values
+    }
+    let data = match meta.dtype {
+        DType::F32 => HostData::F32(collect(bytes)),
+        DType::F64 => HostData::F64(collect(bytes)),
+        DType::I64 => HostData::I64(collect(bytes)),
+    };
+    HostArray::new(meta.shape.clone(), data).map_err(|e| e.to_string())
 }
 
 /// A 64-bit checksum of `bytes` (four multiply-rotate lanes over 8-byte words): any change
@@ -533,7 +577,20 @@ fn checksum(bytes: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{checksum, tensor_name};
+    use super::{checksum, from_le_bytes, le_bytes, tensor_name};
+    use regflow_plan::{DType, HostArray, TensorMeta};
+
+    #[test]
+    fn bytes_are_little_endian_both_ways() {
+        let value = HostArray::f64([3], vec![1.5, -2.0, 1e300]).unwrap();
+        assert_eq!(le_bytes(&value).as_ref(), value.to_le_bytes().as_slice());
+        // Unaligned bytes are copied into an aligned tensor.
+        let mut bytes = vec![0u8];
+        bytes.extend(value.to_le_bytes());
+        assert_eq!(from_le_bytes(&value.meta(), &bytes[1..]), Ok(value));
+        let err = from_le_bytes(&TensorMeta::new([2], DType::I64), &[0; 9]).unwrap_err();
+        assert!(err.contains("needs 2 values"), "{err}");
+    }
 
     #[test]
     fn a_change_of_one_byte_changes_the_checksum() {
