@@ -354,12 +354,19 @@ pub fn load_sharded(dir: &Path) -> Result<ShardedCheckpoint, TrainError> {
     if index.files.len() != index.world as usize {
         return Err(index_error(format!("it lists {} shard files for {} ranks", index.files.len(), index.world)));
     }
-    let mut files: HashMap<&str, Shard> = HashMap::new();
+    let mut buffers: Vec<(&str, String, Vec<u8>)> = Vec::with_capacity(index.files.len());
     for (file, bytes) in &index.files {
         if Path::new(file).components().count() != 1 {
             return Err(index_error(format!("shard file '{file}' is not a file name in the checkpoint directory")));
         }
-        files.insert(file, Shard::read(&dir.join(file), *bytes)?);
+        let path = dir.join(file);
+        buffers.push((file, path.display().to_string(), read_shard(&path, *bytes)?));
+    }
+    let mut files: HashMap<&str, Shard<'_>> = HashMap::new();
+    for (file, path, buffer) in &buffers {
+        let tensors = SafeTensors::deserialize(buffer)
+            .map_err(|e| CheckpointError::NotSafetensors { path: path.clone(), reason: safetensors_problem(&e) })?;
+        files.insert(file, Shard { path, tensors });
     }
     let mut tensors = Vec::with_capacity(index.variables.len());
     for variable in &index.variables {
@@ -391,44 +398,42 @@ pub fn load_sharded(dir: &Path) -> Result<ShardedCheckpoint, TrainError> {
     Ok(ShardedCheckpoint { step: index.step, world: index.world, extra: index.extra, tensors })
 }
 
-/// A shard file read into memory and checked to be a safetensors file of the length the
-/// index gives.
-struct Shard {
-    path: String,
-    buffer: Vec<u8>,
+/// The bytes of shard file `path`, checked to be the length the index gives.
+fn read_shard(path: &Path, bytes: u64) -> Result<Vec<u8>, TrainError> {
+    let shown = path.display().to_string();
+    let buffer = std::fs::read(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => {
+            TrainError::ShardFile { path: shown.clone(), problem: "it is missing (the index lists it)".into() }
+        }
+        _ => CheckpointError::Io { path: shown.clone(), action: "read", source }.into(),
+    })?;
+    if buffer.len() as u64 != bytes {
+        let how = if (buffer.len() as u64) < bytes { "cut short" } else { "longer than written" };
+        return Err(TrainError::ShardFile {
+            path: shown,
+            problem: format!("it is {} bytes, the index says {bytes}: it is {how}", buffer.len()),
+        });
+    }
+    Ok(buffer)
 }
 
-impl Shard {
-    fn read(path: &Path, bytes: u64) -> Result<Self, TrainError> {
-        let shown = path.display().to_string();
-        let buffer = std::fs::read(path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => {
-                TrainError::ShardFile { path: shown.clone(), problem: "it is missing (the index lists it)".into() }
-            }
-            _ => CheckpointError::Io { path: shown.clone(), action: "read", source }.into(),
-        })?;
-        if buffer.len() as u64 != bytes {
-            let how = if (buffer.len() as u64) < bytes { "cut short" } else { "longer than written" };
-            return Err(TrainError::ShardFile {
-                path: shown,
-                problem: format!("it is {} bytes, the index says {bytes}: it is {how}", buffer.len()),
-            });
-        }
-        SafeTensors::deserialize(&buffer)
-            .map_err(|e| CheckpointError::NotSafetensors { path: shown.clone(), reason: safetensors_problem(&e) })?;
-        Ok(Self { path: shown, buffer })
-    }
+/// A shard file read into memory, its safetensors header parsed.
+struct Shard<'a> {
+    path: &'a str,
+    tensors: SafeTensors<'a>,
+}
 
+impl Shard<'_> {
     /// The part `part` of `variable`, checked against the index.
     fn part(&self, variable: &VariableRecord, part: &PartRecord) -> Result<HostArray, TrainError> {
         let bad = |problem: String| TrainError::ShardFile {
-            path: self.path.clone(),
+            path: self.path.to_string(),
             problem: format!("tensor '{}' (part of '{}'): {problem}", part.tensor, variable.name),
         };
-        // Read (and checked) once in `Shard::read`.
-        let file = SafeTensors::deserialize(&self.buffer).map_err(|e| bad(safetensors_problem(&e)))?;
-        let view =
-            file.tensor(&part.tensor).map_err(|_| bad("the file has no such tensor (the index lists it)".into()))?;
+        let view = self
+            .tensors
+            .tensor(&part.tensor)
+            .map_err(|_| bad("the file has no such tensor (the index lists it)".into()))?;
         if view.dtype() != safetensors_dtype(variable.dtype) {
             return Err(bad(format!(
                 "it holds {} values, the index says {}",
