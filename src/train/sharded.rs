@@ -171,15 +171,17 @@ pub fn save_sharded_within(
 /// A background save started by [`save_sharded_async`].
 #[derive(Debug)]
 pub struct SaveHandle {
+    dir: PathBuf,
     thread: std::thread::JoinHandle<Result<(), TrainError>>,
 }
 
 impl SaveHandle {
     /// Waits for the save to end; its error, if it failed.
     pub fn wait(self) -> Result<(), TrainError> {
-        self.thread.join().unwrap_or_else(|_| {
-            Err(TrainError::ShardSave { path: String::new(), problem: "the saving thread panicked".into() })
-        })
+        let path = self.dir.display().to_string();
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(TrainError::ShardSave { path, problem: "the saving thread panicked".into() }))
     }
 
     /// Whether the save has ended (then [`SaveHandle::wait`] returns at once).
@@ -198,8 +200,11 @@ pub fn save_sharded_async(
     parts: Vec<StatePart>,
     extra: serde_json::Value,
 ) -> SaveHandle {
-    let thread = std::thread::spawn(move || save_sharded(&dir, rank, world, step, &parts, &extra));
-    SaveHandle { thread }
+    let thread = {
+        let dir = dir.clone();
+        std::thread::spawn(move || save_sharded(&dir, rank, world, step, &parts, &extra))
+    };
+    SaveHandle { dir, thread }
 }
 
 /// The name of a part's tensor in its shard file: `w1@0_8` (a scalar's: `step@`).
