@@ -58,6 +58,7 @@ pub mod train;
 
 /// The names most programs use.
 pub mod prelude {
+    pub use crate::train::sharded::{latest_complete, load_sharded, save_sharded, ShardedCheckpoint};
     pub use crate::train::{LoadStateDict, ReportState, StateDict, TrainError, Trainer};
     pub use regflow_memory::MemoryKind;
     pub use regflow_plan::{

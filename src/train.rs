@@ -6,6 +6,7 @@
 #![doc = include_str!("../docs/training.md")]
 
 mod plot;
+pub mod sharded;
 mod state;
 mod trainer;
 
@@ -88,6 +89,56 @@ pub enum TrainError {
     /// A [`Trainer`] option or plan that cannot work, named.
     #[error("trainer: {0}")]
     Options(String),
+    /// A sharded checkpoint cannot be saved as asked (a rank outside the world, a directory
+    /// that holds a checkpoint already, a part that does not fit its tensor).
+    #[error("sharded checkpoint '{path}': {problem}")]
+    ShardSave {
+        /// The directory or file.
+        path: String,
+        /// Why.
+        problem: String,
+    },
+    /// Rank 0 waited in vain for other ranks to write their parts of a sharded checkpoint.
+    #[error("sharded checkpoint '{path}': rank 0 waited {waited:?} for the parts of rank(s) {missing:?}, which never wrote their rank<r>.json (did they fail, or save into another directory?)")]
+    RanksMissing {
+        /// The checkpoint directory.
+        path: String,
+        /// The ranks whose lists never appeared.
+        missing: Vec<u32>,
+        /// How long rank 0 waited.
+        waited: std::time::Duration,
+    },
+    /// A sharded checkpoint's `index.json` (or a rank's list) is missing, is not JSON or
+    /// does not describe a checkpoint.
+    #[error("sharded checkpoint index '{path}': {problem}")]
+    ShardIndex {
+        /// The file.
+        path: String,
+        /// What is wrong, naming the tensor where one is at fault.
+        problem: String,
+    },
+    /// A shard file is missing, cut short or corrupt, or does not hold what the index says.
+    #[error("sharded checkpoint shard '{path}': {problem}")]
+    ShardFile {
+        /// The file.
+        path: String,
+        /// What is wrong, naming the tensor where one is at fault.
+        problem: String,
+    },
+    /// No part of a sharded checkpoint holds some elements of a tensor.
+    #[error("sharded checkpoint '{path}': no part holds elements {region} of tensor '{tensor}' ({missing} of its {total} elements)")]
+    ShardCoverage {
+        /// The checkpoint directory.
+        path: String,
+        /// The tensor.
+        tensor: String,
+        /// The box that holds every element without a part (`[0..2, 8..16]`).
+        region: String,
+        /// How many elements have no part.
+        missing: usize,
+        /// The tensor's elements.
+        total: usize,
+    },
     /// A plot could not be drawn or written.
     #[error("loss plot '{path}': {message}")]
     Plot {

@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use start::JobBuilder;
+pub use state::StatePart;
 pub(crate) use state::{host_array, logical_name};
 pub(crate) use user_waits::{thread_token, FetchRecord, UserWaits};
 
@@ -81,6 +82,13 @@ pub struct JobReport {
     /// optimizer state), whole, by its logical name, in the plan's order; `None` otherwise.
     /// A variable with a part on a node this job does not run is left out.
     pub state: Option<Vec<(String, regflow_plan::HostArray)>>,
+    /// With [`JobBuilder::keep_state`]: every part of a variable a device of this job held
+    /// when it ended (what this node writes to a sharded checkpoint), in the plan's device
+    /// order; `None` otherwise. A zero part (a `Partial` summand another device holds) is
+    /// left out, and a part held by several devices (a `Broadcast` replica) is reported only
+    /// by the job of the first of them in the plan's device order, so that the parts of all
+    /// the nodes' jobs of a plan hold every element once.
+    pub state_parts: Option<Vec<StatePart>>,
 }
 
 impl JobReport {
@@ -228,7 +236,10 @@ impl Job {
         if let Some(error) = failed {
             return Err(error);
         }
-        let state = state.transpose()?;
+        let (state, state_parts) = match state.transpose()? {
+            Some(read) => (Some(read.wholes), Some(read.parts)),
+            None => (None, None),
+        };
         if let Some(path) = &self.trace_path {
             let file = std::fs::File::create(path)
                 .map_err(|e| RuntimeError::Trace { path: path.display().to_string(), message: e.to_string() })?;
@@ -241,6 +252,7 @@ impl Job {
             memory: self.memory.clone(),
             trace: self.trace_path.clone(),
             state,
+            state_parts,
         })
     }
 

@@ -12,7 +12,7 @@
 use crate::arenas::PlanArenas;
 use crate::stream::ActorStats;
 use crate::RuntimeError;
-use regflow_plan::{HostArray, Plan, TensorMeta};
+use regflow_plan::{HostArray, Plan, TensorMeta, VariableDesc};
 use std::collections::HashMap;
 
 /// The slot of a register of `register_num` slots, `preloaded` of them preloaded, that
@@ -29,15 +29,58 @@ pub(crate) fn logical_name(name: &str) -> &str {
     name.split('@').next().unwrap_or(name)
 }
 
+/// One part of a variable as a device of this job held it when the job ended: what a
+/// rank writes to its shard of a sharded checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatePart {
+    /// The logical name of the variable (`w` for the part `w@1`).
+    pub variable: String,
+    /// Shape and dtype of the whole (logical) variable.
+    pub meta: TensorMeta,
+    /// Where the part starts in each dimension of the whole.
+    pub offsets: Vec<usize>,
+    /// The part's value (its shape is the part's).
+    pub value: HostArray,
+}
+
+/// What a finished job read back of its variables: the whole ones and every part.
+pub(super) struct ReadState {
+    /// Every variable whose parts all ran here, whole.
+    pub(super) wholes: Vec<(String, HostArray)>,
+    /// Every part held here that no device before it in the plan holds too.
+    pub(super) parts: Vec<StatePart>,
+}
+
+/// The key of a part: two parts of the same key hold the same elements.
+type PartKey<'p> = (&'p str, &'p [usize], &'p [usize]);
+
 /// Every variable of `plan` whose parts all ran in this job, as whole logical tensors in
-/// the order of the plan's variables. Called after every stream thread has ended and
-/// before the arenas are freed.
+/// the order of the plan's variables, and every part this job held. Called after every
+/// stream thread has ended and before the arenas are freed.
+///
+/// A part held by several devices (a `Broadcast` replica) is kept only by the first of
+/// them in the plan's device order, over the whole plan: of all the nodes' jobs, exactly
+/// one reports it. A zero part (a `Partial` summand another device holds) is left out.
 pub(super) fn read_variables(
     plan: &Plan,
     arenas: &PlanArenas,
     actors: &[ActorStats],
-) -> Result<Vec<(String, HostArray)>, RuntimeError> {
+) -> Result<ReadState, RuntimeError> {
     let fires: HashMap<&str, u64> = actors.iter().map(|a| (a.name.as_str(), a.fires)).collect();
+    let device_of = |variable: &VariableDesc| {
+        let desc = &plan.regst_descs[variable.regst.index()];
+        plan.streams[plan.actors[desc.producer.index()].stream.index()].device.index()
+    };
+    let mut first_holder: HashMap<PartKey<'_>, usize> = HashMap::new();
+    for variable in plan.variables.iter().filter(|v| !v.region.zeros) {
+        let holder = first_holder
+            .entry((logical_name(&variable.name), &variable.region.offsets, &variable.region.shape))
+            .or_insert(usize::MAX);
+        *holder = (*holder).min(device_of(variable));
+    }
+    let mut kept: Vec<(usize, StatePart)> = Vec::new();
+    // Two parts of one key on the same device: the first one only.
+    let mut seen: std::collections::HashSet<PartKey<'_>> = Default::default();
     let mut order: Vec<&str> = Vec::new();
     let mut wholes: HashMap<&str, Option<HostArray>> = HashMap::new();
     for variable in &plan.variables {
@@ -53,7 +96,6 @@ pub(super) fn read_variables(
             *whole = None;
             continue;
         };
-        let Some(whole) = whole else { continue };
         if variable.region.zeros {
             continue;
         }
@@ -67,9 +109,22 @@ pub(super) fn read_variables(
         let bytes = unsafe { view.as_slice() };
         let meta = TensorMeta::new(variable.region.shape.clone(), variable.meta.dtype);
         let part = host_array(&meta, bytes).map_err(fail)?;
-        whole.set_region(&variable.region.offsets, &part);
+        if let Some(whole) = whole {
+            whole.set_region(&variable.region.offsets, &part);
+        }
+        let device = device_of(variable);
+        let part_key: PartKey<'_> = (name, &variable.region.offsets, &variable.region.shape);
+        if first_holder.get(&part_key) == Some(&device) && seen.insert(part_key) {
+            let offsets = variable.region.offsets.clone();
+            let part = StatePart { variable: name.to_string(), meta: variable.meta.clone(), offsets, value: part };
+            kept.push((device, part));
+        }
     }
-    Ok(order.into_iter().filter_map(|name| wholes.remove(name).flatten().map(|v| (name.to_string(), v))).collect())
+    // Device order, and the plan's variable order within a device.
+    kept.sort_by_key(|(device, _)| *device);
+    let wholes =
+        order.into_iter().filter_map(|name| wholes.remove(name).flatten().map(|v| (name.to_string(), v))).collect();
+    Ok(ReadState { wholes, parts: kept.into_iter().map(|(_, part)| part).collect() })
 }
 
 /// The tensor of `meta` whose little-endian bytes are `bytes`; an error saying both sizes
