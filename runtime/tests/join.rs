@@ -170,3 +170,66 @@ fn a_public_bind_without_a_secret_is_refused() {
     let text = message(&results[0]);
     assert!(text.contains("REGFLOW_SECRET"), "{text}");
 }
+
+#[test]
+fn strangers_at_a_data_port_are_dropped_and_the_nodes_still_join() {
+    use regflow_net::handshake::{handshake, Expect, Identity};
+    let got = within(Duration::from_secs(30), || {
+        let plan = chain(8);
+        // Two distinct free ports (both held while picking, so the OS cannot hand out one twice).
+        let (a, b) =
+            (std::net::TcpListener::bind("127.0.0.1:0").unwrap(), std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        let (master, data_port) =
+            (format!("127.0.0.1:{}", a.local_addr().unwrap().port()), b.local_addr().unwrap().port());
+        drop((a, b));
+        let rank0 = {
+            let (plan, master) = (plan.clone(), master.clone());
+            let options = ClusterOptions { data_port: Some(data_port), ..options("s3cret", 20_000) };
+            std::thread::spawn(move || Cluster::join(&ClusterEnv::from_flags(0, 2, &master).unwrap(), &plan, &options))
+        };
+        // Strangers, while the nodes join: garbage, then one claiming rank 1 without the
+        // secret. (A loop of connects to a port nobody listens on yet can connect a socket
+        // to itself on Linux: such a connection is dropped and tried again.)
+        let strangers = {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let connect = || loop {
+                    match std::net::TcpStream::connect(("127.0.0.1", data_port)) {
+                        Ok(stream) if stream.local_addr().unwrap().port() != data_port => break stream,
+                        _ => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                };
+                let mut garbage = connect();
+                std::io::Write::write_all(&mut garbage, b"GET / HTTP/1.1\r\n\r\n").unwrap();
+                drop(garbage);
+                let mut stranger = connect();
+                let me = Identity::new(1, 2, plan.fingerprint());
+                handshake(&mut stranger, &me, &Secret::new(b"wrong".to_vec()), Expect::Rank(0)).map(|_| ())
+            })
+        };
+        // The real rank 1 joins (after the strangers have had their try), and the two run
+        // a job.
+        std::thread::sleep(Duration::from_millis(300));
+        let c1 =
+            Cluster::join(&ClusterEnv::from_flags(1, 2, &master).unwrap(), &plan, &options("s3cret", 20_000)).unwrap();
+        assert!(strangers.join().unwrap().is_err(), "a wrong secret passed the handshake");
+        let c0 = rank0.join().unwrap().unwrap();
+        let plan1 = plan.clone();
+        let node1 = std::thread::spawn(move || {
+            let mut job = Job::builder(plan1).cluster(c1).build().unwrap();
+            let out = job.fetcher("out").unwrap();
+            let n = std::iter::from_fn(|| out.recv()).count();
+            job.wait().unwrap();
+            n
+        });
+        let mut job = Job::builder(plan).cluster(c0).build().unwrap();
+        let mut feeder = job.feeder("in").unwrap();
+        for i in 0..5u64 {
+            feeder.push(&i.to_le_bytes()).unwrap();
+        }
+        feeder.close().unwrap();
+        job.wait().unwrap();
+        node1.join().unwrap()
+    });
+    assert_eq!(got, 5);
+}

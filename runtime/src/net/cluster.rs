@@ -101,11 +101,14 @@ pub struct ClusterOptions {
     pub secret: Option<regflow_net::handshake::Secret>,
     /// How long a peer may send nothing before it counts as lost ([`DEFAULT_SILENCE`]).
     pub silence: Duration,
+    /// The port this node's data plane listens on while the nodes connect (default: one
+    /// the OS picks; set it where a firewall opens only known ports).
+    pub data_port: Option<u16>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(60), bind: None, secret: None, silence: DEFAULT_SILENCE }
+        Self { timeout: Duration::from_secs(60), bind: None, secret: None, silence: DEFAULT_SILENCE, data_port: None }
     }
 }
 

@@ -76,7 +76,7 @@ impl Cluster {
         } else {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         });
-        let bind = SocketAddr::new(ip, 0);
+        let bind = SocketAddr::new(ip, options.data_port.unwrap_or(0));
         check_bind(&bind, &secret).map_err(|e| fail(e.to_string()))?;
 
         // Rank 0 serves the control plane at the master's address.
@@ -128,13 +128,21 @@ impl Cluster {
         }
         listener.set_nonblocking(true).map_err(|e| fail(e.to_string()))?;
         let mut accepted = vec![false; world as usize];
+        let mut refused: Vec<String> = Vec::new();
         while links.len() + 1 < world as usize {
-            let stream = match listener.accept() {
-                Ok((stream, _)) => stream,
+            let (stream, from) = match listener.accept() {
+                Ok(accepted) => accepted,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
                         let missing: Vec<u32> = (rank + 1..world).filter(|&r| !accepted[r as usize]).collect();
-                        return Err(fail(format!("nodes {missing:?} did not connect within {:?}", options.timeout)));
+                        let refusals = match refused.is_empty() {
+                            true => String::new(),
+                            false => format!(" (refused meanwhile: {})", refused.join("; ")),
+                        };
+                        return Err(fail(format!(
+                            "nodes {missing:?} did not connect within {:?}{refusals}",
+                            options.timeout
+                        )));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
@@ -142,17 +150,21 @@ impl Cluster {
                 Err(e) => return Err(fail(format!("accepting a peer failed: {e}"))),
             };
             stream.set_nonblocking(false).map_err(|e| fail(e.to_string()))?;
-            prepare(&stream, left()).map_err(|e| fail(e.to_string()))?;
+            // A stranger that connects and says nothing holds the join at most this long.
+            prepare(&stream, left().min(HANDSHAKE_TIMEOUT)).map_err(|e| fail(e.to_string()))?;
             let mut stream = stream;
             // A stranger or a wrong peer is refused and dropped; the others go on.
             let info = match handshake(&mut stream, &me, &secret, Expect::AnyOtherRank) {
                 Ok(info) => info,
+                // A stranger (garbage, a wrong secret, another plan) is refused and
+                // dropped; the peers it is not keep connecting, and a timeout names what
+                // was refused meanwhile.
                 Err(e) => {
-                    tracing::warn!("node {rank} refused a connection: {e}");
-                    if matches!(e, regflow_net::handshake::HandshakeError::Frame(_)) {
-                        continue;
+                    tracing::warn!("node {rank} refused a connection from {from}: {e}");
+                    if refused.len() < 8 {
+                        refused.push(format!("{from}: {e}"));
                     }
-                    return Err(fail(e.to_string()));
+                    continue;
                 }
             };
             if info.rank <= rank || accepted[info.rank as usize] {
@@ -170,6 +182,9 @@ impl Cluster {
         Ok((cluster, received))
     }
 }
+
+/// How long an accepted connection may take to complete its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn resolve(master: &str) -> Result<SocketAddr, String> {
     master
