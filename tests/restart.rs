@@ -225,15 +225,15 @@ fn a_killed_rank_restarts_the_job_from_its_checkpoint_with_the_same_losses() {
 
 #[test]
 fn an_elastic_job_goes_on_with_the_nodes_left_from_its_checkpoint() {
-    // Three nodes; the third is killed in steps 11–20; the job goes on with two, the
-    // checkpoint of step 10 resharded from dp3 into dp2.
-    let (losses, text) = launch("elastic", &["--nodes", "2:3", "--max-restarts", "1"], "2:3");
+    // Four nodes; one is killed in steps 11–20; the job goes on with three, the
+    // checkpoint of step 10 resharded from dp4 into dp3.
+    let (losses, text) = launch("elastic", &["--nodes", "3:4", "--max-restarts", "1"], "2:3");
     assert!(text.contains("rank 2 was killed by signal 9"), "{text}");
-    assert!(text.contains("with 2 nodes instead of 3 (lost: rank 2)"), "{text}");
+    assert!(text.contains("with 3 nodes instead of 4 (lost: rank 2)"), "{text}");
     let got = resumed(&losses, &text);
-    let want = uninterrupted(3);
+    let want = uninterrupted(4);
     for (step, (a, b)) in got.iter().zip(&want).enumerate() {
         let relative = (a - b).abs() / b.abs().max(1e-12);
-        assert!(relative <= 1e-5, "step {}: {a} on 2 nodes after the restart, {b} on 3 uninterrupted", step + 11);
+        assert!(relative <= 1e-5, "step {}: {a} on 3 nodes after the restart, {b} on 4 uninterrupted", step + 11);
     }
 }
