@@ -121,6 +121,8 @@ pub(crate) struct NetGroup {
     size: usize,
     /// Node of each rank.
     node_of: Vec<u16>,
+    /// Plan actor of each rank.
+    actor_of: Vec<usize>,
     /// Other nodes with members: where this node's members send their inputs.
     remote_nodes: Vec<u16>,
     landing: [Vec<Landing>; 2],
@@ -152,26 +154,27 @@ impl NetGroups {
     /// The spanning groups of `plan` that `node` takes part in, with landing tables sized
     /// from each rank's input. Every node computes the same wire indices.
     pub(crate) fn new(plan: &Plan, node: u16, out: std::sync::Arc<dyn CollectiveSend>) -> Result<Self, String> {
-        let mut members: BTreeMap<&str, Vec<(u16, &CollectiveConf)>> = BTreeMap::new();
+        let mut members: BTreeMap<&str, Vec<(u16, &CollectiveConf, usize)>> = BTreeMap::new();
         for (a, actor) in plan.actors.iter().enumerate() {
             if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &actor.kind {
                 let device = plan.device_of(regflow_plan::ActorIndex(a as u32));
-                members.entry(conf.group.as_str()).or_default().push((plan.devices[device.index()].node, conf));
+                members.entry(conf.group.as_str()).or_default().push((plan.devices[device.index()].node, conf, a));
             }
         }
         let mut groups = Vec::new();
         let mut by_name = HashMap::new();
-        let spanning = members.into_iter().filter(|(_, m)| m.iter().any(|(n, _)| *n != m[0].0));
+        let spanning = members.into_iter().filter(|(_, m)| m.iter().any(|(n, _, _)| *n != m[0].0));
         for (wire, (name, members)) in spanning.enumerate() {
             let wire = wire as u32;
             let size = members[0].1.size as usize;
-            if !members.iter().any(|(n, _)| *n == node) {
+            if !members.iter().any(|(n, _, _)| *n == node) {
                 groups.push(None);
                 continue;
             }
             let mut node_of = vec![u16::MAX; size];
+            let mut actor_of = vec![usize::MAX; size];
             let mut bytes = vec![0usize; size];
-            for (n, conf) in &members {
+            for (n, conf, actor) in &members {
                 let rank = conf.rank as usize;
                 if rank >= size || conf.size as usize != size {
                     return Err(format!(
@@ -180,6 +183,7 @@ impl NetGroups {
                     ));
                 }
                 node_of[rank] = *n;
+                actor_of[rank] = *actor;
                 bytes[rank] = Layout::new(conf).map_err(|m| format!("collective '{name}': {m}"))?.input_bytes;
             }
             if let Some(r) = node_of.iter().position(|&n| n == u16::MAX) {
@@ -195,6 +199,7 @@ impl NetGroups {
                 wire,
                 size,
                 node_of,
+                actor_of,
                 remote_nodes,
                 landing: [table(), table()],
                 state: Mutex::new(RoundState {
@@ -207,6 +212,12 @@ impl NetGroups {
             })));
         }
         Ok(Self { groups, by_name, out: Some(out) })
+    }
+
+    /// The plan actor of rank `rank` of spanning group `wire`, if both exist.
+    pub(crate) fn member_actor(&self, wire: u32, rank: u32) -> Option<usize> {
+        let group = self.groups.get(wire as usize)?.as_ref()?;
+        group.actor_of.get(rank as usize).copied().filter(|&a| a != usize::MAX)
     }
 
     /// Names of the spanning groups by wire index (empty for groups without a member here).

@@ -331,6 +331,7 @@ impl Job {
                     shared.clone(),
                     router.clone(),
                     watch_senders,
+                    per_step.clone(),
                 )?;
                 watch_net.recorders = plane.recorders();
                 (Some(plane), Some(watch_net))

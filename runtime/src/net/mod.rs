@@ -210,14 +210,16 @@ pub(crate) struct WireCheck {
     pub(crate) ids: Vec<ActorId>,
     /// Node of each actor.
     pub(crate) node_of: Vec<u16>,
+    /// Firings of each actor per step (micro-batches), to tell which step a piece is of.
+    pub(crate) per_step: Vec<u64>,
 }
 
 impl WireCheck {
-    fn new(plan: Arc<Plan>, ids: &PlanIds) -> Self {
+    fn new(plan: Arc<Plan>, ids: &PlanIds, per_step: Vec<u64>) -> Self {
         let by_id = ids.actors.iter().enumerate().map(|(a, id)| (id.bits(), ActorIndex(a as u32))).collect();
         let node_of =
             (0..plan.actors.len()).map(|a| plan.devices[plan.device_of(ActorIndex(a as u32)).index()].node).collect();
-        Self { plan, by_id, ids: ids.actors.clone(), node_of }
+        Self { plan, by_id, ids: ids.actors.clone(), node_of, per_step }
     }
 }
 
@@ -275,10 +277,11 @@ impl NetPlane {
         shared: Arc<JobShared>,
         router: crate::bus::Router,
         watch: WatchNetSenders,
+        per_step: Vec<u64>,
     ) -> Result<Self, RuntimeError> {
         let (rank, world, silence) = (cluster.rank(), cluster.world(), cluster.silence());
         let names = PeerNames { hosts: cluster.hosts() };
-        let check = Arc::new(WireCheck::new(plan, ids));
+        let check = Arc::new(WireCheck::new(plan, ids, per_step));
         let done = Arc::new(AtomicBool::new(false));
         let (links, keep) = cluster.into_parts();
         let mut plane = NetPlane {

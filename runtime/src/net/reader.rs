@@ -47,6 +47,8 @@ pub(super) struct Reader {
     heard: Option<Instant>,
     /// The firings the peer's last heartbeat reported.
     peer_fires: u64,
+    /// The latest step (from 1) of a piece or collective round the peer sent here.
+    last_step: Option<u64>,
     started: Instant,
     /// Where snapshot requests and replies go (the watchdog).
     watch: super::WatchNetSenders,
@@ -83,6 +85,7 @@ impl Reader {
             bye: false,
             heard: None,
             peer_fires: 0,
+            last_step: None,
             started: Instant::now(),
             watch,
         }
@@ -142,7 +145,11 @@ impl Reader {
                         // The connection's last frames go with the error.
                         let descs: Vec<String> = self.check.plan.regst_descs.iter().map(|d| d.name.clone()).collect();
                         let record = self.recorder.dump(&descs, &self.groups.names()).join("\n");
-                        let message = format!("{message}\n{record}");
+                        let step = match self.last_step {
+                            Some(step) => format!("; the last it sent this node was of step {step}"),
+                            None => "; it had sent this node nothing of any step".to_string(),
+                        };
+                        let message = format!("{message}{step}\n{record}");
                         let error =
                             RuntimeError::PeerLost { node: self.node, host: self.names.host(self.node), message };
                         self.shared.abort(error, &self.router);
@@ -157,6 +164,11 @@ impl Reader {
         match header {
             Header::Actor(msg) => self.actor(msg),
             Header::Collective { group, round, rank, len } => {
+                if let Some(actor) = self.groups.member_actor(group, rank) {
+                    let per_step = self.check.per_step.get(actor).copied().unwrap_or(1).max(1);
+                    let step = round / per_step + 1;
+                    self.last_step = Some(self.last_step.map_or(step, |s| s.max(step)));
+                }
                 let (input, silence) = (self.input.get_mut(), self.silence);
                 self.groups
                     .receive(self.node, group, round, rank, len, |into| read_direct(input, into, silence))
@@ -231,6 +243,9 @@ impl Reader {
                     )));
                 }
                 let regst = RegstRef { desc: RegstDescId(desc), slot };
+                let per_step = check.per_step.get(src.index()).copied().unwrap_or(1).max(1);
+                let step = piece.saturating_sub(u64::from(d.preloaded)) / per_step + 1;
+                self.last_step = Some(self.last_step.map_or(step, |s| s.max(step)));
                 if len != 0 {
                     if len != d.bytes {
                         return Err(Stop::Lost(format!(
