@@ -488,6 +488,78 @@ fn watchdog_ticks_allocate_nothing() {
     );
 }
 
+/// `src` (node 0) -> `copy` -> `increment0` (node 1) -> `increment1` -> `sink` (node 0):
+/// every piece crosses the network twice, each way with its `Ack` back.
+fn chain_across_nodes() -> Plan {
+    let mut b = PlanBuilder::new();
+    let d0 = b.device(0, DeviceKind::Cpu, 0);
+    let d1 = b.device(1, DeviceKind::Cpu, 0);
+    let (s0, s1) = (b.stream(d0, StreamKind::Compute), b.stream(d1, StreamKind::Compute));
+    let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(0) });
+    let mut prev = b.regst("src.out", src, BYTES, 2);
+    let stages = [
+        ("copy", s1, KernelConf::Copy),
+        ("increment0", s1, KernelConf::Custom { name: "increment".into() }),
+        ("increment1", s0, KernelConf::Custom { name: "increment".into() }),
+    ];
+    for (name, stream, kernel) in stages {
+        let actor = b.actor(name, stream, ActorKind::Compute { kernel });
+        b.consume(actor, prev);
+        prev = b.regst(&format!("{name}.out"), actor, BYTES, 2);
+    }
+    let sink = b.actor("sink", s0, ActorKind::Sink);
+    b.consume(sink, prev);
+    b.build().unwrap()
+}
+
+/// The chain across two nodes joined over loopback TCP, each node's job on its own thread:
+/// the writers, readers and heartbeats of the data plane allocate nothing per piece.
+#[test]
+fn a_chain_across_nodes_allocates_nothing_per_piece() {
+    let plan = chain_across_nodes();
+    // Two stream threads and four connection threads (a writer and a reader per node),
+    // each with its channel: crossbeam's lazy set-ups, once each.
+    let bound = lazy_channel_bound(2, 0, 0) + 8;
+    assert_allocates_nothing_per_piece("chain across 2 nodes", PIECES, bound, |pieces, window| {
+        let mut plan = plan.clone();
+        for actor in &mut plan.actors {
+            if let ActorKind::Source { pieces: SourcePieces::Count(n) } = &mut actor.kind {
+                *n = pieces;
+            }
+        }
+        let mut clusters = regflow::runtime::Cluster::loopback(2).unwrap().into_iter();
+        let (c0, c1) = (clusters.next().unwrap(), clusters.next().unwrap());
+        let node1 = {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let job = Job::builder(plan).cluster(c1).kernel("increment", |_| Ok(Box::new(Increment))).build();
+                job.unwrap().wait().unwrap();
+            })
+        };
+        let delivered = Arc::new(AtomicU64::new(0));
+        let wrong = Arc::new(AtomicU64::new(0));
+        let (sink_delivered, sink_wrong, sink_window) = (delivered.clone(), wrong.clone(), window.clone());
+        let job = Job::builder(plan)
+            .cluster(c0)
+            .watchdog(WATCHDOG)
+            .kernel("increment", |_| Ok(Box::new(Increment)))
+            .on_sink("sink", move |io| {
+                sink_window.at_piece(io.piece());
+                if tag_of(io.input(0)) != io.piece() + 2 {
+                    sink_wrong.fetch_add(1, Ordering::Relaxed);
+                }
+                sink_delivered.fetch_add(1, Ordering::Relaxed);
+            })
+            .build()
+            .unwrap();
+        window.job_started();
+        job.wait().unwrap();
+        node1.join().unwrap();
+        assert_eq!(delivered.load(Ordering::Relaxed), pieces);
+        assert_eq!(wrong.load(Ordering::Relaxed), 0, "pieces with a wrong tag");
+    });
+}
+
 /// `src -> repeat(2) -> acc(2, Copy) -> sink`, on a cpu and a sim stream: the repeat lends
 /// its input register, the acc holds its output across a group; neither allocates.
 #[test]

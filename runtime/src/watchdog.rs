@@ -544,18 +544,20 @@ pub(crate) fn watch(
     let fires = |shared: &JobShared| -> u64 { shared.probes.iter().map(|p| p.fires.load(Ordering::Relaxed)).sum() };
     let mut last_fires = fires(&shared);
     let mut last_progress = Instant::now();
-    let never = crossbeam_channel::never();
+    // Across nodes it also wakes often enough to answer a peer's request for its snapshot
+    // well within the peer's wait. (A blocking `select!` here would allocate per tick.)
+    let poll = match net {
+        Some(_) => tick.min(PEER_SNAPSHOT_WAIT / 8),
+        None => tick,
+    };
     loop {
-        let requests = net.as_ref().map_or(&never, |n| &n.requests);
-        crossbeam_channel::select! {
-            recv(stop) -> _ => return,
-            recv(requests) -> node => {
-                if let (Ok(node), Some(net)) = (node, &net) {
-                    answer_peer(node, net, &shared, &router, &names, &snapshots, tick);
-                }
-                continue;
+        if !matches!(stop.recv_timeout(poll), Err(crossbeam_channel::RecvTimeoutError::Timeout)) {
+            return;
+        }
+        if let Some(net) = &net {
+            while let Ok(node) = net.requests.try_recv() {
+                answer_peer(node, net, &shared, &router, &names, &snapshots, tick);
             }
-            default(tick) => {}
         }
         let total = fires(&shared);
         if total != last_fires {
