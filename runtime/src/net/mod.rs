@@ -309,7 +309,9 @@ impl NetPlane {
             plane.transports.push(transport.clone());
             let recorder = std::sync::Arc::new(record::FlightRecorder::new(node));
             plane.recorders.push(recorder.clone());
+            let reader_stopped = Arc::new(AtomicBool::new(false));
             let writer = writer::Writer::new(
+                reader_stopped.clone(),
                 recorder.clone(),
                 silence,
                 node,
@@ -328,6 +330,7 @@ impl NetPlane {
                 )?;
             plane.writers.push((node, handle));
             let reader = reader::Reader::new(
+                reader_stopped,
                 recorder,
                 silence,
                 node,

@@ -29,6 +29,9 @@ const MAX_SNAPSHOT_BYTES: u64 = 64 << 20;
 const START_SILENCE_FACTOR: u32 = 6;
 
 pub(super) struct Reader {
+    /// Set when this reader stops (the writer of the connection waits for it on a failed
+    /// send, to let the reader say why).
+    stopped: Arc<AtomicBool>,
     recorder: std::sync::Arc<super::record::FlightRecorder>,
     /// How long the peer may send nothing (`Cluster::with_silence_limit`).
     silence: Duration,
@@ -57,6 +60,7 @@ pub(super) struct Reader {
 impl Reader {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        stopped: Arc<AtomicBool>,
         recorder: std::sync::Arc<super::record::FlightRecorder>,
         silence: Duration,
         node: u16,
@@ -71,6 +75,7 @@ impl Reader {
         watch: super::WatchNetSenders,
     ) -> Self {
         Self {
+            stopped,
             recorder,
             silence,
             node,
@@ -121,6 +126,12 @@ impl Reader {
     }
 
     pub(super) fn run(mut self) {
+        let stopped = self.stopped.clone();
+        self.read_frames();
+        stopped.store(true, Ordering::Release);
+    }
+
+    fn read_frames(&mut self) {
         loop {
             let outcome = match self.await_frame() {
                 Ok(true) => match self.input.read_header() {

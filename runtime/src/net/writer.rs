@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// quarter of the silence the peer allows, if that is shorter).
 pub(super) const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a writer whose send failed leaves the reader to report the cause first.
+const READER_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Buffer of small frames between flushes.
 const WRITE_BUFFER: usize = 64 * 1024;
 /// A payload of this size or more is not copied into the buffer: it goes out with what the
@@ -76,6 +79,8 @@ impl Write for Coalescer {
 }
 
 pub(super) struct Writer {
+    /// Set by this connection's reader when it stops.
+    reader_stopped: Arc<AtomicBool>,
     recorder: std::sync::Arc<super::record::FlightRecorder>,
     /// Heartbeat interval.
     beat: std::time::Duration,
@@ -96,6 +101,7 @@ pub(super) struct Writer {
 impl Writer {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        reader_stopped: Arc<AtomicBool>,
         recorder: std::sync::Arc<super::record::FlightRecorder>,
         silence: std::time::Duration,
         node: u16,
@@ -119,6 +125,7 @@ impl Writer {
             }
         }
         Self {
+            reader_stopped,
             recorder,
             beat: HEARTBEAT_EVERY.min(silence / 4),
             node,
@@ -182,7 +189,19 @@ impl Writer {
     }
 
     /// Aborts the job with the connection's failure, unless the job is already over.
+    ///
+    /// A send fails when the peer closed the connection; its reader then sees why (the
+    /// peer's abort, or the end of the stream with the flight recorder and the last step),
+    /// which says more than a broken pipe. So the reader gets [`READER_FIRST`] to report
+    /// before the writer does.
     fn lost(&self, message: String) {
+        let waited = std::time::Instant::now();
+        while !self.reader_stopped.load(Ordering::Acquire)
+            && !self.shared.aborting.load(crate::sync::Ordering::Acquire)
+            && waited.elapsed() < READER_FIRST
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         if !self.done.load(Ordering::Acquire) {
             let host = self.names.host(self.node);
             self.shared.abort(
