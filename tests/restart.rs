@@ -12,7 +12,7 @@
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64};
 use regflow::prelude::*;
-use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions};
+use regflow::runtime::{ClusterEnv, ClusterOptions, ClusterSession};
 use regflow::train::sharded::{checkpoint_dir, latest_complete, load_sharded, save_sharded};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -60,10 +60,10 @@ fn compile(nodes: usize) -> (regflow::graph::plan::Plan, String) {
     (compiled.plan, compiled.fetches[0].clone())
 }
 
-/// Runs steps `from..to` as one job (joined to the other nodes when `env` is given, on
-/// `port`), from `state`; returns the losses where delivered here and the job's report.
+/// Runs steps `from..to` as one job (joined to the other nodes through `session` when
+/// given), from `state`; returns the losses where delivered here and the job's report.
 fn run_steps(
-    env: Option<&ClusterEnv>,
+    session: Option<&mut ClusterSession>,
     nodes: usize,
     state: Option<&StateDict>,
     from: u64,
@@ -75,9 +75,8 @@ fn run_steps(
     if let Some(state) = state {
         builder = builder.load_state_dict(state, true).unwrap().0;
     }
-    if let Some(env) = env {
-        let options = ClusterOptions { timeout: Duration::from_secs(60), ..ClusterOptions::default() };
-        builder = builder.cluster(Cluster::join(env, &plan, &options).unwrap());
+    if let Some(session) = session {
+        builder = builder.cluster(session.join(&plan).unwrap());
     }
     let mut job = builder.build().unwrap();
     let mut feeds = job.graph_feeds().unwrap();
@@ -128,15 +127,14 @@ fn rank_of_a_restartable_job() {
         }
         None => (0, None),
     };
-    let base_port = env.master_port;
+    // One control plane for the attempt; each chunk is a job of its own.
+    let options = ClusterOptions { timeout: Duration::from_secs(60), ..ClusterOptions::default() };
+    let mut session = ClusterSession::connect(&env, &options).unwrap();
     let mut job_index = 0u16;
     while step < STEPS {
         let to = (step + CHUNK).min(STEPS);
-        // A job per chunk, each joining on its own port (the previous control plane may
-        // still hold its port for a moment).
-        let env = ClusterEnv { master_port: base_port + job_index, ..env.clone() };
         let kill_after = kill.filter(|&(rank, _)| attempt == 0 && job_index == 1 && rank == env.rank).map(|(_, s)| s);
-        let (losses, report) = run_steps(Some(&env), env.world as usize, state.as_ref(), step, to, kill_after);
+        let (losses, report) = run_steps(Some(&mut session), env.world as usize, state.as_ref(), step, to, kill_after);
         for (k, loss) in losses.iter().flatten().enumerate() {
             println!("LOSS {attempt} {} {}", step + k as u64 + 1, loss.to_bits());
         }

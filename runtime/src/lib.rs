@@ -49,6 +49,8 @@ pub use feeds::{GraphFeeds, GraphFetcher, GraphFetches};
 pub use io::{Feeder, Fetched, Fetcher};
 pub use job::{Job, JobBuilder, JobReport, StatePart, DEFAULT_WATCHDOG};
 pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
+#[cfg(not(loom))]
+pub use net::ClusterSession;
 pub use net::{Cluster, ClusterOptions, PeerLink, Transport, DEFAULT_SILENCE};
 pub use regflow_kernels::KernelRegistry;
 pub use regflow_net::env::ClusterEnv;

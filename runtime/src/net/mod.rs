@@ -30,6 +30,8 @@ mod record;
 mod writer;
 
 pub use cluster::{Cluster, ClusterOptions, PeerLink, Transport, DEFAULT_SILENCE};
+#[cfg(not(loom))]
+pub use join::ClusterSession;
 
 use crate::arenas::PlanArenas;
 use crate::collective::NetGroups;
