@@ -1,7 +1,7 @@
 //! Sharded checkpoints: a dp2 × tp2 job spread over 2 nodes (loopback threads) saves one
 //! shard per node after 10 steps; resuming from it gives bitwise the losses of an unbroken
 //! run on the same layout, and within f32 rounding of them on other layouts (a pipeline
-//! of two single-device stages, one device). A save cut short leaves the previous
+//! of two single-device stages, one device, tp4 over 2 nodes). A save cut short leaves the previous
 //! checkpoint as the latest complete one; bad files are refused, naming file and tensor.
 
 use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
@@ -55,6 +55,12 @@ fn device(index: u16) -> Mesh {
 /// Two pipeline stages of one device each.
 fn pp2() -> Layout {
     Layout { stages: vec![device(0), device(1)], pins: Vec::new() }
+}
+
+/// Megatron over 4 devices (hidden 16 splits 4 ways), spread over 2 nodes of 2.
+fn tp4_on_2_nodes() -> Layout {
+    let pins = vec![("w1", vec![S(1)]), ("b1", vec![S(0)]), ("w2", vec![S(0)])];
+    Layout { stages: vec![Mesh::cpu(&[4], &["tp"]).unwrap().place_on_nodes(2).unwrap()], pins }
 }
 
 fn one_device() -> Layout {
@@ -237,6 +243,9 @@ fn a_sharded_checkpoint_resumes_bitwise_on_its_layout_and_closely_on_any_other()
     assert_close(&pipelined, &unbroken[SAVED_AT..], "resumed on pp2");
     let (single, _) = one_process(&one_device(), Some(&state), SAVED_AT..STEPS);
     assert_close(&single, &unbroken[SAVED_AT..], "resumed on one device");
+    // (d) Four-way tensor parallel on 2 nodes: every weight cut anew.
+    let (tp4, _) = across_nodes(&tp4_on_2_nodes(), Some(&state), SAVED_AT..STEPS);
+    assert_close(&tp4, &unbroken[SAVED_AT..], "resumed on tp4 over 2 nodes");
     std::fs::remove_dir_all(&root).unwrap();
 }
 
