@@ -48,7 +48,7 @@ impl Rng {
 }
 
 fn random_header(rng: &mut Rng) -> Header {
-    match rng.below(10) {
+    match rng.below(11) {
         0 => Header::Hello(Hello {
             protocol: rng.below(3) as u32,
             build: rng.text(24),
@@ -83,6 +83,12 @@ fn random_header(rng: &mut Rng) -> Header {
         6 => Header::Heartbeat { fires: rng.next() },
         7 => Header::SnapshotRequest,
         8 => Header::Snapshot { len: rng.below(1 << 20) },
+        9 => Header::Ring {
+            group: rng.next() as u32,
+            round: rng.next(),
+            step: rng.next() as u32,
+            len: rng.below(1 << 20),
+        },
         _ => Header::Bye,
     }
 }

@@ -51,6 +51,18 @@ pub enum Header {
         /// Payload bytes that follow.
         len: u64,
     },
+    /// One chunk of a ring all-reduce: step `step` of round `round` of group `group`, from
+    /// the receiver's predecessor in the ring.
+    Ring {
+        /// Index of the group in the plan's sorted group names.
+        group: u32,
+        /// Round: the member's firing count.
+        round: u64,
+        /// Step of the round: reduce-scatter steps first, then all-gather steps.
+        step: u32,
+        /// Payload bytes that follow.
+        len: u64,
+    },
     /// The sender's job failed; the receiver's job must abort too.
     Abort {
         /// Why, as the failing node printed it.
@@ -79,6 +91,7 @@ impl Header {
         match self {
             Header::Actor(WireMessage { body: WireBody::Ready { len, .. }, .. })
             | Header::Collective { len, .. }
+            | Header::Ring { len, .. }
             | Header::Snapshot { len } => *len,
             _ => 0,
         }
@@ -92,6 +105,7 @@ impl Header {
             Header::Refused { .. } => "refused",
             Header::Actor(_) => "actor message",
             Header::Collective { .. } => "collective input",
+            Header::Ring { .. } => "ring chunk",
             Header::Abort { .. } => "abort",
             Header::Bye => "bye",
             Header::Heartbeat { .. } => "heartbeat",

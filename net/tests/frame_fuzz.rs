@@ -46,6 +46,12 @@ fn header() -> impl Strategy<Value = Header> {
         Just(Header::Bye),
         any::<u64>().prop_map(|fires| Header::Heartbeat { fires }),
         Just(Header::SnapshotRequest),
+        (any::<u32>(), any::<u64>(), any::<u32>(), 0u64..64).prop_map(|(group, round, step, len)| Header::Ring {
+            group,
+            round,
+            step,
+            len
+        }),
         (0u64..64).prop_map(|len| Header::Snapshot { len }),
     ]
 }

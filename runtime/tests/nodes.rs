@@ -482,3 +482,37 @@ fn a_deadlock_across_nodes_is_reported_with_the_cycle_on_every_node() {
     assert!(matches!(error1, RuntimeError::PeerFailed { node: 0, .. }), "{error1:?}");
     assert!(message.contains("deadlock cycle"), "{message}");
 }
+
+#[test]
+fn a_large_all_reduce_over_3_and_4_nodes_goes_around_a_ring_within_f32_rounding() {
+    within(Duration::from_secs(60), || {
+        // 512 KiB of f32 (at least RING_MIN_BYTES): one member per node reduces around a
+        // ring, in ring order; every rank gets the same bits, within rounding of rank order.
+        let shape = [256, 512];
+        for size in [3, 4] {
+            let plan = collective_plan(size, 1, CollectiveOp::AllReduce, &shape);
+            let local = run_collective(&collective_plan(size, size, CollectiveOp::AllReduce, &shape), size, None, 3);
+            let ring = run_collective(&plan, size, Some(size as u16), 3);
+            for piece in 0..3 {
+                let floats = |b: &[u8]| -> Vec<f32> {
+                    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+                };
+                let first = &ring[0][piece];
+                for (r, outputs) in ring.iter().enumerate().skip(1) {
+                    assert_eq!(&outputs[piece], first, "rank {r} of {size} differs from rank 0 (piece {piece})");
+                }
+                let differing = floats(first)
+                    .iter()
+                    .zip(floats(&local[0][piece]))
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                // The ring sums in ring order: some last bits differ (so the ring did run).
+                assert!(differing > 0, "{size} nodes: bitwise rank order, so the ring was not used");
+                for (i, (a, b)) in floats(first).iter().zip(floats(&local[0][piece])).enumerate() {
+                    let relative = (a - b).abs() / b.abs().max(1e-6);
+                    assert!(relative <= 1e-6, "{size} nodes, piece {piece}, element {i}: ring {a}, rank order {b}");
+                }
+            }
+        }
+    });
+}

@@ -204,3 +204,27 @@ fn sum_typed<'a, T: Element>(out: &mut [u8], count: usize, input: impl Fn(usize)
         sum.write(o);
     }
 }
+
+/// `acc += x`, elementwise (a ring all-reduce's accumulation step).
+pub(super) fn add_into(dtype: DType, acc: &mut [u8], x: &[u8]) {
+    match dtype {
+        DType::F32 => add_typed::<f32>(acc, x),
+        DType::F64 => add_typed::<f64>(acc, x),
+        DType::I64 => add_typed::<i64>(acc, x),
+    }
+}
+
+fn add_typed<T: Element>(acc: &mut [u8], x: &[u8]) {
+    if cfg!(target_endian = "little") {
+        if let (Ok(acc), Ok(x)) = (bytemuck::try_cast_slice_mut::<u8, T>(acc), bytemuck::try_cast_slice::<u8, T>(x)) {
+            for (a, &v) in acc.iter_mut().zip(x) {
+                *a = a.add(v);
+            }
+            return;
+        }
+    }
+    let width = std::mem::size_of::<T>();
+    for (a, v) in acc.chunks_exact_mut(width).zip(x.chunks_exact(width)) {
+        T::read(a).add(T::read(v)).write(a);
+    }
+}

@@ -110,7 +110,50 @@ struct RoundState {
     /// `landed[t][r]`: `(round + 1, bytes)` of the input now landing in rank `r`'s buffer
     /// of table `t`: an all-reduce sums each chunk as soon as every rank's has landed.
     landed: [Vec<(u64, usize)>; 2],
+    /// Ring all-reduce: `ring_landed[t][step]` is `round + 1` of the chunk in the inbox.
+    ring_landed: [Vec<u64>; 2],
+    /// Ring all-reduce: the (round, step) the predecessor must send next.
+    ring_next: (u64, u32),
     aborted: bool,
+}
+
+/// A ring all-reduce's layout on this node (one member per node, at least 3 nodes, inputs
+/// of [`RING_MIN_BYTES`] or more): reduce-scatter then all-gather around the ring, each
+/// node sending `2 (n - 1) / n` of the tensor instead of `n - 1` times it. Its sums run in
+/// ring order, not rank order (within f32 rounding of one process, the same bits on every
+/// member: each chunk is summed once, by its owner, then copied around).
+struct Ring {
+    /// This node's member.
+    rank: usize,
+    next_node: u16,
+    prev_node: u16,
+    /// Byte range of each of the `n` chunks.
+    chunks: Vec<std::ops::Range<usize>>,
+    /// Per table and step: the chunk received from the predecessor.
+    inbox: [Vec<Landing>; 2],
+    /// Per table and step: the chunk sent to the successor (kept until it is written).
+    staging: [Vec<Landing>; 2],
+}
+
+/// Smallest input (bytes) a group of 3 or more nodes reduces around a ring; below it the
+/// direct exchange (rank-order sums, bitwise those of one process) costs less.
+pub(crate) const RING_MIN_BYTES: usize = 256 * 1024;
+
+impl Ring {
+    fn steps(&self) -> usize {
+        2 * (self.chunks.len() - 1)
+    }
+
+    /// The chunk this node sends at `step`, and the one it receives.
+    fn chunk_of(&self, step: usize) -> (usize, usize) {
+        let (n, r) = (self.chunks.len(), self.rank);
+        if step < n - 1 {
+            ((r + n - step % n) % n, (r + 2 * n - step - 1) % n)
+        } else {
+            let s = step - (n - 1);
+            ((r + 1 + n - s % n) % n, (r + n - s % n) % n)
+        }
+    }
 }
 
 /// One group spanning nodes, as this node sees it.
@@ -126,6 +169,8 @@ pub(crate) struct NetGroup {
     /// Other nodes with members: where this node's members send their inputs.
     remote_nodes: Vec<u16>,
     landing: [Vec<Landing>; 2],
+    /// Set when the group reduces around a ring.
+    ring: Option<Ring>,
     state: Mutex<RoundState>,
     changed: Condvar,
 }
@@ -193,6 +238,8 @@ impl NetGroups {
             remote_nodes.sort_unstable();
             remote_nodes.dedup();
             let table = || bytes.iter().map(|&b| Landing::zeroed(b)).collect();
+            let ring = ring_layout(members[0].1, &node_of, node, bytes[0]);
+            let steps = ring.as_ref().map_or(0, Ring::steps);
             by_name.insert(name.to_string(), wire);
             groups.push(Some(Arc::new(NetGroup {
                 name: name.to_string(),
@@ -202,10 +249,13 @@ impl NetGroups {
                 actor_of,
                 remote_nodes,
                 landing: [table(), table()],
+                ring,
                 state: Mutex::new(RoundState {
                     filled: [vec![0; size], vec![0; size]],
                     next_remote: vec![0; size],
                     landed: [vec![(0, 0); size], vec![(0, 0); size]],
+                    ring_landed: [vec![0; steps], vec![0; steps]],
+                    ring_next: (0, 0),
                     aborted: false,
                 }),
                 changed: Condvar::new(),
@@ -334,6 +384,100 @@ impl NetGroups {
     }
 }
 
+/// The ring of a group, when it qualifies: an all-reduce, every member on a node of its
+/// own, at least 3 of them, inputs of [`RING_MIN_BYTES`] or more.
+fn ring_layout(conf: &CollectiveConf, node_of: &[u16], node: u16, input_bytes: usize) -> Option<Ring> {
+    let n = node_of.len();
+    let distinct = (0..n).all(|a| (a + 1..n).all(|b| node_of[a] != node_of[b]));
+    if !matches!(conf.op, regflow_plan::CollectiveOp::AllReduce) || n < 3 || !distinct || input_bytes < RING_MIN_BYTES {
+        return None;
+    }
+    let rank = node_of.iter().position(|&m| m == node)?;
+    let width = conf.dtype.size();
+    let elements = input_bytes / width;
+    let chunks: Vec<std::ops::Range<usize>> = (0..n)
+        .map(|c| {
+            let part = regflow_plan::part_range(elements, n, c);
+            part.start * width..part.end * width
+        })
+        .collect();
+    let mut ring = Ring {
+        rank,
+        next_node: node_of[(rank + 1) % n],
+        prev_node: node_of[(rank + n - 1) % n],
+        chunks,
+        inbox: [Vec::new(), Vec::new()],
+        staging: [Vec::new(), Vec::new()],
+    };
+    for t in 0..2 {
+        for step in 0..ring.steps() {
+            let (send, receive) = ring.chunk_of(step);
+            ring.staging[t].push(Landing::zeroed(ring.chunks[send].len()));
+            ring.inbox[t].push(Landing::zeroed(ring.chunks[receive].len()));
+        }
+    }
+    Some(ring)
+}
+
+impl NetGroups {
+    /// The reader got step `step` of round `round` of ring group `wire` from `node`:
+    /// checks it is the predecessor's next chunk, then `read`s it into the inbox.
+    pub(crate) fn receive_ring(
+        &self,
+        node: u16,
+        wire: u32,
+        round: u64,
+        step: u32,
+        len: u64,
+        mut read: impl FnMut(&mut [u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let Some(Some(group)) = self.groups.get(wire as usize) else {
+            return Err(format!("it sent a ring chunk of collective group {wire}, which has no member on this node"));
+        };
+        let Some(ring) = &group.ring else {
+            return Err(format!(
+                "it sent a ring chunk of collective '{}', which is not reduced around a ring",
+                group.name
+            ));
+        };
+        if node != ring.prev_node {
+            return Err(format!(
+                "it sent a ring chunk of collective '{}', but node {} precedes this node in its ring",
+                group.name, ring.prev_node
+            ));
+        }
+        {
+            let state = lock(&group.state);
+            if state.ring_next != (round, step) {
+                return Err(format!(
+                    "it sent step {step} of round {round} of the ring of collective '{}' while step {} of round {} was due",
+                    group.name, state.ring_next.1, state.ring_next.0
+                ));
+            }
+        }
+        let table = (round % 2) as usize;
+        let inbox = &ring.inbox[table][step as usize];
+        if len != inbox.len() as u64 {
+            return Err(format!(
+                "it sent {len} bytes as step {step} of the ring of collective '{}'; that chunk has {}",
+                group.name,
+                inbox.len()
+            ));
+        }
+        inbox.wrote();
+        // SAFETY: see `Landing`: the member reads this inbox only once `ring_landed` says
+        // this round's chunk is there, and the predecessor sends the next round's only
+        // after this node has sent its own step of this round (which follows the read).
+        read(unsafe { std::slice::from_raw_parts_mut(inbox.ptr(), inbox.len()) })?;
+        let mut state = lock(&group.state);
+        state.ring_landed[table][step as usize] = round + 1;
+        let steps = ring.steps() as u32;
+        state.ring_next = if step + 1 == steps { (round + 1, 0) } else { (round, step + 1) };
+        group.changed.notify_all();
+        Ok(())
+    }
+}
+
 /// A collective actor's kernel when its group spans nodes.
 struct NetCollectiveKernel {
     group: Arc<NetGroup>,
@@ -410,6 +554,9 @@ impl NetCollectiveKernel {
         if input.len() != own.len() {
             return Err(format!("got {} input bytes; it needs {}", input.len(), own.len()));
         }
+        if let (Some(ring), Some(dtype)) = (&group.ring, self.layout.all_reduce()) {
+            return self.ring_round(ring, dtype, input, output);
+        }
         // SAFETY: see `Landing`: this member alone writes its buffer, for a new round.
         own.wrote();
         unsafe { std::slice::from_raw_parts_mut(own.ptr(), own.len()) }.copy_from_slice(input);
@@ -448,6 +595,61 @@ impl NetCollectiveKernel {
             *peer = PeerInput::new(unsafe { std::slice::from_raw_parts(landing.ptr(), landing.len()) });
         }
         self.layout.compute(Peers { inputs: &self.peers }, output);
+        self.round += 1;
+        Ok(())
+    }
+}
+
+impl NetCollectiveKernel {
+    /// One round around the ring: the output accumulates this member's input and the
+    /// predecessor's partial sums chunk by chunk (reduce-scatter), then takes the finished
+    /// chunks as they come round (all-gather).
+    fn ring_round(
+        &mut self,
+        ring: &Ring,
+        dtype: regflow_plan::DType,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), String> {
+        let (group, round) = (self.group.clone(), self.round);
+        let table = (round % 2) as usize;
+        let n = ring.chunks.len();
+        output.copy_from_slice(input);
+        for step in 0..ring.steps() {
+            let (send, receive) = ring.chunk_of(step);
+            let stage = &ring.staging[table][step];
+            stage.wrote();
+            // SAFETY: see `Landing`: the staging buffer of a step is rewritten only two
+            // rounds later, when the successor has taken this one.
+            unsafe { std::slice::from_raw_parts_mut(stage.ptr(), stage.len()) }
+                .copy_from_slice(&output[ring.chunks[send].clone()]);
+            let bytes = RawBytes { ptr: stage.ptr(), len: stage.len() };
+            let item = Outgoing::Ring { group: group.wire, round, step: step as u32, bytes };
+            self.out.send(ring.next_node, item)?;
+            {
+                let mut state = lock(&group.state);
+                while state.ring_landed[table][step] != round + 1 {
+                    if state.aborted {
+                        return Err(format!(
+                            "aborted in round {round} at step {step} of {} of the ring, waiting for node {}",
+                            ring.steps(),
+                            ring.prev_node
+                        ));
+                    }
+                    state = group.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            }
+            let inbox = &ring.inbox[table][step];
+            inbox.read();
+            // SAFETY: landed for this round (checked above under the lock).
+            let chunk = unsafe { std::slice::from_raw_parts(inbox.ptr(), inbox.len()) };
+            let target = &mut output[ring.chunks[receive].clone()];
+            if step < n - 1 {
+                super::layout::add_into(dtype, target, chunk);
+            } else {
+                target.copy_from_slice(chunk);
+            }
+        }
         self.round += 1;
         Ok(())
     }

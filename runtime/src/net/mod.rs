@@ -64,6 +64,8 @@ pub(crate) enum Outgoing {
     Actor(Message),
     /// One member's input of one collective round.
     Collective { group: u32, round: u64, rank: u32, bytes: RawBytes },
+    /// One chunk of a ring all-reduce, for the successor.
+    Ring { group: u32, round: u64, step: u32, bytes: RawBytes },
     /// This node's job failed.
     Abort(String),
     /// This node's job is over: nothing more follows.

@@ -185,6 +185,12 @@ impl Reader {
                     .receive(self.node, group, round, rank, len, |into| read_direct(input, into, silence))
                     .map_err(Stop::Lost)
             }
+            Header::Ring { group, round, step, len } => {
+                let (input, silence) = (self.input.get_mut(), self.silence);
+                self.groups
+                    .receive_ring(self.node, group, round, step, len, |into| read_direct(input, into, silence))
+                    .map_err(Stop::Lost)
+            }
             Header::Abort { reason } => {
                 let error = RuntimeError::PeerFailed { node: self.node, host: self.names.host(self.node), reason };
                 self.shared.abort(error, &self.router);

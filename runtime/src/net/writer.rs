@@ -221,6 +221,13 @@ impl Writer {
                 let header = Header::Collective { group, round, rank, len: bytes.len as u64 };
                 self.send(&header, payload).map_err(|e| e.to_string())
             }
+            Outgoing::Ring { group, round, step, bytes } => {
+                // SAFETY: the member's staging buffer of this step holds the chunk unchanged
+                // until the successor has it (collective::net explains why).
+                let payload = unsafe { std::slice::from_raw_parts(bytes.ptr, bytes.len) };
+                let header = Header::Ring { group, round, step, len: bytes.len as u64 };
+                self.send(&header, payload).map_err(|e| e.to_string())
+            }
             Outgoing::Abort(reason) => self.send(&Header::Abort { reason }, &[]).map_err(|e| e.to_string()),
             Outgoing::Bye => self.send(&Header::Bye, &[]).map_err(|e| e.to_string()),
             Outgoing::SnapshotRequest => self.send(&Header::SnapshotRequest, &[]).map_err(|e| e.to_string()),
