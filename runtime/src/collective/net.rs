@@ -15,10 +15,13 @@
 //! reading round `k` from it, and every writer has sent it (a member's round-`k + 1` input
 //! reached the peer only after its round-`k` one, on the same ordered connection).
 //!
-//! Direct exchange (every input to every node) moves `size - 1` inputs into each node: for
-//! the 2–4 node groups regflow plans today it equals a ring's traffic per node at `size` 2
-//! and stays within 1.5× at 4, and it keeps the sum order, hence bitwise parity with one
-//! process. A ring for large groups is future work (docs/architecture.md, "Nodes").
+//! Direct exchange (every input to every node) moves `size - 1` inputs into each node and
+//! keeps the rank-order sum, hence bitwise parity with one process; at 2 nodes it is a
+//! ring's traffic. An all-reduce of [`RING_MIN_BYTES`] or more over 3 or more nodes with
+//! one member each goes around a ring instead (`ring_round`: reduce-scatter, then
+//! all-gather; `2 (n - 1) / n` of the tensor per node): its sums run in ring order, within
+//! f32 rounding of one process and the same bits on every member. Hierarchical collectives
+//! (several members per node reduced locally first) are not built.
 
 use super::layout::Layout;
 use super::{PeerInput, Peers};
