@@ -394,13 +394,13 @@ fn an_idle_peer_that_beats_is_not_lost() {
     // keep node 0 waiting rather than failing.
     let report = within(Duration::from_secs(30), || {
         let mut clusters = Cluster::loopback(2).unwrap().into_iter();
-        let silence = Duration::from_millis(700);
+        let silence = Duration::from_millis(1200);
         let c0 = clusters.next().unwrap().with_silence_limit(silence);
         let c1 = clusters.next().unwrap().with_silence_limit(silence);
         let node1 = std::thread::spawn(move || {
             let mut job = Job::builder(two_node_chain()).cluster(c1).build().unwrap();
             let (out, tap) = (job.fetcher("out").unwrap(), job.fetcher("tap").unwrap());
-            std::thread::sleep(Duration::from_millis(2100));
+            std::thread::sleep(Duration::from_millis(3600));
             while out.recv().is_some() | tap.recv().is_some() {}
             job.wait().unwrap()
         });
