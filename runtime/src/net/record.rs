@@ -1,113 +1,154 @@
 //! The flight recorder of one connection: the last frames sent and received, with sequence
-//! numbers, kept in a ring allocated once, and rendered in plan names when a job fails.
+//! numbers, kept in rings allocated once, and rendered in plan names when a job fails.
+//!
+//! Recording is on the path of every frame, so it takes no lock: each direction has a ring
+//! written by one thread only (the writer records what it sends, the reader what it
+//! receives), each entry a few atomic words under a sequence number stored last. A dump
+//! (another thread, when the job fails) skips an entry whose sequence number changed while
+//! it read it.
 
 use regflow_net::frame::{Header, WireBody, WireMessage};
-use std::sync::Mutex;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::Instant;
 
-/// Frames kept per connection.
+/// Frames kept per connection: half of them sent, half received.
 pub(crate) const RECORDED_FRAMES: usize = 32;
+const PER_DIRECTION: usize = RECORDED_FRAMES / 2;
 
-/// What kind of frame an entry is, with the fields worth showing.
-#[derive(Debug, Clone, Copy)]
-enum What {
-    Ready { desc: u32, slot: u32, piece: u64, len: u64 },
-    Ack { desc: u32, slot: u32 },
-    Eord { desc: u32 },
-    Collective { group: u32, round: u64, rank: u32 },
-    Heartbeat { fires: u64 },
-    Other(&'static str),
-}
+/// Names of the frame kinds recorded as themselves only (`Header::kind`).
+const OTHER_KINDS: [&str; 8] = ["hello", "proof", "refused", "abort", "bye", "snapshot request", "snapshot", "frame"];
 
-#[derive(Debug, Clone, Copy)]
+/// Entry tags: what the words `a`, `b`, `c` of an entry hold.
+const READY: u64 = 1; // a = desc << 32 | slot, b = piece, c = len
+const ACK: u64 = 2; // a = desc << 32 | slot
+const EORD: u64 = 3; // a = desc
+const COLLECTIVE: u64 = 4; // a = group << 32 | rank, b = round
+const HEARTBEAT: u64 = 5; // b = fires
+const RING: u64 = 6; // a = group << 32 | step, b = round, c = len
+const OTHER: u64 = 7; // a = index in OTHER_KINDS
+
+/// One recorded frame: `seq` (0 while being written) and its fields.
+#[derive(Debug, Default)]
 struct Entry {
-    seq: u64,
-    sent: bool,
-    what: What,
-    at: Instant,
+    seq: AtomicU64,
+    tag: AtomicU64,
+    a: AtomicU64,
+    b: AtomicU64,
+    c: AtomicU64,
+    /// Nanoseconds since the recorder was made.
+    at: AtomicU64,
 }
 
+/// The frames of one direction; written by one thread.
 #[derive(Debug)]
 struct Ring {
-    sent: u64,
-    received: u64,
+    count: AtomicU64,
     entries: Vec<Entry>,
-    next: usize,
+}
+
+impl Ring {
+    fn new() -> Self {
+        Self { count: AtomicU64::new(0), entries: (0..PER_DIRECTION).map(|_| Entry::default()).collect() }
+    }
+
+    /// Only the ring's own thread calls this (the writer, or the reader).
+    fn push(&self, [tag, a, b, c]: [u64; 4], at: u64) {
+        let seq = self.count.load(Ordering::Relaxed) + 1;
+        let entry = &self.entries[(seq - 1) as usize % PER_DIRECTION];
+        entry.seq.store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        entry.tag.store(tag, Ordering::Relaxed);
+        entry.a.store(a, Ordering::Relaxed);
+        entry.b.store(b, Ordering::Relaxed);
+        entry.c.store(c, Ordering::Relaxed);
+        entry.at.store(at, Ordering::Relaxed);
+        entry.seq.store(seq, Ordering::Release);
+        self.count.store(seq, Ordering::Release);
+    }
+
+    /// The entries not being written right now: (seq, [tag, a, b, c], at).
+    fn read(&self) -> Vec<(u64, [u64; 4], u64)> {
+        let mut out = Vec::with_capacity(PER_DIRECTION);
+        for entry in &self.entries {
+            let seq = entry.seq.load(Ordering::Acquire);
+            let words = [&entry.tag, &entry.a, &entry.b, &entry.c].map(|w| w.load(Ordering::Relaxed));
+            let at = entry.at.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if seq != 0 && entry.seq.load(Ordering::Relaxed) == seq {
+                out.push((seq, words, at));
+            }
+        }
+        out
+    }
 }
 
 /// The last [`RECORDED_FRAMES`] frames of one connection, both ways.
 #[derive(Debug)]
 pub(crate) struct FlightRecorder {
     peer: u16,
-    ring: Mutex<Ring>,
+    start: Instant,
+    sent: Ring,
+    received: Ring,
 }
 
 impl FlightRecorder {
     pub(crate) fn new(peer: u16) -> Self {
-        let ring = Ring { sent: 0, received: 0, entries: Vec::with_capacity(RECORDED_FRAMES), next: 0 };
-        Self { peer, ring: Mutex::new(ring) }
+        Self { peer, start: Instant::now(), sent: Ring::new(), received: Ring::new() }
     }
 
-    /// Records a frame (no allocation once the ring is full; the lock is uncontended but
-    /// for a dump).
+    /// Records a frame: no lock, no allocation. `sent` frames only from the connection's
+    /// writer, received ones only from its reader.
     pub(crate) fn record(&self, sent: bool, header: &Header) {
-        let what = match header {
+        let pair = |hi: u32, lo: u32| u64::from(hi) << 32 | u64::from(lo);
+        let words = match header {
             Header::Actor(WireMessage { body, .. }) => match *body {
-                WireBody::Ready { desc, slot, piece, len } => What::Ready { desc, slot, piece, len },
-                WireBody::Ack { desc, slot } => What::Ack { desc, slot },
-                WireBody::Eord { desc } => What::Eord { desc },
+                WireBody::Ready { desc, slot, piece, len } => [READY, pair(desc, slot), piece, len],
+                WireBody::Ack { desc, slot } => [ACK, pair(desc, slot), 0, 0],
+                WireBody::Eord { desc } => [EORD, u64::from(desc), 0, 0],
             },
-            Header::Collective { group, round, rank, .. } => {
-                What::Collective { group: *group, round: *round, rank: *rank }
+            Header::Collective { group, round, rank, .. } => [COLLECTIVE, pair(*group, *rank), *round, 0],
+            Header::Ring { group, round, step, len } => [RING, pair(*group, *step), *round, *len],
+            Header::Heartbeat { fires } => [HEARTBEAT, 0, *fires, 0],
+            other => {
+                let kind = OTHER_KINDS.iter().position(|k| *k == other.kind()).unwrap_or(OTHER_KINDS.len() - 1);
+                [OTHER, kind as u64, 0, 0]
             }
-            Header::Heartbeat { fires } => What::Heartbeat { fires: *fires },
-            other => What::Other(other.kind()),
         };
-        let mut ring = self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seq = if sent { &mut ring.sent } else { &mut ring.received };
-        *seq += 1;
-        let entry = Entry { seq: *seq, sent, what, at: Instant::now() };
-        if ring.entries.len() < RECORDED_FRAMES {
-            ring.entries.push(entry);
-        } else {
-            let next = ring.next;
-            ring.entries[next] = entry;
-        }
-        ring.next = (ring.next + 1) % RECORDED_FRAMES;
+        let at = self.start.elapsed().as_nanos() as u64;
+        if sent { &self.sent } else { &self.received }.push(words, at);
     }
 
     /// The recorded frames, oldest first, one line each, in plan names (`descs`: register
     /// names by index; `groups`: collective groups by wire index).
     pub(crate) fn dump(&self, descs: &[String], groups: &[String]) -> Vec<String> {
-        let ring = self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = Instant::now();
-        let mut entries: Vec<Entry> = ring.entries.clone();
-        entries.sort_by_key(|e| e.at);
-        let regst = |d: u32| descs.get(d as usize).map_or_else(|| format!("#{d}"), |r| format!("'{r}'"));
+        let now = self.start.elapsed().as_nanos() as u64;
+        let mut entries: Vec<(bool, u64, [u64; 4], u64)> = Vec::with_capacity(RECORDED_FRAMES);
+        entries.extend(self.sent.read().into_iter().map(|(seq, w, at)| (true, seq, w, at)));
+        entries.extend(self.received.read().into_iter().map(|(seq, w, at)| (false, seq, w, at)));
+        entries.sort_by_key(|e| e.3);
+        let regst = |d: u64| descs.get(d as usize).map_or_else(|| format!("#{d}"), |r| format!("'{r}'"));
+        let group = |g: u64| groups.get(g as usize).map_or_else(|| format!("#{g}"), |g| format!("'{g}'"));
+        let (hi, lo) = (|x: u64| x >> 32, |x: u64| x & 0xffff_ffff);
         let mut lines = vec![format!(
             "connection with node {}: {} frame(s) sent, {} received; the last {}:",
             self.peer,
-            ring.sent,
-            ring.received,
+            self.sent.count.load(Ordering::Acquire),
+            self.received.count.load(Ordering::Acquire),
             entries.len()
         )];
-        for e in entries {
-            let what = match e.what {
-                What::Ready { desc, slot, piece, len } => {
-                    format!("ready {} slot {slot} piece {piece} ({len} bytes)", regst(desc))
-                }
-                What::Ack { desc, slot } => format!("ack {} slot {slot}", regst(desc)),
-                What::Eord { desc } => format!("end of {}", regst(desc)),
-                What::Collective { group, round, rank } => {
-                    let name = groups.get(group as usize).map_or_else(|| format!("#{group}"), |g| format!("'{g}'"));
-                    format!("collective {name} rank {rank} round {round}")
-                }
-                What::Heartbeat { fires } => format!("heartbeat ({fires} firings)"),
-                What::Other(kind) => kind.to_string(),
+        for (sent, seq, [tag, a, b, c], at) in entries {
+            let what = match tag {
+                READY => format!("ready {} slot {} piece {b} ({c} bytes)", regst(hi(a)), lo(a)),
+                ACK => format!("ack {} slot {}", regst(hi(a)), lo(a)),
+                EORD => format!("end of {}", regst(a)),
+                COLLECTIVE => format!("collective {} rank {} round {b}", group(hi(a)), lo(a)),
+                RING => format!("ring chunk of {} step {} round {b} ({c} bytes)", group(hi(a)), lo(a)),
+                HEARTBEAT => format!("heartbeat ({b} firings)"),
+                _ => OTHER_KINDS.get(a as usize).copied().unwrap_or("frame").to_string(),
             };
-            let direction = if e.sent { "sent" } else { "received" };
-            let ago = now.saturating_duration_since(e.at).as_secs_f64() * 1e3;
-            lines.push(format!("  {direction} #{} {what}, {ago:.1} ms ago", e.seq));
+            let direction = if sent { "sent" } else { "received" };
+            let ago = now.saturating_sub(at) as f64 / 1e6;
+            lines.push(format!("  {direction} #{seq} {what}, {ago:.1} ms ago"));
         }
         lines
     }
