@@ -178,6 +178,34 @@ pub(crate) struct NetGroup {
     changed: Condvar,
 }
 
+impl NetGroup {
+    /// Waits, woken by the readers, until `ready` gives a value; once the job aborts, fails
+    /// with `waiting`'s account of what was still missing.
+    fn wait_for<T>(
+        &self,
+        mut ready: impl FnMut(&RoundState) -> Option<T>,
+        waiting: impl FnOnce(&RoundState) -> String,
+    ) -> Result<T, String> {
+        let mut state = lock(&self.state);
+        loop {
+            if let Some(value) = ready(&state) {
+                return Ok(value);
+            }
+            if state.aborted {
+                return Err(waiting(&state));
+            }
+            state = self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// "aborted in round k while waiting for rank r (node n), ...", for the ranks `missing`.
+    fn missing(&self, round: u64, missing: impl Fn(usize) -> bool) -> String {
+        let ranks: Vec<String> =
+            (0..self.size).filter(|&r| missing(r)).map(|r| format!("rank {r} (node {})", self.node_of[r])).collect();
+        format!("aborted in round {round} while waiting for {}", ranks.join(", "))
+    }
+}
+
 impl std::fmt::Debug for NetGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetGroup").field("name", &self.name).field("size", &self.size).finish_non_exhaustive()
@@ -506,32 +534,17 @@ impl NetCollectiveKernel {
         let total = output.len();
         let mut done = 0;
         while done < total {
-            let ready = {
-                let mut state = lock(&group.state);
-                loop {
-                    let available = |r: usize| -> usize {
-                        if state.filled[table][r] == round + 1 {
-                            return total;
-                        }
-                        match state.landed[table][r] {
-                            (landing, bytes) if landing == round + 1 => bytes,
-                            _ => 0,
-                        }
-                    };
-                    let ready = (0..group.size).map(available).min().unwrap_or(total);
-                    if ready > done {
-                        break ready;
-                    }
-                    if state.aborted {
-                        let missing: Vec<String> = (0..group.size)
-                            .filter(|&r| available(r) < total)
-                            .map(|r| format!("rank {r} (node {})", group.node_of[r]))
-                            .collect();
-                        return Err(format!("aborted in round {round} while waiting for {}", missing.join(", ")));
-                    }
-                    state = group.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            let available = |state: &RoundState, r: usize| -> usize {
+                match (state.filled[table][r], state.landed[table][r]) {
+                    (filled, _) if filled == round + 1 => total,
+                    (_, (landing, bytes)) if landing == round + 1 => bytes,
+                    _ => 0,
                 }
             };
+            let ready = group.wait_for(
+                |state| Some((0..group.size).map(|r| available(state, r)).min().unwrap_or(total)).filter(|&n| n > done),
+                |state| group.missing(round, |r| available(state, r) < total),
+            )?;
             let end = ready.min(total);
             let inputs = &group.landing[table];
             inputs.iter().for_each(Landing::read);
@@ -576,22 +589,10 @@ impl NetCollectiveKernel {
         if let Some(dtype) = self.layout.all_reduce() {
             return self.sum_as_landed(dtype, table, output);
         }
-        {
-            let mut state = lock(&group.state);
-            loop {
-                if state.filled[table].iter().all(|&f| f == round + 1) {
-                    break;
-                }
-                if state.aborted {
-                    let missing: Vec<String> = (0..group.size)
-                        .filter(|&r| state.filled[table][r] != round + 1)
-                        .map(|r| format!("rank {r} (node {})", group.node_of[r]))
-                        .collect();
-                    return Err(format!("aborted in round {round} while waiting for {}", missing.join(", ")));
-                }
-                state = group.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
-        }
+        group.wait_for(
+            |state| state.filled[table].iter().all(|&f| f == round + 1).then_some(()),
+            |state| group.missing(round, |r| state.filled[table][r] != round + 1),
+        )?;
         for (peer, landing) in self.peers.iter_mut().zip(&group.landing[table]) {
             landing.read();
             // SAFETY: filled for this round; nobody writes it until every member is done.
@@ -629,19 +630,16 @@ impl NetCollectiveKernel {
             let bytes = RawBytes { ptr: stage.ptr(), len: stage.len() };
             let item = Outgoing::Ring { group: group.wire, round, step: step as u32, bytes };
             self.out.send(ring.next_node, item)?;
-            {
-                let mut state = lock(&group.state);
-                while state.ring_landed[table][step] != round + 1 {
-                    if state.aborted {
-                        return Err(format!(
-                            "aborted in round {round} at step {step} of {} of the ring, waiting for node {}",
-                            ring.steps(),
-                            ring.prev_node
-                        ));
-                    }
-                    state = group.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
-                }
-            }
+            group.wait_for(
+                |state| (state.ring_landed[table][step] == round + 1).then_some(()),
+                |_| {
+                    format!(
+                        "aborted in round {round} at step {step} of {} of the ring, waiting for node {}",
+                        ring.steps(),
+                        ring.prev_node
+                    )
+                },
+            )?;
             let inbox = &ring.inbox[table][step];
             inbox.read();
             // SAFETY: landed for this round (checked above under the lock).
