@@ -328,11 +328,7 @@ impl NetPlane {
                 names.clone(),
                 done.clone(),
             );
-            let handle =
-                std::thread::Builder::new().name(format!("regflow-net-w{node}")).spawn(move || writer.run()).map_err(
-                    |e| RuntimeError::Spawn { thread: format!("regflow-net-w{node}"), message: e.to_string() },
-                )?;
-            plane.writers.push((node, handle));
+            plane.writers.push((node, spawn(format!("regflow-net-w{node}"), move || writer.run())?));
             let reader = reader::Reader::new(
                 reader_stopped,
                 recorder,
@@ -348,11 +344,7 @@ impl NetPlane {
                 done.clone(),
                 watch.clone(),
             );
-            let handle =
-                std::thread::Builder::new().name(format!("regflow-net-r{node}")).spawn(move || reader.run()).map_err(
-                    |e| RuntimeError::Spawn { thread: format!("regflow-net-r{node}"), message: e.to_string() },
-                )?;
-            plane.readers.push((node, handle));
+            plane.readers.push((node, spawn(format!("regflow-net-r{node}"), move || reader.run())?));
         }
         Ok(plane)
     }
@@ -406,6 +398,14 @@ impl Drop for NetPlane {
             self.finish();
         }
     }
+}
+
+/// Starts a connection thread named `name`.
+fn spawn(name: String, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, RuntimeError> {
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(body)
+        .map_err(|e| RuntimeError::Spawn { thread: name, message: e.to_string() })
 }
 
 /// Per peer node: how many frames the stream threads may have queued for its writer at
