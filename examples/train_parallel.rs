@@ -458,11 +458,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         return Ok(());
     }
-    for (step, loss) in losses.iter().enumerate() {
-        if step == 0 || (step + 1) % 10 == 0 || step + 1 == losses.len() {
-            println!("step {:>4}: loss {loss:.5}", step + 1);
-        }
-    }
+    print_losses(&losses);
     println!(
         "{} steps in {seconds:.2}s ({:.1} ms/step, {actors} actors)",
         losses.len(),
@@ -472,15 +468,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("timeline written to {path} (open in https://ui.perfetto.dev)");
     }
     if o.compare {
-        let (single, single_seconds, _) = train(&o, &task, vocab, None, None)?;
-        let worst = losses.iter().zip(&single).map(|(a, b)| (a - b).abs() / b.abs().max(1e-12)).fold(0.0f64, f64::max);
-        println!(
-            "one device: {:.2}s ({:.1} ms/step); largest relative loss difference over {} steps: {worst:.2e}",
-            single_seconds,
-            1e3 * single_seconds / o.steps as f64,
-            single.len()
-        );
+        compare_with_one_device(&o, &task, vocab, &losses)?;
     }
+    Ok(())
+}
+
+/// Prints the first step's loss, every tenth and the last.
+fn print_losses(losses: &[f64]) {
+    for (step, loss) in losses.iter().enumerate() {
+        if step == 0 || (step + 1) % 10 == 0 || step + 1 == losses.len() {
+            println!("step {:>4}: loss {loss:.5}", step + 1);
+        }
+    }
+}
+
+/// Trains the same graph on one device and prints the largest relative loss difference.
+fn compare_with_one_device(
+    o: &Options,
+    task: &Task,
+    vocab: usize,
+    losses: &[f64],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (single, single_seconds, _) = train(o, task, vocab, None, None)?;
+    let worst = losses.iter().zip(&single).map(|(a, b)| (a - b).abs() / b.abs().max(1e-12)).fold(0.0f64, f64::max);
+    println!(
+        "one device: {:.2}s ({:.1} ms/step); largest relative loss difference over {} steps: {worst:.2e}",
+        single_seconds,
+        1e3 * single_seconds / o.steps as f64,
+        single.len()
+    );
     Ok(())
 }
 
@@ -510,11 +526,7 @@ fn launch_nodes(o: &Options, task: &Task, vocab: usize) -> Result<(), Box<dyn st
     let (seconds, bits) = report.split_once(' ').ok_or("a malformed LOSSES line")?;
     let seconds: f64 = seconds.parse()?;
     let losses: Vec<f64> = bits.split(',').map(|b| b.parse::<u64>().map(f64::from_bits)).collect::<Result<_, _>>()?;
-    for (step, loss) in losses.iter().enumerate() {
-        if step == 0 || (step + 1) % 10 == 0 || step + 1 == losses.len() {
-            println!("step {:>4}: loss {loss:.5}", step + 1);
-        }
-    }
+    print_losses(&losses);
     println!(
         "{} steps in {seconds:.2}s ({:.1} ms/step) on {} nodes",
         losses.len(),
@@ -522,14 +534,7 @@ fn launch_nodes(o: &Options, task: &Task, vocab: usize) -> Result<(), Box<dyn st
         o.nodes
     );
     if o.compare {
-        let (single, single_seconds, _) = train(o, task, vocab, None, None)?;
-        let worst = losses.iter().zip(&single).map(|(a, b)| (a - b).abs() / b.abs().max(1e-12)).fold(0.0f64, f64::max);
-        println!(
-            "one device: {:.2}s ({:.1} ms/step); largest relative loss difference over {} steps: {worst:.2e}",
-            single_seconds,
-            1e3 * single_seconds / o.steps as f64,
-            single.len()
-        );
+        compare_with_one_device(o, task, vocab, &losses)?;
     }
     Ok(())
 }
