@@ -56,6 +56,13 @@ fn digits_records() -> Vec<u8> {
 /// reading `digits.records` (relative: resolved against the job's data directory) when
 /// `pieces` is given, else they are fed.
 fn digits_plan(pieces: Option<u64>) -> CompiledGraph {
+    digits_plan_on(None, pieces)
+}
+
+/// The digits MLP, on one device or data-parallel over `mesh` (x and y split by rows;
+/// each device's dataset source reads the same batches and keeps its rows), with its
+/// dataset source when `pieces` is given.
+fn digits_plan_on(mesh: Option<Mesh>, pieces: Option<u64>) -> CompiledGraph {
     let g = Graph::new();
     let w1 = g.variable("w1", [FEATURES, 128], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
     let b1 = g.variable("b1", [128], DType::F32, Init::Zeros).unwrap();
@@ -63,6 +70,10 @@ fn digits_plan(pieces: Option<u64>) -> CompiledGraph {
     let b2 = g.variable("b2", [10], DType::F32, Init::Zeros).unwrap();
     let x = g.input("x", [BATCH, FEATURES], DType::F32).unwrap();
     let y = g.input("y", [BATCH], DType::I64).unwrap();
+    if let Some(mesh) = &mesh {
+        g.set_layout(x, mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+        g.set_layout(y, mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
     let logits = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap().matmul(&w2).unwrap().add(&b2).unwrap();
     let loss = logits.sparse_cross_entropy(&y).unwrap();
     let train = g.minimize(loss, &Optimizer::adamw(1e-2, 1e-4)).unwrap();
@@ -76,7 +87,15 @@ fn digits_plan(pieces: Option<u64>) -> CompiledGraph {
         }),
         inputs: vec!["x".into(), "y".into()],
     });
-    g.compile(&[train.loss], &train.updates, &CompileOptions { dataset, ..CompileOptions::default() }).unwrap()
+    match mesh {
+        None => g.compile(&[train.loss], &train.updates, &CompileOptions { dataset, ..CompileOptions::default() }),
+        Some(mesh) => {
+            let mut options = ParallelOptions::new(mesh).train(&train);
+            options.dataset = dataset;
+            g.compile_parallel(&[train.loss], &train.updates, &options)
+        }
+    }
+    .unwrap()
 }
 
 /// The tiny GPT's training step on a 2 × 2 mesh `[dp, tp]`: ids and targets split over
@@ -270,43 +289,14 @@ fn parallel_gpt_fed_from_a_feeds_file_prints_the_losses_it_computes_in_process_b
     assert_eq!(bits(&printed), bits(&expected[..2]));
 }
 
-/// The digits MLP with its dataset source, data-parallel over `mesh` (x and y split by
-/// rows): each device's source reads the same batches and keeps its rows.
-fn digits_dp_plan(mesh: Mesh, pieces: u64) -> CompiledGraph {
-    use Sbp::Split as S;
-    let g = Graph::new();
-    let w1 = g.variable("w1", [FEATURES, 128], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
-    let b1 = g.variable("b1", [128], DType::F32, Init::Zeros).unwrap();
-    let w2 = g.variable("w2", [128, 10], DType::F32, Init::Xavier { seed: 2 }).unwrap();
-    let b2 = g.variable("b2", [10], DType::F32, Init::Zeros).unwrap();
-    let x = g.input("x", [BATCH, FEATURES], DType::F32).unwrap();
-    let y = g.input("y", [BATCH], DType::I64).unwrap();
-    g.set_layout(x, &mesh, NdSbp(vec![S(0)])).unwrap();
-    g.set_layout(y, &mesh, NdSbp(vec![S(0)])).unwrap();
-    let logits = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap().matmul(&w2).unwrap().add(&b2).unwrap();
-    let train = g.minimize(logits.sparse_cross_entropy(&y).unwrap(), &Optimizer::adamw(1e-2, 1e-4)).unwrap();
-    let mut options = ParallelOptions::new(mesh).train(&train);
-    options.dataset = Some(DatasetInputs {
-        source: SourcePieces::Dataset(DatasetConf {
-            path: RECORD_FILE.into(),
-            fields: vec![(FEATURES * 4) as u64, 8],
-            batch: BATCH as u64,
-            seed: 1,
-            pieces,
-        }),
-        inputs: vec!["x".into(), "y".into()],
-    });
-    g.compile_parallel(&[train.loss], &train.updates, &options).unwrap()
-}
-
 #[test]
 fn a_dataset_plan_across_two_nodes_reads_each_batch_once_per_node_and_equals_one_process() {
     let dir = temp_dir("run_plan", "dataset_nodes");
     std::fs::write(dir.join(RECORD_FILE), digits_records()).unwrap();
-    let one = digits_dp_plan(Mesh::cpu(&[2], &["dp"]).unwrap(), 6);
+    let one = digits_plan_on(Some(Mesh::cpu(&[2], &["dp"]).unwrap()), Some(6));
     let expected = losses_in_process(&one.plan, &dir, None);
     assert_eq!(expected.len(), 6);
-    let spread = digits_dp_plan(Mesh::cpu(&[2], &["dp"]).unwrap().place_on_nodes(1).unwrap(), 6);
+    let spread = digits_plan_on(Some(Mesh::cpu(&[2], &["dp"]).unwrap().place_on_nodes(1).unwrap()), Some(6));
     let plan_path = dir.join("digits_2_nodes.json");
     std::fs::write(&plan_path, spread.plan.to_json()).unwrap();
     // Each node's source reads the record file on its own node: nothing is fed, no batch
