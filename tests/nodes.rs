@@ -5,10 +5,14 @@
 //! processes (this test binary again, as one rank each) started by hand with torchrun's
 //! variables, by `regflow launch`, or by Open MPI's `mpirun` where it is installed.
 
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, TrainStep};
+use regflow::graph::sbp::{Mesh, Sbp};
+use regflow::graph::{Graph, HostArray, ParallelOptions, SplitMix64};
+#[path = "common/small_mlp.rs"]
+mod small_mlp;
+
 use regflow::prelude::*;
 use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions};
+use small_mlp::Layout;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -17,69 +21,14 @@ use Sbp::{Broadcast as B, Split as S};
 const BATCH: usize = 8;
 const STEPS: usize = 20;
 
-/// A layout: the stages' meshes (one unless pipelined) and the tensors pinned on them.
-#[derive(Clone)]
-struct Layout {
-    stages: Vec<Mesh>,
-    pins: Vec<(&'static str, Vec<Sbp>)>,
-    micro_batches: u32,
-}
-
-impl Layout {
-    fn new(shape: &[usize], axes: &[&str], pins: Vec<(&'static str, Vec<Sbp>)>) -> Self {
-        Self { stages: vec![Mesh::cpu(shape, axes).unwrap()], pins, micro_batches: 1 }
-    }
-
-    /// The same layout with its devices spread over nodes of `per_node` devices.
-    fn on_nodes(&self, per_node: usize) -> Self {
-        let stages = self.stages.iter().map(|m| m.place_on_nodes(per_node).unwrap()).collect();
-        Self { stages, ..self.clone() }
-    }
-
-    fn nodes(&self) -> u16 {
-        self.stages.iter().flat_map(|m| m.devices()).map(|d| d.node).max().unwrap_or(0) + 1
-    }
-}
-
+/// The batches every run here trains on.
 fn batches() -> Vec<(HostArray, HostArray)> {
-    let mut rng = SplitMix64::new(5);
-    (0..STEPS)
-        .map(|_| {
-            let x: Vec<f32> = (0..BATCH * 6).map(|_| rng.next_normal() as f32).collect();
-            let y: Vec<i64> = (0..BATCH).map(|_| (rng.next_u64() % 3) as i64).collect();
-            (HostArray::f32([BATCH, 6], x).unwrap(), HostArray::i64([BATCH], y).unwrap())
-        })
-        .collect()
-}
-
-/// A 2-layer MLP; under a 2-stage layout its second layer runs on the second stage.
-fn model<'g>(g: &'g Graph, layout: &Layout) -> TrainStep<'g> {
-    let rows = BATCH / layout.micro_batches as usize;
-    let x = g.input("x", [rows, 6], DType::F32).unwrap();
-    let y = g.input("y", [rows], DType::I64).unwrap();
-    let w1 = g.variable("w1", [6, 16], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
-    let b1 = g.variable("b1", [16], DType::F32, Init::Normal { mean: 0.0, std: 0.1, seed: 3 }).unwrap();
-    let w2 = g.variable("w2", [16, 3], DType::F32, Init::Xavier { seed: 2 }).unwrap();
-    let b2 = g.variable("b2", [3], DType::F32, Init::Normal { mean: 0.0, std: 0.1, seed: 4 }).unwrap();
-    let first = &layout.stages[0];
-    let last = layout.stages.last().unwrap();
-    for t in [x, y, w1, b1, w2, b2] {
-        let name = t.name();
-        let mesh = if layout.stages.len() > 1 && (name == "w2" || name == "b2" || name == "y") { last } else { first };
-        let sbp = layout.pins.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone());
-        g.set_layout(t, mesh, NdSbp(sbp.unwrap_or_else(|| vec![B; mesh.ndim()]))).unwrap();
-    }
-    let mut h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
-    if layout.stages.len() > 1 {
-        h = h.to_placement(last).unwrap();
-    }
-    let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
-    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
+    small_mlp::batches(STEPS, BATCH, 5)
 }
 
 fn compile(layout: &Layout) -> (regflow::graph::plan::Plan, String) {
     let g = Graph::new();
-    let train = model(&g, layout);
+    let train = small_mlp::model(&g, layout, BATCH, 16);
     let mut options = ParallelOptions::new(layout.stages[0].clone()).train(&train);
     if layout.micro_batches > 1 {
         options = options.micro_batches(&train, layout.micro_batches);

@@ -9,8 +9,11 @@
 //! MLP data-parallel over WORLD_SIZE nodes in jobs of [`CHUNK`] steps, saves a sharded
 //! checkpoint after each, and on a restart resumes from the latest one.
 
+#[path = "common/small_mlp.rs"]
+mod small_mlp;
+
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64};
+use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions};
 use regflow::prelude::*;
 use regflow::runtime::{ClusterEnv, ClusterOptions, ClusterSession};
 use regflow::train::sharded::{checkpoint_dir, latest_complete, load_sharded, save_sharded};
@@ -29,14 +32,7 @@ const DIR_VAR: &str = "REGFLOW_TEST_CHECKPOINTS";
 const KILL_VAR: &str = "REGFLOW_TEST_KILL";
 
 fn batches() -> Vec<(HostArray, HostArray)> {
-    let mut rng = SplitMix64::new(9);
-    (0..STEPS)
-        .map(|_| {
-            let x: Vec<f32> = (0..BATCH * 6).map(|_| rng.next_normal() as f32).collect();
-            let y: Vec<i64> = (0..BATCH).map(|_| (rng.next_u64() % 3) as i64).collect();
-            (HostArray::f32([BATCH, 6], x).unwrap(), HostArray::i64([BATCH], y).unwrap())
-        })
-        .collect()
+    small_mlp::batches(STEPS as usize, BATCH, 9)
 }
 
 /// The MLP data-parallel over `nodes` nodes of one cpu device each (the rows of a batch

@@ -4,12 +4,16 @@
 //! of two single-device stages, one device, tp4 over 2 nodes). A save cut short leaves the previous
 //! checkpoint as the latest complete one; bad files are refused, naming file and tensor.
 
-use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, TrainStep};
+use regflow::graph::sbp::{Mesh, MeshDevice, Sbp};
+use regflow::graph::{DType, Graph, HostArray, ParallelOptions};
+#[path = "common/small_mlp.rs"]
+mod small_mlp;
+
 use regflow::prelude::*;
 use regflow::runtime::{Cluster, StatePart};
 use regflow::train::sharded::{checkpoint_dir, save_sharded_async, save_sharded_within, INDEX_FILE};
 use serde_json::json;
+use small_mlp::Layout;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,19 +23,6 @@ use Sbp::{Broadcast as B, Split as S};
 const BATCH: usize = 8;
 const STEPS: usize = 20;
 const SAVED_AT: usize = 10;
-
-/// A layout: the stages' meshes (one unless pipelined) and the tensors pinned on them.
-#[derive(Clone)]
-struct Layout {
-    stages: Vec<Mesh>,
-    pins: Vec<(&'static str, Vec<Sbp>)>,
-}
-
-impl Layout {
-    fn nodes(&self) -> u16 {
-        self.stages.iter().flat_map(|m| m.devices()).map(|d| d.node).max().unwrap_or(0) + 1
-    }
-}
 
 /// dp2 × tp2 with the tensor-parallel axis outermost, spread over 2 nodes of 2 devices:
 /// node 0 holds the first tensor-parallel half of the weights, node 1 the second, so each
@@ -45,7 +36,7 @@ fn tp_dp_on_2_nodes() -> Layout {
         ("w2", vec![S(0), B]),
     ];
     let mesh = Mesh::cpu(&[2, 2], &["tp", "dp"]).unwrap().place_on_nodes(2).unwrap();
-    Layout { stages: vec![mesh], pins }
+    Layout::on(vec![mesh], pins)
 }
 
 fn device(index: u16) -> Mesh {
@@ -54,58 +45,27 @@ fn device(index: u16) -> Mesh {
 
 /// Two pipeline stages of one device each.
 fn pp2() -> Layout {
-    Layout { stages: vec![device(0), device(1)], pins: Vec::new() }
+    Layout::on(vec![device(0), device(1)], Vec::new())
 }
 
 /// Megatron over 4 devices (hidden 16 splits 4 ways), spread over 2 nodes of 2.
 fn tp4_on_2_nodes() -> Layout {
     let pins = vec![("w1", vec![S(1)]), ("b1", vec![S(0)]), ("w2", vec![S(0)])];
-    Layout { stages: vec![Mesh::cpu(&[4], &["tp"]).unwrap().place_on_nodes(2).unwrap()], pins }
+    Layout::on(vec![Mesh::cpu(&[4], &["tp"]).unwrap().place_on_nodes(2).unwrap()], pins)
 }
 
 fn one_device() -> Layout {
-    Layout { stages: vec![device(0)], pins: Vec::new() }
+    Layout::on(vec![device(0)], Vec::new())
 }
 
+/// The batches every run here trains on.
 fn batches() -> Vec<(HostArray, HostArray)> {
-    let mut rng = SplitMix64::new(5);
-    (0..STEPS)
-        .map(|_| {
-            let x: Vec<f32> = (0..BATCH * 6).map(|_| rng.next_normal() as f32).collect();
-            let y: Vec<i64> = (0..BATCH).map(|_| (rng.next_u64() % 3) as i64).collect();
-            (HostArray::f32([BATCH, 6], x).unwrap(), HostArray::i64([BATCH], y).unwrap())
-        })
-        .collect()
-}
-
-/// A 2-layer MLP; under a 2-stage layout its second layer runs on the second stage.
-/// `hidden` other than 16 makes another model (for the wrong-model case).
-fn model<'g>(g: &'g Graph, layout: &Layout, hidden: usize) -> TrainStep<'g> {
-    let x = g.input("x", [BATCH, 6], DType::F32).unwrap();
-    let y = g.input("y", [BATCH], DType::I64).unwrap();
-    let w1 = g.variable("w1", [6, hidden], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
-    let b1 = g.variable("b1", [hidden], DType::F32, Init::Normal { mean: 0.0, std: 0.1, seed: 3 }).unwrap();
-    let w2 = g.variable("w2", [hidden, 3], DType::F32, Init::Xavier { seed: 2 }).unwrap();
-    let b2 = g.variable("b2", [3], DType::F32, Init::Normal { mean: 0.0, std: 0.1, seed: 4 }).unwrap();
-    let first = &layout.stages[0];
-    let last = layout.stages.last().unwrap();
-    for t in [x, y, w1, b1, w2, b2] {
-        let name = t.name();
-        let mesh = if layout.stages.len() > 1 && (name == "w2" || name == "b2" || name == "y") { last } else { first };
-        let sbp = layout.pins.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone());
-        g.set_layout(t, mesh, NdSbp(sbp.unwrap_or_else(|| vec![B; mesh.ndim()]))).unwrap();
-    }
-    let mut h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
-    if layout.stages.len() > 1 {
-        h = h.to_placement(last).unwrap();
-    }
-    let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
-    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
+    small_mlp::batches(STEPS, BATCH, 5)
 }
 
 fn compile_model(layout: &Layout, hidden: usize) -> (regflow::graph::plan::Plan, String) {
     let g = Graph::new();
-    let train = model(&g, layout, hidden);
+    let train = small_mlp::model(&g, layout, BATCH, hidden);
     let options = ParallelOptions::new(layout.stages[0].clone()).train(&train);
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     (compiled.plan, compiled.fetches[0].clone())
