@@ -2,6 +2,9 @@
 //! for f32, f64 and i64 over 2, 3 and 4 devices (uneven parts included) and several pieces;
 //! build-time errors; and aborts that wake members waiting for a rank that never comes.
 
+mod common;
+use common::within;
+
 use regflow_plan::part_range;
 use regflow_plan::DType;
 use regflow_plan::{
@@ -9,18 +12,7 @@ use regflow_plan::{
 };
 use regflow_runtime::{CollectiveMember, Job, RuntimeError};
 use std::fmt::Debug;
-use std::sync::mpsc;
 use std::time::Duration;
-
-/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes longer than
-/// `limit`. This bounds a hang; it asserts nothing about speed.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).expect("the job hung instead of failing")
-}
 
 /// An element type of the tests: values that make the summation order visible for floats.
 trait Elem: Copy + PartialEq + Debug + Send + 'static {

@@ -3,18 +3,12 @@
 //! secret, another plan, a world-size mismatch, a rank taken twice, an unreachable master,
 //! a public bind without a secret — is a clear error on the nodes involved, in bounded time.
 
+mod common;
+use common::within;
+
 use regflow_plan::{ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind};
 use regflow_runtime::{Cluster, ClusterEnv, ClusterOptions, Job, RuntimeError, Secret};
-use std::sync::mpsc;
 use std::time::Duration;
-
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).expect("joining hung instead of failing")
-}
 
 /// `in` (fed, node 0) -> `copy` (node 1) -> `out` (sink, node 1), `bytes` per piece.
 fn chain(bytes: u64) -> Plan {

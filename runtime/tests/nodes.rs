@@ -3,6 +3,9 @@
 //! backpressure, collectives across nodes bitwise equal to one process, aborts that reach
 //! every node, and peers that vanish or send what the plan does not allow.
 
+mod common;
+use common::within;
+
 use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
 use regflow_plan::{
     ActorKind, CollectiveConf, CollectiveOp, DType, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind,
@@ -10,16 +13,6 @@ use regflow_plan::{
 use regflow_runtime::{Cluster, Job, PeerLink, RuntimeError};
 use std::sync::mpsc;
 use std::time::Duration;
-
-/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes longer than
-/// `limit`. This bounds a hang; it asserts nothing about speed.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).expect("the nodes hung instead of ending")
-}
 
 /// `in` (fed, node 0) -> x (3 slots of 16 bytes) -> `copy` and `tap` (node 1); `copy` ->
 /// `out` (sink, node 1); `tap` is a second consumer of the same register on node 1.
@@ -270,15 +263,20 @@ fn a_peer_that_vanishes_fails_the_job_naming_it() {
     assert!(message.contains("lost node 1 (fake-host)"), "{message}");
 }
 
-#[test]
-fn garbage_from_a_peer_fails_the_job_naming_it_without_a_panic() {
-    let error = within(Duration::from_secs(30), || {
+/// How node 0 fails when "node 1" sends these raw bytes.
+fn failure_after_bytes(bytes: &'static [u8]) -> RuntimeError {
+    within(Duration::from_secs(30), move || {
         let (job, mut peer) = node0_against_raw_peer();
-        std::io::Write::write_all(&mut peer, &[7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).unwrap();
+        std::io::Write::write_all(&mut peer, bytes).unwrap();
         let error = failure_of(job, 3);
         drop(peer);
         error
-    });
+    })
+}
+
+#[test]
+fn garbage_from_a_peer_fails_the_job_naming_it_without_a_panic() {
+    let error = failure_after_bytes(&[7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
     let message = error.to_string();
     assert!(matches!(error, RuntimeError::PeerLost { node: 1, .. }), "{error:?}");
     assert!(message.contains("does not decode"), "{message}");
@@ -287,13 +285,7 @@ fn garbage_from_a_peer_fails_the_job_naming_it_without_a_panic() {
 #[test]
 fn an_oversized_header_or_a_wrong_payload_length_is_refused() {
     // A header length over the bound: refused before anything is allocated for it.
-    let error = within(Duration::from_secs(30), || {
-        let (job, mut peer) = node0_against_raw_peer();
-        std::io::Write::write_all(&mut peer, &u32::MAX.to_le_bytes()).unwrap();
-        let error = failure_of(job, 3);
-        drop(peer);
-        error
-    });
+    let error = failure_after_bytes(&[0xff; 4]);
     assert!(error.to_string().contains("headers are at most"), "{error}");
 
     // An `Ack` for a register node 1 does not consume: the plan has no such edge.
