@@ -67,25 +67,30 @@ fn joined_nodes_run_a_job_together() {
         .map(Result::unwrap);
         let (c0, c1) = (clusters.next().unwrap(), clusters.next().unwrap());
         assert_eq!((c0.rank(), c1.rank(), c0.world()), (0, 1, 2));
-        let plan1 = plan.clone();
-        let node1 = std::thread::spawn(move || {
-            let mut job = Job::builder(plan1).cluster(c1).build().unwrap();
-            let out = job.fetcher("out").unwrap();
-            let got: Vec<Vec<u8>> = std::iter::from_fn(|| out.recv()).map(|p| p.bytes().to_vec()).collect();
-            job.wait().unwrap();
-            got
-        });
-        let mut job = Job::builder(plan).cluster(c0).build().unwrap();
-        let mut feeder = job.feeder("in").unwrap();
-        for i in 0..5u64 {
-            feeder.push(&i.to_le_bytes()).unwrap();
-        }
-        feeder.close().unwrap();
-        job.wait().unwrap();
-        node1.join().unwrap()
+        run_chain(plan, c0, c1)
     });
     let want: Vec<Vec<u8>> = (0..5u64).map(|i| i.to_le_bytes().to_vec()).collect();
     assert_eq!(got, want);
+}
+
+/// Runs [`chain`] on the two joined nodes: node 0 pushes pieces 0..5, node 1 fetches them.
+fn run_chain(plan: Plan, c0: Cluster, c1: Cluster) -> Vec<Vec<u8>> {
+    let plan1 = plan.clone();
+    let node1 = std::thread::spawn(move || {
+        let mut job = Job::builder(plan1).cluster(c1).build().unwrap();
+        let out = job.fetcher("out").unwrap();
+        let got: Vec<Vec<u8>> = std::iter::from_fn(|| out.recv()).map(|p| p.bytes().to_vec()).collect();
+        job.wait().unwrap();
+        got
+    });
+    let mut job = Job::builder(plan).cluster(c0).build().unwrap();
+    let mut feeder = job.feeder("in").unwrap();
+    for i in 0..5u64 {
+        feeder.push(&i.to_le_bytes()).unwrap();
+    }
+    feeder.close().unwrap();
+    job.wait().unwrap();
+    node1.join().unwrap()
 }
 
 fn message(result: &Result<Cluster, RuntimeError>) -> String {
@@ -208,22 +213,7 @@ fn strangers_at_a_data_port_are_dropped_and_the_nodes_still_join() {
             Cluster::join(&ClusterEnv::from_flags(1, 2, &master).unwrap(), &plan, &options("s3cret", 20_000)).unwrap();
         assert!(strangers.join().unwrap().is_err(), "a wrong secret passed the handshake");
         let c0 = rank0.join().unwrap().unwrap();
-        let plan1 = plan.clone();
-        let node1 = std::thread::spawn(move || {
-            let mut job = Job::builder(plan1).cluster(c1).build().unwrap();
-            let out = job.fetcher("out").unwrap();
-            let n = std::iter::from_fn(|| out.recv()).count();
-            job.wait().unwrap();
-            n
-        });
-        let mut job = Job::builder(plan).cluster(c0).build().unwrap();
-        let mut feeder = job.feeder("in").unwrap();
-        for i in 0..5u64 {
-            feeder.push(&i.to_le_bytes()).unwrap();
-        }
-        feeder.close().unwrap();
-        job.wait().unwrap();
-        node1.join().unwrap()
+        run_chain(plan, c0, c1)
     });
-    assert_eq!(got, 5);
+    assert_eq!(got.len(), 5);
 }
