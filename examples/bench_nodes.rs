@@ -21,9 +21,10 @@
 //!   between two threads (`TCP_NODELAY`), half the time per round trip.
 //! - **allreduce**: f32 all-reduce over 2 and 4 nodes, one cpu device each (counting source
 //!   → the collective on a comm stream → sink callback). Bus bandwidth = 2(n−1)/n × bytes
-//!   / time per all-reduce. Raw: the direct exchange the collective does, by hand: on each
-//!   connection, in each direction, one thread writes `S` bytes per round and one reads
-//!   them (no reduction).
+//!   / time per all-reduce. Raw: the direct exchange (the collective's pattern on 2 nodes;
+//!   on 4 nodes from 256 KiB it goes around a ring instead, which moves less), by hand: on
+//!   each connection, in each direction, one thread writes `S` bytes per round and one
+//!   reads them (no reduction).
 //! - **train**: the digits-size MLP of `train_parallel` (64-128-10, batch 64, AdamW;
 //!   synthetic inputs), data parallel over 2 devices: time per step with the devices on 2
 //!   nodes (`Mesh::place_on_nodes`) against the same layout in one process.
@@ -362,7 +363,7 @@ fn all_reduce_plan(world: usize, bytes: usize, pieces: u64) -> Plan {
 
 fn allreduce() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("\n## allreduce: f32 all-reduce across loopback nodes, one cpu device each (direct exchange)");
+    println!("\n## allreduce: f32 all-reduce across loopback nodes, one cpu device each (direct exchange; a ring on 3+ nodes from 256 KiB)");
     println!("bus GB/s = 2(n-1)/n × bytes / time per all-reduce; raw: the same exchange by hand, no reduction");
     println!(
         "whole: job start to end of wait; steady: first to last piece at node 0's sink; best / median of {REPS} runs"
