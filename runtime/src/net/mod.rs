@@ -193,6 +193,33 @@ impl NetOut {
     }
 }
 
+/// What both threads of one connection share: the peer, the job's state and memory, the
+/// connection's flight recorder, and the flags each reads from the other.
+#[derive(Clone)]
+pub(super) struct Link {
+    /// The peer node.
+    pub(super) node: u16,
+    /// How long the peer may send nothing (`Cluster::with_silence_limit`).
+    pub(super) silence: Duration,
+    pub(super) recorder: std::sync::Arc<record::FlightRecorder>,
+    /// Set when the connection's reader stops (the writer waits for it on a failed send,
+    /// to let the reader say why).
+    pub(super) reader_stopped: Arc<AtomicBool>,
+    pub(super) arenas: Arc<PlanArenas>,
+    pub(super) shared: Arc<JobShared>,
+    pub(super) router: crate::bus::Router,
+    pub(super) names: PeerNames,
+    /// Set once this node's job is over: a connection closing after that is no error.
+    pub(super) done: Arc<AtomicBool>,
+}
+
+impl Link {
+    /// The peer's host, for errors.
+    pub(super) fn host(&self) -> String {
+        self.names.host(self.node)
+    }
+}
+
 /// Who sits at the other end of each connection, for errors.
 #[derive(Debug, Clone)]
 pub(crate) struct PeerNames {
@@ -313,37 +340,20 @@ impl NetPlane {
             plane.transports.push(transport.clone());
             let recorder = std::sync::Arc::new(record::FlightRecorder::new(node));
             plane.recorders.push(recorder.clone());
-            let reader_stopped = Arc::new(AtomicBool::new(false));
-            let writer = writer::Writer::new(
-                reader_stopped.clone(),
-                recorder.clone(),
-                silence,
+            let link = Link {
                 node,
-                write_half,
-                receiver,
-                &check,
-                arenas.clone(),
-                shared.clone(),
-                router.clone(),
-                names.clone(),
-                done.clone(),
-            );
-            plane.writers.push((node, spawn(format!("regflow-net-w{node}"), move || writer.run())?));
-            let reader = reader::Reader::new(
-                reader_stopped,
+                silence,
                 recorder,
-                silence,
-                node,
-                read_half,
-                check.clone(),
-                arenas.clone(),
-                groups.clone(),
-                shared.clone(),
-                router.clone(),
-                names.clone(),
-                done.clone(),
-                watch.clone(),
-            );
+                reader_stopped: Arc::new(AtomicBool::new(false)),
+                arenas: arenas.clone(),
+                shared: shared.clone(),
+                router: router.clone(),
+                names: names.clone(),
+                done: done.clone(),
+            };
+            let writer = writer::Writer::new(link.clone(), write_half, receiver, &check);
+            plane.writers.push((node, spawn(format!("regflow-net-w{node}"), move || writer.run())?));
+            let reader = reader::Reader::new(link, read_half, check.clone(), groups.clone(), watch.clone());
             plane.readers.push((node, spawn(format!("regflow-net-r{node}"), move || reader.run())?));
         }
         Ok(plane)

@@ -1,18 +1,15 @@
 //! The reader of one connection: frames checked against the plan, a `Ready`'s bytes read
 //! straight into this node's mirror of the slot, then the message handed to its stream.
 
-use super::{PeerNames, WireCheck};
-use crate::arenas::PlanArenas;
-use crate::bus::Router;
+use super::{Link, WireCheck};
 use crate::collective::NetGroups;
-use crate::stream::JobShared;
 use crate::sync::Arc;
 use crate::RuntimeError;
 use regflow_actors::{Body, Message, RegstRef};
 use regflow_net::frame::{FrameError, FrameReader, Header, WireBody, WireMessage};
 use regflow_plan::{ActorIndex, RegstDescId};
 use std::io::{BufRead, BufReader, Read};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Read buffer: headers come in small reads; payloads larger than this bypass it.
@@ -29,21 +26,10 @@ const MAX_SNAPSHOT_BYTES: u64 = 64 << 20;
 const START_SILENCE_FACTOR: u32 = 6;
 
 pub(super) struct Reader {
-    /// Set when this reader stops (the writer of the connection waits for it on a failed
-    /// send, to let the reader say why).
-    stopped: Arc<AtomicBool>,
-    recorder: std::sync::Arc<super::record::FlightRecorder>,
-    /// How long the peer may send nothing (`Cluster::with_silence_limit`).
-    silence: Duration,
-    node: u16,
+    link: Link,
     input: FrameReader<BufReader<Box<dyn Read + Send>>>,
     check: Arc<WireCheck>,
-    arenas: Arc<PlanArenas>,
     groups: Arc<NetGroups>,
-    shared: Arc<JobShared>,
-    router: Router,
-    names: PeerNames,
-    done: Arc<AtomicBool>,
     /// The peer said `Bye`: its closing the connection is the normal end.
     bye: bool,
     /// When the last frame (of any kind) arrived; `None` before the first.
@@ -58,35 +44,18 @@ pub(super) struct Reader {
 }
 
 impl Reader {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        stopped: Arc<AtomicBool>,
-        recorder: std::sync::Arc<super::record::FlightRecorder>,
-        silence: Duration,
-        node: u16,
+        link: Link,
         read: Box<dyn Read + Send>,
         check: Arc<WireCheck>,
-        arenas: Arc<PlanArenas>,
         groups: Arc<NetGroups>,
-        shared: Arc<JobShared>,
-        router: Router,
-        names: PeerNames,
-        done: Arc<AtomicBool>,
         watch: super::WatchNetSenders,
     ) -> Self {
         Self {
-            stopped,
-            recorder,
-            silence,
-            node,
+            link,
             input: FrameReader::new(BufReader::with_capacity(READ_BUFFER, read)),
             check,
-            arenas,
             groups,
-            shared,
-            router,
-            names,
-            done,
             bye: false,
             heard: None,
             peer_fires: 0,
@@ -103,12 +72,12 @@ impl Reader {
             match self.input.get_mut().fill_buf() {
                 Ok(bytes) => return Ok(!bytes.is_empty()),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                    if self.bye || self.done.load(Ordering::Acquire) {
+                    if self.bye || self.link.done.load(Ordering::Acquire) {
                         continue;
                     }
                     let (since, limit) = match self.heard {
-                        Some(at) => (at, self.silence),
-                        None => (self.started, self.silence * START_SILENCE_FACTOR),
+                        Some(at) => (at, self.link.silence),
+                        None => (self.started, self.link.silence * START_SILENCE_FACTOR),
                     };
                     if since.elapsed() >= limit {
                         return Err(Stop::Lost(format!(
@@ -126,7 +95,7 @@ impl Reader {
     }
 
     pub(super) fn run(mut self) {
-        let stopped = self.stopped.clone();
+        let stopped = self.link.reader_stopped.clone();
         self.read_frames();
         stopped.store(true, Ordering::Release);
     }
@@ -137,13 +106,13 @@ impl Reader {
                 Ok(true) => match self.input.read_header() {
                     Ok(Some(header)) => {
                         self.heard = Some(Instant::now());
-                        self.recorder.record(false, &header);
+                        self.link.recorder.record(false, &header);
                         self.handle(header)
                     }
                     Ok(None) => Ok(()),
                     Err(e) => Err(Stop::Lost(describe(&e))),
                 },
-                Ok(false) if self.bye || self.done.load(Ordering::Acquire) => return,
+                Ok(false) if self.bye || self.link.done.load(Ordering::Acquire) => return,
                 Ok(false) => Err(Stop::Lost("the connection closed before the node said goodbye".into())),
                 Err(stop) => Err(stop),
             };
@@ -152,18 +121,17 @@ impl Reader {
                 Err(Stop::Aborted) => return,
                 Err(Stop::Lost(message)) => {
                     // After this node's job is over, a peer that vanishes is no error.
-                    if !self.done.load(Ordering::Acquire) && !self.bye {
+                    if !self.link.done.load(Ordering::Acquire) && !self.bye {
                         // The connection's last frames go with the error.
                         let descs: Vec<String> = self.check.plan.regst_descs.iter().map(|d| d.name.clone()).collect();
-                        let record = self.recorder.dump(&descs, &self.groups.names()).join("\n");
+                        let record = self.link.recorder.dump(&descs, &self.groups.names()).join("\n");
                         let step = match self.last_step {
                             Some(step) => format!("; the last it sent this node was of step {step}"),
                             None => "; it had sent this node nothing of any step".to_string(),
                         };
                         let message = format!("{message}{step}\n{record}");
-                        let error =
-                            RuntimeError::PeerLost { node: self.node, host: self.names.host(self.node), message };
-                        self.shared.abort(error, &self.router);
+                        let error = RuntimeError::PeerLost { node: self.link.node, host: self.link.host(), message };
+                        self.link.shared.abort(error, &self.link.router);
                     }
                     return;
                 }
@@ -180,20 +148,20 @@ impl Reader {
                     let step = round / per_step + 1;
                     self.last_step = Some(self.last_step.map_or(step, |s| s.max(step)));
                 }
-                let (input, silence) = (self.input.get_mut(), self.silence);
+                let (input, silence) = (self.input.get_mut(), self.link.silence);
                 self.groups
-                    .receive(self.node, group, round, rank, len, |into| read_direct(input, into, silence))
+                    .receive(self.link.node, group, round, rank, len, |into| read_direct(input, into, silence))
                     .map_err(Stop::Lost)
             }
             Header::Ring { group, round, step, len } => {
-                let (input, silence) = (self.input.get_mut(), self.silence);
+                let (input, silence) = (self.input.get_mut(), self.link.silence);
                 self.groups
-                    .receive_ring(self.node, group, round, step, len, |into| read_direct(input, into, silence))
+                    .receive_ring(self.link.node, group, round, step, len, |into| read_direct(input, into, silence))
                     .map_err(Stop::Lost)
             }
             Header::Abort { reason } => {
-                let error = RuntimeError::PeerFailed { node: self.node, host: self.names.host(self.node), reason };
-                self.shared.abort(error, &self.router);
+                let error = RuntimeError::PeerFailed { node: self.link.node, host: self.link.host(), reason };
+                self.link.shared.abort(error, &self.link.router);
                 Err(Stop::Aborted)
             }
             Header::Bye => {
@@ -206,7 +174,7 @@ impl Reader {
             }
             Header::SnapshotRequest => {
                 // A node without a watchdog does not answer; the asker waits a bounded time.
-                let _ = self.watch.requests.try_send(self.node);
+                let _ = self.watch.requests.try_send(self.link.node);
                 Ok(())
             }
             Header::Snapshot { len } => {
@@ -216,10 +184,10 @@ impl Reader {
                     )));
                 }
                 let mut json = vec![0u8; len as usize];
-                read_direct(self.input.get_mut(), &mut json, self.silence).map_err(Stop::Lost)?;
+                read_direct(self.input.get_mut(), &mut json, self.link.silence).map_err(Stop::Lost)?;
                 let actors = serde_json::from_slice(&json)
                     .map_err(|e| Stop::Lost(format!("it sent a snapshot that does not parse: {e}")))?;
-                let _ = self.watch.replies.try_send((self.node, actors));
+                let _ = self.watch.replies.try_send((self.link.node, actors));
                 Ok(())
             }
             other => Err(Stop::Lost(format!("it sent a {} frame in the middle of the job", other.kind()))),
@@ -237,11 +205,11 @@ impl Reader {
         };
         let (dst, src) = (actor(wire.dst, "recipient")?, actor(wire.src, "sender")?);
         let (dst_node, src_node) = (check.node_of[dst.index()], check.node_of[src.index()]);
-        if src_node != self.node || !self.router.hosts(dst_node) {
+        if src_node != self.link.node || !self.link.router.hosts(dst_node) {
             return Err(Stop::Lost(format!(
                 "it sent a message from an actor of node {src_node} to an actor of node {dst_node}; this connection carries node {} to node {}",
-                self.node,
-                self.router.hosted_node().unwrap_or(0)
+                self.link.node,
+                self.link.router.hosted_node().unwrap_or(0)
             )));
         }
         let desc_of = |d: u32| -> Result<&regflow_plan::RegstDesc, Stop> {
@@ -271,6 +239,7 @@ impl Reader {
                         )));
                     }
                     let view = self
+                        .link
                         .arenas
                         .try_view(regst)
                         .ok_or_else(|| Stop::Lost(format!("register '{}' has no mirror on this node", d.name)))?;
@@ -278,7 +247,7 @@ impl Reader {
                     // and the producer sends one only after every consumer here acked the
                     // slot's last piece: nobody on this node reads it meanwhile.
                     let into = unsafe { view.as_mut_slice() };
-                    read_direct(self.input.get_mut(), into, self.silence).map_err(Stop::Lost)?;
+                    read_direct(self.input.get_mut(), into, self.link.silence).map_err(Stop::Lost)?;
                 }
                 Body::Ready { regst, piece, data: regst }
             }
@@ -304,7 +273,7 @@ impl Reader {
             }
         };
         let msg = Message { dst: check.ids[dst.index()], src: check.ids[src.index()], body };
-        match self.router.send(msg) {
+        match self.link.router.send(msg) {
             Ok(()) => Ok(()),
             // The recipient's stream has ended: the job is over or aborting.
             Err(_) => Err(Stop::Aborted),

@@ -1,16 +1,12 @@
 //! The writer of one connection: frames from the stream threads' channel onto the socket,
 //! a `Ready`'s bytes straight from the slot that holds them.
 
-use super::{Outgoing, PeerNames, WireCheck};
-use crate::arenas::PlanArenas;
-use crate::bus::Router;
-use crate::stream::JobShared;
-use crate::sync::Arc;
+use super::{Link, Outgoing, WireCheck};
 use crate::RuntimeError;
 use regflow_actors::{Body, Message};
 use regflow_net::frame::{FrameWriter, Header, WireBody, WireMessage};
 use std::io::{IoSlice, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 /// How long a writer with nothing to send waits before it sends a heartbeat, at most (a
 /// quarter of the silence the peer allows, if that is shorter).
@@ -79,19 +75,11 @@ impl Write for Coalescer {
 }
 
 pub(super) struct Writer {
-    /// Set by this connection's reader when it stops.
-    reader_stopped: Arc<AtomicBool>,
-    recorder: std::sync::Arc<super::record::FlightRecorder>,
+    link: Link,
     /// Heartbeat interval.
     beat: std::time::Duration,
-    node: u16,
     out: FrameWriter<Coalescer>,
     items: crossbeam_channel::Receiver<Outgoing>,
-    arenas: Arc<PlanArenas>,
-    shared: Arc<JobShared>,
-    router: Router,
-    names: PeerNames,
-    done: Arc<AtomicBool>,
     /// Per slot of each register crossing to `node`: the last piece whose bytes went out,
     /// so a second consumer there of the same piece gets the message without the bytes.
     first_slot: Vec<u32>,
@@ -99,21 +87,13 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        reader_stopped: Arc<AtomicBool>,
-        recorder: std::sync::Arc<super::record::FlightRecorder>,
-        silence: std::time::Duration,
-        node: u16,
+        link: Link,
         write: Box<dyn Write + Send>,
         items: crossbeam_channel::Receiver<Outgoing>,
         check: &WireCheck,
-        arenas: Arc<PlanArenas>,
-        shared: Arc<JobShared>,
-        router: Router,
-        names: PeerNames,
-        done: Arc<AtomicBool>,
     ) -> Self {
+        let node = link.node;
         // Only registers with a consumer on `node` get entries: allocated once, here.
         let plan = &check.plan;
         let mut first_slot = vec![u32::MAX; plan.regst_descs.len()];
@@ -125,17 +105,10 @@ impl Writer {
             }
         }
         Self {
-            reader_stopped,
-            recorder,
-            beat: HEARTBEAT_EVERY.min(silence / 4),
-            node,
+            beat: HEARTBEAT_EVERY.min(link.silence / 4),
+            link,
             out: FrameWriter::new(Coalescer::new(write)),
             items,
-            arenas,
-            shared,
-            router,
-            names,
-            done,
             first_slot,
             sent: vec![u64::MAX; slots as usize],
         }
@@ -177,13 +150,13 @@ impl Writer {
 
     /// Writes one frame, and records it.
     fn send(&mut self, header: &Header, payload: &[u8]) -> Result<(), regflow_net::frame::FrameError> {
-        self.recorder.record(true, header);
+        self.link.recorder.record(true, header);
         self.out.write(header, payload)
     }
 
     /// Writes and flushes a heartbeat; a failure aborts the job (as any failed write).
     fn heartbeat(&mut self) -> Result<(), ()> {
-        let fires = self.shared.probes.iter().map(|p| p.fires.load(crate::sync::Ordering::Relaxed)).sum();
+        let fires = self.link.shared.probes.iter().map(|p| p.fires.load(crate::sync::Ordering::Relaxed)).sum();
         let written = self.send(&Header::Heartbeat { fires }, &[]).and_then(|()| self.out.flush());
         written.map_err(|e| self.lost(e.to_string()))
     }
@@ -196,17 +169,17 @@ impl Writer {
     /// before the writer does.
     fn lost(&self, message: String) {
         let waited = std::time::Instant::now();
-        while !self.reader_stopped.load(Ordering::Acquire)
-            && !self.shared.aborting.load(crate::sync::Ordering::Acquire)
+        while !self.link.reader_stopped.load(Ordering::Acquire)
+            && !self.link.shared.aborting.load(crate::sync::Ordering::Acquire)
             && waited.elapsed() < READER_FIRST
         {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        if !self.done.load(Ordering::Acquire) {
-            let host = self.names.host(self.node);
-            self.shared.abort(
-                RuntimeError::PeerLost { node: self.node, host, message: format!("sending failed: {message}") },
-                &self.router,
+        if !self.link.done.load(Ordering::Acquire) {
+            let host = self.link.host();
+            self.link.shared.abort(
+                RuntimeError::PeerLost { node: self.link.node, host, message: format!("sending failed: {message}") },
+                &self.link.router,
             );
         }
     }
@@ -247,7 +220,7 @@ impl Writer {
                 let payload: &[u8] = if already {
                     &[]
                 } else {
-                    let view = self.arenas.try_view(data).ok_or_else(|| {
+                    let view = self.link.arenas.try_view(data).ok_or_else(|| {
                         format!("register {} slot {} has no memory on this node to send from", data.desc.0, data.slot)
                     })?;
                     if let Some(e) = entry.filter(|&e| e < self.sent.len()) {
