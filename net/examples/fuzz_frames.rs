@@ -154,6 +154,7 @@ fn outcome_name(error: &FrameError) -> &'static str {
         FrameError::Malformed { .. } => "malformed",
         FrameError::TrailingBytes { .. } => "trailing bytes",
         FrameError::TooLargeToSend { .. } => "too large to send",
+        FrameError::Stalled { .. } => "stalled",
     }
 }
 

@@ -208,6 +208,15 @@ pub enum FrameError {
         /// Bytes left.
         extra: usize,
     },
+    /// The peer stopped sending in the middle of a payload for longer than the reader's
+    /// patience ([`FrameReader::read_payload_within`]).
+    #[error("the peer stopped for {:.0} s in the middle of a {len}-byte payload", .after.as_secs_f64())]
+    Stalled {
+        /// How long no byte came.
+        after: std::time::Duration,
+        /// The payload's length.
+        len: usize,
+    },
     /// A header this side cannot encode in [`MAX_HEADER_BYTES`] (a local bug).
     #[error("a {kind} header does not fit in {MAX_HEADER_BYTES} bytes")]
     TooLargeToSend {
@@ -329,6 +338,37 @@ fn read_exact(r: &mut impl Read, into: &mut [u8], what: &'static str) -> Result<
     })
 }
 
+impl<R: Read> FrameReader<io::BufReader<R>> {
+    /// Reads the payload of the last header into `into`: the bytes the buffer already
+    /// holds, then the rest straight from the connection into place (no second copy).
+    /// A read that times out (a socket read timeout, which lets the caller check on its
+    /// peer between frames) is retried as long as some byte came within `patience`.
+    pub fn read_payload_within(&mut self, into: &mut [u8], patience: std::time::Duration) -> Result<(), FrameError> {
+        let buffered = self.inner.buffer();
+        let mut at = buffered.len().min(into.len());
+        into[..at].copy_from_slice(&buffered[..at]);
+        io::BufRead::consume(&mut self.inner, at);
+        let mut progress = std::time::Instant::now();
+        while at < into.len() {
+            match self.inner.get_mut().read(&mut into[at..]) {
+                Ok(0) => return Err(FrameError::Truncated { what: "payload" }),
+                Ok(n) => {
+                    at += n;
+                    progress = std::time::Instant::now();
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if progress.elapsed() >= patience {
+                        return Err(FrameError::Stalled { after: progress.elapsed(), len: into.len() });
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Writes frames to one connection, encoding headers into one buffer kept for it.
 #[derive(Debug)]
 pub struct FrameWriter<W> {
@@ -414,6 +454,49 @@ mod tests {
         assert_eq!(decode(&frame).unwrap(), (header, frame.len()));
         let too_long = Header::Abort { reason: "x".repeat(MAX_HEADER_BYTES) };
         assert!(matches!(encode(&too_long), Err(FrameError::TooLargeToSend { kind: "abort" })));
+    }
+
+    /// Yields its chunks one read at a time; `None` is a read that times out.
+    struct Trickle(std::collections::VecDeque<Option<Vec<u8>>>);
+
+    impl Read for Trickle {
+        fn read(&mut self, into: &mut [u8]) -> io::Result<usize> {
+            match self.0.pop_front() {
+                Some(Some(chunk)) => {
+                    into[..chunk.len()].copy_from_slice(&chunk);
+                    Ok(chunk.len())
+                }
+                Some(None) => Err(io::ErrorKind::TimedOut.into()),
+                None => Ok(0),
+            }
+        }
+    }
+
+    #[test]
+    fn a_payload_read_in_place_rides_out_timeouts_but_not_a_stall_or_the_end() {
+        let header = Header::Collective { group: 0, round: 0, rank: 0, len: 6 };
+        let mut frame = encode(&header).unwrap();
+        frame.extend_from_slice(b"ab");
+        let patience = std::time::Duration::from_secs(10);
+        // The header and 2 payload bytes in one read, a timeout, then the rest.
+        let chunks = [Some(frame.clone()), None, Some(b"cdef".to_vec())];
+        let mut reader = FrameReader::new(io::BufReader::new(Trickle(chunks.into_iter().collect())));
+        assert_eq!(reader.read_header().unwrap(), Some(header.clone()));
+        let mut payload = [0u8; 6];
+        reader.read_payload_within(&mut payload, patience).unwrap();
+        assert_eq!(&payload, b"abcdef");
+        // The end of the stream in the middle is a truncated frame; no patience rides out
+        // a stall.
+        let mut reader = FrameReader::new(io::BufReader::new(Trickle([Some(frame.clone())].into_iter().collect())));
+        reader.read_header().unwrap();
+        assert!(matches!(
+            reader.read_payload_within(&mut payload, patience),
+            Err(FrameError::Truncated { what: "payload" })
+        ));
+        let mut reader = FrameReader::new(io::BufReader::new(Trickle([Some(frame), None].into_iter().collect())));
+        reader.read_header().unwrap();
+        let stalled = reader.read_payload_within(&mut payload, std::time::Duration::ZERO);
+        assert!(matches!(stalled, Err(FrameError::Stalled { len: 6, .. })), "{stalled:?}");
     }
 
     #[test]

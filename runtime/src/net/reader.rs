@@ -27,7 +27,7 @@ const START_SILENCE_FACTOR: u32 = 6;
 
 pub(super) struct Reader {
     link: Link,
-    input: FrameReader<BufReader<Box<dyn Read + Send>>>,
+    input: Input,
     check: Arc<WireCheck>,
     groups: Arc<NetGroups>,
     /// The peer said `Bye`: its closing the connection is the normal end.
@@ -148,15 +148,15 @@ impl Reader {
                     let step = round / per_step + 1;
                     self.last_step = Some(self.last_step.map_or(step, |s| s.max(step)));
                 }
-                let (input, silence) = (self.input.get_mut(), self.link.silence);
+                let (input, silence) = (&mut self.input, self.link.silence);
                 self.groups
-                    .receive(self.link.node, group, round, rank, len, |into| read_direct(input, into, silence))
+                    .receive(self.link.node, group, round, rank, len, |into| read_payload(input, into, silence))
                     .map_err(Stop::Lost)
             }
             Header::Ring { group, round, step, len } => {
-                let (input, silence) = (self.input.get_mut(), self.link.silence);
+                let (input, silence) = (&mut self.input, self.link.silence);
                 self.groups
-                    .receive_ring(self.link.node, group, round, step, len, |into| read_direct(input, into, silence))
+                    .receive_ring(self.link.node, group, round, step, len, |into| read_payload(input, into, silence))
                     .map_err(Stop::Lost)
             }
             Header::Abort { reason } => {
@@ -184,7 +184,7 @@ impl Reader {
                     )));
                 }
                 let mut json = vec![0u8; len as usize];
-                read_direct(self.input.get_mut(), &mut json, self.link.silence).map_err(Stop::Lost)?;
+                read_payload(&mut self.input, &mut json, self.link.silence).map_err(Stop::Lost)?;
                 let actors = serde_json::from_slice(&json)
                     .map_err(|e| Stop::Lost(format!("it sent a snapshot that does not parse: {e}")))?;
                 let _ = self.watch.replies.try_send((self.link.node, actors));
@@ -247,7 +247,7 @@ impl Reader {
                     // and the producer sends one only after every consumer here acked the
                     // slot's last piece: nobody on this node reads it meanwhile.
                     let into = unsafe { view.as_mut_slice() };
-                    read_direct(self.input.get_mut(), into, self.link.silence).map_err(Stop::Lost)?;
+                    read_payload(&mut self.input, into, self.link.silence).map_err(Stop::Lost)?;
                 }
                 Body::Ready { regst, piece, data: regst }
             }
@@ -291,36 +291,14 @@ enum Stop {
 
 /// Reads a payload into `into`: what the buffer already holds, then the rest straight from
 /// the socket into its place (a buffered read would copy the bytes a second time).
-/// The socket's read timeout only wakes the reader to check on its peer: in the middle of
-/// a payload, reading goes on as long as bytes keep coming within `silence`.
-fn read_direct(reader: &mut BufReader<Box<dyn Read + Send>>, into: &mut [u8], silence: Duration) -> Result<(), String> {
-    let buffered = reader.buffer();
-    let mut at = buffered.len().min(into.len());
-    into[..at].copy_from_slice(&buffered[..at]);
-    reader.consume(at);
-    let mut progress = Instant::now();
-    while at < into.len() {
-        match reader.get_mut().read(&mut into[at..]) {
-            Ok(0) => return Err("the connection closed in the middle of a frame (payload)".to_string()),
-            Ok(n) => {
-                at += n;
-                progress = Instant::now();
-            }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                if progress.elapsed() >= silence {
-                    return Err(format!(
-                        "it stopped for {:.0} s in the middle of a {}-byte payload",
-                        progress.elapsed().as_secs_f64(),
-                        into.len()
-                    ));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(describe(&FrameError::Io(e))),
-        }
-    }
-    Ok(())
+/// A payload read in place; `silence` bounds a stall in its middle (the socket's read
+/// timeout only wakes the reader to check on its peer).
+fn read_payload(input: &mut Input, into: &mut [u8], silence: Duration) -> Result<(), String> {
+    input.read_payload_within(into, silence).map_err(|e| describe(&e))
 }
+
+/// The reading side of a connection.
+type Input = FrameReader<BufReader<Box<dyn Read + Send>>>;
 
 fn describe(e: &FrameError) -> String {
     match e {
