@@ -65,9 +65,13 @@ fn reference_losses(steps: usize, dtype: DType) -> Vec<f64> {
 }
 
 fn parallel_losses(steps: usize, dtype: DType, layout: &Layout) -> Vec<f64> {
+    losses_with(steps, dtype, layout, ParallelOptions::new(layout.mesh.clone()))
+}
+
+fn losses_with(steps: usize, dtype: DType, layout: &Layout, options: ParallelOptions) -> Vec<f64> {
     let g = Graph::new();
     let train = model(&g, dtype, Some(layout));
-    let options = ParallelOptions::new(layout.mesh.clone()).train(&train);
+    let options = options.train(&train);
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     compiled.plan.validate().unwrap();
     let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
@@ -325,5 +329,70 @@ fn parallel_plans_reuse_memory_per_device() {
     assert_eq!(with.len(), 4);
     for (device, (a, b)) in with.iter().zip(&without).enumerate() {
         assert!(a < b, "device {device}: {a} bytes with reuse, {b} without");
+    }
+}
+
+/// The collectives of a compiled plan: `(op name, parts)` of each member on device 0.
+fn collectives_on_first_device(layout: &Layout, bucket_bytes: u64) -> Vec<(String, u32)> {
+    use regflow::graph::plan::{ActorKind, CollectiveOp, KernelConf};
+    let g = Graph::new();
+    let train = model(&g, DType::F32, Some(layout));
+    let options = ParallelOptions { bucket_bytes, ..ParallelOptions::new(layout.mesh.clone()) }.train(&train);
+    let plan = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap().plan;
+    let device = plan.device_of(
+        plan.actors
+            .iter()
+            .position(|a| a.name.contains("x"))
+            .map(|a| regflow::graph::plan::ActorIndex(a as u32))
+            .unwrap(),
+    );
+    plan.actors
+        .iter()
+        .enumerate()
+        .filter(|&(a, _)| plan.device_of(regflow::graph::plan::ActorIndex(a as u32)) == device)
+        .filter_map(|(_, actor)| match &actor.kind {
+            ActorKind::Compute { kernel: KernelConf::Collective(conf) } => {
+                let parts = match conf.op {
+                    CollectiveOp::AllReduceBucket { parts } => parts,
+                    _ => 1,
+                };
+                Some((conf.op_name().to_string(), parts))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn data_parallel_gradients_are_all_reduced_in_one_bucket() {
+    let sorted = |bucket_bytes| {
+        let mut collectives = collectives_on_first_device(&data_parallel(2), bucket_bytes);
+        collectives.sort();
+        collectives
+    };
+    let all_reduce = || ("all_reduce".to_string(), 1);
+    // Four small gradients (w1, b1, w2, b2): one bucket by default, four all-reduces
+    // without. The fetched loss (a batch mean, partial on each device) keeps its own.
+    assert_eq!(sorted(1 << 20), [all_reduce(), ("all_reduce_bucket".to_string(), 4)]);
+    assert_eq!(sorted(0), vec![all_reduce(); 5]);
+    // A cap below the two largest gradients (w1: 384 bytes, w2: 192 bytes in f32) leaves
+    // them their own all-reduces and buckets the biases (64 and 12 bytes).
+    assert_eq!(sorted(100), [all_reduce(), all_reduce(), all_reduce(), ("all_reduce_bucket".to_string(), 2)]);
+}
+
+#[test]
+fn buckets_change_no_bit_of_the_losses() {
+    for dtype in [DType::F32, DType::F64] {
+        for p in [2, 3] {
+            let layout = data_parallel(p);
+            let bucketed = losses_with(12, dtype, &layout, ParallelOptions::new(layout.mesh.clone()));
+            let single = losses_with(
+                12,
+                dtype,
+                &layout,
+                ParallelOptions { bucket_bytes: 0, ..ParallelOptions::new(layout.mesh.clone()) },
+            );
+            assert_eq!(bucketed, single, "dp{p} {dtype}");
+        }
     }
 }

@@ -254,6 +254,14 @@ pub enum CollectiveOp {
         /// Dimension the outputs are split along.
         to: usize,
     },
+    /// An all-reduce of `parts` tensors at once (a gradient bucket): data inputs and
+    /// outputs `0..parts`, output `i` the sum of input `i`, reduced as one flat tensor of
+    /// the group's `shape` (`[total elements]`, the parts end to end in input order). One
+    /// rendezvous or one exchange instead of one per tensor.
+    AllReduceBucket {
+        /// Tensors in the bucket (at least 1).
+        parts: u32,
+    },
 }
 
 impl CollectiveConf {
@@ -268,7 +276,9 @@ impl CollectiveConf {
     /// Shape of this member's input.
     pub fn input_shape(&self) -> Vec<usize> {
         match self.op {
-            CollectiveOp::AllReduce | CollectiveOp::ReduceScatter { .. } => self.shape.clone(),
+            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } | CollectiveOp::ReduceScatter { .. } => {
+                self.shape.clone()
+            }
             CollectiveOp::AllGather { dim } => self.part_shape(dim),
             CollectiveOp::AllToAll { from, .. } => self.part_shape(from),
         }
@@ -277,7 +287,9 @@ impl CollectiveConf {
     /// Shape of this member's output.
     pub fn output_shape(&self) -> Vec<usize> {
         match self.op {
-            CollectiveOp::AllReduce | CollectiveOp::AllGather { .. } => self.shape.clone(),
+            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } | CollectiveOp::AllGather { .. } => {
+                self.shape.clone()
+            }
             CollectiveOp::ReduceScatter { dim } => self.part_shape(dim),
             CollectiveOp::AllToAll { to, .. } => self.part_shape(to),
         }
@@ -290,6 +302,7 @@ impl CollectiveConf {
             CollectiveOp::ReduceScatter { .. } => "reduce_scatter",
             CollectiveOp::AllGather { .. } => "all_gather",
             CollectiveOp::AllToAll { .. } => "all_to_all",
+            CollectiveOp::AllReduceBucket { .. } => "all_reduce_bucket",
         }
     }
 }

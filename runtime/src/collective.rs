@@ -12,6 +12,13 @@
 //! 3. each waits until all have finished reading (barrier 2) and only then returns, so no
 //!    member's input is acked (released to its producer) while a peer still reads it.
 //!
+//! A large all-reduce takes two steps between the barriers instead of one, a reduce-scatter
+//! then an all-gather: each member sums only its part (`1/size` of the elements) into its
+//! own output, all meet at a middle barrier, then each copies the other parts from their
+//! owners' outputs. Every member then reads `2 - 1/size` tensors' worth of bytes instead of
+//! `size` (with 8 members, 1.9 instead of 8), and every element is still summed once, in
+//! rank order, so the result is bitwise the one the one-step sum gives.
+//!
 //! Blocking the comm stream inside the kernel is intended: like NCCL, a collective occupies
 //! its stream until the group completes, and the plan issues every device's collectives in
 //! the same order. Sums of `Partial` values are taken in rank order `0..size`, so every
@@ -20,7 +27,10 @@
 //! Barrier 2 is not abortable: once barrier 1 completed, every member is computing and will
 //! arrive, and returning earlier would let a peer read a released input.
 
+mod bucket;
 mod layout;
+#[cfg(all(test, loom))]
+mod loom_two_step;
 mod net;
 #[cfg(all(test, not(loom)))]
 mod tests;
@@ -31,7 +41,7 @@ use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
 use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
 use crate::RuntimeError;
 use layout::Layout;
-use regflow_plan::{CollectiveConf, PlanIndex, StreamKind};
+use regflow_plan::{CollectiveConf, CollectiveOp, PlanIndex, StreamKind};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -61,13 +71,23 @@ impl PeerInput {
     }
 }
 
-/// Every member's input during one round, readable until the round's barrier 2.
+/// Every member's input during one round, readable until the round's barrier 2, and
+/// every member's output for rounds that publish one.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peers<'r> {
     inputs: &'r [PeerInput],
+    outputs: &'r [PeerInput],
+    /// The round's rendezvous and this member's rank, for middle barriers; `None` for
+    /// inputs gathered otherwise (over the network), where no op needs one.
+    rendezvous: Option<(&'r Rendezvous, usize)>,
 }
 
 impl<'r> Peers<'r> {
+    /// Inputs gathered without a rendezvous (no outputs, no middle barriers).
+    pub(crate) fn of_inputs(inputs: &'r [PeerInput]) -> Self {
+        Self { inputs, outputs: &[], rendezvous: None }
+    }
+
     /// Input of rank `r`. Panics if `r` is out of range (a kernel bug).
     pub(crate) fn input(&self, r: usize) -> &'r [u8] {
         let input = self.inputs[r];
@@ -77,6 +97,30 @@ impl<'r> Peers<'r> {
         // and so do not release their inputs, before barrier 2 completes, which needs this
         // member; `Peers` cannot outlive the compute step (its lifetime is the step's).
         unsafe { std::slice::from_raw_parts(input.ptr, input.len) }
+    }
+
+    /// Bytes `range` of rank `r`'s output, for a round that published outputs. Only
+    /// between a [`Peers::barrier`] after which `r` no longer writes `range` and barrier 2,
+    /// and only where this member's own writes are elsewhere (each member writes its own
+    /// output; the ranges a peer reads there are ones its owner has finished).
+    pub(crate) fn output(&self, r: usize, range: std::ops::Range<usize>) -> &'r [u8] {
+        let output = self.outputs[r];
+        assert!(range.end <= output.len, "output range {range:?} of rank {r} is past its {} bytes", output.len);
+        // SAFETY: the owner published this address for the whole round and does not return
+        // (so does not release its output) before barrier 2; the caller's barrier orders the
+        // owner's writes of `range` before this read and the owner writes no byte of
+        // `range` again in this round (two-step all-reduce: it writes only its own part
+        // before the middle barrier and only other parts after it).
+        unsafe { std::slice::from_raw_parts(output.ptr.add(range.start), range.len()) }
+    }
+
+    /// A barrier inside the round: returns once every member has called it. Every member
+    /// must call it the same number of times in a round (they compute the same op).
+    pub(crate) fn barrier(&self) {
+        let Some((rendezvous, rank)) = self.rendezvous else {
+            panic!("a middle barrier was asked of inputs gathered without a rendezvous (a collective kernel bug)");
+        };
+        rendezvous.barrier(rank);
     }
 
     /// Address of rank `r`'s input (the loom model stores a cell there).
@@ -89,7 +133,7 @@ impl<'r> Peers<'r> {
 /// What the rendezvous lock guards.
 #[derive(Debug)]
 struct RoundState {
-    /// Barriers completed so far: round `k` is phases `2k` (arrive) and `2k + 1` (depart).
+    /// Barriers completed so far (barrier 1, any middle ones, barrier 2 of every round).
     phase: u64,
     /// Which ranks have arrived at the barrier now filling.
     arrived: Vec<bool>,
@@ -97,6 +141,8 @@ struct RoundState {
     count: usize,
     /// Each member's input of the current round.
     inputs: Vec<PeerInput>,
+    /// Each member's output of the current round (empty for rounds that publish none).
+    outputs: Vec<PeerInput>,
     /// Set by an abort, for ever: no barrier 1 completes after it.
     aborted: bool,
 }
@@ -126,6 +172,7 @@ impl Rendezvous {
                 arrived: vec![false; size],
                 count: 0,
                 inputs: vec![PeerInput::empty(); size],
+                outputs: vec![PeerInput::empty(); size],
                 aborted: false,
             }),
             changed: Condvar::new(),
@@ -149,12 +196,28 @@ impl Rendezvous {
         peers: &mut [PeerInput],
         compute: impl FnOnce(Peers<'_>) -> R,
     ) -> Result<R, KernelError> {
+        self.round_with_outputs(rank, input, PeerInput::empty(), peers, &mut [], compute)
+    }
+
+    /// [`Rendezvous::round`] that also publishes where this member's output lies, so peers
+    /// can read parts of it ([`Peers::output`]) after a [`Peers::barrier`]. `peer_outputs`
+    /// is this member's copy of the output table (`size` long, or empty when unused).
+    pub(crate) fn round_with_outputs<R>(
+        &self,
+        rank: usize,
+        input: PeerInput,
+        output: PeerInput,
+        peers: &mut [PeerInput],
+        peer_outputs: &mut [PeerInput],
+        compute: impl FnOnce(Peers<'_>) -> R,
+    ) -> Result<R, KernelError> {
         {
             let mut state = lock(&self.state);
             if state.aborted {
                 return Err(KernelError(format!("collective '{}': aborted before rank {rank} arrived", self.group)));
             }
             state.inputs[rank] = input;
+            state.outputs[rank] = output;
             let phase = state.phase;
             if !self.arrive(&mut state, rank) {
                 loop {
@@ -174,10 +237,13 @@ impl Rendezvous {
             }
             // Nobody publishes the next round before this member passes barrier 2.
             peers.copy_from_slice(&state.inputs);
+            if !peer_outputs.is_empty() {
+                peer_outputs.copy_from_slice(&state.outputs);
+            }
         }
         // Arrives at barrier 2 when dropped, even if `compute` unwinds.
         let departure = Departure { rendezvous: self, rank };
-        let result = compute(Peers { inputs: peers });
+        let result = compute(Peers { inputs: peers, outputs: peer_outputs, rendezvous: Some((self, rank)) });
         drop(departure);
         Ok(result)
     }
@@ -211,15 +277,22 @@ struct Departure<'a> {
 
 impl Drop for Departure<'_> {
     fn drop(&mut self) {
-        let rendezvous = self.rendezvous;
-        let mut state = lock(&rendezvous.state);
+        self.rendezvous.barrier(self.rank);
+    }
+}
+
+impl Rendezvous {
+    /// A barrier after barrier 1 of a round (barrier 2, or a middle one): returns once every
+    /// member has arrived. Not abortable: every member passed barrier 1 and is computing
+    /// (module docs), so every member arrives.
+    fn barrier(&self, rank: usize) {
+        let mut state = lock(&self.state);
         let phase = state.phase;
-        if rendezvous.arrive(&mut state, self.rank) {
+        if self.arrive(&mut state, rank) {
             return;
         }
-        // Not abortable: every member passed barrier 1 and is computing (module docs).
         while state.phase == phase {
-            state = rendezvous.wait(state);
+            state = self.wait(state);
         }
     }
 }
@@ -263,6 +336,8 @@ pub struct CollectiveMember {
     layout: Layout,
     /// This member's copy of the input table, taken at barrier 1 (no allocation per round).
     peers: Vec<PeerInput>,
+    /// Its copy of the output table, for two-step all-reduces (empty otherwise).
+    peer_outputs: Vec<PeerInput>,
 }
 
 impl CollectiveMember {
@@ -285,7 +360,8 @@ impl CollectiveMember {
 
     fn new(rendezvous: Arc<Rendezvous>, layout: Layout) -> Self {
         let peers = vec![PeerInput::empty(); layout.size];
-        Self { rendezvous, layout, peers }
+        let peer_outputs = if layout.two_step() { vec![PeerInput::empty(); layout.size] } else { Vec::new() };
+        Self { rendezvous, layout, peers, peer_outputs }
     }
 
     /// This member's rank.
@@ -316,6 +392,24 @@ impl CollectiveMember {
                 layout.input_bytes,
                 layout.output_bytes
             )));
+        }
+        if layout.two_step() {
+            // Peers read parts of `output` through the published address, so from here on
+            // this member writes it only through that address too (never through `&mut`).
+            let at = PeerInput { ptr: output.as_mut_ptr(), len: output.len() };
+            let (peers, outputs) = (&mut self.peers, &mut self.peer_outputs);
+            return self.rendezvous.round_with_outputs(
+                layout.rank,
+                PeerInput::new(input),
+                at,
+                peers,
+                outputs,
+                |peers| {
+                    // SAFETY: `at` is `output`, borrowed mutably for this call; peers read only
+                    // the parts this member finished before the middle barrier (`Peers::output`).
+                    unsafe { layout.all_reduce_in_two_steps(peers, at.ptr as *mut u8) }
+                },
+            );
         }
         self.rendezvous
             .round(layout.rank, PeerInput::new(input), &mut self.peers, |peers| layout.compute(peers, output))
@@ -381,41 +475,65 @@ impl CollectiveGroups {
             ))
         };
         let layout = Layout::new(conf).map_err(fail)?;
-        // Input 0 and output 0 carry the data. Further inputs only order or pace the actor
-        // (zero-byte order tokens chaining a stream's collectives; the step's tick for a
-        // collective of a variable) and are not read; further outputs are order tokens.
-        if spec.input_bytes.is_empty() || spec.output_bytes.is_empty() {
+        // Inputs and outputs `0..parts` carry the data (one of each, except in a bucket).
+        // Further inputs only order or pace the actor (zero-byte order tokens chaining a
+        // stream's collectives; the step's tick for a collective of a variable) and are not
+        // read; further outputs are order tokens.
+        let parts = match conf.op {
+            CollectiveOp::AllReduceBucket { parts } => parts as usize,
+            _ => 1,
+        };
+        if spec.input_bytes.len() < parts || spec.output_bytes.len() < parts {
             return Err(fail(format!(
-                "a collective actor needs a data input and a data output register; this one has {} input(s) and \
+                "a collective actor needs {parts} data input and output register(s); this one has {} input(s) and \
                  {} output(s)",
                 spec.input_bytes.len(),
                 spec.output_bytes.len()
             )));
         }
         for (side, bytes) in [("output", spec.output_bytes)] {
-            if let Some((i, extra)) = bytes.iter().enumerate().skip(1).find(|(_, &b)| b != 0) {
+            if let Some((i, extra)) = bytes.iter().enumerate().skip(parts).find(|(_, &b)| b != 0) {
+                let data = if parts == 1 { format!("{side} 0 carries") } else { format!("{side}s 0..{parts} carry") };
                 return Err(fail(format!(
-                    "{side} {i} has {extra} bytes; only {side} 0 carries data, further registers are zero-byte \
-                     order tokens"
+                    "{side} {i} has {extra} bytes; only {data} data, further registers are zero-byte order tokens"
                 )));
             }
         }
+        let (inputs, outputs) = (&spec.input_bytes[..parts], &spec.output_bytes[..parts]);
+        let bucket = matches!(conf.op, CollectiveOp::AllReduceBucket { .. });
+        if let Some(i) = (0..parts).find(|&i| bucket && inputs[i] != outputs[i]) {
+            return Err(fail(format!(
+                "bucket part {i} has {} input but {} output bytes; each part's sum is as long as its summands",
+                inputs[i], outputs[i]
+            )));
+        }
         for (side, shape, got, needed) in [
-            ("input", conf.input_shape(), spec.input_bytes[0], layout.input_bytes),
-            ("output", conf.output_shape(), spec.output_bytes[0], layout.output_bytes),
+            ("input", conf.input_shape(), inputs.iter().sum::<u64>(), layout.input_bytes),
+            ("output", conf.output_shape(), outputs.iter().sum::<u64>(), layout.output_bytes),
         ] {
             if got != needed as u64 {
+                let what = if parts == 1 {
+                    format!("the {side} register has")
+                } else {
+                    format!("its {parts} {side} registers have")
+                };
                 return Err(fail(format!(
-                    "the {side} register has {got} bytes, but {side} shape {shape:?} of {} needs {needed}",
+                    "{what} {got} bytes, but {side} shape {shape:?} of {} needs {needed}",
                     conf.dtype
                 )));
             }
         }
         let rendezvous = self.join(spec.actor, conf).map_err(fail)?;
-        if let Some((net, group)) = self.net.get().and_then(|net| Some((net, net.get(&conf.group)?.clone()))) {
-            return net.kernel(group, layout).map_err(fail);
+        let flat: Box<dyn Kernel> = match self.net.get().and_then(|net| Some((net, net.get(&conf.group)?.clone()))) {
+            Some((net, group)) => net.kernel(group, layout).map_err(fail)?,
+            None => Box::new(CollectiveKernel(CollectiveMember::new(rendezvous, layout))),
+        };
+        match conf.op {
+            CollectiveOp::AllReduceBucket { .. } => {
+                Ok(Box::new(bucket::BucketKernel::new(spec.actor, flat, inputs).map_err(fail)?))
+            }
+            _ => Ok(flat),
         }
-        Ok(Box::new(CollectiveKernel(CollectiveMember::new(rendezvous, layout))))
     }
 
     /// Makes the groups that span nodes exchange inputs over the network (before any

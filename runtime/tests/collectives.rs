@@ -102,7 +102,7 @@ fn reference<T: Elem>(op: CollectiveOp, shape: &[usize], size: usize, piece: u64
     let elements: usize = shape.iter().product();
     let tensor = |salt: u64| -> Vec<T> { (0..elements as u64).map(|i| T::make(salt * 1_000_003 + i * 31)).collect() };
     match op {
-        CollectiveOp::AllReduce | CollectiveOp::ReduceScatter { .. } => {
+        CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } | CollectiveOp::ReduceScatter { .. } => {
             let summands: Vec<Vec<T>> = (0..size as u64).map(|r| tensor(piece * 17 + r + 1)).collect();
             let mut sum = summands[0].clone();
             for summand in &summands[1..] {

@@ -6,6 +6,7 @@
 //! shared by all its readers.
 
 use super::boxing::{self, KeepOnFirst, TakePart};
+use super::bucket::Candidate;
 use super::collective_order::{Issued, Phase};
 use super::error::CompileError;
 use super::lower::{Lowering, ReadOf};
@@ -193,6 +194,7 @@ impl Lowering<'_> {
         // Group names start with `box{id}`, so only this step's groups can repeat one.
         let first_group = self.groups.len();
         let mut outputs = Vec::with_capacity(mesh.size());
+        let mut collectives = Vec::new();
         for (rank, input) in inputs.iter().enumerate() {
             let slot = self.placement.slot(mesh_index, rank);
             let coords = mesh.coords(rank);
@@ -223,9 +225,12 @@ impl Lowering<'_> {
                         Rate::Micro => Phase::Backward,
                     };
                     let stream = self.comm_stream(slot, phase);
+                    let bytes = (conf.shape.iter().product::<usize>() * conf.dtype.size()) as u64;
+                    let reduces = conf.op == CollectiveOp::AllReduce;
                     let kind = ActorKind::Compute { kernel: KernelConf::Collective(conf) };
                     let actor = self.b.actor(&actor_name, stream, kind);
                     self.issued.push(Issued { key, slot, phase, actor });
+                    collectives.push((actor, phase, bytes, reduces));
                     actor
                 }
             };
@@ -236,6 +241,22 @@ impl Lowering<'_> {
             }
             let slots = self.register_num(rate, mesh_index);
             outputs.push(self.b.regst(&format!("{actor_name}.out"), actor, out_meta.bytes() as u64, slots));
+        }
+        if let Some(&(_, phase, bytes, all_reduce)) = collectives.first().filter(|_| collectives.len() == inputs.len())
+        {
+            self.bucket_candidates.push(Candidate {
+                all_reduce,
+                key,
+                tensor: t,
+                mesh: mesh_index,
+                axis: step.axis,
+                rate,
+                phase,
+                dtype: info.meta.dtype,
+                bytes,
+                ticked: !self.facts.paced(t),
+                actors: collectives.iter().map(|&(actor, ..)| actor).collect(),
+            });
         }
         Ok(outputs)
     }

@@ -17,13 +17,15 @@
 //!    and mesh the reader needs: collectives and local slices, copies across stages, and
 //!    rate adapters for micro-batches, made once per form;
 //! 5. **pipeline adapters** ([`adapters`]): the GPipe gate of each stage;
-//! 6. **collective order** ([`collective_order`]): every comm stream issues its
+//! 6. **gradient buckets** ([`bucket`]): small weight-gradient all-reduces merge into one
+//!    collective per bucket;
+//! 7. **collective order** ([`collective_order`]): every comm stream issues its
 //!    collectives in one global order;
-//! 7. **discards** ([`lower::discard_unread`]): every register nobody reads gets a reader;
-//! 8. **memory sharing** ([`share`]): one-slot registers whose lifetimes do not overlap
+//! 8. **discards** ([`lower::discard_unread`]): every register nobody reads gets a reader;
+//! 9. **memory sharing** ([`share`]): one-slot registers whose lifetimes do not overlap
 //!    share memory;
-//! 9. **emit** ([`emit`]): the validated plan and the names it is fed and fetched by;
-//! 10. **progress** ([`progress`]): the proof that the plan runs: its actors, run serially
+//! 10. **emit** ([`emit`]): the validated plan and the names it is fed and fetched by;
+//! 11. **progress** ([`progress`]): the proof that the plan runs: its actors, run serially
 //!     for two steps, all finish (a wait-for cycle the register counts allow is an error).
 //!
 //! Data, tensor and ZeRO-style parallelism are all layouts of the same graph: inputs
@@ -43,6 +45,7 @@
 
 mod adapters;
 pub(crate) mod boxing;
+mod bucket;
 mod collective_order;
 mod compiled;
 mod connect;
@@ -113,6 +116,7 @@ fn compile_step(
     lower::lower_fetches(&mut low)?;
     connect::connect(&mut low)?;
     adapters::gate_gpipe_backward(&mut low);
+    bucket::bucket_gradients(&mut low);
     let collectives = collective_order::order_collectives(&mut low);
     lower::discard_unread(&mut low)?;
     if options.reuse_memory && facts.micro_batches == 1 {

@@ -122,6 +122,12 @@ pub struct ParallelOptions {
     /// the device ([`Plan::check_finite`](crate::plan::Plan::check_finite)). Costs one read
     /// of every output; cheap enough to leave on in tests.
     pub check_finite: bool,
+    /// Gradient buckets: data-parallel all-reduces of weight gradients of at most this many
+    /// bytes per device are merged, in the order the gradients are made, into buckets of at
+    /// most this many bytes, one collective each (as PyTorch DDP's `bucket_cap_mb`, except
+    /// that larger gradients keep an all-reduce of their own instead of being copied into a
+    /// bucket). 0 turns bucketing off. Default 1 MiB.
+    pub bucket_bytes: u64,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -153,6 +159,7 @@ impl ParallelOptions {
             schedule: PipelineSchedule::default(),
             reuse_memory: true,
             check_finite: false,
+            bucket_bytes: 1 << 20,
         }
     }
 

@@ -6,6 +6,10 @@ use regflow_plan::part_range;
 use regflow_plan::DType;
 use regflow_plan::{CollectiveConf, CollectiveOp};
 
+/// All-reduces of at least this many bytes run as a reduce-scatter then an all-gather
+/// ([`Layout::two_step`]).
+pub(super) const TWO_STEP_MIN_BYTES: usize = 256 * 1024;
+
 /// One group member's view of what the group computes; validated, with byte sizes.
 #[derive(Debug, Clone)]
 pub(super) struct Layout {
@@ -27,7 +31,8 @@ impl Layout {
             return Err(format!("rank {} is not below size {}", conf.rank, conf.size));
         }
         let dims = match conf.op {
-            CollectiveOp::AllReduce => vec![],
+            CollectiveOp::AllReduceBucket { parts: 0 } => return Err("a bucket of 0 tensors".into()),
+            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } => vec![],
             CollectiveOp::ReduceScatter { dim } | CollectiveOp::AllGather { dim } => vec![dim],
             CollectiveOp::AllToAll { from, to } => vec![from, to],
         };
@@ -40,7 +45,11 @@ impl Layout {
             })
         };
         Ok(Self {
-            op: conf.op,
+            // A bucket is, to the group, one all-reduce of its parts end to end.
+            op: match conf.op {
+                CollectiveOp::AllReduceBucket { .. } => CollectiveOp::AllReduce,
+                op => op,
+            },
             dtype: conf.dtype,
             shape: conf.shape.clone(),
             size: conf.size as usize,
@@ -63,10 +72,53 @@ impl Layout {
         matches!(self.op, CollectiveOp::AllReduce).then_some(self.dtype)
     }
 
+    /// Whether this member's all-reduce runs as a reduce-scatter then an all-gather
+    /// between its round's barriers (module docs of `collective`): a group of more than one
+    /// and a tensor of at least [`TWO_STEP_MIN_BYTES`], where a middle barrier costs less
+    /// than the reads it saves.
+    pub(super) fn two_step(&self) -> bool {
+        self.all_reduce().is_some() && self.size > 1 && self.output_bytes >= TWO_STEP_MIN_BYTES
+    }
+
+    /// The bytes of this member's part of a two-step all-reduce's output (`rank`'s share of
+    /// the elements).
+    fn part_bytes(&self, rank: usize) -> std::ops::Range<usize> {
+        let width = self.dtype.size();
+        let elements = part_range(self.output_bytes / width, self.size, rank);
+        elements.start * width..elements.end * width
+    }
+
+    /// A two-step all-reduce: sums this member's part of every input into its part of the
+    /// output, waits for every member at a middle barrier, then copies every other part from
+    /// its owner's output. Each element is summed once, in rank order, as [`sum_into`] does.
+    ///
+    /// # Safety
+    /// `output` points to this member's `output_bytes`-long output, published in the round
+    /// (`Rendezvous::round_with_outputs`), borrowed mutably for the whole round and written
+    /// only through this pointer while the round lasts.
+    pub(super) unsafe fn all_reduce_in_two_steps(&self, peers: Peers<'_>, output: *mut u8) {
+        let write = |range: std::ops::Range<usize>| {
+            // SAFETY: `range` lies in the output (caller's contract); this member writes its
+            // own part before the middle barrier and other parts after it, and peers read only
+            // its own part, only after the barrier: the writes never overlap a read.
+            unsafe { std::slice::from_raw_parts_mut(output.add(range.start), range.len()) }
+        };
+        let mine = self.part_bytes(self.rank);
+        sum_into(self.dtype, write(mine.clone()), self.size, |r| &peers.input(r)[mine.clone()]);
+        peers.barrier();
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            let part = self.part_bytes(r);
+            write(part.clone()).copy_from_slice(peers.output(r, part));
+        }
+    }
+
     /// Computes this member's output from every member's input.
     pub(super) fn compute(&self, peers: Peers<'_>, output: &mut [u8]) {
         match self.op {
-            CollectiveOp::AllReduce => sum_into(self.dtype, output, self.size, |r| peers.input(r)),
+            // `Layout::new` made a bucket's op `AllReduce`.
+            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } => {
+                sum_into(self.dtype, output, self.size, |r| peers.input(r))
+            }
             CollectiveOp::ReduceScatter { dim } => {
                 let (outer, len, inner) = self.around(dim);
                 let part = part_range(len, self.size, self.rank);

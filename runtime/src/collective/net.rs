@@ -420,7 +420,11 @@ impl NetGroups {
 fn ring_layout(conf: &CollectiveConf, node_of: &[u16], node: u16, input_bytes: usize) -> Option<Ring> {
     let n = node_of.len();
     let distinct = (0..n).all(|a| (a + 1..n).all(|b| node_of[a] != node_of[b]));
-    if !matches!(conf.op, regflow_plan::CollectiveOp::AllReduce) || n < 3 || !distinct || input_bytes < RING_MIN_BYTES {
+    if !matches!(conf.op, regflow_plan::CollectiveOp::AllReduce | regflow_plan::CollectiveOp::AllReduceBucket { .. })
+        || n < 3
+        || !distinct
+        || input_bytes < RING_MIN_BYTES
+    {
         return None;
     }
     let rank = node_of.iter().position(|&m| m == node)?;
@@ -598,7 +602,7 @@ impl NetCollectiveKernel {
             // SAFETY: filled for this round; nobody writes it until every member is done.
             *peer = PeerInput::new(unsafe { std::slice::from_raw_parts(landing.ptr(), landing.len()) });
         }
-        self.layout.compute(Peers { inputs: &self.peers }, output);
+        self.layout.compute(Peers::of_inputs(&self.peers), output);
         self.round += 1;
         Ok(())
     }

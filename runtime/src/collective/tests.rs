@@ -63,3 +63,122 @@ fn extra_inputs_pace_and_extra_outputs_must_be_zero_byte_tokens() {
     let err = CollectiveGroups::default().make_kernel(&conf(0, &[4]), &spec).map(|_| ()).unwrap_err();
     assert!(err.0.ends_with("needs a data input and a data output register; this one has 1 input(s) and 0 output(s)"));
 }
+
+/// Runs one all-reduce round of `size` members over `elements` f32 values per member and
+/// returns every member's output; member `r`'s input is `values(r)`.
+fn all_reduce_outputs(size: u32, elements: usize, values: impl Fn(u32, usize) -> f32 + Sync) -> Vec<Vec<f32>> {
+    let conf = CollectiveConf { size, ..conf(0, &[elements]) };
+    let members = crate::CollectiveMember::group(&conf).unwrap();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = members
+            .into_iter()
+            .map(|mut member| {
+                let values = &values;
+                s.spawn(move || {
+                    let rank = member.rank();
+                    let input: Vec<f32> = (0..elements).map(|i| values(rank, i)).collect();
+                    let mut output = vec![0f32; elements];
+                    member.run(bytemuck::cast_slice(&input), bytemuck::cast_slice_mut(&mut output)).unwrap();
+                    output
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn large_all_reduces_in_two_steps_give_the_rank_order_sum_bitwise() {
+    // Values whose sum depends on the order, so a part summed in another order would show.
+    let values = |rank: u32, i: usize| ((i * 7 + rank as usize * 13) % 101) as f32 * 1.0e-3 + 1.0e4 * rank as f32;
+    // 70 001 f32 is past the two-step threshold and divides unevenly among 3 and 4 members.
+    for (size, elements) in [(2, 70_001), (3, 70_001), (4, 65_536), (3, 1_001)] {
+        assert_eq!(super::layout::TWO_STEP_MIN_BYTES <= elements * 4, elements > 2_000);
+        let outputs = all_reduce_outputs(size, elements, values);
+        let expected: Vec<f32> =
+            (0..elements).map(|i| (1..size).fold(values(0, i), |sum, r| sum + values(r, i))).collect();
+        for (rank, output) in outputs.iter().enumerate() {
+            assert!(output.iter().zip(&expected).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {rank} of {size}");
+        }
+    }
+}
+
+#[test]
+fn a_bucket_needs_its_parts_as_data_registers_of_matching_sizes() {
+    let bucket = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 2 }, ..conf(0, &[6]) };
+    let spec = |input_bytes: &'static [u64], output_bytes: &'static [u64]| KernelSpec {
+        actor: "bucket",
+        device: DeviceKind::Cpu,
+        op: None,
+        input_bytes,
+        output_bytes,
+    };
+    let make =
+        |spec: KernelSpec<'_>| CollectiveGroups::default().make_kernel(&bucket, &spec).map(|_| ()).map_err(|e| e.0);
+    // Parts of 4 and 2 floats, a pacing tick and an order token.
+    assert_eq!(make(spec(&[16, 8, 0], &[16, 8, 0])), Ok(()));
+    assert_eq!(
+        make(spec(&[16, 8], &[8, 16])).unwrap_err(),
+        "collective 'g' (all_reduce_bucket, rank 0 of 2): bucket part 0 has 16 input but 8 output bytes; each \
+         part's sum is as long as its summands"
+    );
+    assert_eq!(
+        make(spec(&[16, 4], &[16, 4])).unwrap_err(),
+        "collective 'g' (all_reduce_bucket, rank 0 of 2): its 2 input registers have 20 bytes, but input shape [6] \
+         of f32 needs 24"
+    );
+    assert!(make(spec(&[24], &[24]))
+        .unwrap_err()
+        .ends_with("needs 2 data input and output register(s); this one has 1 input(s) and 1 output(s)"));
+    let empty = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 0 }, ..conf(0, &[6]) };
+    let err = CollectiveGroups::default().make_kernel(&empty, &spec(&[24], &[24])).map(|_| ()).unwrap_err();
+    assert_eq!(err.0, "collective 'g' (all_reduce_bucket, rank 0 of 2): a bucket of 0 tensors");
+}
+
+#[test]
+fn a_bucket_sums_each_part_through_one_round() {
+    use crate::kernel::{KernelIo, StreamContext};
+    use regflow_memory::{Arena, MemoryKind};
+    let groups = CollectiveGroups::default();
+    let parts: [usize; 3] = [3, 1, 5];
+    let total: usize = parts.iter().sum();
+    let bytes: Vec<u64> = parts.iter().map(|&p| 4 * p as u64).collect();
+    let kernels: Vec<_> = (0..2)
+        .map(|rank| {
+            let conf = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 3 }, ..conf(rank, &[total]) };
+            let spec =
+                KernelSpec { actor: "b", device: DeviceKind::Cpu, op: None, input_bytes: &bytes, output_bytes: &bytes };
+            groups.make_kernel(&conf, &spec).unwrap()
+        })
+        .collect();
+    let outputs: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let threads: Vec<_> = kernels
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut kernel)| {
+                let bytes = &bytes;
+                s.spawn(move || {
+                    // Inputs then outputs, one register each, in one arena.
+                    let arena = Arena::allocate("t", MemoryKind::Host, 2 * 64 * 3).unwrap();
+                    let view = |i: usize, len: u64| arena.view(64 * i as u64, len).unwrap();
+                    let inputs: Vec<_> = bytes.iter().enumerate().map(|(i, &b)| view(i, b)).collect();
+                    let outputs: Vec<_> = bytes.iter().enumerate().map(|(i, &b)| view(3 + i, b)).collect();
+                    for (i, input) in inputs.iter().enumerate() {
+                        let values: Vec<f32> = (0..parts[i]).map(|e| (100 * rank + 10 * i + e) as f32).collect();
+                        unsafe { input.as_mut_slice() }.copy_from_slice(bytemuck::cast_slice(&values));
+                    }
+                    let context = StreamContext::default();
+                    let group = regflow_plan::GroupPosition { index: 0, count: 1 };
+                    kernel.run(&mut KernelIo::new(0, group, &inputs, &outputs, &context)).unwrap();
+                    outputs
+                        .iter()
+                        .flat_map(|o| bytemuck::cast_slice::<u8, f32>(unsafe { o.as_slice() }).to_vec())
+                        .collect()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let expected: Vec<f32> = (0..3).flat_map(|i| (0..parts[i]).map(move |e| (100 + 2 * (10 * i + e)) as f32)).collect();
+    assert_eq!(outputs, [expected.clone(), expected]);
+}

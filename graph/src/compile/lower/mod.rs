@@ -113,6 +113,8 @@ pub(crate) struct Lowering<'a> {
     pub(crate) issued: Vec<Issued>,
     /// Collective groups with their order keys.
     pub(crate) groups: Vec<((usize, usize), String)>,
+    /// All-reduces that may join a gradient bucket ([`super::bucket`]).
+    pub(crate) bucket_candidates: Vec<super::bucket::Candidate>,
     /// Conversions made so far (boxing steps, copies, repeats): numbers their names.
     pub(crate) conversions: usize,
     pub(crate) out: Outputs,
@@ -150,6 +152,7 @@ impl<'a> Lowering<'a> {
             step_ticks: HashMap::new(),
             reads: Vec::new(),
             op_actors: Vec::new(),
+            bucket_candidates: Vec::new(),
             issued: Vec::new(),
             groups: Vec::new(),
             conversions: 0,
