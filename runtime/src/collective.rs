@@ -484,9 +484,13 @@ impl CollectiveGroups {
             _ => 1,
         };
         if spec.input_bytes.len() < parts || spec.output_bytes.len() < parts {
+            let needs = if parts == 1 {
+                "a data input and a data output register".to_string()
+            } else {
+                format!("{parts} data input and output registers (one per bucket part)")
+            };
             return Err(fail(format!(
-                "a collective actor needs {parts} data input and output register(s); this one has {} input(s) and \
-                 {} output(s)",
+                "a collective actor needs {needs}; this one has {} input(s) and {} output(s)",
                 spec.input_bytes.len(),
                 spec.output_bytes.len()
             )));

@@ -127,9 +127,9 @@ fn a_bucket_needs_its_parts_as_data_registers_of_matching_sizes() {
         "collective 'g' (all_reduce_bucket, rank 0 of 2): its 2 input registers have 20 bytes, but input shape [6] \
          of f32 needs 24"
     );
-    assert!(make(spec(&[24], &[24]))
-        .unwrap_err()
-        .ends_with("needs 2 data input and output register(s); this one has 1 input(s) and 1 output(s)"));
+    assert!(make(spec(&[24], &[24])).unwrap_err().ends_with(
+        "needs 2 data input and output registers (one per bucket part); this one has 1 input(s) and 1 output(s)"
+    ));
     let empty = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 0 }, ..conf(0, &[6]) };
     let err = CollectiveGroups::default().make_kernel(&empty, &spec(&[24], &[24])).map(|_| ()).unwrap_err();
     assert_eq!(err.0, "collective 'g' (all_reduce_bucket, rank 0 of 2): a bucket of 0 tensors");
