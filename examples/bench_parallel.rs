@@ -15,7 +15,8 @@
 //! `--trace` writes the sim part's timeline. Environment, for looking closer:
 //! `REGFLOW_DP_TRACE=t.json` writes the timeline of the cpu dp2 run,
 //! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
-//! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare), and
+//! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
+//! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan (for `regflow plan show|dot`).
 
 use regflow::graph::plan::{ActorKind, KernelConf, StreamKind};
@@ -126,6 +127,9 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     data_parallel(&g, &mesh)?;
     let mut dp_options = ParallelOptions::new(mesh).train(&train);
     dp_options.reuse_memory = std::env::var_os("REGFLOW_NO_REUSE").is_none();
+    if std::env::var_os("REGFLOW_NO_BUCKETS").is_some() {
+        dp_options.bucket_bytes = 0;
+    }
     let dp = g.compile_parallel(&[train.loss], &train.updates, &dp_options)?;
     if std::env::var_os("REGFLOW_SHOW_COLLECTIVES").is_some() {
         println!("collectives: {:?}", dp.parallel.as_ref().map(|p| &p.collectives));
@@ -176,7 +180,10 @@ fn sim(trace: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
     let train = mlp(&g, BATCH, &sizes)?;
     let mesh = Mesh::of_kind(regflow::graph::plan::DeviceKind::Sim, &[2], &["dp"])?;
     data_parallel(&g, &mesh)?;
-    let mut compiled = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
+    // Per-tensor all-reduces: the sixteen 16 KiB gradients would otherwise be one bucket,
+    // issued when the last of them is made; this part measures overlap.
+    let options = ParallelOptions { bucket_bytes: 0, ..ParallelOptions::new(mesh) }.train(&train);
+    let mut compiled = g.compile_parallel(&[train.loss], &train.updates, &options)?;
     let (mut compute, mut comm) = (0u64, 0u64);
     let plan = &mut compiled.plan;
     for a in 0..plan.actors.len() {

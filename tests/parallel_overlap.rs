@@ -25,8 +25,11 @@ fn gradient_all_reduces_overlap_the_rest_of_backward() {
     }
     let loss = h.sparse_cross_entropy(&y).unwrap();
     let train = g.minimize(loss, &Optimizer::sgd(0.1, 0.0, 0.0)).unwrap();
-    let mut compiled =
-        g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train)).unwrap();
+    // One all-reduce per gradient: with buckets (1 MiB by default) these sixteen 16 KiB
+    // gradients would be one collective, issued when the last of them is made, which is
+    // what buckets trade for fewer collectives; this test is about per-tensor overlap.
+    let options = ParallelOptions { bucket_bytes: 0, ..ParallelOptions::new(mesh) }.train(&train);
+    let mut compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     // Products take 2 ms, collectives 1 ms, everything else 20 µs.
     for actor in &mut compiled.plan.actors {
         actor.sim_nanos = Some(match &actor.kind {
