@@ -57,6 +57,25 @@ impl InputState {
         self.max_held = self.max_held.max(held);
     }
 
+    /// Queues a ready slot; counts the input off `unready` if it was empty.
+    #[inline]
+    pub(crate) fn push_ready(&mut self, regst: ReadyRegst, unready: &mut u32) {
+        if self.ready.is_empty() {
+            *unready -= 1;
+        }
+        self.ready.push_back(regst);
+    }
+
+    /// Takes the oldest ready slot; counts the input in `unready` if it is now empty.
+    #[inline]
+    pub(crate) fn pop_ready(&mut self, unready: &mut u32) -> Option<ReadyRegst> {
+        let regst = self.ready.pop_front()?;
+        if self.ready.is_empty() {
+            *unready += 1;
+        }
+        Some(regst)
+    }
+
     pub(crate) fn is_finished(&self) -> bool {
         self.eord && self.ready.is_empty()
     }
@@ -68,6 +87,15 @@ pub(crate) struct Consumer {
     pub(crate) id: ActorId,
     /// On the producer's stream: told at launch, since stream order makes that safe.
     pub(crate) same_stream: bool,
+}
+
+/// Who holds one slot of a produced descriptor.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SlotState {
+    /// Consumers that still hold it.
+    pub(crate) holding: u32,
+    /// Written by a launch whose kernel has not completed.
+    pub(crate) completing: bool,
 }
 
 /// One produced descriptor.
@@ -83,10 +111,8 @@ pub(crate) struct OutputState {
     /// A flat table allocated once, so a register may have any number of consumers (an
     /// optimizer's clip factor is read by every update of a device).
     pub(crate) holders: Vec<bool>,
-    /// Per slot: consumers that still hold it.
-    pub(crate) holding: Vec<u32>,
-    /// Per slot: written by a launch whose kernel has not completed.
-    pub(crate) completing: Vec<bool>,
+    /// Per slot: who still holds it, side by side in one table.
+    pub(crate) slots: Vec<SlotState>,
     /// Emitted by launches not yet completed: (slot, piece, data), oldest first.
     pub(crate) launched: VecDeque<(u32, u64, RegstRef)>,
     pub(crate) next_piece: u64,
@@ -106,8 +132,7 @@ impl OutputState {
             consumers,
             free: (0..register_num).collect(),
             holders: vec![false; table],
-            holding: vec![0; slots],
-            completing: vec![false; slots],
+            slots: vec![SlotState::default(); slots],
             launched: VecDeque::with_capacity(slots),
             next_piece: 0,
             in_flight: 0,
@@ -120,11 +145,15 @@ impl OutputState {
     }
 
     /// Takes a free slot for a new piece. Until [`OutputState::lend`] it is held by the
-    /// producer alone (an acc accumulating into it, a kernel writing it).
-    pub(crate) fn take(&mut self, completing: bool) -> Option<u32> {
+    /// producer alone (an acc accumulating into it, a kernel writing it). Counts the output
+    /// in `full` if that was its last free slot.
+    #[inline]
+    pub(crate) fn take(&mut self, completing: bool, full: &mut u32) -> Option<u32> {
         let slot = self.free.pop_front()?;
-        self.holding[slot as usize] = 0;
-        self.completing[slot as usize] = completing;
+        if self.free.is_empty() {
+            *full += 1;
+        }
+        self.slots[slot as usize] = SlotState { holding: 0, completing };
         self.in_flight += 1;
         self.max_in_flight = self.max_in_flight.max(self.in_flight);
         Some(slot)
@@ -134,12 +163,18 @@ impl OutputState {
     pub(crate) fn lend(&mut self, slot: u32) {
         let n = self.consumers.len();
         let at = slot as usize * n;
-        self.holders[at..at + n].fill(true);
-        self.holding[slot as usize] = n as u32;
+        // Most registers have one consumer: one store, not a call to `memset`.
+        match &mut self.holders[at..at + n] {
+            [only] => *only = true,
+            holders => holders.fill(true),
+        }
+        self.slots[slot as usize].holding = n as u32;
     }
 
-    /// Records an ack; returns `Ok(true)` if the slot became free.
-    pub(crate) fn ack(&mut self, slot: u32, from: ActorId) -> Result<bool, String> {
+    /// Records an ack; returns `Ok(true)` if the slot became free (and then counts the
+    /// output off `full` if it had no free slot).
+    #[inline]
+    pub(crate) fn ack(&mut self, slot: u32, from: ActorId, full: &mut u32) -> Result<bool, String> {
         let Some(position) = self.consumers.iter().position(|c| c.id == from) else {
             return Err(format!("ack of slot {slot} from {from}, which does not consume it"));
         };
@@ -151,18 +186,24 @@ impl OutputState {
             return Err(format!("slot {slot} acked by {from}, which does not hold it (acked twice?)"));
         }
         *held = false;
-        let holding = &mut self.holding[slot as usize];
-        *holding -= 1;
-        Ok(*holding == 0 && !self.completing[slot as usize] && self.release(slot))
+        let state = &mut self.slots[slot as usize];
+        state.holding -= 1;
+        Ok(state.holding == 0 && !state.completing && self.release(slot, full))
     }
 
-    /// Marks the slot's kernel complete; returns whether the slot became free.
-    pub(crate) fn complete(&mut self, slot: u32) -> bool {
-        self.completing[slot as usize] = false;
-        self.holding[slot as usize] == 0 && self.release(slot)
+    /// Marks the slot's kernel complete; returns whether the slot became free (and then
+    /// counts the output off `full` if it had no free slot).
+    #[inline]
+    pub(crate) fn complete(&mut self, slot: u32, full: &mut u32) -> bool {
+        let state = &mut self.slots[slot as usize];
+        state.completing = false;
+        state.holding == 0 && self.release(slot, full)
     }
 
-    fn release(&mut self, slot: u32) -> bool {
+    fn release(&mut self, slot: u32, full: &mut u32) -> bool {
+        if self.free.is_empty() {
+            *full -= 1;
+        }
         self.free.push_back(slot);
         self.in_flight -= 1;
         true

@@ -1,8 +1,10 @@
-//! A stream thread's inbox: many senders, one receiver, FIFO per sender, blocking receive.
+//! A stream thread's inbox: many senders, one receiver, FIFO per sender, blocking receive
+//! after a bounded spin.
 //!
 //! Normal builds use a crossbeam channel. Under `--cfg loom` it is a mutex-and-condvar
 //! queue made of loom primitives with the same semantics, so loom explores every
 //! interleaving of the threads that use it (crossbeam's internals have their own tests).
+//! The spin-then-park wait ([`InboxReceiver::recv_spinning`]) is written once over both.
 
 use regflow_actors::Message;
 
@@ -15,6 +17,10 @@ pub(crate) enum Envelope {
     Snapshot,
     /// Abort: stop at once.
     Stop,
+    /// Nothing to handle: a message is due within microseconds (a modeled kernel ends), so
+    /// the thread wakes now and spins for it, up to [`WAKE_SPIN_TIME`], instead of
+    /// sleeping through the wake-up latency when it arrives.
+    Wake,
 }
 
 /// The receiver has gone.
@@ -45,11 +51,23 @@ mod imp {
         pub(crate) fn send(&self, envelope: Envelope) -> Result<(), Disconnected> {
             self.0.send(envelope).map_err(|_| Disconnected)
         }
+
+        /// Sends unless the inbox is full or gone; returns whether it sent. For envelopes
+        /// beyond the inbox's sizing ([`Envelope::Wake`]): a full inbox is awake anyway.
+        pub(crate) fn try_send(&self, envelope: Envelope) -> bool {
+            self.0.try_send(envelope).is_ok()
+        }
     }
 
     impl InboxReceiver {
         pub(crate) fn try_recv(&self) -> Option<Envelope> {
             self.0.try_recv().ok()
+        }
+
+        /// Whether nothing is queued: one atomic load, no write, so a spinning receiver
+        /// does not take the cache line from the senders.
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.is_empty()
         }
 
         /// Blocks until an envelope arrives; `None` once every sender is gone.
@@ -104,11 +122,19 @@ mod imp {
             self.0.ready.notify_one();
             Ok(())
         }
+
+        pub(crate) fn try_send(&self, envelope: Envelope) -> bool {
+            self.send(envelope).is_ok()
+        }
     }
 
     impl InboxReceiver {
         pub(crate) fn try_recv(&self) -> Option<Envelope> {
             crate::sync::lock(&self.0.items).0.pop_front()
+        }
+
+        pub(crate) fn is_empty(&self) -> bool {
+            crate::sync::lock(&self.0.items).0.is_empty()
         }
 
         pub(crate) fn recv(&self) -> Option<Envelope> {
@@ -127,3 +153,76 @@ mod imp {
 }
 
 pub(crate) use imp::{inbox, InboxReceiver, InboxSender};
+
+/// Most rounds a receiver spins on an empty inbox before it parks. Loom explores a spin of
+/// two rounds (a message landing during the spin, or after it).
+#[cfg(not(loom))]
+const SPIN_ROUNDS: u32 = 4096;
+#[cfg(loom)]
+const SPIN_ROUNDS: u32 = 2;
+
+/// Longest a receiver usually spins before it parks. A message from a thread that is
+/// itself busy (a cross-thread chain, B2 in `examples/bench_actors.rs`) comes back within
+/// a few microseconds; parking costs a futex wait here and a futex wake in the sender,
+/// each several microseconds on a VM. An idle stream spins this long once, then sleeps.
+pub(crate) const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(8);
+
+/// Longest a receiver spins after an [`Envelope::Wake`]: the sender announced a message
+/// due within about `device::sim::WAKE_AHEAD`; this leaves room for it to come late.
+pub(crate) const WAKE_SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Rounds of `spin_loop` before the spin yields its core instead (measured on the 2-core
+/// benchmark VM under load: pausing alone made B2 and B3 slower than parking at once,
+/// since the thread that would send needed the core).
+#[cfg(not(loom))]
+const PAUSE_ROUNDS: u32 = 32;
+#[cfg(loom)]
+const PAUSE_ROUNDS: u32 = 1;
+
+/// Spin rounds between two reads of the clock (a clock read costs more than a round).
+#[cfg(not(loom))]
+const ROUNDS_PER_CLOCK: u32 = 4;
+
+impl InboxReceiver {
+    /// The next envelope: one already queued, or one arriving within a bounded spin
+    /// (at most `spin_time`, and [`SPIN_ROUNDS`] rounds per 8 µs of it), or else blocks
+    /// until one arrives. `None` once every sender is gone.
+    pub(crate) fn recv_spinning(&self, spin_time: std::time::Duration) -> Option<Envelope> {
+        if let Some(envelope) = self.try_recv() {
+            return Some(envelope);
+        }
+        #[cfg(not(loom))]
+        let start = std::time::Instant::now();
+        #[cfg(not(loom))]
+        let rounds = SPIN_ROUNDS.saturating_mul((spin_time.as_micros() / SPIN_TIME.as_micros()).max(1) as u32);
+        #[cfg(loom)]
+        let rounds = SPIN_ROUNDS + u32::from(spin_time > SPIN_TIME);
+        for round in 1..=rounds {
+            // A few rounds of pausing, then yield: on a machine with fewer cores than busy
+            // threads, the sender may need this very core to send.
+            if round <= PAUSE_ROUNDS {
+                spin_loop();
+            } else {
+                yield_now();
+            }
+            if !self.is_empty() {
+                if let Some(envelope) = self.try_recv() {
+                    return Some(envelope);
+                }
+            }
+            #[cfg(not(loom))]
+            if round % ROUNDS_PER_CLOCK == 0 && start.elapsed() >= spin_time {
+                break;
+            }
+            #[cfg(loom)]
+            let _ = round;
+        }
+        self.recv()
+    }
+}
+
+#[cfg(not(loom))]
+use std::{hint::spin_loop, thread::yield_now};
+
+#[cfg(loom)]
+use loom::{hint::spin_loop, thread::yield_now};

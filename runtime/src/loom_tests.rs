@@ -89,7 +89,9 @@ fn ping_pong_plan(register_num: u32, pieces: u64, with_middle: bool) -> Plan {
     b.build().unwrap()
 }
 
-fn run_model(plan: &Plan) {
+/// Runs `plan` on two loom threads; `wake_first` queues an [`Envelope::Wake`] in stream 1's
+/// inbox before anything else (what the sim poller sends ahead of a kernel's end).
+fn run_model(plan: &Plan, wake_first: bool) {
     let ids = PlanIds::assign(plan).unwrap();
     let indexed = PlanIndex::new(plan);
     let memory = plan.memory().unwrap();
@@ -103,6 +105,9 @@ fn run_model(plan: &Plan) {
     });
     let (tx0, rx0) = inbox(64);
     let (tx1, rx1) = inbox(64);
+    if wake_first {
+        assert!(tx1.try_send(Envelope::Wake));
+    }
     let router = Router::new(None, vec![vec![0, 1]], vec![Some(tx0.clone()), Some(tx1)], None);
     let (snapshots, _) = crossbeam_channel::unbounded();
     let shared = Arc::new(JobShared::new(2, snapshots, Default::default()));
@@ -182,17 +187,40 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 
 #[test]
 fn loom_one_register_is_rewritten_only_after_the_cross_thread_ack() {
-    model(|| run_model(&ping_pong_plan(1, 2, false)));
+    model(|| run_model(&ping_pong_plan(1, 2, false), false));
 }
 
 #[test]
 fn loom_two_registers_let_the_producer_run_ahead_safely() {
-    model(|| run_model(&ping_pong_plan(2, 3, false)));
+    model(|| run_model(&ping_pong_plan(2, 3, false), false));
 }
 
 #[test]
 fn loom_ready_and_ack_cross_both_ways_and_eord_cascades() {
-    model(|| run_model(&ping_pong_plan(1, 2, true)));
+    model(|| run_model(&ping_pong_plan(1, 2, true), false));
+}
+
+#[test]
+fn loom_a_wake_ahead_of_a_message_changes_nothing_in_the_protocol() {
+    model(|| run_model(&ping_pong_plan(1, 2, false), true));
+}
+
+/// The receiver's bounded spin, then park: an envelope sent while it spins, or after it
+/// parked, is received, in order, and the senders' going away ends the wait.
+#[test]
+fn loom_spinning_receiver_gets_every_envelope_then_the_end() {
+    use crate::inbox::{SPIN_TIME, WAKE_SPIN_TIME};
+    model(|| {
+        let (tx, rx) = inbox(4);
+        let sender = loom::thread::spawn(move || {
+            tx.send(Envelope::Snapshot).unwrap();
+            tx.send(Envelope::Stop).unwrap();
+        });
+        assert_eq!(rx.recv_spinning(WAKE_SPIN_TIME), Some(Envelope::Snapshot));
+        assert_eq!(rx.recv_spinning(SPIN_TIME), Some(Envelope::Stop));
+        assert_eq!(rx.recv_spinning(SPIN_TIME), None);
+        sender.join().unwrap();
+    });
 }
 
 /// One register per member, each a loom cell.

@@ -6,7 +6,7 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::collective::CollectiveGroups;
 use crate::device::DeviceStream;
-use crate::inbox::{Envelope, InboxReceiver};
+use crate::inbox::{Envelope, InboxReceiver, SPIN_TIME, WAKE_SPIN_TIME};
 use crate::kernel::{Kernel, KernelIo, StreamContext};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::trace::{flow_id, TraceBuffer, TraceEvent};
@@ -20,6 +20,10 @@ use regflow_memory::BufferView;
 use regflow_plan::RegstDescId;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+/// Most envelopes moved from the inbox to the local queue at once. The local queue is
+/// allocated with room for more (`job/start.rs`), so a batch never makes it grow.
+const INBOX_BATCH: usize = 64;
 
 /// What the watchdog and the job can see of a stream thread, without locks on the hot path.
 #[derive(Debug, Default)]
@@ -194,13 +198,24 @@ struct Env<'w> {
     anchor: Option<(Instant, Instant)>,
 }
 
-impl ActorEnv for Env<'_> {
-    fn send(&mut self, msg: Message) -> Result<(), EnvError> {
+impl Env<'_> {
+    /// Records the flow arrow of a `Ready` sent by the firing being traced.
+    #[cold]
+    fn trace_flow_out(&mut self, msg: &Message) {
         if let (Some(trace), Body::Ready { regst, piece, .. }, Some((start, end))) =
             (self.trace.as_deref_mut(), msg.body, self.anchor)
         {
             let at = if end > start { end - Duration::from_nanos(1) } else { start };
             trace.events.push(TraceEvent::FlowOut { id: flow_id(regst.desc, piece, msg.dst), at });
+        }
+    }
+}
+
+impl ActorEnv for Env<'_> {
+    #[inline]
+    fn send(&mut self, msg: Message) -> Result<(), EnvError> {
+        if self.trace.is_some() {
+            self.trace_flow_out(&msg);
         }
         if msg.dst.stream_id() == self.stream_id {
             self.local.push_back(msg);
@@ -254,6 +269,8 @@ impl StreamWorker {
     /// The thread's main loop.
     pub(crate) fn run(mut self) -> StreamExit {
         let mut live = self.actors.iter().filter(|a| a.lifecycle() != Lifecycle::Done).count();
+        let mut snapshot_due = false;
+        let mut spin_time = SPIN_TIME;
         'outer: while live > 0 {
             // Copy from `front()` then pop: moving the `Option<Message>` out of `pop_front`
             // compiles to overlapping partial copies that stall store-to-load forwarding on
@@ -272,20 +289,34 @@ impl StreamWorker {
             if live == 0 {
                 break;
             }
-            let envelope = match self.inbox.try_recv() {
-                Some(envelope) => envelope,
-                None => match self.inbox.recv() {
-                    Some(envelope) => envelope,
-                    None => break,
-                },
-            };
-            match envelope {
-                Envelope::Actor(msg) => self.local.push_back(msg),
-                Envelope::Snapshot => {
-                    let snapshots = self.actors.iter().map(Actor::snapshot).collect();
-                    let _ = self.shared.snapshots.send((self.index, snapshots));
+            // Every local message is handled: a snapshot now shows no message half-way.
+            if snapshot_due {
+                snapshot_due = false;
+                let snapshots = self.actors.iter().map(Actor::snapshot).collect();
+                let _ = self.shared.snapshots.send((self.index, snapshots));
+                continue;
+            }
+            // Take one envelope (spinning briefly, then parking), then whatever else is
+            // already queued, up to a batch, before going back to the local queue.
+            let mut next = self.inbox.recv_spinning(spin_time);
+            spin_time = SPIN_TIME;
+            if next.is_none() {
+                break;
+            }
+            let mut taken = 0;
+            while let Some(envelope) = next {
+                match envelope {
+                    Envelope::Actor(msg) => self.local.push_back(msg),
+                    Envelope::Snapshot => {
+                        // Answered once the messages taken so far are handled.
+                        snapshot_due = true;
+                        break;
+                    }
+                    Envelope::Stop => break 'outer,
+                    Envelope::Wake => spin_time = WAKE_SPIN_TIME,
                 }
-                Envelope::Stop => break,
+                taken += 1;
+                next = if taken < INBOX_BATCH { self.inbox.try_recv() } else { None };
             }
         }
         let snapshots = self

@@ -12,12 +12,15 @@ impl Actor {
         }
         // Consume the front of every input; the pieces must be in step.
         self.scratch_inputs.clear();
+        self.scratch_slots.clear();
         let mut piece = None;
         let first_desc = self.inputs.first().map(|i| i.desc);
         for i in 0..self.inputs.len() {
             let input = &mut self.inputs[i];
-            let Some(front) = input.ready.pop_front() else { unreachable!("fired without a ready input") };
-            input.in_use.push_back(front.slot);
+            let Some(front) = input.pop_ready(&mut self.unready_inputs) else {
+                unreachable!("fired without a ready input")
+            };
+            self.scratch_slots.push(front.slot);
             if let Some(p) = piece.filter(|&p| p != front.piece) {
                 let detail = format!(
                     "input {} is at piece {} while input {} is at piece {p}",
@@ -42,7 +45,7 @@ impl Actor {
             }
             KindState::Acc { count, position, held } => {
                 if *position == 0 {
-                    *held = self.outputs[0].take(true);
+                    *held = self.outputs[0].take(true, &mut self.full_outputs);
                 }
                 let group = GroupPosition { index: *position, count: *count };
                 *position += 1;
@@ -65,7 +68,7 @@ impl Actor {
             let output = &mut self.outputs[o];
             let slot = match self.kind {
                 KindState::Acc { held: Some(slot), .. } => slot,
-                _ => match output.take(true) {
+                _ => match output.take(true, &mut self.full_outputs) {
                     Some(slot) => slot,
                     None => unreachable!("fired without a free output slot"),
                 },
@@ -80,14 +83,36 @@ impl Actor {
             group,
         };
         let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
+        // A kernel that completed during the launch with none older in flight completes
+        // here and now: nothing is queued only to be taken right back.
+        let at_once = completion == Completion::Done && self.pending.is_empty();
         if emit {
             for o in 0..self.outputs.len() {
                 let slot = self.scratch_outputs[o].slot;
                 let piece = self.outputs[o].next_piece;
                 self.outputs[o].next_piece += 1;
                 let regst = RegstRef { desc: self.outputs[o].desc, slot };
-                self.emit_at_launch(env, o, slot, piece, regst)?;
+                self.emit_at_launch(env, o, slot, piece, regst, !at_once)?;
             }
+        }
+        if at_once {
+            if emit {
+                for o in 0..self.outputs.len() {
+                    let slot = self.scratch_outputs[o].slot;
+                    let piece = self.outputs[o].next_piece - 1;
+                    let regst = RegstRef { desc: self.outputs[o].desc, slot };
+                    self.finish_output(env, o, slot, piece, regst)?;
+                }
+            }
+            if ack_inputs {
+                for i in 0..self.inputs.len() {
+                    self.ack_input(env, i, self.scratch_slots[i])?;
+                }
+            }
+            return Ok(());
+        }
+        for i in 0..self.inputs.len() {
+            self.inputs[i].in_use.push_back(self.scratch_slots[i]);
         }
         self.pending.push_back(Launch { ack_inputs, emit });
         if completion == Completion::Done {
@@ -107,21 +132,23 @@ impl Actor {
             unreachable!("fire_repeat on a non-repeat actor")
         };
         if held.is_none() {
-            *held = self.inputs[0].ready.pop_front();
+            *held = self.inputs[0].pop_ready(&mut self.unready_inputs);
         }
         let Some(input) = *held else { unreachable!("repeat fired without input") };
         let group = GroupPosition { index: *handed, count: *count };
         *handed += 1;
         *outstanding += 1;
         let output = &mut self.outputs[0];
-        let Some(slot) = output.take(true) else { unreachable!("repeat fired without a free slot") };
+        let Some(slot) = output.take(true, &mut self.full_outputs) else {
+            unreachable!("repeat fired without a free slot")
+        };
         let piece = output.next_piece;
         output.next_piece += 1;
         self.scratch_inputs.clear();
         self.scratch_inputs.push(input.data);
         let firing = Firing { actor: self.id, piece, inputs: &self.scratch_inputs, outputs: &[], group };
         let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
-        self.emit_at_launch(env, 0, slot, piece, input.data)?;
+        self.emit_at_launch(env, 0, slot, piece, input.data, true)?;
         self.pending.push_back(Launch { ack_inputs: false, emit: true });
         if completion == Completion::Done {
             self.complete_oldest(env)?;
@@ -129,8 +156,9 @@ impl Actor {
         Ok(())
     }
 
-    /// An emitting launch: lend the slot to every consumer, record it until completion, and
-    /// tell the consumers on this stream now.
+    /// An emitting launch: lend the slot to every consumer, record it until completion
+    /// (`record`; not when it completes right away), and tell the consumers on this stream
+    /// now.
     fn emit_at_launch<E: ActorEnv>(
         &mut self,
         env: &mut E,
@@ -138,10 +166,13 @@ impl Actor {
         slot: u32,
         piece: u64,
         data: RegstRef,
+        record: bool,
     ) -> Result<(), ActorError> {
         let output = &mut self.outputs[o];
         output.lend(slot);
-        output.launched.push_back((slot, piece, data));
+        if record {
+            output.launched.push_back((slot, piece, data));
+        }
         let regst = RegstRef { desc: output.desc, slot };
         for c in 0..self.outputs[o].consumers.len() {
             let consumer = self.outputs[o].consumers[c];
@@ -162,16 +193,7 @@ impl Actor {
                 let Some((slot, piece, data)) = self.outputs[o].launched.pop_front() else {
                     unreachable!("an emitting launch recorded no slot")
                 };
-                for c in 0..self.outputs[o].consumers.len() {
-                    let consumer = self.outputs[o].consumers[c];
-                    if !consumer.same_stream {
-                        let regst = RegstRef { desc: self.outputs[o].desc, slot };
-                        self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
-                    }
-                }
-                if self.outputs[o].complete(slot) {
-                    self.on_slot_freed(env)?;
-                }
+                self.finish_output(env, o, slot, piece, data)?;
             }
         }
         if launch.ack_inputs {
@@ -179,11 +201,39 @@ impl Actor {
                 let Some(slot) = self.inputs[i].in_use.pop_front() else {
                     unreachable!("a launch that read inputs recorded no slot")
                 };
-                let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
-                self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot } })?;
+                self.ack_input(env, i, slot)?;
             }
         }
         Ok(())
+    }
+
+    /// The kernel that wrote output `o`'s `slot` completed: tell the consumers on other
+    /// streams, and free the slot if every consumer already gave it back.
+    fn finish_output<E: ActorEnv>(
+        &mut self,
+        env: &mut E,
+        o: usize,
+        slot: u32,
+        piece: u64,
+        data: RegstRef,
+    ) -> Result<(), ActorError> {
+        let regst = RegstRef { desc: self.outputs[o].desc, slot };
+        for c in 0..self.outputs[o].consumers.len() {
+            let consumer = self.outputs[o].consumers[c];
+            if !consumer.same_stream {
+                self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
+            }
+        }
+        if self.outputs[o].complete(slot, &mut self.full_outputs) {
+            self.on_slot_freed(env)?;
+        }
+        Ok(())
+    }
+
+    /// The kernel that read input `i`'s `slot` completed: give the slot back.
+    fn ack_input<E: ActorEnv>(&mut self, env: &mut E, i: usize, slot: u32) -> Result<(), ActorError> {
+        let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
+        self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot } })
     }
 
     /// An acc actor that drains mid-group emits the partial sum rather than losing it.
@@ -207,7 +257,7 @@ impl Actor {
             let dst = self.outputs[0].consumers[c].id;
             self.send(env, dst, Body::Ready { regst, piece, data: regst })?;
         }
-        self.outputs[0].complete(slot);
+        self.outputs[0].complete(slot, &mut self.full_outputs);
         Ok(())
     }
 }

@@ -3,11 +3,16 @@
 //! once drained; linger as a zombie until every slot is back.
 
 mod fire;
+mod scratch;
 
 use crate::regst::{Consumer, InputState, OutputState, ReadyRegst};
 use crate::{ActorEnv, ActorError, ActorId, Body, Cmd, EnvError, Message, PlanIds, RegstRef};
-use regflow_plan::{ActorIndex, ActorKind, PlanIndex, SourcePieces};
+use regflow_plan::{ActorIndex, ActorKind, PlanIndex, RegstDescId, SourcePieces};
+use scratch::Scratch;
 use std::collections::VecDeque;
+
+/// Inputs or outputs a firing lists without a heap buffer of its own.
+const SCRATCH_INLINE: usize = 4;
 
 /// Where an actor is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +75,17 @@ pub struct Actor {
     /// Inputs (not loop-carried) whose producer sent `Eord`: until one has, the actor
     /// cannot be drained.
     ended_inputs: usize,
-    scratch_inputs: Vec<RegstRef>,
-    scratch_outputs: Vec<RegstRef>,
+    /// Inputs with no ready slot: the actor's inputs are all ready when this is 0.
+    unready_inputs: u32,
+    /// Outputs with no free slot: every output has a free slot when this is 0.
+    full_outputs: u32,
+    /// Whether the actor ends when its inputs end (every kind but a source, unless all
+    /// its inputs close loops): then it cannot be drained while `ended_inputs` is 0.
+    ends_by_inputs: bool,
+    scratch_inputs: Scratch<RegstRef, SCRATCH_INLINE>,
+    /// The slot of each input the current firing read.
+    scratch_slots: Scratch<u32, SCRATCH_INLINE>,
+    scratch_outputs: Scratch<RegstRef, SCRATCH_INLINE>,
     pub(crate) fires: u64,
 }
 
@@ -129,12 +143,20 @@ impl Actor {
         let max_pending: usize = inputs.iter().map(|i| i.register_num as usize).sum::<usize>()
             + outputs.iter().map(|o| o.register_num as usize).sum::<usize>()
             + 1;
+        let placeholder = RegstRef { desc: RegstDescId(0), slot: 0 };
+        let full_outputs = outputs.iter().filter(|o| !o.has_free()).count() as u32;
+        let ends_by_inputs =
+            !matches!(kind, KindState::Source { .. }) && !inputs.iter().all(|i: &InputState| i.loop_carried);
         Self {
             id,
             name: desc.name.clone(),
             kind,
-            scratch_inputs: Vec::with_capacity(inputs.len()),
-            scratch_outputs: Vec::with_capacity(outputs.len()),
+            ends_by_inputs,
+            unready_inputs: inputs.len() as u32,
+            full_outputs,
+            scratch_inputs: Scratch::with_capacity(inputs.len(), placeholder),
+            scratch_slots: Scratch::with_capacity(inputs.len(), 0),
+            scratch_outputs: Scratch::with_capacity(outputs.len(), placeholder),
             inputs,
             outputs,
             pending: VecDeque::with_capacity(max_pending),
@@ -291,7 +313,7 @@ impl Actor {
             return Err(self.unexpected(detail));
         }
         input.next_piece += 1;
-        input.ready.push_back(ReadyRegst { slot: regst.slot, piece, data });
+        input.push_ready(ReadyRegst { slot: regst.slot, piece, data }, &mut self.unready_inputs);
         input.note_held();
         Ok(())
     }
@@ -300,7 +322,7 @@ impl Actor {
         let Some(output) = self.outputs.iter_mut().find(|o| o.desc == regst.desc) else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
-        let freed = output.ack(regst.slot, src).map_err(|detail| ActorError::Unexpected {
+        let freed = output.ack(regst.slot, src, &mut self.full_outputs).map_err(|detail| ActorError::Unexpected {
             name: self.name.clone(),
             id: self.id,
             detail,
@@ -327,9 +349,23 @@ impl Actor {
         Ok(())
     }
 
+    /// Whether the actor can fire now: O(1), from the readiness counters.
+    #[inline]
     fn can_fire(&self) -> bool {
-        let outputs_free = || self.outputs.iter().all(OutputState::has_free);
-        let inputs_ready = || self.inputs.iter().all(|i| !i.ready.is_empty());
+        debug_assert_eq!(
+            self.unready_inputs as usize,
+            self.inputs.iter().filter(|i| i.ready.is_empty()).count(),
+            "unready input count of {}",
+            self.name
+        );
+        debug_assert_eq!(
+            self.full_outputs as usize,
+            self.outputs.iter().filter(|o| !o.has_free()).count(),
+            "full output count of {}",
+            self.name
+        );
+        let outputs_free = || self.full_outputs == 0;
+        let inputs_ready = || self.unready_inputs == 0;
         match &self.kind {
             KindState::Source { limit, available, produced, .. } => {
                 let has_piece = match limit {
@@ -356,7 +392,10 @@ impl Actor {
             while self.can_fire() {
                 self.fire(env)?;
             }
-            if self.pending.is_empty() && self.drained()? {
+            // Checked after every message: an actor none of whose inputs ended yet (the
+            // common case) is not drained, without a call.
+            let may_be_drained = !(self.ends_by_inputs && self.ended_inputs == 0);
+            if self.pending.is_empty() && may_be_drained && self.drained()? {
                 self.flush_partial_group(env)?;
                 for o in 0..self.outputs.len() {
                     for c in 0..self.outputs[o].consumers.len() {
@@ -384,7 +423,7 @@ impl Actor {
             if !self.inputs[i].loop_carried {
                 continue;
             }
-            while let Some(regst) = self.inputs[i].ready.pop_front() {
+            while let Some(regst) = self.inputs[i].pop_ready(&mut self.unready_inputs) {
                 let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
                 self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot: regst.slot } })?;
             }
@@ -398,7 +437,9 @@ impl Actor {
         for o in 0..self.outputs.len() {
             for _ in 0..self.outputs[o].preloaded {
                 let output = &mut self.outputs[o];
-                let Some(slot) = output.take(false) else { unreachable!("validation keeps preloaded <= register_num") };
+                let Some(slot) = output.take(false, &mut self.full_outputs) else {
+                    unreachable!("validation keeps preloaded <= register_num")
+                };
                 output.lend(slot);
                 let piece = output.next_piece;
                 output.next_piece += 1;
