@@ -14,7 +14,13 @@ fn random(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
 }
 
 /// `a · op(b)` for `a: [m, k]` and `b: [k, n]` (or `[n, k]` read transposed), by the kernel.
-fn kernel_product(a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize), transpose_b: bool, threads: usize) -> Vec<f64> {
+fn kernel_product(
+    a: &[f32],
+    b: &[f32],
+    (m, k, n): (usize, usize, usize),
+    transpose_b: bool,
+    threads: usize,
+) -> Vec<f64> {
     let a = HostArray::f32([m, k], a.to_vec()).unwrap();
     let b = HostArray::f32(if transpose_b { [n, k] } else { [k, n] }, b.to_vec()).unwrap();
     let mut out = HostArray::zeros(&TensorMeta::new([m, n], DType::F32));
@@ -36,7 +42,11 @@ fn assert_close(got: &[f64], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usi
             }
             let tolerance = (k as f64 + 2.0) * f32::EPSILON as f64 * magnitude + f32::MIN_POSITIVE as f64;
             let error = (got[i * n + j] - exact).abs();
-            assert!(error <= tolerance, "{what}: [{i}, {j}] of {m}x{k}x{n} is {} (exact {exact}, off by {error} > {tolerance})", got[i * n + j]);
+            assert!(
+                error <= tolerance,
+                "{what}: [{i}, {j}] of {m}x{k}x{n} is {} (exact {exact}, off by {error} > {tolerance})",
+                got[i * n + j]
+            );
         }
     }
 }
