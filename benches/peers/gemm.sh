@@ -21,9 +21,10 @@ best() { sed -n "s/.* $1 threads $2: best \([0-9.]*\) GFLOP\/s.*/\1/p"; }
 per_cpu() { sed -n "s/.* $1 threads $2: .* \([0-9.]*\) GFLOP per cpu-second.*/\1/p"; }
 for threads in 1 2; do
   cpus=$([ "$threads" = 1 ] && echo 0 || echo 0,1)
-  ours=$(taskset -c "$cpus" ./target/release/examples/bench_gemm "$runs" "$threads" | tee /dev/stderr)
+  ours=$(taskset -c "$cpus" ./target/release/examples/bench_gemm "$runs" "$threads")
   theirs=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
-    taskset -c "$cpus" "$venv/bin/python" benches/peers/gemm_peers.py "$threads" "$runs" | tee /dev/stderr)
+    taskset -c "$cpus" "$venv/bin/python" benches/peers/gemm_peers.py "$threads" "$runs")
+  printf '%s\n%s\n' "$ours" "$theirs"
   for shape in 256x784x1024 256x1024x1024 1024x1024x1024; do
     o=$(best "$shape" "$threads" <<<"$ours")
     t=$(best "$shape" "$threads" <<<"$theirs")
