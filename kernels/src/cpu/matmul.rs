@@ -199,6 +199,8 @@ pub fn gemm_typed<T: Real>(
             out.len()
         ));
     }
+    // Applies REGFLOW_CPU_ISA before the first product (later calls: one atomic load).
+    super::isa::from_environment()?;
     out.fill(T::zero());
     if m == 0 || n == 0 || k == 0 {
         return Ok(());

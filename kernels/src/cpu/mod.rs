@@ -6,7 +6,8 @@
 //! A firing allocates nothing: per-axis scratch lives on the stack ([`axes`], up to rank
 //! [`axes::INLINE_RANK`]), and the matrix products' packing buffers are reused per thread
 //! (the workspace patches gemm-common for that; with `cpu_threads > 1` rayon still
-//! allocates).
+//! allocates). The products run at the widest instruction set the processor has, unless
+//! [`isa`] caps it.
 
 use crate::builtin::AccumulateMean;
 
@@ -64,6 +65,7 @@ pub mod cross_entropy;
 pub mod dropout;
 pub mod embedding;
 pub mod fill;
+pub mod isa;
 pub mod layer_norm;
 pub mod matmul;
 pub mod optim;

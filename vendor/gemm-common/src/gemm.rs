@@ -1019,11 +1019,12 @@ macro_rules! gemm_def {
         fn init_gemm_fn() -> GemmTy {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             {
-                #[cfg(feature = "nightly")]
-                if $crate::feature_detected!("avx512f") {
+                // regflow patch: `isa::allows` (the cap of `isa::force_simd_level`).
+                #[cfg(feature = "x86-v4")]
+                if $crate::isa::allows($crate::isa::SimdLevel::V4) && $crate::feature_detected!("avx512f") {
                     return avx512f::gemm_basic;
                 }
-                if $crate::feature_detected!("fma") {
+                if $crate::isa::allows($crate::isa::SimdLevel::V3) && $crate::feature_detected!("fma") {
                     fma::gemm_basic
                 } else {
                     scalar::gemm_basic
@@ -1075,6 +1076,10 @@ macro_rules! gemm_def {
 
         #[inline(always)]
         pub fn get_gemm_fn() -> GemmTy {
+            // regflow patch: under a cap, decide again (see `isa`).
+            if $crate::isa::forced_simd_level().is_some() {
+                return init_gemm_fn();
+            }
             let mut gemm_fn = GEMM_PTR.load(::core::sync::atomic::Ordering::Relaxed);
             if gemm_fn.is_null() {
                 gemm_fn = init_gemm_ptr() as *mut ();
@@ -1086,7 +1091,7 @@ macro_rules! gemm_def {
 
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         $crate::__inject_mod!(fma, $ty, 4 * $multiplier, V3, false);
-        #[cfg(all(feature = "nightly", any(target_arch = "x86", target_arch = "x86_64")))]
+        #[cfg(all(feature = "x86-v4", any(target_arch = "x86", target_arch = "x86_64")))]
         $crate::__inject_mod!(avx512f, $ty, 8 * $multiplier, V4, false);
 
         #[cfg(target_arch = "aarch64")]
@@ -1128,7 +1133,7 @@ macro_rules! gemm_cplx_def {
         fn init_gemm_cplx_fn() -> GemmCplxTy {
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             {
-                #[cfg(feature = "nightly")]
+                #[cfg(feature = "x86-v4")]
                 if $crate::feature_detected!("avx512f") {
                     return avx512f_cplx::gemm_basic_cplx;
                 }
@@ -1174,7 +1179,7 @@ macro_rules! gemm_cplx_def {
 
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         $crate::__inject_mod_cplx!(fma, $ty, 2 * $multiplier, V3);
-        #[cfg(all(feature = "nightly", any(target_arch = "x86", target_arch = "x86_64")))]
+        #[cfg(all(feature = "x86-v4", any(target_arch = "x86", target_arch = "x86_64")))]
         $crate::__inject_mod_cplx!(avx512f, $ty, 4 * $multiplier, V4);
     };
 }

@@ -1,8 +1,3 @@
-#![cfg_attr(
-    all(feature = "nightly", any(target_arch = "x86", target_arch = "x86_64")),
-    feature(stdarch_x86_avx512),
-    feature(avx512_target_feature)
-)]
 #![cfg_attr(not(feature = "std"), no_std)]
 
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -37,6 +32,7 @@ pub mod microkernel;
 
 pub mod pack_operands;
 mod reuse;
+pub mod isa;
 pub mod simd;
 
 pub use pulp;

@@ -1,4 +1,4 @@
-//! regflow patch (not in upstream gemm-common 0.18.2): the two buffers
+//! regflow patch (not in upstream gemm-common 0.19.0): the two buffers
 //! `gemm::gemm_basic_generic` allocated on every call — the packed-operand buffer and the
 //! "left-hand block packed" flags — are taken from a per-thread pool and given back after
 //! the call, so a thread that keeps multiplying matrices of sizes it has seen allocates

@@ -1,0 +1,148 @@
+//! Benchmark: the CPU matrix product kernel (`matmul`, f32) on the MLP's shapes and a square
+//! one, at 1 and 2 threads. Prints GFLOP/s (best and median of several runs), the
+//! instruction set gemm dispatched to, and the share of the processor's peak;
+//! `benches/peers/gemm.sh` runs it beside numpy's BLAS.
+//!
+//! ```text
+//! cargo run --release --example bench_gemm -- [runs] [max threads]
+//! REGFLOW_CPU_ISA=avx2 cargo run --release --example bench_gemm   # force a narrower ISA
+//! ```
+
+use regflow::kernels::cpu::isa::{isa_in_use, Isa};
+use regflow::kernels::{HostCompute, HostContext};
+use regflow::plan::ops::MatMul;
+use regflow::plan::{DType, HostArray, SplitMix64, TensorMeta};
+use std::time::Instant;
+
+/// `m x k x n`: `[m, k] · [k, n]`. The first two are the MLP's first layers at batch 256.
+const SHAPES: [(usize, usize, usize); 3] = [(256, 784, 1024), (256, 1024, 1024), (1024, 1024, 1024)];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let runs: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(9);
+    let max_threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(2);
+    let isa = isa_in_use()?;
+    let cpu = Processor::read();
+    let per_core = cpu.peak_gflops_per_core(isa);
+    println!(
+        "cpu: {} ({} logical cpus, {:.0} MHz), load average {}",
+        cpu.model,
+        cpu.logical_cpus,
+        cpu.mhz,
+        load_average()
+    );
+    println!("isa: {isa} ({} f32 lanes)", isa.f32_lanes());
+    println!(
+        "peak: {per_core:.1} GFLOP/s per core = {} FMA units x {} f32 lanes x 2 x {:.0} MHz ({})",
+        cpu.fma_units(isa),
+        isa.f32_lanes(),
+        cpu.mhz,
+        cpu.fma_assumption(isa)
+    );
+    for &(m, k, n) in &SHAPES {
+        let mut rng = SplitMix64::new(7);
+        let mut values = |len: usize| (0..len).map(|_| rng.next_f64() as f32 - 0.5).collect::<Vec<f32>>();
+        let a = HostArray::f32([m, k], values(m * k))?;
+        let b = HostArray::f32([k, n], values(k * n))?;
+        let mut out = HostArray::zeros(&TensorMeta::new([m, n], DType::F32));
+        for threads in 1..=max_threads {
+            let context = HostContext { threads };
+            let mut multiply = || MatMul::default().compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
+            for _ in 0..2 {
+                multiply()?;
+            }
+            let mut rates = Vec::with_capacity(runs);
+            let (cpu_start, wall_start) = (process_cpu_seconds(), Instant::now());
+            for _ in 0..runs {
+                let start = Instant::now();
+                multiply()?;
+                rates.push(2.0 * (m * k * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
+            }
+            // Below `threads` when other processes took the cores (or a thread idled); the
+            // GFLOP per CPU-second is what the threads did with the time they got.
+            let cpu_seconds = process_cpu_seconds() - cpu_start;
+            let busy = cpu_seconds / wall_start.elapsed().as_secs_f64();
+            let per_cpu_second = 2.0 * (m * k * n * runs) as f64 / cpu_seconds / 1e9;
+            rates.sort_by(f64::total_cmp);
+            let (best, median) = (rates[runs - 1], rates[runs / 2]);
+            println!(
+                "regflow f32 {m}x{k}x{n} threads {threads}: best {best:.1} GFLOP/s, median {median:.1} GFLOP/s, {:.0}% of peak, {busy:.2} cpus busy, {per_cpu_second:.1} GFLOP per cpu-second",
+                100.0 * best / (per_core * threads as f64)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What `/proc/cpuinfo` says about the first processor.
+#[derive(Debug)]
+struct Processor {
+    model: String,
+    vendor: String,
+    family: u32,
+    mhz: f64,
+    logical_cpus: usize,
+}
+
+impl Processor {
+    fn read() -> Processor {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            info.lines()
+                .find(|line| line.split(':').next().is_some_and(|key| key.trim() == name))
+                .and_then(|line| line.split_once(':'))
+                .map(|(_, value)| value.trim().to_string())
+                .unwrap_or_default()
+        };
+        Processor {
+            model: field("model name"),
+            vendor: field("vendor_id"),
+            family: field("cpu family").parse().unwrap_or(0),
+            mhz: field("cpu MHz").parse().unwrap_or(0.0),
+            logical_cpus: info.lines().filter(|line| line.starts_with("processor")).count(),
+        }
+    }
+
+    /// FMA instructions of `isa`'s width one core retires per cycle (an assumption).
+    fn fma_units(&self, isa: Isa) -> usize {
+        match isa {
+            Isa::Scalar => 2,
+            // Zen 4 splits a 512-bit FMA over its two 256-bit units.
+            Isa::Avx512 if self.is_amd() && self.family == 25 => 1,
+            Isa::Avx2 | Isa::Avx512 => 2,
+        }
+    }
+
+    fn fma_assumption(&self, isa: Isa) -> &'static str {
+        match isa {
+            Isa::Avx512 if self.is_amd() && self.family == 25 => {
+                "assumed: Zen 4, two 256-bit FMA units, one 512-bit FMA per cycle"
+            }
+            Isa::Avx512 => "assumed: two 512-bit FMA units, as Skylake-SP Gold/Platinum and later Xeons, Zen 5",
+            _ => "assumed: two FMA units, as Zen 2-4 and Intel since Haswell",
+        }
+    }
+
+    fn is_amd(&self) -> bool {
+        self.vendor.contains("AMD")
+    }
+
+    fn peak_gflops_per_core(&self, isa: Isa) -> f64 {
+        (self.fma_units(isa) * isa.f32_lanes() * 2) as f64 * self.mhz / 1e3
+    }
+}
+
+/// CPU time this process has used, all its threads together.
+fn process_cpu_seconds() -> f64 {
+    let mut time = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `time` is a valid timespec for the call to fill.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut time) };
+    if status != 0 {
+        return f64::NAN;
+    }
+    time.tv_sec as f64 + time.tv_nsec as f64 * 1e-9
+}
+
+fn load_average() -> String {
+    let loads = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    loads.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
