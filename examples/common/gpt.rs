@@ -118,11 +118,13 @@ impl<'g> Block<'g> {
         let q = split_heads(self.query.forward(&h)?)?;
         let k = split_heads(self.key.forward(&h)?)?;
         let v = split_heads(self.value.forward(&h)?)?;
-        let scores = q.matmul_transposed(&k, false, true)?.mul_scalar(1.0 / (c.head_dim() as f64).sqrt())?.add(mask)?;
-        let attended = scores.softmax(-1)?.matmul(&v)?;
+        // softmax(q·kᵀ/√d + mask) in one kernel, forward and backward.
+        let scores = q.matmul_transposed(&k, false, true)?;
+        let attended = scores.masked_softmax(mask, 1.0 / (c.head_dim() as f64).sqrt())?.matmul(&v)?;
         let merged = attended.permute(&[0, 2, 1, 3])?.reshape(&[b * t, c.d_model as isize])?;
         let x = x.add(&self.attn_out.forward(&merged)?)?;
-        let hidden = self.mlp_in.forward(&self.ln2.forward(&x)?)?.gelu()?;
+        // gelu(h·w1 + b1): the bias add and the activation in one kernel.
+        let hidden = self.ln2.forward(&x)?.matmul(&self.mlp_in.weight)?.bias_gelu(&self.mlp_in.bias)?;
         x.add(&self.mlp_out.forward(&hidden)?)
     }
 }

@@ -2,7 +2,8 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real};
+use crate::cpu::fast_math::FastMath;
+use regflow_plan::{HostTensor, HostTensorMut};
 
 impl HostCompute for SparseCrossEntropy {
     fn compute(
@@ -43,7 +44,7 @@ impl HostCompute for PartCrossEntropy {
 }
 
 /// `batch` as for [`forward_typed`].
-fn backward_typed<T: Real>(
+fn backward_typed<T: FastMath>(
     batch: Option<usize>,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
@@ -60,7 +61,7 @@ fn backward_typed<T: Real>(
         let (max, log_sum) = log_sum_exp(row);
         let dx_row = &mut dx[n * classes..(n + 1) * classes];
         for (d, &v) in dx_row.iter_mut().zip(row) {
-            *d = (v - max - log_sum).exp() * scale;
+            *d = (v - max - log_sum).fast_exp() * scale;
         }
         dx_row[c] = dx_row[c] - scale;
     }
@@ -69,7 +70,7 @@ fn backward_typed<T: Real>(
 
 /// `batch`: the rows the mean is over (`None`: the rows given; a device holding some of the
 /// rows divides by all of them, so that the devices' results sum to the mean).
-fn forward_typed<T: Real>(
+fn forward_typed<T: FastMath>(
     batch: Option<usize>,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
@@ -99,9 +100,9 @@ fn class(labels: &[i64], n: usize, classes: usize) -> Result<usize, String> {
 }
 
 /// `(max, ln Σ e^(x - max))` of one row.
-fn log_sum_exp<T: Real>(row: &[T]) -> (T, T) {
+fn log_sum_exp<T: FastMath>(row: &[T]) -> (T, T) {
     let Some(&first) = row.first() else { return (T::zero(), T::zero()) };
     let max = row.iter().fold(first, |m, &v| m.max(v));
-    let sum: T = row.iter().map(|&v| (v - max).exp()).sum();
+    let sum: T = row.iter().map(|&v| (v - max).fast_exp()).sum();
     (max, sum.ln())
 }

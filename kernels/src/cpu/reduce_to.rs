@@ -53,6 +53,15 @@ fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) ->
     o.fill(T::zero());
     // Walk the input; the output is the operand read "broadcast" to the input's shape.
     let dims = input.shape.dims();
-    crate::cpu::binary::for_each_broadcast(dims, dims, shape.dims(), |i, _, io| o[io] += x[i]);
+    crate::cpu::binary::for_each_broadcast_run(dims, dims, shape.dims(), |run| {
+        let xs = &x[run.out..run.out + run.len];
+        if run.b_step == 0 {
+            o[run.b] += xs.iter().copied().sum::<T>();
+        } else {
+            for (k, &v) in xs.iter().enumerate() {
+                o[run.b + k * run.b_step] += v;
+            }
+        }
+    });
     Ok(())
 }

@@ -1,0 +1,126 @@
+//! Vectorizable `exp` and `tanh` for the kernels whose time goes to them (softmax,
+//! cross-entropy, GELU): branch-free polynomial forms for f32, within a few ulp of the
+//! standard library's; f64 keeps the standard library's, so f64 gradient checks see the
+//! exact functions.
+
+use regflow_plan::Real;
+
+/// `exp` and `tanh` as fast, vectorizable approximations where the type has one.
+pub trait FastMath: Real {
+    /// e^x (0 below the smallest normal result).
+    fn fast_exp(self) -> Self;
+    /// Hyperbolic tangent.
+    fn fast_tanh(self) -> Self;
+}
+
+impl FastMath for f64 {
+    #[inline(always)]
+    fn fast_exp(self) -> f64 {
+        self.exp()
+    }
+
+    #[inline(always)]
+    fn fast_tanh(self) -> f64 {
+        self.tanh()
+    }
+}
+
+impl FastMath for f32 {
+    #[inline(always)]
+    fn fast_exp(self) -> f32 {
+        exp_f32(self)
+    }
+
+    #[inline(always)]
+    fn fast_tanh(self) -> f32 {
+        tanh_f32(self)
+    }
+}
+
+/// e^x as `2^n · e^r` with `n = round(x / ln 2)` and a degree-6 polynomial for `e^r`
+/// (Cephes' `expf`); 0 below `ln` of the smallest normal f32, +∞ above `ln(f32::MAX)`, and
+/// e^88 between 88 and `ln(f32::MAX)` (the kernels using it exponentiate `x - max <= 0`).
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 in two parts, so that `n · ln 2` is exact in the high part.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
+    const ROUND: f32 = 12_582_912.0;
+    const MIN: f32 = -87.336_55;
+    const MAX: f32 = 88.722_83;
+    let clamped = x.clamp(MIN, 88.0);
+    let n = (clamped * LOG2E + ROUND) - ROUND;
+    let r = clamped - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_2e-4;
+    p = p * r + 1.398_2e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_65;
+    p = p * r + 0.5;
+    p = p * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let y = p * scale;
+    if x < MIN {
+        0.0
+    } else if x > MAX {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// tanh(x) as the rational function of degree 13 / 6 that Eigen (and so XLA) uses for
+/// f32, clamped where tanh rounds to ±1, and `x` itself near 0.
+#[inline(always)]
+pub fn tanh_f32(x: f32) -> f32 {
+    const CLAMP: f32 = 7.905_311;
+    let x_clamped = x.clamp(-CLAMP, CLAMP);
+    let x2 = x_clamped * x_clamped;
+    let mut p = -2.760_768_5e-16;
+    p = p * x2 + 2.000_188e-13;
+    p = p * x2 - 8.604_672e-11;
+    p = p * x2 + 5.122_297e-8;
+    p = p * x2 + 1.485_722_4e-5;
+    p = p * x2 + 6.372_619_3e-4;
+    p = p * x2 + 4.893_524_6e-3;
+    let mut q = 1.198_258_4e-6;
+    q = q * x2 + 1.185_347_1e-4;
+    q = q * x2 + 2.268_434_6e-3;
+    q = q * x2 + 4.893_525e-3;
+    let y = x_clamped * p / q;
+    if x.abs() < 4e-4 {
+        x
+    } else {
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid() -> impl Iterator<Item = f32> {
+        (-200_000..=200_000).map(|i| i as f32 * 1e-4)
+    }
+
+    #[test]
+    fn exp_f32_is_within_two_ulp_of_std_over_the_normal_range() {
+        for x in grid().map(|x| x * 4.0).chain([-87.0, -80.5, 88.0, 0.0]) {
+            let (fast, exact) = (exp_f32(x), (x as f64).exp());
+            assert!(((fast as f64 - exact) / exact).abs() < 2.5e-7, "exp({x}) = {fast}, expected {exact}");
+        }
+        assert_eq!(exp_f32(-1e9), 0.0);
+        assert_eq!(exp_f32(-100.0), 0.0);
+        assert_eq!(exp_f32(1e9), f32::INFINITY);
+    }
+
+    #[test]
+    fn tanh_f32_is_within_a_few_ulp_of_std() {
+        for x in grid().chain([-1e9, 1e9, 1e-6, -3e-4]) {
+            let (fast, exact) = (tanh_f32(x), (x as f64).tanh());
+            assert!((fast as f64 - exact).abs() < 1e-6 * exact.abs().max(1e-3), "tanh({x}) = {fast}, expected {exact}");
+        }
+    }
+}
