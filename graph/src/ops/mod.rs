@@ -28,6 +28,7 @@ mod embedding;
 mod fused;
 mod layer_norm;
 mod matmul;
+mod permuted_matmul;
 mod softmax;
 
 // Reductions and shape ops.
@@ -140,6 +141,7 @@ pub use embedding::{Embedding, EmbeddingGrad};
 pub use layer_norm::{LayerNorm, LayerNormGrad};
 pub use matmul::{MatMul, MatMulBatchSum};
 pub use permute::Permute;
+pub use permuted_matmul::PermutedMatMul;
 pub use reduce::{MaxMask, Reduce, ReduceKind};
 pub use reshape::Reshape;
 pub use slice::{Slice, SliceGrad};

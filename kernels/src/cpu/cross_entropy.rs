@@ -2,7 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use crate::cpu::fast_math::FastMath;
+use crate::cpu::fast_math::{self, FastMath};
 use regflow_plan::{HostTensor, HostTensorMut};
 
 impl HostCompute for SparseCrossEntropy {
@@ -102,7 +102,7 @@ fn class(labels: &[i64], n: usize, classes: usize) -> Result<usize, String> {
 /// `(max, ln Σ e^(x - max))` of one row.
 fn log_sum_exp<T: FastMath>(row: &[T]) -> (T, T) {
     let Some(&first) = row.first() else { return (T::zero(), T::zero()) };
-    let max = row.iter().fold(first, |m, &v| m.max(v));
-    let sum: T = row.iter().map(|&v| (v - max).fast_exp()).sum();
+    let max = fast_math::max(row).unwrap_or(first);
+    let sum = fast_math::lane_reduce(row.len(), |j| (row[j] - max).fast_exp());
     (max, sum.ln())
 }

@@ -51,7 +51,8 @@ pub fn exp_f32(x: f32) -> f32 {
     const MIN: f32 = -87.336_55;
     const MAX: f32 = 88.722_83;
     let clamped = x.clamp(MIN, 88.0);
-    let n = (clamped * LOG2E + ROUND) - ROUND;
+    let rounded = clamped * LOG2E + ROUND;
+    let n = rounded - ROUND;
     let r = clamped - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_2e-4;
     p = p * r + 1.398_2e-3;
@@ -60,7 +61,9 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     p = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // `n` as an integer is in the low bits of `rounded` (no float-to-int conversion, which
+    // would not vectorize): 2^n has exponent bits n + 127.
+    let scale = f32::from_bits(rounded.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     let y = p * scale;
     if x < MIN {
         0.0
@@ -95,6 +98,56 @@ pub fn tanh_f32(x: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// Independent accumulators of the reductions below: a float sum in one accumulator is a
+/// chain the compiler may not reorder (nor vectorize); eight chains are eight lanes.
+const LANES: usize = 8;
+
+/// `Σ f(i)` over `0..len`, in [`LANES`] interleaved partial sums.
+#[inline(always)]
+pub fn lane_reduce<T: Real>(len: usize, f: impl Fn(usize) -> T) -> T {
+    let mut partial = [T::zero(); LANES];
+    let full = len / LANES * LANES;
+    for base in (0..full).step_by(LANES) {
+        for (lane, acc) in partial.iter_mut().enumerate() {
+            *acc += f(base + lane);
+        }
+    }
+    let mut total = T::zero();
+    for i in full..len {
+        total += f(i);
+    }
+    partial.iter().fold(total, |acc, &p| acc + p)
+}
+
+/// `Σ x` in [`LANES`] partial sums (vectorizable).
+#[inline(always)]
+pub fn sum<T: Real>(xs: &[T]) -> T {
+    lane_reduce(xs.len(), |i| xs[i])
+}
+
+/// `Σ a·b` in [`LANES`] partial sums (vectorizable); `b` at least as long as `a`.
+#[inline(always)]
+pub fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let b = &b[..a.len()];
+    lane_reduce(a.len(), |i| a[i] * b[i])
+}
+
+/// The largest of `xs` (the first element if they are all NaN; `None` if empty), in
+/// [`LANES`] partial maxima.
+#[inline(always)]
+pub fn max<T: Real>(xs: &[T]) -> Option<T> {
+    let &first = xs.first()?;
+    let mut partial = [first; LANES];
+    let full = xs.len() / LANES * LANES;
+    for chunk in xs[..full].chunks_exact(LANES) {
+        for (acc, &v) in partial.iter_mut().zip(chunk) {
+            *acc = if v > *acc { v } else { *acc };
+        }
+    }
+    let tail = xs[full..].iter().fold(first, |m, &v| if v > m { v } else { m });
+    Some(partial.iter().fold(tail, |m, &v| if v > m { v } else { m }))
 }
 
 #[cfg(test)]

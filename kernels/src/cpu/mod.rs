@@ -70,6 +70,7 @@ pub mod layer_norm;
 pub mod matmul;
 pub mod optim;
 pub mod permute;
+pub mod permuted_matmul;
 pub mod reduce;
 pub mod reduce_to;
 pub mod reshape;
@@ -132,6 +133,7 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::LayerNormGrad>(r, "layer_norm_grad", device, FLOAT);
     add::<ops::MatMul>(r, device, FLOAT);
     add::<ops::MatMulBatchSum>(r, device, FLOAT);
+    add::<ops::PermutedMatMul>(r, device, FLOAT);
     add_as::<ops::Softmax>(r, "softmax", device, FLOAT);
     add_as::<ops::LogSoftmax>(r, "log_softmax", device, FLOAT);
     add_as::<ops::SoftmaxGrad>(r, "softmax_grad", device, FLOAT);

@@ -57,6 +57,10 @@ fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) ->
         let xs = &x[run.out..run.out + run.len];
         if run.b_step == 0 {
             o[run.b] += xs.iter().copied().sum::<T>();
+        } else if run.b_step == 1 {
+            for (acc, &v) in o[run.b..run.b + run.len].iter_mut().zip(xs) {
+                *acc += v;
+            }
         } else {
             for (k, &v) in xs.iter().enumerate() {
                 o[run.b + k * run.b_step] += v;

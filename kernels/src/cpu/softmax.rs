@@ -3,7 +3,7 @@
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use crate::cpu::binary::for_each_broadcast_run;
-use crate::cpu::fast_math::FastMath;
+use crate::cpu::fast_math::{self, FastMath};
 use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
 impl HostCompute for Softmax {
@@ -133,14 +133,11 @@ fn forward_typed<T: FastMath>(
 /// Replaces a row of logits by their softmax: `e^(z - max) / Σ e^(z - max)`.
 #[inline]
 fn normalize_row<T: FastMath>(row: &mut [T]) {
-    let Some(&first) = row.first() else { return };
-    let max = row.iter().fold(first, |m, &v| m.max(v));
-    let mut sum = T::zero();
+    let Some(max) = fast_math::max(row) else { return };
     for v in row.iter_mut() {
         *v = (*v - max).fast_exp();
-        sum += *v;
     }
-    let inverse = T::one() / sum;
+    let inverse = T::one() / fast_math::sum(row);
     for v in row.iter_mut() {
         *v = *v * inverse;
     }
@@ -191,20 +188,24 @@ fn masked_forward<T: FastMath>(scale: f64, inputs: &[HostTensor<'_>], out: &mut 
     let dims = inputs[0].shape.dims();
     let y = out.as_mut_slice::<T>()?;
     let scale = T::from_f64(scale);
-    // Runs along the last axis are rows: the mask's row is contiguous or one value.
+    let len = dims.last().copied().unwrap_or(1).max(1);
+    // A run is one or more whole rows (all of them when the mask has the scores' shape);
+    // the mask's part of a row is contiguous or one value.
     for_each_broadcast_run(dims, dims, inputs[1].shape.dims(), |run| {
-        let (row, y_row) = (&x[run.out..run.out + run.len], &mut y[run.out..run.out + run.len]);
-        if run.b_step == 1 {
-            for ((o, &v), &m) in y_row.iter_mut().zip(row).zip(&mask[run.b..run.b + run.len]) {
-                *o = scale * v + m;
+        for start in (0..run.len).step_by(len) {
+            let (row, y_row) = (&x[run.out + start..][..len], &mut y[run.out + start..][..len]);
+            if run.b_step == 1 {
+                for ((o, &v), &m) in y_row.iter_mut().zip(row).zip(&mask[run.b + start..][..len]) {
+                    *o = scale * v + m;
+                }
+            } else {
+                let m = mask[run.b];
+                for (o, &v) in y_row.iter_mut().zip(row) {
+                    *o = scale * v + m;
+                }
             }
-        } else {
-            let m = mask[run.b];
-            for (o, &v) in y_row.iter_mut().zip(row) {
-                *o = scale * v + m;
-            }
+            normalize_row(y_row);
         }
-        normalize_row(y_row);
     });
     Ok(())
 }
@@ -226,7 +227,7 @@ fn masked_backward<T: Real>(scale: f64, inputs: &[HostTensor<'_>], out: &mut Hos
     let len = inputs[0].shape.dims().last().copied().unwrap_or(1).max(1);
     let scale = T::from_f64(scale);
     for ((y_row, dy_row), dx_row) in y.chunks_exact(len).zip(dy.chunks_exact(len)).zip(dx.chunks_exact_mut(len)) {
-        let dot: T = y_row.iter().zip(dy_row).map(|(&a, &b)| a * b).sum();
+        let dot = fast_math::dot(y_row, dy_row);
         for ((d, &a), &b) in dx_row.iter_mut().zip(y_row).zip(dy_row) {
             *d = scale * a * (b - dot);
         }

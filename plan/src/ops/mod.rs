@@ -140,6 +140,7 @@ op_types! {
     LayerNormGrad => "layer_norm_grad",
     MatMul => "matmul",
     MatMulBatchSum => "matmul_batch_sum",
+    PermutedMatMul => "permuted_matmul",
     Softmax => "softmax",
     LogSoftmax => "log_softmax",
     SoftmaxGrad => "softmax_grad",
