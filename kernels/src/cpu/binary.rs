@@ -1,6 +1,7 @@
 //! CPU kernels of `binary` ops.
 
 use crate::cpu::axes;
+use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
@@ -12,7 +13,9 @@ impl HostCompute for Binary {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, inputs, &mut outputs[0])),
+        )
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -32,6 +35,7 @@ impl HostCompute for Binary {
     }
 }
 
+#[inline(always)]
 fn compute_typed<T: Real>(
     kind: BinaryKind,
     inputs: &[HostTensor<'_>],
@@ -53,6 +57,7 @@ fn compute_typed<T: Real>(
 /// `o = op(a, b)` with `a` and `b` read broadcast to `o`'s dimensions (`dims`: output, `a`,
 /// `b`), in runs along the innermost dimension: plain slices where an operand is
 /// contiguous, a repeated value where it is broadcast.
+#[inline(always)]
 fn elementwise<T: Real>(
     (out, a_dims, b_dims): (&[usize], &[usize], &[usize]),
     a: &[T],
@@ -60,33 +65,40 @@ fn elementwise<T: Real>(
     o: &mut [T],
     op: impl Fn(T, T) -> T,
 ) {
-    for_each_broadcast_run(out, a_dims, b_dims, |run| {
-        let dst = &mut o[run.out..run.out + run.len];
-        match (run.a_step, run.b_step) {
-            (1, 1) => {
-                for ((d, &x), &y) in dst.iter_mut().zip(&a[run.a..run.a + run.len]).zip(&b[run.b..run.b + run.len]) {
-                    *d = op(x, y);
+    for_each_broadcast_run(
+        out,
+        a_dims,
+        b_dims,
+        #[inline(always)]
+        |run| {
+            let dst = &mut o[run.out..run.out + run.len];
+            match (run.a_step, run.b_step) {
+                (1, 1) => {
+                    for ((d, &x), &y) in dst.iter_mut().zip(&a[run.a..run.a + run.len]).zip(&b[run.b..run.b + run.len])
+                    {
+                        *d = op(x, y);
+                    }
+                }
+                (1, 0) => {
+                    let y = b[run.b];
+                    for (d, &x) in dst.iter_mut().zip(&a[run.a..run.a + run.len]) {
+                        *d = op(x, y);
+                    }
+                }
+                (0, 1) => {
+                    let x = a[run.a];
+                    for (d, &y) in dst.iter_mut().zip(&b[run.b..run.b + run.len]) {
+                        *d = op(x, y);
+                    }
+                }
+                (step_a, step_b) => {
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = op(a[run.a + k * step_a], b[run.b + k * step_b]);
+                    }
                 }
             }
-            (1, 0) => {
-                let y = b[run.b];
-                for (d, &x) in dst.iter_mut().zip(&a[run.a..run.a + run.len]) {
-                    *d = op(x, y);
-                }
-            }
-            (0, 1) => {
-                let x = a[run.a];
-                for (d, &y) in dst.iter_mut().zip(&b[run.b..run.b + run.len]) {
-                    *d = op(x, y);
-                }
-            }
-            (step_a, step_b) => {
-                for (k, d) in dst.iter_mut().enumerate() {
-                    *d = op(a[run.a + k * step_a], b[run.b + k * step_b]);
-                }
-            }
-        }
-    });
+        },
+    );
 }
 
 /// A run of output elements along the innermost dimension and where its operands are read:
@@ -122,6 +134,7 @@ pub fn for_each_broadcast(out: &[usize], a: &[usize], b: &[usize], mut f: impl F
 /// (one run for the whole output when both operands have its dimensions), where operands
 /// of dimensions `a` and `b` are read broadcast to `out`. Allocates nothing up to rank
 /// [`INLINE_RANK`](crate::cpu::axes::INLINE_RANK).
+#[inline(always)]
 pub fn for_each_broadcast_run(out: &[usize], a: &[usize], b: &[usize], mut f: impl FnMut(BroadcastRun)) {
     let n: usize = out.iter().product();
     if a == out && b == out {

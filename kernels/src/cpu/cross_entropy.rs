@@ -1,8 +1,8 @@
 //! CPU kernels of `cross_entropy` ops.
 
+use crate::cpu::fast_math::{self, FastMath};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use crate::cpu::fast_math::{self, FastMath};
 use regflow_plan::{HostTensor, HostTensorMut};
 
 impl HostCompute for SparseCrossEntropy {
@@ -12,7 +12,9 @@ impl HostCompute for SparseCrossEntropy {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, inputs, &mut outputs[0])),
+        )
     }
 }
 
@@ -23,7 +25,9 @@ impl HostCompute for SparseCrossEntropyGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, inputs, &mut outputs[0])),
+        )
     }
 }
 
@@ -35,15 +39,21 @@ impl HostCompute for PartCrossEntropy {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let batch = Some(self.batch);
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
-            backward_typed::<T>(batch, inputs, &mut outputs[0])
-        } else {
-            forward_typed::<T>(batch, inputs, &mut outputs[0])
-        })
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
+                    backward_typed::<T>(batch, inputs, &mut outputs[0])
+                } else {
+                    forward_typed::<T>(batch, inputs, &mut outputs[0])
+                })
+            },
+        )
     }
 }
 
 /// `batch` as for [`forward_typed`].
+#[inline(always)]
 fn backward_typed<T: FastMath>(
     batch: Option<usize>,
     inputs: &[HostTensor<'_>],
@@ -70,6 +80,7 @@ fn backward_typed<T: FastMath>(
 
 /// `batch`: the rows the mean is over (`None`: the rows given; a device holding some of the
 /// rows divides by all of them, so that the devices' results sum to the mean).
+#[inline(always)]
 fn forward_typed<T: FastMath>(
     batch: Option<usize>,
     inputs: &[HostTensor<'_>],
@@ -100,6 +111,7 @@ fn class(labels: &[i64], n: usize, classes: usize) -> Result<usize, String> {
 }
 
 /// `(max, ln Σ e^(x - max))` of one row.
+#[inline(always)]
 fn log_sum_exp<T: FastMath>(row: &[T]) -> (T, T) {
     let Some(&first) = row.first() else { return (T::zero(), T::zero()) };
     let max = fast_math::max(row).unwrap_or(first);

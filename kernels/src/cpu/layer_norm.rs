@@ -1,8 +1,8 @@
 //! CPU kernels of `layer_norm` ops.
 
+use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use crate::cpu::fast_math;
 use regflow_plan::{HostTensor, HostTensorMut, Real};
 
 impl HostCompute for LayerNorm {
@@ -12,7 +12,9 @@ impl HostCompute for LayerNorm {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => forward_typed::<T>(self.eps, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => forward_typed::<T>(self.eps, inputs, &mut outputs[0])),
+        )
     }
 }
 
@@ -23,10 +25,13 @@ impl HostCompute for LayerNormGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T>(self.eps, inputs, outputs))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T>(self.eps, inputs, outputs)),
+        )
     }
 }
 
+#[inline(always)]
 fn backward_typed<T: Real>(
     eps: f64,
     inputs: &[HostTensor<'_>],
@@ -64,6 +69,7 @@ fn backward_typed<T: Real>(
     Ok(())
 }
 
+#[inline(always)]
 fn forward_typed<T: Real>(eps: f64, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let (x, gamma, beta) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<T>()?);
     let y = out.as_mut_slice::<T>()?;
@@ -81,6 +87,7 @@ fn forward_typed<T: Real>(eps: f64, inputs: &[HostTensor<'_>], out: &mut HostTen
 }
 
 /// Mean and `1 / √(var + eps)` of one row.
+#[inline(always)]
 fn stats<T: Real>(row: &[T], eps: f64) -> (T, T) {
     let count = T::from_f64(row.len() as f64);
     let mean = fast_math::sum(row) / count;

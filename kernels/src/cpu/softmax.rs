@@ -1,9 +1,9 @@
 //! CPU kernels of `softmax` ops.
 
-use crate::host::{HostCompute, HostContext};
-use regflow_plan::ops::*;
 use crate::cpu::binary::for_each_broadcast_run;
 use crate::cpu::fast_math::{self, FastMath};
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
 impl HostCompute for Softmax {
@@ -131,7 +131,7 @@ fn forward_typed<T: FastMath>(
 }
 
 /// Replaces a row of logits by their softmax: `e^(z - max) / Σ e^(z - max)`.
-#[inline]
+#[inline(always)]
 fn normalize_row<T: FastMath>(row: &mut [T]) {
     let Some(max) = fast_math::max(row) else { return };
     for v in row.iter_mut() {
@@ -150,7 +150,9 @@ impl HostCompute for MaskedSoftmax {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_forward::<T>(self.scale, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_forward::<T>(self.scale, inputs, &mut outputs[0])),
+        )
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -183,7 +185,12 @@ pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
     Ok(())
 }
 
-fn masked_forward<T: FastMath>(scale: f64, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+#[inline(always)]
+fn masked_forward<T: FastMath>(
+    scale: f64,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
     let (x, mask) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
     let dims = inputs[0].shape.dims();
     let y = out.as_mut_slice::<T>()?;
@@ -191,22 +198,28 @@ fn masked_forward<T: FastMath>(scale: f64, inputs: &[HostTensor<'_>], out: &mut 
     let len = dims.last().copied().unwrap_or(1).max(1);
     // A run is one or more whole rows (all of them when the mask has the scores' shape);
     // the mask's part of a row is contiguous or one value.
-    for_each_broadcast_run(dims, dims, inputs[1].shape.dims(), |run| {
-        for start in (0..run.len).step_by(len) {
-            let (row, y_row) = (&x[run.out + start..][..len], &mut y[run.out + start..][..len]);
-            if run.b_step == 1 {
-                for ((o, &v), &m) in y_row.iter_mut().zip(row).zip(&mask[run.b + start..][..len]) {
-                    *o = scale * v + m;
+    for_each_broadcast_run(
+        dims,
+        dims,
+        inputs[1].shape.dims(),
+        #[inline(always)]
+        |run| {
+            for start in (0..run.len).step_by(len) {
+                let (row, y_row) = (&x[run.out + start..][..len], &mut y[run.out + start..][..len]);
+                if run.b_step == 1 {
+                    for ((o, &v), &m) in y_row.iter_mut().zip(row).zip(&mask[run.b + start..][..len]) {
+                        *o = scale * v + m;
+                    }
+                } else {
+                    let m = mask[run.b];
+                    for (o, &v) in y_row.iter_mut().zip(row) {
+                        *o = scale * v + m;
+                    }
                 }
-            } else {
-                let m = mask[run.b];
-                for (o, &v) in y_row.iter_mut().zip(row) {
-                    *o = scale * v + m;
-                }
+                normalize_row(y_row);
             }
-            normalize_row(y_row);
-        }
-    });
+        },
+    );
     Ok(())
 }
 
@@ -217,10 +230,13 @@ impl HostCompute for MaskedSoftmaxGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_backward::<T>(self.scale, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_backward::<T>(self.scale, inputs, &mut outputs[0])),
+        )
     }
 }
 
+#[inline(always)]
 fn masked_backward<T: Real>(scale: f64, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let (y, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
     let dx = out.as_mut_slice::<T>()?;

@@ -1,8 +1,8 @@
 //! CPU kernels of `unary` ops.
 
+use crate::cpu::fast_math::{self, FastMath};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use crate::cpu::fast_math::FastMath;
 use regflow_plan::{HostTensor, HostTensorMut, TensorMeta};
 
 impl HostCompute for Unary {
@@ -12,7 +12,9 @@ impl HostCompute for Unary {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer math is not supported", T => compute_typed::<T>(self.0, &inputs[0], &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer math is not supported", T => compute_typed::<T>(self.0, &inputs[0], &mut outputs[0])),
+        )
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -24,7 +26,12 @@ impl HostCompute for Unary {
     }
 }
 
-fn compute_typed<T: FastMath>(kind: UnaryKind, input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+#[inline(always)]
+fn compute_typed<T: FastMath>(
+    kind: UnaryKind,
+    input: &HostTensor<'_>,
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
     let x = input.as_slice::<T>()?;
     let out = out.as_mut_slice::<T>()?;
     // One tight loop per kind (the match outside), so the simple ones vectorize.
