@@ -106,7 +106,8 @@ impl HostCompute for PermutedMatMul {
     }
 }
 
-/// Computes every product of the batch into `out`, each one `gemm` call on strided views.
+/// Computes every product of the batch into `out`, each one `gemm` call on strided views;
+/// with `threads > 1` the batch is shared among the threads.
 fn permuted_gemm<T: Real>(
     layout: &PermutedLayout,
     threads: usize,
@@ -130,44 +131,93 @@ fn permuted_gemm<T: Real>(
         out.fill(T::zero());
         return Ok(());
     }
-    let rank = layout.a_strides.len();
+    let operands = Operands { a: a.as_ptr(), b: b.as_ptr(), out: out.as_mut_ptr() };
+    if threads > 1 && count > 1 {
+        // Many small products (attention's, one per sequence and head): each thread takes
+        // a share of the batch, one single-threaded product at a time, instead of every
+        // product being split over the threads.
+        let shares = threads.min(count);
+        rayon::scope(|scope| {
+            for share in 0..shares {
+                let batch = share * count / shares..(share + 1) * count / shares;
+                // SAFETY: as below; the shares write the outputs of disjoint batch elements.
+                scope.spawn(move |_| unsafe { gemm_batch::<T>(layout, batch, operands) });
+            }
+        });
+    } else {
+        // SAFETY: the lengths were checked above against the layout.
+        unsafe { gemm_batch::<T>(layout, 0..count, operands) };
+    }
+    Ok(())
+}
+
+/// The base pointers of a product's operands and output, shared by the threads that
+/// compute disjoint batch elements.
+#[derive(Debug, Clone, Copy)]
+struct Operands<T> {
+    a: *const T,
+    b: *const T,
+    out: *mut T,
+}
+
+// SAFETY: the pointers address tensors that outlive the scope the threads run in; the
+// threads only read `a` and `b` and write disjoint output elements.
+unsafe impl<T> Send for Operands<T> {}
+// SAFETY: as for `Send`: shared, the pointers are only copied out.
+unsafe impl<T> Sync for Operands<T> {}
+
+/// Computes the products of the batch elements `batch` (flat indices over the logical
+/// batch axes) one single-threaded `gemm` call each.
+///
+/// # Safety
+/// `operands` must address whole tensors of the lengths `layout` implies (checked by the
+/// caller), and no other thread may write the outputs of `batch` meanwhile.
+unsafe fn gemm_batch<T: Real>(layout: &PermutedLayout, batch: std::ops::Range<usize>, operands: Operands<T>) {
+    let PermutedLayout { m, k, n, .. } = *layout;
+    let axes = layout.batch.len();
     let stride = |strides: &AxisVec<usize>, axis: usize| strides[axis] as isize;
-    let mut index: AxisVec<usize> = smallvec::smallvec![0; rank - 2];
+    // The odometer's start: the first element's index and offsets.
+    let mut index: AxisVec<usize> = smallvec::smallvec![0; axes];
     let (mut a_offset, mut b_offset, mut out_offset) = (0usize, 0usize, 0usize);
-    for _ in 0..count {
+    let mut rest = batch.start;
+    for d in (0..axes).rev() {
+        index[d] = rest % layout.batch[d];
+        rest /= layout.batch[d];
+        a_offset += index[d] * layout.a_strides[d];
+        b_offset += index[d] * layout.b_strides[d];
+        out_offset += index[d] * layout.out_strides[d];
+    }
+    for _ in batch {
         // SAFETY: the offsets and strides address, for this batch element, the `m x k`,
-        // `k x n` and `m x n` elements of permutations of whole tensors whose lengths were
-        // checked above, so every read and write stays inside `a`, `b` and `out`; the
-        // output elements of distinct batch elements are distinct (a permutation is a
-        // bijection). `T` is f32 or f64, types `gemm` supports.
+        // `k x n` and `m x n` elements of permutations of whole tensors whose lengths the
+        // caller checked, so every read and write stays inside them; the output elements
+        // of distinct batch elements are distinct (a permutation is a bijection). `T` is
+        // f32 or f64, types `gemm` supports.
         unsafe {
             gemm::gemm(
                 m,
                 n,
                 k,
-                out.as_mut_ptr().add(out_offset),
-                stride(&layout.out_strides, rank - 1),
-                stride(&layout.out_strides, rank - 2),
+                operands.out.add(out_offset),
+                stride(&layout.out_strides, axes + 1),
+                stride(&layout.out_strides, axes),
                 false,
-                a.as_ptr().add(a_offset),
-                stride(&layout.a_strides, rank - 1),
-                stride(&layout.a_strides, rank - 2),
-                b.as_ptr().add(b_offset),
-                stride(&layout.b_strides, rank - 1),
-                stride(&layout.b_strides, rank - 2),
+                operands.a.add(a_offset),
+                stride(&layout.a_strides, axes + 1),
+                stride(&layout.a_strides, axes),
+                operands.b.add(b_offset),
+                stride(&layout.b_strides, axes + 1),
+                stride(&layout.b_strides, axes),
                 T::one(),
                 T::one(),
                 false,
                 false,
                 false,
-                match threads {
-                    0 | 1 => gemm::Parallelism::None,
-                    n => gemm::Parallelism::Rayon(n),
-                },
+                gemm::Parallelism::None,
             );
         }
         // The next batch element: an odometer over the logical batch axes.
-        for d in (0..rank - 2).rev() {
+        for d in (0..axes).rev() {
             index[d] += 1;
             a_offset += layout.a_strides[d];
             b_offset += layout.b_strides[d];
@@ -181,5 +231,4 @@ fn permuted_gemm<T: Real>(
             index[d] = 0;
         }
     }
-    Ok(())
 }
