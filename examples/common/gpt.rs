@@ -4,8 +4,16 @@
 //! `[T, T]` of 0 / -1e9 that broadcasts over batch and heads), a softmax and an output
 //! projection, and the MLP is `gelu(x·w1 + b1)·w2 + b2`; a final LayerNorm, then logits from
 //! the *tied* token embedding (`h · wteᵀ`).
+//!
+//! The step runs on fused kernels: the heads are read from `[B, T, H, d]` by strided
+//! products (`matmul_permuted`, no permute copies), the scaled, masked softmax is one op
+//! (`masked_softmax`) and so is the MLP's bias add and GELU (`bias_gelu`); the arithmetic is
+//! that of the unfused composition.
 
 use regflow::graph::{DType, Graph, GraphError, Init, Tensor};
+
+/// `[B, T, H, d]` read as `[B, H, T, d]` (and back: the order is its own inverse).
+const HEADS_FIRST: [usize; 4] = [0, 2, 1, 3];
 
 /// The model's sizes.
 #[derive(Debug, Clone, Copy)]
@@ -111,18 +119,23 @@ impl<'g> Block<'g> {
     fn forward(&self, x: Tensor<'g>, batch: usize, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
         let c = self.config;
         let (b, t) = (batch as isize, c.context as isize);
-        // [B·T, D] -> [B, H, T, d]: one attention problem per (sequence, head).
-        let split_heads =
-            |rows: Tensor<'g>| rows.reshape(&[b, t, c.heads as isize, c.head_dim() as isize])?.permute(&[0, 2, 1, 3]);
+        // [B·T, D] -> [B, T, H, d], read as [B, H, T, d] by the products below (through
+        // strides, no permute copies): one attention problem per (sequence, head).
+        let split_heads = |rows: Tensor<'g>| rows.reshape(&[b, t, c.heads as isize, c.head_dim() as isize]);
         let h = self.ln1.forward(&x)?;
         let q = split_heads(self.query.forward(&h)?)?;
         let k = split_heads(self.key.forward(&h)?)?;
         let v = split_heads(self.value.forward(&h)?)?;
-        let scores = q.matmul_transposed(&k, false, true)?.mul_scalar(1.0 / (c.head_dim() as f64).sqrt())?.add(mask)?;
-        let attended = scores.softmax(-1)?.matmul(&v)?;
-        let merged = attended.permute(&[0, 2, 1, 3])?.reshape(&[b * t, c.d_model as isize])?;
+        // q·kᵀ: [B, H, T, d] x [B, H, d, T] -> [B, H, T, T].
+        let scores = q.matmul_permuted(&k, &HEADS_FIRST, &[0, 2, 3, 1], &[0, 1, 2, 3])?;
+        // softmax(q·kᵀ/√d + mask) in one kernel, forward and backward.
+        let weights = scores.masked_softmax(mask, 1.0 / (c.head_dim() as f64).sqrt())?;
+        // weights·v: [B, H, T, T] x [B, H, T, d] -> [B, H, T, d], stored [B, T, H, d].
+        let attended = weights.matmul_permuted(&v, &[0, 1, 2, 3], &HEADS_FIRST, &HEADS_FIRST)?;
+        let merged = attended.reshape(&[b * t, c.d_model as isize])?;
         let x = x.add(&self.attn_out.forward(&merged)?)?;
-        let hidden = self.mlp_in.forward(&self.ln2.forward(&x)?)?.gelu()?;
+        // gelu(h·w1 + b1): the bias add and the activation in one kernel.
+        let hidden = self.ln2.forward(&x)?.matmul(&self.mlp_in.weight)?.bias_gelu(&self.mlp_in.bias)?;
         x.add(&self.mlp_out.forward(&hidden)?)
     }
 }

@@ -330,6 +330,44 @@ fn softmaxes_split_every_axis_but_the_normalized_one() {
 }
 
 #[test]
+fn masked_softmax_splits_scores_with_the_mask_where_it_has_the_axis() {
+    // A causal mask broadcast over batch and heads, and a mask with a broadcast column.
+    for (shape, mask) in [(vec![2, 3, 4, 4], vec![4, 4]), (vec![5, 3], vec![5, 1])] {
+        let (x, mask) = (random(shape.clone(), 15), random(mask, 16));
+        let signatures = check_signatures(&MaskedSoftmax { scale: 0.5 }, &[x.clone(), mask.clone()]);
+        assert_eq!(signatures.len(), shape.len() - 1);
+        let y = run(&MaskedSoftmax { scale: 0.5 }, &[x, mask]).unwrap().remove(0);
+        let signatures = check_signatures(&MaskedSoftmaxGrad { scale: 0.5 }, &[y, random(shape, 17)]);
+        assert!(has(&signatures, &[B, P], &[P]));
+    }
+    let x = random([2, 3, 4, 4], 18);
+    let signatures = check_signatures(&MaskedSoftmax { scale: 0.5 }, &[x, random([4, 4], 19)]);
+    assert!(has(&signatures, &[S(1), B], &[S(1)]) && has(&signatures, &[S(2), S(0)], &[S(2)]));
+}
+
+#[test]
+fn permuted_matmuls_split_batches_rows_columns_and_sums_where_the_tensors_store_them() {
+    let (q, k) = (random([2, 3, 2, 4], 23), random([2, 3, 2, 4], 24));
+    let scores = PermutedMatMul { a_axes: vec![0, 2, 1, 3], b_axes: vec![0, 2, 3, 1], out_axes: vec![0, 1, 2, 3] };
+    let signatures = check_signatures(&scores, &[q.clone(), k.clone()]);
+    // Heads: stored axis 2 of q and k, axis 1 of the scores; the inner `d` gives summands.
+    assert!(has(&signatures, &[S(2), S(2)], &[S(1)]) && has(&signatures, &[S(3), S(3)], &[P]));
+    let weights = random([2, 2, 3, 3], 25);
+    let values = PermutedMatMul { a_axes: vec![0, 1, 2, 3], b_axes: vec![0, 2, 1, 3], out_axes: vec![0, 2, 1, 3] };
+    let signatures = check_signatures(&values, &[weights, k]);
+    assert!(has(&signatures, &[S(1), S(2)], &[S(2)]) && has(&signatures, &[S(2), B], &[S(1)]));
+}
+
+#[test]
+fn bias_gelu_splits_anywhere_with_the_bias_split_along_the_last_axis() {
+    let (x, bias, dy) = (random([4, 6], 20), random([6], 21), random([4, 6], 22));
+    let signatures = check_signatures(&BiasGelu, &[x.clone(), bias.clone()]);
+    assert!(has(&signatures, &[S(0), B], &[S(0)]) && has(&signatures, &[S(1), S(0)], &[S(1)]));
+    let signatures = check_signatures(&BiasGeluGrad, &[x, bias, dy]);
+    assert!(has(&signatures, &[B, B, P], &[P]) && has(&signatures, &[S(1), S(0), S(1)], &[S(1)]));
+}
+
+#[test]
 fn layer_norm_splits_rows_and_its_parameter_gradients_become_partial() {
     for shape in [vec![5, 7], vec![3, 5, 4], vec![2, 3]] {
         let features = *shape.last().unwrap();

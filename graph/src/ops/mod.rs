@@ -25,8 +25,10 @@ mod unary;
 mod cross_entropy;
 mod dropout;
 mod embedding;
+mod fused;
 mod layer_norm;
 mod matmul;
+mod permuted_matmul;
 mod softmax;
 
 // Reductions and shape ops.
@@ -136,10 +138,12 @@ pub use concat::{concat, Concat};
 pub use cross_entropy::{SparseCrossEntropy, SparseCrossEntropyGrad};
 pub use dropout::Dropout;
 pub use embedding::{Embedding, EmbeddingGrad};
+pub use fused::{BiasGelu, BiasGeluGrad};
 pub use layer_norm::{LayerNorm, LayerNormGrad};
 pub use matmul::{MatMul, MatMulBatchSum};
 pub use permute::Permute;
+pub use permuted_matmul::PermutedMatMul;
 pub use reduce::{MaxMask, Reduce, ReduceKind};
 pub use reshape::Reshape;
 pub use slice::{Slice, SliceGrad};
-pub use softmax::{LogSoftmax, Softmax, SoftmaxGrad};
+pub use softmax::{LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad};

@@ -1,12 +1,13 @@
 //! `softmax` and `log_softmax` along one axis, numerically stable (the maximum is
-//! subtracted before exponentiating), and the ops that compute their gradients.
+//! subtracted before exponentiating), the fused scaled and masked softmax of attention, and
+//! the ops that compute their gradients.
 
 use super::{GradCtx, InputGrads, OpDef};
 use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
 use crate::{GraphError, Tensor};
-use regflow_kernels::cpu::softmax::Lanes;
-pub use regflow_plan::ops::{LogSoftmax, Softmax, SoftmaxGrad};
+use regflow_kernels::cpu::softmax::{check_masked, Lanes};
+pub use regflow_plan::ops::{LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad};
 
 fn check_float(inputs: &[TensorMeta], count: usize, axis: isize) -> Result<TensorMeta, String> {
     if inputs.len() != count {
@@ -110,5 +111,86 @@ impl<'g> Tensor<'g> {
     /// Log-softmax along `axis` (negative: from the end): `x - max - ln Σ e^(x - max)`.
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor<'g>, GraphError> {
         self.graph().apply1(LogSoftmax { axis }, &[*self])
+    }
+}
+
+/// The masked softmax's signatures: splits of any axis of the scores but the normalized
+/// last one, the mask split along the same axis where it has it (broadcast where it is 1
+/// or missing, so each device reads it whole).
+fn masked_splits(inputs: &[TensorMeta]) -> Vec<SbpSignature> {
+    let [x, mask] = inputs else { return Vec::new() };
+    let (rank, mask_rank) = (x.shape.rank(), mask.shape.rank());
+    (0..rank.saturating_sub(1))
+        .map(|d| {
+            let mask_sbp = (d + mask_rank)
+                .checked_sub(rank)
+                .filter(|&m| mask.shape.dims()[m] == x.shape.dims()[d])
+                .map_or(Sbp::Broadcast, Sbp::Split);
+            SbpSignature::new([Sbp::Split(d), mask_sbp], [Sbp::Split(d)])
+        })
+        .collect()
+}
+
+impl OpDef for MaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "masked_softmax"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        if !self.scale.is_finite() {
+            return Err(format!("scale must be finite, got {}", self.scale));
+        }
+        let [x, mask] = inputs else { return Err(format!("takes 2 inputs (scores, mask), got {}", inputs.len())) };
+        check_masked(x, mask)?;
+        Ok(vec![x.clone()])
+    }
+
+    /// `dz = y·(dy - Σ dy·y)` for `z = scale·x + mask`: `dx = scale·dz` in one op, and the
+    /// mask's gradient `dz` summed to its shape (built only if something needs it).
+    fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        let (mask, y, dy) = (ctx.inputs[1], ctx.outputs[0], ctx.grad()?);
+        let dx = y.graph().apply1(MaskedSoftmaxGrad { scale: self.scale }, &[y, dy])?;
+        let dz = y.graph().apply1(SoftmaxGrad { axis: -1, log: false }, &[y, dy])?;
+        Ok(vec![Some(dx), Some(dz.sum_to(&mask.shape())?)])
+    }
+
+    /// Rows are independent: any axis but the last may be split (see [`masked_splits`]).
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        masked_splits(inputs)
+    }
+}
+
+impl OpDef for MaskedSoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "masked_softmax_grad"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        if !self.scale.is_finite() {
+            return Err(format!("scale must be finite, got {}", self.scale));
+        }
+        Ok(vec![check_float(inputs, 2, -1)?])
+    }
+
+    fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        // Second derivatives of softmax are not needed by any optimizer here.
+        Err(GraphError::NoGradient { op: self.name().into(), index: 0 })
+    }
+
+    /// As [`SoftmaxGrad`]: lanes split anywhere but the last axis; linear in `dy`.
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let mut signatures = lane_splits(-1, inputs);
+        signatures.push(SbpSignature::new([Sbp::Broadcast, Sbp::Partial], [Sbp::Partial]));
+        signatures
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// `softmax(scale·self + mask)` along the last axis in one kernel, forward and
+    /// backward: attention scores scaled by `1/√d` with an additive mask (0 where a
+    /// position may be attended, a large negative number where not) that broadcasts to
+    /// `self`, e.g. a causal `[T, T]` mask over `[B, H, T, T]` scores.
+    pub fn masked_softmax(&self, mask: &Tensor<'g>, scale: f64) -> Result<Tensor<'g>, GraphError> {
+        self.graph().apply1(MaskedSoftmax { scale }, &[*self, *mask])
     }
 }

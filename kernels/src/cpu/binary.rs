@@ -1,6 +1,7 @@
 //! CPU kernels of `binary` ops.
 
 use crate::cpu::axes;
+use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
@@ -12,7 +13,9 @@ impl HostCompute for Binary {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, inputs, &mut outputs[0])),
+        )
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -32,57 +35,131 @@ impl HostCompute for Binary {
     }
 }
 
+#[inline(always)]
 fn compute_typed<T: Real>(
     kind: BinaryKind,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
     let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let shape = out.shape;
+    let dims = (out.shape.dims(), inputs[0].shape.dims(), inputs[1].shape.dims());
     let o = out.as_mut_slice::<T>()?;
-    let op = |x: T, y: T| match kind {
-        BinaryKind::Add => x + y,
-        BinaryKind::Sub => x - y,
-        BinaryKind::Mul => x * y,
-        BinaryKind::Div => x / y,
-    };
-    for_each_broadcast(shape.dims(), inputs[0].shape.dims(), inputs[1].shape.dims(), |i, ia, ib| {
-        o[i] = op(a[ia], b[ib])
-    });
+    // One loop per kind (the match outside), so that each vectorizes.
+    match kind {
+        BinaryKind::Add => elementwise(dims, a, b, o, |x, y| x + y),
+        BinaryKind::Sub => elementwise(dims, a, b, o, |x, y| x - y),
+        BinaryKind::Mul => elementwise(dims, a, b, o, |x, y| x * y),
+        BinaryKind::Div => elementwise(dims, a, b, o, |x, y| x / y),
+    }
     Ok(())
+}
+
+/// `o = op(a, b)` with `a` and `b` read broadcast to `o`'s dimensions (`dims`: output, `a`,
+/// `b`), in runs along the innermost dimension: plain slices where an operand is
+/// contiguous, a repeated value where it is broadcast.
+#[inline(always)]
+fn elementwise<T: Real>(
+    (out, a_dims, b_dims): (&[usize], &[usize], &[usize]),
+    a: &[T],
+    b: &[T],
+    o: &mut [T],
+    op: impl Fn(T, T) -> T,
+) {
+    for_each_broadcast_run(
+        out,
+        a_dims,
+        b_dims,
+        #[inline(always)]
+        |run| {
+            let dst = &mut o[run.out..run.out + run.len];
+            match (run.a_step, run.b_step) {
+                (1, 1) => {
+                    for ((d, &x), &y) in dst.iter_mut().zip(&a[run.a..run.a + run.len]).zip(&b[run.b..run.b + run.len])
+                    {
+                        *d = op(x, y);
+                    }
+                }
+                (1, 0) => {
+                    let y = b[run.b];
+                    for (d, &x) in dst.iter_mut().zip(&a[run.a..run.a + run.len]) {
+                        *d = op(x, y);
+                    }
+                }
+                (0, 1) => {
+                    let x = a[run.a];
+                    for (d, &y) in dst.iter_mut().zip(&b[run.b..run.b + run.len]) {
+                        *d = op(x, y);
+                    }
+                }
+                (step_a, step_b) => {
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = op(a[run.a + k * step_a], b[run.b + k * step_b]);
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// A run of output elements along the innermost dimension and where its operands are read:
+/// output `out..out + len`, operand elements `a + k·a_step` and `b + k·b_step`.
+#[derive(Debug, Clone, Copy)]
+pub struct BroadcastRun {
+    /// First output element.
+    pub out: usize,
+    /// First element of `a` read.
+    pub a: usize,
+    /// Elements of `a` between consecutive outputs (0: broadcast).
+    pub a_step: usize,
+    /// First element of `b` read.
+    pub b: usize,
+    /// Elements of `b` between consecutive outputs (0: broadcast).
+    pub b_step: usize,
+    /// Output elements in the run.
+    pub len: usize,
 }
 
 /// Calls `f(out_index, a_index, b_index)` for every element of an output of dimensions
 /// `out`, where operands of dimensions `a` and `b` are read broadcast to `out`. Allocates
 /// nothing up to rank [`INLINE_RANK`](crate::cpu::axes::INLINE_RANK).
 pub fn for_each_broadcast(out: &[usize], a: &[usize], b: &[usize], mut f: impl FnMut(usize, usize, usize)) {
+    for_each_broadcast_run(out, a, b, |run| {
+        for k in 0..run.len {
+            f(run.out + k, run.a + k * run.a_step, run.b + k * run.b_step);
+        }
+    });
+}
+
+/// Calls `f` for every run of an output of dimensions `out` along its innermost dimension
+/// (one run for the whole output when both operands have its dimensions), where operands
+/// of dimensions `a` and `b` are read broadcast to `out`. Allocates nothing up to rank
+/// [`INLINE_RANK`](crate::cpu::axes::INLINE_RANK).
+#[inline(always)]
+pub fn for_each_broadcast_run(out: &[usize], a: &[usize], b: &[usize], mut f: impl FnMut(BroadcastRun)) {
     let n: usize = out.iter().product();
     if a == out && b == out {
-        for i in 0..n {
-            f(i, i, i);
+        if n > 0 {
+            f(BroadcastRun { out: 0, a: 0, a_step: 1, b: 0, b_step: 1, len: n });
         }
         return;
     }
     let (sa, sb) = (axes::broadcast_strides(a, out), axes::broadcast_strides(b, out));
     let dims = out;
     let Some((&inner, outer_dims)) = dims.split_last() else {
-        f(0, 0, 0);
+        f(BroadcastRun { out: 0, a: 0, a_step: 0, b: 0, b_step: 0, len: 1 });
         return;
     };
     if inner == 0 {
         return;
     }
-    // The innermost dimension in a tight loop (a bias row, a broadcast column), the outer
-    // ones by an odometer that updates the two read offsets incrementally.
+    // The innermost dimension in one run (a bias row, a broadcast column), the outer ones
+    // by an odometer that updates the two read offsets incrementally.
     let rank = dims.len();
-    let (step_a, step_b) = (sa[rank - 1], sb[rank - 1]);
+    let (a_step, b_step) = (sa[rank - 1], sb[rank - 1]);
     let mut index: axes::AxisVec<usize> = smallvec::smallvec![0; outer_dims.len()];
     let (mut ia, mut ib) = (0usize, 0usize);
     for block in 0..n / inner {
-        let base = block * inner;
-        for k in 0..inner {
-            f(base + k, ia + k * step_a, ib + k * step_b);
-        }
+        f(BroadcastRun { out: block * inner, a: ia, a_step, b: ib, b_step, len: inner });
         for d in (0..outer_dims.len()).rev() {
             index[d] += 1;
             ia += sa[d];

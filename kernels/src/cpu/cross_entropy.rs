@@ -1,8 +1,9 @@
 //! CPU kernels of `cross_entropy` ops.
 
+use crate::cpu::fast_math::{self, FastMath};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real};
+use regflow_plan::{HostTensor, HostTensorMut};
 
 impl HostCompute for SparseCrossEntropy {
     fn compute(
@@ -11,7 +12,9 @@ impl HostCompute for SparseCrossEntropy {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, inputs, &mut outputs[0])),
+        )
     }
 }
 
@@ -22,7 +25,9 @@ impl HostCompute for SparseCrossEntropyGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, inputs, &mut outputs[0])),
+        )
     }
 }
 
@@ -34,16 +39,22 @@ impl HostCompute for PartCrossEntropy {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let batch = Some(self.batch);
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
-            backward_typed::<T>(batch, inputs, &mut outputs[0])
-        } else {
-            forward_typed::<T>(batch, inputs, &mut outputs[0])
-        })
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
+                    backward_typed::<T>(batch, inputs, &mut outputs[0])
+                } else {
+                    forward_typed::<T>(batch, inputs, &mut outputs[0])
+                })
+            },
+        )
     }
 }
 
 /// `batch` as for [`forward_typed`].
-fn backward_typed<T: Real>(
+#[inline(always)]
+fn backward_typed<T: FastMath>(
     batch: Option<usize>,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
@@ -60,7 +71,7 @@ fn backward_typed<T: Real>(
         let (max, log_sum) = log_sum_exp(row);
         let dx_row = &mut dx[n * classes..(n + 1) * classes];
         for (d, &v) in dx_row.iter_mut().zip(row) {
-            *d = (v - max - log_sum).exp() * scale;
+            *d = (v - max - log_sum).fast_exp() * scale;
         }
         dx_row[c] = dx_row[c] - scale;
     }
@@ -69,7 +80,8 @@ fn backward_typed<T: Real>(
 
 /// `batch`: the rows the mean is over (`None`: the rows given; a device holding some of the
 /// rows divides by all of them, so that the devices' results sum to the mean).
-fn forward_typed<T: Real>(
+#[inline(always)]
+fn forward_typed<T: FastMath>(
     batch: Option<usize>,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
@@ -99,9 +111,10 @@ fn class(labels: &[i64], n: usize, classes: usize) -> Result<usize, String> {
 }
 
 /// `(max, ln Σ e^(x - max))` of one row.
-fn log_sum_exp<T: Real>(row: &[T]) -> (T, T) {
+#[inline(always)]
+fn log_sum_exp<T: FastMath>(row: &[T]) -> (T, T) {
     let Some(&first) = row.first() else { return (T::zero(), T::zero()) };
-    let max = row.iter().fold(first, |m, &v| m.max(v));
-    let sum: T = row.iter().map(|&v| (v - max).exp()).sum();
+    let max = fast_math::max(row).unwrap_or(first);
+    let sum = fast_math::lane_reduce(row.len(), |j| (row[j] - max).fast_exp());
     (max, sum.ln())
 }

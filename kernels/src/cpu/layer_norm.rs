@@ -1,5 +1,6 @@
 //! CPU kernels of `layer_norm` ops.
 
+use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real};
@@ -11,7 +12,9 @@ impl HostCompute for LayerNorm {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => forward_typed::<T>(self.eps, inputs, &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => forward_typed::<T>(self.eps, inputs, &mut outputs[0])),
+        )
     }
 }
 
@@ -22,10 +25,13 @@ impl HostCompute for LayerNormGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T>(self.eps, inputs, outputs))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T>(self.eps, inputs, outputs)),
+        )
     }
 }
 
+#[inline(always)]
 fn backward_typed<T: Real>(
     eps: f64,
     inputs: &[HostTensor<'_>],
@@ -44,26 +50,26 @@ fn backward_typed<T: Real>(
     let rows = x.chunks_exact(features).zip(dy.chunks_exact(features)).zip(dx.chunks_exact_mut(features));
     for ((row, dy_row), dx_row) in rows {
         let (mean, rstd) = stats(row, eps);
-        // With x̂ = (x - mean)·rstd and g = dy·gamma:
-        // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)).
-        let (mut g_sum, mut gx_sum) = (T::zero(), T::zero());
-        for j in 0..features {
-            let x_hat = (row[j] - mean) * rstd;
-            let g = dy_row[j] * gamma[j];
-            g_sum += g;
-            gx_sum += g * x_hat;
-            dgamma[j] += dy_row[j] * x_hat;
-            dbeta[j] += dy_row[j];
+        // dx holds x̂ = (x - mean)·rstd until it is overwritten; with g = dy·gamma:
+        // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)). Every loop is elementwise or a
+        // lane-split reduction, so each vectorizes.
+        for (x_hat, &v) in dx_row.iter_mut().zip(row) {
+            *x_hat = (v - mean) * rstd;
         }
-        let (g_mean, gx_mean) = (g_sum / count, gx_sum / count);
-        for j in 0..features {
-            let x_hat = (row[j] - mean) * rstd;
-            dx_row[j] = rstd * (dy_row[j] * gamma[j] - g_mean - x_hat * gx_mean);
+        for (((dg, db), &d), &x_hat) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy_row).zip(&*dx_row) {
+            *dg += d * x_hat;
+            *db += d;
+        }
+        let g_mean = fast_math::dot(dy_row, gamma) / count;
+        let gx_mean = fast_math::lane_reduce(features, |j| dy_row[j] * gamma[j] * dx_row[j]) / count;
+        for ((d, &dy), &g) in dx_row.iter_mut().zip(dy_row).zip(gamma) {
+            *d = rstd * (dy * g - g_mean - *d * gx_mean);
         }
     }
     Ok(())
 }
 
+#[inline(always)]
 fn forward_typed<T: Real>(eps: f64, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let (x, gamma, beta) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<T>()?);
     let y = out.as_mut_slice::<T>()?;
@@ -81,9 +87,10 @@ fn forward_typed<T: Real>(eps: f64, inputs: &[HostTensor<'_>], out: &mut HostTen
 }
 
 /// Mean and `1 / √(var + eps)` of one row.
+#[inline(always)]
 fn stats<T: Real>(row: &[T], eps: f64) -> (T, T) {
     let count = T::from_f64(row.len() as f64);
-    let mean = row.iter().copied().sum::<T>() / count;
-    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / count;
+    let mean = fast_math::sum(row) / count;
+    let var = fast_math::lane_reduce(row.len(), |j| (row[j] - mean) * (row[j] - mean)) / count;
     (mean, T::one() / (var + T::from_f64(eps)).sqrt())
 }

@@ -201,10 +201,11 @@ pub fn gemm_typed<T: Real>(
     }
     // Applies REGFLOW_CPU_ISA before the first product (later calls: one atomic load).
     super::isa::from_environment()?;
-    out.fill(T::zero());
     if m == 0 || n == 0 || k == 0 {
+        out.fill(T::zero());
         return Ok(());
     }
+    // Otherwise every product overwrites its output (`read_dst` is false for the first).
     for i in 0..count {
         let dst = out[i * out_step..].as_mut_ptr();
         let lhs = a[i * a_step..].as_ptr();

@@ -1,5 +1,6 @@
 //! CPU kernels of `reduce_to` ops.
 
+use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, HostTensor, HostTensorMut, Real};
@@ -11,7 +12,9 @@ impl HostCompute for SumTo {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer sums are not supported", T => sum_to_typed::<T>(&inputs[0], &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer sums are not supported", T => sum_to_typed::<T>(&inputs[0], &mut outputs[0])),
+        )
     }
 }
 
@@ -46,6 +49,7 @@ fn broadcast_typed_i64(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> R
     Ok(())
 }
 
+#[inline(always)]
 fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let x = input.as_slice::<T>()?;
     let shape = out.shape;
@@ -53,6 +57,25 @@ fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) ->
     o.fill(T::zero());
     // Walk the input; the output is the operand read "broadcast" to the input's shape.
     let dims = input.shape.dims();
-    crate::cpu::binary::for_each_broadcast(dims, dims, shape.dims(), |i, _, io| o[io] += x[i]);
+    crate::cpu::binary::for_each_broadcast_run(
+        dims,
+        dims,
+        shape.dims(),
+        #[inline(always)]
+        |run| {
+            let xs = &x[run.out..run.out + run.len];
+            if run.b_step == 0 {
+                o[run.b] += xs.iter().copied().sum::<T>();
+            } else if run.b_step == 1 {
+                for (acc, &v) in o[run.b..run.b + run.len].iter_mut().zip(xs) {
+                    *acc += v;
+                }
+            } else {
+                for (k, &v) in xs.iter().enumerate() {
+                    o[run.b + k * run.b_step] += v;
+                }
+            }
+        },
+    );
     Ok(())
 }

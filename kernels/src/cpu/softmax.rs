@@ -1,8 +1,10 @@
 //! CPU kernels of `softmax` ops.
 
+use crate::cpu::binary::for_each_broadcast_run;
+use crate::cpu::fast_math::{self, FastMath};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real, Shape};
+use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
 impl HostCompute for Softmax {
     fn compute(
@@ -93,7 +95,7 @@ impl Lanes {
     }
 }
 
-fn forward_typed<T: Real>(
+fn forward_typed<T: FastMath>(
     axis: isize,
     log: bool,
     input: &HostTensor<'_>,
@@ -102,10 +104,18 @@ fn forward_typed<T: Real>(
     let lanes = Lanes::new(input.shape, axis)?;
     let x = input.as_slice::<T>()?;
     let y = out.as_mut_slice::<T>()?;
+    if lanes.inner == 1 && !log {
+        // The last axis: each lane a contiguous row.
+        for (row, y_row) in x.chunks_exact(lanes.len.max(1)).zip(y.chunks_exact_mut(lanes.len.max(1))) {
+            y_row.copy_from_slice(row);
+            normalize_row(y_row);
+        }
+        return Ok(());
+    }
     for lane in lanes.lanes() {
         let Some(first) = lane.clone().next() else { continue };
         let max = lane.clone().fold(x[first], |m, i| m.max(x[i]));
-        let sum: T = lane.clone().map(|i| (x[i] - max).exp()).sum();
+        let sum: T = lane.clone().map(|i| (x[i] - max).fast_exp()).sum();
         if log {
             let log_sum = sum.ln();
             for i in lane {
@@ -113,8 +123,129 @@ fn forward_typed<T: Real>(
             }
         } else {
             for i in lane {
-                y[i] = (x[i] - max).exp() / sum;
+                y[i] = (x[i] - max).fast_exp() / sum;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Replaces a row of logits by their softmax: `e^(z - max) / Σ e^(z - max)`.
+#[inline(always)]
+fn normalize_row<T: FastMath>(row: &mut [T]) {
+    let Some(max) = fast_math::max(row) else { return };
+    for v in row.iter_mut() {
+        *v = (*v - max).fast_exp();
+    }
+    let inverse = T::one() / fast_math::sum(row);
+    for v in row.iter_mut() {
+        *v = *v * inverse;
+    }
+}
+
+impl HostCompute for MaskedSoftmax {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_forward::<T>(self.scale, inputs, &mut outputs[0])),
+        )
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([x, mask], [out]) = (inputs, outputs) else {
+            return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+        };
+        check_masked(x, mask)?;
+        if out != x {
+            return Err(format!("the output must match the scores {x}, got {out}"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `mask` fits the scores `x`: one float dtype, rank >= 1, and a shape that
+/// broadcasts to `x`'s (shared by the graph's shape rule).
+pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
+    if x.dtype != mask.dtype {
+        return Err(format!("the scores {x} and the mask {mask} must have one dtype"));
+    }
+    if !x.dtype.is_float() {
+        return Err(format!("needs float scores, got {}", x.dtype));
+    }
+    if x.shape.rank() == 0 {
+        return Err("the scores must have rank >= 1, got a scalar".into());
+    }
+    if Shape::broadcast(&x.shape, &mask.shape).as_ref() != Some(&x.shape) {
+        return Err(format!("the mask {} does not broadcast to the scores {}", mask.shape, x.shape));
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn masked_forward<T: FastMath>(
+    scale: f64,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
+    let (x, mask) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
+    let dims = inputs[0].shape.dims();
+    let y = out.as_mut_slice::<T>()?;
+    let scale = T::from_f64(scale);
+    let len = dims.last().copied().unwrap_or(1).max(1);
+    // A run is one or more whole rows (all of them when the mask has the scores' shape);
+    // the mask's part of a row is contiguous or one value.
+    for_each_broadcast_run(
+        dims,
+        dims,
+        inputs[1].shape.dims(),
+        #[inline(always)]
+        |run| {
+            for start in (0..run.len).step_by(len) {
+                let (row, y_row) = (&x[run.out + start..][..len], &mut y[run.out + start..][..len]);
+                if run.b_step == 1 {
+                    for ((o, &v), &m) in y_row.iter_mut().zip(row).zip(&mask[run.b + start..][..len]) {
+                        *o = scale * v + m;
+                    }
+                } else {
+                    let m = mask[run.b];
+                    for (o, &v) in y_row.iter_mut().zip(row) {
+                        *o = scale * v + m;
+                    }
+                }
+                normalize_row(y_row);
+            }
+        },
+    );
+    Ok(())
+}
+
+impl HostCompute for MaskedSoftmaxGrad {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_backward::<T>(self.scale, inputs, &mut outputs[0])),
+        )
+    }
+}
+
+#[inline(always)]
+fn masked_backward<T: Real>(scale: f64, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let (y, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
+    let dx = out.as_mut_slice::<T>()?;
+    let len = inputs[0].shape.dims().last().copied().unwrap_or(1).max(1);
+    let scale = T::from_f64(scale);
+    for ((y_row, dy_row), dx_row) in y.chunks_exact(len).zip(dy.chunks_exact(len)).zip(dx.chunks_exact_mut(len)) {
+        let dot = fast_math::dot(y_row, dy_row);
+        for ((d, &a), &b) in dx_row.iter_mut().zip(y_row).zip(dy_row) {
+            *d = scale * a * (b - dot);
         }
     }
     Ok(())

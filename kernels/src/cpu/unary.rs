@@ -1,8 +1,9 @@
 //! CPU kernels of `unary` ops.
 
+use crate::cpu::fast_math::{self, FastMath};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real, TensorMeta};
+use regflow_plan::{HostTensor, HostTensorMut, TensorMeta};
 
 impl HostCompute for Unary {
     fn compute(
@@ -11,7 +12,9 @@ impl HostCompute for Unary {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer math is not supported", T => compute_typed::<T>(self.0, &inputs[0], &mut outputs[0]))
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer math is not supported", T => compute_typed::<T>(self.0, &inputs[0], &mut outputs[0])),
+        )
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -23,7 +26,12 @@ impl HostCompute for Unary {
     }
 }
 
-fn compute_typed<T: Real>(kind: UnaryKind, input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+#[inline(always)]
+fn compute_typed<T: FastMath>(
+    kind: UnaryKind,
+    input: &HostTensor<'_>,
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
     let x = input.as_slice::<T>()?;
     let out = out.as_mut_slice::<T>()?;
     // One tight loop per kind (the match outside), so the simple ones vectorize.
@@ -47,12 +55,14 @@ fn compute_typed<T: Real>(kind: UnaryKind, input: &HostTensor<'_>, out: &mut Hos
             let c = T::from_f64(c);
             map!(|v: T| v * c)
         }
+        UnaryKind::Gelu => map!(gelu::<T>),
+        UnaryKind::GeluDerivative => map!(gelu_derivative::<T>),
         other => map!(|v: T| apply(other, v)),
     }
     Ok(())
 }
 
-fn apply<T: Real>(kind: UnaryKind, x: T) -> T {
+fn apply<T: FastMath>(kind: UnaryKind, x: T) -> T {
     let c = |v: f64| T::from_f64(v);
     match kind {
         UnaryKind::Neg => -x,
@@ -83,20 +93,30 @@ fn apply<T: Real>(kind: UnaryKind, x: T) -> T {
                 e / (T::one() + e)
             }
         }
-        UnaryKind::Gelu => {
-            let inner = c(GELU_C) * (x + c(GELU_A) * x * x * x);
-            c(0.5) * x * (T::one() + inner.tanh())
-        }
-        UnaryKind::GeluDerivative => {
-            let inner = c(GELU_C) * (x + c(GELU_A) * x * x * x);
-            let t = inner.tanh();
-            let dinner = c(GELU_C) * (T::one() + c(3.0 * GELU_A) * x * x);
-            c(0.5) * (T::one() + t) + c(0.5) * x * (T::one() - t * t) * dinner
-        }
+        UnaryKind::Gelu => gelu(x),
+        UnaryKind::GeluDerivative => gelu_derivative(x),
         UnaryKind::AddScalar(v) => x + c(v),
         UnaryKind::MulScalar(v) => x * c(v),
         UnaryKind::PowScalar(p) => T::from_f64(x.to_f64().powf(p)),
     }
+}
+
+/// GELU with the tanh approximation: `x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+#[inline(always)]
+pub fn gelu<T: FastMath>(x: T) -> T {
+    let c = |v: f64| T::from_f64(v);
+    let inner = c(GELU_C) * (x + c(GELU_A) * x * x * x);
+    c(0.5) * x * (T::one() + inner.fast_tanh())
+}
+
+/// The derivative of [`gelu`].
+#[inline(always)]
+pub fn gelu_derivative<T: FastMath>(x: T) -> T {
+    let c = |v: f64| T::from_f64(v);
+    let inner = c(GELU_C) * (x + c(GELU_A) * x * x * x);
+    let t = inner.fast_tanh();
+    let dinner = c(GELU_C) * (T::one() + c(3.0 * GELU_A) * x * x);
+    c(0.5) * (T::one() + t) + c(0.5) * x * (T::one() - t * t) * dinner
 }
 
 const GELU_C: f64 = 0.797_884_560_802_865_4;

@@ -24,3 +24,20 @@ pub struct MatMulBatchSum {
     /// Read `b` as its transpose.
     pub transpose_b: bool,
 }
+
+/// A batched product whose operands and result are read and written through axis orders,
+/// so that a permute before or after a product (attention's `[B, T, H, d]` ↔ `[B, H, T, d]`)
+/// costs nothing: with `P(x, axes)` the tensor whose dimension `i` is `x`'s dimension
+/// `axes[i]` (as `Permute`), the stored output is `P(P(a, a_axes) · P(b, b_axes), out_axes)`,
+/// the product over the last two axes, batched over the others (equal on both operands).
+/// A transpose is a swap of the last two entries of an operand's axes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PermutedMatMul {
+    /// How `a` is read: logical dimension `i` is stored dimension `a_axes[i]`.
+    pub a_axes: Vec<usize>,
+    /// How `b` is read.
+    pub b_axes: Vec<usize>,
+    /// How the logical product is stored: stored dimension `j` is logical dimension
+    /// `out_axes[j]`.
+    pub out_axes: Vec<usize>,
+}

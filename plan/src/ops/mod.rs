@@ -17,6 +17,7 @@ mod cross_entropy;
 mod dropout;
 mod embedding;
 mod fill;
+mod fused;
 mod layer_norm;
 mod matmul;
 mod optim;
@@ -36,6 +37,7 @@ pub use cross_entropy::*;
 pub use dropout::*;
 pub use embedding::*;
 pub use fill::*;
+pub use fused::*;
 pub use layer_norm::*;
 pub use matmul::*;
 pub use optim::*;
@@ -138,9 +140,14 @@ op_types! {
     LayerNormGrad => "layer_norm_grad",
     MatMul => "matmul",
     MatMulBatchSum => "matmul_batch_sum",
+    PermutedMatMul => "permuted_matmul",
     Softmax => "softmax",
     LogSoftmax => "log_softmax",
     SoftmaxGrad => "softmax_grad",
+    MaskedSoftmax => "masked_softmax",
+    MaskedSoftmaxGrad => "masked_softmax_grad",
+    BiasGelu => "bias_gelu",
+    BiasGeluGrad => "bias_gelu_grad",
     Concat => "concat",
     Permute => "permute",
     Reduce => "reduce",

@@ -26,3 +26,21 @@ pub struct SoftmaxGrad {
     /// Whether the forward op was [`LogSoftmax`].
     pub log: bool,
 }
+
+/// `softmax(scale·x + mask)` along the last axis, in one pass: the scaled dot-product
+/// attention scores with an additive mask (0 where a position may be attended, a large
+/// negative number where not) that broadcasts to `x` (a causal `[T, T]` mask over a
+/// `[B, H, T, T]` batch of scores).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MaskedSoftmax {
+    /// What the scores are multiplied by before the mask is added.
+    pub scale: f64,
+}
+
+/// The gradient of [`MaskedSoftmax`] with respect to `x`, from its output `y` and output
+/// gradient `dy`: `scale · y·(dy - Σ dy·y)`, sums along the last axis.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MaskedSoftmaxGrad {
+    /// The forward op's scale.
+    pub scale: f64,
+}

@@ -1,0 +1,87 @@
+//! Benchmark: one training step (forward, backward, AdamW update) of the character GPT of
+//! `train_char_gpt` (2 pre-LayerNorm blocks, d_model 64, 4 heads, context 64, batch 16,
+//! vocabulary 65, tied embedding), compiled to a plan and run by the actor runtime on
+//! random token batches. Prints milliseconds per step; `benches/peers/gpt.sh` runs it
+//! beside JAX and PyTorch (`benches/peers/gpt_peers.py`).
+//!
+//! ```text
+//! cargo run --release --example bench_gpt -- [steps] [threads] [trace.json]
+//! ```
+//!
+//! A third argument records a Chrome-trace timeline of the run to that file.
+
+#[path = "common/gpt.rs"]
+mod gpt;
+
+use gpt::{Gpt, GptConfig};
+use regflow::graph::{CompileOptions, DType, Graph, Optimizer, SplitMix64};
+use regflow::prelude::{Job, RuntimeError};
+use std::time::Instant;
+
+const BATCH: usize = 16;
+const VOCAB: usize = 65;
+const CONFIG: GptConfig = GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256 };
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(50);
+    let threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(1);
+    let trace = std::env::args().nth(3);
+    let warmup = 5;
+    let t = CONFIG.context;
+    let g = Graph::new();
+    let model = Gpt::new(&g, CONFIG, VOCAB)?;
+    let mask = g.input("causal_mask", [t, t], DType::F32)?;
+    let ids = g.input("ids", [BATCH, t], DType::I64)?;
+    let targets = g.input("targets", [BATCH * t], DType::I64)?;
+    let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;
+    // train_char_gpt's optimizer without its schedule (a schedule costs one scalar op).
+    let train = g.minimize(loss, &Optimizer::adamw(6e-3, 0.01).with_clip_norm(1.0))?;
+    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
+    let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(threads);
+    if let Some(path) = &trace {
+        builder = builder.trace(path);
+    }
+    let mut job = builder.build()?;
+    let (mut feed_mask, mut feed_ids, mut feed_targets) =
+        (job.feeder("input:causal_mask")?, job.feeder("input:ids")?, job.feeder("input:targets")?);
+    let losses = job.fetcher(&compiled.fetches[0])?;
+
+    let mask_bytes: Vec<u8> =
+        (0..t * t).flat_map(|k| (if k % t <= k / t { 0.0f32 } else { -1e9 }).to_le_bytes()).collect();
+    let mut rng = SplitMix64::new(0);
+    let batches: Vec<(Vec<u8>, Vec<u8>)> = (0..warmup + steps)
+        .map(|_| {
+            let mut draw = || -> Vec<u8> {
+                (0..BATCH * t).flat_map(|_| ((rng.next_u64() % VOCAB as u64) as i64).to_le_bytes()).collect()
+            };
+            (draw(), draw())
+        })
+        .collect();
+    let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
+        for (step_ids, step_targets) in &batches {
+            feed_mask.push(&mask_bytes)?;
+            feed_ids.push(step_ids)?;
+            feed_targets.push(step_targets)?;
+        }
+        Ok(())
+    });
+    let mut start = Instant::now();
+    let mut last = 0.0f32;
+    for step in 0..warmup + steps {
+        if step == warmup {
+            start = Instant::now();
+        }
+        let piece = losses.recv().ok_or("the job ended early")?;
+        last = f32::from_le_bytes(piece.bytes().try_into()?);
+    }
+    let elapsed = start.elapsed();
+    pusher.join().map_err(|_| "feeder panicked")??;
+    drop(losses);
+    job.wait()?;
+    println!(
+        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4})",
+        elapsed.as_secs_f64() * 1e3 / steps as f64,
+        compiled.plan.actors.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! CPU kernels of fused elementwise ops (`bias_gelu`, `bias_gelu_grad`).
+
+use crate::cpu::fast_math;
+use crate::cpu::unary::{gelu, gelu_derivative};
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::*;
+use regflow_plan::{HostTensor, HostTensorMut, TensorMeta};
+
+impl HostCompute for BiasGelu {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                by_float!(outputs[0].dtype(), "integer GELU is not supported", T => {
+                    let (x, bias) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
+                    let y = outputs[0].as_mut_slice::<T>()?;
+                    for (x_row, y_row) in x.chunks_exact(bias.len().max(1)).zip(y.chunks_exact_mut(bias.len().max(1))) {
+                        for ((o, &v), &b) in y_row.iter_mut().zip(x_row).zip(bias) {
+                            *o = gelu::<T>(v + b);
+                        }
+                    }
+                    Ok(())
+                })
+            },
+        )
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([x, bias], [out]) = (inputs, outputs) else {
+            return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+        };
+        check_bias(x, bias)?;
+        if out != x {
+            return Err(format!("the output must match the input {x}, got {out}"));
+        }
+        Ok(())
+    }
+}
+
+impl HostCompute for BiasGeluGrad {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                by_float!(outputs[0].dtype(), "integer GELU is not supported", T => {
+                    let (x, bias, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<T>()?);
+                    let dx = outputs[0].as_mut_slice::<T>()?;
+                    let width = bias.len().max(1);
+                    for ((x_row, dy_row), dx_row) in x.chunks_exact(width).zip(dy.chunks_exact(width)).zip(dx.chunks_exact_mut(width)) {
+                        for (((d, &v), &g), &b) in dx_row.iter_mut().zip(x_row).zip(dy_row).zip(bias) {
+                            *d = g * gelu_derivative::<T>(v + b);
+                        }
+                    }
+                    Ok(())
+                })
+            },
+        )
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([x, bias, dy], [dx]) = (inputs, outputs) else {
+            return Err(format!("takes 3 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+        };
+        check_bias(x, bias)?;
+        if dy != x || dx != x {
+            return Err(format!("dy and dx must match x {x}, got {dy} and {dx}"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `bias` fits `x` (`[N]` for `[..., N]`, one float dtype); shared by the graph's
+/// shape rule.
+pub fn check_bias(x: &TensorMeta, bias: &TensorMeta) -> Result<(), String> {
+    if x.dtype != bias.dtype {
+        return Err(format!("the input {x} and the bias {bias} must have one dtype"));
+    }
+    if !x.dtype.is_float() {
+        return Err(format!("needs a float input, got {}", x.dtype));
+    }
+    match x.shape.dims().last() {
+        None => Err("the input must have rank >= 1, got a scalar".into()),
+        Some(&n) if bias.shape.dims() != [n] => {
+            Err(format!("the bias must have shape [{n}] for an input {}, got {}", x.shape, bias.shape))
+        }
+        Some(_) => Ok(()),
+    }
+}
