@@ -427,7 +427,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut spec = layout(&o.layout, o.model)?;
     if o.nodes > 1 {
         let devices: usize = spec.stages.iter().map(Mesh::size).sum();
-        if devices % usize::from(o.nodes) != 0 {
+        if !devices.is_multiple_of(usize::from(o.nodes)) {
             return Err(format!(
                 "layout {} has {devices} devices, which {} nodes cannot share evenly",
                 o.layout, o.nodes

@@ -106,11 +106,14 @@ const HEADS_FIRST: [usize; 4] = [0, 2, 1, 3];
 const HEADS_FIRST_T: [usize; 4] = [0, 2, 3, 1];
 const SAME: [usize; 4] = [0, 1, 2, 3];
 
+/// Shapes of `a` and `b`, then the axis orders of `a`, `b` and the output.
+type PermutedCase = (&'static [usize], &'static [usize], &'static [usize], &'static [usize], &'static [usize]);
+
 #[test]
 fn permuted_matmul_gradients_match_finite_differences_for_attention_orders_and_others() {
     // (a, b, a_axes, b_axes, out_axes): scores and weighted values as attention uses them,
     // a rank-3 product with every tensor permuted, and a plain transpose of rank 2.
-    let cases: [(&[usize], &[usize], &[usize], &[usize], &[usize]); 4] = [
+    let cases: [PermutedCase; 4] = [
         (&[2, 3, 2, 4], &[2, 3, 2, 4], &HEADS_FIRST, &HEADS_FIRST_T, &SAME),
         (&[2, 2, 3, 3], &[2, 3, 2, 4], &SAME, &HEADS_FIRST, &HEADS_FIRST),
         (&[3, 2, 4], &[5, 2, 4], &[1, 0, 2], &[1, 2, 0], &[2, 0, 1]),

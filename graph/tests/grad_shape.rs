@@ -37,7 +37,7 @@ fn reductions_match_finite_differences_on_random_shapes_and_axes() {
         let rank = 1 + (rng.next_u64() % 3) as usize;
         let shape = random_shape(&mut rng, rank);
         // A random non-empty subset of the axes, some written negative.
-        let mut axes: Vec<isize> = (0..rank as isize).filter(|_| rng.next_u64() % 2 == 0).collect();
+        let mut axes: Vec<isize> = (0..rank as isize).filter(|_| rng.next_u64().is_multiple_of(2)).collect();
         if axes.is_empty() {
             axes.push(-1);
         } else if seed % 2 == 1 {

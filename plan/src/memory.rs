@@ -94,7 +94,7 @@ impl Plan {
             for r in &shared {
                 let desc = &self.regst_descs[r.index()];
                 let offset = desc.shared_offset.unwrap_or(0);
-                if desc.register_num != 1 || offset % regflow_memory::ALIGNMENT as u64 != 0 {
+                if desc.register_num != 1 || !offset.is_multiple_of(regflow_memory::ALIGNMENT as u64) {
                     return Err(memory_error(format!(
                         "register '{}' shares memory at offset {offset} with {} slots: shared registers need one slot at a {}-byte boundary",
                         desc.name,

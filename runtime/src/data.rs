@@ -34,7 +34,7 @@ impl RecordFile {
         if record_bytes == 0 {
             return Err(data_error("a record must have at least one byte".into()));
         }
-        if bytes.is_empty() || bytes.len() % record_bytes != 0 {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(record_bytes) {
             return Err(data_error(format!(
                 "{} bytes is not a whole number of {record_bytes}-byte records",
                 bytes.len()

@@ -42,7 +42,7 @@ impl Reshape {
                      so -1 is ambiguous"
                 ));
             }
-            Some(_) if numel % known != 0 => {
+            Some(_) if !numel.is_multiple_of(known) => {
                 return Err(format!(
                     "cannot reshape {from} ({numel} elements) to {spec:?}: {numel} is not a multiple of {known}"
                 ));
