@@ -17,8 +17,12 @@ fn random(shape: [usize; 2], seed: u64, dtype: DType) -> HostArray {
 }
 
 fn product(threads: usize, dtype: DType) -> Vec<f64> {
-    let (a, b) = (random([96, 200], 1, dtype), random([200, 130], 2, dtype));
-    let mut out = HostArray::zeros(&TensorMeta::new([96, 130], dtype));
+    // Large enough to be split over the threads (`PARALLEL_MIN_MULTIPLY_ADDS`), with
+    // sizes that are not multiples of the kernel's tiles.
+    let (m, k, n) = (250, 270, 251);
+    assert!(m * k * n >= regflow_kernels::cpu::matmul::PARALLEL_MIN_MULTIPLY_ADDS);
+    let (a, b) = (random([m, k], 1, dtype), random([k, n], 2, dtype));
+    let mut out = HostArray::zeros(&TensorMeta::new([m, n], dtype));
     MatMul::default().compute(&HostContext { threads }, &[a.view(), b.view()], &mut [out.view_mut()]).unwrap();
     out.to_f64_vec()
 }
