@@ -239,9 +239,10 @@ pub fn gemm_typed<T: Real>(
                 // Split by output tiles: every element is still one thread's sum in a
                 // fixed order, so results do not depend on scheduling. A small product
                 // stays on one thread: waking the pool costs more than it saves.
-                match threads {
-                    n if n > 1 && m * n * k >= PARALLEL_MIN_MULTIPLY_ADDS => gemm::Parallelism::Rayon(n),
-                    _ => gemm::Parallelism::None,
+                if threads > 1 && m * n * k >= PARALLEL_MIN_MULTIPLY_ADDS {
+                    gemm::Parallelism::Rayon(threads)
+                } else {
+                    gemm::Parallelism::None
                 },
             );
         }
