@@ -32,270 +32,19 @@ mod layout;
 #[cfg(all(test, loom))]
 mod loom_two_step;
 mod net;
+mod rendezvous;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
 pub(crate) use net::{CollectiveSend, NetGroups};
+pub(crate) use rendezvous::{PeerInput, Peers, Rendezvous};
 
 use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
-use crate::sync::{lock, Arc, Condvar, Mutex, MutexGuard};
+use crate::sync::{lock, Arc, Mutex};
 use crate::RuntimeError;
 use layout::Layout;
 use regflow_plan::{CollectiveConf, CollectiveOp, PlanIndex, StreamKind};
 use std::collections::HashMap;
-use std::fmt;
-
-/// Where one member's input lies during a round: an address, readable by peers only
-/// between the two barriers of that round (see [`Peers`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PeerInput {
-    ptr: *const u8,
-    len: usize,
-}
-
-// SAFETY: a `PeerInput` is an address. It is dereferenced only through `Peers`, which exists
-// only between the barriers of a round, while the owner of the bytes is blocked inside
-// `Rendezvous::round` holding a shared borrow of them (nobody writes them meanwhile).
-unsafe impl Send for PeerInput {}
-// SAFETY: as above.
-unsafe impl Sync for PeerInput {}
-
-impl PeerInput {
-    /// The input `bytes` of one member for one round.
-    pub(crate) fn new(bytes: &[u8]) -> Self {
-        Self { ptr: bytes.as_ptr(), len: bytes.len() }
-    }
-
-    fn empty() -> Self {
-        Self { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), len: 0 }
-    }
-}
-
-/// Every member's input during one round, readable until the round's barrier 2, and
-/// every member's output for rounds that publish one.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Peers<'r> {
-    inputs: &'r [PeerInput],
-    outputs: &'r [PeerInput],
-    /// The round's rendezvous and this member's rank, for middle barriers; `None` for
-    /// inputs gathered otherwise (over the network), where no op needs one.
-    rendezvous: Option<(&'r Rendezvous, usize)>,
-}
-
-impl<'r> Peers<'r> {
-    /// Inputs gathered without a rendezvous (no outputs, no middle barriers).
-    pub(crate) fn of_inputs(inputs: &'r [PeerInput]) -> Self {
-        Self { inputs, outputs: &[], rendezvous: None }
-    }
-
-    /// Input of rank `r`. Panics if `r` is out of range (a kernel bug).
-    pub(crate) fn input(&self, r: usize) -> &'r [u8] {
-        let input = self.inputs[r];
-        // SAFETY: `Peers` is only handed to the compute step of `Rendezvous::round`, after
-        // barrier 1 (every member has published an input borrowed for the whole round) and
-        // before this member arrives at barrier 2. The owners do not return from `round`,
-        // and so do not release their inputs, before barrier 2 completes, which needs this
-        // member; `Peers` cannot outlive the compute step (its lifetime is the step's).
-        unsafe { std::slice::from_raw_parts(input.ptr, input.len) }
-    }
-
-    /// Bytes `range` of rank `r`'s output, for a round that published outputs. Only
-    /// between a [`Peers::barrier`] after which `r` no longer writes `range` and barrier 2,
-    /// and only where this member's own writes are elsewhere (each member writes its own
-    /// output; the ranges a peer reads there are ones its owner has finished).
-    pub(crate) fn output(&self, r: usize, range: std::ops::Range<usize>) -> &'r [u8] {
-        let output = self.outputs[r];
-        assert!(range.end <= output.len, "output range {range:?} of rank {r} is past its {} bytes", output.len);
-        // SAFETY: the owner published this address for the whole round and does not return
-        // (so does not release its output) before barrier 2; the caller's barrier orders the
-        // owner's writes of `range` before this read and the owner writes no byte of
-        // `range` again in this round (two-step all-reduce: it writes only its own part
-        // before the middle barrier and only other parts after it).
-        unsafe { std::slice::from_raw_parts(output.ptr.add(range.start), range.len()) }
-    }
-
-    /// A barrier inside the round: returns once every member has called it. Every member
-    /// must call it the same number of times in a round (they compute the same op).
-    pub(crate) fn barrier(&self) {
-        let Some((rendezvous, rank)) = self.rendezvous else {
-            panic!("a middle barrier was asked of inputs gathered without a rendezvous (a collective kernel bug)");
-        };
-        rendezvous.barrier(rank);
-    }
-
-    /// Address of rank `r`'s input (the loom model stores a cell there).
-    #[cfg(all(test, loom))]
-    pub(crate) fn addr(&self, r: usize) -> *const u8 {
-        self.inputs[r].ptr
-    }
-}
-
-/// What the rendezvous lock guards.
-#[derive(Debug)]
-struct RoundState {
-    /// Barriers completed so far (barrier 1, any middle ones, barrier 2 of every round).
-    phase: u64,
-    /// Which ranks have arrived at the barrier now filling.
-    arrived: Vec<bool>,
-    /// How many.
-    count: usize,
-    /// Each member's input of the current round.
-    inputs: Vec<PeerInput>,
-    /// Each member's output of the current round (empty for rounds that publish none).
-    outputs: Vec<PeerInput>,
-    /// Set by an abort, for ever: no barrier 1 completes after it.
-    aborted: bool,
-}
-
-/// The meeting point of one group's members; every table is allocated once, at creation.
-pub(crate) struct Rendezvous {
-    group: String,
-    size: usize,
-    state: Mutex<RoundState>,
-    changed: Condvar,
-}
-
-impl fmt::Debug for Rendezvous {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Rendezvous").field("group", &self.group).field("size", &self.size).finish_non_exhaustive()
-    }
-}
-
-impl Rendezvous {
-    /// A rendezvous for `size` members of `group`.
-    pub(crate) fn new(group: &str, size: usize) -> Self {
-        Self {
-            group: group.to_string(),
-            size,
-            state: Mutex::new(RoundState {
-                phase: 0,
-                arrived: vec![false; size],
-                count: 0,
-                inputs: vec![PeerInput::empty(); size],
-                outputs: vec![PeerInput::empty(); size],
-                aborted: false,
-            }),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Wakes every member waiting at barrier 1; they, and every later arrival, fail.
-    pub(crate) fn abort(&self) {
-        lock(&self.state).aborted = true;
-        self.changed.notify_all();
-    }
-
-    /// One round for `rank`: publishes `input`, waits for every member, runs `compute` on
-    /// all inputs (`peers` is this member's copy of the table, `size` long), waits until
-    /// every member has computed, and returns what `compute` returned. Fails, without
-    /// running `compute`, if the rendezvous is or gets aborted before all have arrived.
-    pub(crate) fn round<R>(
-        &self,
-        rank: usize,
-        input: PeerInput,
-        peers: &mut [PeerInput],
-        compute: impl FnOnce(Peers<'_>) -> R,
-    ) -> Result<R, KernelError> {
-        self.round_with_outputs(rank, input, PeerInput::empty(), peers, &mut [], compute)
-    }
-
-    /// [`Rendezvous::round`] that also publishes where this member's output lies, so peers
-    /// can read parts of it ([`Peers::output`]) after a [`Peers::barrier`]. `peer_outputs`
-    /// is this member's copy of the output table (`size` long, or empty when unused).
-    pub(crate) fn round_with_outputs<R>(
-        &self,
-        rank: usize,
-        input: PeerInput,
-        output: PeerInput,
-        peers: &mut [PeerInput],
-        peer_outputs: &mut [PeerInput],
-        compute: impl FnOnce(Peers<'_>) -> R,
-    ) -> Result<R, KernelError> {
-        {
-            let mut state = lock(&self.state);
-            if state.aborted {
-                return Err(KernelError(format!("collective '{}': aborted before rank {rank} arrived", self.group)));
-            }
-            state.inputs[rank] = input;
-            state.outputs[rank] = output;
-            let phase = state.phase;
-            if !self.arrive(&mut state, rank) {
-                loop {
-                    // A completed barrier wins over an abort: peers are reading our input.
-                    if state.phase != phase {
-                        break;
-                    }
-                    if state.aborted {
-                        let missing: Vec<usize> = (0..self.size).filter(|&r| !state.arrived[r]).collect();
-                        return Err(KernelError(format!(
-                            "collective '{}': aborted while waiting for ranks {missing:?}",
-                            self.group
-                        )));
-                    }
-                    state = self.wait(state);
-                }
-            }
-            // Nobody publishes the next round before this member passes barrier 2.
-            peers.copy_from_slice(&state.inputs);
-            if !peer_outputs.is_empty() {
-                peer_outputs.copy_from_slice(&state.outputs);
-            }
-        }
-        // Arrives at barrier 2 when dropped, even if `compute` unwinds.
-        let departure = Departure { rendezvous: self, rank };
-        let result = compute(Peers { inputs: peers, outputs: peer_outputs, rendezvous: Some((self, rank)) });
-        drop(departure);
-        Ok(result)
-    }
-
-    /// Counts `rank` in at the barrier now filling; the last arrival completes it, wakes
-    /// the others and returns true.
-    fn arrive(&self, state: &mut RoundState, rank: usize) -> bool {
-        state.arrived[rank] = true;
-        state.count += 1;
-        if state.count < self.size {
-            return false;
-        }
-        state.count = 0;
-        state.arrived.fill(false);
-        state.phase += 1;
-        self.changed.notify_all();
-        true
-    }
-
-    fn wait<'g>(&self, state: MutexGuard<'g, RoundState>) -> MutexGuard<'g, RoundState> {
-        // Poison only says another member panicked; the state is whole (see `sync::lock`).
-        self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// Barrier 2 of one member's round.
-struct Departure<'a> {
-    rendezvous: &'a Rendezvous,
-    rank: usize,
-}
-
-impl Drop for Departure<'_> {
-    fn drop(&mut self) {
-        self.rendezvous.barrier(self.rank);
-    }
-}
-
-impl Rendezvous {
-    /// A barrier after barrier 1 of a round (barrier 2, or a middle one): returns once every
-    /// member has arrived. Not abortable: every member passed barrier 1 and is computing
-    /// (module docs), so every member arrives.
-    fn barrier(&self, rank: usize) {
-        let mut state = lock(&self.state);
-        let phase = state.phase;
-        if self.arrive(&mut state, rank) {
-            return;
-        }
-        while state.phase == phase {
-            state = self.wait(state);
-        }
-    }
-}
 
 /// One member of an in-process collective group, usable without a job (benchmarks, tests).
 ///
@@ -396,7 +145,7 @@ impl CollectiveMember {
         if layout.two_step() {
             // Peers read parts of `output` through the published address, so from here on
             // this member writes it only through that address too (never through `&mut`).
-            let at = PeerInput { ptr: output.as_mut_ptr(), len: output.len() };
+            let at = PeerInput::of_output(output);
             let (peers, outputs) = (&mut self.peers, &mut self.peer_outputs);
             return self.rendezvous.round_with_outputs(
                 layout.rank,
@@ -407,7 +156,7 @@ impl CollectiveMember {
                 |peers| {
                     // SAFETY: `at` is `output`, borrowed mutably for this call; peers read only
                     // the parts this member finished before the middle barrier (`Peers::output`).
-                    unsafe { layout.all_reduce_in_two_steps(peers, at.ptr as *mut u8) }
+                    unsafe { layout.all_reduce_in_two_steps(peers, at.output_ptr()) }
                 },
             );
         }
