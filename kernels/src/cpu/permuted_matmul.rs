@@ -129,7 +129,8 @@ fn permuted_gemm<T: Real>(
             out.len()
         ));
     }
-    if m == 0 || n == 0 || k == 0 {
+    // An empty batch (a part of no elements) has nothing to compute.
+    if m == 0 || n == 0 || k == 0 || count == 0 {
         out.fill(T::zero());
         return Ok(());
     }
