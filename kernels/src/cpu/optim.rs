@@ -30,11 +30,52 @@ impl HostCompute for ClipFactor {
 impl HostCompute for Update {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(inputs[0].dtype(), "cannot optimize an integer variable", T => update_typed::<T>(&self.0, inputs, outputs))
+        by_float!(inputs[0].dtype(), "cannot optimize an integer variable", T => update_typed::<T>(&self.0, context.threads, inputs, outputs))
+    }
+}
+
+/// Parameters of at least this many elements are updated on `cpu_threads` threads, each a
+/// contiguous share (an element's update reads only its own entries, so the result does not
+/// depend on the split); smaller ones on one thread, where waking the pool costs more.
+pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
+
+/// Runs `update(start, end)` over `0..len` in `threads` contiguous shares.
+fn in_shares(threads: usize, len: usize, update: impl Fn(usize, usize) + Sync) {
+    if threads <= 1 || len < PARALLEL_MIN_ELEMENTS {
+        update(0, len);
+        return;
+    }
+    rayon::scope(|scope| {
+        let update = &update;
+        for share in 0..threads {
+            scope.spawn(move |_| update(share * len / threads, (share + 1) * len / threads));
+        }
+    });
+}
+
+/// A mutable slice that threads write in disjoint ranges.
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T);
+
+// SAFETY: only `in_shares` hands it out, and its shares are disjoint ranges of a slice that
+// outlives the scope.
+unsafe impl<T> Send for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// Elements `start..end`.
+    ///
+    /// # Safety
+    /// Within the slice this was made from, and no other thread touches those elements.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, start: usize, end: usize) -> &mut [T] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), end - start) }
     }
 }
 
@@ -60,6 +101,7 @@ fn scalar_input(inputs: &[HostTensor<'_>], i: usize) -> Result<f64, String> {
 
 fn update_typed<T: Real>(
     kind: &OptimizerKind,
+    threads: usize,
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
@@ -67,34 +109,56 @@ fn update_typed<T: Real>(
     let (p, g) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
     let [p_out, rest @ ..] = outputs else { return Err("missing outputs".into()) };
     let p_out = p_out.as_mut_slice::<T>()?;
+    let len = p.len();
+    if g.len() != len || p_out.len() != len {
+        return Err(format!("parameter, gradient and output have {len}, {} and {} elements", g.len(), p_out.len()));
+    }
+    let p_out = Shared(p_out.as_mut_ptr());
     // Element math in the parameter's own type, constants hoisted (as PyTorch does).
     let c = T::from_f64;
     match *kind {
         OptimizerKind::Sgd { momentum, weight_decay } => {
             let v = inputs[4].as_slice::<T>()?;
             let v_out = rest[0].as_mut_slice::<T>()?;
-            let (lr, momentum, weight_decay) = (c(lr), c(momentum), c(weight_decay));
-            for i in 0..p.len() {
-                let velocity = momentum * v[i] + (g[i] + weight_decay * p[i]);
-                v_out[i] = velocity;
-                p_out[i] = p[i] - lr * velocity;
+            if v.len() != len || v_out.len() != len {
+                return Err(format!("the velocity has {} elements and its output {}, not {len}", v.len(), v_out.len()));
             }
+            let v_out = Shared(v_out.as_mut_ptr());
+            let (lr, momentum, weight_decay) = (c(lr), c(momentum), c(weight_decay));
+            in_shares(threads, len, |start, end| {
+                // SAFETY: `in_shares` gives disjoint ranges of `0..len`; every slice has `len`.
+                let (p_out, v_out) = unsafe { (p_out.range(start, end), v_out.range(start, end)) };
+                for (j, i) in (start..end).enumerate() {
+                    let velocity = momentum * v[i] + (g[i] + weight_decay * p[i]);
+                    v_out[j] = velocity;
+                    p_out[j] = p[i] - lr * velocity;
+                }
+            });
         }
         OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
             let (m, v) = (inputs[4].as_slice::<T>()?, inputs[5].as_slice::<T>()?);
             let [m_out, v_out] = rest else { return Err("missing moment outputs".into()) };
             let (m_out, v_out) = (m_out.as_mut_slice::<T>()?, v_out.as_mut_slice::<T>()?);
+            if [m.len(), v.len(), m_out.len(), v_out.len()].iter().any(|&n| n != len) {
+                return Err(format!("the moments and their outputs must have {len} elements"));
+            }
+            let (m_out, v_out) = (Shared(m_out.as_mut_ptr()), Shared(v_out.as_mut_ptr()));
             let (b1, b2, one_b1, one_b2) = (c(beta1), c(beta2), c(1.0 - beta1), c(1.0 - beta2));
             let (c1, c2) = (c(1.0 - beta1.powf(step)), c(1.0 - beta2.powf(step)));
             let (lr_t, eps, decay) = (c(lr), c(eps), c(1.0 - lr * weight_decay));
-            for i in 0..p.len() {
-                let grad = g[i];
-                let m1 = b1 * m[i] + one_b1 * grad;
-                let v1 = b2 * v[i] + one_b2 * grad * grad;
-                m_out[i] = m1;
-                v_out[i] = v1;
-                p_out[i] = p[i] * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps);
-            }
+            in_shares(threads, len, |start, end| {
+                // SAFETY: `in_shares` gives disjoint ranges of `0..len`; every slice has `len`.
+                let (p_out, m_out, v_out) =
+                    unsafe { (p_out.range(start, end), m_out.range(start, end), v_out.range(start, end)) };
+                for (j, i) in (start..end).enumerate() {
+                    let grad = g[i];
+                    let m1 = b1 * m[i] + one_b1 * grad;
+                    let v1 = b2 * v[i] + one_b2 * grad * grad;
+                    m_out[j] = m1;
+                    v_out[j] = v1;
+                    p_out[j] = p[i] * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps);
+                }
+            });
         }
     }
     Ok(())
