@@ -76,6 +76,7 @@ pub mod permuted_matmul;
 pub mod reduce;
 pub mod reduce_to;
 pub mod reshape;
+mod shares;
 pub mod slice;
 pub mod softmax;
 pub mod to_global;

@@ -43,18 +43,11 @@ impl HostCompute for Update {
 /// depend on the split); smaller ones on one thread, where waking the pool costs more.
 pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 
-/// Runs `update(start, end)` over `0..len` in `threads` contiguous shares.
+/// Runs `update(start, end)` over `0..len` in contiguous shares over `threads`, or on this
+/// thread for a parameter under [`PARALLEL_MIN_ELEMENTS`].
 fn in_shares(threads: usize, len: usize, update: impl Fn(usize, usize) + Sync) {
-    if threads <= 1 || len < PARALLEL_MIN_ELEMENTS {
-        update(0, len);
-        return;
-    }
-    rayon::scope(|scope| {
-        let update = &update;
-        for share in 0..threads {
-            scope.spawn(move |_| update(share * len / threads, (share + 1) * len / threads));
-        }
-    });
+    let threads = if len < PARALLEL_MIN_ELEMENTS { 1 } else { threads };
+    super::shares::in_shares(threads, len, |share| update(share.start, share.end));
 }
 
 /// A mutable slice that threads write in disjoint ranges.

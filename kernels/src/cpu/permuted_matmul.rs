@@ -135,22 +135,14 @@ fn permuted_gemm<T: Real>(
         return Ok(());
     }
     let operands = Operands { a: a.as_ptr(), b: b.as_ptr(), out: out.as_mut_ptr() };
-    if threads > 1 && count > 1 {
-        // Many small products (attention's, one per sequence and head): each thread takes
-        // a share of the batch, one single-threaded product at a time, instead of every
-        // product being split over the threads.
-        let shares = threads.min(count);
-        rayon::scope(|scope| {
-            for share in 0..shares {
-                let batch = share * count / shares..(share + 1) * count / shares;
-                // SAFETY: as below; the shares write the outputs of disjoint batch elements.
-                scope.spawn(move |_| unsafe { gemm_batch::<T>(layout, batch, operands) });
-            }
-        });
-    } else {
-        // SAFETY: the lengths were checked above against the layout.
-        unsafe { gemm_batch::<T>(layout, 0..count, operands) };
-    }
+    // Many small products (attention's, one per sequence and head): each thread takes a
+    // share of the batch, one single-threaded product at a time, instead of every product
+    // being split over the threads.
+    super::shares::in_shares(threads, count, |batch| {
+        // SAFETY: the lengths were checked above against the layout; the shares write the
+        // outputs of disjoint batch elements.
+        unsafe { gemm_batch::<T>(layout, batch, operands) }
+    });
     Ok(())
 }
 
