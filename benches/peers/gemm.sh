@@ -8,12 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs="${1:-9}"
-venv="${REGFLOW_PEERS_VENV:-/tmp/regflow-peers/venv}"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip
-fi
-"$venv/bin/python" -c "import numpy" 2>/dev/null || "$venv/bin/pip" install -q numpy
+. benches/peers/venv.sh numpy
 
 cargo build -q --release --example bench_gemm
 best() { sed -n "s/.* $1 threads $2: best \([0-9.]*\) GFLOP\/s.*/\1/p"; }

@@ -6,14 +6,7 @@
 # (above 1: regflow is faster).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-venv="${REGFLOW_PEERS_VENV:-/tmp/regflow-peers/venv}"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip
-fi
-"$venv/bin/python" -c "import numpy" 2>/dev/null || "$venv/bin/pip" install -q numpy
-"$venv/bin/python" -c "import jax" 2>/dev/null || "$venv/bin/pip" install -q "jax[cpu]" || true
-"$venv/bin/python" -c "import torch" 2>/dev/null || "$venv/bin/pip" install -q torch || true
+. benches/peers/venv.sh numpy jax torch
 
 cargo build -q --release --example bench_gpt
 ms() { sed -n 's/.* \([0-9][0-9.]*\) ms\/step.*/\1/p'; }

@@ -4,14 +4,7 @@
 # ($REGFLOW_PEERS_VENV, default /tmp/regflow-peers/venv). Prints samples/s and ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-venv="${REGFLOW_PEERS_VENV:-/tmp/regflow-peers/venv}"
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip
-fi
-"$venv/bin/python" -c "import numpy" 2>/dev/null || "$venv/bin/pip" install -q numpy
-"$venv/bin/python" -c "import jax" 2>/dev/null || "$venv/bin/pip" install -q "jax[cpu]" || true
-"$venv/bin/python" -c "import torch" 2>/dev/null || "$venv/bin/pip" install -q torch || true
+. benches/peers/venv.sh numpy jax torch
 
 cargo build -q --release --example bench_mlp
 rate() { sed -n 's/.* \([0-9][0-9]*\) samples\/s.*/\1/p'; }
