@@ -12,11 +12,12 @@
 
 #[path = "common/gpt.rs"]
 mod gpt;
+#[path = "common/step_timer.rs"]
+mod step_timer;
 
 use gpt::{Gpt, GptConfig};
 use regflow::graph::{CompileOptions, DType, Graph, Optimizer, SplitMix64};
 use regflow::prelude::{Job, RuntimeError};
-use std::time::Instant;
 
 const BATCH: usize = 16;
 const VOCAB: usize = 65;
@@ -65,22 +66,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(())
     });
-    let mut start = Instant::now();
-    let mut last = 0.0f32;
-    for step in 0..warmup + steps {
-        if step == warmup {
-            start = Instant::now();
-        }
-        let piece = losses.recv().ok_or("the job ended early")?;
-        last = f32::from_le_bytes(piece.bytes().try_into()?);
-    }
-    let elapsed = start.elapsed();
+    let (per_step, last) = step_timer::seconds_per_step(&losses, warmup, steps)?;
     pusher.join().map_err(|_| "feeder panicked")??;
     drop(losses);
     job.wait()?;
     println!(
         "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4})",
-        elapsed.as_secs_f64() * 1e3 / steps as f64,
+        per_step * 1e3,
         compiled.plan.actors.len()
     );
     Ok(())

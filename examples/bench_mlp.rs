@@ -6,9 +6,11 @@
 //! cargo run --release --example bench_mlp -- [steps] [threads]
 //! ```
 
+#[path = "common/step_timer.rs"]
+mod step_timer;
+
 use regflow::graph::{CompileOptions, DType, Graph, Init, Optimizer, SplitMix64};
 use regflow::prelude::{Job, RuntimeError};
-use std::time::Instant;
 
 const BATCH: usize = 256;
 const SIZES: [usize; 4] = [784, 1024, 1024, 10];
@@ -51,20 +53,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(())
     });
-    let mut start = Instant::now();
-    let mut last = 0.0f32;
-    for step in 0..warmup + steps {
-        if step == warmup {
-            start = Instant::now();
-        }
-        let piece = losses.recv().ok_or("the job ended early")?;
-        last = f32::from_le_bytes(piece.bytes().try_into()?);
-    }
-    let elapsed = start.elapsed();
+    let (per_step, last) = step_timer::seconds_per_step(&losses, warmup, steps)?;
     pusher.join().map_err(|_| "feeder panicked")??;
     drop(losses);
     job.wait()?;
-    let per_step = elapsed.as_secs_f64() / steps as f64;
     println!(
         "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4})",
         per_step * 1e3,
