@@ -173,10 +173,24 @@ impl Actor {
         if record {
             output.launched.push_back((slot, piece, data));
         }
-        let regst = RegstRef { desc: output.desc, slot };
+        self.tell_consumers(env, o, slot, piece, data, true)
+    }
+
+    /// Sends `Ready` for output `o`'s `slot` to its consumers on this stream
+    /// (`same_stream`) or on other streams (not `same_stream`).
+    fn tell_consumers<E: ActorEnv>(
+        &mut self,
+        env: &mut E,
+        o: usize,
+        slot: u32,
+        piece: u64,
+        data: RegstRef,
+        same_stream: bool,
+    ) -> Result<(), ActorError> {
+        let regst = RegstRef { desc: self.outputs[o].desc, slot };
         for c in 0..self.outputs[o].consumers.len() {
             let consumer = self.outputs[o].consumers[c];
-            if consumer.same_stream {
+            if consumer.same_stream == same_stream {
                 self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
             }
         }
@@ -217,13 +231,7 @@ impl Actor {
         piece: u64,
         data: RegstRef,
     ) -> Result<(), ActorError> {
-        let regst = RegstRef { desc: self.outputs[o].desc, slot };
-        for c in 0..self.outputs[o].consumers.len() {
-            let consumer = self.outputs[o].consumers[c];
-            if !consumer.same_stream {
-                self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
-            }
-        }
+        self.tell_consumers(env, o, slot, piece, data, false)?;
         if self.outputs[o].complete(slot, &mut self.full_outputs) {
             self.on_slot_freed(env)?;
         }
