@@ -51,12 +51,12 @@ impl Candidate {
     }
 }
 
-/// Merges the bucketable all-reduces recorded by boxing; returns how many buckets it made.
-pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) -> usize {
+/// Merges the bucketable all-reduces recorded by boxing.
+pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
     let limit = low.options.bucket_bytes;
     let mut candidates = std::mem::take(&mut low.bucket_candidates);
     if limit == 0 {
-        return 0;
+        return;
     }
     // A tensor that another collective's tensor depends on (an activation gradient under
     // tensor parallelism, a gradient whose norm is all-reduced) stays out: its all-reduce
@@ -97,7 +97,6 @@ pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) -> usize {
         merge(low, number, bucket, &mut removed);
     }
     remove_actors(low, &removed);
-    buckets.len()
 }
 
 /// Makes each rank's first member of `bucket` the bucket's member on that device, reading
