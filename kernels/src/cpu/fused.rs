@@ -82,12 +82,7 @@ impl HostCompute for BiasGeluGrad {
 /// Whether `bias` fits `x` (`[N]` for `[..., N]`, one float dtype); shared by the graph's
 /// shape rule.
 pub fn check_bias(x: &TensorMeta, bias: &TensorMeta) -> Result<(), String> {
-    if x.dtype != bias.dtype {
-        return Err(format!("the input {x} and the bias {bias} must have one dtype"));
-    }
-    if !x.dtype.is_float() {
-        return Err(format!("needs a float input, got {}", x.dtype));
-    }
+    float_pair(("input", x), ("bias", bias), "a float input")?;
     match x.shape.dims().last() {
         None => Err("the input must have rank >= 1, got a scalar".into()),
         Some(&n) if bias.shape.dims() != [n] => {
@@ -95,4 +90,20 @@ pub fn check_bias(x: &TensorMeta, bias: &TensorMeta) -> Result<(), String> {
         }
         Some(_) => Ok(()),
     }
+}
+
+/// `x` and its companion `other` (a bias, a mask) share one float dtype; errors name them
+/// as `x_name` and `other_name`, and say the kernel `needs` (for example "a float input").
+pub(crate) fn float_pair(
+    (x_name, x): (&str, &TensorMeta),
+    (other_name, other): (&str, &TensorMeta),
+    needs: &str,
+) -> Result<(), String> {
+    if x.dtype != other.dtype {
+        return Err(format!("the {x_name} {x} and the {other_name} {other} must have one dtype"));
+    }
+    if !x.dtype.is_float() {
+        return Err(format!("needs {needs}, got {}", x.dtype));
+    }
+    Ok(())
 }

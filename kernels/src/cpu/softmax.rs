@@ -170,12 +170,7 @@ impl HostCompute for MaskedSoftmax {
 /// Whether `mask` fits the scores `x`: one float dtype, rank >= 1, and a shape that
 /// broadcasts to `x`'s (shared by the graph's shape rule).
 pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
-    if x.dtype != mask.dtype {
-        return Err(format!("the scores {x} and the mask {mask} must have one dtype"));
-    }
-    if !x.dtype.is_float() {
-        return Err(format!("needs float scores, got {}", x.dtype));
-    }
+    super::fused::float_pair(("scores", x), ("mask", mask), "float scores")?;
     if x.shape.rank() == 0 {
         return Err("the scores must have rank >= 1, got a scalar".into());
     }
