@@ -1,0 +1,107 @@
+//! The driver without CUDA: every type of the real module, and every call answers
+//! [`CudaError::NotBuilt`], so callers need no `cfg`.
+
+include!("api.rs");
+
+use crate::CudaError;
+use regflow_memory::ArenaMemory;
+
+/// The devices of this machine: none without the `cuda` feature.
+pub fn probe() -> Result<Vec<DeviceInfo>, CudaError> {
+    Err(CudaError::NotBuilt)
+}
+
+/// A device with its context (not in this build).
+#[derive(Debug, Clone)]
+pub struct Device {
+    info: DeviceInfo,
+}
+
+impl Device {
+    /// Opens device `ordinal`: [`CudaError::NotBuilt`] in this build.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        let _ = ordinal;
+        Err(CudaError::NotBuilt)
+    }
+
+    /// What the driver says about the device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Free device memory in bytes.
+    pub fn free_bytes(&self) -> Result<u64, CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+
+    /// Makes the device's context current on the calling thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+
+    /// A new stream of the device.
+    pub fn stream(&self) -> Result<Stream, CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+
+    /// `bytes` of managed memory for an arena.
+    pub fn managed(&self, label: &str, bytes: u64) -> Result<Box<dyn ArenaMemory>, CudaError> {
+        let _ = (label, bytes);
+        Err(CudaError::NotBuilt)
+    }
+
+    /// The kernel `entry` of the built-in sources, compiled for this device.
+    pub fn function(&self, entry: &str) -> Result<Function, CudaError> {
+        let _ = entry;
+        Err(CudaError::NotBuilt)
+    }
+}
+
+/// A stream of a device (not in this build).
+#[derive(Debug)]
+pub struct Stream {
+    _private: (),
+}
+
+impl Stream {
+    /// The native handle kernels launch onto.
+    pub fn handle(&self) -> StreamHandle {
+        StreamHandle(0)
+    }
+
+    /// Waits until everything enqueued so far has run.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+
+    /// Enqueues `callback(arg)`.
+    ///
+    /// # Safety
+    ///
+    /// `arg` must stay valid until the callback has run.
+    pub unsafe fn call_back(&self, callback: HostCallback, arg: *mut std::ffi::c_void) -> Result<(), CudaError> {
+        let _ = (callback, arg);
+        Err(CudaError::NotBuilt)
+    }
+}
+
+/// A compiled kernel of one device (not in this build).
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    _private: (),
+}
+
+/// Enqueues `function` on `stream`.
+///
+/// # Safety
+///
+/// `args` must match the kernel's parameters in number and type.
+pub unsafe fn launch(
+    stream: StreamHandle,
+    function: Function,
+    grid: Grid,
+    args: &mut [*mut std::ffi::c_void],
+) -> Result<(), CudaError> {
+    let _ = (stream, function, grid, args);
+    Err(CudaError::NotBuilt)
+}

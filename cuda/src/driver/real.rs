@@ -1,0 +1,321 @@
+//! The driver over cudarc's `result` layer: raw handles, no per-launch allocation (cudarc's
+//! safe launch builder collects arguments in `Vec`s and tracks events per buffer; regflow's
+//! registers are raw arena addresses whose order the actor protocol already guarantees).
+
+include!("api.rs");
+
+use crate::sources::{self, KernelSource};
+use crate::CudaError;
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::{sys, CudaContext};
+use regflow_memory::ArenaMemory;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The library error as a [`CudaError::Call`] naming the call and the device.
+fn failed(call: impl Into<String>, ordinal: usize) -> impl FnOnce(DriverError) -> CudaError {
+    let call = call.into();
+    move |e| CudaError::Call { call, ordinal, message: format!("{e:?}") }
+}
+
+/// Whether libcuda can be loaded; cudarc panics on its first call otherwise.
+fn driver_library() -> Result<(), CudaError> {
+    // SAFETY: only tries to open the library by its candidate names.
+    if unsafe { sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(CudaError::MissingLibrary {
+        library: "libcuda (the NVIDIA driver)",
+        searched: cudarc::get_lib_name_candidates("cuda").join(", "),
+        hint: "install the NVIDIA driver, or add the folder holding libcuda.so.1 to LD_LIBRARY_PATH",
+    })
+}
+
+fn attribute(device: sys::CUdevice, ordinal: usize, which: sys::CUdevice_attribute) -> Result<i32, CudaError> {
+    // SAFETY: `device` came from `cuDeviceGet`.
+    unsafe { result::device::get_attribute(device, which) }.map_err(failed(format!("cuDeviceGetAttribute({which:?})"), ordinal))
+}
+
+fn read_info(ordinal: usize) -> Result<DeviceInfo, CudaError> {
+    let device = result::device::get(ordinal as i32).map_err(failed("cuDeviceGet", ordinal))?;
+    let name = result::device::get_name(device).map_err(failed("cuDeviceGetName", ordinal))?;
+    // SAFETY: as above.
+    let total = unsafe { result::device::total_mem(device) }.map_err(failed("cuDeviceTotalMem", ordinal))?;
+    use sys::CUdevice_attribute::*;
+    let major = attribute(device, ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(device, ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let concurrent = attribute(device, ordinal, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?;
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        total_bytes: total as u64,
+        compute_capability: (major.max(0) as u32, minor.max(0) as u32),
+        concurrent_managed_access: concurrent != 0,
+    })
+}
+
+/// The devices of this machine, read once per process: an error naming what is missing
+/// when there is no driver library, the driver fails to start, or it has no device.
+pub fn probe() -> Result<Vec<DeviceInfo>, CudaError> {
+    static PROBED: OnceLock<Result<Vec<DeviceInfo>, CudaError>> = OnceLock::new();
+    PROBED
+        .get_or_init(|| {
+            driver_library()?;
+            result::init().map_err(failed("cuInit", 0))?;
+            let count = result::device::get_count().map_err(failed("cuDeviceGetCount", 0))?.max(0) as usize;
+            if count == 0 {
+                return Err(CudaError::NoDevice { ordinal: 0, count: 0 });
+            }
+            (0..count).map(read_info).collect()
+        })
+        .clone()
+}
+
+/// A device: its primary context and the kernel modules loaded into it.
+#[derive(Debug, Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+#[derive(Debug)]
+struct DeviceInner {
+    info: DeviceInfo,
+    context: Arc<CudaContext>,
+    /// Loaded modules by source name; each source is compiled and loaded once per process.
+    modules: Mutex<HashMap<&'static str, usize>>,
+}
+
+impl Device {
+    /// Opens device `ordinal` (once per process; later calls share it). Refuses a device
+    /// without concurrent managed access, which regflow's arenas need.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        static OPEN: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+        let devices = probe()?;
+        let info = devices.get(ordinal).cloned().ok_or(CudaError::NoDevice { ordinal, count: devices.len() })?;
+        if !info.concurrent_managed_access {
+            return Err(CudaError::Unsuitable {
+                ordinal,
+                name: info.name,
+                why: "it has no concurrent managed access (the host and the GPU may not use one arena at once; \
+                      this needs Linux and a Pascal or newer GPU)"
+                    .into(),
+            });
+        }
+        let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(device) = open.get(&ordinal) {
+            return Ok(device.clone());
+        }
+        let context = CudaContext::new(ordinal).map_err(failed("cuDevicePrimaryCtxRetain", ordinal))?;
+        let device = Device { inner: Arc::new(DeviceInner { info, context, modules: Mutex::default() }) };
+        open.insert(ordinal, device.clone());
+        Ok(device)
+    }
+
+    /// What the driver says about the device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    fn ordinal(&self) -> usize {
+        self.inner.info.ordinal
+    }
+
+    /// Free device memory in bytes, as the driver reads it now.
+    pub fn free_bytes(&self) -> Result<u64, CudaError> {
+        self.bind()?;
+        let (free, _) = result::mem_get_info().map_err(failed("cuMemGetInfo", self.ordinal()))?;
+        Ok(free as u64)
+    }
+
+    /// Makes the device's context current on the calling thread (a no-op when it is).
+    pub fn bind(&self) -> Result<(), CudaError> {
+        self.inner.context.bind_to_thread().map_err(failed("cuCtxSetCurrent", self.ordinal()))
+    }
+
+    /// A new non-blocking stream of the device.
+    pub fn stream(&self) -> Result<Stream, CudaError> {
+        self.bind()?;
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(failed("cuStreamCreate", self.ordinal()))?;
+        Ok(Stream { raw: raw as usize, device: self.clone() })
+    }
+
+    /// `bytes` of managed memory for an arena, preferring to live on the device (so kernels
+    /// read it at device speed) and mapped for the host (feeds, fetches and host kernels
+    /// read it in place). Allocated once per plan.
+    pub fn managed(&self, label: &str, bytes: u64) -> Result<Box<dyn ArenaMemory>, CudaError> {
+        self.bind()?;
+        let ordinal = self.ordinal();
+        let len = usize::try_from(bytes.max(1)).map_err(|_| CudaError::Call {
+            call: format!("cuMemAllocManaged({bytes} bytes) for {label}"),
+            ordinal,
+            message: "more bytes than this machine can address".into(),
+        })?;
+        // SAFETY: a fresh allocation of `len` bytes; the memory is zeroed below before any
+        // register is viewed.
+        let ptr = unsafe { result::malloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+            .map_err(failed(format!("cuMemAllocManaged({bytes} bytes) for {label}"), ordinal))?;
+        let memory = ManagedMemory { ptr, len, device: self.clone() };
+        let location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal as i32 };
+        // SAFETY: the whole range of the allocation above. Advice only steers migration;
+        // where a driver refuses it the arena still works, so a failure is not an error.
+        unsafe {
+            let _ = result::mem_advise(ptr, len, sys::CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, location);
+        }
+        // SAFETY: host-accessible managed memory of `len` bytes, owned by `memory`.
+        unsafe { std::ptr::write_bytes(ptr as usize as *mut u8, 0, len) };
+        Ok(Box::new(memory))
+    }
+
+    /// The kernel `entry` of the built-in sources, compiled by NVRTC for this device's
+    /// architecture on first use (once per source per process) and loaded into its context.
+    pub fn function(&self, entry: &str) -> Result<Function, CudaError> {
+        let source: &'static KernelSource = sources::source_of(entry)?;
+        self.bind()?;
+        let ordinal = self.ordinal();
+        let module = {
+            let mut modules = self.inner.modules.lock().unwrap_or_else(|p| p.into_inner());
+            match modules.get(source.name) {
+                Some(&module) => module,
+                None => {
+                    let ptx = crate::nvrtc::compile(source, &self.info().arch())?;
+                    let image = CString::new(ptx).map_err(|_| CudaError::Compile {
+                        source_name: source.name,
+                        arch: self.info().arch(),
+                        log: "NVRTC's PTX holds a NUL byte".into(),
+                    })?;
+                    // SAFETY: a NUL-terminated PTX text.
+                    let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+                        .map_err(failed(format!("cuModuleLoadData({})", source.name), ordinal))?;
+                    modules.insert(source.name, module as usize);
+                    module as usize
+                }
+            }
+        };
+        let name = CString::new(entry).map_err(|_| CudaError::UnknownEntry { entry: entry.into(), nearest: String::new() })?;
+        // SAFETY: the module was loaded above and is never unloaded while the process runs.
+        let raw = unsafe { result::module::get_function(module as sys::CUmodule, name) }
+            .map_err(failed(format!("cuModuleGetFunction({entry})"), ordinal))?;
+        Ok(Function { raw: raw as usize, ordinal })
+    }
+}
+
+/// Managed memory of one arena, freed on drop.
+#[derive(Debug)]
+struct ManagedMemory {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    device: Device,
+}
+
+// SAFETY: the allocation stays at `ptr` until drop and is reachable from the host (managed
+// memory on a device with concurrent managed access, checked in `Device::open`).
+unsafe impl ArenaMemory for ManagedMemory {
+    fn base(&self) -> NonNull<u8> {
+        NonNull::new(self.ptr as usize as *mut u8).unwrap_or(NonNull::dangling())
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for ManagedMemory {
+    fn drop(&mut self) {
+        // The job's streams were synchronized and dropped before its arenas.
+        if self.device.bind().is_ok() {
+            // SAFETY: allocated by `cuMemAllocManaged` and freed once.
+            let _ = unsafe { result::memory_free(self.ptr) };
+        }
+    }
+}
+
+/// A non-blocking stream of a device, destroyed (after it drains) on drop.
+#[derive(Debug)]
+pub struct Stream {
+    raw: usize,
+    device: Device,
+}
+
+// SAFETY: a CUstream may be used from any thread whose current context is its device's;
+// `Stream`'s methods bind it first.
+unsafe impl Send for Stream {}
+
+impl Stream {
+    fn raw(&self) -> sys::CUstream {
+        self.raw as sys::CUstream
+    }
+
+    /// The native handle kernels launch onto.
+    pub fn handle(&self) -> StreamHandle {
+        StreamHandle(self.raw as u64)
+    }
+
+    /// Waits until everything enqueued so far has run; reports a kernel's failure.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.device.bind()?;
+        // SAFETY: a live stream of the bound context.
+        unsafe { result::stream::synchronize(self.raw()) }.map_err(failed("cuStreamSynchronize", self.device.ordinal()))
+    }
+
+    /// Enqueues `callback(arg)`: the driver calls it on its own thread once the stream
+    /// reaches it.
+    ///
+    /// # Safety
+    ///
+    /// `arg` must stay valid until the callback has run, and the callback must not call
+    /// CUDA.
+    pub unsafe fn call_back(&self, callback: HostCallback, arg: *mut c_void) -> Result<(), CudaError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { result::stream::launch_host_function(self.raw(), callback, arg) }
+            .map_err(failed("cuLaunchHostFunc", self.device.ordinal()))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: a live stream, destroyed once, after its work and callbacks ran.
+            unsafe {
+                let _ = result::stream::synchronize(self.raw());
+                let _ = result::stream::destroy(self.raw());
+            }
+        }
+    }
+}
+
+/// A compiled kernel of one device.
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    raw: usize,
+    ordinal: usize,
+}
+
+/// Enqueues `function` on `stream` with `args`. Allocates nothing.
+///
+/// # Safety
+///
+/// `args` must match the kernel's parameters in number and type, each pointing to a live
+/// value; device addresses among them must be valid for what the kernel does with them.
+pub unsafe fn launch(
+    stream: StreamHandle,
+    function: Function,
+    grid: Grid,
+    args: &mut [*mut c_void],
+) -> Result<(), CudaError> {
+    // SAFETY: forwarded to the caller; the stream handle comes from a live `Stream` of the
+    // function's device, whose context the stream thread bound.
+    unsafe {
+        result::launch_kernel(
+            function.raw as sys::CUfunction,
+            grid.blocks,
+            grid.threads,
+            grid.shared_bytes,
+            stream.0 as usize as sys::CUstream,
+            args,
+        )
+    }
+    .map_err(failed("cuLaunchKernel", function.ordinal))
+}

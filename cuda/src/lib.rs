@@ -1,0 +1,36 @@
+//! regflow's CUDA backend: the driver probe, devices with their streams and completion
+//! callbacks, managed-memory arenas, the NVRTC-compiled kernel sources and the op kernels
+//! that launch them.
+//!
+//! Built without the `cuda` feature, the same modules exist as dummies whose calls answer
+//! [`CudaError::NotBuilt`]: the runtime calls [`probe`] and [`Device::open`] without a
+//! `cfg` and reports the answer. Built with it, cudarc loads libcuda, NVRTC, cuBLAS and
+//! NCCL at run time; each library is probed (`is_culib_present`) before its first call,
+//! because cudarc panics on a missing one, so no GPU or no driver is an error naming what
+//! is missing.
+//!
+//! **Why managed memory.** A plan's arena for a `cuda` device is one `cuMemAllocManaged`
+//! allocation, preferring the device. Kernels read it at device speed, and everything the
+//! host does with registers (feeds, fetches, preloaded variables, checkpoints, in-process
+//! collectives, and ops that have no CUDA kernel yet, run by their CPU kernels) works on
+//! the same addresses without copy actors. The device must have concurrent managed access
+//! (Linux, Pascal or newer), checked when it is opened.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod error;
+pub mod sources;
+
+#[cfg_attr(feature = "cuda", path = "driver/real.rs")]
+#[cfg_attr(not(feature = "cuda"), path = "driver/dummy.rs")]
+pub mod driver;
+
+#[cfg_attr(feature = "cuda", path = "nvrtc/real.rs")]
+#[cfg_attr(not(feature = "cuda"), path = "nvrtc/dummy.rs")]
+pub mod nvrtc;
+
+pub use driver::{launch, probe, Device, DeviceInfo, Function, Grid, HostCallback, Stream, StreamHandle};
+pub use error::CudaError;
+
+/// Whether this build has the CUDA backend (the `cuda` feature).
+pub const BUILT: bool = cfg!(feature = "cuda");

@@ -1,0 +1,15 @@
+//! NVRTC without CUDA: every call answers [`CudaError::NotBuilt`].
+
+use crate::sources::KernelSource;
+use crate::CudaError;
+
+/// Whether NVRTC can be loaded: not in this build.
+pub fn available() -> Result<(), CudaError> {
+    Err(CudaError::NotBuilt)
+}
+
+/// Compiles `source` (with the prelude) to PTX for `arch`.
+pub fn compile(source: &KernelSource, arch: &str) -> Result<String, CudaError> {
+    let _ = (source, arch);
+    Err(CudaError::NotBuilt)
+}

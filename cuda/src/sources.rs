@@ -1,0 +1,91 @@
+//! The CUDA kernel sources regflow compiles with NVRTC: one `.cu` file per op family under
+//! `cuda/src/kernels/`, each compiled after the shared prelude. Plain data, in every build:
+//! the entry points are read off the sources, so a kernel is named in one place.
+
+use crate::CudaError;
+use std::sync::OnceLock;
+
+/// One kernel source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSource {
+    /// Its name (the file name without `.cu`); one module per source per device.
+    pub name: &'static str,
+    /// Its text, without the prelude.
+    pub code: &'static str,
+}
+
+/// What every source is compiled after: types, bf16 conversions, grid-stride loops, block
+/// reductions.
+pub const PRELUDE: &str = include_str!("kernels/prelude.cu");
+
+macro_rules! sources {
+    ($($name:literal),* $(,)?) => {
+        /// Every kernel source, by name.
+        pub const SOURCES: &[KernelSource] = &[
+            $(KernelSource { name: $name, code: include_str!(concat!("kernels/", $name, ".cu")) }),*
+        ];
+    };
+}
+
+sources!["fill"];
+
+/// The text NVRTC compiles for `source`: the prelude, then the source.
+pub fn full_text(source: &KernelSource) -> String {
+    format!("{PRELUDE}\n#line 1 \"{}.cu\"\n{}", source.name, source.code)
+}
+
+/// How a kernel entry point is declared in a source.
+const ENTRY_MARK: &str = "extern \"C\" __global__ void ";
+
+/// The entry points `code` declares, in order.
+pub fn entries_of(code: &'static str) -> Vec<&'static str> {
+    code.match_indices(ENTRY_MARK)
+        .filter_map(|(at, _)| {
+            let rest = &code[at + ENTRY_MARK.len()..];
+            let end = rest.find('(')?;
+            Some(rest[..end].trim())
+        })
+        .collect()
+}
+
+/// Every (entry point, source) pair, read once.
+fn all_entries() -> &'static [(&'static str, &'static KernelSource)] {
+    static ENTRIES: OnceLock<Vec<(&'static str, &'static KernelSource)>> = OnceLock::new();
+    ENTRIES.get_or_init(|| SOURCES.iter().flat_map(|s| entries_of(s.code).into_iter().map(move |e| (e, s))).collect())
+}
+
+/// The source that declares `entry`, or an error suggesting the nearest entry point.
+pub fn source_of(entry: &str) -> Result<&'static KernelSource, CudaError> {
+    let entries = all_entries();
+    if let Some((_, source)) = entries.iter().find(|(e, _)| *e == entry) {
+        return Ok(source);
+    }
+    let names: Vec<&str> = entries.iter().map(|(e, _)| *e).collect();
+    let nearest = regflow_kernels::nearest(entry, &names)
+        .map(|n| format!(", did you mean '{n}'?"))
+        .unwrap_or_default();
+    Err(CudaError::UnknownEntry { entry: entry.to_string(), nearest })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_read_off_the_sources_and_unique() {
+        let entries = all_entries();
+        assert!(entries.iter().any(|(e, s)| *e == "regflow_fill_f32" && s.name == "fill"));
+        let mut names: Vec<&str> = entries.iter().map(|(e, _)| *e).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len(), "an entry point is declared twice");
+        assert!(names.iter().all(|n| n.starts_with("regflow_")), "{names:?}");
+    }
+
+    #[test]
+    fn an_unknown_entry_names_the_nearest() {
+        let e = source_of("regflow_fill_f33").unwrap_err().to_string();
+        assert!(e.contains("'regflow_fill_f33'") && e.contains("did you mean 'regflow_fill_f3"), "{e}");
+    }
+}
