@@ -18,7 +18,23 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+/// The kernel arguments of one launch, as the driver wants them: one pointer per parameter,
+/// each to a value that lives until the launch call returns. Built on the stack.
+///
+/// ```
+/// let (x, n) = (0x1000u64, 7u64);
+/// let mut args = regflow_cuda::args![x, n];
+/// assert_eq!(args.len(), 2);
+/// ```
+#[macro_export]
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {
+        [$((&$a) as *const _ as *mut ::std::ffi::c_void),*]
+    };
+}
+
 mod error;
+pub mod ops;
 pub mod sources;
 
 #[cfg_attr(feature = "cuda", path = "driver/real.rs")]
@@ -31,6 +47,7 @@ pub mod nvrtc;
 
 pub use driver::{launch, probe, Device, DeviceInfo, Function, Grid, HostCallback, Stream, StreamHandle};
 pub use error::CudaError;
+pub use ops::{queued_ops, register};
 
 /// Whether this build has the CUDA backend (the `cuda` feature).
 pub const BUILT: bool = cfg!(feature = "cuda");

@@ -5,7 +5,7 @@ use regflow_memory::BufferView;
 use regflow_plan::{DType, DeviceKind, GroupPosition, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 
 /// The stream a kernel runs on: its device and what the job configured for it. A CUDA
-/// kernel will find its stream handle here; CPU kernels read the thread count.
+/// kernel finds its stream handle here; CPU kernels read the thread count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamContext {
     /// Kind of the device.
@@ -14,12 +14,14 @@ pub struct StreamContext {
     pub device_index: u16,
     /// Threads one kernel of this device may use (matrix products split their output
     /// tiles over them); a per-job setting, 1 by default.
-    pub threads: usize,
+    pub threads: usize,    /// The device's native stream handle (a `CUstream` on `cuda`) that queued kernels
+    /// launch onto; 0 on host devices.
+    pub native: u64,
 }
 
 impl Default for StreamContext {
     fn default() -> Self {
-        Self { device: DeviceKind::Cpu, device_index: 0, threads: 1 }
+        Self { device: DeviceKind::Cpu, device_index: 0, threads: 1, native: 0 }
     }
 }
 
@@ -105,6 +107,27 @@ impl<'a> KernelIo<'a> {
         // actor acks it, which happens after this kernel completes; the arena outlives
         // the job's threads.
         unsafe { self.inputs[i].as_slice() }
+    }
+
+    /// The address of input `i`'s bytes, for kernels that hand it to a device (a CUDA
+    /// kernel's argument); never dereferenced here.
+    pub fn input_addr(&self, i: usize) -> u64 {
+        self.inputs[i].addr() as u64
+    }
+
+    /// The address of output `i`'s bytes, as [`KernelIo::input_addr`].
+    pub fn output_addr(&self, i: usize) -> u64 {
+        self.outputs[i].addr() as u64
+    }
+
+    /// Bytes of input `i`'s slot.
+    pub fn input_len(&self, i: usize) -> usize {
+        self.inputs[i].len()
+    }
+
+    /// Bytes of output `i`'s slot.
+    pub fn output_len(&self, i: usize) -> usize {
+        self.outputs[i].len()
     }
 
     /// Input `i` as a tensor of `meta`.

@@ -36,8 +36,27 @@ pub use registry::{edit_distance, nearest, KernelFactory, KernelKey, KernelRegis
 #[error("{0}")]
 pub struct KernelError(pub String);
 
+/// Where a kernel's work happens, which tells its stream how it completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Execution {
+    /// `run` computes on the host and is done when it returns. On a device with queues
+    /// (CUDA) the stream first waits for what it queued before, so the kernel reads
+    /// finished registers.
+    Host,
+    /// `run` only queues work on the stream in its [`StreamContext`]; the firing completes
+    /// when the device reaches the end of it. Kernels that compute nothing (no-ops) are of
+    /// this kind too: their completion is ordered after the stream's earlier work.
+    Queued,
+}
+
 /// A kernel: runs once per firing of its actor, on the actor's stream thread.
 pub trait Kernel: Send {
-    /// Computes the outputs of one firing from its inputs.
+    /// Computes the outputs of one firing from its inputs (or, for a [`Execution::Queued`]
+    /// kernel, queues that computation on its stream).
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError>;
+
+    /// Where the work of `run` happens; host computation unless a device kernel says so.
+    fn execution(&self) -> Execution {
+        Execution::Host
+    }
 }

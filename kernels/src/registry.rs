@@ -18,6 +18,8 @@ pub struct KernelSpec<'a> {
     pub actor: &'a str,
     /// Kind of the actor's device.
     pub device: DeviceKind,
+    /// Index of the device among its node's devices of that kind (the CUDA ordinal).
+    pub device_index: u16,
     /// The op, for actors that run one ([`KernelConf::Op`]).
     pub op: Option<&'a OpConf>,
     /// Bytes per slot of each input.

@@ -67,18 +67,3 @@ impl Grid {
 /// A function the driver calls on its own thread when a stream reaches it. It must not call
 /// CUDA; regflow's only sends a message.
 pub type HostCallback = unsafe extern "C" fn(*mut std::ffi::c_void);
-
-/// The kernel arguments of one launch, as the driver wants them: one pointer per parameter,
-/// each to a value that lives until the launch call returns. Built on the stack.
-///
-/// ```
-/// let (x, n) = (0x1000u64, 7u64);
-/// let mut args = regflow_cuda::args![x, n];
-/// assert_eq!(args.len(), 2);
-/// ```
-#[macro_export]
-macro_rules! args {
-    ($($a:expr),* $(,)?) => {
-        [$((&$a) as *const _ as *mut ::std::ffi::c_void),*]
-    };
-}

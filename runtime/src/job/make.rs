@@ -62,8 +62,15 @@ pub(super) fn make_actor(
     let outputs: Vec<u64> = indexed.outputs_of(index).iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
     let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
     let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
-    let device = plan.devices[plan.streams[stream].device.index()].kind;
-    let spec = KernelSpec { actor: &desc.name, device, op: None, input_bytes: &inputs, output_bytes: &outputs };
+    let device_desc = &plan.devices[plan.streams[stream].device.index()];
+    let spec = KernelSpec {
+        actor: &desc.name,
+        device: device_desc.kind,
+        device_index: device_desc.index,
+        op: None,
+        input_bytes: &inputs,
+        output_bytes: &outputs,
+    };
     // Sources start producing, and actors with preloaded outputs hand them out, on Start.
     let starts = matches!(desc.kind, ActorKind::Source { .. })
         || indexed.outputs_of(index).iter().any(|r| plan.regst_descs[r.index()].preloaded > 0);

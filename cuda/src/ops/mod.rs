@@ -1,0 +1,85 @@
+//! The CUDA kernels of the DSL's ops: each parses its op's attributes and metas once, when
+//! its actor is made, looks up its compiled entry points on the actor's device, and at
+//! every firing only queues launches on the stream its [`StreamContext`] names (no
+//! allocation, no synchronization).
+//!
+//! [`register`] first adds every op's CPU kernel for `cuda` devices, then replaces those
+//! that have a CUDA kernel. A CPU kernel on a `cuda` stream runs on the host over the same
+//! managed registers, after its stream has drained (see `Execution::Host`): every plan
+//! runs, and the op families without a CUDA kernel yet are listed by [`queued_ops`]'s
+//! complement.
+//!
+//! [`StreamContext`]: regflow_kernels::StreamContext
+
+use crate::driver::{Device, Function, StreamHandle};
+use regflow_kernels::{KernelError, KernelFactory, KernelIo, KernelKey, KernelRegistry, KernelSpec};
+use regflow_plan::{DType, DeviceKind, OpConf};
+use std::sync::Arc;
+
+mod fill;
+
+/// The op conf of an op actor.
+pub(crate) fn op_conf<'a>(spec: &KernelSpec<'a>) -> Result<&'a OpConf, KernelError> {
+    spec.op.ok_or_else(|| KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor)))
+}
+
+/// Entry point `entry` compiled for the actor's device.
+pub(crate) fn function(spec: &KernelSpec<'_>, entry: &str) -> Result<Function, KernelError> {
+    let device = Device::open(usize::from(spec.device_index))?;
+    device.function(entry).map_err(|e| KernelError(format!("actor '{}': {e}", spec.actor)))
+}
+
+/// The suffix of a dtype in entry point names (`regflow_fill_f32`).
+pub(crate) fn suffix(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::I64 => "i64",
+    }
+}
+
+/// The stream a firing's launches go to.
+pub(crate) fn stream(io: &KernelIo<'_>) -> StreamHandle {
+    StreamHandle(io.context().native)
+}
+
+/// The entries [`register`] adds, so [`queued_ops`] lists exactly what is registered.
+type Entry = (&'static str, &'static [DType], fn() -> KernelFactory);
+
+/// Every op with a CUDA kernel, family by family.
+fn entries() -> Vec<Entry> {
+    let mut all = Vec::new();
+    all.extend_from_slice(fill::ENTRIES);
+    all
+}
+
+/// Adds the kernels of `cuda` devices to `registry`: the CPU kernel of every op (run on
+/// the host), replaced by a CUDA kernel where one exists.
+pub fn register(registry: &mut KernelRegistry) {
+    regflow_kernels::cpu::register(registry, DeviceKind::Cuda);
+    for (op_type, dtypes, factory) in entries() {
+        for &dtype in dtypes {
+            registry.register_op(op_type, DeviceKind::Cuda, dtype, factory());
+        }
+    }
+}
+
+/// The (op type, dtype) pairs that run as CUDA kernels; every other op runs its CPU kernel
+/// on the host.
+pub fn queued_ops() -> Vec<KernelKey> {
+    entries()
+        .into_iter()
+        .flat_map(|(op_type, dtypes, _)| {
+            dtypes.iter().map(move |&dtype| KernelKey { op_type: op_type.to_string(), device: DeviceKind::Cuda, dtype })
+        })
+        .collect()
+}
+
+/// A factory from a function of the spec: the common shape of every CUDA op factory.
+pub(crate) fn factory<K, F>(make: F) -> KernelFactory
+where
+    K: regflow_kernels::Kernel + 'static,
+    F: Fn(&KernelSpec<'_>) -> Result<K, KernelError> + Send + Sync + 'static,
+{
+    Arc::new(move |spec| Ok(Box::new(make(spec)?) as Box<dyn regflow_kernels::Kernel>))
+}

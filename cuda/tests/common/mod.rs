@@ -1,0 +1,106 @@
+//! Runs one op's CUDA kernel and its CPU kernel on the same inputs, for the op-by-op
+//! comparisons. Every test using it skips (with a message) without a GPU.
+
+#![allow(dead_code)]
+
+use regflow_cuda::{Device, Stream};
+use regflow_kernels::{Execution, KernelIo, KernelRegistry, KernelSpec, StreamContext};
+use regflow_memory::{Arena, ArenaAllocator, MemoryKind};
+use regflow_plan::ops::OpAttrs;
+use regflow_plan::{DeviceKind, GroupPosition, HostArray, OpConf, TensorMeta};
+
+/// Device 0 and a stream of it, or `None` (after saying why) where there is no GPU.
+pub(crate) fn gpu_or_skip() -> Option<(Device, Stream)> {
+    match Device::open(0).and_then(|d| d.stream().map(|s| (d, s))) {
+        Ok(pair) => Some(pair),
+        Err(e) => {
+            eprintln!("skipped (no GPU): {e}");
+            None
+        }
+    }
+}
+
+/// The conf of `op` on `inputs` giving outputs of `outputs`.
+pub(crate) fn conf(op: &dyn OpAttrs, inputs: &[&HostArray], outputs: &[TensorMeta]) -> OpConf {
+    OpConf::new(op, inputs.iter().map(|a| a.meta()).collect(), (0..inputs.len()).collect(), outputs.to_vec())
+}
+
+/// The outputs of `conf`'s kernel for `device` on `inputs`: on the CPU, or on the GPU
+/// through managed registers and `stream`.
+pub(crate) fn run(conf: &OpConf, inputs: &[&HostArray], gpu: Option<(&Device, &Stream)>) -> Vec<HostArray> {
+    let mut registry = KernelRegistry::new();
+    regflow_kernels::cpu::register(&mut registry, DeviceKind::Cpu);
+    regflow_cuda::register(&mut registry);
+    let kind = if gpu.is_some() { DeviceKind::Cuda } else { DeviceKind::Cpu };
+    let bytes = |m: &TensorMeta| (m.shape.numel() * m.dtype.size()) as u64;
+    let input_bytes: Vec<u64> = inputs.iter().map(|a| bytes(&a.meta())).collect();
+    let output_bytes: Vec<u64> = conf.outputs.iter().map(bytes).collect();
+    let spec = KernelSpec {
+        actor: "test",
+        device: kind,
+        device_index: 0,
+        op: Some(conf),
+        input_bytes: &input_bytes,
+        output_bytes: &output_bytes,
+    };
+    let mut kernel = registry.make(&regflow_plan::KernelConf::Op(conf.clone()), &spec).expect("a kernel");
+    // One arena, 256-byte aligned slots, inputs then outputs.
+    let align = |b: u64| b.div_ceil(256) * 256;
+    let total: u64 = input_bytes.iter().chain(&output_bytes).map(|&b| align(b.max(1))).sum();
+    let memory = match gpu {
+        Some((device, _)) => device.managed("test", total).expect("managed memory"),
+        None => regflow_memory::HostAllocator.allocate("test", MemoryKind::Host, total).expect("host memory"),
+    };
+    let arena = Arena::new("test", MemoryKind::Host, memory);
+    let mut offset = 0;
+    let mut slot = |b: u64| {
+        let view = arena.view(offset, b).expect("a view");
+        offset += align(b.max(1));
+        view
+    };
+    let ins: Vec<_> = input_bytes.iter().map(|&b| slot(b)).collect();
+    let outs: Vec<_> = output_bytes.iter().map(|&b| slot(b)).collect();
+    for (view, array) in ins.iter().zip(inputs) {
+        // SAFETY: host-accessible memory of the arena, not in use by any kernel.
+        unsafe { view.as_mut_slice() }.copy_from_slice(&array.to_le_bytes());
+    }
+    let context = StreamContext {
+        device: kind,
+        device_index: 0,
+        threads: 1,
+        native: gpu.map_or(0, |(_, s)| s.handle().0),
+    };
+    let mut io = KernelIo::new(0, GroupPosition { index: 0, count: 1 }, &ins, &outs, &context);
+    kernel.run(&mut io).expect("the kernel runs");
+    if let Some((_, stream)) = gpu {
+        if kernel.execution() == Execution::Queued {
+            stream.synchronize().expect("the stream drains");
+        }
+    }
+    conf.outputs
+        .iter()
+        .zip(&outs)
+        // SAFETY: the kernel has completed.
+        .map(|(meta, view)| HostArray::from_le_bytes(meta, unsafe { view.as_slice() }).expect("an output"))
+        .collect()
+}
+
+/// Asserts `gpu` and `cpu` agree elementwise within `rel` relative error (with an
+/// absolute floor of `rel` for values near zero).
+pub(crate) fn assert_close(what: &str, gpu: &[HostArray], cpu: &[HostArray], rel: f64) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: output count");
+    for (o, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert_eq!(g.meta(), c.meta(), "{what}: output {o} meta");
+        for (i, (a, b)) in g.to_f64_vec().iter().zip(c.to_f64_vec()).enumerate() {
+            let tolerance = rel * b.abs().max(1.0);
+            assert!((a - b).abs() <= tolerance || (a.is_nan() && b.is_nan()), "{what}: output {o}[{i}]: cuda {a}, cpu {b}");
+        }
+    }
+}
+
+/// Runs `conf` on both devices and compares.
+pub(crate) fn check(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Device, &Stream), rel: f64) {
+    let on_gpu = run(conf, inputs, Some(gpu));
+    let on_cpu = run(conf, inputs, None);
+    assert_close(what, &on_gpu, &on_cpu, rel);
+}
