@@ -63,7 +63,7 @@ fn a_dtype_without_a_kernel_is_refused_naming_the_kernels_the_op_has() {
     assert_eq!(
         build_error(one_op(DeviceKind::Cpu, add(DType::I64))),
         "cannot make the kernel of actor 'f': no kernel is registered for op 'binary' on device kind \
-         cpu with dtype i64; 'binary' has kernels for: cpu f32, cpu f64, sim f32, sim f64"
+         cpu with dtype i64; 'binary' has kernels for: cpu f32, cpu f64, cuda f32, cuda f64, sim f32, sim f64"
     );
 }
 
@@ -94,11 +94,16 @@ fn metas_that_contradict_the_registers_are_refused() {
 
 #[test]
 fn a_device_this_build_cannot_run_is_refused_not_run_on_the_cpu() {
+    let Err(missing) = regflow_cuda::probe() else {
+        eprintln!("skipped the refusal: this machine runs cuda devices");
+        return;
+    };
     let message = build_error(one_op(DeviceKind::Cuda, add(DType::F32)));
-    assert_eq!(
-        message,
-        "device node0/cuda:0 has no backend in this runtime (available device kinds: cpu, sim); its actors would not run"
-    );
+    assert_eq!(message, format!("device node0/cuda:0 cannot run here: {missing}; its actors would not run"));
+    // Built without the backend, the message says how to get it; built with it, it names
+    // the driver library it could not load.
+    let expected = if regflow_cuda::BUILT { "libcuda" } else { "--features cuda" };
+    assert!(message.contains(expected), "{message}");
     // An unknown kind in a plan file does not even parse.
     let json = one_op(DeviceKind::Cpu, add(DType::F32)).to_json().replace("\"cpu\"", "\"tpu\"");
     let error = Plan::from_json(&json).unwrap_err().to_string();

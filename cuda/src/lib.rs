@@ -45,9 +45,18 @@ pub mod driver;
 #[cfg_attr(not(feature = "cuda"), path = "nvrtc/dummy.rs")]
 pub mod nvrtc;
 
-pub use driver::{launch, probe, Device, DeviceInfo, Function, Grid, HostCallback, Stream, StreamHandle};
+pub use driver::{launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback, Stream, StreamHandle};
 pub use error::CudaError;
 pub use ops::{queued_ops, register};
+
+/// `names` without repeats, in their first order (cudarc's candidate library names repeat
+/// some; an error message lists each once).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn distinct(mut names: Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+    names
+}
 
 /// Whether this build has the CUDA backend (the `cuda` feature).
 pub const BUILT: bool = cfg!(feature = "cuda");

@@ -10,6 +10,12 @@ impl Kernel for Noop {
     fn run(&mut self, _io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         Ok(())
     }
+
+    /// Nothing to compute, but its completion (a repeat's hand-off, a tick) must come after
+    /// the stream's earlier work: queued, so a device stream orders it without draining.
+    fn execution(&self) -> crate::Execution {
+        crate::Execution::Queued
+    }
 }
 
 /// Copies input 0 into every output, up to the shorter length.

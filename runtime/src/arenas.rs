@@ -10,17 +10,38 @@
 
 use crate::RuntimeError;
 use regflow_actors::RegstRef;
-use regflow_memory::{host_memory_bytes, Arena, ArenaAllocator, BufferView, HostAllocator, MemoryError, MemoryReport};
+use regflow_memory::{host_memory_bytes, Arena, ArenaAllocator, ArenaMemory, BufferView, HostAllocator, MemoryReport};
 use regflow_plan::{DeviceKind, Plan, PlanMemory, RegstDescId};
 
-/// Where the arenas of devices of `kind` come from: `cpu` and `sim` registers live in host
-/// memory. This build has no CUDA backend (a plan with a local `cuda` device is refused
-/// before memory is allocated); the host allocator stands in for devices on other nodes,
-/// and refuses device memory.
-fn allocator_for(kind: DeviceKind) -> &'static dyn ArenaAllocator {
-    match kind {
-        DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda => &HostAllocator,
+/// The memory of one hosted device's arena: host memory for `cpu` and `sim`; for `cuda`,
+/// one managed allocation on the GPU (`regflow_cuda::Device::managed`), which kernels read
+/// at device speed and the host reads in place (feeds, fetches, host kernels). A `cuda`
+/// device that cannot be opened was refused before (`check_devices`).
+fn arena_memory(
+    device: &regflow_plan::DeviceDesc,
+    label: &str,
+    kind: regflow_memory::MemoryKind,
+    bytes: u64,
+) -> Result<Box<dyn ArenaMemory>, String> {
+    match device.kind {
+        DeviceKind::Cpu | DeviceKind::Sim => HostAllocator.allocate(label, kind, bytes).map_err(|e| e.to_string()),
+        DeviceKind::Cuda => regflow_cuda::Device::open(usize::from(device.index))
+            .and_then(|gpu| gpu.managed(label, bytes))
+            .map_err(|e| e.to_string()),
     }
+}
+
+/// The bytes device `device` can hold, with how to say so: its `memory_capacity`, else for
+/// `cuda` what the driver reports free now, else the host's memory.
+fn device_limit(device: &regflow_plan::DeviceDesc, host: Option<u64>) -> Option<(u64, String)> {
+    if let Some(capacity) = device.memory_capacity {
+        return Some((capacity, format!("{capacity} bytes (its memory_capacity)")));
+    }
+    if device.kind == DeviceKind::Cuda {
+        let free = regflow_cuda::Device::open(usize::from(device.index)).and_then(|gpu| gpu.free_bytes());
+        return free.ok().map(|free| (free, format!("{free} bytes free on the GPU, as its driver reports")));
+    }
+    host.map(|host| (host, format!("{host} bytes of host memory")))
 }
 
 /// [`RuntimeError::DoesNotFit`] for device `d` of the memory plan: names its three largest
@@ -88,22 +109,13 @@ impl PlanArenas {
                 .map(|r| plan.regst_descs[r.index()].memory)
                 .unwrap_or(regflow_memory::MemoryKind::Host);
             let bytes = device.total_bytes();
-            let capacity = plan.devices[device.device.index()].memory_capacity;
-            let available = match (capacity, host) {
-                (Some(capacity), _) => Some((capacity, format!("{capacity} bytes (its memory_capacity)"))),
-                (None, Some(host)) => Some((host, format!("{host} bytes of host memory"))),
-                (None, None) => None,
-            };
-            if let Some((_, available)) = available.filter(|(limit, _)| bytes > *limit) {
+            let desc = &plan.devices[device.device.index()];
+            if let Some((_, available)) = device_limit(desc, host).filter(|(limit, _)| bytes > *limit) {
                 return Err(does_not_fit(plan, memory, d, bytes, available));
             }
-            let allocator = allocator_for(plan.devices[device.device.index()].kind);
-            let arena = Arena::allocate_with(allocator, &device.label, kind, bytes).map_err(|e| match e {
-                MemoryError::AllocationFailed { .. } => {
-                    does_not_fit(plan, memory, d, bytes, "less: the allocator could not provide them".into())
-                }
-                other => RuntimeError::Memory(other),
-            })?;
+            let memory_of = arena_memory(desc, &device.label, kind, bytes)
+                .map_err(|why| does_not_fit(plan, memory, d, bytes, format!("less: {why}")))?;
+            let arena = Arena::new(&device.label, kind, memory_of);
             arena_of[d] = Some(arenas.len());
             arenas.push(arena);
         }

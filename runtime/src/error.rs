@@ -60,13 +60,14 @@ pub enum RuntimeError {
         /// Why, naming the peer or the master.
         message: String,
     },
-    /// The plan names a device this build has no backend for.
-    #[error("device {device} has no backend in this runtime (available device kinds: {available}); its actors would not run")]
+    /// The plan names a device that cannot run here: a `cuda` device without this build's
+    /// CUDA backend, without the driver, or beyond the devices the driver has.
+    #[error("device {device} cannot run here: {reason}; its actors would not run")]
     UnsupportedDevice {
         /// The device's label (`node0/cuda:0`).
         device: String,
-        /// The kinds this build runs.
-        available: String,
+        /// What is missing, as a sentence.
+        reason: String,
     },
     /// Nothing fired for the watchdog's timeout while pieces were pending. When the program
     /// is part of the deadlock (a push waiting on a full source while nobody reads a full

@@ -84,6 +84,10 @@ fn name(value: f64) -> &'static str {
 impl Kernel for FiniteCheck {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         self.inner.run(io)?;
+        if self.inner.execution() == regflow_kernels::Execution::Queued {
+            // The outputs are read here, on the host: let the device finish them.
+            regflow_cuda::synchronize(regflow_cuda::StreamHandle(io.context().native))?;
+        }
         for (o, meta) in self.op.outputs.iter().enumerate() {
             let Some((element, value)) = first_non_finite(io.output(o), meta) else { continue };
             let what = format!("{} at element {element} of its output {o} ({meta})", name(value));

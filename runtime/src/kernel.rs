@@ -5,7 +5,7 @@
 use crate::collective::CollectiveGroups;
 use crate::finite::{FiniteCheck, FiniteSite};
 use regflow_kernels::KernelRegistry;
-use regflow_plan::{ActorIndex, DeviceKind, KernelConf, PlanIndex};
+use regflow_plan::{ActorIndex, KernelConf, PlanIndex};
 use std::sync::Arc;
 
 pub use regflow_kernels::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
@@ -68,10 +68,4 @@ impl JobKernels {
             _ => Ok(kernel),
         }
     }
-}
-
-/// Whether kernels for `device` can run in this build (a plan naming another kind is
-/// refused when the job is built).
-pub(crate) fn device_supported(device: DeviceKind) -> bool {
-    crate::device::KINDS.contains(&device)
 }

@@ -227,7 +227,7 @@ fn command_line() {
         "a plan for cuda devices",
         || run(&["run", &cuda, "--feeds", &good], None),
         KIND,
-        &["cannot run", "node0/cuda:0", "no backend"],
+        &["cannot run", "node0/cuda:0", "CUDA"],
     );
     c.finish();
 }

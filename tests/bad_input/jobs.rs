@@ -86,7 +86,7 @@ fn job_building() {
         "a cuda device without a cuda backend",
         || quick(with_kernel(KernelConf::Copy, DeviceKind::Cuda)).build(),
         "RuntimeError::UnsupportedDevice",
-        &["node0/cuda:0", "no backend", "cpu"],
+        &["node0/cuda:0", "cannot run here", "CUDA"],
     );
     c.case(
         "an op type no device has",

@@ -50,7 +50,7 @@ fn compile_options_and_step_lists() {
         "a one-device plan for cuda, run without a cuda backend",
         || quick(compiled.expect("a cuda plan compiles").plan).build(),
         "RuntimeError::UnsupportedDevice",
-        &["node0/cuda:0", "no backend"],
+        &["node0/cuda:0", "cannot run here", "CUDA"],
     );
     let compiled =
         g.compile(&[loss], &[], &CompileOptions { dataset: dataset(&["x", "labels"]), ..Default::default() });

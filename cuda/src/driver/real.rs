@@ -28,7 +28,7 @@ fn driver_library() -> Result<(), CudaError> {
     }
     Err(CudaError::MissingLibrary {
         library: "libcuda (the NVIDIA driver)",
-        searched: cudarc::get_lib_name_candidates("cuda").join(", "),
+        searched: crate::distinct(cudarc::get_lib_name_candidates("cuda")).join(", "),
         hint: "install the NVIDIA driver, or add the folder holding libcuda.so.1 to LD_LIBRARY_PATH",
     })
 }
@@ -284,6 +284,15 @@ impl Drop for Stream {
             }
         }
     }
+}
+
+/// Waits until everything queued on `stream` so far has run (for a host step that reads
+/// what a queued kernel wrote, within one firing: the finite check, say). Reports a kernel's
+/// failure.
+pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
+    // SAFETY: the handle comes from a live `Stream` whose context the calling stream
+    // thread bound.
+    unsafe { result::stream::synchronize(stream.0 as usize as sys::CUstream) }.map_err(failed("cuStreamSynchronize", 0))
 }
 
 /// A compiled kernel of one device.

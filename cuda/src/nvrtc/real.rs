@@ -15,7 +15,7 @@ pub fn available() -> Result<(), CudaError> {
     }
     Err(CudaError::MissingLibrary {
         library: "libnvrtc (NVRTC, the CUDA runtime compiler)",
-        searched: cudarc::get_lib_name_candidates("nvrtc").join(", "),
+        searched: crate::distinct(cudarc::get_lib_name_candidates("nvrtc")).join(", "),
         hint: "install the CUDA toolkit or `pip install nvidia-cuda-nvrtc`, and add the folder holding \
                libnvrtc.so.13 to LD_LIBRARY_PATH",
     })

@@ -1,11 +1,14 @@
 //! Devices behind one trait with asynchronous completion: `cpu` runs kernels on the stream
 //! thread and completes at once; `sim` computes on the host but completes after a modeled
-//! duration, on a poller thread, the same path CUDA events will take.
+//! duration, on a poller thread; `cuda` queues kernels on a CUDA stream and completes from
+//! the driver's callback.
 
 mod cpu;
+mod cuda;
 mod sim;
 
 pub(crate) use cpu::CpuStream;
+pub(crate) use cuda::CudaStream;
 pub(crate) use sim::SimPoller;
 
 use crate::kernel::{Kernel, KernelError, KernelIo};
@@ -36,18 +39,36 @@ pub(crate) trait DeviceStream: Send {
         modeled: Duration,
         timed: bool,
     ) -> Result<Launched, KernelError>;
+
+    /// The native stream handle kernels launch onto ([`StreamContext::native`]); 0 for
+    /// devices that run kernels on the host.
+    ///
+    /// [`StreamContext::native`]: regflow_kernels::StreamContext
+    fn native(&self) -> u64 {
+        0
+    }
 }
 
-/// The device kinds this build runs. A plan naming another kind (`cuda` without a CUDA
-/// backend) is refused when its job is built, never run on the CPU instead.
-pub(crate) const KINDS: [DeviceKind; 2] = [DeviceKind::Cpu, DeviceKind::Sim];
+/// The device kinds this runtime knows. `cpu` and `sim` always run; a `cuda` device runs
+/// where [`unavailable`] says nothing against it.
+pub(crate) const KINDS: [DeviceKind; 3] = [DeviceKind::Cpu, DeviceKind::Sim, DeviceKind::Cuda];
+
+/// Why device `index` of kind `kind` cannot run here, or `None` when it can: a `cuda`
+/// device needs this build's CUDA backend, the driver and the device itself. A plan naming
+/// such a device is refused when its job is built, never run on the CPU instead.
+pub(crate) fn unavailable(kind: DeviceKind, index: u16) -> Option<String> {
+    match kind {
+        DeviceKind::Cpu | DeviceKind::Sim => None,
+        DeviceKind::Cuda => regflow_cuda::Device::open(usize::from(index)).err().map(|e| e.to_string()),
+    }
+}
 
 /// Adds the kernels of devices of kind `kind` to `registry`: each device brings its own.
 /// `cpu` runs the host kernels; `sim` computes with the same host kernels and only models
-/// time.
+/// time; `cuda` queues its CUDA kernels and runs the host kernels of ops without one.
 pub(crate) fn register_kernels(registry: &mut KernelRegistry, kind: DeviceKind) {
     match kind {
         DeviceKind::Cpu | DeviceKind::Sim => regflow_kernels::cpu::register(registry, kind),
-        DeviceKind::Cuda => {}
+        DeviceKind::Cuda => regflow_cuda::register(registry),
     }
 }

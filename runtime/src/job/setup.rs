@@ -6,9 +6,8 @@ use super::start::JobBuilder;
 use super::UserWaits;
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
-use crate::device::{CpuStream, DeviceStream, SimPoller};
+use crate::device::{CpuStream, CudaStream, DeviceStream, SimPoller};
 use crate::inbox::{Envelope, InboxSender};
-use crate::kernel::device_supported;
 use crate::stream::ActorRuntime;
 use crate::stream::JobShared;
 use crate::sync::Arc;
@@ -19,15 +18,17 @@ use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePie
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// Refuses a plan whose devices (on the nodes this job runs) have no backend in this
-/// build, naming the device, rather than running their kernels somewhere else.
+/// Refuses a plan whose devices (on the nodes this job runs) cannot run here (a `cuda`
+/// device without the backend, the driver or the GPU), naming the device and what is
+/// missing, rather than running their kernels somewhere else.
 pub(super) fn check_devices(plan: &Plan, node: Option<u16>) -> Result<(), RuntimeError> {
     for device in &plan.devices {
-        if node.is_some_and(|n| n != device.node) || device_supported(device.kind) {
+        if node.is_some_and(|n| n != device.node) {
             continue;
         }
-        let available: Vec<&str> = crate::device::KINDS.iter().map(|k| k.name()).collect();
-        return Err(RuntimeError::UnsupportedDevice { device: device.label(), available: available.join(", ") });
+        if let Some(reason) = crate::device::unavailable(device.kind, device.index) {
+            return Err(RuntimeError::UnsupportedDevice { device: device.label(), reason });
+        }
     }
     Ok(())
 }
@@ -369,8 +370,8 @@ pub(super) fn sim_poller(plan: &Plan) -> Result<Option<SimPoller>, RuntimeError>
         .map_err(|e| RuntimeError::Spawn { thread: "sim poller".into(), message: e.to_string() })
 }
 
-/// How stream `s` launches kernels on its device; `None` for a sim stream this job has no
-/// inbox for.
+/// How stream `s` launches kernels on its device; `None` for a sim or cuda stream this job
+/// has no inbox for.
 pub(super) fn stream_device(
     plan: &Plan,
     s: usize,
@@ -383,9 +384,15 @@ pub(super) fn stream_device(
             Ok(inbox.map(|tx| Box::new(poller.stream(tx.clone())) as Box<dyn DeviceStream>))
         }
         (_, DeviceKind::Cpu) => Ok(Some(Box::new(CpuStream))),
+        (_, DeviceKind::Cuda) => {
+            let Some(inbox) = inbox else { return Ok(None) };
+            let stream = CudaStream::new(usize::from(device.index), device.label(), inbox.clone())
+                .map_err(|e| RuntimeError::UnsupportedDevice { device: device.label(), reason: e.to_string() })?;
+            Ok(Some(Box::new(stream)))
+        }
         (_, kind) => Err(RuntimeError::UnsupportedDevice {
             device: device.label(),
-            available: format!("no stream backend for {} (broken invariant)", kind.name()),
+            reason: format!("no stream backend for {} (broken invariant)", kind.name()),
         }),
     }
 }

@@ -353,6 +353,7 @@ impl Job {
                 device: device_desc.kind,
                 device_index: device_desc.index,
                 threads: builder.cpu_threads,
+                native: device.native(),
             };
             let stream_id =
                 actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));

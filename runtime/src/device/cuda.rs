@@ -1,0 +1,121 @@
+//! The `cuda` device: one CUDA stream per stream thread. A queued kernel
+//! ([`Execution::Queued`]) launches onto the stream and the firing completes when the
+//! device reaches a host callback queued right after it, which sends the actor's `ActDone`
+//! into its stream's inbox. Consumers on the same stream are told at launch (the stream
+//! orders their kernels after it); acks and consumers on other streams wait for the
+//! callback, so no register is reused or read elsewhere before the kernel has finished.
+//!
+//! **Callbacks, not an event poller.** The issue sketched a poller thread querying events.
+//! `cuLaunchHostFunc` gives the same completion order with no polling at all: the driver's
+//! own thread runs the callback when the stream gets there, and the callback only sends
+//! one envelope (no CUDA call, no allocation: its argument is a per-actor block made at
+//! the actor's first launch and kept until the stream is dropped).
+//!
+//! A host kernel (a CPU kernel of an op without a CUDA kernel yet, a collective, a feed, a
+//! fetch) on a cuda stream first waits for what the stream queued before, then runs on the
+//! host over the same managed registers and completes at once.
+
+use super::{DeviceStream, Launched};
+use crate::inbox::{Envelope, InboxSender};
+use crate::kernel::{Kernel, KernelError, KernelIo};
+use regflow_actors::{ActorId, Body, Completion, Message};
+use regflow_cuda::{Device, Stream};
+use regflow_kernels::Execution;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::time::Duration;
+
+/// What a completion callback needs: where to send whose `ActDone`.
+#[derive(Debug)]
+struct Completer {
+    inbox: InboxSender,
+    actor: ActorId,
+}
+
+/// Runs on the driver's callback thread when the stream reaches it.
+///
+/// # Safety
+///
+/// `arg` points to a [`Completer`] that outlives the callback (the stream drains before
+/// its completers are dropped).
+unsafe extern "C" fn complete(arg: *mut c_void) {
+    // SAFETY: see above; the completer is only read.
+    let completer = unsafe { &*(arg as *const Completer) };
+    let msg = Message { dst: completer.actor, src: completer.actor, body: Body::ActDone };
+    // A closed inbox means the stream stopped (abort): nobody waits for this completion.
+    let _ = completer.inbox.send(Envelope::Actor(msg));
+}
+
+/// One stream of a cuda device, owned by its stream thread.
+#[derive(Debug)]
+pub(crate) struct CudaStream {
+    /// Declared first so it drops (draining its work and callbacks) before `completers`.
+    stream: Stream,
+    device: Device,
+    label: String,
+    inbox: InboxSender,
+    /// One per actor that has queued a kernel, made at its first launch.
+    completers: HashMap<ActorId, Box<Completer>>,
+    /// Work was queued since the stream last drained.
+    queued: bool,
+    /// The device's context is current on the stream thread.
+    bound: bool,
+}
+
+impl CudaStream {
+    /// A new stream of device `ordinal` (labelled `label` in errors) that reports to
+    /// `inbox`.
+    pub(crate) fn new(ordinal: usize, label: String, inbox: InboxSender) -> Result<Self, regflow_cuda::CudaError> {
+        let device = Device::open(ordinal)?;
+        let stream = device.stream()?;
+        Ok(Self { stream, device, label, inbox, completers: HashMap::new(), queued: false, bound: false })
+    }
+
+    fn failed(&self, e: regflow_cuda::CudaError) -> KernelError {
+        KernelError(format!("stream of {}: {e}", self.label))
+    }
+}
+
+impl DeviceStream for CudaStream {
+    fn launch(
+        &mut self,
+        actor: ActorId,
+        kernel: &mut dyn Kernel,
+        io: &mut KernelIo<'_>,
+        _modeled: Duration,
+        _timed: bool,
+    ) -> Result<Launched, KernelError> {
+        if !self.bound {
+            // The stream was made on the job's builder thread; this is its own thread.
+            self.device.bind().map_err(|e| self.failed(e))?;
+            self.bound = true;
+        }
+        match kernel.execution() {
+            Execution::Host => {
+                if self.queued {
+                    // The host reads what kernels queued here wrote: let them finish.
+                    self.stream.synchronize().map_err(|e| self.failed(e))?;
+                    self.queued = false;
+                }
+                kernel.run(io)?;
+                Ok(Launched { completion: Completion::Done, span: None })
+            }
+            Execution::Queued => {
+                kernel.run(io)?;
+                let inbox = &self.inbox;
+                let completer =
+                    self.completers.entry(actor).or_insert_with(|| Box::new(Completer { inbox: inbox.clone(), actor }));
+                let arg = &**completer as *const Completer as *mut c_void;
+                // SAFETY: the completer lives in a box owned by this stream until it is
+                // dropped, after `stream` has drained; `complete` only sends a message.
+                unsafe { self.stream.call_back(complete, arg) }.map_err(|e| self.failed(e))?;
+                self.queued = true;
+                Ok(Launched { completion: Completion::Pending, span: None })
+            }
+        }
+    }
+
+    fn native(&self) -> u64 {
+        self.stream.handle().0
+    }
+}
