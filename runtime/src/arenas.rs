@@ -8,6 +8,7 @@
 //! piece before the consumer hears of it (see `crate::net`). Consumers read the mirror
 //! through the same [`PlanArenas::view`] as any local slot, so kernels never know.
 
+use crate::device::GpuMap;
 use crate::RuntimeError;
 use regflow_actors::RegstRef;
 use regflow_memory::{host_memory_bytes, Arena, ArenaAllocator, ArenaMemory, BufferView, HostAllocator, MemoryReport};
@@ -19,13 +20,14 @@ use regflow_plan::{DeviceKind, Plan, PlanMemory, RegstDescId};
 /// device that cannot be opened was refused before (`check_devices`).
 fn arena_memory(
     device: &regflow_plan::DeviceDesc,
+    gpus: &GpuMap,
     label: &str,
     kind: regflow_memory::MemoryKind,
     bytes: u64,
 ) -> Result<Box<dyn ArenaMemory>, String> {
     match device.kind {
         DeviceKind::Cpu | DeviceKind::Sim => HostAllocator.allocate(label, kind, bytes).map_err(|e| e.to_string()),
-        DeviceKind::Cuda => regflow_cuda::Device::open(usize::from(device.index))
+        DeviceKind::Cuda => regflow_cuda::Device::open(gpus.ordinal(device.index)?)
             .and_then(|gpu| gpu.managed(label, bytes))
             .map_err(|e| e.to_string()),
     }
@@ -33,13 +35,13 @@ fn arena_memory(
 
 /// The bytes device `device` can hold, with how to say so: its `memory_capacity`, else for
 /// `cuda` what the driver reports free now, else the host's memory.
-fn device_limit(device: &regflow_plan::DeviceDesc, host: Option<u64>) -> Option<(u64, String)> {
+fn device_limit(device: &regflow_plan::DeviceDesc, gpus: &GpuMap, host: Option<u64>) -> Option<(u64, String)> {
     if let Some(capacity) = device.memory_capacity {
         return Some((capacity, format!("{capacity} bytes (its memory_capacity)")));
     }
     if device.kind == DeviceKind::Cuda {
-        let free = regflow_cuda::Device::open(usize::from(device.index)).and_then(|gpu| gpu.free_bytes());
-        return free.ok().map(|free| (free, format!("{free} bytes free on the GPU, as its driver reports")));
+        let gpu = gpus.ordinal(device.index).ok().and_then(|o| regflow_cuda::Device::open(o).ok());
+        return gpu.and_then(|gpu| gpu.free_bytes().ok()).map(|free| (free, format!("{free} bytes free on the GPU, as its driver reports")));
     }
     host.map(|host| (host, format!("{host} bytes of host memory")))
 }
@@ -93,7 +95,12 @@ impl PlanArenas {
     ///
     /// With `node`, only that node's devices get arenas, and registers produced elsewhere
     /// and read on it get mirrors; slots of other registers have no view.
-    pub(crate) fn allocate(plan: &Plan, memory: &PlanMemory, node: Option<u16>) -> Result<Self, RuntimeError> {
+    pub(crate) fn allocate(
+        plan: &Plan,
+        memory: &PlanMemory,
+        node: Option<u16>,
+        gpus: &GpuMap,
+    ) -> Result<Self, RuntimeError> {
         let host = host_memory_bytes();
         let hosted = |d: regflow_plan::DeviceIndex| node.is_none_or(|n| plan.devices[d.index()].node == n);
         let mut arenas = Vec::with_capacity(memory.devices.len());
@@ -110,10 +117,10 @@ impl PlanArenas {
                 .unwrap_or(regflow_memory::MemoryKind::Host);
             let bytes = device.total_bytes();
             let desc = &plan.devices[device.device.index()];
-            if let Some((_, available)) = device_limit(desc, host).filter(|(limit, _)| bytes > *limit) {
+            if let Some((_, available)) = device_limit(desc, gpus, host).filter(|(limit, _)| bytes > *limit) {
                 return Err(does_not_fit(plan, memory, d, bytes, available));
             }
-            let memory_of = arena_memory(desc, &device.label, kind, bytes)
+            let memory_of = arena_memory(desc, gpus, &device.label, kind, bytes)
                 .map_err(|why| does_not_fit(plan, memory, d, bytes, format!("less: {why}")))?;
             let arena = Arena::new(&device.label, kind, memory_of);
             arena_of[d] = Some(arenas.len());

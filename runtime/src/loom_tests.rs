@@ -95,7 +95,7 @@ fn run_model(plan: &Plan, wake_first: bool) {
     let ids = PlanIds::assign(plan).unwrap();
     let indexed = PlanIndex::new(plan);
     let memory = plan.memory().unwrap();
-    let arenas = Arc::new(PlanArenas::allocate(plan, &memory, None).unwrap());
+    let arenas = Arc::new(PlanArenas::allocate(plan, &memory, None, &Default::default()).unwrap());
     let shadow = std::sync::Arc::new(Shadow {
         slots: plan
             .regst_descs

@@ -153,8 +153,8 @@ impl Device {
             ordinal,
             message: "more bytes than this machine can address".into(),
         })?;
-        // SAFETY: a fresh allocation of `len` bytes; the memory is zeroed below before any
-        // register is viewed.
+        // SAFETY: a fresh allocation of `len` bytes, zeroed below before any register is
+        // viewed.
         let ptr = unsafe { result::malloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
             .map_err(failed(format!("cuMemAllocManaged({bytes} bytes) for {label}"), ordinal))?;
         let memory = ManagedMemory { ptr, len, device: self.clone() };
@@ -164,8 +164,11 @@ impl Device {
         unsafe {
             let _ = result::mem_advise(ptr, len, sys::CUmem_advise::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, location);
         }
-        // SAFETY: host-accessible managed memory of `len` bytes, owned by `memory`.
-        unsafe { std::ptr::write_bytes(ptr as usize as *mut u8, 0, len) };
+        // Zeroed by the device, so the pages start where kernels use them (a host write would
+        // migrate them all to the host first) and count in the driver's free-memory reading.
+        // SAFETY: the whole allocation above, which nothing uses yet.
+        unsafe { result::memset_d8_sync(ptr, 0, len) }
+            .map_err(failed(format!("cuMemsetD8({bytes} bytes) for {label}"), ordinal))?;
         Ok(Box::new(memory))
     }
 

@@ -53,13 +53,49 @@ pub(crate) trait DeviceStream: Send {
 /// where [`unavailable`] says nothing against it.
 pub(crate) const KINDS: [DeviceKind; 3] = [DeviceKind::Cpu, DeviceKind::Sim, DeviceKind::Cuda];
 
+/// Which GPU each `cuda` device of a plan runs on: `cuda:i` on ordinal `i`, unless the job
+/// maps them (`JobBuilder::cuda_ordinals`), e.g. two devices of a data-parallel plan on one
+/// GPU.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GpuMap(Option<Vec<usize>>);
+
+impl GpuMap {
+    /// Plan device `cuda:i` runs on GPU `ordinals[i]`.
+    pub(crate) fn new(ordinals: Vec<usize>) -> Self {
+        Self(Some(ordinals))
+    }
+
+    /// The GPU ordinal of plan device `cuda:index`, or why there is none.
+    pub(crate) fn ordinal(&self, index: u16) -> Result<usize, String> {
+        match &self.0 {
+            None => Ok(usize::from(index)),
+            Some(ordinals) => ordinals.get(usize::from(index)).copied().ok_or_else(|| {
+                format!("the job maps {} cuda device(s) to GPUs ({ordinals:?}), none for cuda:{index}", ordinals.len())
+            }),
+        }
+    }
+
+    /// The index kernels of device `index` of kind `kind` see: the GPU ordinal for `cuda`
+    /// (where their modules are loaded), the plan's index otherwise. 0 where unmapped
+    /// (refused before any kernel is made).
+    pub(crate) fn kernel_index(&self, kind: DeviceKind, index: u16) -> u16 {
+        match kind {
+            DeviceKind::Cuda => self.ordinal(index).map_or(0, |o| u16::try_from(o).unwrap_or(u16::MAX)),
+            _ => index,
+        }
+    }
+}
+
 /// Why device `index` of kind `kind` cannot run here, or `None` when it can: a `cuda`
-/// device needs this build's CUDA backend, the driver and the device itself. A plan naming
-/// such a device is refused when its job is built, never run on the CPU instead.
-pub(crate) fn unavailable(kind: DeviceKind, index: u16) -> Option<String> {
+/// device needs this build's CUDA backend, the driver and its GPU. A plan naming such a
+/// device is refused when its job is built, never run on the CPU instead.
+pub(crate) fn unavailable(kind: DeviceKind, index: u16, gpus: &GpuMap) -> Option<String> {
     match kind {
         DeviceKind::Cpu | DeviceKind::Sim => None,
-        DeviceKind::Cuda => regflow_cuda::Device::open(usize::from(index)).err().map(|e| e.to_string()),
+        DeviceKind::Cuda => match gpus.ordinal(index) {
+            Ok(ordinal) => regflow_cuda::Device::open(ordinal).err().map(|e| e.to_string()),
+            Err(why) => Some(why),
+        },
     }
 }
 

@@ -66,7 +66,7 @@ pub(super) fn make_actor(
     let spec = KernelSpec {
         actor: &desc.name,
         device: device_desc.kind,
-        device_index: device_desc.index,
+        device_index: builder.gpus.kernel_index(device_desc.kind, device_desc.index),
         op: None,
         input_bytes: &inputs,
         output_bytes: &outputs,

@@ -6,7 +6,7 @@ use super::start::JobBuilder;
 use super::UserWaits;
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
-use crate::device::{CpuStream, CudaStream, DeviceStream, SimPoller};
+use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimPoller};
 use crate::inbox::{Envelope, InboxSender};
 use crate::stream::ActorRuntime;
 use crate::stream::JobShared;
@@ -21,12 +21,12 @@ use std::time::Duration;
 /// Refuses a plan whose devices (on the nodes this job runs) cannot run here (a `cuda`
 /// device without the backend, the driver or the GPU), naming the device and what is
 /// missing, rather than running their kernels somewhere else.
-pub(super) fn check_devices(plan: &Plan, node: Option<u16>) -> Result<(), RuntimeError> {
+pub(super) fn check_devices(plan: &Plan, node: Option<u16>, gpus: &GpuMap) -> Result<(), RuntimeError> {
     for device in &plan.devices {
         if node.is_some_and(|n| n != device.node) {
             continue;
         }
-        if let Some(reason) = crate::device::unavailable(device.kind, device.index) {
+        if let Some(reason) = crate::device::unavailable(device.kind, device.index, gpus) {
             return Err(RuntimeError::UnsupportedDevice { device: device.label(), reason });
         }
     }
@@ -377,6 +377,7 @@ pub(super) fn stream_device(
     s: usize,
     poller: Option<&SimPoller>,
     inbox: Option<&InboxSender>,
+    gpus: &GpuMap,
 ) -> Result<Option<Box<dyn DeviceStream>>, RuntimeError> {
     let device = &plan.devices[plan.streams[s].device.index()];
     match (poller, device.kind) {
@@ -386,8 +387,9 @@ pub(super) fn stream_device(
         (_, DeviceKind::Cpu) => Ok(Some(Box::new(CpuStream))),
         (_, DeviceKind::Cuda) => {
             let Some(inbox) = inbox else { return Ok(None) };
-            let stream = CudaStream::new(usize::from(device.index), device.label(), inbox.clone())
-                .map_err(|e| RuntimeError::UnsupportedDevice { device: device.label(), reason: e.to_string() })?;
+            let refused = |reason: String| RuntimeError::UnsupportedDevice { device: device.label(), reason };
+            let ordinal = gpus.ordinal(device.index).map_err(refused)?;
+            let stream = CudaStream::new(ordinal, device.label(), inbox.clone()).map_err(|e| refused(e.to_string()))?;
             Ok(Some(Box::new(stream)))
         }
         (_, kind) => Err(RuntimeError::UnsupportedDevice {

@@ -37,6 +37,7 @@ pub struct JobBuilder {
     pub(super) preloads: Vec<(String, Vec<u8>)>,
     pub(super) variable_values: Vec<(String, regflow_plan::HostArray)>,
     pub(super) cpu_threads: usize,
+    pub(super) gpus: crate::device::GpuMap,
     pub(super) data_dir: Option<PathBuf>,
     pub(super) keep_state: bool,
     pub(super) cluster: Option<crate::net::Cluster>,
@@ -98,6 +99,14 @@ impl JobBuilder {
     /// devices on one machine do not compete for cores.
     pub fn cpu_threads(mut self, threads: usize) -> Self {
         self.cpu_threads = threads.max(1);
+        self
+    }
+
+    /// Runs plan device `cuda:i` on GPU `ordinals[i]` (by default on GPU `i`). Several
+    /// devices may share one GPU: two data-parallel devices on a one-GPU machine, reduced by
+    /// the in-process collectives (NCCL refuses two ranks on one GPU).
+    pub fn cuda_ordinals(mut self, ordinals: &[usize]) -> Self {
+        self.gpus = crate::device::GpuMap::new(ordinals.to_vec());
         self
     }
 
@@ -206,6 +215,7 @@ impl Job {
             preloads: Vec::new(),
             variable_values: Vec::new(),
             cpu_threads: 1,
+            gpus: Default::default(),
             data_dir: None,
             keep_state: false,
             cluster: None,
@@ -239,8 +249,8 @@ impl Job {
         // hand-built plan whose rates do not balance counts pieces as steps.
         let per_step = regflow_actors::firings_per_step(&indexed).unwrap_or_else(|_| vec![1; plan.actors.len()]);
         let memory_plan = plan.memory()?;
-        check_devices(&plan, builder.node)?;
-        let arenas = PlanArenas::allocate(&plan, &memory_plan, builder.node)?;
+        check_devices(&plan, builder.node, &builder.gpus)?;
+        let arenas = PlanArenas::allocate(&plan, &memory_plan, builder.node, &builder.gpus)?;
         write_variables(&plan, &arenas)?;
         let mut preloads = std::mem::take(&mut builder.preloads);
         preloads.extend(variable_preloads(&plan, &builder.variable_values)?);
@@ -348,10 +358,10 @@ impl Job {
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
             let device_desc = &plan.devices[plan.streams[s].device.index()];
-            let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref())? else { continue };
+            let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus)? else { continue };
             let context = StreamContext {
                 device: device_desc.kind,
-                device_index: device_desc.index,
+                device_index: builder.gpus.kernel_index(device_desc.kind, device_desc.index),
                 threads: builder.cpu_threads,
                 native: device.native(),
             };
