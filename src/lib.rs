@@ -46,6 +46,7 @@
 //! ```
 
 pub use regflow_actors as actors;
+pub use regflow_cuda as cuda;
 pub use regflow_graph as graph;
 pub use regflow_kernels as kernels;
 pub use regflow_memory as memory;

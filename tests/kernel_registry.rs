@@ -94,7 +94,7 @@ fn metas_that_contradict_the_registers_are_refused() {
 
 #[test]
 fn a_device_this_build_cannot_run_is_refused_not_run_on_the_cpu() {
-    let Err(missing) = regflow_cuda::probe() else {
+    let Err(missing) = regflow::cuda::probe() else {
         eprintln!("skipped the refusal: this machine runs cuda devices");
         return;
     };
@@ -102,7 +102,7 @@ fn a_device_this_build_cannot_run_is_refused_not_run_on_the_cpu() {
     assert_eq!(message, format!("device node0/cuda:0 cannot run here: {missing}; its actors would not run"));
     // Built without the backend, the message says how to get it; built with it, it names
     // the driver library it could not load.
-    let expected = if regflow_cuda::BUILT { "libcuda" } else { "--features cuda" };
+    let expected = if regflow::cuda::BUILT { "libcuda" } else { "--features cuda" };
     assert!(message.contains(expected), "{message}");
     // An unknown kind in a plan file does not even parse.
     let json = one_op(DeviceKind::Cpu, add(DType::F32)).to_json().replace("\"cpu\"", "\"tpu\"");

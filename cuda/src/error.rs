@@ -7,9 +7,7 @@ pub enum CudaError {
     #[error("this build of regflow has no CUDA backend: rebuild with `--features cuda` to run on NVIDIA GPUs")]
     NotBuilt,
     /// A shared library the backend loads at run time is not on this machine.
-    #[error(
-        "the CUDA library {library} was not found (looked for {searched}); {hint}"
-    )]
+    #[error("the CUDA library {library} was not found (looked for {searched}); {hint}")]
     MissingLibrary {
         /// The library (`libcuda`, `libnvrtc`, `libcublas`, `libnccl`).
         library: &'static str,

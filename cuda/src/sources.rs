@@ -61,9 +61,7 @@ pub fn source_of(entry: &str) -> Result<&'static KernelSource, CudaError> {
         return Ok(source);
     }
     let names: Vec<&str> = entries.iter().map(|(e, _)| *e).collect();
-    let nearest = regflow_kernels::nearest(entry, &names)
-        .map(|n| format!(", did you mean '{n}'?"))
-        .unwrap_or_default();
+    let nearest = regflow_kernels::nearest(entry, &names).map(|n| format!(", did you mean '{n}'?")).unwrap_or_default();
     Err(CudaError::UnknownEntry { entry: entry.to_string(), nearest })
 }
 

@@ -31,7 +31,11 @@ fn every_source_compiles_for_every_architecture() {
         for arch in ARCHES {
             let ptx = nvrtc::compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
             for entry in entries_of(source.code) {
-                assert!(ptx.contains(&format!(".entry {entry}(")), "{}: no entry {entry} in the PTX for {arch}", source.name);
+                assert!(
+                    ptx.contains(&format!(".entry {entry}(")),
+                    "{}: no entry {entry} in the PTX for {arch}",
+                    source.name
+                );
             }
         }
     }

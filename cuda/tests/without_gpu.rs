@@ -13,7 +13,7 @@ fn no_gpu_is_an_error_naming_what_is_missing() {
             let text = e.to_string();
             match &e {
                 CudaError::NotBuilt => {
-                    assert!(!regflow_cuda::BUILT);
+                    assert!(!cfg!(feature = "cuda"), "NotBuilt from a build with the backend");
                     assert!(text.contains("--features cuda"), "{text}");
                 }
                 CudaError::MissingLibrary { library, .. } => {

@@ -14,7 +14,8 @@ pub struct StreamContext {
     pub device_index: u16,
     /// Threads one kernel of this device may use (matrix products split their output
     /// tiles over them); a per-job setting, 1 by default.
-    pub threads: usize,    /// The device's native stream handle (a `CUstream` on `cuda`) that queued kernels
+    pub threads: usize,
+    /// The device's native stream handle (a `CUstream` on `cuda`) that queued kernels
     /// launch onto; 0 on host devices.
     pub native: u64,
 }

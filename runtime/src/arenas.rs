@@ -41,7 +41,9 @@ fn device_limit(device: &regflow_plan::DeviceDesc, gpus: &GpuMap, host: Option<u
     }
     if device.kind == DeviceKind::Cuda {
         let gpu = gpus.ordinal(device.index).ok().and_then(|o| regflow_cuda::Device::open(o).ok());
-        return gpu.and_then(|gpu| gpu.free_bytes().ok()).map(|free| (free, format!("{free} bytes free on the GPU, as its driver reports")));
+        return gpu
+            .and_then(|gpu| gpu.free_bytes().ok())
+            .map(|free| (free, format!("{free} bytes free on the GPU, as its driver reports")));
     }
     host.map(|host| (host, format!("{host} bytes of host memory")))
 }

@@ -35,7 +35,8 @@ fn driver_library() -> Result<(), CudaError> {
 
 fn attribute(device: sys::CUdevice, ordinal: usize, which: sys::CUdevice_attribute) -> Result<i32, CudaError> {
     // SAFETY: `device` came from `cuDeviceGet`.
-    unsafe { result::device::get_attribute(device, which) }.map_err(failed(format!("cuDeviceGetAttribute({which:?})"), ordinal))
+    unsafe { result::device::get_attribute(device, which) }
+        .map_err(failed(format!("cuDeviceGetAttribute({which:?})"), ordinal))
 }
 
 fn read_info(ordinal: usize) -> Result<DeviceInfo, CudaError> {
@@ -158,7 +159,8 @@ impl Device {
         let ptr = unsafe { result::malloc_managed(len, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
             .map_err(failed(format!("cuMemAllocManaged({bytes} bytes) for {label}"), ordinal))?;
         let memory = ManagedMemory { ptr, len, device: self.clone() };
-        let location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal as i32 };
+        let location =
+            sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal as i32 };
         // SAFETY: the whole range of the allocation above. Advice only steers migration;
         // where a driver refuses it the arena still works, so a failure is not an error.
         unsafe {
@@ -197,7 +199,8 @@ impl Device {
                 }
             }
         };
-        let name = CString::new(entry).map_err(|_| CudaError::UnknownEntry { entry: entry.into(), nearest: String::new() })?;
+        let name =
+            CString::new(entry).map_err(|_| CudaError::UnknownEntry { entry: entry.into(), nearest: String::new() })?;
         // SAFETY: the module was loaded above and is never unloaded while the process runs.
         let raw = unsafe { result::module::get_function(module as sys::CUmodule, name) }
             .map_err(failed(format!("cuModuleGetFunction({entry})"), ordinal))?;

@@ -24,8 +24,17 @@ pub fn available() -> Result<(), CudaError> {
 /// Architectures NVRTC accepts as `--gpu-architecture`, by name.
 fn static_arch(arch: &str) -> Option<&'static str> {
     const KNOWN: &[&str] = &[
-        "compute_75", "compute_80", "compute_86", "compute_87", "compute_89", "compute_90", "compute_100",
-        "compute_103", "compute_110", "compute_120", "compute_121",
+        "compute_75",
+        "compute_80",
+        "compute_86",
+        "compute_87",
+        "compute_89",
+        "compute_90",
+        "compute_100",
+        "compute_103",
+        "compute_110",
+        "compute_120",
+        "compute_121",
     ];
     KNOWN.iter().copied().find(|&known| known == arch)
 }
@@ -42,8 +51,9 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<String, CudaError> {
     }
     available()?;
     let fail = |log: String| CudaError::Compile { source_name: source.name, arch: arch.to_string(), log };
-    let static_arch = static_arch(arch)
-        .ok_or_else(|| fail(format!("regflow knows no NVRTC architecture '{arch}' (it knows compute_75 to compute_121)")))?;
+    let static_arch = static_arch(arch).ok_or_else(|| {
+        fail(format!("regflow knows no NVRTC architecture '{arch}' (it knows compute_75 to compute_121)"))
+    })?;
     let options = CompileOptions {
         arch: Some(static_arch),
         // f32 results must match the CPU kernels to 1e-5: no fast-math, no flush to zero.

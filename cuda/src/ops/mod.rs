@@ -20,7 +20,9 @@ mod fill;
 
 /// The op conf of an op actor.
 pub(crate) fn op_conf<'a>(spec: &KernelSpec<'a>) -> Result<&'a OpConf, KernelError> {
-    spec.op.ok_or_else(|| KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor)))
+    spec.op.ok_or_else(|| {
+        KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
+    })
 }
 
 /// Entry point `entry` compiled for the actor's device.

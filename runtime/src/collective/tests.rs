@@ -18,7 +18,14 @@ fn conf(rank: u32, shape: &[usize]) -> CollectiveConf {
 }
 
 fn make(groups: &CollectiveGroups, actor: &str, conf: &CollectiveConf, bytes: u64) -> Result<(), String> {
-    let spec = KernelSpec { actor, device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes: &[bytes], output_bytes: &[bytes] };
+    let spec = KernelSpec {
+        actor,
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: None,
+        input_bytes: &[bytes],
+        output_bytes: &[bytes],
+    };
     groups.make_kernel(conf, &spec).map(|_| ()).map_err(|e| e.0)
 }
 
@@ -45,21 +52,47 @@ fn a_rank_taken_twice_is_refused() {
 #[test]
 fn extra_inputs_pace_and_extra_outputs_must_be_zero_byte_tokens() {
     let groups = CollectiveGroups::default();
-    let spec =
-        KernelSpec { actor: "a", device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes: &[16, 0], output_bytes: &[16, 0, 0] };
+    let spec = KernelSpec {
+        actor: "a",
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: None,
+        input_bytes: &[16, 0],
+        output_bytes: &[16, 0, 0],
+    };
     assert!(groups.make_kernel(&conf(0, &[4]), &spec).is_ok());
     // A pacing input (the step's tick) may hold bytes; the kernel does not read it.
-    let spec =
-        KernelSpec { actor: "b", device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes: &[16, 16], output_bytes: &[16] };
+    let spec = KernelSpec {
+        actor: "b",
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: None,
+        input_bytes: &[16, 16],
+        output_bytes: &[16],
+    };
     assert!(groups.make_kernel(&conf(1, &[4]), &spec).is_ok());
-    let spec = KernelSpec { actor: "d", device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes: &[16], output_bytes: &[16, 8] };
+    let spec = KernelSpec {
+        actor: "d",
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: None,
+        input_bytes: &[16],
+        output_bytes: &[16, 8],
+    };
     let err = CollectiveGroups::default().make_kernel(&conf(0, &[4]), &spec).map(|_| ()).unwrap_err();
     assert_eq!(
         err.0,
         "collective 'g' (all_reduce, rank 0 of 2): output 1 has 8 bytes; only output 0 carries data, further \
          registers are zero-byte order tokens"
     );
-    let spec = KernelSpec { actor: "c", device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes: &[16], output_bytes: &[] };
+    let spec = KernelSpec {
+        actor: "c",
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: None,
+        input_bytes: &[16],
+        output_bytes: &[],
+    };
     let err = CollectiveGroups::default().make_kernel(&conf(0, &[4]), &spec).map(|_| ()).unwrap_err();
     assert!(err.0.ends_with("needs a data input and a data output register; this one has 1 input(s) and 0 output(s)"));
 }
@@ -147,8 +180,14 @@ fn a_bucket_sums_each_part_through_one_round() {
     let kernels: Vec<_> = (0..2)
         .map(|rank| {
             let conf = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 3 }, ..conf(rank, &[total]) };
-            let spec =
-                KernelSpec { actor: "b", device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes: &bytes, output_bytes: &bytes };
+            let spec = KernelSpec {
+                actor: "b",
+                device: DeviceKind::Cpu,
+                device_index: 0,
+                op: None,
+                input_bytes: &bytes,
+                output_bytes: &bytes,
+            };
             groups.make_kernel(&conf, &spec).unwrap()
         })
         .collect();

@@ -358,7 +358,9 @@ impl Job {
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
             let device_desc = &plan.devices[plan.streams[s].device.index()];
-            let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus)? else { continue };
+            let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus)? else {
+                continue;
+            };
             let context = StreamContext {
                 device: device_desc.kind,
                 device_index: builder.gpus.kernel_index(device_desc.kind, device_desc.index),

@@ -1,0 +1,184 @@
+//! Training on `cuda` devices matches the CPU step by step: the MLP (f32 and f64) and the
+//! tiny GPT on one GPU, and data parallelism over two devices on one GPU (reduced by the
+//! in-process collectives). Every test skips, saying why, on a machine without a GPU or a
+//! build without the `cuda` feature; a `cuda` plan there is refused (tests/kernel_registry.rs).
+
+#[path = "../examples/common/gpt.rs"]
+mod gpt;
+
+use gpt::{Gpt, GptConfig};
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, TrainStep};
+use regflow::prelude::*;
+use regflow::runtime::JobBuilder;
+
+use Sbp::{Broadcast as B, Split as S};
+
+const BATCH: usize = 16;
+const STEPS: usize = 8;
+const GPT: GptConfig = GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32 };
+const VOCAB: usize = 13;
+
+/// Whether this machine runs cuda devices; says why not otherwise.
+fn gpu_or_skip() -> bool {
+    match regflow::cuda::probe() {
+        Ok(devices) => {
+            eprintln!("running on {}", devices[0].name);
+            true
+        }
+        Err(e) => {
+            eprintln!("skipped (no GPU): {e}");
+            false
+        }
+    }
+}
+
+type Feeds = Vec<Vec<(&'static str, HostArray)>>;
+
+/// The loss of every step of `model` on `mesh`, fed `feeds`, with `configure` applied to the
+/// job.
+fn losses<'g>(
+    g: &'g Graph,
+    step: TrainStep<'g>,
+    mesh: &Mesh,
+    feeds: &Feeds,
+    dtype: DType,
+    configure: impl FnOnce(JobBuilder) -> JobBuilder,
+) -> Vec<f64> {
+    let compiled =
+        g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh.clone()).train(&step)).unwrap();
+    let mut job = configure(Job::builder(compiled.plan.clone())).build().unwrap();
+    let mut inputs = job.graph_feeds().unwrap();
+    let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
+    let feeds = feeds.clone();
+    let pusher = std::thread::spawn(move || {
+        for step in feeds {
+            for (name, value) in step {
+                inputs.push(name, &value).unwrap();
+            }
+        }
+        inputs.close().unwrap();
+    });
+    let losses: Vec<f64> = std::iter::from_fn(|| fetcher.recv())
+        .map(|piece| {
+            let bytes = piece.bytes();
+            match dtype {
+                DType::F32 => f64::from(f32::from_le_bytes(bytes.try_into().unwrap())),
+                _ => f64::from_le_bytes(bytes.try_into().unwrap()),
+            }
+        })
+        .collect();
+    pusher.join().unwrap();
+    job.wait().unwrap();
+    losses
+}
+
+fn assert_close(what: &str, gpu: &[f64], cpu: &[f64], tolerance: f64) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}");
+    for (step, (a, b)) in gpu.iter().zip(cpu).enumerate() {
+        let rel = (a - b).abs() / b.abs().max(1e-12);
+        assert!(rel <= tolerance, "{what}: step {step}: cuda {a}, cpu {b} (relative {rel:e})\n{gpu:?}\n{cpu:?}");
+    }
+    assert!(gpu[gpu.len() - 1] < gpu[0], "{what}: the loss went down: {gpu:?}");
+}
+
+fn mlp<'g>(g: &'g Graph, dtype: DType, mesh: &Mesh, data_parallel: bool) -> TrainStep<'g> {
+    let x = g.input("x", [BATCH, 20], dtype).unwrap();
+    let y = g.input("y", [BATCH], DType::I64).unwrap();
+    let w1 = g.variable("w1", [20, 33], dtype, Init::Kaiming { seed: 1 }).unwrap();
+    let b1 = g.variable("b1", [33], dtype, Init::Normal { mean: 0.0, std: 0.1, seed: 3 }).unwrap();
+    let w2 = g.variable("w2", [33, 7], dtype, Init::Xavier { seed: 2 }).unwrap();
+    let b2 = g.variable("b2", [7], dtype, Init::Zeros).unwrap();
+    if data_parallel {
+        g.set_layout(x, mesh, NdSbp(vec![S(0)])).unwrap();
+        g.set_layout(y, mesh, NdSbp(vec![S(0)])).unwrap();
+    }
+    let h = x.matmul(&w1).unwrap().add(&b1).unwrap().gelu().unwrap();
+    let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
+    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
+}
+
+fn mlp_feeds(dtype: DType) -> Feeds {
+    let mut rng = SplitMix64::new(11);
+    (0..STEPS)
+        .map(|_| {
+            let x: Vec<f64> = (0..BATCH * 20).map(|_| rng.next_normal()).collect();
+            let x = match dtype {
+                DType::F32 => HostArray::f32([BATCH, 20], x.iter().map(|&v| v as f32).collect()),
+                _ => HostArray::f64([BATCH, 20], x),
+            };
+            let y = HostArray::i64([BATCH], (0..BATCH).map(|_| (rng.next_u64() % 7) as i64).collect());
+            vec![("x", x.unwrap()), ("y", y.unwrap())]
+        })
+        .collect()
+}
+
+fn mlp_losses(
+    kind: DeviceKind,
+    devices: usize,
+    dtype: DType,
+    configure: impl FnOnce(JobBuilder) -> JobBuilder,
+) -> Vec<f64> {
+    let g = Graph::new();
+    let mesh = Mesh::of_kind(kind, &[devices], &["dp"]).unwrap();
+    let step = mlp(&g, dtype, &mesh, devices > 1);
+    losses(&g, step, &mesh, &mlp_feeds(dtype), dtype, configure)
+}
+
+#[test]
+fn the_mlp_trains_on_one_gpu_like_on_the_cpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for (dtype, tolerance) in [(DType::F32, 1e-4), (DType::F64, 1e-10)] {
+        let cpu = mlp_losses(DeviceKind::Cpu, 1, dtype, |b| b);
+        let gpu = mlp_losses(DeviceKind::Cuda, 1, dtype, |b| b);
+        assert_close(&format!("mlp {dtype}"), &gpu, &cpu, tolerance);
+    }
+}
+
+#[test]
+fn data_parallel_on_two_devices_of_one_gpu_matches_one_device() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let one = mlp_losses(DeviceKind::Cpu, 1, DType::F32, |b| b);
+    let dp2 = mlp_losses(DeviceKind::Cuda, 2, DType::F32, |b| b.cuda_ordinals(&[0, 0]));
+    assert_close("dp2 on one GPU", &dp2, &one, 1e-4);
+}
+
+fn gpt_losses(kind: DeviceKind) -> Vec<f64> {
+    let g = Graph::new();
+    let mesh = Mesh::of_kind(kind, &[1], &["d"]).unwrap();
+    let model = Gpt::new(&g, GPT, VOCAB).unwrap();
+    let mask = g.input("causal_mask", [GPT.context, GPT.context], DType::F32).unwrap();
+    let ids = g.input("ids", [4, GPT.context], DType::I64).unwrap();
+    let targets = g.input("targets", [4 * GPT.context], DType::I64).unwrap();
+    for t in [mask, ids, targets] {
+        g.set_layout(t, &mesh, NdSbp(vec![B])).unwrap();
+    }
+    let loss = model.logits(&ids, &mask).unwrap().sparse_cross_entropy(&targets).unwrap();
+    let step = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).unwrap();
+    let t = GPT.context;
+    let causal: Vec<f32> = (0..t * t).map(|i| if i % t <= i / t { 0.0 } else { -1e9 }).collect();
+    let mut rng = SplitMix64::new(7);
+    let feeds: Feeds = (0..STEPS)
+        .map(|_| {
+            let mut draw = |n: usize| (0..n).map(|_| (rng.next_u64() % VOCAB as u64) as i64).collect::<Vec<i64>>();
+            vec![
+                ("causal_mask", HostArray::f32([t, t], causal.clone()).unwrap()),
+                ("ids", HostArray::i64([4, t], draw(4 * t)).unwrap()),
+                ("targets", HostArray::i64([4 * t], draw(4 * t)).unwrap()),
+            ]
+        })
+        .collect();
+    losses(&g, step, &mesh, &feeds, DType::F32, |b| b)
+}
+
+#[test]
+fn the_tiny_gpt_trains_on_one_gpu_like_on_the_cpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    assert_close("gpt", &gpt_losses(DeviceKind::Cuda), &gpt_losses(DeviceKind::Cpu), 1e-4);
+}
