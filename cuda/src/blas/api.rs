@@ -185,7 +185,8 @@ impl Gemm {
                             * at(second, self.transb, self.ldb, self.stride_b, i, l, col);
                     }
                     let slot = &mut c[i * self.stride_c as usize + row + col * self.ldc as usize];
-                    *slot = alpha * sum + beta * *slot;
+                    // As cuBLAS: with beta == 0, C is written, never read (it may hold NaN).
+                    *slot = if beta == 0.0 { alpha * sum } else { alpha * sum + beta * *slot };
                 }
             }
         }

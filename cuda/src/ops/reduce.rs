@@ -299,7 +299,8 @@ mod tests {
         assert!(red.innermost_unit());
         // Every output's reduced elements are exactly the input's, once each.
         let (kept, red, count) = reduction(&[3, 1, 5, 2], &[true, false, false, true]).unwrap();
-        let mut seen: Vec<u64> = (0..10).flat_map(|o| (0..count).map(move |r| kept.offset(o) + red.offset(r))).collect();
+        assert_eq!((count, kept.rank), (6, 1));
+        let mut seen: Vec<u64> = (0..5).flat_map(|o| (0..count).map(move |r| kept.offset(o) + red.offset(r))).collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..30).collect::<Vec<u64>>());
     }
