@@ -34,7 +34,15 @@ fn tolerance(dtype: DType, k: usize) -> f64 {
     }
 }
 
-fn check(what: &str, op: &dyn OpAttrs, a: &HostArray, b: &HostArray, out: &[usize], k: usize, gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) {
+fn check(
+    what: &str,
+    op: &dyn OpAttrs,
+    a: &HostArray,
+    b: &HostArray,
+    out: &[usize],
+    k: usize,
+    gpu: (&regflow_cuda::Device, &regflow_cuda::Stream),
+) {
     let dtype = a.meta().dtype;
     let conf = common::conf(op, &[a, b], &[TensorMeta::new(Shape::new(out.to_vec()), dtype)]);
     common::check(what, &conf, &[a, b], gpu, tolerance(dtype, k));
@@ -69,7 +77,15 @@ fn batched_matmul_with_a_shared_operand_matches_the_cpu() {
             for (ab, bb) in [(&[2, 3][..], &[2, 3][..]), (&[2, 3], &[]), (&[], &[2, 3])] {
                 let (a, b) = (array(&a_dims(ab), dtype, 3), array(&b_dims(bb), dtype, 4));
                 let op = MatMul { transpose_a: ta, transpose_b: tb };
-                check(&format!("batched matmul {dtype} {ab:?} x {bb:?} ({ta}, {tb})"), &op, &a, &b, &[2, 3, m, n], k, (&device, &stream));
+                check(
+                    &format!("batched matmul {dtype} {ab:?} x {bb:?} ({ta}, {tb})"),
+                    &op,
+                    &a,
+                    &b,
+                    &[2, 3, m, n],
+                    k,
+                    (&device, &stream),
+                );
             }
         }
     }
@@ -84,7 +100,15 @@ fn matmul_batch_sum_matches_the_cpu_folded_or_looped() {
             let a = array(&if ta { [batch, k, m] } else { [batch, m, k] }, dtype, 5);
             let b = array(&if tb { [batch, n, k] } else { [batch, k, n] }, dtype, 6);
             let op = MatMulBatchSum { transpose_a: ta, transpose_b: tb };
-            check(&format!("matmul_batch_sum {dtype} ({ta}, {tb})"), &op, &a, &b, &[m, n], k * batch, (&device, &stream));
+            check(
+                &format!("matmul_batch_sum {dtype} ({ta}, {tb})"),
+                &op,
+                &a,
+                &b,
+                &[m, n],
+                k * batch,
+                (&device, &stream),
+            );
         }
     }
 }

@@ -30,7 +30,14 @@ fn meta(dims: &[usize], dtype: DType) -> TensorMeta {
     TensorMeta::new(Shape::new(dims.to_vec()), dtype)
 }
 
-fn check(what: &str, op: &dyn OpAttrs, inputs: &[&HostArray], out: TensorMeta, count: usize, gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) {
+fn check(
+    what: &str,
+    op: &dyn OpAttrs,
+    inputs: &[&HostArray],
+    out: TensorMeta,
+    count: usize,
+    gpu: (&regflow_cuda::Device, &regflow_cuda::Stream),
+) {
     let rel = if out.dtype == DType::F32 { 1e-5 } else { 1e-12 } * (count.max(1) as f64).sqrt();
     let conf = common::conf(op, inputs, &[out]);
     common::check(what, &conf, inputs, gpu, rel);
@@ -75,7 +82,8 @@ fn part_mean_divides_by_the_logical_count() {
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
         let x = array(&[33, 7], dtype, 2);
-        let op = PartMean { mean: Reduce { kind: ReduceKind::Mean, axes: vec![0], keepdim: false }, logical_count: 1023 };
+        let op =
+            PartMean { mean: Reduce { kind: ReduceKind::Mean, axes: vec![0], keepdim: false }, logical_count: 1023 };
         check(&format!("part_mean {dtype}"), &op, &[&x], meta(&[7], dtype), 33, gpu);
     }
 }

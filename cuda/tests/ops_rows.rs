@@ -41,7 +41,13 @@ fn meta(dims: &[usize], dtype: DType) -> TensorMeta {
     TensorMeta::new(Shape::new(dims.to_vec()), dtype)
 }
 
-fn check(what: &str, op: &dyn OpAttrs, inputs: &[&HostArray], outputs: &[TensorMeta], gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) {
+fn check(
+    what: &str,
+    op: &dyn OpAttrs,
+    inputs: &[&HostArray],
+    outputs: &[TensorMeta],
+    gpu: (&regflow_cuda::Device, &regflow_cuda::Stream),
+) {
     let conf = common::conf(op, inputs, outputs);
     common::check(what, &conf, inputs, gpu, tolerance(outputs[0].dtype));
 }
@@ -83,7 +89,13 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
             for mask_dims in [dims.clone(), vec![2, 1, 1, len], vec![5, len], vec![1]] {
                 let mask = array(&mask_dims, dtype, 4);
                 let op = MaskedSoftmax { scale: 0.125 };
-                check(&format!("masked_softmax {dtype} {dims:?} mask {mask_dims:?}"), &op, &[&x, &mask], &[meta(&dims, dtype)], gpu);
+                check(
+                    &format!("masked_softmax {dtype} {dims:?} mask {mask_dims:?}"),
+                    &op,
+                    &[&x, &mask],
+                    &[meta(&dims, dtype)],
+                    gpu,
+                );
             }
             let (y, dy) = (array(&dims, dtype, 5), array(&dims, dtype, 6));
             let op = MaskedSoftmaxGrad { scale: 0.125 };
@@ -120,8 +132,9 @@ fn sparse_cross_entropy_and_its_gradient_match_the_cpu() {
         for classes in LENS {
             for rows in [1, 7, 33, 1023] {
                 let logits = array(&[rows, classes], dtype, 11);
-                let labels = HostArray::i64(Shape::new(vec![rows]), (0..rows).map(|r| ((r * 7919) % classes) as i64).collect())
-                    .expect("labels");
+                let labels =
+                    HostArray::i64(Shape::new(vec![rows]), (0..rows).map(|r| ((r * 7919) % classes) as i64).collect())
+                        .expect("labels");
                 let what = format!("sparse_cross_entropy {dtype} [{rows}, {classes}]");
                 check(&what, &SparseCrossEntropy, &[&logits, &labels], &[meta(&[], dtype)], gpu);
                 let dy = match dtype {

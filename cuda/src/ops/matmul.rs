@@ -108,9 +108,9 @@ fn make_matmul(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let op: MatMul = conf.parse_attrs().map_err(KernelError)?;
     checked(spec, conf, &op)?;
-    let l = layout(&conf.inputs[0].shape, op.transpose_a, &conf.inputs[1].shape, op.transpose_b).map_err(KernelError)?;
-    let (calls, zero) = matmul_calls(&l, op.transpose_a, op.transpose_b)
-        .map_err(|why| unplannable(spec, conf, why))?;
+    let l =
+        layout(&conf.inputs[0].shape, op.transpose_a, &conf.inputs[1].shape, op.transpose_b).map_err(KernelError)?;
+    let (calls, zero) = matmul_calls(&l, op.transpose_a, op.transpose_b).map_err(|why| unplannable(spec, conf, why))?;
     product(spec, conf, calls, zero)
 }
 
@@ -118,7 +118,8 @@ fn make_batch_sum(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError>
     let conf = op_conf(spec)?;
     let op: MatMulBatchSum = conf.parse_attrs().map_err(KernelError)?;
     checked(spec, conf, &op)?;
-    let l = layout(&conf.inputs[0].shape, op.transpose_a, &conf.inputs[1].shape, op.transpose_b).map_err(KernelError)?;
+    let l =
+        layout(&conf.inputs[0].shape, op.transpose_a, &conf.inputs[1].shape, op.transpose_b).map_err(KernelError)?;
     let (calls, zero) = batch_sum_calls(&l, op.transpose_a, op.transpose_b, conf.outputs[0].dtype.size() as u64)
         .map_err(|why| unplannable(spec, conf, why))?;
     product(spec, conf, calls, zero)
@@ -149,7 +150,11 @@ pub(crate) fn matmul_calls(l: &Layout, ta: bool, tb: bool) -> Result<(Vec<Call>,
     if l.k == 0 {
         return Ok((Vec::new(), true));
     }
-    let (a, b, c) = (MatrixLayout::row_major(l.m, l.k, ta), MatrixLayout::row_major(l.k, l.n, tb), MatrixLayout::row_major(l.m, l.n, false));
+    let (a, b, c) = (
+        MatrixLayout::row_major(l.m, l.k, ta),
+        MatrixLayout::row_major(l.k, l.n, tb),
+        MatrixLayout::row_major(l.m, l.n, false),
+    );
     let gemm = Gemm::plan(a, b, c, count, (l.a_step, l.b_step, l.m * l.n))?;
     Ok((vec![Call { gemm, offsets: (0, 0, 0), beta: 0.0 }], false))
 }
@@ -167,16 +172,14 @@ pub(crate) fn batch_sum_calls(l: &Layout, ta: bool, tb: bool, size: u64) -> Resu
     if count == 0 || l.k == 0 {
         return Ok((Vec::new(), true));
     }
-    let (a, b, c) = (MatrixLayout::row_major(l.m, l.k, ta), MatrixLayout::row_major(l.k, l.n, tb), MatrixLayout::row_major(l.m, l.n, false));
+    let (a, b, c) = (
+        MatrixLayout::row_major(l.m, l.k, ta),
+        MatrixLayout::row_major(l.k, l.n, tb),
+        MatrixLayout::row_major(l.m, l.n, false),
+    );
     if l.a_step == l.k * a.col_stride && l.b_step == l.k * b.row_stride {
         let wide = l.k * count;
-        let gemm = Gemm::plan(
-            MatrixLayout { cols: wide, ..a },
-            MatrixLayout { rows: wide, ..b },
-            c,
-            1,
-            (0, 0, 0),
-        )?;
+        let gemm = Gemm::plan(MatrixLayout { cols: wide, ..a }, MatrixLayout { rows: wide, ..b }, c, 1, (0, 0, 0))?;
         return Ok((vec![Call { gemm, offsets: (0, 0, 0), beta: 0.0 }], false));
     }
     let gemm = Gemm::plan(a, b, c, 1, (0, 0, 0))?;
@@ -245,7 +248,8 @@ pub(crate) fn permuted_calls(l: &PermutedLayout, size: u64) -> Result<(Vec<Call>
     let mut calls = Vec::with_capacity(outer);
     let mut index = vec![0usize; axes.len()];
     for _ in 0..outer {
-        let offset = |f: fn(&BatchAxis) -> usize| axes.iter().zip(&index).map(|(x, &i)| i * f(x)).sum::<usize>() as u64 * size;
+        let offset =
+            |f: fn(&BatchAxis) -> usize| axes.iter().zip(&index).map(|(x, &i)| i * f(x)).sum::<usize>() as u64 * size;
         calls.push(Call { gemm, offsets: (offset(|x| x.a), offset(|x| x.b), offset(|x| x.out)), beta: 0.0 });
         for d in (0..axes.len()).rev() {
             index[d] += 1;
@@ -279,7 +283,12 @@ mod tests {
     }
 
     /// The CPU kernel's result for `op` on `a` and `b`.
-    fn cpu(op: &dyn regflow_kernels::HostCompute, a: &regflow_plan::HostArray, b: &regflow_plan::HostArray, out: &Shape) -> Vec<f64> {
+    fn cpu(
+        op: &dyn regflow_kernels::HostCompute,
+        a: &regflow_plan::HostArray,
+        b: &regflow_plan::HostArray,
+        out: &Shape,
+    ) -> Vec<f64> {
         let mut o = regflow_plan::HostArray::zeros(&regflow_plan::TensorMeta::new(out.dims().to_vec(), DType::F64));
         op.compute(&Default::default(), &[a.view(), b.view()], &mut [o.view_mut()]).unwrap();
         o.to_f64_vec()

@@ -112,8 +112,18 @@ impl Kernel for ReduceKernel {
         // meta), `n` is the output's element count; the argument types are the kernel's.
         unsafe {
             match self.dtype {
-                DType::F64 => launch(stream(io), self.function, self.grid, &mut args![x, out, n, kept, reduced, count, kind, self.scale]),
-                _ => launch(stream(io), self.function, self.grid, &mut args![x, out, n, kept, reduced, count, kind, self.scale as f32]),
+                DType::F64 => launch(
+                    stream(io),
+                    self.function,
+                    self.grid,
+                    &mut args![x, out, n, kept, reduced, count, kind, self.scale],
+                ),
+                _ => launch(
+                    stream(io),
+                    self.function,
+                    self.grid,
+                    &mut args![x, out, n, kept, reduced, count, kind, self.scale as f32],
+                ),
             }
         }?;
         Ok(())
@@ -131,7 +141,11 @@ const BLOCK_THREADS: u32 = 256;
 fn check_reduce(spec: &KernelSpec<'_>, conf: &OpConf, op: &Reduce) -> Result<Vec<bool>, KernelError> {
     let fail = |m: String| KernelError(format!("actor '{}': op '{}': {m}", spec.actor, conf.op_type));
     let ([x], [out]) = (conf.inputs.as_slice(), conf.outputs.as_slice()) else {
-        return Err(fail(format!("takes 1 input and gives 1 output, but has {} and {}", conf.inputs.len(), conf.outputs.len())));
+        return Err(fail(format!(
+            "takes 1 input and gives 1 output, but has {} and {}",
+            conf.inputs.len(),
+            conf.outputs.len()
+        )));
     };
     if x.dtype != out.dtype || !x.dtype.is_float() {
         return Err(fail(format!("reduces a float tensor to one of its dtype, got {x} -> {out}")));
@@ -225,7 +239,11 @@ fn make_max_mask(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> 
     let op: MaxMask = conf.parse_attrs().map_err(KernelError)?;
     let fail = |m: String| KernelError(format!("actor '{}': op '{}': {m}", spec.actor, conf.op_type));
     let ([x, m], [out]) = (conf.inputs.as_slice(), conf.outputs.as_slice()) else {
-        return Err(fail(format!("takes 2 inputs and gives 1 output, but has {} and {}", conf.inputs.len(), conf.outputs.len())));
+        return Err(fail(format!(
+            "takes 2 inputs and gives 1 output, but has {} and {}",
+            conf.inputs.len(),
+            conf.outputs.len()
+        )));
     };
     if x.dtype != m.dtype || !x.dtype.is_float() || out != x {
         return Err(fail(format!("compares a float tensor with its maximum, got {x} and {m} -> {out}")));

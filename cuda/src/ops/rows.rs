@@ -48,12 +48,22 @@ fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -
 
 /// Checks `conf` has `inputs` inputs and `outputs` outputs, all of one float dtype except
 /// the inputs at `integer` (labels), which are i64; returns the float dtype.
-fn metas(spec: &KernelSpec<'_>, conf: &OpConf, inputs: usize, outputs: usize, integer: &[usize]) -> Result<DType, KernelError> {
+fn metas(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    inputs: usize,
+    outputs: usize,
+    integer: &[usize],
+) -> Result<DType, KernelError> {
     if conf.inputs.len() != inputs || conf.outputs.len() != outputs {
         return Err(fail(
             spec,
             conf,
-            format!("takes {inputs} inputs and gives {outputs} outputs, but has {} and {}", conf.inputs.len(), conf.outputs.len()),
+            format!(
+                "takes {inputs} inputs and gives {outputs} outputs, but has {} and {}",
+                conf.inputs.len(),
+                conf.outputs.len()
+            ),
         ));
     }
     let dtype = conf.outputs[0].dtype;
@@ -147,7 +157,9 @@ fn make_softmax(spec: &KernelSpec<'_>, lane: Lane) -> Result<Box<dyn Kernel>, Ke
     let dtype = metas(spec, conf, if grad { 2 } else { 1 }, 1, &[])?;
     same_meta(spec, conf, if grad { &[1, 2] } else { &[1] })?;
     let shape = &conf.inputs[0].shape;
-    let a = shape.axis(axis).ok_or_else(|| fail(spec, conf, format!("axis {axis} is out of range for rank {}", shape.rank())))?;
+    let a = shape
+        .axis(axis)
+        .ok_or_else(|| fail(spec, conf, format!("axis {axis} is out of range for rank {}", shape.rank())))?;
     let dims = shape.dims();
     let (outer, len, inner) = (dims[..a].iter().product::<usize>(), dims[a], dims[a + 1..].iter().product::<usize>());
     let input = conf.input_map[0];
@@ -187,8 +199,18 @@ impl Kernel for MaskedSoftmaxKernel {
         // kernel's.
         unsafe {
             match self.dtype {
-                DType::F64 => launch(stream(io), f, self.grid, &mut args![x, mask, y, rows, len, self.scale, mask_rows, mask_step]),
-                _ => launch(stream(io), f, self.grid, &mut args![x, mask, y, rows, len, self.scale as f32, mask_rows, mask_step]),
+                DType::F64 => launch(
+                    stream(io),
+                    f,
+                    self.grid,
+                    &mut args![x, mask, y, rows, len, self.scale, mask_rows, mask_step],
+                ),
+                _ => launch(
+                    stream(io),
+                    f,
+                    self.grid,
+                    &mut args![x, mask, y, rows, len, self.scale as f32, mask_rows, mask_step],
+                ),
             }
         }?;
         Ok(())
@@ -398,7 +420,9 @@ fn cross_entropy_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, us
     let (logits, labels) = (&conf.inputs[0], &conf.inputs[1]);
     match (logits.shape.dims(), labels.shape.dims()) {
         (&[rows, classes], &[n]) if n == rows => Ok((rows, classes)),
-        _ => Err(fail(spec, conf, format!("takes logits [rows, classes] and labels [rows], got {logits} and {labels}"))),
+        _ => {
+            Err(fail(spec, conf, format!("takes logits [rows, classes] and labels [rows], got {logits} and {labels}")))
+        }
     }
 }
 
