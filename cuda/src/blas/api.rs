@@ -127,7 +127,10 @@ impl Gemm {
         }
         let operand = |what: &str, x: MatrixLayout| {
             x.column_major().ok_or_else(|| {
-                format!("operand {what} has strides ({}, {}): cuBLAS needs one of them to be 1", x.row_stride, x.col_stride)
+                format!(
+                    "operand {what} has strides ({}, {}): cuBLAS needs one of them to be 1",
+                    x.row_stride, x.col_stride
+                )
             })
         };
         let (c_transposed, ldc) = operand("c", c)?;
@@ -198,7 +201,17 @@ mod tests {
     use super::*;
 
     /// Row-major `a (m x k) · b (k x n)` read through layouts, the plain way.
-    fn naive(a: &[f64], al: MatrixLayout, b: &[f64], bl: MatrixLayout, c: &mut [f64], cl: MatrixLayout, steps: (usize, usize, usize), batch: usize) {
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        a: &[f64],
+        al: MatrixLayout,
+        b: &[f64],
+        bl: MatrixLayout,
+        c: &mut [f64],
+        cl: MatrixLayout,
+        steps: (usize, usize, usize),
+        batch: usize,
+    ) {
         for i in 0..batch {
             for r in 0..al.rows {
                 for col in 0..bl.cols {
@@ -218,7 +231,14 @@ mod tests {
     }
 
     /// Checks that cuBLAS's reading of the planned arguments computes the same product.
-    fn agree(al: MatrixLayout, bl: MatrixLayout, cl: MatrixLayout, batch: usize, steps: (usize, usize, usize), lens: (usize, usize, usize)) {
+    fn agree(
+        al: MatrixLayout,
+        bl: MatrixLayout,
+        cl: MatrixLayout,
+        batch: usize,
+        steps: (usize, usize, usize),
+        lens: (usize, usize, usize),
+    ) {
         let (a, b) = (values(lens.0, 1), values(lens.1, 2));
         let mut want = vec![0.0; lens.2];
         naive(&a, al, &b, bl, &mut want, cl, steps, batch);
@@ -234,8 +254,11 @@ mod tests {
             for ta in [false, true] {
                 for tb in [false, true] {
                     for batch in [1, 3] {
-                        let (al, bl, cl) =
-                            (MatrixLayout::row_major(m, k, ta), MatrixLayout::row_major(k, n, tb), MatrixLayout::row_major(m, n, false));
+                        let (al, bl, cl) = (
+                            MatrixLayout::row_major(m, k, ta),
+                            MatrixLayout::row_major(k, n, tb),
+                            MatrixLayout::row_major(m, n, false),
+                        );
                         // Both batched, then `b` shared (step 0).
                         agree(al, bl, cl, batch, (m * k, k * n, m * n), (batch * m * k, batch * k * n, batch * m * n));
                         agree(al, bl, cl, batch, (m * k, 0, m * n), (batch * m * k, k * n, batch * m * n));
@@ -245,7 +268,10 @@ mod tests {
                         assert_eq!((g.m, g.n, g.k), (n as i32, m as i32, k as i32));
                         if m > 1 && k > 1 && n > 1 {
                             assert_eq!((g.transa, g.transb), (tb, ta), "op flags carry the transposes, never copies");
-                            assert_eq!((g.lda, g.ldb, g.ldc), (if tb { k } else { n } as i32, if ta { m } else { k } as i32, n as i32));
+                            assert_eq!(
+                                (g.lda, g.ldb, g.ldc),
+                                (if tb { k } else { n } as i32, if ta { m } else { k } as i32, n as i32)
+                            );
                         }
                     }
                 }
@@ -286,7 +312,8 @@ mod tests {
     #[test]
     fn operands_without_a_unit_stride_or_too_large_are_refused() {
         let bad = MatrixLayout { rows: 2, cols: 3, row_stride: 3 * 4, col_stride: 4 };
-        let e = Gemm::plan(bad, MatrixLayout::row_major(3, 2, false), MatrixLayout::row_major(2, 2, false), 1, (0, 0, 0));
+        let e =
+            Gemm::plan(bad, MatrixLayout::row_major(3, 2, false), MatrixLayout::row_major(2, 2, false), 1, (0, 0, 0));
         assert!(e.unwrap_err().contains("operand a has strides (12, 4)"));
         let huge = 1usize << 31;
         let e = Gemm::plan(
@@ -297,7 +324,13 @@ mod tests {
             (0, 0, 0),
         );
         assert!(e.unwrap_err().contains("exceeds cuBLAS's 32-bit int"));
-        let e = Gemm::plan(MatrixLayout::row_major(2, 3, false), MatrixLayout::row_major(2, 2, false), MatrixLayout::row_major(2, 2, false), 1, (0, 0, 0));
+        let e = Gemm::plan(
+            MatrixLayout::row_major(2, 3, false),
+            MatrixLayout::row_major(2, 2, false),
+            MatrixLayout::row_major(2, 2, false),
+            1,
+            (0, 0, 0),
+        );
         assert!(e.unwrap_err().contains("is not a product"));
     }
 }

@@ -351,7 +351,8 @@ mod tests {
     #[test]
     fn permuted_calls_reproduce_the_cpu_kernel_or_refuse() {
         // (a dims, b dims, a_axes, b_axes, out_axes, expressible)
-        let cases: &[(&[usize], &[usize], &[usize], &[usize], &[usize], bool)] = &[
+        type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize], &'a [usize], bool);
+        let cases: &[Case] = &[
             // Attention's scores: q [b, t, h, d] read as [b, h, t, d], k read as [b, h, d, t].
             (&[2, 5, 3, 4], &[2, 5, 3, 4], &[0, 2, 1, 3], &[0, 2, 3, 1], &[0, 1, 2, 3], true),
             // ... and its output written back as [b, t, h, d].
