@@ -41,6 +41,10 @@ pub mod sources;
 #[cfg_attr(not(feature = "cuda"), path = "driver/dummy.rs")]
 pub mod driver;
 
+#[cfg_attr(feature = "cuda", path = "blas/real.rs")]
+#[cfg_attr(not(feature = "cuda"), path = "blas/dummy.rs")]
+pub mod blas;
+
 #[cfg_attr(feature = "cuda", path = "nvrtc/real.rs")]
 #[cfg_attr(not(feature = "cuda"), path = "nvrtc/dummy.rs")]
 pub mod nvrtc;

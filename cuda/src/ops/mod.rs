@@ -17,6 +17,9 @@ use regflow_plan::{DType, DeviceKind, OpConf};
 use std::sync::Arc;
 
 mod fill;
+mod matmul;
+mod reduce;
+mod rows;
 
 /// The op conf of an op actor.
 pub(crate) fn op_conf<'a>(spec: &KernelSpec<'a>) -> Result<&'a OpConf, KernelError> {
@@ -52,6 +55,9 @@ type Entry = (&'static str, &'static [DType], fn() -> KernelFactory);
 fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
     all.extend_from_slice(fill::ENTRIES);
+    all.extend_from_slice(matmul::ENTRIES);
+    all.extend_from_slice(reduce::ENTRIES);
+    all.extend_from_slice(rows::ENTRIES);
     all
 }
 

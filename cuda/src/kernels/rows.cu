@@ -1,0 +1,342 @@
+// Row-wise kernels: softmax and its gradients, masked softmax, layer norm, sparse
+// cross-entropy. One block per row (or lane) with the prelude's block reductions; every
+// kernel loops over its rows by gridDim.x, so any row count runs on a capped grid. Each
+// reduction sums in a fixed order per launch geometry, so results are deterministic.
+
+// Math by element type: no headers, so no overloads from <cmath>.
+__device__ __forceinline__ float ex(float x) { return expf(x); }
+__device__ __forceinline__ double ex(double x) { return exp(x); }
+__device__ __forceinline__ float ln(float x) { return logf(x); }
+__device__ __forceinline__ double ln(double x) { return log(x); }
+__device__ __forceinline__ float root(float x) { return sqrtf(x); }
+__device__ __forceinline__ double root(double x) { return sqrt(x); }
+// The larger of two values, ignoring a NaN `x` as the CPU's `f32::max` does.
+__device__ __forceinline__ float bigger(float m, float x) { return fmaxf(m, x); }
+__device__ __forceinline__ double bigger(double m, double x) { return fmax(m, x); }
+template <typename T> __device__ __forceinline__ T minus_infinity();
+template <> __device__ __forceinline__ float minus_infinity<float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ double minus_infinity<double>() {
+    return __longlong_as_double((long long)0xfff0000000000000ULL);
+}
+template <typename T> __device__ __forceinline__ T quiet_nan();
+template <> __device__ __forceinline__ float quiet_nan<float>() { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double quiet_nan<double>() {
+    return __longlong_as_double((long long)0x7ff8000000000000ULL);
+}
+
+// Every row (lane) index this block takes.
+#define FOR_EACH_ROW(r, rows) for (u64 r = blockIdx.x; r < (u64)(rows); r += gridDim.x)
+// Every element of a row of `len` this thread takes.
+#define FOR_EACH_COL(j, len) for (u64 j = threadIdx.x; j < (u64)(len); j += blockDim.x)
+
+// Softmax (or log-softmax) along one axis of a tensor seen as [outer, len, inner]: lane
+// `r` is the `len` elements at (r / inner) * len * inner + r % inner, `inner` apart.
+template <typename T> __device__ void softmax_lanes(const T* x, T* y, u64 lanes, u64 len, u64 inner, int log_) {
+    __shared__ T scratch[32];
+    FOR_EACH_ROW(r, lanes) {
+        u64 start = (r / inner) * len * inner + r % inner;
+        const T* xl = x + start;
+        T* yl = y + start;
+        T m = minus_infinity<T>();
+        FOR_EACH_COL(j, len) m = bigger(m, xl[j * inner]);
+        m = block_max(m, scratch, minus_infinity<T>());
+        T s = 0;
+        FOR_EACH_COL(j, len) s += ex(xl[j * inner] - m);
+        s = block_sum(s, scratch);
+        if (log_) {
+            T log_sum = ln(s);
+            FOR_EACH_COL(j, len) yl[j * inner] = xl[j * inner] - m - log_sum;
+        } else {
+            FOR_EACH_COL(j, len) yl[j * inner] = ex(xl[j * inner] - m) / s;
+        }
+    }
+}
+
+extern "C" __global__ void regflow_softmax_f32(const float* x, float* y, u64 lanes, u64 len, u64 inner, int log_) {
+    softmax_lanes(x, y, lanes, len, inner, log_);
+}
+extern "C" __global__ void regflow_softmax_f64(const double* x, double* y, u64 lanes, u64 len, u64 inner, int log_) {
+    softmax_lanes(x, y, lanes, len, inner, log_);
+}
+
+// The gradient of softmax (log_ = 0: dx = y (dy - Σ dy y)) or log-softmax (log_ = 1:
+// dx = dy - e^y Σ dy) along one axis, lanes as in softmax_lanes.
+template <typename T>
+__device__ void softmax_grad_lanes(const T* y, const T* dy, T* dx, u64 lanes, u64 len, u64 inner, int log_) {
+    __shared__ T scratch[32];
+    FOR_EACH_ROW(r, lanes) {
+        u64 start = (r / inner) * len * inner + r % inner;
+        T s = 0;
+        FOR_EACH_COL(j, len) {
+            u64 i = start + j * inner;
+            s += log_ ? dy[i] : dy[i] * y[i];
+        }
+        s = block_sum(s, scratch);
+        FOR_EACH_COL(j, len) {
+            u64 i = start + j * inner;
+            dx[i] = log_ ? dy[i] - ex(y[i]) * s : y[i] * (dy[i] - s);
+        }
+    }
+}
+
+extern "C" __global__ void regflow_softmax_grad_f32(
+    const float* y, const float* dy, float* dx, u64 lanes, u64 len, u64 inner, int log_) {
+    softmax_grad_lanes(y, dy, dx, lanes, len, inner, log_);
+}
+extern "C" __global__ void regflow_softmax_grad_f64(
+    const double* y, const double* dy, double* dx, u64 lanes, u64 len, u64 inner, int log_) {
+    softmax_grad_lanes(y, dy, dx, lanes, len, inner, log_);
+}
+
+// How a broadcast operand is read: the flat index over `dims` (row-major) to an offset
+// with `strides` (0 on broadcast axes). Axes of one element are dropped and contiguous
+// ones merged on the host, so 8 axes cover any mask of up to 8 distinct runs.
+struct Axes {
+    u64 rank;
+    u64 dims[8];
+    u64 strides[8];
+};
+
+__device__ __forceinline__ u64 offset_of(const Axes& a, u64 flat) {
+    u64 off = 0;
+    for (int d = (int)a.rank - 1; d >= 0; --d) {
+        u64 dim = a.dims[d];
+        off += (flat % dim) * a.strides[d];
+        flat /= dim;
+    }
+    return off;
+}
+
+// softmax(scale · x + mask) over the last axis (rows of `len`). The mask's part of row r
+// starts at offset_of(mask_rows, r) and steps by mask_step (1, or 0 for a broadcast last
+// axis).
+template <typename T>
+__device__ void masked_softmax_rows(const T* x, const T* mask, T* y, u64 rows, u64 len, T scale, Axes mask_rows, u64 mask_step) {
+    __shared__ T scratch[32];
+    FOR_EACH_ROW(r, rows) {
+        const T* xr = x + r * len;
+        const T* mr = mask + offset_of(mask_rows, r);
+        T* yr = y + r * len;
+        T m = minus_infinity<T>();
+        FOR_EACH_COL(j, len) m = bigger(m, scale * xr[j] + mr[j * mask_step]);
+        m = block_max(m, scratch, minus_infinity<T>());
+        T s = 0;
+        FOR_EACH_COL(j, len) s += ex(scale * xr[j] + mr[j * mask_step] - m);
+        s = block_sum(s, scratch);
+        FOR_EACH_COL(j, len) yr[j] = ex(scale * xr[j] + mr[j * mask_step] - m) / s;
+    }
+}
+
+extern "C" __global__ void regflow_masked_softmax_f32(
+    const float* x, const float* mask, float* y, u64 rows, u64 len, float scale, Axes mask_rows, u64 mask_step) {
+    masked_softmax_rows(x, mask, y, rows, len, scale, mask_rows, mask_step);
+}
+extern "C" __global__ void regflow_masked_softmax_f64(
+    const double* x, const double* mask, double* y, u64 rows, u64 len, double scale, Axes mask_rows, u64 mask_step) {
+    masked_softmax_rows(x, mask, y, rows, len, scale, mask_rows, mask_step);
+}
+
+// The gradient of masked softmax with respect to the scores: dx = scale · y (dy - Σ y dy).
+template <typename T> __device__ void masked_softmax_grad_rows(const T* y, const T* dy, T* dx, u64 rows, u64 len, T scale) {
+    __shared__ T scratch[32];
+    FOR_EACH_ROW(r, rows) {
+        const T* yr = y + r * len;
+        const T* dyr = dy + r * len;
+        T s = 0;
+        FOR_EACH_COL(j, len) s += yr[j] * dyr[j];
+        s = block_sum(s, scratch);
+        FOR_EACH_COL(j, len) dx[r * len + j] = scale * yr[j] * (dyr[j] - s);
+    }
+}
+
+extern "C" __global__ void regflow_masked_softmax_grad_f32(
+    const float* y, const float* dy, float* dx, u64 rows, u64 len, float scale) {
+    masked_softmax_grad_rows(y, dy, dx, rows, len, scale);
+}
+extern "C" __global__ void regflow_masked_softmax_grad_f64(
+    const double* y, const double* dy, double* dx, u64 rows, u64 len, double scale) {
+    masked_softmax_grad_rows(y, dy, dx, rows, len, scale);
+}
+
+// Mean and 1 / sqrt(var + eps) of a row, two passes as the CPU kernel (the variance of
+// the centred values, not E[x²] - E[x]², which cancels badly).
+template <typename T> __device__ void row_stats(const T* xr, u64 len, T eps, T* scratch, T* mean, T* rstd) {
+    T s = 0;
+    FOR_EACH_COL(j, len) s += xr[j];
+    T m = block_sum(s, scratch) / (T)len;
+    T v = 0;
+    FOR_EACH_COL(j, len) v += (xr[j] - m) * (xr[j] - m);
+    v = block_sum(v, scratch) / (T)len;
+    *mean = m;
+    *rstd = (T)1 / root(v + eps);
+}
+
+// y = (x - mean) · rstd · gamma + beta per row of `len` features.
+template <typename T>
+__device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* y, u64 rows, u64 len, T eps) {
+    __shared__ T scratch[32];
+    FOR_EACH_ROW(r, rows) {
+        const T* xr = x + r * len;
+        T mean, rstd;
+        row_stats(xr, len, eps, scratch, &mean, &rstd);
+        FOR_EACH_COL(j, len) y[r * len + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+    }
+}
+
+extern "C" __global__ void regflow_layer_norm_f32(
+    const float* x, const float* gamma, const float* beta, float* y, u64 rows, u64 len, float eps) {
+    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
+}
+extern "C" __global__ void regflow_layer_norm_f64(
+    const double* x, const double* gamma, const double* beta, double* y, u64 rows, u64 len, double eps) {
+    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
+}
+
+// Layer norm's gradient, in three launches on one stream:
+// 1. x̂ = (x - mean) · rstd into dx (dx is the only row-sized memory the op owns);
+// 2. per feature, dgamma = Σ_rows dy · x̂ and dbeta = Σ_rows dy, one thread per column
+//    summing the rows in order (deterministic, no atomics; the same order as the CPU);
+// 3. dx = rstd · (g - mean(g) - x̂ · mean(g · x̂)) with g = dy · gamma, overwriting x̂.
+template <typename T> __device__ void layer_norm_x_hat_rows(const T* x, T* x_hat, u64 rows, u64 len, T eps) {
+    __shared__ T scratch[32];
+    FOR_EACH_ROW(r, rows) {
+        const T* xr = x + r * len;
+        T mean, rstd;
+        row_stats(xr, len, eps, scratch, &mean, &rstd);
+        FOR_EACH_COL(j, len) x_hat[r * len + j] = (xr[j] - mean) * rstd;
+    }
+}
+
+template <typename T> __device__ void layer_norm_params_grad(const T* x_hat, const T* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {
+    FOR_EACH(j, len) {
+        T dg = 0, db = 0;
+        for (u64 r = 0; r < rows; ++r) {
+            T d = dy[r * len + j];
+            dg += d * x_hat[r * len + j];
+            db += d;
+        }
+        dgamma[j] = dg;
+        dbeta[j] = db;
+    }
+}
+
+template <typename T>
+__device__ void layer_norm_dx_rows(const T* x, const T* gamma, const T* dy, T* dx, u64 rows, u64 len, T eps) {
+    __shared__ T scratch[32];
+    FOR_EACH_ROW(r, rows) {
+        const T* xr = x + r * len;
+        const T* dyr = dy + r * len;
+        T* dxr = dx + r * len;
+        T mean, rstd;
+        row_stats(xr, len, eps, scratch, &mean, &rstd);
+        T g = 0, gx = 0;
+        FOR_EACH_COL(j, len) {
+            T dg = dyr[j] * gamma[j];
+            g += dg;
+            gx += dg * dxr[j];
+        }
+        T g_mean = block_sum(g, scratch) / (T)len;
+        T gx_mean = block_sum(gx, scratch) / (T)len;
+        FOR_EACH_COL(j, len) dxr[j] = rstd * (dyr[j] * gamma[j] - g_mean - dxr[j] * gx_mean);
+    }
+}
+
+extern "C" __global__ void regflow_layer_norm_x_hat_f32(const float* x, float* x_hat, u64 rows, u64 len, float eps) {
+    layer_norm_x_hat_rows(x, x_hat, rows, len, eps);
+}
+extern "C" __global__ void regflow_layer_norm_x_hat_f64(const double* x, double* x_hat, u64 rows, u64 len, double eps) {
+    layer_norm_x_hat_rows(x, x_hat, rows, len, eps);
+}
+extern "C" __global__ void regflow_layer_norm_params_grad_f32(
+    const float* x_hat, const float* dy, float* dgamma, float* dbeta, u64 rows, u64 len) {
+    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
+}
+extern "C" __global__ void regflow_layer_norm_params_grad_f64(
+    const double* x_hat, const double* dy, double* dgamma, double* dbeta, u64 rows, u64 len) {
+    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
+}
+extern "C" __global__ void regflow_layer_norm_dx_f32(
+    const float* x, const float* gamma, const float* dy, float* dx, u64 rows, u64 len, float eps) {
+    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
+}
+extern "C" __global__ void regflow_layer_norm_dx_f64(
+    const double* x, const double* gamma, const double* dy, double* dx, u64 rows, u64 len, double eps) {
+    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
+}
+
+// The mean over rows of -log softmax(logits)[label], summed in f64 as the CPU kernel. One
+// block: each warp takes rows warp, warp + warps, ... and sums their losses in order, then
+// thread 0 adds the warps' sums in order, so the scalar is deterministic without a scratch
+// register (the op has only its scalar output). A label out of range makes the loss NaN
+// (a kernel cannot return the CPU kernel's error).
+template <typename T>
+__device__ void cross_entropy_one_block(const T* logits, const i64* labels, T* out, u64 rows, u64 classes, double divisor) {
+    __shared__ double warp_loss[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    double total = 0;
+    for (u64 r = warp; r < rows; r += warps) {
+        const T* xr = logits + r * classes;
+        T m = minus_infinity<T>();
+        for (u64 j = lane; j < classes; j += 32) m = bigger(m, xr[j]);
+        m = warp_max(m);
+        m = __shfl_sync(0xffffffffu, m, 0);
+        T s = 0;
+        for (u64 j = lane; j < classes; j += 32) s += ex(xr[j] - m);
+        s = warp_sum(s);
+        if (lane == 0) {
+            i64 c = labels[r];
+            bool valid = c >= 0 && (u64)c < classes;
+            total += valid ? (double)(ln(s) - (xr[c] - m)) : (double)quiet_nan<T>();
+        }
+    }
+    if (lane == 0) warp_loss[warp] = total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0;
+        for (int w = 0; w < warps; ++w) sum += warp_loss[w];
+        out[0] = (T)(sum / divisor);
+    }
+}
+
+extern "C" __global__ void regflow_sparse_cross_entropy_f32(
+    const float* logits, const i64* labels, float* out, u64 rows, u64 classes, double divisor) {
+    cross_entropy_one_block(logits, labels, out, rows, classes, divisor);
+}
+extern "C" __global__ void regflow_sparse_cross_entropy_f64(
+    const double* logits, const i64* labels, double* out, u64 rows, u64 classes, double divisor) {
+    cross_entropy_one_block(logits, labels, out, rows, classes, divisor);
+}
+
+// The gradient of the mean cross-entropy: dx = (softmax(x) - onehot(label)) · dy / divisor,
+// one block per row; dy is the device scalar the loss's consumer wrote. A label out of
+// range makes its row NaN.
+template <typename T>
+__device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, const T* dy, T* dx, u64 rows, u64 classes, T divisor) {
+    __shared__ T scratch[32];
+    T scale = dy[0] / divisor;
+    FOR_EACH_ROW(r, rows) {
+        const T* xr = logits + r * classes;
+        T m = minus_infinity<T>();
+        FOR_EACH_COL(j, classes) m = bigger(m, xr[j]);
+        m = block_max(m, scratch, minus_infinity<T>());
+        T s = 0;
+        FOR_EACH_COL(j, classes) s += ex(xr[j] - m);
+        T log_sum = ln(block_sum(s, scratch));
+        i64 c = labels[r];
+        bool valid = c >= 0 && (u64)c < classes;
+        FOR_EACH_COL(j, classes) {
+            T v = ex(xr[j] - m - log_sum) * scale;
+            if ((i64)j == c) v -= scale;
+            dx[r * classes + j] = valid ? v : quiet_nan<T>();
+        }
+    }
+}
+
+extern "C" __global__ void regflow_sparse_cross_entropy_grad_f32(
+    const float* logits, const i64* labels, const float* dy, float* dx, u64 rows, u64 classes, float divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+}
+extern "C" __global__ void regflow_sparse_cross_entropy_grad_f64(
+    const double* logits, const i64* labels, const double* dy, double* dx, u64 rows, u64 classes, double divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+}

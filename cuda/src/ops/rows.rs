@@ -1,0 +1,547 @@
+//! The row-wise ops on CUDA: `softmax`, `log_softmax`, `softmax_grad`, `masked_softmax`,
+//! `masked_softmax_grad`, `layer_norm`, `layer_norm_grad`, `sparse_cross_entropy` and
+//! `sparse_cross_entropy_grad` (`rows.cu`). One block per row with the prelude's block
+//! reductions; the sizes, strides and scalars of every launch are worked out when the
+//! actor is made, and a firing only queues its launches.
+
+use super::reduce::Axes;
+use super::{function, op_conf, stream, suffix, Entry};
+use crate::driver::{launch, Function, Grid};
+use regflow_kernels::cpu::axes;
+use regflow_kernels::{Execution, HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_plan::ops::{
+    LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad, SparseCrossEntropy,
+    SparseCrossEntropyGrad,
+};
+use regflow_plan::{DType, OpConf, TensorMeta};
+use std::sync::Arc;
+
+const FLOAT: &[DType] = &[DType::F32, DType::F64];
+
+pub(super) const ENTRIES: &[Entry] = &[
+    ("softmax", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::Softmax))),
+    ("log_softmax", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::LogSoftmax))),
+    ("softmax_grad", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::Grad))),
+    ("masked_softmax", FLOAT, || Arc::new(make_masked_softmax)),
+    ("masked_softmax_grad", FLOAT, || Arc::new(make_masked_softmax_grad)),
+    ("layer_norm", FLOAT, || Arc::new(make_layer_norm)),
+    ("layer_norm_grad", FLOAT, || Arc::new(make_layer_norm_grad)),
+    ("sparse_cross_entropy", FLOAT, || Arc::new(make_cross_entropy)),
+    ("sparse_cross_entropy_grad", FLOAT, || Arc::new(make_cross_entropy_grad)),
+];
+
+/// Threads of a block that reduces a row of `len`: a power of two from one warp (short
+/// rows waste no more than a warp) to 512 (long rows: a vocabulary of logits).
+pub(crate) fn row_threads(len: usize) -> u32 {
+    len.next_power_of_two().clamp(32, 512) as u32
+}
+
+/// The block-per-row grid for `rows` rows of `len`.
+fn row_grid(rows: usize, len: usize) -> Grid {
+    Grid::rows(rows as u64, row_threads(len), 0)
+}
+
+/// An error of the actor's op.
+fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -> KernelError {
+    KernelError(format!("actor '{}': op '{}': {message}", spec.actor, conf.op_type))
+}
+
+/// Checks `conf` has `inputs` inputs and `outputs` outputs, all of one float dtype except
+/// the inputs at `integer` (labels), which are i64; returns the float dtype.
+fn metas(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    inputs: usize,
+    outputs: usize,
+    integer: &[usize],
+) -> Result<DType, KernelError> {
+    if conf.inputs.len() != inputs || conf.outputs.len() != outputs {
+        return Err(fail(
+            spec,
+            conf,
+            format!(
+                "takes {inputs} inputs and gives {outputs} outputs, but has {} and {}",
+                conf.inputs.len(),
+                conf.outputs.len()
+            ),
+        ));
+    }
+    let dtype = conf.outputs[0].dtype;
+    if !dtype.is_float() {
+        return Err(fail(spec, conf, format!("needs float tensors, got {}", conf.outputs[0])));
+    }
+    for (i, meta) in conf.inputs.iter().enumerate() {
+        let want = if integer.contains(&i) { DType::I64 } else { dtype };
+        if meta.dtype != want {
+            return Err(fail(spec, conf, format!("input {i} must be {want}, got {meta}")));
+        }
+    }
+    if let Some(out) = conf.outputs.iter().find(|m| m.dtype != dtype) {
+        return Err(fail(spec, conf, format!("every output must be {dtype}, got {out}")));
+    }
+    Ok(dtype)
+}
+
+/// Checks that the metas at `same` (inputs, then outputs numbered after them) equal the
+/// first input's.
+fn same_meta(spec: &KernelSpec<'_>, conf: &OpConf, same: &[usize]) -> Result<(), KernelError> {
+    let all: Vec<&TensorMeta> = conf.inputs.iter().chain(&conf.outputs).collect();
+    for &i in same {
+        if all[i] != all[0] {
+            return Err(fail(spec, conf, format!("tensor {i} must match {}, got {}", all[0], all[i])));
+        }
+    }
+    Ok(())
+}
+
+/// The entry point `regflow_<name>_<dtype>`.
+fn entry(spec: &KernelSpec<'_>, name: &str, dtype: DType) -> Result<Function, KernelError> {
+    function(spec, &format!("regflow_{name}_{}", suffix(dtype)))
+}
+
+/// Which lane kernel a softmax op runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Softmax,
+    LogSoftmax,
+    Grad,
+}
+
+/// `softmax`, `log_softmax` (one launch of `regflow_softmax`) and `softmax_grad`
+/// (`regflow_softmax_grad`) along any axis.
+#[derive(Debug)]
+struct SoftmaxKernel {
+    function: Function,
+    grid: Grid,
+    /// The actor inputs: `x`, or `y` and `dy`.
+    inputs: (usize, usize),
+    grad: bool,
+    lanes: u64,
+    len: u64,
+    inner: u64,
+    log: i32,
+}
+
+impl Kernel for SoftmaxKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (a, b, out) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
+        let (lanes, len, inner, log) = (self.lanes, self.len, self.inner, self.log);
+        // SAFETY: the inputs and output hold `lanes · len` elements of the dtype (one meta,
+        // checked at build); the argument types are the kernels'.
+        unsafe {
+            if self.grad {
+                launch(stream(io), self.function, self.grid, &mut args![a, b, out, lanes, len, inner, log])
+            } else {
+                launch(stream(io), self.function, self.grid, &mut args![a, out, lanes, len, inner, log])
+            }
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+fn make_softmax(spec: &KernelSpec<'_>, lane: Lane) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let (axis, log) = match lane {
+        Lane::Softmax => (conf.parse_attrs::<Softmax>().map_err(KernelError)?.axis, false),
+        Lane::LogSoftmax => (conf.parse_attrs::<LogSoftmax>().map_err(KernelError)?.axis, true),
+        Lane::Grad => {
+            let op: SoftmaxGrad = conf.parse_attrs().map_err(KernelError)?;
+            (op.axis, op.log)
+        }
+    };
+    let grad = lane == Lane::Grad;
+    let dtype = metas(spec, conf, if grad { 2 } else { 1 }, 1, &[])?;
+    same_meta(spec, conf, if grad { &[1, 2] } else { &[1] })?;
+    let shape = &conf.inputs[0].shape;
+    let a = shape
+        .axis(axis)
+        .ok_or_else(|| fail(spec, conf, format!("axis {axis} is out of range for rank {}", shape.rank())))?;
+    let dims = shape.dims();
+    let (outer, len, inner) = (dims[..a].iter().product::<usize>(), dims[a], dims[a + 1..].iter().product::<usize>());
+    let input = conf.input_map[0];
+    Ok(Box::new(SoftmaxKernel {
+        function: entry(spec, if grad { "softmax_grad" } else { "softmax" }, dtype)?,
+        grid: row_grid(outer * inner, len),
+        inputs: (input, if grad { conf.input_map[1] } else { input }),
+        grad,
+        lanes: (outer * inner) as u64,
+        len: len as u64,
+        inner: inner as u64,
+        log: i32::from(log),
+    }))
+}
+
+/// `masked_softmax`: softmax over the last axis of `scale · x + mask`.
+#[derive(Debug)]
+struct MaskedSoftmaxKernel {
+    function: Function,
+    grid: Grid,
+    dtype: DType,
+    inputs: (usize, usize),
+    rows: u64,
+    len: u64,
+    scale: f64,
+    mask_rows: Axes,
+    mask_step: u64,
+}
+
+impl Kernel for MaskedSoftmaxKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (x, mask, y) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
+        let (rows, len, mask_rows, mask_step) = (self.rows, self.len, self.mask_rows, self.mask_step);
+        let f = self.function;
+        // SAFETY: `x` and `y` hold `rows · len` elements; `mask_rows` and `mask_step` read
+        // only the mask's elements (its broadcast strides); the argument types are the
+        // kernel's.
+        unsafe {
+            match self.dtype {
+                DType::F64 => launch(
+                    stream(io),
+                    f,
+                    self.grid,
+                    &mut args![x, mask, y, rows, len, self.scale, mask_rows, mask_step],
+                ),
+                _ => launch(
+                    stream(io),
+                    f,
+                    self.grid,
+                    &mut args![x, mask, y, rows, len, self.scale as f32, mask_rows, mask_step],
+                ),
+            }
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+/// The rows and row length of a tensor of `dims` over its last axis.
+fn rows_of(dims: &[usize]) -> (usize, usize) {
+    let len = dims.last().copied().unwrap_or(1);
+    (dims[..dims.len().saturating_sub(1)].iter().product(), len)
+}
+
+/// A mask of more than 8 alternating broadcast runs per row runs the CPU kernel on the host.
+fn make_masked_softmax(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: MaskedSoftmax = conf.parse_attrs().map_err(KernelError)?;
+    op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
+    let (x, mask) = (&conf.inputs[0], &conf.inputs[1]);
+    let dims = x.shape.dims();
+    let (rows, len) = rows_of(dims);
+    let strides = axes::broadcast_strides(mask.shape.dims(), dims);
+    let last = dims.len() - 1;
+    let Some(mask_rows) = Axes::collapsed(&dims[..last], &strides[..last]) else {
+        return Ok(Box::new(HostOpKernel::new(op, conf)));
+    };
+    Ok(Box::new(MaskedSoftmaxKernel {
+        function: entry(spec, "masked_softmax", x.dtype)?,
+        grid: row_grid(rows, len),
+        dtype: x.dtype,
+        inputs: (conf.input_map[0], conf.input_map[1]),
+        rows: rows as u64,
+        len: len as u64,
+        scale: op.scale,
+        mask_rows,
+        mask_step: strides[last] as u64,
+    }))
+}
+
+/// The kernels of one launch over rows whose only scalar is `scalar` (a scale or an eps):
+/// `masked_softmax_grad` (y, dy -> dx) and `layer_norm` (x, gamma, beta -> y).
+#[derive(Debug)]
+struct RowsKernel {
+    function: Function,
+    grid: Grid,
+    dtype: DType,
+    /// The actor inputs, in the kernel's order (two or three).
+    inputs: [usize; 3],
+    three: bool,
+    rows: u64,
+    len: u64,
+    scalar: f64,
+}
+
+impl Kernel for RowsKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let [a, b, c] = self.inputs.map(|i| io.input_addr(i));
+        let out = io.output_addr(0);
+        let (rows, len, f, g) = (self.rows, self.len, self.function, self.grid);
+        let (s64, s32) = (self.scalar, self.scalar as f32);
+        // SAFETY: every tensor holds `rows · len` elements, or `len` for layer norm's gamma
+        // and beta (checked at build); the argument types are the kernels'.
+        unsafe {
+            match (self.three, self.dtype) {
+                (true, DType::F64) => launch(stream(io), f, g, &mut args![a, b, c, out, rows, len, s64]),
+                (true, _) => launch(stream(io), f, g, &mut args![a, b, c, out, rows, len, s32]),
+                (false, DType::F64) => launch(stream(io), f, g, &mut args![a, b, out, rows, len, s64]),
+                (false, _) => launch(stream(io), f, g, &mut args![a, b, out, rows, len, s32]),
+            }
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+fn make_masked_softmax_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: MaskedSoftmaxGrad = conf.parse_attrs().map_err(KernelError)?;
+    let dtype = metas(spec, conf, 2, 1, &[])?;
+    same_meta(spec, conf, &[1, 2])?;
+    if conf.inputs[0].shape.rank() == 0 {
+        return Err(fail(spec, conf, "the scores must have rank >= 1, got a scalar"));
+    }
+    let (rows, len) = rows_of(conf.inputs[0].shape.dims());
+    Ok(Box::new(RowsKernel {
+        function: entry(spec, "masked_softmax_grad", dtype)?,
+        grid: row_grid(rows, len),
+        dtype,
+        inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[1]],
+        three: false,
+        rows: rows as u64,
+        len: len as u64,
+        scalar: op.scale,
+    }))
+}
+
+/// Rows and features of a layer norm over `x` with `gamma` (and `beta` or `dy`), or why
+/// they do not fit: gamma is `[features]` and `x`'s last axis is `features`.
+fn layer_norm_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, usize), KernelError> {
+    let (x, gamma) = (&conf.inputs[0], &conf.inputs[1]);
+    let features = gamma.shape.numel();
+    if gamma.shape.rank() != 1 || x.shape.dims().last() != Some(&features) {
+        return Err(fail(spec, conf, format!("gamma {gamma} must be [features] of the input {x}'s last axis")));
+    }
+    Ok((rows_of(x.shape.dims()).0, features))
+}
+
+fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: LayerNorm = conf.parse_attrs().map_err(KernelError)?;
+    let dtype = metas(spec, conf, 3, 1, &[])?;
+    // x and y share a meta, and so do gamma and beta.
+    same_meta(spec, conf, &[3])?;
+    if conf.inputs[2] != conf.inputs[1] {
+        return Err(fail(spec, conf, format!("beta {} must match gamma {}", conf.inputs[2], conf.inputs[1])));
+    }
+    let (rows, features) = layer_norm_rows(spec, conf)?;
+    Ok(Box::new(RowsKernel {
+        function: entry(spec, "layer_norm", dtype)?,
+        grid: row_grid(rows, features),
+        dtype,
+        inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
+        three: true,
+        rows: rows as u64,
+        len: features as u64,
+        scalar: op.eps,
+    }))
+}
+
+/// `layer_norm_grad`: x̂ into dx, the parameter gradients by columns, then dx (see
+/// `rows.cu`): three launches, deterministic, no atomics.
+#[derive(Debug)]
+struct LayerNormGradKernel {
+    x_hat: Function,
+    params: Function,
+    dx: Function,
+    rows_grid: Grid,
+    dtype: DType,
+    /// The actor inputs holding x, gamma and dy.
+    inputs: [usize; 3],
+    rows: u64,
+    len: u64,
+    eps: f64,
+}
+
+impl Kernel for LayerNormGradKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let [x, gamma, dy] = self.inputs.map(|i| io.input_addr(i));
+        let (dx, dgamma, dbeta) = (io.output_addr(0), io.output_addr(1), io.output_addr(2));
+        let (rows, len, s) = (self.rows, self.len, stream(io));
+        let columns = Grid::linear(len);
+        let (e64, e32) = (self.eps, self.eps as f32);
+        // SAFETY: x, dy and dx hold `rows · len` elements, gamma, dgamma and dbeta `len`
+        // (checked at build); the three launches run in order on one stream, so each reads
+        // what the one before wrote; the argument types are the kernels'.
+        unsafe {
+            if self.dtype == DType::F64 {
+                launch(s, self.x_hat, self.rows_grid, &mut args![x, dx, rows, len, e64])?;
+                launch(s, self.params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
+                launch(s, self.dx, self.rows_grid, &mut args![x, gamma, dy, dx, rows, len, e64])?;
+            } else {
+                launch(s, self.x_hat, self.rows_grid, &mut args![x, dx, rows, len, e32])?;
+                launch(s, self.params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
+                launch(s, self.dx, self.rows_grid, &mut args![x, gamma, dy, dx, rows, len, e32])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: LayerNormGrad = conf.parse_attrs().map_err(KernelError)?;
+    let dtype = metas(spec, conf, 3, 3, &[])?;
+    // dy and dx match x; dgamma and dbeta match gamma.
+    same_meta(spec, conf, &[2, 3])?;
+    let gamma = &conf.inputs[1];
+    if conf.outputs[1] != *gamma || conf.outputs[2] != *gamma {
+        return Err(fail(spec, conf, format!("dgamma and dbeta must match gamma {gamma}")));
+    }
+    let (rows, features) = layer_norm_rows(spec, conf)?;
+    Ok(Box::new(LayerNormGradKernel {
+        x_hat: entry(spec, "layer_norm_x_hat", dtype)?,
+        params: entry(spec, "layer_norm_params_grad", dtype)?,
+        dx: entry(spec, "layer_norm_dx", dtype)?,
+        rows_grid: row_grid(rows, features),
+        dtype,
+        inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
+        rows: rows as u64,
+        len: features as u64,
+        eps: op.eps,
+    }))
+}
+
+/// Rows and classes of a cross-entropy over logits `[rows, classes]` and labels `[rows]`.
+fn cross_entropy_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, usize), KernelError> {
+    let (logits, labels) = (&conf.inputs[0], &conf.inputs[1]);
+    match (logits.shape.dims(), labels.shape.dims()) {
+        (&[rows, classes], &[n]) if n == rows => Ok((rows, classes)),
+        _ => {
+            Err(fail(spec, conf, format!("takes logits [rows, classes] and labels [rows], got {logits} and {labels}")))
+        }
+    }
+}
+
+/// `sparse_cross_entropy`: one block (see `rows.cu`: the scalar is summed deterministically
+/// without a scratch register).
+#[derive(Debug)]
+struct CrossEntropyKernel {
+    function: Function,
+    inputs: (usize, usize),
+    rows: u64,
+    classes: u64,
+}
+
+/// Threads of the one cross-entropy block: 32 warps, one row per warp at a time.
+const CROSS_ENTROPY_THREADS: u32 = 1024;
+
+impl Kernel for CrossEntropyKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (logits, labels, out) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
+        let (rows, classes, divisor) = (self.rows, self.classes, self.rows as f64);
+        let grid = Grid { blocks: (1, 1, 1), threads: (CROSS_ENTROPY_THREADS, 1, 1), shared_bytes: 0 };
+        // SAFETY: logits hold `rows · classes` elements, labels `rows` i64, the output one
+        // element (checked at build); the argument types are the kernel's (the divisor is
+        // a double for both dtypes: the sum is in f64).
+        unsafe { launch(stream(io), self.function, grid, &mut args![logits, labels, out, rows, classes, divisor]) }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let _: SparseCrossEntropy = conf.parse_attrs().map_err(KernelError)?;
+    let dtype = metas(spec, conf, 2, 1, &[1])?;
+    let (rows, classes) = cross_entropy_rows(spec, conf)?;
+    if conf.outputs[0].shape.numel() != 1 {
+        return Err(fail(spec, conf, format!("gives a scalar loss, but the output is {}", conf.outputs[0])));
+    }
+    Ok(Box::new(CrossEntropyKernel {
+        function: entry(spec, "sparse_cross_entropy", dtype)?,
+        inputs: (conf.input_map[0], conf.input_map[1]),
+        rows: rows as u64,
+        classes: classes as u64,
+    }))
+}
+
+/// `sparse_cross_entropy_grad`: one block per row.
+#[derive(Debug)]
+struct CrossEntropyGradKernel {
+    function: Function,
+    grid: Grid,
+    dtype: DType,
+    inputs: [usize; 3],
+    rows: u64,
+    classes: u64,
+}
+
+impl Kernel for CrossEntropyGradKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let [logits, labels, dy] = self.inputs.map(|i| io.input_addr(i));
+        let dx = io.output_addr(0);
+        let (rows, classes, f, g) = (self.rows, self.classes, self.function, self.grid);
+        // SAFETY: logits and dx hold `rows · classes` elements, labels `rows` i64, dy one
+        // element (checked at build); the argument types are the kernel's.
+        unsafe {
+            match self.dtype {
+                DType::F64 => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, rows as f64]),
+                _ => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, rows as f32]),
+            }
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+fn make_cross_entropy_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let _: SparseCrossEntropyGrad = conf.parse_attrs().map_err(KernelError)?;
+    let dtype = metas(spec, conf, 3, 1, &[1])?;
+    let (rows, classes) = cross_entropy_rows(spec, conf)?;
+    if conf.inputs[2].shape.numel() != 1 || conf.outputs[0] != conf.inputs[0] {
+        return Err(fail(
+            spec,
+            conf,
+            format!("takes a scalar dy and gives dx like the logits, got {} and {}", conf.inputs[2], conf.outputs[0]),
+        ));
+    }
+    Ok(Box::new(CrossEntropyGradKernel {
+        function: entry(spec, "sparse_cross_entropy_grad", dtype)?,
+        grid: row_grid(rows, classes),
+        dtype,
+        inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
+        rows: rows as u64,
+        classes: classes as u64,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_blocks_are_whole_warps_up_to_512_threads() {
+        for (len, threads) in [(0, 32), (1, 32), (7, 32), (33, 64), (1023, 512), (50_257, 512)] {
+            assert_eq!(row_threads(len), threads, "{len}");
+            assert_eq!(row_threads(len) % 32, 0);
+        }
+        assert_eq!(row_grid(70_001, 7).blocks.0, 70_001);
+    }
+
+    #[test]
+    fn rows_are_over_the_last_axis() {
+        assert_eq!(rows_of(&[2, 3, 5]), (6, 5));
+        assert_eq!(rows_of(&[7]), (1, 7));
+    }
+}
