@@ -45,6 +45,10 @@ pub mod driver;
 #[cfg_attr(not(feature = "cuda"), path = "blas/dummy.rs")]
 pub mod blas;
 
+#[cfg_attr(feature = "cuda", path = "nccl/real.rs")]
+#[cfg_attr(not(feature = "cuda"), path = "nccl/dummy.rs")]
+pub mod nccl;
+
 #[cfg_attr(feature = "cuda", path = "nvrtc/real.rs")]
 #[cfg_attr(not(feature = "cuda"), path = "nvrtc/dummy.rs")]
 pub mod nvrtc;

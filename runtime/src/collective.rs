@@ -31,6 +31,7 @@ mod bucket;
 mod layout;
 #[cfg(all(test, loom))]
 mod loom_two_step;
+mod nccl;
 mod net;
 mod rendezvous;
 #[cfg(all(test, not(loom)))]
@@ -190,6 +191,8 @@ struct GroupEntry {
     /// Actor name per rank.
     members: Vec<Option<String>>,
     rendezvous: Arc<Rendezvous>,
+    /// Where the group may run on NCCL (cuda members; see `collective/nccl.rs`).
+    nccl: Option<std::sync::Arc<nccl::NcclGroup>>,
 }
 
 /// The rendezvous of every collective group of one job, by group name. Kernels find their
@@ -276,16 +279,24 @@ impl CollectiveGroups {
                 )));
             }
         }
-        let rendezvous = self.join(spec.actor, conf).map_err(fail)?;
-        let flat: Box<dyn Kernel> = match self.net.get().and_then(|net| Some((net, net.get(&conf.group)?.clone()))) {
+        let (rendezvous, nccl) = self.join(spec, conf).map_err(fail)?;
+        let net = self.net.get().and_then(|net| Some((net, net.get(&conf.group)?.clone())));
+        let spans_nodes = net.is_some();
+        let flat: Box<dyn Kernel> = match net {
             Some((net, group)) => net.kernel(group, layout).map_err(fail)?,
             None => Box::new(CollectiveKernel(CollectiveMember::new(rendezvous, layout))),
         };
-        match conf.op {
-            CollectiveOp::AllReduceBucket { .. } => {
-                Ok(Box::new(bucket::BucketKernel::new(spec.actor, flat, inputs).map_err(fail)?))
+        let host = match conf.op {
+            CollectiveOp::AllReduceBucket { .. } => Box::new(bucket::BucketKernel::new(spec.actor, flat, inputs).map_err(fail)?),
+            _ => flat,
+        };
+        // A cuda member of an in-process group whose layout NCCL expresses may run on NCCL,
+        // decided for the whole group in `check`.
+        match (nccl, nccl::shape_of(conf, inputs)) {
+            (Some(group), Some((shape, element))) if !spans_nodes => {
+                Ok(Box::new(nccl::NcclKernel::new(host, group, conf.rank as usize, shape, element)))
             }
-            _ => Ok(flat),
+            _ => Ok(host),
         }
     }
 
@@ -295,14 +306,23 @@ impl CollectiveGroups {
         let _ = self.net.set(groups);
     }
 
-    /// Registers `actor` as `conf.rank` of its group; fails if it disagrees with a member
-    /// already registered, or takes a rank already taken.
-    fn join(&self, actor: &str, conf: &CollectiveConf) -> Result<Arc<Rendezvous>, String> {
+    /// Registers actor `spec.actor` as `conf.rank` of its group; fails if it disagrees with
+    /// a member already registered, or takes a rank already taken. Returns the group's
+    /// rendezvous and, for a cuda member, its NCCL candidate.
+    #[allow(clippy::type_complexity)]
+    fn join(
+        &self,
+        spec: &KernelSpec<'_>,
+        conf: &CollectiveConf,
+    ) -> Result<(Arc<Rendezvous>, Option<std::sync::Arc<nccl::NcclGroup>>), String> {
+        let actor = spec.actor;
         let mut groups = lock(&self.groups);
         let entry = groups.entry(conf.group.clone()).or_insert_with(|| GroupEntry {
             conf: conf.clone(),
             members: vec![None; conf.size as usize],
             rendezvous: Arc::new(Rendezvous::new(&conf.group, conf.size as usize)),
+            nccl: (spec.device == regflow_plan::DeviceKind::Cuda)
+                .then(|| std::sync::Arc::new(nccl::NcclGroup::new(&conf.group, conf.size as usize))),
         });
         let first = &entry.conf;
         let first_actor = entry.members.iter().flatten().next().map(String::as_str).unwrap_or("?");
@@ -327,7 +347,11 @@ impl CollectiveGroups {
             return Err(format!("rank {} is already taken by actor '{holder}'", conf.rank));
         }
         *slot = Some(actor.to_string());
-        Ok(entry.rendezvous.clone())
+        // A member that is not on a GPU leaves its rank unset: the group stays on the host.
+        if let Some(group) = entry.nccl.as_ref().filter(|_| spec.device == regflow_plan::DeviceKind::Cuda) {
+            group.join(conf.rank as usize, usize::from(spec.device_index));
+        }
+        Ok((entry.rendezvous.clone(), entry.nccl.clone()))
     }
 
     /// After every kernel is made: every group has all its ranks in this job (a job that runs
@@ -357,6 +381,9 @@ impl CollectiveGroups {
                     ),
                 ));
             }
+            if let Some(group) = &entry.nccl {
+                group.decide().map_err(|m| setup(present.first().copied().unwrap_or("?"), m))?;
+            }
             for actor in present {
                 let Some(index) = indexed.actor_by_name(actor) else { continue };
                 let kind = plan.streams[plan.actors[index.index()].stream.index()].kind;
@@ -375,6 +402,9 @@ impl CollectiveGroups {
     pub(crate) fn abort_all(&self) {
         for entry in lock(&self.groups).values() {
             entry.rendezvous.abort();
+            if let Some(group) = &entry.nccl {
+                group.abort();
+            }
         }
         if let Some(net) = self.net.get() {
             net.abort_all();
