@@ -16,7 +16,11 @@ use regflow_kernels::{KernelError, KernelFactory, KernelIo, KernelKey, KernelReg
 use regflow_plan::{DType, DeviceKind, OpConf};
 use std::sync::Arc;
 
+mod elementwise;
 mod fill;
+mod layout;
+mod movement;
+mod optim;
 
 /// The op conf of an op actor.
 pub(crate) fn op_conf<'a>(spec: &KernelSpec<'a>) -> Result<&'a OpConf, KernelError> {
@@ -50,6 +54,9 @@ type Entry = (&'static str, &'static [DType], fn() -> KernelFactory);
 fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
     all.extend_from_slice(fill::ENTRIES);
+    all.extend_from_slice(elementwise::ENTRIES);
+    all.extend_from_slice(movement::ENTRIES);
+    all.extend_from_slice(optim::ENTRIES);
     all
 }
 
