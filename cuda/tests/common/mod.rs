@@ -64,12 +64,8 @@ pub(crate) fn run(conf: &OpConf, inputs: &[&HostArray], gpu: Option<(&Device, &S
         // SAFETY: host-accessible memory of the arena, not in use by any kernel.
         unsafe { view.as_mut_slice() }.copy_from_slice(&array.to_le_bytes());
     }
-    let context = StreamContext {
-        device: kind,
-        device_index: 0,
-        threads: 1,
-        native: gpu.map_or(0, |(_, s)| s.handle().0),
-    };
+    let context =
+        StreamContext { device: kind, device_index: 0, threads: 1, native: gpu.map_or(0, |(_, s)| s.handle().0) };
     let mut io = KernelIo::new(0, GroupPosition { index: 0, count: 1 }, &ins, &outs, &context);
     kernel.run(&mut io).expect("the kernel runs");
     if let Some((_, stream)) = gpu {
@@ -93,7 +89,10 @@ pub(crate) fn assert_close(what: &str, gpu: &[HostArray], cpu: &[HostArray], rel
         assert_eq!(g.meta(), c.meta(), "{what}: output {o} meta");
         for (i, (a, b)) in g.to_f64_vec().iter().zip(c.to_f64_vec()).enumerate() {
             let tolerance = rel * b.abs().max(1.0);
-            assert!((a - b).abs() <= tolerance || (a.is_nan() && b.is_nan()), "{what}: output {o}[{i}]: cuda {a}, cpu {b}");
+            assert!(
+                (a - b).abs() <= tolerance || (a.is_nan() && b.is_nan()),
+                "{what}: output {o}[{i}]: cuda {a}, cpu {b}"
+            );
         }
     }
 }
