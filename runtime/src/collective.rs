@@ -287,7 +287,9 @@ impl CollectiveGroups {
             None => Box::new(CollectiveKernel(CollectiveMember::new(rendezvous, layout))),
         };
         let host = match conf.op {
-            CollectiveOp::AllReduceBucket { .. } => Box::new(bucket::BucketKernel::new(spec.actor, flat, inputs).map_err(fail)?),
+            CollectiveOp::AllReduceBucket { .. } => {
+                Box::new(bucket::BucketKernel::new(spec.actor, flat, inputs).map_err(fail)?)
+            }
             _ => flat,
         };
         // A cuda member of an in-process group whose layout NCCL expresses may run on NCCL,

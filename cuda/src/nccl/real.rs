@@ -98,15 +98,38 @@ impl Communicator {
             let (result, name) = unsafe {
                 match *call {
                     Call::AllReduce { input, output, count } => (
-                        sys::ncclAllReduce(input as *const c_void, output as *mut c_void, count, dtype, sum, self.raw(), stream),
+                        sys::ncclAllReduce(
+                            input as *const c_void,
+                            output as *mut c_void,
+                            count,
+                            dtype,
+                            sum,
+                            self.raw(),
+                            stream,
+                        ),
                         "ncclAllReduce",
                     ),
                     Call::ReduceScatter { input, output, count } => (
-                        sys::ncclReduceScatter(input as *const c_void, output as *mut c_void, count, dtype, sum, self.raw(), stream),
+                        sys::ncclReduceScatter(
+                            input as *const c_void,
+                            output as *mut c_void,
+                            count,
+                            dtype,
+                            sum,
+                            self.raw(),
+                            stream,
+                        ),
                         "ncclReduceScatter",
                     ),
                     Call::AllGather { input, output, count } => (
-                        sys::ncclAllGather(input as *const c_void, output as *mut c_void, count, dtype, self.raw(), stream),
+                        sys::ncclAllGather(
+                            input as *const c_void,
+                            output as *mut c_void,
+                            count,
+                            dtype,
+                            self.raw(),
+                            stream,
+                        ),
                         "ncclAllGather",
                     ),
                 }

@@ -16,8 +16,12 @@ use regflow_kernels::{KernelError, KernelFactory, KernelIo, KernelKey, KernelReg
 use regflow_plan::{DType, DeviceKind, OpConf};
 use std::sync::Arc;
 
+mod elementwise;
 mod fill;
+mod layout;
 mod matmul;
+mod movement;
+mod optim;
 mod reduce;
 mod rows;
 
@@ -55,7 +59,10 @@ type Entry = (&'static str, &'static [DType], fn() -> KernelFactory);
 fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
     all.extend_from_slice(fill::ENTRIES);
+    all.extend_from_slice(elementwise::ENTRIES);
     all.extend_from_slice(matmul::ENTRIES);
+    all.extend_from_slice(movement::ENTRIES);
+    all.extend_from_slice(optim::ENTRIES);
     all.extend_from_slice(reduce::ENTRIES);
     all.extend_from_slice(rows::ENTRIES);
     all

@@ -41,8 +41,7 @@ pub(super) fn shape_of(conf: &CollectiveConf, part_bytes: &[u64]) -> Option<(Sha
     let blocks = |dim: usize| {
         let outer_is_one = conf.shape.get(..dim).is_some_and(|outer| outer.iter().all(|&d| d == 1));
         let members = conf.size as usize;
-        (outer_is_one && members > 0 && conf.shape.get(dim).is_some_and(|&d| d % members == 0))
-            .then(|| numel / members)
+        (outer_is_one && members > 0 && conf.shape.get(dim).is_some_and(|&d| d % members == 0)).then(|| numel / members)
     };
     let shape = match conf.op {
         CollectiveOp::AllReduce => Shape::AllReduce(numel),
@@ -137,7 +136,13 @@ impl std::fmt::Debug for NcclKernel {
 }
 
 impl NcclKernel {
-    pub(super) fn new(host: Box<dyn Kernel>, group: Arc<NcclGroup>, rank: usize, shape: Shape, element: Element) -> Self {
+    pub(super) fn new(
+        host: Box<dyn Kernel>,
+        group: Arc<NcclGroup>,
+        rank: usize,
+        shape: Shape,
+        element: Element,
+    ) -> Self {
         let calls = Vec::with_capacity(match &shape {
             Shape::Bucket(parts) => parts.len(),
             _ => 1,

@@ -1,0 +1,262 @@
+// Elementwise ops: `unary` (one entry per kind), `binary` with numpy broadcasting,
+// `bias_gelu` and its gradient, `dropout` and `dropout_part`. Each formula is the CPU
+// kernel's (kernels/src/cpu/unary.rs, binary.rs, fused.rs, dropout.rs), written in the
+// same order of operations, with the accurate math library (no fast math).
+
+#define MAX_RANK 8
+
+// How a grid-stride loop index maps to element offsets, for ranks up to MAX_RANK. Passed
+// by value; the Rust twin is `ops::layout::Indexing` (#[repr(C)], same field order, every
+// field a u64, so both sides agree on the 200-byte layout without padding).
+//   rank:    dimensions used (0..=MAX_RANK); dims[d] for d >= rank are ignored.
+//   dims:    the iterated shape, row-major (the last dimension varies fastest).
+//   a, b:    per-dimension element strides of up to two operands (0 on a broadcast
+//            dimension); some kernels give `b` another meaning, said where they do.
+struct Indexing {
+    u64 rank;
+    u64 dims[MAX_RANK];
+    u64 a[MAX_RANK];
+    u64 b[MAX_RANK];
+};
+
+// The offsets of linear index i (row-major over s.dims) in operands a and b.
+__device__ __forceinline__ void offsets_of(const Indexing& s, u64 i, u64* oa, u64* ob) {
+    u64 a = 0, b = 0;
+    for (int d = (int)s.rank - 1; d >= 0; --d) {
+        u64 dim = s.dims[d];
+        u64 k = i % dim;
+        i /= dim;
+        a += k * s.a[d];
+        b += k * s.b[d];
+    }
+    *oa = a;
+    *ob = b;
+}
+
+// ---- math by type: explicit overloads, so no header's overload set is needed ----------
+
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+
+// ---- unary -------------------------------------------------------------------------
+
+// GELU's constants as the CPU has them (f64 literals rounded to T).
+#define GELU_C 0.7978845608028654
+#define GELU_A 0.044715
+
+// x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³))), in the CPU's order of operations. The CPU's
+// f32 tanh is a rational approximation within a few ulp of tanhf; this uses tanhf.
+template <typename T> __device__ __forceinline__ T gelu(T x) {
+    T inner = (T)GELU_C * (x + (T)GELU_A * x * x * x);
+    return (T)0.5 * x * ((T)1 + m_tanh(inner));
+}
+
+template <typename T> __device__ __forceinline__ T gelu_derivative(T x) {
+    T inner = (T)GELU_C * (x + (T)GELU_A * x * x * x);
+    T t = m_tanh(inner);
+    T dinner = (T)GELU_C * ((T)1 + (T)(3.0 * GELU_A) * x * x);
+    return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * dinner;
+}
+
+// Stable on both sides, as the CPU: never exponentiates a large positive number.
+template <typename T> __device__ __forceinline__ T sigmoid(T x) {
+    if (x >= (T)0) return (T)1 / ((T)1 + m_exp(-x));
+    T e = m_exp(x);
+    return e / ((T)1 + e);
+}
+
+struct Neg { template <typename T> __device__ T operator()(T x) const { return -x; } };
+struct Relu { template <typename T> __device__ T operator()(T x) const { return x > (T)0 ? x : (T)0; } };
+struct Step { template <typename T> __device__ T operator()(T x) const { return x > (T)0 ? (T)1 : (T)0; } };
+struct Exp { template <typename T> __device__ T operator()(T x) const { return m_exp(x); } };
+struct Log { template <typename T> __device__ T operator()(T x) const { return m_log(x); } };
+struct Sqrt { template <typename T> __device__ T operator()(T x) const { return m_sqrt(x); } };
+struct Tanh { template <typename T> __device__ T operator()(T x) const { return m_tanh(x); } };
+struct Sigmoid { template <typename T> __device__ T operator()(T x) const { return sigmoid(x); } };
+struct Gelu { template <typename T> __device__ T operator()(T x) const { return gelu(x); } };
+struct GeluDerivative { template <typename T> __device__ T operator()(T x) const { return gelu_derivative(x); } };
+
+template <typename T, typename F> __device__ __forceinline__ void map1(const T* x, T* out, u64 n, F f) {
+    FOR_EACH(i, n) out[i] = f(x[i]);
+}
+
+extern "C" __global__ void regflow_unary_neg_f32(const float* x, float* out, u64 n) { map1(x, out, n, Neg()); }
+extern "C" __global__ void regflow_unary_neg_f64(const double* x, double* out, u64 n) { map1(x, out, n, Neg()); }
+extern "C" __global__ void regflow_unary_relu_f32(const float* x, float* out, u64 n) { map1(x, out, n, Relu()); }
+extern "C" __global__ void regflow_unary_relu_f64(const double* x, double* out, u64 n) { map1(x, out, n, Relu()); }
+extern "C" __global__ void regflow_unary_step_f32(const float* x, float* out, u64 n) { map1(x, out, n, Step()); }
+extern "C" __global__ void regflow_unary_step_f64(const double* x, double* out, u64 n) { map1(x, out, n, Step()); }
+extern "C" __global__ void regflow_unary_exp_f32(const float* x, float* out, u64 n) { map1(x, out, n, Exp()); }
+extern "C" __global__ void regflow_unary_exp_f64(const double* x, double* out, u64 n) { map1(x, out, n, Exp()); }
+extern "C" __global__ void regflow_unary_log_f32(const float* x, float* out, u64 n) { map1(x, out, n, Log()); }
+extern "C" __global__ void regflow_unary_log_f64(const double* x, double* out, u64 n) { map1(x, out, n, Log()); }
+extern "C" __global__ void regflow_unary_sqrt_f32(const float* x, float* out, u64 n) { map1(x, out, n, Sqrt()); }
+extern "C" __global__ void regflow_unary_sqrt_f64(const double* x, double* out, u64 n) { map1(x, out, n, Sqrt()); }
+extern "C" __global__ void regflow_unary_tanh_f32(const float* x, float* out, u64 n) { map1(x, out, n, Tanh()); }
+extern "C" __global__ void regflow_unary_tanh_f64(const double* x, double* out, u64 n) { map1(x, out, n, Tanh()); }
+extern "C" __global__ void regflow_unary_sigmoid_f32(const float* x, float* out, u64 n) { map1(x, out, n, Sigmoid()); }
+extern "C" __global__ void regflow_unary_sigmoid_f64(const double* x, double* out, u64 n) { map1(x, out, n, Sigmoid()); }
+extern "C" __global__ void regflow_unary_gelu_f32(const float* x, float* out, u64 n) { map1(x, out, n, Gelu()); }
+extern "C" __global__ void regflow_unary_gelu_f64(const double* x, double* out, u64 n) { map1(x, out, n, Gelu()); }
+extern "C" __global__ void regflow_unary_gelu_derivative_f32(const float* x, float* out, u64 n) {
+    map1(x, out, n, GeluDerivative());
+}
+extern "C" __global__ void regflow_unary_gelu_derivative_f64(const double* x, double* out, u64 n) {
+    map1(x, out, n, GeluDerivative());
+}
+
+// x + c and x · c with c already rounded to T (the CPU's `T::from_f64(c)`).
+extern "C" __global__ void regflow_unary_add_scalar_f32(const float* x, float* out, float c, u64 n) {
+    FOR_EACH(i, n) out[i] = x[i] + c;
+}
+extern "C" __global__ void regflow_unary_add_scalar_f64(const double* x, double* out, double c, u64 n) {
+    FOR_EACH(i, n) out[i] = x[i] + c;
+}
+extern "C" __global__ void regflow_unary_mul_scalar_f32(const float* x, float* out, float c, u64 n) {
+    FOR_EACH(i, n) out[i] = x[i] * c;
+}
+extern "C" __global__ void regflow_unary_mul_scalar_f64(const double* x, double* out, double c, u64 n) {
+    FOR_EACH(i, n) out[i] = x[i] * c;
+}
+// x^p in f64, then rounded to T, as the CPU computes it for every T.
+extern "C" __global__ void regflow_unary_pow_scalar_f32(const float* x, float* out, double p, u64 n) {
+    FOR_EACH(i, n) out[i] = (float)pow((double)x[i], p);
+}
+extern "C" __global__ void regflow_unary_pow_scalar_f64(const double* x, double* out, double p, u64 n) {
+    FOR_EACH(i, n) out[i] = pow(x[i], p);
+}
+
+// ---- binary ------------------------------------------------------------------------
+
+struct Add { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct Sub { template <typename T> __device__ T operator()(T a, T b) const { return a - b; } };
+struct Mul { template <typename T> __device__ T operator()(T a, T b) const { return a * b; } };
+struct Div { template <typename T> __device__ T operator()(T a, T b) const { return a / b; } };
+
+// Both operands of the output's shape: no index arithmetic.
+template <typename T, typename F> __device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f) {
+    FOR_EACH(i, n) out[i] = f(a[i], b[i]);
+}
+
+// Operands read broadcast to the output: s.dims is the output's shape (coalesced on the
+// host), s.a and s.b the operands' strides with 0 on broadcast dimensions.
+template <typename T, typename F>
+__device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, Indexing s, u64 n, F f) {
+    FOR_EACH(i, n) {
+        u64 ia, ib;
+        offsets_of(s, i, &ia, &ib);
+        out[i] = f(a[ia], b[ib]);
+    }
+}
+
+extern "C" __global__ void regflow_binary_add_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Add()); }
+extern "C" __global__ void regflow_binary_add_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Add()); }
+extern "C" __global__ void regflow_binary_sub_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Sub()); }
+extern "C" __global__ void regflow_binary_sub_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Sub()); }
+extern "C" __global__ void regflow_binary_mul_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Mul()); }
+extern "C" __global__ void regflow_binary_mul_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Mul()); }
+extern "C" __global__ void regflow_binary_div_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Div()); }
+extern "C" __global__ void regflow_binary_div_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Div()); }
+
+extern "C" __global__ void regflow_binary_add_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Add());
+}
+extern "C" __global__ void regflow_binary_add_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Add());
+}
+extern "C" __global__ void regflow_binary_sub_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Sub());
+}
+extern "C" __global__ void regflow_binary_sub_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Sub());
+}
+extern "C" __global__ void regflow_binary_mul_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Mul());
+}
+extern "C" __global__ void regflow_binary_mul_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Mul());
+}
+extern "C" __global__ void regflow_binary_div_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Div());
+}
+extern "C" __global__ void regflow_binary_div_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Div());
+}
+
+// ---- bias GELU ---------------------------------------------------------------------
+
+// gelu(x + bias) for x [..., width] and bias [width].
+template <typename T> __device__ __forceinline__ void bias_gelu(const T* x, const T* bias, T* out, u64 n, u64 width) {
+    FOR_EACH(i, n) out[i] = gelu(x[i] + bias[i % width]);
+}
+
+// dy · gelu'(x + bias).
+template <typename T>
+__device__ __forceinline__ void bias_gelu_grad(const T* x, const T* bias, const T* dy, T* dx, u64 n, u64 width) {
+    FOR_EACH(i, n) dx[i] = dy[i] * gelu_derivative(x[i] + bias[i % width]);
+}
+
+extern "C" __global__ void regflow_bias_gelu_f32(const float* x, const float* bias, float* out, u64 n, u64 width) {
+    bias_gelu(x, bias, out, n, width);
+}
+extern "C" __global__ void regflow_bias_gelu_f64(const double* x, const double* bias, double* out, u64 n, u64 width) {
+    bias_gelu(x, bias, out, n, width);
+}
+extern "C" __global__ void regflow_bias_gelu_grad_f32(const float* x, const float* bias, const float* dy, float* dx, u64 n, u64 width) {
+    bias_gelu_grad(x, bias, dy, dx, n, width);
+}
+extern "C" __global__ void regflow_bias_gelu_grad_f64(const double* x, const double* bias, const double* dy, double* dx, u64 n, u64 width) {
+    bias_gelu_grad(x, bias, dy, dx, n, width);
+}
+
+// ---- dropout -----------------------------------------------------------------------
+
+// The first output of SplitMix64 seeded with `seed + index·GAMMA` (regflow_plan's
+// `Dropout::keeps`): a counter-based draw, bit-exact with the CPU's.
+__device__ __forceinline__ u64 splitmix_at(u64 seed, u64 index) {
+    const u64 GAMMA = 0x9e3779b97f4a7c15ull;
+    u64 z = seed + index * GAMMA + GAMMA;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Element i is kept iff its draw is at least `threshold` (p · 2^64, saturated, computed on
+// the host); kept elements are scaled by `scale` (1 / (1 - p) rounded to T).
+template <typename T> __device__ __forceinline__ void dropout(const T* x, T* out, u64 n, u64 seed, u64 threshold, T scale) {
+    FOR_EACH(i, n) out[i] = splitmix_at(seed, i) >= threshold ? x[i] * scale : (T)0;
+}
+
+// A part of a split tensor: s.dims is the part's shape, s.a the logical tensor's strides
+// and s.b the part's offsets in the logical tensor (not strides), so local element i is
+// drawn at logical index Σ (k_d + offset_d) · stride_d.
+template <typename T>
+__device__ __forceinline__ void dropout_part(const T* x, T* out, Indexing s, u64 n, u64 seed, u64 threshold, T scale) {
+    FOR_EACH(i, n) {
+        u64 rest = i, index = 0;
+        for (int d = (int)s.rank - 1; d >= 0; --d) {
+            index += (rest % s.dims[d] + s.b[d]) * s.a[d];
+            rest /= s.dims[d];
+        }
+        out[i] = splitmix_at(seed, index) >= threshold ? x[i] * scale : (T)0;
+    }
+}
+
+extern "C" __global__ void regflow_dropout_f32(const float* x, float* out, u64 n, u64 seed, u64 threshold, float scale) {
+    dropout(x, out, n, seed, threshold, scale);
+}
+extern "C" __global__ void regflow_dropout_f64(const double* x, double* out, u64 n, u64 seed, u64 threshold, double scale) {
+    dropout(x, out, n, seed, threshold, scale);
+}
+extern "C" __global__ void regflow_dropout_part_f32(const float* x, float* out, Indexing s, u64 n, u64 seed, u64 threshold, float scale) {
+    dropout_part(x, out, s, n, seed, threshold, scale);
+}
+extern "C" __global__ void regflow_dropout_part_f64(const double* x, double* out, Indexing s, u64 n, u64 seed, u64 threshold, double scale) {
+    dropout_part(x, out, s, n, seed, threshold, scale);
+}

@@ -1,0 +1,138 @@
+// Data movement: `reshape` (a device copy), `broadcast_to`, `permute` (strided gathers),
+// `slice`, `slice_grad`, `concat` (copies of axis ranges), `sum_to` (the adjoint of
+// broadcasting), `embedding` (a row gather) and `embedding_grad` (a row scatter-add).
+// Zero-filling before a scatter uses `regflow_fill_*` of fill.cu.
+
+#define MAX_RANK 8
+
+// The same struct as elementwise.cu's (a unit test checks the two definitions are one
+// text); the Rust twin is `ops::layout::Indexing`.
+struct Indexing {
+    u64 rank;
+    u64 dims[MAX_RANK];
+    u64 a[MAX_RANK];
+    u64 b[MAX_RANK];
+};
+
+// The offset of linear index i (row-major over s.dims) in the operand of strides s.a.
+__device__ __forceinline__ u64 offset_a(const Indexing& s, u64 i) {
+    u64 a = 0;
+    for (int d = (int)s.rank - 1; d >= 0; --d) {
+        u64 dim = s.dims[d];
+        a += (i % dim) * s.a[d];
+        i /= dim;
+    }
+    return a;
+}
+
+// ---- copies ------------------------------------------------------------------------
+
+template <typename T> __device__ __forceinline__ void copy(const T* src, T* dst, u64 n) {
+    FOR_EACH(i, n) dst[i] = src[i];
+}
+
+// dst[i] = src[offset of i]: s.dims is dst's shape, s.a src's strides as read (permuted
+// for `permute`, 0 on stretched dimensions for `broadcast_to`).
+template <typename T> __device__ __forceinline__ void gather(const T* src, T* dst, Indexing s, u64 n) {
+    FOR_EACH(i, n) dst[i] = src[offset_a(s, i)];
+}
+
+// `outer` blocks of `run` contiguous elements: block o goes from src[o·src_block +
+// src_start ..] to dst[o·dst_block + dst_start ..]. A range of one axis of a row-major
+// tensor is such blocks (slice, slice_grad, one input of concat).
+template <typename T>
+__device__ __forceinline__ void copy_blocks(const T* src, T* dst, u64 outer, u64 run, u64 src_block, u64 src_start,
+                                            u64 dst_block, u64 dst_start) {
+    FOR_EACH(i, outer * run) {
+        u64 o = i / run, j = i % run;
+        dst[o * dst_block + dst_start + j] = src[o * src_block + src_start + j];
+    }
+}
+
+extern "C" __global__ void regflow_copy_f32(const float* src, float* dst, u64 n) { copy(src, dst, n); }
+extern "C" __global__ void regflow_copy_f64(const double* src, double* dst, u64 n) { copy(src, dst, n); }
+extern "C" __global__ void regflow_copy_i64(const i64* src, i64* dst, u64 n) { copy(src, dst, n); }
+
+extern "C" __global__ void regflow_gather_f32(const float* src, float* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
+extern "C" __global__ void regflow_gather_f64(const double* src, double* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
+extern "C" __global__ void regflow_gather_i64(const i64* src, i64* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
+
+extern "C" __global__ void regflow_copy_blocks_f32(const float* src, float* dst, u64 outer, u64 run, u64 src_block,
+                                                   u64 src_start, u64 dst_block, u64 dst_start) {
+    copy_blocks(src, dst, outer, run, src_block, src_start, dst_block, dst_start);
+}
+extern "C" __global__ void regflow_copy_blocks_f64(const double* src, double* dst, u64 outer, u64 run, u64 src_block,
+                                                   u64 src_start, u64 dst_block, u64 dst_start) {
+    copy_blocks(src, dst, outer, run, src_block, src_start, dst_block, dst_start);
+}
+extern "C" __global__ void regflow_copy_blocks_i64(const i64* src, i64* dst, u64 outer, u64 run, u64 src_block,
+                                                   u64 src_start, u64 dst_block, u64 dst_start) {
+    copy_blocks(src, dst, outer, run, src_block, src_start, dst_block, dst_start);
+}
+
+// ---- sum_to ------------------------------------------------------------------------
+
+// out[o] = Σ over the reduced positions k of x[kept offset(o) + reduced offset(k)], one
+// thread per output element, k in row-major order: the order in which the CPU kernel adds
+// an output's summands (it walks the input row-major). `kept.dims` is the output's shape
+// and `kept.a` the input's strides of those dimensions; `reduced.dims` the summed
+// dimensions and `reduced.a` their input strides.
+template <typename T>
+__device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexing reduced, u64 n_out, u64 n_reduced) {
+    FOR_EACH(o, n_out) {
+        u64 base = offset_a(kept, o);
+        T sum = (T)0;
+        for (u64 k = 0; k < n_reduced; ++k) sum += x[base + offset_a(reduced, k)];
+        out[o] = sum;
+    }
+}
+
+extern "C" __global__ void regflow_sum_to_f32(const float* x, float* out, Indexing kept, Indexing reduced, u64 n_out,
+                                              u64 n_reduced) {
+    sum_to(x, out, kept, reduced, n_out, n_reduced);
+}
+extern "C" __global__ void regflow_sum_to_f64(const double* x, double* out, Indexing kept, Indexing reduced, u64 n_out,
+                                              u64 n_reduced) {
+    sum_to(x, out, kept, reduced, n_out, n_reduced);
+}
+
+// ---- embedding ---------------------------------------------------------------------
+
+// out[i, f] = table[ids[i], f] for n = ids · features elements. An id outside 0..rows reads
+// zeros: the CPU kernel reports it as an error, which a queued kernel cannot do.
+template <typename T>
+__device__ __forceinline__ void embedding(const T* table, const i64* ids, T* out, u64 n, u64 features, u64 rows) {
+    FOR_EACH(i, n) {
+        i64 id = ids[i / features];
+        out[i] = (id >= 0 && (u64)id < rows) ? table[(u64)id * features + i % features] : (T)0;
+    }
+}
+
+// table[ids[i], f] += dy[i, f] into a zero-filled table. Atomic adds: rows hit by several
+// ids are summed in whatever order the threads arrive, where the CPU adds in id order, so
+// f32 results may differ from the CPU's in the last bits (f64 too, far below 1e-12). Ids
+// outside 0..rows scatter nothing.
+template <typename T>
+__device__ __forceinline__ void embedding_grad(const i64* ids, const T* dy, T* table, u64 n, u64 features, u64 rows) {
+    FOR_EACH(i, n) {
+        i64 id = ids[i / features];
+        if (id >= 0 && (u64)id < rows) atomicAdd(&table[(u64)id * features + i % features], dy[i]);
+    }
+}
+
+extern "C" __global__ void regflow_embedding_f32(const float* table, const i64* ids, float* out, u64 n, u64 features,
+                                                 u64 rows) {
+    embedding(table, ids, out, n, features, rows);
+}
+extern "C" __global__ void regflow_embedding_f64(const double* table, const i64* ids, double* out, u64 n, u64 features,
+                                                 u64 rows) {
+    embedding(table, ids, out, n, features, rows);
+}
+extern "C" __global__ void regflow_embedding_grad_f32(const i64* ids, const float* dy, float* table, u64 n, u64 features,
+                                                      u64 rows) {
+    embedding_grad(ids, dy, table, n, features, rows);
+}
+extern "C" __global__ void regflow_embedding_grad_f64(const i64* ids, const double* dy, double* table, u64 n,
+                                                      u64 features, u64 rows) {
+    embedding_grad(ids, dy, table, n, features, rows);
+}

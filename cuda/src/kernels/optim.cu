@@ -1,0 +1,98 @@
+// Optimizer updates (`update`: SGD with momentum, AdamW), one fused elementwise pass each,
+// and the mean over a gradient-accumulation group (`accumulate_mean`). Formulas and
+// rounding follow kernels/src/cpu/optim.rs and kernels/src/builtin.rs.
+
+// Dtype codes of the scalar registers the update reads on the device (the learning rate
+// and step counter come from other actors' registers, not from attributes): the Rust side
+// passes `ops::optim::scalar_code`.
+#define SCALAR_F32 0ull
+#define SCALAR_F64 1ull
+#define SCALAR_I64 2ull
+
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+
+// The first element of a scalar register as f64, as the CPU's `scalar_input` reads it.
+__device__ __forceinline__ double read_scalar(const void* p, u64 code) {
+    if (code == SCALAR_F32) return (double)*(const float*)p;
+    if (code == SCALAR_I64) return (double)*(const i64*)p;
+    return *(const double*)p;
+}
+
+// v' = μ·v + (g + λ·p); p' = p - lr·v', in T with lr, μ, λ rounded to T.
+template <typename T>
+__device__ __forceinline__ void sgd(const T* p, const T* g, const void* lr_at, u64 lr_code, const T* v, T* p_out,
+                                    T* v_out, T momentum, T weight_decay, u64 n) {
+    T lr = (T)read_scalar(lr_at, lr_code);
+    FOR_EACH(i, n) {
+        T velocity = momentum * v[i] + (g[i] + weight_decay * p[i]);
+        v_out[i] = velocity;
+        p_out[i] = p[i] - lr * velocity;
+    }
+}
+
+// The bias corrections and decay of the step are computed in f64 from the registers, then
+// rounded to T, exactly as the CPU hoists them; `b1`..`eps` arrive rounded to T already.
+template <typename T>
+__device__ __forceinline__ void adamw(const T* p, const T* g, const void* lr_at, u64 lr_code, const void* step_at,
+                                      u64 step_code, const T* m, const T* v, T* p_out, T* m_out, T* v_out, T b1, T b2,
+                                      T one_b1, T one_b2, T eps, double beta1, double beta2, double weight_decay,
+                                      u64 n) {
+    double lr = read_scalar(lr_at, lr_code), step = read_scalar(step_at, step_code);
+    T c1 = (T)(1.0 - pow(beta1, step));
+    T c2 = (T)(1.0 - pow(beta2, step));
+    T lr_t = (T)lr;
+    T decay = (T)(1.0 - lr * weight_decay);
+    FOR_EACH(i, n) {
+        T grad = g[i];
+        T m1 = b1 * m[i] + one_b1 * grad;
+        T v1 = b2 * v[i] + one_b2 * grad * grad;
+        m_out[i] = m1;
+        v_out[i] = v1;
+        p_out[i] = p[i] * decay - lr_t * (m1 / c1) / (m_sqrt(v1 / c2) + eps);
+    }
+}
+
+extern "C" __global__ void regflow_update_sgd_f32(const float* p, const float* g, const void* lr, u64 lr_code,
+                                                  const float* v, float* p_out, float* v_out, float momentum,
+                                                  float weight_decay, u64 n) {
+    sgd(p, g, lr, lr_code, v, p_out, v_out, momentum, weight_decay, n);
+}
+extern "C" __global__ void regflow_update_sgd_f64(const double* p, const double* g, const void* lr, u64 lr_code,
+                                                  const double* v, double* p_out, double* v_out, double momentum,
+                                                  double weight_decay, u64 n) {
+    sgd(p, g, lr, lr_code, v, p_out, v_out, momentum, weight_decay, n);
+}
+extern "C" __global__ void regflow_update_adamw_f32(const float* p, const float* g, const void* lr, u64 lr_code,
+                                                    const void* step, u64 step_code, const float* m, const float* v,
+                                                    float* p_out, float* m_out, float* v_out, float b1, float b2,
+                                                    float one_b1, float one_b2, float eps, double beta1, double beta2,
+                                                    double weight_decay, u64 n) {
+    adamw(p, g, lr, lr_code, step, step_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps, beta1, beta2,
+          weight_decay, n);
+}
+extern "C" __global__ void regflow_update_adamw_f64(const double* p, const double* g, const void* lr, u64 lr_code,
+                                                    const void* step, u64 step_code, const double* m, const double* v,
+                                                    double* p_out, double* m_out, double* v_out, double b1, double b2,
+                                                    double one_b1, double one_b2, double eps, double beta1,
+                                                    double beta2, double weight_decay, u64 n) {
+    adamw(p, g, lr, lr_code, step, step_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps, beta1, beta2,
+          weight_decay, n);
+}
+
+// One piece of a group of `count`: the first copies, the others add; the last scales the
+// sum by `scale` (1/count rounded to T, as the CPU's `T::from_f64(1.0 / count)`).
+template <typename T> __device__ __forceinline__ void accumulate_mean(const T* x, T* out, u64 n, u64 first, u64 last, T scale) {
+    FOR_EACH(i, n) {
+        T sum = first ? x[i] : out[i] + x[i];
+        out[i] = last ? sum * scale : sum;
+    }
+}
+
+extern "C" __global__ void regflow_accumulate_mean_f32(const float* x, float* out, u64 n, u64 first, u64 last, float scale) {
+    accumulate_mean(x, out, n, first, last, scale);
+}
+extern "C" __global__ void regflow_accumulate_mean_f64(const double* x, double* out, u64 n, u64 first, u64 last,
+                                                       double scale) {
+    accumulate_mean(x, out, n, first, last, scale);
+}

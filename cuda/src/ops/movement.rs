@@ -1,0 +1,487 @@
+//! Data movement on CUDA (`movement.cu`): `reshape` (a copy kernel: the driver wrapper has
+//! no device-to-device memcpy), `broadcast_to` and `permute` (strided gathers), `slice`,
+//! `slice_grad` and `concat` (copies of axis ranges), `sum_to`, `embedding` and
+//! `embedding_grad`. Scatters first zero their output with fill.cu's `regflow_fill_*`.
+
+use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
+use super::layout::{self, Indexing};
+use super::{factory, function, op_conf, stream, suffix, Entry};
+use crate::driver::{launch, Function, Grid, StreamHandle};
+use regflow_kernels::{Execution, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_plan::ops::{BroadcastTo, Concat, Embedding, EmbeddingGrad, Permute, Reshape, Slice, SliceGrad, SumTo};
+use regflow_plan::{DType, OpConf, Shape};
+
+const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64];
+const FLOAT: &[DType] = &[DType::F32, DType::F64];
+
+pub(super) const ENTRIES: &[Entry] = &[
+    ("reshape", ANY, || factory(make_reshape)),
+    ("broadcast_to", ANY, || factory(make_broadcast_to)),
+    ("permute", ANY, || factory(make_permute)),
+    ("slice", ANY, || factory(make_slice)),
+    ("slice_grad", ANY, || factory(make_slice_grad)),
+    ("concat", ANY, || factory(make_concat)),
+    ("sum_to", FLOAT, || factory(make_sum_to)),
+    ("embedding", FLOAT, || factory(make_embedding)),
+    ("embedding_grad", FLOAT, || factory(make_embedding_grad)),
+];
+
+/// The dtype of a movement op: its input's and output's, which must agree.
+fn moved_dtype(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<DType, KernelError> {
+    let dtype = conf.outputs[0].dtype;
+    if let Some(other) = conf.inputs.iter().find(|m| m.dtype != dtype) {
+        return Err(refuse(spec, conf, format!("moves {other} into {}: one dtype only", conf.outputs[0])));
+    }
+    Ok(dtype)
+}
+
+/// Queues `regflow_fill_*(out, 0, n)`: `fill` is that entry for `dtype`.
+///
+/// # Safety
+///
+/// `out` must hold `n` elements of `dtype` on `fill`'s device.
+unsafe fn zero(s: StreamHandle, fill: Function, dtype: DType, out: u64, n: u64) -> Result<(), KernelError> {
+    let grid = Grid::linear(n);
+    // SAFETY: the caller's contract; fill entries take (out, value: T, n).
+    unsafe {
+        match dtype {
+            DType::F32 => launch(s, fill, grid, &mut args![out, 0f32, n]),
+            DType::F64 => launch(s, fill, grid, &mut args![out, 0f64, n]),
+            DType::I64 => launch(s, fill, grid, &mut args![out, 0i64, n]),
+        }
+    }?;
+    Ok(())
+}
+
+// ---- reshape, broadcast_to, permute ---------------------------------------------------
+
+fn make_reshape(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Reshape = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    let shape = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    if shape != conf.outputs[0].shape {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("reshapes {} to {shape}, but the output is {}", conf.inputs[0], conf.outputs[0]),
+        ));
+    }
+    Ok(GatherKernel {
+        function: function(spec, &format!("regflow_copy_{}", suffix(dtype)))?,
+        input: input_slots::<1>(conf)[0],
+        map: None,
+        n: shape.numel() as u64,
+    })
+}
+
+fn make_broadcast_to(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: BroadcastTo = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    let (input, out) = (&conf.inputs[0].shape, &conf.outputs[0].shape);
+    if Shape::broadcast(input, out).as_ref() != Some(out) || *out != op.0 {
+        return Err(refuse(spec, conf, format!("broadcasts {input} to {}, but the output is {out}", op.0)));
+    }
+    // a: the input's strides, 0 where stretched; b unused (a scalar's strides: all 0).
+    let map = layout::broadcast(out.dims(), input.dims(), &[]).map_err(|e| refuse(spec, conf, e))?;
+    gather_kernel(spec, conf, dtype, map)
+}
+
+fn make_permute(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Permute = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    let input = &conf.inputs[0].shape;
+    let perm = op.resolve(input).map_err(|e| refuse(spec, conf, e))?;
+    let dims: Vec<usize> = perm.iter().map(|&p| input.dims()[p]).collect();
+    if dims != conf.outputs[0].shape.dims() {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("permutes {input} to {}, but the output is {}", Shape::new(dims), conf.outputs[0]),
+        ));
+    }
+    let map = layout::permutation(input.dims(), &perm).map_err(|e| refuse(spec, conf, e))?;
+    gather_kernel(spec, conf, dtype, map)
+}
+
+/// A gather through `map`, or a plain copy where the map is the identity (one contiguous
+/// dimension or none).
+fn gather_kernel(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    dtype: DType,
+    map: Indexing,
+) -> Result<GatherKernel, KernelError> {
+    let n = conf.outputs[0].shape.numel() as u64;
+    let contiguous = map.rank == 0 && n <= 1 || map.rank == 1 && map.a[0] == 1;
+    let (entry, map) = if contiguous { ("copy", None) } else { ("gather", Some(map)) };
+    Ok(GatherKernel {
+        function: function(spec, &format!("regflow_{entry}_{}", suffix(dtype)))?,
+        input: input_slots::<1>(conf)[0],
+        map,
+        n,
+    })
+}
+
+/// `dst[i] = src[map(i)]`, or `dst = src` without a map.
+#[derive(Debug)]
+struct GatherKernel {
+    function: Function,
+    input: usize,
+    map: Option<Indexing>,
+    n: u64,
+}
+
+impl Kernel for GatherKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (src, dst, n) = (io.input_addr(self.input), io.output_addr(0), self.n);
+        let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
+        // SAFETY: dst holds n elements, and the map (strides of the input's shape) only
+        // reaches elements of src; copy takes (src, dst, n), gather (src, dst, map, n).
+        unsafe {
+            match self.map {
+                None => launch(s, f, grid, &mut args![src, dst, n]),
+                Some(map) => launch(s, f, grid, &mut args![src, dst, map, n]),
+            }
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+// ---- slice, slice_grad, concat --------------------------------------------------------
+
+/// One `regflow_copy_blocks_*` launch: `outer` blocks of `run` elements from
+/// `src[o·src_block + src_start ..]` to `dst[o·dst_block + dst_start ..]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Blocks {
+    /// Which register of the actor is the source.
+    input: usize,
+    outer: u64,
+    run: u64,
+    src_block: u64,
+    src_start: u64,
+    dst_block: u64,
+    dst_start: u64,
+}
+
+/// Copies of axis ranges into the output, after zeroing it when `zero` names the fill
+/// entry (`slice_grad`).
+#[derive(Debug)]
+struct BlocksKernel {
+    function: Function,
+    zero: Option<(Function, DType, u64)>,
+    copies: Vec<Blocks>,
+}
+
+impl Kernel for BlocksKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (s, dst) = (stream(io), io.output_addr(0));
+        if let Some((fill, dtype, n)) = self.zero {
+            // SAFETY: the output holds n elements of dtype (its meta).
+            unsafe { zero(s, fill, dtype, dst, n) }?;
+        }
+        for b in &self.copies {
+            let src = io.input_addr(b.input);
+            let grid = Grid::linear(b.outer * b.run);
+            // SAFETY: the blocks were computed from the checked metas of src and dst, so
+            // every element copied is inside both; the entry takes (src, dst, outer, run,
+            // src_block, src_start, dst_block, dst_start).
+            unsafe {
+                launch(
+                    s,
+                    self.function,
+                    grid,
+                    &mut args![src, dst, b.outer, b.run, b.src_block, b.src_start, b.dst_block, b.dst_start],
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+/// `dims` with `axis` of size `size`.
+fn with_axis(dims: &[usize], axis: usize, size: usize) -> Shape {
+    let mut dims = dims.to_vec();
+    dims[axis] = size;
+    Shape::new(dims)
+}
+
+fn make_slice(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Slice = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    let input = conf.inputs[0].shape.dims();
+    let (axis, size) = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let len = op.end - op.start;
+    let expected = with_axis(input, axis, len);
+    if expected != conf.outputs[0].shape {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("slices {} to {expected}, but the output is {}", conf.inputs[0], conf.outputs[0]),
+        ));
+    }
+    let (outer, inner) = layout::around_axis(input, axis);
+    let run = len as u64 * inner;
+    Ok(BlocksKernel {
+        function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?,
+        zero: None,
+        copies: vec![Blocks {
+            input: input_slots::<1>(conf)[0],
+            outer,
+            run,
+            src_block: size as u64 * inner,
+            src_start: op.start as u64 * inner,
+            dst_block: run,
+            dst_start: 0,
+        }],
+    })
+}
+
+fn make_slice_grad(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: SliceGrad = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    let input = conf.inputs[0].shape.dims();
+    let (axis, len) = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let expected = with_axis(input, axis, op.size);
+    if expected != conf.outputs[0].shape {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("places {} in {expected}, but the output is {}", conf.inputs[0], conf.outputs[0]),
+        ));
+    }
+    let (outer, inner) = layout::around_axis(input, axis);
+    let run = len as u64 * inner;
+    Ok(BlocksKernel {
+        function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?,
+        zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, expected.numel() as u64)),
+        copies: vec![Blocks {
+            input: input_slots::<1>(conf)[0],
+            outer,
+            run,
+            src_block: run,
+            src_start: 0,
+            dst_block: op.size as u64 * inner,
+            dst_start: op.start as u64 * inner,
+        }],
+    })
+}
+
+fn make_concat(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Concat = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    if conf.inputs.is_empty() || conf.input_map.len() != conf.inputs.len() || conf.outputs.len() != 1 {
+        return Err(refuse(spec, conf, "takes one or more inputs and gives 1 output"));
+    }
+    let dtype = moved_dtype(spec, conf)?;
+    let out = conf.outputs[0].shape.dims();
+    let axis = op.resolve(&conf.outputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let (outer, inner) = layout::around_axis(out, axis);
+    let total = out[axis] as u64;
+    let mut copies = Vec::with_capacity(conf.inputs.len());
+    let mut offset = 0u64;
+    for (meta, &slot) in conf.inputs.iter().zip(&conf.input_map) {
+        let dims = meta.shape.dims();
+        let size = dims.get(axis).copied().unwrap_or(0);
+        if with_axis(out, axis, size).dims() != dims {
+            return Err(refuse(
+                spec,
+                conf,
+                format!("cannot place input {meta} along axis {axis} of {}", conf.outputs[0]),
+            ));
+        }
+        let run = size as u64 * inner;
+        copies.push(Blocks {
+            input: slot,
+            outer,
+            run,
+            src_block: run,
+            src_start: 0,
+            dst_block: total * inner,
+            dst_start: offset * inner,
+        });
+        offset += size as u64;
+    }
+    if offset != total {
+        return Err(refuse(spec, conf, format!("the inputs fill {offset} of the output's {total} along axis {axis}")));
+    }
+    Ok(BlocksKernel {
+        function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?,
+        zero: None,
+        copies,
+    })
+}
+
+// ---- sum_to ---------------------------------------------------------------------------
+
+fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: SumTo = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = float_dtype(spec, conf)?;
+    moved_dtype(spec, conf)?;
+    let (input, out) = (&conf.inputs[0].shape, &conf.outputs[0].shape);
+    if *out != op.0 {
+        return Err(refuse(spec, conf, format!("sums {input} to {}, but the output is {out}", op.0)));
+    }
+    let reduction = layout::reduction(input.dims(), out.dims()).map_err(|e| refuse(spec, conf, e))?;
+    Ok(SumToKernel {
+        function: function(spec, &format!("regflow_sum_to_{}", suffix(dtype)))?,
+        input: input_slots::<1>(conf)[0],
+        reduction,
+    })
+}
+
+/// One thread per output element, adding its summands in the CPU's order.
+#[derive(Debug)]
+struct SumToKernel {
+    function: Function,
+    input: usize,
+    reduction: layout::Reduction,
+}
+
+impl Kernel for SumToKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (x, out) = (io.input_addr(self.input), io.output_addr(0));
+        let r = self.reduction;
+        let (kept, reduced, n_out, n_reduced) = (r.kept, r.reduced, r.kept_count, r.reduced_count);
+        // SAFETY: the maps were built from the input's shape and reach only its elements;
+        // out holds n_out; the entry takes (x, out, kept, reduced, n_out, n_reduced).
+        unsafe {
+            launch(stream(io), self.function, Grid::linear(n_out), &mut args![x, out, kept, reduced, n_out, n_reduced])
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+// ---- embedding ------------------------------------------------------------------------
+
+fn make_embedding(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Embedding = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    check(spec, conf, &op)?;
+    arity(spec, conf, 2, 1)?;
+    let dtype = float_dtype(spec, conf)?;
+    let (table, ids, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
+    let [rows, features] = table.shape.dims() else {
+        return Err(refuse(spec, conf, format!("the table must be [rows, features], got {table}")));
+    };
+    let mut expected = ids.shape.dims().to_vec();
+    expected.push(*features);
+    if ids.dtype != DType::I64 || table.dtype != dtype || out.shape.dims() != expected {
+        return Err(refuse(spec, conf, format!("gathers rows of {table} by ids {ids}, but the output is {out}")));
+    }
+    let [table_slot, ids_slot] = input_slots(conf);
+    Ok(EmbeddingKernel {
+        zero: None,
+        function: function(spec, &format!("regflow_embedding_{}", suffix(dtype)))?,
+        inputs: [table_slot, ids_slot],
+        n: out.shape.numel() as u64,
+        features: *features as u64,
+        rows: *rows as u64,
+    })
+}
+
+fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: EmbeddingGrad = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    check(spec, conf, &op)?;
+    arity(spec, conf, 2, 1)?;
+    let dtype = float_dtype(spec, conf)?;
+    let (ids, dy, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
+    let features = out.shape.dims().get(1).copied().unwrap_or(0);
+    if ids.dtype != DType::I64
+        || dy.dtype != dtype
+        || out.shape.dims() != [op.vocab_size, features]
+        || dy.shape.numel() != ids.shape.numel() * features
+    {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("scatters {dy} by ids {ids} into a table of {} rows, but the output is {out}", op.vocab_size),
+        ));
+    }
+    Ok(EmbeddingKernel {
+        zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, out.shape.numel() as u64)),
+        function: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
+        inputs: input_slots(conf),
+        n: dy.shape.numel() as u64,
+        features: features as u64,
+        rows: op.vocab_size as u64,
+    })
+}
+
+/// `embedding` (inputs table, ids) or, with `zero`, `embedding_grad` (inputs ids, dy): both
+/// entries take (input 0, input 1, out, n, features, rows).
+#[derive(Debug)]
+struct EmbeddingKernel {
+    zero: Option<(Function, DType, u64)>,
+    function: Function,
+    inputs: [usize; 2],
+    n: u64,
+    features: u64,
+    rows: u64,
+}
+
+impl Kernel for EmbeddingKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (s, out) = (stream(io), io.output_addr(0));
+        let (first, second) = (io.input_addr(self.inputs[0]), io.input_addr(self.inputs[1]));
+        let (n, features, rows) = (self.n, self.features, self.rows);
+        if let Some((fill, dtype, len)) = self.zero {
+            // SAFETY: the table holds `len` elements of dtype (its meta).
+            unsafe { zero(s, fill, dtype, out, len) }?;
+        }
+        // SAFETY: ids hold n / features i64s, the dense operand and the output the elements
+        // of their checked metas; ids outside 0..rows are skipped by the kernels.
+        unsafe { launch(s, self.function, Grid::linear(n), &mut args![first, second, out, n, features, rows]) }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sources::{entries_of, SOURCES};
+
+    #[test]
+    fn every_movement_entry_exists() {
+        let entries: Vec<&str> = SOURCES.iter().flat_map(|s| entries_of(s.code)).collect();
+        for dtype in ["f32", "f64", "i64"] {
+            for stem in ["copy", "gather", "copy_blocks", "fill"] {
+                let name = format!("regflow_{stem}_{dtype}");
+                assert!(entries.contains(&name.as_str()), "{name}");
+            }
+        }
+        for dtype in ["f32", "f64"] {
+            for stem in ["sum_to", "embedding", "embedding_grad"] {
+                let name = format!("regflow_{stem}_{dtype}");
+                assert!(entries.contains(&name.as_str()), "{name}");
+            }
+        }
+    }
+}

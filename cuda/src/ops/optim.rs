@@ -1,0 +1,271 @@
+//! Optimizer updates on CUDA (`optim.cu`): `update` as one fused elementwise launch per
+//! optimizer (SGD with momentum, AdamW), and the mean over a gradient-accumulation group
+//! (`accumulate_mean`).
+//!
+//! The learning rate and step counter are registers other actors write (on the device or
+//! the host, in managed memory), not attributes: the kernels read them on the device, so a
+//! firing never waits for the stream to drain. Gradient clipping arrives already applied
+//! (the plan scales the gradient by the clip factor before `update`).
+
+use super::elementwise::{float_dtype, input_slots, refuse};
+use super::{factory, function, op_conf, stream, suffix, Entry};
+use crate::driver::{launch, Function, Grid};
+use regflow_kernels::{Execution, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_plan::ops::{OptimizerKind, Update, ACCUMULATE_MEAN};
+use regflow_plan::{DType, OpConf};
+
+const FLOAT: &[DType] = &[DType::F32, DType::F64];
+
+pub(super) const ENTRIES: &[Entry] =
+    &[("update", FLOAT, || factory(make_update)), (ACCUMULATE_MEAN, FLOAT, || factory(make_accumulate_mean))];
+
+/// The code `optim.cu` reads a scalar register of `dtype` by (`SCALAR_F32`, `SCALAR_F64`,
+/// `SCALAR_I64`).
+pub(crate) fn scalar_code(dtype: DType) -> u64 {
+    match dtype {
+        DType::F32 => 0,
+        DType::F64 => 1,
+        DType::I64 => 2,
+    }
+}
+
+/// The hyperparameters of one update, as the entry takes them after the addresses.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    /// `(momentum: T, weight_decay: T)` after `(p, g, lr, lr_code, v, p_out, v_out)`.
+    Sgd { momentum: f64, weight_decay: f64 },
+    /// `(b1, b2, 1-b1, 1-b2, eps: T, beta1, beta2, weight_decay: f64)` after `(p, g, lr,
+    /// lr_code, step, step_code, m, v, p_out, m_out, v_out)`.
+    AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+}
+
+fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Update = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let dtype = float_dtype(spec, conf)?;
+    let (rule, states, stem) = match op.0 {
+        OptimizerKind::Sgd { momentum, weight_decay } => (Rule::Sgd { momentum, weight_decay }, 1, "sgd"),
+        OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
+            (Rule::AdamW { beta1, beta2, eps, weight_decay }, 2, "adamw")
+        }
+    };
+    check_update(conf, states).map_err(|e| refuse(spec, conf, e))?;
+    Ok(UpdateKernel {
+        function: function(spec, &format!("regflow_update_{stem}_{}", suffix(dtype)))?,
+        inputs: input_slots(conf),
+        lr_code: scalar_code(conf.inputs[2].dtype),
+        step_code: scalar_code(conf.inputs[3].dtype),
+        rule,
+        dtype,
+        n: conf.inputs[0].shape.numel() as u64,
+    })
+}
+
+/// Inputs `(param, grad, lr, step, states...)` and outputs `(param', states'...)`: every
+/// tensor but lr and step has the parameter's meta, and those two hold a value.
+fn check_update(conf: &OpConf, states: usize) -> Result<(), String> {
+    let (inputs, outputs) = (&conf.inputs, &conf.outputs);
+    if inputs.len() != 4 + states || conf.input_map.len() != inputs.len() || outputs.len() != 1 + states {
+        return Err(format!(
+            "takes param, grad, lr, step and {states} state tensor(s) and gives {} outputs, but has {} inputs and {} outputs",
+            1 + states,
+            inputs.len(),
+            outputs.len()
+        ));
+    }
+    let param = &inputs[0];
+    let dense = std::iter::once(&inputs[1]).chain(&inputs[4..]).chain(outputs);
+    if let Some(other) = dense.into_iter().find(|m| *m != param) {
+        return Err(format!("the gradient, states and outputs must match the parameter {param}, got {other}"));
+    }
+    for (name, meta) in [("learning rate", &inputs[2]), ("step", &inputs[3])] {
+        if meta.shape.numel() == 0 {
+            return Err(format!("the {name} input {meta} is empty"));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+struct UpdateKernel {
+    function: Function,
+    /// Registers of param, grad, lr, step and up to two states (only the first 4 + states
+    /// are used).
+    inputs: [usize; 6],
+    lr_code: u64,
+    step_code: u64,
+    rule: Rule,
+    dtype: DType,
+    n: u64,
+}
+
+impl Kernel for UpdateKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let at = |k: usize| io.input_addr(self.inputs[k]);
+        let (p, g, lr, step, lr_code, step_code) = (at(0), at(1), at(2), at(3), self.lr_code, self.step_code);
+        let (s, f, n, grid) = (stream(io), self.function, self.n, Grid::linear(self.n));
+        let p_out = io.output_addr(0);
+        // SAFETY: every dense operand holds n elements of the dtype and lr/step at least one
+        // of theirs (checked when made); the argument lists are the entries' (see `Rule`),
+        // hyperparameters rounded to T where the entry takes T, as the CPU rounds them.
+        unsafe {
+            match (self.rule, self.dtype) {
+                (Rule::Sgd { momentum, weight_decay }, DType::F32) => {
+                    let (v, v_out, mu, wd) = (at(4), io.output_addr(1), momentum as f32, weight_decay as f32);
+                    launch(s, f, grid, &mut args![p, g, lr, lr_code, v, p_out, v_out, mu, wd, n])
+                }
+                (Rule::Sgd { momentum, weight_decay }, _) => {
+                    let (v, v_out) = (at(4), io.output_addr(1));
+                    launch(s, f, grid, &mut args![p, g, lr, lr_code, v, p_out, v_out, momentum, weight_decay, n])
+                }
+                (Rule::AdamW { beta1, beta2, eps, weight_decay }, DType::F32) => {
+                    let (m, v, m_out, v_out) = (at(4), at(5), io.output_addr(1), io.output_addr(2));
+                    let (b1, b2, one_b1, one_b2) =
+                        (beta1 as f32, beta2 as f32, (1.0 - beta1) as f32, (1.0 - beta2) as f32);
+                    let eps = eps as f32;
+                    launch(
+                        s,
+                        f,
+                        grid,
+                        &mut args![
+                            p,
+                            g,
+                            lr,
+                            lr_code,
+                            step,
+                            step_code,
+                            m,
+                            v,
+                            p_out,
+                            m_out,
+                            v_out,
+                            b1,
+                            b2,
+                            one_b1,
+                            one_b2,
+                            eps,
+                            beta1,
+                            beta2,
+                            weight_decay,
+                            n
+                        ],
+                    )
+                }
+                (Rule::AdamW { beta1, beta2, eps, weight_decay }, _) => {
+                    let (m, v, m_out, v_out) = (at(4), at(5), io.output_addr(1), io.output_addr(2));
+                    let (one_b1, one_b2) = (1.0 - beta1, 1.0 - beta2);
+                    launch(
+                        s,
+                        f,
+                        grid,
+                        &mut args![
+                            p,
+                            g,
+                            lr,
+                            lr_code,
+                            step,
+                            step_code,
+                            m,
+                            v,
+                            p_out,
+                            m_out,
+                            v_out,
+                            beta1,
+                            beta2,
+                            one_b1,
+                            one_b2,
+                            eps,
+                            beta1,
+                            beta2,
+                            weight_decay,
+                            n
+                        ],
+                    )
+                }
+            }
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+// ---- accumulate_mean ------------------------------------------------------------------
+
+fn make_accumulate_mean(spec: &KernelSpec<'_>) -> Result<AccumulateMeanKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let dtype = float_dtype(spec, conf)?;
+    Ok(AccumulateMeanKernel {
+        function: function(spec, &format!("regflow_accumulate_mean_{}", suffix(dtype)))?,
+        input: input_slots::<1>(conf)[0],
+        dtype,
+    })
+}
+
+/// The CPU's `AccumulateMean`: the first piece of a group copied, the others added, the sum
+/// scaled by 1/count on the last.
+#[derive(Debug)]
+struct AccumulateMeanKernel {
+    function: Function,
+    input: usize,
+    dtype: DType,
+}
+
+impl Kernel for AccumulateMeanKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let group = io.group();
+        // Over the shorter register, as the CPU kernel zips them.
+        let n = (io.input_len(self.input).min(io.output_len(0)) / self.dtype.size()) as u64;
+        let (x, out) = (io.input_addr(self.input), io.output_addr(0));
+        let (first, last) = (u64::from(group.index == 0), u64::from(group.index + 1 == group.count));
+        let scale = 1.0 / f64::from(group.count);
+        let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
+        // SAFETY: both registers hold at least n elements of the dtype; the entry takes
+        // (x, out, n, first, last, scale: T).
+        unsafe {
+            match self.dtype {
+                DType::F32 => launch(s, f, grid, &mut args![x, out, n, first, last, scale as f32]),
+                _ => launch(s, f, grid, &mut args![x, out, n, first, last, scale]),
+            }
+        }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regflow_plan::TensorMeta;
+
+    #[test]
+    fn scalar_codes_match_the_source() {
+        let code = crate::sources::SOURCES.iter().find(|s| s.name == "optim").expect("optim.cu").code;
+        for (dtype, name) in [(DType::F32, "SCALAR_F32"), (DType::F64, "SCALAR_F64"), (DType::I64, "SCALAR_I64")] {
+            assert!(code.contains(&format!("#define {name} {}ull", scalar_code(dtype))), "{name}");
+        }
+    }
+
+    #[test]
+    fn update_metas_are_checked() {
+        let p = TensorMeta::new([7], DType::F32);
+        let scalar = TensorMeta::new([1], DType::F64);
+        let sgd = Update(OptimizerKind::Sgd { momentum: 0.9, weight_decay: 0.0 });
+        let ok = OpConf::new(
+            &sgd,
+            vec![p.clone(), p.clone(), scalar.clone(), scalar.clone(), p.clone()],
+            (0..5).collect(),
+            vec![p.clone(); 2],
+        );
+        assert_eq!(check_update(&ok, 1), Ok(()));
+        let mut bad = ok.clone();
+        bad.inputs[1] = TensorMeta::new([8], DType::F32);
+        assert!(check_update(&bad, 1).unwrap_err().contains("must match the parameter"));
+        assert!(check_update(&ok, 2).unwrap_err().contains("2 state tensor(s)"));
+    }
+}

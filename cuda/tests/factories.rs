@@ -1,0 +1,106 @@
+//! Every CUDA factory accepts well-formed op confs up to the device lookup, and refuses
+//! malformed ones naming the actor: runs on machines without a GPU (the lookup then fails
+//! with "no GPU", "built without CUDA", never with a meta error).
+
+use regflow_kernels::{KernelRegistry, KernelSpec};
+use regflow_plan::ops::*;
+use regflow_plan::{DType, DeviceKind, KernelConf, OpConf, Shape, TensorMeta};
+
+fn make(conf: &OpConf) -> Result<(), String> {
+    let mut registry = KernelRegistry::new();
+    regflow_cuda::register(&mut registry);
+    let bytes = |metas: &[TensorMeta]| metas.iter().map(|m| m.bytes() as u64).collect::<Vec<u64>>();
+    let (input_bytes, output_bytes) = (bytes(&conf.inputs), bytes(&conf.outputs));
+    let spec = KernelSpec {
+        actor: "a1",
+        device: DeviceKind::Cuda,
+        device_index: 0,
+        op: Some(conf),
+        input_bytes: &input_bytes,
+        output_bytes: &output_bytes,
+    };
+    registry.make(&KernelConf::Op(conf.clone()), &spec).map(|_| ()).map_err(|e| e.0)
+}
+
+/// Accepted: the only error is the device's (no GPU or no CUDA in this build).
+fn accepted(conf: &OpConf) {
+    if let Err(e) = make(conf) {
+        // The device's error: no CUDA in this build, or no GPU or driver on this machine.
+        let device = ["no CUDA backend", "CUDA library", "no CUDA device", "cuda:"];
+        assert!(
+            device.iter().any(|d| e.contains(d)) && !e.contains("on CUDA:"),
+            "{}: refused a valid conf: {e}",
+            conf.op_type
+        );
+    }
+}
+
+fn m(dims: &[usize], dtype: DType) -> TensorMeta {
+    TensorMeta::new(dims.to_vec(), dtype)
+}
+
+fn conf(op: &dyn OpAttrs, inputs: Vec<TensorMeta>, outputs: Vec<TensorMeta>) -> OpConf {
+    let n = inputs.len();
+    OpConf::new(op, inputs, (0..n).collect(), outputs)
+}
+
+#[test]
+fn valid_confs_pass_validation() {
+    let f = DType::F32;
+    let x = m(&[3, 5], f);
+    accepted(&conf(&Unary(UnaryKind::PowScalar(2.0)), vec![x.clone()], vec![x.clone()]));
+    accepted(&conf(&Binary(BinaryKind::Div), vec![x.clone(), m(&[5], f)], vec![x.clone()]));
+    accepted(&conf(&BiasGelu, vec![x.clone(), m(&[5], f)], vec![x.clone()]));
+    accepted(&conf(&BiasGeluGrad, vec![x.clone(), m(&[5], f), x.clone()], vec![x.clone()]));
+    accepted(&conf(&Dropout { p: 0.5, seed: 1 }, vec![x.clone()], vec![x.clone()]));
+    let part = DropoutPart { dropout: Dropout { p: 0.5, seed: 1 }, logical: Shape::new([6, 5]), offsets: vec![3, 0] };
+    accepted(&conf(&part, vec![x.clone()], vec![x.clone()]));
+    for dtype in [DType::F32, DType::F64, DType::I64] {
+        let x = m(&[3, 5], dtype);
+        accepted(&conf(&Reshape(vec![-1]), vec![x.clone()], vec![m(&[15], dtype)]));
+        accepted(&conf(&BroadcastTo(Shape::new([2, 3, 5])), vec![x.clone()], vec![m(&[2, 3, 5], dtype)]));
+        accepted(&conf(&Permute(vec![1, 0]), vec![x.clone()], vec![m(&[5, 3], dtype)]));
+        accepted(&conf(&Slice { axis: 1, start: 1, end: 4 }, vec![x.clone()], vec![m(&[3, 3], dtype)]));
+        accepted(&conf(&SliceGrad { axis: 1, start: 1, size: 9 }, vec![x.clone()], vec![m(&[3, 9], dtype)]));
+        accepted(&conf(&Concat { axis: 0 }, vec![x.clone(), m(&[2, 5], dtype)], vec![m(&[5, 5], dtype)]));
+    }
+    accepted(&conf(&SumTo(Shape::new([5])), vec![x.clone()], vec![m(&[5], f)]));
+    accepted(&conf(&Embedding, vec![m(&[10, 4], f), m(&[2, 3], DType::I64)], vec![m(&[2, 3, 4], f)]));
+    accepted(&conf(
+        &EmbeddingGrad { vocab_size: 10 },
+        vec![m(&[2, 3], DType::I64), m(&[2, 3, 4], f)],
+        vec![m(&[10, 4], f)],
+    ));
+    let s = m(&[], DType::F64);
+    let sgd = Update(OptimizerKind::Sgd { momentum: 0.9, weight_decay: 0.0 });
+    accepted(&conf(&sgd, vec![x.clone(), x.clone(), s.clone(), s.clone(), x.clone()], vec![x.clone(); 2]));
+    let adamw = Update(OptimizerKind::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.0 });
+    accepted(&conf(&adamw, vec![x.clone(), x.clone(), s.clone(), s, x.clone(), x.clone()], vec![x.clone(); 3]));
+    let mean = OpConf {
+        op_type: ACCUMULATE_MEAN.into(),
+        attrs: Default::default(),
+        inputs: vec![x.clone()],
+        input_map: vec![0],
+        outputs: vec![x],
+    };
+    accepted(&mean);
+}
+
+#[test]
+fn malformed_confs_are_refused_naming_the_actor() {
+    let f = DType::F32;
+    let x = m(&[3, 5], f);
+    let cases = [
+        conf(&Binary(BinaryKind::Add), vec![x.clone(), m(&[4], f)], vec![x.clone()]),
+        conf(&Permute(vec![1, 0]), vec![x.clone()], vec![x.clone()]),
+        conf(&Slice { axis: 1, start: 1, end: 4 }, vec![x.clone()], vec![m(&[3, 4], f)]),
+        conf(&Concat { axis: 0 }, vec![x.clone(), m(&[2, 4], f)], vec![m(&[5, 5], f)]),
+        conf(&SumTo(Shape::new([3])), vec![x.clone()], vec![m(&[3], f)]),
+        conf(&Reshape(vec![4, 4]), vec![x.clone()], vec![m(&[4, 4], f)]),
+        conf(&Binary(BinaryKind::Add), vec![m(&[2; 9], f), m(&[2, 1, 2, 1, 2, 1, 2, 1, 2], f)], vec![m(&[2; 9], f)]),
+    ];
+    for c in &cases {
+        let e = make(c).expect_err("refused");
+        assert!(e.contains("actor 'a1'") && e.contains("on CUDA:"), "{}: {e}", c.op_type);
+    }
+}

@@ -1,0 +1,203 @@
+//! Data movement on CUDA against the CPU kernels (skip without a GPU): reshape,
+//! broadcast_to, permute, slice, slice_grad, concat, sum_to, embedding and its gradient.
+
+mod common;
+
+use regflow_cuda::{Device, Stream};
+use regflow_plan::ops::{
+    BroadcastTo, Concat, Embedding, EmbeddingGrad, OpAttrs, Permute, Reshape, Slice, SliceGrad, SumTo,
+};
+use regflow_plan::{DType, HostArray, Shape, SplitMix64, TensorMeta};
+
+const ANY: [DType; 3] = [DType::F32, DType::F64, DType::I64];
+
+/// Values of `dtype`: integers in -1000..1000 for i64, else uniform in [-2, 2).
+fn random(shape: &[usize], dtype: DType, seed: u64) -> HostArray {
+    let mut rng = SplitMix64::new(seed);
+    let n: usize = shape.iter().product();
+    let values: Vec<f64> = (0..n).map(|_| 4.0 * rng.next_f64() - 2.0).collect();
+    match dtype {
+        DType::F32 => HostArray::f32(shape.to_vec(), values.iter().map(|&v| v as f32).collect()),
+        DType::F64 => HostArray::f64(shape.to_vec(), values),
+        DType::I64 => HostArray::i64(shape.to_vec(), values.iter().map(|&v| (v * 500.0) as i64).collect()),
+    }
+    .expect("an array")
+}
+
+fn check(what: &str, op: &dyn OpAttrs, inputs: &[&HostArray], out: TensorMeta, gpu: (&Device, &Stream), rel: f64) {
+    let conf = common::conf(op, inputs, &[out]);
+    common::check(what, &conf, inputs, gpu, rel);
+}
+
+#[test]
+fn reshape_broadcast_and_permute_move_every_element_exactly() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    for dtype in ANY {
+        for n in [1, 7, 1023, 70_001] {
+            let x = random(&[n], dtype, 1);
+            check(
+                &format!("reshape {dtype} [{n}]"),
+                &Reshape(vec![1, -1]),
+                &[&x],
+                TensorMeta::new([1, n], dtype),
+                gpu,
+                0.0,
+            );
+        }
+        let cases: &[(&[usize], &[usize])] =
+            &[(&[1], &[7]), (&[7], &[3, 7]), (&[3, 1], &[3, 1023]), (&[], &[70_001]), (&[2, 1, 3], &[4, 2, 5, 3])];
+        for &(from, to) in cases {
+            let x = random(from, dtype, 2);
+            let op = BroadcastTo(Shape::new(to));
+            check(
+                &format!("broadcast_to {dtype} {from:?} -> {to:?}"),
+                &op,
+                &[&x],
+                TensorMeta::new(to, dtype),
+                gpu,
+                0.0,
+            );
+        }
+        let perms: &[(&[usize], &[isize])] = &[
+            (&[1], &[0]),
+            (&[7, 1023], &[1, 0]),
+            (&[3, 5, 7], &[2, 0, 1]),
+            (&[70_001, 3], &[-1, 0]),
+            (&[2, 3, 1, 5, 2, 1, 3, 2], &[7, 6, 5, 4, 3, 2, 1, 0]),
+        ];
+        for &(dims, perm) in perms {
+            let x = random(dims, dtype, 3);
+            let op = Permute(perm.to_vec());
+            let axes = op.resolve(&Shape::new(dims)).expect("a permutation");
+            let out: Vec<usize> = axes.iter().map(|&a| dims[a]).collect();
+            check(&format!("permute {dtype} {dims:?} by {perm:?}"), &op, &[&x], TensorMeta::new(out, dtype), gpu, 0.0);
+        }
+    }
+}
+
+#[test]
+fn slices_their_gradients_and_concat_move_every_element_exactly() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    for dtype in ANY {
+        // (input dims, axis, start, end)
+        let slices: &[(&[usize], isize, usize, usize)] = &[
+            (&[7], 0, 0, 1),
+            (&[7], 0, 3, 7),
+            (&[3, 1023], -1, 5, 1000),
+            (&[70_001, 2], 0, 1, 70_000),
+            (&[2, 7, 3], 1, 2, 5),
+        ];
+        for &(dims, axis, start, end) in slices {
+            let x = random(dims, dtype, 4);
+            let op = Slice { axis, start, end };
+            let (a, _) = op.resolve(&Shape::new(dims)).expect("a slice");
+            let mut out = dims.to_vec();
+            out[a] = end - start;
+            let what = format!("{dtype} {dims:?} axis {axis} {start}..{end}");
+            check(&format!("slice {what}"), &op, &[&x], TensorMeta::new(out.clone(), dtype), gpu, 0.0);
+            let dy = random(&out, dtype, 5);
+            let grad = SliceGrad { axis, start, size: dims[a] };
+            check(&format!("slice_grad {what}"), &grad, &[&dy], TensorMeta::new(dims, dtype), gpu, 0.0);
+        }
+        // Concat along each axis of [.., k, ..] pieces.
+        let parts: &[(&[&[usize]], isize)] = &[
+            (&[&[1]], 0),
+            (&[&[7], &[1], &[1023]], 0),
+            (&[&[3, 7], &[3, 1], &[3, 70_001]], 1),
+            (&[&[2, 5, 3], &[4, 5, 3]], -3),
+        ];
+        for &(shapes, axis) in parts {
+            let inputs: Vec<HostArray> =
+                shapes.iter().enumerate().map(|(i, d)| random(d, dtype, 10 + i as u64)).collect();
+            let refs: Vec<&HostArray> = inputs.iter().collect();
+            let a = Shape::new(shapes[0]).axis(axis).expect("an axis");
+            let mut out = shapes[0].to_vec();
+            out[a] = shapes.iter().map(|d| d[a]).sum();
+            check(
+                &format!("concat {dtype} {shapes:?} axis {axis}"),
+                &Concat { axis },
+                &refs,
+                TensorMeta::new(out, dtype),
+                gpu,
+                0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn sum_to_matches_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let cases: &[(&[usize], &[usize])] = &[
+        (&[1], &[1]),
+        (&[7], &[]),
+        (&[1023, 3], &[3]),
+        (&[3, 1023], &[3, 1]),
+        (&[70_001], &[1]),
+        (&[2, 3, 5, 7], &[3, 1, 7]),
+        (&[7, 1], &[7, 1]),
+    ];
+    for dtype in [DType::F32, DType::F64] {
+        for &(from, to) in cases {
+            let x = random(from, dtype, 6);
+            // Each output adds its summands in the CPU's order, but the CPU adds an
+            // innermost run's partial sum at once: f32 may differ by rounding, scaled by
+            // the summand count (up to 70_001 values of magnitude 2).
+            let rel = if dtype == DType::F32 { 1e-3 } else { 1e-9 };
+            let op = SumTo(Shape::new(to));
+            check(
+                &format!("sum_to {dtype} {from:?} -> {to:?}"),
+                &op,
+                &[&x],
+                TensorMeta::new(to, dtype),
+                (&device, &stream),
+                rel,
+            );
+        }
+    }
+}
+
+#[test]
+fn embedding_and_its_gradient_match_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    for dtype in [DType::F32, DType::F64] {
+        for (vocab, features, ids_shape) in
+            [(1, 1, vec![1]), (7, 3, vec![2, 7]), (1023, 7, vec![1023]), (70_001, 2, vec![3, 5]), (5, 1023, vec![70])]
+        {
+            let table = random(&[vocab, features], dtype, 7);
+            let mut rng = SplitMix64::new(8);
+            let n: usize = ids_shape.iter().product();
+            // Repeated ids, so the gradient adds several rows into one.
+            let ids =
+                HostArray::i64(ids_shape.clone(), (0..n).map(|_| (rng.next_u64() % vocab as u64) as i64).collect())
+                    .expect("ids");
+            let mut out = ids_shape.clone();
+            out.push(features);
+            let what = format!("{dtype} table [{vocab}, {features}] ids {ids_shape:?}");
+            check(
+                &format!("embedding {what}"),
+                &Embedding,
+                &[&table, &ids],
+                TensorMeta::new(out.clone(), dtype),
+                gpu,
+                0.0,
+            );
+            let dy = random(&out, dtype, 9);
+            // The device adds a row's contributions atomically in arrival order, the CPU in
+            // id order: sums of up to 70 values of magnitude 2 may differ in the last bits.
+            let rel = if dtype == DType::F32 { 1e-5 * 70.0 } else { 1e-12 };
+            let grad = EmbeddingGrad { vocab_size: vocab };
+            check(
+                &format!("embedding_grad {what}"),
+                &grad,
+                &[&ids, &dy],
+                TensorMeta::new([vocab, features], dtype),
+                gpu,
+                rel,
+            );
+        }
+    }
+}

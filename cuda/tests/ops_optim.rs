@@ -1,0 +1,83 @@
+//! Optimizer updates and the accumulation mean on CUDA against the CPU kernels (skip
+//! without a GPU).
+
+mod common;
+
+use regflow_plan::ops::{OpAttrs, OptimizerKind, Update, ACCUMULATE_MEAN};
+use regflow_plan::{DType, HostArray, OpConf, SplitMix64, TensorMeta};
+
+fn random(len: usize, dtype: DType, seed: u64, (lo, hi): (f64, f64)) -> HostArray {
+    let mut rng = SplitMix64::new(seed);
+    let values: Vec<f64> = (0..len).map(|_| lo + (hi - lo) * rng.next_f64()).collect();
+    match dtype {
+        DType::F32 => HostArray::f32([len], values.iter().map(|&v| v as f32).collect()),
+        _ => HostArray::f64([len], values),
+    }
+    .expect("an array")
+}
+
+/// A scalar register of `dtype` holding `value`.
+fn scalar(dtype: DType, value: f64) -> HostArray {
+    match dtype {
+        DType::F32 => HostArray::f32([1], vec![value as f32]),
+        DType::F64 => HostArray::f64([1], vec![value]),
+        DType::I64 => HostArray::i64([1], vec![value as i64]),
+    }
+    .expect("a scalar")
+}
+
+#[test]
+fn sgd_and_adamw_updates_match_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let sgd = OptimizerKind::Sgd { momentum: 0.9, weight_decay: 1e-4 };
+    let adamw = OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+    for dtype in [DType::F32, DType::F64] {
+        // Scalars of every dtype the CPU reads: the step counter is f64 in plans, but an
+        // i64 or f32 register is read the same way.
+        for (lr_dtype, step_dtype) in [(DType::F64, DType::F64), (DType::F32, DType::I64)] {
+            for (kind, states) in [(sgd.clone(), 1), (adamw.clone(), 2)] {
+                for n in [1, 7, 1023, 70_001] {
+                    let mut inputs = vec![
+                        random(n, dtype, 1, (-1.0, 1.0)),
+                        random(n, dtype, 2, (-1.0, 1.0)),
+                        scalar(lr_dtype, 3e-3),
+                        scalar(step_dtype, 7.0),
+                    ];
+                    inputs.push(random(n, dtype, 3, (-0.1, 0.1)));
+                    if states == 2 {
+                        // Second moments are non-negative.
+                        inputs.push(random(n, dtype, 4, (0.0, 0.01)));
+                    }
+                    let refs: Vec<&HostArray> = inputs.iter().collect();
+                    let outputs = vec![TensorMeta::new([n], dtype); 1 + states];
+                    let op = Update(kind.clone());
+                    let conf = common::conf(&op as &dyn OpAttrs, &refs, &outputs);
+                    let rel = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+                    let what = format!("{kind:?} {dtype} [{n}] lr {lr_dtype} step {step_dtype}");
+                    common::check(&what, &conf, &refs, (&device, &stream), rel);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_group_of_one_piece_is_its_own_mean() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    // The harness runs one firing at group position 0 of 1: the copy and the scaling by
+    // 1/1. Longer groups (the add path) run through the runtime's acc actors.
+    for dtype in [DType::F32, DType::F64] {
+        for n in [1, 7, 1023, 70_001] {
+            let x = random(n, dtype, 5, (-2.0, 2.0));
+            let meta = x.meta();
+            let conf = OpConf {
+                op_type: ACCUMULATE_MEAN.into(),
+                attrs: Default::default(),
+                inputs: vec![meta.clone()],
+                input_map: vec![0],
+                outputs: vec![meta],
+            };
+            common::check(&format!("accumulate_mean {dtype} [{n}]"), &conf, &[&x], (&device, &stream), 0.0);
+        }
+    }
+}
