@@ -42,6 +42,19 @@ fn check(result: sys::ncclResult_t, call: &str, ordinal: usize) -> Result<(), Cu
     }
 }
 
+/// Runs `calls` (collectives of several ranks issued from this one thread) as one NCCL
+/// group, which a thread driving more than one GPU needs: without it NCCL may wait inside
+/// the first rank's call for the others.
+pub fn group<R>(calls: impl FnOnce() -> Result<R, CudaError>) -> Result<R, CudaError> {
+    // SAFETY: group calls nest; the group is ended below whatever `calls` returns.
+    check(unsafe { sys::ncclGroupStart() }, "ncclGroupStart", 0)?;
+    let outcome = calls();
+    // SAFETY: ends the group started above.
+    let ended = check(unsafe { sys::ncclGroupEnd() }, "ncclGroupEnd", 0);
+    let value = outcome?;
+    ended.map(|()| value)
+}
+
 /// One rank's communicator of a group of GPUs in this process, destroyed on drop (aborted
 /// instead when the job aborted it).
 #[derive(Debug)]
