@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds what a lent GPU machine runs (it has the CUDA driver, toolkit, PyTorch and NCCL but
+# no Rust toolchain): the CUDA tests and the GPT-2 benchmark, release, with the `cuda`
+# feature, stripped, into gpu-bin/ (ignored by git) beside benches/gpu/run.sh. Then, with
+# the session's device tool:   run(command="bash gpu-bin/run.sh", carry=["gpu-bin"])
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=gpu-bin
+rm -rf "$out" && mkdir -p "$out"
+# Test binaries: the backend's op-by-op comparisons, NCCL, and training on a GPU.
+list=$(cargo test --release --features regflow/cuda -p regflow-cuda --tests --no-run --message-format=json 2>/dev/null;
+       cargo test --release --features regflow/cuda --test cuda_training --no-run --message-format=json 2>/dev/null)
+echo "$list" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])
+' | while read -r exe; do
+  name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
+  strip -o "$out/test-$name" "$exe"
+done
+cargo build --release --features regflow/cuda --example bench_gpu_gpt2
+strip -o "$out/bench_gpu_gpt2" target/release/examples/bench_gpu_gpt2
+cp benches/gpu/run.sh benches/peers/gpt2_torch.py "$out/"
+du -sh "$out"
+ls "$out"

@@ -1,0 +1,112 @@
+"""A GPT-2 124M training step in PyTorch on one GPU, eager and `torch.compile`, in tokens per
+second, for comparison with `examples/bench_gpu_gpt2.rs` in the same run
+(`benches/gpu/run.sh`). The same model as examples/common/gpt.rs at GPT-2 small's sizes:
+12 pre-LayerNorm blocks, d_model 768, 12 heads, context 1024, vocabulary 50257, learned
+token and position embeddings, separate Q/K/V projections, scaled scores plus an additive
+causal mask (0 / -1e9), the tanh-approximated GELU, a final LayerNorm and logits from the
+tied token embedding; AdamW (lr 6e-4, weight decay 0.1), gradients clipped to norm 1.
+
+    python3 benches/peers/gpt2_torch.py [--batch 8] [--steps 20] [--dtype f32|bf16] [--size gpt2|tiny]
+
+f32 runs with TF32 off (regflow's f32 products do not use TF32); bf16 is autocast with f32
+master weights, as `Graph::mixed_precision(Bf16)` compiles it.
+"""
+
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+SIZES = {"gpt2": (12, 768, 12, 1024, 3072, 50257), "tiny": (2, 64, 4, 64, 256, 65)}
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads, mlp, layers):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.fc, self.proj = torch.nn.Linear(d, mlp), torch.nn.Linear(mlp, d)
+        for lin in (self.o, self.proj):
+            torch.nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * layers))
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        h = self.ln1(x)
+        split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d // self.heads)) + mask
+        x = x + self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class Gpt(torch.nn.Module):
+    def __init__(self, layers, d, heads, t, mlp, vocab):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(vocab, d), torch.nn.Embedding(t, d)
+        torch.nn.init.normal_(self.wte.weight, std=0.02)
+        torch.nn.init.normal_(self.wpe.weight, std=0.01)
+        self.blocks = torch.nn.ModuleList(Block(d, heads, mlp, layers) for _ in range(layers))
+        self.lnf = torch.nn.LayerNorm(d)
+
+    def forward(self, ids, targets, mask):
+        x = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x, mask)
+        logits = self.lnf(x) @ self.wte.weight.T
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets)
+
+
+def tokens_per_second(model, step_fn, args, t, vocab):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    data = [
+        (torch.randint(0, vocab, (args.batch, t), device="cuda", generator=gen),
+         torch.randint(0, vocab, (args.batch * t,), device="cuda", generator=gen))
+        for _ in range(4)
+    ]
+    mask = torch.full((t, t), -1e9, device="cuda").triu(1)
+    for i in range(3):
+        step_fn(*data[i % 4], mask)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(args.steps):
+        loss = step_fn(*data[i % 4], mask)
+    torch.cuda.synchronize()
+    per_step = (time.perf_counter() - start) / args.steps
+    return args.batch * t / per_step, per_step, float(loss)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    parser.add_argument("--size", choices=list(SIZES), default="gpt2")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    layers, d, heads, t, mlp, vocab = SIZES[args.size]
+    for mode in ("eager", "compile"):
+        torch.manual_seed(0)
+        model = Gpt(layers, d, heads, t, mlp, vocab).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
+        forward = torch.compile(model) if mode == "compile" else model
+
+        def step(ids, targets, mask):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+                loss = forward(ids, targets, mask)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        tokens, per_step, loss = tokens_per_second(model, step, args, t, vocab)
+        print(f"pytorch {mode} {args.dtype} on {torch.cuda.get_device_name()}: {per_step * 1e3:.1f} ms/step, "
+              f"{tokens:.0f} tokens/s (last loss {loss:.4f})")
+
+
+if __name__ == "__main__":
+    main()

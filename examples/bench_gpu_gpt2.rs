@@ -1,0 +1,104 @@
+//! Benchmark: a GPT-2 124M training step (12 layers, d_model 768, 12 heads, context 1024,
+//! vocabulary 50257, tied embedding, AdamW) on one device, in tokens per second and
+//! model-flops utilisation. `benches/gpu/run.sh` runs it on a GPU beside PyTorch eager and
+//! `torch.compile` (`benches/peers/gpt2_torch.py`), in one run.
+//!
+//! ```text
+//! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
+//!     [--size gpt2|tiny] [--batch 8] [--steps 20] [--peak-tflops 989]
+//! ```
+//!
+//! `--size tiny` (2 layers, d_model 64, context 64) runs the same program on a CPU in
+//! seconds, which is how CI keeps it working where no GPU is lent. Model flops per token
+//! are 6·N (N parameters) plus 12·L·T·d for attention (the PaLM appendix count); MFU divides
+//! the achieved flops by `--peak-tflops` (989: an H100 SXM's dense bf16 peak).
+
+#[path = "common/gpt.rs"]
+mod gpt;
+#[path = "common/step_timer.rs"]
+mod step_timer;
+
+use gpt::{Gpt, GptConfig};
+use regflow::graph::{CompileOptions, DType, Graph, Optimizer, SplitMix64};
+use regflow::prelude::{DeviceKind, Job, RuntimeError};
+
+const GPT2: GptConfig = GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072 };
+const TINY: GptConfig = GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256 };
+
+/// The value after `--name`, parsed, or `default`.
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => {
+            let value = args.get(i + 1).ok_or_else(|| format!("{name} needs a value"))?;
+            value.parse().map_err(|_| format!("{name}: cannot read '{value}'"))
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let device = match arg("--device", "cuda".to_string())?.as_str() {
+        "cuda" => DeviceKind::Cuda,
+        "cpu" => DeviceKind::Cpu,
+        other => return Err(format!("--device {other}: expected cuda or cpu").into()),
+    };
+    let (config, vocab) = match arg("--size", "gpt2".to_string())?.as_str() {
+        "gpt2" => (GPT2, 50_257),
+        "tiny" => (TINY, 65),
+        other => return Err(format!("--size {other}: expected gpt2 or tiny").into()),
+    };
+    let batch: usize = arg("--batch", 8)?;
+    let steps: usize = arg("--steps", 20)?;
+    let peak_tflops: f64 = arg("--peak-tflops", 989.0)?;
+    if batch == 0 || steps == 0 || !(peak_tflops > 0.0) {
+        return Err("--batch and --steps must be at least 1 and --peak-tflops positive".into());
+    }
+    let warmup = 3;
+    let t = config.context;
+    let g = Graph::new();
+    let model = Gpt::new(&g, config, vocab)?;
+    let mask = g.input("causal_mask", [t, t], DType::F32)?;
+    let ids = g.input("ids", [batch, t], DType::I64)?;
+    let targets = g.input("targets", [batch * t], DType::I64)?;
+    let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;
+    let train = g.minimize(loss, &Optimizer::adamw(6e-4, 0.1).with_clip_norm(1.0))?;
+    let parameters: usize = g.trainable_variables().iter().map(|v| v.shape().numel()).sum();
+    let options = CompileOptions { device, ..Default::default() };
+    let compiled = g.compile(&[train.loss], &train.updates, &options)?;
+    let mut job = Job::builder(compiled.plan.clone()).build()?;
+    let (mut feed_mask, mut feed_ids, mut feed_targets) =
+        (job.feeder("input:causal_mask")?, job.feeder("input:ids")?, job.feeder("input:targets")?);
+    let losses = job.fetcher(&compiled.fetches[0])?;
+    let mask_bytes: Vec<u8> =
+        (0..t * t).flat_map(|k| (if k % t <= k / t { 0.0f32 } else { -1e9 }).to_le_bytes()).collect();
+    let mut rng = SplitMix64::new(0);
+    let mut draw = || -> Vec<u8> {
+        (0..batch * t).flat_map(|_| ((rng.next_u64() % vocab as u64) as i64).to_le_bytes()).collect()
+    };
+    let batches: Vec<(Vec<u8>, Vec<u8>)> = (0..warmup + steps).map(|_| (draw(), draw())).collect();
+    let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
+        for (step_ids, step_targets) in &batches {
+            feed_mask.push(&mask_bytes)?;
+            feed_ids.push(step_ids)?;
+            feed_targets.push(step_targets)?;
+        }
+        Ok(())
+    });
+    let (per_step, last) = step_timer::seconds_per_step(&losses, warmup, steps)?;
+    pusher.join().map_err(|_| "feeder panicked")??;
+    drop(losses);
+    job.wait()?;
+    let tokens = (batch * t) as f64 / per_step;
+    let flops_per_token = 6.0 * parameters as f64 + 12.0 * (config.layers * t * config.d_model) as f64;
+    let mfu = tokens * flops_per_token / (peak_tflops * 1e12);
+    println!(
+        "regflow {} on {}: {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
+         MFU {:.1}% of {peak_tflops} TFLOP/s (last loss {last:.4})",
+        if vocab == 50_257 { "gpt2-124M" } else { "tiny gpt" },
+        device.name(),
+        per_step * 1e3,
+        mfu * 100.0
+    );
+    Ok(())
+}
