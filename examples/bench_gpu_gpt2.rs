@@ -37,7 +37,14 @@ fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let device = match arg("--device", "cuda".to_string())?.as_str() {
         "cuda" => DeviceKind::Cuda,
         "cpu" => DeviceKind::Cpu,
