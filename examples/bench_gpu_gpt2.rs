@@ -80,9 +80,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mask_bytes: Vec<u8> =
         (0..t * t).flat_map(|k| (if k % t <= k / t { 0.0f32 } else { -1e9 }).to_le_bytes()).collect();
     let mut rng = SplitMix64::new(0);
-    let mut draw = || -> Vec<u8> {
-        (0..batch * t).flat_map(|_| ((rng.next_u64() % vocab as u64) as i64).to_le_bytes()).collect()
-    };
+    let mut draw =
+        || -> Vec<u8> { (0..batch * t).flat_map(|_| ((rng.next_u64() % vocab as u64) as i64).to_le_bytes()).collect() };
     let batches: Vec<(Vec<u8>, Vec<u8>)> = (0..warmup + steps).map(|_| (draw(), draw())).collect();
     let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
         for (step_ids, step_targets) in &batches {
