@@ -264,47 +264,53 @@ extern "C" __global__ void regflow_layer_norm_dx_f64(
     layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
 }
 
-// The mean over rows of -log softmax(logits)[label], summed in f64 as the CPU kernel. One
-// block: each warp takes rows warp, warp + warps, ... and sums their losses in order, then
-// thread 0 adds the warps' sums in order, so the scalar is deterministic without a scratch
-// register (the op has only its scalar output). A label out of range makes the loss NaN
-// (a kernel cannot return the CPU kernel's error).
+// The mean over rows of -log softmax(logits)[label], in two launches: one block per row
+// writes its row's loss (in f64, as the CPU kernel sums) to the kernel's scratch, then one
+// block adds the rows' losses in a fixed order, so the scalar is deterministic and the work
+// is spread over the GPU (one block for all rows took batch×T×vocab = 8×1024×50257 through
+// a single multiprocessor). A label out of range makes the loss NaN (a kernel cannot
+// return the CPU kernel's error).
 template <typename T>
-__device__ void cross_entropy_one_block(const T* logits, const i64* labels, T* out, u64 rows, u64 classes, double divisor) {
-    __shared__ double warp_loss[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    double total = 0;
-    for (u64 r = warp; r < rows; r += warps) {
+__device__ void cross_entropy_row_losses(const T* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
+    __shared__ T scratch[32];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = logits + r * classes;
         T m = minus_infinity<T>();
-        for (u64 j = lane; j < classes; j += 32) m = bigger(m, xr[j]);
-        m = warp_max(m);
-        m = __shfl_sync(0xffffffffu, m, 0);
+        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) m = bigger(m, xr[j]);
+        m = block_max(m, scratch, minus_infinity<T>());
         T s = 0;
-        for (u64 j = lane; j < classes; j += 32) s += ex(xr[j] - m);
-        s = warp_sum(s);
-        if (lane == 0) {
+        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) s += ex(xr[j] - m);
+        s = block_sum(s, scratch);
+        if (threadIdx.x == 0) {
             i64 c = labels[r];
             bool valid = c >= 0 && (u64)c < classes;
-            total += valid ? (double)(ln(s) - (xr[c] - m)) : (double)quiet_nan<T>();
+            losses[r] = valid ? (double)(ln(s) - (xr[c] - m)) : (double)quiet_nan<T>();
         }
-    }
-    if (lane == 0) warp_loss[warp] = total;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double sum = 0;
-        for (int w = 0; w < warps; ++w) sum += warp_loss[w];
-        out[0] = (T)(sum / divisor);
     }
 }
 
-extern "C" __global__ void regflow_sparse_cross_entropy_f32(
-    const float* logits, const i64* labels, float* out, u64 rows, u64 classes, double divisor) {
-    cross_entropy_one_block(logits, labels, out, rows, classes, divisor);
+template <typename T>
+__device__ void cross_entropy_mean(const double* losses, T* out, u64 rows, double divisor) {
+    __shared__ double scratch[32];
+    double total = 0;
+    for (u64 r = threadIdx.x; r < rows; r += blockDim.x) total += losses[r];
+    total = block_sum(total, scratch);
+    if (threadIdx.x == 0) out[0] = (T)(total / divisor);
 }
-extern "C" __global__ void regflow_sparse_cross_entropy_f64(
-    const double* logits, const i64* labels, double* out, u64 rows, u64 classes, double divisor) {
-    cross_entropy_one_block(logits, labels, out, rows, classes, divisor);
+
+extern "C" __global__ void regflow_cross_entropy_rows_f32(
+    const float* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+}
+extern "C" __global__ void regflow_cross_entropy_rows_f64(
+    const double* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+}
+extern "C" __global__ void regflow_cross_entropy_mean_f32(const double* losses, float* out, u64 rows, double divisor) {
+    cross_entropy_mean(losses, out, rows, divisor);
+}
+extern "C" __global__ void regflow_cross_entropy_mean_f64(const double* losses, double* out, u64 rows, double divisor) {
+    cross_entropy_mean(losses, out, rows, divisor);
 }
 
 // The gradient of the mean cross-entropy: dx = (softmax(x) - onehot(label)) · dy / divisor,

@@ -426,28 +426,38 @@ fn cross_entropy_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, us
     }
 }
 
-/// `sparse_cross_entropy`: one block (see `rows.cu`: the scalar is summed deterministically
-/// without a scratch register).
+/// `sparse_cross_entropy`: one block per row writes the row's loss to scratch the kernel
+/// allocated when it was made (`rows` f64 values, device memory once per plan, like the
+/// registers), then one block adds them in a fixed order (see `rows.cu`).
 #[derive(Debug)]
 struct CrossEntropyKernel {
-    function: Function,
+    rows_function: Function,
+    mean_function: Function,
     inputs: (usize, usize),
     rows: u64,
     classes: u64,
+    /// The per-row losses; kept alive for the kernel's launches.
+    losses: Box<dyn regflow_memory::ArenaMemory>,
 }
 
-/// Threads of the one cross-entropy block: 32 warps, one row per warp at a time.
-const CROSS_ENTROPY_THREADS: u32 = 1024;
+/// Threads per block of the row pass and of the sum.
+const CROSS_ENTROPY_THREADS: u32 = 256;
 
 impl Kernel for CrossEntropyKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (logits, labels, out) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
         let (rows, classes, divisor) = (self.rows, self.classes, self.rows as f64);
-        let grid = Grid { blocks: (1, 1, 1), threads: (CROSS_ENTROPY_THREADS, 1, 1), shared_bytes: 0 };
-        // SAFETY: logits hold `rows · classes` elements, labels `rows` i64, the output one
-        // element (checked at build); the argument types are the kernel's (the divisor is
-        // a double for both dtypes: the sum is in f64).
-        unsafe { launch(stream(io), self.function, grid, &mut args![logits, labels, out, rows, classes, divisor]) }?;
+        let losses = self.losses.base().as_ptr() as u64;
+        let per_row = Grid::rows(rows, CROSS_ENTROPY_THREADS, 0);
+        let one = Grid { blocks: (1, 1, 1), threads: (CROSS_ENTROPY_THREADS, 1, 1), shared_bytes: 0 };
+        // SAFETY: logits hold `rows · classes` elements, labels `rows` i64, `losses` `rows`
+        // f64 and the output one element (checked at build); the argument types are the
+        // kernels' (the divisor is a double for both dtypes: the sum is in f64). The two
+        // launches are ordered by the stream.
+        unsafe {
+            launch(stream(io), self.rows_function, per_row, &mut args![logits, labels, losses, rows, classes])?;
+            launch(stream(io), self.mean_function, one, &mut args![losses, out, rows, divisor])?;
+        }
         Ok(())
     }
 
@@ -464,11 +474,17 @@ fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelEr
     if conf.outputs[0].shape.numel() != 1 {
         return Err(fail(spec, conf, format!("gives a scalar loss, but the output is {}", conf.outputs[0])));
     }
+    let rows_function = entry(spec, "cross_entropy_rows", dtype)?;
+    let mean_function = entry(spec, "cross_entropy_mean", dtype)?;
+    let device = crate::Device::open(usize::from(spec.device_index))?;
+    let losses = device.managed(&format!("{} row losses", spec.actor), (rows.max(1) * 8) as u64)?;
     Ok(Box::new(CrossEntropyKernel {
-        function: entry(spec, "sparse_cross_entropy", dtype)?,
+        rows_function,
+        mean_function,
         inputs: (conf.input_map[0], conf.input_map[1]),
         rows: rows as u64,
         classes: classes as u64,
+        losses,
     }))
 }
 
