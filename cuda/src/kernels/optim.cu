@@ -96,3 +96,46 @@ extern "C" __global__ void regflow_accumulate_mean_f64(const double* x, double* 
                                                        double scale) {
     accumulate_mean(x, out, n, first, last, scale);
 }
+
+// The step's scalar ops (`learning_rate`, `clip_factor`, `next_step`), one thread each, so
+// a training step's scalars stay on the device and its stream never drains for them.
+// Formulas as kernels/src/cpu/optim.rs and `Schedule::at` (plan/src/ops/optim.rs), in f64,
+// written to every element of an f32 or f64 output.
+__device__ __forceinline__ void write_scalar(void* out, u64 code, double value, u64 n) {
+    for (u64 i = 0; i < n; ++i) {
+        if (code == SCALAR_F32) ((float*)out)[i] = (float)value;
+        else ((double*)out)[i] = value;
+    }
+}
+
+extern "C" __global__ void regflow_next_step(const void* step, u64 step_code, void* out, u64 out_code, u64 n) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) write_scalar(out, out_code, read_scalar(step, step_code) + 1.0, n);
+}
+
+// min(1, max_norm / (norm + 1e-6)); fmin, like f64::min, returns 1 for a NaN quotient.
+extern "C" __global__ void regflow_clip_factor(const void* norm, u64 norm_code, void* out, u64 out_code, u64 n,
+                                               double max_norm) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        write_scalar(out, out_code, fmin(max_norm / (read_scalar(norm, norm_code) + 1e-6), 1.0), n);
+    }
+}
+
+// `schedule` 0: constant `peak`; 1: linear warm-up to `peak` over `warmup` steps, then cosine
+// decay to `min_rate` at step `total`.
+extern "C" __global__ void regflow_learning_rate(const void* step, u64 step_code, void* out, u64 out_code, u64 n,
+                                                 u64 schedule, double peak, u64 warmup, u64 total, double min_rate) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double s = read_scalar(step, step_code), rate;
+    if (schedule == 0) {
+        rate = peak;
+    } else if (s <= (double)warmup) {
+        rate = peak * s / (double)(warmup > 0 ? warmup : 1);
+    } else if (s >= (double)total) {
+        rate = min_rate;
+    } else {
+        u64 span = total > warmup ? total - warmup : 0;
+        double progress = (s - (double)warmup) / (double)(span > 0 ? span : 1);
+        rate = min_rate + 0.5 * (peak - min_rate) * (1.0 + cos(3.141592653589793 * progress));
+    }
+    write_scalar(out, out_code, rate, n);
+}

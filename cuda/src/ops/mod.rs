@@ -24,6 +24,7 @@ mod movement;
 mod optim;
 mod reduce;
 mod rows;
+mod scalars;
 
 /// The op conf of an op actor.
 pub(crate) fn op_conf<'a>(spec: &KernelSpec<'a>) -> Result<&'a OpConf, KernelError> {
@@ -65,6 +66,7 @@ fn entries() -> Vec<Entry> {
     all.extend_from_slice(optim::ENTRIES);
     all.extend_from_slice(reduce::ENTRIES);
     all.extend_from_slice(rows::ENTRIES);
+    all.extend_from_slice(scalars::ENTRIES);
     all
 }
 
