@@ -58,7 +58,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let batch: usize = arg("--batch", 8)?;
     let steps: usize = arg("--steps", 20)?;
     let peak_tflops: f64 = arg("--peak-tflops", 989.0)?;
-    if batch == 0 || steps == 0 || !(peak_tflops > 0.0) {
+    if batch == 0 || steps == 0 || peak_tflops.is_nan() || peak_tflops <= 0.0 {
         return Err("--batch and --steps must be at least 1 and --peak-tflops positive".into());
     }
     let warmup = 3;
