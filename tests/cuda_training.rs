@@ -182,3 +182,23 @@ fn the_tiny_gpt_trains_on_one_gpu_like_on_the_cpu() {
     }
     assert_close("gpt", &gpt_losses(DeviceKind::Cuda), &gpt_losses(DeviceKind::Cpu), 1e-4);
 }
+
+/// Without a GPU but with NVRTC (CI), the same plans run to their end on dry-run devices:
+/// every kernel is made and every launch checked against its compiled kernel, streams
+/// complete through their callbacks, host kernels wait for their streams, and one loss
+/// per step arrives. Values are not compared (a dry run computes nothing on the device).
+#[test]
+fn plans_run_to_the_end_on_dry_run_devices() {
+    if let Ok(devices) = regflow::cuda::probe() {
+        eprintln!("skipped: this machine has {} GPU(s); the tests above run on them", devices.len());
+        return;
+    }
+    if let Err(e) = regflow::cuda::enable_dry_run("compute_80") {
+        eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
+        return;
+    }
+    assert_eq!(mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b).len(), STEPS);
+    assert_eq!(mlp_losses(DeviceKind::Cuda, 1, DType::F64, |b| b).len(), STEPS);
+    assert_eq!(mlp_losses(DeviceKind::Cuda, 2, DType::F32, |b| b.cuda_ordinals(&[0, 0])).len(), STEPS);
+    assert_eq!(gpt_losses(DeviceKind::Cuda).len(), STEPS);
+}

@@ -18,18 +18,38 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
-/// The kernel arguments of one launch, as the driver wants them: one pointer per parameter,
-/// each to a value that lives until the launch call returns. Built on the stack.
+/// One kernel argument: where its value is and how many bytes it has. [`launch`] checks
+/// the sizes against the parameters NVRTC compiled for the entry point before anything
+/// runs, so an argument list that does not match its kernel is an error naming the entry,
+/// not memory corruption on the GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Arg {
+    /// The value's address, as the driver takes it.
+    pub ptr: *mut std::ffi::c_void,
+    /// Its size in bytes.
+    pub size: usize,
+}
+
+impl Arg {
+    /// The argument `value`, which must live until the launch call returns.
+    pub fn of<T>(value: &T) -> Self {
+        Self { ptr: value as *const T as *mut std::ffi::c_void, size: std::mem::size_of::<T>() }
+    }
+}
+
+/// The kernel arguments of one launch, as [`launch`] takes them: one [`Arg`] per
+/// parameter, each pointing to a value that lives until the launch call returns. Built on
+/// the stack.
 ///
 /// ```
-/// let (x, n) = (0x1000u64, 7u64);
-/// let mut args = regflow_cuda::args![x, n];
-/// assert_eq!(args.len(), 2);
+/// let (x, n) = (0x1000u64, 7u32);
+/// let args = regflow_cuda::args![x, n];
+/// assert_eq!((args.len(), args[0].size, args[1].size), (2, 8, 4));
 /// ```
 #[macro_export]
 macro_rules! args {
     ($($a:expr),* $(,)?) => {
-        [$((&$a) as *const _ as *mut ::std::ffi::c_void),*]
+        [$($crate::Arg::of(&$a)),*]
     };
 }
 
@@ -53,7 +73,9 @@ pub mod nccl;
 #[cfg_attr(not(feature = "cuda"), path = "nvrtc/dummy.rs")]
 pub mod nvrtc;
 
-pub use driver::{launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback, Stream, StreamHandle};
+pub use driver::{
+    enable_dry_run, launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback, Stream, StreamHandle,
+};
 pub use error::CudaError;
 pub use ops::{queued_ops, register};
 

@@ -65,6 +65,31 @@ pub fn source_of(entry: &str) -> Result<&'static KernelSource, CudaError> {
     Err(CudaError::UnknownEntry { entry: entry.to_string(), nearest })
 }
 
+/// The byte size of each parameter of entry point `entry` in NVRTC's `ptx`, or `None` when
+/// the PTX has no such entry. Scalars are `.param .u64 name` (or `.f32`, `.s32`, …);
+/// structs passed by value are `.param .align 8 .b8 name[200]`.
+pub fn ptx_params(ptx: &str, entry: &str) -> Option<Vec<usize>> {
+    let start = ptx.find(&format!(".entry {entry}("))?;
+    let list = &ptx[start..];
+    let list = &list[list.find('(')? + 1..list.find(')')?];
+    list.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|param| {
+            let words: Vec<&str> = param.split_whitespace().collect();
+            let ty = words
+                .iter()
+                .find(|w| w.len() > 2 && w.starts_with('.') && w[2..].chars().all(|c| c.is_ascii_digit()))?;
+            let bits: usize = ty[2..].parse().ok()?;
+            let count = match words.last()?.split_once('[') {
+                Some((_, n)) => n.trim_end_matches(']').parse().ok()?,
+                None => 1,
+            };
+            Some(bits / 8 * count)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +104,16 @@ mod tests {
         names.dedup();
         assert_eq!(before, names.len(), "an entry point is declared twice");
         assert!(names.iter().all(|n| n.starts_with("regflow_")), "{names:?}");
+    }
+
+    #[test]
+    fn ptx_parameters_give_their_sizes() {
+        let ptx = "// header\n.visible .entry regflow_x_f32(\n\t.param .u64 regflow_x_f32_param_0,\n\t.param .f32 \
+                   regflow_x_f32_param_1,\n\t.param .align 8 .b8 regflow_x_f32_param_2[200],\n\t.param .u32 p3\n)\n{\n}\n\
+                   .visible .entry regflow_y()\n{\n}";
+        assert_eq!(ptx_params(ptx, "regflow_x_f32"), Some(vec![8, 4, 200, 4]));
+        assert_eq!(ptx_params(ptx, "regflow_y"), Some(vec![]));
+        assert_eq!(ptx_params(ptx, "regflow_z"), None);
     }
 
     #[test]

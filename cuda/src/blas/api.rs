@@ -106,6 +106,29 @@ fn long(what: &str, v: usize) -> Result<i64, String> {
 }
 
 impl Gemm {
+    /// The argument rules cuBLAS checks (`CUBLAS_STATUS_INVALID_VALUE` otherwise): sizes
+    /// and the batch not negative, each leading dimension at least the rows of its stored
+    /// (column-major) matrix and at least 1, strides not negative. Checked before every
+    /// product, and all a dry run does.
+    pub fn check(&self) -> Result<(), String> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        if m < 0 || n < 0 || k < 0 || self.batch < 0 {
+            return Err(format!("negative size: m {m}, n {n}, k {k}, batch {}", self.batch));
+        }
+        // Stored rows of A: m (op N) or k (op T); of B: k or n; of C: m.
+        let a_rows = if self.transa { k } else { m };
+        let b_rows = if self.transb { n } else { k };
+        for (what, ld, rows) in [("lda", self.lda, a_rows), ("ldb", self.ldb, b_rows), ("ldc", self.ldc, m)] {
+            if ld < rows.max(1) {
+                return Err(format!("{what} = {ld} is less than max(1, {rows}), the rows of its matrix ({self:?})"));
+            }
+        }
+        if self.stride_a < 0 || self.stride_b < 0 || self.stride_c < 0 {
+            return Err(format!("a negative batch stride ({self:?})"));
+        }
+        Ok(())
+    }
+
     /// The cuBLAS arguments computing, for `i < batch`, the row-major product
     /// `c_i = a_i · b_i` where `a_i` (`m x k`), `b_i` (`k x n`) and `c_i` (`m x n`) are read
     /// through `a`, `b`, `c` at `i * step` elements from their bases (a step of 0 shares an

@@ -101,15 +101,19 @@ fn with_handle<R>(
 #[derive(Debug, Clone, Copy)]
 pub struct Blas {
     ordinal: usize,
+    /// On a dry-run device: products are checked ([`Gemm::check`]), not run.
+    dry: bool,
 }
 
 impl Blas {
     /// cuBLAS for device `ordinal`, after checking the library loads and the device opens
     /// (at job build, so a missing library is an error then, not at the first firing).
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        if Device::open(ordinal)?.is_dry() {
+            return Ok(Self { ordinal, dry: true });
+        }
         available()?;
-        Device::open(ordinal)?;
-        Ok(Self { ordinal })
+        Ok(Self { ordinal, dry: false })
     }
 
     /// Queues `gemm` on `stream`: `c = alpha · a·b + beta · c` per batch element, with `a`,
@@ -131,6 +135,10 @@ impl Blas {
         beta: f64,
     ) -> Result<(), CudaError> {
         let ordinal = self.ordinal;
+        gemm.check().map_err(|message| CudaError::Call { call: "cuBLAS GEMM".into(), ordinal, message })?;
+        if self.dry {
+            return Ok(());
+        }
         let op = |t: bool| if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N };
         let (first, second) = if gemm.swapped { (b, a) } else { (a, b) };
         let g = *gemm;

@@ -29,6 +29,11 @@ impl Device {
         &self.info
     }
 
+    /// Whether this is a dry-run device (never, in this build).
+    pub fn is_dry(&self) -> bool {
+        false
+    }
+
     /// Free device memory in bytes.
     pub fn free_bytes(&self) -> Result<u64, CudaError> {
         Err(CudaError::NotBuilt)
@@ -91,6 +96,12 @@ pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
     Err(CudaError::NotBuilt)
 }
 
+/// Dry runs need NVRTC: not in this build.
+pub fn enable_dry_run(arch: &str) -> Result<(), CudaError> {
+    let _ = arch;
+    Err(CudaError::NotBuilt)
+}
+
 /// A compiled kernel of one device (not in this build).
 #[derive(Debug, Clone, Copy)]
 pub struct Function {
@@ -106,7 +117,7 @@ pub unsafe fn launch(
     stream: StreamHandle,
     function: Function,
     grid: Grid,
-    args: &mut [*mut std::ffi::c_void],
+    args: &mut [crate::Arg],
 ) -> Result<(), CudaError> {
     let _ = (stream, function, grid, args);
     Err(CudaError::NotBuilt)

@@ -1,6 +1,13 @@
 //! The driver over cudarc's `result` layer: raw handles, no per-launch allocation (cudarc's
 //! safe launch builder collects arguments in `Vec`s and tracks events per buffer; regflow's
 //! registers are raw arena addresses whose order the actor protocol already guarantees).
+//!
+//! **Dry runs.** After [`enable_dry_run`], [`Device::open`] gives a device with no GPU
+//! behind it: kernels are compiled by NVRTC as for a real device, but a launch only checks
+//! its arguments against the entry point's compiled parameters (count and byte sizes) and
+//! its grid against CUDA's limits, and runs nothing; memory is host memory. That lets CI,
+//! which has NVRTC but no GPU, run every op kernel's factory and launches (the op tests do
+//! when no GPU is found). Real launches make the same argument check.
 
 include!("api.rs");
 
@@ -13,6 +20,18 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
+
+/// The architecture dry-run devices compile for, once [`enable_dry_run`] was called.
+static DRY_RUN: OnceLock<String> = OnceLock::new();
+
+/// Makes every later [`Device::open`] in this process give a dry-run device compiling for
+/// `arch` (`compute_80`): launches are checked, nothing runs (see the module docs). For
+/// tests on machines without a GPU; a process that already opened a real device keeps it.
+pub fn enable_dry_run(arch: &str) -> Result<(), CudaError> {
+    crate::nvrtc::available()?;
+    let _ = DRY_RUN.set(arch.to_string());
+    Ok(())
+}
 
 /// The library error as a [`CudaError::Call`] naming the call and the device.
 fn failed(call: impl Into<String>, ordinal: usize) -> impl FnOnce(DriverError) -> CudaError {
@@ -83,9 +102,18 @@ pub struct Device {
 #[derive(Debug)]
 struct DeviceInner {
     info: DeviceInfo,
-    context: Arc<CudaContext>,
-    /// Loaded modules by source name; each source is compiled and loaded once per process.
-    modules: Mutex<HashMap<&'static str, usize>>,
+    /// `None` on a dry-run device.
+    context: Option<Arc<CudaContext>>,
+    /// Loaded modules (0 on a dry-run device) and their entries' parameter sizes, by source
+    /// name; each source is compiled and loaded once per process.
+    modules: Mutex<HashMap<&'static str, Module>>,
+}
+
+#[derive(Debug, Clone)]
+struct Module {
+    raw: usize,
+    /// Byte sizes of each entry's parameters, read off the PTX (kept for the process).
+    params: HashMap<&'static str, &'static [usize]>,
 }
 
 impl Device {
@@ -93,6 +121,24 @@ impl Device {
     /// without concurrent managed access, which regflow's arenas need.
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
         static OPEN: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+        let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(device) = open.get(&ordinal) {
+            return Ok(device.clone());
+        }
+        if let Some(arch) = DRY_RUN.get() {
+            let digits: String = arch.chars().filter(char::is_ascii_digit).collect();
+            let (major, minor) = digits.split_at(digits.len().saturating_sub(1));
+            let info = DeviceInfo {
+                ordinal,
+                name: format!("dry run ({arch})"),
+                total_bytes: 80 << 30,
+                compute_capability: (major.parse().unwrap_or(8), minor.parse().unwrap_or(0)),
+                concurrent_managed_access: true,
+            };
+            let device = Device { inner: Arc::new(DeviceInner { info, context: None, modules: Mutex::default() }) };
+            open.insert(ordinal, device.clone());
+            return Ok(device);
+        }
         let devices = probe()?;
         let info = devices.get(ordinal).cloned().ok_or(CudaError::NoDevice { ordinal, count: devices.len() })?;
         if !info.concurrent_managed_access {
@@ -104,12 +150,9 @@ impl Device {
                     .into(),
             });
         }
-        let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(device) = open.get(&ordinal) {
-            return Ok(device.clone());
-        }
         let context = CudaContext::new(ordinal).map_err(failed("cuDevicePrimaryCtxRetain", ordinal))?;
-        let device = Device { inner: Arc::new(DeviceInner { info, context, modules: Mutex::default() }) };
+        let device =
+            Device { inner: Arc::new(DeviceInner { info, context: Some(context), modules: Mutex::default() }) };
         open.insert(ordinal, device.clone());
         Ok(device)
     }
@@ -119,12 +162,20 @@ impl Device {
         &self.inner.info
     }
 
+    /// Whether this is a dry-run device ([`enable_dry_run`]): launches are checked, not run.
+    pub fn is_dry(&self) -> bool {
+        self.inner.context.is_none()
+    }
+
     fn ordinal(&self) -> usize {
         self.inner.info.ordinal
     }
 
     /// Free device memory in bytes, as the driver reads it now.
     pub fn free_bytes(&self) -> Result<u64, CudaError> {
+        if self.is_dry() {
+            return Ok(self.info().total_bytes);
+        }
         self.bind()?;
         let (free, _) = result::mem_get_info().map_err(failed("cuMemGetInfo", self.ordinal()))?;
         Ok(free as u64)
@@ -132,11 +183,17 @@ impl Device {
 
     /// Makes the device's context current on the calling thread (a no-op when it is).
     pub fn bind(&self) -> Result<(), CudaError> {
-        self.inner.context.bind_to_thread().map_err(failed("cuCtxSetCurrent", self.ordinal()))
+        match &self.inner.context {
+            Some(context) => context.bind_to_thread().map_err(failed("cuCtxSetCurrent", self.ordinal())),
+            None => Ok(()),
+        }
     }
 
     /// A new non-blocking stream of the device.
     pub fn stream(&self) -> Result<Stream, CudaError> {
+        if self.is_dry() {
+            return Ok(Stream { raw: 0, device: self.clone() });
+        }
         self.bind()?;
         let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(failed("cuStreamCreate", self.ordinal()))?;
@@ -147,8 +204,14 @@ impl Device {
     /// read it at device speed) and mapped for the host (feeds, fetches and host kernels
     /// read it in place). Allocated once per plan.
     pub fn managed(&self, label: &str, bytes: u64) -> Result<Box<dyn ArenaMemory>, CudaError> {
-        self.bind()?;
         let ordinal = self.ordinal();
+        if self.is_dry() {
+            use regflow_memory::ArenaAllocator;
+            return regflow_memory::HostAllocator.allocate(label, regflow_memory::MemoryKind::Host, bytes).map_err(
+                |e| CudaError::Call { call: format!("dry-run memory for {label}"), ordinal, message: e.to_string() },
+            );
+        }
+        self.bind()?;
         let len = usize::try_from(bytes.max(1)).map_err(|_| CudaError::Call {
             call: format!("cuMemAllocManaged({bytes} bytes) for {label}"),
             ordinal,
@@ -183,28 +246,57 @@ impl Device {
         let module = {
             let mut modules = self.inner.modules.lock().unwrap_or_else(|p| p.into_inner());
             match modules.get(source.name) {
-                Some(&module) => module,
+                Some(module) => module.clone(),
                 None => {
-                    let ptx = crate::nvrtc::compile(source, &self.info().arch())?;
-                    let image = CString::new(ptx).map_err(|_| CudaError::Compile {
-                        source_name: source.name,
-                        arch: self.info().arch(),
-                        log: "NVRTC's PTX holds a NUL byte".into(),
-                    })?;
-                    // SAFETY: a NUL-terminated PTX text.
-                    let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-                        .map_err(failed(format!("cuModuleLoadData({})", source.name), ordinal))?;
-                    modules.insert(source.name, module as usize);
-                    module as usize
+                    let module = self.load(source)?;
+                    modules.insert(source.name, module.clone());
+                    module
                 }
             }
         };
+        let (&entry, &params) = module.params.get_key_value(entry).ok_or_else(|| CudaError::UnknownEntry {
+            entry: entry.into(),
+            nearest: format!(" in the PTX NVRTC made of '{}'", source.name),
+        })?;
+        if self.is_dry() {
+            return Ok(Function { raw: 0, ordinal, entry, params });
+        }
         let name =
             CString::new(entry).map_err(|_| CudaError::UnknownEntry { entry: entry.into(), nearest: String::new() })?;
         // SAFETY: the module was loaded above and is never unloaded while the process runs.
-        let raw = unsafe { result::module::get_function(module as sys::CUmodule, name) }
+        let raw = unsafe { result::module::get_function(module.raw as sys::CUmodule, name) }
             .map_err(failed(format!("cuModuleGetFunction({entry})"), ordinal))?;
-        Ok(Function { raw: raw as usize, ordinal })
+        Ok(Function { raw: raw as usize, ordinal, entry, params })
+    }
+
+    /// Compiles `source` for this device and loads it (not on a dry-run device), with the
+    /// parameter sizes of each of its entries.
+    fn load(&self, source: &'static KernelSource) -> Result<Module, CudaError> {
+        let arch = self.info().arch();
+        let ptx = crate::nvrtc::compile(source, &arch)?;
+        let mut params = HashMap::new();
+        for entry in sources::entries_of(source.code) {
+            let sizes = sources::ptx_params(&ptx, entry).ok_or_else(|| CudaError::Compile {
+                source_name: source.name,
+                arch: arch.clone(),
+                log: format!("the PTX has no readable parameter list for entry '{entry}'"),
+            })?;
+            // Kept for the process: a few hundred entries, read once per source.
+            let sizes: &'static [usize] = Box::leak(sizes.into_boxed_slice());
+            params.insert(entry, sizes);
+        }
+        if self.is_dry() {
+            return Ok(Module { raw: 0, params });
+        }
+        let image = CString::new(ptx).map_err(|_| CudaError::Compile {
+            source_name: source.name,
+            arch,
+            log: "NVRTC's PTX holds a NUL byte".into(),
+        })?;
+        // SAFETY: a NUL-terminated PTX text.
+        let raw = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(failed(format!("cuModuleLoadData({})", source.name), self.ordinal()))?;
+        Ok(Module { raw: raw as usize, params })
     }
 }
 
@@ -261,6 +353,9 @@ impl Stream {
 
     /// Waits until everything enqueued so far has run; reports a kernel's failure.
     pub fn synchronize(&self) -> Result<(), CudaError> {
+        if self.raw == 0 {
+            return Ok(()); // a dry-run stream: nothing was queued
+        }
         self.device.bind()?;
         // SAFETY: a live stream of the bound context.
         unsafe { result::stream::synchronize(self.raw()) }.map_err(failed("cuStreamSynchronize", self.device.ordinal()))
@@ -274,6 +369,12 @@ impl Stream {
     /// `arg` must stay valid until the callback has run, and the callback must not call
     /// CUDA.
     pub unsafe fn call_back(&self, callback: HostCallback, arg: *mut c_void) -> Result<(), CudaError> {
+        if self.raw == 0 {
+            // A dry-run stream has run everything queued: complete now.
+            // SAFETY: forwarded to the caller.
+            unsafe { callback(arg) };
+            return Ok(());
+        }
         // SAFETY: forwarded to the caller.
         unsafe { result::stream::launch_host_function(self.raw(), callback, arg) }
             .map_err(failed("cuLaunchHostFunc", self.device.ordinal()))
@@ -282,7 +383,7 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
+        if self.raw != 0 && self.device.bind().is_ok() {
             // SAFETY: a live stream, destroyed once, after its work and callbacks ran.
             unsafe {
                 let _ = result::stream::synchronize(self.raw());
@@ -296,30 +397,66 @@ impl Drop for Stream {
 /// what a queued kernel wrote, within one firing: the finite check, say). Reports a kernel's
 /// failure.
 pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
+    if stream.0 == 0 {
+        return Ok(()); // a dry-run stream
+    }
     // SAFETY: the handle comes from a live `Stream` whose context the calling stream
     // thread bound.
     unsafe { result::stream::synchronize(stream.0 as usize as sys::CUstream) }.map_err(failed("cuStreamSynchronize", 0))
 }
 
-/// A compiled kernel of one device.
+/// A compiled kernel of one device, with its parameters' byte sizes (read off the PTX).
 #[derive(Debug, Clone, Copy)]
 pub struct Function {
+    /// The `CUfunction`; 0 on a dry-run device.
     raw: usize,
     ordinal: usize,
+    entry: &'static str,
+    params: &'static [usize],
 }
 
-/// Enqueues `function` on `stream` with `args`. Allocates nothing.
+/// Most parameters a regflow kernel takes (the pointer array is built on the stack).
+const MAX_ARGS: usize = 32;
+
+/// Enqueues `function` on `stream` with `args`, after checking them against the entry's
+/// compiled parameters (count and byte sizes) and `grid` against CUDA's limits. On a
+/// dry-run device only checks. Allocates nothing.
 ///
 /// # Safety
 ///
-/// `args` must match the kernel's parameters in number and type, each pointing to a live
-/// value; device addresses among them must be valid for what the kernel does with them.
+/// Each argument must point to a live value of the parameter's type; device addresses
+/// among them must be valid for what the kernel does with them.
 pub unsafe fn launch(
     stream: StreamHandle,
     function: Function,
     grid: Grid,
-    args: &mut [*mut c_void],
+    args: &mut [crate::Arg],
 ) -> Result<(), CudaError> {
+    let refuse = |message: String| CudaError::Call {
+        call: format!("launch of {}", function.entry),
+        ordinal: function.ordinal,
+        message,
+    };
+    if args.len() != function.params.len() || args.iter().zip(function.params).any(|(a, &p)| a.size != p) {
+        let sizes: Vec<usize> = args.iter().map(|a| a.size).collect();
+        return Err(refuse(format!(
+            "the kernel takes {} parameter(s) of {:?} bytes, but the launch passes {} of {sizes:?} bytes",
+            function.params.len(),
+            function.params,
+            args.len(),
+        )));
+    }
+    check_grid(&grid).map_err(refuse)?;
+    if function.raw == 0 {
+        return Ok(());
+    }
+    if args.len() > MAX_ARGS {
+        return Err(refuse(format!("{} arguments, regflow launches at most {MAX_ARGS}", args.len())));
+    }
+    let mut pointers = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+    for (pointer, arg) in pointers.iter_mut().zip(args.iter()) {
+        *pointer = arg.ptr;
+    }
     // SAFETY: forwarded to the caller; the stream handle comes from a live `Stream` of the
     // function's device, whose context the stream thread bound.
     unsafe {
@@ -329,8 +466,24 @@ pub unsafe fn launch(
             grid.threads,
             grid.shared_bytes,
             stream.0 as usize as sys::CUstream,
-            args,
+            &mut pointers[..args.len()],
         )
     }
-    .map_err(failed("cuLaunchKernel", function.ordinal))
+    .map_err(failed(format!("cuLaunchKernel({})", function.entry), function.ordinal))
+}
+
+/// `grid` against CUDA's limits for every current GPU: at most 1024 threads per block
+/// (64 in z), 2^31 - 1 blocks in x and 65535 in y and z, at least one of each, and no more
+/// dynamic shared memory than 48 KiB (more needs an opt-in regflow does not make).
+fn check_grid(grid: &Grid) -> Result<(), String> {
+    let (b, t) = (grid.blocks, grid.threads);
+    let threads = u64::from(t.0) * u64::from(t.1) * u64::from(t.2);
+    let blocks_ok = b.0 >= 1 && b.1 >= 1 && b.2 >= 1 && b.0 < (1 << 31) && b.1 <= 65_535 && b.2 <= 65_535;
+    if threads == 0 || threads > 1024 || t.2 > 64 || !blocks_ok {
+        return Err(format!("a grid of {b:?} blocks of {t:?} threads is beyond CUDA's limits"));
+    }
+    if grid.shared_bytes > 48 * 1024 {
+        return Err(format!("{} bytes of dynamic shared memory is more than 48 KiB", grid.shared_bytes));
+    }
+    Ok(())
 }
