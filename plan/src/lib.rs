@@ -42,6 +42,8 @@ mod validate;
 
 pub use init::{Init, SplitMix64};
 pub use ops::{OpAttrs, OpConf};
+/// The bf16 element type ([`DType::Bf16`]'s values), re-exported so every crate names one type.
+pub use half::bf16;
 pub use tensor::{
     ArrayError, DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, Shape,
     TensorMeta,
