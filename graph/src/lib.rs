@@ -20,6 +20,7 @@
 //!
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod autocast;
 mod autodiff;
 pub mod checkpoint;
 mod compile;
@@ -36,6 +37,7 @@ pub use compile::{
     Accumulate, CompileError, CompileOptions, CompiledGraph, CompiledInput, CompiledVariable, DatasetInputs,
     NoSignature,
 };
+pub use autocast::Precision;
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use optim::{Optimizer, OptimizerKind, Schedule, TrainStep};
