@@ -21,7 +21,9 @@ fn batches(steps: usize) -> Vec<(HostArray, HostArray)> {
             let x: Vec<f32> = (0..BATCH * FEATURES).map(|_| rng.next_normal() as f32).collect();
             let y: Vec<i64> = (0..BATCH)
                 .map(|r| {
-                    let score = |c: usize| (0..FEATURES).map(|f| f64::from(x[r * FEATURES + f]) * teacher[f * CLASSES + c]).sum::<f64>();
+                    let score = |c: usize| {
+                        (0..FEATURES).map(|f| f64::from(x[r * FEATURES + f]) * teacher[f * CLASSES + c]).sum::<f64>()
+                    };
                     (0..CLASSES).max_by(|&a, &b| score(a).total_cmp(&score(b))).unwrap_or(0) as i64
                 })
                 .collect();

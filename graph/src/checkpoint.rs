@@ -243,7 +243,9 @@ pub fn load(path: &Path) -> Result<Vec<(String, HostArray)>, CheckpointError> {
             DType::F32 => HostData::F32(data.chunks_exact(4).map(|c| f32::from_le_bytes(word(c))).collect()),
             DType::F64 => HostData::F64(data.chunks_exact(8).map(|c| f64::from_le_bytes(word(c))).collect()),
             DType::I64 => HostData::I64(data.chunks_exact(8).map(|c| i64::from_le_bytes(word(c))).collect()),
-            DType::Bf16 => HostData::Bf16(data.chunks_exact(2).map(|c| regflow_plan::bf16::from_le_bytes(word(c))).collect()),
+            DType::Bf16 => {
+                HostData::Bf16(data.chunks_exact(2).map(|c| regflow_plan::bf16::from_le_bytes(word(c))).collect())
+            }
         };
         out.push((name.clone(), HostArray::new(meta.shape, host).map_err(|e| bad(e.to_string()))?));
     }

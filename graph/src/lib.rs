@@ -33,11 +33,11 @@ pub mod parallel;
 pub mod sbp;
 mod session;
 
+pub use autocast::Precision;
 pub use compile::{
     Accumulate, CompileError, CompileOptions, CompiledGraph, CompiledInput, CompiledVariable, DatasetInputs,
     NoSignature,
 };
-pub use autocast::Precision;
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use optim::{Optimizer, OptimizerKind, Schedule, TrainStep};

@@ -65,7 +65,8 @@ impl Bf16Scratch {
     /// Buffers for these metas, or `None` when no tensor is bf16 (nothing to widen).
     pub fn for_metas(inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Option<Self> {
         let buffer = |m: &TensorMeta| (m.dtype == DType::Bf16).then(|| vec![0.0f32; m.shape.numel()]);
-        let scratch = Self { inputs: inputs.iter().map(buffer).collect(), outputs: outputs.iter().map(buffer).collect() };
+        let scratch =
+            Self { inputs: inputs.iter().map(buffer).collect(), outputs: outputs.iter().map(buffer).collect() };
         scratch.any().then_some(scratch)
     }
 
