@@ -53,6 +53,18 @@ impl Graph {
                     }
                     continue;
                 };
+                // Under mixed precision a gradient rule may give a float input its gradient
+                // in another float dtype (an f32 reduction of a bf16 gradient): it is cast
+                // to the input's dtype, so every gradient has its tensor's meta.
+                let grad = if grad.shape() == input.shape()
+                    && grad.dtype() != input.dtype()
+                    && grad.dtype().is_float()
+                    && input.dtype().is_float()
+                {
+                    grad.cast(input.dtype())?
+                } else {
+                    grad
+                };
                 if grad.meta() != input.meta() {
                     return Err(GraphError::Kernel {
                         op: node.op.name().into(),

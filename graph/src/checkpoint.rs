@@ -191,6 +191,7 @@ pub fn save(path: &Path, tensors: &[(String, HostArray)]) -> Result<(), Checkpoi
                 DType::F32 => Dtype::F32,
                 DType::F64 => Dtype::F64,
                 DType::I64 => Dtype::I64,
+                DType::Bf16 => Dtype::BF16,
             };
             TensorView::new(dtype, array.shape.dims().to_vec(), data).map(|view| (name.clone(), view)).map_err(|_| {
                 CheckpointError::BadTensor {
@@ -221,9 +222,10 @@ pub fn load(path: &Path) -> Result<Vec<(String, HostArray)>, CheckpointError> {
             Dtype::F32 => DType::F32,
             Dtype::F64 => DType::F64,
             Dtype::I64 => DType::I64,
+            Dtype::BF16 => DType::Bf16,
             other => {
                 return Err(bad(format!(
-                    "holds {} values, which regflow does not support (f32, f64 and i64 it does)",
+                    "holds {} values, which regflow does not support (f32, f64, i64 and bf16 it does)",
                     dtype_name(other)
                 )))
             }
@@ -241,6 +243,9 @@ pub fn load(path: &Path) -> Result<Vec<(String, HostArray)>, CheckpointError> {
             DType::F32 => HostData::F32(data.chunks_exact(4).map(|c| f32::from_le_bytes(word(c))).collect()),
             DType::F64 => HostData::F64(data.chunks_exact(8).map(|c| f64::from_le_bytes(word(c))).collect()),
             DType::I64 => HostData::I64(data.chunks_exact(8).map(|c| i64::from_le_bytes(word(c))).collect()),
+            DType::Bf16 => {
+                HostData::Bf16(data.chunks_exact(2).map(|c| regflow_plan::bf16::from_le_bytes(word(c))).collect())
+            }
         };
         out.push((name.clone(), HostArray::new(meta.shape, host).map_err(|e| bad(e.to_string()))?));
     }

@@ -2,6 +2,7 @@
 //! cheap handle into it whose op methods (defined next to each op in `ops/`) return
 //! `Result`, so a bad shape or dtype is reported where the graph is built.
 
+use crate::autocast::Precision;
 use crate::ops::OpDef;
 use crate::plan::{DType, Init, Shape, TensorMeta};
 use crate::sbp::{Mesh, NdSbp};
@@ -68,6 +69,10 @@ struct GraphData {
     placements: HashMap<TensorId, Arc<Mesh>>,
     /// Layouts the user pinned: the tensor's producer must produce exactly this layout.
     pins: HashMap<TensorId, NdSbp>,
+    /// The precision ops are applied in (`crate::autocast`).
+    precision: Precision,
+    /// Each tensor's casts by dtype, so a tensor read by several bf16 ops is cast once.
+    casts: HashMap<(TensorId, DType), TensorId>,
 }
 
 /// A logical graph under construction. Nodes are appended in a valid evaluation order.
@@ -151,6 +156,7 @@ impl Graph {
                 return Err(GraphError::ForeignTensor { op: op.name().into(), index });
             }
         }
+        let inputs = &self.autocast_inputs(&op, inputs)?;
         let metas: Vec<TensorMeta> = inputs.iter().map(|t| t.meta()).collect();
         let outputs = op.infer(&metas).map_err(|message| GraphError::Op {
             op: op.name().into(),
@@ -178,6 +184,23 @@ impl Graph {
         }
         data.nodes.push(Node { op, inputs: inputs.iter().map(|t| t.id).collect(), outputs: ids.clone() });
         Ok(ids.into_iter().map(|id| Tensor { graph: self, id }).collect())
+    }
+
+    /// The precision ops are applied in ([`Graph::mixed_precision`]).
+    pub fn precision(&self) -> Precision {
+        self.data.borrow().precision
+    }
+
+    pub(crate) fn set_precision(&self, precision: Precision) {
+        self.data.borrow_mut().precision = precision;
+    }
+
+    pub(crate) fn cached_cast(&self, tensor: TensorId, to: DType) -> Option<Tensor<'_>> {
+        self.data.borrow().casts.get(&(tensor, to)).map(|&id| Tensor { graph: self, id })
+    }
+
+    pub(crate) fn cache_cast(&self, tensor: TensorId, to: DType, cast: TensorId) {
+        self.data.borrow_mut().casts.insert((tensor, to), cast);
     }
 
     /// The placement the inputs of an op share, or an error naming the op, its inputs and

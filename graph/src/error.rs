@@ -76,6 +76,9 @@ pub enum GraphError {
     /// A step that cannot be compiled to a plan (boxed: it names many things).
     #[error(transparent)]
     Compile(Box<crate::CompileError>),
+    /// A precision the graph cannot run in ([`crate::Graph::mixed_precision`]).
+    #[error("{0}")]
+    Precision(String),
     /// A host kernel failed (a broken invariant: inputs were checked when the op was built).
     #[error("{op}: kernel failed: {message}")]
     Kernel {

@@ -66,8 +66,8 @@ impl Graph {
                     })
                     .collect::<Result<_, _>>()?;
                 let mut views: Vec<HostTensorMut<'_>> = outputs.iter_mut().map(HostArray::view_mut).collect();
-                node.op
-                    .compute(&regflow_kernels::HostContext::default(), &inputs, &mut views)
+                // bf16 tensors compute widened to f32, as on the job's kernels.
+                regflow_kernels::compute_once(&*node.op, &regflow_kernels::HostContext::default(), &inputs, &mut views)
                     .map_err(|message| GraphError::Kernel { op: node.op.name().into(), message })?;
             }
             for (o, value) in node.outputs.iter().zip(outputs) {

@@ -20,6 +20,7 @@
 //!
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod autocast;
 mod autodiff;
 pub mod checkpoint;
 mod compile;
@@ -32,6 +33,7 @@ pub mod parallel;
 pub mod sbp;
 mod session;
 
+pub use autocast::Precision;
 pub use compile::{
     Accumulate, CompileError, CompileOptions, CompiledGraph, CompiledInput, CompiledVariable, DatasetInputs,
     NoSignature,

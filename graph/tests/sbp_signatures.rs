@@ -576,3 +576,19 @@ fn the_checker_rejects_invalid_signatures_and_missing_localization() {
         assert!(caught, "{} {} (localize: {}) passed the checker", claim.name(), claim.signature, claim.localize);
     }
 }
+
+#[test]
+fn cast_splits_anywhere_and_takes_summands_only_when_widening() {
+    for shape in [vec![5, 3], vec![2, 7, 3], vec![]] {
+        let rank = shape.len();
+        // f64 → f64 keeps the width: summands pass through.
+        let same = check_signatures(&Cast { to: DType::F64 }, &[random(shape.clone(), 1)]);
+        assert!(has(&same, &[P], &[P]));
+        // Narrowing would round every summand: only splits.
+        for to in [DType::F32, DType::Bf16] {
+            let narrow = check_signatures(&Cast { to }, &[random(shape.clone(), 2)]);
+            assert!(!has(&narrow, &[P], &[P]), "cast to {to}");
+            assert_eq!(narrow.len(), rank, "cast to {to}");
+        }
+    }
+}

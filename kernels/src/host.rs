@@ -1,8 +1,15 @@
 //! Host computation of an op on typed tensors, and the kernel that runs it on registers.
+//!
+//! bf16 tensors are computed in f32: [`HostOpKernel`] widens an op's bf16 inputs into f32
+//! buffers it allocated when it was made (from the `OpConf` metas, so a firing allocates
+//! nothing), runs the op's f32 computation and rounds its outputs to bf16 (nearest even).
+//! That is what bf16 hardware does (tensor cores multiply bf16 and accumulate in f32), and
+//! it keeps one computation per op: no kernel has a bf16 loop of its own except those
+//! that only move elements or convert them ([`HostCompute::bf16_native`]).
 
 use crate::io::{view, view_mut};
 use crate::{Kernel, KernelError, KernelIo};
-use regflow_plan::{HostTensor, HostTensorMut, OpConf, TensorMeta};
+use regflow_plan::{bf16, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, OpConf, TensorMeta};
 use smallvec::SmallVec;
 
 /// What a host computation may use besides its tensors.
@@ -38,6 +45,135 @@ pub trait HostCompute: Send + Sync {
         let _ = (inputs, outputs);
         Ok(())
     }
+
+    /// Whether [`HostCompute::compute`] takes bf16 tensors as they are (ops that move or
+    /// convert elements); otherwise, the default, bf16 tensors reach it widened to f32.
+    fn bf16_native(&self) -> bool {
+        false
+    }
+}
+
+/// f32 buffers for the bf16 tensors of one op: the op computes on them in f32 (see the
+/// module docs). One buffer per bf16 input and output, `None` for the other dtypes.
+#[derive(Debug, Default)]
+pub struct Bf16Scratch {
+    inputs: Vec<Option<Vec<f32>>>,
+    outputs: Vec<Option<Vec<f32>>>,
+}
+
+impl Bf16Scratch {
+    /// Buffers for these metas, or `None` when no tensor is bf16 (nothing to widen).
+    pub fn for_metas(inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Option<Self> {
+        let buffer = |m: &TensorMeta| (m.dtype == DType::Bf16).then(|| vec![0.0f32; m.shape.numel()]);
+        let scratch =
+            Self { inputs: inputs.iter().map(buffer).collect(), outputs: outputs.iter().map(buffer).collect() };
+        scratch.any().then_some(scratch)
+    }
+
+    /// Buffers for these tensors (the reference evaluator's path, which allocates per
+    /// call), or `None` when no tensor is bf16.
+    pub fn for_tensors(inputs: &[HostTensor<'_>], outputs: &[HostTensorMut<'_>]) -> Option<Self> {
+        let scratch = Self {
+            inputs: inputs.iter().map(|t| (t.dtype() == DType::Bf16).then(|| vec![0.0; t.shape.numel()])).collect(),
+            outputs: outputs.iter().map(|t| (t.dtype() == DType::Bf16).then(|| vec![0.0; t.shape.numel()])).collect(),
+        };
+        scratch.any().then_some(scratch)
+    }
+
+    fn any(&self) -> bool {
+        self.inputs.iter().chain(&self.outputs).any(Option::is_some)
+    }
+
+    /// Runs `op` on `inputs` and `outputs` with every bf16 tensor widened to f32 and each
+    /// bf16 output rounded back from its f32 result.
+    pub fn compute<T: HostCompute + ?Sized>(
+        &mut self,
+        op: &T,
+        context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
+            return Err(format!(
+                "{} inputs and {} outputs, but the bf16 scratch was made for {} and {} (broken invariant)",
+                inputs.len(),
+                outputs.len(),
+                self.inputs.len(),
+                self.outputs.len()
+            ));
+        }
+        let mismatch = |what: &str, index: usize, len: usize, have: usize| {
+            format!("bf16 {what} {index} has {len} elements, its f32 scratch {have} (broken invariant)")
+        };
+        for (index, (tensor, buffer)) in inputs.iter().zip(&mut self.inputs).enumerate() {
+            if let (HostSlice::Bf16(values), Some(buffer)) = (tensor.data, buffer.as_mut()) {
+                if values.len() != buffer.len() {
+                    return Err(mismatch("input", index, values.len(), buffer.len()));
+                }
+                for (wide, &narrow) in buffer.iter_mut().zip(values) {
+                    *wide = narrow.to_f32();
+                }
+            }
+        }
+        {
+            let mut wide_inputs: SmallVec<[HostTensor<'_>; 8]> = SmallVec::new();
+            for (tensor, buffer) in inputs.iter().zip(&self.inputs) {
+                wide_inputs.push(match buffer {
+                    Some(buffer) => HostTensor { shape: tensor.shape, data: HostSlice::F32(buffer) },
+                    None => *tensor,
+                });
+            }
+            let mut wide_outputs: SmallVec<[HostTensorMut<'_>; 8]> = SmallVec::new();
+            for (index, (tensor, buffer)) in outputs.iter_mut().zip(&mut self.outputs).enumerate() {
+                wide_outputs.push(match buffer {
+                    Some(buffer) => {
+                        if buffer.len() != tensor.shape.numel() {
+                            return Err(mismatch("output", index, tensor.shape.numel(), buffer.len()));
+                        }
+                        HostTensorMut { shape: tensor.shape, data: HostSliceMut::F32(buffer) }
+                    }
+                    None => HostTensorMut { shape: tensor.shape, data: reborrow(&mut tensor.data) },
+                });
+            }
+            op.compute(context, &wide_inputs, &mut wide_outputs)?;
+        }
+        for (index, (tensor, buffer)) in outputs.iter_mut().zip(&self.outputs).enumerate() {
+            if let (HostSliceMut::Bf16(values), Some(buffer)) = (&mut tensor.data, buffer) {
+                if values.len() != buffer.len() {
+                    return Err(mismatch("output", index, values.len(), buffer.len()));
+                }
+                for (narrow, &wide) in values.iter_mut().zip(buffer) {
+                    *narrow = bf16::from_f32(wide);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A shorter-lived view of the same elements.
+fn reborrow<'s>(data: &'s mut HostSliceMut<'_>) -> HostSliceMut<'s> {
+    match data {
+        HostSliceMut::F32(v) => HostSliceMut::F32(v),
+        HostSliceMut::F64(v) => HostSliceMut::F64(v),
+        HostSliceMut::I64(v) => HostSliceMut::I64(v),
+        HostSliceMut::Bf16(v) => HostSliceMut::Bf16(v),
+    }
+}
+
+/// Runs `op` once on host tensors, widening bf16 tensors to f32 (allocating) unless the op
+/// takes them as they are: the reference evaluator's entry, where kernels have
+/// [`HostOpKernel`] (which allocates its buffers once).
+pub fn compute_once<T: HostCompute + ?Sized>(
+    op: &T,
+    context: &HostContext,
+    inputs: &[HostTensor<'_>],
+    outputs: &mut [HostTensorMut<'_>],
+) -> Result<(), String> {
+    match Bf16Scratch::for_tensors(inputs, outputs).filter(|_| !op.bf16_native()) {
+        Some(mut scratch) => scratch.compute(op, context, inputs, outputs),
+        None => op.compute(context, inputs, outputs),
+    }
 }
 
 /// Runs one op on its actor's registers viewed as tensors of the plan's local metas.
@@ -50,13 +186,17 @@ pub struct HostOpKernel<T> {
     inputs: Vec<TensorMeta>,
     input_map: Vec<usize>,
     outputs: Vec<TensorMeta>,
+    /// f32 buffers of the bf16 tensors, made with the kernel (`None`: nothing to widen).
+    bf16: Option<Bf16Scratch>,
 }
 
 impl<T: HostCompute> HostOpKernel<T> {
     /// The kernel of `op` configured by `conf` (its metas and input map).
     pub fn new(op: T, conf: &OpConf) -> Self {
+        let bf16 = if op.bf16_native() { None } else { Bf16Scratch::for_metas(&conf.inputs, &conf.outputs) };
         Self {
             op,
+            bf16,
             op_type: conf.op_type.clone(),
             inputs: conf.inputs.clone(),
             input_map: conf.input_map.clone(),
@@ -79,6 +219,9 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
         for (o, meta) in self.outputs.iter().enumerate() {
             outputs.push(view_mut(meta, io.output_detached(o)).map_err(fail)?);
         }
-        self.op.compute(&context, &inputs, &mut outputs).map_err(fail)
+        match &mut self.bf16 {
+            Some(scratch) => scratch.compute(&self.op, &context, &inputs, &mut outputs).map_err(fail),
+            None => self.op.compute(&context, &inputs, &mut outputs).map_err(fail),
+        }
     }
 }

@@ -50,6 +50,7 @@ pub(crate) fn view<'a>(meta: &'a TensorMeta, bytes: &'a [u8]) -> Result<HostTens
         DType::F32 => HostSlice::F32(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
         DType::F64 => HostSlice::F64(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
         DType::I64 => HostSlice::I64(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::Bf16 => HostSlice::Bf16(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
     };
     Ok(HostTensor { shape: &meta.shape, data })
 }
@@ -60,6 +61,7 @@ pub(crate) fn view_mut<'a>(meta: &'a TensorMeta, bytes: &'a mut [u8]) -> Result<
         DType::F32 => HostSliceMut::F32(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
         DType::F64 => HostSliceMut::F64(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
         DType::I64 => HostSliceMut::I64(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::Bf16 => HostSliceMut::Bf16(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
     };
     Ok(HostTensorMut { shape: &meta.shape, data })
 }

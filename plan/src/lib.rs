@@ -40,6 +40,8 @@ mod tensor;
 mod types;
 mod validate;
 
+/// The bf16 element type ([`DType::Bf16`]'s values), re-exported so every crate names one type.
+pub use half::bf16;
 pub use init::{Init, SplitMix64};
 pub use ops::{OpAttrs, OpConf};
 pub use tensor::{

@@ -15,12 +15,17 @@ pub enum DType {
     F64,
     /// 64-bit signed integer (labels, indices).
     I64,
+    /// bfloat16: f32's sign and exponent with a 7-bit mantissa (2 bytes). Values travel
+    /// as their 16 bits (`half::bf16`); host kernels compute on them in f32 and round the
+    /// result to nearest even, as tensor cores do (mixed-precision training).
+    Bf16,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            DType::Bf16 => 2,
             DType::F32 => 4,
             DType::F64 | DType::I64 => 8,
         }
@@ -28,7 +33,7 @@ impl DType {
 
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64)
+        matches!(self, DType::F32 | DType::F64 | DType::Bf16)
     }
 }
 
@@ -38,6 +43,7 @@ impl fmt::Display for DType {
             DType::F32 => "f32",
             DType::F64 => "f64",
             DType::I64 => "i64",
+            DType::Bf16 => "bf16",
         })
     }
 }
@@ -243,6 +249,8 @@ pub enum HostData {
     F64(Vec<f64>),
     /// i64 elements.
     I64(Vec<i64>),
+    /// bf16 elements.
+    Bf16(Vec<half::bf16>),
 }
 
 /// An owned host tensor: shape plus row-major elements.
@@ -262,6 +270,7 @@ impl HostArray {
             DType::F32 => HostData::F32(vec![0.0; n]),
             DType::F64 => HostData::F64(vec![0.0; n]),
             DType::I64 => HostData::I64(vec![0; n]),
+            DType::Bf16 => HostData::Bf16(vec![half::bf16::ZERO; n]),
         };
         Self { shape: meta.shape.clone(), data }
     }
@@ -281,6 +290,17 @@ impl HostArray {
         Self::checked(shape.into(), DType::I64, data.len(), HostData::I64(data))
     }
 
+    /// A bf16 array; an error when the number of values does not match the shape.
+    pub fn bf16(shape: impl Into<Shape>, data: Vec<half::bf16>) -> Result<Self, ArrayError> {
+        Self::checked(shape.into(), DType::Bf16, data.len(), HostData::Bf16(data))
+    }
+
+    /// A bf16 array of f32 values rounded to nearest even; an error when the number of
+    /// values does not match the shape.
+    pub fn bf16_from_f32(shape: impl Into<Shape>, data: &[f32]) -> Result<Self, ArrayError> {
+        Self::bf16(shape, data.iter().map(|&x| half::bf16::from_f32(x)).collect())
+    }
+
     /// An array of `shape` holding `data`; an error when the number of values does not
     /// match the shape.
     pub fn new(shape: impl Into<Shape>, data: HostData) -> Result<Self, ArrayError> {
@@ -288,6 +308,7 @@ impl HostArray {
             HostData::F32(v) => (DType::F32, v.len()),
             HostData::F64(v) => (DType::F64, v.len()),
             HostData::I64(v) => (DType::I64, v.len()),
+            HostData::Bf16(v) => (DType::Bf16, v.len()),
         };
         Self::checked(shape.into(), dtype, len, data)
     }
@@ -308,6 +329,7 @@ impl HostArray {
             HostData::F32(_) => DType::F32,
             HostData::F64(_) => DType::F64,
             HostData::I64(_) => DType::I64,
+            HostData::Bf16(_) => DType::Bf16,
         }
     }
 
@@ -322,6 +344,7 @@ impl HostArray {
             HostData::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
             HostData::F64(v) => v.clone(),
             HostData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            HostData::Bf16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         }
     }
 
@@ -333,6 +356,7 @@ impl HostArray {
                 HostData::F32(v) => HostSlice::F32(v),
                 HostData::F64(v) => HostSlice::F64(v),
                 HostData::I64(v) => HostSlice::I64(v),
+                HostData::Bf16(v) => HostSlice::Bf16(v),
             },
         }
     }
@@ -345,6 +369,7 @@ impl HostArray {
                 HostData::F32(v) => HostSliceMut::F32(v),
                 HostData::F64(v) => HostSliceMut::F64(v),
                 HostData::I64(v) => HostSliceMut::I64(v),
+                HostData::Bf16(v) => HostSliceMut::Bf16(v),
             },
         }
     }
@@ -359,6 +384,8 @@ pub enum HostSlice<'a> {
     F64(&'a [f64]),
     /// i64 elements.
     I64(&'a [i64]),
+    /// bf16 elements.
+    Bf16(&'a [half::bf16]),
 }
 
 /// Typed writable elements.
@@ -370,6 +397,8 @@ pub enum HostSliceMut<'a> {
     F64(&'a mut [f64]),
     /// i64 elements.
     I64(&'a mut [i64]),
+    /// bf16 elements.
+    Bf16(&'a mut [half::bf16]),
 }
 
 /// A tensor a host kernel reads.
@@ -402,6 +431,7 @@ impl<'a> HostTensor<'a> {
             HostSlice::F32(_) => DType::F32,
             HostSlice::F64(_) => DType::F64,
             HostSlice::I64(_) => DType::I64,
+            HostSlice::Bf16(_) => DType::Bf16,
         }
     }
 }
@@ -419,6 +449,7 @@ impl HostTensorMut<'_> {
             HostSliceMut::F32(_) => DType::F32,
             HostSliceMut::F64(_) => DType::F64,
             HostSliceMut::I64(_) => DType::I64,
+            HostSliceMut::Bf16(_) => DType::Bf16,
         }
     }
 }
@@ -455,6 +486,7 @@ macro_rules! element {
 element!(f32, F32);
 element!(f64, F64);
 element!(i64, I64);
+element!(half::bf16, Bf16);
 
 /// Real numbers host kernels compute in (f32 and f64), with the math they need.
 pub trait Real:
@@ -544,6 +576,7 @@ impl HostArray {
             HostData::F32(v) => HostData::F32(indices.iter().map(|&i| v[i]).collect()),
             HostData::F64(v) => HostData::F64(indices.iter().map(|&i| v[i]).collect()),
             HostData::I64(v) => HostData::I64(indices.iter().map(|&i| v[i]).collect()),
+            HostData::Bf16(v) => HostData::Bf16(indices.iter().map(|&i| v[i]).collect()),
         };
         HostArray { shape: out_shape, data }
     }
@@ -559,6 +592,7 @@ impl HostArray {
                 (HostData::F32(d), HostData::F32(s)) => d[at] = s[k],
                 (HostData::F64(d), HostData::F64(s)) => d[at] = s[k],
                 (HostData::I64(d), HostData::I64(s)) => d[at] = s[k],
+                (HostData::Bf16(d), HostData::Bf16(s)) => d[at] = s[k],
                 _ => {}
             }
             for d in (0..dims.len()).rev() {
@@ -577,6 +611,10 @@ impl HostArray {
             (HostData::F32(a), HostData::F32(b)) => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
             (HostData::F64(a), HostData::F64(b)) => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
             (HostData::I64(a), HostData::I64(b)) => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
+            // Summed in f32 and rounded once per element.
+            (HostData::Bf16(a), HostData::Bf16(b)) => {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x = half::bf16::from_f32(x.to_f32() + y.to_f32()))
+            }
             _ => {}
         }
     }
@@ -601,6 +639,7 @@ impl HostArray {
             DType::I64 => HostData::I64(
                 words.map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
             ),
+            DType::Bf16 => HostData::Bf16(words.map(|c| half::bf16::from_le_bytes([c[0], c[1]])).collect()),
         };
         Ok(Self { shape: meta.shape.clone(), data })
     }
@@ -611,6 +650,7 @@ impl HostArray {
             HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             HostData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            HostData::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 }

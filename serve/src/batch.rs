@@ -190,6 +190,7 @@ fn copy_rows(buffer: &mut HostArray, at: usize, part: &HostArray) {
         (HostData::F32(b), HostData::F32(p)) => b[from..from + p.len()].copy_from_slice(p),
         (HostData::F64(b), HostData::F64(p)) => b[from..from + p.len()].copy_from_slice(p),
         (HostData::I64(b), HostData::I64(p)) => b[from..from + p.len()].copy_from_slice(p),
+        (HostData::Bf16(b), HostData::Bf16(p)) => b[from..from + p.len()].copy_from_slice(p),
         _ => unreachable!("request dtypes are checked against the plan's on submission"),
     }
 }
@@ -201,5 +202,6 @@ fn zero_rows_from(buffer: &mut HostArray, at: usize) {
         HostData::F32(b) => b[from..].fill(0.0),
         HostData::F64(b) => b[from..].fill(0.0),
         HostData::I64(b) => b[from..].fill(0),
+        HostData::Bf16(b) => b[from..].fill(regflow_plan::bf16::ZERO),
     }
 }

@@ -79,16 +79,16 @@ fn checkpoints() {
         "CheckpointError::NotSafetensors",
         &[&shown(&lying)],
     );
-    let bf16 = write(
+    let f16 = write(
         &dir,
-        "bf16.safetensors",
-        &safetensors_bytes(r#"{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}"#, &[0; 4]),
+        "f16.safetensors",
+        &safetensors_bytes(r#"{"dtype":"F16","shape":[2],"data_offsets":[0,4]}"#, &[0; 4]),
     );
     c.case(
-        "a bf16 tensor",
-        || checkpoint::load(&bf16),
+        "an f16 tensor",
+        || checkpoint::load(&f16),
         "CheckpointError::BadTensor",
-        &["tensor 't'", "bf16", "f32, f64 and i64"],
+        &["tensor 't'", "f16", "f32, f64, i64 and bf16"],
     );
     let truncated = {
         let mut bytes = safetensors_bytes(r#"{"dtype":"F32","shape":[4],"data_offsets":[0,16]}"#, &[0; 16]);

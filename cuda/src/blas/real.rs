@@ -199,6 +199,11 @@ impl Blas {
                 .result()
                 .map_err(|e| failed("cublasDgemmStridedBatched", ordinal, e.0))
             }
+            DType::Bf16 => Err(CudaError::Call {
+                call: "cuBLAS GEMM".into(),
+                ordinal,
+                message: "no CUDA kernel for bf16 yet (bf16 products run on the host kernels)".into(),
+            }),
             DType::I64 => Err(CudaError::Call {
                 call: "cuBLAS GEMM".into(),
                 ordinal,

@@ -39,6 +39,9 @@ impl Kernel for FillKernel {
                 DType::F32 => launch(stream(io), self.function, grid, &mut args![out, self.value as f32, n]),
                 DType::F64 => launch(stream(io), self.function, grid, &mut args![out, self.value, n]),
                 DType::I64 => launch(stream(io), self.function, grid, &mut args![out, self.value as i64, n]),
+                DType::Bf16 => {
+                    return Err(KernelError("fill: no CUDA kernel for bf16 yet (none is registered)".into()))
+                }
             }
         }?;
         Ok(())

@@ -75,6 +75,11 @@ impl OpDef for Binary {
         }
         signatures
     }
+
+    /// Elementwise: runs in its inputs' dtype (see `Autocast::Promote`).
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Promote
+    }
 }
 
 impl<'g> Tensor<'g> {

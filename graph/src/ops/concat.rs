@@ -64,6 +64,11 @@ impl OpDef for Concat {
         signatures.push(all(Sbp::Partial));
         signatures
     }
+
+    /// Elementwise: runs in its inputs' dtype (see `Autocast::Promote`).
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Promote
+    }
 }
 
 /// Joins `tensors` (at least one, all of one graph and dtype) along `axis`; their shapes

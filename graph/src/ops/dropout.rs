@@ -72,6 +72,11 @@ impl OpDef for Dropout {
         }
         Ok(Some(Arc::new(DropoutPart { dropout: *self, logical: logical.shape.clone(), offsets: offsets.clone() })))
     }
+
+    /// Elementwise: runs in its inputs' dtype (see `Autocast::Promote`).
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Promote
+    }
 }
 
 impl<'g> Tensor<'g> {

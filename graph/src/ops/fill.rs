@@ -41,6 +41,11 @@ impl OpDef for Fill {
             _ => Ok(None),
         }
     }
+
+    /// Moves elements: any dtype as it is.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Keep
+    }
 }
 
 impl Graph {

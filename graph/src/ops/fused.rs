@@ -45,6 +45,11 @@ impl OpDef for BiasGelu {
     fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
         bias_splits(inputs, 0)
     }
+
+    /// Elementwise: runs in its inputs' dtype (see `Autocast::Promote`).
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Promote
+    }
 }
 
 impl OpDef for BiasGeluGrad {
@@ -72,6 +77,11 @@ impl OpDef for BiasGeluGrad {
         let mut signatures = bias_splits(inputs, 1);
         signatures.push(SbpSignature::new([Sbp::Broadcast, Sbp::Broadcast, Sbp::Partial], [Sbp::Partial]));
         signatures
+    }
+
+    /// Elementwise: runs in its inputs' dtype (see `Autocast::Promote`).
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Promote
     }
 }
 

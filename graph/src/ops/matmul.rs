@@ -144,6 +144,11 @@ impl OpDef for MatMul {
         signatures.extend((0..dims.batch).map(|d| SbpSignature::new(dims.batch_split(d), [Sbp::Split(d)])));
         signatures
     }
+
+    /// A product: bf16 under mixed precision.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Bf16
+    }
 }
 
 impl OpDef for MatMulBatchSum {
@@ -182,6 +187,11 @@ impl OpDef for MatMulBatchSum {
         let mut signatures = dims.common(Sbp::Split(0), Sbp::Split(1));
         signatures.extend((0..dims.batch).map(|d| SbpSignature::new(dims.batch_split(d), [Sbp::Partial])));
         signatures
+    }
+
+    /// A product: bf16 under mixed precision.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Bf16
     }
 }
 

@@ -17,6 +17,7 @@ use std::fmt;
 use std::sync::Arc;
 
 mod binary;
+mod cast;
 mod fill;
 mod reduce_to;
 mod unary;
@@ -39,6 +40,7 @@ mod reshape;
 mod slice;
 
 pub use binary::{Binary, BinaryKind};
+pub use cast::Cast;
 pub use fill::Fill;
 pub use reduce_to::{BroadcastTo, SumTo};
 pub use unary::{Unary, UnaryKind};
@@ -112,6 +114,32 @@ pub trait OpDef: fmt::Debug + Send + Sync + OpAttrs + HostCompute {
         let _ = ctx;
         Ok(None)
     }
+
+    /// How mixed precision treats this op's float inputs ([`Autocast`]); the default,
+    /// [`Autocast::F32`], is the safe one for numerically sensitive ops (softmax, layer
+    /// norm, cross-entropy, reductions, optimizer updates) and for any new op.
+    fn autocast(&self) -> Autocast {
+        Autocast::F32
+    }
+}
+
+/// What mixed precision ([`crate::Precision::Bf16`]) does to an op's float inputs when the
+/// op is applied; with [`crate::Precision::F32`] (the default) nothing is cast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Autocast {
+    /// Products (matmul and its kin): f32 operands are cast to bf16, the result is bf16
+    /// (computed with f32 accumulation, as tensor cores do).
+    Bf16,
+    /// Numerically sensitive ops: bf16 inputs are cast to f32, the result is f32.
+    F32,
+    /// Elementwise arithmetic runs in its inputs' dtype: all bf16 stays bf16. Where bf16
+    /// meets f32, an f32 operand that is stretched over the result (a bias, a scale) is
+    /// narrowed to bf16, as a fused `x·W + b` does on a GPU; an f32 operand of the
+    /// result's full size (a residual stream) instead widens the bf16 one to f32.
+    Promote,
+    /// Moves or converts elements: inputs are left as they are (reshape, permute, slice,
+    /// cast, fill, broadcast).
+    Keep,
 }
 
 /// What [`OpDef::localize`] sees of one device's share of an op.

@@ -39,6 +39,11 @@ impl OpDef for Permute {
         signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
         signatures
     }
+
+    /// Moves elements: any dtype as it is.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Keep
+    }
 }
 
 impl<'g> Tensor<'g> {

@@ -85,6 +85,11 @@ impl OpDef for PermutedMatMul {
             2.0 * l.batch.iter().map(|&d| d as f64).product::<f64>() * l.m as f64 * l.n as f64 * l.k as f64
         })
     }
+
+    /// A product: bf16 under mixed precision.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Bf16
+    }
 }
 
 impl<'g> Tensor<'g> {

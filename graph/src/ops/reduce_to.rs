@@ -49,6 +49,11 @@ impl OpDef for SumTo {
     fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
         Ok(local_target(&self.0, ctx).map(|shape| Arc::new(SumTo(shape)) as Arc<dyn OpDef>))
     }
+
+    /// A sum over broadcast dimensions (a bias gradient): the kernel accumulates in f32 whatever the dtype, so bf16 stays bf16.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Promote
+    }
 }
 
 /// The local output shape when it differs from the logical `target`.
@@ -91,6 +96,11 @@ impl OpDef for BroadcastTo {
     /// Broadcasts to the local output shape.
     fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
         Ok(local_target(&self.0, ctx).map(|shape| Arc::new(BroadcastTo(shape)) as Arc<dyn OpDef>))
+    }
+
+    /// Moves elements: any dtype as it is.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Keep
     }
 }
 

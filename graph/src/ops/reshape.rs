@@ -68,6 +68,11 @@ impl OpDef for Reshape {
             _ => Ok(None),
         }
     }
+
+    /// Moves elements: any dtype as it is.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Keep
+    }
 }
 
 impl<'g> Tensor<'g> {

@@ -35,6 +35,11 @@ impl OpDef for Slice {
         let Ok((axis, _)) = self.resolve(&x.shape) else { return Vec::new() };
         splits_but(axis, x)
     }
+
+    /// Moves elements: any dtype as it is.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Keep
+    }
 }
 
 /// Splits of every axis of `x` but `axis`, and summands to summands.
@@ -72,6 +77,11 @@ impl OpDef for SliceGrad {
         let [dy] = inputs else { return Vec::new() };
         let Ok((axis, _)) = self.resolve(&dy.shape) else { return Vec::new() };
         splits_but(axis, dy)
+    }
+
+    /// Moves elements: any dtype as it is.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Keep
     }
 }
 

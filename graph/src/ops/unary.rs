@@ -68,6 +68,11 @@ impl OpDef for Unary {
         }
         signatures
     }
+
+    /// Elementwise: runs in its inputs' dtype (see `Autocast::Promote`).
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Promote
+    }
 }
 
 impl<'g> Tensor<'g> {

@@ -47,6 +47,11 @@ impl OpDef for ToGlobal {
         s.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
         s
     }
+
+    /// Moves elements: any dtype as it is.
+    fn autocast(&self) -> crate::ops::Autocast {
+        crate::ops::Autocast::Keep
+    }
 }
 
 impl<'g> Tensor<'g> {

@@ -14,6 +14,11 @@ impl HostCompute for Concat {
         let axis = self.resolve(outputs[0].shape)?;
         by_element!(outputs[0].dtype(), T => concat_typed::<T>(axis, inputs, &mut outputs[0]))
     }
+
+    /// Moves elements only: bf16 is copied as it is.
+    fn bf16_native(&self) -> bool {
+        true
+    }
 }
 
 fn concat_typed<T: Element>(axis: usize, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {

@@ -12,7 +12,8 @@
 use crate::builtin::AccumulateMean;
 
 /// `$call` with the element type `$t` chosen by a float `$dtype` (`f32` or `f64`); integer
-/// tensors are refused with the message `$refusal`. Every float kernel dispatches so.
+/// tensors are refused with the message `$refusal`. Every float kernel dispatches so. bf16
+/// tensors never get here: `HostOpKernel` widens them to f32 first (`crate::host`).
 macro_rules! by_float {
     ($dtype:expr, $refusal:expr, $t:ident => $call:expr) => {
         match $dtype {
@@ -25,6 +26,9 @@ macro_rules! by_float {
                 $call
             }
             regflow_plan::DType::I64 => Err(String::from($refusal)),
+            regflow_plan::DType::Bf16 => Err(String::from(
+                "bf16 tensors are computed widened to f32 (HostOpKernel, compute_once), not here (broken invariant)",
+            )),
         }
     };
 }
@@ -46,6 +50,10 @@ macro_rules! by_element {
                 type $t = i64;
                 $call
             }
+            regflow_plan::DType::Bf16 => {
+                type $t = regflow_plan::bf16;
+                $call
+            }
         }
     };
 }
@@ -60,6 +68,7 @@ use std::sync::Arc;
 pub mod axes;
 pub mod binary;
 pub mod boxing;
+pub mod cast;
 pub mod concat;
 pub mod cross_entropy;
 pub mod dropout;
@@ -117,33 +126,40 @@ fn add_as<T: HostCompute + DeserializeOwned + 'static>(
 /// Adds the CPU kernels of every op to `registry` for devices of kind `device`.
 pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     const FLOAT: &[DType] = &[DType::F32, DType::F64];
-    const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64];
+    // Ops mixed precision runs in bf16 (widened to f32 by `HostOpKernel`, see `crate::host`):
+    // products, elementwise arithmetic, the fused MLP activation. Softmax, layer norm,
+    // cross-entropy, reductions and optimizer updates stay f32 only: the graph's autocast
+    // casts their inputs to f32, and a plan asking for them in bf16 is refused at job build.
+    const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
+    const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16];
     let r = registry;
-    add_as::<ops::Binary>(r, "binary", device, FLOAT);
-    add_as::<ops::Unary>(r, "unary", device, FLOAT);
+    add_as::<ops::Binary>(r, "binary", device, LOW);
+    add_as::<ops::Unary>(r, "unary", device, LOW);
+    add::<ops::Cast>(r, device, LOW);
     add_as::<ops::Fill>(r, "fill", device, ANY);
-    add_as::<ops::SumTo>(r, "sum_to", device, FLOAT);
+    // A bias's gradient summed over the batch: summed in f32 (widened), rounded once.
+    add_as::<ops::SumTo>(r, "sum_to", device, LOW);
     add_as::<ops::BroadcastTo>(r, "broadcast_to", device, ANY);
     add::<ops::SparseCrossEntropy>(r, device, FLOAT);
     add::<ops::SparseCrossEntropyGrad>(r, device, FLOAT);
     add_as::<ops::PartCrossEntropy>(r, "part_cross_entropy", device, FLOAT);
-    add_as::<ops::Dropout>(r, "dropout", device, FLOAT);
-    add_as::<ops::DropoutPart>(r, "dropout_part", device, FLOAT);
+    add_as::<ops::Dropout>(r, "dropout", device, LOW);
+    add_as::<ops::DropoutPart>(r, "dropout_part", device, LOW);
     add::<ops::Embedding>(r, device, FLOAT);
     add_as::<ops::EmbeddingGrad>(r, "embedding_grad", device, FLOAT);
     add_as::<ops::VocabPart>(r, "vocab_part", device, FLOAT);
     add_as::<ops::LayerNorm>(r, "layer_norm", device, FLOAT);
     add_as::<ops::LayerNormGrad>(r, "layer_norm_grad", device, FLOAT);
-    add::<ops::MatMul>(r, device, FLOAT);
-    add::<ops::MatMulBatchSum>(r, device, FLOAT);
-    add::<ops::PermutedMatMul>(r, device, FLOAT);
+    add::<ops::MatMul>(r, device, LOW);
+    add::<ops::MatMulBatchSum>(r, device, LOW);
+    add::<ops::PermutedMatMul>(r, device, LOW);
     add_as::<ops::Softmax>(r, "softmax", device, FLOAT);
     add_as::<ops::LogSoftmax>(r, "log_softmax", device, FLOAT);
     add_as::<ops::SoftmaxGrad>(r, "softmax_grad", device, FLOAT);
     add_as::<ops::MaskedSoftmax>(r, "masked_softmax", device, FLOAT);
     add_as::<ops::MaskedSoftmaxGrad>(r, "masked_softmax_grad", device, FLOAT);
-    add::<ops::BiasGelu>(r, device, FLOAT);
-    add::<ops::BiasGeluGrad>(r, device, FLOAT);
+    add::<ops::BiasGelu>(r, device, LOW);
+    add::<ops::BiasGeluGrad>(r, device, LOW);
     add_as::<ops::Concat>(r, "concat", device, ANY);
     add_as::<ops::Permute>(r, "permute", device, ANY);
     add_as::<ops::Reduce>(r, "reduce", device, FLOAT);

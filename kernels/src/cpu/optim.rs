@@ -88,6 +88,7 @@ fn scalar_input(inputs: &[HostTensor<'_>], i: usize) -> Result<f64, String> {
         HostSlice::F64(v) => v.first().copied(),
         HostSlice::F32(v) => v.first().map(|&x| f64::from(x)),
         HostSlice::I64(v) => v.first().map(|&x| x as f64),
+        HostSlice::Bf16(v) => v.first().map(|&x| x.to_f64()),
     }
     .ok_or_else(|| format!("input {i} is empty"))
 }
@@ -161,6 +162,7 @@ fn write_scalar(out: &mut HostTensorMut<'_>, value: f64) -> Result<(), String> {
     match &mut out.data {
         HostSliceMut::F64(v) => v.iter_mut().for_each(|x| *x = value),
         HostSliceMut::F32(v) => v.iter_mut().for_each(|x| *x = value as f32),
+        HostSliceMut::Bf16(v) => v.iter_mut().for_each(|x| *x = regflow_plan::bf16::from_f64(value)),
         HostSliceMut::I64(_) => return Err("the output must be a float".into()),
     }
     Ok(())

@@ -15,6 +15,11 @@ impl HostCompute for Permute {
         let perm = resolve_inline(self, inputs[0].shape)?;
         by_element!(outputs[0].dtype(), T => permute_typed::<T>(&perm, &inputs[0], &mut outputs[0]))
     }
+
+    /// Moves elements only: bf16 is copied as it is.
+    fn bf16_native(&self) -> bool {
+        true
+    }
 }
 
 /// [`Permute::resolve`] on the stack. A permutation that does not fit the input is the

@@ -28,8 +28,13 @@ impl HostCompute for BroadcastTo {
         match outputs[0].dtype() {
             DType::F32 => broadcast_typed::<f32>(&inputs[0], &mut outputs[0]),
             DType::F64 => broadcast_typed::<f64>(&inputs[0], &mut outputs[0]),
-            DType::I64 => broadcast_typed_i64(&inputs[0], &mut outputs[0]),
+            DType::I64 => broadcast_elements::<i64>(&inputs[0], &mut outputs[0]),
+            DType::Bf16 => broadcast_elements::<regflow_plan::bf16>(&inputs[0], &mut outputs[0]),
         }
+    }
+
+    fn bf16_native(&self) -> bool {
+        true
     }
 }
 
@@ -41,10 +46,13 @@ fn broadcast_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>)
     Ok(())
 }
 
-fn broadcast_typed_i64(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let x = input.as_slice::<i64>()?;
+fn broadcast_elements<T: regflow_plan::Element>(
+    input: &HostTensor<'_>,
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
+    let x = input.as_slice::<T>()?;
     let shape = out.shape;
-    let o = out.as_mut_slice::<i64>()?;
+    let o = out.as_mut_slice::<T>()?;
     crate::cpu::binary::for_each_broadcast(shape.dims(), input.shape.dims(), shape.dims(), |i, ix, _| o[i] = x[ix]);
     Ok(())
 }

@@ -13,6 +13,11 @@ impl HostCompute for Reshape {
     ) -> Result<(), String> {
         copy_all(&inputs[0], &mut outputs[0])
     }
+
+    /// Moves elements only: bf16 is copied as it is.
+    fn bf16_native(&self) -> bool {
+        true
+    }
 }
 
 /// Copies every element of `input` to `out` (same dtype and element count).
@@ -28,6 +33,7 @@ fn copy_all(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), S
         (HostSlice::F32(x), HostSliceMut::F32(o)) => copy(x, o),
         (HostSlice::F64(x), HostSliceMut::F64(o)) => copy(x, o),
         (HostSlice::I64(x), HostSliceMut::I64(o)) => copy(x, o),
+        (HostSlice::Bf16(x), HostSliceMut::Bf16(o)) => copy(x, o),
         _ => Err(format!("{} input, {} output (broken invariant)", input.dtype(), out.dtype())),
     }
 }

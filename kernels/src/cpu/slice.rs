@@ -14,6 +14,11 @@ impl HostCompute for Slice {
         let resolved = self.resolve(inputs[0].shape)?;
         by_element!(outputs[0].dtype(), T => slice_typed::<T>(self, resolved, &inputs[0], &mut outputs[0]))
     }
+
+    /// Moves elements only: bf16 is copied as it is.
+    fn bf16_native(&self) -> bool {
+        true
+    }
 }
 
 impl HostCompute for SliceGrad {
@@ -25,6 +30,11 @@ impl HostCompute for SliceGrad {
     ) -> Result<(), String> {
         let resolved = self.resolve(inputs[0].shape)?;
         by_element!(outputs[0].dtype(), T => slice_grad_typed::<T>(self, resolved, &inputs[0], &mut outputs[0]))
+    }
+
+    /// Moves elements only: bf16 is copied as it is.
+    fn bf16_native(&self) -> bool {
+        true
     }
 }
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 mod binary;
 mod boxing;
+mod cast;
 mod concat;
 mod cross_entropy;
 mod dropout;
@@ -32,6 +33,7 @@ mod unary;
 
 pub use binary::*;
 pub use boxing::*;
+pub use cast::*;
 pub use concat::*;
 pub use cross_entropy::*;
 pub use dropout::*;
@@ -125,6 +127,7 @@ macro_rules! op_types {
 op_types! {
     Binary => "binary",
     Unary => "unary",
+    Cast => "cast",
     Fill => "fill",
     SumTo => "sum_to",
     BroadcastTo => "broadcast_to",

@@ -215,6 +215,11 @@ element!(f32, |x: f32, y: f32| x + y);
 element!(f64, |x: f64, y: f64| x + y);
 // Integer sums wrap, as on every accelerator, instead of panicking in debug builds.
 element!(i64, i64::wrapping_add);
+// bf16 summands add in f32 and round once per addition (mixed precision keeps its
+// all-reduced weight gradients f32; this serves a plan that reduces bf16 anyway).
+element!(regflow_plan::bf16, |x: regflow_plan::bf16, y: regflow_plan::bf16| regflow_plan::bf16::from_f32(
+    x.to_f32() + y.to_f32()
+));
 
 /// `out = ((input(0) + input(1)) + input(2)) + ...`, elementwise, in rank order.
 pub(super) fn sum_into<'a>(dtype: DType, out: &mut [u8], count: usize, input: impl Fn(usize) -> &'a [u8]) {
@@ -222,6 +227,7 @@ pub(super) fn sum_into<'a>(dtype: DType, out: &mut [u8], count: usize, input: im
         DType::F32 => sum_typed::<f32>(out, count, input),
         DType::F64 => sum_typed::<f64>(out, count, input),
         DType::I64 => sum_typed::<i64>(out, count, input),
+        DType::Bf16 => sum_typed::<regflow_plan::bf16>(out, count, input),
     }
 }
 
@@ -263,6 +269,7 @@ pub(super) fn add_into(dtype: DType, acc: &mut [u8], x: &[u8]) {
         DType::F32 => add_typed::<f32>(acc, x),
         DType::F64 => add_typed::<f64>(acc, x),
         DType::I64 => add_typed::<i64>(acc, x),
+        DType::Bf16 => add_typed::<regflow_plan::bf16>(acc, x),
     }
 }
 

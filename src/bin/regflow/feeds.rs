@@ -136,6 +136,7 @@ fn dtype_of(dtype: Dtype) -> Option<DType> {
         Dtype::F32 => Some(DType::F32),
         Dtype::F64 => Some(DType::F64),
         Dtype::I64 => Some(DType::I64),
+        Dtype::BF16 => Some(DType::Bf16),
         _ => None,
     }
 }

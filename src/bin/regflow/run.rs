@@ -238,6 +238,9 @@ fn scalar_text(dtype: DType, bytes: &[u8]) -> String {
         DType::F32 => bytes.get(..4).and_then(|b| b.try_into().ok()).map(|b| f32::from_le_bytes(b).to_string()),
         DType::F64 => bytes.get(..8).and_then(|b| b.try_into().ok()).map(|b| f64::from_le_bytes(b).to_string()),
         DType::I64 => bytes.get(..8).and_then(|b| b.try_into().ok()).map(|b| i64::from_le_bytes(b).to_string()),
+        DType::Bf16 => {
+            bytes.get(..2).and_then(|b| b.try_into().ok()).map(|b| regflow::plan::bf16::from_le_bytes(b).to_string())
+        }
     };
     text.unwrap_or_else(|| format!("<{} bytes>", bytes.len()))
 }

@@ -1,0 +1,103 @@
+//! Mixed precision: `Graph::mixed_precision(Precision::Bf16)` makes every op applied
+//! afterwards cast its float inputs by the op's [`Autocast`] class (products in bf16,
+//! numerically sensitive ops in f32, elementwise ops in their inputs' dtype).
+//!
+//! The casts are inserted in the DSL, when an op is applied, not by a compiler pass:
+//! dtypes are then settled before anything reads them, so every op's shape rule checks
+//! the dtypes it will run on, autodiff builds the backward ops through the same DSL (a
+//! gradient product runs in bf16 too, the gradient of a cast is a cast back), and the
+//! compiler, the reference evaluator and the memory plan see ordinary tensors with their
+//! true sizes. A pass rewriting dtypes afterwards would have to re-infer every op and
+//! patch gradients that were built for other dtypes.
+//!
+//! What stays f32: variables (master weights) and optimizer state, so updates add small
+//! steps to f32 values; their gradients come back f32 through the gradient of their cast.
+//! Losses, softmax, layer norm, cross-entropy, reductions and updates run in f32. Only
+//! bf16 is offered: it keeps f32's exponent range, so gradients do not underflow and no
+//! loss scaling is needed; f16 would need dynamic loss scaling and is refused.
+//! Each tensor is cast to a dtype once and the cast shared by all its readers.
+
+use crate::dsl::{Graph, Tensor};
+use crate::ops::{Autocast, Cast, OpDef};
+use crate::plan::DType;
+use crate::GraphError;
+use std::sync::Arc;
+
+/// The compute precision of a graph's ops ([`Graph::mixed_precision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Every op in its inputs' dtype, no casts inserted (the default).
+    #[default]
+    F32,
+    /// bf16 products and elementwise ops, f32 master weights, optimizer state and
+    /// numerically sensitive ops.
+    Bf16,
+    /// f16 compute: refused (it would need loss scaling); use [`Precision::Bf16`].
+    F16,
+}
+
+impl Graph {
+    /// Sets the precision of the ops applied from now on (set it before building the
+    /// model): [`Precision::Bf16`] turns on mixed precision, [`Precision::F32`] turns it
+    /// off. [`Precision::F16`] is refused with an error naming bf16 as the supported
+    /// choice.
+    pub fn mixed_precision(&self, precision: Precision) -> Result<(), GraphError> {
+        if precision == Precision::F16 {
+            return Err(GraphError::Precision(
+                "f16 mixed precision is not supported: it needs loss scaling, which regflow does not do; \
+                 use Precision::Bf16 (f32's exponent range, no loss scaling needed)"
+                    .into(),
+            ));
+        }
+        self.set_precision(precision);
+        Ok(())
+    }
+
+    /// The inputs `op` runs on under the graph's precision: `inputs` with the casts its
+    /// [`Autocast`] class asks for (none with [`Precision::F32`]).
+    pub(crate) fn autocast_inputs<'g>(
+        &'g self,
+        op: &Arc<dyn OpDef>,
+        inputs: &[Tensor<'g>],
+    ) -> Result<Vec<Tensor<'g>>, GraphError> {
+        if self.precision() != Precision::Bf16 {
+            return Ok(inputs.to_vec());
+        }
+        let dtypes: Vec<DType> = inputs.iter().map(Tensor::dtype).collect();
+        let targets: Vec<DType> = match op.autocast() {
+            Autocast::Keep => dtypes,
+            Autocast::Bf16 => dtypes.iter().map(|&d| if d == DType::F32 { DType::Bf16 } else { d }).collect(),
+            Autocast::F32 => dtypes.iter().map(|&d| if d == DType::Bf16 { DType::F32 } else { d }).collect(),
+            Autocast::Promote => {
+                let has_bf16 = dtypes.contains(&DType::Bf16);
+                let widening = inputs.iter().any(|t| t.dtype() == DType::F32 && !stretched(t, inputs));
+                inputs
+                    .iter()
+                    .map(|t| match t.dtype() {
+                        DType::Bf16 if widening => DType::F32,
+                        DType::F32 if has_bf16 && !widening => DType::Bf16,
+                        other => other,
+                    })
+                    .collect()
+            }
+        };
+        inputs.iter().zip(targets).map(|(t, to)| t.cast(to)).collect()
+    }
+
+    /// `tensor` cast to `to`, made once per (tensor, dtype) and then shared.
+    pub(crate) fn cast_shared<'g>(&'g self, tensor: Tensor<'g>, to: DType) -> Result<Tensor<'g>, GraphError> {
+        if let Some(cast) = self.cached_cast(tensor.id(), to) {
+            return Ok(cast);
+        }
+        let cast = self.apply1(Cast { to }, &[tensor])?;
+        self.cache_cast(tensor.id(), to, cast.id());
+        Ok(cast)
+    }
+}
+
+/// Whether `t` is read stretched over the other operands (fewer elements than the
+/// largest): a bias or a scale rather than a stream of activations.
+fn stretched(t: &Tensor<'_>, inputs: &[Tensor<'_>]) -> bool {
+    let largest = inputs.iter().map(|i| i.shape().numel()).max().unwrap_or(0);
+    t.shape().numel() < largest
+}

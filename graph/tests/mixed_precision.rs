@@ -1,0 +1,111 @@
+//! Mixed precision in the graph: where autocast puts casts, what stays f32, the gradient
+//! of `cast`, and the refusal of f16.
+
+use regflow_graph::ops::Cast;
+use regflow_graph::{DType, Graph, HostArray, Init, Optimizer, Precision, SplitMix64, TensorSource};
+
+/// `sum(cast(cast(x, to), f64) * r)`: the gradient of `x` is `r` passed back through the
+/// casts, so `r` rounded to `to` (the straight-through derivative of a rounding).
+fn cast_gradient(to: DType) -> (Vec<f64>, Vec<f64>) {
+    let g = Graph::new();
+    let mut rng = SplitMix64::new(9);
+    let values = |rng: &mut SplitMix64| (0..6).map(|_| rng.next_normal()).collect::<Vec<f64>>();
+    let (xs, rs) = (values(&mut rng), values(&mut rng));
+    let x = g.input("x", [2, 3], DType::F64).unwrap();
+    let r = g.input("r", [2, 3], DType::F64).unwrap();
+    // Applied as an op (not `Tensor::cast`, which skips a cast to the same dtype).
+    let narrow = g.apply1(Cast { to }, &[x]).unwrap();
+    let wide = g.apply1(Cast { to: DType::F64 }, &[narrow]).unwrap();
+    let loss = wide.mul(&r).unwrap().sum_to(&[].into()).unwrap();
+    let grads = g.grad(loss, &[x]).unwrap();
+    assert_eq!(grads[0].dtype(), DType::F64);
+    let feeds = [(x, HostArray::f64([2, 3], xs).unwrap()), (r, HostArray::f64([2, 3], rs.clone()).unwrap())];
+    (g.eval(&feeds, &grads).unwrap()[0].to_f64_vec(), rs)
+}
+
+#[test]
+fn cast_gradient_is_the_incoming_gradient_cast_back() {
+    let (grad, r) = cast_gradient(DType::F64);
+    assert_eq!(grad, r);
+    let (grad, r) = cast_gradient(DType::F32);
+    assert_eq!(grad, r.iter().map(|&v| f64::from(v as f32)).collect::<Vec<_>>());
+    let (grad, r) = cast_gradient(DType::Bf16);
+    assert_eq!(grad, r.iter().map(|&v| regflow_graph::plan::bf16::from_f64(v).to_f64()).collect::<Vec<_>>());
+    for (g, r) in grad.iter().zip(&r) {
+        assert!((g - r).abs() <= 4e-3 * r.abs(), "{g} vs {r}");
+    }
+}
+
+#[test]
+fn autocast_runs_products_in_bf16_and_keeps_weights_losses_and_state_f32() {
+    let g = Graph::new();
+    g.mixed_precision(Precision::Bf16).unwrap();
+    assert_eq!(g.precision(), Precision::Bf16);
+    let x = g.input("x", [4, 6], DType::F32).unwrap();
+    let y = g.input("y", [4], DType::I64).unwrap();
+    let w = g.variable("w", [6, 8], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let b = g.variable("b", [8], DType::F32, Init::Zeros).unwrap();
+    let w2 = g.variable("w2", [8, 3], DType::F32, Init::Xavier { seed: 2 }).unwrap();
+    let h = x.matmul(&w).unwrap();
+    assert_eq!(h.dtype(), DType::Bf16);
+    // A bias (stretched over the rows) joins the bf16 stream; relu stays bf16.
+    let a = h.add(&b).unwrap().relu().unwrap();
+    assert_eq!(a.dtype(), DType::Bf16);
+    // A full-size f32 operand widens the bf16 one instead.
+    assert_eq!(a.add(&g.input("residual", [4, 8], DType::F32).unwrap()).unwrap().dtype(), DType::F32);
+    let logits = a.matmul(&w2).unwrap();
+    assert_eq!(logits.dtype(), DType::Bf16);
+    assert_eq!(logits.softmax(-1).unwrap().dtype(), DType::F32);
+    let loss = logits.sparse_cross_entropy(&y).unwrap();
+    assert_eq!(loss.dtype(), DType::F32);
+    // `w` is cast once however many products read it.
+    let casts_before = g.nodes().iter().filter(|n| n.op.name() == "cast").count();
+    x.matmul(&w).unwrap();
+    assert_eq!(g.nodes().iter().filter(|n| n.op.name() == "cast").count(), casts_before);
+
+    let train = g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).unwrap();
+    for id in 0..g.tensor_count() {
+        let info = g.info(regflow_graph::TensorId(id as u32));
+        if matches!(info.source, TensorSource::Variable { .. }) && info.meta.dtype.is_float() {
+            assert_ne!(info.meta.dtype, DType::Bf16, "variable '{}' is bf16", info.name);
+        }
+    }
+    // Master weights and their optimizer state (the step counter is f64).
+    for (variable, value) in &train.updates {
+        assert_ne!(variable.dtype(), DType::Bf16, "'{}' is updated in bf16", variable.name());
+        assert_eq!(value.dtype(), variable.dtype());
+    }
+    for name in ["w", "b", "w2"] {
+        assert!(train.updates.iter().any(|(v, _)| v.name() == name && v.dtype() == DType::F32));
+    }
+    // Gradient products run in bf16 too.
+    let products = g.nodes().into_iter().filter(|n| n.op.name() == "matmul").collect::<Vec<_>>();
+    assert!(products.len() >= 4);
+    assert!(products.iter().all(|n| g.info(n.outputs[0]).meta.dtype == DType::Bf16));
+}
+
+#[test]
+fn f16_is_refused_naming_bf16_and_f32_is_the_default() {
+    let g = Graph::new();
+    assert_eq!(g.precision(), Precision::F32);
+    let err = g.mixed_precision(Precision::F16).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "f16 mixed precision is not supported: it needs loss scaling, which regflow does not do; \
+         use Precision::Bf16 (f32's exponent range, no loss scaling needed)"
+    );
+    assert_eq!(g.precision(), Precision::F32);
+    // Off, nothing is cast.
+    let x = g.input("x", [2, 3], DType::F32).unwrap();
+    let w = g.variable("w", [3, 2], DType::F32, Init::Zeros).unwrap();
+    assert_eq!(x.matmul(&w).unwrap().dtype(), DType::F32);
+    assert!(g.nodes().iter().all(|n| n.op.name() != "cast"));
+}
+
+#[test]
+fn cast_refuses_integers_naming_both_dtypes() {
+    let g = Graph::new();
+    let y = g.input("y", [2], DType::I64).unwrap();
+    let err = y.cast(DType::F32).unwrap_err().to_string();
+    assert_eq!(err, "cast(i64[2]): casts between float dtypes only (f32, f64, bf16), not i64 to f32");
+}

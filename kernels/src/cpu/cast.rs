@@ -1,0 +1,54 @@
+//! CPU kernel of the `cast` op: every float dtype pair (f32, f64, bf16), narrowing by
+//! rounding to nearest even (`half` for bf16, the IEEE conversion for f64 → f32).
+
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::Cast;
+use regflow_plan::{bf16, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
+
+impl HostCompute for Cast {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let (input, out) = (&inputs[0], &mut outputs[0]);
+        let (from, to) = (input.dtype(), out.dtype());
+        macro_rules! map {
+            ($x:expr, $o:expr, $f:expr) => {{
+                if $x.len() != $o.len() {
+                    return Err(format!("{} input elements for {} outputs (broken invariant)", $x.len(), $o.len()));
+                }
+                for (o, &v) in $o.iter_mut().zip($x.iter()) {
+                    *o = $f(v);
+                }
+            }};
+        }
+        match (input.data, &mut out.data) {
+            (HostSlice::F32(x), HostSliceMut::F32(o)) => map!(x, o, |v| v),
+            (HostSlice::F32(x), HostSliceMut::F64(o)) => map!(x, o, f64::from),
+            (HostSlice::F32(x), HostSliceMut::Bf16(o)) => map!(x, o, bf16::from_f32),
+            (HostSlice::F64(x), HostSliceMut::F32(o)) => map!(x, o, |v| v as f32),
+            (HostSlice::F64(x), HostSliceMut::F64(o)) => map!(x, o, |v| v),
+            (HostSlice::F64(x), HostSliceMut::Bf16(o)) => map!(x, o, bf16::from_f64),
+            (HostSlice::Bf16(x), HostSliceMut::F32(o)) => map!(x, o, bf16::to_f32),
+            (HostSlice::Bf16(x), HostSliceMut::F64(o)) => map!(x, o, bf16::to_f64),
+            (HostSlice::Bf16(x), HostSliceMut::Bf16(o)) => map!(x, o, |v| v),
+            _ => return Err(format!("casts between float dtypes only, got {from} to {to}")),
+        }
+        Ok(())
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        match (inputs, outputs) {
+            ([input], [out]) if input.shape == out.shape && out.dtype == self.to && input.dtype.is_float() => Ok(()),
+            ([input], [out]) => Err(format!("casts {input} to {}, but the output is {out}", self.to)),
+            _ => Err(format!("takes 1 input and gives 1 output, but has {} and {}", inputs.len(), outputs.len())),
+        }
+    }
+
+    /// Converts bf16 itself (widening it first would round twice for f64 → bf16).
+    fn bf16_native(&self) -> bool {
+        true
+    }
+}
