@@ -72,6 +72,8 @@ fn value(case: &Case) -> HostArray {
         DType::F64 => HostArray::f64(shape, ints.iter().map(|&v| v as f64).collect()),
         DType::F32 => HostArray::f32(shape, ints.iter().map(|&v| v as f32).collect()),
         DType::I64 => HostArray::i64(shape, ints),
+        // Small integers are exact in bf16 too (8 bits of mantissa).
+        DType::Bf16 => HostArray::bf16(shape, ints.iter().map(|&v| regflow::plan::bf16::from_f64(v as f64)).collect()),
     }
     .unwrap()
 }
@@ -87,6 +89,7 @@ fn decode(bytes: &[u8], dims: &[usize], dtype: DType) -> HostArray {
         DType::I64 => {
             HostArray::i64(dims, bytes.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
         }
+        DType::Bf16 => HostArray::from_le_bytes(&regflow::graph::TensorMeta::new(dims, DType::Bf16), bytes),
     }
     .unwrap()
 }

@@ -29,6 +29,9 @@ fn random(shape: &[usize], dtype: DType, seed: u64, (lo, hi): (f64, f64)) -> Hos
         DType::F32 => HostArray::f32(shape.to_vec(), values.iter().map(|&v| v as f32).collect()),
         DType::F64 => HostArray::f64(shape.to_vec(), values),
         DType::I64 => HostArray::i64(shape.to_vec(), values.iter().map(|&v| v as i64).collect()),
+        DType::Bf16 => {
+            HostArray::bf16(shape.to_vec(), values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect())
+        }
     }
     .expect("an array")
 }

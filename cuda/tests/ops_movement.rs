@@ -20,6 +20,9 @@ fn random(shape: &[usize], dtype: DType, seed: u64) -> HostArray {
         DType::F32 => HostArray::f32(shape.to_vec(), values.iter().map(|&v| v as f32).collect()),
         DType::F64 => HostArray::f64(shape.to_vec(), values),
         DType::I64 => HostArray::i64(shape.to_vec(), values.iter().map(|&v| (v * 500.0) as i64).collect()),
+        DType::Bf16 => {
+            HostArray::bf16(shape.to_vec(), values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect())
+        }
     }
     .expect("an array")
 }

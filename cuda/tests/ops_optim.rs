@@ -22,6 +22,7 @@ fn scalar(dtype: DType, value: f64) -> HostArray {
         DType::F32 => HostArray::f32([1], vec![value as f32]),
         DType::F64 => HostArray::f64([1], vec![value]),
         DType::I64 => HostArray::i64([1], vec![value as i64]),
+        DType::Bf16 => HostArray::bf16([1], vec![regflow_plan::bf16::from_f64(value)]),
     }
     .expect("a scalar")
 }

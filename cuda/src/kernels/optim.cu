@@ -8,6 +8,7 @@
 #define SCALAR_F32 0ull
 #define SCALAR_F64 1ull
 #define SCALAR_I64 2ull
+#define SCALAR_BF16 3ull
 
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
@@ -16,6 +17,7 @@ __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
 __device__ __forceinline__ double read_scalar(const void* p, u64 code) {
     if (code == SCALAR_F32) return (double)*(const float*)p;
     if (code == SCALAR_I64) return (double)*(const i64*)p;
+    if (code == SCALAR_BF16) return (double)bf16_to_f32(*(const bf16*)p);
     return *(const double*)p;
 }
 

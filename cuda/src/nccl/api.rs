@@ -9,6 +9,8 @@ pub enum Element {
     F64,
     /// 64-bit signed integer.
     I64,
+    /// bfloat16 (summed by NCCL in bf16).
+    Bf16,
 }
 
 impl Element {
@@ -18,6 +20,7 @@ impl Element {
             regflow_plan::DType::F32 => Some(Self::F32),
             regflow_plan::DType::F64 => Some(Self::F64),
             regflow_plan::DType::I64 => Some(Self::I64),
+            regflow_plan::DType::Bf16 => Some(Self::Bf16),
         }
     }
 }

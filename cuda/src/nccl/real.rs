@@ -98,6 +98,7 @@ impl Communicator {
             Element::F32 => sys::ncclDataType_t::ncclFloat32,
             Element::F64 => sys::ncclDataType_t::ncclFloat64,
             Element::I64 => sys::ncclDataType_t::ncclInt64,
+            Element::Bf16 => sys::ncclDataType_t::ncclBfloat16,
         };
         let stream = stream.0 as usize as sys::cudaStream_t;
         let sum = sys::ncclRedOp_t::ncclSum;

@@ -48,6 +48,8 @@ unsafe fn zero(s: StreamHandle, fill: Function, dtype: DType, out: u64, n: u64) 
             DType::F32 => launch(s, fill, grid, &mut args![out, 0f32, n]),
             DType::F64 => launch(s, fill, grid, &mut args![out, 0f64, n]),
             DType::I64 => launch(s, fill, grid, &mut args![out, 0i64, n]),
+            // Movement ops register no bf16 kernel (bf16 tensors move on the host for now).
+            DType::Bf16 => return Err(KernelError("no CUDA fill kernel for bf16".into())),
         }
     }?;
     Ok(())

@@ -20,12 +20,13 @@ pub(super) const ENTRIES: &[Entry] =
     &[("update", FLOAT, || factory(make_update)), (ACCUMULATE_MEAN, FLOAT, || factory(make_accumulate_mean))];
 
 /// The code `optim.cu` reads a scalar register of `dtype` by (`SCALAR_F32`, `SCALAR_F64`,
-/// `SCALAR_I64`).
+/// `SCALAR_I64`, `SCALAR_BF16`).
 pub(crate) fn scalar_code(dtype: DType) -> u64 {
     match dtype {
         DType::F32 => 0,
         DType::F64 => 1,
         DType::I64 => 2,
+        DType::Bf16 => 3,
     }
 }
 
@@ -246,7 +247,12 @@ mod tests {
     #[test]
     fn scalar_codes_match_the_source() {
         let code = crate::sources::SOURCES.iter().find(|s| s.name == "optim").expect("optim.cu").code;
-        for (dtype, name) in [(DType::F32, "SCALAR_F32"), (DType::F64, "SCALAR_F64"), (DType::I64, "SCALAR_I64")] {
+        for (dtype, name) in [
+            (DType::F32, "SCALAR_F32"),
+            (DType::F64, "SCALAR_F64"),
+            (DType::I64, "SCALAR_I64"),
+            (DType::Bf16, "SCALAR_BF16"),
+        ] {
             assert!(code.contains(&format!("#define {name} {}ull", scalar_code(dtype))), "{name}");
         }
     }
