@@ -8,7 +8,7 @@ use regflow_plan::{DType, TensorMeta};
 #[test]
 fn fill_matches_the_cpu_over_odd_sizes() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
-    for dtype in [DType::F32, DType::F64, DType::I64] {
+    for dtype in [DType::F32, DType::F64, DType::I64, DType::Bf16] {
         for n in [1, 7, 1023, 70_001] {
             let meta = TensorMeta::new([n], dtype);
             let op = Fill::new(-2.5, meta.clone());

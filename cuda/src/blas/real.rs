@@ -199,11 +199,43 @@ impl Blas {
                 .result()
                 .map_err(|e| failed("cublasDgemmStridedBatched", ordinal, e.0))
             }
-            DType::Bf16 => Err(CudaError::Call {
-                call: "cuBLAS GEMM".into(),
-                ordinal,
-                message: "no CUDA kernel for bf16 yet (bf16 products run on the host kernels)".into(),
-            }),
+            DType::Bf16 => {
+                // bf16 operands, f32 accumulation (never TF32 or bf16 sums), the result
+                // rounded once to bf16: what the CPU's bf16 product computes.
+                let (alpha, beta) = (alpha as f32, beta as f32);
+                let bf16 = sys::cudaDataType::CUDA_R_16BF;
+                // SAFETY: as above; alpha and beta are f32 host values, as CUBLAS_COMPUTE_32F
+                // takes them.
+                unsafe {
+                    sys::cublasGemmStridedBatchedEx(
+                        handle,
+                        op(g.transa),
+                        op(g.transb),
+                        g.m,
+                        g.n,
+                        g.k,
+                        &alpha as *const f32 as *const std::ffi::c_void,
+                        first as usize as *const std::ffi::c_void,
+                        bf16,
+                        g.lda,
+                        g.stride_a,
+                        second as usize as *const std::ffi::c_void,
+                        bf16,
+                        g.ldb,
+                        g.stride_b,
+                        &beta as *const f32 as *const std::ffi::c_void,
+                        c as usize as *mut std::ffi::c_void,
+                        bf16,
+                        g.ldc,
+                        g.stride_c,
+                        g.batch,
+                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                    )
+                }
+                .result()
+                .map_err(|e| failed("cublasGemmStridedBatchedEx(bf16)", ordinal, e.0))
+            }
             DType::I64 => Err(CudaError::Call {
                 call: "cuBLAS GEMM".into(),
                 ordinal,

@@ -20,3 +20,34 @@ extern "C" __global__ void regflow_cast_f32_bf16(const float* x, bf16* out, u64 
 extern "C" __global__ void regflow_cast_bf16_f32(const bf16* x, float* out, u64 n) {
     FOR_EACH(i, n) out[i] = bf16_to_f32(x[i]);
 }
+
+// bf16 fills take the value as its 16 bits.
+extern "C" __global__ void regflow_fill_bf16(bf16* out, bf16 value, u64 n) {
+    FOR_EACH(i, n) out[i] = value;
+}
+
+// f64 to bf16 in one rounding, as `half::bf16::from_f64` (the CPU's): round to odd into
+// f32 (toward zero, then the lowest bit set when anything was dropped), whose 24 bits then
+// round to bf16's 8 exactly as the f64 would have.
+__device__ __forceinline__ bf16 f64_to_bf16(double x) {
+    float f = __double2float_rz(x);
+    if ((double)f != x && x == x && !isinf(f)) f = __uint_as_float(__float_as_uint(f) | 1u);
+    if (x != x) f = __double2float_rn(x);
+    return f32_to_bf16(f);
+}
+
+extern "C" __global__ void regflow_cast_f64_bf16(const double* x, bf16* out, u64 n) {
+    FOR_EACH(i, n) out[i] = f64_to_bf16(x[i]);
+}
+
+extern "C" __global__ void regflow_cast_bf16_f64(const bf16* x, double* out, u64 n) {
+    FOR_EACH(i, n) out[i] = (double)bf16_to_f32(x[i]);
+}
+
+extern "C" __global__ void regflow_cast_f32_f64(const float* x, double* out, u64 n) {
+    FOR_EACH(i, n) out[i] = (double)x[i];
+}
+
+extern "C" __global__ void regflow_cast_f64_f32(const double* x, float* out, u64 n) {
+    FOR_EACH(i, n) out[i] = (float)x[i];
+}

@@ -52,6 +52,7 @@ __device__ __forceinline__ void copy_blocks(const T* src, T* dst, u64 outer, u64
 extern "C" __global__ void regflow_copy_f32(const float* src, float* dst, u64 n) { copy(src, dst, n); }
 extern "C" __global__ void regflow_copy_f64(const double* src, double* dst, u64 n) { copy(src, dst, n); }
 extern "C" __global__ void regflow_copy_i64(const i64* src, i64* dst, u64 n) { copy(src, dst, n); }
+extern "C" __global__ void regflow_copy_bf16(const bf16* src, bf16* dst, u64 n) { copy(src, dst, n); }
 
 extern "C" __global__ void regflow_gather_f32(const float* src, float* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 extern "C" __global__ void regflow_gather_f64(const double* src, double* dst, Indexing s, u64 n) { gather(src, dst, s, n); }

@@ -6,7 +6,7 @@ use regflow_kernels::{Execution, Kernel, KernelError, KernelIo};
 use regflow_plan::ops::Fill;
 use regflow_plan::DType;
 
-pub(super) const ENTRIES: &[Entry] = &[("fill", &[DType::F32, DType::F64, DType::I64], || factory(make))];
+pub(super) const ENTRIES: &[Entry] = &[("fill", &[DType::F32, DType::F64, DType::I64, DType::Bf16], || factory(make))];
 
 fn make(spec: &regflow_kernels::KernelSpec<'_>) -> Result<FillKernel, KernelError> {
     let conf = op_conf(spec)?;
@@ -40,7 +40,8 @@ impl Kernel for FillKernel {
                 DType::F64 => launch(stream(io), self.function, grid, &mut args![out, self.value, n]),
                 DType::I64 => launch(stream(io), self.function, grid, &mut args![out, self.value as i64, n]),
                 DType::Bf16 => {
-                    return Err(KernelError("fill: no CUDA kernel for bf16 yet (none is registered)".into()))
+                    let bits = regflow_plan::bf16::from_f64(self.value).to_bits();
+                    launch(stream(io), self.function, grid, &mut args![out, bits, n])
                 }
             }
         }?;

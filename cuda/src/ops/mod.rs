@@ -16,6 +16,7 @@ use regflow_kernels::{KernelError, KernelFactory, KernelIo, KernelKey, KernelReg
 use regflow_plan::{DType, DeviceKind, OpConf};
 use std::sync::Arc;
 
+mod cast;
 mod elementwise;
 mod fill;
 mod layout;
@@ -62,6 +63,7 @@ type Entry = (&'static str, &'static [DType], fn() -> KernelFactory);
 fn entries() -> Vec<Entry> {
     let mut all = Vec::new();
     all.extend_from_slice(fill::ENTRIES);
+    all.extend_from_slice(cast::ENTRIES);
     all.extend_from_slice(elementwise::ENTRIES);
     all.extend_from_slice(matmul::ENTRIES);
     all.extend_from_slice(movement::ENTRIES);

@@ -1,0 +1,56 @@
+//! `cast` on CUDA (`fill.cu`): one grid-stride conversion between f32, f64 and bf16, rounded
+//! to nearest even as the CPU's (`half`'s) conversions; a cast to its own dtype is a copy
+//! (`movement.cu`).
+
+use super::elementwise::{input_slots, refuse};
+use super::{factory, function, op_conf, stream, suffix, Entry};
+use crate::driver::{launch, Function, Grid};
+use regflow_kernels::{Execution, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_plan::ops::Cast;
+use regflow_plan::DType;
+
+/// Keyed by the result's dtype (the registry's dtype of an op is its first float output's).
+pub(super) const ENTRIES: &[Entry] = &[("cast", &[DType::F32, DType::F64, DType::Bf16], || factory(make))];
+
+#[derive(Debug)]
+struct CastKernel {
+    /// A conversion, or a copy for a cast to the input's own dtype.
+    function: Function,
+    input: usize,
+    n: u64,
+}
+
+fn make(spec: &KernelSpec<'_>) -> Result<CastKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Cast = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let (from, to) = match (&conf.inputs[..], &conf.outputs[..]) {
+        ([x], [out]) if x.shape == out.shape && out.dtype == op.to => (x.dtype, out.dtype),
+        _ => return Err(refuse(spec, conf, format!("casts one tensor to {} of the same shape", op.to))),
+    };
+    let floats = [DType::F32, DType::F64, DType::Bf16];
+    if !floats.contains(&from) || !floats.contains(&to) {
+        return Err(refuse(spec, conf, format!("casts between f32, f64 and bf16, not {from} to {to}")));
+    }
+    let [input] = input_slots::<1>(conf);
+    let n = conf.outputs[0].shape.numel() as u64;
+    let entry = match from == to {
+        true => format!("regflow_copy_{}", suffix(to)),
+        false => format!("regflow_cast_{}_{}", suffix(from), suffix(to)),
+    };
+    Ok(CastKernel { function: function(spec, &entry)?, input, n })
+}
+
+impl Kernel for CastKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (x, out, n) = (io.input_addr(self.input), io.output_addr(0), self.n);
+        let f = self.function;
+        // SAFETY: `x` and `out` hold `n` elements of their dtypes (checked when made); every
+        // cast and copy entry takes (x, out, n).
+        unsafe { launch(stream(io), f, Grid::linear(n), &mut args![x, out, n]) }?;
+        Ok(())
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}

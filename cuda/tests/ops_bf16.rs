@@ -1,0 +1,53 @@
+//! bf16 on CUDA against the CPU kernels (skip without a GPU; a dry run without one): casts
+//! between f32, f64 and bf16 (bitwise: both round to nearest even), and bf16 products
+//! (f32 accumulation, one rounding: within bf16's precision of the CPU's).
+
+mod common;
+
+use regflow_plan::ops::{Cast, MatMul};
+use regflow_plan::{bf16, DType, HostArray, SplitMix64, TensorMeta};
+
+fn random(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
+    let mut rng = SplitMix64::new(seed);
+    let n: usize = dims.iter().product();
+    let values: Vec<f64> = (0..n).map(|_| rng.next_normal() * 3.0).collect();
+    match dtype {
+        DType::F32 => HostArray::f32(dims.to_vec(), values.iter().map(|&v| v as f32).collect()),
+        DType::F64 => HostArray::f64(dims.to_vec(), values),
+        DType::I64 => HostArray::i64(dims.to_vec(), values.iter().map(|&v| v as i64).collect()),
+        DType::Bf16 => HostArray::bf16(dims.to_vec(), values.iter().map(|&v| bf16::from_f64(v)).collect()),
+    }
+    .expect("an array")
+}
+
+#[test]
+fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let floats = [DType::F32, DType::F64, DType::Bf16];
+    for from in floats {
+        for to in floats {
+            for n in [1, 7, 1023, 70_001] {
+                let x = random(&[n], from, 3);
+                let conf = common::conf(&Cast { to }, &[&x], &[TensorMeta::new([n], to)]);
+                common::check(&format!("cast {from} -> {to} [{n}]"), &conf, &[&x], (&device, &stream), 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_products_match_the_cpu_to_bf16_precision() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    for (m, k, n) in [(1, 1, 1), (7, 33, 5), (33, 1023, 7), (64, 64, 64)] {
+        for (transpose_a, transpose_b) in [(false, false), (true, false), (false, true)] {
+            let a_dims = if transpose_a { [k, m] } else { [m, k] };
+            let b_dims = if transpose_b { [n, k] } else { [k, n] };
+            let (a, b) = (random(&a_dims, DType::Bf16, 1), random(&b_dims, DType::Bf16, 2));
+            let op = MatMul { transpose_a, transpose_b };
+            let conf = common::conf(&op, &[&a, &b], &[TensorMeta::new([m, n], DType::Bf16)]);
+            // One bf16 rounding of the result (2^-8 relative) plus f32 sums in another order.
+            let what = format!("bf16 matmul {m}x{k}x{n} t{transpose_a}{transpose_b}");
+            common::check(&what, &conf, &[&a, &b], (&device, &stream), 1e-2);
+        }
+    }
+}
