@@ -8,25 +8,6 @@ mod common;
 use regflow_plan::ops::{MatMul, MatMulBatchSum, OpAttrs, PermutedMatMul};
 use regflow_plan::{DType, HostArray, Shape, TensorMeta};
 
-/// A deterministic array of `dims` with values in [-1, 1).
-fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
-    let n: usize = dims.iter().product();
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let values: Vec<f64> = (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % 20_000) as f64 / 10_000.0 - 1.0
-        })
-        .collect();
-    match dtype {
-        DType::F32 => HostArray::f32(Shape::new(dims.to_vec()), values.iter().map(|&v| v as f32).collect()),
-        _ => HostArray::f64(Shape::new(dims.to_vec()), values),
-    }
-    .expect("an array")
-}
-
 fn tolerance(dtype: DType, k: usize) -> f64 {
     match dtype {
         DType::F32 => 1e-5 * (k.max(1) as f64).sqrt(),
@@ -56,7 +37,7 @@ fn matmul_matches_the_cpu_for_every_transpose_and_odd_sizes() {
             for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
                 let a_dims = if ta { vec![k, m] } else { vec![m, k] };
                 let b_dims = if tb { vec![n, k] } else { vec![k, n] };
-                let (a, b) = (array(&a_dims, dtype, 1), array(&b_dims, dtype, 2));
+                let (a, b) = (common::array(&a_dims, dtype, 1), common::array(&b_dims, dtype, 2));
                 let op = MatMul { transpose_a: ta, transpose_b: tb };
                 check(&format!("matmul {dtype} {m}x{k}x{n} ({ta}, {tb})"), &op, &a, &b, &[m, n], k, (&device, &stream));
             }
@@ -75,7 +56,7 @@ fn batched_matmul_with_a_shared_operand_matches_the_cpu() {
             let b_dims = |batch: &[usize]| [batch, &b_matrix[..]].concat();
             // Both batched, `b` shared, `a` shared.
             for (ab, bb) in [(&[2, 3][..], &[2, 3][..]), (&[2, 3], &[]), (&[], &[2, 3])] {
-                let (a, b) = (array(&a_dims(ab), dtype, 3), array(&b_dims(bb), dtype, 4));
+                let (a, b) = (common::array(&a_dims(ab), dtype, 3), common::array(&b_dims(bb), dtype, 4));
                 let op = MatMul { transpose_a: ta, transpose_b: tb };
                 check(
                     &format!("batched matmul {dtype} {ab:?} x {bb:?} ({ta}, {tb})"),
@@ -97,8 +78,8 @@ fn matmul_batch_sum_matches_the_cpu_folded_or_looped() {
     for dtype in [DType::F32, DType::F64] {
         let (batch, m, k, n) = (5, 7, 33, 9);
         for (ta, tb) in [(true, false), (false, false), (false, true), (true, true)] {
-            let a = array(&if ta { [batch, k, m] } else { [batch, m, k] }, dtype, 5);
-            let b = array(&if tb { [batch, n, k] } else { [batch, k, n] }, dtype, 6);
+            let a = common::array(&if ta { [batch, k, m] } else { [batch, m, k] }, dtype, 5);
+            let b = common::array(&if tb { [batch, n, k] } else { [batch, k, n] }, dtype, 6);
             let op = MatMulBatchSum { transpose_a: ta, transpose_b: tb };
             check(
                 &format!("matmul_batch_sum {dtype} ({ta}, {tb})"),
@@ -119,18 +100,18 @@ fn permuted_matmul_matches_the_cpu_for_attention_layouts() {
     for dtype in [DType::F32, DType::F64] {
         let (b, t, h, d) = (2, 33, 3, 7);
         // Scores: q [b, t, h, d] as [b, h, t, d] times k [b, t, h, d] as [b, h, d, t].
-        let (q, kk) = (array(&[b, t, h, d], dtype, 7), array(&[b, t, h, d], dtype, 8));
+        let (q, kk) = (common::array(&[b, t, h, d], dtype, 7), common::array(&[b, t, h, d], dtype, 8));
         let op = PermutedMatMul { a_axes: vec![0, 2, 1, 3], b_axes: vec![0, 2, 3, 1], out_axes: vec![0, 1, 2, 3] };
         check(&format!("attention scores {dtype}"), &op, &q, &kk, &[b, h, t, t], d, (&device, &stream));
         // Context: probabilities [b, h, t, t] times v as [b, h, t, d], written as [b, t, h, d].
-        let (p, v) = (array(&[b, h, t, t], dtype, 9), array(&[b, t, h, d], dtype, 10));
+        let (p, v) = (common::array(&[b, h, t, t], dtype, 9), common::array(&[b, t, h, d], dtype, 10));
         let op = PermutedMatMul { a_axes: vec![0, 1, 2, 3], b_axes: vec![0, 2, 1, 3], out_axes: vec![0, 2, 1, 3] };
         check(&format!("attention context {dtype}"), &op, &p, &v, &[b, t, h, d], t, (&device, &stream));
         // A column-major output, and an operand cuBLAS cannot read (the CPU fallback).
-        let (x, y) = (array(&[3, 4, 5], dtype, 11), array(&[3, 5, 2], dtype, 12));
+        let (x, y) = (common::array(&[3, 4, 5], dtype, 11), common::array(&[3, 5, 2], dtype, 12));
         let op = PermutedMatMul { a_axes: vec![0, 1, 2], b_axes: vec![0, 1, 2], out_axes: vec![0, 2, 1] };
         check(&format!("column-major output {dtype}"), &op, &x, &y, &[3, 2, 4], 5, (&device, &stream));
-        let x = array(&[4, 5, 3], dtype, 13);
+        let x = common::array(&[4, 5, 3], dtype, 13);
         let op = PermutedMatMul { a_axes: vec![2, 0, 1], b_axes: vec![0, 1, 2], out_axes: vec![0, 1, 2] };
         check(&format!("host fallback {dtype}"), &op, &x, &y, &[3, 4, 2], 5, (&device, &stream));
     }

@@ -7,25 +7,6 @@ mod common;
 use regflow_plan::ops::{MaxMask, OpAttrs, PartMean, Reduce, ReduceKind};
 use regflow_plan::{DType, HostArray, Shape, TensorMeta};
 
-/// A deterministic array of `dims` with values in [-1, 1).
-fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
-    let n: usize = dims.iter().product();
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let values: Vec<f64> = (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % 20_000) as f64 / 10_000.0 - 1.0
-        })
-        .collect();
-    match dtype {
-        DType::F32 => HostArray::f32(Shape::new(dims.to_vec()), values.iter().map(|&v| v as f32).collect()),
-        _ => HostArray::f64(Shape::new(dims.to_vec()), values),
-    }
-    .expect("an array")
-}
-
 fn meta(dims: &[usize], dtype: DType) -> TensorMeta {
     TensorMeta::new(Shape::new(dims.to_vec()), dtype)
 }
@@ -49,7 +30,7 @@ fn reductions_match_the_cpu_over_any_axes() {
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
         for dims in [vec![1023], vec![7, 33], vec![33, 7, 5], vec![2, 1, 1023], vec![3, 0, 4]] {
-            let x = array(&dims, dtype, 1);
+            let x = common::array(&dims, dtype, 1);
             let rank = dims.len() as isize;
             let mut axis_sets: Vec<Vec<isize>> = vec![vec![]];
             axis_sets.extend((0..rank).map(|a| vec![a]));
@@ -81,7 +62,7 @@ fn part_mean_divides_by_the_logical_count() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
-        let x = array(&[33, 7], dtype, 2);
+        let x = common::array(&[33, 7], dtype, 2);
         let op =
             PartMean { mean: Reduce { kind: ReduceKind::Mean, axes: vec![0], keepdim: false }, logical_count: 1023 };
         check(&format!("part_mean {dtype}"), &op, &[&x], meta(&[7], dtype), 33, gpu);
@@ -94,7 +75,7 @@ fn max_mask_matches_the_cpu_with_a_broadcast_maximum() {
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
         for (dims, axis) in [(vec![7, 33], 1), (vec![33, 7, 5], 0), (vec![1023], 0)] {
-            let x = array(&dims, dtype, 3);
+            let x = common::array(&dims, dtype, 3);
             let max = Reduce { kind: ReduceKind::Max, axes: vec![axis], keepdim: true };
             let m_dims = max.output_shape(&Shape::new(dims.clone())).expect("a shape");
             let m = common::run(&common::conf(&max, &[&x], &[meta(m_dims.dims(), dtype)]), &[&x], None).remove(0);

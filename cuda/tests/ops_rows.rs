@@ -10,25 +10,6 @@ use regflow_plan::ops::{
 };
 use regflow_plan::{DType, HostArray, Shape, TensorMeta};
 
-/// A deterministic array of `dims` with values in [-1, 1).
-fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
-    let n: usize = dims.iter().product();
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let values: Vec<f64> = (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % 20_000) as f64 / 10_000.0 - 1.0
-        })
-        .collect();
-    match dtype {
-        DType::F32 => HostArray::f32(Shape::new(dims.to_vec()), values.iter().map(|&v| v as f32).collect()),
-        _ => HostArray::f64(Shape::new(dims.to_vec()), values),
-    }
-    .expect("an array")
-}
-
 fn tolerance(dtype: DType) -> f64 {
     if dtype == DType::F32 {
         1e-5
@@ -61,12 +42,12 @@ fn softmax_and_its_gradients_match_the_cpu_along_every_axis() {
     for dtype in [DType::F32, DType::F64] {
         for len in LENS {
             for (dims, axis) in [(vec![5, len], -1), (vec![len, 3], 0), (vec![2, len, 3], 1), (vec![len], 0)] {
-                let x = array(&dims, dtype, 1);
+                let x = common::array(&dims, dtype, 1);
                 let out = [meta(&dims, dtype)];
                 check(&format!("softmax {dtype} {dims:?} axis {axis}"), &Softmax { axis }, &[&x], &out, gpu);
                 check(&format!("log_softmax {dtype} {dims:?} axis {axis}"), &LogSoftmax { axis }, &[&x], &out, gpu);
                 let y = common::run(&common::conf(&Softmax { axis }, &[&x], &out), &[&x], None).remove(0);
-                let dy = array(&dims, dtype, 2);
+                let dy = common::array(&dims, dtype, 2);
                 for log in [false, true] {
                     let op = SoftmaxGrad { axis, log };
                     check(&format!("softmax_grad {dtype} {dims:?} axis {axis} log {log}"), &op, &[&y, &dy], &out, gpu);
@@ -83,11 +64,11 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
     for dtype in [DType::F32, DType::F64] {
         for len in LENS {
             let dims = vec![2, 3, 5, len];
-            let x = array(&dims, dtype, 3);
+            let x = common::array(&dims, dtype, 3);
             // A full mask, one per (batch, key) as attention's padding mask, a causal-like
             // [rows, len] one, and a scalar.
             for mask_dims in [dims.clone(), vec![2, 1, 1, len], vec![5, len], vec![1]] {
-                let mask = array(&mask_dims, dtype, 4);
+                let mask = common::array(&mask_dims, dtype, 4);
                 let op = MaskedSoftmax { scale: 0.125 };
                 check(
                     &format!("masked_softmax {dtype} {dims:?} mask {mask_dims:?}"),
@@ -97,7 +78,7 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
                     gpu,
                 );
             }
-            let (y, dy) = (array(&dims, dtype, 5), array(&dims, dtype, 6));
+            let (y, dy) = (common::array(&dims, dtype, 5), common::array(&dims, dtype, 6));
             let op = MaskedSoftmaxGrad { scale: 0.125 };
             check(&format!("masked_softmax_grad {dtype} {dims:?}"), &op, &[&y, &dy], &[meta(&dims, dtype)], gpu);
         }
@@ -112,10 +93,11 @@ fn layer_norm_and_its_gradient_match_the_cpu() {
         for len in LENS {
             for rows in [1, 7, 33] {
                 let dims = vec![rows, len];
-                let (x, gamma, beta) = (array(&dims, dtype, 7), array(&[len], dtype, 8), array(&[len], dtype, 9));
+                let (x, gamma, beta) =
+                    (common::array(&dims, dtype, 7), common::array(&[len], dtype, 8), common::array(&[len], dtype, 9));
                 let op = LayerNorm { eps: 1e-5 };
                 check(&format!("layer_norm {dtype} {dims:?}"), &op, &[&x, &gamma, &beta], &[meta(&dims, dtype)], gpu);
-                let dy = array(&dims, dtype, 10);
+                let dy = common::array(&dims, dtype, 10);
                 let op = LayerNormGrad { eps: 1e-5 };
                 let outputs = [meta(&dims, dtype), meta(&[len], dtype), meta(&[len], dtype)];
                 check(&format!("layer_norm_grad {dtype} {dims:?}"), &op, &[&x, &gamma, &dy], &outputs, gpu);
@@ -131,7 +113,7 @@ fn sparse_cross_entropy_and_its_gradient_match_the_cpu() {
     for dtype in [DType::F32, DType::F64] {
         for classes in LENS {
             for rows in [1, 7, 33, 1023] {
-                let logits = array(&[rows, classes], dtype, 11);
+                let logits = common::array(&[rows, classes], dtype, 11);
                 let labels =
                     HostArray::i64(Shape::new(vec![rows]), (0..rows).map(|r| ((r * 7919) % classes) as i64).collect())
                         .expect("labels");

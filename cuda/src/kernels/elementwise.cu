@@ -3,21 +3,6 @@
 // kernel's (kernels/src/cpu/unary.rs, binary.rs, fused.rs, dropout.rs), written in the
 // same order of operations, with the accurate math library (no fast math).
 
-#define MAX_RANK 8
-
-// How a grid-stride loop index maps to element offsets, for ranks up to MAX_RANK. Passed
-// by value; the Rust twin is `ops::layout::Indexing` (#[repr(C)], same field order, every
-// field a u64, so both sides agree on the 200-byte layout without padding).
-//   rank:    dimensions used (0..=MAX_RANK); dims[d] for d >= rank are ignored.
-//   dims:    the iterated shape, row-major (the last dimension varies fastest).
-//   a, b:    per-dimension element strides of up to two operands (0 on a broadcast
-//            dimension); some kernels give `b` another meaning, said where they do.
-struct Indexing {
-    u64 rank;
-    u64 dims[MAX_RANK];
-    u64 a[MAX_RANK];
-    u64 b[MAX_RANK];
-};
 
 // The offsets of linear index i (row-major over s.dims) in operands a and b.
 __device__ __forceinline__ void offsets_of(const Indexing& s, u64 i, u64* oa, u64* ob) {
@@ -35,12 +20,6 @@ __device__ __forceinline__ void offsets_of(const Indexing& s, u64 i, u64* oa, u6
 
 // ---- math by type: explicit overloads, so no header's overload set is needed ----------
 
-__device__ __forceinline__ float m_exp(float x) { return expf(x); }
-__device__ __forceinline__ double m_exp(double x) { return exp(x); }
-__device__ __forceinline__ float m_log(float x) { return logf(x); }
-__device__ __forceinline__ double m_log(double x) { return log(x); }
-__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
 __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
 

@@ -3,16 +3,6 @@
 // broadcasting), `embedding` (a row gather) and `embedding_grad` (a row scatter-add).
 // Zero-filling before a scatter uses `regflow_fill_*` of fill.cu.
 
-#define MAX_RANK 8
-
-// The same struct as elementwise.cu's (a unit test checks the two definitions are one
-// text); the Rust twin is `ops::layout::Indexing`.
-struct Indexing {
-    u64 rank;
-    u64 dims[MAX_RANK];
-    u64 a[MAX_RANK];
-    u64 b[MAX_RANK];
-};
 
 // The offset of linear index i (row-major over s.dims) in the operand of strides s.a.
 __device__ __forceinline__ u64 offset_a(const Indexing& s, u64 i) {

@@ -10,8 +10,6 @@
 #define SCALAR_I64 2ull
 #define SCALAR_BF16 3ull
 
-__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
 
 // The first element of a scalar register as f64, as the CPU's `scalar_input` reads it.
 __device__ __forceinline__ double read_scalar(const void* p, u64 code) {

@@ -18,6 +18,49 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
     return (bf16)(u >> 16);
 }
 
+// Math by element type: explicit overloads, so no header's overload set is needed.
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+
+#define MAX_RANK 8
+
+// How a grid-stride loop index maps to element offsets, for ranks up to MAX_RANK. Passed
+// by value; the Rust twin is `ops::layout::Indexing` (#[repr(C)], same field order, every
+// field a u64, so both sides agree on the 200-byte layout without padding).
+//   rank:    dimensions used (0..=MAX_RANK); dims[d] for d >= rank are ignored.
+//   dims:    the iterated shape, row-major (the last dimension varies fastest).
+//   a, b:    per-dimension element strides of up to two operands (0 on a broadcast
+//            dimension); some kernels give `b` another meaning, said where they do.
+struct Indexing {
+    u64 rank;
+    u64 dims[MAX_RANK];
+    u64 a[MAX_RANK];
+    u64 b[MAX_RANK];
+};
+
+// How a flat index over `dims` (row-major) maps to an offset with `strides` (0 on broadcast
+// axes): the reductions' kept and reduced axes and the row ops' broadcast masks. Axes of one
+// element are dropped and contiguous ones merged on the host.
+struct Axes {
+    u64 rank;
+    u64 dims[8];
+    u64 strides[8];
+};
+
+__device__ __forceinline__ u64 offset_of(const Axes& a, u64 flat) {
+    u64 off = 0;
+    for (int d = (int)a.rank - 1; d >= 0; --d) {
+        u64 dim = a.dims[d];
+        off += (flat % dim) * a.strides[d];
+        flat /= dim;
+    }
+    return off;
+}
+
 // Every element index of a one-dimensional grid-stride loop over n elements.
 #define FOR_EACH(i, n) \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n); i += (u64)gridDim.x * blockDim.x)

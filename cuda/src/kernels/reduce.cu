@@ -3,22 +3,6 @@
 // axes of one kind merged), each with its dims and input strides; an output element's
 // index over the kept axes is its row-major index in the (keepdim) output.
 
-// How a flat index over `dims` (row-major) maps to an offset with `strides`.
-struct Axes {
-    u64 rank;
-    u64 dims[8];
-    u64 strides[8];
-};
-
-__device__ __forceinline__ u64 offset_of(const Axes& a, u64 flat) {
-    u64 off = 0;
-    for (int d = (int)a.rank - 1; d >= 0; --d) {
-        u64 dim = a.dims[d];
-        off += (flat % dim) * a.strides[d];
-        flat /= dim;
-    }
-    return off;
-}
 
 template <typename T> __device__ __forceinline__ T minus_infinity();
 template <> __device__ __forceinline__ float minus_infinity<float>() { return __int_as_float(0xff800000); }

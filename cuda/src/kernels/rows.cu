@@ -4,12 +4,6 @@
 // reduction sums in a fixed order per launch geometry, so results are deterministic.
 
 // Math by element type: no headers, so no overloads from <cmath>.
-__device__ __forceinline__ float ex(float x) { return expf(x); }
-__device__ __forceinline__ double ex(double x) { return exp(x); }
-__device__ __forceinline__ float ln(float x) { return logf(x); }
-__device__ __forceinline__ double ln(double x) { return log(x); }
-__device__ __forceinline__ float root(float x) { return sqrtf(x); }
-__device__ __forceinline__ double root(double x) { return sqrt(x); }
 // The larger of two values, ignoring a NaN `x` as the CPU's `f32::max` does.
 __device__ __forceinline__ float bigger(float m, float x) { return fmaxf(m, x); }
 __device__ __forceinline__ double bigger(double m, double x) { return fmax(m, x); }
@@ -41,13 +35,13 @@ template <typename T> __device__ void softmax_lanes(const T* x, T* y, u64 lanes,
         FOR_EACH_COL(j, len) m = bigger(m, xl[j * inner]);
         m = block_max(m, scratch, minus_infinity<T>());
         T s = 0;
-        FOR_EACH_COL(j, len) s += ex(xl[j * inner] - m);
+        FOR_EACH_COL(j, len) s += m_exp(xl[j * inner] - m);
         s = block_sum(s, scratch);
         if (log_) {
-            T log_sum = ln(s);
+            T log_sum = m_log(s);
             FOR_EACH_COL(j, len) yl[j * inner] = xl[j * inner] - m - log_sum;
         } else {
-            FOR_EACH_COL(j, len) yl[j * inner] = ex(xl[j * inner] - m) / s;
+            FOR_EACH_COL(j, len) yl[j * inner] = m_exp(xl[j * inner] - m) / s;
         }
     }
 }
@@ -74,7 +68,7 @@ __device__ void softmax_grad_lanes(const T* y, const T* dy, T* dx, u64 lanes, u6
         s = block_sum(s, scratch);
         FOR_EACH_COL(j, len) {
             u64 i = start + j * inner;
-            dx[i] = log_ ? dy[i] - ex(y[i]) * s : y[i] * (dy[i] - s);
+            dx[i] = log_ ? dy[i] - m_exp(y[i]) * s : y[i] * (dy[i] - s);
         }
     }
 }
@@ -88,24 +82,6 @@ extern "C" __global__ void regflow_softmax_grad_f64(
     softmax_grad_lanes(y, dy, dx, lanes, len, inner, log_);
 }
 
-// How a broadcast operand is read: the flat index over `dims` (row-major) to an offset
-// with `strides` (0 on broadcast axes). Axes of one element are dropped and contiguous
-// ones merged on the host, so 8 axes cover any mask of up to 8 distinct runs.
-struct Axes {
-    u64 rank;
-    u64 dims[8];
-    u64 strides[8];
-};
-
-__device__ __forceinline__ u64 offset_of(const Axes& a, u64 flat) {
-    u64 off = 0;
-    for (int d = (int)a.rank - 1; d >= 0; --d) {
-        u64 dim = a.dims[d];
-        off += (flat % dim) * a.strides[d];
-        flat /= dim;
-    }
-    return off;
-}
 
 // softmax(scale · x + mask) over the last axis (rows of `len`). The mask's part of row r
 // starts at offset_of(mask_rows, r) and steps by mask_step (1, or 0 for a broadcast last
@@ -121,9 +97,9 @@ __device__ void masked_softmax_rows(const T* x, const T* mask, T* y, u64 rows, u
         FOR_EACH_COL(j, len) m = bigger(m, scale * xr[j] + mr[j * mask_step]);
         m = block_max(m, scratch, minus_infinity<T>());
         T s = 0;
-        FOR_EACH_COL(j, len) s += ex(scale * xr[j] + mr[j * mask_step] - m);
+        FOR_EACH_COL(j, len) s += m_exp(scale * xr[j] + mr[j * mask_step] - m);
         s = block_sum(s, scratch);
-        FOR_EACH_COL(j, len) yr[j] = ex(scale * xr[j] + mr[j * mask_step] - m) / s;
+        FOR_EACH_COL(j, len) yr[j] = m_exp(scale * xr[j] + mr[j * mask_step] - m) / s;
     }
 }
 
@@ -168,7 +144,7 @@ template <typename T> __device__ void row_stats(const T* xr, u64 len, T eps, T* 
     FOR_EACH_COL(j, len) v += (xr[j] - m) * (xr[j] - m);
     v = block_sum(v, scratch) / (T)len;
     *mean = m;
-    *rstd = (T)1 / root(v + eps);
+    *rstd = (T)1 / m_sqrt(v + eps);
 }
 
 // y = (x - mean) · rstd · gamma + beta per row of `len` features.
@@ -279,12 +255,12 @@ __device__ void cross_entropy_row_losses(const T* logits, const i64* labels, dou
         for (u64 j = threadIdx.x; j < classes; j += blockDim.x) m = bigger(m, xr[j]);
         m = block_max(m, scratch, minus_infinity<T>());
         T s = 0;
-        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) s += ex(xr[j] - m);
+        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) s += m_exp(xr[j] - m);
         s = block_sum(s, scratch);
         if (threadIdx.x == 0) {
             i64 c = labels[r];
             bool valid = c >= 0 && (u64)c < classes;
-            losses[r] = valid ? (double)(ln(s) - (xr[c] - m)) : (double)quiet_nan<T>();
+            losses[r] = valid ? (double)(m_log(s) - (xr[c] - m)) : (double)quiet_nan<T>();
         }
     }
 }
@@ -326,12 +302,12 @@ __device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, cons
         FOR_EACH_COL(j, classes) m = bigger(m, xr[j]);
         m = block_max(m, scratch, minus_infinity<T>());
         T s = 0;
-        FOR_EACH_COL(j, classes) s += ex(xr[j] - m);
-        T log_sum = ln(block_sum(s, scratch));
+        FOR_EACH_COL(j, classes) s += m_exp(xr[j] - m);
+        T log_sum = m_log(block_sum(s, scratch));
         i64 c = labels[r];
         bool valid = c >= 0 && (u64)c < classes;
         FOR_EACH_COL(j, classes) {
-            T v = ex(xr[j] - m - log_sum) * scale;
+            T v = m_exp(xr[j] - m - log_sum) * scale;
             if ((i64)j == c) v -= scale;
             dx[r * classes + j] = valid ? v : quiet_nan<T>();
         }

@@ -102,59 +102,54 @@ impl Communicator {
         };
         let stream = stream.0 as usize as sys::cudaStream_t;
         let sum = sys::ncclRedOp_t::ncclSum;
-        // SAFETY: group calls nest; every started group is ended below, also on error.
-        check(unsafe { sys::ncclGroupStart() }, "ncclGroupStart", self.ordinal)?;
-        let mut outcome = Ok(());
-        for call in calls {
-            // SAFETY: the addresses are device-reachable registers of the sizes the call
-            // names (checked when the kernel was made), alive until the stream reaches the
-            // completion callback queued after this group.
-            let (result, name) = unsafe {
-                match *call {
-                    Call::AllReduce { input, output, count } => (
-                        sys::ncclAllReduce(
-                            input as *const c_void,
-                            output as *mut c_void,
-                            count,
-                            dtype,
-                            sum,
-                            self.raw(),
-                            stream,
+        group(|| {
+            for call in calls {
+                // SAFETY: the addresses are device-reachable registers of the sizes the call
+                // names (checked when the kernel was made), alive until the stream reaches the
+                // completion callback queued after this group.
+                let (result, name) = unsafe {
+                    match *call {
+                        Call::AllReduce { input, output, count } => (
+                            sys::ncclAllReduce(
+                                input as *const c_void,
+                                output as *mut c_void,
+                                count,
+                                dtype,
+                                sum,
+                                self.raw(),
+                                stream,
+                            ),
+                            "ncclAllReduce",
                         ),
-                        "ncclAllReduce",
-                    ),
-                    Call::ReduceScatter { input, output, count } => (
-                        sys::ncclReduceScatter(
-                            input as *const c_void,
-                            output as *mut c_void,
-                            count,
-                            dtype,
-                            sum,
-                            self.raw(),
-                            stream,
+                        Call::ReduceScatter { input, output, count } => (
+                            sys::ncclReduceScatter(
+                                input as *const c_void,
+                                output as *mut c_void,
+                                count,
+                                dtype,
+                                sum,
+                                self.raw(),
+                                stream,
+                            ),
+                            "ncclReduceScatter",
                         ),
-                        "ncclReduceScatter",
-                    ),
-                    Call::AllGather { input, output, count } => (
-                        sys::ncclAllGather(
-                            input as *const c_void,
-                            output as *mut c_void,
-                            count,
-                            dtype,
-                            self.raw(),
-                            stream,
+                        Call::AllGather { input, output, count } => (
+                            sys::ncclAllGather(
+                                input as *const c_void,
+                                output as *mut c_void,
+                                count,
+                                dtype,
+                                self.raw(),
+                                stream,
+                            ),
+                            "ncclAllGather",
                         ),
-                        "ncclAllGather",
-                    ),
-                }
-            };
-            if outcome.is_ok() {
-                outcome = check(result, name, self.ordinal);
+                    }
+                };
+                check(result, name, self.ordinal)?;
             }
-        }
-        // SAFETY: ends the group started above.
-        let ended = check(unsafe { sys::ncclGroupEnd() }, "ncclGroupEnd", self.ordinal);
-        outcome.and(ended)
+            Ok(())
+        })
     }
 
     /// An error NCCL met asynchronously (a peer failed, a network error), if any.

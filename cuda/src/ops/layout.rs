@@ -182,17 +182,13 @@ mod tests {
     }
 
     #[test]
-    fn both_sources_declare_one_struct_and_one_max_rank() {
-        let declaration = |code: &str| {
-            let start = code.find("struct Indexing {").expect("declared");
-            let end = start + code[start..].find("};").expect("closed");
-            code[start..end].to_string()
-        };
-        let sources = crate::sources::SOURCES;
-        let code = |name: &str| sources.iter().find(|s| s.name == name).expect("a source").code;
-        assert_eq!(declaration(code("elementwise")), declaration(code("movement")));
-        for name in ["elementwise", "movement"] {
-            assert!(code(name).contains(&format!("#define MAX_RANK {MAX_RANK}\n")), "{name}");
+    fn the_prelude_declares_the_struct_once_for_every_source() {
+        let prelude = crate::sources::PRELUDE;
+        assert!(prelude.contains(&format!("#define MAX_RANK {MAX_RANK}\n")));
+        assert_eq!(prelude.matches("struct Indexing {").count(), 1);
+        for source in crate::sources::SOURCES {
+            assert!(!source.code.contains("struct Indexing {"), "{} declares its own Indexing", source.name);
+            assert!(!source.code.contains("#define MAX_RANK"), "{} defines its own MAX_RANK", source.name);
         }
     }
 

@@ -9,7 +9,7 @@ use regflow_cuda::{Device, Stream};
 use regflow_kernels::{Execution, KernelIo, KernelRegistry, KernelSpec, StreamContext};
 use regflow_memory::{Arena, ArenaAllocator, MemoryKind};
 use regflow_plan::ops::OpAttrs;
-use regflow_plan::{DeviceKind, GroupPosition, HostArray, OpConf, TensorMeta};
+use regflow_plan::{DType, DeviceKind, GroupPosition, HostArray, OpConf, TensorMeta};
 
 /// Device 0 and a stream of it: the GPU, or without one a dry-run device where NVRTC is
 /// there; `None` (after saying why) where neither is.
@@ -115,4 +115,25 @@ pub(crate) fn check(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Dev
     if !gpu.0.is_dry() {
         assert_close(what, &on_gpu, &on_cpu, rel);
     }
+}
+
+/// A deterministic array of `dims` with values in [-1, 1).
+pub(crate) fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
+    let n: usize = dims.iter().product();
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let values: Vec<f64> = (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 20_000) as f64 / 10_000.0 - 1.0
+        })
+        .collect();
+    let dims = dims.to_vec();
+    match dtype {
+        DType::F32 => HostArray::f32(dims, values.iter().map(|&v| v as f32).collect()),
+        DType::Bf16 => HostArray::bf16(dims, values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect()),
+        _ => HostArray::f64(dims, values),
+    }
+    .expect("an array")
 }
