@@ -16,8 +16,8 @@ mod gpt;
 mod step_timer;
 
 use gpt::{Gpt, GptConfig};
-use regflow::graph::{CompileOptions, DType, Graph, Optimizer, SplitMix64};
-use regflow::prelude::{Job, RuntimeError};
+use regflow::graph::{CompileOptions, DType, Graph, Optimizer};
+use regflow::prelude::Job;
 
 const BATCH: usize = 16;
 const VOCAB: usize = 65;
@@ -43,32 +43,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.trace(path);
     }
     let mut job = builder.build()?;
-    let (mut feed_mask, mut feed_ids, mut feed_targets) =
-        (job.feeder("input:causal_mask")?, job.feeder("input:ids")?, job.feeder("input:targets")?);
-    let losses = job.fetcher(&compiled.fetches[0])?;
-
-    let mask_bytes: Vec<u8> =
-        (0..t * t).flat_map(|k| (if k % t <= k / t { 0.0f32 } else { -1e9 }).to_le_bytes()).collect();
-    let mut rng = SplitMix64::new(0);
-    let batches: Vec<(Vec<u8>, Vec<u8>)> = (0..warmup + steps)
-        .map(|_| {
-            let mut draw = || -> Vec<u8> {
-                (0..BATCH * t).flat_map(|_| ((rng.next_u64() % VOCAB as u64) as i64).to_le_bytes()).collect()
-            };
-            (draw(), draw())
-        })
-        .collect();
-    let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
-        for (step_ids, step_targets) in &batches {
-            feed_mask.push(&mask_bytes)?;
-            feed_ids.push(step_ids)?;
-            feed_targets.push(step_targets)?;
-        }
-        Ok(())
-    });
-    let (per_step, last) = step_timer::seconds_per_step(&losses, warmup, steps)?;
-    pusher.join().map_err(|_| "feeder panicked")??;
-    drop(losses);
+    let (per_step, last) =
+        step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (BATCH, t, VOCAB), warmup, steps)?;
     job.wait()?;
     println!(
         "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4})",

@@ -19,8 +19,8 @@ mod gpt;
 mod step_timer;
 
 use gpt::{Gpt, GptConfig};
-use regflow::graph::{CompileOptions, DType, Graph, Optimizer, SplitMix64};
-use regflow::prelude::{DeviceKind, Job, RuntimeError};
+use regflow::graph::{CompileOptions, DType, Graph, Optimizer};
+use regflow::prelude::{DeviceKind, Job};
 
 const GPT2: GptConfig = GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072 };
 const TINY: GptConfig = GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256 };
@@ -74,26 +74,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let options = CompileOptions { device, ..Default::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     let mut job = Job::builder(compiled.plan.clone()).build()?;
-    let (mut feed_mask, mut feed_ids, mut feed_targets) =
-        (job.feeder("input:causal_mask")?, job.feeder("input:ids")?, job.feeder("input:targets")?);
-    let losses = job.fetcher(&compiled.fetches[0])?;
-    let mask_bytes: Vec<u8> =
-        (0..t * t).flat_map(|k| (if k % t <= k / t { 0.0f32 } else { -1e9 }).to_le_bytes()).collect();
-    let mut rng = SplitMix64::new(0);
-    let mut draw =
-        || -> Vec<u8> { (0..batch * t).flat_map(|_| ((rng.next_u64() % vocab as u64) as i64).to_le_bytes()).collect() };
-    let batches: Vec<(Vec<u8>, Vec<u8>)> = (0..warmup + steps).map(|_| (draw(), draw())).collect();
-    let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
-        for (step_ids, step_targets) in &batches {
-            feed_mask.push(&mask_bytes)?;
-            feed_ids.push(step_ids)?;
-            feed_targets.push(step_targets)?;
-        }
-        Ok(())
-    });
-    let (per_step, last) = step_timer::seconds_per_step(&losses, warmup, steps)?;
-    pusher.join().map_err(|_| "feeder panicked")??;
-    drop(losses);
+    let (per_step, last) =
+        step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (batch, t, vocab), warmup, steps)?;
     job.wait()?;
     let tokens = (batch * t) as f64 / per_step;
     let flops_per_token = 6.0 * parameters as f64 + 12.0 * (config.layers * t * config.d_model) as f64;
