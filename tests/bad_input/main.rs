@@ -37,6 +37,12 @@ use std::time::Duration;
 /// The watchdog of every job a case starts: short, so that a case that would hang ends.
 pub(crate) const WATCHDOG: Duration = Duration::from_millis(500);
 
+/// Whether no GPU can run a `cuda` plan here (no driver, no device, or a build without the
+/// backend): only then is such a plan bad input.
+pub(crate) fn without_gpu() -> bool {
+    regflow::cuda::probe().is_err()
+}
+
 /// A job builder with the catalogue's short watchdog.
 pub(crate) fn quick(plan: Plan) -> JobBuilder {
     Job::builder(plan).watchdog(WATCHDOG)
