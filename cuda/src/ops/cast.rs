@@ -5,7 +5,7 @@
 use super::elementwise::{input_slots, refuse};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
-use regflow_kernels::{Execution, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::Cast;
 use regflow_plan::DType;
 
@@ -48,9 +48,5 @@ impl Kernel for CastKernel {
         // cast and copy entry takes (x, out, n).
         unsafe { launch(stream(io), f, Grid::linear(n), &mut args![x, out, n]) }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }

@@ -5,7 +5,7 @@
 use super::layout::{self, Indexing};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
-use regflow_kernels::{Execution, HostCompute, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{HostCompute, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{BiasGelu, BiasGeluGrad, Binary, BinaryKind, Dropout, DropoutPart, Unary, UnaryKind};
 use regflow_plan::{DType, OpConf};
 
@@ -134,10 +134,6 @@ impl Kernel for UnaryKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 // ---- binary --------------------------------------------------------------------------
@@ -190,10 +186,6 @@ impl Kernel for BinaryKernel {
             }
         }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
 
@@ -253,10 +245,6 @@ impl<const N: usize> Kernel for BiasGeluKernel<N> {
             }
         }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
 
@@ -354,10 +342,6 @@ impl Kernel for DropoutKernel {
             }
         }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
 

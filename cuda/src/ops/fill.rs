@@ -2,7 +2,7 @@
 
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
-use regflow_kernels::{Execution, Kernel, KernelError, KernelIo};
+use regflow_kernels::{Kernel, KernelError, KernelIo};
 use regflow_plan::ops::Fill;
 use regflow_plan::DType;
 
@@ -46,9 +46,5 @@ impl Kernel for FillKernel {
             }
         }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }

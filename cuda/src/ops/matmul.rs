@@ -4,12 +4,12 @@
 //! column-major mapping). Every call's arguments are worked out when the actor is made;
 //! a firing only queues them.
 
-use super::{function, op_conf, stream, suffix, Entry};
+use super::{function, op_conf, queued, stream, suffix, Entry};
 use crate::blas::{Blas, Gemm, MatrixLayout};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::matmul::{layout, Layout};
 use regflow_kernels::cpu::permuted_matmul::{permuted_layout, PermutedLayout};
-use regflow_kernels::{Execution, HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{MatMul, MatMulBatchSum, PermutedMatMul};
 use regflow_plan::{DType, OpConf};
 use std::sync::Arc;
@@ -71,10 +71,6 @@ impl Kernel for ProductKernel {
         }
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 /// Checks the conf's metas by the CPU kernel's rules for `op` (errors name the actor).
@@ -93,7 +89,7 @@ fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -
     } else {
         None
     };
-    Ok(Box::new(ProductKernel {
+    Ok(queued(ProductKernel {
         blas: Blas::open(usize::from(spec.device_index)).map_err(fail)?,
         dtype,
         inputs: (conf.input_map[0], conf.input_map[1]),

@@ -12,7 +12,7 @@
 //! [`StreamContext`]: regflow_kernels::StreamContext
 
 use crate::driver::{Device, Function, StreamHandle};
-use regflow_kernels::{KernelError, KernelFactory, KernelIo, KernelKey, KernelRegistry, KernelSpec};
+use regflow_kernels::{Execution, Kernel, KernelError, KernelFactory, KernelIo, KernelKey, KernelRegistry, KernelSpec};
 use regflow_plan::{DType, DeviceKind, OpConf};
 use std::sync::Arc;
 
@@ -96,11 +96,35 @@ pub fn queued_ops() -> Vec<KernelKey> {
         .collect()
 }
 
-/// A factory from a function of the spec: the common shape of every CUDA op factory.
+/// A CUDA op kernel as the stream sees it: its `run` only queues launches on the firing's
+/// stream, so the firing completes when the stream reaches it (`Execution::Queued`). Every
+/// device kernel of this module is made through [`queued`] (or [`factory`]), so none can
+/// forget to say so and be taken for a host kernel, whose outputs count as written when
+/// `run` returns.
+#[derive(Debug)]
+struct Queued<K>(K);
+
+impl<K: Kernel> Kernel for Queued<K> {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        self.0.run(io)
+    }
+
+    fn execution(&self) -> Execution {
+        Execution::Queued
+    }
+}
+
+/// `kernel`, a device kernel that only queues launches, as the registry hands it out.
+pub(crate) fn queued<K: Kernel + 'static>(kernel: K) -> Box<dyn Kernel> {
+    Box::new(Queued(kernel))
+}
+
+/// A factory from a function of the spec making a device kernel: the common shape of the
+/// CUDA op factories without a host fallback.
 pub(crate) fn factory<K, F>(make: F) -> KernelFactory
 where
-    K: regflow_kernels::Kernel + 'static,
+    K: Kernel + 'static,
     F: Fn(&KernelSpec<'_>) -> Result<K, KernelError> + Send + Sync + 'static,
 {
-    Arc::new(move |spec| Ok(Box::new(make(spec)?) as Box<dyn regflow_kernels::Kernel>))
+    Arc::new(move |spec| Ok(queued(make(spec)?)))
 }

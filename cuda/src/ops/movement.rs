@@ -7,7 +7,7 @@ use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
 use super::layout::{self, Indexing};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid, StreamHandle};
-use regflow_kernels::{Execution, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{BroadcastTo, Concat, Embedding, EmbeddingGrad, Permute, Reshape, Slice, SliceGrad, SumTo};
 use regflow_plan::{DType, OpConf, Shape};
 
@@ -153,10 +153,6 @@ impl Kernel for GatherKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 // ---- slice, slice_grad, concat --------------------------------------------------------
@@ -207,10 +203,6 @@ impl Kernel for BlocksKernel {
             }?;
         }
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
 
@@ -371,10 +363,6 @@ impl Kernel for SumToKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 // ---- embedding ------------------------------------------------------------------------
@@ -459,10 +447,6 @@ impl Kernel for EmbeddingKernel {
         // of their checked metas; ids outside 0..rows are skipped by the kernels.
         unsafe { launch(s, self.function, Grid::linear(n), &mut args![first, second, out, n, features, rows]) }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
 

@@ -10,7 +10,7 @@
 use super::elementwise::{float_dtype, input_slots, refuse};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
-use regflow_kernels::{Execution, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{OptimizerKind, Update, ACCUMULATE_MEAN};
 use regflow_plan::{DType, OpConf};
 
@@ -187,10 +187,6 @@ impl Kernel for UpdateKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 // ---- accumulate_mean ------------------------------------------------------------------
@@ -232,10 +228,6 @@ impl Kernel for AccumulateMeanKernel {
             }
         }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
 

@@ -3,10 +3,10 @@
 //! whose innermost axis is reduced gives each output a block, one whose innermost axis is
 //! kept gives each output a thread, so reads are coalesced either way.
 
-use super::{function, op_conf, stream, suffix, Entry};
+use super::{function, op_conf, queued, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::axes;
-use regflow_kernels::{Execution, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{reduced_axes, MaxMask, PartMean, Reduce, ReduceKind};
 use regflow_plan::{DType, OpConf, Shape};
 use std::sync::Arc;
@@ -128,10 +128,6 @@ impl Kernel for ReduceKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 /// Threads per block of the block-per-output reductions.
@@ -195,7 +191,7 @@ fn make_reduce(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let op: Reduce = conf.parse_attrs().map_err(KernelError)?;
     let reduced = check_reduce(spec, conf, &op)?;
     Ok(match reduce_kernel(spec, conf, op.kind, &reduced, None)? {
-        Some(kernel) => Box::new(kernel),
+        Some(kernel) => queued(kernel),
         None => Box::new(HostOpKernel::new(op, conf)),
     })
 }
@@ -205,7 +201,7 @@ fn make_part_mean(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError>
     let op: PartMean = conf.parse_attrs().map_err(KernelError)?;
     let reduced = check_reduce(spec, conf, &op.mean)?;
     Ok(match reduce_kernel(spec, conf, ReduceKind::Mean, &reduced, Some(op.logical_count))? {
-        Some(kernel) => Box::new(kernel),
+        Some(kernel) => queued(kernel),
         None => Box::new(HostOpKernel::new(op, conf)),
     })
 }
@@ -227,10 +223,6 @@ impl Kernel for MaxMaskKernel {
         // (its broadcast strides); the argument types are the kernel's.
         unsafe { launch(stream(io), self.function, Grid::linear(n), &mut args![x, m, out, n, m_axes]) }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
 
@@ -255,7 +247,7 @@ fn make_max_mask(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> 
     let Some(m_axes) = Axes::collapsed(x.shape.dims(), &strides) else {
         return Ok(Box::new(HostOpKernel::new(op, conf)));
     };
-    Ok(Box::new(MaxMaskKernel {
+    Ok(queued(MaxMaskKernel {
         function: function(spec, &format!("regflow_max_mask_{}", suffix(x.dtype)))?,
         inputs: (conf.input_map[0], conf.input_map[1]),
         n: x.shape.numel() as u64,

@@ -5,10 +5,10 @@
 //! actor is made, and a firing only queues its launches.
 
 use super::reduce::Axes;
-use super::{function, op_conf, stream, suffix, Entry};
+use super::{function, op_conf, queued, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::axes;
-use regflow_kernels::{Execution, HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{
     LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad, SparseCrossEntropy,
     SparseCrossEntropyGrad,
@@ -137,10 +137,6 @@ impl Kernel for SoftmaxKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 fn make_softmax(spec: &KernelSpec<'_>, lane: Lane) -> Result<Box<dyn Kernel>, KernelError> {
@@ -163,7 +159,7 @@ fn make_softmax(spec: &KernelSpec<'_>, lane: Lane) -> Result<Box<dyn Kernel>, Ke
     let dims = shape.dims();
     let (outer, len, inner) = (dims[..a].iter().product::<usize>(), dims[a], dims[a + 1..].iter().product::<usize>());
     let input = conf.input_map[0];
-    Ok(Box::new(SoftmaxKernel {
+    Ok(queued(SoftmaxKernel {
         function: entry(spec, if grad { "softmax_grad" } else { "softmax" }, dtype)?,
         grid: row_grid(outer * inner, len),
         inputs: (input, if grad { conf.input_map[1] } else { input }),
@@ -215,10 +211,6 @@ impl Kernel for MaskedSoftmaxKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 /// The rows and row length of a tensor of `dims` over its last axis.
@@ -240,7 +232,7 @@ fn make_masked_softmax(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
     let Some(mask_rows) = Axes::collapsed(&dims[..last], &strides[..last]) else {
         return Ok(Box::new(HostOpKernel::new(op, conf)));
     };
-    Ok(Box::new(MaskedSoftmaxKernel {
+    Ok(queued(MaskedSoftmaxKernel {
         function: entry(spec, "masked_softmax", x.dtype)?,
         grid: row_grid(rows, len),
         dtype: x.dtype,
@@ -286,10 +278,6 @@ impl Kernel for RowsKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 fn make_masked_softmax_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
@@ -301,7 +289,7 @@ fn make_masked_softmax_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Ke
         return Err(fail(spec, conf, "the scores must have rank >= 1, got a scalar"));
     }
     let (rows, len) = rows_of(conf.inputs[0].shape.dims());
-    Ok(Box::new(RowsKernel {
+    Ok(queued(RowsKernel {
         function: entry(spec, "masked_softmax_grad", dtype)?,
         grid: row_grid(rows, len),
         dtype,
@@ -334,7 +322,7 @@ fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError
         return Err(fail(spec, conf, format!("beta {} must match gamma {}", conf.inputs[2], conf.inputs[1])));
     }
     let (rows, features) = layer_norm_rows(spec, conf)?;
-    Ok(Box::new(RowsKernel {
+    Ok(queued(RowsKernel {
         function: entry(spec, "layer_norm", dtype)?,
         grid: row_grid(rows, features),
         dtype,
@@ -385,10 +373,6 @@ impl Kernel for LayerNormGradKernel {
         }
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
@@ -402,7 +386,7 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
         return Err(fail(spec, conf, format!("dgamma and dbeta must match gamma {gamma}")));
     }
     let (rows, features) = layer_norm_rows(spec, conf)?;
-    Ok(Box::new(LayerNormGradKernel {
+    Ok(queued(LayerNormGradKernel {
         x_hat: entry(spec, "layer_norm_x_hat", dtype)?,
         params: entry(spec, "layer_norm_params_grad", dtype)?,
         dx: entry(spec, "layer_norm_dx", dtype)?,
@@ -460,10 +444,6 @@ impl Kernel for CrossEntropyKernel {
         }
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
@@ -478,7 +458,7 @@ fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelEr
     let mean_function = entry(spec, "cross_entropy_mean", dtype)?;
     let device = crate::Device::open(usize::from(spec.device_index))?;
     let losses = device.managed(&format!("{} row losses", spec.actor), (rows.max(1) * 8) as u64)?;
-    Ok(Box::new(CrossEntropyKernel {
+    Ok(queued(CrossEntropyKernel {
         rows_function,
         mean_function,
         inputs: (conf.input_map[0], conf.input_map[1]),
@@ -514,10 +494,6 @@ impl Kernel for CrossEntropyGradKernel {
         }?;
         Ok(())
     }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
-    }
 }
 
 fn make_cross_entropy_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
@@ -532,7 +508,7 @@ fn make_cross_entropy_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Ker
             format!("takes a scalar dy and gives dx like the logits, got {} and {}", conf.inputs[2], conf.outputs[0]),
         ));
     }
-    Ok(Box::new(CrossEntropyGradKernel {
+    Ok(queued(CrossEntropyGradKernel {
         function: entry(spec, "sparse_cross_entropy_grad", dtype)?,
         grid: row_grid(rows, classes),
         dtype,

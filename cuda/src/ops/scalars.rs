@@ -7,7 +7,7 @@ use super::elementwise::{float_dtype, input_slots, refuse};
 use super::optim::scalar_code;
 use super::{factory, function, op_conf, stream, Entry};
 use crate::driver::{launch, Function, Grid};
-use regflow_kernels::{Execution, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{ClipFactor, LearningRate, NextStep, Schedule};
 use regflow_plan::DType;
 
@@ -97,9 +97,5 @@ impl Kernel for ScalarKernel {
             }
         }?;
         Ok(())
-    }
-
-    fn execution(&self) -> Execution {
-        Execution::Queued
     }
 }
