@@ -100,30 +100,30 @@ struct UpdateKernel {
     n: u64,
 }
 
-impl Kernel for UpdateKernel {
-    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+impl UpdateKernel {
+    /// Queues the update with the element type `T`: hyperparameters the entry takes as `T`
+    /// are rounded by `round`, as the CPU rounds them; the rest stay f64.
+    ///
+    /// # Safety
+    ///
+    /// Every dense operand holds `n` elements of `T` and lr/step at least one of theirs
+    /// (checked when made); the argument lists are the entries' (see `Rule`).
+    unsafe fn queue<T: Copy>(&self, io: &KernelIo<'_>, round: fn(f64) -> T) -> Result<(), crate::CudaError> {
         let at = |k: usize| io.input_addr(self.inputs[k]);
         let (p, g, lr, step, lr_code, step_code) = (at(0), at(1), at(2), at(3), self.lr_code, self.step_code);
         let (s, f, n, grid) = (stream(io), self.function, self.n, Grid::linear(self.n));
         let p_out = io.output_addr(0);
-        // SAFETY: every dense operand holds n elements of the dtype and lr/step at least one
-        // of theirs (checked when made); the argument lists are the entries' (see `Rule`),
-        // hyperparameters rounded to T where the entry takes T, as the CPU rounds them.
+        // SAFETY: forwarded to the caller.
         unsafe {
-            match (self.rule, self.dtype) {
-                (Rule::Sgd { momentum, weight_decay }, DType::F32) => {
-                    let (v, v_out, mu, wd) = (at(4), io.output_addr(1), momentum as f32, weight_decay as f32);
+            match self.rule {
+                Rule::Sgd { momentum, weight_decay } => {
+                    let (v, v_out, mu, wd) = (at(4), io.output_addr(1), round(momentum), round(weight_decay));
                     launch(s, f, grid, &mut args![p, g, lr, lr_code, v, p_out, v_out, mu, wd, n])
                 }
-                (Rule::Sgd { momentum, weight_decay }, _) => {
-                    let (v, v_out) = (at(4), io.output_addr(1));
-                    launch(s, f, grid, &mut args![p, g, lr, lr_code, v, p_out, v_out, momentum, weight_decay, n])
-                }
-                (Rule::AdamW { beta1, beta2, eps, weight_decay }, DType::F32) => {
+                Rule::AdamW { beta1, beta2, eps, weight_decay } => {
                     let (m, v, m_out, v_out) = (at(4), at(5), io.output_addr(1), io.output_addr(2));
-                    let (b1, b2, one_b1, one_b2) =
-                        (beta1 as f32, beta2 as f32, (1.0 - beta1) as f32, (1.0 - beta2) as f32);
-                    let eps = eps as f32;
+                    let (b1, b2, one_b1, one_b2) = (round(beta1), round(beta2), round(1.0 - beta1), round(1.0 - beta2));
+                    let eps = round(eps);
                     launch(
                         s,
                         f,
@@ -152,37 +152,18 @@ impl Kernel for UpdateKernel {
                         ],
                     )
                 }
-                (Rule::AdamW { beta1, beta2, eps, weight_decay }, _) => {
-                    let (m, v, m_out, v_out) = (at(4), at(5), io.output_addr(1), io.output_addr(2));
-                    let (one_b1, one_b2) = (1.0 - beta1, 1.0 - beta2);
-                    launch(
-                        s,
-                        f,
-                        grid,
-                        &mut args![
-                            p,
-                            g,
-                            lr,
-                            lr_code,
-                            step,
-                            step_code,
-                            m,
-                            v,
-                            p_out,
-                            m_out,
-                            v_out,
-                            beta1,
-                            beta2,
-                            one_b1,
-                            one_b2,
-                            eps,
-                            beta1,
-                            beta2,
-                            weight_decay,
-                            n
-                        ],
-                    )
-                }
+            }
+        }
+    }
+}
+
+impl Kernel for UpdateKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        // SAFETY: the dtype is the one the kernel was made for (f32, else f64).
+        unsafe {
+            match self.dtype {
+                DType::F32 => self.queue::<f32>(io, |v| v as f32),
+                _ => self.queue::<f64>(io, |v| v),
             }
         }?;
         Ok(())
