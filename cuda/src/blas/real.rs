@@ -1,4 +1,4 @@
-//! cuBLAS over cudarc's raw `sys` layer: strided-batched GEMM for f32 and f64 on a
+//! cuBLAS over cudarc's raw `sys` layer: strided-batched GEMM for f32, f64 and bf16 on a
 //! stream's native handle. Each stream thread has its own cuBLAS handle per device, made on
 //! that thread's first product and bound to the firing's stream at each call, so the hot
 //! path takes no lock (a cuBLAS handle must not be used by two threads at once, and
@@ -11,6 +11,7 @@ use crate::CudaError;
 use cudarc::cublas::sys;
 use regflow_plan::DType;
 use std::cell::RefCell;
+use std::ffi::c_void;
 use std::sync::OnceLock;
 
 /// Whether cuBLAS (`libcublas`) can be loaded; cudarc panics on its first call otherwise.
@@ -117,7 +118,7 @@ impl Blas {
     }
 
     /// Queues `gemm` on `stream`: `c = alpha · a·b + beta · c` per batch element, with `a`,
-    /// `b`, `c` device addresses of `dtype` elements (f32 or f64). Allocates nothing.
+    /// `b`, `c` device addresses of `dtype` elements (f32, f64 or bf16). Allocates nothing.
     ///
     /// # Safety
     ///
@@ -142,105 +143,57 @@ impl Blas {
         let op = |t: bool| if t { sys::cublasOperation_t::CUBLAS_OP_T } else { sys::cublasOperation_t::CUBLAS_OP_N };
         let (first, second) = if gemm.swapped { (b, a) } else { (a, b) };
         let g = *gemm;
-        with_handle(ordinal, stream, |handle| match dtype {
-            DType::F32 => {
-                let (alpha, beta) = (alpha as f32, beta as f32);
-                // SAFETY: forwarded to the caller; alpha and beta are host values (the
-                // default pointer mode) living across the call.
-                unsafe {
-                    sys::cublasSgemmStridedBatched(
-                        handle,
-                        op(g.transa),
-                        op(g.transb),
-                        g.m,
-                        g.n,
-                        g.k,
-                        &alpha,
-                        first as usize as *const f32,
-                        g.lda,
-                        g.stride_a,
-                        second as usize as *const f32,
-                        g.ldb,
-                        g.stride_b,
-                        &beta,
-                        c as usize as *mut f32,
-                        g.ldc,
-                        g.stride_c,
-                        g.batch,
-                    )
-                }
-                .result()
-                .map_err(|e| failed("cublasSgemmStridedBatched", ordinal, e.0))
+        use sys::cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F};
+        use sys::cudaDataType::{CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F};
+        // One call for every dtype: f32 and bf16 operands accumulate in f32 (never TF32: that
+        // is CUBLAS_COMPUTE_32F_FAST_TF32), so f32 matches the CPU to 1e-5 and bf16 is rounded
+        // once, as the CPU's bf16 product; f64 in f64.
+        let (data, compute) = match dtype {
+            DType::F32 => (CUDA_R_32F, CUBLAS_COMPUTE_32F),
+            DType::F64 => (CUDA_R_64F, CUBLAS_COMPUTE_64F),
+            DType::Bf16 => (CUDA_R_16BF, CUBLAS_COMPUTE_32F),
+            DType::I64 => {
+                let message = "cuBLAS has no integer product".into();
+                return Err(CudaError::Call { call: "cuBLAS GEMM".into(), ordinal, message });
             }
-            DType::F64 => {
-                // SAFETY: as above.
-                unsafe {
-                    sys::cublasDgemmStridedBatched(
-                        handle,
-                        op(g.transa),
-                        op(g.transb),
-                        g.m,
-                        g.n,
-                        g.k,
-                        &alpha,
-                        first as usize as *const f64,
-                        g.lda,
-                        g.stride_a,
-                        second as usize as *const f64,
-                        g.ldb,
-                        g.stride_b,
-                        &beta,
-                        c as usize as *mut f64,
-                        g.ldc,
-                        g.stride_c,
-                        g.batch,
-                    )
-                }
-                .result()
-                .map_err(|e| failed("cublasDgemmStridedBatched", ordinal, e.0))
+        };
+        // alpha and beta are host values (the default pointer mode) of the compute type.
+        let (alpha32, beta32) = (alpha as f32, beta as f32);
+        let (alpha, beta) = match compute {
+            CUBLAS_COMPUTE_64F => (&alpha as *const f64 as *const c_void, &beta as *const f64 as *const c_void),
+            _ => (&alpha32 as *const f32 as *const c_void, &beta32 as *const f32 as *const c_void),
+        };
+        with_handle(ordinal, stream, |handle| {
+            // SAFETY: forwarded to the caller; alpha and beta live across the call.
+            unsafe {
+                sys::cublasGemmStridedBatchedEx(
+                    handle,
+                    op(g.transa),
+                    op(g.transb),
+                    g.m,
+                    g.n,
+                    g.k,
+                    alpha,
+                    first as usize as *const c_void,
+                    data,
+                    g.lda,
+                    g.stride_a,
+                    second as usize as *const c_void,
+                    data,
+                    g.ldb,
+                    g.stride_b,
+                    beta,
+                    c as usize as *mut c_void,
+                    data,
+                    g.ldc,
+                    g.stride_c,
+                    g.batch,
+                    compute,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                )
             }
-            DType::Bf16 => {
-                // bf16 operands, f32 accumulation (never TF32 or bf16 sums), the result
-                // rounded once to bf16: what the CPU's bf16 product computes.
-                let (alpha, beta) = (alpha as f32, beta as f32);
-                let bf16 = sys::cudaDataType::CUDA_R_16BF;
-                // SAFETY: as above; alpha and beta are f32 host values, as CUBLAS_COMPUTE_32F
-                // takes them.
-                unsafe {
-                    sys::cublasGemmStridedBatchedEx(
-                        handle,
-                        op(g.transa),
-                        op(g.transb),
-                        g.m,
-                        g.n,
-                        g.k,
-                        &alpha as *const f32 as *const std::ffi::c_void,
-                        first as usize as *const std::ffi::c_void,
-                        bf16,
-                        g.lda,
-                        g.stride_a,
-                        second as usize as *const std::ffi::c_void,
-                        bf16,
-                        g.ldb,
-                        g.stride_b,
-                        &beta as *const f32 as *const std::ffi::c_void,
-                        c as usize as *mut std::ffi::c_void,
-                        bf16,
-                        g.ldc,
-                        g.stride_c,
-                        g.batch,
-                        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-                    )
-                }
-                .result()
-                .map_err(|e| failed("cublasGemmStridedBatchedEx(bf16)", ordinal, e.0))
-            }
-            DType::I64 => Err(CudaError::Call {
-                call: "cuBLAS GEMM".into(),
-                ordinal,
-                message: "cuBLAS has no integer product".into(),
-            }),
+            .result()
+            .map_err(|e| failed(&format!("cublasGemmStridedBatchedEx({dtype})"), ordinal, e.0))
         })
     }
 }
