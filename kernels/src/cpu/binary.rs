@@ -20,7 +20,7 @@ impl HostCompute for Binary {
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
         let ([a, b], [out]) = (inputs, outputs) else {
-            return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+            return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
         };
         if a.dtype != b.dtype || a.dtype != out.dtype {
             return Err(format!("operands {a} and {b} give {out}: all three must have one dtype"));

@@ -32,7 +32,7 @@ impl HostCompute for BiasGelu {
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
         let ([x, bias], [out]) = (inputs, outputs) else {
-            return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+            return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
         };
         check_bias(x, bias)?;
         if out != x {
@@ -69,7 +69,7 @@ impl HostCompute for BiasGeluGrad {
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
         let ([x, bias, dy], [dx]) = (inputs, outputs) else {
-            return Err(format!("takes 3 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+            return Err(crate::cpu::not_n_to_one(3, (inputs, outputs)));
         };
         check_bias(x, bias)?;
         if dy != x || dx != x {

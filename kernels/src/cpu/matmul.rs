@@ -46,7 +46,7 @@ fn check_product(
     sum_batch: bool,
 ) -> Result<(), String> {
     let ([a, b], [out]) = (inputs, outputs) else {
-        return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+        return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
     };
     let pair = || format!("{} x {}", describe(&a.shape, transpose_a), describe(&b.shape, transpose_b));
     if a.dtype != b.dtype || a.dtype != out.dtype {

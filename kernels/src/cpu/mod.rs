@@ -91,6 +91,11 @@ pub mod softmax;
 pub mod to_global;
 pub mod unary;
 
+/// What a kernel check says of an op that got other than `inputs` inputs and one output.
+pub(crate) fn not_n_to_one(inputs: usize, metas: (&[regflow_plan::TensorMeta], &[regflow_plan::TensorMeta])) -> String {
+    format!("takes {inputs} inputs and gives 1 output, but has {} and {}", metas.0.len(), metas.1.len())
+}
+
 /// A factory that parses the op's attributes as `T` and runs its host computation.
 fn host<T: HostCompute + DeserializeOwned + 'static>() -> KernelFactory {
     Arc::new(|spec| {

@@ -157,7 +157,7 @@ impl HostCompute for MaskedSoftmax {
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
         let ([x, mask], [out]) = (inputs, outputs) else {
-            return Err(format!("takes 2 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+            return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
         };
         check_masked(x, mask)?;
         if out != x {
