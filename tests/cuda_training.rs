@@ -3,6 +3,7 @@
 //! in-process collectives). Every test skips, saying why, on a machine without a GPU or a
 //! build without the `cuda` feature; a `cuda` plan there is refused (tests/kernel_registry.rs).
 
+mod common;
 #[path = "../examples/common/gpt.rs"]
 mod gpt;
 
@@ -47,30 +48,8 @@ fn losses<'g>(
 ) -> Vec<f64> {
     let compiled =
         g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh.clone()).train(&step)).unwrap();
-    let mut job = configure(Job::builder(compiled.plan.clone())).build().unwrap();
-    let mut inputs = job.graph_feeds().unwrap();
-    let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
-    let feeds = feeds.clone();
-    let pusher = std::thread::spawn(move || {
-        for step in feeds {
-            for (name, value) in step {
-                inputs.push(name, &value).unwrap();
-            }
-        }
-        inputs.close().unwrap();
-    });
-    let losses: Vec<f64> = std::iter::from_fn(|| fetcher.recv())
-        .map(|piece| {
-            let bytes = piece.bytes();
-            match dtype {
-                DType::F32 => f64::from(f32::from_le_bytes(bytes.try_into().unwrap())),
-                _ => f64::from_le_bytes(bytes.try_into().unwrap()),
-            }
-        })
-        .collect();
-    pusher.join().unwrap();
-    job.wait().unwrap();
-    losses
+    let job = configure(Job::builder(compiled.plan.clone())).build().unwrap();
+    common::fed_losses(job, &compiled.fetches[0], feeds.clone(), dtype)
 }
 
 fn assert_close(what: &str, gpu: &[f64], cpu: &[f64], tolerance: f64) {

@@ -5,6 +5,8 @@
 
 use regflow::graph::{CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, Precision, SplitMix64};
 use regflow::plan::Plan;
+
+mod common;
 use regflow::prelude::*;
 
 const BATCH: usize = 64;
@@ -49,22 +51,9 @@ fn compiled(precision: Precision) -> CompiledGraph {
 
 fn losses(precision: Precision, steps: usize) -> Vec<f64> {
     let compiled = compiled(precision);
-    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
-    let mut feeds = job.graph_feeds().unwrap();
-    let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
-    let pusher = std::thread::spawn(move || {
-        for (x, y) in batches(steps) {
-            feeds.push("x", &x).unwrap();
-            feeds.push("y", &y).unwrap();
-        }
-        feeds.close().unwrap();
-    });
-    let losses: Vec<f64> = std::iter::from_fn(|| fetcher.recv())
-        .map(|p| f64::from(f32::from_le_bytes(p.bytes().try_into().unwrap())))
-        .collect();
-    pusher.join().unwrap();
-    job.wait().unwrap();
-    losses
+    let job = Job::builder(compiled.plan.clone()).build().unwrap();
+    let feeds = batches(steps).into_iter().map(|(x, y)| vec![("x", x), ("y", y)]).collect();
+    common::fed_losses(job, &compiled.fetches[0], feeds, DType::F32)
 }
 
 #[test]

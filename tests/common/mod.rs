@@ -64,3 +64,33 @@ pub(crate) fn fed_chain(register_num: u32) -> regflow::prelude::Plan {
     b.consume(sink, y);
     b.build().unwrap()
 }
+
+/// The losses of a job training on graph feeds: pushes every step's `(input, value)` pairs
+/// from a thread, closes the feeds, collects each fetched scalar of `fetch` (f32 or f64, as
+/// `dtype` says) until the job ends, and waits for it.
+pub(crate) fn fed_losses(
+    mut job: regflow::prelude::Job,
+    fetch: &str,
+    steps: Vec<Vec<(&'static str, regflow::graph::HostArray)>>,
+    dtype: regflow::graph::DType,
+) -> Vec<f64> {
+    let mut feeds = job.graph_feeds().unwrap();
+    let fetcher = job.fetcher(fetch).unwrap();
+    let pusher = std::thread::spawn(move || {
+        for step in steps {
+            for (name, value) in step {
+                feeds.push(name, &value).unwrap();
+            }
+        }
+        feeds.close().unwrap();
+    });
+    let losses: Vec<f64> = std::iter::from_fn(|| fetcher.recv())
+        .map(|piece| match dtype {
+            regflow::graph::DType::F64 => f64::from_le_bytes(piece.bytes().try_into().unwrap()),
+            _ => f64::from(f32::from_le_bytes(piece.bytes().try_into().unwrap())),
+        })
+        .collect();
+    pusher.join().unwrap();
+    job.wait().unwrap();
+    losses
+}
