@@ -16,17 +16,6 @@ fn random(len: usize, dtype: DType, seed: u64, (lo, hi): (f64, f64)) -> HostArra
     .expect("an array")
 }
 
-/// A scalar register of `dtype` holding `value`.
-fn scalar(dtype: DType, value: f64) -> HostArray {
-    match dtype {
-        DType::F32 => HostArray::f32([1], vec![value as f32]),
-        DType::F64 => HostArray::f64([1], vec![value]),
-        DType::I64 => HostArray::i64([1], vec![value as i64]),
-        DType::Bf16 => HostArray::bf16([1], vec![regflow_plan::bf16::from_f64(value)]),
-    }
-    .expect("a scalar")
-}
-
 #[test]
 fn sgd_and_adamw_updates_match_the_cpu() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
@@ -41,8 +30,8 @@ fn sgd_and_adamw_updates_match_the_cpu() {
                     let mut inputs = vec![
                         random(n, dtype, 1, (-1.0, 1.0)),
                         random(n, dtype, 2, (-1.0, 1.0)),
-                        scalar(lr_dtype, 3e-3),
-                        scalar(step_dtype, 7.0),
+                        common::scalar(lr_dtype, 3e-3),
+                        common::scalar(step_dtype, 7.0),
                     ];
                     inputs.push(random(n, dtype, 3, (-0.1, 0.1)));
                     if states == 2 {

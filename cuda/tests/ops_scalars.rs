@@ -3,16 +3,7 @@
 mod common;
 
 use regflow_plan::ops::{ClipFactor, LearningRate, NextStep, Schedule};
-use regflow_plan::{DType, HostArray, TensorMeta};
-
-fn scalar(dtype: DType, value: f64) -> HostArray {
-    match dtype {
-        DType::F32 => HostArray::f32([1], vec![value as f32]).unwrap(),
-        DType::F64 => HostArray::f64([1], vec![value]).unwrap(),
-        DType::I64 => HostArray::i64([1], vec![value as i64]).unwrap(),
-        DType::Bf16 => HostArray::bf16([1], vec![regflow_plan::bf16::from_f64(value)]).unwrap(),
-    }
-}
+use regflow_plan::{DType, TensorMeta};
 
 #[test]
 fn schedules_clip_factors_and_steps_match_the_cpu() {
@@ -27,7 +18,7 @@ fn schedules_clip_factors_and_steps_match_the_cpu() {
         let meta = TensorMeta::new([1], out);
         for step_dtype in [DType::F32, DType::F64, DType::I64] {
             for step in [0.0, 1.0, 5.0, 10.0, 11.0, 55.0, 100.0, 250.0] {
-                let x = scalar(step_dtype, step);
+                let x = common::scalar(step_dtype, step);
                 for schedule in &schedules {
                     let op = LearningRate(schedule.clone());
                     let conf = common::conf(&op, &[&x], std::slice::from_ref(&meta));
@@ -38,7 +29,7 @@ fn schedules_clip_factors_and_steps_match_the_cpu() {
             }
         }
         for norm in [0.0, 0.5, 1.0, 3.0, f64::NAN] {
-            let x = scalar(out, norm);
+            let x = common::scalar(out, norm);
             let conf = common::conf(&ClipFactor(1.0), &[&x], std::slice::from_ref(&meta));
             common::check(&format!("clip factor of {norm}"), &conf, &[&x], gpu, 1e-15);
         }

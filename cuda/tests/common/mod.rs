@@ -117,23 +117,27 @@ pub(crate) fn check(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Dev
     }
 }
 
-/// A deterministic array of `dims` with values in [-1, 1).
+/// A deterministic array of `dims` with values in [-1, 1) (integers for i64).
 pub(crate) fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
-    let n: usize = dims.iter().product();
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let values: Vec<f64> = (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % 20_000) as f64 / 10_000.0 - 1.0
-        })
-        .collect();
+    let mut rng = regflow_plan::SplitMix64::new(seed);
+    let values: Vec<f64> = (0..dims.iter().product::<usize>()).map(|_| 2.0 * rng.next_f64() - 1.0).collect();
     let dims = dims.to_vec();
     match dtype {
         DType::F32 => HostArray::f32(dims, values.iter().map(|&v| v as f32).collect()),
+        DType::F64 => HostArray::f64(dims, values),
+        DType::I64 => HostArray::i64(dims, values.iter().map(|&v| (v * 1000.0) as i64).collect()),
         DType::Bf16 => HostArray::bf16(dims, values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect()),
-        _ => HostArray::f64(dims, values),
     }
     .expect("an array")
+}
+
+/// A one-element register of `dtype` holding `value` (a learning rate, a step, a norm).
+pub(crate) fn scalar(dtype: DType, value: f64) -> HostArray {
+    match dtype {
+        DType::F32 => HostArray::f32([1], vec![value as f32]),
+        DType::F64 => HostArray::f64([1], vec![value]),
+        DType::I64 => HostArray::i64([1], vec![value as i64]),
+        DType::Bf16 => HostArray::bf16([1], vec![regflow_plan::bf16::from_f64(value)]),
+    }
+    .expect("a scalar")
 }
