@@ -44,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut job = builder.build()?;
     let (per_step, last) =
-        step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (BATCH, t, VOCAB), warmup, steps)?;
+        step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (BATCH, t, VOCAB), warmup, steps, false)?;
     job.wait()?;
     println!(
         "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4})",

@@ -5,8 +5,16 @@
 //!
 //! ```text
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
-//!     [--size gpt2|tiny] [--batch 8] [--steps 20] [--peak-tflops 989]
+//!     [--size gpt2|tiny] [--precision f32|bf16] [--batch 8] [--steps 20] [--warmup 3]
+//!     [--peak-tflops 989] [--trace PATH]
 //! ```
+//!
+//! Each step's loss is reported on stderr as it arrives. `--trace PATH` writes the job's
+//! timeline; on `cuda` that runs every kernel alone and times it (a per-op profile, see
+//! `runtime/src/device/cuda.rs`), so a traced run's step time is not the benchmark's.
+//!
+//! `--precision bf16` compiles the graph with `Graph::mixed_precision(Precision::Bf16)`:
+//! products in bf16 with f32 accumulation, f32 master weights and optimizer state.
 //!
 //! `--size tiny` (2 layers, d_model 64, context 64) runs the same program on a CPU in
 //! seconds, which is how CI keeps it working where no GPU is lent. Model flops per token
@@ -19,7 +27,7 @@ mod gpt;
 mod step_timer;
 
 use gpt::{Gpt, GptConfig};
-use regflow::graph::{CompileOptions, DType, Graph, Optimizer};
+use regflow::graph::{CompileOptions, DType, Graph, Optimizer, Precision};
 use regflow::prelude::{DeviceKind, Job};
 
 const GPT2: GptConfig = GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072 };
@@ -55,15 +63,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "tiny" => (TINY, 65),
         other => return Err(format!("--size {other}: expected gpt2 or tiny").into()),
     };
+    let precision = match arg("--precision", "f32".to_string())?.as_str() {
+        "f32" => None,
+        "bf16" => Some(Precision::Bf16),
+        other => return Err(format!("--precision {other}: expected f32 or bf16").into()),
+    };
     let batch: usize = arg("--batch", 8)?;
     let steps: usize = arg("--steps", 20)?;
+    let warmup: usize = arg("--warmup", 3)?;
+    let trace: String = arg("--trace", String::new())?;
     let peak_tflops: f64 = arg("--peak-tflops", 989.0)?;
     if batch == 0 || steps == 0 || peak_tflops.is_nan() || peak_tflops <= 0.0 {
         return Err("--batch and --steps must be at least 1 and --peak-tflops positive".into());
     }
-    let warmup = 3;
     let t = config.context;
     let g = Graph::new();
+    if let Some(precision) = precision {
+        g.mixed_precision(precision)?;
+    }
     let model = Gpt::new(&g, config, vocab)?;
     let mask = g.input("causal_mask", [t, t], DType::F32)?;
     let ids = g.input("ids", [batch, t], DType::I64)?;
@@ -73,17 +90,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let parameters: usize = g.trainable_variables().iter().map(|v| v.shape().numel()).sum();
     let options = CompileOptions { device, ..Default::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
-    let mut job = Job::builder(compiled.plan.clone()).build()?;
+    let mut builder = Job::builder(compiled.plan.clone());
+    if !trace.is_empty() {
+        builder = builder.trace(&trace);
+    }
+    let built = std::time::Instant::now();
+    let mut job = builder.build()?;
+    eprintln!("  job built in {:.1} s", built.elapsed().as_secs_f64());
     let (per_step, last) =
-        step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (batch, t, vocab), warmup, steps)?;
+        step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (batch, t, vocab), warmup, steps, true)?;
     job.wait()?;
     let tokens = (batch * t) as f64 / per_step;
     let flops_per_token = 6.0 * parameters as f64 + 12.0 * (config.layers * t * config.d_model) as f64;
     let mfu = tokens * flops_per_token / (peak_tflops * 1e12);
     println!(
-        "regflow {} on {}: {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
+        "regflow {} {} on {}: {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
          MFU {:.1}% of {peak_tflops} TFLOP/s (last loss {last:.4})",
         if vocab == 50_257 { "gpt2-124M" } else { "tiny gpt" },
+        if precision.is_some() { "bf16" } else { "f32" },
         device.name(),
         per_step * 1e3,
         mfu * 100.0

@@ -53,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(())
     });
-    let (per_step, last) = step_timer::seconds_per_step(&losses, warmup, steps)?;
+    let (per_step, last) = step_timer::seconds_per_step(&losses, warmup, steps, false)?;
     pusher.join().map_err(|_| "feeder panicked")??;
     drop(losses);
     job.wait()?;

@@ -9,7 +9,7 @@ mod gpt;
 
 use gpt::{Gpt, GptConfig};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, TrainStep};
+use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Precision, SplitMix64, TrainStep};
 use regflow::prelude::*;
 use regflow::runtime::JobBuilder;
 
@@ -58,7 +58,7 @@ fn assert_close(what: &str, gpu: &[f64], cpu: &[f64], tolerance: f64) {
         let rel = (a - b).abs() / b.abs().max(1e-12);
         assert!(rel <= tolerance, "{what}: step {step}: cuda {a}, cpu {b} (relative {rel:e})\n{gpu:?}\n{cpu:?}");
     }
-    assert!(gpu[gpu.len() - 1] < gpu[0], "{what}: the loss went down: {gpu:?}");
+    assert!(gpu[gpu.len() - 1] < gpu[0], "{what}: the loss did not go down: {gpu:?}");
 }
 
 fn mlp<'g>(g: &'g Graph, dtype: DType, mesh: &Mesh, data_parallel: bool) -> TrainStep<'g> {
@@ -126,8 +126,12 @@ fn data_parallel_on_two_devices_of_one_gpu_matches_one_device() {
     assert_close("dp2 on one GPU", &dp2, &one, 1e-4);
 }
 
-fn gpt_losses(kind: DeviceKind) -> Vec<f64> {
+/// The tiny GPT's per-step losses on one device of `kind`, in f32 or with `precision`.
+fn gpt_losses(kind: DeviceKind, precision: Option<Precision>) -> Vec<f64> {
     let g = Graph::new();
+    if let Some(precision) = precision {
+        g.mixed_precision(precision).unwrap();
+    }
     let mesh = Mesh::of_kind(kind, &[1], &["d"]).unwrap();
     let model = Gpt::new(&g, GPT, VOCAB).unwrap();
     let mask = g.input("causal_mask", [GPT.context, GPT.context], DType::F32).unwrap();
@@ -143,11 +147,13 @@ fn gpt_losses(kind: DeviceKind) -> Vec<f64> {
     let mut rng = SplitMix64::new(7);
     let feeds: Feeds = (0..STEPS)
         .map(|_| {
-            let mut draw = |n: usize| (0..n).map(|_| (rng.next_u64() % VOCAB as u64) as i64).collect::<Vec<i64>>();
+            // Each token's successor is its id + 1: learnable, so the loss falls.
+            let ids: Vec<i64> = (0..4 * t).map(|_| (rng.next_u64() % VOCAB as u64) as i64).collect();
+            let targets = ids.iter().map(|&id| (id + 1) % VOCAB as i64).collect();
             vec![
                 ("causal_mask", HostArray::f32([t, t], causal.clone()).unwrap()),
-                ("ids", HostArray::i64([4, t], draw(4 * t)).unwrap()),
-                ("targets", HostArray::i64([4 * t], draw(4 * t)).unwrap()),
+                ("ids", HostArray::i64([4, t], ids).unwrap()),
+                ("targets", HostArray::i64([4 * t], targets).unwrap()),
             ]
         })
         .collect();
@@ -159,7 +165,28 @@ fn the_tiny_gpt_trains_on_one_gpu_like_on_the_cpu() {
     if !gpu_or_skip() {
         return;
     }
-    assert_close("gpt", &gpt_losses(DeviceKind::Cuda), &gpt_losses(DeviceKind::Cpu), 1e-4);
+    assert_close("gpt", &gpt_losses(DeviceKind::Cuda, None), &gpt_losses(DeviceKind::Cpu, None), 1e-4);
+}
+
+/// bf16 autocast on the GPU (cuBLAS bf16 products, f32 accumulation) against the same
+/// plan on the CPU: both round the same values to bf16, so losses agree to bf16's 1e-2.
+#[test]
+fn the_tiny_gpt_trains_in_bf16_on_one_gpu_like_on_the_cpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let bf16 = Some(Precision::Bf16);
+    assert_close("bf16 gpt", &gpt_losses(DeviceKind::Cuda, bf16), &gpt_losses(DeviceKind::Cpu, bf16), 2e-2);
+}
+
+/// The parity tests' data is learnable (their losses must fall), checked where it runs
+/// everywhere: on the CPU.
+#[test]
+fn the_tiny_gpt_data_is_learnable() {
+    for precision in [None, Some(Precision::Bf16)] {
+        let losses = gpt_losses(DeviceKind::Cpu, precision);
+        assert!(losses[STEPS - 1] < losses[0] - 0.05, "{precision:?}: {losses:?}");
+    }
 }
 
 /// Without a GPU but with NVRTC (CI), the same plans run to their end on dry-run devices:
@@ -179,5 +206,6 @@ fn plans_run_to_the_end_on_dry_run_devices() {
     assert_eq!(mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b).len(), STEPS);
     assert_eq!(mlp_losses(DeviceKind::Cuda, 1, DType::F64, |b| b).len(), STEPS);
     assert_eq!(mlp_losses(DeviceKind::Cuda, 2, DType::F32, |b| b.cuda_ordinals(&[0, 0])).len(), STEPS);
-    assert_eq!(gpt_losses(DeviceKind::Cuda).len(), STEPS);
+    assert_eq!(gpt_losses(DeviceKind::Cuda, None).len(), STEPS);
+    assert_eq!(gpt_losses(DeviceKind::Cuda, Some(Precision::Bf16)).len(), STEPS);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what a lent GPU machine runs (it has the CUDA driver, toolkit, PyTorch and NCCL but
-# no Rust toolchain): the CUDA tests and the GPT-2 benchmark, release, with the `cuda`
+# no Rust toolchain): the CUDA tests, the GEMM and GPT-2 benchmarks, release, with the `cuda`
 # feature, stripped, into gpu-bin/ (ignored by git) beside benches/gpu/run.sh. Then, with
 # the session's device tool:   run(command="bash gpu-bin/run.sh", carry=["gpu-bin"])
 set -euo pipefail
@@ -24,7 +24,9 @@ for line in sys.stdin:
   strip -o "$out/test-$name" "$exe"
 done
 cargo build --release --features regflow/cuda --example bench_gpu_gpt2
+cargo build --release -p regflow-cuda --features cuda --example bench_gemm
 strip -o "$out/bench_gpu_gpt2" target/release/examples/bench_gpu_gpt2
-cp benches/gpu/run.sh benches/peers/gpt2_torch.py "$out/"
+strip -o "$out/bench_gemm" target/release/examples/bench_gemm
+cp benches/gpu/run.sh benches/gpu/profile.py benches/peers/gpt2_torch.py benches/peers/gemm_torch.py "$out/"
 du -sh "$out"
 ls "$out"

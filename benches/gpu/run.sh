@@ -1,30 +1,115 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine, from the repository root, after benches/gpu/build.sh filled
-# gpu-bin/: every CUDA test binary, then the GPT-2 124M step in regflow and in PyTorch
-# (eager and torch.compile) in one run. Finds libnvrtc, libcublas and libnccl in the CUDA
-# toolkit or in PyTorch's pip packages.
+# gpu-bin/. Every step has its own time limit, so one hang cannot eat the lease, and every
+# log lands in $OUT (the device tool brings that folder back):
+#   1. machine.txt  the GPU, the driver, the libraries found;
+#   2. tests.log    every CUDA test binary (op-by-op comparisons, NCCL, training parity,
+#                   the slow-kernel invariants), a few at a time, and some under
+#                   compute-sanitizer; meanwhile PyTorch's torch.compile fills its cache for
+#                   step 3, so compiling stays out of the timed run;
+#   3. bench.log    the GPT-2 124M step in regflow (f32, bf16) and PyTorch (eager f32 and
+#                   bf16, compile bf16), regflow's GEMM against torch.matmul on the same
+#                   shapes, and a traced regflow step's per-op profile (trace.json), one
+#                   after another on an otherwise idle GPU;
+#   4. summary.txt  what passed and failed, and every figure (also printed last).
+# libnvrtc, libcublas and libnccl come from the CUDA toolkit or PyTorch's pip packages;
+# an unversioned link is made for each, since the pip wheels ship only versioned names
+# (libnccl.so.2) that cudarc's loader does not try.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-libs=$(python3 - <<'PY' 2>/dev/null
+out="${OUT:-/tmp/regflow-gpu-out}"
+logs=/tmp/regflow-gpu-logs
+mkdir -p "$out" "$logs" /tmp/regflow-libs
+export PYTHONUNBUFFERED=1
+BATCH="${BATCH:-8}" STEPS="${STEPS:-10}"
+
+python3 - >"$logs/libs" <<'PY'
 import glob, os, site
+names = ("libnvrtc", "libnvrtc-builtins", "libcublas", "libcublasLt", "libnccl")
 dirs = set()
 for base in site.getsitepackages() + ["/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu"]:
     for pattern in ("nvidia/*/lib", "nvidia/cu*/lib", ""):
         for d in glob.glob(os.path.join(base, pattern)):
-            if glob.glob(os.path.join(d, "libnvrtc.so*")) + glob.glob(os.path.join(d, "libcublas.so*")) + glob.glob(os.path.join(d, "libnccl.so*")):
-                dirs.add(d)
-print(":".join(sorted(dirs)))
+            for name in names:
+                found = sorted(glob.glob(os.path.join(d, name + ".so*")))
+                if found:
+                    dirs.add(d)
+                    link = os.path.join("/tmp/regflow-libs", name + ".so")
+                    if not os.path.exists(link):
+                        os.symlink(found[0], link)
+print(":".join(["/tmp/regflow-libs"] + sorted(dirs)))
 PY
-)
-export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-status=0
-for t in "$here"/test-*; do
-  echo "== $(basename "$t")"
-  "$t" --test-threads=1 --nocapture 2>&1 | grep -E "test |skipped|panicked|result|running on" || status=1
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-done
-echo "== GPT-2 124M, one GPU"
-"$here/bench_gpu_gpt2" --device cuda --size gpt2 --batch "${BATCH:-8}" --steps "${STEPS:-20}" || status=1
-python3 "$here/gpt2_torch.py" --batch "${BATCH:-8}" --steps "${STEPS:-20}" --dtype f32 || status=1
-exit $status
+export LD_LIBRARY_PATH="$(cat "$logs/libs")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ls -l /tmp/regflow-libs
+} >"$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+# 2. Tests, five jobs at a time, 150 s each at most: every test binary, and the op tests
+# with the most indexing again under compute-sanitizer's memcheck (out-of-bounds and
+# misaligned accesses that a right-looking value would hide). Meanwhile (unless
+# TORCH_COMPILE=0) torch.compile warms its cache, so compiling stays out of the timed run.
+if [ "${TORCH_COMPILE:-1}" = 1 ]; then
+  timeout 240 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps 1 --dtypes bf16 --modes compile \
+    >"$logs/torch-warm.log" 2>&1 &
+fi
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+{
+  for t in "$here"/test-*; do b=$(basename "$t"); echo "${b#test-} $t"; done
+  if [ -n "$sanitizer" ]; then
+    for t in ops_rows ops_reduce ops_movement ops_elementwise ops_optim; do
+      echo "memcheck-$t $sanitizer --tool memcheck --leak-check no --error-exitcode 9 $here/test-$t"
+    done
+  fi
+} >"$logs/jobs"
+xargs -P 5 -L 1 bash -c '
+  name=$0; start=$(date +%s)
+  timeout 150 "$@" --test-threads=1 --nocapture >'"$logs"'/test-$name.log 2>&1; rc=$?
+  echo "$name exit $rc after $(( $(date +%s) - start )) s" >>'"$logs"'/test-rc' <"$logs/jobs"
+for log in "$logs"/test-*.log; do echo "===== $(basename "$log" .log)"; cat "$log"; done >"$out/tests.log"
+wait
+[ -f "$logs/torch-warm.log" ] && cp "$logs/torch-warm.log" "$out/torch-warm.log"
+
+# 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH_COMPILE=0, PROFILE=0 leave
+# parts out). Each GPT-2 run says on stderr when each step's loss arrived, so a run cut
+# short by its limit still shows its pace.
+{
+  for precision in f32 bf16; do
+    echo "== GPT-2 124M regflow $precision"
+    timeout "${GPT2_LIMIT:-150}" "$here/bench_gpu_gpt2" --device cuda --size gpt2 --batch "$BATCH" \
+      --precision "$precision" --warmup "${WARMUP:-3}" --steps "$STEPS"
+    echo "exit $?"
+  done
+  echo "== GPT-2 124M PyTorch"
+  timeout 100 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes f32,bf16 --modes eager
+  echo "exit $?"
+  if [ "${TORCH_COMPILE:-1}" = 1 ]; then
+    timeout 150 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes bf16 --modes compile
+    echo "exit $?"
+  fi
+  if [ "${GEMM:-1}" = 1 ]; then
+    echo "== GEMM"
+    timeout 90 "$here/bench_gemm" --repeats 20
+    timeout 90 python3 "$here/gemm_torch.py" --repeats 20
+  fi
+  if [ "${PROFILE:-1}" = 1 ]; then
+    echo "== GPT-2 124M regflow f32, traced (every kernel alone): per-op profile of step 1"
+    timeout 120 "$here/bench_gpu_gpt2" --device cuda --size gpt2 --batch "$BATCH" --warmup 1 --steps 1 \
+      --trace "$out/trace.json"
+    echo "exit $?"
+    python3 "$here/profile.py" "$out/trace.json" --pieces 1 --top 30
+  fi
+  nvidia-smi --query-gpu=memory.used,clocks.sm --format=csv
+} >"$out/bench.log" 2>&1
+
+# 4. Summary.
+{
+  echo "== test binaries"; sort "$logs/test-rc"
+  echo "== test results"; grep -hE "^=====|^test result|^test .* FAILED|panicked at|skipped|ERROR SUMMARY" "$out/tests.log" | head -80
+  echo "== figures"; grep -hE "^(==|regflow|torch|pytorch) |^  |exit [^0]|error|ms " "$out/bench.log"
+} >"$out/summary.txt" 2>&1
+cat "$out/summary.txt"

@@ -6,7 +6,8 @@ token and position embeddings, separate Q/K/V projections, scaled scores plus an
 causal mask (0 / -1e9), the tanh-approximated GELU, a final LayerNorm and logits from the
 tied token embedding; AdamW (lr 6e-4, weight decay 0.1), gradients clipped to norm 1.
 
-    python3 benches/peers/gpt2_torch.py [--batch 8] [--steps 20] [--dtype f32|bf16] [--size gpt2|tiny]
+    python3 benches/peers/gpt2_torch.py [--batch 8] [--steps 20] [--dtypes f32,bf16] [--modes eager,compile]
+        [--size gpt2|tiny]
 
 f32 runs with TF32 off (regflow's f32 products do not use TF32); bf16 is autocast with f32
 master weights, as `Graph::mixed_precision(Bf16)` compiles it.
@@ -82,30 +83,40 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    parser.add_argument("--dtypes", default="f32", help="comma-separated: f32, bf16")
+    parser.add_argument("--modes", default="eager,compile", help="comma-separated: eager, compile")
     parser.add_argument("--size", choices=list(SIZES), default="gpt2")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     layers, d, heads, t, mlp, vocab = SIZES[args.size]
-    for mode in ("eager", "compile"):
-        torch.manual_seed(0)
-        model = Gpt(layers, d, heads, t, mlp, vocab).cuda()
-        opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
-        forward = torch.compile(model) if mode == "compile" else model
+    for dtype in args.dtypes.split(","):
+        for mode in args.modes.split(","):
+            run(args, dtype, mode, (layers, d, heads, t, mlp, vocab))
 
-        def step(ids, targets, mask):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
-                loss = forward(ids, targets, mask)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
 
-        tokens, per_step, loss = tokens_per_second(model, step, args, t, vocab)
-        print(f"pytorch {mode} {args.dtype} on {torch.cuda.get_device_name()}: {per_step * 1e3:.1f} ms/step, "
-              f"{tokens:.0f} tokens/s (last loss {loss:.4f})")
+def run(args, dtype, mode, sizes):
+    """Times one (dtype, mode) pair and prints its line."""
+    if dtype not in ("f32", "bf16") or mode not in ("eager", "compile"):
+        raise SystemExit(f"unknown dtype {dtype!r} or mode {mode!r}: expected f32/bf16 and eager/compile")
+    layers, d, heads, t, mlp, vocab = sizes
+    torch.manual_seed(0)
+    model = Gpt(layers, d, heads, t, mlp, vocab).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
+    forward = torch.compile(model) if mode == "compile" else model
+
+    def step(ids, targets, mask):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = forward(ids, targets, mask)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    tokens, per_step, loss = tokens_per_second(model, step, args, t, vocab)
+    print(f"pytorch {mode} {dtype} on {torch.cuda.get_device_name()}: {per_step * 1e3:.1f} ms/step, "
+          f"{tokens:.0f} tokens/s (last loss {loss:.4f})")
 
 
 if __name__ == "__main__":

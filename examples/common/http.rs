@@ -146,7 +146,7 @@ fn to_array(name: &str, tensor: JsonTensor, dtype: DType) -> Result<HostArray, S
     let data = match dtype {
         DType::F32 => HostData::F32(tensor.data.iter().map(|&v| v as f32).collect()),
         DType::F64 => HostData::F64(tensor.data),
-        DType::Bf16 => HostData::Bf16(tensor.data.iter().map(|&v| regflow::plan::bf16::from_f64(v)).collect()),
+        DType::Bf16 => HostData::Bf16(tensor.data.iter().map(|&v| regflow::plan::bf16_from_f64(v)).collect()),
         DType::I64 => HostData::I64(
             tensor
                 .data

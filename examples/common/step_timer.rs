@@ -6,12 +6,16 @@ use std::time::Instant;
 
 /// Receives `warmup + steps` f32 losses from `losses` and returns the seconds per step of
 /// the last `steps` (from the moment the last warm-up loss arrived) and the last loss.
+/// With `progress`, says on stderr when each loss arrived (for slow steps, so a run cut
+/// short still tells how far it got).
 pub(crate) fn seconds_per_step(
     losses: &Fetcher,
     warmup: usize,
     steps: usize,
+    progress: bool,
 ) -> Result<(f64, f32), Box<dyn std::error::Error>> {
-    let mut start = Instant::now();
+    let begin = Instant::now();
+    let mut start = begin;
     let mut last = 0.0f32;
     for step in 0..warmup + steps {
         if step == warmup {
@@ -19,13 +23,17 @@ pub(crate) fn seconds_per_step(
         }
         let piece = losses.recv().ok_or("the job ended early")?;
         last = f32::from_le_bytes(piece.bytes().try_into()?);
+        if progress {
+            eprintln!("  step {step} done at {:.3} s (loss {last:.4})", begin.elapsed().as_secs_f64());
+        }
     }
     Ok((start.elapsed().as_secs_f64() / steps as f64, last))
 }
 
 /// Feeds a GPT step job (inputs `causal_mask`, `ids`, `targets`) `warmup + steps` batches
 /// of `batch × t` random token ids below `vocab`, from a thread, and times the last `steps`
-/// by the losses fetched from `fetch`: seconds per step and the last loss.
+/// by the losses fetched from `fetch`: seconds per step and the last loss (`progress` as
+/// for [`seconds_per_step`]).
 #[allow(dead_code)] // bench_mlp times an MLP
 pub(crate) fn time_gpt_steps(
     job: &mut Job,
@@ -33,6 +41,7 @@ pub(crate) fn time_gpt_steps(
     (batch, t, vocab): (usize, usize, usize),
     warmup: usize,
     steps: usize,
+    progress: bool,
 ) -> Result<(f64, f32), Box<dyn std::error::Error>> {
     let (mut feed_mask, mut feed_ids, mut feed_targets) =
         (job.feeder("input:causal_mask")?, job.feeder("input:ids")?, job.feeder("input:targets")?);
@@ -51,7 +60,7 @@ pub(crate) fn time_gpt_steps(
         }
         Ok(())
     });
-    let timed = seconds_per_step(&losses, warmup, steps);
+    let timed = seconds_per_step(&losses, warmup, steps, progress);
     pusher.join().map_err(|_| "feeder panicked")??;
     timed
 }

@@ -49,7 +49,7 @@ fn bf16_matmul_matches_f32_matmul_to_bf16_precision_on_odd_shapes() {
             let want = run(&op, &[&a32, &b32], TensorMeta::new([m, n], DType::F32));
             assert_close(&format!("[{m}, {k}] x [{k}, {n}] {transpose_a} {transpose_b}"), &got, &want);
             // Exactly the f32 result rounded once.
-            let rounded: Vec<f64> = want.iter().map(|&v| bf16::from_f64(v).to_f64()).collect();
+            let rounded: Vec<f64> = want.iter().map(|&v| regflow_plan::bf16_from_f64(v).to_f64()).collect();
             assert_eq!(got, rounded);
         }
     }

@@ -27,6 +27,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod bf16_round;
 mod builder;
 mod collectives;
 mod display;
@@ -40,6 +41,7 @@ mod tensor;
 mod types;
 mod validate;
 
+pub use bf16_round::bf16_from_f64;
 /// The bf16 element type ([`DType::Bf16`]'s values), re-exported so every crate names one type.
 pub use half::bf16;
 pub use init::{Init, SplitMix64};

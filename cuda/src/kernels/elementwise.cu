@@ -8,9 +8,7 @@
 __device__ __forceinline__ void offsets_of(const Indexing& s, u64 i, u64* oa, u64* ob) {
     u64 a = 0, b = 0;
     for (int d = (int)s.rank - 1; d >= 0; --d) {
-        u64 dim = s.dims[d];
-        u64 k = i % dim;
-        i /= dim;
+        u64 k = div_step(&i, s.dims[d]);
         a += k * s.a[d];
         b += k * s.b[d];
     }
@@ -172,13 +170,19 @@ extern "C" __global__ void regflow_binary_div_broadcast_f64(const double* a, con
 
 // gelu(x + bias) for x [..., width] and bias [width].
 template <typename T> __device__ __forceinline__ void bias_gelu(const T* x, const T* bias, T* out, u64 n, u64 width) {
-    FOR_EACH(i, n) out[i] = gelu(x[i] + bias[i % width]);
+    FOR_EACH(i, n) {
+        u64 row = i;
+        out[i] = gelu(x[i] + bias[div_step(&row, width)]);
+    }
 }
 
 // dy · gelu'(x + bias).
 template <typename T>
 __device__ __forceinline__ void bias_gelu_grad(const T* x, const T* bias, const T* dy, T* dx, u64 n, u64 width) {
-    FOR_EACH(i, n) dx[i] = dy[i] * gelu_derivative(x[i] + bias[i % width]);
+    FOR_EACH(i, n) {
+        u64 row = i;
+        dx[i] = dy[i] * gelu_derivative(x[i] + bias[div_step(&row, width)]);
+    }
 }
 
 extern "C" __global__ void regflow_bias_gelu_f32(const float* x, const float* bias, float* out, u64 n, u64 width) {

@@ -7,11 +7,7 @@
 // The offset of linear index i (row-major over s.dims) in the operand of strides s.a.
 __device__ __forceinline__ u64 offset_a(const Indexing& s, u64 i) {
     u64 a = 0;
-    for (int d = (int)s.rank - 1; d >= 0; --d) {
-        u64 dim = s.dims[d];
-        a += (i % dim) * s.a[d];
-        i /= dim;
-    }
+    for (int d = (int)s.rank - 1; d >= 0; --d) a += div_step(&i, s.dims[d]) * s.a[d];
     return a;
 }
 
@@ -34,7 +30,7 @@ template <typename T>
 __device__ __forceinline__ void copy_blocks(const T* src, T* dst, u64 outer, u64 run, u64 src_block, u64 src_start,
                                             u64 dst_block, u64 dst_start) {
     FOR_EACH(i, outer * run) {
-        u64 o = i / run, j = i % run;
+        u64 o = i, j = div_step(&o, run);
         dst[o * dst_block + dst_start + j] = src[o * src_block + src_start + j];
     }
 }
@@ -94,8 +90,9 @@ extern "C" __global__ void regflow_sum_to_f64(const double* x, double* out, Inde
 template <typename T>
 __device__ __forceinline__ void embedding(const T* table, const i64* ids, T* out, u64 n, u64 features, u64 rows) {
     FOR_EACH(i, n) {
-        i64 id = ids[i / features];
-        out[i] = (id >= 0 && (u64)id < rows) ? table[(u64)id * features + i % features] : (T)0;
+        u64 row = i, f = div_step(&row, features);
+        i64 id = ids[row];
+        out[i] = (id >= 0 && (u64)id < rows) ? table[(u64)id * features + f] : (T)0;
     }
 }
 
@@ -106,8 +103,9 @@ __device__ __forceinline__ void embedding(const T* table, const i64* ids, T* out
 template <typename T>
 __device__ __forceinline__ void embedding_grad(const i64* ids, const T* dy, T* table, u64 n, u64 features, u64 rows) {
     FOR_EACH(i, n) {
-        i64 id = ids[i / features];
-        if (id >= 0 && (u64)id < rows) atomicAdd(&table[(u64)id * features + i % features], dy[i]);
+        u64 row = i, f = div_step(&row, features);
+        i64 id = ids[row];
+        if (id >= 0 && (u64)id < rows) atomicAdd(&table[(u64)id * features + f], dy[i]);
     }
 }
 

@@ -40,7 +40,7 @@ impl Kernel for FillKernel {
                 DType::F64 => launch(stream(io), self.function, grid, &mut args![out, self.value, n]),
                 DType::I64 => launch(stream(io), self.function, grid, &mut args![out, self.value as i64, n]),
                 DType::Bf16 => {
-                    let bits = regflow_plan::bf16::from_f64(self.value).to_bits();
+                    let bits = regflow_plan::bf16_from_f64(self.value).to_bits();
                     launch(stream(io), self.function, grid, &mut args![out, bits, n])
                 }
             }

@@ -30,7 +30,7 @@ impl HostCompute for Cast {
             (HostSlice::F32(x), HostSliceMut::Bf16(o)) => map!(x, o, bf16::from_f32),
             (HostSlice::F64(x), HostSliceMut::F32(o)) => map!(x, o, |v| v as f32),
             (HostSlice::F64(x), HostSliceMut::F64(o)) => map!(x, o, |v| v),
-            (HostSlice::F64(x), HostSliceMut::Bf16(o)) => map!(x, o, bf16::from_f64),
+            (HostSlice::F64(x), HostSliceMut::Bf16(o)) => map!(x, o, regflow_plan::bf16_from_f64),
             (HostSlice::Bf16(x), HostSliceMut::F32(o)) => map!(x, o, bf16::to_f32),
             (HostSlice::Bf16(x), HostSliceMut::F64(o)) => map!(x, o, bf16::to_f64),
             (HostSlice::Bf16(x), HostSliceMut::Bf16(o)) => map!(x, o, |v| v),

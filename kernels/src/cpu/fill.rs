@@ -15,7 +15,7 @@ impl HostCompute for Fill {
             HostSliceMut::F32(v) => v.fill(self.value as f32),
             HostSliceMut::F64(v) => v.fill(self.value),
             HostSliceMut::I64(v) => v.fill(self.value as i64),
-            HostSliceMut::Bf16(v) => v.fill(regflow_plan::bf16::from_f64(self.value)),
+            HostSliceMut::Bf16(v) => v.fill(regflow_plan::bf16_from_f64(self.value)),
         }
         Ok(())
     }

@@ -162,7 +162,7 @@ fn write_scalar(out: &mut HostTensorMut<'_>, value: f64) -> Result<(), String> {
     match &mut out.data {
         HostSliceMut::F64(v) => v.iter_mut().for_each(|x| *x = value),
         HostSliceMut::F32(v) => v.iter_mut().for_each(|x| *x = value as f32),
-        HostSliceMut::Bf16(v) => v.iter_mut().for_each(|x| *x = regflow_plan::bf16::from_f64(value)),
+        HostSliceMut::Bf16(v) => v.iter_mut().for_each(|x| *x = regflow_plan::bf16_from_f64(value)),
         HostSliceMut::I64(_) => return Err("the output must be a float".into()),
     }
     Ok(())

@@ -14,6 +14,13 @@
 //! A host kernel (a CPU kernel of an op without a CUDA kernel yet, a collective, a feed, a
 //! fetch) on a cuda stream first waits for what the stream queued before, then runs on the
 //! host over the same managed registers and completes at once.
+//!
+//! **Timelines.** With `JobBuilder::trace`, each queued kernel runs alone: the stream waits
+//! for it and records the host clock around launch and completion. The slices then give
+//! each kernel's own time (plus a launch and a wait, microseconds), which is what a
+//! per-op profile needs; what they cannot show is overlap between kernels of one stream or
+//! between streams, which would need CUDA events read at completion. A traced cuda job is
+//! therefore slower than an untraced one, and its timeline is a profile, not a schedule.
 
 use super::{DeviceStream, Launched};
 use crate::inbox::{Envelope, InboxSender};
@@ -23,7 +30,7 @@ use regflow_cuda::{Device, Stream};
 use regflow_kernels::Execution;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a completion callback needs: where to send whose `ActDone`.
 #[derive(Debug)]
@@ -74,6 +81,15 @@ impl CudaStream {
     fn failed(&self, e: regflow_cuda::CudaError) -> KernelError {
         KernelError(format!("stream of {}: {e}", self.label))
     }
+
+    /// Waits for the work queued since the stream last drained, if any.
+    fn synchronize_queued(&mut self) -> Result<(), KernelError> {
+        if self.queued {
+            self.stream.synchronize().map_err(|e| self.failed(e))?;
+            self.queued = false;
+        }
+        Ok(())
+    }
 }
 
 impl DeviceStream for CudaStream {
@@ -83,7 +99,7 @@ impl DeviceStream for CudaStream {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         _modeled: Duration,
-        _timed: bool,
+        timed: bool,
     ) -> Result<Launched, KernelError> {
         if !self.bound {
             // The stream was made on the job's builder thread; this is its own thread.
@@ -92,13 +108,20 @@ impl DeviceStream for CudaStream {
         }
         match kernel.execution() {
             Execution::Host => {
-                if self.queued {
-                    // The host reads what kernels queued here wrote: let them finish.
-                    self.stream.synchronize().map_err(|e| self.failed(e))?;
-                    self.queued = false;
-                }
+                // The host reads what kernels queued here wrote: let them finish.
+                self.synchronize_queued()?;
+                let start = timed.then(Instant::now);
                 kernel.run(io)?;
-                Ok(Launched { completion: Completion::Done, span: None })
+                Ok(Launched { completion: Completion::Done, span: start.map(|start| (start, Instant::now())) })
+            }
+            Execution::Queued if timed => {
+                // A timeline wants each kernel's own time: run it alone and wait for it
+                // (see the module docs: a traced cuda stream runs serially).
+                self.synchronize_queued()?;
+                let start = Instant::now();
+                kernel.run(io)?;
+                self.stream.synchronize().map_err(|e| self.failed(e))?;
+                Ok(Launched { completion: Completion::Done, span: Some((start, Instant::now())) })
             }
             Execution::Queued => {
                 kernel.run(io)?;
