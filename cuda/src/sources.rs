@@ -37,13 +37,14 @@ pub fn full_text(source: &KernelSource) -> String {
 /// How a kernel entry point is declared in a source.
 const ENTRY_MARK: &str = "extern \"C\" __global__ void ";
 
-/// The entry points `code` declares, in order.
+/// The entry points `code` declares, in order: the last word before the parameter list, as
+/// a launch-bounds macro (`BLOCK_1024`) may stand between `void` and the name.
 pub fn entries_of(code: &'static str) -> Vec<&'static str> {
     code.match_indices(ENTRY_MARK)
         .filter_map(|(at, _)| {
             let rest = &code[at + ENTRY_MARK.len()..];
             let end = rest.find('(')?;
-            Some(rest[..end].trim())
+            rest[..end].split_whitespace().last()
         })
         .collect()
 }
@@ -104,6 +105,15 @@ mod tests {
         names.dedup();
         assert_eq!(before, names.len(), "an entry point is declared twice");
         assert!(names.iter().all(|n| n.starts_with("regflow_")), "{names:?}");
+    }
+
+    #[test]
+    fn an_entry_may_have_launch_bounds_before_its_name() {
+        let code = "extern \"C\" __global__ void BLOCK_1024 regflow_a_f32(float* x) {}\n\
+                    extern \"C\" __global__ void regflow_b_f64(double* x) {}";
+        assert_eq!(entries_of(code), ["regflow_a_f32", "regflow_b_f64"]);
+        let bounded = all_entries().iter().filter(|(e, _)| e.starts_with("regflow_sum_to_")).count();
+        assert_eq!(bounded, 2);
     }
 
     #[test]

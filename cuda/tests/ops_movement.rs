@@ -138,6 +138,9 @@ fn sum_to_matches_the_cpu() {
         (&[7], &[]),
         (&[1023, 3], &[3]),
         (&[3, 1023], &[3, 1]),
+        // Long column sums (32 × 32-thread blocks), as a bias gradient over the batch.
+        (&[1023, 33], &[33]),
+        (&[4099, 7], &[7]),
         (&[70_001], &[1]),
         (&[2, 3, 5, 7], &[3, 1, 7]),
         (&[7, 1], &[7, 1]),
@@ -145,9 +148,10 @@ fn sum_to_matches_the_cpu() {
     for dtype in [DType::F32, DType::F64] {
         for &(from, to) in cases {
             let x = random(from, dtype, 6);
-            // Each output adds its summands in the CPU's order, but the CPU adds an
-            // innermost run's partial sum at once: f32 may differ by rounding, scaled by
-            // the summand count (up to 70_001 values of magnitude 2).
+            // The GPU adds each output's summands in 32 interleaved slices (in order when
+            // there are fewer than 32) and the CPU an innermost run's partial sum at once:
+            // f32 may differ by rounding, scaled by the summand count (up to 70_001 values
+            // of magnitude 2).
             let rel = if dtype == DType::F32 { 1e-3 } else { 1e-9 };
             let op = SumTo(Shape::new(to));
             check(

@@ -29,7 +29,19 @@ fn reductions_match_the_cpu_over_any_axes() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
-        for dims in [vec![1023], vec![7, 33], vec![33, 7, 5], vec![2, 1, 1023], vec![3, 0, 4]] {
+        // Over axis 0, [1023, 33] and [4099, 7] are long column reductions (32 × 32-thread
+        // blocks); [70_001] to a scalar is one block of 1024 threads.
+        let shapes = [
+            vec![1023],
+            vec![7, 33],
+            vec![33, 7, 5],
+            vec![2, 1, 1023],
+            vec![3, 0, 4],
+            vec![1023, 33],
+            vec![4099, 7],
+            vec![70_001],
+        ];
+        for dims in shapes {
             let x = common::array(&dims, dtype, 1);
             let rank = dims.len() as isize;
             let mut axis_sets: Vec<Vec<isize>> = vec![vec![]];

@@ -43,6 +43,11 @@ pub struct Grid {
 /// Threads per block of the elementwise kernels.
 pub const LINEAR_THREADS: u32 = 256;
 
+/// Threads of a column-reduction block in x (consecutive outputs) and in y (slices of each
+/// output's reduced range): `COLUMN_THREADS` in the kernel prelude, whose shared array of
+/// partials is this square.
+pub const COLUMN_THREADS: u32 = 32;
+
 /// Most blocks a grid-stride kernel starts: enough to fill any current GPU several times
 /// over; the kernels loop over the rest.
 pub const MAX_LINEAR_BLOCKS: u64 = 65_535;
@@ -56,6 +61,20 @@ impl Grid {
         Self { blocks: (blocks, 1, 1), threads: (LINEAR_THREADS, 1, 1), shared_bytes: 0 }
     }
 
+    /// A column reduction (`FOR_EACH_COLUMN` in the prelude) of `outputs` outputs, each the
+    /// combination of `reduced` elements: blocks of 32 outputs × 32 slices of the reduced
+    /// range, up to [`MAX_LINEAR_BLOCKS`] blocks (the kernels loop over the rest). Fewer
+    /// than 32 elements per output get one thread per output, the [`Grid::linear`] shape,
+    /// where most of a block's slices would have nothing to add. The slicing depends on
+    /// `reduced` alone, so a reduction's order (and its result) does not depend on `outputs`.
+    pub fn columns(outputs: u64, reduced: u64) -> Self {
+        if reduced < u64::from(COLUMN_THREADS) {
+            return Self::linear(outputs);
+        }
+        let blocks = outputs.div_ceil(u64::from(COLUMN_THREADS)).clamp(1, MAX_LINEAR_BLOCKS) as u32;
+        Self { blocks: (blocks, 1, 1), threads: (COLUMN_THREADS, COLUMN_THREADS, 1), shared_bytes: 0 }
+    }
+
     /// One block of `threads` threads per row, for `rows` rows (row-wise reductions:
     /// softmax, layer norm, cross-entropy), with `shared_bytes` of shared memory.
     pub fn rows(rows: u64, threads: u32, shared_bytes: u32) -> Self {
@@ -67,3 +86,21 @@ impl Grid {
 /// A function the driver calls on its own thread when a stream reaches it. It must not call
 /// CUDA; regflow's only sends a message.
 pub type HostCallback = unsafe extern "C" fn(*mut std::ffi::c_void);
+
+#[cfg(test)]
+mod grid_tests {
+    use super::*;
+
+    #[test]
+    fn column_grids_slice_long_reductions_only() {
+        // A GPT-2 bias gradient: 768 outputs of 8192 rows, 24 blocks of 32 × 32.
+        let grid = Grid::columns(768, 8192);
+        assert_eq!((grid.blocks, grid.threads), ((24, 1, 1), (32, 32, 1)));
+        assert_eq!(Grid::columns(33, 32).blocks.0, 2);
+        // Short ranges: one thread per output, as a grid-stride kernel.
+        assert_eq!(Grid::columns(768, 31), Grid::linear(768));
+        // At least one block; at most MAX_LINEAR_BLOCKS, the kernels looping over the rest.
+        assert_eq!(Grid::columns(0, 1000).blocks.0, 1);
+        assert_eq!(u64::from(Grid::columns(u64::MAX / 2, 1000).blocks.0), MAX_LINEAR_BLOCKS);
+    }
+}

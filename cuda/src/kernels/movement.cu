@@ -59,27 +59,32 @@ extern "C" __global__ void regflow_copy_blocks_i64(const i64* src, i64* dst, u64
 
 // ---- sum_to ------------------------------------------------------------------------
 
-// out[o] = Σ over the reduced positions k of x[kept offset(o) + reduced offset(k)], one
-// thread per output element, k in row-major order: the order in which the CPU kernel adds
-// an output's summands (it walks the input row-major). `kept.dims` is the output's shape
-// and `kept.a` the input's strides of those dimensions; `reduced.dims` the summed
-// dimensions and `reduced.a` their input strides.
+// out[o] = Σ over the reduced positions k of x[kept offset(o) + reduced offset(k)], a
+// column reduction (see the prelude): slice y of output o adds k = y, y + blockDim.y, ...
+// (k row-major over the reduced dimensions), then the slices' partials are added in order.
+// With one slice (a short range) that is the CPU kernel's order; otherwise the sums differ
+// from the CPU's by rounding. `kept.dims` is the output's shape and `kept.a` the input's
+// strides of those dimensions; `reduced.dims` the summed dimensions and `reduced.a` their
+// input strides.
 template <typename T>
 __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexing reduced, u64 n_out, u64 n_reduced) {
-    FOR_EACH(o, n_out) {
-        u64 base = offset_a(kept, o);
+    __shared__ T partial[COLUMN_THREADS][COLUMN_THREADS];
+    FOR_EACH_COLUMN(o, n_out) {
+        bool mine = o < n_out;
+        u64 base = mine ? offset_a(kept, o) : 0, end = mine ? n_reduced : 0;
         T sum = (T)0;
-        for (u64 k = 0; k < n_reduced; ++k) sum += x[base + offset_a(reduced, k)];
-        out[o] = sum;
+        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += x[base + offset_a(reduced, k)];
+        sum = column_sum(sum, partial);
+        if (mine && threadIdx.y == 0) out[o] = sum;
     }
 }
 
-extern "C" __global__ void regflow_sum_to_f32(const float* x, float* out, Indexing kept, Indexing reduced, u64 n_out,
-                                              u64 n_reduced) {
+extern "C" __global__ void BLOCK_1024 regflow_sum_to_f32(const float* x, float* out, Indexing kept, Indexing reduced,
+                                                         u64 n_out, u64 n_reduced) {
     sum_to(x, out, kept, reduced, n_out, n_reduced);
 }
-extern "C" __global__ void regflow_sum_to_f64(const double* x, double* out, Indexing kept, Indexing reduced, u64 n_out,
-                                              u64 n_reduced) {
+extern "C" __global__ void BLOCK_1024 regflow_sum_to_f64(const double* x, double* out, Indexing kept,
+                                                         Indexing reduced, u64 n_out, u64 n_reduced) {
     sum_to(x, out, kept, reduced, n_out, n_reduced);
 }
 

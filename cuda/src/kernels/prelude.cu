@@ -74,6 +74,11 @@ __device__ __forceinline__ u64 offset_of(const Axes& a, u64 flat) {
 #define FOR_EACH(i, n) \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n); i += (u64)gridDim.x * blockDim.x)
 
+// Kernels launched with blocks of up to 1024 threads (Grid::columns, reduce's blocks):
+// the bound makes the compiler keep to the 64 registers per thread that such a block
+// may use, where a kernel using more would fail to launch.
+#define BLOCK_1024 __launch_bounds__(1024)
+
 template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
     return v;
@@ -116,4 +121,61 @@ template <typename T> __device__ T block_max(T v, T* scratch, T lowest) {
     if (threadIdx.x == 0) scratch[0] = m;
     __syncthreads();
     return scratch[0];
+}
+
+// ---- column reductions (Grid::columns) ----------------------------------------------
+// Each output of a column reduction has a thread in x, so a warp reads neighbouring
+// addresses where the outputs are neighbours in the input (a bias gradient's columns);
+// the output's reduced range is split over threadIdx.y: slice y combines the elements
+// k = y, y + blockDim.y, y + 2·blockDim.y, ... in that order in a register, then
+// column_sum / column_max combine the blockDim.y partials in y order in the threads of
+// slice 0. Blocks are 32×32 threads for long ranges (32 outputs each) and 256×1 for short
+// ones, where the single slice walks the whole range in order (the CPU kernels' order).
+// The order depends on the block's shape alone, which the host picks from the reduced
+// count, so the same inputs always give the same bits; with 32 slices it is not the CPU's
+// serial order, so sums differ from the CPU's by rounding (and are usually closer to the
+// exact sum: each slice adds a 32nd of the range).
+
+// Every output index of a column reduction this thread takes: groups of blockDim.x
+// consecutive outputs, one per block, striding by the grid. `o - threadIdx.x` (the group's
+// first output) is the same in every thread of a block, so all of them run the loop
+// equally often, as column_sum's barriers need; `o` may be past `n` in the last group, so
+// the body checks it.
+#define FOR_EACH_COLUMN(o, n) \
+    for (u64 o = (u64)blockIdx.x * blockDim.x + threadIdx.x; o - threadIdx.x < (u64)(n); o += (u64)gridDim.x * blockDim.x)
+
+// Most threads of a column block in x and in y; the partials' shared array is this square.
+#define COLUMN_THREADS 32
+
+// Publishes this thread's partial to the block's `partial` array (shared memory of
+// COLUMN_THREADS × COLUMN_THREADS values) once every thread has finished reading the
+// previous group's partials. Every thread of a block with blockDim.y > 1 calls it.
+template <typename T> __device__ __forceinline__ void column_publish(T v, T (*partial)[COLUMN_THREADS]) {
+    __syncthreads();
+    partial[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+}
+
+// The sum of the slices' partials `v` of output threadIdx.x, added in slice order, in the
+// threads of slice 0 (the others get their own partial back). Every thread of the block
+// calls it; with one slice it is `v`.
+template <typename T> __device__ __forceinline__ T column_sum(T v, T (*partial)[COLUMN_THREADS]) {
+    if (blockDim.y == 1) return v;
+    column_publish(v, partial);
+    if (threadIdx.y == 0)
+        for (u32 y = 1; y < blockDim.y; ++y) v += partial[y][threadIdx.x];
+    return v;
+}
+
+// The maximum of the slices' partials, as column_sum; `p > v ? p : v` as the slices' own
+// loops, so the maximum's value is the one a serial pass finds (partials are never NaN).
+template <typename T> __device__ __forceinline__ T column_max(T v, T (*partial)[COLUMN_THREADS]) {
+    if (blockDim.y == 1) return v;
+    column_publish(v, partial);
+    if (threadIdx.y == 0)
+        for (u32 y = 1; y < blockDim.y; ++y) {
+            T p = partial[y][threadIdx.x];
+            v = p > v ? p : v;
+        }
+    return v;
 }

@@ -14,8 +14,9 @@ template <> __device__ __forceinline__ double minus_infinity<double>() {
 // is 0 · inf = NaN as on the CPU), 1 takes the maximum (NaNs skipped, -inf when empty).
 // `x > m ? x : m` skips a NaN `x` and never makes `m` NaN, as the CPU kernel's `if x > o`.
 
-// The innermost input axis is reduced: one block per output element, its threads reading
-// neighbouring elements and combining them with the block reduction.
+// The innermost input axis is reduced: one block per output element (256 threads, or 1024
+// for fewer outputs than that, see reduce.rs), its threads reading neighbouring elements
+// and combining them with the block reduction.
 template <typename T>
 __device__ void reduce_by_blocks(const T* x, T* out, u64 outputs, Axes kept, Axes reduced, u64 count, int kind, T scale) {
     __shared__ T scratch[32];
@@ -38,41 +39,46 @@ __device__ void reduce_by_blocks(const T* x, T* out, u64 outputs, Axes kept, Axe
     }
 }
 
-// The innermost input axis is kept (column sums, e.g. a bias gradient over the batch): one
-// thread per output element, neighbouring threads reading neighbouring elements, each
-// summing its reduced elements in order.
+// The innermost input axis is kept (column sums, e.g. a bias gradient over the batch): a
+// column reduction (see the prelude), neighbouring threads reading neighbouring elements,
+// each slice of an output's reduced elements combined in order, then the slices in order.
 template <typename T>
 __device__ void reduce_by_threads(const T* x, T* out, u64 outputs, Axes kept, Axes reduced, u64 count, int kind, T scale) {
-    FOR_EACH(o, outputs) {
-        const T* base = x + offset_of(kept, o);
+    __shared__ T partial[COLUMN_THREADS][COLUMN_THREADS];
+    FOR_EACH_COLUMN(o, outputs) {
+        bool mine = o < outputs;
+        const T* base = x + (mine ? offset_of(kept, o) : 0);
+        u64 end = mine ? count : 0;
         if (kind == 1) {
             T m = minus_infinity<T>();
-            for (u64 r = 0; r < count; ++r) {
+            for (u64 r = threadIdx.y; r < end; r += blockDim.y) {
                 T e = base[offset_of(reduced, r)];
                 m = e > m ? e : m;
             }
-            out[o] = m;
+            m = column_max(m, partial);
+            if (mine && threadIdx.y == 0) out[o] = m;
         } else {
             T s = 0;
-            for (u64 r = 0; r < count; ++r) s += base[offset_of(reduced, r)];
-            out[o] = s * scale;
+            for (u64 r = threadIdx.y; r < end; r += blockDim.y) s += base[offset_of(reduced, r)];
+            s = column_sum(s, partial);
+            if (mine && threadIdx.y == 0) out[o] = s * scale;
         }
     }
 }
 
-extern "C" __global__ void regflow_reduce_blocks_f32(
+extern "C" __global__ void BLOCK_1024 regflow_reduce_blocks_f32(
     const float* x, float* out, u64 outputs, Axes kept, Axes reduced, u64 count, int kind, float scale) {
     reduce_by_blocks(x, out, outputs, kept, reduced, count, kind, scale);
 }
-extern "C" __global__ void regflow_reduce_blocks_f64(
+extern "C" __global__ void BLOCK_1024 regflow_reduce_blocks_f64(
     const double* x, double* out, u64 outputs, Axes kept, Axes reduced, u64 count, int kind, double scale) {
     reduce_by_blocks(x, out, outputs, kept, reduced, count, kind, scale);
 }
-extern "C" __global__ void regflow_reduce_threads_f32(
+extern "C" __global__ void BLOCK_1024 regflow_reduce_threads_f32(
     const float* x, float* out, u64 outputs, Axes kept, Axes reduced, u64 count, int kind, float scale) {
     reduce_by_threads(x, out, outputs, kept, reduced, count, kind, scale);
 }
-extern "C" __global__ void regflow_reduce_threads_f64(
+extern "C" __global__ void BLOCK_1024 regflow_reduce_threads_f64(
     const double* x, double* out, u64 outputs, Axes kept, Axes reduced, u64 count, int kind, double scale) {
     reduce_by_threads(x, out, outputs, kept, reduced, count, kind, scale);
 }

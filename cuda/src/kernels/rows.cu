@@ -170,8 +170,9 @@ extern "C" __global__ void regflow_layer_norm_f64(
 
 // Layer norm's gradient, in three launches on one stream:
 // 1. x̂ = (x - mean) · rstd into dx (dx is the only row-sized memory the op owns);
-// 2. per feature, dgamma = Σ_rows dy · x̂ and dbeta = Σ_rows dy, one thread per column
-//    summing the rows in order (deterministic, no atomics; the same order as the CPU);
+// 2. per feature, dgamma = Σ_rows dy · x̂ and dbeta = Σ_rows dy, a column reduction (see
+//    the prelude): deterministic, no atomics; with more than a few rows the rows are
+//    added in slices, so the sums differ from the CPU's serial ones by rounding;
 // 3. dx = rstd · (g - mean(g) - x̂ · mean(g · x̂)) with g = dy · gamma, overwriting x̂.
 template <typename T> __device__ void layer_norm_x_hat_rows(const T* x, T* x_hat, u64 rows, u64 len, T eps) {
     __shared__ T scratch[32];
@@ -184,15 +185,22 @@ template <typename T> __device__ void layer_norm_x_hat_rows(const T* x, T* x_hat
 }
 
 template <typename T> __device__ void layer_norm_params_grad(const T* x_hat, const T* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {
-    FOR_EACH(j, len) {
+    __shared__ T partial[COLUMN_THREADS][COLUMN_THREADS];
+    FOR_EACH_COLUMN(j, len) {
+        bool mine = j < len;
+        u64 end = mine ? rows : 0;
         T dg = 0, db = 0;
-        for (u64 r = 0; r < rows; ++r) {
+        for (u64 r = threadIdx.y; r < end; r += blockDim.y) {
             T d = dy[r * len + j];
             dg += d * x_hat[r * len + j];
             db += d;
         }
-        dgamma[j] = dg;
-        dbeta[j] = db;
+        dg = column_sum(dg, partial);
+        db = column_sum(db, partial);
+        if (mine && threadIdx.y == 0) {
+            dgamma[j] = dg;
+            dbeta[j] = db;
+        }
     }
 }
 
@@ -223,11 +231,11 @@ extern "C" __global__ void regflow_layer_norm_x_hat_f32(const float* x, float* x
 extern "C" __global__ void regflow_layer_norm_x_hat_f64(const double* x, double* x_hat, u64 rows, u64 len, double eps) {
     layer_norm_x_hat_rows(x, x_hat, rows, len, eps);
 }
-extern "C" __global__ void regflow_layer_norm_params_grad_f32(
+extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f32(
     const float* x_hat, const float* dy, float* dgamma, float* dbeta, u64 rows, u64 len) {
     layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
 }
-extern "C" __global__ void regflow_layer_norm_params_grad_f64(
+extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f64(
     const double* x_hat, const double* dy, double* dgamma, double* dbeta, u64 rows, u64 len) {
     layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
 }

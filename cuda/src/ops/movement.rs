@@ -343,7 +343,8 @@ fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     })
 }
 
-/// One thread per output element, adding its summands in the CPU's order.
+/// A column reduction (see `movement.cu`): a thread per output element, its summands split
+/// over 32 threads when there are many.
 #[derive(Debug)]
 struct SumToKernel {
     function: Function,
@@ -356,11 +357,10 @@ impl Kernel for SumToKernel {
         let (x, out) = (io.input_addr(self.input), io.output_addr(0));
         let r = self.reduction;
         let (kept, reduced, n_out, n_reduced) = (r.kept, r.reduced, r.kept_count, r.reduced_count);
+        let grid = Grid::columns(n_out, n_reduced);
         // SAFETY: the maps were built from the input's shape and reach only its elements;
         // out holds n_out; the entry takes (x, out, kept, reduced, n_out, n_reduced).
-        unsafe {
-            launch(stream(io), self.function, Grid::linear(n_out), &mut args![x, out, kept, reduced, n_out, n_reduced])
-        }?;
+        unsafe { launch(stream(io), self.function, grid, &mut args![x, out, kept, reduced, n_out, n_reduced]) }?;
         Ok(())
     }
 }

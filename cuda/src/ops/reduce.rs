@@ -1,7 +1,8 @@
 //! `reduce` (sum, mean, max over any axes), `part_mean` and `max_mask` on CUDA. The input is
 //! described to the kernels as its kept and reduced axes (see `reduce.cu`); a reduction
 //! whose innermost axis is reduced gives each output a block, one whose innermost axis is
-//! kept gives each output a thread, so reads are coalesced either way.
+//! kept gives each output a thread in x of a column reduction (the reduced range split over
+//! 32 threads in y when it is long), so reads are coalesced either way.
 
 use super::{function, op_conf, queued, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
@@ -133,6 +134,25 @@ impl Kernel for ReduceKernel {
 /// Threads per block of the block-per-output reductions.
 const BLOCK_THREADS: u32 = 256;
 
+/// Threads per block of a block-per-output reduction of fewer than [`FEW_OUTPUTS`] outputs:
+/// a block's most (the prelude's block reductions take up to 32 warps), so that a reduction
+/// to a few values, a whole tensor to a scalar say, has more threads reading.
+const FULL_BLOCK_THREADS: u32 = 1024;
+
+/// From this many outputs on, blocks of [`BLOCK_THREADS`] already give about a current
+/// GPU's resident threads (1024 × 256: an H100 holds 132 × 2048).
+const FEW_OUTPUTS: u64 = 1024;
+
+/// The launch of a reduction of `outputs` outputs of `count` elements each: a block per
+/// output when the reduced elements are contiguous (`by_blocks`), else a column reduction.
+fn reduce_grid(by_blocks: bool, outputs: u64, count: u64) -> Grid {
+    if !by_blocks {
+        return Grid::columns(outputs, count);
+    }
+    let threads = if outputs < FEW_OUTPUTS { FULL_BLOCK_THREADS } else { BLOCK_THREADS };
+    Grid::rows(outputs, threads, 0)
+}
+
 /// One input, one output of its dtype, float, the output shaped as `op` says.
 fn check_reduce(spec: &KernelSpec<'_>, conf: &OpConf, op: &Reduce) -> Result<Vec<bool>, KernelError> {
     let fail = |m: String| KernelError(format!("actor '{}': op '{}': {m}", spec.actor, conf.op_type));
@@ -165,7 +185,7 @@ fn reduce_kernel(
     let outputs = conf.outputs[0].shape.numel() as u64;
     let by_blocks = red.innermost_unit();
     let name = if by_blocks { "blocks" } else { "threads" };
-    let grid = if by_blocks { Grid::rows(outputs, BLOCK_THREADS, 0) } else { Grid::linear(outputs) };
+    let grid = reduce_grid(by_blocks, outputs, count);
     let scale = match kind {
         // An empty mean is 0 · (1 / 0) = NaN, as on the CPU.
         ReduceKind::Mean => 1.0 / divisor.unwrap_or(count as usize) as f64,
@@ -313,5 +333,17 @@ mod tests {
         let mut seen: Vec<u64> = (0..5).flat_map(|o| (0..count).map(move |r| kept.offset(o) + red.offset(r))).collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..30).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn few_outputs_get_full_blocks_and_long_columns_get_slices() {
+        // A whole tensor to a scalar: one block of 1024 threads.
+        let grid = reduce_grid(true, 1, 38_000_000);
+        assert_eq!((grid.blocks, grid.threads), ((1, 1, 1), (1024, 1, 1)));
+        assert_eq!(reduce_grid(true, 1023, 7).threads.0, 1024);
+        assert_eq!(reduce_grid(true, 1024, 7).threads.0, BLOCK_THREADS);
+        // Column sums: 32 × 32 blocks over a long range, one thread per output over a short.
+        assert_eq!(reduce_grid(false, 768, 8192).threads, (32, 32, 1));
+        assert_eq!(reduce_grid(false, 768, 7).threads, (256, 1, 1));
     }
 }

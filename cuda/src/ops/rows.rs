@@ -355,7 +355,7 @@ impl Kernel for LayerNormGradKernel {
         let [x, gamma, dy] = self.inputs.map(|i| io.input_addr(i));
         let (dx, dgamma, dbeta) = (io.output_addr(0), io.output_addr(1), io.output_addr(2));
         let (rows, len, s) = (self.rows, self.len, stream(io));
-        let columns = Grid::linear(len);
+        let columns = Grid::columns(len, rows);
         let (e64, e32) = (self.eps, self.eps as f32);
         // SAFETY: x, dy and dx hold `rows · len` elements, gamma, dgamma and dbeta `len`
         // (checked at build); the three launches run in order on one stream, so each reads
