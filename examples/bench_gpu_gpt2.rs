@@ -6,10 +6,11 @@
 //! ```text
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
 //!     [--size gpt2|tiny] [--precision f32|bf16] [--batch 8] [--steps 20] [--warmup 3]
-//!     [--peak-tflops 989] [--trace PATH]
+//!     [--peak-tflops 989] [--trace PATH] [--layers N]
 //! ```
 //!
-//! Each step's loss is reported on stderr as it arrives. `--trace PATH` writes the job's
+//! `--layers N` keeps the size's widths with N layers (to bisect a problem by depth). Each
+//! step's loss is reported on stderr as it arrives. `--trace PATH` writes the job's
 //! timeline; on `cuda` that runs every kernel alone and times it (a per-op profile, see
 //! `runtime/src/device/cuda.rs`), so a traced run's step time is not the benchmark's.
 //!
@@ -58,7 +59,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "cpu" => DeviceKind::Cpu,
         other => return Err(format!("--device {other}: expected cuda or cpu").into()),
     };
-    let (config, vocab) = match arg("--size", "gpt2".to_string())?.as_str() {
+    let (mut config, vocab) = match arg("--size", "gpt2".to_string())?.as_str() {
         "gpt2" => (GPT2, 50_257),
         "tiny" => (TINY, 65),
         other => return Err(format!("--size {other}: expected gpt2 or tiny").into()),
@@ -68,13 +69,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "bf16" => Some(Precision::Bf16),
         other => return Err(format!("--precision {other}: expected f32 or bf16").into()),
     };
+    config.layers = arg("--layers", config.layers)?;
     let batch: usize = arg("--batch", 8)?;
     let steps: usize = arg("--steps", 20)?;
     let warmup: usize = arg("--warmup", 3)?;
     let trace: String = arg("--trace", String::new())?;
     let peak_tflops: f64 = arg("--peak-tflops", 989.0)?;
-    if batch == 0 || steps == 0 || peak_tflops.is_nan() || peak_tflops <= 0.0 {
-        return Err("--batch and --steps must be at least 1 and --peak-tflops positive".into());
+    if batch == 0 || steps == 0 || config.layers == 0 || peak_tflops.is_nan() || peak_tflops <= 0.0 {
+        return Err("--batch, --steps and --layers must be at least 1 and --peak-tflops positive".into());
     }
     let t = config.context;
     let g = Graph::new();
@@ -104,11 +106,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let flops_per_token = 6.0 * parameters as f64 + 12.0 * (config.layers * t * config.d_model) as f64;
     let mfu = tokens * flops_per_token / (peak_tflops * 1e12);
     println!(
-        "regflow {} {} on {}: {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
+        "regflow {} {} on {}: {} layers, {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
          MFU {:.1}% of {peak_tflops} TFLOP/s (last loss {last:.4})",
         if vocab == 50_257 { "gpt2-124M" } else { "tiny gpt" },
         if precision.is_some() { "bf16" } else { "f32" },
         device.name(),
+        config.layers,
         per_step * 1e3,
         mfu * 100.0
     );

@@ -77,13 +77,22 @@ wait
 # 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH_COMPILE=0, PROFILE=0 leave
 # parts out). Each GPT-2 run says on stderr when each step's loss arrived, so a run cut
 # short by its limit still shows its pace.
+gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
 {
-  for precision in f32 bf16; do
-    echo "== GPT-2 124M regflow $precision"
-    timeout "${GPT2_LIMIT:-150}" "$here/bench_gpu_gpt2" --device cuda --size gpt2 --batch "$BATCH" \
-      --precision "$precision" --warmup "${WARMUP:-3}" --steps "$STEPS"
+  echo "== GPT-2 124M regflow f32"
+  gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS"; full=$?
+  echo "exit $full"
+  if [ "$full" = 0 ]; then
+    echo "== GPT-2 124M regflow bf16"
+    gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16
     echo "exit $?"
-  done
+  else
+    # Bisect by size: one layer, one sequence, traced (every kernel alone).
+    echo "== GPT-2 widths, 1 layer, batch 1, regflow f32, traced"
+    gpt2 60 --layers 1 --batch 1 --warmup 1 --steps 2 --trace "$out/trace-small.json"
+    echo "exit $?"
+    python3 "$here/op_profile.py" "$out/trace-small.json" --pieces 1 --top 30
+  fi
   echo "== GPT-2 124M PyTorch"
   timeout 100 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes f32,bf16 --modes eager
   echo "exit $?"
@@ -96,12 +105,11 @@ wait
     timeout 90 "$here/bench_gemm" --repeats 20
     timeout 90 python3 "$here/gemm_torch.py" --repeats 20
   fi
-  if [ "${PROFILE:-1}" = 1 ]; then
+  if [ "${PROFILE:-1}" = 1 ] && [ "$full" = 0 ]; then
     echo "== GPT-2 124M regflow f32, traced (every kernel alone): per-op profile of step 1"
-    timeout 120 "$here/bench_gpu_gpt2" --device cuda --size gpt2 --batch "$BATCH" --warmup 1 --steps 1 \
-      --trace "$out/trace.json"
+    gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --trace "$out/trace.json"
     echo "exit $?"
-    python3 "$here/profile.py" "$out/trace.json" --pieces 1 --top 30
+    python3 "$here/op_profile.py" "$out/trace.json" --pieces 1 --top 30
   fi
   nvidia-smi --query-gpu=memory.used,clocks.sm --format=csv
 } >"$out/bench.log" 2>&1

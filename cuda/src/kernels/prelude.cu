@@ -18,6 +18,18 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
     return (bf16)(u >> 16);
 }
 
+// Loads and stores by element type, for kernels written once for f32, f64 and bf16: a
+// bf16 is widened to f32 for arithmetic and rounded to nearest even when stored, as the
+// CPU's bf16 kernels do; f32 and f64 pass through. `Wide<T>::type` is the arithmetic type.
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ double ld(const double* p) { return *p; }
+__device__ __forceinline__ float ld(const bf16* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ void st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st(double* p, double v) { *p = v; }
+__device__ __forceinline__ void st(bf16* p, float v) { *p = f32_to_bf16(v); }
+template <typename T> struct Wide { typedef T type; };
+template <> struct Wide<bf16> { typedef float type; };
+
 // Math by element type: explicit overloads, so no header's overload set is needed.
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }
