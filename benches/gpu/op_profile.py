@@ -1,7 +1,7 @@
-"""(Not named profile.py: that would shadow the standard library module of that name,
-which torch imports.) Per-op time from a regflow timeline (`bench_gpu_gpt2 --trace PATH`): sums each op type's
+"""Per-op time from a regflow timeline (`bench_gpu_gpt2 --trace PATH`): sums each op type's
 slices (the part of an actor's name before ':') over the pieces given, and prints the
-ops that took most, in ms per piece, with their share of the total.
+ops that took most, in ms per piece, with their share of the total. (Not named
+profile.py: that would shadow the standard library module torch imports.)
 
     python3 benches/gpu/op_profile.py TRACE.json [--pieces 1,2] [--top 25]
 
