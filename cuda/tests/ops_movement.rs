@@ -9,7 +9,7 @@ use regflow_plan::ops::{
 };
 use regflow_plan::{DType, HostArray, Shape, SplitMix64, TensorMeta};
 
-const ANY: [DType; 3] = [DType::F32, DType::F64, DType::I64];
+const ANY: [DType; 4] = [DType::F32, DType::F64, DType::I64, DType::Bf16];
 
 /// Values of `dtype`: integers in -1000..1000 for i64, else uniform in [-2, 2).
 fn random(shape: &[usize], dtype: DType, seed: u64) -> HostArray {
@@ -142,17 +142,26 @@ fn sum_to_matches_the_cpu() {
         (&[1023, 33], &[33]),
         (&[4099, 7], &[7]),
         (&[70_001], &[1]),
+        // Few outputs over long ranges: the chunked two-launch sum (a gradient's norm).
+        (&[300, 701], &[]),
+        (&[3, 70_001], &[3, 1]),
+        (&[70_001, 3], &[1, 3]),
         (&[2, 3, 5, 7], &[3, 1, 7]),
         (&[7, 1], &[7, 1]),
     ];
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in [DType::F32, DType::F64, DType::Bf16] {
         for &(from, to) in cases {
             let x = random(from, dtype, 6);
             // The GPU adds each output's summands in 32 interleaved slices (in order when
             // there are fewer than 32) and the CPU an innermost run's partial sum at once:
             // f32 may differ by rounding, scaled by the summand count (up to 70_001 values
-            // of magnitude 2).
-            let rel = if dtype == DType::F32 { 1e-3 } else { 1e-9 };
+            // of magnitude 2). bf16 adds in f32 on both and rounds once: the sums agree to
+            // bf16's precision.
+            let rel = match dtype {
+                DType::F32 => 1e-3,
+                DType::Bf16 => 1e-2,
+                _ => 1e-9,
+            };
             let op = SumTo(Shape::new(to));
             check(
                 &format!("sum_to {dtype} {from:?} -> {to:?}"),

@@ -43,6 +43,7 @@ extern "C" __global__ void regflow_copy_bf16(const bf16* src, bf16* dst, u64 n) 
 extern "C" __global__ void regflow_gather_f32(const float* src, float* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 extern "C" __global__ void regflow_gather_f64(const double* src, double* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 extern "C" __global__ void regflow_gather_i64(const i64* src, i64* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
+extern "C" __global__ void regflow_gather_bf16(const bf16* src, bf16* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 
 extern "C" __global__ void regflow_copy_blocks_f32(const float* src, float* dst, u64 outer, u64 run, u64 src_block,
                                                    u64 src_start, u64 dst_block, u64 dst_start) {
@@ -54,6 +55,10 @@ extern "C" __global__ void regflow_copy_blocks_f64(const double* src, double* ds
 }
 extern "C" __global__ void regflow_copy_blocks_i64(const i64* src, i64* dst, u64 outer, u64 run, u64 src_block,
                                                    u64 src_start, u64 dst_block, u64 dst_start) {
+    copy_blocks(src, dst, outer, run, src_block, src_start, dst_block, dst_start);
+}
+extern "C" __global__ void regflow_copy_blocks_bf16(const bf16* src, bf16* dst, u64 outer, u64 run, u64 src_block,
+                                                    u64 src_start, u64 dst_block, u64 dst_start) {
     copy_blocks(src, dst, outer, run, src_block, src_start, dst_block, dst_start);
 }
 
@@ -68,25 +73,74 @@ extern "C" __global__ void regflow_copy_blocks_i64(const i64* src, i64* dst, u64
 // input strides.
 template <typename T>
 __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexing reduced, u64 n_out, u64 n_reduced) {
-    __shared__ T partial[COLUMN_THREADS][COLUMN_THREADS];
+    typedef typename Wide<T>::type W;
+    __shared__ W partial[COLUMN_THREADS][COLUMN_THREADS];
     FOR_EACH_COLUMN(o, n_out) {
         bool mine = o < n_out;
         u64 base = mine ? offset_a(kept, o) : 0, end = mine ? n_reduced : 0;
-        T sum = (T)0;
-        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += x[base + offset_a(reduced, k)];
+        W sum = (W)0;
+        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + offset_a(reduced, k)]);
         sum = column_sum(sum, partial);
-        if (mine && threadIdx.y == 0) out[o] = sum;
+        if (mine && threadIdx.y == 0) st(&out[o], sum);
     }
+}
+
+// Few outputs over long ranges (a gradient's squared norm: a whole tensor to one value),
+// where a column block would put one SM on millions of elements: two launches. First the
+// range of output blockIdx.y is cut into gridDim.x chunks of `chunk` positions, one block
+// each, whose threads add the chunk's elements and combine them with the block reduction
+// into parts[o · gridDim.x + chunk index]; then one block per output adds its parts in
+// chunk order. The chunking depends on the shape alone, so the same inputs give the same
+// bits; bf16 adds in f32 and rounds once, as the CPU does.
+template <typename T>
+__device__ __forceinline__ void sum_to_chunks(const T* x, typename Wide<T>::type* parts, Indexing kept, Indexing reduced,
+                                              u64 n_reduced, u64 chunk) {
+    typedef typename Wide<T>::type W;
+    __shared__ W scratch[32];
+    u64 o = blockIdx.y, base = offset_a(kept, o);
+    u64 begin = (u64)blockIdx.x * chunk, end = begin + chunk < n_reduced ? begin + chunk : n_reduced;
+    W sum = (W)0;
+    for (u64 k = begin + threadIdx.x; k < end; k += blockDim.x) sum += ld(&x[base + offset_a(reduced, k)]);
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) parts[o * gridDim.x + blockIdx.x] = sum;
+}
+
+template <typename T> __device__ __forceinline__ void sum_parts(const typename Wide<T>::type* parts, T* out, u64 chunks) {
+    typedef typename Wide<T>::type W;
+    __shared__ W scratch[32];
+    W sum = (W)0;
+    for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) sum += parts[(u64)blockIdx.x * chunks + c];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) st(&out[blockIdx.x], sum);
 }
 
 extern "C" __global__ void BLOCK_1024 regflow_sum_to_f32(const float* x, float* out, Indexing kept, Indexing reduced,
                                                          u64 n_out, u64 n_reduced) {
     sum_to(x, out, kept, reduced, n_out, n_reduced);
 }
-extern "C" __global__ void BLOCK_1024 regflow_sum_to_f64(const double* x, double* out, Indexing kept,
-                                                         Indexing reduced, u64 n_out, u64 n_reduced) {
+extern "C" __global__ void regflow_sum_to_chunks_f32(const float* x, float* parts, Indexing kept, Indexing reduced,
+                                                   u64 n_reduced, u64 chunk) {
+    sum_to_chunks(x, parts, kept, reduced, n_reduced, chunk);
+}
+extern "C" __global__ void regflow_sum_parts_f32(const float* parts, float* out, u64 chunks) { sum_parts(parts, out, chunks); }
+extern "C" __global__ void BLOCK_1024 regflow_sum_to_f64(const double* x, double* out, Indexing kept, Indexing reduced,
+                                                         u64 n_out, u64 n_reduced) {
     sum_to(x, out, kept, reduced, n_out, n_reduced);
 }
+extern "C" __global__ void regflow_sum_to_chunks_f64(const double* x, double* parts, Indexing kept, Indexing reduced,
+                                                   u64 n_reduced, u64 chunk) {
+    sum_to_chunks(x, parts, kept, reduced, n_reduced, chunk);
+}
+extern "C" __global__ void regflow_sum_parts_f64(const double* parts, double* out, u64 chunks) { sum_parts(parts, out, chunks); }
+extern "C" __global__ void BLOCK_1024 regflow_sum_to_bf16(const bf16* x, bf16* out, Indexing kept, Indexing reduced,
+                                                         u64 n_out, u64 n_reduced) {
+    sum_to(x, out, kept, reduced, n_out, n_reduced);
+}
+extern "C" __global__ void regflow_sum_to_chunks_bf16(const bf16* x, float* parts, Indexing kept, Indexing reduced,
+                                                   u64 n_reduced, u64 chunk) {
+    sum_to_chunks(x, parts, kept, reduced, n_reduced, chunk);
+}
+extern "C" __global__ void regflow_sum_parts_bf16(const float* parts, bf16* out, u64 chunks) { sum_parts(parts, out, chunks); }
 
 // ---- embedding ---------------------------------------------------------------------
 

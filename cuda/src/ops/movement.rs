@@ -11,7 +11,7 @@ use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{BroadcastTo, Concat, Embedding, EmbeddingGrad, Permute, Reshape, Slice, SliceGrad, SumTo};
 use regflow_plan::{DType, OpConf, Shape};
 
-const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64];
+const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16];
 const FLOAT: &[DType] = &[DType::F32, DType::F64];
 
 pub(super) const ENTRIES: &[Entry] = &[
@@ -21,7 +21,7 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("slice", ANY, || factory(make_slice)),
     ("slice_grad", ANY, || factory(make_slice_grad)),
     ("concat", ANY, || factory(make_concat)),
-    ("sum_to", FLOAT, || factory(make_sum_to)),
+    ("sum_to", &[DType::F32, DType::F64, DType::Bf16], || factory(make_sum_to)),
     ("embedding", FLOAT, || factory(make_embedding)),
     ("embedding_grad", FLOAT, || factory(make_embedding_grad)),
 ];
@@ -48,8 +48,8 @@ unsafe fn zero(s: StreamHandle, fill: Function, dtype: DType, out: u64, n: u64) 
             DType::F32 => launch(s, fill, grid, &mut args![out, 0f32, n]),
             DType::F64 => launch(s, fill, grid, &mut args![out, 0f64, n]),
             DType::I64 => launch(s, fill, grid, &mut args![out, 0i64, n]),
-            // Movement ops register no bf16 kernel (bf16 tensors move on the host for now).
-            DType::Bf16 => return Err(KernelError("no CUDA fill kernel for bf16".into())),
+            // bf16 travels as its bits: +0.0 is all zeros.
+            DType::Bf16 => launch(s, fill, grid, &mut args![out, 0u16, n]),
         }
     }?;
     Ok(())
@@ -336,20 +336,61 @@ fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
         return Err(refuse(spec, conf, format!("sums {input} to {}, but the output is {out}", op.0)));
     }
     let reduction = layout::reduction(input.dims(), out.dims()).map_err(|e| refuse(spec, conf, e))?;
+    let (n_out, n_reduced) = (reduction.kept_count, reduction.reduced_count);
+    let chunked = if n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE {
+        let chunks = (n_reduced / CHUNK_TARGET).clamp(1, MAX_CHUNKS);
+        // f64 parts for f64, f32 for f32 and bf16 (which adds in f32).
+        let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
+        let device = crate::Device::open(usize::from(spec.device_index))?;
+        Some(Chunked {
+            chunks_function: function(spec, &format!("regflow_sum_to_chunks_{}", suffix(dtype)))?,
+            parts_function: function(spec, &format!("regflow_sum_parts_{}", suffix(dtype)))?,
+            chunks,
+            chunk: n_reduced.div_ceil(chunks),
+            parts: device.managed(&format!("{} partial sums", spec.actor), n_out * chunks * part_bytes)?,
+        })
+    } else {
+        None
+    };
     Ok(SumToKernel {
         function: function(spec, &format!("regflow_sum_to_{}", suffix(dtype)))?,
         input: input_slots::<1>(conf)[0],
         reduction,
+        chunked,
     })
 }
 
+/// At most this many outputs take the chunked two-launch sum ...
+const CHUNKED_MAX_OUTPUTS: u64 = 64;
+/// ... when each adds at least this many elements (a column block would leave the GPU idle).
+const CHUNKED_MIN_RANGE: u64 = 1 << 16;
+/// About this many elements per chunk (one block of [`CHUNK_THREADS`] each) ...
+const CHUNK_TARGET: u64 = 8192;
+/// ... and at most this many chunks per output.
+const MAX_CHUNKS: u64 = 1024;
+/// Threads per block of both chunked launches.
+const CHUNK_THREADS: u32 = 256;
+
 /// A column reduction (see `movement.cu`): a thread per output element, its summands split
-/// over 32 threads when there are many.
+/// over 32 threads when there are many; or, for a few outputs over long ranges, the
+/// chunked sum.
 #[derive(Debug)]
 struct SumToKernel {
     function: Function,
     input: usize,
     reduction: layout::Reduction,
+    chunked: Option<Chunked>,
+}
+
+/// The two launches of a chunked sum and their partial sums (device memory made with the
+/// kernel, once per plan, like the registers).
+#[derive(Debug)]
+struct Chunked {
+    chunks_function: Function,
+    parts_function: Function,
+    chunks: u64,
+    chunk: u64,
+    parts: Box<dyn regflow_memory::ArenaMemory>,
 }
 
 impl Kernel for SumToKernel {
@@ -357,10 +398,26 @@ impl Kernel for SumToKernel {
         let (x, out) = (io.input_addr(self.input), io.output_addr(0));
         let r = self.reduction;
         let (kept, reduced, n_out, n_reduced) = (r.kept, r.reduced, r.kept_count, r.reduced_count);
-        let grid = Grid::columns(n_out, n_reduced);
-        // SAFETY: the maps were built from the input's shape and reach only its elements;
-        // out holds n_out; the entry takes (x, out, kept, reduced, n_out, n_reduced).
-        unsafe { launch(stream(io), self.function, grid, &mut args![x, out, kept, reduced, n_out, n_reduced]) }?;
+        let Some(c) = &self.chunked else {
+            let grid = Grid::columns(n_out, n_reduced);
+            // SAFETY: the maps were built from the input's shape and reach only its
+            // elements; out holds n_out; the entry takes (x, out, kept, reduced, n_out,
+            // n_reduced).
+            unsafe { launch(stream(io), self.function, grid, &mut args![x, out, kept, reduced, n_out, n_reduced]) }?;
+            return Ok(());
+        };
+        let parts = c.parts.base().as_ptr() as u64;
+        // n_out <= CHUNKED_MAX_OUTPUTS and chunks <= MAX_CHUNKS: both fit a grid dimension.
+        let per_chunk =
+            Grid { blocks: (c.chunks as u32, n_out as u32, 1), threads: (CHUNK_THREADS, 1, 1), shared_bytes: 0 };
+        let per_output = Grid { blocks: (n_out as u32, 1, 1), threads: (CHUNK_THREADS, 1, 1), shared_bytes: 0 };
+        let (chunk, chunks) = (c.chunk, c.chunks);
+        // SAFETY: as above; `parts` holds n_out · chunks partial sums of the entries' part
+        // type; the stream orders the two launches.
+        unsafe {
+            launch(stream(io), c.chunks_function, per_chunk, &mut args![x, parts, kept, reduced, n_reduced, chunk])?;
+            launch(stream(io), c.parts_function, per_output, &mut args![parts, out, chunks])?;
+        }
         Ok(())
     }
 }
@@ -457,14 +514,20 @@ mod tests {
     #[test]
     fn every_movement_entry_exists() {
         let entries: Vec<&str> = SOURCES.iter().flat_map(|s| entries_of(s.code)).collect();
-        for dtype in ["f32", "f64", "i64"] {
+        for dtype in ["f32", "f64", "i64", "bf16"] {
             for stem in ["copy", "gather", "copy_blocks", "fill"] {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
         }
         for dtype in ["f32", "f64"] {
-            for stem in ["sum_to", "embedding", "embedding_grad"] {
+            for stem in ["embedding", "embedding_grad"] {
+                let name = format!("regflow_{stem}_{dtype}");
+                assert!(entries.contains(&name.as_str()), "{name}");
+            }
+        }
+        for dtype in ["f32", "f64", "bf16"] {
+            for stem in ["sum_to", "sum_to_chunks", "sum_parts"] {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
