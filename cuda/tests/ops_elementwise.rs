@@ -1,5 +1,6 @@
 //! Elementwise ops on CUDA against the CPU kernels (skip without a GPU): every unary kind,
-//! binary ops with and without broadcasting, bias GELU and its gradient, dropout.
+//! binary ops with and without broadcasting, bias GELU and its gradient, dropout; in f32,
+//! f64 and bf16 (whose kernels compute in f32 and round each output once, as the CPU's).
 
 mod common;
 
@@ -10,13 +11,17 @@ use regflow_plan::{DType, HostArray, Shape, SplitMix64, TensorMeta};
 /// pass would need with small grids.
 const SIZES: &[usize] = &[1, 7, 1023, 70_001];
 
+/// The float dtypes with CUDA elementwise kernels.
+const FLOATS: [DType; 3] = [DType::F32, DType::F64, DType::Bf16];
+
 /// Relative tolerance of a dtype (f32 differs by a few ulp in exp/tanh and where the device
-/// fuses a multiply-add).
+/// fuses a multiply-add; in bf16 that may move a result across a rounding boundary, one
+/// bf16 ulp: at most 2^-7 relative).
 fn tolerance(dtype: DType) -> f64 {
-    if dtype == DType::F32 {
-        1e-5
-    } else {
-        1e-12
+    match dtype {
+        DType::F32 => 1e-5,
+        DType::Bf16 => 1e-2,
+        _ => 1e-12,
     }
 }
 
@@ -67,7 +72,7 @@ fn every_unary_kind_matches_the_cpu() {
         (UnaryKind::PowScalar(2.5), (0.0, 4.0)),
         (UnaryKind::PowScalar(-1.0), (0.5, 4.0)),
     ];
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in FLOATS {
         for &(kind, range) in &kinds {
             for &n in SIZES {
                 let x = random(&[n], dtype, n as u64, range);
@@ -98,7 +103,7 @@ fn binary_ops_match_the_cpu_with_and_without_broadcasting() {
         (&[1023], &[]),
         (&[2, 3, 1, 5, 1, 2, 1, 3, 2], &[3, 1, 5, 7, 2, 1, 3, 1]),
     ];
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in FLOATS {
         for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div] {
             for (i, &(a_dims, b_dims)) in shapes.iter().enumerate() {
                 let a = random(a_dims, dtype, 2 * i as u64, (-3.0, 3.0));
@@ -122,7 +127,7 @@ fn binary_ops_match_the_cpu_with_and_without_broadcasting() {
 #[test]
 fn bias_gelu_and_its_gradient_match_the_cpu() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in FLOATS {
         for (rows, width) in [(1, 1), (1, 7), (3, 1023), (70_001, 3), (7, 1)] {
             let x = random(&[rows, width], dtype, 1, (-6.0, 6.0));
             let bias = random(&[width], dtype, 2, (-1.0, 1.0));
@@ -145,12 +150,13 @@ fn bias_gelu_and_its_gradient_match_the_cpu() {
 #[test]
 fn dropout_drops_exactly_what_the_cpu_drops() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in FLOATS {
         for p in [0.0, 0.1, 0.5, 0.9] {
             for &n in SIZES {
                 let x = random(&[n], dtype, 5, (0.5, 2.0));
                 let op = Dropout { p, seed: 1234 + n as u64 };
-                // The mask is bit-exact and the scaling one multiply: no tolerance.
+                // The mask is bit-exact and the scaling one multiply (in f32 for bf16, then
+                // one rounding, as on the CPU): no tolerance.
                 check(&format!("dropout p {p} {dtype} [{n}]"), &op, &[&x], &[x.meta()], (&device, &stream), 0.0);
             }
         }
@@ -162,5 +168,15 @@ fn dropout_drops_exactly_what_the_cpu_drops() {
             offsets: vec![2, 1000],
         };
         check(&format!("dropout_part {dtype}"), &op, &[&x], &[x.meta()], (&device, &stream), 0.0);
+    }
+}
+
+#[test]
+fn bf16_elementwise_ops_have_cuda_kernels() {
+    // A bf16 op without one would run its CPU kernel on the host (slow, and a dry run
+    // would not notice).
+    let queued = regflow_cuda::queued_ops();
+    for op in ["unary", "binary", "bias_gelu", "bias_gelu_grad", "dropout", "dropout_part"] {
+        assert!(queued.iter().any(|k| k.op_type == op && k.dtype == DType::Bf16), "{op} bf16");
     }
 }

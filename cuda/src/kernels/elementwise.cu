@@ -1,7 +1,11 @@
 // Elementwise ops: `unary` (one entry per kind), `binary` with numpy broadcasting,
 // `bias_gelu` and its gradient, `dropout` and `dropout_part`. Each formula is the CPU
 // kernel's (kernels/src/cpu/unary.rs, binary.rs, fused.rs, dropout.rs), written in the
-// same order of operations, with the accurate math library (no fast math).
+// same order of operations, with the accurate math library (no fast math). Each is written
+// once over the element type T: elements are read with `ld` and written with `st`, and the
+// arithmetic is in `W = Wide<T>::type`, so f32 and f64 compute in their own type and bf16 as
+// the CPU's bf16 kernels do (inputs widened to f32, the f32 formula, the output rounded to
+// nearest even once). Scalar arguments (constants, scales) are of type W: f32 for bf16.
 
 
 // The offsets of linear index i (row-major over s.dims) in operands a and b.
@@ -23,7 +27,7 @@ __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
 
 // ---- unary -------------------------------------------------------------------------
 
-// GELU's constants as the CPU has them (f64 literals rounded to T).
+// GELU's constants as the CPU has them (f64 literals rounded to the arithmetic type).
 #define GELU_C 0.7978845608028654
 #define GELU_A 0.044715
 
@@ -60,53 +64,86 @@ struct Gelu { template <typename T> __device__ T operator()(T x) const { return 
 struct GeluDerivative { template <typename T> __device__ T operator()(T x) const { return gelu_derivative(x); } };
 
 template <typename T, typename F> __device__ __forceinline__ void map1(const T* x, T* out, u64 n, F f) {
-    FOR_EACH(i, n) out[i] = f(x[i]);
+    FOR_EACH(i, n) st(&out[i], f(ld(&x[i])));
 }
 
 extern "C" __global__ void regflow_unary_neg_f32(const float* x, float* out, u64 n) { map1(x, out, n, Neg()); }
 extern "C" __global__ void regflow_unary_neg_f64(const double* x, double* out, u64 n) { map1(x, out, n, Neg()); }
+extern "C" __global__ void regflow_unary_neg_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Neg()); }
 extern "C" __global__ void regflow_unary_relu_f32(const float* x, float* out, u64 n) { map1(x, out, n, Relu()); }
 extern "C" __global__ void regflow_unary_relu_f64(const double* x, double* out, u64 n) { map1(x, out, n, Relu()); }
+extern "C" __global__ void regflow_unary_relu_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Relu()); }
 extern "C" __global__ void regflow_unary_step_f32(const float* x, float* out, u64 n) { map1(x, out, n, Step()); }
 extern "C" __global__ void regflow_unary_step_f64(const double* x, double* out, u64 n) { map1(x, out, n, Step()); }
+extern "C" __global__ void regflow_unary_step_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Step()); }
 extern "C" __global__ void regflow_unary_exp_f32(const float* x, float* out, u64 n) { map1(x, out, n, Exp()); }
 extern "C" __global__ void regflow_unary_exp_f64(const double* x, double* out, u64 n) { map1(x, out, n, Exp()); }
+extern "C" __global__ void regflow_unary_exp_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Exp()); }
 extern "C" __global__ void regflow_unary_log_f32(const float* x, float* out, u64 n) { map1(x, out, n, Log()); }
 extern "C" __global__ void regflow_unary_log_f64(const double* x, double* out, u64 n) { map1(x, out, n, Log()); }
+extern "C" __global__ void regflow_unary_log_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Log()); }
 extern "C" __global__ void regflow_unary_sqrt_f32(const float* x, float* out, u64 n) { map1(x, out, n, Sqrt()); }
 extern "C" __global__ void regflow_unary_sqrt_f64(const double* x, double* out, u64 n) { map1(x, out, n, Sqrt()); }
+extern "C" __global__ void regflow_unary_sqrt_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Sqrt()); }
 extern "C" __global__ void regflow_unary_tanh_f32(const float* x, float* out, u64 n) { map1(x, out, n, Tanh()); }
 extern "C" __global__ void regflow_unary_tanh_f64(const double* x, double* out, u64 n) { map1(x, out, n, Tanh()); }
+extern "C" __global__ void regflow_unary_tanh_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Tanh()); }
 extern "C" __global__ void regflow_unary_sigmoid_f32(const float* x, float* out, u64 n) { map1(x, out, n, Sigmoid()); }
 extern "C" __global__ void regflow_unary_sigmoid_f64(const double* x, double* out, u64 n) { map1(x, out, n, Sigmoid()); }
+extern "C" __global__ void regflow_unary_sigmoid_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Sigmoid()); }
 extern "C" __global__ void regflow_unary_gelu_f32(const float* x, float* out, u64 n) { map1(x, out, n, Gelu()); }
 extern "C" __global__ void regflow_unary_gelu_f64(const double* x, double* out, u64 n) { map1(x, out, n, Gelu()); }
+extern "C" __global__ void regflow_unary_gelu_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Gelu()); }
 extern "C" __global__ void regflow_unary_gelu_derivative_f32(const float* x, float* out, u64 n) {
     map1(x, out, n, GeluDerivative());
 }
 extern "C" __global__ void regflow_unary_gelu_derivative_f64(const double* x, double* out, u64 n) {
     map1(x, out, n, GeluDerivative());
 }
+extern "C" __global__ void regflow_unary_gelu_derivative_bf16(const bf16* x, bf16* out, u64 n) {
+    map1(x, out, n, GeluDerivative());
+}
 
-// x + c and x · c with c already rounded to T (the CPU's `T::from_f64(c)`).
+// x + c and x · c with c already rounded to W (the CPU's `T::from_f64(c)` of the type it
+// computes in: f32 for bf16).
+template <typename T> __device__ __forceinline__ void add_scalar(const T* x, T* out, typename Wide<T>::type c, u64 n) {
+    FOR_EACH(i, n) st(&out[i], ld(&x[i]) + c);
+}
+template <typename T> __device__ __forceinline__ void mul_scalar(const T* x, T* out, typename Wide<T>::type c, u64 n) {
+    FOR_EACH(i, n) st(&out[i], ld(&x[i]) * c);
+}
+// x^p in f64, then rounded to W (and a bf16 from there), as the CPU computes it for every T.
+template <typename T> __device__ __forceinline__ void pow_scalar(const T* x, T* out, double p, u64 n) {
+    typedef typename Wide<T>::type W;
+    FOR_EACH(i, n) st(&out[i], (W)pow((double)ld(&x[i]), p));
+}
+
 extern "C" __global__ void regflow_unary_add_scalar_f32(const float* x, float* out, float c, u64 n) {
-    FOR_EACH(i, n) out[i] = x[i] + c;
+    add_scalar(x, out, c, n);
 }
 extern "C" __global__ void regflow_unary_add_scalar_f64(const double* x, double* out, double c, u64 n) {
-    FOR_EACH(i, n) out[i] = x[i] + c;
+    add_scalar(x, out, c, n);
+}
+extern "C" __global__ void regflow_unary_add_scalar_bf16(const bf16* x, bf16* out, float c, u64 n) {
+    add_scalar(x, out, c, n);
 }
 extern "C" __global__ void regflow_unary_mul_scalar_f32(const float* x, float* out, float c, u64 n) {
-    FOR_EACH(i, n) out[i] = x[i] * c;
+    mul_scalar(x, out, c, n);
 }
 extern "C" __global__ void regflow_unary_mul_scalar_f64(const double* x, double* out, double c, u64 n) {
-    FOR_EACH(i, n) out[i] = x[i] * c;
+    mul_scalar(x, out, c, n);
 }
-// x^p in f64, then rounded to T, as the CPU computes it for every T.
+extern "C" __global__ void regflow_unary_mul_scalar_bf16(const bf16* x, bf16* out, float c, u64 n) {
+    mul_scalar(x, out, c, n);
+}
 extern "C" __global__ void regflow_unary_pow_scalar_f32(const float* x, float* out, double p, u64 n) {
-    FOR_EACH(i, n) out[i] = (float)pow((double)x[i], p);
+    pow_scalar(x, out, p, n);
 }
 extern "C" __global__ void regflow_unary_pow_scalar_f64(const double* x, double* out, double p, u64 n) {
-    FOR_EACH(i, n) out[i] = pow(x[i], p);
+    pow_scalar(x, out, p, n);
+}
+extern "C" __global__ void regflow_unary_pow_scalar_bf16(const bf16* x, bf16* out, double p, u64 n) {
+    pow_scalar(x, out, p, n);
 }
 
 // ---- binary ------------------------------------------------------------------------
@@ -118,7 +155,7 @@ struct Div { template <typename T> __device__ T operator()(T a, T b) const { ret
 
 // Both operands of the output's shape: no index arithmetic.
 template <typename T, typename F> __device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f) {
-    FOR_EACH(i, n) out[i] = f(a[i], b[i]);
+    FOR_EACH(i, n) st(&out[i], f(ld(&a[i]), ld(&b[i])));
 }
 
 // Operands read broadcast to the output: s.dims is the output's shape (coalesced on the
@@ -128,23 +165,30 @@ __device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, I
     FOR_EACH(i, n) {
         u64 ia, ib;
         offsets_of(s, i, &ia, &ib);
-        out[i] = f(a[ia], b[ib]);
+        st(&out[i], f(ld(&a[ia]), ld(&b[ib])));
     }
 }
 
 extern "C" __global__ void regflow_binary_add_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Add()); }
 extern "C" __global__ void regflow_binary_add_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Add()); }
+extern "C" __global__ void regflow_binary_add_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Add()); }
 extern "C" __global__ void regflow_binary_sub_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Sub()); }
 extern "C" __global__ void regflow_binary_sub_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Sub()); }
+extern "C" __global__ void regflow_binary_sub_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Sub()); }
 extern "C" __global__ void regflow_binary_mul_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Mul()); }
 extern "C" __global__ void regflow_binary_mul_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Mul()); }
+extern "C" __global__ void regflow_binary_mul_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Mul()); }
 extern "C" __global__ void regflow_binary_div_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Div()); }
 extern "C" __global__ void regflow_binary_div_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Div()); }
+extern "C" __global__ void regflow_binary_div_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Div()); }
 
 extern "C" __global__ void regflow_binary_add_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
     map2_broadcast(a, b, out, s, n, Add());
 }
 extern "C" __global__ void regflow_binary_add_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Add());
+}
+extern "C" __global__ void regflow_binary_add_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
     map2_broadcast(a, b, out, s, n, Add());
 }
 extern "C" __global__ void regflow_binary_sub_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
@@ -153,16 +197,25 @@ extern "C" __global__ void regflow_binary_sub_broadcast_f32(const float* a, cons
 extern "C" __global__ void regflow_binary_sub_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
     map2_broadcast(a, b, out, s, n, Sub());
 }
+extern "C" __global__ void regflow_binary_sub_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Sub());
+}
 extern "C" __global__ void regflow_binary_mul_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
     map2_broadcast(a, b, out, s, n, Mul());
 }
 extern "C" __global__ void regflow_binary_mul_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
     map2_broadcast(a, b, out, s, n, Mul());
 }
+extern "C" __global__ void regflow_binary_mul_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Mul());
+}
 extern "C" __global__ void regflow_binary_div_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
     map2_broadcast(a, b, out, s, n, Div());
 }
 extern "C" __global__ void regflow_binary_div_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
+    map2_broadcast(a, b, out, s, n, Div());
+}
+extern "C" __global__ void regflow_binary_div_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
     map2_broadcast(a, b, out, s, n, Div());
 }
 
@@ -172,7 +225,7 @@ extern "C" __global__ void regflow_binary_div_broadcast_f64(const double* a, con
 template <typename T> __device__ __forceinline__ void bias_gelu(const T* x, const T* bias, T* out, u64 n, u64 width) {
     FOR_EACH(i, n) {
         u64 row = i;
-        out[i] = gelu(x[i] + bias[div_step(&row, width)]);
+        st(&out[i], gelu(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
     }
 }
 
@@ -181,7 +234,7 @@ template <typename T>
 __device__ __forceinline__ void bias_gelu_grad(const T* x, const T* bias, const T* dy, T* dx, u64 n, u64 width) {
     FOR_EACH(i, n) {
         u64 row = i;
-        dx[i] = dy[i] * gelu_derivative(x[i] + bias[div_step(&row, width)]);
+        st(&dx[i], ld(&dy[i]) * gelu_derivative(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
     }
 }
 
@@ -191,10 +244,16 @@ extern "C" __global__ void regflow_bias_gelu_f32(const float* x, const float* bi
 extern "C" __global__ void regflow_bias_gelu_f64(const double* x, const double* bias, double* out, u64 n, u64 width) {
     bias_gelu(x, bias, out, n, width);
 }
+extern "C" __global__ void regflow_bias_gelu_bf16(const bf16* x, const bf16* bias, bf16* out, u64 n, u64 width) {
+    bias_gelu(x, bias, out, n, width);
+}
 extern "C" __global__ void regflow_bias_gelu_grad_f32(const float* x, const float* bias, const float* dy, float* dx, u64 n, u64 width) {
     bias_gelu_grad(x, bias, dy, dx, n, width);
 }
 extern "C" __global__ void regflow_bias_gelu_grad_f64(const double* x, const double* bias, const double* dy, double* dx, u64 n, u64 width) {
+    bias_gelu_grad(x, bias, dy, dx, n, width);
+}
+extern "C" __global__ void regflow_bias_gelu_grad_bf16(const bf16* x, const bf16* bias, const bf16* dy, bf16* dx, u64 n, u64 width) {
     bias_gelu_grad(x, bias, dy, dx, n, width);
 }
 
@@ -211,23 +270,27 @@ __device__ __forceinline__ u64 splitmix_at(u64 seed, u64 index) {
 }
 
 // Element i is kept iff its draw is at least `threshold` (p · 2^64, saturated, computed on
-// the host); kept elements are scaled by `scale` (1 / (1 - p) rounded to T).
-template <typename T> __device__ __forceinline__ void dropout(const T* x, T* out, u64 n, u64 seed, u64 threshold, T scale) {
-    FOR_EACH(i, n) out[i] = splitmix_at(seed, i) >= threshold ? x[i] * scale : (T)0;
+// the host); kept elements are scaled by `scale` (1 / (1 - p) rounded to W: f32 for bf16).
+template <typename T>
+__device__ __forceinline__ void dropout(const T* x, T* out, u64 n, u64 seed, u64 threshold, typename Wide<T>::type scale) {
+    typedef typename Wide<T>::type W;
+    FOR_EACH(i, n) st(&out[i], splitmix_at(seed, i) >= threshold ? ld(&x[i]) * scale : (W)0);
 }
 
 // A part of a split tensor: s.dims is the part's shape, s.a the logical tensor's strides
 // and s.b the part's offsets in the logical tensor (not strides), so local element i is
 // drawn at logical index Σ (k_d + offset_d) · stride_d.
 template <typename T>
-__device__ __forceinline__ void dropout_part(const T* x, T* out, Indexing s, u64 n, u64 seed, u64 threshold, T scale) {
+__device__ __forceinline__ void dropout_part(
+    const T* x, T* out, Indexing s, u64 n, u64 seed, u64 threshold, typename Wide<T>::type scale) {
+    typedef typename Wide<T>::type W;
     FOR_EACH(i, n) {
         u64 rest = i, index = 0;
         for (int d = (int)s.rank - 1; d >= 0; --d) {
             index += (rest % s.dims[d] + s.b[d]) * s.a[d];
             rest /= s.dims[d];
         }
-        out[i] = splitmix_at(seed, index) >= threshold ? x[i] * scale : (T)0;
+        st(&out[i], splitmix_at(seed, index) >= threshold ? ld(&x[i]) * scale : (W)0);
     }
 }
 
@@ -237,9 +300,15 @@ extern "C" __global__ void regflow_dropout_f32(const float* x, float* out, u64 n
 extern "C" __global__ void regflow_dropout_f64(const double* x, double* out, u64 n, u64 seed, u64 threshold, double scale) {
     dropout(x, out, n, seed, threshold, scale);
 }
+extern "C" __global__ void regflow_dropout_bf16(const bf16* x, bf16* out, u64 n, u64 seed, u64 threshold, float scale) {
+    dropout(x, out, n, seed, threshold, scale);
+}
 extern "C" __global__ void regflow_dropout_part_f32(const float* x, float* out, Indexing s, u64 n, u64 seed, u64 threshold, float scale) {
     dropout_part(x, out, s, n, seed, threshold, scale);
 }
 extern "C" __global__ void regflow_dropout_part_f64(const double* x, double* out, Indexing s, u64 n, u64 seed, u64 threshold, double scale) {
+    dropout_part(x, out, s, n, seed, threshold, scale);
+}
+extern "C" __global__ void regflow_dropout_part_bf16(const bf16* x, bf16* out, Indexing s, u64 n, u64 seed, u64 threshold, float scale) {
     dropout_part(x, out, s, n, seed, threshold, scale);
 }

@@ -1,6 +1,8 @@
 //! Elementwise ops on CUDA (`elementwise.cu`): `unary`, `binary` with broadcasting,
 //! `bias_gelu`, `bias_gelu_grad`, `dropout` and `dropout_part`. One grid-stride launch
-//! each; broadcast index maps are computed when the kernel is made.
+//! each; broadcast index maps are computed when the kernel is made. Every op has entries
+//! for f32, f64 and bf16; the bf16 ones compute in f32 and round each output once, as the
+//! CPU's bf16 kernels do, and take their scalar arguments (constants, scales) as f32.
 
 use super::layout::{self, Indexing};
 use super::{factory, function, op_conf, stream, suffix, Entry};
@@ -9,7 +11,7 @@ use regflow_kernels::{HostCompute, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{BiasGelu, BiasGeluGrad, Binary, BinaryKind, Dropout, DropoutPart, Unary, UnaryKind};
 use regflow_plan::{DType, OpConf};
 
-const FLOAT: &[DType] = &[DType::F32, DType::F64];
+const FLOAT: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
 
 pub(super) const ENTRIES: &[Entry] = &[
     ("unary", FLOAT, || factory(make_unary)),
@@ -69,7 +71,8 @@ pub(super) fn input_slots<const N: usize>(conf: &OpConf) -> [usize; N] {
 enum UnaryArg {
     /// `(x, out, n)`.
     None,
-    /// `(x, out, c: T, n)`: the constant of `AddScalar`/`MulScalar`, rounded to T at launch.
+    /// `(x, out, c, n)`: the constant of `AddScalar`/`MulScalar`, rounded at launch to the
+    /// type the entry computes in (f64 for f64, f32 for f32 and bf16).
     Scalar(f64),
     /// `(x, out, p: f64, n)`: `PowScalar`'s exponent, always f64.
     Exponent(f64),
@@ -123,11 +126,12 @@ impl Kernel for UnaryKernel {
         let (x, out, n) = (io.input_addr(self.input), io.output_addr(0), self.n);
         let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
         // SAFETY: x and out hold n elements of the dtype (the op's checked metas); each
-        // entry's parameters are as `UnaryArg` says, the scalar in the dtype.
+        // entry's parameters are as `UnaryArg` says, the scalar in the type the entry
+        // computes in (f32 for bf16).
         unsafe {
             match (self.arg, self.dtype) {
                 (UnaryArg::None, _) => launch(s, f, grid, &mut args![x, out, n]),
-                (UnaryArg::Scalar(c), DType::F32) => launch(s, f, grid, &mut args![x, out, c as f32, n]),
+                (UnaryArg::Scalar(c), DType::F32 | DType::Bf16) => launch(s, f, grid, &mut args![x, out, c as f32, n]),
                 (UnaryArg::Scalar(c), _) => launch(s, f, grid, &mut args![x, out, c, n]),
                 (UnaryArg::Exponent(p), _) => launch(s, f, grid, &mut args![x, out, p, n]),
             }
@@ -320,7 +324,8 @@ struct DropoutKernel {
     n: u64,
     seed: u64,
     threshold: u64,
-    /// `1 / (1 - p)`, rounded to the dtype at launch (the CPU's `T::from_f64`).
+    /// `1 / (1 - p)`, rounded at launch to the type the entry computes in (the CPU's
+    /// `T::from_f64`): f64 for f64, f32 for f32 and bf16.
     scale: f64,
     dtype: DType,
 }
@@ -332,12 +337,14 @@ impl Kernel for DropoutKernel {
         let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
         let scale32 = self.scale as f32;
         // SAFETY: x and out hold n elements of the dtype; the entries take (x, out, [map,]
-        // n, seed, threshold, scale: T).
+        // n, seed, threshold, scale), the scale f32 for f32 and bf16, f64 for f64.
         unsafe {
             match (self.part, self.dtype) {
-                (None, DType::F32) => launch(s, f, grid, &mut args![x, out, n, seed, threshold, scale32]),
+                (None, DType::F32 | DType::Bf16) => launch(s, f, grid, &mut args![x, out, n, seed, threshold, scale32]),
                 (None, _) => launch(s, f, grid, &mut args![x, out, n, seed, threshold, self.scale]),
-                (Some(map), DType::F32) => launch(s, f, grid, &mut args![x, out, map, n, seed, threshold, scale32]),
+                (Some(map), DType::F32 | DType::Bf16) => {
+                    launch(s, f, grid, &mut args![x, out, map, n, seed, threshold, scale32])
+                }
                 (Some(map), _) => launch(s, f, grid, &mut args![x, out, map, n, seed, threshold, self.scale]),
             }
         }?;
@@ -355,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn every_unary_kind_has_entries_for_both_float_dtypes() {
+    fn every_unary_kind_has_entries_for_every_float_dtype() {
         let kinds = [
             UnaryKind::Neg,
             UnaryKind::Relu,
@@ -383,7 +390,7 @@ mod tests {
     #[test]
     fn binary_bias_gelu_and_dropout_entries_exist() {
         let entries = declared();
-        for dtype in ["f32", "f64"] {
+        for dtype in ["f32", "f64", "bf16"] {
             for stem in ["add", "sub", "mul", "div"] {
                 for variant in ["", "_broadcast"] {
                     let name = format!("regflow_binary_{stem}{variant}_{dtype}");

@@ -46,7 +46,6 @@ pub(crate) fn suffix(dtype: DType) -> &'static str {
         DType::F32 => "f32",
         DType::F64 => "f64",
         DType::I64 => "i64",
-        // No CUDA source has a bf16 entry point yet; none is registered under this suffix.
         DType::Bf16 => "bf16",
     }
 }
