@@ -54,7 +54,7 @@ cat "$out/machine.txt"
 # misaligned accesses that a right-looking value would hide). Meanwhile (unless
 # TORCH_COMPILE=0) torch.compile warms its cache, so compiling stays out of the timed run.
 if [ "${TORCH_COMPILE:-1}" = 1 ]; then
-  timeout 240 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps 1 --dtypes bf16 --modes compile \
+  timeout 120 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps 1 --dtypes bf16 --modes compile \
     >"$logs/torch-warm.log" 2>&1 &
 fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -102,7 +102,7 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
   fi
   if [ "${GEMM:-1}" = 1 ]; then
     echo "== GEMM"
-    timeout 90 "$here/bench_gemm" --repeats 20
+    timeout 90 "$here/bench_cuda_gemm" --repeats 20
     timeout 90 python3 "$here/gemm_torch.py" --repeats 20
   fi
   if [ "${PROFILE:-1}" = 1 ] && [ "$full" = 0 ]; then

@@ -1,4 +1,4 @@
-"""`torch.matmul` on the shapes of `cuda/examples/bench_gemm.rs` (GPT-2 124M's products at
+"""`torch.matmul` on the shapes of `cuda/examples/bench_cuda_gemm.rs` (GPT-2 124M's products at
 batch 8 x 1024 tokens, and 4096 cubed), f32 with TF32 off and bf16, in TFLOP/s: the peer
 for regflow's cuBLAS matmul kernel, in the same run (`benches/gpu/run.sh`). Each figure is
 the median of `--repeats` products, each timed as regflow's are: a host clock around the

@@ -4,7 +4,7 @@
 //! two should be ~1.0× apart, since both are cuBLAS. `benches/gpu/run.sh` runs both.
 //!
 //! ```text
-//! cargo run --release -p regflow-cuda --features cuda --example bench_gemm -- [--repeats 20]
+//! cargo run --release -p regflow-cuda --features cuda --example bench_cuda_gemm -- [--repeats 20]
 //! ```
 //!
 //! The kernel is made by the registry exactly as a plan's actor makes it and launched on
@@ -91,7 +91,7 @@ fn time_matmul(
     let bytes = |meta: &TensorMeta| (meta.shape.numel() * meta.dtype.size()) as u64;
     let sizes = [bytes(&a.meta()), bytes(&b.meta()), bytes(&out)];
     let spec = KernelSpec {
-        actor: "bench_gemm",
+        actor: "bench_cuda_gemm",
         device: DeviceKind::Cuda,
         device_index: 0,
         op: Some(&conf),
@@ -104,9 +104,9 @@ fn time_matmul(
     }
     let align = |b: u64| b.div_ceil(256) * 256;
     let arena = Arena::new(
-        "bench_gemm",
+        "bench_cuda_gemm",
         MemoryKind::Host,
-        device.managed("bench_gemm", sizes.iter().map(|&b| align(b)).sum())?,
+        device.managed("bench_cuda_gemm", sizes.iter().map(|&b| align(b)).sum())?,
     );
     let (mut offset, mut views) = (0, Vec::new());
     for &size in &sizes {
