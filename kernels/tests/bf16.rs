@@ -5,7 +5,7 @@
 use regflow_kernels::{compute_once, HostContext, HostOpKernel, Kernel, KernelIo, StreamContext};
 use regflow_memory::{Arena, MemoryKind};
 use regflow_plan::ops::{Binary, BinaryKind, Cast, MatMul, MatMulBatchSum, PermutedMatMul};
-use regflow_plan::{bf16, DType, GroupPosition, HostArray, OpConf, SplitMix64, TensorMeta};
+use regflow_plan::{bf16_from_f64, DType, GroupPosition, HostArray, OpConf, SplitMix64, TensorMeta};
 
 fn values(count: usize, seed: u64) -> Vec<f32> {
     let mut rng = SplitMix64::new(seed);
@@ -49,7 +49,7 @@ fn bf16_matmul_matches_f32_matmul_to_bf16_precision_on_odd_shapes() {
             let want = run(&op, &[&a32, &b32], TensorMeta::new([m, n], DType::F32));
             assert_close(&format!("[{m}, {k}] x [{k}, {n}] {transpose_a} {transpose_b}"), &got, &want);
             // Exactly the f32 result rounded once.
-            let rounded: Vec<f64> = want.iter().map(|&v| regflow_plan::bf16_from_f64(v).to_f64()).collect();
+            let rounded: Vec<f64> = want.iter().map(|&v| bf16_from_f64(v).to_f64()).collect();
             assert_eq!(got, rounded);
         }
     }
