@@ -347,11 +347,11 @@ fn check_one_forward_one_backward(p: usize, shape: &[usize], axes: &[&str]) {
             })
             .collect();
         // The stage never runs more than p - s forwards ahead of its backwards (its
-        // registers stop it), and it does get that far ahead (the pipeline fills): after the
-        // warm-up, one backward lets one forward in. Exact alternation after that depends on
-        // the host's timing as well as the model's, so it is not asserted.
+        // registers stop it), and it does get that far ahead (the pipeline fills). Whether
+        // the first p - s firings are all forwards, and exact alternation after that,
+        // depend on the host's timing as well as the model's (a loaded CI machine once ran
+        // stage 2 as FBFF...), so neither is asserted.
         let warmup = p - s;
-        assert!(order.starts_with(&"F".repeat(warmup)), "stage {s}: {order}");
         assert_eq!(order.chars().filter(|c| *c == 'F').count(), m, "stage {s}: {order}");
         assert_eq!(order.chars().filter(|c| *c == 'B').count(), m, "stage {s}: {order}");
         let mut ahead = 0i64;
