@@ -76,7 +76,7 @@ def tokens_per_second(model, step_fn, args, t, vocab):
         loss = step_fn(*data[i % 4], mask)
     torch.cuda.synchronize()
     per_step = (time.perf_counter() - start) / args.steps
-    return args.batch * t / per_step, per_step, float(loss)
+    return args.batch * t / per_step, per_step, float(loss.detach())
 
 
 def main():
