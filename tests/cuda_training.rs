@@ -209,3 +209,36 @@ fn plans_run_to_the_end_on_dry_run_devices() {
     assert_eq!(gpt_losses(DeviceKind::Cuda, None).len(), STEPS);
     assert_eq!(gpt_losses(DeviceKind::Cuda, Some(Precision::Bf16)).len(), STEPS);
 }
+
+/// A traced `cuda` job runs each kernel alone and records it: one slice per firing, named
+/// by its actor (a per-op profile, `runtime/src/device/cuda.rs`). On a GPU the traced
+/// losses equal the untraced ones: tracing only waits more. Runs on a GPU, or dry.
+#[test]
+fn a_traced_cuda_job_has_a_slice_for_every_firing() {
+    let on_gpu = regflow::cuda::probe().is_ok();
+    if !on_gpu {
+        if let Err(e) = regflow::cuda::enable_dry_run("compute_80") {
+            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
+            return;
+        }
+    }
+    let path = std::env::temp_dir().join(format!("regflow-cuda-trace-{}.json", std::process::id()));
+    let traced = mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b.trace(&path));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut per_actor = std::collections::BTreeMap::<String, usize>::new();
+    for event in trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X") {
+        assert!(event["dur"].as_f64().unwrap() >= 0.0, "{event}");
+        *per_actor.entry(event["name"].as_str().unwrap().to_string()).or_default() += 1;
+    }
+    let products: Vec<_> = per_actor.iter().filter(|(name, _)| name.starts_with("matmul:")).collect();
+    assert!(products.len() >= 2, "{per_actor:?}");
+    for (name, firings) in products {
+        assert_eq!(*firings, STEPS, "{name}: {per_actor:?}");
+    }
+    assert_eq!(traced.len(), STEPS);
+    if on_gpu {
+        assert_eq!(traced, mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b));
+    }
+}
