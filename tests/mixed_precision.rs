@@ -37,14 +37,7 @@ fn batches(steps: usize) -> Vec<(HostArray, HostArray)> {
 fn compiled(precision: Precision) -> CompiledGraph {
     let g = Graph::new();
     g.mixed_precision(precision).unwrap();
-    let x = g.input("x", [BATCH, FEATURES], DType::F32).unwrap();
-    let y = g.input("y", [BATCH], DType::I64).unwrap();
-    let w1 = g.variable("w1", [FEATURES, HIDDEN], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
-    let b1 = g.variable("b1", [HIDDEN], DType::F32, Init::Zeros).unwrap();
-    let w2 = g.variable("w2", [HIDDEN, CLASSES], DType::F32, Init::Xavier { seed: 2 }).unwrap();
-    let b2 = g.variable("b2", [CLASSES], DType::F32, Init::Zeros).unwrap();
-    let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
-    let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
+    let loss = common::relu_mlp_loss(&g, (BATCH, FEATURES, HIDDEN, CLASSES));
     let train = g.minimize(loss, &Optimizer::adamw(1e-2, 1e-4)).unwrap();
     g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap()
 }

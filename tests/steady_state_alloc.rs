@@ -20,10 +20,11 @@
 //! buffers are reused per thread: `vendor/gemm-common/REGFLOW.md`). Each check prints its
 //! steady-state count; `cargo test --test steady_state_alloc -- --nocapture` shows them.
 
+mod common;
 #[path = "../examples/common/gpt.rs"]
 mod gpt;
 
-use regflow::graph::{CompileOptions, DType, Graph, Init, Optimizer, Schedule as LrSchedule, SplitMix64};
+use regflow::graph::{CompileOptions, DType, Graph, Optimizer, Schedule as LrSchedule, SplitMix64};
 use regflow::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -790,14 +791,7 @@ fn compiled_mlp_training_allocates_nothing_per_step() {
     const HIDDEN: usize = 128;
     const CLASSES: usize = 10;
     let g = Graph::new();
-    let x = g.input("x", [BATCH, FEATURES], DType::F32).unwrap();
-    let y = g.input("y", [BATCH], DType::I64).unwrap();
-    let w1 = g.variable("w1", [FEATURES, HIDDEN], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
-    let b1 = g.variable("b1", [HIDDEN], DType::F32, Init::Zeros).unwrap();
-    let w2 = g.variable("w2", [HIDDEN, CLASSES], DType::F32, Init::Xavier { seed: 2 }).unwrap();
-    let b2 = g.variable("b2", [CLASSES], DType::F32, Init::Zeros).unwrap();
-    let hidden = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
-    let loss = hidden.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
+    let loss = common::relu_mlp_loss(&g, (BATCH, FEATURES, HIDDEN, CLASSES));
     let optimizer = Optimizer::adamw(1e-2, 1e-4)
         .with_schedule(LrSchedule::WarmupCosine { peak: 1e-2, warmup: 5, total: 100, min: 1e-4 })
         .with_clip_norm(5.0);

@@ -94,3 +94,21 @@ pub(crate) fn fed_losses(
     job.wait().unwrap();
     losses
 }
+
+/// The loss of the two-layer MLP several tests train, all f32: inputs `x [batch,
+/// features]` and `y [batch]`, then `x·w1 + b1` (Kaiming seed 1, zero bias), ReLU,
+/// `·w2 + b2` (Xavier seed 2, zero bias) and sparse cross-entropy against `y`.
+pub(crate) fn relu_mlp_loss(
+    g: &regflow::graph::Graph,
+    (batch, features, hidden, classes): (usize, usize, usize, usize),
+) -> regflow::graph::Tensor<'_> {
+    use regflow::graph::{DType, Init};
+    let x = g.input("x", [batch, features], DType::F32).unwrap();
+    let y = g.input("y", [batch], DType::I64).unwrap();
+    let w1 = g.variable("w1", [features, hidden], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let b1 = g.variable("b1", [hidden], DType::F32, Init::Zeros).unwrap();
+    let w2 = g.variable("w2", [hidden, classes], DType::F32, Init::Xavier { seed: 2 }).unwrap();
+    let b2 = g.variable("b2", [classes], DType::F32, Init::Zeros).unwrap();
+    let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
+    h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap()
+}
