@@ -64,19 +64,26 @@ pub struct Bf16Scratch {
 impl Bf16Scratch {
     /// Buffers for these metas, or `None` when no tensor is bf16 (nothing to widen).
     pub fn for_metas(inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Option<Self> {
-        let buffer = |m: &TensorMeta| (m.dtype == DType::Bf16).then(|| vec![0.0f32; m.shape.numel()]);
-        let scratch =
-            Self { inputs: inputs.iter().map(buffer).collect(), outputs: outputs.iter().map(buffer).collect() };
-        scratch.any().then_some(scratch)
+        let sized = |m: &TensorMeta| (m.dtype, m.shape.numel());
+        Self::sized(inputs.iter().map(sized), outputs.iter().map(sized))
     }
 
     /// Buffers for these tensors (the reference evaluator's path, which allocates per
     /// call), or `None` when no tensor is bf16.
     pub fn for_tensors(inputs: &[HostTensor<'_>], outputs: &[HostTensorMut<'_>]) -> Option<Self> {
-        let scratch = Self {
-            inputs: inputs.iter().map(|t| (t.dtype() == DType::Bf16).then(|| vec![0.0; t.shape.numel()])).collect(),
-            outputs: outputs.iter().map(|t| (t.dtype() == DType::Bf16).then(|| vec![0.0; t.shape.numel()])).collect(),
-        };
+        Self::sized(
+            inputs.iter().map(|t| (t.dtype(), t.shape.numel())),
+            outputs.iter().map(|t| (t.dtype(), t.shape.numel())),
+        )
+    }
+
+    /// A buffer of `numel` f32 for each bf16 `(dtype, numel)`; `None` when there is none.
+    fn sized(
+        inputs: impl Iterator<Item = (DType, usize)>,
+        outputs: impl Iterator<Item = (DType, usize)>,
+    ) -> Option<Self> {
+        let buffer = |(dtype, numel): (DType, usize)| (dtype == DType::Bf16).then(|| vec![0.0f32; numel]);
+        let scratch = Self { inputs: inputs.map(buffer).collect(), outputs: outputs.map(buffer).collect() };
         scratch.any().then_some(scratch)
     }
 
