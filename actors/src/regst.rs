@@ -105,7 +105,12 @@ pub(crate) struct OutputState {
     pub(crate) register_num: u32,
     /// Slots handed out as pieces `0..preloaded` when the actor starts.
     pub(crate) preloaded: u32,
+    /// Consumers on the actor's own stream first, then the others (each group in plan
+    /// order): a launch tells the first group and its completion the second, each a plain
+    /// slice walk with nothing to skip.
     pub(crate) consumers: Vec<Consumer>,
+    /// How many of `consumers` run on the actor's own stream (the first ones).
+    pub(crate) same_stream_consumers: usize,
     pub(crate) free: VecDeque<u32>,
     /// Per slot and consumer (`slot * consumers + i`): consumer `i` has not acked it.
     /// A flat table allocated once, so a register may have any number of consumers (an
@@ -122,14 +127,18 @@ pub(crate) struct OutputState {
 }
 
 impl OutputState {
-    pub(crate) fn new(desc: RegstDescId, register_num: u32, preloaded: u32, consumers: Vec<Consumer>) -> Self {
+    pub(crate) fn new(desc: RegstDescId, register_num: u32, preloaded: u32, mut consumers: Vec<Consumer>) -> Self {
         let slots = register_num as usize;
         let table = slots * consumers.len();
+        // Stable: plan order within each group.
+        consumers.sort_by_key(|c| !c.same_stream);
+        let same_stream_consumers = consumers.iter().filter(|c| c.same_stream).count();
         Self {
             desc,
             register_num,
             preloaded,
             consumers,
+            same_stream_consumers,
             free: (0..register_num).collect(),
             holders: vec![false; table],
             slots: vec![SlotState::default(); slots],
@@ -137,6 +146,17 @@ impl OutputState {
             next_piece: 0,
             in_flight: 0,
             max_in_flight: 0,
+        }
+    }
+
+    /// The consumers on the actor's own stream (`same_stream`) or on others.
+    #[inline]
+    pub(crate) fn consumers_on(&self, same_stream: bool) -> &[Consumer] {
+        let (same, other) = self.consumers.split_at(self.same_stream_consumers);
+        if same_stream {
+            same
+        } else {
+            other
         }
     }
 

@@ -180,13 +180,20 @@ pub struct ActorStats {
     pub finished: bool,
 }
 
-/// The `ActorEnv` of one message: borrows the worker's parts the actor does not own.
+/// The `ActorEnv` of the actors of one stream: borrows the worker's parts the actors do
+/// not own. Made once per drain of the local queue, not per message: `current` says whose
+/// message is being handled.
 struct Env<'w> {
     stream_id: StreamId,
     local: &'w mut VecDeque<Message>,
     router: &'w Router,
     device: &'w mut dyn DeviceStream,
-    runtime: &'w mut ActorRuntime,
+    runtimes: &'w mut [ActorRuntime],
+    /// Index of the actor whose message is being handled.
+    current: usize,
+    /// Whether a `tracing` subscriber wants the per-firing spans (asked once per thread:
+    /// asking per firing costs more than a no-op kernel).
+    fire_spans: bool,
     memory: &'w PlanArenas,
     probe: &'w StreamProbe,
     trace: Option<&'w mut TraceBuffer>,
@@ -226,9 +233,11 @@ impl ActorEnv for Env<'_> {
     }
 
     fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
-        let name = self.runtime.name.as_str();
-        let _span =
-            tracing::trace_span!("fire", actor = name, piece = firing.piece, stream = self.stream_index).entered();
+        let _span = self.fire_spans.then(|| {
+            let name = self.runtimes[self.current].name.as_str();
+            tracing::trace_span!("fire", actor = name, piece = firing.piece, stream = self.stream_index).entered()
+        });
+        let runtime = &mut self.runtimes[self.current];
         // Plain pushes: `extend` over a mapped iterator costs more than the one or two
         // views a firing has.
         self.scratch_inputs.clear();
@@ -240,25 +249,25 @@ impl ActorEnv for Env<'_> {
             self.scratch_outputs.push(self.memory.view(r));
         }
         let mut io = KernelIo::new(firing.piece, firing.group, self.scratch_inputs, self.scratch_outputs, self.context);
-        let Some(kernel) = self.runtime.kernel.as_deref_mut() else {
+        let Some(kernel) = runtime.kernel.as_deref_mut() else {
             return Err(EnvError::Kernel("actor has no kernel (broken invariant)".into()));
         };
         self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
         let timed = self.trace.is_some();
-        let launched = self.device.launch(firing.actor, kernel, &mut io, self.runtime.modeled, timed);
+        let launched = self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed);
         self.probe.in_kernel.store(0, Ordering::Relaxed);
         // One writer (this thread): a plain store avoids a locked read-modify-write.
         self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let launched = launched.map_err(|e| EnvError::Kernel(e.0))?;
         self.anchor = launched.span;
         if let (Some(trace), Some((start, end))) = (self.trace.as_deref_mut(), launched.span) {
-            let plan_index = self.runtime.plan_index;
+            let plan_index = runtime.plan_index;
             trace.events.push(TraceEvent::Slice { actor: plan_index, piece: firing.piece, start, end });
-            for &desc in &self.runtime.input_descs {
+            for &desc in &runtime.input_descs {
                 trace.events.push(TraceEvent::FlowIn { id: flow_id(desc, firing.piece, firing.actor), at: start });
             }
             if launched.completion == Completion::Pending {
-                self.runtime.pending_slices.push_back((start, end));
+                runtime.pending_slices.push_back((start, end));
             }
         }
         Ok(launched.completion)
@@ -271,20 +280,12 @@ impl StreamWorker {
         let mut live = self.actors.iter().filter(|a| a.lifecycle() != Lifecycle::Done).count();
         let mut snapshot_due = false;
         let mut spin_time = SPIN_TIME;
+        // Subscribers are set up before jobs run: ask once, not per firing.
+        let fire_spans = tracing::span_enabled!(tracing::Level::TRACE);
         'outer: while live > 0 {
-            // Copy from `front()` then pop: moving the `Option<Message>` out of `pop_front`
-            // compiles to overlapping partial copies that stall store-to-load forwarding on
-            // every message (measured: half the time of this loop).
-            while let Some(&msg) = self.local.front() {
-                self.local.pop_front();
-                match self.dispatch(msg) {
-                    Ok(true) => live -= 1,
-                    Ok(false) => {}
-                    Err(error) => {
-                        self.shared.abort(RuntimeError::Actor(error), &self.router);
-                        break 'outer;
-                    }
-                }
+            if let Err(error) = self.drain_local(&mut live, fire_spans) {
+                self.shared.abort(RuntimeError::Actor(error), &self.router);
+                break 'outer;
             }
             if live == 0 {
                 break;
@@ -334,24 +335,20 @@ impl StreamWorker {
         StreamExit { trace: self.trace.take(), snapshots }
     }
 
-    /// Hands one message to its actor; `Ok(true)` if that actor just finished.
-    fn dispatch(&mut self, msg: Message) -> Result<bool, ActorError> {
-        let index = msg.dst.index() as usize;
-        let Some(actor) = self.actors.get_mut(index) else {
-            return Err(unknown_recipient(msg.dst, self.actors.len()));
-        };
-        let runtime = &mut self.runtimes[index];
-        let anchor = match msg.body {
-            Body::ActDone => runtime.pending_slices.pop_front(),
-            _ => None,
-        };
-        let was_done = actor.lifecycle() == Lifecycle::Done;
+    /// Hands every message of the local queue to its actor, including those the handling
+    /// adds, and counts the actors that finish off `live`.
+    fn drain_local(&mut self, live: &mut usize, fire_spans: bool) -> Result<(), ActorError> {
+        if self.local.is_empty() {
+            return Ok(());
+        }
         let mut env = Env {
             stream_id: self.stream_id,
             local: &mut self.local,
             router: &self.router,
             device: self.device.as_mut(),
-            runtime,
+            runtimes: &mut self.runtimes,
+            current: 0,
+            fire_spans,
             memory: &self.memory,
             probe: &self.shared.probes[self.index],
             trace: self.trace.as_mut(),
@@ -359,15 +356,31 @@ impl StreamWorker {
             scratch_outputs: &mut self.scratch_outputs,
             context: &self.context,
             stream_index: self.index,
-            anchor,
+            anchor: None,
         };
-        let lifecycle = actor.handle(&msg, &mut env)?;
-        let finished = !was_done && lifecycle == Lifecycle::Done;
-        if finished {
-            // Dropping the kernel closes what it feeds (a sink's fetcher sees the end).
-            self.runtimes[index].kernel = None;
+        // Copy from `front()` then pop: moving the `Option<Message>` out of `pop_front`
+        // compiles to overlapping partial copies that stall store-to-load forwarding on
+        // every message (measured: half the time of this loop).
+        while let Some(&msg) = env.local.front() {
+            env.local.pop_front();
+            let index = msg.dst.index() as usize;
+            let Some(actor) = self.actors.get_mut(index) else {
+                return Err(unknown_recipient(msg.dst, self.actors.len()));
+            };
+            env.current = index;
+            env.anchor = match msg.body {
+                Body::ActDone => env.runtimes[index].pending_slices.pop_front(),
+                _ => None,
+            };
+            let was_done = actor.lifecycle() == Lifecycle::Done;
+            let lifecycle = actor.handle(&msg, &mut env)?;
+            if !was_done && lifecycle == Lifecycle::Done {
+                // Dropping the kernel closes what it feeds (a sink's fetcher sees the end).
+                env.runtimes[index].kernel = None;
+                *live -= 1;
+            }
         }
-        Ok(finished)
+        Ok(())
     }
 }
 

@@ -11,8 +11,6 @@ impl Actor {
             return self.fire_repeat(env);
         }
         // Consume the front of every input; the pieces must be in step.
-        self.scratch_inputs.clear();
-        self.scratch_slots.clear();
         let mut piece = None;
         let first_desc = self.inputs.first().map(|i| i.desc);
         for i in 0..self.inputs.len() {
@@ -20,7 +18,7 @@ impl Actor {
             let Some(front) = input.pop_ready(&mut self.unready_inputs) else {
                 unreachable!("fired without a ready input")
             };
-            self.scratch_slots.push(front.slot);
+            self.scratch_slots[i] = front.slot;
             if let Some(p) = piece.filter(|&p| p != front.piece) {
                 let detail = format!(
                     "input {} is at piece {} while input {} is at piece {p}",
@@ -31,7 +29,7 @@ impl Actor {
                 return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
             }
             piece = Some(front.piece);
-            self.scratch_inputs.push(front.data);
+            self.scratch_inputs[i] = front.data;
         }
         // Decide the group position and which output slots this launch writes.
         let (group, ack_inputs, emit) = match &mut self.kind {
@@ -63,7 +61,6 @@ impl Actor {
             }
             _ => (GroupPosition { index: 0, count: 1 }, true, true),
         };
-        self.scratch_outputs.clear();
         for o in 0..self.outputs.len() {
             let output = &mut self.outputs[o];
             let slot = match self.kind {
@@ -73,7 +70,7 @@ impl Actor {
                     None => unreachable!("fired without a free output slot"),
                 },
             };
-            self.scratch_outputs.push(RegstRef { desc: output.desc, slot });
+            self.scratch_outputs[o] = RegstRef { desc: output.desc, slot };
         }
         let firing = Firing {
             actor: self.id,
@@ -144,8 +141,8 @@ impl Actor {
         };
         let piece = output.next_piece;
         output.next_piece += 1;
-        self.scratch_inputs.clear();
-        self.scratch_inputs.push(input.data);
+        // A repeat has exactly one input.
+        self.scratch_inputs[0] = input.data;
         let firing = Firing { actor: self.id, piece, inputs: &self.scratch_inputs, outputs: &[], group };
         let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
         self.emit_at_launch(env, 0, slot, piece, input.data, true)?;
@@ -159,6 +156,7 @@ impl Actor {
     /// An emitting launch: lend the slot to every consumer, record it until completion
     /// (`record`; not when it completes right away), and tell the consumers on this stream
     /// now.
+    #[inline]
     fn emit_at_launch<E: ActorEnv>(
         &mut self,
         env: &mut E,
@@ -178,8 +176,9 @@ impl Actor {
 
     /// Sends `Ready` for output `o`'s `slot` to its consumers on this stream
     /// (`same_stream`) or on other streams (not `same_stream`).
+    #[inline]
     fn tell_consumers<E: ActorEnv>(
-        &mut self,
+        &self,
         env: &mut E,
         o: usize,
         slot: u32,
@@ -187,12 +186,10 @@ impl Actor {
         data: RegstRef,
         same_stream: bool,
     ) -> Result<(), ActorError> {
-        let regst = RegstRef { desc: self.outputs[o].desc, slot };
-        for c in 0..self.outputs[o].consumers.len() {
-            let consumer = self.outputs[o].consumers[c];
-            if consumer.same_stream == same_stream {
-                self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
-            }
+        let output = &self.outputs[o];
+        let regst = RegstRef { desc: output.desc, slot };
+        for consumer in output.consumers_on(same_stream) {
+            self.send(env, consumer.id, Body::Ready { regst, piece, data })?;
         }
         Ok(())
     }
@@ -223,6 +220,7 @@ impl Actor {
 
     /// The kernel that wrote output `o`'s `slot` completed: tell the consumers on other
     /// streams, and free the slot if every consumer already gave it back.
+    #[inline]
     fn finish_output<E: ActorEnv>(
         &mut self,
         env: &mut E,
@@ -239,6 +237,7 @@ impl Actor {
     }
 
     /// The kernel that read input `i`'s `slot` completed: give the slot back.
+    #[inline]
     fn ack_input<E: ActorEnv>(&mut self, env: &mut E, i: usize, slot: u32) -> Result<(), ActorError> {
         let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
         self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot } })

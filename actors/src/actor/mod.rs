@@ -3,16 +3,11 @@
 //! once drained; linger as a zombie until every slot is back.
 
 mod fire;
-mod scratch;
 
 use crate::regst::{Consumer, InputState, OutputState, ReadyRegst};
 use crate::{ActorEnv, ActorError, ActorId, Body, Cmd, EnvError, Message, PlanIds, RegstRef};
 use regflow_plan::{ActorIndex, ActorKind, PlanIndex, RegstDescId, SourcePieces};
-use scratch::Scratch;
 use std::collections::VecDeque;
-
-/// Inputs or outputs a firing lists without a heap buffer of its own.
-const SCRATCH_INLINE: usize = 4;
 
 /// Where an actor is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,10 +77,13 @@ pub struct Actor {
     /// Whether the actor ends when its inputs end (every kind but a source, unless all
     /// its inputs close loops): then it cannot be drained while `ended_inputs` is 0.
     ends_by_inputs: bool,
-    scratch_inputs: Scratch<RegstRef, SCRATCH_INLINE>,
-    /// The slot of each input the current firing read.
-    scratch_slots: Scratch<u32, SCRATCH_INLINE>,
-    scratch_outputs: Scratch<RegstRef, SCRATCH_INLINE>,
+    /// What the current firing reads (one entry per input), which slot of each input
+    /// that is, and what it writes (one per output): allocated once with the actor and
+    /// overwritten in place by every firing, so a firing allocates nothing and needs no
+    /// length bookkeeping.
+    scratch_inputs: Box<[RegstRef]>,
+    scratch_slots: Box<[u32]>,
+    scratch_outputs: Box<[RegstRef]>,
     pub(crate) fires: u64,
 }
 
@@ -154,9 +152,9 @@ impl Actor {
             ends_by_inputs,
             unready_inputs: inputs.len() as u32,
             full_outputs,
-            scratch_inputs: Scratch::with_capacity(inputs.len(), placeholder),
-            scratch_slots: Scratch::with_capacity(inputs.len(), 0),
-            scratch_outputs: Scratch::with_capacity(outputs.len(), placeholder),
+            scratch_inputs: vec![placeholder; inputs.len()].into_boxed_slice(),
+            scratch_slots: vec![0; inputs.len()].into_boxed_slice(),
+            scratch_outputs: vec![placeholder; outputs.len()].into_boxed_slice(),
             inputs,
             outputs,
             pending: VecDeque::with_capacity(max_pending),
@@ -289,6 +287,7 @@ impl Actor {
         ActorError::Env { name: self.name.clone(), id: self.id, source }
     }
 
+    #[inline]
     fn send<E: ActorEnv>(&self, env: &mut E, dst: ActorId, body: Body) -> Result<(), ActorError> {
         env.send(Message { dst, src: self.id, body }).map_err(|e| self.env_error(e))
     }
@@ -333,8 +332,19 @@ impl Actor {
         Ok(())
     }
 
-    /// A repeat actor gives its input back once every piece it handed out has come back.
+    /// An output slot came back: only a repeat actor has more to do.
+    #[inline]
     fn on_slot_freed<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        if matches!(self.kind, KindState::Repeat { .. }) {
+            self.repeat_slot_freed(env)?;
+        }
+        Ok(())
+    }
+
+    /// A repeat actor gives its input back once every piece it handed out has come back.
+    /// Out of line: the slot handling of every other kind stays small.
+    #[inline(never)]
+    fn repeat_slot_freed<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         if let KindState::Repeat { count, held, handed, outstanding } = &mut self.kind {
             *outstanding -= 1;
             if *handed == *count && *outstanding == 0 {
