@@ -63,3 +63,49 @@ fn trace_has_a_slice_per_firing_and_paired_flow_arrows() {
     assert_eq!(starts.len(), 12);
     assert_eq!(starts, ends);
 }
+
+/// On `sim`, a kernel whose every peer is on its stream completes at launch (no timer), and
+/// its stream runs the next one after it; a consumer on another stream still starts only
+/// once everything before it on the producer's stream has ended (modeled time).
+#[test]
+fn a_sim_stream_runs_its_own_chain_in_order_and_others_wait_for_its_end() {
+    const PIECES: u64 = 4;
+    const NANOS: u64 = 300_000;
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let sim = b.device(0, DeviceKind::Sim, 0);
+    let s0 = b.stream(cpu, StreamKind::Compute);
+    let (s1, s2) = (b.stream(sim, StreamKind::Compute), b.stream(sim, StreamKind::Compute));
+    let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(PIECES) });
+    let mut prev = b.regst("x", src, 8, 4);
+    for (name, stream) in [("a", s1), ("b", s1), ("c", s2)] {
+        let actor = b.actor(name, stream, ActorKind::Compute { kernel: KernelConf::Copy });
+        b.sim_nanos(actor, NANOS);
+        b.consume(actor, prev);
+        prev = b.regst(&format!("{name}.out"), actor, 8, 2);
+    }
+    let sink = b.actor("sink", s0, ActorKind::Sink);
+    b.consume(sink, prev);
+    let path = std::env::temp_dir().join(format!("regflow-trace-chain-{}.json", std::process::id()));
+    let mut job = Job::builder(b.build().unwrap()).trace(&path).build().unwrap();
+    let fetcher = job.fetcher("sink").unwrap();
+    let values: Vec<u64> =
+        (0..PIECES).map(|_| u64::from_le_bytes(fetcher.recv().unwrap().bytes().try_into().unwrap())).collect();
+    drop(fetcher);
+    job.wait().unwrap();
+    assert_eq!(values, (0..PIECES).collect::<Vec<_>>(), "every piece arrives, in order");
+
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let mut span: HashMap<(&str, u64), (f64, f64)> = HashMap::new();
+    for e in trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X") {
+        let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+        span.insert((e["name"].as_str().unwrap(), e["args"]["piece"].as_u64().unwrap()), (ts, ts + dur));
+    }
+    let eps = 1e-3; // µs: the trace's rounding
+    for p in 0..PIECES {
+        let (a, b, c) = (span[&("a", p)], span[&("b", p)], span[&("c", p)]);
+        assert!(b.0 + eps >= a.1, "piece {p}: b started at {} before a ended at {}", b.0, a.1);
+        assert!(c.0 + eps >= b.1, "piece {p}: c (another stream) started at {} before b ended at {}", c.0, b.1);
+    }
+}

@@ -18,6 +18,14 @@ pub struct Firing<'a> {
     pub outputs: &'a [RegstRef],
     /// Position in an acc group (`index` 0 starts a new sum).
     pub group: GroupPosition,
+    /// Whether anyone outside the actor's stream waits for this kernel to complete: a
+    /// consumer or producer on another stream (or node), a repeat producer that may hand
+    /// the slot on, an acc that may flush its sum, or an older launch of the actor still
+    /// pending (completions are reported in launch order). When `false`, every message the
+    /// firing sends goes to actors of its own stream, whose kernels the stream runs after
+    /// this one, so a device with stream order (`sim`, `cuda`) may report [`Completion::Done`]
+    /// at launch and skip the completion event.
+    pub completion_wanted: bool,
 }
 
 /// How a launch ended.

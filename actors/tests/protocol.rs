@@ -90,6 +90,7 @@ struct Fired {
     group: GroupPosition,
     inputs: Vec<RegstRef>,
     outputs: Vec<RegstRef>,
+    completion_wanted: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,13 +101,15 @@ enum Event {
 }
 
 /// Sends go to one global FIFO; launches of the actors in `asynchronous` stay pending until
-/// their `ActDone` is posted.
+/// their `ActDone` is posted. With `stream_ordered`, a launch nobody off its stream waits
+/// for completes at once, as on `sim` and `cuda`.
 #[derive(Debug, Default)]
 struct Env {
     queue: VecDeque<Message>,
     log: Vec<Event>,
     asynchronous: Vec<ActorId>,
     in_flight: Vec<ActorId>,
+    stream_ordered: bool,
 }
 
 impl ActorEnv for Env {
@@ -119,9 +122,10 @@ impl ActorEnv for Env {
     fn launch(&mut self, f: &Firing<'_>) -> Result<Completion, EnvError> {
         let (actor, piece, group) = (f.actor, f.piece, f.group);
         let (inputs, outputs) = (f.inputs.to_vec(), f.outputs.to_vec());
-        let fired = Fired { actor, piece, group, inputs, outputs };
+        let completion_wanted = f.completion_wanted;
+        let fired = Fired { actor, piece, group, inputs, outputs, completion_wanted };
         self.log.push(Event::Launch(fired));
-        if self.asynchronous.contains(&actor) {
+        if self.asynchronous.contains(&actor) && (completion_wanted || !self.stream_ordered) {
             self.in_flight.push(actor);
             return Ok(Completion::Pending);
         }
@@ -679,4 +683,83 @@ fn snapshot_of_repeat_waiting_for_acks_is_not_empty() {
     let rep = h.actor("rep");
     assert_eq!((rep.fires(), rep.lifecycle()), (2, Lifecycle::Running));
     assert!(!rep.snapshot().waits.is_empty(), "{:?}", rep.snapshot());
+}
+
+/// Which launches want a completion event: only those someone off the stream waits for.
+#[test]
+fn completion_is_wanted_only_where_another_stream_waits() {
+    let mut net = Net::new();
+    let x = net.add("src", 0, count(3), &[], 2);
+    let a = net.add("a", 0, COPY, &[x], 2);
+    let b = net.add("b", 0, COPY, &[a], 1);
+    let c = net.add("c", 1, COPY, &[b], 1);
+    net.sink("sink", 1, &[c]);
+    // A repeat hands its slot back to its producer when its consumers ack: they must ack
+    // at completion, even on the repeat's own stream.
+    let y = net.add("src2", 0, count(1), &[], 1);
+    let r = net.add("rep", 0, repeat(2), &[y], 1);
+    net.sink("after_repeat", 0, &[r]);
+    // An acc may flush a partial sum without a launch: with a consumer elsewhere, each
+    // of its launches reports completion; with one on its stream, none does.
+    let z = net.add("src3", 0, count(3), &[], 1);
+    let far = net.add("acc_far", 0, acc(2), &[z], 1);
+    net.sink("far_sink", 1, &[far]);
+    let w = net.add("src4", 0, count(3), &[], 1);
+    let near = net.add("acc_near", 0, acc(2), &[w], 1);
+    net.sink("near_sink", 0, &[near]);
+    let mut h = Harness::new(net.build(), &[]);
+    h.start();
+    h.run().unwrap();
+    h.assert_finished("no launch pending");
+    let wanted = |h: &Harness, name: &str| -> Vec<bool> { h.fired(name).iter().map(|f| f.completion_wanted).collect() };
+    assert_eq!(wanted(&h, "src"), [false; 3], "src: only a, on its stream, hears of it");
+    assert_eq!(wanted(&h, "a"), [false; 3], "a: producer and consumer on its stream");
+    assert_eq!(wanted(&h, "b"), [true; 3], "b: its consumer c is on stream 1");
+    assert_eq!(wanted(&h, "c"), [true; 3], "c: its producer b is on stream 0");
+    assert_eq!(wanted(&h, "sink"), [false; 3], "sink: its producer c is on its stream");
+    assert_eq!(wanted(&h, "rep"), [false; 2], "rep: its consumer is on its stream");
+    assert_eq!(wanted(&h, "after_repeat"), [true; 2], "after_repeat: its producer is a repeat");
+    assert_eq!(wanted(&h, "acc_far"), [true; 3], "acc_far: a consumer on stream 1");
+    assert_eq!(wanted(&h, "acc_near"), [false; 3], "acc_near: its consumer is on its stream");
+}
+
+/// Completions are reported in launch order, so a launch behind a pending one wants its
+/// own completion even when nobody off the stream waits for it.
+#[test]
+fn a_launch_behind_a_pending_one_wants_completion() {
+    let mut net = Net::new();
+    let x = net.add("src", 0, count(2), &[], 2);
+    let a = net.add("a", 0, COPY, &[x], 2);
+    net.sink("sink", 0, &[a]);
+    let mut h = Harness::new(net.build(), &["a"]);
+    h.start();
+    h.run().unwrap();
+    let wanted: Vec<bool> = h.fired("a").iter().map(|f| f.completion_wanted).collect();
+    assert_eq!(wanted, [false, true], "the second launch of a found the first still pending");
+    h.finish(0).unwrap();
+    h.assert_finished("a completed");
+}
+
+/// On a stream-ordered device (launches nobody off the stream waits for complete at once)
+/// every plan shape still delivers every piece in order and finishes, in any completion
+/// order across streams.
+#[test]
+fn stream_ordered_completion_delivers_everything() {
+    for seed in 0..16 {
+        let mut net = Net::new();
+        let x = net.add("src", 0, count(5), &[], 2);
+        let a = net.add("a", 0, COPY, &[x], 1);
+        let b = net.add("b", 1, acc(2), &[a], 1);
+        let r = net.add("rep", 1, repeat(2), &[b], 1);
+        let c = net.add("c", 1, COPY, &[r], 2);
+        let d = net.add("d", 2, COPY, &[c], 1);
+        net.sink("sink", 0, &[d]);
+        let names = ["src", "a", "b", "rep", "c", "d", "sink"];
+        let mut h = Harness::new(net.build(), &names);
+        h.env.stream_ordered = true;
+        h.start();
+        h.finish(seed).unwrap();
+        h.assert_finished("stream ordered");
+        assert_eq!(h.pieces("sink"), [0, 1, 2, 3, 4, 5], "seed {seed}");
+    }
 }

@@ -254,7 +254,8 @@ impl ActorEnv for Env<'_> {
         };
         self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
         let timed = self.trace.is_some();
-        let launched = self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed);
+        let launched =
+            self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed, firing.completion_wanted);
         self.probe.in_kernel.store(0, Ordering::Relaxed);
         // One writer (this thread): a plain store avoids a locked read-modify-write.
         self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);

@@ -72,12 +72,18 @@ impl Actor {
             };
             self.scratch_outputs[o] = RegstRef { desc: output.desc, slot };
         }
+        // An acc flushes a partial sum to its consumers when drained without a launch, so
+        // each of its launches reports completion where those consumers would wait.
+        let emits_now_or_later = emit || matches!(self.kind, KindState::Acc { .. });
+        let completion_wanted =
+            !self.pending.is_empty() || (emits_now_or_later && self.outputs_wait) || (ack_inputs && self.inputs_wait);
         let firing = Firing {
             actor: self.id,
             piece: piece.unwrap_or(0),
             inputs: &self.scratch_inputs,
             outputs: &self.scratch_outputs,
             group,
+            completion_wanted,
         };
         let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
         // A kernel that completed during the launch with none older in flight completes
@@ -143,7 +149,10 @@ impl Actor {
         output.next_piece += 1;
         // A repeat has exactly one input.
         self.scratch_inputs[0] = input.data;
-        let firing = Firing { actor: self.id, piece, inputs: &self.scratch_inputs, outputs: &[], group };
+        // Its input goes back to its producer when the pieces come back, not at completion.
+        let completion_wanted = !self.pending.is_empty() || self.outputs_wait;
+        let firing =
+            Firing { actor: self.id, piece, inputs: &self.scratch_inputs, outputs: &[], group, completion_wanted };
         let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
         self.emit_at_launch(env, 0, slot, piece, input.data, true)?;
         self.pending.push_back(Launch { ack_inputs: false, emit: true });

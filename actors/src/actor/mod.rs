@@ -77,6 +77,13 @@ pub struct Actor {
     /// Whether the actor ends when its inputs end (every kind but a source, unless all
     /// its inputs close loops): then it cannot be drained while `ended_inputs` is 0.
     ends_by_inputs: bool,
+    /// Some output has a consumer on another stream: an emitting launch must report its
+    /// completion (an acc's every launch: it may flush a partial sum without one).
+    outputs_wait: bool,
+    /// Some input must be given back only once the kernel completed: its producer is on
+    /// another stream, or is a repeat (which hands the slot back to its own producer as
+    /// soon as the slot returns, possibly across streams).
+    inputs_wait: bool,
     /// What the current firing reads (one entry per input), which slot of each input
     /// that is, and what it writes (one per output): allocated once with the actor and
     /// overwritten in place by every firing, so a firing allocates nothing and needs no
@@ -121,6 +128,12 @@ impl Actor {
                 OutputState::new(r, regst.register_num, regst.preloaded, consumers)
             })
             .collect();
+        let inputs_wait = desc.inputs.iter().zip(&inputs).any(|(r, input)| {
+            let producer = plan.regst_descs[r.index()].producer;
+            input.producer.stream_id() != id.stream_id()
+                || matches!(plan.actors[producer.index()].kind, ActorKind::Repeat { .. })
+        });
+        let outputs_wait = outputs.iter().any(|o: &OutputState| !o.consumers_on(false).is_empty());
         let kind = match &desc.kind {
             ActorKind::Source { pieces } => KindState::Source {
                 limit: match *pieces {
@@ -150,6 +163,8 @@ impl Actor {
             name: desc.name.clone(),
             kind,
             ends_by_inputs,
+            outputs_wait,
+            inputs_wait,
             unready_inputs: inputs.len() as u32,
             full_outputs,
             scratch_inputs: vec![placeholder; inputs.len()].into_boxed_slice(),

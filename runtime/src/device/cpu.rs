@@ -17,6 +17,7 @@ impl DeviceStream for CpuStream {
         io: &mut KernelIo<'_>,
         _modeled: Duration,
         timed: bool,
+        _completion_wanted: bool,
     ) -> Result<Launched, KernelError> {
         if !timed {
             kernel.run(io)?;

@@ -1,9 +1,14 @@
 //! The `cuda` device: one CUDA stream per stream thread. A queued kernel
-//! ([`Execution::Queued`]) launches onto the stream and the firing completes when the
-//! device reaches a host callback queued right after it, which sends the actor's `ActDone`
-//! into its stream's inbox. Consumers on the same stream are told at launch (the stream
-//! orders their kernels after it); acks and consumers on other streams wait for the
+//! ([`Execution::Queued`]) launches onto the stream. Where someone off the stream waits
+//! for it ([`Firing::completion_wanted`]), the firing completes when the device reaches a
+//! host callback queued right after it, which sends the actor's `ActDone` into its
+//! stream's inbox; otherwise it completes at launch, with no callback: everyone it tells
+//! launches after it on this stream, and anything that later leaves the stream waits for
+//! a callback queued after it. Consumers on the same stream are told at launch (the
+//! stream orders their kernels after it); acks and consumers on other streams wait for the
 //! callback, so no register is reused or read elsewhere before the kernel has finished.
+//!
+//! [`Firing::completion_wanted`]: regflow_actors::Firing::completion_wanted
 //!
 //! **Callbacks, not an event poller.** The issue sketched a poller thread querying events.
 //! `cuLaunchHostFunc` gives the same completion order with no polling at all: the driver's
@@ -100,6 +105,7 @@ impl DeviceStream for CudaStream {
         io: &mut KernelIo<'_>,
         _modeled: Duration,
         timed: bool,
+        completion_wanted: bool,
     ) -> Result<Launched, KernelError> {
         if !self.bound {
             // The stream was made on the job's builder thread; this is its own thread.
@@ -122,6 +128,13 @@ impl DeviceStream for CudaStream {
                 kernel.run(io)?;
                 self.stream.synchronize().map_err(|e| self.failed(e))?;
                 Ok(Launched { completion: Completion::Done, span: Some((start, Instant::now())) })
+            }
+            Execution::Queued if !completion_wanted => {
+                // Only actors of this stream hear of it, and the stream runs their kernels
+                // after this one: no callback (see the module docs).
+                kernel.run(io)?;
+                self.queued = true;
+                Ok(Launched { completion: Completion::Done, span: None })
             }
             Execution::Queued => {
                 kernel.run(io)?;

@@ -30,7 +30,12 @@ pub(crate) struct Launched {
 /// One stream of one device, owned by its stream thread.
 pub(crate) trait DeviceStream: Send {
     /// Runs or queues `kernel` for `actor`. `modeled` is the plan's modeled duration;
-    /// `timed` asks for the kernel's start and end (for timelines).
+    /// `timed` asks for the kernel's start and end (for timelines). Without
+    /// `completion_wanted` ([`Firing::completion_wanted`]) nobody off this stream waits for
+    /// the kernel, and a device whose stream runs kernels in launch order may answer
+    /// [`Completion::Done`] at once instead of reporting the completion later.
+    ///
+    /// [`Firing::completion_wanted`]: regflow_actors::Firing::completion_wanted
     fn launch(
         &mut self,
         actor: ActorId,
@@ -38,6 +43,7 @@ pub(crate) trait DeviceStream: Send {
         io: &mut KernelIo<'_>,
         modeled: Duration,
         timed: bool,
+        completion_wanted: bool,
     ) -> Result<Launched, KernelError>;
 
     /// The native stream handle kernels launch onto ([`StreamContext::native`]); 0 for
