@@ -3,6 +3,10 @@
 //! Run with `cargo run --release --example bench_actors`; name benchmarks to run only those
 //! (`-- b1 b3`; the others are `b2`, `b4` and `primitives`). Every figure is the best and
 //! the median of [`REPS`] runs, because the machine these numbers come from is a shared VM.
+//! B1 and B2 run regflow and their floors in rounds (each once per round) and report the
+//! median over rounds of the per-round ratio, so a drift of the host's clock between runs
+//! does not pass for a difference. `REGFLOW_BENCH_PIECES=n` shortens the chains, e.g. to
+//! count instructions per firing under `valgrind --tool=callgrind`.
 //! Results and their analysis: `BENCHMARKS.md`.
 //!
 //! - **B1** one cpu stream, source → 64 no-op stages → sink: ns per firing, beside two
@@ -57,6 +61,32 @@ impl Stats {
 
 fn repeat(mut run: impl FnMut() -> Duration) -> Stats {
     Stats::of((0..REPS).map(|_| run()).collect())
+}
+
+/// Runs every contender once per round, [`REPS`] rounds, so that a drift of the host's
+/// clock between rounds (this VM's moves by 2×) hits them all alike. Returns each
+/// contender's timings, round by round.
+fn interleaved(contenders: &mut [&mut dyn FnMut() -> Duration]) -> Vec<Vec<Duration>> {
+    let mut runs: Vec<Vec<Duration>> = vec![Vec::new(); contenders.len()];
+    for _ in 0..REPS {
+        for (run, times) in contenders.iter_mut().zip(&mut runs) {
+            times.push(run());
+        }
+    }
+    runs
+}
+
+/// The median over rounds of `a`'s time over `b`'s in the same round.
+fn median_ratio(a: &[Duration], b: &[Duration]) -> f64 {
+    let mut r: Vec<f64> = a.iter().zip(b).map(|(a, b)| a.as_secs_f64() / b.as_secs_f64()).collect();
+    r.sort_by(f64::total_cmp);
+    r[r.len() / 2]
+}
+
+/// Pieces of a chain benchmark: `default`, or `REGFLOW_BENCH_PIECES` (to count
+/// instructions under callgrind on a short run).
+fn pieces_or(default: u64) -> u64 {
+    std::env::var("REGFLOW_BENCH_PIECES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -231,24 +261,29 @@ fn crossbeam_two_threads(capacity: usize, pieces: u64) -> Duration {
 }
 
 fn b1() {
-    println!("\n## B1: {STAGES} no-op actors on one cpu stream, {B1_PIECES} pieces");
+    let pieces = pieces_or(B1_PIECES);
+    println!("\n## B1: {STAGES} no-op actors on one cpu stream, {pieces} pieces");
     // Firings per piece: the source, every stage, the sink. The floors make as many moves.
-    let firings = B1_PIECES * (STAGES as u64 + 2);
+    let firings = pieces * (STAGES as u64 + 2);
     println!(
-        "{:>5} | {:>22} | {:>22} | {:>22} | {:>14} | {:>14}",
+        "{:>5} | {:>22} | {:>22} | {:>22} | {:>12} | {:>12}",
         "regs", "regflow ns/firing", "VecDeque ns/move", "crossbeam ns/move", "vs VecDeque", "vs crossbeam"
     );
     println!(
-        "{:>5} | {:>22} | {:>22} | {:>22} | {:>14} | {:>14}",
-        "", "best / median", "best / median", "best / median", "best / median", "best / median"
+        "{:>5} | {:>22} | {:>22} | {:>22} | {:>12} | {:>12}",
+        "", "best / median", "best / median", "best / median", "median/round", "median/round"
     );
     for register_num in [1u32, 2] {
-        let plan = chain_plan(register_num, B1_PIECES, 1);
-        let regflow = repeat(|| run_counting(&plan, B1_PIECES)).per(firings);
-        let queues = repeat(|| queue_floor(register_num as usize, B1_PIECES)).per(firings);
-        let channels = repeat(|| crossbeam_floor(register_num as usize, B1_PIECES)).per(firings);
+        let plan = chain_plan(register_num, pieces, 1);
+        let runs = interleaved(&mut [
+            &mut || run_counting(&plan, pieces),
+            &mut || queue_floor(register_num as usize, pieces),
+            &mut || crossbeam_floor(register_num as usize, pieces),
+        ]);
+        let per = |i: usize| Stats::of(runs[i].clone()).per(firings);
+        let (regflow, queues, channels) = (per(0), per(1), per(2));
         println!(
-            "{:>5} | {:>10.1} / {:>9.1} | {:>10.2} / {:>9.2} | {:>10.2} / {:>9.2} | {:>6.1}x / {:>5.1}x | {:>6.1}x / {:>5.1}x",
+            "{:>5} | {:>10.1} / {:>9.1} | {:>10.2} / {:>9.2} | {:>10.2} / {:>9.2} | {:>11.1}x | {:>11.1}x",
             register_num,
             regflow.0,
             regflow.1,
@@ -256,37 +291,39 @@ fn b1() {
             queues.1,
             channels.0,
             channels.1,
-            regflow.0 / queues.0,
-            regflow.1 / queues.1,
-            regflow.0 / channels.0,
-            regflow.1 / channels.1,
+            median_ratio(&runs[0], &runs[1]),
+            median_ratio(&runs[0], &runs[2]),
         );
     }
-    println!("target: regflow <= 3x the floor");
+    println!("target: regflow <= 3x the crossbeam floor (ratios: median over rounds that run each once)");
 }
 
 fn b2() {
-    println!("\n## B2: {STAGES} no-op actors alternating over 2 cpu streams, {B2_PIECES} pieces");
+    let pieces = pieces_or(B2_PIECES);
+    println!("\n## B2: {STAGES} no-op actors alternating over 2 cpu streams, {pieces} pieces");
     // Every edge (source → stage 0 → … → stage 63 → sink) crosses threads.
-    let hops = B2_PIECES * (STAGES as u64 + 1);
-    println!("{:>5} | {:>22} | {:>22} | {:>14}", "regs", "regflow ns/hop", "crossbeam ns/hop", "ratio");
-    println!("{:>5} | {:>22} | {:>22} | {:>14}", "", "best / median", "best / median", "best / median");
+    let hops = pieces * (STAGES as u64 + 1);
+    println!("{:>5} | {:>22} | {:>22} | {:>12}", "regs", "regflow ns/hop", "crossbeam ns/hop", "ratio");
+    println!("{:>5} | {:>22} | {:>22} | {:>12}", "", "best / median", "best / median", "median/round");
     for register_num in [1u32, 2] {
-        let plan = chain_plan(register_num, B2_PIECES, 2);
-        let regflow = repeat(|| run_counting(&plan, B2_PIECES)).per(hops);
-        let channels = repeat(|| crossbeam_two_threads(register_num as usize, B2_PIECES)).per(hops);
+        let plan = chain_plan(register_num, pieces, 2);
+        let runs = interleaved(&mut [
+            &mut || run_counting(&plan, pieces),
+            &mut || crossbeam_two_threads(register_num as usize, pieces),
+        ]);
+        let per = |i: usize| Stats::of(runs[i].clone()).per(hops);
+        let (regflow, channels) = (per(0), per(1));
         println!(
-            "{:>5} | {:>10.1} / {:>9.1} | {:>10.1} / {:>9.1} | {:>6.2}x / {:>5.2}x",
+            "{:>5} | {:>10.1} / {:>9.1} | {:>10.1} / {:>9.1} | {:>11.2}x",
             register_num,
             regflow.0,
             regflow.1,
             channels.0,
             channels.1,
-            regflow.0 / channels.0,
-            regflow.1 / channels.1,
+            median_ratio(&runs[0], &runs[1]),
         );
     }
-    println!("target: regflow <= 2x the crossbeam chain");
+    println!("target: regflow <= 2x the crossbeam chain (ratio: median over rounds that run each once)");
 }
 
 // ---------------------------------------------------------------------------------------
