@@ -307,10 +307,9 @@ fn b2() {
     println!("{:>5} | {:>22} | {:>22} | {:>12}", "", "best / median", "best / median", "median/round");
     for register_num in [1u32, 2] {
         let plan = chain_plan(register_num, pieces, 2);
-        let runs = interleaved(&mut [
-            &mut || run_counting(&plan, pieces),
-            &mut || crossbeam_two_threads(register_num as usize, pieces),
-        ]);
+        let runs = interleaved(&mut [&mut || run_counting(&plan, pieces), &mut || {
+            crossbeam_two_threads(register_num as usize, pieces)
+        }]);
         let per = |i: usize| Stats::of(runs[i].clone()).per(hops);
         let (regflow, channels) = (per(0), per(1));
         println!(

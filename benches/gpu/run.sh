@@ -74,14 +74,21 @@ for log in "$logs"/test-*.log; do echo "===== $(basename "$log" .log)"; cat "$lo
 wait
 [ -f "$logs/torch-warm.log" ] && cp "$logs/torch-warm.log" "$out/torch-warm.log"
 
-# 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH_COMPILE=0, PROFILE=0 leave
-# parts out). Each GPT-2 run says on stderr when each step's loss arrived, so a run cut
-# short by its limit still shows its pace.
+# 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH_COMPILE=0, PROFILE=0,
+# CALLBACKS=0 leave parts out). Each GPT-2 run says on stderr when each step's loss
+# arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
 {
   echo "== GPT-2 124M regflow f32"
   gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS"; full=$?
   echo "exit $full"
+  if [ "$full" = 0 ] && [ "${CALLBACKS:-1}" = 1 ]; then
+    # The same step with a completion callback after every kernel, as before completions
+    # were skipped where nobody off the stream waits: the difference is their cost.
+    echo "== GPT-2 124M regflow f32, a callback after every kernel"
+    REGFLOW_CUDA_CALLBACK_EVERY_KERNEL=1 gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS"
+    echo "exit $?"
+  fi
   if [ "$full" = 0 ]; then
     echo "== GPT-2 124M regflow bf16"
     gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16
