@@ -239,6 +239,16 @@ pub enum RuntimeError {
         /// The panic message.
         message: String,
     },
+    /// Work a stream had queued on its device failed after the stream's actors finished
+    /// (a kernel completed at launch for the protocol, nobody off the stream waiting for
+    /// it, and ran into an error on the device later).
+    #[error("the work queued on {stream} failed after its actors finished: {message}")]
+    QueuedWorkFailed {
+        /// The stream.
+        stream: String,
+        /// The device's error.
+        message: String,
+    },
     /// Writing the timeline failed.
     #[error("writing trace {path}: {message}")]
     Trace {

@@ -136,6 +136,8 @@ impl std::fmt::Debug for ActorRuntime {
 /// Everything one stream thread owns.
 pub(crate) struct StreamWorker {
     pub(crate) index: usize,
+    /// The stream's name in errors (`node0/cuda:0 Compute#0`).
+    pub(crate) label: String,
     pub(crate) stream_id: StreamId,
     pub(crate) actors: Vec<Actor>,
     pub(crate) runtimes: Vec<ActorRuntime>,
@@ -319,6 +321,13 @@ impl StreamWorker {
                 }
                 taken += 1;
                 next = if taken < INBOX_BATCH { self.inbox.try_recv() } else { None };
+            }
+        }
+        if live == 0 {
+            // Every actor finished: what is still queued on the device must not fail unseen.
+            if let Err(e) = self.device.finish() {
+                let error = RuntimeError::QueuedWorkFailed { stream: self.label.clone(), message: e.0 };
+                self.shared.abort(error, &self.router);
             }
         }
         let snapshots = self

@@ -165,6 +165,10 @@ impl DeviceStream for CudaStream {
         }
     }
 
+    fn finish(&mut self) -> Result<(), KernelError> {
+        self.synchronize_queued()
+    }
+
     fn native(&self) -> u64 {
         self.stream.handle().0
     }

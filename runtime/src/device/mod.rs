@@ -46,6 +46,14 @@ pub(crate) trait DeviceStream: Send {
         completion_wanted: bool,
     ) -> Result<Launched, KernelError>;
 
+    /// Waits for the work still queued once the stream's actors are done, and reports its
+    /// failure: a kernel that completed at launch for the protocol (nobody off the stream
+    /// waited for it) may still be running, and its error would otherwise be lost when the
+    /// stream is dropped. Devices that run kernels at launch have nothing to wait for.
+    fn finish(&mut self) -> Result<(), KernelError> {
+        Ok(())
+    }
+
     /// The native stream handle kernels launch onto ([`StreamContext::native`]); 0 for
     /// devices that run kernels on the host.
     ///

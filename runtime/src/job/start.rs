@@ -371,6 +371,7 @@ impl Job {
                 actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
             let worker = StreamWorker {
                 index: s,
+                label: stream_label(&plan, s),
                 stream_id,
                 actors,
                 runtimes,
