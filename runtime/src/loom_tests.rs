@@ -7,7 +7,7 @@
 
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
-use crate::device::CpuStream;
+use crate::device::{CpuStream, DeviceStream, Launched};
 use crate::inbox::{inbox, Envelope};
 use crate::kernel::{Kernel, KernelError, KernelIo, StreamContext};
 use crate::stream::{ActorRuntime, JobShared, StreamWorker};
@@ -91,7 +91,38 @@ fn ping_pong_plan(register_num: u32, pieces: u64, with_middle: bool) -> Plan {
 
 /// Runs `plan` on two loom threads; `wake_first` queues an [`Envelope::Wake`] in stream 1's
 /// inbox before anything else (what the sim poller sends ahead of a kernel's end).
+/// A cpu stream whose device reports a failure of its queued work when the stream's actors
+/// are done (what a `cuda` kernel that nobody off its stream waited for may do).
+struct FinishFails(CpuStream);
+
+impl DeviceStream for FinishFails {
+    fn launch(
+        &mut self,
+        actor: regflow_actors::ActorId,
+        kernel: &mut dyn Kernel,
+        io: &mut KernelIo<'_>,
+        modeled: Duration,
+        timed: bool,
+        completion_wanted: bool,
+    ) -> Result<Launched, KernelError> {
+        self.0.launch(actor, kernel, io, modeled, timed, completion_wanted)
+    }
+
+    fn finish(&mut self) -> Result<(), KernelError> {
+        Err(KernelError("an illegal address in a queued kernel".into()))
+    }
+}
+
 fn run_model(plan: &Plan, wake_first: bool) {
+    if let Some(error) = run_model_on(plan, wake_first, None) {
+        panic!("job failed: {error}");
+    }
+}
+
+/// Runs `plan` on two stream threads; stream `failing` (if any) has a device whose queued
+/// work fails at the end. Returns the job's error, after checking every actor's counts
+/// when there is none.
+fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option<crate::RuntimeError> {
     let ids = PlanIds::assign(plan).unwrap();
     let indexed = PlanIndex::new(plan);
     let memory = plan.memory().unwrap();
@@ -140,15 +171,18 @@ fn run_model(plan: &Plan, wake_first: bool) {
             });
         }
         let stream_id = actors[0].id().stream_id();
+        let device: Box<dyn DeviceStream> =
+            if failing == Some(s) { Box::new(FinishFails(CpuStream)) } else { Box::new(CpuStream) };
         workers.push(StreamWorker {
             index: s,
+            label: format!("stream {s}"),
             stream_id,
             actors,
             runtimes,
             local: VecDeque::new(),
             inbox: rx,
             router: router.clone(),
-            device: Box::new(CpuStream),
+            device,
             memory: arenas.clone(),
             shared: shared.clone(),
             trace: None,
@@ -164,7 +198,7 @@ fn run_model(plan: &Plan, wake_first: bool) {
     let handles: Vec<_> = workers.into_iter().map(|w| loom::thread::spawn(move || w.run())).collect();
     let exits: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     if let Some(error) = crate::sync::lock(&shared.error).take() {
-        panic!("job failed: {error}");
+        return Some(error);
     }
     let pieces = match plan.actors[0].kind {
         ActorKind::Source { pieces: SourcePieces::Count(n) } => n,
@@ -177,6 +211,7 @@ fn run_model(plan: &Plan, wake_first: bool) {
             assert!(max <= register_num, "{} had {max} pieces in flight with {register_num} registers", stats.name);
         }
     }
+    None
 }
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
@@ -198,6 +233,22 @@ fn loom_two_registers_let_the_producer_run_ahead_safely() {
 #[test]
 fn loom_ready_and_ack_cross_both_ways_and_eord_cascades() {
     model(|| run_model(&ping_pong_plan(1, 2, true), false));
+}
+
+/// Work a device still had queued when its stream's actors finished fails: the job ends
+/// with that error, naming the stream, in every interleaving (not a success, not a hang).
+#[test]
+fn loom_a_failure_of_queued_work_after_the_last_firing_fails_the_job() {
+    model(|| {
+        let error = run_model_on(&ping_pong_plan(1, 2, false), false, Some(1));
+        match error {
+            Some(crate::RuntimeError::QueuedWorkFailed { stream, message }) => {
+                assert_eq!(stream, "stream 1");
+                assert!(message.contains("illegal address"), "{message}");
+            }
+            other => panic!("expected QueuedWorkFailed, got {other:?}"),
+        }
+    });
 }
 
 #[test]
