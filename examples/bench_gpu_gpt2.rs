@@ -6,8 +6,11 @@
 //! ```text
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
 //!     [--size gpt2|tiny] [--precision f32|bf16] [--batch 8] [--steps 20] [--warmup 3]
-//!     [--peak-tflops 989] [--trace PATH] [--layers N]
+//!     [--peak-tflops 989] [--trace PATH] [--layers N] [--plan-only]
 //! ```
+//!
+//! `--plan-only` compiles the step and prints its memory per device, running nothing (no
+//! GPU needed: the plan's layout is the memory a GPU run allocates).
 //!
 //! `--layers N` keeps the size's widths with N layers (to bisect a problem by depth). Each
 //! step's loss is reported on stderr as it arrives. `--trace PATH` writes the job's
@@ -92,6 +95,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let parameters: usize = g.trainable_variables().iter().map(|v| v.shape().numel()).sum();
     let options = CompileOptions { device, ..Default::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
+    if std::env::args().any(|a| a == "--plan-only") {
+        // What the step needs per device, without a device: the plan's memory layout.
+        for device in compiled.plan.memory()?.devices {
+            let (total, shared) = (device.total_bytes(), device.shared_bytes);
+            let gb = |b: u64| b as f64 / 1e9;
+            println!(
+                "plan memory {}: {:.2} GB ({:.2} GB shared by registers of disjoint lifetimes, {:.2} GB without sharing)",
+                device.label,
+                gb(total),
+                gb(shared),
+                gb(device.unshared_bytes)
+            );
+        }
+        return Ok(());
+    }
     let mut builder = Job::builder(compiled.plan.clone());
     if !trace.is_empty() {
         builder = builder.trace(&trace);

@@ -109,3 +109,60 @@ fn cast_refuses_integers_naming_both_dtypes() {
     let err = y.cast(DType::F32).unwrap_err().to_string();
     assert_eq!(err, "cast(i64[2]): casts between float dtypes only (f32, f64, bf16), not i64 to f32");
 }
+
+/// The cross-entropy under mixed precision reads bf16 logits as they are: no f32 copy of the
+/// logits and no cast of their gradient; the loss is f32 and the gradient bf16, and both
+/// equal the cast-then-f32 path bit for bit (widening is exact; the gradient is rounded
+/// once from f32 either way).
+#[test]
+fn cross_entropy_widens_bf16_logits_as_it_loads_and_matches_the_cast_path_bitwise() {
+    let mut rng = SplitMix64::new(5);
+    let (rows, classes) = (6, 11);
+    let logit_values: Vec<f64> = (0..rows * classes).map(|_| 4.0 * rng.next_normal()).collect();
+    let labels: Vec<i64> = (0..rows).map(|r| (r * 7 % classes) as i64).collect();
+    let run = |widen: bool| {
+        let g = Graph::new();
+        let x = g.input("x", [rows, classes], DType::F32).unwrap();
+        let y = g.input("y", [rows], DType::I64).unwrap();
+        let logits = x.cast(DType::Bf16).unwrap();
+        // The cast path: what autocast did before the cross-entropy read bf16 directly.
+        let read = if widen { logits } else { logits.cast(DType::F32).unwrap() };
+        let loss = read.sparse_cross_entropy(&y).unwrap();
+        assert_eq!(loss.dtype(), DType::F32);
+        let grad = g.grad(loss, &[logits]).unwrap()[0];
+        assert_eq!(grad.dtype(), DType::Bf16, "the gradient of bf16 logits is bf16");
+        let casts = g.nodes().iter().filter(|n| n.op.name() == "cast").count();
+        let feeds = [
+            (x, HostArray::f32([rows, classes], logit_values.iter().map(|&v| v as f32).collect()).unwrap()),
+            (y, HostArray::i64([rows], labels.clone()).unwrap()),
+        ];
+        let out = g.eval(&feeds, &[loss, grad]).unwrap();
+        (out[0].to_f64_vec(), out[1].to_f64_vec(), casts)
+    };
+    let (loss, grad, casts) = run(true);
+    let (cast_loss, cast_grad, cast_casts) = run(false);
+    assert_eq!(loss, cast_loss);
+    assert_eq!(grad, cast_grad);
+    // x -> bf16 only; the cast path adds the f32 copy and its gradient's cast back.
+    assert_eq!((casts, cast_casts), (1, 3));
+
+    // Autocast picks the direct read for bf16 logits.
+    let g = Graph::new();
+    g.mixed_precision(Precision::Bf16).unwrap();
+    let x = g.input("x", [rows, 4], DType::F32).unwrap();
+    let y = g.input("y", [rows], DType::I64).unwrap();
+    let w = g.variable("w", [4, classes], DType::F32, Init::Xavier { seed: 3 }).unwrap();
+    let logits = x.matmul(&w).unwrap();
+    assert_eq!(logits.dtype(), DType::Bf16);
+    let loss = logits.sparse_cross_entropy(&y).unwrap();
+    let grad = g.grad(loss, &[logits]).unwrap()[0];
+    assert_eq!((loss.dtype(), grad.dtype()), (DType::F32, DType::Bf16));
+    let wide_logits = g
+        .nodes()
+        .iter()
+        .filter(|n| n.op.name() == "cast")
+        .flat_map(|n| n.outputs.iter())
+        .filter(|&&t| g.info(t).meta.dtype == DType::F32 && g.info(t).meta.shape.dims() == [rows, classes])
+        .count();
+    assert_eq!(wide_logits, 0, "no f32 copy of the logits");
+}

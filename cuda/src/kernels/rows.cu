@@ -253,22 +253,24 @@ extern "C" __global__ void regflow_layer_norm_dx_f64(
 // block adds the rows' losses in a fixed order, so the scalar is deterministic and the work
 // is spread over the GPU (one block for all rows took batch×T×vocab = 8×1024×50257 through
 // a single multiprocessor). A label out of range makes the loss NaN (a kernel cannot
-// return the CPU kernel's error).
+// return the CPU kernel's error). `T` is how the logits are stored; the arithmetic is in
+// `Wide<T>` (bf16 logits are widened as they load, so no f32 copy of them exists).
 template <typename T>
 __device__ void cross_entropy_row_losses(const T* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
-    __shared__ T scratch[32];
+    typedef typename Wide<T>::type W;
+    __shared__ W scratch[32];
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = logits + r * classes;
-        T m = minus_infinity<T>();
-        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) m = bigger(m, xr[j]);
-        m = block_max(m, scratch, minus_infinity<T>());
-        T s = 0;
-        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) s += m_exp(xr[j] - m);
+        W m = minus_infinity<W>();
+        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) m = bigger(m, ld(xr + j));
+        m = block_max(m, scratch, minus_infinity<W>());
+        W s = 0;
+        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) s += m_exp(ld(xr + j) - m);
         s = block_sum(s, scratch);
         if (threadIdx.x == 0) {
             i64 c = labels[r];
             bool valid = c >= 0 && (u64)c < classes;
-            losses[r] = valid ? (double)(m_log(s) - (xr[c] - m)) : (double)quiet_nan<T>();
+            losses[r] = valid ? (double)(m_log(s) - (ld(xr + c) - m)) : (double)quiet_nan<W>();
         }
     }
 }
@@ -290,6 +292,11 @@ extern "C" __global__ void regflow_cross_entropy_rows_f64(
     const double* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
     cross_entropy_row_losses(logits, labels, losses, rows, classes);
 }
+// bf16 logits; the loss is f32 (`regflow_cross_entropy_mean_f32`).
+extern "C" __global__ void regflow_cross_entropy_rows_bf16(
+    const bf16* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+}
 extern "C" __global__ void regflow_cross_entropy_mean_f32(const double* losses, float* out, u64 rows, double divisor) {
     cross_entropy_mean(losses, out, rows, divisor);
 }
@@ -298,26 +305,29 @@ extern "C" __global__ void regflow_cross_entropy_mean_f64(const double* losses, 
 }
 
 // The gradient of the mean cross-entropy: dx = (softmax(x) - onehot(label)) · dy / divisor,
-// one block per row; dy is the device scalar the loss's consumer wrote. A label out of
-// range makes its row NaN.
+// one block per row; dy is the device scalar the loss's consumer wrote (in the loss's
+// dtype, `Wide<T>`), dx is stored like the logits (bf16 rounded once from f32). A label out
+// of range makes its row NaN.
 template <typename T>
-__device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, const T* dy, T* dx, u64 rows, u64 classes, T divisor) {
-    __shared__ T scratch[32];
-    T scale = dy[0] / divisor;
+__device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, const typename Wide<T>::type* dy, T* dx,
+                                        u64 rows, u64 classes, typename Wide<T>::type divisor) {
+    typedef typename Wide<T>::type W;
+    __shared__ W scratch[32];
+    W scale = dy[0] / divisor;
     FOR_EACH_ROW(r, rows) {
         const T* xr = logits + r * classes;
-        T m = minus_infinity<T>();
-        FOR_EACH_COL(j, classes) m = bigger(m, xr[j]);
-        m = block_max(m, scratch, minus_infinity<T>());
-        T s = 0;
-        FOR_EACH_COL(j, classes) s += m_exp(xr[j] - m);
-        T log_sum = m_log(block_sum(s, scratch));
+        W m = minus_infinity<W>();
+        FOR_EACH_COL(j, classes) m = bigger(m, ld(xr + j));
+        m = block_max(m, scratch, minus_infinity<W>());
+        W s = 0;
+        FOR_EACH_COL(j, classes) s += m_exp(ld(xr + j) - m);
+        W log_sum = m_log(block_sum(s, scratch));
         i64 c = labels[r];
         bool valid = c >= 0 && (u64)c < classes;
         FOR_EACH_COL(j, classes) {
-            T v = m_exp(xr[j] - m - log_sum) * scale;
+            W v = m_exp(ld(xr + j) - m - log_sum) * scale;
             if ((i64)j == c) v -= scale;
-            dx[r * classes + j] = valid ? v : quiet_nan<T>();
+            st(dx + r * classes + j, valid ? v : quiet_nan<W>());
         }
     }
 }
@@ -328,5 +338,10 @@ extern "C" __global__ void regflow_sparse_cross_entropy_grad_f32(
 }
 extern "C" __global__ void regflow_sparse_cross_entropy_grad_f64(
     const double* logits, const i64* labels, const double* dy, double* dx, u64 rows, u64 classes, double divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+}
+// bf16 logits and gradient; dy is the f32 loss's gradient.
+extern "C" __global__ void regflow_sparse_cross_entropy_grad_bf16(
+    const bf16* logits, const i64* labels, const float* dy, bf16* dx, u64 rows, u64 classes, float divisor) {
     cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
 }

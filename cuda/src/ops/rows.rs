@@ -1,6 +1,7 @@
 //! The row-wise ops on CUDA: `softmax`, `log_softmax`, `softmax_grad`, `masked_softmax`,
 //! `masked_softmax_grad`, `layer_norm`, `layer_norm_grad`, `sparse_cross_entropy` and
-//! `sparse_cross_entropy_grad` (`rows.cu`). One block per row with the prelude's block
+//! `sparse_cross_entropy_grad` (`rows.cu`; the cross-entropy also reads bf16 logits,
+//! widening them as they load, for an f32 loss and a bf16 gradient). One block per row with the prelude's block
 //! reductions; the sizes, strides and scalars of every launch are worked out when the
 //! actor is made, and a firing only queues its launches.
 
@@ -26,9 +27,14 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("masked_softmax_grad", FLOAT, || Arc::new(make_masked_softmax_grad)),
     ("layer_norm", FLOAT, || Arc::new(make_layer_norm)),
     ("layer_norm_grad", FLOAT, || Arc::new(make_layer_norm_grad)),
+    // Keyed by the loss's dtype: f32 for f32 and bf16 logits alike.
     ("sparse_cross_entropy", FLOAT, || Arc::new(make_cross_entropy)),
-    ("sparse_cross_entropy_grad", FLOAT, || Arc::new(make_cross_entropy_grad)),
+    // Keyed by the gradient's dtype, the logits'.
+    ("sparse_cross_entropy_grad", LOW, || Arc::new(make_cross_entropy_grad)),
 ];
+
+/// Float dtypes, and bf16 (widened to f32 as it loads: the cross-entropy's logits).
+const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
 
 /// Threads of a block that reduces a row of `len`: a power of two from one warp (short
 /// rows waste no more than a warp) to 512 (long rows: a vocabulary of logits).
@@ -399,6 +405,34 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
     }))
 }
 
+/// The logits' dtype of a cross-entropy (`inputs`: logits, labels, and for the gradient
+/// `dy`), checking the rest against it: labels i64, the loss (and `dy`) f32 for bf16
+/// logits and the logits' dtype otherwise, a gradient like the logits.
+fn cross_entropy_dtype(spec: &KernelSpec<'_>, conf: &OpConf, inputs: usize) -> Result<DType, KernelError> {
+    if conf.inputs.len() != inputs || conf.outputs.len() != 1 {
+        let (i, o) = (conf.inputs.len(), conf.outputs.len());
+        return Err(fail(spec, conf, format!("takes {inputs} inputs and gives 1 output, but has {i} and {o}")));
+    }
+    let logits = conf.inputs[0].dtype;
+    let loss = match logits {
+        DType::F32 | DType::F64 => logits,
+        DType::Bf16 => DType::F32,
+        DType::I64 => return Err(fail(spec, conf, format!("needs float logits, got {}", conf.inputs[0]))),
+    };
+    let grad = inputs == 3;
+    let mut want = vec![(conf.inputs[1].dtype, DType::I64, "labels")];
+    if grad {
+        want.push((conf.inputs[2].dtype, loss, "dy"));
+    }
+    want.push((conf.outputs[0].dtype, if grad { logits } else { loss }, "the output"));
+    for (got, wanted, what) in want {
+        if got != wanted {
+            return Err(fail(spec, conf, format!("{what} must be {wanted} for {logits} logits, got {got}")));
+        }
+    }
+    Ok(logits)
+}
+
 /// Rows and classes of a cross-entropy over logits `[rows, classes]` and labels `[rows]`.
 fn cross_entropy_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, usize), KernelError> {
     let (logits, labels) = (&conf.inputs[0], &conf.inputs[1]);
@@ -449,13 +483,13 @@ impl Kernel for CrossEntropyKernel {
 fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let _: SparseCrossEntropy = conf.parse_attrs().map_err(KernelError)?;
-    let dtype = metas(spec, conf, 2, 1, &[1])?;
+    let dtype = cross_entropy_dtype(spec, conf, 2)?;
     let (rows, classes) = cross_entropy_rows(spec, conf)?;
     if conf.outputs[0].shape.numel() != 1 {
         return Err(fail(spec, conf, format!("gives a scalar loss, but the output is {}", conf.outputs[0])));
     }
     let rows_function = entry(spec, "cross_entropy_rows", dtype)?;
-    let mean_function = entry(spec, "cross_entropy_mean", dtype)?;
+    let mean_function = entry(spec, "cross_entropy_mean", conf.outputs[0].dtype)?;
     let device = crate::Device::open(usize::from(spec.device_index))?;
     let losses = device.managed(&format!("{} row losses", spec.actor), (rows.max(1) * 8) as u64)?;
     Ok(queued(CrossEntropyKernel {
@@ -485,7 +519,8 @@ impl Kernel for CrossEntropyGradKernel {
         let dx = io.output_addr(0);
         let (rows, classes, f, g) = (self.rows, self.classes, self.function, self.grid);
         // SAFETY: logits and dx hold `rows · classes` elements, labels `rows` i64, dy one
-        // element (checked at build); the argument types are the kernel's.
+        // element (checked at build); the argument types are the kernel's (the divisor is
+        // in the arithmetic type: f64 for f64 logits, f32 for f32 and bf16).
         unsafe {
             match self.dtype {
                 DType::F64 => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, rows as f64]),
@@ -499,7 +534,7 @@ impl Kernel for CrossEntropyGradKernel {
 fn make_cross_entropy_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let _: SparseCrossEntropyGrad = conf.parse_attrs().map_err(KernelError)?;
-    let dtype = metas(spec, conf, 3, 1, &[1])?;
+    let dtype = cross_entropy_dtype(spec, conf, 3)?;
     let (rows, classes) = cross_entropy_rows(spec, conf)?;
     if conf.inputs[2].shape.numel() != 1 || conf.outputs[0] != conf.inputs[0] {
         return Err(fail(

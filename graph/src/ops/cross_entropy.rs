@@ -26,6 +26,16 @@ fn check(logits: &TensorMeta, labels: &TensorMeta) -> Result<(usize, usize), Str
     Ok((rows, classes))
 }
 
+/// The dtype of the loss over logits of `logits`: f32 for bf16 logits (a loss is summed in
+/// f32 at least), else the logits' own.
+fn loss_dtype(logits: DType) -> DType {
+    if logits == DType::Bf16 {
+        DType::F32
+    } else {
+        logits
+    }
+}
+
 impl OpDef for SparseCrossEntropy {
     fn name(&self) -> &'static str {
         "sparse_cross_entropy"
@@ -34,7 +44,12 @@ impl OpDef for SparseCrossEntropy {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [logits, labels] = inputs else { return Err(format!("takes 2 inputs, got {}", inputs.len())) };
         check(logits, labels)?;
-        Ok(vec![TensorMeta::new([], logits.dtype)])
+        Ok(vec![TensorMeta::new([], loss_dtype(logits.dtype))])
+    }
+
+    /// Reads bf16 logits as they are, in f32 arithmetic; the loss is f32.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Widen
     }
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
@@ -63,10 +78,16 @@ impl OpDef for SparseCrossEntropyGrad {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [logits, labels, dy] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
         check(logits, labels)?;
-        if dy.dtype != logits.dtype || dy.shape.rank() != 0 {
-            return Err(format!("dy must be a {} scalar, got {dy}", logits.dtype));
+        let loss = loss_dtype(logits.dtype);
+        if dy.dtype != loss || dy.shape.rank() != 0 {
+            return Err(format!("dy must be a {loss} scalar (the loss's dtype), got {dy}"));
         }
         Ok(vec![logits.clone()])
+    }
+
+    /// Reads bf16 logits as they are; the gradient comes out in the logits' dtype.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Widen
     }
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {

@@ -132,9 +132,11 @@ fn add_as<T: HostCompute + DeserializeOwned + 'static>(
 pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     const FLOAT: &[DType] = &[DType::F32, DType::F64];
     // Ops mixed precision runs in bf16 (widened to f32 by `HostOpKernel`, see `crate::host`):
-    // products, elementwise arithmetic, the fused MLP activation. Softmax, layer norm,
-    // cross-entropy, reductions and optimizer updates stay f32 only: the graph's autocast
-    // casts their inputs to f32, and a plan asking for them in bf16 is refused at job build.
+    // products, elementwise arithmetic, the fused MLP activation, and the cross-entropy's
+    // gradient (bf16 logits in, bf16 gradient out; its loss is f32, a kernel keyed f32).
+    // Softmax, layer norm, reductions and optimizer updates stay f32 only: the graph's
+    // autocast casts their inputs to f32, and a plan asking for them in bf16 is refused at
+    // job build.
     const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
     const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16];
     let r = registry;
@@ -146,8 +148,8 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::SumTo>(r, "sum_to", device, LOW);
     add_as::<ops::BroadcastTo>(r, "broadcast_to", device, ANY);
     add::<ops::SparseCrossEntropy>(r, device, FLOAT);
-    add::<ops::SparseCrossEntropyGrad>(r, device, FLOAT);
-    add_as::<ops::PartCrossEntropy>(r, "part_cross_entropy", device, FLOAT);
+    add::<ops::SparseCrossEntropyGrad>(r, device, LOW);
+    add_as::<ops::PartCrossEntropy>(r, "part_cross_entropy", device, LOW);
     add_as::<ops::Dropout>(r, "dropout", device, LOW);
     add_as::<ops::DropoutPart>(r, "dropout_part", device, LOW);
     add::<ops::Embedding>(r, device, FLOAT);
