@@ -1,9 +1,9 @@
 //! The row-wise ops on CUDA: `softmax`, `log_softmax`, `softmax_grad`, `masked_softmax`,
 //! `masked_softmax_grad`, `layer_norm`, `layer_norm_grad`, `sparse_cross_entropy` and
 //! `sparse_cross_entropy_grad` (`rows.cu`; the cross-entropy also reads bf16 logits,
-//! widening them as they load, for an f32 loss and a bf16 gradient). One block per row with the prelude's block
-//! reductions; the sizes, strides and scalars of every launch are worked out when the
-//! actor is made, and a firing only queues its launches.
+//! widening them as they load, for an f32 loss and a bf16 gradient). One block per row
+//! with the prelude's block reductions; the sizes, strides and scalars of every launch are
+//! worked out when the actor is made, and a firing only queues its launches.
 
 use super::reduce::Axes;
 use super::{function, op_conf, queued, stream, suffix, Entry};
