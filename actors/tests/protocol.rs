@@ -1,13 +1,14 @@
 //! Actor protocol tests: every actor of a plan driven by one deterministic message loop.
 
+mod common;
+
+use common::{count, Net};
+
 use regflow_actors::{
     Actor, ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, GroupPosition, Lifecycle, Message,
     PlanIds, RegstRef, WaitReason,
 };
-use regflow_plan::{
-    ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanIndex, RegstDescId, SourcePieces,
-    StreamIndex, StreamKind,
-};
+use regflow_plan::{ActorIndex, ActorKind, KernelConf, Plan, PlanIndex, RegstDescId, SourcePieces};
 use std::collections::{HashMap, VecDeque};
 
 type Desc = RegstDescId;
@@ -16,11 +17,6 @@ const COPY: ActorKind = ActorKind::Compute { kernel: KernelConf::Copy };
 const FED: ActorKind = ActorKind::Source { pieces: SourcePieces::Fed };
 const FEED: Body = Body::Cmd(Cmd::Feed);
 const CLOSE: Body = Body::Cmd(Cmd::CloseFeed);
-
-fn count(n: u64) -> ActorKind {
-    let pieces = SourcePieces::Count(n);
-    ActorKind::Source { pieces }
-}
 
 fn acc(count: u32) -> ActorKind {
     let kernel = KernelConf::SumF32;
@@ -33,43 +29,6 @@ fn repeat(count: u32) -> ActorKind {
 
 fn msg(dst: ActorId, src: ActorId, body: Body) -> Message {
     Message { dst, src, body }
-}
-
-/// Plans on one cpu device with three streams; actor `x`'s output is the register `x.out`.
-struct Net {
-    b: PlanBuilder,
-    streams: Vec<StreamIndex>,
-}
-
-impl Net {
-    fn new() -> Self {
-        let mut b = PlanBuilder::new();
-        let cpu = b.device(0, DeviceKind::Cpu, 0);
-        let streams = (0..3).map(|_| b.stream(cpu, StreamKind::Compute)).collect();
-        Self { b, streams }
-    }
-
-    fn actor(&mut self, name: &str, s: usize, kind: ActorKind, ins: &[Desc]) -> ActorIndex {
-        let actor = self.b.actor(name, self.streams[s], kind);
-        for &input in ins {
-            self.b.consume(actor, input);
-        }
-        actor
-    }
-
-    /// Adds actor `name` on stream `s` reading `ins`, with output `name.out` of `r` slots.
-    fn add(&mut self, name: &str, s: usize, kind: ActorKind, ins: &[Desc], r: u32) -> Desc {
-        let actor = self.actor(name, s, kind, ins);
-        self.b.regst(&format!("{name}.out"), actor, 8, r)
-    }
-
-    fn sink(&mut self, name: &str, s: usize, ins: &[Desc]) {
-        self.actor(name, s, ActorKind::Sink, ins);
-    }
-
-    fn build(mut self) -> Plan {
-        self.b.build().expect("test plan is valid")
-    }
 }
 
 /// `src` (stream 0, output `regst#0` of `rs` slots) → `mid` (stream 1, `regst#1` of `rm`) →

@@ -9,18 +9,16 @@
 //! the launches that asked for completion. Each schedule step either delivers the oldest
 //! message of a random stream or runs the oldest queued kernel of a random stream.
 
+mod common;
+
+use common::{count, Net, STREAMS};
 use regflow_actors::{
     Actor, ActorEnv, ActorId, Body, Cmd, Completion, EnvError, Firing, Lifecycle, Message, PlanIds, RegstRef,
 };
-use regflow_plan::{
-    ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanIndex, RegstDescId, SourcePieces,
-    StreamIndex, StreamKind,
-};
+use regflow_plan::{ActorIndex, ActorKind, KernelConf, Plan, PlanIndex};
 use std::collections::{HashMap, VecDeque};
 
 const COPY: ActorKind = ActorKind::Compute { kernel: KernelConf::Copy };
-/// Streams of the model; stream 0 runs kernels at launch.
-const STREAMS: usize = 3;
 
 /// A kernel queued on a stream: what it reads and writes, with the version of each slot
 /// it expects to read (the writes the protocol ordered before it).
@@ -94,40 +92,6 @@ impl ActorEnv for Model {
         self.queued[stream].push_back(k);
         Ok(if report { Completion::Pending } else { Completion::Done })
     }
-}
-
-/// Builds plans on one device with [`STREAMS`] streams.
-struct Net {
-    b: PlanBuilder,
-    streams: Vec<StreamIndex>,
-}
-
-impl Net {
-    fn new() -> Self {
-        let mut b = PlanBuilder::new();
-        let cpu = b.device(0, DeviceKind::Cpu, 0);
-        let streams = (0..STREAMS).map(|_| b.stream(cpu, StreamKind::Compute)).collect();
-        Self { b, streams }
-    }
-
-    fn add(&mut self, name: &str, s: usize, kind: ActorKind, ins: &[RegstDescId], slots: u32) -> RegstDescId {
-        let actor = self.b.actor(name, self.streams[s], kind);
-        for &input in ins {
-            self.b.consume(actor, input);
-        }
-        self.b.regst(&format!("{name}.out"), actor, 8, slots)
-    }
-
-    fn sink(&mut self, name: &str, s: usize, ins: &[RegstDescId]) {
-        let actor = self.b.actor(name, self.streams[s], ActorKind::Sink);
-        for &input in ins {
-            self.b.consume(actor, input);
-        }
-    }
-}
-
-fn count(n: u64) -> ActorKind {
-    ActorKind::Source { pieces: SourcePieces::Count(n) }
 }
 
 /// Runs `plan` under the schedule of `seed`; returns the violations and the pieces each
@@ -210,7 +174,7 @@ fn plans() -> Vec<Case> {
     let c = n.add("c", 1, COPY, &[b], 1);
     let d = n.add("d", 2, COPY, &[c], 1);
     n.sink("sink", 0, &[d]);
-    out.push(("chain", n.b.build().expect("valid"), vec![("sink", 6)]));
+    out.push(("chain", n.build(), vec![("sink", 6)]));
 
     // Fan-out from stream 1 to consumers on 1 and 2, joined again on 2.
     let mut n = Net::new();
@@ -220,7 +184,7 @@ fn plans() -> Vec<Case> {
     let far = n.add("far", 2, COPY, &[m], 1);
     let join = n.add("join", 2, COPY, &[near, far], 1);
     n.sink("sink", 0, &[join]);
-    out.push(("diamond", n.b.build().expect("valid"), vec![("sink", 5)]));
+    out.push(("diamond", n.build(), vec![("sink", 5)]));
 
     // A repeat on stream 1 handing a register written on stream 2 to a reader whose other
     // peers are all on stream 1: the slot goes back to stream 2 through the repeat.
@@ -231,7 +195,7 @@ fn plans() -> Vec<Case> {
     let u = n.add("use", 1, COPY, &[r], 1);
     let t = n.add("tail", 1, COPY, &[u], 1);
     n.sink("sink", 1, &[t]);
-    out.push(("repeat", n.b.build().expect("valid"), vec![("sink", 9)]));
+    out.push(("repeat", n.build(), vec![("sink", 9)]));
 
     // An acc on stream 1 (sums of 2; a partial last group) feeding stream 1 and 2.
     let mut n = Net::new();
@@ -242,7 +206,7 @@ fn plans() -> Vec<Case> {
     let far = n.add("far", 2, COPY, &[s], 1);
     n.sink("sink_near", 0, &[near]);
     n.sink("sink_far", 2, &[far]);
-    out.push(("acc", n.b.build().expect("valid"), vec![("sink_near", 3), ("sink_far", 3)]));
+    out.push(("acc", n.build(), vec![("sink_near", 3), ("sink_far", 3)]));
     out
 }
 
