@@ -154,7 +154,7 @@ impl OpDef for MaskedSoftmax {
         Ok(vec![Some(dx), Some(dz.sum_to(&mask.shape())?)])
     }
 
-    /// Rows are independent: any axis but the last may be split (see [`masked_splits`]).
+    /// Rows are independent: any axis but the last may be split (see `masked_splits`).
     fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
         masked_splits(inputs)
     }

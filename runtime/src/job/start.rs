@@ -118,7 +118,7 @@ impl JobBuilder {
     }
 
     /// Hands every piece of sink `name` to `callback` on the sink's stream thread, without
-    /// a copy, instead of delivering it to a [`Fetcher`].
+    /// a copy, instead of delivering it to a [`Fetcher`](crate::Fetcher).
     pub fn on_sink<F>(mut self, name: &str, callback: F) -> Self
     where
         F: FnMut(&KernelIo<'_>) + Send + 'static,
