@@ -37,22 +37,69 @@ pub fn full_text(source: &KernelSource) -> String {
 /// How a kernel entry point is declared in a source.
 const ENTRY_MARK: &str = "extern \"C\" __global__ void ";
 
-/// The entry points `code` declares, in order: the last word before the parameter list, as
-/// a launch-bounds macro (`BLOCK_1024`) may stand between `void` and the name.
-pub fn entries_of(code: &'static str) -> Vec<&'static str> {
-    code.match_indices(ENTRY_MARK)
-        .filter_map(|(at, _)| {
-            let rest = &code[at + ENTRY_MARK.len()..];
+/// The entry points `code` declares: the last word before each parameter list, as a
+/// launch-bounds macro (`BLOCK_1024`) may stand between `void` and the name. An entry
+/// declared in the body of a macro `#define NAME(S, ...)` as `regflow_..._##S` (the same
+/// entries for several dtypes, written once) is counted once per line that invokes it,
+/// `NAME(f32, ...)`, with `S` replaced by the invocation's first argument.
+pub fn entries_of(code: &'static str) -> Vec<String> {
+    let declared = |text: &'static str| {
+        text.match_indices(ENTRY_MARK).filter_map(move |(at, _)| {
+            let rest = &text[at + ENTRY_MARK.len()..];
             let end = rest.find('(')?;
             rest[..end].split_whitespace().last()
+        })
+    };
+    let mut entries: Vec<String> = declared(code).filter(|e| !e.contains("##")).map(str::to_string).collect();
+    for (name, param, body) in macros(code) {
+        let templates: Vec<&str> = declared(body).filter(|e| e.contains("##")).collect();
+        let invocation = format!("{name}(");
+        for line in code.lines().filter(|l| l.starts_with(&invocation)) {
+            let arg = line[invocation.len()..].split([',', ')']).next().unwrap_or("").trim();
+            entries.extend(templates.iter().map(|t| t.replace(&format!("##{param}"), arg)));
+        }
+    }
+    entries
+}
+
+/// The function-like macros `code` defines: (name, first parameter, body), the body
+/// running to the first line not ended by a backslash.
+fn macros(code: &str) -> Vec<(&str, &str, &str)> {
+    code.match_indices("#define ")
+        .filter_map(|(at, _)| {
+            let rest = &code[at + "#define ".len()..];
+            let open = rest.find('(')?;
+            let name = &rest[..open];
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return None;
+            }
+            let param = rest[open + 1..].split([',', ')']).next()?.trim();
+            let mut end = 0;
+            for line in rest.split_inclusive('\n') {
+                end += line.len();
+                if !line.trim_end().ends_with('\\') {
+                    break;
+                }
+            }
+            Some((name, param, &rest[..end]))
         })
         .collect()
 }
 
 /// Every (entry point, source) pair, read once.
-fn all_entries() -> &'static [(&'static str, &'static KernelSource)] {
-    static ENTRIES: OnceLock<Vec<(&'static str, &'static KernelSource)>> = OnceLock::new();
+fn all_entries() -> &'static [(String, &'static KernelSource)] {
+    static ENTRIES: OnceLock<Vec<(String, &'static KernelSource)>> = OnceLock::new();
     ENTRIES.get_or_init(|| SOURCES.iter().flat_map(|s| entries_of(s.code).into_iter().map(move |e| (e, s))).collect())
+}
+
+/// The entry points `source` declares (read once per process).
+pub fn entries_in(source: &KernelSource) -> impl Iterator<Item = &'static str> + '_ {
+    all_entries().iter().filter(move |(_, s)| s.name == source.name).map(|(e, _)| e.as_str())
+}
+
+/// Every entry point of every source (read once per process).
+pub fn all_entry_names() -> impl Iterator<Item = &'static str> {
+    all_entries().iter().map(|(e, _)| e.as_str())
 }
 
 /// The source that declares `entry`, or an error suggesting the nearest entry point.
@@ -61,7 +108,7 @@ pub fn source_of(entry: &str) -> Result<&'static KernelSource, CudaError> {
     if let Some((_, source)) = entries.iter().find(|(e, _)| *e == entry) {
         return Ok(source);
     }
-    let names: Vec<&str> = entries.iter().map(|(e, _)| *e).collect();
+    let names: Vec<&str> = entries.iter().map(|(e, _)| e.as_str()).collect();
     let nearest = regflow_kernels::nearest(entry, &names).map(|n| format!(", did you mean '{n}'?")).unwrap_or_default();
     Err(CudaError::UnknownEntry { entry: entry.to_string(), nearest })
 }
@@ -99,7 +146,7 @@ mod tests {
     fn entries_are_read_off_the_sources_and_unique() {
         let entries = all_entries();
         assert!(entries.iter().any(|(e, s)| *e == "regflow_fill_f32" && s.name == "fill"));
-        let mut names: Vec<&str> = entries.iter().map(|(e, _)| *e).collect();
+        let mut names: Vec<&str> = entries.iter().map(|(e, _)| e.as_str()).collect();
         names.sort_unstable();
         let before = names.len();
         names.dedup();
@@ -116,6 +163,20 @@ mod tests {
         for bounded in ["regflow_sum_to_f32", "regflow_sum_to_f64", "regflow_sum_to_bf16"] {
             assert!(all_entries().iter().any(|(e, _)| *e == bounded), "{bounded}");
         }
+    }
+
+    #[test]
+    fn entries_declared_in_a_macro_count_once_per_invocation() {
+        let code = "#define SUMS(S, T) \\\n\
+                    extern \"C\" __global__ void BLOCK_1024 regflow_sum_##S(const T* x) { f(x); } \\\n\
+                    extern \"C\" __global__ void regflow_parts_##S(const T* x) { g(x); }\n\
+                    extern \"C\" __global__ void regflow_plain_f32(float* x) {}\n\
+                    SUMS(f32, float)\n\
+                    SUMS(bf16, bf16)\n";
+        assert_eq!(
+            entries_of(code),
+            ["regflow_plain_f32", "regflow_sum_f32", "regflow_parts_f32", "regflow_sum_bf16", "regflow_parts_bf16"]
+        );
     }
 
     #[test]

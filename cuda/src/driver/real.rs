@@ -275,7 +275,7 @@ impl Device {
         let arch = self.info().arch();
         let ptx = crate::nvrtc::compile(source, &arch)?;
         let mut params = HashMap::new();
-        for entry in sources::entries_of(source.code) {
+        for entry in sources::entries_in(source) {
             let sizes = sources::ptx_params(&ptx, entry).ok_or_else(|| CudaError::Compile {
                 source_name: source.name,
                 arch: arch.clone(),

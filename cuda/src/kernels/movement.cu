@@ -114,33 +114,23 @@ template <typename T> __device__ __forceinline__ void sum_parts(const typename W
     if (threadIdx.x == 0) st(&out[blockIdx.x], sum);
 }
 
-extern "C" __global__ void BLOCK_1024 regflow_sum_to_f32(const float* x, float* out, Indexing kept, Indexing reduced,
-                                                         u64 n_out, u64 n_reduced) {
-    sum_to(x, out, kept, reduced, n_out, n_reduced);
-}
-extern "C" __global__ void regflow_sum_to_chunks_f32(const float* x, float* parts, Indexing kept, Indexing reduced,
-                                                   u64 n_reduced, u64 chunk) {
-    sum_to_chunks(x, parts, kept, reduced, n_reduced, chunk);
-}
-extern "C" __global__ void regflow_sum_parts_f32(const float* parts, float* out, u64 chunks) { sum_parts(parts, out, chunks); }
-extern "C" __global__ void BLOCK_1024 regflow_sum_to_f64(const double* x, double* out, Indexing kept, Indexing reduced,
-                                                         u64 n_out, u64 n_reduced) {
-    sum_to(x, out, kept, reduced, n_out, n_reduced);
-}
-extern "C" __global__ void regflow_sum_to_chunks_f64(const double* x, double* parts, Indexing kept, Indexing reduced,
-                                                   u64 n_reduced, u64 chunk) {
-    sum_to_chunks(x, parts, kept, reduced, n_reduced, chunk);
-}
-extern "C" __global__ void regflow_sum_parts_f64(const double* parts, double* out, u64 chunks) { sum_parts(parts, out, chunks); }
-extern "C" __global__ void BLOCK_1024 regflow_sum_to_bf16(const bf16* x, bf16* out, Indexing kept, Indexing reduced,
-                                                         u64 n_out, u64 n_reduced) {
-    sum_to(x, out, kept, reduced, n_out, n_reduced);
-}
-extern "C" __global__ void regflow_sum_to_chunks_bf16(const bf16* x, float* parts, Indexing kept, Indexing reduced,
-                                                   u64 n_reduced, u64 chunk) {
-    sum_to_chunks(x, parts, kept, reduced, n_reduced, chunk);
-}
-extern "C" __global__ void regflow_sum_parts_bf16(const float* parts, bf16* out, u64 chunks) { sum_parts(parts, out, chunks); }
+// The sum_to entries of one dtype S (stored as T, its partial sums in P): written once,
+// declared per dtype below (cuda/src/sources.rs reads the entries off the invocations).
+#define SUM_TO_ENTRIES(S, T, P)                                                                         \
+    extern "C" __global__ void BLOCK_1024 regflow_sum_to_##S(const T* x, T* out, Indexing kept,         \
+                                                             Indexing reduced, u64 n_out, u64 n_reduced) { \
+        sum_to(x, out, kept, reduced, n_out, n_reduced);                                                \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_sum_to_chunks_##S(const T* x, P* parts, Indexing kept,           \
+                                                         Indexing reduced, u64 n_reduced, u64 chunk) {  \
+        sum_to_chunks(x, parts, kept, reduced, n_reduced, chunk);                                       \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_sum_parts_##S(const P* parts, T* out, u64 chunks) {              \
+        sum_parts(parts, out, chunks);                                                                  \
+    }
+SUM_TO_ENTRIES(f32, float, float)
+SUM_TO_ENTRIES(f64, double, double)
+SUM_TO_ENTRIES(bf16, bf16, float)
 
 // ---- embedding ---------------------------------------------------------------------
 

@@ -355,10 +355,10 @@ impl Kernel for DropoutKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::{entries_of, SOURCES};
+    use crate::sources::all_entry_names;
 
     fn declared() -> Vec<&'static str> {
-        SOURCES.iter().flat_map(|s| entries_of(s.code)).collect()
+        all_entry_names().collect()
     }
 
     #[test]
