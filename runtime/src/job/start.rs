@@ -387,7 +387,7 @@ impl Job {
                 context,
             };
             let exit_notice = ExitNotice(exit_tx.clone(), s);
-            let handle = spawn_stream(worker, stream_label(&plan, s), &shared, &router, exit_notice);
+            let handle = spawn_stream(worker, &shared, &router, exit_notice);
             match handle {
                 Ok(handle) => threads.push((s, handle)),
                 Err(e) => {
@@ -433,7 +433,6 @@ impl Job {
 /// Starts the thread of one stream; its exit notice is sent however the thread ends.
 fn spawn_stream(
     worker: StreamWorker,
-    label: String,
     shared: &Arc<JobShared>,
     router: &Router,
     exit_notice: ExitNotice,
@@ -446,6 +445,8 @@ fn spawn_stream(
         .spawn(move || {
             // Dropped last, after a panic has been recorded as the job's error.
             let _notice = exit_notice;
+            // Kept for a panic's report: the worker is gone by then.
+            let label = worker.label.clone();
             run_stream(worker, s, label, shared, router)
         })
         .map_err(|e| RuntimeError::Spawn { thread: name, message: e.to_string() })
