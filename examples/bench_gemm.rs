@@ -4,10 +4,13 @@
 //! `benches/peers/gemm.sh` runs it beside numpy's BLAS.
 //!
 //! ```text
-//! cargo run --release --example bench_gemm -- [runs] [max threads]
+//! cargo run --release --example bench_gemm -- [runs] [max threads] [MxKxN,MxKxN,...]
 //! REGFLOW_CPU_ISA=avx2 cargo run --release --example bench_gemm   # force a narrower ISA
+//! cargo run --release --features blas --example bench_gemm            # OpenBLAS's products
+//! REGFLOW_CPU_GEMM=gemm cargo run --release --features blas --example bench_gemm  # gemm's
 //! ```
 
+use regflow::kernels::cpu::gemm_backend::backend_in_use;
 use regflow::kernels::cpu::isa::{isa_in_use, Isa};
 use regflow::kernels::{HostCompute, HostContext};
 use regflow::plan::ops::MatMul;
@@ -30,6 +33,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cpu.mhz,
         load_average()
     );
+    let backend = backend_in_use()?;
+    // The ISA caps gemm's dispatch only; OpenBLAS picks its own kernels.
+    println!("backend: {backend}");
     println!("isa: {isa} ({} f32 lanes)", isa.f32_lanes());
     println!(
         "peak: {per_core:.1} GFLOP/s per core = {} FMA units x {} f32 lanes x 2 x {:.0} MHz ({})",
@@ -38,7 +44,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cpu.mhz,
         cpu.fma_assumption(isa)
     );
-    for &(m, k, n) in &SHAPES {
+    let shapes = match std::env::args().nth(3) {
+        Some(list) => list.split(',').map(parse_shape).collect::<Result<Vec<_>, _>>()?,
+        None => SHAPES.to_vec(),
+    };
+    for &(m, k, n) in &shapes {
         let mut rng = SplitMix64::new(7);
         let mut values = |len: usize| (0..len).map(|_| rng.next_f64() as f32 - 0.5).collect::<Vec<f32>>();
         let a = HostArray::f32([m, k], values(m * k))?;
@@ -71,6 +81,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// `MxKxN` as `(m, k, n)`, or why not.
+fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
+    let sizes: Vec<usize> =
+        text.split('x').map(str::parse).collect::<Result<_, _>>().map_err(|e| format!("shape {text:?}: {e}"))?;
+    match sizes[..] {
+        [m, k, n] if m * k * n > 0 => Ok((m, k, n)),
+        _ => Err(format!("shape {text:?}: expected MxKxN with three sizes above 0, as 256x784x1024")),
+    }
 }
 
 /// What `/proc/cpuinfo` says about the first processor.

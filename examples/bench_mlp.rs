@@ -3,8 +3,10 @@
 //! Prints samples per second; `benches/peers/run.sh` runs it beside JAX and PyTorch.
 //!
 //! ```text
-//! cargo run --release --example bench_mlp -- [steps] [threads]
+//! cargo run --release --example bench_mlp -- [steps] [threads] [trace.json]
 //! ```
+//!
+//! A third argument records a Chrome-trace timeline of the run to that file.
 
 #[path = "common/step_timer.rs"]
 mod step_timer;
@@ -39,7 +41,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loss = h.sparse_cross_entropy(&y)?;
     let train = g.minimize(loss, &Optimizer::adamw(1e-3, 0.0))?;
     let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
-    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).build()?;
+    let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(threads);
+    if let Some(path) = std::env::args().nth(3) {
+        builder = builder.trace(path);
+    }
+    let mut job = builder.build()?;
     let (mut fx, mut fy) = (job.feeder("input:x")?, job.feeder("input:y")?);
     let losses = job.fetcher(&compiled.fetches[0])?;
 

@@ -10,7 +10,7 @@ compare() {
   local example=$1 steps=$2 peers=$3 unit=$4 threads cpus ours jax torch round rounds=${ROUNDS:-3}
   local results
   results=$(mktemp)
-  cargo build -q --release --example "$example"
+  cargo build -q --release ${REGFLOW_FEATURES:+--features "$REGFLOW_FEATURES"} --example "$example"
   value() { sed -n "s|.* \([0-9][0-9.]*\) $unit.*|\1|p"; }
   for round in $(seq "$rounds"); do
     for threads in 1 2; do

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 runs="${1:-9}"
 . benches/peers/venv.sh numpy
 
-cargo build -q --release --example bench_gemm
+cargo build -q --release ${REGFLOW_FEATURES:+--features "$REGFLOW_FEATURES"} --example bench_gemm
 best() { sed -n "s/.* $1 threads $2: best \([0-9.]*\) GFLOP\/s.*/\1/p"; }
 # Work per CPU-second each got: less sensitive than wall time to other processes' load.
 per_cpu() { sed -n "s/.* $1 threads $2: .* \([0-9.]*\) GFLOP per cpu-second.*/\1/p"; }

@@ -1,8 +1,10 @@
 //! Every instruction set the matrix products dispatch to (the widest the processor has,
 //! and the AVX2 and scalar kernels forced below it) computes the product to f32 accuracy,
 //! so the fallbacks cannot rot on machines whose default is wider. One test, because the
-//! forced level is process-wide.
+//! forced level is process-wide. The levels cap gemm's dispatch, so the products here run on
+//! gemm whatever backend the build would pick (`matmul_backends.rs` covers OpenBLAS).
 
+use regflow_kernels::cpu::gemm_backend::{force_backend, GemmBackend};
 use regflow_kernels::cpu::isa::{force_isa, isa_in_use, Isa};
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::MatMul;
@@ -53,6 +55,7 @@ fn assert_close(got: &[f64], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usi
 
 #[test]
 fn every_forced_isa_computes_products_to_f32_accuracy() {
+    force_backend(Some(GemmBackend::Gemm)).unwrap();
     let widest = isa_in_use().unwrap();
     let shapes = [(1, 1, 1), (7, 33, 1), (1, 1023, 33), (33, 7, 1023), (1023, 33, 7), (33, 1023, 65), (130, 257, 129)];
     for forced in [None, Some(Isa::Avx512), Some(Isa::Avx2), Some(Isa::Scalar)] {

@@ -1,7 +1,9 @@
 //! Matrix products split their output tiles over threads; every output element is one
-//! thread's sum in a fixed order, so the thread count never changes a result; permuted
-//! products share their batch over threads, one product per thread at a time.
+//! thread's sum in a fixed order, so on gemm (forced here: OpenBLAS tiles by size, see
+//! `gemm_backend`) the thread count never changes a result; permuted products share their
+//! batch over threads, one product per thread at a time.
 
+use regflow_kernels::cpu::gemm_backend::{force_backend, GemmBackend};
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::MatMul;
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
@@ -29,6 +31,7 @@ fn product(threads: usize, dtype: DType) -> Vec<f64> {
 
 #[test]
 fn matmul_results_do_not_depend_on_the_thread_count() {
+    force_backend(Some(GemmBackend::Gemm)).unwrap();
     for dtype in [DType::F32, DType::F64] {
         let one = product(1, dtype);
         assert_eq!(one, product(2, dtype));

@@ -1,8 +1,9 @@
 //! CPU kernels of `matmul` ops.
 
+use super::gemm_backend::{blas_product, GemmBackend, Product};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
 impl HostCompute for MatMul {
     fn compute(
@@ -205,6 +206,11 @@ pub fn gemm_typed<T: Real>(
         out.fill(T::zero());
         return Ok(());
     }
+    let backend = super::gemm_backend::backend_in_use()?;
+    // Split by output tiles: every element is still one thread's sum in a fixed order, so
+    // results do not depend on scheduling. A small product stays on one thread: waking the
+    // pool costs more than it saves.
+    let parallel = threads > 1 && m * n * k >= PARALLEL_MIN_MULTIPLY_ADDS;
     // Otherwise every product overwrites its output (`read_dst` is false for the first).
     for i in 0..count {
         let dst = out[i * out_step..].as_mut_ptr();
@@ -212,11 +218,16 @@ pub fn gemm_typed<T: Real>(
         let rhs = b[i * b_step..].as_ptr();
         // Summing a batch accumulates into the result of the previous element.
         let read_dst = sum_batch && i > 0;
+        let product =
+            Product { m, k, n, a_strides: layout.a_strides, b_strides: layout.b_strides, ldc: n, accumulate: read_dst };
         // SAFETY: `dst` points to `m * n` writable elements (row stride `n`), `lhs` to the
         // `m * k` elements of `op(a_i)` and `rhs` to the `k * n` of `op(b_i)`; the strides
         // stay inside those ranges and the lengths were checked above. `T` is f32 or f64,
         // types `gemm` supports.
         unsafe {
+            if backend == GemmBackend::Blas && by_blas(product, lhs, rhs, dst, threads, parallel) {
+                continue;
+            }
             gemm::gemm(
                 m,
                 n,
@@ -236,18 +247,38 @@ pub fn gemm_typed<T: Real>(
                 false,
                 false,
                 false,
-                // Split by output tiles: every element is still one thread's sum in a
-                // fixed order, so results do not depend on scheduling. A small product
-                // stays on one thread: waking the pool costs more than it saves.
-                if threads > 1 && m * n * k >= PARALLEL_MIN_MULTIPLY_ADDS {
-                    gemm::Parallelism::Rayon(threads)
-                } else {
-                    gemm::Parallelism::None
-                },
+                if parallel { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
             );
         }
     }
     Ok(())
+}
+
+/// A product goes to OpenBLAS only if all three of its sizes are at least this. Skinnier
+/// ones, such as a transformer head's 64 or a classifier's 10 columns, ran 10–40 % faster on
+/// gemm, and squarer ones 15–60 % faster on OpenBLAS (`bench_gemm` with shapes as its third
+/// argument, AVX2 Zen 3; BENCHMARKS.md, issue 13).
+pub const BLAS_MIN_SIDE: usize = 96;
+
+/// Computes `product` by OpenBLAS if `T`, the sizes ([`BLAS_MIN_SIDE`]) and the strides fit;
+/// false (nothing done) otherwise.
+///
+/// # Safety
+/// As [`blas_product`]'s, but for `fits_cblas`, which this checks.
+unsafe fn by_blas<T: Real>(product: Product, a: *const T, b: *const T, c: *mut T, threads: usize, split: bool) -> bool {
+    if !product.fits_cblas() || product.m.min(product.k).min(product.n) < BLAS_MIN_SIDE {
+        return false;
+    }
+    // SAFETY: `T` is the type its dtype names, so the casts change nothing; the rest is the
+    // caller's promise.
+    unsafe {
+        match T::DTYPE {
+            DType::F32 => blas_product(product, a.cast::<f32>(), b.cast::<f32>(), c.cast::<f32>(), threads, split),
+            DType::F64 => blas_product(product, a.cast::<f64>(), b.cast::<f64>(), c.cast::<f64>(), threads, split),
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// Products of fewer multiply-adds than this run on one thread whatever `threads` says:

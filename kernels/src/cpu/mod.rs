@@ -76,6 +76,7 @@ pub mod embedding;
 pub mod fast_math;
 pub mod fill;
 pub mod fused;
+pub mod gemm_backend;
 pub mod isa;
 pub mod layer_norm;
 pub mod matmul;

@@ -1,0 +1,395 @@
+//! Which library computes the CPU matrix products: the `gemm` crate (always built in), or
+//! the system's OpenBLAS through CBLAS (the `blas` cargo feature), chosen once per process.
+//!
+//! Why two: on the AVX2 machines here OpenBLAS's hand-written kernels reach 65–80 GFLOP/s on
+//! the MLP's shapes where gemm 0.19 reaches 53–67 (BENCHMARKS.md, issue 13), and a product
+//! is most of a training step. gemm stays the default of a plain build, because OpenBLAS is a
+//! system library (Debian: `libopenblas-dev`) that a fresh machine may not have, and it stays
+//! the backend of the instruction-set tests ([`isa`](super::isa)), whose levels cap gemm's
+//! own dispatch. OpenBLAS picks its kernels at run time itself (Debian builds it with
+//! `DYNAMIC_ARCH`); `OPENBLAS_CORETYPE` forces one.
+//!
+//! Threads: OpenBLAS is told once to use one thread per call; a product big enough to pay
+//! for a second thread is split here into contiguous blocks of output rows (or columns),
+//! one per share of the device's `threads`, so every output element is one call's sum in
+//! that call's order whatever the scheduling: a result does not change from run to run.
+//! It may change in the last bits with the thread count, unlike gemm's: OpenBLAS blocks a
+//! product by its sizes, so an element of a share can land in another register tile (with
+//! another summation order) than in the whole product. Where bits must not depend on the
+//! thread count, choose `gemm`.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+/// The environment variable read at the first matrix product: `gemm`, `blas`, or `auto`
+/// (unset: OpenBLAS where the build has it, else gemm).
+pub const BACKEND_VARIABLE: &str = "REGFLOW_CPU_GEMM";
+
+/// A library that computes matrix products on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmBackend {
+    /// The `gemm` crate (pure Rust; AVX-512, AVX2 or scalar by run-time dispatch).
+    Gemm,
+    /// The system's OpenBLAS through CBLAS (built with the `blas` feature).
+    Blas,
+}
+
+impl GemmBackend {
+    /// The `REGFLOW_CPU_GEMM` spelling: `gemm` or `blas`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmBackend::Gemm => "gemm",
+            GemmBackend::Blas => "blas",
+        }
+    }
+
+    /// The backend named `name` (`gemm`, `blas`), `None` for `auto`, or why not.
+    pub fn parse(name: &str) -> Result<Option<GemmBackend>, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(None),
+            "gemm" => Ok(Some(GemmBackend::Gemm)),
+            "blas" | "openblas" => Ok(Some(GemmBackend::Blas)),
+            other => Err(format!("{BACKEND_VARIABLE}={other:?}: expected auto, gemm or blas")),
+        }
+    }
+
+    /// Whether this build can use the backend.
+    pub fn is_built(self) -> bool {
+        match self {
+            GemmBackend::Gemm => true,
+            GemmBackend::Blas => blas::BUILT,
+        }
+    }
+
+    /// What a build without the backend says when it is asked for.
+    fn not_built(self) -> String {
+        format!(
+            "the CPU matrix product backend `{}` was asked for, but this build has no OpenBLAS: \
+             build with `--features regflow/blas` (needs the system's libopenblas, Debian: \
+             libopenblas-dev), or use `gemm`",
+            self.name()
+        )
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            GemmBackend::Gemm => 1,
+            GemmBackend::Blas => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for GemmBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The backend every matrix product uses, once settled (0: not yet).
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+
+/// The default: OpenBLAS where the build has it.
+fn widest_built() -> GemmBackend {
+    if blas::BUILT {
+        GemmBackend::Blas
+    } else {
+        GemmBackend::Gemm
+    }
+}
+
+/// Reads `REGFLOW_CPU_GEMM` the first time it is called (later calls: the same answer).
+fn from_environment() -> Result<(), String> {
+    static APPLIED: OnceLock<Result<(), String>> = OnceLock::new();
+    APPLIED
+        .get_or_init(|| {
+            let chosen = match std::env::var(BACKEND_VARIABLE) {
+                Ok(value) => GemmBackend::parse(&value)?.unwrap_or_else(widest_built),
+                Err(_) => widest_built(),
+            };
+            if !chosen.is_built() {
+                return Err(format!("{BACKEND_VARIABLE}: {}", chosen.not_built()));
+            }
+            // Only the first settles it: `force_backend` may have run before.
+            let _ = CHOSEN.compare_exchange(0, chosen.code(), Ordering::Relaxed, Ordering::Relaxed);
+            Ok(())
+        })
+        .clone()
+}
+
+/// Makes every later matrix product of the process use `backend` (`None`: the default,
+/// OpenBLAS where built). Overrides `REGFLOW_CPU_GEMM`; an error if the build lacks it.
+pub fn force_backend(backend: Option<GemmBackend>) -> Result<(), String> {
+    let backend = backend.unwrap_or_else(widest_built);
+    if !backend.is_built() {
+        return Err(backend.not_built());
+    }
+    // Settle the variable first, so that it cannot override this later.
+    let _ = from_environment();
+    CHOSEN.store(backend.code(), Ordering::Relaxed);
+    Ok(())
+}
+
+/// The backend the next matrix product runs on (after `REGFLOW_CPU_GEMM`), or why the
+/// variable's value cannot be used.
+pub fn backend_in_use() -> Result<GemmBackend, String> {
+    from_environment()?;
+    Ok(match CHOSEN.load(Ordering::Relaxed) {
+        2 => GemmBackend::Blas,
+        _ => GemmBackend::Gemm,
+    })
+}
+
+/// One matrix product `c = a·b (+ c if accumulate)` by OpenBLAS, over raw strided operands:
+/// `a` is `m x k` with (row, column) strides `a_strides`, `b` is `k x n`, `c` is `m x n`
+/// with row stride `ldc` and column stride 1.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Product {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub a_strides: (isize, isize),
+    pub b_strides: (isize, isize),
+    pub ldc: usize,
+    // Read by the OpenBLAS binding only.
+    #[cfg_attr(not(feature = "blas"), allow(dead_code))]
+    pub accumulate: bool,
+}
+
+impl Product {
+    /// How CBLAS reads an operand of `rows x cols` with these strides: (transposed, leading
+    /// dimension), or `None` when neither stride is 1 (CBLAS cannot read it).
+    fn cblas_operand(rows: usize, cols: usize, (row, col): (isize, isize)) -> Option<(bool, usize)> {
+        if col == 1 && row >= cols.max(1) as isize {
+            Some((false, row as usize))
+        } else if row == 1 && col >= rows.max(1) as isize {
+            Some((true, col as usize))
+        } else {
+            None
+        }
+    }
+
+    /// Whether CBLAS can compute it (each operand has a unit stride and sizes fit `i32`).
+    pub(crate) fn fits_cblas(&self) -> bool {
+        let fits_i32 = |x: usize| x <= i32::MAX as usize;
+        Self::cblas_operand(self.m, self.k, self.a_strides).is_some_and(|(_, ld)| fits_i32(ld))
+            && Self::cblas_operand(self.k, self.n, self.b_strides).is_some_and(|(_, ld)| fits_i32(ld))
+            && [self.m, self.k, self.n, self.ldc].into_iter().all(fits_i32)
+    }
+}
+
+/// A pointer handed to the shares of one product (each share touches its own rows).
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: the shares of one product write disjoint blocks of `c` and only read `a` and `b`;
+// the caller keeps all three alive until `in_shares` returns.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+/// Computes `product` by OpenBLAS, split over `threads` blocks of output rows or columns
+/// (the longer side) when `split` is set.
+///
+/// # Safety
+/// `a`, `b` and `c` must point to operands laid out as `product` says, valid for the call,
+/// `c` not overlapping the others, and `product.fits_cblas()` must hold.
+pub(crate) unsafe fn blas_product<T: blas::Scalar>(
+    product: Product,
+    a: *const T,
+    b: *const T,
+    c: *mut T,
+    threads: usize,
+    split: bool,
+) {
+    let shares = if split { threads } else { 1 };
+    let Product { m, n, a_strides, b_strides, ldc, .. } = product;
+    let (a, b, c) = (SendPtr(a as *mut T), SendPtr(b as *mut T), SendPtr(c));
+    let by_rows = m >= n;
+    super::shares::in_shares(shares, if by_rows { m } else { n }, move |range| {
+        let (a, b, c) = (a, b, c);
+        let (start, end) = (range.start, range.end);
+        let part = if by_rows { Product { m: end - start, ..product } } else { Product { n: end - start, ..product } };
+        let start = start as isize;
+        // SAFETY (of the offsets and the call): a block of rows starts `start` rows into `a`
+        // and `c`; a block of columns `start` columns into `b` and `c`; both stay inside the
+        // operands the caller vouched for, and shares write disjoint blocks of `c`.
+        unsafe {
+            let (a, b, c) = if by_rows {
+                (a.0.offset(start * a_strides.0), b.0, c.0.offset(start * ldc as isize))
+            } else {
+                (a.0, b.0.offset(start * b_strides.1), c.0.offset(start))
+            };
+            blas::call(part, a, b, c);
+        }
+    });
+}
+
+/// The CBLAS binding (with the `blas` feature) or its stand-in (without).
+#[cfg(feature = "blas")]
+mod blas {
+    use super::Product;
+    use std::ffi::c_int;
+    use std::sync::Once;
+
+    /// This build has OpenBLAS.
+    pub(super) const BUILT: bool = true;
+
+    const ROW_MAJOR: c_int = 101;
+    const NO_TRANS: c_int = 111;
+    const TRANS: c_int = 112;
+
+    #[link(name = "openblas")]
+    extern "C" {
+        fn cblas_sgemm(
+            order: c_int,
+            trans_a: c_int,
+            trans_b: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            alpha: f32,
+            a: *const f32,
+            lda: c_int,
+            b: *const f32,
+            ldb: c_int,
+            beta: f32,
+            c: *mut f32,
+            ldc: c_int,
+        );
+        fn cblas_dgemm(
+            order: c_int,
+            trans_a: c_int,
+            trans_b: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            alpha: f64,
+            a: *const f64,
+            lda: c_int,
+            b: *const f64,
+            ldb: c_int,
+            beta: f64,
+            c: *mut f64,
+            ldc: c_int,
+        );
+        fn openblas_set_num_threads(threads: c_int);
+    }
+
+    /// A type CBLAS multiplies: f32 (`sgemm`) or f64 (`dgemm`).
+    pub(crate) trait Scalar: Copy {
+        /// # Safety
+        /// As `cblas_?gemm` with these arguments.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn gemm(
+            ta: c_int,
+            tb: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            a: *const Self,
+            lda: c_int,
+            b: *const Self,
+            ldb: c_int,
+            beta: bool,
+            c: *mut Self,
+            ldc: c_int,
+        );
+    }
+
+    impl Scalar for f32 {
+        unsafe fn gemm(
+            ta: c_int,
+            tb: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            a: *const f32,
+            lda: c_int,
+            b: *const f32,
+            ldb: c_int,
+            beta: bool,
+            c: *mut f32,
+            ldc: c_int,
+        ) {
+            let beta = if beta { 1.0 } else { 0.0 };
+            // SAFETY: forwarded from the caller.
+            unsafe { cblas_sgemm(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc) }
+        }
+    }
+
+    impl Scalar for f64 {
+        unsafe fn gemm(
+            ta: c_int,
+            tb: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            a: *const f64,
+            lda: c_int,
+            b: *const f64,
+            ldb: c_int,
+            beta: bool,
+            c: *mut f64,
+            ldc: c_int,
+        ) {
+            let beta = if beta { 1.0 } else { 0.0 };
+            // SAFETY: forwarded from the caller.
+            unsafe { cblas_dgemm(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc) }
+        }
+    }
+
+    /// Runs one product on this thread.
+    ///
+    /// # Safety
+    /// As [`super::blas_product`].
+    pub(super) unsafe fn call<T: Scalar>(p: Product, a: *const T, b: *const T, c: *mut T) {
+        // OpenBLAS's own pool would fight the device's threads: calls run where they are made.
+        static ONE_THREAD: Once = Once::new();
+        // SAFETY: a plain setter of OpenBLAS's thread count.
+        ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
+        let (Some((ta, lda)), Some((tb, ldb))) =
+            (Product::cblas_operand(p.m, p.k, p.a_strides), Product::cblas_operand(p.k, p.n, p.b_strides))
+        else {
+            unreachable!("blas_product is called only for products that fit CBLAS");
+        };
+        let flag = |t: bool| if t { TRANS } else { NO_TRANS };
+        // Sizes were checked to fit i32 by `fits_cblas`.
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            T::gemm(
+                flag(ta),
+                flag(tb),
+                p.m as c_int,
+                p.n as c_int,
+                p.k as c_int,
+                a,
+                lda as c_int,
+                b,
+                ldb as c_int,
+                p.accumulate,
+                c,
+                p.ldc as c_int,
+            )
+        }
+    }
+}
+
+/// Stand-in for a build without OpenBLAS: [`GemmBackend::Blas`] is never chosen there.
+#[cfg(not(feature = "blas"))]
+mod blas {
+    use super::Product;
+
+    /// This build has no OpenBLAS.
+    pub(super) const BUILT: bool = false;
+
+    /// The types the real binding multiplies.
+    pub(crate) trait Scalar: Copy {}
+    impl Scalar for f32 {}
+    impl Scalar for f64 {}
+
+    /// Never called: the backend cannot be chosen in this build.
+    ///
+    /// # Safety
+    /// Trivially safe; `unsafe` to match the real binding.
+    pub(super) unsafe fn call<T: Scalar>(_: Product, _: *const T, _: *const T, _: *mut T) {
+        unreachable!("the blas backend is not built, so it is never chosen");
+    }
+}
