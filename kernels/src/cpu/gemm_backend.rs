@@ -238,103 +238,66 @@ mod blas {
 
     #[link(name = "openblas")]
     extern "C" {
-        fn cblas_sgemm(
-            order: c_int,
-            trans_a: c_int,
-            trans_b: c_int,
-            m: c_int,
-            n: c_int,
-            k: c_int,
-            alpha: f32,
-            a: *const f32,
-            lda: c_int,
-            b: *const f32,
-            ldb: c_int,
-            beta: f32,
-            c: *mut f32,
-            ldc: c_int,
-        );
-        fn cblas_dgemm(
-            order: c_int,
-            trans_a: c_int,
-            trans_b: c_int,
-            m: c_int,
-            n: c_int,
-            k: c_int,
-            alpha: f64,
-            a: *const f64,
-            lda: c_int,
-            b: *const f64,
-            ldb: c_int,
-            beta: f64,
-            c: *mut f64,
-            ldc: c_int,
-        );
         fn openblas_set_num_threads(threads: c_int);
+    }
+
+    /// The integer arguments of one `cblas_?gemm` call (row-major, alpha 1).
+    #[derive(Clone, Copy)]
+    pub(crate) struct Call {
+        trans_a: c_int,
+        trans_b: c_int,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        lda: c_int,
+        ldb: c_int,
+        ldc: c_int,
+        /// Whether the product adds to `c` (beta 1) or overwrites it (beta 0).
+        accumulate: bool,
     }
 
     /// A type CBLAS multiplies: f32 (`sgemm`) or f64 (`dgemm`).
     pub(crate) trait Scalar: Copy {
         /// # Safety
         /// As `cblas_?gemm` with these arguments.
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn gemm(
-            ta: c_int,
-            tb: c_int,
-            m: c_int,
-            n: c_int,
-            k: c_int,
-            a: *const Self,
-            lda: c_int,
-            b: *const Self,
-            ldb: c_int,
-            beta: bool,
-            c: *mut Self,
-            ldc: c_int,
-        );
+        unsafe fn gemm(call: &Call, a: *const Self, b: *const Self, c: *mut Self);
     }
 
-    impl Scalar for f32 {
-        unsafe fn gemm(
-            ta: c_int,
-            tb: c_int,
-            m: c_int,
-            n: c_int,
-            k: c_int,
-            a: *const f32,
-            lda: c_int,
-            b: *const f32,
-            ldb: c_int,
-            beta: bool,
-            c: *mut f32,
-            ldc: c_int,
-        ) {
-            let beta = if beta { 1.0 } else { 0.0 };
-            // SAFETY: forwarded from the caller.
-            unsafe { cblas_sgemm(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc) }
-        }
-    }
+    /// Declares `cblas_?gemm` for one type and makes the type a [`Scalar`] through it.
+    macro_rules! cblas_gemm {
+        ($t:ty, $name:ident) => {
+            #[link(name = "openblas")]
+            extern "C" {
+                fn $name(
+                    order: c_int,
+                    trans_a: c_int,
+                    trans_b: c_int,
+                    m: c_int,
+                    n: c_int,
+                    k: c_int,
+                    alpha: $t,
+                    a: *const $t,
+                    lda: c_int,
+                    b: *const $t,
+                    ldb: c_int,
+                    beta: $t,
+                    c: *mut $t,
+                    ldc: c_int,
+                );
+            }
 
-    impl Scalar for f64 {
-        unsafe fn gemm(
-            ta: c_int,
-            tb: c_int,
-            m: c_int,
-            n: c_int,
-            k: c_int,
-            a: *const f64,
-            lda: c_int,
-            b: *const f64,
-            ldb: c_int,
-            beta: bool,
-            c: *mut f64,
-            ldc: c_int,
-        ) {
-            let beta = if beta { 1.0 } else { 0.0 };
-            // SAFETY: forwarded from the caller.
-            unsafe { cblas_dgemm(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc) }
-        }
+            impl Scalar for $t {
+                unsafe fn gemm(call: &Call, a: *const $t, b: *const $t, c: *mut $t) {
+                    let Call { trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate } = *call;
+                    let beta = if accumulate { 1.0 } else { 0.0 };
+                    // SAFETY: forwarded from the caller.
+                    unsafe { $name(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc) }
+                }
+            }
+        };
     }
+    cblas_gemm!(f32, cblas_sgemm);
+    cblas_gemm!(f64, cblas_dgemm);
 
     /// Runs one product on this thread.
     ///
@@ -352,23 +315,19 @@ mod blas {
         };
         let flag = |t: bool| if t { TRANS } else { NO_TRANS };
         // Sizes were checked to fit i32 by `fits_cblas`.
+        let call = Call {
+            trans_a: flag(ta),
+            trans_b: flag(tb),
+            m: p.m as c_int,
+            n: p.n as c_int,
+            k: p.k as c_int,
+            lda: lda as c_int,
+            ldb: ldb as c_int,
+            ldc: p.ldc as c_int,
+            accumulate: p.accumulate,
+        };
         // SAFETY: forwarded from the caller.
-        unsafe {
-            T::gemm(
-                flag(ta),
-                flag(tb),
-                p.m as c_int,
-                p.n as c_int,
-                p.k as c_int,
-                a,
-                lda as c_int,
-                b,
-                ldb as c_int,
-                p.accumulate,
-                c,
-                p.ldc as c_int,
-            )
-        }
+        unsafe { T::gemm(&call, a, b, c) }
     }
 }
 

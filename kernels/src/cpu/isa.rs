@@ -4,7 +4,9 @@
 //! kernels stay tested on AVX-512 machines and a benchmark can compare the widths.
 //!
 //! The choice is process-wide (it caps gemm's own dispatch, through the workspace's patch
-//! of gemm-common) and never raises the level past what the processor has.
+//! of gemm-common) and never raises the level past what the processor has. It does not
+//! reach OpenBLAS (the `blas` backend, [`gemm_backend`](super::gemm_backend)), which
+//! dispatches by itself: `OPENBLAS_CORETYPE=Haswell` forces its AVX2 kernels.
 
 use gemm_common::isa::{self as gemm_isa, SimdLevel};
 use std::sync::OnceLock;
