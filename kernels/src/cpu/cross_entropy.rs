@@ -1,6 +1,7 @@
 //! CPU kernels of `cross_entropy` ops.
 
 use crate::cpu::fast_math::{self, FastMath};
+use crate::cpu::shares::rows_in_shares;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut};
@@ -21,41 +22,38 @@ impl HostCompute for SparseCrossEntropy {
 impl HostCompute for SparseCrossEntropyGrad {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        fast_math::vectorized(
-            || by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, inputs, &mut outputs[0])),
-        )
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, context.threads, inputs, &mut outputs[0]))
     }
 }
 
 impl HostCompute for PartCrossEntropy {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let batch = Some(self.batch);
-        fast_math::vectorized(
-            #[inline(always)]
-            || {
-                by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
-                    backward_typed::<T>(batch, inputs, &mut outputs[0])
-                } else {
-                    forward_typed::<T>(batch, inputs, &mut outputs[0])
-                })
-            },
-        )
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
+            backward_typed::<T>(batch, context.threads, inputs, &mut outputs[0])
+        } else {
+            fast_math::vectorized(
+                #[inline(always)]
+                || forward_typed::<T>(batch, inputs, &mut outputs[0]),
+            )
+        })
     }
 }
 
-/// `batch` as for [`forward_typed`].
-#[inline(always)]
+/// `batch` as for [`forward_typed`]. Labels are checked first, so that row shares (over
+/// `threads`, when large) cannot fail.
 fn backward_typed<T: FastMath>(
     batch: Option<usize>,
+    threads: usize,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
@@ -63,18 +61,27 @@ fn backward_typed<T: FastMath>(
     let dy = inputs[2].as_slice::<T>()?[0];
     let classes = inputs[0].shape.dims()[1];
     let rows = labels.len();
-    let scale = dy / T::from_f64(batch.unwrap_or(rows) as f64);
-    let dx = out.as_mut_slice::<T>()?;
     for n in 0..rows {
-        let row = &logits[n * classes..(n + 1) * classes];
-        let c = class(labels, n, classes)?;
-        let (max, log_sum) = log_sum_exp(row);
-        let dx_row = &mut dx[n * classes..(n + 1) * classes];
-        for (d, &v) in dx_row.iter_mut().zip(row) {
-            *d = (v - max - log_sum).fast_exp() * scale;
-        }
-        dx_row[c] = dx_row[c] - scale;
+        class(labels, n, classes)?;
     }
+    let scale = dy / T::from_f64(batch.unwrap_or(rows) as f64);
+    rows_in_shares(threads, out.as_mut_slice::<T>()?, classes, |share, dx| {
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                for (n, dx_row) in share.zip(dx.chunks_exact_mut(classes.max(1))) {
+                    let row = &logits[n * classes..(n + 1) * classes];
+                    let (max, log_sum) = log_sum_exp(row);
+                    for (d, &v) in dx_row.iter_mut().zip(row) {
+                        *d = (v - max - log_sum).fast_exp() * scale;
+                    }
+                    // Checked above, so in range.
+                    let c = labels[n] as usize;
+                    dx_row[c] = dx_row[c] - scale;
+                }
+            },
+        )
+    });
     Ok(())
 }
 

@@ -1,6 +1,8 @@
-//! CPU kernels of fused elementwise ops (`bias_gelu`, `bias_gelu_grad`).
+//! CPU kernels of fused elementwise ops (`bias_gelu`, `bias_gelu_grad`), rows shared over the
+//! device's threads when large.
 
 use crate::cpu::fast_math;
+use crate::cpu::shares::rows_in_shares;
 use crate::cpu::unary::{gelu, gelu_derivative};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
@@ -9,25 +11,28 @@ use regflow_plan::{HostTensor, HostTensorMut, TensorMeta};
 impl HostCompute for BiasGelu {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        fast_math::vectorized(
-            #[inline(always)]
-            || {
-                by_float!(outputs[0].dtype(), "integer GELU is not supported", T => {
-                    let (x, bias) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-                    let y = outputs[0].as_mut_slice::<T>()?;
-                    for (x_row, y_row) in x.chunks_exact(bias.len().max(1)).zip(y.chunks_exact_mut(bias.len().max(1))) {
-                        for ((o, &v), &b) in y_row.iter_mut().zip(x_row).zip(bias) {
-                            *o = gelu::<T>(v + b);
+        by_float!(outputs[0].dtype(), "integer GELU is not supported", T => {
+            let (x, bias) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
+            let width = bias.len().max(1);
+            rows_in_shares(context.threads, outputs[0].as_mut_slice::<T>()?, width, |rows, y| {
+                fast_math::vectorized(
+                    #[inline(always)]
+                    || {
+                        let x = &x[rows.start * width..rows.end * width];
+                        for (x_row, y_row) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
+                            for ((o, &v), &b) in y_row.iter_mut().zip(x_row).zip(bias) {
+                                *o = gelu::<T>(v + b);
+                            }
                         }
-                    }
-                    Ok(())
-                })
-            },
-        )
+                    },
+                )
+            });
+            Ok(())
+        })
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -45,26 +50,29 @@ impl HostCompute for BiasGelu {
 impl HostCompute for BiasGeluGrad {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        fast_math::vectorized(
-            #[inline(always)]
-            || {
-                by_float!(outputs[0].dtype(), "integer GELU is not supported", T => {
-                    let (x, bias, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<T>()?);
-                    let dx = outputs[0].as_mut_slice::<T>()?;
-                    let width = bias.len().max(1);
-                    for ((x_row, dy_row), dx_row) in x.chunks_exact(width).zip(dy.chunks_exact(width)).zip(dx.chunks_exact_mut(width)) {
-                        for (((d, &v), &g), &b) in dx_row.iter_mut().zip(x_row).zip(dy_row).zip(bias) {
-                            *d = g * gelu_derivative::<T>(v + b);
+        by_float!(outputs[0].dtype(), "integer GELU is not supported", T => {
+            let (x, bias, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<T>()?);
+            let width = bias.len().max(1);
+            rows_in_shares(context.threads, outputs[0].as_mut_slice::<T>()?, width, |rows, dx| {
+                fast_math::vectorized(
+                    #[inline(always)]
+                    || {
+                        let span = rows.start * width..rows.end * width;
+                        let (x, dy) = (&x[span.clone()], &dy[span]);
+                        for ((x_row, dy_row), dx_row) in x.chunks_exact(width).zip(dy.chunks_exact(width)).zip(dx.chunks_exact_mut(width)) {
+                            for (((d, &v), &g), &b) in dx_row.iter_mut().zip(x_row).zip(dy_row).zip(bias) {
+                                *d = g * gelu_derivative::<T>(v + b);
+                            }
                         }
-                    }
-                    Ok(())
-                })
-            },
-        )
+                    },
+                )
+            });
+            Ok(())
+        })
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {

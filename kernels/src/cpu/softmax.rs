@@ -2,6 +2,7 @@
 
 use crate::cpu::binary::for_each_broadcast_run;
 use crate::cpu::fast_math::{self, FastMath};
+use crate::cpu::shares::rows_in_shares;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
@@ -146,13 +147,11 @@ fn normalize_row<T: FastMath>(row: &mut [T]) {
 impl HostCompute for MaskedSoftmax {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        fast_math::vectorized(
-            || by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_forward::<T>(self.scale, inputs, &mut outputs[0])),
-        )
+        by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_forward::<T>(self.scale, context.threads, inputs, &mut outputs[0]))
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -180,68 +179,90 @@ pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
     Ok(())
 }
 
-#[inline(always)]
 fn masked_forward<T: FastMath>(
     scale: f64,
+    threads: usize,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
     let (x, mask) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let dims = inputs[0].shape.dims();
-    let y = out.as_mut_slice::<T>()?;
+    let (dims, mask_dims) = (inputs[0].shape.dims(), inputs[1].shape.dims());
     let scale = T::from_f64(scale);
     let len = dims.last().copied().unwrap_or(1).max(1);
-    // A run is one or more whole rows (all of them when the mask has the scores' shape);
-    // the mask's part of a row is contiguous or one value.
-    for_each_broadcast_run(
-        dims,
-        dims,
-        inputs[1].shape.dims(),
-        #[inline(always)]
-        |run| {
-            for start in (0..run.len).step_by(len) {
-                let (row, y_row) = (&x[run.out + start..][..len], &mut y[run.out + start..][..len]);
-                if run.b_step == 1 {
-                    for ((o, &v), &m) in y_row.iter_mut().zip(row).zip(&mask[run.b + start..][..len]) {
-                        *o = scale * v + m;
-                    }
-                } else {
-                    let m = mask[run.b];
-                    for (o, &v) in y_row.iter_mut().zip(row) {
-                        *o = scale * v + m;
-                    }
-                }
-                normalize_row(y_row);
-            }
-        },
-    );
+    rows_in_shares(threads, out.as_mut_slice::<T>()?, len, |rows, y| {
+        let (first, end) = (rows.start * len, rows.end * len);
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                // A run is one or more whole rows (all of them when the mask has the scores'
+                // shape); the mask's part of a row is contiguous or one value. A share takes
+                // the rows of each run that are its own.
+                for_each_broadcast_run(
+                    dims,
+                    dims,
+                    mask_dims,
+                    #[inline(always)]
+                    |run| {
+                        let (from, to) = (run.out.max(first), (run.out + run.len).min(end));
+                        for at in (from..to).step_by(len) {
+                            let start = at - run.out;
+                            let (row, y_row) = (&x[at..][..len], &mut y[at - first..][..len]);
+                            if run.b_step == 1 {
+                                for ((o, &v), &m) in y_row.iter_mut().zip(row).zip(&mask[run.b + start..][..len]) {
+                                    *o = scale * v + m;
+                                }
+                            } else {
+                                let m = mask[run.b];
+                                for (o, &v) in y_row.iter_mut().zip(row) {
+                                    *o = scale * v + m;
+                                }
+                            }
+                            normalize_row(y_row);
+                        }
+                    },
+                );
+            },
+        )
+    });
     Ok(())
 }
 
 impl HostCompute for MaskedSoftmaxGrad {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        fast_math::vectorized(
-            || by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_backward::<T>(self.scale, inputs, &mut outputs[0])),
-        )
+        by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_backward::<T>(self.scale, context.threads, inputs, &mut outputs[0]))
     }
 }
 
-#[inline(always)]
-fn masked_backward<T: Real>(scale: f64, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+fn masked_backward<T: Real>(
+    scale: f64,
+    threads: usize,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+) -> Result<(), String> {
     let (y, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let dx = out.as_mut_slice::<T>()?;
     let len = inputs[0].shape.dims().last().copied().unwrap_or(1).max(1);
     let scale = T::from_f64(scale);
-    for ((y_row, dy_row), dx_row) in y.chunks_exact(len).zip(dy.chunks_exact(len)).zip(dx.chunks_exact_mut(len)) {
-        let dot = fast_math::dot(y_row, dy_row);
-        for ((d, &a), &b) in dx_row.iter_mut().zip(y_row).zip(dy_row) {
-            *d = scale * a * (b - dot);
-        }
-    }
+    rows_in_shares(threads, out.as_mut_slice::<T>()?, len, |rows, dx| {
+        let span = rows.start * len..rows.end * len;
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                let (y, dy) = (&y[span.clone()], &dy[span]);
+                for ((y_row, dy_row), dx_row) in
+                    y.chunks_exact(len).zip(dy.chunks_exact(len)).zip(dx.chunks_exact_mut(len))
+                {
+                    let dot = fast_math::dot(y_row, dy_row);
+                    for ((d, &a), &b) in dx_row.iter_mut().zip(y_row).zip(dy_row) {
+                        *d = scale * a * (b - dot);
+                    }
+                }
+            },
+        )
+    });
     Ok(())
 }

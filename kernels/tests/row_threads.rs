@@ -1,0 +1,111 @@
+//! Row-wise kernels (GELU with its bias, layer norm, the masked softmax, the cross-entropy's
+//! gradient) share their rows over a device's threads when a tensor is large: every row is
+//! one thread's work, and layer norm's parameter gradients are summed in row order after,
+//! so two or three threads give the same bits as one. Below the size threshold they stay
+//! on one thread, which the small case checks gives the same bits too.
+
+use regflow_kernels::{HostCompute, HostContext};
+use regflow_plan::ops::{
+    BiasGelu, BiasGeluGrad, LayerNorm, LayerNormGrad, MaskedSoftmax, MaskedSoftmaxGrad, PartCrossEntropy,
+    SparseCrossEntropyGrad,
+};
+use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
+
+fn random(dims: &[usize], seed: u64) -> HostArray {
+    let mut rng = SplitMix64::new(seed);
+    let len = dims.iter().product();
+    HostArray::f32(dims.to_vec(), (0..len).map(|_| (rng.next_f64() * 4.0 - 2.0) as f32).collect()).unwrap()
+}
+
+/// The outputs (as f64, bitwise from f32) of `op` on `inputs` with `threads` threads.
+fn run(op: &dyn HostCompute, inputs: &[HostArray], outputs: &[Vec<usize>], threads: usize) -> Vec<Vec<f64>> {
+    let mut outs: Vec<HostArray> =
+        outputs.iter().map(|d| HostArray::zeros(&TensorMeta::new(d.clone(), DType::F32))).collect();
+    let views: Vec<_> = inputs.iter().map(HostArray::view).collect();
+    let mut out_views: Vec<_> = outs.iter_mut().map(HostArray::view_mut).collect();
+    op.compute(&HostContext { threads }, &views, &mut out_views).unwrap();
+    drop(out_views);
+    outs.iter().map(HostArray::to_f64_vec).collect()
+}
+
+/// Asserts `op` gives the same bits on 1, 2 and 3 threads, and something not all zero.
+fn same_on_any_thread_count(what: &str, op: &dyn HostCompute, inputs: &[HostArray], outputs: &[Vec<usize>]) {
+    let one = run(op, inputs, outputs, 1);
+    for out in &one {
+        assert!(out.iter().all(|v| v.is_finite()) && out.iter().any(|&v| v != 0.0), "{what}: {out:?}");
+    }
+    for threads in [2, 3] {
+        assert_eq!(one, run(op, inputs, outputs, threads), "{what} on {threads} threads");
+    }
+}
+
+/// `[rows, width]` shapes: one past the threshold (2^16 elements, odd row count), one below.
+const SHAPES: [(usize, usize); 2] = [(1027, 67), (33, 64)];
+
+#[test]
+fn bias_gelu_and_its_gradient() {
+    for (rows, width) in SHAPES {
+        let (x, bias, dy) = (random(&[rows, width], 1), random(&[width], 2), random(&[rows, width], 3));
+        let out = vec![vec![rows, width]];
+        same_on_any_thread_count("bias_gelu", &BiasGelu, &[x.clone(), bias.clone()], &out);
+        same_on_any_thread_count("bias_gelu_grad", &BiasGeluGrad, &[x, bias, dy], &out);
+    }
+}
+
+#[test]
+fn layer_norm_and_its_three_gradients() {
+    for (rows, width) in SHAPES {
+        let (x, gamma, beta, dy) =
+            (random(&[rows, width], 4), random(&[width], 5), random(&[width], 6), random(&[rows, width], 7));
+        let op = LayerNorm { eps: 1e-5 };
+        same_on_any_thread_count("layer_norm", &op, &[x.clone(), gamma.clone(), beta], &[vec![rows, width]]);
+        let grad = LayerNormGrad { eps: 1e-5 };
+        let outs = [vec![rows, width], vec![width], vec![width]];
+        same_on_any_thread_count("layer_norm_grad", &grad, &[x, gamma, dy], &outs);
+    }
+}
+
+#[test]
+fn masked_softmax_with_a_broadcast_and_a_full_mask_and_its_gradient() {
+    // Scores [batch, heads, T, T] with a causal mask [T, T] (broadcast), and with a mask of
+    // the scores' own shape.
+    let (b, h, t) = (5, 4, 61);
+    let scores = random(&[b, h, t, t], 8);
+    let causal: Vec<f32> = (0..t * t).map(|i| if i % t <= i / t { 0.0 } else { -1e9 }).collect();
+    let causal = HostArray::f32([t, t], causal).unwrap();
+    let full = random(&[b, h, t, t], 9);
+    let op = MaskedSoftmax { scale: 0.125 };
+    let out = vec![vec![b, h, t, t]];
+    same_on_any_thread_count("masked_softmax, [T, T] mask", &op, &[scores.clone(), causal.clone()], &out);
+    same_on_any_thread_count("masked_softmax, full mask", &op, &[scores.clone(), full], &out);
+    let y = run(&op, &[scores, causal], &out, 1).remove(0);
+    let y = HostArray::f32([b, h, t, t], y.iter().map(|&v| v as f32).collect()).unwrap();
+    let dy = random(&[b, h, t, t], 10);
+    same_on_any_thread_count("masked_softmax_grad", &MaskedSoftmaxGrad { scale: 0.125 }, &[y, dy], &out);
+}
+
+#[test]
+fn cross_entropy_gradients_and_a_bad_label_named_on_any_thread_count() {
+    for (rows, classes) in SHAPES {
+        let logits = random(&[rows, classes], 11);
+        let labels = HostArray::i64([rows], (0..rows).map(|n| (n * 7 % classes) as i64).collect()).unwrap();
+        let dy = HostArray::f32([], vec![1.5]).unwrap();
+        let inputs = [logits, labels, dy];
+        let out = vec![vec![rows, classes]];
+        same_on_any_thread_count("sparse_cross_entropy_grad", &SparseCrossEntropyGrad, &inputs, &out);
+        let part = PartCrossEntropy { batch: 2 * rows, grad: true };
+        same_on_any_thread_count("part_cross_entropy grad", &part, &inputs, &out);
+    }
+    let (rows, classes) = SHAPES[0];
+    let logits = random(&[rows, classes], 12);
+    let labels =
+        HostArray::i64([rows], (0..rows).map(|n| if n == rows - 1 { classes as i64 } else { 0 }).collect()).unwrap();
+    let dy = HostArray::f32([], vec![1.0]).unwrap();
+    let mut out = HostArray::zeros(&TensorMeta::new([rows, classes], DType::F32));
+    for threads in [1, 2] {
+        let error = SparseCrossEntropyGrad
+            .compute(&HostContext { threads }, &[logits.view(), labels.view(), dy.view()], &mut [out.view_mut()])
+            .unwrap_err();
+        assert!(error.contains(&format!("label {classes} out of range for {classes} classes")), "{error}");
+    }
+}
