@@ -15,9 +15,12 @@ use smallvec::SmallVec;
 /// What a host computation may use besides its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostContext {
-    /// Threads one computation may use (matrix products split their output tiles over
-    /// them; every output element is still computed by one thread in a fixed order, so
-    /// results are bitwise the same for any count).
+    /// Threads one computation may use: large matrix products split their output over
+    /// them, optimizer updates their elements, row-wise kernels (GELU, layer norm, masked
+    /// softmax, the cross-entropy's gradient) their rows. Every output element is still
+    /// computed by one thread in a fixed order, so results are bitwise the same for any
+    /// count (but for products on the OpenBLAS backend, see
+    /// [`gemm_backend`](crate::cpu::gemm_backend)).
     pub threads: usize,
 }
 

@@ -125,7 +125,7 @@ pub fn vectorized<R>(kernel: impl FnOnce() -> R) -> R {
 /// chain the compiler may not reorder (nor vectorize); eight chains are eight lanes.
 const LANES: usize = 8;
 
-/// `Σ f(i)` over `0..len`, in [`LANES`] interleaved partial sums.
+/// `Σ f(i)` over `0..len`, in eight (`LANES`) interleaved partial sums.
 #[inline(always)]
 pub fn lane_reduce<T: Real>(len: usize, f: impl Fn(usize) -> T) -> T {
     let mut partial = [T::zero(); LANES];
@@ -142,13 +142,13 @@ pub fn lane_reduce<T: Real>(len: usize, f: impl Fn(usize) -> T) -> T {
     partial.iter().fold(total, |acc, &p| acc + p)
 }
 
-/// `Σ x` in [`LANES`] partial sums (vectorizable).
+/// `Σ x` in eight (`LANES`) partial sums (vectorizable).
 #[inline(always)]
 pub fn sum<T: Real>(xs: &[T]) -> T {
     lane_reduce(xs.len(), |i| xs[i])
 }
 
-/// `Σ a·b` in [`LANES`] partial sums (vectorizable); `b` at least as long as `a`.
+/// `Σ a·b` in eight (`LANES`) partial sums (vectorizable); `b` at least as long as `a`.
 #[inline(always)]
 pub fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     let b = &b[..a.len()];
@@ -156,7 +156,7 @@ pub fn dot<T: Real>(a: &[T], b: &[T]) -> T {
 }
 
 /// The largest of `xs` (the first element if they are all NaN; `None` if empty), in
-/// [`LANES`] partial maxima.
+/// eight (`LANES`) partial maxima.
 #[inline(always)]
 pub fn max<T: Real>(xs: &[T]) -> Option<T> {
     let &first = xs.first()?;
