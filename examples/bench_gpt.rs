@@ -47,9 +47,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (BATCH, t, VOCAB), warmup, steps, false)?;
     job.wait()?;
     println!(
-        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4})",
+        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4}, matmul backend {})",
         per_step * 1e3,
-        compiled.plan.actors.len()
+        compiled.plan.actors.len(),
+        regflow::kernels::cpu::gemm_backend::backend_in_use()?
     );
     Ok(())
 }

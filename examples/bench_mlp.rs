@@ -64,9 +64,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(losses);
     job.wait()?;
     println!(
-        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4})",
+        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4}, matmul backend {})",
         per_step * 1e3,
-        BATCH as f64 / per_step
+        BATCH as f64 / per_step,
+        regflow::kernels::cpu::gemm_backend::backend_in_use()?
     );
     Ok(())
 }
