@@ -6,6 +6,7 @@
 // arithmetic is in `W = Wide<T>::type`, so f32 and f64 compute in their own type and bf16 as
 // the CPU's bf16 kernels do (inputs widened to f32, the f32 formula, the output rounded to
 // nearest even once). Scalar arguments (constants, scales) are of type W: f32 for bf16.
+// The entries of each group are declared once, by a macro invoked per element type.
 
 
 // The offsets of linear index i (row-major over s.dims) in operands a and b.
@@ -67,43 +68,6 @@ template <typename T, typename F> __device__ __forceinline__ void map1(const T* 
     FOR_EACH(i, n) st(&out[i], f(ld(&x[i])));
 }
 
-extern "C" __global__ void regflow_unary_neg_f32(const float* x, float* out, u64 n) { map1(x, out, n, Neg()); }
-extern "C" __global__ void regflow_unary_neg_f64(const double* x, double* out, u64 n) { map1(x, out, n, Neg()); }
-extern "C" __global__ void regflow_unary_neg_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Neg()); }
-extern "C" __global__ void regflow_unary_relu_f32(const float* x, float* out, u64 n) { map1(x, out, n, Relu()); }
-extern "C" __global__ void regflow_unary_relu_f64(const double* x, double* out, u64 n) { map1(x, out, n, Relu()); }
-extern "C" __global__ void regflow_unary_relu_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Relu()); }
-extern "C" __global__ void regflow_unary_step_f32(const float* x, float* out, u64 n) { map1(x, out, n, Step()); }
-extern "C" __global__ void regflow_unary_step_f64(const double* x, double* out, u64 n) { map1(x, out, n, Step()); }
-extern "C" __global__ void regflow_unary_step_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Step()); }
-extern "C" __global__ void regflow_unary_exp_f32(const float* x, float* out, u64 n) { map1(x, out, n, Exp()); }
-extern "C" __global__ void regflow_unary_exp_f64(const double* x, double* out, u64 n) { map1(x, out, n, Exp()); }
-extern "C" __global__ void regflow_unary_exp_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Exp()); }
-extern "C" __global__ void regflow_unary_log_f32(const float* x, float* out, u64 n) { map1(x, out, n, Log()); }
-extern "C" __global__ void regflow_unary_log_f64(const double* x, double* out, u64 n) { map1(x, out, n, Log()); }
-extern "C" __global__ void regflow_unary_log_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Log()); }
-extern "C" __global__ void regflow_unary_sqrt_f32(const float* x, float* out, u64 n) { map1(x, out, n, Sqrt()); }
-extern "C" __global__ void regflow_unary_sqrt_f64(const double* x, double* out, u64 n) { map1(x, out, n, Sqrt()); }
-extern "C" __global__ void regflow_unary_sqrt_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Sqrt()); }
-extern "C" __global__ void regflow_unary_tanh_f32(const float* x, float* out, u64 n) { map1(x, out, n, Tanh()); }
-extern "C" __global__ void regflow_unary_tanh_f64(const double* x, double* out, u64 n) { map1(x, out, n, Tanh()); }
-extern "C" __global__ void regflow_unary_tanh_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Tanh()); }
-extern "C" __global__ void regflow_unary_sigmoid_f32(const float* x, float* out, u64 n) { map1(x, out, n, Sigmoid()); }
-extern "C" __global__ void regflow_unary_sigmoid_f64(const double* x, double* out, u64 n) { map1(x, out, n, Sigmoid()); }
-extern "C" __global__ void regflow_unary_sigmoid_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Sigmoid()); }
-extern "C" __global__ void regflow_unary_gelu_f32(const float* x, float* out, u64 n) { map1(x, out, n, Gelu()); }
-extern "C" __global__ void regflow_unary_gelu_f64(const double* x, double* out, u64 n) { map1(x, out, n, Gelu()); }
-extern "C" __global__ void regflow_unary_gelu_bf16(const bf16* x, bf16* out, u64 n) { map1(x, out, n, Gelu()); }
-extern "C" __global__ void regflow_unary_gelu_derivative_f32(const float* x, float* out, u64 n) {
-    map1(x, out, n, GeluDerivative());
-}
-extern "C" __global__ void regflow_unary_gelu_derivative_f64(const double* x, double* out, u64 n) {
-    map1(x, out, n, GeluDerivative());
-}
-extern "C" __global__ void regflow_unary_gelu_derivative_bf16(const bf16* x, bf16* out, u64 n) {
-    map1(x, out, n, GeluDerivative());
-}
-
 // x + c and x · c with c already rounded to W (the CPU's `T::from_f64(c)` of the type it
 // computes in: f32 for bf16).
 template <typename T> __device__ __forceinline__ void add_scalar(const T* x, T* out, typename Wide<T>::type c, u64 n) {
@@ -118,33 +82,35 @@ template <typename T> __device__ __forceinline__ void pow_scalar(const T* x, T* 
     FOR_EACH(i, n) st(&out[i], (W)pow((double)ld(&x[i]), p));
 }
 
-extern "C" __global__ void regflow_unary_add_scalar_f32(const float* x, float* out, float c, u64 n) {
-    add_scalar(x, out, c, n);
-}
-extern "C" __global__ void regflow_unary_add_scalar_f64(const double* x, double* out, double c, u64 n) {
-    add_scalar(x, out, c, n);
-}
-extern "C" __global__ void regflow_unary_add_scalar_bf16(const bf16* x, bf16* out, float c, u64 n) {
-    add_scalar(x, out, c, n);
-}
-extern "C" __global__ void regflow_unary_mul_scalar_f32(const float* x, float* out, float c, u64 n) {
-    mul_scalar(x, out, c, n);
-}
-extern "C" __global__ void regflow_unary_mul_scalar_f64(const double* x, double* out, double c, u64 n) {
-    mul_scalar(x, out, c, n);
-}
-extern "C" __global__ void regflow_unary_mul_scalar_bf16(const bf16* x, bf16* out, float c, u64 n) {
-    mul_scalar(x, out, c, n);
-}
-extern "C" __global__ void regflow_unary_pow_scalar_f32(const float* x, float* out, double p, u64 n) {
-    pow_scalar(x, out, p, n);
-}
-extern "C" __global__ void regflow_unary_pow_scalar_f64(const double* x, double* out, double p, u64 n) {
-    pow_scalar(x, out, p, n);
-}
-extern "C" __global__ void regflow_unary_pow_scalar_bf16(const bf16* x, bf16* out, double p, u64 n) {
-    pow_scalar(x, out, p, n);
-}
+// Every unary entry for one element type: S its suffix, T the type, W its arithmetic type
+// (the scalar's type: f32 for bf16).
+#define UNARY_ENTRIES(S, T, W)                                                                          \
+    extern "C" __global__ void regflow_unary_neg_##S(const T* x, T* out, u64 n) { map1(x, out, n, Neg()); }   \
+    extern "C" __global__ void regflow_unary_relu_##S(const T* x, T* out, u64 n) { map1(x, out, n, Relu()); } \
+    extern "C" __global__ void regflow_unary_step_##S(const T* x, T* out, u64 n) { map1(x, out, n, Step()); } \
+    extern "C" __global__ void regflow_unary_exp_##S(const T* x, T* out, u64 n) { map1(x, out, n, Exp()); }   \
+    extern "C" __global__ void regflow_unary_log_##S(const T* x, T* out, u64 n) { map1(x, out, n, Log()); }   \
+    extern "C" __global__ void regflow_unary_sqrt_##S(const T* x, T* out, u64 n) { map1(x, out, n, Sqrt()); } \
+    extern "C" __global__ void regflow_unary_tanh_##S(const T* x, T* out, u64 n) { map1(x, out, n, Tanh()); } \
+    extern "C" __global__ void regflow_unary_sigmoid_##S(const T* x, T* out, u64 n) {                          \
+        map1(x, out, n, Sigmoid());                                                                     \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_unary_gelu_##S(const T* x, T* out, u64 n) { map1(x, out, n, Gelu()); } \
+    extern "C" __global__ void regflow_unary_gelu_derivative_##S(const T* x, T* out, u64 n) {                  \
+        map1(x, out, n, GeluDerivative());                                                              \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_unary_add_scalar_##S(const T* x, T* out, W c, u64 n) {                  \
+        add_scalar(x, out, c, n);                                                                       \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_unary_mul_scalar_##S(const T* x, T* out, W c, u64 n) {                  \
+        mul_scalar(x, out, c, n);                                                                       \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_unary_pow_scalar_##S(const T* x, T* out, double p, u64 n) {             \
+        pow_scalar(x, out, p, n);                                                                       \
+    }
+UNARY_ENTRIES(f32, float, float)
+UNARY_ENTRIES(f64, double, double)
+UNARY_ENTRIES(bf16, bf16, float)
 
 // ---- binary ------------------------------------------------------------------------
 
@@ -169,55 +135,28 @@ __device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, I
     }
 }
 
-extern "C" __global__ void regflow_binary_add_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Add()); }
-extern "C" __global__ void regflow_binary_add_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Add()); }
-extern "C" __global__ void regflow_binary_add_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Add()); }
-extern "C" __global__ void regflow_binary_sub_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Sub()); }
-extern "C" __global__ void regflow_binary_sub_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Sub()); }
-extern "C" __global__ void regflow_binary_sub_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Sub()); }
-extern "C" __global__ void regflow_binary_mul_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Mul()); }
-extern "C" __global__ void regflow_binary_mul_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Mul()); }
-extern "C" __global__ void regflow_binary_mul_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Mul()); }
-extern "C" __global__ void regflow_binary_div_f32(const float* a, const float* b, float* out, u64 n) { map2(a, b, out, n, Div()); }
-extern "C" __global__ void regflow_binary_div_f64(const double* a, const double* b, double* out, u64 n) { map2(a, b, out, n, Div()); }
-extern "C" __global__ void regflow_binary_div_bf16(const bf16* a, const bf16* b, bf16* out, u64 n) { map2(a, b, out, n, Div()); }
-
-extern "C" __global__ void regflow_binary_add_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Add());
-}
-extern "C" __global__ void regflow_binary_add_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Add());
-}
-extern "C" __global__ void regflow_binary_add_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Add());
-}
-extern "C" __global__ void regflow_binary_sub_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Sub());
-}
-extern "C" __global__ void regflow_binary_sub_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Sub());
-}
-extern "C" __global__ void regflow_binary_sub_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Sub());
-}
-extern "C" __global__ void regflow_binary_mul_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Mul());
-}
-extern "C" __global__ void regflow_binary_mul_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Mul());
-}
-extern "C" __global__ void regflow_binary_mul_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Mul());
-}
-extern "C" __global__ void regflow_binary_div_broadcast_f32(const float* a, const float* b, float* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Div());
-}
-extern "C" __global__ void regflow_binary_div_broadcast_f64(const double* a, const double* b, double* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Div());
-}
-extern "C" __global__ void regflow_binary_div_broadcast_bf16(const bf16* a, const bf16* b, bf16* out, Indexing s, u64 n) {
-    map2_broadcast(a, b, out, s, n, Div());
-}
+// Every binary entry for one element type: S its suffix, T the type; `_broadcast` reads
+// the operands through `Indexing`.
+#define BINARY_ENTRIES(S, T)                                                                            \
+    extern "C" __global__ void regflow_binary_add_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Add()); } \
+    extern "C" __global__ void regflow_binary_sub_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Sub()); } \
+    extern "C" __global__ void regflow_binary_mul_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Mul()); } \
+    extern "C" __global__ void regflow_binary_div_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Div()); } \
+    extern "C" __global__ void regflow_binary_add_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+        map2_broadcast(a, b, out, s, n, Add());                                                         \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_binary_sub_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+        map2_broadcast(a, b, out, s, n, Sub());                                                         \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_binary_mul_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+        map2_broadcast(a, b, out, s, n, Mul());                                                         \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_binary_div_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+        map2_broadcast(a, b, out, s, n, Div());                                                         \
+    }
+BINARY_ENTRIES(f32, float)
+BINARY_ENTRIES(f64, double)
+BINARY_ENTRIES(bf16, bf16)
 
 // ---- bias GELU ---------------------------------------------------------------------
 
@@ -238,24 +177,18 @@ __device__ __forceinline__ void bias_gelu_grad(const T* x, const T* bias, const 
     }
 }
 
-extern "C" __global__ void regflow_bias_gelu_f32(const float* x, const float* bias, float* out, u64 n, u64 width) {
-    bias_gelu(x, bias, out, n, width);
-}
-extern "C" __global__ void regflow_bias_gelu_f64(const double* x, const double* bias, double* out, u64 n, u64 width) {
-    bias_gelu(x, bias, out, n, width);
-}
-extern "C" __global__ void regflow_bias_gelu_bf16(const bf16* x, const bf16* bias, bf16* out, u64 n, u64 width) {
-    bias_gelu(x, bias, out, n, width);
-}
-extern "C" __global__ void regflow_bias_gelu_grad_f32(const float* x, const float* bias, const float* dy, float* dx, u64 n, u64 width) {
-    bias_gelu_grad(x, bias, dy, dx, n, width);
-}
-extern "C" __global__ void regflow_bias_gelu_grad_f64(const double* x, const double* bias, const double* dy, double* dx, u64 n, u64 width) {
-    bias_gelu_grad(x, bias, dy, dx, n, width);
-}
-extern "C" __global__ void regflow_bias_gelu_grad_bf16(const bf16* x, const bf16* bias, const bf16* dy, bf16* dx, u64 n, u64 width) {
-    bias_gelu_grad(x, bias, dy, dx, n, width);
-}
+// The bias-GELU entries for one element type: S its suffix, T the type.
+#define BIAS_GELU_ENTRIES(S, T)                                                                         \
+    extern "C" __global__ void regflow_bias_gelu_##S(const T* x, const T* bias, T* out, u64 n, u64 width) { \
+        bias_gelu(x, bias, out, n, width);                                                              \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_bias_gelu_grad_##S(const T* x, const T* bias, const T* dy, T* dx, u64 n, \
+                                                          u64 width) {                                  \
+        bias_gelu_grad(x, bias, dy, dx, n, width);                                                      \
+    }
+BIAS_GELU_ENTRIES(f32, float)
+BIAS_GELU_ENTRIES(f64, double)
+BIAS_GELU_ENTRIES(bf16, bf16)
 
 // ---- dropout -----------------------------------------------------------------------
 
@@ -294,21 +227,15 @@ __device__ __forceinline__ void dropout_part(
     }
 }
 
-extern "C" __global__ void regflow_dropout_f32(const float* x, float* out, u64 n, u64 seed, u64 threshold, float scale) {
-    dropout(x, out, n, seed, threshold, scale);
-}
-extern "C" __global__ void regflow_dropout_f64(const double* x, double* out, u64 n, u64 seed, u64 threshold, double scale) {
-    dropout(x, out, n, seed, threshold, scale);
-}
-extern "C" __global__ void regflow_dropout_bf16(const bf16* x, bf16* out, u64 n, u64 seed, u64 threshold, float scale) {
-    dropout(x, out, n, seed, threshold, scale);
-}
-extern "C" __global__ void regflow_dropout_part_f32(const float* x, float* out, Indexing s, u64 n, u64 seed, u64 threshold, float scale) {
-    dropout_part(x, out, s, n, seed, threshold, scale);
-}
-extern "C" __global__ void regflow_dropout_part_f64(const double* x, double* out, Indexing s, u64 n, u64 seed, u64 threshold, double scale) {
-    dropout_part(x, out, s, n, seed, threshold, scale);
-}
-extern "C" __global__ void regflow_dropout_part_bf16(const bf16* x, bf16* out, Indexing s, u64 n, u64 seed, u64 threshold, float scale) {
-    dropout_part(x, out, s, n, seed, threshold, scale);
-}
+// The dropout entries for one element type: S its suffix, T the type, W the scale's type.
+#define DROPOUT_ENTRIES(S, T, W)                                                                        \
+    extern "C" __global__ void regflow_dropout_##S(const T* x, T* out, u64 n, u64 seed, u64 threshold, W scale) { \
+        dropout(x, out, n, seed, threshold, scale);                                                     \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_dropout_part_##S(const T* x, T* out, Indexing s, u64 n, u64 seed,       \
+                                                        u64 threshold, W scale) {                       \
+        dropout_part(x, out, s, n, seed, threshold, scale);                                             \
+    }
+DROPOUT_ENTRIES(f32, float, float)
+DROPOUT_ENTRIES(f64, double, double)
+DROPOUT_ENTRIES(bf16, bf16, float)
