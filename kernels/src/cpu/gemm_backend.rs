@@ -18,6 +18,7 @@
 //! another summation order) than in the whole product. Where bits must not depend on the
 //! thread count, choose `gemm`.
 
+use super::shares::Operands;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
@@ -177,14 +178,6 @@ impl Product {
     }
 }
 
-/// A pointer handed to the shares of one product (each share touches its own rows).
-#[derive(Clone, Copy)]
-struct SendPtr<T>(*mut T);
-// SAFETY: the shares of one product write disjoint blocks of `c` and only read `a` and `b`;
-// the caller keeps all three alive until `in_shares` returns.
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
-
 /// Computes `product` by OpenBLAS, split over `threads` blocks of output rows or columns
 /// (the longer side) when `split` is set.
 ///
@@ -201,10 +194,12 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
 ) {
     let shares = if split { threads } else { 1 };
     let Product { m, n, a_strides, b_strides, ldc, .. } = product;
-    let (a, b, c) = (SendPtr(a as *mut T), SendPtr(b as *mut T), SendPtr(c));
+    let operands = Operands { a, b, out: c };
     let by_rows = m >= n;
     super::shares::in_shares(shares, if by_rows { m } else { n }, move |range| {
-        let (a, b, c) = (a, b, c);
+        // Bound whole first, so the closure captures the `Sync` struct, not its pointers.
+        let operands = operands;
+        let Operands { a, b, out: c } = operands;
         let (start, end) = (range.start, range.end);
         let part = if by_rows { Product { m: end - start, ..product } } else { Product { n: end - start, ..product } };
         let start = start as isize;
@@ -213,9 +208,9 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
         // operands the caller vouched for, and shares write disjoint blocks of `c`.
         unsafe {
             let (a, b, c) = if by_rows {
-                (a.0.offset(start * a_strides.0), b.0, c.0.offset(start * ldc as isize))
+                (a.offset(start * a_strides.0), b, c.offset(start * ldc as isize))
             } else {
-                (a.0, b.0.offset(start * b_strides.1), c.0.offset(start))
+                (a, b.offset(start * b_strides.1), c.offset(start))
             };
             blas::call(part, a, b, c);
         }

@@ -3,6 +3,7 @@
 //! Kept apart from `matmul.rs` so that the two products change independently.
 
 use crate::cpu::axes::{self, AxisVec};
+use crate::cpu::shares::Operands;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::PermutedMatMul;
 use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
@@ -145,21 +146,6 @@ fn permuted_gemm<T: Real>(
     });
     Ok(())
 }
-
-/// The base pointers of a product's operands and output, shared by the threads that
-/// compute disjoint batch elements.
-#[derive(Debug, Clone, Copy)]
-struct Operands<T> {
-    a: *const T,
-    b: *const T,
-    out: *mut T,
-}
-
-// SAFETY: the pointers address tensors that outlive the scope the threads run in; the
-// threads only read `a` and `b` and write disjoint output elements.
-unsafe impl<T> Send for Operands<T> {}
-// SAFETY: as for `Send`: shared, the pointers are only copied out.
-unsafe impl<T> Sync for Operands<T> {}
 
 /// Computes the products of the batch elements `batch` (flat indices over the logical
 /// batch axes) one single-threaded `gemm` call each.

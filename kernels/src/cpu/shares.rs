@@ -71,3 +71,21 @@ pub(crate) fn rows_in_shares<T: Send>(
         }
     });
 }
+
+/// The base pointers of a product's operands and output, shared by the threads that
+/// compute disjoint parts of its output (batch elements, blocks of rows or columns).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Operands<T> {
+    /// The left operand.
+    pub a: *const T,
+    /// The right operand.
+    pub b: *const T,
+    /// The output.
+    pub out: *mut T,
+}
+
+// SAFETY: the pointers address tensors that outlive the scope the threads run in; the
+// threads only read `a` and `b` and write disjoint output elements.
+unsafe impl<T> Send for Operands<T> {}
+// SAFETY: as for `Send`: shared, the pointers are only copied out.
+unsafe impl<T> Sync for Operands<T> {}
