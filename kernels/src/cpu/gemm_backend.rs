@@ -151,39 +151,64 @@ pub(crate) struct Product {
     pub a_strides: (isize, isize),
     pub b_strides: (isize, isize),
     pub ldc: usize,
-    // Read by the OpenBLAS binding only.
-    #[cfg_attr(not(feature = "blas"), allow(dead_code))]
     pub accumulate: bool,
 }
 
-impl Product {
-    /// How CBLAS reads an operand of `rows x cols` with these strides: (transposed, leading
-    /// dimension), or `None` when neither stride is 1 (CBLAS cannot read it).
-    fn cblas_operand(rows: usize, cols: usize, (row, col): (isize, isize)) -> Option<(bool, usize)> {
-        if col == 1 && row >= cols.max(1) as isize {
-            Some((false, row as usize))
-        } else if row == 1 && col >= rows.max(1) as isize {
-            Some((true, col as usize))
-        } else {
-            None
-        }
-    }
+/// The arguments of one row-major `cblas_?gemm` call with alpha 1, each within `i32`.
+#[derive(Clone, Copy, Debug)]
+// Read by the OpenBLAS binding only.
+#[cfg_attr(not(feature = "blas"), allow(dead_code))]
+pub(crate) struct CblasCall {
+    trans_a: bool,
+    trans_b: bool,
+    m: i32,
+    n: i32,
+    k: i32,
+    lda: i32,
+    ldb: i32,
+    ldc: i32,
+    /// Whether the product adds to `c` (beta 1) or overwrites it (beta 0).
+    accumulate: bool,
+}
 
-    /// Whether CBLAS can compute it (each operand has a unit stride and sizes fit `i32`).
-    pub(crate) fn fits_cblas(&self) -> bool {
-        let fits_i32 = |x: usize| x <= i32::MAX as usize;
-        Self::cblas_operand(self.m, self.k, self.a_strides).is_some_and(|(_, ld)| fits_i32(ld))
-            && Self::cblas_operand(self.k, self.n, self.b_strides).is_some_and(|(_, ld)| fits_i32(ld))
-            && [self.m, self.k, self.n, self.ldc].into_iter().all(fits_i32)
+impl Product {
+    /// The CBLAS call that computes it, or `None` when CBLAS cannot read an operand (neither
+    /// of its strides is 1) or a size does not fit `i32`.
+    fn cblas_call(&self) -> Option<CblasCall> {
+        // (transposed, leading dimension) of an operand of `rows x cols`.
+        let operand = |rows: usize, cols: usize, (row, col): (isize, isize)| {
+            if col == 1 && row >= cols.max(1) as isize {
+                Some((false, row as usize))
+            } else if row == 1 && col >= rows.max(1) as isize {
+                Some((true, col as usize))
+            } else {
+                None
+            }
+        };
+        let (trans_a, lda) = operand(self.m, self.k, self.a_strides)?;
+        let (trans_b, ldb) = operand(self.k, self.n, self.b_strides)?;
+        let int = |x: usize| i32::try_from(x).ok();
+        Some(CblasCall {
+            trans_a,
+            trans_b,
+            m: int(self.m)?,
+            n: int(self.n)?,
+            k: int(self.k)?,
+            lda: int(lda)?,
+            ldb: int(ldb)?,
+            ldc: int(self.ldc)?,
+            accumulate: self.accumulate,
+        })
     }
 }
 
 /// Computes `product` by OpenBLAS, split over `threads` blocks of output rows or columns
-/// (the longer side) when `split` is set.
+/// (the longer side) when `split` is set; false (nothing done) when CBLAS cannot read its
+/// operands.
 ///
 /// # Safety
 /// `a`, `b` and `c` must point to operands laid out as `product` says, valid for the call,
-/// `c` not overlapping the others, and `product.fits_cblas()` must hold.
+/// `c` not overlapping the others.
 pub(crate) unsafe fn blas_product<T: blas::Scalar>(
     product: Product,
     a: *const T,
@@ -191,7 +216,8 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
     c: *mut T,
     threads: usize,
     split: bool,
-) {
+) -> bool {
+    let Some(call) = product.cblas_call() else { return false };
     let shares = if split { threads } else { 1 };
     let Product { m, n, a_strides, b_strides, ldc, .. } = product;
     let operands = Operands { a, b, out: c };
@@ -200,9 +226,10 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
         // Bound whole first, so the closure captures the `Sync` struct, not its pointers.
         let operands = operands;
         let Operands { a, b, out: c } = operands;
-        let (start, end) = (range.start, range.end);
-        let part = if by_rows { Product { m: end - start, ..product } } else { Product { n: end - start, ..product } };
-        let start = start as isize;
+        // A share's length fits `i32`: it is at most the product's.
+        let len = (range.end - range.start) as i32;
+        let part = if by_rows { CblasCall { m: len, ..call } } else { CblasCall { n: len, ..call } };
+        let start = range.start as isize;
         // SAFETY (of the offsets and the call): a block of rows starts `start` rows into `a`
         // and `c`; a block of columns `start` columns into `b` and `c`; both stay inside the
         // operands the caller vouched for, and shares write disjoint blocks of `c`.
@@ -212,15 +239,16 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
             } else {
                 (a, b.offset(start * b_strides.1), c.offset(start))
             };
-            blas::call(part, a, b, c);
+            blas::call(&part, a, b, c);
         }
     });
+    true
 }
 
 /// The CBLAS binding (with the `blas` feature) or its stand-in (without).
 #[cfg(feature = "blas")]
 mod blas {
-    use super::Product;
+    use super::CblasCall;
     use std::ffi::c_int;
     use std::sync::Once;
 
@@ -236,26 +264,11 @@ mod blas {
         fn openblas_set_num_threads(threads: c_int);
     }
 
-    /// The integer arguments of one `cblas_?gemm` call (row-major, alpha 1).
-    #[derive(Clone, Copy)]
-    pub(crate) struct Call {
-        trans_a: c_int,
-        trans_b: c_int,
-        m: c_int,
-        n: c_int,
-        k: c_int,
-        lda: c_int,
-        ldb: c_int,
-        ldc: c_int,
-        /// Whether the product adds to `c` (beta 1) or overwrites it (beta 0).
-        accumulate: bool,
-    }
-
     /// A type CBLAS multiplies: f32 (`sgemm`) or f64 (`dgemm`).
     pub(crate) trait Scalar: Copy {
         /// # Safety
         /// As `cblas_?gemm` with these arguments.
-        unsafe fn gemm(call: &Call, a: *const Self, b: *const Self, c: *mut Self);
+        unsafe fn gemm(call: &CblasCall, a: *const Self, b: *const Self, c: *mut Self);
     }
 
     /// Declares `cblas_?gemm` for one type and makes the type a [`Scalar`] through it.
@@ -282,11 +295,14 @@ mod blas {
             }
 
             impl Scalar for $t {
-                unsafe fn gemm(call: &Call, a: *const $t, b: *const $t, c: *mut $t) {
-                    let Call { trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate } = *call;
+                unsafe fn gemm(call: &CblasCall, a: *const $t, b: *const $t, c: *mut $t) {
+                    let CblasCall { trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate } = *call;
+                    let flag = |t: bool| if t { TRANS } else { NO_TRANS };
                     let beta = if accumulate { 1.0 } else { 0.0 };
                     // SAFETY: forwarded from the caller.
-                    unsafe { $name(ROW_MAJOR, trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc) }
+                    unsafe {
+                        $name(ROW_MAJOR, flag(trans_a), flag(trans_b), m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+                    }
                 }
             }
         };
@@ -298,38 +314,20 @@ mod blas {
     ///
     /// # Safety
     /// As [`super::blas_product`].
-    pub(super) unsafe fn call<T: Scalar>(p: Product, a: *const T, b: *const T, c: *mut T) {
+    pub(super) unsafe fn call<T: Scalar>(call: &CblasCall, a: *const T, b: *const T, c: *mut T) {
         // OpenBLAS's own pool would fight the device's threads: calls run where they are made.
         static ONE_THREAD: Once = Once::new();
         // SAFETY: a plain setter of OpenBLAS's thread count.
         ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
-        let (Some((ta, lda)), Some((tb, ldb))) =
-            (Product::cblas_operand(p.m, p.k, p.a_strides), Product::cblas_operand(p.k, p.n, p.b_strides))
-        else {
-            unreachable!("blas_product is called only for products that fit CBLAS");
-        };
-        let flag = |t: bool| if t { TRANS } else { NO_TRANS };
-        // Sizes were checked to fit i32 by `fits_cblas`.
-        let call = Call {
-            trans_a: flag(ta),
-            trans_b: flag(tb),
-            m: p.m as c_int,
-            n: p.n as c_int,
-            k: p.k as c_int,
-            lda: lda as c_int,
-            ldb: ldb as c_int,
-            ldc: p.ldc as c_int,
-            accumulate: p.accumulate,
-        };
         // SAFETY: forwarded from the caller.
-        unsafe { T::gemm(&call, a, b, c) }
+        unsafe { T::gemm(call, a, b, c) }
     }
 }
 
 /// Stand-in for a build without OpenBLAS: [`GemmBackend::Blas`] is never chosen there.
 #[cfg(not(feature = "blas"))]
 mod blas {
-    use super::Product;
+    use super::CblasCall;
 
     /// This build has no OpenBLAS.
     pub(super) const BUILT: bool = false;
@@ -343,7 +341,7 @@ mod blas {
     ///
     /// # Safety
     /// Trivially safe; `unsafe` to match the real binding.
-    pub(super) unsafe fn call<T: Scalar>(_: Product, _: *const T, _: *const T, _: *mut T) {
+    pub(super) unsafe fn call<T: Scalar>(_: &CblasCall, _: *const T, _: *const T, _: *mut T) {
         unreachable!("the blas backend is not built, so it is never chosen");
     }
 }

@@ -264,9 +264,9 @@ pub const BLAS_MIN_SIDE: usize = 96;
 /// false (nothing done) otherwise.
 ///
 /// # Safety
-/// As [`blas_product`]'s, but for `fits_cblas`, which this checks.
+/// As [`blas_product`]'s.
 unsafe fn by_blas<T: Real>(product: Product, a: *const T, b: *const T, c: *mut T, threads: usize, split: bool) -> bool {
-    if !product.fits_cblas() || product.m.min(product.k).min(product.n) < BLAS_MIN_SIDE {
+    if product.m.min(product.k).min(product.n) < BLAS_MIN_SIDE {
         return false;
     }
     // SAFETY: `T` is the type its dtype names, so the casts change nothing; the rest is the
@@ -275,10 +275,9 @@ unsafe fn by_blas<T: Real>(product: Product, a: *const T, b: *const T, c: *mut T
         match T::DTYPE {
             DType::F32 => blas_product(product, a.cast::<f32>(), b.cast::<f32>(), c.cast::<f32>(), threads, split),
             DType::F64 => blas_product(product, a.cast::<f64>(), b.cast::<f64>(), c.cast::<f64>(), threads, split),
-            _ => return false,
+            _ => false,
         }
     }
-    true
 }
 
 /// Products of fewer multiply-adds than this run on one thread whatever `threads` says:
