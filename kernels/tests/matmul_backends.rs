@@ -59,16 +59,11 @@ impl Case {
         let b = HostArray::f32(self.with_batch(self.b_dims()), b.to_vec()).unwrap();
         let out_dims = if self.sum { vec![self.m, self.n] } else { self.with_batch([self.m, self.n]) };
         let mut out = HostArray::zeros(&TensorMeta::new(out_dims, DType::F32));
-        let context = HostContext { threads };
         let (ta, tb) = (self.transpose_a, self.transpose_b);
-        let result = if self.sum {
-            let op = MatMulBatchSum { transpose_a: ta, transpose_b: tb };
-            op.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()])
-        } else {
-            let op = MatMul { transpose_a: ta, transpose_b: tb };
-            op.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()])
-        };
-        result.unwrap();
+        let (summed, plain) =
+            (MatMulBatchSum { transpose_a: ta, transpose_b: tb }, MatMul { transpose_a: ta, transpose_b: tb });
+        let op: &dyn HostCompute = if self.sum { &summed } else { &plain };
+        op.compute(&HostContext { threads }, &[a.view(), b.view()], &mut [out.view_mut()]).unwrap();
         out.to_f64_vec()
     }
 
