@@ -88,7 +88,7 @@ fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
     let sizes: Vec<usize> =
         text.split('x').map(str::parse).collect::<Result<_, _>>().map_err(|e| format!("shape {text:?}: {e}"))?;
     match sizes[..] {
-        [m, k, n] if m * k * n > 0 => Ok((m, k, n)),
+        [m, k, n] if m.min(k).min(n) > 0 => Ok((m, k, n)),
         _ => Err(format!("shape {text:?}: expected MxKxN with three sizes above 0, as 256x784x1024")),
     }
 }
