@@ -71,22 +71,8 @@ impl Case {
     fn assert_close(&self, got: &[f64], a: &[f32], b: &[f32], what: &str) {
         let Case { m, k, n, .. } = *self;
         let count = self.batch.max(1);
-        let at = |a: &[f32], g: usize, i: usize, p: usize| {
-            let base = g * m * k;
-            if self.transpose_a {
-                a[base + p * m + i]
-            } else {
-                a[base + i * k + p]
-            }
-        };
-        let bt = |b: &[f32], g: usize, p: usize, j: usize| {
-            let base = g * k * n;
-            if self.transpose_b {
-                b[base + j * k + p]
-            } else {
-                b[base + p * n + j]
-            }
-        };
+        let at = |a: &[f32], g: usize, i: usize, p: usize| element(a, g, (m, k), self.transpose_a, (i, p));
+        let bt = |b: &[f32], g: usize, p: usize, j: usize| element(b, g, (k, n), self.transpose_b, (p, j));
         let outputs = if self.sum { 1 } else { count };
         for out_g in 0..outputs {
             for i in 0..m {
@@ -110,6 +96,17 @@ impl Case {
                 }
             }
         }
+    }
+}
+
+/// Element `(r, c)` of batch element `g` of an operand read as `rows x cols`, stored that way
+/// or transposed.
+fn element(x: &[f32], g: usize, (rows, cols): (usize, usize), transposed: bool, (r, c): (usize, usize)) -> f32 {
+    let base = g * rows * cols;
+    if transposed {
+        x[base + c * rows + r]
+    } else {
+        x[base + r * cols + c]
     }
 }
 
