@@ -117,6 +117,29 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --trace "$out/trace.json"
     echo "exit $?"
     python3 "$here/op_profile.py" "$out/trace.json" --pieces 1 --top 30
+    echo "== GPT-2 124M regflow bf16, traced (every kernel alone): per-op profile of step 1"
+    gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision bf16 --trace "$out/trace-bf16.json"
+    echo "exit $?"
+    python3 "$here/op_profile.py" "$out/trace-bf16.json" --pieces 1 --top 30
+  fi
+  # Nsight Systems, where the machine has it: the untraced step's kernels as the GPU ran
+  # them (kernel time per name, and the gaps between them show as the step minus the sum).
+  nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  if [ "${NSYS:-1}" = 1 ] && [ -n "$nsys" ] && [ "$full" = 0 ]; then
+    for precision in f32 bf16; do
+      echo "== nsys: GPT-2 124M regflow $precision, 1 warm-up + 2 steps"
+      timeout 150 "$nsys" profile -o "$logs/nsys-$precision" --force-overwrite true --trace cuda \
+        "$here/bench_gpu_gpt2" --device cuda --size gpt2 --batch "$BATCH" --warmup 1 --steps 2 --precision "$precision" \
+        >"$logs/nsys-$precision.log" 2>&1
+      echo "exit $?"
+      tail -3 "$logs/nsys-$precision.log"
+      timeout 60 "$nsys" stats --report cuda_gpu_kern_sum --format csv "$logs/nsys-$precision.nsys-rep" 2>/dev/null \
+        | head -45 >"$out/nsys-kern-$precision.csv"
+      timeout 60 "$nsys" stats --report cuda_api_sum --format csv "$logs/nsys-$precision.nsys-rep" 2>/dev/null \
+        | head -20 >"$out/nsys-api-$precision.csv"
+      head -25 "$out/nsys-kern-$precision.csv" | cut -c1-220
+      head -12 "$out/nsys-api-$precision.csv" | cut -c1-200
+    done
   fi
   nvidia-smi --query-gpu=memory.used,clocks.sm --format=csv
 } >"$out/bench.log" 2>&1

@@ -74,7 +74,8 @@ pub mod nccl;
 pub mod nvrtc;
 
 pub use driver::{
-    enable_dry_run, launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback, Stream, StreamHandle,
+    copy_to_device, enable_dry_run, launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback,
+    Stream, StreamHandle,
 };
 pub use error::CudaError;
 pub use ops::{queued_ops, register};

@@ -144,6 +144,10 @@ fn sum_to_matches_the_cpu() {
         (&[70_001], &[1]),
         // Few outputs over long ranges: the chunked two-launch sum (a gradient's norm).
         (&[300, 701], &[]),
+        // Few column blocks over long ranges: the split two-launch column sum (a bias
+        // gradient of a wide batch), with an uneven last split and a merged reduced range.
+        (&[4099, 96], &[96]),
+        (&[2, 1500, 40], &[1, 1, 40]),
         (&[3, 70_001], &[3, 1]),
         (&[70_001, 3], &[1, 3]),
         (&[2, 3, 5, 7], &[3, 1, 7]),

@@ -64,7 +64,9 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
-        for len in LENS {
+        // f32 rows of up to 1024 take the warp-per-row entries (8, 16, 24 or 32 elements
+        // per lane: 250, 768), longer ones (1500) and f64 the block-per-row ones.
+        for len in LENS.into_iter().chain([250, 768, 1500]) {
             let dims = vec![2, 3, 5, len];
             let x = common::array(&dims, dtype, 3);
             // A full mask, one per (batch, key) as attention's padding mask, a causal-like
@@ -95,7 +97,10 @@ fn layer_norm_and_its_gradient_match_the_cpu() {
         // Every row length over a few rows, then long column sums for dgamma and dbeta
         // (32 × 32-thread blocks).
         let few_rows = LENS.into_iter().flat_map(|len| [1, 7, 33].map(|rows| (rows, len)));
-        for (rows, len) in few_rows.chain([(1023, 33), (4099, 7)]) {
+        // Rows that fit a warp at each of its widths (8, 16, 24 and 32 per lane), more
+        // rows than the warp-per-row gradient has warps (1024), and a GPT-2 width.
+        let warp_widths = [(2500, 250), (1100, 300), (2049, 768), (1030, 1000), (33, 1500)];
+        for (rows, len) in few_rows.chain([(1023, 33), (4099, 7)]).chain(warp_widths) {
             let dims = vec![rows, len];
             let (x, gamma, beta) =
                 (common::array(&dims, dtype, 7), common::array(&[len], dtype, 8), common::array(&[len], dtype, 9));

@@ -96,6 +96,16 @@ pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
     Err(CudaError::NotBuilt)
 }
 
+/// Copies host bytes to device memory: not in this build.
+///
+/// # Safety
+///
+/// `dst` must be valid for `src.len()` bytes (nothing is written in this build).
+pub unsafe fn copy_to_device(stream: StreamHandle, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+    let _ = (stream, dst, src);
+    Err(CudaError::NotBuilt)
+}
+
 /// Dry runs need NVRTC: not in this build.
 pub fn enable_dry_run(arch: &str) -> Result<(), CudaError> {
     let _ = arch;

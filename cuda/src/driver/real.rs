@@ -405,6 +405,30 @@ pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
     unsafe { result::stream::synchronize(stream.0 as usize as sys::CUstream) }.map_err(failed("cuStreamSynchronize", 0))
 }
 
+/// Copies `src` from host memory to `dst` on `stream` and waits for it. A feed written
+/// this way lands where the kernels read it: a host write into a device-preferred managed
+/// register would fault its pages over to the host, and a register written by the host
+/// and read by the GPU every step may be left in host memory by the driver (thrashing
+/// mitigation), every kernel then reading it across the bus. On a dry-run stream the
+/// memory is host memory and this is a plain copy.
+///
+/// # Safety
+///
+/// `dst` must be valid for `src.len()` bytes, and nothing queued or running may use them.
+pub unsafe fn copy_to_device(stream: StreamHandle, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+    if stream.0 == 0 {
+        // SAFETY: forwarded to the caller; a dry run's registers are host memory.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as usize as *mut u8, src.len()) };
+        return Ok(());
+    }
+    // SAFETY: as above; the handle comes from a live `Stream` whose context the calling
+    // stream thread bound. `src` is only read until the call returns: a copy from pageable
+    // memory is staged before cuMemcpyHtoDAsync returns, and the wait below ends it anyway.
+    unsafe { result::memcpy_htod_async(dst as sys::CUdeviceptr, src, stream.0 as usize as sys::CUstream) }
+        .map_err(failed(format!("cuMemcpyHtoDAsync({} bytes)", src.len()), 0))?;
+    synchronize(stream)
+}
+
 /// A compiled kernel of one device, with its parameters' byte sizes (read off the PTX).
 #[derive(Debug, Clone, Copy)]
 pub struct Function {

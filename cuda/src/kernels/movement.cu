@@ -11,6 +11,13 @@ __device__ __forceinline__ u64 offset_a(const Indexing& s, u64 i) {
     return a;
 }
 
+// The input offset of reduced position k (sum_to's reduced positions): one multiply where
+// they are one axis (nearly always, once axes are merged), else the general walk, whose
+// divisions would otherwise dominate a memory-bound sum.
+__device__ __forceinline__ u64 reduced_offset(const Indexing& s, u64 k) {
+    return s.rank == 1 ? k * s.a[0] : offset_a(s, k);
+}
+
 // ---- copies ------------------------------------------------------------------------
 
 template <typename T> __device__ __forceinline__ void copy(const T* src, T* dst, u64 n) {
@@ -79,7 +86,8 @@ __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexi
         bool mine = o < n_out;
         u64 base = mine ? offset_a(kept, o) : 0, end = mine ? n_reduced : 0;
         W sum = (W)0;
-        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + offset_a(reduced, k)]);
+#pragma unroll 4
+        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + reduced_offset(reduced, k)]);
         sum = column_sum(sum, partial);
         if (mine && threadIdx.y == 0) st(&out[o], sum);
     }
@@ -100,7 +108,8 @@ __device__ __forceinline__ void sum_to_chunks(const T* x, typename Wide<T>::type
     u64 o = blockIdx.y, base = offset_a(kept, o);
     u64 begin = (u64)blockIdx.x * chunk, end = begin + chunk < n_reduced ? begin + chunk : n_reduced;
     W sum = (W)0;
-    for (u64 k = begin + threadIdx.x; k < end; k += blockDim.x) sum += ld(&x[base + offset_a(reduced, k)]);
+#pragma unroll 4
+    for (u64 k = begin + threadIdx.x; k < end; k += blockDim.x) sum += ld(&x[base + reduced_offset(reduced, k)]);
     sum = block_sum(sum, scratch);
     if (threadIdx.x == 0) parts[o * gridDim.x + blockIdx.x] = sum;
 }
@@ -112,6 +121,39 @@ template <typename T> __device__ __forceinline__ void sum_parts(const typename W
     for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) sum += parts[(u64)blockIdx.x * chunks + c];
     sum = block_sum(sum, scratch);
     if (threadIdx.x == 0) st(&out[blockIdx.x], sum);
+}
+
+// Many outputs, each over a long range, but too few outputs to fill the GPU with column
+// blocks (a bias gradient: 768 outputs are 24 blocks of 32, each walking 8192 rows): two
+// launches. First block (bx, by) of a (column blocks × splits) grid is the column block bx
+// over the range's split by, positions [by·chunk, (by + 1)·chunk), and writes its sums to
+// parts[by · n_out + o]; then a thread per output adds its splits' sums in split order. The
+// splits depend on the shape alone (movement.rs), so the same inputs give the same bits.
+template <typename T>
+__device__ __forceinline__ void sum_to_split(const T* x, typename Wide<T>::type* parts, Indexing kept, Indexing reduced,
+                                             u64 n_out, u64 n_reduced, u64 chunk) {
+    typedef typename Wide<T>::type W;
+    __shared__ W partial[COLUMN_THREADS][COLUMN_THREADS];
+    u64 begin = (u64)blockIdx.y * chunk, end_all = begin + chunk < n_reduced ? begin + chunk : n_reduced;
+    FOR_EACH_COLUMN(o, n_out) {
+        bool mine = o < n_out;
+        u64 base = mine ? offset_a(kept, o) : 0, end = mine ? end_all : begin;
+        W sum = (W)0;
+#pragma unroll 4
+        for (u64 k = begin + threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + reduced_offset(reduced, k)]);
+        sum = column_sum(sum, partial);
+        if (mine && threadIdx.y == 0) parts[(u64)blockIdx.y * n_out + o] = sum;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void sum_splits(const typename Wide<T>::type* parts, T* out, u64 n_out, u64 splits) {
+    typedef typename Wide<T>::type W;
+    FOR_EACH(o, n_out) {
+        W sum = (W)0;
+        for (u64 s = 0; s < splits; ++s) sum += parts[s * n_out + o];
+        st(&out[o], sum);
+    }
 }
 
 // The sum_to entries of one dtype S (stored as T, its partial sums in P): written once,
@@ -127,6 +169,14 @@ template <typename T> __device__ __forceinline__ void sum_parts(const typename W
     }                                                                                                   \
     extern "C" __global__ void regflow_sum_parts_##S(const P* parts, T* out, u64 chunks) {              \
         sum_parts(parts, out, chunks);                                                                  \
+    }                                                                                                   \
+    extern "C" __global__ void BLOCK_1024 regflow_sum_to_split_##S(const T* x, P* parts, Indexing kept, \
+                                                                   Indexing reduced, u64 n_out,         \
+                                                                   u64 n_reduced, u64 chunk) {          \
+        sum_to_split(x, parts, kept, reduced, n_out, n_reduced, chunk);                                 \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_sum_splits_##S(const P* parts, T* out, u64 n_out, u64 splits) {  \
+        sum_splits(parts, out, n_out, splits);                                                          \
     }
 SUM_TO_ENTRIES(f32, float, float)
 SUM_TO_ENTRIES(f64, double, double)

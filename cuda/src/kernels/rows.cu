@@ -345,3 +345,224 @@ extern "C" __global__ void regflow_sparse_cross_entropy_grad_bf16(
     const bf16* logits, const i64* labels, const float* dy, bf16* dx, u64 rows, u64 classes, float divisor) {
     cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
 }
+
+// ---- warp-per-row kernels: f32 rows of at most 32·N elements ----------------------------
+// A row of up to 1024 f32 values fits one warp's registers: lane l holds the N elements
+// j = l + 32k, so the row is read from memory once and written once, and its reductions
+// are warp shuffles with no barrier. (One block of up to 512 threads per row, above,
+// spent most of a 1024-wide softmax's time in barriers: three block reductions for two
+// elements per thread.) Blocks hold WARP_ROWS warps; the host takes the smallest N of
+// 8, 16, 24, 32 that holds a row. Butterfly shuffles (xor) give every lane the same sum:
+// each step adds the same two values in either order, and IEEE addition commutes.
+#define WARP_ROWS 8
+
+// Every row this warp takes: warp w of the grid takes rows w, w + all warps, ...
+#define FOR_EACH_WARP_ROW(r, rows)                                                   \
+    for (u64 r = (u64)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5); r < (u64)(rows); \
+         r += (u64)gridDim.x * WARP_ROWS)
+
+__device__ __forceinline__ float warp_all_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_all_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// masked_softmax_rows for one warp per row.
+template <int N>
+__device__ void masked_softmax_warp(const float* x, const float* mask, float* y, u64 rows, u64 len, float scale,
+                                    Axes mask_rows, u64 mask_step) {
+    u32 lane = threadIdx.x & 31;
+    FOR_EACH_WARP_ROW(r, rows) {
+        const float* xr = x + r * len;
+        const float* mr = mask + offset_of(mask_rows, r);
+        float v[N];
+        float m = minus_infinity<float>();
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            v[k] = j < len ? scale * xr[j] + mr[j * mask_step] : minus_infinity<float>();
+            m = bigger(m, v[k]);
+        }
+        m = warp_all_max(m);
+        float s = 0;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            v[k] = j < len ? m_exp(v[k] - m) : 0.0f;
+            s += v[k];
+        }
+        s = warp_all_sum(s);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            if (j < len) y[r * len + j] = v[k] / s;
+        }
+    }
+}
+
+// masked_softmax_grad_rows for one warp per row.
+template <int N>
+__device__ void masked_softmax_grad_warp(const float* y, const float* dy, float* dx, u64 rows, u64 len, float scale) {
+    u32 lane = threadIdx.x & 31;
+    FOR_EACH_WARP_ROW(r, rows) {
+        float yv[N], dv[N];
+        float s = 0;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            yv[k] = j < len ? y[r * len + j] : 0.0f;
+            dv[k] = j < len ? dy[r * len + j] : 0.0f;
+            s += yv[k] * dv[k];
+        }
+        s = warp_all_sum(s);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            if (j < len) dx[r * len + j] = scale * yv[k] * (dv[k] - s);
+        }
+    }
+}
+
+// The row's values into v (0 past the end), and its mean and 1 / sqrt(var + eps), two
+// passes over the registers as row_stats does over memory.
+template <int N>
+__device__ __forceinline__ void warp_row_stats(const float* xr, u64 len, float eps, float* v, float* mean, float* rstd) {
+    u32 lane = threadIdx.x & 31;
+    float s = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        u64 j = lane + 32 * k;
+        v[k] = j < len ? xr[j] : 0.0f;
+        s += v[k];
+    }
+    float m = warp_all_sum(s) / (float)len;
+    float q = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        u64 j = lane + 32 * k;
+        float d = j < len ? v[k] - m : 0.0f;
+        q += d * d;
+    }
+    *mean = m;
+    *rstd = 1.0f / m_sqrt(warp_all_sum(q) / (float)len + eps);
+}
+
+// layer_norm_rows for one warp per row.
+template <int N>
+__device__ void layer_norm_warp(const float* x, const float* gamma, const float* beta, float* y, u64 rows, u64 len,
+                                float eps) {
+    u32 lane = threadIdx.x & 31;
+    FOR_EACH_WARP_ROW(r, rows) {
+        float v[N], mean, rstd;
+        warp_row_stats<N>(x + r * len, len, eps, v, &mean, &rstd);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            if (j < len) y[r * len + j] = (v[k] - mean) * rstd * gamma[j] + beta[j];
+        }
+    }
+}
+
+// Layer norm's gradient for rows that fit a warp, in two launches (no x̂ pass through
+// memory, no atomics):
+// 1. warp w of W takes rows w, w + W, ...: x̂ and dx of each row in registers, and its own
+//    running Σ dy·x̂ and Σ dy per feature, written at the end to parts[w·len + j] (dgamma)
+//    and parts[(W + w)·len + j] (dbeta); every warp writes, rowless ones zeros;
+// 2. a column reduction adds each feature's W partials in warp order.
+// W depends on the shape alone (rows.rs), so the bits do not change from run to run.
+template <int N>
+__device__ void layer_norm_grad_warp(const float* x, const float* gamma, const float* dy, float* dx, float* parts,
+                                     u64 rows, u64 len, float eps) {
+    u32 lane = threadIdx.x & 31;
+    u64 w = (u64)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5), warps = (u64)gridDim.x * WARP_ROWS;
+    float pg[N], pb[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) pg[k] = pb[k] = 0.0f;
+    for (u64 r = w; r < rows; r += warps) {
+        float v[N], d[N], mean, rstd;
+        warp_row_stats<N>(x + r * len, len, eps, v, &mean, &rstd);
+        float g = 0, gx = 0;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            d[k] = j < len ? dy[r * len + j] : 0.0f;
+            v[k] = (v[k] - mean) * rstd;
+            float dg = j < len ? d[k] * gamma[j] : 0.0f;
+            g += dg;
+            gx += dg * v[k];
+            pg[k] += d[k] * v[k];
+            pb[k] += d[k];
+        }
+        g = warp_all_sum(g) / (float)len;
+        gx = warp_all_sum(gx) / (float)len;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            if (j < len) dx[r * len + j] = rstd * (d[k] * gamma[j] - g - v[k] * gx);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        u64 j = lane + 32 * k;
+        if (j < len) {
+            parts[w * len + j] = pg[k];
+            parts[(warps + w) * len + j] = pb[k];
+        }
+    }
+}
+
+// Step 2 of layer_norm_grad_warp: dgamma[j] = Σ_w parts[w·len + j], dbeta[j] likewise from
+// the second half, a column reduction (prelude) over the `warps` partials.
+__device__ void layer_norm_params_sum(const float* parts, float* dgamma, float* dbeta, u64 warps, u64 len) {
+    __shared__ float partial[COLUMN_THREADS][COLUMN_THREADS];
+    FOR_EACH_COLUMN(j, len) {
+        bool mine = j < len;
+        u64 end = mine ? warps : 0;
+        float g = 0, b = 0;
+        for (u64 w = threadIdx.y; w < end; w += blockDim.y) {
+            g += parts[w * len + j];
+            b += parts[(warps + w) * len + j];
+        }
+        g = column_sum(g, partial);
+        b = column_sum(b, partial);
+        if (mine && threadIdx.y == 0) {
+            dgamma[j] = g;
+            dbeta[j] = b;
+        }
+    }
+}
+
+extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
+    const float* parts, float* dgamma, float* dbeta, u64 warps, u64 len) {
+    layer_norm_params_sum(parts, dgamma, dbeta, warps, len);
+}
+
+// The warp-per-row entries holding N elements per lane: `regflow_<op>_f32_w<N>`, with the
+// arguments of the block-per-row entries of the same op (and the partials for the
+// layer-norm gradient).
+#define WARP_ROW_ENTRIES(N)                                                                                       \
+    extern "C" __global__ void regflow_masked_softmax_f32_w##N(const float* x, const float* mask, float* y,       \
+                                                               u64 rows, u64 len, float scale, Axes mask_rows,    \
+                                                               u64 mask_step) {                                   \
+        masked_softmax_warp<N>(x, mask, y, rows, len, scale, mask_rows, mask_step);                               \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_masked_softmax_grad_f32_w##N(const float* y, const float* dy, float* dx,   \
+                                                                    u64 rows, u64 len, float scale) {             \
+        masked_softmax_grad_warp<N>(y, dy, dx, rows, len, scale);                                                 \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_layer_norm_f32_w##N(const float* x, const float* gamma, const float* beta, \
+                                                           float* y, u64 rows, u64 len, float eps) {              \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps);                                                    \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_layer_norm_grad_f32_w##N(const float* x, const float* gamma,               \
+                                                                const float* dy, float* dx, float* parts,         \
+                                                                u64 rows, u64 len, float eps) {                   \
+        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps);                                         \
+    }
+WARP_ROW_ENTRIES(8)
+WARP_ROW_ENTRIES(16)
+WARP_ROW_ENTRIES(24)
+WARP_ROW_ENTRIES(32)

@@ -352,13 +352,46 @@ fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     } else {
         None
     };
+    let split = match (&chunked, split_count(n_out, n_reduced)) {
+        (None, Some(splits)) => {
+            let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
+            let device = crate::Device::open(usize::from(spec.device_index))?;
+            Some(Split {
+                split_function: function(spec, &format!("regflow_sum_to_split_{}", suffix(dtype)))?,
+                splits_function: function(spec, &format!("regflow_sum_splits_{}", suffix(dtype)))?,
+                splits,
+                chunk: n_reduced.div_ceil(splits),
+                parts: device.managed(&format!("{} split sums", spec.actor), n_out * splits * part_bytes)?,
+            })
+        }
+        _ => None,
+    };
     Ok(SumToKernel {
         function: function(spec, &format!("regflow_sum_to_{}", suffix(dtype)))?,
         input: input_slots::<1>(conf)[0],
         reduction,
         chunked,
+        split,
     })
 }
+
+/// Into how many splits a column sum of `n_out` outputs over `n_reduced` positions each cuts
+/// its range, or `None` where one column block per 32 outputs already gives the GPU
+/// [`SPLIT_TARGET_BLOCKS`] blocks, or the range is too short to be worth a second launch.
+fn split_count(n_out: u64, n_reduced: u64) -> Option<u64> {
+    let columns = Grid::columns(n_out, n_reduced);
+    let blocks = u64::from(columns.blocks.0);
+    if columns.threads.1 == 1 || blocks >= SPLIT_TARGET_BLOCKS || n_reduced < 2 * SPLIT_MIN_CHUNK {
+        return None;
+    }
+    Some(SPLIT_TARGET_BLOCKS.div_ceil(blocks).min(n_reduced / SPLIT_MIN_CHUNK).max(2))
+}
+
+/// A column sum is split until it has about this many blocks: two per multiprocessor of an
+/// H100 or H200 (132).
+const SPLIT_TARGET_BLOCKS: u64 = 264;
+/// Each split covers at least this many positions (16 per slice of a 32 × 32 block).
+const SPLIT_MIN_CHUNK: u64 = 512;
 
 /// At most this many outputs take the chunked two-launch sum ...
 const CHUNKED_MAX_OUTPUTS: u64 = 64;
@@ -380,6 +413,18 @@ struct SumToKernel {
     input: usize,
     reduction: layout::Reduction,
     chunked: Option<Chunked>,
+    split: Option<Split>,
+}
+
+/// The two launches of a split column sum and their partial sums (device memory made with
+/// the kernel, once per plan).
+#[derive(Debug)]
+struct Split {
+    split_function: Function,
+    splits_function: Function,
+    splits: u64,
+    chunk: u64,
+    parts: Box<dyn regflow_memory::ArenaMemory>,
 }
 
 /// The two launches of a chunked sum and their partial sums (device memory made with the
@@ -398,6 +443,26 @@ impl Kernel for SumToKernel {
         let (x, out) = (io.input_addr(self.input), io.output_addr(0));
         let r = self.reduction;
         let (kept, reduced, n_out, n_reduced) = (r.kept, r.reduced, r.kept_count, r.reduced_count);
+        if let Some(p) = &self.split {
+            let parts = p.parts.base().as_ptr() as u64;
+            let columns = Grid::columns(n_out, n_reduced);
+            // splits <= n_reduced / SPLIT_MIN_CHUNK and at most SPLIT_TARGET_BLOCKS: a grid
+            // dimension holds it.
+            let grid = Grid { blocks: (columns.blocks.0, p.splits as u32, 1), ..columns };
+            let (chunk, splits) = (p.chunk, p.splits);
+            // SAFETY: as below; `parts` holds splits · n_out partial sums of the entries'
+            // part type; the stream orders the two launches.
+            unsafe {
+                launch(
+                    stream(io),
+                    p.split_function,
+                    grid,
+                    &mut args![x, parts, kept, reduced, n_out, n_reduced, chunk],
+                )?;
+                launch(stream(io), p.splits_function, Grid::linear(n_out), &mut args![parts, out, n_out, splits])?;
+            }
+            return Ok(());
+        }
         let Some(c) = &self.chunked else {
             let grid = Grid::columns(n_out, n_reduced);
             // SAFETY: the maps were built from the input's shape and reach only its
@@ -509,7 +574,21 @@ impl Kernel for EmbeddingKernel {
 
 #[cfg(test)]
 mod tests {
+    use super::split_count;
     use crate::sources::all_entry_names;
+
+    #[test]
+    fn column_sums_split_until_the_gpu_has_blocks() {
+        // A bias gradient of GPT-2: 24 column blocks, cut into 11 splits of 745 rows.
+        assert_eq!(split_count(768, 8192), Some(11));
+        assert_eq!(split_count(3072, 8192), Some(3));
+        // Enough column blocks already, a short range, or one slice: one launch.
+        assert_eq!(split_count(50_257 * 16, 8192), None);
+        assert_eq!(split_count(768, 1023), None);
+        assert_eq!(split_count(768, 7), None);
+        // Never more splits than SPLIT_MIN_CHUNK-long pieces of the range.
+        assert_eq!(split_count(32, 1024), Some(2));
+    }
 
     #[test]
     fn every_movement_entry_exists() {
@@ -527,7 +606,7 @@ mod tests {
             }
         }
         for dtype in ["f32", "f64", "bf16"] {
-            for stem in ["sum_to", "sum_to_chunks", "sum_parts"] {
+            for stem in ["sum_to", "sum_to_chunks", "sum_parts", "sum_to_split", "sum_splits"] {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }

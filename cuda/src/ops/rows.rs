@@ -47,6 +47,44 @@ fn row_grid(rows: usize, len: usize) -> Grid {
     Grid::rows(rows as u64, row_threads(len), 0)
 }
 
+/// Elements per lane of the warp-per-row entries (`regflow_<op>_f32_w<N>` in `rows.cu`).
+const WARP_LANE_ELEMENTS: [u32; 4] = [8, 16, 24, 32];
+
+/// Rows (warps) per block of the warp-per-row entries: `WARP_ROWS` in `rows.cu`.
+const WARP_ROWS: u64 = 8;
+
+/// The elements per lane of the warp-per-row entry for rows of `len` elements of `dtype`:
+/// the smallest that holds a row, for f32 rows of at most 1024 elements; `None` (one block
+/// per row) for longer rows and for f64, whose rows would not fit a warp's registers.
+fn warp_lane_elements(dtype: DType, len: usize) -> Option<u32> {
+    if dtype != DType::F32 {
+        return None;
+    }
+    WARP_LANE_ELEMENTS.into_iter().find(|&n| len <= 32 * n as usize)
+}
+
+/// One warp per row, [`WARP_ROWS`] rows per block, for `rows` rows (the kernels loop over
+/// rows beyond the grid).
+fn warp_row_grid(rows: usize) -> Grid {
+    let blocks = (rows as u64).div_ceil(WARP_ROWS).clamp(1, crate::driver::MAX_LINEAR_BLOCKS);
+    Grid { blocks: (blocks as u32, 1, 1), threads: (32 * WARP_ROWS as u32, 1, 1), shared_bytes: 0 }
+}
+
+/// The entry and grid of row op `name` over `rows` rows of `len`: the warp-per-row entry
+/// where a row fits a warp, else the block-per-row one.
+fn row_entry(
+    spec: &KernelSpec<'_>,
+    name: &str,
+    dtype: DType,
+    rows: usize,
+    len: usize,
+) -> Result<(Function, Grid), KernelError> {
+    Ok(match warp_lane_elements(dtype, len) {
+        Some(n) => (function(spec, &format!("regflow_{name}_f32_w{n}"))?, warp_row_grid(rows)),
+        None => (entry(spec, name, dtype)?, row_grid(rows, len)),
+    })
+}
+
 /// An error of the actor's op.
 fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -> KernelError {
     KernelError(format!("actor '{}': op '{}': {message}", spec.actor, conf.op_type))
@@ -238,9 +276,10 @@ fn make_masked_softmax(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
     let Some(mask_rows) = Axes::collapsed(&dims[..last], &strides[..last]) else {
         return Ok(Box::new(HostOpKernel::new(op, conf)));
     };
+    let (function, grid) = row_entry(spec, "masked_softmax", x.dtype, rows, len)?;
     Ok(queued(MaskedSoftmaxKernel {
-        function: entry(spec, "masked_softmax", x.dtype)?,
-        grid: row_grid(rows, len),
+        function,
+        grid,
         dtype: x.dtype,
         inputs: (conf.input_map[0], conf.input_map[1]),
         rows: rows as u64,
@@ -295,9 +334,10 @@ fn make_masked_softmax_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Ke
         return Err(fail(spec, conf, "the scores must have rank >= 1, got a scalar"));
     }
     let (rows, len) = rows_of(conf.inputs[0].shape.dims());
+    let (function, grid) = row_entry(spec, "masked_softmax_grad", dtype, rows, len)?;
     Ok(queued(RowsKernel {
-        function: entry(spec, "masked_softmax_grad", dtype)?,
-        grid: row_grid(rows, len),
+        function,
+        grid,
         dtype,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[1]],
         three: false,
@@ -328,9 +368,10 @@ fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError
         return Err(fail(spec, conf, format!("beta {} must match gamma {}", conf.inputs[2], conf.inputs[1])));
     }
     let (rows, features) = layer_norm_rows(spec, conf)?;
+    let (function, grid) = row_entry(spec, "layer_norm", dtype, rows, features)?;
     Ok(queued(RowsKernel {
-        function: entry(spec, "layer_norm", dtype)?,
-        grid: row_grid(rows, features),
+        function,
+        grid,
         dtype,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
         three: true,
@@ -341,9 +382,11 @@ fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError
 }
 
 /// `layer_norm_grad`: x̂ into dx, the parameter gradients by columns, then dx (see
-/// `rows.cu`): three launches, deterministic, no atomics.
+/// `rows.cu`): three launches, deterministic, no atomics. Where a row fits a warp, two
+/// (`warp`).
 #[derive(Debug)]
 struct LayerNormGradKernel {
+    warp: Option<WarpLayerNormGrad>,
     x_hat: Function,
     params: Function,
     dx: Function,
@@ -363,6 +406,16 @@ impl Kernel for LayerNormGradKernel {
         let (rows, len, s) = (self.rows, self.len, stream(io));
         let columns = Grid::columns(len, rows);
         let (e64, e32) = (self.eps, self.eps as f32);
+        if let Some(w) = &self.warp {
+            let (parts, warps) = (w.parts.base().as_ptr() as u64, w.warps);
+            // SAFETY: as below; `parts` holds 2 · warps · len f32 partials, which the first
+            // launch writes whole (its grid has `warps` warps) and the second reads.
+            unsafe {
+                launch(s, w.grad, w.grid, &mut args![x, gamma, dy, dx, parts, rows, len, e32])?;
+                launch(s, w.sum, Grid::columns(len, warps), &mut args![parts, dgamma, dbeta, warps, len])?;
+            }
+            return Ok(());
+        }
         // SAFETY: x, dy and dx hold `rows · len` elements, gamma, dgamma and dbeta `len`
         // (checked at build); the three launches run in order on one stream, so each reads
         // what the one before wrote; the argument types are the kernels'.
@@ -392,7 +445,25 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
         return Err(fail(spec, conf, format!("dgamma and dbeta must match gamma {gamma}")));
     }
     let (rows, features) = layer_norm_rows(spec, conf)?;
+    let warp = match warp_lane_elements(dtype, features) {
+        Some(n) => {
+            let grid = warp_row_grid(rows);
+            let grid = Grid { blocks: (grid.blocks.0.min(LAYER_NORM_GRAD_BLOCKS), 1, 1), ..grid };
+            let warps = u64::from(grid.blocks.0) * WARP_ROWS;
+            let device = crate::Device::open(usize::from(spec.device_index))?;
+            Some(WarpLayerNormGrad {
+                grad: function(spec, &format!("regflow_layer_norm_grad_f32_w{n}"))?,
+                sum: function(spec, "regflow_layer_norm_params_sum_f32")?,
+                grid,
+                warps,
+                parts: device
+                    .managed(&format!("{} partial parameter gradients", spec.actor), 2 * warps * features as u64 * 4)?,
+            })
+        }
+        None => None,
+    };
     Ok(queued(LayerNormGradKernel {
+        warp,
         x_hat: entry(spec, "layer_norm_x_hat", dtype)?,
         params: entry(spec, "layer_norm_params_grad", dtype)?,
         dx: entry(spec, "layer_norm_dx", dtype)?,
@@ -404,6 +475,22 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
         eps: op.eps,
     }))
 }
+
+/// The warp-per-row layer-norm gradient (`layer_norm_grad_warp` in `rows.cu`): its two
+/// entries, its grid, and the warps' partial parameter gradients (device memory made with
+/// the kernel, once per plan, like the registers).
+#[derive(Debug)]
+struct WarpLayerNormGrad {
+    grad: Function,
+    sum: Function,
+    grid: Grid,
+    warps: u64,
+    parts: Box<dyn regflow_memory::ArenaMemory>,
+}
+
+/// Most blocks of the warp-per-row layer-norm gradient: 1024 warps, each a few rows of a
+/// large batch, whose partials (2 · 1024 · features f32) stay a few MB.
+const LAYER_NORM_GRAD_BLOCKS: u32 = 128;
 
 /// The logits' dtype of a cross-entropy (`inputs`: logits, labels, and for the gradient
 /// `dy`), checking the rest against it: labels i64, the loss (and `dy`) f32 for bf16
