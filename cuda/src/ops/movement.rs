@@ -337,41 +337,36 @@ fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     }
     let reduction = layout::reduction(input.dims(), out.dims()).map_err(|e| refuse(spec, conf, e))?;
     let (n_out, n_reduced) = (reduction.kept_count, reduction.reduced_count);
-    let chunked = if n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE {
-        let chunks = (n_reduced / CHUNK_TARGET).clamp(1, MAX_CHUNKS);
-        // f64 parts for f64, f32 for f32 and bf16 (which adds in f32).
-        let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
-        let device = crate::Device::open(usize::from(spec.device_index))?;
-        Some(Chunked {
-            chunks_function: function(spec, &format!("regflow_sum_to_chunks_{}", suffix(dtype)))?,
-            parts_function: function(spec, &format!("regflow_sum_parts_{}", suffix(dtype)))?,
-            chunks,
-            chunk: n_reduced.div_ceil(chunks),
-            parts: device.managed(&format!("{} partial sums", spec.actor), n_out * chunks * part_bytes)?,
-        })
+    let two_launch = if n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE {
+        Some((PartialLayout::Chunks, (n_reduced / CHUNK_TARGET).clamp(1, MAX_CHUNKS)))
     } else {
-        None
+        split_count(n_out, n_reduced).map(|splits| (PartialLayout::Splits, splits))
     };
-    let split = match (&chunked, split_count(n_out, n_reduced)) {
-        (None, Some(splits)) => {
+    let partial = match two_launch {
+        Some((layout, pieces)) => {
+            let (first, second) = match layout {
+                PartialLayout::Chunks => ("sum_to_chunks", "sum_parts"),
+                PartialLayout::Splits => ("sum_to_split", "sum_splits"),
+            };
+            // f64 parts for f64, f32 for f32 and bf16 (which adds in f32).
             let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
             let device = crate::Device::open(usize::from(spec.device_index))?;
-            Some(Split {
-                split_function: function(spec, &format!("regflow_sum_to_split_{}", suffix(dtype)))?,
-                splits_function: function(spec, &format!("regflow_sum_splits_{}", suffix(dtype)))?,
-                splits,
-                chunk: n_reduced.div_ceil(splits),
-                parts: device.managed(&format!("{} split sums", spec.actor), n_out * splits * part_bytes)?,
+            Some(PartialSums {
+                layout,
+                first: function(spec, &format!("regflow_{first}_{}", suffix(dtype)))?,
+                second: function(spec, &format!("regflow_{second}_{}", suffix(dtype)))?,
+                pieces,
+                chunk: n_reduced.div_ceil(pieces),
+                parts: device.managed(&format!("{} partial sums", spec.actor), n_out * pieces * part_bytes)?,
             })
         }
-        _ => None,
+        None => None,
     };
     Ok(SumToKernel {
         function: function(spec, &format!("regflow_sum_to_{}", suffix(dtype)))?,
         input: input_slots::<1>(conf)[0],
         reduction,
-        chunked,
-        split,
+        partial,
     })
 }
 
@@ -405,35 +400,36 @@ const MAX_CHUNKS: u64 = 1024;
 const CHUNK_THREADS: u32 = 256;
 
 /// A column reduction (see `movement.cu`): a thread per output element, its summands split
-/// over 32 threads when there are many; or, for a few outputs over long ranges, the
-/// chunked sum.
+/// over 32 threads when there are many; or, in two launches, the chunked sum (a few
+/// outputs over long ranges) or the split column sum (too few column blocks to fill the
+/// GPU).
 #[derive(Debug)]
 struct SumToKernel {
     function: Function,
     input: usize,
     reduction: layout::Reduction,
-    chunked: Option<Chunked>,
-    split: Option<Split>,
+    partial: Option<PartialSums>,
 }
 
-/// The two launches of a split column sum and their partial sums (device memory made with
-/// the kernel, once per plan).
-#[derive(Debug)]
-struct Split {
-    split_function: Function,
-    splits_function: Function,
-    splits: u64,
-    chunk: u64,
-    parts: Box<dyn regflow_memory::ArenaMemory>,
+/// How a two-launch sum cuts each output's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartialLayout {
+    /// A block per chunk of one output's range (`sum_to_chunks`, then `sum_parts`).
+    Chunks,
+    /// A column block per split of the range (`sum_to_split`, then `sum_splits`).
+    Splits,
 }
 
-/// The two launches of a chunked sum and their partial sums (device memory made with the
-/// kernel, once per plan, like the registers).
+/// The two launches of a chunked or split sum and their partial sums (device memory made
+/// with the kernel, once per plan, like the registers).
 #[derive(Debug)]
-struct Chunked {
-    chunks_function: Function,
-    parts_function: Function,
-    chunks: u64,
+struct PartialSums {
+    layout: PartialLayout,
+    first: Function,
+    second: Function,
+    /// Chunks or splits per output.
+    pieces: u64,
+    /// Positions per piece (the last may have fewer).
     chunk: u64,
     parts: Box<dyn regflow_memory::ArenaMemory>,
 }
@@ -443,27 +439,7 @@ impl Kernel for SumToKernel {
         let (x, out) = (io.input_addr(self.input), io.output_addr(0));
         let r = self.reduction;
         let (kept, reduced, n_out, n_reduced) = (r.kept, r.reduced, r.kept_count, r.reduced_count);
-        if let Some(p) = &self.split {
-            let parts = p.parts.base().as_ptr() as u64;
-            let columns = Grid::columns(n_out, n_reduced);
-            // splits <= n_reduced / SPLIT_MIN_CHUNK and at most SPLIT_TARGET_BLOCKS: a grid
-            // dimension holds it.
-            let grid = Grid { blocks: (columns.blocks.0, p.splits as u32, 1), ..columns };
-            let (chunk, splits) = (p.chunk, p.splits);
-            // SAFETY: as below; `parts` holds splits · n_out partial sums of the entries'
-            // part type; the stream orders the two launches.
-            unsafe {
-                launch(
-                    stream(io),
-                    p.split_function,
-                    grid,
-                    &mut args![x, parts, kept, reduced, n_out, n_reduced, chunk],
-                )?;
-                launch(stream(io), p.splits_function, Grid::linear(n_out), &mut args![parts, out, n_out, splits])?;
-            }
-            return Ok(());
-        }
-        let Some(c) = &self.chunked else {
+        let Some(p) = &self.partial else {
             let grid = Grid::columns(n_out, n_reduced);
             // SAFETY: the maps were built from the input's shape and reach only its
             // elements; out holds n_out; the entry takes (x, out, kept, reduced, n_out,
@@ -471,17 +447,33 @@ impl Kernel for SumToKernel {
             unsafe { launch(stream(io), self.function, grid, &mut args![x, out, kept, reduced, n_out, n_reduced]) }?;
             return Ok(());
         };
-        let parts = c.parts.base().as_ptr() as u64;
-        // n_out <= CHUNKED_MAX_OUTPUTS and chunks <= MAX_CHUNKS: both fit a grid dimension.
-        let per_chunk =
-            Grid { blocks: (c.chunks as u32, n_out as u32, 1), threads: (CHUNK_THREADS, 1, 1), shared_bytes: 0 };
-        let per_output = Grid { blocks: (n_out as u32, 1, 1), threads: (CHUNK_THREADS, 1, 1), shared_bytes: 0 };
-        let (chunk, chunks) = (c.chunk, c.chunks);
-        // SAFETY: as above; `parts` holds n_out · chunks partial sums of the entries' part
+        let (parts, chunk, pieces) = (p.parts.base().as_ptr() as u64, p.chunk, p.pieces);
+        // SAFETY: as above; `parts` holds n_out · pieces partial sums of the entries' part
         // type; the stream orders the two launches.
         unsafe {
-            launch(stream(io), c.chunks_function, per_chunk, &mut args![x, parts, kept, reduced, n_reduced, chunk])?;
-            launch(stream(io), c.parts_function, per_output, &mut args![parts, out, chunks])?;
+            match p.layout {
+                PartialLayout::Chunks => {
+                    // n_out <= CHUNKED_MAX_OUTPUTS and pieces <= MAX_CHUNKS: both fit a grid
+                    // dimension.
+                    let per_chunk = Grid {
+                        blocks: (pieces as u32, n_out as u32, 1),
+                        threads: (CHUNK_THREADS, 1, 1),
+                        shared_bytes: 0,
+                    };
+                    let per_output =
+                        Grid { blocks: (n_out as u32, 1, 1), threads: (CHUNK_THREADS, 1, 1), shared_bytes: 0 };
+                    launch(stream(io), p.first, per_chunk, &mut args![x, parts, kept, reduced, n_reduced, chunk])?;
+                    launch(stream(io), p.second, per_output, &mut args![parts, out, pieces])?;
+                }
+                PartialLayout::Splits => {
+                    // pieces <= SPLIT_TARGET_BLOCKS: a grid dimension holds it.
+                    let columns = Grid::columns(n_out, n_reduced);
+                    let grid = Grid { blocks: (columns.blocks.0, pieces as u32, 1), ..columns };
+                    let args = &mut args![x, parts, kept, reduced, n_out, n_reduced, chunk];
+                    launch(stream(io), p.first, grid, args)?;
+                    launch(stream(io), p.second, Grid::linear(n_out), &mut args![parts, out, n_out, pieces])?;
+                }
+            }
         }
         Ok(())
     }
