@@ -13,9 +13,9 @@
 //! What stays f32: variables (master weights) and optimizer state, so updates add small
 //! steps to f32 values; their gradients come back f32 through the gradient of their cast.
 //! Losses, softmax, layer norm, cross-entropy, reductions and updates run in f32; the
-//! cross-entropy reads bf16 logits as they are, widening each element as it loads
-//! ([`Autocast::Widen`]), so a vocabulary's logits get no f32 copy and their gradient comes
-//! out bf16. Only
+//! cross-entropy and the masked softmax read bf16 logits or scores as they are, widening
+//! each element as it loads ([`Autocast::Widen`]), so a vocabulary's logits and
+//! attention's scores get no f32 copy and their gradients come out bf16. Only
 //! bf16 is offered: it keeps f32's exponent range, so gradients do not underflow and no
 //! loss scaling is needed; f16 would need dynamic loss scaling and is refused.
 //! Each tensor is cast to a dtype once and the cast shared by all its readers.
@@ -68,7 +68,14 @@ impl Graph {
         }
         let dtypes: Vec<DType> = inputs.iter().map(Tensor::dtype).collect();
         let targets: Vec<DType> = match op.autocast() {
-            Autocast::Keep | Autocast::Widen => dtypes,
+            Autocast::Keep => dtypes,
+            // The first input is read as it is; another bf16 input (a mask) is cast to f32,
+            // so the op computes in f32 whatever its other operands were fed as.
+            Autocast::Widen => dtypes
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| if i > 0 && d == DType::Bf16 { DType::F32 } else { d })
+                .collect(),
             Autocast::Bf16 => dtypes.iter().map(|&d| if d == DType::F32 { DType::Bf16 } else { d }).collect(),
             Autocast::F32 => dtypes.iter().map(|&d| if d == DType::Bf16 { DType::F32 } else { d }).collect(),
             Autocast::Promote => {

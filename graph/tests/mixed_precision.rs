@@ -2,7 +2,7 @@
 //! of `cast`, and the refusal of f16.
 
 use regflow_graph::ops::Cast;
-use regflow_graph::{DType, Graph, HostArray, Init, Optimizer, Precision, SplitMix64, TensorSource};
+use regflow_graph::{DType, Graph, HostArray, Init, Optimizer, Precision, Shape, SplitMix64, TensorSource};
 
 /// `sum(cast(cast(x, to), f64) * r)`: the gradient of `x` is `r` passed back through the
 /// casts, so `r` rounded to `to` (the straight-through derivative of a rounding).
@@ -166,4 +166,82 @@ fn cross_entropy_widens_bf16_logits_as_it_loads_and_matches_the_cast_path_bitwis
         .filter(|&&t| g.info(t).meta.dtype == DType::F32 && g.info(t).meta.shape.dims() == [rows, classes])
         .count();
     assert_eq!(wide_logits, 0, "no f32 copy of the logits");
+}
+
+/// The masked softmax reads bf16 scores as they are (attention's `[B, H, T, T]`, the
+/// largest activations of a transformer): no f32 copy of the scores and no cast of their
+/// gradient. The probabilities are f32 and the scores' gradient bf16, both equal to the
+/// cast-then-f32 path bit for bit, with the mask f32 or bf16 (cast to f32 either way).
+#[test]
+fn masked_softmax_widens_bf16_scores_as_it_loads_and_matches_the_cast_path_bitwise() {
+    let mut rng = SplitMix64::new(9);
+    let (heads, t) = (3, 7);
+    let score_values: Vec<f64> = (0..heads * t * t).map(|_| 3.0 * rng.next_normal()).collect();
+    let causal: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { -1e9 } else { 0.0 }).collect();
+    let upstream: Vec<f64> = (0..heads * t * t).map(|_| rng.next_normal()).collect();
+    for mask_dtype in [DType::F32, DType::Bf16] {
+        let run = |widen: bool| {
+            let g = Graph::new();
+            let x = g.input("x", [heads, t, t], DType::F32).unwrap();
+            let m = g.input("mask", [t, t], DType::F32).unwrap();
+            let up = g.input("up", [heads, t, t], DType::F32).unwrap();
+            let scores = x.cast(DType::Bf16).unwrap();
+            let mask = if mask_dtype == DType::F32 { m } else { m.cast(DType::Bf16).unwrap() };
+            let (read, mask) =
+                if widen { (scores, mask) } else { (scores.cast(DType::F32).unwrap(), mask.cast(DType::F32).unwrap()) };
+            let mask = if widen && mask_dtype == DType::Bf16 { mask.cast(DType::F32).unwrap() } else { mask };
+            let probs = read.masked_softmax(&mask, 0.25).unwrap();
+            assert_eq!(probs.dtype(), DType::F32);
+            // A weighted sum of the probabilities, so the gradient is not trivial.
+            let loss = probs.mul(&up).unwrap().sum_to(&Shape::scalar()).unwrap();
+            let grad = g.grad(loss, &[scores]).unwrap()[0];
+            assert_eq!(grad.dtype(), DType::Bf16, "the gradient of bf16 scores is bf16");
+            let feeds = [
+                (x, HostArray::f32([heads, t, t], score_values.iter().map(|&v| v as f32).collect()).unwrap()),
+                (m, HostArray::f32([t, t], causal.clone()).unwrap()),
+                (up, HostArray::f32([heads, t, t], upstream.iter().map(|&v| v as f32).collect()).unwrap()),
+            ];
+            let out = g.eval(&feeds, &[probs, grad]).unwrap();
+            (out[0].to_f64_vec(), out[1].to_f64_vec())
+        };
+        assert_eq!(run(true), run(false), "mask {mask_dtype}");
+    }
+
+    // Autocast reads the bf16 scores of a product directly, casting only a bf16 mask.
+    for mask_dtype in [DType::F32, DType::Bf16] {
+        let g = Graph::new();
+        g.mixed_precision(Precision::Bf16).unwrap();
+        let q = g.input("q", [heads, t, 4], DType::F32).unwrap();
+        let k = g.variable("k", [4, t], DType::F32, Init::Xavier { seed: 3 }).unwrap();
+        let mask = g.input("mask", [t, t], mask_dtype).unwrap();
+        let scores = q.matmul(&k).unwrap();
+        assert_eq!(scores.dtype(), DType::Bf16);
+        let probs = scores.masked_softmax(&mask, 0.5).unwrap();
+        let loss = probs.sum_to(&Shape::scalar()).unwrap();
+        let grad = g.grad(loss, &[scores]).unwrap()[0];
+        assert_eq!((probs.dtype(), grad.dtype()), (DType::F32, DType::Bf16));
+        let wide_scores = g
+            .nodes()
+            .iter()
+            .filter(|n| n.op.name() == "cast")
+            .flat_map(|n| n.outputs.iter())
+            .filter(|&&t| g.info(t).meta.dtype == DType::F32 && g.info(t).meta.shape.rank() == 3)
+            .count();
+        assert_eq!(wide_scores, 0, "no f32 copy of the scores (mask {mask_dtype})");
+    }
+}
+
+/// Scores and masks of other dtype pairs, and a gradient dtype the probabilities cannot
+/// have, are refused with both dtypes named.
+#[test]
+fn masked_softmax_refuses_dtype_pairs_it_does_not_widen() {
+    let g = Graph::new();
+    let x = g.input("x", [2, 3], DType::F64).unwrap();
+    let mask = g.input("mask", [3], DType::F32).unwrap();
+    let err = x.masked_softmax(&mask, 1.0).unwrap_err().to_string();
+    assert!(err.contains("f64") && err.contains("f32") && err.contains("bf16 and f32"), "{err}");
+    let y = g.input("y", [2, 3], DType::F32).unwrap();
+    let bad = regflow_graph::ops::MaskedSoftmaxGrad { scale: 1.0, dx: Some(DType::F64) };
+    let err = g.apply(bad, &[y, y]).unwrap_err().to_string();
+    assert!(err.contains("f32") && err.contains("f64"), "{err}");
 }

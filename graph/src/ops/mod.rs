@@ -140,12 +140,14 @@ pub enum Autocast {
     /// Moves or converts elements: inputs are left as they are (reshape, permute, slice,
     /// cast, fill, broadcast).
     Keep,
-    /// Numerically sensitive, but reads bf16 as it is: each element is widened to f32 as
-    /// it is loaded and the arithmetic is f32, so no f32 copy of a bf16 input is made (the
-    /// cross-entropy of a vocabulary's logits, whose f32 cast would be the plan's largest
-    /// tensor). The result is f32 where the op makes a new value (a loss) and the input's
-    /// dtype where it is that input's gradient; both equal the cast-then-f32 result bit
-    /// for bit (widening is exact, and a bf16 gradient is rounded once from f32).
+    /// Numerically sensitive, but reads its first input in bf16 as it is: each element is
+    /// widened to f32 as it is loaded and the arithmetic is f32, so no f32 copy of it is
+    /// made (the cross-entropy of a vocabulary's logits, whose f32 cast would be the plan's
+    /// largest tensor; attention's masked softmax). Other bf16 inputs (a mask) are cast to
+    /// f32. The result is f32 where the op makes a new value (a loss, probabilities) and
+    /// the input's dtype where it is that input's gradient; both equal the cast-then-f32
+    /// result bit for bit (widening is exact, and a bf16 gradient is rounded once from
+    /// f32).
     Widen,
 }
 

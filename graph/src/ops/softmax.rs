@@ -6,7 +6,7 @@ use super::{GradCtx, InputGrads, OpDef};
 use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
 use crate::{GraphError, Tensor};
-use regflow_kernels::cpu::softmax::{check_masked, Lanes};
+use regflow_kernels::cpu::softmax::{check_masked, masked_grad_dtype, Lanes};
 pub use regflow_plan::ops::{LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad};
 
 fn check_float(inputs: &[TensorMeta], count: usize, axis: isize) -> Result<TensorMeta, String> {
@@ -141,15 +141,25 @@ impl OpDef for MaskedSoftmax {
             return Err(format!("scale must be finite, got {}", self.scale));
         }
         let [x, mask] = inputs else { return Err(format!("takes 2 inputs (scores, mask), got {}", inputs.len())) };
-        check_masked(x, mask)?;
-        Ok(vec![x.clone()])
+        let dtype = check_masked(x, mask)?;
+        Ok(vec![TensorMeta::new(x.shape.clone(), dtype)])
+    }
+
+    /// Reads bf16 scores as they are, in f32 arithmetic, with an f32 mask (a bf16 mask
+    /// is cast: see [`Autocast::Widen`](super::Autocast::Widen)); the probabilities are
+    /// f32 and the scores' gradient bf16, as with the cast but without the scores' f32
+    /// copy.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Widen
     }
 
     /// `dz = y·(dy - Σ dy·y)` for `z = scale·x + mask`: `dx = scale·dz` in one op, and the
     /// mask's gradient `dz` summed to its shape (built only if something needs it).
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
-        let (mask, y, dy) = (ctx.inputs[1], ctx.outputs[0], ctx.grad()?);
-        let dx = y.graph().apply1(MaskedSoftmaxGrad { scale: self.scale }, &[y, dy])?;
+        let (x, mask, y, dy) = (ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ctx.grad()?);
+        // Widened bf16 scores get a bf16 gradient, rounded once from the f32 one.
+        let dx_dtype = (x.dtype() != y.dtype()).then_some(x.dtype());
+        let dx = y.graph().apply1(MaskedSoftmaxGrad { scale: self.scale, dx: dx_dtype }, &[y, dy])?;
         let dz = y.graph().apply1(SoftmaxGrad { axis: -1, log: false }, &[y, dy])?;
         Ok(vec![Some(dx), Some(dz.sum_to(&mask.shape())?)])
     }
@@ -169,7 +179,9 @@ impl OpDef for MaskedSoftmaxGrad {
         if !self.scale.is_finite() {
             return Err(format!("scale must be finite, got {}", self.scale));
         }
-        Ok(vec![check_float(inputs, 2, -1)?])
+        let y = check_float(inputs, 2, -1)?;
+        let dtype = masked_grad_dtype(y.dtype, self.dx)?;
+        Ok(vec![TensorMeta::new(y.shape, dtype)])
     }
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {

@@ -5,7 +5,7 @@ use crate::cpu::fast_math::{self, FastMath};
 use crate::cpu::shares::rows_in_shares;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
 impl HostCompute for Softmax {
     fn compute(
@@ -158,25 +158,49 @@ impl HostCompute for MaskedSoftmax {
         let ([x, mask], [out]) = (inputs, outputs) else {
             return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
         };
-        check_masked(x, mask)?;
-        if out != x {
-            return Err(format!("the output must match the scores {x}, got {out}"));
+        let dtype = check_masked(x, mask)?;
+        if out.shape != x.shape || out.dtype != dtype {
+            return Err(format!("the output must be the scores' shape {} in {dtype}, got {out}", x.shape));
         }
         Ok(())
     }
 }
 
-/// Whether `mask` fits the scores `x`: one float dtype, rank >= 1, and a shape that
-/// broadcasts to `x`'s (shared by the graph's shape rule).
-pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<(), String> {
-    super::fused::float_pair(("scores", x), ("mask", mask), "float scores")?;
+/// Whether `mask` fits the scores `x`: float dtypes, rank >= 1, and a shape that
+/// broadcasts to `x`'s (shared by the graph's shape rule); returns the dtype of the
+/// output, which [`masked_dtype`] gives.
+pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<DType, String> {
+    let dtype = masked_dtype(x, mask)?;
     if x.shape.rank() == 0 {
         return Err("the scores must have rank >= 1, got a scalar".into());
     }
     if Shape::broadcast(&x.shape, &mask.shape).as_ref() != Some(&x.shape) {
         return Err(format!("the mask {} does not broadcast to the scores {}", mask.shape, x.shape));
     }
-    Ok(())
+    Ok(dtype)
+}
+
+/// The dtype `masked_softmax` computes in and returns for scores `x` and `mask`: their
+/// common float dtype, or f32 where bf16 meets f32. Mixed precision's bf16 scores are
+/// then read as they are, each element widened as it loads (as the cross-entropy reads
+/// bf16 logits), so the scores get no f32 copy and the softmax is f32 all the same.
+pub fn masked_dtype(x: &TensorMeta, mask: &TensorMeta) -> Result<DType, String> {
+    match (x.dtype, mask.dtype) {
+        (a, b) if a == b && a.is_float() => Ok(a),
+        (DType::Bf16, DType::F32) | (DType::F32, DType::Bf16) => Ok(DType::F32),
+        _ => Err(format!("the scores {x} and the mask {mask} must be one float dtype, or bf16 and f32")),
+    }
+}
+
+/// The dtype of `masked_softmax_grad`'s output for `y` of `y_dtype` and the op's `dx`: `y`'s,
+/// or bf16 where the forward op widened bf16 scores to an f32 `y`.
+pub fn masked_grad_dtype(y_dtype: DType, dx: Option<DType>) -> Result<DType, String> {
+    match (y_dtype, dx) {
+        (y, None) => Ok(y),
+        (y, Some(d)) if d == y => Ok(y),
+        (DType::F32, Some(DType::Bf16)) => Ok(DType::Bf16),
+        (y, Some(d)) => Err(format!("a gradient of {y} probabilities can be {y} or, for f32, bf16; got {d}")),
+    }
 }
 
 fn masked_forward<T: FastMath>(
@@ -235,6 +259,20 @@ impl HostCompute for MaskedSoftmaxGrad {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         by_float!(outputs[0].dtype(), "integer softmax is not supported", T => masked_backward::<T>(self.scale, context.threads, inputs, &mut outputs[0]))
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([y, dy], [dx]) = (inputs, outputs) else {
+            return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
+        };
+        if dy != y || !y.dtype.is_float() {
+            return Err(format!("y {y} and dy {dy} must be one float tensor's metas"));
+        }
+        let dtype = masked_grad_dtype(y.dtype, self.dx)?;
+        if dx.shape != y.shape || dx.dtype != dtype {
+            return Err(format!("the gradient must be y's shape {} in {dtype}, got {dx}", y.shape));
+        }
+        Ok(())
     }
 }
 
