@@ -87,6 +87,22 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
             check(&format!("masked_softmax_grad {dtype} {dims:?}"), &op, &[&y, &dy], &[meta(&dims, dtype)], gpu);
         }
     }
+    // Mixed precision: bf16 scores, widened as they load, with an f32 mask give f32
+    // probabilities; f32 probabilities give the scores a bf16 gradient, rounded once.
+    for len in LENS.into_iter().chain([250, 768, 1500]) {
+        let dims = vec![2, 3, 5, len];
+        let x = common::array(&dims, DType::Bf16, 3);
+        for mask_dims in [dims.clone(), vec![5, len], vec![1]] {
+            let mask = common::array(&mask_dims, DType::F32, 4);
+            let op = MaskedSoftmax { scale: 0.125 };
+            let what = format!("masked_softmax bf16 {dims:?} mask f32 {mask_dims:?}");
+            check(&what, &op, &[&x, &mask], &[meta(&dims, DType::F32)], gpu);
+        }
+        let (y, dy) = (common::array(&dims, DType::F32, 5), common::array(&dims, DType::F32, 6));
+        let op = MaskedSoftmaxGrad { scale: 0.125, dx: Some(DType::Bf16) };
+        let what = format!("masked_softmax_grad f32 -> bf16 {dims:?}");
+        check(&what, &op, &[&y, &dy], &[meta(&dims, DType::Bf16)], gpu);
+    }
 }
 
 #[test]

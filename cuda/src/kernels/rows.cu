@@ -85,23 +85,24 @@ extern "C" __global__ void regflow_softmax_grad_f64(
 
 // softmax(scale · x + mask) over the last axis (rows of `len`). The mask's part of row r
 // starts at offset_of(mask_rows, r) and steps by mask_step (1, or 0 for a broadcast last
-// axis).
-template <typename T>
-__device__ void masked_softmax_rows(const T* x, const T* mask, T* y, u64 rows, u64 len, T scale, Axes mask_rows, u64 mask_step) {
+// axis). The scores are stored as X: T, or bf16 widened as it loads (mixed precision's
+// scores with an f32 mask and f32 probabilities).
+template <typename X, typename T>
+__device__ void masked_softmax_rows(const X* x, const T* mask, T* y, u64 rows, u64 len, T scale, Axes mask_rows, u64 mask_step) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
-        const T* xr = x + r * len;
+        const X* xr = x + r * len;
         const T* mr = mask + offset_of(mask_rows, r);
         T* yr = y + r * len;
         T m = minus_infinity<T>();
-        FOR_EACH_COL(j, len) m = bigger(m, scale * xr[j] + mr[j * mask_step]);
+        FOR_EACH_COL(j, len) m = bigger(m, scale * ld(xr + j) + mr[j * mask_step]);
         m = block_max(m, scratch, minus_infinity<T>());
         T s = 0;
-        FOR_EACH_COL(j, len) s += m_exp(scale * xr[j] + mr[j * mask_step] - m);
+        FOR_EACH_COL(j, len) s += m_exp(scale * ld(xr + j) + mr[j * mask_step] - m);
         // Times the sum's inverse, as the CPU kernel (normalize_row): a division per
         // element was slow on the zeros a causal mask makes (see masked_softmax_warp).
         T inverse = (T)1 / block_sum(s, scratch);
-        FOR_EACH_COL(j, len) yr[j] = m_exp(scale * xr[j] + mr[j * mask_step] - m) * inverse;
+        FOR_EACH_COL(j, len) yr[j] = m_exp(scale * ld(xr + j) + mr[j * mask_step] - m) * inverse;
     }
 }
 
@@ -113,9 +114,16 @@ extern "C" __global__ void regflow_masked_softmax_f64(
     const double* x, const double* mask, double* y, u64 rows, u64 len, double scale, Axes mask_rows, u64 mask_step) {
     masked_softmax_rows(x, mask, y, rows, len, scale, mask_rows, mask_step);
 }
+// bf16 scores, an f32 mask, f32 probabilities.
+extern "C" __global__ void regflow_masked_softmax_bf16(
+    const bf16* x, const float* mask, float* y, u64 rows, u64 len, float scale, Axes mask_rows, u64 mask_step) {
+    masked_softmax_rows(x, mask, y, rows, len, scale, mask_rows, mask_step);
+}
 
-// The gradient of masked softmax with respect to the scores: dx = scale · y (dy - Σ y dy).
-template <typename T> __device__ void masked_softmax_grad_rows(const T* y, const T* dy, T* dx, u64 rows, u64 len, T scale) {
+// The gradient of masked softmax with respect to the scores: dx = scale · y (dy - Σ y dy),
+// stored as D: T, or bf16 rounded once (the gradient of widened bf16 scores).
+template <typename T, typename D>
+__device__ void masked_softmax_grad_rows(const T* y, const T* dy, D* dx, u64 rows, u64 len, T scale) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
         const T* yr = y + r * len;
@@ -123,7 +131,7 @@ template <typename T> __device__ void masked_softmax_grad_rows(const T* y, const
         T s = 0;
         FOR_EACH_COL(j, len) s += yr[j] * dyr[j];
         s = block_sum(s, scratch);
-        FOR_EACH_COL(j, len) dx[r * len + j] = scale * yr[j] * (dyr[j] - s);
+        FOR_EACH_COL(j, len) st(dx + r * len + j, scale * yr[j] * (dyr[j] - s));
     }
 }
 
@@ -133,6 +141,11 @@ extern "C" __global__ void regflow_masked_softmax_grad_f32(
 }
 extern "C" __global__ void regflow_masked_softmax_grad_f64(
     const double* y, const double* dy, double* dx, u64 rows, u64 len, double scale) {
+    masked_softmax_grad_rows(y, dy, dx, rows, len, scale);
+}
+// f32 probabilities and their gradient, a bf16 gradient of the scores.
+extern "C" __global__ void regflow_masked_softmax_grad_bf16(
+    const float* y, const float* dy, bf16* dx, u64 rows, u64 len, float scale) {
     masked_softmax_grad_rows(y, dy, dx, rows, len, scale);
 }
 
@@ -372,20 +385,20 @@ __device__ __forceinline__ float warp_all_max(float v) {
     return v;
 }
 
-// masked_softmax_rows for one warp per row.
-template <int N>
-__device__ void masked_softmax_warp(const float* x, const float* mask, float* y, u64 rows, u64 len, float scale,
+// masked_softmax_rows for one warp per row (scores stored as X: f32, or bf16).
+template <typename X, int N>
+__device__ void masked_softmax_warp(const X* x, const float* mask, float* y, u64 rows, u64 len, float scale,
                                     Axes mask_rows, u64 mask_step) {
     u32 lane = threadIdx.x & 31;
     FOR_EACH_WARP_ROW(r, rows) {
-        const float* xr = x + r * len;
+        const X* xr = x + r * len;
         const float* mr = mask + offset_of(mask_rows, r);
         float v[N];
         float m = minus_infinity<float>();
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             u64 j = lane + 32 * k;
-            v[k] = j < len ? scale * xr[j] + mr[j * mask_step] : minus_infinity<float>();
+            v[k] = j < len ? scale * ld(xr + j) + mr[j * mask_step] : minus_infinity<float>();
             m = bigger(m, v[k]);
         }
         m = warp_all_max(m);
@@ -408,9 +421,9 @@ __device__ void masked_softmax_warp(const float* x, const float* mask, float* y,
     }
 }
 
-// masked_softmax_grad_rows for one warp per row.
-template <int N>
-__device__ void masked_softmax_grad_warp(const float* y, const float* dy, float* dx, u64 rows, u64 len, float scale) {
+// masked_softmax_grad_rows for one warp per row (the gradient stored as D: f32, or bf16).
+template <typename D, int N>
+__device__ void masked_softmax_grad_warp(const float* y, const float* dy, D* dx, u64 rows, u64 len, float scale) {
     u32 lane = threadIdx.x & 31;
     FOR_EACH_WARP_ROW(r, rows) {
         float yv[N], dv[N];
@@ -426,7 +439,7 @@ __device__ void masked_softmax_grad_warp(const float* y, const float* dy, float*
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             u64 j = lane + 32 * k;
-            if (j < len) dx[r * len + j] = scale * yv[k] * (dv[k] - s);
+            if (j < len) st(dx + r * len + j, scale * yv[k] * (dv[k] - s));
         }
     }
 }
@@ -545,18 +558,27 @@ extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
     layer_norm_params_sum(parts, dgamma, dbeta, warps, len);
 }
 
-// The warp-per-row entries holding N elements per lane: `regflow_<op>_f32_w<N>`, with the
-// arguments of the block-per-row entries of the same op (and the partials for the
-// layer-norm gradient).
+// The warp-per-row entries holding N elements per lane: `regflow_<op>_<dtype>_w<N>`, with
+// the arguments of the block-per-row entries of the same op and dtype (and the partials
+// for the layer-norm gradient).
 #define WARP_ROW_ENTRIES(N)                                                                                       \
     extern "C" __global__ void regflow_masked_softmax_f32_w##N(const float* x, const float* mask, float* y,       \
                                                                u64 rows, u64 len, float scale, Axes mask_rows,    \
                                                                u64 mask_step) {                                   \
-        masked_softmax_warp<N>(x, mask, y, rows, len, scale, mask_rows, mask_step);                               \
+        masked_softmax_warp<float, N>(x, mask, y, rows, len, scale, mask_rows, mask_step);                        \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_masked_softmax_bf16_w##N(const bf16* x, const float* mask, float* y,       \
+                                                                u64 rows, u64 len, float scale, Axes mask_rows,   \
+                                                                u64 mask_step) {                                  \
+        masked_softmax_warp<bf16, N>(x, mask, y, rows, len, scale, mask_rows, mask_step);                         \
     }                                                                                                             \
     extern "C" __global__ void regflow_masked_softmax_grad_f32_w##N(const float* y, const float* dy, float* dx,   \
                                                                     u64 rows, u64 len, float scale) {             \
-        masked_softmax_grad_warp<N>(y, dy, dx, rows, len, scale);                                                 \
+        masked_softmax_grad_warp<float, N>(y, dy, dx, rows, len, scale);                                          \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_masked_softmax_grad_bf16_w##N(const float* y, const float* dy, bf16* dx,   \
+                                                                     u64 rows, u64 len, float scale) {            \
+        masked_softmax_grad_warp<bf16, N>(y, dy, dx, rows, len, scale);                                           \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_w##N(const float* x, const float* gamma, const float* beta, \
                                                            float* y, u64 rows, u64 len, float eps) {              \

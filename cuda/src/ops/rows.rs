@@ -24,7 +24,8 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("log_softmax", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::LogSoftmax))),
     ("softmax_grad", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::Grad))),
     ("masked_softmax", FLOAT, || Arc::new(make_masked_softmax)),
-    ("masked_softmax_grad", FLOAT, || Arc::new(make_masked_softmax_grad)),
+    // Keyed by the gradient's dtype: bf16 for the gradient of widened bf16 scores.
+    ("masked_softmax_grad", LOW, || Arc::new(make_masked_softmax_grad)),
     ("layer_norm", FLOAT, || Arc::new(make_layer_norm)),
     ("layer_norm_grad", FLOAT, || Arc::new(make_layer_norm_grad)),
     // Keyed by the loss's dtype: f32 for f32 and bf16 logits alike.
@@ -54,10 +55,11 @@ const WARP_LANE_ELEMENTS: [u32; 4] = [8, 16, 24, 32];
 const WARP_ROWS: u64 = 8;
 
 /// The elements per lane of the warp-per-row entry for rows of `len` elements of `dtype`:
-/// the smallest that holds a row, for f32 rows of at most 1024 elements; `None` (one block
-/// per row) for longer rows and for f64, whose rows would not fit a warp's registers.
+/// the smallest that holds a row, for rows of at most 1024 elements computed in f32 (f32,
+/// and bf16 widened as it loads or rounded as it is stored); `None` (one block per row)
+/// for longer rows and for f64, whose rows would not fit a warp's registers.
 fn warp_lane_elements(dtype: DType, len: usize) -> Option<u32> {
-    if dtype != DType::F32 {
+    if !matches!(dtype, DType::F32 | DType::Bf16) {
         return None;
     }
     WARP_LANE_ELEMENTS.into_iter().find(|&n| len <= 32 * n as usize)
@@ -70,8 +72,9 @@ fn warp_row_grid(rows: usize) -> Grid {
     Grid { blocks: (blocks as u32, 1, 1), threads: (32 * WARP_ROWS as u32, 1, 1), shared_bytes: 0 }
 }
 
-/// The entry and grid of row op `name` over `rows` rows of `len`: the warp-per-row entry
-/// where a row fits a warp, else the block-per-row one.
+/// The entry and grid of row op `name` over `rows` rows of `len`, its entries named by
+/// `dtype` (`regflow_<name>_<dtype>[_w<N>]`): the warp-per-row entry where a row fits a
+/// warp, else the block-per-row one.
 fn row_entry(
     spec: &KernelSpec<'_>,
     name: &str,
@@ -80,7 +83,7 @@ fn row_entry(
     len: usize,
 ) -> Result<(Function, Grid), KernelError> {
     Ok(match warp_lane_elements(dtype, len) {
-        Some(n) => (function(spec, &format!("regflow_{name}_f32_w{n}"))?, warp_row_grid(rows)),
+        Some(n) => (function(spec, &format!("regflow_{name}_{}_w{n}", suffix(dtype)))?, warp_row_grid(rows)),
         None => (entry(spec, name, dtype)?, row_grid(rows, len)),
     })
 }
@@ -273,14 +276,21 @@ fn make_masked_softmax(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
     let (rows, len) = rows_of(dims);
     let strides = axes::broadcast_strides(mask.shape.dims(), dims);
     let last = dims.len() - 1;
-    let Some(mask_rows) = Axes::collapsed(&dims[..last], &strides[..last]) else {
+    // The entries: scores and mask of one dtype, or bf16 scores (widened as they load) with
+    // an f32 mask. An f32 scores with a bf16 mask runs the CPU kernel on the host.
+    let entries = match (x.dtype, mask.dtype) {
+        (a, b) if a == b => Some(a),
+        (DType::Bf16, DType::F32) => Some(DType::Bf16),
+        _ => None,
+    };
+    let (Some(entries), Some(mask_rows)) = (entries, Axes::collapsed(&dims[..last], &strides[..last])) else {
         return Ok(Box::new(HostOpKernel::new(op, conf)));
     };
-    let (function, grid) = row_entry(spec, "masked_softmax", x.dtype, rows, len)?;
+    let (function, grid) = row_entry(spec, "masked_softmax", entries, rows, len)?;
     Ok(queued(MaskedSoftmaxKernel {
         function,
         grid,
-        dtype: x.dtype,
+        dtype: conf.outputs[0].dtype,
         inputs: (conf.input_map[0], conf.input_map[1]),
         rows: rows as u64,
         len: len as u64,
@@ -325,20 +335,22 @@ impl Kernel for RowsKernel {
     }
 }
 
+/// The gradient is stored in the probabilities' dtype, or in bf16 from f32 probabilities
+/// (the gradient of widened bf16 scores: the `_bf16` entries).
 fn make_masked_softmax_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let op: MaskedSoftmaxGrad = conf.parse_attrs().map_err(KernelError)?;
-    let dtype = metas(spec, conf, 2, 1, &[])?;
-    same_meta(spec, conf, &[1, 2])?;
+    op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
     if conf.inputs[0].shape.rank() == 0 {
         return Err(fail(spec, conf, "the scores must have rank >= 1, got a scalar"));
     }
     let (rows, len) = rows_of(conf.inputs[0].shape.dims());
-    let (function, grid) = row_entry(spec, "masked_softmax_grad", dtype, rows, len)?;
+    let (function, grid) = row_entry(spec, "masked_softmax_grad", conf.outputs[0].dtype, rows, len)?;
     Ok(queued(RowsKernel {
         function,
         grid,
-        dtype,
+        // The probabilities' dtype: f64 passes an f64 scale, the others f32.
+        dtype: conf.inputs[0].dtype,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[1]],
         three: false,
         rows: rows as u64,

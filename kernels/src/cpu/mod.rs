@@ -133,8 +133,10 @@ fn add_as<T: HostCompute + DeserializeOwned + 'static>(
 pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     const FLOAT: &[DType] = &[DType::F32, DType::F64];
     // Ops mixed precision runs in bf16 (widened to f32 by `HostOpKernel`, see `crate::host`):
-    // products, elementwise arithmetic, the fused MLP activation, and the cross-entropy's
-    // gradient (bf16 logits in, bf16 gradient out; its loss is f32, a kernel keyed f32).
+    // products, elementwise arithmetic, the fused MLP activation, the cross-entropy's
+    // gradient (bf16 logits in, bf16 gradient out; its loss is f32, a kernel keyed f32) and
+    // the masked softmax's (f32 probabilities in, the bf16 scores' gradient out; the
+    // forward op reads bf16 scores into f32 probabilities, a kernel keyed f32).
     // Softmax, layer norm, reductions and optimizer updates stay f32 only: the graph's
     // autocast casts their inputs to f32, and a plan asking for them in bf16 is refused at
     // job build.
@@ -165,7 +167,8 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::LogSoftmax>(r, "log_softmax", device, FLOAT);
     add_as::<ops::SoftmaxGrad>(r, "softmax_grad", device, FLOAT);
     add_as::<ops::MaskedSoftmax>(r, "masked_softmax", device, FLOAT);
-    add_as::<ops::MaskedSoftmaxGrad>(r, "masked_softmax_grad", device, FLOAT);
+    // bf16: the gradient of bf16 scores the forward op widened (mixed precision).
+    add_as::<ops::MaskedSoftmaxGrad>(r, "masked_softmax_grad", device, LOW);
     add::<ops::BiasGelu>(r, device, LOW);
     add::<ops::BiasGeluGrad>(r, device, LOW);
     add_as::<ops::Concat>(r, "concat", device, ANY);
