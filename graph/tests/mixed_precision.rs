@@ -158,14 +158,7 @@ fn cross_entropy_widens_bf16_logits_as_it_loads_and_matches_the_cast_path_bitwis
     let loss = logits.sparse_cross_entropy(&y).unwrap();
     let grad = g.grad(loss, &[logits]).unwrap()[0];
     assert_eq!((loss.dtype(), grad.dtype()), (DType::F32, DType::Bf16));
-    let wide_logits = g
-        .nodes()
-        .iter()
-        .filter(|n| n.op.name() == "cast")
-        .flat_map(|n| n.outputs.iter())
-        .filter(|&&t| g.info(t).meta.dtype == DType::F32 && g.info(t).meta.shape.dims() == [rows, classes])
-        .count();
-    assert_eq!(wide_logits, 0, "no f32 copy of the logits");
+    assert_eq!(f32_casts_shaped(&g, &[rows, classes]), 0, "no f32 copy of the logits");
 }
 
 /// The masked softmax reads bf16 scores as they are (attention's `[B, H, T, T]`, the
@@ -220,14 +213,7 @@ fn masked_softmax_widens_bf16_scores_as_it_loads_and_matches_the_cast_path_bitwi
         let loss = probs.sum_to(&Shape::scalar()).unwrap();
         let grad = g.grad(loss, &[scores]).unwrap()[0];
         assert_eq!((probs.dtype(), grad.dtype()), (DType::F32, DType::Bf16));
-        let wide_scores = g
-            .nodes()
-            .iter()
-            .filter(|n| n.op.name() == "cast")
-            .flat_map(|n| n.outputs.iter())
-            .filter(|&&t| g.info(t).meta.dtype == DType::F32 && g.info(t).meta.shape.rank() == 3)
-            .count();
-        assert_eq!(wide_scores, 0, "no f32 copy of the scores (mask {mask_dtype})");
+        assert_eq!(f32_casts_shaped(&g, &[heads, t, t]), 0, "no f32 copy of the scores (mask {mask_dtype})");
     }
 }
 
@@ -244,4 +230,14 @@ fn masked_softmax_refuses_dtype_pairs_it_does_not_widen() {
     let bad = regflow_graph::ops::MaskedSoftmaxGrad { scale: 1.0, dx: Some(DType::F64) };
     let err = g.apply(bad, &[y, y]).unwrap_err().to_string();
     assert!(err.contains("f32") && err.contains("f64"), "{err}");
+}
+
+/// How many casts in `g` make an f32 tensor of `dims`: an f32 copy of bf16 values.
+fn f32_casts_shaped(g: &Graph, dims: &[usize]) -> usize {
+    g.nodes()
+        .iter()
+        .filter(|n| n.op.name() == "cast")
+        .flat_map(|n| n.outputs.iter())
+        .filter(|&&t| g.info(t).meta.dtype == DType::F32 && g.info(t).meta.shape.dims() == dims)
+        .count()
 }
