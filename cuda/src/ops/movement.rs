@@ -5,7 +5,7 @@
 
 use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
 use super::layout::{self, Indexing};
-use super::{factory, function, op_conf, stream, suffix, Entry};
+use super::{factory, function, op_conf, scratch, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid, StreamHandle};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{BroadcastTo, Concat, Embedding, EmbeddingGrad, Permute, Reshape, Slice, SliceGrad, SumTo};
@@ -350,14 +350,13 @@ fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
             };
             // f64 parts for f64, f32 for f32 and bf16 (which adds in f32).
             let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
-            let device = crate::Device::open(usize::from(spec.device_index))?;
             Some(PartialSums {
                 layout,
                 first: function(spec, &format!("regflow_{first}_{}", suffix(dtype)))?,
                 second: function(spec, &format!("regflow_{second}_{}", suffix(dtype)))?,
                 pieces,
                 chunk: n_reduced.div_ceil(pieces),
-                parts: device.managed(&format!("{} partial sums", spec.actor), n_out * pieces * part_bytes)?,
+                parts: scratch(spec, "partial sums", n_out * pieces * part_bytes)?,
             })
         }
         None => None,

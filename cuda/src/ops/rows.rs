@@ -6,7 +6,7 @@
 //! worked out when the actor is made, and a firing only queues its launches.
 
 use super::reduce::Axes;
-use super::{function, op_conf, queued, stream, suffix, Entry};
+use super::{function, op_conf, queued, scratch, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::axes;
 use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
@@ -393,17 +393,10 @@ fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError
     }))
 }
 
-/// `layer_norm_grad`: x̂ into dx, the parameter gradients by columns, then dx (see
-/// `rows.cu`): three launches, deterministic, no atomics. Where a row fits a warp, two
-/// (`warp`).
+/// `layer_norm_grad` (see `rows.cu`): deterministic, no atomics, in one of two ways.
 #[derive(Debug)]
 struct LayerNormGradKernel {
-    warp: Option<WarpLayerNormGrad>,
-    x_hat: Function,
-    params: Function,
-    dx: Function,
-    rows_grid: Grid,
-    dtype: DType,
+    steps: LayerNormGradSteps,
     /// The actor inputs holding x, gamma and dy.
     inputs: [usize; 3],
     rows: u64,
@@ -411,35 +404,50 @@ struct LayerNormGradKernel {
     eps: f64,
 }
 
+/// The launches of a layer-norm gradient.
+#[derive(Debug)]
+enum LayerNormGradSteps {
+    /// Rows that fit a warp: dx and each warp's partial parameter gradients in one pass,
+    /// then a column sum of the partials (2 · warps · len f32 of `parts`).
+    Warp { grad: Function, sum: Function, grid: Grid, parts: Box<dyn regflow_memory::ArenaMemory> },
+    /// Longer rows and f64: x̂ into dx, the parameter gradients by columns, then dx.
+    Rows { x_hat: Function, params: Function, dx: Function, grid: Grid, dtype: DType },
+}
+
 impl Kernel for LayerNormGradKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let [x, gamma, dy] = self.inputs.map(|i| io.input_addr(i));
         let (dx, dgamma, dbeta) = (io.output_addr(0), io.output_addr(1), io.output_addr(2));
         let (rows, len, s) = (self.rows, self.len, stream(io));
-        let columns = Grid::columns(len, rows);
         let (e64, e32) = (self.eps, self.eps as f32);
-        if let Some(w) = &self.warp {
-            let (parts, warps) = (w.parts.base().as_ptr() as u64, w.warps);
-            // SAFETY: as below; `parts` holds 2 · warps · len f32 partials, which the first
-            // launch writes whole (its grid has `warps` warps) and the second reads.
-            unsafe {
-                launch(s, w.grad, w.grid, &mut args![x, gamma, dy, dx, parts, rows, len, e32])?;
-                launch(s, w.sum, Grid::columns(len, warps), &mut args![parts, dgamma, dbeta, warps, len])?;
+        // SAFETY (every launch): x, dy and dx hold `rows · len` elements, gamma, dgamma and
+        // dbeta `len` (checked at build); the launches run in order on one stream, so each
+        // reads what the one before wrote; the argument types are the kernels'.
+        match &self.steps {
+            LayerNormGradSteps::Warp { grad, sum, grid, parts } => {
+                let warps = u64::from(grid.blocks.0) * WARP_ROWS;
+                let parts = parts.base().as_ptr() as u64;
+                // SAFETY: as above; `parts` holds 2 · warps · len f32 partials, which the
+                // first launch writes whole (its grid has `warps` warps) and the second reads.
+                unsafe {
+                    launch(s, *grad, *grid, &mut args![x, gamma, dy, dx, parts, rows, len, e32])?;
+                    launch(s, *sum, Grid::columns(len, warps), &mut args![parts, dgamma, dbeta, warps, len])?;
+                }
             }
-            return Ok(());
-        }
-        // SAFETY: x, dy and dx hold `rows · len` elements, gamma, dgamma and dbeta `len`
-        // (checked at build); the three launches run in order on one stream, so each reads
-        // what the one before wrote; the argument types are the kernels'.
-        unsafe {
-            if self.dtype == DType::F64 {
-                launch(s, self.x_hat, self.rows_grid, &mut args![x, dx, rows, len, e64])?;
-                launch(s, self.params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
-                launch(s, self.dx, self.rows_grid, &mut args![x, gamma, dy, dx, rows, len, e64])?;
-            } else {
-                launch(s, self.x_hat, self.rows_grid, &mut args![x, dx, rows, len, e32])?;
-                launch(s, self.params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
-                launch(s, self.dx, self.rows_grid, &mut args![x, gamma, dy, dx, rows, len, e32])?;
+            LayerNormGradSteps::Rows { x_hat, params, dx: dx_function, grid, dtype } => {
+                let columns = Grid::columns(len, rows);
+                // SAFETY: as above.
+                unsafe {
+                    if *dtype == DType::F64 {
+                        launch(s, *x_hat, *grid, &mut args![x, dx, rows, len, e64])?;
+                        launch(s, *params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
+                        launch(s, *dx_function, *grid, &mut args![x, gamma, dy, dx, rows, len, e64])?;
+                    } else {
+                        launch(s, *x_hat, *grid, &mut args![x, dx, rows, len, e32])?;
+                        launch(s, *params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
+                        launch(s, *dx_function, *grid, &mut args![x, gamma, dy, dx, rows, len, e32])?;
+                    }
+                }
             }
         }
         Ok(())
@@ -457,47 +465,33 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
         return Err(fail(spec, conf, format!("dgamma and dbeta must match gamma {gamma}")));
     }
     let (rows, features) = layer_norm_rows(spec, conf)?;
-    let warp = match warp_lane_elements(dtype, features) {
+    let steps = match warp_lane_elements(dtype, features) {
         Some(n) => {
             let grid = warp_row_grid(rows);
             let grid = Grid { blocks: (grid.blocks.0.min(LAYER_NORM_GRAD_BLOCKS), 1, 1), ..grid };
             let warps = u64::from(grid.blocks.0) * WARP_ROWS;
-            let device = crate::Device::open(usize::from(spec.device_index))?;
-            Some(WarpLayerNormGrad {
+            LayerNormGradSteps::Warp {
                 grad: function(spec, &format!("regflow_layer_norm_grad_f32_w{n}"))?,
                 sum: function(spec, "regflow_layer_norm_params_sum_f32")?,
                 grid,
-                warps,
-                parts: device
-                    .managed(&format!("{} partial parameter gradients", spec.actor), 2 * warps * features as u64 * 4)?,
-            })
+                parts: scratch(spec, "partial parameter gradients", 2 * warps * features as u64 * 4)?,
+            }
         }
-        None => None,
+        None => LayerNormGradSteps::Rows {
+            x_hat: entry(spec, "layer_norm_x_hat", dtype)?,
+            params: entry(spec, "layer_norm_params_grad", dtype)?,
+            dx: entry(spec, "layer_norm_dx", dtype)?,
+            grid: row_grid(rows, features),
+            dtype,
+        },
     };
     Ok(queued(LayerNormGradKernel {
-        warp,
-        x_hat: entry(spec, "layer_norm_x_hat", dtype)?,
-        params: entry(spec, "layer_norm_params_grad", dtype)?,
-        dx: entry(spec, "layer_norm_dx", dtype)?,
-        rows_grid: row_grid(rows, features),
-        dtype,
+        steps,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
         rows: rows as u64,
         len: features as u64,
         eps: op.eps,
     }))
-}
-
-/// The warp-per-row layer-norm gradient (`layer_norm_grad_warp` in `rows.cu`): its two
-/// entries, its grid, and the warps' partial parameter gradients (device memory made with
-/// the kernel, once per plan, like the registers).
-#[derive(Debug)]
-struct WarpLayerNormGrad {
-    grad: Function,
-    sum: Function,
-    grid: Grid,
-    warps: u64,
-    parts: Box<dyn regflow_memory::ArenaMemory>,
 }
 
 /// Most blocks of the warp-per-row layer-norm gradient: 1024 warps, each a few rows of a
@@ -589,8 +583,7 @@ fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelEr
     }
     let rows_function = entry(spec, "cross_entropy_rows", dtype)?;
     let mean_function = entry(spec, "cross_entropy_mean", conf.outputs[0].dtype)?;
-    let device = crate::Device::open(usize::from(spec.device_index))?;
-    let losses = device.managed(&format!("{} row losses", spec.actor), (rows.max(1) * 8) as u64)?;
+    let losses = scratch(spec, "row losses", (rows.max(1) * 8) as u64)?;
     Ok(queued(CrossEntropyKernel {
         rows_function,
         mean_function,
