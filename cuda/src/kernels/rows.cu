@@ -199,17 +199,17 @@ template <typename T> __device__ void layer_norm_x_hat_rows(const T* x, T* x_hat
     }
 }
 
-template <typename T> __device__ void layer_norm_params_grad(const T* x_hat, const T* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {
+// dgamma[j] and dbeta[j] as two column reductions (prelude) over `rows`, in one pass: each
+// row r adds its terms with `terms(r, j, dg, db)`. Both layer-norm gradients end with it:
+// over dy · x̂ and dy here, over the warps' partials in layer_norm_grad_warp's second step.
+template <typename T, typename Terms>
+__device__ void layer_norm_params_columns(T* dgamma, T* dbeta, u64 rows, u64 len, Terms terms) {
     __shared__ T partial[COLUMN_THREADS][COLUMN_THREADS];
     FOR_EACH_COLUMN(j, len) {
         bool mine = j < len;
         u64 end = mine ? rows : 0;
         T dg = 0, db = 0;
-        for (u64 r = threadIdx.y; r < end; r += blockDim.y) {
-            T d = dy[r * len + j];
-            dg += d * x_hat[r * len + j];
-            db += d;
-        }
+        for (u64 r = threadIdx.y; r < end; r += blockDim.y) terms(r, j, dg, db);
         dg = column_sum(dg, partial);
         db = column_sum(db, partial);
         if (mine && threadIdx.y == 0) {
@@ -217,6 +217,22 @@ template <typename T> __device__ void layer_norm_params_grad(const T* x_hat, con
             dbeta[j] = db;
         }
     }
+}
+
+// Row r's terms of dgamma and dbeta: dy · x̂ and dy.
+template <typename T> struct XHatTerms {
+    const T* x_hat;
+    const T* dy;
+    u64 len;
+    __device__ void operator()(u64 r, u64 j, T& dg, T& db) const {
+        T d = dy[r * len + j];
+        dg += d * x_hat[r * len + j];
+        db += d;
+    }
+};
+
+template <typename T> __device__ void layer_norm_params_grad(const T* x_hat, const T* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {
+    layer_norm_params_columns(dgamma, dbeta, rows, len, XHatTerms<T>{x_hat, dy, len});
 }
 
 template <typename T>
@@ -532,25 +548,22 @@ __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const f
     }
 }
 
-// Step 2 of layer_norm_grad_warp: dgamma[j] = Σ_w parts[w·len + j], dbeta[j] likewise from
-// the second half, a column reduction (prelude) over the `warps` partials.
-__device__ void layer_norm_params_sum(const float* parts, float* dgamma, float* dbeta, u64 warps, u64 len) {
-    __shared__ float partial[COLUMN_THREADS][COLUMN_THREADS];
-    FOR_EACH_COLUMN(j, len) {
-        bool mine = j < len;
-        u64 end = mine ? warps : 0;
-        float g = 0, b = 0;
-        for (u64 w = threadIdx.y; w < end; w += blockDim.y) {
-            g += parts[w * len + j];
-            b += parts[(warps + w) * len + j];
-        }
-        g = column_sum(g, partial);
-        b = column_sum(b, partial);
-        if (mine && threadIdx.y == 0) {
-            dgamma[j] = g;
-            dbeta[j] = b;
-        }
+// Warp w's terms of dgamma and dbeta: its partials, parts[w·len + j] and
+// parts[(warps + w)·len + j].
+struct WarpPartialTerms {
+    const float* parts;
+    u64 warps;
+    u64 len;
+    __device__ void operator()(u64 w, u64 j, float& dg, float& db) const {
+        dg += parts[w * len + j];
+        db += parts[(warps + w) * len + j];
     }
+};
+
+// Step 2 of layer_norm_grad_warp: dgamma[j] = Σ_w parts[w·len + j], dbeta[j] likewise from
+// the second half, in warp order.
+__device__ void layer_norm_params_sum(const float* parts, float* dgamma, float* dbeta, u64 warps, u64 len) {
+    layer_norm_params_columns(dgamma, dbeta, warps, len, WarpPartialTerms{parts, warps, len});
 }
 
 extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
