@@ -1,9 +1,9 @@
 //! Which library computes the CPU matrix products: the `gemm` crate (always built in), or
 //! the system's OpenBLAS through CBLAS (the `blas` cargo feature), chosen once per process.
 //!
-//! Why two: on the AVX2 machines here OpenBLAS's hand-written kernels reach 65–80 GFLOP/s on
-//! the MLP's shapes where gemm 0.19 reaches 53–67 (BENCHMARKS.md, issue 13), and a product
-//! is most of a training step. gemm stays the default of a plain build, because OpenBLAS is a
+//! Why two: on the AVX2 machines here OpenBLAS's hand-written kernels ran the MLP's
+//! 128×1024×1024 products at 68–80 GFLOP/s where gemm 0.19 ran them at 48–50
+//! (BENCHMARKS.md, issue 13, "Per shape"), and a product is most of a training step. gemm stays the default of a plain build, because OpenBLAS is a
 //! system library (Debian: `libopenblas-dev`) that a fresh machine may not have, and it stays
 //! the backend of the instruction-set tests ([`isa`](super::isa)), whose levels cap gemm's
 //! own dispatch. OpenBLAS picks its kernels at run time itself (Debian builds it with

@@ -255,9 +255,9 @@ pub fn gemm_typed<T: Real>(
 }
 
 /// A product goes to OpenBLAS only if all three of its sizes are at least this. Skinnier
-/// ones, such as a transformer head's 64 or a classifier's 10 columns, ran 10–40 % faster on
-/// gemm, and squarer ones 15–60 % faster on OpenBLAS (`bench_gemm` with shapes as its third
-/// argument, AVX2 Zen 3; BENCHMARKS.md, issue 13).
+/// ones, such as a transformer head's 64 or a classifier's 10 columns, ran 34–60 % faster on
+/// gemm, and squarer ones 10–62 % faster on OpenBLAS (`bench_gemm` with shapes as its third
+/// argument, AVX2 Zen 3; BENCHMARKS.md, issue 13, "Per shape").
 pub const BLAS_MIN_SIDE: usize = 96;
 
 /// Computes `product` by OpenBLAS if `T`, the sizes ([`BLAS_MIN_SIDE`]) and the strides fit;
