@@ -9,19 +9,32 @@ use std::ops::Range;
 ///
 /// All shares go to the pool while this (stream) thread waits: running the first share here
 /// instead measured 7–15 % slower on the MLP at two threads (three threads then contend for
-/// two cores while rayon's idle worker looks for work).
+/// two cores while rayon's idle worker looks for work). `rayon::join`, called from outside
+/// the pool, runs both of its halves there too.
 pub(crate) fn in_shares(threads: usize, len: usize, work: impl Fn(Range<usize>) + Sync) {
     let shares = threads.min(len);
     if shares <= 1 {
         work(0..len);
         return;
     }
-    rayon::scope(|scope| {
-        let work = &work;
-        for share in 0..shares {
-            scope.spawn(move |_| work(share * len / shares..(share + 1) * len / shares));
-        }
-    });
+    join_shares(0..shares, len, shares, &work);
+}
+
+/// The first index of share `share` of `len` indices cut into `shares` contiguous shares.
+fn share_start(share: usize, len: usize, shares: usize) -> usize {
+    share * len / shares
+}
+
+/// Runs `work` on each of the shares `of` of `len` indices cut into `shares`, halving the
+/// shares over `rayon::join`, whose tasks live on the stack: a firing allocates nothing
+/// (`rayon::scope`'s `spawn` boxes every task).
+fn join_shares(of: Range<usize>, len: usize, shares: usize, work: &(impl Fn(Range<usize>) + Sync)) {
+    if of.len() == 1 {
+        work(share_start(of.start, len, shares)..share_start(of.end, len, shares));
+        return;
+    }
+    let mid = of.start + of.len() / 2;
+    rayon::join(|| join_shares(of.start..mid, len, shares, work), || join_shares(mid..of.end, len, shares, work));
 }
 
 /// Elements below which a row-wise kernel stays on one thread whatever the device's thread
@@ -58,18 +71,29 @@ pub(crate) fn rows_in_shares<T: Send>(
         work(0..rows, out);
         return;
     }
-    rayon::scope(|scope| {
-        let work = &work;
-        let (mut rest, mut start) = (out, 0);
-        for share in 0..shares {
-            let end = (share + 1) * rows / shares;
-            let (part, tail) = std::mem::take(&mut rest).split_at_mut((end - start) * row_len);
-            rest = tail;
-            let range = start..end;
-            scope.spawn(move |_| work(range, part));
-            start = end;
-        }
-    });
+    join_row_shares(0..shares, (rows, row_len), shares, out, &work);
+}
+
+/// As [`join_shares`] for [`rows_in_shares`]: `out` holds the rows of the shares `of` of
+/// `rows` rows (of `row_len` elements) cut into `shares`, and is split with them.
+fn join_row_shares<T: Send>(
+    of: Range<usize>,
+    (rows, row_len): (usize, usize),
+    shares: usize,
+    out: &mut [T],
+    work: &(impl Fn(Range<usize>, &mut [T]) + Sync),
+) {
+    let start = share_start(of.start, rows, shares);
+    if of.len() == 1 {
+        work(start..share_start(of.end, rows, shares), out);
+        return;
+    }
+    let mid = of.start + of.len() / 2;
+    let (left, right) = out.split_at_mut((share_start(mid, rows, shares) - start) * row_len);
+    rayon::join(
+        || join_row_shares(of.start..mid, (rows, row_len), shares, left, work),
+        || join_row_shares(mid..of.end, (rows, row_len), shares, right, work),
+    );
 }
 
 /// The base pointers of a product's operands and output, shared by the threads that
