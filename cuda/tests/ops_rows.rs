@@ -65,13 +65,14 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
         // f32 rows of up to 1024 take the warp-per-row entries (8, 16, 24 or 32 elements
-        // per lane: 250, 768), longer ones (1500) and f64 the block-per-row ones.
-        for len in LENS.into_iter().chain([250, 768, 1500]) {
+        // per lane: 250, 768; 256 and 1024 fill every lane), longer ones (1500) and f64
+        // the block-per-row ones.
+        for len in LENS.into_iter().chain([250, 256, 768, 1024, 1500]) {
             let dims = vec![2, 3, 5, len];
             let x = common::array(&dims, dtype, 3);
             // A full mask, one per (batch, key) as attention's padding mask, a causal-like
-            // [rows, len] one, and a scalar.
-            for mask_dims in [dims.clone(), vec![2, 1, 1, len], vec![5, len], vec![1]] {
+            // [rows, len] one, one value per row, and a scalar.
+            for mask_dims in [dims.clone(), vec![2, 1, 1, len], vec![5, len], vec![5, 1], vec![1]] {
                 let mask = common::array(&mask_dims, dtype, 4);
                 let op = MaskedSoftmax { scale: 0.125 };
                 check(
@@ -83,24 +84,26 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
                 );
             }
             let (y, dy) = (common::array(&dims, dtype, 5), common::array(&dims, dtype, 6));
-            let op = MaskedSoftmaxGrad { scale: 0.125, dx: None };
+            let op = MaskedSoftmaxGrad { scale: 0.125 };
             check(&format!("masked_softmax_grad {dtype} {dims:?}"), &op, &[&y, &dy], &[meta(&dims, dtype)], gpu);
         }
     }
-    // Mixed precision: bf16 scores, widened as they load, with an f32 mask give f32
-    // probabilities; f32 probabilities give the scores a bf16 gradient, rounded once.
-    for len in LENS.into_iter().chain([250, 768, 1500]) {
+    // Mixed precision: bf16 scores, widened as they load, with an f32 mask give bf16
+    // probabilities computed in f32; bf16 probabilities and their gradient give the
+    // scores a bf16 gradient. Rows of 256 and 1024 fill every lane (the warp entries'
+    // path without bounds tests), as attention's do.
+    for len in LENS.into_iter().chain([250, 256, 768, 1024, 1500]) {
         let dims = vec![2, 3, 5, len];
         let x = common::array(&dims, DType::Bf16, 3);
-        for mask_dims in [dims.clone(), vec![5, len], vec![1]] {
+        for mask_dims in [dims.clone(), vec![5, len], vec![5, 1], vec![1]] {
             let mask = common::array(&mask_dims, DType::F32, 4);
             let op = MaskedSoftmax { scale: 0.125 };
             let what = format!("masked_softmax bf16 {dims:?} mask f32 {mask_dims:?}");
-            check(&what, &op, &[&x, &mask], &[meta(&dims, DType::F32)], gpu);
+            check(&what, &op, &[&x, &mask], &[meta(&dims, DType::Bf16)], gpu);
         }
-        let (y, dy) = (common::array(&dims, DType::F32, 5), common::array(&dims, DType::F32, 6));
-        let op = MaskedSoftmaxGrad { scale: 0.125, dx: Some(DType::Bf16) };
-        let what = format!("masked_softmax_grad f32 -> bf16 {dims:?}");
+        let (y, dy) = (common::array(&dims, DType::Bf16, 5), common::array(&dims, DType::Bf16, 6));
+        let op = MaskedSoftmaxGrad { scale: 0.125 };
+        let what = format!("masked_softmax_grad bf16 {dims:?}");
         check(&what, &op, &[&y, &dy], &[meta(&dims, DType::Bf16)], gpu);
     }
 }

@@ -15,7 +15,9 @@
 //! Losses, softmax, layer norm, cross-entropy, reductions and updates run in f32; the
 //! cross-entropy and the masked softmax read bf16 logits or scores as they are, widening
 //! each element as it loads ([`Autocast::Widen`]), so a vocabulary's logits and
-//! attention's scores get no f32 copy and their gradients come out bf16. Only
+//! attention's scores get no f32 copy and their gradients come out bf16; the masked
+//! softmax stores its probabilities in bf16 too, rounded once, as the product that reads
+//! them would have cast them. Only
 //! bf16 is offered: it keeps f32's exponent range, so gradients do not underflow and no
 //! loss scaling is needed; f16 would need dynamic loss scaling and is refused.
 //! Each tensor is cast to a dtype once and the cast shared by all its readers.

@@ -23,8 +23,8 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("softmax", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::Softmax))),
     ("log_softmax", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::LogSoftmax))),
     ("softmax_grad", FLOAT, || Arc::new(|spec| make_softmax(spec, Lane::Grad))),
-    ("masked_softmax", FLOAT, || Arc::new(make_masked_softmax)),
-    // Keyed by the gradient's dtype: bf16 for the gradient of widened bf16 scores.
+    // Keyed by the probabilities' dtype, the scores': bf16 for mixed precision's.
+    ("masked_softmax", LOW, || Arc::new(make_masked_softmax)),
     ("masked_softmax_grad", LOW, || Arc::new(make_masked_softmax_grad)),
     ("layer_norm", FLOAT, || Arc::new(make_layer_norm)),
     ("layer_norm_grad", FLOAT, || Arc::new(make_layer_norm_grad)),
@@ -277,7 +277,8 @@ fn make_masked_softmax(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
     let strides = axes::broadcast_strides(mask.shape.dims(), dims);
     let last = dims.len() - 1;
     // The entries: scores and mask of one dtype, or bf16 scores (widened as they load) with
-    // an f32 mask. An f32 scores with a bf16 mask runs the CPU kernel on the host.
+    // an f32 mask into bf16 probabilities. f32 scores with a bf16 mask run the CPU kernel
+    // on the host.
     let entries = match (x.dtype, mask.dtype) {
         (a, b) if a == b => Some(a),
         (DType::Bf16, DType::F32) => Some(DType::Bf16),
@@ -335,8 +336,7 @@ impl Kernel for RowsKernel {
     }
 }
 
-/// The gradient is stored in the probabilities' dtype, or in bf16 from f32 probabilities
-/// (the gradient of widened bf16 scores: the `_bf16` entries).
+/// y, dy and the gradient share one dtype; bf16 (the `_bf16` entries) is computed in f32.
 fn make_masked_softmax_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let op: MaskedSoftmaxGrad = conf.parse_attrs().map_err(KernelError)?;

@@ -144,10 +144,11 @@ pub enum Autocast {
     /// widened to f32 as it is loaded and the arithmetic is f32, so no f32 copy of it is
     /// made (the cross-entropy of a vocabulary's logits, whose f32 cast would be the plan's
     /// largest tensor; attention's masked softmax). Other bf16 inputs (a mask) are cast to
-    /// f32. The result is f32 where the op makes a new value (a loss, probabilities) and
-    /// the input's dtype where it is that input's gradient; both equal the cast-then-f32
-    /// result bit for bit (widening is exact, and a bf16 gradient is rounded once from
-    /// f32).
+    /// f32. The result is f32 where the op makes a new value that stays f32 (a loss), the
+    /// first input's dtype where the next op would cast it to that anyway (attention's
+    /// probabilities, read by a bf16 product) or where it is that input's gradient; each
+    /// equals the cast-then-f32 result, cast where it is bf16, bit for bit (widening is
+    /// exact, and a bf16 result is rounded once from f32).
     Widen,
 }
 

@@ -6,7 +6,7 @@ use super::{GradCtx, InputGrads, OpDef};
 use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
 use crate::{GraphError, Tensor};
-use regflow_kernels::cpu::softmax::{check_masked, masked_grad_dtype, Lanes};
+use regflow_kernels::cpu::softmax::{check_masked, Lanes};
 pub use regflow_plan::ops::{LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad};
 
 fn check_float(inputs: &[TensorMeta], count: usize, axis: isize) -> Result<TensorMeta, String> {
@@ -147,21 +147,23 @@ impl OpDef for MaskedSoftmax {
 
     /// Reads bf16 scores as they are, in f32 arithmetic, with an f32 mask (a bf16 mask
     /// is cast: see [`Autocast::Widen`](super::Autocast::Widen)); the probabilities are
-    /// f32 and the scores' gradient bf16, as with the cast but without the scores' f32
-    /// copy.
+    /// stored in bf16, rounded once, as the cast before the next product would store
+    /// them, and their gradient and the scores' are bf16 too: no f32 copy of the scores,
+    /// the probabilities or either gradient.
     fn autocast(&self) -> super::Autocast {
         super::Autocast::Widen
     }
 
     /// `dz = y·(dy - Σ dy·y)` for `z = scale·x + mask`: `dx = scale·dz` in one op, and the
-    /// mask's gradient `dz` summed to its shape (built only if something needs it).
+    /// mask's gradient `dz` summed to its shape (built only if something needs it), in
+    /// the mask's dtype.
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
-        let (x, mask, y, dy) = (ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ctx.grad()?);
-        // Widened bf16 scores get a bf16 gradient, rounded once from the f32 one.
-        let dx_dtype = (x.dtype() != y.dtype()).then_some(x.dtype());
-        let dx = y.graph().apply1(MaskedSoftmaxGrad { scale: self.scale, dx: dx_dtype }, &[y, dy])?;
-        let dz = y.graph().apply1(SoftmaxGrad { axis: -1, log: false }, &[y, dy])?;
-        Ok(vec![Some(dx), Some(dz.sum_to(&mask.shape())?)])
+        let (mask, y, dy) = (ctx.inputs[1], ctx.outputs[0], ctx.grad()?);
+        let dx = y.graph().apply1(MaskedSoftmaxGrad { scale: self.scale }, &[y, dy])?;
+        // dz is the same rule with a scale of 1 (in y's dtype: bf16 under mixed precision,
+        // summed to the mask's shape before its cast, so no full-size f32 copy is made).
+        let dz = y.graph().apply1(MaskedSoftmaxGrad { scale: 1.0 }, &[y, dy])?;
+        Ok(vec![Some(dx), Some(dz.sum_to(&mask.shape())?.cast(mask.dtype())?)])
     }
 
     /// Rows are independent: any axis but the last may be split (see `masked_splits`).
@@ -180,8 +182,13 @@ impl OpDef for MaskedSoftmaxGrad {
             return Err(format!("scale must be finite, got {}", self.scale));
         }
         let y = check_float(inputs, 2, -1)?;
-        let dtype = masked_grad_dtype(y.dtype, self.dx)?;
-        Ok(vec![TensorMeta::new(y.shape, dtype)])
+        Ok(vec![y])
+    }
+
+    /// Reads y and dy as they are: bf16 probabilities (mixed precision) and their
+    /// gradient are computed in f32 as they load, with no f32 copy.
+    fn autocast(&self) -> super::Autocast {
+        super::Autocast::Keep
     }
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {

@@ -135,8 +135,8 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     // Ops mixed precision runs in bf16 (widened to f32 by `HostOpKernel`, see `crate::host`):
     // products, elementwise arithmetic, the fused MLP activation, the cross-entropy's
     // gradient (bf16 logits in, bf16 gradient out; its loss is f32, a kernel keyed f32) and
-    // the masked softmax's (f32 probabilities in, the bf16 scores' gradient out; the
-    // forward op reads bf16 scores into f32 probabilities, a kernel keyed f32).
+    // the masked softmax and its gradient (bf16 scores and an f32 mask in, bf16
+    // probabilities out, computed in f32; bf16 probabilities and gradients).
     // Softmax, layer norm, reductions and optimizer updates stay f32 only: the graph's
     // autocast casts their inputs to f32, and a plan asking for them in bf16 is refused at
     // job build.
@@ -166,7 +166,7 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::Softmax>(r, "softmax", device, FLOAT);
     add_as::<ops::LogSoftmax>(r, "log_softmax", device, FLOAT);
     add_as::<ops::SoftmaxGrad>(r, "softmax_grad", device, FLOAT);
-    add_as::<ops::MaskedSoftmax>(r, "masked_softmax", device, FLOAT);
+    add_as::<ops::MaskedSoftmax>(r, "masked_softmax", device, LOW);
     // bf16: the gradient of bf16 scores the forward op widened (mixed precision).
     add_as::<ops::MaskedSoftmaxGrad>(r, "masked_softmax_grad", device, LOW);
     add::<ops::BiasGelu>(r, device, LOW);

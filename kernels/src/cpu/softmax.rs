@@ -180,26 +180,18 @@ pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<DType, String> 
     Ok(dtype)
 }
 
-/// The dtype `masked_softmax` computes in and returns for scores `x` and `mask`: their
-/// common float dtype, or f32 where bf16 meets f32. Mixed precision's bf16 scores are
-/// then read as they are, each element widened as it loads (as the cross-entropy reads
-/// bf16 logits), so the scores get no f32 copy and the softmax is f32 all the same.
+/// The dtype of `masked_softmax`'s probabilities for scores `x` and `mask`: the scores'.
+/// The two are one float dtype, or bf16 scores meet an f32 mask (a bf16 mask with f32
+/// scores is f32 too). Mixed precision's bf16 scores are read as they are, each element
+/// widened as it loads (as the cross-entropy reads bf16 logits); the softmax is computed
+/// in f32 and each probability rounded to bf16 once as it is stored: the f32 softmax of
+/// the widened scores cast to bf16, bit for bit, with no f32 copy of either.
 pub fn masked_dtype(x: &TensorMeta, mask: &TensorMeta) -> Result<DType, String> {
     match (x.dtype, mask.dtype) {
         (a, b) if a == b && a.is_float() => Ok(a),
-        (DType::Bf16, DType::F32) | (DType::F32, DType::Bf16) => Ok(DType::F32),
+        (DType::Bf16, DType::F32) => Ok(DType::Bf16),
+        (DType::F32, DType::Bf16) => Ok(DType::F32),
         _ => Err(format!("the scores {x} and the mask {mask} must be one float dtype, or bf16 and f32")),
-    }
-}
-
-/// The dtype of `masked_softmax_grad`'s output for `y` of `y_dtype` and the op's `dx`: `y`'s,
-/// or bf16 where the forward op widened bf16 scores to an f32 `y`.
-pub fn masked_grad_dtype(y_dtype: DType, dx: Option<DType>) -> Result<DType, String> {
-    match (y_dtype, dx) {
-        (y, None) => Ok(y),
-        (y, Some(d)) if d == y => Ok(y),
-        (DType::F32, Some(DType::Bf16)) => Ok(DType::Bf16),
-        (y, Some(d)) => Err(format!("a gradient of {y} probabilities can be {y} or, for f32, bf16; got {d}")),
     }
 }
 
@@ -268,9 +260,8 @@ impl HostCompute for MaskedSoftmaxGrad {
         if dy != y || !y.dtype.is_float() {
             return Err(format!("y {y} and dy {dy} must be one float tensor's metas"));
         }
-        let dtype = masked_grad_dtype(y.dtype, self.dx)?;
-        if dx.shape != y.shape || dx.dtype != dtype {
-            return Err(format!("the gradient must be y's shape {} in {dtype}, got {dx}", y.shape));
+        if dx != y {
+            return Err(format!("the gradient must be y's shape and dtype {y}, got {dx}"));
         }
         Ok(())
     }

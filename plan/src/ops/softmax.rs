@@ -43,9 +43,4 @@ pub struct MaskedSoftmax {
 pub struct MaskedSoftmaxGrad {
     /// The forward op's scale.
     pub scale: f64,
-    /// The gradient's dtype where it differs from `y`'s: bf16 for bf16 scores that the
-    /// forward op widened to an f32 `y` (mixed precision), rounded once from the f32
-    /// result. `None` (and absent from plan files written before it existed): `y`'s dtype.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dx: Option<crate::DType>,
 }
