@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = CONFIG.context;
     let g = Graph::new();
     let model = Gpt::new(&g, CONFIG, VOCAB)?;
-    let mask = g.input("causal_mask", [t, t], DType::F32)?;
+    let mask = g.causal_mask(t, DType::F32)?;
     let ids = g.input("ids", [BATCH, t], DType::I64)?;
     let targets = g.input("targets", [BATCH * t], DType::I64)?;
     let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;

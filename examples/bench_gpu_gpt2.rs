@@ -87,7 +87,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         g.mixed_precision(precision)?;
     }
     let model = Gpt::new(&g, config, vocab)?;
-    let mask = g.input("causal_mask", [t, t], DType::F32)?;
+    let mask = g.causal_mask(t, DType::F32)?;
     let ids = g.input("ids", [batch, t], DType::I64)?;
     let targets = g.input("targets", [batch * t], DType::I64)?;
     let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;

@@ -26,7 +26,7 @@ fn sgd_and_adamw_updates_match_the_cpu() {
         // i64 or f32 register is read the same way.
         for (lr_dtype, step_dtype) in [(DType::F64, DType::F64), (DType::F32, DType::I64)] {
             for (kind, states) in [(sgd.clone(), 1), (adamw.clone(), 2)] {
-                for n in [1, 7, 1023, 70_001] {
+                for (n, scale) in [(1, false), (7, true), (1023, false), (70_001, true)] {
                     let mut inputs = vec![
                         random(n, dtype, 1, (-1.0, 1.0)),
                         random(n, dtype, 2, (-1.0, 1.0)),
@@ -38,12 +38,16 @@ fn sgd_and_adamw_updates_match_the_cpu() {
                         // Second moments are non-negative.
                         inputs.push(random(n, dtype, 4, (0.0, 0.01)));
                     }
+                    if scale {
+                        // Gradient clipping's factor, read on the device.
+                        inputs.push(common::scalar(lr_dtype, 0.37));
+                    }
                     let refs: Vec<&HostArray> = inputs.iter().collect();
                     let outputs = vec![TensorMeta::new([n], dtype); 1 + states];
                     let op = Update(kind.clone());
                     let conf = common::conf(&op as &dyn OpAttrs, &refs, &outputs);
                     let rel = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
-                    let what = format!("{kind:?} {dtype} [{n}] lr {lr_dtype} step {step_dtype}");
+                    let what = format!("{kind:?} {dtype} [{n}] lr {lr_dtype} step {step_dtype} scale {scale}");
                     common::check(&what, &conf, &refs, (&device, &stream), rel);
                 }
             }

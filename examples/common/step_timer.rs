@@ -30,7 +30,8 @@ pub(crate) fn seconds_per_step(
     Ok((start.elapsed().as_secs_f64() / steps as f64, last))
 }
 
-/// Feeds a GPT step job (inputs `causal_mask`, `ids`, `targets`) `warmup + steps` batches
+/// Feeds a GPT step job (inputs `ids` and `targets`; the mask is the graph's
+/// `causal_mask`, made on the device) `warmup + steps` batches
 /// of `batch × t` random token ids below `vocab`, from a thread, and times the last `steps`
 /// by the losses fetched from `fetch`: seconds per step and the last loss (`progress` as
 /// for [`seconds_per_step`]).
@@ -43,18 +44,14 @@ pub(crate) fn time_gpt_steps(
     steps: usize,
     progress: bool,
 ) -> Result<(f64, f32), Box<dyn std::error::Error>> {
-    let (mut feed_mask, mut feed_ids, mut feed_targets) =
-        (job.feeder("input:causal_mask")?, job.feeder("input:ids")?, job.feeder("input:targets")?);
+    let (mut feed_ids, mut feed_targets) = (job.feeder("input:ids")?, job.feeder("input:targets")?);
     let losses = job.fetcher(fetch)?;
-    let mask_bytes: Vec<u8> =
-        (0..t * t).flat_map(|k| (if k % t <= k / t { 0.0f32 } else { -1e9 }).to_le_bytes()).collect();
     let mut rng = SplitMix64::new(0);
     let mut draw =
         || -> Vec<u8> { (0..batch * t).flat_map(|_| ((rng.next_u64() % vocab as u64) as i64).to_le_bytes()).collect() };
     let batches: Vec<(Vec<u8>, Vec<u8>)> = (0..warmup + steps).map(|_| (draw(), draw())).collect();
     let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
         for (step_ids, step_targets) in &batches {
-            feed_mask.push(&mask_bytes)?;
             feed_ids.push(step_ids)?;
             feed_targets.push(step_targets)?;
         }

@@ -192,19 +192,20 @@ impl OpDef for Update {
     }
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
-        let states = match self.0 {
-            OptimizerKind::Sgd { .. } => 1,
-            OptimizerKind::AdamW { .. } => 2,
-        };
-        if inputs.len() != 4 + states {
+        let states = self.0.state_count();
+        if inputs.len() != 4 + states && inputs.len() != 5 + states {
             return Err(format!(
-                "takes param, grad, lr, step and {states} state tensor(s), got {} inputs",
+                "takes param, grad, lr, step, {states} state tensor(s) and an optional gradient scale, got {} inputs",
                 inputs.len()
             ));
         }
         let param = &inputs[0];
         for (i, t) in inputs.iter().enumerate().filter(|&(i, _)| i != 2 && i != 3) {
-            if t != param {
+            if i == 4 + states {
+                if t.shape.numel() != 1 || !t.dtype.is_float() {
+                    return Err(format!("the gradient scale (input {i}) must be one float value, got {t}"));
+                }
+            } else if t != param {
                 return Err(format!("input {i} is {t}, but the parameter is {param}"));
             }
         }
@@ -216,14 +217,16 @@ impl OpDef for Update {
     }
 
     /// Elementwise over the parameter, its gradient and its state: any split of those
-    /// (alike) splits every output, with the learning rate and step whole.
+    /// (alike) splits every output, with the learning rate, step and gradient scale whole.
     fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<crate::sbp::SbpSignature> {
         use crate::sbp::{Sbp, SbpSignature};
         let rank = inputs.first().map_or(0, |param| param.shape.rank());
+        let scale = 4 + self.0.state_count();
         (0..rank)
             .map(|d| {
+                let whole = |i: usize| i == 2 || i == 3 || i == scale;
                 let operands: Vec<Sbp> =
-                    (0..inputs.len()).map(|i| if i == 2 || i == 3 { Sbp::Broadcast } else { Sbp::Split(d) }).collect();
+                    (0..inputs.len()).map(|i| if whole(i) { Sbp::Broadcast } else { Sbp::Split(d) }).collect();
                 SbpSignature::new(operands, vec![Sbp::Split(d); outputs.len()])
             })
             .collect()
@@ -272,6 +275,10 @@ impl Graph {
         }
         let mut grads = self.grad(loss, &params)?;
         let raw_grads = grads.clone();
+        // The clip factor on each parameter's placement: the updates multiply it in as
+        // they read the raw gradients (see `Update`), so the clipped gradients below are
+        // made only if something fetches them.
+        let mut grad_scales = Vec::new();
         if let Some(max_norm) = optimizer.clip_norm {
             let mut total: Option<Tensor<'g>> = None;
             for g in &grads {
@@ -292,7 +299,8 @@ impl Graph {
             }
             if let Some(total) = total {
                 let factor = self.apply1(ClipFactor(max_norm), &[total.sqrt()?])?;
-                grads = grads.iter().map(|g| g.mul(&self.alongside(factor, *g)?)).collect::<Result<_, _>>()?;
+                grad_scales = grads.iter().map(|g| self.alongside(factor, *g)).collect::<Result<_, _>>()?;
+                grads = grads.iter().zip(&grad_scales).map(|(g, s)| g.mul(s)).collect::<Result<_, _>>()?;
             }
         }
         let step = self.state("optimizer.step", &TensorMeta::new(Shape::scalar(), DType::F64), Init::Zeros)?;
@@ -300,7 +308,7 @@ impl Graph {
         let lr = self.apply1(LearningRate(optimizer.schedule.clone()), &[next_step])?;
         let mut updates = vec![(step, next_step)];
         let mut all_states = Vec::new();
-        for (p, g) in params.iter().zip(&grads) {
+        for (i, (p, g)) in params.iter().zip(&raw_grads).enumerate() {
             let meta = p.meta();
             let name = p.name();
             let states: Vec<Tensor<'g>> = match optimizer.kind {
@@ -313,6 +321,7 @@ impl Graph {
             all_states.extend(states.iter().map(|s| (*s, *p)));
             let mut inputs = vec![*p, *g, lr, next_step];
             inputs.extend(&states);
+            inputs.extend(grad_scales.get(i));
             let outputs = self.apply(Update(optimizer.kind.clone()), &inputs)?;
             updates.push((*p, outputs[0]));
             updates.extend(states.into_iter().zip(outputs[1..].iter().copied()));

@@ -390,3 +390,49 @@ fn second_derivatives_of_fused_gradient_ops_are_reported_not_wrong() {
     let second = dx.sum_to(&Shape::scalar()).unwrap();
     assert_eq!(g.grad(second, &[x]).unwrap_err().to_string(), "softmax_grad has no gradient with respect to input 0");
 }
+
+/// `causal_mask` is 0 on and below the diagonal and -1e9 above it, in f32, f64 and bf16,
+/// and a masked softmax over it equals one over the same mask fed as an input, bit for bit.
+#[test]
+fn causal_mask_hides_later_keys_like_a_fed_mask() {
+    let t = 5;
+    let expected: Vec<f64> = (0..t * t).map(|k| if k % t <= k / t { 0.0 } else { -1e9 }).collect();
+    for dtype in [DType::F32, DType::F64, DType::Bf16] {
+        let g = Graph::new();
+        let mask = g.causal_mask(t, dtype).unwrap();
+        assert_eq!((mask.dtype(), mask.shape().dims().to_vec()), (dtype, vec![t, t]));
+        let made = g.eval(&[], &[mask]).unwrap()[0].to_f64_vec();
+        // bf16 rounds -1e9 to its nearest, -998244352.
+        let rounded: Vec<f64> = expected.iter().map(|&v| if v == 0.0 { 0.0 } else { made[t - 1] }).collect();
+        assert_eq!(made, rounded, "{dtype}");
+        assert!((made[t - 1] + 1e9).abs() <= 2e6, "{dtype}: {}", made[t - 1]);
+    }
+    let scores = random([2, t, t], 3);
+    let g = Graph::new();
+    let x = g.input("x", [2, t, t], DType::F64).unwrap();
+    let fed = g.input("mask", [t, t], DType::F64).unwrap();
+    let (made, by_feed) =
+        (x.masked_softmax(&g.causal_mask(t, DType::F64).unwrap(), 0.5).unwrap(), x.masked_softmax(&fed, 0.5).unwrap());
+    let out = g.eval(&[(x, scores), (fed, f64s([t, t], &expected))], &[made, by_feed]).unwrap();
+    assert_eq!(out[0].to_f64_vec(), out[1].to_f64_vec());
+    assert_eq!(out[0].to_f64_vec()[1], 0.0, "the first query sees only the first key");
+}
+
+/// A causal mask that is not square, not a float, or whose masked value is not a finite
+/// negative number is refused, naming what it got.
+#[test]
+fn causal_masks_that_cannot_mask_are_refused() {
+    use regflow_graph::ops::CausalMask;
+    use regflow_graph::TensorMeta;
+    let g = Graph::new();
+    let cases = [
+        (CausalMask { masked: -1e9, meta: TensorMeta::new([3, 4], DType::F32) }, "[3, 4]"),
+        (CausalMask { masked: -1e9, meta: TensorMeta::new([3, 3], DType::I64) }, "i64"),
+        (CausalMask { masked: f64::NEG_INFINITY, meta: TensorMeta::new([3, 3], DType::F32) }, "-inf"),
+        (CausalMask { masked: 1.0, meta: TensorMeta::new([3, 3], DType::F32) }, "got 1"),
+    ];
+    for (op, named) in cases {
+        let err = g.apply(op, &[]).unwrap_err().to_string();
+        assert!(err.contains(named) && err.contains("causal_mask"), "{named}: {err}");
+    }
+}

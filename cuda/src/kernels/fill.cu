@@ -26,6 +26,26 @@ extern "C" __global__ void regflow_fill_bf16(bf16* out, bf16 value, u64 n) {
     FOR_EACH(i, n) out[i] = value;
 }
 
+// A causal mask [len, len]: 0 at (i, j <= i), `masked` above the diagonal (the CPU's
+// kernels/src/cpu/fill.rs). The value arrives in the element type (bf16 as its 16 bits).
+template <typename T> __device__ __forceinline__ void causal_mask(T* out, T masked, u64 len, u64 n) {
+    FOR_EACH(i, n) {
+        u64 row = i, col = div_step(&row, len);
+        out[i] = col > row ? masked : T(0);
+    }
+}
+
+extern "C" __global__ void regflow_causal_mask_f32(float* out, float masked, u64 len, u64 n) {
+    causal_mask(out, masked, len, n);
+}
+extern "C" __global__ void regflow_causal_mask_f64(double* out, double masked, u64 len, u64 n) {
+    causal_mask(out, masked, len, n);
+}
+// bf16 travels as its bits, and bf16 0.0 is all zero bits: the same template.
+extern "C" __global__ void regflow_causal_mask_bf16(bf16* out, bf16 masked, u64 len, u64 n) {
+    causal_mask(out, masked, len, n);
+}
+
 // f64 to bf16 in one rounding, as `half::bf16::from_f64` (the CPU's): round to odd into
 // f32 (toward zero, then the lowest bit set when anything was dropped), whose 24 bits then
 // round to bf16's 8 exactly as the f64 would have.

@@ -19,13 +19,19 @@ __device__ __forceinline__ double read_scalar(const void* p, u64 code) {
     return *(const double*)p;
 }
 
-// v' = μ·v + (g + λ·p); p' = p - lr·v', in T with lr, μ, λ rounded to T.
+// The gradient scale (gradient clipping's factor) in T, or 1 (exact) without one.
+template <typename T> __device__ __forceinline__ T grad_scale(const void* scale_at, u64 scale_code) {
+    return scale_at ? (T)read_scalar(scale_at, scale_code) : (T)1;
+}
+
+// v' = μ·v + (s·g + λ·p); p' = p - lr·v', in T with lr, μ, λ, s rounded to T (s the
+// gradient scale: the clip factor, or 1).
 template <typename T>
-__device__ __forceinline__ void sgd(const T* p, const T* g, const void* lr_at, u64 lr_code, const T* v, T* p_out,
-                                    T* v_out, T momentum, T weight_decay, u64 n) {
-    T lr = (T)read_scalar(lr_at, lr_code);
+__device__ __forceinline__ void sgd(const T* p, const T* g, const void* lr_at, u64 lr_code, const void* scale_at,
+                                    u64 scale_code, const T* v, T* p_out, T* v_out, T momentum, T weight_decay, u64 n) {
+    T lr = (T)read_scalar(lr_at, lr_code), scale = grad_scale<T>(scale_at, scale_code);
     FOR_EACH(i, n) {
-        T velocity = momentum * v[i] + (g[i] + weight_decay * p[i]);
+        T velocity = momentum * v[i] + (g[i] * scale + weight_decay * p[i]);
         v_out[i] = velocity;
         p_out[i] = p[i] - lr * velocity;
     }
@@ -35,16 +41,17 @@ __device__ __forceinline__ void sgd(const T* p, const T* g, const void* lr_at, u
 // rounded to T, exactly as the CPU hoists them; `b1`..`eps` arrive rounded to T already.
 template <typename T>
 __device__ __forceinline__ void adamw(const T* p, const T* g, const void* lr_at, u64 lr_code, const void* step_at,
-                                      u64 step_code, const T* m, const T* v, T* p_out, T* m_out, T* v_out, T b1, T b2,
-                                      T one_b1, T one_b2, T eps, double beta1, double beta2, double weight_decay,
-                                      u64 n) {
+                                      u64 step_code, const void* scale_at, u64 scale_code, const T* m, const T* v,
+                                      T* p_out, T* m_out, T* v_out, T b1, T b2, T one_b1, T one_b2, T eps,
+                                      double beta1, double beta2, double weight_decay, u64 n) {
     double lr = read_scalar(lr_at, lr_code), step = read_scalar(step_at, step_code);
+    T scale = grad_scale<T>(scale_at, scale_code);
     T c1 = (T)(1.0 - pow(beta1, step));
     T c2 = (T)(1.0 - pow(beta2, step));
     T lr_t = (T)lr;
     T decay = (T)(1.0 - lr * weight_decay);
     FOR_EACH(i, n) {
-        T grad = g[i];
+        T grad = g[i] * scale;
         T m1 = b1 * m[i] + one_b1 * grad;
         T v1 = b2 * v[i] + one_b2 * grad * grad;
         m_out[i] = m1;
@@ -54,30 +61,32 @@ __device__ __forceinline__ void adamw(const T* p, const T* g, const void* lr_at,
 }
 
 extern "C" __global__ void regflow_update_sgd_f32(const float* p, const float* g, const void* lr, u64 lr_code,
-                                                  const float* v, float* p_out, float* v_out, float momentum,
-                                                  float weight_decay, u64 n) {
-    sgd(p, g, lr, lr_code, v, p_out, v_out, momentum, weight_decay, n);
+                                                  const void* scale, u64 scale_code, const float* v, float* p_out,
+                                                  float* v_out, float momentum, float weight_decay, u64 n) {
+    sgd(p, g, lr, lr_code, scale, scale_code, v, p_out, v_out, momentum, weight_decay, n);
 }
 extern "C" __global__ void regflow_update_sgd_f64(const double* p, const double* g, const void* lr, u64 lr_code,
-                                                  const double* v, double* p_out, double* v_out, double momentum,
-                                                  double weight_decay, u64 n) {
-    sgd(p, g, lr, lr_code, v, p_out, v_out, momentum, weight_decay, n);
+                                                  const void* scale, u64 scale_code, const double* v, double* p_out,
+                                                  double* v_out, double momentum, double weight_decay, u64 n) {
+    sgd(p, g, lr, lr_code, scale, scale_code, v, p_out, v_out, momentum, weight_decay, n);
 }
 extern "C" __global__ void regflow_update_adamw_f32(const float* p, const float* g, const void* lr, u64 lr_code,
-                                                    const void* step, u64 step_code, const float* m, const float* v,
-                                                    float* p_out, float* m_out, float* v_out, float b1, float b2,
-                                                    float one_b1, float one_b2, float eps, double beta1, double beta2,
+                                                    const void* step, u64 step_code, const void* scale,
+                                                    u64 scale_code, const float* m, const float* v, float* p_out,
+                                                    float* m_out, float* v_out, float b1, float b2, float one_b1,
+                                                    float one_b2, float eps, double beta1, double beta2,
                                                     double weight_decay, u64 n) {
-    adamw(p, g, lr, lr_code, step, step_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps, beta1, beta2,
-          weight_decay, n);
+    adamw(p, g, lr, lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps,
+          beta1, beta2, weight_decay, n);
 }
 extern "C" __global__ void regflow_update_adamw_f64(const double* p, const double* g, const void* lr, u64 lr_code,
-                                                    const void* step, u64 step_code, const double* m, const double* v,
-                                                    double* p_out, double* m_out, double* v_out, double b1, double b2,
-                                                    double one_b1, double one_b2, double eps, double beta1,
-                                                    double beta2, double weight_decay, u64 n) {
-    adamw(p, g, lr, lr_code, step, step_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps, beta1, beta2,
-          weight_decay, n);
+                                                    const void* step, u64 step_code, const void* scale,
+                                                    u64 scale_code, const double* m, const double* v, double* p_out,
+                                                    double* m_out, double* v_out, double b1, double b2, double one_b1,
+                                                    double one_b2, double eps, double beta1, double beta2,
+                                                    double weight_decay, u64 n) {
+    adamw(p, g, lr, lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps,
+          beta1, beta2, weight_decay, n);
 }
 
 // One piece of a group of `count`: the first copies, the others add; the last scales the

@@ -4,8 +4,9 @@
 //!
 //! The learning rate and step counter are registers other actors write (on the device or
 //! the host, in managed memory), not attributes: the kernels read them on the device, so a
-//! firing never waits for the stream to drain. Gradient clipping arrives already applied
-//! (the plan scales the gradient by the clip factor before `update`).
+//! firing never waits for the stream to drain. So is gradient clipping's factor, the
+//! update's optional last input: the kernels multiply each gradient element by it as they
+//! read it (a null address stands for 1).
 
 use super::elementwise::{float_dtype, input_slots, refuse};
 use super::{factory, function, op_conf, stream, suffix, Entry};
@@ -33,10 +34,11 @@ pub(crate) fn scalar_code(dtype: DType) -> u64 {
 /// The hyperparameters of one update, as the entry takes them after the addresses.
 #[derive(Debug, Clone, Copy)]
 enum Rule {
-    /// `(momentum: T, weight_decay: T)` after `(p, g, lr, lr_code, v, p_out, v_out)`.
+    /// `(momentum: T, weight_decay: T)` after `(p, g, lr, lr_code, scale, scale_code, v,
+    /// p_out, v_out)`.
     Sgd { momentum: f64, weight_decay: f64 },
     /// `(b1, b2, 1-b1, 1-b2, eps: T, beta1, beta2, weight_decay: f64)` after `(p, g, lr,
-    /// lr_code, step, step_code, m, v, p_out, m_out, v_out)`.
+    /// lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out)`.
     AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
 }
 
@@ -51,38 +53,48 @@ fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
         }
     };
     check_update(conf, states).map_err(|e| refuse(spec, conf, e))?;
+    let scale = conf.inputs.get(4 + states).map(|meta| scalar_code(meta.dtype));
     Ok(UpdateKernel {
         function: function(spec, &format!("regflow_update_{stem}_{}", suffix(dtype)))?,
         inputs: input_slots(conf),
         lr_code: scalar_code(conf.inputs[2].dtype),
         step_code: scalar_code(conf.inputs[3].dtype),
+        scale_code: scale,
+        states,
         rule,
         dtype,
         n: conf.inputs[0].shape.numel() as u64,
     })
 }
 
-/// Inputs `(param, grad, lr, step, states...)` and outputs `(param', states'...)`: every
-/// tensor but lr and step has the parameter's meta, and those two hold a value.
+/// Inputs `(param, grad, lr, step, states..., [grad scale])` and outputs `(param',
+/// states'...)`: every tensor but lr, step and the scale has the parameter's meta, and
+/// those hold a value (the scale a float one).
 fn check_update(conf: &OpConf, states: usize) -> Result<(), String> {
     let (inputs, outputs) = (&conf.inputs, &conf.outputs);
-    if inputs.len() != 4 + states || conf.input_map.len() != inputs.len() || outputs.len() != 1 + states {
+    let counts_fit = inputs.len() == 4 + states || inputs.len() == 5 + states;
+    if !counts_fit || conf.input_map.len() != inputs.len() || outputs.len() != 1 + states {
         return Err(format!(
-            "takes param, grad, lr, step and {states} state tensor(s) and gives {} outputs, but has {} inputs and {} outputs",
+            "takes param, grad, lr, step, {states} state tensor(s) and an optional gradient scale, and gives {} \
+             outputs, but has {} inputs and {} outputs",
             1 + states,
             inputs.len(),
             outputs.len()
         ));
     }
     let param = &inputs[0];
-    let dense = std::iter::once(&inputs[1]).chain(&inputs[4..]).chain(outputs);
+    let dense = std::iter::once(&inputs[1]).chain(&inputs[4..4 + states]).chain(outputs);
     if let Some(other) = dense.into_iter().find(|m| *m != param) {
         return Err(format!("the gradient, states and outputs must match the parameter {param}, got {other}"));
     }
-    for (name, meta) in [("learning rate", &inputs[2]), ("step", &inputs[3])] {
+    let scale = inputs.get(4 + states).map(|meta| ("gradient scale", meta));
+    for (name, meta) in [("learning rate", &inputs[2]), ("step", &inputs[3])].into_iter().chain(scale) {
         if meta.shape.numel() == 0 {
             return Err(format!("the {name} input {meta} is empty"));
         }
+    }
+    if let Some((_, meta)) = scale.filter(|(_, meta)| !meta.dtype.is_float()) {
+        return Err(format!("the gradient scale must be a float, got {meta}"));
     }
     Ok(())
 }
@@ -90,11 +102,14 @@ fn check_update(conf: &OpConf, states: usize) -> Result<(), String> {
 #[derive(Debug)]
 struct UpdateKernel {
     function: Function,
-    /// Registers of param, grad, lr, step and up to two states (only the first 4 + states
-    /// are used).
-    inputs: [usize; 6],
+    /// Registers of param, grad, lr, step, up to two states and the gradient scale (only
+    /// the first 4 + states, and the scale if there is one, are used).
+    inputs: [usize; 7],
     lr_code: u64,
     step_code: u64,
+    /// The gradient scale's dtype code, if the update has one (input 4 + states).
+    scale_code: Option<u64>,
+    states: usize,
     rule: Rule,
     dtype: DType,
     n: u64,
@@ -106,19 +121,21 @@ impl UpdateKernel {
     ///
     /// # Safety
     ///
-    /// Every dense operand holds `n` elements of `T` and lr/step at least one of theirs
-    /// (checked when made); the argument lists are the entries' (see `Rule`).
+    /// Every dense operand holds `n` elements of `T` and lr, step and the scale at least one
+    /// of theirs (checked when made); the argument lists are the entries' (see `Rule`).
     unsafe fn queue<T: Copy>(&self, io: &KernelIo<'_>, round: fn(f64) -> T) -> Result<(), crate::CudaError> {
         let at = |k: usize| io.input_addr(self.inputs[k]);
         let (p, g, lr, step, lr_code, step_code) = (at(0), at(1), at(2), at(3), self.lr_code, self.step_code);
         let (s, f, n, grid) = (stream(io), self.function, self.n, Grid::linear(self.n));
         let p_out = io.output_addr(0);
+        // No scale: a null address, which the kernels read as 1.
+        let (scale, scale_code) = self.scale_code.map_or((0, 0), |code| (at(4 + self.states), code));
         // SAFETY: forwarded to the caller.
         unsafe {
             match self.rule {
                 Rule::Sgd { momentum, weight_decay } => {
                     let (v, v_out, mu, wd) = (at(4), io.output_addr(1), round(momentum), round(weight_decay));
-                    launch(s, f, grid, &mut args![p, g, lr, lr_code, v, p_out, v_out, mu, wd, n])
+                    launch(s, f, grid, &mut args![p, g, lr, lr_code, scale, scale_code, v, p_out, v_out, mu, wd, n])
                 }
                 Rule::AdamW { beta1, beta2, eps, weight_decay } => {
                     let (m, v, m_out, v_out) = (at(4), at(5), io.output_addr(1), io.output_addr(2));
@@ -135,6 +152,8 @@ impl UpdateKernel {
                             lr_code,
                             step,
                             step_code,
+                            scale,
+                            scale_code,
                             m,
                             v,
                             p_out,
@@ -242,6 +261,12 @@ mod tests {
             vec![p.clone(); 2],
         );
         assert_eq!(check_update(&ok, 1), Ok(()));
+        let mut scaled = ok.clone();
+        scaled.inputs.push(TensorMeta::new([1], DType::F32));
+        scaled.input_map.push(5);
+        assert_eq!(check_update(&scaled, 1), Ok(()));
+        scaled.inputs[5] = TensorMeta::new([1], DType::I64);
+        assert!(check_update(&scaled, 1).unwrap_err().contains("gradient scale must be a float"));
         let mut bad = ok.clone();
         bad.inputs[1] = TensorMeta::new([8], DType::F32);
         assert!(check_update(&bad, 1).unwrap_err().contains("must match the parameter"));

@@ -41,7 +41,7 @@ mod slice;
 
 pub use binary::{Binary, BinaryKind};
 pub use cast::Cast;
-pub use fill::Fill;
+pub use fill::{CausalMask, Fill};
 pub use reduce_to::{BroadcastTo, SumTo};
 pub use unary::{Unary, UnaryKind};
 

@@ -147,6 +147,7 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::Unary>(r, "unary", device, LOW);
     add::<ops::Cast>(r, device, LOW);
     add_as::<ops::Fill>(r, "fill", device, ANY);
+    add_as::<ops::CausalMask>(r, "causal_mask", device, LOW);
     // A bias's gradient summed over the batch: summed in f32 (widened), rounded once.
     add_as::<ops::SumTo>(r, "sum_to", device, LOW);
     add_as::<ops::BroadcastTo>(r, "broadcast_to", device, ANY);

@@ -100,6 +100,18 @@ fn update_typed<T: Real>(
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
     let (lr, step) = (scalar_input(inputs, 2)?, scalar_input(inputs, 3)?);
+    // The clip factor, multiplied in as each gradient element is read (× 1 is exact).
+    let states = kind.state_count();
+    let scale = T::from_f64(match inputs.len().checked_sub(4 + states) {
+        Some(0) => 1.0,
+        Some(1) => scalar_input(inputs, 4 + states)?,
+        _ => {
+            return Err(format!(
+                "takes param, grad, lr, step, {states} state(s) and an optional gradient scale, got {} inputs",
+                inputs.len()
+            ))
+        }
+    });
     let (p, g) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
     let [p_out, rest @ ..] = outputs else { return Err("missing outputs".into()) };
     let p_out = p_out.as_mut_slice::<T>()?;
@@ -123,7 +135,7 @@ fn update_typed<T: Real>(
                 // SAFETY: `in_shares` gives disjoint ranges of `0..len`; every slice has `len`.
                 let (p_out, v_out) = unsafe { (p_out.range(start, end), v_out.range(start, end)) };
                 for (j, i) in (start..end).enumerate() {
-                    let velocity = momentum * v[i] + (g[i] + weight_decay * p[i]);
+                    let velocity = momentum * v[i] + (g[i] * scale + weight_decay * p[i]);
                     v_out[j] = velocity;
                     p_out[j] = p[i] - lr * velocity;
                 }
@@ -145,7 +157,7 @@ fn update_typed<T: Real>(
                 let (p_out, m_out, v_out) =
                     unsafe { (p_out.range(start, end), m_out.range(start, end), v_out.range(start, end)) };
                 for (j, i) in (start..end).enumerate() {
-                    let grad = g[i];
+                    let grad = g[i] * scale;
                     let m1 = b1 * m[i] + one_b1 * grad;
                     let v1 = b2 * v[i] + one_b2 * grad * grad;
                     m_out[j] = m1;

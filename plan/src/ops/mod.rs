@@ -129,6 +129,7 @@ op_types! {
     Unary => "unary",
     Cast => "cast",
     Fill => "fill",
+    CausalMask => "causal_mask",
     SumTo => "sum_to",
     BroadcastTo => "broadcast_to",
     SparseCrossEntropy => "sparse_cross_entropy",

@@ -52,10 +52,23 @@ pub struct LearningRate(pub Schedule);
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClipFactor(pub f64);
 
-/// One optimizer update: inputs `(param, grad, lr, step, state...)`, outputs
+/// One optimizer update: inputs `(param, grad, lr, step, state...)` and optionally a last
+/// scalar `grad_scale` the gradient is multiplied by first (gradient clipping's factor,
+/// applied as the update reads each element: the same bits as a separate `g · factor`,
+/// without writing and re-reading a clipped copy of every gradient); outputs
 /// `(param', state'...)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Update(pub OptimizerKind);
+
+impl OptimizerKind {
+    /// The state tensors the rule keeps per parameter: SGD's velocity, AdamW's two moments.
+    pub fn state_count(&self) -> usize {
+        match self {
+            OptimizerKind::Sgd { .. } => 1,
+            OptimizerKind::AdamW { .. } => 2,
+        }
+    }
+}
 
 /// Increments the step counter: `step + 1`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
