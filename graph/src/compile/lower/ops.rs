@@ -1,11 +1,18 @@
 //! Op actors: every op the step needs becomes one compute actor per device of its mesh,
 //! running the op on its local shapes (the op layout inference chose for that rank).
+//!
+//! A `reshape` whose input is read by nothing else becomes no actor at all: its output is
+//! the input's registers under the new shape (a view). A row-major reshape keeps every
+//! element where it is, so the copy it would run only moves bytes; the readers of the
+//! output read the producer's registers instead, and the register's lifetime and
+//! backpressure follow from their reads as for any register. (GPT-2's 98 reshapes per
+//! step copied 25 MB each, 3 ms of a 200 ms f32 step on an H100.)
 
 use super::{Lowering, OpActors, ReadOf};
 use crate::compile::error::CompileError;
 use crate::compile::layout::NdSignature;
 use crate::compile::step::Rate;
-use crate::dsl::{Node, TensorId};
+use crate::dsl::{Node, TensorId, TensorSource};
 use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, RegstDescId};
 use crate::sbp::NdSbp;
 
@@ -13,11 +20,15 @@ use crate::sbp::NdSbp;
 /// each (tensor, layout) it names once, plus the tick if it reads nothing fed.
 pub(crate) fn lower_ops(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     let (facts, layouts) = (low.facts, low.layouts);
+    let readers = reader_counts(low);
     for (n, node) in facts.needed_nodes() {
         let Some(sig) = layouts.signatures.get(&n) else { continue };
         let Some(first) = node.outputs.first() else { continue };
         let mesh = low.placement.mesh_of(*first)?;
         let rate = facts.rate(*first);
+        if view_of_input(low, n, node, sig, mesh, rate, &readers) {
+            continue;
+        }
         let (reads, input_map) = distinct_reads(node, sig);
         let actors = op_actors(low, n, node, sig, input_map, mesh, rate)?;
         for (t, layout) in reads {
@@ -30,6 +41,70 @@ pub(crate) fn lower_ops(low: &mut Lowering<'_>) -> Result<(), CompileError> {
         low.op_actors.push(OpActors { actors, mesh, rate, forward, node: n });
     }
     Ok(())
+}
+
+/// How many needed ops read each tensor (an op reading one twice counts once), plus one
+/// for each fetch of it and each variable update it is the value of.
+fn reader_counts(low: &Lowering<'_>) -> Vec<u32> {
+    let facts = low.facts;
+    let mut readers = vec![0u32; low.graph.tensor_count()];
+    for (_, node) in facts.needed_nodes() {
+        let mut inputs = node.inputs.clone();
+        inputs.sort_unstable_by_key(|t| t.0);
+        inputs.dedup();
+        for t in inputs {
+            readers[t.0 as usize] += 1;
+        }
+    }
+    for t in facts.fetch.iter().chain(facts.updates.iter().map(|(_, new)| new)) {
+        readers[t.0 as usize] += 1;
+    }
+    readers
+}
+
+/// Makes node `n`'s output the registers of its input, if `n` is a reshape that can be a
+/// view: its input is an op's output (not a fed input or a variable, whose registers are
+/// the runtime's to name), read by this reshape alone, made in the layout the reshape
+/// reads it in (no conversion between), at the reshape's rate, and each device's part
+/// keeps its bytes (the local op is a reshape of as many elements). Its output must not
+/// be fetched or be a variable's update either, so every name the program uses keeps its
+/// own register.
+#[allow(clippy::too_many_arguments)] // the loop's state for one node, as op_actors takes it
+fn view_of_input(
+    low: &mut Lowering<'_>,
+    n: usize,
+    node: &Node,
+    sig: &NdSignature,
+    mesh: usize,
+    rate: Rate,
+    readers: &[u32],
+) -> bool {
+    let ([input], [output], [read_layout], [out_layout]) =
+        (node.inputs.as_slice(), node.outputs.as_slice(), sig.inputs.as_slice(), sig.outputs.as_slice())
+    else {
+        return false;
+    };
+    if node.op.name() != "reshape"
+        || !matches!(low.graph.info(*input).source, TensorSource::Op { .. })
+        || readers[input.0 as usize] != 1
+        || low.facts.fetch.contains(output)
+        || low.facts.updates.iter().any(|(_, value)| value == output)
+        || low.facts.rate(*input) != rate
+    {
+        return false;
+    }
+    let same_bytes = low.layouts.local.get(&n).is_some_and(|ranks| {
+        ranks.iter().all(|(op, local_in, local_out)| {
+            op.name() == "reshape"
+                && matches!((local_in.as_slice(), local_out.as_slice()), ([i], [o]) if i.bytes() == o.bytes() && i.dtype == o.dtype)
+        })
+    });
+    let Some(regs) = low.regs.get(&(*input, read_layout.clone(), rate, mesh)).cloned() else { return false };
+    if !same_bytes {
+        return false;
+    }
+    low.regs.insert((*output, out_layout.clone(), rate, mesh), regs);
+    true
 }
 
 /// The (tensor, layout) pairs node `node` reads, each once even if the op names it twice
