@@ -13,8 +13,8 @@
 //!
 //! The model: learned token and position embeddings; per block `x + attn(ln1(x))` then
 //! `x + mlp(ln2(x))`, where attention has separate Q/K/V projections, scaled dot-product
-//! scores plus a constant causal mask (fed as an input `[T, T]` of 0 / -1e9 that broadcasts
-//! over batch and heads), a softmax and an output projection, and the MLP is
+//! scores plus a causal mask (`Graph::causal_mask`: `[T, T]` of 0 / -1e9, made on the
+//! device each step, broadcast over batch and heads), a softmax and an output projection, and the MLP is
 //! `gelu(x·w1 + b1)·w2 + b2` with a 4× hidden width; a final LayerNorm, then logits from
 //! the *tied* token embedding (`h · wteᵀ`); the loss is the mean cross-entropy of the next
 //! character at every position.
@@ -34,8 +34,6 @@ const LAYERS: usize = 2;
 const CONTEXT: usize = 64;
 const BATCH: usize = 16;
 const MLP_WIDTH: usize = 4 * D_MODEL;
-/// What the causal mask adds to the score of a future position: exp underflows to 0.
-const MASKED: f32 = -1e9;
 const PEAK_LR: f64 = 6e-3;
 const DEFAULT_STEPS: usize = 400;
 const LOG_EVERY: usize = 25;
@@ -87,13 +85,6 @@ fn random_starts(rng: &mut SplitMix64, range: std::ops::Range<usize>, count: usi
     (0..count).map(|_| range.start + (rng.next_u64() % span) as usize).collect()
 }
 
-/// `[T, T]`: 0 where query position `i` may attend to key position `j` (`j <= i`), else
-/// [`MASKED`].
-fn causal_mask() -> Result<HostArray, regflow::graph::plan::ArrayError> {
-    let values = (0..CONTEXT * CONTEXT).map(|k| if k % CONTEXT <= k / CONTEXT { 0.0 } else { MASKED }).collect();
-    HostArray::f32([CONTEXT, CONTEXT], values)
-}
-
 /// Creates the variables with distinct seeds and readable names.
 /// Draws from `softmax(logits / temperature)`.
 fn sample(logits: &[f64], temperature: f64, rng: &mut SplitMix64) -> usize {
@@ -128,7 +119,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let g = Graph::new();
     let config = GptConfig { d_model: D_MODEL, heads: HEADS, layers: LAYERS, context: CONTEXT, mlp_width: MLP_WIDTH };
     let model = Gpt::new(&g, config, vocab_size)?;
-    let mask = g.input("causal_mask", [CONTEXT, CONTEXT], DType::F32)?;
+    // 0 where query `i` may attend key `j <= i`, -1e9 after it: made by the step itself.
+    let mask = g.causal_mask(CONTEXT, DType::F32)?;
     let ids = g.input("ids", [BATCH, CONTEXT], DType::I64)?;
     let targets = g.input("targets", [BATCH * CONTEXT], DType::I64)?;
     let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;
@@ -155,11 +147,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         corpus.ids.len() - split
     );
 
-    let mask_value = causal_mask()?;
     let mut rng = SplitMix64::new(42);
     let (val_inputs, val_targets) = windows(&corpus.ids, &random_starts(&mut rng, split..corpus.ids.len(), BATCH));
     let val_feeds = [
-        (mask, mask_value.clone()),
         (ids, HostArray::i64([BATCH, CONTEXT], val_inputs)?),
         (targets, HostArray::i64([BATCH * CONTEXT], val_targets)?),
     ];
@@ -173,7 +163,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let history = Trainer::new(&compiled).steps(steps as u64).run(|_| -> Result<_, BoxError> {
         let (inputs, step_targets) = windows(&corpus.ids, &random_starts(&mut rng, 0..split, BATCH));
         Ok(vec![
-            ("causal_mask", mask_value.clone()),
             ("ids", HostArray::i64([BATCH, CONTEXT], inputs)?),
             ("targets", HostArray::i64([BATCH * CONTEXT], step_targets)?),
         ])
@@ -216,7 +205,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let context = &text_ids[text_ids.len().saturating_sub(CONTEXT)..];
         let mut window = context.to_vec();
         window.resize(CONTEXT, 0);
-        let feeds = [(mask, mask_value.clone()), (sample_ids, HostArray::i64([1, CONTEXT], window)?)];
+        let feeds = [(sample_ids, HostArray::i64([1, CONTEXT], window)?)];
         let logits = session.run(&feeds, &[sample_logits])?[0].to_f64_vec();
         let row = &logits[(context.len() - 1) * vocab_size..context.len() * vocab_size];
         text_ids.push(sample(row, TEMPERATURE, &mut sample_rng) as i64);
