@@ -4,6 +4,8 @@
 //! reshape is fetched, it stays a copy. Either way a step computes what the reference
 //! evaluator does, and training runs to its end on one device and on a data-parallel mesh.
 
+mod common;
+
 use regflow::graph::plan::{ActorKind, KernelConf, Plan};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
@@ -25,23 +27,9 @@ fn input_values() -> HostArray {
 }
 
 /// The losses of `steps` steps of `compiled`, fed the same `x` every step.
-fn losses(compiled: &CompiledGraph, steps: usize) -> Vec<f32> {
-    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
-    let mut feeds = job.graph_feeds().unwrap();
-    let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
-    let x = input_values();
-    let pusher = std::thread::spawn(move || {
-        for _ in 0..steps {
-            feeds.push("x", &x).unwrap();
-        }
-        feeds.close().unwrap();
-    });
-    let out =
-        std::iter::from_fn(|| fetcher.recv()).map(|p| f32::from_le_bytes(p.bytes().try_into().unwrap())).collect();
-    pusher.join().unwrap();
-    drop(fetcher);
-    job.wait().unwrap();
-    out
+fn losses(compiled: &CompiledGraph, steps: usize) -> Vec<f64> {
+    let job = Job::builder(compiled.plan.clone()).build().unwrap();
+    common::fed_losses(job, &compiled.fetches[0], vec![vec![("x", input_values())]; steps], DType::F32)
 }
 
 /// `x · w` reshaped to `[4, 2, 4]`, squared and summed; with `also_read`, the product is
@@ -71,7 +59,7 @@ fn a_reshape_read_alone_is_a_view_that_computes_the_same_values() {
         assert_eq!(reshape_actors(&compiled.plan), usize::from(also_read), "also read: {also_read}");
         let losses = losses(&compiled, 6);
         assert_eq!(losses.len(), 6);
-        assert!((f64::from(losses[0]) - expected).abs() <= 1e-5 * expected.abs(), "{losses:?} vs {expected}");
+        assert!((losses[0] - expected).abs() <= 1e-5 * expected.abs(), "{losses:?} vs {expected}");
         assert!(losses[5] < losses[0], "training moves the loss: {losses:?}");
     }
 }
@@ -92,7 +80,7 @@ fn reshapes_of_fed_inputs_and_fetched_reshapes_stay_copies() {
     // the fetched reshape copies.
     assert_eq!(reshape_actors(&compiled.plan), 2);
     let expected = g.eval(&[(x, input_values())], &[loss]).unwrap()[0].to_f64_vec()[0];
-    let got = f64::from(losses(&compiled, 1)[0]);
+    let got = losses(&compiled, 1)[0];
     assert!((got - expected).abs() <= 1e-5 * expected.abs().max(1.0), "{got} vs {expected}");
 }
 
