@@ -180,39 +180,56 @@ fn the_tiny_gpt_trains_in_bf16_on_one_gpu_like_on_the_cpu() {
     assert_close("bf16 gpt", &gpt_losses(DeviceKind::Cuda, bf16), &gpt_losses(DeviceKind::Cpu, bf16), 2e-2);
 }
 
-/// Every op of the GPT step that makes more than one value has a CUDA kernel for its
-/// dtype, in f32 and in bf16. One without would run its CPU kernel on the host over
-/// managed memory: right, so the parity tests above pass, but slow (a bf16 masked softmax
-/// keyed only for f32 took GPT-2's bf16 step from about 80 ms to 5 s on an H100). Runs
-/// anywhere: it compiles the plan and reads its actors.
-#[test]
-fn every_op_of_the_gpt_step_but_scalar_ones_has_a_cuda_kernel() {
+/// The op actors of `plan`, and those of more than one value without a CUDA kernel for
+/// their dtype (which would run their CPU kernel on the host).
+fn ops_on_the_host(plan: &regflow::plan::Plan) -> (usize, Vec<String>) {
     use regflow::kernels::KernelKey;
     use regflow::plan::{ActorKind, KernelConf};
     let queued = regflow::cuda::queued_ops();
+    let mut ops = 0;
+    let mut on_host = Vec::new();
+    for actor in &plan.actors {
+        let (ActorKind::Compute { kernel: KernelConf::Op(op) } | ActorKind::Acc { kernel: KernelConf::Op(op), .. }) =
+            &actor.kind
+        else {
+            continue;
+        };
+        ops += 1;
+        let key = KernelKey { op_type: op.op_type.clone(), device: DeviceKind::Cuda, dtype: op.dtype() };
+        let values = op.outputs.iter().map(|m| m.shape.numel()).max().unwrap_or(0);
+        if values > 1 && !queued.contains(&key) {
+            on_host.push(format!("{} ({} {}, {values} values)", actor.name, op.op_type, op.dtype()));
+        }
+    }
+    (ops, on_host)
+}
+
+/// Every op of the GPT step (f32 and bf16) and of the MLP (f32, f64, and dp2) that makes
+/// more than one value has a CUDA kernel for its dtype. One without would run its CPU
+/// kernel on the host over managed memory: right, so the parity tests above pass, but slow
+/// (a bf16 masked softmax keyed only for f32 took GPT-2's bf16 step from about 80 ms to
+/// 5 s on an H100). Runs anywhere: it compiles the plans and reads their actors.
+#[test]
+fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
     for precision in [None, Some(Precision::Bf16)] {
         let g = Graph::new();
         let mesh = Mesh::of_kind(DeviceKind::Cuda, &[1], &["d"]).unwrap();
         let step = gpt_step(&g, &mesh, precision);
         let options = ParallelOptions::new(mesh.clone()).train(&step);
         let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).unwrap();
-        let mut ops = 0;
-        let mut on_host = Vec::new();
-        for actor in &compiled.plan.actors {
-            let (ActorKind::Compute { kernel: KernelConf::Op(op) } | ActorKind::Acc { kernel: KernelConf::Op(op), .. }) =
-                &actor.kind
-            else {
-                continue;
-            };
-            ops += 1;
-            let key = KernelKey { op_type: op.op_type.clone(), device: DeviceKind::Cuda, dtype: op.dtype() };
-            let values = op.outputs.iter().map(|m| m.shape.numel()).max().unwrap_or(0);
-            if values > 1 && !queued.contains(&key) {
-                on_host.push(format!("{} ({} {}, {values} values)", actor.name, op.op_type, op.dtype()));
-            }
-        }
-        assert!(ops > 50, "{precision:?}: only {ops} op actors");
-        assert!(on_host.is_empty(), "{precision:?}: ops that would run on the host: {on_host:#?}");
+        let (ops, on_host) = ops_on_the_host(&compiled.plan);
+        assert!(ops > 50, "gpt {precision:?}: only {ops} op actors");
+        assert!(on_host.is_empty(), "gpt {precision:?}: ops that would run on the host: {on_host:#?}");
+    }
+    for (dtype, devices) in [(DType::F32, 1), (DType::F64, 1), (DType::F32, 2)] {
+        let g = Graph::new();
+        let mesh = Mesh::of_kind(DeviceKind::Cuda, &[devices], &["d"]).unwrap();
+        let step = mlp(&g, dtype, &mesh, devices > 1);
+        let options = ParallelOptions::new(mesh.clone()).train(&step);
+        let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).unwrap();
+        let (ops, on_host) = ops_on_the_host(&compiled.plan);
+        assert!(ops > 10 * devices, "mlp {dtype} on {devices}: only {ops} op actors");
+        assert!(on_host.is_empty(), "mlp {dtype} on {devices}: ops that would run on the host: {on_host:#?}");
     }
 }
 

@@ -5,8 +5,8 @@
 mod common;
 
 use regflow_plan::ops::{
-    LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, OpAttrs, Softmax, SoftmaxGrad,
-    SparseCrossEntropy, SparseCrossEntropyGrad,
+    LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, OpAttrs, PartCrossEntropy, Softmax,
+    SoftmaxGrad, SparseCrossEntropy, SparseCrossEntropyGrad,
 };
 use regflow_plan::{DType, HostArray, OpConf, Shape, TensorMeta};
 
@@ -177,6 +177,12 @@ fn sparse_cross_entropy_and_its_gradient_match_the_cpu() {
                 .expect("dy");
                 let what = format!("sparse_cross_entropy_grad {dtype} [{rows}, {classes}]");
                 check(&what, &SparseCrossEntropyGrad, &[&logits, &labels, &dy], &[meta(&[rows, classes], dtype)], gpu);
+                // A device's rows of a batch 3 times as large (data parallelism).
+                let part = |grad| PartCrossEntropy { batch: 3 * rows, grad };
+                let what = format!("part_cross_entropy {dtype} [{rows}, {classes}] of {}", 3 * rows);
+                check(&what, &part(false), &[&logits, &labels], &[meta(&[], loss)], gpu);
+                let outputs = [meta(&[rows, classes], dtype)];
+                check(&format!("{what}, grad"), &part(true), &[&logits, &labels, &dy], &outputs, gpu);
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The row-wise ops on CUDA: `softmax`, `log_softmax`, `softmax_grad`, `masked_softmax`,
-//! `masked_softmax_grad`, `layer_norm`, `layer_norm_grad`, `sparse_cross_entropy` and
-//! `sparse_cross_entropy_grad` (`rows.cu`; the cross-entropy also reads bf16 logits,
-//! widening them as they load, for an f32 loss and a bf16 gradient). One block per row
+//! `masked_softmax_grad`, `layer_norm`, `layer_norm_grad`, `sparse_cross_entropy`,
+//! `sparse_cross_entropy_grad` and `part_cross_entropy` (a device's rows of either, over
+//! the whole batch) (`rows.cu`; the cross-entropy also reads bf16 logits, widening them as
+//! they load, for an f32 loss and a bf16 gradient). One block per row
 //! with the prelude's block reductions; the sizes, strides and scalars of every launch are
 //! worked out when the actor is made, and a firing only queues its launches.
 
@@ -11,8 +12,8 @@ use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::axes;
 use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{
-    LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad, SparseCrossEntropy,
-    SparseCrossEntropyGrad,
+    LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, PartCrossEntropy, Softmax, SoftmaxGrad,
+    SparseCrossEntropy, SparseCrossEntropyGrad,
 };
 use regflow_plan::{DType, OpConf, TensorMeta};
 use std::sync::Arc;
@@ -32,6 +33,9 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("sparse_cross_entropy", FLOAT, || Arc::new(make_cross_entropy)),
     // Keyed by the gradient's dtype, the logits'.
     ("sparse_cross_entropy_grad", LOW, || Arc::new(make_cross_entropy_grad)),
+    // A device's rows of either (data parallelism), over the whole batch: keyed by the
+    // output's dtype, as the two above.
+    ("part_cross_entropy", LOW, || Arc::new(make_part_cross_entropy)),
 ];
 
 /// Float dtypes, and bf16 (widened to f32 as it loads: the cross-entropy's logits).
@@ -547,6 +551,9 @@ struct CrossEntropyKernel {
     inputs: (usize, usize),
     rows: u64,
     classes: u64,
+    /// What the sum of the row losses is divided by: the rows, or the whole batch's rows
+    /// for a device's part (`part_cross_entropy`).
+    divisor: f64,
     /// The per-row losses; kept alive for the kernel's launches.
     losses: Box<dyn regflow_memory::ArenaMemory>,
 }
@@ -557,7 +564,7 @@ const CROSS_ENTROPY_THREADS: u32 = 256;
 impl Kernel for CrossEntropyKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (logits, labels, out) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
-        let (rows, classes, divisor) = (self.rows, self.classes, self.rows as f64);
+        let (rows, classes, divisor) = (self.rows, self.classes, self.divisor);
         let losses = self.losses.base().as_ptr() as u64;
         let per_row = Grid::rows(rows, CROSS_ENTROPY_THREADS, 0);
         let one = Grid { blocks: (1, 1, 1), threads: (CROSS_ENTROPY_THREADS, 1, 1), shared_bytes: 0 };
@@ -576,6 +583,29 @@ impl Kernel for CrossEntropyKernel {
 fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let _: SparseCrossEntropy = conf.parse_attrs().map_err(KernelError)?;
+    cross_entropy_kernel(spec, conf, None)
+}
+
+/// `part_cross_entropy`: the loss or its gradient of this device's rows, over `batch` rows.
+fn make_part_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: PartCrossEntropy = conf.parse_attrs().map_err(KernelError)?;
+    if op.batch == 0 {
+        return Err(fail(spec, conf, "the batch the loss is a mean over has 0 rows"));
+    }
+    if op.grad {
+        cross_entropy_grad_kernel(spec, conf, Some(op.batch))
+    } else {
+        cross_entropy_kernel(spec, conf, Some(op.batch))
+    }
+}
+
+/// The loss of `conf`'s rows divided by `batch` (`None`: by its own rows).
+fn cross_entropy_kernel(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    batch: Option<usize>,
+) -> Result<Box<dyn Kernel>, KernelError> {
     let dtype = cross_entropy_dtype(spec, conf, 2)?;
     let (rows, classes) = cross_entropy_rows(spec, conf)?;
     if conf.outputs[0].shape.numel() != 1 {
@@ -590,6 +620,7 @@ fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelEr
         inputs: (conf.input_map[0], conf.input_map[1]),
         rows: rows as u64,
         classes: classes as u64,
+        divisor: batch.unwrap_or(rows) as f64,
         losses,
     }))
 }
@@ -603,20 +634,24 @@ struct CrossEntropyGradKernel {
     inputs: [usize; 3],
     rows: u64,
     classes: u64,
+    /// The rows the mean is over (this device's, or the whole batch's for a part).
+    divisor: u64,
 }
 
 impl Kernel for CrossEntropyGradKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let [logits, labels, dy] = self.inputs.map(|i| io.input_addr(i));
         let dx = io.output_addr(0);
-        let (rows, classes, f, g) = (self.rows, self.classes, self.function, self.grid);
+        let (rows, classes, divisor, f, g) = (self.rows, self.classes, self.divisor, self.function, self.grid);
         // SAFETY: logits and dx hold `rows · classes` elements, labels `rows` i64, dy one
         // element (checked at build); the argument types are the kernel's (the divisor is
         // in the arithmetic type: f64 for f64 logits, f32 for f32 and bf16).
         unsafe {
             match self.dtype {
-                DType::F64 => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, rows as f64]),
-                _ => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, rows as f32]),
+                DType::F64 => {
+                    launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, divisor as f64])
+                }
+                _ => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, divisor as f32]),
             }
         }?;
         Ok(())
@@ -626,6 +661,15 @@ impl Kernel for CrossEntropyGradKernel {
 fn make_cross_entropy_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let _: SparseCrossEntropyGrad = conf.parse_attrs().map_err(KernelError)?;
+    cross_entropy_grad_kernel(spec, conf, None)
+}
+
+/// The gradient of `conf`'s rows for a mean over `batch` rows (`None`: its own rows).
+fn cross_entropy_grad_kernel(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    batch: Option<usize>,
+) -> Result<Box<dyn Kernel>, KernelError> {
     let dtype = cross_entropy_dtype(spec, conf, 3)?;
     let (rows, classes) = cross_entropy_rows(spec, conf)?;
     if conf.inputs[2].shape.numel() != 1 || conf.outputs[0] != conf.inputs[0] {
@@ -642,6 +686,7 @@ fn make_cross_entropy_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Ker
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
         rows: rows as u64,
         classes: classes as u64,
+        divisor: batch.unwrap_or(rows) as u64,
     }))
 }
 
