@@ -111,6 +111,29 @@ fn clipping_scales_gradients_to_the_global_norm() {
     assert!(g.minimize(loss, &Optimizer::sgd(1.0, 0.0, 0.0).with_clip_norm(0.0)).is_err());
 }
 
+/// The clip factor reaches each update as its last input (no clipped copy is made unless
+/// fetched); an update's gradient scale must be one float value, and it takes at most one.
+#[test]
+fn updates_take_the_clip_factor_as_one_float_value() {
+    use regflow_graph::plan::ops::{OptimizerKind, Update};
+    let g = Graph::new();
+    let (_, w, loss) = linear_loss(&g);
+    let train = g.minimize(loss, &Optimizer::sgd(1.0, 0.0, 0.0).with_clip_norm(1.0)).unwrap();
+    let update = g.nodes().into_iter().find(|n| n.op.name() == "sgd_update").expect("an update");
+    // param, raw gradient, lr, step, velocity, clip factor.
+    assert_eq!(update.inputs.len(), 6);
+    assert_eq!(update.inputs[1], train.raw_grads[0].id());
+    let kind = OptimizerKind::Sgd { momentum: 0.0, weight_decay: 0.0 };
+    let scalar = g.input("scalar", [1], DType::F64).unwrap();
+    let (vector, labels) = (g.input("v", [2], DType::F64).unwrap(), g.input("i", [1], DType::I64).unwrap());
+    for (scale, named) in [(vector, "[2]"), (labels, "i64")] {
+        let err = g.apply(Update(kind.clone()), &[w, w, scalar, scalar, w, scale]).unwrap_err().to_string();
+        assert!(err.contains("gradient scale") && err.contains(named), "{err}");
+    }
+    let err = g.apply(Update(kind), &[w, w, scalar, scalar, w, scalar, scalar]).unwrap_err().to_string();
+    assert!(err.contains("optional gradient scale") && err.contains("got 7 inputs"), "{err}");
+}
+
 #[test]
 fn a_linear_model_trains_to_its_target_and_twice_gives_identical_losses() {
     let w_true = [0.5f32, -2.0, 1.0];
