@@ -117,6 +117,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let built = std::time::Instant::now();
     let mut job = builder.build()?;
     eprintln!("  job built in {:.1} s", built.elapsed().as_secs_f64());
+    if !job.host_kernels().is_empty() {
+        // Ops without a device kernel for their dtype: right, but slow on large tensors.
+        eprintln!("  ops run on the host: {}", job.host_kernels().join(", "));
+    }
     let (per_step, last) =
         step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (batch, t, vocab), warmup, steps, true)?;
     job.wait()?;

@@ -233,6 +233,74 @@ fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
     }
 }
 
+/// A job on cuda devices lists the ops whose kernels run on the host (`Job::host_kernels`):
+/// exactly the plan's op actors without a CUDA kernel for their op and dtype, none of them
+/// more than one value for these steps; a CPU job lists none. On a GPU, or dry.
+#[test]
+fn a_cuda_job_lists_the_ops_that_run_on_the_host() {
+    if regflow::cuda::probe().is_err() {
+        if let Err(e) = regflow::cuda::enable_dry_run("compute_80") {
+            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
+            return;
+        }
+    }
+    let queued = regflow::cuda::queued_ops();
+    let listed = |kind: DeviceKind, devices: usize, precision: Option<Precision>| {
+        let g = Graph::new();
+        let mesh = Mesh::of_kind(kind, &[devices], &["d"]).unwrap();
+        let step = if devices > 1 { mlp(&g, DType::F32, &mesh, true) } else { gpt_step(&g, &mesh, precision) };
+        let options = ParallelOptions::new(mesh.clone()).train(&step);
+        let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).unwrap();
+        let job = Job::builder(compiled.plan.clone()).cuda_ordinals(&vec![0; devices]).build().unwrap();
+        let expected: Vec<String> = compiled
+            .plan
+            .actors
+            .iter()
+            .filter_map(|actor| match &actor.kind {
+                regflow::plan::ActorKind::Compute { kernel: regflow::plan::KernelConf::Op(op) } => {
+                    let key = regflow::kernels::KernelKey {
+                        op_type: op.op_type.clone(),
+                        device: DeviceKind::Cuda,
+                        dtype: op.dtype(),
+                    };
+                    (kind == DeviceKind::Cuda && !queued.contains(&key))
+                        .then(|| format!("{} ({} {})", actor.name, op.op_type, op.dtype()))
+                }
+                _ => None,
+            })
+            .collect();
+        let got = job.host_kernels().to_vec();
+        drop(job);
+        (got, expected)
+    };
+    for (kind, devices, precision) in [
+        (DeviceKind::Cuda, 1, None),
+        (DeviceKind::Cuda, 1, Some(Precision::Bf16)),
+        (DeviceKind::Cuda, 2, None),
+        (DeviceKind::Cpu, 1, None),
+    ] {
+        let (got, expected) = listed(kind, devices, precision);
+        assert_eq!(got, expected, "{kind:?} on {devices} device(s), {precision:?}");
+    }
+    // An op whose device kernel a job replaces by its CPU kernel is listed.
+    let g = Graph::new();
+    let mesh = Mesh::of_kind(DeviceKind::Cuda, &[1], &["d"]).unwrap();
+    let step = gpt_step(&g, &mesh, None);
+    let compiled =
+        g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh.clone()).train(&step)).unwrap();
+    let on_host = |spec: &regflow::kernels::KernelSpec<'_>| {
+        let conf = spec.op.ok_or_else(|| regflow::kernels::KernelError("no op".into()))?;
+        let op: regflow::graph::ops::CausalMask = conf.parse_attrs().map_err(regflow::kernels::KernelError)?;
+        Ok(Box::new(regflow::kernels::HostOpKernel::new(op, conf)) as Box<dyn regflow::kernels::Kernel>)
+    };
+    let job = Job::builder(compiled.plan.clone()).op_kernel("causal_mask", DeviceKind::Cuda, DType::F32, on_host);
+    let job = job.build().unwrap();
+    let listed = job.host_kernels().to_vec();
+    drop(job);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(listed[0].starts_with("causal_mask:") && listed[0].ends_with("(causal_mask f32)"), "{listed:?}");
+}
+
 /// The parity tests' data is learnable (their losses must fall), checked where it runs
 /// everywhere: on the CPU.
 #[test]

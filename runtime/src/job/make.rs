@@ -11,6 +11,7 @@ use crate::stream::{ActorRuntime, JobShared};
 use crate::sync::Arc;
 use crate::RuntimeError;
 use regflow_actors::{Actor, PlanIds};
+use regflow_kernels::Execution;
 use regflow_plan::{ActorIndex, ActorKind, PlanIndex, SourcePieces};
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -41,6 +42,10 @@ pub(super) struct MadeActor {
     pub(super) runtime: ActorRuntime,
     /// It gets `Start` when the job starts (a source, or an actor with preloaded outputs).
     pub(super) starts: bool,
+    /// For an op on a GPU device whose kernel runs on the host (no device kernel for its
+    /// op and dtype): the actor, its op and its dtype, as `Job::host_kernels` lists them.
+    /// (The runtime's own copies, such as a variable's `assign`, are not ops.)
+    pub(super) on_host: Option<String>,
 }
 
 /// Makes actor `index`: its state machine and its kernel (from the registry, a dataset, a
@@ -170,5 +175,15 @@ pub(super) fn make_actor(
         input_descs: desc.inputs.clone(),
         pending_slices: VecDeque::with_capacity(if builder.trace.is_some() { slots } else { 0 }),
     };
-    Ok(MadeActor { actor, runtime, starts })
+    let on_host = match (&desc.kind, &runtime.kernel) {
+        (
+            ActorKind::Compute { kernel: regflow_plan::KernelConf::Op(op) }
+            | ActorKind::Acc { kernel: regflow_plan::KernelConf::Op(op), .. },
+            Some(kernel),
+        ) if spec.device == regflow_plan::DeviceKind::Cuda && kernel.execution() == Execution::Host => {
+            Some(format!("{} ({} {})", desc.name, op.op_type, op.dtype()))
+        }
+        _ => None,
+    };
+    Ok(MadeActor { actor, runtime, starts, on_host })
 }

@@ -65,6 +65,8 @@ pub struct Job {
     keep_state: bool,
     /// The connections to the other nodes, in a job that runs one node of several.
     net: Option<crate::net::NetPlane>,
+    /// Ops on GPU devices whose kernels run on the host ([`Job::host_kernels`]).
+    host_kernels: Vec<String>,
 }
 
 /// What a finished job reports.
@@ -186,6 +188,15 @@ impl Job {
     /// Bytes per device, known before anything ran.
     pub fn memory_report(&self) -> &MemoryReport {
         &self.memory
+    }
+
+    /// The ops on GPU devices whose kernels run on the host, as `actor (op dtype)`: an op
+    /// with no device kernel for its dtype is computed by its CPU kernel over managed
+    /// memory, after its stream drains. Such a plan runs right, but slowly where the tensors
+    /// are large, so this is the first thing to read when a GPU step is slow. Empty on
+    /// other devices, and where every op of a GPU device has a device kernel.
+    pub fn host_kernels(&self) -> &[String] {
+        &self.host_kernels
     }
 
     /// The plan being run.

@@ -293,9 +293,18 @@ pub(super) fn stream_label(plan: &Plan, s: usize) -> String {
     format!("{}/{:?}#{s}", plan.devices[stream.device.index()].label(), stream.kind)
 }
 
-/// Per stream, its actors and their runtimes (kernels, feeders and fetchers made on the
-/// way), and the actors to start (sources, and actors with preloaded outputs).
-#[allow(clippy::type_complexity)]
+/// The actors of a job, made.
+pub(super) struct MadeActors {
+    /// Per stream, its actors and their runtimes (kernels, feeders and fetchers made on
+    /// the way).
+    pub(super) per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)>,
+    /// The actors to start (sources, and actors with preloaded outputs).
+    pub(super) sources: Vec<ActorId>,
+    /// The ops on GPU devices whose kernels run on the host (`Job::host_kernels`).
+    pub(super) on_host: Vec<String>,
+}
+
+/// Makes every actor this job hosts.
 pub(super) fn make_actors(
     builder: &mut JobBuilder,
     indexed: &PlanIndex<'_>,
@@ -303,22 +312,22 @@ pub(super) fn make_actors(
     per_step: &[u64],
     senders: &[Option<InboxSender>],
     ends: &mut UserEnds<'_>,
-) -> Result<(Vec<(Vec<Actor>, Vec<ActorRuntime>)>, Vec<ActorId>), RuntimeError> {
+) -> Result<MadeActors, RuntimeError> {
     let plan = indexed.plan();
-    let mut per_stream: Vec<(Vec<Actor>, Vec<ActorRuntime>)> =
-        (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
-    let mut sources = Vec::new();
+    let per_stream = (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
+    let mut made_actors = MadeActors { per_stream, sources: Vec::new(), on_host: Vec::new() };
     for (a, desc) in plan.actors.iter().enumerate() {
         let stream = desc.stream.index();
         let Some(inbox) = senders[stream].clone() else { continue };
         let made = make_actor(builder, indexed, ids, per_step, ActorIndex(a as u32), inbox, ends)?;
         if made.starts {
-            sources.push(made.actor.id());
+            made_actors.sources.push(made.actor.id());
         }
-        per_stream[stream].0.push(made.actor);
-        per_stream[stream].1.push(made.runtime);
+        made_actors.on_host.extend(made.on_host);
+        made_actors.per_stream[stream].0.push(made.actor);
+        made_actors.per_stream[stream].1.push(made.runtime);
     }
-    Ok((per_stream, sources))
+    Ok(made_actors)
 }
 
 /// The most registers one firing reads or writes (the streams' scratch capacity).

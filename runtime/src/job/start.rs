@@ -318,7 +318,8 @@ impl Job {
             fetchers: HashMap::new(),
         };
 
-        let (per_stream, sources) = make_actors(&mut builder, &indexed, &ids, &per_step, &senders, &mut ends)?;
+        let made = make_actors(&mut builder, &indexed, &ids, &per_step, &senders, &mut ends)?;
+        let (per_stream, sources, host_kernels) = (made.per_stream, made.sources, made.on_host);
 
         let UserEnds { feeders, fetchers, .. } = ends;
 
@@ -426,6 +427,7 @@ impl Job {
             trace_path: builder.trace,
             keep_state: builder.keep_state,
             net,
+            host_kernels,
         })
     }
 }
