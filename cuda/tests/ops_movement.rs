@@ -5,7 +5,7 @@ mod common;
 
 use regflow_cuda::{Device, Stream};
 use regflow_plan::ops::{
-    BroadcastTo, Concat, Embedding, EmbeddingGrad, OpAttrs, Permute, Reshape, Slice, SliceGrad, SumTo,
+    BroadcastTo, Concat, Embedding, EmbeddingGrad, OpAttrs, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
 };
 use regflow_plan::{DType, HostArray, Shape, SplitMix64, TensorMeta};
 
@@ -175,6 +175,22 @@ fn sum_to_matches_the_cpu() {
                 (&device, &stream),
                 rel,
             );
+        }
+    }
+}
+
+/// `sum_squares` takes sum_to's paths to a scalar (one block, chunks) with each summand
+/// squared as it loads; against the CPU's squares summed in order.
+#[test]
+fn sum_squares_matches_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let shapes: &[&[usize]] = &[&[1], &[7], &[1023, 3], &[70_001], &[300, 701], &[2, 3, 5, 7], &[768, 3072]];
+    for dtype in [DType::F32, DType::F64] {
+        for &from in shapes {
+            let x = random(from, dtype, 9);
+            let rel = if dtype == DType::F32 { 1e-3 } else { 1e-9 };
+            let what = format!("sum_squares {dtype} {from:?}");
+            check(&what, &SumSquares, &[&x], TensorMeta::new([], dtype), (&device, &stream), rel);
         }
     }
 }

@@ -291,7 +291,7 @@ impl Graph {
                         });
                     }
                 }
-                let squares = g.mul(g)?.sum_to(&Shape::scalar())?;
+                let squares = g.sum_squares()?;
                 total = Some(match total {
                     Some(t) => t.add(&self.alongside(squares, t)?)?,
                     None => squares,

@@ -53,6 +53,7 @@ fn reductions_match_finite_differences_on_random_shapes_and_axes() {
         }
     }
     let x = [random([2, 3, 4], 11)];
+    check_grad("sum_squares", &x, |x| x[0].sum_squares());
     check_grad("sum_all", &x, |x| x[0].sum_all());
     check_grad("mean_all", &x, |x| x[0].mean_all());
     check_grad("max over every axis", &x, |x| x[0].max(&[], true));
@@ -253,4 +254,27 @@ fn build_errors_name_the_op_and_the_values() {
     );
     assert_eq!(error(x.concat(&[x], -3)), "concat(f64[2, 3], f64[2, 3]): axis -3 out of range for rank 2");
     assert_eq!(error(concat(&[], 0)), "concat(): needs at least one input");
+}
+
+/// `sum_squares` is the bits of `x · x` summed to a scalar, in f32 and f64, and refuses
+/// integers naming the dtype.
+#[test]
+fn sum_squares_equals_the_square_then_sum_bit_for_bit() {
+    for (seed, shape) in [(1u64, vec![7]), (2, vec![33, 65]), (3, vec![2, 3, 5, 7]), (4, vec![1000, 70])] {
+        let values = random(Shape::new(shape.clone()), seed);
+        for dtype in [DType::F32, DType::F64] {
+            let value = match dtype {
+                DType::F32 => HostArray::f32(shape.clone(), values.to_f64_vec().iter().map(|&v| v as f32).collect()),
+                _ => Ok(values.clone()),
+            }
+            .unwrap();
+            let fused = eval1(value.clone(), |x| x.sum_squares().unwrap()).to_f64_vec();
+            let apart = eval1(value, |x| x.mul(&x).unwrap().sum_to(&Shape::scalar()).unwrap()).to_f64_vec();
+            assert_eq!(fused, apart, "{dtype} {shape:?}");
+        }
+    }
+    let g = Graph::new();
+    let ids = g.input("ids", [3], DType::I64).unwrap();
+    let err = ids.sum_squares().unwrap_err().to_string();
+    assert!(err.contains("sum_squares") && err.contains("i64"), "{err}");
 }

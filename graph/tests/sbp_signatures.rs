@@ -264,6 +264,19 @@ fn sum_to_and_broadcast_to_map_kept_dimensions_and_sum_the_rest() {
     }
 }
 
+/// `sum_squares`: any split of the input leaves partial sums; a partial input has none
+/// (squares of summands are not summands).
+#[test]
+fn sum_squares_splits_into_partial_sums_and_never_reads_partials() {
+    for shape in [vec![3, 5, 4], vec![7]] {
+        let signatures = check_signatures(&SumSquares, &[random(shape.clone(), 8)]);
+        for d in 0..shape.len() {
+            assert!(has(&signatures, &[S(d)], &[P]), "{shape:?} S({d})");
+        }
+        assert!(!has(&signatures, &[P], &[P]), "{shape:?}");
+    }
+}
+
 #[test]
 fn reductions_split_kept_axes_and_sum_or_average_split_reduced_ones() {
     let x = random([5, 7, 2], 6);

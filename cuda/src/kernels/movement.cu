@@ -78,7 +78,10 @@ extern "C" __global__ void regflow_copy_blocks_bf16(const bf16* src, bf16* dst, 
 // from the CPU's by rounding. `kept.dims` is the output's shape and `kept.a` the input's
 // strides of those dimensions; `reduced.dims` the summed dimensions and `reduced.a` their
 // input strides.
-template <typename T>
+// SQ: each summand is squared as it loads (`sum_squares`: the bits of x · x, then summed).
+template <typename W> __device__ __forceinline__ W summand(W v, bool square) { return square ? v * v : v; }
+
+template <typename T, bool SQ = false>
 __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexing reduced, u64 n_out, u64 n_reduced) {
     typedef typename Wide<T>::type W;
     __shared__ W partial[COLUMN_THREADS][COLUMN_THREADS];
@@ -87,7 +90,7 @@ __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexi
         u64 base = mine ? offset_a(kept, o) : 0, end = mine ? n_reduced : 0;
         W sum = (W)0;
 #pragma unroll 4
-        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + reduced_offset(reduced, k)]);
+        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += summand(ld(&x[base + reduced_offset(reduced, k)]), SQ);
         sum = column_sum(sum, partial);
         if (mine && threadIdx.y == 0) st(&out[o], sum);
     }
@@ -100,7 +103,7 @@ __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexi
 // into parts[o · gridDim.x + chunk index]; then one block per output adds its parts in
 // chunk order. The chunking depends on the shape alone, so the same inputs give the same
 // bits; bf16 adds in f32 and rounds once, as the CPU does.
-template <typename T>
+template <typename T, bool SQ = false>
 __device__ __forceinline__ void sum_to_chunks(const T* x, typename Wide<T>::type* parts, Indexing kept, Indexing reduced,
                                               u64 n_reduced, u64 chunk) {
     typedef typename Wide<T>::type W;
@@ -109,7 +112,7 @@ __device__ __forceinline__ void sum_to_chunks(const T* x, typename Wide<T>::type
     u64 begin = (u64)blockIdx.x * chunk, end = begin + chunk < n_reduced ? begin + chunk : n_reduced;
     W sum = (W)0;
 #pragma unroll 4
-    for (u64 k = begin + threadIdx.x; k < end; k += blockDim.x) sum += ld(&x[base + reduced_offset(reduced, k)]);
+    for (u64 k = begin + threadIdx.x; k < end; k += blockDim.x) sum += summand(ld(&x[base + reduced_offset(reduced, k)]), SQ);
     sum = block_sum(sum, scratch);
     if (threadIdx.x == 0) parts[o * gridDim.x + blockIdx.x] = sum;
 }
@@ -129,7 +132,7 @@ template <typename T> __device__ __forceinline__ void sum_parts(const typename W
 // over the range's split by, positions [by·chunk, (by + 1)·chunk), and writes its sums to
 // parts[by · n_out + o]; then a thread per output adds its splits' sums in split order. The
 // splits depend on the shape alone (movement.rs), so the same inputs give the same bits.
-template <typename T>
+template <typename T, bool SQ = false>
 __device__ __forceinline__ void sum_to_split(const T* x, typename Wide<T>::type* parts, Indexing kept, Indexing reduced,
                                              u64 n_out, u64 n_reduced, u64 chunk) {
     typedef typename Wide<T>::type W;
@@ -140,7 +143,7 @@ __device__ __forceinline__ void sum_to_split(const T* x, typename Wide<T>::type*
         u64 base = mine ? offset_a(kept, o) : 0, end = mine ? end_all : begin;
         W sum = (W)0;
 #pragma unroll 4
-        for (u64 k = begin + threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + reduced_offset(reduced, k)]);
+        for (u64 k = begin + threadIdx.y; k < end; k += blockDim.y) sum += summand(ld(&x[base + reduced_offset(reduced, k)]), SQ);
         sum = column_sum(sum, partial);
         if (mine && threadIdx.y == 0) parts[(u64)blockIdx.y * n_out + o] = sum;
     }
@@ -181,6 +184,26 @@ __device__ __forceinline__ void sum_splits(const typename Wide<T>::type* parts, 
 SUM_TO_ENTRIES(f32, float, float)
 SUM_TO_ENTRIES(f64, double, double)
 SUM_TO_ENTRIES(bf16, bf16, float)
+
+// `sum_squares`: the sum_to passes with each summand squared as it loads (f32 and f64; the
+// second launches are sum_to's `sum_parts` and `sum_splits`).
+#define SUM_SQUARES_ENTRIES(S, T, P)                                                                         \
+    extern "C" __global__ void BLOCK_1024 regflow_sum_squares_##S(const T* x, T* out, Indexing kept,         \
+                                                                  Indexing reduced, u64 n_out,               \
+                                                                  u64 n_reduced) {                           \
+        sum_to<T, true>(x, out, kept, reduced, n_out, n_reduced);                                            \
+    }                                                                                                        \
+    extern "C" __global__ void regflow_sum_squares_chunks_##S(const T* x, P* parts, Indexing kept,           \
+                                                              Indexing reduced, u64 n_reduced, u64 chunk) {  \
+        sum_to_chunks<T, true>(x, parts, kept, reduced, n_reduced, chunk);                                   \
+    }                                                                                                        \
+    extern "C" __global__ void BLOCK_1024 regflow_sum_squares_split_##S(const T* x, P* parts, Indexing kept, \
+                                                                        Indexing reduced, u64 n_out,         \
+                                                                        u64 n_reduced, u64 chunk) {          \
+        sum_to_split<T, true>(x, parts, kept, reduced, n_out, n_reduced, chunk);                             \
+    }
+SUM_SQUARES_ENTRIES(f32, float, float)
+SUM_SQUARES_ENTRIES(f64, double, double)
 
 // ---- embedding ---------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ use super::layout::{self, Indexing};
 use super::{factory, function, op_conf, scratch, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid, StreamHandle};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
-use regflow_plan::ops::{BroadcastTo, Concat, Embedding, EmbeddingGrad, Permute, Reshape, Slice, SliceGrad, SumTo};
+use regflow_plan::ops::{
+    BroadcastTo, Concat, Embedding, EmbeddingGrad, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
+};
 use regflow_plan::{DType, OpConf, Shape};
 
 const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16];
@@ -22,6 +24,7 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("slice_grad", ANY, || factory(make_slice_grad)),
     ("concat", ANY, || factory(make_concat)),
     ("sum_to", &[DType::F32, DType::F64, DType::Bf16], || factory(make_sum_to)),
+    ("sum_squares", FLOAT, || factory(make_sum_squares)),
     ("embedding", FLOAT, || factory(make_embedding)),
     ("embedding_grad", FLOAT, || factory(make_embedding_grad)),
 ];
@@ -328,13 +331,42 @@ fn make_concat(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
 fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     let conf = op_conf(spec)?;
     let op: SumTo = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    sum_kernel(spec, &op.0, Summands::AsTheyAre)
+}
+
+/// `sum_squares`: `sum_to` a scalar with every summand squared as it loads.
+fn make_sum_squares(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let _: SumSquares = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    sum_kernel(spec, &regflow_plan::Shape::scalar(), Summands::Squared)
+}
+
+/// What a sum adds: its input's elements, or their squares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Summands {
+    AsTheyAre,
+    Squared,
+}
+
+/// The sum of the op's input (or of its squares) down to `target`, the output's shape.
+fn sum_kernel(
+    spec: &KernelSpec<'_>,
+    target: &regflow_plan::Shape,
+    summands: Summands,
+) -> Result<SumToKernel, KernelError> {
+    let conf = op_conf(spec)?;
     arity(spec, conf, 1, 1)?;
     let dtype = float_dtype(spec, conf)?;
     moved_dtype(spec, conf)?;
     let (input, out) = (&conf.inputs[0].shape, &conf.outputs[0].shape);
-    if *out != op.0 {
-        return Err(refuse(spec, conf, format!("sums {input} to {}, but the output is {out}", op.0)));
+    if out != target {
+        return Err(refuse(spec, conf, format!("sums {input} to {target}, but the output is {out}")));
     }
+    // The first launch's entries: sum_to's, or the ones that square as they load.
+    let (whole, chunks, split) = match summands {
+        Summands::AsTheyAre => ("sum_to", "sum_to_chunks", "sum_to_split"),
+        Summands::Squared => ("sum_squares", "sum_squares_chunks", "sum_squares_split"),
+    };
     let reduction = layout::reduction(input.dims(), out.dims()).map_err(|e| refuse(spec, conf, e))?;
     let (n_out, n_reduced) = (reduction.kept_count, reduction.reduced_count);
     let two_launch = if n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE {
@@ -345,8 +377,8 @@ fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     let partial = match two_launch {
         Some((layout, pieces)) => {
             let (first, second) = match layout {
-                PartialLayout::Chunks => ("sum_to_chunks", "sum_parts"),
-                PartialLayout::Splits => ("sum_to_split", "sum_splits"),
+                PartialLayout::Chunks => (chunks, "sum_parts"),
+                PartialLayout::Splits => (split, "sum_splits"),
             };
             // f64 parts for f64, f32 for f32 and bf16 (which adds in f32).
             let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
@@ -362,7 +394,7 @@ fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
         None => None,
     };
     Ok(SumToKernel {
-        function: function(spec, &format!("regflow_sum_to_{}", suffix(dtype)))?,
+        function: function(spec, &format!("regflow_{whole}_{}", suffix(dtype)))?,
         input: input_slots::<1>(conf)[0],
         reduction,
         partial,
@@ -598,6 +630,12 @@ mod tests {
         }
         for dtype in ["f32", "f64", "bf16"] {
             for stem in ["sum_to", "sum_to_chunks", "sum_parts", "sum_to_split", "sum_splits"] {
+                let name = format!("regflow_{stem}_{dtype}");
+                assert!(entries.contains(&name.as_str()), "{name}");
+            }
+        }
+        for dtype in ["f32", "f64"] {
+            for stem in ["sum_squares", "sum_squares_chunks", "sum_squares_split"] {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }

@@ -42,7 +42,7 @@ mod slice;
 pub use binary::{Binary, BinaryKind};
 pub use cast::Cast;
 pub use fill::{CausalMask, Fill};
-pub use reduce_to::{BroadcastTo, SumTo};
+pub use reduce_to::{BroadcastTo, SumSquares, SumTo};
 pub use unary::{Unary, UnaryKind};
 
 /// What the gradient rule of one op application sees.

@@ -1,12 +1,12 @@
 //! `sum_to` and `broadcast_to`: the pair that makes broadcasting differentiable (the
-//! gradient of one is the other).
+//! gradient of one is the other); and `sum_squares`, a squared norm in one pass.
 
 use super::binary::operand_sbp;
 use super::{GradCtx, InputGrads, LocalContext, OpDef};
 use crate::plan::{Shape, TensorMeta};
 use crate::sbp::{Sbp, SbpSignature};
 use crate::{GraphError, Tensor};
-pub use regflow_plan::ops::{BroadcastTo, SumTo};
+pub use regflow_plan::ops::{BroadcastTo, SumSquares, SumTo};
 use std::sync::Arc;
 
 impl OpDef for SumTo {
@@ -53,6 +53,41 @@ impl OpDef for SumTo {
     /// A sum over broadcast dimensions (a bias gradient): the kernel accumulates in f32 whatever the dtype, so bf16 stays bf16.
     fn autocast(&self) -> super::Autocast {
         super::Autocast::Promote
+    }
+}
+
+impl OpDef for SumSquares {
+    fn name(&self) -> &'static str {
+        "sum_squares"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        let [x] = inputs else { return Err(format!("takes 1 input, got {}", inputs.len())) };
+        if !x.dtype.is_float() {
+            return Err(format!("sums the squares of a float tensor, got {x}"));
+        }
+        Ok(vec![TensorMeta { shape: Shape::scalar(), dtype: x.dtype }])
+    }
+
+    /// `2·x·dy`.
+    fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        let x = ctx.inputs[0];
+        Ok(vec![Some(x.mul(&ctx.grad()?)?.mul_scalar(2.0)?)])
+    }
+
+    /// A split of any dimension leaves each device a partial sum; a whole tensor a whole
+    /// sum. (Squares of summands are not summands: a partial input is converted first.)
+    fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        let [x] = inputs else { return Vec::new() };
+        (0..x.shape.rank()).map(|d| SbpSignature::new([Sbp::Split(d)], [Sbp::Partial])).collect()
+    }
+}
+
+impl<'g> Tensor<'g> {
+    /// `Σ x²` over every element, as a scalar: the squared L2 norm in one pass, equal bit
+    /// for bit to `self.mul(self)?.sum_to(&Shape::scalar())`.
+    pub fn sum_squares(&self) -> Result<Tensor<'g>, GraphError> {
+        self.graph().apply1(SumSquares, &[*self])
     }
 }
 

@@ -150,6 +150,7 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::CausalMask>(r, "causal_mask", device, LOW);
     // A bias's gradient summed over the batch: summed in f32 (widened), rounded once.
     add_as::<ops::SumTo>(r, "sum_to", device, LOW);
+    add_as::<ops::SumSquares>(r, "sum_squares", device, FLOAT);
     add_as::<ops::BroadcastTo>(r, "broadcast_to", device, ANY);
     add::<ops::SparseCrossEntropy>(r, device, FLOAT);
     add::<ops::SparseCrossEntropyGrad>(r, device, LOW);

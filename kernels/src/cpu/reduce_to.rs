@@ -18,6 +18,19 @@ impl HostCompute for SumTo {
     }
 }
 
+impl HostCompute for SumSquares {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer sums are not supported", T => sum_squares_typed::<T>(&inputs[0], &mut outputs[0])),
+        )
+    }
+}
+
 impl HostCompute for BroadcastTo {
     fn compute(
         &self,
@@ -84,6 +97,23 @@ fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) ->
                 }
             }
         },
+    );
+    Ok(())
+}
+
+/// `Σ x²` in the runs and order `sum_to_typed` sums a tensor to a scalar, each square
+/// rounded to `T` first: the bits of `x · x` summed to `[]`.
+fn sum_squares_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let x = input.as_slice::<T>()?;
+    let [total] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
+    *total = T::zero();
+    let dims = input.shape.dims();
+    crate::cpu::binary::for_each_broadcast_run(
+        dims,
+        dims,
+        &[],
+        #[inline(always)]
+        |run| *total += x[run.out..run.out + run.len].iter().map(|&v| v * v).sum::<T>(),
     );
     Ok(())
 }

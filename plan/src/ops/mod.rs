@@ -131,6 +131,7 @@ op_types! {
     Fill => "fill",
     CausalMask => "causal_mask",
     SumTo => "sum_to",
+    SumSquares => "sum_squares",
     BroadcastTo => "broadcast_to",
     SparseCrossEntropy => "sparse_cross_entropy",
     SparseCrossEntropyGrad => "sparse_cross_entropy_grad",
