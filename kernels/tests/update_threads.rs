@@ -71,7 +71,7 @@ fn a_gradient_scale_is_the_update_of_the_scaled_gradient() {
         with_scale[1] = grad;
         with_scale.push(scalar(factor));
         assert_eq!(run(&with_scale), run(&plain), "{kind:?}");
-        // A scale of another shape, or one input too many, is refused.
+        // One input more than the optional scale is refused.
         with_scale.push(scalar(1.0));
         let views: Vec<_> = with_scale.iter().map(HostArray::view).collect();
         let mut outputs: Vec<HostArray> =

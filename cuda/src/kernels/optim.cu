@@ -60,34 +60,24 @@ __device__ __forceinline__ void adamw(const T* p, const T* g, const void* lr_at,
     }
 }
 
-extern "C" __global__ void regflow_update_sgd_f32(const float* p, const float* g, const void* lr, u64 lr_code,
-                                                  const void* scale, u64 scale_code, const float* v, float* p_out,
-                                                  float* v_out, float momentum, float weight_decay, u64 n) {
-    sgd(p, g, lr, lr_code, scale, scale_code, v, p_out, v_out, momentum, weight_decay, n);
-}
-extern "C" __global__ void regflow_update_sgd_f64(const double* p, const double* g, const void* lr, u64 lr_code,
-                                                  const void* scale, u64 scale_code, const double* v, double* p_out,
-                                                  double* v_out, double momentum, double weight_decay, u64 n) {
-    sgd(p, g, lr, lr_code, scale, scale_code, v, p_out, v_out, momentum, weight_decay, n);
-}
-extern "C" __global__ void regflow_update_adamw_f32(const float* p, const float* g, const void* lr, u64 lr_code,
-                                                    const void* step, u64 step_code, const void* scale,
-                                                    u64 scale_code, const float* m, const float* v, float* p_out,
-                                                    float* m_out, float* v_out, float b1, float b2, float one_b1,
-                                                    float one_b2, float eps, double beta1, double beta2,
-                                                    double weight_decay, u64 n) {
-    adamw(p, g, lr, lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps,
-          beta1, beta2, weight_decay, n);
-}
-extern "C" __global__ void regflow_update_adamw_f64(const double* p, const double* g, const void* lr, u64 lr_code,
-                                                    const void* step, u64 step_code, const void* scale,
-                                                    u64 scale_code, const double* m, const double* v, double* p_out,
-                                                    double* m_out, double* v_out, double b1, double b2, double one_b1,
-                                                    double one_b2, double eps, double beta1, double beta2,
-                                                    double weight_decay, u64 n) {
-    adamw(p, g, lr, lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, one_b2, eps,
-          beta1, beta2, weight_decay, n);
-}
+// The update entries of one dtype S (elements T, hyperparameters the entries take rounded
+// to T): written once, declared per dtype below (cuda/src/sources.rs reads the entries off
+// the invocations).
+#define UPDATE_ENTRIES(S, T)                                                                                  \
+    extern "C" __global__ void regflow_update_sgd_##S(const T* p, const T* g, const void* lr, u64 lr_code,    \
+                                                      const void* scale, u64 scale_code, const T* v, T* p_out, \
+                                                      T* v_out, T momentum, T weight_decay, u64 n) {          \
+        sgd(p, g, lr, lr_code, scale, scale_code, v, p_out, v_out, momentum, weight_decay, n);                \
+    }                                                                                                         \
+    extern "C" __global__ void regflow_update_adamw_##S(                                                      \
+        const T* p, const T* g, const void* lr, u64 lr_code, const void* step, u64 step_code, const void* scale, \
+        u64 scale_code, const T* m, const T* v, T* p_out, T* m_out, T* v_out, T b1, T b2, T one_b1, T one_b2,  \
+        T eps, double beta1, double beta2, double weight_decay, u64 n) {                                      \
+        adamw(p, g, lr, lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, \
+              one_b2, eps, beta1, beta2, weight_decay, n);                                                    \
+    }
+UPDATE_ENTRIES(f32, float)
+UPDATE_ENTRIES(f64, double)
 
 // One piece of a group of `count`: the first copies, the others add; the last scales the
 // sum by `scale` (1/count rounded to T, as the CPU's `T::from_f64(1.0 / count)`).

@@ -404,8 +404,7 @@ __device__ __forceinline__ float warp_all_max(float v) {
 
 // masked_softmax_rows for one warp per row (scores stored as X, probabilities as Y: f32,
 // or bf16). Rows filling all 32·N places (attention's T of 256, 512, 1024: most calls)
-// load and store without bounds tests, and a contiguous mask row is addressed from one
-// pointer. (Nsight Compute read the general form at 732 GB/s and 25 % occupancy on
+// load without bounds tests, and a contiguous mask row is addressed from one pointer. (Nsight Compute read the general form at 732 GB/s and 25 % occupancy on
 // GPT-2's causal softmax, against 4.2 TB/s for the gradient: its PTX kept a 64-bit
 // mask offset per element, j · mask_step, and a branch around every load.)
 template <typename X, typename Y, int N>
@@ -421,19 +420,12 @@ __device__ void masked_softmax_warp(const X* x, const float* mask, Y* y, u64 row
         if (full && mask_step == 1) {
 #pragma unroll
             for (int k = 0; k < N; ++k) v[k] = scale * ld(xr + lane + 32 * k) + mr[lane + 32 * k];
-        } else if (mask_step == 1) {
-#pragma unroll
-            for (int k = 0; k < N; ++k) {
-                u32 j = lane + 32 * k;
-                v[k] = j < len ? scale * ld(xr + j) + mr[j] : minus_infinity<float>();
-            }
         } else {
-            // A mask broadcast along the row: one value for all of it.
-            float mv = *mr;
+            // Bounds-tested; a mask broadcast along the row (step 0) is its first value.
 #pragma unroll
             for (int k = 0; k < N; ++k) {
                 u32 j = lane + 32 * k;
-                v[k] = j < len ? scale * ld(xr + j) + mv : minus_infinity<float>();
+                v[k] = j < len ? scale * ld(xr + j) + mr[mask_step ? j : 0] : minus_infinity<float>();
             }
         }
         float m = minus_infinity<float>();
@@ -451,15 +443,10 @@ __device__ void masked_softmax_warp(const X* x, const float* mask, Y* y, u64 row
         // per element took GPT-2's causal softmax from 830 to 980 µs on an H200: half its
         // numerators are 0, most likely IEEE division's long path; not profiled alone.)
         float inverse = 1.0f / warp_all_sum(s);
-        if (full) {
 #pragma unroll
-            for (int k = 0; k < N; ++k) st(yr + lane + 32 * k, v[k] * inverse);
-        } else {
-#pragma unroll
-            for (int k = 0; k < N; ++k) {
-                u32 j = lane + 32 * k;
-                if (j < len) st(yr + j, v[k] * inverse);
-            }
+        for (int k = 0; k < N; ++k) {
+            u32 j = lane + 32 * k;
+            if (full || j < len) st(yr + j, v[k] * inverse);
         }
     }
 }
@@ -492,15 +479,11 @@ __device__ void masked_softmax_grad_warp(const S* y, const S* dy, S* dx, u64 row
 #pragma unroll
         for (int k = 0; k < N; ++k) s += yv[k] * dv[k];
         s = warp_all_sum(s);
-        if (full) {
+        // Stores need no unpredicated path: nothing waits on them.
 #pragma unroll
-            for (int k = 0; k < N; ++k) st(dxr + lane + 32 * k, scale * yv[k] * (dv[k] - s));
-        } else {
-#pragma unroll
-            for (int k = 0; k < N; ++k) {
-                u32 j = lane + 32 * k;
-                if (j < len) st(dxr + j, scale * yv[k] * (dv[k] - s));
-            }
+        for (int k = 0; k < N; ++k) {
+            u32 j = lane + 32 * k;
+            if (full || j < len) st(dxr + j, scale * yv[k] * (dv[k] - s));
         }
     }
 }

@@ -331,14 +331,14 @@ fn make_concat(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
 fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     let conf = op_conf(spec)?;
     let op: SumTo = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
-    sum_kernel(spec, &op.0, Summands::AsTheyAre)
+    sum_kernel(spec, conf, &op.0, Summands::AsTheyAre)
 }
 
 /// `sum_squares`: `sum_to` a scalar with every summand squared as it loads.
 fn make_sum_squares(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     let conf = op_conf(spec)?;
     let _: SumSquares = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
-    sum_kernel(spec, &regflow_plan::Shape::scalar(), Summands::Squared)
+    sum_kernel(spec, conf, &regflow_plan::Shape::scalar(), Summands::Squared)
 }
 
 /// What a sum adds: its input's elements, or their squares.
@@ -348,13 +348,13 @@ enum Summands {
     Squared,
 }
 
-/// The sum of the op's input (or of its squares) down to `target`, the output's shape.
+/// The sum of `conf`'s input (or of its squares) down to `target`, the output's shape.
 fn sum_kernel(
     spec: &KernelSpec<'_>,
+    conf: &OpConf,
     target: &regflow_plan::Shape,
     summands: Summands,
 ) -> Result<SumToKernel, KernelError> {
-    let conf = op_conf(spec)?;
     arity(spec, conf, 1, 1)?;
     let dtype = float_dtype(spec, conf)?;
     moved_dtype(spec, conf)?;

@@ -181,8 +181,7 @@ impl OpDef for MaskedSoftmaxGrad {
         if !self.scale.is_finite() {
             return Err(format!("scale must be finite, got {}", self.scale));
         }
-        let y = check_float(inputs, 2, -1)?;
-        Ok(vec![y])
+        Ok(vec![check_float(inputs, 2, -1)?])
     }
 
     /// Reads y and dy as they are: bf16 probabilities (mixed precision) and their

@@ -17,24 +17,13 @@ pub(crate) fn in_shares(threads: usize, len: usize, work: impl Fn(Range<usize>) 
         work(0..len);
         return;
     }
-    join_shares(0..shares, len, shares, &work);
+    // The row split with rows of no elements: one halving over `rayon::join` for both.
+    join_row_shares::<()>(0..shares, (len, 0), shares, &mut [], &|range, _| work(range));
 }
 
 /// The first index of share `share` of `len` indices cut into `shares` contiguous shares.
 fn share_start(share: usize, len: usize, shares: usize) -> usize {
     share * len / shares
-}
-
-/// Runs `work` on each of the shares `of` of `len` indices cut into `shares`, halving the
-/// shares over `rayon::join`, whose tasks live on the stack: a firing allocates nothing
-/// (`rayon::scope`'s `spawn` boxes every task).
-fn join_shares(of: Range<usize>, len: usize, shares: usize, work: &(impl Fn(Range<usize>) + Sync)) {
-    if of.len() == 1 {
-        work(share_start(of.start, len, shares)..share_start(of.end, len, shares));
-        return;
-    }
-    let mid = of.start + of.len() / 2;
-    rayon::join(|| join_shares(of.start..mid, len, shares, work), || join_shares(mid..of.end, len, shares, work));
 }
 
 /// Elements below which a row-wise kernel stays on one thread whatever the device's thread
@@ -74,8 +63,10 @@ pub(crate) fn rows_in_shares<T: Send>(
     join_row_shares(0..shares, (rows, row_len), shares, out, &work);
 }
 
-/// As [`join_shares`] for [`rows_in_shares`]: `out` holds the rows of the shares `of` of
-/// `rows` rows (of `row_len` elements) cut into `shares`, and is split with them.
+/// Runs `work` on each of the shares `of` of `rows` rows (of `row_len` elements) cut into
+/// `shares`, with the part of `out` holding those rows, halving the shares over
+/// `rayon::join`, whose tasks live on the stack: a firing allocates nothing
+/// (`rayon::scope`'s `spawn` boxes every task).
 fn join_row_shares<T: Send>(
     of: Range<usize>,
     (rows, row_len): (usize, usize),

@@ -99,10 +99,10 @@ fn view_of_input(
                 && matches!((local_in.as_slice(), local_out.as_slice()), ([i], [o]) if i.bytes() == o.bytes() && i.dtype == o.dtype)
         })
     });
-    let Some(regs) = low.regs.get(&(*input, read_layout.clone(), rate, mesh)).cloned() else { return false };
     if !same_bytes {
         return false;
     }
+    let Some(regs) = low.regs.get(&(*input, read_layout.clone(), rate, mesh)).cloned() else { return false };
     low.regs.insert((*output, out_layout.clone(), rate, mesh), regs);
     true
 }
