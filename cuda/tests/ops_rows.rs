@@ -95,10 +95,15 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
     for len in LENS.into_iter().chain([250, 256, 768, 1024, 1500]) {
         let dims = vec![2, 3, 5, len];
         let x = common::array(&dims, DType::Bf16, 3);
-        for mask_dims in [dims.clone(), vec![5, len], vec![5, 1], vec![1]] {
-            let mask = common::array(&mask_dims, DType::F32, 4);
+        // A bf16 mask has no device entry (they read it as f32): the CPU kernel runs.
+        for (mask_dims, mask_dtype) in
+            [(dims.clone(), DType::F32), (vec![5, len], DType::F32), (vec![5, 1], DType::F32), (vec![1], DType::F32)]
+                .into_iter()
+                .chain([(vec![5, len], DType::Bf16)])
+        {
+            let mask = common::array(&mask_dims, mask_dtype, 4);
             let op = MaskedSoftmax { scale: 0.125 };
-            let what = format!("masked_softmax bf16 {dims:?} mask f32 {mask_dims:?}");
+            let what = format!("masked_softmax bf16 {dims:?} mask {mask_dtype} {mask_dims:?}");
             check(&what, &op, &[&x, &mask], &[meta(&dims, DType::Bf16)], gpu);
         }
         let (y, dy) = (common::array(&dims, DType::Bf16, 5), common::array(&dims, DType::Bf16, 6));

@@ -280,15 +280,9 @@ fn make_masked_softmax(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
     let (rows, len) = rows_of(dims);
     let strides = axes::broadcast_strides(mask.shape.dims(), dims);
     let last = dims.len() - 1;
-    // The entries: scores and mask of one dtype, or bf16 scores (widened as they load) with
-    // an f32 mask into bf16 probabilities. f32 scores with a bf16 mask run the CPU kernel
-    // on the host.
-    let entries = match (x.dtype, mask.dtype) {
-        (a, b) if a == b => Some(a),
-        (DType::Bf16, DType::F32) => Some(DType::Bf16),
-        _ => None,
-    };
-    let (Some(entries), Some(mask_rows)) = (entries, Axes::collapsed(&dims[..last], &strides[..last])) else {
+    let (Some(entries), Some(mask_rows)) =
+        (masked_entries(x.dtype, mask.dtype), Axes::collapsed(&dims[..last], &strides[..last]))
+    else {
         return Ok(Box::new(HostOpKernel::new(op, conf)));
     };
     let (function, grid) = row_entry(spec, "masked_softmax", entries, rows, len)?;
@@ -303,6 +297,16 @@ fn make_masked_softmax(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
         mask_rows,
         mask_step: strides[last] as u64,
     }))
+}
+
+/// The dtype naming the masked softmax entries for scores `x` and a mask `mask`: the
+/// scores', where the mask is in the entries' arithmetic type (f64 for f64 scores, f32
+/// for f32 and bf16 ones: mixed precision's bf16 scores widen as they load). Other pairs
+/// (f32 scores with a bf16 mask, bf16 with bf16) have no entry and run the CPU kernel on
+/// the host: the bf16 entries read the mask as f32.
+fn masked_entries(x: DType, mask: DType) -> Option<DType> {
+    let arithmetic = if x == DType::F64 { DType::F64 } else { DType::F32 };
+    (mask == arithmetic).then_some(x)
 }
 
 /// The kernels of one launch over rows whose only scalar is `scalar` (a scale or an eps):
@@ -701,6 +705,20 @@ mod tests {
             assert_eq!(row_threads(len) % 32, 0);
         }
         assert_eq!(row_grid(70_001, 7).blocks.0, 70_001);
+    }
+
+    #[test]
+    fn a_masked_softmax_runs_on_the_device_only_with_a_mask_its_entries_read() {
+        use DType::{Bf16, F32, F64};
+        for (x, mask, entries) in [
+            (F32, F32, Some(F32)),
+            (F64, F64, Some(F64)),
+            (Bf16, F32, Some(Bf16)),
+            (Bf16, Bf16, None),
+            (F32, Bf16, None),
+        ] {
+            assert_eq!(masked_entries(x, mask), entries, "scores {x}, mask {mask}");
+        }
     }
 
     #[test]
