@@ -44,27 +44,8 @@ impl Kernel for FedSourceKernel {
             .data
             .try_recv()
             .map_err(|_| KernelError("fed source fired without a pushed piece (broken invariant)".into()))?;
-        let context = io.context();
         for o in 0..io.output_count() {
-            if buffer.len() != io.output_len(o) {
-                return Err(KernelError(format!(
-                    "fed source: a pushed piece of {} bytes for a register of {} (broken invariant)",
-                    buffer.len(),
-                    io.output_len(o)
-                )));
-            }
-            if context.device == regflow_plan::DeviceKind::Cuda {
-                // Copied by the device, not written by the host (see `copy_to_device`).
-                // SAFETY: the register holds buffer.len() bytes (checked above), and no
-                // queued kernel uses it: a host kernel runs after its stream drained, and
-                // the output slot is free by the register protocol.
-                unsafe {
-                    regflow_cuda::copy_to_device(regflow_cuda::StreamHandle(context.native), io.output_addr(o), &buffer)
-                }
-                .map_err(|e| KernelError(format!("fed source: {e}")))?;
-            } else {
-                io.output(o).copy_from_slice(&buffer);
-            }
+            crate::device::write_output(io, o, &buffer).map_err(|e| KernelError(format!("fed source: {}", e.0)))?;
         }
         // The feeder may be gone; then nobody needs the buffer back.
         let _ = self.pool.send(buffer);
