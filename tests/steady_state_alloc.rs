@@ -111,12 +111,38 @@ fn category() -> Option<Counted> {
 ///   job's stream-exit channel, sent once by each stream thread as it ends. Inside a
 ///   steady-state window these count as ordinary allocations: an unbounded channel used
 ///   per piece would allocate a block every 31 pieces.
+///
+/// A frame is recognised by its function's path where the backtrace has it, else by its
+/// source file: test builds keep line tables only, and there an inlined frame is named
+/// by its bare function name (`register`, `new`) next to its file and line.
 fn lazy_channel_allocation(backtrace: &str) -> Option<Counted> {
+    let in_crossbeam = |file: &str| {
+        backtrace.lines().any(|line| line.contains("crossbeam-channel-") && line.contains(file))
+    };
+    // `Context::new`, named in full or as a bare `new` frame whose next line is in
+    // crossbeam's context.rs (its `Context::with` frames are not allocations of their own).
+    let context_new = || {
+        let mut lines = backtrace.lines().map(str::trim);
+        while let Some(line) = lines.next() {
+            if line.ends_with(": new") || line.ends_with("Context::new") {
+                if let Some(at) = lines.next() {
+                    if at.contains("crossbeam-channel-") && at.contains("/src/context.rs") {
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    };
+    // A blocked receive on an unbounded channel has list.rs frames too: waker and context
+    // first.
     if backtrace.contains("crossbeam_channel::context::Context::new")
         || backtrace.contains("crossbeam_channel::waker::Waker::register")
+        || in_crossbeam("/src/waker.rs")
+        || context_new()
     {
         Some(Counted::FirstBlock)
-    } else if backtrace.contains("crossbeam_channel::flavors::list::Block") {
+    } else if backtrace.contains("crossbeam_channel::flavors::list::Block") || in_crossbeam("/src/flavors/list.rs") {
         Some(Counted::ListBlock)
     } else {
         None
