@@ -116,9 +116,8 @@ fn category() -> Option<Counted> {
 /// source file: test builds keep line tables only, and there an inlined frame is named
 /// by its bare function name (`register`, `new`) next to its file and line.
 fn lazy_channel_allocation(backtrace: &str) -> Option<Counted> {
-    let in_crossbeam = |file: &str| {
-        backtrace.lines().any(|line| line.contains("crossbeam-channel-") && line.contains(file))
-    };
+    let in_crossbeam =
+        |file: &str| backtrace.lines().any(|line| line.contains("crossbeam-channel-") && line.contains(file));
     // `Context::new`, named in full or as a bare `new` frame whose next line is in
     // crossbeam's context.rs (its `Context::with` frames are not allocations of their own).
     let context_new = || {

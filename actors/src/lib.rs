@@ -19,6 +19,7 @@ mod id;
 mod message;
 mod progress;
 mod regst;
+mod ring;
 mod snapshot;
 
 pub use actor::{Actor, Lifecycle};

@@ -1,9 +1,9 @@
 //! Register slots as one actor sees them: a FIFO of ready slots per consumed descriptor,
 //! and free slots plus per-slot holders per produced descriptor.
 
+use crate::ring::Ring;
 use crate::{ActorId, RegstRef};
 use regflow_plan::RegstDescId;
-use std::collections::VecDeque;
 
 pub use regflow_plan::MAX_CONSUMERS;
 
@@ -21,9 +21,9 @@ pub(crate) struct InputState {
     pub(crate) desc: RegstDescId,
     pub(crate) producer: ActorId,
     /// Arrived, not yet read; never longer than the producer's `register_num`.
-    pub(crate) ready: VecDeque<ReadyRegst>,
+    pub(crate) ready: Ring<ReadyRegst>,
     /// Read by launched firings whose kernels have not completed, oldest first.
-    pub(crate) in_use: VecDeque<u32>,
+    pub(crate) in_use: Ring<u32>,
     /// Piece expected in the next `Ready`.
     pub(crate) next_piece: u64,
     pub(crate) eord: bool,
@@ -42,8 +42,8 @@ impl InputState {
         Self {
             desc,
             producer,
-            ready: VecDeque::with_capacity(capacity),
-            in_use: VecDeque::with_capacity(capacity),
+            ready: Ring::new(capacity, ReadyRegst { slot: 0, piece: 0, data: RegstRef { desc, slot: 0 } }),
+            in_use: Ring::new(capacity, 0),
             next_piece: 0,
             eord: false,
             register_num,
@@ -111,7 +111,7 @@ pub(crate) struct OutputState {
     pub(crate) consumers: Vec<Consumer>,
     /// How many of `consumers` run on the actor's own stream (the first ones).
     pub(crate) same_stream_consumers: usize,
-    pub(crate) free: VecDeque<u32>,
+    pub(crate) free: Ring<u32>,
     /// Per slot and consumer (`slot * consumers + i`): consumer `i` has not acked it.
     /// A flat table allocated once, so a register may have any number of consumers (an
     /// optimizer's clip factor is read by every update of a device).
@@ -119,7 +119,7 @@ pub(crate) struct OutputState {
     /// Per slot: who still holds it, side by side in one table.
     pub(crate) slots: Vec<SlotState>,
     /// Emitted by launches not yet completed: (slot, piece, data), oldest first.
-    pub(crate) launched: VecDeque<(u32, u64, RegstRef)>,
+    pub(crate) launched: Ring<(u32, u64, RegstRef)>,
     pub(crate) next_piece: u64,
     /// Pieces taken and not yet given back by every consumer, counted apart from `free`.
     pub(crate) in_flight: u32,
@@ -139,10 +139,14 @@ impl OutputState {
             preloaded,
             consumers,
             same_stream_consumers,
-            free: (0..register_num).collect(),
+            free: {
+                let mut free = Ring::new(slots, 0);
+                (0..register_num).for_each(|slot| free.push_back(slot));
+                free
+            },
             holders: vec![false; table],
             slots: vec![SlotState::default(); slots],
-            launched: VecDeque::with_capacity(slots),
+            launched: Ring::new(slots, (0, 0, RegstRef { desc, slot: 0 })),
             next_piece: 0,
             in_flight: 0,
             max_in_flight: 0,
@@ -180,6 +184,7 @@ impl OutputState {
     }
 
     /// The piece in `slot` is being handed to every consumer: each holds it until it acks.
+    #[inline]
     pub(crate) fn lend(&mut self, slot: u32) {
         let n = self.consumers.len();
         let at = slot as usize * n;
@@ -220,6 +225,7 @@ impl OutputState {
         state.holding == 0 && self.release(slot, full)
     }
 
+    #[inline]
     fn release(&mut self, slot: u32, full: &mut u32) -> bool {
         if self.free.is_empty() {
             *full -= 1;

@@ -69,6 +69,7 @@ pub(crate) fn view_mut<'a>(meta: &'a TensorMeta, bytes: &'a mut [u8]) -> Result<
 impl<'a> KernelIo<'a> {
     /// The registers of one firing of piece `piece`. The caller (a stream) guarantees
     /// that the views are the firing's slots: inputs ready for this actor, outputs free.
+    #[inline]
     pub fn new(
         piece: u64,
         group: GroupPosition,

@@ -177,6 +177,7 @@ impl PlanArenas {
 
     /// The bytes of a slot. Panics on a slot the plan does not have: refs come from
     /// validated plans and the actor protocol, so that would be a broken invariant.
+    #[inline]
     pub(crate) fn view(&self, regst: RegstRef) -> BufferView {
         self.views[self.first_view[regst.desc.index()] as usize + regst.slot as usize]
     }

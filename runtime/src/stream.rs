@@ -220,9 +220,12 @@ impl Env<'_> {
     }
 }
 
-impl ActorEnv for Env<'_> {
-    #[inline]
-    fn send(&mut self, msg: Message) -> Result<(), EnvError> {
+impl Env<'_> {
+    /// [`ActorEnv::send`] to another stream or node, or with a trace to write: the
+    /// message is the one just pushed onto the local queue.
+    #[inline(never)]
+    fn send_elsewhere_or_traced(&mut self) -> Result<(), EnvError> {
+        let Some(msg) = self.local.pop_back() else { unreachable!("send pushed the message first") };
         if self.trace.is_some() {
             self.trace_flow_out(&msg);
         }
@@ -233,12 +236,49 @@ impl ActorEnv for Env<'_> {
             self.router.send(msg)
         }
     }
+}
 
+impl ActorEnv for Env<'_> {
+    /// Every message is first written into the local queue, then taken back out if it
+    /// is for another stream or a trace must see it. Written straight into the queue,
+    /// nothing takes the message's address, so it lands field by field; passed by
+    /// reference to the slow path instead, it was built on the stack and copied into the
+    /// queue in 16-byte moves, each stalled on store-to-load forwarding (a wide load
+    /// straddling the fields' narrow stores), three per message.
+    #[inline(always)]
+    fn send(&mut self, msg: Message) -> Result<(), EnvError> {
+        let here = msg.dst.stream_id() == self.stream_id;
+        self.local.push_back(msg);
+        if here && self.trace.is_none() {
+            return Ok(());
+        }
+        self.send_elsewhere_or_traced()
+    }
+
+    #[inline]
     fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
-        let _span = self.fire_spans.then(|| {
-            let name = self.runtimes[self.current].name.as_str();
-            tracing::trace_span!("fire", actor = name, piece = firing.piece, stream = self.stream_index).entered()
-        });
+        if self.fire_spans {
+            return self.launch_in_span(firing);
+        }
+        self.launch_kernel(firing)
+    }
+}
+
+impl Env<'_> {
+    /// A launch inside a `fire` span, for a `tracing` subscriber that wants them.
+    #[cold]
+    #[inline(never)]
+    fn launch_in_span(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
+        let name = self.runtimes[self.current].name.as_str();
+        let _span =
+            tracing::trace_span!("fire", actor = name, piece = firing.piece, stream = self.stream_index).entered();
+        self.launch_kernel(firing)
+    }
+
+    /// Runs or queues the current actor's kernel: its inputs' and outputs' views, the
+    /// device's launch, the watchdog's probe, and the trace's slice when tracing.
+    #[inline(always)]
+    fn launch_kernel(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
         let runtime = &mut self.runtimes[self.current];
         // Plain pushes: `extend` over a mapped iterator costs more than the one or two
         // views a firing has.
@@ -378,10 +418,12 @@ impl StreamWorker {
                 return Err(unknown_recipient(msg.dst, self.actors.len()));
             };
             env.current = index;
-            env.anchor = match msg.body {
-                Body::ActDone => env.runtimes[index].pending_slices.pop_front(),
-                _ => None,
-            };
+            if env.trace.is_some() {
+                env.anchor = match msg.body {
+                    Body::ActDone => env.runtimes[index].pending_slices.pop_front(),
+                    _ => None,
+                };
+            }
             let was_done = actor.lifecycle() == Lifecycle::Done;
             let lifecycle = actor.handle(&msg, &mut env)?;
             if !was_done && lifecycle == Lifecycle::Done {

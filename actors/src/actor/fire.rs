@@ -5,6 +5,7 @@ use super::{Actor, KindState, Launch};
 use crate::{ActorEnv, ActorError, Body, Completion, Firing, GroupPosition, RegstRef};
 
 impl Actor {
+    #[inline]
     pub(super) fn fire<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         self.fires += 1;
         if matches!(self.kind, KindState::Repeat { .. }) {
@@ -130,6 +131,7 @@ impl Actor {
     /// no-op): if the input was written by a kernel on this stream that has not completed,
     /// consumers on other streams must not hear of it before it has, and the stream's
     /// completion order is what tells. Same-stream consumers are told at once, as always.
+    #[inline(never)]
     fn fire_repeat<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         let KindState::Repeat { count, held, handed, outstanding } = &mut self.kind else {
             unreachable!("fire_repeat on a non-repeat actor")
@@ -184,8 +186,9 @@ impl Actor {
     }
 
     /// Sends `Ready` for output `o`'s `slot` to its consumers on this stream
-    /// (`same_stream`) or on other streams (not `same_stream`).
-    #[inline]
+    /// (`same_stream`) or on other streams (not `same_stream`). Always inlined: its callers
+    /// pass `same_stream` as a constant, and most outputs have no consumer in one group.
+    #[inline(always)]
     fn tell_consumers<E: ActorEnv>(
         &self,
         env: &mut E,

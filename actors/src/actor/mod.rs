@@ -5,9 +5,9 @@
 mod fire;
 
 use crate::regst::{Consumer, InputState, OutputState, ReadyRegst};
+use crate::ring::Ring;
 use crate::{ActorEnv, ActorError, ActorId, Body, Cmd, EnvError, Message, PlanIds, RegstRef};
 use regflow_plan::{ActorIndex, ActorKind, PlanIndex, RegstDescId, SourcePieces};
-use std::collections::VecDeque;
 
 /// Where an actor is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub struct Actor {
     pub(crate) kind: KindState,
     pub(crate) inputs: Vec<InputState>,
     pub(crate) outputs: Vec<OutputState>,
-    pending: VecDeque<Launch>,
+    pending: Ring<Launch>,
     pub(crate) started: bool,
     pub(crate) lifecycle: Lifecycle,
     /// Done because of a Stop, not because it finished.
@@ -172,7 +172,7 @@ impl Actor {
             scratch_outputs: vec![placeholder; outputs.len()].into_boxed_slice(),
             inputs,
             outputs,
-            pending: VecDeque::with_capacity(max_pending),
+            pending: Ring::new(max_pending, Launch { ack_inputs: false, emit: false }),
             started: false,
             lifecycle: Lifecycle::Running,
             stopped: false,
@@ -233,7 +233,26 @@ impl Actor {
     }
 
     /// Handles one message, fires as often as it can, and returns its lifecycle after.
+    ///
+    /// The hot path (a `Ready` or an `Ack` to a running actor: two per firing) is small and
+    /// inlined into the stream's dispatch loop; everything else goes out of line.
+    #[inline]
     pub fn handle<E: ActorEnv>(&mut self, msg: &Message, env: &mut E) -> Result<Lifecycle, ActorError> {
+        if self.lifecycle == Lifecycle::Running {
+            match msg.body {
+                Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
+                Body::Ack { regst } => self.on_ack(msg.src, regst, env)?,
+                _ => return self.handle_other(msg, env),
+            }
+            self.progress(env)?;
+            return Ok(self.lifecycle);
+        }
+        self.handle_other(msg, env)
+    }
+
+    /// [`Actor::handle`] for every message but a `Ready` or `Ack` to a running actor.
+    #[inline(never)]
+    fn handle_other<E: ActorEnv>(&mut self, msg: &Message, env: &mut E) -> Result<Lifecycle, ActorError> {
         if self.lifecycle == Lifecycle::Done {
             // After a Stop anything may still arrive; after a normal finish only the user's
             // late fetches may: every slot is back and every input ended, so anything else
@@ -294,37 +313,38 @@ impl Actor {
         Ok(self.lifecycle)
     }
 
+    #[cold]
+    #[inline(never)]
     fn unexpected(&self, detail: String) -> ActorError {
         ActorError::Unexpected { name: self.name.clone(), id: self.id, detail }
     }
 
+    #[cold]
+    #[inline(never)]
     fn env_error(&self, source: EnvError) -> ActorError {
         ActorError::Env { name: self.name.clone(), id: self.id, source }
     }
 
     #[inline]
     fn send<E: ActorEnv>(&self, env: &mut E, dst: ActorId, body: Body) -> Result<(), ActorError> {
-        env.send(Message { dst, src: self.id, body }).map_err(|e| self.env_error(e))
+        match env.send(Message { dst, src: self.id, body }) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.env_error(e)),
+        }
     }
 
+    #[inline]
     fn on_ready(&mut self, src: ActorId, regst: RegstRef, piece: u64, data: RegstRef) -> Result<(), ActorError> {
         let Some(position) = self.inputs.iter().position(|i| i.desc == regst.desc) else {
-            return Err(self.unexpected(format!("Ready of {} from {src}, which it does not consume", regst.desc)));
+            return Err(self.bad_ready(src, regst, piece));
         };
         let input = &mut self.inputs[position];
-        if input.producer != src || input.eord {
-            let detail =
-                format!("Ready of {} from {src} (producer {}, ended: {})", regst.desc, input.producer, input.eord);
-            return Err(self.unexpected(detail));
-        }
-        if piece != input.next_piece {
-            let detail = format!("{} delivered piece {piece}, expected piece {}", regst.desc, input.next_piece);
-            return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
-        }
-        if input.ready.len() + input.in_use.len() >= input.ready.capacity() {
-            let detail =
-                format!("{} delivered more slots than its register_num {}", regst.desc, input.ready.capacity());
-            return Err(self.unexpected(detail));
+        if input.producer != src
+            || input.eord
+            || piece != input.next_piece
+            || input.ready.len() + input.in_use.len() >= input.ready.capacity()
+        {
+            return Err(self.bad_ready(src, regst, piece));
         }
         input.next_piece += 1;
         input.push_ready(ReadyRegst { slot: regst.slot, piece, data }, &mut self.unready_inputs);
@@ -332,15 +352,35 @@ impl Actor {
         Ok(())
     }
 
+    /// Why a `Ready` is refused: out of line, so the accepting path stays small.
+    #[cold]
+    #[inline(never)]
+    fn bad_ready(&self, src: ActorId, regst: RegstRef, piece: u64) -> ActorError {
+        let Some(input) = self.inputs.iter().find(|i| i.desc == regst.desc) else {
+            return self.unexpected(format!("Ready of {} from {src}, which it does not consume", regst.desc));
+        };
+        if input.producer != src || input.eord {
+            let detail =
+                format!("Ready of {} from {src} (producer {}, ended: {})", regst.desc, input.producer, input.eord);
+            return self.unexpected(detail);
+        }
+        if piece != input.next_piece {
+            let detail = format!("{} delivered piece {piece}, expected piece {}", regst.desc, input.next_piece);
+            return ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail };
+        }
+        let detail = format!("{} delivered more slots than its register_num {}", regst.desc, input.ready.capacity());
+        self.unexpected(detail)
+    }
+
+    #[inline]
     fn on_ack<E: ActorEnv>(&mut self, src: ActorId, regst: RegstRef, env: &mut E) -> Result<(), ActorError> {
         let Some(output) = self.outputs.iter_mut().find(|o| o.desc == regst.desc) else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
-        let freed = output.ack(regst.slot, src, &mut self.full_outputs).map_err(|detail| ActorError::Unexpected {
-            name: self.name.clone(),
-            id: self.id,
-            detail,
-        })?;
+        let freed = match output.ack(regst.slot, src, &mut self.full_outputs) {
+            Ok(freed) => freed,
+            Err(detail) => return Err(self.unexpected(detail)),
+        };
         if freed {
             self.on_slot_freed(env)?;
         }
@@ -412,24 +452,35 @@ impl Actor {
         }
     }
 
+    #[inline]
     fn progress<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         if self.lifecycle == Lifecycle::Running {
             while self.can_fire() {
                 self.fire(env)?;
             }
-            // Checked after every message: an actor none of whose inputs ended yet (the
-            // common case) is not drained, without a call.
+            // Checked after every message: an actor with a launch in flight, or none of
+            // whose inputs ended yet (the common case), is not drained, without a call.
             let may_be_drained = !(self.ends_by_inputs && self.ended_inputs == 0);
-            if self.pending.is_empty() && may_be_drained && self.drained()? {
-                self.flush_partial_group(env)?;
-                for o in 0..self.outputs.len() {
-                    for c in 0..self.outputs[o].consumers.len() {
-                        let (dst, desc) = (self.outputs[o].consumers[c].id, self.outputs[o].desc);
-                        self.send(env, dst, Body::Eord { desc })?;
-                    }
-                }
-                self.lifecycle = Lifecycle::Zombie;
+            if !(self.pending.is_empty() && may_be_drained) {
+                return Ok(());
             }
+        }
+        self.progress_to_end(env)
+    }
+
+    /// The rest of [`Actor::progress`]: whether a running actor is drained (then it sends
+    /// `Eord` and becomes a zombie), and whether a zombie has every slot back.
+    #[inline(never)]
+    fn progress_to_end<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        if self.lifecycle == Lifecycle::Running && self.drained()? {
+            self.flush_partial_group(env)?;
+            for o in 0..self.outputs.len() {
+                for c in 0..self.outputs[o].consumers.len() {
+                    let (dst, desc) = (self.outputs[o].consumers[c].id, self.outputs[o].desc);
+                    self.send(env, dst, Body::Eord { desc })?;
+                }
+            }
+            self.lifecycle = Lifecycle::Zombie;
         }
         if self.lifecycle == Lifecycle::Zombie {
             // Loop state still arriving after the loop ended is given straight back.
@@ -498,7 +549,10 @@ impl Actor {
                 if let (Some(ended), Some(waiting)) = (ended, waiting) {
                     let detail = format!(
                         "input {} ended after {} pieces but input {} still has piece {} ready",
-                        ended.desc, ended.next_piece, waiting.desc, waiting.ready[0].piece
+                        ended.desc,
+                        ended.next_piece,
+                        waiting.desc,
+                        waiting.ready.front().map_or(0, |r| r.piece)
                     );
                     return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
                 }

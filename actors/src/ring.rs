@@ -1,0 +1,117 @@
+//! A fixed-capacity FIFO of small `Copy` items: an actor's slot queues, whose lengths the
+//! register counts bound, so they never grow.
+//!
+//! `VecDeque` would do, but its push keeps a grow path (a call) that the hot path pays for
+//! on every message: the live values are spilled around it and its index arithmetic is
+//! more general. A ring whose capacity is the bound has neither.
+
+/// A FIFO of at most `capacity` items, allocated once.
+#[derive(Debug, Clone)]
+pub(crate) struct Ring<T> {
+    items: Box<[T]>,
+    /// Index of the oldest item.
+    head: u32,
+    len: u32,
+}
+
+impl<T: Copy> Ring<T> {
+    /// An empty ring with room for exactly `capacity` items (`fill` only initialises the
+    /// storage; it is never read back).
+    pub(crate) fn new(capacity: usize, fill: T) -> Self {
+        assert!(u32::try_from(capacity).is_ok(), "a ring of {capacity} items is larger than a plan allows");
+        Self { items: vec![fill; capacity].into_boxed_slice(), head: 0, len: 0 }
+    }
+
+    /// Items queued.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether nothing is queued.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Most items it can hold.
+    #[inline]
+    pub(crate) fn capacity(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Queues `item` last. The caller keeps the length within the capacity (the register
+    /// count that sized it bounds it); pushing onto a full ring is a broken invariant.
+    #[inline]
+    pub(crate) fn push_back(&mut self, item: T) {
+        let capacity = self.items.len();
+        assert!(self.len() < capacity, "a slot queue of {capacity} overflowed (broken invariant)");
+        let mut at = self.head as usize + self.len();
+        if at >= capacity {
+            at -= capacity;
+        }
+        self.items[at] = item;
+        self.len += 1;
+    }
+
+    /// Takes the oldest item.
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        let item = self.items[self.head as usize];
+        self.head += 1;
+        if self.head as usize == self.items.len() {
+            self.head = 0;
+        }
+        self.len -= 1;
+        Some(item)
+    }
+
+    /// The oldest item.
+    #[inline]
+    pub(crate) fn front(&self) -> Option<&T> {
+        (self.len > 0).then(|| &self.items[self.head as usize])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ring;
+    use std::collections::VecDeque;
+
+    /// Any sequence of pushes (within the capacity) and pops matches a `VecDeque`.
+    #[test]
+    fn a_ring_is_a_bounded_fifo() {
+        for capacity in 1..5usize {
+            let mut ring = Ring::new(capacity, 0u32);
+            let mut model = VecDeque::new();
+            // A fixed pseudo-random walk of pushes and pops.
+            let mut state = 0x9e37_79b9_u32.wrapping_mul(capacity as u32 + 1);
+            for step in 0..500u32 {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                if state.is_multiple_of(2) && model.len() < capacity {
+                    ring.push_back(step);
+                    model.push_back(step);
+                } else {
+                    assert_eq!(ring.pop_front(), model.pop_front());
+                }
+                assert_eq!(ring.len(), model.len());
+                assert_eq!(ring.is_empty(), model.is_empty());
+                assert_eq!(ring.front(), model.front());
+            }
+            assert_eq!(ring.capacity(), capacity);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "overflowed")]
+    fn pushing_onto_a_full_ring_is_refused() {
+        let mut ring = Ring::new(1, 0u8);
+        ring.push_back(1);
+        ring.push_back(2);
+    }
+}
