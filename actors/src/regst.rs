@@ -58,7 +58,7 @@ impl InputState {
     }
 
     /// Queues a ready slot; counts the input off `unready` if it was empty.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push_ready(&mut self, regst: ReadyRegst, unready: &mut u32) {
         if self.ready.is_empty() {
             *unready -= 1;
@@ -67,7 +67,7 @@ impl InputState {
     }
 
     /// Takes the oldest ready slot; counts the input in `unready` if it is now empty.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn pop_ready(&mut self, unready: &mut u32) -> Option<ReadyRegst> {
         let regst = self.ready.pop_front()?;
         if self.ready.is_empty() {
@@ -154,7 +154,7 @@ impl OutputState {
     }
 
     /// The consumers on the actor's own stream (`same_stream`) or on others.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn consumers_on(&self, same_stream: bool) -> &[Consumer] {
         let (same, other) = self.consumers.split_at(self.same_stream_consumers);
         if same_stream {
@@ -171,7 +171,7 @@ impl OutputState {
     /// Takes a free slot for a new piece. Until [`OutputState::lend`] it is held by the
     /// producer alone (an acc accumulating into it, a kernel writing it). Counts the output
     /// in `full` if that was its last free slot.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&mut self, completing: bool, full: &mut u32) -> Option<u32> {
         let slot = self.free.pop_front()?;
         if self.free.is_empty() {
@@ -184,7 +184,7 @@ impl OutputState {
     }
 
     /// The piece in `slot` is being handed to every consumer: each holds it until it acks.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lend(&mut self, slot: u32) {
         let n = self.consumers.len();
         let at = slot as usize * n;
@@ -198,7 +198,7 @@ impl OutputState {
 
     /// Records an ack; returns `Ok(true)` if the slot became free (and then counts the
     /// output off `full` if it had no free slot).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ack(&mut self, slot: u32, from: ActorId, full: &mut u32) -> Result<bool, String> {
         let Some(position) = self.consumers.iter().position(|c| c.id == from) else {
             return Err(format!("ack of slot {slot} from {from}, which does not consume it"));
@@ -218,14 +218,14 @@ impl OutputState {
 
     /// Marks the slot's kernel complete; returns whether the slot became free (and then
     /// counts the output off `full` if it had no free slot).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn complete(&mut self, slot: u32, full: &mut u32) -> bool {
         let state = &mut self.slots[slot as usize];
         state.completing = false;
         state.holding == 0 && self.release(slot, full)
     }
 
-    #[inline]
+    #[inline(always)]
     fn release(&mut self, slot: u32, full: &mut u32) -> bool {
         if self.free.is_empty() {
             *full -= 1;

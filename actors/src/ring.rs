@@ -23,26 +23,26 @@ impl<T: Copy> Ring<T> {
     }
 
     /// Items queued.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn len(&self) -> usize {
         self.len as usize
     }
 
     /// Whether nothing is queued.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Most items it can hold.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn capacity(&self) -> usize {
         self.items.len()
     }
 
     /// Queues `item` last. The caller keeps the length within the capacity (the register
     /// count that sized it bounds it); pushing onto a full ring is a broken invariant.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push_back(&mut self, item: T) {
         let capacity = self.items.len();
         assert!(self.len() < capacity, "a slot queue of {capacity} overflowed (broken invariant)");
@@ -55,7 +55,7 @@ impl<T: Copy> Ring<T> {
     }
 
     /// Takes the oldest item.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn pop_front(&mut self) -> Option<T> {
         if self.len == 0 {
             return None;
@@ -70,7 +70,7 @@ impl<T: Copy> Ring<T> {
     }
 
     /// The oldest item.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn front(&self) -> Option<&T> {
         (self.len > 0).then(|| &self.items[self.head as usize])
     }

@@ -66,6 +66,14 @@ impl Router {
         inbox.send(Envelope::Actor(msg)).map_err(|_| EnvError::Disconnected { dst: msg.dst })
     }
 
+    /// Delivers two messages for actors of one other hosted stream in one envelope, `a`
+    /// first.
+    pub(crate) fn send_pair(&self, a: Message, b: Message) -> Result<(), EnvError> {
+        let node = a.dst.node();
+        let inbox = self.inbox_of(a.dst).ok_or(EnvError::NotConnected { dst: a.dst, node })?;
+        inbox.send(Envelope::Pair(a, b)).map_err(|_| EnvError::Disconnected { dst: a.dst })
+    }
+
     /// Sends an envelope to every hosted stream, ignoring streams that already ended.
     pub(crate) fn broadcast(&self, envelope: Envelope) {
         for inbox in self.inboxes.iter().flatten() {

@@ -13,6 +13,10 @@ use regflow_actors::Message;
 pub(crate) enum Envelope {
     /// A message for one of its actors.
     Actor(Message),
+    /// Two messages for its actors, in this order: what one firing sent to the same
+    /// other stream (a `Ready` downstream and an `Ack` upstream, when both neighbours run
+    /// there), in one hand-over instead of two.
+    Pair(Message, Message),
     /// The watchdog asks for a snapshot of its actors.
     Snapshot,
     /// Abort: stop at once.

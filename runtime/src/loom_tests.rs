@@ -230,6 +230,8 @@ fn loom_two_registers_let_the_producer_run_ahead_safely() {
     model(|| run_model(&ping_pong_plan(2, 3, false), false));
 }
 
+/// The middle actor (stream 1) sends its `Ready` to the sink and its `Ack` to the source,
+/// both on stream 0: they travel as one `Envelope::Pair`, in every interleaving.
 #[test]
 fn loom_ready_and_ack_cross_both_ways_and_eord_cascades() {
     model(|| run_model(&ping_pong_plan(1, 2, true), false));

@@ -205,6 +205,11 @@ struct Env<'w> {
     stream_index: usize,
     /// The firing whose messages are being sent: flow arrows start inside its slice.
     anchor: Option<(Instant, Instant)>,
+    /// A message for another stream of this node, held back in case the same firing
+    /// sends a second one there (then both go as one [`Envelope::Pair`]). Sent before the
+    /// next launch and once the actor's message is handled ([`Env::flush`]), so nothing
+    /// waits behind a kernel or a blocked thread.
+    outbox: Option<Message>,
 }
 
 impl Env<'_> {
@@ -232,8 +237,40 @@ impl Env<'_> {
         if msg.dst.stream_id() == self.stream_id {
             self.local.push_back(msg);
             Ok(())
+        } else if self.router.hosts(msg.dst.node()) {
+            self.hold_or_pair(msg)
         } else {
             self.router.send(msg)
+        }
+    }
+
+    /// Holds `msg` for another stream of this node, or sends it with the held one as a
+    /// pair when both go to the same stream (in the order they were sent).
+    fn hold_or_pair(&mut self, msg: Message) -> Result<(), EnvError> {
+        match self.outbox.replace(msg) {
+            None => Ok(()),
+            Some(held) if held.dst.stream_id() == msg.dst.stream_id() => {
+                self.outbox = None;
+                self.router.send_pair(held, msg)
+            }
+            Some(held) => self.router.send(held),
+        }
+    }
+
+    /// Sends the held message, if any.
+    #[inline(always)]
+    fn flush(&mut self) -> Result<(), EnvError> {
+        if self.outbox.is_none() {
+            return Ok(());
+        }
+        self.send_held()
+    }
+
+    #[inline(never)]
+    fn send_held(&mut self) -> Result<(), EnvError> {
+        match self.outbox.take() {
+            None => Ok(()),
+            Some(held) => self.router.send(held),
         }
     }
 }
@@ -255,7 +292,7 @@ impl ActorEnv for Env<'_> {
         self.send_elsewhere_or_traced()
     }
 
-    #[inline]
+    #[inline(always)]
     fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
         if self.fire_spans {
             return self.launch_in_span(firing);
@@ -279,6 +316,8 @@ impl Env<'_> {
     /// device's launch, the watchdog's probe, and the trace's slice when tracing.
     #[inline(always)]
     fn launch_kernel(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
+        // What earlier firings sent must not wait for this kernel.
+        self.flush()?;
         let runtime = &mut self.runtimes[self.current];
         // Plain pushes: `extend` over a mapped iterator costs more than the one or two
         // views a firing has.
@@ -351,6 +390,10 @@ impl StreamWorker {
             while let Some(envelope) = next {
                 match envelope {
                     Envelope::Actor(msg) => self.local.push_back(msg),
+                    Envelope::Pair(a, b) => {
+                        self.local.push_back(a);
+                        self.local.push_back(b);
+                    }
                     Envelope::Snapshot => {
                         // Answered once the messages taken so far are handled.
                         snapshot_due = true;
@@ -407,6 +450,7 @@ impl StreamWorker {
             context: &self.context,
             stream_index: self.index,
             anchor: None,
+            outbox: None,
         };
         // Copy from `front()` then pop: moving the `Option<Message>` out of `pop_front`
         // compiles to overlapping partial copies that stall store-to-load forwarding on
@@ -426,6 +470,9 @@ impl StreamWorker {
             }
             let was_done = actor.lifecycle() == Lifecycle::Done;
             let lifecycle = actor.handle(&msg, &mut env)?;
+            if let Err(source) = env.flush() {
+                return Err(ActorError::Env { name: actor.name().to_string(), id: actor.id(), source });
+            }
             if !was_done && lifecycle == Lifecycle::Done {
                 // Dropping the kernel closes what it feeds (a sink's fetcher sees the end).
                 env.runtimes[index].kernel = None;

@@ -5,7 +5,7 @@ use super::{Actor, KindState, Launch};
 use crate::{ActorEnv, ActorError, Body, Completion, Firing, GroupPosition, RegstRef};
 
 impl Actor {
-    #[inline]
+    #[inline(always)]
     pub(super) fn fire<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         self.fires += 1;
         if matches!(self.kind, KindState::Repeat { .. }) {
@@ -167,7 +167,7 @@ impl Actor {
     /// An emitting launch: lend the slot to every consumer, record it until completion
     /// (`record`; not when it completes right away), and tell the consumers on this stream
     /// now.
-    #[inline]
+    #[inline(always)]
     fn emit_at_launch<E: ActorEnv>(
         &mut self,
         env: &mut E,
@@ -232,7 +232,7 @@ impl Actor {
 
     /// The kernel that wrote output `o`'s `slot` completed: tell the consumers on other
     /// streams, and free the slot if every consumer already gave it back.
-    #[inline]
+    #[inline(always)]
     fn finish_output<E: ActorEnv>(
         &mut self,
         env: &mut E,
@@ -249,7 +249,7 @@ impl Actor {
     }
 
     /// The kernel that read input `i`'s `slot` completed: give the slot back.
-    #[inline]
+    #[inline(always)]
     fn ack_input<E: ActorEnv>(&mut self, env: &mut E, i: usize, slot: u32) -> Result<(), ActorError> {
         let (producer, desc) = (self.inputs[i].producer, self.inputs[i].desc);
         self.send(env, producer, Body::Ack { regst: RegstRef { desc, slot } })

@@ -236,7 +236,7 @@ impl Actor {
     ///
     /// The hot path (a `Ready` or an `Ack` to a running actor: two per firing) is small and
     /// inlined into the stream's dispatch loop; everything else goes out of line.
-    #[inline]
+    #[inline(always)]
     pub fn handle<E: ActorEnv>(&mut self, msg: &Message, env: &mut E) -> Result<Lifecycle, ActorError> {
         if self.lifecycle == Lifecycle::Running {
             match msg.body {
@@ -325,7 +325,7 @@ impl Actor {
         ActorError::Env { name: self.name.clone(), id: self.id, source }
     }
 
-    #[inline]
+    #[inline(always)]
     fn send<E: ActorEnv>(&self, env: &mut E, dst: ActorId, body: Body) -> Result<(), ActorError> {
         match env.send(Message { dst, src: self.id, body }) {
             Ok(()) => Ok(()),
@@ -333,7 +333,7 @@ impl Actor {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn on_ready(&mut self, src: ActorId, regst: RegstRef, piece: u64, data: RegstRef) -> Result<(), ActorError> {
         let Some(position) = self.inputs.iter().position(|i| i.desc == regst.desc) else {
             return Err(self.bad_ready(src, regst, piece));
@@ -372,7 +372,7 @@ impl Actor {
         self.unexpected(detail)
     }
 
-    #[inline]
+    #[inline(always)]
     fn on_ack<E: ActorEnv>(&mut self, src: ActorId, regst: RegstRef, env: &mut E) -> Result<(), ActorError> {
         let Some(output) = self.outputs.iter_mut().find(|o| o.desc == regst.desc) else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
@@ -388,7 +388,7 @@ impl Actor {
     }
 
     /// An output slot came back: only a repeat actor has more to do.
-    #[inline]
+    #[inline(always)]
     fn on_slot_freed<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         if matches!(self.kind, KindState::Repeat { .. }) {
             self.repeat_slot_freed(env)?;
@@ -415,7 +415,7 @@ impl Actor {
     }
 
     /// Whether the actor can fire now: O(1), from the readiness counters.
-    #[inline]
+    #[inline(always)]
     fn can_fire(&self) -> bool {
         debug_assert_eq!(
             self.unready_inputs as usize,
@@ -452,7 +452,7 @@ impl Actor {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn progress<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         if self.lifecycle == Lifecycle::Running {
             while self.can_fire() {
