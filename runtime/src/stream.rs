@@ -205,6 +205,8 @@ struct Env<'w> {
     stream_index: usize,
     /// The firing whose messages are being sent: flow arrows start inside its slice.
     anchor: Option<(Instant, Instant)>,
+    /// The device runs kernels inside its launch ([`DeviceStream::runs_at_launch`]).
+    runs_at_launch: bool,
     /// A message for another stream of this node, held back in case the same firing
     /// sends a second one there (then both go as one [`Envelope::Pair`]). Sent before the
     /// next launch and once the actor's message is handled ([`Env::flush`]), so nothing
@@ -335,6 +337,15 @@ impl Env<'_> {
         };
         self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
         let timed = self.trace.is_some();
+        if self.runs_at_launch && !timed {
+            let ran = kernel.run(&mut io);
+            self.probe.in_kernel.store(0, Ordering::Relaxed);
+            self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            return match ran {
+                Ok(()) => Ok(Completion::Done),
+                Err(e) => Err(EnvError::Kernel(e.0)),
+            };
+        }
         let launched =
             self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed, firing.completion_wanted);
         self.probe.in_kernel.store(0, Ordering::Relaxed);
@@ -434,6 +445,7 @@ impl StreamWorker {
         if self.local.is_empty() {
             return Ok(());
         }
+        let runs_at_launch = self.device.runs_at_launch();
         let mut env = Env {
             stream_id: self.stream_id,
             local: &mut self.local,
@@ -451,6 +463,7 @@ impl StreamWorker {
             stream_index: self.index,
             anchor: None,
             outbox: None,
+            runs_at_launch,
         };
         // Copy from `front()` then pop: moving the `Option<Message>` out of `pop_front`
         // compiles to overlapping partial copies that stall store-to-load forwarding on

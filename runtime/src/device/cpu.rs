@@ -27,4 +27,8 @@ impl DeviceStream for CpuStream {
         kernel.run(io)?;
         Ok(Launched { completion: Completion::Done, span: Some((start, Instant::now())) })
     }
+
+    fn runs_at_launch(&self) -> bool {
+        true
+    }
 }

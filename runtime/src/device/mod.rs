@@ -46,6 +46,13 @@ pub(crate) trait DeviceStream: Send {
         completion_wanted: bool,
     ) -> Result<Launched, KernelError>;
 
+    /// Whether an untimed [`DeviceStream::launch`] is exactly `kernel.run(io)` and
+    /// [`Completion::Done`] (a host device): the stream thread then runs the kernel
+    /// itself, without the call through the device.
+    fn runs_at_launch(&self) -> bool {
+        false
+    }
+
     /// Waits for the work still queued once the stream's actors are done, and reports its
     /// failure: a kernel that completed at launch for the protocol (nobody off the stream
     /// waited for it) may still be running, and its error would otherwise be lost when the
