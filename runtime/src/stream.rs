@@ -5,7 +5,7 @@
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::collective::CollectiveGroups;
-use crate::device::DeviceStream;
+use crate::device::{DeviceStream, Launched};
 use crate::inbox::{Envelope, InboxReceiver, SPIN_TIME, WAKE_SPIN_TIME};
 use crate::kernel::{Kernel, KernelIo, StreamContext};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
@@ -337,21 +337,20 @@ impl Env<'_> {
         };
         self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
         let timed = self.trace.is_some();
-        if self.runs_at_launch && !timed {
-            let ran = kernel.run(&mut io);
-            self.probe.in_kernel.store(0, Ordering::Relaxed);
-            self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            return match ran {
-                Ok(()) => Ok(Completion::Done),
-                Err(e) => Err(EnvError::Kernel(e.0)),
-            };
-        }
-        let launched =
-            self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed, firing.completion_wanted);
+        let launched = if self.runs_at_launch && !timed {
+            // What the device's launch would do, without the call through it.
+            kernel.run(&mut io).map(|()| Launched { completion: Completion::Done, span: None })
+        } else {
+            self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed, firing.completion_wanted)
+        };
         self.probe.in_kernel.store(0, Ordering::Relaxed);
         // One writer (this thread): a plain store avoids a locked read-modify-write.
         self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let launched = launched.map_err(|e| EnvError::Kernel(e.0))?;
+        if !timed {
+            // The slice anchors flow arrows, which only a trace draws.
+            return Ok(launched.completion);
+        }
         self.anchor = launched.span;
         if let (Some(trace), Some((start, end))) = (self.trace.as_deref_mut(), launched.span) {
             let plan_index = runtime.plan_index;
