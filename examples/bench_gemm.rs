@@ -4,7 +4,7 @@
 //! `benches/peers/gemm.sh` runs it beside numpy's BLAS.
 //!
 //! ```text
-//! cargo run --release --example bench_gemm -- [runs] [max threads] [MxKxN,MxKxN,...]
+//! cargo run --release --example bench_gemm -- [runs] [max threads] [MxKxN[:tn|nt|tt],...]
 //! REGFLOW_CPU_ISA=avx2 cargo run --release --example bench_gemm   # force a narrower ISA
 //! cargo run --release --features blas --example bench_gemm            # OpenBLAS's products
 //! REGFLOW_CPU_GEMM=gemm cargo run --release --features blas --example bench_gemm  # gemm's
@@ -17,8 +17,38 @@ use regflow::plan::ops::MatMul;
 use regflow::plan::{DType, HostArray, SplitMix64, TensorMeta};
 use std::time::Instant;
 
+/// A product `op(a) · op(b)` of `m x k` by `k x n`, each operand read transposed (stored
+/// `[k, m]` or `[n, k]`) where its flag says: a training step's weight gradient is `hᵀ · dy`
+/// (`tn`), its input gradient `dy · wᵀ` (`nt`).
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    m: usize,
+    k: usize,
+    n: usize,
+    transpose_a: bool,
+    transpose_b: bool,
+}
+
+impl Shape {
+    const fn plain(m: usize, k: usize, n: usize) -> Shape {
+        Shape { m, k, n, transpose_a: false, transpose_b: false }
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{}", self.m, self.k, self.n)?;
+        if self.transpose_a || self.transpose_b {
+            let flag = |t: bool| if t { 't' } else { 'n' };
+            write!(f, ":{}{}", flag(self.transpose_a), flag(self.transpose_b))?;
+        }
+        Ok(())
+    }
+}
+
 /// `m x k x n`: `[m, k] · [k, n]`. The first two are the MLP's first layers at batch 256.
-const SHAPES: [(usize, usize, usize); 3] = [(256, 784, 1024), (256, 1024, 1024), (1024, 1024, 1024)];
+const SHAPES: [Shape; 3] =
+    [Shape::plain(256, 784, 1024), Shape::plain(256, 1024, 1024), Shape::plain(1024, 1024, 1024)];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(9);
@@ -48,15 +78,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(list) => list.split(',').map(parse_shape).collect::<Result<Vec<_>, _>>()?,
         None => SHAPES.to_vec(),
     };
-    for &(m, k, n) in &shapes {
+    for &shape in &shapes {
+        let Shape { m, k, n, transpose_a, transpose_b } = shape;
         let mut rng = SplitMix64::new(7);
         let mut values = |len: usize| (0..len).map(|_| rng.next_f64() as f32 - 0.5).collect::<Vec<f32>>();
-        let a = HostArray::f32([m, k], values(m * k))?;
-        let b = HostArray::f32([k, n], values(k * n))?;
+        let a = HostArray::f32(if transpose_a { [k, m] } else { [m, k] }, values(m * k))?;
+        let b = HostArray::f32(if transpose_b { [n, k] } else { [k, n] }, values(k * n))?;
+        let product = MatMul { transpose_a, transpose_b };
         let mut out = HostArray::zeros(&TensorMeta::new([m, n], DType::F32));
         for threads in 1..=max_threads {
             let context = HostContext { threads };
-            let mut multiply = || MatMul::default().compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
+            let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
             for _ in 0..2 {
                 multiply()?;
             }
@@ -75,7 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rates.sort_by(f64::total_cmp);
             let (best, median) = (rates[runs - 1], rates[runs / 2]);
             println!(
-                "regflow f32 {m}x{k}x{n} threads {threads}: best {best:.1} GFLOP/s, median {median:.1} GFLOP/s, {:.0}% of peak, {busy:.2} cpus busy, {per_cpu_second:.1} GFLOP per cpu-second",
+                "regflow f32 {shape} threads {threads}: best {best:.1} GFLOP/s, median {median:.1} GFLOP/s, {:.0}% of peak, {busy:.2} cpus busy, {per_cpu_second:.1} GFLOP per cpu-second",
                 100.0 * best / (per_core * threads as f64)
             );
         }
@@ -83,12 +115,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `MxKxN` as `(m, k, n)`, or why not.
-fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
+/// `MxKxN`, optionally `:tn`, `:nt` or `:tt` (which operands are read transposed), or why not.
+fn parse_shape(text: &str) -> Result<Shape, String> {
+    let (sizes, flags) = text.split_once(':').unwrap_or((text, "nn"));
     let sizes: Vec<usize> =
-        text.split('x').map(str::parse).collect::<Result<_, _>>().map_err(|e| format!("shape {text:?}: {e}"))?;
+        sizes.split('x').map(str::parse).collect::<Result<_, _>>().map_err(|e| format!("shape {text:?}: {e}"))?;
+    let (transpose_a, transpose_b) = match flags {
+        "nn" => (false, false),
+        "tn" => (true, false),
+        "nt" => (false, true),
+        "tt" => (true, true),
+        _ => return Err(format!("shape {text:?}: the flags after ':' are nn, tn, nt or tt")),
+    };
     match sizes[..] {
-        [m, k, n] if m.min(k).min(n) > 0 => Ok((m, k, n)),
+        [m, k, n] if m.min(k).min(n) > 0 => Ok(Shape { m, k, n, transpose_a, transpose_b }),
         _ => Err(format!("shape {text:?}: expected MxKxN with three sizes above 0, as 256x784x1024")),
     }
 }
