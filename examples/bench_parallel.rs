@@ -14,7 +14,8 @@
 //! ```
 //!
 //! `--trace` writes the sim part's timeline. Environment, for looking closer:
-//! `REGFLOW_DP_TRACE=t.json` writes the timeline of the cpu dp2 run,
+//! `REGFLOW_DP_TRACE=t.json` writes the timeline of the cpu dp2 run (first round),
+//! `REGFLOW_Z1_TRACE=t.json` that of the dp2 run with sharded AdamW state,
 //! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
 //! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
@@ -150,12 +151,14 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     let zero1 = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
 
     let dp_trace = std::env::var("REGFLOW_DP_TRACE").ok();
+    let zero1_trace = std::env::var("REGFLOW_Z1_TRACE").ok();
     let (mut dp_gains, mut zero1_gains) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         let single = time_steps(&one, &feeds, warmup, steps, None)?;
         let trace = if round == 0 { dp_trace.as_deref() } else { None };
         let parallel = time_steps(&dp, &feeds, warmup, steps, trace)?;
-        let sharded = time_steps(&zero1, &feeds, warmup, steps, None)?;
+        let trace = if round == 0 { zero1_trace.as_deref() } else { None };
+        let sharded = time_steps(&zero1, &feeds, warmup, steps, trace)?;
         dp_gains.push(single / parallel);
         zero1_gains.push(single / sharded);
         println!(
