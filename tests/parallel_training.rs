@@ -172,9 +172,9 @@ fn zero_2_trains_like_one_device() {
 }
 
 /// ZeRO stage 1: data parallel with every AdamW moment split `S(0)` and the weights
-/// replicated. Each device updates its rows of every weight, and the all-gather of the new
-/// rows writes the variable's loop register itself (no `assign` copy of the gathered
-/// weight), and trains like one device.
+/// replicated. Each gradient is reduce-scattered to the rows its device updates, the
+/// all-gather of the new rows writes the variable's loop register itself (no `assign` copy
+/// of the gathered weight), and it trains like one device.
 #[test]
 fn sharded_optimizer_state_trains_like_one_device_without_weight_copies() {
     let steps = 20;
@@ -206,6 +206,20 @@ fn sharded_optimizer_state_trains_like_one_device_without_weight_copies() {
             })
             .count();
         assert_eq!(gathers, 2 * 4, "one all-gather per weight and device");
+        // Each weight's gradient is reduce-scattered to the rows its device updates; what
+        // is still all-reduced is scalars (the fetched loss, the clipping norm).
+        let collectives: Vec<(&str, usize)> = plan
+            .actors
+            .iter()
+            .filter_map(|a| match &a.kind {
+                regflow::graph::plan::ActorKind::Compute {
+                    kernel: regflow::graph::plan::KernelConf::Collective(c),
+                } => Some((c.op_name(), c.shape.iter().product())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(collectives.iter().filter(|(op, _)| *op == "reduce_scatter").count(), 2 * 4, "{collectives:?}");
+        assert!(collectives.iter().all(|&(op, elements)| op != "all_reduce" || elements == 1), "{collectives:?}");
         let want = reference_losses(steps, dtype);
         assert_close(&format!("zero1 {dtype}"), &run_losses(&compiled, steps, dtype), &want, tolerance);
     }

@@ -169,9 +169,15 @@ impl ParallelOptions {
         self
     }
 
-    /// Gradients and optimizer state of `step` follow their parameters' layouts.
+    /// Optimizer state of `step` follows its parameters' layouts (unless pinned), and each
+    /// gradient the layout its parameter is updated in: its state's, or the parameter's
+    /// where it has none. With the state split and the parameter replicated (sharded
+    /// optimizer state, ZeRO stage 1) a gradient is then reduce-scattered to the rows
+    /// each device updates, instead of all-reduced whole and cut.
     pub fn train(mut self, step: &TrainStep<'_>) -> Self {
-        self.follow.extend(step.params.iter().zip(&step.raw_grads).map(|(p, g)| (g.id(), p.id())));
+        let updated_like =
+            |param: TensorId| step.states.iter().find(|(_, p)| p.id() == param).map_or(param, |(state, _)| state.id());
+        self.follow.extend(step.params.iter().zip(&step.raw_grads).map(|(p, g)| (g.id(), updated_like(p.id()))));
         self.follow.extend(step.states.iter().map(|(s, p)| (s.id(), p.id())));
         self
     }
