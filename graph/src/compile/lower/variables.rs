@@ -1,7 +1,7 @@
 //! Variables: per device a loop register holding its part, produced once per step by its
 //! update (by the update itself, by the last step of its boxing when it is made in another
-//! layout, or by an `assign` copy of it when the step reads it too) and preloaded with its initial value, so step
-//! k + 1 reads what step k wrote. A variable nobody updates is a constant register: every
+//! layout, or by an `assign` copy of it when the step reads it too) and preloaded with its
+//! initial value, so step k + 1 reads what step k wrote. A variable nobody updates is a constant register: every
 //! slot holds its value from the job's start, handed out each step by a no-op paced by the
 //! tick, so a forward plan copies no weights per piece.
 //!
