@@ -121,6 +121,18 @@ fn zero() -> Layout {
     Layout::new(&[2], &["dp"], pins)
 }
 
+/// ZeRO stage 1: data parallel, weights replicated, every AdamW moment split `S(0)`: the
+/// gradients are reduce-scattered and the updated rows all-gathered into the weights.
+fn zero1() -> Layout {
+    let mut pins = vec![("x", vec![S(0)]), ("y", vec![S(0)])];
+    for moment in
+        ["w1.adam_m", "w1.adam_v", "b1.adam_m", "b1.adam_v", "w2.adam_m", "w2.adam_v", "b2.adam_m", "b2.adam_v"]
+    {
+        pins.push((moment, vec![S(0)]));
+    }
+    Layout::new(&[2], &["dp"], pins)
+}
+
 fn dp_tp() -> Layout {
     let pins = vec![
         ("x", vec![S(0), B]),
@@ -175,6 +187,26 @@ fn tensor_parallel_across_2_nodes_equals_one_process() {
 #[test]
 fn zero_across_2_nodes_equals_one_process() {
     check("zero2", zero(), 1);
+}
+
+#[test]
+fn sharded_optimizer_state_across_2_nodes_equals_one_process() {
+    // The moments' pins hold: gradients are reduce-scattered, weights not copied after
+    // their all-gather.
+    let (plan, _) = compile(&zero1());
+    let ops: Vec<&str> = plan
+        .actors
+        .iter()
+        .filter_map(|a| match &a.kind {
+            regflow::graph::plan::ActorKind::Compute { kernel: regflow::graph::plan::KernelConf::Collective(c) } => {
+                Some(c.op_name())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ops.iter().filter(|op| **op == "reduce_scatter").count(), 8, "{ops:?}");
+    assert!(!plan.actors.iter().any(|a| a.name.starts_with("assign:w") || a.name.starts_with("assign:b")));
+    check("zero1", zero1(), 1);
 }
 
 #[test]

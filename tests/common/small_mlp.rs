@@ -72,5 +72,14 @@ pub(crate) fn model<'g>(g: &'g Graph, layout: &Layout, batch: usize, hidden: usi
         h = h.to_placement(last).unwrap();
     }
     let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
-    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
+    let train = g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap();
+    // Optimizer state (`w1.adam_m`, …) exists only now; pinned, it leaves its parameter's
+    // layout (sharded optimizer state).
+    for (state, param) in &train.states {
+        if let Some((_, sbp)) = layout.pins.iter().find(|(n, _)| *n == state.name()) {
+            let on_last = layout.stages.len() > 1 && matches!(param.name().as_str(), "w2" | "b2");
+            g.set_layout(*state, if on_last { last } else { first }, NdSbp(sbp.clone())).unwrap();
+        }
+    }
+    train
 }
