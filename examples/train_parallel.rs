@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example train_parallel -- \
-//!     --layout dp4|dp2|tp2|zero2|dp2xtp2|pp2|pp4|dp2xtp2xpp2 [--model mlp|gpt] \
+//!     --layout dp4|dp2|tp2|zero1|zero2|dp2xtp2|pp2|pp4|dp2xtp2xpp2 [--model mlp|gpt] \
 //!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare] [--nodes N]
 //! ```
 //!
@@ -13,6 +13,9 @@
 //! - `tp2`: Megatron: the first matrix of each pair column-split `S(1)` (attention: the
 //!   Q/K/V projections, so heads are split), the second row-split `S(0)`; its product is
 //!   `Partial` and is all-reduced before the next LayerNorm / loss.
+//! - `zero1`: inputs `S(0)`, weights `B`, every AdamW moment `S(0)` (sharded optimizer
+//!   state): gradients are reduce-scattered to the rows each device updates, and the
+//!   updated rows all-gathered into the weights.
 //! - `zero2`: inputs `S(0)` and every weight and its AdamW state `S(0)`: weights are
 //!   all-gathered before use and gradients reduce-scattered.
 //! - `dp2xtp2`: a 2 × 2 mesh `[dp, tp]` combining the two.
@@ -120,6 +123,8 @@ struct Spec {
     pins: Vec<(String, Vec<Sbp>)>,
     /// Every parameter `S(0)` over `dp` (ZeRO: its AdamW state follows).
     zero: bool,
+    /// Every optimizer state `S(0)` over `dp`, the parameters as pinned (ZeRO stage 1).
+    shard_states: bool,
 }
 
 /// The stage a named input or parameter lives on.
@@ -150,13 +155,15 @@ fn layout(name: &str, model: Model) -> Result<Spec, String> {
         "dp2" => (1, vec![2], vec!["dp"]),
         "dp4" => (1, vec![4], vec!["dp"]),
         "tp2" => (1, vec![2], vec!["tp"]),
-        "zero2" => (1, vec![2], vec!["dp"]),
+        "zero1" | "zero2" => (1, vec![2], vec!["dp"]),
         "dp2xtp2" => (1, vec![2, 2], vec!["dp", "tp"]),
         "pp2" => (2, vec![1], vec!["pp"]),
         "pp4" => (4, vec![1], vec!["pp"]),
         "dp2xtp2xpp2" => (2, vec![2, 2], vec!["dp", "tp"]),
         other => {
-            return Err(format!("--layout {other}: expected dp2, dp4, tp2, zero2, dp2xtp2, pp2, pp4 or dp2xtp2xpp2"))
+            return Err(format!(
+                "--layout {other}: expected dp2, dp4, tp2, zero1, zero2, dp2xtp2, pp2, pp4 or dp2xtp2xpp2"
+            ))
         }
     };
     if model == Model::Mlp && stages > 2 {
@@ -222,7 +229,7 @@ fn layout(name: &str, model: Model) -> Result<Spec, String> {
             with(r, S(0));
         }
     }
-    Ok(Spec { stages, pins, zero: name == "zero2" })
+    Ok(Spec { stages, pins, zero: name == "zero2", shard_states: name == "zero1" })
 }
 
 struct Task {
@@ -337,7 +344,14 @@ fn build<'g>(
             logits.sparse_cross_entropy(&targets)?
         }
     };
-    Ok(g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0))?)
+    let step = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0))?;
+    if let Some(spec) = layout.filter(|s| s.shard_states) {
+        for (state, param) in &step.states {
+            let mesh = &spec.stages[stage_of(&param.name(), model, spec.stages.len())];
+            g.set_layout(*state, mesh, NdSbp(vec![S(0)]))?;
+        }
+    }
+    Ok(step)
 }
 
 /// Trains on `mesh` (one device when `None`); returns the losses and the seconds taken.
