@@ -63,6 +63,10 @@ fn valid_confs_pass_validation() {
         accepted(&conf(&Slice { axis: 1, start: 1, end: 4 }, vec![x.clone()], vec![m(&[3, 3], dtype)]));
         accepted(&conf(&SliceGrad { axis: 1, start: 1, size: 9 }, vec![x.clone()], vec![m(&[3, 9], dtype)]));
         accepted(&conf(&Concat { axis: 0 }, vec![x.clone(), m(&[2, 5], dtype)], vec![m(&[5, 5], dtype)]));
+        // Part 1 of 2 of 5 columns: columns 3..5.
+        accepted(&conf(&TakePart { dim: 1, parts: 2, index: 1 }, vec![x.clone()], vec![m(&[3, 2], dtype)]));
+        accepted(&conf(&KeepOnFirst { first: true }, vec![x.clone()], vec![x.clone()]));
+        accepted(&conf(&KeepOnFirst { first: false }, vec![x.clone()], vec![x.clone()]));
     }
     accepted(&conf(&SumTo(Shape::new([5])), vec![x.clone()], vec![m(&[5], f)]));
     accepted(&conf(&Embedding, vec![m(&[10, 4], f), m(&[2, 3], DType::I64)], vec![m(&[2, 3, 4], f)]));
@@ -97,6 +101,11 @@ fn malformed_confs_are_refused_naming_the_actor() {
         conf(&Concat { axis: 0 }, vec![x.clone(), m(&[2, 4], f)], vec![m(&[5, 5], f)]),
         conf(&SumTo(Shape::new([3])), vec![x.clone()], vec![m(&[3], f)]),
         conf(&Reshape(vec![4, 4]), vec![x.clone()], vec![m(&[4, 4], f)]),
+        // Part 0 of 2 of 5 columns is 3 wide; part 2 of 2 does not exist; dim 2 neither.
+        conf(&TakePart { dim: 1, parts: 2, index: 0 }, vec![x.clone()], vec![m(&[3, 2], f)]),
+        conf(&TakePart { dim: 1, parts: 2, index: 2 }, vec![x.clone()], vec![m(&[3, 2], f)]),
+        conf(&TakePart { dim: 2, parts: 2, index: 0 }, vec![x.clone()], vec![m(&[3, 5], f)]),
+        conf(&KeepOnFirst { first: true }, vec![x.clone()], vec![m(&[5, 3], f)]),
         conf(&Binary(BinaryKind::Add), vec![m(&[2; 9], f), m(&[2, 1, 2, 1, 2, 1, 2, 1, 2], f)], vec![m(&[2; 9], f)]),
     ];
     for c in &cases {

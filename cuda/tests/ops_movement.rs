@@ -1,11 +1,13 @@
 //! Data movement on CUDA against the CPU kernels (skip without a GPU): reshape,
-//! broadcast_to, permute, slice, slice_grad, concat, sum_to, embedding and its gradient.
+//! broadcast_to, permute, slice, slice_grad, concat, the boxing steps take_part and
+//! keep_on_first, sum_to, embedding and its gradient.
 
 mod common;
 
 use regflow_cuda::{Device, Stream};
 use regflow_plan::ops::{
-    BroadcastTo, Concat, Embedding, EmbeddingGrad, OpAttrs, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
+    BroadcastTo, Concat, Embedding, EmbeddingGrad, KeepOnFirst, OpAttrs, Permute, Reshape, Slice, SliceGrad,
+    SumSquares, SumTo, TakePart,
 };
 use regflow_plan::{DType, HostArray, Shape, SplitMix64, TensorMeta};
 
@@ -126,6 +128,34 @@ fn slices_their_gradients_and_concat_move_every_element_exactly() {
                 gpu,
                 0.0,
             );
+        }
+    }
+}
+
+/// A device's part of one axis (uneven splits and an empty part included) and the
+/// first-keeps-the-value step, as boxing inserts them, move every element exactly.
+#[test]
+fn boxing_parts_move_every_element_exactly() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    for dtype in ANY {
+        // (input dims, dim, parts)
+        let splits: &[(&[usize], usize, usize)] =
+            &[(&[7], 0, 2), (&[1, 5], 0, 2), (&[3, 1023], 1, 4), (&[70_001, 2], 0, 3), (&[2, 7, 3], 1, 2)];
+        for &(dims, dim, parts) in splits {
+            let x = random(dims, dtype, 6);
+            for index in 0..parts {
+                let mut out = dims.to_vec();
+                out[dim] = regflow_plan::part_range(dims[dim], parts, index).len();
+                let op = TakePart { dim, parts, index };
+                let what = format!("take_part {dtype} {dims:?} dim {dim} part {index} of {parts}");
+                check(&what, &op, &[&x], TensorMeta::new(out, dtype), gpu, 0.0);
+            }
+        }
+        let x = random(&[3, 1023], dtype, 7);
+        for first in [true, false] {
+            let what = format!("keep_on_first {dtype} first={first}");
+            check(&what, &KeepOnFirst { first }, &[&x], TensorMeta::new([3, 1023], dtype), gpu, 0.0);
         }
     }
 }

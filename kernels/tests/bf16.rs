@@ -4,7 +4,7 @@
 
 use regflow_kernels::{compute_once, HostContext, HostOpKernel, Kernel, KernelIo, StreamContext};
 use regflow_memory::{Arena, MemoryKind};
-use regflow_plan::ops::{Binary, BinaryKind, Cast, MatMul, MatMulBatchSum, PermutedMatMul};
+use regflow_plan::ops::{Binary, BinaryKind, Cast, KeepOnFirst, MatMul, MatMulBatchSum, PermutedMatMul, TakePart};
 use regflow_plan::{bf16_from_f64, DType, GroupPosition, HostArray, OpConf, SplitMix64, TensorMeta};
 
 fn values(count: usize, seed: u64) -> Vec<f32> {
@@ -114,4 +114,24 @@ fn register_kernel_computes_bf16_like_the_reference_entry() {
         let bytes = unsafe { views[2].as_slice() };
         assert_eq!(HostArray::from_le_bytes(&meta, bytes).unwrap().to_f64_vec(), want);
     }
+}
+
+/// The boxing steps move bf16 as it is: a part of an axis is that slice of the input's
+/// values, and `keep_on_first` the value or zeros.
+#[test]
+fn bf16_boxing_parts_move_values_exactly() {
+    let (x, _) = operand(&[3, 7], 9);
+    let all = x.to_f64_vec();
+    for index in 0..2 {
+        let columns = regflow_plan::part_range(7, 2, index);
+        let got = run(&TakePart { dim: 1, parts: 2, index }, &[&x], TensorMeta::new([3, columns.len()], DType::Bf16));
+        let want: Vec<f64> =
+            (0..3).flat_map(|r| columns.clone().map(move |c| (r, c))).map(|(r, c)| all[r * 7 + c]).collect();
+        assert_eq!(got, want, "part {index}");
+    }
+    assert_eq!(run(&KeepOnFirst { first: true }, &[&x], TensorMeta::new([3, 7], DType::Bf16)), all);
+    // Zeros written over what the register held before.
+    let mut out = HostArray::bf16_from_f32(vec![3, 7], &[1.0; 21]).unwrap();
+    compute_once(&KeepOnFirst { first: false }, &HostContext::default(), &[x.view()], &mut [out.view_mut()]).unwrap();
+    assert_eq!(out.to_f64_vec(), vec![0.0; 21]);
 }

@@ -1,7 +1,9 @@
 //! Data movement on CUDA (`movement.cu`): `reshape` (a copy kernel: the driver wrapper has
 //! no device-to-device memcpy), `broadcast_to` and `permute` (strided gathers), `slice`,
-//! `slice_grad` and `concat` (copies of axis ranges), `sum_to`, `embedding` and
-//! `embedding_grad`. Scatters first zero their output with fill.cu's `regflow_fill_*`.
+//! `slice_grad` and `concat` (copies of axis ranges), the boxing steps `take_part` (a
+//! device's part of one axis: a slice) and `keep_on_first` (a copy, or zeros), `sum_to`,
+//! `embedding` and `embedding_grad`. Scatters first zero their output with fill.cu's
+//! `regflow_fill_*`.
 
 use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
 use super::layout::{self, Indexing};
@@ -9,7 +11,8 @@ use super::{factory, function, op_conf, scratch, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid, StreamHandle};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{
-    BroadcastTo, Concat, Embedding, EmbeddingGrad, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
+    BroadcastTo, Concat, Embedding, EmbeddingGrad, KeepOnFirst, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
+    TakePart,
 };
 use regflow_plan::{DType, OpConf, Shape};
 
@@ -23,6 +26,8 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("slice", ANY, || factory(make_slice)),
     ("slice_grad", ANY, || factory(make_slice_grad)),
     ("concat", ANY, || factory(make_concat)),
+    ("take_part", ANY, || factory(make_take_part)),
+    ("keep_on_first", ANY, || factory(make_keep_on_first)),
     ("sum_to", &[DType::F32, DType::F64, DType::Bf16], || factory(make_sum_to)),
     ("sum_squares", FLOAT, || factory(make_sum_squares)),
     ("embedding", FLOAT, || factory(make_embedding)),
@@ -247,6 +252,81 @@ fn make_slice(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
             dst_start: 0,
         }],
     })
+}
+
+/// `B -> S(dim)` on one device: its part of `dim` (`regflow_plan::part_range`, the CPU
+/// kernel's split), a slice of that axis.
+fn make_take_part(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: TakePart = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    let input = conf.inputs[0].shape.dims();
+    let Some(&size) = input.get(op.dim) else {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("takes a part of dim {} of {}, which has no such dim", op.dim, conf.inputs[0]),
+        ));
+    };
+    if op.index >= op.parts {
+        return Err(refuse(spec, conf, format!("takes part {} of {}: parts are numbered from 0", op.index, op.parts)));
+    }
+    let part = regflow_plan::part_range(size, op.parts, op.index);
+    let expected = with_axis(input, op.dim, part.len());
+    if expected != conf.outputs[0].shape {
+        return Err(refuse(
+            spec,
+            conf,
+            format!(
+                "part {} of {} of {} along dim {} is {expected}, but the output is {}",
+                op.index, op.parts, conf.inputs[0], op.dim, conf.outputs[0]
+            ),
+        ));
+    }
+    let (outer, inner) = layout::around_axis(input, op.dim);
+    let run = part.len() as u64 * inner;
+    Ok(BlocksKernel {
+        function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?,
+        zero: None,
+        copies: vec![Blocks {
+            input: input_slots::<1>(conf)[0],
+            outer,
+            run,
+            src_block: size as u64 * inner,
+            src_start: part.start as u64 * inner,
+            dst_block: run,
+            dst_start: 0,
+        }],
+    })
+}
+
+/// `B -> P` on one device: the first device of the axis copies the value, the others write
+/// zeros (a summand each of them adds nothing with).
+fn make_keep_on_first(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: KeepOnFirst = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    if conf.inputs[0].shape != conf.outputs[0].shape {
+        return Err(refuse(spec, conf, format!("keeps {}, but the output is {}", conf.inputs[0], conf.outputs[0])));
+    }
+    let n = conf.outputs[0].shape.numel() as u64;
+    let (zero, copies) = if op.first {
+        let whole = Blocks {
+            input: input_slots::<1>(conf)[0],
+            outer: 1,
+            run: n,
+            src_block: n,
+            src_start: 0,
+            dst_block: n,
+            dst_start: 0,
+        };
+        (None, vec![whole])
+    } else {
+        (Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, n)), Vec::new())
+    };
+    Ok(BlocksKernel { function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?, zero, copies })
 }
 
 fn make_slice_grad(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {

@@ -2,7 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostSlice, HostSliceMut, HostTensor, HostTensorMut};
+use regflow_plan::{Element, HostTensor, HostTensorMut};
 
 impl HostCompute for TakePart {
     fn compute(
@@ -16,13 +16,17 @@ impl HostCompute for TakePart {
         let size = inputs[0].shape.dims()[self.dim];
         let range = regflow_plan::part_range(size, self.parts, self.index);
         let blocks = crate::cpu::slice::AxisBlocks::new(inputs[0].shape, self.dim);
-        let (src, dst) = ((size, range.start), (range.len(), 0));
-        match (&inputs[0].data, &mut outputs[0].data) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
-            (HostSlice::F64(x), HostSliceMut::F64(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
-            (HostSlice::I64(x), HostSliceMut::I64(o)) => blocks.copy((x, src.0, src.1), (o, dst.0, dst.1), range.len()),
-            _ => Err("dtype mismatch (broken invariant)".into()),
-        }
+        let (input, out) = (&inputs[0], &mut outputs[0]);
+        by_element!(out.dtype(), T => blocks.copy(
+            (input.as_slice::<T>()?, size, range.start),
+            (out.as_mut_slice::<T>()?, range.len(), 0),
+            range.len()
+        ))
+    }
+
+    /// Moves elements only: bf16 is copied as it is.
+    fn bf16_native(&self) -> bool {
+        true
     }
 }
 
@@ -33,21 +37,25 @@ impl HostCompute for KeepOnFirst {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        macro_rules! keep {
-            ($x:expr, $o:expr, $zero:expr) => {{
-                if self.first {
-                    $o.copy_from_slice($x);
-                } else {
-                    $o.fill($zero);
-                }
-                Ok(())
-            }};
-        }
-        match (&inputs[0].data, &mut outputs[0].data) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => keep!(x, o, 0.0),
-            (HostSlice::F64(x), HostSliceMut::F64(o)) => keep!(x, o, 0.0),
-            (HostSlice::I64(x), HostSliceMut::I64(o)) => keep!(x, o, 0),
-            _ => Err("dtype mismatch (broken invariant)".into()),
-        }
+        let (input, out) = (&inputs[0], &mut outputs[0]);
+        by_element!(out.dtype(), T => keep_on_first::<T>(self.first, input.as_slice::<T>()?, out.as_mut_slice::<T>()?))
     }
+
+    /// Moves elements only: bf16 is copied as it is (its zero is all zero bits).
+    fn bf16_native(&self) -> bool {
+        true
+    }
+}
+
+/// The value on the first device of the axis, zeros (`T::default()`) on the others.
+fn keep_on_first<T: Element + Default>(first: bool, x: &[T], out: &mut [T]) -> Result<(), String> {
+    if x.len() != out.len() {
+        return Err(format!("input of {} elements, output of {} (broken invariant)", x.len(), out.len()));
+    }
+    if first {
+        out.copy_from_slice(x);
+    } else {
+        out.fill(T::default());
+    }
+    Ok(())
 }
