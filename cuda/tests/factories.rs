@@ -67,6 +67,7 @@ fn valid_confs_pass_validation() {
         accepted(&conf(&TakePart { dim: 1, parts: 2, index: 1 }, vec![x.clone()], vec![m(&[3, 2], dtype)]));
         accepted(&conf(&KeepOnFirst { first: true }, vec![x.clone()], vec![x.clone()]));
         accepted(&conf(&KeepOnFirst { first: false }, vec![x.clone()], vec![x.clone()]));
+        accepted(&conf(&ToGlobal, vec![x.clone()], vec![x.clone()]));
     }
     accepted(&conf(&SumTo(Shape::new([5])), vec![x.clone()], vec![m(&[5], f)]));
     accepted(&conf(&Embedding, vec![m(&[10, 4], f), m(&[2, 3], DType::I64)], vec![m(&[2, 3, 4], f)]));
@@ -106,6 +107,7 @@ fn malformed_confs_are_refused_naming_the_actor() {
         conf(&TakePart { dim: 1, parts: 2, index: 2 }, vec![x.clone()], vec![m(&[3, 2], f)]),
         conf(&TakePart { dim: 2, parts: 2, index: 0 }, vec![x.clone()], vec![m(&[3, 5], f)]),
         conf(&KeepOnFirst { first: true }, vec![x.clone()], vec![m(&[5, 3], f)]),
+        conf(&ToGlobal, vec![x.clone()], vec![m(&[15], f)]),
         conf(&Binary(BinaryKind::Add), vec![m(&[2; 9], f), m(&[2, 1, 2, 1, 2, 1, 2, 1, 2], f)], vec![m(&[2; 9], f)]),
     ];
     for c in &cases {

@@ -1,13 +1,13 @@
 //! Data movement on CUDA against the CPU kernels (skip without a GPU): reshape,
-//! broadcast_to, permute, slice, slice_grad, concat, the boxing steps take_part and
-//! keep_on_first, sum_to, embedding and its gradient.
+//! broadcast_to, permute, slice, slice_grad, concat, the boxing steps take_part,
+//! keep_on_first and to_global, sum_to, embedding and its gradient.
 
 mod common;
 
 use regflow_cuda::{Device, Stream};
 use regflow_plan::ops::{
     BroadcastTo, Concat, Embedding, EmbeddingGrad, KeepOnFirst, OpAttrs, Permute, Reshape, Slice, SliceGrad,
-    SumSquares, SumTo, TakePart,
+    SumSquares, SumTo, TakePart, ToGlobal,
 };
 use regflow_plan::{DType, HostArray, Shape, SplitMix64, TensorMeta};
 
@@ -132,8 +132,9 @@ fn slices_their_gradients_and_concat_move_every_element_exactly() {
     }
 }
 
-/// A device's part of one axis (uneven splits and an empty part included) and the
-/// first-keeps-the-value step, as boxing inserts them, move every element exactly.
+/// A device's part of one axis (uneven splits and an empty part included), the
+/// first-keeps-the-value step and `to_global`'s copy, as boxing inserts them, move every
+/// element exactly.
 #[test]
 fn boxing_parts_move_every_element_exactly() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
@@ -157,6 +158,7 @@ fn boxing_parts_move_every_element_exactly() {
             let what = format!("keep_on_first {dtype} first={first}");
             check(&what, &KeepOnFirst { first }, &[&x], TensorMeta::new([3, 1023], dtype), gpu, 0.0);
         }
+        check(&format!("to_global {dtype}"), &ToGlobal, &[&x], TensorMeta::new([3, 1023], dtype), gpu, 0.0);
     }
 }
 

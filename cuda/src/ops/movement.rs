@@ -1,7 +1,8 @@
 //! Data movement on CUDA (`movement.cu`): `reshape` (a copy kernel: the driver wrapper has
 //! no device-to-device memcpy), `broadcast_to` and `permute` (strided gathers), `slice`,
 //! `slice_grad` and `concat` (copies of axis ranges), the boxing steps `take_part` (a
-//! device's part of one axis: a slice) and `keep_on_first` (a copy, or zeros), `sum_to`,
+//! device's part of one axis: a slice), `keep_on_first` (a copy, or zeros) and
+//! `to_global` (a copy of the device's part, after the layout change), `sum_to`,
 //! `embedding` and `embedding_grad`. Scatters first zero their output with fill.cu's
 //! `regflow_fill_*`.
 
@@ -12,7 +13,7 @@ use crate::driver::{launch, Function, Grid, StreamHandle};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{
     BroadcastTo, Concat, Embedding, EmbeddingGrad, KeepOnFirst, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
-    TakePart,
+    TakePart, ToGlobal,
 };
 use regflow_plan::{DType, OpConf, Shape};
 
@@ -28,6 +29,7 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("concat", ANY, || factory(make_concat)),
     ("take_part", ANY, || factory(make_take_part)),
     ("keep_on_first", ANY, || factory(make_keep_on_first)),
+    ("to_global", ANY, || factory(make_to_global)),
     ("sum_to", &[DType::F32, DType::F64, DType::Bf16], || factory(make_sum_to)),
     ("sum_squares", FLOAT, || factory(make_sum_squares)),
     ("embedding", FLOAT, || factory(make_embedding)),
@@ -83,6 +85,24 @@ fn make_reshape(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
         input: input_slots::<1>(conf)[0],
         map: None,
         n: shape.numel() as u64,
+    })
+}
+
+/// `to_global` on one device: its part is already in the new layout (boxing moved it), so
+/// the op copies it as it is.
+fn make_to_global(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let _: ToGlobal = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 1, 1)?;
+    let dtype = moved_dtype(spec, conf)?;
+    if conf.inputs[0].shape != conf.outputs[0].shape {
+        return Err(refuse(spec, conf, format!("copies {}, but the output is {}", conf.inputs[0], conf.outputs[0])));
+    }
+    Ok(GatherKernel {
+        function: function(spec, &format!("regflow_copy_{}", suffix(dtype)))?,
+        input: input_slots::<1>(conf)[0],
+        map: None,
+        n: conf.outputs[0].shape.numel() as u64,
     })
 }
 

@@ -2,7 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostSlice, HostSliceMut, HostTensor, HostTensorMut};
+use regflow_plan::{Element, HostTensor, HostTensorMut};
 
 impl HostCompute for ToGlobal {
     fn compute(
@@ -11,12 +11,20 @@ impl HostCompute for ToGlobal {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        match (&inputs[0].data, &mut outputs[0].data) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => o.copy_from_slice(x),
-            (HostSlice::F64(x), HostSliceMut::F64(o)) => o.copy_from_slice(x),
-            (HostSlice::I64(x), HostSliceMut::I64(o)) => o.copy_from_slice(x),
-            _ => return Err("dtype mismatch (broken invariant)".into()),
-        }
-        Ok(())
+        let (input, out) = (&inputs[0], &mut outputs[0]);
+        by_element!(out.dtype(), T => copy::<T>(input.as_slice::<T>()?, out.as_mut_slice::<T>()?))
     }
+
+    /// Moves elements only: bf16 is copied as it is.
+    fn bf16_native(&self) -> bool {
+        true
+    }
+}
+
+fn copy<T: Element>(x: &[T], out: &mut [T]) -> Result<(), String> {
+    if x.len() != out.len() {
+        return Err(format!("input of {} elements, output of {} (broken invariant)", x.len(), out.len()));
+    }
+    out.copy_from_slice(x);
+    Ok(())
 }
