@@ -76,6 +76,11 @@ fn valid_confs_pass_validation() {
         vec![m(&[2, 3], DType::I64), m(&[2, 3, 4], f)],
         vec![m(&[10, 4], f)],
     ));
+    let held = Rows { vocab_size: 10, held: 5..10 };
+    let gather = VocabPart { rows: held.clone(), grad: false };
+    accepted(&conf(&gather, vec![m(&[5, 4], f), m(&[2, 3], DType::I64)], vec![m(&[2, 3, 4], f)]));
+    let scatter = VocabPart { rows: held, grad: true };
+    accepted(&conf(&scatter, vec![m(&[2, 3], DType::I64), m(&[2, 3, 4], f)], vec![m(&[5, 4], f)]));
     let s = m(&[], DType::F64);
     let sgd = Update(OptimizerKind::Sgd { momentum: 0.9, weight_decay: 0.0 });
     accepted(&conf(&sgd, vec![x.clone(), x.clone(), s.clone(), s.clone(), x.clone()], vec![x.clone(); 2]));
@@ -108,6 +113,17 @@ fn malformed_confs_are_refused_naming_the_actor() {
         conf(&TakePart { dim: 2, parts: 2, index: 0 }, vec![x.clone()], vec![m(&[3, 5], f)]),
         conf(&KeepOnFirst { first: true }, vec![x.clone()], vec![m(&[5, 3], f)]),
         conf(&ToGlobal, vec![x.clone()], vec![m(&[15], f)]),
+        // A part of 5 rows given a table of 6; rows past the vocabulary.
+        conf(
+            &VocabPart { rows: Rows { vocab_size: 10, held: 5..10 }, grad: false },
+            vec![m(&[6, 4], f), m(&[2, 3], DType::I64)],
+            vec![m(&[2, 3, 4], f)],
+        ),
+        conf(
+            &VocabPart { rows: Rows { vocab_size: 10, held: 5..12 }, grad: true },
+            vec![m(&[2, 3], DType::I64), m(&[2, 3, 4], f)],
+            vec![m(&[7, 4], f)],
+        ),
         conf(&Binary(BinaryKind::Add), vec![m(&[2; 9], f), m(&[2, 1, 2, 1, 2, 1, 2, 1, 2], f)], vec![m(&[2; 9], f)]),
     ];
     for c in &cases {

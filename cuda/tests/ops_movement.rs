@@ -1,13 +1,14 @@
 //! Data movement on CUDA against the CPU kernels (skip without a GPU): reshape,
 //! broadcast_to, permute, slice, slice_grad, concat, the boxing steps take_part,
-//! keep_on_first and to_global, sum_to, embedding and its gradient.
+//! keep_on_first and to_global, sum_to, embedding and its gradient, and both on a
+//! device's rows of a vocabulary-parallel table (vocab_part).
 
 mod common;
 
 use regflow_cuda::{Device, Stream};
 use regflow_plan::ops::{
     BroadcastTo, Concat, Embedding, EmbeddingGrad, KeepOnFirst, OpAttrs, Permute, Reshape, Slice, SliceGrad,
-    SumSquares, SumTo, TakePart, ToGlobal,
+    SumSquares, SumTo, TakePart, ToGlobal, VocabPart,
 };
 use regflow_plan::{DType, HostArray, Shape, SplitMix64, TensorMeta};
 
@@ -266,6 +267,45 @@ fn embedding_and_its_gradient_match_the_cpu() {
                 gpu,
                 rel,
             );
+        }
+    }
+}
+
+/// A vocabulary-parallel table: each device's rows (uneven, one part empty) gather what
+/// they hold and read zeros for ids held elsewhere; the gradient scatters into the rows held.
+#[test]
+fn vocab_parts_match_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    for dtype in [DType::F32, DType::F64] {
+        for (vocab, features, parts) in [(7, 3, 2), (1023, 7, 3), (2, 5, 3)] {
+            let mut rng = SplitMix64::new(11);
+            let ids_shape = vec![4, 9];
+            let ids =
+                HostArray::i64(ids_shape.clone(), (0..36).map(|_| (rng.next_u64() % vocab as u64) as i64).collect())
+                    .expect("ids");
+            let mut out = ids_shape.clone();
+            out.push(features);
+            for part in 0..parts {
+                let held = regflow_plan::part_range(vocab, parts, part);
+                let rows = regflow_plan::ops::Rows { vocab_size: vocab, held: held.clone() };
+                let table = random(&[held.len(), features], dtype, 12 + part as u64);
+                let what = format!("{dtype} rows {held:?} of {vocab}, {features} features");
+                let gather = VocabPart { rows: rows.clone(), grad: false };
+                check(
+                    &format!("vocab_part {what}"),
+                    &gather,
+                    &[&table, &ids],
+                    TensorMeta::new(out.clone(), dtype),
+                    gpu,
+                    0.0,
+                );
+                let dy = random(&out, dtype, 13);
+                let rel = if dtype == DType::F32 { 1e-5 * 36.0 } else { 1e-12 };
+                let scatter = VocabPart { rows, grad: true };
+                let table_meta = TensorMeta::new([held.len(), features], dtype);
+                check(&format!("vocab_part grad {what}"), &scatter, &[&ids, &dy], table_meta, gpu, rel);
+            }
         }
     }
 }

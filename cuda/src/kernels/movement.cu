@@ -207,43 +207,48 @@ SUM_SQUARES_ENTRIES(f64, double, double)
 
 // ---- embedding ---------------------------------------------------------------------
 
-// out[i, f] = table[ids[i], f] for n = ids · features elements. An id outside 0..rows reads
-// zeros: the CPU kernel reports it as an error, which a queued kernel cannot do.
+// out[i, f] = table[ids[i] - first, f] for n = ids · features elements: the table holds rows
+// first..first + rows of the vocabulary (all of it for `embedding`, first = 0; a device's
+// part for `vocab_part`). An id held elsewhere reads zeros (another device adds its row);
+// an id outside the vocabulary too: the CPU kernel reports it as an error, which a queued
+// kernel cannot do.
 template <typename T>
-__device__ __forceinline__ void embedding(const T* table, const i64* ids, T* out, u64 n, u64 features, u64 rows) {
+__device__ __forceinline__ void embedding(const T* table, const i64* ids, T* out, u64 n, u64 features, u64 first,
+                                          u64 rows) {
     FOR_EACH(i, n) {
         u64 row = i, f = div_step(&row, features);
-        i64 id = ids[row];
-        out[i] = (id >= 0 && (u64)id < rows) ? table[(u64)id * features + f] : (T)0;
+        i64 local = ids[row] - (i64)first;
+        out[i] = (local >= 0 && (u64)local < rows) ? table[(u64)local * features + f] : (T)0;
     }
 }
 
-// table[ids[i], f] += dy[i, f] into a zero-filled table. Atomic adds: rows hit by several
-// ids are summed in whatever order the threads arrive, where the CPU adds in id order, so
-// f32 results may differ from the CPU's in the last bits (f64 too, far below 1e-12). Ids
-// outside 0..rows scatter nothing.
+// table[ids[i] - first, f] += dy[i, f] into a zero-filled table of rows first..first + rows.
+// Atomic adds: rows hit by several ids are summed in whatever order the threads arrive,
+// where the CPU adds in id order, so f32 results may differ from the CPU's in the last bits
+// (f64 too, far below 1e-12). Ids held elsewhere or outside the vocabulary scatter nothing.
 template <typename T>
-__device__ __forceinline__ void embedding_grad(const i64* ids, const T* dy, T* table, u64 n, u64 features, u64 rows) {
+__device__ __forceinline__ void embedding_grad(const i64* ids, const T* dy, T* table, u64 n, u64 features, u64 first,
+                                               u64 rows) {
     FOR_EACH(i, n) {
         u64 row = i, f = div_step(&row, features);
-        i64 id = ids[row];
-        if (id >= 0 && (u64)id < rows) atomicAdd(&table[(u64)id * features + f], dy[i]);
+        i64 local = ids[row] - (i64)first;
+        if (local >= 0 && (u64)local < rows) atomicAdd(&table[(u64)local * features + f], dy[i]);
     }
 }
 
 extern "C" __global__ void regflow_embedding_f32(const float* table, const i64* ids, float* out, u64 n, u64 features,
-                                                 u64 rows) {
-    embedding(table, ids, out, n, features, rows);
+                                                 u64 first, u64 rows) {
+    embedding(table, ids, out, n, features, first, rows);
 }
 extern "C" __global__ void regflow_embedding_f64(const double* table, const i64* ids, double* out, u64 n, u64 features,
-                                                 u64 rows) {
-    embedding(table, ids, out, n, features, rows);
+                                                 u64 first, u64 rows) {
+    embedding(table, ids, out, n, features, first, rows);
 }
 extern "C" __global__ void regflow_embedding_grad_f32(const i64* ids, const float* dy, float* table, u64 n, u64 features,
-                                                      u64 rows) {
-    embedding_grad(ids, dy, table, n, features, rows);
+                                                      u64 first, u64 rows) {
+    embedding_grad(ids, dy, table, n, features, first, rows);
 }
 extern "C" __global__ void regflow_embedding_grad_f64(const i64* ids, const double* dy, double* table, u64 n,
-                                                      u64 features, u64 rows) {
-    embedding_grad(ids, dy, table, n, features, rows);
+                                                      u64 features, u64 first, u64 rows) {
+    embedding_grad(ids, dy, table, n, features, first, rows);
 }

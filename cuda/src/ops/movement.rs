@@ -3,8 +3,8 @@
 //! `slice_grad` and `concat` (copies of axis ranges), the boxing steps `take_part` (a
 //! device's part of one axis: a slice), `keep_on_first` (a copy, or zeros) and
 //! `to_global` (a copy of the device's part, after the layout change), `sum_to`,
-//! `embedding` and `embedding_grad`. Scatters first zero their output with fill.cu's
-//! `regflow_fill_*`.
+//! `embedding`, `embedding_grad` and `vocab_part` (either on a device's rows of the
+//! table). Scatters first zero their output with fill.cu's `regflow_fill_*`.
 
 use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
 use super::layout::{self, Indexing};
@@ -13,7 +13,7 @@ use crate::driver::{launch, Function, Grid, StreamHandle};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{
     BroadcastTo, Concat, Embedding, EmbeddingGrad, KeepOnFirst, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
-    TakePart, ToGlobal,
+    TakePart, ToGlobal, VocabPart,
 };
 use regflow_plan::{DType, OpConf, Shape};
 
@@ -34,6 +34,7 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("sum_squares", FLOAT, || factory(make_sum_squares)),
     ("embedding", FLOAT, || factory(make_embedding)),
     ("embedding_grad", FLOAT, || factory(make_embedding_grad)),
+    ("vocab_part", FLOAT, || factory(make_vocab_part)),
 ];
 
 /// The dtype of a movement op: its input's and output's, which must agree.
@@ -634,6 +635,7 @@ fn make_embedding(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError>
         inputs: [table_slot, ids_slot],
         n: out.shape.numel() as u64,
         features: *features as u64,
+        first: 0,
         rows: *rows as u64,
     })
 }
@@ -663,12 +665,80 @@ fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelE
         inputs: input_slots(conf),
         n: dy.shape.numel() as u64,
         features: features as u64,
+        first: 0,
         rows: op.vocab_size as u64,
     })
 }
 
+/// `vocab_part`: `embedding` or its gradient on a device's rows `held` of a table split by
+/// rows (vocabulary-parallel), through the same entries with `first` the rows' offset.
+fn make_vocab_part(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: VocabPart = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    arity(spec, conf, 2, 1)?;
+    let dtype = float_dtype(spec, conf)?;
+    let held = &op.rows.held;
+    if held.start > held.end || held.end > op.rows.vocab_size {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("holds rows {}..{} of a vocabulary of {}", held.start, held.end, op.rows.vocab_size),
+        ));
+    }
+    let (first, rows) = (held.start as u64, held.len() as u64);
+    if op.grad {
+        let (ids, dy, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
+        let features = out.shape.dims().get(1).copied().unwrap_or(0);
+        if ids.dtype != DType::I64
+            || dy.dtype != dtype
+            || out.shape.dims() != [held.len(), features]
+            || dy.shape.numel() != ids.shape.numel() * features
+        {
+            return Err(refuse(
+                spec,
+                conf,
+                format!("scatters {dy} by ids {ids} into rows {}..{}, but the output is {out}", held.start, held.end),
+            ));
+        }
+        return Ok(EmbeddingKernel {
+            zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, out.shape.numel() as u64)),
+            function: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
+            inputs: input_slots(conf),
+            n: dy.shape.numel() as u64,
+            features: features as u64,
+            first,
+            rows,
+        });
+    }
+    let (table, ids, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
+    let mut expected = ids.shape.dims().to_vec();
+    let features = table.shape.dims().get(1).copied().unwrap_or(0);
+    expected.push(features);
+    if ids.dtype != DType::I64
+        || table.dtype != dtype
+        || table.shape.dims() != [held.len(), features]
+        || out.shape.dims() != expected
+    {
+        return Err(refuse(
+            spec,
+            conf,
+            format!("gathers rows {}..{} from {table} by ids {ids}, but the output is {out}", held.start, held.end),
+        ));
+    }
+    Ok(EmbeddingKernel {
+        zero: None,
+        function: function(spec, &format!("regflow_embedding_{}", suffix(dtype)))?,
+        inputs: input_slots(conf),
+        n: out.shape.numel() as u64,
+        features: features as u64,
+        first,
+        rows,
+    })
+}
+
 /// `embedding` (inputs table, ids) or, with `zero`, `embedding_grad` (inputs ids, dy): both
-/// entries take (input 0, input 1, out, n, features, rows).
+/// entries take (input 0, input 1, out, n, features, first, rows), the table holding rows
+/// `first..first + rows` of the vocabulary.
 #[derive(Debug)]
 struct EmbeddingKernel {
     zero: Option<(Function, DType, u64)>,
@@ -676,21 +746,24 @@ struct EmbeddingKernel {
     inputs: [usize; 2],
     n: u64,
     features: u64,
+    first: u64,
     rows: u64,
 }
 
 impl Kernel for EmbeddingKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (s, out) = (stream(io), io.output_addr(0));
-        let (first, second) = (io.input_addr(self.inputs[0]), io.input_addr(self.inputs[1]));
-        let (n, features, rows) = (self.n, self.features, self.rows);
+        let (input0, input1) = (io.input_addr(self.inputs[0]), io.input_addr(self.inputs[1]));
+        let (n, features, first, rows) = (self.n, self.features, self.first, self.rows);
         if let Some((fill, dtype, len)) = self.zero {
             // SAFETY: the table holds `len` elements of dtype (its meta).
             unsafe { zero(s, fill, dtype, out, len) }?;
         }
         // SAFETY: ids hold n / features i64s, the dense operand and the output the elements
-        // of their checked metas; ids outside 0..rows are skipped by the kernels.
-        unsafe { launch(s, self.function, Grid::linear(n), &mut args![first, second, out, n, features, rows]) }?;
+        // of their checked metas; ids outside first..first + rows are skipped by the kernels.
+        unsafe {
+            launch(s, self.function, Grid::linear(n), &mut args![input0, input1, out, n, features, first, rows])
+        }?;
         Ok(())
     }
 }
