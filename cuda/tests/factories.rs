@@ -131,3 +131,16 @@ fn malformed_confs_are_refused_naming_the_actor() {
         assert!(e.contains("actor 'a1'") && e.contains("on CUDA:"), "{}: {e}", c.op_type);
     }
 }
+
+/// Every op type the CPU has a kernel for has a CUDA kernel too (for some dtype), so no op
+/// of a plan is left to run on the host of a GPU device for want of one.
+#[test]
+fn every_cpu_op_type_has_a_cuda_kernel() {
+    let mut cpu = KernelRegistry::new();
+    regflow_kernels::cpu::register(&mut cpu, DeviceKind::Cpu);
+    let cuda: std::collections::BTreeSet<String> = regflow_cuda::queued_ops().into_iter().map(|k| k.op_type).collect();
+    let mut missing: Vec<&str> = cpu.op_keys().map(|k| k.op_type.as_str()).filter(|op| !cuda.contains(*op)).collect();
+    missing.sort_unstable();
+    missing.dedup();
+    assert!(missing.is_empty(), "op types with a CPU kernel but none on CUDA: {missing:?}");
+}

@@ -84,6 +84,11 @@ impl KernelRegistry {
         self.ops.contains_key(key)
     }
 
+    /// Every (op, device, dtype) with a kernel, in no particular order.
+    pub fn op_keys(&self) -> impl Iterator<Item = &KernelKey> + '_ {
+        self.ops.keys()
+    }
+
     /// Builds the kernel `conf` names for the actor `spec` describes. Collectives are not
     /// made here: they need the job's rendezvous, which the runtime owns.
     pub fn make(&self, conf: &KernelConf, spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
