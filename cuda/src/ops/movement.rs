@@ -248,9 +248,8 @@ fn make_slice(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     let input = conf.inputs[0].shape.dims();
-    let (axis, size) = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
-    let len = op.end - op.start;
-    let expected = with_axis(input, axis, len);
+    let (axis, _) = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let expected = with_axis(input, axis, op.end - op.start);
     if expected != conf.outputs[0].shape {
         return Err(refuse(
             spec,
@@ -258,8 +257,20 @@ fn make_slice(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
             format!("slices {} to {expected}, but the output is {}", conf.inputs[0], conf.outputs[0]),
         ));
     }
-    let (outer, inner) = layout::around_axis(input, axis);
-    let run = len as u64 * inner;
+    axis_range(spec, conf, dtype, (input, axis), op.start..op.end)
+}
+
+/// The copy of `range` of `axis` of the op's one input (of `dims`) into its output: the
+/// kernel of `slice` and of `take_part`.
+fn axis_range(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    dtype: DType,
+    (dims, axis): (&[usize], usize),
+    range: std::ops::Range<usize>,
+) -> Result<BlocksKernel, KernelError> {
+    let (outer, inner) = layout::around_axis(dims, axis);
+    let run = range.len() as u64 * inner;
     Ok(BlocksKernel {
         function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?,
         zero: None,
@@ -267,8 +278,8 @@ fn make_slice(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
             input: input_slots::<1>(conf)[0],
             outer,
             run,
-            src_block: size as u64 * inner,
-            src_start: op.start as u64 * inner,
+            src_block: dims[axis] as u64 * inner,
+            src_start: range.start as u64 * inner,
             dst_block: run,
             dst_start: 0,
         }],
@@ -305,21 +316,7 @@ fn make_take_part(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
             ),
         ));
     }
-    let (outer, inner) = layout::around_axis(input, op.dim);
-    let run = part.len() as u64 * inner;
-    Ok(BlocksKernel {
-        function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?,
-        zero: None,
-        copies: vec![Blocks {
-            input: input_slots::<1>(conf)[0],
-            outer,
-            run,
-            src_block: size as u64 * inner,
-            src_start: part.start as u64 * inner,
-            dst_block: run,
-            dst_start: 0,
-        }],
-    })
+    axis_range(spec, conf, dtype, (input, op.dim), part)
 }
 
 /// `B -> P` on one device: the first device of the axis copies the value, the others write
