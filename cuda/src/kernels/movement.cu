@@ -217,8 +217,10 @@ __device__ __forceinline__ void embedding(const T* table, const i64* ids, T* out
                                           u64 rows) {
     FOR_EACH(i, n) {
         u64 row = i, f = div_step(&row, features);
-        i64 local = ids[row] - (i64)first;
-        out[i] = (local >= 0 && (u64)local < rows) ? table[(u64)local * features + f] : (T)0;
+        // Compared before subtracting: an id far below `first` must not overflow.
+        i64 id = ids[row];
+        bool held = id >= (i64)first && (u64)id - first < rows;
+        out[i] = held ? table[((u64)id - first) * features + f] : (T)0;
     }
 }
 
@@ -231,8 +233,8 @@ __device__ __forceinline__ void embedding_grad(const i64* ids, const T* dy, T* t
                                                u64 rows) {
     FOR_EACH(i, n) {
         u64 row = i, f = div_step(&row, features);
-        i64 local = ids[row] - (i64)first;
-        if (local >= 0 && (u64)local < rows) atomicAdd(&table[(u64)local * features + f], dy[i]);
+        i64 id = ids[row];
+        if (id >= (i64)first && (u64)id - first < rows) atomicAdd(&table[((u64)id - first) * features + f], dy[i]);
     }
 }
 
