@@ -1,8 +1,10 @@
 //! Sharded checkpoints: a dp2 × tp2 job spread over 2 nodes (loopback threads) saves one
 //! shard per node after 10 steps; resuming from it gives bitwise the losses of an unbroken
 //! run on the same layout, and within f32 rounding of them on other layouts (a pipeline
-//! of two single-device stages, one device, tp4 over 2 nodes). A save cut short leaves the previous
-//! checkpoint as the latest complete one; bad files are refused, naming file and tensor.
+//! of two single-device stages, one device, tp4 over 2 nodes). Sharded optimizer state
+//! (ZeRO stage 1) over 2 nodes saves and resumes the same way. A save cut short leaves the
+//! previous checkpoint as the latest complete one; bad files are refused, naming file and
+//! tensor.
 
 use regflow::graph::sbp::{Mesh, MeshDevice, Sbp};
 use regflow::graph::{DType, Graph, HostArray, ParallelOptions};
@@ -52,6 +54,19 @@ fn pp2() -> Layout {
 fn tp4_on_2_nodes() -> Layout {
     let pins = vec![("w1", vec![S(1)]), ("b1", vec![S(0)]), ("w2", vec![S(0)])];
     Layout::on(vec![Mesh::cpu(&[4], &["tp"]).unwrap().place_on_nodes(2).unwrap()], pins)
+}
+
+/// Sharded optimizer state (ZeRO stage 1) over 2 nodes: weights replicated, every AdamW
+/// moment split, so each weight's register is written by the all-gather of its rows.
+fn zero1_on_2_nodes() -> Layout {
+    let mut pins = vec![("x", vec![S(0)]), ("y", vec![S(0)])];
+    for weight in ["w1", "b1", "w2", "b2"] {
+        for moment in ["adam_m", "adam_v"] {
+            let name: &'static str = Box::leak(format!("{weight}.{moment}").into_boxed_str());
+            pins.push((name, vec![S(0)]));
+        }
+    }
+    Layout::on(vec![Mesh::cpu(&[2], &["dp"]).unwrap().place_on_nodes(1).unwrap()], pins)
 }
 
 fn one_device() -> Layout {
@@ -206,6 +221,43 @@ fn a_sharded_checkpoint_resumes_bitwise_on_its_layout_and_closely_on_any_other()
     // (d) Four-way tensor parallel on 2 nodes: every weight cut anew.
     let (tp4, _) = across_nodes(&tp4_on_2_nodes(), Some(&state), SAVED_AT..STEPS);
     assert_close(&tp4, &unbroken[SAVED_AT..], "resumed on tp4 over 2 nodes");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Under sharded optimizer state each rank saves its half of every moment and rank 0 the
+/// replicated weights (read from the registers their all-gathers write); the checkpoint
+/// resumes bitwise on its layout and closely on one device.
+#[test]
+fn sharded_optimizer_state_saves_and_resumes() {
+    let root = temp_root("zero1");
+    let layout = zero1_on_2_nodes();
+    let (unbroken, _) = across_nodes(&layout, None, 0..STEPS);
+    let (_, reports) = across_nodes(&layout, None, 0..SAVED_AT);
+    assert_eq!(reports.len(), 2, "one job per node");
+    let dir = checkpoint_dir(&root, SAVED_AT as u64);
+    let saves: Vec<_> = reports
+        .into_iter()
+        .enumerate()
+        .map(|(rank, report)| {
+            let parts = report.state_parts.expect("kept state has its parts");
+            save_sharded_async(dir.clone(), rank as u32, 2, SAVED_AT as u64, parts, json!({}))
+        })
+        .collect();
+    // Rank 1 first: a failure of its save surfaces at once, not when rank 0 gives up
+    // waiting for its list.
+    for save in saves.into_iter().rev() {
+        save.wait().unwrap();
+    }
+    let shard = |rank: u32| regflow::graph::checkpoint::load(&dir.join(format!("rank{rank}.safetensors"))).unwrap();
+    let names = |rank: u32| shard(rank).into_iter().map(|(n, _)| n).collect::<Vec<String>>();
+    let (rank0, rank1) = (names(0), names(1));
+    assert!(rank0.iter().any(|n| n.starts_with("w1@")) && !rank1.iter().any(|n| n.starts_with("w1@")), "{rank1:?}");
+    assert!(rank1.iter().any(|n| n.starts_with("w1.adam_m@")), "each rank writes its half of a moment: {rank1:?}");
+    let state = load_sharded(&dir).unwrap().state_dict();
+    let (same, _) = across_nodes(&layout, Some(&state), SAVED_AT..STEPS);
+    assert_eq!(same, unbroken[SAVED_AT..], "resumed on the saving layout");
+    let (single, _) = one_process(&one_device(), Some(&state), SAVED_AT..STEPS);
+    assert_close(&single, &unbroken[SAVED_AT..], "resumed on one device");
     std::fs::remove_dir_all(&root).unwrap();
 }
 
