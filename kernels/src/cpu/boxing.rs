@@ -2,7 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{Element, HostTensor, HostTensorMut};
+use regflow_plan::{HostTensor, HostTensorMut};
 
 impl HostCompute for TakePart {
     fn compute(
@@ -37,25 +37,15 @@ impl HostCompute for KeepOnFirst {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        let (input, out) = (&inputs[0], &mut outputs[0]);
-        by_element!(out.dtype(), T => keep_on_first::<T>(self.first, input.as_slice::<T>()?, out.as_mut_slice::<T>()?))
+        if self.first {
+            return super::reshape::copy_all(&inputs[0], &mut outputs[0]);
+        }
+        let out = &mut outputs[0];
+        by_element!(out.dtype(), T => out.as_mut_slice::<T>().map(|o| o.fill(T::default())))
     }
 
     /// Moves elements only: bf16 is copied as it is (its zero is all zero bits).
     fn bf16_native(&self) -> bool {
         true
     }
-}
-
-/// The value on the first device of the axis, zeros (`T::default()`) on the others.
-fn keep_on_first<T: Element + Default>(first: bool, x: &[T], out: &mut [T]) -> Result<(), String> {
-    if x.len() != out.len() {
-        return Err(format!("input of {} elements, output of {} (broken invariant)", x.len(), out.len()));
-    }
-    if first {
-        out.copy_from_slice(x);
-    } else {
-        out.fill(T::default());
-    }
-    Ok(())
 }

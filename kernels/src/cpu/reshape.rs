@@ -20,8 +20,9 @@ impl HostCompute for Reshape {
     }
 }
 
-/// Copies every element of `input` to `out` (same dtype and element count).
-fn copy_all(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+/// Copies every element of `input` to `out` (same dtype and element count): `reshape`,
+/// `to_global` and the first device's `keep_on_first`.
+pub(crate) fn copy_all(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
     fn copy<T: Copy>(x: &[T], o: &mut [T]) -> Result<(), String> {
         if x.len() != o.len() {
             return Err(format!("{} input elements for {} outputs (broken invariant)", x.len(), o.len()));
