@@ -124,13 +124,7 @@ fn zero() -> Layout {
 /// ZeRO stage 1: data parallel, weights replicated, every AdamW moment split `S(0)`: the
 /// gradients are reduce-scattered and the updated rows all-gathered into the weights.
 fn zero1() -> Layout {
-    let mut pins = vec![("x", vec![S(0)]), ("y", vec![S(0)])];
-    for moment in
-        ["w1.adam_m", "w1.adam_v", "b1.adam_m", "b1.adam_v", "w2.adam_m", "w2.adam_v", "b2.adam_m", "b2.adam_v"]
-    {
-        pins.push((moment, vec![S(0)]));
-    }
-    Layout::new(&[2], &["dp"], pins)
+    Layout::new(&[2], &["dp"], small_mlp::sharded_state_pins())
 }
 
 fn dp_tp() -> Layout {

@@ -59,14 +59,7 @@ fn tp4_on_2_nodes() -> Layout {
 /// Sharded optimizer state (ZeRO stage 1) over 2 nodes: weights replicated, every AdamW
 /// moment split, so each weight's register is written by the all-gather of its rows.
 fn zero1_on_2_nodes() -> Layout {
-    let mut pins = vec![("x", vec![S(0)]), ("y", vec![S(0)])];
-    for weight in ["w1", "b1", "w2", "b2"] {
-        for moment in ["adam_m", "adam_v"] {
-            let name: &'static str = Box::leak(format!("{weight}.{moment}").into_boxed_str());
-            pins.push((name, vec![S(0)]));
-        }
-    }
-    Layout::on(vec![Mesh::cpu(&[2], &["dp"]).unwrap().place_on_nodes(1).unwrap()], pins)
+    Layout::on(vec![Mesh::cpu(&[2], &["dp"]).unwrap().place_on_nodes(1).unwrap()], small_mlp::sharded_state_pins())
 }
 
 fn one_device() -> Layout {

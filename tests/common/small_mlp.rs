@@ -37,6 +37,15 @@ impl Layout {
     }
 }
 
+/// Sharded optimizer state (ZeRO stage 1) on a 1-axis mesh: the inputs split by rows and
+/// every AdamW moment `S(0)`, the weights left replicated.
+pub(crate) fn sharded_state_pins() -> Vec<(&'static str, Vec<Sbp>)> {
+    let moments =
+        ["w1.adam_m", "w1.adam_v", "b1.adam_m", "b1.adam_v", "w2.adam_m", "w2.adam_v", "b2.adam_m", "b2.adam_v"];
+    let inputs = ["x", "y"];
+    inputs.into_iter().chain(moments).map(|name| (name, vec![Sbp::Split(0)])).collect()
+}
+
 /// `steps` batches of `batch` rows: normal features, classes 0..3, from `seed`.
 pub(crate) fn batches(steps: usize, batch: usize, seed: u64) -> Vec<(HostArray, HostArray)> {
     let mut rng = SplitMix64::new(seed);
@@ -61,9 +70,11 @@ pub(crate) fn model<'g>(g: &'g Graph, layout: &Layout, batch: usize, hidden: usi
     let b2 = g.variable("b2", [3], DType::F32, Init::Normal { mean: 0.0, std: 0.1, seed: 4 }).unwrap();
     let first = &layout.stages[0];
     let last = layout.stages.last().unwrap();
+    // The second layer and its labels live on the last stage when there are two.
+    let stage_of = |name: &str| if layout.stages.len() > 1 && matches!(name, "w2" | "b2" | "y") { last } else { first };
     for t in [x, y, w1, b1, w2, b2] {
         let name = t.name();
-        let mesh = if layout.stages.len() > 1 && (name == "w2" || name == "b2" || name == "y") { last } else { first };
+        let mesh = stage_of(&name);
         let sbp = layout.pins.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone());
         g.set_layout(t, mesh, NdSbp(sbp.unwrap_or_else(|| vec![Sbp::Broadcast; mesh.ndim()]))).unwrap();
     }
@@ -77,8 +88,7 @@ pub(crate) fn model<'g>(g: &'g Graph, layout: &Layout, batch: usize, hidden: usi
     // layout (sharded optimizer state).
     for (state, param) in &train.states {
         if let Some((_, sbp)) = layout.pins.iter().find(|(n, _)| *n == state.name()) {
-            let on_last = layout.stages.len() > 1 && matches!(param.name().as_str(), "w2" | "b2");
-            g.set_layout(*state, if on_last { last } else { first }, NdSbp(sbp.clone())).unwrap();
+            g.set_layout(*state, stage_of(&param.name()), NdSbp(sbp.clone())).unwrap();
         }
     }
     train
