@@ -615,26 +615,7 @@ fn make_embedding(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError>
     let op: Embedding = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
     check(spec, conf, &op)?;
     arity(spec, conf, 2, 1)?;
-    let dtype = float_dtype(spec, conf)?;
-    let (table, ids, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
-    let [rows, features] = table.shape.dims() else {
-        return Err(refuse(spec, conf, format!("the table must be [rows, features], got {table}")));
-    };
-    let mut expected = ids.shape.dims().to_vec();
-    expected.push(*features);
-    if ids.dtype != DType::I64 || table.dtype != dtype || out.shape.dims() != expected {
-        return Err(refuse(spec, conf, format!("gathers rows of {table} by ids {ids}, but the output is {out}")));
-    }
-    let [table_slot, ids_slot] = input_slots(conf);
-    Ok(EmbeddingKernel {
-        zero: None,
-        function: function(spec, &format!("regflow_embedding_{}", suffix(dtype)))?,
-        inputs: [table_slot, ids_slot],
-        n: out.shape.numel() as u64,
-        features: *features as u64,
-        first: 0,
-        rows: *rows as u64,
-    })
+    gather_rows(spec, conf, None)
 }
 
 fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
@@ -642,29 +623,7 @@ fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelE
     let op: EmbeddingGrad = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
     check(spec, conf, &op)?;
     arity(spec, conf, 2, 1)?;
-    let dtype = float_dtype(spec, conf)?;
-    let (ids, dy, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
-    let features = out.shape.dims().get(1).copied().unwrap_or(0);
-    if ids.dtype != DType::I64
-        || dy.dtype != dtype
-        || out.shape.dims() != [op.vocab_size, features]
-        || dy.shape.numel() != ids.shape.numel() * features
-    {
-        return Err(refuse(
-            spec,
-            conf,
-            format!("scatters {dy} by ids {ids} into a table of {} rows, but the output is {out}", op.vocab_size),
-        ));
-    }
-    Ok(EmbeddingKernel {
-        zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, out.shape.numel() as u64)),
-        function: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
-        inputs: input_slots(conf),
-        n: dy.shape.numel() as u64,
-        features: features as u64,
-        first: 0,
-        rows: op.vocab_size as u64,
-    })
+    scatter_rows(spec, conf, 0..op.vocab_size, &format!("a table of {} rows", op.vocab_size))
 }
 
 /// `vocab_part`: `embedding` or its gradient on a device's rows `held` of a table split by
@@ -673,8 +632,7 @@ fn make_vocab_part(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError
     let conf = op_conf(spec)?;
     let op: VocabPart = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
     arity(spec, conf, 2, 1)?;
-    let dtype = float_dtype(spec, conf)?;
-    let held = &op.rows.held;
+    let held = op.rows.held.clone();
     if held.start > held.end || held.end > op.rows.vocab_size {
         return Err(refuse(
             spec,
@@ -682,45 +640,34 @@ fn make_vocab_part(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError
             format!("holds rows {}..{} of a vocabulary of {}", held.start, held.end, op.rows.vocab_size),
         ));
     }
-    let (first, rows) = (held.start as u64, held.len() as u64);
     if op.grad {
-        let (ids, dy, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
-        let features = out.shape.dims().get(1).copied().unwrap_or(0);
-        if ids.dtype != DType::I64
-            || dy.dtype != dtype
-            || out.shape.dims() != [held.len(), features]
-            || dy.shape.numel() != ids.shape.numel() * features
-        {
-            return Err(refuse(
-                spec,
-                conf,
-                format!("scatters {dy} by ids {ids} into rows {}..{}, but the output is {out}", held.start, held.end),
-            ));
-        }
-        return Ok(EmbeddingKernel {
-            zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, out.shape.numel() as u64)),
-            function: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
-            inputs: input_slots(conf),
-            n: dy.shape.numel() as u64,
-            features: features as u64,
-            first,
-            rows,
-        });
+        let what = format!("rows {}..{}", held.start, held.end);
+        scatter_rows(spec, conf, held, &what)
+    } else {
+        gather_rows(spec, conf, Some(held))
     }
+}
+
+/// The gather of table rows by ids (inputs table, ids): the whole vocabulary (`held`
+/// `None`), or the rows `held` of it that the table holds.
+fn gather_rows(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    held: Option<std::ops::Range<usize>>,
+) -> Result<EmbeddingKernel, KernelError> {
+    let dtype = float_dtype(spec, conf)?;
     let (table, ids, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
+    let [rows, features] = *table.shape.dims() else {
+        return Err(refuse(spec, conf, format!("the table must be [rows, features], got {table}")));
+    };
+    let (what, held) = match held {
+        Some(held) => (format!("rows {}..{} from {table}", held.start, held.end), held),
+        None => (format!("rows of {table}"), 0..rows),
+    };
     let mut expected = ids.shape.dims().to_vec();
-    let features = table.shape.dims().get(1).copied().unwrap_or(0);
     expected.push(features);
-    if ids.dtype != DType::I64
-        || table.dtype != dtype
-        || table.shape.dims() != [held.len(), features]
-        || out.shape.dims() != expected
-    {
-        return Err(refuse(
-            spec,
-            conf,
-            format!("gathers rows {}..{} from {table} by ids {ids}, but the output is {out}", held.start, held.end),
-        ));
+    if ids.dtype != DType::I64 || table.dtype != dtype || rows != held.len() || out.shape.dims() != expected {
+        return Err(refuse(spec, conf, format!("gathers {what} by ids {ids}, but the output is {out}")));
     }
     Ok(EmbeddingKernel {
         zero: None,
@@ -728,8 +675,37 @@ fn make_vocab_part(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError
         inputs: input_slots(conf),
         n: out.shape.numel() as u64,
         features: features as u64,
-        first,
-        rows,
+        first: held.start as u64,
+        rows: held.len() as u64,
+    })
+}
+
+/// The scatter-add of `dy` rows by ids into a zeroed table holding the rows `held` of the
+/// vocabulary (inputs ids, dy); `what` names the table in errors.
+fn scatter_rows(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    held: std::ops::Range<usize>,
+    what: &str,
+) -> Result<EmbeddingKernel, KernelError> {
+    let dtype = float_dtype(spec, conf)?;
+    let (ids, dy, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
+    let features = out.shape.dims().get(1).copied().unwrap_or(0);
+    if ids.dtype != DType::I64
+        || dy.dtype != dtype
+        || out.shape.dims() != [held.len(), features]
+        || dy.shape.numel() != ids.shape.numel() * features
+    {
+        return Err(refuse(spec, conf, format!("scatters {dy} by ids {ids} into {what}, but the output is {out}")));
+    }
+    Ok(EmbeddingKernel {
+        zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, out.shape.numel() as u64)),
+        function: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
+        inputs: input_slots(conf),
+        n: dy.shape.numel() as u64,
+        features: features as u64,
+        first: held.start as u64,
+        rows: held.len() as u64,
     })
 }
 
