@@ -151,3 +151,80 @@ fn nested_splits_of_one_dimension_regroup() {
         run(&Case { dims: vec![5, 3], mesh: vec![2, 2], from, to, dtype: DType::F64, seed: 7 });
     }
 }
+
+/// Rows of a replicated tensor that start on a 64-byte boundary are read in place (input
+/// windows, nested on a 2-D mesh) and copied out only for the part fetchers, which take
+/// whole registers: the parts and the whole are still the tensor.
+#[test]
+fn replicated_rows_are_read_in_place() {
+    use Sbp::{Broadcast as B, Split as S};
+    for (dims, mesh, from, to, dtype) in [
+        (vec![16, 8], vec![2], vec![B], vec![S(0)], DType::F64),
+        (vec![16, 16], vec![2, 2], vec![B, B], vec![S(0), S(0)], DType::F32),
+        (vec![32, 8], vec![2, 2], vec![S(0), B], vec![S(0), S(0)], DType::F64),
+        (vec![1, 16, 8], vec![2], vec![B], vec![S(1)], DType::F64),
+    ] {
+        let case = Case { dims, mesh, from, to, dtype, seed: 3 };
+        run(&case);
+        let axes: Vec<String> = (0..case.mesh.len()).map(|i| format!("a{i}")).collect();
+        let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
+        let mesh = Mesh::cpu(&case.mesh, &axes).unwrap();
+        let g = Graph::new();
+        let x = g.input("x", case.dims.clone(), case.dtype).unwrap();
+        g.set_layout(x, &mesh, NdSbp(case.from.clone())).unwrap();
+        let y = x.to_global(&mesh, NdSbp(case.to.clone())).unwrap();
+        let mut options = ParallelOptions::new(mesh.clone());
+        options.fetch_parts = true;
+        let plan = g.compile_parallel(&[y], &[], &options).unwrap().plan;
+        let windows: usize = plan.actors.iter().map(|a| a.windows.len()).sum();
+        assert!(windows >= 2, "{case:?}: {windows} windows");
+        let takes = plan.actors.iter().filter(|a| a.name.starts_with("box") && a.name.contains("B->S(")).count();
+        assert_eq!(takes, 0, "{case:?}: every part is read in place");
+    }
+}
+
+/// `w · w` with its rows split reads the replicated `w` twice: its rows through a window,
+/// and whole. A reader lists a register once, so the rows are copied out for it; the
+/// product is the one-device product.
+#[test]
+fn an_op_reading_one_register_whole_and_in_part_gets_the_part_copied() {
+    use regflow::graph::{CompileOptions, Init};
+    let build = |mesh: Option<&Mesh>| {
+        let g = Graph::new();
+        let x = g.input("x", [16, 16], DType::F64).unwrap();
+        let w = g.variable("w", [16, 16], DType::F64, Init::Normal { mean: 0.0, std: 1.0, seed: 5 }).unwrap();
+        let square = w.matmul(&w).unwrap();
+        if let Some(mesh) = mesh {
+            g.set_layout(x, mesh, NdSbp(vec![Sbp::Broadcast])).unwrap();
+            g.set_layout(square, mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+        }
+        let y = square.add(&x).unwrap();
+        let compiled = match mesh {
+            Some(mesh) => g.compile_parallel(&[y], &[], &ParallelOptions::new(mesh.clone())).unwrap(),
+            None => g.compile(&[y], &[], &CompileOptions::default()).unwrap(),
+        };
+        let x_value = HostArray::f64([16, 16], (0..256).map(|i| i as f64 / 7.0).collect()).unwrap();
+        let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+        let mut feeds = job.graph_feeds().unwrap();
+        let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
+        feeds.push("x", &x_value).unwrap();
+        feeds.close().unwrap();
+        let got = fetcher.recv().unwrap().bytes().to_vec();
+        drop(fetcher);
+        job.wait().unwrap();
+        (compiled.plan, got)
+    };
+    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+    let (plan, parallel) = build(Some(&mesh));
+    let (_, single) = build(None);
+    assert_eq!(parallel, single);
+    let reads_twice = plan.actors.iter().filter(|a| a.name.starts_with("matmul")).all(|a| {
+        let mut inputs = a.inputs.clone();
+        inputs.sort();
+        inputs.dedup();
+        inputs.len() == a.inputs.len()
+    });
+    assert!(reads_twice, "no actor lists a register twice");
+    let cuts = plan.actors.iter().filter(|a| a.name.starts_with("cut")).count();
+    assert_eq!(cuts, 2, "one copy of the rows per device");
+}

@@ -227,3 +227,34 @@ fn acc_and_repeat_run_micro_batches_through_the_runtime() {
     assert_eq!(report.actor("acc").unwrap().fires, 4);
     assert_eq!(report.actor("sink").unwrap().fires, 1);
 }
+
+/// A compute actor with an input window reads that block of each slot as its whole input,
+/// and the plan file keeps the window.
+#[test]
+fn a_window_reads_its_block_of_every_slot() {
+    let mut b = PlanBuilder::new();
+    let cpu = b.device(0, DeviceKind::Cpu, 0);
+    let s = b.stream(cpu, StreamKind::Compute);
+    let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Fed });
+    let whole = b.regst("src.out", src, 256, 2);
+    let copy = b.actor("copy", s, ActorKind::Compute { kernel: KernelConf::Copy });
+    b.consume_window(copy, whole, 128, 64);
+    let part = b.regst("copy.out", copy, 64, 1);
+    let sink = b.actor("sink", s, ActorKind::Sink);
+    b.consume(sink, part);
+    let plan = b.build().unwrap();
+    let reloaded = Plan::from_json(&plan.to_json()).unwrap();
+    assert_eq!(reloaded.actors[1].windows, plan.actors[1].windows);
+    let mut job = Job::local(reloaded).unwrap();
+    let (mut feeder, fetcher) = (job.feeder("src").unwrap(), job.fetcher("sink").unwrap());
+    for piece in 0..3u8 {
+        feeder.push(&(0..=255u8).map(|i| i.wrapping_add(piece)).collect::<Vec<u8>>()).unwrap();
+    }
+    feeder.close().unwrap();
+    for piece in 0..3u8 {
+        let out = fetcher.recv().unwrap();
+        assert_eq!(out.bytes(), (128..192u8).map(|i| i.wrapping_add(piece)).collect::<Vec<u8>>().as_slice());
+    }
+    assert!(fetcher.recv().is_none());
+    job.wait().unwrap();
+}

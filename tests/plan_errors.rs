@@ -391,3 +391,28 @@ fn op_metas_that_contradict_the_op_are_refused_at_job_build_naming_the_actor_and
             .into())
     );
 }
+
+#[test]
+fn input_windows_must_fit_their_register_and_actor() {
+    let window = |input, offset, bytes| regflow::graph::plan::InputWindow { input, offset, bytes };
+    // A window inside its register, on a compute actor, loads.
+    let mut plan = chain();
+    plan.regst_descs[1].bytes = 32;
+    plan.actors[1].windows.push(window(0, 0, 32));
+    assert!(plan.validate().is_ok());
+    let cases = [
+        (1, window(1, 0, 8), "actor 'f' has a window on input 1, but it has 1 inputs"),
+        (1, window(0, 64, 64), "actor 'f' reads bytes 64..128 of register 'src.out', which holds 64 bytes"),
+        (1, window(0, u64::MAX - 63, 64), "actor 'f' reads bytes 18446744073709551552..18446744073709551615 of register 'src.out', which holds 64 bytes"),
+        (1, window(0, 8, 8), "actor 'f' has a window at byte 8 of input 0: windows start on a multiple of 64 bytes, as slots do"),
+        (2, window(0, 0, 8), "actor 'sink' is a sink actor, which hands whole registers on; only compute actors read windows"),
+    ];
+    for (actor, w, message) in cases {
+        let mut plan = chain();
+        plan.actors[actor].windows.push(w);
+        assert_eq!(rejected(plan), message);
+    }
+    let mut plan = chain();
+    plan.actors[1].windows.extend([window(0, 0, 8), window(0, 0, 8)]);
+    assert_eq!(rejected(plan), "actor 'f' has two windows on input 0");
+}

@@ -200,6 +200,17 @@ impl BufferView {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The `len` bytes from `offset` of this view, or `None` where they do not lie inside it.
+    pub fn window(&self, offset: usize, len: usize) -> Option<BufferView> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: `offset` is at most `self.len`, so the address stays inside (or one past
+        // the end of) the same allocation.
+        let ptr = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(offset)) };
+        Some(BufferView { ptr, len })
+    }
+
     /// Address of the first byte (for alignment checks and diagnostics).
     pub fn addr(&self) -> usize {
         self.ptr.as_ptr() as usize
@@ -219,6 +230,17 @@ mod tests {
             // SAFETY: the buffer is alive and unshared.
             assert!(unsafe { arena_view.as_slice() }.iter().all(|&b| b == 0));
         }
+    }
+
+    #[test]
+    fn windows_stay_inside_their_view() {
+        let arena = Arena::allocate("cpu:0", MemoryKind::Host, 256).unwrap();
+        let view = arena.view(64, 128).unwrap();
+        let window = view.window(64, 64).unwrap();
+        assert_eq!((window.addr() - view.addr(), window.len()), (64, 64));
+        assert_eq!(view.window(128, 0).map(|w| w.len()), Some(0));
+        assert!(view.window(65, 64).is_none());
+        assert!(view.window(usize::MAX, 2).is_none());
     }
 
     #[test]

@@ -49,7 +49,14 @@ impl PlanBuilder {
     /// Adds an actor bound to `stream`.
     pub fn actor(&mut self, name: &str, stream: StreamIndex, kind: ActorKind) -> ActorIndex {
         let plan = self.plan();
-        plan.actors.push(ActorDesc { name: name.to_string(), stream, kind, inputs: Vec::new(), sim_nanos: None });
+        plan.actors.push(ActorDesc {
+            name: name.to_string(),
+            stream,
+            kind,
+            inputs: Vec::new(),
+            sim_nanos: None,
+            windows: Vec::new(),
+        });
         ActorIndex(plan.actors.len() as u32 - 1)
     }
 
@@ -94,6 +101,17 @@ impl PlanBuilder {
         }
         if let Some(d) = plan.regst_descs.get_mut(desc.index()) {
             d.consumers.push(consumer);
+        }
+        self
+    }
+
+    /// Makes `consumer` read `bytes` bytes from `offset` of each slot of `desc` as its next
+    /// kernel input (see [`InputWindow`]).
+    pub fn consume_window(&mut self, consumer: ActorIndex, desc: RegstDescId, offset: u64, bytes: u64) -> &mut Self {
+        let input = self.plan().actors.get(consumer.index()).map_or(0, |a| a.inputs.len() as u32);
+        self.consume(consumer, desc);
+        if let Some(a) = self.plan().actors.get_mut(consumer.index()) {
+            a.windows.push(InputWindow { input, offset, bytes });
         }
         self
     }

@@ -144,6 +144,14 @@ pub enum PlanError {
         /// What is wrong.
         detail: String,
     },
+    /// An input window that does not fit its actor or its register.
+    #[error("actor '{actor}' {detail}")]
+    BadWindow {
+        /// The actor.
+        actor: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// A typed input of the signature that does not fit the plan.
     #[error("input '{input}' of the signature {detail}")]
     BadInput {

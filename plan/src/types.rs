@@ -370,6 +370,43 @@ pub struct ActorDesc {
     /// Modeled kernel duration on a `sim` device, in nanoseconds (0 when absent).
     #[serde(default)]
     pub sim_nanos: Option<u64>,
+    /// Inputs read in part: the kernel sees only a window of those registers' slots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<InputWindow>,
+}
+
+/// A window of one input register: a compute actor reads `bytes` bytes from `offset` of
+/// every slot, as if they were the whole register. The compiler reads a device's rows of
+/// a replicated tensor this way (`B -> S(0)`: the rows of a row-major tensor are one
+/// contiguous block) instead of copying them out with a `take_part` actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputWindow {
+    /// Which input of the actor (an index into its `inputs`).
+    pub input: u32,
+    /// First byte of the window in each slot.
+    pub offset: u64,
+    /// Bytes in the window.
+    pub bytes: u64,
+}
+
+impl ActorDesc {
+    /// The window input `i` is read through, if any.
+    pub fn window(&self, i: usize) -> Option<InputWindow> {
+        self.windows.iter().find(|w| w.input as usize == i).copied()
+    }
+}
+
+impl Plan {
+    /// The bytes actor `actor`'s kernel sees of its input `i`: its window's, or its whole
+    /// register's (0 for an input the actor does not have).
+    pub fn input_bytes(&self, actor: ActorIndex, i: usize) -> u64 {
+        let desc = &self.actors[actor.index()];
+        match desc.window(i) {
+            Some(window) => window.bytes,
+            None => desc.inputs.get(i).map_or(0, |r| self.regst_descs[r.index()].bytes),
+        }
+    }
 }
 
 /// A register descriptor: `register_num` slots of `bytes` bytes, written by one producer

@@ -59,6 +59,7 @@ impl Plan {
         self.check_edges()?;
         let index = PlanIndex::new(self);
         self.check_arities(&index)?;
+        self.check_windows()?;
         self.check_signature(&index)?;
         self.check_variables()?;
         self.check_cycles()?;
@@ -182,6 +183,51 @@ impl Plan {
                         actor: actor.name.clone(),
                         detail: "the actor reads the register, but the register does not list it as a consumer".into(),
                     });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Windows: on compute actors only (other kinds hand whole registers on), one per
+    /// input at most, each inside its register.
+    fn check_windows(&self) -> Result<(), PlanError> {
+        for actor in self.actors.iter().filter(|a| !a.windows.is_empty()) {
+            let bad = |detail: String| PlanError::BadWindow { actor: actor.name.clone(), detail };
+            if !matches!(actor.kind, ActorKind::Compute { .. }) {
+                return Err(bad(format!(
+                    "is a {} actor, which hands whole registers on; only compute actors read windows",
+                    actor.kind.name()
+                )));
+            }
+            for (k, window) in actor.windows.iter().enumerate() {
+                let Some(input) = actor.inputs.get(window.input as usize) else {
+                    return Err(bad(format!(
+                        "has a window on input {}, but it has {} inputs",
+                        window.input,
+                        actor.inputs.len()
+                    )));
+                };
+                if actor.windows[..k].iter().any(|w| w.input == window.input) {
+                    return Err(bad(format!("has two windows on input {}", window.input)));
+                }
+                if window.offset % regflow_memory::ALIGNMENT as u64 != 0 {
+                    return Err(bad(format!(
+                        "has a window at byte {} of input {}: windows start on a multiple of {} bytes, as slots do",
+                        window.offset,
+                        window.input,
+                        regflow_memory::ALIGNMENT
+                    )));
+                }
+                let desc = &self.regst_descs[input.index()];
+                if window.offset.checked_add(window.bytes).is_none_or(|end| end > desc.bytes) {
+                    return Err(bad(format!(
+                        "reads bytes {}..{} of register '{}', which holds {} bytes",
+                        window.offset,
+                        window.offset.saturating_add(window.bytes),
+                        desc.name,
+                        desc.bytes
+                    )));
                 }
             }
         }

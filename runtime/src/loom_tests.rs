@@ -167,6 +167,7 @@ fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option
                 modeled: Duration::ZERO,
                 plan_index: a as u32,
                 input_descs: desc.inputs.clone(),
+                windows: Box::default(),
                 pending_slices: VecDeque::new(),
             });
         }

@@ -123,6 +123,9 @@ pub(crate) struct ActorRuntime {
     pub(crate) modeled: Duration,
     pub(crate) plan_index: u32,
     pub(crate) input_descs: Vec<RegstDescId>,
+    /// Per input, the window (offset, bytes) its kernel reads, if any; empty when none has
+    /// one (the plan's `InputWindow`s, checked against their registers when it loaded).
+    pub(crate) windows: Box<[Option<(usize, usize)>]>,
     /// Modeled (start, end) of launches not yet completed, oldest first (for flow arrows).
     pub(crate) pending_slices: VecDeque<(Instant, Instant)>,
 }
@@ -324,8 +327,21 @@ impl Env<'_> {
         // Plain pushes: `extend` over a mapped iterator costs more than the one or two
         // views a firing has.
         self.scratch_inputs.clear();
-        for &r in firing.inputs {
-            self.scratch_inputs.push(self.memory.view(r));
+        if runtime.windows.is_empty() {
+            for &r in firing.inputs {
+                self.scratch_inputs.push(self.memory.view(r));
+            }
+        } else {
+            for (&r, window) in firing.inputs.iter().zip(runtime.windows.iter()) {
+                let view = self.memory.view(r);
+                let view = match *window {
+                    Some((offset, bytes)) => {
+                        view.window(offset, bytes).ok_or_else(|| outside_window(offset, bytes, view.len()))?
+                    }
+                    None => view,
+                };
+                self.scratch_inputs.push(view);
+            }
         }
         self.scratch_outputs.clear();
         for &r in firing.outputs {
@@ -493,6 +509,15 @@ impl StreamWorker {
         }
         Ok(())
     }
+}
+
+/// A window that does not fit its slot: the plan's check rules it out, so this names a
+/// broken invariant instead of reading outside the slot.
+#[cold]
+fn outside_window(offset: usize, bytes: usize, len: usize) -> EnvError {
+    EnvError::Kernel(format!(
+        "input window [{offset}, {offset}+{bytes}) lies outside its slot of {len} bytes (broken invariant)"
+    ))
 }
 
 fn unknown_recipient(dst: ActorId, count: usize) -> ActorError {

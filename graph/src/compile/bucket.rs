@@ -74,9 +74,13 @@ pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
     for c in &candidates {
         steps[c.tensor.0 as usize] += 1;
     }
+    // A member reading its part through a window keeps its own all-reduce: a bucket's
+    // member reads every part whole.
+    let plan = low.b.plan_mut();
+    let windowed = |c: &Candidate| c.actors.iter().any(|a| !plan.actors[a.index()].windows.is_empty());
     candidates.retain(|c| {
         let t = c.tensor.0 as usize;
-        c.all_reduce && c.bytes <= limit && !upstream[t] && steps[t] == 1
+        c.all_reduce && c.bytes <= limit && !upstream[t] && steps[t] == 1 && !windowed(c)
     });
     candidates.sort_by_key(|c| c.key);
     let mut buckets: Vec<Vec<Candidate>> = Vec::new();

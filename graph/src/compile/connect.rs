@@ -9,7 +9,7 @@ use super::boxing::{self, KeepOnFirst, TakePart};
 use super::bucket::Candidate;
 use super::collective_order::{Issued, Phase};
 use super::error::CompileError;
-use super::lower::{Lowering, ReadOf};
+use super::lower::{Lowering, ReadOf, Reg, WindowOf};
 use super::step::Rate;
 use crate::dsl::TensorId;
 use crate::ops::OpDef;
@@ -24,7 +24,7 @@ pub(crate) fn connect(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     for read in reads {
         let regs = match &read.of {
             ReadOf::Tick => (0..read.actors.len())
-                .map(|rank| low.tick_at(low.placement.slot(read.mesh, rank), read.rate))
+                .map(|rank| low.tick_at(low.placement.slot(read.mesh, rank), read.rate).map(Reg::whole))
                 .collect::<Result<Vec<_>, _>>()?,
             ReadOf::Tensor(t, layout) => low.registers(*t, layout, read.rate, read.mesh)?,
         };
@@ -37,7 +37,7 @@ pub(crate) fn connect(low: &mut Lowering<'_>) -> Result<(), CompileError> {
             )));
         }
         for (actor, reg) in read.actors.iter().zip(regs) {
-            low.b.consume(*actor, reg);
+            low.consume_reg(*actor, reg)?;
         }
     }
     Ok(())
@@ -52,7 +52,7 @@ impl Lowering<'_> {
         layout: &NdSbp,
         rate: Rate,
         mesh: usize,
-    ) -> Result<Vec<RegstDescId>, CompileError> {
+    ) -> Result<Vec<Reg>, CompileError> {
         let form = (t, layout.clone(), rate, mesh);
         if let Some(r) = self.regs.get(&form) {
             return Ok(r.clone());
@@ -75,8 +75,12 @@ impl Lowering<'_> {
                     // Average over the micro-batches first (in the layout it was made in:
                     // the mean of summands is a summand of the mean), then box once per step.
                     let own_regs = self.registers(t, &produced, Rate::Micro, mesh)?;
+                    let own_regs = self.whole_regs(&own_regs)?;
                     let averaged = self.accumulate(t, &produced, &own_regs, mesh);
-                    self.regs.insert((t, produced.clone(), Rate::Step, mesh), averaged);
+                    self.regs.insert(
+                        (t, produced.clone(), Rate::Step, mesh),
+                        averaged.into_iter().map(Reg::whole).collect(),
+                    );
                     self.boxed(t, &produced, layout, Rate::Step, mesh)?
                 }
                 _ => {
@@ -84,8 +88,10 @@ impl Lowering<'_> {
                     // boxing it per step would have to wait for a tick of the whole step
                     // (all its micro-batches' inputs), which the pipeline cannot hold.
                     let stepped = self.registers(t, &visible, Rate::Step, mesh)?;
+                    let stepped = self.whole_regs(&stepped)?;
                     let handed = self.repeat(t, &stepped, mesh);
-                    self.regs.insert((t, visible.clone(), Rate::Micro, mesh), handed);
+                    self.regs
+                        .insert((t, visible.clone(), Rate::Micro, mesh), handed.into_iter().map(Reg::whole).collect());
                     self.boxed(t, &visible, layout, Rate::Micro, mesh)?
                 }
             }
@@ -103,12 +109,12 @@ impl Lowering<'_> {
         rate: Rate,
         home: usize,
         mesh: usize,
-    ) -> Result<Vec<RegstDescId>, CompileError> {
+    ) -> Result<Vec<Reg>, CompileError> {
         let same_shape = self.placement.meshes[home].shape() == self.placement.meshes[mesh].shape();
         let there = if same_shape { layout.clone() } else { NdSbp::broadcast(self.placement.meshes[home].ndim()) };
         let source = self.registers(t, &there, rate, home)?;
         let here = if same_shape { layout.clone() } else { NdSbp::broadcast(self.placement.meshes[mesh].ndim()) };
-        let copied = self.copy(t, &source, &here, rate, home, mesh)?;
+        let copied: Vec<Reg> = self.copy(t, &source, &here, rate, home, mesh)?.into_iter().map(Reg::whole).collect();
         self.regs.insert((t, here.clone(), rate, mesh), copied.clone());
         if same_shape {
             Ok(copied)
@@ -121,7 +127,7 @@ impl Lowering<'_> {
     fn copy(
         &mut self,
         t: TensorId,
-        source: &[RegstDescId],
+        source: &[Reg],
         layout: &NdSbp,
         rate: Rate,
         from: usize,
@@ -139,7 +145,7 @@ impl Lowering<'_> {
             self.conversions += 1;
             let stream = self.copy_stream(slot);
             let actor = self.b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Copy });
-            self.b.consume(actor, input);
+            self.consume_reg(actor, input)?;
             if !self.facts.paced(t) {
                 let tick = self.tick_at(slot, rate)?;
                 self.b.consume(actor, tick);
@@ -158,7 +164,7 @@ impl Lowering<'_> {
         layout: &NdSbp,
         rate: Rate,
         mesh: usize,
-    ) -> Result<Vec<RegstDescId>, CompileError> {
+    ) -> Result<Vec<Reg>, CompileError> {
         if let Some(r) = self.regs.get(&(t, layout.clone(), rate, mesh)) {
             return Ok(r.clone());
         }
@@ -181,10 +187,10 @@ impl Lowering<'_> {
         &mut self,
         t: TensorId,
         step: &boxing::Step,
-        inputs: &[RegstDescId],
+        inputs: &[Reg],
         rate: Rate,
         mesh_index: usize,
-    ) -> Result<Vec<RegstDescId>, CompileError> {
+    ) -> Result<Vec<Reg>, CompileError> {
         let id = self.conversions;
         self.conversions += 1;
         let info = self.graph.info(t);
@@ -201,6 +207,16 @@ impl Lowering<'_> {
             let out_meta = local_meta(&info.meta, &step.to, &mesh, &coords);
             let member = coords[step.axis];
             let parts = mesh.shape()[step.axis];
+            if let (Sbp::Broadcast, Sbp::Split(dim)) = (from, to) {
+                let in_meta = local_meta(&info.meta, &step.from, &mesh, &coords);
+                if let Some((offset, bytes)) = contiguous_part(&in_meta, dim, parts, member, &out_meta) {
+                    // The part is one block of the replicated register: read in place.
+                    let reg = input.part(offset, bytes);
+                    self.windows_of.insert(reg, WindowOf { tensor: t, rate, mesh: mesh_index, slot });
+                    outputs.push(reg);
+                    continue;
+                }
+            }
             let actor_name = self.on_device(&format!("box{id}:{from}->{to}:{}", info.name), slot);
             let local_op: Option<Arc<dyn OpDef>> = match (from, to) {
                 (Sbp::Broadcast, Sbp::Split(dim)) => Some(Arc::new(TakePart { dim, parts, index: member })),
@@ -234,13 +250,13 @@ impl Lowering<'_> {
                     actor
                 }
             };
-            self.b.consume(actor, *input);
+            self.consume_reg(actor, *input)?;
             if !self.facts.paced(t) {
                 let tick = self.tick_at(slot, rate)?;
                 self.b.consume(actor, tick);
             }
             let slots = self.register_num(rate, mesh_index);
-            outputs.push(self.b.regst(&format!("{actor_name}.out"), actor, out_meta.bytes() as u64, slots));
+            outputs.push(Reg::whole(self.b.regst(&format!("{actor_name}.out"), actor, out_meta.bytes() as u64, slots)));
         }
         if let Some(&(_, phase, bytes, all_reduce)) = collectives.first().filter(|_| collectives.len() == inputs.len())
         {
@@ -295,6 +311,28 @@ impl Lowering<'_> {
             shape: group_shape.0.clone(),
         })
     }
+}
+
+/// `(offset, bytes)` of part `member` of `parts` along `dim` of a row-major tensor of
+/// `whole`'s shape, where that part is one contiguous block starting on a slot boundary
+/// (every dimension before `dim` has one element, and the offset is a multiple of the
+/// alignment registers keep), so a reader can take it in place; `None` otherwise.
+fn contiguous_part(
+    whole: &crate::plan::TensorMeta,
+    dim: usize,
+    parts: usize,
+    member: usize,
+    part: &crate::plan::TensorMeta,
+) -> Option<(u64, u64)> {
+    let dims = whole.shape.dims();
+    if dim >= dims.len() || dims[..dim].iter().any(|&d| d != 1) {
+        return None;
+    }
+    let rows = crate::sbp::part_range(dims[dim], parts, member);
+    let row_bytes = (dims[dim + 1..].iter().product::<usize>() * whole.dtype.size()) as u64;
+    let (offset, bytes) = (rows.start as u64 * row_bytes, rows.len() as u64 * row_bytes);
+    let aligned = offset % regflow_memory::ALIGNMENT as u64 == 0;
+    (aligned && bytes == part.bytes() as u64 && part.dtype == whole.dtype).then_some((offset, bytes))
 }
 
 /// Index of `rank`'s group among the groups along `axis` (its coordinates elsewhere).

@@ -65,7 +65,8 @@ pub(super) fn make_actor(
     let id = ids.of(index);
     let mut actor = Actor::from_plan(indexed, ids, index);
     let outputs: Vec<u64> = indexed.outputs_of(index).iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
-    let inputs: Vec<u64> = desc.inputs.iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
+    // What the kernel sees of each input: its window, or the whole register.
+    let inputs: Vec<u64> = (0..desc.inputs.len()).map(|i| plan.input_bytes(index, i)).collect();
     let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
     let device_desc = &plan.devices[plan.streams[stream].device.index()];
     let spec = KernelSpec {
@@ -173,6 +174,11 @@ pub(super) fn make_actor(
         modeled: Duration::from_nanos(desc.sim_nanos.unwrap_or(0)),
         plan_index: index.0,
         input_descs: desc.inputs.clone(),
+        windows: if desc.windows.is_empty() {
+            Box::default()
+        } else {
+            (0..desc.inputs.len()).map(|i| desc.window(i).map(|w| (w.offset as usize, w.bytes as usize))).collect()
+        },
         pending_slices: VecDeque::with_capacity(if builder.trace.is_some() { slots } else { 0 }),
     };
     let on_host = match (&desc.kind, &runtime.kernel) {

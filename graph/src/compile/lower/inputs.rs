@@ -1,7 +1,7 @@
 //! Sources: a dataset source or fed sources on every device of an input's mesh, and the
 //! tick a device paces its unpaced actors with (made on a device when one asks for it).
 
-use super::Lowering;
+use super::{Lowering, Reg};
 use crate::compile::compiled::{CompiledInput, ParallelInput};
 use crate::compile::error::CompileError;
 use crate::compile::step::Rate;
@@ -47,7 +47,7 @@ fn dataset_sources(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     }
     for (id, r) in ids.iter().zip(regs) {
         let layout = low.produced(*id)?;
-        low.regs.insert((*id, layout, Rate::Micro, mesh), r);
+        low.regs.insert((*id, layout, Rate::Micro, mesh), r.into_iter().map(Reg::whole).collect());
     }
     Ok(())
 }
@@ -88,7 +88,7 @@ fn fed_source(low: &mut Lowering<'_>, t: TensorId) -> Result<(), CompileError> {
         parts,
         mesh: (*m).clone(),
     });
-    low.regs.insert((t, produced, Rate::Micro, mesh), regs);
+    low.regs.insert((t, produced, Rate::Micro, mesh), regs.into_iter().map(Reg::whole).collect());
     Ok(())
 }
 
@@ -114,7 +114,7 @@ pub(super) fn make_tick(low: &mut Lowering<'_>, slot: usize) -> Result<RegstDesc
     })?;
     let name = low.on_device("tick", slot);
     let actor = low.b.actor(&name, low.devices[slot].compute, ActorKind::Compute { kernel: KernelConf::Noop });
-    low.b.consume(actor, source);
+    low.consume_reg(actor, source)?;
     let home = low.placement.home[slot];
     let slots = low.register_num(Rate::Micro, home).max(low.options.input_register_num);
     Ok(low.b.regst(&format!("{name}.out"), actor, 0, slots))

@@ -7,12 +7,14 @@ mod discards;
 mod fetches;
 mod inputs;
 mod ops;
+mod regs;
 mod variables;
 
 pub(crate) use discards::discard_unread;
 pub(crate) use fetches::lower_fetches;
 pub(crate) use inputs::lower_inputs;
 pub(crate) use ops::lower_ops;
+pub(crate) use regs::{Reg, WindowOf};
 pub(crate) use variables::lower_variables;
 
 use super::collective_order::{Issued, Phase};
@@ -100,7 +102,11 @@ pub(crate) struct Lowering<'a> {
     /// By device slot.
     pub(crate) devices: Vec<DeviceStreams>,
     /// The registers of every form made so far.
-    pub(crate) regs: HashMap<Form, Vec<RegstDescId>>,
+    pub(crate) regs: HashMap<Form, Vec<Reg>>,
+    /// Where each windowed register came from ([`regs`]).
+    pub(crate) windows_of: HashMap<Reg, WindowOf>,
+    /// Windows copied out for readers that take whole registers only.
+    copies_out: HashMap<Reg, RegstDescId>,
     /// The tick of every device slot that has one (a zero-byte register per micro-batch).
     ticks: Vec<Option<RegstDescId>>,
     /// The per-step tick of device slots that need one.
@@ -148,6 +154,8 @@ impl<'a> Lowering<'a> {
             b,
             devices,
             regs: HashMap::new(),
+            windows_of: HashMap::new(),
+            copies_out: HashMap::new(),
             ticks: vec![None; placement.devices.len()],
             step_ticks: HashMap::new(),
             reads: Vec::new(),

@@ -157,7 +157,7 @@ fn op_actors(
         actors.push(actor);
     }
     for ((o, regs), layout) in node.outputs.iter().zip(out_regs).zip(&sig.outputs) {
-        low.regs.insert((*o, layout.clone(), rate, mesh), regs);
+        low.regs.insert((*o, layout.clone(), rate, mesh), regs.into_iter().map(super::Reg::whole).collect());
     }
     Ok(actors)
 }

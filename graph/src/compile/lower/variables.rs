@@ -11,7 +11,7 @@
 //! place over the slot it reads (an in-place update op is a later memory optimization);
 //! two slots are not staleness.
 
-use super::{Lowering, ReadOf};
+use super::{Lowering, ReadOf, Reg};
 use crate::compile::error::CompileError;
 use crate::dsl::{TensorId, TensorSource};
 use crate::plan::{ActorIndex, ActorKind, Init, KernelConf, RegstDescId, VariableDesc};
@@ -30,10 +30,14 @@ pub(crate) fn lower_variables(low: &mut Lowering<'_>) -> Result<(), CompileError
     for (t, init) in variables {
         let layout = low.produced(t)?;
         let mesh = low.placement.mesh_of(t)?;
-        let regs = match low.facts.update_of(t) {
+        let direct = match low.facts.update_of(t) {
             Some(new) if writes_loop_directly(low, t, new, mesh)? => direct_loop(low, new, &layout, mesh)?,
-            Some(new) => assign_loop(low, t, new, &layout, mesh)?,
-            None => constant_value(low, t, &layout, mesh)?,
+            _ => None,
+        };
+        let regs = match (direct, low.facts.update_of(t)) {
+            (Some(regs), _) => regs,
+            (None, Some(new)) => assign_loop(low, t, new, &layout, mesh)?,
+            (None, None) => constant_value(low, t, &layout, mesh)?,
         };
         let constant = low.facts.update_of(t).is_none();
         let m = low.placement.meshes[mesh].clone();
@@ -50,7 +54,7 @@ pub(crate) fn lower_variables(low: &mut Lowering<'_>) -> Result<(), CompileError
             });
         }
         let rate = low.facts.rate(t);
-        low.regs.insert((t, layout, rate, mesh), regs.iter().map(|(_, value)| *value).collect());
+        low.regs.insert((t, layout, rate, mesh), regs.iter().map(|(_, value)| Reg::whole(*value)).collect());
     }
     Ok(())
 }
@@ -75,20 +79,25 @@ fn writes_loop_directly(low: &Lowering<'_>, t: TensorId, new: TensorId, mesh: us
 /// The update's registers in the variable's layout become the loop: its own, or those the
 /// last step of its boxing writes (made here, before the reads are connected: nothing else
 /// reads the new value in this step). Two slots, one preloaded. By rank: `(loop register,
-/// register readers take)`, the same register.
+/// register readers take)`, the same register. `None` where the value in the variable's
+/// layout is a window of another register (a `B -> S(0)` part read in place), which
+/// cannot be a loop: an `assign` copies it then.
 fn direct_loop(
     low: &mut Lowering<'_>,
     new: TensorId,
     layout: &NdSbp,
     mesh: usize,
-) -> Result<Vec<(RegstDescId, RegstDescId)>, CompileError> {
+) -> Result<Option<Vec<(RegstDescId, RegstDescId)>>, CompileError> {
     let regs = low.registers(new, layout, low.facts.rate(new), mesh)?;
-    for reg in &regs {
-        let desc = &mut low.b.plan_mut().regst_descs[reg.index()];
-        desc.register_num = desc.register_num.max(2);
-        low.b.preload(*reg, 1);
+    if regs.iter().any(|r| r.window.is_some()) {
+        return Ok(None);
     }
-    Ok(regs.into_iter().map(|r| (r, r)).collect())
+    for reg in &regs {
+        let desc = &mut low.b.plan_mut().regst_descs[reg.desc.index()];
+        desc.register_num = desc.register_num.max(2);
+        low.b.preload(reg.desc, 1);
+    }
+    Ok(Some(regs.into_iter().map(|r| (r.desc, r.desc)).collect()))
 }
 
 /// An `assign` copy per device reads the new value (in the variable's form) and writes the
