@@ -94,11 +94,11 @@ fn decode(bytes: &[u8], dims: &[usize], dtype: DType) -> HostArray {
     .unwrap()
 }
 
-fn run(case: &Case) {
+/// The case's mesh, and its `to_global` compiled with every device's part fetched too.
+fn compile(case: &Case) -> (Mesh, regflow::graph::CompiledGraph) {
     let axes: Vec<String> = (0..case.mesh.len()).map(|i| format!("a{i}")).collect();
     let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
     let mesh = Mesh::cpu(&case.mesh, &axes).unwrap();
-    let x_value = value(case);
     let g = Graph::new();
     let x = g.input("x", case.dims.clone(), case.dtype).unwrap();
     g.set_layout(x, &mesh, NdSbp(case.from.clone())).unwrap();
@@ -106,6 +106,12 @@ fn run(case: &Case) {
     let mut options = ParallelOptions::new(mesh.clone());
     options.fetch_parts = true;
     let compiled = g.compile_parallel(&[y], &[], &options).unwrap();
+    (mesh, compiled)
+}
+
+fn run(case: &Case) {
+    let x_value = value(case);
+    let (mesh, compiled) = compile(case);
     let info = compiled.parallel.clone().unwrap();
     let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let mut feeds = job.graph_feeds().unwrap();
@@ -166,16 +172,7 @@ fn replicated_rows_are_read_in_place() {
     ] {
         let case = Case { dims, mesh, from, to, dtype, seed: 3 };
         run(&case);
-        let axes: Vec<String> = (0..case.mesh.len()).map(|i| format!("a{i}")).collect();
-        let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
-        let mesh = Mesh::cpu(&case.mesh, &axes).unwrap();
-        let g = Graph::new();
-        let x = g.input("x", case.dims.clone(), case.dtype).unwrap();
-        g.set_layout(x, &mesh, NdSbp(case.from.clone())).unwrap();
-        let y = x.to_global(&mesh, NdSbp(case.to.clone())).unwrap();
-        let mut options = ParallelOptions::new(mesh.clone());
-        options.fetch_parts = true;
-        let plan = g.compile_parallel(&[y], &[], &options).unwrap().plan;
+        let plan = compile(&case).1.plan;
         let windows: usize = plan.actors.iter().map(|a| a.windows.len()).sum();
         assert!(windows >= 2, "{case:?}: {windows} windows");
         let takes = plan.actors.iter().filter(|a| a.name.starts_with("box") && a.name.contains("B->S(")).count();
