@@ -5,10 +5,12 @@
 //! are filled orange with their op name, local boxing actors (names starting with `box`)
 //! light orange, and registers that cross devices are bold red. Zero-byte registers (order
 //! tokens) are dashed gray; preloaded registers (loop state) have a hollow arrowhead, say
-//! `preloaded N`, and do not pull the layout backwards.
+//! `preloaded N`, and do not pull the layout backwards. An edge to a reader that reads a
+//! window of the register (a device's rows of a replicated tensor, read in place) says
+//! which bytes: `reads 2 MiB at +2 MiB`.
 
 use crate::describe::{collective, exact_bytes, human_bytes, kind_text, Role};
-use regflow::graph::plan::{ActorIndex, Plan, PlanError, RegstDesc};
+use regflow::graph::plan::{ActorIndex, InputWindow, Plan, PlanError, RegstDesc};
 use std::fmt::Write;
 
 /// Fill of a collective member.
@@ -67,11 +69,15 @@ fn node(plan: &Plan, a: usize) -> String {
     format!("a{a} [label=\"{}\\n{}\", fillcolor=\"{fill}\"{extra}];", escape(&actor.name), escape(&kind))
 }
 
-/// Edge attributes of a register: count and size, and its style.
-fn edge_attributes(register: &RegstDesc, cross_device: bool) -> String {
+/// Edge attributes of a register read by one consumer (through `window`, if it has one):
+/// count and size, and its style.
+fn edge_attributes(register: &RegstDesc, cross_device: bool, window: Option<InputWindow>) -> String {
     let mut label = format!("×{}", register.register_num);
     if register.bytes > 0 {
         let _ = write!(label, " · {}", human_bytes(register.bytes));
+    }
+    if let Some(window) = window {
+        let _ = write!(label, " · reads {} at +{}", human_bytes(window.bytes), human_bytes(window.offset));
     }
     if register.preloaded > 0 {
         let _ = write!(label, " · preloaded {}", register.preloaded);
@@ -119,12 +125,14 @@ pub(crate) fn render(plan: &Plan) -> Result<String, PlanError> {
         }
         out.push_str("  }\n");
     }
-    for register in &plan.regst_descs {
+    for (id, register) in plan.regst_descs.iter().enumerate() {
         let producer = register.producer.index();
         for consumer in &register.consumers {
             let cross_device = device_of(register.producer) != device_of(*consumer);
-            let _ =
-                writeln!(out, "  a{producer} -> a{} [{}];", consumer.index(), edge_attributes(register, cross_device));
+            let reader = &plan.actors[consumer.index()];
+            let window = reader.inputs.iter().position(|r| r.index() == id).and_then(|i| reader.window(i));
+            let attributes = edge_attributes(register, cross_device, window);
+            let _ = writeln!(out, "  a{producer} -> a{} [{attributes}];", consumer.index());
         }
     }
     out.push_str("}\n");
@@ -140,5 +148,28 @@ mod tests {
         assert_eq!(escape(r#"a"b\c"#), r#"a\"b\\c"#);
         assert_eq!(escape("two\nlines"), "two\\nlines");
         assert_eq!(identifier("node0/cpu:1"), "node0_cpu_1");
+    }
+
+    #[test]
+    fn a_window_is_labelled_on_its_reader_s_edge_only() {
+        use regflow::graph::plan::{ActorKind, DeviceKind, KernelConf, PlanBuilder, SourcePieces, StreamKind};
+        let mut b = PlanBuilder::new();
+        let cpu = b.device(0, DeviceKind::Cpu, 0);
+        let s = b.stream(cpu, StreamKind::Compute);
+        let src = b.actor("src", s, ActorKind::Source { pieces: SourcePieces::Fed });
+        let whole = b.regst("src.out", src, 4096, 1);
+        let part = b.actor("part", s, ActorKind::Compute { kernel: KernelConf::Copy });
+        b.consume_window(part, whole, 2048, 2048);
+        let all = b.actor("all", s, ActorKind::Compute { kernel: KernelConf::Copy });
+        b.consume(all, whole);
+        for (name, from, bytes) in [("sink_part", part, 2048), ("sink_all", all, 4096)] {
+            let r = b.regst(&format!("{name}.in"), from, bytes, 1);
+            let sink = b.actor(name, s, ActorKind::Sink);
+            b.consume(sink, r);
+        }
+        let dot = render(&b.build().unwrap()).unwrap();
+        let edge = |to: usize| dot.lines().find(|l| l.starts_with(&format!("  a0 -> a{to} "))).unwrap().to_string();
+        assert!(edge(1).contains("×1 · 4.0 KiB · reads 2.0 KiB at +2.0 KiB"), "{}", edge(1));
+        assert!(!edge(2).contains("reads"), "{}", edge(2));
     }
 }
