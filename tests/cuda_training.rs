@@ -126,6 +126,43 @@ fn data_parallel_on_two_devices_of_one_gpu_matches_one_device() {
     assert_close("dp2 on one GPU", &dp2, &one, 1e-4);
 }
 
+/// The MLP in f32 on two devices of `kind`, data parallel with sharded AdamW state (ZeRO
+/// stage 1): each device updates its rows of every weight, read in place from the
+/// replicated weight where they start on a 64-byte boundary (`b1`, `w2`) and cut out by a
+/// `take_part` kernel elsewhere (`w1`, `b2`), and all-gathers them.
+fn zero1_mlp_losses(kind: DeviceKind, configure: impl FnOnce(JobBuilder) -> JobBuilder) -> (Vec<f64>, usize) {
+    let g = Graph::new();
+    let mesh = Mesh::of_kind(kind, &[2], &["dp"]).unwrap();
+    let step = mlp(&g, DType::F32, &mesh, true);
+    for (state, _) in &step.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![S(0)])).unwrap();
+    }
+    let options = ParallelOptions::new(mesh.clone()).train(&step);
+    let windows = g
+        .compile_parallel(&[step.loss], &step.updates, &options)
+        .unwrap()
+        .plan
+        .actors
+        .iter()
+        .map(|a| a.windows.len())
+        .sum();
+    (losses(&g, step, &mesh, &mlp_feeds(DType::F32), DType::F32, configure), windows)
+}
+
+#[test]
+fn sharded_optimizer_state_on_two_devices_of_one_gpu_matches_one_device() {
+    let one = mlp_losses(DeviceKind::Cpu, 1, DType::F32, |b| b);
+    // The same plan on the CPU first: the test's own check, on every machine.
+    let (cpu, windows) = zero1_mlp_losses(DeviceKind::Cpu, |b| b);
+    assert!(windows >= 4, "{windows} windows");
+    assert_close("zero1 on two cpu devices", &cpu, &one, 1e-4);
+    if !gpu_or_skip() {
+        return;
+    }
+    let (gpu, _) = zero1_mlp_losses(DeviceKind::Cuda, |b| b.cuda_ordinals(&[0, 0]));
+    assert_close("zero1 on one GPU", &gpu, &one, 1e-4);
+}
+
 /// The tiny GPT's training step on one device of `mesh`, in f32 or with `precision`.
 fn gpt_step<'g>(g: &'g Graph, mesh: &Mesh, precision: Option<Precision>) -> TrainStep<'g> {
     if let Some(precision) = precision {
