@@ -296,3 +296,34 @@ fn compiled_data_parallel_plan_shows_both_devices_and_their_all_reduces() {
     assert_eq!(dot.matches("all_reduce rank").count(), collectives, "{dot}");
     assert_eq!(dot.matches("fillcolor=\"#f4a261\"").count(), collectives);
 }
+
+/// With sharded optimizer state each device updates its rows of the replicated weight,
+/// read in place: `plan show` counts those windows per device, `plan dot` labels them.
+#[test]
+fn a_sharded_state_plan_shows_the_rows_it_reads_in_place() {
+    let g = Graph::new();
+    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+    let x = g.input("x", [8, 32], DType::F32).unwrap();
+    let y = g.input("y", [8], DType::I64).unwrap();
+    g.set_layout(x, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    g.set_layout(y, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    let w = g.variable("w", [32, 16], DType::F32, Init::Xavier { seed: 0 }).unwrap();
+    let loss = x.matmul(&w).unwrap().sparse_cross_entropy(&y).unwrap();
+    let step = g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).unwrap();
+    for (state, _) in &step.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    let compiled = g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step)).unwrap();
+    let dir = temp_dir("cli", "windows");
+    let path = write(&dir, "zero1.json", &compiled.plan.to_json());
+    let text = success(&["plan", "show", &path]);
+    // Each device reads its 16 of w's 32 rows (16 x 16 f32) in place.
+    assert_eq!(
+        text.matches("  windows      1 input read in place, 1024 bytes (1.0 KiB) not copied per piece").count(),
+        2,
+        "{text}"
+    );
+    let dot = success(&["plan", "dot", &path]);
+    assert_eq!(dot.matches("reads 1.0 KiB at +").count(), 2, "{dot}");
+    assert!(dot.contains("reads 1.0 KiB at +0 B") && dot.contains("reads 1.0 KiB at +1.0 KiB"), "{dot}");
+}

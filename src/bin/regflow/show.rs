@@ -76,6 +76,20 @@ pub(crate) fn render(file: &str, plan: &Plan, list_actors: bool) -> Result<Strin
             plan.regst_descs.iter().filter(|r| device_of(r.producer.index()) == d).collect();
         let slots: u64 = registers.iter().map(|r| u64::from(r.register_num)).sum();
         field(&mut out, "registers", &[format!("{} ({})", registers.len(), count(slots as usize, "slot"))]);
+        // Inputs read through a window: parts of another register read in place.
+        let windows: Vec<u64> = plan
+            .actors
+            .iter()
+            .enumerate()
+            .filter(|&(a, _)| device_of(a) == d)
+            .flat_map(|(_, actor)| actor.windows.iter().map(|w| w.bytes))
+            .collect();
+        if !windows.is_empty() {
+            let bytes = windows.iter().sum::<u64>();
+            let line =
+                format!("{} read in place, {} not copied per piece", count(windows.len(), "input"), exact_bytes(bytes));
+            field(&mut out, "windows", &[line]);
+        }
 
         let streams: Vec<String> = plan
             .streams
