@@ -188,16 +188,7 @@ fn sharded_optimizer_state_across_2_nodes_equals_one_process() {
     // The moments' pins hold: gradients are reduce-scattered, weights not copied after
     // their all-gather.
     let (plan, _) = compile(&zero1());
-    let ops: Vec<&str> = plan
-        .actors
-        .iter()
-        .filter_map(|a| match &a.kind {
-            regflow::graph::plan::ActorKind::Compute { kernel: regflow::graph::plan::KernelConf::Collective(c) } => {
-                Some(c.op_name())
-            }
-            _ => None,
-        })
-        .collect();
+    let ops: Vec<&str> = (0..plan.actors.len()).filter_map(|a| plan.collective_conf(a)).map(|c| c.op_name()).collect();
     assert_eq!(ops.iter().filter(|op| **op == "reduce_scatter").count(), 8, "{ops:?}");
     assert!(!plan.actors.iter().any(|a| a.name.starts_with("assign:w") || a.name.starts_with("assign:b")));
     check("zero1", zero1(), 1);

@@ -214,15 +214,9 @@ fn sharded_optimizer_state_trains_like_one_device_without_weight_copies() {
         // One all-gather of the updated rows per weight and device; each weight's gradient
         // is reduce-scattered to the rows its device updates; what is still all-reduced is
         // scalars (the fetched loss, the clipping norm).
-        let collectives: Vec<(&str, usize)> = plan
-            .actors
-            .iter()
-            .filter_map(|a| match &a.kind {
-                regflow::graph::plan::ActorKind::Compute {
-                    kernel: regflow::graph::plan::KernelConf::Collective(c),
-                } => Some((c.op_name(), c.shape.iter().product())),
-                _ => None,
-            })
+        let collectives: Vec<(&str, usize)> = (0..plan.actors.len())
+            .filter_map(|a| plan.collective_conf(a))
+            .map(|c| (c.op_name(), c.shape.iter().product()))
             .collect();
         let count = |name: &str| collectives.iter().filter(|(op, _)| *op == name).count();
         assert_eq!(count("all_gather"), 2 * 4, "{collectives:?}");

@@ -6,7 +6,9 @@ use super::{ActorIndex, ActorKind, CollectiveConf, KernelConf, Plan, PlanError, 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 impl Plan {
-    fn collective_conf(&self, actor: usize) -> Option<&CollectiveConf> {
+    /// The collective actor `actor` runs (its group, rank, op, dtype and shape), or `None`
+    /// for an actor that is not a collective member.
+    pub fn collective_conf(&self, actor: usize) -> Option<&CollectiveConf> {
         match &self.actors[actor].kind {
             ActorKind::Compute { kernel: KernelConf::Collective(conf) } => Some(conf),
             _ => None,
