@@ -30,14 +30,16 @@ pub(crate) fn lower_variables(low: &mut Lowering<'_>) -> Result<(), CompileError
     for (t, init) in variables {
         let layout = low.produced(t)?;
         let mesh = low.placement.mesh_of(t)?;
-        let direct = match low.facts.update_of(t) {
-            Some(new) if writes_loop_directly(low, t, new, mesh)? => direct_loop(low, new, &layout, mesh)?,
-            _ => None,
-        };
-        let regs = match (direct, low.facts.update_of(t)) {
-            (Some(regs), _) => regs,
-            (None, Some(new)) => assign_loop(low, t, new, &layout, mesh)?,
-            (None, None) => constant_value(low, t, &layout, mesh)?,
+        let regs = match low.facts.update_of(t) {
+            Some(new) => {
+                let direct =
+                    if writes_loop_directly(low, t, new, mesh)? { direct_loop(low, new, &layout, mesh)? } else { None };
+                match direct {
+                    Some(regs) => regs,
+                    None => assign_loop(low, t, new, &layout, mesh)?,
+                }
+            }
+            None => constant_value(low, t, &layout, mesh)?,
         };
         let constant = low.facts.update_of(t).is_none();
         let m = low.placement.meshes[mesh].clone();
