@@ -30,6 +30,13 @@ fn random(shape: &[usize], dtype: DType, seed: u64) -> HostArray {
     .expect("an array")
 }
 
+/// Ids of `shape` drawn from `0..vocab` by `seed`.
+fn random_ids(shape: &[usize], vocab: usize, seed: u64) -> HostArray {
+    let mut rng = SplitMix64::new(seed);
+    let n: usize = shape.iter().product();
+    HostArray::i64(shape.to_vec(), (0..n).map(|_| (rng.next_u64() % vocab as u64) as i64).collect()).expect("ids")
+}
+
 fn check(what: &str, op: &dyn OpAttrs, inputs: &[&HostArray], out: TensorMeta, gpu: (&Device, &Stream), rel: f64) {
     let conf = common::conf(op, inputs, &[out]);
     common::check(what, &conf, inputs, gpu, rel);
@@ -237,12 +244,8 @@ fn embedding_and_its_gradient_match_the_cpu() {
             [(1, 1, vec![1]), (7, 3, vec![2, 7]), (1023, 7, vec![1023]), (70_001, 2, vec![3, 5]), (5, 1023, vec![70])]
         {
             let table = random(&[vocab, features], dtype, 7);
-            let mut rng = SplitMix64::new(8);
-            let n: usize = ids_shape.iter().product();
             // Repeated ids, so the gradient adds several rows into one.
-            let ids =
-                HostArray::i64(ids_shape.clone(), (0..n).map(|_| (rng.next_u64() % vocab as u64) as i64).collect())
-                    .expect("ids");
+            let ids = random_ids(&ids_shape, vocab, 8);
             let mut out = ids_shape.clone();
             out.push(features);
             let what = format!("{dtype} table [{vocab}, {features}] ids {ids_shape:?}");
@@ -279,11 +282,8 @@ fn vocab_parts_match_the_cpu() {
     let gpu = (&device, &stream);
     for dtype in [DType::F32, DType::F64] {
         for (vocab, features, parts) in [(7, 3, 2), (1023, 7, 3), (2, 5, 3)] {
-            let mut rng = SplitMix64::new(11);
             let ids_shape = vec![4, 9];
-            let ids =
-                HostArray::i64(ids_shape.clone(), (0..36).map(|_| (rng.next_u64() % vocab as u64) as i64).collect())
-                    .expect("ids");
+            let ids = random_ids(&ids_shape, vocab, 11);
             let mut out = ids_shape.clone();
             out.push(features);
             for part in 0..parts {

@@ -81,12 +81,7 @@ fn make_reshape(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
             format!("reshapes {} to {shape}, but the output is {}", conf.inputs[0], conf.outputs[0]),
         ));
     }
-    Ok(GatherKernel {
-        function: function(spec, &format!("regflow_copy_{}", suffix(dtype)))?,
-        input: input_slots::<1>(conf)[0],
-        map: None,
-        n: shape.numel() as u64,
-    })
+    whole_copy(spec, conf, dtype)
 }
 
 /// `to_global` on one device: its part is already in the new layout (boxing moved it), so
@@ -96,9 +91,22 @@ fn make_to_global(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
     let _: ToGlobal = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
+    same_shape(spec, conf, "copies")?;
+    whole_copy(spec, conf, dtype)
+}
+
+/// Refuses an op that must write its one input's shape (`verb` says what it does to it)
+/// but names another output.
+fn same_shape(spec: &KernelSpec<'_>, conf: &OpConf, verb: &str) -> Result<(), KernelError> {
     if conf.inputs[0].shape != conf.outputs[0].shape {
-        return Err(refuse(spec, conf, format!("copies {}, but the output is {}", conf.inputs[0], conf.outputs[0])));
+        return Err(refuse(spec, conf, format!("{verb} {}, but the output is {}", conf.inputs[0], conf.outputs[0])));
     }
+    Ok(())
+}
+
+/// The copy of the op's one input into its output, element for element (checked to hold
+/// as many): `reshape` and `to_global`.
+fn whole_copy(spec: &KernelSpec<'_>, conf: &OpConf, dtype: DType) -> Result<GatherKernel, KernelError> {
     Ok(GatherKernel {
         function: function(spec, &format!("regflow_copy_{}", suffix(dtype)))?,
         input: input_slots::<1>(conf)[0],
@@ -326,9 +334,7 @@ fn make_keep_on_first(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError
     let op: KeepOnFirst = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
-    if conf.inputs[0].shape != conf.outputs[0].shape {
-        return Err(refuse(spec, conf, format!("keeps {}, but the output is {}", conf.inputs[0], conf.outputs[0])));
-    }
+    same_shape(spec, conf, "keeps")?;
     let n = conf.outputs[0].shape.numel() as u64;
     let (zero, copies) = if op.first {
         let whole = Blocks {
