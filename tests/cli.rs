@@ -256,18 +256,29 @@ fn usage_errors_exit_non_zero_without_panicking() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
 
-#[test]
-fn compiled_data_parallel_plan_shows_both_devices_and_their_all_reduces() {
+/// A one-layer classifier (`w` of `[features, classes]`, batch 8) trained data parallel on
+/// two cpu devices with AdamW, its moments split by rows where `shard_states`.
+fn compiled_dp2(features: usize, classes: usize, shard_states: bool) -> regflow::graph::CompiledGraph {
     let g = Graph::new();
     let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-    let x = g.input("x", [8, 3], DType::F32).unwrap();
+    let x = g.input("x", [8, features], DType::F32).unwrap();
     let y = g.input("y", [8], DType::I64).unwrap();
     g.set_layout(x, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
     g.set_layout(y, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    let w = g.variable("w", [3, 2], DType::F32, Init::Xavier { seed: 0 }).unwrap();
+    let w = g.variable("w", [features, classes], DType::F32, Init::Xavier { seed: 0 }).unwrap();
     let loss = x.matmul(&w).unwrap().sparse_cross_entropy(&y).unwrap();
     let step = g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).unwrap();
-    let compiled = g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step)).unwrap();
+    if shard_states {
+        for (state, _) in &step.states {
+            g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+        }
+    }
+    g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step)).unwrap()
+}
+
+#[test]
+fn compiled_data_parallel_plan_shows_both_devices_and_their_all_reduces() {
+    let compiled = compiled_dp2(3, 2, false);
     let report = compiled.plan.memory().unwrap().report();
     let dir = temp_dir("cli", "compiled");
     let path = write(&dir, "dp2.json", &compiled.plan.to_json());
@@ -301,19 +312,7 @@ fn compiled_data_parallel_plan_shows_both_devices_and_their_all_reduces() {
 /// read in place: `plan show` counts those windows per device, `plan dot` labels them.
 #[test]
 fn a_sharded_state_plan_shows_the_rows_it_reads_in_place() {
-    let g = Graph::new();
-    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-    let x = g.input("x", [8, 32], DType::F32).unwrap();
-    let y = g.input("y", [8], DType::I64).unwrap();
-    g.set_layout(x, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    g.set_layout(y, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    let w = g.variable("w", [32, 16], DType::F32, Init::Xavier { seed: 0 }).unwrap();
-    let loss = x.matmul(&w).unwrap().sparse_cross_entropy(&y).unwrap();
-    let step = g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).unwrap();
-    for (state, _) in &step.states {
-        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    let compiled = g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step)).unwrap();
+    let compiled = compiled_dp2(32, 16, true);
     let dir = temp_dir("cli", "windows");
     let path = write(&dir, "zero1.json", &compiled.plan.to_json());
     let text = success(&["plan", "show", &path]);
