@@ -40,7 +40,7 @@ fn case() -> impl Strategy<Value = Case> {
         // Sizes of 8 and 16 make parts that start on 64-byte boundaries, read in place.
         proptest::collection::vec(prop_oneof![1usize..7, Just(8), Just(16)], 1..4),
         meshes,
-        prop_oneof![Just(DType::F64), Just(DType::F32), Just(DType::I64)],
+        prop_oneof![Just(DType::F64), Just(DType::F32), Just(DType::I64), Just(DType::F16)],
         any::<u64>(),
     )
         .prop_flat_map(|(dims, mesh, dtype, seed)| {
@@ -75,24 +75,14 @@ fn value(case: &Case) -> HostArray {
         DType::I64 => HostArray::i64(shape, ints),
         // Small integers are exact in bf16 too (8 bits of mantissa).
         DType::Bf16 => HostArray::bf16(shape, ints.iter().map(|&v| regflow::plan::bf16::from_f64(v as f64)).collect()),
+        // And in f16 (11 bits).
+        DType::F16 => HostArray::f16(shape, ints.iter().map(|&v| regflow::plan::f16::from_f64(v as f64)).collect()),
     }
     .unwrap()
 }
 
 fn decode(bytes: &[u8], dims: &[usize], dtype: DType) -> HostArray {
-    match dtype {
-        DType::F64 => {
-            HostArray::f64(dims, bytes.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
-        }
-        DType::F32 => {
-            HostArray::f32(dims, bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
-        }
-        DType::I64 => {
-            HostArray::i64(dims, bytes.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
-        }
-        DType::Bf16 => HostArray::from_le_bytes(&regflow::graph::TensorMeta::new(dims, DType::Bf16), bytes),
-    }
-    .unwrap()
+    HostArray::from_le_bytes(&regflow::graph::TensorMeta::new(dims, dtype), bytes).unwrap()
 }
 
 /// The case's mesh, and its `to_global` compiled with every device's part fetched too.

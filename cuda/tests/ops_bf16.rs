@@ -16,6 +16,7 @@ fn random(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
         DType::F64 => HostArray::f64(dims.to_vec(), values),
         DType::I64 => HostArray::i64(dims.to_vec(), values.iter().map(|&v| v as i64).collect()),
         DType::Bf16 => HostArray::bf16(dims.to_vec(), values.iter().map(|&v| bf16::from_f64(v)).collect()),
+        DType::F16 => HostArray::f16(dims.to_vec(), values.iter().map(|&v| regflow_plan::f16_from_f64(v)).collect()),
     }
     .expect("an array")
 }

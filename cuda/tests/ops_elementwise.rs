@@ -37,6 +37,7 @@ fn random(shape: &[usize], dtype: DType, seed: u64, (lo, hi): (f64, f64)) -> Hos
         DType::Bf16 => {
             HostArray::bf16(shape.to_vec(), values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect())
         }
+        DType::F16 => HostArray::f16(shape.to_vec(), values.iter().map(|&v| regflow_plan::f16_from_f64(v)).collect()),
     }
     .expect("an array")
 }

@@ -141,12 +141,16 @@ fn to_array(name: &str, tensor: JsonTensor, dtype: DType) -> Result<HostArray, S
         Some("f64") => DType::F64,
         Some("i64") => DType::I64,
         Some("bf16") => DType::Bf16,
-        Some(other) => return Err(format!("input '{name}': unknown dtype '{other}' (expected f32, f64, i64 or bf16)")),
+        Some("f16") => DType::F16,
+        Some(other) => {
+            return Err(format!("input '{name}': unknown dtype '{other}' (expected f32, f64, i64, bf16 or f16)"))
+        }
     };
     let data = match dtype {
         DType::F32 => HostData::F32(tensor.data.iter().map(|&v| v as f32).collect()),
         DType::F64 => HostData::F64(tensor.data),
         DType::Bf16 => HostData::Bf16(tensor.data.iter().map(|&v| regflow::plan::bf16_from_f64(v)).collect()),
+        DType::F16 => HostData::F16(tensor.data.iter().map(|&v| regflow::plan::f16_from_f64(v)).collect()),
         DType::I64 => HostData::I64(
             tensor
                 .data
@@ -205,8 +209,9 @@ async fn answer(app: &App, body: &[u8]) -> Response {
                         HostData::F32(v) => JsonData::F32(v),
                         HostData::F64(v) => JsonData::F64(v),
                         HostData::I64(v) => JsonData::I64(v),
-                        // JSON numbers: a bf16 output widens to f32 exactly.
+                        // JSON numbers: a bf16 or f16 output widens to f32 exactly.
                         HostData::Bf16(v) => JsonData::F32(v.iter().map(|x| x.to_f32()).collect()),
+                        HostData::F16(v) => JsonData::F32(v.iter().map(|x| x.to_f32()).collect()),
                     },
                 })
                 .collect();

@@ -1,6 +1,7 @@
-//! Mixed precision: `Graph::mixed_precision(Precision::Bf16)` makes every op applied
-//! afterwards cast its float inputs by the op's [`Autocast`] class (products in bf16,
-//! numerically sensitive ops in f32, elementwise ops in their inputs' dtype).
+//! Mixed precision: `Graph::mixed_precision(Precision::Bf16)` (or `Precision::F16`) makes
+//! every op applied afterwards cast its float inputs by the op's [`Autocast`] class
+//! (products in bf16 or f16, numerically sensitive ops in f32, elementwise ops in their
+//! inputs' dtype). Below, "bf16" stands for the precision's low dtype, bf16 or f16.
 //!
 //! The casts are inserted in the DSL, when an op is applied, not by a compiler pass:
 //! dtypes are then settled before anything reads them, so every op's shape rule checks
@@ -17,9 +18,13 @@
 //! each element as it loads ([`Autocast::Widen`]), so a vocabulary's logits and
 //! attention's scores get no f32 copy and their gradients come out bf16; the masked
 //! softmax stores its probabilities in bf16 too, rounded once, as the product that reads
-//! them would have cast them. Only
-//! bf16 is offered: it keeps f32's exponent range, so gradients do not underflow and no
-//! loss scaling is needed; f16 would need dynamic loss scaling and is refused.
+//! them would have cast them.
+//!
+//! bf16 keeps f32's exponent range, so gradients do not underflow and no loss scaling is
+//! needed. f16 has 3 more mantissa bits but its largest value is 65504 and its smallest
+//! normal 6.1e-5: small gradients flush to zero and large ones overflow. Under
+//! `Precision::F16`, [`Graph::minimize`] therefore scales the loss dynamically (see
+//! `crate::optim`'s loss scaling) unless the optimizer names its own loss scale.
 //! Each tensor is cast to a dtype once and the cast shared by all its readers.
 
 use crate::dsl::{Graph, Tensor};
@@ -37,22 +42,37 @@ pub enum Precision {
     /// bf16 products and elementwise ops, f32 master weights, optimizer state and
     /// numerically sensitive ops.
     Bf16,
-    /// f16 compute: refused (it would need loss scaling); use [`Precision::Bf16`].
+    /// As [`Precision::Bf16`] with f16 (IEEE half) instead: training scales its loss
+    /// dynamically ([`crate::LossScale::dynamic`]) unless the optimizer sets a scale.
     F16,
+}
+
+impl Precision {
+    /// The dtype products and elementwise ops run in: `None` for [`Precision::F32`].
+    pub fn low_dtype(self) -> Option<DType> {
+        match self {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(DType::Bf16),
+            Precision::F16 => Some(DType::F16),
+        }
+    }
 }
 
 impl Graph {
     /// Sets the precision of the ops applied from now on (set it before building the
-    /// model): [`Precision::Bf16`] turns on mixed precision, [`Precision::F32`] turns it
-    /// off. [`Precision::F16`] is refused with an error naming bf16 as the supported
-    /// choice.
+    /// model): [`Precision::Bf16`] or [`Precision::F16`] turns on mixed precision,
+    /// [`Precision::F32`] turns it off. Switching between bf16 and f16 once ops have been
+    /// applied in one of them is refused: a graph mixing both would cast between them on
+    /// every edge where they meet, rounding each time.
     pub fn mixed_precision(&self, precision: Precision) -> Result<(), GraphError> {
-        if precision == Precision::F16 {
-            return Err(GraphError::Precision(
-                "f16 mixed precision is not supported: it needs loss scaling, which regflow does not do; \
-                 use Precision::Bf16 (f32's exponent range, no loss scaling needed)"
-                    .into(),
-            ));
+        let current = self.precision();
+        if let (Some(from), Some(to)) = (current.low_dtype(), precision.low_dtype()) {
+            if from != to && self.tensor_count() > 0 {
+                return Err(GraphError::Precision(format!(
+                    "the graph already runs ops in {from} mixed precision; switching to {to} would mix both \
+                     (turn mixed precision on once, before building the model)"
+                )));
+            }
         }
         self.set_precision(precision);
         Ok(())
@@ -65,9 +85,9 @@ impl Graph {
         op: &Arc<dyn OpDef>,
         inputs: &[Tensor<'g>],
     ) -> Result<Vec<Tensor<'g>>, GraphError> {
-        if self.precision() != Precision::Bf16 {
+        let Some(low) = self.precision().low_dtype() else {
             return Ok(inputs.to_vec());
-        }
+        };
         let dtypes: Vec<DType> = inputs.iter().map(Tensor::dtype).collect();
         let targets: Vec<DType> = match op.autocast() {
             Autocast::Keep => dtypes,
@@ -76,18 +96,18 @@ impl Graph {
             Autocast::Widen => dtypes
                 .iter()
                 .enumerate()
-                .map(|(i, &d)| if i > 0 && d == DType::Bf16 { DType::F32 } else { d })
+                .map(|(i, &d)| if i > 0 && d == low { DType::F32 } else { d })
                 .collect(),
-            Autocast::Bf16 => dtypes.iter().map(|&d| if d == DType::F32 { DType::Bf16 } else { d }).collect(),
-            Autocast::F32 => dtypes.iter().map(|&d| if d == DType::Bf16 { DType::F32 } else { d }).collect(),
+            Autocast::Low => dtypes.iter().map(|&d| if d == DType::F32 { low } else { d }).collect(),
+            Autocast::F32 => dtypes.iter().map(|&d| if d == low { DType::F32 } else { d }).collect(),
             Autocast::Promote => {
-                let has_bf16 = dtypes.contains(&DType::Bf16);
+                let has_low = dtypes.contains(&low);
                 let widening = inputs.iter().any(|t| t.dtype() == DType::F32 && !stretched(t, inputs));
                 inputs
                     .iter()
                     .map(|t| match t.dtype() {
-                        DType::Bf16 if widening => DType::F32,
-                        DType::F32 if has_bf16 && !widening => DType::Bf16,
+                        d if d == low && widening => DType::F32,
+                        DType::F32 if has_low && !widening => low,
                         other => other,
                     })
                     .collect()

@@ -2,7 +2,7 @@
 //! variable, optimizer state included, so training resumes exactly where it stopped.
 
 use crate::dsl::{TensorId, TensorSource};
-use crate::plan::{DType, HostArray, HostData, Shape, TensorMeta};
+use crate::plan::{DType, HostArray, Shape, TensorMeta};
 use crate::session::Session;
 use crate::GraphError;
 use regflow_kernels::{edit_distance, nearest};
@@ -192,6 +192,7 @@ pub fn save(path: &Path, tensors: &[(String, HostArray)]) -> Result<(), Checkpoi
                 DType::F64 => Dtype::F64,
                 DType::I64 => Dtype::I64,
                 DType::Bf16 => Dtype::BF16,
+                DType::F16 => Dtype::F16,
             };
             TensorView::new(dtype, array.shape.dims().to_vec(), data).map(|view| (name.clone(), view)).map_err(|_| {
                 CheckpointError::BadTensor {
@@ -223,9 +224,10 @@ pub fn load(path: &Path) -> Result<Vec<(String, HostArray)>, CheckpointError> {
             Dtype::F64 => DType::F64,
             Dtype::I64 => DType::I64,
             Dtype::BF16 => DType::Bf16,
+            Dtype::F16 => DType::F16,
             other => {
                 return Err(bad(format!(
-                    "holds {} values, which regflow does not support (f32, f64, i64 and bf16 it does)",
+                    "holds {} values, which regflow does not support (f32, f64, i64, bf16 and f16 it does)",
                     dtype_name(other)
                 )))
             }
@@ -239,26 +241,12 @@ pub fn load(path: &Path) -> Result<Vec<(String, HostArray)>, CheckpointError> {
                 meta.shape
             )));
         }
-        let host = match dtype {
-            DType::F32 => HostData::F32(data.chunks_exact(4).map(|c| f32::from_le_bytes(word(c))).collect()),
-            DType::F64 => HostData::F64(data.chunks_exact(8).map(|c| f64::from_le_bytes(word(c))).collect()),
-            DType::I64 => HostData::I64(data.chunks_exact(8).map(|c| i64::from_le_bytes(word(c))).collect()),
-            DType::Bf16 => {
-                HostData::Bf16(data.chunks_exact(2).map(|c| regflow_plan::bf16::from_le_bytes(word(c))).collect())
-            }
-        };
-        out.push((name.clone(), HostArray::new(meta.shape, host).map_err(|e| bad(e.to_string()))?));
+        out.push((name.clone(), HostArray::from_le_bytes(&meta, data).map_err(|e| bad(e.to_string()))?));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
 }
 
-/// A chunk of exactly `N` bytes as an array (`chunks_exact` gives no other length).
-fn word<const N: usize>(chunk: &[u8]) -> [u8; N] {
-    let mut word = [0u8; N];
-    word.copy_from_slice(chunk);
-    word
-}
 
 /// Checks a checkpoint tensor against the variable it is loaded into: same dtype, same
 /// shape (not only the same element count). The error names the file, the tensor and both.

@@ -7,12 +7,25 @@
 //! decay and bias correction. The step counter and optimizer state are non-trainable
 //! variables; a runtime keeps them in registers with one slot, so step k+1 reads what
 //! step k wrote.
+//!
+//! **Loss scaling** ([`LossScale`], on by default under f16 mixed precision) is PyTorch's
+//! `GradScaler`, in the graph: the backward pass starts from `loss · scale`, so small
+//! f16 gradients do not flush to zero. The global squared norm of the (scaled)
+//! gradients, which clipping needs anyway, is the overflow check: it is not finite exactly
+//! when some gradient element is infinite or NaN (or the norm itself passes f32's range,
+//! where the step would be useless too). One scalar op, `unscale_factor`, turns it into
+//! the factor the updates multiply each gradient element by as they read it
+//! (`clip / scale`), or NaN for an overflowed step, which every update and the step
+//! counter take as "skip": parameters, moments and the step stay as they were, as when
+//! `GradScaler` skips `optimizer.step()`. `loss_scale_update` then halves the scale after
+//! an overflow and doubles it after `interval` good steps. With data parallelism the norm
+//! is summed over devices before the check, so every rank skips the same steps.
 
 use crate::dsl::{Graph, Tensor};
 use crate::ops::{GradCtx, InputGrads, OpDef};
 use crate::plan::{DType, Init, Shape, TensorMeta};
-use crate::GraphError;
-use regflow_plan::ops::{ClipFactor, LearningRate, NextStep, Update};
+use crate::{GraphError, Precision};
+use regflow_plan::ops::{ClipFactor, LearningRate, LossScaleUpdate, NextStep, UnscaleFactor, Update};
 pub use regflow_plan::ops::{OptimizerKind, Schedule};
 
 /// An optimizer: an update rule, a learning-rate schedule and optional clipping.
@@ -24,12 +37,79 @@ pub struct Optimizer {
     pub schedule: Schedule,
     /// Clip gradients so their global L2 norm is at most this.
     pub clip_norm: Option<f64>,
+    /// Scale the loss (and so every gradient) by a dynamic factor and skip steps whose
+    /// gradients overflow. `None` means none, except under [`Precision::F16`], where
+    /// [`LossScale::dynamic`] is used.
+    pub loss_scale: Option<LossScale>,
+}
+
+/// Dynamic loss scaling, as PyTorch's `torch.amp.GradScaler` (see the module docs): the
+/// loss is multiplied by `init` at first; a step whose gradients overflow is skipped and
+/// the scale multiplied by `backoff`; after `interval` steps in a row without overflow it
+/// is multiplied by `growth`. The scale and the count of good steps are state variables
+/// (`loss_scale.scale`, `loss_scale.good_steps`), saved with checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScale {
+    /// The first step's scale (> 0, at most f32's largest value).
+    pub init: f64,
+    /// Factor after `interval` good steps (>= 1; 1 never grows).
+    pub growth: f64,
+    /// Factor after an overflow (in (0, 1]; 1 never shrinks).
+    pub backoff: f64,
+    /// Good steps in a row before the scale grows (>= 1).
+    pub interval: u64,
+}
+
+impl LossScale {
+    /// PyTorch's defaults: 65536 at first, × 2 after 2000 good steps, × 0.5 after an
+    /// overflow.
+    pub fn dynamic() -> Self {
+        Self { init: 65536.0, growth: 2.0, backoff: 0.5, interval: 2000 }
+    }
+
+    /// A scale that never changes; steps whose gradients overflow are still skipped.
+    pub fn fixed(scale: f64) -> Self {
+        Self { init: scale, growth: 1.0, backoff: 1.0, interval: 1 }
+    }
+
+    /// With the scale growing after `steps` good steps instead.
+    pub fn with_interval(mut self, steps: u64) -> Self {
+        self.interval = steps;
+        self
+    }
+
+    /// Checks every option; the error names it and its value.
+    pub fn check(&self) -> Result<(), GraphError> {
+        positive("loss_scale.init", self.init, "the initial loss scale")?;
+        if self.init > f64::from(f32::MAX) {
+            let requirement = format!("the loss scale is kept in f32, whose largest value is {:e}", f32::MAX);
+            return Err(option_error("loss_scale.init", self.init, requirement));
+        }
+        if !(self.growth.is_finite() && self.growth >= 1.0) {
+            let requirement = "the growth factor must be a finite number >= 1 (1 never grows)".into();
+            return Err(option_error("loss_scale.growth", self.growth, requirement));
+        }
+        if !(self.backoff > 0.0 && self.backoff <= 1.0) {
+            let requirement = "the backoff factor must be in (0, 1] (1 never shrinks)".into();
+            return Err(option_error("loss_scale.backoff", self.backoff, requirement));
+        }
+        if self.interval == 0 {
+            let requirement = "the scale grows after at least 1 good step".into();
+            return Err(option_error("loss_scale.interval", self.interval, requirement));
+        }
+        Ok(())
+    }
 }
 
 impl Optimizer {
     /// SGD with momentum and weight decay, constant rate.
     pub fn sgd(lr: f64, momentum: f64, weight_decay: f64) -> Self {
-        Self { kind: OptimizerKind::Sgd { momentum, weight_decay }, schedule: Schedule::Constant(lr), clip_norm: None }
+        Self {
+            kind: OptimizerKind::Sgd { momentum, weight_decay },
+            schedule: Schedule::Constant(lr),
+            clip_norm: None,
+            loss_scale: None,
+        }
     }
 
     /// AdamW with PyTorch's defaults (β = 0.9, 0.999; ε = 1e-8), constant rate.
@@ -38,6 +118,7 @@ impl Optimizer {
             kind: OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay },
             schedule: Schedule::Constant(lr),
             clip_norm: None,
+            loss_scale: None,
         }
     }
 
@@ -50,6 +131,13 @@ impl Optimizer {
     /// With gradient clipping by global norm.
     pub fn with_clip_norm(mut self, max_norm: f64) -> Self {
         self.clip_norm = Some(max_norm);
+        self
+    }
+
+    /// With loss scaling (any precision; [`Precision::F16`] has [`LossScale::dynamic`]
+    /// without asking).
+    pub fn with_loss_scale(mut self, loss_scale: LossScale) -> Self {
+        self.loss_scale = Some(loss_scale);
         self
     }
 
@@ -90,6 +178,9 @@ impl Optimizer {
         }
         if let Some(max_norm) = self.clip_norm {
             positive("clip_norm", max_norm, "the clipping norm")?;
+        }
+        if let Some(loss_scale) = &self.loss_scale {
+            loss_scale.check()?;
         }
         Ok(())
     }
@@ -140,6 +231,12 @@ pub struct TrainStep<'g> {
     pub params: Vec<Tensor<'g>>,
     /// `(optimizer state, its parameter)`: momentum and moment estimates, shaped like it.
     pub states: Vec<(Tensor<'g>, Tensor<'g>)>,
+    /// With loss scaling: the scale this step's loss was multiplied by (`raw_grads` are
+    /// scaled by it; `grads` are not).
+    pub loss_scale: Option<Tensor<'g>>,
+    /// The factor every update multiplies its raw gradient by: clipping's, and loss
+    /// scaling's `1 / scale`, NaN on a step the loss scaler skips. `None` without either.
+    pub grad_factor: Option<Tensor<'g>>,
 }
 
 impl TrainStep<'_> {
@@ -241,13 +338,64 @@ impl OpDef for NextStep {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         match inputs {
             [step] if step.shape.numel() == 1 => Ok(vec![step.clone()]),
-            _ => Err("takes the scalar step counter".into()),
+            [step, factor] if step.shape.numel() == 1 && is_float_scalar(factor) => Ok(vec![step.clone()]),
+            _ => Err("takes the scalar step counter, and optionally the step's scalar gradient factor".into()),
         }
     }
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         Ok(vec![None])
     }
+}
+
+/// One float value.
+fn is_float_scalar(t: &TensorMeta) -> bool {
+    t.shape.numel() == 1 && t.dtype.is_float()
+}
+
+impl OpDef for UnscaleFactor {
+    fn name(&self) -> &'static str {
+        "unscale_factor"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        match inputs {
+            [norm, scale] if is_float_scalar(norm) && is_float_scalar(scale) => {
+                Ok(vec![TensorMeta::new(Shape::scalar(), norm.dtype)])
+            }
+            _ => Err("takes the scalar squared norm of the scaled gradients and the scalar loss scale".into()),
+        }
+    }
+
+    fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        Ok(vec![None; ctx.inputs.len()])
+    }
+}
+
+impl OpDef for LossScaleUpdate {
+    fn name(&self) -> &'static str {
+        "loss_scale_update"
+    }
+
+    fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        match inputs {
+            [scale, good, factor] if [scale, good, factor].iter().all(|t| is_float_scalar(t)) => {
+                Ok(vec![scale.clone(), good.clone()])
+            }
+            _ => Err("takes the scalar loss scale, the scalar count of good steps and the step's gradient factor".into()),
+        }
+    }
+
+    fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
+        Ok(vec![None; ctx.inputs.len()])
+    }
+}
+
+/// The loss scaler's state variables.
+struct Scaler<'g> {
+    options: LossScale,
+    scale: Tensor<'g>,
+    good_steps: Tensor<'g>,
 }
 
 impl Graph {
@@ -273,38 +421,54 @@ impl Graph {
         if !params.iter().any(|p| reached[p.id().0 as usize]) {
             return Err(GraphError::NothingToTrain { loss: loss.name() });
         }
-        let mut grads = self.grad(loss, &params)?;
+        let loss_scale = optimizer.loss_scale.or((self.precision() == Precision::F16).then(LossScale::dynamic));
+        let scaler = match loss_scale {
+            Some(options) => {
+                // Kept in f32 at least (a half-precision loss is widened first).
+                let dtype = if loss_meta.dtype.is_half() { DType::F32 } else { loss_meta.dtype };
+                let scalar = TensorMeta::new(Shape::scalar(), dtype);
+                let scale = self.state("loss_scale.scale", &scalar, Init::Constant(options.init))?;
+                let count = TensorMeta::new(Shape::scalar(), DType::F64);
+                let good_steps = self.state("loss_scale.good_steps", &count, Init::Zeros)?;
+                Some(Scaler { options, scale, good_steps })
+            }
+            None => None,
+        };
+        let seed = match &scaler {
+            Some(s) => {
+                let widened = if loss_meta.dtype.is_half() { loss.cast(DType::F32)? } else { loss };
+                widened.mul(&self.alongside(s.scale, loss)?)?
+            }
+            None => loss,
+        };
+        let mut grads = self.grad(seed, &params)?;
         let raw_grads = grads.clone();
-        // The clip factor on each parameter's placement: the updates multiply it in as
-        // they read the raw gradients (see `Update`), so the clipped gradients below are
-        // made only if something fetches them.
+        // The factor (clipping's, loss scaling's) on each parameter's placement: the
+        // updates multiply it in as they read the raw gradients (see `Update`), so the
+        // clipped gradients below are made only if something fetches them.
+        let squared_norm = match (&scaler, optimizer.clip_norm) {
+            (None, None) => None,
+            (Some(_), _) => Some(self.squared_global_norm(&grads, "loss_scaling")?),
+            (None, Some(_)) => Some(self.squared_global_norm(&grads, "clip_by_global_norm")?),
+        };
+        let factor = match (&scaler, optimizer.clip_norm, squared_norm) {
+            (Some(s), clip_norm, Some(total)) => {
+                Some(self.apply1(UnscaleFactor { clip_norm }, &[total, self.alongside(s.scale, total)?])?)
+            }
+            (None, Some(max_norm), Some(total)) => Some(self.apply1(ClipFactor(max_norm), &[total.sqrt()?])?),
+            _ => None,
+        };
         let mut grad_scales = Vec::new();
-        if let Some(max_norm) = optimizer.clip_norm {
-            let mut total: Option<Tensor<'g>> = None;
-            for g in &grads {
-                if let Some(t) = total {
-                    if t.dtype() != g.dtype() {
-                        return Err(GraphError::Op {
-                            op: "clip_by_global_norm".into(),
-                            inputs: vec![t.meta().to_string(), g.meta().to_string()],
-                            message: "gradients of different dtypes cannot share one global norm".into(),
-                        });
-                    }
-                }
-                let squares = g.sum_squares()?;
-                total = Some(match total {
-                    Some(t) => t.add(&self.alongside(squares, t)?)?,
-                    None => squares,
-                });
-            }
-            if let Some(total) = total {
-                let factor = self.apply1(ClipFactor(max_norm), &[total.sqrt()?])?;
-                grad_scales = grads.iter().map(|g| self.alongside(factor, *g)).collect::<Result<_, _>>()?;
-                grads = grads.iter().zip(&grad_scales).map(|(g, s)| g.mul(s)).collect::<Result<_, _>>()?;
-            }
+        if let Some(factor) = factor {
+            grad_scales = grads.iter().map(|g| self.alongside(factor, *g)).collect::<Result<_, _>>()?;
+            grads = grads.iter().zip(&grad_scales).map(|(g, s)| g.mul(s)).collect::<Result<_, _>>()?;
         }
         let step = self.state("optimizer.step", &TensorMeta::new(Shape::scalar(), DType::F64), Init::Zeros)?;
-        let next_step = self.apply1(NextStep, &[step])?;
+        // A step the loss scaler skips does not count (AdamW's bias correction, the schedule).
+        let next_step = match (&scaler, factor) {
+            (Some(_), Some(factor)) => self.apply1(NextStep, &[step, self.alongside(factor, step)?])?,
+            _ => self.apply1(NextStep, &[step])?,
+        };
         let lr = self.apply1(LearningRate(optimizer.schedule.clone()), &[next_step])?;
         let mut updates = vec![(step, next_step)];
         let mut all_states = Vec::new();
@@ -326,7 +490,48 @@ impl Graph {
             updates.push((*p, outputs[0]));
             updates.extend(states.into_iter().zip(outputs[1..].iter().copied()));
         }
-        Ok(TrainStep { loss, updates, grads, lr, raw_grads, params, states: all_states })
+        if let (Some(s), Some(factor)) = (&scaler, factor) {
+            let LossScale { growth, backoff, interval, .. } = s.options;
+            let inputs = [s.scale, s.good_steps, self.alongside(factor, s.scale)?];
+            let next = self.apply(LossScaleUpdate { growth, backoff, interval }, &inputs)?;
+            updates.push((s.scale, next[0]));
+            updates.push((s.good_steps, next[1]));
+        }
+        let loss_scale = scaler.map(|s| s.scale);
+        Ok(TrainStep {
+            loss,
+            updates,
+            grads,
+            lr,
+            raw_grads,
+            params,
+            states: all_states,
+            loss_scale,
+            grad_factor: factor,
+        })
+    }
+
+    /// The sum of every gradient's squared elements, on the first gradient's placement
+    /// (`op` names the option that needs it in the error for gradients of mixed dtypes).
+    fn squared_global_norm<'g>(&'g self, grads: &[Tensor<'g>], op: &str) -> Result<Tensor<'g>, GraphError> {
+        let mut total: Option<Tensor<'g>> = None;
+        for g in grads {
+            if let Some(t) = total {
+                if t.dtype() != g.dtype() {
+                    return Err(GraphError::Op {
+                        op: op.into(),
+                        inputs: vec![t.meta().to_string(), g.meta().to_string()],
+                        message: "gradients of different dtypes cannot share one global norm".into(),
+                    });
+                }
+            }
+            let squares = g.sum_squares()?;
+            total = Some(match total {
+                Some(t) => t.add(&self.alongside(squares, t)?)?,
+                None => squares,
+            });
+        }
+        total.ok_or_else(|| GraphError::NothingToTrain { loss: op.into() })
     }
 
     /// `t` on `like`'s placement: moved there (a stage edge) when both have placements and

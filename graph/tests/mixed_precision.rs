@@ -86,21 +86,25 @@ fn autocast_runs_products_in_bf16_and_keeps_weights_losses_and_state_f32() {
 }
 
 #[test]
-fn f16_is_refused_naming_bf16_and_f32_is_the_default() {
+fn f16_runs_products_in_f16_and_f32_is_the_default() {
     let g = Graph::new();
-    assert_eq!(g.precision(), Precision::F32);
-    let err = g.mixed_precision(Precision::F16).unwrap_err().to_string();
-    assert_eq!(
-        err,
-        "f16 mixed precision is not supported: it needs loss scaling, which regflow does not do; \
-         use Precision::Bf16 (f32's exponent range, no loss scaling needed)"
-    );
     assert_eq!(g.precision(), Precision::F32);
     // Off, nothing is cast.
     let x = g.input("x", [2, 3], DType::F32).unwrap();
     let w = g.variable("w", [3, 2], DType::F32, Init::Zeros).unwrap();
     assert_eq!(x.matmul(&w).unwrap().dtype(), DType::F32);
     assert!(g.nodes().iter().all(|n| n.op.name() != "cast"));
+    // On, the same classes as bf16 with f16 as the low dtype: products in f16, reductions
+    // in f32, the cross-entropy reading f16 logits as they are.
+    g.mixed_precision(Precision::F16).unwrap();
+    assert_eq!(g.precision(), Precision::F16);
+    let product = x.matmul(&w).unwrap();
+    assert_eq!(product.dtype(), DType::F16);
+    assert_eq!(product.sum_all().unwrap().dtype(), DType::F32);
+    let labels = g.input("labels", [2], DType::I64).unwrap();
+    let loss = product.sparse_cross_entropy(&labels).unwrap();
+    assert_eq!(loss.dtype(), DType::F32);
+    assert_eq!(f32_casts_shaped(&g, &[2, 2]), 1, "only the reduction's input is widened, not the logits");
 }
 
 #[test]
@@ -108,7 +112,7 @@ fn cast_refuses_integers_naming_both_dtypes() {
     let g = Graph::new();
     let y = g.input("y", [2], DType::I64).unwrap();
     let err = y.cast(DType::F32).unwrap_err().to_string();
-    assert_eq!(err, "cast(i64[2]): casts between float dtypes only (f32, f64, bf16), not i64 to f32");
+    assert_eq!(err, "cast(i64[2]): casts between float dtypes only (f32, f64, bf16, f16), not i64 to f32");
 }
 
 /// The cross-entropy under mixed precision reads bf16 logits as they are: no f32 copy of the
@@ -240,7 +244,7 @@ fn masked_softmax_refuses_dtype_pairs_it_does_not_widen() {
     let x = g.input("x", [2, 3], DType::F64).unwrap();
     let mask = g.input("mask", [3], DType::F32).unwrap();
     let err = x.masked_softmax(&mask, 1.0).unwrap_err().to_string();
-    assert!(err.contains("f64") && err.contains("f32") && err.contains("bf16 and f32"), "{err}");
+    assert!(err.contains("f64") && err.contains("f32") && err.contains("bf16 or f16 and f32"), "{err}");
     let y = g.input("y", [2, 3], DType::F32).unwrap();
     let dy = g.input("dy", [2, 3], DType::Bf16).unwrap();
     let bad = regflow_graph::ops::MaskedSoftmaxGrad { scale: 1.0 };

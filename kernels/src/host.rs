@@ -1,13 +1,16 @@
 //! Host computation of an op on typed tensors, and the kernel that runs it on registers.
 //!
-//! bf16 tensors are computed in f32: [`HostOpKernel`] widens an op's bf16 inputs into f32
-//! buffers it allocated when it was made (from the `OpConf` metas, so a firing allocates
-//! nothing), runs the op's f32 computation and rounds its outputs to bf16 (nearest even).
-//! That is what bf16 hardware does (tensor cores multiply bf16 and accumulate in f32), and
-//! it keeps one computation per op: no kernel has a bf16 loop of its own except those
-//! that only move elements or convert them ([`HostCompute::bf16_native`]).
+//! 16-bit float tensors (bf16, f16) are computed in f32: [`HostOpKernel`] widens an op's
+//! bf16 and f16 inputs into f32 buffers it allocated when it was made (from the `OpConf`
+//! metas, so a firing allocates nothing), runs the op's f32 computation and rounds its
+//! outputs back (nearest even; an f16 result past 65504 becomes infinity, which loss
+//! scaling then sees). That is what 16-bit hardware does (tensor cores multiply bf16 or
+//! f16 and accumulate in f32), and it keeps one computation per op: no kernel has a 16-bit
+//! loop of its own except those that only move elements or convert them
+//! ([`HostCompute::half_native`]).
 
 use crate::io::{view, view_mut};
+use half::slice::HalfFloatSliceExt;
 use crate::{Kernel, KernelError, KernelIo};
 use regflow_plan::{bf16, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, OpConf, TensorMeta};
 use smallvec::SmallVec;
@@ -49,30 +52,31 @@ pub trait HostCompute: Send + Sync {
         Ok(())
     }
 
-    /// Whether [`HostCompute::compute`] takes bf16 tensors as they are (ops that move or
-    /// convert elements); otherwise, the default, bf16 tensors reach it widened to f32.
-    fn bf16_native(&self) -> bool {
+    /// Whether [`HostCompute::compute`] takes bf16 and f16 tensors as they are (ops that
+    /// move or convert elements); otherwise, the default, they reach it widened to f32.
+    fn half_native(&self) -> bool {
         false
     }
 }
 
-/// f32 buffers for the bf16 tensors of one op: the op computes on them in f32 (see the
-/// module docs). One buffer per bf16 input and output, `None` for the other dtypes.
+/// f32 buffers for the 16-bit float (bf16, f16) tensors of one op: the op computes on
+/// them in f32 (see the module docs). One buffer per such input and output, `None` for
+/// the other dtypes.
 #[derive(Debug, Default)]
-pub struct Bf16Scratch {
+pub struct HalfScratch {
     inputs: Vec<Option<Vec<f32>>>,
     outputs: Vec<Option<Vec<f32>>>,
 }
 
-impl Bf16Scratch {
-    /// Buffers for these metas, or `None` when no tensor is bf16 (nothing to widen).
+impl HalfScratch {
+    /// Buffers for these metas, or `None` when no tensor is bf16 or f16 (nothing to widen).
     pub fn for_metas(inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Option<Self> {
         let sized = |m: &TensorMeta| (m.dtype, m.shape.numel());
         Self::sized(inputs.iter().map(sized), outputs.iter().map(sized))
     }
 
     /// Buffers for these tensors (the reference evaluator's path, which allocates per
-    /// call), or `None` when no tensor is bf16.
+    /// call), or `None` when no tensor is bf16 or f16.
     pub fn for_tensors(inputs: &[HostTensor<'_>], outputs: &[HostTensorMut<'_>]) -> Option<Self> {
         Self::sized(
             inputs.iter().map(|t| (t.dtype(), t.shape.numel())),
@@ -80,12 +84,13 @@ impl Bf16Scratch {
         )
     }
 
-    /// A buffer of `numel` f32 for each bf16 `(dtype, numel)`; `None` when there is none.
+    /// A buffer of `numel` f32 for each 16-bit float `(dtype, numel)`; `None` when there
+    /// is none.
     fn sized(
         inputs: impl Iterator<Item = (DType, usize)>,
         outputs: impl Iterator<Item = (DType, usize)>,
     ) -> Option<Self> {
-        let buffer = |(dtype, numel): (DType, usize)| (dtype == DType::Bf16).then(|| vec![0.0f32; numel]);
+        let buffer = |(dtype, numel): (DType, usize)| dtype.is_half().then(|| vec![0.0f32; numel]);
         let scratch = Self { inputs: inputs.map(buffer).collect(), outputs: outputs.map(buffer).collect() };
         scratch.any().then_some(scratch)
     }
@@ -94,8 +99,8 @@ impl Bf16Scratch {
         self.inputs.iter().chain(&self.outputs).any(Option::is_some)
     }
 
-    /// Runs `op` on `inputs` and `outputs` with every bf16 tensor widened to f32 and each
-    /// bf16 output rounded back from its f32 result.
+    /// Runs `op` on `inputs` and `outputs` with every bf16 or f16 tensor widened to f32 and
+    /// each such output rounded back (to nearest even) from its f32 result.
     pub fn compute<T: HostCompute + ?Sized>(
         &mut self,
         op: &T,
@@ -105,7 +110,7 @@ impl Bf16Scratch {
     ) -> Result<(), String> {
         if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
             return Err(format!(
-                "{} inputs and {} outputs, but the bf16 scratch was made for {} and {} (broken invariant)",
+                "{} inputs and {} outputs, but the f32 scratch was made for {} and {} (broken invariant)",
                 inputs.len(),
                 outputs.len(),
                 self.inputs.len(),
@@ -113,17 +118,25 @@ impl Bf16Scratch {
             ));
         }
         let mismatch = |what: &str, index: usize, len: usize, have: usize| {
-            format!("bf16 {what} {index} has {len} elements, its f32 scratch {have} (broken invariant)")
+            format!("16-bit {what} {index} has {len} elements, its f32 scratch {have} (broken invariant)")
         };
         for (index, (tensor, buffer)) in inputs.iter().zip(&mut self.inputs).enumerate() {
-            if let (HostSlice::Bf16(values), Some(buffer)) = (tensor.data, buffer.as_mut()) {
-                if values.len() != buffer.len() {
-                    return Err(mismatch("input", index, values.len(), buffer.len()));
+            let Some(buffer) = buffer.as_mut() else { continue };
+            let len = match tensor.data {
+                HostSlice::Bf16(values) if values.len() == buffer.len() => {
+                    buffer.iter_mut().zip(values).for_each(|(wide, &narrow)| *wide = narrow.to_f32());
+                    continue;
                 }
-                for (wide, &narrow) in buffer.iter_mut().zip(values) {
-                    *wide = narrow.to_f32();
+                HostSlice::F16(values) if values.len() == buffer.len() => {
+                    // `half` converts slices with F16C where the processor has it.
+                    values.convert_to_f32_slice(buffer);
+                    continue;
                 }
-            }
+                HostSlice::Bf16(values) => values.len(),
+                HostSlice::F16(values) => values.len(),
+                _ => continue,
+            };
+            return Err(mismatch("input", index, len, buffer.len()));
         }
         {
             let mut wide_inputs: SmallVec<[HostTensor<'_>; 8]> = SmallVec::new();
@@ -148,14 +161,21 @@ impl Bf16Scratch {
             op.compute(context, &wide_inputs, &mut wide_outputs)?;
         }
         for (index, (tensor, buffer)) in outputs.iter_mut().zip(&self.outputs).enumerate() {
-            if let (HostSliceMut::Bf16(values), Some(buffer)) = (&mut tensor.data, buffer) {
-                if values.len() != buffer.len() {
-                    return Err(mismatch("output", index, values.len(), buffer.len()));
+            let Some(buffer) = buffer else { continue };
+            let len = match &mut tensor.data {
+                HostSliceMut::Bf16(values) if values.len() == buffer.len() => {
+                    values.iter_mut().zip(buffer).for_each(|(narrow, &wide)| *narrow = bf16::from_f32(wide));
+                    continue;
                 }
-                for (narrow, &wide) in values.iter_mut().zip(buffer) {
-                    *narrow = bf16::from_f32(wide);
+                HostSliceMut::F16(values) if values.len() == buffer.len() => {
+                    values.convert_from_f32_slice(buffer);
+                    continue;
                 }
-            }
+                HostSliceMut::Bf16(values) => values.len(),
+                HostSliceMut::F16(values) => values.len(),
+                _ => continue,
+            };
+            return Err(mismatch("output", index, len, buffer.len()));
         }
         Ok(())
     }
@@ -168,10 +188,11 @@ fn reborrow<'s>(data: &'s mut HostSliceMut<'_>) -> HostSliceMut<'s> {
         HostSliceMut::F64(v) => HostSliceMut::F64(v),
         HostSliceMut::I64(v) => HostSliceMut::I64(v),
         HostSliceMut::Bf16(v) => HostSliceMut::Bf16(v),
+        HostSliceMut::F16(v) => HostSliceMut::F16(v),
     }
 }
 
-/// Runs `op` once on host tensors, widening bf16 tensors to f32 (allocating) unless the op
+/// Runs `op` once on host tensors, widening bf16 and f16 tensors to f32 (allocating) unless the op
 /// takes them as they are: the reference evaluator's entry, where kernels have
 /// [`HostOpKernel`] (which allocates its buffers once).
 pub fn compute_once<T: HostCompute + ?Sized>(
@@ -180,7 +201,7 @@ pub fn compute_once<T: HostCompute + ?Sized>(
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
-    match Bf16Scratch::for_tensors(inputs, outputs).filter(|_| !op.bf16_native()) {
+    match HalfScratch::for_tensors(inputs, outputs).filter(|_| !op.half_native()) {
         Some(mut scratch) => scratch.compute(op, context, inputs, outputs),
         None => op.compute(context, inputs, outputs),
     }
@@ -196,17 +217,18 @@ pub struct HostOpKernel<T> {
     inputs: Vec<TensorMeta>,
     input_map: Vec<usize>,
     outputs: Vec<TensorMeta>,
-    /// f32 buffers of the bf16 tensors, made with the kernel (`None`: nothing to widen).
-    bf16: Option<Bf16Scratch>,
+    /// f32 buffers of the 16-bit float tensors, made with the kernel (`None`: nothing to
+    /// widen).
+    half: Option<HalfScratch>,
 }
 
 impl<T: HostCompute> HostOpKernel<T> {
     /// The kernel of `op` configured by `conf` (its metas and input map).
     pub fn new(op: T, conf: &OpConf) -> Self {
-        let bf16 = if op.bf16_native() { None } else { Bf16Scratch::for_metas(&conf.inputs, &conf.outputs) };
+        let half = if op.half_native() { None } else { HalfScratch::for_metas(&conf.inputs, &conf.outputs) };
         Self {
             op,
-            bf16,
+            half,
             op_type: conf.op_type.clone(),
             inputs: conf.inputs.clone(),
             input_map: conf.input_map.clone(),
@@ -229,7 +251,7 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
         for (o, meta) in self.outputs.iter().enumerate() {
             outputs.push(view_mut(meta, io.output_detached(o)).map_err(fail)?);
         }
-        match &mut self.bf16 {
+        match &mut self.half {
             Some(scratch) => scratch.compute(&self.op, &context, &inputs, &mut outputs).map_err(fail),
             None => self.op.compute(&context, &inputs, &mut outputs).map_err(fail),
         }

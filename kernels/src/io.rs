@@ -51,6 +51,7 @@ pub(crate) fn view<'a>(meta: &'a TensorMeta, bytes: &'a [u8]) -> Result<HostTens
         DType::F64 => HostSlice::F64(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
         DType::I64 => HostSlice::I64(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
         DType::Bf16 => HostSlice::Bf16(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::F16 => HostSlice::F16(bytemuck::try_cast_slice(bytes).map_err(|e| cast_error(meta, e))?),
     };
     Ok(HostTensor { shape: &meta.shape, data })
 }
@@ -62,6 +63,7 @@ pub(crate) fn view_mut<'a>(meta: &'a TensorMeta, bytes: &'a mut [u8]) -> Result<
         DType::F64 => HostSliceMut::F64(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
         DType::I64 => HostSliceMut::I64(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
         DType::Bf16 => HostSliceMut::Bf16(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
+        DType::F16 => HostSliceMut::F16(bytemuck::try_cast_slice_mut(bytes).map_err(|e| cast_error(meta, e))?),
     };
     Ok(HostTensorMut { shape: &meta.shape, data })
 }

@@ -27,7 +27,7 @@ mod host;
 mod io;
 mod registry;
 
-pub use host::{compute_once, Bf16Scratch, HostCompute, HostContext, HostOpKernel};
+pub use host::{compute_once, HalfScratch, HostCompute, HostContext, HostOpKernel};
 pub use io::{KernelIo, StreamContext};
 pub use registry::{edit_distance, nearest, KernelFactory, KernelKey, KernelRegistry, KernelSpec};
 

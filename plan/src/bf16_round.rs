@@ -1,11 +1,11 @@
-//! f64 → bf16 correctly rounded, which `half::bf16::from_f64` is not.
+//! f64 → bf16 and f64 → f16 correctly rounded, which `half`'s `from_f64` are not.
 //!
 //! `half` drops the low 32 mantissa bits of the f64 before it rounds, so a value just above
 //! a halfway point between two bf16 values can land exactly on it and round to even (down):
 //! 7.5156250001 gives 7.5 where 7.53125 is nearest. The CUDA cast rounds correctly, and the
 //! two devices must agree bit for bit, so every f64 → bf16 conversion goes through here.
 
-use half::bf16;
+use half::{bf16, f16};
 
 /// `x` rounded to the nearest bf16, ties to even; NaN stays NaN, out-of-range values go
 /// to ±infinity.
@@ -17,6 +17,23 @@ pub fn bf16_from_f64(x: f64) -> bf16 {
     if !x.is_finite() {
         return bf16::from_f64(x);
     }
+    bf16::from_f32(f32_round_to_odd(x))
+}
+
+/// `x` rounded to the nearest f16, ties to even; NaN stays NaN, values past 65504 (after
+/// rounding) go to ±infinity. The same two steps as [`bf16_from_f64`]: f32 keeps 13 more
+/// bits than f16, subnormal f16 values included.
+pub fn f16_from_f64(x: f64) -> f16 {
+    if !x.is_finite() {
+        return f16::from_f64(x);
+    }
+    f16::from_f32(f32_round_to_odd(x))
+}
+
+/// `x` rounded to f32 toward zero, its last bit set when that was inexact (round-to-odd):
+/// rounding this to any format at least two bits narrower than f32 gives what rounding `x`
+/// itself would.
+fn f32_round_to_odd(x: f64) -> f32 {
     let mut f = x as f32;
     if f64::from(f).abs() > x.abs() {
         // Rounded away from zero (possibly to infinity): one step back toward zero.
@@ -25,12 +42,26 @@ pub fn bf16_from_f64(x: f64) -> bf16 {
     if f64::from(f) != x {
         f = f32::from_bits(f.to_bits() | 1);
     }
-    bf16::from_f32(f)
+    f
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_values_just_past_a_midpoint_round_up_and_large_ones_overflow() {
+        // 1 + 2^-11 is halfway between 1 and 1 + 2^-10 (f16's step at 1).
+        let half_step = 1.0 + 2f64.powi(-11);
+        assert_eq!(f16_from_f64(half_step).to_f64(), 1.0, "a tie rounds to even");
+        assert_eq!(f16_from_f64(half_step + 1e-12).to_f64(), 1.0 + 2f64.powi(-10));
+        assert_eq!(f16_from_f64(-(half_step + 1e-12)).to_f64(), -(1.0 + 2f64.powi(-10)));
+        assert_eq!(f16_from_f64(65504.0).to_f64(), 65504.0);
+        assert_eq!(f16_from_f64(65520.0), f16::INFINITY, "past the largest finite value after rounding");
+        assert!(f16_from_f64(f64::NAN).is_nan());
+        // Subnormal: 2^-24 is f16's smallest step.
+        assert_eq!(f16_from_f64(1.5 * 2f64.powi(-24) + 1e-20).to_f64(), 2f64.powi(-23));
+    }
 
     #[test]
     fn values_just_past_a_midpoint_round_up() {

@@ -149,6 +149,7 @@ impl Init {
             DType::F64 => HostData::F64(values),
             DType::I64 => HostData::I64(values.iter().map(|&v| v as i64).collect()),
             DType::Bf16 => HostData::Bf16(values.iter().map(|&v| crate::bf16_from_f64(v)).collect()),
+            DType::F16 => HostData::F16(values.iter().map(|&v| crate::f16_from_f64(v)).collect()),
         };
         HostArray { shape: meta.shape.clone(), data }
     }

@@ -41,9 +41,11 @@ mod tensor;
 mod types;
 mod validate;
 
-pub use bf16_round::bf16_from_f64;
+pub use bf16_round::{bf16_from_f64, f16_from_f64};
 /// The bf16 element type ([`DType::Bf16`]'s values), re-exported so every crate names one type.
 pub use half::bf16;
+/// The f16 element type ([`DType::F16`]'s values), re-exported like [`bf16`].
+pub use half::f16;
 pub use init::{Init, SplitMix64};
 pub use ops::{OpAttrs, OpConf};
 pub use tensor::{

@@ -19,13 +19,18 @@ pub enum DType {
     /// as their 16 bits (`half::bf16`); host kernels compute on them in f32 and round the
     /// result to nearest even, as tensor cores do (mixed-precision training).
     Bf16,
+    /// IEEE half precision: 5 exponent bits, 10 mantissa bits (2 bytes, `half::f16`),
+    /// largest finite value 65504. Host kernels compute on it in f32 and round the
+    /// result to nearest even, as for bf16; mixed-precision training in f16 needs loss
+    /// scaling (`Optimizer::with_loss_scale`), which `Precision::F16` turns on.
+    F16,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            DType::Bf16 => 2,
+            DType::Bf16 | DType::F16 => 2,
             DType::F32 => 4,
             DType::F64 | DType::I64 => 8,
         }
@@ -33,7 +38,13 @@ impl DType {
 
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64 | DType::Bf16)
+        matches!(self, DType::F32 | DType::F64 | DType::Bf16 | DType::F16)
+    }
+
+    /// Whether this is a 16-bit float (bf16 or f16): stored narrow, computed in f32 by
+    /// host kernels, the low dtype of mixed precision.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::Bf16 | DType::F16)
     }
 }
 
@@ -44,6 +55,7 @@ impl fmt::Display for DType {
             DType::F64 => "f64",
             DType::I64 => "i64",
             DType::Bf16 => "bf16",
+            DType::F16 => "f16",
         })
     }
 }
@@ -251,6 +263,8 @@ pub enum HostData {
     I64(Vec<i64>),
     /// bf16 elements.
     Bf16(Vec<half::bf16>),
+    /// f16 elements.
+    F16(Vec<half::f16>),
 }
 
 /// An owned host tensor: shape plus row-major elements.
@@ -271,6 +285,7 @@ impl HostArray {
             DType::F64 => HostData::F64(vec![0.0; n]),
             DType::I64 => HostData::I64(vec![0; n]),
             DType::Bf16 => HostData::Bf16(vec![half::bf16::ZERO; n]),
+            DType::F16 => HostData::F16(vec![half::f16::ZERO; n]),
         };
         Self { shape: meta.shape.clone(), data }
     }
@@ -301,6 +316,17 @@ impl HostArray {
         Self::bf16(shape, data.iter().map(|&x| half::bf16::from_f32(x)).collect())
     }
 
+    /// An f16 array; an error when the number of values does not match the shape.
+    pub fn f16(shape: impl Into<Shape>, data: Vec<half::f16>) -> Result<Self, ArrayError> {
+        Self::checked(shape.into(), DType::F16, data.len(), HostData::F16(data))
+    }
+
+    /// An f16 array of f32 values rounded to nearest even (overflowing to ±infinity past
+    /// 65504); an error when the number of values does not match the shape.
+    pub fn f16_from_f32(shape: impl Into<Shape>, data: &[f32]) -> Result<Self, ArrayError> {
+        Self::f16(shape, data.iter().map(|&x| half::f16::from_f32(x)).collect())
+    }
+
     /// An array of `shape` holding `data`; an error when the number of values does not
     /// match the shape.
     pub fn new(shape: impl Into<Shape>, data: HostData) -> Result<Self, ArrayError> {
@@ -309,6 +335,7 @@ impl HostArray {
             HostData::F64(v) => (DType::F64, v.len()),
             HostData::I64(v) => (DType::I64, v.len()),
             HostData::Bf16(v) => (DType::Bf16, v.len()),
+            HostData::F16(v) => (DType::F16, v.len()),
         };
         Self::checked(shape.into(), dtype, len, data)
     }
@@ -330,6 +357,7 @@ impl HostArray {
             HostData::F64(_) => DType::F64,
             HostData::I64(_) => DType::I64,
             HostData::Bf16(_) => DType::Bf16,
+            HostData::F16(_) => DType::F16,
         }
     }
 
@@ -345,6 +373,7 @@ impl HostArray {
             HostData::F64(v) => v.clone(),
             HostData::I64(v) => v.iter().map(|&x| x as f64).collect(),
             HostData::Bf16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            HostData::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         }
     }
 
@@ -357,6 +386,7 @@ impl HostArray {
                 HostData::F64(v) => HostSlice::F64(v),
                 HostData::I64(v) => HostSlice::I64(v),
                 HostData::Bf16(v) => HostSlice::Bf16(v),
+                HostData::F16(v) => HostSlice::F16(v),
             },
         }
     }
@@ -370,6 +400,7 @@ impl HostArray {
                 HostData::F64(v) => HostSliceMut::F64(v),
                 HostData::I64(v) => HostSliceMut::I64(v),
                 HostData::Bf16(v) => HostSliceMut::Bf16(v),
+                HostData::F16(v) => HostSliceMut::F16(v),
             },
         }
     }
@@ -386,6 +417,8 @@ pub enum HostSlice<'a> {
     I64(&'a [i64]),
     /// bf16 elements.
     Bf16(&'a [half::bf16]),
+    /// f16 elements.
+    F16(&'a [half::f16]),
 }
 
 /// Typed writable elements.
@@ -399,6 +432,8 @@ pub enum HostSliceMut<'a> {
     I64(&'a mut [i64]),
     /// bf16 elements.
     Bf16(&'a mut [half::bf16]),
+    /// f16 elements.
+    F16(&'a mut [half::f16]),
 }
 
 /// A tensor a host kernel reads.
@@ -432,6 +467,7 @@ impl<'a> HostTensor<'a> {
             HostSlice::F64(_) => DType::F64,
             HostSlice::I64(_) => DType::I64,
             HostSlice::Bf16(_) => DType::Bf16,
+            HostSlice::F16(_) => DType::F16,
         }
     }
 }
@@ -450,6 +486,7 @@ impl HostTensorMut<'_> {
             HostSliceMut::F64(_) => DType::F64,
             HostSliceMut::I64(_) => DType::I64,
             HostSliceMut::Bf16(_) => DType::Bf16,
+            HostSliceMut::F16(_) => DType::F16,
         }
     }
 }
@@ -487,6 +524,7 @@ element!(f32, F32);
 element!(f64, F64);
 element!(i64, I64);
 element!(half::bf16, Bf16);
+element!(half::f16, F16);
 
 /// Real numbers host kernels compute in (f32 and f64), with the math they need.
 pub trait Real:
@@ -577,6 +615,7 @@ impl HostArray {
             HostData::F64(v) => HostData::F64(indices.iter().map(|&i| v[i]).collect()),
             HostData::I64(v) => HostData::I64(indices.iter().map(|&i| v[i]).collect()),
             HostData::Bf16(v) => HostData::Bf16(indices.iter().map(|&i| v[i]).collect()),
+            HostData::F16(v) => HostData::F16(indices.iter().map(|&i| v[i]).collect()),
         };
         HostArray { shape: out_shape, data }
     }
@@ -593,6 +632,7 @@ impl HostArray {
                 (HostData::F64(d), HostData::F64(s)) => d[at] = s[k],
                 (HostData::I64(d), HostData::I64(s)) => d[at] = s[k],
                 (HostData::Bf16(d), HostData::Bf16(s)) => d[at] = s[k],
+                (HostData::F16(d), HostData::F16(s)) => d[at] = s[k],
                 _ => {}
             }
             for d in (0..dims.len()).rev() {
@@ -614,6 +654,9 @@ impl HostArray {
             // Summed in f32 and rounded once per element.
             (HostData::Bf16(a), HostData::Bf16(b)) => {
                 a.iter_mut().zip(b).for_each(|(x, y)| *x = half::bf16::from_f32(x.to_f32() + y.to_f32()))
+            }
+            (HostData::F16(a), HostData::F16(b)) => {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x = half::f16::from_f32(x.to_f32() + y.to_f32()))
             }
             _ => {}
         }
@@ -640,6 +683,7 @@ impl HostArray {
                 words.map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
             ),
             DType::Bf16 => HostData::Bf16(words.map(|c| half::bf16::from_le_bytes([c[0], c[1]])).collect()),
+            DType::F16 => HostData::F16(words.map(|c| half::f16::from_le_bytes([c[0], c[1]])).collect()),
         };
         Ok(Self { shape: meta.shape.clone(), data })
     }
@@ -651,6 +695,7 @@ impl HostArray {
             HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             HostData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             HostData::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            HostData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 }

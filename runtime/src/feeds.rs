@@ -240,6 +240,7 @@ fn write_part(value: &HostArray, region: &Region, out: &mut Vec<u8>) {
         HostData::F64(elements) => write_rows(elements, dims, region, out, f64::to_le_bytes),
         HostData::I64(elements) => write_rows(elements, dims, region, out, i64::to_le_bytes),
         HostData::Bf16(elements) => write_rows(elements, dims, region, out, regflow_plan::bf16::to_le_bytes),
+        HostData::F16(elements) => write_rows(elements, dims, region, out, regflow_plan::f16::to_le_bytes),
     }
 }
 

@@ -71,6 +71,10 @@ fn first_non_finite(bytes: &[u8], meta: &TensorMeta) -> Option<(usize, f64)> {
             let v = regflow_plan::bf16::from_le_bytes([c[0], c[1]]);
             (!v.is_finite()).then_some((i, v.to_f64()))
         }),
+        DType::F16 => bytes.chunks_exact(2).take(count).enumerate().find_map(|(i, c)| {
+            let v = regflow_plan::f16::from_le_bytes([c[0], c[1]]);
+            (!v.is_finite()).then_some((i, v.to_f64()))
+        }),
         DType::I64 => None,
     }
 }

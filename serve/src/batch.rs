@@ -191,6 +191,7 @@ fn copy_rows(buffer: &mut HostArray, at: usize, part: &HostArray) {
         (HostData::F64(b), HostData::F64(p)) => b[from..from + p.len()].copy_from_slice(p),
         (HostData::I64(b), HostData::I64(p)) => b[from..from + p.len()].copy_from_slice(p),
         (HostData::Bf16(b), HostData::Bf16(p)) => b[from..from + p.len()].copy_from_slice(p),
+        (HostData::F16(b), HostData::F16(p)) => b[from..from + p.len()].copy_from_slice(p),
         _ => unreachable!("request dtypes are checked against the plan's on submission"),
     }
 }
@@ -203,5 +204,6 @@ fn zero_rows_from(buffer: &mut HostArray, at: usize) {
         HostData::F64(b) => b[from..].fill(0.0),
         HostData::I64(b) => b[from..].fill(0),
         HostData::Bf16(b) => b[from..].fill(regflow_plan::bf16::ZERO),
+        HostData::F16(b) => b[from..].fill(regflow_plan::f16::ZERO),
     }
 }

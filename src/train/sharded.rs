@@ -477,6 +477,7 @@ fn safetensors_dtype(dtype: DType) -> Dtype {
         DType::F64 => Dtype::F64,
         DType::I64 => Dtype::I64,
         DType::Bf16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
     }
 }
 
@@ -541,6 +542,7 @@ fn le_bytes(value: &HostArray) -> Cow<'_, [u8]> {
         HostData::F64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
         HostData::I64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
         HostData::Bf16(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+        HostData::F16(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
     }
 }
 
@@ -560,6 +562,7 @@ fn from_le_bytes(meta: &TensorMeta, bytes: &[u8]) -> Result<HostArray, String> {
         DType::F64 => HostData::F64(collect(bytes)),
         DType::I64 => HostData::I64(collect(bytes)),
         DType::Bf16 => HostData::Bf16(collect(bytes)),
+        DType::F16 => HostData::F16(collect(bytes)),
     };
     HostArray::new(meta.shape.clone(), data).map_err(|e| e.to_string())
 }

@@ -144,14 +144,15 @@ impl Blas {
         let (first, second) = if gemm.swapped { (b, a) } else { (a, b) };
         let g = *gemm;
         use sys::cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F};
-        use sys::cudaDataType::{CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F};
-        // One call for every dtype: f32 and bf16 operands accumulate in f32 (never TF32: that
-        // is CUBLAS_COMPUTE_32F_FAST_TF32), so f32 matches the CPU to 1e-5 and bf16 is rounded
-        // once, as the CPU's bf16 product; f64 in f64.
+        use sys::cudaDataType::{CUDA_R_16BF, CUDA_R_16F, CUDA_R_32F, CUDA_R_64F};
+        // One call for every dtype: f32, bf16 and f16 operands accumulate in f32 (never TF32:
+        // that is CUBLAS_COMPUTE_32F_FAST_TF32), so f32 matches the CPU to 1e-5 and a 16-bit
+        // result is rounded once, as the CPU's 16-bit products; f64 in f64.
         let (data, compute) = match dtype {
             DType::F32 => (CUDA_R_32F, CUBLAS_COMPUTE_32F),
             DType::F64 => (CUDA_R_64F, CUBLAS_COMPUTE_64F),
             DType::Bf16 => (CUDA_R_16BF, CUBLAS_COMPUTE_32F),
+            DType::F16 => (CUDA_R_16F, CUBLAS_COMPUTE_32F),
             DType::I64 => {
                 let message = "cuBLAS has no integer product".into();
                 return Err(CudaError::Call { call: "cuBLAS GEMM".into(), ordinal, message });

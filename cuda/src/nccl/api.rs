@@ -11,6 +11,8 @@ pub enum Element {
     I64,
     /// bfloat16 (summed by NCCL in bf16).
     Bf16,
+    /// IEEE half (summed by NCCL in f16).
+    F16,
 }
 
 impl Element {
@@ -21,6 +23,7 @@ impl Element {
             regflow_plan::DType::F64 => Some(Self::F64),
             regflow_plan::DType::I64 => Some(Self::I64),
             regflow_plan::DType::Bf16 => Some(Self::Bf16),
+            regflow_plan::DType::F16 => Some(Self::F16),
         }
     }
 }

@@ -99,6 +99,7 @@ impl Communicator {
             Element::F64 => sys::ncclDataType_t::ncclFloat64,
             Element::I64 => sys::ncclDataType_t::ncclInt64,
             Element::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+            Element::F16 => sys::ncclDataType_t::ncclFloat16,
         };
         let stream = stream.0 as usize as sys::cudaStream_t;
         let sum = sys::ncclRedOp_t::ncclSum;

@@ -62,8 +62,11 @@ impl Kernel for FillKernel {
                 (DType::F64, None) => launch(stream(io), f, grid, &mut args![out, self.value, n]),
                 (DType::F64, Some(len)) => launch(stream(io), f, grid, &mut args![out, self.value, len, n]),
                 (DType::I64, _) => launch(stream(io), f, grid, &mut args![out, self.value as i64, n]),
-                (DType::Bf16, row_len) => {
-                    let bits = regflow_plan::bf16_from_f64(self.value).to_bits();
+                (dtype @ (DType::Bf16 | DType::F16), row_len) => {
+                    let bits = match dtype {
+                        DType::Bf16 => regflow_plan::bf16_from_f64(self.value).to_bits(),
+                        _ => regflow_plan::f16_from_f64(self.value).to_bits(),
+                    };
                     match row_len {
                         None => launch(stream(io), f, grid, &mut args![out, bits, n]),
                         Some(len) => launch(stream(io), f, grid, &mut args![out, bits, len, n]),

@@ -58,6 +58,7 @@ pub(crate) fn suffix(dtype: DType) -> &'static str {
         DType::F64 => "f64",
         DType::I64 => "i64",
         DType::Bf16 => "bf16",
+        DType::F16 => "f16",
     }
 }
 

@@ -59,8 +59,8 @@ unsafe fn zero(s: StreamHandle, fill: Function, dtype: DType, out: u64, n: u64) 
             DType::F32 => launch(s, fill, grid, &mut args![out, 0f32, n]),
             DType::F64 => launch(s, fill, grid, &mut args![out, 0f64, n]),
             DType::I64 => launch(s, fill, grid, &mut args![out, 0i64, n]),
-            // bf16 travels as its bits: +0.0 is all zeros.
-            DType::Bf16 => launch(s, fill, grid, &mut args![out, 0u16, n]),
+            // bf16 and f16 travel as their bits: +0.0 is all zeros.
+            DType::Bf16 | DType::F16 => launch(s, fill, grid, &mut args![out, 0u16, n]),
         }
     }?;
     Ok(())

@@ -21,13 +21,14 @@ pub(super) const ENTRIES: &[Entry] =
     &[("update", FLOAT, || factory(make_update)), (ACCUMULATE_MEAN, FLOAT, || factory(make_accumulate_mean))];
 
 /// The code `optim.cu` reads a scalar register of `dtype` by (`SCALAR_F32`, `SCALAR_F64`,
-/// `SCALAR_I64`, `SCALAR_BF16`).
+/// `SCALAR_I64`, `SCALAR_BF16`, `SCALAR_F16`).
 pub(crate) fn scalar_code(dtype: DType) -> u64 {
     match dtype {
         DType::F32 => 0,
         DType::F64 => 1,
         DType::I64 => 2,
         DType::Bf16 => 3,
+        DType::F16 => 4,
     }
 }
 

@@ -507,7 +507,7 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
 const LAYER_NORM_GRAD_BLOCKS: u32 = 128;
 
 /// The logits' dtype of a cross-entropy (`inputs`: logits, labels, and for the gradient
-/// `dy`), checking the rest against it: labels i64, the loss (and `dy`) f32 for bf16
+/// `dy`), checking the rest against it: labels i64, the loss (and `dy`) f32 for bf16 or f16
 /// logits and the logits' dtype otherwise, a gradient like the logits.
 fn cross_entropy_dtype(spec: &KernelSpec<'_>, conf: &OpConf, inputs: usize) -> Result<DType, KernelError> {
     if conf.inputs.len() != inputs || conf.outputs.len() != 1 {
@@ -517,7 +517,7 @@ fn cross_entropy_dtype(spec: &KernelSpec<'_>, conf: &OpConf, inputs: usize) -> R
     let logits = conf.inputs[0].dtype;
     let loss = match logits {
         DType::F32 | DType::F64 => logits,
-        DType::Bf16 => DType::F32,
+        DType::Bf16 | DType::F16 => DType::F32,
         DType::I64 => return Err(fail(spec, conf, format!("needs float logits, got {}", conf.inputs[0]))),
     };
     let grad = inputs == 3;

@@ -127,6 +127,7 @@ pub(crate) fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
         DType::F64 => HostArray::f64(dims, values),
         DType::I64 => HostArray::i64(dims, values.iter().map(|&v| (v * 1000.0) as i64).collect()),
         DType::Bf16 => HostArray::bf16(dims, values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect()),
+        DType::F16 => HostArray::f16(dims, values.iter().map(|&v| regflow_plan::f16::from_f64(v)).collect()),
     }
     .expect("an array")
 }
@@ -138,6 +139,7 @@ pub(crate) fn scalar(dtype: DType, value: f64) -> HostArray {
         DType::F64 => HostArray::f64([1], vec![value]),
         DType::I64 => HostArray::i64([1], vec![value as i64]),
         DType::Bf16 => HostArray::bf16([1], vec![regflow_plan::bf16::from_f64(value)]),
+        DType::F16 => HostArray::f16([1], vec![regflow_plan::f16_from_f64(value)]),
     }
     .expect("a scalar")
 }

@@ -15,7 +15,7 @@ impl OpDef for Cast {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [x] = inputs else { return Err(format!("takes 1 input, got {}", inputs.len())) };
         if !x.dtype.is_float() || !self.to.is_float() {
-            return Err(format!("casts between float dtypes only (f32, f64, bf16), not {} to {}", x.dtype, self.to));
+            return Err(format!("casts between float dtypes only (f32, f64, bf16, f16), not {} to {}", x.dtype, self.to));
         }
         Ok(vec![TensorMeta::new(x.shape.clone(), self.to)])
     }
@@ -27,8 +27,8 @@ impl OpDef for Cast {
         Ok(vec![Some(dy.cast(x.dtype())?)])
     }
 
-    /// Splits pass through. Summands pass through a widening cast only (bf16 → f32,
-    /// f32 → f64): each part widens exactly and the parts are then summed in the wider
+    /// Splits pass through. Summands pass through a widening cast only (bf16 or f16 → f32,
+    /// f32 → f64; not bf16 ↔ f16, which round each other's values): each part widens exactly and the parts are then summed in the wider
     /// type, which is at least as precise as widening the sum. A narrowing cast of
     /// summands would round every part and sum in bf16; without `(P) → (P)` the compiler
     /// reduces in the wide type first and casts once, as PyTorch's autocast does.
@@ -36,7 +36,7 @@ impl OpDef for Cast {
         let Some(x) = inputs.first() else { return Vec::new() };
         let mut signatures: Vec<SbpSignature> =
             (0..x.shape.rank()).map(|d| SbpSignature::new([Sbp::Split(d)], [Sbp::Split(d)])).collect();
-        if self.to.size() >= x.dtype.size() {
+        if self.to == x.dtype || self.to.size() > x.dtype.size() {
             signatures.push(SbpSignature::new([Sbp::Partial], [Sbp::Partial]));
         }
         signatures

@@ -26,10 +26,10 @@ fn check(logits: &TensorMeta, labels: &TensorMeta) -> Result<(usize, usize), Str
     Ok((rows, classes))
 }
 
-/// The dtype of the loss over logits of `logits`: f32 for bf16 logits (a loss is summed in
-/// f32 at least), else the logits' own.
+/// The dtype of the loss over logits of `logits`: f32 for bf16 or f16 logits (a loss is
+/// summed in f32 at least), else the logits' own.
 fn loss_dtype(logits: DType) -> DType {
-    if logits == DType::Bf16 {
+    if logits.is_half() {
         DType::F32
     } else {
         logits
@@ -47,7 +47,7 @@ impl OpDef for SparseCrossEntropy {
         Ok(vec![TensorMeta::new([], loss_dtype(logits.dtype))])
     }
 
-    /// Reads bf16 logits as they are, in f32 arithmetic; the loss is f32.
+    /// Reads bf16 (or f16) logits as they are, in f32 arithmetic; the loss is f32.
     fn autocast(&self) -> super::Autocast {
         super::Autocast::Widen
     }
@@ -85,7 +85,7 @@ impl OpDef for SparseCrossEntropyGrad {
         Ok(vec![logits.clone()])
     }
 
-    /// Reads bf16 logits as they are; the gradient comes out in the logits' dtype.
+    /// Reads bf16 (or f16) logits as they are; the gradient comes out in the logits' dtype.
     fn autocast(&self) -> super::Autocast {
         super::Autocast::Widen
     }

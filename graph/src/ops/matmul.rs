@@ -145,9 +145,9 @@ impl OpDef for MatMul {
         signatures
     }
 
-    /// A product: bf16 under mixed precision.
+    /// A product: bf16 (or f16) under mixed precision.
     fn autocast(&self) -> super::Autocast {
-        super::Autocast::Bf16
+        super::Autocast::Low
     }
 }
 
@@ -189,9 +189,9 @@ impl OpDef for MatMulBatchSum {
         signatures
     }
 
-    /// A product: bf16 under mixed precision.
+    /// A product: bf16 (or f16) under mixed precision.
     fn autocast(&self) -> super::Autocast {
-        super::Autocast::Bf16
+        super::Autocast::Low
     }
 }
 

@@ -123,13 +123,14 @@ pub trait OpDef: fmt::Debug + Send + Sync + OpAttrs + HostCompute {
     }
 }
 
-/// What mixed precision ([`crate::Precision::Bf16`]) does to an op's float inputs when the
-/// op is applied; with [`crate::Precision::F32`] (the default) nothing is cast.
+/// What mixed precision ([`crate::Precision::Bf16`] or [`crate::Precision::F16`]) does to
+/// an op's float inputs when the op is applied; with [`crate::Precision::F32`] (the
+/// default) nothing is cast. "bf16" below is the precision's low dtype: bf16, or f16.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Autocast {
-    /// Products (matmul and its kin): f32 operands are cast to bf16, the result is bf16
-    /// (computed with f32 accumulation, as tensor cores do).
-    Bf16,
+    /// Products (matmul and its kin): f32 operands are cast to the low dtype (bf16 or
+    /// f16), the result is in it (computed with f32 accumulation, as tensor cores do).
+    Low,
     /// Numerically sensitive ops: bf16 inputs are cast to f32, the result is f32.
     F32,
     /// Elementwise arithmetic runs in its inputs' dtype: all bf16 stays bf16. Where bf16

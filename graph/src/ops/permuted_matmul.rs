@@ -86,9 +86,9 @@ impl OpDef for PermutedMatMul {
         })
     }
 
-    /// A product: bf16 under mixed precision.
+    /// A product: bf16 (or f16) under mixed precision.
     fn autocast(&self) -> super::Autocast {
-        super::Autocast::Bf16
+        super::Autocast::Low
     }
 }
 

@@ -25,7 +25,7 @@ impl HostCompute for TakePart {
     }
 
     /// Moves elements only: bf16 is copied as it is.
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }
@@ -45,7 +45,7 @@ impl HostCompute for KeepOnFirst {
     }
 
     /// Moves elements only: bf16 is copied as it is (its zero is all zero bits).
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }

@@ -1,9 +1,11 @@
-//! CPU kernel of the `cast` op: every float dtype pair (f32, f64, bf16), narrowing by
-//! rounding to nearest even (`half` for bf16, the IEEE conversion for f64 → f32).
+//! CPU kernel of the `cast` op: every float dtype pair (f32, f64, bf16, f16), narrowing by
+//! rounding to nearest even (`half` for bf16 and f16, the IEEE conversion for f64 → f32;
+//! an f16 past 65504 becomes infinity). bf16 ↔ f16 goes through f32, which holds both
+//! exactly, so it rounds once.
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::Cast;
-use regflow_plan::{bf16, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
+use regflow_plan::{bf16, f16, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 
 impl HostCompute for Cast {
     fn compute(
@@ -34,6 +36,13 @@ impl HostCompute for Cast {
             (HostSlice::Bf16(x), HostSliceMut::F32(o)) => map!(x, o, bf16::to_f32),
             (HostSlice::Bf16(x), HostSliceMut::F64(o)) => map!(x, o, bf16::to_f64),
             (HostSlice::Bf16(x), HostSliceMut::Bf16(o)) => map!(x, o, |v| v),
+            (HostSlice::F32(x), HostSliceMut::F16(o)) => map!(x, o, f16::from_f32),
+            (HostSlice::F64(x), HostSliceMut::F16(o)) => map!(x, o, regflow_plan::f16_from_f64),
+            (HostSlice::F16(x), HostSliceMut::F32(o)) => map!(x, o, f16::to_f32),
+            (HostSlice::F16(x), HostSliceMut::F64(o)) => map!(x, o, f16::to_f64),
+            (HostSlice::F16(x), HostSliceMut::F16(o)) => map!(x, o, |v| v),
+            (HostSlice::Bf16(x), HostSliceMut::F16(o)) => map!(x, o, |v: bf16| f16::from_f32(v.to_f32())),
+            (HostSlice::F16(x), HostSliceMut::Bf16(o)) => map!(x, o, |v: f16| bf16::from_f32(v.to_f32())),
             _ => return Err(format!("casts between float dtypes only, got {from} to {to}")),
         }
         Ok(())
@@ -47,8 +56,8 @@ impl HostCompute for Cast {
         }
     }
 
-    /// Converts bf16 itself (widening it first would round twice for f64 → bf16).
-    fn bf16_native(&self) -> bool {
+    /// Converts bf16 and f16 itself (widening them first would round twice for f64 → bf16).
+    fn half_native(&self) -> bool {
         true
     }
 }

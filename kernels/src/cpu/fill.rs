@@ -16,11 +16,12 @@ impl HostCompute for Fill {
             HostSliceMut::F64(v) => v.fill(self.value),
             HostSliceMut::I64(v) => v.fill(self.value as i64),
             HostSliceMut::Bf16(v) => v.fill(regflow_plan::bf16_from_f64(self.value)),
+            HostSliceMut::F16(v) => v.fill(regflow_plan::f16_from_f64(self.value)),
         }
         Ok(())
     }
 
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }

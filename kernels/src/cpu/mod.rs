@@ -13,7 +13,7 @@ use crate::builtin::AccumulateMean;
 
 /// `$call` with the element type `$t` chosen by a float `$dtype` (`f32` or `f64`); integer
 /// tensors are refused with the message `$refusal`. Every float kernel dispatches so. bf16
-/// tensors never get here: `HostOpKernel` widens them to f32 first (`crate::host`).
+/// and f16 tensors never get here: `HostOpKernel` widens them to f32 first (`crate::host`).
 macro_rules! by_float {
     ($dtype:expr, $refusal:expr, $t:ident => $call:expr) => {
         match $dtype {
@@ -26,8 +26,8 @@ macro_rules! by_float {
                 $call
             }
             regflow_plan::DType::I64 => Err(String::from($refusal)),
-            regflow_plan::DType::Bf16 => Err(String::from(
-                "bf16 tensors are computed widened to f32 (HostOpKernel, compute_once), not here (broken invariant)",
+            regflow_plan::DType::Bf16 | regflow_plan::DType::F16 => Err(String::from(
+                "16-bit float tensors are computed widened to f32 (HostOpKernel, compute_once), not here (broken invariant)",
             )),
         }
     };
@@ -52,6 +52,10 @@ macro_rules! by_element {
             }
             regflow_plan::DType::Bf16 => {
                 type $t = regflow_plan::bf16;
+                $call
+            }
+            regflow_plan::DType::F16 => {
+                type $t = regflow_plan::f16;
                 $call
             }
         }
@@ -132,7 +136,8 @@ fn add_as<T: HostCompute + DeserializeOwned + 'static>(
 /// Adds the CPU kernels of every op to `registry` for devices of kind `device`.
 pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     const FLOAT: &[DType] = &[DType::F32, DType::F64];
-    // Ops mixed precision runs in bf16 (widened to f32 by `HostOpKernel`, see `crate::host`):
+    // Ops mixed precision runs in bf16 or f16 (widened to f32 by `HostOpKernel`, see
+    // `crate::host`; "bf16" below stands for either):
     // products, elementwise arithmetic, the fused MLP activation, the cross-entropy's
     // gradient (bf16 logits in, bf16 gradient out; its loss is f32, a kernel keyed f32) and
     // the masked softmax and its gradient (bf16 scores and an f32 mask in, bf16
@@ -140,8 +145,8 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     // Softmax, layer norm, reductions and optimizer updates stay f32 only: the graph's
     // autocast casts their inputs to f32, and a plan asking for them in bf16 is refused at
     // job build.
-    const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
-    const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16];
+    const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16, DType::F16];
+    const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16, DType::F16];
     let r = registry;
     add_as::<ops::Binary>(r, "binary", device, LOW);
     add_as::<ops::Unary>(r, "unary", device, LOW);
@@ -185,6 +190,8 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::ClipFactor>(r, "clip_factor", device, FLOAT);
     add_as::<ops::Update>(r, "update", device, FLOAT);
     add_as::<ops::NextStep>(r, "next_step", device, ANY);
+    add_as::<ops::UnscaleFactor>(r, "unscale_factor", device, FLOAT);
+    add_as::<ops::LossScaleUpdate>(r, "loss_scale_update", device, FLOAT);
     add_as::<ops::TakePart>(r, "take_part", device, ANY);
     add_as::<ops::KeepOnFirst>(r, "keep_on_first", device, ANY);
     add_as::<ops::ToGlobal>(r, "to_global", device, ANY);

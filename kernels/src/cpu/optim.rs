@@ -90,7 +90,45 @@ impl HostCompute for NextStep {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        write_scalar(&mut outputs[0], scalar_input(inputs, 0)? + 1.0)
+        let step = scalar_input(inputs, 0)?;
+        let skipped = match inputs.len() {
+            1 => false,
+            _ => skips_step(scalar_input(inputs, 1)?),
+        };
+        write_scalar(&mut outputs[0], if skipped { step } else { step + 1.0 })
+    }
+}
+
+impl HostCompute for UnscaleFactor {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let (squared_norm, scale) = (scalar_input(inputs, 0)?, scalar_input(inputs, 1)?);
+        write_scalar(&mut outputs[0], self.at(squared_norm, scale))
+    }
+}
+
+impl HostCompute for LossScaleUpdate {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let (scale, good_steps, grad_scale) = (scalar_input(inputs, 0)?, scalar_input(inputs, 1)?, scalar_input(inputs, 2)?);
+        let max = match outputs[0].dtype() {
+            regflow_plan::DType::F32 => f64::from(f32::MAX),
+            _ => f64::MAX,
+        };
+        let (scale, good_steps) = self.at(scale, good_steps, grad_scale, max);
+        let [scale_out, good_out] = outputs else {
+            return Err(format!("gives the scale and the count of good steps, not {} outputs", outputs.len()));
+        };
+        write_scalar(scale_out, scale)?;
+        write_scalar(good_out, good_steps)
     }
 }
 
@@ -100,6 +138,7 @@ fn scalar_input(inputs: &[HostTensor<'_>], i: usize) -> Result<f64, String> {
         HostSlice::F32(v) => v.first().map(|&x| f64::from(x)),
         HostSlice::I64(v) => v.first().map(|&x| x as f64),
         HostSlice::Bf16(v) => v.first().map(|&x| x.to_f64()),
+        HostSlice::F16(v) => v.first().map(|&x| x.to_f64()),
     }
     .ok_or_else(|| format!("input {i} is empty"))
 }
@@ -111,9 +150,10 @@ fn update_typed<T: Real>(
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
     let (lr, step) = (scalar_input(inputs, 2)?, scalar_input(inputs, 3)?);
-    // The clip factor, multiplied in as each gradient element is read (× 1 is exact).
+    // The clip factor (and loss scaling's 1 / scale), multiplied in as each gradient
+    // element is read (× 1 is exact).
     let states = kind.state_count();
-    let scale = T::from_f64(match inputs.len().checked_sub(4 + states) {
+    let scale = match inputs.len().checked_sub(4 + states) {
         Some(0) => 1.0,
         Some(1) => scalar_input(inputs, 4 + states)?,
         _ => {
@@ -122,7 +162,11 @@ fn update_typed<T: Real>(
                 inputs.len()
             ))
         }
-    });
+    };
+    if skips_step(scale) {
+        return skip_update::<T>(inputs, outputs, states);
+    }
+    let scale = T::from_f64(scale);
     let (p, g) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
     let [p_out, rest @ ..] = outputs else { return Err("missing outputs".into()) };
     let p_out = p_out.as_mut_slice::<T>()?;
@@ -203,11 +247,33 @@ fn update_typed<T: Real>(
     Ok(())
 }
 
+/// A skipped step: the parameter and its state come out as they went in.
+fn skip_update<T: Real>(
+    inputs: &[HostTensor<'_>],
+    outputs: &mut [HostTensorMut<'_>],
+    states: usize,
+) -> Result<(), String> {
+    // Outputs are (param', state'...), inputs (param, grad, lr, step, state...).
+    let sources = std::iter::once(0).chain(4..4 + states);
+    if outputs.len() != 1 + states {
+        return Err(format!("gives the parameter and {states} state(s), not {} outputs", outputs.len()));
+    }
+    for (out, i) in outputs.iter_mut().zip(sources) {
+        let (from, to) = (inputs[i].as_slice::<T>()?, out.as_mut_slice::<T>()?);
+        if from.len() != to.len() {
+            return Err(format!("input {i} has {} elements and its output {}", from.len(), to.len()));
+        }
+        to.copy_from_slice(from);
+    }
+    Ok(())
+}
+
 fn write_scalar(out: &mut HostTensorMut<'_>, value: f64) -> Result<(), String> {
     match &mut out.data {
         HostSliceMut::F64(v) => v.iter_mut().for_each(|x| *x = value),
         HostSliceMut::F32(v) => v.iter_mut().for_each(|x| *x = value as f32),
         HostSliceMut::Bf16(v) => v.iter_mut().for_each(|x| *x = regflow_plan::bf16_from_f64(value)),
+        HostSliceMut::F16(v) => v.iter_mut().for_each(|x| *x = regflow_plan::f16_from_f64(value)),
         HostSliceMut::I64(_) => return Err("the output must be a float".into()),
     }
     Ok(())

@@ -17,7 +17,7 @@ impl HostCompute for Permute {
     }
 
     /// Moves elements only: bf16 is copied as it is.
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }

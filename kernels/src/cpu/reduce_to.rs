@@ -43,10 +43,11 @@ impl HostCompute for BroadcastTo {
             DType::F64 => broadcast_typed::<f64>(&inputs[0], &mut outputs[0]),
             DType::I64 => broadcast_elements::<i64>(&inputs[0], &mut outputs[0]),
             DType::Bf16 => broadcast_elements::<regflow_plan::bf16>(&inputs[0], &mut outputs[0]),
+            DType::F16 => broadcast_elements::<regflow_plan::f16>(&inputs[0], &mut outputs[0]),
         }
     }
 
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }

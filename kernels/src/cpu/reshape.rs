@@ -15,7 +15,7 @@ impl HostCompute for Reshape {
     }
 
     /// Moves elements only: bf16 is copied as it is.
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }
@@ -35,6 +35,7 @@ pub(crate) fn copy_all(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> R
         (HostSlice::F64(x), HostSliceMut::F64(o)) => copy(x, o),
         (HostSlice::I64(x), HostSliceMut::I64(o)) => copy(x, o),
         (HostSlice::Bf16(x), HostSliceMut::Bf16(o)) => copy(x, o),
+        (HostSlice::F16(x), HostSliceMut::F16(o)) => copy(x, o),
         _ => Err(format!("{} input, {} output (broken invariant)", input.dtype(), out.dtype())),
     }
 }

@@ -16,7 +16,7 @@ impl HostCompute for Slice {
     }
 
     /// Moves elements only: bf16 is copied as it is.
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }
@@ -33,7 +33,7 @@ impl HostCompute for SliceGrad {
     }
 
     /// Moves elements only: bf16 is copied as it is.
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }

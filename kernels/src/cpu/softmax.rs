@@ -181,8 +181,8 @@ pub fn check_masked(x: &TensorMeta, mask: &TensorMeta) -> Result<DType, String> 
 }
 
 /// The dtype of `masked_softmax`'s probabilities for scores `x` and `mask`: the scores'.
-/// The two are one float dtype, or bf16 scores meet an f32 mask (a bf16 mask with f32
-/// scores is f32 too). Mixed precision's bf16 scores are read as they are, each element
+/// The two are one float dtype, or bf16 (or f16) scores meet an f32 mask (a 16-bit mask
+/// with f32 scores is f32 too). Mixed precision's bf16 scores are read as they are, each element
 /// widened as it loads (as the cross-entropy reads bf16 logits); the softmax is computed
 /// in f32 and each probability rounded to bf16 once as it is stored: the f32 softmax of
 /// the widened scores cast to bf16, bit for bit, with no f32 copy of either.
@@ -190,8 +190,9 @@ pub fn masked_dtype(x: &TensorMeta, mask: &TensorMeta) -> Result<DType, String> 
     match (x.dtype, mask.dtype) {
         (a, b) if a == b && a.is_float() => Ok(a),
         (DType::Bf16, DType::F32) => Ok(DType::Bf16),
-        (DType::F32, DType::Bf16) => Ok(DType::F32),
-        _ => Err(format!("the scores {x} and the mask {mask} must be one float dtype, or bf16 and f32")),
+        (DType::F16, DType::F32) => Ok(DType::F16),
+        (DType::F32, DType::Bf16 | DType::F16) => Ok(DType::F32),
+        _ => Err(format!("the scores {x} and the mask {mask} must be one float dtype, or bf16 or f16 and f32")),
     }
 }
 

@@ -15,7 +15,7 @@ impl HostCompute for ToGlobal {
     }
 
     /// Moves elements only: bf16 is copied as it is.
-    fn bf16_native(&self) -> bool {
+    fn half_native(&self) -> bool {
         true
     }
 }

@@ -165,6 +165,8 @@ op_types! {
     ClipFactor => "clip_factor",
     Update => "update",
     NextStep => "next_step",
+    UnscaleFactor => "unscale_factor",
+    LossScaleUpdate => "loss_scale_update",
     TakePart => "take_part",
     KeepOnFirst => "keep_on_first",
     ToGlobal => "to_global",

@@ -54,9 +54,13 @@ pub struct ClipFactor(pub f64);
 
 /// One optimizer update: inputs `(param, grad, lr, step, state...)` and optionally a last
 /// scalar `grad_scale` the gradient is multiplied by first (gradient clipping's factor,
-/// applied as the update reads each element: the same bits as a separate `g · factor`,
-/// without writing and re-reading a clipped copy of every gradient); outputs
-/// `(param', state'...)`.
+/// or loss scaling's `1 / scale` with it: applied as the update reads each element, the
+/// same bits as a separate `g · factor`, without writing and re-reading a clipped copy of
+/// every gradient); outputs `(param', state'...)`.
+///
+/// A `grad_scale` that is not finite skips the step ([`skips_step`]): every output is its
+/// input unchanged. Loss scaling makes it NaN when the step's gradients overflowed
+/// ([`UnscaleFactor`]), as PyTorch's `GradScaler` skips `optimizer.step()`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Update(pub OptimizerKind);
 
@@ -70,9 +74,74 @@ impl OptimizerKind {
     }
 }
 
-/// Increments the step counter: `step + 1`.
+/// Increments the step counter: `step + 1`. With a second input, the step's gradient
+/// scale, a skipped step ([`skips_step`]) leaves the counter as it is, so a step the loss
+/// scaler skipped advances neither AdamW's bias correction nor the schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NextStep;
+
+/// Whether an update whose gradient scale is `grad_scale` is skipped: the scale is not
+/// finite (loss scaling found an infinity or NaN among the step's gradients).
+pub fn skips_step(grad_scale: f64) -> bool {
+    !grad_scale.is_finite()
+}
+
+/// The factor loss-scaled gradients are multiplied by as the updates read them: inputs
+/// `(squared_norm, scale)`, the squared global norm of the scaled gradients and the loss
+/// scale they were made with; output one value in the scale's dtype:
+/// `clip / scale`, with `clip = min(1, max_norm / (norm + 1e-6))` of the unscaled norm
+/// `sqrt(squared_norm) / scale` when `clip_norm` is set, else 1. NaN when `squared_norm`
+/// is not finite: some gradient element overflowed (or was NaN), and the step is skipped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnscaleFactor {
+    /// Gradient clipping's largest global norm, of the unscaled gradients.
+    pub clip_norm: Option<f64>,
+}
+
+impl UnscaleFactor {
+    /// The factor for `squared_norm` and `scale` (see the type's docs), in f64.
+    pub fn at(&self, squared_norm: f64, scale: f64) -> f64 {
+        if !squared_norm.is_finite() {
+            return f64::NAN;
+        }
+        let clip = match self.clip_norm {
+            Some(max_norm) => (max_norm / (squared_norm.sqrt() / scale + 1e-6)).min(1.0),
+            None => 1.0,
+        };
+        clip / scale
+    }
+}
+
+/// Dynamic loss scaling's bookkeeping after a step, PyTorch's `GradScaler.update()`:
+/// inputs `(scale, good_steps, grad_scale)`, outputs `(scale', good_steps')`. A skipped
+/// step ([`skips_step`] of `grad_scale`) multiplies the scale by `backoff` and restarts
+/// the count; otherwise the count grows by one, and at `interval` the scale is multiplied
+/// by `growth` (kept when that would overflow to infinity) and the count restarts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LossScaleUpdate {
+    /// Factor after `interval` steps in a row without overflow (> 1 to grow; 1 keeps it).
+    pub growth: f64,
+    /// Factor after a step that overflowed (in (0, 1]).
+    pub backoff: f64,
+    /// Steps without overflow before the scale grows (>= 1).
+    pub interval: u64,
+}
+
+impl LossScaleUpdate {
+    /// `(scale', good_steps')` after a step with `grad_scale`; `max` is the largest finite
+    /// value of the scale's dtype.
+    pub fn at(&self, scale: f64, good_steps: f64, grad_scale: f64, max: f64) -> (f64, f64) {
+        if skips_step(grad_scale) {
+            return (scale * self.backoff, 0.0);
+        }
+        let good = good_steps + 1.0;
+        if good < self.interval as f64 {
+            return (scale, good);
+        }
+        let grown = scale * self.growth;
+        (if grown <= max { grown } else { scale }, 0.0)
+    }
+}
 
 impl Schedule {
     /// The rate at `step` (1-based).

@@ -220,6 +220,10 @@ element!(i64, i64::wrapping_add);
 element!(regflow_plan::bf16, |x: regflow_plan::bf16, y: regflow_plan::bf16| regflow_plan::bf16::from_f32(
     x.to_f32() + y.to_f32()
 ));
+// f16 likewise (an overflow to infinity is what loss scaling looks for).
+element!(regflow_plan::f16, |x: regflow_plan::f16, y: regflow_plan::f16| regflow_plan::f16::from_f32(
+    x.to_f32() + y.to_f32()
+));
 
 /// `out = ((input(0) + input(1)) + input(2)) + ...`, elementwise, in rank order.
 pub(super) fn sum_into<'a>(dtype: DType, out: &mut [u8], count: usize, input: impl Fn(usize) -> &'a [u8]) {
@@ -228,6 +232,7 @@ pub(super) fn sum_into<'a>(dtype: DType, out: &mut [u8], count: usize, input: im
         DType::F64 => sum_typed::<f64>(out, count, input),
         DType::I64 => sum_typed::<i64>(out, count, input),
         DType::Bf16 => sum_typed::<regflow_plan::bf16>(out, count, input),
+        DType::F16 => sum_typed::<regflow_plan::f16>(out, count, input),
     }
 }
 
@@ -270,6 +275,7 @@ pub(super) fn add_into(dtype: DType, acc: &mut [u8], x: &[u8]) {
         DType::F64 => add_typed::<f64>(acc, x),
         DType::I64 => add_typed::<i64>(acc, x),
         DType::Bf16 => add_typed::<regflow_plan::bf16>(acc, x),
+        DType::F16 => add_typed::<regflow_plan::f16>(acc, x),
     }
 }
 

@@ -137,6 +137,7 @@ fn dtype_of(dtype: Dtype) -> Option<DType> {
         Dtype::F64 => Some(DType::F64),
         Dtype::I64 => Some(DType::I64),
         Dtype::BF16 => Some(DType::Bf16),
+        Dtype::F16 => Some(DType::F16),
         _ => None,
     }
 }

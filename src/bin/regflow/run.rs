@@ -241,6 +241,9 @@ fn scalar_text(dtype: DType, bytes: &[u8]) -> String {
         DType::Bf16 => {
             bytes.get(..2).and_then(|b| b.try_into().ok()).map(|b| regflow::plan::bf16::from_le_bytes(b).to_string())
         }
+        DType::F16 => {
+            bytes.get(..2).and_then(|b| b.try_into().ok()).map(|b| regflow::plan::f16::from_le_bytes(b).to_string())
+        }
     };
     text.unwrap_or_else(|| format!("<{} bytes>", bytes.len()))
 }

@@ -52,6 +52,7 @@ pub(super) fn copy_into(whole: &mut HostArray, covered: &mut [bool], offsets: &[
         (HostData::F64(into), HostData::F64(from)) => copy(into, from, &runs),
         (HostData::I64(into), HostData::I64(from)) => copy(into, from, &runs),
         (HostData::Bf16(into), HostData::Bf16(from)) => copy(into, from, &runs),
+        (HostData::F16(into), HostData::F16(from)) => copy(into, from, &runs),
         _ => panic!(
             "copy_into: a {:?} part into a {:?} whole (the caller checks the dtypes)",
             part.dtype(),
