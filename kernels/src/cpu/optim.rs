@@ -107,7 +107,12 @@ impl HostCompute for UnscaleFactor {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let (squared_norm, scale) = (scalar_input(inputs, 0)?, scalar_input(inputs, 1)?);
-        write_scalar(&mut outputs[0], self.at(squared_norm, scale))
+        // The square root in the input's dtype (f32 for f32 gradients), as a `sqrt` op.
+        let norm = match inputs[0].dtype() {
+            regflow_plan::DType::F64 => squared_norm.sqrt(),
+            _ => f64::from((squared_norm as f32).sqrt()),
+        };
+        write_scalar(&mut outputs[0], self.at(norm, scale))
     }
 }
 

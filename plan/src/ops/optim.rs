@@ -99,13 +99,17 @@ pub struct UnscaleFactor {
 }
 
 impl UnscaleFactor {
-    /// The factor for `squared_norm` and `scale` (see the type's docs), in f64.
-    pub fn at(&self, squared_norm: f64, scale: f64) -> f64 {
-        if !squared_norm.is_finite() {
+    /// The factor for the scaled gradients' global `norm` (the square root of the op's
+    /// input, taken in the input's dtype, as clipping's `sqrt` op would take it) and
+    /// `scale` (see the type's docs), in f64. With a power-of-two scale and no overflow,
+    /// `norm / scale` is then exactly the unscaled norm clipping alone computes, so the
+    /// updates get the bits they would get without loss scaling.
+    pub fn at(&self, norm: f64, scale: f64) -> f64 {
+        if !norm.is_finite() {
             return f64::NAN;
         }
         let clip = match self.clip_norm {
-            Some(max_norm) => (max_norm / (squared_norm.sqrt() / scale + 1e-6)).min(1.0),
+            Some(max_norm) => (max_norm / (norm / scale + 1e-6)).min(1.0),
             None => 1.0,
         };
         clip / scale
