@@ -4,10 +4,13 @@
 //! and a seeded sample continuing a prompt.
 //!
 //! ```text
-//! cargo run --release --example train_char_gpt -- [steps]
+//! cargo run --release --example train_char_gpt -- [steps] [--precision f32|bf16|f16]
 //! ```
 //!
-//! `steps` defaults to 400. Training is compiled to a plan and run by the actor runtime;
+//! `steps` defaults to 400. `--precision bf16` or `f16` trains in mixed precision
+//! (products and activations in the 16-bit type, master weights and AdamW's state in f32);
+//! under f16 the loss is scaled dynamically, and the run ends by printing the final scale
+//! and how many steps the scaler skipped. Training is compiled to a plan and run by the actor runtime;
 //! the trained weights are then loaded into the host reference [`Session`] for the
 //! held-out loss and for sampling (one forward pass per generated character).
 //!
@@ -23,7 +26,7 @@
 mod gpt;
 
 use gpt::{Gpt, GptConfig};
-use regflow::graph::{CompileOptions, DType, Graph, HostArray, Optimizer, Schedule, Session, SplitMix64};
+use regflow::graph::{CompileOptions, DType, Graph, HostArray, Optimizer, Precision, Schedule, Session, SplitMix64};
 use regflow::prelude::Trainer;
 use regflow::train::BoxError;
 use std::time::Instant;
@@ -100,11 +103,30 @@ fn sample(logits: &[f64], temperature: f64, rng: &mut SplitMix64) -> usize {
     weights.len() - 1
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(DEFAULT_STEPS);
+/// `[steps] [--precision f32|bf16|f16]`, in any order.
+fn parse_args() -> Result<(usize, Precision), String> {
+    let (mut steps, mut precision) = (DEFAULT_STEPS, Precision::F32);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--precision" {
+            precision = match args.next().as_deref() {
+                Some("f32") => Precision::F32,
+                Some("bf16") => Precision::Bf16,
+                Some("f16") => Precision::F16,
+                other => return Err(format!("--precision {}: expected f32, bf16 or f16", other.unwrap_or("(none)"))),
+            };
+        } else {
+            steps = arg.parse().map_err(|_| format!("'{arg}': expected a number of steps or --precision"))?;
+        }
+    }
     if steps == 0 {
         return Err("steps must be at least 1".into());
     }
+    Ok((steps, precision))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (steps, precision) = parse_args()?;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/tiny_text.txt");
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let corpus = Corpus::new(&text);
@@ -117,6 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vocab_size = corpus.vocab.len();
 
     let g = Graph::new();
+    g.mixed_precision(precision)?;
     let config = GptConfig { d_model: D_MODEL, heads: HEADS, layers: LAYERS, context: CONTEXT, mlp_width: MLP_WIDTH };
     let model = Gpt::new(&g, config, vocab_size)?;
     // 0 where query `i` may attend key `j <= i`, -1e9 after it: made by the step itself.
@@ -196,6 +219,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let val_loss = session.run(&val_feeds, &[loss])?[0].to_f64_vec()[0];
     println!("held-out loss after training: {val_loss:.4}");
+    if let (Some(scale), Some(applied)) = (history.state.get("loss_scale.scale"), history.state.get("optimizer.step")) {
+        let applied = applied.to_f64_vec()[0] as usize;
+        println!(
+            "loss scale at the end: {}; {} of {steps} steps skipped for gradients that overflowed",
+            scale.to_f64_vec()[0],
+            steps.saturating_sub(applied)
+        );
+    }
 
     // Sampling: the context is the last `CONTEXT` characters, padded on the right with id 0
     // (the causal mask keeps the padding from affecting the position that is read).

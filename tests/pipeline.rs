@@ -71,6 +71,11 @@ fn two_then_one() -> Stages {
 
 /// The MLP on `batch` rows; with `stages`, layer l lives on stage l * stages / LAYERS.
 fn model<'g>(g: &'g Graph, batch: usize, stages: Option<&Stages>) -> TrainStep<'g> {
+    model_with(g, batch, stages, &Optimizer::adamw(3e-2, 1e-3))
+}
+
+/// [`model`] trained by `optimizer`.
+fn model_with<'g>(g: &'g Graph, batch: usize, stages: Option<&Stages>, optimizer: &Optimizer) -> TrainStep<'g> {
     let x = g.input("x", [batch, WIDTH], DType::F64).unwrap();
     let y = g.input("y", [batch], DType::I64).unwrap();
     let stage_of = |l: usize| stages.map(|st| l * st.meshes.len() / LAYERS);
@@ -96,7 +101,7 @@ fn model<'g>(g: &'g Graph, batch: usize, stages: Option<&Stages>) -> TrainStep<'
         }
     }
     let loss = h.sparse_cross_entropy(&y).unwrap();
-    g.minimize(loss, &Optimizer::adamw(3e-2, 1e-3)).unwrap()
+    g.minimize(loss, optimizer).unwrap()
 }
 
 /// `steps` times the same batch of `rows` rows (so the loss goes down step by step).
@@ -129,9 +134,19 @@ fn pipelined(steps: usize, p: usize, m: usize, schedule: PipelineSchedule) -> (V
 }
 
 fn run(steps: usize, stages: &Stages, m: usize, schedule: PipelineSchedule) -> (Vec<f64>, regflow::prelude::JobReport) {
+    run_with(steps, stages, m, schedule, &Optimizer::adamw(3e-2, 1e-3))
+}
+
+fn run_with(
+    steps: usize,
+    stages: &Stages,
+    m: usize,
+    schedule: PipelineSchedule,
+    optimizer: &Optimizer,
+) -> (Vec<f64>, regflow::prelude::JobReport) {
     let p = stages.meshes.len();
     let g = Graph::new();
-    let train = model(&g, MICRO, Some(stages));
+    let train = model_with(&g, MICRO, Some(stages), optimizer);
     let mut options = ParallelOptions::new(stages.meshes[0].clone()).train(&train).micro_batches(&train, m as u32);
     options.schedule = schedule;
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
@@ -162,6 +177,24 @@ fn assert_close(name: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len());
     for (step, (a, b)) in got.iter().zip(want).enumerate() {
         assert!((a - b).abs() <= 1e-10 * b.abs(), "{name}: step {step}: {a} vs one device {b}\n{got:?}\n{want:?}");
+    }
+}
+
+/// Loss scaling across stages: the scale lives with the loss on the last stage, its
+/// inverse and the overflow check reach every stage's updates. Powers of two scale f64
+/// gradients exactly, so a scale growing every 2 steps trains like one device unscaled.
+#[test]
+fn a_growing_loss_scale_on_pipeline_stages_trains_like_one_device_unscaled() {
+    let steps = 6;
+    let want = reference(steps, 4);
+    let scaled = Optimizer::adamw(3e-2, 1e-3)
+        .with_loss_scale(regflow::graph::LossScale { init: 1024.0, ..regflow::graph::LossScale::dynamic() }.with_interval(2));
+    for p in [2, 4] {
+        let (got, report) = run_with(steps, &single_devices(p), 4, PipelineSchedule::OneForwardOneBackward, &scaled);
+        assert_close(&format!("pp{p}, loss scale"), &got, &want);
+        let scale_updates: Vec<u64> =
+            report.actors.iter().filter(|a| a.name.starts_with("loss_scale_update")).map(|a| a.fires).collect();
+        assert_eq!(scale_updates, vec![steps as u64], "pp{p}: one scale update per step");
     }
 }
 

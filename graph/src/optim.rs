@@ -464,15 +464,34 @@ impl Graph {
             grads = grads.iter().zip(&grad_scales).map(|(g, s)| g.mul(s)).collect::<Result<_, _>>()?;
         }
         let step = self.state("optimizer.step", &TensorMeta::new(Shape::scalar(), DType::F64), Init::Zeros)?;
-        // A step the loss scaler skips does not count (AdamW's bias correction, the schedule).
-        let next_step = match (&scaler, factor) {
-            (Some(_), Some(factor)) => self.apply1(NextStep, &[step, self.alongside(factor, step)?])?,
-            _ => self.apply1(NextStep, &[step])?,
+        // A step the loss scaler skips does not count (AdamW's bias correction, the
+        // schedule), so the counter reads the step's factor; that factor has the placement
+        // of the gradients it was made from, so with parameters on several placements
+        // (pipeline stages) each placement counts the step itself, from the same factor:
+        // `counters` holds (a parameter of the placement, next step, learning rate).
+        let counter = |like: Option<Tensor<'g>>| -> Result<(Tensor<'g>, Tensor<'g>), GraphError> {
+            let next_step = match (&scaler, factor, like) {
+                (Some(_), Some(factor), Some(p)) => self.apply1(NextStep, &[step, self.alongside(factor, p)?])?,
+                _ => self.apply1(NextStep, &[step])?,
+            };
+            Ok((next_step, self.apply1(LearningRate(optimizer.schedule.clone()), &[next_step])?))
         };
-        let lr = self.apply1(LearningRate(optimizer.schedule.clone()), &[next_step])?;
+        let (next_step, lr) = counter(params.first().copied())?;
+        let mut counters = vec![(params.first().copied(), next_step, lr)];
         let mut updates = vec![(step, next_step)];
         let mut all_states = Vec::new();
         for (i, (p, g)) in params.iter().zip(&raw_grads).enumerate() {
+            let same_place = |q: &Option<Tensor<'g>>| {
+                scaler.is_none() || q.is_none_or(|q| self.placement(q.id()) == self.placement(p.id()))
+            };
+            let (next_step, lr) = match counters.iter().find(|(q, _, _)| same_place(q)) {
+                Some(&(_, next_step, lr)) => (next_step, lr),
+                None => {
+                    let (next_step, lr) = counter(Some(*p))?;
+                    counters.push((Some(*p), next_step, lr));
+                    (next_step, lr)
+                }
+            };
             let meta = p.meta();
             let name = p.name();
             let states: Vec<Tensor<'g>> = match optimizer.kind {
