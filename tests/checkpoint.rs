@@ -203,15 +203,18 @@ fn files_that_are_not_checkpoints_are_refused_in_terms_of_the_file() {
     assert!(refused(&not_json).ends_with("its header is not the JSON table of tensors a safetensors file starts with"));
 
     // A dtype regflow does not hold.
-    let header = br#"{"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}"#;
-    let mut bf16 = (header.len() as u64).to_le_bytes().to_vec();
-    bf16.extend_from_slice(header);
-    bf16.extend_from_slice(&[0; 4]);
-    std::fs::write(&path, &bf16).unwrap();
+    let header = br#"{"h":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}}"#;
+    let mut int32 = (header.len() as u64).to_le_bytes().to_vec();
+    int32.extend_from_slice(header);
+    int32.extend_from_slice(&[0; 8]);
+    std::fs::write(&path, &int32).unwrap();
     let err = checkpoint::load(&path).unwrap_err().to_string();
     assert_eq!(
         err,
-        format!("checkpoint '{shown}': tensor 'h' holds f16 values, which regflow does not support (f32, f64, i64 and bf16 it does)")
+        format!(
+            "checkpoint '{shown}': tensor 'h' holds i32 values, which regflow does not support \
+             (f32, f64, i64, bf16 and f16 it does)"
+        )
     );
 
     std::fs::remove_file(&path).unwrap();

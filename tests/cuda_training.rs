@@ -217,6 +217,17 @@ fn the_tiny_gpt_trains_in_bf16_on_one_gpu_like_on_the_cpu() {
     assert_close("bf16 gpt", &gpt_losses(DeviceKind::Cuda, bf16), &gpt_losses(DeviceKind::Cpu, bf16), 2e-2);
 }
 
+/// f16 autocast with dynamic loss scaling on the GPU (cuBLAS f16 products, f32
+/// accumulation; the scaler's scalars on the device) against the same plan on the CPU.
+#[test]
+fn the_tiny_gpt_trains_in_f16_with_loss_scaling_on_one_gpu_like_on_the_cpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let f16 = Some(Precision::F16);
+    assert_close("f16 gpt", &gpt_losses(DeviceKind::Cuda, f16), &gpt_losses(DeviceKind::Cpu, f16), 1e-2);
+}
+
 /// The op actors of `plan`, and those without a CUDA kernel for their op and dtype (which
 /// run their CPU kernel on the host), each as `Job::host_kernels` names it, `actor (op
 /// dtype)`, with the most values its outputs hold.
@@ -247,14 +258,14 @@ fn large(on_host: Vec<(String, usize)>) -> Vec<(String, usize)> {
     on_host.into_iter().filter(|(_, values)| *values > 1).collect()
 }
 
-/// Every op of the GPT step (f32 and bf16) and of the MLP (f32, f64, and dp2) that makes
+/// Every op of the GPT step (f32, bf16, and f16 with loss scaling) and of the MLP (f32, f64, and dp2) that makes
 /// more than one value has a CUDA kernel for its dtype. One without would run its CPU
 /// kernel on the host over managed memory: right, so the parity tests above pass, but slow
 /// (a bf16 masked softmax keyed only for f32 took GPT-2's bf16 step from about 80 ms to
 /// 5 s on an H100). Runs anywhere: it compiles the plans and reads their actors.
 #[test]
 fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
-    for precision in [None, Some(Precision::Bf16)] {
+    for precision in [None, Some(Precision::Bf16), Some(Precision::F16)] {
         let g = Graph::new();
         let mesh = Mesh::of_kind(DeviceKind::Cuda, &[1], &["d"]).unwrap();
         let step = gpt_step(&g, &mesh, precision);
@@ -307,6 +318,7 @@ fn a_cuda_job_lists_the_ops_that_run_on_the_host() {
     for (kind, devices, precision) in [
         (DeviceKind::Cuda, 1, None),
         (DeviceKind::Cuda, 1, Some(Precision::Bf16)),
+        (DeviceKind::Cuda, 1, Some(Precision::F16)),
         (DeviceKind::Cuda, 2, None),
         (DeviceKind::Cpu, 1, None),
     ] {
@@ -336,7 +348,7 @@ fn a_cuda_job_lists_the_ops_that_run_on_the_host() {
 /// everywhere: on the CPU.
 #[test]
 fn the_tiny_gpt_data_is_learnable() {
-    for precision in [None, Some(Precision::Bf16)] {
+    for precision in [None, Some(Precision::Bf16), Some(Precision::F16)] {
         let losses = gpt_losses(DeviceKind::Cpu, precision);
         assert!(losses[STEPS - 1] < losses[0] - 0.05, "{precision:?}: {losses:?}");
     }
@@ -361,6 +373,7 @@ fn plans_run_to_the_end_on_dry_run_devices() {
     assert_eq!(mlp_losses(DeviceKind::Cuda, 2, DType::F32, |b| b.cuda_ordinals(&[0, 0])).len(), STEPS);
     assert_eq!(gpt_losses(DeviceKind::Cuda, None).len(), STEPS);
     assert_eq!(gpt_losses(DeviceKind::Cuda, Some(Precision::Bf16)).len(), STEPS);
+    assert_eq!(gpt_losses(DeviceKind::Cuda, Some(Precision::F16)).len(), STEPS);
 }
 
 /// A traced `cuda` job runs each kernel alone and records it: one slice per firing, named

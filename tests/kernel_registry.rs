@@ -63,8 +63,8 @@ fn a_dtype_without_a_kernel_is_refused_naming_the_kernels_the_op_has() {
     assert_eq!(
         build_error(one_op(DeviceKind::Cpu, add(DType::I64))),
         "cannot make the kernel of actor 'f': no kernel is registered for op 'binary' on device kind \
-         cpu with dtype i64; 'binary' has kernels for: cpu bf16, cpu f32, cpu f64, cuda bf16, cuda f32, cuda f64, \
-         sim bf16, sim f32, sim f64"
+         cpu with dtype i64; 'binary' has kernels for: cpu bf16, cpu f16, cpu f32, cpu f64, cuda bf16, cuda f16, \
+         cuda f32, cuda f64, sim bf16, sim f16, sim f32, sim f64"
     );
 }
 

@@ -29,6 +29,6 @@ fn launches_that_do_not_fit_their_kernel_are_refused() {
         let e = launch(stream, fill, too_wide, &mut args![out, 1.5f32, n]).unwrap_err().to_string();
         assert!(e.contains("beyond CUDA's limits"), "{e}");
     }
-    let e = device.function("regflow_fill_f16").unwrap_err().to_string();
+    let e = device.function("regflow_fill_f8").unwrap_err().to_string();
     assert!(e.contains("did you mean"), "{e}");
 }

@@ -1,6 +1,7 @@
-//! bf16 on CUDA against the CPU kernels (skip without a GPU; a dry run without one): casts
-//! between f32, f64 and bf16 (bitwise: both round to nearest even), and bf16 products
-//! (f32 accumulation, one rounding: within bf16's precision of the CPU's).
+//! bf16 and f16 on CUDA against the CPU kernels (skip without a GPU; a dry run without
+//! one): casts between f32, f64, bf16 and f16 (bitwise: both round to nearest even), and
+//! 16-bit products (f32 accumulation, one rounding: within the type's precision of the
+//! CPU's).
 
 mod common;
 
@@ -24,7 +25,7 @@ fn random(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
 #[test]
 fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
-    let floats = [DType::F32, DType::F64, DType::Bf16];
+    let floats = [DType::F32, DType::F64, DType::Bf16, DType::F16];
     for from in floats {
         for to in floats {
             for n in [1, 7, 1023, 70_001] {
@@ -34,21 +35,35 @@ fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
             }
         }
     }
+    // f16's edges: the largest finite value, ties at it, overflow to infinity, subnormals.
+    let edges = [65504.0, 65519.0, 65520.0, 70000.0, -70000.0, 6.0e-8, 3.0e-8, 1.0e-5];
+    for from in [DType::F32, DType::F64] {
+        let x = match from {
+            DType::F32 => HostArray::f32([edges.len()], edges.iter().map(|&v| v as f32).collect()),
+            _ => HostArray::f64([edges.len()], edges.to_vec()),
+        }
+        .expect("an array");
+        let conf = common::conf(&Cast { to: DType::F16 }, &[&x], &[TensorMeta::new([edges.len()], DType::F16)]);
+        common::check(&format!("cast {from} -> f16 at its edges"), &conf, &[&x], (&device, &stream), 0.0);
+    }
 }
 
 #[test]
-fn bf16_products_match_the_cpu_to_bf16_precision() {
+fn half_products_match_the_cpu_to_their_precision() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
-    for (m, k, n) in [(1, 1, 1), (7, 33, 5), (33, 1023, 7), (64, 64, 64)] {
-        for (transpose_a, transpose_b) in [(false, false), (true, false), (false, true)] {
-            let a_dims = if transpose_a { [k, m] } else { [m, k] };
-            let b_dims = if transpose_b { [n, k] } else { [k, n] };
-            let (a, b) = (random(&a_dims, DType::Bf16, 1), random(&b_dims, DType::Bf16, 2));
-            let op = MatMul { transpose_a, transpose_b };
-            let conf = common::conf(&op, &[&a, &b], &[TensorMeta::new([m, n], DType::Bf16)]);
-            // One bf16 rounding of the result (2^-8 relative) plus f32 sums in another order.
-            let what = format!("bf16 matmul {m}x{k}x{n} t{transpose_a}{transpose_b}");
-            common::check(&what, &conf, &[&a, &b], (&device, &stream), 1e-2);
+    // One rounding of the result (bf16: 2^-8 relative, f16: 2^-11) plus f32 sums in
+    // another order.
+    for (dtype, rel) in [(DType::Bf16, 1e-2), (DType::F16, 2e-3)] {
+        for (m, k, n) in [(1, 1, 1), (7, 33, 5), (33, 1023, 7), (64, 64, 64)] {
+            for (transpose_a, transpose_b) in [(false, false), (true, false), (false, true)] {
+                let a_dims = if transpose_a { [k, m] } else { [m, k] };
+                let b_dims = if transpose_b { [n, k] } else { [k, n] };
+                let (a, b) = (random(&a_dims, dtype, 1), random(&b_dims, dtype, 2));
+                let op = MatMul { transpose_a, transpose_b };
+                let conf = common::conf(&op, &[&a, &b], &[TensorMeta::new([m, n], dtype)]);
+                let what = format!("{dtype} matmul {m}x{k}x{n} t{transpose_a}{transpose_b}");
+                common::check(&what, &conf, &[&a, &b], (&device, &stream), rel);
+            }
         }
     }
 }

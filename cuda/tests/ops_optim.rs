@@ -75,3 +75,38 @@ fn a_group_of_one_piece_is_its_own_mean() {
         }
     }
 }
+
+/// A non-finite gradient scale (an overflowed step under loss scaling) skips the update:
+/// the parameter and its state come out as they went in, on both devices.
+#[test]
+fn a_non_finite_gradient_scale_skips_the_update() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let sgd = OptimizerKind::Sgd { momentum: 0.9, weight_decay: 1e-4 };
+    let adamw = OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+    for dtype in [DType::F32, DType::F64] {
+        for (kind, states) in [(sgd.clone(), 1), (adamw.clone(), 2)] {
+            for skip in [f64::NAN, f64::INFINITY] {
+                let n = 1023;
+                let mut inputs = vec![
+                    random(n, dtype, 1, (-1.0, 1.0)),
+                    random(n, dtype, 2, (-1.0, 1.0)),
+                    common::scalar(DType::F64, 1e-2),
+                    common::scalar(DType::F64, 3.0),
+                ];
+                inputs.extend((0..states).map(|k| random(n, dtype, 10 + k as u64, (0.0, 1.0))));
+                inputs.push(common::scalar(DType::F32, skip));
+                let refs: Vec<&HostArray> = inputs.iter().collect();
+                let outputs = vec![TensorMeta::new([n], dtype); 1 + states];
+                let conf = common::conf(&Update(kind.clone()), &refs, &outputs);
+                let what = format!("{kind:?} {dtype} with gradient scale {skip}");
+                common::check(&what, &conf, &refs, (&device, &stream), 0.0);
+                // And on the CPU, against the inputs themselves.
+                let kept = common::run(&conf, &refs, None);
+                assert_eq!(kept[0], inputs[0], "{what}: the parameter");
+                for k in 0..states {
+                    assert_eq!(kept[1 + k], inputs[4 + k], "{what}: state {k}");
+                }
+            }
+        }
+    }
+}

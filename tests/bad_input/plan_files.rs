@@ -195,9 +195,9 @@ fn plan_files() {
     );
     c.case(
         "an unknown dtype",
-        load(edit(&ops, "\"f32\"", "\"f16\"")),
+        load(edit(&ops, "\"f32\"", "\"f8\"")),
         "PlanError::Element",
-        &["actor 2 'op'", "`f16`"],
+        &["actor 2 'op'", "`f8`"],
     );
     c.finish();
 }

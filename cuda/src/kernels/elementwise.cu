@@ -111,6 +111,7 @@ template <typename T> __device__ __forceinline__ void pow_scalar(const T* x, T* 
 UNARY_ENTRIES(f32, float, float)
 UNARY_ENTRIES(f64, double, double)
 UNARY_ENTRIES(bf16, bf16, float)
+UNARY_ENTRIES(f16, f16, float)
 
 // ---- binary ------------------------------------------------------------------------
 
@@ -157,6 +158,7 @@ __device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, I
 BINARY_ENTRIES(f32, float)
 BINARY_ENTRIES(f64, double)
 BINARY_ENTRIES(bf16, bf16)
+BINARY_ENTRIES(f16, f16)
 
 // ---- bias GELU ---------------------------------------------------------------------
 
@@ -189,6 +191,7 @@ __device__ __forceinline__ void bias_gelu_grad(const T* x, const T* bias, const 
 BIAS_GELU_ENTRIES(f32, float)
 BIAS_GELU_ENTRIES(f64, double)
 BIAS_GELU_ENTRIES(bf16, bf16)
+BIAS_GELU_ENTRIES(f16, f16)
 
 // ---- dropout -----------------------------------------------------------------------
 
@@ -239,3 +242,4 @@ __device__ __forceinline__ void dropout_part(
 DROPOUT_ENTRIES(f32, float, float)
 DROPOUT_ENTRIES(f64, double, double)
 DROPOUT_ENTRIES(bf16, bf16, float)
+DROPOUT_ENTRIES(f16, f16, float)

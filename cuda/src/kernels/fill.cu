@@ -1,5 +1,5 @@
-// Filling and casting: constant tensors, and dtype conversions (f32 <-> bf16 for mixed
-// precision).
+// Filling and casting: constant tensors, and dtype conversions (f32 <-> bf16 or f16 for
+// mixed precision).
 
 extern "C" __global__ void regflow_fill_f32(float* out, float value, u64 n) {
     FOR_EACH(i, n) out[i] = value;
@@ -21,9 +21,29 @@ extern "C" __global__ void regflow_cast_bf16_f32(const bf16* x, float* out, u64 
     FOR_EACH(i, n) out[i] = bf16_to_f32(x[i]);
 }
 
-// bf16 fills take the value as its 16 bits.
+// bf16 and f16 fills take the value as its 16 bits.
 extern "C" __global__ void regflow_fill_bf16(bf16* out, bf16 value, u64 n) {
     FOR_EACH(i, n) out[i] = value;
+}
+extern "C" __global__ void regflow_fill_f16(f16* out, f16 value, u64 n) {
+    FOR_EACH(i, n) out[i] = value;
+}
+
+extern "C" __global__ void regflow_cast_f32_f16(const float* x, f16* out, u64 n) {
+    FOR_EACH(i, n) out[i] = f32_to_f16(x[i]);
+}
+
+extern "C" __global__ void regflow_cast_f16_f32(const f16* x, float* out, u64 n) {
+    FOR_EACH(i, n) out[i] = f16_to_f32(x[i]);
+}
+
+// Between the two 16-bit types through f32, which holds both exactly: one rounding.
+extern "C" __global__ void regflow_cast_bf16_f16(const bf16* x, f16* out, u64 n) {
+    FOR_EACH(i, n) out[i] = f32_to_f16(bf16_to_f32(x[i]));
+}
+
+extern "C" __global__ void regflow_cast_f16_bf16(const f16* x, bf16* out, u64 n) {
+    FOR_EACH(i, n) out[i] = f32_to_bf16(f16_to_f32(x[i]));
 }
 
 // A causal mask [len, len]: 0 at (i, j <= i), `masked` above the diagonal (the CPU's
@@ -45,6 +65,10 @@ extern "C" __global__ void regflow_causal_mask_f64(double* out, double masked, u
 extern "C" __global__ void regflow_causal_mask_bf16(bf16* out, bf16 masked, u64 len, u64 n) {
     causal_mask(out, masked, len, n);
 }
+// f16 likewise (`f16(0)` is all zero bits).
+extern "C" __global__ void regflow_causal_mask_f16(f16* out, f16 masked, u64 len, u64 n) {
+    causal_mask(out, masked, len, n);
+}
 
 // f64 to bf16 in one rounding, as `half::bf16::from_f64` (the CPU's): round to odd into
 // f32 (toward zero, then the lowest bit set when anything was dropped), whose 24 bits then
@@ -62,6 +86,22 @@ extern "C" __global__ void regflow_cast_f64_bf16(const double* x, bf16* out, u64
 
 extern "C" __global__ void regflow_cast_bf16_f64(const bf16* x, double* out, u64 n) {
     FOR_EACH(i, n) out[i] = (double)bf16_to_f32(x[i]);
+}
+
+// f64 to f16 in one rounding, the same way: f32 keeps 13 bits more than f16.
+__device__ __forceinline__ f16 f64_to_f16(double x) {
+    float f = __double2float_rz(x);
+    if ((double)f != x && x == x && !isinf(f)) f = __uint_as_float(__float_as_uint(f) | 1u);
+    if (x != x) f = __double2float_rn(x);
+    return f32_to_f16(f);
+}
+
+extern "C" __global__ void regflow_cast_f64_f16(const double* x, f16* out, u64 n) {
+    FOR_EACH(i, n) out[i] = f64_to_f16(x[i]);
+}
+
+extern "C" __global__ void regflow_cast_f16_f64(const f16* x, double* out, u64 n) {
+    FOR_EACH(i, n) out[i] = (double)f16_to_f32(x[i]);
 }
 
 extern "C" __global__ void regflow_cast_f32_f64(const float* x, double* out, u64 n) {

@@ -46,11 +46,13 @@ extern "C" __global__ void regflow_copy_f32(const float* src, float* dst, u64 n)
 extern "C" __global__ void regflow_copy_f64(const double* src, double* dst, u64 n) { copy(src, dst, n); }
 extern "C" __global__ void regflow_copy_i64(const i64* src, i64* dst, u64 n) { copy(src, dst, n); }
 extern "C" __global__ void regflow_copy_bf16(const bf16* src, bf16* dst, u64 n) { copy(src, dst, n); }
+extern "C" __global__ void regflow_copy_f16(const f16* src, f16* dst, u64 n) { copy(src, dst, n); }
 
 extern "C" __global__ void regflow_gather_f32(const float* src, float* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 extern "C" __global__ void regflow_gather_f64(const double* src, double* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 extern "C" __global__ void regflow_gather_i64(const i64* src, i64* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 extern "C" __global__ void regflow_gather_bf16(const bf16* src, bf16* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
+extern "C" __global__ void regflow_gather_f16(const f16* src, f16* dst, Indexing s, u64 n) { gather(src, dst, s, n); }
 
 extern "C" __global__ void regflow_copy_blocks_f32(const float* src, float* dst, u64 outer, u64 run, u64 src_block,
                                                    u64 src_start, u64 dst_block, u64 dst_start) {
@@ -66,6 +68,10 @@ extern "C" __global__ void regflow_copy_blocks_i64(const i64* src, i64* dst, u64
 }
 extern "C" __global__ void regflow_copy_blocks_bf16(const bf16* src, bf16* dst, u64 outer, u64 run, u64 src_block,
                                                     u64 src_start, u64 dst_block, u64 dst_start) {
+    copy_blocks(src, dst, outer, run, src_block, src_start, dst_block, dst_start);
+}
+extern "C" __global__ void regflow_copy_blocks_f16(const f16* src, f16* dst, u64 outer, u64 run, u64 src_block,
+                                                   u64 src_start, u64 dst_block, u64 dst_start) {
     copy_blocks(src, dst, outer, run, src_block, src_start, dst_block, dst_start);
 }
 
@@ -184,6 +190,7 @@ __device__ __forceinline__ void sum_splits(const typename Wide<T>::type* parts, 
 SUM_TO_ENTRIES(f32, float, float)
 SUM_TO_ENTRIES(f64, double, double)
 SUM_TO_ENTRIES(bf16, bf16, float)
+SUM_TO_ENTRIES(f16, f16, float)
 
 // `sum_squares`: the sum_to passes with each summand squared as it loads (f32 and f64; the
 // second launches are sum_to's `sum_parts` and `sum_splits`).

@@ -9,6 +9,7 @@
 #define SCALAR_F64 1ull
 #define SCALAR_I64 2ull
 #define SCALAR_BF16 3ull
+#define SCALAR_F16 4ull
 
 
 // The first element of a scalar register as f64, as the CPU's `scalar_input` reads it.
@@ -16,7 +17,17 @@ __device__ __forceinline__ double read_scalar(const void* p, u64 code) {
     if (code == SCALAR_F32) return (double)*(const float*)p;
     if (code == SCALAR_I64) return (double)*(const i64*)p;
     if (code == SCALAR_BF16) return (double)bf16_to_f32(*(const bf16*)p);
+    if (code == SCALAR_F16) return (double)f16_to_f32(*(const f16*)p);
     return *(const double*)p;
+}
+
+// Whether a gradient scale skips the step: not finite (loss scaling found an overflow),
+// as `ops::optim::skips_step` on the CPU.
+__device__ __forceinline__ bool skips_step(double scale) { return !isfinite(scale); }
+
+// A skipped step's outputs: the parameter and its state as they came in.
+template <typename T> __device__ __forceinline__ void keep(const T* from, T* to, u64 n) {
+    FOR_EACH(i, n) to[i] = from[i];
 }
 
 // The gradient scale (gradient clipping's factor) in T, or 1 (exact) without one.
@@ -29,6 +40,11 @@ template <typename T> __device__ __forceinline__ T grad_scale(const void* scale_
 template <typename T>
 __device__ __forceinline__ void sgd(const T* p, const T* g, const void* lr_at, u64 lr_code, const void* scale_at,
                                     u64 scale_code, const T* v, T* p_out, T* v_out, T momentum, T weight_decay, u64 n) {
+    if (scale_at && skips_step(read_scalar(scale_at, scale_code))) {
+        keep(p, p_out, n);
+        keep(v, v_out, n);
+        return;
+    }
     T lr = (T)read_scalar(lr_at, lr_code), scale = grad_scale<T>(scale_at, scale_code);
     FOR_EACH(i, n) {
         T velocity = momentum * v[i] + (g[i] * scale + weight_decay * p[i]);
@@ -44,6 +60,12 @@ __device__ __forceinline__ void adamw(const T* p, const T* g, const void* lr_at,
                                       u64 step_code, const void* scale_at, u64 scale_code, const T* m, const T* v,
                                       T* p_out, T* m_out, T* v_out, T b1, T b2, T one_b1, T one_b2, T eps,
                                       double beta1, double beta2, double weight_decay, u64 n) {
+    if (scale_at && skips_step(read_scalar(scale_at, scale_code))) {
+        keep(p, p_out, n);
+        keep(m, m_out, n);
+        keep(v, v_out, n);
+        return;
+    }
     double lr = read_scalar(lr_at, lr_code), step = read_scalar(step_at, step_code);
     T scale = grad_scale<T>(scale_at, scale_code);
     T c1 = (T)(1.0 - pow(beta1, step));
@@ -96,7 +118,8 @@ extern "C" __global__ void regflow_accumulate_mean_f64(const double* x, double* 
     accumulate_mean(x, out, n, first, last, scale);
 }
 
-// The step's scalar ops (`learning_rate`, `clip_factor`, `next_step`), one thread each, so
+// The step's scalar ops (`learning_rate`, `clip_factor`, `next_step`, and loss scaling's
+// `unscale_factor` and `loss_scale_update`), one thread each, so
 // a training step's scalars stay on the device and its stream never drains for them.
 // Formulas as kernels/src/cpu/optim.rs and `Schedule::at` (plan/src/ops/optim.rs), in f64,
 // written to every element of an f32 or f64 output.
@@ -107,8 +130,58 @@ __device__ __forceinline__ void write_scalar(void* out, u64 code, double value, 
     }
 }
 
-extern "C" __global__ void regflow_next_step(const void* step, u64 step_code, void* out, u64 out_code, u64 n) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) write_scalar(out, out_code, read_scalar(step, step_code) + 1.0, n);
+// `factor` (the step's gradient factor) is null without loss scaling; a skipped step
+// leaves the counter as it is.
+extern "C" __global__ void regflow_next_step(const void* step, u64 step_code, void* out, u64 out_code, u64 n,
+                                             const void* factor, u64 factor_code) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double s = read_scalar(step, step_code);
+    bool skipped = factor && skips_step(read_scalar(factor, factor_code));
+    write_scalar(out, out_code, skipped ? s : s + 1.0, n);
+}
+
+// `UnscaleFactor::at` (plan/src/ops/optim.rs): the norm is the square root in the squared
+// norm's own dtype (sqrtf for f32), then clip / scale in f64, NaN when the norm is not
+// finite. `clip` is 0 without clipping, else max_norm.
+extern "C" __global__ void regflow_unscale_factor(const void* squared_norm, u64 norm_code, const void* scale,
+                                                  u64 scale_code, void* out, u64 out_code, u64 n, u64 clips,
+                                                  double max_norm) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double sq = read_scalar(squared_norm, norm_code), s = read_scalar(scale, scale_code);
+    double norm = norm_code == SCALAR_F64 ? sqrt(sq) : (double)sqrtf((float)sq);
+    double factor;
+    if (!isfinite(norm)) {
+        factor = __longlong_as_double(0x7ff8000000000000ll);
+    } else {
+        double clip = clips ? fmin(max_norm / (norm / s + 1e-6), 1.0) : 1.0;
+        factor = clip / s;
+    }
+    write_scalar(out, out_code, factor, n);
+}
+
+// `LossScaleUpdate::at`: after a skipped step the scale times `backoff` and the count
+// restarts; otherwise the count grows, and at `interval` the scale grows by `growth`
+// (kept where that would pass `max`, the scale dtype's largest value) and the count
+// restarts. Outputs: the scale (`scale_out`, the scale's dtype) and the count.
+extern "C" __global__ void regflow_loss_scale_update(const void* scale, u64 scale_code, const void* good,
+                                                     u64 good_code, const void* factor, u64 factor_code,
+                                                     void* scale_out, void* good_out, double growth,
+                                                     double backoff, u64 interval, double max) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double s = read_scalar(scale, scale_code), count = read_scalar(good, good_code);
+    if (skips_step(read_scalar(factor, factor_code))) {
+        s *= backoff;
+        count = 0.0;
+    } else {
+        count += 1.0;
+        if (count >= (double)interval) {
+            double grown = s * growth;
+            if (grown <= max) s = grown;
+            count = 0.0;
+        }
+    }
+    write_scalar(scale_out, scale_code, s, 1);
+    write_scalar(good_out, good_code, count, 1);
 }
 
 // min(1, max_norm / (norm + 1e-6)); fmin, like f64::min, returns 1 for a NaN quotient.

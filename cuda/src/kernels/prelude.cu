@@ -1,4 +1,4 @@
-// The prelude of every regflow kernel source: integer types, bf16 conversions, grid-stride
+// The prelude of every regflow kernel source: integer types, bf16 and f16 conversions, grid-stride
 // loops and block reductions. No #include: NVRTC compiles these without the toolkit's
 // headers, so CI can check them with NVRTC alone.
 
@@ -18,17 +18,44 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
     return (bf16)(u >> 16);
 }
 
-// Loads and stores by element type, for kernels written once for f32, f64 and bf16: a
-// bf16 is widened to f32 for arithmetic and rounded to nearest even when stored, as the
-// CPU's bf16 kernels do; f32 and f64 pass through. `Wide<T>::type` is the arithmetic type.
+// f16 (IEEE half) travels as its bits too, wrapped in a struct so that it is a type of its
+// own (bf16 is an unsigned short) and the loads and stores below tell the two apart. The
+// conversions are the PTX instructions the toolkit's cuda_fp16.h uses (round to nearest
+// even; past 65504 to infinity). `f16(0)` is +0.0 (all zero bits), as `T(0)` is for the
+// other types.
+struct f16 {
+    unsigned short bits;
+    f16() = default;
+    __device__ explicit f16(int zero) : bits((unsigned short)(zero != 0 ? 0x3c00u : 0u)) {}
+};
+
+__device__ __forceinline__ float f16_to_f32(f16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+
+__device__ __forceinline__ f16 f32_to_f16(float v) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+    return r;
+}
+
+// Loads and stores by element type, for kernels written once for f32, f64, bf16 and f16:
+// a 16-bit float is widened to f32 for arithmetic and rounded to nearest even when stored,
+// as the CPU's 16-bit kernels do; f32 and f64 pass through. `Wide<T>::type` is the
+// arithmetic type.
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ double ld(const double* p) { return *p; }
 __device__ __forceinline__ float ld(const bf16* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ float ld(const f16* p) { return f16_to_f32(*p); }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void st(double* p, double v) { *p = v; }
 __device__ __forceinline__ void st(bf16* p, float v) { *p = f32_to_bf16(v); }
+__device__ __forceinline__ void st(f16* p, float v) { *p = f32_to_f16(v); }
 template <typename T> struct Wide { typedef T type; };
 template <> struct Wide<bf16> { typedef float type; };
+template <> struct Wide<f16> { typedef float type; };
 
 // Math by element type: explicit overloads, so no header's overload set is needed.
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }

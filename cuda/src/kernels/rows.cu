@@ -115,9 +115,13 @@ extern "C" __global__ void regflow_masked_softmax_f64(
     const double* x, const double* mask, double* y, u64 rows, u64 len, double scale, Axes mask_rows, u64 mask_step) {
     masked_softmax_rows(x, mask, y, rows, len, scale, mask_rows, mask_step);
 }
-// bf16 scores, an f32 mask, bf16 probabilities.
+// bf16 scores, an f32 mask, bf16 probabilities (and f16 likewise).
 extern "C" __global__ void regflow_masked_softmax_bf16(
     const bf16* x, const float* mask, bf16* y, u64 rows, u64 len, float scale, Axes mask_rows, u64 mask_step) {
+    masked_softmax_rows(x, mask, y, rows, len, scale, mask_rows, mask_step);
+}
+extern "C" __global__ void regflow_masked_softmax_f16(
+    const f16* x, const float* mask, f16* y, u64 rows, u64 len, float scale, Axes mask_rows, u64 mask_step) {
     masked_softmax_rows(x, mask, y, rows, len, scale, mask_rows, mask_step);
 }
 
@@ -147,6 +151,10 @@ extern "C" __global__ void regflow_masked_softmax_grad_f64(
 // bf16 probabilities, their gradient and the scores' gradient, computed in f32.
 extern "C" __global__ void regflow_masked_softmax_grad_bf16(
     const bf16* y, const bf16* dy, bf16* dx, u64 rows, u64 len, float scale) {
+    masked_softmax_grad_rows(y, dy, dx, rows, len, scale);
+}
+extern "C" __global__ void regflow_masked_softmax_grad_f16(
+    const f16* y, const f16* dy, f16* dx, u64 rows, u64 len, float scale) {
     masked_softmax_grad_rows(y, dy, dx, rows, len, scale);
 }
 
@@ -329,6 +337,10 @@ extern "C" __global__ void regflow_cross_entropy_rows_bf16(
     const bf16* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
     cross_entropy_row_losses(logits, labels, losses, rows, classes);
 }
+extern "C" __global__ void regflow_cross_entropy_rows_f16(
+    const f16* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+}
 extern "C" __global__ void regflow_cross_entropy_mean_f32(const double* losses, float* out, u64 rows, double divisor) {
     cross_entropy_mean(losses, out, rows, divisor);
 }
@@ -375,6 +387,10 @@ extern "C" __global__ void regflow_sparse_cross_entropy_grad_f64(
 // bf16 logits and gradient; dy is the f32 loss's gradient.
 extern "C" __global__ void regflow_sparse_cross_entropy_grad_bf16(
     const bf16* logits, const i64* labels, const float* dy, bf16* dx, u64 rows, u64 classes, float divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+}
+extern "C" __global__ void regflow_sparse_cross_entropy_grad_f16(
+    const f16* logits, const i64* labels, const float* dy, f16* dx, u64 rows, u64 classes, float divisor) {
     cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
 }
 
@@ -613,6 +629,11 @@ extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
                                                                 u64 mask_step) {                                  \
         masked_softmax_warp<bf16, bf16, N>(x, mask, y, rows, len, scale, mask_rows, mask_step);                   \
     }                                                                                                             \
+    extern "C" __global__ void regflow_masked_softmax_f16_w##N(const f16* x, const float* mask, f16* y,           \
+                                                               u64 rows, u64 len, float scale, Axes mask_rows,    \
+                                                               u64 mask_step) {                                   \
+        masked_softmax_warp<f16, f16, N>(x, mask, y, rows, len, scale, mask_rows, mask_step);                     \
+    }                                                                                                             \
     extern "C" __global__ void regflow_masked_softmax_grad_f32_w##N(const float* y, const float* dy, float* dx,   \
                                                                     u64 rows, u64 len, float scale) {             \
         masked_softmax_grad_warp<float, N>(y, dy, dx, rows, len, scale);                                          \
@@ -620,6 +641,10 @@ extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
     extern "C" __global__ void regflow_masked_softmax_grad_bf16_w##N(const bf16* y, const bf16* dy, bf16* dx,     \
                                                                      u64 rows, u64 len, float scale) {            \
         masked_softmax_grad_warp<bf16, N>(y, dy, dx, rows, len, scale);                                           \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_masked_softmax_grad_f16_w##N(const f16* y, const f16* dy, f16* dx,         \
+                                                                    u64 rows, u64 len, float scale) {             \
+        masked_softmax_grad_warp<f16, N>(y, dy, dx, rows, len, scale);                                            \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_w##N(const float* x, const float* gamma, const float* beta, \
                                                            float* y, u64 rows, u64 len, float eps) {              \

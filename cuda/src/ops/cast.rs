@@ -10,7 +10,10 @@ use regflow_plan::ops::Cast;
 use regflow_plan::DType;
 
 /// Keyed by the result's dtype (the registry's dtype of an op is its first float output's).
-pub(super) const ENTRIES: &[Entry] = &[("cast", &[DType::F32, DType::F64, DType::Bf16], || factory(make))];
+pub(super) const ENTRIES: &[Entry] = &[("cast", FLOATS, || factory(make))];
+
+/// The float dtypes `fill.cu` converts between (and copies).
+const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::Bf16, DType::F16];
 
 #[derive(Debug)]
 struct CastKernel {
@@ -27,9 +30,8 @@ fn make(spec: &KernelSpec<'_>) -> Result<CastKernel, KernelError> {
         ([x], [out]) if x.shape == out.shape && out.dtype == op.to => (x.dtype, out.dtype),
         _ => return Err(refuse(spec, conf, format!("casts one tensor to {} of the same shape", op.to))),
     };
-    let floats = [DType::F32, DType::F64, DType::Bf16];
-    if !floats.contains(&from) || !floats.contains(&to) {
-        return Err(refuse(spec, conf, format!("casts between f32, f64 and bf16, not {from} to {to}")));
+    if !FLOATS.contains(&from) || !FLOATS.contains(&to) {
+        return Err(refuse(spec, conf, format!("casts between f32, f64, bf16 and f16, not {from} to {to}")));
     }
     let [input] = input_slots::<1>(conf);
     let n = conf.outputs[0].shape.numel() as u64;

@@ -11,7 +11,7 @@ use regflow_kernels::{HostCompute, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{BiasGelu, BiasGeluGrad, Binary, BinaryKind, Dropout, DropoutPart, Unary, UnaryKind};
 use regflow_plan::{DType, OpConf};
 
-const FLOAT: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
+const FLOAT: &[DType] = &[DType::F32, DType::F64, DType::Bf16, DType::F16];
 
 pub(super) const ENTRIES: &[Entry] = &[
     ("unary", FLOAT, || factory(make_unary)),
@@ -127,11 +127,13 @@ impl Kernel for UnaryKernel {
         let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
         // SAFETY: x and out hold n elements of the dtype (the op's checked metas); each
         // entry's parameters are as `UnaryArg` says, the scalar in the type the entry
-        // computes in (f32 for bf16).
+        // computes in (f32 for bf16 and f16).
         unsafe {
             match (self.arg, self.dtype) {
                 (UnaryArg::None, _) => launch(s, f, grid, &mut args![x, out, n]),
-                (UnaryArg::Scalar(c), DType::F32 | DType::Bf16) => launch(s, f, grid, &mut args![x, out, c as f32, n]),
+                (UnaryArg::Scalar(c), DType::F32 | DType::Bf16 | DType::F16) => {
+                    launch(s, f, grid, &mut args![x, out, c as f32, n])
+                }
                 (UnaryArg::Scalar(c), _) => launch(s, f, grid, &mut args![x, out, c, n]),
                 (UnaryArg::Exponent(p), _) => launch(s, f, grid, &mut args![x, out, p, n]),
             }
@@ -337,12 +339,14 @@ impl Kernel for DropoutKernel {
         let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
         let scale32 = self.scale as f32;
         // SAFETY: x and out hold n elements of the dtype; the entries take (x, out, [map,]
-        // n, seed, threshold, scale), the scale f32 for f32 and bf16, f64 for f64.
+        // n, seed, threshold, scale), the scale f32 for f32, bf16 and f16, f64 for f64.
         unsafe {
             match (self.part, self.dtype) {
-                (None, DType::F32 | DType::Bf16) => launch(s, f, grid, &mut args![x, out, n, seed, threshold, scale32]),
+                (None, DType::F32 | DType::Bf16 | DType::F16) => {
+                    launch(s, f, grid, &mut args![x, out, n, seed, threshold, scale32])
+                }
                 (None, _) => launch(s, f, grid, &mut args![x, out, n, seed, threshold, self.scale]),
-                (Some(map), DType::F32 | DType::Bf16) => {
+                (Some(map), DType::F32 | DType::Bf16 | DType::F16) => {
                     launch(s, f, grid, &mut args![x, out, map, n, seed, threshold, scale32])
                 }
                 (Some(map), _) => launch(s, f, grid, &mut args![x, out, map, n, seed, threshold, self.scale]),

@@ -7,8 +7,8 @@ use regflow_plan::ops::{CausalMask, Fill};
 use regflow_plan::DType;
 
 pub(super) const ENTRIES: &[Entry] = &[
-    ("fill", &[DType::F32, DType::F64, DType::I64, DType::Bf16], || factory(make)),
-    ("causal_mask", &[DType::F32, DType::F64, DType::Bf16], || factory(make_causal_mask)),
+    ("fill", &[DType::F32, DType::F64, DType::I64, DType::Bf16, DType::F16], || factory(make)),
+    ("causal_mask", &[DType::F32, DType::F64, DType::Bf16, DType::F16], || factory(make_causal_mask)),
 ];
 
 fn make(spec: &regflow_kernels::KernelSpec<'_>) -> Result<FillKernel, KernelError> {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 /// f32, f64, and bf16 (cuBLAS with f32 accumulation, rounded once to bf16, as the CPU's
 /// bf16 products).
-const FLOAT: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
+const FLOAT: &[DType] = &[DType::F32, DType::F64, DType::Bf16, DType::F16];
 
 pub(super) const ENTRIES: &[Entry] = &[
     ("matmul", FLOAT, || Arc::new(make_matmul)),
@@ -56,7 +56,7 @@ impl Kernel for ProductKernel {
             unsafe {
                 match self.dtype {
                     DType::F64 => launch(stream, fill, Grid::linear(n), &mut args![c, 0.0f64, n]),
-                    DType::Bf16 => launch(stream, fill, Grid::linear(n), &mut args![c, 0u16, n]),
+                    DType::Bf16 | DType::F16 => launch(stream, fill, Grid::linear(n), &mut args![c, 0u16, n]),
                     _ => launch(stream, fill, Grid::linear(n), &mut args![c, 0.0f32, n]),
                 }
             }?;

@@ -17,7 +17,7 @@ use regflow_plan::ops::{
 };
 use regflow_plan::{DType, OpConf, Shape};
 
-const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16];
+const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16, DType::F16];
 const FLOAT: &[DType] = &[DType::F32, DType::F64];
 
 pub(super) const ENTRIES: &[Entry] = &[
@@ -30,7 +30,7 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("take_part", ANY, || factory(make_take_part)),
     ("keep_on_first", ANY, || factory(make_keep_on_first)),
     ("to_global", ANY, || factory(make_to_global)),
-    ("sum_to", &[DType::F32, DType::F64, DType::Bf16], || factory(make_sum_to)),
+    ("sum_to", &[DType::F32, DType::F64, DType::Bf16, DType::F16], || factory(make_sum_to)),
     ("sum_squares", FLOAT, || factory(make_sum_squares)),
     ("embedding", FLOAT, || factory(make_embedding)),
     ("embedding_grad", FLOAT, || factory(make_embedding_grad)),

@@ -245,6 +245,7 @@ mod tests {
             (DType::F64, "SCALAR_F64"),
             (DType::I64, "SCALAR_I64"),
             (DType::Bf16, "SCALAR_BF16"),
+            (DType::F16, "SCALAR_F16"),
         ] {
             assert!(code.contains(&format!("#define {name} {}ull", scalar_code(dtype))), "{name}");
         }

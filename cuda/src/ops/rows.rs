@@ -38,8 +38,8 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("part_cross_entropy", LOW, || Arc::new(make_part_cross_entropy)),
 ];
 
-/// Float dtypes, and bf16 (widened to f32 as it loads: the cross-entropy's logits).
-const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16];
+/// Float dtypes, and bf16 and f16 (widened to f32 as they load: the cross-entropy's logits).
+const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16, DType::F16];
 
 /// Threads of a block that reduces a row of `len`: a power of two from one warp (short
 /// rows waste no more than a warp) to 512 (long rows: a vocabulary of logits).
@@ -60,10 +60,10 @@ const WARP_ROWS: u64 = 8;
 
 /// The elements per lane of the warp-per-row entry for rows of `len` elements of `dtype`:
 /// the smallest that holds a row, for rows of at most 1024 elements computed in f32 (f32,
-/// and bf16 widened as it loads or rounded as it is stored); `None` (one block per row)
+/// and bf16 or f16 widened as it loads or rounded as it is stored); `None` (one block per row)
 /// for longer rows and for f64, whose rows would not fit a warp's registers.
 fn warp_lane_elements(dtype: DType, len: usize) -> Option<u32> {
-    if !matches!(dtype, DType::F32 | DType::Bf16) {
+    if !matches!(dtype, DType::F32 | DType::Bf16 | DType::F16) {
         return None;
     }
     WARP_LANE_ELEMENTS.into_iter().find(|&n| len <= 32 * n as usize)
@@ -709,11 +709,12 @@ mod tests {
 
     #[test]
     fn a_masked_softmax_runs_on_the_device_only_with_a_mask_its_entries_read() {
-        use DType::{Bf16, F32, F64};
+        use DType::{Bf16, F16, F32, F64};
         for (x, mask, entries) in [
             (F32, F32, Some(F32)),
             (F64, F64, Some(F64)),
             (Bf16, F32, Some(Bf16)),
+            (F16, F32, Some(F16)),
             (Bf16, Bf16, None),
             (F32, Bf16, None),
         ] {
