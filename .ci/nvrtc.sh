@@ -19,3 +19,20 @@ if lib="$(nvrtc_lib)" && [ -n "$lib" ]; then
 else
   echo "warning: could not install nvidia-cuda-nvrtc; the CUDA kernel-source check will be skipped" >&2
 fi
+
+# ptxas, from PyPI's `nvidia-cuda-nvcc` (same major version), into the same environment:
+# NVRTC passes inline PTX through unchecked, so the kernel-source check also assembles the
+# PTX for real GPUs when REGFLOW_PTXAS names an assembler. Best effort as above.
+ptxas_bin() {
+  find "$nvrtc_venv" -name ptxas -path '*nvidia*' -type f 2>/dev/null | head -n 1
+}
+if [ -n "${REGFLOW_REQUIRE_NVRTC:-}" ] && [ -z "$(ptxas_bin)" ]; then
+  "$nvrtc_venv/bin/pip" install -q 'nvidia-cuda-nvcc>=13,<14' >/dev/null 2>&1 || true
+fi
+if ptxas="$(ptxas_bin)" && [ -n "$ptxas" ]; then
+  chmod +x "$ptxas" 2>/dev/null || true
+  export REGFLOW_PTXAS="$ptxas"
+  echo "ptxas for the kernel-source check: $ptxas"
+else
+  echo "warning: could not install nvidia-cuda-nvcc; the PTX assembly check will be skipped" >&2
+fi

@@ -45,6 +45,44 @@ fn every_source_compiles_for_every_architecture() {
     }
 }
 
+/// The PTX of every source assembles with `ptxas` for the real GPUs of the oldest and the
+/// newest architecture compiled for: NVRTC passes inline PTX (`asm`, the f16 conversions)
+/// through unchecked, so a wrong instruction or constraint would otherwise first fail when
+/// the driver loads the module on a GPU. `REGFLOW_PTXAS` names the assembler (`.ci/nvrtc.sh`
+/// installs it from the `nvidia-cuda-nvcc` package); without it the test skips.
+#[test]
+fn every_source_assembles_for_the_real_architectures() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let Some(ptxas) = std::env::var_os("REGFLOW_PTXAS") else {
+        eprintln!("skipped: REGFLOW_PTXAS does not name a ptxas to assemble the PTX with");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("regflow-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    for source in SOURCES {
+        for (arch, gpu) in [("compute_75", "sm_75"), ("compute_90", "sm_90")] {
+            let ptx = nvrtc::compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
+            let file = dir.join(format!("{}-{arch}.ptx", source.name));
+            std::fs::write(&file, ptx).expect("the PTX written");
+            let out = std::process::Command::new(&ptxas)
+                .args(["--gpu-name", gpu, "-o"])
+                .arg(dir.join("out.cubin"))
+                .arg(&file)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.to_string_lossy()));
+            assert!(
+                out.status.success(),
+                "{}.cu for {gpu}: ptxas failed:\n{}",
+                source.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_broken_source_is_an_error_with_nvrtcs_log() {
     if !nvrtc_or_skip() {
