@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
-//!     [--size gpt2|tiny] [--precision f32|bf16] [--batch 8] [--steps 20] [--warmup 3]
+//!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
 //!     [--peak-tflops 989] [--trace PATH] [--layers N] [--plan-only]
 //! ```
 //!
@@ -19,6 +19,8 @@
 //!
 //! `--precision bf16` compiles the graph with `Graph::mixed_precision(Precision::Bf16)`:
 //! products in bf16 with f32 accumulation, f32 master weights and optimizer state.
+//! `--precision f16` does the same in f16, with dynamic loss scaling (the scaler's
+//! scalars run on the device).
 //!
 //! `--size tiny` (2 layers, d_model 64, context 64) runs the same program on a CPU in
 //! seconds, which is how CI keeps it working where no GPU is lent. Model flops per token
@@ -70,7 +72,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let precision = match arg("--precision", "f32".to_string())?.as_str() {
         "f32" => None,
         "bf16" => Some(Precision::Bf16),
-        other => return Err(format!("--precision {other}: expected f32 or bf16").into()),
+        "f16" => Some(Precision::F16),
+        other => return Err(format!("--precision {other}: expected f32, bf16 or f16").into()),
     };
     config.layers = arg("--layers", config.layers)?;
     let batch: usize = arg("--batch", 8)?;
@@ -131,7 +134,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "regflow {} {} on {}: {} layers, {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
          MFU {:.1}% of {peak_tflops} TFLOP/s (last loss {last:.4})",
         if vocab == 50_257 { "gpt2-124M" } else { "tiny gpt" },
-        if precision.is_some() { "bf16" } else { "f32" },
+        match precision {
+            Some(Precision::Bf16) => "bf16",
+            Some(Precision::F16) => "f16",
+            _ => "f32",
+        },
         device.name(),
         config.layers,
         per_step * 1e3,

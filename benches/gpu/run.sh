@@ -7,8 +7,8 @@
 #                   the slow-kernel invariants), a few at a time, and some under
 #                   compute-sanitizer; meanwhile PyTorch's torch.compile fills its cache for
 #                   step 3, so compiling stays out of the timed run;
-#   3. bench.log    the GPT-2 124M step in regflow (f32, bf16) and PyTorch (eager f32 and
-#                   bf16, compile bf16), regflow's GEMM against torch.matmul on the same
+#   3. bench.log    the GPT-2 124M step in regflow (f32, bf16, f16 with loss scaling) and
+#                   PyTorch (eager f32, bf16 and f16 with GradScaler, compile bf16), regflow's GEMM against torch.matmul on the same
 #                   shapes, and a traced regflow step's per-op profile (trace.json), one
 #                   after another on an otherwise idle GPU;
 #   4. summary.txt  what passed and failed, and every figure (also printed last).
@@ -93,6 +93,11 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     echo "== GPT-2 124M regflow bf16"
     gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16
     echo "exit $?"
+    if [ "${F16:-1}" = 1 ]; then
+      echo "== GPT-2 124M regflow f16, dynamic loss scaling"
+      gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision f16
+      echo "exit $?"
+    fi
   else
     # Bisect by size: one layer, one sequence, traced (every kernel alone).
     echo "== GPT-2 widths, 1 layer, batch 1, regflow f32, traced"
@@ -101,7 +106,7 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     python3 "$here/op_profile.py" "$out/trace-small.json" --pieces 1 --top 30
   fi
   echo "== GPT-2 124M PyTorch"
-  timeout 100 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes f32,bf16 --modes eager
+  timeout 120 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes f32,bf16,f16 --modes eager
   echo "exit $?"
   if [ "${TORCH_COMPILE:-1}" = 1 ]; then
     timeout 150 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes bf16 --modes compile

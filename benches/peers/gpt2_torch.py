@@ -83,7 +83,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--dtypes", default="f32", help="comma-separated: f32, bf16")
+    parser.add_argument("--dtypes", default="f32", help="comma-separated: f32, bf16, f16")
     parser.add_argument("--modes", default="eager,compile", help="comma-separated: eager, compile")
     parser.add_argument("--size", choices=list(SIZES), default="gpt2")
     args = parser.parse_args()
@@ -97,20 +97,27 @@ def main():
 
 def run(args, dtype, mode, sizes):
     """Times one (dtype, mode) pair and prints its line."""
-    if dtype not in ("f32", "bf16") or mode not in ("eager", "compile"):
-        raise SystemExit(f"unknown dtype {dtype!r} or mode {mode!r}: expected f32/bf16 and eager/compile")
+    if dtype not in ("f32", "bf16", "f16") or mode not in ("eager", "compile"):
+        raise SystemExit(f"unknown dtype {dtype!r} or mode {mode!r}: expected f32/bf16/f16 and eager/compile")
     layers, d, heads, t, mlp, vocab = sizes
     torch.manual_seed(0)
     model = Gpt(layers, d, heads, t, mlp, vocab).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
     forward = torch.compile(model) if mode == "compile" else model
 
+    # f16 autocast with dynamic loss scaling (GradScaler's defaults), as regflow's
+    # Precision::F16: unscale, clip, then a step the scaler may skip.
+    half = {"bf16": torch.bfloat16, "f16": torch.float16}.get(dtype)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == "f16")
+
     def step(ids, targets, mask):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
             loss = forward(ids, targets, mask)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         return loss
 
