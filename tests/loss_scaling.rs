@@ -143,10 +143,7 @@ fn feeds(steps: usize, micro: usize) -> Vec<Vec<(&'static str, HostArray)>> {
                 .map(|m| {
                     let x = x[m * rows * FEATURES..(m + 1) * rows * FEATURES].to_vec();
                     let y = y[m * rows..(m + 1) * rows].to_vec();
-                    vec![
-                        ("x", HostArray::f32([rows, FEATURES], x).unwrap()),
-                        ("y", HostArray::i64([rows], y).unwrap()),
-                    ]
+                    vec![("x", HostArray::f32([rows, FEATURES], x).unwrap()), ("y", HostArray::i64([rows], y).unwrap())]
                 })
                 .collect::<Vec<_>>()
         })

@@ -187,8 +187,9 @@ fn assert_close(name: &str, got: &[f64], want: &[f64]) {
 fn a_growing_loss_scale_on_pipeline_stages_trains_like_one_device_unscaled() {
     let steps = 6;
     let want = reference(steps, 4);
-    let scaled = Optimizer::adamw(3e-2, 1e-3)
-        .with_loss_scale(regflow::graph::LossScale { init: 1024.0, ..regflow::graph::LossScale::dynamic() }.with_interval(2));
+    let scaled = Optimizer::adamw(3e-2, 1e-3).with_loss_scale(
+        regflow::graph::LossScale { init: 1024.0, ..regflow::graph::LossScale::dynamic() }.with_interval(2),
+    );
     for p in [2, 4] {
         let (got, report) = run_with(steps, &single_devices(p), 4, PipelineSchedule::OneForwardOneBackward, &scaled);
         assert_close(&format!("pp{p}, loss scale"), &got, &want);

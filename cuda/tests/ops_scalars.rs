@@ -59,20 +59,32 @@ fn loss_scaling_scalars_match_the_cpu() {
                 for scale in [1.0, 1024.0, 65536.0] {
                     let (norm, s) = (common::scalar(dtype, squared_norm), common::scalar(DType::F32, scale));
                     let conf = common::conf(&UnscaleFactor { clip_norm }, &[&norm, &s], std::slice::from_ref(&meta));
-                    let what = format!("unscale factor of {squared_norm} at scale {scale}, clip {clip_norm:?} ({dtype})");
+                    let what =
+                        format!("unscale factor of {squared_norm} at scale {scale}, clip {clip_norm:?} ({dtype})");
                     common::check(&what, &conf, &[&norm, &s], gpu, 0.0);
                 }
             }
         }
     }
     let op = LossScaleUpdate { growth: 2.0, backoff: 0.5, interval: 3 };
-    for (scale, good, factor) in
-        [(65536.0, 0.0, f64::NAN), (1024.0, 1.0, 0.5), (1024.0, 2.0, 0.5), (3.0e38, 2.0, 0.5), (1.0, 7.0, f64::INFINITY)]
-    {
-        let inputs = [common::scalar(DType::F32, scale), common::scalar(DType::F64, good), common::scalar(DType::F32, factor)];
+    for (scale, good, factor) in [
+        (65536.0, 0.0, f64::NAN),
+        (1024.0, 1.0, 0.5),
+        (1024.0, 2.0, 0.5),
+        (3.0e38, 2.0, 0.5),
+        (1.0, 7.0, f64::INFINITY),
+    ] {
+        let inputs =
+            [common::scalar(DType::F32, scale), common::scalar(DType::F64, good), common::scalar(DType::F32, factor)];
         let outputs = [inputs[0].meta(), inputs[1].meta()];
         let refs: Vec<&_> = inputs.iter().collect();
         let conf = common::conf(&op, &refs, &outputs);
-        common::check(&format!("loss scale update of {scale} after {good} good steps, factor {factor}"), &conf, &refs, gpu, 0.0);
+        common::check(
+            &format!("loss scale update of {scale} after {good} good steps, factor {factor}"),
+            &conf,
+            &refs,
+            gpu,
+            0.0,
+        );
     }
 }

@@ -93,11 +93,9 @@ impl Graph {
             Autocast::Keep => dtypes,
             // The first input is read as it is; another bf16 input (a mask) is cast to f32,
             // so the op computes in f32 whatever its other operands were fed as.
-            Autocast::Widen => dtypes
-                .iter()
-                .enumerate()
-                .map(|(i, &d)| if i > 0 && d == low { DType::F32 } else { d })
-                .collect(),
+            Autocast::Widen => {
+                dtypes.iter().enumerate().map(|(i, &d)| if i > 0 && d == low { DType::F32 } else { d }).collect()
+            }
             Autocast::Low => dtypes.iter().map(|&d| if d == DType::F32 { low } else { d }).collect(),
             Autocast::F32 => dtypes.iter().map(|&d| if d == low { DType::F32 } else { d }).collect(),
             Autocast::Promote => {

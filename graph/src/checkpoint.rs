@@ -247,7 +247,6 @@ pub fn load(path: &Path) -> Result<Vec<(String, HostArray)>, CheckpointError> {
     Ok(out)
 }
 
-
 /// Checks a checkpoint tensor against the variable it is loaded into: same dtype, same
 /// shape (not only the same element count). The error names the file, the tensor and both.
 pub fn check_fits(path: &Path, name: &str, value: &HostArray, variable: &TensorMeta) -> Result<(), CheckpointError> {

@@ -382,7 +382,9 @@ impl OpDef for LossScaleUpdate {
             [scale, good, factor] if [scale, good, factor].iter().all(|t| is_float_scalar(t)) => {
                 Ok(vec![scale.clone(), good.clone()])
             }
-            _ => Err("takes the scalar loss scale, the scalar count of good steps and the step's gradient factor".into()),
+            _ => {
+                Err("takes the scalar loss scale, the scalar count of good steps and the step's gradient factor".into())
+            }
         }
     }
 

@@ -10,8 +10,8 @@
 //! ([`HostCompute::half_native`]).
 
 use crate::io::{view, view_mut};
-use half::slice::HalfFloatSliceExt;
 use crate::{Kernel, KernelError, KernelIo};
+use half::slice::HalfFloatSliceExt;
 use regflow_plan::{bf16, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, OpConf, TensorMeta};
 use smallvec::SmallVec;
 

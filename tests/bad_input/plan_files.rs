@@ -193,11 +193,6 @@ fn plan_files() {
         "RuntimeError::KernelSetup",
         &["actor 'op'", "i64"],
     );
-    c.case(
-        "an unknown dtype",
-        load(edit(&ops, "\"f32\"", "\"f8\"")),
-        "PlanError::Element",
-        &["actor 2 'op'", "`f8`"],
-    );
+    c.case("an unknown dtype", load(edit(&ops, "\"f32\"", "\"f8\"")), "PlanError::Element", &["actor 2 'op'", "`f8`"]);
     c.finish();
 }

@@ -122,7 +122,8 @@ impl Kernel for UnscaleFactorKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let [norm, scale] = self.inputs.map(|i| io.input_addr(i));
         let [norm_code, scale_code, out_code] = self.codes;
-        let (out, n, clips, max_norm) = (io.output_addr(0), 1u64, u64::from(self.clip.is_some()), self.clip.unwrap_or(0.0));
+        let (out, n, clips, max_norm) =
+            (io.output_addr(0), 1u64, u64::from(self.clip.is_some()), self.clip.unwrap_or(0.0));
         // SAFETY: each input holds one element of its code's dtype and the output one of its
         // own (checked when made); the argument list is the entry's.
         unsafe {
@@ -160,7 +161,8 @@ fn make_loss_scale_update(spec: &KernelSpec<'_>) -> Result<LossScaleUpdateKernel
             (scale.dtype, good.dtype)
         }
         _ => {
-            let message = "takes the scalar scale, count and gradient factor (f32 or f64) and gives the scale and count";
+            let message =
+                "takes the scalar scale, count and gradient factor (f32 or f64) and gives the scale and count";
             return Err(refuse(spec, conf, message));
         }
     };

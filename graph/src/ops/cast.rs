@@ -15,7 +15,10 @@ impl OpDef for Cast {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [x] = inputs else { return Err(format!("takes 1 input, got {}", inputs.len())) };
         if !x.dtype.is_float() || !self.to.is_float() {
-            return Err(format!("casts between float dtypes only (f32, f64, bf16, f16), not {} to {}", x.dtype, self.to));
+            return Err(format!(
+                "casts between float dtypes only (f32, f64, bf16, f16), not {} to {}",
+                x.dtype, self.to
+            ));
         }
         Ok(vec![TensorMeta::new(x.shape.clone(), self.to)])
     }

@@ -123,7 +123,8 @@ impl HostCompute for LossScaleUpdate {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        let (scale, good_steps, grad_scale) = (scalar_input(inputs, 0)?, scalar_input(inputs, 1)?, scalar_input(inputs, 2)?);
+        let (scale, good_steps, grad_scale) =
+            (scalar_input(inputs, 0)?, scalar_input(inputs, 1)?, scalar_input(inputs, 2)?);
         let max = match outputs[0].dtype() {
             regflow_plan::DType::F32 => f64::from(f32::MAX),
             _ => f64::MAX,
