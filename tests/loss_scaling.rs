@@ -198,7 +198,8 @@ fn a_power_of_two_loss_scale_in_f32_changes_no_bit_of_training() {
 
 /// Data parallelism over 2 cpu devices under f16 and a scale that starts far too large:
 /// the norm the overflow check reads is all-reduced, so both ranks skip the same steps,
-/// and the scales and losses follow one device's (the host session's).
+/// and the scales and losses follow one device's (the host session's), with the optimizer
+/// state replicated or sharded.
 #[test]
 fn data_parallel_ranks_skip_the_same_steps_as_one_device() {
     let steps = 16;
@@ -219,19 +220,28 @@ fn data_parallel_ranks_skip_the_same_steps_as_one_device() {
     }
     assert!(want_scales[0] > want_scales[steps - 1], "the scale backed off: {want_scales:?}");
 
-    let g = Graph::new();
-    g.mixed_precision(Precision::F16).unwrap();
-    let train = mlp(&g, BATCH, &optimizer);
-    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-    for name in ["x", "y"] {
-        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    let options = ParallelOptions::new(mesh).train(&train);
-    let fetch = [train.loss, train.loss_scale.unwrap()];
-    let compiled = g.compile_parallel(&fetch, &train.updates, &options).unwrap();
-    let got = run(&compiled, &fetch, &[1, 1], feeds(steps, 1));
-    assert_eq!(got[1], want_scales, "scales of dp2 and of one device");
-    for (step, (a, b)) in got[0].iter().zip(&want_losses).enumerate() {
-        assert!((a - b).abs() <= 2e-2 * b.abs(), "step {step}: dp2 loss {a}, one device {b}");
+    // Plain data parallelism, and ZeRO-1 (AdamW's moments split by rows: each rank checks
+    // its shard of every gradient, and the shards' norms are summed before the check).
+    for sharded in [false, true] {
+        let g = Graph::new();
+        g.mixed_precision(Precision::F16).unwrap();
+        let train = mlp(&g, BATCH, &optimizer);
+        let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+        for name in ["x", "y"] {
+            g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+        }
+        if sharded {
+            for (state, _) in &train.states {
+                g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+            }
+        }
+        let options = ParallelOptions::new(mesh).train(&train);
+        let fetch = [train.loss, train.loss_scale.unwrap()];
+        let compiled = g.compile_parallel(&fetch, &train.updates, &options).unwrap();
+        let got = run(&compiled, &fetch, &[1, 1], feeds(steps, 1));
+        assert_eq!(got[1], want_scales, "scales of dp2 (sharded state: {sharded}) and of one device");
+        for (step, (a, b)) in got[0].iter().zip(&want_losses).enumerate() {
+            assert!((a - b).abs() <= 2e-2 * b.abs(), "step {step}: dp2 (sharded {sharded}) loss {a}, one device {b}");
+        }
     }
 }

@@ -221,11 +221,13 @@ pub struct TrainStep<'g> {
     pub loss: Tensor<'g>,
     /// `(variable, its value after the step)`, parameters and optimizer state alike.
     pub updates: Vec<(Tensor<'g>, Tensor<'g>)>,
-    /// Gradients of the parameters (after clipping), in parameter order.
+    /// Gradients of the parameters (after clipping, and unscaled with loss scaling; NaN on
+    /// a step the loss scaler skips), in parameter order.
     pub grads: Vec<Tensor<'g>>,
     /// The learning rate used by this step.
     pub lr: Tensor<'g>,
-    /// The gradients before clipping: where a micro-batch's part of the step ends.
+    /// The gradients before clipping (times the loss scale, with loss scaling): where a
+    /// micro-batch's part of the step ends.
     pub raw_grads: Vec<Tensor<'g>>,
     /// The trainable parameters, in the order of `grads` and `raw_grads`.
     pub params: Vec<Tensor<'g>>,
@@ -450,8 +452,8 @@ impl Graph {
         // clipped gradients below are made only if something fetches them.
         let squared_norm = match (&scaler, optimizer.clip_norm) {
             (None, None) => None,
-            (Some(_), _) => Some(self.squared_global_norm(&grads, "loss_scaling")?),
-            (None, Some(_)) => Some(self.squared_global_norm(&grads, "clip_by_global_norm")?),
+            (Some(_), _) => Some(self.squared_global_norm(&grads, "loss_scaling", loss)?),
+            (None, Some(_)) => Some(self.squared_global_norm(&grads, "clip_by_global_norm", loss)?),
         };
         let factor = match (&scaler, optimizer.clip_norm, squared_norm) {
             (Some(s), clip_norm, Some(total)) => {
@@ -533,8 +535,14 @@ impl Graph {
     }
 
     /// The sum of every gradient's squared elements, on the first gradient's placement
-    /// (`op` names the option that needs it in the error for gradients of mixed dtypes).
-    fn squared_global_norm<'g>(&'g self, grads: &[Tensor<'g>], op: &str) -> Result<Tensor<'g>, GraphError> {
+    /// (`op` names the option that needs it in the error for gradients of mixed dtypes;
+    /// `loss` the loss in the error for none, which `minimize` has ruled out already).
+    fn squared_global_norm<'g>(
+        &'g self,
+        grads: &[Tensor<'g>],
+        op: &str,
+        loss: Tensor<'g>,
+    ) -> Result<Tensor<'g>, GraphError> {
         let mut total: Option<Tensor<'g>> = None;
         for g in grads {
             if let Some(t) = total {
@@ -552,7 +560,7 @@ impl Graph {
                 None => squares,
             });
         }
-        total.ok_or_else(|| GraphError::NothingToTrain { loss: op.into() })
+        total.ok_or_else(|| GraphError::NothingToTrain { loss: loss.name() })
     }
 
     /// `t` on `like`'s placement: moved there (a stage edge) when both have placements and
