@@ -140,7 +140,7 @@ fn summary(plan: &Plan, json_bytes: usize, [t0, t1, t2, t3, t4]: [Instant; 5]) -
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str, default: usize| -> Result<usize, String> {
         match args.iter().position(|a| a == name) {

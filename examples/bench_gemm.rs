@@ -50,7 +50,7 @@ impl std::fmt::Display for Shape {
 const SHAPES: [Shape; 3] =
     [Shape::plain(256, 784, 1024), Shape::plain(256, 1024, 1024), Shape::plain(1024, 1024, 1024)];
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let runs: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(9);
     let max_threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(2);
     let isa = isa_in_use()?;

@@ -23,7 +23,7 @@ const BATCH: usize = 16;
 const VOCAB: usize = 65;
 const CONFIG: GptConfig = GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256 };
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(50);
     let threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(1);
     let trace = std::env::args().nth(3);

@@ -29,7 +29,7 @@ fn chain(actors: usize) -> Plan {
     std::mem::replace(b.plan_mut(), Plan::empty())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let sizes: Vec<usize> = match std::env::args().skip(1).map(|a| a.parse()).collect::<Result<Vec<_>, _>>() {
         Ok(sizes) if !sizes.is_empty() => sizes,
         Ok(_) => vec![12_500, 25_000, 50_000],

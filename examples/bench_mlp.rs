@@ -17,7 +17,7 @@ use regflow::prelude::{Job, RuntimeError};
 const BATCH: usize = 256;
 const SIZES: [usize; 4] = [784, 1024, 1024, 10];
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(30);
     let threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(1);
     let warmup = 3;

@@ -247,7 +247,7 @@ fn sim(trace: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map(String::as_str).unwrap_or("all");
     let trace = args.iter().position(|a| a == "--trace").and_then(|i| args.get(i + 1)).map(String::as_str);

@@ -111,7 +111,7 @@ fn run(
     Ok((per_step, activation_bytes, live))
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let trace = args.iter().position(|a| a == "--trace").and_then(|i| args.get(i + 1)).map(String::as_str);
     let t = (FORWARD_NS + BACKWARD_NS) as f64 * 1e-9;

@@ -32,7 +32,7 @@ fn pipeline(pieces: u64, register_num: u32) -> Result<Plan, PlanError> {
     b.build()
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let pieces: u64 = args.first().map(|s| s.parse()).transpose()?.unwrap_or(8);
     let register_num: u32 = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(2);

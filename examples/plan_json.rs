@@ -15,7 +15,7 @@
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{DType, Graph, Init, Optimizer, ParallelOptions};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let path = std::env::args().nth(1).ok_or("usage: plan_json <out.json>")?;
     let g = Graph::new();
     let mesh = Mesh::cpu(&[2], &["dp"])?;

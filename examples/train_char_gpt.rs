@@ -4,13 +4,14 @@
 //! and a seeded sample continuing a prompt.
 //!
 //! ```text
-//! cargo run --release --example train_char_gpt -- [steps] [--precision f32|bf16|f16]
+//! cargo run --release --example train_char_gpt -- [steps] [--precision f32|bf16|f16] [--loss-scale S]
 //! ```
 //!
 //! `steps` defaults to 400. `--precision bf16` or `f16` trains in mixed precision
 //! (products and activations in the 16-bit type, master weights and AdamW's state in f32);
 //! under f16 the loss is scaled dynamically, and the run ends by printing the final scale
-//! and how many steps the scaler skipped. Training is compiled to a plan and run by the actor runtime;
+//! and how many steps the scaler skipped. `--loss-scale S` fixes the scale at `S` instead
+//! (`--loss-scale 1`: none, to see what f16 loses without it). Training is compiled to a plan and run by the actor runtime;
 //! the trained weights are then loaded into the host reference [`Session`] for the
 //! held-out loss and for sampling (one forward pass per generated character).
 //!
@@ -26,7 +27,9 @@
 mod gpt;
 
 use gpt::{Gpt, GptConfig};
-use regflow::graph::{CompileOptions, DType, Graph, HostArray, Optimizer, Precision, Schedule, Session, SplitMix64};
+use regflow::graph::{
+    CompileOptions, DType, Graph, HostArray, LossScale, Optimizer, Precision, Schedule, Session, SplitMix64,
+};
 use regflow::prelude::Trainer;
 use regflow::train::BoxError;
 use std::time::Instant;
@@ -103,12 +106,16 @@ fn sample(logits: &[f64], temperature: f64, rng: &mut SplitMix64) -> usize {
     weights.len() - 1
 }
 
-/// `[steps] [--precision f32|bf16|f16]`, in any order.
-fn parse_args() -> Result<(usize, Precision), String> {
-    let (mut steps, mut precision) = (DEFAULT_STEPS, Precision::F32);
+/// `[steps] [--precision f32|bf16|f16] [--loss-scale S]`, in any order.
+fn parse_args() -> Result<(usize, Precision, Option<LossScale>), String> {
+    let (mut steps, mut precision, mut loss_scale) = (DEFAULT_STEPS, Precision::F32, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        if arg == "--precision" {
+        if arg == "--loss-scale" {
+            let value = args.next().unwrap_or_default();
+            let scale: f64 = value.parse().map_err(|_| format!("--loss-scale '{value}': expected a number"))?;
+            loss_scale = Some(LossScale::fixed(scale));
+        } else if arg == "--precision" {
             precision = match args.next().as_deref() {
                 Some("f32") => Precision::F32,
                 Some("bf16") => Precision::Bf16,
@@ -122,11 +129,11 @@ fn parse_args() -> Result<(usize, Precision), String> {
     if steps == 0 {
         return Err("steps must be at least 1".into());
     }
-    Ok((steps, precision))
+    Ok((steps, precision, loss_scale))
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (steps, precision) = parse_args()?;
+fn main() -> Result<(), regflow::Report> {
+    let (steps, precision, loss_scale) = parse_args()?;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/tiny_text.txt");
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let corpus = Corpus::new(&text);
@@ -157,6 +164,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             min: PEAK_LR / 10.0,
         })
         .with_clip_norm(1.0);
+    let optimizer = match loss_scale {
+        Some(scale) => optimizer.with_loss_scale(scale),
+        None => optimizer,
+    };
     let train = g.minimize(loss, &optimizer)?;
     // Generation reuses the weights on one sequence.
     let sample_ids = g.input("sample_ids", [1, CONTEXT], DType::I64)?;

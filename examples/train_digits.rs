@@ -149,7 +149,7 @@ fn accuracy(test_plan: &CompiledGraph, state: &StateDict, data: &Digits, rows: &
     Ok(correct as f64 / ys.len() as f64)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let options = options()?;
     let epochs = options.epochs;
     let data = Digits::load(concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.csv.gz"))?;

@@ -432,7 +432,7 @@ fn micro_batch(value: &HostArray, name: &str, k: usize, m: usize) -> HostArray {
     value.region(&ranges)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), regflow::Report> {
     let o = options()?;
     let (task, vocab) = match o.model {
         Model::Mlp => (digits(o.steps)?, 0),
@@ -451,7 +451,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let per_node = devices / usize::from(o.nodes);
         spec.stages = spec.stages.iter().map(|m| m.place_on_nodes(per_node)).collect::<Result<_, _>>()?;
         if ClusterEnv::from_env()?.is_none() {
-            return launch_nodes(&o, &task, vocab);
+            return Ok(launch_nodes(&o, &task, vocab)?);
         }
     }
     let model = if o.model == Model::Mlp { "digits MLP 64-128-10" } else { "tiny GPT" };

@@ -55,6 +55,8 @@ pub use regflow_runtime as runtime;
 
 #[cfg(unix)]
 pub mod launch;
+mod report;
+pub use report::Report;
 pub mod train;
 
 /// The names most programs use.
