@@ -12,9 +12,7 @@ use regflow::graph::{
 use regflow::prelude::*;
 
 /// Runs `compiled`, which fetches `fetch`, on `steps` (the feeds of each piece, in order)
-/// and returns, per fetch, the first element of every piece as f64. Fetches are read in
-/// turn, `per_round[i]` pieces of fetch `i` at a time (a loss per micro-batch, a scale per
-/// step), so no sink runs ahead of the others.
+/// and returns, per fetch, the first element of every piece as f64 (see [`run_job`]).
 fn run(
     compiled: &CompiledGraph,
     fetch: &[Tensor<'_>],
@@ -22,8 +20,21 @@ fn run(
     steps: Vec<Vec<(&'static str, HostArray)>>,
 ) -> Vec<Vec<f64>> {
     compiled.plan.validate().unwrap();
+    let job = Job::builder(compiled.plan.clone()).build().unwrap();
+    run_job(job, compiled, fetch, per_round, steps)
+}
+
+/// [`run`] on a job built already. Fetches are read in turn, `per_round[i]` pieces of
+/// fetch `i` at a time (a loss per micro-batch, a scale per step), so no sink runs ahead
+/// of the others.
+fn run_job(
+    mut job: Job,
+    compiled: &CompiledGraph,
+    fetch: &[Tensor<'_>],
+    per_round: &[usize],
+    steps: Vec<Vec<(&'static str, HostArray)>>,
+) -> Vec<Vec<f64>> {
     let metas: Vec<_> = fetch.iter().map(Tensor::meta).collect();
-    let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let mut feeds = job.graph_feeds().unwrap();
     let fetchers: Vec<_> = compiled.fetches.iter().map(|f| job.fetcher(f).unwrap()).collect();
     let pusher = std::thread::spawn(move || {
@@ -208,13 +219,11 @@ fn data_parallel_ranks_skip_the_same_steps_as_one_device() {
     let g = Graph::new();
     g.mixed_precision(Precision::F16).unwrap();
     let train = mlp(&g, BATCH, &optimizer);
-    let (x, y) = (g.by_name("x").unwrap(), g.by_name("y").unwrap());
     let scale = train.loss_scale.unwrap();
     let mut s = Session::new(&g);
     let (mut want_losses, mut want_scales) = (Vec::new(), Vec::new());
     for step in feeds(steps, 1) {
-        let feed: Vec<(Tensor<'_>, HostArray)> =
-            step.into_iter().map(|(name, value)| (if name == "x" { x } else { y }, value)).collect();
+        let feed = by_tensor(&g, step);
         want_scales.push(s.run(&feed, &[scale]).unwrap()[0].to_f64_vec()[0]);
         want_losses.push(s.step(&train, &feed).unwrap());
     }
@@ -244,4 +253,54 @@ fn data_parallel_ranks_skip_the_same_steps_as_one_device() {
             assert!((a - b).abs() <= 2e-2 * b.abs(), "step {step}: dp2 (sharded {sharded}) loss {a}, one device {b}");
         }
     }
+}
+
+/// A step's feeds keyed by the graph's inputs, for a host session.
+fn by_tensor<'g>(g: &'g Graph, step: Vec<(&'static str, HostArray)>) -> Vec<(Tensor<'g>, HostArray)> {
+    step.into_iter().map(|(name, value)| (g.by_name(name).unwrap(), value)).collect()
+}
+
+/// The scaler's state is part of a checkpoint: saved after the scale backed off from a
+/// start that overflows, it resumes in a fresh compiled job with the same scales and
+/// losses as the session that kept going.
+#[test]
+fn a_checkpoint_carries_the_loss_scale_and_resumes_exactly() {
+    let path = std::env::temp_dir().join(format!("regflow-loss-scale-{}.safetensors", std::process::id()));
+    let optimizer = adamw().with_loss_scale(LossScale { init: 16_777_216.0, ..LossScale::dynamic() });
+    let g = Graph::new();
+    g.mixed_precision(Precision::F16).unwrap();
+    let train = mlp(&g, BATCH, &optimizer);
+    let mut s = Session::new(&g);
+    let mut all = feeds(10, 1).into_iter();
+    for step in all.by_ref().take(6) {
+        s.step(&train, &by_tensor(&g, step)).unwrap();
+    }
+    let saved_scale = s.value(train.loss_scale.unwrap()).unwrap().to_f64_vec()[0];
+    assert!(saved_scale < 16_777_216.0, "the scale backed off before the checkpoint: {saved_scale}");
+    s.save(&path).unwrap();
+    let rest: Vec<_> = all.collect();
+    let mut want = vec![Vec::new(), Vec::new()];
+    for step in rest.clone() {
+        let feed = by_tensor(&g, step);
+        want[1].push(s.run(&feed, &[train.loss_scale.unwrap()]).unwrap()[0].to_f64_vec()[0]);
+        want[0].push(s.step(&train, &feed).unwrap());
+    }
+
+    let g = Graph::new();
+    g.mixed_precision(Precision::F16).unwrap();
+    let train = mlp(&g, BATCH, &optimizer);
+    let fetch = [train.loss, train.loss_scale.unwrap()];
+    let compiled = g.compile(&fetch, &train.updates, &CompileOptions::default()).unwrap();
+    let saved = regflow::graph::checkpoint::load(&path).unwrap();
+    let scale = saved.iter().find(|(name, _)| name == "loss_scale.scale").expect("the scale is saved");
+    assert_eq!(scale.1.to_f64_vec(), vec![saved_scale]);
+    // Preload every variable: the plan's initial values become the checkpoint's.
+    let mut builder = Job::builder(compiled.plan.clone());
+    for variable in &compiled.variables {
+        let (_, value) = saved.iter().find(|(n, _)| n == &variable.name).unwrap();
+        builder = builder.preload_variable(&variable.name, value.clone());
+    }
+    let got = run_job(builder.build().unwrap(), &compiled, &fetch, &[1, 1], rest);
+    assert_eq!(got, want, "losses and scales after resuming");
+    std::fs::remove_file(&path).unwrap();
 }
