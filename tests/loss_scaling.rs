@@ -304,3 +304,23 @@ fn a_checkpoint_carries_the_loss_scale_and_resumes_exactly() {
     assert_eq!(got, want, "losses and scales after resuming");
     std::fs::remove_file(&path).unwrap();
 }
+
+/// Anomaly checking stops at the first infinity, which the scaler expects and skips: the
+/// combination is refused when the step is compiled, with both named.
+#[test]
+fn check_finite_is_refused_for_a_step_with_loss_scaling() {
+    let g = Graph::new();
+    g.mixed_precision(Precision::F16).unwrap();
+    let train = mlp(&g, BATCH, &adamw());
+    let options = CompileOptions { check_finite: true, ..CompileOptions::default() };
+    let err = g.compile(&[train.loss], &train.updates, &options).unwrap_err().to_string();
+    assert!(
+        err.starts_with("check_finite stops the job at the first infinity, but this step scales its loss"),
+        "{err}"
+    );
+    // Without loss scaling (bf16) it compiles.
+    let g = Graph::new();
+    g.mixed_precision(Precision::Bf16).unwrap();
+    let train = mlp(&g, BATCH, &adamw());
+    g.compile(&[train.loss], &train.updates, &options).unwrap();
+}

@@ -21,6 +21,13 @@ pub enum CompileError {
         /// The graph input whose name is closest, if the graph has inputs.
         nearest: Option<String>,
     },
+    /// `check_finite` asked of a step with dynamic loss scaling.
+    #[error(
+        "check_finite stops the job at the first infinity, but this step scales its loss dynamically (f16 mixed \
+         precision or Optimizer::with_loss_scale): its gradients overflow now and then by design, and the scaler \
+         skips those steps; turn check_finite off, or train without loss scaling to look for the op that overflows"
+    )]
+    CheckFiniteWithLossScaling,
     /// A dataset that produces nothing.
     #[error("the dataset produces no inputs: list the graph inputs its records hold, in record order")]
     EmptyDataset,

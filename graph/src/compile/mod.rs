@@ -96,6 +96,28 @@ impl Graph {
     }
 }
 
+/// Refuses `check_finite` on a step that scales its loss dynamically: its scaler expects
+/// gradients to overflow now and then and skips those steps, which the check would stop
+/// the job at instead.
+fn check_finite_without_loss_scaling(
+    graph: &Graph,
+    updates: &[(Tensor<'_>, Tensor<'_>)],
+    options: &ParallelOptions,
+) -> Result<(), CompileError> {
+    if !options.check_finite {
+        return Ok(());
+    }
+    let updated: std::collections::HashSet<_> = updates.iter().map(|(_, new)| new.id()).collect();
+    let scales = graph
+        .nodes()
+        .into_iter()
+        .any(|n| n.op.name() == "loss_scale_update" && n.outputs.iter().any(|o| updated.contains(o)));
+    if scales {
+        return Err(CompileError::CheckFiniteWithLossScaling);
+    }
+    Ok(())
+}
+
 /// The compiler's driver: runs the passes in order.
 fn compile_step(
     graph: &Graph,
@@ -105,6 +127,7 @@ fn compile_step(
     scope: Scope,
 ) -> Result<CompiledGraph, CompileError> {
     options.check()?;
+    check_finite_without_loss_scaling(graph, updates, options)?;
     let facts = StepFacts::new(graph, fetch, updates, options)?;
     let placement = placement::place(graph, &facts, &options.mesh, scope)?;
     let layouts = layout::infer(graph, &facts, &placement, options, scope)?;
