@@ -70,15 +70,18 @@ extern "C" __global__ void regflow_causal_mask_f16(f16* out, f16 masked, u64 len
     causal_mask(out, masked, len, n);
 }
 
-// f64 to bf16 in one rounding, as `half::bf16::from_f64` (the CPU's): round to odd into
-// f32 (toward zero, then the lowest bit set when anything was dropped), whose 24 bits then
-// round to bf16's 8 exactly as the f64 would have.
-__device__ __forceinline__ bf16 f64_to_bf16(double x) {
+// f64 rounded to f32 toward zero, the lowest bit set when anything was dropped (round to
+// odd): rounding that to a format at least two bits narrower than f32 gives what rounding
+// the f64 itself would (NaN stays NaN). The CPU's `plan/src/bf16_round.rs` does the same.
+__device__ __forceinline__ float f64_to_f32_odd(double x) {
     float f = __double2float_rz(x);
     if ((double)f != x && x == x && !isinf(f)) f = __uint_as_float(__float_as_uint(f) | 1u);
     if (x != x) f = __double2float_rn(x);
-    return f32_to_bf16(f);
+    return f;
 }
+
+// f64 to bf16 in one rounding: f32's 24 bits round to bf16's 8 as the f64 would.
+__device__ __forceinline__ bf16 f64_to_bf16(double x) { return f32_to_bf16(f64_to_f32_odd(x)); }
 
 extern "C" __global__ void regflow_cast_f64_bf16(const double* x, bf16* out, u64 n) {
     FOR_EACH(i, n) out[i] = f64_to_bf16(x[i]);
@@ -89,12 +92,7 @@ extern "C" __global__ void regflow_cast_bf16_f64(const bf16* x, double* out, u64
 }
 
 // f64 to f16 in one rounding, the same way: f32 keeps 13 bits more than f16.
-__device__ __forceinline__ f16 f64_to_f16(double x) {
-    float f = __double2float_rz(x);
-    if ((double)f != x && x == x && !isinf(f)) f = __uint_as_float(__float_as_uint(f) | 1u);
-    if (x != x) f = __double2float_rn(x);
-    return f32_to_f16(f);
-}
+__device__ __forceinline__ f16 f64_to_f16(double x) { return f32_to_f16(f64_to_f32_odd(x)); }
 
 extern "C" __global__ void regflow_cast_f64_f16(const double* x, f16* out, u64 n) {
     FOR_EACH(i, n) out[i] = f64_to_f16(x[i]);
