@@ -1,7 +1,8 @@
 //! Mixed precision on the actor runtime: an MLP and causal attention built under
 //! `Precision::Bf16` train like their f32 twins (losses within 2% per step; the MLP's
-//! going down), the MLP plan's per-step registers take fewer bytes, a plan with bf16
-//! tensors survives JSON, and a bf16 input refuses f32 values by name.
+//! going down), the MLP plan's per-step registers take fewer bytes (bf16 and f16), plans
+//! with bf16 or f16 tensors survive JSON (the f16 one, with its loss scaler, trains the
+//! same from the file), and a bf16 input refuses f32 values by name.
 
 use regflow::graph::{CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, Precision, SplitMix64};
 use regflow::plan::Plan;
@@ -63,21 +64,26 @@ fn a_bf16_mlp_trains_like_the_f32_one_on_the_actor_runtime() {
 
 #[test]
 fn the_mixed_precision_plan_holds_smaller_activations() {
-    let (full, mixed) = (compiled(Precision::F32), compiled(Precision::Bf16));
+    let full = compiled(Precision::F32);
     let bytes = |c: &CompiledGraph| {
         let memory = c.plan.memory().unwrap();
         let device = &memory.devices[0];
         (device.unshared_bytes, device.total_bytes())
     };
-    let ((full_activations, full_total), (mixed_activations, mixed_total)) = (bytes(&full), bytes(&mixed));
-    // Activations and their gradients, [64, 128] and [64, 10], are half as wide; the
-    // bf16 copies of the weights ([32, 128], [128, 10]) cost less than that saves.
-    assert!(
-        mixed_activations * 10 < full_activations * 9,
-        "per-step registers: bf16 {mixed_activations} bytes, f32 {full_activations} bytes"
-    );
-    assert!(mixed_total < full_total, "arena: bf16 {mixed_total} bytes, f32 {full_total} bytes");
-    assert!(mixed.plan.regst_descs.iter().any(|r| r.bytes == (BATCH * HIDDEN * 2) as u64));
+    let (full_activations, full_total) = bytes(&full);
+    // f16 as bf16: two bytes an element; its loss scaler adds three scalars.
+    for precision in [Precision::Bf16, Precision::F16] {
+        let mixed = compiled(precision);
+        let (mixed_activations, mixed_total) = bytes(&mixed);
+        // Activations and their gradients, [64, 128] and [64, 10], are half as wide; the
+        // 16-bit copies of the weights ([32, 128], [128, 10]) cost less than that saves.
+        assert!(
+            mixed_activations * 10 < full_activations * 9,
+            "per-step registers: {precision:?} {mixed_activations} bytes, f32 {full_activations} bytes"
+        );
+        assert!(mixed_total < full_total, "arena: {precision:?} {mixed_total} bytes, f32 {full_total} bytes");
+        assert!(mixed.plan.regst_descs.iter().any(|r| r.bytes == (BATCH * HIDDEN * 2) as u64));
+    }
 }
 
 #[test]
@@ -87,6 +93,27 @@ fn a_plan_with_bf16_tensors_round_trips_through_json() {
     assert!(json.contains("\"bf16\""));
     let back = Plan::from_json(&json).unwrap();
     assert_eq!(back.to_json(), json);
+}
+
+/// An f16 plan (f16 tensors, the loss scaler's ops and state) is data like any other: read
+/// back from its JSON it trains exactly as the plan it was written from.
+#[test]
+fn an_f16_plan_with_loss_scaling_runs_the_same_from_its_json() {
+    let compiled = compiled(Precision::F16);
+    let json = compiled.plan.to_json();
+    for needed in ["\"f16\"", "unscale_factor", "loss_scale_update", "loss_scale.scale"] {
+        assert!(json.contains(needed), "the plan file names {needed}");
+    }
+    let back = Plan::from_json(&json).unwrap();
+    assert_eq!(back.to_json(), json);
+    let run = |plan: Plan| {
+        let job = Job::builder(plan).build().unwrap();
+        let feeds = batches(8).into_iter().map(|(x, y)| vec![("x", x), ("y", y)]).collect();
+        common::fed_losses(job, &compiled.fetches[0], feeds, DType::F32)
+    };
+    let (direct, from_json) = (run(compiled.plan.clone()), run(back));
+    assert_eq!(direct.len(), 8);
+    assert_eq!(from_json, direct);
 }
 
 #[test]
