@@ -7,7 +7,7 @@ use crate::feeds::fed_chain;
 use crate::{quick, Catalogue};
 use regflow::graph::sbp::Mesh;
 use regflow::graph::{CompileOptions, DType, Graph, HostArray, Init, Optimizer, ParallelOptions};
-use regflow::graph::{OptimizerKind, Schedule};
+use regflow::graph::{LossScale, OptimizerKind, Schedule};
 use regflow::prelude::*;
 use std::time::Duration;
 
@@ -71,6 +71,32 @@ fn optimizer_options_and_schedules() {
     );
     c.case("a schedule of zero steps", || minimize(cosine(1e-3, 0, 0)), option, &["total", "0"]);
     c.case("a NaN schedule peak", || minimize(cosine(f64::NAN, 10, 100)), option, &["peak", "NaN"]);
+    let scaled = |loss_scale: LossScale| Optimizer::adamw(1e-3, 0.0).with_loss_scale(loss_scale);
+    c.case("a NaN loss scale", || minimize(scaled(LossScale::fixed(f64::NAN))), option, &["loss_scale.init", "NaN"]);
+    c.case(
+        "a loss scale past f32",
+        || minimize(scaled(LossScale::fixed(1e40))),
+        option,
+        &["loss_scale.init", "kept in f32"],
+    );
+    c.case(
+        "a loss scale that shrinks as it grows",
+        || minimize(scaled(LossScale { growth: 0.5, ..LossScale::dynamic() })),
+        option,
+        &["loss_scale.growth", "0.5", ">= 1"],
+    );
+    c.case(
+        "a loss scale backoff above 1",
+        || minimize(scaled(LossScale { backoff: 2.0, ..LossScale::dynamic() })),
+        option,
+        &["loss_scale.backoff", "2", "(0, 1]"],
+    );
+    c.case(
+        "a loss scale growing after 0 steps",
+        || minimize(scaled(LossScale::dynamic().with_interval(0))),
+        option,
+        &["loss_scale.interval", "0"],
+    );
     let untrained = g.input("alone", [2], DType::F32).unwrap().sum_all().unwrap();
     c.case(
         "minimize over a loss no variable reaches",
@@ -78,7 +104,7 @@ fn optimizer_options_and_schedules() {
         "GraphError::NothingToTrain",
         &["nothing to train"],
     );
-    assert!(c.finish() >= 16);
+    assert!(c.finish() >= 21);
 }
 
 #[test]
