@@ -169,6 +169,11 @@ unsafe impl Send for BufferView {}
 unsafe impl Sync for BufferView {}
 
 impl BufferView {
+    /// A view of no bytes (a placeholder in arrays of views filled per firing).
+    pub const fn empty() -> Self {
+        Self { ptr: NonNull::dangling(), len: 0 }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -151,8 +151,11 @@ pub(crate) struct StreamWorker {
     pub(crate) memory: Arc<PlanArenas>,
     pub(crate) shared: Arc<JobShared>,
     pub(crate) trace: Option<TraceBuffer>,
-    pub(crate) scratch_inputs: Vec<BufferView>,
-    pub(crate) scratch_outputs: Vec<BufferView>,
+    /// The views of a firing's inputs and outputs, overwritten by every launch: as many as
+    /// the plan's most inputs (or outputs) of an actor, so a firing writes them by index,
+    /// with no length or capacity bookkeeping.
+    pub(crate) scratch_inputs: Box<[BufferView]>,
+    pub(crate) scratch_outputs: Box<[BufferView]>,
     /// What kernels on this stream learn of it (device, threads per kernel).
     pub(crate) context: StreamContext,
 }
@@ -202,8 +205,8 @@ struct Env<'w> {
     memory: &'w PlanArenas,
     probe: &'w StreamProbe,
     trace: Option<&'w mut TraceBuffer>,
-    scratch_inputs: &'w mut Vec<BufferView>,
-    scratch_outputs: &'w mut Vec<BufferView>,
+    scratch_inputs: &'w mut [BufferView],
+    scratch_outputs: &'w mut [BufferView],
     context: &'w StreamContext,
     stream_index: usize,
     /// The firing whose messages are being sent: flow arrows start inside its slice.
@@ -324,30 +327,29 @@ impl Env<'_> {
         // What earlier firings sent must not wait for this kernel.
         self.flush()?;
         let runtime = &mut self.runtimes[self.current];
-        // Plain pushes: `extend` over a mapped iterator costs more than the one or two
-        // views a firing has.
-        self.scratch_inputs.clear();
+        // Written by index into arrays as long as the plan's widest actor (checked once
+        // per firing by the slicing): no length or capacity to keep, as a push would.
+        let (inputs, outputs) = (firing.inputs.len(), firing.outputs.len());
+        let (input_views, output_views) = (&mut self.scratch_inputs[..inputs], &mut self.scratch_outputs[..outputs]);
         if runtime.windows.is_empty() {
-            for &r in firing.inputs {
-                self.scratch_inputs.push(self.memory.view(r));
+            for (view, &r) in input_views.iter_mut().zip(firing.inputs) {
+                *view = self.memory.view(r);
             }
         } else {
-            for (&r, window) in firing.inputs.iter().zip(runtime.windows.iter()) {
-                let view = self.memory.view(r);
-                let view = match *window {
+            for ((view, &r), window) in input_views.iter_mut().zip(firing.inputs).zip(runtime.windows.iter()) {
+                let whole = self.memory.view(r);
+                *view = match *window {
                     Some((offset, bytes)) => {
-                        view.window(offset, bytes).ok_or_else(|| outside_window(offset, bytes, view.len()))?
+                        whole.window(offset, bytes).ok_or_else(|| outside_window(offset, bytes, whole.len()))?
                     }
-                    None => view,
+                    None => whole,
                 };
-                self.scratch_inputs.push(view);
             }
         }
-        self.scratch_outputs.clear();
-        for &r in firing.outputs {
-            self.scratch_outputs.push(self.memory.view(r));
+        for (view, &r) in output_views.iter_mut().zip(firing.outputs) {
+            *view = self.memory.view(r);
         }
-        let mut io = KernelIo::new(firing.piece, firing.group, self.scratch_inputs, self.scratch_outputs, self.context);
+        let mut io = KernelIo::new(firing.piece, firing.group, input_views, output_views, self.context);
         let Some(kernel) = runtime.kernel.as_deref_mut() else {
             return Err(EnvError::Kernel("actor has no kernel (broken invariant)".into()));
         };

@@ -383,8 +383,8 @@ impl Job {
                 memory: arenas.clone(),
                 shared: shared.clone(),
                 trace: builder.trace.as_ref().map(|_| TraceBuffer::new(s)),
-                scratch_inputs: Vec::with_capacity(max_arity),
-                scratch_outputs: Vec::with_capacity(max_arity),
+                scratch_inputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
+                scratch_outputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
                 context,
             };
             let exit_notice = ExitNotice(exit_tx.clone(), s);
