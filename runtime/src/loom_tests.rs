@@ -14,6 +14,7 @@ use crate::stream::{ActorRuntime, JobShared, StreamWorker};
 use crate::sync::Arc;
 use loom::cell::UnsafeCell;
 use regflow_actors::{Actor, Body, Cmd, Message, PlanIds};
+use regflow_memory::BufferView;
 use regflow_plan::{
     ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanIndex, SourcePieces, StreamKind,
 };
@@ -187,8 +188,8 @@ fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option
             memory: arenas.clone(),
             shared: shared.clone(),
             trace: None,
-            scratch_inputs: Vec::with_capacity(4),
-            scratch_outputs: Vec::with_capacity(4),
+            scratch_inputs: vec![BufferView::empty(); crate::job::max_arity(&indexed)].into_boxed_slice(),
+            scratch_outputs: vec![BufferView::empty(); crate::job::max_arity(&indexed)].into_boxed_slice(),
             context: StreamContext::default(),
         });
     }

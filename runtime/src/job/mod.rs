@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub(crate) use setup::max_arity;
 pub use start::JobBuilder;
 pub use state::StatePart;
 pub(crate) use state::{host_array, logical_name};

@@ -331,7 +331,7 @@ pub(super) fn make_actors(
 }
 
 /// The most registers one firing reads or writes (the streams' scratch capacity).
-pub(super) fn max_arity(indexed: &PlanIndex<'_>) -> usize {
+pub(crate) fn max_arity(indexed: &PlanIndex<'_>) -> usize {
     let plan = indexed.plan();
     (0..plan.actors.len())
         .map(|a| plan.actors[a].inputs.len().max(indexed.outputs_of(ActorIndex(a as u32)).len()))
