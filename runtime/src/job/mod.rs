@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+#[cfg(loom)]
 pub(crate) use setup::max_arity;
 pub use start::JobBuilder;
 pub use state::StatePart;
