@@ -41,6 +41,17 @@ impl DType {
         matches!(self, DType::F32 | DType::F64 | DType::Bf16 | DType::F16)
     }
 
+    /// The largest finite value of this dtype, as f64 (`i64::MAX` rounded for i64).
+    pub fn max_finite(self) -> f64 {
+        match self {
+            DType::F32 => f64::from(f32::MAX),
+            DType::F64 => f64::MAX,
+            DType::I64 => i64::MAX as f64,
+            DType::Bf16 => half::bf16::MAX.to_f64(),
+            DType::F16 => half::f16::MAX.to_f64(),
+        }
+    }
+
     /// Whether this is a 16-bit float (bf16 or f16): stored narrow, computed in f32 by
     /// host kernels, the low dtype of mixed precision.
     pub fn is_half(self) -> bool {

@@ -170,7 +170,7 @@ fn make_loss_scale_update(spec: &KernelSpec<'_>) -> Result<LossScaleUpdateKernel
         function: function(spec, "regflow_loss_scale_update")?,
         inputs: input_slots::<3>(conf),
         codes: [scalar_code(scale), scalar_code(good), scalar_code(conf.inputs[2].dtype)],
-        max: if scale == DType::F32 { f64::from(f32::MAX) } else { f64::MAX },
+        max: scale.max_finite(),
         op,
     })
 }

@@ -107,12 +107,7 @@ impl HostCompute for UnscaleFactor {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let (squared_norm, scale) = (scalar_input(inputs, 0)?, scalar_input(inputs, 1)?);
-        // The square root in the input's dtype (f32 for f32 gradients), as a `sqrt` op.
-        let norm = match inputs[0].dtype() {
-            regflow_plan::DType::F64 => squared_norm.sqrt(),
-            _ => f64::from((squared_norm as f32).sqrt()),
-        };
-        write_scalar(&mut outputs[0], self.at(norm, scale))
+        write_scalar(&mut outputs[0], self.at(squared_norm, inputs[0].dtype(), scale))
     }
 }
 
@@ -125,11 +120,7 @@ impl HostCompute for LossScaleUpdate {
     ) -> Result<(), String> {
         let (scale, good_steps, grad_scale) =
             (scalar_input(inputs, 0)?, scalar_input(inputs, 1)?, scalar_input(inputs, 2)?);
-        let max = match outputs[0].dtype() {
-            regflow_plan::DType::F32 => f64::from(f32::MAX),
-            _ => f64::MAX,
-        };
-        let (scale, good_steps) = self.at(scale, good_steps, grad_scale, max);
+        let (scale, good_steps) = self.at(scale, good_steps, grad_scale, outputs[0].dtype());
         let [scale_out, good_out] = outputs else {
             return Err(format!("gives the scale and the count of good steps, not {} outputs", outputs.len()));
         };

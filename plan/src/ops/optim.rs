@@ -99,12 +99,16 @@ pub struct UnscaleFactor {
 }
 
 impl UnscaleFactor {
-    /// The factor for the scaled gradients' global `norm` (the square root of the op's
-    /// input, taken in the input's dtype, as clipping's `sqrt` op would take it) and
-    /// `scale` (see the type's docs), in f64. With a power-of-two scale and no overflow,
+    /// The factor for `squared_norm`, of dtype `dtype`, and `scale` (see the type's docs),
+    /// in f64. The norm is its square root taken in `dtype` (f32 for f32 gradients), as
+    /// clipping's `sqrt` op takes it: with a power-of-two scale and no overflow,
     /// `norm / scale` is then exactly the unscaled norm clipping alone computes, so the
     /// updates get the bits they would get without loss scaling.
-    pub fn at(&self, norm: f64, scale: f64) -> f64 {
+    pub fn at(&self, squared_norm: f64, dtype: crate::DType, scale: f64) -> f64 {
+        let norm = match dtype {
+            crate::DType::F64 => squared_norm.sqrt(),
+            _ => f64::from((squared_norm as f32).sqrt()),
+        };
         if !norm.is_finite() {
             return f64::NAN;
         }
@@ -132,9 +136,9 @@ pub struct LossScaleUpdate {
 }
 
 impl LossScaleUpdate {
-    /// `(scale', good_steps')` after a step with `grad_scale`; `max` is the largest finite
-    /// value of the scale's dtype.
-    pub fn at(&self, scale: f64, good_steps: f64, grad_scale: f64, max: f64) -> (f64, f64) {
+    /// `(scale', good_steps')` after a step with `grad_scale`, the scale being of `dtype`
+    /// (growth stops short of its largest finite value).
+    pub fn at(&self, scale: f64, good_steps: f64, grad_scale: f64, dtype: crate::DType) -> (f64, f64) {
         if skips_step(grad_scale) {
             return (scale * self.backoff, 0.0);
         }
@@ -143,7 +147,7 @@ impl LossScaleUpdate {
             return (scale, good);
         }
         let grown = scale * self.growth;
-        (if grown <= max { grown } else { scale }, 0.0)
+        (if grown <= dtype.max_finite() { grown } else { scale }, 0.0)
     }
 }
 
