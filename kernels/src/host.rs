@@ -12,7 +12,7 @@
 use crate::io::{view, view_mut};
 use crate::{Kernel, KernelError, KernelIo};
 use half::slice::HalfFloatSliceExt;
-use regflow_plan::{bf16, DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, OpConf, TensorMeta};
+use regflow_plan::{DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, OpConf, TensorMeta};
 use smallvec::SmallVec;
 
 /// What a host computation may use besides its tensors.
@@ -122,21 +122,12 @@ impl HalfScratch {
         };
         for (index, (tensor, buffer)) in inputs.iter().zip(&mut self.inputs).enumerate() {
             let Some(buffer) = buffer.as_mut() else { continue };
-            let len = match tensor.data {
-                HostSlice::Bf16(values) if values.len() == buffer.len() => {
-                    buffer.iter_mut().zip(values).for_each(|(wide, &narrow)| *wide = narrow.to_f32());
-                    continue;
-                }
-                HostSlice::F16(values) if values.len() == buffer.len() => {
-                    // `half` converts slices with F16C where the processor has it.
-                    values.convert_to_f32_slice(buffer);
-                    continue;
-                }
-                HostSlice::Bf16(values) => values.len(),
-                HostSlice::F16(values) => values.len(),
-                _ => continue,
+            let widened = match tensor.data {
+                HostSlice::Bf16(values) => widen(values, buffer),
+                HostSlice::F16(values) => widen(values, buffer),
+                _ => Ok(()),
             };
-            return Err(mismatch("input", index, len, buffer.len()));
+            widened.map_err(|len| mismatch("input", index, len, buffer.len()))?;
         }
         {
             let mut wide_inputs: SmallVec<[HostTensor<'_>; 8]> = SmallVec::new();
@@ -162,23 +153,41 @@ impl HalfScratch {
         }
         for (index, (tensor, buffer)) in outputs.iter_mut().zip(&self.outputs).enumerate() {
             let Some(buffer) = buffer else { continue };
-            let len = match &mut tensor.data {
-                HostSliceMut::Bf16(values) if values.len() == buffer.len() => {
-                    values.iter_mut().zip(buffer).for_each(|(narrow, &wide)| *narrow = bf16::from_f32(wide));
-                    continue;
-                }
-                HostSliceMut::F16(values) if values.len() == buffer.len() => {
-                    values.convert_from_f32_slice(buffer);
-                    continue;
-                }
-                HostSliceMut::Bf16(values) => values.len(),
-                HostSliceMut::F16(values) => values.len(),
-                _ => continue,
+            let rounded = match &mut tensor.data {
+                HostSliceMut::Bf16(values) => round(buffer, values),
+                HostSliceMut::F16(values) => round(buffer, values),
+                _ => Ok(()),
             };
-            return Err(mismatch("output", index, len, buffer.len()));
+            rounded.map_err(|len| mismatch("output", index, len, buffer.len()))?;
         }
         Ok(())
     }
+}
+
+/// `narrow` widened into `wide` (exact); `Err(narrow.len())` when the lengths differ.
+/// `half` converts f16 slices with F16C where the processor has it.
+fn widen<H>(narrow: &[H], wide: &mut [f32]) -> Result<(), usize>
+where
+    [H]: HalfFloatSliceExt,
+{
+    if narrow.len() != wide.len() {
+        return Err(narrow.len());
+    }
+    narrow.convert_to_f32_slice(wide);
+    Ok(())
+}
+
+/// `wide` rounded to nearest even into `narrow`; `Err(narrow.len())` when the lengths
+/// differ.
+fn round<H>(wide: &[f32], narrow: &mut [H]) -> Result<(), usize>
+where
+    [H]: HalfFloatSliceExt,
+{
+    if narrow.len() != wide.len() {
+        return Err(narrow.len());
+    }
+    narrow.convert_from_f32_slice(wide);
+    Ok(())
 }
 
 /// A shorter-lived view of the same elements.
