@@ -452,8 +452,8 @@ impl Graph {
         // clipped gradients below are made only if something fetches them.
         let squared_norm = match (&scaler, optimizer.clip_norm) {
             (None, None) => None,
-            (Some(_), _) => Some(self.squared_global_norm(&grads, "loss_scaling", loss)?),
-            (None, Some(_)) => Some(self.squared_global_norm(&grads, "clip_by_global_norm", loss)?),
+            (Some(_), _) => self.squared_global_norm(&grads, "loss_scaling")?,
+            (None, Some(_)) => self.squared_global_norm(&grads, "clip_by_global_norm")?,
         };
         let factor = match (&scaler, optimizer.clip_norm, squared_norm) {
             (Some(s), clip_norm, Some(total)) => {
@@ -469,30 +469,31 @@ impl Graph {
         }
         let step = self.state("optimizer.step", &TensorMeta::new(Shape::scalar(), DType::F64), Init::Zeros)?;
         // A step the loss scaler skips does not count (AdamW's bias correction, the
-        // schedule), so the counter reads the step's factor; that factor has the placement
+        // schedule), so the counter reads the step's factor. That factor has the placement
         // of the gradients it was made from, so with parameters on several placements
         // (pipeline stages) each placement counts the step itself, from the same factor:
-        // `counters` holds (a parameter of the placement, next step, learning rate).
-        let counter = |like: Option<Tensor<'g>>| -> Result<(Tensor<'g>, Tensor<'g>), GraphError> {
-            let next_step = match (&scaler, factor, like) {
-                (Some(_), Some(factor), Some(p)) => self.apply1(NextStep, &[step, self.alongside(factor, p)?])?,
-                _ => self.apply1(NextStep, &[step])?,
+        // `counters` holds (placement, next step, learning rate), one entry without scaling.
+        let skip_factor = factor.filter(|_| scaler.is_some());
+        let place = |p: &Tensor<'g>| skip_factor.and_then(|_| self.placement(p.id()));
+        let counter = |p: &Tensor<'g>| -> Result<(Tensor<'g>, Tensor<'g>), GraphError> {
+            let next_step = match skip_factor {
+                Some(factor) => self.apply1(NextStep, &[step, self.alongside(factor, *p)?])?,
+                None => self.apply1(NextStep, &[step])?,
             };
             Ok((next_step, self.apply1(LearningRate(optimizer.schedule.clone()), &[next_step])?))
         };
-        let (next_step, lr) = counter(params.first().copied())?;
-        let mut counters = vec![(params.first().copied(), next_step, lr)];
-        let mut updates = vec![(step, next_step)];
+        let mut counters = Vec::new();
+        let mut updates = Vec::new();
         let mut all_states = Vec::new();
         for (i, (p, g)) in params.iter().zip(&raw_grads).enumerate() {
-            let same_place = |q: &Option<Tensor<'g>>| {
-                scaler.is_none() || q.is_none_or(|q| self.placement(q.id()) == self.placement(p.id()))
-            };
-            let (next_step, lr) = match counters.iter().find(|(q, _, _)| same_place(q)) {
+            let (next_step, lr) = match counters.iter().find(|(at, _, _)| *at == place(p)) {
                 Some(&(_, next_step, lr)) => (next_step, lr),
                 None => {
-                    let (next_step, lr) = counter(Some(*p))?;
-                    counters.push((Some(*p), next_step, lr));
+                    let (next_step, lr) = counter(p)?;
+                    if counters.is_empty() {
+                        updates.push((step, next_step));
+                    }
+                    counters.push((place(p), next_step, lr));
                     (next_step, lr)
                 }
             };
@@ -521,6 +522,10 @@ impl Graph {
             updates.push((s.good_steps, next[1]));
         }
         let loss_scale = scaler.map(|s| s.scale);
+        // `minimize` refused a loss no parameter reaches, so the first one made a counter.
+        let Some(&(_, _, lr)) = counters.first() else {
+            return Err(GraphError::NothingToTrain { loss: loss.name() });
+        };
         Ok(TrainStep {
             loss,
             updates,
@@ -535,14 +540,9 @@ impl Graph {
     }
 
     /// The sum of every gradient's squared elements, on the first gradient's placement
-    /// (`op` names the option that needs it in the error for gradients of mixed dtypes;
-    /// `loss` the loss in the error for none, which `minimize` has ruled out already).
-    fn squared_global_norm<'g>(
-        &'g self,
-        grads: &[Tensor<'g>],
-        op: &str,
-        loss: Tensor<'g>,
-    ) -> Result<Tensor<'g>, GraphError> {
+    /// (`None` without gradients; `op` names the option that needs it in the error for
+    /// gradients of mixed dtypes).
+    fn squared_global_norm<'g>(&'g self, grads: &[Tensor<'g>], op: &str) -> Result<Option<Tensor<'g>>, GraphError> {
         let mut total: Option<Tensor<'g>> = None;
         for g in grads {
             if let Some(t) = total {
@@ -560,7 +560,7 @@ impl Graph {
                 None => squares,
             });
         }
-        total.ok_or_else(|| GraphError::NothingToTrain { loss: loss.name() })
+        Ok(total)
     }
 
     /// `t` on `like`'s placement: moved there (a stage edge) when both have placements and
