@@ -68,17 +68,9 @@ fn value(case: &Case) -> HostArray {
             ((state >> 33) % 19) as i64 - 9
         })
         .collect();
-    let shape = case.dims.clone();
-    match case.dtype {
-        DType::F64 => HostArray::f64(shape, ints.iter().map(|&v| v as f64).collect()),
-        DType::F32 => HostArray::f32(shape, ints.iter().map(|&v| v as f32).collect()),
-        DType::I64 => HostArray::i64(shape, ints),
-        // Small integers are exact in bf16 too (8 bits of mantissa).
-        DType::Bf16 => HostArray::bf16(shape, ints.iter().map(|&v| regflow::plan::bf16::from_f64(v as f64)).collect()),
-        // And in f16 (11 bits).
-        DType::F16 => HostArray::f16(shape, ints.iter().map(|&v| regflow::plan::f16::from_f64(v as f64)).collect()),
-    }
-    .unwrap()
+    // Exact in bf16's 8 bits of mantissa and f16's 11 too.
+    let values: Vec<f64> = ints.iter().map(|&v| v as f64).collect();
+    HostArray::from_f64(case.dims.clone(), case.dtype, &values).unwrap()
 }
 
 fn decode(bytes: &[u8], dims: &[usize], dtype: DType) -> HostArray {

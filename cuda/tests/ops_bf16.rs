@@ -6,20 +6,13 @@
 mod common;
 
 use regflow_plan::ops::{Cast, MatMul};
-use regflow_plan::{bf16, DType, HostArray, SplitMix64, TensorMeta};
+use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
 
 fn random(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
     let mut rng = SplitMix64::new(seed);
     let n: usize = dims.iter().product();
     let values: Vec<f64> = (0..n).map(|_| rng.next_normal() * 3.0).collect();
-    match dtype {
-        DType::F32 => HostArray::f32(dims.to_vec(), values.iter().map(|&v| v as f32).collect()),
-        DType::F64 => HostArray::f64(dims.to_vec(), values),
-        DType::I64 => HostArray::i64(dims.to_vec(), values.iter().map(|&v| v as i64).collect()),
-        DType::Bf16 => HostArray::bf16(dims.to_vec(), values.iter().map(|&v| bf16::from_f64(v)).collect()),
-        DType::F16 => HostArray::f16(dims.to_vec(), values.iter().map(|&v| regflow_plan::f16_from_f64(v)).collect()),
-    }
-    .expect("an array")
+    HostArray::from_f64(dims.to_vec(), dtype, &values).expect("an array")
 }
 
 #[test]
@@ -38,11 +31,7 @@ fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
     // f16's edges: the largest finite value, ties at it, overflow to infinity, subnormals.
     let edges = [65504.0, 65519.0, 65520.0, 70000.0, -70000.0, 6.0e-8, 3.0e-8, 1.0e-5];
     for from in [DType::F32, DType::F64] {
-        let x = match from {
-            DType::F32 => HostArray::f32([edges.len()], edges.iter().map(|&v| v as f32).collect()),
-            _ => HostArray::f64([edges.len()], edges.to_vec()),
-        }
-        .expect("an array");
+        let x = HostArray::from_f64([edges.len()], from, &edges).expect("an array");
         let conf = common::conf(&Cast { to: DType::F16 }, &[&x], &[TensorMeta::new([edges.len()], DType::F16)]);
         common::check(&format!("cast {from} -> f16 at its edges"), &conf, &[&x], (&device, &stream), 0.0);
     }

@@ -30,16 +30,7 @@ fn random(shape: &[usize], dtype: DType, seed: u64, (lo, hi): (f64, f64)) -> Hos
     let mut rng = SplitMix64::new(seed);
     let n: usize = shape.iter().product();
     let values: Vec<f64> = (0..n).map(|_| lo + (hi - lo) * rng.next_f64()).collect();
-    match dtype {
-        DType::F32 => HostArray::f32(shape.to_vec(), values.iter().map(|&v| v as f32).collect()),
-        DType::F64 => HostArray::f64(shape.to_vec(), values),
-        DType::I64 => HostArray::i64(shape.to_vec(), values.iter().map(|&v| v as i64).collect()),
-        DType::Bf16 => {
-            HostArray::bf16(shape.to_vec(), values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect())
-        }
-        DType::F16 => HostArray::f16(shape.to_vec(), values.iter().map(|&v| regflow_plan::f16_from_f64(v)).collect()),
-    }
-    .expect("an array")
+    HostArray::from_f64(shape.to_vec(), dtype, &values).expect("an array")
 }
 
 fn check(

@@ -19,16 +19,9 @@ fn random(shape: &[usize], dtype: DType, seed: u64) -> HostArray {
     let mut rng = SplitMix64::new(seed);
     let n: usize = shape.iter().product();
     let values: Vec<f64> = (0..n).map(|_| 4.0 * rng.next_f64() - 2.0).collect();
-    match dtype {
-        DType::F32 => HostArray::f32(shape.to_vec(), values.iter().map(|&v| v as f32).collect()),
-        DType::F64 => HostArray::f64(shape.to_vec(), values),
-        DType::I64 => HostArray::i64(shape.to_vec(), values.iter().map(|&v| (v * 500.0) as i64).collect()),
-        DType::Bf16 => {
-            HostArray::bf16(shape.to_vec(), values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect())
-        }
-        DType::F16 => HostArray::f16(shape.to_vec(), values.iter().map(|&v| regflow_plan::f16_from_f64(v)).collect()),
-    }
-    .expect("an array")
+    let scale = if dtype == DType::I64 { 500.0 } else { 1.0 };
+    let values: Vec<f64> = values.iter().map(|v| v * scale).collect();
+    HostArray::from_f64(shape.to_vec(), dtype, &values).expect("an array")
 }
 
 /// Ids of `shape` drawn from `0..vocab` by `seed`.

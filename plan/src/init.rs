@@ -2,7 +2,7 @@
 //! generator is SplitMix64 and normals come from Box–Muller, both in plain integer and f64
 //! arithmetic.
 
-use crate::tensor::{DType, HostArray, HostData, TensorMeta};
+use crate::tensor::{HostArray, HostData, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// How a variable starts.
@@ -144,20 +144,14 @@ impl Init {
                 (0..n).map(|_| std * rng.next_normal()).collect()
             }
         };
-        let data = match meta.dtype {
-            DType::F32 => HostData::F32(values.iter().map(|&v| v as f32).collect()),
-            DType::F64 => HostData::F64(values),
-            DType::I64 => HostData::I64(values.iter().map(|&v| v as i64).collect()),
-            DType::Bf16 => HostData::Bf16(values.iter().map(|&v| crate::bf16_from_f64(v)).collect()),
-            DType::F16 => HostData::F16(values.iter().map(|&v| crate::f16_from_f64(v)).collect()),
-        };
-        HostArray { shape: meta.shape.clone(), data }
+        HostArray { shape: meta.shape.clone(), data: HostData::from_f64(meta.dtype, &values) }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::DType;
 
     #[test]
     fn initializers_are_seeded_and_scaled() {

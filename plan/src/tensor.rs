@@ -278,6 +278,20 @@ pub enum HostData {
     F16(Vec<half::f16>),
 }
 
+impl HostData {
+    /// `values` converted to `dtype`: floats rounded to nearest once (f64 → bf16 and f16
+    /// through round-to-odd, see `bf16_from_f64`), integers truncated toward zero.
+    pub fn from_f64(dtype: DType, values: &[f64]) -> Self {
+        match dtype {
+            DType::F32 => HostData::F32(values.iter().map(|&v| v as f32).collect()),
+            DType::F64 => HostData::F64(values.to_vec()),
+            DType::I64 => HostData::I64(values.iter().map(|&v| v as i64).collect()),
+            DType::Bf16 => HostData::Bf16(values.iter().map(|&v| crate::bf16_from_f64(v)).collect()),
+            DType::F16 => HostData::F16(values.iter().map(|&v| crate::f16_from_f64(v)).collect()),
+        }
+    }
+}
+
 /// An owned host tensor: shape plus row-major elements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostArray {
@@ -336,6 +350,13 @@ impl HostArray {
     /// 65504); an error when the number of values does not match the shape.
     pub fn f16_from_f32(shape: impl Into<Shape>, data: &[f32]) -> Result<Self, ArrayError> {
         Self::f16(shape, data.iter().map(|&x| half::f16::from_f32(x)).collect())
+    }
+
+    /// An array of `shape` and `dtype` holding `values` converted as
+    /// [`HostData::from_f64`] does; an error when the number of values does not match the
+    /// shape.
+    pub fn from_f64(shape: impl Into<Shape>, dtype: DType, values: &[f64]) -> Result<Self, ArrayError> {
+        Self::checked(shape.into(), dtype, values.len(), HostData::from_f64(dtype, values))
     }
 
     /// An array of `shape` holding `data`; an error when the number of values does not

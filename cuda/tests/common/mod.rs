@@ -121,25 +121,13 @@ pub(crate) fn check(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Dev
 pub(crate) fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
     let mut rng = regflow_plan::SplitMix64::new(seed);
     let values: Vec<f64> = (0..dims.iter().product::<usize>()).map(|_| 2.0 * rng.next_f64() - 1.0).collect();
-    let dims = dims.to_vec();
-    match dtype {
-        DType::F32 => HostArray::f32(dims, values.iter().map(|&v| v as f32).collect()),
-        DType::F64 => HostArray::f64(dims, values),
-        DType::I64 => HostArray::i64(dims, values.iter().map(|&v| (v * 1000.0) as i64).collect()),
-        DType::Bf16 => HostArray::bf16(dims, values.iter().map(|&v| regflow_plan::bf16::from_f64(v)).collect()),
-        DType::F16 => HostArray::f16(dims, values.iter().map(|&v| regflow_plan::f16::from_f64(v)).collect()),
-    }
-    .expect("an array")
+    // Integers in -1000..1000 for i64.
+    let scale = if dtype == DType::I64 { 1000.0 } else { 1.0 };
+    let values: Vec<f64> = values.iter().map(|v| v * scale).collect();
+    HostArray::from_f64(dims.to_vec(), dtype, &values).expect("an array")
 }
 
 /// A one-element register of `dtype` holding `value` (a learning rate, a step, a norm).
 pub(crate) fn scalar(dtype: DType, value: f64) -> HostArray {
-    match dtype {
-        DType::F32 => HostArray::f32([1], vec![value as f32]),
-        DType::F64 => HostArray::f64([1], vec![value]),
-        DType::I64 => HostArray::i64([1], vec![value as i64]),
-        DType::Bf16 => HostArray::bf16([1], vec![regflow_plan::bf16::from_f64(value)]),
-        DType::F16 => HostArray::f16([1], vec![regflow_plan::f16_from_f64(value)]),
-    }
-    .expect("a scalar")
+    HostArray::from_f64([1], dtype, &[value]).expect("a scalar")
 }
