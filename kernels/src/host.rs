@@ -9,7 +9,7 @@
 //! loop of its own except those that only move elements or convert them
 //! ([`HostCompute::half_native`]).
 
-use crate::io::{view, view_mut};
+use crate::io::{empty_view, view, view_mut};
 use crate::{Kernel, KernelError, KernelIo};
 use half::slice::HalfFloatSliceExt;
 use regflow_plan::{DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, OpConf, TensorMeta};
@@ -37,7 +37,10 @@ impl Default for HostContext {
 /// kernels and the graph's reference evaluator both run it.
 pub trait HostCompute: Send + Sync {
     /// Computes the outputs from the inputs. Inputs have the shapes the op's shape rule
-    /// accepted and outputs the shapes it gave.
+    /// accepted and outputs the shapes it gave, except an input given in place: one of a
+    /// pair of [`OpConf::in_place_pairs`] whose registers are one buffer arrives with no
+    /// elements, and its value is in the paired output, which the op reads there (each
+    /// element before it writes it).
     fn compute(
         &self,
         context: &HostContext,
@@ -229,6 +232,9 @@ pub struct HostOpKernel<T> {
     /// f32 buffers of the 16-bit float tensors, made with the kernel (`None`: nothing to
     /// widen).
     half: Option<HalfScratch>,
+    /// The (op input, op output) pairs the op may take in place
+    /// ([`OpConf::in_place_pairs`]).
+    in_place: Vec<(usize, usize)>,
 }
 
 impl<T: HostCompute> HostOpKernel<T> {
@@ -242,7 +248,19 @@ impl<T: HostCompute> HostOpKernel<T> {
             inputs: conf.inputs.clone(),
             input_map: conf.input_map.clone(),
             outputs: conf.outputs.clone(),
+            in_place: conf.in_place_pairs(),
         }
+    }
+
+    /// The output op input `k` is given in place of in this firing: one the op may write
+    /// over it whose slot is the input's own bytes (a register with aliased slots).
+    fn in_place_output(&self, io: &KernelIo<'_>, k: usize) -> Option<usize> {
+        let input = self.input_map[k];
+        let (addr, len) = (io.input_addr(input), io.input_len(input));
+        self.in_place
+            .iter()
+            .find(|&&(i, o)| i == k && o < io.output_count() && io.output_addr(o) == addr && io.output_len(o) == len)
+            .map(|&(_, o)| o)
     }
 }
 
@@ -252,8 +270,18 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
         let context = HostContext { threads: io.context().threads };
         // A tick input (constants) comes after the real ones and is not passed on.
         let mut inputs: SmallVec<[HostTensor<'_>; 8]> = SmallVec::new();
-        for (meta, &i) in self.inputs.iter().zip(&self.input_map) {
-            inputs.push(view(meta, io.input(i)).map_err(fail)?);
+        for (k, (meta, &i)) in self.inputs.iter().zip(&self.input_map).enumerate() {
+            // An input whose bytes are its output's (an update over its variable's one
+            // buffer) is not viewed: a shared and a mutable view of the same bytes may not
+            // both exist. The op reads the old value from the output.
+            let in_place = !self.in_place.is_empty() && io.input_len(i) > 0 && self.in_place_output(io, k).is_some();
+            if !in_place {
+                inputs.push(view(meta, io.input(i)).map_err(fail)?);
+            } else if self.half.is_some() {
+                return Err(fail(format!("input {k} is given in place, which 16-bit scratch does not support")));
+            } else {
+                inputs.push(empty_view(meta));
+            }
         }
         // Outputs are distinct registers: split the borrows one by one.
         let mut outputs: SmallVec<[HostTensorMut<'_>; 8]> = SmallVec::new();

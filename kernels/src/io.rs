@@ -56,6 +56,19 @@ pub(crate) fn view<'a>(meta: &'a TensorMeta, bytes: &'a [u8]) -> Result<HostTens
     Ok(HostTensor { shape: &meta.shape, data })
 }
 
+/// A tensor of `meta`'s shape with no elements: an input given in place (see
+/// [`HostCompute::compute`](crate::host::HostCompute::compute)).
+pub(crate) fn empty_view(meta: &TensorMeta) -> HostTensor<'_> {
+    let data = match meta.dtype {
+        DType::F32 => HostSlice::F32(&[]),
+        DType::F64 => HostSlice::F64(&[]),
+        DType::I64 => HostSlice::I64(&[]),
+        DType::Bf16 => HostSlice::Bf16(&[]),
+        DType::F16 => HostSlice::F16(&[]),
+    };
+    HostTensor { shape: &meta.shape, data }
+}
+
 /// `bytes` as a writable tensor of `meta`.
 pub(crate) fn view_mut<'a>(meta: &'a TensorMeta, bytes: &'a mut [u8]) -> Result<HostTensorMut<'a>, String> {
     let data = match meta.dtype {

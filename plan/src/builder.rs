@@ -80,6 +80,7 @@ impl PlanBuilder {
             memory: MemoryKind::Host,
             preloaded: 0,
             shared_offset: None,
+            aliased_slots: false,
         });
         RegstDescId(plan.regst_descs.len() as u32 - 1)
     }

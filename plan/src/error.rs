@@ -144,6 +144,15 @@ pub enum PlanError {
         /// What is wrong.
         detail: String,
     },
+    /// A register whose slots are one buffer ([`RegstDesc::aliased_slots`](crate::RegstDesc))
+    /// where its producer cannot write in place over what it reads.
+    #[error("register '{regst}' has aliased slots (one buffer for all), but {detail}")]
+    AliasedSlots {
+        /// The register.
+        regst: String,
+        /// What is wrong, naming its producer.
+        detail: String,
+    },
     /// An input window that does not fit its actor or its register.
     #[error("actor '{actor}' {detail}")]
     BadWindow {

@@ -46,6 +46,8 @@ pub struct PlanMemory {
     pub devices: Vec<DeviceMemory>,
     /// For each descriptor: its device entry and place, or `None` if it owns no memory.
     placement: Vec<Option<(usize, Place)>>,
+    /// For each descriptor: whether its slots are one buffer ([`RegstDesc::aliased_slots`]).
+    aliased: Vec<bool>,
 }
 
 impl PlanMemory {
@@ -57,6 +59,10 @@ impl PlanMemory {
         Some((
             device,
             match place {
+                // Every slot of a register with aliased slots is its first.
+                Place::Own(block) if self.aliased[desc.index()] => {
+                    memory.shared_bytes + memory.layout.slot_offset(block, 0)
+                }
                 Place::Own(block) => memory.shared_bytes + memory.layout.slot_offset(block, slot),
                 Place::Shared(offset) => offset,
             },
@@ -117,7 +123,7 @@ impl Plan {
                 .iter()
                 .map(|r| {
                     let desc = &self.regst_descs[r.index()];
-                    (desc.bytes, desc.register_num)
+                    (desc.bytes, desc.buffers())
                 })
                 .collect();
             let layout = ArenaLayout::pack(&blocks).map_err(|e| memory_error(e.to_string()))?;
@@ -130,11 +136,11 @@ impl Plan {
             if let Some(capacity) = self.devices[d].memory_capacity {
                 if total > capacity {
                     let mut largest: Vec<&RegstDesc> = descs.iter().map(|r| &self.regst_descs[r.index()]).collect();
-                    largest.sort_by_key(|r| std::cmp::Reverse(r.bytes.saturating_mul(u64::from(r.register_num))));
+                    largest.sort_by_key(|r| std::cmp::Reverse(r.bytes.saturating_mul(u64::from(r.buffers()))));
                     let largest = largest
                         .iter()
                         .take(3)
-                        .map(|r| format!("'{}' ({} x {} bytes)", r.name, r.register_num, r.bytes))
+                        .map(|r| format!("'{}' ({} x {} bytes)", r.name, r.buffers(), r.bytes))
                         .collect::<Vec<_>>()
                         .join(", ");
                     return Err(PlanError::DoesNotFit { device: label, needed: total, capacity, largest });
@@ -152,6 +158,7 @@ impl Plan {
                 unshared_bytes,
             });
         }
-        Ok(PlanMemory { devices, placement })
+        let aliased = self.regst_descs.iter().map(|d| d.aliased_slots).collect();
+        Ok(PlanMemory { devices, placement, aliased })
     }
 }

@@ -487,6 +487,22 @@ pub struct HostTensorMut<'a> {
 }
 
 impl<'a> HostTensor<'a> {
+    /// How many elements its data holds (none for an input given in place).
+    pub fn len(&self) -> usize {
+        match self.data {
+            HostSlice::F64(v) => v.len(),
+            HostSlice::F32(v) => v.len(),
+            HostSlice::I64(v) => v.len(),
+            HostSlice::Bf16(v) => v.len(),
+            HostSlice::F16(v) => v.len(),
+        }
+    }
+
+    /// Whether its data holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The elements as `T`, or an error naming the dtypes.
     pub fn as_slice<T: Element>(&self) -> Result<&'a [T], String> {
         T::from_slice(self.data).ok_or_else(|| format!("expected {} data, got {}", T::DTYPE, self.dtype()))
@@ -505,6 +521,22 @@ impl<'a> HostTensor<'a> {
 }
 
 impl HostTensorMut<'_> {
+    /// How many elements its data holds.
+    pub fn len(&self) -> usize {
+        match &self.data {
+            HostSliceMut::F64(v) => v.len(),
+            HostSliceMut::F32(v) => v.len(),
+            HostSliceMut::I64(v) => v.len(),
+            HostSliceMut::Bf16(v) => v.len(),
+            HostSliceMut::F16(v) => v.len(),
+        }
+    }
+
+    /// Whether its data holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The elements as `T`, or an error naming the dtypes.
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], String> {
         let dtype = self.dtype();

@@ -438,6 +438,26 @@ pub struct RegstDesc {
     /// that, and serializes steps so no later piece overtakes). `None`: memory of its own.
     #[serde(default)]
     pub shared_offset: Option<u64>,
+    /// Every slot is the same bytes: the producer, an op that takes this register as an
+    /// input too (an optimizer update reading the variable's value and writing its next
+    /// one), writes its new piece in place over the piece it reads. The compiler sets it
+    /// only where every other reader of a piece has finished before the producer fires
+    /// (see [`OpConf::in_place_pairs`](crate::OpConf::in_place_pairs) and the compiler's
+    /// memory sharing), so the register takes one slot's bytes instead of `register_num`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub aliased_slots: bool,
+}
+
+impl RegstDesc {
+    /// How many slots' bytes the register takes: one where its slots are aliased, else
+    /// one per slot.
+    pub fn buffers(&self) -> u32 {
+        if self.aliased_slots {
+            1
+        } else {
+            self.register_num
+        }
+    }
 }
 
 impl Plan {

@@ -60,6 +60,7 @@ impl Plan {
         let index = PlanIndex::new(self);
         self.check_arities(&index)?;
         self.check_windows()?;
+        self.check_aliased_slots(&index)?;
         self.check_signature(&index)?;
         self.check_variables()?;
         self.check_cycles()?;
@@ -229,6 +230,54 @@ impl Plan {
                         desc.bytes
                     )));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// A register with aliased slots is written in place by its producer: a compute actor
+    /// on a cpu device whose op takes the register as an input and writes it as the output
+    /// paired with that input ([`OpConf::in_place_pairs`](crate::OpConf::in_place_pairs)),
+    /// and whose slots are not also shared with other registers.
+    fn check_aliased_slots(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
+        for (r, desc) in self.regst_descs.iter().enumerate().filter(|(_, d)| d.aliased_slots) {
+            let bad = |detail: String| PlanError::AliasedSlots { regst: desc.name.clone(), detail };
+            let producer = &self.actors[desc.producer.index()];
+            if desc.shared_offset.is_some() {
+                return Err(bad("it also shares memory with other registers".into()));
+            }
+            let device = &self.devices[self.streams[producer.stream.index()].device.index()];
+            if device.kind != DeviceKind::Cpu {
+                return Err(bad(format!(
+                    "its producer '{}' runs on {}: in-place slots are built for cpu devices only",
+                    producer.name,
+                    device.label()
+                )));
+            }
+            let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &producer.kind else {
+                return Err(bad(format!(
+                    "its producer '{}' is a {} actor, not an op that writes in place",
+                    producer.name,
+                    producer.kind.name()
+                )));
+            };
+            let id = RegstDescId(r as u32);
+            let output = index.outputs_of(desc.producer).iter().position(|&o| o == id);
+            let input = producer.inputs.iter().position(|&i| i == id);
+            let paired = conf
+                .in_place_pairs()
+                .into_iter()
+                .any(|(k, o)| Some(o) == output && conf.input_map.get(k).copied() == input && input.is_some());
+            if !paired {
+                return Err(bad(format!(
+                    "its producer '{}' (op '{}') does not read it as the input it writes in place{}",
+                    producer.name,
+                    conf.op_type,
+                    match conf.in_place_pairs().as_slice() {
+                        [] => " (that op writes nothing in place)".to_string(),
+                        pairs => format!(" (op input, output pairs it may alias: {pairs:?})"),
+                    }
+                )));
             }
         }
         Ok(())

@@ -98,6 +98,9 @@ pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Re
         for (i, (regst, _, _)) in shared.iter().enumerate() {
             b.plan_mut().regst_descs[regst.index()].shared_offset = Some(layout.offset(i));
         }
+        for regst in in_place_registers(&plan, &index, &position, stream) {
+            b.plan_mut().regst_descs[regst.index()].aliased_slots = true;
+        }
         // The chain that makes the order real, closed by the step token. A lone actor is
         // its own order (and a token it both reads and writes would hold its one slot).
         if chain.len() < 2 {
@@ -117,6 +120,60 @@ pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Re
         }
     }
     Ok(())
+}
+
+/// The loop registers on `stream`'s chain that their update may write in place
+/// ([`RegstDesc::aliased_slots`](crate::plan::RegstDesc)): one buffer instead of two for
+/// each parameter and optimizer state, and an update that reads and writes the same cache
+/// lines instead of streaming into the other slot (AdamW is memory-bound).
+///
+/// Safe where the chain fixes the order: every other reader of the variable's piece of
+/// step k comes before the update in the chain (so has finished: on a cpu stream a firing
+/// completes before the next one starts), and the next step's readers come after the
+/// update, as the register protocol already ensures. So a register qualifies when its
+/// producer is an op on this cpu stream that takes it in place (`OpConf::in_place_pairs`),
+/// in f32 or f64 (16-bit values are widened into scratch, not updated in place), and every
+/// consumer is on the chain, before the producer. An update's registers are all made one
+/// buffer or none: its kernel reads its old values from one place.
+fn in_place_registers(
+    plan: &crate::plan::Plan,
+    index: &PlanIndex<'_>,
+    position: &[usize],
+    stream: crate::plan::StreamIndex,
+) -> Vec<RegstDescId> {
+    use crate::plan::{DType, DeviceKind, KernelConf};
+    let device = plan.streams[stream.index()].device;
+    if plan.devices[device.index()].kind != DeviceKind::Cpu {
+        return Vec::new();
+    }
+    let mut aliased = Vec::new();
+    for (p, producer) in plan.actors.iter().enumerate().filter(|(_, a)| a.stream == stream) {
+        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &producer.kind else { continue };
+        let pairs = conf.in_place_pairs();
+        let outputs = index.outputs_of(ActorIndex(p as u32));
+        let qualifying: Vec<RegstDescId> = pairs
+            .iter()
+            .filter_map(|&(k, o)| {
+                let regst = *outputs.get(o)?;
+                let desc = &plan.regst_descs[regst.index()];
+                let reads_it = producer.inputs.get(*conf.input_map.get(k)?) == Some(&regst);
+                let float = matches!(conf.outputs.get(o)?.dtype, DType::F32 | DType::F64);
+                let loop_register = desc.preloaded == 1 && desc.shared_offset.is_none() && desc.bytes > 0;
+                let readers_before = desc.consumers.iter().all(|c| {
+                    let reader = &plan.actors[c.index()];
+                    c.index() == p
+                        || (reader.stream == stream
+                            && matches!(reader.kind, ActorKind::Compute { .. })
+                            && position[c.index()] < position[p])
+                });
+                (reads_it && float && loop_register && readers_before).then_some(regst)
+            })
+            .collect();
+        if !pairs.is_empty() && qualifying.len() == pairs.len() {
+            aliased.extend(qualifying);
+        }
+    }
+    aliased
 }
 
 /// Kahn's algorithm over the compute actors and the registers that are not preloaded

@@ -3,6 +3,7 @@
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real};
+use smallvec::SmallVec;
 
 impl HostCompute for LearningRate {
     fn compute(
@@ -160,29 +161,43 @@ fn update_typed<T: Real>(
             ))
         }
     };
+    if outputs.len() != 1 + states {
+        return Err(format!("gives the parameter and {states} state(s), not {} outputs", outputs.len()));
+    }
+    let in_place = in_place_update(inputs, outputs, states)?;
     if skips_step(scale) {
-        return skip_update::<T>(inputs, outputs, states);
+        return skip_update::<T>(inputs, outputs, states, in_place);
     }
     let scale = T::from_f64(scale);
-    let (p, g) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let [p_out, rest @ ..] = outputs else { return Err("missing outputs".into()) };
-    let p_out = p_out.as_mut_slice::<T>()?;
-    let len = p.len();
-    if g.len() != len || p_out.len() != len {
-        return Err(format!("parameter, gradient and output have {len}, {} and {} elements", g.len(), p_out.len()));
+    let g = inputs[1].as_slice::<T>()?;
+    let len = g.len();
+    // The old parameter and state: the inputs, or (in place) the outputs themselves.
+    // On the stack (at most the parameter and two moments): a firing allocates nothing.
+    let sources: SmallVec<[&[T]; 3]> = match in_place {
+        true => SmallVec::new(),
+        false => {
+            std::iter::once(0).chain(4..4 + states).map(|i| inputs[i].as_slice::<T>()).collect::<Result<_, _>>()?
+        }
+    };
+    let mut targets: SmallVec<[Shared<T>; 3]> = SmallVec::new();
+    for (k, out) in outputs.iter_mut().enumerate() {
+        let out = out.as_mut_slice::<T>()?;
+        let source = sources.get(k).map_or(len, |s| s.len());
+        if out.len() != len || source != len {
+            return Err(format!(
+                "the gradient has {len} elements, but {} has {source} and its output {}",
+                if k == 0 { "the parameter".to_string() } else { format!("state {k}") },
+                out.len()
+            ));
+        }
+        targets.push(Shared(out.as_mut_ptr()));
     }
-    let p_out = Shared(p_out.as_mut_ptr());
     // Element math in the parameter's own type, constants hoisted (as PyTorch does).
     let c = T::from_f64;
     match *kind {
         OptimizerKind::Sgd { momentum, weight_decay } => {
-            let v = inputs[4].as_slice::<T>()?;
-            let v_out = rest[0].as_mut_slice::<T>()?;
-            if v.len() != len || v_out.len() != len {
-                return Err(format!("the velocity has {} elements and its output {}, not {len}", v.len(), v_out.len()));
-            }
-            let v_out = Shared(v_out.as_mut_ptr());
             let (lr, momentum, weight_decay) = (c(lr), c(momentum), c(weight_decay));
+            let (p_out, v_out) = (targets[0], targets[1]);
             in_shares(
                 threads,
                 len,
@@ -194,24 +209,28 @@ fn update_typed<T: Real>(
                     // Equal lengths (no bounds checks) and the constants as locals: read
                     // through the closure's captures, they were reloaded every element,
                     // which kept the loop from vectorizing.
-                    let (p, g, v, p_out) = (&p[start..end], &g[start..end], &v[start..end], &mut p_out[..n]);
+                    let (g, p_out, v_out) = (&g[start..end], &mut p_out[..n], &mut v_out[..n]);
                     let (scale, lr, momentum, weight_decay) = (scale, lr, momentum, weight_decay);
-                    for i in 0..n {
-                        let velocity = momentum * v[i] + (g[i] * scale + weight_decay * p[i]);
-                        v_out[i] = velocity;
-                        p_out[i] = p[i] - lr * velocity;
+                    let sgd = |p: T, g: T, v: T| {
+                        let velocity = momentum * v + (g * scale + weight_decay * p);
+                        (p - lr * velocity, velocity)
+                    };
+                    // One loop per mode, each over slices that do not alias, so both vectorize.
+                    if in_place {
+                        for i in 0..n {
+                            (p_out[i], v_out[i]) = sgd(p_out[i], g[i], v_out[i]);
+                        }
+                    } else {
+                        let (p, v) = (&sources[0][start..end], &sources[1][start..end]);
+                        for i in 0..n {
+                            (p_out[i], v_out[i]) = sgd(p[i], g[i], v[i]);
+                        }
                     }
                 },
             );
         }
         OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
-            let (m, v) = (inputs[4].as_slice::<T>()?, inputs[5].as_slice::<T>()?);
-            let [m_out, v_out] = rest else { return Err("missing moment outputs".into()) };
-            let (m_out, v_out) = (m_out.as_mut_slice::<T>()?, v_out.as_mut_slice::<T>()?);
-            if [m.len(), v.len(), m_out.len(), v_out.len()].iter().any(|&n| n != len) {
-                return Err(format!("the moments and their outputs must have {len} elements"));
-            }
-            let (m_out, v_out) = (Shared(m_out.as_mut_ptr()), Shared(v_out.as_mut_ptr()));
+            let (p_out, m_out, v_out) = (targets[0], targets[1], targets[2]);
             let (b1, b2, one_b1, one_b2) = (c(beta1), c(beta2), c(1.0 - beta1), c(1.0 - beta2));
             let (c1, c2) = (c(1.0 - beta1.powf(step)), c(1.0 - beta2.powf(step)));
             let (lr_t, eps, decay) = (c(lr), c(eps), c(1.0 - lr * weight_decay));
@@ -225,17 +244,24 @@ fn update_typed<T: Real>(
                         unsafe { (p_out.range(start, end), m_out.range(start, end), v_out.range(start, end)) };
                     let n = end - start;
                     // As for SGD above: equal lengths, constants as locals.
-                    let (p, g, m, v) = (&p[start..end], &g[start..end], &m[start..end], &v[start..end]);
-                    let (p_out, m_out, v_out) = (&mut p_out[..n], &mut m_out[..n], &mut v_out[..n]);
+                    let (g, p_out, m_out, v_out) = (&g[start..end], &mut p_out[..n], &mut m_out[..n], &mut v_out[..n]);
                     let (scale, b1, b2, one_b1, one_b2) = (scale, b1, b2, one_b1, one_b2);
                     let (c1, c2, lr_t, eps, decay) = (c1, c2, lr_t, eps, decay);
-                    for i in 0..n {
-                        let grad = g[i] * scale;
-                        let m1 = b1 * m[i] + one_b1 * grad;
-                        let v1 = b2 * v[i] + one_b2 * grad * grad;
-                        m_out[i] = m1;
-                        v_out[i] = v1;
-                        p_out[i] = p[i] * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps);
+                    let adamw = |p: T, g: T, m: T, v: T| {
+                        let grad = g * scale;
+                        let m1 = b1 * m + one_b1 * grad;
+                        let v1 = b2 * v + one_b2 * grad * grad;
+                        (p * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps), m1, v1)
+                    };
+                    if in_place {
+                        for i in 0..n {
+                            (p_out[i], m_out[i], v_out[i]) = adamw(p_out[i], g[i], m_out[i], v_out[i]);
+                        }
+                    } else {
+                        let (p, m, v) = (&sources[0][start..end], &sources[1][start..end], &sources[2][start..end]);
+                        for i in 0..n {
+                            (p_out[i], m_out[i], v_out[i]) = adamw(p[i], g[i], m[i], v[i]);
+                        }
                     }
                 },
             );
@@ -244,17 +270,37 @@ fn update_typed<T: Real>(
     Ok(())
 }
 
-/// A skipped step: the parameter and its state come out as they went in.
+/// Whether the parameter and its state are given in place (their inputs arrive empty and
+/// their old values are in the outputs, see [`HostCompute::compute`]): all of them or none,
+/// since the compiler makes every loop register of an update one buffer, or none.
+fn in_place_update(inputs: &[HostTensor<'_>], outputs: &[HostTensorMut<'_>], states: usize) -> Result<bool, String> {
+    let given: SmallVec<[bool; 3]> = std::iter::once(0)
+        .chain(4..4 + states)
+        .zip(outputs)
+        .map(|(i, out)| inputs[i].is_empty() && !out.is_empty())
+        .collect();
+    match (given.iter().all(|&g| g), given.iter().any(|&g| g)) {
+        (true, _) => Ok(true),
+        (false, false) => Ok(false),
+        (false, true) => Err(format!(
+            "has some of the parameter and its state in place and some not (in place: {given:?}); all or none must be"
+        )),
+    }
+}
+
+/// A skipped step: the parameter and its state come out as they went in (in place: left
+/// as they are).
 fn skip_update<T: Real>(
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
     states: usize,
+    in_place: bool,
 ) -> Result<(), String> {
+    if in_place {
+        return Ok(());
+    }
     // Outputs are (param', state'...), inputs (param, grad, lr, step, state...).
     let sources = std::iter::once(0).chain(4..4 + states);
-    if outputs.len() != 1 + states {
-        return Err(format!("gives the parameter and {states} state(s), not {} outputs", outputs.len()));
-    }
     for (out, i) in outputs.iter_mut().zip(sources) {
         let (from, to) = (inputs[i].as_slice::<T>()?, out.as_mut_slice::<T>()?);
         if from.len() != to.len() {

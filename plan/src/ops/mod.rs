@@ -95,6 +95,16 @@ impl OpConf {
         serde_json::from_value(self.attrs.clone())
             .map_err(|e| format!("the attributes of op '{}' do not parse: {e} (got {})", self.op_type, self.attrs))
     }
+
+    /// The (op input, op output) pairs whose registers may be one buffer, the output
+    /// written in place over the input (an optimizer update's parameter and state); empty
+    /// for ops that read every input whole before writing, or write before reading.
+    pub fn in_place_pairs(&self) -> Vec<(usize, usize)> {
+        match self.op_type.as_str() {
+            "update" => self.parse_attrs::<optim::Update>().map(|u| u.in_place_pairs()).unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// An op's identity as plan data: its type and its attributes.

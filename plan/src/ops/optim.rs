@@ -64,6 +64,15 @@ pub struct ClipFactor(pub f64);
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Update(pub OptimizerKind);
 
+impl Update {
+    /// The (input, output) pairs it can take in place: the parameter (input 0, output 0)
+    /// and each state (input 4 + j, output 1 + j). Every element of an output is computed
+    /// from the same element of the inputs, read before it is written.
+    pub fn in_place_pairs(&self) -> Vec<(usize, usize)> {
+        std::iter::once((0, 0)).chain((0..self.0.state_count()).map(|j| (4 + j, 1 + j))).collect()
+    }
+}
+
 impl OptimizerKind {
     /// The state tensors the rule keeps per parameter: SGD's velocity, AdamW's two moments.
     pub fn state_count(&self) -> usize {
