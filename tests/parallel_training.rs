@@ -262,17 +262,20 @@ fn zero1_bytes_per_device(sharded: bool) -> u64 {
     devices[0].1
 }
 
-/// Sharding the moments saves half of them on each device (a whole weight's worth); the
-/// all-gathered weights write the variables' registers (no second copy), and the rows each
-/// device updates are read in place (no two-slot register of them): 41.1 MB per device
-/// against 63.1 MB replicated (49.3 MB with the rows copied out, 56.8 MB with the copy too).
+/// Sharding the moments saves half of them on each device; the all-gathered weights write
+/// the variables' registers (no second copy), and the rows each device updates are read in
+/// place (no two-slot register of them). Since updates write in place over one buffer per
+/// variable and moment (`tests/in_place_updates.rs`), the replicated plan holds each of
+/// them once too: 33.7 MB per device sharded against 40.7 MB replicated (before in-place
+/// updates: 41.1 against 63.1 MB; 49.3 MB with the rows copied out, 56.8 MB with the copy
+/// too), so sharding still saves about a weight's worth of bytes per device.
 #[test]
-fn sharded_optimizer_state_saves_more_than_two_weights_per_device() {
+fn sharded_optimizer_state_saves_about_a_weight_per_device() {
     let weights = ((784 + 1) * 1024 + (1024 + 1) * 1024 + (1024 + 1) * 10) * 4;
     let (sharded, replicated) = (zero1_bytes_per_device(true), zero1_bytes_per_device(false));
     assert!(
-        sharded + 2 * weights <= replicated,
-        "{sharded} bytes sharded + 2 x {weights} of weights > {replicated} replicated"
+        sharded + weights * 9 / 10 <= replicated,
+        "{sharded} bytes sharded + 0.9 x {weights} of weights > {replicated} replicated"
     );
 }
 

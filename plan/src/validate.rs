@@ -268,6 +268,14 @@ impl Plan {
                 .in_place_pairs()
                 .into_iter()
                 .any(|(k, o)| Some(o) == output && conf.input_map.get(k).copied() == input && input.is_some());
+            if let Some(window) = producer.windows.iter().find(|w| Some(w.input as usize) == input) {
+                return Err(bad(format!(
+                    "its producer '{}' reads it through a window (bytes {}..{}), not whole",
+                    producer.name,
+                    window.offset,
+                    window.offset.saturating_add(window.bytes)
+                )));
+            }
             if !paired {
                 return Err(bad(format!(
                     "its producer '{}' (op '{}') does not read it as the input it writes in place{}",

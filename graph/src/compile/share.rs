@@ -133,8 +133,9 @@ pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Re
 /// update, as the register protocol already ensures. So a register qualifies when its
 /// producer is an op on this cpu stream that takes it in place (`OpConf::in_place_pairs`),
 /// in f32 or f64 (16-bit values are widened into scratch, not updated in place), and every
-/// consumer is on the chain, before the producer. An update's registers are all made one
-/// buffer or none: its kernel reads its old values from one place.
+/// consumer is on the chain, before the producer. Each of an update's registers qualifies
+/// on its own: with sharded optimizer state the moments are updated in place while the
+/// parameter's new rows go to their all-gather.
 fn in_place_registers(
     plan: &crate::plan::Plan,
     index: &PlanIndex<'_>,
@@ -149,29 +150,25 @@ fn in_place_registers(
     let mut aliased = Vec::new();
     for (p, producer) in plan.actors.iter().enumerate().filter(|(_, a)| a.stream == stream) {
         let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &producer.kind else { continue };
-        let pairs = conf.in_place_pairs();
         let outputs = index.outputs_of(ActorIndex(p as u32));
-        let qualifying: Vec<RegstDescId> = pairs
-            .iter()
-            .filter_map(|&(k, o)| {
-                let regst = *outputs.get(o)?;
-                let desc = &plan.regst_descs[regst.index()];
-                let reads_it = producer.inputs.get(*conf.input_map.get(k)?) == Some(&regst);
-                let float = matches!(conf.outputs.get(o)?.dtype, DType::F32 | DType::F64);
-                let loop_register = desc.preloaded == 1 && desc.shared_offset.is_none() && desc.bytes > 0;
-                let readers_before = desc.consumers.iter().all(|c| {
-                    let reader = &plan.actors[c.index()];
-                    c.index() == p
-                        || (reader.stream == stream
-                            && matches!(reader.kind, ActorKind::Compute { .. })
-                            && position[c.index()] < position[p])
-                });
-                (reads_it && float && loop_register && readers_before).then_some(regst)
-            })
-            .collect();
-        if !pairs.is_empty() && qualifying.len() == pairs.len() {
-            aliased.extend(qualifying);
-        }
+        aliased.extend(conf.in_place_pairs().into_iter().filter_map(|(k, o)| {
+            let regst = *outputs.get(o)?;
+            let desc = &plan.regst_descs[regst.index()];
+            let input = *conf.input_map.get(k)?;
+            // Read whole: a window of it would be other bytes than the ones written.
+            let reads_it = producer.inputs.get(input) == Some(&regst)
+                && producer.windows.iter().all(|w| w.input as usize != input);
+            let float = matches!(conf.outputs.get(o)?.dtype, DType::F32 | DType::F64);
+            let loop_register = desc.preloaded == 1 && desc.shared_offset.is_none() && desc.bytes > 0;
+            let readers_before = desc.consumers.iter().all(|c| {
+                let reader = &plan.actors[c.index()];
+                c.index() == p
+                    || (reader.stream == stream
+                        && matches!(reader.kind, ActorKind::Compute { .. })
+                        && position[c.index()] < position[p])
+            });
+            (reads_it && float && loop_register && readers_before).then_some(regst)
+        }));
     }
     aliased
 }

@@ -164,25 +164,29 @@ fn update_typed<T: Real>(
     if outputs.len() != 1 + states {
         return Err(format!("gives the parameter and {states} state(s), not {} outputs", outputs.len()));
     }
-    let in_place = in_place_update(inputs, outputs, states)?;
+    // Which of the parameter and its state are given in place (their inputs arrive empty
+    // and their old values are in the outputs, see `HostCompute::compute`).
+    let given: SmallVec<[bool; 3]> = std::iter::once(0)
+        .chain(4..4 + states)
+        .zip(&*outputs)
+        .map(|(i, out)| inputs[i].is_empty() && !out.is_empty())
+        .collect();
+    let in_place = given.iter().any(|&g| g);
     if skips_step(scale) {
-        return skip_update::<T>(inputs, outputs, states, in_place);
+        return skip_update::<T>(inputs, outputs, states, &given);
     }
     let scale = T::from_f64(scale);
     let g = inputs[1].as_slice::<T>()?;
     let len = g.len();
-    // The old parameter and state: the inputs, or (in place) the outputs themselves.
-    // On the stack (at most the parameter and two moments): a firing allocates nothing.
-    let sources: SmallVec<[&[T]; 3]> = match in_place {
-        true => SmallVec::new(),
-        false => {
-            std::iter::once(0).chain(4..4 + states).map(|i| inputs[i].as_slice::<T>()).collect::<Result<_, _>>()?
-        }
-    };
+    // The old parameter and state: the inputs, or (in place) the outputs themselves. On the
+    // stack (at most the parameter and two moments): a firing allocates nothing.
+    // (empty where given in place).
+    let sources: SmallVec<[&[T]; 3]> =
+        std::iter::once(0).chain(4..4 + states).map(|i| inputs[i].as_slice::<T>()).collect::<Result<_, _>>()?;
     let mut targets: SmallVec<[Shared<T>; 3]> = SmallVec::new();
     for (k, out) in outputs.iter_mut().enumerate() {
         let out = out.as_mut_slice::<T>()?;
-        let source = sources.get(k).map_or(len, |s| s.len());
+        let source = if given[k] { len } else { sources[k].len() };
         if out.len() != len || source != len {
             return Err(format!(
                 "the gradient has {len} elements, but {} has {source} and its output {}",
@@ -217,8 +221,14 @@ fn update_typed<T: Real>(
                     };
                     // One loop per mode, each over slices that do not alias, so both vectorize.
                     if in_place {
-                        for i in 0..n {
-                            (p_out[i], v_out[i]) = sgd(p_out[i], g[i], v_out[i]);
+                        let (p, v) = (&sources[0], &sources[1]);
+                        for block in (0..n).step_by(IN_PLACE_BLOCK) {
+                            let b = block..(block + IN_PLACE_BLOCK).min(n);
+                            copy_unless_given(given[0], p, start + block, &mut p_out[b.clone()]);
+                            copy_unless_given(given[1], v, start + block, &mut v_out[b.clone()]);
+                            for i in b {
+                                (p_out[i], v_out[i]) = sgd(p_out[i], g[i], v_out[i]);
+                            }
                         }
                     } else {
                         let (p, v) = (&sources[0][start..end], &sources[1][start..end]);
@@ -254,8 +264,15 @@ fn update_typed<T: Real>(
                         (p * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps), m1, v1)
                     };
                     if in_place {
-                        for i in 0..n {
-                            (p_out[i], m_out[i], v_out[i]) = adamw(p_out[i], g[i], m_out[i], v_out[i]);
+                        let (p, m, v) = (&sources[0], &sources[1], &sources[2]);
+                        for block in (0..n).step_by(IN_PLACE_BLOCK) {
+                            let b = block..(block + IN_PLACE_BLOCK).min(n);
+                            copy_unless_given(given[0], p, start + block, &mut p_out[b.clone()]);
+                            copy_unless_given(given[1], m, start + block, &mut m_out[b.clone()]);
+                            copy_unless_given(given[2], v, start + block, &mut v_out[b.clone()]);
+                            for i in b {
+                                (p_out[i], m_out[i], v_out[i]) = adamw(p_out[i], g[i], m_out[i], v_out[i]);
+                            }
                         }
                     } else {
                         let (p, m, v) = (&sources[0][start..end], &sources[1][start..end], &sources[2][start..end]);
@@ -270,38 +287,31 @@ fn update_typed<T: Real>(
     Ok(())
 }
 
-/// Whether the parameter and its state are given in place (their inputs arrive empty and
-/// their old values are in the outputs, see [`HostCompute::compute`]): all of them or none,
-/// since the compiler makes every loop register of an update one buffer, or none.
-fn in_place_update(inputs: &[HostTensor<'_>], outputs: &[HostTensorMut<'_>], states: usize) -> Result<bool, String> {
-    let given: SmallVec<[bool; 3]> = std::iter::once(0)
-        .chain(4..4 + states)
-        .zip(outputs)
-        .map(|(i, out)| inputs[i].is_empty() && !out.is_empty())
-        .collect();
-    match (given.iter().all(|&g| g), given.iter().any(|&g| g)) {
-        (true, _) => Ok(true),
-        (false, false) => Ok(false),
-        (false, true) => Err(format!(
-            "has some of the parameter and its state in place and some not (in place: {given:?}); all or none must be"
-        )),
+/// Elements per block of an update with some tensors given in place: those that are not
+/// are copied to their output a block at a time (while the block is in L1), then the
+/// whole block is updated in place, in one loop that vectorizes.
+const IN_PLACE_BLOCK: usize = 2048;
+
+/// Copies `source[from..from + out.len()]` into `out`, unless the tensor is `given` in
+/// place (its old value is in `out` already).
+#[inline(always)]
+fn copy_unless_given<T: Copy>(given: bool, source: &[T], from: usize, out: &mut [T]) {
+    if !given {
+        out.copy_from_slice(&source[from..from + out.len()]);
     }
 }
 
-/// A skipped step: the parameter and its state come out as they went in (in place: left
-/// as they are).
+/// A skipped step: the parameter and its state come out as they went in (those `given` in
+/// place are left as they are).
 fn skip_update<T: Real>(
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
     states: usize,
-    in_place: bool,
+    given: &[bool],
 ) -> Result<(), String> {
-    if in_place {
-        return Ok(());
-    }
     // Outputs are (param', state'...), inputs (param, grad, lr, step, state...).
     let sources = std::iter::once(0).chain(4..4 + states);
-    for (out, i) in outputs.iter_mut().zip(sources) {
+    for ((out, i), _) in outputs.iter_mut().zip(sources).zip(given).filter(|(_, &given)| !given) {
         let (from, to) = (inputs[i].as_slice::<T>()?, out.as_mut_slice::<T>()?);
         if from.len() != to.len() {
             return Err(format!("input {i} has {} elements and its output {}", from.len(), to.len()));

@@ -1,0 +1,208 @@
+//! Optimizer updates written in place: where the compiler fixes a cpu device's order, each
+//! parameter's and optimizer state's loop register is one buffer (`aliased_slots`) that its
+//! update overwrites, so a plan holds each of them once instead of twice and trains to the
+//! same bits as with two buffers.
+
+use regflow::graph::plan::{ActorKind, KernelConf, Plan, PlanError, RegstDescId};
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{
+    CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor,
+    TrainStep,
+};
+use regflow::prelude::*;
+
+const BATCH: usize = 8;
+
+/// A 12-16-5 MLP with a loss, trained by `optimizer`, and its first weight.
+fn model<'g>(g: &'g Graph, optimizer: &Optimizer) -> (TrainStep<'g>, Tensor<'g>) {
+    let x = g.input("x", [BATCH, 12], DType::F32).unwrap();
+    let y = g.input("y", [BATCH], DType::I64).unwrap();
+    let w0 = g.variable("w0", [12, 16], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let b0 = g.variable("b0", [16], DType::F32, Init::Zeros).unwrap();
+    let w1 = g.variable("w1", [16, 5], DType::F32, Init::Kaiming { seed: 2 }).unwrap();
+    let h = x.matmul(&w0).unwrap().add(&b0).unwrap().relu().unwrap();
+    let loss = h.matmul(&w1).unwrap().sparse_cross_entropy(&y).unwrap();
+    (g.minimize(loss, optimizer).unwrap(), w0)
+}
+
+fn batch(step: u64) -> [(&'static str, HostArray); 2] {
+    let mut rng = SplitMix64::new(50 + step);
+    let x = (0..BATCH * 12).map(|_| rng.next_normal() as f32).collect();
+    let y = (0..BATCH).map(|_| (rng.next_u64() % 5) as i64).collect();
+    [("x", HostArray::f32([BATCH, 12], x).unwrap()), ("y", HostArray::i64([BATCH], y).unwrap())]
+}
+
+/// Losses (as bits) and final state of `steps` steps of `plan`, fed on every device.
+fn train(compiled: &CompiledGraph, plan: Plan, steps: u64) -> (Vec<u64>, Vec<(String, HostArray)>) {
+    let mut job = Job::builder(plan).keep_state().build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
+    let mut got = Vec::new();
+    for step in 0..steps {
+        for (name, value) in batch(step) {
+            feeds.push(name, &value).unwrap();
+        }
+        got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
+    }
+    feeds.close().unwrap();
+    drop((feeds, losses));
+    let report = job.wait().unwrap();
+    (got, report.state.unwrap())
+}
+
+/// The plan with every register's slots separate again.
+fn two_buffers(plan: &Plan) -> Plan {
+    let mut plan = plan.clone();
+    for desc in &mut plan.regst_descs {
+        desc.aliased_slots = false;
+    }
+    plan.validate().unwrap();
+    plan
+}
+
+/// Names of the variables (device parts) whose register is one buffer, sorted.
+fn aliased_variables(plan: &Plan) -> Vec<String> {
+    let mut names: Vec<String> = plan
+        .variables
+        .iter()
+        .filter(|v| plan.regst_descs[v.regst.index()].aliased_slots)
+        .map(|v| v.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+fn bytes_of(plan: &Plan) -> u64 {
+    plan.memory().unwrap().report().total_bytes()
+}
+
+#[test]
+fn updates_write_in_place_hold_each_variable_once_and_change_no_bit() {
+    for (optimizer, states) in [
+        (Optimizer::adamw(5e-2, 1e-2).with_clip_norm(0.5), &["adam_m", "adam_v"][..]),
+        (Optimizer::sgd(0.1, 0.9, 1e-3), &["velocity"][..]),
+    ] {
+        let g = Graph::new();
+        let (train_step, _) = model(&g, &optimizer);
+        let compiled = g.compile(&[train_step.loss], &train_step.updates, &CompileOptions::default()).unwrap();
+        let plan = &compiled.plan;
+        // Every parameter and state, not the step counter (an `assign` copy writes its loop:
+        // the schedule reads the new value in the same step).
+        let mut want: Vec<String> = ["b0", "w0", "w1"]
+            .iter()
+            .flat_map(|p| std::iter::once(p.to_string()).chain(states.iter().map(move |s| format!("{p}.{s}"))))
+            .collect();
+        want.sort();
+        assert_eq!(aliased_variables(plan), want);
+
+        // One slot's bytes less per aliased register (slots are 64-byte aligned).
+        let saved: u64 = plan
+            .regst_descs
+            .iter()
+            .filter(|d| d.aliased_slots)
+            .map(|d| d.bytes.next_multiple_of(64) * u64::from(d.register_num - 1))
+            .sum();
+        let separate = two_buffers(plan);
+        assert_eq!(bytes_of(&separate) - bytes_of(plan), saved);
+        assert!(saved >= 2 * 4 * (12 * 16 + 16 + 16 * 5), "{saved}");
+
+        let (losses, state) = train(&compiled, plan.clone(), 7);
+        let (want_losses, want_state) = train(&compiled, separate, 7);
+        assert_eq!(losses, want_losses, "losses, bit for bit");
+        assert_eq!(state, want_state, "weights and optimizer state, bit for bit");
+        assert_eq!(state.len(), want.len() + 1);
+    }
+}
+
+#[test]
+fn a_skipped_step_leaves_the_buffer_as_it_was() {
+    // A fixed loss scale of 2^120 overflows every f32 gradient: every update is skipped.
+    let optimizer = Optimizer::adamw(5e-2, 0.0).with_loss_scale(regflow::graph::LossScale::fixed(2f64.powi(120)));
+    let g = Graph::new();
+    let (train_step, _) = model(&g, &optimizer);
+    let compiled = g.compile(&[train_step.loss], &train_step.updates, &CompileOptions::default()).unwrap();
+    assert!(aliased_variables(&compiled.plan).contains(&"w0".to_string()));
+    let (_, state) = train(&compiled, compiled.plan.clone(), 3);
+    let (_, fresh) = train(&compiled, compiled.plan.clone(), 0);
+    for ((name, value), (_, initial)) in state.iter().zip(&fresh) {
+        if !name.starts_with("loss_scale") {
+            assert_eq!(value, initial, "{name} after three skipped steps");
+        }
+    }
+}
+
+#[test]
+fn registers_others_read_outside_the_order_keep_two_buffers() {
+    let optimizer = Optimizer::adamw(5e-2, 0.0);
+    // A fetched weight: its sink reads the loop register whenever it runs.
+    let g = Graph::new();
+    let (train_step, w0) = model(&g, &optimizer);
+    let compiled = g.compile(&[train_step.loss, w0], &train_step.updates, &CompileOptions::default()).unwrap();
+    let aliased = aliased_variables(&compiled.plan);
+    assert!(!aliased.contains(&"w0".to_string()), "{aliased:?}");
+    assert!(aliased.contains(&"w0.adam_m".to_string()) && aliased.contains(&"w1".to_string()), "{aliased:?}");
+    let (losses, state) = train(&compiled, compiled.plan.clone(), 4);
+    assert_eq!((losses, state), train(&compiled, two_buffers(&compiled.plan), 4));
+
+    // Micro-batches: no fixed order (and no memory sharing), so two buffers everywhere.
+    let options = CompileOptions { accumulate: Some(train_step.accumulate(2)), ..CompileOptions::default() };
+    let compiled = g.compile(&[train_step.loss], &train_step.updates, &options).unwrap();
+    assert_eq!(aliased_variables(&compiled.plan), Vec::<String>::new());
+
+    // Sharded AdamW state on two devices: the moments are updated in place; the weights are
+    // written by their all-gather on a comm stream, outside the compute order.
+    let g = Graph::new();
+    let (train_step, _) = model(&g, &optimizer);
+    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+    for name in ["x", "y"] {
+        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    for (state, _) in &train_step.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    let options = ParallelOptions::new(mesh).train(&train_step);
+    let compiled = g.compile_parallel(&[train_step.loss], &train_step.updates, &options).unwrap();
+    let aliased = aliased_variables(&compiled.plan);
+    for device in 0..2 {
+        assert!(aliased.contains(&format!("w0.adam_m@{device}")), "{aliased:?}");
+        assert!(!aliased.contains(&format!("w0@{device}")), "{aliased:?}");
+    }
+}
+
+#[test]
+fn a_plan_file_cannot_alias_a_register_its_producer_does_not_update_in_place() {
+    let g = Graph::new();
+    let (train_step, _) = model(&g, &Optimizer::adamw(5e-2, 0.0));
+    let compiled = g.compile(&[train_step.loss], &train_step.updates, &CompileOptions::default()).unwrap();
+    let mut plan = compiled.plan.clone();
+    let matmul = plan
+        .regst_descs
+        .iter()
+        .position(|d| {
+            let actor = &plan.actors[d.producer.index()];
+            matches!(&actor.kind, ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == "matmul")
+        })
+        .unwrap();
+    plan.regst_descs[matmul].aliased_slots = true;
+    plan.regst_descs[matmul].shared_offset = None;
+    let name = plan.regst_descs[matmul].name.clone();
+    let producer = plan.actors[plan.regst_descs[matmul].producer.index()].name.clone();
+    let err = plan.validate().unwrap_err();
+    assert!(matches!(err, PlanError::AliasedSlots { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "register '{name}' has aliased slots (one buffer for all), but its producer '{producer}' (op 'matmul') does \
+             not read it as the input it writes in place (that op writes nothing in place)"
+        )
+    );
+    // The same through a plan file.
+    let json = serde_json::to_string(&plan).unwrap();
+    assert!(Plan::from_json(&json).is_err());
+    // And a register aliased where it is also shared.
+    let mut plan = compiled.plan.clone();
+    let update = plan.regst_descs.iter().position(|d| d.aliased_slots).map(|r| RegstDescId(r as u32)).unwrap();
+    plan.regst_descs[update.index()].shared_offset = Some(0);
+    let err = plan.validate().unwrap_err().to_string();
+    assert!(err.ends_with("but it also shares memory with other registers"), "{err}");
+}
