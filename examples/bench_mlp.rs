@@ -41,6 +41,12 @@ fn main() -> Result<(), regflow::Report> {
     let loss = h.sparse_cross_entropy(&y)?;
     let train = g.minimize(loss, &Optimizer::adamw(1e-3, 0.0))?;
     let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
+    // The plan's bytes, and what they would be with two buffers per variable and moment
+    // (updates not in place), for BENCHMARKS.md.
+    let bytes = compiled.plan.memory()?.report().total_bytes();
+    let mut two_buffers = compiled.plan.clone();
+    two_buffers.regst_descs.iter_mut().for_each(|d| d.aliased_slots = false);
+    let two_buffer_bytes = two_buffers.memory()?.report().total_bytes();
     let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(threads);
     if let Some(path) = std::env::args().nth(3) {
         builder = builder.trace(path);
@@ -64,10 +70,12 @@ fn main() -> Result<(), regflow::Report> {
     drop(losses);
     job.wait()?;
     println!(
-        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4}, matmul backend {})",
+        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4}, matmul backend {}, plan {:.1} MB; {:.1} MB without in-place updates)",
         per_step * 1e3,
         BATCH as f64 / per_step,
-        regflow::kernels::cpu::gemm_backend::backend_in_use()?
+        regflow::kernels::cpu::gemm_backend::backend_in_use()?,
+        bytes as f64 / 1e6,
+        two_buffer_bytes as f64 / 1e6
     );
     Ok(())
 }

@@ -196,9 +196,10 @@ fn list(out: &mut String, plan: &Plan, actors: &[usize]) {
             };
             let preloaded =
                 if register.preloaded > 0 { format!(" (preloaded {})", register.preloaded) } else { String::new() };
-            let shared = match register.shared_offset {
-                Some(offset) => format!(" (shared region at {offset})"),
-                None => String::new(),
+            let shared = match (register.shared_offset, register.aliased_slots) {
+                (Some(offset), _) => format!(" (shared region at {offset})"),
+                (None, true) => " (one buffer: updated in place)".to_string(),
+                (None, false) => String::new(),
             };
             let _ = writeln!(
                 out,

@@ -7,9 +7,10 @@
 //!
 //! A loop register has two slots: the update of step k writes the value of step k + 1
 //! into the other slot while step k's readers may still hold theirs, and piece numbers
-//! keep every reader on its own step's value. One slot would need the update to write in
-//! place over the slot it reads (an in-place update op is a later memory optimization);
-//! two slots are not staleness.
+//! keep every reader on its own step's value; two slots are not staleness. Where the
+//! compiler fixes a cpu device's order and every other reader of step k's value runs
+//! before the update, memory sharing makes the two slots one buffer the update writes in
+//! place (`RegstDesc::aliased_slots`, `compile/share.rs`).
 
 use super::{Lowering, ReadOf, Reg};
 use crate::compile::error::CompileError;
