@@ -115,6 +115,23 @@ fn updates_write_in_place_hold_each_variable_once_and_change_no_bit() {
 }
 
 #[test]
+fn cuda_devices_update_in_place_and_sim_devices_do_not() {
+    use regflow::graph::plan::DeviceKind;
+    let g = Graph::new();
+    let (train_step, _) = model(&g, &Optimizer::adamw(5e-2, 0.0));
+    let on = |device| {
+        let options = CompileOptions { device, ..CompileOptions::default() };
+        aliased_variables(&g.compile(&[train_step.loss], &train_step.updates, &options).unwrap().plan)
+    };
+    // A cuda stream runs its kernels in launch order, and the update's kernel reads each
+    // element before it writes it (`cuda/src/kernels/optim.cu`). Compiled without a GPU;
+    // `tests/cuda_training.rs` runs these plans on a GPU, or dry.
+    assert_eq!(on(DeviceKind::Cuda), on(DeviceKind::Cpu));
+    assert_eq!(on(DeviceKind::Cuda).len(), 9);
+    assert_eq!(on(DeviceKind::Sim), Vec::<String>::new());
+}
+
+#[test]
 fn a_skipped_step_leaves_the_buffer_as_it_was() {
     // A fixed loss scale of 2^120 overflows every f32 gradient: every update is skipped.
     let optimizer = Optimizer::adamw(5e-2, 0.0).with_loss_scale(regflow::graph::LossScale::fixed(2f64.powi(120)));

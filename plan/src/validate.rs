@@ -236,7 +236,7 @@ impl Plan {
     }
 
     /// A register with aliased slots is written in place by its producer: a compute actor
-    /// on a cpu device whose op takes the register as an input and writes it as the output
+    /// on a cpu or cuda device whose op takes the register as an input and writes it as the output
     /// paired with that input ([`OpConf::in_place_pairs`](crate::OpConf::in_place_pairs)),
     /// and whose slots are not also shared with other registers.
     fn check_aliased_slots(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
@@ -247,9 +247,9 @@ impl Plan {
                 return Err(bad("it also shares memory with other registers".into()));
             }
             let device = &self.devices[self.streams[producer.stream.index()].device.index()];
-            if device.kind != DeviceKind::Cpu {
+            if !matches!(device.kind, DeviceKind::Cpu | DeviceKind::Cuda) {
                 return Err(bad(format!(
-                    "its producer '{}' runs on {}: in-place slots are built for cpu devices only",
+                    "its producer '{}' runs on {}: in-place slots are built for cpu and cuda devices only",
                     producer.name,
                     device.label()
                 )));

@@ -129,9 +129,10 @@ pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Re
 ///
 /// Safe where the chain fixes the order: every other reader of the variable's piece of
 /// step k comes before the update in the chain (so has finished: on a cpu stream a firing
-/// completes before the next one starts), and the next step's readers come after the
-/// update, as the register protocol already ensures. So a register qualifies when its
-/// producer is an op on this cpu stream that takes it in place (`OpConf::in_place_pairs`),
+/// completes before the next one starts; on a cuda stream the update's kernel runs after
+/// every kernel launched before it), and the next step's readers come after the update,
+/// as the register protocol already ensures. So a register qualifies when its producer is
+/// an op on this cpu or cuda stream that takes it in place (`OpConf::in_place_pairs`),
 /// in f32 or f64 (16-bit values are widened into scratch, not updated in place), and every
 /// consumer is on the chain, before the producer. Each of an update's registers qualifies
 /// on its own: with sharded optimizer state the moments are updated in place while the
@@ -144,7 +145,9 @@ fn in_place_registers(
 ) -> Vec<RegstDescId> {
     use crate::plan::{DType, DeviceKind, KernelConf};
     let device = plan.streams[stream.index()].device;
-    if plan.devices[device.index()].kind != DeviceKind::Cpu {
+    // A cpu stream runs one firing after the other; a cuda stream runs its kernels in
+    // launch order. A `sim` stream completes kernels by a modeled clock: not here.
+    if !matches!(plan.devices[device.index()].kind, DeviceKind::Cpu | DeviceKind::Cuda) {
         return Vec::new();
     }
     let mut aliased = Vec::new();
