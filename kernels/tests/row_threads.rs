@@ -39,8 +39,8 @@ fn same_on_any_thread_count(what: &str, op: &dyn HostCompute, inputs: &[HostArra
     }
 }
 
-/// `[rows, width]` shapes: one past the threshold (2^16 elements, odd row count), one below.
-const SHAPES: [(usize, usize); 2] = [(1027, 67), (33, 64)];
+/// `[rows, width]` shapes: one past the threshold (2^17 elements, odd row count), one below.
+const SHAPES: [(usize, usize); 2] = [(2053, 67), (33, 64)];
 
 #[test]
 fn bias_gelu_and_its_gradient() {
@@ -69,7 +69,8 @@ fn layer_norm_and_its_three_gradients() {
 fn masked_softmax_with_a_broadcast_and_a_full_mask_and_its_gradient() {
     // Scores [batch, heads, T, T] with a causal mask [T, T] (broadcast), and with a mask of
     // the scores' own shape.
-    let (b, h, t) = (5, 4, 61);
+    // 9·4·61·61 = 133 956 elements: past the threshold (2^17).
+    let (b, h, t) = (9, 4, 61);
     let scores = random(&[b, h, t, t], 8);
     let causal: Vec<f32> = (0..t * t).map(|i| if i % t <= i / t { 0.0 } else { -1e9 }).collect();
     let causal = HostArray::f32([t, t], causal).unwrap();

@@ -27,9 +27,13 @@ fn share_start(share: usize, len: usize, shares: usize) -> usize {
 }
 
 /// Elements below which a row-wise kernel stays on one thread whatever the device's thread
-/// count: 2^16 f32 of layer norm or GELU take 50–250 µs on one AVX2 core, against the
-/// 10–30 µs it takes to wake the pool's threads on a loaded machine.
-pub(crate) const ROWS_PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
+/// count: waking the pool's threads costs 10–60 µs on a loaded VM, which a share must
+/// outweigh. 2^16 f32 of layer norm take 45 µs on one AVX-512 core and took 84 µs in two
+/// shares (the character GPT's `[1024, 64]` rows: layer norm 0.38–0.61 → 0.27–0.36 ms per
+/// step, its gradient 0.81–0.99 → 0.62–0.78, with this threshold raised from 2^16;
+/// BENCHMARKS.md, issue 13, ninth session); 2^17 and more (GELU, masked softmax of the
+/// same model at 2^18) still gain from a second core.
+pub(crate) const ROWS_PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
 
 /// How many shares [`rows_in_shares`] cuts `len` elements of rows of `row_len` into.
 pub(crate) fn row_shares(threads: usize, len: usize, row_len: usize) -> usize {
