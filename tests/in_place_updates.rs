@@ -216,6 +216,24 @@ fn a_plan_file_cannot_alias_a_register_its_producer_does_not_update_in_place() {
     // The same through a plan file.
     let json = serde_json::to_string(&plan).unwrap();
     assert!(Plan::from_json(&json).is_err());
+    // A register some reader may read after the update wrote over it: the sink of a
+    // fetched weight (nothing orders it before the update).
+    let g = Graph::new();
+    let (train_step, w0) = model(&g, &Optimizer::adamw(5e-2, 0.0));
+    let fetched = g.compile(&[train_step.loss, w0], &train_step.updates, &CompileOptions::default()).unwrap();
+    let mut plan = fetched.plan.clone();
+    let w0_register = plan.variables.iter().find(|v| v.name == "w0").unwrap().regst;
+    plan.regst_descs[w0_register.index()].aliased_slots = true;
+    let producer = plan.actors[plan.regst_descs[w0_register.index()].producer.index()].name.clone();
+    let name = plan.regst_descs[w0_register.index()].name.clone();
+    assert_eq!(
+        plan.validate().unwrap_err().to_string(),
+        format!(
+            "register '{name}' has aliased slots (one buffer for all), but nothing makes its reader 'fetch:1' read a piece \
+             before its producer '{producer}' writes the next over it (the reader must run on the producer's stream and \
+             reach it through registers that are not preloaded)"
+        )
+    );
     // And a register aliased where it is also shared.
     let mut plan = compiled.plan.clone();
     let update = plan.regst_descs.iter().position(|d| d.aliased_slots).map(|r| RegstDescId(r as u32)).unwrap();

@@ -240,6 +240,8 @@ impl Plan {
     /// paired with that input ([`OpConf::in_place_pairs`](crate::OpConf::in_place_pairs)),
     /// and whose slots are not also shared with other registers.
     fn check_aliased_slots(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
+        // What reaches each producer, found once per producer (an update writes several).
+        let mut ancestors: HashMap<ActorIndex, Vec<bool>> = HashMap::new();
         for (r, desc) in self.regst_descs.iter().enumerate().filter(|(_, d)| d.aliased_slots) {
             let bad = |detail: String| PlanError::AliasedSlots { regst: desc.name.clone(), detail };
             let producer = &self.actors[desc.producer.index()];
@@ -287,8 +289,41 @@ impl Plan {
                     }
                 )));
             }
+            // Every other reader of a piece must have read it before the producer writes the
+            // next one over it: it runs on the producer's stream (a cpu stream runs one
+            // firing after the other, a cuda stream its kernels in launch order) and reaches
+            // the producer through registers that are not preloaded, so within a step the
+            // producer fires after it.
+            let before = ancestors.entry(desc.producer).or_insert_with(|| self.ancestors_in_step(desc.producer));
+            for reader in desc.consumers.iter().filter(|&&c| c != desc.producer) {
+                let actor = &self.actors[reader.index()];
+                if actor.stream != producer.stream || !before[reader.index()] {
+                    return Err(bad(format!(
+                        "nothing makes its reader '{}' read a piece before its producer '{}' writes the next over it \
+                         (the reader must run on the producer's stream and reach it through registers that are not preloaded)",
+                        actor.name, producer.name
+                    )));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The actors from which `actor` is reached through registers that are not preloaded
+    /// (within a step, they fire before it), `actor` itself excluded.
+    fn ancestors_in_step(&self, actor: ActorIndex) -> Vec<bool> {
+        let mut reached = vec![false; self.actors.len()];
+        let mut stack = vec![actor];
+        while let Some(a) = stack.pop() {
+            for input in &self.actors[a.index()].inputs {
+                let desc = &self.regst_descs[input.index()];
+                if desc.preloaded == 0 && !reached[desc.producer.index()] {
+                    reached[desc.producer.index()] = true;
+                    stack.push(desc.producer);
+                }
+            }
+        }
+        reached
     }
 
     fn check_arities(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
