@@ -96,11 +96,12 @@ fn binary_ops_match_the_cpu_with_and_without_broadcasting() {
         (&[2, 3, 1, 5, 1, 2, 1, 3, 2], &[3, 1, 5, 7, 2, 1, 3, 1]),
     ];
     for dtype in FLOATS {
-        for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div] {
+        for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::ReluGrad] {
             for (i, &(a_dims, b_dims)) in shapes.iter().enumerate() {
                 let a = random(a_dims, dtype, 2 * i as u64, (-3.0, 3.0));
-                // Divisors away from zero.
-                let b = random(b_dims, dtype, 2 * i as u64 + 1, (0.5, 3.0));
+                // Divisors away from zero; ReLU outputs on both sides of it (the mask).
+                let range = if kind == BinaryKind::ReluGrad { (-3.0, 3.0) } else { (0.5, 3.0) };
+                let b = random(b_dims, dtype, 2 * i as u64 + 1, range);
                 let out = Shape::broadcast(&Shape::new(a_dims), &Shape::new(b_dims)).expect("broadcasts");
                 let what = format!("{kind:?} {dtype} {a_dims:?} with {b_dims:?}");
                 check(

@@ -96,3 +96,24 @@ fn feeds_are_checked_by_name_shape_and_dtype() {
         format!("feed for '{}': is not an input or a variable", y.name())
     );
 }
+
+/// ReLU's gradient is one `relu_grad` op reading the ReLU's output (not a `step` of its
+/// input times the gradient): the gradient where the output is positive, else exactly 0
+/// (no `-0` from `-g · 0`, and no NaN from `inf · 0`).
+#[test]
+fn relu_gradient_is_one_op_on_the_output() {
+    let g = Graph::new();
+    let x = g.input("x", [6], DType::F64).unwrap();
+    let w = g.input("w", [6], DType::F64).unwrap();
+    let y = x.relu().unwrap();
+    let loss = y.mul(&w).unwrap().sum(&[0], false).unwrap();
+    let dx = g.grad(loss, &[x]).unwrap()[0];
+    let names: Vec<&str> = g.nodes().iter().map(|n| n.op.name()).collect();
+    assert!(names.contains(&"relu_grad") && !names.contains(&"step"), "{names:?}");
+    let xs = HostArray::f64([6], vec![-1.0, 0.0, 2.0, -0.0, 3.0, -5.0]).unwrap();
+    let ws = HostArray::f64([6], vec![-4.0, 5.0, -6.0, f64::INFINITY, 7.0, f64::NAN]).unwrap();
+    let got = g.eval(&[(x, xs), (w, ws)], &[dx]).unwrap().remove(0).to_f64_vec();
+    let bits: Vec<u64> = got.iter().map(|v| v.to_bits()).collect();
+    let want: Vec<u64> = [0.0, 0.0, -6.0, 0.0, 7.0, 0.0].iter().map(|v: &f64| v.to_bits()).collect();
+    assert_eq!(bits, want, "{got:?}");
+}

@@ -119,6 +119,8 @@ struct Add { template <typename T> __device__ T operator()(T a, T b) const { ret
 struct Sub { template <typename T> __device__ T operator()(T a, T b) const { return a - b; } };
 struct Mul { template <typename T> __device__ T operator()(T a, T b) const { return a * b; } };
 struct Div { template <typename T> __device__ T operator()(T a, T b) const { return a / b; } };
+// ReLU's gradient from its output: `a` (the gradient) where `b > 0`, else 0.
+struct ReluGrad { template <typename T> __device__ T operator()(T a, T b) const { return b > (T)0 ? a : (T)0; } };
 
 // Both operands of the output's shape: no index arithmetic.
 template <typename T, typename F> __device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f) {
@@ -143,6 +145,9 @@ __device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, I
     extern "C" __global__ void regflow_binary_sub_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Sub()); } \
     extern "C" __global__ void regflow_binary_mul_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Mul()); } \
     extern "C" __global__ void regflow_binary_div_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Div()); } \
+    extern "C" __global__ void regflow_binary_relu_grad_##S(const T* a, const T* b, T* out, u64 n) {   \
+        map2(a, b, out, n, ReluGrad());                                                                 \
+    }                                                                                                   \
     extern "C" __global__ void regflow_binary_add_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
         map2_broadcast(a, b, out, s, n, Add());                                                         \
     }                                                                                                   \
@@ -154,6 +159,9 @@ __device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, I
     }                                                                                                   \
     extern "C" __global__ void regflow_binary_div_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
         map2_broadcast(a, b, out, s, n, Div());                                                         \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_binary_relu_grad_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+        map2_broadcast(a, b, out, s, n, ReluGrad());                                                    \
     }
 BINARY_ENTRIES(f32, float)
 BINARY_ENTRIES(f64, double)

@@ -154,6 +154,7 @@ fn make_binary(spec: &KernelSpec<'_>) -> Result<BinaryKernel, KernelError> {
         BinaryKind::Sub => "sub",
         BinaryKind::Mul => "mul",
         BinaryKind::Div => "div",
+        BinaryKind::ReluGrad => "relu_grad",
     };
     let (a, b, out) = (conf.inputs[0].shape.dims(), conf.inputs[1].shape.dims(), conf.outputs[0].shape.dims());
     // Operands of the output's shape need no index map; any broadcast does.

@@ -25,6 +25,7 @@ impl OpDef for Binary {
             BinaryKind::Sub => "sub",
             BinaryKind::Mul => "mul",
             BinaryKind::Div => "div",
+            BinaryKind::ReluGrad => "relu_grad",
         }
     }
 
@@ -48,14 +49,17 @@ impl OpDef for Binary {
             BinaryKind::Sub => (dy, dy.neg()?),
             BinaryKind::Mul => (dy.mul(&b)?, dy.mul(&a)?),
             BinaryKind::Div => (dy.div(&b)?, dy.mul(&a)?.div(&b.mul(&b)?)?.neg()?),
+            // Second derivatives of ReLU are not needed by any optimizer here.
+            BinaryKind::ReluGrad => return Err(GraphError::NoGradient { op: "relu_grad".into(), index: 0 }),
         };
         Ok(vec![Some(da.sum_to(&a.shape())?), Some(db.sum_to(&b.shape())?)])
     }
 
     /// A split of the output dimension `d` splits each operand that has `d` at full size
     /// and broadcasts the ones stretched along it. Summands: `add`/`sub` take them on both
-    /// sides; `mul` on either side (the other whole); `div` in the numerator only. `(P, B)`
-    /// is not valid for `add`: the whole `b` would be added once per device.
+    /// sides; `mul` on either side (the other whole); `div` and `relu_grad` (linear in the
+    /// gradient `a`, masked by the whole `b`) in the first operand only. `(P, B)` is not
+    /// valid for `add`: the whole `b` would be added once per device.
     fn sbp_signatures(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Vec<SbpSignature> {
         let ([a, b], [out]) = (inputs, outputs) else { return Vec::new() };
         let mut signatures: Vec<SbpSignature> = (0..out.shape.rank())
@@ -71,7 +75,7 @@ impl OpDef for Binary {
                 signatures.push(SbpSignature::new([partial, whole], [partial]));
                 signatures.push(SbpSignature::new([whole, partial], [partial]));
             }
-            BinaryKind::Div => signatures.push(SbpSignature::new([partial, whole], [partial])),
+            BinaryKind::Div | BinaryKind::ReluGrad => signatures.push(SbpSignature::new([partial, whole], [partial])),
         }
         signatures
     }
@@ -83,7 +87,7 @@ impl OpDef for Binary {
 }
 
 impl<'g> Tensor<'g> {
-    fn binary(&self, kind: BinaryKind, rhs: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+    pub(crate) fn binary(&self, kind: BinaryKind, rhs: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
         self.graph().apply1(Binary(kind), &[*self, *rhs])
     }
 

@@ -41,7 +41,9 @@ impl OpDef for Unary {
         let (x, y, dy) = (ctx.inputs[0], ctx.outputs[0], ctx.grad()?);
         let dx = match self.0 {
             UnaryKind::Neg => dy.neg()?,
-            UnaryKind::Relu => dy.mul(&x.unary(UnaryKind::Step)?)?,
+            // From the output (y > 0 exactly where x > 0), so the input need not outlive the
+            // forward pass, and in one pass.
+            UnaryKind::Relu => dy.binary(super::BinaryKind::ReluGrad, &y)?,
             UnaryKind::Step => dy.zeros_like()?,
             UnaryKind::Exp => dy.mul(&y)?,
             UnaryKind::Log => dy.div(&x)?,

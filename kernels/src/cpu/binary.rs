@@ -50,6 +50,7 @@ fn compute_typed<T: Real>(
         BinaryKind::Sub => elementwise(dims, a, b, o, |x, y| x - y),
         BinaryKind::Mul => elementwise(dims, a, b, o, |x, y| x * y),
         BinaryKind::Div => elementwise(dims, a, b, o, |x, y| x / y),
+        BinaryKind::ReluGrad => elementwise(dims, a, b, o, |d, y| if y > T::zero() { d } else { T::zero() }),
     }
     Ok(())
 }

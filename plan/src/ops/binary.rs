@@ -13,6 +13,10 @@ pub enum BinaryKind {
     Mul,
     /// a / b
     Div,
+    /// `a` where `b > 0`, else 0: ReLU's gradient, `a` the output's gradient and `b` the
+    /// ReLU's output (PyTorch's `threshold_backward`), in one pass instead of a `step` and
+    /// a `mul`.
+    ReluGrad,
 }
 
 /// An elementwise binary op with broadcasting.
