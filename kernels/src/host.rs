@@ -252,15 +252,16 @@ impl<T: HostCompute> HostOpKernel<T> {
         }
     }
 
-    /// The output op input `k` is given in place of in this firing: one the op may write
-    /// over it whose slot is the input's own bytes (a register with aliased slots).
-    fn in_place_output(&self, io: &KernelIo<'_>, k: usize) -> Option<usize> {
+    /// Whether op input `k` is given in place in this firing: an output the op may write
+    /// over it has the input's very bytes for its slot (a register with aliased slots).
+    fn given_in_place(&self, io: &KernelIo<'_>, k: usize) -> bool {
         let input = self.input_map[k];
         let (addr, len) = (io.input_addr(input), io.input_len(input));
-        self.in_place
-            .iter()
-            .find(|&&(i, o)| i == k && o < io.output_count() && io.output_addr(o) == addr && io.output_len(o) == len)
-            .map(|&(_, o)| o)
+        len > 0
+            && self
+                .in_place
+                .iter()
+                .any(|&(i, o)| i == k && o < io.output_count() && io.output_addr(o) == addr && io.output_len(o) == len)
     }
 }
 
@@ -274,8 +275,7 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
             // An input whose bytes are its output's (an update over its variable's one
             // buffer) is not viewed: a shared and a mutable view of the same bytes may not
             // both exist. The op reads the old value from the output.
-            let in_place = !self.in_place.is_empty() && io.input_len(i) > 0 && self.in_place_output(io, k).is_some();
-            if !in_place {
+            if self.in_place.is_empty() || !self.given_in_place(io, k) {
                 inputs.push(view(meta, io.input(i)).map_err(fail)?);
             } else if self.half.is_some() {
                 return Err(fail(format!("input {k} is given in place, which 16-bit scratch does not support")));
