@@ -164,12 +164,13 @@ fn update_typed<T: Real>(
     if outputs.len() != 1 + states {
         return Err(format!("gives the parameter and {states} state(s), not {} outputs", outputs.len()));
     }
-    // Which of the parameter and its state are given in place (their inputs arrive empty
-    // and their old values are in the outputs, see `HostCompute::compute`).
+    // Which of the parameter and its state are given in place: their inputs arrive with
+    // no elements though their shapes have some, and their old values are in the outputs
+    // (see `HostCompute::compute`).
     let given: SmallVec<[bool; 3]> = std::iter::once(0)
         .chain(4..4 + states)
         .zip(&*outputs)
-        .map(|(i, out)| inputs[i].is_empty() && !out.is_empty())
+        .map(|(i, out)| inputs[i].is_empty() && inputs[i].shape.numel() > 0 && !out.is_empty())
         .collect();
     let in_place = given.iter().any(|&g| g);
     if skips_step(scale) {
@@ -178,9 +179,9 @@ fn update_typed<T: Real>(
     let scale = T::from_f64(scale);
     let g = inputs[1].as_slice::<T>()?;
     let len = g.len();
-    // The old parameter and state: the inputs, or (in place) the outputs themselves. On the
-    // stack (at most the parameter and two moments): a firing allocates nothing.
-    // (empty where given in place).
+    // The old parameter and state: the inputs, empty where given in place (the outputs
+    // hold those). On the stack (at most the parameter and two moments): a firing
+    // allocates nothing.
     let sources: SmallVec<[&[T]; 3]> =
         std::iter::once(0).chain(4..4 + states).map(|i| inputs[i].as_slice::<T>()).collect::<Result<_, _>>()?;
     let mut targets: SmallVec<[Shared<T>; 3]> = SmallVec::new();
