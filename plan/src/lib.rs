@@ -32,6 +32,7 @@ mod builder;
 mod collectives;
 mod display;
 mod error;
+mod in_place;
 mod index;
 mod init;
 mod memory;
@@ -55,6 +56,7 @@ pub use tensor::{
 
 pub use builder::PlanBuilder;
 pub use error::PlanError;
+pub use in_place::InPlaceCheck;
 pub use index::PlanIndex;
 pub use memory::{DeviceMemory, PlanMemory};
 pub use signature::*;

@@ -235,95 +235,15 @@ impl Plan {
         Ok(())
     }
 
-    /// A register with aliased slots is written in place by its producer: a compute actor
-    /// on a cpu or cuda device whose op takes the register as an input and writes it as the output
-    /// paired with that input ([`OpConf::in_place_pairs`](crate::OpConf::in_place_pairs)),
-    /// and whose slots are not also shared with other registers.
+    /// Every register with aliased slots may be one buffer its producer writes in place
+    /// ([`InPlaceCheck`](crate::InPlaceCheck)).
     fn check_aliased_slots(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
-        // What reaches each producer, found once per producer (an update writes several).
-        let mut ancestors: HashMap<ActorIndex, Vec<bool>> = HashMap::new();
+        let mut rule = crate::InPlaceCheck::new(self, index);
         for (r, desc) in self.regst_descs.iter().enumerate().filter(|(_, d)| d.aliased_slots) {
-            let bad = |detail: String| PlanError::AliasedSlots { regst: desc.name.clone(), detail };
-            let producer = &self.actors[desc.producer.index()];
-            if desc.shared_offset.is_some() {
-                return Err(bad("it also shares memory with other registers".into()));
-            }
-            let device = &self.devices[self.streams[producer.stream.index()].device.index()];
-            if !matches!(device.kind, DeviceKind::Cpu | DeviceKind::Cuda) {
-                return Err(bad(format!(
-                    "its producer '{}' runs on {}: in-place slots are built for cpu and cuda devices only",
-                    producer.name,
-                    device.label()
-                )));
-            }
-            let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &producer.kind else {
-                return Err(bad(format!(
-                    "its producer '{}' is a {} actor, not an op that writes in place",
-                    producer.name,
-                    producer.kind.name()
-                )));
-            };
-            let id = RegstDescId(r as u32);
-            let output = index.outputs_of(desc.producer).iter().position(|&o| o == id);
-            let input = producer.inputs.iter().position(|&i| i == id);
-            let paired = conf
-                .in_place_pairs()
-                .into_iter()
-                .any(|(k, o)| Some(o) == output && conf.input_map.get(k).copied() == input && input.is_some());
-            if let Some(window) = producer.windows.iter().find(|w| Some(w.input as usize) == input) {
-                return Err(bad(format!(
-                    "its producer '{}' reads it through a window (bytes {}..{}), not whole",
-                    producer.name,
-                    window.offset,
-                    window.offset.saturating_add(window.bytes)
-                )));
-            }
-            if !paired {
-                return Err(bad(format!(
-                    "its producer '{}' (op '{}') does not read it as the input it writes in place{}",
-                    producer.name,
-                    conf.op_type,
-                    match conf.in_place_pairs().as_slice() {
-                        [] => " (that op writes nothing in place)".to_string(),
-                        pairs => format!(" (op input, output pairs it may alias: {pairs:?})"),
-                    }
-                )));
-            }
-            // Every other reader of a piece must have read it before the producer writes the
-            // next one over it: it runs on the producer's stream (a cpu stream runs one
-            // firing after the other, a cuda stream its kernels in launch order) and reaches
-            // the producer through registers that are not preloaded, so within a step the
-            // producer fires after it.
-            let before = ancestors.entry(desc.producer).or_insert_with(|| self.ancestors_in_step(desc.producer));
-            for reader in desc.consumers.iter().filter(|&&c| c != desc.producer) {
-                let actor = &self.actors[reader.index()];
-                if actor.stream != producer.stream || !before[reader.index()] {
-                    return Err(bad(format!(
-                        "nothing makes its reader '{}' read a piece before its producer '{}' writes the next over it \
-                         (the reader must run on the producer's stream and reach it through registers that are not preloaded)",
-                        actor.name, producer.name
-                    )));
-                }
-            }
+            rule.check(RegstDescId(r as u32))
+                .map_err(|detail| PlanError::AliasedSlots { regst: desc.name.clone(), detail })?;
         }
         Ok(())
-    }
-
-    /// The actors from which `actor` is reached through registers that are not preloaded
-    /// (within a step, they fire before it), `actor` itself excluded.
-    fn ancestors_in_step(&self, actor: ActorIndex) -> Vec<bool> {
-        let mut reached = vec![false; self.actors.len()];
-        let mut stack = vec![actor];
-        while let Some(a) = stack.pop() {
-            for input in &self.actors[a.index()].inputs {
-                let desc = &self.regst_descs[input.index()];
-                if desc.preloaded == 0 && !reached[desc.producer.index()] {
-                    reached[desc.producer.index()] = true;
-                    stack.push(desc.producer);
-                }
-            }
-        }
-        reached
     }
 
     fn check_arities(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {

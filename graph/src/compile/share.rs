@@ -98,9 +98,6 @@ pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Re
         for (i, (regst, _, _)) in shared.iter().enumerate() {
             b.plan_mut().regst_descs[regst.index()].shared_offset = Some(layout.offset(i));
         }
-        for regst in in_place_registers(&plan, &index, &position, stream) {
-            b.plan_mut().regst_descs[regst.index()].aliased_slots = true;
-        }
         // The chain that makes the order real, closed by the step token. A lone actor is
         // its own order (and a token it both reads and writes would hold its one slot).
         if chain.len() < 2 {
@@ -119,61 +116,32 @@ pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Re
             b.consume(ActorIndex(first as u32), token);
         }
     }
+    for regst in in_place_registers(b.plan_mut()) {
+        b.plan_mut().regst_descs[regst.index()].aliased_slots = true;
+    }
     Ok(())
 }
 
-/// The loop registers on `stream`'s chain that their update may write in place
-/// ([`RegstDesc::aliased_slots`](crate::plan::RegstDesc)): one buffer instead of two for
-/// each parameter and optimizer state, and an update that reads and writes the same cache
-/// lines instead of streaming into the other slot (AdamW is memory-bound).
+/// The loop registers (one preloaded slot) that may be one buffer their update writes in
+/// place ([`RegstDesc::aliased_slots`](crate::plan::RegstDesc)), by the rule plan
+/// validation enforces ([`InPlaceCheck`](crate::plan::InPlaceCheck)): one buffer instead
+/// of two for each parameter and optimizer state, and an update that reads and writes the
+/// same cache lines instead of streaming into the other slot (AdamW is memory-bound).
 ///
-/// Safe where the chain fixes the order: every other reader of the variable's piece of
-/// step k comes before the update in the chain (so has finished: on a cpu stream a firing
-/// completes before the next one starts; on a cuda stream the update's kernel runs after
-/// every kernel launched before it), and the next step's readers come after the update,
-/// as the register protocol already ensures. So a register qualifies when its producer is
-/// an op on this cpu or cuda stream that takes it in place (`OpConf::in_place_pairs`),
-/// in f32 or f64 (16-bit values are widened into scratch, not updated in place), and every
-/// consumer is on the chain, before the producer. Each of an update's registers qualifies
-/// on its own: with sharded optimizer state the moments are updated in place while the
-/// parameter's new rows go to their all-gather.
-fn in_place_registers(
-    plan: &crate::plan::Plan,
-    index: &PlanIndex<'_>,
-    position: &[usize],
-    stream: crate::plan::StreamIndex,
-) -> Vec<RegstDescId> {
-    use crate::plan::{DType, DeviceKind, KernelConf};
-    let device = plan.streams[stream.index()].device;
-    // A cpu stream runs one firing after the other; a cuda stream runs its kernels in
-    // launch order. A `sim` stream completes kernels by a modeled clock: not here.
-    if !matches!(plan.devices[device.index()].kind, DeviceKind::Cpu | DeviceKind::Cuda) {
-        return Vec::new();
-    }
-    let mut aliased = Vec::new();
-    for (p, producer) in plan.actors.iter().enumerate().filter(|(_, a)| a.stream == stream) {
-        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &producer.kind else { continue };
-        let outputs = index.outputs_of(ActorIndex(p as u32));
-        aliased.extend(conf.in_place_pairs().into_iter().filter_map(|(k, o)| {
-            let regst = *outputs.get(o)?;
-            let desc = &plan.regst_descs[regst.index()];
-            let input = *conf.input_map.get(k)?;
-            // Read whole: a window of it would be other bytes than the ones written.
-            let reads_it = producer.inputs.get(input) == Some(&regst)
-                && producer.windows.iter().all(|w| w.input as usize != input);
-            let float = matches!(conf.outputs.get(o)?.dtype, DType::F32 | DType::F64);
-            let loop_register = desc.preloaded == 1 && desc.shared_offset.is_none() && desc.bytes > 0;
-            let readers_before = desc.consumers.iter().all(|c| {
-                let reader = &plan.actors[c.index()];
-                c.index() == p
-                    || (reader.stream == stream
-                        && matches!(reader.kind, ActorKind::Compute { .. })
-                        && position[c.index()] < position[p])
-            });
-            (reads_it && float && loop_register && readers_before).then_some(regst)
-        }));
-    }
-    aliased
+/// The chains just built are what makes the rule hold: every other reader of step k's
+/// value comes before the update in its stream's chain. A fetched weight, a weight written
+/// by its all-gather (sharded state) or a 16-bit one keeps two buffers; each of an
+/// update's registers qualifies on its own (with sharded state the moments go in place).
+fn in_place_registers(plan: &crate::plan::Plan) -> Vec<RegstDescId> {
+    let index = PlanIndex::new(plan);
+    let mut rule = crate::plan::InPlaceCheck::new(plan, &index);
+    (0..plan.regst_descs.len() as u32)
+        .map(RegstDescId)
+        .filter(|r| {
+            let desc = &plan.regst_descs[r.index()];
+            desc.preloaded == 1 && desc.bytes > 0 && rule.check(*r).is_ok()
+        })
+        .collect()
 }
 
 /// Kahn's algorithm over the compute actors and the registers that are not preloaded
