@@ -275,7 +275,7 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
             // An input whose bytes are its output's (an update over its variable's one
             // buffer) is not viewed: a shared and a mutable view of the same bytes may not
             // both exist. The op reads the old value from the output.
-            if self.in_place.is_empty() || !self.given_in_place(io, k) {
+            if !self.given_in_place(io, k) {
                 inputs.push(view(meta, io.input(i)).map_err(fail)?);
             } else if self.half.is_some() {
                 return Err(fail(format!("input {k} is given in place, which 16-bit scratch does not support")));

@@ -35,6 +35,9 @@ impl DeviceMemory {
 enum Place {
     /// Block of the device's own layout.
     Own(usize),
+    /// Block of the device's own layout holding one slot that is every slot
+    /// ([`RegstDesc::aliased_slots`]).
+    OneBuffer(usize),
     /// Offset in the shared region.
     Shared(u64),
 }
@@ -46,8 +49,6 @@ pub struct PlanMemory {
     pub devices: Vec<DeviceMemory>,
     /// For each descriptor: its device entry and place, or `None` if it owns no memory.
     placement: Vec<Option<(usize, Place)>>,
-    /// For each descriptor: whether its slots are one buffer ([`RegstDesc::aliased_slots`]).
-    aliased: Vec<bool>,
 }
 
 impl PlanMemory {
@@ -59,10 +60,7 @@ impl PlanMemory {
         Some((
             device,
             match place {
-                // Every slot of a register with aliased slots is its first.
-                Place::Own(block) if self.aliased[desc.index()] => {
-                    memory.shared_bytes + memory.layout.slot_offset(block, 0)
-                }
+                Place::OneBuffer(block) => memory.shared_bytes + memory.layout.slot_offset(block, 0),
                 Place::Own(block) => memory.shared_bytes + memory.layout.slot_offset(block, slot),
                 Place::Shared(offset) => offset,
             },
@@ -147,7 +145,9 @@ impl Plan {
                 }
             }
             for (block, r) in descs.iter().enumerate() {
-                placement[r.index()] = Some((d, Place::Own(block)));
+                let place =
+                    if self.regst_descs[r.index()].aliased_slots { Place::OneBuffer(block) } else { Place::Own(block) };
+                placement[r.index()] = Some((d, place));
             }
             devices.push(DeviceMemory {
                 device: DeviceIndex(d as u32),
@@ -158,7 +158,6 @@ impl Plan {
                 unshared_bytes,
             });
         }
-        let aliased = self.regst_descs.iter().map(|d| d.aliased_slots).collect();
-        Ok(PlanMemory { devices, placement, aliased })
+        Ok(PlanMemory { devices, placement })
     }
 }

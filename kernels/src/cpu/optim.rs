@@ -172,7 +172,6 @@ fn update_typed<T: Real>(
         .zip(&*outputs)
         .map(|(i, out)| inputs[i].is_empty() && inputs[i].shape.numel() > 0 && !out.is_empty())
         .collect();
-    let in_place = given.iter().any(|&g| g);
     if skips_step(scale) {
         return skip_update::<T>(inputs, outputs, states, &given);
     }
@@ -220,21 +219,15 @@ fn update_typed<T: Real>(
                         let velocity = momentum * v + (g * scale + weight_decay * p);
                         (p - lr * velocity, velocity)
                     };
-                    // One loop per mode, each over slices that do not alias, so both vectorize.
-                    if in_place {
-                        let (p, v) = (&sources[0], &sources[1]);
-                        for block in (0..n).step_by(IN_PLACE_BLOCK) {
-                            let b = block..(block + IN_PLACE_BLOCK).min(n);
-                            copy_unless_given(given[0], p, start + block, &mut p_out[b.clone()]);
-                            copy_unless_given(given[1], v, start + block, &mut v_out[b.clone()]);
-                            for i in b {
-                                (p_out[i], v_out[i]) = sgd(p_out[i], g[i], v_out[i]);
-                            }
-                        }
-                    } else {
-                        let (p, v) = (&sources[0][start..end], &sources[1][start..end]);
-                        for i in 0..n {
-                            (p_out[i], v_out[i]) = sgd(p[i], g[i], v[i]);
+                    // A block at a time: what is not given in place is copied to its output
+                    // while the block is in L1, then the block is updated in place, in one
+                    // loop over slices that do not alias (so it vectorizes).
+                    for block in (0..n).step_by(BLOCK) {
+                        let b = block..(block + BLOCK).min(n);
+                        copy_unless_given(given[0], sources[0], start + block, &mut p_out[b.clone()]);
+                        copy_unless_given(given[1], sources[1], start + block, &mut v_out[b.clone()]);
+                        for i in b {
+                            (p_out[i], v_out[i]) = sgd(p_out[i], g[i], v_out[i]);
                         }
                     }
                 },
@@ -264,21 +257,14 @@ fn update_typed<T: Real>(
                         let v1 = b2 * v + one_b2 * grad * grad;
                         (p * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps), m1, v1)
                     };
-                    if in_place {
-                        let (p, m, v) = (&sources[0], &sources[1], &sources[2]);
-                        for block in (0..n).step_by(IN_PLACE_BLOCK) {
-                            let b = block..(block + IN_PLACE_BLOCK).min(n);
-                            copy_unless_given(given[0], p, start + block, &mut p_out[b.clone()]);
-                            copy_unless_given(given[1], m, start + block, &mut m_out[b.clone()]);
-                            copy_unless_given(given[2], v, start + block, &mut v_out[b.clone()]);
-                            for i in b {
-                                (p_out[i], m_out[i], v_out[i]) = adamw(p_out[i], g[i], m_out[i], v_out[i]);
-                            }
-                        }
-                    } else {
-                        let (p, m, v) = (&sources[0][start..end], &sources[1][start..end], &sources[2][start..end]);
-                        for i in 0..n {
-                            (p_out[i], m_out[i], v_out[i]) = adamw(p[i], g[i], m[i], v[i]);
+                    // As for SGD above: a block at a time, in place.
+                    for block in (0..n).step_by(BLOCK) {
+                        let b = block..(block + BLOCK).min(n);
+                        copy_unless_given(given[0], sources[0], start + block, &mut p_out[b.clone()]);
+                        copy_unless_given(given[1], sources[1], start + block, &mut m_out[b.clone()]);
+                        copy_unless_given(given[2], sources[2], start + block, &mut v_out[b.clone()]);
+                        for i in b {
+                            (p_out[i], m_out[i], v_out[i]) = adamw(p_out[i], g[i], m_out[i], v_out[i]);
                         }
                     }
                 },
@@ -288,10 +274,10 @@ fn update_typed<T: Real>(
     Ok(())
 }
 
-/// Elements per block of an update with some tensors given in place: those that are not
-/// are copied to their output a block at a time (while the block is in L1), then the
-/// whole block is updated in place, in one loop that vectorizes.
-const IN_PLACE_BLOCK: usize = 2048;
+/// Elements per block of an update: the tensors not given in place are copied to their
+/// outputs a block at a time (while the block is in L1), then the whole block is updated
+/// in place, in one loop that vectorizes.
+const BLOCK: usize = 2048;
 
 /// Copies `source[from..from + out.len()]` into `out`, unless the tensor is `given` in
 /// place (its old value is in `out` already).
