@@ -75,7 +75,7 @@ wait
 [ -f "$logs/torch-warm.log" ] && cp "$logs/torch-warm.log" "$out/torch-warm.log"
 
 # 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH_COMPILE=0, PROFILE=0,
-# CALLBACKS=0 leave parts out). Each GPT-2 run says on stderr when each step's loss
+# CALLBACKS=0, STAGING=0, F16=0, NSYS=0 leave parts out). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
 {
@@ -93,6 +93,13 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     echo "== GPT-2 124M regflow bf16"
     gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16
     echo "exit $?"
+    if [ "${STAGING:-1}" = 1 ]; then
+      # The same step with every 16-bit product run as it is (no aligned staging of the
+      # logits' odd leading dimension, cuda/src/ops/matmul.rs): the difference is staging's.
+      echo "== GPT-2 124M regflow bf16, without aligned staging"
+      REGFLOW_CUDA_STAGING=0 gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16
+      echo "exit $?"
+    fi
     if [ "${F16:-1}" = 1 ]; then
       echo "== GPT-2 124M regflow f16, dynamic loss scaling"
       gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision f16
@@ -115,23 +122,26 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
   if [ "${GEMM:-1}" = 1 ]; then
     echo "== GEMM"
     timeout 90 "$here/bench_cuda_gemm" --repeats 20
+    if [ "${STAGING:-1}" = 1 ]; then
+      echo "== GEMM without aligned staging"
+      REGFLOW_CUDA_STAGING=0 timeout 90 "$here/bench_cuda_gemm" --repeats 20 | grep logits
+    fi
     timeout 90 python3 "$here/gemm_torch.py" --repeats 20
   fi
   if [ "${PROFILE:-1}" = 1 ] && [ "$full" = 0 ]; then
-    echo "== GPT-2 124M regflow f32, traced (every kernel alone): per-op profile of step 1"
-    gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --trace "$out/trace.json"
-    echo "exit $?"
-    python3 "$here/op_profile.py" "$out/trace.json" --pieces 1 --top 30
-    echo "== GPT-2 124M regflow bf16, traced (every kernel alone): per-op profile of step 1"
-    gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision bf16 --trace "$out/trace-bf16.json"
-    echo "exit $?"
-    python3 "$here/op_profile.py" "$out/trace-bf16.json" --pieces 1 --top 30
+    # PROFILE_PRECISIONS="bf16" profiles one precision only (each traced step takes a while).
+    for precision in ${PROFILE_PRECISIONS:-f32 bf16}; do
+      echo "== GPT-2 124M regflow $precision, traced (every kernel alone): per-op profile of step 1"
+      gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" --trace "$out/trace-$precision.json"
+      echo "exit $?"
+      python3 "$here/op_profile.py" "$out/trace-$precision.json" --pieces 1 --top 30
+    done
   fi
   # Nsight Systems, where the machine has it: the untraced step's kernels as the GPU ran
   # them (kernel time per name, and the gaps between them show as the step minus the sum).
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
   if [ "${NSYS:-1}" = 1 ] && [ -n "$nsys" ] && [ "$full" = 0 ]; then
-    for precision in f32 bf16; do
+    for precision in ${NSYS_PRECISIONS:-f32 bf16}; do
       echo "== nsys: GPT-2 124M regflow $precision, 1 warm-up + 2 steps"
       timeout 150 "$nsys" profile -o "$logs/nsys-$precision" --force-overwrite true --trace cuda \
         "$here/bench_gpu_gpt2" --device cuda --size gpt2 --batch "$BATCH" --warmup 1 --steps 2 --precision "$precision" \

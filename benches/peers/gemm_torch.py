@@ -12,13 +12,24 @@ import time
 
 import torch
 
+# (m, k, n, transpose_a, transpose_b, what): an operand stored transposed is read through
+# `.t()`, which cuBLAS takes as an op flag, as regflow's kernel does.
 SHAPES = [
-    (8192, 768, 768, "attention projection"),
-    (8192, 768, 3072, "MLP up"),
-    (8192, 3072, 768, "MLP down"),
-    (8192, 768, 50257, "logits"),
-    (4096, 4096, 4096, "square"),
+    (8192, 768, 768, False, False, "attention projection"),
+    (8192, 768, 3072, False, False, "MLP up"),
+    (8192, 3072, 768, False, False, "MLP down"),
+    (8192, 768, 50257, False, True, "logits = x·tableT"),
+    (8192, 50257, 768, False, False, "dx = dlogits·table"),
+    (50257, 8192, 768, True, False, "dtable = dlogitsT·x"),
+    (4096, 4096, 4096, False, False, "square"),
 ]
+
+
+def operand(rows, cols, transposed, dtype):
+    """A `rows x cols` matrix of uniform values in [-1, 1), stored transposed if asked."""
+    if transposed:
+        return (torch.rand(cols, rows, device="cuda", dtype=dtype) * 2 - 1).t()
+    return torch.rand(rows, cols, device="cuda", dtype=dtype) * 2 - 1
 
 
 def main():
@@ -27,9 +38,9 @@ def main():
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
-        for m, k, n, what in SHAPES:
-            a = torch.rand(m, k, device="cuda", dtype=dtype) * 2 - 1
-            b = torch.rand(k, n, device="cuda", dtype=dtype) * 2 - 1
+        for m, k, n, ta, tb, what in SHAPES:
+            a = operand(m, k, ta, dtype)
+            b = operand(k, n, tb, dtype)
             times = []
             for i in range(3 + args.repeats):
                 torch.cuda.synchronize()

@@ -1,5 +1,6 @@
 //! Benchmark: regflow's CUDA `matmul` kernel (cuBLAS strided-batched GEMM) on GPT-2's
-//! product shapes and a square one, f32 (no TF32) and bf16 (f32 accumulation), in
+//! product shapes (the logits' three as the model reads them) and a square one, f32 (no
+//! TF32) and bf16 (f32 accumulation), in
 //! TFLOP/s. `benches/peers/gemm_torch.py` times `torch.matmul` on the same shapes; the
 //! two should be ~1.0× apart, since both are cuBLAS. `benches/gpu/run.sh` runs both.
 //!
@@ -19,13 +20,19 @@ use regflow_plan::ops::MatMul;
 use regflow_plan::{DType, DeviceKind, GroupPosition, HostArray, OpConf, Shape, SplitMix64, TensorMeta};
 use std::time::Instant;
 
-/// (m, k, n, what): GPT-2 124M at batch 8 × 1024 tokens, and one square product.
-const SHAPES: [(usize, usize, usize, &str); 5] = [
-    (8192, 768, 768, "attention projection"),
-    (8192, 768, 3072, "MLP up"),
-    (8192, 3072, 768, "MLP down"),
-    (8192, 768, 50257, "logits"),
-    (4096, 4096, 4096, "square"),
+/// (m, k, n, transpose_a, transpose_b, what): GPT-2 124M at batch 8 × 1024 tokens, with
+/// the tied logits' three products read as the model reads them (the table `[50257, 768]`
+/// transposed forward, the logits' gradient transposed for the table's), and one square
+/// product. The logits' 16-bit products are staged (`REGFLOW_CUDA_STAGING=0` runs them
+/// as they are).
+const SHAPES: [(usize, usize, usize, bool, bool, &str); 7] = [
+    (8192, 768, 768, false, false, "attention projection"),
+    (8192, 768, 3072, false, false, "MLP up"),
+    (8192, 3072, 768, false, false, "MLP down"),
+    (8192, 768, 50257, false, true, "logits = x·tableT"),
+    (8192, 50257, 768, false, false, "dx = dlogits·table"),
+    (50257, 8192, 768, true, false, "dtable = dlogitsT·x"),
+    (4096, 4096, 4096, false, false, "square"),
 ];
 
 fn main() {
@@ -54,8 +61,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     regflow_kernels::cpu::register(&mut registry, DeviceKind::Cpu);
     regflow_cuda::register(&mut registry);
     for dtype in [DType::F32, DType::Bf16] {
-        for (m, k, n, what) in SHAPES {
-            let seconds = time_matmul(&registry, &device, &stream, dtype, (m, k, n), repeats)?;
+        for (m, k, n, ta, tb, what) in SHAPES {
+            let seconds = time_matmul(&registry, &device, &stream, dtype, (m, k, n), (ta, tb), repeats)?;
             let tflops = 2.0 * (m * k * n) as f64 / seconds / 1e12;
             println!("regflow gemm {dtype} {m}x{k}x{n} ({what}): {:.3} ms, {tflops:.1} TFLOP/s", seconds * 1e3);
         }
@@ -63,13 +70,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The median seconds of one `[m, k] × [k, n]` product of `dtype` on `stream`.
+/// The median seconds of one `[m, k] × [k, n]` product of `dtype` on `stream`, each
+/// operand stored transposed where asked.
 fn time_matmul(
     registry: &KernelRegistry,
     device: &Device,
     stream: &Stream,
     dtype: DType,
     (m, k, n): (usize, usize, usize),
+    (transpose_a, transpose_b): (bool, bool),
     repeats: usize,
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new((m * 31 + k * 7 + n) as u64);
@@ -80,14 +89,11 @@ fn time_matmul(
             _ => HostArray::f32(dims, values)?,
         })
     };
-    let (a, b) = (random([m, k])?, random([k, n])?);
+    let (a, b) =
+        (random(if transpose_a { [k, m] } else { [m, k] })?, random(if transpose_b { [n, k] } else { [k, n] })?);
     let out = TensorMeta::new(Shape::new(vec![m, n]), dtype);
-    let conf = OpConf::new(
-        &MatMul { transpose_a: false, transpose_b: false },
-        vec![a.meta(), b.meta()],
-        vec![0, 1],
-        vec![out.clone()],
-    );
+    let conf =
+        OpConf::new(&MatMul { transpose_a, transpose_b }, vec![a.meta(), b.meta()], vec![0, 1], vec![out.clone()]);
     let bytes = |meta: &TensorMeta| (meta.shape.numel() * meta.dtype.size()) as u64;
     let sizes = [bytes(&a.meta()), bytes(&b.meta()), bytes(&out)];
     let spec = KernelSpec {

@@ -56,3 +56,25 @@ fn half_products_match_the_cpu_to_their_precision() {
         }
     }
 }
+
+#[test]
+fn unaligned_half_products_are_staged_and_match_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    // GPT-2's three logits products in miniature: a vocabulary of 1001 makes the logits'
+    // leading dimension odd, so each product runs in chunks through an aligned scratch
+    // (cuda/src/ops/matmul.rs, "aligned staging"): logits = x · tableᵀ (the output
+    // staged), dx = dlogits · table and dtable = dlogitsᵀ · x (an operand staged).
+    for (dtype, rel) in [(DType::Bf16, 1e-2), (DType::F16, 2e-3)] {
+        for (m, k, n, transpose_a, transpose_b) in
+            [(512, 128, 1001, false, true), (512, 1001, 128, false, false), (1001, 512, 128, true, false)]
+        {
+            let a_dims = if transpose_a { [k, m] } else { [m, k] };
+            let b_dims = if transpose_b { [n, k] } else { [k, n] };
+            let (a, b) = (random(&a_dims, dtype, 5), random(&b_dims, dtype, 6));
+            let op = MatMul { transpose_a, transpose_b };
+            let conf = common::conf(&op, &[&a, &b], &[TensorMeta::new([m, n], dtype)]);
+            let what = format!("{dtype} staged matmul {m}x{k}x{n} t{transpose_a}{transpose_b}");
+            common::check(&what, &conf, &[&a, &b], (&device, &stream), rel);
+        }
+    }
+}

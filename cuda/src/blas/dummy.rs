@@ -37,10 +37,10 @@ impl Blas {
         dtype: DType,
         gemm: &Gemm,
         operands: (u64, u64, u64),
-        alpha: f64,
-        beta: f64,
+        scales: (f64, f64),
+        wide_output: bool,
     ) -> Result<(), CudaError> {
-        let _ = (stream, dtype, gemm, operands, alpha, beta);
+        let _ = (stream, dtype, gemm, operands, scales, wide_output);
         Err(CudaError::NotBuilt)
     }
 }

@@ -118,7 +118,9 @@ impl Blas {
     }
 
     /// Queues `gemm` on `stream`: `c = alpha · a·b + beta · c` per batch element, with `a`,
-    /// `b`, `c` device addresses of `dtype` elements (f32, f64 or bf16). Allocates nothing.
+    /// `b`, `c` device addresses of `dtype` elements (f32, f64, bf16 or f16), or `c` of f32
+    /// elements when `wide_output` (16-bit operands summed into an f32 accumulator).
+    /// Allocates nothing.
     ///
     /// # Safety
     ///
@@ -132,8 +134,8 @@ impl Blas {
         dtype: DType,
         gemm: &Gemm,
         (a, b, c): (u64, u64, u64),
-        alpha: f64,
-        beta: f64,
+        (alpha, beta): (f64, f64),
+        wide_output: bool,
     ) -> Result<(), CudaError> {
         let ordinal = self.ordinal;
         gemm.check().map_err(|message| CudaError::Call { call: "cuBLAS GEMM".into(), ordinal, message })?;
@@ -158,6 +160,7 @@ impl Blas {
                 return Err(CudaError::Call { call: "cuBLAS GEMM".into(), ordinal, message });
             }
         };
+        let c_data = if wide_output && matches!(dtype, DType::Bf16 | DType::F16) { CUDA_R_32F } else { data };
         // alpha and beta are host values (the default pointer mode) of the compute type.
         let (alpha32, beta32) = (alpha as f32, beta as f32);
         let (alpha, beta) = match compute {
@@ -185,7 +188,7 @@ impl Blas {
                     g.stride_b,
                     beta,
                     c as usize as *mut c_void,
-                    data,
+                    c_data,
                     g.ldc,
                     g.stride_c,
                     g.batch,

@@ -42,6 +42,19 @@ __device__ __forceinline__ void copy_blocks(const T* src, T* dst, u64 outer, u64
     }
 }
 
+// `count` runs of `len` 16-bit elements, run c from src[c·src_ld ..] to dst[c·dst_ld ..]: a
+// band of a column-major matrix staged into or out of a product's aligned scratch
+// (cuda/src/ops/matmul.rs, "aligned staging"). Runs go over the grid's y axis and elements
+// over x, so no index is divided (copy_blocks divides every one).
+extern "C" __global__ void regflow_copy_runs_u16(const bf16* src, bf16* dst, u64 count, u64 len, u64 src_ld,
+                                                 u64 dst_ld) {
+    for (u64 c = blockIdx.y; c < count; c += gridDim.y) {
+        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (u64)gridDim.x * blockDim.x) {
+            dst[c * dst_ld + i] = src[c * src_ld + i];
+        }
+    }
+}
+
 extern "C" __global__ void regflow_copy_f32(const float* src, float* dst, u64 n) { copy(src, dst, n); }
 extern "C" __global__ void regflow_copy_f64(const double* src, double* dst, u64 n) { copy(src, dst, n); }
 extern "C" __global__ void regflow_copy_i64(const i64* src, i64* dst, u64 n) { copy(src, dst, n); }

@@ -3,8 +3,24 @@
 //! dimensions and batch strides, never as copies (see [`crate::blas`] for the row-major to
 //! column-major mapping). Every call's arguments are worked out when the actor is made;
 //! a firing only queues them.
+//!
+//! **Aligned staging.** cuBLAS's fast tensor-core kernels for 16-bit operands want every
+//! leading dimension a multiple of 8 elements (16 bytes), and the dimensions too. GPT-2's
+//! vocabulary of 50257 breaks both in the logits' three products: `[tokens, 50257]` logits
+//! and their gradient have an odd leading dimension, and 50257 is `m`, `k` or `n` of the
+//! product. cuBLAS then picks kernels at 96–148 TFLOP/s where the model's other products
+//! reach 500 (H100, `bench_cuda_gemm`). Such a product runs in bands of the unaligned
+//! matrix's stored rows, through a scratch of the kernel (at most 64 MiB, [`Staging`]) with
+//! a padded leading dimension: each band is copied in (an operand) or out (the output) by a
+//! device copy kernel, and cuBLAS sees aligned matrices whose odd dimension is cut into
+//! chunks of a multiple of 8 (all but the last). A band along `m` or `n` leaves every output
+//! element one sum over all of `k`; a band along `k` sums its partial products into an f32
+//! accumulator, rounded to the output's dtype once at the end, as the unstaged product
+//! rounds ([`staged_steps`]). A first version that cut the output into column chunks and
+//! left the odd dimension whole was slower than no staging (8.8 against 6.6 ms for the
+//! logits): the odd dimension, not only the leading one, sends cuBLAS to its slow kernels.
 
-use super::{function, op_conf, queued, stream, suffix, Entry};
+use super::{function, op_conf, queued, scratch, stream, suffix, Entry};
 use crate::blas::{Blas, Gemm, MatrixLayout};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::matmul::{layout, Layout};
@@ -33,22 +49,96 @@ pub(crate) struct Call {
     pub(crate) beta: f64,
 }
 
-/// A product kernel: its cuBLAS calls, in order, and a zero fill for an empty inner
-/// dimension (cuBLAS is not asked to compute a product of no terms).
+/// One of a product's three matrices, in regflow's terms: the inputs `a` and `b`, the output
+/// `c`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Matrix {
+    A,
+    B,
+    C,
+}
+
+/// One queued step of a product kernel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Step {
+    /// A cuBLAS call; `staged` names the matrix it reads or writes in the kernel's scratch
+    /// (from its start) instead of in the matrix's register; `accumulate` sends the output
+    /// to the f32 accumulator of the scratch instead.
+    Gemm { call: Call, staged: Option<Matrix>, accumulate: bool },
+    /// `count` runs of `len` elements between `matrix`'s register (from `offset` bytes,
+    /// runs `ld` elements apart) and the scratch (runs `scratch_ld` apart from its start):
+    /// into the scratch or out of it.
+    Copy { matrix: Matrix, into_scratch: bool, offset: u64, ld: u64, scratch_ld: u64, len: u64, count: u64 },
+    /// The f32 accumulator's first `count` values rounded into the output from `offset`
+    /// bytes.
+    Narrow { offset: u64, count: u64 },
+}
+
+/// Where a staged product's scratch holds what: the staged band from its start, the f32
+/// accumulator (products cut along `k`) from `accumulator`, `bytes` in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ScratchLayout {
+    pub(crate) accumulator: u64,
+    pub(crate) bytes: u64,
+}
+
+/// The multiple of elements a 16-bit leading dimension must be for cuBLAS's tensor-core
+/// kernels (16 bytes).
+const LD_MULTIPLE: u64 = 8;
+
+/// When a product is staged and in how large chunks (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Staging {
+    /// Most bytes of scratch a staged product keeps.
+    pub(crate) max_bytes: u64,
+    /// Fewest multiply-adds a staged product has: below, the unaligned kernel costs little.
+    pub(crate) min_macs: u64,
+    /// Least reuse of the staged matrix (the product's dimension it is not indexed by):
+    /// below, copying it costs about what the product does.
+    pub(crate) min_reuse: u64,
+}
+
+impl Staging {
+    /// What the kernels use: 64 MiB of scratch at most, products of 2^24 multiply-adds and
+    /// a reuse of 64 at least.
+    pub(crate) const DEFAULT: Staging = Staging { max_bytes: 64 << 20, min_macs: 1 << 24, min_reuse: 64 };
+}
+
+/// A product kernel: its steps, in order, and a zero fill for an empty inner dimension
+/// (cuBLAS is not asked to compute a product of no terms).
 #[derive(Debug)]
 struct ProductKernel {
     blas: Blas,
     dtype: DType,
     /// The actor inputs holding `a` and `b`.
     inputs: (usize, usize),
-    calls: Vec<Call>,
+    steps: Vec<Step>,
     /// The fill kernel and the output's element count, when the output is all zeros.
     zero: Option<(Function, u64)>,
+    /// What staged steps use, when some step is staged.
+    staging: Option<StagingKernels>,
+}
+
+/// A staged product's scratch and device kernels.
+#[derive(Debug)]
+struct StagingKernels {
+    scratch: Box<dyn regflow_memory::ArenaMemory>,
+    /// Where the accumulator starts in the scratch.
+    accumulator: u64,
+    /// Moves runs of 16-bit elements (`regflow_copy_runs_u16`).
+    copy: Function,
+    /// Rounds f32 values to the output's dtype (`regflow_cast_f32_*`).
+    narrow: Function,
 }
 
 impl Kernel for ProductKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (a, b, c) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
+        let base = |m: Matrix| match m {
+            Matrix::A => a,
+            Matrix::B => b,
+            Matrix::C => c,
+        };
         let stream = stream(io);
         if let Some((fill, n)) = self.zero {
             // SAFETY: the output holds `n` elements of the dtype; the fill kernel takes
@@ -61,13 +151,54 @@ impl Kernel for ProductKernel {
                 }
             }?;
         }
-        for call in &self.calls {
-            let (oa, ob, oc) = call.offsets;
-            // SAFETY: the calls were planned from the registers' metas (checked at build):
-            // every element they reach lies inside the input and output registers, which
-            // the actor protocol keeps alive and unwritten by others until the stream has
-            // run them.
-            unsafe { self.blas.gemm(stream, self.dtype, &call.gemm, (a + oa, b + ob, c + oc), 1.0, call.beta) }?;
+        let scratch = self.staging.as_ref().map_or(0, |k| k.scratch.base().as_ptr() as u64);
+        let accumulator = scratch + self.staging.as_ref().map_or(0, |k| k.accumulator);
+        let staging = || {
+            self.staging
+                .as_ref()
+                .ok_or_else(|| KernelError("a staged product without its scratch (broken invariant)".into()))
+        };
+        for step in &self.steps {
+            match *step {
+                Step::Gemm { call, staged, accumulate } => {
+                    let (oa, ob, oc) = call.offsets;
+                    let at = |m: Matrix, offset: u64| if staged == Some(m) { scratch } else { base(m) + offset };
+                    let c = if accumulate { accumulator } else { at(Matrix::C, oc) };
+                    let operands = (at(Matrix::A, oa), at(Matrix::B, ob), c);
+                    // SAFETY: the calls were planned from the registers' metas (checked at
+                    // build): every element they reach lies inside the input and output
+                    // registers, which the actor protocol keeps alive and unwritten by
+                    // others until the stream has run them, or inside the scratch, which
+                    // only this kernel's steps, in stream order, use.
+                    unsafe { self.blas.gemm(stream, self.dtype, &call.gemm, operands, (1.0, call.beta), accumulate) }?;
+                }
+                Step::Copy { matrix, into_scratch, offset, ld, scratch_ld, len, count } => {
+                    let register = base(matrix) + offset;
+                    let (src, dst, src_ld, dst_ld) = if into_scratch {
+                        (register, scratch, ld, scratch_ld)
+                    } else {
+                        (scratch, register, scratch_ld, ld)
+                    };
+                    let grid = Grid {
+                        blocks: (len.div_ceil(256).clamp(1, 1 << 16) as u32, count.clamp(1, 65_535) as u32, 1),
+                        threads: (256, 1, 1),
+                        shared_bytes: 0,
+                    };
+                    // SAFETY: `regflow_copy_runs_u16` takes (src, dst, count, len, src_ld,
+                    // dst_ld); the runs lie inside the matrix's register (planned from its
+                    // meta) and inside the scratch (sized for the largest band).
+                    unsafe { launch(stream, staging()?.copy, grid, &mut args![src, dst, count, len, src_ld, dst_ld]) }?;
+                }
+                Step::Narrow { offset, count } => {
+                    let out = c + offset;
+                    // SAFETY: `regflow_cast_f32_*` takes (x, out, n); the accumulator holds
+                    // `count` f32 values and the output register `count` elements from
+                    // `offset` (a dense output, checked when planned).
+                    unsafe {
+                        launch(stream, staging()?.narrow, Grid::linear(count), &mut args![accumulator, out, count])
+                    }?;
+                }
+            }
         }
         Ok(())
     }
@@ -80,7 +211,9 @@ fn checked<T: HostCompute>(spec: &KernelSpec<'_>, conf: &OpConf, op: &T) -> Resu
 }
 
 /// The kernel of `conf` queuing `calls`, with a zero fill when `zero` (an empty inner
-/// dimension or batch sum).
+/// dimension or batch sum). A 16-bit call with one unaligned matrix is staged (module
+/// docs), unless `REGFLOW_CUDA_STAGING=0` (read when the kernel is made: the benchmarks
+/// time both ways in one run).
 fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -> Result<Box<dyn Kernel>, KernelError> {
     let dtype = conf.outputs[0].dtype;
     let fail = |e: crate::CudaError| KernelError(format!("actor '{}': {e}", spec.actor));
@@ -89,13 +222,179 @@ fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -
     } else {
         None
     };
+    let stage =
+        matches!(dtype, DType::Bf16 | DType::F16) && std::env::var("REGFLOW_CUDA_STAGING").as_deref() != Ok("0");
+    let (mut steps, mut layout) = (Vec::new(), ScratchLayout { accumulator: 0, bytes: 0 });
+    for call in calls {
+        match stage.then(|| staged_steps(&call, dtype.size() as u64, Staging::DEFAULT)).flatten() {
+            Some((staged, needs)) => {
+                steps.extend(staged);
+                layout = ScratchLayout {
+                    accumulator: layout.accumulator.max(needs.accumulator),
+                    bytes: layout.bytes.max(needs.bytes),
+                };
+            }
+            None => steps.push(Step::Gemm { call, staged: None, accumulate: false }),
+        }
+    }
+    let staging = if layout.bytes > 0 {
+        Some(StagingKernels {
+            scratch: scratch(spec, "aligned staging", layout.bytes)?,
+            accumulator: layout.accumulator,
+            copy: function(spec, "regflow_copy_runs_u16")?,
+            narrow: function(spec, &format!("regflow_cast_f32_{}", suffix(dtype)))?,
+        })
+    } else {
+        None
+    };
     Ok(queued(ProductKernel {
         blas: Blas::open(usize::from(spec.device_index)).map_err(fail)?,
         dtype,
         inputs: (conf.input_map[0], conf.input_map[1]),
-        calls,
+        steps,
         zero,
+        staging,
     }))
+}
+
+/// The steps replacing `call` (elements of `size` bytes) when exactly one of its matrices
+/// has a leading dimension cuBLAS's 16-bit tensor-core kernels cannot read, and the scratch
+/// they use (its staging area at most `limits.max_bytes`, and about a quarter of the staged
+/// matrix, so even a small staged product runs in several bands); `None` when the call runs
+/// as it is.
+///
+/// In cuBLAS's column-major terms (`C = op(A)·op(B)`, `m x n`, inner `k`) the staged
+/// matrix is cut into bands of its stored rows, which its leading dimension counts: rows of
+/// `C` or of `A` read as is are `m`, rows of `B` read transposed are `n`, rows of `A` read
+/// transposed or of `B` read as is are `k`. Each band is a chunk of that dimension, a
+/// multiple of 8 wide (all but the last), and the other matrices are offset to the same
+/// rows or columns. Along `k` the bands' products are summed into an f32 accumulator
+/// (`beta` 1 after the first) and rounded into the output at the end; that needs a dense
+/// output written whole (`ldc == m`, `beta` 0), as staging the output does.
+pub(crate) fn staged_steps(call: &Call, size: u64, limits: Staging) -> Option<(Vec<Step>, ScratchLayout)> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Cu {
+        A,
+        B,
+        C,
+    }
+    #[derive(Clone, Copy, PartialEq)]
+    enum Dim {
+        M,
+        N,
+        K,
+    }
+    let g = call.gemm;
+    if g.batch != 1 || g.is_empty() {
+        return None;
+    }
+    let (m, n, k) = (g.m as u64, g.n as u64, g.k as u64);
+    let (lda, ldb, ldc) = (g.lda as u64, g.ldb as u64, g.ldc as u64);
+    let mut unaligned = [(Cu::A, lda), (Cu::B, ldb), (Cu::C, ldc)].into_iter().filter(|(_, ld)| ld % LD_MULTIPLE != 0);
+    let (which, ld) = unaligned.next()?;
+    let (oa, ob, oc) = call.offsets;
+    let (off_a, off_b) = if g.swapped { (ob, oa) } else { (oa, ob) };
+    // The dimension the staged matrix's stored rows count, and its stored columns.
+    let (dim, cols) = match which {
+        Cu::A if !g.transa => (Dim::M, k),
+        Cu::A => (Dim::K, m),
+        Cu::B if !g.transb => (Dim::K, n),
+        Cu::B => (Dim::N, k),
+        Cu::C => (Dim::M, n),
+    };
+    let reuse = match which {
+        Cu::A => n,
+        Cu::B => m,
+        Cu::C => k,
+    };
+    let writes_output_whole = call.beta == 0.0 && (which != Cu::C || dim != Dim::K);
+    if unaligned.next().is_some()
+        || [off_a, off_b, oc].iter().any(|o| o % (LD_MULTIPLE * size) != 0)
+        || m * n * k < limits.min_macs
+        || reuse < limits.min_reuse
+        || !writes_output_whole
+        || (dim == Dim::K && ldc != m)
+    {
+        return None;
+    }
+    let pad = |x: u64| x.div_ceil(LD_MULTIPLE) * LD_MULTIPLE;
+    let rows = match dim {
+        Dim::M => m,
+        Dim::N => n,
+        Dim::K => k,
+    };
+    let unit_bytes = cols * size;
+    let budget = limits.max_bytes.min((rows * unit_bytes).div_ceil(4));
+    let width = (budget / unit_bytes / LD_MULTIPLE * LD_MULTIPLE).max(LD_MULTIPLE).min(pad(rows));
+    let band_bytes = pad(width) * cols * size;
+    let accumulator = band_bytes.div_ceil(256) * 256;
+    let layout = if dim == Dim::K {
+        ScratchLayout { accumulator, bytes: accumulator + m * n * 4 }
+    } else {
+        ScratchLayout { accumulator: 0, bytes: band_bytes }
+    };
+    // cuBLAS's A and B as regflow's matrices.
+    let (matrix_a, matrix_b) = if g.swapped { (Matrix::B, Matrix::A) } else { (Matrix::A, Matrix::B) };
+    let (staged_matrix, staged_offset) = match which {
+        Cu::A => (matrix_a, off_a),
+        Cu::B => (matrix_b, off_b),
+        Cu::C => (Matrix::C, oc),
+    };
+    let mut steps = Vec::new();
+    let mut start = 0;
+    while start < rows {
+        let w = width.min(rows - start);
+        let scratch_ld = pad(w);
+        let band = |into_scratch| Step::Copy {
+            matrix: staged_matrix,
+            into_scratch,
+            offset: staged_offset + start * size,
+            ld,
+            scratch_ld,
+            len: w,
+            count: cols,
+        };
+        // The band's product: the chunk of `dim`, and the other matrices offset to it
+        // (elements; the staged matrix is read from the scratch).
+        let (mut gemm, (mut a, mut b, mut c)) = (g, (0u64, 0u64, 0u64));
+        match dim {
+            Dim::M => {
+                gemm.m = w as i32;
+                a = if g.transa { start * lda } else { start };
+                c = start;
+            }
+            Dim::N => {
+                // Only `B` read transposed has stored rows along `n`: it is the band.
+                gemm.n = w as i32;
+                c = start * ldc;
+            }
+            Dim::K => {
+                gemm.k = w as i32;
+                a = if g.transa { start } else { start * lda };
+                b = if g.transb { start * ldb } else { start };
+            }
+        }
+        match which {
+            Cu::A => gemm.lda = scratch_ld as i32,
+            Cu::B => gemm.ldb = scratch_ld as i32,
+            Cu::C => gemm.ldc = scratch_ld as i32,
+        }
+        let (a, b, c) = (off_a + a * size, off_b + b * size, oc + c * size);
+        let offsets = if g.swapped { (b, a, c) } else { (a, b, c) };
+        let beta = if dim == Dim::K && start > 0 { 1.0 } else { call.beta };
+        let product =
+            Step::Gemm { call: Call { gemm, offsets, beta }, staged: Some(staged_matrix), accumulate: dim == Dim::K };
+        if which == Cu::C {
+            steps.extend([product, band(false)]);
+        } else {
+            steps.extend([band(true), product]);
+        }
+        start += w;
+    }
+    if dim == Dim::K {
+        steps.push(Step::Narrow { offset: oc, count: m * n });
+    }
+    Some((steps, layout))
 }
 
 /// Why cuBLAS cannot take a product the CPU rules accept, as an actor's error.
@@ -275,6 +574,130 @@ mod tests {
             let (oa, ob, oc) = (call.offsets.0 as usize / 8, call.offsets.1 as usize / 8, call.offsets.2 as usize / 8);
             call.gemm.reference(&a[oa..], &b[ob..], &mut out[oc..], 1.0, call.beta);
         }
+    }
+
+    /// Evaluates staged `steps` on the host as the kernel queues them, with the scratch
+    /// `layout` (NaN at first, so a band read before it is written shows).
+    fn evaluate_steps(steps: &[Step], layout: ScratchLayout, a: &[f64], b: &[f64], out: &mut [f64]) {
+        let band_bytes = if layout.accumulator > 0 { layout.accumulator } else { layout.bytes };
+        let mut band = vec![f64::NAN; band_bytes as usize / 8];
+        let mut accumulator = vec![f64::NAN; (layout.bytes - layout.accumulator) as usize / 4];
+        for step in steps {
+            match *step {
+                Step::Gemm { call, staged, accumulate } => {
+                    let (oa, ob, oc) =
+                        (call.offsets.0 as usize / 8, call.offsets.1 as usize / 8, call.offsets.2 as usize / 8);
+                    let (beta, g) = (call.beta, &call.gemm);
+                    match (staged, accumulate) {
+                        (Some(Matrix::A), true) => g.reference(&band, &b[ob..], &mut accumulator, 1.0, beta),
+                        (Some(Matrix::B), true) => g.reference(&a[oa..], &band, &mut accumulator, 1.0, beta),
+                        (Some(Matrix::A), false) => g.reference(&band, &b[ob..], &mut out[oc..], 1.0, beta),
+                        (Some(Matrix::B), false) => g.reference(&a[oa..], &band, &mut out[oc..], 1.0, beta),
+                        (Some(Matrix::C), _) => g.reference(&a[oa..], &b[ob..], &mut band, 1.0, beta),
+                        (None, _) => g.reference(&a[oa..], &b[ob..], &mut out[oc..], 1.0, beta),
+                    }
+                }
+                Step::Copy { matrix, into_scratch, offset, ld, scratch_ld, len, count } => {
+                    let start = offset as usize / 8;
+                    for col in 0..count as usize {
+                        for i in 0..len as usize {
+                            let (r, s) = (start + col * ld as usize + i, col * scratch_ld as usize + i);
+                            match (matrix, into_scratch) {
+                                (Matrix::A, true) => band[s] = a[r],
+                                (Matrix::B, true) => band[s] = b[r],
+                                (Matrix::C, false) => out[r] = band[s],
+                                _ => panic!("{matrix:?} copied {}", if into_scratch { "in" } else { "out" }),
+                            }
+                        }
+                    }
+                }
+                Step::Narrow { offset, count } => {
+                    let start = offset as usize / 8;
+                    out[start..start + count as usize].copy_from_slice(&accumulator[..count as usize]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn staged_products_compute_the_unstaged_result_in_chunks() {
+        let limits = Staging { max_bytes: 4096, min_macs: 1, min_reuse: 1 };
+        // (m, k, n, transpose_a, transpose_b, staged, summed over bands of k), regflow's
+        // terms: GPT-2's three logits products in miniature (vocabulary 37), then each
+        // transpose with one odd leading dimension.
+        let cases = [
+            (40, 16, 37, false, true, Some(Matrix::C), false), // logits = x · tableᵀ: bands of the vocabulary
+            (40, 37, 16, false, false, Some(Matrix::A), true), // dx = dlogits · table: bands of k
+            (37, 40, 16, true, false, Some(Matrix::A), false), // dtable = dlogitsᵀ · x
+            (24, 16, 37, true, true, Some(Matrix::C), false),
+            (16, 37, 24, false, false, Some(Matrix::A), true),
+            (16, 24, 37, true, true, Some(Matrix::C), false),
+            (37, 40, 16, true, true, Some(Matrix::A), false),
+            (16, 37, 24, true, true, Some(Matrix::B), true),
+            (16, 40, 16, false, false, None, false), // all aligned
+            (24, 37, 16, true, false, None, false),  // an odd inner dimension alone
+            (37, 16, 24, false, false, None, false), // an odd row count alone
+            (37, 37, 16, false, true, None, false),  // two unaligned
+        ];
+        for (m, k, n, ta, tb, want_staged, want_accumulated) in cases {
+            let l = layout(
+                &Shape::from(if ta { [k, m] } else { [m, k] }),
+                ta,
+                &Shape::from(if tb { [n, k] } else { [k, n] }),
+                tb,
+            )
+            .unwrap();
+            let (calls, _) = matmul_calls(&l, ta, tb).unwrap();
+            let what = format!("{m}x{k}x{n} ({ta}, {tb})");
+            let staged = staged_steps(&calls[0], 8, limits);
+            let Some((steps, layout)) = staged else {
+                assert_eq!(want_staged, None, "{what}: not staged");
+                continue;
+            };
+            let gemms: Vec<_> = steps
+                .iter()
+                .filter_map(|s| {
+                    if let Step::Gemm { staged, accumulate, .. } = s {
+                        Some((*staged, *accumulate))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            assert_eq!(gemms[0].0, want_staged, "{what}: the staged matrix");
+            assert_eq!(gemms[0].1, want_accumulated, "{what}: summed over bands of k");
+            assert!(gemms.len() > 1, "{what}: several bands ({} steps)", steps.len());
+            let band = if layout.accumulator > 0 { layout.accumulator } else { layout.bytes };
+            assert!(band <= limits.max_bytes, "{what}: {band} bytes of band");
+            for step in &steps {
+                if let Step::Gemm { call, .. } = step {
+                    call.gemm.check().unwrap();
+                    let (a, b, c) = (call.gemm.lda, call.gemm.ldb, call.gemm.ldc);
+                    assert!([a, b, c].iter().all(|ld| ld % 8 == 0), "{what}: leading dimensions {a}, {b}, {c}");
+                }
+            }
+            let (a, b) = (values(m * k, 1), values(k * n, 2));
+            let mut want = vec![f64::NAN; m * n];
+            evaluate(&calls, false, &a, &b, &mut want);
+            let mut got = vec![f64::NAN; m * n];
+            evaluate_steps(&steps, layout, &a, &b, &mut got);
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn small_batched_or_offset_products_are_not_staged() {
+        let l = layout(&Shape::from([40, 16]), false, &Shape::from([37, 16]), true).unwrap();
+        let (calls, _) = matmul_calls(&l, false, true).unwrap();
+        assert!(staged_steps(&calls[0], 2, Staging::DEFAULT).is_none(), "40·16·37 multiply-adds");
+        let big = Staging { min_macs: 1, ..Staging::DEFAULT };
+        assert!(staged_steps(&calls[0], 2, big).is_none(), "a reuse of 16");
+        let any = Staging { min_macs: 1, min_reuse: 1, ..Staging::DEFAULT };
+        assert!(staged_steps(&calls[0], 2, any).is_some());
+        let batched = Call { gemm: Gemm { batch: 2, ..calls[0].gemm }, ..calls[0] };
+        assert!(staged_steps(&batched, 2, any).is_none(), "a batch");
+        let unaligned = Call { offsets: (2, 0, 0), ..calls[0] };
+        assert!(staged_steps(&unaligned, 2, any).is_none(), "an operand 2 bytes into its register");
     }
 
     fn values(n: usize, seed: usize) -> Vec<f64> {

@@ -92,7 +92,8 @@ pub(crate) fn run(conf: &OpConf, inputs: &[&HostArray], gpu: Option<(&Device, &S
 }
 
 /// Asserts `gpu` and `cpu` agree elementwise within `rel` relative error (with an
-/// absolute floor of `rel` for values near zero).
+/// absolute floor of `rel` for values near zero); equal infinities agree (their difference is
+/// NaN), and so do two NaNs.
 pub(crate) fn assert_close(what: &str, gpu: &[HostArray], cpu: &[HostArray], rel: f64) {
     assert_eq!(gpu.len(), cpu.len(), "{what}: output count");
     for (o, (g, c)) in gpu.iter().zip(cpu).enumerate() {
@@ -100,7 +101,7 @@ pub(crate) fn assert_close(what: &str, gpu: &[HostArray], cpu: &[HostArray], rel
         for (i, (a, b)) in g.to_f64_vec().iter().zip(c.to_f64_vec()).enumerate() {
             let tolerance = rel * b.abs().max(1.0);
             assert!(
-                (a - b).abs() <= tolerance || (a.is_nan() && b.is_nan()),
+                *a == b || (a - b).abs() <= tolerance || (a.is_nan() && b.is_nan()),
                 "{what}: output {o}[{i}]: cuda {a}, cpu {b}"
             );
         }
