@@ -192,3 +192,47 @@ fn sparse_cross_entropy_and_its_gradient_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn cross_entropy_of_rows_with_masked_and_nan_logits_matches_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    // Row 0: its first 700 logits -inf (a masked vocabulary: each thread's first values
+    // add nothing to the running sum); row 1: one NaN (the loss and the row's gradient are
+    // NaN, as on the CPU); row 2: all finite, the largest last (every thread rescales).
+    let (rows, classes) = (3, 1001);
+    let mut values: Vec<f32> = (0..rows * classes).map(|i| ((i * 7919) % 97) as f32 / 13.0 - 3.0).collect();
+    values[..700].fill(f32::NEG_INFINITY);
+    values[classes + 500] = f32::NAN;
+    for j in 0..classes {
+        values[2 * classes + j] = j as f32 / 100.0;
+    }
+    let logits = HostArray::f32(Shape::new(vec![rows, classes]), values).expect("logits");
+    let labels = HostArray::i64(Shape::new(vec![rows]), vec![900, 3, 1000]).expect("labels");
+    check(
+        "sparse_cross_entropy, masked and NaN rows",
+        &SparseCrossEntropy,
+        &[&logits, &labels],
+        &[meta(&[], DType::F32)],
+        gpu,
+    );
+    // Each row's loss alone, so the NaN row does not hide the others.
+    for r in [0, 2] {
+        let row = HostArray::f32(
+            Shape::new(vec![1, classes]),
+            logits.to_f64_vec()[r * classes..(r + 1) * classes].iter().map(|&v| v as f32).collect(),
+        )
+        .expect("a row");
+        let label = HostArray::i64(Shape::new(vec![1]), vec![[900, 3, 1000][r]]).expect("a label");
+        check(
+            &format!("sparse_cross_entropy, row {r}"),
+            &SparseCrossEntropy,
+            &[&row, &label],
+            &[meta(&[], DType::F32)],
+            gpu,
+        );
+    }
+    let dy = HostArray::f32(Shape::new(vec![]), vec![0.75]).expect("dy");
+    let what = "sparse_cross_entropy_grad, masked and NaN rows";
+    check(what, &SparseCrossEntropyGrad, &[&logits, &labels, &dy], &[meta(&[rows, classes], DType::F32)], gpu);
+}

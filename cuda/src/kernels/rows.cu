@@ -295,18 +295,85 @@ extern "C" __global__ void regflow_layer_norm_dx_f64(
 // a single multiprocessor). A label out of range makes the loss NaN (a kernel cannot
 // return the CPU kernel's error). `T` is how the logits are stored; the arithmetic is in
 // `Wide<T>` (bf16 logits are widened as they load, so no f32 copy of them exists).
+//
+// A row's max `m` and sum `s` of exp(x - m) come from one pass over it (an online softmax:
+// when a larger value arrives, the sum so far is rescaled to it), with four loads in flight
+// per thread; the gradient's second pass writes. Before, a max pass and a sum pass read the
+// row twice (three times in the gradient).
+
+// Adds x to the running (m, s). x = -inf adds nothing; NaN makes s NaN (as exp(NaN - m) in
+// a separate sum pass would; the max ignores it, as `bigger` does).
+template <typename W> __device__ __forceinline__ void online_add(W x, W& m, W& s) {
+    if (x > m) {
+        s = s * m_exp(m - x) + (W)1;
+        m = x;
+    } else if (x != minus_infinity<W>()) {
+        s += m_exp(x - m);
+    }
+}
+
+// (m, s) of the row over the block, returned to every thread: each warp combines its lanes'
+// pairs by shuffles, then warp 0 the warps' pairs from shared memory. A +inf max makes the
+// sum NaN, as exp(inf - inf) in a separate sum pass does.
+// Combines (m2, s2) into (m, s). A pair whose max is -inf has a sum of 0, or NaN where it
+// saw a NaN (online_add adds exp(NaN - m) whatever m is), which must survive: so it is added
+// as it is, not rescaled (exp(-inf - -inf) would make a clean 0 NaN).
+template <typename W> __device__ __forceinline__ void combine_stats(W& m, W& s, W m2, W s2) {
+    if (m2 > m) {
+        W t = m; m = m2; m2 = t;
+        t = s; s = s2; s2 = t;
+    }
+    s += m2 == minus_infinity<W>() ? s2 : s2 * m_exp(m2 - m);
+}
+
+template <typename T, typename W> __device__ void softmax_stats(const T* xr, u64 len, W* scratch_m, W* scratch_s,
+                                                                W& m_out, W& s_out) {
+    W m = minus_infinity<W>(), s = 0;
+    u64 step = blockDim.x, j = threadIdx.x;
+    for (; j + 3 * step < len; j += 4 * step) {
+        W x0 = ld(xr + j), x1 = ld(xr + j + step), x2 = ld(xr + j + 2 * step), x3 = ld(xr + j + 3 * step);
+        online_add(x0, m, s);
+        online_add(x1, m, s);
+        online_add(x2, m, s);
+        online_add(x3, m, s);
+    }
+    for (; j < len; j += step) online_add((W)ld(xr + j), m, s);
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        W m2 = __shfl_down_sync(0xffffffffu, m, offset), s2 = __shfl_down_sync(0xffffffffu, s, offset);
+        combine_stats(m, s, m2, s2);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        scratch_m[warp] = m;
+        scratch_s[warp] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < warps ? scratch_m[lane] : minus_infinity<W>();
+        s = lane < warps ? scratch_s[lane] : (W)0;
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            W m2 = __shfl_down_sync(0xffffffffu, m, offset), s2 = __shfl_down_sync(0xffffffffu, s, offset);
+            combine_stats(m, s, m2, s2);
+        }
+        if (lane == 0) {
+            scratch_m[0] = m;
+            scratch_s[0] = m == -minus_infinity<W>() ? quiet_nan<W>() : s;
+        }
+    }
+    __syncthreads();
+    m_out = scratch_m[0];
+    s_out = scratch_s[0];
+}
+
 template <typename T>
 __device__ void cross_entropy_row_losses(const T* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
     typedef typename Wide<T>::type W;
-    __shared__ W scratch[32];
+    __shared__ W scratch_m[32], scratch_s[32];
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = logits + r * classes;
-        W m = minus_infinity<W>();
-        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) m = bigger(m, ld(xr + j));
-        m = block_max(m, scratch, minus_infinity<W>());
-        W s = 0;
-        for (u64 j = threadIdx.x; j < classes; j += blockDim.x) s += m_exp(ld(xr + j) - m);
-        s = block_sum(s, scratch);
+        W m, s;
+        softmax_stats(xr, classes, scratch_m, scratch_s, m, s);
         if (threadIdx.x == 0) {
             i64 c = labels[r];
             bool valid = c >= 0 && (u64)c < classes;
@@ -356,22 +423,21 @@ template <typename T>
 __device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, const typename Wide<T>::type* dy, T* dx,
                                         u64 rows, u64 classes, typename Wide<T>::type divisor) {
     typedef typename Wide<T>::type W;
-    __shared__ W scratch[32];
+    __shared__ W scratch_m[32], scratch_s[32];
     W scale = dy[0] / divisor;
     FOR_EACH_ROW(r, rows) {
         const T* xr = logits + r * classes;
-        W m = minus_infinity<W>();
-        FOR_EACH_COL(j, classes) m = bigger(m, ld(xr + j));
-        m = block_max(m, scratch, minus_infinity<W>());
-        W s = 0;
-        FOR_EACH_COL(j, classes) s += m_exp(ld(xr + j) - m);
-        W log_sum = m_log(block_sum(s, scratch));
+        W m, s;
+        softmax_stats(xr, classes, scratch_m, scratch_s, m, s);
+        W shift = m + m_log(s);
         i64 c = labels[r];
         bool valid = c >= 0 && (u64)c < classes;
+        T* dr = dx + r * classes;
+#pragma unroll 4
         FOR_EACH_COL(j, classes) {
-            W v = m_exp(ld(xr + j) - m - log_sum) * scale;
+            W v = m_exp(ld(xr + j) - shift) * scale;
             if ((i64)j == c) v -= scale;
-            st(dx + r * classes + j, valid ? v : quiet_nan<W>());
+            st(dr + j, valid ? v : quiet_nan<W>());
         }
     }
 }
