@@ -222,8 +222,7 @@ fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -
     } else {
         None
     };
-    let stage =
-        matches!(dtype, DType::Bf16 | DType::F16) && std::env::var("REGFLOW_CUDA_STAGING").as_deref() != Ok("0");
+    let stage = matches!(dtype, DType::Bf16 | DType::F16) && staging_enabled(spec)?;
     let (mut steps, mut layout) = (Vec::new(), ScratchLayout { accumulator: 0, bytes: 0 });
     for call in calls {
         match stage.then(|| staged_steps(&call, dtype.size() as u64, Staging::DEFAULT)).flatten() {
@@ -255,6 +254,26 @@ fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -
         zero,
         staging,
     }))
+}
+
+/// Whether `REGFLOW_CUDA_STAGING` leaves aligned staging on for the actor's kernel.
+fn staging_enabled(spec: &KernelSpec<'_>) -> Result<bool, KernelError> {
+    staging_setting(std::env::var("REGFLOW_CUDA_STAGING"), spec.actor)
+}
+
+/// `REGFLOW_CUDA_STAGING`'s meaning: unset or `1` on (the default), `0` off; any other
+/// value is an error naming it, not a silent default.
+fn staging_setting(value: Result<String, std::env::VarError>, actor: &str) -> Result<bool, KernelError> {
+    match value {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Ok(v) if v == "1" => Ok(true),
+        Ok(v) if v == "0" => Ok(false),
+        other => Err(KernelError(format!(
+            "actor '{actor}': REGFLOW_CUDA_STAGING is {:?}, but it takes 0 (16-bit products run as they are) or 1 \
+             (aligned staging, the default)",
+            other.unwrap_or_else(|e| e.to_string())
+        ))),
+    }
 }
 
 /// The steps replacing `call` (elements of `size` bytes) when exactly one of its matrices
@@ -683,6 +702,20 @@ mod tests {
             evaluate_steps(&steps, layout, &a, &b, &mut got);
             assert_eq!(got, want, "{what}");
         }
+    }
+
+    #[test]
+    fn the_staging_switch_takes_0_or_1_and_names_anything_else() {
+        use std::env::VarError;
+        assert!(staging_setting(Err(VarError::NotPresent), "matmul:3").unwrap());
+        assert!(staging_setting(Ok("1".into()), "matmul:3").unwrap());
+        assert!(!staging_setting(Ok("0".into()), "matmul:3").unwrap());
+        let error = staging_setting(Ok("off".into()), "matmul:3").unwrap_err();
+        assert_eq!(
+            error.0,
+            "actor 'matmul:3': REGFLOW_CUDA_STAGING is \"off\", but it takes 0 (16-bit products run as they are) or 1 \
+             (aligned staging, the default)"
+        );
     }
 
     #[test]
