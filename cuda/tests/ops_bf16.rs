@@ -37,21 +37,34 @@ fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
     }
 }
 
+/// `a · b` of `dtype` (`[m, k] · [k, n]`, each stored transposed where asked) on the GPU
+/// against the CPU, to `rel`.
+fn check_product(
+    what: &str,
+    dtype: DType,
+    rel: f64,
+    (m, k, n): (usize, usize, usize),
+    (transpose_a, transpose_b): (bool, bool),
+    gpu: (&regflow_cuda::Device, &regflow_cuda::Stream),
+) {
+    let a_dims = if transpose_a { [k, m] } else { [m, k] };
+    let b_dims = if transpose_b { [n, k] } else { [k, n] };
+    let (a, b) = (random(&a_dims, dtype, (m + k) as u64), random(&b_dims, dtype, (k + n) as u64));
+    let op = MatMul { transpose_a, transpose_b };
+    let conf = common::conf(&op, &[&a, &b], &[TensorMeta::new([m, n], dtype)]);
+    let what = format!("{dtype} {what} {m}x{k}x{n} t{transpose_a}{transpose_b}");
+    common::check(&what, &conf, &[&a, &b], gpu, rel);
+}
+
 #[test]
 fn half_products_match_the_cpu_to_their_precision() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
     // One rounding of the result (bf16: 2^-8 relative, f16: 2^-11) plus f32 sums in
     // another order.
     for (dtype, rel) in [(DType::Bf16, 1e-2), (DType::F16, 2e-3)] {
-        for (m, k, n) in [(1, 1, 1), (7, 33, 5), (33, 1023, 7), (64, 64, 64)] {
-            for (transpose_a, transpose_b) in [(false, false), (true, false), (false, true)] {
-                let a_dims = if transpose_a { [k, m] } else { [m, k] };
-                let b_dims = if transpose_b { [n, k] } else { [k, n] };
-                let (a, b) = (random(&a_dims, dtype, 1), random(&b_dims, dtype, 2));
-                let op = MatMul { transpose_a, transpose_b };
-                let conf = common::conf(&op, &[&a, &b], &[TensorMeta::new([m, n], dtype)]);
-                let what = format!("{dtype} matmul {m}x{k}x{n} t{transpose_a}{transpose_b}");
-                common::check(&what, &conf, &[&a, &b], (&device, &stream), rel);
+        for sizes in [(1, 1, 1), (7, 33, 5), (33, 1023, 7), (64, 64, 64)] {
+            for transposes in [(false, false), (true, false), (false, true)] {
+                check_product("matmul", dtype, rel, sizes, transposes, (&device, &stream));
             }
         }
     }
@@ -61,20 +74,15 @@ fn half_products_match_the_cpu_to_their_precision() {
 fn unaligned_half_products_are_staged_and_match_the_cpu() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
     // GPT-2's three logits products in miniature: a vocabulary of 1001 makes the logits'
-    // leading dimension odd, so each product runs in chunks through an aligned scratch
+    // leading dimension odd, so each product runs in bands through an aligned scratch
     // (cuda/src/ops/matmul.rs, "aligned staging"): logits = x · tableᵀ (the output
-    // staged), dx = dlogits · table and dtable = dlogitsᵀ · x (an operand staged).
+    // staged, bands of the vocabulary), dx = dlogits · table (bands of the inner
+    // dimension, summed in f32) and dtable = dlogitsᵀ · x.
     for (dtype, rel) in [(DType::Bf16, 1e-2), (DType::F16, 2e-3)] {
-        for (m, k, n, transpose_a, transpose_b) in
-            [(512, 128, 1001, false, true), (512, 1001, 128, false, false), (1001, 512, 128, true, false)]
+        for (sizes, transposes) in
+            [((512, 128, 1001), (false, true)), ((512, 1001, 128), (false, false)), ((1001, 512, 128), (true, false))]
         {
-            let a_dims = if transpose_a { [k, m] } else { [m, k] };
-            let b_dims = if transpose_b { [n, k] } else { [k, n] };
-            let (a, b) = (random(&a_dims, dtype, 5), random(&b_dims, dtype, 6));
-            let op = MatMul { transpose_a, transpose_b };
-            let conf = common::conf(&op, &[&a, &b], &[TensorMeta::new([m, n], dtype)]);
-            let what = format!("{dtype} staged matmul {m}x{k}x{n} t{transpose_a}{transpose_b}");
-            common::check(&what, &conf, &[&a, &b], (&device, &stream), rel);
+            check_product("staged matmul", dtype, rel, sizes, transposes, (&device, &stream));
         }
     }
 }
