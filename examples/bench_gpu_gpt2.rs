@@ -120,6 +120,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let built = std::time::Instant::now();
     let mut job = builder.build()?;
     eprintln!("  job built in {:.1} s", built.elapsed().as_secs_f64());
+    for ((device, registers), (_, kernels)) in job.memory_report().devices.iter().zip(&job.kernel_memory().devices) {
+        eprintln!(
+            "  {device}: {:.2} GB of registers, {:.1} MB kept by kernels",
+            *registers as f64 / 1e9,
+            *kernels as f64 / 1e6
+        );
+    }
     if !job.host_kernels().is_empty() {
         // Ops without a device kernel for their dtype: right, but slow on large tensors.
         eprintln!("  ops run on the host: {}", job.host_kernels().join(", "));

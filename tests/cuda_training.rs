@@ -408,3 +408,53 @@ fn a_traced_cuda_job_has_a_slice_for_every_firing() {
         assert_eq!(traced, mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b));
     }
 }
+
+/// The device memory kernels keep for themselves is reported per device
+/// (`Job::kernel_memory`), beside the plan's registers (`Job::memory_report`). A model
+/// whose vocabulary of 1001 gives its logits an odd leading dimension: in bf16 its three
+/// logits products are staged through aligned scratch (`cuda/src/ops/matmul.rs`), which the
+/// f32 job does not need (it keeps only the cross-entropy's row losses, 8 bytes a row), and
+/// a CPU job keeps none. On a GPU, or dry.
+#[test]
+fn a_cuda_job_reports_the_memory_its_kernels_keep() {
+    if regflow::cuda::probe().is_err() {
+        if let Err(e) = regflow::cuda::enable_dry_run("compute_80") {
+            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
+            return;
+        }
+    }
+    let (rows, width, vocab) = (512, 128, 1001);
+    let kernel_memory = |kind: DeviceKind, precision: Option<Precision>| {
+        let g = Graph::new();
+        if let Some(precision) = precision {
+            g.mixed_precision(precision).unwrap();
+        }
+        let x = g.input("x", [rows, width], DType::F32).unwrap();
+        let y = g.input("y", [rows], DType::I64).unwrap();
+        let w = g.variable("w", [width, width], DType::F32, Init::Xavier { seed: 1 }).unwrap();
+        let table = g.variable("table", [vocab, width], DType::F32, Init::Xavier { seed: 2 }).unwrap();
+        let logits = x.matmul(&w).unwrap().matmul_transposed(&table, false, true).unwrap();
+        let step = g.minimize(logits.sparse_cross_entropy(&y).unwrap(), &Optimizer::sgd(0.1, 0.0, 0.0)).unwrap();
+        let mesh = Mesh::of_kind(kind, &[1], &["d"]).unwrap();
+        let options = ParallelOptions::new(mesh.clone()).train(&step);
+        let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).unwrap();
+        let job = Job::builder(compiled.plan.clone()).build().unwrap();
+        let (kernels, registers) = (job.kernel_memory().clone(), job.memory_report().clone());
+        drop(job);
+        let labels = |devices: &[(String, u64)]| devices.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>();
+        assert_eq!(labels(&kernels.devices), labels(&registers.devices), "{kind:?} {precision:?}: the same devices");
+        kernels.total_bytes()
+    };
+    assert_eq!(kernel_memory(DeviceKind::Cpu, Some(Precision::Bf16)), 0);
+    let f32_bytes = kernel_memory(DeviceKind::Cuda, None);
+    assert_eq!(f32_bytes, rows as u64 * 8, "the f32 job keeps the row losses alone");
+    let bf16_bytes = kernel_memory(DeviceKind::Cuda, Some(Precision::Bf16));
+    // Each staged product keeps one band of the odd matrix (the logits or their gradient,
+    // 1001 rows of 512 values in cuBLAS's column-major terms): a quarter of it at most,
+    // rounded down to a multiple of 8 rows, 248 rows of 512 bf16 values. The input
+    // gradient's bands cut the inner dimension, so it also keeps an f32 accumulator of its
+    // 512 x 128 output.
+    let band = 248 * rows as u64 * 2;
+    let accumulator = (rows * width * 4) as u64;
+    assert_eq!(bf16_bytes - f32_bytes, 3 * band + accumulator, "bf16 kernels keep {bf16_bytes} bytes");
+}

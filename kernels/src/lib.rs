@@ -59,4 +59,11 @@ pub trait Kernel: Send {
     fn execution(&self) -> Execution {
         Execution::Host
     }
+
+    /// Bytes of device memory the kernel allocated for itself when it was made (partial
+    /// sums, a staging buffer), outside the plan's registers; 0 for most kernels.
+    /// `Job::kernel_memory` adds them up per device.
+    fn scratch_bytes(&self) -> u64 {
+        0
+    }
 }

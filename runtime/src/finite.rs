@@ -115,4 +115,8 @@ impl Kernel for FiniteCheck {
         }
         Ok(())
     }
+
+    fn scratch_bytes(&self) -> u64 {
+        self.inner.scratch_bytes()
+    }
 }

@@ -202,6 +202,10 @@ impl Kernel for ProductKernel {
         }
         Ok(())
     }
+
+    fn scratch_bytes(&self) -> u64 {
+        self.staging.as_ref().map_or(0, |k| k.scratch.len() as u64)
+    }
 }
 
 /// Checks the conf's metas by the CPU kernel's rules for `op` (errors name the actor).

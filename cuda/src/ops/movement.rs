@@ -612,6 +612,10 @@ impl Kernel for SumToKernel {
         }
         Ok(())
     }
+
+    fn scratch_bytes(&self) -> u64 {
+        self.partial.as_ref().map_or(0, |p| p.parts.len() as u64)
+    }
 }
 
 // ---- embedding ------------------------------------------------------------------------

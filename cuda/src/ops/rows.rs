@@ -460,6 +460,13 @@ impl Kernel for LayerNormGradKernel {
         }
         Ok(())
     }
+
+    fn scratch_bytes(&self) -> u64 {
+        match &self.steps {
+            LayerNormGradSteps::Warp { parts, .. } => parts.len() as u64,
+            LayerNormGradSteps::Rows { .. } => 0,
+        }
+    }
 }
 
 fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
@@ -581,6 +588,10 @@ impl Kernel for CrossEntropyKernel {
             launch(stream(io), self.mean_function, one, &mut args![losses, out, rows, divisor])?;
         }
         Ok(())
+    }
+
+    fn scratch_bytes(&self) -> u64 {
+        self.losses.len() as u64
     }
 }
 

@@ -46,6 +46,8 @@ pub(super) struct MadeActor {
     /// op and dtype): the actor, its op and its dtype, as `Job::host_kernels` lists them.
     /// (The runtime's own copies, such as a variable's `assign`, are not ops.)
     pub(super) on_host: Option<String>,
+    /// Device memory its kernel allocated for itself (`Kernel::scratch_bytes`).
+    pub(super) scratch_bytes: u64,
 }
 
 /// Makes actor `index`: its state machine and its kernel (from the registry, a dataset, a
@@ -191,5 +193,6 @@ pub(super) fn make_actor(
         }
         _ => None,
     };
-    Ok(MadeActor { actor, runtime, starts, on_host })
+    let scratch_bytes = runtime.kernel.as_ref().map_or(0, |k| k.scratch_bytes());
+    Ok(MadeActor { actor, runtime, starts, on_host, scratch_bytes })
 }

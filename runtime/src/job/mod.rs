@@ -69,6 +69,8 @@ pub struct Job {
     net: Option<crate::net::NetPlane>,
     /// Ops on GPU devices whose kernels run on the host ([`Job::host_kernels`]).
     host_kernels: Vec<String>,
+    /// The kernels' own device memory ([`Job::kernel_memory`]).
+    kernel_memory: MemoryReport,
 }
 
 /// What a finished job reports.
@@ -187,9 +189,19 @@ impl Job {
         self.router.hosted_node()
     }
 
-    /// Bytes per device, known before anything ran.
+    /// Bytes per device, known before anything ran: the plan's registers, as its memory
+    /// layout places them in one arena per device.
     pub fn memory_report(&self) -> &MemoryReport {
         &self.memory
+    }
+
+    /// Bytes per device that kernels allocated for themselves when the job was built,
+    /// outside the plan's registers: on `cuda` devices the partial sums of two-launch
+    /// reductions, the cross-entropy's row losses and the aligned staging of 16-bit
+    /// products with an odd leading dimension (GPT-2's logits: 216 MiB in bf16); 0 on
+    /// `cpu` and `sim`. A device's memory in use is this plus [`Job::memory_report`]'s.
+    pub fn kernel_memory(&self) -> &MemoryReport {
+        &self.kernel_memory
     }
 
     /// The ops on GPU devices whose kernels run on the host, as `actor (op dtype)`: an op

@@ -302,6 +302,8 @@ pub(super) struct MadeActors {
     pub(super) sources: Vec<ActorId>,
     /// The ops on GPU devices whose kernels run on the host (`Job::host_kernels`).
     pub(super) on_host: Vec<String>,
+    /// Bytes the kernels allocated for themselves, per plan device (`Job::kernel_memory`).
+    pub(super) scratch_bytes: Vec<u64>,
 }
 
 /// Makes every actor this job hosts.
@@ -315,7 +317,8 @@ pub(super) fn make_actors(
 ) -> Result<MadeActors, RuntimeError> {
     let plan = indexed.plan();
     let per_stream = (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
-    let mut made_actors = MadeActors { per_stream, sources: Vec::new(), on_host: Vec::new() };
+    let scratch_bytes = vec![0; plan.devices.len()];
+    let mut made_actors = MadeActors { per_stream, sources: Vec::new(), on_host: Vec::new(), scratch_bytes };
     for (a, desc) in plan.actors.iter().enumerate() {
         let stream = desc.stream.index();
         let Some(inbox) = senders[stream].clone() else { continue };
@@ -324,6 +327,7 @@ pub(super) fn make_actors(
             made_actors.sources.push(made.actor.id());
         }
         made_actors.on_host.extend(made.on_host);
+        made_actors.scratch_bytes[plan.streams[stream].device.index()] += made.scratch_bytes;
         made_actors.per_stream[stream].0.push(made.actor);
         made_actors.per_stream[stream].1.push(made.runtime);
     }

@@ -320,6 +320,16 @@ impl Job {
 
         let made = make_actors(&mut builder, &indexed, &ids, &per_step, &senders, &mut ends)?;
         let (per_stream, sources, host_kernels) = (made.per_stream, made.sources, made.on_host);
+        // The kernels' own memory, listed for the devices the memory report lists.
+        let kernel_memory = regflow_memory::MemoryReport {
+            devices: plan
+                .devices
+                .iter()
+                .zip(&made.scratch_bytes)
+                .map(|(device, &bytes)| (device.label(), bytes))
+                .filter(|(label, _)| arenas.report().bytes_of(label).is_some())
+                .collect(),
+        };
 
         let UserEnds { feeders, fetchers, .. } = ends;
 
@@ -428,6 +438,7 @@ impl Job {
             keep_state: builder.keep_state,
             net,
             host_kernels,
+            kernel_memory,
         })
     }
 }
