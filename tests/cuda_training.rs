@@ -289,16 +289,29 @@ fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
     }
 }
 
+/// `Some(true)` on a machine with a GPU, `Some(false)` where NVRTC makes this process's cuda
+/// devices dry runs (launches checked, nothing computed), `None` (said why) otherwise: the
+/// test then skips.
+fn gpu_or_dry_run() -> Option<bool> {
+    if regflow::cuda::probe().is_ok() {
+        return Some(true);
+    }
+    match regflow::cuda::enable_dry_run("compute_80") {
+        Ok(()) => Some(false),
+        Err(e) => {
+            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
+            None
+        }
+    }
+}
+
 /// A job on cuda devices lists the ops whose kernels run on the host (`Job::host_kernels`):
 /// exactly the plan's op actors without a CUDA kernel for their op and dtype, none of them
 /// more than one value for these steps; a CPU job lists none. On a GPU, or dry.
 #[test]
 fn a_cuda_job_lists_the_ops_that_run_on_the_host() {
-    if regflow::cuda::probe().is_err() {
-        if let Err(e) = regflow::cuda::enable_dry_run("compute_80") {
-            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
-            return;
-        }
+    if gpu_or_dry_run().is_none() {
+        return;
     }
     let listed = |kind: DeviceKind, devices: usize, precision: Option<Precision>| {
         let g = Graph::new();
@@ -381,13 +394,7 @@ fn plans_run_to_the_end_on_dry_run_devices() {
 /// losses equal the untraced ones: tracing only waits more. Runs on a GPU, or dry.
 #[test]
 fn a_traced_cuda_job_has_a_slice_for_every_firing() {
-    let on_gpu = regflow::cuda::probe().is_ok();
-    if !on_gpu {
-        if let Err(e) = regflow::cuda::enable_dry_run("compute_80") {
-            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
-            return;
-        }
-    }
+    let Some(on_gpu) = gpu_or_dry_run() else { return };
     let path = std::env::temp_dir().join(format!("regflow-cuda-trace-{}.json", std::process::id()));
     let traced = mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b.trace(&path));
     let text = std::fs::read_to_string(&path).unwrap();
@@ -417,11 +424,8 @@ fn a_traced_cuda_job_has_a_slice_for_every_firing() {
 /// a CPU job keeps none. On a GPU, or dry.
 #[test]
 fn a_cuda_job_reports_the_memory_its_kernels_keep() {
-    if regflow::cuda::probe().is_err() {
-        if let Err(e) = regflow::cuda::enable_dry_run("compute_80") {
-            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
-            return;
-        }
+    if gpu_or_dry_run().is_none() {
+        return;
     }
     let (rows, width, vocab) = (512, 128, 1001);
     let kernel_memory = |kind: DeviceKind, precision: Option<Precision>| {
