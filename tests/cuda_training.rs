@@ -428,7 +428,7 @@ fn a_cuda_job_reports_the_memory_its_kernels_keep() {
         return;
     }
     let (rows, width, vocab) = (512, 128, 1001);
-    let kernel_memory = |kind: DeviceKind, precision: Option<Precision>| {
+    let plan = |kind: DeviceKind, precision: Option<Precision>| {
         let g = Graph::new();
         if let Some(precision) = precision {
             g.mixed_precision(precision).unwrap();
@@ -441,8 +441,10 @@ fn a_cuda_job_reports_the_memory_its_kernels_keep() {
         let step = g.minimize(logits.sparse_cross_entropy(&y).unwrap(), &Optimizer::sgd(0.1, 0.0, 0.0)).unwrap();
         let mesh = Mesh::of_kind(kind, &[1], &["d"]).unwrap();
         let options = ParallelOptions::new(mesh.clone()).train(&step);
-        let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).unwrap();
-        let job = Job::builder(compiled.plan.clone()).build().unwrap();
+        g.compile_parallel(&[step.loss], &step.updates, &options).unwrap().plan
+    };
+    let kernel_memory = |kind: DeviceKind, precision: Option<Precision>| {
+        let job = Job::builder(plan(kind, precision)).build().unwrap();
         let (kernels, registers) = (job.kernel_memory().clone(), job.memory_report().clone());
         drop(job);
         let labels = |devices: &[(String, u64)]| devices.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>();
@@ -461,4 +463,21 @@ fn a_cuda_job_reports_the_memory_its_kernels_keep() {
     let band = 248 * rows as u64 * 2;
     let accumulator = (rows * width * 4) as u64;
     assert_eq!(bf16_bytes - f32_bytes, 3 * band + accumulator, "bf16 kernels keep {bf16_bytes} bytes");
+
+    // A device holds the plan only if it holds its registers and its kernels' memory: one
+    // byte less than both is refused, naming the two amounts and the kernel keeping most.
+    let mut bf16 = plan(DeviceKind::Cuda, Some(Precision::Bf16));
+    let registers = Job::builder(bf16.clone()).build().unwrap().memory_report().total_bytes();
+    bf16.devices[0].memory_capacity = Some(registers + bf16_bytes - 1);
+    let refused = Job::builder(bf16.clone()).build().err().expect("one byte short is refused").to_string();
+    let want = format!(
+        "device node0/cuda:0 cannot hold this plan: it needs {} bytes for its registers ({registers} bytes) and \
+         the memory its kernels keep ({bf16_bytes} bytes; the most, {} bytes, by actor '",
+        registers + bf16_bytes,
+        band + accumulator
+    );
+    assert!(refused.starts_with(&want), "{refused}");
+    assert!(refused.ends_with(&format!("'), and has {} bytes (its memory_capacity)", registers + bf16_bytes - 1)));
+    bf16.devices[0].memory_capacity = Some(registers + bf16_bytes);
+    assert!(Job::builder(bf16).build().is_ok(), "exactly enough");
 }

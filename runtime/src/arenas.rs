@@ -13,6 +13,7 @@ use crate::RuntimeError;
 use regflow_actors::RegstRef;
 use regflow_memory::{host_memory_bytes, Arena, ArenaAllocator, ArenaMemory, BufferView, HostAllocator, MemoryReport};
 use regflow_plan::{DeviceKind, Plan, PlanMemory, RegstDescId};
+use std::collections::HashMap;
 
 /// The memory of one hosted device's arena: host memory for `cpu` and `sim`; for `cuda`,
 /// one managed allocation on the GPU (`regflow_cuda::Device::managed`), which kernels read
@@ -86,6 +87,9 @@ pub(crate) struct PlanArenas {
     /// Index in `views` of each descriptor's slot 0; `u32::MAX` for those without memory.
     first_view: Vec<u32>,
     report: MemoryReport,
+    /// Each hosted device's limit when the arenas were allocated: `(label, bytes, in words)`
+    /// (see `device_limit`), for the check that adds the kernels' own memory.
+    limits: Vec<(String, u64, String)>,
 }
 
 impl PlanArenas {
@@ -108,6 +112,7 @@ impl PlanArenas {
         let mut arenas = Vec::with_capacity(memory.devices.len());
         // Arena index of each memory-plan device entry (`None`: not hosted).
         let mut arena_of = vec![None; memory.devices.len()];
+        let mut limits = Vec::new();
         for (d, device) in memory.devices.iter().enumerate() {
             if !hosted(device.device) {
                 continue;
@@ -119,9 +124,11 @@ impl PlanArenas {
                 .unwrap_or(regflow_memory::MemoryKind::Host);
             let bytes = device.total_bytes();
             let desc = &plan.devices[device.device.index()];
-            if let Some((_, available)) = device_limit(desc, gpus, host).filter(|(limit, _)| bytes > *limit) {
+            let limit = device_limit(desc, gpus, host);
+            if let Some((_, available)) = limit.clone().filter(|(limit, _)| bytes > *limit) {
                 return Err(does_not_fit(plan, memory, d, bytes, available));
             }
+            limits.extend(limit.map(|(bytes, words)| (device.label.clone(), bytes, words)));
             let memory_of = arena_memory(desc, gpus, &device.label, kind, bytes)
                 .map_err(|why| does_not_fit(plan, memory, d, bytes, format!("less: {why}")))?;
             let arena = Arena::new(&device.label, kind, memory_of);
@@ -163,7 +170,7 @@ impl PlanArenas {
             arenas.push(mirror);
         }
         let report = memory.report();
-        Ok(Self { _arenas: arenas, views, first_view, report })
+        Ok(Self { _arenas: arenas, views, first_view, report, limits })
     }
 
     /// The bytes of a slot, or `None` where this node has no memory for it.
@@ -185,6 +192,34 @@ impl PlanArenas {
     /// Bytes per device.
     pub(crate) fn report(&self) -> &MemoryReport {
         &self.report
+    }
+
+    /// Whether each device still holds its registers once its kernels' own memory
+    /// (`kernels`, made after the arenas) is added: [`RuntimeError::DoesNotFit`] naming the
+    /// two amounts and the kernel keeping the most (`largest`, per device label) where it
+    /// does not.
+    pub(crate) fn check_with_kernels(
+        &self,
+        kernels: &MemoryReport,
+        largest: &HashMap<String, (String, u64)>,
+    ) -> Result<(), RuntimeError> {
+        for (label, limit, available) in &self.limits {
+            let registers = self.report.bytes_of(label).unwrap_or(0);
+            let kept = kernels.bytes_of(label).unwrap_or(0);
+            if registers.saturating_add(kept) <= *limit {
+                continue;
+            }
+            let most = largest
+                .get(label)
+                .map_or(String::new(), |(actor, bytes)| format!("; the most, {bytes} bytes, by actor '{actor}'"));
+            return Err(RuntimeError::DoesNotFit {
+                device: label.clone(),
+                what: format!("its registers ({registers} bytes) and the memory its kernels keep ({kept} bytes{most})"),
+                bytes: registers.saturating_add(kept),
+                available: available.clone(),
+            });
+        }
+        Ok(())
     }
 }
 

@@ -304,6 +304,8 @@ pub(super) struct MadeActors {
     pub(super) on_host: Vec<String>,
     /// Bytes the kernels allocated for themselves, per plan device (`Job::kernel_memory`).
     pub(super) scratch_bytes: Vec<u64>,
+    /// The actor keeping the most of them, per device label, and its bytes.
+    pub(super) largest_scratch: HashMap<String, (String, u64)>,
 }
 
 /// Makes every actor this job hosts.
@@ -318,7 +320,13 @@ pub(super) fn make_actors(
     let plan = indexed.plan();
     let per_stream = (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
     let scratch_bytes = vec![0; plan.devices.len()];
-    let mut made_actors = MadeActors { per_stream, sources: Vec::new(), on_host: Vec::new(), scratch_bytes };
+    let mut made_actors = MadeActors {
+        per_stream,
+        sources: Vec::new(),
+        on_host: Vec::new(),
+        scratch_bytes,
+        largest_scratch: HashMap::new(),
+    };
     for (a, desc) in plan.actors.iter().enumerate() {
         let stream = desc.stream.index();
         let Some(inbox) = senders[stream].clone() else { continue };
@@ -327,7 +335,14 @@ pub(super) fn make_actors(
             made_actors.sources.push(made.actor.id());
         }
         made_actors.on_host.extend(made.on_host);
-        made_actors.scratch_bytes[plan.streams[stream].device.index()] += made.scratch_bytes;
+        let device = plan.streams[stream].device.index();
+        made_actors.scratch_bytes[device] += made.scratch_bytes;
+        if made.scratch_bytes > 0 {
+            let largest = made_actors.largest_scratch.entry(plan.devices[device].label()).or_default();
+            if made.scratch_bytes > largest.1 {
+                *largest = (desc.name.clone(), made.scratch_bytes);
+            }
+        }
         made_actors.per_stream[stream].0.push(made.actor);
         made_actors.per_stream[stream].1.push(made.runtime);
     }

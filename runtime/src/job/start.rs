@@ -330,6 +330,7 @@ impl Job {
                 .filter(|(label, _)| arenas.report().bytes_of(label).is_some())
                 .collect(),
         };
+        arenas.check_with_kernels(&kernel_memory, &made.largest_scratch)?;
 
         let UserEnds { feeders, fetchers, .. } = ends;
 
