@@ -469,7 +469,8 @@ fn a_cuda_job_reports_the_memory_its_kernels_keep() {
     let mut bf16 = plan(DeviceKind::Cuda, Some(Precision::Bf16));
     let registers = Job::builder(bf16.clone()).build().unwrap().memory_report().total_bytes();
     bf16.devices[0].memory_capacity = Some(registers + bf16_bytes - 1);
-    let refused = Job::builder(bf16.clone()).build().err().expect("one byte short is refused").to_string();
+    let Err(refused) = Job::builder(bf16.clone()).build() else { panic!("one byte short is accepted") };
+    let refused = refused.to_string();
     let want = format!(
         "device node0/cuda:0 cannot hold this plan: it needs {} bytes for its registers ({registers} bytes) and \
          the memory its kernels keep ({bf16_bytes} bytes; the most, {} bytes, by actor '",
