@@ -6,8 +6,15 @@
 //! ```text
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
 //!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
-//!     [--peak-tflops 989] [--trace PATH] [--layers N] [--plan-only]
+//!     [--peak-tflops 989] [--trace PATH] [--layers N] [--plan-only] [--dry-run]
 //! ```
+//!
+//! `--dry-run` (no GPU, NVRTC on `LD_LIBRARY_PATH`) builds the job on dry-run `cuda`
+//! devices: kernels are compiled and made and every launch is checked, but nothing is
+//! computed, so its times are the host's part of a GPU run: the job's build (NVRTC, the
+//! initial values, the kernels) and the actors' firings per step. The driver's own launch
+//! calls are not issued, so a real step's host side is that plus theirs. Its losses mean
+//! nothing and are not printed.
 //!
 //! `--plan-only` compiles the step and prints its memory per device, running nothing (no
 //! GPU needed: the plan's layout is the memory a GPU run allocates).
@@ -59,6 +66,12 @@ fn main() {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let dry = std::env::args().any(|a| a == "--dry-run");
+    if dry {
+        // Where NVRTC is but no GPU: every kernel is compiled and made, every launch
+        // checked, nothing computed. What a step then costs is the host's side of it.
+        regflow::cuda::enable_dry_run("compute_90")?;
+    }
     let device = match arg("--device", "cuda".to_string())?.as_str() {
         "cuda" => DeviceKind::Cuda,
         "cpu" => DeviceKind::Cpu,
@@ -134,6 +147,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (per_step, last) =
         step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (batch, t, vocab), warmup, steps, true)?;
     job.wait()?;
+    if dry {
+        // Nothing was computed: neither tokens per second nor MFU mean anything.
+        println!("regflow dry run on cuda: the host's side of a step {:.2} ms (kernels made, launches checked but not issued, \
+             nothing computed)", per_step * 1e3);
+        return Ok(());
+    }
     let tokens = (batch * t) as f64 / per_step;
     let flops_per_token = 6.0 * parameters as f64 + 12.0 * (config.layers * t * config.d_model) as f64;
     let mfu = tokens * flops_per_token / (peak_tflops * 1e12);

@@ -49,15 +49,24 @@ pub enum Init {
 #[derive(Debug, Clone)]
 pub struct SplitMix64(u64);
 
+/// SplitMix64's increment: its state after `k` draws is the seed plus `k` of these.
+const SPLITMIX_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
 impl SplitMix64 {
     /// A generator from a seed.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The generator as it is after `draws` more calls of [`SplitMix64::next_u64`], in
+    /// O(1): its state only counts.
+    pub fn skip(&mut self, draws: u64) {
+        self.0 = self.0.wrapping_add(draws.wrapping_mul(SPLITMIX_GAMMA));
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        self.0 = self.0.wrapping_add(SPLITMIX_GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -116,42 +125,96 @@ impl Init {
         }
     }
 
-    /// The initial value. Deterministic for a given seed and shape.
+    /// The initial value. Deterministic for a given seed and shape: element `i` is made
+    /// from the generator's draws after those of the `i` elements before it, whether the
+    /// elements are drawn in order or, for large tensors, in chunks on several threads.
     pub fn value(&self, meta: &TensorMeta) -> HostArray {
         let n = meta.shape.numel();
         let values: Vec<f64> = match self {
             Init::Zeros => vec![0.0; n],
             Init::Ones => vec![1.0; n],
             Init::Constant(c) => vec![*c; n],
-            Init::Normal { mean, std, seed } => {
-                let mut rng = SplitMix64::new(*seed);
-                (0..n).map(|_| mean + std * rng.next_normal()).collect()
-            }
-            Init::Uniform { low, high, seed } => {
-                let mut rng = SplitMix64::new(*seed);
-                (0..n).map(|_| low + (high - low) * rng.next_f64()).collect()
-            }
+            Init::Normal { mean, std, seed } => drawn(n, *seed, 2, |rng| mean + std * rng.next_normal()),
+            Init::Uniform { low, high, seed } => drawn(n, *seed, 1, |rng| low + (high - low) * rng.next_f64()),
             Init::Xavier { seed } => {
                 let (fan_in, fan_out) = fans(meta);
                 let bound = (6.0 / (fan_in + fan_out)).sqrt();
-                let mut rng = SplitMix64::new(*seed);
-                (0..n).map(|_| -bound + 2.0 * bound * rng.next_f64()).collect()
+                drawn(n, *seed, 1, |rng| -bound + 2.0 * bound * rng.next_f64())
             }
             Init::Kaiming { seed } => {
                 let (fan_in, _) = fans(meta);
                 let std = (2.0 / fan_in).sqrt();
-                let mut rng = SplitMix64::new(*seed);
-                (0..n).map(|_| std * rng.next_normal()).collect()
+                drawn(n, *seed, 2, |rng| std * rng.next_normal())
             }
         };
         HostArray { shape: meta.shape.clone(), data: HostData::from_f64(meta.dtype, &values) }
     }
 }
 
+/// Elements below which a tensor is drawn on one thread.
+const PARALLEL_DRAW_MIN: usize = 1 << 18;
+
+/// `n` values of `value`, each taking `draws` draws of one generator seeded `seed`, in
+/// order. A large tensor is drawn in chunks on the machine's threads, each chunk's generator
+/// skipped past the draws of the chunks before it, so the values are the same bits (GPT-2's
+/// 124 M initial values took seconds of a job's build on one thread).
+fn drawn(n: usize, seed: u64, draws: u64, value: impl Fn(&mut SplitMix64) -> f64 + Sync) -> Vec<f64> {
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let mut out = vec![0.0; n];
+    let chunk = if n < PARALLEL_DRAW_MIN || threads == 1 { n.max(1) } else { n.div_ceil(threads) };
+    std::thread::scope(|scope| {
+        for (c, part) in out.chunks_mut(chunk).enumerate() {
+            let value = &value;
+            let mut fill = move || {
+                let mut rng = SplitMix64::new(seed);
+                rng.skip((c * chunk) as u64 * draws);
+                part.iter_mut().for_each(|v| *v = value(&mut rng));
+            };
+            if chunk == n {
+                fill();
+            } else {
+                scope.spawn(fill);
+            }
+        }
+    });
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::DType;
+
+    #[test]
+    fn large_tensors_drawn_in_chunks_are_the_bits_one_generator_draws_in_order() {
+        let n = 3 * PARALLEL_DRAW_MIN + 7;
+        let meta = TensorMeta::new([n], DType::F64);
+        let cases: [(Init, &dyn Fn(&mut SplitMix64) -> f64); 2] = [
+            (Init::Normal { mean: 0.5, std: 2.0, seed: 9 }, &|rng| 0.5 + 2.0 * rng.next_normal()),
+            (Init::Uniform { low: -1.0, high: 3.0, seed: 4 }, &|rng| -1.0 + 4.0 * rng.next_f64()),
+        ];
+        for (init, one) in cases {
+            let seed = match init {
+                Init::Normal { seed, .. } | Init::Uniform { seed, .. } => seed,
+                _ => unreachable!(),
+            };
+            let mut rng = SplitMix64::new(seed);
+            let want: Vec<u64> = (0..n).map(|_| one(&mut rng).to_bits()).collect();
+            let got: Vec<u64> = init.value(&meta).to_f64_vec().iter().map(|v| v.to_bits()).collect();
+            assert!(
+                got == want,
+                "{init:?}: the first difference at {:?}",
+                got.iter().zip(&want).position(|(a, b)| a != b)
+            );
+        }
+        let mut skipped = SplitMix64::new(5);
+        skipped.skip(1000);
+        let mut walked = SplitMix64::new(5);
+        (0..1000).for_each(|_| {
+            walked.next_u64();
+        });
+        assert_eq!(skipped.next_u64(), walked.next_u64());
+    }
 
     #[test]
     fn initializers_are_seeded_and_scaled() {

@@ -248,6 +248,11 @@ impl Device {
             match modules.get(source.name) {
                 Some(module) => module.clone(),
                 None => {
+                    if modules.is_empty() {
+                        // This device's first kernel: compile every source now, in
+                        // parallel, rather than one at a time as kernels ask for them.
+                        crate::nvrtc::compile_all(&self.info().arch());
+                    }
                     let module = self.load(source)?;
                     modules.insert(source.name, module.clone());
                     module

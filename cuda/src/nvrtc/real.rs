@@ -39,6 +39,20 @@ fn static_arch(arch: &str) -> Option<&'static str> {
     KNOWN.iter().copied().find(|&known| known == arch)
 }
 
+/// Compiles every kernel source for `arch` at once, a thread each, into the cache that
+/// [`compile`] reads: NVRTC takes about a second per source, and a job's first kernels would
+/// otherwise wait for them one after another. A source that fails is left for [`compile`]
+/// to report when it is asked for.
+pub fn compile_all(arch: &str) {
+    std::thread::scope(|scope| {
+        for source in sources::SOURCES {
+            scope.spawn(move || {
+                let _ = compile(source, arch);
+            });
+        }
+    });
+}
+
 /// Compiles `source` (after the shared prelude) to PTX for the virtual architecture
 /// `arch` (`compute_90`); the driver JIT-compiles the PTX for the exact device. Cached, so
 /// each (source, architecture) is compiled once per process.
