@@ -189,7 +189,8 @@ mod tests {
     fn large_tensors_drawn_in_chunks_are_the_bits_one_generator_draws_in_order() {
         let n = 3 * PARALLEL_DRAW_MIN + 7;
         let meta = TensorMeta::new([n], DType::F64);
-        let cases: [(Init, &dyn Fn(&mut SplitMix64) -> f64); 2] = [
+        type Draw = dyn Fn(&mut SplitMix64) -> f64;
+        let cases: [(Init, &Draw); 2] = [
             (Init::Normal { mean: 0.5, std: 2.0, seed: 9 }, &|rng| 0.5 + 2.0 * rng.next_normal()),
             (Init::Uniform { low: -1.0, high: 3.0, seed: 4 }, &|rng| -1.0 + 4.0 * rng.next_f64()),
         ];

@@ -802,6 +802,8 @@ mod tests {
     /// `region` and `set_region` against an element-by-element walk, over ranks 0 to 3,
     /// empty ranges and whole arrays.
     #[test]
+    // One range per dimension: a rank-1 region is a slice of one range.
+    #[allow(clippy::single_range_in_vec_init)]
     fn regions_are_copied_run_by_run_as_element_by_element() {
         let cases: &[(&[usize], &[std::ops::Range<usize>])] = &[
             (&[], &[]),
