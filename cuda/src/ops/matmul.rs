@@ -599,6 +599,15 @@ mod tests {
         }
     }
 
+    /// The one call of the plain product `[m, k] · [k, n]`, each operand stored transposed
+    /// where asked.
+    fn plain_call(m: usize, k: usize, n: usize, ta: bool, tb: bool) -> Call {
+        let a = Shape::from(if ta { [k, m] } else { [m, k] });
+        let b = Shape::from(if tb { [n, k] } else { [k, n] });
+        let (calls, _) = matmul_calls(&layout(&a, ta, &b, tb).unwrap(), ta, tb).unwrap();
+        calls[0]
+    }
+
     /// Evaluates staged `steps` on the host as the kernel queues them, with the scratch
     /// `layout` (NaN at first, so a band read before it is written shows).
     fn evaluate_steps(steps: &[Step], layout: ScratchLayout, a: &[f64], b: &[f64], out: &mut [f64]) {
@@ -663,14 +672,7 @@ mod tests {
             (37, 37, 16, false, true, None, false),  // two unaligned
         ];
         for (m, k, n, ta, tb, want_staged, want_accumulated) in cases {
-            let l = layout(
-                &Shape::from(if ta { [k, m] } else { [m, k] }),
-                ta,
-                &Shape::from(if tb { [n, k] } else { [k, n] }),
-                tb,
-            )
-            .unwrap();
-            let (calls, _) = matmul_calls(&l, ta, tb).unwrap();
+            let calls = [plain_call(m, k, n, ta, tb)];
             let what = format!("{m}x{k}x{n} ({ta}, {tb})");
             let staged = staged_steps(&calls[0], 8, limits);
             let Some((steps, layout)) = staged else {
@@ -718,14 +720,7 @@ mod tests {
             m in 1usize..40, k in 1usize..40, n in 1usize..40,
             ta: bool, tb: bool, max_bytes in 8u64..4096,
         ) {
-            let l = layout(
-                &Shape::from(if ta { [k, m] } else { [m, k] }),
-                ta,
-                &Shape::from(if tb { [n, k] } else { [k, n] }),
-                tb,
-            )
-            .unwrap();
-            let (calls, _) = matmul_calls(&l, ta, tb).unwrap();
+            let calls = [plain_call(m, k, n, ta, tb)];
             let g = calls[0].gemm;
             let unaligned = [g.lda, g.ldb, g.ldc].iter().filter(|&&ld| ld % 8 != 0).count();
             let limits = Staging { max_bytes, min_macs: 1, min_reuse: 1 };
