@@ -74,12 +74,35 @@ pub(crate) enum Step {
     Narrow { offset: u64, count: u64 },
 }
 
-/// Where a staged product's scratch holds what: the staged band from its start, the f32
-/// accumulator (products cut along `k`) from `accumulator`, `bytes` in all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a staged product's scratch holds: a band of the staged matrix from its start,
+/// `band` bytes, and, for products cut along `k`, an f32 accumulator of the output,
+/// `accumulator` bytes, after it. Several staged calls of one kernel run one after another
+/// and share the scratch, which is then as large as the largest of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct ScratchLayout {
+    pub(crate) band: u64,
     pub(crate) accumulator: u64,
-    pub(crate) bytes: u64,
+}
+
+impl ScratchLayout {
+    /// Where the accumulator starts: after the band, 256-byte aligned.
+    pub(crate) fn accumulator_offset(&self) -> u64 {
+        self.band.div_ceil(256) * 256
+    }
+
+    /// The scratch's bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        if self.accumulator == 0 {
+            self.band
+        } else {
+            self.accumulator_offset() + self.accumulator
+        }
+    }
+
+    /// A scratch for the calls of both `self` and `other`.
+    fn cover(self, other: ScratchLayout) -> ScratchLayout {
+        ScratchLayout { band: self.band.max(other.band), accumulator: self.accumulator.max(other.accumulator) }
+    }
 }
 
 /// The multiple of elements a 16-bit leading dimension must be for cuBLAS's tensor-core
@@ -227,23 +250,20 @@ fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -
         None
     };
     let stage = matches!(dtype, DType::Bf16 | DType::F16) && staging_enabled(spec)?;
-    let (mut steps, mut layout) = (Vec::new(), ScratchLayout { accumulator: 0, bytes: 0 });
+    let (mut steps, mut layout) = (Vec::new(), ScratchLayout::default());
     for call in calls {
         match stage.then(|| staged_steps(&call, dtype.size() as u64, Staging::DEFAULT)).flatten() {
             Some((staged, needs)) => {
                 steps.extend(staged);
-                layout = ScratchLayout {
-                    accumulator: layout.accumulator.max(needs.accumulator),
-                    bytes: layout.bytes.max(needs.bytes),
-                };
+                layout = layout.cover(needs);
             }
             None => steps.push(Step::Gemm { call, staged: None, accumulate: false }),
         }
     }
-    let staging = if layout.bytes > 0 {
+    let staging = if layout.bytes() > 0 {
         Some(StagingKernels {
-            scratch: scratch(spec, "aligned staging", layout.bytes)?,
-            accumulator: layout.accumulator,
+            scratch: scratch(spec, "aligned staging", layout.bytes())?,
+            accumulator: layout.accumulator_offset(),
             copy: function(spec, "regflow_copy_runs_u16")?,
             narrow: function(spec, &format!("regflow_cast_f32_{}", suffix(dtype)))?,
         })
@@ -330,12 +350,13 @@ pub(crate) fn staged_steps(call: &Call, size: u64, limits: Staging) -> Option<(V
         Cu::B => m,
         Cu::C => k,
     };
-    let writes_output_whole = call.beta == 0.0 && (which != Cu::C || dim != Dim::K);
+    // `beta` 0: the output is written whole (a staged output is copied over it, an
+    // accumulator rounded into it).
     if unaligned.next().is_some()
         || [off_a, off_b, oc].iter().any(|o| o % (LD_MULTIPLE * size) != 0)
         || m * n * k < limits.min_macs
         || reuse < limits.min_reuse
-        || !writes_output_whole
+        || call.beta != 0.0
         || (dim == Dim::K && ldc != m)
     {
         return None;
@@ -349,13 +370,8 @@ pub(crate) fn staged_steps(call: &Call, size: u64, limits: Staging) -> Option<(V
     let unit_bytes = cols * size;
     let budget = limits.max_bytes.min((rows * unit_bytes).div_ceil(4));
     let width = (budget / unit_bytes / LD_MULTIPLE * LD_MULTIPLE).max(LD_MULTIPLE).min(pad(rows));
-    let band_bytes = pad(width) * cols * size;
-    let accumulator = band_bytes.div_ceil(256) * 256;
-    let layout = if dim == Dim::K {
-        ScratchLayout { accumulator, bytes: accumulator + m * n * 4 }
-    } else {
-        ScratchLayout { accumulator: 0, bytes: band_bytes }
-    };
+    let layout =
+        ScratchLayout { band: pad(width) * cols * size, accumulator: if dim == Dim::K { m * n * 4 } else { 0 } };
     // cuBLAS's A and B as regflow's matrices.
     let (matrix_a, matrix_b) = if g.swapped { (Matrix::B, Matrix::A) } else { (Matrix::A, Matrix::B) };
     let (staged_matrix, staged_offset) = match which {
@@ -404,7 +420,7 @@ pub(crate) fn staged_steps(call: &Call, size: u64, limits: Staging) -> Option<(V
         }
         let (a, b, c) = (off_a + a * size, off_b + b * size, oc + c * size);
         let offsets = if g.swapped { (b, a, c) } else { (a, b, c) };
-        let beta = if dim == Dim::K && start > 0 { 1.0 } else { call.beta };
+        let beta = if dim == Dim::K && start > 0 { 1.0 } else { 0.0 };
         let product =
             Step::Gemm { call: Call { gemm, offsets, beta }, staged: Some(staged_matrix), accumulate: dim == Dim::K };
         if which == Cu::C {
@@ -611,9 +627,8 @@ mod tests {
     /// Evaluates staged `steps` on the host as the kernel queues them, with the scratch
     /// `layout` (NaN at first, so a band read before it is written shows).
     fn evaluate_steps(steps: &[Step], layout: ScratchLayout, a: &[f64], b: &[f64], out: &mut [f64]) {
-        let band_bytes = if layout.accumulator > 0 { layout.accumulator } else { layout.bytes };
-        let mut band = vec![f64::NAN; band_bytes as usize / 8];
-        let mut accumulator = vec![f64::NAN; (layout.bytes - layout.accumulator) as usize / 4];
+        let mut band = vec![f64::NAN; layout.band as usize / 8];
+        let mut accumulator = vec![f64::NAN; layout.accumulator as usize / 4];
         for step in steps {
             match *step {
                 Step::Gemm { call, staged, accumulate } => {
@@ -692,7 +707,7 @@ mod tests {
             assert_eq!(gemms[0].0, want_staged, "{what}: the staged matrix");
             assert_eq!(gemms[0].1, want_accumulated, "{what}: summed over bands of k");
             assert!(gemms.len() > 1, "{what}: several bands ({} steps)", steps.len());
-            let band = if layout.accumulator > 0 { layout.accumulator } else { layout.bytes };
+            let band = layout.band;
             assert!(band <= limits.max_bytes, "{what}: {band} bytes of band");
             for step in &steps {
                 if let Step::Gemm { call, .. } = step {
