@@ -758,6 +758,17 @@ mod tests {
     }
 
     #[test]
+    fn a_scratch_for_two_staged_calls_keeps_each_accumulator_clear_of_either_band() {
+        let cut_along_k = ScratchLayout { band: 1000, accumulator: 64 };
+        let wider_band = ScratchLayout { band: 5000, accumulator: 0 };
+        let both = cut_along_k.cover(wider_band);
+        assert_eq!(both.accumulator_offset(), 5120, "after the wider band, 256-byte aligned");
+        assert_eq!(both.bytes(), 5120 + 64);
+        assert_eq!(wider_band.bytes(), 5000);
+        assert_eq!(cut_along_k.bytes(), 1024 + 64);
+    }
+
+    #[test]
     fn the_staging_switch_takes_0_or_1_and_names_anything_else() {
         use std::env::VarError;
         assert!(staging_setting(Err(VarError::NotPresent), "matmul:3").unwrap());
