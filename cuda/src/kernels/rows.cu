@@ -312,9 +312,6 @@ template <typename W> __device__ __forceinline__ void online_add(W x, W& m, W& s
     }
 }
 
-// (m, s) of the row over the block, returned to every thread: each warp combines its lanes'
-// pairs by shuffles, then warp 0 the warps' pairs from shared memory. A +inf max makes the
-// sum NaN, as exp(inf - inf) in a separate sum pass does.
 // Combines (m2, s2) into (m, s). A pair whose max is -inf has a sum of 0, or NaN where it
 // saw a NaN (online_add adds exp(NaN - m) whatever m is), which must survive: so it is added
 // as it is, not rescaled (exp(-inf - -inf) would make a clean 0 NaN).
@@ -326,6 +323,17 @@ template <typename W> __device__ __forceinline__ void combine_stats(W& m, W& s, 
     s += m2 == minus_infinity<W>() ? s2 : s2 * m_exp(m2 - m);
 }
 
+// (m, s) over a warp, in lane 0: shuffles down, as warp_sum.
+template <typename W> __device__ __forceinline__ void warp_combine_stats(W& m, W& s) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        W m2 = __shfl_down_sync(0xffffffffu, m, offset), s2 = __shfl_down_sync(0xffffffffu, s, offset);
+        combine_stats(m, s, m2, s2);
+    }
+}
+
+// (m, s) of the row over the block, returned to every thread: each warp combines its lanes'
+// pairs, then warp 0 the warps' pairs from shared memory. A +inf max makes the sum NaN, as
+// exp(inf - inf) in a separate sum pass does.
 template <typename T, typename W> __device__ void softmax_stats(const T* xr, u64 len, W* scratch_m, W* scratch_s,
                                                                 W& m_out, W& s_out) {
     W m = minus_infinity<W>(), s = 0;
@@ -338,10 +346,7 @@ template <typename T, typename W> __device__ void softmax_stats(const T* xr, u64
         online_add(x3, m, s);
     }
     for (; j < len; j += step) online_add((W)ld(xr + j), m, s);
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        W m2 = __shfl_down_sync(0xffffffffu, m, offset), s2 = __shfl_down_sync(0xffffffffu, s, offset);
-        combine_stats(m, s, m2, s2);
-    }
+    warp_combine_stats(m, s);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
     __syncthreads();
     if (lane == 0) {
@@ -352,10 +357,7 @@ template <typename T, typename W> __device__ void softmax_stats(const T* xr, u64
     if (warp == 0) {
         m = lane < warps ? scratch_m[lane] : minus_infinity<W>();
         s = lane < warps ? scratch_s[lane] : (W)0;
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            W m2 = __shfl_down_sync(0xffffffffu, m, offset), s2 = __shfl_down_sync(0xffffffffu, s, offset);
-            combine_stats(m, s, m2, s2);
-        }
+        warp_combine_stats(m, s);
         if (lane == 0) {
             scratch_m[0] = m;
             scratch_s[0] = m == -minus_infinity<W>() ? quiet_nan<W>() : s;
