@@ -42,24 +42,16 @@ pub(crate) fn function(spec: &KernelSpec<'_>, entry: &str) -> Result<Function, K
 
 /// `bytes` of device memory that the actor's kernel keeps for itself (partial sums between
 /// its launches, a staging buffer), made once with the kernel like the registers; `what`
-/// names it in errors. It is managed memory, and asking for more managed memory than the
-/// GPU has free can stall the whole GPU rather than fail: so more than the driver reports
-/// free is refused here, with the actor and the sizes (the kernels are made after the
-/// plan's arena, whose fit was checked before). `Kernel::scratch_bytes` reports it.
+/// names it in errors. `Kernel::scratch_bytes` reports it, and the job refuses a device
+/// that cannot hold its registers and its kernels' scratch together, before any kernel
+/// runs: managed memory takes its pages when first touched, and over-subscribing it can
+/// stall the whole GPU rather than fail.
 pub(crate) fn scratch(
     spec: &KernelSpec<'_>,
     what: &str,
     bytes: u64,
 ) -> Result<Box<dyn regflow_memory::ArenaMemory>, KernelError> {
     let device = Device::open(usize::from(spec.device_index))?;
-    let free = device.free_bytes()?;
-    if bytes > free {
-        return Err(KernelError(format!(
-            "actor '{}' needs {bytes} bytes of GPU memory for its {what}, but the driver reports {free} bytes free \
-             on GPU {} once the plan's registers are allocated",
-            spec.actor, spec.device_index
-        )));
-    }
     Ok(device.managed(&format!("{} {what}", spec.actor), bytes)?)
 }
 
