@@ -159,9 +159,10 @@ const PARALLEL_DRAW_MIN: usize = 1 << 18;
 /// skipped past the draws of the chunks before it, so the values are the same bits (GPT-2's
 /// 124 M initial values took seconds of a job's build on one thread).
 fn drawn(n: usize, seed: u64, draws: u64, value: impl Fn(&mut SplitMix64) -> f64 + Sync) -> Vec<f64> {
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
     let mut out = vec![0.0; n];
-    let chunk = if n < PARALLEL_DRAW_MIN || threads == 1 { n.max(1) } else { n.div_ceil(threads) };
+    // (The thread count reads the process's cgroup limits: only asked for where it matters.)
+    let threads = if n < PARALLEL_DRAW_MIN { 1 } else { std::thread::available_parallelism().map_or(1, |t| t.get()) };
+    let chunk = if threads == 1 { n.max(1) } else { n.div_ceil(threads) };
     std::thread::scope(|scope| {
         for (c, part) in out.chunks_mut(chunk).enumerate() {
             let value = &value;
