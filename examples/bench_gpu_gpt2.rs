@@ -135,7 +135,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("  job built in {:.1} s", built.elapsed().as_secs_f64());
     for ((device, registers), (_, kernels)) in job.memory_report().devices.iter().zip(&job.kernel_memory().devices) {
         eprintln!(
-            "  {device}: {:.2} GB of registers, {:.1} MB kept by kernels",
+            "  {device}: {:.2} GB of registers, {:.1} MB of kernel scratch (one per stream)",
             *registers as f64 / 1e9,
             *kernels as f64 / 1e6
         );

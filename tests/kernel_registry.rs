@@ -151,3 +151,81 @@ fn a_program_brings_its_own_kernel_for_an_op_type() {
         serde_json::json!({"transpose_a": true, "transpose_b": false})
     );
 }
+
+/// A stream lends its kernels one scratch, as large as the most any of them asks
+/// (`Kernel::scratch_bytes`): every kernel of a stream sees the same memory, each stream its
+/// own, and `Job::kernel_memory` counts one scratch per stream, not one per kernel.
+#[test]
+fn a_stream_lends_its_kernels_one_scratch_as_large_as_the_most_one_asks() {
+    use std::sync::{Arc, Mutex};
+    /// Asks for `bytes` of scratch, fills them with the piece number and reads them back.
+    struct UsesScratch {
+        bytes: u64,
+        seen: Arc<Mutex<Vec<(String, u64, u64)>>>,
+        name: String,
+    }
+    impl Kernel for UsesScratch {
+        fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+            let address = io.scratch(self.bytes)?;
+            // SAFETY: the stream lends at least `bytes` of host memory at `address` (a cpu
+            // device), which only this firing uses while it runs.
+            let scratch = unsafe { std::slice::from_raw_parts_mut(address as *mut u8, self.bytes as usize) };
+            scratch.fill(io.piece() as u8);
+            assert!(scratch.iter().all(|&b| b == io.piece() as u8));
+            let x = io.input(0).to_vec();
+            io.output(0).copy_from_slice(&x);
+            self.seen.lock().unwrap().push((self.name.clone(), address, io.context().scratch.bytes));
+            Ok(())
+        }
+        fn scratch_bytes(&self) -> u64 {
+            self.bytes
+        }
+    }
+    // Three kernels on stream 0 asking 64, 200 and 16 bytes, two on stream 1 asking 8 and 40.
+    let asks: [(&str, usize, u64); 5] = [("a", 0, 64), ("b", 0, 200), ("c", 0, 16), ("d", 1, 8), ("e", 1, 40)];
+    let mut b = PlanBuilder::new();
+    let device = b.device(0, DeviceKind::Cpu, 0);
+    let streams = [b.stream(device, StreamKind::Compute), b.stream(device, StreamKind::Compute)];
+    let src = b.actor("input:x", streams[0], ActorKind::Source { pieces: SourcePieces::Fed });
+    let mut last = b.regst("x", src, 4, 2);
+    for (name, stream, _) in asks {
+        let k = b.actor(name, streams[stream], ActorKind::Compute { kernel: KernelConf::Custom { name: name.into() } });
+        b.consume(k, last);
+        last = b.regst(&format!("{name}:out"), k, 4, 1);
+    }
+    let sink = b.actor("fetch:0", streams[1], ActorKind::Sink);
+    b.consume(sink, last);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut builder = Job::builder(b.build().unwrap());
+    for (name, _, bytes) in asks {
+        let seen = seen.clone();
+        builder = builder.kernel(name, move |_| {
+            Ok(Box::new(UsesScratch { bytes, seen: seen.clone(), name: name.to_string() }) as Box<dyn Kernel>)
+        });
+    }
+    let mut job = builder.build().unwrap();
+    assert_eq!(job.kernel_memory().bytes_of("node0/cpu:0"), Some(200 + 40), "{:?}", job.kernel_memory());
+    let mut feeder = job.feeder("input:x").unwrap();
+    let fetcher = job.fetcher("fetch:0").unwrap();
+    for piece in 0..3u32 {
+        feeder.push(&piece.to_le_bytes()).unwrap();
+    }
+    feeder.close().unwrap();
+    for piece in 0..3u32 {
+        assert_eq!(fetcher.recv().unwrap().bytes(), piece.to_le_bytes());
+    }
+    job.wait().unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 15, "every kernel fired once per piece");
+    let of = |names: &str| {
+        let mut lent: Vec<(u64, u64)> =
+            seen.iter().filter(|(n, _, _)| names.contains(n.as_str())).map(|(_, a, b)| (*a, *b)).collect();
+        lent.dedup();
+        lent
+    };
+    let (first, second) = (of("abc"), of("de"));
+    assert_eq!(first.len(), 1, "one scratch on stream 0: {first:?}");
+    assert_eq!(second.len(), 1, "one scratch on stream 1: {second:?}");
+    assert_eq!((first[0].1, second[0].1), (200, 40));
+    assert_ne!(first[0].0, second[0].0, "each stream its own scratch");
+}

@@ -14,7 +14,7 @@
 //! pages onto the GPU).
 
 use regflow_cuda::{Device, Stream};
-use regflow_kernels::{Execution, KernelIo, KernelRegistry, KernelSpec, StreamContext};
+use regflow_kernels::{Execution, KernelIo, KernelRegistry, KernelSpec, StreamContext, StreamScratch};
 use regflow_memory::{Arena, MemoryKind};
 use regflow_plan::ops::MatMul;
 use regflow_plan::{DType, DeviceKind, GroupPosition, HostArray, OpConf, Shape, SplitMix64, TensorMeta};
@@ -123,7 +123,16 @@ fn time_matmul(
         // SAFETY: host-accessible managed memory that no kernel uses yet.
         unsafe { view.as_mut_slice() }.copy_from_slice(&array.to_le_bytes());
     }
-    let context = StreamContext { device: DeviceKind::Cuda, device_index: 0, threads: 1, native: stream.handle().0 };
+    // The scratch the kernel's stream would lend it (aligned staging of 16-bit products).
+    let scratch_bytes = kernel.scratch_bytes();
+    let scratch = device.managed("bench_cuda_gemm scratch", scratch_bytes.max(1))?;
+    let context = StreamContext {
+        device: DeviceKind::Cuda,
+        device_index: 0,
+        threads: 1,
+        native: stream.handle().0,
+        scratch: StreamScratch { address: scratch.base().as_ptr() as u64, bytes: scratch_bytes },
+    };
     let mut times = Vec::with_capacity(repeats);
     for launch in 0..3 + repeats {
         let start = Instant::now();

@@ -18,12 +18,33 @@ pub struct StreamContext {
     /// The device's native stream handle (a `CUstream` on `cuda`) that queued kernels
     /// launch onto; 0 on host devices.
     pub native: u64,
+    /// Scratch the stream lends its kernels for the span of one firing (partial sums
+    /// between two launches, a staging band): [`StreamScratch::bytes`] at
+    /// [`StreamScratch::address`], as much as the most any kernel of the stream asks
+    /// ([`Kernel::scratch_bytes`](crate::Kernel::scratch_bytes)). One scratch serves every
+    /// kernel of the stream because the stream runs them one after another: a kernel's
+    /// launches of one firing are done before the next kernel's begin.
+    pub scratch: StreamScratch,
 }
 
 impl Default for StreamContext {
     fn default() -> Self {
-        Self { device: DeviceKind::Cpu, device_index: 0, threads: 1, native: 0 }
+        Self { device: DeviceKind::Cpu, device_index: 0, threads: 1, native: 0, scratch: StreamScratch::NONE }
     }
+}
+
+/// The scratch a stream lends its kernels ([`StreamContext::scratch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamScratch {
+    /// Its address on the device (a device pointer on `cuda`); 0 without scratch.
+    pub address: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+impl StreamScratch {
+    /// No scratch: the stream's kernels asked for none.
+    pub const NONE: StreamScratch = StreamScratch { address: 0, bytes: 0 };
 }
 
 /// The registers of one firing.
@@ -110,6 +131,21 @@ impl<'a> KernelIo<'a> {
         self.context
     }
 
+    /// The address of the stream's scratch for a kernel that asked for `bytes` of it
+    /// ([`Kernel::scratch_bytes`](crate::Kernel::scratch_bytes)); an error naming both
+    /// sizes where the stream lends less (a stream made without asking its kernels).
+    pub fn scratch(&self, bytes: u64) -> Result<u64, crate::KernelError> {
+        let lent = self.context.scratch;
+        if lent.bytes < bytes || (bytes > 0 && lent.address == 0) {
+            return Err(crate::KernelError(format!(
+                "the kernel needs {bytes} bytes of its stream's scratch, but the stream lends {} bytes \
+                 (broken invariant: a stream's scratch is sized from its kernels' scratch_bytes)",
+                lent.bytes
+            )));
+        }
+        Ok(lent.address)
+    }
+
     /// Number of inputs.
     pub fn input_count(&self) -> usize {
         self.inputs.len()
@@ -174,5 +210,24 @@ impl<'a> KernelIo<'a> {
     /// Output `i` as a writable tensor of `meta`.
     pub fn output_tensor(&mut self, i: usize, meta: &'a TensorMeta) -> Result<HostTensorMut<'_>, String> {
         view_mut(meta, self.output(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_gets_the_streams_scratch_only_where_it_holds_what_the_kernel_asks() {
+        let lent = StreamContext { scratch: StreamScratch { address: 4096, bytes: 100 }, ..StreamContext::default() };
+        let io = KernelIo::new(0, GroupPosition { index: 0, count: 1 }, &[], &[], &lent);
+        assert_eq!(io.scratch(100), Ok(4096));
+        assert_eq!(io.scratch(0), Ok(4096));
+        let error = io.scratch(101).unwrap_err().to_string();
+        assert!(error.contains("needs 101 bytes") && error.contains("lends 100 bytes"), "{error}");
+        let none = StreamContext::default();
+        let io = KernelIo::new(0, GroupPosition { index: 0, count: 1 }, &[], &[], &none);
+        assert_eq!(io.scratch(0), Ok(0));
+        assert!(io.scratch(1).is_err());
     }
 }

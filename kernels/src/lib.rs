@@ -28,7 +28,7 @@ mod io;
 mod registry;
 
 pub use host::{compute_once, HalfScratch, HostCompute, HostContext, HostOpKernel};
-pub use io::{KernelIo, StreamContext};
+pub use io::{KernelIo, StreamContext, StreamScratch};
 pub use registry::{edit_distance, nearest, KernelFactory, KernelKey, KernelRegistry, KernelSpec};
 
 /// A kernel failure, with a message naming what was wrong.
@@ -60,9 +60,11 @@ pub trait Kernel: Send {
         Execution::Host
     }
 
-    /// Bytes of device memory the kernel allocated for itself when it was made (partial
-    /// sums, a staging buffer), outside the plan's registers; 0 for most kernels.
-    /// `Job::kernel_memory` adds them up per device.
+    /// Bytes of scratch the kernel needs within one firing (partial sums between its
+    /// launches, a staging band), outside the plan's registers; 0 for most kernels. Its
+    /// stream lends one scratch as large as the most any of its kernels asks
+    /// ([`KernelIo::scratch`]); `Job::kernel_memory` adds the streams' scratch up per
+    /// device. Nothing may be kept there from one firing to the next.
     fn scratch_bytes(&self) -> u64 {
         0
     }

@@ -34,6 +34,34 @@ fn arena_memory(
     }
 }
 
+/// The scratch stream `s` lends its kernels: `bytes` (the most any of them asks,
+/// `Kernel::scratch_bytes`) from its device's allocator, made once per job like the
+/// arenas and checked with them against the device's memory
+/// ([`PlanArenas::check_with_kernels`]); `None` where no kernel asks.
+pub(crate) fn stream_scratch(
+    plan: &Plan,
+    s: usize,
+    gpus: &GpuMap,
+    bytes: u64,
+) -> Result<Option<Box<dyn ArenaMemory>>, RuntimeError> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    let stream = &plan.streams[s];
+    let device = &plan.devices[stream.device.index()];
+    let kind = match device.kind {
+        DeviceKind::Cuda => regflow_memory::MemoryKind::Device,
+        DeviceKind::Cpu | DeviceKind::Sim => regflow_memory::MemoryKind::Host,
+    };
+    let label = format!("{}/{:?}#{s} scratch", device.label(), stream.kind);
+    arena_memory(device, gpus, &label, kind, bytes).map(Some).map_err(|why| RuntimeError::DoesNotFit {
+        device: device.label(),
+        what: format!("the scratch its stream #{s} lends its kernels"),
+        bytes,
+        available: format!("less: {why}"),
+    })
+}
+
 /// The bytes device `device` can hold, with how to say so: its `memory_capacity`, else for
 /// `cuda` what the driver reports free now, else the host's memory.
 fn device_limit(device: &regflow_plan::DeviceDesc, gpus: &GpuMap, host: Option<u64>) -> Option<(u64, String)> {
@@ -194,10 +222,11 @@ impl PlanArenas {
         &self.report
     }
 
-    /// Whether each device still holds its registers once its kernels' own memory
-    /// (`kernels`, made after the arenas) is added: [`RuntimeError::DoesNotFit`] naming the
-    /// two amounts and the kernel keeping the most (`largest`, per device label) where it
-    /// does not.
+    /// Whether each device still holds its registers once the scratch its streams lend
+    /// their kernels (`kernels`, known once the kernels are made, after the arenas) is
+    /// added: [`RuntimeError::DoesNotFit`] naming the two amounts and the kernel asking the
+    /// most (`largest`, per device label) where it does not. Checked before the scratch is
+    /// allocated and before any kernel runs.
     pub(crate) fn check_with_kernels(
         &self,
         kernels: &MemoryReport,
@@ -209,12 +238,12 @@ impl PlanArenas {
             if registers.saturating_add(kept) <= *limit {
                 continue;
             }
-            let most = largest
-                .get(label)
-                .map_or(String::new(), |(actor, bytes)| format!("; the most, {bytes} bytes, by actor '{actor}'"));
+            let most = largest.get(label).map_or(String::new(), |(actor, bytes)| {
+                format!("; the most one kernel asks, {bytes} bytes, by actor '{actor}'")
+            });
             return Err(RuntimeError::DoesNotFit {
                 device: label.clone(),
-                what: format!("its registers ({registers} bytes) and the memory its kernels keep ({kept} bytes{most})"),
+                what: format!("its registers ({registers} bytes) and its streams' kernel scratch ({kept} bytes{most})"),
                 bytes: registers.saturating_add(kept),
                 available: available.clone(),
             });

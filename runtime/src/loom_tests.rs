@@ -191,6 +191,7 @@ fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option
             scratch_inputs: vec![BufferView::empty(); crate::job::max_arity(&indexed)].into_boxed_slice(),
             scratch_outputs: vec![BufferView::empty(); crate::job::max_arity(&indexed)].into_boxed_slice(),
             context: StreamContext::default(),
+            _lent_scratch: None,
         });
     }
     drop(router);

@@ -156,8 +156,10 @@ pub(crate) struct StreamWorker {
     /// with no length or capacity bookkeeping.
     pub(crate) scratch_inputs: Box<[BufferView]>,
     pub(crate) scratch_outputs: Box<[BufferView]>,
-    /// What kernels on this stream learn of it (device, threads per kernel).
+    /// What kernels on this stream learn of it (device, threads per kernel, scratch).
     pub(crate) context: StreamContext,
+    /// The memory of `context.scratch`, kept as long as the kernels that use it.
+    pub(crate) _lent_scratch: Option<Box<dyn regflow_memory::ArenaMemory>>,
 }
 
 impl std::fmt::Debug for StreamWorker {

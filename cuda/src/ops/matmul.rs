@@ -20,7 +20,7 @@
 //! left the odd dimension whole was slower than no staging (8.8 against 6.6 ms for the
 //! logits): the odd dimension, not only the leading one, sends cuBLAS to its slow kernels.
 
-use super::{function, op_conf, queued, scratch, stream, suffix, Entry};
+use super::{function, op_conf, queued, stream, suffix, Entry};
 use crate::blas::{Blas, Gemm, MatrixLayout};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::matmul::{layout, Layout};
@@ -145,7 +145,8 @@ struct ProductKernel {
 /// A staged product's scratch and device kernels.
 #[derive(Debug)]
 struct StagingKernels {
-    scratch: Box<dyn regflow_memory::ArenaMemory>,
+    /// Bytes of the stream's scratch the steps use.
+    bytes: u64,
     /// Where the accumulator starts in the scratch.
     accumulator: u64,
     /// Moves runs of 16-bit elements (`regflow_copy_runs_u16`).
@@ -174,7 +175,10 @@ impl Kernel for ProductKernel {
                 }
             }?;
         }
-        let scratch = self.staging.as_ref().map_or(0, |k| k.scratch.base().as_ptr() as u64);
+        let scratch = match &self.staging {
+            Some(k) => io.scratch(k.bytes)?,
+            None => 0,
+        };
         let accumulator = scratch + self.staging.as_ref().map_or(0, |k| k.accumulator);
         let staging = || {
             self.staging
@@ -191,8 +195,8 @@ impl Kernel for ProductKernel {
                     // SAFETY: the calls were planned from the registers' metas (checked at
                     // build): every element they reach lies inside the input and output
                     // registers, which the actor protocol keeps alive and unwritten by
-                    // others until the stream has run them, or inside the scratch, which
-                    // only this kernel's steps, in stream order, use.
+                    // others until the stream has run them, or inside the stream's scratch,
+                    // which this firing's steps alone use, in stream order.
                     unsafe { self.blas.gemm(stream, self.dtype, &call.gemm, operands, (1.0, call.beta), accumulate) }?;
                 }
                 Step::Copy { matrix, into_scratch, offset, ld, scratch_ld, len, count } => {
@@ -227,7 +231,7 @@ impl Kernel for ProductKernel {
     }
 
     fn scratch_bytes(&self) -> u64 {
-        self.staging.as_ref().map_or(0, |k| k.scratch.len() as u64)
+        self.staging.as_ref().map_or(0, |k| k.bytes)
     }
 }
 
@@ -262,7 +266,7 @@ fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -
     }
     let staging = if layout.bytes() > 0 {
         Some(StagingKernels {
-            scratch: scratch(spec, "aligned staging", layout.bytes())?,
+            bytes: layout.bytes(),
             accumulator: layout.accumulator_offset(),
             copy: function(spec, "regflow_copy_runs_u16")?,
             narrow: function(spec, &format!("regflow_cast_f32_{}", suffix(dtype)))?,

@@ -40,21 +40,6 @@ pub(crate) fn function(spec: &KernelSpec<'_>, entry: &str) -> Result<Function, K
     device.function(entry).map_err(|e| KernelError(format!("actor '{}': {e}", spec.actor)))
 }
 
-/// `bytes` of device memory that the actor's kernel keeps for itself (partial sums between
-/// its launches, a staging buffer), made once with the kernel like the registers; `what`
-/// names it in errors. `Kernel::scratch_bytes` reports it, and the job refuses a device
-/// that cannot hold its registers and its kernels' scratch together, before any kernel
-/// runs: managed memory takes its pages when first touched, and over-subscribing it can
-/// stall the whole GPU rather than fail.
-pub(crate) fn scratch(
-    spec: &KernelSpec<'_>,
-    what: &str,
-    bytes: u64,
-) -> Result<Box<dyn regflow_memory::ArenaMemory>, KernelError> {
-    let device = Device::open(usize::from(spec.device_index))?;
-    Ok(device.managed(&format!("{} {what}", spec.actor), bytes)?)
-}
-
 /// The suffix of a dtype in entry point names (`regflow_fill_f32`).
 pub(crate) fn suffix(dtype: DType) -> &'static str {
     match dtype {

@@ -8,7 +8,7 @@
 
 use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
 use super::layout::{self, Indexing};
-use super::{factory, function, op_conf, scratch, stream, suffix, Entry};
+use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid, StreamHandle};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{
@@ -492,7 +492,7 @@ fn sum_kernel(
                 second: function(spec, &format!("regflow_{second}_{}", suffix(dtype)))?,
                 pieces,
                 chunk: n_reduced.div_ceil(pieces),
-                parts: scratch(spec, "partial sums", n_out * pieces * part_bytes)?,
+                parts: n_out * pieces * part_bytes,
             })
         }
         None => None,
@@ -555,8 +555,8 @@ enum PartialLayout {
     Splits,
 }
 
-/// The two launches of a chunked or split sum and their partial sums (device memory made
-/// with the kernel, once per plan, like the registers).
+/// The two launches of a chunked or split sum and their partial sums (in the stream's
+/// scratch).
 #[derive(Debug)]
 struct PartialSums {
     layout: PartialLayout,
@@ -566,7 +566,8 @@ struct PartialSums {
     pieces: u64,
     /// Positions per piece (the last may have fewer).
     chunk: u64,
-    parts: Box<dyn regflow_memory::ArenaMemory>,
+    /// Bytes of the partial sums.
+    parts: u64,
 }
 
 impl Kernel for SumToKernel {
@@ -582,7 +583,7 @@ impl Kernel for SumToKernel {
             unsafe { launch(stream(io), self.function, grid, &mut args![x, out, kept, reduced, n_out, n_reduced]) }?;
             return Ok(());
         };
-        let (parts, chunk, pieces) = (p.parts.base().as_ptr() as u64, p.chunk, p.pieces);
+        let (parts, chunk, pieces) = (io.scratch(p.parts)?, p.chunk, p.pieces);
         // SAFETY: as above; `parts` holds n_out · pieces partial sums of the entries' part
         // type; the stream orders the two launches.
         unsafe {
@@ -614,7 +615,7 @@ impl Kernel for SumToKernel {
     }
 
     fn scratch_bytes(&self) -> u64 {
-        self.partial.as_ref().map_or(0, |p| p.parts.len() as u64)
+        self.partial.as_ref().map_or(0, |p| p.parts)
     }
 }
 

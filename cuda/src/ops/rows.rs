@@ -7,7 +7,7 @@
 //! worked out when the actor is made, and a firing only queues its launches.
 
 use super::reduce::Axes;
-use super::{function, op_conf, queued, scratch, stream, suffix, Entry};
+use super::{function, op_conf, queued, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::axes;
 use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
@@ -416,8 +416,9 @@ struct LayerNormGradKernel {
 #[derive(Debug)]
 enum LayerNormGradSteps {
     /// Rows that fit a warp: dx and each warp's partial parameter gradients in one pass,
-    /// then a column sum of the partials (2 · warps · len f32 of `parts`).
-    Warp { grad: Function, sum: Function, grid: Grid, parts: Box<dyn regflow_memory::ArenaMemory> },
+    /// then a column sum of the partials (2 · warps · len f32: `parts` bytes of the
+    /// stream's scratch).
+    Warp { grad: Function, sum: Function, grid: Grid, parts: u64 },
     /// Longer rows and f64: x̂ into dx, the parameter gradients by columns, then dx.
     Rows { x_hat: Function, params: Function, dx: Function, grid: Grid, dtype: DType },
 }
@@ -434,7 +435,7 @@ impl Kernel for LayerNormGradKernel {
         match &self.steps {
             LayerNormGradSteps::Warp { grad, sum, grid, parts } => {
                 let warps = u64::from(grid.blocks.0) * WARP_ROWS;
-                let parts = parts.base().as_ptr() as u64;
+                let parts = io.scratch(*parts)?;
                 // SAFETY: as above; `parts` holds 2 · warps · len f32 partials, which the
                 // first launch writes whole (its grid has `warps` warps) and the second reads.
                 unsafe {
@@ -463,7 +464,7 @@ impl Kernel for LayerNormGradKernel {
 
     fn scratch_bytes(&self) -> u64 {
         match &self.steps {
-            LayerNormGradSteps::Warp { parts, .. } => parts.len() as u64,
+            LayerNormGradSteps::Warp { parts, .. } => *parts,
             LayerNormGradSteps::Rows { .. } => 0,
         }
     }
@@ -489,7 +490,7 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
                 grad: function(spec, &format!("regflow_layer_norm_grad_f32_w{n}"))?,
                 sum: function(spec, "regflow_layer_norm_params_sum_f32")?,
                 grid,
-                parts: scratch(spec, "partial parameter gradients", 2 * warps * features as u64 * 4)?,
+                parts: 2 * warps * features as u64 * 4,
             }
         }
         None => LayerNormGradSteps::Rows {
@@ -552,9 +553,8 @@ fn cross_entropy_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, us
     }
 }
 
-/// `sparse_cross_entropy`: one block per row writes the row's loss to scratch the kernel
-/// allocated when it was made (`rows` f64 values, device memory once per plan, like the
-/// registers), then one block adds them in a fixed order (see `rows.cu`).
+/// `sparse_cross_entropy`: one block per row writes the row's loss to the stream's scratch
+/// (`rows` f64 values), then one block adds them in a fixed order (see `rows.cu`).
 #[derive(Debug)]
 struct CrossEntropyKernel {
     rows_function: Function,
@@ -565,8 +565,8 @@ struct CrossEntropyKernel {
     /// What the sum of the row losses is divided by: the rows, or the whole batch's rows
     /// for a device's part (`part_cross_entropy`).
     divisor: f64,
-    /// The per-row losses; kept alive for the kernel's launches.
-    losses: Box<dyn regflow_memory::ArenaMemory>,
+    /// Bytes of the per-row losses in the stream's scratch.
+    losses: u64,
 }
 
 /// Threads per block of the row pass and of the sum.
@@ -576,7 +576,7 @@ impl Kernel for CrossEntropyKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (logits, labels, out) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
         let (rows, classes, divisor) = (self.rows, self.classes, self.divisor);
-        let losses = self.losses.base().as_ptr() as u64;
+        let losses = io.scratch(self.losses)?;
         let per_row = Grid::rows(rows, CROSS_ENTROPY_THREADS, 0);
         let one = Grid { blocks: (1, 1, 1), threads: (CROSS_ENTROPY_THREADS, 1, 1), shared_bytes: 0 };
         // SAFETY: logits hold `rows · classes` elements, labels `rows` i64, `losses` `rows`
@@ -591,7 +591,7 @@ impl Kernel for CrossEntropyKernel {
     }
 
     fn scratch_bytes(&self) -> u64 {
-        self.losses.len() as u64
+        self.losses
     }
 }
 
@@ -628,7 +628,7 @@ fn cross_entropy_kernel(
     }
     let rows_function = entry(spec, "cross_entropy_rows", dtype)?;
     let mean_function = entry(spec, "cross_entropy_mean", conf.outputs[0].dtype)?;
-    let losses = scratch(spec, "row losses", (rows.max(1) * 8) as u64)?;
+    let losses = (rows.max(1) * 8) as u64;
     Ok(queued(CrossEntropyKernel {
         rows_function,
         mean_function,

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use regflow_cuda::{Device, Stream};
-use regflow_kernels::{Execution, KernelIo, KernelRegistry, KernelSpec, StreamContext};
+use regflow_kernels::{Execution, KernelIo, KernelRegistry, KernelSpec, StreamContext, StreamScratch};
 use regflow_memory::{Arena, ArenaAllocator, MemoryKind};
 use regflow_plan::ops::OpAttrs;
 use regflow_plan::{DType, DeviceKind, GroupPosition, HostArray, OpConf, TensorMeta};
@@ -74,8 +74,22 @@ pub(crate) fn run(conf: &OpConf, inputs: &[&HostArray], gpu: Option<(&Device, &S
         // SAFETY: host-accessible memory of the arena, not in use by any kernel.
         unsafe { view.as_mut_slice() }.copy_from_slice(&array.to_le_bytes());
     }
-    let context =
-        StreamContext { device: kind, device_index: 0, threads: 1, native: gpu.map_or(0, |(_, s)| s.handle().0) };
+    // The scratch a stream would lend this kernel: as much as it asks.
+    let scratch_bytes = kernel.scratch_bytes();
+    let scratch = match gpu {
+        Some((device, _)) if scratch_bytes > 0 => Some(device.managed("test scratch", scratch_bytes).expect("scratch")),
+        _ => None,
+    };
+    let context = StreamContext {
+        device: kind,
+        device_index: 0,
+        threads: 1,
+        native: gpu.map_or(0, |(_, s)| s.handle().0),
+        scratch: StreamScratch {
+            address: scratch.as_ref().map_or(0, |m| m.base().as_ptr() as u64),
+            bytes: scratch.as_ref().map_or(0, |_| scratch_bytes),
+        },
+    };
     let mut io = KernelIo::new(0, GroupPosition { index: 0, count: 1 }, &ins, &outs, &context);
     kernel.run(&mut io).expect("the kernel runs");
     if let Some((_, stream)) = gpu {

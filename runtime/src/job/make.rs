@@ -46,7 +46,7 @@ pub(super) struct MadeActor {
     /// op and dtype): the actor, its op and its dtype, as `Job::host_kernels` lists them.
     /// (The runtime's own copies, such as a variable's `assign`, are not ops.)
     pub(super) on_host: Option<String>,
-    /// Device memory its kernel allocated for itself (`Kernel::scratch_bytes`).
+    /// Scratch its kernel asks of its stream (`Kernel::scratch_bytes`).
     pub(super) scratch_bytes: u64,
 }
 

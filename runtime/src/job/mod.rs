@@ -195,11 +195,12 @@ impl Job {
         &self.memory
     }
 
-    /// Bytes per device that kernels allocated for themselves when the job was built,
-    /// outside the plan's registers: on `cuda` devices the partial sums of two-launch
+    /// Bytes per device of the scratch its streams lend their kernels, outside the plan's
+    /// registers: one scratch per stream, as large as the most any of its kernels asks
+    /// (`Kernel::scratch_bytes`). On `cuda` devices that is the partial sums of two-launch
     /// reductions, the cross-entropy's row losses and the aligned staging of 16-bit
-    /// products with an odd leading dimension (GPT-2's logits: 216 MiB in bf16); 0 on
-    /// `cpu` and `sim`. A device's memory in use is this plus [`Job::memory_report`]'s.
+    /// products with an odd leading dimension (GPT-2 124M in bf16: 92.3 MB); 0 on `cpu`
+    /// and `sim`. A device's memory in use is this plus [`Job::memory_report`]'s.
     pub fn kernel_memory(&self) -> &MemoryReport {
         &self.kernel_memory
     }

@@ -302,9 +302,10 @@ pub(super) struct MadeActors {
     pub(super) sources: Vec<ActorId>,
     /// The ops on GPU devices whose kernels run on the host (`Job::host_kernels`).
     pub(super) on_host: Vec<String>,
-    /// Bytes the kernels allocated for themselves, per plan device (`Job::kernel_memory`).
-    pub(super) scratch_bytes: Vec<u64>,
-    /// The actor keeping the most of them, per device label, and its bytes.
+    /// Scratch each stream lends its kernels, per plan stream: the most any of its kernels
+    /// asks (`Kernel::scratch_bytes`), since a stream runs its kernels one at a time.
+    pub(super) stream_scratch: Vec<u64>,
+    /// The actor asking the most scratch, per device label, and its bytes.
     pub(super) largest_scratch: HashMap<String, (String, u64)>,
 }
 
@@ -319,12 +320,11 @@ pub(super) fn make_actors(
 ) -> Result<MadeActors, RuntimeError> {
     let plan = indexed.plan();
     let per_stream = (0..plan.streams.len()).map(|_| (Vec::new(), Vec::new())).collect();
-    let scratch_bytes = vec![0; plan.devices.len()];
     let mut made_actors = MadeActors {
         per_stream,
         sources: Vec::new(),
         on_host: Vec::new(),
-        scratch_bytes,
+        stream_scratch: vec![0; plan.streams.len()],
         largest_scratch: HashMap::new(),
     };
     for (a, desc) in plan.actors.iter().enumerate() {
@@ -336,7 +336,8 @@ pub(super) fn make_actors(
         }
         made_actors.on_host.extend(made.on_host);
         let device = plan.streams[stream].device.index();
-        made_actors.scratch_bytes[device] += made.scratch_bytes;
+        let lent = &mut made_actors.stream_scratch[stream];
+        *lent = (*lent).max(made.scratch_bytes);
         if made.scratch_bytes > 0 {
             let largest = made_actors.largest_scratch.entry(plan.devices[device].label()).or_default();
             if made.scratch_bytes > largest.1 {

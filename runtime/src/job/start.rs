@@ -320,12 +320,16 @@ impl Job {
 
         let made = make_actors(&mut builder, &indexed, &ids, &per_step, &senders, &mut ends)?;
         let (per_stream, sources, host_kernels) = (made.per_stream, made.sources, made.on_host);
-        // The kernels' own memory, listed for the devices the memory report lists.
+        // The streams' scratch, per device, listed for the devices the memory report lists.
+        let mut device_scratch = vec![0u64; plan.devices.len()];
+        for (stream, bytes) in plan.streams.iter().zip(&made.stream_scratch) {
+            device_scratch[stream.device.index()] += bytes;
+        }
         let kernel_memory = regflow_memory::MemoryReport {
             devices: plan
                 .devices
                 .iter()
-                .zip(&made.scratch_bytes)
+                .zip(&device_scratch)
                 .map(|(device, &bytes)| (device.label(), bytes))
                 .filter(|(label, _)| arenas.report().bytes_of(label).is_some())
                 .collect(),
@@ -373,11 +377,16 @@ impl Job {
             let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus)? else {
                 continue;
             };
+            // One scratch for the stream's kernels, made once like the registers.
+            let scratch = crate::arenas::stream_scratch(&plan, s, &builder.gpus, made.stream_scratch[s])?;
             let context = StreamContext {
                 device: device_desc.kind,
                 device_index: builder.gpus.kernel_index(device_desc.kind, device_desc.index),
                 threads: builder.cpu_threads,
                 native: device.native(),
+                scratch: scratch.as_ref().map_or(regflow_kernels::StreamScratch::NONE, |m| {
+                    regflow_kernels::StreamScratch { address: m.base().as_ptr() as u64, bytes: made.stream_scratch[s] }
+                }),
             };
             let stream_id =
                 actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
@@ -397,6 +406,7 @@ impl Job {
                 scratch_inputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
                 scratch_outputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
                 context,
+                _lent_scratch: scratch,
             };
             let exit_notice = ExitNotice(exit_tx.clone(), s);
             let handle = spawn_stream(worker, &shared, &router, exit_notice);
