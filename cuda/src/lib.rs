@@ -55,6 +55,7 @@ macro_rules! args {
 
 mod error;
 pub mod ops;
+pub mod ptx_cache;
 pub mod sources;
 
 #[cfg_attr(feature = "cuda", path = "driver/real.rs")]

@@ -1,10 +1,11 @@
 //! NVRTC over cudarc: kernel sources to PTX at run time, once per (source, architecture)
-//! per process.
+//! per process, and kept on disk for the next process ([`ptx_cache`](crate::ptx_cache)).
 
 use crate::sources::{self, KernelSource};
-use crate::CudaError;
+use crate::{ptx_cache, CudaError};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 /// Whether NVRTC (`libnvrtc`) can be loaded; cudarc panics on its first call otherwise.
@@ -55,7 +56,9 @@ pub fn compile_all(arch: &str) {
 
 /// Compiles `source` (after the shared prelude) to PTX for the virtual architecture
 /// `arch` (`compute_90`); the driver JIT-compiles the PTX for the exact device. Cached, so
-/// each (source, architecture) is compiled once per process.
+/// each (source, architecture) is compiled once per process, and kept on disk
+/// ([`ptx_cache`](crate::ptx_cache)), so once per machine while the source, the options
+/// and NVRTC stay the same.
 pub fn compile(source: &KernelSource, arch: &str) -> Result<String, CudaError> {
     static CACHE: OnceLock<Mutex<HashMap<(&'static str, String), String>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
@@ -63,18 +66,38 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<String, CudaError> {
     if let Some(ptx) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(ptx.clone());
     }
+    let ptx = compile_through(source, arch, ptx_cache::folder().as_deref())?;
+    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+/// The options every source is compiled with, beside the architecture and the name.
+/// f32 results must match the CPU kernels to 1e-5: no fast math, no flush to zero.
+const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
+const FTZ: bool = false;
+const PRECISE_DIVISION: bool = true;
+const PRECISE_SQRT: bool = true;
+
+/// [`compile`] without the process's cache: the PTX kept in `disk` for exactly this
+/// compile, else NVRTC's (then kept there).
+pub(crate) fn compile_through(source: &KernelSource, arch: &str, disk: Option<&Path>) -> Result<String, CudaError> {
     available()?;
     let fail = |log: String| CudaError::Compile { source_name: source.name, arch: arch.to_string(), log };
     let static_arch = static_arch(arch).ok_or_else(|| {
         fail(format!("regflow knows no NVRTC architecture '{arch}' (it knows compute_75 to compute_121)"))
     })?;
+    let key = disk.map(|_| key_of(source, arch));
+    if let (Some(disk), Some(key)) = (disk, &key) {
+        if let Some(ptx) = ptx_cache::load(disk, key) {
+            return Ok(ptx);
+        }
+    }
     let options = CompileOptions {
         arch: Some(static_arch),
-        // f32 results must match the CPU kernels to 1e-5: no fast-math, no flush to zero.
-        ftz: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        options: vec!["--std=c++17".into(), "-default-device".into()],
+        ftz: Some(FTZ),
+        prec_div: Some(PRECISE_DIVISION),
+        prec_sqrt: Some(PRECISE_SQRT),
+        options: OPTIONS.iter().map(|o| o.to_string()).collect(),
         name: Some(format!("{}.cu", source.name)),
         ..Default::default()
     };
@@ -83,6 +106,66 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<String, CudaError> {
         other => fail(format!("{other:?}")),
     })?;
     let ptx = ptx.to_src();
-    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
+    if let (Some(disk), Some(key)) = (disk, &key) {
+        // A cache that cannot be written only costs the next process the compile.
+        ptx_cache::store(disk, key, &ptx);
+    }
     Ok(ptx)
+}
+
+/// Everything the PTX of `source` for `arch` depends on: the text, the architecture, the
+/// options and NVRTC's version.
+fn key_of(source: &KernelSource, arch: &str) -> ptx_cache::CompileKey {
+    ptx_cache::CompileKey {
+        name: source.name.to_string(),
+        arch: arch.to_string(),
+        compiler: format!(
+            "nvrtc {}; {}; ftz {FTZ}, prec-div {PRECISE_DIVISION}, prec-sqrt {PRECISE_SQRT}",
+            version().unwrap_or_else(|| "of unknown version".into()),
+            OPTIONS.join(" ")
+        ),
+        text: sources::full_text(source),
+    }
+}
+
+/// NVRTC's version (`13.0`), where it answers; part of every disk cache key, so another
+/// NVRTC compiles afresh.
+fn version() -> Option<String> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC was found (`available`); the call writes two ints.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then(|| format!("{major}.{minor}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The disk cache serves exactly the compile it kept: NVRTC's PTX is stored, an entry
+    /// for this very compile is returned without NVRTC, another architecture misses.
+    #[test]
+    fn the_disk_cache_serves_exactly_the_compile_it_kept() {
+        if let Err(e) = available() {
+            assert!(
+                std::env::var_os("REGFLOW_REQUIRE_NVRTC").is_none_or(|v| v != "1"),
+                "REGFLOW_REQUIRE_NVRTC=1 but NVRTC is not usable: {e}"
+            );
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let folder = std::env::temp_dir().join(format!("regflow-nvrtc-cache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&folder);
+        let source = &sources::SOURCES[0];
+        let compiled = compile_through(source, "compute_80", Some(&folder)).unwrap();
+        assert!(compiled.contains(".target sm_80"), "NVRTC's PTX");
+        let key = key_of(source, "compute_80");
+        assert_eq!(ptx_cache::load(&folder, &key).as_deref(), Some(compiled.as_str()), "kept on disk");
+        // An entry for exactly this compile is what the next process gets.
+        assert!(ptx_cache::store(&folder, &key, "// planted\n"));
+        assert_eq!(compile_through(source, "compute_80", Some(&folder)).unwrap(), "// planted\n");
+        // Another architecture is another compile; without a folder NVRTC compiles.
+        assert!(compile_through(source, "compute_90", Some(&folder)).unwrap().contains(".target sm_90"));
+        assert_eq!(compile_through(source, "compute_80", None).unwrap(), compiled);
+        std::fs::remove_dir_all(&folder).unwrap();
+    }
 }
