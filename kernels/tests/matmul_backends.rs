@@ -6,6 +6,7 @@
 //! process-wide.
 
 use regflow_kernels::cpu::gemm_backend::{backend_in_use, force_backend, GemmBackend};
+use regflow_kernels::cpu::matmul::prefers_blas;
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::{MatMul, MatMulBatchSum};
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
@@ -114,7 +115,8 @@ fn element(x: &[f32], g: usize, (rows, cols): (usize, usize), transposed: bool, 
 fn every_built_backend_computes_every_kind_of_product_on_any_thread_count() {
     let mut cases = Vec::new();
     // Small and skinny products stay on gemm whatever the backend (`BLAS_MIN_SIDE`); the
-    // last two reach OpenBLAS in a `blas` build.
+    // last two reach OpenBLAS in a `blas` build (at AVX-512 only those reading b
+    // transposed: `prefers_blas`).
     let sizes = [(0, 1, 1, 1), (0, 7, 33, 1), (0, 33, 7, 1023), (3, 17, 9, 5), (2, 100, 97, 130), (0, 250, 270, 251)];
     assert!(sizes[4..].iter().all(|&(_, m, k, n)| m.min(k).min(n) >= regflow_kernels::cpu::matmul::BLAS_MIN_SIDE));
     for (batch, m, k, n) in sizes {
@@ -130,6 +132,10 @@ fn every_built_backend_computes_every_kind_of_product_on_any_thread_count() {
         }
     }
     let built: Vec<GemmBackend> = [GemmBackend::Gemm, GemmBackend::Blas].into_iter().filter(|b| b.is_built()).collect();
+    let isa = regflow_kernels::cpu::isa::isa_in_use().unwrap();
+    // gemm's one-thread results, which the `blas` backend gives bit for bit wherever it
+    // leaves a product to gemm.
+    let mut by_gemm = Vec::new();
     for &backend in &built {
         force_backend(Some(backend)).unwrap();
         assert_eq!(backend_in_use().unwrap(), backend);
@@ -139,6 +145,15 @@ fn every_built_backend_computes_every_kind_of_product_on_any_thread_count() {
             let b = random(count * case.k * case.n, 2 * seed as u64 + 1);
             let one = case.kernel(&a, &b, 1);
             case.assert_close(&one, &a, &b, &format!("{backend}, 1 thread"));
+            match backend {
+                GemmBackend::Gemm => by_gemm.push(one.clone()),
+                GemmBackend::Blas => {
+                    let to_blas = prefers_blas(case.m, case.k, case.n, case.transpose_b, isa);
+                    if !to_blas {
+                        assert_eq!(one, by_gemm[seed], "{case:?} at {isa} is left to gemm");
+                    }
+                }
+            }
             // The 250x270x251 product is past the split threshold, so it is split.
             for threads in [2, 3] {
                 let split = case.kernel(&a, &b, threads);

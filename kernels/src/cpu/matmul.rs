@@ -260,13 +260,28 @@ pub fn gemm_typed<T: Real>(
 /// argument, AVX2 Zen 3; BENCHMARKS.md, issue 13, "Per shape").
 pub const BLAS_MIN_SIDE: usize = 96;
 
-/// Computes `product` by OpenBLAS if `T`, the sizes ([`BLAS_MIN_SIDE`]) and the strides fit;
+/// Whether OpenBLAS, rather than gemm, computes a product of these sizes whose right
+/// operand is read transposed or not, at instruction-set level `isa`. Skinny products stay on
+/// gemm ([`BLAS_MIN_SIDE`]). At AVX2 the rest go to OpenBLAS. At AVX-512, gemm's x86-v4
+/// kernels ran the MLP's products that read the right operand as stored (`nn`, `tn`) 5–12 %
+/// faster than OpenBLAS, at one thread and two, but those reading it transposed (`nt`, as
+/// a layer's input gradient `dy · wᵀ`) 30–50 % slower (67 against 90 GFLOP/s at
+/// 256×1024×1024): only those go to OpenBLAS (`bench_gemm`, BENCHMARKS.md, issue 13,
+/// "eleventh").
+pub fn prefers_blas(m: usize, k: usize, n: usize, rhs_transposed: bool, isa: super::isa::Isa) -> bool {
+    m.min(k).min(n) >= BLAS_MIN_SIDE && (isa != super::isa::Isa::Avx512 || rhs_transposed)
+}
+
+/// Computes `product` by OpenBLAS if [`prefers_blas`] says so and `T` and the strides fit;
 /// false (nothing done) otherwise.
 ///
 /// # Safety
 /// As [`blas_product`]'s.
 unsafe fn by_blas<T: Real>(product: Product, a: *const T, b: *const T, c: *mut T, threads: usize, split: bool) -> bool {
-    if product.m.min(product.k).min(product.n) < BLAS_MIN_SIDE {
+    // A row stride of 1 in `op(b)`: b is stored transposed.
+    let rhs_transposed = product.b_strides.0 == 1 && product.n > 1;
+    let isa = super::isa::isa_in_use().unwrap_or(super::isa::Isa::Scalar);
+    if !prefers_blas(product.m, product.k, product.n, rhs_transposed, isa) {
         return false;
     }
     // SAFETY: `T` is the type its dtype names, so the casts change nothing; the rest is the
@@ -294,5 +309,29 @@ fn matrix(shape: &Shape, transposed: bool) -> (usize, usize, (isize, isize)) {
         (cols, rows, (1, cols as isize))
     } else {
         (rows, cols, (cols as isize, 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::isa::Isa;
+
+    #[test]
+    fn at_avx512_only_products_reading_the_right_operand_transposed_go_to_openblas() {
+        // The MLP's forward product, its input gradient (`dy · wᵀ`) and weight gradient.
+        let (forward, input_grad, weight_grad) =
+            ((256, 1024, 1024, false), (256, 1024, 1024, true), (1024, 256, 1024, false));
+        for (m, k, n, t) in [forward, weight_grad] {
+            assert!(!prefers_blas(m, k, n, t, Isa::Avx512));
+            assert!(prefers_blas(m, k, n, t, Isa::Avx2));
+        }
+        let (m, k, n, t) = input_grad;
+        assert!(prefers_blas(m, k, n, t, Isa::Avx512) && prefers_blas(m, k, n, t, Isa::Avx2));
+        // Skinny products stay on gemm at every level.
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            assert!(!prefers_blas(1024, 64, 1024, true, isa), "{isa}");
+            assert!(!prefers_blas(256, 1024, 10, true, isa), "{isa}");
+        }
     }
 }
