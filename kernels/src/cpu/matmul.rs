@@ -228,6 +228,32 @@ pub fn gemm_typed<T: Real>(
             if backend == GemmBackend::Blas && by_blas(product, lhs, rhs, dst, threads, parallel) {
                 continue;
             }
+            if copies_transposed_rhs(m, k, n, layout.b_strides) {
+                with_rhs_as_stored(rhs, k, n, if parallel { threads } else { 1 }, |rhs| {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        dst,
+                        1,
+                        n as isize,
+                        read_dst,
+                        lhs,
+                        layout.a_strides.1,
+                        layout.a_strides.0,
+                        rhs,
+                        1,
+                        n as isize,
+                        T::one(),
+                        T::one(),
+                        false,
+                        false,
+                        false,
+                        if parallel { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
+                    )
+                });
+                continue;
+            }
             gemm::gemm(
                 m,
                 n,
@@ -252,6 +278,81 @@ pub fn gemm_typed<T: Real>(
         }
     }
     Ok(())
+}
+
+/// Whether gemm computes a product whose right operand is read transposed (`b_strides`
+/// with a row stride of 1) from a copy of that operand as stored row-major instead: gemm
+/// packs a transposed right operand slowly, so `dy · wᵀ` of 256×1024×1024 ran at 65
+/// GFLOP/s (46 at 128 rows) against 100 for the same product read as stored, while the copy
+/// of `w` (4 MB) takes a few hundred microseconds (`bench_gemm`, AVX-512; BENCHMARKS.md,
+/// issue 13, "eleventh"). Worth it only where the product is large against the copy:
+/// at least [`BLAS_MIN_SIDE`] on k and n and 64 rows.
+pub fn copies_transposed_rhs(m: usize, k: usize, n: usize, b_strides: (isize, isize)) -> bool {
+    b_strides.0 == 1 && n > 1 && m >= 64 && k.min(n) >= BLAS_MIN_SIDE
+}
+
+thread_local! {
+    /// The row-major copy of a transposed right operand ([`copies_transposed_rhs`]): one
+    /// buffer per thread that grows to the largest operand once, so a firing allocates
+    /// nothing in the steady state. f64 elements keep it aligned for f32 and f64.
+    static RHS_COPY: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `product` on a row-major `[k, n]` copy of the right operand that `rhs` holds
+/// transposed (row-major `[n, k]`), in this thread's buffer, copied over `threads`.
+///
+/// # Safety
+/// `rhs` must point to `k * n` readable elements.
+unsafe fn with_rhs_as_stored<T: Real + Send + Sync>(
+    rhs: *const T,
+    k: usize,
+    n: usize,
+    threads: usize,
+    product: impl FnOnce(*const T),
+) {
+    RHS_COPY.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        let words = (k * n * std::mem::size_of::<T>()).div_ceil(std::mem::size_of::<f64>());
+        if buffer.len() < words {
+            buffer.resize(words, 0.0);
+        }
+        let copy = buffer.as_mut_ptr().cast::<T>();
+        // SAFETY: the buffer holds at least `k * n` elements of `T` (f64-aligned, so aligned
+        // for f32 and f64), and the caller vouches for `rhs`.
+        let (source, target) =
+            unsafe { (std::slice::from_raw_parts(rhs, k * n), std::slice::from_raw_parts_mut(copy, k * n)) };
+        transpose_into(source, n, k, target, threads);
+        product(copy);
+    });
+}
+
+/// `target` (row-major `[cols, rows]`) = the transpose of `source` (row-major `[rows,
+/// cols]`), target rows shared over `threads`, in square tiles so that both sides stay in
+/// cache; each tile is written a target row at a time (contiguous stores). Tiles of 8: with
+/// power-of-two strides larger tiles thrash the cache's sets (a 1024 × 1024 f32 copy took
+/// 0.47 ms in tiles of 8, 0.84 in 16, 2.1 in 32, on one thread).
+fn transpose_into<T: Copy + Send + Sync>(source: &[T], rows: usize, cols: usize, target: &mut [T], threads: usize) {
+    const TILE: usize = 8;
+    assert!(source.len() >= rows * cols && target.len() >= rows * cols, "transpose operands (broken invariant)");
+    // Addresses, so the shares can share them; each share writes only its own target rows.
+    let (source, target) = (source.as_ptr() as usize, target.as_mut_ptr() as usize);
+    let tiles = cols.div_ceil(TILE);
+    super::shares::in_shares(threads, tiles, |share| {
+        let (source, target) = (source as *const T, target as *mut T);
+        let columns = share.start * TILE..(share.end * TILE).min(cols);
+        for r0 in (0..rows).step_by(TILE) {
+            let r1 = (r0 + TILE).min(rows);
+            for c0 in columns.clone().step_by(TILE) {
+                for c in c0..(c0 + TILE).min(columns.end) {
+                    for r in r0..r1 {
+                        // SAFETY: r < rows and c < cols, both slices hold rows * cols
+                        // elements (asserted above), and shares write disjoint target rows c.
+                        unsafe { *target.add(c * rows + r) = *source.add(r * cols + c) };
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// A product goes to OpenBLAS only if all three of its sizes are at least this. Skinnier
@@ -316,6 +417,83 @@ fn matrix(shape: &Shape, transposed: bool) -> (usize, usize, (isize, isize)) {
 mod tests {
     use super::*;
     use crate::cpu::isa::Isa;
+
+    /// gemm reading a transposed right operand directly, and from its row-major copy,
+    /// gives the same bits: the copy changes where the values come from, not the sums.
+    #[test]
+    fn a_product_from_the_copy_of_a_transposed_operand_has_the_bits_of_the_direct_one() {
+        let (m, k, n) = (100, 97, 130);
+        assert!(copies_transposed_rhs(m, k, n, (1, k as isize)));
+        assert!(!copies_transposed_rhs(m, k, n, (n as isize, 1)), "b read as stored");
+        assert!(!copies_transposed_rhs(63, k, n, (1, k as isize)), "too few rows to pay for the copy");
+        let mut rng = regflow_plan::SplitMix64::new(7);
+        let a: Vec<f32> = (0..m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        let b: Vec<f32> = (0..n * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        for threads in [1, 3] {
+            let (mut direct, mut copied) = (vec![0f32; m * n], vec![0f32; m * n]);
+            let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+            // SAFETY: a is [m, k], b is [n, k] read transposed, the outputs [m, n], all
+            // row-major and of those lengths.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    direct.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    k as isize,
+                    1,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                );
+                with_rhs_as_stored(b.as_ptr(), k, n, threads, |rhs| {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        copied.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        a.as_ptr(),
+                        1,
+                        k as isize,
+                        rhs,
+                        1,
+                        n as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        parallelism,
+                    )
+                });
+            }
+            assert_eq!(direct, copied, "{threads} threads");
+        }
+        // The copy itself, on odd sizes and share counts.
+        for (rows, cols, threads) in [(1, 1, 1), (9, 17, 2), (33, 8, 3), (130, 97, 4)] {
+            let source: Vec<u32> = (0..rows * cols).map(|i| i as u32).collect();
+            let mut target = vec![0; rows * cols];
+            transpose_into(&source, rows, cols, &mut target, threads);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(target[c * rows + r], source[r * cols + c], "{rows}x{cols}, {threads} threads");
+                }
+            }
+        }
+    }
 
     #[test]
     fn at_avx512_only_products_reading_the_right_operand_transposed_go_to_openblas() {
