@@ -365,6 +365,15 @@ impl Job {
             _ => (None, None),
         };
 
+        // One scratch per hosted stream for its kernels, made once like the registers, and
+        // all of them before any stream thread starts (a failure here leaves none running).
+        let mut scratches = (0..plan.streams.len())
+            .map(|s| match receivers[s] {
+                Some(_) => crate::arenas::stream_scratch(&plan, s, &builder.gpus, made.stream_scratch[s]),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
         // Stream threads.
         let epoch = Instant::now();
         let mut threads = Vec::new();
@@ -377,8 +386,7 @@ impl Job {
             let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus)? else {
                 continue;
             };
-            // One scratch for the stream's kernels, made once like the registers.
-            let scratch = crate::arenas::stream_scratch(&plan, s, &builder.gpus, made.stream_scratch[s])?;
+            let scratch = scratches[s].take();
             let context = StreamContext {
                 device: device_desc.kind,
                 device_index: builder.gpus.kernel_index(device_desc.kind, device_desc.index),
