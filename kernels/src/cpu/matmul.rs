@@ -228,53 +228,37 @@ pub fn gemm_typed<T: Real>(
             if backend == GemmBackend::Blas && by_blas(product, lhs, rhs, dst, threads, parallel) {
                 continue;
             }
+            // gemm on `rhs` read with (row, column) strides `b`.
+            let by_gemm = |rhs: *const T, b: (isize, isize)| {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    dst,
+                    1,
+                    n as isize,
+                    read_dst,
+                    lhs,
+                    layout.a_strides.1,
+                    layout.a_strides.0,
+                    rhs,
+                    b.1,
+                    b.0,
+                    T::one(),
+                    T::one(),
+                    false,
+                    false,
+                    false,
+                    if parallel { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
+                )
+            };
             if copies_transposed_rhs(m, k, n, layout.b_strides) {
-                with_rhs_as_stored(rhs, k, n, if parallel { threads } else { 1 }, |rhs| {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        dst,
-                        1,
-                        n as isize,
-                        read_dst,
-                        lhs,
-                        layout.a_strides.1,
-                        layout.a_strides.0,
-                        rhs,
-                        1,
-                        n as isize,
-                        T::one(),
-                        T::one(),
-                        false,
-                        false,
-                        false,
-                        if parallel { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
-                    )
+                with_rhs_as_stored(rhs, k, n, if parallel { threads } else { 1 }, |copy| {
+                    by_gemm(copy, (n as isize, 1))
                 });
-                continue;
+            } else {
+                by_gemm(rhs, layout.b_strides);
             }
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst,
-                1,
-                n as isize,
-                read_dst,
-                lhs,
-                layout.a_strides.1,
-                layout.a_strides.0,
-                rhs,
-                layout.b_strides.1,
-                layout.b_strides.0,
-                T::one(),
-                T::one(),
-                false,
-                false,
-                false,
-                if parallel { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
-            );
         }
     }
     Ok(())
@@ -432,36 +416,16 @@ mod tests {
         for threads in [1, 3] {
             let (mut direct, mut copied) = (vec![0f32; m * n], vec![0f32; m * n]);
             let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-            // SAFETY: a is [m, k], b is [n, k] read transposed, the outputs [m, n], all
-            // row-major and of those lengths.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    direct.as_mut_ptr(),
-                    1,
-                    n as isize,
-                    false,
-                    a.as_ptr(),
-                    1,
-                    k as isize,
-                    b.as_ptr(),
-                    k as isize,
-                    1,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                );
-                with_rhs_as_stored(b.as_ptr(), k, n, threads, |rhs| {
+            // a [m, k] times `rhs` read with (row, column) strides `b`, into `out` [m, n].
+            let product = |out: &mut [f32], rhs: *const f32, b: (isize, isize)| {
+                // SAFETY: a is [m, k] and out [m, n], row-major; `rhs` holds k * n values
+                // that the strides `b` keep inside.
+                unsafe {
                     gemm::gemm(
                         m,
                         n,
                         k,
-                        copied.as_mut_ptr(),
+                        out.as_mut_ptr(),
                         1,
                         n as isize,
                         false,
@@ -469,8 +433,8 @@ mod tests {
                         1,
                         k as isize,
                         rhs,
-                        1,
-                        n as isize,
+                        b.1,
+                        b.0,
                         1.0,
                         1.0,
                         false,
@@ -478,8 +442,14 @@ mod tests {
                         false,
                         parallelism,
                     )
-                });
-            }
+                }
+            };
+            // b is [n, k]: read transposed directly, then from its row-major copy.
+            product(&mut direct, b.as_ptr(), (1, k as isize));
+            // SAFETY: b holds k * n values.
+            unsafe {
+                with_rhs_as_stored(b.as_ptr(), k, n, threads, |copy| product(&mut copied, copy, (n as isize, 1)))
+            };
             assert_eq!(direct, copied, "{threads} threads");
         }
         // The copy itself, on odd sizes and share counts.
