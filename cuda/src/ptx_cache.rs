@@ -15,6 +15,9 @@
 //! and a truncated or foreign file is a miss too. The file's name (a hash of the same
 //! inputs) only finds it.
 //!
+//! **Size:** one entry per source and architecture: storing a new one removes the others
+//! of the same source and architecture, so the folder holds a few MB whatever is edited.
+//!
 //! **Never an error:** the cache only saves time. A folder that cannot be made, read or
 //! written means compiling as without it; a write goes to a temporary file renamed into
 //! place, so processes sharing the folder never see half a file.
@@ -66,9 +69,16 @@ impl CompileKey {
                 hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
             }
         }
-        let name: String =
-            self.name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '-' }).collect();
-        format!("{name}-{hash:016x}.ptx")
+        format!("{}{hash:016x}.ptx", self.family())
+    }
+
+    /// The start of the file names of this source for this architecture, whatever the
+    /// text: a newer entry replaces the older ones ([`store`]).
+    fn family(&self) -> String {
+        let safe = |s: &str| -> String {
+            s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '-' }).collect()
+        };
+        format!("{}-{}-", safe(&self.name), safe(&self.arch))
     }
 }
 
@@ -116,7 +126,10 @@ pub fn load(folder: &Path, key: &CompileKey) -> Option<String> {
 
 /// Keeps `ptx` for `key` in `folder` (made if missing); whether it was written. Written to
 /// a temporary file of this process, then renamed over the entry, so a reader sees the
-/// old file or the new one, never part of one.
+/// old file or the new one, never part of one. The entries of the same source and
+/// architecture for other texts, options or NVRTC versions are removed, so editing a kernel
+/// does not grow the folder without end (two builds sharing a folder then take turns
+/// compiling; each still reads only its own PTX).
 pub fn store(folder: &Path, key: &CompileKey, ptx: &str) -> bool {
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(folder)?;
@@ -133,7 +146,21 @@ pub fn store(folder: &Path, key: &CompileKey, ptx: &str) -> bool {
             let _ = std::fs::remove_file(&temporary);
         })
     };
-    write().is_ok()
+    if write().is_err() {
+        return false;
+    }
+    let (family, kept) = (key.family(), key.file_name());
+    if let Ok(entries) = std::fs::read_dir(folder) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(&family) && name.ends_with(".ptx") && name != kept {
+                // Another process may have removed it first, or still read it: only space.
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -226,6 +253,26 @@ mod tests {
         assert_ne!(a.file_name(), key("b").file_name());
         assert_ne!(a.file_name(), CompileKey { arch: "compute_80".into(), ..a.clone() }.file_name());
         let odd = CompileKey { name: "../evil name".into(), ..a };
-        assert!(odd.file_name().starts_with("---evil-name-"), "{}", odd.file_name());
+        assert!(odd.file_name().starts_with("---evil-name-compute_90-"), "{}", odd.file_name());
+    }
+
+    #[test]
+    fn a_newer_entry_replaces_the_older_ones_of_its_source_and_architecture_only() {
+        let folder = scratch_folder("replace");
+        let old = key("version 1");
+        let other_arch = CompileKey { arch: "compute_80".into(), ..old.clone() };
+        let other_source = CompileKey { name: "rows_extra".into(), ..old.clone() };
+        for k in [&old, &other_arch, &other_source] {
+            assert!(store(&folder, k, "ptx"));
+        }
+        let new = key("version 2");
+        assert!(store(&folder, &new, "ptx 2"));
+        assert_eq!(load(&folder, &old), None, "the older text's entry is gone");
+        assert_eq!(load(&folder, &new).as_deref(), Some("ptx 2"));
+        assert_eq!(load(&folder, &other_arch).as_deref(), Some("ptx"), "another architecture stays");
+        assert_eq!(load(&folder, &other_source).as_deref(), Some("ptx"), "another source stays");
+        let files = std::fs::read_dir(&folder).unwrap().count();
+        assert_eq!(files, 3, "no temporary file is left");
+        std::fs::remove_dir_all(&folder).unwrap();
     }
 }
