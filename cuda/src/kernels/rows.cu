@@ -289,7 +289,7 @@ extern "C" __global__ void regflow_layer_norm_dx_f64(
 }
 
 // The mean over rows of -log softmax(logits)[label], in two launches: one block per row
-// writes its row's loss (in f64, as the CPU kernel sums) to the kernel's scratch, then one
+// writes its row's loss (in f64, as the CPU kernel sums) to its stream's scratch, then one
 // block adds the rows' losses in a fixed order, so the scalar is deterministic and the work
 // is spread over the GPU (one block for all rows took batch×T×vocab = 8×1024×50257 through
 // a single multiprocessor). A label out of range makes the loss NaN (a kernel cannot

@@ -10,7 +10,7 @@
 //! and their gradient have an odd leading dimension, and 50257 is `m`, `k` or `n` of the
 //! product. cuBLAS then picks kernels at 96–148 TFLOP/s where the model's other products
 //! reach 500 (H100, `bench_cuda_gemm`). Such a product runs in bands of the unaligned
-//! matrix's stored rows, through a scratch of the kernel (at most 64 MiB, [`Staging`]) with
+//! matrix's stored rows, through scratch its stream lends (at most 64 MiB, [`Staging`]) with
 //! a padded leading dimension: each band is copied in (an operand) or out (the output) by a
 //! device copy kernel, and cuBLAS sees aligned matrices whose odd dimension is cut into
 //! chunks of a multiple of 8 (all but the last). A band along `m` or `n` leaves every output
@@ -61,7 +61,7 @@ pub(crate) enum Matrix {
 /// One queued step of a product kernel.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Step {
-    /// A cuBLAS call; `staged` names the matrix it reads or writes in the kernel's scratch
+    /// A cuBLAS call; `staged` names the matrix it reads or writes in the stream's scratch
     /// (from its start) instead of in the matrix's register; `accumulate` sends the output
     /// to the f32 accumulator of the scratch instead.
     Gemm { call: Call, staged: Option<Matrix>, accumulate: bool },
