@@ -465,6 +465,53 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// Any product the copy applies to, on any thread count, through the kernel's own
+        /// entry (`gemm_typed`, plain and batch-summed): the bits of gemm reading b
+        /// transposed directly.
+        #[test]
+        fn the_transposed_operands_copy_never_changes_a_bit(
+            m in 64usize..160, k in 96usize..160, n in 96usize..160, threads in 1usize..4, sum in proptest::bool::ANY,
+            seed in 0u64..1000,
+        ) {
+            // In a `blas` build OpenBLAS may take the product instead (`prefers_blas`).
+            let isa = crate::cpu::isa::isa_in_use().unwrap();
+            let backend = crate::cpu::gemm_backend::backend_in_use().unwrap();
+            proptest::prop_assume!(backend == GemmBackend::Gemm || !prefers_blas(m, k, n, true, isa));
+            let batch = if sum { 2 } else { 1 };
+            let mut rng = regflow_plan::SplitMix64::new(seed);
+            let a: Vec<f32> = (0..batch * m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+            let b: Vec<f32> = (0..batch * n * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+            let dims = |r: usize, c: usize| if sum { Shape::from([batch, r, c]) } else { Shape::from([r, c]) };
+            let (a_shape, b_shape) = (dims(m, k), dims(n, k));
+            let layout = layout(&a_shape, false, &b_shape, true).unwrap();
+            let a_tensor = HostTensor { shape: &a_shape, data: regflow_plan::HostSlice::F32(&a) };
+            let b_tensor = HostTensor { shape: &b_shape, data: regflow_plan::HostSlice::F32(&b) };
+            let mut got = vec![0f32; m * n];
+            let out_shape = Shape::from([m, n]);
+            let mut out_tensor = HostTensorMut { shape: &out_shape, data: regflow_plan::HostSliceMut::F32(&mut got) };
+            gemm_typed::<f32>(&layout, sum, threads, &[a_tensor, b_tensor], &mut out_tensor).unwrap();
+            // The same sums by gemm reading b transposed, element by element of the batch.
+            let mut direct = vec![0f32; m * n];
+            for i in 0..batch {
+                // SAFETY: a_i is [m, k], b_i [n, k] read transposed, direct [m, n].
+                unsafe {
+                    gemm::gemm(
+                        m, n, k, direct.as_mut_ptr(), 1, n as isize, i > 0, a[i * m * k..].as_ptr(), 1, k as isize,
+                        b[i * n * k..].as_ptr(), k as isize, 1, 1.0, 1.0, false, false, false,
+                        if threads > 1 && m * n * k >= PARALLEL_MIN_MULTIPLY_ADDS {
+                            gemm::Parallelism::Rayon(threads)
+                        } else {
+                            gemm::Parallelism::None
+                        },
+                    )
+                };
+            }
+            proptest::prop_assert_eq!(got, direct);
+        }
+    }
+
     #[test]
     fn at_avx512_only_products_reading_the_right_operand_transposed_go_to_openblas() {
         // The MLP's forward product, its input gradient (`dy · wᵀ`) and weight gradient.
