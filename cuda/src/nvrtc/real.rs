@@ -107,8 +107,17 @@ pub(crate) fn compile_through(source: &KernelSource, arch: &str, disk: Option<&P
     })?;
     let ptx = ptx.to_src();
     if let (Some(disk), Some(key)) = (disk, &key) {
-        // A cache that cannot be written only costs the next process the compile.
-        ptx_cache::store(disk, key, &ptx);
+        // A cache that cannot be written only costs the next process the compile; said
+        // once per process, so a wrong folder does not go unnoticed.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !ptx_cache::store(disk, key, &ptx) && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "the kernel cache folder {} cannot be written ({} names another, or off): NVRTC compiles the \
+                 kernels in every process",
+                disk.display(),
+                ptx_cache::CACHE_VARIABLE
+            );
+        }
     }
     Ok(ptx)
 }
