@@ -10,6 +10,9 @@
 //! REGFLOW_CPU_GEMM=gemm cargo run --release --features blas --example bench_gemm  # gemm's
 //! ```
 
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::process_cpu_seconds;
 use regflow::kernels::cpu::gemm_backend::backend_in_use;
 use regflow::kernels::cpu::isa::{isa_in_use, Isa};
 use regflow::kernels::{HostCompute, HostContext};
@@ -231,17 +234,6 @@ impl Processor {
     fn peak_gflops_per_core(&self, isa: Isa) -> f64 {
         (self.fma_units(isa) * isa.f32_lanes() * 2) as f64 * self.mhz / 1e3
     }
-}
-
-/// CPU time this process has used, all its threads together.
-fn process_cpu_seconds() -> f64 {
-    let mut time = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `time` is a valid timespec for the call to fill.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut time) };
-    if status != 0 {
-        return f64::NAN;
-    }
-    time.tv_sec as f64 + time.tv_nsec as f64 * 1e-9
 }
 
 fn load_average() -> String {

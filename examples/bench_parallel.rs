@@ -2,8 +2,9 @@
 //!
 //! 1. `cpu`: one training step (forward, backward, AdamW) of the MLP 784-1024-1024-10,
 //!    batch 256, f32, on one device vs data-parallel over two `cpu` devices (batch `S(0)`,
-//!    weights `B`, gradients all-reduced), one matmul thread per device: samples/s and ratio,
-//!    in three rounds that each time all three plans once, and the median per-round ratio.
+//!    weights `B`, gradients all-reduced), one matmul thread per device: samples/s, the core
+//!    time per step (all threads) and ratio, in three rounds that each time all three plans
+//!    once, and the median per-round ratio.
 //! 2. `sim`: a 16-layer MLP data-parallel over two `sim` devices with modeled kernel and
 //!    link times: the step time against max(compute, comm) (perfect overlap) and against
 //!    compute + comm (no overlap), where compute and comm are the modeled busy times of one
@@ -21,6 +22,9 @@
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan (for `regflow plan show|dot`).
 
+#[path = "common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::process_cpu_seconds;
 use regflow::graph::plan::{ActorKind, KernelConf, StreamKind};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
@@ -29,15 +33,22 @@ use regflow::graph::{
 use regflow::prelude::{Job, RuntimeError};
 use std::time::Instant;
 
+/// Per step of a timed run: wall seconds, and CPU seconds of all the process's threads.
+#[derive(Clone, Copy)]
+struct StepTime {
+    wall: f64,
+    cpu: f64,
+}
+
 /// Runs `steps` after `warmup` steps of a compiled step fed with the same batch; returns
-/// seconds per step.
+/// the time per step.
 fn time_steps(
     compiled: &CompiledGraph,
     feeds_of: &[(&str, HostArray)],
     warmup: usize,
     steps: usize,
     trace: Option<&str>,
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<StepTime, Box<dyn std::error::Error>> {
     let mut builder = Job::builder(compiled.plan.clone());
     if let Some(path) = trace {
         builder = builder.trace(path);
@@ -54,14 +65,17 @@ fn time_steps(
         }
         feeds.close()
     });
-    let mut start = Instant::now();
+    let (mut start, mut cpu_start) = (Instant::now(), process_cpu_seconds());
     for step in 0..warmup + steps {
         if step == warmup {
-            start = Instant::now();
+            (start, cpu_start) = (Instant::now(), process_cpu_seconds());
         }
         losses.recv().ok_or("the job ended early")?;
     }
-    let per_step = start.elapsed().as_secs_f64() / steps as f64;
+    let per_step = StepTime {
+        wall: start.elapsed().as_secs_f64() / steps as f64,
+        cpu: (process_cpu_seconds() - cpu_start) / steps as f64,
+    };
     pusher.join().map_err(|_| "feeder panicked")??;
     drop(losses);
     job.wait()?;
@@ -159,20 +173,28 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
         let parallel = time_steps(&dp, &feeds, warmup, steps, trace)?;
         let trace = if round == 0 { zero1_trace.as_deref() } else { None };
         let sharded = time_steps(&zero1, &feeds, warmup, steps, trace)?;
-        dp_gains.push(single / parallel);
-        zero1_gains.push(single / sharded);
+        dp_gains.push(single.wall / parallel.wall);
+        zero1_gains.push(single.wall / sharded.wall);
+        // Core time per step: what two cores must hold for the gain (all threads, the
+        // feeder's and the collectives' included).
+        let describe = |t: StepTime| {
+            format!(
+                "{:.1} ms/step ({:.0} samples/s; {:.1} ms of core time, {:.2} cores busy)",
+                t.wall * 1e3,
+                BATCH as f64 / t.wall,
+                t.cpu * 1e3,
+                t.cpu / t.wall
+            )
+        };
         println!(
-            "round {}: cpu MLP 784-1024-1024-10, batch {BATCH}: one device {:.1} ms/step ({:.0} samples/s); \
-             dp2 {:.1} ms/step ({:.0} samples/s, {:.2}x); dp2 + sharded AdamW state {:.1} ms/step ({:.0} samples/s, {:.2}x)",
+            "round {}: cpu MLP 784-1024-1024-10, batch {BATCH}: one device {}; dp2 {}, {:.2}x; \
+             dp2 + sharded AdamW state {}, {:.2}x",
             round + 1,
-            single * 1e3,
-            BATCH as f64 / single,
-            parallel * 1e3,
-            BATCH as f64 / parallel,
-            single / parallel,
-            sharded * 1e3,
-            BATCH as f64 / sharded,
-            single / sharded
+            describe(single),
+            describe(parallel),
+            single.wall / parallel.wall,
+            describe(sharded),
+            single.wall / sharded.wall
         );
     }
     let median = |mut v: Vec<f64>| {
@@ -238,11 +260,11 @@ fn sim(trace: Option<&str>) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "sim dp2, {LAYERS}-layer MLP: step {:.2} ms; modeled compute {:.2} ms, comm {:.2} ms per device; \
          step / max(compute, comm) = {:.3}; step / (compute + comm) = {:.3}",
-        step * 1e3,
+        step.wall * 1e3,
         compute_s * 1e3,
         comm_s * 1e3,
-        step / compute_s.max(comm_s),
-        step / (compute_s + comm_s)
+        step.wall / compute_s.max(comm_s),
+        step.wall / (compute_s + comm_s)
     );
     Ok(())
 }
