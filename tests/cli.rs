@@ -326,3 +326,39 @@ fn a_sharded_state_plan_shows_the_rows_it_reads_in_place() {
     assert_eq!(dot.matches("reads 1.0 KiB at +").count(), 2, "{dot}");
     assert!(dot.contains("reads 1.0 KiB at +0 B") && dot.contains("reads 1.0 KiB at +1.0 KiB"), "{dot}");
 }
+
+/// `regflow env` reports the products' backend and instruction set, the CUDA backend and the
+/// kernel cache (its folder, entries and bytes), and when a setting is refused it still
+/// prints the whole report, then fails naming the variable and its value.
+#[test]
+fn env_reports_the_machine_and_fails_after_the_report_on_a_refused_setting() {
+    let cache = temp_dir("cli", "env_cache");
+    std::fs::write(cache.join("rows-compute_90-0123456789abcdef.ptx"), b"12345").unwrap();
+    let env = |vars: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_regflow"));
+        command.arg("env");
+        for name in ["REGFLOW_CPU_GEMM", "REGFLOW_CPU_ISA", "REGFLOW_KERNEL_CACHE"] {
+            command.env_remove(name);
+        }
+        command.envs(vars.iter().copied());
+        command.output().unwrap()
+    };
+    let cache_path = cache.to_str().unwrap();
+    let out = env(&[("REGFLOW_CPU_ISA", "scalar"), ("REGFLOW_CPU_GEMM", "gemm"), ("REGFLOW_KERNEL_CACHE", cache_path)]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with(&format!("regflow: {}\n", env!("CARGO_PKG_VERSION"))), "{stdout}");
+    assert!(stdout.contains("cpu products: backend gemm, instruction set scalar;"), "{stdout}");
+    assert!(stdout.contains(&format!("kernel cache: {cache_path} (1 entry, 5 bytes)\n")), "{stdout}");
+    assert!(stdout.contains("cuda backend: "), "{stdout}");
+
+    let off = String::from_utf8(env(&[("REGFLOW_KERNEL_CACHE", "off")]).stdout).unwrap();
+    assert!(off.contains("kernel cache: off ("), "{off}");
+
+    let out = env(&[("REGFLOW_CPU_GEMM", "mkl"), ("REGFLOW_KERNEL_CACHE", cache_path)]);
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stdout.contains("kernel cache: "), "the whole report first: {stdout}");
+    assert!(stderr.starts_with("error: refused settings: REGFLOW_CPU_GEMM=\"mkl\""), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -7,6 +7,7 @@
 //! regflow launch --nodes N|MIN:MAX [--max-restarts R] [--devices-per-node K] [--master-port P] [--grace S]
 //!                -- PROGRAM [ARGS...]
 //! regflow trace merge <out.json> <in.json>...  one Perfetto timeline from each node's trace
+//! regflow env                                  the CPU, products, CUDA, NVRTC and kernel cache
 //! ```
 //!
 //! A plan file is the JSON that `Plan::to_json` writes; `-` reads it from stdin. The file is
@@ -16,6 +17,7 @@
 
 mod describe;
 mod dot;
+mod env;
 mod feeds;
 mod launch;
 mod run;
@@ -105,6 +107,10 @@ enum Command {
     /// Work with the Chrome / Perfetto traces jobs write.
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// Print what this machine and build give regflow: the CPU, the matrix products'
+    /// backend and instruction set, the CUDA backend and its devices, NVRTC, and the kernel
+    /// cache. Fails after the report when an environment variable's value is refused.
+    Env,
 }
 
 /// `regflow trace ...` commands.
@@ -227,6 +233,8 @@ enum CliError {
     },
     /// `regflow launch` could not start or watch its ranks.
     Launch(String),
+    /// `regflow env` found settings it refuses (each a sentence naming its variable).
+    Env(Vec<String>),
     /// A trace file could not be read or is not a Chrome trace.
     Trace {
         /// File as given on the command line.
@@ -254,6 +262,7 @@ impl std::fmt::Display for CliError {
             CliError::Failed { file, source } => write!(f, "running {file} failed: {source}"),
             CliError::Feeding { file, message } => write!(f, "feeding {file} failed: {message}"),
             CliError::Launch(message) => write!(f, "{message}"),
+            CliError::Env(refused) => write!(f, "refused settings: {}", refused.join("; ")),
             CliError::Trace { file, message } => write!(f, "trace {file}: {message}"),
             CliError::Write { file, source } => write!(f, "cannot write {file}: {source}"),
         }
@@ -334,6 +343,15 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }),
         Command::Launch(args) => return launch::run(args),
         Command::Trace(TraceCommand::Merge { output, inputs }) => trace::merge(&output, &inputs),
+        Command::Env => {
+            let report = env::report();
+            emit(&(report.lines.join("\n") + "\n"), None)?;
+            if report.refused.is_empty() {
+                Ok(())
+            } else {
+                Err(CliError::Env(report.refused))
+            }
+        }
     };
     done.map(|()| ExitCode::SUCCESS)
 }

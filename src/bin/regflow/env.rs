@@ -1,0 +1,107 @@
+//! `regflow env`: what this machine and build give regflow, for bug reports and setup checks
+//! (as PyTorch's `collect_env`): the CPU and the products' backend and instruction set, the
+//! CUDA backend, its devices and NVRTC, and the kernel cache.
+
+use regflow::cuda::ptx_cache;
+use regflow::kernels::cpu::{gemm_backend, isa};
+use std::path::Path;
+
+/// The report's lines, and the settings that were refused (each a sentence naming its
+/// variable): the report is printed whole either way, and the command fails after it when
+/// a setting makes no sense.
+pub(crate) struct Report {
+    /// One line per item, `name: value`.
+    pub lines: Vec<String>,
+    /// Environment variables whose values regflow refuses.
+    pub refused: Vec<String>,
+}
+
+/// Collects the report (probes the CUDA driver and NVRTC where the build has them).
+pub(crate) fn report() -> Report {
+    let mut refused = Vec::new();
+    let mut lines = vec![format!("regflow: {}", env!("CARGO_PKG_VERSION"))];
+    lines.push(format!("cpu: {}, {} logical cpus", cpu_model(), logical_cpus()));
+    let backend = match gemm_backend::backend_in_use() {
+        Ok(backend) => backend.name().to_string(),
+        Err(e) => {
+            refused.push(e.clone());
+            format!("refused ({e})")
+        }
+    };
+    let openblas = if gemm_backend::GemmBackend::Blas.is_built() { "in this build" } else { "not in this build" };
+    let isa = match isa::isa_in_use() {
+        Ok(isa) => isa.name().to_string(),
+        Err(e) => {
+            refused.push(e.clone());
+            format!("refused ({e})")
+        }
+    };
+    lines.push(format!("cpu products: backend {backend}, instruction set {isa}; OpenBLAS {openblas} (feature `blas`)"));
+    lines.push(format!(
+        "cuda backend: {} (feature `cuda`)",
+        if regflow::cuda::BUILT { "in this build" } else { "not in this build" }
+    ));
+    let cache = format!("kernel cache: {}", cache_line(ptx_cache::folder().as_deref()));
+    if !regflow::cuda::BUILT {
+        lines.push(cache);
+        return Report { lines, refused };
+    }
+    match regflow::cuda::probe() {
+        Ok(devices) => {
+            for d in devices {
+                lines.push(format!(
+                    "cuda:{}: {}, {:.1} GiB, {}",
+                    d.ordinal,
+                    d.name,
+                    d.total_bytes as f64 / f64::from(1u32 << 30),
+                    d.arch()
+                ));
+            }
+        }
+        Err(e) => lines.push(format!("cuda devices: none ({e})")),
+    }
+    lines.push(match regflow::cuda::nvrtc::available() {
+        Ok(()) => "nvrtc: found".to_string(),
+        Err(e) => format!("nvrtc: not found ({e})"),
+    });
+    lines.push(cache);
+    Report { lines, refused }
+}
+
+/// `path (N entries, B bytes)`, `path (empty)`, or `off`.
+fn cache_line(folder: Option<&Path>) -> String {
+    let Some(folder) = folder else {
+        return format!("off ({} is off, or neither XDG_CACHE_HOME nor HOME is set)", ptx_cache::CACHE_VARIABLE);
+    };
+    let entries: Vec<u64> = std::fs::read_dir(folder)
+        .map(|dir| {
+            dir.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".ptx"))
+                .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if entries.is_empty() {
+        format!("{} (empty)", folder.display())
+    } else {
+        let count = if entries.len() == 1 { "1 entry".to_string() } else { format!("{} entries", entries.len()) };
+        format!("{} ({count}, {} bytes)", folder.display(), entries.iter().sum::<u64>())
+    }
+}
+
+/// The processor's model name (Linux's `/proc/cpuinfo`), or `unknown processor`.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown processor".into())
+}
+
+fn logical_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
