@@ -16,7 +16,8 @@
 //! inputs) only finds it.
 //!
 //! **Size:** one entry per source and architecture: storing a new one removes the others
-//! of the same source and architecture, so the folder holds a few MB whatever is edited.
+//! of the same source and architecture, and temporary files that writers dying before
+//! their rename left for an hour, so the folder holds a few MB whatever is edited.
 //!
 //! **Never an error:** the cache only saves time. A folder that cannot be made, read or
 //! written means compiling as without it; a write goes to a temporary file renamed into
@@ -154,7 +155,8 @@ pub fn store(folder: &Path, key: &CompileKey, ptx: &str) -> bool {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with(&family) && name.ends_with(".ptx") && name != kept {
+            let older_entry = name.starts_with(&family) && name.ends_with(".ptx") && name != kept;
+            if older_entry || is_abandoned_temporary(&name, &entry) {
                 // Another process may have removed it first, or still read it: only space.
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -162,6 +164,23 @@ pub fn store(folder: &Path, key: &CompileKey, ptx: &str) -> bool {
     }
     true
 }
+
+/// A temporary file of a write that never finished (its process died before the rename):
+/// ours by its name, and untouched for [`ABANDONED_AFTER`].
+fn is_abandoned_temporary(name: &str, entry: &std::fs::DirEntry) -> bool {
+    name.starts_with('.')
+        && name.ends_with(".tmp")
+        && entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > ABANDONED_AFTER)
+}
+
+/// How long a temporary file may sit before a later write takes it for abandoned: far
+/// longer than writing a few MB takes.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
 
 #[cfg(test)]
 mod tests {
@@ -273,6 +292,17 @@ mod tests {
         assert_eq!(load(&folder, &other_source).as_deref(), Some("ptx"), "another source stays");
         let files = std::fs::read_dir(&folder).unwrap().count();
         assert_eq!(files, 3, "no temporary file is left");
+        // A write that died before its rename left a temporary file: a later store removes
+        // it once it is old, and leaves a fresh one (a write under way) alone.
+        let (abandoned, fresh) = (folder.join(".rows-x.ptx.1.0.tmp"), folder.join(".rows-y.ptx.2.0.tmp"));
+        for path in [&abandoned, &fresh] {
+            std::fs::write(path, b"half a").unwrap();
+        }
+        let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        std::fs::File::options().write(true).open(&abandoned).unwrap().set_modified(two_hours_ago).unwrap();
+        assert!(store(&folder, &key("version 3"), "ptx 3"));
+        assert!(!abandoned.exists(), "an abandoned temporary file is removed");
+        assert!(fresh.exists(), "a write under way is left alone");
         std::fs::remove_dir_all(&folder).unwrap();
     }
 }
