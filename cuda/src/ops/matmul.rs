@@ -145,10 +145,8 @@ struct ProductKernel {
 /// A staged product's scratch and device kernels.
 #[derive(Debug)]
 struct StagingKernels {
-    /// Bytes of the stream's scratch the steps use.
-    bytes: u64,
-    /// Where the accumulator starts in the scratch.
-    accumulator: u64,
+    /// What the steps keep in the stream's scratch, and where.
+    layout: ScratchLayout,
     /// Moves runs of 16-bit elements (`regflow_copy_runs_u16`).
     copy: Function,
     /// Rounds f32 values to the output's dtype (`regflow_cast_f32_*`).
@@ -175,11 +173,13 @@ impl Kernel for ProductKernel {
                 }
             }?;
         }
-        let scratch = match &self.staging {
-            Some(k) => io.scratch(k.bytes)?,
-            None => 0,
+        let (scratch, accumulator) = match &self.staging {
+            Some(k) => {
+                let scratch = io.scratch(k.layout.bytes())?;
+                (scratch, scratch + k.layout.accumulator_offset())
+            }
+            None => (0, 0),
         };
-        let accumulator = scratch + self.staging.as_ref().map_or(0, |k| k.accumulator);
         let staging = || {
             self.staging
                 .as_ref()
@@ -231,7 +231,7 @@ impl Kernel for ProductKernel {
     }
 
     fn scratch_bytes(&self) -> u64 {
-        self.staging.as_ref().map_or(0, |k| k.bytes)
+        self.staging.as_ref().map_or(0, |k| k.layout.bytes())
     }
 }
 
@@ -266,8 +266,7 @@ fn product(spec: &KernelSpec<'_>, conf: &OpConf, calls: Vec<Call>, zero: bool) -
     }
     let staging = if layout.bytes() > 0 {
         Some(StagingKernels {
-            bytes: layout.bytes(),
-            accumulator: layout.accumulator_offset(),
+            layout,
             copy: function(spec, "regflow_copy_runs_u16")?,
             narrow: function(spec, &format!("regflow_cast_f32_{}", suffix(dtype)))?,
         })
