@@ -201,13 +201,16 @@ pub fn gemm_typed<T: Real>(
         ));
     }
     // Applies REGFLOW_CPU_ISA before the first product (later calls: one atomic load).
-    super::isa::from_environment()?;
+    let isa = super::isa::isa_in_use()?;
     if m == 0 || n == 0 || k == 0 {
         out.fill(T::zero());
         return Ok(());
     }
     let backend = super::gemm_backend::backend_in_use()?;
-    let isa = super::isa::isa_in_use()?;
+    // Where each product goes: OpenBLAS, gemm on a row-major copy of b, or gemm as it is.
+    let rhs_transposed = layout.b_strides.0 == 1 && n > 1;
+    let to_blas = backend == GemmBackend::Blas && prefers_blas(m, k, n, rhs_transposed, isa);
+    let copy_rhs = copies_transposed_rhs(m, k, n, rhs_transposed, isa);
     // Split by output tiles: every element is still one thread's sum in a fixed order, so
     // results do not depend on scheduling. A small product stays on one thread: waking the
     // pool costs more than it saves.
@@ -226,7 +229,7 @@ pub fn gemm_typed<T: Real>(
         // stay inside those ranges and the lengths were checked above. `T` is f32 or f64,
         // types `gemm` supports.
         unsafe {
-            if backend == GemmBackend::Blas && by_blas(product, (lhs, rhs, dst), threads, parallel, isa) {
+            if to_blas && by_blas(product, (lhs, rhs, dst), threads, parallel) {
                 continue;
             }
             // gemm on `rhs` read with (row, column) strides `b`.
@@ -253,7 +256,7 @@ pub fn gemm_typed<T: Real>(
                     if parallel { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
                 )
             };
-            if copies_transposed_rhs(m, k, n, layout.b_strides, isa) {
+            if copy_rhs {
                 with_rhs_as_stored(rhs, k, n, if parallel { threads } else { 1 }, |copy| {
                     by_gemm(copy, (n as isize, 1))
                 });
@@ -265,8 +268,8 @@ pub fn gemm_typed<T: Real>(
     Ok(())
 }
 
-/// Whether gemm computes a product whose right operand is read transposed (`b_strides`
-/// with a row stride of 1) from a copy of that operand as stored row-major instead, at
+/// Whether gemm computes a product whose right operand is read transposed (`op(b)` with a
+/// row stride of 1) from a copy of that operand as stored row-major instead, at
 /// instruction-set level `isa`. gemm's AVX-512 kernels handle a transposed right operand
 /// slowly: `dy · wᵀ` of 256×1024×1024 ran at 65 GFLOP/s (46 at 128 rows) against 100 for
 /// the same product read as stored, while the copy of `w` (4 MB) takes a few hundred
@@ -275,8 +278,8 @@ pub fn gemm_typed<T: Real>(
 /// the other level, on one AVX-512 host; BENCHMARKS.md, issue 13, "eleventh"). Worth it
 /// only where the product is large against the copy: at least [`BLAS_MIN_SIDE`] on k and
 /// n and 64 rows.
-pub fn copies_transposed_rhs(m: usize, k: usize, n: usize, b_strides: (isize, isize), isa: super::isa::Isa) -> bool {
-    isa == super::isa::Isa::Avx512 && b_strides.0 == 1 && n > 1 && m >= 64 && k.min(n) >= BLAS_MIN_SIDE
+pub fn copies_transposed_rhs(m: usize, k: usize, n: usize, rhs_transposed: bool, isa: super::isa::Isa) -> bool {
+    isa == super::isa::Isa::Avx512 && rhs_transposed && m >= 64 && k.min(n) >= BLAS_MIN_SIDE
 }
 
 thread_local! {
@@ -361,8 +364,8 @@ pub fn prefers_blas(m: usize, k: usize, n: usize, rhs_transposed: bool, isa: sup
     m.min(k).min(n) >= BLAS_MIN_SIDE && (isa != super::isa::Isa::Avx512 || rhs_transposed)
 }
 
-/// Computes `product` by OpenBLAS if [`prefers_blas`] says so and `T` and the strides fit;
-/// false (nothing done) otherwise.
+/// Computes `product` by OpenBLAS if `T` and the strides fit; false (nothing done)
+/// otherwise. Whether OpenBLAS should is [`prefers_blas`]'s to say.
 ///
 /// # Safety
 /// As [`blas_product`]'s.
@@ -371,13 +374,7 @@ unsafe fn by_blas<T: Real>(
     (a, b, c): (*const T, *const T, *mut T),
     threads: usize,
     split: bool,
-    isa: super::isa::Isa,
 ) -> bool {
-    // A row stride of 1 in `op(b)`: b is stored transposed.
-    let rhs_transposed = product.b_strides.0 == 1 && product.n > 1;
-    if !prefers_blas(product.m, product.k, product.n, rhs_transposed, isa) {
-        return false;
-    }
     // SAFETY: `T` is the type its dtype names, so the casts change nothing; the rest is the
     // caller's promise.
     unsafe {
@@ -416,10 +413,10 @@ mod tests {
     #[test]
     fn a_product_from_the_copy_of_a_transposed_operand_has_the_bits_of_the_direct_one() {
         let (m, k, n) = (100, 97, 130);
-        assert!(copies_transposed_rhs(m, k, n, (1, k as isize), Isa::Avx512));
-        assert!(!copies_transposed_rhs(m, k, n, (1, k as isize), Isa::Avx2), "AVX2 reads it well");
-        assert!(!copies_transposed_rhs(m, k, n, (n as isize, 1), Isa::Avx512), "b read as stored");
-        assert!(!copies_transposed_rhs(63, k, n, (1, k as isize), Isa::Avx512), "too few rows to pay for the copy");
+        assert!(copies_transposed_rhs(m, k, n, true, Isa::Avx512));
+        assert!(!copies_transposed_rhs(m, k, n, true, Isa::Avx2), "AVX2 reads it well");
+        assert!(!copies_transposed_rhs(m, k, n, false, Isa::Avx512), "b read as stored");
+        assert!(!copies_transposed_rhs(63, k, n, true, Isa::Avx512), "too few rows to pay for the copy");
         let mut rng = regflow_plan::SplitMix64::new(7);
         let a: Vec<f32> = (0..m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
         let b: Vec<f32> = (0..n * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
