@@ -14,6 +14,8 @@ use crate::sync::Arc;
 use crate::watchdog::{watch, Names};
 use crate::RuntimeError;
 use regflow_actors::{Actor, ActorId, Body, Cmd, Message, PlanIds};
+use regflow_kernels::StreamScratch;
+use regflow_memory::{ArenaMemory, MemoryReport};
 use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePieces};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -307,6 +309,61 @@ pub(super) struct MadeActors {
     pub(super) stream_scratch: Vec<u64>,
     /// The actor asking the most scratch, per device label, and its bytes.
     pub(super) largest_scratch: HashMap<String, (String, u64)>,
+}
+
+/// The scratch the streams lend their kernels, summed per device and listed for the devices
+/// the memory report lists (`Job::kernel_memory`), after checking that each device holds it
+/// beside its registers; `largest` names the kernel asking the most, per device, for the
+/// error.
+pub(super) fn kernel_memory(
+    plan: &Plan,
+    stream_scratch: &[u64],
+    largest: &HashMap<String, (String, u64)>,
+    arenas: &PlanArenas,
+) -> Result<MemoryReport, RuntimeError> {
+    let mut device_scratch = vec![0u64; plan.devices.len()];
+    for (stream, bytes) in plan.streams.iter().zip(stream_scratch) {
+        device_scratch[stream.device.index()] += bytes;
+    }
+    let report = MemoryReport {
+        devices: plan
+            .devices
+            .iter()
+            .zip(&device_scratch)
+            .map(|(device, &bytes)| (device.label(), bytes))
+            .filter(|(label, _)| arenas.report().bytes_of(label).is_some())
+            .collect(),
+    };
+    arenas.check_with_kernels(&report, largest)?;
+    Ok(report)
+}
+
+/// A stream's scratch: its memory (kept as long as the stream's kernels) and what the
+/// kernels see of it.
+pub(super) type LentScratch = (Box<dyn ArenaMemory>, StreamScratch);
+
+/// The scratch of each stream this job hosts (`hosted`), made once like the registers and
+/// all before any stream thread starts, so a failure leaves none running: its memory and
+/// what its kernels see of it, `None` where no kernel of the stream asks for any.
+pub(super) fn lend_scratches(
+    plan: &Plan,
+    stream_scratch: &[u64],
+    hosted: impl Fn(usize) -> bool,
+    gpus: &GpuMap,
+) -> Result<Vec<Option<LentScratch>>, RuntimeError> {
+    (0..plan.streams.len())
+        .map(|s| {
+            if !hosted(s) {
+                return Ok(None);
+            }
+            let bytes = stream_scratch[s];
+            let memory = crate::arenas::stream_scratch(plan, s, gpus, bytes)?;
+            Ok(memory.map(|m| {
+                let lent = StreamScratch { address: m.base().as_ptr() as u64, bytes };
+                (m, lent)
+            }))
+        })
+        .collect()
 }
 
 /// Makes every actor this job hosts.

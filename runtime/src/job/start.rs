@@ -3,9 +3,9 @@
 
 use super::make::UserEnds;
 use super::setup::{
-    check_devices, check_sink_callbacks, inbox_capacities, make_actors, max_arity, sim_poller, start_sources,
-    start_watchdog, stream_device, stream_label, user_records, variable_preloads, watch_names, write_preloads,
-    write_variables,
+    check_devices, check_sink_callbacks, inbox_capacities, kernel_memory, lend_scratches, make_actors, max_arity,
+    sim_poller, start_sources, start_watchdog, stream_device, stream_label, user_records, variable_preloads,
+    watch_names, write_preloads, write_variables,
 };
 use super::{Job, DEFAULT_WATCHDOG};
 use crate::arenas::PlanArenas;
@@ -18,6 +18,7 @@ use crate::sync::Arc;
 use crate::trace::TraceBuffer;
 use crate::RuntimeError;
 use regflow_actors::{PlanIds, StreamId};
+use regflow_kernels::StreamScratch;
 use regflow_plan::{DeviceKind, Plan, PlanIndex};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -320,21 +321,7 @@ impl Job {
 
         let made = make_actors(&mut builder, &indexed, &ids, &per_step, &senders, &mut ends)?;
         let (per_stream, sources, host_kernels) = (made.per_stream, made.sources, made.on_host);
-        // The streams' scratch, per device, listed for the devices the memory report lists.
-        let mut device_scratch = vec![0u64; plan.devices.len()];
-        for (stream, bytes) in plan.streams.iter().zip(&made.stream_scratch) {
-            device_scratch[stream.device.index()] += bytes;
-        }
-        let kernel_memory = regflow_memory::MemoryReport {
-            devices: plan
-                .devices
-                .iter()
-                .zip(&device_scratch)
-                .map(|(device, &bytes)| (device.label(), bytes))
-                .filter(|(label, _)| arenas.report().bytes_of(label).is_some())
-                .collect(),
-        };
-        arenas.check_with_kernels(&kernel_memory, &made.largest_scratch)?;
+        let kernel_memory = kernel_memory(&plan, &made.stream_scratch, &made.largest_scratch, &arenas)?;
 
         let UserEnds { feeders, fetchers, .. } = ends;
 
@@ -365,14 +352,7 @@ impl Job {
             _ => (None, None),
         };
 
-        // One scratch per hosted stream for its kernels, made once like the registers, and
-        // all of them before any stream thread starts (a failure here leaves none running).
-        let mut scratches = (0..plan.streams.len())
-            .map(|s| match receivers[s] {
-                Some(_) => crate::arenas::stream_scratch(&plan, s, &builder.gpus, made.stream_scratch[s]),
-                None => Ok(None),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut scratches = lend_scratches(&plan, &made.stream_scratch, |s| receivers[s].is_some(), &builder.gpus)?;
 
         // Stream threads.
         let epoch = Instant::now();
@@ -386,15 +366,14 @@ impl Job {
             let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus)? else {
                 continue;
             };
-            let scratch = scratches[s].take();
+            let (lent_scratch, scratch) =
+                scratches[s].take().map_or((None, StreamScratch::NONE), |(m, lent)| (Some(m), lent));
             let context = StreamContext {
                 device: device_desc.kind,
                 device_index: builder.gpus.kernel_index(device_desc.kind, device_desc.index),
                 threads: builder.cpu_threads,
                 native: device.native(),
-                scratch: scratch.as_ref().map_or(regflow_kernels::StreamScratch::NONE, |m| {
-                    regflow_kernels::StreamScratch { address: m.base().as_ptr() as u64, bytes: made.stream_scratch[s] }
-                }),
+                scratch,
             };
             let stream_id =
                 actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
@@ -414,7 +393,7 @@ impl Job {
                 scratch_inputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
                 scratch_outputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
                 context,
-                _lent_scratch: scratch,
+                _lent_scratch: lent_scratch,
             };
             let exit_notice = ExitNotice(exit_tx.clone(), s);
             let handle = spawn_stream(worker, &shared, &router, exit_notice);
