@@ -363,8 +363,10 @@ impl Job {
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
             let device_desc = &plan.devices[plan.streams[s].device.index()];
-            let Some(device) = stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus)? else {
-                continue;
+            let device = match stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus) {
+                Ok(Some(device)) => device,
+                Ok(None) => continue,
+                Err(e) => return Err(stop_started(threads, &shared, &router, e)),
             };
             let (lent_scratch, scratch) =
                 scratches[s].take().map_or((None, StreamScratch::NONE), |(m, lent)| (Some(m), lent));
@@ -396,15 +398,9 @@ impl Job {
                 _lent_scratch: lent_scratch,
             };
             let exit_notice = ExitNotice(exit_tx.clone(), s);
-            let handle = spawn_stream(worker, &shared, &router, exit_notice);
-            match handle {
+            match spawn_stream(worker, &shared, &router, exit_notice) {
                 Ok(handle) => threads.push((s, handle)),
-                Err(e) => {
-                    // The threads started so far stop before the error is returned.
-                    shared.abort(RuntimeError::Stopped, &router);
-                    threads.into_iter().for_each(|(_, t)| drop(t.join()));
-                    return Err(e);
-                }
+                Err(e) => return Err(stop_started(threads, &shared, &router, e)),
             }
         }
 
@@ -439,6 +435,20 @@ impl Job {
             kernel_memory,
         })
     }
+}
+
+/// Stops the stream threads started so far, before a job that could not start all of them
+/// returns `error`: left running, they would wait for ever on inboxes they hold the
+/// senders of.
+fn stop_started(
+    threads: Vec<(usize, std::thread::JoinHandle<StreamExit>)>,
+    shared: &JobShared,
+    router: &Router,
+    error: RuntimeError,
+) -> RuntimeError {
+    shared.abort(RuntimeError::Stopped, router);
+    threads.into_iter().for_each(|(_, t)| drop(t.join()));
+    error
 }
 
 /// Starts the thread of one stream; its exit notice is sent however the thread ends.
