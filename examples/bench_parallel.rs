@@ -15,12 +15,14 @@
 //! ```
 //!
 //! `--trace` writes the sim part's timeline. Environment, for looking closer:
-//! `REGFLOW_DP_TRACE=t.json` writes the timeline of the cpu dp2 run (first round),
+//! `REGFLOW_ONE_TRACE=t.json` writes the timeline of the cpu one-device run (first round),
+//! `REGFLOW_DP_TRACE=t.json` that of the cpu dp2 run,
 //! `REGFLOW_Z1_TRACE=t.json` that of the dp2 run with sharded AdamW state,
 //! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
 //! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
-//! `REGFLOW_PLAN_JSON=p.json` writes the sim plan (for `regflow plan show|dot`).
+//! `REGFLOW_PLAN_JSON=p.json` writes the sim plan and `REGFLOW_DP_PLAN_JSON=p.json` the cpu
+//! dp2 plan (for `regflow plan show|dot`).
 
 #[path = "common/cpu_time.rs"]
 mod cpu_time;
@@ -149,6 +151,9 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
         dp_options.bucket_bytes = 0;
     }
     let dp = g.compile_parallel(&[train.loss], &train.updates, &dp_options)?;
+    if let Some(path) = std::env::var_os("REGFLOW_DP_PLAN_JSON") {
+        std::fs::write(path, dp.plan.to_json())?;
+    }
     if std::env::var_os("REGFLOW_SHOW_COLLECTIVES").is_some() {
         println!("collectives: {:?}", dp.parallel.as_ref().map(|p| &p.collectives));
     }
@@ -164,11 +169,13 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     }
     let zero1 = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
 
+    let one_trace = std::env::var("REGFLOW_ONE_TRACE").ok();
     let dp_trace = std::env::var("REGFLOW_DP_TRACE").ok();
     let zero1_trace = std::env::var("REGFLOW_Z1_TRACE").ok();
     let (mut dp_gains, mut zero1_gains) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
-        let single = time_steps(&one, &feeds, warmup, steps, None)?;
+        let trace = if round == 0 { one_trace.as_deref() } else { None };
+        let single = time_steps(&one, &feeds, warmup, steps, trace)?;
         let trace = if round == 0 { dp_trace.as_deref() } else { None };
         let parallel = time_steps(&dp, &feeds, warmup, steps, trace)?;
         let trace = if round == 0 { zero1_trace.as_deref() } else { None };

@@ -2,10 +2,11 @@
 //! feature) computes plain, transposed, batched and batch-summed products to f32 accuracy on
 //! any thread count, with the same bits from run to run (and, for gemm, on any thread
 //! count), and a backend the build lacks is refused with
-//! an error that says how to get it. One test for the products, because the backend is
-//! process-wide.
+//! an error that says how to get it. One test for the products, because the backend and
+//! the instruction-set cap are process-wide.
 
 use regflow_kernels::cpu::gemm_backend::{backend_in_use, force_backend, GemmBackend};
+use regflow_kernels::cpu::isa::{force_isa, Isa};
 use regflow_kernels::cpu::matmul::prefers_blas;
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::{MatMul, MatMulBatchSum};
@@ -115,8 +116,7 @@ fn element(x: &[f32], g: usize, (rows, cols): (usize, usize), transposed: bool, 
 fn every_built_backend_computes_every_kind_of_product_on_any_thread_count() {
     let mut cases = Vec::new();
     // Small and skinny products stay on gemm whatever the backend (`BLAS_MIN_SIDE`); the
-    // last two reach OpenBLAS in a `blas` build (at AVX-512 only those reading b
-    // transposed: `prefers_blas`).
+    // last two reach OpenBLAS in a `blas` build below AVX-512 (`prefers_blas`).
     let sizes = [(0, 1, 1, 1), (0, 7, 33, 1), (0, 33, 7, 1023), (3, 17, 9, 5), (2, 100, 97, 130), (0, 250, 270, 251)];
     assert!(sizes[4..].iter().all(|&(_, m, k, n)| m.min(k).min(n) >= regflow_kernels::cpu::matmul::BLAS_MIN_SIDE));
     for (batch, m, k, n) in sizes {
@@ -132,11 +132,30 @@ fn every_built_backend_computes_every_kind_of_product_on_any_thread_count() {
         }
     }
     let built: Vec<GemmBackend> = [GemmBackend::Gemm, GemmBackend::Blas].into_iter().filter(|b| b.is_built()).collect();
-    let isa = regflow_kernels::cpu::isa::isa_in_use().unwrap();
+    // At AVX-512 the `blas` backend leaves every product to gemm (`prefers_blas`): capped
+    // at AVX2 as well, so that OpenBLAS is checked on every machine.
+    let widest = regflow_kernels::cpu::isa::isa_in_use().unwrap();
+    let mut levels = vec![widest];
+    if widest == Isa::Avx512 {
+        levels.push(Isa::Avx2);
+    }
+    for isa in levels {
+        force_isa(Some(isa));
+        assert_eq!(regflow_kernels::cpu::isa::isa_in_use().unwrap(), isa);
+        check_backends(&built, &cases, isa);
+    }
+    force_isa(None);
+    force_backend(None).unwrap();
+    let default = if GemmBackend::Blas.is_built() { GemmBackend::Blas } else { GemmBackend::Gemm };
+    assert_eq!(backend_in_use().unwrap(), default);
+}
+
+/// Every case on every built backend at instruction-set level `isa`.
+fn check_backends(built: &[GemmBackend], cases: &[Case], isa: Isa) {
     // gemm's one-thread results, which the `blas` backend gives bit for bit wherever it
     // leaves a product to gemm.
     let mut by_gemm = Vec::new();
-    for &backend in &built {
+    for &backend in built {
         force_backend(Some(backend)).unwrap();
         assert_eq!(backend_in_use().unwrap(), backend);
         for (seed, case) in cases.iter().enumerate() {
@@ -148,7 +167,7 @@ fn every_built_backend_computes_every_kind_of_product_on_any_thread_count() {
             match backend {
                 GemmBackend::Gemm => by_gemm.push(one.clone()),
                 GemmBackend::Blas => {
-                    let to_blas = prefers_blas(case.m, case.k, case.n, case.transpose_b, isa);
+                    let to_blas = prefers_blas(case.m, case.k, case.n, isa);
                     if !to_blas {
                         assert_eq!(one, by_gemm[seed], "{case:?} at {isa} is left to gemm");
                     }
@@ -166,9 +185,6 @@ fn every_built_backend_computes_every_kind_of_product_on_any_thread_count() {
             }
         }
     }
-    force_backend(None).unwrap();
-    let default = if GemmBackend::Blas.is_built() { GemmBackend::Blas } else { GemmBackend::Gemm };
-    assert_eq!(backend_in_use().unwrap(), default);
 }
 
 #[test]

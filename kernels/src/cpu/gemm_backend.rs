@@ -4,10 +4,10 @@
 //! Why two: on the AVX2 machines here OpenBLAS's hand-written kernels ran the MLP's
 //! 128×1024×1024 products at 68–80 GFLOP/s where gemm 0.19 ran them at 48–50
 //! (BENCHMARKS.md, issue 13, "Per shape"), and a product is most of a training step. On
-//! AVX-512 machines gemm's x86-v4 kernels are the faster ones, except for products that
-//! read their right operand transposed, so the `blas` backend sends each product where it
-//! ran fastest ([`prefers_blas`](super::matmul::prefers_blas)); skinny products stay on
-//! gemm everywhere. gemm stays the default of a plain build, because OpenBLAS is a
+//! AVX-512 machines gemm's x86-v4 kernels are the faster ones on every shape measured, so
+//! the `blas` backend sends each product where it ran fastest
+//! ([`prefers_blas`](super::matmul::prefers_blas)): to OpenBLAS only below AVX-512, and
+//! skinny products to gemm everywhere. gemm stays the default of a plain build, because OpenBLAS is a
 //! system library (Debian: `libopenblas-dev`) that a fresh machine may not have, and it stays
 //! the backend of the instruction-set tests ([`isa`](super::isa)), whose levels cap gemm's
 //! own dispatch. OpenBLAS picks its kernels at run time itself (Debian builds it with

@@ -147,6 +147,66 @@ unsafe fn quick_copy<T: Copy>(dst: *mut T, src: *const T, n: usize) {
     }
 }
 
+/// regflow patch: whether a transposed operand is packed by blocks (`pack_rows_blocked`);
+/// on unless a test turns it off to compare with upstream's packing.
+static BLOCKED_PACKING: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(true);
+
+/// regflow patch: turns the blocked packing of transposed operands on or off, process-wide,
+/// from the next packed panel on. Packing only moves values, so a product's result is the
+/// same bits either way; tests compare the two to check exactly that.
+pub fn set_blocked_packing(on: bool) {
+    BLOCKED_PACKING.store(on, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// regflow patch: the row distance from which a transposed operand is packed by blocks:
+/// 48 rows 1 KiB apart share 4 L1 sets, 12 to a set, more than its 8 ways (measured on
+/// `bench_gemm`'s `nt` shapes: blocks won from 4 KiB rows, lost on 256-byte ones).
+const BLOCKED_MIN_ROW_BYTES: usize = 1024;
+
+/// regflow patch: packs a panel whose rows lie contiguous along `k` (`src_cs == 1`,
+/// `src_rs != 1`: an operand read transposed) a block of `k` at a time.
+///
+/// Upstream's loop gathers one element from each of the panel's `src_width` rows per
+/// step of `k`. Its rows are `src_rs` apart, a power of two for most model sizes, so at
+/// AVX-512's 48-row f32 panels every row of a step falls in the same few L1 sets, more
+/// than the cache holds, and nearly every element misses (a `dy · wᵀ` of 128×1024×1024
+/// ran at half the speed of `dy · w`). Here each row's next `BLOCK` elements are read in
+/// one go and written to their places in the packed panel, which for one block spans
+/// `BLOCK * DST_WIDTH` elements and stays in L1 (64 beat 16, 32, 128 and 256 on
+/// `bench_gemm`'s `nt` shapes). Lanes past `src_width` are zeroed as upstream's loop
+/// zeroes them (only for widths other than `DST_WIDTH`, `N` and `2 * N`).
+#[inline(always)]
+unsafe fn pack_rows_blocked<T: Copy, const N: usize, const DST_WIDTH: usize>(
+    dst: *mut T,
+    src: *const T,
+    src_rs: isize,
+    src_width: usize,
+    k: usize,
+) {
+    const BLOCK: usize = 64;
+    let zero_tail = src_width != DST_WIDTH && src_width != N && src_width != 2 * N;
+    let mut depth = 0;
+    while depth < k {
+        let block = BLOCK.min(k - depth);
+        let block_dst = dst.add(depth * DST_WIDTH);
+        for j in 0..src_width {
+            let row = src.offset(j as isize * src_rs).add(depth);
+            for t in 0..block {
+                *block_dst.add(t * DST_WIDTH + j) = *row.add(t);
+            }
+        }
+        if zero_tail {
+            for t in 0..block {
+                quick_zero::<T>(core::slice::from_raw_parts_mut(
+                    block_dst.add(t * DST_WIDTH + src_width) as _,
+                    DST_WIDTH - src_width,
+                ));
+            }
+        }
+        depth += block;
+    }
+}
+
 #[inline(always)]
 unsafe fn pack_generic_inner_loop<T: Copy, const N: usize, const DST_WIDTH: usize>(
     mut dst: *mut T,
@@ -156,6 +216,17 @@ unsafe fn pack_generic_inner_loop<T: Copy, const N: usize, const DST_WIDTH: usiz
     src_width: usize,
     k: usize,
 ) {
+    // regflow patch: a transposed operand whose rows lie far apart is packed by blocks
+    // (see `pack_rows_blocked`). Rows closer than `BLOCKED_MIN_ROW_BYTES` spread over
+    // enough cache sets for upstream's gather, which is faster on small operands.
+    if src_rs != 1
+        && src_cs == 1
+        && src_rs.unsigned_abs() * core::mem::size_of::<T>() >= BLOCKED_MIN_ROW_BYTES
+        && BLOCKED_PACKING.load(core::sync::atomic::Ordering::Relaxed)
+    {
+        pack_rows_blocked::<T, N, DST_WIDTH>(dst, src, src_rs, src_width, k);
+        return;
+    }
     if src_width == DST_WIDTH {
         if src_rs == 1 {
             for _ in 0..k {
