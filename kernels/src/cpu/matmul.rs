@@ -348,6 +348,35 @@ mod tests {
         out
     }
 
+    /// The same for f64, whose rows are 1 KiB apart from 128 elements: a few sizes around
+    /// the panel widths, both operands transposed, plain and batch-summed.
+    #[test]
+    fn blocked_packing_of_f64_operands_gives_the_bits_of_upstreams_packing() {
+        let product = |a: &[f64], b: &[f64], (m, k, n): (usize, usize, usize), batch: usize| {
+            let dims = |r: usize, c: usize| if batch > 1 { Shape::from([batch, c, r]) } else { Shape::from([c, r]) };
+            let (a_shape, b_shape) = (dims(m, k), dims(k, n));
+            let layout = layout(&a_shape, true, &b_shape, true).unwrap();
+            let a_tensor = HostTensor { shape: &a_shape, data: regflow_plan::HostSlice::F64(a) };
+            let b_tensor = HostTensor { shape: &b_shape, data: regflow_plan::HostSlice::F64(b) };
+            let mut out = vec![0f64; m * n];
+            let out_shape = Shape::from([m, n]);
+            let mut out_tensor = HostTensorMut { shape: &out_shape, data: regflow_plan::HostSliceMut::F64(&mut out) };
+            gemm_typed::<f64>(&layout, batch > 1, 2, &[a_tensor, b_tensor], &mut out_tensor).unwrap();
+            out
+        };
+        let mut rng = regflow_plan::SplitMix64::new(11);
+        for (m, k, n) in [(7, 128, 9), (24, 200, 25), (49, 131, 97), (130, 256, 3)] {
+            for batch in [1, 2] {
+                let a: Vec<f64> = (0..batch * m * k).map(|_| rng.next_f64() - 0.5).collect();
+                let b: Vec<f64> = (0..batch * k * n).map(|_| rng.next_f64() - 0.5).collect();
+                gemm_common::pack_operands::set_blocked_packing(false);
+                let upstream = product(&a, &b, (m, k, n), batch);
+                gemm_common::pack_operands::set_blocked_packing(true);
+                assert_eq!(product(&a, &b, (m, k, n), batch), upstream, "{m}x{k}x{n}, batch {batch}");
+            }
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
         /// Products of operands read transposed with rows at least 1 KiB apart, which the
