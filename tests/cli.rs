@@ -361,4 +361,14 @@ fn env_reports_the_machine_and_fails_after_the_report_on_a_refused_setting() {
     assert!(stdout.contains("kernel cache: "), "the whole report first: {stdout}");
     assert!(stderr.starts_with("error: refused settings: REGFLOW_CPU_GEMM=\"mkl\""), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // A `blas` build says where OpenBLAS takes no product (AVX-512: `prefers_blas`).
+    if cfg!(feature = "blas") {
+        let note = "cpu products: at avx512 gemm computes every product (faster there than OpenBLAS)";
+        let capped =
+            String::from_utf8(env(&[("REGFLOW_CPU_GEMM", "blas"), ("REGFLOW_CPU_ISA", "avx2")]).stdout).unwrap();
+        assert!(!capped.contains("gemm computes every product"), "{capped}");
+        let widest = String::from_utf8(env(&[("REGFLOW_CPU_GEMM", "blas")]).stdout).unwrap();
+        assert_eq!(widest.contains(note), widest.contains("instruction set avx512;"), "{widest}");
+    }
 }

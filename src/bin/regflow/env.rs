@@ -3,7 +3,7 @@
 //! CUDA backend, its devices and NVRTC, and the kernel cache.
 
 use regflow::cuda::ptx_cache;
-use regflow::kernels::cpu::{gemm_backend, isa};
+use regflow::kernels::cpu::{gemm_backend, isa, matmul};
 use std::path::Path;
 
 /// The report's lines, and the settings that were refused (each a sentence naming its
@@ -37,6 +37,14 @@ pub(crate) fn report() -> Report {
         }
     };
     lines.push(format!("cpu products: backend {backend}, instruction set {isa}; OpenBLAS {openblas} (feature `blas`)"));
+    // The `blas` backend sends each product where it ran fastest, which at some levels is
+    // nowhere (`matmul::prefers_blas`): say so rather than let "backend blas" mislead.
+    if let (Ok(gemm_backend::GemmBackend::Blas), Ok(level)) = (gemm_backend::backend_in_use(), isa::isa_in_use()) {
+        let side = matmul::BLAS_MIN_SIDE;
+        if !matmul::prefers_blas(side, side, side, level) {
+            lines.push(format!("cpu products: at {isa} gemm computes every product (faster there than OpenBLAS)"));
+        }
+    }
     lines.push(format!(
         "cuda backend: {} (feature `cuda`)",
         if regflow::cuda::BUILT { "in this build" } else { "not in this build" }
