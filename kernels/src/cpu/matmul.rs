@@ -320,15 +320,22 @@ mod tests {
     use super::*;
     use crate::cpu::isa::Isa;
 
+    /// How a test's operands of element type `T` are seen as tensors.
+    type Views<T> =
+        (for<'x> fn(&'x [T]) -> regflow_plan::HostSlice<'x>, for<'x> fn(&'x mut [T]) -> regflow_plan::HostSliceMut<'x>);
+
+    const F32: Views<f32> = (|x| regflow_plan::HostSlice::F32(x), |x| regflow_plan::HostSliceMut::F32(x));
+    const F64: Views<f64> = (|x| regflow_plan::HostSlice::F64(x), |x| regflow_plan::HostSliceMut::F64(x));
+
     /// `op(a) · op(b)` through the kernel's entry (`gemm_typed`), `batch` products summed
     /// when `batch` is 2.
-    fn product(
-        (a, ta): (&[f32], bool),
-        (b, tb): (&[f32], bool),
+    fn product<T: Real>(
+        (a, ta): (&[T], bool),
+        (b, tb): (&[T], bool),
         (m, k, n): (usize, usize, usize),
-        batch: usize,
-        threads: usize,
-    ) -> Vec<f32> {
+        (batch, threads): (usize, usize),
+        (view, view_mut): Views<T>,
+    ) -> Vec<T> {
         let dims = |r: usize, c: usize, t: bool| {
             let (r, c) = if t { (c, r) } else { (r, c) };
             if batch > 1 {
@@ -339,12 +346,12 @@ mod tests {
         };
         let (a_shape, b_shape) = (dims(m, k, ta), dims(k, n, tb));
         let layout = layout(&a_shape, ta, &b_shape, tb).unwrap();
-        let a_tensor = HostTensor { shape: &a_shape, data: regflow_plan::HostSlice::F32(a) };
-        let b_tensor = HostTensor { shape: &b_shape, data: regflow_plan::HostSlice::F32(b) };
-        let mut out = vec![0f32; m * n];
+        let a_tensor = HostTensor { shape: &a_shape, data: view(a) };
+        let b_tensor = HostTensor { shape: &b_shape, data: view(b) };
+        let mut out = vec![T::zero(); m * n];
         let out_shape = Shape::from([m, n]);
-        let mut out_tensor = HostTensorMut { shape: &out_shape, data: regflow_plan::HostSliceMut::F32(&mut out) };
-        gemm_typed::<f32>(&layout, batch > 1, threads, &[a_tensor, b_tensor], &mut out_tensor).unwrap();
+        let mut out_tensor = HostTensorMut { shape: &out_shape, data: view_mut(&mut out) };
+        gemm_typed::<T>(&layout, batch > 1, threads, &[a_tensor, b_tensor], &mut out_tensor).unwrap();
         out
     }
 
@@ -352,27 +359,16 @@ mod tests {
     /// the panel widths, both operands transposed, plain and batch-summed.
     #[test]
     fn blocked_packing_of_f64_operands_gives_the_bits_of_upstreams_packing() {
-        let product = |a: &[f64], b: &[f64], (m, k, n): (usize, usize, usize), batch: usize| {
-            let dims = |r: usize, c: usize| if batch > 1 { Shape::from([batch, c, r]) } else { Shape::from([c, r]) };
-            let (a_shape, b_shape) = (dims(m, k), dims(k, n));
-            let layout = layout(&a_shape, true, &b_shape, true).unwrap();
-            let a_tensor = HostTensor { shape: &a_shape, data: regflow_plan::HostSlice::F64(a) };
-            let b_tensor = HostTensor { shape: &b_shape, data: regflow_plan::HostSlice::F64(b) };
-            let mut out = vec![0f64; m * n];
-            let out_shape = Shape::from([m, n]);
-            let mut out_tensor = HostTensorMut { shape: &out_shape, data: regflow_plan::HostSliceMut::F64(&mut out) };
-            gemm_typed::<f64>(&layout, batch > 1, 2, &[a_tensor, b_tensor], &mut out_tensor).unwrap();
-            out
-        };
         let mut rng = regflow_plan::SplitMix64::new(11);
         for (m, k, n) in [(7, 128, 9), (24, 200, 25), (49, 131, 97), (130, 256, 3)] {
             for batch in [1, 2] {
                 let a: Vec<f64> = (0..batch * m * k).map(|_| rng.next_f64() - 0.5).collect();
                 let b: Vec<f64> = (0..batch * k * n).map(|_| rng.next_f64() - 0.5).collect();
+                let run = || product((&a, true), (&b, true), (m, k, n), (batch, 2), F64);
                 gemm_common::pack_operands::set_blocked_packing(false);
-                let upstream = product(&a, &b, (m, k, n), batch);
+                let upstream = run();
                 gemm_common::pack_operands::set_blocked_packing(true);
-                assert_eq!(product(&a, &b, (m, k, n), batch), upstream, "{m}x{k}x{n}, batch {batch}");
+                assert_eq!(run(), upstream, "{m}x{k}x{n}, batch {batch}");
             }
         }
     }
@@ -399,9 +395,9 @@ mod tests {
             let b: Vec<f32> = (0..batch * k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
             // Process-wide, but harmless to products of other tests: it changes no result.
             gemm_common::pack_operands::set_blocked_packing(false);
-            let upstream = product((&a, ta), (&b, tb), (m, k, n), batch, threads);
+            let upstream = product((&a, ta), (&b, tb), (m, k, n), (batch, threads), F32);
             gemm_common::pack_operands::set_blocked_packing(true);
-            let blocked = product((&a, ta), (&b, tb), (m, k, n), batch, threads);
+            let blocked = product((&a, ta), (&b, tb), (m, k, n), (batch, threads), F32);
             proptest::prop_assert_eq!(blocked, upstream);
         }
     }
