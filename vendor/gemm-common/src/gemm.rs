@@ -652,10 +652,11 @@ pub unsafe fn gemm_basic_generic<
             }
 
             let func = move |tid, packed_lhs: Ptr<T>| {
+                // regflow patch: a helper's flags from its thread's pool (see `reuse`).
                 let mut did_pack_lhs_storage =
-                    alloc::vec![false; if tid > 0 { mc / MR } else { 0 }];
+                    crate::reuse::PooledFlags::take(if tid > 0 { mc / MR } else { 0 });
                 let did_pack_lhs = if tid > 0 {
-                    &mut *did_pack_lhs_storage
+                    &mut *did_pack_lhs_storage.0
                 } else {
                     &mut *({ did_pack_lhs }.0)
                 };

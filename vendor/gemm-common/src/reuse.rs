@@ -70,3 +70,21 @@ pub(crate) fn give_flags(flags: Vec<bool>) {
     #[cfg(not(feature = "std"))]
     let _ = flags;
 }
+
+/// regflow patch: flags from [`take_flags`] that go back to this thread's pool when dropped,
+/// on every way out of the function that holds them (a helper thread's share of a
+/// multi-threaded product returns early when its jobs are done).
+pub(crate) struct PooledFlags(pub(crate) Vec<bool>);
+
+impl PooledFlags {
+    /// `len` flags, all `false`, from this thread's pool.
+    pub(crate) fn take(len: usize) -> Self {
+        Self(take_flags(len))
+    }
+}
+
+impl Drop for PooledFlags {
+    fn drop(&mut self) {
+        give_flags(core::mem::take(&mut self.0));
+    }
+}
