@@ -7,11 +7,11 @@
 //! AVX-512 machines gemm's x86-v4 kernels are the faster ones on every shape measured, so
 //! the `blas` backend sends each product where it ran fastest
 //! ([`prefers_blas`](super::matmul::prefers_blas)): to OpenBLAS only below AVX-512, and
-//! skinny products to gemm everywhere. gemm stays the default of a plain build, because OpenBLAS is a
-//! system library (Debian: `libopenblas-dev`) that a fresh machine may not have, and it stays
-//! the backend of the instruction-set tests ([`isa`](super::isa)), whose levels cap gemm's
-//! own dispatch. OpenBLAS picks its kernels at run time itself (Debian builds it with
-//! `DYNAMIC_ARCH`); `OPENBLAS_CORETYPE` forces one.
+//! skinny products to gemm everywhere. gemm stays the default of a plain build, because
+//! OpenBLAS is a system library (Debian: `libopenblas-dev`) that a fresh machine may not
+//! have, and it stays the backend of the instruction-set tests ([`isa`](super::isa)), whose
+//! levels cap gemm's own dispatch. OpenBLAS picks its kernels at run time itself (Debian
+//! builds it with `DYNAMIC_ARCH`); `OPENBLAS_CORETYPE` forces one.
 //!
 //! Threads: OpenBLAS is told once to use one thread per call; a product big enough to pay
 //! for a second thread is split here into contiguous blocks of output rows (or columns),

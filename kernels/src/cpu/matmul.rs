@@ -355,8 +355,9 @@ mod tests {
         out
     }
 
-    /// The same for f64, whose rows are 1 KiB apart from 128 elements: a few sizes around
-    /// the panel widths, both operands transposed, plain and batch-summed.
+    /// f64 operands read transposed (rows 1 KiB apart from 128 elements, so packed in
+    /// blocks) give the bits of upstream's packing: a few sizes around the panel widths,
+    /// both operands transposed, plain and batch-summed, on two threads.
     #[test]
     fn blocked_packing_of_f64_operands_gives_the_bits_of_upstreams_packing() {
         let mut rng = regflow_plan::SplitMix64::new(11);
