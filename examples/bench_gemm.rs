@@ -49,9 +49,14 @@ impl std::fmt::Display for Shape {
     }
 }
 
-/// `m x k x n`: `[m, k] · [k, n]`. The first two are the MLP's first layers at batch 256.
-const SHAPES: [Shape; 3] =
-    [Shape::plain(256, 784, 1024), Shape::plain(256, 1024, 1024), Shape::plain(1024, 1024, 1024)];
+/// `m x k x n`: `[m, k] · [k, n]`. The first two are the MLP's first layers at batch 256,
+/// the last the second layer's input gradient `dy · wᵀ`, which reads `w` transposed.
+const SHAPES: [Shape; 4] = [
+    Shape::plain(256, 784, 1024),
+    Shape::plain(256, 1024, 1024),
+    Shape::plain(1024, 1024, 1024),
+    Shape { transpose_b: true, ..Shape::plain(256, 1024, 1024) },
+];
 
 fn main() -> Result<(), regflow::Report> {
     let runs: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(9);

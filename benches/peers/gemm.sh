@@ -20,7 +20,7 @@ for threads in 1 2; do
   theirs=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads \
     taskset -c "$cpus" "$venv/bin/python" benches/peers/gemm_peers.py "$threads" "$runs")
   printf '%s\n%s\n' "$ours" "$theirs"
-  for shape in 256x784x1024 256x1024x1024 1024x1024x1024; do
+  for shape in 256x784x1024 256x1024x1024 1024x1024x1024 256x1024x1024:nt; do
     o=$(best "$shape" "$threads" <<<"$ours")
     t=$(best "$shape" "$threads" <<<"$theirs")
     oc=$(per_cpu "$shape" "$threads" <<<"$ours")

@@ -8,7 +8,8 @@ import time
 
 import numpy as np
 
-SHAPES = ((256, 784, 1024), (256, 1024, 1024), (1024, 1024, 1024))
+# (m, k, n, b read transposed): the last is the MLP's input gradient `dy · wᵀ`.
+SHAPES = ((256, 784, 1024, False), (256, 1024, 1024, False), (1024, 1024, 1024, False), (256, 1024, 1024, True))
 
 
 def blas():
@@ -24,9 +25,11 @@ def main():
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 9
     print(f"numpy {np.__version__}, {blas()}")
     rng = np.random.default_rng(7)
-    for m, k, n in SHAPES:
+    for m, k, n, transposed in SHAPES:
         a = rng.random((m, k), dtype=np.float32) - 0.5
-        b = rng.random((k, n), dtype=np.float32) - 0.5
+        # Stored [n, k] and read through its transpose (a view: BLAS reads it in place).
+        b = (rng.random((n, k), dtype=np.float32) - 0.5).T if transposed else rng.random((k, n), dtype=np.float32) - 0.5
+        label = f"{m}x{k}x{n}" + (":nt" if transposed else "")
         out = np.empty((m, n), dtype=np.float32)
         for _ in range(2):
             np.matmul(a, b, out=out)
@@ -41,7 +44,7 @@ def main():
         busy = cpu_seconds / (time.perf_counter() - wall_start)
         per_cpu_second = 2.0 * m * k * n * runs / cpu_seconds / 1e9
         rates.sort()
-        print(f"numpy f32 {m}x{k}x{n} threads {threads}: best {rates[-1]:.1f} GFLOP/s, "
+        print(f"numpy f32 {label} threads {threads}: best {rates[-1]:.1f} GFLOP/s, "
               f"median {rates[len(rates) // 2]:.1f} GFLOP/s, {busy:.2f} cpus busy, "
               f"{per_cpu_second:.1f} GFLOP per cpu-second")
 
