@@ -1,11 +1,16 @@
 //! Collective order. A collective blocks its comm stream until its whole group has
 //! arrived, as NCCL does, so every device must issue a stream's collectives in one order.
-//! They are ordered by when their input is made (the producing op's position in the graph,
-//! then creation), and each stream's collectives are chained in that order by zero-byte
-//! registers closed by a preloaded token; `Plan::check_collective_order` verifies any plan.
+//! They are ordered by when their input is made: in one step's estimated schedule
+//! ([`schedule`](super::schedule)) where the compiler has one (a `cpu` plan of one
+//! micro-batch per step), else by the producing op's position in the graph, then
+//! creation. Each stream's collectives are chained in that order by zero-byte registers
+//! closed by a preloaded token; `Plan::check_collective_order` verifies any plan. The
+//! estimate is one schedule of the whole plan and every member of a group takes its group's
+//! earliest estimated start, so the order follows every dependency between collectives and
+//! is the same on every device.
 
 use super::lower::Lowering;
-use crate::plan::ActorIndex;
+use crate::plan::{ActorIndex, ActorKind, KernelConf};
 use std::collections::HashMap;
 
 /// Which comm stream of its device a collective runs on. A collective holds its stream
@@ -34,8 +39,21 @@ pub(crate) struct Issued {
 /// Chains every comm stream's collectives in the global order, closed by a token back to
 /// the first, so every device issues them in one order step after step (or micro-batch
 /// after micro-batch). Returns the collective groups in that order.
-pub(crate) fn order_collectives(low: &mut Lowering<'_>) -> Vec<String> {
-    low.issued.sort_by_key(|i| i.key);
+pub(crate) fn order_collectives(low: &mut Lowering<'_>, starts: Option<&[u64]>) -> Vec<String> {
+    // Each group's estimated start: its earliest member's (0 for all without an estimate).
+    let mut group_start: HashMap<String, u64> = HashMap::new();
+    let mut group_of: HashMap<ActorIndex, String> = HashMap::new();
+    if let Some(starts) = starts {
+        for (a, actor) in low.b.plan_mut().actors.iter().enumerate() {
+            if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &actor.kind {
+                let at = group_start.entry(conf.group.clone()).or_insert(u64::MAX);
+                *at = (*at).min(starts[a]);
+                group_of.insert(ActorIndex(a as u32), conf.group.clone());
+            }
+        }
+    }
+    let start_of_group = |group: Option<&String>| group.and_then(|g| group_start.get(g)).copied().unwrap_or(0);
+    low.issued.sort_by_key(|i| (start_of_group(group_of.get(&i.actor)), i.key));
     // Chains in order of their first collective, found by stream.
     let mut chains: Vec<((usize, Phase), Vec<ActorIndex>)> = Vec::new();
     let mut chain_of: HashMap<(usize, Phase), usize> = HashMap::new();
@@ -60,6 +78,6 @@ pub(crate) fn order_collectives(low: &mut Lowering<'_>) -> Vec<String> {
         low.b.consume(first, token);
     }
     let mut groups = std::mem::take(&mut low.groups);
-    groups.sort_by_key(|(key, _)| *key);
+    groups.sort_by_key(|(key, group)| (start_of_group(Some(group)), *key));
     groups.into_iter().map(|(_, g)| g).collect()
 }

@@ -20,7 +20,8 @@
 //! 6. **gradient buckets** ([`bucket`]): small weight-gradient all-reduces merge into one
 //!    collective per bucket;
 //! 7. **collective order** ([`collective_order`]): every comm stream issues its
-//!    collectives in one global order;
+//!    collectives in one global order (on `cpu` devices, that of one step's estimated
+//!    schedule, [`schedule`]);
 //! 8. **discards** ([`lower::discard_unread`]): every register nobody reads gets a reader;
 //! 9. **memory sharing** ([`share`]): one-slot registers whose lifetimes do not overlap
 //!    share memory;
@@ -56,6 +57,7 @@ mod lower;
 mod options;
 mod placement;
 mod progress;
+mod schedule;
 mod share;
 mod step;
 
@@ -140,11 +142,16 @@ fn compile_step(
     connect::connect(&mut low)?;
     adapters::gate_gpipe_backward(&mut low);
     bucket::bucket_gradients(&mut low);
-    let collectives = collective_order::order_collectives(&mut low);
+    // One step's estimated schedule orders the collectives and the memory-sharing chains of
+    // a cpu plan ([`schedule`]); a pipeline's micro-batches interleave in ways one step does
+    // not show, so they keep the graph's orders, as do other devices.
+    let starts = (facts.micro_batches == 1 && schedule::applies_to(low.b.plan_mut()))
+        .then(|| schedule::estimate_starts(low.b.plan_mut()));
+    let collectives = collective_order::order_collectives(&mut low, starts.as_deref());
     lower::discard_unread(&mut low)?;
     if options.reuse_memory && facts.micro_batches == 1 {
         let constants: Vec<_> = low.out.variables.iter().filter(|v| v.constant).map(|v| v.regst).collect();
-        share::share_memory(&mut low.b, &constants)?;
+        share::share_memory(&mut low.b, &constants, starts.as_deref())?;
     }
     let compiled = emit::emit(low, collectives, scope)?;
     progress::prove(&compiled.plan, options)?;

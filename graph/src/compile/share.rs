@@ -13,7 +13,14 @@ use crate::plan::{ActorIndex, ActorKind, PlanBuilder, PlanIndex, RegstDesc, Regs
 /// and the last one hands a preloaded token back to the first, so step k + 1 starts only
 /// when step k has finished. On one stream that costs nothing (it runs serially anyway).
 /// Registers read by a sink, fed inputs and variables keep memory of their own.
-pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Result<(), CompileError> {
+///
+/// `starts`: one step's estimated schedule ([`schedule`](super::schedule)), where the
+/// compiler has one; the order then runs each actor where the step would start it.
+pub(crate) fn share_memory(
+    b: &mut PlanBuilder,
+    constants: &[RegstDescId],
+    starts: Option<&[u64]>,
+) -> Result<(), CompileError> {
     let plan = b.plan_mut().clone();
     let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
     let computes: Vec<usize> = (0..plan.actors.len()).filter(|&a| is_compute(a)).collect();
@@ -28,32 +35,19 @@ pub(crate) fn share_memory(b: &mut PlanBuilder, constants: &[RegstDescId]) -> Re
         index.outputs_of(ActorIndex(a as u32)).iter().map(|r| &plan.regst_descs[r.index()]).filter(|d| d.preloaded == 0)
     };
     let order = topological(&plan, &computes, &ordering_outputs, |a| (0, 0, a))?;
-    // With collectives (a parallel plan), a device's chain must not make its stream wait
-    // for communication while it has other work: an actor that depends on more
-    // collectives goes later, and among those waiting on collectives, the one whose
-    // collective is issued first goes first (a data-parallel step updates each weight as
-    // its all-reduce lands, after the whole backward pass).
     let is_collective =
         |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { kernel: crate::plan::KernelConf::Collective(_) });
-    let order = if computes.iter().any(|&a| is_collective(a)) {
-        let mut position = vec![0usize; plan.actors.len()];
-        for (p, &a) in order.iter().enumerate() {
-            position[a] = p;
+    // With collectives (a parallel plan), a device's chain must not make its stream wait
+    // for communication while it has other work.
+    let order = match (computes.iter().any(|&a| is_collective(a)), starts) {
+        (false, _) => order,
+        // The estimate knows when each actor's inputs are made, collectives included: the
+        // stream runs what is ready, not what was written first.
+        (true, Some(starts)) => {
+            let at = |a: usize| starts.get(a).map_or(usize::MAX, |&s| usize::try_from(s).unwrap_or(usize::MAX));
+            topological(&plan, &computes, &ordering_outputs, |a| (at(a), 0, a))?
         }
-        // (collectives on a path to it, latest position of such a collective)
-        let mut waits = vec![(0usize, 0usize); plan.actors.len()];
-        for &a in &order {
-            let own = if is_collective(a) { (waits[a].0 + 1, position[a] + 1) } else { waits[a] };
-            for desc in ordering_outputs(a) {
-                for c in desc.consumers.iter().map(|c| c.index()).filter(|&c| is_compute(c)) {
-                    waits[c] = (waits[c].0.max(own.0), waits[c].1.max(own.1));
-                }
-            }
-            waits[a] = own;
-        }
-        topological(&plan, &computes, &ordering_outputs, |a| (waits[a].0, waits[a].1, a))?
-    } else {
-        order
+        (true, None) => by_collective_waits(&plan, &computes, &order, &ordering_outputs)?,
     };
     let mut position = vec![usize::MAX; plan.actors.len()];
     for (p, &a) in order.iter().enumerate() {
@@ -142,6 +136,37 @@ fn in_place_registers(plan: &crate::plan::Plan) -> Vec<RegstDescId> {
             desc.preloaded == 1 && desc.bytes > 0 && rule.check(*r).is_ok()
         })
         .collect()
+}
+
+/// Without an estimated schedule: an actor that depends on more collectives goes later,
+/// and among those waiting on collectives, the one whose collective is issued first goes
+/// first (a data-parallel step updates each weight as its all-reduce lands, after the whole
+/// backward pass). `order` is a topological order of `computes`.
+fn by_collective_waits<'p, I: Iterator<Item = &'p RegstDesc>>(
+    plan: &crate::plan::Plan,
+    computes: &[usize],
+    order: &[usize],
+    ordering_outputs: &impl Fn(usize) -> I,
+) -> Result<Vec<usize>, CompileError> {
+    let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
+    let is_collective =
+        |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { kernel: crate::plan::KernelConf::Collective(_) });
+    let mut position = vec![0usize; plan.actors.len()];
+    for (p, &a) in order.iter().enumerate() {
+        position[a] = p;
+    }
+    // (collectives on a path to it, latest position of such a collective)
+    let mut waits = vec![(0usize, 0usize); plan.actors.len()];
+    for &a in order {
+        let own = if is_collective(a) { (waits[a].0 + 1, position[a] + 1) } else { waits[a] };
+        for desc in ordering_outputs(a) {
+            for c in desc.consumers.iter().map(|c| c.index()).filter(|&c| is_compute(c)) {
+                waits[c] = (waits[c].0.max(own.0), waits[c].1.max(own.1));
+            }
+        }
+        waits[a] = own;
+    }
+    topological(plan, computes, ordering_outputs, |a| (waits[a].0, waits[a].1, a))
 }
 
 /// Kahn's algorithm over the compute actors and the registers that are not preloaded
