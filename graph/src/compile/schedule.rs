@@ -32,9 +32,15 @@ pub(crate) fn applies_to(plan: &Plan) -> bool {
     plan.devices.iter().all(|d| d.kind == crate::plan::DeviceKind::Cpu)
 }
 
-/// Per actor, its estimated start in one step (nanoseconds; `u64::MAX` for an actor the
-/// estimate never reached, which only a cycle without a preloaded register would cause).
-pub(crate) fn estimate_starts(plan: &Plan) -> Vec<u64> {
+/// Per actor, its estimated start in one step (nanoseconds), or `None` where the estimate
+/// cannot place every actor (a cycle without a preloaded register, or a collective whose
+/// members wait on one another: plans the compiler's later checks refuse anyway).
+///
+/// The members of one collective start together, when every member's input is made and
+/// every member's stream is free, as a rendezvous does: so a collective that depends on
+/// another, on any device, starts after it has ended, and ordering groups by their start
+/// respects every dependency between them.
+pub(crate) fn estimate_starts(plan: &Plan) -> Option<Vec<u64>> {
     let n = plan.actors.len();
     let mut preds = vec![0usize; n];
     let mut succs: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -45,21 +51,60 @@ pub(crate) fn estimate_starts(plan: &Plan) -> Vec<u64> {
             succs[producer].push(consumer);
         }
     }
+    // Each collective member's group, and each group's members.
+    let mut group_of: Vec<Option<usize>> = vec![None; n];
+    let mut members: Vec<Vec<usize>> = Vec::new();
+    let mut group_index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (a, actor) in plan.actors.iter().enumerate() {
+        if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &actor.kind {
+            let g = *group_index.entry(conf.group.as_str()).or_insert_with(|| {
+                members.push(Vec::new());
+                members.len() - 1
+            });
+            members[g].push(a);
+            group_of[a] = Some(g);
+        }
+    }
     let streams = plan.streams.len();
+    let stream_of = |a: usize| plan.actors[a].stream.index();
     // Per stream: actors whose inputs will be made at a known time, (time, actor); those
-    // that could start when the stream is free; when it is free.
+    // that could start when the stream is free; when it is free. Collective members wait
+    // apart, per group, until every member's inputs are made.
     let mut waiting: Vec<BTreeSet<(u64, usize)>> = vec![BTreeSet::new(); streams];
     let mut available: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); streams];
     let mut free = vec![0u64; streams];
     let mut ready_at = vec![0u64; n];
     let mut start = vec![u64::MAX; n];
+    let mut members_ready = vec![0usize; members.len()];
+    let mut groups_ready: BTreeSet<usize> = BTreeSet::new();
+    let mut scheduled = 0usize;
+    let make_ready = |a: usize,
+                      waiting: &mut Vec<BTreeSet<(u64, usize)>>,
+                      ready_at: &[u64],
+                      members_ready: &mut Vec<usize>,
+                      groups_ready: &mut BTreeSet<usize>| match group_of[a] {
+        Some(g) => {
+            members_ready[g] += 1;
+            if members_ready[g] == members[g].len() {
+                groups_ready.insert(g);
+            }
+        }
+        None => {
+            waiting[stream_of(a)].insert((ready_at[a], a));
+        }
+    };
     for a in (0..n).filter(|&a| preds[a] == 0) {
-        waiting[plan.actors[a].stream.index()].insert((0, a));
+        make_ready(a, &mut waiting, &ready_at, &mut members_ready, &mut groups_ready);
     }
     loop {
-        // The stream that can start an actor first, and that actor (ties: the earliest
-        // made, so the graph's order decides between equals).
-        let mut next: Option<(u64, usize, usize)> = None;
+        // What can start first: an actor on its stream, or a whole collective on its
+        // members' streams (ties: the earliest made, so the graph's order decides).
+        let mut next: Option<(u64, usize, Option<usize>)> = None;
+        let mut consider = |candidate: (u64, usize, Option<usize>)| {
+            if next.is_none_or(|(t, a, _)| (candidate.0, candidate.1) < (t, a)) {
+                next = Some(candidate);
+            }
+        };
         for s in 0..streams {
             while let Some(&(at, a)) = waiting[s].first() {
                 if at > free[s] {
@@ -68,31 +113,45 @@ pub(crate) fn estimate_starts(plan: &Plan) -> Vec<u64> {
                 waiting[s].pop_first();
                 available[s].insert(a);
             }
-            let candidate = match (available[s].first(), waiting[s].first()) {
-                (Some(&a), _) => (free[s], a),
-                (None, Some(&(at, a))) => (at, a),
-                (None, None) => continue,
-            };
-            if next.is_none_or(|(t, a, _)| (candidate.0, candidate.1) < (t, a)) {
-                next = Some((candidate.0, candidate.1, s));
+            match (available[s].first(), waiting[s].first()) {
+                (Some(&a), _) => consider((free[s], a, None)),
+                (None, Some(&(at, a))) => consider((at, a, None)),
+                (None, None) => {}
             }
         }
-        let Some((at, a, s)) = next else { break };
-        if !available[s].remove(&a) {
-            waiting[s].remove(&(ready_at[a], a));
+        for &g in &groups_ready {
+            let at = members[g].iter().map(|&m| ready_at[m].max(free[stream_of(m)])).max().unwrap_or(0);
+            consider((at, members[g].iter().copied().min().unwrap_or(0), Some(g)));
         }
-        start[a] = at;
-        let end = at.saturating_add(cost(plan, a));
-        free[s] = end;
-        for &c in &succs[a] {
-            ready_at[c] = ready_at[c].max(end);
-            preds[c] -= 1;
-            if preds[c] == 0 {
-                waiting[plan.actors[c].stream.index()].insert((ready_at[c], c));
+        let Some((at, a, group)) = next else { break };
+        let started: Vec<usize> = match group {
+            Some(g) => {
+                groups_ready.remove(&g);
+                members[g].clone()
+            }
+            None => {
+                let s = stream_of(a);
+                if !available[s].remove(&a) {
+                    waiting[s].remove(&(ready_at[a], a));
+                }
+                vec![a]
+            }
+        };
+        for a in started {
+            start[a] = at;
+            scheduled += 1;
+            let end = at.saturating_add(cost(plan, a));
+            free[stream_of(a)] = end;
+            for &c in &succs[a] {
+                ready_at[c] = ready_at[c].max(end);
+                preds[c] -= 1;
+                if preds[c] == 0 {
+                    make_ready(c, &mut waiting, &ready_at, &mut members_ready, &mut groups_ready);
+                }
             }
         }
     }
-    start
+    (scheduled == n).then_some(start)
 }
 
 /// The modeled nanoseconds of one firing of actor `a` (module docs).
@@ -147,7 +206,7 @@ mod tests {
         let short_out = b.regst("short.out", short, 4, 1);
         b.consume(after_short, short_out);
         assert!(applies_to(b.plan_mut()));
-        let starts = estimate_starts(b.plan_mut());
+        let starts = estimate_starts(b.plan_mut()).unwrap();
         assert_eq!(starts[source.index()], 0);
         assert_eq!(starts[long.index()], FIRING_NANOS);
         assert_eq!(starts[short.index()], FIRING_NANOS, "another stream, free at once");
