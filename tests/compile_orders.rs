@@ -5,7 +5,7 @@
 //! `dW2`'s all-gather, and the next step's first product for it; BENCHMARKS.md, issue 13,
 //! "twelfth").
 
-use regflow::graph::plan::{ActorKind, KernelConf, Plan};
+use regflow::graph::plan::Plan;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{DType, Graph, Init, Optimizer, ParallelOptions};
 use std::collections::HashMap;
@@ -85,12 +85,7 @@ fn assert_collectives_follow_their_inputs(plan: &Plan, variant: &str) {
                 .max()
         };
         let names: Vec<&str> = chain.iter().map(|&c| plan.actors[c].name.as_str()).collect();
-        assert!(
-            chain
-                .iter()
-                .all(|&c| matches!(plan.actors[c].kind, ActorKind::Compute { kernel: KernelConf::Collective(_) })),
-            "{variant}: {names:?}"
-        );
+        assert!(chain.iter().all(|&c| plan.collective_conf(c).is_some()), "{variant}: {names:?}");
         let made: Vec<Option<usize>> = chain.iter().map(|&c| made_at(c)).collect();
         let known: Vec<usize> = made.iter().flatten().copied().collect();
         assert!(

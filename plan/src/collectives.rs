@@ -17,7 +17,7 @@ impl Plan {
 
     /// Per actor, the consumers of its registers that are not preloaded: what runs right
     /// after it within one step. (Preloaded registers carry a value into the next step.)
-    pub(crate) fn within_step_successors(&self) -> Vec<Vec<usize>> {
+    pub fn within_step_successors(&self) -> Vec<Vec<usize>> {
         let mut successors = vec![Vec::new(); self.actors.len()];
         for desc in self.regst_descs.iter().filter(|d| d.preloaded == 0) {
             for consumer in &desc.consumers {

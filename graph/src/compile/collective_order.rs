@@ -10,7 +10,7 @@
 //! is the same on every device.
 
 use super::lower::Lowering;
-use crate::plan::{ActorIndex, ActorKind, KernelConf};
+use crate::plan::ActorIndex;
 use std::collections::HashMap;
 
 /// Which comm stream of its device a collective runs on. A collective holds its stream
@@ -44,10 +44,11 @@ pub(crate) fn order_collectives(low: &mut Lowering<'_>, starts: Option<&[u64]>) 
     let mut group_start: HashMap<String, u64> = HashMap::new();
     let mut group_of: HashMap<ActorIndex, String> = HashMap::new();
     if let Some(starts) = starts {
-        for (a, actor) in low.b.plan_mut().actors.iter().enumerate() {
-            if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &actor.kind {
+        let plan = low.b.plan_mut();
+        for (a, &start) in starts.iter().enumerate() {
+            if let Some(conf) = plan.collective_conf(a) {
                 let at = group_start.entry(conf.group.clone()).or_insert(u64::MAX);
-                *at = (*at).min(starts[a]);
+                *at = (*at).min(start);
                 group_of.insert(ActorIndex(a as u32), conf.group.clone());
             }
         }

@@ -146,7 +146,10 @@ fn compile_step(
     // a cpu plan ([`schedule`]); a pipeline's micro-batches interleave in ways one step does
     // not show, so they keep the graph's orders, as do other devices.
     let starts = (facts.micro_batches == 1 && schedule::applies_to(low.b.plan_mut()))
-        .then(|| schedule::estimate_starts(low.b.plan_mut()))
+        .then(|| {
+            let flops = schedule::actor_flops(&low);
+            schedule::estimate_starts(low.b.plan_mut(), &flops)
+        })
         .flatten();
     let collectives = collective_order::order_collectives(&mut low, starts.as_deref());
     lower::discard_unread(&mut low)?;

@@ -11,18 +11,19 @@
 //! issue 13, "twelfth").
 //!
 //! The estimate needs no accuracy, only the right order of magnitude between ops, and that
-//! only holds for one kind of device: products at 50 multiply-adds per nanosecond,
-//! everything else at 10 bytes per nanosecond (read plus written), an in-process collective
-//! at 5 bytes per nanosecond of its tensor, and 1 µs per firing on top: one core of the
+//! only holds for one kind of device: an op's arithmetic (`OpDef::flops`, the figure the
+//! layout chooser weighs: a product's multiply-adds, twice) at 100 per nanosecond, an op
+//! without any at 10 bytes per nanosecond (read plus written), an in-process collective at
+//! 5 bytes per nanosecond of its tensor, and 1 µs per firing on top: one core of the
 //! AVX-512 hosts this was measured on. So it is used only for plans whose devices are all
 //! `cpu` ([`applies_to`]). On a GPU, NCCL and the kernels have other ratios, and a `sim`
 //! plan gets its modeled times after it is compiled: ordered by this estimate, the `sim`
 //! data-parallel benchmark went from 1.03× to 1.045× of its ideal step (BENCHMARKS.md,
 //! issue 13, "twelfth"). Loop registers (preloaded) are not edges: one step is estimated.
-//! Members of one collective are not synchronised in the estimate.
 
+use super::lower::Lowering;
 use crate::plan::{ActorKind, KernelConf, Plan};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 /// Estimated cost of one firing besides its work, in nanoseconds.
 const FIRING_NANOS: u64 = 1_000;
@@ -32,141 +33,189 @@ pub(crate) fn applies_to(plan: &Plan) -> bool {
     plan.devices.iter().all(|d| d.kind == crate::plan::DeviceKind::Cpu)
 }
 
+/// Per actor of the lowered plan, the arithmetic its op does on its local shapes
+/// (`OpDef::flops`); 0 for actors that run no op of the graph.
+pub(crate) fn actor_flops(low: &Lowering<'_>) -> Vec<f64> {
+    let mut flops = Vec::new();
+    for op_actors in &low.op_actors {
+        let Some(local) = low.layouts.local.get(&op_actors.node) else { continue };
+        for (actor, (op, inputs, outputs)) in op_actors.actors.iter().zip(local) {
+            if flops.len() <= actor.index() {
+                flops.resize(actor.index() + 1, 0.0);
+            }
+            flops[actor.index()] = op.flops(inputs, outputs);
+        }
+    }
+    flops
+}
+
 /// Per actor, its estimated start in one step (nanoseconds), or `None` where the estimate
 /// cannot place every actor (a cycle without a preloaded register, or a collective whose
-/// members wait on one another: plans the compiler's later checks refuse anyway).
+/// members wait on one another: plans the compiler's later checks refuse anyway). `flops`
+/// is [`actor_flops`].
 ///
 /// The members of one collective start together, when every member's input is made and
 /// every member's stream is free, as a rendezvous does: so a collective that depends on
 /// another, on any device, starts after it has ended, and ordering groups by their start
 /// respects every dependency between them.
-pub(crate) fn estimate_starts(plan: &Plan) -> Option<Vec<u64>> {
-    let n = plan.actors.len();
-    let mut preds = vec![0usize; n];
-    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0) {
-        let producer = desc.producer.index();
-        for consumer in desc.consumers.iter().map(|c| c.index()).filter(|&c| c != producer) {
-            preds[consumer] += 1;
-            succs[producer].push(consumer);
-        }
+pub(crate) fn estimate_starts(plan: &Plan, flops: &[f64]) -> Option<Vec<u64>> {
+    let mut schedule = ListSchedule::new(plan);
+    let succs = plan.within_step_successors();
+    let mut preds = vec![0usize; plan.actors.len()];
+    for &c in succs.iter().flatten() {
+        preds[c] += 1;
     }
-    // Each collective member's group, and each group's members.
-    let mut group_of: Vec<Option<usize>> = vec![None; n];
-    let mut members: Vec<Vec<usize>> = Vec::new();
-    let mut group_index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for (a, actor) in plan.actors.iter().enumerate() {
-        if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &actor.kind {
-            let g = *group_index.entry(conf.group.as_str()).or_insert_with(|| {
-                members.push(Vec::new());
-                members.len() - 1
-            });
-            members[g].push(a);
-            group_of[a] = Some(g);
-        }
+    for a in (0..plan.actors.len()).filter(|&a| preds[a] == 0) {
+        schedule.make_ready(a);
     }
-    let streams = plan.streams.len();
-    let stream_of = |a: usize| plan.actors[a].stream.index();
-    // Per stream: actors whose inputs will be made at a known time, (time, actor); those
-    // that could start when the stream is free; when it is free. Collective members wait
-    // apart, per group, until every member's inputs are made.
-    let mut waiting: Vec<BTreeSet<(u64, usize)>> = vec![BTreeSet::new(); streams];
-    let mut available: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); streams];
-    let mut free = vec![0u64; streams];
-    let mut ready_at = vec![0u64; n];
-    let mut start = vec![u64::MAX; n];
-    let mut members_ready = vec![0usize; members.len()];
-    let mut groups_ready: BTreeSet<usize> = BTreeSet::new();
-    let mut scheduled = 0usize;
-    let make_ready = |a: usize,
-                      waiting: &mut Vec<BTreeSet<(u64, usize)>>,
-                      ready_at: &[u64],
-                      members_ready: &mut Vec<usize>,
-                      groups_ready: &mut BTreeSet<usize>| match group_of[a] {
-        Some(g) => {
-            members_ready[g] += 1;
-            if members_ready[g] == members[g].len() {
-                groups_ready.insert(g);
+    let mut scheduled = 0;
+    while let Some((at, started)) = schedule.next_start() {
+        for a in started {
+            scheduled += 1;
+            let end = at.saturating_add(cost(plan, flops, a));
+            schedule.start(a, at, end);
+            for &c in &succs[a] {
+                schedule.ready_at[c] = schedule.ready_at[c].max(end);
+                preds[c] -= 1;
+                if preds[c] == 0 {
+                    schedule.make_ready(c);
+                }
             }
         }
-        None => {
-            waiting[stream_of(a)].insert((ready_at[a], a));
-        }
-    };
-    for a in (0..n).filter(|&a| preds[a] == 0) {
-        make_ready(a, &mut waiting, &ready_at, &mut members_ready, &mut groups_ready);
     }
-    loop {
-        // What can start first: an actor on its stream, or a whole collective on its
-        // members' streams (ties: the earliest made, so the graph's order decides).
+    (scheduled == plan.actors.len()).then_some(schedule.starts)
+}
+
+/// The state of [`estimate_starts`]: per stream, actors whose inputs will be made at a
+/// known time, `(time, actor)`, those that could start as soon as the stream is free, and
+/// when it is; collective members wait apart, per group, until every member's inputs are
+/// made.
+struct ListSchedule<'p> {
+    plan: &'p Plan,
+    waiting: Vec<BTreeSet<(u64, usize)>>,
+    available: Vec<BTreeSet<usize>>,
+    free: Vec<u64>,
+    /// When each actor's inputs are made (so far).
+    ready_at: Vec<u64>,
+    starts: Vec<u64>,
+    /// Each collective member's group, each group's members, how many of them are ready,
+    /// and the groups all of whose members are.
+    group_of: Vec<Option<usize>>,
+    members: Vec<Vec<usize>>,
+    members_ready: Vec<usize>,
+    groups_ready: BTreeSet<usize>,
+}
+
+impl<'p> ListSchedule<'p> {
+    fn new(plan: &'p Plan) -> Self {
+        let (n, streams) = (plan.actors.len(), plan.streams.len());
+        let mut group_of = vec![None; n];
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for (a, group) in group_of.iter_mut().enumerate() {
+            if let Some(conf) = plan.collective_conf(a) {
+                let g = *index.entry(conf.group.as_str()).or_insert_with(|| {
+                    members.push(Vec::new());
+                    members.len() - 1
+                });
+                members[g].push(a);
+                *group = Some(g);
+            }
+        }
+        Self {
+            plan,
+            waiting: vec![BTreeSet::new(); streams],
+            available: vec![BTreeSet::new(); streams],
+            free: vec![0; streams],
+            ready_at: vec![0; n],
+            starts: vec![u64::MAX; n],
+            group_of,
+            members_ready: vec![0; members.len()],
+            members,
+            groups_ready: BTreeSet::new(),
+        }
+    }
+
+    fn stream_of(&self, a: usize) -> usize {
+        self.plan.actors[a].stream.index()
+    }
+
+    /// Every input of `a` is made (at `ready_at[a]`).
+    fn make_ready(&mut self, a: usize) {
+        match self.group_of[a] {
+            Some(g) => {
+                self.members_ready[g] += 1;
+                if self.members_ready[g] == self.members[g].len() {
+                    self.groups_ready.insert(g);
+                }
+            }
+            None => {
+                let s = self.stream_of(a);
+                self.waiting[s].insert((self.ready_at[a], a));
+            }
+        }
+    }
+
+    /// What can start first, and when: an actor on its stream, or a whole collective on
+    /// its members' streams (ties: the earliest made, so the graph's order decides).
+    fn next_start(&mut self) -> Option<(u64, Vec<usize>)> {
         let mut next: Option<(u64, usize, Option<usize>)> = None;
         let mut consider = |candidate: (u64, usize, Option<usize>)| {
             if next.is_none_or(|(t, a, _)| (candidate.0, candidate.1) < (t, a)) {
                 next = Some(candidate);
             }
         };
-        for s in 0..streams {
-            while let Some(&(at, a)) = waiting[s].first() {
-                if at > free[s] {
+        for s in 0..self.free.len() {
+            while let Some(&(at, a)) = self.waiting[s].first() {
+                if at > self.free[s] {
                     break;
                 }
-                waiting[s].pop_first();
-                available[s].insert(a);
+                self.waiting[s].pop_first();
+                self.available[s].insert(a);
             }
-            match (available[s].first(), waiting[s].first()) {
-                (Some(&a), _) => consider((free[s], a, None)),
+            match (self.available[s].first(), self.waiting[s].first()) {
+                (Some(&a), _) => consider((self.free[s], a, None)),
                 (None, Some(&(at, a))) => consider((at, a, None)),
                 (None, None) => {}
             }
         }
-        for &g in &groups_ready {
-            let at = members[g].iter().map(|&m| ready_at[m].max(free[stream_of(m)])).max().unwrap_or(0);
-            consider((at, members[g].iter().copied().min().unwrap_or(0), Some(g)));
+        for &g in &self.groups_ready {
+            let members = &self.members[g];
+            let at = members.iter().map(|&m| self.ready_at[m].max(self.free[self.stream_of(m)])).max().unwrap_or(0);
+            consider((at, members.iter().copied().min().unwrap_or(0), Some(g)));
         }
-        let Some((at, a, group)) = next else { break };
-        let started: Vec<usize> = match group {
+        let (at, a, group) = next?;
+        let started = match group {
             Some(g) => {
-                groups_ready.remove(&g);
-                members[g].clone()
+                self.groups_ready.remove(&g);
+                self.members[g].clone()
             }
             None => {
-                let s = stream_of(a);
-                if !available[s].remove(&a) {
-                    waiting[s].remove(&(ready_at[a], a));
+                let s = self.stream_of(a);
+                if !self.available[s].remove(&a) {
+                    self.waiting[s].remove(&(self.ready_at[a], a));
                 }
                 vec![a]
             }
         };
-        for a in started {
-            start[a] = at;
-            scheduled += 1;
-            let end = at.saturating_add(cost(plan, a));
-            free[stream_of(a)] = end;
-            for &c in &succs[a] {
-                ready_at[c] = ready_at[c].max(end);
-                preds[c] -= 1;
-                if preds[c] == 0 {
-                    make_ready(c, &mut waiting, &ready_at, &mut members_ready, &mut groups_ready);
-                }
-            }
-        }
+        Some((at, started))
     }
-    (scheduled == n).then_some(start)
+
+    /// `a` runs from `at` to `end` on its stream.
+    fn start(&mut self, a: usize, at: u64, end: u64) {
+        self.starts[a] = at;
+        let s = self.stream_of(a);
+        self.free[s] = end;
+    }
 }
 
 /// The modeled nanoseconds of one firing of actor `a` (module docs).
-fn cost(plan: &Plan, a: usize) -> u64 {
-    let actor = &plan.actors[a];
-    let work = match &actor.kind {
-        ActorKind::Compute { kernel: KernelConf::Op(conf) } => {
-            let numel = |m: &crate::plan::TensorMeta| m.shape.numel() as f64;
-            let bytes: usize = conf.inputs.iter().chain(&conf.outputs).map(|m| m.bytes()).sum();
-            match (conf.op_type.contains("matmul"), conf.inputs.first(), conf.inputs.get(1), conf.outputs.first()) {
-                // (m·k)·(k·n)·(m·n) = (m·k·n)²: the multiply-adds of any transposition.
-                (true, Some(x), Some(y), Some(out)) => ((numel(x) * numel(y) * numel(out)).sqrt() / 50.0) as u64,
-                _ => bytes as u64 / 10,
-            }
-        }
+fn cost(plan: &Plan, flops: &[f64], a: usize) -> u64 {
+    let work = match &plan.actors[a].kind {
+        ActorKind::Compute { kernel: KernelConf::Op(conf) } => match flops.get(a).copied().unwrap_or(0.0) {
+            0.0 => conf.inputs.iter().chain(&conf.outputs).map(|m| m.bytes()).sum::<usize>() as u64 / 10,
+            arithmetic => (arithmetic / 100.0) as u64,
+        },
         ActorKind::Compute { kernel: KernelConf::Collective(conf) } => {
             (conf.shape.iter().product::<usize>() * conf.dtype.size()) as u64 / 5
         }
@@ -190,7 +239,7 @@ mod tests {
         let device = b.device(0, DeviceKind::Cpu, 0);
         let (s0, s1) = (b.stream(device, StreamKind::Compute), b.stream(device, StreamKind::Comm));
         let noop = || ActorKind::Compute { kernel: KernelConf::Noop };
-        // [100, 100] x [100, 100]: 10^6 multiply-adds, 20 µs at 50 per nanosecond.
+        // [100, 100] x [100, 100]: 10^6 multiply-adds, 20 µs at 100 flops per nanosecond.
         let meta = TensorMeta::new([100, 100], DType::F32);
         let product = OpConf::new(&MatMul::default(), vec![meta.clone(), meta.clone()], vec![0, 0], vec![meta]);
         let source = b.actor("source", s0, noop());
@@ -206,7 +255,9 @@ mod tests {
         let short_out = b.regst("short.out", short, 4, 1);
         b.consume(after_short, short_out);
         assert!(applies_to(b.plan_mut()));
-        let starts = estimate_starts(b.plan_mut()).unwrap();
+        let mut flops = vec![0.0; 5];
+        flops[long.index()] = 2e6;
+        let starts = estimate_starts(b.plan_mut(), &flops).unwrap();
         assert_eq!(starts[source.index()], 0);
         assert_eq!(starts[long.index()], FIRING_NANOS);
         assert_eq!(starts[short.index()], FIRING_NANOS, "another stream, free at once");

@@ -22,8 +22,7 @@ pub(crate) fn share_memory(
     starts: Option<&[u64]>,
 ) -> Result<(), CompileError> {
     let plan = b.plan_mut().clone();
-    let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
-    let computes: Vec<usize> = (0..plan.actors.len()).filter(|&a| is_compute(a)).collect();
+    let computes: Vec<usize> = (0..plan.actors.len()).filter(|&a| is_compute(&plan, a)).collect();
     if computes.is_empty() {
         return Ok(());
     }
@@ -35,11 +34,9 @@ pub(crate) fn share_memory(
         index.outputs_of(ActorIndex(a as u32)).iter().map(|r| &plan.regst_descs[r.index()]).filter(|d| d.preloaded == 0)
     };
     let order = topological(&plan, &computes, &ordering_outputs, |a| (0, 0, a))?;
-    let is_collective =
-        |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { kernel: crate::plan::KernelConf::Collective(_) });
     // With collectives (a parallel plan), a device's chain must not make its stream wait
     // for communication while it has other work.
-    let order = match (computes.iter().any(|&a| is_collective(a)), starts) {
+    let order = match (computes.iter().any(|&a| plan.collective_conf(a).is_some()), starts) {
         (false, _) => order,
         // The estimate knows when each actor's inputs are made, collectives included: the
         // stream runs what is ready, not what was written first.
@@ -66,7 +63,7 @@ pub(crate) fn share_memory(
     let single = streams.len() == 1;
     for stream in streams {
         let chain: Vec<usize> = order.iter().copied().filter(|&a| plan.actors[a].stream == stream).collect();
-        let on_chain = |a: usize| plan.actors[a].stream == stream && is_compute(a);
+        let on_chain = |a: usize| plan.actors[a].stream == stream && is_compute(&plan, a);
         // Which registers share, and their lifetimes [producer, last reader].
         let mut shared: Vec<(RegstDescId, u64, std::ops::Range<u32>)> = Vec::new();
         for (r, desc) in plan.regst_descs.iter().enumerate() {
@@ -148,9 +145,6 @@ fn by_collective_waits<'p, I: Iterator<Item = &'p RegstDesc>>(
     order: &[usize],
     ordering_outputs: &impl Fn(usize) -> I,
 ) -> Result<Vec<usize>, CompileError> {
-    let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
-    let is_collective =
-        |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { kernel: crate::plan::KernelConf::Collective(_) });
     let mut position = vec![0usize; plan.actors.len()];
     for (p, &a) in order.iter().enumerate() {
         position[a] = p;
@@ -158,9 +152,9 @@ fn by_collective_waits<'p, I: Iterator<Item = &'p RegstDesc>>(
     // (collectives on a path to it, latest position of such a collective)
     let mut waits = vec![(0usize, 0usize); plan.actors.len()];
     for &a in order {
-        let own = if is_collective(a) { (waits[a].0 + 1, position[a] + 1) } else { waits[a] };
+        let own = if plan.collective_conf(a).is_some() { (waits[a].0 + 1, position[a] + 1) } else { waits[a] };
         for desc in ordering_outputs(a) {
-            for c in desc.consumers.iter().map(|c| c.index()).filter(|&c| is_compute(c)) {
+            for c in desc.consumers.iter().map(|c| c.index()).filter(|&c| is_compute(plan, c)) {
                 waits[c] = (waits[c].0.max(own.0), waits[c].1.max(own.1));
             }
         }
@@ -178,10 +172,9 @@ fn topological<'p, I: Iterator<Item = &'p RegstDesc>>(
     ordering_outputs: &impl Fn(usize) -> I,
     priority: impl Fn(usize) -> (usize, usize, usize),
 ) -> Result<Vec<usize>, CompileError> {
-    let is_compute = |a: usize| matches!(plan.actors[a].kind, ActorKind::Compute { .. });
     let mut indegree = vec![0usize; plan.actors.len()];
-    for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && is_compute(d.producer.index())) {
-        for c in desc.consumers.iter().filter(|c| is_compute(c.index())) {
+    for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0 && is_compute(plan, d.producer.index())) {
+        for c in desc.consumers.iter().filter(|c| is_compute(plan, c.index())) {
             indegree[c.index()] += 1;
         }
     }
@@ -191,7 +184,7 @@ fn topological<'p, I: Iterator<Item = &'p RegstDesc>>(
     while let Some((_, a)) = ready.pop_first() {
         order.push(a);
         for desc in ordering_outputs(a) {
-            for c in desc.consumers.iter().filter(|c| is_compute(c.index())) {
+            for c in desc.consumers.iter().filter(|c| is_compute(plan, c.index())) {
                 indegree[c.index()] -= 1;
                 if indegree[c.index()] == 0 {
                     ready.insert((priority(c.index()), c.index()));
@@ -203,4 +196,10 @@ fn topological<'p, I: Iterator<Item = &'p RegstDesc>>(
         return Err(CompileError::invariant("the compute actors form a cycle without a preloaded register"));
     }
     Ok(order)
+}
+
+/// Whether actor `a` runs a kernel (an op or a collective member), and so takes part in the
+/// orders.
+fn is_compute(plan: &crate::plan::Plan, a: usize) -> bool {
+    matches!(plan.actors[a].kind, ActorKind::Compute { .. })
 }
