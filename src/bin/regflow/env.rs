@@ -16,34 +16,41 @@ pub(crate) struct Report {
     pub refused: Vec<String>,
 }
 
+/// Notes a setting regflow refused (`e` names it) and what the report shows in its place.
+fn refused_setting(e: &str, refused: &mut Vec<String>) -> String {
+    refused.push(e.to_string());
+    format!("refused ({e})")
+}
+
+/// The `blas` backend sends each product where it ran fastest, which at some instruction
+/// sets is nowhere (`matmul::prefers_blas`): a line that says so, rather than let "backend
+/// blas" mislead.
+fn products_note(backend: gemm_backend::GemmBackend, level: isa::Isa) -> Option<String> {
+    let side = matmul::BLAS_MIN_SIDE;
+    (backend == gemm_backend::GemmBackend::Blas && !matmul::prefers_blas(side, side, side, level))
+        .then(|| format!("cpu products: at {} gemm computes every product (faster there than OpenBLAS)", level.name()))
+}
+
 /// Collects the report (probes the CUDA driver and NVRTC where the build has them).
 pub(crate) fn report() -> Report {
     let mut refused = Vec::new();
     let mut lines = vec![format!("regflow: {}", env!("CARGO_PKG_VERSION"))];
     lines.push(format!("cpu: {}, {} logical cpus", cpu_model(), logical_cpus()));
-    let backend = match gemm_backend::backend_in_use() {
+    let (backend, level) = (gemm_backend::backend_in_use(), isa::isa_in_use());
+    let backend_name = match &backend {
         Ok(backend) => backend.name().to_string(),
-        Err(e) => {
-            refused.push(e.clone());
-            format!("refused ({e})")
-        }
+        Err(e) => refused_setting(e, &mut refused),
+    };
+    let isa_name = match &level {
+        Ok(level) => level.name().to_string(),
+        Err(e) => refused_setting(e, &mut refused),
     };
     let openblas = if gemm_backend::GemmBackend::Blas.is_built() { "in this build" } else { "not in this build" };
-    let isa = match isa::isa_in_use() {
-        Ok(isa) => isa.name().to_string(),
-        Err(e) => {
-            refused.push(e.clone());
-            format!("refused ({e})")
-        }
-    };
-    lines.push(format!("cpu products: backend {backend}, instruction set {isa}; OpenBLAS {openblas} (feature `blas`)"));
-    // The `blas` backend sends each product where it ran fastest, which at some levels is
-    // nowhere (`matmul::prefers_blas`): say so rather than let "backend blas" mislead.
-    if let (Ok(gemm_backend::GemmBackend::Blas), Ok(level)) = (gemm_backend::backend_in_use(), isa::isa_in_use()) {
-        let side = matmul::BLAS_MIN_SIDE;
-        if !matmul::prefers_blas(side, side, side, level) {
-            lines.push(format!("cpu products: at {isa} gemm computes every product (faster there than OpenBLAS)"));
-        }
+    lines.push(format!(
+        "cpu products: backend {backend_name}, instruction set {isa_name}; OpenBLAS {openblas} (feature `blas`)"
+    ));
+    if let (Ok(backend), Ok(level)) = (backend, level) {
+        lines.extend(products_note(backend, level));
     }
     lines.push(format!(
         "cuda backend: {} (feature `cuda`)",
@@ -112,4 +119,24 @@ fn cpu_model() -> String {
 
 fn logical_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::products_note;
+    use regflow::kernels::cpu::gemm_backend::GemmBackend;
+    use regflow::kernels::cpu::isa::Isa;
+
+    /// Whatever this build and machine are: the note appears for the `blas` backend at
+    /// AVX-512 only.
+    #[test]
+    fn the_products_note_names_avx512_for_the_blas_backend_only() {
+        let note = products_note(GemmBackend::Blas, Isa::Avx512);
+        assert_eq!(
+            note.as_deref(),
+            Some("cpu products: at avx512 gemm computes every product (faster there than OpenBLAS)")
+        );
+        assert_eq!(products_note(GemmBackend::Blas, Isa::Avx2), None);
+        assert_eq!(products_note(GemmBackend::Gemm, Isa::Avx512), None);
+    }
 }
