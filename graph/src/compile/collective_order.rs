@@ -5,9 +5,8 @@
 //! micro-batch per step), else by the producing op's position in the graph, then
 //! creation. Each stream's collectives are chained in that order by zero-byte registers
 //! closed by a preloaded token; `Plan::check_collective_order` verifies any plan. The
-//! estimate is one schedule of the whole plan and every member of a group takes its group's
-//! earliest estimated start, so the order follows every dependency between collectives and
-//! is the same on every device.
+//! estimate is one schedule of the whole plan in which a group's members start together, so
+//! the order follows every dependency between collectives and is the same on every device.
 
 use super::lower::Lowering;
 use crate::plan::ActorIndex;
@@ -40,21 +39,15 @@ pub(crate) struct Issued {
 /// the first, so every device issues them in one order step after step (or micro-batch
 /// after micro-batch). Returns the collective groups in that order.
 pub(crate) fn order_collectives(low: &mut Lowering<'_>, starts: Option<&[u64]>) -> Vec<String> {
-    // Each group's estimated start: its earliest member's (0 for all without an estimate).
-    let mut group_start: HashMap<String, u64> = HashMap::new();
-    let mut group_of: HashMap<ActorIndex, String> = HashMap::new();
-    if let Some(starts) = starts {
-        let plan = low.b.plan_mut();
-        for (a, &start) in starts.iter().enumerate() {
-            if let Some(conf) = plan.collective_conf(a) {
-                let at = group_start.entry(conf.group.clone()).or_insert(u64::MAX);
-                *at = (*at).min(start);
-                group_of.insert(ActorIndex(a as u32), conf.group.clone());
-            }
-        }
-    }
-    let start_of_group = |group: Option<&String>| group.and_then(|g| group_start.get(g)).copied().unwrap_or(0);
-    low.issued.sort_by_key(|i| (start_of_group(group_of.get(&i.actor)), i.key));
+    // Where the estimate is, every member of a group starts when the group does.
+    let start_of = |actor: ActorIndex| starts.map_or(0, |starts| starts[actor.index()]);
+    low.issued.sort_by_key(|i| (start_of(i.actor), i.key));
+    let plan = low.b.plan_mut();
+    let group_start: HashMap<String, u64> = low
+        .issued
+        .iter()
+        .filter_map(|i| plan.collective_conf(i.actor.index()).map(|conf| (conf.group.clone(), start_of(i.actor))))
+        .collect();
     // Chains in order of their first collective, found by stream.
     let mut chains: Vec<((usize, Phase), Vec<ActorIndex>)> = Vec::new();
     let mut chain_of: HashMap<(usize, Phase), usize> = HashMap::new();
@@ -79,6 +72,6 @@ pub(crate) fn order_collectives(low: &mut Lowering<'_>, starts: Option<&[u64]>) 
         low.b.consume(first, token);
     }
     let mut groups = std::mem::take(&mut low.groups);
-    groups.sort_by_key(|(key, group)| (start_of_group(Some(group)), *key));
+    groups.sort_by_key(|(key, group)| (group_start.get(group).copied().unwrap_or(0), *key));
     groups.into_iter().map(|(_, g)| g).collect()
 }
