@@ -33,18 +33,17 @@ pub(crate) fn share_memory(
     let ordering_outputs = |a: usize| {
         index.outputs_of(ActorIndex(a as u32)).iter().map(|r| &plan.regst_descs[r.index()]).filter(|d| d.preloaded == 0)
     };
-    let order = topological(&plan, &computes, &ordering_outputs, |a| (0, 0, a))?;
     // With collectives (a parallel plan), a device's chain must not make its stream wait
     // for communication while it has other work.
     let order = match (computes.iter().any(|&a| plan.collective_conf(a).is_some()), starts) {
-        (false, _) => order,
+        (false, _) => topological(&plan, &computes, &ordering_outputs, |a| (0, 0, a))?,
         // The estimate knows when each actor's inputs are made, collectives included: the
         // stream runs what is ready, not what was written first.
         (true, Some(starts)) => {
             let at = |a: usize| starts.get(a).map_or(usize::MAX, |&s| usize::try_from(s).unwrap_or(usize::MAX));
             topological(&plan, &computes, &ordering_outputs, |a| (at(a), 0, a))?
         }
-        (true, None) => by_collective_waits(&plan, &computes, &order, &ordering_outputs)?,
+        (true, None) => by_collective_waits(&plan, &computes, &ordering_outputs)?,
     };
     let mut position = vec![usize::MAX; plan.actors.len()];
     for (p, &a) in order.iter().enumerate() {
@@ -138,20 +137,20 @@ fn in_place_registers(plan: &crate::plan::Plan) -> Vec<RegstDescId> {
 /// Without an estimated schedule: an actor that depends on more collectives goes later,
 /// and among those waiting on collectives, the one whose collective is issued first goes
 /// first (a data-parallel step updates each weight as its all-reduce lands, after the whole
-/// backward pass). `order` is a topological order of `computes`.
+/// backward pass).
 fn by_collective_waits<'p, I: Iterator<Item = &'p RegstDesc>>(
     plan: &crate::plan::Plan,
     computes: &[usize],
-    order: &[usize],
     ordering_outputs: &impl Fn(usize) -> I,
 ) -> Result<Vec<usize>, CompileError> {
+    let order = topological(plan, computes, ordering_outputs, |a| (0, 0, a))?;
     let mut position = vec![0usize; plan.actors.len()];
     for (p, &a) in order.iter().enumerate() {
         position[a] = p;
     }
     // (collectives on a path to it, latest position of such a collective)
     let mut waits = vec![(0usize, 0usize); plan.actors.len()];
-    for &a in order {
+    for &a in &order {
         let own = if plan.collective_conf(a).is_some() { (waits[a].0 + 1, position[a] + 1) } else { waits[a] };
         for desc in ordering_outputs(a) {
             for c in desc.consumers.iter().map(|c| c.index()).filter(|&c| is_compute(plan, c)) {
