@@ -12,13 +12,16 @@ use super::elementwise::{float_dtype, input_slots, refuse};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
-use regflow_plan::ops::{OptimizerKind, Update, ACCUMULATE_MEAN};
+use regflow_plan::ops::{OptimizerKind, Update, UpdateGroup, ACCUMULATE_MEAN};
 use regflow_plan::{DType, OpConf};
 
 const FLOAT: &[DType] = &[DType::F32, DType::F64];
 
-pub(super) const ENTRIES: &[Entry] =
-    &[("update", FLOAT, || factory(make_update)), (ACCUMULATE_MEAN, FLOAT, || factory(make_accumulate_mean))];
+pub(super) const ENTRIES: &[Entry] = &[
+    ("update", FLOAT, || factory(make_update)),
+    ("update_group", FLOAT, || factory(make_update_group)),
+    (ACCUMULATE_MEAN, FLOAT, || factory(make_accumulate_mean)),
+];
 
 /// The code `optim.cu` reads a scalar register of `dtype` by (`SCALAR_F32`, `SCALAR_F64`,
 /// `SCALAR_I64`, `SCALAR_BF16`, `SCALAR_F16`).
@@ -46,6 +49,58 @@ enum Rule {
 fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
     let conf = op_conf(spec)?;
     let op: Update = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    update_kernel(spec, conf, op, 0)
+}
+
+/// `update_group` (a device's updates fused, in plans compiled for cpu or sim devices: the
+/// compiler fuses none on cuda): one launch of the `update` entry per member, in member
+/// order. A single multi-tensor launch is not written yet (it needs a GPU to check).
+fn make_update_group(spec: &KernelSpec<'_>) -> Result<UpdateGroupKernel, KernelError> {
+    let conf = op_conf(spec)?;
+    let group: UpdateGroup = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let (inputs, outputs, params) = (group.member_inputs(), group.member_outputs(), group.params as usize);
+    if params == 0 || conf.inputs.len() != params * inputs || conf.input_map.len() != conf.inputs.len() {
+        let error = format!(
+            "has {params} member(s) of {inputs} inputs each, but its conf has {} inputs ({} mapped)",
+            conf.inputs.len(),
+            conf.input_map.len()
+        );
+        return Err(refuse(spec, conf, error));
+    }
+    let mut members = Vec::with_capacity(params);
+    for m in 0..params {
+        let (ins, outs) = (m * inputs..(m + 1) * inputs, m * outputs..(m + 1) * outputs);
+        let member = OpConf::new(
+            &Update(group.kind.clone()),
+            conf.inputs[ins.clone()].to_vec(),
+            conf.input_map[ins].to_vec(),
+            conf.outputs.get(outs).map(<[_]>::to_vec).unwrap_or_default(),
+        );
+        members.push(update_kernel(spec, &member, Update(group.kind.clone()), m * outputs)?);
+    }
+    Ok(UpdateGroupKernel { members })
+}
+
+/// The members of an `update_group`, each an `update` launch.
+#[derive(Debug)]
+struct UpdateGroupKernel {
+    members: Vec<UpdateKernel>,
+}
+
+impl Kernel for UpdateGroupKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        self.members.iter_mut().try_for_each(|member| member.run(io))
+    }
+}
+
+/// The kernel of one update described by `conf`, writing outputs `first_output..` of its
+/// actor.
+fn update_kernel(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    op: Update,
+    first_output: usize,
+) -> Result<UpdateKernel, KernelError> {
     let dtype = float_dtype(spec, conf)?;
     let (rule, states, stem) = match op.0 {
         OptimizerKind::Sgd { momentum, weight_decay } => (Rule::Sgd { momentum, weight_decay }, 1, "sgd"),
@@ -65,6 +120,7 @@ fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
         rule,
         dtype,
         n: conf.inputs[0].shape.numel() as u64,
+        first_output,
     })
 }
 
@@ -114,6 +170,8 @@ struct UpdateKernel {
     rule: Rule,
     dtype: DType,
     n: u64,
+    /// The actor output holding the new parameter; the new states follow it.
+    first_output: usize,
 }
 
 impl UpdateKernel {
@@ -128,18 +186,19 @@ impl UpdateKernel {
         let at = |k: usize| io.input_addr(self.inputs[k]);
         let (p, g, lr, step, lr_code, step_code) = (at(0), at(1), at(2), at(3), self.lr_code, self.step_code);
         let (s, f, n, grid) = (stream(io), self.function, self.n, Grid::linear(self.n));
-        let p_out = io.output_addr(0);
+        let out = |k: usize| io.output_addr(self.first_output + k);
+        let p_out = out(0);
         // No scale: a null address, which the kernels read as 1.
         let (scale, scale_code) = self.scale_code.map_or((0, 0), |code| (at(4 + self.states), code));
         // SAFETY: forwarded to the caller.
         unsafe {
             match self.rule {
                 Rule::Sgd { momentum, weight_decay } => {
-                    let (v, v_out, mu, wd) = (at(4), io.output_addr(1), round(momentum), round(weight_decay));
+                    let (v, v_out, mu, wd) = (at(4), out(1), round(momentum), round(weight_decay));
                     launch(s, f, grid, &mut args![p, g, lr, lr_code, scale, scale_code, v, p_out, v_out, mu, wd, n])
                 }
                 Rule::AdamW { beta1, beta2, eps, weight_decay } => {
-                    let (m, v, m_out, v_out) = (at(4), at(5), io.output_addr(1), io.output_addr(2));
+                    let (m, v, m_out, v_out) = (at(4), at(5), out(1), out(2));
                     let (b1, b2, one_b1, one_b2) = (round(beta1), round(beta2), round(1.0 - beta1), round(1.0 - beta2));
                     let eps = round(eps);
                     launch(

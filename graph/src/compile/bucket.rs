@@ -100,7 +100,7 @@ pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
     for (number, bucket) in buckets.iter().enumerate() {
         merge(low, number, bucket, &mut removed);
     }
-    remove_actors(low, &removed);
+    low.remove_actors(&removed);
 }
 
 /// Makes each rank's first member of `bucket` the bucket's member on that device, reading
@@ -178,39 +178,5 @@ fn group_of(plan: &Plan, actor: ActorIndex) -> Option<String> {
     match &plan.actors[actor.index()].kind {
         ActorKind::Compute { kernel: KernelConf::Collective(conf) } => Some(conf.group.clone()),
         _ => None,
-    }
-}
-
-/// Drops the `removed` actors from the plan and renumbers every reference to the rest.
-fn remove_actors(low: &mut Lowering<'_>, removed: &[bool]) {
-    if !removed.contains(&true) {
-        return;
-    }
-    let mut new_index = Vec::with_capacity(removed.len());
-    let mut next = 0u32;
-    for &gone in removed {
-        new_index.push((!gone).then_some(ActorIndex(next)));
-        next += u32::from(!gone);
-    }
-    let renumber = |a: ActorIndex| new_index[a.index()];
-    let plan = low.b.plan_mut();
-    let mut index = 0;
-    plan.actors.retain(|_| {
-        index += 1;
-        !removed[index - 1]
-    });
-    for desc in &mut plan.regst_descs {
-        // A removed actor's registers all moved to its bucket's member.
-        desc.producer = renumber(desc.producer).unwrap_or(desc.producer);
-        desc.consumers = desc.consumers.iter().filter_map(|&c| renumber(c)).collect();
-    }
-    low.issued.retain(|i| !removed[i.actor.index()]);
-    for issued in &mut low.issued {
-        issued.actor = renumber(issued.actor).unwrap_or(issued.actor);
-    }
-    for op in &mut low.op_actors {
-        for actor in &mut op.actors {
-            *actor = renumber(*actor).unwrap_or(*actor);
-        }
     }
 }

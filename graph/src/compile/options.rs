@@ -31,6 +31,12 @@ pub struct CompileOptions {
     /// the device ([`Plan::check_finite`](crate::plan::Plan::check_finite)). Costs one read
     /// of every output; cheap enough to leave on in tests.
     pub check_finite: bool,
+    /// Fuse each device's optimizer updates into one `update_group` actor per set of
+    /// gradients that are ready together (`compile/fuse_updates.rs`): one firing and one
+    /// pass over all their elements, on all the device's threads, as PyTorch's
+    /// `fused=True` AdamW. Results are bitwise those of one update per parameter. Applies
+    /// to cpu and sim devices. Default on.
+    pub fuse_updates: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -64,6 +70,7 @@ impl Default for CompileOptions {
             reuse_memory: true,
             accumulate: None,
             check_finite: false,
+            fuse_updates: true,
         }
     }
 }
@@ -80,6 +87,7 @@ impl CompileOptions {
             accumulate: self.accumulate.clone(),
             reuse_memory: self.reuse_memory,
             check_finite: self.check_finite,
+            fuse_updates: self.fuse_updates,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -128,6 +136,12 @@ pub struct ParallelOptions {
     /// that larger gradients keep an all-reduce of their own instead of being copied into a
     /// bucket). 0 turns bucketing off. Default 1 MiB.
     pub bucket_bytes: u64,
+    /// Fuse each device's optimizer updates into one `update_group` actor per set of
+    /// gradients that are ready together (`compile/fuse_updates.rs`): one firing and one
+    /// pass over all their elements, on all the device's threads, as PyTorch's
+    /// `fused=True` AdamW. Results are bitwise those of one update per parameter. Applies
+    /// to cpu and sim devices. Default on.
+    pub fuse_updates: bool,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -160,6 +174,7 @@ impl ParallelOptions {
             reuse_memory: true,
             check_finite: false,
             bucket_bytes: 1 << 20,
+            fuse_updates: true,
         }
     }
 

@@ -43,7 +43,8 @@ pub(crate) fn actor_flops(low: &Lowering<'_>) -> Vec<f64> {
             if flops.len() <= actor.index() {
                 flops.resize(actor.index() + 1, 0.0);
             }
-            flops[actor.index()] = op.flops(inputs, outputs);
+            // `+=`: a fused update runs the ops of several parameters.
+            flops[actor.index()] += op.flops(inputs, outputs);
         }
     }
     flops

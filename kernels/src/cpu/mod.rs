@@ -95,6 +95,7 @@ pub mod slice;
 pub mod softmax;
 pub mod to_global;
 pub mod unary;
+mod update;
 
 /// What a kernel check says of an op that got other than `inputs` inputs and one output.
 pub(crate) fn not_n_to_one(inputs: usize, metas: (&[regflow_plan::TensorMeta], &[regflow_plan::TensorMeta])) -> String {
@@ -189,6 +190,9 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::LearningRate>(r, "learning_rate", device, FLOAT);
     add_as::<ops::ClipFactor>(r, "clip_factor", device, FLOAT);
     add_as::<ops::Update>(r, "update", device, FLOAT);
+    // A device's updates fused by the compiler: its own kernel (no views per member).
+    r.register_op("update_group", device, DType::F32, update::update_group_factory::<f32>());
+    r.register_op("update_group", device, DType::F64, update::update_group_factory::<f64>());
     add_as::<ops::NextStep>(r, "next_step", device, ANY);
     add_as::<ops::UnscaleFactor>(r, "unscale_factor", device, FLOAT);
     add_as::<ops::LossScaleUpdate>(r, "loss_scale_update", device, FLOAT);

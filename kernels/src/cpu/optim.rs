@@ -1,5 +1,6 @@
 //! CPU kernels of `optim` ops.
 
+use super::update::{update_parts, Part, Rule};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real};
@@ -39,50 +40,9 @@ impl HostCompute for Update {
     }
 }
 
-/// Parameters of at least this many elements are updated on `cpu_threads` threads, each a
-/// contiguous share (an element's update reads only its own entries, so the result does not
-/// depend on the split); smaller ones on one thread, where waking the pool costs more.
-pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
-
-/// Runs `update(start, end)` over `0..len` in contiguous shares over `threads`, or on this
-/// thread for a parameter under [`PARALLEL_MIN_ELEMENTS`].
-///
-/// Each share's loop runs at AVX2 width where the CPU has it
-/// ([`vectorized`](super::fast_math::vectorized)): the update divides twice and takes a
-/// square root per element, so on SSE2's 4 lanes it waited on the divider (9.5 % of the
-/// MLP's step at one thread). Lane width does not change an element's rounding: the bits
-/// are those of the baseline build.
-fn in_shares(threads: usize, len: usize, update: impl Fn(usize, usize) + Sync) {
-    let threads = if len < PARALLEL_MIN_ELEMENTS { 1 } else { threads };
-    super::shares::in_shares(threads, len, |share| {
-        super::fast_math::vectorized(
-            #[inline(always)]
-            || update(share.start, share.end),
-        )
-    });
-}
-
-/// A mutable slice that threads write in disjoint ranges.
-#[derive(Clone, Copy)]
-struct Shared<T>(*mut T);
-
-// SAFETY: only `in_shares` hands it out, and its shares are disjoint ranges of a slice that
-// outlives the scope.
-unsafe impl<T> Send for Shared<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for Shared<T> {}
-
-impl<T> Shared<T> {
-    /// Elements `start..end`.
-    ///
-    /// # Safety
-    /// Within the slice this was made from, and no other thread touches those elements.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn range(&self, start: usize, end: usize) -> &mut [T] {
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), end - start) }
-    }
-}
+/// Updates of at least this many elements run on several threads (see
+/// [`update`](super::update)).
+pub use super::update::PARALLEL_MIN_ELEMENTS;
 
 impl HostCompute for NextStep {
     fn compute(
@@ -130,7 +90,7 @@ impl HostCompute for LossScaleUpdate {
     }
 }
 
-fn scalar_input(inputs: &[HostTensor<'_>], i: usize) -> Result<f64, String> {
+pub(super) fn scalar_input(inputs: &[HostTensor<'_>], i: usize) -> Result<f64, String> {
     match inputs[i].data {
         HostSlice::F64(v) => v.first().copied(),
         HostSlice::F32(v) => v.first().map(|&x| f64::from(x)),
@@ -175,18 +135,18 @@ fn update_typed<T: Real>(
     if skips_step(scale) {
         return skip_update::<T>(inputs, outputs, states, &given);
     }
-    let scale = T::from_f64(scale);
     let g = inputs[1].as_slice::<T>()?;
     let len = g.len();
     // The old parameter and state: the inputs, empty where given in place (the outputs
-    // hold those). On the stack (at most the parameter and two moments): a firing
-    // allocates nothing.
-    let sources: SmallVec<[&[T]; 3]> =
-        std::iter::once(0).chain(4..4 + states).map(|i| inputs[i].as_slice::<T>()).collect::<Result<_, _>>()?;
-    let mut targets: SmallVec<[Shared<T>; 3]> = SmallVec::new();
+    // hold those).
+    let mut part = Part { grad: g.as_ptr() as usize, len, given: [false; 3], ..Part::default() };
+    for (k, i) in std::iter::once(0).chain(4..4 + states).enumerate() {
+        part.sources[k] = inputs[i].as_slice::<T>()?.as_ptr() as usize;
+        part.given[k] = given[k];
+    }
     for (k, out) in outputs.iter_mut().enumerate() {
         let out = out.as_mut_slice::<T>()?;
-        let source = if given[k] { len } else { sources[k].len() };
+        let source = if given[k] { len } else { inputs[if k == 0 { 0 } else { 3 + k }].len() };
         if out.len() != len || source != len {
             return Err(format!(
                 "the gradient has {len} elements, but {} has {source} and its output {}",
@@ -194,98 +154,13 @@ fn update_typed<T: Real>(
                 out.len()
             ));
         }
-        targets.push(Shared(out.as_mut_ptr()));
+        part.targets[k] = out.as_mut_ptr() as usize;
     }
-    // Element math in the parameter's own type, constants hoisted (as PyTorch does).
-    let c = T::from_f64;
-    match *kind {
-        OptimizerKind::Sgd { momentum, weight_decay } => {
-            let (lr, momentum, weight_decay) = (c(lr), c(momentum), c(weight_decay));
-            let (p_out, v_out) = (targets[0], targets[1]);
-            in_shares(
-                threads,
-                len,
-                #[inline(always)]
-                |start, end| {
-                    // SAFETY: `in_shares` gives disjoint ranges of `0..len`; every slice has `len`.
-                    let (p_out, v_out) = unsafe { (p_out.range(start, end), v_out.range(start, end)) };
-                    let n = end - start;
-                    // Equal lengths (no bounds checks) and the constants as locals: read
-                    // through the closure's captures, they were reloaded every element,
-                    // which kept the loop from vectorizing.
-                    let (g, p_out, v_out) = (&g[start..end], &mut p_out[..n], &mut v_out[..n]);
-                    let (scale, lr, momentum, weight_decay) = (scale, lr, momentum, weight_decay);
-                    let sgd = |p: T, g: T, v: T| {
-                        let velocity = momentum * v + (g * scale + weight_decay * p);
-                        (p - lr * velocity, velocity)
-                    };
-                    // A block at a time: what is not given in place is copied to its output
-                    // while the block is in L1, then the block is updated in place, in one
-                    // loop over slices that do not alias (so it vectorizes).
-                    for block in (0..n).step_by(BLOCK) {
-                        let b = block..(block + BLOCK).min(n);
-                        copy_unless_given(given[0], sources[0], start + block, &mut p_out[b.clone()]);
-                        copy_unless_given(given[1], sources[1], start + block, &mut v_out[b.clone()]);
-                        for i in b {
-                            (p_out[i], v_out[i]) = sgd(p_out[i], g[i], v_out[i]);
-                        }
-                    }
-                },
-            );
-        }
-        OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
-            let (p_out, m_out, v_out) = (targets[0], targets[1], targets[2]);
-            let (b1, b2, one_b1, one_b2) = (c(beta1), c(beta2), c(1.0 - beta1), c(1.0 - beta2));
-            let (c1, c2) = (c(1.0 - beta1.powf(step)), c(1.0 - beta2.powf(step)));
-            let (lr_t, eps, decay) = (c(lr), c(eps), c(1.0 - lr * weight_decay));
-            in_shares(
-                threads,
-                len,
-                #[inline(always)]
-                |start, end| {
-                    // SAFETY: `in_shares` gives disjoint ranges of `0..len`; every slice has `len`.
-                    let (p_out, m_out, v_out) =
-                        unsafe { (p_out.range(start, end), m_out.range(start, end), v_out.range(start, end)) };
-                    let n = end - start;
-                    // As for SGD above: equal lengths, constants as locals.
-                    let (g, p_out, m_out, v_out) = (&g[start..end], &mut p_out[..n], &mut m_out[..n], &mut v_out[..n]);
-                    let (scale, b1, b2, one_b1, one_b2) = (scale, b1, b2, one_b1, one_b2);
-                    let (c1, c2, lr_t, eps, decay) = (c1, c2, lr_t, eps, decay);
-                    let adamw = |p: T, g: T, m: T, v: T| {
-                        let grad = g * scale;
-                        let m1 = b1 * m + one_b1 * grad;
-                        let v1 = b2 * v + one_b2 * grad * grad;
-                        (p * decay - lr_t * (m1 / c1) / ((v1 / c2).sqrt() + eps), m1, v1)
-                    };
-                    // As for SGD above: a block at a time, in place.
-                    for block in (0..n).step_by(BLOCK) {
-                        let b = block..(block + BLOCK).min(n);
-                        copy_unless_given(given[0], sources[0], start + block, &mut p_out[b.clone()]);
-                        copy_unless_given(given[1], sources[1], start + block, &mut m_out[b.clone()]);
-                        copy_unless_given(given[2], sources[2], start + block, &mut v_out[b.clone()]);
-                        for i in b {
-                            (p_out[i], m_out[i], v_out[i]) = adamw(p_out[i], g[i], m_out[i], v_out[i]);
-                        }
-                    }
-                },
-            );
-        }
-    }
+    let rule = Rule::<T>::new(kind, lr, step, scale);
+    // SAFETY: every slice has `len` elements and lives through the call; outputs are
+    // distinct registers, and an input given in place is empty (not read).
+    unsafe { update_parts(&rule, threads, &[part]) };
     Ok(())
-}
-
-/// Elements per block of an update: the tensors not given in place are copied to their
-/// outputs a block at a time (while the block is in L1), then the whole block is updated
-/// in place, in one loop that vectorizes.
-const BLOCK: usize = 2048;
-
-/// Copies `source[from..from + out.len()]` into `out`, unless the tensor is `given` in
-/// place (its old value is in `out` already).
-#[inline(always)]
-fn copy_unless_given<T: Copy>(given: bool, source: &[T], from: usize, out: &mut [T]) {
-    if !given {
-        out.copy_from_slice(&source[from..from + out.len()]);
-    }
 }
 
 /// A skipped step: the parameter and its state come out as they went in (those `given` in

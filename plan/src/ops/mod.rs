@@ -102,6 +102,7 @@ impl OpConf {
     pub fn in_place_pairs(&self) -> Vec<(usize, usize)> {
         match self.op_type.as_str() {
             "update" => self.parse_attrs::<optim::Update>().map(|u| u.in_place_pairs()).unwrap_or_default(),
+            "update_group" => self.parse_attrs::<optim::UpdateGroup>().map(|u| u.in_place_pairs()).unwrap_or_default(),
             _ => Vec::new(),
         }
     }
@@ -129,7 +130,7 @@ macro_rules! op_types {
             }
         })*
 
-        /// Every op type the DSL's ops have, for suggestions in errors.
+        /// Every op type plans carry, for suggestions in errors.
         pub const OP_TYPES: &[&str] = &[$($name),*];
     };
 }
@@ -174,6 +175,7 @@ op_types! {
     LearningRate => "learning_rate",
     ClipFactor => "clip_factor",
     Update => "update",
+    UpdateGroup => "update_group",
     NextStep => "next_step",
     UnscaleFactor => "unscale_factor",
     LossScaleUpdate => "loss_scale_update",

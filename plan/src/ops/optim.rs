@@ -73,6 +73,45 @@ impl Update {
     }
 }
 
+/// Several [`Update`]s of one rule in one firing, as the compiler fuses a device's
+/// updates (`compile/fuse_updates.rs` in `regflow-graph`): PyTorch's `fused=True`
+/// optimizers. `params` members, each reading `(param, grad, lr, step, state...)` and, when
+/// `scaled`, a last `grad_scale`; the op's inputs are the members' inputs one member after
+/// the other, its outputs the members' `(param', state'...)` likewise. Every member reads
+/// the same learning rate, step and scale (the compiler fuses only such updates), and
+/// every element is computed as [`Update`] computes it: the same bits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateGroup {
+    /// The members' rule.
+    pub kind: OptimizerKind,
+    /// How many parameters it updates (at least 1).
+    pub params: u32,
+    /// Whether each member reads a gradient scale (its last input).
+    pub scaled: bool,
+}
+
+impl UpdateGroup {
+    /// Inputs per member: `(param, grad, lr, step, state...)` and the scale if `scaled`.
+    pub fn member_inputs(&self) -> usize {
+        4 + self.kind.state_count() + usize::from(self.scaled)
+    }
+
+    /// Outputs per member: `(param', state'...)`.
+    pub fn member_outputs(&self) -> usize {
+        1 + self.kind.state_count()
+    }
+
+    /// Each member's [`Update::in_place_pairs`], at its place among the op's inputs and
+    /// outputs.
+    pub fn in_place_pairs(&self) -> Vec<(usize, usize)> {
+        let single = Update(self.kind.clone()).in_place_pairs();
+        let (inputs, outputs) = (self.member_inputs(), self.member_outputs());
+        (0..self.params as usize)
+            .flat_map(|m| single.iter().map(move |&(i, o)| (m * inputs + i, m * outputs + o)))
+            .collect()
+    }
+}
+
 impl OptimizerKind {
     /// The state tensors the rule keeps per parameter: SGD's velocity, AdamW's two moments.
     pub fn state_count(&self) -> usize {

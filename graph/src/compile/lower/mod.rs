@@ -168,6 +168,46 @@ impl<'a> Lowering<'a> {
         }
     }
 
+    /// Drops the `removed` actors from the plan and renumbers every reference to the rest.
+    pub(crate) fn remove_actors(&mut self, removed: &[bool]) {
+        if !removed.contains(&true) {
+            return;
+        }
+        let mut new_index = Vec::with_capacity(removed.len());
+        let mut next = 0u32;
+        for &gone in removed {
+            new_index.push((!gone).then_some(ActorIndex(next)));
+            next += u32::from(!gone);
+        }
+        let renumber = |a: ActorIndex| new_index[a.index()];
+        let plan = self.b.plan_mut();
+        let mut index = 0;
+        plan.actors.retain(|_| {
+            index += 1;
+            !removed[index - 1]
+        });
+        for desc in &mut plan.regst_descs {
+            // A removed actor's registers all moved to the actor it merged into.
+            desc.producer = renumber(desc.producer).unwrap_or(desc.producer);
+            desc.consumers = desc.consumers.iter().filter_map(|&c| renumber(c)).collect();
+        }
+        // Sources and sinks are never removed, but may come after removed actors.
+        let signature = &mut plan.signature;
+        let parts = signature.inputs.iter_mut().flat_map(|input| input.parts.iter_mut().map(|part| &mut part.actor));
+        for actor in parts.chain(signature.outputs.iter_mut().map(|output| &mut output.actor)) {
+            *actor = renumber(*actor).unwrap_or(*actor);
+        }
+        self.issued.retain(|i| !removed[i.actor.index()]);
+        for issued in &mut self.issued {
+            issued.actor = renumber(issued.actor).unwrap_or(issued.actor);
+        }
+        for op in &mut self.op_actors {
+            for actor in &mut op.actors {
+                *actor = renumber(*actor).unwrap_or(*actor);
+            }
+        }
+    }
+
     /// The name of `base` on device `slot`: `base@slot` in a plan of several devices,
     /// `base` in a plan of one (so one-device names do not depend on the compiler).
     pub(crate) fn on_device(&self, base: &str, slot: usize) -> String {

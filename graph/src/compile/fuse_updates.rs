@@ -1,0 +1,183 @@
+//! Fused optimizer updates: a device's `update` actors whose gradients are ready together
+//! become one `update_group` actor, which updates all their parameters in one firing and
+//! one pass over their elements on all the device's threads (PyTorch's `fused=True`
+//! AdamW, OneFlow's multi-tensor update). Results are bitwise those of one update per
+//! parameter: every element is computed by the same formula from the same constants.
+//!
+//! Which updates fuse: compute actors of one stream running `update` with the same rule,
+//! the same dtype, and the same learning-rate, step and gradient-scale registers, reading
+//! no input through a window, whose gradients are ready at the same time: all made on the
+//! update's own stream (a stream runs one firing after another, so waiting for the last of
+//! them delays nothing another stream runs), or all made by one actor of another stream (a
+//! gradient bucket's all-reduce). Gradients that arrive one by one from other streams
+//! (each large weight's own all-reduce under data parallelism) keep one update each, so
+//! each still runs as soon as its all-reduce lands, while the backward pass goes on.
+//!
+//! A group's outputs must be the merged actor's registers in plan order (a kernel's
+//! outputs are its registers in that order), and no member may reach another within a
+//! step (which would make the merged actor wait for itself): a group that breaks either
+//! keeps its updates apart. Neither happens in plans the compiler makes today (an update's
+//! outputs are made together, and what reads them belongs to the next step).
+//!
+//! Only on devices whose kernels have the op: cpu and sim. A CUDA device keeps one launch
+//! per parameter: a multi-tensor CUDA kernel is not written yet (it needs a GPU to check).
+
+use super::lower::Lowering;
+use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
+use regflow_plan::ops::{OpAttrs, OptimizerKind, Update, UpdateGroup};
+use std::collections::BTreeMap;
+
+/// When a member's gradient is ready: made on the update's own stream, or by one actor of
+/// another stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ready {
+    OnItsStream,
+    MadeBy(ActorIndex),
+}
+
+/// What the members of one group share (see the module docs): stream, rule (its
+/// attributes as JSON text), dtype, the learning-rate, step and scale registers, and when
+/// their gradients are ready.
+type GroupKey = (StreamIndex, String, String, Vec<RegstDescId>, Ready);
+
+/// Fuses the updates of every cpu and sim device (module docs), unless the options turn
+/// it off.
+pub(crate) fn fuse_updates(low: &mut Lowering<'_>) {
+    if !low.options.fuse_updates {
+        return;
+    }
+    let groups = candidate_groups(low.b.plan_mut());
+    let mut removed = vec![false; low.b.plan_mut().actors.len()];
+    for members in groups.into_values().filter(|m| m.len() > 1) {
+        if let Some(members) = mergeable(low.b.plan_mut(), members) {
+            merge(low, &members, &mut removed);
+        }
+    }
+    low.remove_actors(&removed);
+}
+
+/// The update actors of cpu and sim devices, grouped by [`GroupKey`].
+fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
+    let mut groups: BTreeMap<GroupKey, Vec<ActorIndex>> = BTreeMap::new();
+    for (a, actor) in plan.actors.iter().enumerate() {
+        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { continue };
+        let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
+        if conf.op_type != "update" || !matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim) {
+            continue;
+        }
+        let Ok(update) = conf.parse_attrs::<Update>() else { continue };
+        let states = update.0.state_count();
+        if !actor.windows.is_empty() || conf.inputs.len() < 4 + states {
+            continue;
+        }
+        let register = |op_input: usize| actor.inputs[conf.input_map[op_input]];
+        // lr, step and, when there is one, the gradient scale (the last input).
+        let mut shared = vec![register(2), register(3)];
+        shared.extend((conf.inputs.len() == 5 + states).then(|| register(4 + states)));
+        let grad_producer = plan.regst_descs[register(1).index()].producer;
+        let ready = match plan.actors[grad_producer.index()].stream == actor.stream {
+            true => Ready::OnItsStream,
+            false => Ready::MadeBy(grad_producer),
+        };
+        let key = (actor.stream, conf.attrs.to_string(), conf.dtype().to_string(), shared, ready);
+        groups.entry(key).or_default().push(ActorIndex(a as u32));
+    }
+    groups
+}
+
+/// The members of a group, by their first output register, if they can be one actor (see
+/// the module docs): their outputs follow one another in plan order, and none reaches
+/// another within a step.
+fn mergeable(plan: &Plan, mut members: Vec<ActorIndex>) -> Option<Vec<ActorIndex>> {
+    let mut outputs: BTreeMap<ActorIndex, Vec<usize>> = BTreeMap::new();
+    for (r, desc) in plan.regst_descs.iter().enumerate() {
+        if members.contains(&desc.producer) {
+            outputs.entry(desc.producer).or_default().push(r);
+        }
+    }
+    members.sort_by_key(|m| outputs.get(m).and_then(|o| o.first().copied()));
+    let in_order: Vec<usize> = members.iter().flat_map(|m| outputs.get(m).cloned().unwrap_or_default()).collect();
+    let output_counts_fit = members.iter().all(|&m| {
+        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &plan.actors[m.index()].kind else { return false };
+        outputs.get(&m).map_or(0, Vec::len) == conf.outputs.len()
+    });
+    if !output_counts_fit || !in_order.windows(2).all(|pair| pair[0] < pair[1]) {
+        return None;
+    }
+    // Whether some member reaches another through registers of the same step.
+    let successors = plan.within_step_successors();
+    let mut seen = vec![false; plan.actors.len()];
+    let mut stack: Vec<usize> = members.iter().flat_map(|m| successors[m.index()].iter().copied()).collect();
+    while let Some(a) = stack.pop() {
+        if std::mem::replace(&mut seen[a], true) {
+            continue;
+        }
+        if members.iter().any(|m| m.index() == a) {
+            return None;
+        }
+        stack.extend(successors[a].iter().copied());
+    }
+    Some(members)
+}
+
+/// Makes the first member the group's `update_group` actor, reading every member's inputs
+/// (each register once) and writing every member's outputs, and marks the others
+/// `removed`.
+fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
+    let lead = members[0];
+    let plan = low.b.plan_mut();
+    let mut inputs: Vec<RegstDescId> = Vec::new();
+    let (mut metas, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut kind: Option<(OptimizerKind, bool)> = None;
+    for &m in members {
+        let actor = &plan.actors[m.index()];
+        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return };
+        let Ok(update) = conf.parse_attrs::<Update>() else { return };
+        kind = Some((update.0.clone(), conf.inputs.len() == 5 + update.0.state_count()));
+        // Each register once; a tick (an input no op input maps to) comes along too.
+        let mut position = Vec::with_capacity(actor.inputs.len());
+        for &register in &actor.inputs {
+            position.push(inputs.iter().position(|&r| r == register).unwrap_or_else(|| {
+                inputs.push(register);
+                inputs.len() - 1
+            }));
+        }
+        metas.extend(conf.inputs.iter().cloned());
+        input_map.extend(conf.input_map.iter().map(|&i| position[i]));
+        outputs.extend(conf.outputs.iter().cloned());
+    }
+    let Some((kind, scaled)) = kind else { return };
+    let op = UpdateGroup { kind, params: members.len() as u32, scaled };
+    let conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs: metas, input_map, outputs };
+    for desc in &mut plan.regst_descs {
+        if members.contains(&desc.producer) {
+            desc.producer = lead;
+        }
+        for consumer in &mut desc.consumers {
+            if members.contains(consumer) {
+                *consumer = lead;
+            }
+        }
+        let mut seen = Vec::with_capacity(desc.consumers.len());
+        desc.consumers.retain(|c| {
+            let first = !seen.contains(c);
+            seen.push(*c);
+            first
+        });
+    }
+    let actor = &mut plan.actors[lead.index()];
+    actor.name = format!("{}+{}", actor.name, members.len() - 1);
+    actor.inputs = inputs;
+    actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
+    for &m in &members[1..] {
+        removed[m.index()] = true;
+    }
+    // The members' ops now run on the lead (the schedule estimate adds their costs up).
+    for op in &mut low.op_actors {
+        for actor in &mut op.actors {
+            if members.contains(actor) {
+                *actor = lead;
+            }
+        }
+    }
+}

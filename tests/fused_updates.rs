@@ -1,0 +1,189 @@
+//! Fused optimizer updates (`graph/src/compile/fuse_updates.rs`): a device's updates whose
+//! gradients are ready together run as one `update_group` actor, one pass over all their
+//! elements, and train to the same bits as one update per parameter, on one device and
+//! two, with clipping, loss scaling and micro-batches, on one thread and two.
+
+use regflow::graph::plan::{ActorKind, DeviceKind, KernelConf, OpConf, Plan};
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{
+    CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, LossScale, Optimizer, ParallelOptions, SplitMix64,
+    TrainStep,
+};
+use regflow::prelude::*;
+
+const BATCH: usize = 8;
+
+/// A 12-16-5 MLP with a loss, trained by `optimizer`: three parameters (`w0`, `b0`, `w1`).
+fn model<'g>(g: &'g Graph, optimizer: &Optimizer) -> TrainStep<'g> {
+    let x = g.input("x", [BATCH, 12], DType::F32).unwrap();
+    let y = g.input("y", [BATCH], DType::I64).unwrap();
+    let w0 = g.variable("w0", [12, 16], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let b0 = g.variable("b0", [16], DType::F32, Init::Zeros).unwrap();
+    let w1 = g.variable("w1", [16, 5], DType::F32, Init::Kaiming { seed: 2 }).unwrap();
+    let h = x.matmul(&w0).unwrap().add(&b0).unwrap().relu().unwrap();
+    let loss = h.matmul(&w1).unwrap().sparse_cross_entropy(&y).unwrap();
+    g.minimize(loss, optimizer).unwrap()
+}
+
+fn batch(step: u64) -> [(&'static str, HostArray); 2] {
+    let mut rng = SplitMix64::new(70 + step);
+    let x = (0..BATCH * 12).map(|_| rng.next_normal() as f32).collect();
+    let y = (0..BATCH).map(|_| (rng.next_u64() % 5) as i64).collect();
+    [("x", HostArray::f32([BATCH, 12], x).unwrap()), ("y", HostArray::i64([BATCH], y).unwrap())]
+}
+
+/// Losses (as bits) and final state of `steps` steps of `compiled` on `threads` threads per
+/// device, `pieces` fed pieces per step (micro-batches).
+fn train(compiled: &CompiledGraph, threads: usize, steps: u64, pieces: u64) -> (Vec<u64>, Vec<(String, HostArray)>) {
+    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).keep_state().build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
+    let mut got = Vec::new();
+    for step in 0..steps {
+        for piece in 0..pieces {
+            for (name, value) in batch(step * pieces + piece) {
+                feeds.push(name, &value).unwrap();
+            }
+            got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
+        }
+    }
+    feeds.close().unwrap();
+    drop((feeds, losses));
+    let report = job.wait().unwrap();
+    (got, report.state.unwrap())
+}
+
+/// The op of every compute actor running `op_type`, with the actor's name.
+fn ops<'p>(plan: &'p Plan, op_type: &str) -> Vec<(&'p str, &'p OpConf)> {
+    plan.actors
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == op_type => {
+                Some((a.name.as_str(), conf))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `params` attribute of every `update_group`, sorted.
+fn group_sizes(plan: &Plan) -> Vec<u64> {
+    let mut sizes: Vec<u64> =
+        ops(plan, "update_group").iter().map(|(_, c)| c.attrs["params"].as_u64().unwrap()).collect();
+    sizes.sort();
+    sizes
+}
+
+#[test]
+fn one_device_updates_every_parameter_in_one_actor_with_the_bits_of_one_update_each() {
+    let optimizers = [
+        Optimizer::adamw(5e-2, 1e-2).with_clip_norm(0.5),
+        Optimizer::sgd(0.1, 0.9, 1e-3),
+        Optimizer::adamw(5e-2, 0.0).with_loss_scale(LossScale::fixed(256.0)),
+    ];
+    for optimizer in optimizers {
+        for micro_batches in [1, 3] {
+            let g = Graph::new();
+            let step = model(&g, &optimizer);
+            let compile = |fuse_updates| {
+                let accumulate = (micro_batches > 1).then(|| step.accumulate(micro_batches));
+                let options = CompileOptions { fuse_updates, accumulate, ..CompileOptions::default() };
+                g.compile(&[step.loss], &step.updates, &options).unwrap()
+            };
+            let (fused, apart) = (compile(true), compile(false));
+            let what = format!("{:?}, {micro_batches} micro-batch(es)", optimizer.kind);
+            assert_eq!(group_sizes(&fused.plan), [3], "{what}");
+            assert_eq!(ops(&fused.plan, "update").len(), 0, "{what}");
+            assert_eq!((group_sizes(&apart.plan), ops(&apart.plan, "update").len()), (vec![], 3), "{what}");
+            assert_eq!(fused.plan.actors.len() + 2, apart.plan.actors.len(), "{what}");
+            let want = train(&apart, 1, 5, u64::from(micro_batches));
+            for threads in [1, 2] {
+                assert_eq!(train(&fused, threads, 5, u64::from(micro_batches)), want, "{what}, {threads} threads");
+            }
+        }
+    }
+}
+
+#[test]
+fn sim_devices_fuse_and_cuda_devices_keep_one_update_per_parameter() {
+    let g = Graph::new();
+    let step = model(&g, &Optimizer::adamw(5e-2, 0.0));
+    let plan = |device| {
+        let options = CompileOptions { device, ..CompileOptions::default() };
+        g.compile(&[step.loss], &step.updates, &options).unwrap().plan
+    };
+    assert_eq!(group_sizes(&plan(DeviceKind::Sim)), [3]);
+    // No multi-tensor CUDA kernel yet: three launches, as before.
+    let cuda = plan(DeviceKind::Cuda);
+    assert_eq!((group_sizes(&cuda), ops(&cuda, "update").len()), (vec![], 3));
+}
+
+/// The MLP on two data-parallel cpu devices, gradients all-reduced in buckets of at most
+/// `bucket_bytes`.
+fn data_parallel(g: &Graph, step: &TrainStep<'_>, bucket_bytes: u64, fuse_updates: bool) -> CompiledGraph {
+    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+    for name in ["x", "y"] {
+        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    let options = ParallelOptions { bucket_bytes, fuse_updates, ..ParallelOptions::new(mesh) }.train(step);
+    g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
+}
+
+#[test]
+fn data_parallel_updates_fuse_per_bucket_and_keep_one_per_gradient_that_lands_alone() {
+    let optimizer = Optimizer::adamw(5e-2, 1e-2);
+    let g = Graph::new();
+    let step = model(&g, &optimizer);
+    // All three gradients in one bucket: one group of three per device.
+    let bucketed = data_parallel(&g, &step, 1 << 20, true);
+    assert_eq!(group_sizes(&bucketed.plan), [3, 3]);
+    // Each gradient its own all-reduce: each update runs as its gradient lands.
+    let alone = data_parallel(&g, &step, 0, true);
+    assert_eq!((group_sizes(&alone.plan), ops(&alone.plan, "update").len()), (vec![], 6));
+
+    // The members of every group read gradients one actor made, on another stream.
+    let plan = &bucketed.plan;
+    for (name, conf) in ops(plan, "update_group") {
+        let actor = &plan.actors[plan.actor_by_name(name).unwrap().index()];
+        let producers: Vec<_> = (0..3)
+            .map(|member| plan.regst_descs[actor.inputs[conf.input_map[member * 6 + 1]].index()].producer)
+            .collect();
+        assert!(producers.iter().all(|&p| p == producers[0]), "{name}: {producers:?}");
+        assert_ne!(plan.actors[producers[0].index()].stream, actor.stream, "{name}");
+    }
+
+    let want = train(&data_parallel(&g, &step, 1 << 20, false), 1, 5, 1);
+    assert_eq!(train(&bucketed, 1, 5, 1), want);
+    assert_eq!(train(&alone, 2, 5, 1), want);
+}
+
+#[test]
+fn a_plan_file_whose_update_group_does_not_fit_its_conf_is_refused_at_job_build() {
+    let g = Graph::new();
+    let step = model(&g, &Optimizer::adamw(5e-2, 0.0));
+    let compiled = g.compile(&[step.loss], &step.updates, &CompileOptions::default()).unwrap();
+    let (name, _) = ops(&compiled.plan, "update_group")[0];
+    let name = name.to_string();
+    let broken = |edit: &dyn Fn(&mut OpConf)| {
+        let mut plan = compiled.plan.clone();
+        // Two buffers per variable, so that validation's in-place rule does not speak first.
+        plan.regst_descs.iter_mut().for_each(|d| d.aliased_slots = false);
+        let index = plan.actor_by_name(&name).unwrap().index();
+        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &mut plan.actors[index].kind else { unreachable!() };
+        edit(conf);
+        match Job::builder(plan).build() {
+            Ok(_) => panic!("a broken update_group was accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let err = broken(&|conf| conf.attrs["params"] = 2.into());
+    // (With aliased slots, plan validation refuses it first: its in-place pairs moved.)
+    assert!(err.contains(&name) && err.contains("has 2 member(s) of 6 inputs and 3 outputs each"), "{err}");
+    // Member 1 reads its learning rate where member 0 reads its step.
+    let err = broken(&|conf| conf.input_map[6 + 2] = conf.input_map[3]);
+    assert!(err.contains("member 1 reads input 2") && err.contains("a group shares them"), "{err}");
+    // Member 1's gradient with its parameter's bytes (what the register checks) in another shape.
+    let err =
+        broken(&|conf| conf.inputs[7] = regflow::graph::TensorMeta::new([1, conf.inputs[6].shape.numel()], DType::F32));
+    assert!(err.contains("member 1's gradient, states and outputs must match its parameter"), "{err}");
+}
