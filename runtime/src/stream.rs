@@ -22,8 +22,9 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Most envelopes moved from the inbox to the local queue at once. The local queue is
-/// allocated with room for more (`job/start.rs`), so a batch never makes it grow.
-const INBOX_BATCH: usize = 64;
+/// allocated with room for every message it can hold (`job/setup.rs`,
+/// `local_queue_capacity`), so it never grows.
+pub(crate) const INBOX_BATCH: usize = 64;
 
 /// What the watchdog and the job can see of a stream thread, without locks on the hot path.
 #[derive(Debug, Default)]

@@ -416,6 +416,32 @@ pub(crate) fn max_arity(indexed: &PlanIndex<'_>) -> usize {
         .unwrap_or(0)
 }
 
+/// Per stream, room for every message its local queue can hold at once, so that it never
+/// grows while the job runs: a message is a register slot ready for one consumer or acked
+/// by it (never both at once for one slot and consumer), so there are at most
+/// `register_num × consumers` of them per register, each on its receiver's stream (a
+/// consumer's for readiness, the producer's for acks), plus a command per
+/// actor and a batch from the inbox. The queue used to start with a fixed 256, which a
+/// fused optimizer update (acking a hundred registers and more in one firing) can pass:
+/// it then grew at whatever moment the scheduling first let that many pile up, once in a
+/// CI run of the steady-state allocation test.
+pub(crate) fn local_queue_capacities(plan: &Plan) -> Vec<usize> {
+    // One pass over the registers and actors for all streams (plans run to 10^5 actors).
+    let stream_of = |a: ActorIndex| plan.actors[a.index()].stream.index();
+    let mut room = vec![crate::stream::INBOX_BATCH; plan.streams.len()];
+    for d in &plan.regst_descs {
+        let slots = d.register_num as usize;
+        for &c in &d.consumers {
+            room[stream_of(c)] += slots;
+        }
+        room[stream_of(d.producer)] += slots * d.consumers.len();
+    }
+    for a in &plan.actors {
+        room[a.stream.index()] += 1;
+    }
+    room.into_iter().map(|r| r.max(256)).collect()
+}
+
 /// Go: every source (and actor with preloaded outputs) gets `Start`.
 pub(super) fn start_sources(router: &Router, sources: Vec<ActorId>) {
     for source in sources {
@@ -482,5 +508,41 @@ pub(super) fn stream_device(
             device: device.label(),
             reason: format!("no stream backend for {} (broken invariant)", kind.name()),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regflow_plan::{KernelConf, PlanBuilder, StreamKind};
+
+    #[test]
+    fn a_local_queue_has_room_for_every_slot_and_consumer_its_stream_receives() {
+        // src (stream 0) -> r0 (2 slots) -> copy (stream 1) -> r1 (3 slots) -> two sinks on
+        // stream 1 and one on stream 0.
+        let mut b = PlanBuilder::new();
+        let d = b.device(0, DeviceKind::Cpu, 0);
+        let (s0, s1) = (b.stream(d, StreamKind::Compute), b.stream(d, StreamKind::Comm));
+        let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(1) });
+        let copy = b.actor("copy", s1, ActorKind::Compute { kernel: KernelConf::Copy });
+        let sinks = [(s1, "k1"), (s1, "k2"), (s0, "k0")].map(|(s, name)| b.actor(name, s, ActorKind::Sink));
+        let r0 = b.regst("r0", src, 8, 2);
+        b.consume(copy, r0);
+        let r1 = b.regst("r1", copy, 8, 3);
+        for sink in sinks {
+            b.consume(sink, r1);
+        }
+        let plan = b.build().unwrap();
+        // Small counts get the floor of 256.
+        assert_eq!(local_queue_capacities(&plan)[0], 256);
+        assert_eq!(local_queue_capacities(&plan)[1], 256);
+        // With 100 times the slots, above it. Stream 0: r0's acks (slots x 1 consumer) and
+        // r1's readiness for k0 (slots x 1), 2 actors. Stream 1: r0's readiness (slots x 1),
+        // r1's for k1 and k2 (slots x 2) and r1's acks (slots x 3), 3 actors. Each plus a
+        // batch from the inbox.
+        let mut many = plan.clone();
+        many.regst_descs.iter_mut().for_each(|d| d.register_num *= 100);
+        assert_eq!(local_queue_capacities(&many)[0], 100 * (2 + 3) + 2 + crate::stream::INBOX_BATCH);
+        assert_eq!(local_queue_capacities(&many)[1], 100 * (2 + 6 + 9) + 3 + crate::stream::INBOX_BATCH);
     }
 }

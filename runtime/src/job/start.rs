@@ -360,6 +360,7 @@ impl Job {
         // Bounded: one notice per stream, allocated now, so teardown allocates nothing.
         let (exit_tx, exits) = crossbeam_channel::bounded(plan.streams.len().max(1));
         let max_arity = max_arity(&indexed);
+        let local_room = super::setup::local_queue_capacities(&plan);
         for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
             let device_desc = &plan.devices[plan.streams[s].device.index()];
@@ -385,7 +386,7 @@ impl Job {
                 stream_id,
                 actors,
                 runtimes,
-                local: VecDeque::with_capacity(256),
+                local: VecDeque::with_capacity(local_room[s]),
                 inbox,
                 router: router.clone(),
                 device,
