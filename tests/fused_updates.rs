@@ -141,9 +141,12 @@ fn data_parallel_updates_fuse_per_bucket_and_keep_one_per_gradient_that_lands_al
     let alone = data_parallel(&g, &step, 0, true);
     assert_eq!((group_sizes(&alone.plan), ops(&alone.plan, "update").len()), (vec![], 6));
 
-    // The members of every group read gradients one actor made, on another stream.
+    // The members of every group read gradients one actor made, on another stream. Its
+    // name is the first member's, with how many more, before the device suffix.
     let plan = &bucketed.plan;
     for (name, conf) in ops(plan, "update_group") {
+        let (base, device) = name.rsplit_once('@').unwrap();
+        assert!(base.starts_with("adamw_update:") && base.ends_with("+2") && ["0", "1"].contains(&device), "{name}");
         let actor = &plan.actors[plan.actor_by_name(name).unwrap().index()];
         let producers: Vec<_> = (0..3)
             .map(|member| plan.regst_descs[actor.inputs[conf.input_map[member * 6 + 1]].index()].producer)

@@ -165,8 +165,16 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
             first
         });
     }
+    let single_device = low.placement.single_device();
+    let plan = low.b.plan_mut();
     let actor = &mut plan.actors[lead.index()];
-    actor.name = format!("{}+{}", actor.name, members.len() - 1);
+    // `adamw_update:24+5`: the first member's name, and how many more; before the device
+    // suffix, which tools read off the end (`name@slot`).
+    let more = members.len() - 1;
+    actor.name = match actor.name.rsplit_once('@').filter(|_| !single_device) {
+        Some((base, slot)) => format!("{base}+{more}@{slot}"),
+        None => format!("{}+{more}", actor.name),
+    };
     actor.inputs = inputs;
     actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
     for &m in &members[1..] {
