@@ -6,51 +6,22 @@
 use regflow::graph::plan::{ActorKind, DeviceKind, KernelConf, OpConf, Plan};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
-    CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, LossScale, Optimizer, ParallelOptions, SplitMix64,
-    TrainStep,
+    CompileOptions, CompiledGraph, DType, Graph, HostArray, LossScale, Optimizer, ParallelOptions, TrainStep,
 };
 use regflow::prelude::*;
 
-const BATCH: usize = 8;
+#[path = "common/tiny_mlp.rs"]
+mod tiny_mlp;
 
-/// A 12-16-5 MLP with a loss, trained by `optimizer`: three parameters (`w0`, `b0`, `w1`).
+/// The MLP's train step (three parameters: `w0`, `b0`, `w1`).
 fn model<'g>(g: &'g Graph, optimizer: &Optimizer) -> TrainStep<'g> {
-    let x = g.input("x", [BATCH, 12], DType::F32).unwrap();
-    let y = g.input("y", [BATCH], DType::I64).unwrap();
-    let w0 = g.variable("w0", [12, 16], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
-    let b0 = g.variable("b0", [16], DType::F32, Init::Zeros).unwrap();
-    let w1 = g.variable("w1", [16, 5], DType::F32, Init::Kaiming { seed: 2 }).unwrap();
-    let h = x.matmul(&w0).unwrap().add(&b0).unwrap().relu().unwrap();
-    let loss = h.matmul(&w1).unwrap().sparse_cross_entropy(&y).unwrap();
-    g.minimize(loss, optimizer).unwrap()
-}
-
-fn batch(step: u64) -> [(&'static str, HostArray); 2] {
-    let mut rng = SplitMix64::new(70 + step);
-    let x = (0..BATCH * 12).map(|_| rng.next_normal() as f32).collect();
-    let y = (0..BATCH).map(|_| (rng.next_u64() % 5) as i64).collect();
-    [("x", HostArray::f32([BATCH, 12], x).unwrap()), ("y", HostArray::i64([BATCH], y).unwrap())]
+    tiny_mlp::model(g, optimizer).0
 }
 
 /// Losses (as bits) and final state of `steps` steps of `compiled` on `threads` threads per
-/// device, `pieces` fed pieces per step (micro-batches).
+/// device, `pieces` fed pieces per step.
 fn train(compiled: &CompiledGraph, threads: usize, steps: u64, pieces: u64) -> (Vec<u64>, Vec<(String, HostArray)>) {
-    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).keep_state().build().unwrap();
-    let mut feeds = job.graph_feeds().unwrap();
-    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
-    let mut got = Vec::new();
-    for step in 0..steps {
-        for piece in 0..pieces {
-            for (name, value) in batch(step * pieces + piece) {
-                feeds.push(name, &value).unwrap();
-            }
-            got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
-        }
-    }
-    feeds.close().unwrap();
-    drop((feeds, losses));
-    let report = job.wait().unwrap();
-    (got, report.state.unwrap())
+    tiny_mlp::train(compiled, compiled.plan.clone(), threads, steps, pieces)
 }
 
 /// The op of every compute actor running `op_type`, with the actor's name.

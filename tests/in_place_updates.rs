@@ -5,49 +5,15 @@
 
 use regflow::graph::plan::{ActorKind, KernelConf, Plan, PlanError, RegstDescId};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{
-    CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor,
-    TrainStep,
-};
-use regflow::prelude::*;
+use regflow::graph::{CompileOptions, CompiledGraph, Graph, HostArray, Optimizer, ParallelOptions};
 
-const BATCH: usize = 8;
+#[path = "common/tiny_mlp.rs"]
+mod tiny_mlp;
+use tiny_mlp::model;
 
-/// A 12-16-5 MLP with a loss, trained by `optimizer`, and its first weight.
-fn model<'g>(g: &'g Graph, optimizer: &Optimizer) -> (TrainStep<'g>, Tensor<'g>) {
-    let x = g.input("x", [BATCH, 12], DType::F32).unwrap();
-    let y = g.input("y", [BATCH], DType::I64).unwrap();
-    let w0 = g.variable("w0", [12, 16], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
-    let b0 = g.variable("b0", [16], DType::F32, Init::Zeros).unwrap();
-    let w1 = g.variable("w1", [16, 5], DType::F32, Init::Kaiming { seed: 2 }).unwrap();
-    let h = x.matmul(&w0).unwrap().add(&b0).unwrap().relu().unwrap();
-    let loss = h.matmul(&w1).unwrap().sparse_cross_entropy(&y).unwrap();
-    (g.minimize(loss, optimizer).unwrap(), w0)
-}
-
-fn batch(step: u64) -> [(&'static str, HostArray); 2] {
-    let mut rng = SplitMix64::new(50 + step);
-    let x = (0..BATCH * 12).map(|_| rng.next_normal() as f32).collect();
-    let y = (0..BATCH).map(|_| (rng.next_u64() % 5) as i64).collect();
-    [("x", HostArray::f32([BATCH, 12], x).unwrap()), ("y", HostArray::i64([BATCH], y).unwrap())]
-}
-
-/// Losses (as bits) and final state of `steps` steps of `plan`, fed on every device.
+/// Losses (as bits) and final state of `steps` steps of `plan`, on one thread.
 fn train(compiled: &CompiledGraph, plan: Plan, steps: u64) -> (Vec<u64>, Vec<(String, HostArray)>) {
-    let mut job = Job::builder(plan).keep_state().build().unwrap();
-    let mut feeds = job.graph_feeds().unwrap();
-    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
-    let mut got = Vec::new();
-    for step in 0..steps {
-        for (name, value) in batch(step) {
-            feeds.push(name, &value).unwrap();
-        }
-        got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
-    }
-    feeds.close().unwrap();
-    drop((feeds, losses));
-    let report = job.wait().unwrap();
-    (got, report.state.unwrap())
+    tiny_mlp::train(compiled, plan, 1, steps, 1)
 }
 
 /// The plan with every register's slots separate again.

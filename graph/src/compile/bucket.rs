@@ -133,22 +133,7 @@ fn merge(low: &mut Lowering<'_>, number: usize, bucket: &[Candidate], removed: &
         for &m in &members[1..] {
             removed[m.index()] = true;
         }
-        for desc in &mut plan.regst_descs {
-            if members.contains(&desc.producer) {
-                desc.producer = lead;
-            }
-            for consumer in &mut desc.consumers {
-                if members.contains(consumer) {
-                    *consumer = lead;
-                }
-            }
-            let mut seen = Vec::with_capacity(desc.consumers.len());
-            desc.consumers.retain(|c| {
-                let first = !seen.contains(c);
-                seen.push(*c);
-                first
-            });
-        }
+        super::lower::redirect_registers(plan, &members, lead);
         let actor = &mut plan.actors[lead.index()];
         actor.name = name;
         actor.inputs = parts.iter().map(|&(input, _)| input).chain(tick).collect();

@@ -149,22 +149,7 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
     let Some((kind, scaled)) = kind else { return };
     let op = UpdateGroup { kind, params: members.len() as u32, scaled };
     let conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs: metas, input_map, outputs };
-    for desc in &mut plan.regst_descs {
-        if members.contains(&desc.producer) {
-            desc.producer = lead;
-        }
-        for consumer in &mut desc.consumers {
-            if members.contains(consumer) {
-                *consumer = lead;
-            }
-        }
-        let mut seen = Vec::with_capacity(desc.consumers.len());
-        desc.consumers.retain(|c| {
-            let first = !seen.contains(c);
-            seen.push(*c);
-            first
-        });
-    }
+    super::lower::redirect_registers(plan, members, lead);
     let single_device = low.placement.single_device();
     let plan = low.b.plan_mut();
     let actor = &mut plan.actors[lead.index()];

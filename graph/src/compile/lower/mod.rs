@@ -90,6 +90,27 @@ pub(crate) struct Outputs {
     pub(crate) variables: Vec<VariableDesc>,
 }
 
+/// Makes `lead` the producer and consumer of every register one of `members` produces or
+/// reads (each consumer listed once): the registers of actors merged into one.
+pub(crate) fn redirect_registers(plan: &mut crate::plan::Plan, members: &[ActorIndex], lead: ActorIndex) {
+    for desc in &mut plan.regst_descs {
+        if members.contains(&desc.producer) {
+            desc.producer = lead;
+        }
+        for consumer in &mut desc.consumers {
+            if members.contains(consumer) {
+                *consumer = lead;
+            }
+        }
+        let mut seen = Vec::with_capacity(desc.consumers.len());
+        desc.consumers.retain(|c| {
+            let first = !seen.contains(c);
+            seen.push(*c);
+            first
+        });
+    }
+}
+
 /// The plan under construction and what the passes record on the way.
 #[derive(Debug)]
 pub(crate) struct Lowering<'a> {
