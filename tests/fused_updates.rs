@@ -129,6 +129,14 @@ fn data_parallel_updates_fuse_per_bucket_and_keep_one_per_gradient_that_lands_al
     let want = train(&data_parallel(&g, &step, 1 << 20, false), 1, 5, 1);
     assert_eq!(train(&bucketed, 1, 5, 1), want);
     assert_eq!(train(&alone, 2, 5, 1), want);
+
+    // With clipping every update waits for the global norm, made from every gradient: a
+    // device's updates fuse whatever all-reduce made their gradients.
+    let g = Graph::new();
+    let step = model(&g, &optimizer.with_clip_norm(0.5));
+    let alone = data_parallel(&g, &step, 0, true);
+    assert_eq!((group_sizes(&alone.plan), ops(&alone.plan, "update").len()), (vec![3, 3], 0));
+    assert_eq!(train(&alone, 1, 5, 1), train(&data_parallel(&g, &step, 0, false), 1, 5, 1));
 }
 
 #[test]

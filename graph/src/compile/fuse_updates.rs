@@ -11,7 +11,10 @@
 //! them delays nothing another stream runs), or all made by one actor of another stream (a
 //! gradient bucket's all-reduce). Gradients that arrive one by one from other streams
 //! (each large weight's own all-reduce under data parallelism) keep one update each, so
-//! each still runs as soon as its all-reduce lands, while the backward pass goes on.
+//! each still runs as soon as its all-reduce lands, while the backward pass goes on;
+//! except with a gradient scale (clipping by global norm, loss scaling): the scale comes
+//! from every gradient's norm, so every update waits for all gradients anyway, and a
+//! device's updates fuse whatever made their gradients.
 //!
 //! A group's outputs must be the merged actor's registers in plan order (a kernel's
 //! outputs are its registers in that order), and no member may reach another within a
@@ -27,10 +30,12 @@ use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, R
 use regflow_plan::ops::{OpAttrs, OptimizerKind, Update, UpdateGroup};
 use std::collections::BTreeMap;
 
-/// When a member's gradient is ready: made on the update's own stream, or by one actor of
-/// another stream.
+/// When a member can run: once the gradient scale arrives (clipping's or loss scaling's
+/// factor, made from every gradient's norm, so after all of them), else when its gradient
+/// is ready: made on the update's own stream, or by one actor of another stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ready {
+    WithTheScale,
     OnItsStream,
     MadeBy(ActorIndex),
 }
@@ -72,12 +77,14 @@ fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
         }
         let register = |op_input: usize| actor.inputs[conf.input_map[op_input]];
         // lr, step and, when there is one, the gradient scale (the last input).
+        let scaled = conf.inputs.len() == 5 + states;
         let mut shared = vec![register(2), register(3)];
-        shared.extend((conf.inputs.len() == 5 + states).then(|| register(4 + states)));
+        shared.extend(scaled.then(|| register(4 + states)));
         let grad_producer = plan.regst_descs[register(1).index()].producer;
-        let ready = match plan.actors[grad_producer.index()].stream == actor.stream {
-            true => Ready::OnItsStream,
-            false => Ready::MadeBy(grad_producer),
+        let ready = match (scaled, plan.actors[grad_producer.index()].stream == actor.stream) {
+            (true, _) => Ready::WithTheScale,
+            (false, true) => Ready::OnItsStream,
+            (false, false) => Ready::MadeBy(grad_producer),
         };
         let key = (actor.stream, conf.attrs.to_string(), conf.dtype().to_string(), shared, ready);
         groups.entry(key).or_default().push(ActorIndex(a as u32));
