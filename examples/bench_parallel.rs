@@ -1,8 +1,11 @@
 //! Benchmarks of data parallelism.
 //!
 //! 1. `cpu`: one training step (forward, backward, AdamW) of the MLP 784-1024-1024-10,
-//!    batch 256, f32, on one device vs data-parallel over two `cpu` devices (batch `S(0)`,
-//!    weights `B`, gradients all-reduced), one matmul thread per device: samples/s, the core
+//!    batch 256, f32, on one device vs data-parallel over two `cpu` devices (batch `S(0)`
+//!    pinned, every other layout the compiler's choice: weights `B`; `dW0` and the small
+//!    gradients all-reduced; `dW1` computed by rows from an all-to-all of the first hidden
+//!    activation and an all-gather of its output gradient, then all-gathered, 2.75 MB moved
+//!    per device instead of an all-reduce's 4), one matmul thread per device: samples/s, the core
 //!    time per step (all threads) and ratio, in three rounds that each time all three plans
 //!    once, and the median per-round ratio.
 //! 2. `sim`: a 16-layer MLP data-parallel over two `sim` devices with modeled kernel and
