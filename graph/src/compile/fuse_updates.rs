@@ -51,10 +51,20 @@ pub(crate) fn fuse_updates(low: &mut Lowering<'_>) {
     if !low.options.fuse_updates {
         return;
     }
-    let groups = candidate_groups(low.b.plan_mut());
-    let mut removed = vec![false; low.b.plan_mut().actors.len()];
+    let plan = low.b.plan_mut();
+    let groups = candidate_groups(plan);
+    if groups.values().all(|m| m.len() < 2) {
+        return;
+    }
+    // Computed once for all groups (plans run to 10^5 actors, one group per device).
+    let successors = plan.within_step_successors();
+    let mut outputs_of = vec![Vec::new(); plan.actors.len()];
+    for (r, desc) in plan.regst_descs.iter().enumerate() {
+        outputs_of[desc.producer.index()].push(r);
+    }
+    let mut removed = vec![false; plan.actors.len()];
     for members in groups.into_values().filter(|m| m.len() > 1) {
-        if let Some(members) = mergeable(low.b.plan_mut(), members) {
+        if let Some(members) = mergeable(low.b.plan_mut(), &successors, &outputs_of, members) {
             merge(low, &members, &mut removed);
         }
     }
@@ -95,31 +105,31 @@ fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
 /// The members of a group, by their first output register, if they can be one actor (see
 /// the module docs): their outputs follow one another in plan order, and none reaches
 /// another within a step.
-fn mergeable(plan: &Plan, mut members: Vec<ActorIndex>) -> Option<Vec<ActorIndex>> {
-    let mut outputs: BTreeMap<ActorIndex, Vec<usize>> = BTreeMap::new();
-    for (r, desc) in plan.regst_descs.iter().enumerate() {
-        if members.contains(&desc.producer) {
-            outputs.entry(desc.producer).or_default().push(r);
-        }
-    }
-    members.sort_by_key(|m| outputs.get(m).and_then(|o| o.first().copied()));
-    let in_order: Vec<usize> = members.iter().flat_map(|m| outputs.get(m).cloned().unwrap_or_default()).collect();
+fn mergeable(
+    plan: &Plan,
+    successors: &[Vec<usize>],
+    outputs_of: &[Vec<usize>],
+    mut members: Vec<ActorIndex>,
+) -> Option<Vec<ActorIndex>> {
+    members.sort_by_key(|m| outputs_of[m.index()].first().copied());
+    let in_order: Vec<usize> = members.iter().flat_map(|m| outputs_of[m.index()].iter().copied()).collect();
     let output_counts_fit = members.iter().all(|&m| {
         let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &plan.actors[m.index()].kind else { return false };
-        outputs.get(&m).map_or(0, Vec::len) == conf.outputs.len()
+        outputs_of[m.index()].len() == conf.outputs.len()
     });
     if !output_counts_fit || !in_order.windows(2).all(|pair| pair[0] < pair[1]) {
         return None;
     }
     // Whether some member reaches another through registers of the same step.
-    let successors = plan.within_step_successors();
+    let mut is_member = vec![false; plan.actors.len()];
+    members.iter().for_each(|m| is_member[m.index()] = true);
     let mut seen = vec![false; plan.actors.len()];
     let mut stack: Vec<usize> = members.iter().flat_map(|m| successors[m.index()].iter().copied()).collect();
     while let Some(a) = stack.pop() {
         if std::mem::replace(&mut seen[a], true) {
             continue;
         }
-        if members.iter().any(|m| m.index() == a) {
+        if is_member[a] {
             return None;
         }
         stack.extend(successors[a].iter().copied());
@@ -173,11 +183,11 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
         removed[m.index()] = true;
     }
     // The members' ops now run on the lead (the schedule estimate adds their costs up).
-    for op in &mut low.op_actors {
-        for actor in &mut op.actors {
-            if members.contains(actor) {
-                *actor = lead;
-            }
+    let mut is_member = vec![false; removed.len()];
+    members.iter().for_each(|m| is_member[m.index()] = true);
+    for actor in low.op_actors.iter_mut().flat_map(|op| op.actors.iter_mut()) {
+        if is_member[actor.index()] {
+            *actor = lead;
         }
     }
 }

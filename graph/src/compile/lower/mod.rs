@@ -93,12 +93,15 @@ pub(crate) struct Outputs {
 /// Makes `lead` the producer and consumer of every register one of `members` produces or
 /// reads (each consumer listed once): the registers of actors merged into one.
 pub(crate) fn redirect_registers(plan: &mut crate::plan::Plan, members: &[ActorIndex], lead: ActorIndex) {
+    // A set, not `members.contains`: a device's fused update has a member per parameter.
+    let mut is_member = vec![false; plan.actors.len()];
+    members.iter().for_each(|m| is_member[m.index()] = true);
     for desc in &mut plan.regst_descs {
-        if members.contains(&desc.producer) {
+        if is_member[desc.producer.index()] {
             desc.producer = lead;
         }
         for consumer in &mut desc.consumers {
-            if members.contains(consumer) {
+            if is_member[consumer.index()] {
                 *consumer = lead;
             }
         }
