@@ -100,17 +100,16 @@ pub(crate) fn redirect_registers(plan: &mut crate::plan::Plan, members: &[ActorI
         if is_member[desc.producer.index()] {
             desc.producer = lead;
         }
-        for consumer in &mut desc.consumers {
-            if is_member[consumer.index()] {
-                *consumer = lead;
-            }
+        let mut redirected = false;
+        for consumer in desc.consumers.iter_mut().filter(|c| is_member[c.index()]) {
+            *consumer = lead;
+            redirected = true;
         }
-        let mut seen = Vec::with_capacity(desc.consumers.len());
-        desc.consumers.retain(|c| {
-            let first = !seen.contains(c);
-            seen.push(*c);
-            first
-        });
+        // Consumers were distinct, so only the lead can now be listed twice.
+        if redirected {
+            let mut lead_seen = false;
+            desc.consumers.retain(|&c| c != lead || !std::mem::replace(&mut lead_seen, true));
+        }
     }
 }
 
