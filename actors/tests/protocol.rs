@@ -722,3 +722,36 @@ fn stream_ordered_completion_delivers_everything() {
         assert_eq!(h.pieces("sink"), [0, 1, 2, 3, 4, 5], "seed {seed}");
     }
 }
+
+#[test]
+fn an_actor_with_more_registers_than_it_scans_finds_each_by_lookup() {
+    // 12 sources into one actor (as a fused optimizer update reads hundreds of registers)
+    // that writes 10 outputs, each read by a sink: past the scan of 8, a Ready, an Ack and
+    // an Eord find their register by binary search. The actor's inputs are listed in the
+    // reverse of the registers' order, so positions and register ids disagree.
+    let n = 4;
+    for (pending, seed) in [(&[][..], 1), (&["big", "s3", "k7"][..], 9)] {
+        let mut net = Net::new();
+        let inputs: Vec<Desc> =
+            (0..12).map(|k| net.add(&format!("s{k}"), k % 3, count(n), &[], 1 + k as u32 % 2)).collect();
+        let reversed: Vec<Desc> = inputs.iter().rev().copied().collect();
+        let big = net.actor("big", 1, COPY, &reversed);
+        let outputs: Vec<Desc> = (0..10).map(|k| net.b.regst(&format!("big.out{k}"), big, 8, 1 + k % 2)).collect();
+        for (k, &out) in outputs.iter().enumerate() {
+            net.sink(&format!("k{k}"), k % 3, &[out]);
+        }
+        let mut h = Harness::new(net.build(), pending);
+        h.start();
+        h.finish(seed).unwrap_or_else(|e| panic!("pending {pending:?}: {e}"));
+        let fired = h.fired("big");
+        assert_eq!(fired.iter().map(|f| f.piece).collect::<Vec<_>>(), (0..n).collect::<Vec<_>>());
+        for f in &fired {
+            assert_eq!(f.inputs.iter().map(|r| r.desc).collect::<Vec<_>>(), reversed, "inputs in the actor's order");
+            assert_eq!(f.outputs.iter().map(|r| r.desc).collect::<Vec<_>>(), outputs, "outputs in plan order");
+        }
+        for k in 0..10 {
+            assert_eq!(h.pieces(&format!("k{k}")), (0..n).collect::<Vec<_>>(), "sink k{k}");
+        }
+        h.assert_finished(&format!("pending {pending:?}"));
+    }
+}

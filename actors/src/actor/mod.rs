@@ -95,7 +95,33 @@ pub struct Actor {
     scratch_inputs: Box<[RegstRef]>,
     scratch_slots: Box<[u32]>,
     scratch_outputs: Box<[RegstRef]>,
+    /// Input and output positions by register, sorted, for an actor with more than
+    /// [`SCAN_MAX`] of them (a fused optimizer update reads and writes hundreds): a message
+    /// finds its register by binary search, not by a scan that would make each step cost
+    /// the square of the parameter count. Empty for the usual few, which a scan finds faster.
+    input_lookup: Box<[(RegstDescId, u32)]>,
+    output_lookup: Box<[(RegstDescId, u32)]>,
     pub(crate) fires: u64,
+}
+
+/// Most inputs (outputs) an actor finds a message's register among by a scan.
+const SCAN_MAX: usize = 8;
+
+/// `(register, position)` of each of `descs`, sorted by register, if there are more than
+/// [`SCAN_MAX`]; else empty.
+fn lookup(descs: impl ExactSizeIterator<Item = RegstDescId>) -> Box<[(RegstDescId, u32)]> {
+    if descs.len() <= SCAN_MAX {
+        return Box::new([]);
+    }
+    let mut table: Vec<(RegstDescId, u32)> = descs.enumerate().map(|(k, d)| (d, k as u32)).collect();
+    table.sort_unstable();
+    table.into_boxed_slice()
+}
+
+/// The position of `desc` in `table` (see [`lookup`]).
+#[inline(always)]
+fn look_up(table: &[(RegstDescId, u32)], desc: RegstDescId) -> Option<usize> {
+    table.binary_search_by_key(&desc, |&(d, _)| d).ok().map(|k| table[k].1 as usize)
 }
 
 impl Actor {
@@ -174,6 +200,8 @@ impl Actor {
             scratch_inputs: vec![placeholder; inputs.len()].into_boxed_slice(),
             scratch_slots: vec![0; inputs.len()].into_boxed_slice(),
             scratch_outputs: vec![placeholder; outputs.len()].into_boxed_slice(),
+            input_lookup: lookup(inputs.iter().map(|i| i.desc)),
+            output_lookup: lookup(outputs.iter().map(|o| o.desc)),
             inputs,
             outputs,
             pending: Ring::new(max_pending, Launch { ack_inputs: false, emit: false }),
@@ -271,7 +299,7 @@ impl Actor {
             Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
             Body::Ack { regst } => self.on_ack(msg.src, regst, env)?,
             Body::Eord { desc } => {
-                let input = self.inputs.iter_mut().find(|i| i.desc == desc);
+                let input = self.input_position(desc).map(|k| &mut self.inputs[k]);
                 match input {
                     Some(input) if !input.eord => {
                         input.eord = true;
@@ -337,9 +365,27 @@ impl Actor {
         }
     }
 
+    /// Which input reads register `desc` (a scan of a few, else [`look_up`]).
+    #[inline(always)]
+    fn input_position(&self, desc: RegstDescId) -> Option<usize> {
+        match self.input_lookup.is_empty() {
+            true => self.inputs.iter().position(|i| i.desc == desc),
+            false => look_up(&self.input_lookup, desc),
+        }
+    }
+
+    /// Which output writes register `desc` (as [`Actor::input_position`]).
+    #[inline(always)]
+    fn output_position(&self, desc: RegstDescId) -> Option<usize> {
+        match self.output_lookup.is_empty() {
+            true => self.outputs.iter().position(|o| o.desc == desc),
+            false => look_up(&self.output_lookup, desc),
+        }
+    }
+
     #[inline(always)]
     fn on_ready(&mut self, src: ActorId, regst: RegstRef, piece: u64, data: RegstRef) -> Result<(), ActorError> {
-        let Some(position) = self.inputs.iter().position(|i| i.desc == regst.desc) else {
+        let Some(position) = self.input_position(regst.desc) else {
             return Err(self.bad_ready(src, regst, piece));
         };
         let input = &mut self.inputs[position];
@@ -378,7 +424,7 @@ impl Actor {
 
     #[inline(always)]
     fn on_ack<E: ActorEnv>(&mut self, src: ActorId, regst: RegstRef, env: &mut E) -> Result<(), ActorError> {
-        let Some(output) = self.outputs.iter_mut().find(|o| o.desc == regst.desc) else {
+        let Some(output) = self.output_position(regst.desc).map(|k| &mut self.outputs[k]) else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
         let freed = match output.ack(regst.slot, src, &mut self.full_outputs) {
