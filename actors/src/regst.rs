@@ -52,6 +52,7 @@ impl InputState {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn note_held(&mut self) {
         let held = (self.ready.len() + self.in_use.len()) as u32;
         self.max_held = self.max_held.max(held);

@@ -118,8 +118,9 @@ fn lookup(descs: impl ExactSizeIterator<Item = RegstDescId>) -> Box<[(RegstDescI
     table.into_boxed_slice()
 }
 
-/// The position of `desc` in `table` (see [`lookup`]).
-#[inline(always)]
+/// The position of `desc` in `table` (see [`lookup`]). Out of line: the usual actor with a
+/// few registers scans, and its message path stays as small as before.
+#[inline(never)]
 fn look_up(table: &[(RegstDescId, u32)], desc: RegstDescId) -> Option<usize> {
     table.binary_search_by_key(&desc, |&(d, _)| d).ok().map(|k| table[k].1 as usize)
 }
@@ -299,7 +300,10 @@ impl Actor {
             Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
             Body::Ack { regst } => self.on_ack(msg.src, regst, env)?,
             Body::Eord { desc } => {
-                let input = self.input_position(desc).map(|k| &mut self.inputs[k]);
+                let input = match self.input_lookup.is_empty() {
+                    true => self.inputs.iter_mut().find(|i| i.desc == desc),
+                    false => look_up(&self.input_lookup, desc).map(|k| &mut self.inputs[k]),
+                };
                 match input {
                     Some(input) if !input.eord => {
                         input.eord = true;
@@ -365,27 +369,27 @@ impl Actor {
         }
     }
 
-    /// Which input reads register `desc` (a scan of a few, else [`look_up`]).
-    #[inline(always)]
-    fn input_position(&self, desc: RegstDescId) -> Option<usize> {
-        match self.input_lookup.is_empty() {
-            true => self.inputs.iter().position(|i| i.desc == desc),
-            false => look_up(&self.input_lookup, desc),
-        }
-    }
-
-    /// Which output writes register `desc` (as [`Actor::input_position`]).
-    #[inline(always)]
-    fn output_position(&self, desc: RegstDescId) -> Option<usize> {
-        match self.output_lookup.is_empty() {
-            true => self.outputs.iter().position(|o| o.desc == desc),
-            false => look_up(&self.output_lookup, desc),
-        }
-    }
-
     #[inline(always)]
     fn on_ready(&mut self, src: ActorId, regst: RegstRef, piece: u64, data: RegstRef) -> Result<(), ActorError> {
-        let Some(position) = self.input_position(regst.desc) else {
+        if self.inputs.len() > SCAN_MAX {
+            let position = look_up(&self.input_lookup, regst.desc);
+            return self.accept_ready(position, src, regst, piece, data);
+        }
+        let position = self.inputs.iter().position(|i| i.desc == regst.desc);
+        self.accept_ready(position, src, regst, piece, data)
+    }
+
+    /// Takes a `Ready` of the input at `position` (`None`: the actor reads no such register).
+    #[inline(always)]
+    fn accept_ready(
+        &mut self,
+        position: Option<usize>,
+        src: ActorId,
+        regst: RegstRef,
+        piece: u64,
+        data: RegstRef,
+    ) -> Result<(), ActorError> {
+        let Some(position) = position else {
             return Err(self.bad_ready(src, regst, piece));
         };
         let input = &mut self.inputs[position];
@@ -424,7 +428,11 @@ impl Actor {
 
     #[inline(always)]
     fn on_ack<E: ActorEnv>(&mut self, src: ActorId, regst: RegstRef, env: &mut E) -> Result<(), ActorError> {
-        let Some(output) = self.output_position(regst.desc).map(|k| &mut self.outputs[k]) else {
+        let output = match self.outputs.len() > SCAN_MAX {
+            false => self.outputs.iter_mut().find(|o| o.desc == regst.desc),
+            true => look_up(&self.output_lookup, regst.desc).map(|k| &mut self.outputs[k]),
+        };
+        let Some(output) = output else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
         let freed = match output.ack(regst.slot, src, &mut self.full_outputs) {
