@@ -70,6 +70,11 @@ fn kernel_text(kernel: &KernelConf, actor_name: &str) -> Option<String> {
         KernelConf::Copy => Some("copy".into()),
         KernelConf::SumF32 => Some("sum_f32".into()),
         KernelConf::Op(op) if actor_name.starts_with(op.op_type.as_str()) => None,
+        // A device's fused optimizer updates: how many parameters it updates.
+        KernelConf::Op(op) if op.op_type == "update_group" => match op.attrs["params"].as_u64() {
+            Some(params) => Some(format!("update_group of {params} parameters")),
+            None => Some(op.op_type.clone()),
+        },
         KernelConf::Op(op) => Some(op.op_type.clone()),
         KernelConf::Custom { name } if name == actor_name => None,
         KernelConf::Custom { name } => Some(name.clone()),
@@ -137,6 +142,24 @@ pub(crate) fn exact_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fused_update_says_how_many_parameters_it_updates() {
+        let op = |attrs| {
+            let conf = regflow::graph::plan::OpConf {
+                op_type: "update_group".into(),
+                attrs,
+                inputs: vec![],
+                input_map: vec![],
+                outputs: vec![],
+            };
+            KernelConf::Op(conf)
+        };
+        let attrs =
+            serde_json::json!({"kind": {"Sgd": {"momentum": 0.0, "weight_decay": 0.0}}, "params": 36, "scaled": true});
+        assert_eq!(kernel_text(&op(attrs), "adamw_update:245+35").as_deref(), Some("update_group of 36 parameters"));
+        assert_eq!(kernel_text(&op(serde_json::Value::Null), "x").as_deref(), Some("update_group"));
+    }
 
     #[test]
     fn bytes_read_in_binary_units() {
