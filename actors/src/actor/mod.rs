@@ -300,9 +300,9 @@ impl Actor {
             Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
             Body::Ack { regst } => self.on_ack(msg.src, regst, env)?,
             Body::Eord { desc } => {
-                let input = match self.input_lookup.is_empty() {
-                    true => self.inputs.iter_mut().find(|i| i.desc == desc),
-                    false => look_up(&self.input_lookup, desc).map(|k| &mut self.inputs[k]),
+                let input = match self.inputs.len() > SCAN_MAX {
+                    false => self.inputs.iter_mut().find(|i| i.desc == desc),
+                    true => look_up(&self.input_lookup, desc).map(|k| &mut self.inputs[k]),
                 };
                 match input {
                     Some(input) if !input.eord => {

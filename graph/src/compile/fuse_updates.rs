@@ -27,7 +27,7 @@
 
 use super::lower::Lowering;
 use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
-use regflow_plan::ops::{OpAttrs, OptimizerKind, Update, UpdateGroup};
+use regflow_plan::ops::{OpAttrs, Update, UpdateGroup};
 use std::collections::BTreeMap;
 
 /// When a member can run: once the gradient scale arrives (clipping's or loss scaling's
@@ -145,12 +145,13 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
     let plan = low.b.plan_mut();
     let mut inputs: Vec<RegstDescId> = Vec::new();
     let (mut metas, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
-    let mut kind: Option<(OptimizerKind, bool)> = None;
+    // Every member has the lead's rule and scale input (the group's key says so).
+    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[lead.index()].kind else { return };
+    let Ok(Update(kind)) = first.parse_attrs::<Update>() else { return };
+    let scaled = first.inputs.len() == 5 + kind.state_count();
     for &m in members {
         let actor = &plan.actors[m.index()];
         let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return };
-        let Ok(update) = conf.parse_attrs::<Update>() else { return };
-        kind = Some((update.0.clone(), conf.inputs.len() == 5 + update.0.state_count()));
         // Each register once; a tick (an input no op input maps to) comes along too.
         let mut position = Vec::with_capacity(actor.inputs.len());
         for &register in &actor.inputs {
@@ -163,7 +164,6 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
         input_map.extend(conf.input_map.iter().map(|&i| position[i]));
         outputs.extend(conf.outputs.iter().cloned());
     }
-    let Some((kind, scaled)) = kind else { return };
     let op = UpdateGroup { kind, params: members.len() as u32, scaled };
     let conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs: metas, input_map, outputs };
     super::lower::redirect_registers(plan, members, lead);

@@ -1,10 +1,9 @@
 //! CPU kernels of `optim` ops.
 
-use super::update::{update_parts, Part, Rule};
+use super::update::{keep_parts, update_parts, Part, Rule};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real};
-use smallvec::SmallVec;
 
 impl HostCompute for LearningRate {
     fn compute(
@@ -124,61 +123,36 @@ fn update_typed<T: Real>(
     if outputs.len() != 1 + states {
         return Err(format!("gives the parameter and {states} state(s), not {} outputs", outputs.len()));
     }
-    // Which of the parameter and its state are given in place: their inputs arrive with
-    // no elements though their shapes have some, and their old values are in the outputs
-    // (see `HostCompute::compute`).
-    let given: SmallVec<[bool; 3]> = std::iter::once(0)
-        .chain(4..4 + states)
-        .zip(&*outputs)
-        .map(|(i, out)| inputs[i].is_empty() && inputs[i].shape.numel() > 0 && !out.is_empty())
-        .collect();
-    if skips_step(scale) {
-        return skip_update::<T>(inputs, outputs, states, &given);
-    }
     let g = inputs[1].as_slice::<T>()?;
     let len = g.len();
-    // The old parameter and state: the inputs, empty where given in place (the outputs
-    // hold those).
-    let mut part = Part { grad: g.as_ptr() as usize, len, given: [false; 3], ..Part::default() };
-    for (k, i) in std::iter::once(0).chain(4..4 + states).enumerate() {
-        part.sources[k] = inputs[i].as_slice::<T>()?.as_ptr() as usize;
-        part.given[k] = given[k];
-    }
+    let mut part = Part { grad: g.as_ptr() as usize, len, ..Part::default() };
+    // Outputs are (param', state'...), inputs (param, grad, lr, step, state...).
     for (k, out) in outputs.iter_mut().enumerate() {
+        let input = &inputs[Update::old_value_input(k)];
         let out = out.as_mut_slice::<T>()?;
-        let source = if given[k] { len } else { inputs[if k == 0 { 0 } else { 3 + k }].len() };
-        if out.len() != len || source != len {
+        // Given in place: the input arrives with no elements though its shape has some,
+        // and its old value is in the output (see `HostCompute::compute`).
+        let given = input.is_empty() && input.shape.numel() > 0 && !out.is_empty();
+        let source = input.as_slice::<T>()?;
+        let source_len = if given { len } else { source.len() };
+        if out.len() != len || source_len != len {
             return Err(format!(
-                "the gradient has {len} elements, but {} has {source} and its output {}",
+                "the gradient has {len} elements, but {} has {source_len} and its output {}",
                 if k == 0 { "the parameter".to_string() } else { format!("state {k}") },
                 out.len()
             ));
         }
-        part.targets[k] = out.as_mut_ptr() as usize;
+        (part.sources[k], part.given[k], part.targets[k]) =
+            (source.as_ptr() as usize, given, out.as_mut_ptr() as usize);
     }
-    let rule = Rule::<T>::new(kind, lr, step, scale);
     // SAFETY: every slice has `len` elements and lives through the call; outputs are
     // distinct registers, and an input given in place is empty (not read).
-    unsafe { update_parts(&rule, threads, &[part]) };
-    Ok(())
-}
-
-/// A skipped step: the parameter and its state come out as they went in (those `given` in
-/// place are left as they are).
-fn skip_update<T: Real>(
-    inputs: &[HostTensor<'_>],
-    outputs: &mut [HostTensorMut<'_>],
-    states: usize,
-    given: &[bool],
-) -> Result<(), String> {
-    // Outputs are (param', state'...), inputs (param, grad, lr, step, state...).
-    let sources = std::iter::once(0).chain(4..4 + states);
-    for ((out, i), _) in outputs.iter_mut().zip(sources).zip(given).filter(|(_, &given)| !given) {
-        let (from, to) = (inputs[i].as_slice::<T>()?, out.as_mut_slice::<T>()?);
-        if from.len() != to.len() {
-            return Err(format!("input {i} has {} elements and its output {}", from.len(), to.len()));
+    unsafe {
+        if skips_step(scale) {
+            keep_parts::<T>(&[part], states);
+        } else {
+            update_parts(&Rule::<T>::new(kind, lr, step, scale), threads, &[part]);
         }
-        to.copy_from_slice(from);
     }
     Ok(())
 }

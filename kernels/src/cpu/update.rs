@@ -5,7 +5,7 @@
 //! entries, so neither the grouping nor the split changes a bit of the result.
 
 use crate::{Kernel, KernelError, KernelFactory, KernelIo};
-use regflow_plan::ops::{skips_step, OptimizerKind, UpdateGroup};
+use regflow_plan::ops::{skips_step, OptimizerKind, Update, UpdateGroup};
 use regflow_plan::{OpConf, Real, TensorMeta};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -321,7 +321,7 @@ impl<T: Real> UpdateGroupKernel<T> {
             fits(None, false, io.input_len(grad), io.input_addr(grad))?;
             let mut part = Part { grad: io.input(grad).as_ptr() as usize, len, ..Part::default() };
             for k in 0..=states {
-                let (source, target) = (input(if k == 0 { 0 } else { 3 + k }), m * outputs + k);
+                let (source, target) = (input(Update::old_value_input(k)), m * outputs + k);
                 fits(Some(k), true, io.output_len(target), io.output_addr(target))?;
                 // Given in place: the output is the input's very bytes (aliased slots).
                 part.given[k] = io.input_addr(source) == io.output_addr(target) && bytes > 0;

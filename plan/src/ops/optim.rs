@@ -69,7 +69,17 @@ impl Update {
     /// and each state (input 4 + j, output 1 + j). Every element of an output is computed
     /// from the same element of the inputs, read before it is written.
     pub fn in_place_pairs(&self) -> Vec<(usize, usize)> {
-        std::iter::once((0, 0)).chain((0..self.0.state_count()).map(|j| (4 + j, 1 + j))).collect()
+        (0..=self.0.state_count()).map(|k| (Self::old_value_input(k), k)).collect()
+    }
+
+    /// The input holding the old value of output `k`: the parameter (input 0) for the new
+    /// parameter (output 0), state `j` (input 4 + j) for its new value (output 1 + j).
+    pub fn old_value_input(k: usize) -> usize {
+        if k == 0 {
+            0
+        } else {
+            3 + k
+        }
     }
 }
 
