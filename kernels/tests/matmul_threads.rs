@@ -40,6 +40,58 @@ fn matmul_results_do_not_depend_on_the_thread_count() {
     }
 }
 
+/// `op(a) · op(b)` of `[m, k] x [k, n]` with either operand read transposed, or the sum of
+/// a batch of 2 such products (`MatMulBatchSum`), on `threads`.
+fn shaped_product(
+    (m, k, n): (usize, usize, usize),
+    (ta, tb): (bool, bool),
+    batch_sum: bool,
+    threads: usize,
+) -> Vec<f64> {
+    let stored = |rows, cols, t: bool| if t { [cols, rows] } else { [rows, cols] };
+    let mut out = HostArray::zeros(&TensorMeta::new([m, n], DType::F32));
+    if batch_sum {
+        use regflow_plan::ops::MatMulBatchSum;
+        let batched = |[r, c]: [usize; 2], seed: u64| {
+            let mut rng = SplitMix64::new(seed);
+            HostArray::f32([2, r, c], (0..2 * r * c).map(|_| rng.next_f64() as f32 - 0.5).collect()).unwrap()
+        };
+        let (a, b) = (batched(stored(m, k, ta), 5), batched(stored(k, n, tb), 6));
+        let op = MatMulBatchSum { transpose_a: ta, transpose_b: tb };
+        op.compute(&HostContext { threads }, &[a.view(), b.view()], &mut [out.view_mut()]).unwrap();
+    } else {
+        let (a, b) = (random(stored(m, k, ta), 5, DType::F32), random(stored(k, n, tb), 6, DType::F32));
+        let op = MatMul { transpose_a: ta, transpose_b: tb };
+        op.compute(&HostContext { threads }, &[a.view(), b.view()], &mut [out.view_mut()]).unwrap();
+    }
+    out.to_f64_vec()
+}
+
+/// Split by rows (more rows than columns) and by columns, both operands' orientations,
+/// sizes off the kernels' tiles, the transformer's and the MLP's shapes, and a batch summed
+/// into one output: every thread count gives the bits of one thread.
+#[test]
+fn matmul_blocks_of_rows_or_columns_give_the_bits_of_one_thread() {
+    force_backend(Some(GemmBackend::Gemm)).unwrap();
+    let shapes =
+        [(1024, 64, 256), (256, 1024, 64), (64, 1024, 1027), (999, 131, 130), (129, 1000, 257), (256, 784, 1024)];
+    for shape in shapes {
+        assert!(shape.0 * shape.1 * shape.2 >= regflow_kernels::cpu::matmul::PARALLEL_MIN_MULTIPLY_ADDS, "{shape:?}");
+        for transposes in [(false, false), (true, false), (false, true), (true, true)] {
+            for batch_sum in [false, true] {
+                let one = shaped_product(shape, transposes, batch_sum, 1);
+                assert!(one.iter().any(|&v| v != 0.0));
+                for threads in [2, 3] {
+                    assert!(
+                        one == shaped_product(shape, transposes, batch_sum, threads),
+                        "{shape:?} {transposes:?} batch sum {batch_sum}: {threads} threads differ from one"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Attention's scores `[B, H, T, T]` from `q` and `k` stored `[B, T, H, d]`, on `threads`.
 fn permuted_product(threads: usize) -> Vec<f64> {
     use regflow_plan::ops::PermutedMatMul;

@@ -1,6 +1,7 @@
 //! CPU kernels of `matmul` ops.
 
 use super::gemm_backend::{blas_product, GemmBackend, Product};
+use super::shares::Operands;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
@@ -209,9 +210,9 @@ pub fn gemm_typed<T: Real>(
     let backend = super::gemm_backend::backend_in_use()?;
     // Where each product goes: OpenBLAS or gemm.
     let to_blas = backend == GemmBackend::Blas && prefers_blas(m, k, n, isa);
-    // Split by output tiles: every element is still one thread's sum in a fixed order, so
-    // results do not depend on scheduling. A small product stays on one thread: waking the
-    // pool costs more than it saves.
+    // Split by blocks of output rows or columns: every element is still one thread's sum in
+    // a fixed order, so results do not depend on scheduling. A small product stays on one
+    // thread: handing out its shares costs more than it saves.
     let parallel = threads > 1 && m * n * k >= PARALLEL_MIN_MULTIPLY_ADDS;
     // Otherwise every product overwrites its output (`read_dst` is false for the first).
     for i in 0..count {
@@ -230,32 +231,64 @@ pub fn gemm_typed<T: Real>(
             if to_blas && by_blas(product, (lhs, rhs, dst), threads, parallel) {
                 continue;
             }
-            // A transposed operand is read in place: the patched gemm-common packs it in
-            // blocks of rows (vendor/gemm-common/REGFLOW.md, 3).
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst,
-                1,
-                n as isize,
-                read_dst,
-                lhs,
-                layout.a_strides.1,
-                layout.a_strides.0,
-                rhs,
-                layout.b_strides.1,
-                layout.b_strides.0,
-                T::one(),
-                T::one(),
-                false,
-                false,
-                false,
-                if parallel { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
-            );
+            gemm_product(product, (lhs, rhs, dst), if parallel { threads } else { 1 });
         }
     }
     Ok(())
+}
+
+/// Computes `product` by `gemm`, split over `threads` blocks of output rows or columns (the
+/// longer side), each block one single-threaded `gemm` call on this thread or a helper of
+/// it ([`team`](super::team)). Every output element is still the sum of the same terms in
+/// the same order (`gemm` blocks the depth by its length alone, not by the block's rows or
+/// columns), so the thread count never changes a result (`tests/matmul_threads.rs`).
+///
+/// # Safety
+/// `lhs`, `rhs` and `dst` must address operands laid out as `product` says (`dst` with
+/// row stride `product.ldc`, column stride 1), valid for the call, `dst` not overlapping
+/// the others; `T` is f32 or f64.
+unsafe fn gemm_product<T: Real>(product: Product, (lhs, rhs, dst): (*const T, *const T, *mut T), threads: usize) {
+    let Product { m, k, n, a_strides, b_strides, ldc, accumulate } = product;
+    let by_rows = m >= n;
+    let side = if by_rows { m } else { n };
+    let operands = Operands { a: lhs, b: rhs, out: dst };
+    super::shares::in_shares(threads, side, |range| {
+        // Borrowed whole first, so the closure captures the `Sync` struct, not its pointers.
+        let operands = &operands;
+        let Operands { a, b, out } = *operands;
+        let (start, len) = (range.start as isize, range.end - range.start);
+        // SAFETY: a block of rows starts `start` rows into `op(a)` and the output; a block
+        // of columns `start` columns into `op(b)` and the output; both stay inside the
+        // operands the caller vouched for, and shares write disjoint blocks of the output.
+        unsafe {
+            let (a, b, out, rows, cols) = if by_rows {
+                (a.offset(start * a_strides.0), b, out.offset(start * ldc as isize), len, n)
+            } else {
+                (a, b.offset(start * b_strides.1), out.offset(start), m, len)
+            };
+            gemm::gemm(
+                rows,
+                cols,
+                k,
+                out,
+                1,
+                ldc as isize,
+                accumulate,
+                a,
+                a_strides.1,
+                a_strides.0,
+                b,
+                b_strides.1,
+                b_strides.0,
+                T::one(),
+                T::one(),
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    });
 }
 
 /// A product goes to OpenBLAS only if all three of its sizes are at least this. Skinnier
@@ -299,10 +332,12 @@ unsafe fn by_blas<T: Real>(
 }
 
 /// Products of fewer multiply-adds than this run on one thread whatever `threads` says:
-/// about 0.2 ms of one core at AVX2 speed, against the 10–30 µs it takes to wake rayon's
-/// threads on a loaded machine (a transformer's [1024, 64] x [64, 64] projections ran
-/// slower on two threads than on one).
-pub const PARALLEL_MIN_MULTIPLY_ADDS: usize = 1 << 24;
+/// about 20 µs of one AVX-512 core. Above it a product's blocks go to the stream thread
+/// and its spinning helpers ([`team`](super::team)) for a few microseconds of hand-out: a
+/// transformer's `[1024, 64] x [64, 64]` projection (2^22) ran at 112 GFLOP/s on one thread
+/// and 213 on two (`bench_gemm 15 2 1024x64x64`). Under rayon, which woke its pool for every
+/// product, the threshold was 2^24 and such products ran slower on two threads than on one.
+pub const PARALLEL_MIN_MULTIPLY_ADDS: usize = 1 << 21;
 
 /// Rows, columns and (row, column) strides of `op(x)` for a row-major `x`.
 fn matrix(shape: &Shape, transposed: bool) -> (usize, usize, (isize, isize)) {

@@ -5,9 +5,9 @@
 //!
 //! A firing allocates nothing: per-axis scratch lives on the stack ([`axes`], up to rank
 //! [`axes::INLINE_RANK`]), and the matrix products' packing buffers are reused per thread
-//! (the workspace patches gemm-common for that; with `cpu_threads > 1` rayon still
-//! allocates). The products run at the widest instruction set the processor has, unless
-//! [`isa`] caps it.
+//! (the workspace patches gemm-common for that). With `cpu_threads > 1` a kernel's shares
+//! run on the stream thread and helpers of it started once (`team`). The products run at
+//! the widest instruction set the processor has, unless [`isa`] caps it.
 
 use crate::builtin::AccumulateMean;
 
@@ -93,6 +93,7 @@ pub mod reshape;
 mod shares;
 pub mod slice;
 pub mod softmax;
+mod team;
 pub mod to_global;
 pub mod unary;
 mod update;

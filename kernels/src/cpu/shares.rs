@@ -2,23 +2,20 @@
 
 use std::ops::Range;
 
-/// Runs `work` on `0..len` split into `min(threads, len)` contiguous shares, one per rayon
-/// task, or on the whole range on this thread when that is one share. Each index lies in
+/// Runs `work` on `0..len` split into `min(threads, len)` contiguous shares, on this
+/// (stream) thread and its helpers ([`team`](super::team): the stream thread claims shares
+/// too), or on the whole range on this thread when that is one share. Each index lies in
 /// exactly one share, so work that writes only its own indices gives the same result on
 /// any thread count.
-///
-/// All shares go to the pool while this (stream) thread waits: running the first share here
-/// instead measured 7–15 % slower on the MLP at two threads (three threads then contend for
-/// two cores while rayon's idle worker looks for work). `rayon::join`, called from outside
-/// the pool, runs both of its halves there too.
 pub(crate) fn in_shares(threads: usize, len: usize, work: impl Fn(Range<usize>) + Sync) {
     let shares = threads.min(len);
     if shares <= 1 {
         work(0..len);
         return;
     }
-    // The row split with rows of no elements: one halving over `rayon::join` for both.
-    join_row_shares::<()>(0..shares, (len, 0), shares, &mut [], &|range, _| work(range));
+    super::team::for_each_share(threads, shares, &|share| {
+        work(share_start(share, len, shares)..share_start(share + 1, len, shares));
+    });
 }
 
 /// The first index of share `share` of `len` indices cut into `shares` contiguous shares.
@@ -46,11 +43,12 @@ pub(crate) fn row_shares(threads: usize, len: usize, row_len: usize) -> usize {
 }
 
 /// Runs `work(rows, part)` over `out` cut into whole rows of `row_len` elements: `part` is
-/// the slice of `out` holding `rows`. Up to `threads` contiguous shares of rows, each a rayon
-/// task, when `out` has [`ROWS_PARALLEL_MIN_ELEMENTS`] elements or more; else (or for an
-/// `out` that is not whole rows) one call on this thread. Every row lies in one share, so a
-/// kernel that computes each row of `out` from that row's inputs alone gives the same bits
-/// on any thread count. A task runs on a pool thread: `work` must enter
+/// the slice of `out` holding `rows`. Up to `threads` contiguous shares of rows, on this
+/// thread and its helpers ([`team`](super::team)), when `out` has
+/// [`ROWS_PARALLEL_MIN_ELEMENTS`] elements or more; else (or for an `out` that is not whole
+/// rows) one call on this thread. Every row lies in one share, so a kernel that computes
+/// each row of `out` from that row's inputs alone gives the same bits on any thread count.
+/// A share may run on a helper thread: `work` must enter
 /// [`vectorized`](super::fast_math::vectorized) itself to run its loops at AVX2 width.
 pub(crate) fn rows_in_shares<T: Send>(
     threads: usize,
@@ -64,31 +62,16 @@ pub(crate) fn rows_in_shares<T: Send>(
         work(0..rows, out);
         return;
     }
-    join_row_shares(0..shares, (rows, row_len), shares, out, &work);
-}
-
-/// Runs `work` on each of the shares `of` of `rows` rows (of `row_len` elements) cut into
-/// `shares`, with the part of `out` holding those rows, halving the shares over
-/// `rayon::join`, whose tasks live on the stack: a firing allocates nothing
-/// (`rayon::scope`'s `spawn` boxes every task).
-fn join_row_shares<T: Send>(
-    of: Range<usize>,
-    (rows, row_len): (usize, usize),
-    shares: usize,
-    out: &mut [T],
-    work: &(impl Fn(Range<usize>, &mut [T]) + Sync),
-) {
-    let start = share_start(of.start, rows, shares);
-    if of.len() == 1 {
-        work(start..share_start(of.end, rows, shares), out);
-        return;
-    }
-    let mid = of.start + of.len() / 2;
-    let (left, right) = out.split_at_mut((share_start(mid, rows, shares) - start) * row_len);
-    rayon::join(
-        || join_row_shares(of.start..mid, (rows, row_len), shares, left, work),
-        || join_row_shares(mid..of.end, (rows, row_len), shares, right, work),
-    );
+    let base = Operands { a: std::ptr::null::<T>(), b: std::ptr::null::<T>(), out: out.as_mut_ptr() };
+    super::team::for_each_share(threads, shares, &|share| {
+        // Borrowed whole first, so the closure captures the `Sync` struct, not its pointer.
+        let base = &base;
+        let (first, end) = (share_start(share, rows, shares), share_start(share + 1, rows, shares));
+        // SAFETY: shares are disjoint ranges of whole rows inside `out` (`rows * row_len`
+        // elements), which this call borrows mutably until every share has run.
+        let part = unsafe { std::slice::from_raw_parts_mut(base.out.add(first * row_len), (end - first) * row_len) };
+        work(first..end, part);
+    });
 }
 
 /// The base pointers of a product's operands and output, shared by the threads that
