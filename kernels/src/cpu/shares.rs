@@ -24,13 +24,13 @@ fn share_start(share: usize, len: usize, shares: usize) -> usize {
 }
 
 /// Elements below which a row-wise kernel stays on one thread whatever the device's thread
-/// count: waking the pool's threads costs 10–60 µs on a loaded VM, which a share must
-/// outweigh. 2^16 f32 of layer norm take 45 µs on one AVX-512 core and took 84 µs in two
-/// shares (the character GPT's `[1024, 64]` rows: layer norm 0.38–0.61 → 0.27–0.36 ms per
-/// step, its gradient 0.81–0.99 → 0.62–0.78, with this threshold raised from 2^16;
-/// BENCHMARKS.md, issue 13, ninth session); 2^17 and more (GELU, masked softmax of the
-/// same model at 2^18) still gain from a second core.
-pub(crate) const ROWS_PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
+/// count: handing out shares to spinning helpers ([`team`](super::team)) costs a few
+/// microseconds, which a share must outweigh; 2^15 f32 of layer norm take about 20 µs on
+/// one AVX-512 core. (Under rayon, which woke its pool for each kernel, this was 2^17: two
+/// shares of 2^16 took 84 µs against 45 on one thread.) The character GPT's step on two
+/// threads went from 9.37 / 9.69 / 9.49 to 8.55 / 9.46 / 8.67 ms with 2^15 instead of 2^17
+/// (`bench_gpt 30 2`, alternating; its layer norms and their gradients are 2^16).
+pub(crate) const ROWS_PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
 
 /// How many shares [`rows_in_shares`] cuts `len` elements of rows of `row_len` into.
 pub(crate) fn row_shares(threads: usize, len: usize, row_len: usize) -> usize {
