@@ -223,6 +223,16 @@ pub enum RuntimeError {
     /// The job has stopped (finished or aborted); `wait` tells why.
     #[error("the job has stopped")]
     Stopped,
+    /// A job setting out of its range.
+    #[error("job setting {setting} is {value}: {reason}")]
+    Setting {
+        /// The setting (the builder method).
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        reason: String,
+    },
     /// A thread could not be started.
     #[error("cannot start thread {thread}: {message}")]
     Spawn {

@@ -47,7 +47,7 @@ pub use data::{RecordFile, ShuffledBatches};
 pub use error::RuntimeError;
 pub use feeds::{GraphFeeds, GraphFetcher, GraphFetches};
 pub use io::{Feeder, Fetched, Fetcher};
-pub use job::{Job, JobBuilder, JobReport, StatePart, DEFAULT_WATCHDOG};
+pub use job::{Job, JobBuilder, JobReport, StatePart, DEFAULT_WATCHDOG, MAX_CPU_THREADS};
 pub use kernel::{Kernel, KernelError, KernelFactory, KernelIo, KernelSpec, StreamContext};
 #[cfg(not(loom))]
 pub use net::ClusterSession;

@@ -62,6 +62,18 @@ fn job_building() {
         &["actor 'f'", "kernel 'mine'", "not registered", "registers no kernels by name"],
     );
     c.case(
+        "zero threads for a cpu device's kernels",
+        || quick(with_kernel(KernelConf::Copy, DeviceKind::Cpu)).cpu_threads(0).build(),
+        "RuntimeError::Setting",
+        &["cpu_threads is 0", "1 to 1024 threads", "this machine has"],
+    );
+    c.case(
+        "a thread count that is a typo",
+        || quick(with_kernel(KernelConf::Copy, DeviceKind::Cpu)).cpu_threads(20_000).build(),
+        "RuntimeError::Setting",
+        &["cpu_threads is 20000", "1 to 1024 threads"],
+    );
+    c.case(
         "a custom kernel name with a typo",
         || {
             quick(with_kernel(custom("mine"), DeviceKind::Cpu))

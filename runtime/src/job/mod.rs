@@ -38,6 +38,10 @@ const UNREAD_GRACE: Duration = Duration::from_secs(1);
 /// Default watchdog timeout: long enough for any sane kernel, short enough to notice a hang.
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(60);
 
+/// Most threads one kernel of a `cpu` device may use ([`JobBuilder::cpu_threads`]): far
+/// above any machine's cores today; a larger count is a typo, not a request.
+pub const MAX_CPU_THREADS: usize = 1024;
+
 /// After an abort, how long `wait` gives stream threads to stop before it leaves behind
 /// those still inside a kernel (they keep the job's memory alive until they return).
 const ABORT_GRACE: Duration = Duration::from_secs(2);

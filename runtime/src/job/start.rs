@@ -7,7 +7,7 @@ use super::setup::{
     sim_poller, start_sources, start_watchdog, stream_device, stream_label, user_records, variable_preloads,
     watch_names, write_preloads, write_variables,
 };
-use super::{Job, DEFAULT_WATCHDOG};
+use super::{Job, DEFAULT_WATCHDOG, MAX_CPU_THREADS};
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 
@@ -95,11 +95,13 @@ impl JobBuilder {
         self
     }
 
-    /// Threads one kernel of a `cpu` device may use (matrix products split their output
-    /// tiles over them; results are bitwise the same for any count). Default 1, so that
-    /// devices on one machine do not compete for cores.
+    /// Threads one kernel of a `cpu` device may use: its stream thread and `threads − 1`
+    /// helpers of it, which share products (blocks of rows or columns), row-wise kernels and
+    /// updates; results are bitwise the same for any count. Default 1, so that devices on
+    /// one machine do not compete for cores. 0, or more than [`MAX_CPU_THREADS`], is refused
+    /// when the job is built.
     pub fn cpu_threads(mut self, threads: usize) -> Self {
-        self.cpu_threads = threads.max(1);
+        self.cpu_threads = threads;
         self
     }
 
@@ -239,6 +241,16 @@ impl Job {
     }
 
     fn start_with(mut builder: JobBuilder, cluster: &mut Option<crate::net::Cluster>) -> Result<Job, RuntimeError> {
+        if !(1..=MAX_CPU_THREADS).contains(&builder.cpu_threads) {
+            return Err(RuntimeError::Setting {
+                setting: "cpu_threads",
+                value: builder.cpu_threads.to_string(),
+                reason: format!(
+                    "a cpu device's kernels run on 1 to {MAX_CPU_THREADS} threads (this machine has {})",
+                    std::thread::available_parallelism().map_or(1, usize::from)
+                ),
+            });
+        }
         let plan = Arc::new(std::mem::replace(&mut builder.plan, Plan::empty()));
         plan.validate()?;
         // Every per-actor lookup below goes through the index: building is linear in the
