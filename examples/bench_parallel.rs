@@ -23,6 +23,7 @@
 //! `REGFLOW_Z1_TRACE=t.json` that of the dp2 run with sharded AdamW state,
 //! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
 //! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
+//! `REGFLOW_CPU_THREADS=n` gives every cpu device's kernels n threads (default 1),
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan and `REGFLOW_DP_PLAN_JSON=p.json` the cpu
 //! dp2 plan (for `regflow plan show|dot`).
@@ -47,6 +48,14 @@ struct StepTime {
 
 /// Runs `steps` after `warmup` steps of a compiled step fed with the same batch; returns
 /// the time per step.
+/// `REGFLOW_CPU_THREADS`: threads per cpu device's kernels for every plan (default 1).
+fn cpu_threads() -> Result<usize, Box<dyn std::error::Error>> {
+    match std::env::var("REGFLOW_CPU_THREADS") {
+        Ok(text) => Ok(text.parse().map_err(|e| format!("REGFLOW_CPU_THREADS={text:?}: {e}"))?),
+        Err(_) => Ok(1),
+    }
+}
+
 fn time_steps(
     compiled: &CompiledGraph,
     feeds_of: &[(&str, HostArray)],
@@ -54,7 +63,7 @@ fn time_steps(
     steps: usize,
     trace: Option<&str>,
 ) -> Result<StepTime, Box<dyn std::error::Error>> {
-    let mut builder = Job::builder(compiled.plan.clone());
+    let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(cpu_threads()?);
     if let Some(path) = trace {
         builder = builder.trace(path);
     }
