@@ -1,13 +1,13 @@
 //! Row-wise kernels (GELU with its bias, layer norm, the masked softmax, the cross-entropy's
-//! gradient) share their rows over a device's threads when a tensor is large: every row is
+//! gradient) and binary elementwise ops share their rows over a device's threads when a tensor is large: every row is
 //! one thread's work, and layer norm's parameter gradients are summed in row order after,
 //! so two or three threads give the same bits as one. Below the size threshold they stay
 //! on one thread, which the small case checks gives the same bits too.
 
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::{
-    BiasGelu, BiasGeluGrad, LayerNorm, LayerNormGrad, MaskedSoftmax, MaskedSoftmaxGrad, PartCrossEntropy,
-    SparseCrossEntropyGrad,
+    BiasGelu, BiasGeluGrad, Binary, BinaryKind, LayerNorm, LayerNormGrad, MaskedSoftmax, MaskedSoftmaxGrad,
+    PartCrossEntropy, SparseCrossEntropyGrad,
 };
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
 
@@ -110,4 +110,40 @@ fn cross_entropy_gradients_and_a_bad_label_named_on_any_thread_count() {
             .unwrap_err();
         assert!(error.contains(&format!("label {classes} out of range for {classes} classes")), "{error}");
     }
+}
+
+/// Binary ops cut by the output's leading dimension: operands of the output's shape, and
+/// every broadcast (a row, a column, a leading 1, a scalar, a lower rank), on either side.
+#[test]
+fn binary_ops_with_every_broadcast() {
+    for (rows, width) in SHAPES {
+        let full = [rows, width];
+        let operands: [Vec<usize>; 6] =
+            [vec![rows, width], vec![width], vec![rows, 1], vec![1, width], vec![], vec![1]];
+        for (k, other) in operands.iter().enumerate() {
+            let (x, y) = (random(&full, 20 + k as u64), random(other, 30 + k as u64));
+            for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::ReluGrad] {
+                let out = vec![full.to_vec()];
+                // ReLU's gradient gated by one value, which may be negative, can be all zeros.
+                let gated_by_one_value = kind == BinaryKind::ReluGrad && other.iter().product::<usize>() == 1;
+                if !gated_by_one_value {
+                    same_on_any_thread_count(
+                        &format!("{kind:?} {full:?} with {other:?}"),
+                        &Binary(kind),
+                        &[x.clone(), y.clone()],
+                        &out,
+                    );
+                }
+                same_on_any_thread_count(
+                    &format!("{kind:?} {other:?} with {full:?}"),
+                    &Binary(kind),
+                    &[y.clone(), x.clone()],
+                    &out,
+                );
+            }
+        }
+    }
+    // A rank-3 output whose leading dimension one operand broadcasts.
+    let (x, y) = (random(&[5, 97, 67], 40), random(&[97, 67], 41));
+    same_on_any_thread_count("add [5, 97, 67] with [97, 67]", &Binary(BinaryKind::Add), &[x, y], &[vec![5, 97, 67]]);
 }

@@ -1,7 +1,8 @@
 //! CPU kernels of `binary` ops.
 
-use crate::cpu::axes;
+use crate::cpu::axes::{self, AxisVec};
 use crate::cpu::fast_math;
+use crate::cpu::shares::{row_shares, rows_in_shares};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
@@ -9,13 +10,11 @@ use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 impl HostCompute for Binary {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        fast_math::vectorized(
-            || by_float!(outputs[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, inputs, &mut outputs[0])),
-        )
+        by_float!(outputs[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, context.threads, inputs, &mut outputs[0]))
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
@@ -35,16 +34,62 @@ impl HostCompute for Binary {
     }
 }
 
-#[inline(always)]
+/// `out = kind(a, b)`, in shares of the output's leading dimension over `threads` where the
+/// output is large enough ([`row_shares`]): an operand with that leading dimension is read
+/// by the share's rows, one broadcast along it whole. Each element is computed as on one
+/// thread.
 fn compute_typed<T: Real>(
     kind: BinaryKind,
+    threads: usize,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
     let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
-    let dims = (out.shape.dims(), inputs[0].shape.dims(), inputs[1].shape.dims());
+    let (out_dims, a_dims, b_dims) = (out.shape.dims(), inputs[0].shape.dims(), inputs[1].shape.dims());
     let o = out.as_mut_slice::<T>()?;
-    // One loop per kind (the match outside), so that each vectorizes.
+    let leading = out_dims.first().copied().unwrap_or(1);
+    let row_len = o.len().checked_div(leading).unwrap_or(0);
+    if leading < 2 || row_shares(threads, o.len(), row_len) <= 1 {
+        fast_math::vectorized(
+            #[inline(always)]
+            || by_kind(kind, (out_dims, a_dims, b_dims), a, b, o),
+        );
+        return Ok(());
+    }
+    // An operand of the output's rank and leading dimension is cut by rows; any other (of
+    // lower rank, or leading dimension 1) is broadcast along the rows, so read whole.
+    let by_rows = |dims: &[usize]| dims.len() == out_dims.len() && dims[0] == leading;
+    rows_in_shares(threads, o, row_len, |rows, part| {
+        let count = rows.end - rows.start;
+        let part_dims = |dims: &[usize]| -> AxisVec<usize> {
+            let mut dims: AxisVec<usize> = dims.iter().copied().collect();
+            dims[0] = count;
+            dims
+        };
+        let o_dims = part_dims(out_dims);
+        let (a_part, a_part_dims): (&[T], AxisVec<usize>) = if by_rows(a_dims) {
+            let len = a.len() / leading;
+            (&a[rows.start * len..rows.end * len], part_dims(a_dims))
+        } else {
+            (a, a_dims.iter().copied().collect())
+        };
+        let (b_part, b_part_dims): (&[T], AxisVec<usize>) = if by_rows(b_dims) {
+            let len = b.len() / leading;
+            (&b[rows.start * len..rows.end * len], part_dims(b_dims))
+        } else {
+            (b, b_dims.iter().copied().collect())
+        };
+        fast_math::vectorized(
+            #[inline(always)]
+            || by_kind(kind, (&o_dims, &a_part_dims, &b_part_dims), a_part, b_part, part),
+        );
+    });
+    Ok(())
+}
+
+/// One loop per kind (the match outside), so that each vectorizes.
+#[inline(always)]
+fn by_kind<T: Real>(kind: BinaryKind, dims: (&[usize], &[usize], &[usize]), a: &[T], b: &[T], o: &mut [T]) {
     match kind {
         BinaryKind::Add => elementwise(dims, a, b, o, |x, y| x + y),
         BinaryKind::Sub => elementwise(dims, a, b, o, |x, y| x - y),
@@ -52,7 +97,6 @@ fn compute_typed<T: Real>(
         BinaryKind::Div => elementwise(dims, a, b, o, |x, y| x / y),
         BinaryKind::ReluGrad => elementwise(dims, a, b, o, |d, y| if y > T::zero() { d } else { T::zero() }),
     }
-    Ok(())
 }
 
 /// `o = op(a, b)` with `a` and `b` read broadcast to `o`'s dimensions (`dims`: output, `a`,
