@@ -7,7 +7,7 @@
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::{
     BiasGelu, BiasGeluGrad, Binary, BinaryKind, LayerNorm, LayerNormGrad, MaskedSoftmax, MaskedSoftmaxGrad,
-    PartCrossEntropy, SparseCrossEntropyGrad,
+    PartCrossEntropy, SparseCrossEntropy, SparseCrossEntropyGrad,
 };
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
 
@@ -146,4 +146,52 @@ fn binary_ops_with_every_broadcast() {
     // A rank-3 output whose leading dimension one operand broadcasts.
     let (x, y) = (random(&[5, 97, 67], 40), random(&[97, 67], 41));
     same_on_any_thread_count("add [5, 97, 67] with [97, 67]", &Binary(BinaryKind::Add), &[x, y], &[vec![5, 97, 67]]);
+}
+
+/// The loss: row losses in blocks of shares past the threshold, summed in row order (over
+/// several blocks of rows in the large shape), so the same bits on any thread count; a bad
+/// label is named the same way on any thread count, the first in row order.
+#[test]
+fn cross_entropy_losses_and_a_bad_label_named_on_any_thread_count() {
+    for (rows, classes) in SHAPES {
+        let logits = random(&[rows, classes], 13);
+        let labels = HostArray::i64([rows], (0..rows).map(|n| (n * 5 % classes) as i64).collect()).unwrap();
+        let inputs = [logits, labels];
+        let scalar = vec![Vec::new()];
+        same_on_any_thread_count("sparse_cross_entropy", &SparseCrossEntropy, &inputs, &scalar);
+        let part = PartCrossEntropy { batch: 3 * rows, grad: false };
+        same_on_any_thread_count("part_cross_entropy", &part, &inputs, &scalar);
+    }
+    // The f64 path too.
+    let (rows, classes) = SHAPES[0];
+    let mut rng = SplitMix64::new(15);
+    let logits: Vec<f64> = (0..rows * classes).map(|_| rng.next_f64() * 40.0 - 20.0).collect();
+    let logits = HostArray::f64([rows, classes], logits).unwrap();
+    let labels = HostArray::i64([rows], (0..rows).map(|n| (n * 3 % classes) as i64).collect()).unwrap();
+    let loss = |threads| {
+        let mut out = HostArray::zeros(&TensorMeta::new(Vec::<usize>::new(), DType::F64));
+        SparseCrossEntropy
+            .compute(&HostContext { threads }, &[logits.view(), labels.view()], &mut [out.view_mut()])
+            .unwrap();
+        out.to_f64_vec()[0]
+    };
+    let one = loss(1);
+    assert!(one.is_finite() && one > 0.0, "{one}");
+    for threads in [2, 3] {
+        assert_eq!(one.to_bits(), loss(threads).to_bits(), "f64 loss on {threads} threads");
+    }
+    let logits = random(&[rows, classes], 14);
+    let bad = |n: usize| match n {
+        700 => -1,
+        3000 => classes as i64,
+        _ => 1,
+    };
+    let labels = HostArray::i64([rows], (0..rows).map(bad).collect()).unwrap();
+    let mut out = HostArray::zeros(&TensorMeta::new(Vec::<usize>::new(), DType::F32));
+    for threads in [1, 2, 3] {
+        let error = SparseCrossEntropy
+            .compute(&HostContext { threads }, &[logits.view(), labels.view()], &mut [out.view_mut()])
+            .unwrap_err();
+        assert!(error.contains(&format!("label -1 out of range for {classes} classes")), "{threads} threads: {error}");
+    }
 }

@@ -1,7 +1,7 @@
 //! CPU kernels of `cross_entropy` ops.
 
 use crate::cpu::fast_math::{self, FastMath};
-use crate::cpu::shares::rows_in_shares;
+use crate::cpu::shares::{in_shares, rows_in_shares, Operands, ROWS_PARALLEL_MIN_ELEMENTS};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut};
@@ -9,13 +9,11 @@ use regflow_plan::{HostTensor, HostTensorMut};
 impl HostCompute for SparseCrossEntropy {
     fn compute(
         &self,
-        _context: &HostContext,
+        context: &HostContext,
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        fast_math::vectorized(
-            || by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, inputs, &mut outputs[0])),
-        )
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, context.threads, inputs, &mut outputs[0]))
     }
 }
 
@@ -41,10 +39,7 @@ impl HostCompute for PartCrossEntropy {
         by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
             backward_typed::<T>(batch, context.threads, inputs, &mut outputs[0])
         } else {
-            fast_math::vectorized(
-                #[inline(always)]
-                || forward_typed::<T>(batch, inputs, &mut outputs[0]),
-            )
+            forward_typed::<T>(batch, context.threads, inputs, &mut outputs[0])
         })
     }
 }
@@ -85,28 +80,73 @@ fn backward_typed<T: FastMath>(
     Ok(())
 }
 
-/// `batch`: the rows the mean is over (`None`: the rows given; a device holding some of the
-/// rows divides by all of them, so that the devices' results sum to the mean).
-#[inline(always)]
+/// The mean of `−ln softmax(logits)[label]` over `batch` rows (`None`: the rows given; a
+/// device holding some of the rows divides by all of them, so that the devices' results sum
+/// to the mean), row losses summed in row order in f64. From [`ROWS_PARALLEL_MIN_ELEMENTS`] logits on
+/// several threads, the row losses of each block of [`LOSS_BLOCK`] rows are computed in
+/// shares into a stack buffer and then summed in row order: the same terms in the same
+/// order, so the same bits on any thread count. Labels are checked first, in row order, so
+/// the error names the first bad row either way.
 fn forward_typed<T: FastMath>(
     batch: Option<usize>,
+    threads: usize,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
     let (logits, labels) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
     let classes = inputs[0].shape.dims()[1];
     let rows = labels.len();
-    let mut total = 0.0f64;
     for n in 0..rows {
+        class(labels, n, classes)?;
+    }
+    let row_loss = |n: usize| -> f64 {
         let row = &logits[n * classes..(n + 1) * classes];
-        let c = class(labels, n, classes)?;
+        // Checked above.
+        let c = labels[n] as usize;
         let (max, log_sum) = log_sum_exp(row);
         // Subtracting in the shifted domain keeps it exact for huge logits.
-        total += (log_sum - (row[c] - max)).to_f64();
+        (log_sum - (row[c] - max)).to_f64()
+    };
+    let mut total = 0.0f64;
+    if threads <= 1 || logits.len() < ROWS_PARALLEL_MIN_ELEMENTS {
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                for n in 0..rows {
+                    total += row_loss(n);
+                }
+            },
+        );
+    } else {
+        let mut losses = [0.0f64; LOSS_BLOCK];
+        for first in (0..rows).step_by(LOSS_BLOCK) {
+            let block = &mut losses[..LOSS_BLOCK.min(rows - first)];
+            let base = Operands { a: std::ptr::null::<f64>(), b: std::ptr::null::<f64>(), out: block.as_mut_ptr() };
+            in_shares(threads, block.len(), |share| {
+                // Borrowed whole first, so the closure captures the `Sync` struct.
+                let base = &base;
+                fast_math::vectorized(
+                    #[inline(always)]
+                    || {
+                        for k in share.clone() {
+                            // SAFETY: shares are disjoint ranges of `block`, which this
+                            // function borrows mutably until every share has run.
+                            unsafe { *base.out.add(k) = row_loss(first + k) };
+                        }
+                    },
+                );
+            });
+            for &loss in block.iter() {
+                total += loss;
+            }
+        }
     }
     out.as_mut_slice::<T>()?[0] = T::from_f64(total / batch.unwrap_or(rows) as f64);
     Ok(())
 }
+
+/// Rows whose losses one step of the shared forward computes into its stack buffer (4 KiB).
+const LOSS_BLOCK: usize = 512;
 
 /// The label of row `n` as a class index, or an error naming it.
 fn class(labels: &[i64], n: usize, classes: usize) -> Result<usize, String> {
