@@ -1,8 +1,9 @@
-//! Row-wise kernels (GELU with its bias, layer norm, the masked softmax, the cross-entropy's
-//! gradient) and binary elementwise ops share their rows over a device's threads when a tensor is large: every row is
-//! one thread's work, and layer norm's parameter gradients are summed in row order after,
-//! so two or three threads give the same bits as one. Below the size threshold they stay
-//! on one thread, which the small case checks gives the same bits too.
+//! Row-wise kernels (GELU with its bias, layer norm, the masked softmax, the cross-entropy
+//! and its gradient) and binary elementwise ops share their rows over a device's threads
+//! when a tensor is large: every row is one thread's work, layer norm's parameter gradients
+//! are summed by columns, each over the rows in row order, and the cross-entropy's row
+//! losses in row order, so two or three threads give the same bits as one. Below the size
+//! threshold they stay on one thread, which the small case checks gives the same bits too.
 
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::{
@@ -39,8 +40,8 @@ fn same_on_any_thread_count(what: &str, op: &dyn HostCompute, inputs: &[HostArra
     }
 }
 
-/// `[rows, width]` shapes: one past every threshold (2^15 elements for the row-wise kernels,
-/// 2^18 for layer norm's gradient; an odd row count), one below.
+/// `[rows, width]` shapes: one past the threshold (2^15 elements) over several blocks of
+/// layer norm's gradient (512 rows) and an odd row count, one below.
 const SHAPES: [(usize, usize); 2] = [(4099, 67), (33, 64)];
 
 #[test]

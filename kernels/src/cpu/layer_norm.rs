@@ -1,7 +1,7 @@
 //! CPU kernels of `layer_norm` ops, rows shared over the device's threads when large.
 
 use crate::cpu::fast_math;
-use crate::cpu::shares::{row_shares, rows_in_shares};
+use crate::cpu::shares::{in_shares, row_shares, rows_in_shares, Operands};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real};
@@ -28,16 +28,15 @@ impl HostCompute for LayerNormGrad {
     }
 }
 
-/// Elements below which the gradient stays on one thread, above the other row-wise
-/// kernels' threshold: in shares it needs a second, serial pass for the parameters'
-/// gradients, which on two threads cost more than the shares saved on the character GPT's
-/// `[1024, 64]` (0.11 ms per firing on one thread, 0.15 on two).
-const GRAD_PARALLEL_MIN_ELEMENTS: usize = 1 << 18;
+/// Rows per block of the shared gradient: the statistics of a block's rows (two values a
+/// row, 8 KiB in f32) wait on the stack between its two passes.
+const GRAD_BLOCK_ROWS: usize = 512;
 
 /// `dx`, and `dgamma`/`dbeta` summed over the rows in row order. On one share of rows all
-/// three come from one pass; over several, `dx` is computed by row shares in parallel, then
-/// the parameter gradients by one pass that recomputes each `x̂` with the same operations,
-/// so their sums (and bits) do not depend on the thread count.
+/// three come from one pass. Over several, each block of [`GRAD_BLOCK_ROWS`] rows takes two:
+/// `dx` by row shares, which keep each row's statistics, then the parameter gradients by
+/// column shares, each column summed over the block's rows in row order with the same
+/// operations as the one pass: the same bits on any thread count.
 fn backward_typed<T: Real>(
     eps: f64,
     threads: usize,
@@ -53,34 +52,65 @@ fn backward_typed<T: Real>(
     if features == 0 {
         return Ok(());
     }
-    let threads = if dx.len() < GRAD_PARALLEL_MIN_ELEMENTS { 1 } else { threads };
     if row_shares(threads, dx.len(), features) <= 1 {
         fast_math::vectorized(
             #[inline(always)]
-            || input_gradient_rows(eps, (x, gamma, dy), dx, Some((dgamma, dbeta))),
+            || input_gradient_rows(eps, (x, gamma, dy), dx, Some((dgamma, dbeta)), None),
         );
         return Ok(());
     }
-    rows_in_shares(threads, dx, features, |rows, dx| {
-        let span = rows.start * features..rows.end * features;
-        fast_math::vectorized(
-            #[inline(always)]
-            || input_gradient_rows(eps, (&x[span.clone()], gamma, &dy[span]), dx, None),
-        )
-    });
-    fast_math::vectorized(
-        #[inline(always)]
-        || {
-            for (row, dy_row) in x.chunks_exact(features).zip(dy.chunks_exact(features)) {
-                let (mean, rstd) = stats(row, eps);
-                for (((dg, db), &d), &v) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy_row).zip(row) {
-                    let x_hat = (v - mean) * rstd;
-                    *dg += d * x_hat;
-                    *db += d;
-                }
-            }
-        },
-    );
+    // Blocks of rows: their statistics wait in a stack buffer between the rows' pass (row
+    // shares) and the parameters' pass (column shares, each column over the rows in order).
+    let rows = dx.len() / features;
+    let mut row_stats = [(T::zero(), T::zero()); GRAD_BLOCK_ROWS];
+    for first in (0..rows).step_by(GRAD_BLOCK_ROWS) {
+        let end = (first + GRAD_BLOCK_ROWS).min(rows);
+        let span = first * features..end * features;
+        let (x, dy, dx) = (&x[span.clone()], &dy[span.clone()], &mut dx[span]);
+        let stats_of_block = &mut row_stats[..end - first];
+        let stats_base =
+            Operands { a: std::ptr::null::<(T, T)>(), b: std::ptr::null(), out: stats_of_block.as_mut_ptr() };
+        rows_in_shares(threads, dx, features, |rows, dx| {
+            // Borrowed whole first, so the closure captures the `Sync` struct.
+            let stats_base = &stats_base;
+            // SAFETY: shares are disjoint row ranges of the block, whose statistics buffer
+            // this function borrows mutably until every share has run.
+            let stats = unsafe { std::slice::from_raw_parts_mut(stats_base.out.add(rows.start), rows.len()) };
+            let span = rows.start * features..rows.end * features;
+            fast_math::vectorized(
+                #[inline(always)]
+                || input_gradient_rows(eps, (&x[span.clone()], gamma, &dy[span]), dx, None, Some(stats)),
+            )
+        });
+        let stats_of_block = &*stats_of_block;
+        let sums = Operands { a: std::ptr::null::<T>(), b: dbeta.as_mut_ptr().cast_const(), out: dgamma.as_mut_ptr() };
+        in_shares(threads, features, |columns| {
+            let sums = &sums;
+            fast_math::vectorized(
+                #[inline(always)]
+                || {
+                    // SAFETY: shares are disjoint column ranges of `dgamma` and `dbeta`,
+                    // which this function borrows mutably until every share has run.
+                    let (dgamma, dbeta) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(sums.out.add(columns.start), columns.len()),
+                            std::slice::from_raw_parts_mut(sums.b.cast_mut().add(columns.start), columns.len()),
+                        )
+                    };
+                    for (row, &(mean, rstd)) in stats_of_block.iter().enumerate() {
+                        let at = row * features + columns.start..row * features + columns.end;
+                        for (((dg, db), &d), &v) in
+                            dgamma.iter_mut().zip(dbeta.iter_mut()).zip(&dy[at.clone()]).zip(&x[at])
+                        {
+                            let x_hat = (v - mean) * rstd;
+                            *dg += d * x_hat;
+                            *db += d;
+                        }
+                    }
+                },
+            )
+        });
+    }
     Ok(())
 }
 
@@ -92,12 +122,16 @@ fn input_gradient_rows<T: Real>(
     (x, gamma, dy): (&[T], &[T], &[T]),
     dx: &mut [T],
     mut parameters: Option<(&mut [T], &mut [T])>,
+    mut row_stats: Option<&mut [(T, T)]>,
 ) {
     let features = gamma.len();
     let count = T::from_f64(features as f64);
     let rows = x.chunks_exact(features).zip(dy.chunks_exact(features)).zip(dx.chunks_exact_mut(features));
-    for ((row, dy_row), dx_row) in rows {
+    for (index, ((row, dy_row), dx_row)) in rows.enumerate() {
         let (mean, rstd) = stats(row, eps);
+        if let Some(row_stats) = row_stats.as_mut() {
+            row_stats[index] = (mean, rstd);
+        }
         // dx holds x̂ = (x - mean)·rstd until it is overwritten; with g = dy·gamma:
         // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)). Every loop is elementwise or a
         // lane-split reduction, so each vectorizes.
