@@ -62,9 +62,9 @@ mod sync {
         }
     }
 
-    /// Runs a share, catching its panic: `true` if it panicked.
-    pub(super) fn panics(work: &(dyn Fn(usize) + Sync), share: usize) -> bool {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(share))).is_err()
+    /// Runs a share, catching its panic: the panic's payload, if it panicked.
+    pub(super) fn panics(work: &(dyn Fn(usize) + Sync), share: usize) -> Option<super::Payload> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(share))).err()
     }
 }
 
@@ -90,9 +90,9 @@ mod sync {
     }
 
     /// Runs a share (loom's own panics must reach the model).
-    pub(super) fn panics(work: &(dyn Fn(usize) + Sync), share: usize) -> bool {
+    pub(super) fn panics(work: &(dyn Fn(usize) + Sync), share: usize) -> Option<super::Payload> {
         work(share);
-        false
+        None
     }
 }
 
@@ -133,8 +133,11 @@ struct Shared {
     job: UnsafeCell<Job>,
     /// Shares of the current job that helpers finished.
     done: AtomicUsize,
-    /// A helper's share panicked; the owner panics in its turn once every share is over.
+    /// A share panicked; the owner panics in its turn once every share is over.
     panicked: AtomicBool,
+    /// The first such panic's payload, raised again by the owner so that its message (the
+    /// kernel's own) reaches whoever catches the stream thread's panic.
+    first_panic: std::sync::Mutex<Option<Payload>>,
     /// The team is dropped: helpers exit.
     stop: AtomicBool,
     /// Per helper: it is parked or about to park, so a new job must unpark it.
@@ -146,6 +149,9 @@ struct Shared {
 unsafe impl Sync for Shared {}
 // SAFETY: as for `Sync`: the raw pointer inside is only dereferenced under that protocol.
 unsafe impl Send for Shared {}
+
+/// What a panic carries (its message, usually).
+type Payload = Box<dyn std::any::Any + Send>;
 
 /// The work of no job, before the first.
 fn nothing(_share: usize) {}
@@ -176,7 +182,11 @@ impl Shared {
 
     /// Runs `work` on share `share`, recording a panic instead of unwinding.
     fn run_share(&self, work: &(dyn Fn(usize) + Sync), share: usize) {
-        if sync::panics(work, share) {
+        if let Some(payload) = sync::panics(work, share) {
+            // Poisoned only by a panic while holding it, which nothing here can do.
+            if let Ok(mut first) = self.first_panic.lock() {
+                first.get_or_insert(payload);
+            }
             self.panicked.store(true, Ordering::Release);
         }
     }
@@ -199,6 +209,7 @@ impl Team {
             job: UnsafeCell::new(Job { work: &nothing as &(dyn Fn(usize) + Sync) }),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
+            first_panic: std::sync::Mutex::new(None),
             stop: AtomicBool::new(false),
             parked: (0..helpers).map(|_| AtomicBool::new(false)).collect(),
         });
@@ -261,7 +272,8 @@ impl Team {
             }
         }
         if shared.panicked.swap(false, Ordering::AcqRel) {
-            resume_unwind(Box::new("a share of a parallel kernel panicked (see the message above)"));
+            let payload = shared.first_panic.lock().ok().and_then(|mut first| first.take());
+            resume_unwind(payload.unwrap_or_else(|| Box::new("a share of a parallel kernel panicked")));
         }
     }
 
@@ -448,7 +460,9 @@ mod tests {
                 assert!(share != 5, "share 5 fails on purpose");
             })
         }));
-        assert!(result.is_err());
+        let payload = result.expect_err("the share's panic reaches the caller");
+        let message = payload.downcast_ref::<String>().map(String::as_str).or(payload.downcast_ref::<&str>().copied());
+        assert_eq!(message, Some("share 5 fails on purpose"), "the kernel's own message");
         assert_eq!(ran.load(Ordering::SeqCst), 8, "every share still ran");
         let after = AtomicUsize::new(0);
         for_each_share(2, 8, &|_| {
