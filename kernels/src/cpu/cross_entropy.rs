@@ -1,7 +1,7 @@
 //! CPU kernels of `cross_entropy` ops.
 
 use crate::cpu::fast_math::{self, FastMath};
-use crate::cpu::shares::{in_shares, rows_in_shares, Operands, ROWS_PARALLEL_MIN_ELEMENTS};
+use crate::cpu::shares::{in_shares, rows_in_shares, DisjointParts, ROWS_PARALLEL_MIN_ELEMENTS};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut};
@@ -121,22 +121,21 @@ fn forward_typed<T: FastMath>(
         let mut losses = [0.0f64; LOSS_BLOCK];
         for first in (0..rows).step_by(LOSS_BLOCK) {
             let block = &mut losses[..LOSS_BLOCK.min(rows - first)];
-            let base = Operands { a: std::ptr::null::<f64>(), b: std::ptr::null::<f64>(), out: block.as_mut_ptr() };
-            in_shares(threads, block.len(), |share| {
-                // Borrowed whole first, so the closure captures the `Sync` struct.
-                let base = &base;
+            let len = block.len();
+            let parts = DisjointParts::new(block);
+            in_shares(threads, len, |share| {
+                // SAFETY: shares are disjoint ranges of the block.
+                let part = unsafe { parts.part(share.clone()) };
                 fast_math::vectorized(
                     #[inline(always)]
                     || {
-                        for k in share.clone() {
-                            // SAFETY: shares are disjoint ranges of `block`, which this
-                            // function borrows mutably until every share has run.
-                            unsafe { *base.out.add(k) = row_loss(first + k) };
+                        for (loss, n) in part.iter_mut().zip(share.clone()) {
+                            *loss = row_loss(first + n);
                         }
                     },
                 );
             });
-            for &loss in block.iter() {
+            for &loss in &losses[..len] {
                 total += loss;
             }
         }

@@ -1,7 +1,7 @@
 //! CPU kernels of `layer_norm` ops, rows shared over the device's threads when large.
 
 use crate::cpu::fast_math;
-use crate::cpu::shares::{in_shares, row_shares, rows_in_shares, Operands};
+use crate::cpu::shares::{in_shares, row_shares, rows_in_shares, DisjointParts};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{HostTensor, HostTensorMut, Real};
@@ -67,36 +67,24 @@ fn backward_typed<T: Real>(
         let end = (first + GRAD_BLOCK_ROWS).min(rows);
         let span = first * features..end * features;
         let (x, dy, dx) = (&x[span.clone()], &dy[span.clone()], &mut dx[span]);
-        let stats_of_block = &mut row_stats[..end - first];
-        let stats_base =
-            Operands { a: std::ptr::null::<(T, T)>(), b: std::ptr::null(), out: stats_of_block.as_mut_ptr() };
+        let stats = DisjointParts::new(&mut row_stats[..end - first]);
         rows_in_shares(threads, dx, features, |rows, dx| {
-            // Borrowed whole first, so the closure captures the `Sync` struct.
-            let stats_base = &stats_base;
-            // SAFETY: shares are disjoint row ranges of the block, whose statistics buffer
-            // this function borrows mutably until every share has run.
-            let stats = unsafe { std::slice::from_raw_parts_mut(stats_base.out.add(rows.start), rows.len()) };
+            // SAFETY: shares are disjoint row ranges of the block.
+            let stats = unsafe { stats.part(rows.clone()) };
             let span = rows.start * features..rows.end * features;
             fast_math::vectorized(
                 #[inline(always)]
                 || input_gradient_rows(eps, (&x[span.clone()], gamma, &dy[span]), dx, None, Some(stats)),
             )
         });
-        let stats_of_block = &*stats_of_block;
-        let sums = Operands { a: std::ptr::null::<T>(), b: dbeta.as_mut_ptr().cast_const(), out: dgamma.as_mut_ptr() };
+        let stats_of_block = &row_stats[..end - first];
+        let (dgamma_parts, dbeta_parts) = (DisjointParts::new(&mut *dgamma), DisjointParts::new(&mut *dbeta));
         in_shares(threads, features, |columns| {
-            let sums = &sums;
+            // SAFETY: shares are disjoint column ranges of `dgamma` and `dbeta`.
+            let (dgamma, dbeta) = unsafe { (dgamma_parts.part(columns.clone()), dbeta_parts.part(columns.clone())) };
             fast_math::vectorized(
                 #[inline(always)]
                 || {
-                    // SAFETY: shares are disjoint column ranges of `dgamma` and `dbeta`,
-                    // which this function borrows mutably until every share has run.
-                    let (dgamma, dbeta) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(sums.out.add(columns.start), columns.len()),
-                            std::slice::from_raw_parts_mut(sums.b.cast_mut().add(columns.start), columns.len()),
-                        )
-                    };
                     for (row, &(mean, rstd)) in stats_of_block.iter().enumerate() {
                         let at = row * features + columns.start..row * features + columns.end;
                         for (((dg, db), &d), &v) in

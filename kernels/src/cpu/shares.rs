@@ -62,15 +62,11 @@ pub(crate) fn rows_in_shares<T: Send>(
         work(0..rows, out);
         return;
     }
-    let base = Operands { a: std::ptr::null::<T>(), b: std::ptr::null::<T>(), out: out.as_mut_ptr() };
+    let out = DisjointParts::new(out);
     super::team::for_each_share(threads, shares, &|share| {
-        // Borrowed whole first, so the closure captures the `Sync` struct, not its pointer.
-        let base = &base;
         let (first, end) = (share_start(share, rows, shares), share_start(share + 1, rows, shares));
-        // SAFETY: shares are disjoint ranges of whole rows inside `out` (`rows * row_len`
-        // elements), which this call borrows mutably until every share has run.
-        let part = unsafe { std::slice::from_raw_parts_mut(base.out.add(first * row_len), (end - first) * row_len) };
-        work(first..end, part);
+        // SAFETY: shares are disjoint ranges of whole rows.
+        work(first..end, unsafe { out.part(first * row_len..end * row_len) });
     });
 }
 
@@ -91,3 +87,35 @@ pub(crate) struct Operands<T> {
 unsafe impl<T> Send for Operands<T> {}
 // SAFETY: as for `Send`: shared, the pointers are only copied out.
 unsafe impl<T> Sync for Operands<T> {}
+
+/// A mutable slice whose disjoint ranges the shares of one kernel write, each share its
+/// own: what `split_at_mut` gives one thread, for shares that run on several.
+pub(crate) struct DisjointParts<'a, T> {
+    start: *mut T,
+    len: usize,
+    slice: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: the parts handed out are disjoint (the caller of `part` promises it), so sharing
+// the wrapper between threads shares no element; `T: Send` moves the elements' writes.
+unsafe impl<T: Send> Sync for DisjointParts<'_, T> {}
+// SAFETY: as for `Sync`.
+unsafe impl<T: Send> Send for DisjointParts<'_, T> {}
+
+impl<'a, T> DisjointParts<'a, T> {
+    /// `slice`, borrowed mutably for as long as the parts live.
+    pub(crate) fn new(slice: &'a mut [T]) -> Self {
+        Self { start: slice.as_mut_ptr(), len: slice.len(), slice: std::marker::PhantomData }
+    }
+
+    /// Elements `range` (within the slice: checked).
+    ///
+    /// # Safety
+    /// No other part given out and still in use overlaps `range`.
+    #[allow(clippy::mut_from_ref)] // the point: disjoint parts through a shared wrapper
+    pub(crate) unsafe fn part(&self, range: Range<usize>) -> &mut [T] {
+        assert!(range.start <= range.end && range.end <= self.len, "part {range:?} of {} elements", self.len);
+        // SAFETY: in bounds (checked); not aliased, by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.start.add(range.start), range.end - range.start) }
+    }
+}
