@@ -144,7 +144,7 @@ pub fn backend_in_use() -> Result<GemmBackend, String> {
     })
 }
 
-/// One matrix product `c = a·b (+ c if accumulate)` by OpenBLAS, over raw strided operands:
+/// One matrix product `c = a·b (+ c if accumulate)` (by gemm or OpenBLAS), over raw strided operands:
 /// `a` is `m x k` with (row, column) strides `a_strides`, `b` is `k x n`, `c` is `m x n`
 /// with row stride `ldc` and column stride 1.
 #[derive(Clone, Copy, Debug)]
@@ -176,6 +176,42 @@ pub(crate) struct CblasCall {
 }
 
 impl Product {
+    /// Runs `block(part, a, b, c)` for each of `threads` blocks of output rows or columns
+    /// (the longer side) that `self` is cut into, on this thread and its helpers
+    /// ([`team`](super::team)): `part` the block's product (its rows or columns), `a`, `b`
+    /// and `c` its operands' first elements. Blocks write disjoint parts of `c`.
+    ///
+    /// # Safety
+    /// `a`, `b` and `c` must point to operands laid out as `self` says, valid for the call,
+    /// `c` not overlapping the others; `block` gets the same promise for its part.
+    pub(crate) unsafe fn in_blocks<T>(
+        self,
+        (a, b, c): (*const T, *const T, *mut T),
+        threads: usize,
+        block: impl Fn(Product, *const T, *const T, *mut T) + Sync,
+    ) {
+        let Product { m, n, a_strides, b_strides, ldc, .. } = self;
+        let by_rows = m >= n;
+        let operands = Operands { a, b, out: c };
+        super::shares::in_shares(threads, if by_rows { m } else { n }, |range| {
+            // Borrowed whole first, so the closure captures the `Sync` struct, not its pointers.
+            let operands = &operands;
+            let Operands { a, b, out: c } = *operands;
+            let (start, len) = (range.start as isize, range.end - range.start);
+            // SAFETY: a block of rows starts `start` rows into `op(a)` and `c`; a block of
+            // columns `start` columns into `op(b)` and `c`; both stay inside the operands
+            // the caller vouched for.
+            let (part, a, b, c) = unsafe {
+                if by_rows {
+                    (Product { m: len, ..self }, a.offset(start * a_strides.0), b, c.offset(start * ldc as isize))
+                } else {
+                    (Product { n: len, ..self }, a, b.offset(start * b_strides.1), c.offset(start))
+                }
+            };
+            block(part, a, b, c);
+        });
+    }
+
     /// The CBLAS call that computes it, or `None` when CBLAS cannot read an operand (neither
     /// of its strides is 1) or a size does not fit `i32`.
     fn cblas_call(&self) -> Option<CblasCall> {
@@ -222,30 +258,14 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
     split: bool,
 ) -> bool {
     let Some(call) = product.cblas_call() else { return false };
-    let shares = if split { threads } else { 1 };
-    let Product { m, n, a_strides, b_strides, ldc, .. } = product;
-    let operands = Operands { a, b, out: c };
-    let by_rows = m >= n;
-    super::shares::in_shares(shares, if by_rows { m } else { n }, move |range| {
-        // Bound whole first, so the closure captures the `Sync` struct, not its pointers.
-        let operands = operands;
-        let Operands { a, b, out: c } = operands;
-        // A share's length fits `i32`: it is at most the product's.
-        let len = (range.end - range.start) as i32;
-        let part = if by_rows { CblasCall { m: len, ..call } } else { CblasCall { n: len, ..call } };
-        let start = range.start as isize;
-        // SAFETY (of the offsets and the call): a block of rows starts `start` rows into `a`
-        // and `c`; a block of columns `start` columns into `b` and `c`; both stay inside the
-        // operands the caller vouched for, and shares write disjoint blocks of `c`.
-        unsafe {
-            let (a, b, c) = if by_rows {
-                (a.offset(start * a_strides.0), b, c.offset(start * ldc as isize))
-            } else {
-                (a, b.offset(start * b_strides.1), c.offset(start))
-            };
-            blas::call(&part, a, b, c);
-        }
-    });
+    let block = |part: Product, a, b, c| {
+        // A block's sizes fit `i32`: they are at most the product's.
+        let part = CblasCall { m: part.m as i32, n: part.n as i32, ..call };
+        // SAFETY: `in_blocks` hands out the block's operands (its contract).
+        unsafe { blas::call(&part, a, b, c) };
+    };
+    // SAFETY: forwarded to the caller.
+    unsafe { product.in_blocks((a, b, c), if split { threads } else { 1 }, block) };
     true
 }
 

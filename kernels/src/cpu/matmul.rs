@@ -1,7 +1,6 @@
 //! CPU kernels of `matmul` ops.
 
 use super::gemm_backend::{blas_product, GemmBackend, Product};
-use super::shares::Operands;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
@@ -247,30 +246,17 @@ pub fn gemm_typed<T: Real>(
 /// `lhs`, `rhs` and `dst` must address operands laid out as `product` says (`dst` with
 /// row stride `product.ldc`, column stride 1), valid for the call, `dst` not overlapping
 /// the others; `T` is f32 or f64.
-unsafe fn gemm_product<T: Real>(product: Product, (lhs, rhs, dst): (*const T, *const T, *mut T), threads: usize) {
-    let Product { m, k, n, a_strides, b_strides, ldc, accumulate } = product;
-    let by_rows = m >= n;
-    let side = if by_rows { m } else { n };
-    let operands = Operands { a: lhs, b: rhs, out: dst };
-    super::shares::in_shares(threads, side, |range| {
-        // Borrowed whole first, so the closure captures the `Sync` struct, not its pointers.
-        let operands = &operands;
-        let Operands { a, b, out } = *operands;
-        let (start, len) = (range.start as isize, range.end - range.start);
-        // SAFETY: a block of rows starts `start` rows into `op(a)` and the output; a block
-        // of columns `start` columns into `op(b)` and the output; both stay inside the
-        // operands the caller vouched for, and shares write disjoint blocks of the output.
+unsafe fn gemm_product<T: Real>(product: Product, operands: (*const T, *const T, *mut T), threads: usize) {
+    let block = |part: Product, a: *const T, b: *const T, c: *mut T| {
+        let Product { m, k, n, a_strides, b_strides, ldc, accumulate } = part;
+        // SAFETY: `in_blocks` hands out the block's operands (its contract); `T` is f32 or
+        // f64, types gemm supports.
         unsafe {
-            let (a, b, out, rows, cols) = if by_rows {
-                (a.offset(start * a_strides.0), b, out.offset(start * ldc as isize), len, n)
-            } else {
-                (a, b.offset(start * b_strides.1), out.offset(start), m, len)
-            };
             gemm::gemm(
-                rows,
-                cols,
+                m,
+                n,
                 k,
-                out,
+                c,
                 1,
                 ldc as isize,
                 accumulate,
@@ -286,9 +272,11 @@ unsafe fn gemm_product<T: Real>(product: Product, (lhs, rhs, dst): (*const T, *c
                 false,
                 false,
                 gemm::Parallelism::None,
-            );
-        }
-    });
+            )
+        };
+    };
+    // SAFETY: forwarded to the caller.
+    unsafe { product.in_blocks(operands, threads, block) };
 }
 
 /// A product goes to OpenBLAS only if all three of its sizes are at least this. Skinnier
