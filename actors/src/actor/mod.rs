@@ -125,6 +125,23 @@ fn look_up(table: &[(RegstDescId, u32)], desc: RegstDescId) -> Option<usize> {
     table.binary_search_by_key(&desc, |&(d, _)| d).ok().map(|k| table[k].1 as usize)
 }
 
+/// The position of register `desc` among `items` (an actor's inputs or outputs, whose
+/// register `desc_of` reads): a scan of the usual few, a binary search of their sorted
+/// `table` past [`SCAN_MAX`].
+#[inline(always)]
+fn position_of<T>(
+    items: &[T],
+    table: &[(RegstDescId, u32)],
+    desc: RegstDescId,
+    desc_of: impl Fn(&T) -> RegstDescId,
+) -> Option<usize> {
+    if items.len() > SCAN_MAX {
+        look_up(table, desc)
+    } else {
+        items.iter().position(|item| desc_of(item) == desc)
+    }
+}
+
 impl Actor {
     /// Builds actor `index` of the indexed plan. The plan must be validated and `ids`
     /// assigned from it. Looks its edges up in `indexed` (no scan of the plan's registers), so
@@ -300,10 +317,8 @@ impl Actor {
             Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
             Body::Ack { regst } => self.on_ack(msg.src, regst, env)?,
             Body::Eord { desc } => {
-                let input = match self.inputs.len() > SCAN_MAX {
-                    false => self.inputs.iter_mut().find(|i| i.desc == desc),
-                    true => look_up(&self.input_lookup, desc).map(|k| &mut self.inputs[k]),
-                };
+                let position = position_of(&self.inputs, &self.input_lookup, desc, |i| i.desc);
+                let input = position.map(|k| &mut self.inputs[k]);
                 match input {
                     Some(input) if !input.eord => {
                         input.eord = true;
@@ -371,25 +386,7 @@ impl Actor {
 
     #[inline(always)]
     fn on_ready(&mut self, src: ActorId, regst: RegstRef, piece: u64, data: RegstRef) -> Result<(), ActorError> {
-        if self.inputs.len() > SCAN_MAX {
-            let position = look_up(&self.input_lookup, regst.desc);
-            return self.accept_ready(position, src, regst, piece, data);
-        }
-        let position = self.inputs.iter().position(|i| i.desc == regst.desc);
-        self.accept_ready(position, src, regst, piece, data)
-    }
-
-    /// Takes a `Ready` of the input at `position` (`None`: the actor reads no such register).
-    #[inline(always)]
-    fn accept_ready(
-        &mut self,
-        position: Option<usize>,
-        src: ActorId,
-        regst: RegstRef,
-        piece: u64,
-        data: RegstRef,
-    ) -> Result<(), ActorError> {
-        let Some(position) = position else {
+        let Some(position) = position_of(&self.inputs, &self.input_lookup, regst.desc, |i| i.desc) else {
             return Err(self.bad_ready(src, regst, piece));
         };
         let input = &mut self.inputs[position];
@@ -428,11 +425,8 @@ impl Actor {
 
     #[inline(always)]
     fn on_ack<E: ActorEnv>(&mut self, src: ActorId, regst: RegstRef, env: &mut E) -> Result<(), ActorError> {
-        let output = match self.outputs.len() > SCAN_MAX {
-            false => self.outputs.iter_mut().find(|o| o.desc == regst.desc),
-            true => look_up(&self.output_lookup, regst.desc).map(|k| &mut self.outputs[k]),
-        };
-        let Some(output) = output else {
+        let position = position_of(&self.outputs, &self.output_lookup, regst.desc, |o| o.desc);
+        let Some(output) = position.map(|k| &mut self.outputs[k]) else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
         let freed = match output.ack(regst.slot, src, &mut self.full_outputs) {
