@@ -28,7 +28,7 @@
 use super::lower::Lowering;
 use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
 use regflow_plan::ops::{OpAttrs, Update, UpdateGroup};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// When a member can run: once the gradient scale arrives (clipping's or loss scaling's
 /// factor, made from every gradient's norm, so after all of them), else when its gradient
@@ -144,6 +144,9 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
     let lead = members[0];
     let plan = low.b.plan_mut();
     let mut inputs: Vec<RegstDescId> = Vec::new();
+    // Each register's position among `inputs`: a group has members by the hundred, and the
+    // registers they share (learning rate, step, scale, tick) are read by all of them.
+    let mut position_of: HashMap<RegstDescId, usize> = HashMap::new();
     let (mut metas, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
     // Every member has the lead's rule and scale input (the group's key says so).
     let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[lead.index()].kind else { return };
@@ -155,7 +158,7 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
         // Each register once; a tick (an input no op input maps to) comes along too.
         let mut position = Vec::with_capacity(actor.inputs.len());
         for &register in &actor.inputs {
-            position.push(inputs.iter().position(|&r| r == register).unwrap_or_else(|| {
+            position.push(*position_of.entry(register).or_insert_with(|| {
                 inputs.push(register);
                 inputs.len() - 1
             }));
