@@ -323,8 +323,9 @@ unsafe fn by_blas<T: Real>(
 /// about 20 µs of one AVX-512 core. Above it a product's blocks go to the stream thread
 /// and its spinning helpers ([`team`](super::team)) for a few microseconds of hand-out: a
 /// transformer's `[1024, 64] x [64, 64]` projection (2^22) ran at 112 GFLOP/s on one thread
-/// and 213 on two (`bench_gemm 15 2 1024x64x64`). Under rayon, which woke its pool for every
-/// product, the threshold was 2^24 and such products ran slower on two threads than on one.
+/// and 220 on two (`bench_gemm 9 2 1024x64x64`; BENCHMARKS.md, issue 13, fourteenth). Under
+/// rayon, which woke its pool for every product, the threshold was 2^24 and such products
+/// ran slower on two threads than on one.
 pub const PARALLEL_MIN_MULTIPLY_ADDS: usize = 1 << 21;
 
 /// Rows, columns and (row, column) strides of `op(x)` for a row-major `x`.

@@ -25,9 +25,9 @@ fn share_start(share: usize, len: usize, shares: usize) -> usize {
 
 /// Elements below which a row-wise kernel stays on one thread whatever the device's thread
 /// count: handing out shares to spinning helpers ([`team`](super::team)) costs a few
-/// microseconds, which a share must outweigh; 2^15 f32 of layer norm take about 20 µs on
-/// one AVX-512 core. (Under rayon, which woke its pool for each kernel, this was 2^17: two
-/// shares of 2^16 took 84 µs against 45 on one thread.) The character GPT's step on two
+/// microseconds, which a share must outweigh; 2^15 f32 of layer norm are half the 2^16
+/// that took 45 µs on one AVX-512 core. (Under rayon, which woke its pool for each kernel,
+/// this was 2^17: two shares of 2^16 took 84 µs against 45 on one thread.) The character GPT's step on two
 /// threads went from 9.37 / 9.69 / 9.49 to 8.55 / 9.46 / 8.67 ms with 2^15 instead of 2^17
 /// (`bench_gpt 30 2`, alternating; its layer norms and their gradients are 2^16).
 pub(crate) const ROWS_PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
