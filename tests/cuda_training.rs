@@ -253,6 +253,15 @@ fn ops_on_the_host(plan: &regflow::plan::Plan) -> (usize, Vec<(String, usize)>) 
     (ops, on_host)
 }
 
+/// The op type of every compute actor of `plan`.
+fn op_types(plan: &regflow::plan::Plan) -> impl Iterator<Item = &str> {
+    use regflow::plan::{ActorKind, KernelConf};
+    plan.actors.iter().filter_map(|actor| match &actor.kind {
+        ActorKind::Compute { kernel: KernelConf::Op(op) } => Some(op.op_type.as_str()),
+        _ => None,
+    })
+}
+
 /// The ops of `on_host` that make more than one value.
 fn large(on_host: Vec<(String, usize)>) -> Vec<(String, usize)> {
     on_host.into_iter().filter(|(_, values)| *values > 1).collect()
@@ -275,6 +284,10 @@ fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
         let on_host = large(on_host);
         assert!(ops > 50, "gpt {precision:?}: only {ops} op actors");
         assert!(on_host.is_empty(), "gpt {precision:?}: ops that would run on the host: {on_host:#?}");
+        // The updates are fused on cuda too: multi-tensor launches, no update of its own.
+        let count = |op_type: &str| op_types(&compiled.plan).filter(|t| *t == op_type).count();
+        assert_eq!(count("update"), 0, "gpt {precision:?}: updates left unfused");
+        assert!(count("update_group") >= 1, "gpt {precision:?}: no update_group");
     }
     for (dtype, devices) in [(DType::F32, 1), (DType::F64, 1), (DType::F32, 2)] {
         let g = Graph::new();
@@ -389,26 +402,63 @@ fn plans_run_to_the_end_on_dry_run_devices() {
     assert_eq!(gpt_losses(DeviceKind::Cuda, Some(Precision::F16)).len(), STEPS);
 }
 
-/// A traced `cuda` job runs each kernel alone and records it: one slice per firing, named
-/// by its actor (a per-op profile, `runtime/src/device/cuda.rs`). On a GPU the traced
-/// losses equal the untraced ones: tracing only waits more. Runs on a GPU, or dry.
+/// A traced `cuda` job records one host slice per firing (its launch) and, on a row of
+/// its own per stream (`... gpu`), one device slice per queued kernel: when the GPU ran it,
+/// from events around it (`runtime/src/device/cuda.rs`). A kernel runs after its launch
+/// began, and a stream's kernels one after another, in launch order. On a GPU the traced
+/// losses equal the untraced ones: tracing only records events. Runs on a GPU, or dry
+/// (marks are then the host's clock when recorded).
 #[test]
-fn a_traced_cuda_job_has_a_slice_for_every_firing() {
+fn a_traced_cuda_job_has_a_slice_for_every_firing_and_every_kernel() {
     let Some(on_gpu) = gpu_or_dry_run() else { return };
     let path = std::env::temp_dir().join(format!("regflow-cuda-trace-{}.json", std::process::id()));
     let traced = mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b.trace(&path));
     let text = std::fs::read_to_string(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let mut per_actor = std::collections::BTreeMap::<String, usize>::new();
-    for event in trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X") {
-        assert!(event["dur"].as_f64().unwrap() >= 0.0, "{event}");
-        *per_actor.entry(event["name"].as_str().unwrap().to_string()).or_default() += 1;
+    let events = trace["traceEvents"].as_array().unwrap();
+    let gpu_rows: std::collections::BTreeSet<u64> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["args"]["name"].as_str().is_some_and(|n| n.ends_with(" gpu")))
+        .map(|e| e["tid"].as_u64().unwrap())
+        .collect();
+    assert!(!gpu_rows.is_empty(), "no gpu row in the trace");
+    // (name, piece) -> host launch start; per gpu row, its slices in time order.
+    let mut launched = std::collections::BTreeMap::<(String, u64), f64>::new();
+    let mut per_category = std::collections::BTreeMap::<(String, &str), usize>::new();
+    let mut rows = std::collections::BTreeMap::<u64, Vec<(f64, f64, String, u64)>>::new();
+    for event in events.iter().filter(|e| e["ph"] == "X") {
+        let (name, piece) = (event["name"].as_str().unwrap().to_string(), event["args"]["piece"].as_u64().unwrap());
+        let (ts, dur, tid) =
+            (event["ts"].as_f64().unwrap(), event["dur"].as_f64().unwrap(), event["tid"].as_u64().unwrap());
+        assert!(dur >= 0.0, "{event}");
+        let category = event["cat"].as_str().unwrap();
+        assert_eq!(category == "gpu", gpu_rows.contains(&tid), "{event}");
+        *per_category.entry((name.clone(), if category == "gpu" { "gpu" } else { "host" })).or_default() += 1;
+        if category == "gpu" {
+            rows.entry(tid).or_default().push((ts, ts + dur, name, piece));
+        } else {
+            launched.insert((name, piece), ts);
+        }
     }
-    let products: Vec<_> = per_actor.iter().filter(|(name, _)| name.starts_with("matmul:")).collect();
-    assert!(products.len() >= 2, "{per_actor:?}");
-    for (name, firings) in products {
-        assert_eq!(*firings, STEPS, "{name}: {per_actor:?}");
+    let products: Vec<_> = per_category.iter().filter(|((name, _), _)| name.starts_with("matmul:")).collect();
+    assert!(products.len() >= 4, "{per_category:?}");
+    for ((name, row), firings) in products {
+        assert_eq!(*firings, STEPS, "{name} ({row}): {per_category:?}");
+    }
+    for slices in rows.values_mut() {
+        slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for pair in slices.windows(2) {
+            // Microseconds as JSON doubles: allow their rounding.
+            assert!(pair[0].1 <= pair[1].0 + 1e-3, "kernels of one stream overlap: {pair:?}");
+        }
+        for (start, _, name, piece) in slices.iter() {
+            let launch = launched[&(name.clone(), *piece)];
+            assert!(
+                *start + 1e-3 >= launch,
+                "{name} piece {piece} ran at {start} µs, before its launch at {launch} µs"
+            );
+        }
     }
     assert_eq!(traced.len(), STEPS);
     if on_gpu {

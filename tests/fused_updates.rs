@@ -76,17 +76,18 @@ fn one_device_updates_every_parameter_in_one_actor_with_the_bits_of_one_update_e
 }
 
 #[test]
-fn sim_devices_fuse_and_cuda_devices_keep_one_update_per_parameter() {
+fn sim_and_cuda_devices_fuse_their_updates_too() {
     let g = Graph::new();
     let step = model(&g, &Optimizer::adamw(5e-2, 0.0));
-    let plan = |device| {
-        let options = CompileOptions { device, ..CompileOptions::default() };
+    let plan = |device, fuse_updates| {
+        let options = CompileOptions { device, fuse_updates, ..CompileOptions::default() };
         g.compile(&[step.loss], &step.updates, &options).unwrap().plan
     };
-    assert_eq!(group_sizes(&plan(DeviceKind::Sim)), [3]);
-    // No multi-tensor CUDA kernel yet: three launches, as before.
-    let cuda = plan(DeviceKind::Cuda);
-    assert_eq!((group_sizes(&cuda), ops(&cuda, "update").len()), (vec![], 3));
+    for device in [DeviceKind::Sim, DeviceKind::Cuda] {
+        let (fused, apart) = (plan(device, true), plan(device, false));
+        assert_eq!((group_sizes(&fused), ops(&fused, "update").len()), (vec![3], 0), "{device:?}");
+        assert_eq!((group_sizes(&apart), ops(&apart, "update").len()), (vec![], 3), "{device:?}");
+    }
 }
 
 /// The MLP on two data-parallel cpu devices, gradients all-reduced in buckets of at most

@@ -9,7 +9,8 @@
 #                   step 3, so compiling stays out of the timed run;
 #   3. bench.log    the GPT-2 124M step in regflow (f32, bf16, f16 with loss scaling) and
 #                   PyTorch (eager f32, bf16 and f16 with GradScaler, compile bf16), regflow's GEMM against torch.matmul on the same
-#                   shapes, and a traced regflow step's per-op profile (trace.json), one
+#                   shapes, and a traced regflow step's per-op profile (trace.json, the
+#                   GPU's own times from CUDA events, runtime/src/device/cuda.rs), one
 #                   after another on an otherwise idle GPU;
 #   4. summary.txt  what passed and failed, and every figure (also printed last).
 # libnvrtc, libcublas and libnccl come from the CUDA toolkit or PyTorch's pip packages;
@@ -74,8 +75,9 @@ for log in "$logs"/test-*.log; do echo "===== $(basename "$log" .log)"; cat "$lo
 wait
 [ -f "$logs/torch-warm.log" ] && cp "$logs/torch-warm.log" "$out/torch-warm.log"
 
-# 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH_COMPILE=0, PROFILE=0,
-# CALLBACKS=0, STAGING=0, F16=0, NSYS=0 leave parts out). Each GPT-2 run says on stderr when each step's loss
+# 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH=0 (PyTorch eager),
+# TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0 leave parts out;
+# TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
 {
@@ -106,15 +108,26 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
       echo "exit $?"
     fi
   else
-    # Bisect by size: one layer, one sequence, traced (every kernel alone).
+    # Bisect by size: one layer, one sequence, traced.
     echo "== GPT-2 widths, 1 layer, batch 1, regflow f32, traced"
     gpt2 60 --layers 1 --batch 1 --warmup 1 --steps 2 --trace "$out/trace-small.json"
     echo "exit $?"
     python3 "$here/op_profile.py" "$out/trace-small.json" --pieces 1 --top 30
   fi
-  echo "== GPT-2 124M PyTorch"
-  timeout 120 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes f32,bf16,f16 --modes eager
-  echo "exit $?"
+  if [ -x "$here/bench_gpu_gpt2.old" ]; then
+    # The previous build (copied there by hand), timed in the same call: the baseline of a change.
+    for precision in f32 bf16; do
+      echo "== GPT-2 124M regflow $precision, previous build"
+      timeout "${GPT2_LIMIT:-120}" "$here/bench_gpu_gpt2.old" --device cuda --size gpt2 --batch "$BATCH" \
+        --warmup "${WARMUP:-3}" --steps "$STEPS" --precision "$precision"
+      echo "exit $?"
+    done
+  fi
+  if [ "${TORCH:-1}" = 1 ]; then
+    echo "== GPT-2 124M PyTorch"
+    timeout 120 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes "${TORCH_DTYPES:-f32,bf16,f16}" --modes eager
+    echo "exit $?"
+  fi
   if [ "${TORCH_COMPILE:-1}" = 1 ]; then
     timeout 150 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes bf16 --modes compile
     echo "exit $?"
@@ -131,7 +144,7 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
   if [ "${PROFILE:-1}" = 1 ] && [ "$full" = 0 ]; then
     # PROFILE_PRECISIONS="bf16" profiles one precision only (each traced step takes a while).
     for precision in ${PROFILE_PRECISIONS:-f32 bf16}; do
-      echo "== GPT-2 124M regflow $precision, traced (every kernel alone): per-op profile of step 1"
+      echo "== GPT-2 124M regflow $precision, traced (CUDA events around each kernel): per-op profile of step 1"
       gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" --trace "$out/trace-$precision.json"
       echo "exit $?"
       python3 "$here/op_profile.py" "$out/trace-$precision.json" --pieces 1 --top 30

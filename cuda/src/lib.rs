@@ -76,7 +76,7 @@ pub mod nvrtc;
 
 pub use driver::{
     copy_to_device, enable_dry_run, launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback,
-    Stream, StreamHandle,
+    Stream, StreamHandle, StreamTimer,
 };
 pub use error::CudaError;
 pub use ops::{queued_ops, register};

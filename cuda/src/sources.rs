@@ -146,6 +146,13 @@ mod tests {
     fn entries_are_read_off_the_sources_and_unique() {
         let entries = all_entries();
         assert!(entries.iter().any(|(e, s)| *e == "regflow_fill_f32" && s.name == "fill"));
+        // Entries declared in a macro (`UPDATE_ENTRIES`), single and multi-tensor.
+        for rule in ["update_sgd", "update_adamw", "update_group_sgd", "update_group_adamw"] {
+            for dtype in ["f32", "f64"] {
+                let entry = format!("regflow_{rule}_{dtype}");
+                assert!(entries.iter().any(|(e, s)| *e == entry && s.name == "optim"), "{entry}");
+            }
+        }
         let mut names: Vec<&str> = entries.iter().map(|(e, _)| e.as_str()).collect();
         names.sort_unstable();
         let before = names.len();

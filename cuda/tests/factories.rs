@@ -10,7 +10,13 @@ fn make(conf: &OpConf) -> Result<(), String> {
     let mut registry = KernelRegistry::new();
     regflow_cuda::register(&mut registry);
     let bytes = |metas: &[TensorMeta]| metas.iter().map(|m| m.bytes() as u64).collect::<Vec<u64>>();
-    let (input_bytes, output_bytes) = (bytes(&conf.inputs), bytes(&conf.outputs));
+    // Each actor input's register holds the first op input mapped to it (ops that read one
+    // register twice, an update_group's shared learning rate, have fewer actor inputs).
+    let actor_inputs = conf.input_map.iter().max().map_or(0, |&a| a + 1);
+    let input_bytes: Vec<u64> = (0..actor_inputs)
+        .map(|a| conf.input_map.iter().position(|&i| i == a).map_or(0, |i| conf.inputs[i].bytes() as u64))
+        .collect();
+    let output_bytes = bytes(&conf.outputs);
     let spec = KernelSpec {
         actor: "a1",
         device: DeviceKind::Cuda,
@@ -94,6 +100,61 @@ fn valid_confs_pass_validation() {
         outputs: vec![x],
     };
     accepted(&mean);
+    for scaled in [false, true] {
+        accepted(&update_group(scaled, &[m(&[3, 5], f), m(&[7], f)], |_| {}));
+    }
+}
+
+/// An AdamW `update_group` of members with parameters `params`: actor inputs lr, step,
+/// scale (when `scaled`), then each member's param, grad and two states; `edit` changes the
+/// conf after.
+fn update_group(scaled: bool, params: &[TensorMeta], edit: impl FnOnce(&mut OpConf)) -> OpConf {
+    let s = m(&[], DType::F64);
+    let kind = OptimizerKind::AdamW { beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.0 };
+    let (mut inputs, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
+    for (j, p) in params.iter().enumerate() {
+        // Actor inputs: 0 lr, 1 step, 2 scale, then 4 per member from 3.
+        let first = 3 + 4 * j;
+        inputs.extend([p.clone(), p.clone(), s.clone(), s.clone(), p.clone(), p.clone()]);
+        input_map.extend([first, first + 1, 0, 1, first + 2, first + 3]);
+        if scaled {
+            inputs.push(m(&[], DType::F32));
+            input_map.push(2);
+        }
+        outputs.extend([p.clone(), p.clone(), p.clone()]);
+    }
+    let op = UpdateGroup { kind, params: params.len() as u32, scaled };
+    let mut conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs, input_map, outputs };
+    edit(&mut conf);
+    conf
+}
+
+#[test]
+fn malformed_update_groups_are_refused_naming_the_member() {
+    let f = DType::F32;
+    let params = [m(&[3, 5], f), m(&[7], f)];
+    let cases: [(OpConf, &str); 5] = [
+        // Member 1's second moment is not its parameter's shape.
+        (update_group(false, &params, |c| c.inputs[6 + 5] = m(&[8], f)), "member 1: the gradient, states"),
+        // Member 1 updates f64 in an f32 group.
+        (
+            update_group(false, &[m(&[3, 5], f), m(&[7], DType::F64)], |_| {}),
+            "member 1's parameter is f64[7], but member 0's is f32",
+        ),
+        // Member 1 reads its own learning rate (actor input 2, which no scale takes).
+        (update_group(false, &params, |c| c.input_map[6 + 2] = 2), "member 1 reads input 2"),
+        // One output too few.
+        (update_group(true, &params, |c| drop(c.outputs.pop())), "2 member(s) of 7 inputs and 3 outputs"),
+        // No member.
+        (update_group(false, &[], |_| {}), "0 member(s)"),
+    ];
+    for (conf, want) in &cases {
+        let e = make(conf).expect_err("refused");
+        assert!(
+            e.contains("actor 'a1'") && e.contains("op 'update_group' on CUDA:") && e.contains(want),
+            "{want}: {e}"
+        );
+    }
 }
 
 #[test]

@@ -103,7 +103,7 @@ impl DeviceStream for FinishFails {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         modeled: Duration,
-        timed: bool,
+        timed: Option<crate::device::SliceTag>,
         completion_wanted: bool,
     ) -> Result<Launched, KernelError> {
         self.0.launch(actor, kernel, io, modeled, timed, completion_wanted)

@@ -5,7 +5,7 @@
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::collective::CollectiveGroups;
-use crate::device::{DeviceStream, Launched};
+use crate::device::{DeviceStream, Launched, SliceTag};
 use crate::inbox::{Envelope, InboxReceiver, SPIN_TIME, WAKE_SPIN_TIME};
 use crate::kernel::{Kernel, KernelIo, StreamContext};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
@@ -357,8 +357,8 @@ impl Env<'_> {
             return Err(EnvError::Kernel("actor has no kernel (broken invariant)".into()));
         };
         self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
-        let timed = self.trace.is_some();
-        let launched = if self.runs_at_launch && !timed {
+        let timed = self.trace.is_some().then_some(SliceTag { actor: runtime.plan_index, piece: firing.piece });
+        let launched = if self.runs_at_launch && timed.is_none() {
             // What the device's launch would do, without the call through it.
             kernel.run(&mut io).map(|()| Launched { completion: Completion::Done, span: None })
         } else {
@@ -368,7 +368,7 @@ impl Env<'_> {
         // One writer (this thread): a plain store avoids a locked read-modify-write.
         self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         let launched = launched.map_err(|e| EnvError::Kernel(e.0))?;
-        if !timed {
+        if timed.is_none() {
             // The slice anchors flow arrows, which only a trace draws.
             return Ok(launched.completion);
         }
@@ -439,7 +439,12 @@ impl StreamWorker {
         }
         if live == 0 {
             // Every actor finished: what is still queued on the device must not fail unseen.
-            if let Err(e) = self.device.finish() {
+            let finished = self.device.finish().and_then(|()| match self.trace.as_mut() {
+                // When the GPU ran the timed kernels, now that they all have.
+                Some(trace) => self.device.drain_device_slices(&mut trace.events),
+                None => Ok(()),
+            });
+            if let Err(e) = finished {
                 let error = RuntimeError::QueuedWorkFailed { stream: self.label.clone(), message: e.0 };
                 self.shared.abort(error, &self.router);
             }

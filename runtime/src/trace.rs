@@ -1,6 +1,9 @@
 //! Timelines: each stream thread records its firings and register hand-offs into a
 //! buffer of its own; at the end the job writes them as Chrome-trace / Perfetto JSON
 //! (pid = node, tid = stream, one slice per firing, flow arrows for `Ready` messages).
+//! A device that queues kernels and times them on the device (`cuda`) adds a second row
+//! per stream, tid = streams + stream, named `... gpu`, of slices (category `gpu`) giving
+//! when the device ran each kernel; the stream's own row then shows the host's launches.
 
 use regflow_actors::ActorId;
 use regflow_plan::{Plan, RegstDescId};
@@ -17,6 +20,9 @@ pub(crate) enum TraceEvent {
     FlowOut { id: u64, at: Instant },
     /// The consumer's firing that reads it: end of the arrow.
     FlowIn { id: u64, at: Instant },
+    /// When the device ran the kernel of a firing of plan actor `actor` on piece `piece`
+    /// (the launch is the firing's `Slice`).
+    DeviceSlice { actor: u32, piece: u64, start: Instant, end: Instant },
 }
 
 /// Identifies the arrow of piece `piece` of `desc` going to `consumer`; both ends compute it.
@@ -107,8 +113,26 @@ pub(crate) fn write_chrome_trace<W: Write>(
     }
     for buffer in buffers {
         let stream = &plan.streams[buffer.stream];
-        let pid = plan.devices[stream.device.index()].node;
+        let device = &plan.devices[stream.device.index()];
+        let pid = device.node;
         let tid = buffer.stream;
+        // The device's own row, where it timed kernels (see the module docs).
+        let device_tid = plan.streams.len() + buffer.stream;
+        if buffer.events.iter().any(|e| matches!(e, TraceEvent::DeviceSlice { .. })) {
+            let name = format!("{} {:?}#{} gpu", device.label(), stream.kind, buffer.stream);
+            events.push(JsonEvent {
+                name: "thread_name",
+                ph: "M",
+                pid,
+                tid: device_tid,
+                ts: None,
+                dur: None,
+                id: None,
+                cat: None,
+                bp: None,
+                args: Some(serde_json::json!({ "name": name })),
+            });
+        }
         for event in &buffer.events {
             let flow = |ph, id, at| JsonEvent {
                 name: "regst",
@@ -132,6 +156,18 @@ pub(crate) fn write_chrome_trace<W: Write>(
                     dur: Some(micros(end) - micros(start)),
                     id: None,
                     cat: Some("firing"),
+                    bp: None,
+                    args: Some(serde_json::json!({ "piece": piece })),
+                },
+                TraceEvent::DeviceSlice { actor, piece, start, end } => JsonEvent {
+                    name: &plan.actors[actor as usize].name,
+                    ph: "X",
+                    pid,
+                    tid: device_tid,
+                    ts: Some(micros(start)),
+                    dur: Some(micros(end) - micros(start)),
+                    id: None,
+                    cat: Some("gpu"),
                     bp: None,
                     args: Some(serde_json::json!({ "piece": piece })),
                 },

@@ -90,6 +90,39 @@ impl Stream {
     }
 }
 
+/// Timing marks of one stream (not in this build).
+#[derive(Debug)]
+pub struct StreamTimer {
+    _private: (),
+}
+
+impl Stream {
+    /// A timer of `capacity` marks per batch: [`CudaError::NotBuilt`] in this build.
+    pub fn timer(&self, capacity: usize) -> Result<StreamTimer, CudaError> {
+        let _ = capacity;
+        Err(CudaError::NotBuilt)
+    }
+}
+
+impl StreamTimer {
+    /// Marks this batch can still record.
+    pub fn room(&self) -> usize {
+        0
+    }
+
+    /// Records the next mark on `stream`.
+    pub fn mark(&mut self, stream: &Stream) -> Result<usize, CudaError> {
+        let _ = stream;
+        Err(CudaError::NotBuilt)
+    }
+
+    /// Waits for `stream` and appends every mark's host instant to `out`.
+    pub fn resolve(&mut self, stream: &Stream, out: &mut Vec<std::time::Instant>) -> Result<(), CudaError> {
+        let _ = (stream, out);
+        Err(CudaError::NotBuilt)
+    }
+}
+
 /// Waits until everything queued on `stream` so far has run.
 pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
     let _ = stream;

@@ -386,6 +386,146 @@ impl Stream {
     }
 }
 
+/// Timing marks of one stream: CUDA events recorded between its kernels and read back as
+/// host instants, so a timeline shows when the GPU ran each kernel while the stream runs
+/// as it does untraced (nothing waits for a kernel to time it).
+///
+/// A mark is an event with timing recorded on the stream. [`StreamTimer::resolve`] waits
+/// for the stream, reads each mark's offset from the batch's base event, and starts a new
+/// batch: the base is recorded on an idle stream and its host instant taken right after
+/// the wait for it returns, so every instant is late by that wait's return (microseconds),
+/// the same for every mark of a batch. A batch holds up to `capacity` marks (events made
+/// once); f32 milliseconds from the base keep sub-microsecond steps for batches of seconds.
+/// On a dry-run stream a mark is the host's clock at recording.
+#[derive(Debug)]
+pub struct StreamTimer {
+    /// Events, made once; 0s on a dry-run stream.
+    events: Vec<usize>,
+    /// The batch's base event (0 on a dry-run stream) and its host instant.
+    base: usize,
+    base_at: std::time::Instant,
+    /// Marks recorded in this batch (a dry run keeps their host instants).
+    recorded: usize,
+    dry: Vec<std::time::Instant>,
+    device: Device,
+}
+
+// SAFETY: events may be used from any thread whose current context is their device's; the
+// timer's methods take the stream, whose thread bound the context.
+unsafe impl Send for StreamTimer {}
+
+impl Stream {
+    /// A timer of `capacity` marks per batch for this stream (events made now).
+    pub fn timer(&self, capacity: usize) -> Result<StreamTimer, CudaError> {
+        let ordinal = self.device.ordinal();
+        let capacity = capacity.max(1);
+        let mut timer = StreamTimer {
+            events: Vec::with_capacity(capacity),
+            base: 0,
+            base_at: std::time::Instant::now(),
+            recorded: 0,
+            dry: Vec::new(),
+            device: self.device.clone(),
+        };
+        if self.raw == 0 {
+            timer.dry.reserve(capacity);
+            return Ok(timer);
+        }
+        self.device.bind()?;
+        let make =
+            || result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(failed("cuEventCreate", ordinal));
+        for _ in 0..capacity {
+            timer.events.push(make()? as usize);
+        }
+        timer.base = make()? as usize;
+        timer.rebase(self)?;
+        Ok(timer)
+    }
+}
+
+impl StreamTimer {
+    /// Marks this batch can still record.
+    pub fn room(&self) -> usize {
+        self.capacity() - self.recorded
+    }
+
+    fn capacity(&self) -> usize {
+        if self.events.is_empty() {
+            self.dry.capacity()
+        } else {
+            self.events.len()
+        }
+    }
+
+    /// Records the next mark on `stream` (the timer's) and returns its index in the batch;
+    /// an error when the batch is full ([`StreamTimer::room`] says so beforehand).
+    pub fn mark(&mut self, stream: &Stream) -> Result<usize, CudaError> {
+        let index = self.recorded;
+        if index >= self.capacity() {
+            return Err(CudaError::Call {
+                call: "cuEventRecord".into(),
+                ordinal: self.device.ordinal(),
+                message: format!("the timer's batch of {} marks is full: resolve it first", self.capacity()),
+            });
+        }
+        if stream.raw == 0 {
+            self.dry.push(std::time::Instant::now());
+        } else {
+            // SAFETY: an event of this timer and a live stream of the bound context.
+            unsafe { result::event::record(self.events[index] as sys::CUevent, stream.raw()) }
+                .map_err(failed("cuEventRecord", self.device.ordinal()))?;
+        }
+        self.recorded += 1;
+        Ok(index)
+    }
+
+    /// Waits for `stream`, appends the host instant of every mark of the batch to `out` (in
+    /// mark order), and starts a new batch.
+    pub fn resolve(&mut self, stream: &Stream, out: &mut Vec<std::time::Instant>) -> Result<(), CudaError> {
+        if stream.raw == 0 {
+            out.append(&mut self.dry);
+            self.recorded = 0;
+            return Ok(());
+        }
+        stream.synchronize()?;
+        let ordinal = self.device.ordinal();
+        for &event in &self.events[..self.recorded] {
+            // SAFETY: the base and the mark were recorded on this stream, which drained.
+            let ms = unsafe { result::event::elapsed(self.base as sys::CUevent, event as sys::CUevent) }
+                .map_err(failed("cuEventElapsedTime", ordinal))?;
+            let offset = std::time::Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3);
+            out.push(self.base_at + offset);
+        }
+        self.recorded = 0;
+        self.rebase(stream)
+    }
+
+    /// Records the base event on the (drained) stream, waits for it and takes its instant.
+    fn rebase(&mut self, stream: &Stream) -> Result<(), CudaError> {
+        let ordinal = self.device.ordinal();
+        // SAFETY: the timer's base event and a live stream of the bound context.
+        unsafe {
+            result::event::record(self.base as sys::CUevent, stream.raw()).map_err(failed("cuEventRecord", ordinal))?;
+            result::event::synchronize(self.base as sys::CUevent).map_err(failed("cuEventSynchronize", ordinal))?;
+        }
+        self.base_at = std::time::Instant::now();
+        Ok(())
+    }
+}
+
+impl Drop for StreamTimer {
+    fn drop(&mut self) {
+        if self.events.is_empty() || self.device.bind().is_err() {
+            return;
+        }
+        for &event in self.events.iter().chain([&self.base]) {
+            // SAFETY: made by cuEventCreate, destroyed once; a pending event is released by
+            // the driver when it completes.
+            let _ = unsafe { result::event::destroy(event as sys::CUevent) };
+        }
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         if self.raw != 0 && self.device.bind().is_ok() {

@@ -1,6 +1,7 @@
-// Optimizer updates (`update`: SGD with momentum, AdamW), one fused elementwise pass each,
-// and the mean over a gradient-accumulation group (`accumulate_mean`). Formulas and
-// rounding follow kernels/src/cpu/optim.rs and kernels/src/builtin.rs.
+// Optimizer updates (`update`: SGD with momentum, AdamW), one fused elementwise pass each;
+// `update_group`, many parameters' updates in one multi-tensor launch; and the mean over a
+// gradient-accumulation group (`accumulate_mean`). Formulas and rounding follow
+// kernels/src/cpu/optim.rs and kernels/src/builtin.rs.
 
 // Dtype codes of the scalar registers the update reads on the device (the learning rate
 // and step counter come from other actors' registers, not from attributes): the Rust side
@@ -25,6 +26,11 @@ __device__ __forceinline__ double read_scalar(const void* p, u64 code) {
 // as `ops::optim::skips_step` on the CPU.
 __device__ __forceinline__ bool skips_step(double scale) { return !isfinite(scale); }
 
+// Whether the launch skips its step: a gradient scale is given and is not finite.
+__device__ __forceinline__ bool skipped(const void* scale_at, u64 scale_code) {
+    return scale_at && skips_step(read_scalar(scale_at, scale_code));
+}
+
 // A skipped step's outputs: the parameter and its state as they came in.
 template <typename T> __device__ __forceinline__ void keep(const T* from, T* to, u64 n) {
     FOR_EACH(i, n) to[i] = from[i];
@@ -35,56 +41,203 @@ template <typename T> __device__ __forceinline__ T grad_scale(const void* scale_
     return scale_at ? (T)read_scalar(scale_at, scale_code) : (T)1;
 }
 
+// ---- the rules, per step and per element ------------------------------------------------
+// Both the single `update` entries and the `update_group` entries compute each element with
+// the element functions below from the step's constants computed by the same function, so
+// a fused update is bitwise the unfused one.
+
+// SGD's constants of one step: lr and the gradient scale s, rounded to T.
+template <typename T> struct SgdStep {
+    T lr, scale;
+};
+
+template <typename T>
+__device__ __forceinline__ SgdStep<T> sgd_step(const void* lr_at, u64 lr_code, const void* scale_at, u64 scale_code) {
+    SgdStep<T> s;
+    s.lr = (T)read_scalar(lr_at, lr_code);
+    s.scale = grad_scale<T>(scale_at, scale_code);
+    return s;
+}
+
 // v' = μ·v + (s·g + λ·p); p' = p - lr·v', in T with lr, μ, λ, s rounded to T (s the
 // gradient scale: the clip factor, or 1).
 template <typename T>
+__device__ __forceinline__ void sgd_element(const T* p, const T* g, const T* v, T* p_out, T* v_out, u64 i,
+                                            const SgdStep<T>& s, T momentum, T weight_decay) {
+    T velocity = momentum * v[i] + (g[i] * s.scale + weight_decay * p[i]);
+    v_out[i] = velocity;
+    p_out[i] = p[i] - s.lr * velocity;
+}
+
+// AdamW's constants of one step: the bias corrections and decay are computed in f64 from
+// the registers, then rounded to T, exactly as the CPU hoists them.
+template <typename T> struct AdamWStep {
+    T scale, c1, c2, lr, decay;
+};
+
+template <typename T>
+__device__ __forceinline__ AdamWStep<T> adamw_step(const void* lr_at, u64 lr_code, const void* step_at, u64 step_code,
+                                                   const void* scale_at, u64 scale_code, double beta1, double beta2,
+                                                   double weight_decay) {
+    double lr = read_scalar(lr_at, lr_code), step = read_scalar(step_at, step_code);
+    AdamWStep<T> s;
+    s.scale = grad_scale<T>(scale_at, scale_code);
+    s.c1 = (T)(1.0 - pow(beta1, step));
+    s.c2 = (T)(1.0 - pow(beta2, step));
+    s.lr = (T)lr;
+    s.decay = (T)(1.0 - lr * weight_decay);
+    return s;
+}
+
+// `b1`..`eps` arrive rounded to T already.
+template <typename T>
+__device__ __forceinline__ void adamw_element(const T* p, const T* g, const T* m, const T* v, T* p_out, T* m_out,
+                                              T* v_out, u64 i, const AdamWStep<T>& s, T b1, T b2, T one_b1,
+                                              T one_b2, T eps) {
+    T grad = g[i] * s.scale;
+    T m1 = b1 * m[i] + one_b1 * grad;
+    T v1 = b2 * v[i] + one_b2 * grad * grad;
+    m_out[i] = m1;
+    v_out[i] = v1;
+    p_out[i] = p[i] * s.decay - s.lr * (m1 / s.c1) / (m_sqrt(v1 / s.c2) + eps);
+}
+
+// ---- update: one parameter per launch ------------------------------------------------------
+
+template <typename T>
 __device__ __forceinline__ void sgd(const T* p, const T* g, const void* lr_at, u64 lr_code, const void* scale_at,
                                     u64 scale_code, const T* v, T* p_out, T* v_out, T momentum, T weight_decay, u64 n) {
-    if (scale_at && skips_step(read_scalar(scale_at, scale_code))) {
+    if (skipped(scale_at, scale_code)) {
         keep(p, p_out, n);
         keep(v, v_out, n);
         return;
     }
-    T lr = (T)read_scalar(lr_at, lr_code), scale = grad_scale<T>(scale_at, scale_code);
-    FOR_EACH(i, n) {
-        T velocity = momentum * v[i] + (g[i] * scale + weight_decay * p[i]);
-        v_out[i] = velocity;
-        p_out[i] = p[i] - lr * velocity;
-    }
+    SgdStep<T> s = sgd_step<T>(lr_at, lr_code, scale_at, scale_code);
+    FOR_EACH(i, n) sgd_element(p, g, v, p_out, v_out, i, s, momentum, weight_decay);
 }
 
-// The bias corrections and decay of the step are computed in f64 from the registers, then
-// rounded to T, exactly as the CPU hoists them; `b1`..`eps` arrive rounded to T already.
 template <typename T>
 __device__ __forceinline__ void adamw(const T* p, const T* g, const void* lr_at, u64 lr_code, const void* step_at,
                                       u64 step_code, const void* scale_at, u64 scale_code, const T* m, const T* v,
                                       T* p_out, T* m_out, T* v_out, T b1, T b2, T one_b1, T one_b2, T eps,
                                       double beta1, double beta2, double weight_decay, u64 n) {
-    if (scale_at && skips_step(read_scalar(scale_at, scale_code))) {
+    if (skipped(scale_at, scale_code)) {
         keep(p, p_out, n);
         keep(m, m_out, n);
         keep(v, v_out, n);
         return;
     }
-    double lr = read_scalar(lr_at, lr_code), step = read_scalar(step_at, step_code);
-    T scale = grad_scale<T>(scale_at, scale_code);
-    T c1 = (T)(1.0 - pow(beta1, step));
-    T c2 = (T)(1.0 - pow(beta2, step));
-    T lr_t = (T)lr;
-    T decay = (T)(1.0 - lr * weight_decay);
-    FOR_EACH(i, n) {
-        T grad = g[i] * scale;
-        T m1 = b1 * m[i] + one_b1 * grad;
-        T v1 = b2 * v[i] + one_b2 * grad * grad;
-        m_out[i] = m1;
-        v_out[i] = v1;
-        p_out[i] = p[i] * decay - lr_t * (m1 / c1) / (m_sqrt(v1 / c2) + eps);
+    AdamWStep<T> s = adamw_step<T>(lr_at, lr_code, step_at, step_code, scale_at, scale_code, beta1, beta2, weight_decay);
+    FOR_EACH(i, n) adamw_element(p, g, m, v, p_out, m_out, v_out, i, s, b1, b2, one_b1, one_b2, eps);
+}
+
+// ---- update_group: up to GROUP_MEMBERS parameters per launch ---------------------------------
+
+// Members one launch updates. The table below is passed by value (kernel parameters, read
+// through the constant cache, nothing to copy before the launch): 2192 bytes, with the
+// other parameters well under CUDA's 4 KiB limit. The Rust twin is `ops::optim::UpdateTable`
+// (#[repr(C)], same fields in the same order).
+#define GROUP_MEMBERS 32
+
+// Slots of a member's addresses: the parameter, the gradient, the states (SGD's velocity
+// in STATE0; AdamW's moments in STATE0 and STATE1), then the outputs. SGD leaves the
+// STATE1 slots 0.
+#define SLOT_P 0
+#define SLOT_G 1
+#define SLOT_STATE0 2
+#define SLOT_STATE1 3
+#define SLOT_P_OUT 4
+#define SLOT_STATE0_OUT 5
+#define SLOT_STATE1_OUT 6
+#define SLOTS 7
+
+//   addr:           each member's tensors (SLOT_*), device addresses.
+//   n:              each member's elements.
+//   block_elements: elements of one block's chunk (a multiple of the block's threads).
+//   first_block:    member m's chunks are blocks first_block[m]..first_block[m + 1]
+//                   (prefix sums, computed once on the host; first_block[members] is the
+//                   grid's size).
+//   members:        members in this launch (1..=GROUP_MEMBERS).
+struct UpdateTable {
+    u64 addr[GROUP_MEMBERS][SLOTS];
+    u64 n[GROUP_MEMBERS];
+    u64 block_elements;
+    u32 first_block[GROUP_MEMBERS + 1];
+    u32 members;
+};
+
+// This block's chunk: its member (the last m with first_block[m] <= block: an empty member
+// has no block) and its elements begin..end.
+struct Chunk {
+    u32 member;
+    u64 begin, end;
+};
+
+__device__ __forceinline__ Chunk chunk_of(const UpdateTable& t) {
+    u32 block = blockIdx.x, lo = 0, hi = t.members - 1;
+    while (lo < hi) {
+        u32 mid = (lo + hi + 1) / 2;
+        if (t.first_block[mid] <= block) lo = mid;
+        else hi = mid - 1;
     }
+    Chunk c;
+    c.member = lo;
+    c.begin = (u64)(block - t.first_block[lo]) * t.block_elements;
+    u64 end = c.begin + t.block_elements, n = t.n[lo];
+    c.end = end < n ? end : n;
+    return c;
+}
+
+// Every element of this block's chunk, consecutive threads on consecutive elements.
+#define FOR_EACH_IN_CHUNK(i, c) for (u64 i = (c).begin + threadIdx.x; i < (c).end; i += blockDim.x)
+
+// A member's tensor in slot `k`.
+#define MEMBER(T, t, c, k) ((T*)(t).addr[(c).member][k])
+
+template <typename T>
+__device__ __forceinline__ void sgd_group(const UpdateTable& t, const void* lr_at, u64 lr_code, const void* scale_at,
+                                          u64 scale_code, T momentum, T weight_decay) {
+    Chunk c = chunk_of(t);
+    const T *p = MEMBER(const T, t, c, SLOT_P), *g = MEMBER(const T, t, c, SLOT_G);
+    const T* v = MEMBER(const T, t, c, SLOT_STATE0);
+    T *p_out = MEMBER(T, t, c, SLOT_P_OUT), *v_out = MEMBER(T, t, c, SLOT_STATE0_OUT);
+    if (skipped(scale_at, scale_code)) {
+        FOR_EACH_IN_CHUNK(i, c) {
+            p_out[i] = p[i];
+            v_out[i] = v[i];
+        }
+        return;
+    }
+    SgdStep<T> s = sgd_step<T>(lr_at, lr_code, scale_at, scale_code);
+    FOR_EACH_IN_CHUNK(i, c) sgd_element(p, g, v, p_out, v_out, i, s, momentum, weight_decay);
+}
+
+template <typename T>
+__device__ __forceinline__ void adamw_group(const UpdateTable& t, const void* lr_at, u64 lr_code, const void* step_at,
+                                            u64 step_code, const void* scale_at, u64 scale_code, T b1, T b2,
+                                            T one_b1, T one_b2, T eps, double beta1, double beta2,
+                                            double weight_decay) {
+    Chunk c = chunk_of(t);
+    const T *p = MEMBER(const T, t, c, SLOT_P), *g = MEMBER(const T, t, c, SLOT_G);
+    const T *m = MEMBER(const T, t, c, SLOT_STATE0), *v = MEMBER(const T, t, c, SLOT_STATE1);
+    T* p_out = MEMBER(T, t, c, SLOT_P_OUT);
+    T *m_out = MEMBER(T, t, c, SLOT_STATE0_OUT), *v_out = MEMBER(T, t, c, SLOT_STATE1_OUT);
+    if (skipped(scale_at, scale_code)) {
+        FOR_EACH_IN_CHUNK(i, c) {
+            p_out[i] = p[i];
+            m_out[i] = m[i];
+            v_out[i] = v[i];
+        }
+        return;
+    }
+    AdamWStep<T> s = adamw_step<T>(lr_at, lr_code, step_at, step_code, scale_at, scale_code, beta1, beta2, weight_decay);
+    FOR_EACH_IN_CHUNK(i, c) adamw_element(p, g, m, v, p_out, m_out, v_out, i, s, b1, b2, one_b1, one_b2, eps);
 }
 
 // The update entries of one dtype S (elements T, hyperparameters the entries take rounded
 // to T): written once, declared per dtype below (cuda/src/sources.rs reads the entries off
-// the invocations).
+// the invocations). The group entries take the single entries' arguments, with the table
+// in place of the tensors and their length.
 #define UPDATE_ENTRIES(S, T)                                                                                  \
     extern "C" __global__ void regflow_update_sgd_##S(const T* p, const T* g, const void* lr, u64 lr_code,    \
                                                       const void* scale, u64 scale_code, const T* v, T* p_out, \
@@ -97,6 +250,18 @@ __device__ __forceinline__ void adamw(const T* p, const T* g, const void* lr_at,
         T eps, double beta1, double beta2, double weight_decay, u64 n) {                                      \
         adamw(p, g, lr, lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out, b1, b2, one_b1, \
               one_b2, eps, beta1, beta2, weight_decay, n);                                                    \
+    }                                                                                                         \
+    extern "C" __global__ void regflow_update_group_sgd_##S(const UpdateTable table, const void* lr,          \
+                                                            u64 lr_code, const void* scale, u64 scale_code,   \
+                                                            T momentum, T weight_decay) {                     \
+        sgd_group(table, lr, lr_code, scale, scale_code, momentum, weight_decay);                             \
+    }                                                                                                         \
+    extern "C" __global__ void regflow_update_group_adamw_##S(                                                \
+        const UpdateTable table, const void* lr, u64 lr_code, const void* step, u64 step_code,                \
+        const void* scale, u64 scale_code, T b1, T b2, T one_b1, T one_b2, T eps, double beta1, double beta2,  \
+        double weight_decay) {                                                                                \
+        adamw_group(table, lr, lr_code, step, step_code, scale, scale_code, b1, b2, one_b1, one_b2, eps, beta1, \
+                    beta2, weight_decay);                                                                     \
     }
 UPDATE_ENTRIES(f32, float)
 UPDATE_ENTRIES(f64, double)

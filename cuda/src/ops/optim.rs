@@ -1,6 +1,6 @@
 //! Optimizer updates on CUDA (`optim.cu`): `update` as one fused elementwise launch per
-//! optimizer (SGD with momentum, AdamW), and the mean over a gradient-accumulation group
-//! (`accumulate_mean`).
+//! optimizer (SGD with momentum, AdamW), `update_group` as one multi-tensor launch per 32
+//! members ([`group`]), and the mean over a gradient-accumulation group (`accumulate_mean`).
 //!
 //! The learning rate and step counter are registers other actors write (on the device or
 //! the host, in managed memory), not attributes: the kernels read them on the device, so a
@@ -8,11 +8,14 @@
 //! update's optional last input: the kernels multiply each gradient element by it as they
 //! read it (a null address stands for 1).
 
+mod group;
+
 use super::elementwise::{float_dtype, input_slots, refuse};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
+use group::make_update_group;
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
-use regflow_plan::ops::{OptimizerKind, Update, UpdateGroup, ACCUMULATE_MEAN};
+use regflow_plan::ops::{OptimizerKind, Update, ACCUMULATE_MEAN};
 use regflow_plan::{DType, OpConf};
 
 const FLOAT: &[DType] = &[DType::F32, DType::F64];
@@ -35,79 +38,41 @@ pub(crate) fn scalar_code(dtype: DType) -> u64 {
     }
 }
 
-/// The hyperparameters of one update, as the entry takes them after the addresses.
+/// The hyperparameters of one update, as the entry takes them after the addresses (the
+/// group entries: after `(table, lr, lr_code, [step, step_code,] scale, scale_code)`).
 #[derive(Debug, Clone, Copy)]
 enum Rule {
     /// `(momentum: T, weight_decay: T)` after `(p, g, lr, lr_code, scale, scale_code, v,
-    /// p_out, v_out)`.
+    /// p_out, v_out)`, then `n`.
     Sgd { momentum: f64, weight_decay: f64 },
     /// `(b1, b2, 1-b1, 1-b2, eps: T, beta1, beta2, weight_decay: f64)` after `(p, g, lr,
-    /// lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out)`.
+    /// lr_code, step, step_code, scale, scale_code, m, v, p_out, m_out, v_out)`, then `n`.
     AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+}
+
+impl Rule {
+    /// The rule of `kind`, its state count and its entries' stem (`regflow_update_{stem}_f32`,
+    /// `regflow_update_group_{stem}_f32`).
+    fn of(kind: &OptimizerKind) -> (Rule, usize, &'static str) {
+        match *kind {
+            OptimizerKind::Sgd { momentum, weight_decay } => (Rule::Sgd { momentum, weight_decay }, 1, "sgd"),
+            OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
+                (Rule::AdamW { beta1, beta2, eps, weight_decay }, 2, "adamw")
+            }
+        }
+    }
 }
 
 fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
     let conf = op_conf(spec)?;
     let op: Update = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
-    update_kernel(spec, conf, op, 0)
+    update_kernel(spec, conf, op)
 }
 
-/// `update_group` (a device's updates fused, in plans compiled for cpu or sim devices: the
-/// compiler fuses none on cuda): one launch of the `update` entry per member, in member
-/// order. A single multi-tensor launch is not written yet (it needs a GPU to check).
-fn make_update_group(spec: &KernelSpec<'_>) -> Result<UpdateGroupKernel, KernelError> {
-    let conf = op_conf(spec)?;
-    let group: UpdateGroup = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
-    let (inputs, outputs, params) = (group.member_inputs(), group.member_outputs(), group.params as usize);
-    if params == 0 || conf.inputs.len() != params * inputs || conf.input_map.len() != conf.inputs.len() {
-        let error = format!(
-            "has {params} member(s) of {inputs} inputs each, but its conf has {} inputs ({} mapped)",
-            conf.inputs.len(),
-            conf.input_map.len()
-        );
-        return Err(refuse(spec, conf, error));
-    }
-    let mut members = Vec::with_capacity(params);
-    for m in 0..params {
-        let (ins, outs) = (m * inputs..(m + 1) * inputs, m * outputs..(m + 1) * outputs);
-        let member = OpConf::new(
-            &Update(group.kind.clone()),
-            conf.inputs[ins.clone()].to_vec(),
-            conf.input_map[ins].to_vec(),
-            conf.outputs.get(outs).map(<[_]>::to_vec).unwrap_or_default(),
-        );
-        members.push(update_kernel(spec, &member, Update(group.kind.clone()), m * outputs)?);
-    }
-    Ok(UpdateGroupKernel { members })
-}
-
-/// The members of an `update_group`, each an `update` launch.
-#[derive(Debug)]
-struct UpdateGroupKernel {
-    members: Vec<UpdateKernel>,
-}
-
-impl Kernel for UpdateGroupKernel {
-    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        self.members.iter_mut().try_for_each(|member| member.run(io))
-    }
-}
-
-/// The kernel of one update described by `conf`, writing outputs `first_output..` of its
-/// actor.
-fn update_kernel(
-    spec: &KernelSpec<'_>,
-    conf: &OpConf,
-    op: Update,
-    first_output: usize,
-) -> Result<UpdateKernel, KernelError> {
+/// The kernel of one update described by `conf`.
+fn update_kernel(spec: &KernelSpec<'_>, conf: &OpConf, op: Update) -> Result<UpdateKernel, KernelError> {
     let dtype = float_dtype(spec, conf)?;
-    let (rule, states, stem) = match op.0 {
-        OptimizerKind::Sgd { momentum, weight_decay } => (Rule::Sgd { momentum, weight_decay }, 1, "sgd"),
-        OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
-            (Rule::AdamW { beta1, beta2, eps, weight_decay }, 2, "adamw")
-        }
-    };
+    let (rule, states, stem) = Rule::of(&op.0);
     check_update(conf, states).map_err(|e| refuse(spec, conf, e))?;
     let scale = conf.inputs.get(4 + states).map(|meta| scalar_code(meta.dtype));
     Ok(UpdateKernel {
@@ -120,7 +85,6 @@ fn update_kernel(
         rule,
         dtype,
         n: conf.inputs[0].shape.numel() as u64,
-        first_output,
     })
 }
 
@@ -170,8 +134,6 @@ struct UpdateKernel {
     rule: Rule,
     dtype: DType,
     n: u64,
-    /// The actor output holding the new parameter; the new states follow it.
-    first_output: usize,
 }
 
 impl UpdateKernel {
@@ -186,7 +148,7 @@ impl UpdateKernel {
         let at = |k: usize| io.input_addr(self.inputs[k]);
         let (p, g, lr, step, lr_code, step_code) = (at(0), at(1), at(2), at(3), self.lr_code, self.step_code);
         let (s, f, n, grid) = (stream(io), self.function, self.n, Grid::linear(self.n));
-        let out = |k: usize| io.output_addr(self.first_output + k);
+        let out = |k: usize| io.output_addr(k);
         let p_out = out(0);
         // No scale: a null address, which the kernels read as 1.
         let (scale, scale_code) = self.scale_code.map_or((0, 0), |code| (at(4 + self.states), code));

@@ -22,8 +22,9 @@
 //! keeps its updates apart. Neither happens in plans the compiler makes today (an update's
 //! outputs are made together, and what reads them belongs to the next step).
 //!
-//! Only on devices whose kernels have the op: cpu and sim. A CUDA device keeps one launch
-//! per parameter: a multi-tensor CUDA kernel is not written yet (it needs a GPU to check).
+//! On every device kind whose kernels have the op: cpu, sim and cuda (where a group is a
+//! multi-tensor launch per 32 parameters instead of one launch per parameter,
+//! `cuda/src/ops/optim/group.rs`).
 
 use super::lower::Lowering;
 use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
@@ -45,8 +46,8 @@ enum Ready {
 /// their gradients are ready.
 type GroupKey = (StreamIndex, String, String, Vec<RegstDescId>, Ready);
 
-/// Fuses the updates of every cpu and sim device (module docs), unless the options turn
-/// it off.
+/// Fuses the updates of every cpu, sim and cuda device (module docs), unless the options
+/// turn it off.
 pub(crate) fn fuse_updates(low: &mut Lowering<'_>) {
     if !low.options.fuse_updates {
         return;
@@ -71,13 +72,13 @@ pub(crate) fn fuse_updates(low: &mut Lowering<'_>) {
     low.remove_actors(&removed);
 }
 
-/// The update actors of cpu and sim devices, grouped by [`GroupKey`].
+/// The update actors of cpu, sim and cuda devices, grouped by [`GroupKey`].
 fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
     let mut groups: BTreeMap<GroupKey, Vec<ActorIndex>> = BTreeMap::new();
     for (a, actor) in plan.actors.iter().enumerate() {
         let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { continue };
         let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
-        if conf.op_type != "update" || !matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim) {
+        if conf.op_type != "update" || !matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda) {
             continue;
         }
         let Ok(update) = conf.parse_attrs::<Update>() else { continue };

@@ -33,9 +33,9 @@ pub struct CompileOptions {
     pub check_finite: bool,
     /// Fuse each device's optimizer updates into one `update_group` actor per set of
     /// gradients that are ready together (`compile/fuse_updates.rs`): one firing and one
-    /// pass over all their elements, on all the device's threads, as PyTorch's
-    /// `fused=True` AdamW. Results are bitwise those of one update per parameter. Applies
-    /// to cpu and sim devices. Default on.
+    /// pass over all their elements, on all the device's threads (a CUDA device: one
+    /// multi-tensor launch per 32 parameters), as PyTorch's `fused=True` AdamW. Results
+    /// are bitwise those of one update per parameter. Default on.
     pub fuse_updates: bool,
 }
 
@@ -138,9 +138,9 @@ pub struct ParallelOptions {
     pub bucket_bytes: u64,
     /// Fuse each device's optimizer updates into one `update_group` actor per set of
     /// gradients that are ready together (`compile/fuse_updates.rs`): one firing and one
-    /// pass over all their elements, on all the device's threads, as PyTorch's
-    /// `fused=True` AdamW. Results are bitwise those of one update per parameter. Applies
-    /// to cpu and sim devices. Default on.
+    /// pass over all their elements, on all the device's threads (a CUDA device: one
+    /// multi-tensor launch per 32 parameters), as PyTorch's `fused=True` AdamW. Results
+    /// are bitwise those of one update per parameter. Default on.
     pub fuse_updates: bool,
 }
 

@@ -1,6 +1,6 @@
 //! The `cpu` device: kernels run synchronously on the stream thread.
 
-use super::{DeviceStream, Launched};
+use super::{DeviceStream, Launched, SliceTag};
 use crate::kernel::{Kernel, KernelError, KernelIo};
 use regflow_actors::{ActorId, Completion};
 use std::time::{Duration, Instant};
@@ -16,10 +16,10 @@ impl DeviceStream for CpuStream {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         _modeled: Duration,
-        timed: bool,
+        timed: Option<SliceTag>,
         _completion_wanted: bool,
     ) -> Result<Launched, KernelError> {
-        if !timed {
+        if timed.is_none() {
             kernel.run(io)?;
             return Ok(Launched { completion: Completion::Done, span: None });
         }

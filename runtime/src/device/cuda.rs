@@ -20,22 +20,72 @@
 //! fetch) on a cuda stream first waits for what the stream queued before, then runs on the
 //! host over the same managed registers and completes at once.
 //!
-//! **Timelines.** With `JobBuilder::trace`, each queued kernel runs alone: the stream waits
-//! for it and records the host clock around launch and completion. The slices then give
-//! each kernel's own time (plus a launch and a wait, microseconds), which is what a
-//! per-op profile needs; what they cannot show is overlap between kernels of one stream or
-//! between streams, which would need CUDA events read at completion. A traced cuda job is
-//! therefore slower than an untraced one, and its timeline is a profile, not a schedule.
+//! **Timelines.** With `JobBuilder::trace`, a queued kernel is launched as untraced, between
+//! two CUDA events of the stream's [`StreamTimer`]; once the stream's actors are done (or
+//! every [`TIMER_MARKS`] / 2 kernels, when the timer's batch is full) the stream waits for
+//! them and the events become the kernels' [`TraceEvent::DeviceSlice`]s: when the GPU ran
+//! each kernel, on a row of its own beside the stream's host row (the launches). Nothing
+//! waits for a kernel to time it, so the timeline is the untraced schedule, overlap between
+//! streams and the GPU's idle gaps included, at the cost of two event records per kernel
+//! (and a wait per full batch). A kernel's slice runs from the GPU reaching the event before
+//! it to the event after it: where the host launches slower than the GPU runs, the gap
+//! waiting for the launch counts in the kernel's slice.
+//!
+//! `REGFLOW_CUDA_TRACE=serial` instead runs each traced kernel alone: the stream waits for
+//! it and records the host clock around launch and completion, so each slice is the
+//! kernel's own time plus a launch and a wait (microseconds), with nothing beside it: a
+//! profile, not a schedule, and slower than untraced.
 
+use super::SliceTag;
 use super::{DeviceStream, Launched};
 use crate::inbox::{Envelope, InboxSender};
 use crate::kernel::{Kernel, KernelError, KernelIo};
+use crate::trace::TraceEvent;
 use regflow_actors::{ActorId, Body, Completion, Message};
-use regflow_cuda::{Device, Stream};
+use regflow_cuda::{Device, Stream, StreamTimer};
 use regflow_kernels::Execution;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
+
+/// Marks (CUDA events) of a stream's timer per batch: two per timed kernel. A batch is
+/// resolved (the stream waits) when full, so this bounds how often a traced run stalls.
+pub(crate) const TIMER_MARKS: usize = 8192;
+
+/// How a traced stream times its kernels (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TraceMode {
+    /// Events around each kernel, the stream running as untraced (the default).
+    Events,
+    /// Each kernel alone, waited for (`REGFLOW_CUDA_TRACE=serial`).
+    Serial,
+}
+
+/// The timed kernels of a traced stream not yet resolved into slices, and those that are.
+#[derive(Debug)]
+struct Timing {
+    timer: StreamTimer,
+    /// Each timed kernel's firing and its marks before and after, in this batch.
+    pending: Vec<(SliceTag, usize, usize)>,
+    /// The batch's marks as host instants (a buffer kept between batches).
+    instants: Vec<Instant>,
+    /// Resolved slices, handed over at the end.
+    slices: Vec<TraceEvent>,
+}
+
+impl Timing {
+    /// Waits for the stream and turns the batch's marks into slices.
+    fn resolve(&mut self, stream: &Stream) -> Result<(), regflow_cuda::CudaError> {
+        self.instants.clear();
+        self.timer.resolve(stream, &mut self.instants)?;
+        for &(tag, before, after) in &self.pending {
+            let (start, end) = (self.instants[before], self.instants[after]);
+            self.slices.push(TraceEvent::DeviceSlice { actor: tag.actor, piece: tag.piece, start, end });
+        }
+        self.pending.clear();
+        Ok(())
+    }
+}
 
 /// What a completion callback needs: where to send whose `ActDone`.
 #[derive(Debug)]
@@ -76,6 +126,9 @@ pub(crate) struct CudaStream {
     /// the behaviour before completions were skipped, kept to measure the difference on one
     /// GPU in one run.
     callback_every_kernel: bool,
+    trace_mode: TraceMode,
+    /// Made at the first timed launch (events mode).
+    timing: Option<Timing>,
 }
 
 impl CudaStream {
@@ -85,6 +138,10 @@ impl CudaStream {
         let device = Device::open(ordinal)?;
         let stream = device.stream()?;
         let callback_every_kernel = std::env::var_os("REGFLOW_CUDA_CALLBACK_EVERY_KERNEL").is_some_and(|v| v == "1");
+        let trace_mode = match std::env::var_os("REGFLOW_CUDA_TRACE") {
+            Some(v) if v == "serial" => TraceMode::Serial,
+            _ => TraceMode::Events,
+        };
         Ok(Self {
             stream,
             device,
@@ -94,11 +151,63 @@ impl CudaStream {
             queued: false,
             bound: false,
             callback_every_kernel,
+            trace_mode,
+            timing: None,
         })
     }
 
     fn failed(&self, e: regflow_cuda::CudaError) -> KernelError {
         KernelError(format!("stream of {}: {e}", self.label))
+    }
+
+    /// Launches `kernel` between two marks of the stream's timer (made at the first call),
+    /// resolving the batch first when it has no room for two.
+    fn launch_timed(
+        &mut self,
+        tag: SliceTag,
+        kernel: &mut dyn Kernel,
+        io: &mut KernelIo<'_>,
+    ) -> Result<(), KernelError> {
+        if self.timing.is_none() {
+            let timer = self.stream.timer(TIMER_MARKS).map_err(|e| self.failed(e))?;
+            let capacity = TIMER_MARKS / 2;
+            self.timing = Some(Timing {
+                timer,
+                pending: Vec::with_capacity(capacity),
+                instants: Vec::with_capacity(TIMER_MARKS),
+                slices: Vec::with_capacity(capacity),
+            });
+        }
+        let (stream, label) = (&self.stream, &self.label);
+        let failed = |e| KernelError(format!("stream of {label}: {e}"));
+        let Some(timing) = self.timing.as_mut() else { return Ok(()) };
+        if timing.timer.room() < 2 {
+            timing.resolve(stream).map_err(failed)?;
+        }
+        let before = timing.timer.mark(stream).map_err(failed)?;
+        kernel.run(io)?;
+        let after = timing.timer.mark(stream).map_err(failed)?;
+        timing.pending.push((tag, before, after));
+        Ok(())
+    }
+
+    /// How a queued kernel completes: at launch where only this stream's actors hear of it
+    /// (and no callback after every kernel is asked for), else at a callback queued now.
+    fn completion(&mut self, actor: ActorId, completion_wanted: bool) -> Result<Completion, KernelError> {
+        self.queued = true;
+        if !completion_wanted && !self.callback_every_kernel {
+            // Only actors of this stream hear of it, and the stream runs their kernels
+            // after this one: no callback (see the module docs).
+            return Ok(Completion::Done);
+        }
+        let inbox = &self.inbox;
+        let completer =
+            self.completers.entry(actor).or_insert_with(|| Box::new(Completer { inbox: inbox.clone(), actor }));
+        let arg = &**completer as *const Completer as *mut c_void;
+        // SAFETY: the completer lives in a box owned by this stream until it is dropped,
+        // after `stream` has drained; `complete` only sends a message.
+        unsafe { self.stream.call_back(complete, arg) }.map_err(|e| self.failed(e))?;
+        Ok(Completion::Pending)
     }
 
     /// Waits for the work queued since the stream last drained, if any.
@@ -118,7 +227,7 @@ impl DeviceStream for CudaStream {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         _modeled: Duration,
-        timed: bool,
+        timed: Option<SliceTag>,
         completion_wanted: bool,
     ) -> Result<Launched, KernelError> {
         if !self.bound {
@@ -130,11 +239,11 @@ impl DeviceStream for CudaStream {
             Execution::Host => {
                 // The host reads what kernels queued here wrote: let them finish.
                 self.synchronize_queued()?;
-                let start = timed.then(Instant::now);
+                let start = timed.map(|_| Instant::now());
                 kernel.run(io)?;
                 Ok(Launched { completion: Completion::Done, span: start.map(|start| (start, Instant::now())) })
             }
-            Execution::Queued if timed => {
+            Execution::Queued if timed.is_some() && self.trace_mode == TraceMode::Serial => {
                 // A timeline wants each kernel's own time: run it alone and wait for it
                 // (see the module docs: a traced cuda stream runs serially, so nothing is
                 // queued before it).
@@ -143,30 +252,28 @@ impl DeviceStream for CudaStream {
                 self.stream.synchronize().map_err(|e| self.failed(e))?;
                 Ok(Launched { completion: Completion::Done, span: Some((start, Instant::now())) })
             }
-            Execution::Queued if !completion_wanted && !self.callback_every_kernel => {
-                // Only actors of this stream hear of it, and the stream runs their kernels
-                // after this one: no callback (see the module docs).
-                kernel.run(io)?;
-                self.queued = true;
-                Ok(Launched { completion: Completion::Done, span: None })
-            }
             Execution::Queued => {
-                kernel.run(io)?;
-                let inbox = &self.inbox;
-                let completer =
-                    self.completers.entry(actor).or_insert_with(|| Box::new(Completer { inbox: inbox.clone(), actor }));
-                let arg = &**completer as *const Completer as *mut c_void;
-                // SAFETY: the completer lives in a box owned by this stream until it is
-                // dropped, after `stream` has drained; `complete` only sends a message.
-                unsafe { self.stream.call_back(complete, arg) }.map_err(|e| self.failed(e))?;
-                self.queued = true;
-                Ok(Launched { completion: Completion::Pending, span: None })
+                let start = timed.map(|_| Instant::now());
+                match timed {
+                    Some(tag) => self.launch_timed(tag, kernel, io)?,
+                    None => kernel.run(io)?,
+                }
+                let completion = self.completion(actor, completion_wanted)?;
+                Ok(Launched { completion, span: start.map(|start| (start, Instant::now())) })
             }
         }
     }
 
     fn finish(&mut self) -> Result<(), KernelError> {
         self.synchronize_queued()
+    }
+
+    fn drain_device_slices(&mut self, out: &mut Vec<TraceEvent>) -> Result<(), KernelError> {
+        let Some(timing) = self.timing.as_mut() else { return Ok(()) };
+        let label = &self.label;
+        timing.resolve(&self.stream).map_err(|e| KernelError(format!("stream of {label}: {e}")))?;
+        out.append(&mut timing.slices);
+        Ok(())
     }
 
     fn native(&self) -> u64 {

@@ -12,6 +12,7 @@ pub(crate) use cuda::CudaStream;
 pub(crate) use sim::SimPoller;
 
 use crate::kernel::{Kernel, KernelError, KernelIo};
+use crate::trace::TraceEvent;
 use regflow_actors::{ActorId, Completion};
 use regflow_kernels::KernelRegistry;
 use regflow_plan::DeviceKind;
@@ -27,10 +28,20 @@ pub(crate) struct Launched {
     pub(crate) span: Option<(Instant, Instant)>,
 }
 
+/// Which firing a timed launch is: the plan actor and the piece, for a device that reports
+/// when its kernels ran after the launch ([`DeviceStream::drain_device_slices`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SliceTag {
+    /// The actor's index in the plan.
+    pub(crate) actor: u32,
+    /// The piece it fired on.
+    pub(crate) piece: u64,
+}
+
 /// One stream of one device, owned by its stream thread.
 pub(crate) trait DeviceStream: Send {
     /// Runs or queues `kernel` for `actor`. `modeled` is the plan's modeled duration;
-    /// `timed` asks for the kernel's start and end (for timelines). Without
+    /// `timed` (the firing) asks for the kernel's start and end (for timelines). Without
     /// `completion_wanted` ([`Firing::completion_wanted`]) nobody off this stream waits for
     /// the kernel, and a device whose stream runs kernels in launch order may answer
     /// [`Completion::Done`] at once instead of reporting the completion later.
@@ -42,7 +53,7 @@ pub(crate) trait DeviceStream: Send {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         modeled: Duration,
-        timed: bool,
+        timed: Option<SliceTag>,
         completion_wanted: bool,
     ) -> Result<Launched, KernelError>;
 
@@ -58,6 +69,14 @@ pub(crate) trait DeviceStream: Send {
     /// waited for it) may still be running, and its error would otherwise be lost when the
     /// stream is dropped. Devices that run kernels at launch have nothing to wait for.
     fn finish(&mut self) -> Result<(), KernelError> {
+        Ok(())
+    }
+
+    /// Appends to `out` the device's own slices of the timed kernels queued so far (when
+    /// the GPU ran them, [`TraceEvent::DeviceSlice`]), waiting for them to run. Devices
+    /// whose launch span is the kernel's have none.
+    fn drain_device_slices(&mut self, out: &mut Vec<TraceEvent>) -> Result<(), KernelError> {
+        let _ = out;
         Ok(())
     }
 

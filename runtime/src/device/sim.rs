@@ -4,7 +4,7 @@
 //! the launches someone off the stream waits for; the others complete at launch, as on
 //! `cuda` (see `Firing::completion_wanted`).
 
-use super::{DeviceStream, Launched};
+use super::{DeviceStream, Launched, SliceTag};
 use crate::inbox::{Envelope, InboxSender};
 use crate::kernel::{Kernel, KernelError, KernelIo};
 use regflow_actors::{ActorId, Body, Completion, Message};
@@ -153,7 +153,7 @@ impl DeviceStream for SimStream {
         kernel: &mut dyn Kernel,
         io: &mut KernelIo<'_>,
         modeled: Duration,
-        _timed: bool,
+        _timed: Option<SliceTag>,
         completion_wanted: bool,
     ) -> Result<Launched, KernelError> {
         kernel.run(io)?;
