@@ -75,7 +75,7 @@ pub mod nccl;
 pub mod nvrtc;
 
 pub use driver::{
-    copy_to_device, enable_dry_run, launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback,
+    copy_on_device, copy_to_device, enable_dry_run, launch, probe, synchronize, Device, DeviceInfo, Function, Grid, HostCallback,
     Stream, StreamHandle, StreamTimer,
 };
 pub use error::CudaError;

@@ -2,7 +2,7 @@
 //! malformed ones naming the actor: runs on machines without a GPU (the lookup then fails
 //! with "no GPU", "built without CUDA", never with a meta error).
 
-use regflow_kernels::{KernelRegistry, KernelSpec};
+use regflow_kernels::{Execution, KernelRegistry, KernelSpec};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, DeviceKind, KernelConf, OpConf, Shape, TensorMeta};
 
@@ -204,4 +204,26 @@ fn every_cpu_op_type_has_a_cuda_kernel() {
     missing.sort_unstable();
     missing.dedup();
     assert!(missing.is_empty(), "op types with a CPU kernel but none on CUDA: {missing:?}");
+}
+
+/// A register copy (`KernelConf::Copy`: a variable's per-step assign) on a cuda device is
+/// queued on the stream, not run on the host after the stream drains; on a cpu device it
+/// stays the host copy.
+#[test]
+fn register_copies_on_cuda_are_queued_on_the_stream() {
+    let mut registry = KernelRegistry::new();
+    regflow_kernels::cpu::register(&mut registry, DeviceKind::Cpu);
+    regflow_cuda::register(&mut registry);
+    for (device, expected) in [(DeviceKind::Cuda, Execution::Queued), (DeviceKind::Cpu, Execution::Host)] {
+        let spec = KernelSpec {
+            actor: "assign:w",
+            device,
+            device_index: 0,
+            op: None,
+            input_bytes: &[64],
+            output_bytes: &[64],
+        };
+        let kernel = registry.make(&KernelConf::Copy, &spec).expect("a copy kernel");
+        assert_eq!(kernel.execution(), expected, "{device:?}");
+    }
 }

@@ -45,12 +45,14 @@ impl fmt::Display for KernelKey {
     }
 }
 
-/// Kernel factories: op kernels by (op type, device kind, dtype), and named kernels
-/// ([`KernelConf::Custom`]) registered by the program that builds a job.
+/// Kernel factories: op kernels by (op type, device kind, dtype), named kernels
+/// ([`KernelConf::Custom`]) registered by the program that builds a job, and the register
+/// copy ([`KernelConf::Copy`]) of devices that copy on the device (a host copy otherwise).
 #[derive(Clone, Default)]
 pub struct KernelRegistry {
     ops: HashMap<KernelKey, KernelFactory>,
     named: HashMap<String, KernelFactory>,
+    copies: HashMap<DeviceKind, KernelFactory>,
 }
 
 impl fmt::Debug for KernelRegistry {
@@ -74,6 +76,12 @@ impl KernelRegistry {
         self.ops.insert(KernelKey { op_type: op_type.to_string(), device, dtype }, factory);
     }
 
+    /// Registers the kernel of [`KernelConf::Copy`] on `device` (a variable's per-step
+    /// assign, copies out of windows), replacing the host copy every device has otherwise.
+    pub fn register_copy(&mut self, device: DeviceKind, factory: KernelFactory) {
+        self.copies.insert(device, factory);
+    }
+
     /// Registers a named kernel for [`KernelConf::Custom`] (and custom sources).
     pub fn register_named(&mut self, name: &str, factory: KernelFactory) {
         self.named.insert(name.to_string(), factory);
@@ -94,7 +102,10 @@ impl KernelRegistry {
     pub fn make(&self, conf: &KernelConf, spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
         Ok(match conf {
             KernelConf::Noop => Box::new(Noop),
-            KernelConf::Copy => Box::new(CopyKernel),
+            KernelConf::Copy => match self.copies.get(&spec.device) {
+                Some(factory) => factory(spec)?,
+                None => Box::new(CopyKernel),
+            },
             KernelConf::SumF32 => {
                 for (i, bytes) in spec.input_bytes.iter().chain(spec.output_bytes).enumerate() {
                     if bytes % 4 != 0 {

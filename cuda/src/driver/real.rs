@@ -574,6 +574,32 @@ pub unsafe fn copy_to_device(stream: StreamHandle, dst: u64, src: &[u8]) -> Resu
     synchronize(stream)
 }
 
+/// Queues a copy of `bytes` from `src` to `dst`, device (or managed) memory both, on
+/// `stream`: no wait, the stream orders it. On a dry-run stream the memory is host memory
+/// and this is a plain copy.
+///
+/// # Safety
+///
+/// `src` and `dst` must be valid for `bytes` bytes until the copy ran, and must not overlap.
+pub unsafe fn copy_on_device(stream: StreamHandle, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+    if stream.0 == 0 {
+        // SAFETY: forwarded to the caller; a dry run's registers are host memory.
+        unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, dst as usize as *mut u8, bytes) };
+        return Ok(());
+    }
+    // SAFETY: as above; the handle comes from a live `Stream` whose context the calling
+    // stream thread bound.
+    unsafe {
+        result::memcpy_dtod_async(
+            dst as sys::CUdeviceptr,
+            src as sys::CUdeviceptr,
+            bytes,
+            stream.0 as usize as sys::CUstream,
+        )
+    }
+    .map_err(failed(format!("cuMemcpyDtoDAsync({bytes} bytes)"), 0))
+}
+
 /// A compiled kernel of one device, with its parameters' byte sizes (read off the PTX).
 #[derive(Debug, Clone, Copy)]
 pub struct Function {

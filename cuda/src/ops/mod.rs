@@ -83,6 +83,31 @@ pub fn register(registry: &mut KernelRegistry) {
             registry.register_op(op_type, DeviceKind::Cuda, dtype, factory());
         }
     }
+    registry.register_copy(DeviceKind::Cuda, std::sync::Arc::new(|_| Ok(Box::new(Queued(DeviceCopy)))));
+}
+
+/// `KernelConf::Copy` on a cuda device (a variable's per-step assign, say): the input
+/// register copied into each output on the stream, as far as both reach. A host copy would
+/// first wait for the stream to drain (a host kernel reads what queued kernels wrote), and
+/// the GPU would then idle at every step's end until the next step's first launches.
+#[derive(Debug)]
+struct DeviceCopy;
+
+impl Kernel for DeviceCopy {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let (src, len) = (io.input_addr(0), io.input_len(0));
+        for o in 0..io.output_count() {
+            let (dst, bytes) = (io.output_addr(o), io.output_len(o).min(len));
+            if bytes == 0 || dst == src {
+                continue;
+            }
+            // SAFETY: both are registers of this firing, valid for their lengths while the
+            // stream runs the copy (the protocol frees neither before the firing completes),
+            // and distinct registers live at once never share bytes.
+            unsafe { crate::driver::copy_on_device(stream(io), dst, src, bytes) }?;
+        }
+        Ok(())
+    }
 }
 
 /// The (op type, dtype) pairs that run as CUDA kernels; every other op runs its CPU kernel
