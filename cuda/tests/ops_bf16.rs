@@ -21,10 +21,14 @@ fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
     let floats = [DType::F32, DType::F64, DType::Bf16, DType::F16];
     for from in floats {
         for to in floats {
-            for n in [1, 7, 1023, 70_001] {
+            // Eight elements per step where aligned, the rest one by one (`EIGHT` in the
+            // prelude); skewed registers take the one-element loop throughout.
+            for n in [1, 7, 8, 1023, 70_001] {
                 let x = random(&[n], from, 3);
                 let conf = common::conf(&Cast { to }, &[&x], &[TensorMeta::new([n], to)]);
-                common::check(&format!("cast {from} -> {to} [{n}]"), &conf, &[&x], (&device, &stream), 0.0);
+                let what = format!("cast {from} -> {to} [{n}]");
+                common::check(&what, &conf, &[&x], (&device, &stream), 0.0);
+                common::check_skewed(&what, &conf, &[&x], (&device, &stream), 0.0);
             }
         }
     }

@@ -43,6 +43,8 @@ fn check(
 ) {
     let conf = common::conf(op, inputs, outputs);
     common::check(what, &conf, inputs, gpu, rel);
+    // Registers off alignment take the kernels' one-element loops (`EIGHT` in the prelude).
+    common::check_skewed(what, &conf, inputs, gpu, rel);
 }
 
 #[test]
@@ -94,6 +96,15 @@ fn binary_ops_match_the_cpu_with_and_without_broadcasting() {
         (&[], &[7, 3]),
         (&[1023], &[]),
         (&[2, 3, 1, 5, 1, 2, 1, 3, 2], &[3, 1, 5, 7, 2, 1, 3, 1]),
+        // Rows of a multiple of eight read contiguously by both operands (a bias on either
+        // side, over a merged batch): eight elements per step.
+        (&[5, 64], &[64]),
+        (&[64], &[5, 64]),
+        (&[3, 8, 16], &[16]),
+        (&[33, 768], &[33, 768]),
+        // A row-wise scale (inner stride 0) and a rank-3 broadcast: the index map.
+        (&[9, 24], &[9, 1]),
+        (&[8, 1, 16], &[1, 4, 16]),
     ];
     for dtype in FLOATS {
         for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::ReluGrad] {
@@ -121,7 +132,8 @@ fn binary_ops_match_the_cpu_with_and_without_broadcasting() {
 fn bias_gelu_and_its_gradient_match_the_cpu() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
     for dtype in FLOATS {
-        for (rows, width) in [(1, 1), (1, 7), (3, 1023), (70_001, 3), (7, 1)] {
+        // Widths of a multiple of eight take eight elements per step.
+        for (rows, width) in [(1, 1), (1, 7), (3, 1023), (70_001, 3), (7, 1), (5, 64), (33, 768)] {
             let x = random(&[rows, width], dtype, 1, (-6.0, 6.0));
             let bias = random(&[width], dtype, 2, (-1.0, 1.0));
             let dy = random(&[rows, width], dtype, 3, (-2.0, 2.0));

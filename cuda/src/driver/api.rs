@@ -61,6 +61,14 @@ impl Grid {
         Self { blocks: (blocks, 1, 1), threads: (LINEAR_THREADS, 1, 1), shared_bytes: 0 }
     }
 
+    /// A grid for an elementwise kernel that steps eight elements per thread where its
+    /// pointers are aligned (`EIGHT` in the prelude): one thread per eight of `n` elements
+    /// (at least one block). Its grid-stride loops cover all `n` on any grid, so the
+    /// one-element loop that takes the rest needs no other.
+    pub fn eights(n: u64) -> Self {
+        Self::linear(n.div_ceil(8))
+    }
+
     /// A column reduction (`FOR_EACH_COLUMN` in the prelude) of `outputs` outputs, each the
     /// combination of `reduced` elements: blocks of 32 outputs × 32 slices of the reduced
     /// range, up to [`MAX_LINEAR_BLOCKS`] blocks (the kernels loop over the rest). Fewer
@@ -102,5 +110,14 @@ mod grid_tests {
         // At least one block; at most MAX_LINEAR_BLOCKS, the kernels looping over the rest.
         assert_eq!(Grid::columns(0, 1000).blocks.0, 1);
         assert_eq!(u64::from(Grid::columns(u64::MAX / 2, 1000).blocks.0), MAX_LINEAR_BLOCKS);
+    }
+
+    #[test]
+    fn eight_element_grids_have_a_thread_per_eight_elements() {
+        // 3 blocks of 256 threads for 3 · 256 · 8 elements, one more for one more element.
+        assert_eq!(Grid::eights(3 * 256 * 8).blocks, (3, 1, 1));
+        assert_eq!(Grid::eights(3 * 256 * 8 + 1).blocks, (4, 1, 1));
+        assert_eq!(Grid::eights(0), Grid::linear(0));
+        assert_eq!(u64::from(Grid::eights(u64::MAX / 2).blocks.0), MAX_LINEAR_BLOCKS);
     }
 }

@@ -64,17 +64,41 @@ struct Sigmoid { template <typename T> __device__ T operator()(T x) const { retu
 struct Gelu { template <typename T> __device__ T operator()(T x) const { return gelu(x); } };
 struct GeluDerivative { template <typename T> __device__ T operator()(T x) const { return gelu_derivative(x); } };
 
+// out = f(x), eight elements per step where aligned (see EIGHT in the prelude).
 template <typename T, typename F> __device__ __forceinline__ void map1(const T* x, T* out, u64 n, F f) {
-    FOR_EACH(i, n) st(&out[i], f(ld(&x[i])));
+    u64 done = 0;
+    if (eight_aligned(x) && eight_aligned(out)) {
+        u64 groups = n / EIGHT;
+        FOR_EACH(g, groups) {
+            Eight<T> a = ld8(x + g * EIGHT), r;
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) st(&r.v[k], f(ld(&a.v[k])));
+            st8(out + g * EIGHT, r);
+        }
+        done = groups * EIGHT;
+    }
+    FOR_EACH(i, n - done) st(&out[done + i], f(ld(&x[done + i])));
 }
 
 // x + c and x · c with c already rounded to W (the CPU's `T::from_f64(c)` of the type it
 // computes in: f32 for bf16).
+template <typename W> struct AddScalar {
+    W c;
+    __device__ W operator()(W x) const { return x + c; }
+};
+template <typename W> struct MulScalar {
+    W c;
+    __device__ W operator()(W x) const { return x * c; }
+};
 template <typename T> __device__ __forceinline__ void add_scalar(const T* x, T* out, typename Wide<T>::type c, u64 n) {
-    FOR_EACH(i, n) st(&out[i], ld(&x[i]) + c);
+    AddScalar<typename Wide<T>::type> f;
+    f.c = c;
+    map1(x, out, n, f);
 }
 template <typename T> __device__ __forceinline__ void mul_scalar(const T* x, T* out, typename Wide<T>::type c, u64 n) {
-    FOR_EACH(i, n) st(&out[i], ld(&x[i]) * c);
+    MulScalar<typename Wide<T>::type> f;
+    f.c = c;
+    map1(x, out, n, f);
 }
 // x^p in f64, then rounded to W (and a bf16 from there), as the CPU computes it for every T.
 template <typename T> __device__ __forceinline__ void pow_scalar(const T* x, T* out, double p, u64 n) {
@@ -122,17 +146,46 @@ struct Div { template <typename T> __device__ T operator()(T a, T b) const { ret
 // ReLU's gradient from its output: `a` (the gradient) where `b > 0`, else 0.
 struct ReluGrad { template <typename T> __device__ T operator()(T a, T b) const { return b > (T)0 ? a : (T)0; } };
 
-// Both operands of the output's shape: no index arithmetic.
+// Eight outputs from eight elements of each operand.
+template <typename T, typename F>
+__device__ __forceinline__ void eight2(const T* a, const T* b, T* out, F f) {
+    Eight<T> x = ld8(a), y = ld8(b), r;
+#pragma unroll
+    for (int k = 0; k < EIGHT; ++k) st(&r.v[k], f(ld(&x.v[k]), ld(&y.v[k])));
+    st8(out, r);
+}
+
+// Both operands of the output's shape: no index arithmetic; eight elements per step where
+// aligned (see EIGHT in the prelude).
 template <typename T, typename F> __device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f) {
-    FOR_EACH(i, n) st(&out[i], f(ld(&a[i]), ld(&b[i])));
+    u64 done = 0;
+    if (eight_aligned(a) && eight_aligned(b) && eight_aligned(out)) {
+        u64 groups = n / EIGHT;
+        FOR_EACH(g, groups) eight2(a + g * EIGHT, b + g * EIGHT, out + g * EIGHT, f);
+        done = groups * EIGHT;
+    }
+    FOR_EACH(i, n - done) st(&out[done + i], f(ld(&a[done + i]), ld(&b[done + i])));
 }
 
 // Operands read broadcast to the output: s.dims is the output's shape (coalesced on the
-// host), s.a and s.b the operands' strides with 0 on broadcast dimensions.
+// host), s.a and s.b the operands' strides with 0 on broadcast dimensions. Rows of a
+// multiple of eight that both operands read contiguously (a bias added to every row, a
+// row-wise scale) take eight elements per step with one division per eight; anything else
+// one index map per element.
 template <typename T, typename F>
 __device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, Indexing s, u64 n, F f) {
-    FOR_EACH(i, n) {
-        u64 ia, ib;
+    u64 done = 0;
+    if (s.rank == 2 && s.a[1] == 1 && s.b[1] == 1 && s.dims[1] % EIGHT == 0 && s.a[0] % EIGHT == 0 &&
+        s.b[0] % EIGHT == 0 && eight_aligned(a) && eight_aligned(b) && eight_aligned(out)) {
+        u64 groups = n / EIGHT, cols = s.dims[1];
+        FOR_EACH(g, groups) {
+            u64 row = g * EIGHT, col = div_step(&row, cols);
+            eight2(a + row * s.a[0] + col, b + row * s.b[0] + col, out + g * EIGHT, f);
+        }
+        done = groups * EIGHT;
+    }
+    FOR_EACH(k, n - done) {
+        u64 i = done + k, ia, ib;
         offsets_of(s, i, &ia, &ib);
         st(&out[i], f(ld(&a[ia]), ld(&b[ib])));
     }
@@ -170,10 +223,28 @@ BINARY_ENTRIES(f16, f16)
 
 // ---- bias GELU ---------------------------------------------------------------------
 
+// Whether a [rows, width] tensor and its [width] bias step eight elements at a time (see
+// EIGHT in the prelude): widths of a multiple of eight, pointers aligned.
+template <typename T> __device__ __forceinline__ bool bias_eights(const T* x, const T* bias, const T* out, u64 width) {
+    return width % EIGHT == 0 && eight_aligned(x) && eight_aligned(bias) && eight_aligned(out);
+}
+
 // gelu(x + bias) for x [..., width] and bias [width].
 template <typename T> __device__ __forceinline__ void bias_gelu(const T* x, const T* bias, T* out, u64 n, u64 width) {
-    FOR_EACH(i, n) {
-        u64 row = i;
+    u64 done = 0;
+    if (bias_eights(x, bias, out, width)) {
+        u64 groups = n / EIGHT;
+        FOR_EACH(g, groups) {
+            u64 row = g * EIGHT, col = div_step(&row, width);
+            Eight<T> xs = ld8(x + g * EIGHT), bs = ld8(bias + col), r;
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) st(&r.v[k], gelu(ld(&xs.v[k]) + ld(&bs.v[k])));
+            st8(out + g * EIGHT, r);
+        }
+        done = groups * EIGHT;
+    }
+    FOR_EACH(k, n - done) {
+        u64 i = done + k, row = i;
         st(&out[i], gelu(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
     }
 }
@@ -181,8 +252,20 @@ template <typename T> __device__ __forceinline__ void bias_gelu(const T* x, cons
 // dy · gelu'(x + bias).
 template <typename T>
 __device__ __forceinline__ void bias_gelu_grad(const T* x, const T* bias, const T* dy, T* dx, u64 n, u64 width) {
-    FOR_EACH(i, n) {
-        u64 row = i;
+    u64 done = 0;
+    if (bias_eights(x, bias, dx, width) && eight_aligned(dy)) {
+        u64 groups = n / EIGHT;
+        FOR_EACH(g, groups) {
+            u64 row = g * EIGHT, col = div_step(&row, width);
+            Eight<T> xs = ld8(x + g * EIGHT), bs = ld8(bias + col), ds = ld8(dy + g * EIGHT), r;
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) st(&r.v[k], ld(&ds.v[k]) * gelu_derivative(ld(&xs.v[k]) + ld(&bs.v[k])));
+            st8(dx + g * EIGHT, r);
+        }
+        done = groups * EIGHT;
+    }
+    FOR_EACH(k, n - done) {
+        u64 i = done + k, row = i;
         st(&dx[i], ld(&dy[i]) * gelu_derivative(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
     }
 }

@@ -1,6 +1,30 @@
 // Filling and casting: constant tensors, and dtype conversions (f32 <-> bf16 or f16 for
 // mixed precision).
 
+// out[i] = f(x[i]), eight elements per step where both are aligned (see EIGHT in the
+// prelude): each cast entry is one conversion function run through this.
+template <typename A, typename B, typename F> __device__ __forceinline__ void convert(const A* x, B* out, u64 n, F f) {
+    u64 done = 0;
+    if (eight_aligned(x) && eight_aligned(out)) {
+        u64 groups = n / EIGHT;
+        FOR_EACH(g, groups) {
+            Eight<A> a = ld8(x + g * EIGHT);
+            Eight<B> r;
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) r.v[k] = f(a.v[k]);
+            st8(out + g * EIGHT, r);
+        }
+        done = groups * EIGHT;
+    }
+    FOR_EACH(i, n - done) out[done + i] = f(x[done + i]);
+}
+
+// A conversion as a function object, for `convert`: `CONVERSION(Name, A, B, expression of v)`.
+#define CONVERSION(NAME, A, B, EXPR) \
+    struct NAME {                      \
+        __device__ B operator()(A v) const { return EXPR; } \
+    };
+
 extern "C" __global__ void regflow_fill_f32(float* out, float value, u64 n) {
     FOR_EACH(i, n) out[i] = value;
 }
@@ -13,12 +37,14 @@ extern "C" __global__ void regflow_fill_i64(i64* out, i64 value, u64 n) {
     FOR_EACH(i, n) out[i] = value;
 }
 
+CONVERSION(Cast_f32_bf16, float, bf16, f32_to_bf16(v))
 extern "C" __global__ void regflow_cast_f32_bf16(const float* x, bf16* out, u64 n) {
-    FOR_EACH(i, n) out[i] = f32_to_bf16(x[i]);
+    convert(x, out, n, Cast_f32_bf16());
 }
 
+CONVERSION(Cast_bf16_f32, bf16, float, bf16_to_f32(v))
 extern "C" __global__ void regflow_cast_bf16_f32(const bf16* x, float* out, u64 n) {
-    FOR_EACH(i, n) out[i] = bf16_to_f32(x[i]);
+    convert(x, out, n, Cast_bf16_f32());
 }
 
 // bf16 and f16 fills take the value as its 16 bits.
@@ -29,21 +55,25 @@ extern "C" __global__ void regflow_fill_f16(f16* out, f16 value, u64 n) {
     FOR_EACH(i, n) out[i] = value;
 }
 
+CONVERSION(Cast_f32_f16, float, f16, f32_to_f16(v))
 extern "C" __global__ void regflow_cast_f32_f16(const float* x, f16* out, u64 n) {
-    FOR_EACH(i, n) out[i] = f32_to_f16(x[i]);
+    convert(x, out, n, Cast_f32_f16());
 }
 
+CONVERSION(Cast_f16_f32, f16, float, f16_to_f32(v))
 extern "C" __global__ void regflow_cast_f16_f32(const f16* x, float* out, u64 n) {
-    FOR_EACH(i, n) out[i] = f16_to_f32(x[i]);
+    convert(x, out, n, Cast_f16_f32());
 }
 
 // Between the two 16-bit types through f32, which holds both exactly: one rounding.
+CONVERSION(Cast_bf16_f16, bf16, f16, f32_to_f16(bf16_to_f32(v)))
 extern "C" __global__ void regflow_cast_bf16_f16(const bf16* x, f16* out, u64 n) {
-    FOR_EACH(i, n) out[i] = f32_to_f16(bf16_to_f32(x[i]));
+    convert(x, out, n, Cast_bf16_f16());
 }
 
+CONVERSION(Cast_f16_bf16, f16, bf16, f32_to_bf16(f16_to_f32(v)))
 extern "C" __global__ void regflow_cast_f16_bf16(const f16* x, bf16* out, u64 n) {
-    FOR_EACH(i, n) out[i] = f32_to_bf16(f16_to_f32(x[i]));
+    convert(x, out, n, Cast_f16_bf16());
 }
 
 // A causal mask [len, len]: 0 at (i, j <= i), `masked` above the diagonal (the CPU's
@@ -83,29 +113,35 @@ __device__ __forceinline__ float f64_to_f32_odd(double x) {
 // f64 to bf16 in one rounding: f32's 24 bits round to bf16's 8 as the f64 would.
 __device__ __forceinline__ bf16 f64_to_bf16(double x) { return f32_to_bf16(f64_to_f32_odd(x)); }
 
+CONVERSION(Cast_f64_bf16, double, bf16, f64_to_bf16(v))
 extern "C" __global__ void regflow_cast_f64_bf16(const double* x, bf16* out, u64 n) {
-    FOR_EACH(i, n) out[i] = f64_to_bf16(x[i]);
+    convert(x, out, n, Cast_f64_bf16());
 }
 
+CONVERSION(Cast_bf16_f64, bf16, double, (double)bf16_to_f32(v))
 extern "C" __global__ void regflow_cast_bf16_f64(const bf16* x, double* out, u64 n) {
-    FOR_EACH(i, n) out[i] = (double)bf16_to_f32(x[i]);
+    convert(x, out, n, Cast_bf16_f64());
 }
 
 // f64 to f16 in one rounding, the same way: f32 keeps 13 bits more than f16.
 __device__ __forceinline__ f16 f64_to_f16(double x) { return f32_to_f16(f64_to_f32_odd(x)); }
 
+CONVERSION(Cast_f64_f16, double, f16, f64_to_f16(v))
 extern "C" __global__ void regflow_cast_f64_f16(const double* x, f16* out, u64 n) {
-    FOR_EACH(i, n) out[i] = f64_to_f16(x[i]);
+    convert(x, out, n, Cast_f64_f16());
 }
 
+CONVERSION(Cast_f16_f64, f16, double, (double)f16_to_f32(v))
 extern "C" __global__ void regflow_cast_f16_f64(const f16* x, double* out, u64 n) {
-    FOR_EACH(i, n) out[i] = (double)f16_to_f32(x[i]);
+    convert(x, out, n, Cast_f16_f64());
 }
 
+CONVERSION(Cast_f32_f64, float, double, (double)v)
 extern "C" __global__ void regflow_cast_f32_f64(const float* x, double* out, u64 n) {
-    FOR_EACH(i, n) out[i] = (double)x[i];
+    convert(x, out, n, Cast_f32_f64());
 }
 
+CONVERSION(Cast_f64_f32, double, float, (float)v)
 extern "C" __global__ void regflow_cast_f64_f32(const double* x, float* out, u64 n) {
-    FOR_EACH(i, n) out[i] = (float)x[i];
+    convert(x, out, n, Cast_f64_f32());
 }

@@ -1,6 +1,6 @@
-//! `cast` on CUDA (`fill.cu`): one grid-stride conversion between f32, f64 and bf16, rounded
-//! to nearest even as the CPU's (`half`'s) conversions; a cast to its own dtype is a copy
-//! (`movement.cu`).
+//! `cast` on CUDA (`fill.cu`): one grid-stride conversion between f32, f64, bf16 and f16,
+//! rounded to nearest even as the CPU's (`half`'s) conversions, eight elements per step
+//! where aligned (`EIGHT` in the prelude); a cast to its own dtype is a copy (`movement.cu`).
 
 use super::elementwise::{input_slots, refuse};
 use super::{factory, function, op_conf, stream, suffix, Entry};
@@ -21,6 +21,8 @@ struct CastKernel {
     function: Function,
     input: usize,
     n: u64,
+    /// The conversions step eight elements per thread (`Grid::eights`); the copy one.
+    grid: Grid,
 }
 
 fn make(spec: &KernelSpec<'_>) -> Result<CastKernel, KernelError> {
@@ -39,7 +41,8 @@ fn make(spec: &KernelSpec<'_>) -> Result<CastKernel, KernelError> {
         true => format!("regflow_copy_{}", suffix(to)),
         false => format!("regflow_cast_{}_{}", suffix(from), suffix(to)),
     };
-    Ok(CastKernel { function: function(spec, &entry)?, input, n })
+    let grid = if from == to { Grid::linear(n) } else { Grid::eights(n) };
+    Ok(CastKernel { function: function(spec, &entry)?, input, n, grid })
 }
 
 impl Kernel for CastKernel {
@@ -48,7 +51,7 @@ impl Kernel for CastKernel {
         let f = self.function;
         // SAFETY: `x` and `out` hold `n` elements of their dtypes (checked when made); every
         // cast and copy entry takes (x, out, n).
-        unsafe { launch(stream(io), f, Grid::linear(n), &mut args![x, out, n]) }?;
+        unsafe { launch(stream(io), f, self.grid, &mut args![x, out, n]) }?;
         Ok(())
     }
 }

@@ -124,7 +124,7 @@ struct UnaryKernel {
 impl Kernel for UnaryKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (x, out, n) = (io.input_addr(self.input), io.output_addr(0), self.n);
-        let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
+        let (s, f, grid) = (stream(io), self.function, Grid::eights(n));
         // SAFETY: x and out hold n elements of the dtype (the op's checked metas); each
         // entry's parameters are as `UnaryArg` says, the scalar in the type the entry
         // computes in (f32 for bf16 and f16).
@@ -183,7 +183,7 @@ struct BinaryKernel {
 impl Kernel for BinaryKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (a, b, out, n) = (io.input_addr(self.inputs[0]), io.input_addr(self.inputs[1]), io.output_addr(0), self.n);
-        let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
+        let (s, f, grid) = (stream(io), self.function, Grid::eights(n));
         // SAFETY: operands and output hold the elements of their checked metas; the
         // broadcast map only reaches offsets inside the operands (strides of their shapes).
         unsafe {
@@ -240,7 +240,7 @@ impl<const N: usize> Kernel for BiasGeluKernel<N> {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (x, bias, out) = (io.input_addr(self.inputs[0]), io.input_addr(self.inputs[1]), io.output_addr(0));
         let (n, width) = (self.n, self.width);
-        let (s, f, grid) = (stream(io), self.function, Grid::linear(n));
+        let (s, f, grid) = (stream(io), self.function, Grid::eights(n));
         // SAFETY: x, dy and out hold n elements, bias `width` (the checked metas); the
         // entries take (x, bias, [dy,] out, n, width).
         unsafe {

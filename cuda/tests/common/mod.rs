@@ -38,6 +38,17 @@ pub(crate) fn conf(op: &dyn OpAttrs, inputs: &[&HostArray], outputs: &[TensorMet
 /// The outputs of `conf`'s kernel for `device` on `inputs`: on the CPU, or on the GPU
 /// through managed registers and `stream`.
 pub(crate) fn run(conf: &OpConf, inputs: &[&HostArray], gpu: Option<(&Device, &Stream)>) -> Vec<HostArray> {
+    run_skewed(conf, inputs, gpu, false)
+}
+
+/// [`run`], with every register one element past a 256-byte boundary when `skewed` (as a
+/// window into a register may be): the kernels' aligned fast paths are then not taken.
+pub(crate) fn run_skewed(
+    conf: &OpConf,
+    inputs: &[&HostArray],
+    gpu: Option<(&Device, &Stream)>,
+    skewed: bool,
+) -> Vec<HostArray> {
     let mut registry = KernelRegistry::new();
     regflow_kernels::cpu::register(&mut registry, DeviceKind::Cpu);
     regflow_cuda::register(&mut registry);
@@ -54,22 +65,28 @@ pub(crate) fn run(conf: &OpConf, inputs: &[&HostArray], gpu: Option<(&Device, &S
         output_bytes: &output_bytes,
     };
     let mut kernel = registry.make(&regflow_plan::KernelConf::Op(conf.clone()), &spec).expect("a kernel");
-    // One arena, 256-byte aligned slots, inputs then outputs.
+    // One arena, 256-byte aligned slots (one element further when skewed), inputs then outputs.
+    let skews: Vec<u64> = inputs
+        .iter()
+        .map(|a| a.meta().dtype)
+        .chain(conf.outputs.iter().map(|m| m.dtype))
+        .map(|dtype| if skewed { dtype.size() as u64 } else { 0 })
+        .collect();
     let align = |b: u64| b.div_ceil(256) * 256;
-    let total: u64 = input_bytes.iter().chain(&output_bytes).map(|&b| align(b.max(1))).sum();
+    let total: u64 = input_bytes.iter().chain(&output_bytes).map(|&b| align(b.max(1)) + 256).sum();
     let memory = match gpu {
         Some((device, _)) => device.managed("test", total).expect("managed memory"),
         None => regflow_memory::HostAllocator.allocate("test", MemoryKind::Host, total).expect("host memory"),
     };
     let arena = Arena::new("test", MemoryKind::Host, memory);
     let mut offset = 0;
-    let mut slot = |b: u64| {
-        let view = arena.view(offset, b).expect("a view");
-        offset += align(b.max(1));
+    let mut slot = |b: u64, skew: u64| {
+        let view = arena.view(offset + skew, b).expect("a view");
+        offset += align(b.max(1) + skew);
         view
     };
-    let ins: Vec<_> = input_bytes.iter().map(|&b| slot(b)).collect();
-    let outs: Vec<_> = output_bytes.iter().map(|&b| slot(b)).collect();
+    let ins: Vec<_> = input_bytes.iter().zip(&skews).map(|(&b, &skew)| slot(b, skew)).collect();
+    let outs: Vec<_> = output_bytes.iter().zip(&skews[inputs.len()..]).map(|(&b, &skew)| slot(b, skew)).collect();
     for (view, array) in ins.iter().zip(inputs) {
         // SAFETY: host-accessible memory of the arena, not in use by any kernel.
         unsafe { view.as_mut_slice() }.copy_from_slice(&array.to_le_bytes());
@@ -129,6 +146,16 @@ pub(crate) fn check(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Dev
     let on_cpu = run(conf, inputs, None);
     if !gpu.0.is_dry() {
         assert_close(what, &on_gpu, &on_cpu, rel);
+    }
+}
+
+/// [`check`] with every register of the CUDA side one element off alignment
+/// ([`run_skewed`]), for the kernels' unaligned paths.
+pub(crate) fn check_skewed(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Device, &Stream), rel: f64) {
+    let on_gpu = run_skewed(conf, inputs, Some(gpu), true);
+    let on_cpu = run(conf, inputs, None);
+    if !gpu.0.is_dry() {
+        assert_close(&format!("{what}, registers off alignment"), &on_gpu, &on_cpu, rel);
     }
 }
 
