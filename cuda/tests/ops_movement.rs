@@ -229,6 +229,101 @@ fn sum_squares_matches_the_cpu() {
     }
 }
 
+/// A whole input to one value reads it in memory order (`sum_flat`: one block up to 32768
+/// elements, chunks past it); these lengths sit on the edges of its packs (4 f32, 2 f64, 8
+/// bf16 and f16 per 16 bytes), of its 1024-thread block, of the one-block limit and of the
+/// chunks. NaN and infinities reach the sum as on the CPU. The sums with more than one
+/// output beside them still take the column and chunked paths.
+#[test]
+fn flat_sums_to_one_value_match_the_cpu_at_every_edge() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    let lengths = [1, 7, 1023, 1024, 1025, 4097, 32_767, 32_768, 32_769, 70_001, (1 << 20) + 3];
+    // f32 sums of up to a million summands differ from the CPU's serial order by rounding.
+    let rel = |dtype| match dtype {
+        DType::F32 => 1e-3,
+        DType::Bf16 | DType::F16 => 1e-2,
+        _ => 1e-9,
+    };
+    let scalar = |dtype| TensorMeta::new([], dtype);
+    // Each also with the input one element off 16-byte alignment (a window into a
+    // register): the packs then load element by element, the same summands in the same order.
+    fn check_both_alignments(
+        what: &str,
+        op: &dyn OpAttrs,
+        inputs: &[&HostArray],
+        out: TensorMeta,
+        gpu: (&Device, &Stream),
+        rel: f64,
+    ) {
+        let conf = common::conf(op, inputs, &[out]);
+        common::check(what, &conf, inputs, gpu, rel);
+        common::check_skewed(what, &conf, inputs, gpu, rel);
+    }
+    for dtype in [DType::F32, DType::F64, DType::Bf16, DType::F16] {
+        for n in lengths {
+            let x = random(&[n], dtype, 10);
+            check_both_alignments(
+                &format!("sum_to {dtype} [{n}] -> []"),
+                &SumTo(Shape::scalar()),
+                &[&x],
+                scalar(dtype),
+                gpu,
+                rel(dtype),
+            );
+            if matches!(dtype, DType::F32 | DType::F64) {
+                check_both_alignments(
+                    &format!("sum_squares {dtype} [{n}]"),
+                    &SumSquares,
+                    &[&x],
+                    scalar(dtype),
+                    gpu,
+                    rel(dtype),
+                );
+            }
+        }
+        // To an all-ones shape: the same flat sum.
+        let x = random(&[3, 11_000], dtype, 11);
+        let ones = TensorMeta::new([1, 1], dtype);
+        check_both_alignments(
+            &format!("sum_to {dtype} [3, 11000] -> [1, 1]"),
+            &SumTo(Shape::new([1, 1])),
+            &[&x],
+            ones,
+            gpu,
+            rel(dtype),
+        );
+    }
+    for dtype in [DType::F32, DType::F64] {
+        for (n, at, value) in [(1025, 1000, f64::NAN), (70_001, 65_536, f64::NAN), (70_001, 3, f64::INFINITY)] {
+            let mut values = random(&[n], dtype, 12).to_f64_vec();
+            values[at] = value;
+            let x = HostArray::from_f64(vec![n], dtype, &values).expect("an array");
+            let what = format!("{dtype} [{n}] with {value} at {at}");
+            check_both_alignments(
+                &format!("sum_to {what}"),
+                &SumTo(Shape::scalar()),
+                &[&x],
+                scalar(dtype),
+                gpu,
+                rel(dtype),
+            );
+            check_both_alignments(&format!("sum_squares {what}"), &SumSquares, &[&x], scalar(dtype), gpu, rel(dtype));
+            // Two outputs: the column sum (short) or the chunked sum (long) of before.
+            let pairs = HostArray::from_f64(vec![n, 2], dtype, &[values.clone(), values].concat()).expect("an array");
+            let two = TensorMeta::new([1, 2], dtype);
+            check_both_alignments(
+                &format!("sum_to {what}, two outputs"),
+                &SumTo(Shape::new([1, 2])),
+                &[&pairs],
+                two,
+                gpu,
+                rel(dtype),
+            );
+        }
+    }
+}
+
 #[test]
 fn embedding_and_its_gradient_match_the_cpu() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };

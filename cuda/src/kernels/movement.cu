@@ -115,8 +115,8 @@ __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexi
     }
 }
 
-// Few outputs over long ranges (a gradient's squared norm: a whole tensor to one value),
-// where a column block would put one SM on millions of elements: two launches. First the
+// Few outputs over long ranges (a long input summed to [1, 3]; one output takes the flat
+// sums below), where a column block would put one SM on millions of elements: two launches. First the
 // range of output blockIdx.y is cut into gridDim.x chunks of `chunk` positions, one block
 // each, whose threads add the chunk's elements and combine them with the block reduction
 // into parts[o · gridDim.x + chunk index]; then one block per output adds its parts in
@@ -178,6 +178,102 @@ __device__ __forceinline__ void sum_splits(const typename Wide<T>::type* parts, 
     }
 }
 
+// ---- flat sums: a whole contiguous input to one value ----------------------------------
+// Every sum_squares, and every sum_to to one value, reads its input whole and in order, so
+// needs no Indexing walk. A block adds the elements [begin, end) as packs of 16 bytes (4 f32, 2
+// f64, 8 bf16/f16): thread t takes packs t, t + blockDim.x, ... in that order, each pack's
+// elements in order, then the elements past the last whole pack (t < their count), and
+// block_sum combines the threads. Where x + begin is 16-byte aligned a pack is one vector
+// load, else its elements load one by one: the same summands in the same order, so the bits
+// depend on n and the block's range alone, not on the address. FLAT_UNROLL packs load
+// before any is added, so each thread has 64 bytes in flight.
+#define FLAT_UNROLL 4
+
+template <typename T> struct Pack {
+    static const int N = 16 / sizeof(T);
+    typename Wide<T>::type v[N];
+};
+
+// A pack's words as element e: the words of a 16-byte vector load, little-endian.
+__device__ __forceinline__ float pack_element(const u32* w, int e, const float*) { return __uint_as_float(w[e]); }
+__device__ __forceinline__ double pack_element(const u32* w, int e, const double*) {
+    return __hiloint2double((int)w[2 * e + 1], (int)w[2 * e]);
+}
+__device__ __forceinline__ float pack_element(const u32* w, int e, const bf16*) {
+    return bf16_to_f32((bf16)(w[e / 2] >> (16 * (e % 2))));
+}
+__device__ __forceinline__ float pack_element(const u32* w, int e, const f16*) {
+    f16 h;
+    h.bits = (unsigned short)(w[e / 2] >> (16 * (e % 2)));
+    return f16_to_f32(h);
+}
+
+// Pack p of x (elements p·N ..), or zeros past `packs` (adding +0 changes no sum: the
+// partials start at +0, and NaN and infinities stay as they are).
+template <typename T, bool ALIGNED> __device__ __forceinline__ Pack<T> load_pack(const T* x, u64 p, u64 packs) {
+    Pack<T> r;
+    if (p >= packs) {
+#pragma unroll
+        for (int e = 0; e < Pack<T>::N; ++e) r.v[e] = 0;
+    } else if (ALIGNED) {
+        uint4 q = reinterpret_cast<const uint4*>(x)[p];
+        u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int e = 0; e < Pack<T>::N; ++e) r.v[e] = pack_element(w, e, x);
+    } else {
+#pragma unroll
+        for (int e = 0; e < Pack<T>::N; ++e) r.v[e] = ld(&x[p * Pack<T>::N + e]);
+    }
+    return r;
+}
+
+// This thread's sum (of squares with SQ) of its packs of x[0 .. len).
+template <typename T, bool SQ, bool ALIGNED>
+__device__ __forceinline__ typename Wide<T>::type flat_thread_sum(const T* x, u64 len) {
+    typedef typename Wide<T>::type W;
+    const u64 packs = len / Pack<T>::N, stride = blockDim.x;
+    W sum = (W)0;
+    for (u64 p = threadIdx.x; p < packs; p += FLAT_UNROLL * stride) {
+        Pack<T> loaded[FLAT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FLAT_UNROLL; ++u) loaded[u] = load_pack<T, ALIGNED>(x, p + u * stride, packs);
+#pragma unroll
+        for (int u = 0; u < FLAT_UNROLL; ++u)
+#pragma unroll
+            for (int e = 0; e < Pack<T>::N; ++e) sum += summand(loaded[u].v[e], SQ);
+    }
+    u64 rest = packs * Pack<T>::N + threadIdx.x;
+    if (rest < len) sum += summand(ld(&x[rest]), SQ);
+    return sum;
+}
+
+// The block's sum of x[begin .. end), in every thread.
+template <typename T, bool SQ>
+__device__ __forceinline__ typename Wide<T>::type flat_block_sum(const T* x, u64 begin, u64 end) {
+    typedef typename Wide<T>::type W;
+    __shared__ W scratch[32];
+    const T* from = x + begin;
+    W sum = ((u64)from & 15) == 0 ? flat_thread_sum<T, SQ, true>(from, end - begin)
+                                  : flat_thread_sum<T, SQ, false>(from, end - begin);
+    return block_sum(sum, scratch);
+}
+
+// A short input (movement.rs, FLAT_SINGLE_MAX): one block of up to 1024 threads, one launch.
+template <typename T, bool SQ = false> __device__ __forceinline__ void sum_flat(const T* x, T* out, u64 n) {
+    typename Wide<T>::type sum = flat_block_sum<T, SQ>(x, 0, n);
+    if (threadIdx.x == 0) st(out, sum);
+}
+
+// A long input: block b adds x[b·chunk .. min((b + 1)·chunk, n)) into parts[b]; then
+// sum_parts adds the parts in block order. `chunk` is a multiple of 1024 elements (so
+// every block's range starts 16-byte aligned where x is).
+template <typename T, bool SQ = false>
+__device__ __forceinline__ void sum_flat_chunks(const T* x, typename Wide<T>::type* parts, u64 n, u64 chunk) {
+    u64 begin = (u64)blockIdx.x * chunk, end = begin + chunk < n ? begin + chunk : n;
+    typename Wide<T>::type sum = flat_block_sum<T, SQ>(x, begin, end);
+    if (threadIdx.x == 0) parts[blockIdx.x] = sum;
+}
+
 // The sum_to entries of one dtype S (stored as T, its partial sums in P): written once,
 // declared per dtype below (cuda/src/sources.rs reads the entries off the invocations).
 #define SUM_TO_ENTRIES(S, T, P)                                                                         \
@@ -199,6 +295,12 @@ __device__ __forceinline__ void sum_splits(const typename Wide<T>::type* parts, 
     }                                                                                                   \
     extern "C" __global__ void regflow_sum_splits_##S(const P* parts, T* out, u64 n_out, u64 splits) {  \
         sum_splits(parts, out, n_out, splits);                                                          \
+    }                                                                                                   \
+    extern "C" __global__ void BLOCK_1024 regflow_sum_flat_##S(const T* x, T* out, u64 n) {             \
+        sum_flat(x, out, n);                                                                            \
+    }                                                                                                   \
+    extern "C" __global__ void regflow_sum_flat_chunks_##S(const T* x, P* parts, u64 n, u64 chunk) {    \
+        sum_flat_chunks(x, parts, n, chunk);                                                            \
     }
 SUM_TO_ENTRIES(f32, float, float)
 SUM_TO_ENTRIES(f64, double, double)
@@ -221,6 +323,12 @@ SUM_TO_ENTRIES(f16, f16, float)
                                                                         Indexing reduced, u64 n_out,         \
                                                                         u64 n_reduced, u64 chunk) {          \
         sum_to_split<T, true>(x, parts, kept, reduced, n_out, n_reduced, chunk);                             \
+    }                                                                                                        \
+    extern "C" __global__ void BLOCK_1024 regflow_sum_squares_flat_##S(const T* x, T* out, u64 n) {          \
+        sum_flat<T, true>(x, out, n);                                                                        \
+    }                                                                                                        \
+    extern "C" __global__ void regflow_sum_squares_flat_chunks_##S(const T* x, P* parts, u64 n, u64 chunk) { \
+        sum_flat_chunks<T, true>(x, parts, n, chunk);                                                        \
     }
 SUM_SQUARES_ENTRIES(f32, float, float)
 SUM_SQUARES_ENTRIES(f64, double, double)

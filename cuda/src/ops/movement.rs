@@ -467,43 +467,92 @@ fn sum_kernel(
         return Err(refuse(spec, conf, format!("sums {input} to {target}, but the output is {out}")));
     }
     // The first launch's entries: sum_to's, or the ones that square as they load.
-    let (whole, chunks, split) = match summands {
-        Summands::AsTheyAre => ("sum_to", "sum_to_chunks", "sum_to_split"),
-        Summands::Squared => ("sum_squares", "sum_squares_chunks", "sum_squares_split"),
+    let (whole, chunks, split, flat) = match summands {
+        Summands::AsTheyAre => ("sum_to", "sum_to_chunks", "sum_to_split", "sum_flat"),
+        Summands::Squared => ("sum_squares", "sum_squares_chunks", "sum_squares_split", "sum_squares_flat"),
     };
+    let entry = |stem: &str| function(spec, &format!("regflow_{stem}_{}", suffix(dtype)));
+    // f64 partial sums for f64, f32 for f32 and bf16 (which adds in f32).
+    let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
     let reduction = layout::reduction(input.dims(), out.dims()).map_err(|e| refuse(spec, conf, e))?;
     let (n_out, n_reduced) = (reduction.kept_count, reduction.reduced_count);
+    let input_slot = input_slots::<1>(conf)[0];
+    // One output: every element of the (contiguous, row-major) input is a summand, in
+    // memory order, so the flat entries read it without index math.
+    if n_out == 1 {
+        let plan = flat_plan(n_reduced, part_bytes);
+        let launches = if plan.chunks == 1 {
+            SumLaunches::Flat { first: entry(flat)?, second: None, plan }
+        } else {
+            SumLaunches::Flat { first: entry(&format!("{flat}_chunks"))?, second: Some(entry("sum_parts")?), plan }
+        };
+        return Ok(SumToKernel { input: input_slot, reduction, launches });
+    }
     let two_launch = if n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE {
         Some((PartialLayout::Chunks, (n_reduced / CHUNK_TARGET).clamp(1, MAX_CHUNKS)))
     } else {
         split_count(n_out, n_reduced).map(|splits| (PartialLayout::Splits, splits))
     };
-    let partial = match two_launch {
+    let launches = match two_launch {
         Some((layout, pieces)) => {
             let (first, second) = match layout {
                 PartialLayout::Chunks => (chunks, "sum_parts"),
                 PartialLayout::Splits => (split, "sum_splits"),
             };
-            // f64 parts for f64, f32 for f32 and bf16 (which adds in f32).
-            let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
-            Some(PartialSums {
+            SumLaunches::Partial(PartialSums {
                 layout,
-                first: function(spec, &format!("regflow_{first}_{}", suffix(dtype)))?,
-                second: function(spec, &format!("regflow_{second}_{}", suffix(dtype)))?,
+                first: entry(first)?,
+                second: entry(second)?,
                 pieces,
                 chunk: n_reduced.div_ceil(pieces),
                 parts: n_out * pieces * part_bytes,
             })
         }
-        None => None,
+        None => SumLaunches::Columns(entry(whole)?),
     };
-    Ok(SumToKernel {
-        function: function(spec, &format!("regflow_{whole}_{}", suffix(dtype)))?,
-        input: input_slots::<1>(conf)[0],
-        reduction,
-        partial,
-    })
+    Ok(SumToKernel { input: input_slot, reduction, launches })
 }
+
+/// How a flat sum (a whole contiguous input to one value) cuts its `n` elements: one block
+/// of [`FLAT_SINGLE_THREADS`] when `chunks` is 1, else `chunks` blocks of [`FLAT_THREADS`]
+/// over `chunk` elements each (the last fewer), whose sums take `parts_bytes` of scratch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FlatPlan {
+    chunks: u64,
+    chunk: u64,
+    parts_bytes: u64,
+}
+
+/// The [`FlatPlan`] of `n` elements with partial sums of `part_bytes` each: a function of
+/// `n` alone, so the order of the additions is too.
+fn flat_plan(n: u64, part_bytes: u64) -> FlatPlan {
+    if n <= FLAT_SINGLE_MAX {
+        return FlatPlan { chunks: 1, chunk: n, parts_bytes: 0 };
+    }
+    let wanted = (n / FLAT_MIN_CHUNK).clamp(2, FLAT_MAX_CHUNKS);
+    let chunk = n.div_ceil(wanted).next_multiple_of(FLAT_CHUNK_QUANTUM);
+    let chunks = n.div_ceil(chunk);
+    FlatPlan { chunks, chunk, parts_bytes: chunks * part_bytes }
+}
+
+/// A flat sum of at most this many elements runs as one block, one launch: 32 elements a
+/// thread (two rounds of four 16-byte loads in f32) cost about two memory round trips,
+/// less than the second launch and the partial sums of the chunked sum would.
+const FLAT_SINGLE_MAX: u64 = 1 << 15;
+/// Threads of the one-block flat sum (the most a block may have).
+const FLAT_SINGLE_THREADS: u32 = 1024;
+/// Longer ones are cut into chunks of at least this many elements (8 per thread of a
+/// [`FLAT_THREADS`] block: below that a block's reduction outweighs its loads) ...
+const FLAT_MIN_CHUNK: u64 = 2048;
+/// ... and at most this many: about two waves of 256-thread blocks on an H100 or H200 (132
+/// multiprocessors, 4 to 8 such blocks each), so every SM has blocks; a 768 × 768 matrix
+/// gets 288 chunks, GPT-2's 50257 × 768 embedding 1019; a grid dimension holds it.
+const FLAT_MAX_CHUNKS: u64 = 1024;
+/// Chunk lengths are multiples of this many elements, so that every chunk starts 16-byte
+/// aligned where the input does (and its 16-byte loads stay vector loads).
+const FLAT_CHUNK_QUANTUM: u64 = 1024;
+/// Threads per block of the flat chunks.
+const FLAT_THREADS: u32 = 256;
 
 /// Into how many splits a column sum of `n_out` outputs over `n_reduced` positions each cuts
 /// its range, or `None` where one column block per 32 outputs already gives the GPU
@@ -523,7 +572,8 @@ const SPLIT_TARGET_BLOCKS: u64 = 264;
 /// Each split covers at least this many positions (16 per slice of a 32 × 32 block).
 const SPLIT_MIN_CHUNK: u64 = 512;
 
-/// At most this many outputs take the chunked two-launch sum ...
+/// At most this many outputs (but more than one: see [`flat_plan`]) take the chunked
+/// two-launch sum ...
 const CHUNKED_MAX_OUTPUTS: u64 = 64;
 /// ... when each adds at least this many elements (a column block would leave the GPU idle).
 const CHUNKED_MIN_RANGE: u64 = 1 << 16;
@@ -534,16 +584,28 @@ const MAX_CHUNKS: u64 = 1024;
 /// Threads per block of both chunked launches.
 const CHUNK_THREADS: u32 = 256;
 
-/// A column reduction (see `movement.cu`): a thread per output element, its summands split
-/// over 32 threads when there are many; or, in two launches, the chunked sum (a few
-/// outputs over long ranges) or the split column sum (too few column blocks to fill the
-/// GPU).
+/// `sum_to` or `sum_squares` (see `movement.cu`): to one value, the flat sum (the input
+/// read in memory order, one block or chunks then their sum); else a column reduction (a
+/// thread per output element, its summands split over 32 threads when there are many) or,
+/// in two launches, the chunked sum (a few outputs over long ranges) or the split column
+/// sum (too few column blocks to fill the GPU).
 #[derive(Debug)]
 struct SumToKernel {
-    function: Function,
     input: usize,
     reduction: layout::Reduction,
-    partial: Option<PartialSums>,
+    launches: SumLaunches,
+}
+
+/// The launches of a [`SumToKernel`].
+#[derive(Debug)]
+enum SumLaunches {
+    /// One column reduction (`sum_to`, `sum_squares`).
+    Columns(Function),
+    /// Pieces of each output's range, then their sum.
+    Partial(PartialSums),
+    /// One output: `sum_flat` alone (`second` `None`), or `sum_flat_chunks` then
+    /// `sum_parts`.
+    Flat { first: Function, second: Option<Function>, plan: FlatPlan },
 }
 
 /// How a two-launch sum cuts each output's range.
@@ -575,13 +637,17 @@ impl Kernel for SumToKernel {
         let (x, out) = (io.input_addr(self.input), io.output_addr(0));
         let r = self.reduction;
         let (kept, reduced, n_out, n_reduced) = (r.kept, r.reduced, r.kept_count, r.reduced_count);
-        let Some(p) = &self.partial else {
-            let grid = Grid::columns(n_out, n_reduced);
-            // SAFETY: the maps were built from the input's shape and reach only its
-            // elements; out holds n_out; the entry takes (x, out, kept, reduced, n_out,
-            // n_reduced).
-            unsafe { launch(stream(io), self.function, grid, &mut args![x, out, kept, reduced, n_out, n_reduced]) }?;
-            return Ok(());
+        let p = match &self.launches {
+            SumLaunches::Columns(function) => {
+                let grid = Grid::columns(n_out, n_reduced);
+                // SAFETY: the maps were built from the input's shape and reach only its
+                // elements; out holds n_out; the entry takes (x, out, kept, reduced, n_out,
+                // n_reduced).
+                unsafe { launch(stream(io), *function, grid, &mut args![x, out, kept, reduced, n_out, n_reduced]) }?;
+                return Ok(());
+            }
+            SumLaunches::Flat { first, second, plan } => return flat_sum(io, x, out, n_reduced, *first, *second, plan),
+            SumLaunches::Partial(p) => p,
         };
         let (parts, chunk, pieces) = (io.scratch(p.parts)?, p.chunk, p.pieces);
         // SAFETY: as above; `parts` holds n_out · pieces partial sums of the entries' part
@@ -615,8 +681,41 @@ impl Kernel for SumToKernel {
     }
 
     fn scratch_bytes(&self) -> u64 {
-        self.partial.as_ref().map_or(0, |p| p.parts)
+        match &self.launches {
+            SumLaunches::Columns(_) => 0,
+            SumLaunches::Partial(p) => p.parts,
+            SumLaunches::Flat { plan, .. } => plan.parts_bytes,
+        }
     }
+}
+
+/// Queues the flat sum of the `n` elements at `x` into the one at `out`: `first` alone
+/// (`sum_flat`: x, out, n), or `first` (`sum_flat_chunks`: x, parts, n, chunk) then `second`
+/// (`sum_parts`: parts, out, chunks).
+fn flat_sum(
+    io: &mut KernelIo<'_>,
+    x: u64,
+    out: u64,
+    n: u64,
+    first: Function,
+    second: Option<Function>,
+    plan: &FlatPlan,
+) -> Result<(), KernelError> {
+    let block =
+        |blocks: u64, threads: u32| Grid { blocks: (blocks as u32, 1, 1), threads: (threads, 1, 1), shared_bytes: 0 };
+    let Some(second) = second else {
+        // SAFETY: x holds the input's n elements, out one; the entry takes (x, out, n).
+        unsafe { launch(stream(io), first, block(1, FLAT_SINGLE_THREADS), &mut args![x, out, n]) }?;
+        return Ok(());
+    };
+    let (parts, chunk, chunks) = (io.scratch(plan.parts_bytes)?, plan.chunk, plan.chunks);
+    // SAFETY: as above; `parts` holds `chunks` partial sums of the entries' part type;
+    // chunks <= FLAT_MAX_CHUNKS fits a grid dimension; the stream orders the two launches.
+    unsafe {
+        launch(stream(io), first, block(chunks, FLAT_THREADS), &mut args![x, parts, n, chunk])?;
+        launch(stream(io), second, block(1, CHUNK_THREADS), &mut args![parts, out, chunks])?;
+    }
+    Ok(())
 }
 
 // ---- embedding ------------------------------------------------------------------------
@@ -754,8 +853,34 @@ impl Kernel for EmbeddingKernel {
 
 #[cfg(test)]
 mod tests {
-    use super::split_count;
+    use super::{flat_plan, split_count, FlatPlan, FLAT_CHUNK_QUANTUM, FLAT_MAX_CHUNKS, FLAT_SINGLE_MAX};
     use crate::sources::all_entry_names;
+
+    #[test]
+    fn flat_sums_take_one_block_when_short_and_fill_the_gpu_when_long() {
+        let plan = |n| flat_plan(n, 4);
+        // Short: one block, no partial sums.
+        for n in [0, 1, 768, FLAT_SINGLE_MAX] {
+            assert_eq!(plan(n), FlatPlan { chunks: 1, chunk: n, parts_bytes: 0 }, "{n}");
+        }
+        // Just past it: chunks of at least FLAT_MIN_CHUNK, rounded to the quantum.
+        assert_eq!(plan(FLAT_SINGLE_MAX + 1), FlatPlan { chunks: 11, chunk: 3072, parts_bytes: 44 });
+        // GPT-2's gradients: a 768 × 768 matrix has two blocks per SM of an H100 (132) ...
+        assert_eq!(plan(768 * 768), FlatPlan { chunks: 288, chunk: 2048, parts_bytes: 1152 });
+        assert_eq!(plan(768 * 3072), FlatPlan { chunks: 768, chunk: 3072, parts_bytes: 3072 });
+        // ... and the 50257 × 768 embedding about FLAT_MAX_CHUNKS, f64 parts of 8 bytes.
+        assert_eq!(flat_plan(50_257 * 768, 8), FlatPlan { chunks: 1019, chunk: 37_888, parts_bytes: 8152 });
+        // Huge inputs stay within a grid dimension: longer chunks, never more of them.
+        assert_eq!(plan(1 << 40), FlatPlan { chunks: 1024, chunk: 1 << 30, parts_bytes: 4096 });
+        for n in [FLAT_SINGLE_MAX + 1, 70_001, (1 << 20) + 3, 50_257 * 768, 1 << 40, u64::MAX / 2] {
+            let p = plan(n);
+            assert!((2..=FLAT_MAX_CHUNKS).contains(&p.chunks), "{n}: {p:?}");
+            // Every chunk starts 16-byte aligned and holds elements; together they cover n.
+            assert_eq!(p.chunk % FLAT_CHUNK_QUANTUM, 0, "{n}: {p:?}");
+            assert!((p.chunks - 1) * p.chunk < n && n <= p.chunks * p.chunk, "{n}: {p:?}");
+            assert_eq!(p.parts_bytes, p.chunks * 4);
+        }
+    }
 
     #[test]
     fn column_sums_split_until_the_gpu_has_blocks() {
@@ -786,13 +911,21 @@ mod tests {
             }
         }
         for dtype in ["f32", "f64", "bf16"] {
-            for stem in ["sum_to", "sum_to_chunks", "sum_parts", "sum_to_split", "sum_splits"] {
+            for stem in
+                ["sum_to", "sum_to_chunks", "sum_parts", "sum_to_split", "sum_splits", "sum_flat", "sum_flat_chunks"]
+            {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
         }
         for dtype in ["f32", "f64"] {
-            for stem in ["sum_squares", "sum_squares_chunks", "sum_squares_split"] {
+            for stem in [
+                "sum_squares",
+                "sum_squares_chunks",
+                "sum_squares_split",
+                "sum_squares_flat",
+                "sum_squares_flat_chunks",
+            ] {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
