@@ -113,6 +113,88 @@ fn masked_softmax_and_its_gradient_match_the_cpu_with_broadcast_masks() {
     }
 }
 
+/// Row lengths for the warp-per-row entries' two layouts: 256, 512, 768 and 1024 fill all
+/// 32·N places of a lane (8, 16, 24, 32 per lane), so aligned registers take them in 16-byte
+/// runs (and registers one element off alignment element by element); 8 and 1000 do not
+/// fill them (bounds-tested, element by element).
+const RUN_LENS: [usize; 6] = [8, 256, 512, 768, 1000, 1024];
+
+/// The scores of `rows` rows of `len` in `dtype`, NaN at one place of row 1 (its softmax
+/// and gradient rows are NaN, as on the CPU).
+fn scores_with_a_nan(dims: &[usize], len: usize, dtype: DType, seed: u64) -> HostArray {
+    let mut values = common::array(dims, dtype, seed).to_f64_vec();
+    values[len + len / 2] = f64::NAN;
+    HostArray::from_f64(dims.to_vec(), dtype, &values).expect("scores")
+}
+
+/// A causal-like [rows, len] mask: row i sees its first (i + 1)·len / rows keys, and the
+/// last row none (fully masked: its probabilities are NaN, as on the CPU).
+fn causal_mask(rows: usize, len: usize) -> HostArray {
+    let values: Vec<f32> = (0..rows * len)
+        .map(|p| if p / len + 1 < rows && p % len < (p / len + 1) * len / rows { 0.0 } else { f32::NEG_INFINITY })
+        .collect();
+    HostArray::f32(Shape::new(vec![rows, len]), values).expect("a mask")
+}
+
+#[test]
+fn masked_softmax_in_runs_and_element_by_element_matches_the_cpu_with_causal_masks_and_nan() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    let rows = 6;
+    // f32 scores take runs of 4, bf16 ones runs of 8 (their mask, f32, two accesses a run).
+    for dtype in [DType::F32, DType::Bf16] {
+        for len in RUN_LENS {
+            let dims = vec![2, rows, len];
+            let x = scores_with_a_nan(&dims, len, dtype, 12);
+            // Causal, one row broadcast over the rows, one value per row, one scalar.
+            let masks = [
+                causal_mask(rows, len),
+                common::array(&[len], DType::F32, 13),
+                common::array(&[rows, 1], DType::F32, 14),
+                common::array(&[1], DType::F32, 15),
+            ];
+            let op = MaskedSoftmax { scale: 0.125 };
+            for mask in &masks {
+                let what = format!("masked_softmax {dtype} {dims:?} mask {:?}", mask.meta().shape.dims());
+                let conf = common::conf(&op, &[&x, mask], &[meta(&dims, dtype)]);
+                common::check(&what, &conf, &[&x, mask], gpu, tolerance(dtype));
+                common::check_skewed(&what, &conf, &[&x, mask], gpu, tolerance(dtype));
+            }
+            // The gradient at the causal softmax: NaN rows stay NaN.
+            let softmax = common::conf(&op, &[&x, &masks[0]], &[meta(&dims, dtype)]);
+            let y = common::run(&softmax, &[&x, &masks[0]], None).remove(0);
+            let dy = common::array(&dims, dtype, 16);
+            let what = format!("masked_softmax_grad {dtype} {dims:?}");
+            let conf = common::conf(&MaskedSoftmaxGrad { scale: 0.125 }, &[&y, &dy], &[meta(&dims, dtype)]);
+            common::check(&what, &conf, &[&y, &dy], gpu, tolerance(dtype));
+            common::check_skewed(&what, &conf, &[&y, &dy], gpu, tolerance(dtype));
+        }
+    }
+}
+
+#[test]
+fn layer_norm_in_runs_and_element_by_element_matches_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    let (rows, dtype) = (37, DType::F32);
+    for len in RUN_LENS {
+        let dims = vec![rows, len];
+        let (x, gamma, beta) =
+            (common::array(&dims, dtype, 17), common::array(&[len], dtype, 18), common::array(&[len], dtype, 19));
+        let what = format!("layer_norm {dtype} {dims:?}");
+        let conf = common::conf(&LayerNorm { eps: 1e-5 }, &[&x, &gamma, &beta], &[meta(&dims, dtype)]);
+        common::check(&what, &conf, &[&x, &gamma, &beta], gpu, tolerance(dtype));
+        common::check_skewed(&what, &conf, &[&x, &gamma, &beta], gpu, tolerance(dtype));
+        let dy = common::array(&dims, dtype, 20);
+        let outputs = [meta(&dims, dtype), meta(&[len], dtype), meta(&[len], dtype)];
+        let conf = common::conf(&LayerNormGrad { eps: 1e-5 }, &[&x, &gamma, &dy], &outputs);
+        let what = format!("layer_norm_grad {dtype} {dims:?}");
+        check_layer_norm_grad(&what, &conf, &[&x, &gamma, &dy], rows, gpu);
+        let what = format!("{what}, registers off alignment");
+        check_layer_norm_grad_skewed(&what, &conf, &[&x, &gamma, &dy], rows, gpu, true);
+    }
+}
+
 #[test]
 fn layer_norm_and_its_gradient_match_the_cpu() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
@@ -149,7 +231,21 @@ fn check_layer_norm_grad(
     rows: usize,
     gpu: (&regflow_cuda::Device, &regflow_cuda::Stream),
 ) {
-    let (on_gpu, on_cpu) = (common::run(conf, inputs, Some(gpu)), common::run(conf, inputs, None));
+    check_layer_norm_grad_skewed(what, conf, inputs, rows, gpu, false);
+}
+
+/// [`check_layer_norm_grad`], with every CUDA register one element off alignment when
+/// `skewed` (the element-by-element path).
+fn check_layer_norm_grad_skewed(
+    what: &str,
+    conf: &OpConf,
+    inputs: &[&HostArray],
+    rows: usize,
+    gpu: (&regflow_cuda::Device, &regflow_cuda::Stream),
+    skewed: bool,
+) {
+    let on_gpu = common::run_skewed(conf, inputs, Some(gpu), skewed);
+    let on_cpu = common::run(conf, inputs, None);
     if gpu.0.is_dry() {
         return;
     }

@@ -463,13 +463,23 @@ extern "C" __global__ void regflow_sparse_cross_entropy_grad_f16(
 }
 
 // ---- warp-per-row kernels: f32 rows of at most 32·N elements ----------------------------
-// A row of up to 1024 f32 values fits one warp's registers: lane l holds the N elements
-// j = l + 32k, so the row is read from memory once and written once, and its reductions
-// are warp shuffles with no barrier. (One block of up to 512 threads per row, above,
-// spent most of a 1024-wide softmax's time in barriers: three block reductions for two
-// elements per thread.) Blocks hold WARP_ROWS warps; the host takes the smallest N of
-// 8, 16, 24, 32 that holds a row. Butterfly shuffles (xor) give every lane the same sum:
-// each step adds the same two values in either order, and IEEE addition commutes.
+// A row of up to 1024 f32 values fits one warp's registers, so the row is read from memory
+// once and written once, and its reductions are warp shuffles with no barrier. (One block
+// of up to 512 threads per row, above, spent most of a 1024-wide softmax's time in
+// barriers: three block reductions for two elements per thread.) Blocks hold WARP_ROWS
+// warps; the host takes the smallest N of 8, 16, 24, 32 that holds a row. Butterfly
+// shuffles (xor) give every lane the same sum: each step adds the same two values in
+// either order, and IEEE addition commutes.
+//
+// Which elements a lane holds: where a row fills all 32·N places and every row it reads or
+// writes starts 16 bytes aligned (registers are 256-byte aligned and such rows are 32·N
+// elements apart, so only a window into a register falls back), lane l holds RUNS of
+// V = 16 / sizeof(stored type) contiguous elements (8 bf16 or f16, 4 f32), its a-th run
+// at 32·V·a + V·l, each moved with one 16-byte access; otherwise lane l holds elements
+// l + 32k, one access per element. (A warp access of a 2-byte element per lane moved 64
+// bytes: the bf16 softmax of GPT-2's attention ran at half the H200's bandwidth.) The
+// reductions add a lane's values in another order under the two layouts, so their results
+// may differ in the last bits; the choice depends on the shape and alignment alone.
 #define WARP_ROWS 8
 
 // Every row this warp takes: warp w of the grid takes rows w, w + all warps, ...
@@ -486,26 +496,77 @@ __device__ __forceinline__ float warp_all_max(float v) {
     return v;
 }
 
+// Sixteen bytes of T: one vector access.
+template <typename T> struct alignas(16) Pack16 {
+    T v[16 / sizeof(T)];
+};
+template <typename T> __device__ __forceinline__ bool aligned16(const T* p) { return ((u64)p & 15) == 0; }
+
+// The V elements at p (16-byte aligned), widened to f32, into v: V · sizeof(T) / 16
+// accesses (an f32 mask's run beside a bf16 row's takes two).
+template <int V, typename T> __device__ __forceinline__ void ld_run(const T* p, float* v) {
+    const int per = 16 / sizeof(T);
+#pragma unroll
+    for (int a = 0; a < V / per; ++a) {
+        Pack16<T> pack = reinterpret_cast<const Pack16<T>*>(p)[a];
+#pragma unroll
+        for (int i = 0; i < per; ++i) v[a * per + i] = ld(&pack.v[i]);
+    }
+}
+// The V values of v, rounded to T, to p (16-byte aligned).
+template <int V, typename T> __device__ __forceinline__ void st_run(T* p, const float* v) {
+    const int per = 16 / sizeof(T);
+#pragma unroll
+    for (int a = 0; a < V / per; ++a) {
+        Pack16<T> pack;
+#pragma unroll
+        for (int i = 0; i < per; ++i) st(&pack.v[i], v[a * per + i]);
+        reinterpret_cast<Pack16<T>*>(p)[a] = pack;
+    }
+}
+// The first element of a lane's a-th run of V.
+template <int V> __device__ __forceinline__ u32 run_start(u32 lane, int a) { return 32u * V * a + V * lane; }
+
 // masked_softmax_rows for one warp per row (scores stored as X, probabilities as Y: f32,
 // or bf16). Rows filling all 32·N places (attention's T of 256, 512, 1024: most calls)
-// load without bounds tests, and a contiguous mask row is addressed from one pointer. (Nsight Compute read the general form at 732 GB/s and 25 % occupancy on
-// GPT-2's causal softmax, against 4.2 TB/s for the gradient: its PTX kept a 64-bit
-// mask offset per element, j · mask_step, and a branch around every load.)
+// load without bounds tests, in runs where aligned, and a contiguous mask row is
+// addressed from one pointer. (Nsight Compute read the general form at 732 GB/s and 25 %
+// occupancy on GPT-2's causal softmax, against 4.2 TB/s for the gradient: its PTX kept a
+// 64-bit mask offset per element, j · mask_step, and a branch around every load.)
 template <typename X, typename Y, int N>
 __device__ void masked_softmax_warp(const X* x, const float* mask, Y* y, u64 rows, u64 len, float scale,
                                     Axes mask_rows, u64 mask_step) {
+    const int V = 16 / sizeof(X);
+    static_assert(sizeof(X) == sizeof(Y) && N % V == 0, "runs of one width for scores and probabilities");
     u32 lane = threadIdx.x & 31;
     bool full = len == 32u * N;
     FOR_EACH_WARP_ROW(r, rows) {
         const X* xr = x + r * len;
         const float* mr = mask + offset_of(mask_rows, r);
         Y* yr = y + r * len;
+        // A mask broadcast along the row (step 0) is its first value.
+        bool runs = full && aligned16(xr) && aligned16(yr) && (mask_step == 0 || aligned16(mr));
         float v[N];
-        if (full && mask_step == 1) {
+        if (runs) {
+#pragma unroll
+            for (int a = 0; a < N / V; ++a) {
+                u32 j = run_start<V>(lane, a);
+                float xs[V], ms[V];
+                ld_run<V>(xr + j, xs);
+                if (mask_step) {
+                    ld_run<V>(mr + j, ms);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < V; ++i) ms[i] = mr[0];
+                }
+#pragma unroll
+                for (int i = 0; i < V; ++i) v[a * V + i] = scale * xs[i] + ms[i];
+            }
+        } else if (full && mask_step == 1) {
 #pragma unroll
             for (int k = 0; k < N; ++k) v[k] = scale * ld(xr + lane + 32 * k) + mr[lane + 32 * k];
         } else {
-            // Bounds-tested; a mask broadcast along the row (step 0) is its first value.
+            // Bounds-tested.
 #pragma unroll
             for (int k = 0; k < N; ++k) {
                 u32 j = lane + 32 * k;
@@ -528,9 +589,16 @@ __device__ void masked_softmax_warp(const X* x, const float* mask, Y* y, u64 row
         // numerators are 0, most likely IEEE division's long path; not profiled alone.)
         float inverse = 1.0f / warp_all_sum(s);
 #pragma unroll
-        for (int k = 0; k < N; ++k) {
-            u32 j = lane + 32 * k;
-            if (full || j < len) st(yr + j, v[k] * inverse);
+        for (int k = 0; k < N; ++k) v[k] *= inverse;
+        if (runs) {
+#pragma unroll
+            for (int a = 0; a < N / V; ++a) st_run<V>(yr + run_start<V>(lane, a), v + a * V);
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                u32 j = lane + 32 * k;
+                if (full || j < len) st(yr + j, v[k]);
+            }
         }
     }
 }
@@ -538,14 +606,24 @@ __device__ void masked_softmax_warp(const X* x, const float* mask, Y* y, u64 row
 // masked_softmax_grad_rows for one warp per row (y, dy and dx stored as S: f32, or bf16).
 template <typename S, int N>
 __device__ void masked_softmax_grad_warp(const S* y, const S* dy, S* dx, u64 rows, u64 len, float scale) {
+    const int V = 16 / sizeof(S);
+    static_assert(N % V == 0, "whole runs per lane");
     u32 lane = threadIdx.x & 31;
     bool full = len == 32u * N;
     FOR_EACH_WARP_ROW(r, rows) {
         const S* yr = y + r * len;
         const S* dyr = dy + r * len;
         S* dxr = dx + r * len;
+        bool runs = full && aligned16(yr) && aligned16(dyr) && aligned16(dxr);
         float yv[N], dv[N];
-        if (full) {
+        if (runs) {
+#pragma unroll
+            for (int a = 0; a < N / V; ++a) {
+                u32 j = run_start<V>(lane, a);
+                ld_run<V>(yr + j, yv + a * V);
+                ld_run<V>(dyr + j, dv + a * V);
+            }
+        } else if (full) {
 #pragma unroll
             for (int k = 0; k < N; ++k) {
                 yv[k] = ld(yr + lane + 32 * k);
@@ -563,11 +641,56 @@ __device__ void masked_softmax_grad_warp(const S* y, const S* dy, S* dx, u64 row
 #pragma unroll
         for (int k = 0; k < N; ++k) s += yv[k] * dv[k];
         s = warp_all_sum(s);
-        // Stores need no unpredicated path: nothing waits on them.
+#pragma unroll
+        for (int k = 0; k < N; ++k) yv[k] = scale * yv[k] * (dv[k] - s);
+        if (runs) {
+#pragma unroll
+            for (int a = 0; a < N / V; ++a) st_run<V>(dxr + run_start<V>(lane, a), yv + a * V);
+        } else {
+            // Stores need no unpredicated path: nothing waits on them.
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                u32 j = lane + 32 * k;
+                if (full || j < len) st(dxr + j, yv[k]);
+            }
+        }
+    }
+}
+
+// The layer-norm kernels' rows are f32: runs of four.
+#define F32_RUN 4
+
+// The element of a row that value k of this lane holds: in runs of four (`runs`), or l + 32k.
+__device__ __forceinline__ u64 lane_element(bool runs, u32 lane, int k) {
+    return runs ? run_start<F32_RUN>(lane, k / F32_RUN) + k % F32_RUN : lane + 32u * k;
+}
+
+// This lane's N values of the f32 row at p into v: in runs, or bounds-tested, 0 past len.
+template <int N> __device__ __forceinline__ void ld_lane(const float* p, bool runs, u64 len, float* v) {
+    u32 lane = threadIdx.x & 31;
+    if (runs) {
+#pragma unroll
+        for (int a = 0; a < N / F32_RUN; ++a) ld_run<F32_RUN>(p + run_start<F32_RUN>(lane, a), v + a * F32_RUN);
+    } else {
 #pragma unroll
         for (int k = 0; k < N; ++k) {
-            u32 j = lane + 32 * k;
-            if (full || j < len) st(dxr + j, scale * yv[k] * (dv[k] - s));
+            u64 j = lane + 32 * k;
+            v[k] = j < len ? p[j] : 0.0f;
+        }
+    }
+}
+
+// This lane's N values v to the f32 row at p: in runs, or those before len.
+template <int N> __device__ __forceinline__ void st_lane(float* p, bool runs, u64 len, const float* v) {
+    u32 lane = threadIdx.x & 31;
+    if (runs) {
+#pragma unroll
+        for (int a = 0; a < N / F32_RUN; ++a) st_run<F32_RUN>(p + run_start<F32_RUN>(lane, a), v + a * F32_RUN);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            u64 j = lane + 32 * k;
+            if (j < len) p[j] = v[k];
         }
     }
 }
@@ -575,25 +698,30 @@ __device__ void masked_softmax_grad_warp(const S* y, const S* dy, S* dx, u64 row
 // The row's values into v (0 past the end), and its mean and 1 / sqrt(var + eps), two
 // passes over the registers as row_stats does over memory.
 template <int N>
-__device__ __forceinline__ void warp_row_stats(const float* xr, u64 len, float eps, float* v, float* mean, float* rstd) {
+__device__ __forceinline__ void warp_row_stats(const float* xr, bool runs, u64 len, float eps, float* v, float* mean,
+                                               float* rstd) {
     u32 lane = threadIdx.x & 31;
+    ld_lane<N>(xr, runs, len, v);
     float s = 0;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-        u64 j = lane + 32 * k;
-        v[k] = j < len ? xr[j] : 0.0f;
-        s += v[k];
-    }
+    for (int k = 0; k < N; ++k) s += v[k];
     float m = warp_all_sum(s) / (float)len;
     float q = 0;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-        u64 j = lane + 32 * k;
-        float d = j < len ? v[k] - m : 0.0f;
+        float d = runs || lane + 32u * k < len ? v[k] - m : 0.0f;
         q += d * d;
     }
     *mean = m;
     *rstd = 1.0f / m_sqrt(warp_all_sum(q) / (float)len + eps);
+}
+
+// Whether the layer-norm rows of `len` at these pointers go in runs: rows fill all 32·N
+// places (so every row starts as its tensor does) and every tensor is 16-byte aligned.
+template <int N>
+__device__ __forceinline__ bool layer_norm_runs(u64 len, const float* a, const float* b, const float* c,
+                                                const float* d) {
+    return len == 32u * N && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
 }
 
 // layer_norm_rows for one warp per row.
@@ -601,13 +729,49 @@ template <int N>
 __device__ void layer_norm_warp(const float* x, const float* gamma, const float* beta, float* y, u64 rows, u64 len,
                                 float eps) {
     u32 lane = threadIdx.x & 31;
+    bool runs = layer_norm_runs<N>(len, x, gamma, beta, y);
     FOR_EACH_WARP_ROW(r, rows) {
         float v[N], mean, rstd;
-        warp_row_stats<N>(x + r * len, len, eps, v, &mean, &rstd);
+        warp_row_stats<N>(x + r * len, runs, len, eps, v, &mean, &rstd);
+        // gamma and beta a run at a time: arrays of N of them took registers (and warps).
+        if (runs) {
+#pragma unroll
+            for (int a = 0; a < N / F32_RUN; ++a) {
+                u32 j = run_start<F32_RUN>(lane, a);
+                float g[F32_RUN], b[F32_RUN], o[F32_RUN];
+                ld_run<F32_RUN>(gamma + j, g);
+                ld_run<F32_RUN>(beta + j, b);
+#pragma unroll
+                for (int i = 0; i < F32_RUN; ++i) o[i] = (v[a * F32_RUN + i] - mean) * rstd * g[i] + b[i];
+                st_run<F32_RUN>(y + r * len + j, o);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                u64 j = lane + 32 * k;
+                if (j < len) y[r * len + j] = (v[k] - mean) * rstd * gamma[j] + beta[j];
+            }
+        }
+    }
+}
+
+// d[k] times this lane's gamma (0 past len): gamma read a run at a time, so no second
+// array of N values is live beside layer_norm_grad_warp's four.
+template <int N> __device__ __forceinline__ void times_gamma(float* d, const float* gamma, bool runs, u64 len) {
+    u32 lane = threadIdx.x & 31;
+    if (runs) {
+#pragma unroll
+        for (int a = 0; a < N / F32_RUN; ++a) {
+            float g[F32_RUN];
+            ld_run<F32_RUN>(gamma + run_start<F32_RUN>(lane, a), g);
+#pragma unroll
+            for (int i = 0; i < F32_RUN; ++i) d[a * F32_RUN + i] *= g[i];
+        }
+    } else {
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             u64 j = lane + 32 * k;
-            if (j < len) y[r * len + j] = (v[k] - mean) * rstd * gamma[j] + beta[j];
+            d[k] = j < len ? d[k] * gamma[j] : 0.0f;
         }
     }
 }
@@ -618,41 +782,44 @@ __device__ void layer_norm_warp(const float* x, const float* gamma, const float*
 //    running Σ dy·x̂ and Σ dy per feature, written at the end to parts[w·len + j] (dgamma)
 //    and parts[(W + w)·len + j] (dbeta); every warp writes, rowless ones zeros;
 // 2. a column reduction adds each feature's W partials in warp order.
-// W depends on the shape alone (rows.rs), so the bits do not change from run to run.
+// W depends on the shape alone (rows.rs), so the bits do not change from run to run; so
+// does the layout (runs or not), decided once for the launch, as the partials must be.
 template <int N>
 __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const float* dy, float* dx, float* parts,
                                      u64 rows, u64 len, float eps) {
     u32 lane = threadIdx.x & 31;
     u64 w = (u64)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5), warps = (u64)gridDim.x * WARP_ROWS;
+    bool runs = layer_norm_runs<N>(len, x, gamma, dy, dx);
     float pg[N], pb[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) pg[k] = pb[k] = 0.0f;
     for (u64 r = w; r < rows; r += warps) {
         float v[N], d[N], mean, rstd;
-        warp_row_stats<N>(x + r * len, len, eps, v, &mean, &rstd);
+        warp_row_stats<N>(x + r * len, runs, len, eps, v, &mean, &rstd);
+        ld_lane<N>(dy + r * len, runs, len, d);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            v[k] = (v[k] - mean) * rstd;
+            pg[k] += d[k] * v[k];
+            pb[k] += d[k];
+        }
+        // From here d holds dy · gamma.
+        times_gamma<N>(d, gamma, runs, len);
         float g = 0, gx = 0;
 #pragma unroll
         for (int k = 0; k < N; ++k) {
-            u64 j = lane + 32 * k;
-            d[k] = j < len ? dy[r * len + j] : 0.0f;
-            v[k] = (v[k] - mean) * rstd;
-            float dg = j < len ? d[k] * gamma[j] : 0.0f;
-            g += dg;
-            gx += dg * v[k];
-            pg[k] += d[k] * v[k];
-            pb[k] += d[k];
+            g += d[k];
+            gx += d[k] * v[k];
         }
         g = warp_all_sum(g) / (float)len;
         gx = warp_all_sum(gx) / (float)len;
 #pragma unroll
-        for (int k = 0; k < N; ++k) {
-            u64 j = lane + 32 * k;
-            if (j < len) dx[r * len + j] = rstd * (d[k] * gamma[j] - g - v[k] * gx);
-        }
+        for (int k = 0; k < N; ++k) v[k] = rstd * (d[k] - g - v[k] * gx);
+        st_lane<N>(dx + r * len, runs, len, v);
     }
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-        u64 j = lane + 32 * k;
+        u64 j = lane_element(runs, lane, k);
         if (j < len) {
             parts[w * len + j] = pg[k];
             parts[(warps + w) * len + j] = pb[k];

@@ -61,7 +61,9 @@ const WARP_ROWS: u64 = 8;
 /// The elements per lane of the warp-per-row entry for rows of `len` elements of `dtype`:
 /// the smallest that holds a row, for rows of at most 1024 elements computed in f32 (f32,
 /// and bf16 or f16 widened as it loads or rounded as it is stored); `None` (one block per row)
-/// for longer rows and for f64, whose rows would not fit a warp's registers.
+/// for longer rows and for f64, whose rows would not fit a warp's registers. Rows that fill
+/// all 32·N places of 16-byte aligned tensors move in 16-byte accesses (runs of 8 bf16 or
+/// f16, 4 f32, per lane: see `rows.cu`); the others one element per access.
 fn warp_lane_elements(dtype: DType, len: usize) -> Option<u32> {
     if !matches!(dtype, DType::F32 | DType::Bf16 | DType::F16) {
         return None;
