@@ -4,7 +4,7 @@
 //! live activations per stage stay within the stage count with 1F1B counts but reach m
 //! under the GPipe option.
 
-use regflow::graph::plan::DeviceKind;
+use regflow::graph::plan::{ActorKind, DeviceKind, KernelConf};
 use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
 use regflow::graph::{
     DType, Graph, HostArray, Init, Optimizer, ParallelOptions, PipelineSchedule, Session, SplitMix64, TrainStep,
@@ -144,12 +144,32 @@ fn run_with(
     schedule: PipelineSchedule,
     optimizer: &Optimizer,
 ) -> (Vec<f64>, regflow::prelude::JobReport) {
-    let p = stages.meshes.len();
+    let compiled = compile(stages, m, schedule, optimizer, true);
+    run_compiled(steps, stages, m, &compiled)
+}
+
+fn compile(
+    stages: &Stages,
+    m: usize,
+    schedule: PipelineSchedule,
+    optimizer: &Optimizer,
+    fuse_norms: bool,
+) -> regflow::graph::CompiledGraph {
     let g = Graph::new();
     let train = model_with(&g, MICRO, Some(stages), optimizer);
     let mut options = ParallelOptions::new(stages.meshes[0].clone()).train(&train).micro_batches(&train, m as u32);
     options.schedule = schedule;
-    let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
+    options.fuse_norms = fuse_norms;
+    g.compile_parallel(&[train.loss], &train.updates, &options).unwrap()
+}
+
+fn run_compiled(
+    steps: usize,
+    stages: &Stages,
+    m: usize,
+    compiled: &regflow::graph::CompiledGraph,
+) -> (Vec<f64>, regflow::prelude::JobReport) {
+    let p = stages.meshes.len();
     let mut job = Job::builder(compiled.plan.clone()).watchdog(std::time::Duration::from_secs(5)).build().unwrap();
     let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
@@ -178,6 +198,50 @@ fn assert_close(name: &str, got: &[f64], want: &[f64]) {
     for (step, (a, b)) in got.iter().zip(want).enumerate() {
         assert!((a - b).abs() <= 1e-10 * b.abs(), "{name}: step {step}: {a} vs one device {b}\n{got:?}\n{want:?}");
     }
+}
+
+/// The global norm over stages (gradient clipping): each stage sums its own gradients'
+/// squares (`squared_global_norm`), one `sum_squares_group` per stage
+/// (`graph/src/compile/fuse_norms.rs`), and only the stages' totals cross to the first
+/// stage. Trains to the bits of the unfused chains.
+#[test]
+fn the_global_norm_over_stages_fuses_per_stage_with_the_unfused_bits() {
+    let clipped = Optimizer::adamw(3e-2, 1e-3).with_clip_norm(0.05);
+    let stages = single_devices(4);
+    let schedule = PipelineSchedule::OneForwardOneBackward;
+    let (fused, apart) =
+        (compile(&stages, 4, schedule, &clipped, true), compile(&stages, 4, schedule, &clipped, false));
+    let groups: Vec<(String, bool)> = fused
+        .plan
+        .actors
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActorKind::Compute { kernel: KernelConf::Op(c) } if c.op_type == "sum_squares_group" => {
+                Some((a.name.clone(), c.attrs["carried"].as_bool().unwrap()))
+            }
+            _ => None,
+        })
+        .collect();
+    let count = |plan: &regflow::graph::plan::Plan, op: &str| {
+        plan.actors
+            .iter()
+            .filter(|a| matches!(&a.kind, ActorKind::Compute { kernel: KernelConf::Op(c) } if c.op_type == op))
+            .count()
+    };
+    assert_eq!(count(&fused.plan, "sum_squares"), 0, "{groups:?}");
+    assert_eq!(count(&apart.plan, "sum_squares_group"), 0);
+    // One group per stage, each summing its own two gradients (a layer's weight and bias).
+    assert_eq!(groups.len(), 4, "{groups:?}");
+    for (k, (name, carried)) in groups.iter().enumerate() {
+        assert!(!carried && name.ends_with(&format!("+1@{k}")), "{groups:?}");
+    }
+    assert!(fused.plan.actors.len() < apart.plan.actors.len());
+    let (got, _) = run_compiled(5, &stages, 4, &fused);
+    let (want, _) = run_compiled(5, &stages, 4, &apart);
+    assert_eq!(
+        got.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|l| l.to_bits()).collect::<Vec<_>>()
+    );
 }
 
 /// Loss scaling across stages: the scale lives with the loss on the last stage, its

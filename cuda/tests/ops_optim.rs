@@ -1,10 +1,10 @@
-//! Optimizer updates (one `update`, and an `update_group` of many) and the accumulation
-//! mean on CUDA against the CPU kernels, and a group against its members' own CUDA updates
-//! (skip without a GPU).
+//! Optimizer updates (one `update`, and an `update_group` of many), the global norm's
+//! `sum_squares_group` and the accumulation mean on CUDA against the CPU kernels, and a
+//! group against its members' own CUDA updates (skip without a GPU).
 
 mod common;
 
-use regflow_plan::ops::{OpAttrs, OptimizerKind, Update, UpdateGroup, ACCUMULATE_MEAN};
+use regflow_plan::ops::{OpAttrs, OptimizerKind, SumSquaresGroup, Update, UpdateGroup, ACCUMULATE_MEAN};
 use regflow_plan::{DType, HostArray, OpConf, SplitMix64, TensorMeta};
 
 fn random(len: usize, dtype: DType, seed: u64, (lo, hi): (f64, f64)) -> HostArray {
@@ -243,6 +243,42 @@ fn a_non_finite_gradient_scale_skips_the_whole_group() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// A device's global-norm chain in one op (`sum_squares_group`): with and without a carried
+/// total, over two launch pairs (70 tensors), tensors of one chunk, one more, and many;
+/// a NaN anywhere makes the total NaN, on both devices.
+#[test]
+fn sum_squares_groups_match_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let sizes = [1, 7, 8192, 8193, 70_001, 768, 3];
+    for dtype in [DType::F32, DType::F64] {
+        for carried in [false, true] {
+            for (members, nan) in [(1, false), (7, false), (70, false), (70, true)] {
+                let mut inputs = Vec::new();
+                if carried {
+                    inputs.push(common::scalar(dtype, 2.5));
+                }
+                for m in 0..members {
+                    let mut x = random(sizes[m % sizes.len()], dtype, 40 + m as u64, (-1.0, 1.0));
+                    if nan && m == 37 {
+                        let mut values = x.to_f64_vec();
+                        values[0] = f64::NAN;
+                        x = HostArray::from_f64([values.len()], dtype, &values).expect("an array");
+                    }
+                    inputs.push(x);
+                }
+                let refs: Vec<&HostArray> = inputs.iter().collect();
+                let conf = common::conf(&SumSquaresGroup { carried }, &refs, &[TensorMeta::new([1], dtype)]);
+                let what = format!("sum_squares_group {dtype}, {members} tensors, carried {carried}, NaN {nan}");
+                // Sums of up to 70 · 70,001 squares in a different order than the CPU's.
+                let rel = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+                common::check(&what, &conf, &refs, (&device, &stream), rel);
+                let on_cpu = common::run(&conf, &refs, None);
+                assert_eq!(on_cpu[0].to_f64_vec()[0].is_nan(), nan, "{what}");
             }
         }
     }

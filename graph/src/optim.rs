@@ -541,11 +541,14 @@ impl Graph {
 
     /// The sum of every gradient's squared elements, on the first gradient's placement
     /// (`None` without gradients; `op` names the option that needs it in the error for
-    /// gradients of mixed dtypes).
+    /// gradients of mixed dtypes). The gradients of each placement (a pipeline stage) are
+    /// summed there in their order, then each placement's total moves to the first and is
+    /// added in order of first appearance: one scalar crosses per stage, and each stage's
+    /// chain of `sum_squares` and adds is one the compiler fuses (`compile/fuse_norms.rs`).
     fn squared_global_norm<'g>(&'g self, grads: &[Tensor<'g>], op: &str) -> Result<Option<Tensor<'g>>, GraphError> {
-        let mut total: Option<Tensor<'g>> = None;
+        let mut totals: Vec<(Option<std::sync::Arc<crate::sbp::Mesh>>, Tensor<'g>)> = Vec::new();
         for g in grads {
-            if let Some(t) = total {
+            if let Some((_, t)) = totals.first() {
                 if t.dtype() != g.dtype() {
                     return Err(GraphError::Op {
                         op: op.into(),
@@ -555,12 +558,18 @@ impl Graph {
                 }
             }
             let squares = g.sum_squares()?;
-            total = Some(match total {
-                Some(t) => t.add(&self.alongside(squares, t)?)?,
-                None => squares,
-            });
+            let placement = self.placement(g.id());
+            match totals.iter_mut().find(|(p, _)| *p == placement) {
+                Some((_, t)) => *t = t.add(&squares)?,
+                None => totals.push((placement, squares)),
+            }
         }
-        Ok(total)
+        let mut totals = totals.into_iter().map(|(_, t)| t);
+        let Some(mut total) = totals.next() else { return Ok(None) };
+        for t in totals {
+            total = total.add(&self.alongside(t, total)?)?;
+        }
+        Ok(Some(total))
     }
 
     /// `t` on `like`'s placement: moved there (a stage edge) when both have placements and

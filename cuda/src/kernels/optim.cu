@@ -376,3 +376,65 @@ extern "C" __global__ void regflow_learning_rate(const void* step, u64 step_code
     }
     write_scalar(out, out_code, rate, n);
 }
+
+// ---- sum_squares_group: a device's part of the global gradient norm -----------------------
+// The chain `((carry + Σx₀²) + Σx₁²) + …` of `sum_squares` and scalar adds the compiler fuses
+// (graph/src/compile/fuse_norms.rs), in launch pairs of up to NORM_MEMBERS tensors: the
+// first sums the squares of each chunk of `chunk` elements of each member into one partial
+// per block, the second (one block) adds each member's partials in order, rounds the
+// member's total to T as `sum_squares` does, and adds it to the running total in T, as the
+// scalar `add` did. The Rust twin of the table is `ops::optim::norm::NormTable`.
+#define NORM_MEMBERS 64
+struct NormTable {
+    u64 addr[NORM_MEMBERS];
+    u64 n[NORM_MEMBERS];
+    u64 chunk;
+    u32 first_block[NORM_MEMBERS + 1];
+    u32 members;
+};
+
+// The member whose blocks include block b.
+__device__ __forceinline__ u32 norm_member(const NormTable& t, u32 b) {
+    u32 lo = 0, hi = t.members - 1;
+    while (lo < hi) {
+        u32 mid = (lo + hi + 1) / 2;
+        if (t.first_block[mid] <= b) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+template <typename T> __device__ __forceinline__ void norm_parts(const NormTable& t, T* parts) {
+    __shared__ T scratch[32];
+    u32 b = blockIdx.x, m = norm_member(t, b);
+    const T* x = (const T*)t.addr[m];
+    u64 start = (u64)(b - t.first_block[m]) * t.chunk, end = start + t.chunk < t.n[m] ? start + t.chunk : t.n[m];
+    T s = (T)0;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        T v = x[i];
+        s += v * v;
+    }
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) parts[b] = s;
+}
+
+template <typename T>
+__device__ __forceinline__ void norm_total(const NormTable& t, const T* parts, const T* carry, u64 carried, T* out) {
+    __shared__ T scratch[32];
+    T total = carried ? carry[0] : (T)0;
+    for (u32 m = 0; m < t.members; ++m) {
+        T s = (T)0;
+        for (u32 p = t.first_block[m] + threadIdx.x; p < t.first_block[m + 1]; p += blockDim.x) s += parts[p];
+        s = block_sum(s, scratch);
+        total = (m == 0 && !carried) ? s : total + s;
+    }
+    if (threadIdx.x == 0) out[0] = total;
+}
+
+#define NORM_ENTRIES(S, T)                                                                                   \
+    extern "C" __global__ void regflow_sum_squares_group_parts_##S(NormTable t, T* parts) { norm_parts(t, parts); } \
+    extern "C" __global__ void regflow_sum_squares_group_total_##S(NormTable t, const T* parts, const T* carry, \
+                                                                    u64 carried, T* out) {                   \
+        norm_total(t, parts, carry, carried, out);                                                          \
+    }
+NORM_ENTRIES(f32, float)
+NORM_ENTRIES(f64, double)

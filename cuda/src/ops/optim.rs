@@ -1,6 +1,7 @@
 //! Optimizer updates on CUDA (`optim.cu`): `update` as one fused elementwise launch per
 //! optimizer (SGD with momentum, AdamW), `update_group` as one multi-tensor launch per 32
-//! members ([`group`]), and the mean over a gradient-accumulation group (`accumulate_mean`).
+//! members ([`group`]), the global gradient norm's `sum_squares_group` as a launch pair per
+//! 64 tensors ([`norm`]), and the mean over a gradient-accumulation group (`accumulate_mean`).
 //!
 //! The learning rate and step counter are registers other actors write (on the device or
 //! the host, in managed memory), not attributes: the kernels read them on the device, so a
@@ -9,11 +10,13 @@
 //! read it (a null address stands for 1).
 
 mod group;
+mod norm;
 
 use super::elementwise::{float_dtype, input_slots, refuse};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use group::make_update_group;
+use norm::make_sum_squares_group;
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{OptimizerKind, Update, ACCUMULATE_MEAN};
 use regflow_plan::{DType, OpConf};
@@ -23,6 +26,7 @@ const FLOAT: &[DType] = &[DType::F32, DType::F64];
 pub(super) const ENTRIES: &[Entry] = &[
     ("update", FLOAT, || factory(make_update)),
     ("update_group", FLOAT, || factory(make_update_group)),
+    ("sum_squares_group", FLOAT, || factory(make_sum_squares_group)),
     (ACCUMULATE_MEAN, FLOAT, || factory(make_accumulate_mean)),
 ];
 

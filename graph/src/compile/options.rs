@@ -37,6 +37,12 @@ pub struct CompileOptions {
     /// multi-tensor launch per 32 parameters), as PyTorch's `fused=True` AdamW. Results
     /// are bitwise those of one update per parameter. Default on.
     pub fuse_updates: bool,
+    /// Fuse each device's part of the global gradient norm (gradient clipping, loss
+    /// scaling's overflow check): a chain of `sum_squares` and scalar `add`s becomes one
+    /// `sum_squares_group` actor (`compile/fuse_norms.rs`), one firing and, on CUDA, a
+    /// multi-tensor launch pair per 64 gradients instead of two launches per gradient.
+    /// Results are bitwise the chain's on the CPU. Default on.
+    pub fuse_norms: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -71,6 +77,7 @@ impl Default for CompileOptions {
             accumulate: None,
             check_finite: false,
             fuse_updates: true,
+            fuse_norms: true,
         }
     }
 }
@@ -88,6 +95,7 @@ impl CompileOptions {
             reuse_memory: self.reuse_memory,
             check_finite: self.check_finite,
             fuse_updates: self.fuse_updates,
+            fuse_norms: self.fuse_norms,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -142,6 +150,12 @@ pub struct ParallelOptions {
     /// multi-tensor launch per 32 parameters), as PyTorch's `fused=True` AdamW. Results
     /// are bitwise those of one update per parameter. Default on.
     pub fuse_updates: bool,
+    /// Fuse each device's part of the global gradient norm (gradient clipping, loss
+    /// scaling's overflow check): a chain of `sum_squares` and scalar `add`s becomes one
+    /// `sum_squares_group` actor (`compile/fuse_norms.rs`), one firing and, on CUDA, a
+    /// multi-tensor launch pair per 64 gradients instead of two launches per gradient.
+    /// Results are bitwise the chain's on the CPU. Default on.
+    pub fuse_norms: bool,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -175,6 +189,7 @@ impl ParallelOptions {
             check_finite: false,
             bucket_bytes: 1 << 20,
             fuse_updates: true,
+            fuse_norms: true,
         }
     }
 

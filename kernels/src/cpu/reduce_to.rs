@@ -3,7 +3,7 @@
 use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{DType, HostTensor, HostTensorMut, Real};
+use regflow_plan::{DType, HostTensor, HostTensorMut, Real, TensorMeta};
 
 impl HostCompute for SumTo {
     fn compute(
@@ -105,16 +105,77 @@ fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) ->
 /// `Σ x²` in the runs and order `sum_to_typed` sums a tensor to a scalar, each square
 /// rounded to `T` first: the bits of `x · x` summed to `[]`.
 fn sum_squares_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let x = input.as_slice::<T>()?;
     let [total] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
-    *total = T::zero();
+    *total = squares_of::<T>(input)?;
+    Ok(())
+}
+
+/// `Σ x²` of one tensor, in the order `sum_squares` sums (every fused chain member too).
+#[inline(always)]
+fn squares_of<T: Real>(input: &HostTensor<'_>) -> Result<T, String> {
+    let x = input.as_slice::<T>()?;
+    let mut total = T::zero();
     let dims = input.shape.dims();
     crate::cpu::binary::for_each_broadcast_run(
         dims,
         dims,
         &[],
         #[inline(always)]
-        |run| *total += x[run.out..run.out + run.len].iter().map(|&v| v * v).sum::<T>(),
+        |run| total += x[run.out..run.out + run.len].iter().map(|&v| v * v).sum::<T>(),
     );
+    Ok(total)
+}
+
+impl HostCompute for SumSquaresGroup {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        fast_math::vectorized(
+            || by_float!(outputs[0].dtype(), "integer sums are not supported", T => squares_chain::<T>(self.carried, inputs, &mut outputs[0])),
+        )
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let summed = inputs.len() - usize::from(self.carried).min(inputs.len());
+        let scalar = |m: &TensorMeta| m.shape.numel() == 1;
+        match outputs {
+            [out] if summed >= 1 && scalar(out) && inputs.iter().all(|m| m.dtype == out.dtype) => {}
+            _ => {
+                return Err(format!(
+                    "sums the squares of at least one tensor{} into one scalar of their dtype, got {} inputs and {} \
+                     outputs",
+                    if self.carried { " after a carried scalar" } else { "" },
+                    inputs.len(),
+                    outputs.len()
+                ))
+            }
+        }
+        match inputs.first() {
+            Some(carry) if self.carried && !scalar(carry) => {
+                Err(format!("the carried total must be a scalar, got {carry}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `sum_squares_group`: the chain it replaces, the carry (or the first tensor's squares),
+/// then each tensor's squares added in turn, each sum rounded to `T` as the scalar `add`
+/// rounds it.
+#[inline(always)]
+fn squares_chain<T: Real>(carried: bool, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let (mut total, rest) = match (carried, inputs) {
+        (true, [carry, rest @ ..]) => (*carry.as_slice::<T>()?.first().ok_or("the carried total is empty")?, rest),
+        (false, [first, rest @ ..]) => (squares_of::<T>(first)?, rest),
+        _ => return Err("sums the squares of at least one tensor, got none".into()),
+    };
+    for x in rest {
+        total += squares_of::<T>(x)?;
+    }
+    let [slot] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
+    *slot = total;
     Ok(())
 }

@@ -143,6 +143,7 @@ op_types! {
     CausalMask => "causal_mask",
     SumTo => "sum_to",
     SumSquares => "sum_squares",
+    SumSquaresGroup => "sum_squares_group",
     BroadcastTo => "broadcast_to",
     SparseCrossEntropy => "sparse_cross_entropy",
     SparseCrossEntropyGrad => "sparse_cross_entropy_grad",

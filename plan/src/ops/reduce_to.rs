@@ -16,3 +16,14 @@ pub struct BroadcastTo(pub Shape);
 /// `sum_to` sums, so the bits are those of `x.mul(x).sum_to([])`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SumSquares;
+
+/// A chain of [`SumSquares`] and scalar adds in one op, as the compiler fuses a device's
+/// part of the global gradient norm (`compile/fuse_norms.rs` in `regflow-graph`): inputs
+/// `([carry], x₀, x₁, …)`, one scalar output `((carry + Σx₀²) + Σx₁²) + …` (without a carry,
+/// `(Σx₀² + Σx₁²) + …`), each `Σxᵢ²` computed as [`SumSquares`] computes it and rounded to
+/// the dtype, each sum rounded as the scalar `add` it replaces: the chain's bits on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SumSquaresGroup {
+    /// Whether the first input is a running total carried in (a scalar of the dtype).
+    pub carried: bool,
+}

@@ -231,6 +231,46 @@ impl<'a> Lowering<'a> {
         }
     }
 
+    /// Drops the `removed` registers and renumbers every reference to the rest: the actors'
+    /// inputs, the variables, and the lowering's own maps (a register merged away, say the
+    /// running totals inside a fused chain). No remaining actor may read a removed register
+    /// (an actor that did would read `u32::MAX`, which the plan's validation refuses).
+    pub(crate) fn remove_registers(&mut self, removed: &[bool]) {
+        if !removed.contains(&true) {
+            return;
+        }
+        let mut new_id = Vec::with_capacity(removed.len());
+        let mut next = 0u32;
+        for &gone in removed {
+            new_id.push((!gone).then_some(RegstDescId(next)));
+            next += u32::from(!gone);
+        }
+        let renumber = |r: RegstDescId| new_id.get(r.index()).copied().flatten();
+        let kept = |r: RegstDescId| renumber(r).unwrap_or(RegstDescId(u32::MAX));
+        let plan = self.b.plan_mut();
+        let mut index = 0;
+        plan.regst_descs.retain(|_| {
+            index += 1;
+            !removed[index - 1]
+        });
+        for actor in &mut plan.actors {
+            actor.inputs.iter_mut().for_each(|r| *r = kept(*r));
+        }
+        for variable in &mut self.out.variables {
+            variable.regst = kept(variable.regst);
+        }
+        let reg = |r: &Reg| renumber(r.desc).map(|desc| Reg { desc, window: r.window });
+        for regs in self.regs.values_mut() {
+            *regs = regs.iter().filter_map(reg).collect();
+        }
+        self.windows_of = self.windows_of.drain().filter_map(|(r, w)| reg(&r).map(|r| (r, w))).collect();
+        self.copies_out = self.copies_out.drain().filter_map(|(r, copy)| Some((reg(&r)?, renumber(copy)?))).collect();
+        for tick in self.ticks.iter_mut() {
+            *tick = tick.and_then(renumber);
+        }
+        self.step_ticks = self.step_ticks.drain().filter_map(|(slot, r)| Some((slot, renumber(r)?))).collect();
+    }
+
     /// The name of `base` on device `slot`: `base@slot` in a plan of several devices,
     /// `base` in a plan of one (so one-device names do not depend on the compiler).
     pub(crate) fn on_device(&self, base: &str, slot: usize) -> String {
