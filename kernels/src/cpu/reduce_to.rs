@@ -2,8 +2,11 @@
 
 use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
+use crate::io::{view, view_mut};
+use crate::{Kernel, KernelError, KernelFactory, KernelIo};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, HostTensor, HostTensorMut, Real, TensorMeta};
+use std::sync::Arc;
 
 impl HostCompute for SumTo {
     fn compute(
@@ -126,56 +129,76 @@ fn squares_of<T: Real>(input: &HostTensor<'_>) -> Result<T, String> {
     Ok(total)
 }
 
-impl HostCompute for SumSquaresGroup {
-    fn compute(
-        &self,
-        _context: &HostContext,
-        inputs: &[HostTensor<'_>],
-        outputs: &mut [HostTensorMut<'_>],
-    ) -> Result<(), String> {
-        fast_math::vectorized(
-            || by_float!(outputs[0].dtype(), "integer sums are not supported", T => squares_chain::<T>(self.carried, inputs, &mut outputs[0])),
-        )
-    }
-
-    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
-        let summed = inputs.len() - usize::from(self.carried).min(inputs.len());
+/// The CPU kernel of `sum_squares_group`: the chain it replaces, the carry (or the first
+/// tensor's squares), then each tensor's squares added in turn, each sum rounded to the
+/// dtype as the scalar `add` rounds it. Each input is viewed in turn: a group reads a
+/// device's every gradient, and collecting their views (as a host op's kernel does) would
+/// allocate per firing.
+pub(crate) fn sum_squares_group_factory() -> KernelFactory {
+    Arc::new(|spec| {
+        let conf = spec.op.ok_or_else(|| {
+            KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
+        })?;
+        let fail = |m: String| KernelError(format!("actor '{}': op 'sum_squares_group': {m}", spec.actor));
+        let op: SumSquaresGroup = conf.parse_attrs().map_err(fail)?;
+        let carried = usize::from(op.carried);
         let scalar = |m: &TensorMeta| m.shape.numel() == 1;
-        match outputs {
-            [out] if summed >= 1 && scalar(out) && inputs.iter().all(|m| m.dtype == out.dtype) => {}
-            _ => {
-                return Err(format!(
-                    "sums the squares of at least one tensor{} into one scalar of their dtype, got {} inputs and {} \
-                     outputs",
-                    if self.carried { " after a carried scalar" } else { "" },
-                    inputs.len(),
-                    outputs.len()
-                ))
-            }
+        let fits = conf.inputs.len() > carried
+            && conf.input_map.len() == conf.inputs.len()
+            && matches!(conf.outputs.as_slice(), [out] if scalar(out) && conf.inputs.iter().all(|m| m.dtype == out.dtype))
+            && (!op.carried || scalar(&conf.inputs[0]));
+        if !fits {
+            return Err(fail(format!(
+                "sums the squares of at least one tensor{} into one scalar, all of one dtype, but has {} inputs and {} \
+                 outputs",
+                if op.carried { " after a carried scalar" } else { "" },
+                conf.inputs.len(),
+                conf.outputs.len()
+            )));
         }
-        match inputs.first() {
-            Some(carry) if self.carried && !scalar(carry) => {
-                Err(format!("the carried total must be a scalar, got {carry}"))
-            }
-            _ => Ok(()),
-        }
+        Ok(Box::new(SumSquaresGroupKernel {
+            carried: op.carried,
+            inputs: conf.inputs.iter().cloned().zip(conf.input_map.iter().copied()).collect(),
+            output: conf.outputs[0].clone(),
+        }))
+    })
+}
+
+/// See [`sum_squares_group_factory`].
+struct SumSquaresGroupKernel {
+    carried: bool,
+    /// Each op input's meta and actor input.
+    inputs: Vec<(TensorMeta, usize)>,
+    output: TensorMeta,
+}
+
+impl Kernel for SumSquaresGroupKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let dtype = self.output.dtype;
+        fast_math::vectorized(|| by_float!(dtype, "integer sums are not supported", T => self.chain::<T>(io)))
+            .map_err(|m| KernelError(format!("sum_squares_group: {m}")))
     }
 }
 
-/// `sum_squares_group`: the chain it replaces, the carry (or the first tensor's squares),
-/// then each tensor's squares added in turn, each sum rounded to `T` as the scalar `add`
-/// rounds it.
-#[inline(always)]
-fn squares_chain<T: Real>(carried: bool, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
-    let (mut total, rest) = match (carried, inputs) {
-        (true, [carry, rest @ ..]) => (*carry.as_slice::<T>()?.first().ok_or("the carried total is empty")?, rest),
-        (false, [first, rest @ ..]) => (squares_of::<T>(first)?, rest),
-        _ => return Err("sums the squares of at least one tensor, got none".into()),
-    };
-    for x in rest {
-        total += squares_of::<T>(x)?;
+impl SumSquaresGroupKernel {
+    #[inline(always)]
+    fn chain<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<(), String> {
+        let mut total: Option<T> = None;
+        for (k, (meta, input)) in self.inputs.iter().enumerate() {
+            let tensor = view(meta, io.input(*input))?;
+            let value = if k == 0 && self.carried {
+                *tensor.as_slice::<T>()?.first().ok_or("the carried total is empty")?
+            } else {
+                squares_of::<T>(&tensor)?
+            };
+            total = Some(match total {
+                Some(sum) => sum + value,
+                None => value,
+            });
+        }
+        let mut out = view_mut(&self.output, io.output(0))?;
+        let [slot] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
+        *slot = total.ok_or("sums the squares of at least one tensor, got none")?;
+        Ok(())
     }
-    let [slot] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
-    *slot = total;
-    Ok(())
 }
