@@ -274,6 +274,112 @@ __device__ __forceinline__ void sum_flat_chunks(const T* x, typename Wide<T>::ty
     if (threadIdx.x == 0) parts[blockIdx.x] = sum;
 }
 
+// ---- row sums: a row-major [rows, cols] matrix to its cols column sums -----------------
+// A bias gradient: the reduced axes lead and the kept ones are the trailing, contiguous
+// ones (movement.rs, `rows_plan`). Thread (tx, ty) of a ROWS_TX × ROWS_TY block owns the
+// Pack<T>::N adjacent columns of column group blockIdx.x · ROWS_TX + tx (one 16-byte load
+// per row where x and the row length are 16-byte aligned, else element by element: the
+// same summands in the same order) and adds rows begin + ty, begin + ty + ROWS_TY, ... of
+// the block's slice [blockIdx.y · slice_rows, + slice_rows), ROWS_UNROLL rows loaded before
+// any is added, with no index math but row · cols. Slice ty's partials are then added in ty
+// order through shared memory. With one slice (gridDim.y 1) the block writes the outputs;
+// else the slice's sums go to parts[slice · cols + column] and sum_row_slices adds each
+// column's slices. Every order depends on the shape alone.
+#define ROWS_TX 32
+#define ROWS_TY 8
+#define ROWS_UNROLL 4
+// Row-sum entries run blocks of ROWS_TX × ROWS_TY threads (launch bounds as BLOCK_1024).
+#define ROWS_BLOCK __launch_bounds__(ROWS_TX * ROWS_TY)
+
+// Columns c0 .. c0 + N of `row`, zeros past `cols` (adding +0 changes no sum).
+template <typename T, bool ALIGNED> __device__ __forceinline__ Pack<T> load_row_pack(const T* row, u64 c0, u64 cols) {
+    Pack<T> r;
+    if (ALIGNED) {
+        uint4 q = *reinterpret_cast<const uint4*>(row + c0);
+        u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int e = 0; e < Pack<T>::N; ++e) r.v[e] = pack_element(w, e, row);
+    } else {
+#pragma unroll
+        for (int e = 0; e < Pack<T>::N; ++e) r.v[e] = c0 + e < cols ? ld(&row[c0 + e]) : 0;
+    }
+    return r;
+}
+
+// This thread's partial sums of its columns c0 .. over rows r0, r0 + ROWS_TY, ... < end.
+template <typename T, bool ALIGNED>
+__device__ __forceinline__ void row_slice_sum(const T* x, u64 cols, u64 c0, u64 r0, u64 end,
+                                              typename Wide<T>::type (&sum)[Pack<T>::N]) {
+    for (u64 r = r0; r < end; r += ROWS_TY * ROWS_UNROLL) {
+        Pack<T> loaded[ROWS_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROWS_UNROLL; ++u) {
+            u64 row = r + u * ROWS_TY;
+            if (row < end) {
+                loaded[u] = load_row_pack<T, ALIGNED>(x + row * cols, c0, cols);
+            } else {
+#pragma unroll
+                for (int e = 0; e < Pack<T>::N; ++e) loaded[u].v[e] = 0;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS_UNROLL; ++u)
+#pragma unroll
+            for (int e = 0; e < Pack<T>::N; ++e) sum[e] += loaded[u].v[e];
+    }
+}
+
+// The block's slice sums of its columns; thread (tx, 0) writes them to out (T) or parts (P).
+template <typename T, typename D>
+__device__ __forceinline__ void sum_rows(const T* x, D* dst, u64 rows, u64 cols, u64 slice_rows) {
+    typedef typename Wide<T>::type W;
+    const int N = Pack<T>::N;
+    __shared__ W partial[ROWS_TY][N][ROWS_TX];
+    const u64 c0 = ((u64)blockIdx.x * ROWS_TX + threadIdx.x) * N;
+    const u64 begin = (u64)blockIdx.y * slice_rows, end = begin + slice_rows < rows ? begin + slice_rows : rows;
+    W sum[N];
+#pragma unroll
+    for (int e = 0; e < N; ++e) sum[e] = 0;
+    if (c0 < cols) {
+        if (((u64)x & 15) == 0 && (cols * sizeof(T)) % 16 == 0)
+            row_slice_sum<T, true>(x, cols, c0, begin + threadIdx.y, end, sum);
+        else
+            row_slice_sum<T, false>(x, cols, c0, begin + threadIdx.y, end, sum);
+    }
+#pragma unroll
+    for (int e = 0; e < N; ++e) partial[threadIdx.y][e][threadIdx.x] = sum[e];
+    __syncthreads();
+    if (threadIdx.y != 0 || c0 >= cols) return;
+    for (int y = 1; y < ROWS_TY; ++y)
+#pragma unroll
+        for (int e = 0; e < N; ++e) sum[e] += partial[y][e][threadIdx.x];
+    D* to = dst + (u64)blockIdx.y * cols;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+        if (c0 + e < cols) st(&to[c0 + e], sum[e]);
+}
+
+// The second launch of a sliced row sum: out[c] = the sum of parts[s · cols + c] over the
+// slices s, a column reduction (Grid::columns: 32 × 32-thread blocks from 32 slices up, else
+// a thread per column adding its slices in order). sum_splits would add ~100 slices of one
+// column in one thread, a chain of dependent round trips to memory on a few SMs; here slice
+// y adds slices y, y + 32, ... and column_sum adds the 32 partials in y order, an order
+// that depends on the slice count alone.
+template <typename T>
+__device__ __forceinline__ void sum_row_slices(const typename Wide<T>::type* parts, T* out, u64 cols, u64 slices) {
+    typedef typename Wide<T>::type W;
+    __shared__ W partial[COLUMN_THREADS][COLUMN_THREADS];
+    FOR_EACH_COLUMN(c, cols) {
+        bool mine = c < cols;
+        u64 end = mine ? slices : 0;
+        W sum = (W)0;
+#pragma unroll 4
+        for (u64 s = threadIdx.y; s < end; s += blockDim.y) sum += parts[s * cols + c];
+        sum = column_sum(sum, partial);
+        if (mine && threadIdx.y == 0) st(&out[c], sum);
+    }
+}
+
 // The sum_to entries of one dtype S (stored as T, its partial sums in P): written once,
 // declared per dtype below (cuda/src/sources.rs reads the entries off the invocations).
 #define SUM_TO_ENTRIES(S, T, P)                                                                         \
@@ -301,6 +407,18 @@ __device__ __forceinline__ void sum_flat_chunks(const T* x, typename Wide<T>::ty
     }                                                                                                   \
     extern "C" __global__ void regflow_sum_flat_chunks_##S(const T* x, P* parts, u64 n, u64 chunk) {    \
         sum_flat_chunks(x, parts, n, chunk);                                                            \
+    }                                                                                                   \
+    extern "C" __global__ void ROWS_BLOCK regflow_sum_rows_##S(const T* x, T* out, u64 rows, u64 cols,  \
+                                                               u64 slice_rows) {                        \
+        sum_rows(x, out, rows, cols, slice_rows);                                                       \
+    }                                                                                                   \
+    extern "C" __global__ void ROWS_BLOCK regflow_sum_rows_split_##S(const T* x, P* parts, u64 rows,    \
+                                                                     u64 cols, u64 slice_rows) {        \
+        sum_rows(x, parts, rows, cols, slice_rows);                                                     \
+    }                                                                                                   \
+    extern "C" __global__ void BLOCK_1024 regflow_sum_row_slices_##S(const P* parts, T* out, u64 cols,  \
+                                                                     u64 slices) {                      \
+        sum_row_slices(parts, out, cols, slices);                                                       \
     }
 SUM_TO_ENTRIES(f32, float, float)
 SUM_TO_ENTRIES(f64, double, double)

@@ -9,7 +9,7 @@
 use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
 use super::layout::{self, Indexing};
 use super::{factory, function, op_conf, stream, suffix, Entry};
-use crate::driver::{launch, Function, Grid, StreamHandle};
+use crate::driver::{launch, Function, Grid, StreamHandle, MAX_LINEAR_BLOCKS};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{
     BroadcastTo, Concat, Embedding, EmbeddingGrad, KeepOnFirst, Permute, Reshape, Slice, SliceGrad, SumSquares, SumTo,
@@ -488,7 +488,20 @@ fn sum_kernel(
         };
         return Ok(SumToKernel { input: input_slot, reduction, launches });
     }
-    let two_launch = if n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE {
+    let chunked = n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE;
+    // Outputs that are the trailing columns of a row-major matrix (a bias gradient): rows
+    // walked with 16-byte loads, no index math.
+    if summands == Summands::AsTheyAre && !chunked && sums_rows(&reduction) {
+        if let Some(plan) = rows_plan(n_reduced, n_out, dtype.size() as u64, part_bytes) {
+            let launches = if plan.slices == 1 {
+                SumLaunches::Rows { first: entry("sum_rows")?, second: None, plan }
+            } else {
+                SumLaunches::Rows { first: entry("sum_rows_split")?, second: Some(entry("sum_row_slices")?), plan }
+            };
+            return Ok(SumToKernel { input: input_slot, reduction, launches });
+        }
+    }
+    let two_launch = if chunked {
         Some((PartialLayout::Chunks, (n_reduced / CHUNK_TARGET).clamp(1, MAX_CHUNKS)))
     } else {
         split_count(n_out, n_reduced).map(|splits| (PartialLayout::Splits, splits))
@@ -512,6 +525,60 @@ fn sum_kernel(
     };
     Ok(SumToKernel { input: input_slot, reduction, launches })
 }
+
+/// Whether `r` sums the rows of a row-major matrix to its columns: one kept axis of
+/// stride 1 (the trailing, contiguous axes, merged) and one reduced axis whose stride is
+/// the row length (the leading axes, merged).
+fn sums_rows(r: &layout::Reduction) -> bool {
+    r.kept.rank == 1 && r.kept.a[0] == 1 && r.reduced.rank == 1 && r.reduced.a[0] == r.kept_count
+}
+
+/// How a row sum (`sum_rows` in `movement.cu`) of `rows` × `cols` cuts its work: blocks of
+/// [`ROWS_TX`] × [`ROWS_TY`] threads, `column_blocks` of them across the columns (a thread
+/// per 16 bytes of a row) times `slices` down the rows, `slice_rows` rows each (the last
+/// fewer); more than one slice writes `parts_bytes` of partial sums, `slices` per column,
+/// that `sum_row_slices` adds (a column reduction, in an order set by `slices`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RowsPlan {
+    column_blocks: u64,
+    slices: u64,
+    slice_rows: u64,
+    parts_bytes: u64,
+}
+
+/// The [`RowsPlan`] of `rows` × `cols` elements of `element_bytes` with partial sums of
+/// `part_bytes`, or `None` where the columns need more blocks than a grid dimension holds
+/// (the general column sum loops over them). A function of the shape alone, so the order
+/// of the additions is too.
+fn rows_plan(rows: u64, cols: u64, element_bytes: u64, part_bytes: u64) -> Option<RowsPlan> {
+    let groups = cols.div_ceil(16 / element_bytes);
+    let column_blocks = groups.div_ceil(u64::from(ROWS_TX)).max(1);
+    if column_blocks > MAX_LINEAR_BLOCKS {
+        return None;
+    }
+    let wanted = ROWS_TARGET_BLOCKS.div_ceil(column_blocks).min(rows / ROWS_MIN_SLICE).max(1);
+    let slice_rows = rows.div_ceil(wanted).next_multiple_of(ROWS_SLICE_QUANTUM).max(ROWS_SLICE_QUANTUM);
+    let slices = rows.div_ceil(slice_rows).max(1);
+    let parts_bytes = if slices == 1 { 0 } else { slices * cols * part_bytes };
+    Some(RowsPlan { column_blocks, slices, slice_rows, parts_bytes })
+}
+
+/// Threads of a row-sum block across the columns (`ROWS_TX` in `movement.cu`): 32 × 16
+/// bytes, 512 contiguous bytes of a row per warp ...
+const ROWS_TX: u32 = 32;
+/// ... and down the rows (`ROWS_TY`): 256 threads a block.
+const ROWS_TY: u32 = 8;
+/// Rows are sliced until there are about this many blocks: four per multiprocessor of an
+/// H100 or H200 (132), 1024 threads each with four 16-byte loads in flight, far more bytes
+/// in flight than an SM needs to stream at full bandwidth.
+const ROWS_TARGET_BLOCKS: u64 = 528;
+/// Each slice has at least this many rows (eight per thread of a block: two rounds of its
+/// four loads), so that the partial sums (4 bytes a column per slice) stay a few percent
+/// of the input's bytes (GPT-2's [8192, 768] bf16: 128 slices, 393 KB beside 12.6 MB).
+const ROWS_MIN_SLICE: u64 = 64;
+/// Slices are a multiple of this many rows: full rounds of `ROWS_UNROLL` (4) loads for each
+/// of the `ROWS_TY` threads of a column.
+const ROWS_SLICE_QUANTUM: u64 = 32;
 
 /// How a flat sum (a whole contiguous input to one value) cuts its `n` elements: one block
 /// of [`FLAT_SINGLE_THREADS`] when `chunks` is 1, else `chunks` blocks of [`FLAT_THREADS`]
@@ -585,10 +652,11 @@ const MAX_CHUNKS: u64 = 1024;
 const CHUNK_THREADS: u32 = 256;
 
 /// `sum_to` or `sum_squares` (see `movement.cu`): to one value, the flat sum (the input
-/// read in memory order, one block or chunks then their sum); else a column reduction (a
-/// thread per output element, its summands split over 32 threads when there are many) or,
-/// in two launches, the chunked sum (a few outputs over long ranges) or the split column
-/// sum (too few column blocks to fill the GPU).
+/// read in memory order, one block or chunks then their sum); over the leading axes to the
+/// trailing ones, the row sum (16-byte loads across a row's columns, slices of rows, then
+/// their sum); else a column reduction (a thread per output element, its summands split
+/// over 32 threads when there are many) or, in two launches, the chunked sum (a few outputs
+/// over long ranges) or the split column sum (too few column blocks to fill the GPU).
 #[derive(Debug)]
 struct SumToKernel {
     input: usize,
@@ -603,6 +671,9 @@ enum SumLaunches {
     Columns(Function),
     /// Pieces of each output's range, then their sum.
     Partial(PartialSums),
+    /// The columns of a row-major matrix: `sum_rows` alone (one slice, `second` `None`), or
+    /// `sum_rows_split` then `sum_row_slices`.
+    Rows { first: Function, second: Option<Function>, plan: RowsPlan },
     /// One output: `sum_flat` alone (`second` `None`), or `sum_flat_chunks` then
     /// `sum_parts`.
     Flat { first: Function, second: Option<Function>, plan: FlatPlan },
@@ -647,6 +718,9 @@ impl Kernel for SumToKernel {
                 return Ok(());
             }
             SumLaunches::Flat { first, second, plan } => return flat_sum(io, x, out, n_reduced, *first, *second, plan),
+            SumLaunches::Rows { first, second, plan } => {
+                return row_sum(io, x, out, (n_reduced, n_out), *first, *second, plan)
+            }
             SumLaunches::Partial(p) => p,
         };
         let (parts, chunk, pieces) = (io.scratch(p.parts)?, p.chunk, p.pieces);
@@ -685,6 +759,7 @@ impl Kernel for SumToKernel {
             SumLaunches::Columns(_) => 0,
             SumLaunches::Partial(p) => p.parts,
             SumLaunches::Flat { plan, .. } => plan.parts_bytes,
+            SumLaunches::Rows { plan, .. } => plan.parts_bytes,
         }
     }
 }
@@ -714,6 +789,43 @@ fn flat_sum(
     unsafe {
         launch(stream(io), first, block(chunks, FLAT_THREADS), &mut args![x, parts, n, chunk])?;
         launch(stream(io), second, block(1, CHUNK_THREADS), &mut args![parts, out, chunks])?;
+    }
+    Ok(())
+}
+
+/// Queues the row sum of the `(rows, cols)` matrix at `x` into the `cols` outputs at
+/// `out`: `first` alone (`sum_rows`: x, out, rows, cols, slice_rows), or `first`
+/// (`sum_rows_split`: x, parts, rows, cols, slice_rows) then `second` (`sum_row_slices`:
+/// parts, out, cols, slices).
+fn row_sum(
+    io: &mut KernelIo<'_>,
+    x: u64,
+    out: u64,
+    (rows, cols): (u64, u64),
+    first: Function,
+    second: Option<Function>,
+    plan: &RowsPlan,
+) -> Result<(), KernelError> {
+    // column_blocks <= MAX_LINEAR_BLOCKS and slices <= ROWS_TARGET_BLOCKS: grid dimensions
+    // hold both.
+    let grid = Grid {
+        blocks: (plan.column_blocks as u32, plan.slices as u32, 1),
+        threads: (ROWS_TX, ROWS_TY, 1),
+        shared_bytes: 0,
+    };
+    let slice_rows = plan.slice_rows;
+    let Some(second) = second else {
+        // SAFETY: x holds the input's rows · cols elements, out cols; the entry takes (x, out,
+        // rows, cols, slice_rows) and its one slice covers every row.
+        unsafe { launch(stream(io), first, grid, &mut args![x, out, rows, cols, slice_rows]) }?;
+        return Ok(());
+    };
+    let (parts, slices) = (io.scratch(plan.parts_bytes)?, plan.slices);
+    // SAFETY: as above; `parts` holds slices · cols partial sums of the entries' part type;
+    // the stream orders the two launches.
+    unsafe {
+        launch(stream(io), first, grid, &mut args![x, parts, rows, cols, slice_rows])?;
+        launch(stream(io), second, Grid::columns(cols, slices), &mut args![parts, out, cols, slices])?;
     }
     Ok(())
 }
@@ -853,7 +965,11 @@ impl Kernel for EmbeddingKernel {
 
 #[cfg(test)]
 mod tests {
-    use super::{flat_plan, split_count, FlatPlan, FLAT_CHUNK_QUANTUM, FLAT_MAX_CHUNKS, FLAT_SINGLE_MAX};
+    use super::{
+        flat_plan, rows_plan, split_count, sums_rows, FlatPlan, RowsPlan, FLAT_CHUNK_QUANTUM, FLAT_MAX_CHUNKS,
+        FLAT_SINGLE_MAX, ROWS_SLICE_QUANTUM, ROWS_TARGET_BLOCKS,
+    };
+    use crate::ops::layout::reduction;
     use crate::sources::all_entry_names;
 
     #[test]
@@ -896,6 +1012,67 @@ mod tests {
     }
 
     #[test]
+    fn row_sums_slice_the_rows_until_the_gpu_has_blocks() {
+        let plan = |rows, cols, element_bytes| rows_plan(rows, cols, element_bytes, 4).expect("a plan");
+        let sliced = |column_blocks, slices: u64, slice_rows, cols: u64| RowsPlan {
+            column_blocks,
+            slices,
+            slice_rows,
+            parts_bytes: slices * cols * 4,
+        };
+        // GPT-2's bias gradients over 8192 rows: 768 bf16 columns are 96 16-byte groups, 3
+        // column blocks, 128 slices of 64 rows (384 blocks, ~3 per SM of an H100) ...
+        assert_eq!(plan(8192, 768, 2), sliced(3, 128, 64, 768));
+        // ... in f32 6 column blocks, 86 slices of 96 rows (516 blocks) ...
+        assert_eq!(plan(8192, 768, 4), sliced(6, 86, 96, 768));
+        // ... and 2304 or 3072 columns: 9, 12 (bf16) or 24 (f32) column blocks.
+        assert_eq!(plan(8192, 2304, 2), sliced(9, 52, 160, 2304));
+        assert_eq!(plan(8192, 3072, 2), sliced(12, 43, 192, 3072));
+        assert_eq!(plan(8192, 3072, 4), sliced(24, 22, 384, 3072));
+        // f64 partial sums take 8 bytes; a ragged last column group still has its thread.
+        assert_eq!(
+            rows_plan(5000, 9, 8, 8),
+            Some(RowsPlan { column_blocks: 1, slices: 53, slice_rows: 96, parts_bytes: 53 * 9 * 8 })
+        );
+        // Few rows, or columns enough to fill the GPU: one slice, one launch, no partial sums.
+        for (rows, cols) in [(3, 1024), (125, 7), (127, 768), (8192, 50_257 * 16)] {
+            let q = plan(rows, cols, 4);
+            assert_eq!((q.slices, q.parts_bytes), (1, 0), "{rows} x {cols}: {q:?}");
+            assert!(q.slice_rows >= rows, "{rows} x {cols}: {q:?}");
+        }
+        // Huge row counts: never more than ROWS_TARGET_BLOCKS slices (a grid dimension holds
+        // them), longer slices instead, and the slices cover every row.
+        assert_eq!(
+            plan(1 << 40, 2, 4),
+            RowsPlan { column_blocks: 1, slices: 528, slice_rows: 2_082_408_416, parts_bytes: 4224 }
+        );
+        for (rows, cols) in [(1 << 40, 2), (1 << 33, 768), ((1 << 31) + 7, 3), (8191, 1000)] {
+            let q = plan(rows, cols, 2);
+            assert!(q.slices <= ROWS_TARGET_BLOCKS, "{q:?}");
+            assert_eq!(q.slice_rows % ROWS_SLICE_QUANTUM, 0, "{q:?}");
+            assert!((q.slices - 1) * q.slice_rows < rows && rows <= q.slices * q.slice_rows, "{q:?}");
+        }
+        // Columns past what a grid dimension's blocks hold take the general column sum.
+        assert_eq!(rows_plan(100, 65_536 * 32 * 8, 2, 4), None);
+    }
+
+    #[test]
+    fn row_sums_take_sums_over_leading_axes_to_trailing_ones() {
+        let takes = |input: &[usize], out: &[usize]| sums_rows(&reduction(input, out).expect("reduces"));
+        // A bias gradient, to [C] or [1, C], leading axes merged into the rows.
+        assert!(takes(&[8192, 768], &[768]));
+        assert!(takes(&[8192, 768], &[1, 768]));
+        assert!(takes(&[8, 1024, 3072], &[3072]));
+        assert!(takes(&[2, 4099, 40], &[1, 1, 40]));
+        assert!(takes(&[5, 3, 4], &[3, 4]));
+        // Kept axes that are not the trailing ones, or nothing reduced: other paths.
+        assert!(!takes(&[3, 1023], &[3, 1]));
+        assert!(!takes(&[2, 3, 5, 7], &[3, 1, 7]));
+        assert!(!takes(&[7, 1], &[7, 1]));
+        assert!(!takes(&[4, 5], &[4, 5]));
+    }
+
+    #[test]
     fn every_movement_entry_exists() {
         let entries: Vec<&str> = all_entry_names().collect();
         for dtype in ["f32", "f64", "i64", "bf16"] {
@@ -910,10 +1087,19 @@ mod tests {
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
         }
-        for dtype in ["f32", "f64", "bf16"] {
-            for stem in
-                ["sum_to", "sum_to_chunks", "sum_parts", "sum_to_split", "sum_splits", "sum_flat", "sum_flat_chunks"]
-            {
+        for dtype in ["f32", "f64", "bf16", "f16"] {
+            for stem in [
+                "sum_to",
+                "sum_to_chunks",
+                "sum_parts",
+                "sum_to_split",
+                "sum_splits",
+                "sum_flat",
+                "sum_flat_chunks",
+                "sum_rows",
+                "sum_rows_split",
+                "sum_row_slices",
+            ] {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
