@@ -1,7 +1,8 @@
 //! A matrix product split over threads allocates nothing once warm: gemm's packing buffer
 //! and its "left-hand block packed" flags come from per-thread pools on the calling thread
 //! and on its helper (`vendor/gemm-common/REGFLOW.md`), and the helper is the calling
-//! thread's own, started once (`kernels/src/cpu/team.rs`). Under rayon's pool, before the
+//! thread's own, started once (`kernels/src/cpu/team.rs`); a helper's pool is filled at its
+//! first share, which on a loaded machine may come after the warm-up. Under rayon's pool, before the
 //! team, injecting jobs from outside the pool grew its queue now and then (about one
 //! allocation per 30 products).
 
@@ -57,7 +58,15 @@ fn a_product_split_over_threads_allocates_nothing_once_warm() {
             run();
         }
         let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
-        assert_eq!(allocations, 0, "allocations in {PRODUCTS} two-thread products (b transposed: {transpose_b})");
+        // A helper that took no share during the warm-up (a loaded machine: its stream
+        // thread claimed every share first) fills its pool at its first share: the packing
+        // buffer and the flags, once. Anything per product would be hundreds.
+        let first_use = 2 * (context.threads as u64 - 1);
+        assert!(
+            allocations <= first_use,
+            "{allocations} allocations in {PRODUCTS} two-thread products (b transposed: {transpose_b}); a helper's \
+             first share allocates {first_use} at most"
+        );
         assert!(out.to_f64_vec().iter().all(|&v| v == 0.125 * k as f64));
     }
 }

@@ -69,6 +69,20 @@ struct JsonEvent<'a> {
     args: Option<serde_json::Value>,
 }
 
+impl<'a> JsonEvent<'a> {
+    /// A metadata event (`M`): `name` is `process_name` or `thread_name`, `value` the name.
+    fn metadata(name: &'static str, pid: u16, tid: usize, value: String) -> Self {
+        let args = Some(serde_json::json!({ "name": value }));
+        Self { name, ph: "M", pid, tid, ts: None, dur: None, id: None, cat: None, bp: None, args }
+    }
+
+    /// A complete slice (`X`) of a firing on `piece`, from `ts` for `dur` microseconds.
+    fn slice(name: &'a str, (pid, tid): (u16, usize), (ts, dur): (f64, f64), cat: &'static str, piece: u64) -> Self {
+        let args = Some(serde_json::json!({ "piece": piece }));
+        Self { name, ph: "X", pid, tid, ts: Some(ts), dur: Some(dur), id: None, cat: Some(cat), bp: None, args }
+    }
+}
+
 /// Writes the buffers as a Chrome trace (`{"traceEvents": [...]}`).
 pub(crate) fn write_chrome_trace<W: Write>(
     out: W,
@@ -81,35 +95,13 @@ pub(crate) fn write_chrome_trace<W: Write>(
     for (s, stream) in plan.streams.iter().enumerate() {
         let device = &plan.devices[stream.device.index()];
         let name = format!("{} {:?}#{s}", device.label(), stream.kind);
-        events.push(JsonEvent {
-            name: "thread_name",
-            ph: "M",
-            pid: device.node,
-            tid: s,
-            ts: None,
-            dur: None,
-            id: None,
-            cat: None,
-            bp: None,
-            args: Some(serde_json::json!({ "name": name })),
-        });
+        events.push(JsonEvent::metadata("thread_name", device.node, s, name));
     }
     let mut nodes: Vec<u16> = plan.devices.iter().map(|d| d.node).collect();
     nodes.sort_unstable();
     nodes.dedup();
     for node in nodes {
-        events.push(JsonEvent {
-            name: "process_name",
-            ph: "M",
-            pid: node,
-            tid: 0,
-            ts: None,
-            dur: None,
-            id: None,
-            cat: None,
-            bp: None,
-            args: Some(serde_json::json!({ "name": format!("node {node}") })),
-        });
+        events.push(JsonEvent::metadata("process_name", node, 0, format!("node {node}")));
     }
     for buffer in buffers {
         let stream = &plan.streams[buffer.stream];
@@ -120,18 +112,7 @@ pub(crate) fn write_chrome_trace<W: Write>(
         let device_tid = plan.streams.len() + buffer.stream;
         if buffer.events.iter().any(|e| matches!(e, TraceEvent::DeviceSlice { .. })) {
             let name = format!("{} {:?}#{} gpu", device.label(), stream.kind, buffer.stream);
-            events.push(JsonEvent {
-                name: "thread_name",
-                ph: "M",
-                pid,
-                tid: device_tid,
-                ts: None,
-                dur: None,
-                id: None,
-                cat: None,
-                bp: None,
-                args: Some(serde_json::json!({ "name": name })),
-            });
+            events.push(JsonEvent::metadata("thread_name", pid, device_tid, name));
         }
         for event in &buffer.events {
             let flow = |ph, id, at| JsonEvent {
@@ -147,30 +128,14 @@ pub(crate) fn write_chrome_trace<W: Write>(
                 args: None,
             };
             events.push(match *event {
-                TraceEvent::Slice { actor, piece, start, end } => JsonEvent {
-                    name: &plan.actors[actor as usize].name,
-                    ph: "X",
-                    pid,
-                    tid,
-                    ts: Some(micros(start)),
-                    dur: Some(micros(end) - micros(start)),
-                    id: None,
-                    cat: Some("firing"),
-                    bp: None,
-                    args: Some(serde_json::json!({ "piece": piece })),
-                },
-                TraceEvent::DeviceSlice { actor, piece, start, end } => JsonEvent {
-                    name: &plan.actors[actor as usize].name,
-                    ph: "X",
-                    pid,
-                    tid: device_tid,
-                    ts: Some(micros(start)),
-                    dur: Some(micros(end) - micros(start)),
-                    id: None,
-                    cat: Some("gpu"),
-                    bp: None,
-                    args: Some(serde_json::json!({ "piece": piece })),
-                },
+                TraceEvent::Slice { actor, piece, start, end } => {
+                    let span = (micros(start), micros(end) - micros(start));
+                    JsonEvent::slice(&plan.actors[actor as usize].name, (pid, tid), span, "firing", piece)
+                }
+                TraceEvent::DeviceSlice { actor, piece, start, end } => {
+                    let span = (micros(start), micros(end) - micros(start));
+                    JsonEvent::slice(&plan.actors[actor as usize].name, (pid, device_tid), span, "gpu", piece)
+                }
                 TraceEvent::FlowOut { id, at } => flow("s", id, at),
                 TraceEvent::FlowIn { id, at } => flow("f", id, at),
             });

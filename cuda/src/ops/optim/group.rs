@@ -11,6 +11,7 @@
 //! element is computed by the element functions and from the step constants the single
 //! `update` entries use, so the group's results are bitwise those of one `update` each.
 
+use super::chunks::plan_chunks;
 use super::{check_update, refuse, scalar_code, Rule};
 use crate::driver::{launch, Function, Grid, LINEAR_THREADS, MAX_LINEAR_BLOCKS};
 use crate::ops::{function, op_conf, stream, suffix};
@@ -81,47 +82,25 @@ struct GroupLaunch {
     table: UpdateTable,
 }
 
-/// The launches updating members of `lens` elements, in member order, each of at most
-/// [`GROUP_MEMBERS`] members and `max_blocks` blocks (at most [`MAX_LINEAR_BLOCKS`]:
-/// CUDA allows more blocks in x, regflow's grids keep to the limit of y and z). Members
-/// share a launch while their chunks of [`BLOCK_ELEMENTS`] fit; a member with more chunks
-/// than `max_blocks` has a launch of its own with chunks of the smallest multiple of
-/// [`BLOCK_ELEMENTS`] that fits. Launches with no element to update (only empty members)
-/// are left out.
+/// The launches updating members of `lens` elements, in member order: up to
+/// [`GROUP_MEMBERS`] members and `max_blocks` blocks each, chunks of [`BLOCK_ELEMENTS`]
+/// (larger for a member too large for one launch, alone: [`plan_chunks`]). Launches with no
+/// element to update (only empty members) are left out.
 fn plan_launches(lens: &[u64], max_blocks: u64) -> Vec<GroupLaunch> {
-    let max_blocks = max_blocks.clamp(1, MAX_LINEAR_BLOCKS);
-    let mut launches = Vec::new();
-    let mut m = 0;
-    while m < lens.len() {
-        let mut table = UpdateTable::EMPTY;
-        let first_member = m;
-        let alone = lens[m].div_ceil(BLOCK_ELEMENTS) > max_blocks;
-        if alone {
-            table.block_elements = lens[m].div_ceil(max_blocks).div_ceil(BLOCK_ELEMENTS) * BLOCK_ELEMENTS;
-        }
-        let mut blocks = 0u64;
-        while m < lens.len() && m - first_member < GROUP_MEMBERS {
-            let more = lens[m].div_ceil(table.block_elements);
-            if blocks + more > max_blocks {
-                break;
-            }
-            let k = m - first_member;
-            table.n[k] = lens[m];
-            table.first_block[k] = blocks as u32;
-            blocks += more;
-            m += 1;
-            if alone {
-                break;
-            }
-        }
-        table.members = (m - first_member) as u32;
-        // Blocks never pass `max_blocks` (<= 65535): they fit a u32.
-        table.first_block[table.members as usize..].fill(blocks as u32);
-        if blocks > 0 {
-            launches.push(GroupLaunch { first_member, table });
-        }
-    }
-    launches
+    plan_chunks(lens, GROUP_MEMBERS, BLOCK_ELEMENTS, max_blocks)
+        .into_iter()
+        .filter(|planned| planned.blocks() > 0)
+        .map(|planned| {
+            let mut table = UpdateTable::EMPTY;
+            let members = planned.members();
+            table.block_elements = planned.chunk;
+            table.n[..members].copy_from_slice(&lens[planned.first_member..planned.first_member + members]);
+            table.first_block[..=members].copy_from_slice(&planned.first_block);
+            table.first_block[members..].fill(planned.blocks());
+            table.members = members as u32;
+            GroupLaunch { first_member: planned.first_member, table }
+        })
+        .collect()
 }
 
 /// Where one member's tensors are: actor inputs of the parameter, the gradient and the

@@ -10,6 +10,7 @@
 //! and adds it to the running total as the scalar `add` did (the carry in, or the previous
 //! pair's total). The order of every addition depends on the tensors' sizes alone.
 
+use super::chunks::plan_chunks;
 use super::refuse;
 use crate::driver::{launch, Function, Grid, MAX_LINEAR_BLOCKS};
 use crate::ops::{function, op_conf, stream, suffix};
@@ -68,38 +69,26 @@ struct NormLaunch {
 }
 
 /// The launch pairs summing members of `lens` elements in member order: up to
-/// [`NORM_MEMBERS`] members and `max_blocks` blocks (at most [`MAX_LINEAR_BLOCKS`]) each,
-/// chunks of [`NORM_CHUNK`], except a member of more chunks than `max_blocks`, alone with
-/// chunks of the smallest multiple of [`NORM_CHUNK`] that fits.
+/// [`NORM_MEMBERS`] members and `max_blocks` blocks each, chunks of [`NORM_CHUNK`]
+/// (larger for a member too large for one launch, alone: [`plan_chunks`]), with where each
+/// pair's partials start.
 fn plan_launches(lens: &[u64], max_blocks: u64) -> Vec<NormLaunch> {
-    let max_blocks = max_blocks.clamp(1, MAX_LINEAR_BLOCKS);
-    let (mut launches, mut m, mut first_part) = (Vec::new(), 0, 0u64);
-    while m < lens.len() {
-        let (mut table, first_member) = (NormTable::EMPTY, m);
-        let alone = lens[m].div_ceil(NORM_CHUNK) > max_blocks;
-        if alone {
-            table.chunk = lens[m].div_ceil(max_blocks).div_ceil(NORM_CHUNK) * NORM_CHUNK;
-        }
-        let mut blocks = 0u64;
-        while m < lens.len() && m - first_member < NORM_MEMBERS {
-            let more = lens[m].div_ceil(table.chunk);
-            if blocks + more > max_blocks {
-                break;
-            }
-            table.n[m - first_member] = lens[m];
-            table.first_block[m - first_member] = blocks as u32;
-            blocks += more;
-            m += 1;
-            if alone {
-                break;
-            }
-        }
-        table.members = (m - first_member) as u32;
-        table.first_block[table.members as usize..].fill(blocks as u32);
-        launches.push(NormLaunch { table, first_member, first_part });
-        first_part += blocks;
-    }
-    launches
+    let mut first_part = 0u64;
+    plan_chunks(lens, NORM_MEMBERS, NORM_CHUNK, max_blocks)
+        .into_iter()
+        .map(|planned| {
+            let mut table = NormTable::EMPTY;
+            let members = planned.members();
+            table.chunk = planned.chunk;
+            table.n[..members].copy_from_slice(&lens[planned.first_member..planned.first_member + members]);
+            table.first_block[..=members].copy_from_slice(&planned.first_block);
+            table.first_block[members..].fill(planned.blocks());
+            table.members = members as u32;
+            let launch = NormLaunch { table, first_member: planned.first_member, first_part };
+            first_part += u64::from(planned.blocks());
+            launch
+        })
+        .collect()
 }
 
 /// Makes the kernel of a `sum_squares_group`: inputs `([carry], x₀, x₁, …)` of one float
