@@ -425,23 +425,9 @@ SUM_TO_ENTRIES(f64, double, double)
 SUM_TO_ENTRIES(bf16, bf16, float)
 SUM_TO_ENTRIES(f16, f16, float)
 
-// `sum_squares`: the sum_to passes with each summand squared as it loads (f32 and f64; the
-// second launches are sum_to's `sum_parts` and `sum_splits`).
+// `sum_squares` (a scalar: always the flat sums) with each summand squared as it loads (f32
+// and f64; the second launch of the chunked one is sum_to's `sum_parts`).
 #define SUM_SQUARES_ENTRIES(S, T, P)                                                                         \
-    extern "C" __global__ void BLOCK_1024 regflow_sum_squares_##S(const T* x, T* out, Indexing kept,         \
-                                                                  Indexing reduced, u64 n_out,               \
-                                                                  u64 n_reduced) {                           \
-        sum_to<T, true>(x, out, kept, reduced, n_out, n_reduced);                                            \
-    }                                                                                                        \
-    extern "C" __global__ void regflow_sum_squares_chunks_##S(const T* x, P* parts, Indexing kept,           \
-                                                              Indexing reduced, u64 n_reduced, u64 chunk) {  \
-        sum_to_chunks<T, true>(x, parts, kept, reduced, n_reduced, chunk);                                   \
-    }                                                                                                        \
-    extern "C" __global__ void BLOCK_1024 regflow_sum_squares_split_##S(const T* x, P* parts, Indexing kept, \
-                                                                        Indexing reduced, u64 n_out,         \
-                                                                        u64 n_reduced, u64 chunk) {          \
-        sum_to_split<T, true>(x, parts, kept, reduced, n_out, n_reduced, chunk);                             \
-    }                                                                                                        \
     extern "C" __global__ void BLOCK_1024 regflow_sum_squares_flat_##S(const T* x, T* out, u64 n) {          \
         sum_flat<T, true>(x, out, n);                                                                        \
     }                                                                                                        \

@@ -466,11 +466,10 @@ fn sum_kernel(
     if out != target {
         return Err(refuse(spec, conf, format!("sums {input} to {target}, but the output is {out}")));
     }
-    // The first launch's entries: sum_to's, or the ones that square as they load.
-    let (whole, chunks, split, flat) = match summands {
-        Summands::AsTheyAre => ("sum_to", "sum_to_chunks", "sum_to_split", "sum_flat"),
-        Summands::Squared => ("sum_squares", "sum_squares_chunks", "sum_squares_split", "sum_squares_flat"),
-    };
+    // The first launch's entries: sum_to's, or the flat ones that square as they load (a
+    // squared norm is one value: it only takes the flat sums).
+    let (whole, chunks, split, flat) = ("sum_to", "sum_to_chunks", "sum_to_split", "sum_flat");
+    let flat = if summands == Summands::Squared { "sum_squares_flat" } else { flat };
     let entry = |stem: &str| function(spec, &format!("regflow_{stem}_{}", suffix(dtype)));
     // f64 partial sums for f64, f32 for f32 and bf16 (which adds in f32).
     let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
@@ -488,10 +487,13 @@ fn sum_kernel(
         };
         return Ok(SumToKernel { input: input_slot, reduction, launches });
     }
+    if summands == Summands::Squared {
+        return Err(refuse(spec, conf, format!("sums squares to one value, not {n_out} (broken invariant)")));
+    }
     let chunked = n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE;
     // Outputs that are the trailing columns of a row-major matrix (a bias gradient): rows
     // walked with 16-byte loads, no index math.
-    if summands == Summands::AsTheyAre && !chunked && sums_rows(&reduction) {
+    if !chunked && sums_rows(&reduction) {
         if let Some(plan) = rows_plan(n_reduced, n_out, dtype.size() as u64, part_bytes) {
             let launches = if plan.slices == 1 {
                 SumLaunches::Rows { first: entry("sum_rows")?, second: None, plan }
@@ -1105,13 +1107,7 @@ mod tests {
             }
         }
         for dtype in ["f32", "f64"] {
-            for stem in [
-                "sum_squares",
-                "sum_squares_chunks",
-                "sum_squares_split",
-                "sum_squares_flat",
-                "sum_squares_flat_chunks",
-            ] {
+            for stem in ["sum_squares_flat", "sum_squares_flat_chunks"] {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
