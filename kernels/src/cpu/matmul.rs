@@ -238,7 +238,7 @@ pub fn gemm_typed<T: Real>(
 
 /// Computes `product` by `gemm`, split over `threads` blocks of output rows or columns (the
 /// longer side), each block one single-threaded `gemm` call on this thread or a helper of
-/// it ([`team`](super::team)). Every output element is still the sum of the same terms in
+/// it (`cpu/team.rs`). Every output element is still the sum of the same terms in
 /// the same order (`gemm` blocks the depth by its length alone, not by the block's rows or
 /// columns), so the thread count never changes a result (`tests/matmul_threads.rs`).
 ///
@@ -321,7 +321,7 @@ unsafe fn by_blas<T: Real>(
 
 /// Products of fewer multiply-adds than this run on one thread whatever `threads` says:
 /// about 20 µs of one AVX-512 core. Above it a product's blocks go to the stream thread
-/// and its spinning helpers ([`team`](super::team)) for a few microseconds of hand-out: a
+/// and its spinning helpers (`cpu/team.rs`) for a few microseconds of hand-out: a
 /// transformer's `[1024, 64] x [64, 64]` projection (2^22) ran at 112 GFLOP/s on one thread
 /// and 220 on two (`bench_gemm 9 2 1024x64x64`; BENCHMARKS.md, issue 13, fourteenth). Under
 /// rayon, which woke its pool for every product, the threshold was 2^24 and such products

@@ -40,7 +40,7 @@ impl HostCompute for Update {
 }
 
 /// Updates of at least this many elements run on several threads (see
-/// [`update`](super::update)).
+/// `cpu/update.rs`).
 pub use super::update::PARALLEL_MIN_ELEMENTS;
 
 impl HostCompute for NextStep {
