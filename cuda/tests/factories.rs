@@ -53,6 +53,7 @@ fn conf(op: &dyn OpAttrs, inputs: Vec<TensorMeta>, outputs: Vec<TensorMeta>) -> 
 #[test]
 fn valid_confs_pass_validation() {
     let f = DType::F32;
+    accepted(&conf(&SumSquaresGroup { carried: true }, vec![m(&[], f), m(&[3, 5], f), m(&[7], f)], vec![m(&[], f)]));
     let x = m(&[3, 5], f);
     accepted(&conf(&Unary(UnaryKind::PowScalar(2.0)), vec![x.clone()], vec![x.clone()]));
     accepted(&conf(&Binary(BinaryKind::Div), vec![x.clone(), m(&[5], f)], vec![x.clone()]));
@@ -186,6 +187,11 @@ fn malformed_confs_are_refused_naming_the_actor() {
             vec![m(&[7, 4], f)],
         ),
         conf(&Binary(BinaryKind::Add), vec![m(&[2; 9], f), m(&[2, 1, 2, 1, 2, 1, 2, 1, 2], f)], vec![m(&[2; 9], f)]),
+        // A global norm's group: tensors of two dtypes, a carry that is no scalar, an output
+        // that is no scalar.
+        conf(&SumSquaresGroup { carried: false }, vec![x.clone(), m(&[4], DType::F64)], vec![m(&[], f)]),
+        conf(&SumSquaresGroup { carried: true }, vec![m(&[2], f), x.clone()], vec![m(&[], f)]),
+        conf(&SumSquaresGroup { carried: false }, vec![x.clone()], vec![m(&[3], f)]),
     ];
     for c in &cases {
         let e = make(c).expect_err("refused");
