@@ -410,9 +410,23 @@ fn plans_run_to_the_end_on_dry_run_devices() {
 /// (marks are then the host's clock when recorded).
 #[test]
 fn a_traced_cuda_job_has_a_slice_for_every_firing_and_every_kernel() {
+    check_traced_mlp(1);
+}
+
+/// The same with two data-parallel devices on one GPU: each device's stream has its own
+/// `gpu` row, each row's kernels in launch order.
+#[test]
+fn a_traced_data_parallel_cuda_job_has_a_gpu_row_per_stream() {
+    check_traced_mlp(2);
+}
+
+/// Trains the MLP traced on `devices` cuda devices (all on GPU 0) and checks the trace
+/// (see the tests above).
+fn check_traced_mlp(devices: usize) {
     let Some(on_gpu) = gpu_or_dry_run() else { return };
-    let path = std::env::temp_dir().join(format!("regflow-cuda-trace-{}.json", std::process::id()));
-    let traced = mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b.trace(&path));
+    let path = std::env::temp_dir().join(format!("regflow-cuda-trace-{}-{devices}.json", std::process::id()));
+    let ordinals = vec![0; devices];
+    let traced = mlp_losses(DeviceKind::Cuda, devices, DType::F32, |b| b.cuda_ordinals(&ordinals).trace(&path));
     let text = std::fs::read_to_string(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -422,7 +436,7 @@ fn a_traced_cuda_job_has_a_slice_for_every_firing_and_every_kernel() {
         .filter(|e| e["ph"] == "M" && e["args"]["name"].as_str().is_some_and(|n| n.ends_with(" gpu")))
         .map(|e| e["tid"].as_u64().unwrap())
         .collect();
-    assert!(!gpu_rows.is_empty(), "no gpu row in the trace");
+    assert!(gpu_rows.len() >= devices, "{devices} device(s) but gpu rows {gpu_rows:?}");
     // (name, piece) -> host launch start; per gpu row, its slices in time order.
     let mut launched = std::collections::BTreeMap::<(String, u64), f64>::new();
     let mut per_category = std::collections::BTreeMap::<(String, &str), usize>::new();
@@ -442,7 +456,7 @@ fn a_traced_cuda_job_has_a_slice_for_every_firing_and_every_kernel() {
         }
     }
     let products: Vec<_> = per_category.iter().filter(|((name, _), _)| name.starts_with("matmul:")).collect();
-    assert!(products.len() >= 4, "{per_category:?}");
+    assert!(products.len() >= 4 * devices, "{per_category:?}");
     for ((name, row), firings) in products {
         assert_eq!(*firings, STEPS, "{name} ({row}): {per_category:?}");
     }
@@ -462,7 +476,7 @@ fn a_traced_cuda_job_has_a_slice_for_every_firing_and_every_kernel() {
     }
     assert_eq!(traced.len(), STEPS);
     if on_gpu {
-        assert_eq!(traced, mlp_losses(DeviceKind::Cuda, 1, DType::F32, |b| b));
+        assert_eq!(traced, mlp_losses(DeviceKind::Cuda, devices, DType::F32, |b| b.cuda_ordinals(&ordinals)));
     }
 }
 
