@@ -24,7 +24,7 @@
 //! the next chain's carry.
 
 use super::lower::Lowering;
-use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, Plan, RegstDescId};
+use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, PlanIndex, RegstDescId};
 use regflow_plan::ops::{Binary, BinaryKind, OpAttrs, SumSquaresGroup};
 
 /// One link of a chain: its `add` actor, the fused `sum_squares` actors feeding it (one,
@@ -36,6 +36,19 @@ struct Link {
     carry: Option<RegstDescId>,
 }
 
+/// One chain's group, planned from the index before the plan changes: the lead (the last
+/// link) takes `conf` and reads `inputs`; the other `members` and the `inner` registers
+/// between them go.
+#[derive(Debug)]
+struct Merge {
+    lead: ActorIndex,
+    members: Vec<ActorIndex>,
+    inputs: Vec<RegstDescId>,
+    inner: Vec<RegstDescId>,
+    conf: OpConf,
+    gradients: usize,
+}
+
 /// Fuses every chain of a device's squared norm (module docs), unless the options turn it
 /// off.
 pub(crate) fn fuse_norms(low: &mut Lowering<'_>) {
@@ -43,12 +56,41 @@ pub(crate) fn fuse_norms(low: &mut Lowering<'_>) {
         return;
     }
     let plan = low.b.plan_mut();
-    let outputs_of = outputs_of(plan);
-    let links: Vec<Option<Link>> =
-        (0..plan.actors.len()).map(|a| link(plan, &outputs_of, ActorIndex(a as u32))).collect();
+    let merges: Vec<Merge> = {
+        let index = PlanIndex::new(plan);
+        chains(&index).iter().filter_map(|chain| plan_merge(&index, chain)).collect()
+    };
+    if merges.is_empty() {
+        return;
+    }
+    // Each member's lead (the lead's own too): chains are disjoint.
+    let mut merged_into: Vec<Option<ActorIndex>> = vec![None; plan.actors.len()];
+    let mut removed_registers = vec![false; plan.regst_descs.len()];
+    for merge in &merges {
+        merge.members.iter().for_each(|m| merged_into[m.index()] = Some(merge.lead));
+        merge.inner.iter().for_each(|r| removed_registers[r.index()] = true);
+    }
+    let single_device = low.placement.single_device();
+    for merge in merges {
+        apply(plan, merge, &merged_into, single_device);
+    }
+    // The members' ops now run on their lead (the schedule estimate adds their costs up).
+    for op_actor in low.op_actors.iter_mut().flat_map(|op| op.actors.iter_mut()) {
+        *op_actor = merged_into[op_actor.index()].unwrap_or(*op_actor);
+    }
+    let removed: Vec<bool> =
+        merged_into.iter().enumerate().map(|(a, lead)| lead.is_some_and(|l| l.index() != a)).collect();
+    low.remove_registers(&removed_registers);
+    low.remove_actors(&removed);
+}
+
+/// Every chain of links (module docs), each from its head, as actor indices.
+fn chains(index: &PlanIndex<'_>) -> Vec<Vec<Link>> {
+    let plan = index.plan();
+    let links: Vec<Option<Link>> = (0..plan.actors.len()).map(|a| link(index, ActorIndex(a as u32))).collect();
     // The link each link hands its total to, as that one's carry.
     let next_of = |a: usize| -> Option<usize> {
-        let [out] = outputs_of[a].as_slice() else { return None };
+        let [out] = index.outputs_of(ActorIndex(a as u32)) else { return None };
         let [reader] = plan.regst_descs[out.index()].consumers.as_slice() else { return None };
         let next = links[reader.index()].as_ref()?;
         (next.carry == Some(*out) && plan.actors[reader.index()].stream == plan.actors[a].stream)
@@ -59,44 +101,29 @@ pub(crate) fn fuse_norms(low: &mut Lowering<'_>) {
     next.iter().flatten().for_each(|&n| has_previous[n] = true);
     let mut chains = Vec::new();
     for head in (0..links.len()).filter(|&a| links[a].is_some() && !has_previous[a]) {
-        let (mut chain, mut at) = (vec![head], head);
-        while let Some(n) = next[at] {
-            chain.push(n);
-            at = n;
+        let (mut chain, mut at) = (Vec::new(), Some(head));
+        while let Some(a) = at {
+            chain.extend(links[a].clone());
+            at = next[a];
         }
         chains.push(chain);
     }
-    let (mut removed_actors, mut removed_registers) =
-        (vec![false; plan.actors.len()], vec![false; plan.regst_descs.len()]);
-    for chain in chains {
-        let chain: Vec<Link> = chain.iter().filter_map(|&a| links[a].clone()).collect();
-        merge(low, &outputs_of, &chain, &mut removed_actors, &mut removed_registers);
-    }
-    low.remove_registers(&removed_registers);
-    low.remove_actors(&removed_actors);
-}
-
-/// Every actor's output registers, in plan order.
-fn outputs_of(plan: &Plan) -> Vec<Vec<RegstDescId>> {
-    let mut outputs = vec![Vec::new(); plan.actors.len()];
-    for (r, desc) in plan.regst_descs.iter().enumerate() {
-        outputs[desc.producer.index()].push(RegstDescId(r as u32));
-    }
-    outputs
+    chains
 }
 
 /// The op an actor runs, when it is a compute actor reading whole registers and writing
 /// one.
-fn plain_op<'p>(plan: &'p Plan, outputs_of: &[Vec<RegstDescId>], a: ActorIndex) -> Option<&'p OpConf> {
-    let actor = &plan.actors[a.index()];
+fn plain_op<'p>(index: &PlanIndex<'p>, a: ActorIndex) -> Option<&'p OpConf> {
+    let actor = &index.plan().actors[a.index()];
     let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return None };
     let whole = actor.windows.is_empty();
-    (whole && outputs_of[a.index()].len() == 1 && conf.outputs.len() == 1).then_some(conf)
+    (whole && index.outputs_of(a).len() == 1 && conf.outputs.len() == 1).then_some(conf)
 }
 
 /// Actor `a` as a link (module docs), if it is one.
-fn link(plan: &Plan, outputs_of: &[Vec<RegstDescId>], a: ActorIndex) -> Option<Link> {
-    let conf = plain_op(plan, outputs_of, a)?;
+fn link(index: &PlanIndex<'_>, a: ActorIndex) -> Option<Link> {
+    let plan = index.plan();
+    let conf = plain_op(index, a)?;
     let actor = &plan.actors[a.index()];
     let dtype = conf.outputs[0].dtype;
     let scalars = conf.inputs.len() == 2
@@ -116,7 +143,7 @@ fn link(plan: &Plan, outputs_of: &[Vec<RegstDescId>], a: ActorIndex) -> Option<L
     let squares_of = |r: RegstDescId| -> Option<ActorIndex> {
         let desc = &plan.regst_descs[r.index()];
         let producer = desc.producer;
-        let squares = plain_op(plan, outputs_of, producer)?;
+        let squares = plain_op(index, producer)?;
         let maker = &plan.actors[producer.index()];
         let fits =
             squares.op_type == "sum_squares" && squares.input_map.len() == 1 && squares.outputs[0].dtype == dtype;
@@ -130,53 +157,36 @@ fn link(plan: &Plan, outputs_of: &[Vec<RegstDescId>], a: ActorIndex) -> Option<L
     }
 }
 
-/// Makes the chain's last link its `sum_squares_group` actor (module docs) and marks the
-/// rest, and the registers between them, removed.
-fn merge(
-    low: &mut Lowering<'_>,
-    outputs_of: &[Vec<RegstDescId>],
-    chain: &[Link],
-    removed_actors: &mut [bool],
-    removed_registers: &mut [bool],
-) {
-    let (Some(head), Some(last)) = (chain.first(), chain.last()) else { return };
-    let plan = low.b.plan_mut();
+/// The group a chain becomes (module docs): its last link the lead, reading the first
+/// link's carry (if any), every fused gradient in chain order, and once each the inputs no
+/// op input maps to (a tick, the step token: they pace the members).
+fn plan_merge(index: &PlanIndex<'_>, chain: &[Link]) -> Option<Merge> {
+    let plan = index.plan();
+    let (head, last) = (chain.first()?, chain.last()?);
     let lead = last.add;
-    let Some(out_meta) = plain_op(plan, outputs_of, lead).map(|c| c.outputs[0].clone()) else { return };
-    // The group's inputs, with the member that read each until now.
-    let (mut inputs, mut metas, mut readers) = (Vec::new(), Vec::new(), Vec::new());
+    let out_meta = plain_op(index, lead)?.outputs[0].clone();
+    let (mut inputs, mut metas, mut members) = (Vec::new(), Vec::new(), Vec::new());
     if let Some(carry) = head.carry {
         inputs.push(carry);
         metas.push(out_meta.clone());
-        readers.push(head.add);
     }
-    let mut is_member = vec![false; plan.actors.len()];
     for link in chain {
         for &squares in &link.squares {
-            let Some(conf) = plain_op(plan, outputs_of, squares) else { return };
-            let Some(&gradient) = conf.input_map.first().and_then(|&i| plan.actors[squares.index()].inputs.get(i))
-            else {
-                return;
-            };
-            inputs.push(gradient);
+            let conf = plain_op(index, squares)?;
+            inputs.push(*conf.input_map.first().and_then(|&i| plan.actors[squares.index()].inputs.get(i))?);
             metas.push(conf.inputs[0].clone());
-            readers.push(squares);
-            is_member[squares.index()] = true;
+            members.push(squares);
         }
-        is_member[link.add.index()] = true;
+        members.push(link.add);
     }
-    let gradients = readers.len() - usize::from(head.carry.is_some());
-    // Inputs no op input maps to (a tick, the step token, an order) pace the members: the
-    // group reads each once, after its op inputs. The registers between members go.
-    let mut inner = vec![false; plan.regst_descs.len()];
-    for m in (0..is_member.len()).filter(|&m| is_member[m] && m != lead.index()) {
-        outputs_of[m].iter().for_each(|r| inner[r.index()] = true);
-    }
-    for m in (0..is_member.len()).filter(|&m| is_member[m]) {
-        let actor = &plan.actors[m];
-        let ActorKind::Compute { kernel: KernelConf::Op(member) } = &actor.kind else { return };
+    let gradients = metas.len() - usize::from(head.carry.is_some());
+    let inner: Vec<RegstDescId> =
+        members.iter().filter(|&&m| m != lead).flat_map(|&m| index.outputs_of(m).iter().copied()).collect();
+    for &m in &members {
+        let actor = &plan.actors[m.index()];
+        let ActorKind::Compute { kernel: KernelConf::Op(member) } = &actor.kind else { return None };
         for (i, &register) in actor.inputs.iter().enumerate() {
-            if !member.input_map.contains(&i) && !inner[register.index()] && !inputs.contains(&register) {
+            if !member.input_map.contains(&i) && !inner.contains(&register) && !inputs.contains(&register) {
                 inputs.push(register);
             }
         }
@@ -189,34 +199,28 @@ fn merge(
         inputs: metas,
         outputs: vec![out_meta],
     };
-    // Every register the group reads: read by the group, once, instead of by members.
-    for &register in &inputs {
+    Some(Merge { lead, members, inputs, inner, conf, gradients })
+}
+
+/// Makes `merge`'s lead the group actor, read by nothing the members read before it
+/// (every register it reads: read by the lead once, instead of by members).
+fn apply(plan: &mut crate::plan::Plan, merge: Merge, merged_into: &[Option<ActorIndex>], single_device: bool) {
+    let lead = merge.lead;
+    for &register in &merge.inputs {
         let consumers = &mut plan.regst_descs[register.index()].consumers;
         let mut lead_seen = false;
         consumers.retain_mut(|c| {
-            if is_member[c.index()] {
-                *c = lead;
-            }
+            *c = merged_into[c.index()].filter(|&l| l == lead).unwrap_or(*c);
             *c != lead || !std::mem::replace(&mut lead_seen, true)
         });
     }
-    for m in (0..is_member.len()).filter(|&m| is_member[m] && m != lead.index()) {
-        removed_actors[m] = true;
-        outputs_of[m].iter().for_each(|r| removed_registers[r.index()] = true);
-    }
-    let more = gradients - 1;
+    let more = merge.gradients - 1;
     let actor = &mut plan.actors[lead.index()];
-    actor.name = match actor.name.rsplit_once('@').filter(|_| !low.placement.single_device()) {
+    actor.name = match actor.name.rsplit_once('@').filter(|_| !single_device) {
         Some((base, slot)) => format!("sum_squares_group:{base}+{more}@{slot}"),
         None => format!("sum_squares_group:{}+{more}", actor.name),
     };
-    actor.inputs = inputs;
+    actor.inputs = merge.inputs;
     actor.windows = Vec::new();
-    actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
-    // The members' ops now run on the lead (the schedule estimate adds their costs up).
-    for op_actor in low.op_actors.iter_mut().flat_map(|op| op.actors.iter_mut()) {
-        if is_member[op_actor.index()] {
-            *op_actor = lead;
-        }
-    }
+    actor.kind = ActorKind::Compute { kernel: KernelConf::Op(merge.conf) };
 }
