@@ -141,21 +141,7 @@ pub(crate) fn sum_squares_group_factory() -> KernelFactory {
         })?;
         let fail = |m: String| KernelError(format!("actor '{}': op 'sum_squares_group': {m}", spec.actor));
         let op: SumSquaresGroup = conf.parse_attrs().map_err(fail)?;
-        let carried = usize::from(op.carried);
-        let scalar = |m: &TensorMeta| m.shape.numel() == 1;
-        let fits = conf.inputs.len() > carried
-            && conf.input_map.len() == conf.inputs.len()
-            && matches!(conf.outputs.as_slice(), [out] if scalar(out) && conf.inputs.iter().all(|m| m.dtype == out.dtype))
-            && (!op.carried || scalar(&conf.inputs[0]));
-        if !fits {
-            return Err(fail(format!(
-                "sums the squares of at least one tensor{} into one scalar, all of one dtype, but has {} inputs and {} \
-                 outputs",
-                if op.carried { " after a carried scalar" } else { "" },
-                conf.inputs.len(),
-                conf.outputs.len()
-            )));
-        }
+        op.check(conf).map_err(fail)?;
         Ok(Box::new(SumSquaresGroupKernel {
             carried: op.carried,
             inputs: conf.inputs.iter().cloned().zip(conf.input_map.iter().copied()).collect(),

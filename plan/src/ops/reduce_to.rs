@@ -27,3 +27,28 @@ pub struct SumSquaresGroup {
     /// Whether the first input is a running total carried in (a scalar of the dtype).
     pub carried: bool,
 }
+
+impl SumSquaresGroup {
+    /// Checks `conf`'s metas, as every device's kernel needs them: at least one tensor
+    /// after the carry (if any), every input mapped, all of the output's dtype, a scalar
+    /// carry and a scalar output.
+    pub fn check(&self, conf: &crate::OpConf) -> Result<(), String> {
+        let carried = usize::from(self.carried);
+        let scalar = |m: &crate::TensorMeta| m.shape.numel() == 1;
+        let fits = conf.inputs.len() > carried
+            && conf.input_map.len() == conf.inputs.len()
+            && matches!(conf.outputs.as_slice(), [out] if scalar(out) && conf.inputs.iter().all(|m| m.dtype == out.dtype))
+            && (!self.carried || scalar(&conf.inputs[0]));
+        if fits {
+            return Ok(());
+        }
+        let list = |metas: &[crate::TensorMeta]| metas.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        Err(format!(
+            "sums the squares of at least one tensor{} into one scalar, all of one dtype, but has inputs [{}] and \
+             outputs [{}]",
+            if self.carried { " after a carried scalar" } else { "" },
+            list(&conf.inputs),
+            list(&conf.outputs)
+        ))
+    }
+}

@@ -97,22 +97,8 @@ pub(super) fn make_sum_squares_group(spec: &KernelSpec<'_>) -> Result<NormKernel
     let conf = op_conf(spec)?;
     let op: SumSquaresGroup = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
     let dtype = super::float_dtype(spec, conf)?;
+    op.check(conf).map_err(|e| refuse(spec, conf, e))?;
     let carried = usize::from(op.carried);
-    let fits = conf.inputs.len() > carried
-        && conf.input_map.len() == conf.inputs.len()
-        && conf.inputs.iter().all(|m| m.dtype == dtype)
-        && matches!(conf.outputs.as_slice(), [out] if out.shape.numel() == 1)
-        && (!op.carried || conf.inputs[0].shape.numel() == 1);
-    if !fits {
-        let error = format!(
-            "sums the squares of at least one tensor{} into one scalar, all of one dtype, but has inputs [{}] and \
-             outputs [{}]",
-            if op.carried { " after a carried scalar" } else { "" },
-            conf.inputs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
-            conf.outputs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-        );
-        return Err(refuse(spec, conf, error));
-    }
     let lens: Vec<u64> = conf.inputs[carried..].iter().map(|m| m.shape.numel() as u64).collect();
     let launches = plan_launches(&lens, MAX_LINEAR_BLOCKS);
     let parts = launches.last().map_or(0, |l| l.first_part + u64::from(l.table.blocks()));
