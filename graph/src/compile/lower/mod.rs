@@ -113,6 +113,28 @@ pub(crate) fn redirect_registers(plan: &mut crate::plan::Plan, members: &[ActorI
     }
 }
 
+/// Each item's number once the `removed` ones are gone (`None` for those).
+fn new_numbers(removed: &[bool]) -> Vec<Option<u32>> {
+    let mut next = 0u32;
+    removed
+        .iter()
+        .map(|&gone| {
+            let number = (!gone).then_some(next);
+            next += u32::from(!gone);
+            number
+        })
+        .collect()
+}
+
+/// Drops the items of `items` that `removed` marks, keeping the others' order.
+fn retain_kept<T>(items: &mut Vec<T>, removed: &[bool]) {
+    let mut index = 0;
+    items.retain(|_| {
+        index += 1;
+        !removed[index - 1]
+    });
+}
+
 /// The plan under construction and what the passes record on the way.
 #[derive(Debug)]
 pub(crate) struct Lowering<'a> {
@@ -196,19 +218,10 @@ impl<'a> Lowering<'a> {
         if !removed.contains(&true) {
             return;
         }
-        let mut new_index = Vec::with_capacity(removed.len());
-        let mut next = 0u32;
-        for &gone in removed {
-            new_index.push((!gone).then_some(ActorIndex(next)));
-            next += u32::from(!gone);
-        }
-        let renumber = |a: ActorIndex| new_index[a.index()];
+        let new_index = new_numbers(removed);
+        let renumber = |a: ActorIndex| new_index[a.index()].map(ActorIndex);
         let plan = self.b.plan_mut();
-        let mut index = 0;
-        plan.actors.retain(|_| {
-            index += 1;
-            !removed[index - 1]
-        });
+        retain_kept(&mut plan.actors, removed);
         for desc in &mut plan.regst_descs {
             // A removed actor's registers all moved to the actor it merged into.
             desc.producer = renumber(desc.producer).unwrap_or(desc.producer);
@@ -239,20 +252,11 @@ impl<'a> Lowering<'a> {
         if !removed.contains(&true) {
             return;
         }
-        let mut new_id = Vec::with_capacity(removed.len());
-        let mut next = 0u32;
-        for &gone in removed {
-            new_id.push((!gone).then_some(RegstDescId(next)));
-            next += u32::from(!gone);
-        }
-        let renumber = |r: RegstDescId| new_id.get(r.index()).copied().flatten();
+        let new_id = new_numbers(removed);
+        let renumber = |r: RegstDescId| new_id.get(r.index()).copied().flatten().map(RegstDescId);
         let kept = |r: RegstDescId| renumber(r).unwrap_or(RegstDescId(u32::MAX));
         let plan = self.b.plan_mut();
-        let mut index = 0;
-        plan.regst_descs.retain(|_| {
-            index += 1;
-            !removed[index - 1]
-        });
+        retain_kept(&mut plan.regst_descs, removed);
         for actor in &mut plan.actors {
             actor.inputs.iter_mut().for_each(|r| *r = kept(*r));
         }
