@@ -26,6 +26,17 @@ impl ChunkLaunch {
     pub(super) fn blocks(&self) -> u32 {
         self.first_block.last().copied().unwrap_or(0)
     }
+
+    /// Writes the launch's members into a kernel's table: their lengths (out of the
+    /// group's `lens`) into `n`, their first blocks into `first_block` (every entry from
+    /// the member count on holding the launch's block count). Returns the member count.
+    pub(super) fn fill(&self, lens: &[u64], n: &mut [u64], first_block: &mut [u32]) -> u32 {
+        let members = self.members();
+        n[..members].copy_from_slice(&lens[self.first_member..self.first_member + members]);
+        first_block[..=members].copy_from_slice(&self.first_block);
+        first_block[members..].fill(self.blocks());
+        members as u32
+    }
 }
 
 /// The launches over members of `lens` elements: at most `max_members` members and

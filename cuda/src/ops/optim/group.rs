@@ -92,12 +92,8 @@ fn plan_launches(lens: &[u64], max_blocks: u64) -> Vec<GroupLaunch> {
         .filter(|planned| planned.blocks() > 0)
         .map(|planned| {
             let mut table = UpdateTable::EMPTY;
-            let members = planned.members();
             table.block_elements = planned.chunk;
-            table.n[..members].copy_from_slice(&lens[planned.first_member..planned.first_member + members]);
-            table.first_block[..=members].copy_from_slice(&planned.first_block);
-            table.first_block[members..].fill(planned.blocks());
-            table.members = members as u32;
+            table.members = planned.fill(lens, &mut table.n, &mut table.first_block);
             GroupLaunch { first_member: planned.first_member, table }
         })
         .collect()

@@ -78,12 +78,8 @@ fn plan_launches(lens: &[u64], max_blocks: u64) -> Vec<NormLaunch> {
         .into_iter()
         .map(|planned| {
             let mut table = NormTable::EMPTY;
-            let members = planned.members();
             table.chunk = planned.chunk;
-            table.n[..members].copy_from_slice(&lens[planned.first_member..planned.first_member + members]);
-            table.first_block[..=members].copy_from_slice(&planned.first_block);
-            table.first_block[members..].fill(planned.blocks());
-            table.members = members as u32;
+            table.members = planned.fill(lens, &mut table.n, &mut table.first_block);
             let launch = NormLaunch { table, first_member: planned.first_member, first_part };
             first_part += u64::from(planned.blocks());
             launch
