@@ -404,7 +404,9 @@ pub struct StreamTimer {
     /// The batch's base event (0 on a dry-run stream) and its host instant.
     base: usize,
     base_at: std::time::Instant,
-    /// Marks recorded in this batch (a dry run keeps their host instants).
+    /// Marks a batch holds, and those recorded in this one (a dry run keeps their host
+    /// instants in `dry`).
+    capacity: usize,
     recorded: usize,
     dry: Vec<std::time::Instant>,
     device: Device,
@@ -423,6 +425,7 @@ impl Stream {
             events: Vec::with_capacity(capacity),
             base: 0,
             base_at: std::time::Instant::now(),
+            capacity,
             recorded: 0,
             dry: Vec::new(),
             device: self.device.clone(),
@@ -446,26 +449,18 @@ impl Stream {
 impl StreamTimer {
     /// Marks this batch can still record.
     pub fn room(&self) -> usize {
-        self.capacity() - self.recorded
-    }
-
-    fn capacity(&self) -> usize {
-        if self.events.is_empty() {
-            self.dry.capacity()
-        } else {
-            self.events.len()
-        }
+        self.capacity - self.recorded
     }
 
     /// Records the next mark on `stream` (the timer's) and returns its index in the batch;
     /// an error when the batch is full ([`StreamTimer::room`] says so beforehand).
     pub fn mark(&mut self, stream: &Stream) -> Result<usize, CudaError> {
         let index = self.recorded;
-        if index >= self.capacity() {
+        if index >= self.capacity {
             return Err(CudaError::Call {
                 call: "cuEventRecord".into(),
                 ordinal: self.device.ordinal(),
-                message: format!("the timer's batch of {} marks is full: resolve it first", self.capacity()),
+                message: format!("the timer's batch of {} marks is full: resolve it first", self.capacity),
             });
         }
         if stream.raw == 0 {
