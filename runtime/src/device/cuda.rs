@@ -108,6 +108,12 @@ unsafe extern "C" fn complete(arg: *mut c_void) {
     let _ = completer.inbox.send(Envelope::Actor(msg));
 }
 
+/// A CUDA call's failure on the stream labelled `label` (a free function, for where a field
+/// of the stream is borrowed).
+fn stream_failed(label: &str, e: regflow_cuda::CudaError) -> KernelError {
+    KernelError(format!("stream of {label}: {e}"))
+}
+
 /// One stream of a cuda device, owned by its stream thread.
 #[derive(Debug)]
 pub(crate) struct CudaStream {
@@ -157,7 +163,7 @@ impl CudaStream {
     }
 
     fn failed(&self, e: regflow_cuda::CudaError) -> KernelError {
-        KernelError(format!("stream of {}: {e}", self.label))
+        stream_failed(&self.label, e)
     }
 
     /// Launches `kernel` between two marks of the stream's timer (made at the first call),
@@ -179,7 +185,7 @@ impl CudaStream {
             });
         }
         let (stream, label) = (&self.stream, &self.label);
-        let failed = |e| KernelError(format!("stream of {label}: {e}"));
+        let failed = |e| stream_failed(label, e);
         let Some(timing) = self.timing.as_mut() else { return Ok(()) };
         if timing.timer.room() < 2 {
             timing.resolve(stream).map_err(failed)?;
@@ -270,8 +276,7 @@ impl DeviceStream for CudaStream {
 
     fn drain_device_slices(&mut self, out: &mut Vec<TraceEvent>) -> Result<(), KernelError> {
         let Some(timing) = self.timing.as_mut() else { return Ok(()) };
-        let label = &self.label;
-        timing.resolve(&self.stream).map_err(|e| KernelError(format!("stream of {label}: {e}")))?;
+        timing.resolve(&self.stream).map_err(|e| stream_failed(&self.label, e))?;
         out.append(&mut timing.slices);
         Ok(())
     }
