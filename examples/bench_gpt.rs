@@ -21,7 +21,8 @@ use regflow::prelude::Job;
 
 const BATCH: usize = 16;
 const VOCAB: usize = 65;
-const CONFIG: GptConfig = GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256 };
+const CONFIG: GptConfig =
+    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false };
 
 fn main() -> Result<(), regflow::Report> {
     let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(50);

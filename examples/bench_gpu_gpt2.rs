@@ -6,8 +6,15 @@
 //! ```text
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
 //!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
-//!     [--peak-tflops 989] [--trace PATH] [--layers N] [--plan-only] [--dry-run]
+//!     [--peak-tflops 989] [--trace PATH] [--layers N] [--attention composed|fused]
+//!     [--plan-only] [--dry-run]
 //! ```
+//!
+//! `--attention fused` runs each block's attention as one `attention` op (flash attention
+//! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,
+//! `composed`, is the two strided products around a masked softmax that PyTorch's eager
+//! model in `benches/peers/gpt2_torch.py` also runs (`--attention sdpa` there is
+//! `F.scaled_dot_product_attention`, the fused peer).
 //!
 //! `--dry-run` (no GPU, NVRTC on `LD_LIBRARY_PATH`) builds the job on dry-run `cuda`
 //! devices: kernels are compiled and made and every launch is checked, but nothing is
@@ -43,8 +50,10 @@ use gpt::{Gpt, GptConfig};
 use regflow::graph::{CompileOptions, DType, Graph, Optimizer, Precision};
 use regflow::prelude::{DeviceKind, Job};
 
-const GPT2: GptConfig = GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072 };
-const TINY: GptConfig = GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256 };
+const GPT2: GptConfig =
+    GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072, fused_attention: false };
+const TINY: GptConfig =
+    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false };
 
 /// The value after `--name`, parsed, or `default`.
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -89,6 +98,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("--precision {other}: expected f32, bf16 or f16").into()),
     };
     config.layers = arg("--layers", config.layers)?;
+    config.fused_attention = match arg("--attention", "composed".to_string())?.as_str() {
+        "composed" => false,
+        "fused" => true,
+        other => return Err(format!("--attention {other}: expected composed or fused").into()),
+    };
     let batch: usize = arg("--batch", 8)?;
     let steps: usize = arg("--steps", 20)?;
     let warmup: usize = arg("--warmup", 3)?;
@@ -157,7 +171,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let flops_per_token = 6.0 * parameters as f64 + 12.0 * (config.layers * t * config.d_model) as f64;
     let mfu = tokens * flops_per_token / (peak_tflops * 1e12);
     println!(
-        "regflow {} {} on {}: {} layers, {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
+        "regflow {} {}{} on {}: {} layers, {parameters} parameters, batch {batch}x{t}, {:.1} ms/step, {tokens:.0} tokens/s, \
          MFU {:.1}% of {peak_tflops} TFLOP/s (last loss {last:.4})",
         if vocab == 50_257 { "gpt2-124M" } else { "tiny gpt" },
         match precision {
@@ -165,6 +179,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             Some(Precision::F16) => "f16",
             _ => "f32",
         },
+        if config.fused_attention { " fused attention" } else { "" },
         device.name(),
         config.layers,
         per_step * 1e3,

@@ -147,7 +147,14 @@ fn main() -> Result<(), regflow::Report> {
 
     let g = Graph::new();
     g.mixed_precision(precision)?;
-    let config = GptConfig { d_model: D_MODEL, heads: HEADS, layers: LAYERS, context: CONTEXT, mlp_width: MLP_WIDTH };
+    let config = GptConfig {
+        d_model: D_MODEL,
+        heads: HEADS,
+        layers: LAYERS,
+        context: CONTEXT,
+        mlp_width: MLP_WIDTH,
+        fused_attention: false,
+    };
     let model = Gpt::new(&g, config, vocab_size)?;
     // 0 where query `i` may attend key `j <= i`, -1e9 after it: made by the step itself.
     let mask = g.causal_mask(CONTEXT, DType::F32)?;

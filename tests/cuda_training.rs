@@ -17,7 +17,12 @@ use Sbp::{Broadcast as B, Split as S};
 
 const BATCH: usize = 16;
 const STEPS: usize = 8;
-const GPT: GptConfig = GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32 };
+const GPT: GptConfig =
+    GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32, fused_attention: false };
+/// The tiny GPT with one `attention` op per block, heads of 16 (the tensor-core entries
+/// in bf16 and f16) over a context longer than a tile of 64.
+const FUSED_GPT: GptConfig =
+    GptConfig { d_model: 32, heads: 2, layers: 1, context: 80, mlp_width: 32, fused_attention: true };
 const VOCAB: usize = 13;
 
 /// Whether this machine runs cuda devices; says why not otherwise.
@@ -165,14 +170,19 @@ fn sharded_optimizer_state_on_two_devices_of_one_gpu_matches_one_device() {
 
 /// The tiny GPT's training step on one device of `mesh`, in f32 or with `precision`.
 fn gpt_step<'g>(g: &'g Graph, mesh: &Mesh, precision: Option<Precision>) -> TrainStep<'g> {
+    gpt_step_of(g, mesh, precision, GPT)
+}
+
+/// [`gpt_step`] for a model of `config`.
+fn gpt_step_of<'g>(g: &'g Graph, mesh: &Mesh, precision: Option<Precision>, config: GptConfig) -> TrainStep<'g> {
     if let Some(precision) = precision {
         g.mixed_precision(precision).unwrap();
     }
-    let model = Gpt::new(g, GPT, VOCAB).unwrap();
+    let model = Gpt::new(g, config, VOCAB).unwrap();
     // Made on the device (`causal_mask`), not fed.
-    let mask = g.causal_mask(GPT.context, DType::F32).unwrap();
-    let ids = g.input("ids", [4, GPT.context], DType::I64).unwrap();
-    let targets = g.input("targets", [4 * GPT.context], DType::I64).unwrap();
+    let mask = g.causal_mask(config.context, DType::F32).unwrap();
+    let ids = g.input("ids", [4, config.context], DType::I64).unwrap();
+    let targets = g.input("targets", [4 * config.context], DType::I64).unwrap();
     for t in [mask, ids, targets] {
         g.set_layout(t, mesh, NdSbp(vec![B])).unwrap();
     }
@@ -182,10 +192,15 @@ fn gpt_step<'g>(g: &'g Graph, mesh: &Mesh, precision: Option<Precision>) -> Trai
 
 /// The tiny GPT's per-step losses on one device of `kind`, in f32 or with `precision`.
 fn gpt_losses(kind: DeviceKind, precision: Option<Precision>) -> Vec<f64> {
+    gpt_losses_of(kind, precision, GPT)
+}
+
+/// [`gpt_losses`] for a model of `config`.
+fn gpt_losses_of(kind: DeviceKind, precision: Option<Precision>, config: GptConfig) -> Vec<f64> {
     let g = Graph::new();
     let mesh = Mesh::of_kind(kind, &[1], &["d"]).unwrap();
-    let step = gpt_step(&g, &mesh, precision);
-    let t = GPT.context;
+    let step = gpt_step_of(&g, &mesh, precision, config);
+    let t = config.context;
     let mut rng = SplitMix64::new(7);
     let feeds: Feeds = (0..STEPS)
         .map(|_| {
@@ -226,6 +241,20 @@ fn the_tiny_gpt_trains_in_f16_with_loss_scaling_on_one_gpu_like_on_the_cpu() {
     }
     let f16 = Some(Precision::F16);
     assert_close("f16 gpt", &gpt_losses(DeviceKind::Cuda, f16), &gpt_losses(DeviceKind::Cpu, f16), 1e-2);
+}
+
+/// One fused `attention` op per block (flash attention: tensor cores in bf16 and f16, one
+/// thread per row in f32) trains as the same plan does on the CPU.
+#[test]
+fn the_tiny_gpt_with_fused_attention_trains_on_one_gpu_like_on_the_cpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for (precision, tolerance) in [(None, 1e-4), (Some(Precision::Bf16), 2e-2), (Some(Precision::F16), 1e-2)] {
+        let gpu = gpt_losses_of(DeviceKind::Cuda, precision, FUSED_GPT);
+        let cpu = gpt_losses_of(DeviceKind::Cpu, precision, FUSED_GPT);
+        assert_close(&format!("fused-attention gpt {precision:?}"), &gpu, &cpu, tolerance);
+    }
 }
 
 /// The op actors of `plan`, and those without a CUDA kernel for their op and dtype (which
@@ -274,10 +303,11 @@ fn large(on_host: Vec<(String, usize)>) -> Vec<(String, usize)> {
 /// 5 s on an H100). Runs anywhere: it compiles the plans and reads their actors.
 #[test]
 fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
-    for precision in [None, Some(Precision::Bf16), Some(Precision::F16)] {
+    let precisions = [None, Some(Precision::Bf16), Some(Precision::F16)];
+    for (precision, config) in precisions.iter().flat_map(|&p| [(p, GPT), (p, FUSED_GPT)]) {
         let g = Graph::new();
         let mesh = Mesh::of_kind(DeviceKind::Cuda, &[1], &["d"]).unwrap();
-        let step = gpt_step(&g, &mesh, precision);
+        let step = gpt_step_of(&g, &mesh, precision, config);
         let options = ParallelOptions::new(mesh.clone()).train(&step);
         let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).unwrap();
         let (ops, on_host) = ops_on_the_host(&compiled.plan);

@@ -838,7 +838,7 @@ fn compiled_mlp_training_allocates_nothing_per_step() {
 fn compiled_gpt_block_training_allocates_nothing_per_step() {
     const BATCH: usize = 2;
     const VOCAB: usize = 12;
-    let config = gpt::GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 64 };
+    let config = gpt::GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 64, fused_attention: false };
     let time = config.context;
     let g = Graph::new();
     let ids = g.input("ids", [BATCH, time], DType::I64).unwrap();

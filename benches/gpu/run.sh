@@ -59,10 +59,13 @@ if [ "${TORCH_COMPILE:-1}" = 1 ]; then
     >"$logs/torch-warm.log" 2>&1 &
 fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+# TESTS="ops_attention cuda_training" runs only those binaries (and their memcheck).
+wanted() { [ -z "${TESTS:-}" ] || [[ " $TESTS " == *" $1 "* ]]; }
 {
-  for t in "$here"/test-*; do b=$(basename "$t"); echo "${b#test-} $t"; done
+  for t in "$here"/test-*; do b=$(basename "$t"); wanted "${b#test-}" && echo "${b#test-} $t"; done
   if [ -n "$sanitizer" ]; then
-    for t in ops_rows ops_reduce ops_movement ops_elementwise ops_optim; do
+    for t in ops_rows ops_reduce ops_movement ops_elementwise ops_optim ops_attention; do
+      wanted "$t" || continue
       echo "memcheck-$t $sanitizer --tool memcheck --leak-check no --error-exitcode 9 $here/test-$t"
     done
   fi
@@ -75,15 +78,18 @@ for log in "$logs"/test-*.log; do echo "===== $(basename "$log" .log)"; cat "$lo
 wait
 [ -f "$logs/torch-warm.log" ] && cp "$logs/torch-warm.log" "$out/torch-warm.log"
 
-# 3. Benchmarks, one at a time, most wanted first (GEMM=0, TORCH=0 (PyTorch eager),
+# 3. Benchmarks, one at a time, most wanted first (F32=0, FUSED=0, GEMM=0, TORCH=0 (PyTorch eager),
 # TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0 leave parts out;
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
 {
-  echo "== GPT-2 124M regflow f32"
-  gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS"; full=$?
-  echo "exit $full"
+  full=0
+  if [ "${F32:-1}" = 1 ]; then
+    echo "== GPT-2 124M regflow f32"
+    gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS"; full=$?
+    echo "exit $full"
+  fi
   if [ "$full" = 0 ] && [ "${CALLBACKS:-1}" = 1 ]; then
     # The same step with a completion callback after every kernel, as before completions
     # were skipped where nobody off the stream waits: the difference is their cost.
@@ -95,6 +101,15 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     echo "== GPT-2 124M regflow bf16"
     gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16
     echo "exit $?"
+    if [ "${FUSED:-1}" = 1 ]; then
+      # Each block's attention as one op (flash attention on tensor cores).
+      for precision in bf16 f16; do
+        echo "== GPT-2 124M regflow $precision, fused attention"
+        gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision "$precision" \
+          --attention fused
+        echo "exit $?"
+      done
+    fi
     if [ "${STAGING:-1}" = 1 ]; then
       # The same step with every 16-bit product run as it is (no aligned staging of the
       # logits' odd leading dimension, cuda/src/ops/matmul.rs): the difference is staging's.
@@ -125,11 +140,13 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
   fi
   if [ "${TORCH:-1}" = 1 ]; then
     echo "== GPT-2 124M PyTorch"
-    timeout 120 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes "${TORCH_DTYPES:-f32,bf16,f16}" --modes eager
+    timeout 120 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes "${TORCH_DTYPES:-f32,bf16,f16}" --modes eager \
+      --attention "${TORCH_ATTENTION:-composed,sdpa}"
     echo "exit $?"
   fi
   if [ "${TORCH_COMPILE:-1}" = 1 ]; then
-    timeout 150 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes bf16 --modes compile
+    timeout 150 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps "$STEPS" --dtypes bf16 --modes compile \
+      --attention "${TORCH_ATTENTION:-composed,sdpa}"
     echo "exit $?"
   fi
   if [ "${GEMM:-1}" = 1 ]; then
@@ -142,12 +159,15 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     timeout 90 python3 "$here/gemm_torch.py" --repeats 20
   fi
   if [ "${PROFILE:-1}" = 1 ] && [ "$full" = 0 ]; then
-    # PROFILE_PRECISIONS="bf16" profiles one precision only (each traced step takes a while).
-    for precision in ${PROFILE_PRECISIONS:-f32 bf16}; do
-      echo "== GPT-2 124M regflow $precision, traced (CUDA events around each kernel): per-op profile of step 1"
-      gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" --trace "$out/trace-$precision.json"
+    # PROFILE_PRECISIONS="bf16" profiles one precision only (each traced step takes a
+    # while); "bf16:fused" profiles the fused-attention step.
+    for entry in ${PROFILE_PRECISIONS:-f32 bf16 bf16:fused}; do
+      precision=${entry%%:*}; attention=composed; [ "$entry" != "$precision" ] && attention=${entry#*:}
+      echo "== GPT-2 124M regflow $precision, $attention attention, traced (CUDA events around each kernel): per-op profile of step 1"
+      gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" --attention "$attention" \
+        --trace "$out/trace-$precision-$attention.json"
       echo "exit $?"
-      python3 "$here/op_profile.py" "$out/trace-$precision.json" --pieces 1 --top 30
+      python3 "$here/op_profile.py" "$out/trace-$precision-$attention.json" --pieces 1 --top 30
     done
   fi
   # Nsight Systems, where the machine has it: the untraced step's kernels as the GPU ran

@@ -7,7 +7,11 @@ causal mask (0 / -1e9), the tanh-approximated GELU, a final LayerNorm and logits
 tied token embedding; AdamW (lr 6e-4, weight decay 0.1), gradients clipped to norm 1.
 
     python3 benches/peers/gpt2_torch.py [--batch 8] [--steps 20] [--dtypes f32,bf16] [--modes eager,compile]
-        [--size gpt2|tiny]
+        [--size gpt2|tiny] [--attention composed,sdpa]
+
+`--attention sdpa` runs each block's attention as `F.scaled_dot_product_attention(...,
+is_causal=True)` (flash attention where the GPU and dtype allow), the peer of regflow's
+`--attention fused`; `composed` (the default) is the products around a masked softmax.
 
 f32 runs with TF32 off (regflow's f32 products do not use TF32); bf16 is autocast with f32
 master weights, as `Graph::mixed_precision(Bf16)` compiles it.
@@ -24,9 +28,9 @@ SIZES = {"gpt2": (12, 768, 12, 1024, 3072, 50257), "tiny": (2, 64, 4, 64, 256, 6
 
 
 class Block(torch.nn.Module):
-    def __init__(self, d, heads, mlp, layers):
+    def __init__(self, d, heads, mlp, layers, sdpa=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.sdpa = heads, sdpa
         self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
         self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
         self.fc, self.proj = torch.nn.Linear(d, mlp), torch.nn.Linear(mlp, d)
@@ -38,18 +42,22 @@ class Block(torch.nn.Module):
         h = self.ln1(x)
         split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
         q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
-        scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d // self.heads)) + mask
-        x = x + self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d))
+        if self.sdpa:
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(d // self.heads)) + mask
+            attended = scores.softmax(-1) @ v
+        x = x + self.o(attended.transpose(1, 2).reshape(b, t, d))
         return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
 class Gpt(torch.nn.Module):
-    def __init__(self, layers, d, heads, t, mlp, vocab):
+    def __init__(self, layers, d, heads, t, mlp, vocab, sdpa=False):
         super().__init__()
         self.wte, self.wpe = torch.nn.Embedding(vocab, d), torch.nn.Embedding(t, d)
         torch.nn.init.normal_(self.wte.weight, std=0.02)
         torch.nn.init.normal_(self.wpe.weight, std=0.01)
-        self.blocks = torch.nn.ModuleList(Block(d, heads, mlp, layers) for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(Block(d, heads, mlp, layers, sdpa) for _ in range(layers))
         self.lnf = torch.nn.LayerNorm(d)
 
     def forward(self, ids, targets, mask):
@@ -86,22 +94,26 @@ def main():
     parser.add_argument("--dtypes", default="f32", help="comma-separated: f32, bf16, f16")
     parser.add_argument("--modes", default="eager,compile", help="comma-separated: eager, compile")
     parser.add_argument("--size", choices=list(SIZES), default="gpt2")
+    parser.add_argument("--attention", default="composed", help="comma-separated: composed, sdpa")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     layers, d, heads, t, mlp, vocab = SIZES[args.size]
-    for dtype in args.dtypes.split(","):
-        for mode in args.modes.split(","):
-            run(args, dtype, mode, (layers, d, heads, t, mlp, vocab))
+    for attention in args.attention.split(","):
+        if attention not in ("composed", "sdpa"):
+            raise SystemExit(f"unknown attention {attention!r}: expected composed or sdpa")
+        for dtype in args.dtypes.split(","):
+            for mode in args.modes.split(","):
+                run(args, dtype, mode, (layers, d, heads, t, mlp, vocab), attention == "sdpa")
 
 
-def run(args, dtype, mode, sizes):
+def run(args, dtype, mode, sizes, sdpa):
     """Times one (dtype, mode) pair and prints its line."""
     if dtype not in ("f32", "bf16", "f16") or mode not in ("eager", "compile"):
         raise SystemExit(f"unknown dtype {dtype!r} or mode {mode!r}: expected f32/bf16/f16 and eager/compile")
     layers, d, heads, t, mlp, vocab = sizes
     torch.manual_seed(0)
-    model = Gpt(layers, d, heads, t, mlp, vocab).cuda()
+    model = Gpt(layers, d, heads, t, mlp, vocab, sdpa).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1)
     forward = torch.compile(model) if mode == "compile" else model
 
@@ -122,7 +134,7 @@ def run(args, dtype, mode, sizes):
         return loss
 
     tokens, per_step, loss = tokens_per_second(model, step, args, t, vocab)
-    print(f"pytorch {mode} {dtype} on {torch.cuda.get_device_name()}: {per_step * 1e3:.1f} ms/step, "
+    print(f"pytorch {mode} {dtype}{' sdpa' if sdpa else ''} on {torch.cuda.get_device_name()}: {per_step * 1e3:.1f} ms/step, "
           f"{tokens:.0f} tokens/s (last loss {loss:.4f})")
 
 

@@ -27,7 +27,7 @@ macro_rules! sources {
     };
 }
 
-sources!["fill", "elementwise", "movement", "optim", "reduce", "rows", "debug"];
+sources!["fill", "elementwise", "movement", "optim", "reduce", "rows", "attention", "debug"];
 
 /// The text NVRTC compiles for `source`: the prelude, then the source.
 pub fn full_text(source: &KernelSource) -> String {

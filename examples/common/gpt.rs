@@ -8,7 +8,9 @@
 //! The step runs on fused kernels: the heads are read from `[B, T, H, d]` by strided
 //! products (`matmul_permuted`, no permute copies), the scaled, masked softmax is one op
 //! (`masked_softmax`) and so is the MLP's bias add and GELU (`bias_gelu`); the arithmetic is
-//! that of the unfused composition.
+//! that of the unfused composition. With `fused_attention` the products and the softmax
+//! are one `attention` op (causal, the mask input then unused), whose sums run in
+//! another order.
 
 use regflow::graph::{DType, Graph, GraphError, Init, Tensor};
 
@@ -23,6 +25,9 @@ pub(crate) struct GptConfig {
     pub(crate) layers: usize,
     pub(crate) context: usize,
     pub(crate) mlp_width: usize,
+    /// Attention as one fused op (`Tensor::attention`, flash attention on CUDA: the
+    /// `[T, T]` scores never stored) instead of the products and masked softmax.
+    pub(crate) fused_attention: bool,
 }
 
 impl GptConfig {
@@ -126,12 +131,18 @@ impl<'g> Block<'g> {
         let q = split_heads(self.query.forward(&h)?)?;
         let k = split_heads(self.key.forward(&h)?)?;
         let v = split_heads(self.value.forward(&h)?)?;
-        // q·kᵀ: [B, H, T, d] x [B, H, d, T] -> [B, H, T, T].
-        let scores = q.matmul_permuted(&k, &HEADS_FIRST, &[0, 2, 3, 1], &[0, 1, 2, 3])?;
-        // softmax(q·kᵀ/√d + mask) in one kernel, forward and backward.
-        let weights = scores.masked_softmax(mask, 1.0 / (c.head_dim() as f64).sqrt())?;
-        // weights·v: [B, H, T, T] x [B, H, T, d] -> [B, H, T, d], stored [B, T, H, d].
-        let attended = weights.matmul_permuted(&v, &[0, 1, 2, 3], &HEADS_FIRST, &HEADS_FIRST)?;
+        let scale = 1.0 / (c.head_dim() as f64).sqrt();
+        let attended = if c.fused_attention {
+            // softmax(q·kᵀ/√d, causal)·v in one op, read and written as [B, T, H, d].
+            q.attention(&k, &v, scale, true)?
+        } else {
+            // q·kᵀ: [B, H, T, d] x [B, H, d, T] -> [B, H, T, T].
+            let scores = q.matmul_permuted(&k, &HEADS_FIRST, &[0, 2, 3, 1], &[0, 1, 2, 3])?;
+            // softmax(q·kᵀ/√d + mask) in one kernel, forward and backward.
+            let weights = scores.masked_softmax(mask, scale)?;
+            // weights·v: [B, H, T, T] x [B, H, T, d] -> [B, H, T, d], stored [B, T, H, d].
+            weights.matmul_permuted(&v, &[0, 1, 2, 3], &HEADS_FIRST, &HEADS_FIRST)?
+        };
         let merged = attended.reshape(&[b * t, c.d_model as isize])?;
         let x = x.add(&self.attn_out.forward(&merged)?)?;
         // gelu(h·w1 + b1): the bias add and the activation in one kernel.

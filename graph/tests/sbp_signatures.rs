@@ -359,6 +359,27 @@ fn masked_softmax_splits_scores_with_the_mask_where_it_has_the_axis() {
 }
 
 #[test]
+fn attention_splits_sequences_heads_and_free_queries_and_its_gradient_takes_summands_of_dout() {
+    // Three sequences and three heads over 2, 3 and 4 devices: uneven and empty parts.
+    for (causal, keys) in [(true, 5), (false, 5), (false, 3)] {
+        let (q, k, v) = (random([3, 5, 3, 4], 26), random([3, keys, 3, 4], 27), random([3, keys, 3, 4], 28));
+        let op = Attention { scale: 0.4, causal };
+        let signatures = check_signatures(&op, &[q.clone(), k.clone(), v.clone()]);
+        assert!(has(&signatures, &[S(0), S(0), S(0)], &[S(0), S(0)]), "{causal}");
+        assert!(has(&signatures, &[S(2), S(2), S(2)], &[S(2), S(1)]), "{causal}");
+        assert_eq!(has(&signatures, &[S(1), B, B], &[S(1), S(2)]), !causal);
+        let outputs = run(&op, &[q.clone(), k.clone(), v.clone()]).unwrap();
+        let dout = random([3, 5, 3, 4], 29);
+        let grad = AttentionGrad { scale: 0.4, causal };
+        let inputs = [q, k, v, outputs[0].clone(), outputs[1].clone(), dout];
+        let signatures = check_signatures(&grad, &inputs);
+        assert!(has(&signatures, &[B, B, B, B, B, P], &[P, P, P]), "{causal}");
+        assert!(has(&signatures, &[S(2), S(2), S(2), S(2), S(1), S(2)], &[S(2), S(2), S(2)]), "{causal}");
+        assert_eq!(has(&signatures, &[B, S(1), S(1), B, B, B], &[P, S(1), S(1)]), !causal);
+    }
+}
+
+#[test]
 fn permuted_matmuls_split_batches_rows_columns_and_sums_where_the_tensors_store_them() {
     let (q, k) = (random([2, 3, 2, 4], 23), random([2, 3, 2, 4], 24));
     let scores = PermutedMatMul { a_axes: vec![0, 2, 1, 3], b_axes: vec![0, 2, 3, 1], out_axes: vec![0, 1, 2, 3] };

@@ -1,5 +1,5 @@
 //! Row-wise kernels (GELU with its bias, layer norm, the masked softmax, the cross-entropy
-//! and its gradient) and binary elementwise ops share their rows over a device's threads
+//! and its gradient), attention (whole sequences) and binary elementwise ops share their rows over a device's threads
 //! when a tensor is large: every row is one thread's work, layer norm's parameter gradients
 //! are summed by columns, each over the rows in row order, and the cross-entropy's row
 //! losses in row order, so two or three threads give the same bits as one. Below the size
@@ -7,8 +7,8 @@
 
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::{
-    BiasGelu, BiasGeluGrad, Binary, BinaryKind, LayerNorm, LayerNormGrad, MaskedSoftmax, MaskedSoftmaxGrad,
-    PartCrossEntropy, SparseCrossEntropy, SparseCrossEntropyGrad,
+    Attention, AttentionGrad, BiasGelu, BiasGeluGrad, Binary, BinaryKind, LayerNorm, LayerNormGrad, MaskedSoftmax,
+    MaskedSoftmaxGrad, PartCrossEntropy, SparseCrossEntropy, SparseCrossEntropyGrad,
 };
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
 
@@ -85,6 +85,29 @@ fn masked_softmax_with_a_broadcast_and_a_full_mask_and_its_gradient() {
     let y = HostArray::f32([b, h, t, t], y.iter().map(|&v| v as f32).collect()).unwrap();
     let dy = random(&[b, h, t, t], 10);
     same_on_any_thread_count("masked_softmax_grad", &MaskedSoftmaxGrad { scale: 0.125 }, &[y, dy], &out);
+}
+
+#[test]
+fn attention_and_its_gradient_share_whole_sequences() {
+    // 5·2·33·33·16 = 174 240 multiply-adds (past the threshold), and 1·2·5·5·4 below it.
+    for (b, t, h, d) in [(5, 33, 2, 16), (1, 5, 2, 4)] {
+        for causal in [true, false] {
+            let (q, k, v) = (random(&[b, t, h, d], 40), random(&[b, t, h, d], 41), random(&[b, t, h, d], 42));
+            let op = Attention { scale: 0.25, causal };
+            let outs = [vec![b, t, h, d], vec![b, h, t]];
+            same_on_any_thread_count("attention", &op, &[q.clone(), k.clone(), v.clone()], &outs);
+            let mut forward = run(&op, &[q.clone(), k.clone(), v.clone()], &outs, 1).into_iter();
+            let mut f32s = |dims: &[usize]| {
+                let values = forward.next().unwrap().iter().map(|&x| x as f32).collect();
+                HostArray::f32(dims.to_vec(), values).unwrap()
+            };
+            let (out, lse) = (f32s(&outs[0]), f32s(&outs[1]));
+            let dout = random(&[b, t, h, d], 43);
+            let grads = vec![vec![b, t, h, d]; 3];
+            let grad = AttentionGrad { scale: 0.25, causal };
+            same_on_any_thread_count("attention_grad", &grad, &[q, k, v, out, lse, dout], &grads);
+        }
+    }
 }
 
 #[test]

@@ -16,6 +16,7 @@ use regflow_kernels::{Execution, Kernel, KernelError, KernelFactory, KernelIo, K
 use regflow_plan::{DType, DeviceKind, OpConf};
 use std::sync::Arc;
 
+mod attention;
 mod cast;
 mod elementwise;
 mod fill;
@@ -70,6 +71,7 @@ fn entries() -> Vec<Entry> {
     all.extend_from_slice(optim::ENTRIES);
     all.extend_from_slice(reduce::ENTRIES);
     all.extend_from_slice(rows::ENTRIES);
+    all.extend_from_slice(attention::ENTRIES);
     all.extend_from_slice(scalars::ENTRIES);
     all
 }

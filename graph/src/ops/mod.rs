@@ -23,6 +23,7 @@ mod reduce_to;
 mod unary;
 
 // Linear algebra and neural-network ops.
+mod attention;
 mod cross_entropy;
 mod dropout;
 mod embedding;
@@ -173,6 +174,7 @@ pub struct LocalContext<'a> {
     /// Layout of each output.
     pub output_layouts: &'a [NdSbp],
 }
+pub use attention::{Attention, AttentionGrad};
 pub use concat::{concat, Concat};
 pub use cross_entropy::{SparseCrossEntropy, SparseCrossEntropyGrad};
 pub use dropout::Dropout;

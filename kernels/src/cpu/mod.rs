@@ -69,6 +69,7 @@ use regflow_plan::{DType, DeviceKind};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
+pub mod attention;
 pub mod axes;
 pub mod binary;
 pub mod boxing;
@@ -181,6 +182,10 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::MaskedSoftmax>(r, "masked_softmax", device, LOW);
     // bf16: the gradient of bf16 scores the forward op widened (mixed precision).
     add_as::<ops::MaskedSoftmaxGrad>(r, "masked_softmax_grad", device, LOW);
+    // bf16 q, k and v under mixed precision (attention is a pair of products), computed
+    // in f32 with an f32 log-sum-exp; the gradient reads them and that f32 `lse`.
+    add_as::<ops::Attention>(r, "attention", device, LOW);
+    add_as::<ops::AttentionGrad>(r, "attention_grad", device, LOW);
     add::<ops::BiasGelu>(r, device, LOW);
     add::<ops::BiasGeluGrad>(r, device, LOW);
     add_as::<ops::Concat>(r, "concat", device, ANY);

@@ -10,6 +10,7 @@ use crate::{DType, TensorMeta};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod attention;
 mod binary;
 mod boxing;
 mod cast;
@@ -31,6 +32,7 @@ mod softmax;
 mod to_global;
 mod unary;
 
+pub use attention::*;
 pub use binary::*;
 pub use boxing::*;
 pub use cast::*;
@@ -163,6 +165,8 @@ op_types! {
     SoftmaxGrad => "softmax_grad",
     MaskedSoftmax => "masked_softmax",
     MaskedSoftmaxGrad => "masked_softmax_grad",
+    Attention => "attention",
+    AttentionGrad => "attention_grad",
     BiasGelu => "bias_gelu",
     BiasGeluGrad => "bias_gelu_grad",
     Concat => "concat",

@@ -1,0 +1,297 @@
+//! `attention` and `attention_grad` on CUDA (`attention.cu`): flash attention, the scores
+//! made a tile at a time and never stored.
+//!
+//! bf16 and f16 heads of 16, 32, 64 or 128 on compute capability 8.0 and up run on tensor
+//! cores (`regflow_attention_{fwd,dq,dkv}_<dtype>_d<D>`, a block per 64 rows); every other
+//! case (f32, f64, other head sizes up to 256, registers not 16-byte aligned, older GPUs)
+//! runs one thread per row (`regflow_attention_*_<dtype>`). The gradient is three
+//! launches: the row dots `Σ dout·out` into the stream's scratch, then dq over query
+//! blocks and dk, dv over key blocks, each output written by one thread in a fixed order
+//! (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs or
+//! an empty tensor run the CPU kernel on the host.
+
+use super::{function, op_conf, queued, stream, suffix, Entry};
+use crate::driver::{launch, Device, Function, Grid};
+use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
+use regflow_plan::ops::{Attention, AttentionGrad};
+use regflow_plan::{DType, OpConf};
+use std::sync::Arc;
+
+const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::Bf16, DType::F16];
+
+pub(super) const ENTRIES: &[Entry] = &[
+    // Keyed by the output's dtype, q's.
+    ("attention", DTYPES, || Arc::new(make_attention)),
+    ("attention_grad", DTYPES, || Arc::new(make_attention_grad)),
+];
+
+/// Head sizes with tensor-core entries (`ATTENTION_TC` in `attention.cu`).
+const TENSOR_CORE_HEADS: [usize; 4] = [16, 32, 64, 128];
+/// Rows of a tensor-core block (`ATT_ROWS`) and its threads (`ATT_THREADS`).
+const TENSOR_CORE_ROWS: u64 = 64;
+const TENSOR_CORE_THREADS: u32 = 128;
+/// Threads of a one-thread-per-row block (`ATT_SIMT_THREADS`) and the largest head it
+/// holds (`ATT_SIMT_MAX_D`).
+const ROW_THREADS: u32 = 128;
+const ROW_MAX_HEAD: usize = 256;
+/// The most (sequence, head) pairs a launch takes: they are its grid's `y`.
+const MAX_PAIRS: usize = 65_535;
+
+/// The sizes of one attention: q `[batch, tq, heads, d]`, k and v `[batch, tk, heads, d]`.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    tq: u64,
+    tk: u64,
+    heads: u64,
+    d: u64,
+    /// batch · heads.
+    pairs: u64,
+}
+
+impl Sizes {
+    /// The sizes of `conf`, whose first two inputs are q and k; `None` where the CUDA
+    /// kernels do not take them (the CPU kernel runs on the host).
+    fn of(conf: &OpConf) -> Option<Self> {
+        let (q, k) = (conf.inputs.first()?.shape.dims(), conf.inputs.get(1)?.shape.dims());
+        let (&[batch, tq, heads, d], &[_, tk, _, _]) = (q, k) else { return None };
+        let pairs = batch * heads;
+        let empty = [batch, tq, tk, heads, d].contains(&0);
+        (!empty && d <= ROW_MAX_HEAD && pairs <= MAX_PAIRS).then_some(Self {
+            tq: tq as u64,
+            tk: tk as u64,
+            heads: heads as u64,
+            d: d as u64,
+            pairs: pairs as u64,
+        })
+    }
+
+    /// The grid of the tensor-core entries over `rows` (queries or keys).
+    fn tensor_core_grid(&self, rows: u64) -> Grid {
+        let blocks = rows.div_ceil(TENSOR_CORE_ROWS).max(1) as u32;
+        Grid { blocks: (blocks, self.pairs as u32, 1), threads: (TENSOR_CORE_THREADS, 1, 1), shared_bytes: 0 }
+    }
+
+    /// The grid of the one-thread-per-row entries over `rows`.
+    fn row_grid(&self, rows: u64) -> Grid {
+        let blocks = rows.div_ceil(u64::from(ROW_THREADS)).max(1) as u32;
+        Grid { blocks: (blocks, self.pairs as u32, 1), threads: (ROW_THREADS, 1, 1), shared_bytes: 0 }
+    }
+}
+
+/// The entries of one op: on tensor cores where they apply (with the row entries for
+/// registers off 16-byte alignment), else one thread per row.
+#[derive(Debug, Clone, Copy)]
+struct Entries {
+    tensor_cores: Option<[Function; 3]>,
+    rows: [Function; 3],
+    /// The gradient's row dots (unused by the forward).
+    dots: Function,
+}
+
+impl Entries {
+    fn find(spec: &KernelSpec<'_>, dtype: DType, d: u64) -> Result<Self, KernelError> {
+        let s = suffix(dtype);
+        let named = |stage: &str, tail: &str| function(spec, &format!("regflow_attention_{stage}_{tail}"));
+        let device = Device::open(usize::from(spec.device_index))?;
+        let half = matches!(dtype, DType::Bf16 | DType::F16);
+        let tensor_cores =
+            if half && device.info().compute_capability.0 >= 8 && TENSOR_CORE_HEADS.contains(&(d as usize)) {
+                let tail = format!("{s}_d{d}");
+                Some([named("fwd", &tail)?, named("dq", &tail)?, named("dkv", &tail)?])
+            } else {
+                None
+            };
+        Ok(Self { tensor_cores, rows: [named("fwd", s)?, named("dq", s)?, named("dkv", s)?], dots: named("dots", s)? })
+    }
+
+    /// The tensor-core entries if every address is 16-byte aligned (their tile loads read
+    /// 16 bytes at a time), else `None`.
+    fn tensor_cores_for(&self, addresses: &[u64]) -> Option<[Function; 3]> {
+        self.tensor_cores.filter(|_| addresses.iter().all(|a| a % 16 == 0))
+    }
+}
+
+/// An error of the actor's op.
+fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -> KernelError {
+    KernelError(format!("actor '{}': op '{}': {message}", spec.actor, conf.op_type))
+}
+
+/// Checks `conf`'s counts and that `lse` (input or output) is in the arithmetic dtype of
+/// `dtype`; returns the arithmetic dtype.
+fn check_metas(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    counts: (usize, usize),
+    lse: &regflow_plan::TensorMeta,
+) -> Result<DType, KernelError> {
+    if (conf.inputs.len(), conf.outputs.len()) != counts || conf.input_map.len() != counts.0 {
+        return Err(fail(
+            spec,
+            conf,
+            format!(
+                "takes {} inputs and gives {} outputs, but has {} and {}",
+                counts.0,
+                counts.1,
+                conf.inputs.len(),
+                conf.outputs.len()
+            ),
+        ));
+    }
+    let wide = if conf.inputs[0].dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    if lse.dtype != wide {
+        return Err(fail(
+            spec,
+            conf,
+            format!("lse must be {wide} for {} inputs, got {}", conf.inputs[0].dtype, lse.dtype),
+        ));
+    }
+    Ok(wide)
+}
+
+/// `attention`: q, k, v -> out, lse.
+#[derive(Debug)]
+struct AttentionKernel {
+    entries: Entries,
+    sizes: Sizes,
+    inputs: [usize; 3],
+    scale: f64,
+    causal: u32,
+    wide: DType,
+}
+
+impl Kernel for AttentionKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let [q, k, v] = self.inputs.map(|i| io.input_addr(i));
+        let (out, lse) = (io.output_addr(0), io.output_addr(1));
+        let Sizes { tq, tk, heads, d, .. } = self.sizes;
+        let (causal, s) = (self.causal, stream(io));
+        // SAFETY (every launch): q and out hold batch·tq·heads·d elements, k and v
+        // batch·tk·heads·d, lse batch·heads·tq (checked at build); a grid's y is the
+        // (sequence, head) pair and its x covers tq; the argument types are the kernels'.
+        unsafe {
+            if let Some([forward, ..]) = self.entries.tensor_cores_for(&[q, k, v, out]) {
+                let grid = self.sizes.tensor_core_grid(tq);
+                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, self.scale as f32, causal])?;
+            } else {
+                let [forward, ..] = self.entries.rows;
+                let grid = self.sizes.row_grid(tq);
+                if self.wide == DType::F64 {
+                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, self.scale, causal])?;
+                } else {
+                    let scale = self.scale as f32;
+                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, scale, causal])?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn make_attention(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: Attention = conf.parse_attrs().map_err(KernelError)?;
+    op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
+    let wide = check_metas(spec, conf, (3, 2), &conf.outputs[1])?;
+    let Some(sizes) = Sizes::of(conf) else {
+        return Ok(Box::new(HostOpKernel::new(op, conf)));
+    };
+    Ok(queued(AttentionKernel {
+        entries: Entries::find(spec, conf.outputs[0].dtype, sizes.d)?,
+        sizes,
+        inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
+        scale: op.scale,
+        causal: u32::from(op.causal),
+        wide,
+    }))
+}
+
+/// `attention_grad`: q, k, v, out, lse, dout -> dq, dk, dv.
+#[derive(Debug)]
+struct AttentionGradKernel {
+    entries: Entries,
+    sizes: Sizes,
+    inputs: [usize; 6],
+    scale: f64,
+    causal: u32,
+    wide: DType,
+}
+
+impl AttentionGradKernel {
+    /// Bytes of the row dots in the stream's scratch: one per (sequence, head, query).
+    fn dots_bytes(&self) -> u64 {
+        self.sizes.pairs * self.sizes.tq * self.wide.size() as u64
+    }
+}
+
+impl Kernel for AttentionGradKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let [q, k, v, out, lse, dout] = self.inputs.map(|i| io.input_addr(i));
+        let (dq, dk, dv) = (io.output_addr(0), io.output_addr(1), io.output_addr(2));
+        let dots = io.scratch(self.dots_bytes())?;
+        let Sizes { tq, tk, heads, d, pairs } = self.sizes;
+        let (causal, s) = (self.causal, stream(io));
+        let rows = pairs * tq;
+        // SAFETY (every launch): as the forward's, with out, dout and dq shaped as q, dk
+        // and dv as k, lse batch·heads·tq; `dots` holds batch·heads·tq values of the
+        // arithmetic type, written whole by the first launch and read by the other two,
+        // in stream order.
+        unsafe {
+            launch(s, self.entries.dots, Grid::linear(rows * 8), &mut args![out, dout, dots, rows, tq, heads, d])?;
+            if let Some([_, grad_q, grad_kv]) = self.entries.tensor_cores_for(&[q, k, v, dout, dq, dk, dv]) {
+                let scale = self.scale as f32;
+                let grid = self.sizes.tensor_core_grid(tq);
+                launch(s, grad_q, grid, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
+                let grid = self.sizes.tensor_core_grid(tk);
+                launch(s, grad_kv, grid, &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal])?;
+            } else {
+                let [_, grad_q, grad_kv] = self.entries.rows;
+                let (grid_q, grid_kv) = (self.sizes.row_grid(tq), self.sizes.row_grid(tk));
+                if self.wide == DType::F64 {
+                    let scale = self.scale;
+                    launch(
+                        s,
+                        grad_q,
+                        grid_q,
+                        &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal],
+                    )?;
+                    let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal];
+                    launch(s, grad_kv, grid_kv, args)?;
+                } else {
+                    let scale = self.scale as f32;
+                    launch(
+                        s,
+                        grad_q,
+                        grid_q,
+                        &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal],
+                    )?;
+                    let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal];
+                    launch(s, grad_kv, grid_kv, args)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn scratch_bytes(&self) -> u64 {
+        self.dots_bytes()
+    }
+}
+
+fn make_attention_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
+    let conf = op_conf(spec)?;
+    let op: AttentionGrad = conf.parse_attrs().map_err(KernelError)?;
+    op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
+    let wide = check_metas(spec, conf, (6, 3), &conf.inputs[4])?;
+    let Some(sizes) = Sizes::of(conf) else {
+        return Ok(Box::new(HostOpKernel::new(op, conf)));
+    };
+    let map = &conf.input_map;
+    Ok(queued(AttentionGradKernel {
+        entries: Entries::find(spec, conf.outputs[0].dtype, sizes.d)?,
+        sizes,
+        inputs: [map[0], map[1], map[2], map[3], map[4], map[5]],
+        scale: op.scale,
+        causal: u32::from(op.causal),
+        wide,
+    }))
+}

@@ -1,0 +1,349 @@
+//! CPU kernels of `attention` and `attention_grad`: scaled dot-product attention per
+//! (sequence, head) in blocks of 64 queries and 64 keys, the `[Tq, Tk]` scores never stored.
+//!
+//! `q [B, Tq, H, D]`, `k` and `v [B, Tk, H, D]` are read where the projections wrote them:
+//! element `(b, t, h, d)` at `((b·T + t)·H + h)·D + d`, so one head's row of `D` values is
+//! contiguous and consecutive positions of a head are `H·D` apart; the products read them
+//! through those strides, never copied.
+//!
+//! The forward op is an online softmax over blocks of keys (FlashAttention's): per block
+//! of queries and block of keys, one matrix product makes a `[64, 64]` tile of scores on
+//! the stack, each query folds its row into its running log-sum-exp and output, and one
+//! more product adds the tile's probabilities times the values. The gradient recomputes
+//! the probabilities from `lse` tile by tile and runs five products per tile. The products
+//! are `gemm` calls (AVX-512 or AVX2 with FMA where the processor has them; their packing
+//! buffers are reused per thread, so a firing allocates nothing); the row arithmetic
+//! between them is plain loops over contiguous tile rows.
+//!
+//! Every output element is computed by one thread in a fixed order, so the results are
+//! the same bits on any thread count: sequences (the batch) are shared over
+//! [`HostContext::threads`], each sequence whole on one thread.
+
+mod tiles;
+
+use crate::cpu::fast_math::{self, FastMath};
+use crate::cpu::shares::{in_shares, DisjointParts, ROWS_PARALLEL_MIN_ELEMENTS};
+use crate::host::{HostCompute, HostContext};
+use regflow_plan::ops::{Attention, AttentionGrad};
+use regflow_plan::{DType, HostTensor, HostTensorMut, Shape, TensorMeta};
+use tiles::{backward_sequence, forward_sequence, BLOCK, TILE};
+
+/// The sizes of one attention op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// `B`: sequences.
+    pub batch: usize,
+    /// `Tq`: queries per sequence.
+    pub queries: usize,
+    /// `Tk`: keys (and values) per sequence.
+    pub keys: usize,
+    /// `H`: heads.
+    pub heads: usize,
+    /// `D`: values per head.
+    pub head_dim: usize,
+}
+
+impl AttentionDims {
+    /// The `lse` output's shape, `[B, H, Tq]`.
+    pub fn lse_shape(&self) -> Shape {
+        Shape(vec![self.batch, self.heads, self.queries])
+    }
+
+    /// Multiply-adds of one score and its row of values, summed over every (query, key)
+    /// pair attended: what decides whether sharing sequences over threads pays.
+    fn multiply_adds(&self, causal: bool) -> usize {
+        let pairs = if causal { self.queries * (self.queries + 1) / 2 } else { self.queries * self.keys };
+        self.batch * self.heads * pairs * self.head_dim
+    }
+}
+
+/// The dtype of `lse` for inputs of `dtype`: the arithmetic dtype, f64 for f64 inputs and
+/// f32 otherwise (bf16 and f16 inputs are computed in f32, and a 16-bit log-sum-exp would
+/// lose the precision the gradient needs).
+pub fn lse_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// `[batch, length, heads, head size]` of one of `q`, `k`, `v`, or why it is not rank 4.
+fn rank4(name: &str, meta: &TensorMeta) -> Result<[usize; 4], String> {
+    match meta.shape.dims() {
+        &[batch, len, heads, head_dim] => Ok([batch, len, heads, head_dim]),
+        _ => Err(format!(
+            "{name} must have rank 4 [batch, length, heads, head size], got {name} {meta} of rank {}",
+            meta.shape.rank()
+        )),
+    }
+}
+
+/// Checks `attention`'s attributes and inputs (shared by the graph's shape rule and the
+/// kernels' build-time check): `q [B, Tq, H, D]`, `k` and `v [B, Tk, H, D]` of one float
+/// dtype, a finite scale, and `Tq == Tk` when `causal`. Returns the sizes, or a sentence
+/// naming the values that do not fit.
+pub fn check_attention(
+    scale: f64,
+    causal: bool,
+    q: &TensorMeta,
+    k: &TensorMeta,
+    v: &TensorMeta,
+) -> Result<AttentionDims, String> {
+    if !scale.is_finite() {
+        return Err(format!("scale must be finite, got {scale}"));
+    }
+    let [batch, queries, heads, head_dim] = rank4("q", q)?;
+    let [k_batch, keys, k_heads, k_head_dim] = rank4("k", k)?;
+    rank4("v", v)?;
+    if q.dtype != k.dtype || q.dtype != v.dtype {
+        return Err(format!("q, k and v must have one dtype, got q {}, k {} and v {}", q.dtype, k.dtype, v.dtype));
+    }
+    if !q.dtype.is_float() {
+        return Err(format!("q, k and v must be floats, got {}", q.dtype));
+    }
+    if k.shape != v.shape {
+        return Err(format!("k and v must have one shape, got k {} and v {}", k.shape, v.shape));
+    }
+    if (batch, heads, head_dim) != (k_batch, k_heads, k_head_dim) {
+        return Err(format!(
+            "q, k and v must agree in batch, heads and head size: q {} has batch {batch}, {heads} heads of \
+             size {head_dim}; k and v {} have batch {k_batch}, {k_heads} heads of size {k_head_dim}",
+            q.shape, k.shape
+        ));
+    }
+    if causal && queries != keys {
+        return Err(format!(
+            "causal attention needs as many queries as keys (query i attends keys 0..=i), got Tq = {queries} \
+             queries and Tk = {keys} keys"
+        ));
+    }
+    Ok(AttentionDims { batch, queries, keys, heads, head_dim })
+}
+
+/// Checks `attention_grad`'s inputs `(q, k, v, out, lse, dout)`: `q`, `k`, `v` as
+/// [`check_attention`], `out` and `dout` of `q`'s shape and dtype, `lse [B, H, Tq]` in
+/// [`lse_dtype`]. Returns the sizes, or a sentence naming the values that do not fit.
+pub fn check_attention_grad(scale: f64, causal: bool, inputs: &[TensorMeta]) -> Result<AttentionDims, String> {
+    let [q, k, v, out, lse, dout] = inputs else {
+        return Err(format!("takes 6 inputs (q, k, v, out, lse, dout), got {}", inputs.len()));
+    };
+    let dims = check_attention(scale, causal, q, k, v)?;
+    for (name, meta) in [("out", out), ("dout", dout)] {
+        if meta != q {
+            return Err(format!("{name} must have q's shape and dtype {q}, got {name} {meta}"));
+        }
+    }
+    let expected = TensorMeta::new(dims.lse_shape(), lse_dtype(q.dtype));
+    if *lse != expected {
+        return Err(format!(
+            "lse must be {expected} ([batch, heads, queries] in the arithmetic dtype of {} inputs), got lse {lse}",
+            q.dtype
+        ));
+    }
+    Ok(dims)
+}
+
+/// The sizes of tensors whose metas were checked (the op's shape rule, its kernel's
+/// `check`), with the element counts of the slices confirmed.
+fn dims_of(inputs: &[HostTensor<'_>], lens: &[usize]) -> Result<AttentionDims, String> {
+    let (Some(q), Some(k)) = (inputs.first(), inputs.get(1)) else {
+        return Err(format!("attention takes q, k and v, got {} inputs (broken invariant)", inputs.len()));
+    };
+    let (&[batch, queries, heads, head_dim], &[_, keys, _, _]) = (q.shape.dims(), k.shape.dims()) else {
+        return Err(format!("q {} and k {} must have rank 4 (broken invariant)", q.shape, k.shape));
+    };
+    let dims = AttentionDims { batch, queries, keys, heads, head_dim };
+    let (q_len, kv_len) = (batch * queries * heads * head_dim, batch * keys * heads * head_dim);
+    let expected = |index: usize| match index {
+        0 | 3 | 5 => q_len,
+        1 | 2 => kv_len,
+        _ => batch * heads * queries,
+    };
+    if let Some(index) = (0..lens.len()).find(|&i| lens[i] != expected(i)) {
+        return Err(format!(
+            "tensor {index} has {} elements, {} expected for {dims:?} (broken invariant)",
+            lens[index],
+            expected(index)
+        ));
+    }
+    Ok(dims)
+}
+
+/// Runs `work(b, parts, scratch)` for every sequence `b`, where `parts` holds sequence
+/// `b`'s part of each of `outputs` (each output is `batch` equal parts) and `scratch` is the
+/// share's, made once per share by `make_scratch` (tiles on the stack). Sequences are
+/// shared over `threads` when the op has enough arithmetic to pay for handing out shares
+/// (as many multiply-adds as the elements at which row kernels share theirs): each
+/// sequence is one thread's, computed in the same order on any thread count.
+fn for_each_sequence<T: Send, S, const N: usize>(
+    threads: usize,
+    dims: &AttentionDims,
+    multiply_adds: usize,
+    outputs: [&mut [T]; N],
+    make_scratch: impl Fn() -> S + Sync,
+    work: impl Fn(usize, [&mut [T]; N], &mut S) + Sync,
+) {
+    let batch = dims.batch;
+    if batch == 0 {
+        return;
+    }
+    let lens = outputs.each_ref().map(|o| o.len() / batch);
+    let threads = if multiply_adds >= ROWS_PARALLEL_MIN_ELEMENTS { threads } else { 1 };
+    let parts = outputs.map(DisjointParts::new);
+    in_shares(threads, batch, |sequences| {
+        fast_math::vectorized(
+            #[inline(always)]
+            || {
+                let mut scratch = make_scratch();
+                for b in sequences.clone() {
+                    // SAFETY: sequence `b`'s parts are disjoint from every other sequence's,
+                    // and each sequence lies in one share.
+                    let sequence = std::array::from_fn(|n| unsafe { parts[n].part(b * lens[n]..(b + 1) * lens[n]) });
+                    work(b, sequence, &mut scratch);
+                }
+            },
+        )
+    });
+}
+
+impl HostCompute for Attention {
+    fn compute(
+        &self,
+        context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let dtype = inputs.first().map_or(DType::I64, HostTensor::dtype);
+        by_float!(dtype, "integer attention is not supported", T => forward::<T>(self, context.threads, inputs, outputs))
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([q, k, v], [out, lse]) = (inputs, outputs) else {
+            return Err(format!(
+                "takes 3 inputs (q, k, v) and gives 2 outputs (out, lse), but has {} and {}",
+                inputs.len(),
+                outputs.len()
+            ));
+        };
+        let dims = check_attention(self.scale, self.causal, q, k, v)?;
+        if out != q {
+            return Err(format!("out must have q's shape and dtype {q}, got out {out}"));
+        }
+        let expected = TensorMeta::new(dims.lse_shape(), lse_dtype(q.dtype));
+        if *lse != expected {
+            return Err(format!("lse must be {expected}, got lse {lse}"));
+        }
+        Ok(())
+    }
+}
+
+fn forward<T: FastMath>(
+    op: &Attention,
+    threads: usize,
+    inputs: &[HostTensor<'_>],
+    outputs: &mut [HostTensorMut<'_>],
+) -> Result<(), String> {
+    let [q, k, v] = inputs else { return Err(format!("attention takes 3 inputs, got {}", inputs.len())) };
+    let [out, lse] = outputs else { return Err(format!("attention gives 2 outputs, got {}", outputs.len())) };
+    // The products' instruction set, capped as every product's is (`REGFLOW_CPU_ISA`).
+    crate::cpu::isa::from_environment()?;
+    let (q, k, v) = (q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?);
+    let (out, lse) = (out.as_mut_slice::<T>()?, lse.as_mut_slice::<T>()?);
+    let dims = dims_of(inputs, &[q.len(), k.len(), v.len(), out.len(), lse.len()])?;
+    let (scale, causal) = (T::from_f64(op.scale), op.causal);
+    let (q_len, kv_len) = (dims.queries * dims.heads * dims.head_dim, dims.keys * dims.heads * dims.head_dim);
+    let multiply_adds = dims.multiply_adds(causal);
+    for_each_sequence(
+        threads,
+        &dims,
+        multiply_adds,
+        [out, lse],
+        || [T::zero(); TILE],
+        #[inline(always)]
+        |b, [out, lse], scores| {
+            let (q, k, v) = (&q[b * q_len..][..q_len], &k[b * kv_len..][..kv_len], &v[b * kv_len..][..kv_len]);
+            forward_sequence(&dims, scale, causal, [q, k, v], [out, lse], scores);
+        },
+    );
+    Ok(())
+}
+
+impl HostCompute for AttentionGrad {
+    fn compute(
+        &self,
+        context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let dtype = inputs.first().map_or(DType::I64, HostTensor::dtype);
+        by_float!(dtype, "integer attention is not supported", T => backward::<T>(self, context.threads, inputs, outputs))
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        check_attention_grad(self.scale, self.causal, inputs)?;
+        let [dq, dk, dv] = outputs else {
+            return Err(format!("gives 3 outputs (dq, dk, dv), but has {}", outputs.len()));
+        };
+        for (name, grad, input) in [("dq", dq, &inputs[0]), ("dk", dk, &inputs[1]), ("dv", dv, &inputs[2])] {
+            if grad != input {
+                return Err(format!("{name} must have its input's shape and dtype {input}, got {name} {grad}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn backward<T: FastMath>(
+    op: &AttentionGrad,
+    threads: usize,
+    inputs: &[HostTensor<'_>],
+    outputs: &mut [HostTensorMut<'_>],
+) -> Result<(), String> {
+    let [q, k, v, out, lse, dout] = inputs else {
+        return Err(format!("attention_grad takes 6 inputs, got {}", inputs.len()));
+    };
+    let [dq, dk, dv] = outputs else { return Err(format!("attention_grad gives 3 outputs, got {}", outputs.len())) };
+    crate::cpu::isa::from_environment()?;
+    let (q, k, v) = (q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?);
+    let (out, lse, dout) = (out.as_slice::<T>()?, lse.as_slice::<T>()?, dout.as_slice::<T>()?);
+    let (dq, dk, dv) = (dq.as_mut_slice::<T>()?, dk.as_mut_slice::<T>()?, dv.as_mut_slice::<T>()?);
+    let lens = [q.len(), k.len(), v.len(), out.len(), lse.len(), dout.len()];
+    let dims = dims_of(inputs, &lens)?;
+    if (dq.len(), dk.len(), dv.len()) != (q.len(), k.len(), v.len()) {
+        return Err(format!(
+            "gradients of {}, {} and {} elements for {dims:?} (broken invariant)",
+            dq.len(),
+            dk.len(),
+            dv.len()
+        ));
+    }
+    let (scale, causal) = (T::from_f64(op.scale), op.causal);
+    let (q_len, kv_len) = (dims.queries * dims.heads * dims.head_dim, dims.keys * dims.heads * dims.head_dim);
+    let lse_len = dims.heads * dims.queries;
+    // Five products per tile where the forward op has two.
+    let multiply_adds = dims.multiply_adds(causal) * 5 / 2;
+    for_each_sequence(
+        threads,
+        &dims,
+        multiply_adds,
+        [dq, dk, dv],
+        || ([T::zero(); TILE], [T::zero(); TILE], [T::zero(); BLOCK]),
+        #[inline(always)]
+        |b, [dq, dk, dv], (probabilities, score_grads, deltas)| {
+            let (q, out, dout) = (&q[b * q_len..][..q_len], &out[b * q_len..][..q_len], &dout[b * q_len..][..q_len]);
+            let (k, v) = (&k[b * kv_len..][..kv_len], &v[b * kv_len..][..kv_len]);
+            let lse = &lse[b * lse_len..][..lse_len];
+            backward_sequence(
+                &dims,
+                scale,
+                causal,
+                [q, k, v, out, lse, dout],
+                [dq, dk, dv],
+                [probabilities, score_grads],
+                deltas,
+            );
+        },
+    );
+    Ok(())
+}
