@@ -32,8 +32,16 @@ typedef unsigned short h16;  // a 16-bit float's bits, bf16 or f16
 // The 16-bit types' conversions and product instruction.
 template <typename T> struct Tc;
 template <> struct Tc<bf16> {
+    // Two values rounded to nearest even, `lo` in the low half: one instruction from 8.0
+    // on (the tensor-core entries run nowhere older).
     static __device__ __forceinline__ u32 pack(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+        u32 r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+#else
         return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+#endif
     }
     // c += a·b for a 16x16 (row) by 16x8 (column) tile.
     static __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
@@ -50,7 +58,13 @@ template <> struct Tc<bf16> {
 };
 template <> struct Tc<f16> {
     static __device__ __forceinline__ u32 pack(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+        u32 r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+#else
         return (u32)f32_to_f16(lo).bits | ((u32)f32_to_f16(hi).bits << 16);
+#endif
     }
     static __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
 #if __CUDA_ARCH__ >= 800
@@ -272,12 +286,14 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
         float s[KT / 8][4];
         att_times_rows<T, D, KT>(s, qa, ks[st], lane);
         float mx_lo = -ATT_INF, mx_hi = -ATT_INF;
+        // Only a tile past the keys' end or across the diagonal has pairs to mask.
+        const bool edge = key0 + KT > tk || (causal && key0 + KT > block0 + 1);
 #pragma unroll
         for (int nt = 0; nt < KT / 8; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                u64 key = key0 + nt * 8 + 2 * t4 + (i & 1), row = i < 2 ? lo : hi;
-                float x = (key < tk && !(causal && key > row)) ? s[nt][i] * c : -ATT_INF;
+                const u32 key = (u32)key0 + nt * 8 + 2 * t4 + (i & 1), row = (u32)(i < 2 ? lo : hi);
+                float x = (!edge || (key < (u32)tk && !(causal && key > row))) ? s[nt][i] * c : -ATT_INF;
                 s[nt][i] = x;
                 if (i < 2) mx_lo = fmaxf(mx_lo, x);
                 else mx_hi = fmaxf(mx_hi, x);
@@ -360,12 +376,14 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
         float s[KT / 8][4], dp[KT / 8][4];
         att_times_rows<T, D, KT>(s, qa, ks[st], lane);
         att_times_rows<T, D, KT>(dp, da, vs[st], lane);
+        const bool edge = key0 + KT > tk || (causal && key0 + KT > block0 + 1);
 #pragma unroll
         for (int nt = 0; nt < KT / 8; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                u64 key = key0 + nt * 8 + 2 * t4 + (i & 1), row = i < 2 ? lo : hi;
-                float p = (key < tk && !(causal && key > row)) ? exp2f(s[nt][i] * c - (i < 2 ? lse_lo : lse_hi)) : 0.f;
+                const u32 key = (u32)key0 + nt * 8 + 2 * t4 + (i & 1), row = (u32)(i < 2 ? lo : hi);
+                const bool ok = !edge || (key < (u32)tk && !(causal && key > row));
+                float p = ok ? exp2f(s[nt][i] * c - (i < 2 ? lse_lo : lse_hi)) : 0.f;
                 s[nt][i] = p * (dp[nt][i] - (i < 2 ? dot_lo : dot_hi));
             }
         att_times_tile<T, D, KT>(acc, s, ks[st], lane);
@@ -422,13 +440,16 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
         float s[QT / 8][4], dp[QT / 8][4];
         att_times_rows<T, D, QT>(s, ka, qs[st], lane);
         att_times_rows<T, D, QT>(dp, va, ds[st], lane);
+        // Only a tile past the queries' end or across the diagonal has pairs to mask.
+        const bool edge = q0 + QT > tq || (causal && q0 < block0 + ATT_ROWS);
 #pragma unroll
         for (int nt = 0; nt < QT / 8; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                int r = nt * 8 + 2 * t4 + (i & 1);
-                u64 query = q0 + r, key = i < 2 ? lo : hi;
-                s[nt][i] = (query < tq && !(causal && key > query)) ? exp2f(s[nt][i] * c - ls[st][r]) : 0.f;
+                const int r = nt * 8 + 2 * t4 + (i & 1);
+                const u32 query = (u32)q0 + r, key = (u32)(i < 2 ? lo : hi);
+                const bool ok = !edge || (query < (u32)tq && !(causal && key > query));
+                s[nt][i] = ok ? exp2f(s[nt][i] * c - ls[st][r]) : 0.f;
                 dp[nt][i] = s[nt][i] * (dp[nt][i] - dd[st][r]);
             }
         att_times_tile<T, D, QT>(dv_acc, s, ds[st], lane);

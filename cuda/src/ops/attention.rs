@@ -7,8 +7,8 @@
 //! runs one thread per row (`regflow_attention_*_<dtype>`). The gradient is three
 //! launches: the row dots `Σ dout·out` into the stream's scratch, then dq over query
 //! blocks and dk, dv over key blocks, each output written by one thread in a fixed order
-//! (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs or
-//! an empty tensor run the CPU kernel on the host.
+//! (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs,
+//! sequences of 2^32 positions or an empty tensor run the CPU kernel on the host.
 
 use super::{function, op_conf, queued, stream, suffix, Entry};
 use crate::driver::{launch, Device, Function, Grid};
@@ -56,7 +56,9 @@ impl Sizes {
         let (&[batch, tq, heads, d], &[_, tk, _, _]) = (q, k) else { return None };
         let pairs = batch * heads;
         let empty = [batch, tq, tk, heads, d].contains(&0);
-        (!empty && d <= ROW_MAX_HEAD && pairs <= MAX_PAIRS).then_some(Self {
+        // The tensor-core entries compare positions in 32 bits.
+        let positions_fit = tq.max(tk) < u32::MAX as usize;
+        (!empty && d <= ROW_MAX_HEAD && pairs <= MAX_PAIRS && positions_fit).then_some(Self {
             tq: tq as u64,
             tk: tk as u64,
             heads: heads as u64,
