@@ -5,10 +5,12 @@
 //! beside JAX and PyTorch (`benches/peers/gpt_peers.py`).
 //!
 //! ```text
-//! cargo run --release --example bench_gpt -- [steps] [threads] [trace.json]
+//! cargo run --release --example bench_gpt -- [steps] [threads] [trace.json] [--fused-attention]
 //! ```
 //!
 //! A third argument records a Chrome-trace timeline of the run to that file.
+//! `--fused-attention` runs each block's attention as one `attention` op (the tiled CPU
+//! kernel, `kernels/src/cpu/attention`) instead of the products around a masked softmax.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -25,13 +27,16 @@ const CONFIG: GptConfig =
     GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false };
 
 fn main() -> Result<(), regflow::Report> {
-    let steps: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(50);
-    let threads: usize = std::env::args().nth(2).map(|s| s.parse()).transpose()?.unwrap_or(1);
-    let trace = std::env::args().nth(3);
+    let fused = std::env::args().any(|a| a == "--fused-attention");
+    let positional: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let steps: usize = positional.first().map(|s| s.parse()).transpose()?.unwrap_or(50);
+    let threads: usize = positional.get(1).map(|s| s.parse()).transpose()?.unwrap_or(1);
+    let trace = positional.get(2);
     let warmup = 5;
-    let t = CONFIG.context;
+    let config = GptConfig { fused_attention: fused, ..CONFIG };
+    let t = config.context;
     let g = Graph::new();
-    let model = Gpt::new(&g, CONFIG, VOCAB)?;
+    let model = Gpt::new(&g, config, VOCAB)?;
     let mask = g.causal_mask(t, DType::F32)?;
     let ids = g.input("ids", [BATCH, t], DType::I64)?;
     let targets = g.input("targets", [BATCH * t], DType::I64)?;
@@ -48,7 +53,8 @@ fn main() -> Result<(), regflow::Report> {
         step_timer::time_gpt_steps(&mut job, &compiled.fetches[0], (BATCH, t, VOCAB), warmup, steps, false)?;
     job.wait()?;
     println!(
-        "regflow: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4}, matmul backend {})",
+        "regflow{}: {steps} steps, {threads} thread(s), {:.2} ms/step ({} actors, last loss {last:.4}, matmul backend {})",
+        if fused { " fused attention" } else { "" },
         per_step * 1e3,
         compiled.plan.actors.len(),
         regflow::kernels::cpu::gemm_backend::backend_in_use()?

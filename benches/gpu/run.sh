@@ -55,8 +55,8 @@ cat "$out/machine.txt"
 # misaligned accesses that a right-looking value would hide). Meanwhile (unless
 # TORCH_COMPILE=0) torch.compile warms its cache, so compiling stays out of the timed run.
 if [ "${TORCH_COMPILE:-1}" = 1 ]; then
-  timeout 120 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps 1 --dtypes bf16 --modes compile \
-    >"$logs/torch-warm.log" 2>&1 &
+  timeout 170 python3 "$here/gpt2_torch.py" --batch "$BATCH" --steps 1 --dtypes bf16 --modes compile \
+    --attention "${TORCH_ATTENTION:-composed,sdpa}" >"$logs/torch-warm.log" 2>&1 &
 fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 # TESTS="ops_attention cuda_training" runs only those binaries (and their memcheck).
@@ -102,8 +102,9 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16
     echo "exit $?"
     if [ "${FUSED:-1}" = 1 ]; then
-      # Each block's attention as one op (flash attention on tensor cores).
-      for precision in bf16 f16; do
+      # Each block's attention as one op (flash attention on tensor cores in bf16 and
+      # f16; one thread per query or key in f32).
+      for precision in bf16 f16 f32; do
         echo "== GPT-2 124M regflow $precision, fused attention"
         gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision "$precision" \
           --attention fused

@@ -608,6 +608,202 @@ __device__ void att_row_dots(const T* out, const T* dout, typename Wide<T>::type
     }
 }
 
+// ---- One thread per row with the head size known (D of 16, 32, 64, 128): the row and
+// its accumulators in registers, the other side's rows through shared memory a tile at a
+// time (every thread of a block reads the same tile row: a broadcast). The arithmetic and
+// its order are those of the entries above, so the results are the same. ----
+
+#define ATT_ROW_TILE 32
+
+// Rows `row0 ..` of one head into a shared tile of the arithmetic type, zeros past `rows`.
+template <typename T, int D>
+__device__ __forceinline__ void att_rows_tile(typename Wide<T>::type (*tile)[D], const T* head, u64 row0, u64 rows,
+                                              u64 stride) {
+    typedef typename Wide<T>::type W;
+    for (int c = threadIdx.x; c < ATT_ROW_TILE * D; c += blockDim.x) {
+        const int r = c / D, x = c % D;
+        tile[r][x] = row0 + r < rows ? (W)ld(head + (row0 + r) * stride + x) : W(0);
+    }
+}
+
+// A row of D values into registers (zeros for a row past the end).
+template <typename T, int D>
+__device__ __forceinline__ void att_row(typename Wide<T>::type* r, const T* p, bool inside) {
+#pragma unroll
+    for (int x = 0; x < D; ++x) r[x] = inside ? (typename Wide<T>::type)ld(p + x) : 0;
+}
+
+template <typename W, int D> __device__ __forceinline__ W att_row_dot(const W* a, const W* b) {
+    W s = W(0);
+#pragma unroll
+    for (int x = 0; x < D; ++x) s += a[x] * b[x];
+    return s;
+}
+
+// The forward, a thread per query.
+template <typename T, int D>
+__device__ void att_forward_rows(const T* q, const T* k, const T* v, T* out, typename Wide<T>::type* lse, u64 tq,
+                                 u64 tk, u64 heads, typename Wide<T>::type scale, u32 causal) {
+    typedef typename Wide<T>::type W;
+    __shared__ W ks[ATT_ROW_TILE][D], vs[ATT_ROW_TILE][D];
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const u64 stride = heads * D;
+    const bool inside = i < tq;
+    W qi[D], acc[D];
+    att_row<T, D>(qi, q + ((b * tq + (inside ? i : 0)) * heads + h) * D, inside);
+#pragma unroll
+    for (int x = 0; x < D; ++x) acc[x] = W(0);
+    W m = -ATT_INF, l = W(0);
+    const u64 last = (u64)blockIdx.x * blockDim.x + blockDim.x;
+    const u64 key_end = causal ? (last < tk ? last : tk) : tk;
+    const u64 end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
+    for (u64 key0 = 0; key0 < key_end; key0 += ATT_ROW_TILE) {
+        __syncthreads();
+        att_rows_tile<T, D>(ks, k + (b * tk * heads + h) * D, key0, tk, stride);
+        att_rows_tile<T, D>(vs, v + (b * tk * heads + h) * D, key0, tk, stride);
+        __syncthreads();
+        const int n = inside && end > key0 ? (int)(end - key0 < ATT_ROW_TILE ? end - key0 : ATT_ROW_TILE) : 0;
+        for (int j = 0; j < n; ++j) {
+            const W s = att_row_dot<W, D>(qi, ks[j]) * scale;
+            if (s > m) {
+                const W a = m == -ATT_INF ? W(0) : m_exp(m - s);
+                l *= a;
+#pragma unroll
+                for (int x = 0; x < D; ++x) acc[x] *= a;
+                m = s;
+            }
+            const W p = m_exp(s - m);
+            l += p;
+#pragma unroll
+            for (int x = 0; x < D; ++x) acc[x] += p * vs[j][x];
+        }
+    }
+    if (!inside) return;
+    T* oi = out + ((b * tq + i) * heads + h) * D;
+#pragma unroll
+    for (int x = 0; x < D; ++x) st(oi + x, l > W(0) ? acc[x] / l : W(0));
+    lse[bh * tq + i] = l > W(0) ? m + m_log(l) : (W)-ATT_INF;
+}
+
+// dq, a thread per query.
+template <typename T, int D>
+__device__ void att_dq_rows(const T* q, const T* k, const T* v, const T* dout, const typename Wide<T>::type* lse,
+                            const typename Wide<T>::type* dots, T* dq, u64 tq, u64 tk, u64 heads,
+                            typename Wide<T>::type scale, u32 causal) {
+    typedef typename Wide<T>::type W;
+    __shared__ W ks[ATT_ROW_TILE][D], vs[ATT_ROW_TILE][D];
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const u64 stride = heads * D, row = ((b * tq + (i < tq ? i : 0)) * heads + h) * D;
+    const bool inside = i < tq;
+    W qi[D], oi[D], acc[D];
+    att_row<T, D>(qi, q + row, inside);
+    att_row<T, D>(oi, dout + row, inside);
+#pragma unroll
+    for (int x = 0; x < D; ++x) acc[x] = W(0);
+    const W l = inside ? lse[bh * tq + i] : W(0), dot = inside ? dots[bh * tq + i] : W(0);
+    const u64 last = (u64)blockIdx.x * blockDim.x + blockDim.x;
+    const u64 key_end = causal ? (last < tk ? last : tk) : tk;
+    const u64 end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
+    for (u64 key0 = 0; key0 < key_end; key0 += ATT_ROW_TILE) {
+        __syncthreads();
+        att_rows_tile<T, D>(ks, k + (b * tk * heads + h) * D, key0, tk, stride);
+        att_rows_tile<T, D>(vs, v + (b * tk * heads + h) * D, key0, tk, stride);
+        __syncthreads();
+        const int n = inside && end > key0 ? (int)(end - key0 < ATT_ROW_TILE ? end - key0 : ATT_ROW_TILE) : 0;
+        for (int j = 0; j < n; ++j) {
+            const W p = m_exp(att_row_dot<W, D>(qi, ks[j]) * scale - l);
+            const W ds = p * (att_row_dot<W, D>(oi, vs[j]) - dot);
+#pragma unroll
+            for (int x = 0; x < D; ++x) acc[x] += ds * ks[j][x];
+        }
+    }
+    if (!inside) return;
+#pragma unroll
+    for (int x = 0; x < D; ++x) st(dq + row + x, acc[x] * scale);
+}
+
+// dk (`want_dk`) or dv, a thread per key: two launches, so a thread holds at most three
+// rows (its key, its value, one gradient) in registers.
+template <typename T, int D>
+__device__ void att_dkv_rows(const T* q, const T* k, const T* v, const T* dout, const typename Wide<T>::type* lse,
+                             const typename Wide<T>::type* dots, T* grad, u64 tq, u64 tk, u64 heads,
+                             typename Wide<T>::type scale, u32 causal, bool want_dk) {
+    typedef typename Wide<T>::type W;
+    __shared__ W qs[ATT_ROW_TILE][D], os[ATT_ROW_TILE][D], ls[ATT_ROW_TILE], dd[ATT_ROW_TILE];
+    const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const u64 stride = heads * D, row = ((b * tk + (j < tk ? j : 0)) * heads + h) * D;
+    const bool inside = j < tk;
+    W kj[D], vj[D], acc[D];
+    att_row<T, D>(kj, k + row, inside);
+    att_row<T, D>(vj, v + row, inside && want_dk);
+#pragma unroll
+    for (int x = 0; x < D; ++x) acc[x] = W(0);
+    // Causal: the block's first key is attended by queries from it on.
+    const u64 first = causal ? (u64)blockIdx.x * blockDim.x : 0;
+    for (u64 q0 = first; q0 < tq; q0 += ATT_ROW_TILE) {
+        __syncthreads();
+        att_rows_tile<T, D>(qs, q + (b * tq * heads + h) * D, q0, tq, stride);
+        att_rows_tile<T, D>(os, dout + (b * tq * heads + h) * D, q0, tq, stride);
+        for (int r = threadIdx.x; r < ATT_ROW_TILE; r += blockDim.x) {
+            ls[r] = q0 + r < tq ? lse[bh * tq + q0 + r] : W(0);
+            dd[r] = q0 + r < tq ? dots[bh * tq + q0 + r] : W(0);
+        }
+        __syncthreads();
+        if (!inside) continue;
+        const u64 from = causal && j > q0 ? j - q0 : 0;
+        const int n = (int)(tq - q0 < ATT_ROW_TILE ? tq - q0 : ATT_ROW_TILE);
+        for (int r = (int)(from < (u64)n ? from : (u64)n); r < n; ++r) {
+            const W p = m_exp(att_row_dot<W, D>(qs[r], kj) * scale - ls[r]);
+            if (want_dk) {
+                const W ds = p * (att_row_dot<W, D>(os[r], vj) - dd[r]);
+#pragma unroll
+                for (int x = 0; x < D; ++x) acc[x] += ds * qs[r][x];
+            } else {
+#pragma unroll
+                for (int x = 0; x < D; ++x) acc[x] += p * os[r][x];
+            }
+        }
+    }
+    if (!inside) return;
+    const W factor = want_dk ? scale : W(1);
+#pragma unroll
+    for (int x = 0; x < D; ++x) st(grad + row + x, acc[x] * factor);
+}
+
+// The row entries for a known head size: `regflow_attention_{fwd,dq,dk,dv}_<S>` with S =
+// <type>_rows_d<D>.
+#define ATTENTION_ROWS(S, T, D)                                                                                  \
+    extern "C" __global__ void regflow_attention_fwd_##S(const T* q, const T* k, const T* v, T* out,            \
+                                                         Wide<T>::type* lse, u64 tq, u64 tk, u64 heads,          \
+                                                         Wide<T>::type scale, u32 causal) {                      \
+        att_forward_rows<T, D>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                 \
+    }                                                                                                            \
+    extern "C" __global__ void regflow_attention_dq_##S(const T* q, const T* k, const T* v, const T* dout,      \
+                                                        const Wide<T>::type* lse, const Wide<T>::type* dots,     \
+                                                        T* dq, u64 tq, u64 tk, u64 heads, Wide<T>::type scale,   \
+                                                        u32 causal) {                                            \
+        att_dq_rows<T, D>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                           \
+    }                                                                                                            \
+    extern "C" __global__ void regflow_attention_dk_##S(const T* q, const T* k, const T* v, const T* dout,      \
+                                                        const Wide<T>::type* lse, const Wide<T>::type* dots,     \
+                                                        T* dk, u64 tq, u64 tk, u64 heads, Wide<T>::type scale,   \
+                                                        u32 causal) {                                            \
+        att_dkv_rows<T, D>(q, k, v, dout, lse, dots, dk, tq, tk, heads, scale, causal, true);                    \
+    }                                                                                                            \
+    extern "C" __global__ void regflow_attention_dv_##S(const T* q, const T* k, const T* v, const T* dout,      \
+                                                        const Wide<T>::type* lse, const Wide<T>::type* dots,     \
+                                                        T* dv, u64 tq, u64 tk, u64 heads, Wide<T>::type scale,   \
+                                                        u32 causal) {                                            \
+        att_dkv_rows<T, D>(q, k, v, dout, lse, dots, dv, tq, tk, heads, scale, causal, false);                   \
+    }
+ATTENTION_ROWS(f32_rows_d16, float, 16)
+ATTENTION_ROWS(f32_rows_d32, float, 32)
+ATTENTION_ROWS(f32_rows_d64, float, 64)
+ATTENTION_ROWS(f32_rows_d128, float, 128)
+ATTENTION_ROWS(f64_rows_d16, double, 16)
+ATTENTION_ROWS(f64_rows_d32, double, 32)
+ATTENTION_ROWS(f64_rows_d64, double, 64)
+
 #define ATTENTION_SIMT(S, T)                                                                                     \
     extern "C" __global__ void regflow_attention_fwd_##S(const T* q, const T* k, const T* v, T* out,            \
                                                          Wide<T>::type* lse, u64 tq, u64 tk, u64 heads, u64 d,   \

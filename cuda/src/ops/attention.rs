@@ -4,10 +4,12 @@
 //! bf16 and f16 heads of 16, 32, 64 or 128 on compute capability 8.0 and up run on tensor
 //! cores (`regflow_attention_{fwd,dq,dkv}_<dtype>_d<D>`, a block per 64 rows); every other
 //! case (f32, f64, other head sizes up to 256, registers not 16-byte aligned, older GPUs)
-//! runs one thread per row (`regflow_attention_*_<dtype>`). The gradient is three
-//! launches: the row dots `Σ dout·out` into the stream's scratch, then dq over query
-//! blocks and dk, dv over key blocks, each output written by one thread in a fixed order
-//! (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs,
+//! runs one thread per row: with the row in registers and the other side through shared
+//! memory where the head size has an entry (`regflow_attention_{fwd,dq,dk,dv}_<dtype>_rows_d<D>`,
+//! f32 and f64), else reading both from memory (`regflow_attention_*_<dtype>`, any head up
+//! to 256). The gradient first writes the row dots `Σ dout·out` into the stream's
+//! scratch, then dq over query blocks and dk, dv over key blocks, each output written by
+//! one thread in a fixed order (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs,
 //! sequences of 2^32 positions or an empty tensor run the CPU kernel on the host.
 
 use super::{function, op_conf, queued, stream, suffix, Entry};
@@ -27,6 +29,10 @@ pub(super) const ENTRIES: &[Entry] = &[
 
 /// Head sizes with tensor-core entries (`ATTENTION_TC` in `attention.cu`).
 const TENSOR_CORE_HEADS: [usize; 4] = [16, 32, 64, 128];
+/// Head sizes with one-thread-per-row entries that keep a row in registers
+/// (`ATTENTION_ROWS`): f32 all four, f64 up to 64 (128 would not fit shared memory).
+const ROW_HEADS_F32: [usize; 4] = [16, 32, 64, 128];
+const ROW_HEADS_F64: [usize; 3] = [16, 32, 64];
 /// Rows of a tensor-core block (`ATT_ROWS`) and its threads (`ATT_THREADS`).
 const TENSOR_CORE_ROWS: u64 = 64;
 const TENSOR_CORE_THREADS: u32 = 128;
@@ -81,10 +87,14 @@ impl Sizes {
 }
 
 /// The entries of one op: on tensor cores where they apply (with the row entries for
-/// registers off 16-byte alignment), else one thread per row.
+/// registers off 16-byte alignment), else one thread per row, with the row in registers
+/// where the head size is known to the kernel.
 #[derive(Debug, Clone, Copy)]
 struct Entries {
     tensor_cores: Option<[Function; 3]>,
+    /// The forward, dq, dk and dv for a head size of [`ROW_HEADS_F32`] or [`ROW_HEADS_F64`].
+    known_head: Option<[Function; 4]>,
+    /// Any head size up to [`ROW_MAX_HEAD`]: the forward, dq, and dk with dv.
     rows: [Function; 3],
     /// The gradient's row dots (unused by the forward).
     dots: Function,
@@ -103,7 +113,23 @@ impl Entries {
             } else {
                 None
             };
-        Ok(Self { tensor_cores, rows: [named("fwd", s)?, named("dq", s)?, named("dkv", s)?], dots: named("dots", s)? })
+        let known = match dtype {
+            DType::F32 => ROW_HEADS_F32.contains(&(d as usize)),
+            DType::F64 => ROW_HEADS_F64.contains(&(d as usize)),
+            _ => false,
+        };
+        let known_head = if known {
+            let tail = format!("{s}_rows_d{d}");
+            Some([named("fwd", &tail)?, named("dq", &tail)?, named("dk", &tail)?, named("dv", &tail)?])
+        } else {
+            None
+        };
+        Ok(Self {
+            tensor_cores,
+            known_head,
+            rows: [named("fwd", s)?, named("dq", s)?, named("dkv", s)?],
+            dots: named("dots", s)?,
+        })
     }
 
     /// The tensor-core entries if every address is 16-byte aligned (their tile loads read
@@ -174,6 +200,14 @@ impl Kernel for AttentionKernel {
             if let Some([forward, ..]) = self.entries.tensor_cores_for(&[q, k, v, out]) {
                 let grid = self.sizes.tensor_core_grid(tq);
                 launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, self.scale as f32, causal])?;
+            } else if let Some([forward, ..]) = self.entries.known_head {
+                let grid = self.sizes.row_grid(tq);
+                if self.wide == DType::F64 {
+                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, self.scale, causal])?;
+                } else {
+                    let scale = self.scale as f32;
+                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, scale, causal])?;
+                }
             } else {
                 let [forward, ..] = self.entries.rows;
                 let grid = self.sizes.row_grid(tq);
@@ -245,6 +279,19 @@ impl Kernel for AttentionGradKernel {
                 launch(s, grad_q, grid, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
                 let grid = self.sizes.tensor_core_grid(tk);
                 launch(s, grad_kv, grid, &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal])?;
+            } else if let Some([_, grad_q, grad_k, grad_v]) = self.entries.known_head {
+                let (grid_q, grid_kv) = (self.sizes.row_grid(tq), self.sizes.row_grid(tk));
+                if self.wide == DType::F64 {
+                    let scale = self.scale;
+                    launch(s, grad_q, grid_q, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
+                    launch(s, grad_k, grid_kv, &mut args![q, k, v, dout, lse, dots, dk, tq, tk, heads, scale, causal])?;
+                    launch(s, grad_v, grid_kv, &mut args![q, k, v, dout, lse, dots, dv, tq, tk, heads, scale, causal])?;
+                } else {
+                    let scale = self.scale as f32;
+                    launch(s, grad_q, grid_q, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
+                    launch(s, grad_k, grid_kv, &mut args![q, k, v, dout, lse, dots, dk, tq, tk, heads, scale, causal])?;
+                    launch(s, grad_v, grid_kv, &mut args![q, k, v, dout, lse, dots, dv, tq, tk, heads, scale, causal])?;
+                }
             } else {
                 let [_, grad_q, grad_kv] = self.entries.rows;
                 let (grid_q, grid_kv) = (self.sizes.row_grid(tq), self.sizes.row_grid(tk));
