@@ -13,7 +13,6 @@ use crate::io::{empty_view, view, view_mut};
 use crate::{Kernel, KernelError, KernelIo};
 use half::slice::HalfFloatSliceExt;
 use regflow_plan::{DType, HostSlice, HostSliceMut, HostTensor, HostTensorMut, OpConf, TensorMeta};
-use smallvec::SmallVec;
 
 /// What a host computation may use besides its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +68,26 @@ pub trait HostCompute: Send + Sync {
 pub struct HalfScratch {
     inputs: Vec<Option<Vec<f32>>>,
     outputs: Vec<Option<Vec<f32>>>,
+    /// Room for the widened views of one call.
+    views: ViewRoom,
+}
+
+/// Room for one firing's tensor views, kept between firings so that no firing allocates
+/// for them, however many tensors its op has (a wide concat): emptied after each firing
+/// and filled with views of the next one's registers in the same allocation.
+#[derive(Debug, Default)]
+struct ViewRoom {
+    inputs: Vec<HostTensor<'static>>,
+    outputs: Vec<HostTensorMut<'static>>,
+}
+
+/// `views` emptied, as a vector of another lifetime's views in the same allocation: the
+/// views of one firing borrow its registers, the allocation outlives them. Collecting an
+/// empty vector into one of a type of the same size and alignment reuses its allocation
+/// (std's in-place collection; `kernels/tests/host_views_alloc.rs` checks it does).
+fn recycle<T, U>(mut views: Vec<T>) -> Vec<U> {
+    views.clear();
+    views.into_iter().map(|_| -> U { unreachable!("the vector is empty") }).collect()
 }
 
 impl HalfScratch {
@@ -94,7 +113,9 @@ impl HalfScratch {
         outputs: impl Iterator<Item = (DType, usize)>,
     ) -> Option<Self> {
         let buffer = |(dtype, numel): (DType, usize)| dtype.is_half().then(|| vec![0.0f32; numel]);
-        let scratch = Self { inputs: inputs.map(buffer).collect(), outputs: outputs.map(buffer).collect() };
+        let (inputs, outputs): (Vec<_>, Vec<_>) = (inputs.map(buffer).collect(), outputs.map(buffer).collect());
+        let views = ViewRoom { inputs: Vec::with_capacity(inputs.len()), outputs: Vec::with_capacity(outputs.len()) };
+        let scratch = Self { inputs, outputs, views };
         scratch.any().then_some(scratch)
     }
 
@@ -133,14 +154,14 @@ impl HalfScratch {
             widened.map_err(|len| mismatch("input", index, len, buffer.len()))?;
         }
         {
-            let mut wide_inputs: SmallVec<[HostTensor<'_>; 8]> = SmallVec::new();
+            let mut wide_inputs: Vec<HostTensor<'_>> = recycle(std::mem::take(&mut self.views.inputs));
             for (tensor, buffer) in inputs.iter().zip(&self.inputs) {
                 wide_inputs.push(match buffer {
                     Some(buffer) => HostTensor { shape: tensor.shape, data: HostSlice::F32(buffer) },
                     None => *tensor,
                 });
             }
-            let mut wide_outputs: SmallVec<[HostTensorMut<'_>; 8]> = SmallVec::new();
+            let mut wide_outputs: Vec<HostTensorMut<'_>> = recycle(std::mem::take(&mut self.views.outputs));
             for (index, (tensor, buffer)) in outputs.iter_mut().zip(&mut self.outputs).enumerate() {
                 wide_outputs.push(match buffer {
                     Some(buffer) => {
@@ -152,7 +173,10 @@ impl HalfScratch {
                     None => HostTensorMut { shape: tensor.shape, data: reborrow(&mut tensor.data) },
                 });
             }
-            op.compute(context, &wide_inputs, &mut wide_outputs)?;
+            let computed = op.compute(context, &wide_inputs, &mut wide_outputs);
+            self.views.inputs = recycle(wide_inputs);
+            self.views.outputs = recycle(wide_outputs);
+            computed?;
         }
         for (index, (tensor, buffer)) in outputs.iter_mut().zip(&self.outputs).enumerate() {
             let Some(buffer) = buffer else { continue };
@@ -220,8 +244,8 @@ pub fn compute_once<T: HostCompute + ?Sized>(
 }
 
 /// Runs one op on its actor's registers viewed as tensors of the plan's local metas.
-/// Views are built on the stack (ops with up to 8 inputs or outputs), so a firing
-/// allocates nothing.
+/// The views go into room the kernel keeps from one firing to the next, so a firing
+/// allocates nothing, whatever the number of its tensors.
 #[derive(Debug)]
 pub struct HostOpKernel<T> {
     op: T,
@@ -235,6 +259,8 @@ pub struct HostOpKernel<T> {
     /// The (op input, op output) pairs the op may take in place
     /// ([`OpConf::in_place_pairs`]).
     in_place: Vec<(usize, usize)>,
+    /// Room for one firing's views of its registers.
+    views: ViewRoom,
 }
 
 impl<T: HostCompute> HostOpKernel<T> {
@@ -249,6 +275,10 @@ impl<T: HostCompute> HostOpKernel<T> {
             input_map: conf.input_map.clone(),
             outputs: conf.outputs.clone(),
             in_place: conf.in_place_pairs(),
+            views: ViewRoom {
+                inputs: Vec::with_capacity(conf.inputs.len()),
+                outputs: Vec::with_capacity(conf.outputs.len()),
+            },
         }
     }
 
@@ -270,7 +300,7 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
         let fail = |m: String| KernelError(format!("{}: {m}", self.op_type));
         let context = HostContext { threads: io.context().threads };
         // A tick input (constants) comes after the real ones and is not passed on.
-        let mut inputs: SmallVec<[HostTensor<'_>; 8]> = SmallVec::new();
+        let mut inputs: Vec<HostTensor<'_>> = recycle(std::mem::take(&mut self.views.inputs));
         for (k, (meta, &i)) in self.inputs.iter().zip(&self.input_map).enumerate() {
             // An input whose bytes are its output's (an update over its variable's one
             // buffer) is not viewed: a shared and a mutable view of the same bytes may not
@@ -284,13 +314,16 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
             }
         }
         // Outputs are distinct registers: split the borrows one by one.
-        let mut outputs: SmallVec<[HostTensorMut<'_>; 8]> = SmallVec::new();
+        let mut outputs: Vec<HostTensorMut<'_>> = recycle(std::mem::take(&mut self.views.outputs));
         for (o, meta) in self.outputs.iter().enumerate() {
             outputs.push(view_mut(meta, io.output_detached(o)).map_err(fail)?);
         }
-        match &mut self.half {
-            Some(scratch) => scratch.compute(&self.op, &context, &inputs, &mut outputs).map_err(fail),
-            None => self.op.compute(&context, &inputs, &mut outputs).map_err(fail),
-        }
+        let computed = match &mut self.half {
+            Some(scratch) => scratch.compute(&self.op, &context, &inputs, &mut outputs),
+            None => self.op.compute(&context, &inputs, &mut outputs),
+        };
+        self.views.inputs = recycle(inputs);
+        self.views.outputs = recycle(outputs);
+        computed.map_err(|m| KernelError(format!("{}: {m}", self.op_type)))
     }
 }

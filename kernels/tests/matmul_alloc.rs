@@ -10,30 +10,8 @@ use regflow_kernels::cpu::gemm_backend::{force_backend, GemmBackend};
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::MatMul;
 use regflow_plan::{DType, HostArray, TensorMeta};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Counts every allocation of the process (this binary has one test, so nothing else runs).
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator, only counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+mod counting;
 
 #[test]
 fn a_product_split_over_threads_allocates_nothing_once_warm() {
@@ -53,11 +31,11 @@ fn a_product_split_over_threads_allocates_nothing_once_warm() {
             run();
         }
         const PRODUCTS: u64 = 400;
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = counting::allocations();
         for _ in 0..PRODUCTS {
             run();
         }
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = counting::allocations() - before;
         // A helper that took no share during the warm-up (a loaded machine: its stream
         // thread claimed every share first) fills its pool at its first share: the packing
         // buffer and the flags, once. Anything per product would be hundreds.

@@ -137,6 +137,32 @@ template <int D, int ROWS> struct Stages {
     static const int n = 2 * 2 * ROWS * (D + 8) * 2 <= 40960 ? 2 : 1;
 };
 
+// Runs `body(tile, stage)` over `tiles` tiles whose shared copies `load(tile, stage)` starts
+// (and commits): with two stages the next tile loads while the block computes on this one,
+// with one it loads after. Every thread of the block takes part.
+template <int S, typename Load, typename Body>
+__device__ __forceinline__ void att_pipeline(u64 tiles, Load load, Body body) {
+    if (tiles > 0) load(0, 0);
+    for (u64 tile = 0; tile < tiles; ++tile) {
+        const int stage = S == 2 ? (int)(tile & 1) : 0;
+        if (S == 2 && tile + 1 < tiles) {
+            load(tile + 1, stage ^ 1);
+            att_wait<1>();
+        } else {
+            att_wait<0>();
+        }
+        __syncthreads();
+        body(tile, stage);
+        __syncthreads();
+        if (S == 1 && tile + 1 < tiles) load(tile + 1, 0);
+    }
+}
+
+// The end of the keys a block of queries from `block0` attends.
+__device__ __forceinline__ u64 att_key_end(u64 block0, u64 tk, u32 causal) {
+    return causal ? (block0 + ATT_ROWS < tk ? block0 + ATT_ROWS : tk) : tk;
+}
+
 // The A fragments (16 rows by D) of rows `lo` and `lo + 8` of a head, zeros past `rows`.
 template <int D>
 __device__ __forceinline__ void att_load_rows(u32 (*a)[4], const h16* head, u64 lo, u64 rows, u64 stride, int t4) {
@@ -265,24 +291,14 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
     // Running max (log2 units) and the thread's part of the running sum, per row.
     float m_lo = -ATT_INF, m_hi = -ATT_INF, l_lo = 0.f, l_hi = 0.f;
     const float c = scale * ATT_LOG2E;
-    const u64 key_end = causal ? (block0 + ATT_ROWS < tk ? block0 + ATT_ROWS : tk) : tk;
-    const u64 tiles = (key_end + KT - 1) / KT;
+    const u64 tiles = (att_key_end(block0, tk, causal) + KT - 1) / KT;
     auto load = [&](u64 tile, int stage) {
         att_load_tile<D, KT>(ks[stage], kh, tile * KT, tk, stride);
         att_load_tile<D, KT>(vs[stage], vh, tile * KT, tk, stride);
         att_commit();
     };
-    if (tiles > 0) load(0, 0);
-    for (u64 tile = 0; tile < tiles; ++tile) {
-        const int st = S == 2 ? (int)(tile & 1) : 0;
+    att_pipeline<S>(tiles, load, [&](u64 tile, int st) {
         const u64 key0 = tile * KT;
-        if (S == 2 && tile + 1 < tiles) {
-            load(tile + 1, st ^ 1);
-            att_wait<1>();
-        } else {
-            att_wait<0>();
-        }
-        __syncthreads();
         float s[KT / 8][4];
         att_times_rows<T, D, KT>(s, qa, ks[st], lane);
         float mx_lo = -ATT_INF, mx_hi = -ATT_INF;
@@ -323,9 +339,7 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
             l_hi += s[nt][2] + s[nt][3];
         }
         att_times_tile<T, D, KT>(o, s, vs[st], lane);
-        __syncthreads();
-        if (S == 1 && tile + 1 < tiles) load(tile + 1, 0);
-    }
+    });
     l_lo = att_quad_sum(l_lo);
     l_hi = att_quad_sum(l_hi);
     att_store_rows<T, D>(out + (b * tq * heads + h) * D, o, lo, tq, stride, t4, l_lo > 0.f ? 1.f / l_lo : 0.f,
@@ -355,24 +369,14 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
     float acc[D / 8][4];
     att_zero<D>(acc);
     const float c = scale * ATT_LOG2E;
-    const u64 key_end = causal ? (block0 + ATT_ROWS < tk ? block0 + ATT_ROWS : tk) : tk;
-    const u64 tiles = (key_end + KT - 1) / KT;
+    const u64 tiles = (att_key_end(block0, tk, causal) + KT - 1) / KT;
     auto load = [&](u64 tile, int stage) {
         att_load_tile<D, KT>(ks[stage], k + offset_k, tile * KT, tk, stride);
         att_load_tile<D, KT>(vs[stage], v + offset_k, tile * KT, tk, stride);
         att_commit();
     };
-    if (tiles > 0) load(0, 0);
-    for (u64 tile = 0; tile < tiles; ++tile) {
-        const int st = S == 2 ? (int)(tile & 1) : 0;
+    att_pipeline<S>(tiles, load, [&](u64 tile, int st) {
         const u64 key0 = tile * KT;
-        if (S == 2 && tile + 1 < tiles) {
-            load(tile + 1, st ^ 1);
-            att_wait<1>();
-        } else {
-            att_wait<0>();
-        }
-        __syncthreads();
         float s[KT / 8][4], dp[KT / 8][4];
         att_times_rows<T, D, KT>(s, qa, ks[st], lane);
         att_times_rows<T, D, KT>(dp, da, vs[st], lane);
@@ -387,9 +391,7 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
                 s[nt][i] = p * (dp[nt][i] - (i < 2 ? dot_lo : dot_hi));
             }
         att_times_tile<T, D, KT>(acc, s, ks[st], lane);
-        __syncthreads();
-        if (S == 1 && tile + 1 < tiles) load(tile + 1, 0);
-    }
+    });
     att_store_rows<T, D>(dq + offset_q, acc, lo, tq, stride, t4, scale, scale);
 }
 
@@ -426,17 +428,8 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
             dd[stage][r] = q0 + r < tq ? dots[bh * tq + q0 + r] : 0.f;
         }
     };
-    if (tiles > 0) load(0, 0);
-    for (u64 tile = 0; tile < tiles; ++tile) {
-        const int st = S == 2 ? (int)(tile & 1) : 0;
+    att_pipeline<S>(tiles, load, [&](u64 tile, int st) {
         const u64 q0 = first + tile * QT;
-        if (S == 2 && tile + 1 < tiles) {
-            load(tile + 1, st ^ 1);
-            att_wait<1>();
-        } else {
-            att_wait<0>();
-        }
-        __syncthreads();
         float s[QT / 8][4], dp[QT / 8][4];
         att_times_rows<T, D, QT>(s, ka, qs[st], lane);
         att_times_rows<T, D, QT>(dp, va, ds[st], lane);
@@ -454,9 +447,7 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
             }
         att_times_tile<T, D, QT>(dv_acc, s, ds[st], lane);
         att_times_tile<T, D, QT>(dk_acc, dp, qs[st], lane);
-        __syncthreads();
-        if (S == 1 && tile + 1 < tiles) load(tile + 1, 0);
-    }
+    });
     att_store_rows<T, D>(dk + offset_k, dk_acc, lo, tk, stride, t4, scale, scale);
     att_store_rows<T, D>(dv + offset_k, dv_acc, lo, tk, stride, t4, 1.f, 1.f);
 }

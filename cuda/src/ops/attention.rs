@@ -13,7 +13,7 @@
 //! sequences of 2^32 positions or an empty tensor run the CPU kernel on the host.
 
 use super::{function, op_conf, queued, stream, suffix, Entry};
-use crate::driver::{launch, Device, Function, Grid};
+use crate::driver::{launch, Device, Function, Grid, StreamHandle};
 use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{Attention, AttentionGrad};
 use regflow_plan::{DType, OpConf};
@@ -191,7 +191,7 @@ impl Kernel for AttentionKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let [q, k, v] = self.inputs.map(|i| io.input_addr(i));
         let (out, lse) = (io.output_addr(0), io.output_addr(1));
-        let Sizes { tq, tk, heads, d, .. } = self.sizes;
+        let Sizes { tq, tk, heads, .. } = self.sizes;
         let (causal, s) = (self.causal, stream(io));
         // SAFETY (every launch): q and out hold batch·tq·heads·d elements, k and v
         // batch·tk·heads·d, lse batch·heads·tq (checked at build); a grid's y is the
@@ -200,22 +200,16 @@ impl Kernel for AttentionKernel {
             if let Some([forward, ..]) = self.entries.tensor_cores_for(&[q, k, v, out]) {
                 let grid = self.sizes.tensor_core_grid(tq);
                 launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, self.scale as f32, causal])?;
-            } else if let Some([forward, ..]) = self.entries.known_head {
-                let grid = self.sizes.row_grid(tq);
-                if self.wide == DType::F64 {
-                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, self.scale, causal])?;
-                } else {
-                    let scale = self.scale as f32;
-                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, scale, causal])?;
-                }
             } else {
-                let [forward, ..] = self.entries.rows;
-                let grid = self.sizes.row_grid(tq);
+                let (forward, known) = match self.entries.known_head {
+                    Some([forward, ..]) => (forward, true),
+                    None => (self.entries.rows[0], false),
+                };
+                let pointers = [q, k, v, out, lse];
                 if self.wide == DType::F64 {
-                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, self.scale, causal])?;
+                    rows_forward(s, forward, known, &self.sizes, pointers, self.scale, causal)?;
                 } else {
-                    let scale = self.scale as f32;
-                    launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, scale, causal])?;
+                    rows_forward(s, forward, known, &self.sizes, pointers, self.scale as f32, causal)?;
                 }
             }
         }
@@ -279,42 +273,12 @@ impl Kernel for AttentionGradKernel {
                 launch(s, grad_q, grid, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
                 let grid = self.sizes.tensor_core_grid(tk);
                 launch(s, grad_kv, grid, &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal])?;
-            } else if let Some([_, grad_q, grad_k, grad_v]) = self.entries.known_head {
-                let (grid_q, grid_kv) = (self.sizes.row_grid(tq), self.sizes.row_grid(tk));
-                if self.wide == DType::F64 {
-                    let scale = self.scale;
-                    launch(s, grad_q, grid_q, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
-                    launch(s, grad_k, grid_kv, &mut args![q, k, v, dout, lse, dots, dk, tq, tk, heads, scale, causal])?;
-                    launch(s, grad_v, grid_kv, &mut args![q, k, v, dout, lse, dots, dv, tq, tk, heads, scale, causal])?;
-                } else {
-                    let scale = self.scale as f32;
-                    launch(s, grad_q, grid_q, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
-                    launch(s, grad_k, grid_kv, &mut args![q, k, v, dout, lse, dots, dk, tq, tk, heads, scale, causal])?;
-                    launch(s, grad_v, grid_kv, &mut args![q, k, v, dout, lse, dots, dv, tq, tk, heads, scale, causal])?;
-                }
             } else {
-                let [_, grad_q, grad_kv] = self.entries.rows;
-                let (grid_q, grid_kv) = (self.sizes.row_grid(tq), self.sizes.row_grid(tk));
+                let pointers = [q, k, v, dout, lse, dots, dq, dk, dv];
                 if self.wide == DType::F64 {
-                    let scale = self.scale;
-                    launch(
-                        s,
-                        grad_q,
-                        grid_q,
-                        &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal],
-                    )?;
-                    let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal];
-                    launch(s, grad_kv, grid_kv, args)?;
+                    rows_grad(s, &self.entries, &self.sizes, pointers, self.scale, causal)?;
                 } else {
-                    let scale = self.scale as f32;
-                    launch(
-                        s,
-                        grad_q,
-                        grid_q,
-                        &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal],
-                    )?;
-                    let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal];
-                    launch(s, grad_kv, grid_kv, args)?;
+                    rows_grad(s, &self.entries, &self.sizes, pointers, self.scale as f32, causal)?;
                 }
             }
         }
@@ -324,6 +288,70 @@ impl Kernel for AttentionGradKernel {
     fn scratch_bytes(&self) -> u64 {
         self.dots_bytes()
     }
+}
+
+/// The one-thread-per-row forward: `forward` knows the head size (`known`) or takes it as
+/// an argument; `S` is the entries' arithmetic type (f64 for f64 tensors, f32 otherwise).
+///
+/// # Safety
+/// As [`launch`]: `[q, k, v, out, lse]` hold the tensors of `sizes` in the entry's types.
+unsafe fn rows_forward<S>(
+    s: StreamHandle,
+    forward: Function,
+    known: bool,
+    sizes: &Sizes,
+    [q, k, v, out, lse]: [u64; 5],
+    scale: S,
+    causal: u32,
+) -> Result<(), KernelError> {
+    let Sizes { tq, tk, heads, d, .. } = *sizes;
+    let grid = sizes.row_grid(tq);
+    // SAFETY: the caller's.
+    unsafe {
+        if known {
+            launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, scale, causal])?;
+        } else {
+            launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, scale, causal])?;
+        }
+    }
+    Ok(())
+}
+
+/// The one-thread-per-row gradient after the row dots: dq, then dk and dv (two launches
+/// where the entries know the head size, one where they take it as an argument).
+///
+/// # Safety
+/// As [`launch`]: `[q, k, v, dout, lse, dots, dq, dk, dv]` hold the tensors of `sizes`.
+unsafe fn rows_grad<S: Copy>(
+    s: StreamHandle,
+    entries: &Entries,
+    sizes: &Sizes,
+    [q, k, v, dout, lse, dots, dq, dk, dv]: [u64; 9],
+    scale: S,
+    causal: u32,
+) -> Result<(), KernelError> {
+    let Sizes { tq, tk, heads, d, .. } = *sizes;
+    let (grid_q, grid_kv) = (sizes.row_grid(tq), sizes.row_grid(tk));
+    // SAFETY: the caller's.
+    unsafe {
+        match entries.known_head {
+            Some([_, grad_q, grad_k, grad_v]) => {
+                launch(s, grad_q, grid_q, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
+                for (entry, grad) in [(grad_k, dk), (grad_v, dv)] {
+                    let args = &mut args![q, k, v, dout, lse, dots, grad, tq, tk, heads, scale, causal];
+                    launch(s, entry, grid_kv, args)?;
+                }
+            }
+            None => {
+                let [_, grad_q, grad_kv] = entries.rows;
+                let args = &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal];
+                launch(s, grad_q, grid_q, args)?;
+                let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal];
+                launch(s, grad_kv, grid_kv, args)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn make_attention_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
