@@ -317,6 +317,13 @@ fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
         // The updates are fused on cuda too: multi-tensor launches, no update of its own.
         let count = |op_type: &str| op_types(&compiled.plan).filter(|t| *t == op_type).count();
         assert_eq!(count("update"), 0, "gpt {precision:?}: updates left unfused");
+        // Every reshape is a view of its input's registers: no copy runs.
+        assert_eq!(
+            count("reshape"),
+            0,
+            "gpt {precision:?} (fused attention: {}): reshape copies",
+            config.fused_attention
+        );
         assert!(count("update_group") >= 1, "gpt {precision:?}: no update_group");
     }
     for (dtype, devices) in [(DType::F32, 1), (DType::F64, 1), (DType::F32, 2)] {

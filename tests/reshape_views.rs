@@ -1,8 +1,9 @@
-//! A reshape whose input is an op's output read by nothing else compiles to a view: no
-//! actor and no copy, its readers reading the producer's register under the new shape
-//! (`graph/src/compile/lower/ops.rs`). Where its input has other readers, is fed, or the
-//! reshape is fetched, it stays a copy. Either way a step computes what the reference
-//! evaluator does, and training runs to its end on one device and on a data-parallel mesh.
+//! A reshape of an op's output compiles to a view: no actor and no copy, its readers
+//! reading the producer's register under the new shape beside the input's other readers
+//! (`graph/src/compile/lower/ops.rs`). Where an op reads both the input and the output, the
+//! input is fed, or either is fetched, it stays a copy. Either way a step computes what the
+//! reference evaluator does, and training runs to its end on one device and on a
+//! data-parallel mesh.
 
 mod common;
 
@@ -32,31 +33,47 @@ fn losses(compiled: &CompiledGraph, steps: usize) -> Vec<f64> {
     common::fed_losses(job, &compiled.fetches[0], vec![vec![("x", input_values())]; steps], DType::F32)
 }
 
-/// `x · w` reshaped to `[4, 2, 4]`, squared and summed; with `also_read`, the product is
-/// also summed on its own (a second reader of the reshape's input).
-fn model<'g>(g: &'g Graph, also_read: bool) -> (Tensor<'g>, Tensor<'g>) {
+/// Who else reads the product a reshape reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Readers {
+    /// Nobody: the reshape alone.
+    Alone,
+    /// A sum of the product on its own.
+    Another,
+    /// An op reading the product and the reshape (of the product's own shape) together.
+    Together,
+}
+
+/// `x · w` reshaped to `[4, 2, 4]`, squared and summed, with the product's other readers.
+fn model<'g>(g: &'g Graph, readers: Readers) -> (Tensor<'g>, Tensor<'g>) {
     let x = g.input("x", [4, 6], DType::F32).unwrap();
     let w = g.variable("w", [6, 8], DType::F32, Init::Xavier { seed: 1 }).unwrap();
     let product = x.matmul(&w).unwrap();
     let heads = product.reshape(&[4, 2, 4]).unwrap();
     let mut loss = heads.mul(&heads).unwrap().sum_to(&Shape::scalar()).unwrap();
-    if also_read {
-        loss = loss.add(&product.sum_to(&Shape::scalar()).unwrap()).unwrap();
+    match readers {
+        Readers::Alone => {}
+        Readers::Another => loss = loss.add(&product.sum_to(&Shape::scalar()).unwrap()).unwrap(),
+        Readers::Together => {
+            let same = product.reshape(&[4, 8]).unwrap();
+            loss = loss.add(&same.mul(&product).unwrap().sum_to(&Shape::scalar()).unwrap()).unwrap();
+        }
     }
     (x, loss)
 }
 
 #[test]
-fn a_reshape_read_alone_is_a_view_that_computes_the_same_values() {
-    for also_read in [false, true] {
+fn a_reshape_of_an_ops_output_is_a_view_that_computes_the_same_values() {
+    for readers in [Readers::Alone, Readers::Another, Readers::Together] {
         let g = Graph::new();
-        let (x, loss) = model(&g, also_read);
+        let (x, loss) = model(&g, readers);
         let expected = g.eval(&[(x, input_values())], &[loss]).unwrap()[0].to_f64_vec()[0];
         let train = g.minimize(loss, &Optimizer::sgd(0.05, 0.9, 0.0).with_clip_norm(1.0)).unwrap();
         let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default()).unwrap();
-        // The forward reshape is a view unless the product has a second reader; the
-        // backward one (the gradient reshaped back to the product's shape) always is.
-        assert_eq!(reshape_actors(&compiled.plan), usize::from(also_read), "also read: {also_read}");
+        // Every reshape is a view (the backward ones too: the gradients reshaped back),
+        // but the one an op reads together with its input.
+        let copies = usize::from(readers == Readers::Together);
+        assert_eq!(reshape_actors(&compiled.plan), copies, "{readers:?}");
         let losses = losses(&compiled, 6);
         assert_eq!(losses.len(), 6);
         assert!((losses[0] - expected).abs() <= 1e-5 * expected.abs(), "{losses:?} vs {expected}");
@@ -90,7 +107,7 @@ fn reshapes_of_fed_inputs_and_fetched_reshapes_stay_copies() {
 fn views_hold_on_a_data_parallel_mesh() {
     let run = |devices: usize| {
         let g = Graph::new();
-        let (x, loss) = model(&g, false);
+        let (x, loss) = model(&g, Readers::Another);
         let mesh = Mesh::cpu(&[devices], &["dp"]).unwrap();
         g.set_layout(x, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
         let train = g.minimize(loss, &Optimizer::sgd(0.05, 0.9, 0.0)).unwrap();

@@ -1,12 +1,15 @@
 //! Op actors: every op the step needs becomes one compute actor per device of its mesh,
 //! running the op on its local shapes (the op layout inference chose for that rank).
 //!
-//! A `reshape` whose input is read by nothing else becomes no actor at all: its output is
-//! the input's registers under the new shape (a view). A row-major reshape keeps every
-//! element where it is, so the copy it would run only moves bytes; the readers of the
-//! output read the producer's registers instead, and the register's lifetime and
-//! backpressure follow from their reads as for any register. (GPT-2's 98 reshapes per
-//! step copied 25 MB each, 3 ms of a 200 ms f32 step on an H100.)
+//! A `reshape` of an op's output becomes no actor at all: its output is the input's
+//! registers under the new shape (a view). A row-major reshape keeps every element where
+//! it is, so the copy it would run only moves bytes; the readers of the output read the
+//! producer's registers instead, beside the input's other readers, and the register's
+//! lifetime and backpressure follow from all their reads as for any register. (GPT-2's 98
+//! reshapes per step copied 25 MB each, 3 ms of a 200 ms f32 step on an H100; with fused
+//! attention, whose gradient reads the output a reshape also reads, 12 more copies of
+//! 12.5 MB each in bf16.) An op that reads both the input and the output keeps the copy:
+//! it would read one register as two of its inputs.
 
 use super::{Lowering, OpActors, ReadOf};
 use crate::compile::error::CompileError;
@@ -64,11 +67,11 @@ fn reader_counts(low: &Lowering<'_>) -> Vec<u32> {
 
 /// Makes node `n`'s output the registers of its input, if `n` is a reshape that can be a
 /// view: its input is an op's output (not a fed input or a variable, whose registers are
-/// the runtime's to name), read by this reshape alone, made in the layout the reshape
-/// reads it in (no conversion between), at the reshape's rate, and each device's part
-/// keeps its bytes (the local op is a reshape of as many elements). Its output must not
-/// be fetched or be a variable's update either, so every name the program uses keeps its
-/// own register.
+/// the runtime's to name), which no op reads together with the reshape's output, made in
+/// the layout the reshape reads it in (no conversion between), at the reshape's rate, and
+/// each device's part keeps its bytes (the local op is a reshape of as many elements). Its
+/// output must not be fetched or be a variable's update either, nor may the input, so
+/// every name the program uses keeps its own register.
 #[allow(clippy::too_many_arguments)] // the loop's state for one node, as op_actors takes it
 fn view_of_input(
     low: &mut Lowering<'_>,
@@ -86,9 +89,11 @@ fn view_of_input(
     };
     if node.op.name() != "reshape"
         || !matches!(low.graph.info(*input).source, TensorSource::Op { .. })
-        || readers[input.0 as usize] != 1
+        || readers[input.0 as usize] == 0
+        || read_together(low, *input, *output)
+        || low.facts.fetch.contains(input)
         || low.facts.fetch.contains(output)
-        || low.facts.updates.iter().any(|(_, value)| value == output)
+        || low.facts.updates.iter().any(|(_, value)| value == output || value == input)
         || low.facts.rate(*input) != rate
     {
         return false;
@@ -105,6 +110,11 @@ fn view_of_input(
     let Some(regs) = low.regs.get(&(*input, read_layout.clone(), rate, mesh)).cloned() else { return false };
     low.regs.insert((*output, out_layout.clone(), rate, mesh), regs);
     true
+}
+
+/// Whether some needed op reads both `a` and `b`.
+fn read_together(low: &Lowering<'_>, a: TensorId, b: TensorId) -> bool {
+    low.facts.needed_nodes().any(|(_, node)| node.inputs.contains(&a) && node.inputs.contains(&b))
 }
 
 /// The (tensor, layout) pairs node `node` reads, each once even if the op names it twice
