@@ -286,13 +286,14 @@ fn data_times_tensor_parallel_trains_like_one_device() {
 
 /// One pre-LayerNorm attention block with an MLP on token ids, in f64 (so the comparison is
 /// tight): Megatron tensor parallelism splits the heads (Q/K/V column-split) and the MLP's
-/// hidden units, and the second matrix of each pair is row-split.
-fn attention<'g>(g: &'g Graph, layout: Option<&Layout>) -> TrainStep<'g> {
+/// hidden units, and the second matrix of each pair is row-split. With `fused`, the
+/// attention is one `attention` op on `[B, T, H, d]` (causal, no mask input).
+fn attention<'g>(g: &'g Graph, layout: Option<&Layout>, fused: bool) -> TrainStep<'g> {
     let (batch, time, vocab, d, heads) = (4usize, 4usize, 7usize, 8usize, 2usize);
     let hd = d / heads;
     let ids = g.input("ids", [batch, time], DType::I64).unwrap();
     let targets = g.input("targets", [batch * time], DType::I64).unwrap();
-    let mask = g.input("mask", [time, time], DType::F64).unwrap();
+    let mask = (!fused).then(|| g.input("mask", [time, time], DType::F64).unwrap());
     let normal = |seed| Init::Normal { mean: 0.0, std: 0.3, seed };
     let var = |name: &str, shape: Vec<usize>, init| g.variable(name, shape, DType::F64, init).unwrap();
     let emb = var("emb", vec![vocab, d], normal(1));
@@ -312,43 +313,53 @@ fn attention<'g>(g: &'g Graph, layout: Option<&Layout>) -> TrainStep<'g> {
     let (b, t) = (batch as isize, time as isize);
     let x = emb.embedding(&ids).unwrap().reshape(&[b * t, d as isize]).unwrap();
     let h = x.layer_norm(&gamma, &beta, 1e-5).unwrap();
-    let split = |r: regflow::graph::Tensor<'g>| {
-        r.reshape(&[b, t, heads as isize, hd as isize]).unwrap().permute(&[0, 2, 1, 3]).unwrap()
+    let heads_of = |r: regflow::graph::Tensor<'g>| r.reshape(&[b, t, heads as isize, hd as isize]).unwrap();
+    let q = heads_of(h.matmul(&wq).unwrap().add(&bq).unwrap());
+    let k = heads_of(h.matmul(&wk).unwrap());
+    let v = heads_of(h.matmul(&wv).unwrap());
+    let scale = 1.0 / (hd as f64).sqrt();
+    let merged = match mask {
+        None => q.attention(&k, &v, scale, true).unwrap().reshape(&[b * t, d as isize]).unwrap(),
+        Some(mask) => {
+            let split = |r: regflow::graph::Tensor<'g>| r.permute(&[0, 2, 1, 3]).unwrap();
+            let (q, k, v) = (split(q), split(k), split(v));
+            let scores = q.matmul_transposed(&k, false, true).unwrap().mul_scalar(scale).unwrap();
+            let attn = scores.add(&mask).unwrap().softmax(-1).unwrap().matmul(&v).unwrap();
+            attn.permute(&[0, 2, 1, 3]).unwrap().reshape(&[b * t, d as isize]).unwrap()
+        }
     };
-    let q = split(h.matmul(&wq).unwrap().add(&bq).unwrap());
-    let k = split(h.matmul(&wk).unwrap());
-    let v = split(h.matmul(&wv).unwrap());
-    let scores = q.matmul_transposed(&k, false, true).unwrap().mul_scalar(1.0 / (hd as f64).sqrt()).unwrap();
-    let attn = scores.add(&mask).unwrap().softmax(-1).unwrap().matmul(&v).unwrap();
-    let merged = attn.permute(&[0, 2, 1, 3]).unwrap().reshape(&[b * t, d as isize]).unwrap();
     let y = x.add(&merged.matmul(&wo).unwrap()).unwrap();
     let logits = y.matmul(&w1).unwrap().gelu().unwrap().matmul(&w2).unwrap();
     let loss = logits.sparse_cross_entropy(&targets).unwrap();
     g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).unwrap()
 }
 
-fn attention_batches(steps: usize) -> Vec<Vec<(&'static str, HostArray)>> {
+/// The feeds of `steps` steps: ids, targets, and (unless `fused`) the causal mask.
+fn attention_batches(steps: usize, fused: bool) -> Vec<Vec<(&'static str, HostArray)>> {
     let mut rng = SplitMix64::new(9);
     let mask: Vec<f64> = (0..16).map(|i| if i % 4 <= i / 4 { 0.0 } else { -1e9 }).collect();
     (0..steps)
         .map(|_| {
             let ids: Vec<i64> = (0..16).map(|_| (rng.next_u64() % 7) as i64).collect();
             let targets: Vec<i64> = ids.iter().map(|i| (i * 3 + 1) % 7).collect();
-            vec![
+            let mut feeds = vec![
                 ("ids", HostArray::i64([4, 4], ids).unwrap()),
                 ("targets", HostArray::i64([16], targets).unwrap()),
-                ("mask", HostArray::f64([4, 4], mask.clone()).unwrap()),
-            ]
+            ];
+            if !fused {
+                feeds.push(("mask", HostArray::f64([4, 4], mask.clone()).unwrap()));
+            }
+            feeds
         })
         .collect()
 }
 
-fn attention_losses(steps: usize, layout: Option<&Layout>) -> Vec<f64> {
+fn attention_losses(steps: usize, layout: Option<&Layout>, fused: bool) -> Vec<f64> {
     let g = Graph::new();
-    let train = attention(&g, layout);
+    let train = attention(&g, layout, fused);
     let Some(layout) = layout else {
         let mut s = Session::new(&g);
-        return attention_batches(steps)
+        return attention_batches(steps, fused)
             .into_iter()
             .map(|batch| {
                 let feeds: Vec<_> = batch.into_iter().map(|(n, v)| (g.by_name(n).unwrap(), v)).collect();
@@ -362,7 +373,7 @@ fn attention_losses(steps: usize, layout: Option<&Layout>) -> Vec<f64> {
     let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     let pusher = std::thread::spawn(move || {
-        for batch in attention_batches(steps) {
+        for batch in attention_batches(steps, fused) {
             for (name, value) in &batch {
                 feeds.push(name, value).unwrap();
             }
@@ -404,7 +415,7 @@ fn tensor_parallel_attention_trains_like_one_device() {
     // The heads really are split: the attention probabilities [B, H, T, T] are S(1) on tp.
     let g = Graph::new();
     let tp = megatron(&[2], &["tp"], 0);
-    let train = attention(&g, Some(&tp));
+    let train = attention(&g, Some(&tp), false);
     let compiled = g
         .compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(tp.mesh.clone()).train(&train))
         .unwrap();
@@ -414,14 +425,41 @@ fn tensor_parallel_attention_trains_like_one_device() {
     assert!(!softmax.is_empty() && softmax.iter().all(|(_, l)| l.0 == vec![S(1)]), "{softmax:?}\n{layouts:?}");
 
     let steps = 20;
-    let want = attention_losses(steps, None);
-    assert_close("attention tp2", &attention_losses(steps, Some(&megatron(&[2], &["tp"], 0))), &want, 1e-10);
+    let want = attention_losses(steps, None, false);
+    assert_close("attention tp2", &attention_losses(steps, Some(&megatron(&[2], &["tp"], 0)), false), &want, 1e-10);
     assert_close(
         "attention dp2xtp2",
-        &attention_losses(steps, Some(&megatron(&[2, 2], &["dp", "tp"], 1))),
+        &attention_losses(steps, Some(&megatron(&[2, 2], &["dp", "tp"], 1)), false),
         &want,
         1e-10,
     );
+}
+
+/// The fused `attention` op under the same layouts: its heads split on `tp` (the op and
+/// its gradient run on each device's heads, `S(2)`), its batch on `dp`; the losses are the
+/// one-device fused step's, and those the composed step's (f64: only the sums' order
+/// differs).
+#[test]
+fn tensor_parallel_fused_attention_trains_like_one_device() {
+    let g = Graph::new();
+    let tp = megatron(&[2], &["tp"], 0);
+    let train = attention(&g, Some(&tp), true);
+    let compiled = g
+        .compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(tp.mesh.clone()).train(&train))
+        .unwrap();
+    let layouts = &compiled.parallel.as_ref().unwrap().layouts;
+    let fused: Vec<_> = layouts.iter().filter(|(n, _)| n.starts_with("attention")).collect();
+    assert!(fused.len() >= 2, "the attention op and its gradient: {layouts:?}");
+    // Every tensor [B, T, H, d] split on H; the forward's lse [B, H, T] on its H too.
+    let lse = |name: &str| name.starts_with("attention") && !name.starts_with("attention_grad") && name.ends_with(":1");
+    assert!(fused.iter().all(|(n, l)| l.0 == vec![if lse(n) { S(1) } else { S(2) }]), "heads split: {fused:?}");
+
+    let steps = 20;
+    let want = attention_losses(steps, None, true);
+    assert_close("fused vs composed, one device", &want, &attention_losses(steps, None, false), 1e-10);
+    assert_close("fused attention tp2", &attention_losses(steps, Some(&tp), true), &want, 1e-10);
+    let dp_tp = megatron(&[2, 2], &["dp", "tp"], 1);
+    assert_close("fused attention dp2xtp2", &attention_losses(steps, Some(&dp_tp), true), &want, 1e-10);
 }
 
 /// Parallel plans share memory between one-slot registers whose lifetimes do not overlap,
