@@ -836,14 +836,29 @@ fn compiled_mlp_training_allocates_nothing_per_step() {
 /// on one cpu device: a training step allocates nothing once it has run a few times.
 #[test]
 fn compiled_gpt_block_training_allocates_nothing_per_step() {
+    gpt_block_allocates_nothing_per_step(false);
+}
+
+/// The same block with its attention as one `attention` op (tiles of scores on the stack).
+#[test]
+fn compiled_gpt_block_with_fused_attention_allocates_nothing_per_step() {
+    gpt_block_allocates_nothing_per_step(true);
+}
+
+fn gpt_block_allocates_nothing_per_step(fused_attention: bool) {
     const BATCH: usize = 2;
     const VOCAB: usize = 12;
-    let config = gpt::GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 64, fused_attention: false };
+    let config = gpt::GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 64, fused_attention };
     let time = config.context;
     let g = Graph::new();
     let ids = g.input("ids", [BATCH, time], DType::I64).unwrap();
     let targets = g.input("targets", [BATCH * time], DType::I64).unwrap();
-    let mask = g.input("mask", [time, time], DType::F32).unwrap();
+    // The fused op masks by itself: its mask is made on the device and never read.
+    let mask = if fused_attention {
+        g.causal_mask(time, DType::F32).unwrap()
+    } else {
+        g.input("mask", [time, time], DType::F32).unwrap()
+    };
     let model = gpt::Gpt::new(&g, config, VOCAB).unwrap();
     let loss = model.logits(&ids, &mask).unwrap().sparse_cross_entropy(&targets).unwrap();
     let optimizer = Optimizer::adamw(3e-3, 1e-2).with_clip_norm(1.0);
@@ -857,7 +872,11 @@ fn compiled_gpt_block_training_allocates_nothing_per_step() {
         // 0 where a position may attend, -1e9 on future positions.
         masks.push(f32_bytes((0..time * time).map(|i| if i % time <= i / time { 0.0 } else { -1e9 })));
     }
-    let step =
-        CompiledStep::compile(&g, &train, vec![("ids", id_batches), ("targets", target_batches), ("mask", masks)]);
-    step.assert_allocates_nothing_per_step("compiled GPT block");
+    let mut feeds = vec![("ids", id_batches), ("targets", target_batches)];
+    if !fused_attention {
+        feeds.push(("mask", masks));
+    }
+    let step = CompiledStep::compile(&g, &train, feeds);
+    let what = if fused_attention { "compiled GPT block, fused attention" } else { "compiled GPT block" };
+    step.assert_allocates_nothing_per_step(what);
 }
