@@ -43,17 +43,23 @@ fn composed<'g>(
     weights.matmul_permuted(v, &[0, 1, 2, 3], &[0, 2, 1, 3], &[0, 2, 1, 3])
 }
 
+/// One graph input per array, named `x0`, `x1`, …, of its shape and dtype.
+fn inputs<'g>(g: &'g Graph, arrays: &[HostArray]) -> Vec<Tensor<'g>> {
+    arrays.iter().enumerate().map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()).unwrap()).collect()
+}
+
+/// The feeds of `inputs` with `arrays`.
+fn fed<'g>(inputs: &[Tensor<'g>], arrays: &[HostArray]) -> Vec<(Tensor<'g>, HostArray)> {
+    inputs.iter().copied().zip(arrays.iter().cloned()).collect()
+}
+
 /// `out` of the fused op and of the composition for `q`, `k`, `v`.
 fn fused_and_composed(arrays: &[HostArray; 3], scale: f64, causal: bool) -> (HostArray, HostArray) {
     let g = Graph::new();
-    let xs: Vec<Tensor<'_>> = arrays
-        .iter()
-        .enumerate()
-        .map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()).unwrap())
-        .collect();
+    let xs = inputs(&g, arrays);
     let fused = xs[0].attention(&xs[1], &xs[2], scale, causal).unwrap();
     let unfused = composed(&xs[0], &xs[1], &xs[2], scale, causal).unwrap();
-    let feeds: Vec<_> = xs.iter().copied().zip(arrays.iter().cloned()).collect();
+    let feeds = fed(&xs, arrays);
     let mut values = g.eval(&feeds, &[fused, unfused]).unwrap();
     let unfused = values.remove(1);
     (values.remove(0), unfused)
@@ -139,13 +145,9 @@ fn direct_lse(arrays: &[HostArray; 3], scale: f64, causal: bool) -> Vec<f64> {
 /// `(out, lse)` of the fused op.
 fn out_and_lse(arrays: &[HostArray; 3], scale: f64, causal: bool) -> (HostArray, HostArray) {
     let g = Graph::new();
-    let xs: Vec<Tensor<'_>> = arrays
-        .iter()
-        .enumerate()
-        .map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()).unwrap())
-        .collect();
+    let xs = inputs(&g, arrays);
     let (out, lse) = xs[0].attention_with_lse(&xs[1], &xs[2], scale, causal).unwrap();
-    let feeds: Vec<_> = xs.iter().copied().zip(arrays.iter().cloned()).collect();
+    let feeds = fed(&xs, arrays);
     let mut values = g.eval(&feeds, &[out, lse]).unwrap();
     let lse = values.remove(1);
     (values.remove(0), lse)
@@ -188,14 +190,10 @@ fn attention_with_no_keys_or_no_queries_gives_zeros_and_an_lse_of_minus_infinity
         assert!(lse.to_f64_vec().iter().all(|&v| v == f64::NEG_INFINITY), "{:?}", lse.to_f64_vec());
         // The gradients of q, k and v are zeros (and exist).
         let g = Graph::new();
-        let xs: Vec<Tensor<'_>> = arrays
-            .iter()
-            .enumerate()
-            .map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()).unwrap())
-            .collect();
+        let xs = inputs(&g, &arrays);
         let loss = xs[0].attention(&xs[1], &xs[2], 0.5, causal).unwrap().sum_to(&Shape::scalar()).unwrap();
         let grads = g.grad(loss, &xs).unwrap();
-        let feeds: Vec<_> = xs.iter().copied().zip(arrays.iter().cloned()).collect();
+        let feeds = fed(&xs, &arrays);
         for grad in g.eval(&feeds, &grads).unwrap() {
             assert!(grad.to_f64_vec().iter().all(|&v| v == 0.0), "{:?}", grad.to_f64_vec());
         }
@@ -206,11 +204,7 @@ fn attention_with_no_keys_or_no_queries_gives_zeros_and_an_lse_of_minus_infinity
 /// composition.
 fn gradients(arrays: &[HostArray; 3], scale: f64, causal: bool, fused: bool) -> Vec<Vec<f64>> {
     let g = Graph::new();
-    let xs: Vec<Tensor<'_>> = arrays
-        .iter()
-        .enumerate()
-        .map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()).unwrap())
-        .collect();
+    let xs = inputs(&g, arrays);
     let out = if fused {
         xs[0].attention(&xs[1], &xs[2], scale, causal).unwrap()
     } else {
@@ -219,7 +213,7 @@ fn gradients(arrays: &[HostArray; 3], scale: f64, causal: bool, fused: bool) -> 
     let r = g.input("r", out.shape(), out.dtype()).unwrap();
     let loss = out.mul(&r).unwrap().sum_to(&Shape::scalar()).unwrap();
     let grads = g.grad(loss, &xs).unwrap();
-    let mut feeds: Vec<_> = xs.iter().copied().zip(arrays.iter().cloned()).collect();
+    let mut feeds = fed(&xs, arrays);
     let r_value = random(out.shape(), 0xfeed);
     feeds.push((r, if out.dtype() == DType::F32 { to_f32(&r_value) } else { r_value }));
     g.eval(&feeds, &grads).unwrap().iter().map(HostArray::to_f64_vec).collect()
