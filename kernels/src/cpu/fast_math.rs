@@ -100,18 +100,39 @@ pub fn tanh_f32(x: f32) -> f32 {
     }
 }
 
-/// Runs `kernel` compiled for AVX2 (8 floats a vector instead of SSE2's 4) when the CPU
-/// has it, else as the baseline build compiled it. The closure and the `#[inline(always)]`
-/// helpers it calls are inlined into the AVX2 function, so their loops vectorize for it;
-/// detection is a cached flag, nothing is allocated.
+/// Runs `kernel` compiled for AVX-512 (16 floats a vector) where the processor has it and
+/// the products may use it (`REGFLOW_CPU_ISA` unset, `auto` or `avx512`: [`isa_in_use`]),
+/// else for AVX2 (8 floats instead of SSE2's 4) when the CPU has it, else as the baseline
+/// build compiled it. The closure and the `#[inline(always)]` helpers it calls are inlined
+/// into the chosen function, so their loops vectorize for it; detection is a cached flag,
+/// nothing is allocated. The width changes no bit: Rust does not contract a multiply and an
+/// add into an FMA, each element is computed by the same operations at any width, and the
+/// reductions keep [`LANES`] partial sums in a fixed order.
+///
+/// [`isa_in_use`]: super::isa::isa_in_use
 #[inline(always)]
 pub fn vectorized<R>(kernel: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
+        /// `kernel` inside a function compiled with AVX-512 enabled.
+        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2")]
+        fn run_avx512<R>(kernel: impl FnOnce() -> R) -> R {
+            kernel()
+        }
         /// `kernel` inside a function compiled with AVX2 enabled.
         #[target_feature(enable = "avx2")]
         fn run_avx2<R>(kernel: impl FnOnce() -> R) -> R {
             kernel()
+        }
+        if super::isa::isa_in_use().ok() == Some(super::isa::Isa::Avx512)
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
+            // SAFETY: the CPU supports these AVX-512 subsets (checked just above) and AVX2
+            // with them.
+            return unsafe { run_avx512(kernel) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
