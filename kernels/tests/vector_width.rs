@@ -5,7 +5,9 @@
 
 use regflow_kernels::cpu::isa::{force_isa, Isa};
 use regflow_kernels::{HostCompute, HostContext};
-use regflow_plan::ops::{BiasGelu, LayerNorm, MaskedSoftmax, MaskedSoftmaxGrad, Unary, UnaryKind};
+use regflow_plan::ops::{
+    BiasGelu, LayerNorm, MaskedSoftmax, MaskedSoftmaxGrad, Softmax, SoftmaxGrad, Unary, UnaryKind,
+};
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
 
 fn random(dims: &[usize], seed: u64) -> HostArray {
@@ -36,6 +38,9 @@ fn vector_width_changes_no_bit() {
         vec![
             y,
             bits(&MaskedSoftmaxGrad { scale: 0.3 }, &[&probabilities, &dy], &[rows, len]),
+            bits(&Softmax { axis: -1 }, &[&x], &[rows, len]),
+            bits(&Softmax { axis: 0 }, &[&x], &[rows, len]),
+            bits(&SoftmaxGrad { axis: -1, log: true }, &[&probabilities, &dy], &[rows, len]),
             bits(&BiasGelu, &[&x, &bias], &[rows, len]),
             bits(&LayerNorm { eps: 1e-5 }, &[&x, &gamma, &beta], &[rows, len]),
             bits(&Unary(UnaryKind::Exp), &[&x], &[rows, len]),

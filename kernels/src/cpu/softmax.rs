@@ -36,10 +36,11 @@ impl HostCompute for SoftmaxGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer softmax is not supported", T => backward_typed::<T>(self.axis, self.log, inputs, &mut outputs[0]))
+        by_float!(outputs[0].dtype(), "integer softmax is not supported", T => fast_math::vectorized(#[inline(always)] || backward_typed::<T>(self.axis, self.log, inputs, &mut outputs[0])))
     }
 }
 
+#[inline(always)]
 fn backward_typed<T: Real>(
     axis: isize,
     log: bool,
@@ -66,7 +67,7 @@ fn backward_typed<T: Real>(
 }
 
 fn forward(axis: isize, log: bool, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {
-    by_float!(outputs[0].dtype(), "integer softmax is not supported", T => forward_typed::<T>(axis, log, &inputs[0], &mut outputs[0]))
+    by_float!(outputs[0].dtype(), "integer softmax is not supported", T => fast_math::vectorized(#[inline(always)] || forward_typed::<T>(axis, log, &inputs[0], &mut outputs[0])))
 }
 
 /// A tensor seen as `[outer, len, inner]` around one axis.
@@ -96,6 +97,7 @@ impl Lanes {
     }
 }
 
+#[inline(always)]
 fn forward_typed<T: FastMath>(
     axis: isize,
     log: bool,
