@@ -12,8 +12,10 @@
 //! one thread in a fixed order (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs,
 //! sequences of 2^32 positions or an empty tensor run the CPU kernel on the host.
 
-use super::{function, op_conf, queued, stream, suffix, Entry};
+use super::elementwise::input_slots;
+use super::{fail, function, op_conf, queued, stream, suffix, Entry};
 use crate::driver::{launch, Device, Function, Grid, StreamHandle};
+use regflow_kernels::cpu::attention::lse_dtype;
 use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{Attention, AttentionGrad};
 use regflow_plan::{DType, OpConf};
@@ -86,18 +88,22 @@ impl Sizes {
     }
 }
 
+/// The one-thread-per-row entries: with the head size known to the kernel (the forward,
+/// dq, dk and dv) or taking it as an argument (the forward, dq, and dk with dv).
+#[derive(Debug, Clone, Copy)]
+enum RowEntries {
+    /// A head size of [`ROW_HEADS_F32`] or [`ROW_HEADS_F64`].
+    Known([Function; 4]),
+    /// Any head size up to [`ROW_MAX_HEAD`].
+    Any([Function; 3]),
+}
+
 /// The entries of one op: on tensor cores where they apply (with the row entries for
-/// registers off 16-byte alignment), else one thread per row, with the row in registers
-/// where the head size is known to the kernel.
+/// registers off 16-byte alignment), else one thread per row.
 #[derive(Debug, Clone, Copy)]
 struct Entries {
     tensor_cores: Option<[Function; 3]>,
-    /// The forward, dq, dk and dv for a head size of [`ROW_HEADS_F32`] or [`ROW_HEADS_F64`].
-    known_head: Option<[Function; 4]>,
-    /// Any head size up to [`ROW_MAX_HEAD`]: the forward, dq, and dk with dv.
-    rows: [Function; 3],
-    /// The gradient's row dots (unused by the forward).
-    dots: Function,
+    rows: RowEntries,
 }
 
 impl Entries {
@@ -118,18 +124,13 @@ impl Entries {
             DType::F64 => ROW_HEADS_F64.contains(&(d as usize)),
             _ => false,
         };
-        let known_head = if known {
+        let rows = if known {
             let tail = format!("{s}_rows_d{d}");
-            Some([named("fwd", &tail)?, named("dq", &tail)?, named("dk", &tail)?, named("dv", &tail)?])
+            RowEntries::Known([named("fwd", &tail)?, named("dq", &tail)?, named("dk", &tail)?, named("dv", &tail)?])
         } else {
-            None
+            RowEntries::Any([named("fwd", s)?, named("dq", s)?, named("dkv", s)?])
         };
-        Ok(Self {
-            tensor_cores,
-            known_head,
-            rows: [named("fwd", s)?, named("dq", s)?, named("dkv", s)?],
-            dots: named("dots", s)?,
-        })
+        Ok(Self { tensor_cores, rows })
     }
 
     /// The tensor-core entries if every address is 16-byte aligned (their tile loads read
@@ -139,77 +140,59 @@ impl Entries {
     }
 }
 
-/// An error of the actor's op.
-fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -> KernelError {
-    KernelError(format!("actor '{}': op '{}': {message}", spec.actor, conf.op_type))
+/// What the forward and the gradient kernels share: their entries, sizes and attributes.
+#[derive(Debug)]
+struct Prepared {
+    entries: Entries,
+    sizes: Sizes,
+    scale: f64,
+    causal: u32,
+    /// The arithmetic dtype: `lse`'s and the row dots' (f64 for f64 tensors, else f32).
+    wide: DType,
 }
 
-/// Checks `conf`'s counts and that `lse` (input or output) is in the arithmetic dtype of
-/// `dtype`; returns the arithmetic dtype.
-fn check_metas(
-    spec: &KernelSpec<'_>,
-    conf: &OpConf,
-    counts: (usize, usize),
-    lse: &regflow_plan::TensorMeta,
-) -> Result<DType, KernelError> {
-    if (conf.inputs.len(), conf.outputs.len()) != counts || conf.input_map.len() != counts.0 {
-        return Err(fail(
-            spec,
-            conf,
-            format!(
-                "takes {} inputs and gives {} outputs, but has {} and {}",
-                counts.0,
-                counts.1,
-                conf.inputs.len(),
-                conf.outputs.len()
-            ),
-        ));
+impl Prepared {
+    /// The kernels' state for `conf` (already checked by the op's `check`), or `None` where
+    /// the CUDA kernels do not take its sizes (the CPU kernel then runs on the host).
+    fn of(spec: &KernelSpec<'_>, conf: &OpConf, scale: f64, causal: bool) -> Result<Option<Self>, KernelError> {
+        let Some(sizes) = Sizes::of(conf) else { return Ok(None) };
+        Ok(Some(Self {
+            entries: Entries::find(spec, conf.outputs[0].dtype, sizes.d)?,
+            sizes,
+            scale,
+            causal: u32::from(causal),
+            wide: lse_dtype(conf.inputs[0].dtype),
+        }))
     }
-    let wide = if conf.inputs[0].dtype == DType::F64 { DType::F64 } else { DType::F32 };
-    if lse.dtype != wide {
-        return Err(fail(
-            spec,
-            conf,
-            format!("lse must be {wide} for {} inputs, got {}", conf.inputs[0].dtype, lse.dtype),
-        ));
-    }
-    Ok(wide)
 }
 
 /// `attention`: q, k, v -> out, lse.
 #[derive(Debug)]
 struct AttentionKernel {
-    entries: Entries,
-    sizes: Sizes,
+    at: Prepared,
     inputs: [usize; 3],
-    scale: f64,
-    causal: u32,
-    wide: DType,
 }
 
 impl Kernel for AttentionKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let [q, k, v] = self.inputs.map(|i| io.input_addr(i));
         let (out, lse) = (io.output_addr(0), io.output_addr(1));
-        let Sizes { tq, tk, heads, .. } = self.sizes;
-        let (causal, s) = (self.causal, stream(io));
+        let at = &self.at;
+        let Sizes { tq, tk, heads, .. } = at.sizes;
+        let (causal, s) = (at.causal, stream(io));
         // SAFETY (every launch): q and out hold batch·tq·heads·d elements, k and v
         // batch·tk·heads·d, lse batch·heads·tq (checked at build); a grid's y is the
         // (sequence, head) pair and its x covers tq; the argument types are the kernels'.
         unsafe {
-            if let Some([forward, ..]) = self.entries.tensor_cores_for(&[q, k, v, out]) {
-                let grid = self.sizes.tensor_core_grid(tq);
-                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, self.scale as f32, causal])?;
+            if let Some([forward, ..]) = at.entries.tensor_cores_for(&[q, k, v, out]) {
+                let grid = at.sizes.tensor_core_grid(tq);
+                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, at.scale as f32, causal])?;
             } else {
-                let (forward, known) = match self.entries.known_head {
-                    Some([forward, ..]) => (forward, true),
-                    None => (self.entries.rows[0], false),
-                };
                 let pointers = [q, k, v, out, lse];
-                if self.wide == DType::F64 {
-                    rows_forward(s, forward, known, &self.sizes, pointers, self.scale, causal)?;
+                if at.wide == DType::F64 {
+                    rows_forward(s, at.entries.rows, &at.sizes, pointers, at.scale, causal)?;
                 } else {
-                    rows_forward(s, forward, known, &self.sizes, pointers, self.scale as f32, causal)?;
+                    rows_forward(s, at.entries.rows, &at.sizes, pointers, at.scale as f32, causal)?;
                 }
             }
         }
@@ -221,35 +204,25 @@ fn make_attention(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError>
     let conf = op_conf(spec)?;
     let op: Attention = conf.parse_attrs().map_err(KernelError)?;
     op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
-    let wide = check_metas(spec, conf, (3, 2), &conf.outputs[1])?;
-    let Some(sizes) = Sizes::of(conf) else {
-        return Ok(Box::new(HostOpKernel::new(op, conf)));
-    };
-    Ok(queued(AttentionKernel {
-        entries: Entries::find(spec, conf.outputs[0].dtype, sizes.d)?,
-        sizes,
-        inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
-        scale: op.scale,
-        causal: u32::from(op.causal),
-        wide,
-    }))
+    Ok(match Prepared::of(spec, conf, op.scale, op.causal)? {
+        Some(at) => queued(AttentionKernel { at, inputs: input_slots(conf) }),
+        None => Box::new(HostOpKernel::new(op, conf)),
+    })
 }
 
 /// `attention_grad`: q, k, v, out, lse, dout -> dq, dk, dv.
 #[derive(Debug)]
 struct AttentionGradKernel {
-    entries: Entries,
-    sizes: Sizes,
+    at: Prepared,
+    /// The row dots' entry, `Σ dout·out` per (sequence, head, query).
+    dots: Function,
     inputs: [usize; 6],
-    scale: f64,
-    causal: u32,
-    wide: DType,
 }
 
 impl AttentionGradKernel {
     /// Bytes of the row dots in the stream's scratch: one per (sequence, head, query).
     fn dots_bytes(&self) -> u64 {
-        self.sizes.pairs * self.sizes.tq * self.wide.size() as u64
+        self.at.sizes.pairs * self.at.sizes.tq * self.at.wide.size() as u64
     }
 }
 
@@ -258,27 +231,28 @@ impl Kernel for AttentionGradKernel {
         let [q, k, v, out, lse, dout] = self.inputs.map(|i| io.input_addr(i));
         let (dq, dk, dv) = (io.output_addr(0), io.output_addr(1), io.output_addr(2));
         let dots = io.scratch(self.dots_bytes())?;
-        let Sizes { tq, tk, heads, d, pairs } = self.sizes;
-        let (causal, s) = (self.causal, stream(io));
+        let at = &self.at;
+        let Sizes { tq, tk, heads, d, pairs } = at.sizes;
+        let (causal, s) = (at.causal, stream(io));
         let rows = pairs * tq;
         // SAFETY (every launch): as the forward's, with out, dout and dq shaped as q, dk
         // and dv as k, lse batch·heads·tq; `dots` holds batch·heads·tq values of the
         // arithmetic type, written whole by the first launch and read by the other two,
         // in stream order.
         unsafe {
-            launch(s, self.entries.dots, Grid::linear(rows * 8), &mut args![out, dout, dots, rows, tq, heads, d])?;
-            if let Some([_, grad_q, grad_kv]) = self.entries.tensor_cores_for(&[q, k, v, dout, dq, dk, dv]) {
-                let scale = self.scale as f32;
-                let grid = self.sizes.tensor_core_grid(tq);
+            launch(s, self.dots, Grid::linear(rows * 8), &mut args![out, dout, dots, rows, tq, heads, d])?;
+            if let Some([_, grad_q, grad_kv]) = at.entries.tensor_cores_for(&[q, k, v, dout, dq, dk, dv]) {
+                let scale = at.scale as f32;
+                let grid = at.sizes.tensor_core_grid(tq);
                 launch(s, grad_q, grid, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
-                let grid = self.sizes.tensor_core_grid(tk);
+                let grid = at.sizes.tensor_core_grid(tk);
                 launch(s, grad_kv, grid, &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal])?;
             } else {
                 let pointers = [q, k, v, dout, lse, dots, dq, dk, dv];
-                if self.wide == DType::F64 {
-                    rows_grad(s, &self.entries, &self.sizes, pointers, self.scale, causal)?;
+                if at.wide == DType::F64 {
+                    rows_grad(s, at.entries.rows, &at.sizes, pointers, at.scale, causal)?;
                 } else {
-                    rows_grad(s, &self.entries, &self.sizes, pointers, self.scale as f32, causal)?;
+                    rows_grad(s, at.entries.rows, &at.sizes, pointers, at.scale as f32, causal)?;
                 }
             }
         }
@@ -290,15 +264,14 @@ impl Kernel for AttentionGradKernel {
     }
 }
 
-/// The one-thread-per-row forward: `forward` knows the head size (`known`) or takes it as
-/// an argument; `S` is the entries' arithmetic type (f64 for f64 tensors, f32 otherwise).
+/// The one-thread-per-row forward; `S` is the entries' arithmetic type (f64 for f64
+/// tensors, f32 otherwise).
 ///
 /// # Safety
 /// As [`launch`]: `[q, k, v, out, lse]` hold the tensors of `sizes` in the entry's types.
 unsafe fn rows_forward<S>(
     s: StreamHandle,
-    forward: Function,
-    known: bool,
+    entries: RowEntries,
     sizes: &Sizes,
     [q, k, v, out, lse]: [u64; 5],
     scale: S,
@@ -308,10 +281,13 @@ unsafe fn rows_forward<S>(
     let grid = sizes.row_grid(tq);
     // SAFETY: the caller's.
     unsafe {
-        if known {
-            launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, scale, causal])?;
-        } else {
-            launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, scale, causal])?;
+        match entries {
+            RowEntries::Known([forward, ..]) => {
+                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, scale, causal])?
+            }
+            RowEntries::Any([forward, ..]) => {
+                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, scale, causal])?
+            }
         }
     }
     Ok(())
@@ -324,7 +300,7 @@ unsafe fn rows_forward<S>(
 /// As [`launch`]: `[q, k, v, dout, lse, dots, dq, dk, dv]` hold the tensors of `sizes`.
 unsafe fn rows_grad<S: Copy>(
     s: StreamHandle,
-    entries: &Entries,
+    entries: RowEntries,
     sizes: &Sizes,
     [q, k, v, dout, lse, dots, dq, dk, dv]: [u64; 9],
     scale: S,
@@ -334,16 +310,15 @@ unsafe fn rows_grad<S: Copy>(
     let (grid_q, grid_kv) = (sizes.row_grid(tq), sizes.row_grid(tk));
     // SAFETY: the caller's.
     unsafe {
-        match entries.known_head {
-            Some([_, grad_q, grad_k, grad_v]) => {
+        match entries {
+            RowEntries::Known([_, grad_q, grad_k, grad_v]) => {
                 launch(s, grad_q, grid_q, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
                 for (entry, grad) in [(grad_k, dk), (grad_v, dv)] {
                     let args = &mut args![q, k, v, dout, lse, dots, grad, tq, tk, heads, scale, causal];
                     launch(s, entry, grid_kv, args)?;
                 }
             }
-            None => {
-                let [_, grad_q, grad_kv] = entries.rows;
+            RowEntries::Any([_, grad_q, grad_kv]) => {
                 let args = &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal];
                 launch(s, grad_q, grid_q, args)?;
                 let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal];
@@ -358,17 +333,9 @@ fn make_attention_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
     let conf = op_conf(spec)?;
     let op: AttentionGrad = conf.parse_attrs().map_err(KernelError)?;
     op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
-    let wide = check_metas(spec, conf, (6, 3), &conf.inputs[4])?;
-    let Some(sizes) = Sizes::of(conf) else {
+    let Some(at) = Prepared::of(spec, conf, op.scale, op.causal)? else {
         return Ok(Box::new(HostOpKernel::new(op, conf)));
     };
-    let map = &conf.input_map;
-    Ok(queued(AttentionGradKernel {
-        entries: Entries::find(spec, conf.outputs[0].dtype, sizes.d)?,
-        sizes,
-        inputs: [map[0], map[1], map[2], map[3], map[4], map[5]],
-        scale: op.scale,
-        causal: u32::from(op.causal),
-        wide,
-    }))
+    let dots = function(spec, &format!("regflow_attention_dots_{}", suffix(conf.outputs[0].dtype)))?;
+    Ok(queued(AttentionGradKernel { at, dots, inputs: input_slots(conf) }))
 }

@@ -35,6 +35,11 @@ pub(crate) fn op_conf<'a>(spec: &KernelSpec<'a>) -> Result<&'a OpConf, KernelErr
     })
 }
 
+/// An error of the actor's op, naming the actor and the op type.
+pub(crate) fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -> KernelError {
+    KernelError(format!("actor '{}': op '{}': {message}", spec.actor, conf.op_type))
+}
+
 /// Entry point `entry` compiled for the actor's device.
 pub(crate) fn function(spec: &KernelSpec<'_>, entry: &str) -> Result<Function, KernelError> {
     let device = Device::open(usize::from(spec.device_index))?;
@@ -85,7 +90,7 @@ pub fn register(registry: &mut KernelRegistry) {
             registry.register_op(op_type, DeviceKind::Cuda, dtype, factory());
         }
     }
-    registry.register_copy(DeviceKind::Cuda, std::sync::Arc::new(|_| Ok(Box::new(Queued(DeviceCopy)))));
+    registry.register_copy(DeviceKind::Cuda, factory(|_| Ok(DeviceCopy)));
 }
 
 /// `KernelConf::Copy` on a cuda device (a variable's per-step assign, say): the input

@@ -7,7 +7,7 @@
 //! worked out when the actor is made, and a firing only queues its launches.
 
 use super::reduce::Axes;
-use super::{function, op_conf, queued, stream, suffix, Entry};
+use super::{fail, function, op_conf, queued, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::cpu::axes;
 use regflow_kernels::{HostCompute, HostOpKernel, Kernel, KernelError, KernelIo, KernelSpec};
@@ -92,11 +92,6 @@ fn row_entry(
         Some(n) => (function(spec, &format!("regflow_{name}_{}_w{n}", suffix(dtype)))?, warp_row_grid(rows)),
         None => (entry(spec, name, dtype)?, row_grid(rows, len)),
     })
-}
-
-/// An error of the actor's op.
-fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -> KernelError {
-    KernelError(format!("actor '{}': op '{}': {message}", spec.actor, conf.op_type))
 }
 
 /// Checks `conf` has `inputs` inputs and `outputs` outputs, all of one float dtype except
