@@ -468,8 +468,7 @@ fn sum_kernel(
     }
     // The first launch's entries: sum_to's, or the flat ones that square as they load (a
     // squared norm is one value: it only takes the flat sums).
-    let (whole, chunks, split, flat) = ("sum_to", "sum_to_chunks", "sum_to_split", "sum_flat");
-    let flat = if summands == Summands::Squared { "sum_squares_flat" } else { flat };
+    let flat = if summands == Summands::Squared { "sum_squares_flat" } else { "sum_flat" };
     let entry = |stem: &str| function(spec, &format!("regflow_{stem}_{}", suffix(dtype)));
     // f64 partial sums for f64, f32 for f32 and bf16 (which adds in f32).
     let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
@@ -511,8 +510,8 @@ fn sum_kernel(
     let launches = match two_launch {
         Some((layout, pieces)) => {
             let (first, second) = match layout {
-                PartialLayout::Chunks => (chunks, "sum_parts"),
-                PartialLayout::Splits => (split, "sum_splits"),
+                PartialLayout::Chunks => ("sum_to_chunks", "sum_parts"),
+                PartialLayout::Splits => ("sum_to_split", "sum_splits"),
             };
             SumLaunches::Partial(PartialSums {
                 layout,
@@ -523,7 +522,7 @@ fn sum_kernel(
                 parts: n_out * pieces * part_bytes,
             })
         }
-        None => SumLaunches::Columns(entry(whole)?),
+        None => SumLaunches::Columns(entry("sum_to")?),
     };
     Ok(SumToKernel { input: input_slot, reduction, launches })
 }
@@ -778,8 +777,7 @@ fn flat_sum(
     second: Option<Function>,
     plan: &FlatPlan,
 ) -> Result<(), KernelError> {
-    let block =
-        |blocks: u64, threads: u32| Grid { blocks: (blocks as u32, 1, 1), threads: (threads, 1, 1), shared_bytes: 0 };
+    let block = |blocks: u64, threads: u32| Grid::rows(blocks, threads, 0);
     let Some(second) = second else {
         // SAFETY: x holds the input's n elements, out one; the entry takes (x, out, n).
         unsafe { launch(stream(io), first, block(1, FLAT_SINGLE_THREADS), &mut args![x, out, n]) }?;

@@ -59,13 +59,49 @@ impl Rule {
     /// The rule of `kind`, its state count and its entries' stem (`regflow_update_{stem}_f32`,
     /// `regflow_update_group_{stem}_f32`).
     fn of(kind: &OptimizerKind) -> (Rule, usize, &'static str) {
-        match *kind {
-            OptimizerKind::Sgd { momentum, weight_decay } => (Rule::Sgd { momentum, weight_decay }, 1, "sgd"),
-            OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => {
-                (Rule::AdamW { beta1, beta2, eps, weight_decay }, 2, "adamw")
-            }
+        let rule = match *kind {
+            OptimizerKind::Sgd { momentum, weight_decay } => Rule::Sgd { momentum, weight_decay },
+            OptimizerKind::AdamW { beta1, beta2, eps, weight_decay } => Rule::AdamW { beta1, beta2, eps, weight_decay },
+        };
+        let stem = match rule {
+            Rule::Sgd { .. } => "sgd",
+            Rule::AdamW { .. } => "adamw",
+        };
+        (rule, rule.states(), stem)
+    }
+
+    /// The state tensors the rule keeps per parameter (momentum; or the two moments).
+    fn states(&self) -> usize {
+        match self {
+            Rule::Sgd { .. } => 1,
+            Rule::AdamW { .. } => 2,
         }
     }
+}
+
+/// An update kernel that queues its launches for one element type.
+trait QueueTyped {
+    /// The kernel's element type (f32, else f64).
+    fn dtype(&self) -> DType;
+
+    /// Queues the launches with the element type `T`, hyperparameters rounded by `round`.
+    ///
+    /// # Safety
+    ///
+    /// `T` is the type of [`QueueTyped::dtype`]; the rest as each implementation says.
+    unsafe fn queue<T: Copy>(&self, io: &KernelIo<'_>, round: fn(f64) -> T) -> Result<(), crate::CudaError>;
+}
+
+/// Runs `kernel` in its element type: f32, or f64 (the only two it is made for).
+fn run_typed(kernel: &impl QueueTyped, io: &KernelIo<'_>) -> Result<(), KernelError> {
+    // SAFETY: the type matches the dtype the kernel was made for.
+    unsafe {
+        match kernel.dtype() {
+            DType::F32 => kernel.queue::<f32>(io, |v| v as f32),
+            _ => kernel.queue::<f64>(io, |v| v),
+        }
+    }?;
+    Ok(())
 }
 
 fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
@@ -86,7 +122,6 @@ fn update_kernel(spec: &KernelSpec<'_>, conf: &OpConf, op: Update) -> Result<Upd
         lr_code: scalar_code(conf.inputs[2].dtype),
         step_code: scalar_code(conf.inputs[3].dtype),
         scale_code: scale,
-        states,
         rule,
         dtype,
         n: conf.inputs[0].shape.numel() as u64,
@@ -135,13 +170,16 @@ struct UpdateKernel {
     step_code: u64,
     /// The gradient scale's dtype code, if the update has one (input 4 + states).
     scale_code: Option<u64>,
-    states: usize,
     rule: Rule,
     dtype: DType,
     n: u64,
 }
 
-impl UpdateKernel {
+impl QueueTyped for UpdateKernel {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Queues the update with the element type `T`: hyperparameters the entry takes as `T`
     /// are rounded by `round`, as the CPU rounds them; the rest stay f64.
     ///
@@ -156,7 +194,7 @@ impl UpdateKernel {
         let out = |k: usize| io.output_addr(k);
         let p_out = out(0);
         // No scale: a null address, which the kernels read as 1.
-        let (scale, scale_code) = self.scale_code.map_or((0, 0), |code| (at(4 + self.states), code));
+        let (scale, scale_code) = self.scale_code.map_or((0, 0), |code| (at(4 + self.rule.states()), code));
         // SAFETY: forwarded to the caller.
         unsafe {
             match self.rule {
@@ -205,14 +243,7 @@ impl UpdateKernel {
 
 impl Kernel for UpdateKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        // SAFETY: the dtype is the one the kernel was made for (f32, else f64).
-        unsafe {
-            match self.dtype {
-                DType::F32 => self.queue::<f32>(io, |v| v as f32),
-                _ => self.queue::<f64>(io, |v| v),
-            }
-        }?;
-        Ok(())
+        run_typed(self, io)
     }
 }
 

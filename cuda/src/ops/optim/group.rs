@@ -12,7 +12,7 @@
 //! `update` entries use, so the group's results are bitwise those of one `update` each.
 
 use super::chunks::plan_chunks;
-use super::{check_update, refuse, scalar_code, Rule};
+use super::{check_update, refuse, run_typed, scalar_code, QueueTyped, Rule};
 use crate::driver::{launch, Function, Grid, LINEAR_THREADS, MAX_LINEAR_BLOCKS};
 use crate::ops::{function, op_conf, stream, suffix};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
@@ -174,7 +174,6 @@ pub(super) fn make_update_group(spec: &KernelSpec<'_>) -> Result<UpdateGroupKern
         lr_code: scalar_code(conf.inputs[2].dtype),
         step_code: scalar_code(conf.inputs[3].dtype),
         scale_code: group.scaled.then(|| scalar_code(conf.inputs[inputs - 1].dtype)),
-        states,
         rule,
         dtype,
     })
@@ -192,12 +191,15 @@ pub(super) struct UpdateGroupKernel {
     lr_code: u64,
     step_code: u64,
     scale_code: Option<u64>,
-    states: usize,
     rule: Rule,
     dtype: DType,
 }
 
-impl UpdateGroupKernel {
+impl QueueTyped for UpdateGroupKernel {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Queues every launch with the element type `T` (hyperparameters rounded by `round`,
     /// as `UpdateKernel::queue` rounds them).
     ///
@@ -220,12 +222,12 @@ impl UpdateGroupKernel {
                 addr[SLOT_P] = io.input_addr(member.inputs[0]);
                 addr[SLOT_G] = io.input_addr(member.inputs[1]);
                 addr[SLOT_P_OUT] = io.output_addr(member.outputs[0]);
-                for k in 0..self.states {
+                for k in 0..self.rule.states() {
                     addr[SLOT_STATE0 + k] = io.input_addr(member.inputs[2 + k]);
                     addr[SLOT_P_OUT + 1 + k] = io.output_addr(member.outputs[1 + k]);
                 }
             }
-            let grid = Grid { blocks: (table.blocks(), 1, 1), threads: (LINEAR_THREADS, 1, 1), shared_bytes: 0 };
+            let grid = Grid::rows(u64::from(table.blocks()), LINEAR_THREADS, 0);
             // SAFETY: forwarded to the caller; the table holds this launch's members.
             unsafe {
                 match self.rule {
@@ -269,14 +271,7 @@ impl UpdateGroupKernel {
 
 impl Kernel for UpdateGroupKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        // SAFETY: the dtype is the one the kernel was made for (f32, else f64).
-        unsafe {
-            match self.dtype {
-                DType::F32 => self.queue::<f32>(io, |v| v as f32),
-                _ => self.queue::<f64>(io, |v| v),
-            }
-        }?;
-        Ok(())
+        run_typed(self, io)
     }
 }
 
