@@ -159,9 +159,7 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     // A bias's gradient summed over the batch: summed in f32 (widened), rounded once.
     add_as::<ops::SumTo>(r, "sum_to", device, LOW);
     add_as::<ops::SumSquares>(r, "sum_squares", device, FLOAT);
-    for &dtype in FLOAT {
-        r.register_op("sum_squares_group", device, dtype, reduce_to::sum_squares_group_factory());
-    }
+    add_as::<ops::SumSquaresGroup>(r, "sum_squares_group", device, FLOAT);
     add_as::<ops::BroadcastTo>(r, "broadcast_to", device, ANY);
     add::<ops::SparseCrossEntropy>(r, device, FLOAT);
     add::<ops::SparseCrossEntropyGrad>(r, device, LOW);

@@ -2,11 +2,8 @@
 
 use crate::cpu::fast_math;
 use crate::host::{HostCompute, HostContext};
-use crate::io::{view, view_mut};
-use crate::{Kernel, KernelError, KernelFactory, KernelIo};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, HostTensor, HostTensorMut, Real, TensorMeta};
-use std::sync::Arc;
 
 impl HostCompute for SumTo {
     fn compute(
@@ -16,6 +13,7 @@ impl HostCompute for SumTo {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         fast_math::vectorized(
+            #[inline(always)]
             || by_float!(outputs[0].dtype(), "integer sums are not supported", T => sum_to_typed::<T>(&inputs[0], &mut outputs[0])),
         )
     }
@@ -29,6 +27,7 @@ impl HostCompute for SumSquares {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         fast_math::vectorized(
+            #[inline(always)]
             || by_float!(outputs[0].dtype(), "integer sums are not supported", T => sum_squares_typed::<T>(&inputs[0], &mut outputs[0])),
         )
     }
@@ -107,6 +106,7 @@ fn sum_to_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) ->
 
 /// `Σ x²` in the runs and order `sum_to_typed` sums a tensor to a scalar, each square
 /// rounded to `T` first: the bits of `x · x` summed to `[]`.
+#[inline(always)]
 fn sum_squares_typed<T: Real>(input: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
     let [total] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
     *total = squares_of::<T>(input)?;
@@ -129,62 +129,44 @@ fn squares_of<T: Real>(input: &HostTensor<'_>) -> Result<T, String> {
     Ok(total)
 }
 
-/// The CPU kernel of `sum_squares_group`: the chain it replaces, the carry (or the first
-/// tensor's squares), then each tensor's squares added in turn, each sum rounded to the
-/// dtype as the scalar `add` rounds it. Each input is viewed in turn: a group reads a
-/// device's every gradient, and collecting their views (as a host op's kernel does) would
-/// allocate per firing.
-pub(crate) fn sum_squares_group_factory() -> KernelFactory {
-    Arc::new(|spec| {
-        let conf = spec.op.ok_or_else(|| {
-            KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
-        })?;
-        let fail = |m: String| KernelError(format!("actor '{}': op 'sum_squares_group': {m}", spec.actor));
-        let op: SumSquaresGroup = conf.parse_attrs().map_err(fail)?;
-        op.check(conf).map_err(fail)?;
-        Ok(Box::new(SumSquaresGroupKernel {
-            carried: op.carried,
-            inputs: conf.inputs.iter().cloned().zip(conf.input_map.iter().copied()).collect(),
-            output: conf.outputs[0].clone(),
-        }))
-    })
-}
+/// `sum_squares_group`: the chain it replaces, the carry (or the first tensor's squares),
+/// then each tensor's squares added in turn, each sum rounded to the dtype as the scalar
+/// `add` rounds it.
+impl HostCompute for SumSquaresGroup {
+    fn compute(
+        &self,
+        _context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        fast_math::vectorized(
+            #[inline(always)]
+            || by_float!(outputs[0].dtype(), "integer sums are not supported", T => squares_chain::<T>(self.carried, inputs, &mut outputs[0])),
+        )
+    }
 
-/// See [`sum_squares_group_factory`].
-struct SumSquaresGroupKernel {
-    carried: bool,
-    /// Each op input's meta and actor input.
-    inputs: Vec<(TensorMeta, usize)>,
-    output: TensorMeta,
-}
-
-impl Kernel for SumSquaresGroupKernel {
-    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        let dtype = self.output.dtype;
-        fast_math::vectorized(|| by_float!(dtype, "integer sums are not supported", T => self.chain::<T>(io)))
-            .map_err(|m| KernelError(format!("sum_squares_group: {m}")))
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        self.check_metas(inputs, outputs)
     }
 }
 
-impl SumSquaresGroupKernel {
-    #[inline(always)]
-    fn chain<T: Real>(&self, io: &mut KernelIo<'_>) -> Result<(), String> {
-        let mut total: Option<T> = None;
-        for (k, (meta, input)) in self.inputs.iter().enumerate() {
-            let tensor = view(meta, io.input(*input))?;
-            let value = if k == 0 && self.carried {
-                *tensor.as_slice::<T>()?.first().ok_or("the carried total is empty")?
-            } else {
-                squares_of::<T>(&tensor)?
-            };
-            total = Some(match total {
-                Some(sum) => sum + value,
-                None => value,
-            });
-        }
-        let mut out = view_mut(&self.output, io.output(0))?;
-        let [slot] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
-        *slot = total.ok_or("sums the squares of at least one tensor, got none")?;
-        Ok(())
+/// The chain of a [`SumSquaresGroup`] (`carried`: its first input is a carried total) in
+/// the element type `T`.
+#[inline(always)]
+fn squares_chain<T: Real>(carried: bool, inputs: &[HostTensor<'_>], out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let mut total: Option<T> = None;
+    for (k, tensor) in inputs.iter().enumerate() {
+        let value = if k == 0 && carried {
+            *tensor.as_slice::<T>()?.first().ok_or("the carried total is empty")?
+        } else {
+            squares_of::<T>(tensor)?
+        };
+        total = Some(match total {
+            Some(sum) => sum + value,
+            None => value,
+        });
     }
+    let [slot] = out.as_mut_slice::<T>()? else { return Err("the output must be a scalar".into()) };
+    *slot = total.ok_or("sums the squares of at least one tensor, got none")?;
+    Ok(())
 }

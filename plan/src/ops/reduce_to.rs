@@ -33,12 +33,20 @@ impl SumSquaresGroup {
     /// after the carry (if any), every input mapped, all of the output's dtype, a scalar
     /// carry and a scalar output.
     pub fn check(&self, conf: &crate::OpConf) -> Result<(), String> {
+        self.check_metas(&conf.inputs, &conf.outputs)?;
+        if conf.input_map.len() != conf.inputs.len() {
+            return Err(format!("maps {} inputs to actor inputs, but has {}", conf.input_map.len(), conf.inputs.len()));
+        }
+        Ok(())
+    }
+
+    /// [`SumSquaresGroup::check`] of the metas alone (the input map aside).
+    pub fn check_metas(&self, inputs: &[crate::TensorMeta], outputs: &[crate::TensorMeta]) -> Result<(), String> {
         let carried = usize::from(self.carried);
         let scalar = |m: &crate::TensorMeta| m.shape.numel() == 1;
-        let fits = conf.inputs.len() > carried
-            && conf.input_map.len() == conf.inputs.len()
-            && matches!(conf.outputs.as_slice(), [out] if scalar(out) && conf.inputs.iter().all(|m| m.dtype == out.dtype))
-            && (!self.carried || scalar(&conf.inputs[0]));
+        let fits = inputs.len() > carried
+            && matches!(outputs, [out] if scalar(out) && inputs.iter().all(|m| m.dtype == out.dtype))
+            && (!self.carried || scalar(&inputs[0]));
         if fits {
             return Ok(());
         }
@@ -47,8 +55,8 @@ impl SumSquaresGroup {
             "sums the squares of at least one tensor{} into one scalar, all of one dtype, but has inputs [{}] and \
              outputs [{}]",
             if self.carried { " after a carried scalar" } else { "" },
-            list(&conf.inputs),
-            list(&conf.outputs)
+            list(inputs),
+            list(outputs)
         ))
     }
 }
