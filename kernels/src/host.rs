@@ -324,6 +324,6 @@ impl<T: HostCompute> Kernel for HostOpKernel<T> {
         };
         self.views.inputs = recycle(inputs);
         self.views.outputs = recycle(outputs);
-        computed.map_err(|m| KernelError(format!("{}: {m}", self.op_type)))
+        computed.map_err(fail)
     }
 }

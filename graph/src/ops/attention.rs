@@ -5,7 +5,7 @@ use super::{GradCtx, InputGrads, OpDef};
 use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
 use crate::{GraphError, Tensor};
-use regflow_kernels::cpu::attention::{check_attention, check_attention_grad, lse_dtype, AttentionDims};
+use regflow_kernels::cpu::attention::{check_attention, check_attention_grad, AttentionDims};
 pub use regflow_plan::ops::{Attention, AttentionGrad};
 
 /// Flops of the forward op's two products, `q·kᵀ` and `p·v`: a multiply and an add each per
@@ -24,7 +24,7 @@ impl OpDef for Attention {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [q, k, v] = inputs else { return Err(format!("takes 3 inputs (q, k, v), got {}", inputs.len())) };
         let dims = check_attention(self.scale, self.causal, q, k, v)?;
-        Ok(vec![q.clone(), TensorMeta::new(dims.lse_shape(), lse_dtype(q.dtype))])
+        Ok(vec![q.clone(), dims.lse_meta(q.dtype)])
     }
 
     /// One `attention_grad` op for `q`, `k` and `v`, reading the forward op's `out` and

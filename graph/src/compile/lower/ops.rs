@@ -23,13 +23,12 @@ use crate::sbp::NdSbp;
 /// each (tensor, layout) it names once, plus the tick if it reads nothing fed.
 pub(crate) fn lower_ops(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     let (facts, layouts) = (low.facts, low.layouts);
-    let readers = reader_counts(low);
     for (n, node) in facts.needed_nodes() {
         let Some(sig) = layouts.signatures.get(&n) else { continue };
         let Some(first) = node.outputs.first() else { continue };
         let mesh = low.placement.mesh_of(*first)?;
         let rate = facts.rate(*first);
-        if view_of_input(low, n, node, sig, mesh, rate, &readers) {
+        if view_of_input(low, n, node, sig, mesh, rate) {
             continue;
         }
         let (reads, input_map) = distinct_reads(node, sig);
@@ -46,25 +45,6 @@ pub(crate) fn lower_ops(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     Ok(())
 }
 
-/// How many needed ops read each tensor (an op reading one twice counts once), plus one
-/// for each fetch of it and each variable update it is the value of.
-fn reader_counts(low: &Lowering<'_>) -> Vec<u32> {
-    let facts = low.facts;
-    let mut readers = vec![0u32; low.graph.tensor_count()];
-    for (_, node) in facts.needed_nodes() {
-        let mut inputs = node.inputs.clone();
-        inputs.sort_unstable_by_key(|t| t.0);
-        inputs.dedup();
-        for t in inputs {
-            readers[t.0 as usize] += 1;
-        }
-    }
-    for t in facts.fetch.iter().chain(facts.updates.iter().map(|(_, new)| new)) {
-        readers[t.0 as usize] += 1;
-    }
-    readers
-}
-
 /// Makes node `n`'s output the registers of its input, if `n` is a reshape that can be a
 /// view: its input is an op's output (not a fed input or a variable, whose registers are
 /// the runtime's to name), which no op reads together with the reshape's output, made in
@@ -72,16 +52,7 @@ fn reader_counts(low: &Lowering<'_>) -> Vec<u32> {
 /// each device's part keeps its bytes (the local op is a reshape of as many elements). Its
 /// output must not be fetched or be a variable's update either, nor may the input, so
 /// every name the program uses keeps its own register.
-#[allow(clippy::too_many_arguments)] // the loop's state for one node, as op_actors takes it
-fn view_of_input(
-    low: &mut Lowering<'_>,
-    n: usize,
-    node: &Node,
-    sig: &NdSignature,
-    mesh: usize,
-    rate: Rate,
-    readers: &[u32],
-) -> bool {
+fn view_of_input(low: &mut Lowering<'_>, n: usize, node: &Node, sig: &NdSignature, mesh: usize, rate: Rate) -> bool {
     let ([input], [output], [read_layout], [out_layout]) =
         (node.inputs.as_slice(), node.outputs.as_slice(), sig.inputs.as_slice(), sig.outputs.as_slice())
     else {
@@ -89,7 +60,6 @@ fn view_of_input(
     };
     if node.op.name() != "reshape"
         || !matches!(low.graph.info(*input).source, TensorSource::Op { .. })
-        || readers[input.0 as usize] == 0
         || read_together(low, *input, *output)
         || low.facts.fetch.contains(input)
         || low.facts.fetch.contains(output)

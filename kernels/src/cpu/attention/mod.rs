@@ -44,9 +44,9 @@ pub struct AttentionDims {
 }
 
 impl AttentionDims {
-    /// The `lse` output's shape, `[B, H, Tq]`.
-    pub fn lse_shape(&self) -> Shape {
-        Shape(vec![self.batch, self.heads, self.queries])
+    /// The `lse` output's meta, `[B, H, Tq]` in the arithmetic dtype of inputs of `dtype`.
+    pub fn lse_meta(&self, dtype: DType) -> TensorMeta {
+        TensorMeta::new(Shape(vec![self.batch, self.heads, self.queries]), lse_dtype(dtype))
     }
 
     /// Multiply-adds of one score and its row of values, summed over every (query, key)
@@ -134,7 +134,7 @@ pub fn check_attention_grad(scale: f64, causal: bool, inputs: &[TensorMeta]) -> 
             return Err(format!("{name} must have q's shape and dtype {q}, got {name} {meta}"));
         }
     }
-    let expected = TensorMeta::new(dims.lse_shape(), lse_dtype(q.dtype));
+    let expected = dims.lse_meta(q.dtype);
     if *lse != expected {
         return Err(format!(
             "lse must be {expected} ([batch, heads, queries] in the arithmetic dtype of {} inputs), got lse {lse}",
@@ -178,13 +178,12 @@ fn dims_of(inputs: &[HostTensor<'_>], lens: &[usize]) -> Result<AttentionDims, S
 /// sequence is one thread's, computed in the same order on any thread count.
 fn for_each_sequence<T: Send, S, const N: usize>(
     threads: usize,
-    dims: &AttentionDims,
+    batch: usize,
     multiply_adds: usize,
     outputs: [&mut [T]; N],
     make_scratch: impl Fn() -> S + Sync,
     work: impl Fn(usize, [&mut [T]; N], &mut S) + Sync,
 ) {
-    let batch = dims.batch;
     if batch == 0 {
         return;
     }
@@ -230,7 +229,7 @@ impl HostCompute for Attention {
         if out != q {
             return Err(format!("out must have q's shape and dtype {q}, got out {out}"));
         }
-        let expected = TensorMeta::new(dims.lse_shape(), lse_dtype(q.dtype));
+        let expected = dims.lse_meta(q.dtype);
         if *lse != expected {
             return Err(format!("lse must be {expected}, got lse {lse}"));
         }
@@ -256,7 +255,7 @@ fn forward<T: FastMath>(
     let multiply_adds = dims.multiply_adds(causal);
     for_each_sequence(
         threads,
-        &dims,
+        dims.batch,
         multiply_adds,
         [out, lse],
         || [T::zero(); TILE],
@@ -325,7 +324,7 @@ fn backward<T: FastMath>(
     let multiply_adds = dims.multiply_adds(causal) * 5 / 2;
     for_each_sequence(
         threads,
-        &dims,
+        dims.batch,
         multiply_adds,
         [dq, dk, dv],
         || ([T::zero(); TILE], [T::zero(); TILE], [T::zero(); BLOCK]),

@@ -154,6 +154,17 @@ fn keys_of_block(dims: &AttentionDims, causal: bool, first: usize, len: usize) -
     }
 }
 
+/// How many of the `keys` from `first_key` on query `query` attends: all, or with
+/// `causal` those up to itself (the rest of its tile row is 0).
+#[inline(always)]
+fn keys_attended_by(causal: bool, query: usize, first_key: usize, keys: usize) -> usize {
+    if causal {
+        (query + 1).saturating_sub(first_key).min(keys)
+    } else {
+        keys
+    }
+}
+
 /// One sequence's attention. Per head, per block of [`BLOCK`] queries, per block of keys
 /// they attend, in order: the tile of scores `scale · q·kᵀ` (one product), per query its
 /// row's log-sum-exp `b` folded into the query's running log-sum-exp `r` (in `lse`), and
@@ -183,7 +194,7 @@ pub(super) fn forward_sequence<T: FastMath>(
                 product((scores, tile), false, (q, query_rows), (k, key_rows.transposed()), scale);
                 for (row, query) in (first_query..first_query + queries).enumerate() {
                     // With `causal`, query i attends keys up to i: the rest of its row is 0.
-                    let attended = if causal { (query + 1).saturating_sub(first_key).min(keys) } else { keys };
+                    let attended = keys_attended_by(causal, query, first_key, keys);
                     let (scores, masked) = scores[row * BLOCK..][..keys].split_at_mut(attended);
                     masked.fill(T::zero());
                     let Some(block_max) = fast_math::max(scores) else { continue };
@@ -211,8 +222,7 @@ pub(super) fn forward_sequence<T: FastMath>(
                     }
                     lse_row[query] = merged;
                 }
-                let value_rows = View::head_rows(dims, head, first_key, keys);
-                product((out, query_rows), true, (scores, tile), (v, value_rows), T::one());
+                product((out, query_rows), true, (scores, tile), (v, key_rows), T::one());
             }
         }
     }
@@ -253,7 +263,7 @@ pub(super) fn backward_sequence<T: FastMath>(
                 product((probabilities, tile), false, (q, query_rows), (k, key_rows.transposed()), scale);
                 product((score_grads, tile), false, (dout, query_rows), (v, key_rows.transposed()), T::one());
                 for (row, query) in (first_query..first_query + queries).enumerate() {
-                    let attended = if causal { (query + 1).saturating_sub(first_key).min(keys) } else { keys };
+                    let attended = keys_attended_by(causal, query, first_key, keys);
                     let (p, p_masked) = probabilities[row * BLOCK..][..keys].split_at_mut(attended);
                     let (ds, ds_masked) = score_grads[row * BLOCK..][..keys].split_at_mut(attended);
                     p_masked.fill(T::zero());
