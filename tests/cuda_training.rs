@@ -282,15 +282,6 @@ fn ops_on_the_host(plan: &regflow::plan::Plan) -> (usize, Vec<(String, usize)>) 
     (ops, on_host)
 }
 
-/// The op type of every compute actor of `plan`.
-fn op_types(plan: &regflow::plan::Plan) -> impl Iterator<Item = &str> {
-    use regflow::plan::{ActorKind, KernelConf};
-    plan.actors.iter().filter_map(|actor| match &actor.kind {
-        ActorKind::Compute { kernel: KernelConf::Op(op) } => Some(op.op_type.as_str()),
-        _ => None,
-    })
-}
-
 /// The ops of `on_host` that make more than one value.
 fn large(on_host: Vec<(String, usize)>) -> Vec<(String, usize)> {
     on_host.into_iter().filter(|(_, values)| *values > 1).collect()
@@ -315,7 +306,7 @@ fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
         assert!(ops > 50, "gpt {precision:?}: only {ops} op actors");
         assert!(on_host.is_empty(), "gpt {precision:?}: ops that would run on the host: {on_host:#?}");
         // The updates are fused on cuda too: multi-tensor launches, no update of its own.
-        let count = |op_type: &str| op_types(&compiled.plan).filter(|t| *t == op_type).count();
+        let count = |op_type: &str| common::ops(&compiled.plan, op_type).len();
         assert_eq!(count("update"), 0, "gpt {precision:?}: updates left unfused");
         // Every reshape is a view of its input's registers: no copy runs.
         assert_eq!(

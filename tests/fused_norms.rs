@@ -4,26 +4,23 @@
 //! one device and two (replicated and sharded gradients), on one thread and two; a chain
 //! that starts from a total made elsewhere carries it in.
 
-use regflow::graph::plan::{ActorKind, KernelConf, Plan};
+use regflow::graph::plan::Plan;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
     CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, LossScale, Optimizer, ParallelOptions,
 };
 use regflow::prelude::*;
 
+mod common;
+
 #[path = "common/tiny_mlp.rs"]
 mod tiny_mlp;
 
 /// Compute actors running `op_type`: (name, carried attribute if any, op inputs).
 fn ops(plan: &Plan, op_type: &str) -> Vec<(String, Option<bool>, usize)> {
-    plan.actors
-        .iter()
-        .filter_map(|a| match &a.kind {
-            ActorKind::Compute { kernel: KernelConf::Op(c) } if c.op_type == op_type => {
-                Some((a.name.clone(), c.attrs["carried"].as_bool(), c.inputs.len()))
-            }
-            _ => None,
-        })
+    common::ops(plan, op_type)
+        .into_iter()
+        .map(|(name, c)| (name.to_string(), c.attrs["carried"].as_bool(), c.inputs.len()))
         .collect()
 }
 

@@ -10,6 +10,8 @@ use regflow::graph::{
 };
 use regflow::prelude::*;
 
+mod common;
+
 #[path = "common/tiny_mlp.rs"]
 mod tiny_mlp;
 
@@ -24,23 +26,10 @@ fn train(compiled: &CompiledGraph, threads: usize, steps: u64, pieces: u64) -> (
     tiny_mlp::train(compiled, compiled.plan.clone(), threads, steps, pieces)
 }
 
-/// The op of every compute actor running `op_type`, with the actor's name.
-fn ops<'p>(plan: &'p Plan, op_type: &str) -> Vec<(&'p str, &'p OpConf)> {
-    plan.actors
-        .iter()
-        .filter_map(|a| match &a.kind {
-            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == op_type => {
-                Some((a.name.as_str(), conf))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
 /// The `params` attribute of every `update_group`, sorted.
 fn group_sizes(plan: &Plan) -> Vec<u64> {
     let mut sizes: Vec<u64> =
-        ops(plan, "update_group").iter().map(|(_, c)| c.attrs["params"].as_u64().unwrap()).collect();
+        common::ops(plan, "update_group").iter().map(|(_, c)| c.attrs["params"].as_u64().unwrap()).collect();
     sizes.sort();
     sizes
 }
@@ -64,8 +53,8 @@ fn one_device_updates_every_parameter_in_one_actor_with_the_bits_of_one_update_e
             let (fused, apart) = (compile(true), compile(false));
             let what = format!("{:?}, {micro_batches} micro-batch(es)", optimizer.kind);
             assert_eq!(group_sizes(&fused.plan), [3], "{what}");
-            assert_eq!(ops(&fused.plan, "update").len(), 0, "{what}");
-            assert_eq!((group_sizes(&apart.plan), ops(&apart.plan, "update").len()), (vec![], 3), "{what}");
+            assert_eq!(common::ops(&fused.plan, "update").len(), 0, "{what}");
+            assert_eq!((group_sizes(&apart.plan), common::ops(&apart.plan, "update").len()), (vec![], 3), "{what}");
             assert_eq!(fused.plan.actors.len() + 2, apart.plan.actors.len(), "{what}");
             let want = train(&apart, 1, 5, u64::from(micro_batches));
             for threads in [1, 2] {
@@ -85,8 +74,8 @@ fn sim_and_cuda_devices_fuse_their_updates_too() {
     };
     for device in [DeviceKind::Sim, DeviceKind::Cuda] {
         let (fused, apart) = (plan(device, true), plan(device, false));
-        assert_eq!((group_sizes(&fused), ops(&fused, "update").len()), (vec![3], 0), "{device:?}");
-        assert_eq!((group_sizes(&apart), ops(&apart, "update").len()), (vec![], 3), "{device:?}");
+        assert_eq!((group_sizes(&fused), common::ops(&fused, "update").len()), (vec![3], 0), "{device:?}");
+        assert_eq!((group_sizes(&apart), common::ops(&apart, "update").len()), (vec![], 3), "{device:?}");
     }
 }
 
@@ -111,12 +100,12 @@ fn data_parallel_updates_fuse_per_bucket_and_keep_one_per_gradient_that_lands_al
     assert_eq!(group_sizes(&bucketed.plan), [3, 3]);
     // Each gradient its own all-reduce: each update runs as its gradient lands.
     let alone = data_parallel(&g, &step, 0, true);
-    assert_eq!((group_sizes(&alone.plan), ops(&alone.plan, "update").len()), (vec![], 6));
+    assert_eq!((group_sizes(&alone.plan), common::ops(&alone.plan, "update").len()), (vec![], 6));
 
     // The members of every group read gradients one actor made, on another stream. Its
     // name is the first member's, with how many more, before the device suffix.
     let plan = &bucketed.plan;
-    for (name, conf) in ops(plan, "update_group") {
+    for (name, conf) in common::ops(plan, "update_group") {
         let (base, device) = name.rsplit_once('@').unwrap();
         assert!(base.starts_with("adamw_update:") && base.ends_with("+2") && ["0", "1"].contains(&device), "{name}");
         let actor = &plan.actors[plan.actor_by_name(name).unwrap().index()];
@@ -136,7 +125,7 @@ fn data_parallel_updates_fuse_per_bucket_and_keep_one_per_gradient_that_lands_al
     let g = Graph::new();
     let step = model(&g, &optimizer.with_clip_norm(0.5));
     let alone = data_parallel(&g, &step, 0, true);
-    assert_eq!((group_sizes(&alone.plan), ops(&alone.plan, "update").len()), (vec![3, 3], 0));
+    assert_eq!((group_sizes(&alone.plan), common::ops(&alone.plan, "update").len()), (vec![3, 3], 0));
     assert_eq!(train(&alone, 1, 5, 1), train(&data_parallel(&g, &step, 0, false), 1, 5, 1));
 }
 
@@ -145,7 +134,7 @@ fn a_plan_file_whose_update_group_does_not_fit_its_conf_is_refused_at_job_build(
     let g = Graph::new();
     let step = model(&g, &Optimizer::adamw(5e-2, 0.0));
     let compiled = g.compile(&[step.loss], &step.updates, &CompileOptions::default()).unwrap();
-    let (name, _) = ops(&compiled.plan, "update_group")[0];
+    let (name, _) = common::ops(&compiled.plan, "update_group")[0];
     let name = name.to_string();
     let broken = |edit: &dyn Fn(&mut OpConf)| {
         let mut plan = compiled.plan.clone();

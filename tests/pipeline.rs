@@ -4,7 +4,9 @@
 //! live activations per stage stay within the stage count with 1F1B counts but reach m
 //! under the GPipe option.
 
-use regflow::graph::plan::{ActorKind, DeviceKind, KernelConf};
+mod common;
+
+use regflow::graph::plan::DeviceKind;
 use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
 use regflow::graph::{
     DType, Graph, HostArray, Init, Optimizer, ParallelOptions, PipelineSchedule, Session, SplitMix64, TrainStep,
@@ -211,23 +213,11 @@ fn the_global_norm_over_stages_fuses_per_stage_with_the_unfused_bits() {
     let schedule = PipelineSchedule::OneForwardOneBackward;
     let (fused, apart) =
         (compile(&stages, 4, schedule, &clipped, true), compile(&stages, 4, schedule, &clipped, false));
-    let groups: Vec<(String, bool)> = fused
-        .plan
-        .actors
-        .iter()
-        .filter_map(|a| match &a.kind {
-            ActorKind::Compute { kernel: KernelConf::Op(c) } if c.op_type == "sum_squares_group" => {
-                Some((a.name.clone(), c.attrs["carried"].as_bool().unwrap()))
-            }
-            _ => None,
-        })
+    let groups: Vec<(String, bool)> = common::ops(&fused.plan, "sum_squares_group")
+        .into_iter()
+        .map(|(name, c)| (name.to_string(), c.attrs["carried"].as_bool().unwrap()))
         .collect();
-    let count = |plan: &regflow::graph::plan::Plan, op: &str| {
-        plan.actors
-            .iter()
-            .filter(|a| matches!(&a.kind, ActorKind::Compute { kernel: KernelConf::Op(c) } if c.op_type == op))
-            .count()
-    };
+    let count = |plan: &regflow::graph::plan::Plan, op: &str| common::ops(plan, op).len();
     assert_eq!(count(&fused.plan, "sum_squares"), 0, "{groups:?}");
     assert_eq!(count(&apart.plan, "sum_squares_group"), 0);
     // One group per stage, each summing its own two gradients (a layer's weight and bias).

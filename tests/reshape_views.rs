@@ -7,7 +7,7 @@
 
 mod common;
 
-use regflow::graph::plan::{ActorKind, KernelConf, Plan};
+use regflow::graph::plan::Plan;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
     CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Shape, SplitMix64, Tensor,
@@ -16,10 +16,7 @@ use regflow::prelude::*;
 
 /// The plan's reshape actors.
 fn reshape_actors(plan: &Plan) -> usize {
-    plan.actors
-        .iter()
-        .filter(|a| matches!(&a.kind, ActorKind::Compute { kernel: KernelConf::Op(op) } if op.op_type == "reshape"))
-        .count()
+    common::ops(plan, "reshape").len()
 }
 
 fn input_values() -> HostArray {

@@ -112,3 +112,20 @@ pub(crate) fn relu_mlp_loss(
     let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
     h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap()
 }
+
+/// The op of every compute actor of `plan` running `op_type`, with the actor's name.
+pub(crate) fn ops<'p>(
+    plan: &'p regflow::graph::plan::Plan,
+    op_type: &str,
+) -> Vec<(&'p str, &'p regflow::graph::plan::OpConf)> {
+    use regflow::graph::plan::{ActorKind, KernelConf};
+    plan.actors
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == op_type => {
+                Some((a.name.as_str(), conf))
+            }
+            _ => None,
+        })
+        .collect()
+}
