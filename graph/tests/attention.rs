@@ -5,24 +5,13 @@
 
 mod common;
 
-use common::{check_grad, random};
+use common::{assert_close, check_grad, graph_inputs, random, to_f32};
 use regflow_graph::ops::{Attention, AttentionGrad, HostCompute, OpDef};
 use regflow_graph::{DType, Graph, GraphError, HostArray, Precision, Shape, Tensor, TensorMeta};
-
-fn to_f32(array: &HostArray) -> HostArray {
-    HostArray::f32(array.shape.clone(), array.to_f64_vec().iter().map(|&v| v as f32).collect()).unwrap()
-}
 
 /// `array` rounded to f32 and held in f64 (the f32 run's inputs, exactly).
 fn rounded(array: &HostArray) -> HostArray {
     HostArray::f64(array.shape.clone(), to_f32(array).to_f64_vec()).unwrap()
-}
-
-fn assert_close(name: &str, actual: &[f64], expected: &[f64], tolerance: f64) {
-    assert_eq!(actual.len(), expected.len(), "{name}");
-    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
-        assert!((a - e).abs() <= tolerance * (1.0 + e.abs()), "{name}: element {i}: {a} vs {e}");
-    }
 }
 
 /// Attention as the examples built it before the fused op: scores `[B, H, Tq, Tk]` by a
@@ -43,11 +32,6 @@ fn composed<'g>(
     weights.matmul_permuted(v, &[0, 1, 2, 3], &[0, 2, 1, 3], &[0, 2, 1, 3])
 }
 
-/// One graph input per array, named `x0`, `x1`, …, of its shape and dtype.
-fn inputs<'g>(g: &'g Graph, arrays: &[HostArray]) -> Vec<Tensor<'g>> {
-    arrays.iter().enumerate().map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype()).unwrap()).collect()
-}
-
 /// The feeds of `inputs` with `arrays`.
 fn fed<'g>(inputs: &[Tensor<'g>], arrays: &[HostArray]) -> Vec<(Tensor<'g>, HostArray)> {
     inputs.iter().copied().zip(arrays.iter().cloned()).collect()
@@ -56,7 +40,7 @@ fn fed<'g>(inputs: &[Tensor<'g>], arrays: &[HostArray]) -> Vec<(Tensor<'g>, Host
 /// `out` of the fused op and of the composition for `q`, `k`, `v`.
 fn fused_and_composed(arrays: &[HostArray; 3], scale: f64, causal: bool) -> (HostArray, HostArray) {
     let g = Graph::new();
-    let xs = inputs(&g, arrays);
+    let xs = graph_inputs(&g, arrays).unwrap();
     let fused = xs[0].attention(&xs[1], &xs[2], scale, causal).unwrap();
     let unfused = composed(&xs[0], &xs[1], &xs[2], scale, causal).unwrap();
     let feeds = fed(&xs, arrays);
@@ -145,7 +129,7 @@ fn direct_lse(arrays: &[HostArray; 3], scale: f64, causal: bool) -> Vec<f64> {
 /// `(out, lse)` of the fused op.
 fn out_and_lse(arrays: &[HostArray; 3], scale: f64, causal: bool) -> (HostArray, HostArray) {
     let g = Graph::new();
-    let xs = inputs(&g, arrays);
+    let xs = graph_inputs(&g, arrays).unwrap();
     let (out, lse) = xs[0].attention_with_lse(&xs[1], &xs[2], scale, causal).unwrap();
     let feeds = fed(&xs, arrays);
     let mut values = g.eval(&feeds, &[out, lse]).unwrap();
@@ -190,7 +174,7 @@ fn attention_with_no_keys_or_no_queries_gives_zeros_and_an_lse_of_minus_infinity
         assert!(lse.to_f64_vec().iter().all(|&v| v == f64::NEG_INFINITY), "{:?}", lse.to_f64_vec());
         // The gradients of q, k and v are zeros (and exist).
         let g = Graph::new();
-        let xs = inputs(&g, &arrays);
+        let xs = graph_inputs(&g, &arrays).unwrap();
         let loss = xs[0].attention(&xs[1], &xs[2], 0.5, causal).unwrap().sum_to(&Shape::scalar()).unwrap();
         let grads = g.grad(loss, &xs).unwrap();
         let feeds = fed(&xs, &arrays);
@@ -204,7 +188,7 @@ fn attention_with_no_keys_or_no_queries_gives_zeros_and_an_lse_of_minus_infinity
 /// composition.
 fn gradients(arrays: &[HostArray; 3], scale: f64, causal: bool, fused: bool) -> Vec<Vec<f64>> {
     let g = Graph::new();
-    let xs = inputs(&g, arrays);
+    let xs = graph_inputs(&g, arrays).unwrap();
     let out = if fused {
         xs[0].attention(&xs[1], &xs[2], scale, causal).unwrap()
     } else {
@@ -436,11 +420,7 @@ fn mixed_precision_attention_reads_bf16_keeps_lse_f32_and_matches_f32() {
     let run = |precision: Precision| {
         let g = Graph::new();
         g.mixed_precision(precision).unwrap();
-        let xs: Vec<Tensor<'_>> = arrays_f32
-            .iter()
-            .enumerate()
-            .map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), DType::F32).unwrap())
-            .collect();
+        let xs = graph_inputs(&g, &arrays_f32).unwrap();
         let (out, lse) = xs[0].attention_with_lse(&xs[1], &xs[2], scale, true).unwrap();
         let r = g.input("r", out.shape(), DType::F32).unwrap();
         let loss = out.cast(DType::F32).unwrap().mul(&r).unwrap().sum_to(&Shape::scalar()).unwrap();

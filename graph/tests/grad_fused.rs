@@ -4,24 +4,13 @@
 
 mod common;
 
-use common::{check_grad, eval_op as run, random};
+use common::{assert_close, check_grad, eval_op as run, random, to_f32};
 use regflow_graph::{DType, Graph, GraphError, HostArray, Tensor};
 
 /// A causal mask `[t, t]`: 0 where column <= row, `masked` above the diagonal.
 fn causal(t: usize, masked: f64) -> HostArray {
     let values = (0..t * t).map(|k| if k % t <= k / t { 0.0 } else { masked }).collect();
     HostArray::f64([t, t], values).unwrap()
-}
-
-fn to_f32(array: &HostArray) -> HostArray {
-    HostArray::f32(array.shape.clone(), array.to_f64_vec().iter().map(|&v| v as f32).collect()).unwrap()
-}
-
-fn assert_close(name: &str, actual: &[f64], expected: &[f64], tolerance: f64) {
-    assert_eq!(actual.len(), expected.len(), "{name}");
-    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
-        assert!((a - e).abs() <= tolerance * (1.0 + e.abs()), "{name}: element {i}: {a} vs {e}");
-    }
 }
 
 #[test]

@@ -25,6 +25,19 @@ pub(crate) fn graph_inputs<'g>(g: &'g Graph, arrays: &[HostArray]) -> Result<Vec
     arrays.iter().enumerate().map(|(i, a)| g.input(&format!("x{i}"), a.shape.clone(), a.dtype())).collect()
 }
 
+/// `array`'s values as an f32 array.
+pub(crate) fn to_f32(array: &HostArray) -> HostArray {
+    HostArray::f32(array.shape.clone(), array.to_f64_vec().iter().map(|&v| v as f32).collect()).unwrap()
+}
+
+/// Asserts each `actual` value is within `tolerance · (1 + |expected|)` of `expected`.
+pub(crate) fn assert_close(name: &str, actual: &[f64], expected: &[f64], tolerance: f64) {
+    assert_eq!(actual.len(), expected.len(), "{name}");
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        assert!((a - e).abs() <= tolerance * (1.0 + e.abs()), "{name}: element {i}: {a} vs {e}");
+    }
+}
+
 /// Evaluates `build(inputs)` with the arrays fed.
 pub(crate) fn eval_op<F>(inputs: &[HostArray], build: F) -> Result<HostArray, GraphError>
 where
