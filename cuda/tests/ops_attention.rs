@@ -53,8 +53,7 @@ fn check_case(case: Case, dtype: DType, gpu: (&regflow_cuda::Device, &regflow_cu
     let forward_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, h, tq], wide)];
     let forward = common::conf(&Attention { scale, causal }, &[&q, &k, &v], &forward_outputs);
     let rel = tolerance(dtype);
-    common::check(&format!("attention {what}"), &forward, &[&q, &k, &v], gpu, rel);
-    common::check_skewed(&format!("attention {what}"), &forward, &[&q, &k, &v], gpu, rel);
+    common::check_both(&format!("attention {what}"), &forward, &[&q, &k, &v], gpu, rel);
     // The gradient from the CPU's forward, so both sides read the same out and lse.
     let mut outs = common::run(&forward, &[&q, &k, &v], None);
     let lse = outs.remove(1);
@@ -63,8 +62,7 @@ fn check_case(case: Case, dtype: DType, gpu: (&regflow_cuda::Device, &regflow_cu
     let inputs: [&HostArray; 6] = [&q, &k, &v, &out, &lse, &dout];
     let grad_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, tk, h, d], dtype), meta(&[b, tk, h, d], dtype)];
     let grad = common::conf(&AttentionGrad { scale, causal }, &inputs, &grad_outputs);
-    common::check(&format!("attention_grad {what}"), &grad, &inputs, gpu, rel);
-    common::check_skewed(&format!("attention_grad {what}"), &grad, &inputs, gpu, rel);
+    common::check_both(&format!("attention_grad {what}"), &grad, &inputs, gpu, rel);
 }
 
 #[test]

@@ -27,8 +27,7 @@ fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
                 let x = random(&[n], from, 3);
                 let conf = common::conf(&Cast { to }, &[&x], &[TensorMeta::new([n], to)]);
                 let what = format!("cast {from} -> {to} [{n}]");
-                common::check(&what, &conf, &[&x], (&device, &stream), 0.0);
-                common::check_skewed(&what, &conf, &[&x], (&device, &stream), 0.0);
+                common::check_both(&what, &conf, &[&x], (&device, &stream), 0.0);
             }
         }
     }

@@ -42,9 +42,8 @@ fn check(
     rel: f64,
 ) {
     let conf = common::conf(op, inputs, outputs);
-    common::check(what, &conf, inputs, gpu, rel);
     // Registers off alignment take the kernels' one-element loops (`EIGHT` in the prelude).
-    common::check_skewed(what, &conf, inputs, gpu, rel);
+    common::check_both(what, &conf, inputs, gpu, rel);
 }
 
 #[test]

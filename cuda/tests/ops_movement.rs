@@ -257,8 +257,7 @@ fn flat_sums_to_one_value_match_the_cpu_at_every_edge() {
         rel: f64,
     ) {
         let conf = common::conf(op, inputs, &[out]);
-        common::check(what, &conf, inputs, gpu, rel);
-        common::check_skewed(what, &conf, inputs, gpu, rel);
+        common::check_both(what, &conf, inputs, gpu, rel);
     }
     for dtype in [DType::F32, DType::F64, DType::Bf16, DType::F16] {
         for n in lengths {
@@ -341,8 +340,7 @@ fn row_sums_to_columns_match_the_cpu_aligned_or_not() {
     };
     let both = |what: &str, x: &HostArray, to: &[usize], dtype: DType| {
         let conf = common::conf(&SumTo(Shape::new(to)), &[x], &[TensorMeta::new(to, dtype)]);
-        common::check(what, &conf, &[x], gpu, rel(dtype));
-        common::check_skewed(what, &conf, &[x], gpu, rel(dtype));
+        common::check_both(what, &conf, &[x], gpu, rel(dtype));
     };
     let shapes: &[&[usize]] =
         &[&[8192, 768], &[8192, 3072], &[1000, 7], &[3, 1024], &[5000, 9], &[2, 4099, 40], &[0, 5]];

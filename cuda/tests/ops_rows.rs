@@ -157,8 +157,7 @@ fn masked_softmax_in_runs_and_element_by_element_matches_the_cpu_with_causal_mas
             for mask in &masks {
                 let what = format!("masked_softmax {dtype} {dims:?} mask {:?}", mask.meta().shape.dims());
                 let conf = common::conf(&op, &[&x, mask], &[meta(&dims, dtype)]);
-                common::check(&what, &conf, &[&x, mask], gpu, tolerance(dtype));
-                common::check_skewed(&what, &conf, &[&x, mask], gpu, tolerance(dtype));
+                common::check_both(&what, &conf, &[&x, mask], gpu, tolerance(dtype));
             }
             // The gradient at the causal softmax: NaN rows stay NaN.
             let softmax = common::conf(&op, &[&x, &masks[0]], &[meta(&dims, dtype)]);
@@ -166,8 +165,7 @@ fn masked_softmax_in_runs_and_element_by_element_matches_the_cpu_with_causal_mas
             let dy = common::array(&dims, dtype, 16);
             let what = format!("masked_softmax_grad {dtype} {dims:?}");
             let conf = common::conf(&MaskedSoftmaxGrad { scale: 0.125 }, &[&y, &dy], &[meta(&dims, dtype)]);
-            common::check(&what, &conf, &[&y, &dy], gpu, tolerance(dtype));
-            common::check_skewed(&what, &conf, &[&y, &dy], gpu, tolerance(dtype));
+            common::check_both(&what, &conf, &[&y, &dy], gpu, tolerance(dtype));
         }
     }
 }
@@ -183,8 +181,7 @@ fn layer_norm_in_runs_and_element_by_element_matches_the_cpu() {
             (common::array(&dims, dtype, 17), common::array(&[len], dtype, 18), common::array(&[len], dtype, 19));
         let what = format!("layer_norm {dtype} {dims:?}");
         let conf = common::conf(&LayerNorm { eps: 1e-5 }, &[&x, &gamma, &beta], &[meta(&dims, dtype)]);
-        common::check(&what, &conf, &[&x, &gamma, &beta], gpu, tolerance(dtype));
-        common::check_skewed(&what, &conf, &[&x, &gamma, &beta], gpu, tolerance(dtype));
+        common::check_both(&what, &conf, &[&x, &gamma, &beta], gpu, tolerance(dtype));
         let dy = common::array(&dims, dtype, 20);
         let outputs = [meta(&dims, dtype), meta(&[len], dtype), meta(&[len], dtype)];
         let conf = common::conf(&LayerNormGrad { eps: 1e-5 }, &[&x, &gamma, &dy], &outputs);

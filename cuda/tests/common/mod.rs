@@ -149,13 +149,15 @@ pub(crate) fn check(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Dev
     }
 }
 
-/// [`check`] with every register of the CUDA side one element off alignment
-/// ([`run_skewed`]), for the kernels' unaligned paths.
-pub(crate) fn check_skewed(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Device, &Stream), rel: f64) {
-    let on_gpu = run_skewed(conf, inputs, Some(gpu), true);
+/// [`check`], and again with every register of the CUDA side one element off alignment
+/// ([`run_skewed`], for the kernels' unaligned paths), the CPU side computed once.
+pub(crate) fn check_both(what: &str, conf: &OpConf, inputs: &[&HostArray], gpu: (&Device, &Stream), rel: f64) {
     let on_cpu = run(conf, inputs, None);
+    let aligned = run(conf, inputs, Some(gpu));
+    let skewed = run_skewed(conf, inputs, Some(gpu), true);
     if !gpu.0.is_dry() {
-        assert_close(&format!("{what}, registers off alignment"), &on_gpu, &on_cpu, rel);
+        assert_close(what, &aligned, &on_cpu, rel);
+        assert_close(&format!("{what}, registers off alignment"), &skewed, &on_cpu, rel);
     }
 }
 
