@@ -18,7 +18,6 @@
 // - one thread per row (every float type, D up to ATT_SIMT_MAX_D): f32 or f64 arithmetic
 //   in the order of the CPU kernel (keys in order, one online-softmax pass).
 
-#define ATT_INF __int_as_float(0x7f800000)
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 #define ATT_ROWS 64        // rows of a tensor-core block: 16 per warp
@@ -289,7 +288,7 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
     float o[D / 8][4];
     att_zero<D>(o);
     // Running max (log2 units) and the thread's part of the running sum, per row.
-    float m_lo = -ATT_INF, m_hi = -ATT_INF, l_lo = 0.f, l_hi = 0.f;
+    float m_lo = minus_infinity<float>(), m_hi = minus_infinity<float>(), l_lo = 0.f, l_hi = 0.f;
     const float c = scale * ATT_LOG2E;
     const u64 tiles = (att_key_end(block0, tk, causal) + KT - 1) / KT;
     auto load = [&](u64 tile, int stage) {
@@ -301,7 +300,7 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
         const u64 key0 = tile * KT;
         float s[KT / 8][4];
         att_times_rows<T, D, KT>(s, qa, ks[st], lane);
-        float mx_lo = -ATT_INF, mx_hi = -ATT_INF;
+        float mx_lo = minus_infinity<float>(), mx_hi = minus_infinity<float>();
         // Only a tile past the keys' end or across the diagonal has pairs to mask.
         const bool edge = key0 + KT > tk || (causal && key0 + KT > block0 + 1);
 #pragma unroll
@@ -309,14 +308,14 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const u32 key = (u32)key0 + nt * 8 + 2 * t4 + (i & 1), row = (u32)(i < 2 ? lo : hi);
-                float x = (!edge || (key < (u32)tk && !(causal && key > row))) ? s[nt][i] * c : -ATT_INF;
+                float x = (!edge || (key < (u32)tk && !(causal && key > row))) ? s[nt][i] * c : minus_infinity<float>();
                 s[nt][i] = x;
                 if (i < 2) mx_lo = fmaxf(mx_lo, x);
                 else mx_hi = fmaxf(mx_hi, x);
             }
         const float new_lo = fmaxf(m_lo, att_quad_max(mx_lo)), new_hi = fmaxf(m_hi, att_quad_max(mx_hi));
         // A row with no key yet keeps a base of 0, so no -inf - -inf is taken.
-        const float base_lo = new_lo == -ATT_INF ? 0.f : new_lo, base_hi = new_hi == -ATT_INF ? 0.f : new_hi;
+        const float base_lo = new_lo == minus_infinity<float>() ? 0.f : new_lo, base_hi = new_hi == minus_infinity<float>() ? 0.f : new_hi;
         const float a_lo = exp2f(m_lo - base_lo), a_hi = exp2f(m_hi - base_hi);
         m_lo = new_lo;
         m_hi = new_hi;
@@ -345,8 +344,8 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
     att_store_rows<T, D>(out + (b * tq * heads + h) * D, o, lo, tq, stride, t4, l_lo > 0.f ? 1.f / l_lo : 0.f,
                          l_hi > 0.f ? 1.f / l_hi : 0.f);
     if (t4 == 0) {
-        if (lo < tq) lse[bh * tq + lo] = l_lo > 0.f ? (m_lo + log2f(l_lo)) * ATT_LN2 : -ATT_INF;
-        if (hi < tq) lse[bh * tq + hi] = l_hi > 0.f ? (m_hi + log2f(l_hi)) * ATT_LN2 : -ATT_INF;
+        if (lo < tq) lse[bh * tq + lo] = l_lo > 0.f ? (m_lo + log2f(l_lo)) * ATT_LN2 : minus_infinity<float>();
+        if (hi < tq) lse[bh * tq + hi] = l_hi > 0.f ? (m_hi + log2f(l_hi)) * ATT_LN2 : minus_infinity<float>();
     }
 }
 
@@ -503,12 +502,12 @@ __device__ void att_forward_simt(const T* q, const T* k, const T* v, T* out, typ
     const T* vh = v + (b * tk * heads + h) * d;
     W acc[ATT_SIMT_MAX_D];
     for (u64 x = 0; x < d; ++x) acc[x] = W(0);
-    W m = -ATT_INF, l = W(0);
+    W m = minus_infinity<W>(), l = W(0);
     const u64 end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
     for (u64 j = 0; j < end; ++j) {
         const W s = att_dot<T, W>(qi, kh + j * stride, d) * scale;
         if (s > m) {
-            const W a = m == -ATT_INF ? W(0) : m_exp(m - s);
+            const W a = m == minus_infinity<W>() ? W(0) : m_exp(m - s);
             l *= a;
             for (u64 x = 0; x < d; ++x) acc[x] *= a;
             m = s;
@@ -520,7 +519,7 @@ __device__ void att_forward_simt(const T* q, const T* k, const T* v, T* out, typ
     }
     T* oi = out + ((b * tq + i) * heads + h) * d;
     for (u64 x = 0; x < d; ++x) st(oi + x, l > W(0) ? acc[x] / l : W(0));
-    lse[bh * tq + i] = l > W(0) ? m + m_log(l) : (W)-ATT_INF;
+    lse[bh * tq + i] = l > W(0) ? m + m_log(l) : minus_infinity<W>();
 }
 
 // dq, a thread per query.
@@ -644,7 +643,7 @@ __device__ void att_forward_rows(const T* q, const T* k, const T* v, T* out, typ
     att_row<T, D>(qi, q + ((b * tq + (inside ? i : 0)) * heads + h) * D, inside);
 #pragma unroll
     for (int x = 0; x < D; ++x) acc[x] = W(0);
-    W m = -ATT_INF, l = W(0);
+    W m = minus_infinity<W>(), l = W(0);
     const u64 last = (u64)blockIdx.x * blockDim.x + blockDim.x;
     const u64 key_end = causal ? (last < tk ? last : tk) : tk;
     const u64 end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
@@ -657,7 +656,7 @@ __device__ void att_forward_rows(const T* q, const T* k, const T* v, T* out, typ
         for (int j = 0; j < n; ++j) {
             const W s = att_row_dot<W, D>(qi, ks[j]) * scale;
             if (s > m) {
-                const W a = m == -ATT_INF ? W(0) : m_exp(m - s);
+                const W a = m == minus_infinity<W>() ? W(0) : m_exp(m - s);
                 l *= a;
 #pragma unroll
                 for (int x = 0; x < D; ++x) acc[x] *= a;
@@ -673,7 +672,7 @@ __device__ void att_forward_rows(const T* q, const T* k, const T* v, T* out, typ
     T* oi = out + ((b * tq + i) * heads + h) * D;
 #pragma unroll
     for (int x = 0; x < D; ++x) st(oi + x, l > W(0) ? acc[x] / l : W(0));
-    lse[bh * tq + i] = l > W(0) ? m + m_log(l) : (W)-ATT_INF;
+    lse[bh * tq + i] = l > W(0) ? m + m_log(l) : minus_infinity<W>();
 }
 
 // dq, a thread per query.

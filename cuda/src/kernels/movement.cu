@@ -97,10 +97,7 @@ extern "C" __global__ void regflow_copy_blocks_f16(const f16* src, f16* dst, u64
 // from the CPU's by rounding. `kept.dims` is the output's shape and `kept.a` the input's
 // strides of those dimensions; `reduced.dims` the summed dimensions and `reduced.a` their
 // input strides.
-// SQ: each summand is squared as it loads (`sum_squares`: the bits of x · x, then summed).
-template <typename W> __device__ __forceinline__ W summand(W v, bool square) { return square ? v * v : v; }
-
-template <typename T, bool SQ = false>
+template <typename T>
 __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexing reduced, u64 n_out, u64 n_reduced) {
     typedef typename Wide<T>::type W;
     __shared__ W partial[COLUMN_THREADS][COLUMN_THREADS];
@@ -109,7 +106,7 @@ __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexi
         u64 base = mine ? offset_a(kept, o) : 0, end = mine ? n_reduced : 0;
         W sum = (W)0;
 #pragma unroll 4
-        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += summand(ld(&x[base + reduced_offset(reduced, k)]), SQ);
+        for (u64 k = threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + reduced_offset(reduced, k)]);
         sum = column_sum(sum, partial);
         if (mine && threadIdx.y == 0) st(&out[o], sum);
     }
@@ -122,7 +119,7 @@ __device__ __forceinline__ void sum_to(const T* x, T* out, Indexing kept, Indexi
 // into parts[o · gridDim.x + chunk index]; then one block per output adds its parts in
 // chunk order. The chunking depends on the shape alone, so the same inputs give the same
 // bits; bf16 adds in f32 and rounds once, as the CPU does.
-template <typename T, bool SQ = false>
+template <typename T>
 __device__ __forceinline__ void sum_to_chunks(const T* x, typename Wide<T>::type* parts, Indexing kept, Indexing reduced,
                                               u64 n_reduced, u64 chunk) {
     typedef typename Wide<T>::type W;
@@ -131,7 +128,7 @@ __device__ __forceinline__ void sum_to_chunks(const T* x, typename Wide<T>::type
     u64 begin = (u64)blockIdx.x * chunk, end = begin + chunk < n_reduced ? begin + chunk : n_reduced;
     W sum = (W)0;
 #pragma unroll 4
-    for (u64 k = begin + threadIdx.x; k < end; k += blockDim.x) sum += summand(ld(&x[base + reduced_offset(reduced, k)]), SQ);
+    for (u64 k = begin + threadIdx.x; k < end; k += blockDim.x) sum += ld(&x[base + reduced_offset(reduced, k)]);
     sum = block_sum(sum, scratch);
     if (threadIdx.x == 0) parts[o * gridDim.x + blockIdx.x] = sum;
 }
@@ -151,7 +148,7 @@ template <typename T> __device__ __forceinline__ void sum_parts(const typename W
 // over the range's split by, positions [by·chunk, (by + 1)·chunk), and writes its sums to
 // parts[by · n_out + o]; then a thread per output adds its splits' sums in split order. The
 // splits depend on the shape alone (movement.rs), so the same inputs give the same bits.
-template <typename T, bool SQ = false>
+template <typename T>
 __device__ __forceinline__ void sum_to_split(const T* x, typename Wide<T>::type* parts, Indexing kept, Indexing reduced,
                                              u64 n_out, u64 n_reduced, u64 chunk) {
     typedef typename Wide<T>::type W;
@@ -162,7 +159,7 @@ __device__ __forceinline__ void sum_to_split(const T* x, typename Wide<T>::type*
         u64 base = mine ? offset_a(kept, o) : 0, end = mine ? end_all : begin;
         W sum = (W)0;
 #pragma unroll 4
-        for (u64 k = begin + threadIdx.y; k < end; k += blockDim.y) sum += summand(ld(&x[base + reduced_offset(reduced, k)]), SQ);
+        for (u64 k = begin + threadIdx.y; k < end; k += blockDim.y) sum += ld(&x[base + reduced_offset(reduced, k)]);
         sum = column_sum(sum, partial);
         if (mine && threadIdx.y == 0) parts[(u64)blockIdx.y * n_out + o] = sum;
     }
@@ -226,6 +223,9 @@ template <typename T, bool ALIGNED> __device__ __forceinline__ Pack<T> load_pack
     }
     return r;
 }
+
+// SQ: each summand is squared as it loads (`sum_squares`: the bits of x · x, then summed).
+template <typename W> __device__ __forceinline__ W summand(W v, bool square) { return square ? v * v : v; }
 
 // This thread's sum (of squares with SQ) of its packs of x[0 .. len).
 template <typename T, bool SQ, bool ALIGNED>

@@ -57,6 +57,13 @@ template <typename T> struct Wide { typedef T type; };
 template <> struct Wide<bf16> { typedef float type; };
 template <> struct Wide<f16> { typedef float type; };
 
+// -infinity by type (an empty max, a masked score).
+template <typename T> __device__ __forceinline__ T minus_infinity();
+template <> __device__ __forceinline__ float minus_infinity<float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ double minus_infinity<double>() {
+    return __longlong_as_double((long long)0xfff0000000000000ULL);
+}
+
 // Math by element type: explicit overloads, so no header's overload set is needed.
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }

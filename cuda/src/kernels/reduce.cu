@@ -4,11 +4,6 @@
 // index over the kept axes is its row-major index in the (keepdim) output.
 
 
-template <typename T> __device__ __forceinline__ T minus_infinity();
-template <> __device__ __forceinline__ float minus_infinity<float>() { return __int_as_float(0xff800000); }
-template <> __device__ __forceinline__ double minus_infinity<double>() {
-    return __longlong_as_double((long long)0xfff0000000000000ULL);
-}
 
 // kind: 0 sums (then scales by `scale`: 1 for a sum, 1 / count for a mean, so an empty mean
 // is 0 · inf = NaN as on the CPU), 1 takes the maximum (NaNs skipped, -inf when empty).

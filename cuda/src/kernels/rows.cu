@@ -7,11 +7,6 @@
 // The larger of two values, ignoring a NaN `x` as the CPU's `f32::max` does.
 __device__ __forceinline__ float bigger(float m, float x) { return fmaxf(m, x); }
 __device__ __forceinline__ double bigger(double m, double x) { return fmax(m, x); }
-template <typename T> __device__ __forceinline__ T minus_infinity();
-template <> __device__ __forceinline__ float minus_infinity<float>() { return __int_as_float(0xff800000); }
-template <> __device__ __forceinline__ double minus_infinity<double>() {
-    return __longlong_as_double((long long)0xfff0000000000000ULL);
-}
 template <typename T> __device__ __forceinline__ T quiet_nan();
 template <> __device__ __forceinline__ float quiet_nan<float>() { return __int_as_float(0x7fc00000); }
 template <> __device__ __forceinline__ double quiet_nan<double>() {
