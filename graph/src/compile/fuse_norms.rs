@@ -74,10 +74,7 @@ pub(crate) fn fuse_norms(low: &mut Lowering<'_>) {
     for merge in merges {
         apply(plan, merge, &merged_into, single_device);
     }
-    // The members' ops now run on their lead (the schedule estimate adds their costs up).
-    for op_actor in low.op_actors.iter_mut().flat_map(|op| op.actors.iter_mut()) {
-        *op_actor = merged_into[op_actor.index()].unwrap_or(*op_actor);
-    }
+    low.retarget_op_actors(&merged_into);
     let removed: Vec<bool> =
         merged_into.iter().enumerate().map(|(a, lead)| lead.is_some_and(|l| l.index() != a)).collect();
     low.remove_registers(&removed_registers);
@@ -216,10 +213,7 @@ fn apply(plan: &mut crate::plan::Plan, merge: Merge, merged_into: &[Option<Actor
     }
     let more = merge.gradients - 1;
     let actor = &mut plan.actors[lead.index()];
-    actor.name = match actor.name.rsplit_once('@').filter(|_| !single_device) {
-        Some((base, slot)) => format!("sum_squares_group:{base}+{more}@{slot}"),
-        None => format!("sum_squares_group:{}+{more}", actor.name),
-    };
+    actor.name = super::lower::group_name("sum_squares_group:", &actor.name, more, single_device);
     actor.inputs = merge.inputs;
     actor.windows = Vec::new();
     actor.kind = ActorKind::Compute { kernel: KernelConf::Op(merge.conf) };

@@ -63,12 +63,15 @@ pub(crate) fn fuse_updates(low: &mut Lowering<'_>) {
     for (r, desc) in plan.regst_descs.iter().enumerate() {
         outputs_of[desc.producer.index()].push(r);
     }
-    let mut removed = vec![false; plan.actors.len()];
+    let mut merged_into = vec![None; plan.actors.len()];
     for members in groups.into_values().filter(|m| m.len() > 1) {
         if let Some(members) = mergeable(low.b.plan_mut(), &successors, &outputs_of, members) {
-            merge(low, &members, &mut removed);
+            merge(low, &members, &mut merged_into);
         }
     }
+    low.retarget_op_actors(&merged_into);
+    let removed: Vec<bool> =
+        merged_into.iter().enumerate().map(|(a, lead)| lead.is_some_and(|l| l.index() != a)).collect();
     low.remove_actors(&removed);
 }
 
@@ -139,9 +142,9 @@ fn mergeable(
 }
 
 /// Makes the first member the group's `update_group` actor, reading every member's inputs
-/// (each register once) and writing every member's outputs, and marks the others
-/// `removed`.
-fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
+/// (each register once) and writing every member's outputs, and marks every member
+/// merged into it.
+fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], merged_into: &mut [Option<ActorIndex>]) {
     let lead = members[0];
     let plan = low.b.plan_mut();
     let mut inputs: Vec<RegstDescId> = Vec::new();
@@ -174,24 +177,11 @@ fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], removed: &mut [bool]) {
     let single_device = low.placement.single_device();
     let plan = low.b.plan_mut();
     let actor = &mut plan.actors[lead.index()];
-    // `adamw_update:24+5`: the first member's name, and how many more; before the device
-    // suffix, which tools read off the end (`name@slot`).
-    let more = members.len() - 1;
-    actor.name = match actor.name.rsplit_once('@').filter(|_| !single_device) {
-        Some((base, slot)) => format!("{base}+{more}@{slot}"),
-        None => format!("{}+{more}", actor.name),
-    };
+    // `adamw_update:24+5`: the first member's name, and how many more.
+    actor.name = super::lower::group_name("", &actor.name, members.len() - 1, single_device);
     actor.inputs = inputs;
     actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
-    for &m in &members[1..] {
-        removed[m.index()] = true;
-    }
-    // The members' ops now run on the lead (the schedule estimate adds their costs up).
-    let mut is_member = vec![false; removed.len()];
-    members.iter().for_each(|m| is_member[m.index()] = true);
-    for actor in low.op_actors.iter_mut().flat_map(|op| op.actors.iter_mut()) {
-        if is_member[actor.index()] {
-            *actor = lead;
-        }
+    for &m in members {
+        merged_into[m.index()] = Some(lead);
     }
 }

@@ -90,6 +90,16 @@ pub(crate) struct Outputs {
     pub(crate) variables: Vec<VariableDesc>,
 }
 
+/// The name of a group of `more + 1` merged actors led by one named `lead`: `lead+more`
+/// after `prefix`, before the device suffix tools read off the end (`name@slot`), which
+/// names on a single device do not have (`adamw_update:24+5@0`).
+pub(crate) fn group_name(prefix: &str, lead: &str, more: usize, single_device: bool) -> String {
+    match lead.rsplit_once('@').filter(|_| !single_device) {
+        Some((base, slot)) => format!("{prefix}{base}+{more}@{slot}"),
+        None => format!("{prefix}{lead}+{more}"),
+    }
+}
+
 /// Makes `lead` the producer and consumer of every register one of `members` produces or
 /// reads (each consumer listed once): the registers of actors merged into one.
 pub(crate) fn redirect_registers(plan: &mut crate::plan::Plan, members: &[ActorIndex], lead: ActorIndex) {
@@ -210,6 +220,15 @@ impl<'a> Lowering<'a> {
             groups: Vec::new(),
             conversions: 0,
             out: Outputs::default(),
+        }
+    }
+
+    /// Points the op actors at the actors they were merged into (`merged_into[a]`: `a`'s
+    /// group lead, if merged): their ops now run on the lead, and the schedule estimate adds
+    /// their costs up there.
+    pub(crate) fn retarget_op_actors(&mut self, merged_into: &[Option<ActorIndex>]) {
+        for op_actor in self.op_actors.iter_mut().flat_map(|op| op.actors.iter_mut()) {
+            *op_actor = merged_into[op_actor.index()].unwrap_or(*op_actor);
         }
     }
 
