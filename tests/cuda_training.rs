@@ -330,28 +330,12 @@ fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
     }
 }
 
-/// `Some(true)` on a machine with a GPU, `Some(false)` where NVRTC makes this process's cuda
-/// devices dry runs (launches checked, nothing computed), `None` (said why) otherwise: the
-/// test then skips.
-fn gpu_or_dry_run() -> Option<bool> {
-    if regflow::cuda::probe().is_ok() {
-        return Some(true);
-    }
-    match regflow::cuda::enable_dry_run("compute_80") {
-        Ok(()) => Some(false),
-        Err(e) => {
-            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
-            None
-        }
-    }
-}
-
 /// A job on cuda devices lists the ops whose kernels run on the host (`Job::host_kernels`):
 /// exactly the plan's op actors without a CUDA kernel for their op and dtype, none of them
 /// more than one value for these steps; a CPU job lists none. On a GPU, or dry.
 #[test]
 fn a_cuda_job_lists_the_ops_that_run_on_the_host() {
-    if gpu_or_dry_run().is_none() {
+    if common::gpu_or_dry_run().is_none() {
         return;
     }
     let listed = |kind: DeviceKind, devices: usize, precision: Option<Precision>| {
@@ -451,7 +435,7 @@ fn a_traced_data_parallel_cuda_job_has_a_gpu_row_per_stream() {
 /// Trains the MLP traced on `devices` cuda devices (all on GPU 0) and checks the trace
 /// (see the tests above).
 fn check_traced_mlp(devices: usize) {
-    let Some(on_gpu) = gpu_or_dry_run() else { return };
+    let Some(on_gpu) = common::gpu_or_dry_run() else { return };
     let path = std::env::temp_dir().join(format!("regflow-cuda-trace-{}-{devices}.json", std::process::id()));
     let ordinals = vec![0; devices];
     let traced = mlp_losses(DeviceKind::Cuda, devices, DType::F32, |b| b.cuda_ordinals(&ordinals).trace(&path));
@@ -517,7 +501,7 @@ fn check_traced_mlp(devices: usize) {
 /// On a GPU, or dry.
 #[test]
 fn a_cuda_job_reports_the_memory_its_kernels_keep() {
-    if gpu_or_dry_run().is_none() {
+    if common::gpu_or_dry_run().is_none() {
         return;
     }
     let (rows, width, vocab) = (512, 128, 1001);

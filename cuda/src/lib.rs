@@ -75,8 +75,8 @@ pub mod nccl;
 pub mod nvrtc;
 
 pub use driver::{
-    copy_on_device, copy_to_device, enable_dry_run, launch, probe, synchronize, Device, DeviceInfo, Function, Grid,
-    HostCallback, Stream, StreamHandle, StreamTimer,
+    copy_on_device, copy_to_device_async, copy_to_host, enable_dry_run, launch, probe, synchronize, Device, DeviceInfo,
+    Function, Grid, HostCallback, PinnedBuffer, Stream, StreamHandle, StreamTimer,
 };
 pub use error::CudaError;
 pub use ops::{queued_ops, register};

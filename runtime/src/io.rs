@@ -3,6 +3,7 @@
 //! so steady state allocates nothing, and both give backpressure: a push waits for a free
 //! buffer, and a sink waits (without blocking its thread) until the user fetches.
 
+use crate::device::staging::{check_len, FeedStaging, FetchStaging};
 use crate::inbox::{Envelope, InboxSender};
 use crate::job::{thread_token, FetchRecord, UserWaits};
 use crate::kernel::{Kernel, KernelError, KernelIo};
@@ -11,6 +12,7 @@ use crate::sync::{lock, Arc};
 use crate::RuntimeError;
 use crossbeam_channel::{Receiver, Sender};
 use regflow_actors::{ActorId, Body, Cmd, Message};
+use regflow_kernels::Execution;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
@@ -36,6 +38,9 @@ impl Kernel for CountSourceKernel {
 pub(crate) struct FedSourceKernel {
     pub(crate) data: Receiver<Vec<u8>>,
     pub(crate) pool: Sender<Vec<u8>>,
+    /// On a `cuda` device: the page-locked buffers its pieces are copied in from, the
+    /// copies queued on its stream; elsewhere the piece is copied in place on the host.
+    pub(crate) staging: Option<FeedStaging>,
 }
 
 impl Kernel for FedSourceKernel {
@@ -44,12 +49,29 @@ impl Kernel for FedSourceKernel {
             .data
             .try_recv()
             .map_err(|_| KernelError("fed source fired without a pushed piece (broken invariant)".into()))?;
-        for o in 0..io.output_count() {
-            crate::device::write_output(io, o, &buffer).map_err(|e| KernelError(format!("fed source: {}", e.0)))?;
+        match &mut self.staging {
+            Some(staging) => staging.write(io, &buffer).map_err(|e| KernelError(format!("fed source: {}", e.0)))?,
+            None => {
+                for o in 0..io.output_count() {
+                    check_len(buffer.len(), io.output_len(o))
+                        .map_err(|e| KernelError(format!("fed source: {}", e.0)))?;
+                    io.output(o).copy_from_slice(&buffer);
+                }
+            }
         }
-        // The feeder may be gone; then nobody needs the buffer back.
+        // The feeder may be gone; then nobody needs the buffer back. A staged piece was
+        // copied out of it already.
         let _ = self.pool.send(buffer);
         Ok(())
+    }
+
+    /// Staged pieces are copied by the device: the firing completes once the copies ran.
+    fn execution(&self) -> Execution {
+        if self.staging.is_some() {
+            Execution::Queued
+        } else {
+            Execution::Host
+        }
     }
 }
 
@@ -247,6 +269,9 @@ pub(crate) struct ChannelSinkKernel {
     pub(crate) waits: std::sync::Arc<UserWaits>,
     /// This sink's record in `waits`.
     pub(crate) record: usize,
+    /// On a `cuda` device: the page-locked buffer its inputs are copied out through;
+    /// elsewhere they are read in place.
+    pub(crate) staging: Option<FetchStaging>,
 }
 
 impl ChannelSinkKernel {
@@ -266,7 +291,10 @@ impl Kernel for ChannelSinkKernel {
             .map_err(|_| KernelError("sink fired without a free fetch buffer (broken invariant)".into()))?;
         for (i, part) in parts.iter_mut().enumerate() {
             part.clear();
-            part.extend_from_slice(io.input(i));
+            match &mut self.staging {
+                Some(staging) => staging.read(io, i, part).map_err(|e| KernelError(format!("fetch sink: {}", e.0)))?,
+                None => part.extend_from_slice(io.input(i)),
+            }
         }
         let record = &self.waits.fetches[self.record];
         if record.dropped.load(Ordering::SeqCst) {

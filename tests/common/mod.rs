@@ -129,3 +129,19 @@ pub(crate) fn ops<'p>(
         })
         .collect()
 }
+
+/// `Some(true)` on a machine with a GPU, `Some(false)` where NVRTC makes this process's cuda
+/// devices dry runs (launches checked, nothing computed), `None` (said why) otherwise: the
+/// test then skips.
+pub(crate) fn gpu_or_dry_run() -> Option<bool> {
+    if regflow::cuda::probe().is_ok() {
+        return Some(true);
+    }
+    match regflow::cuda::enable_dry_run("compute_80") {
+        Ok(()) => Some(false),
+        Err(e) => {
+            eprintln!("skipped (no GPU and no NVRTC for a dry run): {e}");
+            None
+        }
+    }
+}

@@ -139,12 +139,61 @@ pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
     Err(CudaError::NotBuilt)
 }
 
-/// Copies host bytes to device memory: not in this build.
+/// Page-locked host memory for staging copies (not in this build).
+#[derive(Debug)]
+pub struct PinnedBuffer {
+    _private: (),
+}
+
+impl PinnedBuffer {
+    /// `len` bytes of page-locked memory: [`CudaError::NotBuilt`] in this build.
+    pub fn new(device: &Device, len: usize) -> Result<Self, CudaError> {
+        let _ = (device, len);
+        Err(CudaError::NotBuilt)
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        0
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        true
+    }
+
+    /// Its bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &[]
+    }
+
+    /// Its bytes, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut []
+    }
+}
+
+/// Queues a copy from page-locked memory to the device: not in this build.
 ///
 /// # Safety
 ///
-/// `dst` must be valid for `src.len()` bytes (nothing is written in this build).
-pub unsafe fn copy_to_device(stream: StreamHandle, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+/// `dst` must be valid for `bytes` bytes (nothing is written in this build).
+pub unsafe fn copy_to_device_async(
+    stream: StreamHandle,
+    dst: u64,
+    src: &PinnedBuffer,
+    bytes: usize,
+) -> Result<(), CudaError> {
+    let _ = (stream, dst, src, bytes);
+    Err(CudaError::NotBuilt)
+}
+
+/// Copies device bytes to the host and waits: not in this build.
+///
+/// # Safety
+///
+/// `src` must be valid for `dst.len()` bytes (nothing is read in this build).
+pub unsafe fn copy_to_host(stream: StreamHandle, dst: &mut [u8], src: u64) -> Result<(), CudaError> {
     let _ = (stream, dst, src);
     Err(CudaError::NotBuilt)
 }

@@ -545,27 +545,132 @@ pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
     unsafe { result::stream::synchronize(stream.0 as usize as sys::CUstream) }.map_err(failed("cuStreamSynchronize", 0))
 }
 
-/// Copies `src` from host memory to `dst` on `stream` and waits for it. A feed written
-/// this way lands where the kernels read it: a host write into a device-preferred managed
-/// register would fault its pages over to the host, and a register written by the host
-/// and read by the GPU every step may be left in host memory by the driver (thrashing
-/// mitigation), every kernel then reading it across the bus. On a dry-run stream the
+/// Page-locked host memory of one device's context, for copies between host and device
+/// that the GPU's copy engines run while the host goes on: a copy from pageable memory is
+/// staged by the driver and returns only once the bytes are taken, a copy from here is
+/// queued and returns at once. Made once (a job's feeds and fetches make theirs when the
+/// job is built), freed on drop. On a dry-run device it is plain host memory.
+#[derive(Debug)]
+pub struct PinnedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// `None` on a dry-run device, whose bytes `_dry_bytes` owns (`ptr` points into it).
+    device: Option<Device>,
+    _dry_bytes: Box<[u8]>,
+}
+
+// SAFETY: the buffer is owned memory at a fixed address; moving it between threads moves
+// its ownership (the driver frees page-locked memory from any thread once bound).
+unsafe impl Send for PinnedBuffer {}
+
+impl PinnedBuffer {
+    /// `len` bytes of page-locked memory for `device`, zeroed.
+    pub fn new(device: &Device, len: usize) -> Result<Self, CudaError> {
+        if device.is_dry() || len == 0 {
+            let mut dry = vec![0u8; len].into_boxed_slice();
+            let ptr = NonNull::new(dry.as_mut_ptr()).unwrap_or(NonNull::dangling());
+            return Ok(Self { ptr, len, device: None, _dry_bytes: dry });
+        }
+        device.bind()?;
+        // SAFETY: a plain allocation in the bound context; flags 0 = portable to this
+        // context only, which is the one its copies run in.
+        let raw = unsafe { result::malloc_host(len, 0) }
+            .map_err(failed(format!("cuMemHostAlloc({len} bytes)"), device.ordinal()))?;
+        let ptr = NonNull::new(raw as *mut u8).ok_or_else(|| CudaError::Call {
+            call: format!("cuMemHostAlloc({len} bytes)"),
+            ordinal: device.ordinal(),
+            message: "the driver returned a null pointer".into(),
+        })?;
+        // SAFETY: `len` bytes just allocated, owned here.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        Ok(Self { ptr, len, device: Some(device.clone()), _dry_bytes: Box::default() })
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes owned by this buffer, borrowed with it.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Its bytes, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `len` bytes owned by this buffer, borrowed mutably with it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if let Some(device) = &self.device {
+            if device.bind().is_ok() {
+                // SAFETY: allocated by `cuMemHostAlloc` and freed once; the stream that
+                // copied from it drained before the job dropped its kernels.
+                let _ = unsafe { result::free_host(self.ptr.as_ptr() as *mut c_void) };
+            }
+        }
+    }
+}
+
+/// Queues a copy of the first `bytes` bytes of `src` to `dst` on `stream`, and returns at
+/// once: the stream's copy engine reads the page-locked bytes when it gets there. On a
+/// dry-run stream the memory is host memory and this is a plain copy.
+///
+/// # Safety
+///
+/// `dst` must be valid for `bytes` bytes, nothing queued elsewhere may use them until the
+/// copy ran, and `src` must not be written or dropped before the copy ran.
+pub unsafe fn copy_to_device_async(
+    stream: StreamHandle,
+    dst: u64,
+    src: &PinnedBuffer,
+    bytes: usize,
+) -> Result<(), CudaError> {
+    let src = src.as_slice().get(..bytes).ok_or_else(|| CudaError::Call {
+        call: format!("cuMemcpyHtoDAsync({bytes} bytes)"),
+        ordinal: 0,
+        message: format!("the staging buffer holds only {} bytes", src.len()),
+    })?;
+    if stream.0 == 0 {
+        // SAFETY: forwarded to the caller; a dry run's registers are host memory.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as usize as *mut u8, bytes) };
+        return Ok(());
+    }
+    // SAFETY: forwarded to the caller; the handle comes from a live `Stream` whose context
+    // the calling stream thread bound.
+    unsafe { result::memcpy_htod_async(dst as sys::CUdeviceptr, src, stream.0 as usize as sys::CUstream) }
+        .map_err(failed(format!("cuMemcpyHtoDAsync({bytes} bytes)"), 0))
+}
+
+/// Copies `dst.len()` bytes from `src` (device or managed memory) into `dst` on `stream`,
+/// after what the stream queued before, and waits for it. Reading a managed register this
+/// way leaves its pages on the device; a host read would fault them over to the host, and
+/// the next kernel to write the register would fault them back. On a dry-run stream the
 /// memory is host memory and this is a plain copy.
 ///
 /// # Safety
 ///
-/// `dst` must be valid for `src.len()` bytes, and nothing queued or running may use them.
-pub unsafe fn copy_to_device(stream: StreamHandle, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+/// `src` must be valid for `dst.len()` bytes, and nothing may write them until the call
+/// returns.
+pub unsafe fn copy_to_host(stream: StreamHandle, dst: &mut [u8], src: u64) -> Result<(), CudaError> {
     if stream.0 == 0 {
         // SAFETY: forwarded to the caller; a dry run's registers are host memory.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as usize as *mut u8, src.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, dst.as_mut_ptr(), dst.len()) };
         return Ok(());
     }
     // SAFETY: as above; the handle comes from a live `Stream` whose context the calling
-    // stream thread bound. `src` is only read until the call returns: a copy from pageable
-    // memory is staged before cuMemcpyHtoDAsync returns, and the wait below ends it anyway.
-    unsafe { result::memcpy_htod_async(dst as sys::CUdeviceptr, src, stream.0 as usize as sys::CUstream) }
-        .map_err(failed(format!("cuMemcpyHtoDAsync({} bytes)", src.len()), 0))?;
+    // stream thread bound, and `dst` is borrowed until the wait below ends the copy.
+    unsafe { result::memcpy_dtoh_async(dst, src as sys::CUdeviceptr, stream.0 as usize as sys::CUstream) }
+        .map_err(failed(format!("cuMemcpyDtoHAsync({} bytes)", dst.len()), 0))?;
     synchronize(stream)
 }
 

@@ -6,6 +6,7 @@
 mod cpu;
 mod cuda;
 mod sim;
+pub(crate) mod staging;
 
 pub(crate) use cpu::CpuStream;
 pub(crate) use cuda::CudaStream;
@@ -136,37 +137,6 @@ pub(crate) fn unavailable(kind: DeviceKind, index: u16, gpus: &GpuMap) -> Option
             Ok(ordinal) => regflow_cuda::Device::open(ordinal).err().map(|e| e.to_string()),
             Err(why) => Some(why),
         },
-    }
-}
-
-/// Writes `bytes` into output `o` of a host kernel's firing (a fed source's piece), as its
-/// device takes host bytes: copied in place on host memory; on a `cuda` stream copied by
-/// the device (`regflow_cuda::copy_to_device`), because a host write into a managed
-/// register faults its pages over to the host, and the GPU's kernels would then read them
-/// across the bus. A length other than the register's is refused (a broken invariant).
-pub(crate) fn write_output(io: &mut KernelIo<'_>, o: usize, bytes: &[u8]) -> Result<(), KernelError> {
-    if bytes.len() != io.output_len(o) {
-        return Err(KernelError(format!(
-            "{} bytes for a register of {} (broken invariant)",
-            bytes.len(),
-            io.output_len(o)
-        )));
-    }
-    let context = io.context();
-    match context.device {
-        DeviceKind::Cuda => {
-            // SAFETY: the register holds bytes.len() bytes (checked above), and no queued
-            // kernel uses it: a host kernel runs after its stream drained, and the output
-            // slot is free by the register protocol.
-            unsafe {
-                regflow_cuda::copy_to_device(regflow_cuda::StreamHandle(context.native), io.output_addr(o), bytes)
-            }
-            .map_err(|e| KernelError(e.to_string()))
-        }
-        DeviceKind::Cpu | DeviceKind::Sim => {
-            io.output(o).copy_from_slice(bytes);
-            Ok(())
-        }
     }
 }
 

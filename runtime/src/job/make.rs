@@ -4,6 +4,7 @@
 use super::setup::{feed_depth, fetch_depth};
 use super::start::JobBuilder;
 use super::UserWaits;
+use crate::device::staging::{FeedStaging, FetchStaging};
 use crate::inbox::InboxSender;
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
 use crate::kernel::{Kernel, KernelSpec};
@@ -114,7 +115,15 @@ pub(super) fn make_actor(
                     shared: ends.shared.clone(),
                 },
             );
-            Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
+            let staging = match spec.device {
+                regflow_plan::DeviceKind::Cuda => {
+                    let slots =
+                        indexed.outputs_of(index).first().map_or(1, |r| plan.regst_descs[r.index()].register_num);
+                    Some(FeedStaging::new(usize::from(spec.device_index), bytes, slots).map_err(setup)?)
+                }
+                _ => None,
+            };
+            Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx, staging }))
         }
         ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => Some(
             builder.kernels.make_for(kernel, &spec, indexed, index, per_step[index.index()]).map_err(|e| setup(e.0))?,
@@ -134,6 +143,13 @@ pub(super) fn make_actor(
                     let _ = pool_tx.send(parts);
                 }
                 let record = ends.record(index);
+                let staging = match spec.device {
+                    regflow_plan::DeviceKind::Cuda => {
+                        let largest = inputs.iter().copied().max().unwrap_or(0);
+                        Some(FetchStaging::new(usize::from(spec.device_index), largest).map_err(setup)?)
+                    }
+                    _ => None,
+                };
                 ends.fetchers.insert(
                     desc.name.clone(),
                     Fetcher {
@@ -154,6 +170,7 @@ pub(super) fn make_actor(
                     sink: id,
                     waits: ends.user.clone(),
                     record,
+                    staging,
                 }))
             }
         },

@@ -16,7 +16,8 @@ pub(crate) fn lower_fetches(low: &mut Lowering<'_>) -> Result<(), CompileError> 
         let visible = low.visible(t)?;
         let name = format!("fetch:{k}");
         let slot = low.placement.slot(mesh, 0);
-        let sink = low.b.actor(&name, low.devices[slot].compute, ActorKind::Sink);
+        let stream = low.io_stream(slot);
+        let sink = low.b.actor(&name, stream, ActorKind::Sink);
         let whole = NdSbp::broadcast(low.placement.meshes[mesh].ndim());
         low.read(&[sink], mesh, rate, ReadOf::Tensor(t, whole));
         let meta = low.graph.info(t).meta;
@@ -30,7 +31,8 @@ pub(crate) fn lower_fetches(low: &mut Lowering<'_>) -> Result<(), CompileError> 
             for rank in 0..size {
                 let slot = low.placement.slot(mesh, rank);
                 let name = format!("fetch:{k}@{rank}");
-                sinks.push(low.b.actor(&name, low.devices[slot].compute, ActorKind::Sink));
+                let stream = low.io_stream(slot);
+                sinks.push(low.b.actor(&name, stream, ActorKind::Sink));
                 names.push(name);
             }
             low.read(&sinks, mesh, rate, ReadOf::Tensor(t, visible));

@@ -64,8 +64,8 @@ fn fed_source(low: &mut Lowering<'_>, t: TensorId) -> Result<(), CompileError> {
         let slot = low.placement.slot(mesh, rank);
         let local = low.local_meta(t, &produced, mesh, rank);
         let actor_name = low.on_device(&format!("input:{}", info.name), slot);
-        let source =
-            low.b.actor(&actor_name, low.devices[slot].compute, ActorKind::Source { pieces: SourcePieces::Fed });
+        let stream = low.io_stream(slot);
+        let source = low.b.actor(&actor_name, stream, ActorKind::Source { pieces: SourcePieces::Fed });
         let regst_name = low.on_device(&info.name, slot);
         regs.push(low.b.regst(&regst_name, source, local.bytes() as u64, slots));
         parts.push((actor_name, local));

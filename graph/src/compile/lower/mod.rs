@@ -26,7 +26,7 @@ use super::placement::Placement;
 use super::step::{Rate, StepFacts};
 use crate::dsl::{Graph, TensorId};
 use crate::plan::{
-    ActorIndex, DeviceIndex, PlanBuilder, RegstDescId, StreamIndex, StreamKind, TensorMeta, VariableDesc,
+    ActorIndex, DeviceIndex, DeviceKind, PlanBuilder, RegstDescId, StreamIndex, StreamKind, TensorMeta, VariableDesc,
 };
 use crate::sbp::{local_meta, NdSbp};
 use std::collections::HashMap;
@@ -343,6 +343,18 @@ impl<'a> Lowering<'a> {
         let s = self.b.stream(self.devices[slot].index, StreamKind::Copy);
         self.devices[slot].copy = Some(s);
         s
+    }
+
+    /// The stream of device `slot` that exchanges pieces with the user (fed sources and
+    /// fetch sinks): on a `cuda` device its copy stream, so copying a feed in or a fetch
+    /// out (and waiting for that copy) never holds the compute stream's thread, which goes
+    /// on launching the step's kernels; elsewhere the compute stream, where a feed is a
+    /// host copy and an extra thread would only compete for the cores.
+    pub(crate) fn io_stream(&mut self, slot: usize) -> StreamIndex {
+        match self.placement.devices[slot].kind {
+            DeviceKind::Cuda => self.copy_stream(slot),
+            DeviceKind::Cpu | DeviceKind::Sim => self.devices[slot].compute,
+        }
     }
 
     /// Slots of a register at `rate` on `mesh`: at micro-batch rate a pipeline stage keeps

@@ -1,0 +1,120 @@
+//! Page-locked staging for what crosses between the user and a `cuda` device's registers:
+//! fed pieces go in by queued copies, fetched pieces come out by a copy the copy stream
+//! waits for, so neither faults a managed register's pages over to the host.
+//!
+//! The compiler puts a `cuda` device's fed sources and fetch sinks on its copy stream, so
+//! these copies and waits hold that stream's thread, never the compute stream's: the
+//! compute stream keeps launching the step's kernels (and the next step's, once its feed
+//! is in) while a feed is copied in or a loss is read back.
+
+use crate::kernel::{KernelError, KernelIo};
+use regflow_cuda::{Device, PinnedBuffer, StreamHandle};
+
+/// Where a fed source's pieces are staged on a `cuda` device: one page-locked buffer per
+/// slot of its first output register, each claimed by the slot's address at its first use.
+///
+/// A slot's buffer is written again only when the slot is written again, and a slot is
+/// free only once the firing that last wrote it completed (its copies ran: the firing
+/// completes at a callback queued after them) and its readers let it go. So a buffer is
+/// never overwritten while a copy from it is still queued, with no wait of its own.
+#[derive(Debug)]
+pub(crate) struct FeedStaging {
+    buffers: Vec<(Option<u64>, PinnedBuffer)>,
+}
+
+impl FeedStaging {
+    /// Staging for pieces of `bytes` bytes into a register of `slots` slots on CUDA
+    /// device `ordinal`, allocated now (once per job).
+    pub(crate) fn new(ordinal: usize, bytes: u64, slots: u32) -> Result<Self, String> {
+        let device = Device::open(ordinal).map_err(|e| e.to_string())?;
+        let bytes = usize::try_from(bytes).map_err(|_| format!("a piece of {bytes} bytes does not fit in memory"))?;
+        let buffers = (0..slots.max(1))
+            .map(|_| PinnedBuffer::new(&device, bytes).map(|b| (None, b)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        Ok(Self { buffers })
+    }
+
+    /// Copies `piece` into the staging buffer of this firing's slot and queues its copy
+    /// into every output on the firing's stream; the firing completes once they ran.
+    pub(crate) fn write(&mut self, io: &mut KernelIo<'_>, piece: &[u8]) -> Result<(), KernelError> {
+        if io.output_count() == 0 {
+            return Ok(());
+        }
+        let slot = io.output_addr(0);
+        let index = match self.buffers.iter().position(|(owner, _)| *owner == Some(slot)) {
+            Some(index) => index,
+            None => {
+                let index = self.buffers.iter().position(|(owner, _)| owner.is_none()).ok_or_else(|| {
+                    KernelError(format!(
+                        "a feed wrote more register slots than the {} it stages (broken invariant)",
+                        self.buffers.len()
+                    ))
+                })?;
+                self.buffers[index].0 = Some(slot);
+                index
+            }
+        };
+        let buffer = &mut self.buffers[index].1;
+        let capacity = buffer.len();
+        let staged = buffer.as_mut_slice().get_mut(..piece.len()).ok_or_else(|| {
+            KernelError(format!(
+                "a piece of {} bytes for a staging buffer of {capacity} (broken invariant)",
+                piece.len()
+            ))
+        })?;
+        staged.copy_from_slice(piece);
+        let stream = StreamHandle(io.context().native);
+        for o in 0..io.output_count() {
+            check_len(piece.len(), io.output_len(o))?;
+            // SAFETY: the output slot holds piece.len() bytes (checked) and is free by the
+            // register protocol; the buffer stays untouched until the slot is written again,
+            // which needs this firing complete (see the type's docs).
+            unsafe { regflow_cuda::copy_to_device_async(stream, io.output_addr(o), buffer, piece.len()) }
+                .map_err(|e| KernelError(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a fetch sink on a `cuda` device reads its inputs through: one page-locked buffer
+/// as large as its largest input.
+#[derive(Debug)]
+pub(crate) struct FetchStaging {
+    buffer: PinnedBuffer,
+}
+
+impl FetchStaging {
+    /// Staging for inputs of up to `bytes` bytes on CUDA device `ordinal`, allocated now.
+    pub(crate) fn new(ordinal: usize, bytes: u64) -> Result<Self, String> {
+        let device = Device::open(ordinal).map_err(|e| e.to_string())?;
+        let bytes = usize::try_from(bytes).map_err(|_| format!("an input of {bytes} bytes does not fit in memory"))?;
+        Ok(Self { buffer: PinnedBuffer::new(&device, bytes).map_err(|e| e.to_string())? })
+    }
+
+    /// Appends input `i`'s bytes to `part`: copied by the device on the firing's stream
+    /// (after what it queued before), waited for, then copied out of the staging buffer.
+    pub(crate) fn read(&mut self, io: &KernelIo<'_>, i: usize, part: &mut Vec<u8>) -> Result<(), KernelError> {
+        let len = io.input_len(i);
+        let capacity = self.buffer.len();
+        let staged = self.buffer.as_mut_slice().get_mut(..len).ok_or_else(|| {
+            KernelError(format!("an input of {len} bytes for a staging buffer of {capacity} (broken invariant)"))
+        })?;
+        // SAFETY: the input holds `len` bytes, and its slot is held by this firing: nothing
+        // writes it until the firing acks it, after this returns.
+        unsafe { regflow_cuda::copy_to_host(StreamHandle(io.context().native), staged, io.input_addr(i)) }
+            .map_err(|e| KernelError(e.to_string()))?;
+        part.extend_from_slice(staged);
+        Ok(())
+    }
+}
+
+/// Refuses a piece whose length is not its register's (a broken invariant: the feeder
+/// checks lengths when a piece is pushed).
+pub(crate) fn check_len(piece: usize, register: usize) -> Result<(), KernelError> {
+    if piece == register {
+        Ok(())
+    } else {
+        Err(KernelError(format!("{piece} bytes for a register of {register} (broken invariant)")))
+    }
+}
