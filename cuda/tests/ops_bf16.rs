@@ -1,11 +1,12 @@
 //! bf16 and f16 on CUDA against the CPU kernels (skip without a GPU; a dry run without
-//! one): casts between f32, f64, bf16 and f16 (bitwise: both round to nearest even), and
+//! one): casts between f32, f64, bf16 and f16 (bitwise: both round to nearest even), alone
+//! and grouped, and
 //! 16-bit products (f32 accumulation, one rounding: within the type's precision of the
 //! CPU's).
 
 mod common;
 
-use regflow_plan::ops::{Cast, MatMul};
+use regflow_plan::ops::{Cast, CastGroup, MatMul};
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
 
 fn random(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
@@ -37,6 +38,24 @@ fn casts_between_float_dtypes_match_the_cpu_bit_for_bit() {
         let x = HostArray::from_f64([edges.len()], from, &edges).expect("an array");
         let conf = common::conf(&Cast { to: DType::F16 }, &[&x], &[TensorMeta::new([edges.len()], DType::F16)]);
         common::check(&format!("cast {from} -> f16 at its edges"), &conf, &[&x], (&device, &stream), 0.0);
+    }
+}
+
+/// The compiler's fused casts: members of odd sizes (one past a block's chunk, empty, a
+/// few elements, more members than one launch takes) converted bitwise as lone casts,
+/// aligned and one element off.
+#[test]
+fn cast_groups_match_the_cpu_bit_for_bit() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let sizes: Vec<usize> = [4097, 0, 1, 7, 70_001, 8].into_iter().chain((0..30).map(|k| 37 * k + 3)).collect();
+    for (from, to) in
+        [(DType::F32, DType::Bf16), (DType::Bf16, DType::F32), (DType::F32, DType::F16), (DType::F16, DType::F32)]
+    {
+        let inputs: Vec<HostArray> = sizes.iter().enumerate().map(|(k, &n)| random(&[n], from, k as u64)).collect();
+        let refs: Vec<&HostArray> = inputs.iter().collect();
+        let outputs: Vec<TensorMeta> = sizes.iter().map(|&n| TensorMeta::new([n], to)).collect();
+        let conf = common::conf(&CastGroup { to, members: sizes.len() as u32 }, &refs, &outputs);
+        common::check_both(&format!("cast_group {from} -> {to}"), &conf, &refs, (&device, &stream), 0.0);
     }
 }
 

@@ -145,3 +145,63 @@ CONVERSION(Cast_f64_f32, double, float, (float)v)
 extern "C" __global__ void regflow_cast_f64_f32(const double* x, float* out, u64 n) {
     convert(x, out, n, Cast_f64_f32());
 }
+
+// ---- cast_group: up to CAST_MEMBERS casts per launch ----------------------------------------
+// The compiler's fused casts (a device's weights at a step's start, its gradients for the
+// update). The table is passed by value (kernel parameters: nothing to copy before the
+// launch, nothing to free after it); its Rust twin is `ops::cast::CastTable` (#[repr(C)],
+// the same fields in the same order, 912 bytes).
+#define CAST_MEMBERS 32
+
+//   src, dst:       each member's input and output, device addresses.
+//   n:              each member's elements.
+//   block_elements: elements of one block's chunk (a multiple of EIGHT, so a chunk of an
+//                   aligned member starts aligned).
+//   first_block:    member m's chunks are blocks first_block[m]..first_block[m + 1]
+//                   (prefix sums computed once on the host; first_block[members] is the
+//                   grid's size).
+//   members:        members in this launch (1..=CAST_MEMBERS).
+struct CastTable {
+    u64 src[CAST_MEMBERS];
+    u64 dst[CAST_MEMBERS];
+    u64 n[CAST_MEMBERS];
+    u64 block_elements;
+    u32 first_block[CAST_MEMBERS + 1];
+    u32 members;
+};
+
+// This block's chunk of its member (the last m with first_block[m] <= block), converted by
+// f as `convert` converts a whole tensor: eight elements per step where aligned, the rest
+// one by one; each element by the same function, so the bits are one `cast`'s.
+template <typename A, typename B, typename F> __device__ __forceinline__ void convert_chunk(const CastTable& t, F f) {
+    u32 block = blockIdx.x, lo = 0, hi = t.members - 1;
+    while (lo < hi) {
+        u32 mid = (lo + hi + 1) / 2;
+        if (t.first_block[mid] <= block) lo = mid;
+        else hi = mid - 1;
+    }
+    u64 begin = (u64)(block - t.first_block[lo]) * t.block_elements;
+    u64 end = begin + t.block_elements < t.n[lo] ? begin + t.block_elements : t.n[lo];
+    const A* x = (const A*)t.src[lo] + begin;
+    B* out = (B*)t.dst[lo] + begin;
+    u64 len = end - begin, done = 0;
+    if (eight_aligned(x) && eight_aligned(out)) {
+        u64 groups = len / EIGHT;
+        for (u64 g = threadIdx.x; g < groups; g += blockDim.x) {
+            Eight<A> a = ld8(x + g * EIGHT);
+            Eight<B> r;
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) r.v[k] = f(a.v[k]);
+            st8(out + g * EIGHT, r);
+        }
+        done = groups * EIGHT;
+    }
+    for (u64 i = done + threadIdx.x; i < len; i += blockDim.x) out[i] = f(x[i]);
+}
+
+#define CAST_GROUP(S, A, B, CONV) \
+    extern "C" __global__ void regflow_cast_group_##S(CastTable t) { convert_chunk<A, B>(t, CONV()); }
+CAST_GROUP(f32_bf16, float, bf16, Cast_f32_bf16)
+CAST_GROUP(bf16_f32, bf16, float, Cast_bf16_f32)
+CAST_GROUP(f32_f16, float, f16, Cast_f32_f16)
+CAST_GROUP(f16_f32, f16, float, Cast_f16_f32)

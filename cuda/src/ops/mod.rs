@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 mod attention;
 mod cast;
+mod chunks;
 mod elementwise;
 mod fill;
 mod layout;

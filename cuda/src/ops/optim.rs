@@ -9,7 +9,6 @@
 //! update's optional last input: the kernels multiply each gradient element by it as they
 //! read it (a null address stands for 1).
 
-mod chunks;
 mod group;
 mod norm;
 

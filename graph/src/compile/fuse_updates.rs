@@ -108,8 +108,8 @@ fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
 
 /// The members of a group, by their first output register, if they can be one actor (see
 /// the module docs): their outputs follow one another in plan order, and none reaches
-/// another within a step.
-fn mergeable(
+/// another within a step. Fused casts (`fuse_casts.rs`) ask the same.
+pub(super) fn mergeable(
     plan: &Plan,
     successors: &[Vec<usize>],
     outputs_of: &[Vec<usize>],

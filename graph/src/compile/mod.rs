@@ -52,6 +52,7 @@ mod compiled;
 mod connect;
 mod emit;
 mod error;
+mod fuse_casts;
 mod fuse_norms;
 mod fuse_updates;
 mod layout;
@@ -146,6 +147,7 @@ fn compile_step(
     bucket::bucket_gradients(&mut low);
     fuse_updates::fuse_updates(&mut low);
     fuse_norms::fuse_norms(&mut low);
+    fuse_casts::fuse_casts(&mut low);
     // One step's estimated schedule orders the collectives and the memory-sharing chains of
     // a cpu plan ([`schedule`]); a pipeline's micro-batches interleave in ways one step does
     // not show, so they keep the graph's orders, as do other devices.

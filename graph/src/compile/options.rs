@@ -43,6 +43,12 @@ pub struct CompileOptions {
     /// multi-tensor launch pair per 64 gradients instead of two launches per gradient.
     /// Results are bitwise the chain's on the CPU. Default on.
     pub fuse_norms: bool,
+    /// Fuse each device's mixed-precision casts that are ready together (its weights, cast
+    /// to bf16 or f16 at a step's start) or awaited together (its gradients, cast back to
+    /// f32 for the fused update) into one `cast_group` actor (`compile/fuse_casts.rs`): on
+    /// CUDA one multi-tensor launch per 32 casts instead of a launch each. Results are
+    /// bitwise the lone casts'. Default on.
+    pub fuse_casts: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -78,6 +84,7 @@ impl Default for CompileOptions {
             check_finite: false,
             fuse_updates: true,
             fuse_norms: true,
+            fuse_casts: true,
         }
     }
 }
@@ -96,6 +103,7 @@ impl CompileOptions {
             check_finite: self.check_finite,
             fuse_updates: self.fuse_updates,
             fuse_norms: self.fuse_norms,
+            fuse_casts: self.fuse_casts,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -156,6 +164,12 @@ pub struct ParallelOptions {
     /// multi-tensor launch pair per 64 gradients instead of two launches per gradient.
     /// Results are bitwise the chain's on the CPU. Default on.
     pub fuse_norms: bool,
+    /// Fuse each device's mixed-precision casts that are ready together (its weights, cast
+    /// to bf16 or f16 at a step's start) or awaited together (its gradients, cast back to
+    /// f32 for the fused update) into one `cast_group` actor (`compile/fuse_casts.rs`): on
+    /// CUDA one multi-tensor launch per 32 casts instead of a launch each. Results are
+    /// bitwise the lone casts'. Default on.
+    pub fuse_casts: bool,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -190,6 +204,7 @@ impl ParallelOptions {
             bucket_bytes: 1 << 20,
             fuse_updates: true,
             fuse_norms: true,
+            fuse_casts: true,
         }
     }
 

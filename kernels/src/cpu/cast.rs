@@ -4,7 +4,7 @@
 //! exactly, so it rounds once.
 
 use crate::host::{HostCompute, HostContext};
-use regflow_plan::ops::Cast;
+use regflow_plan::ops::{Cast, CastGroup};
 use regflow_plan::{bf16, f16, HostSlice, HostSliceMut, HostTensor, HostTensorMut, TensorMeta};
 
 impl HostCompute for Cast {
@@ -57,6 +57,44 @@ impl HostCompute for Cast {
     }
 
     /// Converts bf16 and f16 itself (widening them first would round twice for f64 → bf16).
+    fn half_native(&self) -> bool {
+        true
+    }
+}
+
+impl HostCompute for CastGroup {
+    /// Each member as its own [`Cast`]: the same bits.
+    fn compute(
+        &self,
+        context: &HostContext,
+        inputs: &[HostTensor<'_>],
+        outputs: &mut [HostTensorMut<'_>],
+    ) -> Result<(), String> {
+        let cast = Cast { to: self.to };
+        for (m, (input, output)) in inputs.iter().zip(outputs.iter_mut()).enumerate() {
+            cast.compute(context, std::slice::from_ref(input), std::slice::from_mut(output))
+                .map_err(|e| format!("member {m}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let members = self.members as usize;
+        if members == 0 || inputs.len() != members || outputs.len() != members {
+            return Err(format!(
+                "groups {members} cast(s), one input and one output each, but has {} inputs and {} outputs",
+                inputs.len(),
+                outputs.len()
+            ));
+        }
+        let cast = Cast { to: self.to };
+        for (m, (input, output)) in inputs.iter().zip(outputs).enumerate() {
+            cast.check(std::slice::from_ref(input), std::slice::from_ref(output))
+                .map_err(|e| format!("member {m}: {e}"))?;
+        }
+        Ok(())
+    }
+
     fn half_native(&self) -> bool {
         true
     }

@@ -154,6 +154,8 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add_as::<ops::Binary>(r, "binary", device, LOW);
     add_as::<ops::Unary>(r, "unary", device, LOW);
     add::<ops::Cast>(r, device, LOW);
+    // Casts the compiler fused (`graph/src/compile/fuse_casts.rs`), keyed as `cast` is.
+    add_as::<ops::CastGroup>(r, "cast_group", device, LOW);
     add_as::<ops::Fill>(r, "fill", device, ANY);
     add_as::<ops::CausalMask>(r, "causal_mask", device, LOW);
     // A bias's gradient summed over the batch: summed in f32 (widened), rounded once.

@@ -141,6 +141,7 @@ op_types! {
     Binary => "binary",
     Unary => "unary",
     Cast => "cast",
+    CastGroup => "cast_group",
     Fill => "fill",
     CausalMask => "causal_mask",
     SumTo => "sum_to",

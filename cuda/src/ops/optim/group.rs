@@ -11,9 +11,9 @@
 //! element is computed by the element functions and from the step constants the single
 //! `update` entries use, so the group's results are bitwise those of one `update` each.
 
-use super::chunks::plan_chunks;
 use super::{check_update, refuse, run_typed, scalar_code, QueueTyped, Rule};
 use crate::driver::{launch, Function, Grid, LINEAR_THREADS, MAX_LINEAR_BLOCKS};
+use crate::ops::chunks::plan_chunks;
 use crate::ops::{function, op_conf, stream, suffix};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{Update, UpdateGroup};

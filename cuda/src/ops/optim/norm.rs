@@ -10,9 +10,9 @@
 //! and adds it to the running total as the scalar `add` did (the carry in, or the previous
 //! pair's total). The order of every addition depends on the tensors' sizes alone.
 
-use super::chunks::plan_chunks;
 use super::refuse;
 use crate::driver::{launch, Function, Grid, MAX_LINEAR_BLOCKS};
+use crate::ops::chunks::plan_chunks;
 use crate::ops::{function, op_conf, stream, suffix};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::SumSquaresGroup;

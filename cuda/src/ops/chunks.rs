@@ -1,5 +1,5 @@
-//! How a multi-tensor kernel cuts its members into launches and blocks (`update_group`'s
-//! and `sum_squares_group`'s): members in order, each cut into chunks of one block each,
+//! How a multi-tensor kernel cuts its members into launches and blocks (`update_group`'s,
+//! `sum_squares_group`'s and `cast_group`'s): members in order, each cut into chunks of one block each,
 //! a launch taking members while they fit its member and block limits; a member of more
 //! chunks than a launch may have is alone in its launch, with chunks of the smallest
 //! multiple of the base chunk that fits.

@@ -1,0 +1,179 @@
+//! Fused casts: mixed precision casts every weight to bf16 (or f16) at each step's start
+//! and every weight's gradient back to f32 for the update, one `cast` actor each: GPT-2
+//! 124M has 98 of each, 290 small casts per step of 3–10 µs on a GPU, more launch than
+//! work. A device's casts that are ready together, or whose results are awaited together,
+//! become one `cast_group` actor, which converts every member in one firing (on CUDA one
+//! multi-tensor launch per 32 members, `cuda/src/ops/cast.rs`). Each element is converted
+//! by the same function as one `cast`'s, so the bits do not change.
+//!
+//! Which casts fuse: compute actors of one stream running `cast` between f32 and bf16 or
+//! f16 (either way), reading no input through a window, that
+//! - read registers made by one actor (`Together::MadeBy`): the weights, written together
+//!   by the previous step's fused update, so grouping delays none of them; or else
+//! - write registers read by exactly the same actors (`Together::ReadBy`): the gradients,
+//!   all read by the device's fused update (and its fused norm). Each of those readers
+//!   waits for every member anyway, so converting them all once the last is ready delays
+//!   no reader. Under data parallelism the all-reduces read the bf16 gradients, before
+//!   their casts (half the bytes), so grouping the casts after them holds none back; a
+//!   cast whose result a collective of its own read would have readers of its own, and
+//!   keep its own actor.
+//!
+//! The cost is memory: a grouped gradient's bf16 input is kept until the last member's
+//! gradient is made, where a lone cast freed it at once (half an f32 gradient per weight,
+//! at the end of the backward pass, when activations are mostly gone).
+//!
+//! As with fused updates, a group's outputs must follow one another in plan order and no
+//! member may reach another within a step; a group that breaks either stays apart
+//! ([`super::fuse_updates::mergeable`]).
+
+use super::lower::Lowering;
+use crate::plan::{ActorIndex, ActorKind, DType, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
+use regflow_plan::ops::{Cast, CastGroup, OpAttrs};
+use std::collections::{BTreeMap, HashMap};
+
+/// Why members are ready together (module docs).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Together {
+    /// Their inputs are made by this actor.
+    MadeBy(ActorIndex),
+    /// Their outputs are read by exactly these actors (sorted).
+    ReadBy(Vec<ActorIndex>),
+}
+
+/// What the members of a group share: stream, the dtypes converted from and to (by name),
+/// and why they are ready together.
+type GroupKey = (StreamIndex, String, String, Together);
+
+/// One fusable cast: its actor, its input's producer and its output's readers.
+struct Candidate {
+    actor: ActorIndex,
+    key: (StreamIndex, String, String),
+    made_by: ActorIndex,
+    read_by: Vec<ActorIndex>,
+}
+
+/// Fuses the casts of every cpu, sim and cuda device (module docs), unless the options
+/// turn it off.
+pub(crate) fn fuse_casts(low: &mut Lowering<'_>) {
+    if !low.options.fuse_casts {
+        return;
+    }
+    let plan = low.b.plan_mut();
+    let groups = candidate_groups(plan);
+    if groups.is_empty() {
+        return;
+    }
+    let successors = plan.within_step_successors();
+    let mut outputs_of = vec![Vec::new(); plan.actors.len()];
+    for (r, desc) in plan.regst_descs.iter().enumerate() {
+        outputs_of[desc.producer.index()].push(r);
+    }
+    let mut merged_into = vec![None; plan.actors.len()];
+    for members in groups.into_values() {
+        if let Some(members) = super::fuse_updates::mergeable(low.b.plan_mut(), &successors, &outputs_of, members) {
+            merge(low, &members, &mut merged_into);
+        }
+    }
+    low.retarget_op_actors(&merged_into);
+    let removed: Vec<bool> =
+        merged_into.iter().enumerate().map(|(a, lead)| lead.is_some_and(|l| l.index() != a)).collect();
+    low.remove_actors(&removed);
+}
+
+/// The casts of cpu, sim and cuda devices in groups of two or more, by [`GroupKey`]: by
+/// their inputs' producer first, the rest by their outputs' readers.
+fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
+    let mut output_of = vec![None; plan.actors.len()];
+    for (r, desc) in plan.regst_descs.iter().enumerate() {
+        output_of[desc.producer.index()].get_or_insert(r);
+    }
+    let candidates: Vec<Candidate> =
+        (0..plan.actors.len()).filter_map(|a| candidate(plan, ActorIndex(a as u32), output_of[a]?)).collect();
+    let mut by_producer: BTreeMap<GroupKey, Vec<ActorIndex>> = BTreeMap::new();
+    for c in &candidates {
+        let (stream, from, to) = &c.key;
+        by_producer.entry((*stream, from.clone(), to.clone(), Together::MadeBy(c.made_by))).or_default().push(c.actor);
+    }
+    by_producer.retain(|_, members| members.len() > 1);
+    let taken: std::collections::HashSet<ActorIndex> = by_producer.values().flatten().copied().collect();
+    let mut groups = by_producer;
+    let mut by_readers: BTreeMap<GroupKey, Vec<ActorIndex>> = BTreeMap::new();
+    for c in candidates.iter().filter(|c| !taken.contains(&c.actor) && !c.read_by.is_empty()) {
+        let (stream, from, to) = &c.key;
+        by_readers
+            .entry((*stream, from.clone(), to.clone(), Together::ReadBy(c.read_by.clone())))
+            .or_default()
+            .push(c.actor);
+    }
+    groups.extend(by_readers.into_iter().filter(|(_, members)| members.len() > 1));
+    groups
+}
+
+/// Actor `a`, whose first output register is `out`, as a fusable cast (module docs), or
+/// `None`.
+fn candidate(plan: &Plan, a: ActorIndex, out: usize) -> Option<Candidate> {
+    let actor = &plan.actors[a.index()];
+    let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return None };
+    let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
+    if conf.op_type != "cast" || !matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda) {
+        return None;
+    }
+    let ([input], [output], [map]) = (&conf.inputs[..], &conf.outputs[..], &conf.input_map[..]) else { return None };
+    let mixed = |d: DType| matches!(d, DType::Bf16 | DType::F16);
+    let fusable_pair =
+        (input.dtype == DType::F32 && mixed(output.dtype)) || (mixed(input.dtype) && output.dtype == DType::F32);
+    if !fusable_pair || !actor.windows.is_empty() {
+        return None;
+    }
+    let register = *actor.inputs.get(*map)?;
+    let made_by = plan.regst_descs[register.index()].producer;
+    let mut read_by = plan.regst_descs[out].consumers.clone();
+    read_by.sort();
+    read_by.dedup();
+    Some(Candidate {
+        actor: a,
+        key: (actor.stream, input.dtype.to_string(), output.dtype.to_string()),
+        made_by,
+        read_by,
+    })
+}
+
+/// Makes the first member the group's `cast_group` actor, reading every member's inputs
+/// (each register once: a shared tick comes along) and writing every member's output, and
+/// marks every member merged into it.
+fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], merged_into: &mut [Option<ActorIndex>]) {
+    let lead = members[0];
+    let plan = low.b.plan_mut();
+    let mut inputs: Vec<RegstDescId> = Vec::new();
+    let mut position_of: HashMap<RegstDescId, usize> = HashMap::new();
+    let (mut metas, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
+    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[lead.index()].kind else { return };
+    let Ok(Cast { to }) = first.parse_attrs::<Cast>() else { return };
+    for &m in members {
+        let actor = &plan.actors[m.index()];
+        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return };
+        let mut position = Vec::with_capacity(actor.inputs.len());
+        for &register in &actor.inputs {
+            position.push(*position_of.entry(register).or_insert_with(|| {
+                inputs.push(register);
+                inputs.len() - 1
+            }));
+        }
+        metas.extend(conf.inputs.iter().cloned());
+        input_map.extend(conf.input_map.iter().map(|&i| position[i]));
+        outputs.extend(conf.outputs.iter().cloned());
+    }
+    let op = CastGroup { to, members: members.len() as u32 };
+    let conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs: metas, input_map, outputs };
+    super::lower::redirect_registers(plan, members, lead);
+    let single_device = low.placement.single_device();
+    let plan = low.b.plan_mut();
+    let actor = &mut plan.actors[lead.index()];
+    // `cast:6+97`: the first member's name, and how many more.
+    actor.name = super::lower::group_name("", &actor.name, members.len() - 1, single_device);
+    actor.inputs = inputs;
+    actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
+    for &m in members {
+        merged_into[m.index()] = Some(lead);
+    }
+}
