@@ -7,8 +7,11 @@
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
 //!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
 //!     [--peak-tflops 989] [--trace PATH] [--layers N] [--attention composed|fused]
-//!     [--plan-only] [--dry-run]
+//!     [--plan-only] [--dry-run] [--lone-casts]
 //! ```
+//!
+//! `--lone-casts` compiles with `fuse_casts` off (each weight and gradient cast its own
+//! actor and launch, as before casts were fused), to time the difference in one run.
 //!
 //! `--attention fused` runs each block's attention as one `attention` op (flash attention
 //! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,
@@ -123,7 +126,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;
     let train = g.minimize(loss, &Optimizer::adamw(6e-4, 0.1).with_clip_norm(1.0))?;
     let parameters: usize = g.trainable_variables().iter().map(|v| v.shape().numel()).sum();
-    let options = CompileOptions { device, ..Default::default() };
+    let fuse_casts = !std::env::args().any(|a| a == "--lone-casts");
+    let options = CompileOptions { device, fuse_casts, ..Default::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     if std::env::args().any(|a| a == "--plan-only") {
         // What the step needs per device, without a device: the plan's memory layout.

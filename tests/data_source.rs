@@ -1,5 +1,8 @@
 //! A dataset source actor reads a file of records and serves shuffled batches: every epoch
-//! covers each record once, fields stay together, the order is reproducible by seed.
+//! covers each record once, fields stay together, the order is reproducible by seed; on a
+//! `cuda` device the same batches arrive through page-locked staging on its copy stream.
+
+mod common;
 
 use regflow::prelude::*;
 use regflow::runtime::RecordFile;
@@ -11,11 +14,17 @@ fn records(n: u32) -> Vec<u8> {
 }
 
 fn run(file: &RecordFile, batch: usize, seed: u64, epochs: u64) -> Vec<(Vec<u32>, Vec<i64>)> {
+    run_on(DeviceKind::Cpu, file, batch, seed, epochs)
+}
+
+/// [`run`] with the source and the sink on a device of `kind` (a `cuda` device's copy
+/// stream).
+fn run_on(kind: DeviceKind, file: &RecordFile, batch: usize, seed: u64, epochs: u64) -> Vec<(Vec<u32>, Vec<i64>)> {
     let batches = file.batches(&[4, 8], batch, seed).unwrap();
     let pieces = batches.pieces(epochs);
     let mut b = PlanBuilder::new();
-    let cpu = b.device(0, DeviceKind::Cpu, 0);
-    let s = b.stream(cpu, StreamKind::Compute);
+    let device = b.device(0, kind, 0);
+    let s = b.stream(device, if kind == DeviceKind::Cuda { StreamKind::Copy } else { StreamKind::Compute });
     let src = b.actor(
         "data",
         s,
@@ -94,4 +103,19 @@ fn record_files_are_read_from_disk_and_bad_shapes_are_refused() {
         err,
         "cannot make the kernel of actor 'data': dataset source 'data' writes batches of [8, 16] bytes per output, but its registers hold [8]"
     );
+}
+
+/// A dataset source on a `cuda` device writes each batch into page-locked staging (one set
+/// per register slot) that its copy stream copies into the registers, and its sink copies
+/// them out the same way: the batches are the CPU's, in the CPU's order. On a GPU, or dry
+/// (the copies are then host copies, through the same staging).
+#[test]
+fn a_cuda_device_gets_the_cpus_batches_through_page_locked_staging() {
+    if common::gpu_or_dry_run().is_none() {
+        return;
+    }
+    let file = RecordFile::from_bytes(records(50), 12).unwrap();
+    let on_cpu = run(&file, 7, 3, 3);
+    assert_eq!(on_cpu.len(), 21);
+    assert_eq!(run_on(DeviceKind::Cuda, &file, 7, 3, 3), on_cpu);
 }

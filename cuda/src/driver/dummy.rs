@@ -173,17 +173,23 @@ impl PinnedBuffer {
     }
 }
 
+// SAFETY: never made in this build; an empty placeholder otherwise.
+unsafe impl ArenaMemory for PinnedBuffer {
+    fn base(&self) -> std::ptr::NonNull<u8> {
+        std::ptr::NonNull::dangling()
+    }
+
+    fn len(&self) -> usize {
+        0
+    }
+}
+
 /// Queues a copy from page-locked memory to the device: not in this build.
 ///
 /// # Safety
 ///
 /// `dst` must be valid for `bytes` bytes (nothing is written in this build).
-pub unsafe fn copy_to_device_async(
-    stream: StreamHandle,
-    dst: u64,
-    src: &PinnedBuffer,
-    bytes: usize,
-) -> Result<(), CudaError> {
+pub unsafe fn copy_to_device_async(stream: StreamHandle, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
     let _ = (stream, dst, src, bytes);
     Err(CudaError::NotBuilt)
 }

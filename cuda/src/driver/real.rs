@@ -562,6 +562,8 @@ pub struct PinnedBuffer {
 // SAFETY: the buffer is owned memory at a fixed address; moving it between threads moves
 // its ownership (the driver frees page-locked memory from any thread once bound).
 unsafe impl Send for PinnedBuffer {}
+// SAFETY: `&PinnedBuffer` only reads (`as_slice`, the address); writing needs `&mut`.
+unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
     /// `len` bytes of page-locked memory for `device`, zeroed.
@@ -609,6 +611,17 @@ impl PinnedBuffer {
     }
 }
 
+// SAFETY: the buffer's `len` bytes stay at `ptr`, reachable from the host, until drop.
+unsafe impl ArenaMemory for PinnedBuffer {
+    fn base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if let Some(device) = &self.device {
@@ -621,32 +634,26 @@ impl Drop for PinnedBuffer {
     }
 }
 
-/// Queues a copy of the first `bytes` bytes of `src` to `dst` on `stream`, and returns at
-/// once: the stream's copy engine reads the page-locked bytes when it gets there. On a
-/// dry-run stream the memory is host memory and this is a plain copy.
+/// Queues a copy of `bytes` bytes from `src`, an address inside a [`PinnedBuffer`], to
+/// `dst` on `stream`, and returns at once: the stream's copy engine reads the page-locked
+/// bytes when it gets there. On a dry-run stream the memory is host memory and this is a
+/// plain copy.
 ///
 /// # Safety
 ///
-/// `dst` must be valid for `bytes` bytes, nothing queued elsewhere may use them until the
-/// copy ran, and `src` must not be written or dropped before the copy ran.
-pub unsafe fn copy_to_device_async(
-    stream: StreamHandle,
-    dst: u64,
-    src: &PinnedBuffer,
-    bytes: usize,
-) -> Result<(), CudaError> {
-    let src = src.as_slice().get(..bytes).ok_or_else(|| CudaError::Call {
-        call: format!("cuMemcpyHtoDAsync({bytes} bytes)"),
-        ordinal: 0,
-        message: format!("the staging buffer holds only {} bytes", src.len()),
-    })?;
+/// `src` must lie in a live [`PinnedBuffer`] with `bytes` bytes from it, `dst` must be
+/// valid for `bytes` bytes, nothing queued elsewhere may use them until the copy ran, and
+/// `src`'s bytes must not be written or freed before the copy ran.
+pub unsafe fn copy_to_device_async(stream: StreamHandle, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
     if stream.0 == 0 {
         // SAFETY: forwarded to the caller; a dry run's registers are host memory.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as usize as *mut u8, bytes) };
+        unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, dst as usize as *mut u8, bytes) };
         return Ok(());
     }
     // SAFETY: forwarded to the caller; the handle comes from a live `Stream` whose context
     // the calling stream thread bound.
+    let src = unsafe { std::slice::from_raw_parts(src as usize as *const u8, bytes) };
+    // SAFETY: as above.
     unsafe { result::memcpy_htod_async(dst as sys::CUdeviceptr, src, stream.0 as usize as sys::CUstream) }
         .map_err(failed(format!("cuMemcpyHtoDAsync({bytes} bytes)"), 0))
 }

@@ -1,14 +1,17 @@
-//! Page-locked staging for what crosses between the user and a `cuda` device's registers:
-//! fed pieces go in by queued copies, fetched pieces come out by a copy the copy stream
-//! waits for, so neither faults a managed register's pages over to the host.
+//! Page-locked staging for what crosses between the host and a `cuda` device's registers:
+//! fed pieces and the batches of host-side sources (a dataset's reader) go in by queued
+//! copies, fetched pieces come out by a copy the copy stream waits for, so none faults a
+//! managed register's pages over to the host.
 //!
 //! The compiler puts a `cuda` device's fed sources and fetch sinks on its copy stream, so
 //! these copies and waits hold that stream's thread, never the compute stream's: the
 //! compute stream keeps launching the step's kernels (and the next step's, once its feed
 //! is in) while a feed is copied in or a loss is read back.
 
-use crate::kernel::{KernelError, KernelIo};
+use crate::kernel::{Kernel, KernelError, KernelIo};
 use regflow_cuda::{Device, PinnedBuffer, StreamHandle};
+use regflow_kernels::Execution;
+use regflow_memory::{Arena, BufferView, MemoryKind};
 
 /// Where a fed source's pieces are staged on a `cuda` device: one page-locked buffer per
 /// slot of its first output register, each claimed by the slot's address at its first use.
@@ -64,16 +67,125 @@ impl FeedStaging {
             ))
         })?;
         staged.copy_from_slice(piece);
+        let staged_at = staged.as_ptr() as u64;
         let stream = StreamHandle(io.context().native);
         for o in 0..io.output_count() {
             check_len(piece.len(), io.output_len(o))?;
             // SAFETY: the output slot holds piece.len() bytes (checked) and is free by the
             // register protocol; the buffer stays untouched until the slot is written again,
             // which needs this firing complete (see the type's docs).
-            unsafe { regflow_cuda::copy_to_device_async(stream, io.output_addr(o), buffer, piece.len()) }
+            unsafe { regflow_cuda::copy_to_device_async(stream, io.output_addr(o), staged_at, piece.len()) }
                 .map_err(|e| KernelError(e.to_string()))?;
         }
         Ok(())
+    }
+}
+
+/// A source whose kernel writes its pieces on the host (a dataset's batches, a program's
+/// reader), on a `cuda` device: the kernel writes into page-locked buffers, one set per
+/// slot of the source's first output register (claimed as [`FeedStaging`] claims its
+/// buffers, with the same argument for reuse), and the set is copied into the registers
+/// by queued copies on the source's stream.
+pub(crate) struct StagedSource {
+    inner: Box<dyn Kernel>,
+    slots: Vec<(Option<u64>, StagedSlot)>,
+}
+
+/// One slot's page-locked outputs: an arena over one buffer, and a view of each output.
+struct StagedSlot {
+    _memory: Arena,
+    views: Vec<BufferView>,
+}
+
+impl std::fmt::Debug for StagedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedSource").field("slots", &self.slots.len()).finish_non_exhaustive()
+    }
+}
+
+impl StagedSource {
+    /// `inner` writing outputs of `output_bytes` into registers of `slots` slots on CUDA
+    /// device `ordinal`, its page-locked buffers allocated now (once per job).
+    pub(crate) fn new(
+        inner: Box<dyn Kernel>,
+        ordinal: usize,
+        output_bytes: &[u64],
+        slots: u32,
+    ) -> Result<Self, String> {
+        let device = Device::open(ordinal).map_err(|e| e.to_string())?;
+        // Each output 256-byte aligned in the slot's buffer, as in an arena.
+        let offsets: Vec<u64> = output_bytes
+            .iter()
+            .scan(0u64, |at, &bytes| {
+                let offset = *at;
+                *at = (offset + bytes).div_ceil(256) * 256;
+                Some(offset)
+            })
+            .collect();
+        let total = offsets.last().zip(output_bytes.last()).map_or(0, |(o, b)| o + b);
+        let total = usize::try_from(total).map_err(|_| format!("{total} bytes of outputs do not fit in memory"))?;
+        let mut made = Vec::with_capacity(slots.max(1) as usize);
+        for _ in 0..slots.max(1) {
+            let buffer = PinnedBuffer::new(&device, total).map_err(|e| e.to_string())?;
+            let memory = Arena::new("page-locked staging", MemoryKind::Host, Box::new(buffer));
+            let views = offsets
+                .iter()
+                .zip(output_bytes)
+                .map(|(&offset, &bytes)| memory.view(offset, bytes))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            made.push((None, StagedSlot { _memory: memory, views }));
+        }
+        Ok(Self { inner, slots: made })
+    }
+}
+
+impl Kernel for StagedSource {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        if io.output_count() == 0 {
+            return self.inner.run(io);
+        }
+        let slot = io.output_addr(0);
+        let index = match self.slots.iter().position(|(owner, _)| *owner == Some(slot)) {
+            Some(index) => index,
+            None => {
+                let index = self.slots.iter().position(|(owner, _)| owner.is_none()).ok_or_else(|| {
+                    KernelError(format!(
+                        "a source wrote more register slots than the {} it stages (broken invariant)",
+                        self.slots.len()
+                    ))
+                })?;
+                self.slots[index].0 = Some(slot);
+                index
+            }
+        };
+        let views = &self.slots[index].1.views;
+        if views.len() != io.output_count() {
+            return Err(KernelError(format!(
+                "{} outputs for {} staged (broken invariant)",
+                io.output_count(),
+                views.len()
+            )));
+        }
+        // The inner kernel writes the page-locked views; nothing reads them until the
+        // copies below, queued after it returns.
+        let mut staged = KernelIo::new(io.piece(), io.group(), &[], views, io.context());
+        self.inner.run(&mut staged)?;
+        let stream = StreamHandle(io.context().native);
+        for (o, view) in views.iter().enumerate() {
+            check_len(view.len(), io.output_len(o))?;
+            // SAFETY: the output slot holds view.len() bytes (checked) and is free by the
+            // register protocol; the view stays untouched until the slot is written again,
+            // which needs this firing complete (see `FeedStaging`).
+            unsafe { regflow_cuda::copy_to_device_async(stream, io.output_addr(o), view.addr() as u64, view.len()) }
+                .map_err(|e| KernelError(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The copies are queued: the firing completes once they ran.
+    fn execution(&self) -> Execution {
+        Execution::Queued
     }
 }
 

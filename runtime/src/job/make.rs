@@ -4,7 +4,7 @@
 use super::setup::{feed_depth, fetch_depth};
 use super::start::JobBuilder;
 use super::UserWaits;
-use crate::device::staging::{FeedStaging, FetchStaging};
+use crate::device::staging::{FeedStaging, FetchStaging, StagedSource};
 use crate::inbox::InboxSender;
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
 use crate::kernel::{Kernel, KernelSpec};
@@ -178,6 +178,21 @@ pub(super) fn make_actor(
         ActorKind::Repeat { .. } => {
             Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
         }
+    };
+    // A host-side source (a dataset's reader, a program's) on a `cuda` device writes
+    // page-locked buffers its stream copies into the registers (`device::staging`).
+    let staged =
+        matches!(desc.kind, ActorKind::Source { pieces: SourcePieces::Dataset(_) | SourcePieces::Custom { .. } })
+            && spec.device == regflow_plan::DeviceKind::Cuda
+            && desc.inputs.is_empty()
+            && kernel.as_ref().is_some_and(|k| k.execution() == Execution::Host);
+    let kernel = match kernel {
+        Some(inner) if staged => {
+            let slots = indexed.outputs_of(index).first().map_or(1, |r| plan.regst_descs[r.index()].register_num);
+            let source = StagedSource::new(inner, usize::from(spec.device_index), &outputs, slots).map_err(setup)?;
+            Some(Box::new(source) as Box<dyn Kernel>)
+        }
+        other => other,
     };
     // Launches in flight are bounded by the actor's own slots.
     let slots: usize = desc

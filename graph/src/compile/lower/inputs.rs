@@ -37,8 +37,8 @@ fn dataset_sources(low: &mut Lowering<'_>) -> Result<(), CompileError> {
     for rank in 0..size {
         let slot = low.placement.slot(mesh, rank);
         let name = low.on_device("dataset", slot);
-        let source =
-            low.b.actor(&name, low.devices[slot].compute, ActorKind::Source { pieces: dataset.source.clone() });
+        let stream = low.io_stream(slot);
+        let source = low.b.actor(&name, stream, ActorKind::Source { pieces: dataset.source.clone() });
         for (k, id) in ids.iter().enumerate() {
             let bytes = low.graph.info(*id).meta.bytes() as u64;
             let name = low.on_device(&low.name(*id), slot);

@@ -345,8 +345,8 @@ impl<'a> Lowering<'a> {
         s
     }
 
-    /// The stream of device `slot` that exchanges pieces with the user (fed sources and
-    /// fetch sinks): on a `cuda` device its copy stream, so copying a feed in or a fetch
+    /// The stream of device `slot` that exchanges pieces with the host (fed and dataset
+    /// sources, fetch sinks): on a `cuda` device its copy stream, so copying a feed in or a fetch
     /// out (and waiting for that copy) never holds the compute stream's thread, which goes
     /// on launching the step's kernels; elsewhere the compute stream, where a feed is a
     /// host copy and an extra thread would only compete for the cores.
