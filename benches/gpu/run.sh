@@ -79,7 +79,7 @@ wait
 [ -f "$logs/torch-warm.log" ] && cp "$logs/torch-warm.log" "$out/torch-warm.log"
 
 # 3. Benchmarks, one at a time, most wanted first (F32=0, FUSED=0, GEMM=0, TORCH=0 (PyTorch eager),
-# TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0 leave parts out;
+# TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0, PADDED=0 leave parts out;
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
@@ -110,6 +110,23 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
           --attention fused
         echo "exit $?"
       done
+      if [ "${PADDED:-1}" = 1 ]; then
+        # The vocabulary padded to a multiple of 64 (50304 columns, the loss over the real
+        # 50257: the same model), so the logits' products need no staging; alternated with
+        # the unpadded bf16 step, PADDED_ROUNDS times, to compare within one call.
+        for round in $(seq "${PADDED_ROUNDS:-2}"); do
+          for pad in 64 1; do
+            echo "== GPT-2 124M regflow bf16, fused attention, --pad-vocab $pad (round $round)"
+            gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16 \
+              --attention fused --pad-vocab "$pad"
+            echo "exit $?"
+          done
+        done
+        echo "== GPT-2 124M regflow f16, fused attention, --pad-vocab 64"
+        gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision f16 \
+          --attention fused --pad-vocab 64
+        echo "exit $?"
+      fi
       if [ "${LONE_CASTS:-1}" = 1 ]; then
         # The same bf16 step with each weight and gradient cast its own launch (fuse_casts
         # off): the difference is the fused casts'.
@@ -171,12 +188,15 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
     # PROFILE_PRECISIONS="bf16" profiles one precision only (each traced step takes a
     # while); "bf16:fused" profiles the fused-attention step.
     for entry in ${PROFILE_PRECISIONS:-f32 bf16 bf16:fused}; do
-      precision=${entry%%:*}; attention=composed; [ "$entry" != "$precision" ] && attention=${entry#*:}
-      echo "== GPT-2 124M regflow $precision, $attention attention, traced (CUDA events around each kernel): per-op profile of step 1"
+      # "bf16:fused:64" also pads the vocabulary to a multiple of 64.
+      precision=${entry%%:*}; rest=${entry#"$precision"}; rest=${rest#:}
+      attention=${rest%%:*}; [ -z "$attention" ] && attention=composed
+      pad=${rest#"$attention"}; pad=${pad#:}; [ -z "$pad" ] && pad=1
+      echo "== GPT-2 124M regflow $precision, $attention attention, --pad-vocab $pad, traced (CUDA events around each kernel): per-op profile of step 1"
       gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" --attention "$attention" \
-        --trace "$out/trace-$precision-$attention.json"
+        --pad-vocab "$pad" --trace "$out/trace-$precision-$attention-$pad.json"
       echo "exit $?"
-      python3 "$here/op_profile.py" "$out/trace-$precision-$attention.json" --pieces 1 --top 30
+      python3 "$here/op_profile.py" "$out/trace-$precision-$attention-$pad.json" --pieces 1 --top 30
     done
   fi
   # Nsight Systems, where the machine has it: the untraced step's kernels as the GPU ran

@@ -267,21 +267,54 @@ fn sparse_cross_entropy_and_its_gradient_match_the_cpu() {
                     HostArray::i64(Shape::new(vec![rows]), (0..rows).map(|r| ((r * 7919) % classes) as i64).collect())
                         .expect("labels");
                 let what = format!("sparse_cross_entropy {dtype} [{rows}, {classes}]");
-                check(&what, &SparseCrossEntropy, &[&logits, &labels], &[meta(&[], loss)], gpu);
+                check(&what, &SparseCrossEntropy::default(), &[&logits, &labels], &[meta(&[], loss)], gpu);
                 let dy = match loss {
                     DType::F32 => HostArray::f32(Shape::new(vec![]), vec![0.75]),
                     _ => HostArray::f64(Shape::new(vec![]), vec![0.75]),
                 }
                 .expect("dy");
                 let what = format!("sparse_cross_entropy_grad {dtype} [{rows}, {classes}]");
-                check(&what, &SparseCrossEntropyGrad, &[&logits, &labels, &dy], &[meta(&[rows, classes], dtype)], gpu);
+                check(
+                    &what,
+                    &SparseCrossEntropyGrad::default(),
+                    &[&logits, &labels, &dy],
+                    &[meta(&[rows, classes], dtype)],
+                    gpu,
+                );
                 // A device's rows of a batch 3 times as large (data parallelism).
-                let part = |grad| PartCrossEntropy { batch: 3 * rows, grad };
+                let part = |grad| PartCrossEntropy { batch: 3 * rows, grad, classes: None };
                 let what = format!("part_cross_entropy {dtype} [{rows}, {classes}] of {}", 3 * rows);
                 check(&what, &part(false), &[&logits, &labels], &[meta(&[], loss)], gpu);
                 let outputs = [meta(&[rows, classes], dtype)];
                 check(&format!("{what}, grad"), &part(true), &[&logits, &labels, &dy], &outputs, gpu);
             }
+        }
+    }
+}
+
+/// Over the first `classes` columns of wider rows (a padded vocabulary, 50257 of 50264 in
+/// GPT-2's): the loss and its gradient (zero in padding columns) match the CPU's, alone and
+/// as a device's part.
+#[test]
+fn sparse_cross_entropy_of_the_first_columns_matches_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    for dtype in [DType::F32, DType::Bf16] {
+        for (classes, width) in [(1, 8), (5, 8), (1000, 1024), (5021, 5024)] {
+            let rows = 37;
+            let logits = common::array(&[rows, width], dtype, 5);
+            let labels =
+                HostArray::i64(Shape::new(vec![rows]), (0..rows).map(|r| ((r * 7919) % classes) as i64).collect())
+                    .expect("labels");
+            let dy = HostArray::f32(Shape::new(vec![]), vec![0.75]).expect("dy");
+            let what = format!("sparse_cross_entropy {dtype} of the first {classes} of [{rows}, {width}]");
+            let op = SparseCrossEntropy { classes: Some(classes) };
+            check(&what, &op, &[&logits, &labels], &[meta(&[], DType::F32)], gpu);
+            let grad = SparseCrossEntropyGrad { classes: Some(classes) };
+            let outputs = [meta(&[rows, width], dtype)];
+            check(&format!("{what}, grad"), &grad, &[&logits, &labels, &dy], &outputs, gpu);
+            let part = PartCrossEntropy { batch: 2 * rows, grad: true, classes: Some(classes) };
+            check(&format!("{what}, a part's grad"), &part, &[&logits, &labels, &dy], &outputs, gpu);
         }
     }
 }
@@ -304,7 +337,7 @@ fn cross_entropy_of_rows_with_masked_and_nan_logits_matches_the_cpu() {
     let labels = HostArray::i64(Shape::new(vec![rows]), vec![900, 3, 1000]).expect("labels");
     check(
         "sparse_cross_entropy, masked and NaN rows",
-        &SparseCrossEntropy,
+        &SparseCrossEntropy::default(),
         &[&logits, &labels],
         &[meta(&[], DType::F32)],
         gpu,
@@ -319,7 +352,7 @@ fn cross_entropy_of_rows_with_masked_and_nan_logits_matches_the_cpu() {
         let label = HostArray::i64(Shape::new(vec![1]), vec![[900, 3, 1000][r]]).expect("a label");
         check(
             &format!("sparse_cross_entropy, row {r}"),
-            &SparseCrossEntropy,
+            &SparseCrossEntropy::default(),
             &[&row, &label],
             &[meta(&[], DType::F32)],
             gpu,
@@ -327,5 +360,11 @@ fn cross_entropy_of_rows_with_masked_and_nan_logits_matches_the_cpu() {
     }
     let dy = HostArray::f32(Shape::new(vec![]), vec![0.75]).expect("dy");
     let what = "sparse_cross_entropy_grad, masked and NaN rows";
-    check(what, &SparseCrossEntropyGrad, &[&logits, &labels, &dy], &[meta(&[rows, classes], DType::F32)], gpu);
+    check(
+        what,
+        &SparseCrossEntropyGrad::default(),
+        &[&logits, &labels, &dy],
+        &[meta(&[rows, classes], DType::F32)],
+        gpu,
+    );
 }

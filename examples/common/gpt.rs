@@ -158,6 +158,9 @@ pub(crate) struct Gpt<'g> {
     blocks: Vec<Block<'g>>,
     ln_final: LayerNorm<'g>,
     config: GptConfig,
+    /// The vocabulary, and the logits' columns when padded ([`Gpt::pad_vocab`]).
+    vocab: usize,
+    padded_vocab: Option<usize>,
 }
 
 impl<'g> Gpt<'g> {
@@ -172,10 +175,33 @@ impl<'g> Gpt<'g> {
                 .collect::<Result<_, _>>()?,
             ln_final: params.layer_norm("ln_final")?,
             config,
+            vocab: vocab_size,
+            padded_vocab: None,
         })
     }
 
-    /// Next-character logits `[B·T, V]` for ids `[B, T]`.
+    /// Pads the logits' columns to a multiple of `multiple` (GPT-2's 50257 to 50304 with
+    /// 64): the output projection reads the token table with zero rows appended, so the
+    /// products that make and read the logits run on aligned tensor-core kernels, and
+    /// [`Gpt::loss`] takes the cross-entropy over the real columns only. The model is the
+    /// unpadded one: the padding holds zeros, takes no part in the loss and gets no
+    /// gradient, and the table keeps its shape (the zeros are not a parameter).
+    pub(crate) fn pad_vocab(mut self, multiple: usize) -> Self {
+        let padded = self.vocab.div_ceil(multiple.max(1)) * multiple.max(1);
+        self.padded_vocab = (padded != self.vocab).then_some(padded);
+        self
+    }
+
+    /// The mean cross-entropy of `targets` (`[B·T]`) under `logits` from [`Gpt::logits`]:
+    /// over the vocabulary's columns only when it is padded.
+    pub(crate) fn loss(&self, logits: &Tensor<'g>, targets: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
+        match self.padded_vocab {
+            Some(_) => logits.sparse_cross_entropy_of_first(targets, self.vocab),
+            None => logits.sparse_cross_entropy(targets),
+        }
+    }
+
+    /// Next-character logits `[B·T, V]` for ids `[B, T]` (`V` padded by [`Gpt::pad_vocab`]).
     pub(crate) fn logits(&self, ids: &Tensor<'g>, mask: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
         self.logits_staged(ids, mask, &[])
     }
@@ -219,6 +245,11 @@ impl<'g> Gpt<'g> {
             if stages.len() > 1 {
                 table = table.to_placement(last)?;
             }
+        }
+        if let Some(padded) = self.padded_vocab {
+            // Zero rows appended (their logits are 0, and ignored by `loss`).
+            let padding = table.graph().constant(0.0, [padded - self.vocab, d], table.dtype())?;
+            table = table.concat(&[padding], 0)?;
         }
         // Tied output projection: the token table read transposed.
         self.ln_final.forward(&x)?.matmul_transposed(&table, false, true)

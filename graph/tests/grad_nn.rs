@@ -177,6 +177,47 @@ fn sparse_cross_entropy_gradient_matches_finite_differences() {
     check_grad("classifier", &inputs, |x| x[0].matmul(&x[1])?.sparse_cross_entropy(&x[2]));
 }
 
+/// Over the first `classes` columns (a padded vocabulary): the loss of the unpadded
+/// logits, whatever the padding holds; gradients by finite differences, zero in padding
+/// columns; `classes` outside `1..=C` refused with a sentence.
+#[test]
+fn sparse_cross_entropy_of_the_first_columns_ignores_padding() {
+    for seed in 0..3u64 {
+        let (rows, classes, width) = (4, 5, 8);
+        let padded = random([rows, width], seed);
+        let values = padded.to_f64_vec();
+        let unpadded: Vec<f64> = (0..rows).flat_map(|r| values[r * width..r * width + classes].to_vec()).collect();
+        let unpadded = HostArray::from_f64(vec![rows, classes], DType::F64, &unpadded).unwrap();
+        let labels = random_indices([rows], classes as i64, 100 + seed);
+        let of_first =
+            run(&[padded.clone(), labels.clone()], |x| x[0].sparse_cross_entropy_of_first(&x[1], classes)).unwrap();
+        let whole = run(&[unpadded, labels.clone()], |x| x[0].sparse_cross_entropy(&x[1])).unwrap();
+        assert_eq!(of_first.to_f64_vec(), whole.to_f64_vec(), "seed {seed}");
+        let inputs = [padded.clone(), labels.clone()];
+        check_grad("sparse_cross_entropy_of_first", &inputs, |x| x[0].sparse_cross_entropy_of_first(&x[1], classes));
+        let g = Graph::new();
+        let x = g.input("logits", [rows, width], DType::F64).unwrap();
+        let y = g.input("labels", [rows], DType::I64).unwrap();
+        let loss = x.sparse_cross_entropy_of_first(&y, classes).unwrap();
+        let dx = g.grad(loss, &[x]).unwrap()[0];
+        let dx = g.eval(&[(x, padded), (y, labels)], &[dx]).unwrap().remove(0).to_f64_vec();
+        for r in 0..rows {
+            assert!(dx[r * width + classes..(r + 1) * width].iter().all(|&d| d == 0.0), "row {r}: {dx:?}");
+        }
+    }
+    // A label in the padding is out of range; so are 0 classes and more than the columns.
+    let labels = HostArray::i64([2], vec![0, 3]).unwrap();
+    let err = run(&[random([2, 4], 1), labels], |x| x[0].sparse_cross_entropy_of_first(&x[1], 3)).unwrap_err();
+    assert!(err.to_string().contains("label 3 out of range for 3 classes"), "{err}");
+    for bad in [0, 5] {
+        let err =
+            run(&[random([2, 4], 1), random_indices([2], 2, 3)], |x| x[0].sparse_cross_entropy_of_first(&x[1], bad))
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("sparse_cross_entropy") && err.contains("columns"), "{bad}: {err}");
+    }
+}
+
 #[test]
 fn sparse_cross_entropy_of_a_two_by_three_example_matches_hand_computed_loss() {
     // Row 0: ln(e + e² + e³) - 3; row 1 (uniform logits): ln 3.

@@ -418,9 +418,9 @@ fn layer_norm_splits_rows_and_its_parameter_gradients_become_partial() {
 fn cross_entropy_splits_the_batch_into_summands_of_the_mean() {
     for rows in [7, 2, 6] {
         let (logits, labels) = (random([rows, 5], 15), indices([rows], 5, 16));
-        let signatures = check_signatures(&SparseCrossEntropy, &[logits.clone(), labels.clone()]);
+        let signatures = check_signatures(&SparseCrossEntropy::default(), &[logits.clone(), labels.clone()]);
         assert!(has(&signatures, &[S(0), S(0)], &[P]));
-        let signatures = check_signatures(&SparseCrossEntropyGrad, &[logits, labels, scalar(1.7)]);
+        let signatures = check_signatures(&SparseCrossEntropyGrad::default(), &[logits, labels, scalar(1.7)]);
         assert!(has(&signatures, &[S(0), S(0), B], &[S(0)]));
     }
 }
@@ -602,7 +602,7 @@ fn the_checker_rejects_invalid_signatures_and_missing_localization() {
         (claim(Reshape(vec![7, 5]), &[S(0)], &[S(0)], true), vec![x.clone()]),
         (claim(Dropout { p: 0.5, seed: 3 }, &[S(0)], &[S(0)], false), vec![x.clone()]),
         (claim(MatMul::default(), &[S(1), B], &[P], true), vec![x.clone(), random([7, 3], 42)]),
-        (claim(SparseCrossEntropy, &[S(0), S(0)], &[P], false), vec![x.clone(), indices([5], 7, 43)]),
+        (claim(SparseCrossEntropy::default(), &[S(0), S(0)], &[P], false), vec![x.clone(), indices([5], 7, 43)]),
         (claim(Embedding, &[S(0), B], &[P], false), vec![random([11, 4], 44), indices([6], 11, 45)]),
     ];
     for (claim, inputs) in claims {

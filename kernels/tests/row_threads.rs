@@ -118,8 +118,8 @@ fn cross_entropy_gradients_and_a_bad_label_named_on_any_thread_count() {
         let dy = HostArray::f32([], vec![1.5]).unwrap();
         let inputs = [logits, labels, dy];
         let out = vec![vec![rows, classes]];
-        same_on_any_thread_count("sparse_cross_entropy_grad", &SparseCrossEntropyGrad, &inputs, &out);
-        let part = PartCrossEntropy { batch: 2 * rows, grad: true };
+        same_on_any_thread_count("sparse_cross_entropy_grad", &SparseCrossEntropyGrad::default(), &inputs, &out);
+        let part = PartCrossEntropy { batch: 2 * rows, grad: true, classes: None };
         same_on_any_thread_count("part_cross_entropy grad", &part, &inputs, &out);
     }
     let (rows, classes) = SHAPES[0];
@@ -129,7 +129,7 @@ fn cross_entropy_gradients_and_a_bad_label_named_on_any_thread_count() {
     let dy = HostArray::f32([], vec![1.0]).unwrap();
     let mut out = HostArray::zeros(&TensorMeta::new([rows, classes], DType::F32));
     for threads in [1, 2] {
-        let error = SparseCrossEntropyGrad
+        let error = SparseCrossEntropyGrad::default()
             .compute(&HostContext { threads }, &[logits.view(), labels.view(), dy.view()], &mut [out.view_mut()])
             .unwrap_err();
         assert!(error.contains(&format!("label {classes} out of range for {classes} classes")), "{error}");
@@ -182,8 +182,8 @@ fn cross_entropy_losses_and_a_bad_label_named_on_any_thread_count() {
         let labels = HostArray::i64([rows], (0..rows).map(|n| (n * 5 % classes) as i64).collect()).unwrap();
         let inputs = [logits, labels];
         let scalar = vec![Vec::new()];
-        same_on_any_thread_count("sparse_cross_entropy", &SparseCrossEntropy, &inputs, &scalar);
-        let part = PartCrossEntropy { batch: 3 * rows, grad: false };
+        same_on_any_thread_count("sparse_cross_entropy", &SparseCrossEntropy::default(), &inputs, &scalar);
+        let part = PartCrossEntropy { batch: 3 * rows, grad: false, classes: None };
         same_on_any_thread_count("part_cross_entropy", &part, &inputs, &scalar);
     }
     // The f64 path too.
@@ -194,7 +194,7 @@ fn cross_entropy_losses_and_a_bad_label_named_on_any_thread_count() {
     let labels = HostArray::i64([rows], (0..rows).map(|n| (n * 3 % classes) as i64).collect()).unwrap();
     let loss = |threads| {
         let mut out = HostArray::zeros(&TensorMeta::new(Vec::<usize>::new(), DType::F64));
-        SparseCrossEntropy
+        SparseCrossEntropy::default()
             .compute(&HostContext { threads }, &[logits.view(), labels.view()], &mut [out.view_mut()])
             .unwrap();
         out.to_f64_vec()[0]
@@ -213,7 +213,7 @@ fn cross_entropy_losses_and_a_bad_label_named_on_any_thread_count() {
     let labels = HostArray::i64([rows], (0..rows).map(bad).collect()).unwrap();
     let mut out = HostArray::zeros(&TensorMeta::new(Vec::<usize>::new(), DType::F32));
     for threads in [1, 2, 3] {
-        let error = SparseCrossEntropy
+        let error = SparseCrossEntropy::default()
             .compute(&HostContext { threads }, &[logits.view(), labels.view()], &mut [out.view_mut()])
             .unwrap_err();
         assert!(error.contains(&format!("label -1 out of range for {classes} classes")), "{threads} threads: {error}");

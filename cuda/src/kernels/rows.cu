@@ -363,12 +363,15 @@ template <typename T, typename W> __device__ void softmax_stats(const T* xr, u64
     s_out = scratch_s[0];
 }
 
+// Rows of `width` logits of which the first `classes` are classes (the rest padding, a
+// vocabulary padded to aligned products: it takes no part).
 template <typename T>
-__device__ void cross_entropy_row_losses(const T* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
+__device__ void cross_entropy_row_losses(const T* logits, const i64* labels, double* losses, u64 rows, u64 classes,
+                                         u64 width) {
     typedef typename Wide<T>::type W;
     __shared__ W scratch_m[32], scratch_s[32];
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = logits + r * classes;
+        const T* xr = logits + r * width;
         W m, s;
         softmax_stats(xr, classes, scratch_m, scratch_s, m, s);
         if (threadIdx.x == 0) {
@@ -389,21 +392,21 @@ __device__ void cross_entropy_mean(const double* losses, T* out, u64 rows, doubl
 }
 
 extern "C" __global__ void regflow_cross_entropy_rows_f32(
-    const float* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
-    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+    const float* logits, const i64* labels, double* losses, u64 rows, u64 classes, u64 width) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes, width);
 }
 extern "C" __global__ void regflow_cross_entropy_rows_f64(
-    const double* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
-    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+    const double* logits, const i64* labels, double* losses, u64 rows, u64 classes, u64 width) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes, width);
 }
 // bf16 logits; the loss is f32 (`regflow_cross_entropy_mean_f32`).
 extern "C" __global__ void regflow_cross_entropy_rows_bf16(
-    const bf16* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
-    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+    const bf16* logits, const i64* labels, double* losses, u64 rows, u64 classes, u64 width) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes, width);
 }
 extern "C" __global__ void regflow_cross_entropy_rows_f16(
-    const f16* logits, const i64* labels, double* losses, u64 rows, u64 classes) {
-    cross_entropy_row_losses(logits, labels, losses, rows, classes);
+    const f16* logits, const i64* labels, double* losses, u64 rows, u64 classes, u64 width) {
+    cross_entropy_row_losses(logits, labels, losses, rows, classes, width);
 }
 extern "C" __global__ void regflow_cross_entropy_mean_f32(const double* losses, float* out, u64 rows, double divisor) {
     cross_entropy_mean(losses, out, rows, divisor);
@@ -415,46 +418,48 @@ extern "C" __global__ void regflow_cross_entropy_mean_f64(const double* losses, 
 // The gradient of the mean cross-entropy: dx = (softmax(x) - onehot(label)) · dy / divisor,
 // one block per row; dy is the device scalar the loss's consumer wrote (in the loss's
 // dtype, `Wide<T>`), dx is stored like the logits (bf16 rounded once from f32). A label out
-// of range makes its row NaN.
+// of range makes its row NaN. Rows hold `width` columns; those past `classes` (padding)
+// get 0.
 template <typename T>
 __device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, const typename Wide<T>::type* dy, T* dx,
-                                        u64 rows, u64 classes, typename Wide<T>::type divisor) {
+                                        u64 rows, u64 classes, u64 width, typename Wide<T>::type divisor) {
     typedef typename Wide<T>::type W;
     __shared__ W scratch_m[32], scratch_s[32];
     W scale = dy[0] / divisor;
     FOR_EACH_ROW(r, rows) {
-        const T* xr = logits + r * classes;
+        const T* xr = logits + r * width;
         W m, s;
         softmax_stats(xr, classes, scratch_m, scratch_s, m, s);
         W shift = m + m_log(s);
         i64 c = labels[r];
         bool valid = c >= 0 && (u64)c < classes;
-        T* dr = dx + r * classes;
+        T* dr = dx + r * width;
 #pragma unroll 4
         FOR_EACH_COL(j, classes) {
             W v = m_exp(ld(xr + j) - shift) * scale;
             if ((i64)j == c) v -= scale;
             st(dr + j, valid ? v : quiet_nan<W>());
         }
+        for (u64 j = classes + threadIdx.x; j < width; j += blockDim.x) st(dr + j, (W)0);
     }
 }
 
 extern "C" __global__ void regflow_sparse_cross_entropy_grad_f32(
-    const float* logits, const i64* labels, const float* dy, float* dx, u64 rows, u64 classes, float divisor) {
-    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+    const float* logits, const i64* labels, const float* dy, float* dx, u64 rows, u64 classes, u64 width, float divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, width, divisor);
 }
 extern "C" __global__ void regflow_sparse_cross_entropy_grad_f64(
-    const double* logits, const i64* labels, const double* dy, double* dx, u64 rows, u64 classes, double divisor) {
-    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+    const double* logits, const i64* labels, const double* dy, double* dx, u64 rows, u64 classes, u64 width, double divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, width, divisor);
 }
 // bf16 logits and gradient; dy is the f32 loss's gradient.
 extern "C" __global__ void regflow_sparse_cross_entropy_grad_bf16(
-    const bf16* logits, const i64* labels, const float* dy, bf16* dx, u64 rows, u64 classes, float divisor) {
-    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+    const bf16* logits, const i64* labels, const float* dy, bf16* dx, u64 rows, u64 classes, u64 width, float divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, width, divisor);
 }
 extern "C" __global__ void regflow_sparse_cross_entropy_grad_f16(
-    const f16* logits, const i64* labels, const float* dy, f16* dx, u64 rows, u64 classes, float divisor) {
-    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, divisor);
+    const f16* logits, const i64* labels, const float* dy, f16* dx, u64 rows, u64 classes, u64 width, float divisor) {
+    cross_entropy_grad_rows(logits, labels, dy, dx, rows, classes, width, divisor);
 }
 
 // ---- warp-per-row kernels: f32 rows of at most 32·N elements ----------------------------

@@ -539,11 +539,24 @@ fn cross_entropy_dtype(spec: &KernelSpec<'_>, conf: &OpConf, inputs: usize) -> R
     Ok(logits)
 }
 
-/// Rows and classes of a cross-entropy over logits `[rows, classes]` and labels `[rows]`.
-fn cross_entropy_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, usize), KernelError> {
+/// Rows, classes and columns per row of a cross-entropy over logits `[rows, width]` and
+/// labels `[rows]`, of which the first `padded` columns are classes when set (else all).
+fn cross_entropy_rows(
+    spec: &KernelSpec<'_>,
+    conf: &OpConf,
+    padded: Option<usize>,
+) -> Result<(usize, usize, usize), KernelError> {
     let (logits, labels) = (&conf.inputs[0], &conf.inputs[1]);
     match (logits.shape.dims(), labels.shape.dims()) {
-        (&[rows, classes], &[n]) if n == rows => Ok((rows, classes)),
+        (&[rows, width], &[n]) if n == rows => match padded {
+            None => Ok((rows, width, width)),
+            Some(classes) if (1..=width).contains(&classes) => Ok((rows, classes, width)),
+            Some(classes) => Err(fail(
+                spec,
+                conf,
+                format!("takes the first {classes} columns as classes, but the logits {logits} have {width}"),
+            )),
+        },
         _ => {
             Err(fail(spec, conf, format!("takes logits [rows, classes] and labels [rows], got {logits} and {labels}")))
         }
@@ -559,6 +572,8 @@ struct CrossEntropyKernel {
     inputs: (usize, usize),
     rows: u64,
     classes: u64,
+    /// Columns per row (`classes` and padding).
+    width: u64,
     /// What the sum of the row losses is divided by: the rows, or the whole batch's rows
     /// for a device's part (`part_cross_entropy`).
     divisor: f64,
@@ -572,16 +587,16 @@ const CROSS_ENTROPY_THREADS: u32 = 256;
 impl Kernel for CrossEntropyKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (logits, labels, out) = (io.input_addr(self.inputs.0), io.input_addr(self.inputs.1), io.output_addr(0));
-        let (rows, classes, divisor) = (self.rows, self.classes, self.divisor);
+        let (rows, classes, width, divisor) = (self.rows, self.classes, self.width, self.divisor);
         let losses = io.scratch(self.losses)?;
         let per_row = Grid::rows(rows, CROSS_ENTROPY_THREADS, 0);
         let one = Grid { blocks: (1, 1, 1), threads: (CROSS_ENTROPY_THREADS, 1, 1), shared_bytes: 0 };
-        // SAFETY: logits hold `rows · classes` elements, labels `rows` i64, `losses` `rows`
+        // SAFETY: logits hold `rows · width` elements, labels `rows` i64, `losses` `rows`
         // f64 and the output one element (checked at build); the argument types are the
         // kernels' (the divisor is a double for both dtypes: the sum is in f64). The two
         // launches are ordered by the stream.
         unsafe {
-            launch(stream(io), self.rows_function, per_row, &mut args![logits, labels, losses, rows, classes])?;
+            launch(stream(io), self.rows_function, per_row, &mut args![logits, labels, losses, rows, classes, width])?;
             launch(stream(io), self.mean_function, one, &mut args![losses, out, rows, divisor])?;
         }
         Ok(())
@@ -594,8 +609,8 @@ impl Kernel for CrossEntropyKernel {
 
 fn make_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
-    let _: SparseCrossEntropy = conf.parse_attrs().map_err(KernelError)?;
-    cross_entropy_kernel(spec, conf, None)
+    let op: SparseCrossEntropy = conf.parse_attrs().map_err(KernelError)?;
+    cross_entropy_kernel(spec, conf, None, op.classes)
 }
 
 /// `part_cross_entropy`: the loss or its gradient of this device's rows, over `batch` rows.
@@ -606,20 +621,22 @@ fn make_part_cross_entropy(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Ker
         return Err(fail(spec, conf, "the batch the loss is a mean over has 0 rows"));
     }
     if op.grad {
-        cross_entropy_grad_kernel(spec, conf, Some(op.batch))
+        cross_entropy_grad_kernel(spec, conf, Some(op.batch), op.classes)
     } else {
-        cross_entropy_kernel(spec, conf, Some(op.batch))
+        cross_entropy_kernel(spec, conf, Some(op.batch), op.classes)
     }
 }
 
-/// The loss of `conf`'s rows divided by `batch` (`None`: by its own rows).
+/// The loss of `conf`'s rows divided by `batch` (`None`: by its own rows), over the first
+/// `padded` columns of each row when set.
 fn cross_entropy_kernel(
     spec: &KernelSpec<'_>,
     conf: &OpConf,
     batch: Option<usize>,
+    padded: Option<usize>,
 ) -> Result<Box<dyn Kernel>, KernelError> {
     let dtype = cross_entropy_dtype(spec, conf, 2)?;
-    let (rows, classes) = cross_entropy_rows(spec, conf)?;
+    let (rows, classes, width) = cross_entropy_rows(spec, conf, padded)?;
     if conf.outputs[0].shape.numel() != 1 {
         return Err(fail(spec, conf, format!("gives a scalar loss, but the output is {}", conf.outputs[0])));
     }
@@ -632,6 +649,7 @@ fn cross_entropy_kernel(
         inputs: (conf.input_map[0], conf.input_map[1]),
         rows: rows as u64,
         classes: classes as u64,
+        width: width as u64,
         divisor: batch.unwrap_or(rows) as f64,
         losses,
     }))
@@ -646,6 +664,8 @@ struct CrossEntropyGradKernel {
     inputs: [usize; 3],
     rows: u64,
     classes: u64,
+    /// Columns per row (`classes` and padding, whose gradient is 0).
+    width: u64,
     /// The rows the mean is over (this device's, or the whole batch's for a part).
     divisor: u64,
 }
@@ -654,16 +674,17 @@ impl Kernel for CrossEntropyGradKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let [logits, labels, dy] = self.inputs.map(|i| io.input_addr(i));
         let dx = io.output_addr(0);
-        let (rows, classes, divisor, f, g) = (self.rows, self.classes, self.divisor, self.function, self.grid);
-        // SAFETY: logits and dx hold `rows · classes` elements, labels `rows` i64, dy one
+        let (rows, classes, width, divisor) = (self.rows, self.classes, self.width, self.divisor);
+        let (f, g) = (self.function, self.grid);
+        // SAFETY: logits and dx hold `rows · width` elements, labels `rows` i64, dy one
         // element (checked at build); the argument types are the kernel's (the divisor is
         // in the arithmetic type: f64 for f64 logits, f32 for f32 and bf16).
         unsafe {
             match self.dtype {
                 DType::F64 => {
-                    launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, divisor as f64])
+                    launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, width, divisor as f64])
                 }
-                _ => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, divisor as f32]),
+                _ => launch(stream(io), f, g, &mut args![logits, labels, dy, dx, rows, classes, width, divisor as f32]),
             }
         }?;
         Ok(())
@@ -672,18 +693,20 @@ impl Kernel for CrossEntropyGradKernel {
 
 fn make_cross_entropy_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
-    let _: SparseCrossEntropyGrad = conf.parse_attrs().map_err(KernelError)?;
-    cross_entropy_grad_kernel(spec, conf, None)
+    let op: SparseCrossEntropyGrad = conf.parse_attrs().map_err(KernelError)?;
+    cross_entropy_grad_kernel(spec, conf, None, op.classes)
 }
 
-/// The gradient of `conf`'s rows for a mean over `batch` rows (`None`: its own rows).
+/// The gradient of `conf`'s rows for a mean over `batch` rows (`None`: its own rows), over
+/// the first `padded` columns of each row when set (zero in the rest).
 fn cross_entropy_grad_kernel(
     spec: &KernelSpec<'_>,
     conf: &OpConf,
     batch: Option<usize>,
+    padded: Option<usize>,
 ) -> Result<Box<dyn Kernel>, KernelError> {
     let dtype = cross_entropy_dtype(spec, conf, 3)?;
-    let (rows, classes) = cross_entropy_rows(spec, conf)?;
+    let (rows, classes, width) = cross_entropy_rows(spec, conf, padded)?;
     if conf.inputs[2].shape.numel() != 1 || conf.outputs[0] != conf.inputs[0] {
         return Err(fail(
             spec,
@@ -693,11 +716,12 @@ fn cross_entropy_grad_kernel(
     }
     Ok(queued(CrossEntropyGradKernel {
         function: entry(spec, "sparse_cross_entropy_grad", dtype)?,
-        grid: row_grid(rows, classes),
+        grid: row_grid(rows, width),
         dtype,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
         rows: rows as u64,
         classes: classes as u64,
+        width: width as u64,
         divisor: batch.unwrap_or(rows) as u64,
     }))
 }

@@ -9,8 +9,9 @@ use regflow_plan::ops::PartCrossEntropy;
 pub use regflow_plan::ops::{SparseCrossEntropy, SparseCrossEntropyGrad};
 use std::sync::Arc;
 
-/// Checks logits `[N, C]` against labels `[N]`; returns `(N, C)`.
-fn check(logits: &TensorMeta, labels: &TensorMeta) -> Result<(usize, usize), String> {
+/// Checks logits `[N, C]` against labels `[N]`, and `classes` (when set) against `C`;
+/// returns `(N, C)`.
+fn check(logits: &TensorMeta, labels: &TensorMeta, padded: Option<usize>) -> Result<(usize, usize), String> {
     if !logits.dtype.is_float() {
         return Err(format!("logits must be float, got {}", logits.dtype));
     }
@@ -23,7 +24,13 @@ fn check(logits: &TensorMeta, labels: &TensorMeta) -> Result<(usize, usize), Str
     if labels.shape.dims() != [rows] {
         return Err(format!("labels must have shape [{rows}] to match logits {}, got {}", logits.shape, labels.shape));
     }
-    Ok((rows, classes))
+    match padded {
+        Some(0) => Err(format!("takes at least 1 class of the logits' {classes} columns, got 0")),
+        Some(first) if first > classes => {
+            Err(format!("takes the first {first} columns as classes, but the logits {} have {classes}", logits.shape))
+        }
+        _ => Ok((rows, classes)),
+    }
 }
 
 /// The dtype of the loss over logits of `logits`: f32 for bf16 or f16 logits (a loss is
@@ -43,7 +50,7 @@ impl OpDef for SparseCrossEntropy {
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [logits, labels] = inputs else { return Err(format!("takes 2 inputs, got {}", inputs.len())) };
-        check(logits, labels)?;
+        check(logits, labels, self.classes)?;
         Ok(vec![TensorMeta::new([], loss_dtype(logits.dtype))])
     }
 
@@ -54,7 +61,8 @@ impl OpDef for SparseCrossEntropy {
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         let (logits, labels, dy) = (ctx.inputs[0], ctx.inputs[1], ctx.grad()?);
-        let dlogits = logits.graph().apply1(SparseCrossEntropyGrad, &[logits, labels, dy])?;
+        let grad = SparseCrossEntropyGrad { classes: self.classes };
+        let dlogits = logits.graph().apply1(grad, &[logits, labels, dy])?;
         Ok(vec![Some(dlogits), None])
     }
 
@@ -66,7 +74,8 @@ impl OpDef for SparseCrossEntropy {
 
     /// Divides by the logical batch when the rows are split.
     fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
-        Ok(split_batch(ctx).map(|batch| Arc::new(PartCrossEntropy { batch, grad: false }) as Arc<dyn OpDef>))
+        let classes = self.classes;
+        Ok(split_batch(ctx).map(|batch| Arc::new(PartCrossEntropy { batch, grad: false, classes }) as Arc<dyn OpDef>))
     }
 }
 
@@ -77,7 +86,7 @@ impl OpDef for SparseCrossEntropyGrad {
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [logits, labels, dy] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
-        check(logits, labels)?;
+        check(logits, labels, self.classes)?;
         let loss = loss_dtype(logits.dtype);
         if dy.dtype != loss || dy.shape.rank() != 0 {
             return Err(format!("dy must be a {loss} scalar (the loss's dtype), got {dy}"));
@@ -107,7 +116,8 @@ impl OpDef for SparseCrossEntropyGrad {
 
     /// Divides by the logical batch when the rows are split.
     fn localize(&self, ctx: &LocalContext<'_>) -> Result<Option<Arc<dyn OpDef>>, String> {
-        Ok(split_batch(ctx).map(|batch| Arc::new(PartCrossEntropy { batch, grad: true }) as Arc<dyn OpDef>))
+        let classes = self.classes;
+        Ok(split_batch(ctx).map(|batch| Arc::new(PartCrossEntropy { batch, grad: true, classes }) as Arc<dyn OpDef>))
     }
 }
 
@@ -121,17 +131,18 @@ fn split_batch(ctx: &LocalContext<'_>) -> Option<usize> {
 impl OpDef for PartCrossEntropy {
     fn name(&self) -> &'static str {
         if self.grad {
-            SparseCrossEntropyGrad.name()
+            SparseCrossEntropyGrad::default().name()
         } else {
-            SparseCrossEntropy.name()
+            SparseCrossEntropy::default().name()
         }
     }
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        let classes = self.classes;
         if self.grad {
-            SparseCrossEntropyGrad.infer(inputs)
+            SparseCrossEntropyGrad { classes }.infer(inputs)
         } else {
-            SparseCrossEntropy.infer(inputs)
+            SparseCrossEntropy { classes }.infer(inputs)
         }
     }
 
@@ -146,6 +157,16 @@ impl<'g> Tensor<'g> {
     /// `[N, C]`: a scalar. Stable for large logits (log-sum-exp); a label outside `0..C`
     /// fails when evaluated.
     pub fn sparse_cross_entropy(&self, labels: &Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
-        self.graph().apply1(SparseCrossEntropy, &[*self, *labels])
+        self.graph().apply1(SparseCrossEntropy { classes: None }, &[*self, *labels])
+    }
+
+    /// [`sparse_cross_entropy`](Self::sparse_cross_entropy) over the first `classes`
+    /// columns of logits `[N, C]`: the others are padding that takes no part in the loss
+    /// and gets a zero gradient. A vocabulary padded to a multiple of 64 columns (as GPT-2
+    /// implementations pad 50257 to 50304) lets the products that make and read the logits
+    /// run on aligned tensor-core kernels, with the loss and every real gradient those of
+    /// the unpadded model. `classes` must be in `1..=C`.
+    pub fn sparse_cross_entropy_of_first(&self, labels: &Tensor<'g>, classes: usize) -> Result<Tensor<'g>, GraphError> {
+        self.graph().apply1(SparseCrossEntropy { classes: Some(classes) }, &[*self, *labels])
     }
 }

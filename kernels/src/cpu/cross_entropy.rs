@@ -13,7 +13,7 @@ impl HostCompute for SparseCrossEntropy {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, context.threads, inputs, &mut outputs[0]))
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => forward_typed::<T>(None, self.classes, context.threads, inputs, &mut outputs[0]))
     }
 }
 
@@ -24,7 +24,7 @@ impl HostCompute for SparseCrossEntropyGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, context.threads, inputs, &mut outputs[0]))
+        by_float!(outputs[0].dtype(), "integer logits are not supported", T => backward_typed::<T>(None, self.classes, context.threads, inputs, &mut outputs[0]))
     }
 }
 
@@ -35,38 +35,41 @@ impl HostCompute for PartCrossEntropy {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        let batch = Some(self.batch);
+        let (batch, classes) = (Some(self.batch), self.classes);
         by_float!(outputs[0].dtype(), "integer logits are not supported", T => if self.grad {
-            backward_typed::<T>(batch, context.threads, inputs, &mut outputs[0])
+            backward_typed::<T>(batch, classes, context.threads, inputs, &mut outputs[0])
         } else {
-            forward_typed::<T>(batch, context.threads, inputs, &mut outputs[0])
+            forward_typed::<T>(batch, classes, context.threads, inputs, &mut outputs[0])
         })
     }
 }
 
-/// `batch` as for [`forward_typed`]. Labels are checked first, so that row shares (over
-/// `threads`, when large) cannot fail.
+/// `batch` and `padded` as for [`forward_typed`]; padding columns get a zero gradient.
+/// Labels are checked first, so that row shares (over `threads`, when large) cannot fail.
 fn backward_typed<T: FastMath>(
     batch: Option<usize>,
+    padded: Option<usize>,
     threads: usize,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
     let (logits, labels) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
     let dy = inputs[2].as_slice::<T>()?[0];
-    let classes = inputs[0].shape.dims()[1];
+    let (width, classes) = columns(&inputs[0], padded)?;
     let rows = labels.len();
     for n in 0..rows {
         class(labels, n, classes)?;
     }
     let scale = dy / T::from_f64(batch.unwrap_or(rows) as f64);
-    rows_in_shares(threads, out.as_mut_slice::<T>()?, classes, |share, dx| {
+    rows_in_shares(threads, out.as_mut_slice::<T>()?, width, |share, dx| {
         fast_math::vectorized(
             #[inline(always)]
             || {
-                for (n, dx_row) in share.zip(dx.chunks_exact_mut(classes.max(1))) {
-                    let row = &logits[n * classes..(n + 1) * classes];
+                for (n, dx_row) in share.zip(dx.chunks_exact_mut(width.max(1))) {
+                    let row = &logits[n * width..n * width + classes];
                     let (max, log_sum) = log_sum_exp(row);
+                    let (dx_row, padding) = dx_row.split_at_mut(classes);
+                    padding.fill(T::zero());
                     for (d, &v) in dx_row.iter_mut().zip(row) {
                         *d = (v - max - log_sum).fast_exp() * scale;
                     }
@@ -82,25 +85,27 @@ fn backward_typed<T: FastMath>(
 
 /// The mean of `−ln softmax(logits)[label]` over `batch` rows (`None`: the rows given; a
 /// device holding some of the rows divides by all of them, so that the devices' results sum
-/// to the mean), row losses summed in row order in f64. From [`ROWS_PARALLEL_MIN_ELEMENTS`] logits on
+/// to the mean), over the first `padded` columns of each row when set (the rest padding),
+/// row losses summed in row order in f64. From [`ROWS_PARALLEL_MIN_ELEMENTS`] logits on
 /// several threads, the row losses of each block of [`LOSS_BLOCK`] rows are computed in
 /// shares into a stack buffer and then summed in row order: the same terms in the same
 /// order, so the same bits on any thread count. Labels are checked first, in row order, so
 /// the error names the first bad row either way.
 fn forward_typed<T: FastMath>(
     batch: Option<usize>,
+    padded: Option<usize>,
     threads: usize,
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
     let (logits, labels) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<i64>()?);
-    let classes = inputs[0].shape.dims()[1];
+    let (width, classes) = columns(&inputs[0], padded)?;
     let rows = labels.len();
     for n in 0..rows {
         class(labels, n, classes)?;
     }
     let row_loss = |n: usize| -> f64 {
-        let row = &logits[n * classes..(n + 1) * classes];
+        let row = &logits[n * width..n * width + classes];
         // Checked above.
         let c = labels[n] as usize;
         let (max, log_sum) = log_sum_exp(row);
@@ -142,6 +147,18 @@ fn forward_typed<T: FastMath>(
     }
     out.as_mut_slice::<T>()?[0] = T::from_f64(total / batch.unwrap_or(rows) as f64);
     Ok(())
+}
+
+/// The logits' columns per row and, of those, the classes: the first `padded` when set
+/// (at most all of them: checked when the op was applied, and again here for a plan).
+fn columns(logits: &HostTensor<'_>, padded: Option<usize>) -> Result<(usize, usize), String> {
+    let width =
+        logits.shape.dims().get(1).copied().ok_or_else(|| format!("logits must be [N, C], got {}", logits.shape))?;
+    match padded {
+        None => Ok((width, width)),
+        Some(classes) if (1..=width).contains(&classes) => Ok((width, classes)),
+        Some(classes) => Err(format!("takes the first {classes} columns as classes, but the logits have {width}")),
+    }
 }
 
 /// Rows whose losses one step of the shared forward computes into its stack buffer (4 KiB).

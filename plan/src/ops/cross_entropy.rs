@@ -4,13 +4,60 @@ use serde::{Deserialize, Serialize};
 
 /// `mean_n (ln Σ_c e^logits[n, c] - logits[n, labels[n]])`: logits `[N, C]` (float), labels
 /// `[N]` (i64, each in `0..C`), a scalar loss of the logits' dtype.
+///
+/// With `classes`, only the first `classes` columns of each row are classes (labels in
+/// `0..classes`), the rest padding that takes no part: a vocabulary padded to a multiple
+/// of 64 columns, so the products that make and read the logits run on aligned
+/// tensor-core kernels. Without (`null` attributes, as plans had before), every column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct SparseCrossEntropy;
+#[serde(from = "Option<Classes>", into = "Option<Classes>")]
+pub struct SparseCrossEntropy {
+    /// Classes among the columns, from the first; `None`: all of them.
+    pub classes: Option<usize>,
+}
 
 /// The gradient of [`SparseCrossEntropy`] with respect to the logits, from inputs
-/// `(logits, labels, dy)`: `(softmax(logits) - onehot(labels)) · dy / N`.
+/// `(logits, labels, dy)`: `(softmax(logits) - onehot(labels)) · dy / N` over the classes,
+/// zero in padding columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct SparseCrossEntropyGrad;
+#[serde(from = "Option<Classes>", into = "Option<Classes>")]
+pub struct SparseCrossEntropyGrad {
+    /// As [`SparseCrossEntropy::classes`].
+    pub classes: Option<usize>,
+}
+
+/// The attributes of a cross-entropy over the first `classes` columns (see
+/// [`SparseCrossEntropy`]); a plan writes `null` for all columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Classes {
+    /// Classes among the columns, from the first.
+    pub classes: usize,
+}
+
+impl From<Option<Classes>> for SparseCrossEntropy {
+    fn from(attrs: Option<Classes>) -> Self {
+        Self { classes: attrs.map(|a| a.classes) }
+    }
+}
+
+impl From<SparseCrossEntropy> for Option<Classes> {
+    fn from(op: SparseCrossEntropy) -> Self {
+        op.classes.map(|classes| Classes { classes })
+    }
+}
+
+impl From<Option<Classes>> for SparseCrossEntropyGrad {
+    fn from(attrs: Option<Classes>) -> Self {
+        Self { classes: attrs.map(|a| a.classes) }
+    }
+}
+
+impl From<SparseCrossEntropyGrad> for Option<Classes> {
+    fn from(op: SparseCrossEntropyGrad) -> Self {
+        op.classes.map(|classes| Classes { classes })
+    }
+}
 
 /// A device's share of [`SparseCrossEntropy`] (or, with `grad`, of its gradient) when the
 /// rows are split: its rows' terms divided by the whole batch.
@@ -20,4 +67,7 @@ pub struct PartCrossEntropy {
     pub batch: usize,
     /// Whether this is the gradient op.
     pub grad: bool,
+    /// As [`SparseCrossEntropy::classes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<usize>,
 }
