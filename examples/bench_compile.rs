@@ -73,7 +73,7 @@ fn step<'g>(g: &'g Graph, config: GptConfig, meshes: &[Mesh], micro: usize) -> R
     }
     let logits = if meshes.len() > 1 { model.logits_staged(&ids, &mask, meshes) } else { model.logits(&ids, &mask) }
         .map_err(e)?;
-    let loss = logits.sparse_cross_entropy(&targets).map_err(e)?;
+    let loss = model.loss(&logits, &targets).map_err(e)?;
     g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).map_err(e)
 }
 

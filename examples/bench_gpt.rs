@@ -40,7 +40,7 @@ fn main() -> Result<(), regflow::Report> {
     let mask = g.causal_mask(t, DType::F32)?;
     let ids = g.input("ids", [BATCH, t], DType::I64)?;
     let targets = g.input("targets", [BATCH * t], DType::I64)?;
-    let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;
+    let loss = model.loss(&model.logits(&ids, &mask)?, &targets)?;
     // train_char_gpt's optimizer without its schedule (a schedule costs one scalar op).
     let train = g.minimize(loss, &Optimizer::adamw(6e-3, 0.01).with_clip_norm(1.0))?;
     let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;

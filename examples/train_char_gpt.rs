@@ -160,7 +160,7 @@ fn main() -> Result<(), regflow::Report> {
     let mask = g.causal_mask(CONTEXT, DType::F32)?;
     let ids = g.input("ids", [BATCH, CONTEXT], DType::I64)?;
     let targets = g.input("targets", [BATCH * CONTEXT], DType::I64)?;
-    let loss = model.logits(&ids, &mask)?.sparse_cross_entropy(&targets)?;
+    let loss = model.loss(&model.logits(&ids, &mask)?, &targets)?;
     // One parameter group: the (small) decoupled weight decay also reaches the gains,
     // biases and embeddings, which GPT-2 exempts; over a few hundred steps it hardly shows.
     let optimizer = Optimizer::adamw(PEAK_LR, 0.01)

@@ -342,7 +342,7 @@ fn build<'g>(
             }
             let logits =
                 if stages.len() > 1 { model.logits_staged(&ids, &mask, stages)? } else { model.logits(&ids, &mask)? };
-            logits.sparse_cross_entropy(&targets)?
+            model.loss(&logits, &targets)?
         }
     };
     let step = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0))?;

@@ -127,7 +127,7 @@ fn gpt_plan_on(mesh: Mesh) -> CompiledGraph {
         };
         g.set_layout(variable, &mesh, NdSbp(sbp)).unwrap();
     }
-    let loss = model.logits(&ids, &mask).unwrap().sparse_cross_entropy(&targets).unwrap();
+    let loss = model.loss(&model.logits(&ids, &mask).unwrap(), &targets).unwrap();
     let step = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).unwrap();
     g.compile_parallel(&[step.loss], &step.updates, &ParallelOptions::new(mesh).train(&step)).unwrap()
 }

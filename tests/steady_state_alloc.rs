@@ -860,7 +860,7 @@ fn gpt_block_allocates_nothing_per_step(fused_attention: bool) {
         g.input("mask", [time, time], DType::F32).unwrap()
     };
     let model = gpt::Gpt::new(&g, config, VOCAB).unwrap();
-    let loss = model.logits(&ids, &mask).unwrap().sparse_cross_entropy(&targets).unwrap();
+    let loss = model.loss(&model.logits(&ids, &mask).unwrap(), &targets).unwrap();
     let optimizer = Optimizer::adamw(3e-3, 1e-2).with_clip_norm(1.0);
     let train = g.minimize(loss, &optimizer).unwrap();
     let mut rng = SplitMix64::new(11);

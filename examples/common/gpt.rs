@@ -186,6 +186,7 @@ impl<'g> Gpt<'g> {
     /// [`Gpt::loss`] takes the cross-entropy over the real columns only. The model is the
     /// unpadded one: the padding holds zeros, takes no part in the loss and gets no
     /// gradient, and the table keeps its shape (the zeros are not a parameter).
+    #[allow(dead_code)] // only the GPT-2 benchmark and the tests pad; the other examples share this module
     pub(crate) fn pad_vocab(mut self, multiple: usize) -> Self {
         let padded = self.vocab.div_ceil(multiple.max(1)) * multiple.max(1);
         self.padded_vocab = (padded != self.vocab).then_some(padded);
