@@ -177,8 +177,8 @@ fn pieces_fed_ahead_of_a_slow_consumer_arrive_whole_and_in_order() {
 /// On a `cuda` device the compiler puts fed sources and fetch sinks on the device's copy
 /// stream (the compute stream never waits for a feed's copy or a fetch's read), the ops on
 /// its compute stream; on a CPU device everything stays on the compute stream. Pieces
-/// pushed ahead arrive whole, each in its own step (on a GPU the computed value is checked
-/// too; dry, the copies through staging alone).
+/// pushed ahead arrive whole, each in its own step, at a fetcher and at a sink callback (on
+/// a GPU the computed value is checked too; dry, the copies through staging alone).
 #[test]
 fn feeds_and_fetches_cross_on_the_copy_stream() {
     let Some(on_gpu) = common::gpu_or_dry_run() else { return };
@@ -216,9 +216,9 @@ fn feeds_and_fetches_cross_on_the_copy_stream() {
         }
         feeds.close().unwrap();
     });
-    let floats = |bytes: &[u8]| -> Vec<f32> {
+    fn floats(bytes: &[u8]) -> Vec<f32> {
         bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-    };
+    }
     for step in 0..STEPS {
         let x = fetch_x.recv().expect("x each step");
         assert_eq!(floats(x.bytes()), value(step), "step {step}: x");
@@ -231,4 +231,24 @@ fn feeds_and_fetches_cross_on_the_copy_stream() {
     }
     pusher.join().unwrap();
     job.wait().unwrap();
+    // A program's callback on the sink of x reads the same values, through the same
+    // page-locked copies.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let mut job = Job::builder(compiled.plan.clone())
+        .on_sink(&compiled.fetches[0], move |io| record.lock().unwrap().push(floats(io.input(0))))
+        .build()
+        .unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let ys = job.fetcher(&compiled.fetches[1]).unwrap();
+    for step in 0..STEPS {
+        let piece =
+            HostArray::from_f64(vec![LEN], DType::F32, &value(step).iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
+        feeds.push("x", &piece.unwrap()).unwrap();
+        drop(ys.recv().expect("y each step"));
+    }
+    feeds.close().unwrap();
+    drop((feeds, ys));
+    job.wait().unwrap();
+    assert_eq!(*seen.lock().unwrap(), (0..STEPS).map(value).collect::<Vec<_>>());
 }

@@ -3,7 +3,7 @@
 //! so steady state allocates nothing, and both give backpressure: a push waits for a free
 //! buffer, and a sink waits (without blocking its thread) until the user fetches.
 
-use crate::device::staging::{check_len, FeedStaging, FetchStaging};
+use crate::device::staging::{check_len, FeedStaging};
 use crate::inbox::{Envelope, InboxSender};
 use crate::job::{thread_token, FetchRecord, UserWaits};
 use crate::kernel::{Kernel, KernelError, KernelIo};
@@ -269,9 +269,6 @@ pub(crate) struct ChannelSinkKernel {
     pub(crate) waits: std::sync::Arc<UserWaits>,
     /// This sink's record in `waits`.
     pub(crate) record: usize,
-    /// On a `cuda` device: the page-locked buffer its inputs are copied out through;
-    /// elsewhere they are read in place.
-    pub(crate) staging: Option<FetchStaging>,
 }
 
 impl ChannelSinkKernel {
@@ -291,10 +288,7 @@ impl Kernel for ChannelSinkKernel {
             .map_err(|_| KernelError("sink fired without a free fetch buffer (broken invariant)".into()))?;
         for (i, part) in parts.iter_mut().enumerate() {
             part.clear();
-            match &mut self.staging {
-                Some(staging) => staging.read(io, i, part).map_err(|e| KernelError(format!("fetch sink: {}", e.0)))?,
-                None => part.extend_from_slice(io.input(i)),
-            }
+            part.extend_from_slice(io.input(i));
         }
         let record = &self.waits.fetches[self.record];
         if record.dropped.load(Ordering::SeqCst) {

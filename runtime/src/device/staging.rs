@@ -1,7 +1,8 @@
 //! Page-locked staging for what crosses between the host and a `cuda` device's registers:
 //! fed pieces and the batches of host-side sources (a dataset's reader) go in by queued
-//! copies, fetched pieces come out by a copy the copy stream waits for, so none faults a
-//! managed register's pages over to the host.
+//! copies, and what sinks read (a fetcher's pieces, a serving callback's outputs) comes
+//! out by copies the sink's stream waits for, so none faults a managed register's pages
+//! over to the host.
 //!
 //! The compiler puts a `cuda` device's fed sources and fetch sinks on its copy stream, so
 //! these copies and waits hold that stream's thread, never the compute stream's: the
@@ -112,31 +113,13 @@ impl StagedSource {
         output_bytes: &[u64],
         slots: u32,
     ) -> Result<Self, String> {
-        let device = Device::open(ordinal).map_err(|e| e.to_string())?;
-        // Each output 256-byte aligned in the slot's buffer, as in an arena.
-        let offsets: Vec<u64> = output_bytes
-            .iter()
-            .scan(0u64, |at, &bytes| {
-                let offset = *at;
-                *at = (offset + bytes).div_ceil(256) * 256;
-                Some(offset)
+        let slots = (0..slots.max(1))
+            .map(|_| {
+                page_locked_views(ordinal, output_bytes)
+                    .map(|(memory, views)| (None, StagedSlot { _memory: memory, views }))
             })
-            .collect();
-        let total = offsets.last().zip(output_bytes.last()).map_or(0, |(o, b)| o + b);
-        let total = usize::try_from(total).map_err(|_| format!("{total} bytes of outputs do not fit in memory"))?;
-        let mut made = Vec::with_capacity(slots.max(1) as usize);
-        for _ in 0..slots.max(1) {
-            let buffer = PinnedBuffer::new(&device, total).map_err(|e| e.to_string())?;
-            let memory = Arena::new("page-locked staging", MemoryKind::Host, Box::new(buffer));
-            let views = offsets
-                .iter()
-                .zip(output_bytes)
-                .map(|(&offset, &bytes)| memory.view(offset, bytes))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
-            made.push((None, StagedSlot { _memory: memory, views }));
-        }
-        Ok(Self { inner, slots: made })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { inner, slots })
     }
 }
 
@@ -189,36 +172,80 @@ impl Kernel for StagedSource {
     }
 }
 
-/// Where a fetch sink on a `cuda` device reads its inputs through: one page-locked buffer
-/// as large as its largest input.
-#[derive(Debug)]
-pub(crate) struct FetchStaging {
-    buffer: PinnedBuffer,
+/// A sink whose kernel reads its inputs on the host (a fetcher's, or a program's callback),
+/// on a `cuda` device: its inputs are first copied out into page-locked buffers by the
+/// device, on the sink's stream, which waits for the copies; the kernel then reads those.
+/// A host read of a managed register would fault its pages over to the host, and the next
+/// kernel writing it would fault them back.
+pub(crate) struct StagedSink {
+    inner: Box<dyn Kernel>,
+    _memory: Arena,
+    views: Vec<BufferView>,
 }
 
-impl FetchStaging {
-    /// Staging for inputs of up to `bytes` bytes on CUDA device `ordinal`, allocated now.
-    pub(crate) fn new(ordinal: usize, bytes: u64) -> Result<Self, String> {
-        let device = Device::open(ordinal).map_err(|e| e.to_string())?;
-        let bytes = usize::try_from(bytes).map_err(|_| format!("an input of {bytes} bytes does not fit in memory"))?;
-        Ok(Self { buffer: PinnedBuffer::new(&device, bytes).map_err(|e| e.to_string())? })
+impl std::fmt::Debug for StagedSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedSink").field("inputs", &self.views.len()).finish_non_exhaustive()
     }
+}
 
-    /// Appends input `i`'s bytes to `part`: copied by the device on the firing's stream
-    /// (after what it queued before), waited for, then copied out of the staging buffer.
-    pub(crate) fn read(&mut self, io: &KernelIo<'_>, i: usize, part: &mut Vec<u8>) -> Result<(), KernelError> {
-        let len = io.input_len(i);
-        let capacity = self.buffer.len();
-        let staged = self.buffer.as_mut_slice().get_mut(..len).ok_or_else(|| {
-            KernelError(format!("an input of {len} bytes for a staging buffer of {capacity} (broken invariant)"))
-        })?;
-        // SAFETY: the input holds `len` bytes, and its slot is held by this firing: nothing
-        // writes it until the firing acks it, after this returns.
-        unsafe { regflow_cuda::copy_to_host(StreamHandle(io.context().native), staged, io.input_addr(i)) }
-            .map_err(|e| KernelError(e.to_string()))?;
-        part.extend_from_slice(staged);
-        Ok(())
+impl StagedSink {
+    /// `inner` reading inputs of `input_bytes` on CUDA device `ordinal`, its page-locked
+    /// buffer allocated now (once per job).
+    pub(crate) fn new(inner: Box<dyn Kernel>, ordinal: usize, input_bytes: &[u64]) -> Result<Self, String> {
+        let (memory, views) = page_locked_views(ordinal, input_bytes)?;
+        Ok(Self { inner, _memory: memory, views })
     }
+}
+
+impl Kernel for StagedSink {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        if self.views.len() != io.input_count() {
+            return Err(KernelError(format!(
+                "{} inputs for {} staged (broken invariant)",
+                io.input_count(),
+                self.views.len()
+            )));
+        }
+        let stream = StreamHandle(io.context().native);
+        for (i, view) in self.views.iter().enumerate() {
+            check_len(view.len(), io.input_len(i))?;
+            // SAFETY: the view is page-locked host memory this kernel owns, written only
+            // here; the input holds view.len() bytes (checked), its slot held by this
+            // firing: nothing writes it until the firing acks it, after this returns.
+            let staged = unsafe { view.as_mut_slice() };
+            unsafe { regflow_cuda::copy_to_host(stream, staged, io.input_addr(i)) }
+                .map_err(|e| KernelError(e.to_string()))?;
+        }
+        // The copies were waited for: the kernel reads the page-locked views.
+        let mut staged = KernelIo::new(io.piece(), io.group(), &self.views, &[], io.context());
+        self.inner.run(&mut staged)
+    }
+}
+
+/// One page-locked buffer of CUDA device `ordinal` holding `bytes[k]` bytes for each `k`
+/// (each 256-byte aligned, as in an arena), and a view of each.
+fn page_locked_views(ordinal: usize, bytes: &[u64]) -> Result<(Arena, Vec<BufferView>), String> {
+    let device = Device::open(ordinal).map_err(|e| e.to_string())?;
+    let offsets: Vec<u64> = bytes
+        .iter()
+        .scan(0u64, |at, &len| {
+            let offset = *at;
+            *at = (offset + len).div_ceil(256) * 256;
+            Some(offset)
+        })
+        .collect();
+    let total = offsets.last().zip(bytes.last()).map_or(0, |(o, b)| o + b);
+    let total = usize::try_from(total).map_err(|_| format!("{total} bytes of staging do not fit in memory"))?;
+    let buffer = PinnedBuffer::new(&device, total).map_err(|e| e.to_string())?;
+    let memory = Arena::new("page-locked staging", MemoryKind::Host, Box::new(buffer));
+    let views = offsets
+        .iter()
+        .zip(bytes)
+        .map(|(&offset, &len)| memory.view(offset, len))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    Ok((memory, views))
 }
 
 /// Refuses a piece whose length is not its register's (a broken invariant: the feeder

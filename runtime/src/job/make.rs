@@ -4,7 +4,7 @@
 use super::setup::{feed_depth, fetch_depth};
 use super::start::JobBuilder;
 use super::UserWaits;
-use crate::device::staging::{FeedStaging, FetchStaging, StagedSource};
+use crate::device::staging::{FeedStaging, StagedSink, StagedSource};
 use crate::inbox::InboxSender;
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
 use crate::kernel::{Kernel, KernelSpec};
@@ -143,13 +143,6 @@ pub(super) fn make_actor(
                     let _ = pool_tx.send(parts);
                 }
                 let record = ends.record(index);
-                let staging = match spec.device {
-                    regflow_plan::DeviceKind::Cuda => {
-                        let largest = inputs.iter().copied().max().unwrap_or(0);
-                        Some(FetchStaging::new(usize::from(spec.device_index), largest).map_err(setup)?)
-                    }
-                    _ => None,
-                };
                 ends.fetchers.insert(
                     desc.name.clone(),
                     Fetcher {
@@ -170,7 +163,6 @@ pub(super) fn make_actor(
                     sink: id,
                     waits: ends.user.clone(),
                     record,
-                    staging,
                 }))
             }
         },
@@ -186,7 +178,13 @@ pub(super) fn make_actor(
             && spec.device == regflow_plan::DeviceKind::Cuda
             && desc.inputs.is_empty()
             && kernel.as_ref().is_some_and(|k| k.execution() == Execution::Host);
+    // A sink on a `cuda` device reads its inputs through page-locked copies.
+    let staged_sink = matches!(desc.kind, ActorKind::Sink) && spec.device == regflow_plan::DeviceKind::Cuda;
     let kernel = match kernel {
+        Some(inner) if staged_sink => {
+            let sink = StagedSink::new(inner, usize::from(spec.device_index), &inputs).map_err(setup)?;
+            Some(Box::new(sink) as Box<dyn Kernel>)
+        }
         Some(inner) if staged => {
             let slots = indexed.outputs_of(index).first().map_or(1, |r| plan.regst_descs[r.index()].register_num);
             let source = StagedSource::new(inner, usize::from(spec.device_index), &outputs, slots).map_err(setup)?;

@@ -121,7 +121,8 @@ impl JobBuilder {
     }
 
     /// Hands every piece of sink `name` to `callback` on the sink's stream thread, without
-    /// a copy, instead of delivering it to a [`Fetcher`](crate::Fetcher).
+    /// a copy (on a `cuda` device: the device's copy of its inputs into page-locked memory),
+    /// instead of delivering it to a [`Fetcher`](crate::Fetcher).
     pub fn on_sink<F>(mut self, name: &str, callback: F) -> Self
     where
         F: FnMut(&KernelIo<'_>) + Send + 'static,
