@@ -1,13 +1,15 @@
 // Filling and casting: constant tensors, and dtype conversions (f32 <-> bf16 or f16 for
 // mixed precision).
 
-// out[i] = f(x[i]), eight elements per step where both are aligned (see EIGHT in the
-// prelude): each cast entry is one conversion function run through this.
-template <typename A, typename B, typename F> __device__ __forceinline__ void convert(const A* x, B* out, u64 n, F f) {
+// out[i] = f(x[i]) for i < n, eight elements per step where both are aligned (see EIGHT in
+// the prelude), the rest one by one; this thread takes every `step`-th group (and element)
+// from `first`.
+template <typename A, typename B, typename F>
+__device__ __forceinline__ void convert_strided(const A* x, B* out, u64 n, F f, u64 first, u64 step) {
     u64 done = 0;
     if (eight_aligned(x) && eight_aligned(out)) {
         u64 groups = n / EIGHT;
-        FOR_EACH(g, groups) {
+        for (u64 g = first; g < groups; g += step) {
             Eight<A> a = ld8(x + g * EIGHT);
             Eight<B> r;
 #pragma unroll
@@ -16,7 +18,13 @@ template <typename A, typename B, typename F> __device__ __forceinline__ void co
         }
         done = groups * EIGHT;
     }
-    FOR_EACH(i, n - done) out[done + i] = f(x[done + i]);
+    for (u64 i = done + first; i < n; i += step) out[i] = f(x[i]);
+}
+
+// `convert_strided` over the whole grid (FOR_EACH's order): each cast entry is one
+// conversion function run through this.
+template <typename A, typename B, typename F> __device__ __forceinline__ void convert(const A* x, B* out, u64 n, F f) {
+    convert_strided(x, out, n, f, (u64)blockIdx.x * blockDim.x + threadIdx.x, (u64)gridDim.x * blockDim.x);
 }
 
 // A conversion as a function object, for `convert`: `CONVERSION(Name, A, B, expression of v)`.
@@ -182,21 +190,7 @@ template <typename A, typename B, typename F> __device__ __forceinline__ void co
     }
     u64 begin = (u64)(block - t.first_block[lo]) * t.block_elements;
     u64 end = begin + t.block_elements < t.n[lo] ? begin + t.block_elements : t.n[lo];
-    const A* x = (const A*)t.src[lo] + begin;
-    B* out = (B*)t.dst[lo] + begin;
-    u64 len = end - begin, done = 0;
-    if (eight_aligned(x) && eight_aligned(out)) {
-        u64 groups = len / EIGHT;
-        for (u64 g = threadIdx.x; g < groups; g += blockDim.x) {
-            Eight<A> a = ld8(x + g * EIGHT);
-            Eight<B> r;
-#pragma unroll
-            for (int k = 0; k < EIGHT; ++k) r.v[k] = f(a.v[k]);
-            st8(out + g * EIGHT, r);
-        }
-        done = groups * EIGHT;
-    }
-    for (u64 i = done + threadIdx.x; i < len; i += blockDim.x) out[i] = f(x[i]);
+    convert_strided((const A*)t.src[lo] + begin, (B*)t.dst[lo] + begin, end - begin, f, threadIdx.x, blockDim.x);
 }
 
 #define CAST_GROUP(S, A, B, CONV) \

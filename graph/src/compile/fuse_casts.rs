@@ -27,9 +27,9 @@
 //! ([`super::fuse_updates::mergeable`]).
 
 use super::lower::Lowering;
-use crate::plan::{ActorIndex, ActorKind, DType, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
-use regflow_plan::ops::{Cast, CastGroup, OpAttrs};
-use std::collections::{BTreeMap, HashMap};
+use crate::plan::{ActorIndex, ActorKind, DType, DeviceKind, KernelConf, Plan, StreamIndex};
+use regflow_plan::ops::{Cast, CastGroup};
+use std::collections::BTreeMap;
 
 /// Why members are ready together (module docs).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -139,41 +139,10 @@ fn candidate(plan: &Plan, a: ActorIndex, out: usize) -> Option<Candidate> {
 }
 
 /// Makes the first member the group's `cast_group` actor, reading every member's inputs
-/// (each register once: a shared tick comes along) and writing every member's output, and
-/// marks every member merged into it.
+/// and writing every member's output ([`Lowering::merge_op_actors`]).
 fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], merged_into: &mut [Option<ActorIndex>]) {
-    let lead = members[0];
     let plan = low.b.plan_mut();
-    let mut inputs: Vec<RegstDescId> = Vec::new();
-    let mut position_of: HashMap<RegstDescId, usize> = HashMap::new();
-    let (mut metas, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
-    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[lead.index()].kind else { return };
+    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[members[0].index()].kind else { return };
     let Ok(Cast { to }) = first.parse_attrs::<Cast>() else { return };
-    for &m in members {
-        let actor = &plan.actors[m.index()];
-        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return };
-        let mut position = Vec::with_capacity(actor.inputs.len());
-        for &register in &actor.inputs {
-            position.push(*position_of.entry(register).or_insert_with(|| {
-                inputs.push(register);
-                inputs.len() - 1
-            }));
-        }
-        metas.extend(conf.inputs.iter().cloned());
-        input_map.extend(conf.input_map.iter().map(|&i| position[i]));
-        outputs.extend(conf.outputs.iter().cloned());
-    }
-    let op = CastGroup { to, members: members.len() as u32 };
-    let conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs: metas, input_map, outputs };
-    super::lower::redirect_registers(plan, members, lead);
-    let single_device = low.placement.single_device();
-    let plan = low.b.plan_mut();
-    let actor = &mut plan.actors[lead.index()];
-    // `cast:6+97`: the first member's name, and how many more.
-    actor.name = super::lower::group_name("", &actor.name, members.len() - 1, single_device);
-    actor.inputs = inputs;
-    actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
-    for &m in members {
-        merged_into[m.index()] = Some(lead);
-    }
+    low.merge_op_actors(members, &CastGroup { to, members: members.len() as u32 }, merged_into);
 }

@@ -27,9 +27,9 @@
 //! `cuda/src/ops/optim/group.rs`).
 
 use super::lower::Lowering;
-use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
-use regflow_plan::ops::{OpAttrs, Update, UpdateGroup};
-use std::collections::{BTreeMap, HashMap};
+use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, RegstDescId, StreamIndex};
+use regflow_plan::ops::{Update, UpdateGroup};
+use std::collections::BTreeMap;
 
 /// When a member can run: once the gradient scale arrives (clipping's or loss scaling's
 /// factor, made from every gradient's norm, so after all of them), else when its gradient
@@ -142,46 +142,13 @@ pub(super) fn mergeable(
 }
 
 /// Makes the first member the group's `update_group` actor, reading every member's inputs
-/// (each register once) and writing every member's outputs, and marks every member
-/// merged into it.
+/// and writing every member's outputs ([`Lowering::merge_op_actors`]). Every member has the
+/// lead's rule and scale input (the group's key says so).
 fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], merged_into: &mut [Option<ActorIndex>]) {
-    let lead = members[0];
     let plan = low.b.plan_mut();
-    let mut inputs: Vec<RegstDescId> = Vec::new();
-    // Each register's position among `inputs`: a group has members by the hundred, and the
-    // registers they share (learning rate, step, scale, tick) are read by all of them.
-    let mut position_of: HashMap<RegstDescId, usize> = HashMap::new();
-    let (mut metas, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
-    // Every member has the lead's rule and scale input (the group's key says so).
-    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[lead.index()].kind else { return };
+    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[members[0].index()].kind else { return };
     let Ok(Update(kind)) = first.parse_attrs::<Update>() else { return };
     let scaled = first.inputs.len() == 5 + kind.state_count();
-    for &m in members {
-        let actor = &plan.actors[m.index()];
-        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return };
-        // Each register once; a tick (an input no op input maps to) comes along too.
-        let mut position = Vec::with_capacity(actor.inputs.len());
-        for &register in &actor.inputs {
-            position.push(*position_of.entry(register).or_insert_with(|| {
-                inputs.push(register);
-                inputs.len() - 1
-            }));
-        }
-        metas.extend(conf.inputs.iter().cloned());
-        input_map.extend(conf.input_map.iter().map(|&i| position[i]));
-        outputs.extend(conf.outputs.iter().cloned());
-    }
     let op = UpdateGroup { kind, params: members.len() as u32, scaled };
-    let conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs: metas, input_map, outputs };
-    super::lower::redirect_registers(plan, members, lead);
-    let single_device = low.placement.single_device();
-    let plan = low.b.plan_mut();
-    let actor = &mut plan.actors[lead.index()];
-    // `adamw_update:24+5`: the first member's name, and how many more.
-    actor.name = super::lower::group_name("", &actor.name, members.len() - 1, single_device);
-    actor.inputs = inputs;
-    actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
-    for &m in members {
-        merged_into[m.index()] = Some(lead);
-    }
+    low.merge_op_actors(members, &op, merged_into);
 }

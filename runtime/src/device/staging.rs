@@ -45,20 +45,7 @@ impl FeedStaging {
         if io.output_count() == 0 {
             return Ok(());
         }
-        let slot = io.output_addr(0);
-        let index = match self.buffers.iter().position(|(owner, _)| *owner == Some(slot)) {
-            Some(index) => index,
-            None => {
-                let index = self.buffers.iter().position(|(owner, _)| owner.is_none()).ok_or_else(|| {
-                    KernelError(format!(
-                        "a feed wrote more register slots than the {} it stages (broken invariant)",
-                        self.buffers.len()
-                    ))
-                })?;
-                self.buffers[index].0 = Some(slot);
-                index
-            }
-        };
+        let index = claim(&mut self.buffers, io.output_addr(0), "a feed")?;
         let buffer = &mut self.buffers[index].1;
         let capacity = buffer.len();
         let staged = buffer.as_mut_slice().get_mut(..piece.len()).ok_or_else(|| {
@@ -128,20 +115,7 @@ impl Kernel for StagedSource {
         if io.output_count() == 0 {
             return self.inner.run(io);
         }
-        let slot = io.output_addr(0);
-        let index = match self.slots.iter().position(|(owner, _)| *owner == Some(slot)) {
-            Some(index) => index,
-            None => {
-                let index = self.slots.iter().position(|(owner, _)| owner.is_none()).ok_or_else(|| {
-                    KernelError(format!(
-                        "a source wrote more register slots than the {} it stages (broken invariant)",
-                        self.slots.len()
-                    ))
-                })?;
-                self.slots[index].0 = Some(slot);
-                index
-            }
-        };
+        let index = claim(&mut self.slots, io.output_addr(0), "a source")?;
         let views = &self.slots[index].1.views;
         if views.len() != io.output_count() {
             return Err(KernelError(format!(
@@ -246,6 +220,21 @@ fn page_locked_views(ordinal: usize, bytes: &[u64]) -> Result<(Arena, Vec<Buffer
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     Ok((memory, views))
+}
+
+/// The index of the staging entry of the register slot at `slot` (its output's address):
+/// the entry that slot claimed at its first firing, or the first unclaimed one. A register
+/// has as many slots as `entries`, so a new slot always finds one; `who` names the kernel
+/// in the error of a broken invariant.
+fn claim<T>(entries: &mut [(Option<u64>, T)], slot: u64, who: &str) -> Result<usize, KernelError> {
+    if let Some(index) = entries.iter().position(|(owner, _)| *owner == Some(slot)) {
+        return Ok(index);
+    }
+    let index = entries.iter().position(|(owner, _)| owner.is_none()).ok_or_else(|| {
+        KernelError(format!("{who} wrote more register slots than the {} it stages (broken invariant)", entries.len()))
+    })?;
+    entries[index].0 = Some(slot);
+    Ok(index)
 }
 
 /// Refuses a piece whose length is not its register's (a broken invariant: the feeder

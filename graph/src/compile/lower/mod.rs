@@ -26,7 +26,8 @@ use super::placement::Placement;
 use super::step::{Rate, StepFacts};
 use crate::dsl::{Graph, TensorId};
 use crate::plan::{
-    ActorIndex, DeviceIndex, DeviceKind, PlanBuilder, RegstDescId, StreamIndex, StreamKind, TensorMeta, VariableDesc,
+    ActorIndex, ActorKind, DeviceIndex, DeviceKind, KernelConf, OpConf, PlanBuilder, RegstDescId, StreamIndex,
+    StreamKind, TensorMeta, VariableDesc,
 };
 use crate::sbp::{local_meta, NdSbp};
 use std::collections::HashMap;
@@ -220,6 +221,51 @@ impl<'a> Lowering<'a> {
             groups: Vec::new(),
             conversions: 0,
             out: Outputs::default(),
+        }
+    }
+
+    /// Makes `members[0]` one actor running `op` over every member's op: reading every
+    /// member's inputs (each register once; a tick no op input maps to comes along),
+    /// writing every member's outputs in member order, named after the first member and how
+    /// many more (`adamw_update:24+5`); marks each member merged into it in `merged_into`
+    /// (the fused updates' and casts' groups). Members that are not op actors leave the
+    /// plan unchanged.
+    pub(crate) fn merge_op_actors(
+        &mut self,
+        members: &[ActorIndex],
+        op: &dyn regflow_plan::ops::OpAttrs,
+        merged_into: &mut [Option<ActorIndex>],
+    ) {
+        let lead = members[0];
+        let plan = self.b.plan_mut();
+        let mut inputs: Vec<RegstDescId> = Vec::new();
+        // Each register's position among `inputs`: a group has members by the hundred, and
+        // the registers they share (learning rate, step, scale, tick) are read by all.
+        let mut position_of: HashMap<RegstDescId, usize> = HashMap::new();
+        let (mut metas, mut input_map, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
+        for &m in members {
+            let actor = &plan.actors[m.index()];
+            let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return };
+            let mut position = Vec::with_capacity(actor.inputs.len());
+            for &register in &actor.inputs {
+                position.push(*position_of.entry(register).or_insert_with(|| {
+                    inputs.push(register);
+                    inputs.len() - 1
+                }));
+            }
+            metas.extend(conf.inputs.iter().cloned());
+            input_map.extend(conf.input_map.iter().map(|&i| position[i]));
+            outputs.extend(conf.outputs.iter().cloned());
+        }
+        let conf = OpConf { op_type: op.op_type().to_string(), attrs: op.attrs(), inputs: metas, input_map, outputs };
+        redirect_registers(plan, members, lead);
+        let single_device = self.placement.single_device();
+        let actor = &mut self.b.plan_mut().actors[lead.index()];
+        actor.name = group_name("", &actor.name, members.len() - 1, single_device);
+        actor.inputs = inputs;
+        actor.kind = ActorKind::Compute { kernel: KernelConf::Op(conf) };
+        for &m in members {
+            merged_into[m.index()] = Some(lead);
         }
     }
 
