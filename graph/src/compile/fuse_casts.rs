@@ -24,7 +24,7 @@
 //!
 //! As with fused updates, a group's outputs must follow one another in plan order and no
 //! member may reach another within a step; a group that breaks either stays apart
-//! ([`super::fuse_updates::mergeable`]).
+//! (`fuse_updates::merge_groups`).
 
 use super::lower::Lowering;
 use crate::plan::{ActorIndex, ActorKind, DType, DeviceKind, KernelConf, Plan, StreamIndex};
@@ -63,21 +63,10 @@ pub(crate) fn fuse_casts(low: &mut Lowering<'_>) {
     if groups.is_empty() {
         return;
     }
-    let successors = plan.within_step_successors();
-    let mut outputs_of = vec![Vec::new(); plan.actors.len()];
-    for (r, desc) in plan.regst_descs.iter().enumerate() {
-        outputs_of[desc.producer.index()].push(r);
-    }
-    let mut merged_into = vec![None; plan.actors.len()];
-    for members in groups.into_values() {
-        if let Some(members) = super::fuse_updates::mergeable(low.b.plan_mut(), &successors, &outputs_of, members) {
-            merge(low, &members, &mut merged_into);
-        }
-    }
-    low.retarget_op_actors(&merged_into);
-    let removed: Vec<bool> =
-        merged_into.iter().enumerate().map(|(a, lead)| lead.is_some_and(|l| l.index() != a)).collect();
-    low.remove_actors(&removed);
+    super::fuse_updates::merge_groups(low, groups.into_values(), |first, members| {
+        let Cast { to } = first.parse_attrs::<Cast>().ok()?;
+        Some(Box::new(CastGroup { to, members: members as u32 }))
+    });
 }
 
 /// The casts of cpu, sim and cuda devices in groups of two or more, by [`GroupKey`]: by
@@ -136,13 +125,4 @@ fn candidate(plan: &Plan, a: ActorIndex, out: usize) -> Option<Candidate> {
         made_by,
         read_by,
     })
-}
-
-/// Makes the first member the group's `cast_group` actor, reading every member's inputs
-/// and writing every member's output ([`Lowering::merge_op_actors`]).
-fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], merged_into: &mut [Option<ActorIndex>]) {
-    let plan = low.b.plan_mut();
-    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[members[0].index()].kind else { return };
-    let Ok(Cast { to }) = first.parse_attrs::<Cast>() else { return };
-    low.merge_op_actors(members, &CastGroup { to, members: members.len() as u32 }, merged_into);
 }

@@ -27,8 +27,8 @@
 //! `cuda/src/ops/optim/group.rs`).
 
 use super::lower::Lowering;
-use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, RegstDescId, StreamIndex};
-use regflow_plan::ops::{Update, UpdateGroup};
+use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
+use regflow_plan::ops::{OpAttrs, Update, UpdateGroup};
 use std::collections::BTreeMap;
 
 /// When a member can run: once the gradient scale arrives (clipping's or loss scaling's
@@ -57,6 +57,25 @@ pub(crate) fn fuse_updates(low: &mut Lowering<'_>) {
     if groups.values().all(|m| m.len() < 2) {
         return;
     }
+    // Every member has the lead's rule and scale input (the group's key says so).
+    merge_groups(low, groups.into_values(), |first, members| {
+        let Update(kind) = first.parse_attrs::<Update>().ok()?;
+        let scaled = first.inputs.len() == 5 + kind.state_count();
+        Some(Box::new(UpdateGroup { kind, params: members as u32, scaled }))
+    });
+}
+
+/// Merges every group of `groups` of two or more members that can be one actor
+/// ([`mergeable`]) into its first member, running the op `group_op` makes from the first
+/// member's conf and the member count ([`Lowering::merge_op_actors`]; `None` leaves the
+/// group apart), then drops the merged actors. Fused casts (`fuse_casts.rs`) merge the same
+/// way.
+pub(super) fn merge_groups(
+    low: &mut Lowering<'_>,
+    groups: impl IntoIterator<Item = Vec<ActorIndex>>,
+    group_op: impl Fn(&OpConf, usize) -> Option<Box<dyn OpAttrs>>,
+) {
+    let plan = low.b.plan_mut();
     // Computed once for all groups (plans run to 10^5 actors, one group per device).
     let successors = plan.within_step_successors();
     let mut outputs_of = vec![Vec::new(); plan.actors.len()];
@@ -64,9 +83,14 @@ pub(crate) fn fuse_updates(low: &mut Lowering<'_>) {
         outputs_of[desc.producer.index()].push(r);
     }
     let mut merged_into = vec![None; plan.actors.len()];
-    for members in groups.into_values().filter(|m| m.len() > 1) {
-        if let Some(members) = mergeable(low.b.plan_mut(), &successors, &outputs_of, members) {
-            merge(low, &members, &mut merged_into);
+    for members in groups.into_iter().filter(|m| m.len() > 1) {
+        let Some(members) = mergeable(low.b.plan_mut(), &successors, &outputs_of, members) else { continue };
+        let ActorKind::Compute { kernel: KernelConf::Op(first) } = &low.b.plan_mut().actors[members[0].index()].kind
+        else {
+            continue;
+        };
+        if let Some(op) = group_op(first, members.len()) {
+            low.merge_op_actors(&members, op.as_ref(), &mut merged_into);
         }
     }
     low.retarget_op_actors(&merged_into);
@@ -108,8 +132,8 @@ fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
 
 /// The members of a group, by their first output register, if they can be one actor (see
 /// the module docs): their outputs follow one another in plan order, and none reaches
-/// another within a step. Fused casts (`fuse_casts.rs`) ask the same.
-pub(super) fn mergeable(
+/// another within a step.
+fn mergeable(
     plan: &Plan,
     successors: &[Vec<usize>],
     outputs_of: &[Vec<usize>],
@@ -139,16 +163,4 @@ pub(super) fn mergeable(
         stack.extend(successors[a].iter().copied());
     }
     Some(members)
-}
-
-/// Makes the first member the group's `update_group` actor, reading every member's inputs
-/// and writing every member's outputs ([`Lowering::merge_op_actors`]). Every member has the
-/// lead's rule and scale input (the group's key says so).
-fn merge(low: &mut Lowering<'_>, members: &[ActorIndex], merged_into: &mut [Option<ActorIndex>]) {
-    let plan = low.b.plan_mut();
-    let ActorKind::Compute { kernel: KernelConf::Op(first) } = &plan.actors[members[0].index()].kind else { return };
-    let Ok(Update(kind)) = first.parse_attrs::<Update>() else { return };
-    let scaled = first.inputs.len() == 5 + kind.state_count();
-    let op = UpdateGroup { kind, params: members.len() as u32, scaled };
-    low.merge_op_actors(members, &op, merged_into);
 }
