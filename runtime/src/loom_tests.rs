@@ -3,17 +3,21 @@
 //! memory is shadowed by loom cells, so a producer that rewrote a slot before its consumer
 //! had acked it would be reported as a causality violation.
 //!
+//! A third loom thread can stand for a device driver's callback thread: a stream whose
+//! kernels complete later, their writes and `ActDone`s delivered from that thread in launch
+//! order (a `cuda` stream's queued work and its host callbacks).
+//!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p regflow-runtime --lib --release loom`
 
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, DeviceStream, Launched};
-use crate::inbox::{inbox, Envelope};
+use crate::inbox::{inbox, Envelope, InboxSender};
 use crate::kernel::{Kernel, KernelError, KernelIo, StreamContext};
 use crate::stream::{ActorRuntime, JobShared, StreamWorker};
 use crate::sync::Arc;
 use loom::cell::UnsafeCell;
-use regflow_actors::{Actor, Body, Cmd, Message, PlanIds};
+use regflow_actors::{Actor, ActorId, Body, Cmd, Completion, Message, PlanIds};
 use regflow_memory::BufferView;
 use regflow_plan::{
     ActorIndex, ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, PlanIndex, SourcePieces, StreamKind,
@@ -45,6 +49,85 @@ impl Kernel for Write {
         let piece = io.piece();
         slots[(piece % slots.len() as u64) as usize].with_mut(|p| unsafe { *p = piece });
         Ok(())
+    }
+}
+
+/// What a device's driver thread does for a stream whose work completes later, in launch
+/// order: a kernel's write of its output slot, and a firing's `ActDone` to its stream.
+enum Queued {
+    Write {
+        desc: usize,
+        piece: u64,
+    },
+    Done {
+        inbox: InboxSender,
+        actor: ActorId,
+    },
+    /// The stream is gone (loom's channels do not report their senders' end).
+    End,
+}
+
+/// [`Write`] as queued device work: the write happens on the driver's thread, later.
+struct QueuedWrite {
+    queue: loom::sync::mpsc::Sender<Queued>,
+    desc: usize,
+}
+
+impl Kernel for QueuedWrite {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let queued = Queued::Write { desc: self.desc, piece: io.piece() };
+        self.queue.send(queued).map_err(|_| KernelError("the driver thread is gone".into()))
+    }
+}
+
+/// A stream whose firings complete on the driver's thread (what a `cuda` stream does for a
+/// firing someone off the stream waits for: its completion callback, after its work). A
+/// staged feed on a copy stream is such a firing: its copy lands, then its consumers hear.
+struct QueuedStream {
+    queue: loom::sync::mpsc::Sender<Queued>,
+    inbox: InboxSender,
+}
+
+impl DeviceStream for QueuedStream {
+    fn launch(
+        &mut self,
+        actor: ActorId,
+        kernel: &mut dyn Kernel,
+        io: &mut KernelIo<'_>,
+        _modeled: Duration,
+        _timed: Option<crate::device::SliceTag>,
+        completion_wanted: bool,
+    ) -> Result<Launched, KernelError> {
+        kernel.run(io)?;
+        if !completion_wanted {
+            return Ok(Launched { completion: Completion::Done, span: None });
+        }
+        let done = Queued::Done { inbox: self.inbox.clone(), actor };
+        self.queue.send(done).map_err(|_| KernelError("the driver thread is gone".into()))?;
+        Ok(Launched { completion: Completion::Pending, span: None })
+    }
+}
+
+impl Drop for QueuedStream {
+    fn drop(&mut self) {
+        let _ = self.queue.send(Queued::End);
+    }
+}
+
+/// The driver's thread: performs the queued writes and sends the queued `ActDone`s, in
+/// order, until the stream is gone.
+fn drive(queue: loom::sync::mpsc::Receiver<Queued>, shadow: std::sync::Arc<Shadow>) {
+    while let Ok(queued) = queue.recv() {
+        match queued {
+            Queued::Write { desc, piece } => {
+                let slots = &shadow.slots[desc];
+                slots[(piece % slots.len() as u64) as usize].with_mut(|p| unsafe { *p = piece });
+            }
+            Queued::Done { inbox, actor } => {
+                let _ = inbox.send(Envelope::Actor(Message { dst: actor, src: actor, body: Body::ActDone }));
+            }
+            Queued::End => break,
+        }
     }
 }
 
@@ -120,10 +203,27 @@ fn run_model(plan: &Plan, wake_first: bool) {
     }
 }
 
+/// How the model runs one stream's kernels.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Device {
+    /// At launch, on the stream thread.
+    Cpu,
+    /// At launch, but the device reports a failure of queued work at the end.
+    FinishFails,
+    /// Queued: writes and completions on a driver thread ([`QueuedStream`]).
+    Queued,
+}
+
 /// Runs `plan` on two stream threads; stream `failing` (if any) has a device whose queued
 /// work fails at the end. Returns the job's error, after checking every actor's counts
 /// when there is none.
 fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option<crate::RuntimeError> {
+    let devices = [0, 1].map(|s| if failing == Some(s) { Device::FinishFails } else { Device::Cpu });
+    run_model_with(plan, wake_first, devices)
+}
+
+/// [`run_model_on`] with each stream's device given.
+fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option<crate::RuntimeError> {
     let ids = PlanIds::assign(plan).unwrap();
     let indexed = PlanIndex::new(plan);
     let memory = plan.memory().unwrap();
@@ -140,7 +240,13 @@ fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option
     if wake_first {
         assert!(tx1.try_send(Envelope::Wake));
     }
+    let inboxes = [tx0.clone(), tx1.clone()];
     let router = Router::new(None, vec![vec![0, 1]], vec![Some(tx0.clone()), Some(tx1)], None);
+    let (queue, driven) = loom::sync::mpsc::channel();
+    let driver = devices.contains(&Device::Queued).then(|| {
+        let shadow = shadow.clone();
+        loom::thread::spawn(move || drive(driven, shadow))
+    });
     let (snapshots, _) = crossbeam_channel::unbounded();
     let shared = Arc::new(JobShared::new(2, snapshots, Default::default()));
     let mut workers = Vec::new();
@@ -154,6 +260,9 @@ fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option
             let index = ActorIndex(a as u32);
             let outputs: Vec<usize> = indexed.outputs_of(index).iter().map(|r| r.index()).collect();
             let kernel: Box<dyn Kernel> = match desc.kind {
+                ActorKind::Source { .. } if devices[s] == Device::Queued => {
+                    Box::new(QueuedWrite { queue: queue.clone(), desc: outputs[0] })
+                }
                 ActorKind::Source { .. } => Box::new(Write { shadow: shadow.clone(), desc: outputs[0] }),
                 _ => Box::new(ReadThenWrite {
                     shadow: shadow.clone(),
@@ -173,8 +282,11 @@ fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option
             });
         }
         let stream_id = actors[0].id().stream_id();
-        let device: Box<dyn DeviceStream> =
-            if failing == Some(s) { Box::new(FinishFails(CpuStream)) } else { Box::new(CpuStream) };
+        let device: Box<dyn DeviceStream> = match devices[s] {
+            Device::Cpu => Box::new(CpuStream),
+            Device::FinishFails => Box::new(FinishFails(CpuStream)),
+            Device::Queued => Box::new(QueuedStream { queue: queue.clone(), inbox: inboxes[s].clone() }),
+        };
         workers.push(StreamWorker {
             index: s,
             label: format!("stream {s}"),
@@ -194,12 +306,15 @@ fn run_model_on(plan: &Plan, wake_first: bool, failing: Option<usize>) -> Option
             _lent_scratch: None,
         });
     }
-    drop(router);
+    drop((router, queue, inboxes));
     let source = ids.of(ActorIndex(0));
     tx0.send(Envelope::Actor(Message { dst: source, src: source, body: Body::Cmd(Cmd::Start) })).unwrap();
     drop(tx0);
     let handles: Vec<_> = workers.into_iter().map(|w| loom::thread::spawn(move || w.run())).collect();
     let exits: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    if let Some(driver) = driver {
+        driver.join().unwrap();
+    }
     if let Some(error) = crate::sync::lock(&shared.error).take() {
         return Some(error);
     }
@@ -253,6 +368,22 @@ fn loom_a_failure_of_queued_work_after_the_last_firing_fails_the_job() {
             }
             other => panic!("expected QueuedWorkFailed, got {other:?}"),
         }
+    });
+}
+
+/// A source whose firings complete on the driver's thread (a staged feed on a `cuda` copy
+/// stream: the copy is queued, the callback after it tells the consumers): its consumer on
+/// the other stream reads a slot only after the queued write landed, and the source writes
+/// its one slot again only after that read was acked.
+#[test]
+fn loom_a_source_completing_on_the_drivers_thread_is_read_only_after_its_write() {
+    // A fourth thread (the driver's) multiplies the interleavings: preemptions bounded at
+    // 2, not 3, keep the model to CI's budget.
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let error = run_model_with(&ping_pong_plan(1, 2, false), false, [Device::Queued, Device::Cpu]);
+        assert!(error.is_none(), "job failed: {error:?}");
     });
 }
 
