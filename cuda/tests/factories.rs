@@ -58,6 +58,15 @@ fn valid_confs_pass_validation() {
     accepted(&conf(&Unary(UnaryKind::PowScalar(2.0)), vec![x.clone()], vec![x.clone()]));
     accepted(&conf(&Binary(BinaryKind::Div), vec![x.clone(), m(&[5], f)], vec![x.clone()]));
     accepted(&conf(&BiasGelu, vec![x.clone(), m(&[5], f)], vec![x.clone()]));
+    let h = DType::Bf16;
+    accepted(&conf(&CastGroup { to: h, members: 2 }, vec![x.clone(), m(&[7], f)], vec![m(&[3, 5], h), m(&[7], h)]));
+    let labels = m(&[3], DType::I64);
+    accepted(&conf(&SparseCrossEntropy { classes: Some(4) }, vec![x.clone(), labels.clone()], vec![m(&[], f)]));
+    accepted(&conf(
+        &SparseCrossEntropyGrad { classes: Some(5) },
+        vec![x.clone(), labels.clone(), m(&[], f)],
+        vec![x.clone()],
+    ));
     accepted(&conf(&BiasGeluGrad, vec![x.clone(), m(&[5], f), x.clone()], vec![x.clone()]));
     accepted(&conf(&Dropout { p: 0.5, seed: 1 }, vec![x.clone()], vec![x.clone()]));
     let part = DropoutPart { dropout: Dropout { p: 0.5, seed: 1 }, logical: Shape::new([6, 5]), offsets: vec![3, 0] };
@@ -192,6 +201,23 @@ fn malformed_confs_are_refused_naming_the_actor() {
         conf(&SumSquaresGroup { carried: false }, vec![x.clone(), m(&[4], DType::F64)], vec![m(&[], f)]),
         conf(&SumSquaresGroup { carried: true }, vec![m(&[2], f), x.clone()], vec![m(&[], f)]),
         conf(&SumSquaresGroup { carried: false }, vec![x.clone()], vec![m(&[3], f)]),
+        // Fused casts: a member count that is not the conf's, a pair no group converts, a
+        // member of another shape or dtype.
+        conf(&CastGroup { to: DType::Bf16, members: 2 }, vec![x.clone()], vec![m(&[3, 5], DType::Bf16)]),
+        conf(&CastGroup { to: f, members: 1 }, vec![m(&[3, 5], DType::F64)], vec![x.clone()]),
+        conf(
+            &CastGroup { to: DType::Bf16, members: 2 },
+            vec![x.clone(), m(&[7], f)],
+            vec![m(&[3, 5], DType::Bf16), m(&[8], DType::Bf16)],
+        ),
+        conf(
+            &CastGroup { to: DType::Bf16, members: 2 },
+            vec![x.clone(), m(&[7], DType::F16)],
+            vec![m(&[3, 5], DType::Bf16), m(&[7], DType::Bf16)],
+        ),
+        // A cross-entropy over more classes than the logits' columns, or none.
+        conf(&SparseCrossEntropy { classes: Some(6) }, vec![x.clone(), m(&[3], DType::I64)], vec![m(&[], f)]),
+        conf(&SparseCrossEntropy { classes: Some(0) }, vec![x.clone(), m(&[3], DType::I64)], vec![m(&[], f)]),
     ];
     for c in &cases {
         let e = make(c).expect_err("refused");

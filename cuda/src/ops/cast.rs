@@ -9,7 +9,8 @@
 //! planned once ([`plan_chunks`]) and only the registers' addresses written per firing.
 
 use super::chunks::plan_chunks;
-use super::elementwise::{input_slots, refuse};
+use super::elementwise::input_slots;
+use super::fail;
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid, LINEAR_THREADS, MAX_LINEAR_BLOCKS};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
@@ -35,13 +36,13 @@ struct CastKernel {
 
 fn make(spec: &KernelSpec<'_>) -> Result<CastKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Cast = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Cast = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     let (from, to) = match (&conf.inputs[..], &conf.outputs[..]) {
         ([x], [out]) if x.shape == out.shape && out.dtype == op.to => (x.dtype, out.dtype),
-        _ => return Err(refuse(spec, conf, format!("casts one tensor to {} of the same shape", op.to))),
+        _ => return Err(fail(spec, conf, format!("casts one tensor to {} of the same shape", op.to))),
     };
     if !FLOATS.contains(&from) || !FLOATS.contains(&to) {
-        return Err(refuse(spec, conf, format!("casts between f32, f64, bf16 and f16, not {from} to {to}")));
+        return Err(fail(spec, conf, format!("casts between f32, f64, bf16 and f16, not {from} to {to}")));
     }
     let [input] = input_slots::<1>(conf);
     let n = conf.outputs[0].shape.numel() as u64;
@@ -127,7 +128,7 @@ struct CastGroupKernel {
 /// planned once.
 fn make_group(spec: &KernelSpec<'_>) -> Result<CastGroupKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: CastGroup = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: CastGroup = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     let members = op.members as usize;
     if members == 0 || conf.inputs.len() != members || conf.outputs.len() != members || conf.input_map.len() != members
     {
@@ -137,19 +138,19 @@ fn make_group(spec: &KernelSpec<'_>) -> Result<CastGroupKernel, KernelError> {
             conf.input_map.len(),
             conf.outputs.len()
         );
-        return Err(refuse(spec, conf, error));
+        return Err(fail(spec, conf, error));
     }
     let from = conf.inputs[0].dtype;
     let pair_fits =
         matches!((from, op.to), (DType::F32, DType::Bf16 | DType::F16) | (DType::Bf16 | DType::F16, DType::F32));
     if !pair_fits {
-        return Err(refuse(spec, conf, format!("groups casts between f32 and bf16 or f16, not {from} to {}", op.to)));
+        return Err(fail(spec, conf, format!("groups casts between f32 and bf16 or f16, not {from} to {}", op.to)));
     }
     let mut lens = Vec::with_capacity(members);
     for (m, (x, out)) in conf.inputs.iter().zip(&conf.outputs).enumerate() {
         if x.dtype != from || out.dtype != op.to || x.shape != out.shape {
             let error = format!("member {m} casts {x} to {out}, but the group casts {from} to {} of one shape", op.to);
-            return Err(refuse(spec, conf, error));
+            return Err(fail(spec, conf, error));
         }
         lens.push(x.shape.numel() as u64);
     }

@@ -5,7 +5,7 @@
 //! CPU's bf16 kernels do, and take their scalar arguments (constants, scales) as f32.
 
 use super::layout::{self, Indexing};
-use super::{factory, function, op_conf, stream, suffix, Entry};
+use super::{factory, fail, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use regflow_kernels::{HostCompute, Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{BiasGelu, BiasGeluGrad, Binary, BinaryKind, Dropout, DropoutPart, Unary, UnaryKind};
@@ -22,22 +22,17 @@ pub(super) const ENTRIES: &[Entry] = &[
     ("dropout_part", FLOAT, || factory(make_dropout_part)),
 ];
 
-/// An error of the kernel of actor `spec.actor` running `conf`'s op.
-pub(super) fn refuse(spec: &KernelSpec<'_>, conf: &OpConf, why: impl std::fmt::Display) -> KernelError {
-    KernelError(format!("actor '{}': op '{}' on CUDA: {why}", spec.actor, conf.op_type))
-}
-
 /// Runs the CPU kernel's meta check of `op`, so both devices refuse the same plans with
 /// the same words.
 pub(super) fn check<T: HostCompute>(spec: &KernelSpec<'_>, conf: &OpConf, op: &T) -> Result<(), KernelError> {
-    op.check(&conf.inputs, &conf.outputs).map_err(|e| refuse(spec, conf, e))
+    op.check(&conf.inputs, &conf.outputs).map_err(|e| fail(spec, conf, e))
 }
 
 /// The float dtype of `conf`'s first output, or an error for an integer one.
 pub(super) fn float_dtype(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<DType, KernelError> {
-    let dtype = conf.outputs.first().map(|m| m.dtype).ok_or_else(|| refuse(spec, conf, "the op has no output"))?;
+    let dtype = conf.outputs.first().map(|m| m.dtype).ok_or_else(|| fail(spec, conf, "the op has no output"))?;
     if !dtype.is_float() {
-        return Err(refuse(spec, conf, format!("needs a float output, got {dtype}")));
+        return Err(fail(spec, conf, format!("needs a float output, got {dtype}")));
     }
     Ok(dtype)
 }
@@ -45,7 +40,7 @@ pub(super) fn float_dtype(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<DType,
 /// Checks that `conf` has `inputs` op inputs and `outputs` outputs.
 pub(super) fn arity(spec: &KernelSpec<'_>, conf: &OpConf, inputs: usize, outputs: usize) -> Result<(), KernelError> {
     if conf.inputs.len() != inputs || conf.input_map.len() != inputs || conf.outputs.len() != outputs {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!(
@@ -99,7 +94,7 @@ fn unary_entry(kind: UnaryKind) -> (&'static str, UnaryArg) {
 
 fn make_unary(spec: &KernelSpec<'_>) -> Result<UnaryKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Unary = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Unary = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     check(spec, conf, &op)?;
     let dtype = float_dtype(spec, conf)?;
     let (stem, arg) = unary_entry(op.0);
@@ -146,7 +141,7 @@ impl Kernel for UnaryKernel {
 
 fn make_binary(spec: &KernelSpec<'_>) -> Result<BinaryKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Binary = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Binary = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     check(spec, conf, &op)?;
     let dtype = float_dtype(spec, conf)?;
     let stem = match op.0 {
@@ -158,11 +153,8 @@ fn make_binary(spec: &KernelSpec<'_>) -> Result<BinaryKernel, KernelError> {
     };
     let (a, b, out) = (conf.inputs[0].shape.dims(), conf.inputs[1].shape.dims(), conf.outputs[0].shape.dims());
     // Operands of the output's shape need no index map; any broadcast does.
-    let broadcast = if a == out && b == out {
-        None
-    } else {
-        Some(layout::broadcast(out, a, b).map_err(|e| refuse(spec, conf, e))?)
-    };
+    let broadcast =
+        if a == out && b == out { None } else { Some(layout::broadcast(out, a, b).map_err(|e| fail(spec, conf, e))?) };
     let variant = if broadcast.is_some() { "_broadcast" } else { "" };
     Ok(BinaryKernel {
         function: function(spec, &format!("regflow_binary_{stem}{variant}_{}", suffix(dtype)))?,
@@ -200,14 +192,14 @@ impl Kernel for BinaryKernel {
 
 fn make_bias_gelu(spec: &KernelSpec<'_>) -> Result<BiasGeluKernel<2>, KernelError> {
     let conf = op_conf(spec)?;
-    let op: BiasGelu = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: BiasGelu = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     check(spec, conf, &op)?;
     bias_gelu_kernel(spec, conf, "regflow_bias_gelu")
 }
 
 fn make_bias_gelu_grad(spec: &KernelSpec<'_>) -> Result<BiasGeluKernel<3>, KernelError> {
     let conf = op_conf(spec)?;
-    let op: BiasGeluGrad = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: BiasGeluGrad = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     check(spec, conf, &op)?;
     bias_gelu_kernel(spec, conf, "regflow_bias_gelu_grad")
 }
@@ -264,18 +256,18 @@ pub(crate) fn dropout_threshold(p: f64) -> u64 {
 
 fn make_dropout(spec: &KernelSpec<'_>) -> Result<DropoutKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Dropout = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Dropout = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     dropout_kernel(spec, conf, op, None)
 }
 
 fn make_dropout_part(spec: &KernelSpec<'_>) -> Result<DropoutKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: DropoutPart = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: DropoutPart = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let local = conf.inputs[0].shape.dims();
     if local.len() != op.offsets.len() || local.len() != op.logical.rank() {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!(
@@ -287,7 +279,7 @@ fn make_dropout_part(spec: &KernelSpec<'_>) -> Result<DropoutKernel, KernelError
         ));
     }
     // dims: the part's; a: the logical tensor's strides; b: the part's offsets.
-    let map = Indexing::new(local, &op.logical.strides(), &op.offsets).map_err(|e| refuse(spec, conf, e))?;
+    let map = Indexing::new(local, &op.logical.strides(), &op.offsets).map_err(|e| fail(spec, conf, e))?;
     dropout_kernel(spec, conf, op.dropout, Some(map))
 }
 
@@ -299,7 +291,7 @@ fn dropout_kernel(
 ) -> Result<DropoutKernel, KernelError> {
     let dtype = float_dtype(spec, conf)?;
     if conf.inputs[0] != conf.outputs[0] {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!("maps {} elementwise, but the output is {}", conf.inputs[0], conf.outputs[0]),

@@ -38,7 +38,7 @@ pub(crate) fn op_conf<'a>(spec: &KernelSpec<'a>) -> Result<&'a OpConf, KernelErr
 
 /// An error of the actor's op, naming the actor and the op type.
 pub(crate) fn fail(spec: &KernelSpec<'_>, conf: &OpConf, message: impl std::fmt::Display) -> KernelError {
-    KernelError(format!("actor '{}': op '{}': {message}", spec.actor, conf.op_type))
+    KernelError(format!("actor '{}': op '{}' on CUDA: {message}", spec.actor, conf.op_type))
 }
 
 /// Entry point `entry` compiled for the actor's device.

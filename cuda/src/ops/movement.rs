@@ -6,7 +6,8 @@
 //! `embedding`, `embedding_grad` and `vocab_part` (either on a device's rows of the
 //! table). Scatters first zero their output with fill.cu's `regflow_fill_*`.
 
-use super::elementwise::{arity, check, float_dtype, input_slots, refuse};
+use super::elementwise::{arity, check, float_dtype, input_slots};
+use super::fail;
 use super::layout::{self, Indexing};
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid, StreamHandle, MAX_LINEAR_BLOCKS};
@@ -41,7 +42,7 @@ pub(super) const ENTRIES: &[Entry] = &[
 fn moved_dtype(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<DType, KernelError> {
     let dtype = conf.outputs[0].dtype;
     if let Some(other) = conf.inputs.iter().find(|m| m.dtype != dtype) {
-        return Err(refuse(spec, conf, format!("moves {other} into {}: one dtype only", conf.outputs[0])));
+        return Err(fail(spec, conf, format!("moves {other} into {}: one dtype only", conf.outputs[0])));
     }
     Ok(dtype)
 }
@@ -70,12 +71,12 @@ unsafe fn zero(s: StreamHandle, fill: Function, dtype: DType, out: u64, n: u64) 
 
 fn make_reshape(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Reshape = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Reshape = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
-    let shape = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let shape = op.resolve(&conf.inputs[0].shape).map_err(|e| fail(spec, conf, e))?;
     if shape != conf.outputs[0].shape {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!("reshapes {} to {shape}, but the output is {}", conf.inputs[0], conf.outputs[0]),
@@ -88,7 +89,7 @@ fn make_reshape(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
 /// the op copies it as it is.
 fn make_to_global(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let _: ToGlobal = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let _: ToGlobal = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     same_shape(spec, conf, "copies")?;
@@ -99,7 +100,7 @@ fn make_to_global(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
 /// but names another output.
 fn same_shape(spec: &KernelSpec<'_>, conf: &OpConf, verb: &str) -> Result<(), KernelError> {
     if conf.inputs[0].shape != conf.outputs[0].shape {
-        return Err(refuse(spec, conf, format!("{verb} {}, but the output is {}", conf.inputs[0], conf.outputs[0])));
+        return Err(fail(spec, conf, format!("{verb} {}, but the output is {}", conf.inputs[0], conf.outputs[0])));
     }
     Ok(())
 }
@@ -117,34 +118,34 @@ fn whole_copy(spec: &KernelSpec<'_>, conf: &OpConf, dtype: DType) -> Result<Gath
 
 fn make_broadcast_to(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: BroadcastTo = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: BroadcastTo = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     let (input, out) = (&conf.inputs[0].shape, &conf.outputs[0].shape);
     if Shape::broadcast(input, out).as_ref() != Some(out) || *out != op.0 {
-        return Err(refuse(spec, conf, format!("broadcasts {input} to {}, but the output is {out}", op.0)));
+        return Err(fail(spec, conf, format!("broadcasts {input} to {}, but the output is {out}", op.0)));
     }
     // a: the input's strides, 0 where stretched; b unused (a scalar's strides: all 0).
-    let map = layout::broadcast(out.dims(), input.dims(), &[]).map_err(|e| refuse(spec, conf, e))?;
+    let map = layout::broadcast(out.dims(), input.dims(), &[]).map_err(|e| fail(spec, conf, e))?;
     gather_kernel(spec, conf, dtype, map)
 }
 
 fn make_permute(spec: &KernelSpec<'_>) -> Result<GatherKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Permute = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Permute = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     let input = &conf.inputs[0].shape;
-    let perm = op.resolve(input).map_err(|e| refuse(spec, conf, e))?;
+    let perm = op.resolve(input).map_err(|e| fail(spec, conf, e))?;
     let dims: Vec<usize> = perm.iter().map(|&p| input.dims()[p]).collect();
     if dims != conf.outputs[0].shape.dims() {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!("permutes {input} to {}, but the output is {}", Shape::new(dims), conf.outputs[0]),
         ));
     }
-    let map = layout::permutation(input.dims(), &perm).map_err(|e| refuse(spec, conf, e))?;
+    let map = layout::permutation(input.dims(), &perm).map_err(|e| fail(spec, conf, e))?;
     gather_kernel(spec, conf, dtype, map)
 }
 
@@ -252,14 +253,14 @@ fn with_axis(dims: &[usize], axis: usize, size: usize) -> Shape {
 
 fn make_slice(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Slice = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Slice = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     let input = conf.inputs[0].shape.dims();
-    let (axis, _) = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let (axis, _) = op.resolve(&conf.inputs[0].shape).map_err(|e| fail(spec, conf, e))?;
     let expected = with_axis(input, axis, op.end - op.start);
     if expected != conf.outputs[0].shape {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!("slices {} to {expected}, but the output is {}", conf.inputs[0], conf.outputs[0]),
@@ -298,24 +299,24 @@ fn axis_range(
 /// kernel's split), a slice of that axis.
 fn make_take_part(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: TakePart = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: TakePart = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     let input = conf.inputs[0].shape.dims();
     let Some(&size) = input.get(op.dim) else {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!("takes a part of dim {} of {}, which has no such dim", op.dim, conf.inputs[0]),
         ));
     };
     if op.index >= op.parts {
-        return Err(refuse(spec, conf, format!("takes part {} of {}: parts are numbered from 0", op.index, op.parts)));
+        return Err(fail(spec, conf, format!("takes part {} of {}: parts are numbered from 0", op.index, op.parts)));
     }
     let part = regflow_plan::part_range(size, op.parts, op.index);
     let expected = with_axis(input, op.dim, part.len());
     if expected != conf.outputs[0].shape {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!(
@@ -331,7 +332,7 @@ fn make_take_part(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
 /// zeros (a summand each of them adds nothing with).
 fn make_keep_on_first(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: KeepOnFirst = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: KeepOnFirst = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     same_shape(spec, conf, "keeps")?;
@@ -355,14 +356,14 @@ fn make_keep_on_first(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError
 
 fn make_slice_grad(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: SliceGrad = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: SliceGrad = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 1, 1)?;
     let dtype = moved_dtype(spec, conf)?;
     let input = conf.inputs[0].shape.dims();
-    let (axis, len) = op.resolve(&conf.inputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let (axis, len) = op.resolve(&conf.inputs[0].shape).map_err(|e| fail(spec, conf, e))?;
     let expected = with_axis(input, axis, op.size);
     if expected != conf.outputs[0].shape {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!("places {} in {expected}, but the output is {}", conf.inputs[0], conf.outputs[0]),
@@ -387,13 +388,13 @@ fn make_slice_grad(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
 
 fn make_concat(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Concat = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Concat = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     if conf.inputs.is_empty() || conf.input_map.len() != conf.inputs.len() || conf.outputs.len() != 1 {
-        return Err(refuse(spec, conf, "takes one or more inputs and gives 1 output"));
+        return Err(fail(spec, conf, "takes one or more inputs and gives 1 output"));
     }
     let dtype = moved_dtype(spec, conf)?;
     let out = conf.outputs[0].shape.dims();
-    let axis = op.resolve(&conf.outputs[0].shape).map_err(|e| refuse(spec, conf, e))?;
+    let axis = op.resolve(&conf.outputs[0].shape).map_err(|e| fail(spec, conf, e))?;
     let (outer, inner) = layout::around_axis(out, axis);
     let total = out[axis] as u64;
     let mut copies = Vec::with_capacity(conf.inputs.len());
@@ -402,7 +403,7 @@ fn make_concat(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
         let dims = meta.shape.dims();
         let size = dims.get(axis).copied().unwrap_or(0);
         if with_axis(out, axis, size).dims() != dims {
-            return Err(refuse(
+            return Err(fail(
                 spec,
                 conf,
                 format!("cannot place input {meta} along axis {axis} of {}", conf.outputs[0]),
@@ -421,7 +422,7 @@ fn make_concat(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
         offset += size as u64;
     }
     if offset != total {
-        return Err(refuse(spec, conf, format!("the inputs fill {offset} of the output's {total} along axis {axis}")));
+        return Err(fail(spec, conf, format!("the inputs fill {offset} of the output's {total} along axis {axis}")));
     }
     Ok(BlocksKernel {
         function: function(spec, &format!("regflow_copy_blocks_{}", suffix(dtype)))?,
@@ -434,14 +435,14 @@ fn make_concat(spec: &KernelSpec<'_>) -> Result<BlocksKernel, KernelError> {
 
 fn make_sum_to(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: SumTo = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: SumTo = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     sum_kernel(spec, conf, &op.0, Summands::AsTheyAre)
 }
 
 /// `sum_squares`: `sum_to` a scalar with every summand squared as it loads.
 fn make_sum_squares(spec: &KernelSpec<'_>) -> Result<SumToKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let _: SumSquares = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let _: SumSquares = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     sum_kernel(spec, conf, &regflow_plan::Shape::scalar(), Summands::Squared)
 }
 
@@ -464,7 +465,7 @@ fn sum_kernel(
     moved_dtype(spec, conf)?;
     let (input, out) = (&conf.inputs[0].shape, &conf.outputs[0].shape);
     if out != target {
-        return Err(refuse(spec, conf, format!("sums {input} to {target}, but the output is {out}")));
+        return Err(fail(spec, conf, format!("sums {input} to {target}, but the output is {out}")));
     }
     // The first launch's entries: sum_to's, or the flat ones that square as they load (a
     // squared norm is one value: it only takes the flat sums).
@@ -472,7 +473,7 @@ fn sum_kernel(
     let entry = |stem: &str| function(spec, &format!("regflow_{stem}_{}", suffix(dtype)));
     // f64 partial sums for f64, f32 for f32 and bf16 (which adds in f32).
     let part_bytes = if dtype == DType::F64 { 8 } else { 4 };
-    let reduction = layout::reduction(input.dims(), out.dims()).map_err(|e| refuse(spec, conf, e))?;
+    let reduction = layout::reduction(input.dims(), out.dims()).map_err(|e| fail(spec, conf, e))?;
     let (n_out, n_reduced) = (reduction.kept_count, reduction.reduced_count);
     let input_slot = input_slots::<1>(conf)[0];
     // One output: every element of the (contiguous, row-major) input is a summand, in
@@ -487,7 +488,7 @@ fn sum_kernel(
         return Ok(SumToKernel { input: input_slot, reduction, launches });
     }
     if summands == Summands::Squared {
-        return Err(refuse(spec, conf, format!("sums squares to one value, not {n_out} (broken invariant)")));
+        return Err(fail(spec, conf, format!("sums squares to one value, not {n_out} (broken invariant)")));
     }
     let chunked = n_out <= CHUNKED_MAX_OUTPUTS && n_reduced >= CHUNKED_MIN_RANGE;
     // Outputs that are the trailing columns of a row-major matrix (a bias gradient): rows
@@ -834,7 +835,7 @@ fn row_sum(
 
 fn make_embedding(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Embedding = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Embedding = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     check(spec, conf, &op)?;
     arity(spec, conf, 2, 1)?;
     gather_rows(spec, conf, None)
@@ -842,7 +843,7 @@ fn make_embedding(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError>
 
 fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: EmbeddingGrad = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: EmbeddingGrad = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     check(spec, conf, &op)?;
     arity(spec, conf, 2, 1)?;
     scatter_rows(spec, conf, 0..op.vocab_size, &format!("a table of {} rows", op.vocab_size))
@@ -852,11 +853,11 @@ fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelE
 /// rows (vocabulary-parallel), through the same entries with `first` the rows' offset.
 fn make_vocab_part(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: VocabPart = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: VocabPart = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 2, 1)?;
     let held = op.rows.held.clone();
     if held.start > held.end || held.end > op.rows.vocab_size {
-        return Err(refuse(
+        return Err(fail(
             spec,
             conf,
             format!("holds rows {}..{} of a vocabulary of {}", held.start, held.end, op.rows.vocab_size),
@@ -880,7 +881,7 @@ fn gather_rows(
     let dtype = float_dtype(spec, conf)?;
     let (table, ids, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
     let [rows, features] = *table.shape.dims() else {
-        return Err(refuse(spec, conf, format!("the table must be [rows, features], got {table}")));
+        return Err(fail(spec, conf, format!("the table must be [rows, features], got {table}")));
     };
     let (what, held) = match held {
         Some(held) => (format!("rows {}..{} from {table}", held.start, held.end), held),
@@ -889,7 +890,7 @@ fn gather_rows(
     let mut expected = ids.shape.dims().to_vec();
     expected.push(features);
     if ids.dtype != DType::I64 || table.dtype != dtype || rows != held.len() || out.shape.dims() != expected {
-        return Err(refuse(spec, conf, format!("gathers {what} by ids {ids}, but the output is {out}")));
+        return Err(fail(spec, conf, format!("gathers {what} by ids {ids}, but the output is {out}")));
     }
     Ok(EmbeddingKernel {
         zero: None,
@@ -918,7 +919,7 @@ fn scatter_rows(
         || out.shape.dims() != [held.len(), features]
         || dy.shape.numel() != ids.shape.numel() * features
     {
-        return Err(refuse(spec, conf, format!("scatters {dy} by ids {ids} into {what}, but the output is {out}")));
+        return Err(fail(spec, conf, format!("scatters {dy} by ids {ids} into {what}, but the output is {out}")));
     }
     Ok(EmbeddingKernel {
         zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, out.shape.numel() as u64)),

@@ -12,7 +12,8 @@
 mod group;
 mod norm;
 
-use super::elementwise::{float_dtype, input_slots, refuse};
+use super::elementwise::{float_dtype, input_slots};
+use super::fail;
 use super::{factory, function, op_conf, stream, suffix, Entry};
 use crate::driver::{launch, Function, Grid};
 use group::make_update_group;
@@ -105,7 +106,7 @@ fn run_typed(kernel: &impl QueueTyped, io: &KernelIo<'_>) -> Result<(), KernelEr
 
 fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: Update = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: Update = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     update_kernel(spec, conf, op)
 }
 
@@ -113,7 +114,7 @@ fn make_update(spec: &KernelSpec<'_>) -> Result<UpdateKernel, KernelError> {
 fn update_kernel(spec: &KernelSpec<'_>, conf: &OpConf, op: Update) -> Result<UpdateKernel, KernelError> {
     let dtype = float_dtype(spec, conf)?;
     let (rule, states, stem) = Rule::of(&op.0);
-    check_update(conf, states).map_err(|e| refuse(spec, conf, e))?;
+    check_update(conf, states).map_err(|e| fail(spec, conf, e))?;
     let scale = conf.inputs.get(4 + states).map(|meta| scalar_code(meta.dtype));
     Ok(UpdateKernel {
         function: function(spec, &format!("regflow_update_{stem}_{}", suffix(dtype)))?,

@@ -3,7 +3,8 @@
 //! each, reading their input registers on the device. They are tiny, but run on the host
 //! they would make their stream wait for its queued kernels every step.
 
-use super::elementwise::{float_dtype, input_slots, refuse};
+use super::elementwise::{float_dtype, input_slots};
+use super::fail;
 use super::optim::scalar_code;
 use super::{factory, function, op_conf, stream, Entry};
 use crate::driver::{launch, Function, Grid};
@@ -52,7 +53,7 @@ fn make(spec: &KernelSpec<'_>, entry: &str, extra: Extra) -> Result<ScalarKernel
         _ => 1,
     };
     if conf.inputs.len() != inputs || conf.outputs.len() != 1 || conf.inputs.iter().any(|i| i.shape.numel() == 0) {
-        return Err(refuse(spec, conf, format!("takes {inputs} non-empty scalar input(s) and gives one output")));
+        return Err(fail(spec, conf, format!("takes {inputs} non-empty scalar input(s) and gives one output")));
     }
     let [input] = input_slots::<1>(conf);
     Ok(ScalarKernel {
@@ -67,7 +68,7 @@ fn make(spec: &KernelSpec<'_>, entry: &str, extra: Extra) -> Result<ScalarKernel
 
 fn make_learning_rate(spec: &KernelSpec<'_>) -> Result<ScalarKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let LearningRate(schedule) = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let LearningRate(schedule) = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     let extra = match schedule {
         Schedule::Constant(rate) => Extra::Rate(0, rate, 0, 0, rate),
         Schedule::WarmupCosine { peak, warmup, total, min } => Extra::Rate(1, peak, warmup, total, min),
@@ -77,13 +78,13 @@ fn make_learning_rate(spec: &KernelSpec<'_>) -> Result<ScalarKernel, KernelError
 
 fn make_clip_factor(spec: &KernelSpec<'_>) -> Result<ScalarKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let ClipFactor(max_norm) = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let ClipFactor(max_norm) = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     make(spec, "regflow_clip_factor", Extra::Clip(max_norm))
 }
 
 fn make_next_step(spec: &KernelSpec<'_>) -> Result<ScalarKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let _: NextStep = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let _: NextStep = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     // With loss scaling, the step's gradient factor as a second input.
     let factor = match &conf.inputs[..] {
         [_, factor] => Some((input_slots::<2>(conf)[1], scalar_code(factor.dtype))),
@@ -104,11 +105,11 @@ struct UnscaleFactorKernel {
 
 fn make_unscale_factor(spec: &KernelSpec<'_>) -> Result<UnscaleFactorKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: UnscaleFactor = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: UnscaleFactor = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     let dtype = float_dtype(spec, conf)?;
     match (&conf.inputs[..], &conf.outputs[..]) {
         ([norm, scale], [out]) if norm.shape.numel() == 1 && scale.shape.numel() == 1 && out.shape.numel() == 1 => {}
-        _ => return Err(refuse(spec, conf, "takes the scalar squared norm and the scalar scale, gives one scalar")),
+        _ => return Err(fail(spec, conf, "takes the scalar squared norm and the scalar scale, gives one scalar")),
     }
     Ok(UnscaleFactorKernel {
         function: function(spec, "regflow_unscale_factor")?,
@@ -152,7 +153,7 @@ struct LossScaleUpdateKernel {
 
 fn make_loss_scale_update(spec: &KernelSpec<'_>) -> Result<LossScaleUpdateKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: LossScaleUpdate = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: LossScaleUpdate = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     let scalar = |m: &regflow_plan::TensorMeta| m.shape.numel() == 1 && FLOAT.contains(&m.dtype);
     let (scale, good) = match (&conf.inputs[..], &conf.outputs[..]) {
         ([scale, good, factor], [scale_out, good_out])
@@ -163,7 +164,7 @@ fn make_loss_scale_update(spec: &KernelSpec<'_>) -> Result<LossScaleUpdateKernel
         _ => {
             let message =
                 "takes the scalar scale, count and gradient factor (f32 or f64) and gives the scale and count";
-            return Err(refuse(spec, conf, message));
+            return Err(fail(spec, conf, message));
         }
     };
     Ok(LossScaleUpdateKernel {

@@ -11,9 +11,10 @@
 //! element is computed by the element functions and from the step constants the single
 //! `update` entries use, so the group's results are bitwise those of one `update` each.
 
-use super::{check_update, refuse, run_typed, scalar_code, QueueTyped, Rule};
+use super::{check_update, run_typed, scalar_code, QueueTyped, Rule};
 use crate::driver::{launch, Function, Grid, LINEAR_THREADS, MAX_LINEAR_BLOCKS};
 use crate::ops::chunks::plan_chunks;
+use crate::ops::fail;
 use crate::ops::{function, op_conf, stream, suffix};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::{Update, UpdateGroup};
@@ -116,7 +117,7 @@ struct MemberSlots {
 /// planned once.
 pub(super) fn make_update_group(spec: &KernelSpec<'_>) -> Result<UpdateGroupKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let group: UpdateGroup = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let group: UpdateGroup = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     let (inputs, outputs, params) = (group.member_inputs(), group.member_outputs(), group.params as usize);
     if params == 0
         || conf.inputs.len() != params * inputs
@@ -130,7 +131,7 @@ pub(super) fn make_update_group(spec: &KernelSpec<'_>) -> Result<UpdateGroupKern
             conf.input_map.len(),
             conf.outputs.len()
         );
-        return Err(refuse(spec, conf, error));
+        return Err(fail(spec, conf, error));
     }
     let dtype = super::float_dtype(spec, conf)?;
     let (rule, states, stem) = Rule::of(&group.kind);
@@ -146,10 +147,10 @@ pub(super) fn make_update_group(spec: &KernelSpec<'_>) -> Result<UpdateGroupKern
             conf.input_map[ins].to_vec(),
             conf.outputs[outs.clone()].to_vec(),
         );
-        check_update(&member, states).map_err(|e| refuse(spec, conf, format!("member {m}: {e}")))?;
+        check_update(&member, states).map_err(|e| fail(spec, conf, format!("member {m}: {e}")))?;
         let param = &member.inputs[0];
         if param.dtype != dtype {
-            return Err(refuse(spec, conf, format!("member {m}'s parameter is {param}, but member 0's is {dtype}")));
+            return Err(fail(spec, conf, format!("member {m}'s parameter is {param}, but member 0's is {dtype}")));
         }
         if let Some(&i) = shared.iter().find(|&&i| member.input_map[i] != conf.input_map[i]) {
             let error = format!(
@@ -157,7 +158,7 @@ pub(super) fn make_update_group(spec: &KernelSpec<'_>) -> Result<UpdateGroupKern
                  from {}: a group shares them",
                 member.input_map[i], conf.input_map[i]
             );
-            return Err(refuse(spec, conf, error));
+            return Err(fail(spec, conf, error));
         }
         let input = |k: usize| member.input_map[k];
         members.push(MemberSlots {

@@ -10,9 +10,9 @@
 //! and adds it to the running total as the scalar `add` did (the carry in, or the previous
 //! pair's total). The order of every addition depends on the tensors' sizes alone.
 
-use super::refuse;
 use crate::driver::{launch, Function, Grid, MAX_LINEAR_BLOCKS};
 use crate::ops::chunks::plan_chunks;
+use crate::ops::fail;
 use crate::ops::{function, op_conf, stream, suffix};
 use regflow_kernels::{Kernel, KernelError, KernelIo, KernelSpec};
 use regflow_plan::ops::SumSquaresGroup;
@@ -91,9 +91,9 @@ fn plan_launches(lens: &[u64], max_blocks: u64) -> Vec<NormLaunch> {
 /// dtype, one scalar output of it.
 pub(super) fn make_sum_squares_group(spec: &KernelSpec<'_>) -> Result<NormKernel, KernelError> {
     let conf = op_conf(spec)?;
-    let op: SumSquaresGroup = conf.parse_attrs().map_err(|e| refuse(spec, conf, e))?;
+    let op: SumSquaresGroup = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     let dtype = super::float_dtype(spec, conf)?;
-    op.check(conf).map_err(|e| refuse(spec, conf, e))?;
+    op.check(conf).map_err(|e| fail(spec, conf, e))?;
     let carried = usize::from(op.carried);
     let lens: Vec<u64> = conf.inputs[carried..].iter().map(|m| m.shape.numel() as u64).collect();
     let launches = plan_launches(&lens, MAX_LINEAR_BLOCKS);
