@@ -3,7 +3,7 @@
 //! so steady state allocates nothing, and both give backpressure: a push waits for a free
 //! buffer, and a sink waits (without blocking its thread) until the user fetches.
 
-use crate::device::staging::{check_len, FeedStaging};
+use crate::device::staging::check_len;
 use crate::inbox::{Envelope, InboxSender};
 use crate::job::{thread_token, FetchRecord, UserWaits};
 use crate::kernel::{Kernel, KernelError, KernelIo};
@@ -12,7 +12,6 @@ use crate::sync::{lock, Arc};
 use crate::RuntimeError;
 use crossbeam_channel::{Receiver, Sender};
 use regflow_actors::{ActorId, Body, Cmd, Message};
-use regflow_kernels::Execution;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
@@ -33,14 +32,12 @@ impl Kernel for CountSourceKernel {
     }
 }
 
-/// Kernel of a fed source: copies the oldest pushed buffer into every output.
+/// Kernel of a fed source: copies the oldest pushed buffer into every output (on a `cuda`
+/// device into page-locked buffers its stream then copies in, `device::staging`).
 #[derive(Debug)]
 pub(crate) struct FedSourceKernel {
     pub(crate) data: Receiver<Vec<u8>>,
     pub(crate) pool: Sender<Vec<u8>>,
-    /// On a `cuda` device: the page-locked buffers its pieces are copied in from, the
-    /// copies queued on its stream; elsewhere the piece is copied in place on the host.
-    pub(crate) staging: Option<FeedStaging>,
 }
 
 impl Kernel for FedSourceKernel {
@@ -49,29 +46,13 @@ impl Kernel for FedSourceKernel {
             .data
             .try_recv()
             .map_err(|_| KernelError("fed source fired without a pushed piece (broken invariant)".into()))?;
-        match &mut self.staging {
-            Some(staging) => staging.write(io, &buffer).map_err(|e| KernelError(format!("fed source: {}", e.0)))?,
-            None => {
-                for o in 0..io.output_count() {
-                    check_len(buffer.len(), io.output_len(o))
-                        .map_err(|e| KernelError(format!("fed source: {}", e.0)))?;
-                    io.output(o).copy_from_slice(&buffer);
-                }
-            }
+        for o in 0..io.output_count() {
+            check_len(buffer.len(), io.output_len(o)).map_err(|e| KernelError(format!("fed source: {}", e.0)))?;
+            io.output(o).copy_from_slice(&buffer);
         }
-        // The feeder may be gone; then nobody needs the buffer back. A staged piece was
-        // copied out of it already.
+        // The feeder may be gone; then nobody needs the buffer back.
         let _ = self.pool.send(buffer);
         Ok(())
-    }
-
-    /// Staged pieces are copied by the device: the firing completes once the copies ran.
-    fn execution(&self) -> Execution {
-        if self.staging.is_some() {
-            Execution::Queued
-        } else {
-            Execution::Host
-        }
     }
 }
 

@@ -1,79 +1,29 @@
 //! Page-locked staging for what crosses between the host and a `cuda` device's registers:
-//! fed pieces and the batches of host-side sources (a dataset's reader) go in by queued
+//! what host-side sources write (fed pieces, a dataset's batches) goes in by queued
 //! copies, and what sinks read (a fetcher's pieces, a serving callback's outputs) comes
 //! out by copies the sink's stream waits for, so none faults a managed register's pages
 //! over to the host.
 //!
-//! The compiler puts a `cuda` device's fed sources and fetch sinks on its copy stream, so
-//! these copies and waits hold that stream's thread, never the compute stream's: the
-//! compute stream keeps launching the step's kernels (and the next step's, once its feed
-//! is in) while a feed is copied in or a loss is read back.
+//! The compiler puts a `cuda` device's fed and dataset sources and fetch sinks on its copy
+//! stream, so these copies and waits hold that stream's thread, never the compute
+//! stream's: the compute stream keeps launching the step's kernels (and the next step's,
+//! once its feed is in) while a feed is copied in or a loss is read back.
 
 use crate::kernel::{Kernel, KernelError, KernelIo};
 use regflow_cuda::{Device, PinnedBuffer, StreamHandle};
 use regflow_kernels::Execution;
 use regflow_memory::{Arena, BufferView, MemoryKind};
 
-/// Where a fed source's pieces are staged on a `cuda` device: one page-locked buffer per
-/// slot of its first output register, each claimed by the slot's address at its first use.
+/// A source whose kernel writes its pieces on the host (fed pieces, a dataset's batches, a
+/// program's reader), on a `cuda` device: the kernel writes into page-locked buffers, one
+/// set per slot of the source's first output register, each set claimed by the slot's
+/// address at its first use, and the set is copied into the registers by queued copies on
+/// the source's stream.
 ///
-/// A slot's buffer is written again only when the slot is written again, and a slot is
-/// free only once the firing that last wrote it completed (its copies ran: the firing
-/// completes at a callback queued after them) and its readers let it go. So a buffer is
-/// never overwritten while a copy from it is still queued, with no wait of its own.
-#[derive(Debug)]
-pub(crate) struct FeedStaging {
-    buffers: Vec<(Option<u64>, PinnedBuffer)>,
-}
-
-impl FeedStaging {
-    /// Staging for pieces of `bytes` bytes into a register of `slots` slots on CUDA
-    /// device `ordinal`, allocated now (once per job).
-    pub(crate) fn new(ordinal: usize, bytes: u64, slots: u32) -> Result<Self, String> {
-        let device = Device::open(ordinal).map_err(|e| e.to_string())?;
-        let bytes = usize::try_from(bytes).map_err(|_| format!("a piece of {bytes} bytes does not fit in memory"))?;
-        let buffers = (0..slots.max(1))
-            .map(|_| PinnedBuffer::new(&device, bytes).map(|b| (None, b)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        Ok(Self { buffers })
-    }
-
-    /// Copies `piece` into the staging buffer of this firing's slot and queues its copy
-    /// into every output on the firing's stream; the firing completes once they ran.
-    pub(crate) fn write(&mut self, io: &mut KernelIo<'_>, piece: &[u8]) -> Result<(), KernelError> {
-        if io.output_count() == 0 {
-            return Ok(());
-        }
-        let index = claim(&mut self.buffers, io.output_addr(0), "a feed")?;
-        let buffer = &mut self.buffers[index].1;
-        let capacity = buffer.len();
-        let staged = buffer.as_mut_slice().get_mut(..piece.len()).ok_or_else(|| {
-            KernelError(format!(
-                "a piece of {} bytes for a staging buffer of {capacity} (broken invariant)",
-                piece.len()
-            ))
-        })?;
-        staged.copy_from_slice(piece);
-        let staged_at = staged.as_ptr() as u64;
-        let stream = StreamHandle(io.context().native);
-        for o in 0..io.output_count() {
-            check_len(piece.len(), io.output_len(o))?;
-            // SAFETY: the output slot holds piece.len() bytes (checked) and is free by the
-            // register protocol; the buffer stays untouched until the slot is written again,
-            // which needs this firing complete (see the type's docs).
-            unsafe { regflow_cuda::copy_to_device_async(stream, io.output_addr(o), staged_at, piece.len()) }
-                .map_err(|e| KernelError(e.to_string()))?;
-        }
-        Ok(())
-    }
-}
-
-/// A source whose kernel writes its pieces on the host (a dataset's batches, a program's
-/// reader), on a `cuda` device: the kernel writes into page-locked buffers, one set per
-/// slot of the source's first output register (claimed as [`FeedStaging`] claims its
-/// buffers, with the same argument for reuse), and the set is copied into the registers
-/// by queued copies on the source's stream.
+/// A slot's set is written again only when the slot is written again, and a slot is free
+/// only once the firing that last wrote it completed (its copies ran: the firing completes
+/// at a callback queued after them) and its readers let it go. So a buffer is never
+/// overwritten while a copy from it is still queued, with no wait of its own.
 pub(crate) struct StagedSource {
     inner: Box<dyn Kernel>,
     slots: Vec<(Option<u64>, StagedSlot)>,
@@ -133,7 +83,7 @@ impl Kernel for StagedSource {
             check_len(view.len(), io.output_len(o))?;
             // SAFETY: the output slot holds view.len() bytes (checked) and is free by the
             // register protocol; the view stays untouched until the slot is written again,
-            // which needs this firing complete (see `FeedStaging`).
+            // which needs this firing complete (see the type's docs).
             unsafe { regflow_cuda::copy_to_device_async(stream, io.output_addr(o), view.addr() as u64, view.len()) }
                 .map_err(|e| KernelError(e.to_string()))?;
         }

@@ -4,7 +4,7 @@
 use super::setup::{feed_depth, fetch_depth};
 use super::start::JobBuilder;
 use super::UserWaits;
-use crate::device::staging::{FeedStaging, StagedSink, StagedSource};
+use crate::device::staging::{StagedSink, StagedSource};
 use crate::inbox::InboxSender;
 use crate::io::{CallbackSinkKernel, ChannelSinkKernel, CountSourceKernel, FedSourceKernel, Feeder, Fetcher};
 use crate::kernel::{Kernel, KernelSpec};
@@ -115,15 +115,7 @@ pub(super) fn make_actor(
                     shared: ends.shared.clone(),
                 },
             );
-            let staging = match spec.device {
-                regflow_plan::DeviceKind::Cuda => {
-                    let slots =
-                        indexed.outputs_of(index).first().map_or(1, |r| plan.regst_descs[r.index()].register_num);
-                    Some(FeedStaging::new(usize::from(spec.device_index), bytes, slots).map_err(setup)?)
-                }
-                _ => None,
-            };
-            Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx, staging }))
+            Some(Box::new(FedSourceKernel { data: data_rx, pool: pool_tx }))
         }
         ActorKind::Compute { kernel } | ActorKind::Acc { kernel, .. } => Some(
             builder.kernels.make_for(kernel, &spec, indexed, index, per_step[index.index()]).map_err(|e| setup(e.0))?,
@@ -171,13 +163,14 @@ pub(super) fn make_actor(
             Some(builder.kernels.make(&regflow_plan::KernelConf::Noop, &spec).map_err(|e| setup(e.0))?)
         }
     };
-    // A host-side source (a dataset's reader, a program's) on a `cuda` device writes
-    // page-locked buffers its stream copies into the registers (`device::staging`).
-    let staged =
-        matches!(desc.kind, ActorKind::Source { pieces: SourcePieces::Dataset(_) | SourcePieces::Custom { .. } })
-            && spec.device == regflow_plan::DeviceKind::Cuda
-            && desc.inputs.is_empty()
-            && kernel.as_ref().is_some_and(|k| k.execution() == Execution::Host);
+    // A host-side source (fed pieces, a dataset's reader, a program's) on a `cuda` device
+    // writes page-locked buffers its stream copies into the registers (`device::staging`).
+    let staged = matches!(
+        desc.kind,
+        ActorKind::Source { pieces: SourcePieces::Fed | SourcePieces::Dataset(_) | SourcePieces::Custom { .. } }
+    ) && spec.device == regflow_plan::DeviceKind::Cuda
+        && desc.inputs.is_empty()
+        && kernel.as_ref().is_some_and(|k| k.execution() == Execution::Host);
     // A sink on a `cuda` device reads its inputs through page-locked copies.
     let staged_sink = matches!(desc.kind, ActorKind::Sink) && spec.device == regflow_plan::DeviceKind::Cuda;
     let kernel = match kernel {
