@@ -151,26 +151,6 @@ impl PinnedBuffer {
         let _ = (device, len);
         Err(CudaError::NotBuilt)
     }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        0
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        true
-    }
-
-    /// Its bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        &[]
-    }
-
-    /// Its bytes, to write.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut []
-    }
 }
 
 // SAFETY: never made in this build; an empty placeholder otherwise.

@@ -549,7 +549,8 @@ pub fn synchronize(stream: StreamHandle) -> Result<(), CudaError> {
 /// that the GPU's copy engines run while the host goes on: a copy from pageable memory is
 /// staged by the driver and returns only once the bytes are taken, a copy from here is
 /// queued and returns at once. Made once (a job's feeds and fetches make theirs when the
-/// job is built), freed on drop. On a dry-run device it is plain host memory.
+/// job is built), freed on drop, and read and written through an arena over it
+/// (`ArenaMemory`). On a dry-run device it is plain host memory.
 #[derive(Debug)]
 pub struct PinnedBuffer {
     ptr: NonNull<u8>,
@@ -562,7 +563,8 @@ pub struct PinnedBuffer {
 // SAFETY: the buffer is owned memory at a fixed address; moving it between threads moves
 // its ownership (the driver frees page-locked memory from any thread once bound).
 unsafe impl Send for PinnedBuffer {}
-// SAFETY: `&PinnedBuffer` only reads (`as_slice`, the address); writing needs `&mut`.
+// SAFETY: a `&PinnedBuffer` gives out only its address (`ArenaMemory::base`); who writes
+// there is ruled by the arena's views, as for any arena's memory.
 unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
@@ -586,28 +588,6 @@ impl PinnedBuffer {
         // SAFETY: `len` bytes just allocated, owned here.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
         Ok(Self { ptr, len, device: Some(device.clone()), _dry_bytes: Box::default() })
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Its bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `len` bytes owned by this buffer, borrowed with it.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// Its bytes, to write.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `len` bytes owned by this buffer, borrowed mutably with it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
