@@ -7,7 +7,7 @@
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
 //!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
 //!     [--peak-tflops 989] [--trace PATH] [--layers N] [--attention composed|fused]
-//!     [--plan-only] [--dry-run] [--lone-casts] [--pad-vocab 64]
+//!     [--plan-only] [--dry-run] [--lone-casts] [--unfolded-casts] [--pad-vocab 64]
 //! ```
 //!
 //! `--pad-vocab 64` pads the logits' columns to a multiple of 64 (50257 to 50304, as
@@ -18,6 +18,9 @@
 //!
 //! `--lone-casts` compiles with `fuse_casts` off (each weight and gradient cast its own
 //! actor and launch, as before casts were fused), to time the difference in one run.
+//! `--unfolded-casts` compiles with `fold_casts` off: the casts of the layer norms'
+//! outputs to bf16 (or f16), of their gradients' `dy` back to f32 and of the blocks'
+//! outputs to f32 for the residual adds run as lone casts instead of inside those ops.
 //!
 //! `--attention fused` runs each block's attention as one `attention` op (flash attention
 //! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,
@@ -32,8 +35,9 @@
 //! calls are not issued, so a real step's host side is that plus theirs. Its losses mean
 //! nothing and are not printed.
 //!
-//! `--plan-only` compiles the step and prints its memory per device, running nothing (no
-//! GPU needed: the plan's layout is the memory a GPU run allocates).
+//! `--plan-only` compiles the step and prints its memory per device and its count of
+//! actors and casts, running nothing (no GPU needed: the plan's layout is the memory a GPU
+//! run allocates).
 //!
 //! `--layers N` keeps the size's widths with N layers (to bisect a problem by depth). Each
 //! step's loss is reported on stderr as it arrives. `--trace PATH` writes the job's
@@ -137,7 +141,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let train = g.minimize(loss, &Optimizer::adamw(6e-4, 0.1).with_clip_norm(1.0))?;
     let parameters: usize = g.trainable_variables().iter().map(|v| v.shape().numel()).sum();
     let fuse_casts = !std::env::args().any(|a| a == "--lone-casts");
-    let options = CompileOptions { device, fuse_casts, ..Default::default() };
+    let fold_casts = !std::env::args().any(|a| a == "--unfolded-casts");
+    let options = CompileOptions { device, fuse_casts, fold_casts, ..Default::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     if std::env::args().any(|a| a == "--plan-only") {
         // What the step needs per device, without a device: the plan's memory layout.
@@ -152,6 +157,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 gb(device.unshared_bytes)
             );
         }
+        let runs = |op_type: &str| {
+            let op = |a: &&regflow::plan::ActorDesc| match &a.kind {
+                regflow::plan::ActorKind::Compute { kernel: regflow::plan::KernelConf::Op(conf) } => {
+                    conf.op_type == op_type
+                }
+                _ => false,
+            };
+            compiled.plan.actors.iter().filter(op).count()
+        };
+        println!(
+            "plan actors: {}, of which {} cast and {} cast_group",
+            compiled.plan.actors.len(),
+            runs("cast"),
+            runs("cast_group")
+        );
         return Ok(());
     }
     let mut builder = Job::builder(compiled.plan.clone());

@@ -1,5 +1,5 @@
 //! Elementwise ops on CUDA against the CPU kernels (skip without a GPU): every unary kind,
-//! binary ops with and without broadcasting, bias GELU and its gradient, dropout; in f32,
+//! binary ops with and without broadcasting (and with one 16-bit operand), bias GELU and its gradient, dropout; in f32,
 //! f64 and bf16 (whose kernels compute in f32 and round each output once, as the CPU's).
 
 mod common;
@@ -122,6 +122,39 @@ fn binary_ops_match_the_cpu_with_and_without_broadcasting() {
                     (&device, &stream),
                     tolerance(dtype),
                 );
+            }
+        }
+    }
+}
+
+/// One operand bf16 or f16, the other and the output f32 (a cast folded into the op by
+/// the compiler): the 16-bit operand is widened exactly, as the CPU's host kernel widens
+/// it, so only the f32 op's rounding may differ.
+#[test]
+fn binary_ops_with_a_16_bit_operand_match_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let shapes: &[(&[usize], &[usize])] =
+        &[(&[7], &[7]), (&[70_001], &[70_001]), (&[33, 768], &[33, 768]), (&[5, 64], &[64]), (&[9, 24], &[9, 1])];
+    for narrow in [DType::Bf16, DType::F16] {
+        for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::ReluGrad] {
+            for (i, &(a_dims, b_dims)) in shapes.iter().enumerate() {
+                for narrow_side in ["a", "b"] {
+                    let (a_dtype, b_dtype) =
+                        if narrow_side == "a" { (narrow, DType::F32) } else { (DType::F32, narrow) };
+                    let a = random(a_dims, a_dtype, 2 * i as u64, (-3.0, 3.0));
+                    let range = if kind == BinaryKind::ReluGrad { (-3.0, 3.0) } else { (0.5, 3.0) };
+                    let b = random(b_dims, b_dtype, 2 * i as u64 + 1, range);
+                    let out = Shape::broadcast(&Shape::new(a_dims), &Shape::new(b_dims)).expect("broadcasts");
+                    let what = format!("{kind:?} {a_dtype} {a_dims:?} with {b_dtype} {b_dims:?}");
+                    check(
+                        &what,
+                        &Binary(kind),
+                        &[&a, &b],
+                        &[TensorMeta::new(out, DType::F32)],
+                        (&device, &stream),
+                        tolerance(DType::F32),
+                    );
+                }
             }
         }
     }

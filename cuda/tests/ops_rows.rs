@@ -1,11 +1,12 @@
 //! The row-wise ops on CUDA (softmax family, masked softmax, layer norm and its gradient,
-//! sparse cross-entropy and its gradient) against the CPU kernels, over odd row lengths
-//! (1, 7, 33, 1023: not multiples of a block) and row counts (skips without a GPU).
+//! also with a bf16 or f16 output or dy, sparse cross-entropy and its gradient) against
+//! the CPU kernels, over odd row lengths (1, 7, 33, 1023: not multiples of a block) and
+//! row counts (skips without a GPU).
 
 mod common;
 
 use regflow_plan::ops::{
-    LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, OpAttrs, PartCrossEntropy, Softmax,
+    Cast, LayerNorm, LayerNormGrad, LogSoftmax, MaskedSoftmax, MaskedSoftmaxGrad, OpAttrs, PartCrossEntropy, Softmax,
     SoftmaxGrad, SparseCrossEntropy, SparseCrossEntropyGrad,
 };
 use regflow_plan::{DType, HostArray, OpConf, Shape, TensorMeta};
@@ -16,6 +17,8 @@ fn tolerance(dtype: DType) -> f64 {
         // f32 arithmetic on both sides, one rounding each: a sum in another order may round
         // the other way (2^-8 relative).
         DType::Bf16 => 1e-2,
+        // As bf16, with f16's 11 bits.
+        DType::F16 => 2e-3,
         _ => 1e-12,
     }
 }
@@ -180,11 +183,11 @@ fn layer_norm_in_runs_and_element_by_element_matches_the_cpu() {
         let (x, gamma, beta) =
             (common::array(&dims, dtype, 17), common::array(&[len], dtype, 18), common::array(&[len], dtype, 19));
         let what = format!("layer_norm {dtype} {dims:?}");
-        let conf = common::conf(&LayerNorm { eps: 1e-5 }, &[&x, &gamma, &beta], &[meta(&dims, dtype)]);
+        let conf = common::conf(&LayerNorm::new(1e-5), &[&x, &gamma, &beta], &[meta(&dims, dtype)]);
         common::check_both(&what, &conf, &[&x, &gamma, &beta], gpu, tolerance(dtype));
         let dy = common::array(&dims, dtype, 20);
         let outputs = [meta(&dims, dtype), meta(&[len], dtype), meta(&[len], dtype)];
-        let conf = common::conf(&LayerNormGrad { eps: 1e-5 }, &[&x, &gamma, &dy], &outputs);
+        let conf = common::conf(&LayerNormGrad::new(1e-5), &[&x, &gamma, &dy], &outputs);
         let what = format!("layer_norm_grad {dtype} {dims:?}");
         check_layer_norm_grad(&what, &conf, &[&x, &gamma, &dy], rows, gpu);
         let what = format!("{what}, registers off alignment");
@@ -207,12 +210,65 @@ fn layer_norm_and_its_gradient_match_the_cpu() {
             let dims = vec![rows, len];
             let (x, gamma, beta) =
                 (common::array(&dims, dtype, 7), common::array(&[len], dtype, 8), common::array(&[len], dtype, 9));
-            let op = LayerNorm { eps: 1e-5 };
+            let op = LayerNorm::new(1e-5);
             check(&format!("layer_norm {dtype} {dims:?}"), &op, &[&x, &gamma, &beta], &[meta(&dims, dtype)], gpu);
             let dy = common::array(&dims, dtype, 10);
             let outputs = [meta(&dims, dtype), meta(&[len], dtype), meta(&[len], dtype)];
-            let conf = common::conf(&LayerNormGrad { eps: 1e-5 }, &[&x, &gamma, &dy], &outputs);
+            let conf = common::conf(&LayerNormGrad::new(1e-5), &[&x, &gamma, &dy], &outputs);
             check_layer_norm_grad(&format!("layer_norm_grad {dtype} {dims:?}"), &conf, &[&x, &gamma, &dy], rows, gpu);
+        }
+    }
+}
+
+/// A layer norm writing bf16 or f16 from f32 (`LayerNorm::out`) and its gradient reading a
+/// bf16 or f16 dy (`LayerNormGrad::dy`), mixed precision's casts folded into them: on the
+/// GPU bitwise the f32 op and a cast (on the GPU) of its output, or of dy to f32 first, and
+/// within the 16-bit dtype's rounding of the CPU kernels; in runs and element by element,
+/// over odd row lengths and those of the warp-per-row and block-per-row entries.
+#[test]
+fn layer_norm_with_16_bit_output_or_dy_matches_the_cast_and_the_f32_op() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    for low in [DType::Bf16, DType::F16] {
+        for (rows, len) in [(7, 1), (5, 33), (37, 8), (37, 256), (9, 768), (11, 1000), (3, 1024), (33, 1500)] {
+            let dims = vec![rows, len];
+            let x = common::array(&dims, DType::F32, 21);
+            let (gamma, beta) = (common::array(&[len], DType::F32, 22), common::array(&[len], DType::F32, 23));
+            let what = format!("layer_norm f32 -> {low} {dims:?}");
+            let op = LayerNorm { eps: 1e-5, out: Some(low) };
+            let folded = common::conf(&op, &[&x, &gamma, &beta], &[meta(&dims, low)]);
+            common::check_both(&what, &folded, &[&x, &gamma, &beta], gpu, tolerance(low));
+            let plain = common::conf(&LayerNorm::new(1e-5), &[&x, &gamma, &beta], &[meta(&dims, DType::F32)]);
+            let y = common::run(&plain, &[&x, &gamma, &beta], Some(gpu)).remove(0);
+            let cast = common::run(&common::conf(&Cast { to: low }, &[&y], &[meta(&dims, low)]), &[&y], Some(gpu));
+            let fused = common::run(&folded, &[&x, &gamma, &beta], Some(gpu));
+            if !device.is_dry() {
+                assert_eq!(fused[0].to_le_bytes(), cast[0].to_le_bytes(), "{what}: not the cast's bits");
+            }
+
+            let dy = common::array(&dims, low, 24);
+            let wide_dy = HostArray::from_f64(dims.clone(), DType::F32, &dy.to_f64_vec()).expect("dy in f32");
+            let outputs = [meta(&dims, DType::F32), meta(&[len], DType::F32), meta(&[len], DType::F32)];
+            let op = LayerNormGrad { eps: 1e-5, dy: Some(low) };
+            let folded = common::conf(&op, &[&x, &gamma, &dy], &outputs);
+            let what = format!("layer_norm_grad f32, dy {low} {dims:?}");
+            check_layer_norm_grad(&what, &folded, &[&x, &gamma, &dy], rows, gpu);
+            check_layer_norm_grad_skewed(
+                &format!("{what}, off alignment"),
+                &folded,
+                &[&x, &gamma, &dy],
+                rows,
+                gpu,
+                true,
+            );
+            let plain = common::conf(&LayerNormGrad::new(1e-5), &[&x, &gamma, &wide_dy], &outputs);
+            let want = common::run(&plain, &[&x, &gamma, &wide_dy], Some(gpu));
+            let got = common::run(&folded, &[&x, &gamma, &dy], Some(gpu));
+            if !device.is_dry() {
+                for (o, (got, want)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(got.to_le_bytes(), want.to_le_bytes(), "{what}: output {o} not the f32 dy's bits");
+                }
+            }
         }
     }
 }

@@ -407,9 +407,9 @@ fn layer_norm_splits_rows_and_its_parameter_gradients_become_partial() {
         let features = *shape.last().unwrap();
         let (x, dy) = (random(shape.clone(), 11), random(shape.clone(), 12));
         let (gamma, beta) = (random([features], 13), random([features], 14));
-        let signatures = check_signatures(&LayerNorm { eps: 1e-5 }, &[x.clone(), gamma.clone(), beta]);
+        let signatures = check_signatures(&LayerNorm::new(1e-5), &[x.clone(), gamma.clone(), beta]);
         assert_eq!(signatures.len(), shape.len() - 1);
-        let signatures = check_signatures(&LayerNormGrad { eps: 1e-5 }, &[x, gamma, dy]);
+        let signatures = check_signatures(&LayerNormGrad::new(1e-5), &[x, gamma, dy]);
         assert!(has(&signatures, &[S(0), B, S(0)], &[S(0), P, P]));
     }
 }

@@ -135,3 +135,49 @@ fn bf16_boxing_parts_move_values_exactly() {
     compute_once(&KeepOnFirst { first: false }, &HostContext::default(), &[x.view()], &mut [out.view_mut()]).unwrap();
     assert_eq!(out.to_f64_vec(), vec![0.0; 21]);
 }
+
+/// A binary op with one 16-bit operand and an f32 other operand and output (a cast the
+/// compiler folded into the op) gives, bit for bit, the f32 op on the operand cast to f32.
+/// Mixed dtypes any other way are refused.
+#[test]
+fn a_16_bit_operand_is_read_widened_to_an_f32_op() {
+    use regflow_kernels::HostCompute;
+    let meta = |shape: &[usize], dtype| TensorMeta::new(shape.to_vec(), dtype);
+    let shapes: [(&[usize], &[usize]); 2] = [(&[5, 7], &[7]), (&[3, 8], &[3, 8])];
+    for (narrow_dtype, (a_dims, b_dims)) in [DType::Bf16, DType::F16].into_iter().zip(shapes) {
+        let wide = HostArray::f32(a_dims.to_vec(), values(a_dims.iter().product(), 11)).unwrap();
+        let narrow = HostArray::from_f64(
+            b_dims.to_vec(),
+            narrow_dtype,
+            &values(b_dims.iter().product(), 12).iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let widened = run(&Cast { to: DType::F32 }, &[&narrow], meta(b_dims, DType::F32));
+        let widened = HostArray::f32(b_dims.to_vec(), widened.iter().map(|&v| v as f32).collect()).unwrap();
+        for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::ReluGrad] {
+            let op = Binary(kind);
+            let out = meta(a_dims, DType::F32);
+            let want = run(&op, &[&wide, &widened], out.clone());
+            assert_eq!(run(&op, &[&wide, &narrow], out.clone()), want, "{kind:?}, b {narrow_dtype}");
+            // The narrow operand first (where it broadcasts, only `a` may be the larger).
+            if a_dims == b_dims {
+                let want = run(&op, &[&widened, &wide], out.clone());
+                assert_eq!(run(&op, &[&narrow, &wide], out.clone()), want, "{kind:?}, a {narrow_dtype}");
+            }
+            // The plan's check, which both the CPU and the CUDA kernel run, accepts it.
+            let conf = OpConf::new(&op, vec![wide.meta(), narrow.meta()], vec![0, 1], vec![out.clone()]);
+            assert!(op.check(&conf.inputs, &conf.outputs).is_ok());
+        }
+        // A 16-bit output from mixed operands, or a mixed pair without f32, is refused.
+        let op = Binary(BinaryKind::Add);
+        let refused = [
+            (vec![wide.meta(), narrow.meta()], meta(a_dims, narrow_dtype)),
+            (vec![meta(a_dims, DType::F64), narrow.meta()], meta(a_dims, DType::F64)),
+            (vec![meta(a_dims, DType::Bf16), meta(b_dims, DType::F16)], meta(a_dims, DType::F32)),
+        ];
+        for (inputs, output) in refused {
+            let error = op.check(&inputs, &[output]).unwrap_err();
+            assert!(error.contains("must have one dtype, or one operand be bf16 or f16"), "{error}");
+        }
+    }
+}

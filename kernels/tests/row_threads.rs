@@ -59,9 +59,9 @@ fn layer_norm_and_its_three_gradients() {
     for (rows, width) in SHAPES {
         let (x, gamma, beta, dy) =
             (random(&[rows, width], 4), random(&[width], 5), random(&[width], 6), random(&[rows, width], 7));
-        let op = LayerNorm { eps: 1e-5 };
+        let op = LayerNorm::new(1e-5);
         same_on_any_thread_count("layer_norm", &op, &[x.clone(), gamma.clone(), beta], &[vec![rows, width]]);
-        let grad = LayerNormGrad { eps: 1e-5 };
+        let grad = LayerNormGrad::new(1e-5);
         let outs = [vec![rows, width], vec![width], vec![width]];
         same_on_any_thread_count("layer_norm_grad", &grad, &[x, gamma, dy], &outs);
     }

@@ -46,7 +46,7 @@ fn vector_width_changes_no_bit() {
             bits(&Softmax { axis: 0 }, &[&x], &[rows, len]),
             bits(&SoftmaxGrad { axis: -1, log: true }, &[&probabilities, &dy], &[rows, len]),
             bits(&BiasGelu, &[&x, &bias], &[rows, len]),
-            bits(&LayerNorm { eps: 1e-5 }, &[&x, &gamma, &beta], &[rows, len]),
+            bits(&LayerNorm::new(1e-5), &[&x, &gamma, &beta], &[rows, len]),
             bits(&Unary(UnaryKind::Exp), &[&x], &[rows, len]),
             bits(&Unary(UnaryKind::Tanh), &[&x], &[rows, len]),
         ]

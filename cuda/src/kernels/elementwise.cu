@@ -146,10 +146,15 @@ struct Div { template <typename T> __device__ T operator()(T a, T b) const { ret
 // ReLU's gradient from its output: `a` (the gradient) where `b > 0`, else 0.
 struct ReluGrad { template <typename T> __device__ T operator()(T a, T b) const { return b > (T)0 ? a : (T)0; } };
 
-// Eight outputs from eight elements of each operand.
-template <typename T, typename F>
-__device__ __forceinline__ void eight2(const T* a, const T* b, T* out, F f) {
-    Eight<T> x = ld8(a), y = ld8(b), r;
+// Eight outputs from eight elements of each operand. The operands and the output share
+// one element type, except where a 16-bit operand is read widened to an f32 op (a cast
+// folded into it, the `_f32_bf16a`-style entries below): `ld` widens it exactly, as the
+// cast did.
+template <typename TA, typename TB, typename TO, typename F>
+__device__ __forceinline__ void eight2(const TA* a, const TB* b, TO* out, F f) {
+    Eight<TA> x = ld8(a);
+    Eight<TB> y = ld8(b);
+    Eight<TO> r;
 #pragma unroll
     for (int k = 0; k < EIGHT; ++k) st(&r.v[k], f(ld(&x.v[k]), ld(&y.v[k])));
     st8(out, r);
@@ -157,7 +162,8 @@ __device__ __forceinline__ void eight2(const T* a, const T* b, T* out, F f) {
 
 // Both operands of the output's shape: no index arithmetic; eight elements per step where
 // aligned (see EIGHT in the prelude).
-template <typename T, typename F> __device__ __forceinline__ void map2(const T* a, const T* b, T* out, u64 n, F f) {
+template <typename TA, typename TB, typename TO, typename F>
+__device__ __forceinline__ void map2(const TA* a, const TB* b, TO* out, u64 n, F f) {
     u64 done = 0;
     if (eight_aligned(a) && eight_aligned(b) && eight_aligned(out)) {
         u64 groups = n / EIGHT;
@@ -172,8 +178,8 @@ template <typename T, typename F> __device__ __forceinline__ void map2(const T* 
 // multiple of eight that both operands read contiguously (a bias added to every row, a
 // row-wise scale) take eight elements per step with one division per eight; anything else
 // one index map per element.
-template <typename T, typename F>
-__device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, Indexing s, u64 n, F f) {
+template <typename TA, typename TB, typename TO, typename F>
+__device__ __forceinline__ void map2_broadcast(const TA* a, const TB* b, TO* out, Indexing s, u64 n, F f) {
     u64 done = 0;
     if (s.rank == 2 && s.a[1] == 1 && s.b[1] == 1 && s.dims[1] % EIGHT == 0 && s.a[0] % EIGHT == 0 &&
         s.b[0] % EIGHT == 0 && eight_aligned(a) && eight_aligned(b) && eight_aligned(out)) {
@@ -191,35 +197,40 @@ __device__ __forceinline__ void map2_broadcast(const T* a, const T* b, T* out, I
     }
 }
 
-// Every binary entry for one element type: S its suffix, T the type; `_broadcast` reads
-// the operands through `Indexing`.
-#define BINARY_ENTRIES(S, T)                                                                            \
-    extern "C" __global__ void regflow_binary_add_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Add()); } \
-    extern "C" __global__ void regflow_binary_sub_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Sub()); } \
-    extern "C" __global__ void regflow_binary_mul_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Mul()); } \
-    extern "C" __global__ void regflow_binary_div_##S(const T* a, const T* b, T* out, u64 n) { map2(a, b, out, n, Div()); } \
-    extern "C" __global__ void regflow_binary_relu_grad_##S(const T* a, const T* b, T* out, u64 n) {   \
+// Every binary entry for one set of element types: S their suffix, TA and TB the operands',
+// TO the output's; `_broadcast` reads the operands through `Indexing`.
+#define BINARY_ENTRIES(S, TA, TB, TO)                                                                           \
+    extern "C" __global__ void regflow_binary_add_##S(const TA* a, const TB* b, TO* out, u64 n) { map2(a, b, out, n, Add()); } \
+    extern "C" __global__ void regflow_binary_sub_##S(const TA* a, const TB* b, TO* out, u64 n) { map2(a, b, out, n, Sub()); } \
+    extern "C" __global__ void regflow_binary_mul_##S(const TA* a, const TB* b, TO* out, u64 n) { map2(a, b, out, n, Mul()); } \
+    extern "C" __global__ void regflow_binary_div_##S(const TA* a, const TB* b, TO* out, u64 n) { map2(a, b, out, n, Div()); } \
+    extern "C" __global__ void regflow_binary_relu_grad_##S(const TA* a, const TB* b, TO* out, u64 n) {   \
         map2(a, b, out, n, ReluGrad());                                                                 \
     }                                                                                                   \
-    extern "C" __global__ void regflow_binary_add_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+    extern "C" __global__ void regflow_binary_add_broadcast_##S(const TA* a, const TB* b, TO* out, Indexing s, u64 n) { \
         map2_broadcast(a, b, out, s, n, Add());                                                         \
     }                                                                                                   \
-    extern "C" __global__ void regflow_binary_sub_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+    extern "C" __global__ void regflow_binary_sub_broadcast_##S(const TA* a, const TB* b, TO* out, Indexing s, u64 n) { \
         map2_broadcast(a, b, out, s, n, Sub());                                                         \
     }                                                                                                   \
-    extern "C" __global__ void regflow_binary_mul_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+    extern "C" __global__ void regflow_binary_mul_broadcast_##S(const TA* a, const TB* b, TO* out, Indexing s, u64 n) { \
         map2_broadcast(a, b, out, s, n, Mul());                                                         \
     }                                                                                                   \
-    extern "C" __global__ void regflow_binary_div_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+    extern "C" __global__ void regflow_binary_div_broadcast_##S(const TA* a, const TB* b, TO* out, Indexing s, u64 n) { \
         map2_broadcast(a, b, out, s, n, Div());                                                         \
     }                                                                                                   \
-    extern "C" __global__ void regflow_binary_relu_grad_broadcast_##S(const T* a, const T* b, T* out, Indexing s, u64 n) { \
+    extern "C" __global__ void regflow_binary_relu_grad_broadcast_##S(const TA* a, const TB* b, TO* out, Indexing s, u64 n) { \
         map2_broadcast(a, b, out, s, n, ReluGrad());                                                    \
     }
-BINARY_ENTRIES(f32, float)
-BINARY_ENTRIES(f64, double)
-BINARY_ENTRIES(bf16, bf16)
-BINARY_ENTRIES(f16, f16)
+BINARY_ENTRIES(f32, float, float, float)
+BINARY_ENTRIES(f64, double, double, double)
+BINARY_ENTRIES(bf16, bf16, bf16, bf16)
+BINARY_ENTRIES(f16, f16, f16, f16)
+// One 16-bit operand (`a` or `b`, by the suffix's last letter) widened to an f32 op.
+BINARY_ENTRIES(f32_bf16a, bf16, float, float)
+BINARY_ENTRIES(f32_bf16b, float, bf16, float)
+BINARY_ENTRIES(f32_f16a, f16, float, float)
+BINARY_ENTRIES(f32_f16b, float, f16, float)
 
 // ---- bias GELU ---------------------------------------------------------------------
 

@@ -166,15 +166,17 @@ template <typename T> __device__ void row_stats(const T* xr, u64 len, T eps, T* 
     *rstd = (T)1 / m_sqrt(v + eps);
 }
 
-// y = (x - mean) · rstd · gamma + beta per row of `len` features.
-template <typename T>
-__device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, T* y, u64 rows, u64 len, T eps) {
+// y = (x - mean) · rstd · gamma + beta per row of `len` features, computed in T and stored
+// as Y: T, or (mixed precision's cast folded into the norm) bf16 or f16 from f32, rounded
+// by the conversion the cast kernels use, so the bits are those of the cast of the f32 y.
+template <typename T, typename Y>
+__device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, Y* y, u64 rows, u64 len, T eps) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
         const T* xr = x + r * len;
         T mean, rstd;
         row_stats(xr, len, eps, scratch, &mean, &rstd);
-        FOR_EACH_COL(j, len) y[r * len + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+        FOR_EACH_COL(j, len) st(y + r * len + j, (xr[j] - mean) * rstd * gamma[j] + beta[j]);
     }
 }
 
@@ -186,6 +188,15 @@ extern "C" __global__ void regflow_layer_norm_f64(
     const double* x, const double* gamma, const double* beta, double* y, u64 rows, u64 len, double eps) {
     layer_norm_rows(x, gamma, beta, y, rows, len, eps);
 }
+// f32 in, bf16 or f16 out: `regflow_layer_norm_<in>_<out>`.
+extern "C" __global__ void regflow_layer_norm_f32_bf16(
+    const float* x, const float* gamma, const float* beta, bf16* y, u64 rows, u64 len, float eps) {
+    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
+}
+extern "C" __global__ void regflow_layer_norm_f32_f16(
+    const float* x, const float* gamma, const float* beta, f16* y, u64 rows, u64 len, float eps) {
+    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
+}
 
 // Layer norm's gradient, in three launches on one stream:
 // 1. x̂ = (x - mean) · rstd into dx (dx is the only row-sized memory the op owns);
@@ -193,6 +204,8 @@ extern "C" __global__ void regflow_layer_norm_f64(
 //    the prelude): deterministic, no atomics; with more than a few rows the rows are
 //    added in slices, so the sums differ from the CPU's serial ones by rounding;
 // 3. dx = rstd · (g - mean(g) - x̂ · mean(g · x̂)) with g = dy · gamma, overwriting x̂.
+// dy is stored as D: T, or (mixed precision's cast folded into the gradient) bf16 or f16
+// beside f32, widened exactly as it loads, as the cast kernels widen.
 template <typename T> __device__ void layer_norm_x_hat_rows(const T* x, T* x_hat, u64 rows, u64 len, T eps) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
@@ -224,39 +237,40 @@ __device__ void layer_norm_params_columns(T* dgamma, T* dbeta, u64 rows, u64 len
 }
 
 // Row r's terms of dgamma and dbeta: dy · x̂ and dy.
-template <typename T> struct XHatTerms {
+template <typename T, typename D> struct XHatTerms {
     const T* x_hat;
-    const T* dy;
+    const D* dy;
     u64 len;
     __device__ void operator()(u64 r, u64 j, T& dg, T& db) const {
-        T d = dy[r * len + j];
+        T d = ld(dy + r * len + j);
         dg += d * x_hat[r * len + j];
         db += d;
     }
 };
 
-template <typename T> __device__ void layer_norm_params_grad(const T* x_hat, const T* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {
-    layer_norm_params_columns(dgamma, dbeta, rows, len, XHatTerms<T>{x_hat, dy, len});
+template <typename T, typename D>
+__device__ void layer_norm_params_grad(const T* x_hat, const D* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {
+    layer_norm_params_columns(dgamma, dbeta, rows, len, XHatTerms<T, D>{x_hat, dy, len});
 }
 
-template <typename T>
-__device__ void layer_norm_dx_rows(const T* x, const T* gamma, const T* dy, T* dx, u64 rows, u64 len, T eps) {
+template <typename T, typename D>
+__device__ void layer_norm_dx_rows(const T* x, const T* gamma, const D* dy, T* dx, u64 rows, u64 len, T eps) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
         const T* xr = x + r * len;
-        const T* dyr = dy + r * len;
+        const D* dyr = dy + r * len;
         T* dxr = dx + r * len;
         T mean, rstd;
         row_stats(xr, len, eps, scratch, &mean, &rstd);
         T g = 0, gx = 0;
         FOR_EACH_COL(j, len) {
-            T dg = dyr[j] * gamma[j];
+            T dg = ld(dyr + j) * gamma[j];
             g += dg;
             gx += dg * dxr[j];
         }
         T g_mean = block_sum(g, scratch) / (T)len;
         T gx_mean = block_sum(gx, scratch) / (T)len;
-        FOR_EACH_COL(j, len) dxr[j] = rstd * (dyr[j] * gamma[j] - g_mean - dxr[j] * gx_mean);
+        FOR_EACH_COL(j, len) dxr[j] = rstd * (ld(dyr + j) * gamma[j] - g_mean - dxr[j] * gx_mean);
     }
 }
 
@@ -280,6 +294,23 @@ extern "C" __global__ void regflow_layer_norm_dx_f32(
 }
 extern "C" __global__ void regflow_layer_norm_dx_f64(
     const double* x, const double* gamma, const double* dy, double* dx, u64 rows, u64 len, double eps) {
+    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
+}
+// f32 x̂ and x with a bf16 or f16 dy: `regflow_layer_norm_<step>_f32_dy_<dy>`.
+extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f32_dy_bf16(
+    const float* x_hat, const bf16* dy, float* dgamma, float* dbeta, u64 rows, u64 len) {
+    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
+}
+extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f32_dy_f16(
+    const float* x_hat, const f16* dy, float* dgamma, float* dbeta, u64 rows, u64 len) {
+    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
+}
+extern "C" __global__ void regflow_layer_norm_dx_f32_dy_bf16(
+    const float* x, const float* gamma, const bf16* dy, float* dx, u64 rows, u64 len, float eps) {
+    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
+}
+extern "C" __global__ void regflow_layer_norm_dx_f32_dy_f16(
+    const float* x, const float* gamma, const f16* dy, float* dx, u64 rows, u64 len, float eps) {
     layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
 }
 
@@ -657,40 +688,63 @@ __device__ void masked_softmax_grad_warp(const S* y, const S* dy, S* dx, u64 row
     }
 }
 
-// The layer-norm kernels' rows are f32: runs of four.
+// The layer-norm kernels' rows are f32 (x, gamma, beta, dx): runs of four. A bf16 or f16
+// output or dy beside them (mixed precision's casts folded in) moves in runs of four too,
+// 8 bytes an access, so every lane holds the same elements of each tensor.
 #define F32_RUN 4
+
+// Four contiguous elements of T: one 16-byte access for f32, one 8-byte access for bf16
+// and f16 (aligned to that: every run starts at a multiple of four elements).
+template <typename T> struct alignas(F32_RUN * sizeof(T)) Four {
+    T v[F32_RUN];
+};
+// The four elements at p, widened to f32, into v.
+template <typename T> __device__ __forceinline__ void ld_four(const T* p, float* v) {
+    Four<T> four = *reinterpret_cast<const Four<T>*>(p);
+#pragma unroll
+    for (int i = 0; i < F32_RUN; ++i) v[i] = ld(&four.v[i]);
+}
+// The four values of v, stored as T (rounded to nearest even for bf16 and f16), to p.
+template <typename T> __device__ __forceinline__ void st_four(T* p, const float* v) {
+    Four<T> four;
+#pragma unroll
+    for (int i = 0; i < F32_RUN; ++i) st(&four.v[i], v[i]);
+    *reinterpret_cast<Four<T>*>(p) = four;
+}
 
 // The element of a row that value k of this lane holds: in runs of four (`runs`), or l + 32k.
 __device__ __forceinline__ u64 lane_element(bool runs, u32 lane, int k) {
     return runs ? run_start<F32_RUN>(lane, k / F32_RUN) + k % F32_RUN : lane + 32u * k;
 }
 
-// This lane's N values of the f32 row at p into v: in runs, or bounds-tested, 0 past len.
-template <int N> __device__ __forceinline__ void ld_lane(const float* p, bool runs, u64 len, float* v) {
+// This lane's N values of the row at p (f32, or bf16 or f16 widened) into v: in runs, or
+// bounds-tested, 0 past len.
+template <int N, typename T> __device__ __forceinline__ void ld_lane(const T* p, bool runs, u64 len, float* v) {
     u32 lane = threadIdx.x & 31;
     if (runs) {
 #pragma unroll
-        for (int a = 0; a < N / F32_RUN; ++a) ld_run<F32_RUN>(p + run_start<F32_RUN>(lane, a), v + a * F32_RUN);
+        for (int a = 0; a < N / F32_RUN; ++a) ld_four(p + run_start<F32_RUN>(lane, a), v + a * F32_RUN);
     } else {
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             u64 j = lane + 32 * k;
-            v[k] = j < len ? p[j] : 0.0f;
+            v[k] = j < len ? ld(p + j) : 0.0f;
         }
     }
 }
 
-// This lane's N values v to the f32 row at p: in runs, or those before len.
-template <int N> __device__ __forceinline__ void st_lane(float* p, bool runs, u64 len, const float* v) {
+// This lane's N values v to the row at p (f32, or bf16 or f16 rounded): in runs, or those
+// before len.
+template <int N, typename T> __device__ __forceinline__ void st_lane(T* p, bool runs, u64 len, const float* v) {
     u32 lane = threadIdx.x & 31;
     if (runs) {
 #pragma unroll
-        for (int a = 0; a < N / F32_RUN; ++a) st_run<F32_RUN>(p + run_start<F32_RUN>(lane, a), v + a * F32_RUN);
+        for (int a = 0; a < N / F32_RUN; ++a) st_four(p + run_start<F32_RUN>(lane, a), v + a * F32_RUN);
     } else {
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             u64 j = lane + 32 * k;
-            if (j < len) p[j] = v[k];
+            if (j < len) st(p + j, v[k]);
         }
     }
 }
@@ -718,15 +772,14 @@ __device__ __forceinline__ void warp_row_stats(const float* xr, bool runs, u64 l
 
 // Whether the layer-norm rows of `len` at these pointers go in runs: rows fill all 32·N
 // places (so every row starts as its tensor does) and every tensor is 16-byte aligned.
-template <int N>
-__device__ __forceinline__ bool layer_norm_runs(u64 len, const float* a, const float* b, const float* c,
-                                                const float* d) {
+template <int N, typename C, typename D>
+__device__ __forceinline__ bool layer_norm_runs(u64 len, const float* a, const float* b, const C* c, const D* d) {
     return len == 32u * N && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
 }
 
-// layer_norm_rows for one warp per row.
-template <int N>
-__device__ void layer_norm_warp(const float* x, const float* gamma, const float* beta, float* y, u64 rows, u64 len,
+// layer_norm_rows for one warp per row (y stored as Y: f32, or bf16 or f16 rounded).
+template <int N, typename Y>
+__device__ void layer_norm_warp(const float* x, const float* gamma, const float* beta, Y* y, u64 rows, u64 len,
                                 float eps) {
     u32 lane = threadIdx.x & 31;
     bool runs = layer_norm_runs<N>(len, x, gamma, beta, y);
@@ -743,13 +796,13 @@ __device__ void layer_norm_warp(const float* x, const float* gamma, const float*
                 ld_run<F32_RUN>(beta + j, b);
 #pragma unroll
                 for (int i = 0; i < F32_RUN; ++i) o[i] = (v[a * F32_RUN + i] - mean) * rstd * g[i] + b[i];
-                st_run<F32_RUN>(y + r * len + j, o);
+                st_four(y + r * len + j, o);
             }
         } else {
 #pragma unroll
             for (int k = 0; k < N; ++k) {
                 u64 j = lane + 32 * k;
-                if (j < len) y[r * len + j] = (v[k] - mean) * rstd * gamma[j] + beta[j];
+                if (j < len) st(y + r * len + j, (v[k] - mean) * rstd * gamma[j] + beta[j]);
             }
         }
     }
@@ -784,8 +837,9 @@ template <int N> __device__ __forceinline__ void times_gamma(float* d, const flo
 // 2. a column reduction adds each feature's W partials in warp order.
 // W depends on the shape alone (rows.rs), so the bits do not change from run to run; so
 // does the layout (runs or not), decided once for the launch, as the partials must be.
-template <int N>
-__device__ void layer_norm_grad_warp(const float* x, const float* gamma, const float* dy, float* dx, float* parts,
+// dy is stored as D: f32, or bf16 or f16 widened as it loads.
+template <int N, typename D>
+__device__ void layer_norm_grad_warp(const float* x, const float* gamma, const D* dy, float* dx, float* parts,
                                      u64 rows, u64 len, float eps) {
     u32 lane = threadIdx.x & 31;
     u64 w = (u64)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5), warps = (u64)gridDim.x * WARP_ROWS;
@@ -885,9 +939,29 @@ extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
                                                            float* y, u64 rows, u64 len, float eps) {              \
         layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps);                                                    \
     }                                                                                                             \
+    extern "C" __global__ void regflow_layer_norm_f32_bf16_w##N(const float* x, const float* gamma,               \
+                                                                const float* beta, bf16* y, u64 rows, u64 len,    \
+                                                                float eps) {                                      \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps);                                                    \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_layer_norm_f32_f16_w##N(const float* x, const float* gamma,                \
+                                                               const float* beta, f16* y, u64 rows, u64 len,      \
+                                                               float eps) {                                       \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps);                                                    \
+    }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_grad_f32_w##N(const float* x, const float* gamma,               \
                                                                 const float* dy, float* dx, float* parts,         \
                                                                 u64 rows, u64 len, float eps) {                   \
+        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps);                                         \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_layer_norm_grad_f32_dy_bf16_w##N(const float* x, const float* gamma,       \
+                                                                        const bf16* dy, float* dx, float* parts,  \
+                                                                        u64 rows, u64 len, float eps) {           \
+        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps);                                         \
+    }                                                                                                             \
+    extern "C" __global__ void regflow_layer_norm_grad_f32_dy_f16_w##N(const float* x, const float* gamma,        \
+                                                                       const f16* dy, float* dx, float* parts,    \
+                                                                       u64 rows, u64 len, float eps) {            \
         layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps);                                         \
     }
 WARP_ROW_ENTRIES(8)

@@ -157,11 +157,22 @@ fn make_binary(spec: &KernelSpec<'_>) -> Result<BinaryKernel, KernelError> {
         if a == out && b == out { None } else { Some(layout::broadcast(out, a, b).map_err(|e| fail(spec, conf, e))?) };
     let variant = if broadcast.is_some() { "_broadcast" } else { "" };
     Ok(BinaryKernel {
-        function: function(spec, &format!("regflow_binary_{stem}{variant}_{}", suffix(dtype)))?,
+        function: function(spec, &format!("regflow_binary_{stem}{variant}_{}", binary_suffix(conf, dtype)))?,
         inputs: input_slots(conf),
         broadcast,
         n: conf.outputs[0].shape.numel() as u64,
     })
+}
+
+/// The entry suffix of a binary op's element types: the output's (`f32`), or, where the
+/// check let one operand be 16-bit (a cast folded into the op), the output's, that
+/// operand's and which one it is (`f32_bf16b`: `b` is bf16, read widened).
+fn binary_suffix(conf: &OpConf, dtype: DType) -> String {
+    let narrow = conf.inputs.iter().zip(["a", "b"]).find(|(meta, _)| meta.dtype != dtype);
+    match narrow {
+        None => suffix(dtype).to_string(),
+        Some((meta, operand)) => format!("{}_{}{operand}", suffix(dtype), suffix(meta.dtype)),
+    }
 }
 
 #[derive(Debug)]
@@ -399,6 +410,28 @@ mod tests {
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
         }
+    }
+
+    #[test]
+    fn a_binary_op_with_a_16_bit_operand_has_an_entry_per_kind_and_side() {
+        let entries = declared();
+        let meta = |dtype| regflow_plan::TensorMeta::new([4, 8], dtype);
+        for narrow in [DType::Bf16, DType::F16] {
+            for (a, b, side) in [(narrow, DType::F32, "a"), (DType::F32, narrow, "b")] {
+                let conf =
+                    OpConf::new(&Binary(BinaryKind::Add), vec![meta(a), meta(b)], vec![0, 1], vec![meta(DType::F32)]);
+                let suffix = binary_suffix(&conf, DType::F32);
+                assert_eq!(suffix, format!("f32_{narrow}{side}"));
+                for stem in ["add", "sub", "mul", "div", "relu_grad"] {
+                    for variant in ["", "_broadcast"] {
+                        let name = format!("regflow_binary_{stem}{variant}_{suffix}");
+                        assert!(entries.contains(&name.as_str()), "{name}");
+                    }
+                }
+            }
+        }
+        let same = OpConf::new(&Binary(BinaryKind::Add), vec![meta(DType::F32); 2], vec![0, 1], vec![meta(DType::F32)]);
+        assert_eq!(binary_suffix(&same, DType::F32), "f32");
     }
 
     #[test]

@@ -27,7 +27,10 @@ pub(super) const ENTRIES: &[Entry] = &[
     // Keyed by the probabilities' dtype, the scores': bf16 for mixed precision's.
     ("masked_softmax", LOW, || Arc::new(make_masked_softmax)),
     ("masked_softmax_grad", LOW, || Arc::new(make_masked_softmax_grad)),
-    ("layer_norm", FLOAT, || Arc::new(make_layer_norm)),
+    // Keyed by the output's dtype: bf16 and f16 for an f32 norm that writes them (the
+    // compiler's folded casts, `LayerNorm::out`). The gradient, keyed f32, may read a bf16
+    // or f16 dy (`LayerNormGrad::dy`).
+    ("layer_norm", LOW, || Arc::new(make_layer_norm)),
     ("layer_norm_grad", FLOAT, || Arc::new(make_layer_norm_grad)),
     // Keyed by the loss's dtype: f32 for f32 and bf16 logits alike.
     ("sparse_cross_entropy", FLOAT, || Arc::new(make_cross_entropy)),
@@ -375,21 +378,33 @@ fn layer_norm_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, usize
     Ok((rows_of(x.shape.dims()).0, features))
 }
 
+/// `regflow_layer_norm_<dtype>[_w<N>]`, or for an f32 norm writing bf16 or f16
+/// `regflow_layer_norm_f32_<out>[_w<N>]`: each element computed in f32 and rounded as the
+/// cast kernels round.
 fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let op: LayerNorm = conf.parse_attrs().map_err(KernelError)?;
-    let dtype = metas(spec, conf, 3, 1, &[])?;
-    // x and y share a meta, and so do gamma and beta.
-    same_meta(spec, conf, &[3])?;
+    // f32 or f64 inputs, and the output's dtype the attributes give.
+    op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
+    let (entries, dtype) = match op.out {
+        None => {
+            let dtype = metas(spec, conf, 3, 1, &[])?;
+            // x and y share a meta, and so do gamma and beta.
+            same_meta(spec, conf, &[3])?;
+            ("layer_norm", dtype)
+        }
+        Some(out) => ("layer_norm_f32", out),
+    };
     if conf.inputs[2] != conf.inputs[1] {
         return Err(fail(spec, conf, format!("beta {} must match gamma {}", conf.inputs[2], conf.inputs[1])));
     }
     let (rows, features) = layer_norm_rows(spec, conf)?;
-    let (function, grid) = row_entry(spec, "layer_norm", dtype, rows, features)?;
+    let (function, grid) = row_entry(spec, entries, dtype, rows, features)?;
     Ok(queued(RowsKernel {
         function,
         grid,
-        dtype,
+        // The arithmetic's: f64 passes an f64 eps, the others f32.
+        dtype: conf.inputs[0].dtype,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
         three: true,
         rows: rows as u64,
@@ -467,24 +482,39 @@ impl Kernel for LayerNormGradKernel {
     }
 }
 
+/// The entries read a dy of x's dtype (`regflow_layer_norm_<step>_<dtype>[_w<N>]`), or
+/// with f32 x a bf16 or f16 one (`LayerNormGrad::dy`), widened as it loads
+/// (`regflow_layer_norm_<step>_f32_dy_<dy>[_w<N>]`; x̂ reads no dy and keeps its entry).
 fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let op: LayerNormGrad = conf.parse_attrs().map_err(KernelError)?;
-    let dtype = metas(spec, conf, 3, 3, &[])?;
-    // dy and dx match x; dgamma and dbeta match gamma.
-    same_meta(spec, conf, &[2, 3])?;
+    // f32 or f64 x, dy in the dtype the attributes give; dx like x, dgamma and dbeta like
+    // gamma.
+    op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
+    let dtype = conf.inputs[0].dtype;
+    // The suffix of the entries that read dy.
+    let dy_suffix = match op.dy {
+        None => {
+            metas(spec, conf, 3, 3, &[])?;
+            // dy and dx match x; dgamma and dbeta match gamma.
+            same_meta(spec, conf, &[2, 3])?;
+            String::new()
+        }
+        Some(dy) => format!("_dy_{}", suffix(dy)),
+    };
     let gamma = &conf.inputs[1];
     if conf.outputs[1] != *gamma || conf.outputs[2] != *gamma {
         return Err(fail(spec, conf, format!("dgamma and dbeta must match gamma {gamma}")));
     }
     let (rows, features) = layer_norm_rows(spec, conf)?;
+    let reading_dy = |step: &str| function(spec, &format!("regflow_layer_norm_{step}_{}{dy_suffix}", suffix(dtype)));
     let steps = match warp_lane_elements(dtype, features) {
         Some(n) => {
             let grid = warp_row_grid(rows);
             let grid = Grid { blocks: (grid.blocks.0.min(LAYER_NORM_GRAD_BLOCKS), 1, 1), ..grid };
             let warps = u64::from(grid.blocks.0) * WARP_ROWS;
             LayerNormGradSteps::Warp {
-                grad: function(spec, &format!("regflow_layer_norm_grad_f32_w{n}"))?,
+                grad: function(spec, &format!("regflow_layer_norm_grad_f32{dy_suffix}_w{n}"))?,
                 sum: function(spec, "regflow_layer_norm_params_sum_f32")?,
                 grid,
                 parts: 2 * warps * features as u64 * 4,
@@ -492,8 +522,8 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
         }
         None => LayerNormGradSteps::Rows {
             x_hat: entry(spec, "layer_norm_x_hat", dtype)?,
-            params: entry(spec, "layer_norm_params_grad", dtype)?,
-            dx: entry(spec, "layer_norm_dx", dtype)?,
+            params: reading_dy("params_grad")?,
+            dx: reading_dy("dx")?,
             grid: row_grid(rows, features),
             dtype,
         },

@@ -52,6 +52,7 @@ mod compiled;
 mod connect;
 mod emit;
 mod error;
+mod fold_casts;
 mod fuse_casts;
 mod fuse_norms;
 mod fuse_updates;
@@ -147,6 +148,9 @@ fn compile_step(
     bucket::bucket_gradients(&mut low);
     fuse_updates::fuse_updates(&mut low);
     fuse_norms::fuse_norms(&mut low);
+    // Before the cast groups: a cast it folds never joins one, and the groups are then
+    // made of the casts that are left.
+    fold_casts::fold_casts(&mut low);
     fuse_casts::fuse_casts(&mut low);
     // One step's estimated schedule orders the collectives and the memory-sharing chains of
     // a cpu plan ([`schedule`]); a pipeline's micro-batches interleave in ways one step does

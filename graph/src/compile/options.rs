@@ -49,6 +49,15 @@ pub struct CompileOptions {
     /// CUDA one multi-tensor launch per 32 casts instead of a launch each. Results are
     /// bitwise the lone casts'. Default on.
     pub fuse_casts: bool,
+    /// Fold mixed precision's lone casts into the ops beside them (`compile/fold_casts.rs`):
+    /// a layer norm's f32 output cast to bf16 or f16 is written narrow by the layer norm
+    /// itself ([`LayerNorm::out`](crate::plan::ops::LayerNorm::out)), and a 16-bit tensor
+    /// cast to f32 for one reader is read as it is by that reader: a layer norm gradient's
+    /// `dy` ([`LayerNormGrad::dy`](crate::plan::ops::LayerNormGrad::dy)) or an operand of
+    /// an f32 `binary` op (the residual stream's adds): per transformer block three lone
+    /// casts (on CUDA three launches and an activation's f32 copy each) fewer. Results are
+    /// bitwise the casts'. Default on.
+    pub fold_casts: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -85,6 +94,7 @@ impl Default for CompileOptions {
             fuse_updates: true,
             fuse_norms: true,
             fuse_casts: true,
+            fold_casts: true,
         }
     }
 }
@@ -104,6 +114,7 @@ impl CompileOptions {
             fuse_updates: self.fuse_updates,
             fuse_norms: self.fuse_norms,
             fuse_casts: self.fuse_casts,
+            fold_casts: self.fold_casts,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -170,6 +181,15 @@ pub struct ParallelOptions {
     /// CUDA one multi-tensor launch per 32 casts instead of a launch each. Results are
     /// bitwise the lone casts'. Default on.
     pub fuse_casts: bool,
+    /// Fold mixed precision's lone casts into the ops beside them (`compile/fold_casts.rs`):
+    /// a layer norm's f32 output cast to bf16 or f16 is written narrow by the layer norm
+    /// itself ([`LayerNorm::out`](crate::plan::ops::LayerNorm::out)), and a 16-bit tensor
+    /// cast to f32 for one reader is read as it is by that reader: a layer norm gradient's
+    /// `dy` ([`LayerNormGrad::dy`](crate::plan::ops::LayerNormGrad::dy)) or an operand of
+    /// an f32 `binary` op (the residual stream's adds): per transformer block three lone
+    /// casts (on CUDA three launches and an activation's f32 copy each) fewer. Results are
+    /// bitwise the casts'. Default on.
+    pub fold_casts: bool,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -205,6 +225,7 @@ impl ParallelOptions {
             fuse_updates: true,
             fuse_norms: true,
             fuse_casts: true,
+            fold_casts: true,
         }
     }
 

@@ -37,12 +37,13 @@ impl OpDef for LayerNorm {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [x, gamma, beta] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
         check(self.eps, x, &[gamma, beta])?;
-        Ok(vec![x.clone()])
+        Ok(vec![TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?)])
     }
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         let (x, gamma, dy) = (ctx.inputs[0], ctx.inputs[1], ctx.grad()?);
-        let grads = x.graph().apply(LayerNormGrad { eps: self.eps }, &[x, gamma, dy])?;
+        // An output in another dtype (bf16 from f32) has its gradient in that dtype too.
+        let grads = x.graph().apply(LayerNormGrad { eps: self.eps, dy: self.out }, &[x, gamma, dy])?;
         Ok(grads.into_iter().map(Some).collect())
     }
 
@@ -63,8 +64,9 @@ impl OpDef for LayerNormGrad {
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [x, gamma, dy] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
         check(self.eps, x, &[gamma])?;
-        if dy != x {
-            return Err(format!("dy must match x: {x} vs {dy}"));
+        let expected = TensorMeta::new(x.shape.clone(), self.dy_dtype(x.dtype)?);
+        if *dy != expected {
+            return Err(format!("dy must be {expected} (x is {x}), got {dy}"));
         }
         Ok(vec![x.clone(), gamma.clone(), gamma.clone()])
     }
@@ -92,6 +94,6 @@ impl<'g> Tensor<'g> {
     /// Layer normalization over the last axis: `(x - mean) / √(var + eps) · gamma + beta`,
     /// with `gamma` and `beta` of shape `[D]` for `self` of shape `[..., D]`.
     pub fn layer_norm(&self, gamma: &Tensor<'g>, beta: &Tensor<'g>, eps: f64) -> Result<Tensor<'g>, GraphError> {
-        self.graph().apply1(LayerNorm { eps }, &[*self, *gamma, *beta])
+        self.graph().apply1(LayerNorm::new(eps), &[*self, *gamma, *beta])
     }
 }

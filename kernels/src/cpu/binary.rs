@@ -5,7 +5,7 @@ use crate::cpu::fast_math;
 use crate::cpu::shares::{row_shares, rows_in_shares};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use regflow_plan::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
 impl HostCompute for Binary {
     fn compute(
@@ -21,8 +21,20 @@ impl HostCompute for Binary {
         let ([a, b], [out]) = (inputs, outputs) else {
             return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
         };
-        if a.dtype != b.dtype || a.dtype != out.dtype {
-            return Err(format!("operands {a} and {b} give {out}: all three must have one dtype"));
+        // One operand may be a 16-bit float read widened (exactly) to the f32 of the other
+        // and of the output: a cast folded into the op by the compiler, the same values as
+        // `cast` then the op, without the f32 copy stored between them.
+        let dtypes_fit = if a.dtype == b.dtype {
+            out.dtype == a.dtype
+        } else {
+            let (narrow, wide) = if a.dtype.is_half() { (a, b) } else { (b, a) };
+            narrow.dtype.is_half() && wide.dtype == DType::F32 && out.dtype == DType::F32
+        };
+        if !dtypes_fit {
+            return Err(format!(
+                "operands {a} and {b} give {out}: all three must have one dtype, or one operand be bf16 or f16 \
+                 and the other and the output f32"
+            ));
         }
         match Shape::broadcast(&a.shape, &b.shape) {
             None => Err(format!("shapes {} and {} do not broadcast", a.shape, b.shape)),

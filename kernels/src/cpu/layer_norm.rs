@@ -1,10 +1,21 @@
 //! CPU kernels of `layer_norm` ops, rows shared over the device's threads when large.
+//!
+//! Mixed precision folds its casts into them (`graph/src/compile/fold_casts.rs`): a
+//! layer norm may write bf16 or f16 from f32 inputs ([`LayerNorm::out`]), each element
+//! computed in f32 as before and rounded by the function a `cast` rounds with; its
+//! gradient may read a bf16 or f16 `dy` ([`LayerNormGrad::dy`]), widened a row at a time
+//! (exactly, as a `cast` widens) into a buffer of the thread and then computed as an f32
+//! `dy`. Both take their 16-bit tensors as they are ([`HostCompute::half_native`]): widened
+//! whole by `HostOpKernel`, they would need an f32 buffer the size of the activation for
+//! every such op.
 
 use crate::cpu::fast_math;
 use crate::cpu::shares::{in_shares, row_shares, rows_in_shares, DisjointParts};
 use crate::host::{HostCompute, HostContext};
+use half::slice::HalfFloatSliceExt;
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real};
+use regflow_plan::{bf16, f16, DType, Element, HostTensor, HostTensorMut, Real, TensorMeta};
+use std::cell::RefCell;
 
 impl HostCompute for LayerNorm {
     fn compute(
@@ -13,7 +24,42 @@ impl HostCompute for LayerNorm {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => forward_typed::<T>(self.eps, context.threads, inputs, &mut outputs[0]))
+        let threads = context.threads;
+        let out = &mut outputs[0];
+        match (self.out, inputs[0].dtype()) {
+            (None, _) => {
+                by_float!(out.dtype(), "integer layer norm is not supported", T => forward_typed::<T, T>(self.eps, threads, inputs, out.as_mut_slice::<T>()?, |v| v))
+            }
+            // The conversions of `cast` (`cpu/cast.rs`), so the bits are cast(layer_norm(x))'s.
+            (Some(DType::Bf16), DType::F32) => {
+                forward_typed::<f32, bf16>(self.eps, threads, inputs, out.as_mut_slice::<bf16>()?, bf16::from_f32)
+            }
+            (Some(DType::F16), DType::F32) => {
+                forward_typed::<f32, f16>(self.eps, threads, inputs, out.as_mut_slice::<f16>()?, f16::from_f32)
+            }
+            (Some(to), from) => Err(format!("layer_norm from {from} to {to} is not supported (broken invariant)")),
+        }
+    }
+
+    /// f32 or f64 inputs (16-bit ones are cast to f32 first: mixed precision's autocast
+    /// does), `gamma` and `beta` of `[D]` for `x` of `[..., D]`, and the output `x`'s shape
+    /// in [`LayerNorm::output_dtype`].
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([x, gamma, beta], [y]) = (inputs, outputs) else {
+            return Err(format!("takes 3 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
+        };
+        check_input_and_parameters(x, &[gamma, beta])?;
+        let expected = TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?);
+        if *y != expected {
+            return Err(format!("the output must be {expected} for the input {x}, got {y}"));
+        }
+        Ok(())
+    }
+
+    /// A bf16 or f16 output is written as it is (module docs); otherwise every tensor is
+    /// f32 or f64, so nothing would be widened anyway.
+    fn half_native(&self) -> bool {
+        self.out.is_some()
     }
 }
 
@@ -24,7 +70,110 @@ impl HostCompute for LayerNormGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T>(self.eps, context.threads, inputs, outputs))
+        let threads = context.threads;
+        match (self.dy, inputs[0].dtype()) {
+            (None, _) => {
+                by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T, T>(self.eps, threads, inputs, outputs))
+            }
+            (Some(DType::Bf16), DType::F32) => backward_typed::<f32, bf16>(self.eps, threads, inputs, outputs),
+            (Some(DType::F16), DType::F32) => backward_typed::<f32, f16>(self.eps, threads, inputs, outputs),
+            (Some(dy), x) => Err(format!("layer_norm_grad of {x} with a {dy} dy is not supported (broken invariant)")),
+        }
+    }
+
+    /// f32 or f64 `x` and `gamma` as for [`LayerNorm`], `dy` of `x`'s shape in
+    /// [`LayerNormGrad::dy_dtype`], `dx` like `x`, and `dgamma` and `dbeta` like `gamma`.
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let ([x, gamma, dy], [dx, dgamma, dbeta]) = (inputs, outputs) else {
+            return Err(format!("takes 3 inputs and gives 3 outputs, but has {} and {}", inputs.len(), outputs.len()));
+        };
+        check_input_and_parameters(x, &[gamma])?;
+        let expected = TensorMeta::new(x.shape.clone(), self.dy_dtype(x.dtype)?);
+        if *dy != expected {
+            return Err(format!("dy must be {expected} for the input {x}, got {dy}"));
+        }
+        if dx != x || dgamma != gamma || dbeta != gamma {
+            return Err(format!(
+                "dx must match the input {x} and dgamma and dbeta gamma {gamma}, got {dx}, {dgamma} and {dbeta}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A bf16 or f16 `dy` is read as it is, a row at a time (module docs).
+    fn half_native(&self) -> bool {
+        self.dy.is_some()
+    }
+}
+
+/// Checks that `x` is f32 or f64 and of rank 1 or more, and each of `parameters` `[D]` of
+/// `x`'s dtype for `x` of `[..., D]`.
+fn check_input_and_parameters(x: &TensorMeta, parameters: &[&TensorMeta]) -> Result<(), String> {
+    if !matches!(x.dtype, DType::F32 | DType::F64) {
+        return Err(format!(
+            "computes in f32 or f64, got a {} input (mixed precision casts 16-bit inputs to f32 first)",
+            x.dtype
+        ));
+    }
+    let Some(&features) = x.shape.dims().last() else { return Err(format!("the input {x} must have rank >= 1")) };
+    let expected = TensorMeta::new([features], x.dtype);
+    match parameters.iter().find(|p| ***p != expected) {
+        Some(p) => Err(format!("the scale and shift must be {expected} for the input {x}, got {p}")),
+        None => Ok(()),
+    }
+}
+
+/// How `dy`'s elements (of `Self`) reach the gradient's arithmetic in `T`: as they are
+/// (`T` itself), or (bf16, f16 with f32) a row at a time widened into a buffer of the
+/// calling thread, kept from firing to firing so a firing allocates nothing once it has
+/// grown to a row.
+trait WideRows<T>: Element {
+    /// `f` of `row` as `T`.
+    fn with_wide<R>(row: &[Self], f: impl FnOnce(&[T]) -> R) -> R;
+}
+
+impl<T: Real> WideRows<T> for T {
+    #[inline(always)]
+    fn with_wide<R>(row: &[T], f: impl FnOnce(&[T]) -> R) -> R {
+        f(row)
+    }
+}
+
+thread_local! {
+    /// One row of a 16-bit `dy` widened to f32 ([`WideRows`]).
+    static WIDE_ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `f` of `row` widened into this thread's [`WIDE_ROW`]. Widening a bf16 or f16 to f32 is
+/// exact, so the values are those of a `cast` to f32.
+#[inline(always)]
+fn with_widened<H, R>(row: &[H], f: impl FnOnce(&[f32]) -> R) -> R
+where
+    [H]: HalfFloatSliceExt,
+{
+    WIDE_ROW.with(|buffer| {
+        // Rows are widened one after another, never inside one another: the buffer is free.
+        let mut wide = buffer.borrow_mut();
+        if wide.len() < row.len() {
+            wide.resize(row.len(), 0.0);
+        }
+        let wide = &mut wide[..row.len()];
+        row.convert_to_f32_slice(wide);
+        f(wide)
+    })
+}
+
+impl WideRows<f32> for bf16 {
+    #[inline(always)]
+    fn with_wide<R>(row: &[bf16], f: impl FnOnce(&[f32]) -> R) -> R {
+        with_widened(row, f)
+    }
+}
+
+impl WideRows<f32> for f16 {
+    #[inline(always)]
+    fn with_wide<R>(row: &[f16], f: impl FnOnce(&[f32]) -> R) -> R {
+        with_widened(row, f)
     }
 }
 
@@ -37,13 +186,13 @@ const GRAD_BLOCK_ROWS: usize = 512;
 /// `dx` by row shares, which keep each row's statistics, then the parameter gradients by
 /// column shares, each column summed over the block's rows in row order with the same
 /// operations as the one pass: the same bits on any thread count.
-fn backward_typed<T: Real>(
+fn backward_typed<T: Real, D: WideRows<T>>(
     eps: f64,
     threads: usize,
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
-    let (x, gamma, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<T>()?);
+    let (x, gamma, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<D>()?);
     let [dx, dgamma, dbeta] = outputs else { return Err(format!("expected 3 outputs, got {}", outputs.len())) };
     let (dx, dgamma, dbeta) = (dx.as_mut_slice::<T>()?, dgamma.as_mut_slice::<T>()?, dbeta.as_mut_slice::<T>()?);
     dgamma.fill(T::zero());
@@ -87,13 +236,13 @@ fn backward_typed<T: Real>(
                 || {
                     for (row, &(mean, rstd)) in stats_of_block.iter().enumerate() {
                         let at = row * features + columns.start..row * features + columns.end;
-                        for (((dg, db), &d), &v) in
-                            dgamma.iter_mut().zip(dbeta.iter_mut()).zip(&dy[at.clone()]).zip(&x[at])
-                        {
-                            let x_hat = (v - mean) * rstd;
-                            *dg += d * x_hat;
-                            *db += d;
-                        }
+                        D::with_wide(&dy[at.clone()], |dy| {
+                            for (((dg, db), &d), &v) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy).zip(&x[at]) {
+                                let x_hat = (v - mean) * rstd;
+                                *dg += d * x_hat;
+                                *db += d;
+                            }
+                        })
                     }
                 },
             )
@@ -105,9 +254,9 @@ fn backward_typed<T: Real>(
 /// `dx` of the rows of `x` (and `dy`), adding each row's share of `dgamma` and `dbeta` in
 /// row order when `parameters` is given.
 #[inline(always)]
-fn input_gradient_rows<T: Real>(
+fn input_gradient_rows<T: Real, D: WideRows<T>>(
     eps: f64,
-    (x, gamma, dy): (&[T], &[T], &[T]),
+    (x, gamma, dy): (&[T], &[T], &[D]),
     dx: &mut [T],
     mut parameters: Option<(&mut [T], &mut [T])>,
     mut row_stats: Option<&mut [(T, T)]>,
@@ -116,42 +265,47 @@ fn input_gradient_rows<T: Real>(
     let count = T::from_f64(features as f64);
     let rows = x.chunks_exact(features).zip(dy.chunks_exact(features)).zip(dx.chunks_exact_mut(features));
     for (index, ((row, dy_row), dx_row)) in rows.enumerate() {
-        let (mean, rstd) = stats(row, eps);
-        if let Some(row_stats) = row_stats.as_mut() {
-            row_stats[index] = (mean, rstd);
-        }
-        // dx holds x̂ = (x - mean)·rstd until it is overwritten; with g = dy·gamma:
-        // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)). Every loop is elementwise or a
-        // lane-split reduction, so each vectorizes.
-        for (x_hat, &v) in dx_row.iter_mut().zip(row) {
-            *x_hat = (v - mean) * rstd;
-        }
-        if let Some((dgamma, dbeta)) = parameters.as_mut() {
-            for (((dg, db), &d), &x_hat) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy_row).zip(&*dx_row) {
-                *dg += d * x_hat;
-                *db += d;
+        D::with_wide(dy_row, |dy_row| {
+            let (mean, rstd) = stats(row, eps);
+            if let Some(row_stats) = row_stats.as_mut() {
+                row_stats[index] = (mean, rstd);
             }
-        }
-        let g_mean = fast_math::dot(dy_row, gamma) / count;
-        let gx_mean = fast_math::lane_reduce(features, |j| dy_row[j] * gamma[j] * dx_row[j]) / count;
-        for ((d, &dy), &g) in dx_row.iter_mut().zip(dy_row).zip(gamma) {
-            *d = rstd * (dy * g - g_mean - *d * gx_mean);
-        }
+            // dx holds x̂ = (x - mean)·rstd until it is overwritten; with g = dy·gamma:
+            // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)). Every loop is elementwise or a
+            // lane-split reduction, so each vectorizes.
+            for (x_hat, &v) in dx_row.iter_mut().zip(row) {
+                *x_hat = (v - mean) * rstd;
+            }
+            if let Some((dgamma, dbeta)) = parameters.as_mut() {
+                for (((dg, db), &d), &x_hat) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy_row).zip(&*dx_row) {
+                    *dg += d * x_hat;
+                    *db += d;
+                }
+            }
+            let g_mean = fast_math::dot(dy_row, gamma) / count;
+            let gx_mean = fast_math::lane_reduce(features, |j| dy_row[j] * gamma[j] * dx_row[j]) / count;
+            for ((d, &dy), &g) in dx_row.iter_mut().zip(dy_row).zip(gamma) {
+                *d = rstd * (dy * g - g_mean - *d * gx_mean);
+            }
+        })
     }
 }
 
-fn forward_typed<T: Real>(
+/// `y` of every row, each element computed in `T` and stored as `round` of it: `T` itself,
+/// or bf16 or f16 rounded from f32 as a `cast` rounds.
+fn forward_typed<T: Real, O: Element>(
     eps: f64,
     threads: usize,
     inputs: &[HostTensor<'_>],
-    out: &mut HostTensorMut<'_>,
+    out: &mut [O],
+    round: impl Fn(T) -> O + Sync,
 ) -> Result<(), String> {
     let (x, gamma, beta) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<T>()?);
     let features = gamma.len();
     if features == 0 {
         return Ok(());
     }
-    rows_in_shares(threads, out.as_mut_slice::<T>()?, features, |rows, y| {
+    rows_in_shares(threads, out, features, |rows, y| {
         fast_math::vectorized(
             #[inline(always)]
             || {
@@ -159,7 +313,7 @@ fn forward_typed<T: Real>(
                 for (row, y_row) in x.chunks_exact(features).zip(y.chunks_exact_mut(features)) {
                     let (mean, rstd) = stats(row, eps);
                     for (((o, &v), &g), &b) in y_row.iter_mut().zip(row).zip(gamma).zip(beta) {
-                        *o = (v - mean) * rstd * g + b;
+                        *o = round((v - mean) * rstd * g + b);
                     }
                 }
             },

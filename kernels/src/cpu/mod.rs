@@ -147,7 +147,7 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     // probabilities out, computed in f32; bf16 probabilities and gradients).
     // Softmax, layer norm, reductions and optimizer updates stay f32 only: the graph's
     // autocast casts their inputs to f32, and a plan asking for them in bf16 is refused at
-    // job build.
+    // job build (layer norm may still write bf16 from f32, or read a bf16 gradient: below).
     const LOW: &[DType] = &[DType::F32, DType::F64, DType::Bf16, DType::F16];
     const ANY: &[DType] = &[DType::F32, DType::F64, DType::I64, DType::Bf16, DType::F16];
     let r = registry;
@@ -171,7 +171,10 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     add::<ops::Embedding>(r, device, FLOAT);
     add_as::<ops::EmbeddingGrad>(r, "embedding_grad", device, FLOAT);
     add_as::<ops::VocabPart>(r, "vocab_part", device, FLOAT);
-    add_as::<ops::LayerNorm>(r, "layer_norm", device, FLOAT);
+    // Keyed by the output's dtype: bf16 and f16 for an f32 layer norm whose output cast
+    // the compiler folded into it (`LayerNorm::out`); a 16-bit input is refused at job
+    // build (`LayerNorm::check`). The gradient, keyed f32, may read a 16-bit `dy`.
+    add_as::<ops::LayerNorm>(r, "layer_norm", device, LOW);
     add_as::<ops::LayerNormGrad>(r, "layer_norm_grad", device, FLOAT);
     add::<ops::MatMul>(r, device, LOW);
     add::<ops::MatMulBatchSum>(r, device, LOW);

@@ -1,0 +1,207 @@
+//! Casts folded into the ops beside them: mixed precision runs layer norms and the
+//! residual stream in f32, so each transformer block's norm is followed by a `cast` of its
+//! output to bf16 (or f16) for the block's products, its gradient is preceded by a `cast`
+//! of the products' bf16 input gradient back to f32 (its `dy`), and each residual add reads
+//! a block's bf16 output through a `cast` to f32. GPT-2 124M has 74 such lone casts per
+//! step: on a GPU a launch each and a pass over an activation, 15 µs or so on an H100.
+//! Folded, the layer norm writes the bf16 tensor itself ([`LayerNorm::out`]), its gradient
+//! reads the bf16 `dy` ([`LayerNormGrad::dy`]), and the add reads its bf16 operand (a
+//! `binary` op may have one 16-bit operand beside an f32 one and an f32 output): no f32 copy
+//! of any of them is made, stored or read again. The kernels compute in f32 exactly as
+//! before and round (or widen) each element with the cast's own conversion, so the bits do
+//! not change. (Fused casts, `fuse_casts.rs`, are another thing: casts grouped with casts.)
+//!
+//! What folds, on one stream of a cpu, sim or cuda device (whose kernels have both forms),
+//! with no actor involved reading through a window:
+//! - a `cast` from f32 to bf16 or f16 whose one input is the only output of an f32
+//!   `layer_norm` and is read by that cast alone: the layer norm writes the cast's output
+//!   register (which keeps its readers and slots), and its own f32 register and the cast
+//!   go;
+//! - a `cast` from bf16 or f16 to f32 whose output is read by one actor alone, as one
+//!   input and nothing else: a `layer_norm_grad`'s `dy` (f32 `x`), or one operand of an
+//!   f32 `binary` op. The reader reads the cast's input register instead, and the cast and
+//!   its f32 register go.
+//!
+//! Neither changes what a step computes or in which order its registers are made: the
+//! fused actor runs where the pair did, back to back on their stream. A folded input is
+//! kept until its reader runs, right after where the cast freed it. In-place slots
+//! (`plan/src/in_place.rs`) concern optimizer updates only, and memory sharing runs after
+//! this pass, on the registers that are left.
+
+use super::lower::Lowering;
+use crate::plan::{
+    ActorIndex, ActorKind, DType, DeviceKind, KernelConf, OpConf, Plan, PlanIndex, RegstDescId, TensorMeta,
+};
+use regflow_plan::ops::{Binary, Cast, LayerNorm, LayerNormGrad, OpAttrs};
+
+/// One cast to fold, planned from the index before the plan changes.
+#[derive(Debug)]
+enum Fold {
+    /// The layer norm `norm` (running `op`) writes `to` into the cast's output register
+    /// `output`; its own register `norm_output` goes.
+    Forward {
+        cast: ActorIndex,
+        norm: ActorIndex,
+        op: LayerNorm,
+        norm_output: RegstDescId,
+        output: RegstDescId,
+        to: DType,
+    },
+    /// Actor `reader` reads the cast's input register `input` (of `from`) as its op's
+    /// input `operand`, at its actor input `position`, with its op's attributes replaced
+    /// by `attrs` where it has any to change (a `layer_norm_grad`'s `dy`); the cast's
+    /// output register `output` goes.
+    Widened {
+        cast: ActorIndex,
+        reader: ActorIndex,
+        attrs: Option<serde_json::Value>,
+        operand: usize,
+        position: usize,
+        input: RegstDescId,
+        output: RegstDescId,
+        from: DType,
+    },
+}
+
+/// Folds the casts around every cpu, sim and cuda device's layer norms (module docs),
+/// unless the options turn it off.
+pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
+    if !low.options.fold_casts {
+        return;
+    }
+    let plan = low.b.plan_mut();
+    let folds: Vec<Fold> = {
+        let index = PlanIndex::new(plan);
+        (0..plan.actors.len()).filter_map(|a| fold_of(&index, ActorIndex(a as u32))).collect()
+    };
+    if folds.is_empty() {
+        return;
+    }
+    let mut merged_into: Vec<Option<ActorIndex>> = vec![None; plan.actors.len()];
+    let mut removed_registers = vec![false; plan.regst_descs.len()];
+    for fold in folds {
+        match fold {
+            Fold::Forward { cast, norm, op, norm_output, output, to } => {
+                let conf = op_conf_mut(plan, norm);
+                conf.attrs = LayerNorm { out: Some(to), ..op }.attrs();
+                conf.outputs[0].dtype = to;
+                plan.regst_descs[output.index()].producer = norm;
+                removed_registers[norm_output.index()] = true;
+                merged_into[cast.index()] = Some(norm);
+            }
+            Fold::Widened { cast, reader, attrs, operand, position, input, output, from } => {
+                let conf = op_conf_mut(plan, reader);
+                if let Some(attrs) = attrs {
+                    conf.attrs = attrs;
+                }
+                conf.inputs[operand].dtype = from;
+                plan.actors[reader.index()].inputs[position] = input;
+                for consumer in plan.regst_descs[input.index()].consumers.iter_mut().filter(|c| **c == cast) {
+                    *consumer = reader;
+                }
+                removed_registers[output.index()] = true;
+                merged_into[cast.index()] = Some(reader);
+            }
+        }
+    }
+    low.retarget_op_actors(&merged_into);
+    let removed: Vec<bool> = merged_into.iter().map(Option::is_some).collect();
+    low.remove_registers(&removed_registers);
+    low.remove_actors(&removed);
+}
+
+/// The op of compute actor `a`, which [`fold_of`] found to be one.
+fn op_conf_mut(plan: &mut Plan, a: ActorIndex) -> &mut OpConf {
+    match &mut plan.actors[a.index()].kind {
+        ActorKind::Compute { kernel: KernelConf::Op(conf) } => conf,
+        _ => unreachable!("a folded cast's partner is an op actor (checked when the fold was planned)"),
+    }
+}
+
+/// The op of actor `a` when it is a compute actor of a cpu, sim or cuda device running
+/// `op_type` that reads every register whole (no windows).
+fn plain_op<'p>(index: &PlanIndex<'p>, a: ActorIndex, op_type: &str) -> Option<&'p OpConf> {
+    let plan = index.plan();
+    let actor = &plan.actors[a.index()];
+    let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return None };
+    let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
+    let kernels = matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda);
+    (kernels && conf.op_type == op_type && actor.windows.is_empty()).then_some(conf)
+}
+
+/// Actor `cast` as a cast to fold (module docs), if it is one.
+fn fold_of(index: &PlanIndex<'_>, cast: ActorIndex) -> Option<Fold> {
+    let plan = index.plan();
+    let conf = plain_op(index, cast, "cast")?;
+    let actor = &plan.actors[cast.index()];
+    // One input register (no tick), one output register.
+    let (&[input], &[output]) = (actor.inputs.as_slice(), index.outputs_of(cast)) else { return None };
+    let ([from], [to], [0]) = (&conf.inputs[..], &conf.outputs[..], &conf.input_map[..]) else { return None };
+    if conf.parse_attrs::<Cast>().ok()?.to != to.dtype || from.shape != to.shape {
+        return None;
+    }
+    let (input_desc, output_desc) = (&plan.regst_descs[input.index()], &plan.regst_descs[output.index()]);
+    if input_desc.preloaded > 0 || output_desc.preloaded > 0 {
+        return None;
+    }
+    let same_stream = |a: ActorIndex| plan.actors[a.index()].stream == actor.stream;
+    match (from.dtype, to.dtype) {
+        (DType::F32, DType::Bf16 | DType::F16) => {
+            let norm = input_desc.producer;
+            let norm_conf = plain_op(index, norm, "layer_norm")?;
+            let op = norm_conf.parse_attrs::<LayerNorm>().ok()?;
+            let f32_norm = op.out.is_none() && norm_conf.inputs.iter().all(|m| m.dtype == DType::F32);
+            let alone =
+                index.outputs_of(norm) == [input] && norm_conf.outputs.len() == 1 && input_desc.consumers == [cast];
+            let fits = norm_conf.outputs[..] == [from.clone()] && input_desc.memory == output_desc.memory;
+            (f32_norm && alone && fits && same_stream(norm)).then_some(Fold::Forward {
+                cast,
+                norm,
+                op,
+                norm_output: input,
+                output,
+                to: to.dtype,
+            })
+        }
+        (DType::Bf16 | DType::F16, DType::F32) => {
+            let &[reader] = output_desc.consumers.as_slice() else { return None };
+            let actor_inputs = &plan.actors[reader.index()].inputs;
+            let position = actor_inputs.iter().position(|&r| r == output)?;
+            // The reader reads the cast's input through no input of its own already.
+            if !same_stream(reader) || actor_inputs.contains(&input) {
+                return None;
+            }
+            let (attrs, operand) = widened_input(index, reader, position, to, from.dtype)?;
+            Some(Fold::Widened { cast, reader, attrs, operand, position, input, output, from: from.dtype })
+        }
+        _ => None,
+    }
+}
+
+/// Where the f32 register `wide` at actor input `position` of `reader` may be read as its
+/// 16-bit source of `narrow` instead: the op input it is (read as that alone) and the new
+/// attributes that say so, if `reader` is a `layer_norm_grad` reading it as its `dy` or an
+/// f32 `binary` op reading it as one operand (which needs none: its kernels read the
+/// operand's dtype from its meta).
+fn widened_input(
+    index: &PlanIndex<'_>,
+    reader: ActorIndex,
+    position: usize,
+    wide: &TensorMeta,
+    narrow: DType,
+) -> Option<(Option<serde_json::Value>, usize)> {
+    let conf = plain_op(index, reader, "layer_norm_grad").or_else(|| plain_op(index, reader, "binary"))?;
+    // The op inputs the register is: exactly one.
+    let mut operands = conf.input_map.iter().enumerate().filter(|&(_, &p)| p == position).map(|(k, _)| k);
+    let (Some(operand), None) = (operands.next(), operands.next()) else { return None };
+    let all_f32 = conf.inputs.iter().chain(&conf.outputs).all(|m| m.dtype == DType::F32);
+    if !all_f32 || conf.inputs[operand] != *wide {
+        return None;
+    }
+    if conf.op_type == "binary" {
+        conf.parse_attrs::<Binary>().ok()?;
+        return Some((None, operand));
+    }
+    let op = conf.parse_attrs::<LayerNormGrad>().ok()?;
+    (operand == 2 && op.dy.is_none()).then(|| (Some(LayerNormGrad { dy: Some(narrow), ..op }.attrs()), operand))
+}

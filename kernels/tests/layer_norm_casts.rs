@@ -1,0 +1,134 @@
+//! Layer norm with mixed precision's casts folded in (`graph/src/compile/fold_casts.rs`):
+//! an f32 layer norm writing bf16 or f16 gives the bits of the f32 layer norm followed by a
+//! `cast`, and its gradient reading a bf16 or f16 `dy` the bits of a `cast` of `dy` to f32
+//! followed by the f32 gradient, on odd row lengths and on one thread and three (rows
+//! shared). Attributes that pair other dtypes are refused at job build, naming the op and
+//! the dtypes.
+
+use regflow_kernels::{compute_once, HostCompute, HostContext, KernelRegistry, KernelSpec};
+use regflow_plan::ops::{Cast, LayerNorm, LayerNormGrad, OpAttrs};
+use regflow_plan::{DType, DeviceKind, HostArray, KernelConf, OpConf, SplitMix64, TensorMeta};
+
+/// Values in [-2, 2) of `dims` in `dtype` (rounded to it once).
+fn random(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
+    let mut rng = SplitMix64::new(seed);
+    let values: Vec<f64> = (0..dims.iter().product()).map(|_| rng.next_f64() * 4.0 - 2.0).collect();
+    HostArray::from_f64(dims.to_vec(), dtype, &values).unwrap()
+}
+
+/// The outputs of `op` on `inputs`, of `outputs`, on `threads` threads, as the register
+/// kernels run it (16-bit tensors widened unless the op takes them as they are).
+fn run(op: &dyn HostCompute, inputs: &[&HostArray], outputs: &[TensorMeta], threads: usize) -> Vec<HostArray> {
+    let metas: Vec<TensorMeta> = inputs.iter().map(|a| a.meta()).collect();
+    op.check(&metas, outputs).unwrap();
+    let mut outs: Vec<HostArray> = outputs.iter().map(HostArray::zeros).collect();
+    let views: Vec<_> = inputs.iter().map(|a| a.view()).collect();
+    let mut out_views: Vec<_> = outs.iter_mut().map(HostArray::view_mut).collect();
+    compute_once(op, &HostContext { threads }, &views, &mut out_views).unwrap();
+    drop(out_views);
+    outs
+}
+
+/// `[rows, features]`: odd row lengths on a few rows, and one past the threshold of row
+/// shares (2^15 elements) over several blocks of the gradient's 512 rows.
+const SHAPES: [(usize, usize); 6] = [(3, 1), (5, 7), (7, 33), (4, 1023), (2, 1500), (4099, 67)];
+
+#[test]
+fn a_layer_norm_writing_16_bits_is_the_f32_layer_norm_cast() {
+    for low in [DType::Bf16, DType::F16] {
+        for (rows, features) in SHAPES {
+            let dims = [rows, features];
+            let x = random(&dims, DType::F32, 1);
+            let (gamma, beta) = (random(&[features], DType::F32, 2), random(&[features], DType::F32, 3));
+            let wide = run(&LayerNorm::new(1e-5), &[&x, &gamma, &beta], &[x.meta()], 1).remove(0);
+            let out = TensorMeta::new(dims, low);
+            let cast = run(&Cast { to: low }, &[&wide], std::slice::from_ref(&out), 1).remove(0);
+            for threads in [1, 3] {
+                let op = LayerNorm { eps: 1e-5, out: Some(low) };
+                let folded = run(&op, &[&x, &gamma, &beta], std::slice::from_ref(&out), threads).remove(0);
+                assert_eq!(folded.meta(), out);
+                let what = format!("{low} {dims:?} on {threads} threads");
+                assert_eq!(folded.to_le_bytes(), cast.to_le_bytes(), "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_layer_norm_gradient_reading_a_16_bit_dy_is_that_of_the_dy_cast_to_f32() {
+    for low in [DType::Bf16, DType::F16] {
+        for (rows, features) in SHAPES {
+            let dims = [rows, features];
+            let (x, gamma) = (random(&dims, DType::F32, 4), random(&[features], DType::F32, 5));
+            let dy = random(&dims, low, 6);
+            let wide_dy = run(&Cast { to: DType::F32 }, &[&dy], &[x.meta()], 1).remove(0);
+            let outputs = [x.meta(), gamma.meta(), gamma.meta()];
+            let want = run(&LayerNormGrad::new(1e-5), &[&x, &gamma, &wide_dy], &outputs, 1);
+            for threads in [1, 3] {
+                let op = LayerNormGrad { eps: 1e-5, dy: Some(low) };
+                let got = run(&op, &[&x, &gamma, &dy], &outputs, threads);
+                for (o, (got, want)) in got.iter().zip(&want).enumerate() {
+                    let what = format!("{low} {dims:?} on {threads} threads, output {o}");
+                    // (One feature normalizes to 0: its dx and dgamma are 0.)
+                    let zero = want.to_f64_vec().iter().all(|&v| v == 0.0);
+                    assert!(!zero || (o < 2 && features == 1), "{what}: all zero");
+                    assert_eq!(got.to_le_bytes(), want.to_le_bytes(), "{what}");
+                }
+            }
+        }
+    }
+}
+
+/// The error the CPU kernel registry gives for `op` on tensors of `inputs` and `outputs`.
+fn refusal(op: &dyn OpAttrs, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> String {
+    let conf = OpConf::new(op, inputs.to_vec(), (0..inputs.len()).collect(), outputs.to_vec());
+    let mut registry = KernelRegistry::new();
+    regflow_kernels::cpu::register(&mut registry, DeviceKind::Cpu);
+    let bytes = |m: &TensorMeta| (m.shape.numel() * m.dtype.size()) as u64;
+    let (input_bytes, output_bytes): (Vec<u64>, Vec<u64>) =
+        (inputs.iter().map(bytes).collect(), outputs.iter().map(bytes).collect());
+    let spec = KernelSpec {
+        actor: "norm",
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: Some(&conf),
+        input_bytes: &input_bytes,
+        output_bytes: &output_bytes,
+    };
+    match registry.make(&KernelConf::Op(conf.clone()), &spec) {
+        Ok(_) => panic!("{} on {inputs:?} -> {outputs:?} was accepted", op.attrs()),
+        Err(e) => e.0,
+    }
+}
+
+#[test]
+fn other_dtype_pairs_are_refused_naming_the_op_and_the_dtypes() {
+    let meta = |dtype: DType| TensorMeta::new([4, 8], dtype);
+    let params = |dtype: DType| TensorMeta::new([8], dtype);
+    let norm = |x: DType, out: Option<DType>, y: DType| {
+        refusal(&LayerNorm { eps: 1e-5, out }, &[meta(x), params(x), params(x)], &[meta(y)])
+    };
+    // An `out` that is no 16-bit float, one from f64, and a 16-bit input.
+    let e = norm(DType::F32, Some(DType::F64), DType::F64);
+    assert!(e.contains("layer_norm with out = f64") && e.contains("bf16 or f16"), "{e}");
+    let e = norm(DType::F32, Some(DType::I64), DType::I64);
+    assert!(e.contains("layer_norm") && e.contains("i64"), "{e}");
+    let e = norm(DType::F64, Some(DType::Bf16), DType::Bf16);
+    assert!(e.contains("layer_norm with out = bf16 needs f32 inputs, got f64"), "{e}");
+    let e = norm(DType::Bf16, None, DType::Bf16);
+    assert!(e.contains("layer_norm") && e.contains("bf16 input"), "{e}");
+    // An output that is not the dtype `out` says.
+    let e = norm(DType::F32, Some(DType::Bf16), DType::F16);
+    assert!(e.contains("layer_norm") && e.contains("f16") && e.contains("bf16"), "{e}");
+
+    let grad = |x: DType, dy_attr: Option<DType>, dy: DType| {
+        let op = LayerNormGrad { eps: 1e-5, dy: dy_attr };
+        refusal(&op, &[meta(x), params(x), meta(dy)], &[meta(x), params(x), params(x)])
+    };
+    let e = grad(DType::F64, Some(DType::F16), DType::F16);
+    assert!(e.contains("layer_norm_grad with dy = f16 needs f32 inputs, got f64"), "{e}");
+    let e = grad(DType::F32, Some(DType::F32), DType::F32);
+    assert!(e.contains("layer_norm_grad with dy = f32") && e.contains("bf16 or f16"), "{e}");
+    let e = grad(DType::F32, Some(DType::Bf16), DType::F32);
+    assert!(e.contains("layer_norm_grad") && e.contains("dy must be"), "{e}");
+}

@@ -1,0 +1,222 @@
+//! Mixed precision's casts folded into the ops beside them (`graph/src/compile/fold_casts.rs`):
+//! in the tiny GPT's bf16 and f16 steps each layer norm writes the 16-bit tensor its
+//! block's products read, each layer-norm gradient reads the products' 16-bit input
+//! gradient as its `dy`, and each residual add reads its block's 16-bit output as it is,
+//! so two lone casts per layer norm and one per residual add go; training gives the bits
+//! of the unfolded plan, on one thread and two, on one device and with the batch split over
+//! two.
+
+mod common;
+#[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
+#[path = "../examples/common/gpt.rs"]
+mod gpt;
+
+use gpt::{Gpt, GptConfig};
+use regflow::graph::plan::{ActorKind, KernelConf, Plan};
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{
+    CompiledGraph, DType, Graph, HostArray, Optimizer, ParallelOptions, Precision, SplitMix64, TrainStep,
+};
+use regflow::plan::ops::{LayerNorm, LayerNormGrad};
+use regflow::prelude::*;
+
+const CONFIG: GptConfig =
+    GptConfig { d_model: 16, heads: 2, layers: 2, context: 8, mlp_width: 32, fused_attention: false };
+const VOCAB: usize = 13;
+const BATCH: usize = 4;
+const STEPS: usize = 4;
+/// Two per block and the final one.
+const LAYER_NORMS: usize = 2 * CONFIG.layers + 1;
+/// Adds that read a block's (or the logits' product's) 16-bit result through a cast: two
+/// residual adds per block (after attention and after the MLP), and the tied token
+/// table's gradient, the sum of the logits product's bf16 weight gradient and the
+/// embedding's f32 one.
+const WIDENING_ADDS: usize = 2 * CONFIG.layers + 1;
+/// Every cast folded: two per layer norm, one per such add.
+const FOLDED: usize = 2 * LAYER_NORMS + WIDENING_ADDS;
+
+/// The tiny GPT's step in `precision`, its batch split over `mesh`'s devices.
+fn step<'g>(g: &'g Graph, mesh: &Mesh, precision: Precision) -> TrainStep<'g> {
+    g.mixed_precision(precision).unwrap();
+    let model = Gpt::new(g, CONFIG, VOCAB).unwrap();
+    let mask = g.causal_mask(CONFIG.context, DType::F32).unwrap();
+    let ids = g.input("ids", [BATCH, CONFIG.context], DType::I64).unwrap();
+    let targets = g.input("targets", [BATCH * CONFIG.context], DType::I64).unwrap();
+    g.set_layout(mask, mesh, NdSbp(vec![Sbp::Broadcast])).unwrap();
+    for t in [ids, targets] {
+        g.set_layout(t, mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    let loss = model.loss(&model.logits(&ids, &mask).unwrap(), &targets).unwrap();
+    g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).unwrap()
+}
+
+/// The step compiled on `devices` cpu devices, with the casts folded or not.
+fn compile(precision: Precision, devices: usize, fold_casts: bool) -> CompiledGraph {
+    let g = Graph::new();
+    let mesh = Mesh::cpu(&[devices], &["dp"]).unwrap();
+    let step = step(&g, &mesh, precision);
+    let options = ParallelOptions { fold_casts, ..ParallelOptions::new(mesh) }.train(&step);
+    g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
+}
+
+/// The ops of `plan`'s compute actors running `op_type`, with the actor's index.
+fn ops<'p>(plan: &'p Plan, op_type: &str) -> Vec<(usize, &'p regflow::graph::plan::OpConf)> {
+    plan.actors
+        .iter()
+        .enumerate()
+        .filter_map(|(a, actor)| match &actor.kind {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == op_type => Some((a, conf)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Losses (as bits) and every variable's final value after [`STEPS`] steps of `compiled`
+/// on `threads` threads per device.
+fn train(compiled: &CompiledGraph, threads: usize) -> (Vec<u64>, Vec<(String, HostArray)>) {
+    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).keep_state().build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
+    let mut rng = SplitMix64::new(7);
+    let mut got = Vec::new();
+    for _ in 0..STEPS {
+        // Each token's successor is its id + 1: learnable, so the loss falls.
+        let ids: Vec<i64> = (0..BATCH * CONFIG.context).map(|_| (rng.next_u64() % VOCAB as u64) as i64).collect();
+        let targets: Vec<i64> = ids.iter().map(|&id| (id + 1) % VOCAB as i64).collect();
+        feeds.push("ids", &HostArray::i64([BATCH, CONFIG.context], ids).unwrap()).unwrap();
+        feeds.push("targets", &HostArray::i64([BATCH * CONFIG.context], targets).unwrap()).unwrap();
+        got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
+    }
+    feeds.close().unwrap();
+    drop((feeds, losses));
+    let report = job.wait().unwrap();
+    (got, report.state.unwrap())
+}
+
+/// Which casts remain: every lone cast between f32 and the low dtype, as `from->to`.
+fn casts(plan: &Plan) -> Vec<String> {
+    let mut casts: Vec<String> =
+        ops(plan, "cast").into_iter().map(|(_, c)| format!("{}->{}", c.inputs[0].dtype, c.outputs[0].dtype)).collect();
+    casts.sort();
+    casts
+}
+
+#[test]
+fn layer_norms_and_residual_adds_read_and_write_the_low_dtype_with_the_bits_of_the_casts() {
+    for precision in [Precision::Bf16, Precision::F16] {
+        let low = if precision == Precision::F16 { DType::F16 } else { DType::Bf16 };
+        let (folded, apart) = (compile(precision, 1, true), compile(precision, 1, false));
+        let what = format!("{precision:?}");
+        // Every layer norm and every gradient of one, folded with its cast.
+        let norms = ops(&folded.plan, "layer_norm");
+        assert_eq!(norms.len(), LAYER_NORMS, "{what}");
+        for (a, conf) in &norms {
+            let op: LayerNorm = conf.parse_attrs().unwrap();
+            assert_eq!(op.out, Some(low), "{what}: {}", folded.plan.actors[*a].name);
+            assert_eq!(conf.outputs[0].dtype, low, "{what}");
+        }
+        let grads = ops(&folded.plan, "layer_norm_grad");
+        assert_eq!(grads.len(), LAYER_NORMS, "{what}");
+        for (a, conf) in &grads {
+            let op: LayerNormGrad = conf.parse_attrs().unwrap();
+            assert_eq!(op.dy, Some(low), "{what}: {}", folded.plan.actors[*a].name);
+            assert_eq!(conf.inputs[2].dtype, low, "{what}");
+        }
+        // Unfolded, none is, and none writes the attributes into the plan (plan files
+        // from before keep their bytes).
+        for (_, conf) in ops(&apart.plan, "layer_norm").into_iter().chain(ops(&apart.plan, "layer_norm_grad")) {
+            assert!(conf.attrs.get("out").is_none() && conf.attrs.get("dy").is_none(), "{what}: {}", conf.attrs);
+        }
+        // Every residual add reads one 16-bit operand (the block's output) beside the f32
+        // stream, and the table's gradient sum its bf16 part; no other binary op mixes dtypes.
+        let mixed = |plan: &Plan| {
+            ops(plan, "binary")
+                .into_iter()
+                .filter(|(_, c)| c.inputs.iter().any(|m| m.dtype != c.outputs[0].dtype))
+                .count()
+        };
+        assert_eq!(mixed(&folded.plan), WIDENING_ADDS, "{what}");
+        assert_eq!(mixed(&apart.plan), 0, "{what}");
+        for (_, conf) in ops(&folded.plan, "binary").into_iter().filter(|(_, c)| c.inputs[0].dtype != c.inputs[1].dtype)
+        {
+            assert_eq!(conf.outputs[0].dtype, DType::F32, "{what}");
+            assert_eq!(conf.attrs, serde_json::json!("Add"), "{what}");
+        }
+        // One cast to the low dtype per layer norm and one back per layer norm and per
+        // such add went, no other cast.
+        let (kept, before) = (casts(&folded.plan), casts(&apart.plan));
+        let narrowing = |casts: &[String]| casts.iter().filter(|c| c.as_str() == format!("f32->{low}")).count();
+        let widening = |casts: &[String]| casts.iter().filter(|c| c.as_str() == format!("{low}->f32")).count();
+        assert_eq!(narrowing(&kept) + LAYER_NORMS, narrowing(&before), "{what}: {kept:?} from {before:?}");
+        assert_eq!(
+            widening(&kept) + LAYER_NORMS + WIDENING_ADDS,
+            widening(&before),
+            "{what}: {kept:?} from {before:?}"
+        );
+        assert_eq!(kept.len() + FOLDED, before.len(), "{what}: {kept:?} from {before:?}");
+        assert_eq!(folded.plan.actors.len() + FOLDED, apart.plan.actors.len(), "{what}");
+        // No cast reads what a layer norm wrote, nor writes what a gradient of one reads.
+        let plan = &folded.plan;
+        let op_type = |a: usize| match &plan.actors[a].kind {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } => conf.op_type.as_str(),
+            _ => "",
+        };
+        for (c, _) in ops(plan, "cast") {
+            let producer = plan.regst_descs[plan.actors[c].inputs[0].index()].producer.index();
+            assert_ne!(op_type(producer), "layer_norm", "{what}: {} after a norm", plan.actors[c].name);
+        }
+        for (g, conf) in &grads {
+            let dy = plan.actors[*g].inputs[conf.input_map[2]];
+            let producer = plan.regst_descs[dy.index()].producer.index();
+            assert_ne!(op_type(producer), "cast", "{what}: dy of {} from a cast", plan.actors[*g].name);
+        }
+        // No widening cast is read by a binary op alone.
+        for (c, conf) in ops(plan, "cast").into_iter().filter(|(_, c)| c.outputs[0].dtype == DType::F32) {
+            let readers: Vec<usize> = plan
+                .regst_descs
+                .iter()
+                .filter(|d| d.producer.index() == c && !d.name.starts_with("order:"))
+                .flat_map(|d| d.consumers.iter().map(|r| r.index()))
+                .collect();
+            let alone_by_binary = readers.len() == 1 && op_type(readers[0]) == "binary";
+            assert!(!alone_by_binary, "{what}: {} ({:?}) still feeds a binary op", plan.actors[c].name, conf.inputs);
+        }
+        // The folded plan is plan data like any other: it round-trips through JSON.
+        let reloaded = Plan::from_json(&folded.plan.to_json()).unwrap();
+        assert_eq!(reloaded, folded.plan, "{what}");
+
+        let want = train(&apart, 1);
+        assert!(f64::from_bits(want.0[STEPS - 1]) < f64::from_bits(want.0[0]), "{what}: {:?}", want.0);
+        for threads in [1, 2] {
+            assert_eq!(train(&folded, threads), want, "{what}, {threads} threads");
+        }
+    }
+}
+
+/// Data parallelism: each device folds its own casts, and the two devices train to the
+/// bits of the unfolded plan.
+#[test]
+fn each_device_of_a_split_batch_folds_its_own_casts_with_the_same_bits() {
+    for precision in [Precision::Bf16, Precision::F16] {
+        let (folded, apart) = (compile(precision, 2, true), compile(precision, 2, false));
+        let what = format!("{precision:?} on two devices");
+        for device in 0..2 {
+            let on_device = |plan: &Plan, op_type: &str| {
+                let suffix = format!("@{device}");
+                ops(plan, op_type).iter().filter(|(a, _)| plan.actors[*a].name.ends_with(&suffix)).count()
+            };
+            let norms = ops(&folded.plan, "layer_norm");
+            let folded_norms = norms
+                .iter()
+                .filter(|(a, c)| {
+                    folded.plan.actors[*a].name.ends_with(&format!("@{device}"))
+                        && c.parse_attrs::<LayerNorm>().unwrap().out.is_some()
+                })
+                .count();
+            assert_eq!(folded_norms, LAYER_NORMS, "{what}, device {device}");
+            let lone = (on_device(&folded.plan, "cast"), on_device(&apart.plan, "cast"));
+            assert_eq!(lone.0 + FOLDED, lone.1, "{what}, device {device}: {lone:?}");
+        }
+        assert_eq!(train(&folded, 1), train(&apart, 1), "{what}");
+    }
+}
