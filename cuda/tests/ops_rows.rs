@@ -423,4 +423,31 @@ fn cross_entropy_of_rows_with_masked_and_nan_logits_matches_the_cpu() {
         &[meta(&[rows, classes], DType::F32)],
         gpu,
     );
+    // The same rows padded to 1008 columns, so that every row starts aligned to eight
+    // elements and is read eight at a time (`softmax_stats` in rows.cu): the masked and the
+    // NaN row on that path too, in f32 and bf16.
+    let width = 1008;
+    let all = logits.to_f64_vec();
+    let padded: Vec<f64> = (0..rows * width)
+        .map(|i| if i % width < classes { all[i / width * classes + i % width] } else { 0.0 })
+        .collect();
+    for dtype in [DType::F32, DType::Bf16] {
+        let logits = HostArray::from_f64(vec![rows, width], dtype, &padded).expect("padded logits");
+        let what = format!("{dtype} rows padded to {width}");
+        let op = SparseCrossEntropy { classes: Some(classes) };
+        for r in [0, 2] {
+            let row = HostArray::from_f64(vec![1, width], dtype, &padded[r * width..(r + 1) * width]).expect("a row");
+            let label = HostArray::i64(Shape::new(vec![1]), vec![[900, 3, 1000][r]]).expect("a label");
+            check(
+                &format!("sparse_cross_entropy, {what}, row {r}"),
+                &op,
+                &[&row, &label],
+                &[meta(&[], DType::F32)],
+                gpu,
+            );
+        }
+        let grad = SparseCrossEntropyGrad { classes: Some(classes) };
+        let outputs = [meta(&[rows, width], dtype)];
+        check(&format!("sparse_cross_entropy_grad, {what}"), &grad, &[&logits, &labels, &dy], &outputs, gpu);
+    }
 }
