@@ -180,23 +180,17 @@ __device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, Y* y,
     }
 }
 
-extern "C" __global__ void regflow_layer_norm_f32(
-    const float* x, const float* gamma, const float* beta, float* y, u64 rows, u64 len, float eps) {
-    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
-}
-extern "C" __global__ void regflow_layer_norm_f64(
-    const double* x, const double* gamma, const double* beta, double* y, u64 rows, u64 len, double eps) {
-    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
-}
-// f32 in, bf16 or f16 out: `regflow_layer_norm_<in>_<out>`.
-extern "C" __global__ void regflow_layer_norm_f32_bf16(
-    const float* x, const float* gamma, const float* beta, bf16* y, u64 rows, u64 len, float eps) {
-    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
-}
-extern "C" __global__ void regflow_layer_norm_f32_f16(
-    const float* x, const float* gamma, const float* beta, f16* y, u64 rows, u64 len, float eps) {
-    layer_norm_rows(x, gamma, beta, y, rows, len, eps);
-}
+// One block per row for one set of element types: S their suffix, T the input's and the
+// computation's, Y the output's: T itself, or bf16 or f16 from f32 (`_f32_<out>`).
+#define LAYER_NORM_ENTRY(S, T, Y)                                                                          \
+    extern "C" __global__ void regflow_layer_norm_##S(                                                     \
+        const T* x, const T* gamma, const T* beta, Y* y, u64 rows, u64 len, T eps) {                       \
+        layer_norm_rows(x, gamma, beta, y, rows, len, eps);                                                \
+    }
+LAYER_NORM_ENTRY(f32, float, float)
+LAYER_NORM_ENTRY(f64, double, double)
+LAYER_NORM_ENTRY(f32_bf16, float, bf16)
+LAYER_NORM_ENTRY(f32_f16, float, f16)
 
 // Layer norm's gradient, in three launches on one stream:
 // 1. x̂ = (x - mean) · rstd into dx (dx is the only row-sized memory the op owns);
@@ -280,39 +274,21 @@ extern "C" __global__ void regflow_layer_norm_x_hat_f32(const float* x, float* x
 extern "C" __global__ void regflow_layer_norm_x_hat_f64(const double* x, double* x_hat, u64 rows, u64 len, double eps) {
     layer_norm_x_hat_rows(x, x_hat, rows, len, eps);
 }
-extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f32(
-    const float* x_hat, const float* dy, float* dgamma, float* dbeta, u64 rows, u64 len) {
-    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
-}
-extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f64(
-    const double* x_hat, const double* dy, double* dgamma, double* dbeta, u64 rows, u64 len) {
-    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
-}
-extern "C" __global__ void regflow_layer_norm_dx_f32(
-    const float* x, const float* gamma, const float* dy, float* dx, u64 rows, u64 len, float eps) {
-    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
-}
-extern "C" __global__ void regflow_layer_norm_dx_f64(
-    const double* x, const double* gamma, const double* dy, double* dx, u64 rows, u64 len, double eps) {
-    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
-}
-// f32 x̂ and x with a bf16 or f16 dy: `regflow_layer_norm_<step>_f32_dy_<dy>`.
-extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f32_dy_bf16(
-    const float* x_hat, const bf16* dy, float* dgamma, float* dbeta, u64 rows, u64 len) {
-    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
-}
-extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_f32_dy_f16(
-    const float* x_hat, const f16* dy, float* dgamma, float* dbeta, u64 rows, u64 len) {
-    layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);
-}
-extern "C" __global__ void regflow_layer_norm_dx_f32_dy_bf16(
-    const float* x, const float* gamma, const bf16* dy, float* dx, u64 rows, u64 len, float eps) {
-    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
-}
-extern "C" __global__ void regflow_layer_norm_dx_f32_dy_f16(
-    const float* x, const float* gamma, const f16* dy, float* dx, u64 rows, u64 len, float eps) {
-    layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);
-}
+// Steps 2 and 3 for one set of element types: S their suffix, T the computation's (x, x̂,
+// gamma, the results), D dy's: T itself, or bf16 or f16 beside f32 (`_f32_dy_<dy>`).
+#define LAYER_NORM_GRAD_ENTRIES(S, T, D)                                                                 \
+    extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_grad_##S(                            \
+        const T* x_hat, const D* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {                           \
+        layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);                                     \
+    }                                                                                                    \
+    extern "C" __global__ void regflow_layer_norm_dx_##S(                                                \
+        const T* x, const T* gamma, const D* dy, T* dx, u64 rows, u64 len, T eps) {                      \
+        layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);                                            \
+    }
+LAYER_NORM_GRAD_ENTRIES(f32, float, float)
+LAYER_NORM_GRAD_ENTRIES(f64, double, double)
+LAYER_NORM_GRAD_ENTRIES(f32_dy_bf16, float, bf16)
+LAYER_NORM_GRAD_ENTRIES(f32_dy_f16, float, f16)
 
 // The mean over rows of -log softmax(logits)[label], in two launches: one block per row
 // writes its row's loss (in f64, as the CPU kernel sums) to its stream's scratch, then one

@@ -63,7 +63,7 @@ enum Fold {
     },
 }
 
-/// Folds the casts around every cpu, sim and cuda device's layer norms (module docs),
+/// Folds the lone casts of every cpu, sim and cuda device into their neighbours (module docs),
 /// unless the options turn it off.
 pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
     if !low.options.fold_casts {
