@@ -22,6 +22,12 @@
 //!   f32 `binary` op. The reader reads the cast's input register instead, and the cast and
 //!   its f32 register go.
 //!
+//! What it saves is a device's: a GPU's kernels read and write the 16-bit tensors as they
+//! are. A CPU kernel computes 16-bit tensors in f32 buffers it keeps (`kernels/src/host.rs`),
+//! so on a `cpu` device a folded add holds an f32 copy of its 16-bit operand in its kernel
+//! instead of reading the cast's register (the layer norms widen a row at a time and hold
+//! none); CPU mixed precision is there to give a GPU's results bit for bit, not speed.
+//!
 //! Neither changes what a step computes or in which order its registers are made: the
 //! fused actor runs where the pair did, back to back on their stream. A folded input is
 //! kept until its reader runs, right after where the cast freed it. In-place slots
