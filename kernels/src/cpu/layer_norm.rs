@@ -236,13 +236,20 @@ fn backward_typed<T: Real, D: WideRows<T>>(
                 || {
                     for (row, &(mean, rstd)) in stats_of_block.iter().enumerate() {
                         let at = row * features + columns.start..row * features + columns.end;
-                        D::with_wide(&dy[at.clone()], |dy| {
-                            for (((dg, db), &d), &v) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy).zip(&x[at]) {
-                                let x_hat = (v - mean) * rstd;
-                                *dg += d * x_hat;
-                                *db += d;
-                            }
-                        })
+                        // Inlined, as everything inside `vectorized` must be to get its
+                        // vector width (a closure left out of line is compiled without it).
+                        D::with_wide(
+                            &dy[at.clone()],
+                            #[inline(always)]
+                            |dy| {
+                                for (((dg, db), &d), &v) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy).zip(&x[at])
+                                {
+                                    let x_hat = (v - mean) * rstd;
+                                    *dg += d * x_hat;
+                                    *db += d;
+                                }
+                            },
+                        )
                     }
                 },
             )
@@ -265,29 +272,34 @@ fn input_gradient_rows<T: Real, D: WideRows<T>>(
     let count = T::from_f64(features as f64);
     let rows = x.chunks_exact(features).zip(dy.chunks_exact(features)).zip(dx.chunks_exact_mut(features));
     for (index, ((row, dy_row), dx_row)) in rows.enumerate() {
-        D::with_wide(dy_row, |dy_row| {
-            let (mean, rstd) = stats(row, eps);
-            if let Some(row_stats) = row_stats.as_mut() {
-                row_stats[index] = (mean, rstd);
-            }
-            // dx holds x̂ = (x - mean)·rstd until it is overwritten; with g = dy·gamma:
-            // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)). Every loop is elementwise or a
-            // lane-split reduction, so each vectorizes.
-            for (x_hat, &v) in dx_row.iter_mut().zip(row) {
-                *x_hat = (v - mean) * rstd;
-            }
-            if let Some((dgamma, dbeta)) = parameters.as_mut() {
-                for (((dg, db), &d), &x_hat) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy_row).zip(&*dx_row) {
-                    *dg += d * x_hat;
-                    *db += d;
+        // Inlined, as everything inside `vectorized` must be to get its vector width.
+        D::with_wide(
+            dy_row,
+            #[inline(always)]
+            |dy_row| {
+                let (mean, rstd) = stats(row, eps);
+                if let Some(row_stats) = row_stats.as_mut() {
+                    row_stats[index] = (mean, rstd);
                 }
-            }
-            let g_mean = fast_math::dot(dy_row, gamma) / count;
-            let gx_mean = fast_math::lane_reduce(features, |j| dy_row[j] * gamma[j] * dx_row[j]) / count;
-            for ((d, &dy), &g) in dx_row.iter_mut().zip(dy_row).zip(gamma) {
-                *d = rstd * (dy * g - g_mean - *d * gx_mean);
-            }
-        })
+                // dx holds x̂ = (x - mean)·rstd until it is overwritten; with g = dy·gamma:
+                // dx = rstd·(g - mean(g) - x̂·mean(g·x̂)). Every loop is elementwise or a
+                // lane-split reduction, so each vectorizes.
+                for (x_hat, &v) in dx_row.iter_mut().zip(row) {
+                    *x_hat = (v - mean) * rstd;
+                }
+                if let Some((dgamma, dbeta)) = parameters.as_mut() {
+                    for (((dg, db), &d), &x_hat) in dgamma.iter_mut().zip(dbeta.iter_mut()).zip(dy_row).zip(&*dx_row) {
+                        *dg += d * x_hat;
+                        *db += d;
+                    }
+                }
+                let g_mean = fast_math::dot(dy_row, gamma) / count;
+                let gx_mean = fast_math::lane_reduce(features, |j| dy_row[j] * gamma[j] * dx_row[j]) / count;
+                for ((d, &dy), &g) in dx_row.iter_mut().zip(dy_row).zip(gamma) {
+                    *d = rstd * (dy * g - g_mean - *d * gx_mean);
+                }
+            },
+        )
     }
 }
 
