@@ -52,8 +52,13 @@ fn step<'g>(g: &'g Graph, mesh: &Mesh, precision: Precision) -> TrainStep<'g> {
 
 /// The step compiled on `devices` cpu devices, with the casts folded or not.
 fn compile(precision: Precision, devices: usize, fold_casts: bool) -> CompiledGraph {
+    compile_on(DeviceKind::Cpu, precision, devices, fold_casts)
+}
+
+/// [`compile`] on devices of `kind`.
+fn compile_on(kind: DeviceKind, precision: Precision, devices: usize, fold_casts: bool) -> CompiledGraph {
     let g = Graph::new();
-    let mesh = Mesh::cpu(&[devices], &["dp"]).unwrap();
+    let mesh = Mesh::of_kind(kind, &[devices], &["dp"]).unwrap();
     let step = step(&g, &mesh, precision);
     let options = ParallelOptions { fold_casts, ..ParallelOptions::new(mesh) }.train(&step);
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
@@ -218,5 +223,39 @@ fn each_device_of_a_split_batch_folds_its_own_casts_with_the_same_bits() {
             assert_eq!(lone.0 + FOLDED, lone.1, "{what}, device {device}: {lone:?}");
         }
         assert_eq!(train(&folded, 1), train(&apart, 1), "{what}");
+    }
+}
+
+/// On a GPU the folded kernels give the unfolded plan's bits too: the layer norms' 16-bit
+/// outputs and `dy`s and the adds' 16-bit operands go through the cast kernels' own
+/// conversions. Without a GPU (NVRTC at hand) the folded plan builds its CUDA kernels and
+/// runs to its end on dry-run devices; with neither the test skips.
+#[test]
+fn on_a_gpu_the_folded_plan_trains_to_the_bits_of_the_unfolded_one() {
+    let Some(on_gpu) = common::gpu_or_dry_run() else { return };
+    for precision in [Precision::Bf16, Precision::F16] {
+        let folded = compile_on(DeviceKind::Cuda, precision, 1, true);
+        let apart = compile_on(DeviceKind::Cuda, precision, 1, false);
+        assert_eq!(folded.plan.actors.len() + FOLDED, apart.plan.actors.len(), "{precision:?}");
+        if on_gpu {
+            assert_eq!(train(&folded, 1), train(&apart, 1), "{precision:?} on a GPU");
+        } else {
+            let mut job = Job::builder(folded.plan.clone()).build().unwrap();
+            let mut feeds = job.graph_feeds().unwrap();
+            let losses = job.graph_fetcher(&folded.fetches[0]).unwrap();
+            for _ in 0..2 {
+                let ids = HostArray::i64([BATCH, CONFIG.context], vec![1; BATCH * CONFIG.context]).unwrap();
+                feeds.push("ids", &ids).unwrap();
+                feeds
+                    .push(
+                        "targets",
+                        &HostArray::i64([BATCH * CONFIG.context], vec![2; BATCH * CONFIG.context]).unwrap(),
+                    )
+                    .unwrap();
+                losses.recv_scalar().unwrap().unwrap();
+            }
+            drop((feeds, losses));
+            job.wait().unwrap();
+        }
     }
 }
