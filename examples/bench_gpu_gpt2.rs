@@ -19,8 +19,9 @@
 //! `--lone-casts` compiles with `fuse_casts` off (each weight and gradient cast its own
 //! actor and launch, as before casts were fused), to time the difference in one run.
 //! `--unfolded-casts` compiles with `fold_casts` off: the casts of the layer norms'
-//! outputs to bf16 (or f16), of their gradients' `dy` back to f32 and of the blocks'
-//! outputs to f32 for the residual adds run as lone casts instead of inside those ops.
+//! outputs to bf16 (or f16), of their gradients' `dy` back to f32, of the blocks' outputs
+//! to f32 for the residual adds and of the residual gradients' sums to bf16 run as lone
+//! casts instead of inside those ops.
 //!
 //! `--attention fused` runs each block's attention as one `attention` op (flash attention
 //! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,

@@ -1,10 +1,10 @@
 //! Mixed precision's casts folded into the ops beside them (`graph/src/compile/fold_casts.rs`):
 //! in the tiny GPT's bf16 and f16 steps each layer norm writes the 16-bit tensor its
 //! block's products read, each layer-norm gradient reads the products' 16-bit input
-//! gradient as its `dy`, and each residual add reads its block's 16-bit output as it is,
-//! so two lone casts per layer norm and one per residual add go; training gives the bits
-//! of the unfolded plan, on one thread and two, on one device and with the batch split over
-//! two.
+//! gradient as its `dy`, each residual add reads its block's 16-bit output as it is, and
+//! each sum of residual gradients writes its 16-bit copy itself, so all but one lone cast
+//! go; training gives the bits of the unfolded plan, on one thread and two, on one device
+//! and with the batch split over two.
 
 mod common;
 #[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
@@ -32,8 +32,11 @@ const LAYER_NORMS: usize = 2 * CONFIG.layers + 1;
 /// table's gradient, the sum of the logits product's bf16 weight gradient and the
 /// embedding's f32 one.
 const WIDENING_ADDS: usize = 2 * CONFIG.layers + 1;
-/// Every cast folded: two per layer norm, one per such add.
-const FOLDED: usize = 2 * LAYER_NORMS + WIDENING_ADDS;
+/// The backward pass's sums of residual gradients, each read in f32 by the next and in
+/// the low dtype by a block's products: they write that copy as a second output.
+const GRADIENT_SUMS: usize = 2 * CONFIG.layers - 1;
+/// Every cast folded: two per layer norm, one per such add and one per such sum.
+const FOLDED: usize = 2 * LAYER_NORMS + WIDENING_ADDS + GRADIENT_SUMS;
 
 /// The tiny GPT's step in `precision`, its batch split over `mesh`'s devices.
 fn step<'g>(g: &'g Graph, mesh: &Mesh, precision: Precision) -> TrainStep<'g> {
@@ -147,12 +150,25 @@ fn layer_norms_and_residual_adds_read_and_write_the_low_dtype_with_the_bits_of_t
             assert_eq!(conf.outputs[0].dtype, DType::F32, "{what}");
             assert_eq!(conf.attrs, serde_json::json!("Add"), "{what}");
         }
-        // One cast to the low dtype per layer norm and one back per layer norm and per
-        // such add went, no other cast.
+        // Each sum of residual gradients writes its low-dtype copy itself.
+        let narrowing_sums: Vec<_> =
+            ops(&folded.plan, "binary").into_iter().filter(|(_, c)| c.outputs.len() == 2).collect();
+        assert_eq!(narrowing_sums.len(), GRADIENT_SUMS, "{what}");
+        for (_, conf) in &narrowing_sums {
+            let dtypes: Vec<DType> = conf.outputs.iter().map(|m| m.dtype).collect();
+            assert_eq!(dtypes, [DType::F32, low], "{what}");
+            assert!(conf.inputs.iter().all(|m| m.dtype == DType::F32), "{what}");
+        }
+        // One cast to the low dtype per layer norm and per such sum, and one back per layer
+        // norm and per such add went, no other cast.
         let (kept, before) = (casts(&folded.plan), casts(&apart.plan));
         let narrowing = |casts: &[String]| casts.iter().filter(|c| c.as_str() == format!("f32->{low}")).count();
         let widening = |casts: &[String]| casts.iter().filter(|c| c.as_str() == format!("{low}->f32")).count();
-        assert_eq!(narrowing(&kept) + LAYER_NORMS, narrowing(&before), "{what}: {kept:?} from {before:?}");
+        assert_eq!(
+            narrowing(&kept) + LAYER_NORMS + GRADIENT_SUMS,
+            narrowing(&before),
+            "{what}: {kept:?} from {before:?}"
+        );
         assert_eq!(
             widening(&kept) + LAYER_NORMS + WIDENING_ADDS,
             widening(&before),

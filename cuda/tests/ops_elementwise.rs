@@ -160,6 +160,25 @@ fn binary_ops_with_a_16_bit_operand_match_the_cpu() {
     }
 }
 
+/// f32 operands with a second output, the result narrowed to bf16 or f16 (a cast folded
+/// into the op by the compiler): both outputs match the CPU's.
+#[test]
+fn binary_ops_with_a_narrowed_second_output_match_the_cpu() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    for narrow in [DType::Bf16, DType::F16] {
+        for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::ReluGrad] {
+            for (i, dims) in [&[7usize][..], &[70_001], &[33, 768]].into_iter().enumerate() {
+                let a = random(dims, DType::F32, 2 * i as u64, (-3.0, 3.0));
+                let range = if kind == BinaryKind::ReluGrad { (-3.0, 3.0) } else { (0.5, 3.0) };
+                let b = random(dims, DType::F32, 2 * i as u64 + 1, range);
+                let outputs = [TensorMeta::new(dims.to_vec(), DType::F32), TensorMeta::new(dims.to_vec(), narrow)];
+                let what = format!("{kind:?} f32 {dims:?} and its {narrow} copy");
+                check(&what, &Binary(kind), &[&a, &b], &outputs, (&device, &stream), tolerance(DType::F32));
+            }
+        }
+    }
+}
+
 #[test]
 fn bias_gelu_and_its_gradient_match_the_cpu() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };

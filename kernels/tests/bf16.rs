@@ -181,3 +181,39 @@ fn a_16_bit_operand_is_read_widened_to_an_f32_op() {
         }
     }
 }
+
+/// A binary op of f32 operands with a second, 16-bit output (a cast of its result the
+/// compiler folded into it) writes the f32 result and, bit for bit, its cast. A second
+/// output any other way is refused.
+#[test]
+fn a_second_output_is_the_result_narrowed_as_a_cast_narrows_it() {
+    use regflow_kernels::HostCompute;
+    let meta = |dtype| TensorMeta::new([3, 9], dtype);
+    let a = HostArray::f32(vec![3, 9], values(27, 21)).unwrap();
+    let b = HostArray::f32(vec![3, 9], values(27, 22)).unwrap();
+    for narrow in [DType::Bf16, DType::F16] {
+        for kind in [BinaryKind::Add, BinaryKind::Sub, BinaryKind::Mul, BinaryKind::Div, BinaryKind::ReluGrad] {
+            let op = Binary(kind);
+            let want = run(&op, &[&a, &b], meta(DType::F32));
+            let want_f32 = HostArray::f32(vec![3, 9], want.iter().map(|&v| v as f32).collect()).unwrap();
+            let cast = run(&Cast { to: narrow }, &[&want_f32], meta(narrow));
+            let (mut out, mut copy) = (HostArray::zeros(&meta(DType::F32)), HostArray::zeros(&meta(narrow)));
+            let views = [a.view(), b.view()];
+            compute_once(&op, &HostContext::default(), &views, &mut [out.view_mut(), copy.view_mut()]).unwrap();
+            assert_eq!(out.to_f64_vec(), want, "{kind:?} {narrow}");
+            assert_eq!(copy.to_f64_vec(), cast, "{kind:?} {narrow}");
+            assert!(op.check(&[a.meta(), b.meta()], &[meta(DType::F32), meta(narrow)]).is_ok());
+        }
+        let op = Binary(BinaryKind::Add);
+        let refused = [
+            // A 16-bit operand with a second output, an f32 "copy", a copy of another shape.
+            (vec![a.meta(), meta(narrow)], vec![meta(DType::F32), meta(narrow)]),
+            (vec![a.meta(), b.meta()], vec![meta(DType::F32), meta(DType::F32)]),
+            (vec![a.meta(), b.meta()], vec![meta(DType::F32), TensorMeta::new([27], narrow)]),
+        ];
+        for (inputs, outputs) in refused {
+            let error = op.check(&inputs, &outputs).unwrap_err();
+            assert!(error.contains("a second output must be the bf16 or f16 copy"), "{error}");
+        }
+    }
+}

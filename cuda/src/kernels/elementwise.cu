@@ -173,6 +173,35 @@ __device__ __forceinline__ void map2(const TA* a, const TB* b, TO* out, u64 n, F
     FOR_EACH(i, n - done) st(&out[done + i], f(ld(&a[done + i]), ld(&b[done + i])));
 }
 
+// map2, also storing every f32 result narrowed to N (bf16 or f16) in `narrow`: a cast of
+// the output folded into the op; `st` rounds the same f32 value the cast would read back.
+template <typename N, typename F>
+__device__ __forceinline__ void map2_and_narrow(const float* a, const float* b, float* out, N* narrow, u64 n, F f) {
+    u64 done = 0;
+    if (eight_aligned(a) && eight_aligned(b) && eight_aligned(out) && eight_aligned(narrow)) {
+        u64 groups = n / EIGHT;
+        FOR_EACH(g, groups) {
+            Eight<float> x = ld8(a + g * EIGHT), y = ld8(b + g * EIGHT), r;
+            Eight<N> q;
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) {
+                float v = f(x.v[k], y.v[k]);
+                r.v[k] = v;
+                st(&q.v[k], v);
+            }
+            st8(out + g * EIGHT, r);
+            st8(narrow + g * EIGHT, q);
+        }
+        done = groups * EIGHT;
+    }
+    FOR_EACH(k, n - done) {
+        u64 i = done + k;
+        float v = f(a[i], b[i]);
+        out[i] = v;
+        st(&narrow[i], v);
+    }
+}
+
 // Operands read broadcast to the output: s.dims is the output's shape (coalesced on the
 // host), s.a and s.b the operands' strides with 0 on broadcast dimensions. Rows of a
 // multiple of eight that both operands read contiguously (a bias added to every row, a
@@ -231,6 +260,28 @@ BINARY_ENTRIES(f32_bf16a, bf16, float, float)
 BINARY_ENTRIES(f32_bf16b, float, bf16, float)
 BINARY_ENTRIES(f32_f16a, f16, float, float)
 BINARY_ENTRIES(f32_f16b, float, f16, float)
+
+// Every binary kind on f32 operands of the output's shape, the f32 result also stored
+// narrowed to N (suffix S): `regflow_binary_<kind>_f32_and_<S>`. One macro level, with the
+// suffix first, as `sources.rs` reads entry names out of macros.
+#define BINARY_AND_NARROW_ENTRIES(S, N)                                                                   \
+    extern "C" __global__ void regflow_binary_add_f32_and_##S(const float* a, const float* b, float* out, N* narrow, u64 n) { \
+        map2_and_narrow(a, b, out, narrow, n, Add());                                                     \
+    }                                                                                                     \
+    extern "C" __global__ void regflow_binary_sub_f32_and_##S(const float* a, const float* b, float* out, N* narrow, u64 n) { \
+        map2_and_narrow(a, b, out, narrow, n, Sub());                                                     \
+    }                                                                                                     \
+    extern "C" __global__ void regflow_binary_mul_f32_and_##S(const float* a, const float* b, float* out, N* narrow, u64 n) { \
+        map2_and_narrow(a, b, out, narrow, n, Mul());                                                     \
+    }                                                                                                     \
+    extern "C" __global__ void regflow_binary_div_f32_and_##S(const float* a, const float* b, float* out, N* narrow, u64 n) { \
+        map2_and_narrow(a, b, out, narrow, n, Div());                                                     \
+    }                                                                                                     \
+    extern "C" __global__ void regflow_binary_relu_grad_f32_and_##S(const float* a, const float* b, float* out, N* narrow, u64 n) { \
+        map2_and_narrow(a, b, out, narrow, n, ReluGrad());                                                \
+    }
+BINARY_AND_NARROW_ENTRIES(bf16, bf16)
+BINARY_AND_NARROW_ENTRIES(f16, f16)
 
 // ---- bias GELU ---------------------------------------------------------------------
 

@@ -156,10 +156,20 @@ fn make_binary(spec: &KernelSpec<'_>) -> Result<BinaryKernel, KernelError> {
     let broadcast =
         if a == out && b == out { None } else { Some(layout::broadcast(out, a, b).map_err(|e| fail(spec, conf, e))?) };
     let variant = if broadcast.is_some() { "_broadcast" } else { "" };
+    // A second output, the result narrowed (a cast folded in), has entries for operands of
+    // the output's shape, which is what the compiler folds.
+    let entry = match conf.outputs.get(1) {
+        None => format!("regflow_binary_{stem}{variant}_{}", binary_suffix(conf, dtype)),
+        Some(_) if broadcast.is_some() => {
+            return Err(fail(spec, conf, "a second, narrowed output needs operands of the output's shape"))
+        }
+        Some(narrow) => format!("regflow_binary_{stem}_f32_and_{}", suffix(narrow.dtype)),
+    };
     Ok(BinaryKernel {
-        function: function(spec, &format!("regflow_binary_{stem}{variant}_{}", binary_suffix(conf, dtype)))?,
+        function: function(spec, &entry)?,
         inputs: input_slots(conf),
         broadcast,
+        narrow: conf.outputs.len() == 2,
         n: conf.outputs[0].shape.numel() as u64,
     })
 }
@@ -180,6 +190,8 @@ struct BinaryKernel {
     function: Function,
     inputs: [usize; 2],
     broadcast: Option<Indexing>,
+    /// Whether output 1 is output 0 narrowed (the `_f32_and_<narrow>` entries).
+    narrow: bool,
     n: u64,
 }
 
@@ -187,12 +199,13 @@ impl Kernel for BinaryKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (a, b, out, n) = (io.input_addr(self.inputs[0]), io.input_addr(self.inputs[1]), io.output_addr(0), self.n);
         let (s, f, grid) = (stream(io), self.function, Grid::eights(n));
-        // SAFETY: operands and output hold the elements of their checked metas; the
+        // SAFETY: operands and outputs hold the elements of their checked metas; the
         // broadcast map only reaches offsets inside the operands (strides of their shapes).
         unsafe {
-            match self.broadcast {
-                None => launch(s, f, grid, &mut args![a, b, out, n]),
-                Some(map) => launch(s, f, grid, &mut args![a, b, out, map, n]),
+            match (self.broadcast, self.narrow) {
+                (None, false) => launch(s, f, grid, &mut args![a, b, out, n]),
+                (None, true) => launch(s, f, grid, &mut args![a, b, out, io.output_addr(1), n]),
+                (Some(map), _) => launch(s, f, grid, &mut args![a, b, out, map, n]),
             }
         }?;
         Ok(())
@@ -413,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn a_binary_op_with_a_16_bit_operand_has_an_entry_per_kind_and_side() {
+    fn a_binary_op_with_a_16_bit_operand_or_output_has_an_entry_per_kind_and_side() {
         let entries = declared();
         let meta = |dtype| regflow_plan::TensorMeta::new([4, 8], dtype);
         for narrow in [DType::Bf16, DType::F16] {
@@ -428,6 +441,12 @@ mod tests {
                         assert!(entries.contains(&name.as_str()), "{name}");
                     }
                 }
+            }
+        }
+        for narrow in ["bf16", "f16"] {
+            for stem in ["add", "sub", "mul", "div", "relu_grad"] {
+                let name = format!("regflow_binary_{stem}_f32_and_{narrow}");
+                assert!(entries.contains(&name.as_str()), "{name}");
             }
         }
         let same = OpConf::new(&Binary(BinaryKind::Add), vec![meta(DType::F32); 2], vec![0, 1], vec![meta(DType::F32)]);

@@ -1,15 +1,18 @@
 //! Casts folded into the ops beside them: mixed precision runs layer norms and the
 //! residual stream in f32, so each transformer block's norm is followed by a `cast` of its
 //! output to bf16 (or f16) for the block's products, its gradient is preceded by a `cast`
-//! of the products' bf16 input gradient back to f32 (its `dy`), and each residual add reads
-//! a block's bf16 output through a `cast` to f32. GPT-2 124M has 74 such lone casts per
-//! step: on a GPU a launch each and a pass over an activation, 15 µs or so on an H100.
-//! Folded, the layer norm writes the bf16 tensor itself ([`LayerNorm::out`]), its gradient
-//! reads the bf16 `dy` ([`LayerNormGrad::dy`]), and the add reads its bf16 operand (a
-//! `binary` op may have one 16-bit operand beside an f32 one and an f32 output): no f32 copy
-//! of any of them is made, stored or read again. The kernels compute in f32 exactly as
-//! before and round (or widen) each element with the cast's own conversion, so the bits do
-//! not change. (Fused casts, `fuse_casts.rs`, are another thing: casts grouped with casts.)
+//! of the products' bf16 input gradient back to f32 (its `dy`), each residual add reads a
+//! block's bf16 output through a `cast` to f32, and each sum of residual gradients is cast
+//! to bf16 for a block's products. GPT-2 124M has 97 such lone casts per step: on a GPU a
+//! launch each and a pass over an activation, 15 µs or so on an H100. Folded, the layer
+//! norm writes the bf16 tensor itself ([`LayerNorm::out`]), its gradient reads the bf16
+//! `dy` ([`LayerNormGrad::dy`]), the add reads its bf16 operand (a `binary` op may have one
+//! 16-bit operand beside an f32 one and an f32 output), and the sum writes its bf16 copy
+//! beside its f32 result (a `binary` op of f32 operands may have a second, 16-bit output):
+//! no separate pass makes, stores or reads the converted copy. The kernels compute in f32
+//! exactly as before and round (or widen) each element with the cast's own conversion, so
+//! the bits do not change. (Fused casts, `fuse_casts.rs`, are another thing: casts grouped
+//! with casts.)
 //!
 //! What folds, on one stream of a cpu, sim or cuda device (whose kernels have both forms),
 //! with no actor involved reading through a window:
@@ -17,6 +20,10 @@
 //!   `layer_norm` and is read by that cast alone: the layer norm writes the cast's output
 //!   register (which keeps its readers and slots), and its own f32 register and the cast
 //!   go;
+//! - a `cast` from f32 to bf16 or f16 of the only output of an f32 `binary` op of
+//!   operands of its shape, none made by a cast: the op writes the cast's output register
+//!   as its second output (after its own, as descriptor order, which is op output order,
+//!   requires), its own register keeps its other readers, and the cast goes;
 //! - a `cast` from bf16 or f16 to f32 whose output is read by one actor alone, as one
 //!   input and nothing else: a `layer_norm_grad`'s `dy` (f32 `x`), or one operand of an
 //!   f32 `binary` op. The reader reads the cast's input register instead, and the cast and
@@ -28,7 +35,7 @@
 //! instead of reading the cast's register (the layer norms widen a row at a time and hold
 //! none); CPU mixed precision is there to give a GPU's results bit for bit, not speed.
 //!
-//! Neither changes what a step computes or in which order its registers are made: the
+//! None changes what a step computes or in which order its registers are made: the
 //! fused actor runs where the pair did, back to back on their stream. A folded input is
 //! kept until its reader runs, right after where the cast freed it. In-place slots
 //! (`plan/src/in_place.rs`) concern optimizer updates only, and memory sharing runs after
@@ -53,6 +60,10 @@ enum Fold {
         output: RegstDescId,
         to: DType,
     },
+    /// The f32 `binary` op `op_actor` writes its result narrowed to `to` into the cast's
+    /// output register `output` too, as its second output; its own f32 register keeps its
+    /// other readers.
+    Narrowed { cast: ActorIndex, op_actor: ActorIndex, output: RegstDescId, to: TensorMeta },
     /// Actor `reader` reads the cast's input register `input` (of `from`) as its op's
     /// input `operand`, at its actor input `position`, with its op's attributes replaced
     /// by `attrs` where it has any to change (a `layer_norm_grad`'s `dy`); the cast's
@@ -94,6 +105,11 @@ pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
                 plan.regst_descs[output.index()].producer = norm;
                 removed_registers[norm_output.index()] = true;
                 merged_into[cast.index()] = Some(norm);
+            }
+            Fold::Narrowed { cast, op_actor, output, to } => {
+                op_conf_mut(plan, op_actor).outputs.push(to);
+                plan.regst_descs[output.index()].producer = op_actor;
+                merged_into[cast.index()] = Some(op_actor);
             }
             Fold::Widened { cast, reader, attrs, operand, position, input, output, from } => {
                 let conf = op_conf_mut(plan, reader);
@@ -154,6 +170,9 @@ fn fold_of(index: &PlanIndex<'_>, cast: ActorIndex) -> Option<Fold> {
     match (from.dtype, to.dtype) {
         (DType::F32, DType::Bf16 | DType::F16) => {
             let norm = input_desc.producer;
+            if plain_op(index, norm, "binary").is_some() {
+                return narrowed_output(index, cast, input, output, to);
+            }
             let norm_conf = plain_op(index, norm, "layer_norm")?;
             let op = norm_conf.parse_attrs::<LayerNorm>().ok()?;
             let f32_norm = op.out.is_none() && norm_conf.inputs.iter().all(|m| m.dtype == DType::F32);
@@ -210,4 +229,44 @@ fn widened_input(
     }
     let op = conf.parse_attrs::<LayerNormGrad>().ok()?;
     (operand == 2 && op.dy.is_none()).then(|| (Some(LayerNormGrad { dy: Some(narrow), ..op }.attrs()), operand))
+}
+
+/// Cast `cast` of the f32 register `input` into `output` (of `to`) as the second output of
+/// the f32 `binary` op that makes `input`, if it may be one: the op reads operands of its
+/// output's shape (the narrowed entries have no broadcast form) and has no other output,
+/// and `output` comes after `input` in descriptor order, which is the order an actor's
+/// registers are its op's outputs in. `input` may have other readers: the sums of a
+/// residual stream's gradients are read in f32 by the next sum and in bf16 by a block's
+/// products.
+fn narrowed_output(
+    index: &PlanIndex<'_>,
+    cast: ActorIndex,
+    input: RegstDescId,
+    output: RegstDescId,
+    to: &TensorMeta,
+) -> Option<Fold> {
+    let plan = index.plan();
+    let (input_desc, output_desc) = (&plan.regst_descs[input.index()], &plan.regst_descs[output.index()]);
+    let op_actor = input_desc.producer;
+    let conf = plain_op(index, op_actor, "binary")?;
+    conf.parse_attrs::<Binary>().ok()?;
+    let [out] = &conf.outputs[..] else { return None };
+    let all_f32 = conf.inputs.iter().chain([out]).all(|m| m.dtype == DType::F32);
+    let unbroadcast = conf.inputs.iter().all(|m| m.shape == out.shape);
+    let in_order = index.outputs_of(op_actor) == [input] && output.index() > input.index();
+    // One narrowed copy (this cast the only one reading the result), and operands that
+    // stay f32: none made by a cast, which this pass might fold into the op as a 16-bit
+    // operand (the narrowed entries take f32 operands).
+    let is_cast = |a: &ActorIndex| plain_op(index, *a, "cast").is_some();
+    let one_copy = input_desc.consumers.iter().filter(|c| is_cast(c)).count() == 1;
+    let f32_sources =
+        plan.actors[op_actor.index()].inputs.iter().all(|r| !is_cast(&plan.regst_descs[r.index()].producer));
+    let same_stream = plan.actors[op_actor.index()].stream == plan.actors[cast.index()].stream;
+    let fits = out.shape == to.shape && input_desc.memory == output_desc.memory;
+    (all_f32 && unbroadcast && in_order && one_copy && f32_sources && same_stream && fits).then(|| Fold::Narrowed {
+        cast,
+        op_actor,
+        output,
+        to: to.clone(),
+    })
 }

@@ -54,9 +54,10 @@ pub struct CompileOptions {
     /// itself ([`LayerNorm::out`](crate::plan::ops::LayerNorm::out)), and a 16-bit tensor
     /// cast to f32 for one reader is read as it is by that reader: a layer norm gradient's
     /// `dy` ([`LayerNormGrad::dy`](crate::plan::ops::LayerNormGrad::dy)) or an operand of
-    /// an f32 `binary` op (the residual stream's adds): per transformer block three lone
-    /// casts (on CUDA three launches and an activation's f32 copy each) fewer. Results are
-    /// bitwise the casts'. Default on.
+    /// an f32 `binary` op (the residual stream's adds), and an f32 `binary` op's result
+    /// cast to bf16 or f16 is written narrow as its second output (the sums of residual
+    /// gradients): per transformer block four lone casts (on CUDA four launches and a pass
+    /// over an activation each) fewer. Results are bitwise the casts'. Default on.
     pub fold_casts: bool,
 }
 
@@ -186,9 +187,10 @@ pub struct ParallelOptions {
     /// itself ([`LayerNorm::out`](crate::plan::ops::LayerNorm::out)), and a 16-bit tensor
     /// cast to f32 for one reader is read as it is by that reader: a layer norm gradient's
     /// `dy` ([`LayerNormGrad::dy`](crate::plan::ops::LayerNormGrad::dy)) or an operand of
-    /// an f32 `binary` op (the residual stream's adds): per transformer block three lone
-    /// casts (on CUDA three launches and an activation's f32 copy each) fewer. Results are
-    /// bitwise the casts'. Default on.
+    /// an f32 `binary` op (the residual stream's adds), and an f32 `binary` op's result
+    /// cast to bf16 or f16 is written narrow as its second output (the sums of residual
+    /// gradients): per transformer block four lone casts (on CUDA four launches and a pass
+    /// over an activation each) fewer. Results are bitwise the casts'. Default on.
     pub fold_casts: bool,
 }
 

@@ -14,13 +14,44 @@ impl HostCompute for Binary {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        by_float!(outputs[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, context.threads, inputs, &mut outputs[0]))
+        let (first, narrow) = outputs.split_at_mut(1);
+        by_float!(first[0].dtype(), "integer arithmetic is not supported", T => compute_typed::<T>(self.0, context.threads, inputs, &mut first[0]))?;
+        // A second output is the first one narrowed: a cast folded into the op. It reaches
+        // here as its f32 buffer, which the register kernel rounds as a cast rounds
+        // (`host.rs`), so the bits are the cast's of the f32 result.
+        if let [narrow] = narrow {
+            let result: &[f32] = first[0].as_mut_slice::<f32>()?;
+            narrow.as_mut_slice::<f32>()?.copy_from_slice(result);
+        }
+        Ok(())
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
-        let ([a, b], [out]) = (inputs, outputs) else {
+        let (out, narrow) = match outputs {
+            [out] => (out, None),
+            [out, narrow] => (out, Some(narrow)),
+            _ => {
+                return Err(format!(
+                    "takes 2 inputs and gives 1 output (or 2: the result and its 16-bit copy), but has {} and {}",
+                    inputs.len(),
+                    outputs.len()
+                ))
+            }
+        };
+        let [a, b] = inputs else {
             return Err(crate::cpu::not_n_to_one(2, (inputs, outputs)));
         };
+        // A second output is the result narrowed to bf16 or f16, as a `cast` of it narrows
+        // (a cast the compiler folded into the op), from an f32 op of f32 operands.
+        if let Some(narrow) = narrow {
+            let all_f32 = [a, b, out].iter().all(|m| m.dtype == DType::F32);
+            if !(all_f32 && narrow.dtype.is_half() && narrow.shape == out.shape) {
+                return Err(format!(
+                    "operands {a} and {b} give {out} and {narrow}: a second output must be the bf16 or f16 copy of \
+                     an f32 result of f32 operands"
+                ));
+            }
+        }
         // One operand may be a 16-bit float read widened (exactly) to the f32 of the other
         // and of the output: a cast folded into the op by the compiler, the same values as
         // `cast` then the op, without the f32 copy stored between them.
