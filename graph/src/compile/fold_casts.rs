@@ -31,9 +31,10 @@
 //!
 //! What it saves is a device's: a GPU's kernels read and write the 16-bit tensors as they
 //! are. A CPU kernel computes 16-bit tensors in f32 buffers it keeps (`kernels/src/host.rs`),
-//! so on a `cpu` device a folded add holds an f32 copy of its 16-bit operand in its kernel
-//! instead of reading the cast's register (the layer norms widen a row at a time and hold
-//! none); CPU mixed precision is there to give a GPU's results bit for bit, not speed.
+//! so on a `cpu` device a folded add holds an f32 copy of its 16-bit operand, and a folded
+//! sum an f32 buffer for its 16-bit copy, in its kernel, outside the plan's registers (the
+//! layer norms widen a row at a time and hold none); CPU mixed precision is there to give
+//! a GPU's results bit for bit, not speed.
 //!
 //! None changes what a step computes or in which order its registers are made: the
 //! fused actor runs where the pair did, back to back on their stream. A folded input is
