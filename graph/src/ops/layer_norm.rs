@@ -7,28 +7,6 @@ use crate::sbp::{Sbp, SbpSignature};
 use crate::{GraphError, Tensor};
 pub use regflow_plan::ops::{LayerNorm, LayerNormGrad};
 
-/// Checks `x [..., D]` and the `[D]` parameters; returns `D`.
-fn check(eps: f64, x: &TensorMeta, params: &[&TensorMeta]) -> Result<usize, String> {
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(format!("eps must be finite and >= 0, got {eps}"));
-    }
-    if !x.dtype.is_float() {
-        return Err(format!("needs a float input, got {}", x.dtype));
-    }
-    let Some(&features) = x.shape.dims().last() else {
-        return Err("input must have rank >= 1, got a scalar".into());
-    };
-    for p in params {
-        if p.dtype != x.dtype {
-            return Err(format!("dtype mismatch: {} vs {}", x.dtype, p.dtype));
-        }
-        if p.shape.dims() != [features] {
-            return Err(format!("scale and shift must have shape [{features}], got {}", p.shape));
-        }
-    }
-    Ok(features)
-}
-
 impl OpDef for LayerNorm {
     fn name(&self) -> &'static str {
         "layer_norm"
@@ -36,7 +14,7 @@ impl OpDef for LayerNorm {
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [x, gamma, beta] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
-        check(self.eps, x, &[gamma, beta])?;
+        regflow_plan::ops::layer_norm_features(self.eps, x, &[gamma, beta])?;
         Ok(vec![TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?)])
     }
 
@@ -63,7 +41,7 @@ impl OpDef for LayerNormGrad {
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         let [x, gamma, dy] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
-        check(self.eps, x, &[gamma])?;
+        regflow_plan::ops::layer_norm_features(self.eps, x, &[gamma])?;
         let expected = TensorMeta::new(x.shape.clone(), self.dy_dtype(x.dtype)?);
         if *dy != expected {
             return Err(format!("dy must be {expected} (x is {x}), got {dy}"));

@@ -48,7 +48,7 @@ impl HostCompute for LayerNorm {
         let ([x, gamma, beta], [y]) = (inputs, outputs) else {
             return Err(format!("takes 3 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
         };
-        check_input_and_parameters(x, &[gamma, beta])?;
+        check_input_and_parameters(self.eps, x, &[gamma, beta])?;
         let expected = TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?);
         if *y != expected {
             return Err(format!("the output must be {expected} for the input {x}, got {y}"));
@@ -87,7 +87,7 @@ impl HostCompute for LayerNormGrad {
         let ([x, gamma, dy], [dx, dgamma, dbeta]) = (inputs, outputs) else {
             return Err(format!("takes 3 inputs and gives 3 outputs, but has {} and {}", inputs.len(), outputs.len()));
         };
-        check_input_and_parameters(x, &[gamma])?;
+        check_input_and_parameters(self.eps, x, &[gamma])?;
         let expected = TensorMeta::new(x.shape.clone(), self.dy_dtype(x.dtype)?);
         if *dy != expected {
             return Err(format!("dy must be {expected} for the input {x}, got {dy}"));
@@ -106,21 +106,16 @@ impl HostCompute for LayerNormGrad {
     }
 }
 
-/// Checks that `x` is f32 or f64 and of rank 1 or more, and each of `parameters` `[D]` of
-/// `x`'s dtype for `x` of `[..., D]`.
-fn check_input_and_parameters(x: &TensorMeta, parameters: &[&TensorMeta]) -> Result<(), String> {
+/// Checks that `x` is f32 or f64 (the dtypes these kernels compute in) and fits its
+/// `parameters` and `eps` as the op's shape rule says ([`layer_norm_features`]).
+fn check_input_and_parameters(eps: f64, x: &TensorMeta, parameters: &[&TensorMeta]) -> Result<(), String> {
     if !matches!(x.dtype, DType::F32 | DType::F64) {
         return Err(format!(
             "computes in f32 or f64, got a {} input (mixed precision casts 16-bit inputs to f32 first)",
             x.dtype
         ));
     }
-    let Some(&features) = x.shape.dims().last() else { return Err(format!("the input {x} must have rank >= 1")) };
-    let expected = TensorMeta::new([features], x.dtype);
-    match parameters.iter().find(|p| ***p != expected) {
-        Some(p) => Err(format!("the scale and shift must be {expected} for the input {x}, got {p}")),
-        None => Ok(()),
-    }
+    layer_norm_features(eps, x, parameters).map(|_| ())
 }
 
 /// How `dy`'s elements (of `Self`) reach the gradient's arithmetic in `T`: as they are

@@ -1,6 +1,6 @@
 //! Attributes of `layer_norm` ops.
 
-use crate::DType;
+use crate::{DType, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 /// `(x - mean) / √(var + eps) · gamma + beta` over the last axis of `x` (`[..., D]`), with
@@ -77,4 +77,29 @@ fn narrowing(op: &str, attribute: &str, narrow: DType, input: DType) -> Result<(
         return Err(format!("{op} with {attribute} = {narrow} needs f32 inputs, got {input}"));
     }
     Ok(())
+}
+
+/// The features `D` of a layer norm's input `x` of `[..., D]` (or of its gradient's), with
+/// `eps` finite and not negative, `x` of a float dtype and each of `parameters` (scale and
+/// shift, or the scale alone) `[D]` of `x`'s dtype; or why not. The graph's shape rule and
+/// the kernels' checks both ask it.
+pub fn layer_norm_features(eps: f64, x: &TensorMeta, parameters: &[&TensorMeta]) -> Result<usize, String> {
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(format!("eps must be finite and >= 0, got {eps}"));
+    }
+    if !x.dtype.is_float() {
+        return Err(format!("needs a float input, got {}", x.dtype));
+    }
+    let Some(&features) = x.shape.dims().last() else {
+        return Err("input must have rank >= 1, got a scalar".into());
+    };
+    for p in parameters {
+        if p.dtype != x.dtype {
+            return Err(format!("dtype mismatch: {} vs {}", x.dtype, p.dtype));
+        }
+        if p.shape.dims() != [features] {
+            return Err(format!("scale and shift must have shape [{features}], got {}", p.shape));
+        }
+    }
+    Ok(features)
 }
