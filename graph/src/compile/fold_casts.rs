@@ -170,19 +170,22 @@ fn fold_of(index: &PlanIndex<'_>, cast: ActorIndex) -> Option<Fold> {
     let same_stream = |a: ActorIndex| plan.actors[a.index()].stream == actor.stream;
     match (from.dtype, to.dtype) {
         (DType::F32, DType::Bf16 | DType::F16) => {
-            let norm = input_desc.producer;
-            if plain_op(index, norm, "binary").is_some() {
+            // The narrow copy is written where the f32 result is made, so by its producer.
+            let producer = input_desc.producer;
+            if !same_stream(producer) || input_desc.memory != output_desc.memory {
+                return None;
+            }
+            if plain_op(index, producer, "binary").is_some() {
                 return narrowed_output(index, cast, input, output, to);
             }
-            let norm_conf = plain_op(index, norm, "layer_norm")?;
+            let norm_conf = plain_op(index, producer, "layer_norm")?;
             let op = norm_conf.parse_attrs::<LayerNorm>().ok()?;
             let f32_norm = op.out.is_none() && norm_conf.inputs.iter().all(|m| m.dtype == DType::F32);
             let alone =
-                index.outputs_of(norm) == [input] && norm_conf.outputs.len() == 1 && input_desc.consumers == [cast];
-            let fits = norm_conf.outputs[..] == [from.clone()] && input_desc.memory == output_desc.memory;
-            (f32_norm && alone && fits && same_stream(norm)).then_some(Fold::Forward {
+                index.outputs_of(producer) == [input] && norm_conf.outputs.len() == 1 && input_desc.consumers == [cast];
+            (f32_norm && alone && norm_conf.outputs[..] == [from.clone()]).then_some(Fold::Forward {
                 cast,
-                norm,
+                norm: producer,
                 op,
                 norm_output: input,
                 output,
@@ -238,7 +241,7 @@ fn widened_input(
 /// and `output` comes after `input` in descriptor order, which is the order an actor's
 /// registers are its op's outputs in. `input` may have other readers: the sums of a
 /// residual stream's gradients are read in f32 by the next sum and in bf16 by a block's
-/// products.
+/// products. (The caller checked the stream and the memory kind.)
 fn narrowed_output(
     index: &PlanIndex<'_>,
     cast: ActorIndex,
@@ -247,7 +250,7 @@ fn narrowed_output(
     to: &TensorMeta,
 ) -> Option<Fold> {
     let plan = index.plan();
-    let (input_desc, output_desc) = (&plan.regst_descs[input.index()], &plan.regst_descs[output.index()]);
+    let input_desc = &plan.regst_descs[input.index()];
     let op_actor = input_desc.producer;
     let conf = plain_op(index, op_actor, "binary")?;
     conf.parse_attrs::<Binary>().ok()?;
@@ -262,9 +265,7 @@ fn narrowed_output(
     let one_copy = input_desc.consumers.iter().filter(|c| is_cast(c)).count() == 1;
     let f32_sources =
         plan.actors[op_actor.index()].inputs.iter().all(|r| !is_cast(&plan.regst_descs[r.index()].producer));
-    let same_stream = plan.actors[op_actor.index()].stream == plan.actors[cast.index()].stream;
-    let fits = out.shape == to.shape && input_desc.memory == output_desc.memory;
-    (all_f32 && unbroadcast && in_order && one_copy && f32_sources && same_stream && fits).then(|| Fold::Narrowed {
+    (all_f32 && unbroadcast && in_order && one_copy && f32_sources && out.shape == to.shape).then(|| Fold::Narrowed {
         cast,
         op_actor,
         output,
