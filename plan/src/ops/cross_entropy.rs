@@ -35,29 +35,24 @@ pub struct Classes {
     pub classes: usize,
 }
 
-impl From<Option<Classes>> for SparseCrossEntropy {
-    fn from(attrs: Option<Classes>) -> Self {
-        Self { classes: attrs.map(|a| a.classes) }
-    }
+/// The conversions serde goes through for ops whose only attribute is `classes`.
+macro_rules! classes_attributes {
+    ($($op:ident),*) => {$(
+        impl From<Option<Classes>> for $op {
+            fn from(attrs: Option<Classes>) -> Self {
+                Self { classes: attrs.map(|a| a.classes) }
+            }
+        }
+
+        impl From<$op> for Option<Classes> {
+            fn from(op: $op) -> Self {
+                op.classes.map(|classes| Classes { classes })
+            }
+        }
+    )*};
 }
 
-impl From<SparseCrossEntropy> for Option<Classes> {
-    fn from(op: SparseCrossEntropy) -> Self {
-        op.classes.map(|classes| Classes { classes })
-    }
-}
-
-impl From<Option<Classes>> for SparseCrossEntropyGrad {
-    fn from(attrs: Option<Classes>) -> Self {
-        Self { classes: attrs.map(|a| a.classes) }
-    }
-}
-
-impl From<SparseCrossEntropyGrad> for Option<Classes> {
-    fn from(op: SparseCrossEntropyGrad) -> Self {
-        op.classes.map(|classes| Classes { classes })
-    }
-}
+classes_attributes!(SparseCrossEntropy, SparseCrossEntropyGrad);
 
 /// A device's share of [`SparseCrossEntropy`] (or, with `grad`, of its gradient) when the
 /// rows are split: its rows' terms divided by the whole batch.
