@@ -26,11 +26,13 @@ use regflow_memory::{Arena, BufferView, MemoryKind};
 /// overwritten while a copy from it is still queued, with no wait of its own.
 pub(crate) struct StagedSource {
     inner: Box<dyn Kernel>,
-    slots: Vec<(Option<u64>, StagedSlot)>,
+    slots: Vec<StagedSlot>,
 }
 
 /// One slot's page-locked outputs: an arena over one buffer, and a view of each output.
 struct StagedSlot {
+    /// The register slot (its output's address) that claimed this set at its first firing.
+    owner: Option<u64>,
     _memory: Arena,
     views: Vec<BufferView>,
 }
@@ -52,8 +54,11 @@ impl StagedSource {
     ) -> Result<Self, String> {
         let slots = (0..slots.max(1))
             .map(|_| {
-                page_locked_views(ordinal, output_bytes)
-                    .map(|(memory, views)| (None, StagedSlot { _memory: memory, views }))
+                page_locked_views(ordinal, output_bytes).map(|(memory, views)| StagedSlot {
+                    owner: None,
+                    _memory: memory,
+                    views,
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self { inner, slots })
@@ -65,8 +70,7 @@ impl Kernel for StagedSource {
         if io.output_count() == 0 {
             return self.inner.run(io);
         }
-        let index = claim(&mut self.slots, io.output_addr(0), "a source")?;
-        let views = &self.slots[index].1.views;
+        let views = &claim(&mut self.slots, io.output_addr(0))?.views;
         if views.len() != io.output_count() {
             return Err(KernelError(format!(
                 "{} outputs for {} staged (broken invariant)",
@@ -172,19 +176,22 @@ fn page_locked_views(ordinal: usize, bytes: &[u64]) -> Result<(Arena, Vec<Buffer
     Ok((memory, views))
 }
 
-/// The index of the staging entry of the register slot at `slot` (its output's address):
-/// the entry that slot claimed at its first firing, or the first unclaimed one. A register
-/// has as many slots as `entries`, so a new slot always finds one; `who` names the kernel
-/// in the error of a broken invariant.
-fn claim<T>(entries: &mut [(Option<u64>, T)], slot: u64, who: &str) -> Result<usize, KernelError> {
-    if let Some(index) = entries.iter().position(|(owner, _)| *owner == Some(slot)) {
-        return Ok(index);
-    }
-    let index = entries.iter().position(|(owner, _)| owner.is_none()).ok_or_else(|| {
-        KernelError(format!("{who} wrote more register slots than the {} it stages (broken invariant)", entries.len()))
-    })?;
-    entries[index].0 = Some(slot);
-    Ok(index)
+/// The staging set of the register slot at `slot` (its output's address): the set that slot
+/// claimed at its first firing, or the first unclaimed one. A register has as many slots as
+/// there are sets, so a new slot always finds one.
+fn claim(sets: &mut [StagedSlot], slot: u64) -> Result<&StagedSlot, KernelError> {
+    let index = match sets.iter().position(|set| set.owner == Some(slot)) {
+        Some(index) => index,
+        None => {
+            let count = sets.len();
+            let index = sets.iter().position(|set| set.owner.is_none()).ok_or_else(|| {
+                KernelError(format!("a source wrote more register slots than the {count} it stages (broken invariant)"))
+            })?;
+            sets[index].owner = Some(slot);
+            index
+        }
+    };
+    Ok(&sets[index])
 }
 
 /// Refuses a piece whose length is not its register's (a broken invariant: the feeder
