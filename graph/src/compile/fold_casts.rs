@@ -42,10 +42,9 @@
 //! (`plan/src/in_place.rs`) concern optimizer updates only, and memory sharing runs after
 //! this pass, on the registers that are left.
 
+use super::fuse_casts::plain_op;
 use super::lower::Lowering;
-use crate::plan::{
-    ActorIndex, ActorKind, DType, DeviceKind, KernelConf, OpConf, Plan, PlanIndex, RegstDescId, TensorMeta,
-};
+use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, OpConf, Plan, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, Cast, LayerNorm, LayerNormGrad, OpAttrs};
 
 /// One cast to fold, planned from the index before the plan changes.
@@ -141,21 +140,10 @@ fn op_conf_mut(plan: &mut Plan, a: ActorIndex) -> &mut OpConf {
     }
 }
 
-/// The op of actor `a` when it is a compute actor of a cpu, sim or cuda device running
-/// `op_type` that reads every register whole (no windows).
-fn plain_op<'p>(index: &PlanIndex<'p>, a: ActorIndex, op_type: &str) -> Option<&'p OpConf> {
-    let plan = index.plan();
-    let actor = &plan.actors[a.index()];
-    let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return None };
-    let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
-    let kernels = matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda);
-    (kernels && conf.op_type == op_type && actor.windows.is_empty()).then_some(conf)
-}
-
 /// Actor `cast` as a cast to fold (module docs), if it is one.
 fn fold_of(index: &PlanIndex<'_>, cast: ActorIndex) -> Option<Fold> {
     let plan = index.plan();
-    let conf = plain_op(index, cast, "cast")?;
+    let conf = plain_op(index.plan(), cast, "cast")?;
     let actor = &plan.actors[cast.index()];
     // One input register (no tick), one output register.
     let (&[input], &[output]) = (actor.inputs.as_slice(), index.outputs_of(cast)) else { return None };
@@ -175,10 +163,10 @@ fn fold_of(index: &PlanIndex<'_>, cast: ActorIndex) -> Option<Fold> {
             if !same_stream(producer) || input_desc.memory != output_desc.memory {
                 return None;
             }
-            if plain_op(index, producer, "binary").is_some() {
+            if plain_op(index.plan(), producer, "binary").is_some() {
                 return narrowed_output(index, cast, input, output, to);
             }
-            let norm_conf = plain_op(index, producer, "layer_norm")?;
+            let norm_conf = plain_op(index.plan(), producer, "layer_norm")?;
             let op = norm_conf.parse_attrs::<LayerNorm>().ok()?;
             let f32_norm = op.out.is_none() && norm_conf.inputs.iter().all(|m| m.dtype == DType::F32);
             let alone =
@@ -219,7 +207,8 @@ fn widened_input(
     wide: &TensorMeta,
     narrow: DType,
 ) -> Option<(Option<serde_json::Value>, usize)> {
-    let conf = plain_op(index, reader, "layer_norm_grad").or_else(|| plain_op(index, reader, "binary"))?;
+    let conf =
+        plain_op(index.plan(), reader, "layer_norm_grad").or_else(|| plain_op(index.plan(), reader, "binary"))?;
     // The op inputs the register is: exactly one.
     let mut operands = conf.input_map.iter().enumerate().filter(|&(_, &p)| p == position).map(|(k, _)| k);
     let (Some(operand), None) = (operands.next(), operands.next()) else { return None };
@@ -252,7 +241,7 @@ fn narrowed_output(
     let plan = index.plan();
     let input_desc = &plan.regst_descs[input.index()];
     let op_actor = input_desc.producer;
-    let conf = plain_op(index, op_actor, "binary")?;
+    let conf = plain_op(index.plan(), op_actor, "binary")?;
     conf.parse_attrs::<Binary>().ok()?;
     let [out] = &conf.outputs[..] else { return None };
     let all_f32 = conf.inputs.iter().chain([out]).all(|m| m.dtype == DType::F32);
@@ -261,7 +250,7 @@ fn narrowed_output(
     // One narrowed copy (this cast the only one reading the result), and operands that
     // stay f32: none made by a cast, which this pass might fold into the op as a 16-bit
     // operand (the narrowed entries take f32 operands).
-    let is_cast = |a: &ActorIndex| plain_op(index, *a, "cast").is_some();
+    let is_cast = |a: &ActorIndex| plain_op(index.plan(), *a, "cast").is_some();
     let one_copy = input_desc.consumers.iter().filter(|c| is_cast(c)).count() == 1;
     let f32_sources =
         plan.actors[op_actor.index()].inputs.iter().all(|r| !is_cast(&plan.regst_descs[r.index()].producer));

@@ -29,7 +29,7 @@
 //! (`fuse_updates::merge_groups`).
 
 use super::lower::Lowering;
-use crate::plan::{ActorIndex, ActorKind, DType, DeviceKind, KernelConf, Plan, StreamIndex};
+use crate::plan::{ActorIndex, ActorKind, DType, DeviceKind, KernelConf, OpConf, Plan, StreamIndex};
 use regflow_plan::ops::{Cast, CastGroup};
 use std::collections::BTreeMap;
 
@@ -104,16 +104,11 @@ fn candidate_groups(plan: &Plan) -> BTreeMap<GroupKey, Vec<ActorIndex>> {
 /// `None`.
 fn candidate(plan: &Plan, a: ActorIndex, out: usize) -> Option<Candidate> {
     let actor = &plan.actors[a.index()];
-    let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return None };
-    let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
-    if conf.op_type != "cast" || !matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda) {
-        return None;
-    }
+    let conf = plain_op(plan, a, "cast")?;
     let ([input], [output], [map]) = (&conf.inputs[..], &conf.outputs[..], &conf.input_map[..]) else { return None };
-    let mixed = |d: DType| matches!(d, DType::Bf16 | DType::F16);
     let fusable_pair =
-        (input.dtype == DType::F32 && mixed(output.dtype)) || (mixed(input.dtype) && output.dtype == DType::F32);
-    if !fusable_pair || !actor.windows.is_empty() {
+        (input.dtype == DType::F32 && output.dtype.is_half()) || (input.dtype.is_half() && output.dtype == DType::F32);
+    if !fusable_pair {
         return None;
     }
     let register = *actor.inputs.get(*map)?;
@@ -127,4 +122,15 @@ fn candidate(plan: &Plan, a: ActorIndex, out: usize) -> Option<Candidate> {
         made_by,
         read_by,
     })
+}
+
+/// The op of actor `a` when it is a compute actor of a cpu, sim or cuda device (whose
+/// kernels the cast passes know) running `op_type` that reads every register whole (no
+/// windows).
+pub(super) fn plain_op<'p>(plan: &'p Plan, a: ActorIndex, op_type: &str) -> Option<&'p OpConf> {
+    let actor = &plan.actors[a.index()];
+    let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { return None };
+    let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
+    let kernels = matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda);
+    (kernels && conf.op_type == op_type && actor.windows.is_empty()).then_some(conf)
 }
