@@ -26,7 +26,8 @@
 //! `REGFLOW_CPU_THREADS=n` gives every cpu device's kernels n threads (default 1),
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan and `REGFLOW_DP_PLAN_JSON=p.json` the cpu
-//! dp2 plan (for `regflow plan show|dot`).
+//! dp2 plan, `REGFLOW_Z1_PLAN_JSON=p.json` the one with sharded AdamW state (for
+//! `regflow plan show|dot`).
 
 #[path = "common/cpu_time.rs"]
 mod cpu_time;
@@ -180,6 +181,9 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
         g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)]))?;
     }
     let zero1 = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
+    if let Some(path) = std::env::var_os("REGFLOW_Z1_PLAN_JSON") {
+        std::fs::write(path, zero1.plan.to_json())?;
+    }
 
     let one_trace = std::env::var("REGFLOW_ONE_TRACE").ok();
     let dp_trace = std::env::var("REGFLOW_DP_TRACE").ok();

@@ -57,6 +57,14 @@ pub enum EnvError {
     /// The kernel failed.
     #[error("kernel failed: {0}")]
     Kernel(String),
+    /// The recipient, an actor of the sender's stream handed the message directly
+    /// ([`crate::Actor::accept`]), refused it as a protocol violation; the stream reports
+    /// the recipient's own error.
+    #[error("actor {dst} refused the message")]
+    Refused {
+        /// Recipient.
+        dst: ActorId,
+    },
 }
 
 /// Services the runtime gives an actor while it handles a message.

@@ -10,6 +10,10 @@
 //! ahead. Consumers on the producer's own stream are told at launch; others, and the acks to
 //! producers, wait for the kernel to complete. After its last piece an actor sends `Eord`,
 //! and stays a zombie until every slot it lent is back.
+//!
+//! A stream may hand a `Ready` or `Ack` between two of its own actors to the recipient's
+//! [`Actor::accept`] while the sender fires, instead of queueing it, and run the recipient
+//! with [`Actor::resume`] later if it can fire; everything else goes to [`Actor::handle`].
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod actor;
@@ -22,7 +26,7 @@ mod regst;
 mod ring;
 mod snapshot;
 
-pub use actor::{Actor, Lifecycle};
+pub use actor::{Accepted, Actor, Lifecycle};
 pub use env::{ActorEnv, Completion, EnvError, Firing, GroupPosition};
 pub use error::ActorError;
 pub use id::{ActorId, IdError, PlanIds, StreamId, MAX_ACTORS_PER_STREAM, MAX_DEVICES, MAX_STREAMS_PER_DEVICE};

@@ -294,6 +294,7 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
             actors,
             runtimes,
             local: VecDeque::new(),
+            runnable: crate::stream::RunQueue::new(actors.len()),
             inbox: rx,
             router: router.clone(),
             device,

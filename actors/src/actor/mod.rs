@@ -9,6 +9,18 @@ use crate::ring::Ring;
 use crate::{ActorEnv, ActorError, ActorId, Body, Cmd, EnvError, Message, PlanIds, RegstRef};
 use regflow_plan::{ActorIndex, ActorKind, PlanIndex, RegstDescId, SourcePieces};
 
+/// What [`Actor::accept`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// Taken; the actor can fire now: run [`Actor::resume`] (once, however many messages
+    /// said so).
+    Runnable,
+    /// Taken; the actor still waits for something else.
+    Taken,
+    /// Not taken: deliver it with [`Actor::handle`], after what is already queued.
+    Declined,
+}
+
 /// Where an actor is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lifecycle {
@@ -300,6 +312,44 @@ impl Actor {
         self.handle_other(msg, env)
     }
 
+    /// Takes a `Ready` or `Ack` from an actor of the same stream straight into the slot
+    /// state, without running the actor: the stream calls it while another actor of the
+    /// stream is firing, instead of queueing the message, and runs this actor later with
+    /// [`Actor::resume`] if the answer is [`Accepted::Runnable`].
+    ///
+    /// Only a running actor takes them, and a repeat actor takes no `Ack` (a slot coming
+    /// back makes it send one of its own); everything else is [`Accepted::Declined`] and must
+    /// go to [`Actor::handle`] in message order. Taking a message early is safe because the
+    /// protocol does not depend on the order of messages between different pairs of actors
+    /// (those of other streams arrive in any order), and between one pair they keep their
+    /// order: a recipient declines only once it stopped running, and then declines all.
+    #[inline(always)]
+    pub fn accept(&mut self, msg: &Message) -> Result<Accepted, ActorError> {
+        if self.lifecycle != Lifecycle::Running {
+            return Ok(Accepted::Declined);
+        }
+        match msg.body {
+            Body::Ready { regst, piece, data } => self.on_ready(msg.src, regst, piece, data)?,
+            Body::Ack { regst } if !matches!(self.kind, KindState::Repeat { .. }) => {
+                self.take_ack(msg.src, regst)?;
+            }
+            _ => return Ok(Accepted::Declined),
+        }
+        // What `handle` would do next: fire, or check whether the actor is drained (or a
+        // `Ready` came after another input ended, an error that check reports); the usual
+        // actor, none of whose inputs ended, has only the first to do.
+        Ok(if self.can_fire() || self.may_be_drained() { Accepted::Runnable } else { Accepted::Taken })
+    }
+
+    /// Fires as often as it can (after [`Actor::accept`] said [`Accepted::Runnable`]) and
+    /// returns its lifecycle after. Harmless at any time: an actor with nothing to do
+    /// does nothing.
+    #[inline(always)]
+    pub fn resume<E: ActorEnv>(&mut self, env: &mut E) -> Result<Lifecycle, ActorError> {
+        self.progress(env)?;
+        Ok(self.lifecycle)
+    }
+
     /// [`Actor::handle`] for every message but a `Ready` or `Ack` to a running actor.
     #[inline(never)]
     fn handle_other<E: ActorEnv>(&mut self, msg: &Message, env: &mut E) -> Result<Lifecycle, ActorError> {
@@ -425,18 +475,23 @@ impl Actor {
 
     #[inline(always)]
     fn on_ack<E: ActorEnv>(&mut self, src: ActorId, regst: RegstRef, env: &mut E) -> Result<(), ActorError> {
+        if self.take_ack(src, regst)? {
+            self.on_slot_freed(env)?;
+        }
+        Ok(())
+    }
+
+    /// Records an `Ack`; returns whether the slot became free.
+    #[inline(always)]
+    fn take_ack(&mut self, src: ActorId, regst: RegstRef) -> Result<bool, ActorError> {
         let position = position_of(&self.outputs, &self.output_lookup, regst.desc, |o| o.desc);
         let Some(output) = position.map(|k| &mut self.outputs[k]) else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
-        let freed = match output.ack(regst.slot, src, &mut self.full_outputs) {
-            Ok(freed) => freed,
-            Err(detail) => return Err(self.unexpected(detail)),
-        };
-        if freed {
-            self.on_slot_freed(env)?;
+        match output.ack(regst.slot, src, &mut self.full_outputs) {
+            Ok(freed) => Ok(freed),
+            Err(detail) => Err(self.unexpected(detail)),
         }
-        Ok(())
     }
 
     /// An output slot came back: only a repeat actor has more to do.
@@ -512,12 +567,18 @@ impl Actor {
             }
             // Checked after every message: an actor with a launch in flight, or none of
             // whose inputs ended yet (the common case), is not drained, without a call.
-            let may_be_drained = !(self.ends_by_inputs && self.ended_inputs == 0);
-            if !(self.pending.is_empty() && may_be_drained) {
+            if !(self.pending.is_empty() && self.may_be_drained()) {
                 return Ok(());
             }
         }
         self.progress_to_end(env)
+    }
+
+    /// Whether the actor may be drained as far as its inputs tell: not while none of the
+    /// inputs that end it has ended.
+    #[inline(always)]
+    fn may_be_drained(&self) -> bool {
+        !(self.ends_by_inputs && self.ended_inputs == 0)
     }
 
     /// The rest of [`Actor::progress`]: whether a running actor is drained (then it sends

@@ -13,7 +13,7 @@ use crate::bus::Router;
 
 use crate::inbox::{inbox, InboxReceiver, InboxSender};
 use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
-use crate::stream::{JobShared, StreamExit, StreamWorker};
+use crate::stream::{JobShared, RunQueue, StreamExit, StreamWorker};
 use crate::sync::Arc;
 use crate::trace::TraceBuffer;
 use crate::RuntimeError;
@@ -393,6 +393,7 @@ impl Job {
             };
             let stream_id =
                 actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
+            let actor_count = actors.len();
             let worker = StreamWorker {
                 index: s,
                 label: stream_label(&plan, s),
@@ -400,6 +401,7 @@ impl Job {
                 actors,
                 runtimes,
                 local: VecDeque::with_capacity(local_room[s]),
+                runnable: RunQueue::new(actor_count),
                 inbox,
                 router: router.clone(),
                 device,
