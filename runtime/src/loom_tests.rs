@@ -287,6 +287,7 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
             Device::FinishFails => Box::new(FinishFails(CpuStream)),
             Device::Queued => Box::new(QueuedStream { queue: queue.clone(), inbox: inboxes[s].clone() }),
         };
+        let runnable = crate::stream::RunQueue::new(actors.len());
         workers.push(StreamWorker {
             index: s,
             label: format!("stream {s}"),
@@ -294,7 +295,7 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
             actors,
             runtimes,
             local: VecDeque::new(),
-            runnable: crate::stream::RunQueue::new(actors.len()),
+            runnable,
             inbox: rx,
             router: router.clone(),
             device,
