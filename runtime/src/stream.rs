@@ -285,11 +285,9 @@ impl Env<'_> {
 }
 
 impl Env<'_> {
-    /// [`ActorEnv::send`] to another stream or node, or with a trace to write: the
-    /// message is the one just pushed onto the local queue.
+    /// [`ActorEnv::send`] to another stream or node, or with a trace to write.
     #[inline(never)]
-    fn send_elsewhere_or_traced(&mut self) -> Result<(), EnvError> {
-        let Some(msg) = self.local.pop_back() else { unreachable!("send pushed the message first") };
+    fn send_elsewhere_or_traced(&mut self, msg: Message) -> Result<(), EnvError> {
         if self.trace.is_some() {
             self.trace_flow_out(&msg);
         }
@@ -335,20 +333,18 @@ impl Env<'_> {
 }
 
 impl ActorEnv for Env<'_> {
-    /// Every message is first written into the local queue, then taken back out if it
-    /// is for another stream or a trace must see it. Written straight into the queue,
-    /// nothing takes the message's address, so it lands field by field; passed by
-    /// reference to the slow path instead, it was built on the stack and copied into the
-    /// queue in 16-byte moves, each stalled on store-to-load forwarding (a wide load
-    /// straddling the fields' narrow stores), three per message.
+    /// A message for this stream is written straight into the local queue, field by
+    /// field; one for another stream or node is passed to the out-of-line path by value.
+    /// (Written into the queue first and taken back out, as before, the cross-stream
+    /// message was read back with 16-byte loads over the fields' narrower stores, a
+    /// store-forwarding stall on every one.)
     #[inline(always)]
     fn send(&mut self, msg: Message) -> Result<(), EnvError> {
-        let here = msg.dst.stream_id() == self.stream_id;
-        self.local.push_back(msg);
-        if here && self.trace.is_none() {
+        if msg.dst.stream_id() == self.stream_id && self.trace.is_none() {
+            self.local.push_back(msg);
             return Ok(());
         }
-        self.send_elsewhere_or_traced()
+        self.send_elsewhere_or_traced(msg)
     }
 
     #[inline(always)]
