@@ -13,7 +13,8 @@
 //!
 //! A stream may hand a `Ready` or `Ack` between two of its own actors to the recipient's
 //! [`Actor::accept`] while the sender fires, instead of queueing it, and run the recipient
-//! with [`Actor::resume`] later if it can fire; everything else goes to [`Actor::handle`].
+//! with [`Actor::resume`] later if it can fire (its turn waits in a [`RunQueue`]);
+//! everything else goes to [`Actor::handle`].
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod actor;
@@ -24,6 +25,7 @@ mod message;
 mod progress;
 mod regst;
 mod ring;
+mod run_queue;
 mod snapshot;
 
 pub use actor::{Accepted, Actor, Lifecycle};
@@ -33,4 +35,5 @@ pub use id::{ActorId, IdError, PlanIds, StreamId, MAX_ACTORS_PER_STREAM, MAX_DEV
 pub use message::{Body, Cmd, Message, RegstRef};
 pub use progress::{check_progress, firings_per_step, Deadlock, Progress, ProgressError, WaitEdge};
 pub use regst::MAX_CONSUMERS;
+pub use run_queue::RunQueue;
 pub use snapshot::{ActorSnapshot, WaitReason};

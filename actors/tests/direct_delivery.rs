@@ -8,7 +8,7 @@ mod common;
 use common::{count, Net};
 use regflow_actors::{
     Accepted, Actor, ActorEnv, ActorError, ActorId, Body, Cmd, Completion, EnvError, Firing, Lifecycle, Message,
-    PlanIds,
+    PlanIds, RunQueue,
 };
 use regflow_plan::{ActorIndex, ActorKind, KernelConf, Plan, PlanIndex, RegstDescId};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -33,8 +33,9 @@ struct Driver {
     names: Vec<String>,
     sinks: Vec<bool>,
     queue: VecDeque<Message>,
-    runnable: VecDeque<usize>,
-    queued: Vec<bool>,
+    runnable: RunQueue,
+    /// A recipient's refusal, reported as its own error (as the stream does).
+    refused: Option<ActorError>,
     sunk: BTreeMap<String, Vec<u64>>,
     direct: bool,
     /// Index of the actor whose turn it is.
@@ -52,10 +53,7 @@ impl ActorEnv for Driver {
             match recipient.accept(&msg) {
                 Ok(Accepted::Runnable) => {
                     self.taken += 1;
-                    if !self.queued[j] {
-                        self.queued[j] = true;
-                        self.runnable.push_back(j);
-                    }
+                    self.runnable.push(j);
                     return Ok(());
                 }
                 Ok(Accepted::Taken) => {
@@ -63,7 +61,10 @@ impl ActorEnv for Driver {
                     return Ok(());
                 }
                 Ok(Accepted::Declined) => {}
-                Err(_) => return Err(EnvError::Refused { dst: msg.dst }),
+                Err(error) => {
+                    self.refused = Some(error);
+                    return Err(EnvError::Refused { dst: msg.dst });
+                }
             }
         }
         self.queue.push_back(msg);
@@ -89,8 +90,8 @@ fn run(plan: &Plan, direct: bool) -> (Result<Outcome, String>, usize) {
         names: plan.actors.iter().map(|a| a.name.clone()).collect(),
         sinks: plan.actors.iter().map(|a| matches!(a.kind, ActorKind::Sink)).collect(),
         queue: VecDeque::new(),
-        runnable: VecDeque::new(),
-        queued: vec![false; plan.actors.len()],
+        runnable: RunQueue::new(plan.actors.len()),
+        refused: None,
         sunk: BTreeMap::new(),
         direct,
         current: 0,
@@ -105,8 +106,7 @@ fn run(plan: &Plan, direct: bool) -> (Result<Outcome, String>, usize) {
     loop {
         turns += 1;
         assert!(turns < 100_000, "the run does not end");
-        let (j, msg) = if let Some(j) = d.runnable.pop_front() {
-            d.queued[j] = false;
+        let (j, msg) = if let Some(j) = d.runnable.pop() {
             (j, None)
         } else if let Some(msg) = d.queue.pop_front() {
             (d.at[&msg.dst], Some(msg))
@@ -121,7 +121,7 @@ fn run(plan: &Plan, direct: bool) -> (Result<Outcome, String>, usize) {
         };
         d.actors[j] = Some(actor);
         if let Err(error) = result {
-            return (Err(error.to_string()), d.taken);
+            return (Err(d.refused.take().unwrap_or(error).to_string()), d.taken);
         }
     }
     let actors = d.actors.iter().flatten();
@@ -224,14 +224,12 @@ fn accept_takes_only_ready_and_ack_of_running_actors() {
     let plan = chain(2, 1, [0; 5], [COPY, ActorKind::Repeat { count: 2 }, COPY]);
     let ids = PlanIds::assign(&plan).expect("ids fit");
     let index = PlanIndex::new(&plan);
-    let actor = |name: &str| {
-        let i = plan.actor_by_name(name).expect(name);
-        (Actor::from_plan(&index, &ids, i), ids.of(i))
-    };
+    let id = |name: &str| ids.of(plan.actor_by_name(name).expect(name));
+    let actor = |name: &str| (Actor::from_plan(&index, &ids, plan.actor_by_name(name).expect(name)), id(name));
     let desc = |name: &str| RegstDescId(plan.regst_descs.iter().position(|d| d.name == name).expect(name) as u32);
     let (mut a, a_id) = actor("a");
     let (mut b, b_id) = actor("b");
-    let (_, src_id) = actor("src");
+    let src_id = id("src");
     let src_out = regflow_actors::RegstRef { desc: desc("src.out"), slot: 0 };
     let ready = |dst, src, regst, piece| Message { dst, src, body: Body::Ready { regst, piece, data: regst } };
     // A command or an end of data is declined: it goes through `handle`, in order.
@@ -241,14 +239,13 @@ fn accept_takes_only_ready_and_ack_of_running_actors() {
     assert_eq!(a.accept(&eord), Ok(Accepted::Declined));
     // A ready input with a free output: runnable.
     assert_eq!(a.accept(&ready(a_id, src_id, src_out, 0)), Ok(Accepted::Runnable));
-    // The same piece again is the error `handle` gives.
+    // The same piece again is the error `handle` gives: out of order, naming the recipient.
     let again = a.accept(&ready(a_id, src_id, src_out, 0)).expect_err("a second piece 0");
-    assert!(again.to_string().contains('a'), "{again}");
+    assert!(matches!(&again, ActorError::PieceOrder { name, .. } if name == "a"), "{again}");
     // A repeat's Ack makes it send one of its own: declined.
     let a_out = regflow_actors::RegstRef { desc: desc("a.out"), slot: 0 };
     let b_out = regflow_actors::RegstRef { desc: desc("b.out"), slot: 0 };
-    let (_, c_id) = actor("c");
-    let ack = Message { dst: b_id, src: c_id, body: Body::Ack { regst: b_out } };
+    let ack = Message { dst: b_id, src: id("c"), body: Body::Ack { regst: b_out } };
     assert_eq!(b.accept(&ack), Ok(Accepted::Declined));
     // Its Ready is taken like any other.
     assert_eq!(b.accept(&ready(b_id, a_id, a_out, 0)), Ok(Accepted::Runnable));

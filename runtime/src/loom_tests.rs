@@ -287,7 +287,7 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
             Device::FinishFails => Box::new(FinishFails(CpuStream)),
             Device::Queued => Box::new(QueuedStream { queue: queue.clone(), inbox: inboxes[s].clone() }),
         };
-        let runnable = crate::stream::RunQueue::new(actors.len());
+        let runnable = regflow_actors::RunQueue::new(actors.len());
         workers.push(StreamWorker {
             index: s,
             label: format!("stream {s}"),

@@ -16,7 +16,7 @@ use crate::RuntimeError;
 use crossbeam_utils::CachePadded;
 use regflow_actors::{
     Accepted, Actor, ActorEnv, ActorError, ActorId, ActorSnapshot, Body, Completion, EnvError, Firing, Lifecycle,
-    Message, StreamId,
+    Message, RunQueue, StreamId,
 };
 use regflow_memory::BufferView;
 use regflow_plan::RegstDescId;
@@ -193,46 +193,6 @@ pub struct ActorStats {
     pub max_held: Vec<(u32, usize)>,
     /// Whether it finished (not stopped by an abort).
     pub finished: bool,
-}
-
-/// The actors of a stream waiting for their turn to fire, each at most once, oldest first.
-///
-/// A `Ready` or `Ack` from one actor of the stream to another is not queued as a message:
-/// the stream hands it to the recipient's [`Actor::accept`] while the sender is still
-/// firing, and queues only the recipient's index here when it can now fire. A message
-/// through the local queue costs two 48-byte copies and a dispatch, and an `Ack` usually
-/// leaves its recipient with nothing to do (its input is not ready yet), so most of them
-/// now cost no turn at all: B1 in `examples/bench_actors.rs` went from 848 to 798
-/// instructions per firing, and from 41 to 34.5 ns with 2 registers (BENCHMARKS.md).
-#[derive(Debug)]
-pub(crate) struct RunQueue {
-    order: VecDeque<u32>,
-    /// Per actor: whether it is in `order`.
-    queued: Box<[bool]>,
-}
-
-impl RunQueue {
-    /// An empty queue for `actors` actors, allocated once: it never holds an actor twice.
-    pub(crate) fn new(actors: usize) -> Self {
-        Self { order: VecDeque::with_capacity(actors), queued: vec![false; actors].into_boxed_slice() }
-    }
-
-    /// Queues actor `index` unless it already waits.
-    #[inline(always)]
-    fn push(&mut self, index: usize) {
-        if !self.queued[index] {
-            self.queued[index] = true;
-            self.order.push_back(index as u32);
-        }
-    }
-
-    /// The actor whose turn is next.
-    #[inline(always)]
-    fn pop(&mut self) -> Option<usize> {
-        let index = self.order.pop_front()? as usize;
-        self.queued[index] = false;
-        Some(index)
-    }
 }
 
 /// The `ActorEnv` of the actors of one stream: borrows the worker's parts the actors do

@@ -13,7 +13,7 @@ use crate::bus::Router;
 
 use crate::inbox::{inbox, InboxReceiver, InboxSender};
 use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
-use crate::stream::{JobShared, RunQueue, StreamExit, StreamWorker};
+use crate::stream::{JobShared, StreamExit, StreamWorker};
 use crate::sync::Arc;
 use crate::trace::TraceBuffer;
 use crate::RuntimeError;
@@ -401,7 +401,7 @@ impl Job {
                 actors,
                 runtimes,
                 local: VecDeque::with_capacity(local_room[s]),
-                runnable: RunQueue::new(actor_count),
+                runnable: regflow_actors::RunQueue::new(actor_count),
                 inbox,
                 router: router.clone(),
                 device,
