@@ -120,8 +120,6 @@ impl<'r> Peers<'r> {
 /// What the rendezvous lock guards.
 #[derive(Debug)]
 struct RoundState {
-    /// Barriers completed so far (barrier 1, any middle ones, barrier 2 of every round).
-    phase: u64,
     /// Which ranks have arrived at the barrier now filling.
     arrived: Vec<bool>,
     /// How many.
@@ -140,8 +138,9 @@ pub(crate) struct Rendezvous {
     size: usize,
     state: Mutex<RoundState>,
     changed: Condvar,
-    /// `state.phase`, readable without the lock: a member spins on it briefly before it
-    /// sleeps on `changed`.
+    /// Barriers completed so far (barrier 1, any middle ones, barrier 2 of every round).
+    /// Advanced only under `state`'s lock, by the last arrival; read without it by a
+    /// member that spins before it sleeps on `changed`.
     phase: AtomicU64,
 }
 
@@ -158,7 +157,6 @@ impl Rendezvous {
             group: group.to_string(),
             size,
             state: Mutex::new(RoundState {
-                phase: 0,
                 arrived: vec![false; size],
                 count: 0,
                 inputs: vec![PeerInput::empty(); size],
@@ -209,14 +207,14 @@ impl Rendezvous {
             }
             state.inputs[rank] = input;
             state.outputs[rank] = output;
-            let phase = state.phase;
+            let phase = self.phase();
             if !self.arrive(&mut state, rank) {
                 drop(state);
                 self.spin_past(phase);
                 state = lock(&self.state);
                 loop {
                     // A completed barrier wins over an abort: peers are reading our input.
-                    if state.phase != phase {
+                    if self.phase() != phase {
                         break;
                     }
                     if state.aborted {
@@ -252,16 +250,21 @@ impl Rendezvous {
         }
         state.count = 0;
         state.arrived.fill(false);
-        state.phase += 1;
-        self.phase.store(state.phase, Ordering::Release);
+        self.phase.fetch_add(1, Ordering::Release);
         self.changed.notify_all();
         true
+    }
+
+    /// Barriers completed so far; what the last arrival wrote before it advanced them is
+    /// visible after this load.
+    fn phase(&self) -> u64 {
+        self.phase.load(Ordering::Acquire)
     }
 
     /// Spins a little while the barrier of `phase` fills; returns whether it completed.
     fn spin_past(&self, phase: u64) -> bool {
         for _ in 0..SPIN_ROUNDS {
-            if self.phase.load(Ordering::Acquire) != phase {
+            if self.phase() != phase {
                 return true;
             }
             spin_loop();
@@ -293,7 +296,7 @@ impl Rendezvous {
     /// (module docs), so every member arrives.
     fn barrier(&self, rank: usize) {
         let mut state = lock(&self.state);
-        let phase = state.phase;
+        let phase = self.phase();
         if self.arrive(&mut state, rank) {
             return;
         }
@@ -302,7 +305,7 @@ impl Rendezvous {
             return;
         }
         let mut state = lock(&self.state);
-        while state.phase == phase {
+        while self.phase() == phase {
             state = self.wait(state);
         }
     }
