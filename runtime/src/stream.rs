@@ -195,9 +195,10 @@ pub struct ActorStats {
     pub finished: bool,
 }
 
-/// The `ActorEnv` of the actors of one stream: borrows the worker's parts the actors do
-/// not own. Made once per drain of the local queue, not per message: `current` says whose
-/// message is being handled.
+/// What the actors of one stream share: the worker's parts the actors do not own. Made
+/// once per drain of the local queue, not per turn: `current` says whose turn it is. Its
+/// `ActorEnv` queues every message; a turn's [`Turn`] takes same-stream ones straight in
+/// first.
 struct Env<'w> {
     stream_id: StreamId,
     local: &'w mut VecDeque<Message>,
@@ -208,7 +209,7 @@ struct Env<'w> {
     router: &'w Router,
     device: &'w mut dyn DeviceStream,
     runtimes: &'w mut [ActorRuntime],
-    /// Index of the actor whose message is being handled.
+    /// Index of the actor whose turn it is (a message handled or a run after `accept`).
     current: usize,
     /// Whether a `tracing` subscriber wants the per-firing spans (asked once per thread:
     /// asking per firing costs more than a no-op kernel).
