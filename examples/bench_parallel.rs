@@ -21,6 +21,7 @@
 //! `REGFLOW_ONE_TRACE=t.json` writes the timeline of the cpu one-device run (first round),
 //! `REGFLOW_DP_TRACE=t.json` that of the cpu dp2 run,
 //! `REGFLOW_Z1_TRACE=t.json` that of the dp2 run with sharded AdamW state,
+//! `REGFLOW_ONLY=one|dp|z1` times only that plan, 200 steps (for a profiler),
 //! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
 //! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
 //! `REGFLOW_CPU_THREADS=n` gives every cpu device's kernels n threads (default 1),
@@ -185,6 +186,18 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(path, zero1.plan.to_json())?;
     }
 
+    // One plan alone, for a profiler whose samples should not mix the three.
+    if let Ok(which) = std::env::var("REGFLOW_ONLY") {
+        let compiled = match which.as_str() {
+            "one" => &one,
+            "dp" => &dp,
+            "z1" => &zero1,
+            other => return Err(format!("REGFLOW_ONLY={other:?}: expected one, dp or z1").into()),
+        };
+        let t = time_steps(compiled, &feeds, warmup, 200, None)?;
+        println!("{which}: {:.2} ms/step, {:.2} ms of core time", t.wall * 1e3, t.cpu * 1e3);
+        return Ok(());
+    }
     let one_trace = std::env::var("REGFLOW_ONE_TRACE").ok();
     let dp_trace = std::env::var("REGFLOW_DP_TRACE").ok();
     let zero1_trace = std::env::var("REGFLOW_Z1_TRACE").ok();
