@@ -16,11 +16,12 @@ fn train(compiled: &CompiledGraph, plan: Plan, steps: u64) -> (Vec<u64>, Vec<(St
     tiny_mlp::train(compiled, plan, 1, steps, 1)
 }
 
-/// The plan with every register's slots separate again.
+/// The plan with every register's slots separate again (and no register within another).
 fn two_buffers(plan: &Plan) -> Plan {
     let mut plan = plan.clone();
     for desc in &mut plan.regst_descs {
         desc.aliased_slots = false;
+        desc.within = None;
     }
     plan.validate().unwrap();
     plan
@@ -132,10 +133,19 @@ fn registers_others_read_outside_the_order_keep_two_buffers() {
     let compiled = g.compile(&[train_step.loss], &train_step.updates, &options).unwrap();
     assert_eq!(aliased_variables(&compiled.plan), Vec::<String>::new());
 
-    // Sharded AdamW state on two devices: the moments are updated in place; the weights are
-    // written by their all-gather on a comm stream, outside the compute order.
-    let g = Graph::new();
-    let (train_step, _) = model(&g, &optimizer);
+    // Sharded AdamW state on two devices: the moments are updated in place, and so are the
+    // weights, gathered in place (`sharded_weights_are_gathered_in_place`).
+    let compiled = sharded(&Graph::new(), &optimizer);
+    let aliased = aliased_variables(&compiled.plan);
+    for device in 0..2 {
+        assert!(aliased.contains(&format!("w0.adam_m@{device}")), "{aliased:?}");
+        assert!(aliased.contains(&format!("w0@{device}")), "{aliased:?}");
+    }
+}
+
+/// The tiny MLP data-parallel over two cpu devices with its optimizer state `S(0)`.
+fn sharded(g: &Graph, optimizer: &Optimizer) -> CompiledGraph {
+    let (train_step, _) = model(g, optimizer);
     let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
     for name in ["x", "y"] {
         g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
@@ -144,12 +154,153 @@ fn registers_others_read_outside_the_order_keep_two_buffers() {
         g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
     }
     let options = ParallelOptions::new(mesh).train(&train_step);
-    let compiled = g.compile_parallel(&[train_step.loss], &train_step.updates, &options).unwrap();
-    let aliased = aliased_variables(&compiled.plan);
-    for device in 0..2 {
-        assert!(aliased.contains(&format!("w0.adam_m@{device}")), "{aliased:?}");
-        assert!(!aliased.contains(&format!("w0@{device}")), "{aliased:?}");
+    g.compile_parallel(&[train_step.loss], &train_step.updates, &options).unwrap()
+}
+
+#[test]
+fn sharded_weights_are_gathered_in_place() {
+    let g = Graph::new();
+    let compiled = sharded(&g, &Optimizer::adamw(5e-2, 1e-2));
+    let plan = &compiled.plan;
+    // Every weight's part, on each device, is written by its update where it lies in the
+    // gathered weight: the register the all-gather reads is within the one it writes, at
+    // the device's own rows.
+    let mut gathered = Vec::new();
+    for variable in plan.variables.iter().filter(|v| !v.name.contains('.') && v.name != "optimizer.step") {
+        let target = variable.regst;
+        let desc = &plan.regst_descs[target.index()];
+        let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &plan.actors[desc.producer.index()].kind
+        else {
+            continue;
+        };
+        let gather = &plan.actors[desc.producer.index()];
+        let part = &plan.regst_descs[gather.inputs[0].index()];
+        // Where the update reads its part through a window; a part at an offset that is no
+        // multiple of 64 bytes is cut out by a `take_part` copy instead, and keeps its bytes.
+        let update = &plan.actors[part.producer.index()];
+        let windowed = update
+            .inputs
+            .iter()
+            .position(|&i| i == target)
+            .is_some_and(|k| update.windows.iter().any(|w| w.input as usize == k));
+        let Some(within) = part.within else {
+            assert!(!windowed && !desc.aliased_slots, "{}'s part is not within it", variable.name);
+            continue;
+        };
+        assert_eq!(within.regst, target);
+        let rows = conf.shape[0];
+        let row_bytes = desc.bytes / rows as u64;
+        let own = regflow::graph::plan::part_range(rows, 2, conf.rank as usize);
+        assert_eq!((within.offset, part.bytes), (own.start as u64 * row_bytes, own.len() as u64 * row_bytes));
+        assert!(desc.aliased_slots);
+        gathered.push(variable.name.clone());
     }
+    gathered.sort();
+    assert_eq!(gathered, ["b0@0", "w0@0", "w0@1", "w1@0"]);
+
+    // Each weight once instead of twice, and no bytes for its updated part.
+    let separate = two_buffers(plan);
+    let saved: u64 = plan
+        .regst_descs
+        .iter()
+        .filter(|d| d.aliased_slots)
+        .map(|d| d.bytes.next_multiple_of(64) * u64::from(d.register_num - 1))
+        .chain(plan.regst_descs.iter().filter(|d| d.within.is_some()).map(|d| d.bytes.next_multiple_of(64)))
+        .sum();
+    assert_eq!(bytes_of(&separate) - bytes_of(plan), saved);
+
+    // The same bits as with a part of its own and two slots, step after step.
+    let (losses, state) = train(&compiled, plan.clone(), 6);
+    let (want_losses, want_state) = train(&compiled, separate, 6);
+    assert_eq!(losses, want_losses, "losses, bit for bit");
+    assert_eq!(state, want_state, "weights and optimizer state, bit for bit");
+}
+
+#[test]
+fn a_plan_file_cannot_place_a_register_within_another_unsafely() {
+    let g = Graph::new();
+    let compiled = sharded(&g, &Optimizer::adamw(5e-2, 0.0));
+    let view = |plan: &Plan| {
+        let r = plan.regst_descs.iter().position(|d| d.within.is_some()).unwrap();
+        (
+            r,
+            plan.regst_descs[r].name.clone(),
+            plan.regst_descs[plan.regst_descs[r].within.unwrap().regst.index()].name.clone(),
+        )
+    };
+    // At another offset than the all-gather's own part.
+    let mut plan = compiled.plan.clone();
+    let (r, name, target) = view(&plan);
+    let within = plan.regst_descs[r].within.as_mut().unwrap();
+    within.offset += 4;
+    let err = plan.validate().unwrap_err();
+    assert!(matches!(err, PlanError::Within { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!("register '{name}' lies within register '{target}', but it is bytes 4..")),
+        "{text}"
+    );
+    assert!(text.contains("puts its own part at bytes 0.."), "{text}");
+    // Through a plan file too.
+    assert!(Plan::from_json(&serde_json::to_string(&plan).unwrap()).is_err());
+
+    // Within a register whose slots are two buffers.
+    let mut plan = compiled.plan.clone();
+    let (r, name, target) = view(&plan);
+    let target_index = plan.regst_descs[r].within.unwrap().regst.index();
+    plan.regst_descs[target_index].aliased_slots = false;
+    assert_eq!(
+        plan.validate().unwrap_err().to_string(),
+        format!("register '{name}' lies within register '{target}', but that register's slots are not one buffer of its own")
+    );
+
+    // Past the end of a register (the memory plan's own check), and a register that is not there.
+    let mut plan = compiled.plan.clone();
+    let (r, _, _) = view(&plan);
+    plan.regst_descs[r].within.as_mut().unwrap().regst = RegstDescId(100_000);
+    let text = plan.validate().unwrap_err().to_string();
+    assert!(
+        text.contains("within register '#100000'")
+            && text.ends_with(&format!("the plan has {} registers", plan.regst_descs.len())),
+        "{text}"
+    );
+
+    // A reader of the weight that nothing orders before the update (a fetched weight's
+    // sink): the compiler keeps that weight's part of its own and two slots, and a plan
+    // file that puts it within anyway is refused, naming the reader.
+    let g = Graph::new();
+    let (train_step, w0) = model(&g, &Optimizer::adamw(5e-2, 0.0));
+    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+    for name in ["x", "y"] {
+        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    for (state, _) in &train_step.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    let options = ParallelOptions::new(mesh).train(&train_step);
+    let fetched = g.compile_parallel(&[train_step.loss, w0], &train_step.updates, &options).unwrap();
+    let mut plan = fetched.plan.clone();
+    let w0_register = plan.variables.iter().find(|v| v.name == "w0@0").unwrap().regst;
+    let aliased = aliased_variables(&plan);
+    assert!(!aliased.contains(&"w0@0".to_string()) && aliased.contains(&"w1@0".to_string()), "{aliased:?}");
+    let gather = &plan.actors[plan.regst_descs[w0_register.index()].producer.index()];
+    let part = gather.inputs[0];
+    assert_eq!(plan.regst_descs[part.index()].within, None);
+    let reader = plan.regst_descs[w0_register.index()]
+        .consumers
+        .iter()
+        .map(|c| plan.actors[c.index()].name.clone())
+        .find(|n| n.starts_with("fetch"))
+        .unwrap();
+    plan.regst_descs[w0_register.index()].aliased_slots = true;
+    plan.regst_descs[part.index()].within = Some(regflow::graph::plan::Within { regst: w0_register, offset: 0 });
+    let text = plan.validate().unwrap_err().to_string();
+    assert!(
+        text.contains(&format!(
+            "nothing makes its reader '{reader}' read a piece before the op that writes this part in place,"
+        )),
+        "{text}"
+    );
 }
 
 #[test]
@@ -196,7 +347,7 @@ fn a_plan_file_cannot_alias_a_register_its_producer_does_not_update_in_place() {
         plan.validate().unwrap_err().to_string(),
         format!(
             "register '{name}' has aliased slots (one buffer for all), but nothing makes its reader 'fetch:1' read a piece \
-             before its producer '{producer}' writes the next over it (the reader must run on the producer's stream and \
+             before its producer '{producer}' writes the next over it (the reader must run on the stream of '{producer}' and \
              reach it through registers that are not preloaded)"
         )
     );

@@ -175,6 +175,28 @@ impl<'a> KernelIo<'a> {
         self.outputs[i].addr() as u64
     }
 
+    /// Input `i`'s first byte, for a kernel whose input lies inside its output (an
+    /// all-gather's own part, gathered in place), which must never hold a reference to its
+    /// input and a mutable one to its output at once.
+    pub fn input_ptr(&self, i: usize) -> *const u8 {
+        self.inputs[i].as_ptr()
+    }
+
+    /// Output `i`'s first byte, as [`KernelIo::input_ptr`]; `&mut self` as [`KernelIo::output`].
+    pub fn output_ptr(&mut self, i: usize) -> *mut u8 {
+        self.outputs[i].as_ptr()
+    }
+
+    /// Whether input `i`'s bytes and output `o`'s overlap (a register within another,
+    /// `RegstDesc::within`).
+    pub fn overlaps(&self, i: usize, o: usize) -> bool {
+        let (input, output) = (&self.inputs[i], &self.outputs[o]);
+        !input.is_empty()
+            && !output.is_empty()
+            && input.addr() < output.addr() + output.len()
+            && output.addr() < input.addr() + input.len()
+    }
+
     /// Bytes of input `i`'s slot.
     pub fn input_len(&self, i: usize) -> usize {
         self.inputs[i].len()

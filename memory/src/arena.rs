@@ -216,6 +216,13 @@ impl BufferView {
         Some(BufferView { ptr, len })
     }
 
+    /// The first byte, for code that must not hold a reference to all the bytes at once
+    /// (an all-gather's input that lies inside its output). Dereferencing it is under
+    /// [`BufferView::as_slice`]'s and [`BufferView::as_mut_slice`]'s rules, byte by byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Address of the first byte (for alignment checks and diagnostics).
     pub fn addr(&self) -> usize {
         self.ptr.as_ptr() as usize

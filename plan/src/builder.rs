@@ -81,6 +81,7 @@ impl PlanBuilder {
             preloaded: 0,
             shared_offset: None,
             aliased_slots: false,
+            within: None,
         });
         RegstDescId(plan.regst_descs.len() as u32 - 1)
     }

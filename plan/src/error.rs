@@ -153,6 +153,17 @@ pub enum PlanError {
         /// What is wrong, naming its producer.
         detail: String,
     },
+    /// A register placed inside another ([`RegstDesc::within`](crate::RegstDesc)) where
+    /// that is not safe or does not fit.
+    #[error("register '{regst}' lies within register '{within}', but {detail}")]
+    Within {
+        /// The register.
+        regst: String,
+        /// The register it says it lies in (its index where that is out of range).
+        within: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// An input window that does not fit its actor or its register.
     #[error("actor '{actor}' {detail}")]
     BadWindow {

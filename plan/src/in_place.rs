@@ -46,6 +46,14 @@ impl<'p> InPlaceCheck<'p> {
                 device.label()
             ));
         }
+        if let Some(view) = self.gathered_in_place(regst) {
+            // An all-gather's own part already lies in this buffer: what writes over the
+            // piece first is the update that writes that part, so the rule is checked for it.
+            let name = &plan.regst_descs[view.index()].name;
+            return self
+                .check_within(view)
+                .map_err(|e| format!("the register within it, '{name}', may not lie there: {e}"));
+        }
         let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &producer.kind else {
             return Err(format!(
                 "its producer '{}' is a {} actor, not an op that writes in place",
@@ -85,14 +93,146 @@ impl<'p> InPlaceCheck<'p> {
                 dtype.map_or_else(|| "nothing".to_string(), |d| d.to_string())
             ));
         }
-        let before = self.ancestors.entry(desc.producer).or_insert_with(|| ancestors_in_step(plan, desc.producer));
-        for reader in desc.consumers.iter().filter(|&&c| c != desc.producer) {
+        self.readers_before(regst, desc.producer, "its producer")
+    }
+
+    /// The register within `target` that its producer, an all-gather, reads as its own
+    /// part, if it has one ([`RegstDesc::within`]).
+    fn gathered_in_place(&self, target: RegstDescId) -> Option<RegstDescId> {
+        let producer_index = self.plan.regst_descs[target.index()].producer;
+        let producer = &self.plan.actors[producer_index.index()];
+        let ActorKind::Compute { kernel: KernelConf::Collective(_) } = producer.kind else { return None };
+        let input = *producer.inputs.first()?;
+        (self.index.outputs_of(producer_index).first() == Some(&target))
+            .then_some(())
+            .and(self.plan.regst_descs[input.index()].within.filter(|w| w.regst == target))
+            .map(|_| input)
+    }
+
+    /// Whether `view` may be bytes of the register it names ([`RegstDesc::within`]); else
+    /// why not, as a phrase that follows "but".
+    ///
+    /// The one case built: a sharded update writes its part of a weight in place, where the
+    /// part lies in the gathered weight, and the all-gather that makes the whole weight reads
+    /// it as its own part and copies only the others'. So: the other register (the
+    /// gathered weight) has one buffer and is made by an all-gather along dimension 0, on
+    /// cpu devices of one node, whose input is `view`, read by nothing else, at exactly its
+    /// own part's bytes; `view`'s producer is an op that reads the gathered weight through a
+    /// window at those bytes and writes `view` in place over it (f32 or f64); and every
+    /// other reader of the gathered weight runs before that op, as [`InPlaceCheck::check`]
+    /// asks of a producer, since the op is what first writes over a piece they read.
+    pub fn check_within(&mut self, view: RegstDescId) -> Result<(), String> {
+        let plan = self.plan;
+        let desc = &plan.regst_descs[view.index()];
+        let Some(within) = desc.within else { return Err("it names no register to lie within".into()) };
+        let Some(target) = plan.regst_descs.get(within.regst.index()) else {
+            return Err(format!("the plan has {} registers", plan.regst_descs.len()));
+        };
+        if !target.aliased_slots || target.shared_offset.is_some() {
+            return Err("that register's slots are not one buffer of its own".into());
+        }
+        let gather = &plan.actors[target.producer.index()];
+        let conf = match &gather.kind {
+            ActorKind::Compute { kernel: KernelConf::Collective(conf) }
+                if matches!(conf.op, CollectiveOp::AllGather { dim: 0 }) && !conf.shape.is_empty() =>
+            {
+                conf
+            }
+            _ => {
+                return Err(format!(
+                    "that register's producer '{}' is not an all-gather along dimension 0 (only an all-gather's own part may lie within its output)",
+                    gather.name
+                ))
+            }
+        };
+        if gather.inputs.first() != Some(&view)
+            || desc.consumers.as_slice() != [target.producer]
+            || self.index.outputs_of(target.producer).first() != Some(&within.regst)
+        {
+            return Err(format!(
+                "it is not the own part of that register's all-gather '{}' alone: the all-gather must take it as its input and write that register as its output, and nothing else may read it",
+                gather.name
+            ));
+        }
+        let row_bytes = conf.shape[1..].iter().product::<usize>() as u64 * conf.dtype.size() as u64;
+        let part = crate::part_range(conf.shape[0], conf.size as usize, conf.rank as usize);
+        let (offset, bytes) = (part.start as u64 * row_bytes, part.len() as u64 * row_bytes);
+        if (within.offset, desc.bytes) != (offset, bytes) {
+            return Err(format!(
+                "it is bytes {}..{} there, and the all-gather '{}' (rank {} of {}) puts its own part at bytes {offset}..{}",
+                within.offset,
+                within.offset.saturating_add(desc.bytes),
+                gather.name,
+                conf.rank,
+                conf.size,
+                offset + bytes
+            ));
+        }
+        let device = &plan.devices[plan.device_of(target.producer).index()];
+        if device.kind != DeviceKind::Cpu {
+            return Err(format!(
+                "the all-gather '{}' runs on {}: gathering in place is built for cpu devices (in-process rendezvous) only",
+                gather.name,
+                device.label()
+            ));
+        }
+        let apart = plan.actors.iter().enumerate().find(|(_, a)| {
+            matches!(&a.kind, ActorKind::Compute { kernel: KernelConf::Collective(c) } if c.group == conf.group)
+                && plan.devices[plan.streams[a.stream.index()].device.index()].node != device.node
+        });
+        if let Some((_, member)) = apart {
+            return Err(format!(
+                "the all-gather's group '{}' has member '{}' on another node: gathering in place is built for groups within one process",
+                conf.group, member.name
+            ));
+        }
+        let writer = &plan.actors[desc.producer.index()];
+        let ActorKind::Compute { kernel: KernelConf::Op(op) } = &writer.kind else {
+            return Err(format!(
+                "its producer '{}' is a {} actor, not an op that writes in place",
+                writer.name,
+                writer.kind.name()
+            ));
+        };
+        let read_at = writer.inputs.iter().position(|&i| i == within.regst).filter(|&k| {
+            writer.windows.iter().any(|w| w.input as usize == k && (w.offset, w.bytes) == (within.offset, desc.bytes))
+        });
+        let output = self.index.outputs_of(desc.producer).iter().position(|&o| o == view);
+        let paired = read_at.is_some()
+            && op.in_place_pairs().iter().any(|&(k, o)| Some(o) == output && op.input_map.get(k).copied() == read_at);
+        if !paired {
+            return Err(format!(
+                "its producer '{}' (op '{}') does not read that register through a window at the same bytes as the input it writes in place",
+                writer.name, op.op_type
+            ));
+        }
+        let dtype = output.and_then(|o| op.outputs.get(o)).map(|m| m.dtype);
+        if !matches!(dtype, Some(DType::F32 | DType::F64)) {
+            return Err(format!(
+                "its producer '{}' writes it as {}: in-place updates are built for f32 and f64 values",
+                writer.name,
+                dtype.map_or_else(|| "nothing".to_string(), |d| d.to_string())
+            ));
+        }
+        self.readers_before(within.regst, desc.producer, "the op that writes this part in place,")
+    }
+
+    /// Every reader of `regst` other than `writer` runs on `writer`'s stream and reaches it
+    /// through registers that are not preloaded: within a step it has read its piece
+    /// before `writer` fires and writes over it.
+    /// `role` says what `writer` is, before its name.
+    fn readers_before(&mut self, regst: RegstDescId, writer: ActorIndex, role: &str) -> Result<(), String> {
+        let plan = self.plan;
+        let desc = &plan.regst_descs[regst.index()];
+        let producer = &plan.actors[writer.index()];
+        let before = self.ancestors.entry(writer).or_insert_with(|| ancestors_in_step(plan, writer));
+        for reader in desc.consumers.iter().filter(|&&c| c != writer) {
             let actor = &plan.actors[reader.index()];
             if actor.stream != producer.stream || !before[reader.index()] {
                 return Err(format!(
-                    "nothing makes its reader '{}' read a piece before its producer '{}' writes the next over it \
-                     (the reader must run on the producer's stream and reach it through registers that are not preloaded)",
-                    actor.name, producer.name
+                    "nothing makes its reader '{}' read a piece before {role} '{}' writes the next over it \
+                     (the reader must run on the stream of '{}' and reach it through registers that are not preloaded)",
+                    actor.name, producer.name, producer.name
                 ));
             }
         }

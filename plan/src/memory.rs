@@ -40,6 +40,9 @@ enum Place {
     OneBuffer(usize),
     /// Offset in the shared region.
     Shared(u64),
+    /// Bytes from an offset of another register's one buffer (block of the device's own
+    /// layout; [`RegstDesc::within`]).
+    Within(usize, u64),
 }
 
 /// The memory plan of a whole plan: where every slot of every register lives.
@@ -63,6 +66,7 @@ impl PlanMemory {
                 Place::OneBuffer(block) => memory.shared_bytes + memory.layout.slot_offset(block, 0),
                 Place::Own(block) => memory.shared_bytes + memory.layout.slot_offset(block, slot),
                 Place::Shared(offset) => offset,
+                Place::Within(block, offset) => memory.shared_bytes + memory.layout.slot_offset(block, 0) + offset,
             },
         ))
     }
@@ -78,12 +82,17 @@ impl Plan {
     ///
     /// Registers live on the producer's device. Registers with a `shared_offset` sit in the
     /// device's shared region at that offset (the compiler chose offsets so that registers
-    /// live at the same time never overlap); every other slot gets bytes of its own after it.
+    /// live at the same time never overlap); every other slot gets bytes of its own after it,
+    /// except a register [`within`](RegstDesc::within) another, whose one slot is bytes of
+    /// that one's buffer.
     pub fn memory(&self) -> Result<PlanMemory, PlanError> {
         let mut per_device: Vec<Vec<RegstDescId>> = vec![Vec::new(); self.devices.len()];
+        let mut views = Vec::new();
         for i in 0..self.regst_descs.len() {
             let desc = RegstDescId(i as u32);
-            if self.owns_memory(desc) {
+            if self.regst_descs[i].within.is_some() {
+                views.push(desc);
+            } else if self.owns_memory(desc) {
                 per_device[self.device_of(self.regst_descs[i].producer).index()].push(desc);
             }
         }
@@ -158,6 +167,58 @@ impl Plan {
                 unshared_bytes,
             });
         }
+        for view in views {
+            placement[view.index()] = Some(self.place_within(view, &placement)?);
+        }
         Ok(PlanMemory { devices, placement })
+    }
+
+    /// Where a register [`within`](RegstDesc::within) another lies: inside that one's single
+    /// buffer, on the same device, as one slot (a plan file may say anything).
+    fn place_within(
+        &self,
+        view: RegstDescId,
+        placement: &[Option<(usize, Place)>],
+    ) -> Result<(usize, Place), PlanError> {
+        let desc = &self.regst_descs[view.index()];
+        let Some(within) = desc.within else { unreachable!("called for registers within others") };
+        let target = self.regst_descs.get(within.regst.index());
+        let error = |detail: String| PlanError::Within {
+            regst: desc.name.clone(),
+            within: target.map_or_else(|| format!("#{}", within.regst.0), |t| t.name.clone()),
+            detail,
+        };
+        let target = target.ok_or_else(|| {
+            error(format!(
+                "the plan has {} registers, so there is no register {}",
+                self.regst_descs.len(),
+                within.regst.0
+            ))
+        })?;
+        let Some((device, Place::OneBuffer(block))) = placement[within.regst.index()] else {
+            return Err(error("that register does not have one buffer of its own (aliased slots)".into()));
+        };
+        let own_device = self.device_of(desc.producer).index();
+        if own_device != device {
+            return Err(error(format!(
+                "it is written on {} and that register lives on {}",
+                self.devices[own_device].label(),
+                self.devices[device].label()
+            )));
+        }
+        if desc.register_num != 1 || desc.shared_offset.is_some() || desc.aliased_slots {
+            return Err(error(format!(
+                "it has {} slots{}: a register within another has one slot and no other memory sharing",
+                desc.register_num,
+                if desc.shared_offset.is_some() || desc.aliased_slots { " and shares memory otherwise" } else { "" }
+            )));
+        }
+        match within.offset.checked_add(desc.bytes) {
+            Some(end) if end <= target.bytes => Ok((device, Place::Within(block, within.offset))),
+            _ => Err(error(format!(
+                "its {} bytes from offset {} do not fit in that register's {} bytes",
+                desc.bytes, within.offset, target.bytes
+            ))),
+        }
     }
 }

@@ -446,6 +446,22 @@ pub struct RegstDesc {
     /// memory sharing), so the register takes one slot's bytes instead of `register_num`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub aliased_slots: bool,
+    /// The register's one slot is bytes of another register's one buffer, not memory of
+    /// its own: a sharded update writes its part of a weight where that part lies in the
+    /// gathered weight, and the all-gather that reads it as its own part copies only the
+    /// other parts (see [`Within`] and [`InPlaceCheck::check_within`](crate::InPlaceCheck::check_within)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<Within>,
+}
+
+/// Where a register's one slot lies inside another register ([`RegstDesc::within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Within {
+    /// The register whose one buffer holds it (its slots aliased).
+    pub regst: RegstDescId,
+    /// Where it starts in that buffer, in bytes.
+    pub offset: u64,
 }
 
 impl RegstDesc {

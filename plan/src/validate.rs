@@ -235,10 +235,22 @@ impl Plan {
         Ok(())
     }
 
-    /// Every register with aliased slots may be one buffer its producer writes in place
-    /// ([`InPlaceCheck`](crate::InPlaceCheck)).
+    /// Every register with aliased slots may be one buffer its producer writes in place,
+    /// and every register within another may lie there ([`InPlaceCheck`](crate::InPlaceCheck)).
     fn check_aliased_slots(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
         let mut rule = crate::InPlaceCheck::new(self, index);
+        // Registers within others first: their errors name them, not the register they are in.
+        for (r, desc) in self.regst_descs.iter().enumerate() {
+            let Some(within) = desc.within else { continue };
+            rule.check_within(RegstDescId(r as u32)).map_err(|detail| PlanError::Within {
+                regst: desc.name.clone(),
+                within: self
+                    .regst_descs
+                    .get(within.regst.index())
+                    .map_or_else(|| format!("#{}", within.regst.0), |t| t.name.clone()),
+                detail,
+            })?;
+        }
         for (r, desc) in self.regst_descs.iter().enumerate().filter(|(_, d)| d.aliased_slots) {
             rule.check(RegstDescId(r as u32))
                 .map_err(|detail| PlanError::AliasedSlots { regst: desc.name.clone(), detail })?;

@@ -169,6 +169,47 @@ impl CollectiveMember {
             .round(layout.rank, PeerInput::new(input), &mut self.peers, |peers| layout.compute(peers, output))
     }
 
+    /// One round of an all-gather whose `input` already lies where this member's own part of
+    /// `output` goes (a sharded update wrote it there, `RegstDesc::within`): copies only the
+    /// other members' parts. Any other overlap of input and output is an error.
+    ///
+    /// # Safety
+    /// `input` and `output` are valid for `input_len` and `output_len` bytes for the whole
+    /// call, nobody else writes them meanwhile, and nobody else reads `output` outside the
+    /// input's bytes.
+    pub(crate) unsafe fn gather_in_place(
+        &mut self,
+        input: *const u8,
+        input_len: usize,
+        output: *mut u8,
+        output_len: usize,
+    ) -> Result<(), KernelError> {
+        let (layout, group) = (&self.layout, &self.rendezvous.group);
+        let own = layout.own_part_in_output();
+        let in_place = own.as_ref().is_some_and(|own| {
+            input as usize == output as usize + own.start
+                && input_len == own.len()
+                && input_len == layout.input_bytes
+                && output_len == layout.output_bytes
+        });
+        if !in_place {
+            return Err(KernelError(format!(
+                "collective '{group}': rank {}'s input ({input_len} bytes at offset {} of its output) overlaps its \
+                 {output_len}-byte output other than as its own part of an all-gather along dimension 0{}",
+                layout.rank,
+                (input as usize).wrapping_sub(output as usize) as isize,
+                own.map_or_else(String::new, |own| format!(" (bytes {}..{})", own.start, own.end))
+            )));
+        }
+        // SAFETY: the caller's contract; this member only reads its input (its own part) and
+        // writes the other parts, through `output`, never through a reference to all of it.
+        let input = unsafe { std::slice::from_raw_parts(input, input_len) };
+        self.rendezvous.round(layout.rank, PeerInput::new(input), &mut self.peers, |peers| {
+            // SAFETY: as above; peers read only this member's own part (its input).
+            unsafe { layout.gather_others(peers, output) }
+        })
+    }
+
     /// Aborts the whole group: members waiting for others, and every later round, fail.
     pub fn abort(&self) {
         self.rendezvous.abort();
@@ -182,6 +223,13 @@ struct CollectiveKernel(CollectiveMember);
 
 impl Kernel for CollectiveKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        if io.overlaps(0, 0) {
+            let (input, input_len) = (io.input_ptr(0), io.input_len(0));
+            let output_len = io.output_len(0);
+            // SAFETY: the views are this firing's slots (input Ready, output free), the
+            // arenas outlive the job, and only this kernel touches them until it returns.
+            return unsafe { self.0.gather_in_place(input, input_len, io.output_ptr(0), output_len) };
+        }
         let input = io.input(0);
         self.0.run(input, io.output(0))
     }

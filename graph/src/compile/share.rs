@@ -109,7 +109,73 @@ pub(crate) fn share_memory(
     for regst in in_place_registers(b.plan_mut()) {
         b.plan_mut().regst_descs[regst.index()].aliased_slots = true;
     }
+    gather_in_place(b.plan_mut());
     Ok(())
+}
+
+/// Sharded weights gathered in place: where a weight's loop register is made by an
+/// all-gather of its updated parts (sharded optimizer state), the update writes its part
+/// where that part lies in the weight ([`RegstDesc::within`](crate::plan::RegstDesc)), the
+/// all-gather copies only the other parts, and the weight is one buffer. Per device that
+/// saves a copy of its part (by the update, from the weight into its own output) and a
+/// second (by the all-gather, back), and a weight's second slot plus the part's register.
+///
+/// Chosen by the rule plan validation enforces
+/// ([`InPlaceCheck::check_within`](crate::plan::InPlaceCheck::check_within)): all of them are
+/// marked, each is checked on its own against the chains just built, and those the rule
+/// refuses (a reader of the weight that the chain puts after its update, devices of several
+/// nodes, other kinds of device) go back to two slots and a part of their own.
+fn gather_in_place(plan: &mut crate::plan::Plan) {
+    use crate::plan::{CollectiveOp, KernelConf, Within};
+    let mut marked = Vec::new();
+    let index = PlanIndex::new(plan);
+    for t in 0..plan.regst_descs.len() {
+        let target = &plan.regst_descs[t];
+        // The all-gather's output, not the order tokens it also writes.
+        if index.outputs_of(target.producer).first() != Some(&RegstDescId(t as u32)) || target.bytes == 0 {
+            continue;
+        }
+        let gather = &plan.actors[target.producer.index()];
+        let conf = match &gather.kind {
+            ActorKind::Compute { kernel: KernelConf::Collective(conf) }
+                if matches!(conf.op, CollectiveOp::AllGather { dim: 0 }) && !conf.shape.is_empty() =>
+            {
+                conf
+            }
+            _ => continue,
+        };
+        let Some(&view) = gather.inputs.first() else { continue };
+        let part = &plan.regst_descs[view.index()];
+        // Read by this all-gather alone (a part gathered twice is no one place's part).
+        if part.consumers.as_slice() != [target.producer]
+            || target.preloaded != 1
+            || target.aliased_slots
+            || target.shared_offset.is_some()
+            || part.within.is_some()
+            || part.aliased_slots
+            || part.shared_offset.is_some()
+        {
+            continue;
+        }
+        let row_bytes = conf.shape[1..].iter().product::<usize>() as u64 * conf.dtype.size() as u64;
+        let offset =
+            crate::plan::part_range(conf.shape[0], conf.size as usize, conf.rank as usize).start as u64 * row_bytes;
+        marked.push((view, RegstDescId(t as u32), offset));
+    }
+    drop(index);
+    for &(view, target, offset) in &marked {
+        plan.regst_descs[target.index()].aliased_slots = true;
+        plan.regst_descs[view.index()].within = Some(Within { regst: target, offset });
+    }
+    let refused: Vec<(RegstDescId, RegstDescId)> = {
+        let index = PlanIndex::new(plan);
+        let mut rule = crate::plan::InPlaceCheck::new(plan, &index);
+        marked.iter().filter(|(view, _, _)| rule.check_within(*view).is_err()).map(|&(v, t, _)| (v, t)).collect()
+    };
+    for (view, target) in refused {
+        plan.regst_descs[target.index()].aliased_slots = false;
+        plan.regst_descs[view.index()].within = None;
+    }
 }
 
 /// The loop registers (one preloaded slot) that may be one buffer their update writes in

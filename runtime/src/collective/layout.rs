@@ -112,6 +112,36 @@ impl Layout {
         }
     }
 
+    /// Where this member's own part lies in its output, for an all-gather along dimension
+    /// 0 (one run of bytes); `None` for other collectives.
+    pub(super) fn own_part_in_output(&self) -> Option<std::ops::Range<usize>> {
+        match self.op {
+            CollectiveOp::AllGather { dim: 0 } if !self.shape.is_empty() => {
+                let (_, len, inner) = self.around(0);
+                let part = part_range(len, self.size, self.rank);
+                Some(part.start * inner..part.end * inner)
+            }
+            _ => None,
+        }
+    }
+
+    /// An all-gather along dimension 0 whose own part is in place already: copies every
+    /// other member's input to its part of the output.
+    ///
+    /// # Safety
+    /// `output` points to this member's `output_bytes`-long output, written only through this
+    /// pointer during the round; peers read only its own part, which is not written here.
+    pub(super) unsafe fn gather_others(&self, peers: Peers<'_>, output: *mut u8) {
+        let (_, len, inner) = self.around(0);
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            let part = part_range(len, self.size, r);
+            // SAFETY: the part lies in the output (parts tile dimension 0) and is not the own
+            // part, the only bytes of the output anybody else reads during the round.
+            let target = unsafe { std::slice::from_raw_parts_mut(output.add(part.start * inner), part.len() * inner) };
+            target.copy_from_slice(peers.input(r));
+        }
+    }
+
     /// Computes this member's output from every member's input.
     pub(super) fn compute(&self, peers: Peers<'_>, output: &mut [u8]) {
         match self.op {

@@ -662,6 +662,13 @@ impl NetCollectiveKernel {
 
 impl Kernel for NetCollectiveKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        if io.overlaps(0, 0) {
+            // Plan validation keeps a register within another to groups of one process.
+            return Err(KernelError(format!(
+                "collective '{}' (rank {} of {}): its input lies inside its output, which groups across nodes do not take",
+                self.group.name, self.layout.rank, self.group.size
+            )));
+        }
         let input = io.input(0);
         let result = self.round(input, io.output(0));
         let (group, rank) = (&self.group, self.layout.rank);

@@ -222,3 +222,62 @@ fn a_bucket_sums_each_part_through_one_round() {
     let expected: Vec<f32> = (0..3).flat_map(|i| (0..parts[i]).map(move |e| (100 + 2 * (10 * i + e)) as f32)).collect();
     assert_eq!(outputs, [expected.clone(), expected]);
 }
+
+/// An all-gather along dimension 0 whose inputs already lie at their own parts of the
+/// outputs (`RegstDesc::within`): every member ends with every part, uneven parts included,
+/// and its own part is left as it was (nobody writes it).
+#[test]
+fn an_all_gather_in_place_copies_the_other_parts_only() {
+    use super::CollectiveMember;
+    // 7 rows of 3 f32 over 3 members: parts of 3, 2 and 2 rows.
+    let conf = CollectiveConf { op: CollectiveOp::AllGather { dim: 0 }, size: 3, ..conf(0, &[7, 3]) };
+    let members = CollectiveMember::group(&conf).unwrap();
+    let row = |r: usize| -> Vec<u8> { (0..3).flat_map(|c| (r as f32 * 10.0 + c as f32).to_le_bytes()).collect() };
+    let whole: Vec<u8> = (0..7).flat_map(row).collect();
+    let outputs: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let threads: Vec<_> = members
+            .into_iter()
+            .map(|mut member| {
+                let whole = &whole;
+                s.spawn(move || {
+                    let own = regflow_plan::part_range(7, 3, member.rank() as usize);
+                    let (start, end) = (own.start * 12, own.end * 12);
+                    // Only the own part is written; the rest is garbage the gather overwrites.
+                    let mut output = vec![0xAB_u8; 7 * 12];
+                    output[start..end].copy_from_slice(&whole[start..end]);
+                    let out = output.as_mut_ptr();
+                    // SAFETY: `output` lives through the call and nobody else touches it.
+                    unsafe { member.gather_in_place(out.add(start), end - start, out, output.len()) }.unwrap();
+                    output
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for output in outputs {
+        assert_eq!(output, whole);
+    }
+}
+
+/// An input that overlaps the output anywhere but at the member's own part of an
+/// all-gather is refused, naming the offsets, before any peer is waited for.
+#[test]
+fn an_input_overlapping_its_output_otherwise_is_refused() {
+    use super::CollectiveMember;
+    let gather = CollectiveConf { op: CollectiveOp::AllGather { dim: 0 }, ..conf(0, &[4, 2]) };
+    let mut member = CollectiveMember::group(&gather).unwrap().remove(1);
+    let mut output = vec![0u8; 32];
+    let out = output.as_mut_ptr();
+    // Rank 1's own part is bytes 16..32; its input given at 8..24 instead.
+    // SAFETY: `output` lives through the call.
+    let err = unsafe { member.gather_in_place(out.add(8), 16, out, 32) }.unwrap_err();
+    assert_eq!(
+        err.0,
+        "collective 'g': rank 1's input (16 bytes at offset 8 of its output) overlaps its 32-byte output other than \
+         as its own part of an all-gather along dimension 0 (bytes 16..32)"
+    );
+    let mut member = CollectiveMember::group(&conf(0, &[8])).unwrap().remove(0);
+    // SAFETY: as above.
+    let err = unsafe { member.gather_in_place(out, 32, out, 32) }.unwrap_err();
+    assert!(err.0.ends_with("other than as its own part of an all-gather along dimension 0"), "{}", err.0);
+}

@@ -196,10 +196,15 @@ fn list(out: &mut String, plan: &Plan, actors: &[usize]) {
             };
             let preloaded =
                 if register.preloaded > 0 { format!(" (preloaded {})", register.preloaded) } else { String::new() };
-            let shared = match (register.shared_offset, register.aliased_slots) {
-                (Some(offset), _) => format!(" (shared region at {offset})"),
-                (None, true) => " (one buffer: updated in place)".to_string(),
-                (None, false) => String::new(),
+            let shared = match (register.shared_offset, register.aliased_slots, register.within) {
+                (Some(offset), _, _) => format!(" (shared region at {offset})"),
+                (None, true, _) => " (one buffer: updated in place)".to_string(),
+                (None, false, Some(within)) => format!(
+                    " (within '{}' at byte {})",
+                    plan.regst_descs.get(within.regst.index()).map_or("?", |r| r.name.as_str()),
+                    within.offset
+                ),
+                (None, false, None) => String::new(),
             };
             let _ = writeln!(
                 out,
