@@ -179,9 +179,25 @@ fn plan_seeds() -> Vec<String> {
     let w = g.variable("w", [3, 2], DType::F32, Init::Zeros).expect("variable");
     let loss = x.matmul(&w).and_then(|h| h.sparse_cross_entropy(&labels)).expect("loss");
     let step = g.minimize(loss, &Optimizer::sgd(0.1, 0.0, 0.0)).expect("minimize");
-    let options = ParallelOptions::new(mesh).train(&step);
+    let options = ParallelOptions::new(mesh.clone()).train(&step);
     let dp = g.compile_parallel(&[step.loss], &step.updates, &options).expect("compiles");
-    vec![chain, one.plan.to_json(), dp.plan.to_json()]
+
+    // Sharded AdamW state: the weight is gathered in place (a register within another).
+    let g = Graph::new();
+    let x = g.input("x", [4, 8], DType::F32).expect("input");
+    let labels = g.input("y", [4], DType::I64).expect("input");
+    g.set_layout(x, &mesh, NdSbp(vec![Sbp::Split(0)])).expect("layout");
+    g.set_layout(labels, &mesh, NdSbp(vec![Sbp::Split(0)])).expect("layout");
+    let w = g.variable("w", [8, 16], DType::F32, Init::Xavier { seed: 2 }).expect("variable");
+    let loss = x.matmul(&w).and_then(|h| h.sparse_cross_entropy(&labels)).expect("loss");
+    let step = g.minimize(loss, &Optimizer::adamw(1e-2, 0.0)).expect("minimize");
+    for (state, _) in &step.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).expect("layout");
+    }
+    let options = ParallelOptions::new(mesh).train(&step);
+    let sharded = g.compile_parallel(&[step.loss], &step.updates, &options).expect("compiles");
+    assert!(sharded.plan.regst_descs.iter().any(|r| r.within.is_some()), "the seed gathers in place");
+    vec![chain, one.plan.to_json(), dp.plan.to_json(), sharded.plan.to_json()]
 }
 
 /// What the plan fuzzers saw.

@@ -358,3 +358,32 @@ fn a_plan_file_cannot_alias_a_register_its_producer_does_not_update_in_place() {
     let err = plan.validate().unwrap_err().to_string();
     assert!(err.ends_with("but it also shares memory with other registers"), "{err}");
 }
+
+/// Every `within` a plan file could say, at the edges: only the compiler's own placement
+/// validates; everything else is an error (never a panic), and the memory plan alone
+/// (what a tool may call without validating) answers too.
+#[test]
+fn within_at_any_offset_or_register_is_checked() {
+    let g = Graph::new();
+    let compiled = sharded(&g, &Optimizer::adamw(5e-2, 0.0));
+    let plan = &compiled.plan;
+    let view = plan.regst_descs.iter().position(|d| d.within.is_some()).unwrap();
+    let right = plan.regst_descs[view].within.unwrap();
+    let count = plan.regst_descs.len() as u32;
+    let registers = [0, view as u32, right.regst.0, right.regst.0 + 1, count - 1, count, u32::MAX];
+    let target_bytes = plan.regst_descs[right.regst.index()].bytes;
+    let offsets = [0, 1, 4, 63, 64, right.offset, right.offset + 4, target_bytes, u64::MAX - 3, u64::MAX];
+    for regst in registers {
+        for offset in offsets {
+            let mut edited = plan.clone();
+            let within = regflow::graph::plan::Within { regst: RegstDescId(regst), offset };
+            edited.regst_descs[view].within = Some(within);
+            let valid = edited.validate();
+            assert_eq!(valid.is_ok(), within == right, "{within:?}: {valid:?}");
+            if let Err(e) = valid {
+                assert!(matches!(e, PlanError::Within { .. }), "{within:?}: {e:?}");
+            }
+            let _ = edited.memory();
+        }
+    }
+}
