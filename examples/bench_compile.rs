@@ -1,7 +1,9 @@
 //! Compile time, plan size and job build time of a 24-layer GPT training step (forward,
 //! backward, AdamW with clipping) on one device and on a 64-device mesh: four pipeline
 //! stages of a `[dp4, tp4]` mesh each (Megatron tensor parallelism inside a stage, data
-//! parallelism across, 1F1B over 4 micro-batches).
+//! parallelism across, 1F1B over 4 micro-batches); and on a `[dp8, tp2]` mesh with the AdamW
+//! state split over `dp` (ZeRO stage 1: an update per weight and device, each weight
+//! gathered in place, which the in-place checks must prove for every one).
 //!
 //! ```text
 //! cargo run --release --example bench_compile [-- --layers 24 --repeats 3 --no-job]
@@ -43,7 +45,13 @@ fn stages(count: usize, dp: usize, tp: usize) -> Result<Vec<Mesh>, String> {
 
 /// The GPT's training step; on `meshes`, every input and parameter pinned on its stage:
 /// inputs `S(0)` over dp, Megatron column/row splits over tp, the rest `B`.
-fn step<'g>(g: &'g Graph, config: GptConfig, meshes: &[Mesh], micro: usize) -> Result<TrainStep<'g>, String> {
+fn step<'g>(
+    g: &'g Graph,
+    config: GptConfig,
+    meshes: &[Mesh],
+    micro: usize,
+    sharded_state: bool,
+) -> Result<TrainStep<'g>, String> {
     let e = |e: regflow::graph::GraphError| e.to_string();
     let model = Gpt::new(g, config, VOCAB).map_err(e)?;
     let mask = g.input("causal_mask", [config.context, config.context], DType::F32).map_err(e)?;
@@ -74,7 +82,14 @@ fn step<'g>(g: &'g Graph, config: GptConfig, meshes: &[Mesh], micro: usize) -> R
     let logits = if meshes.len() > 1 { model.logits_staged(&ids, &mask, meshes) } else { model.logits(&ids, &mask) }
         .map_err(e)?;
     let loss = model.loss(&logits, &targets).map_err(e)?;
-    g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).map_err(e)
+    let step = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).map_err(e)?;
+    if sharded_state {
+        // ZeRO stage 1 over `dp`: every AdamW moment split by rows across the replicas.
+        for (state, _) in &step.states {
+            g.set_layout(*state, &meshes[0], NdSbp(vec![S(0), B])).map_err(e)?;
+        }
+    }
+    Ok(step)
 }
 
 /// Seconds taken by each phase of one run, and the plan's size.
@@ -92,10 +107,16 @@ struct Run {
     memory_bytes: u64,
 }
 
-fn run(config: GptConfig, meshes: &[Mesh], micro: usize, build: bool) -> Result<Run, Box<dyn std::error::Error>> {
+fn run(
+    config: GptConfig,
+    meshes: &[Mesh],
+    micro: usize,
+    sharded_state: bool,
+    build: bool,
+) -> Result<Run, Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let g = Graph::new();
-    let train = step(&g, config, meshes, micro)?;
+    let train = step(&g, config, meshes, micro, sharded_state)?;
     let t1 = Instant::now();
     let mesh = meshes.first().cloned().unwrap_or(Mesh::cpu(&[1], &["one"])?);
     let mut options = ParallelOptions::new(mesh).train(&train);
@@ -153,8 +174,14 @@ fn main() -> Result<(), regflow::Report> {
     let build = !args.iter().any(|a| a == "--no-job");
     let config = GptConfig { d_model: 128, heads: 4, layers, context: 64, mlp_width: 512, fused_attention: false };
     println!("GPT: {layers} layers, d_model 128, 4 heads, context 64, batch {BATCH}, vocab {VOCAB}; AdamW + clipping");
-    for (label, meshes, micro) in [("1 device", Vec::new(), 1), ("dp4 x tp4 x pp4", stages(4, 4, 4)?, 4)] {
-        let runs: Vec<Run> = (0..repeats).map(|_| run(config, &meshes, micro, build)).collect::<Result<_, _>>()?;
+    let layouts = [
+        ("1 device", Vec::new(), 1, false),
+        ("dp4 x tp4 x pp4", stages(4, 4, 4)?, 4, false),
+        ("dp8 x tp2, sharded AdamW state", stages(1, 8, 2)?, 1, true),
+    ];
+    for (label, meshes, micro, sharded) in layouts {
+        let runs: Vec<Run> =
+            (0..repeats).map(|_| run(config, &meshes, micro, sharded, build)).collect::<Result<_, _>>()?;
         let range = |f: fn(&Run) -> f64| {
             let v: Vec<f64> = runs.iter().map(f).collect();
             let (lo, hi) = v.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));

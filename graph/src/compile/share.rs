@@ -160,17 +160,32 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
         let row_bytes = conf.shape[1..].iter().product::<usize>() as u64 * conf.dtype.size() as u64;
         let offset =
             crate::plan::part_range(conf.shape[0], conf.size as usize, conf.rank as usize).start as u64 * row_bytes;
-        marked.push((view, RegstDescId(t as u32), offset));
+        marked.push((view, RegstDescId(t as u32), offset, conf.group.as_str(), conf.size as usize));
     }
     drop(index);
-    for &(view, target, offset) in &marked {
+    let marked: Vec<(RegstDescId, RegstDescId, u64, String, usize)> =
+        marked.into_iter().map(|(v, t, o, group, size)| (v, t, o, group.to_string(), size)).collect();
+    for (view, target, offset, _, _) in &marked {
         plan.regst_descs[target.index()].aliased_slots = true;
-        plan.regst_descs[view.index()].within = Some(Within { regst: target, offset });
+        plan.regst_descs[view.index()].within = Some(Within { regst: *target, offset: *offset });
     }
+    // A group gathers in place on all its members or on none, so that its devices hold the
+    // same bytes (a part that only some members read through a window, others through a
+    // copy, as an offset that is no multiple of 64 bytes makes it, stays a part of its own).
     let refused: Vec<(RegstDescId, RegstDescId)> = {
         let index = PlanIndex::new(plan);
         let mut rule = crate::plan::InPlaceCheck::new(plan, &index);
-        marked.iter().filter(|(view, _, _)| rule.check_within(*view).is_err()).map(|&(v, t, _)| (v, t)).collect()
+        let mut members: std::collections::HashMap<&str, (usize, bool)> = std::collections::HashMap::new();
+        for (view, _, _, group, _) in &marked {
+            let entry = members.entry(group.as_str()).or_insert((0, true));
+            entry.0 += 1;
+            entry.1 &= rule.check_within(*view).is_ok();
+        }
+        marked
+            .iter()
+            .filter(|(_, _, _, group, size)| members.get(group.as_str()).is_none_or(|&(n, ok)| !ok || n != *size))
+            .map(|&(v, t, _, _, _)| (v, t))
+            .collect()
     };
     for (view, target) in refused {
         plan.regst_descs[target.index()].aliased_slots = false;
