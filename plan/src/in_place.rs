@@ -400,3 +400,40 @@ fn chain_positions(plan: &Plan) -> Vec<Option<u32>> {
     }
     position
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One stream: a source feeding a chain `a → b → c → d` (zero-byte order registers), a
+    /// side actor `e` that only `d` reads, a loop register from `d` back to `a` (preloaded,
+    /// not an order within a step), and a second stream with one actor. Positions follow the
+    /// longest path; the side actor, and actors whose stream has no longer path, have their
+    /// own place on it or none.
+    #[test]
+    fn positions_follow_each_streams_longest_path() {
+        let mut b = PlanBuilder::new();
+        let device = b.device(0, DeviceKind::Cpu, 0);
+        let (s0, s1) = (b.stream(device, StreamKind::Compute), b.stream(device, StreamKind::Comm));
+        let noop = || ActorKind::Compute { kernel: KernelConf::Noop };
+        let source = b.actor("source", s0, ActorKind::Source { pieces: SourcePieces::Count(2) });
+        let [a, bb, c, d, e] = ["a", "b", "c", "d", "e"].map(|name| b.actor(name, s0, noop()));
+        let other = b.actor("other", s1, noop());
+        let fed = b.regst("source.out", source, 8, 1);
+        b.consume(a, fed).consume(e, fed).consume(other, fed);
+        for (from, to) in [(a, bb), (bb, c), (c, d), (e, d)] {
+            let r = b.regst(&format!("{}->{}", from.0, to.0), from, 0, 1);
+            b.consume(to, r);
+        }
+        let back = b.regst("d.loop", d, 8, 2);
+        b.preload(back, 1);
+        b.consume(a, back);
+        let plan = b.plan_mut().clone();
+        let positions = chain_positions(&plan);
+        // source → a → b → c → d is the longest path of stream 0 (five actors).
+        let on = |x: ActorIndex| positions[x.index()];
+        assert_eq!([on(source), on(a), on(bb), on(c), on(d)], [Some(0), Some(1), Some(2), Some(3), Some(4)]);
+        assert_eq!(on(e), None, "a side actor is off the path");
+        assert_eq!(on(other), Some(0), "a stream of one actor is its own path");
+    }
+}
