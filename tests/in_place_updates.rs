@@ -145,7 +145,12 @@ fn registers_others_read_outside_the_order_keep_two_buffers() {
 
 /// The tiny MLP data-parallel over two cpu devices with its optimizer state `S(0)`.
 fn sharded(g: &Graph, optimizer: &Optimizer) -> CompiledGraph {
-    let (train_step, _) = model(g, optimizer);
+    sharded_fetching(g, optimizer, false)
+}
+
+/// [`sharded`], fetching `w0` too where `fetch_w0`.
+fn sharded_fetching(g: &Graph, optimizer: &Optimizer, fetch_w0: bool) -> CompiledGraph {
+    let (train_step, w0) = model(g, optimizer);
     let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
     for name in ["x", "y"] {
         g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
@@ -154,7 +159,8 @@ fn sharded(g: &Graph, optimizer: &Optimizer) -> CompiledGraph {
         g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
     }
     let options = ParallelOptions::new(mesh).train(&train_step);
-    g.compile_parallel(&[train_step.loss], &train_step.updates, &options).unwrap()
+    let fetches = if fetch_w0 { vec![train_step.loss, w0] } else { vec![train_step.loss] };
+    g.compile_parallel(&fetches, &train_step.updates, &options).unwrap()
 }
 
 #[test]
@@ -278,17 +284,7 @@ fn a_plan_file_cannot_place_a_register_within_another_unsafely() {
     // A reader of the weight that nothing orders before the update (a fetched weight's
     // sink): the compiler keeps that weight's part of its own and two slots, and a plan
     // file that puts it within anyway is refused, naming the reader.
-    let g = Graph::new();
-    let (train_step, w0) = model(&g, &Optimizer::adamw(5e-2, 0.0));
-    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-    for name in ["x", "y"] {
-        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    for (state, _) in &train_step.states {
-        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    let options = ParallelOptions::new(mesh).train(&train_step);
-    let fetched = g.compile_parallel(&[train_step.loss, w0], &train_step.updates, &options).unwrap();
+    let fetched = sharded_fetching(&Graph::new(), &Optimizer::adamw(5e-2, 0.0), true);
     let mut plan = fetched.plan.clone();
     let w0_register = plan.variables.iter().find(|v| v.name == "w0@0").unwrap().regst;
     let aliased = aliased_variables(&plan);

@@ -93,14 +93,7 @@ impl<'p> InPlaceCheck<'p> {
                 }
             ));
         }
-        let dtype = output.and_then(|o| conf.outputs.get(o)).map(|m| m.dtype);
-        if !matches!(dtype, Some(DType::F32 | DType::F64)) {
-            return Err(format!(
-                "its producer '{}' writes it as {}: in-place updates are built for f32 and f64 values",
-                producer.name,
-                dtype.map_or_else(|| "nothing".to_string(), |d| d.to_string())
-            ));
-        }
+        written_as_f32_or_f64(producer, conf, output)?;
         self.readers_before(regst, desc.producer, "its producer")
     }
 
@@ -214,14 +207,7 @@ impl<'p> InPlaceCheck<'p> {
                 writer.name, op.op_type
             ));
         }
-        let dtype = output.and_then(|o| op.outputs.get(o)).map(|m| m.dtype);
-        if !matches!(dtype, Some(DType::F32 | DType::F64)) {
-            return Err(format!(
-                "its producer '{}' writes it as {}: in-place updates are built for f32 and f64 values",
-                writer.name,
-                dtype.map_or_else(|| "nothing".to_string(), |d| d.to_string())
-            ));
-        }
+        written_as_f32_or_f64(writer, op, output)?;
         self.readers_before(within.regst, desc.producer, "the op that writes this part in place,")
     }
 
@@ -329,6 +315,20 @@ impl<'p> InPlaceCheck<'p> {
     fn is_reached(&self, actor: ActorIndex) -> bool {
         self.reached[actor.index()] == self.latest.0
     }
+}
+
+/// Whether `writer`'s op writes its output `output` as f32 or f64: host kernels widen
+/// 16-bit values into scratch, so only those are written in place.
+fn written_as_f32_or_f64(writer: &ActorDesc, op: &OpConf, output: Option<usize>) -> Result<(), String> {
+    let dtype = output.and_then(|o| op.outputs.get(o)).map(|m| m.dtype);
+    if matches!(dtype, Some(DType::F32 | DType::F64)) {
+        return Ok(());
+    }
+    Err(format!(
+        "its producer '{}' writes it as {}: in-place updates are built for f32 and f64 values",
+        writer.name,
+        dtype.map_or_else(|| "nothing".to_string(), |d| d.to_string())
+    ))
 }
 
 /// Why `reader` may read a piece after `writer` wrote over it.
