@@ -19,6 +19,11 @@
 //! `size` (with 8 members, 1.9 instead of 8), and every element is still summed once, in
 //! rank order, so the result is bitwise the one the one-step sum gives.
 //!
+//! An all-gather along dimension 0 whose input already lies at its own part of the output
+//! (a sharded weight gathered in place, `RegstDesc::within`) copies only the other members'
+//! parts, and never holds a reference to its whole output while peers read its part
+//! ([`CollectiveMember::gather_in_place`]).
+//!
 //! A member waiting at a barrier spins on the round's phase for a few microseconds before
 //! it sleeps on the condition variable, so a peer that arrives just after costs no futex
 //! wake-up (`rendezvous.rs`, `SPIN_ROUNDS`).

@@ -124,7 +124,8 @@ pub(crate) fn share_memory(
 /// ([`InPlaceCheck::check_within`](crate::plan::InPlaceCheck::check_within)): all of them are
 /// marked, each is checked on its own against the chains just built, and those the rule
 /// refuses (a reader of the weight that the chain puts after its update, devices of several
-/// nodes, other kinds of device) go back to two slots and a part of their own.
+/// nodes, other kinds of device), with every other member of their group, go back to two
+/// slots and a part of their own.
 fn gather_in_place(plan: &mut crate::plan::Plan) {
     use crate::plan::{CollectiveOp, KernelConf, Within};
     let mut marked = Vec::new();
@@ -200,9 +201,10 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
 /// same cache lines instead of streaming into the other slot (AdamW is memory-bound).
 ///
 /// The chains just built are what makes the rule hold: every other reader of step k's
-/// value comes before the update in its stream's chain. A fetched weight, a weight written
-/// by its all-gather (sharded state) or a 16-bit one keeps two buffers; each of an
-/// update's registers qualifies on its own (with sharded state the moments go in place).
+/// value comes before the update in its stream's chain. A fetched weight or a 16-bit one
+/// keeps two buffers, and a weight written by its all-gather (sharded state) is left to
+/// [`gather_in_place`]; each of an update's registers qualifies on its own (with sharded
+/// state the moments go in place here).
 fn in_place_registers(plan: &crate::plan::Plan) -> Vec<RegstDescId> {
     let index = PlanIndex::new(plan);
     let mut rule = crate::plan::InPlaceCheck::new(plan, &index);

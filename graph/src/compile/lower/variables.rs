@@ -10,7 +10,9 @@
 //! keep every reader on its own step's value; two slots are not staleness. Where the
 //! compiler fixes a cpu device's order and every other reader of step k's value runs
 //! before the update, memory sharing makes the two slots one buffer the update writes in
-//! place (`RegstDesc::aliased_slots`, `compile/share.rs`).
+//! place (`RegstDesc::aliased_slots`, `compile/share.rs`); a weight made by the all-gather
+//! of its sharded update's parts becomes one buffer too, the update writing its rows in
+//! place (`RegstDesc::within`, `share.rs`'s `gather_in_place`).
 
 use super::{Lowering, ReadOf, Reg};
 use crate::compile::error::CompileError;
