@@ -20,12 +20,15 @@ pub struct InPlaceCheck<'p> {
     /// Per actor, its position on its stream where the stream's actors form one chain
     /// within a step ([`chain_positions`]); computed at the first check.
     chained: Option<Vec<Option<u32>>>,
+    /// Each collective group's members, collected at the first check of a register within
+    /// another.
+    groups: Option<std::collections::HashMap<&'p str, Vec<ActorIndex>>>,
 }
 
 impl<'p> InPlaceCheck<'p> {
     /// The check over `plan`, indexed by `index`.
     pub fn new(plan: &'p Plan, index: &'p PlanIndex<'p>) -> Self {
-        Self { plan, index, reached: Vec::new(), latest: (0, None), stack: Vec::new(), chained: None }
+        Self { plan, index, reached: Vec::new(), latest: (0, None), stack: Vec::new(), chained: None, groups: None }
     }
 
     /// Whether `regst`'s slots may be one buffer its producer writes in place; else why
@@ -97,6 +100,22 @@ impl<'p> InPlaceCheck<'p> {
         self.readers_before(regst, desc.producer, "its producer")
     }
 
+    /// A member of collective group `group` on another node than `node`, if any.
+    fn member_apart(&mut self, group: &str, node: u16) -> Option<ActorIndex> {
+        let plan = self.plan;
+        let groups = self.groups.get_or_insert_with(|| {
+            let mut groups: std::collections::HashMap<&'p str, Vec<ActorIndex>> = std::collections::HashMap::new();
+            for (a, actor) in plan.actors.iter().enumerate() {
+                if let ActorKind::Compute { kernel: KernelConf::Collective(c) } = &actor.kind {
+                    groups.entry(c.group.as_str()).or_default().push(ActorIndex(a as u32));
+                }
+            }
+            groups
+        });
+        let node_of = |a: &ActorIndex| plan.devices[plan.device_of(*a).index()].node;
+        groups.get(group)?.iter().find(|a| node_of(a) != node).copied()
+    }
+
     /// The register within `target` that its producer, an all-gather, reads as its own
     /// part, if it has one ([`RegstDesc::within`]).
     fn gathered_in_place(&self, target: RegstDescId) -> Option<RegstDescId> {
@@ -155,18 +174,24 @@ impl<'p> InPlaceCheck<'p> {
                 gather.name
             ));
         }
-        let row_bytes = conf.shape[1..].iter().product::<usize>() as u64 * conf.dtype.size() as u64;
-        let part = crate::part_range(conf.shape[0], conf.size as usize, conf.rank as usize);
-        let (offset, bytes) = (part.start as u64 * row_bytes, part.len() as u64 * row_bytes);
-        if (within.offset, desc.bytes) != (offset, bytes) {
+        // Shapes come from plan files: every product is checked.
+        let row_bytes = conf.shape[1..].iter().try_fold(conf.dtype.size() as u64, |acc, &d| acc.checked_mul(d as u64));
+        let part = crate::part_range(conf.shape[0], conf.size.max(1) as usize, conf.rank as usize);
+        let own = row_bytes.and_then(|row| {
+            let offset = (part.start as u64).checked_mul(row)?;
+            Some((offset, offset.checked_add((part.len() as u64).checked_mul(row)?)?))
+        });
+        let Some((offset, end)) = own else {
+            return Err(format!("the all-gather '{}' has a shape {:?} past 2^64 bytes", gather.name, conf.shape));
+        };
+        if (within.offset, within.offset.checked_add(desc.bytes)) != (offset, Some(end)) {
             return Err(format!(
-                "it is bytes {}..{} there, and the all-gather '{}' (rank {} of {}) puts its own part at bytes {offset}..{}",
+                "it is bytes {}..{} there, and the all-gather '{}' (rank {} of {}) puts its own part at bytes {offset}..{end}",
                 within.offset,
                 within.offset.saturating_add(desc.bytes),
                 gather.name,
                 conf.rank,
                 conf.size,
-                offset + bytes
             ));
         }
         let device = &plan.devices[plan.device_of(target.producer).index()];
@@ -177,14 +202,10 @@ impl<'p> InPlaceCheck<'p> {
                 device.label()
             ));
         }
-        let apart = plan.actors.iter().enumerate().find(|(_, a)| {
-            matches!(&a.kind, ActorKind::Compute { kernel: KernelConf::Collective(c) } if c.group == conf.group)
-                && plan.devices[plan.streams[a.stream.index()].device.index()].node != device.node
-        });
-        if let Some((_, member)) = apart {
+        if let Some(member) = self.member_apart(&conf.group, device.node) {
             return Err(format!(
                 "the all-gather's group '{}' has member '{}' on another node: gathering in place is built for groups within one process",
-                conf.group, member.name
+                conf.group, plan.actors[member.index()].name
             ));
         }
         let writer = &plan.actors[desc.producer.index()];
