@@ -25,6 +25,8 @@
 //! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
 //! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
 //! `REGFLOW_CPU_THREADS=n` gives every cpu device's kernels n threads (default 1),
+//! `REGFLOW_INLINE_COLLECTIVES=1` runs both dp2 plans' collectives on the compute streams
+//! (`ParallelOptions::collectives_on_compute_streams`),
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan and `REGFLOW_DP_PLAN_JSON=p.json` the cpu
 //! dp2 plan, `REGFLOW_Z1_PLAN_JSON=p.json` the one with sharded AdamW state (for
@@ -159,7 +161,9 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     let train = mlp(&g, BATCH, &SIZES)?;
     let mesh = Mesh::cpu(&[2], &["dp"])?;
     data_parallel(&g, &mesh)?;
+    let inline = std::env::var_os("REGFLOW_INLINE_COLLECTIVES").is_some();
     let mut dp_options = ParallelOptions::new(mesh).train(&train);
+    dp_options.collectives_on_compute_streams = inline;
     dp_options.reuse_memory = std::env::var_os("REGFLOW_NO_REUSE").is_none();
     if std::env::var_os("REGFLOW_NO_BUCKETS").is_some() {
         dp_options.bucket_bytes = 0;
@@ -181,7 +185,9 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     for (state, _) in &train.states {
         g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)]))?;
     }
-    let zero1 = g.compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(mesh).train(&train))?;
+    let zero1_options =
+        ParallelOptions { collectives_on_compute_streams: inline, ..ParallelOptions::new(mesh) }.train(&train);
+    let zero1 = g.compile_parallel(&[train.loss], &train.updates, &zero1_options)?;
     if let Some(path) = std::env::var_os("REGFLOW_Z1_PLAN_JSON") {
         std::fs::write(path, zero1.plan.to_json())?;
     }

@@ -6,6 +6,79 @@ use super::{ActorIndex, ActorKind, CollectiveConf, KernelConf, Plan, PlanError, 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 impl Plan {
+    /// Collectives that block a stream other than a comm stream (a cpu device's compute
+    /// stream, `ParallelOptions::collectives_on_compute_streams`): a member blocks its
+    /// thread until every member has arrived, so nothing a blocked thread would do may be
+    /// what another member waits for. The rule: such members run on cpu devices of one
+    /// node, and no register joins two devices of a group that has such a member (the
+    /// devices exchange nothing but collectives, issued in one order, which
+    /// [`Plan::check_collective_order`] checks).
+    pub fn check_blocking_collectives(&self) -> Result<(), PlanError> {
+        // Each group's nodes, and per device one group that blocks one of its streams.
+        let mut nodes: HashMap<&str, Vec<u16>> = HashMap::new();
+        for (a, actor) in self.actors.iter().enumerate() {
+            if let Some(conf) = self.collective_conf(a) {
+                let node = self.devices[self.streams[actor.stream.index()].device.index()].node;
+                let seen = nodes.entry(conf.group.as_str()).or_default();
+                if !seen.contains(&node) {
+                    seen.push(node);
+                }
+            }
+        }
+        let mut blocking: Vec<(super::DeviceIndex, &str)> = Vec::new();
+        for (a, actor) in self.actors.iter().enumerate() {
+            let Some(conf) = self.collective_conf(a) else { continue };
+            let stream = &self.streams[actor.stream.index()];
+            if stream.kind == super::StreamKind::Comm {
+                continue;
+            }
+            let device = &self.devices[stream.device.index()];
+            let error = |detail: String| PlanError::Collective { group: conf.group.clone(), detail };
+            if device.kind != super::DeviceKind::Cpu {
+                return Err(error(format!(
+                    "member '{}' runs on a {:?} stream of {}: a collective blocks its stream, which only a cpu \
+                     device's compute stream may do besides comm streams",
+                    actor.name,
+                    stream.kind,
+                    device.label()
+                )));
+            }
+            if nodes.get(conf.group.as_str()).is_some_and(|n| n.len() > 1) {
+                return Err(error(format!(
+                    "member '{}' blocks a {:?} stream, and the group spans nodes: blocking collectives outside comm \
+                     streams are built for groups within one process",
+                    actor.name, stream.kind
+                )));
+            }
+            if !blocking.iter().any(|(d, _)| *d == stream.device) {
+                blocking.push((stream.device, conf.group.as_str()));
+            }
+        }
+        if blocking.is_empty() {
+            return Ok(());
+        }
+        let group_on = |d: super::DeviceIndex| blocking.iter().find(|(b, _)| *b == d).map(|(_, g)| *g);
+        for desc in &self.regst_descs {
+            let from = self.device_of(desc.producer);
+            for consumer in &desc.consumers {
+                let to = self.device_of(*consumer);
+                let Some(group) = group_on(from).or_else(|| group_on(to)).filter(|_| from != to) else { continue };
+                return Err(PlanError::Collective {
+                    group: group.to_string(),
+                    detail: format!(
+                        "it blocks a compute stream, and register '{}' goes from {} to {}: a device whose thread is \
+                         blocked in a collective could hold what the other waits for, so such devices may exchange \
+                         nothing but collectives (run the collectives on comm streams)",
+                        desc.name,
+                        self.devices[from.index()].label(),
+                        self.devices[to.index()].label()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The collective actor `actor` runs (its group, rank, op, dtype and shape), or `None`
     /// for an actor that is not a collective member.
     pub fn collective_conf(&self, actor: usize) -> Option<&CollectiveConf> {

@@ -65,6 +65,7 @@ impl Plan {
         self.check_variables()?;
         self.check_cycles()?;
         self.check_collective_order()?;
+        self.check_blocking_collectives()?;
         self.memory()?;
         Ok(())
     }

@@ -445,11 +445,18 @@ impl CollectiveGroups {
             }
             for actor in present {
                 let Some(index) = indexed.actor_by_name(actor) else { continue };
-                let kind = plan.streams[plan.actors[index.index()].stream.index()].kind;
-                if kind != StreamKind::Comm {
+                let stream = &plan.streams[plan.actors[index.index()].stream.index()];
+                // A cpu device's compute stream may block in a collective too: plan
+                // validation checks that nothing then waits on it
+                // (`Plan::check_blocking_collectives`).
+                let cpu = plan.devices[stream.device.index()].kind == regflow_plan::DeviceKind::Cpu;
+                if stream.kind != StreamKind::Comm && !(cpu && stream.kind == StreamKind::Compute) {
+                    let kind = stream.kind;
                     return Err(setup(
                         actor,
-                        format!("runs on a {kind:?} stream; collectives need a comm stream (they block it)"),
+                        format!(
+                            "runs on a {kind:?} stream; collectives need a comm stream, or a cpu device's compute stream (they block it)"
+                        ),
                     ));
                 }
             }

@@ -51,9 +51,14 @@ pub(crate) fn order_collectives(low: &mut Lowering<'_>, starts: Option<&[u64]>) 
     // Chains in order of their first collective, found by stream.
     let mut chains: Vec<((usize, Phase), Vec<ActorIndex>)> = Vec::new();
     let mut chain_of: HashMap<(usize, Phase), usize> = HashMap::new();
+    // Collectives on a cpu device's compute stream share one stream whatever their phase,
+    // so they share one chain (one micro-batch per step: all fire once per step).
+    let inline = low.options.collectives_on_compute_streams;
+    let cpu: Vec<bool> = low.placement.devices.iter().map(|d| d.kind == crate::plan::DeviceKind::Cpu).collect();
     for i in &low.issued {
-        let k = *chain_of.entry((i.slot, i.phase)).or_insert_with(|| {
-            chains.push(((i.slot, i.phase), Vec::new()));
+        let phase = if inline && cpu.get(i.slot).copied().unwrap_or(false) { Phase::Step } else { i.phase };
+        let k = *chain_of.entry((i.slot, phase)).or_insert_with(|| {
+            chains.push(((i.slot, phase), Vec::new()));
             chains.len() - 1
         });
         chains[k].1.push(i.actor);

@@ -192,6 +192,17 @@ pub struct ParallelOptions {
     /// gradients): per transformer block four lone casts (on CUDA four launches and a pass
     /// over an activation each) fewer. Results are bitwise the casts'. Default on.
     pub fold_casts: bool,
+    /// Run each cpu device's collectives on its compute stream instead of comm streams of
+    /// their own. A collective blocks the thread that runs it until every member has
+    /// arrived, so on a comm stream it overlaps the products only where a core is spare;
+    /// where a host has about one core per device (two cpu devices on two cores), the comm
+    /// threads only add wake-ups and preemptions, and this runs the same collectives, in
+    /// the same order and with the same results, without them (dp2 MLP on two cores: about
+    /// 5 % faster, BENCHMARKS.md, issue 13, "twentieth"). Plan validation checks that
+    /// nothing can then wait on a blocked compute thread: the devices of one node exchange
+    /// nothing but collectives. Other devices keep their comm streams. Needs one
+    /// micro-batch per step. Default off.
+    pub collectives_on_compute_streams: bool,
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -228,6 +239,7 @@ impl ParallelOptions {
             fuse_norms: true,
             fuse_casts: true,
             fold_casts: true,
+            collectives_on_compute_streams: false,
         }
     }
 
@@ -262,6 +274,15 @@ impl ParallelOptions {
             ("activation_register_num", self.activation_register_num),
             ("micro_batches", self.micro_batch_count()),
         ];
+        if self.collectives_on_compute_streams && self.micro_batch_count() > 1 {
+            return Err(CompileError::BadOption {
+                option: "collectives_on_compute_streams",
+                value: format!("true with {} micro-batches", self.micro_batch_count()),
+                expected: "one micro-batch per step: a collective of every micro-batch and one of the averaged \
+                           gradients would block one stream at different rates (leave it off: comm streams keep \
+                           them apart)",
+            });
+        }
         for (option, value) in positive {
             if value == 0 {
                 let expected = match option {

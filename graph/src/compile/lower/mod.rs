@@ -371,8 +371,14 @@ impl<'a> Lowering<'a> {
         local_meta(&self.graph.info(t).meta, layout, m, &m.coords(rank))
     }
 
-    /// The comm stream of device `slot` for collectives of `phase`.
+    /// The comm stream of device `slot` for collectives of `phase` (its compute stream on a
+    /// cpu device where [`ParallelOptions::collectives_on_compute_streams`] says so).
     pub(crate) fn comm_stream(&mut self, slot: usize, phase: Phase) -> StreamIndex {
+        if self.options.collectives_on_compute_streams
+            && self.placement.devices[slot].kind == crate::plan::DeviceKind::Cpu
+        {
+            return self.devices[slot].compute;
+        }
         if let Some(s) = self.devices[slot].comm.get(&phase) {
             return *s;
         }

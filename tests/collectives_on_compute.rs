@@ -1,0 +1,150 @@
+//! Collectives on cpu devices' compute streams (`ParallelOptions::collectives_on_compute_streams`):
+//! the same collectives, in the same order, run by the compute threads instead of comm
+//! threads of their own, so a data-parallel step trains to the same bits; and plan
+//! validation refuses a blocking collective where a blocked thread could hold what another
+//! device waits for.
+
+use regflow::graph::plan::{
+    ActorKind, CollectiveConf, CollectiveOp, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, SourcePieces,
+    StreamKind,
+};
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{CompiledGraph, DType, Graph, Optimizer, ParallelOptions};
+
+#[path = "common/tiny_mlp.rs"]
+mod tiny_mlp;
+use tiny_mlp::model;
+
+/// The tiny MLP data-parallel over two cpu devices, its AdamW state sharded where
+/// `sharded`, memory shared where `reuse`, its collectives on compute streams where `inline`.
+fn compile(sharded: bool, reuse: bool, inline: bool) -> CompiledGraph {
+    try_compile(sharded, reuse, inline, 1).unwrap()
+}
+
+fn try_compile(
+    sharded: bool,
+    reuse: bool,
+    inline: bool,
+    micro_batches: u32,
+) -> Result<CompiledGraph, regflow::graph::GraphError> {
+    let g = Graph::new();
+    let (train_step, _) = model(&g, &Optimizer::adamw(5e-2, 1e-2));
+    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+    for name in ["x", "y"] {
+        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    if sharded {
+        for (state, _) in &train_step.states {
+            g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+        }
+    }
+    let mut options =
+        ParallelOptions { collectives_on_compute_streams: inline, reuse_memory: reuse, ..ParallelOptions::new(mesh) };
+    if micro_batches > 1 {
+        options = options.micro_batches(&train_step, micro_batches);
+    }
+    let options = options.train(&train_step);
+    g.compile_parallel(&[train_step.loss], &train_step.updates, &options)
+}
+
+/// (collectives, of which on compute streams, comm streams with actors).
+fn where_collectives_run(plan: &Plan) -> (usize, usize, usize) {
+    let collectives: Vec<usize> = (0..plan.actors.len()).filter(|&a| plan.collective_conf(a).is_some()).collect();
+    let on_compute = collectives
+        .iter()
+        .filter(|&&a| plan.streams[plan.actors[a].stream.index()].kind == StreamKind::Compute)
+        .count();
+    let busy_comm = plan
+        .streams
+        .iter()
+        .enumerate()
+        .filter(|(s, stream)| stream.kind == StreamKind::Comm && plan.actors.iter().any(|a| a.stream.index() == *s))
+        .count();
+    (collectives.len(), on_compute, busy_comm)
+}
+
+#[test]
+fn collectives_on_compute_streams_train_to_the_same_bits() {
+    for (sharded, reuse) in [(false, true), (true, true), (false, false), (true, false)] {
+        let on_comm = compile(sharded, reuse, false);
+        let inline = compile(sharded, reuse, true);
+        let (count, on_compute, busy_comm) = where_collectives_run(&inline.plan);
+        assert!(count >= 4, "{count} collectives");
+        assert_eq!((on_compute, busy_comm), (count, 0), "sharded {sharded}, memory shared {reuse}");
+        let (count_before, on_compute_before, _) = where_collectives_run(&on_comm.plan);
+        assert_eq!((count_before, on_compute_before), (count, 0));
+
+        let steps = 5;
+        let want = tiny_mlp::train(&on_comm, on_comm.plan.clone(), 1, steps, 1);
+        let got = tiny_mlp::train(&inline, inline.plan.clone(), 1, steps, 1);
+        assert_eq!(got.0, want.0, "losses, bit for bit (sharded {sharded}, memory shared {reuse})");
+        assert_eq!(got.1, want.1, "weights and optimizer state, bit for bit");
+    }
+    // Several micro-batches per step: refused by name (per-micro-batch collectives and those
+    // of the averaged gradients would block one stream at different rates).
+    let Err(err) = try_compile(false, true, true, 2) else { panic!("compiled with 2 micro-batches") };
+    assert!(
+        err.to_string()
+            .contains("option `collectives_on_compute_streams` is true with 2 micro-batches: one micro-batch per step"),
+        "{err}"
+    );
+}
+
+/// Two devices of one kind, each a source feeding an all-reduce member on the stream of
+/// `kind`, read by a sink; with `cross`, device 0's source is also read on device 1.
+fn hand_built(device: DeviceKind, kind: StreamKind, cross: bool) -> Plan {
+    let mut b = PlanBuilder::new();
+    let mut sources = Vec::new();
+    let mut sinks = Vec::new();
+    for rank in 0..2u16 {
+        let d = b.device(0, device, rank);
+        let s = b.stream(d, kind);
+        let source = b.actor(&format!("source@{rank}"), s, ActorKind::Source { pieces: SourcePieces::Count(2) });
+        let conf = CollectiveConf {
+            group: "g".into(),
+            rank: u32::from(rank),
+            size: 2,
+            op: CollectiveOp::AllReduce,
+            dtype: DType::F32,
+            shape: vec![4],
+        };
+        let member =
+            b.actor(&format!("allreduce@{rank}"), s, ActorKind::Compute { kernel: KernelConf::Collective(conf) });
+        let input = b.regst(&format!("source@{rank}.out"), source, 16, 1);
+        b.consume(member, input);
+        let output = b.regst(&format!("allreduce@{rank}.out"), member, 16, 1);
+        let sink = b.actor(&format!("sink@{rank}"), s, ActorKind::Sink);
+        b.consume(sink, output);
+        sources.push((source, input));
+        sinks.push(sink);
+    }
+    if cross {
+        b.consume(sinks[1], sources[0].1);
+    }
+    b.plan_mut().clone()
+}
+
+#[test]
+fn a_blocking_collective_outside_a_comm_stream_is_checked() {
+    // On comm streams, and on cpu compute streams that exchange nothing else: valid.
+    hand_built(DeviceKind::Cpu, StreamKind::Comm, true).validate().unwrap();
+    hand_built(DeviceKind::Cpu, StreamKind::Compute, false).validate().unwrap();
+
+    // A register from one device to the other: device 1's sink could wait for a piece
+    // device 0's thread, blocked in the all-reduce, would hand out.
+    let err = hand_built(DeviceKind::Cpu, StreamKind::Compute, true).validate().unwrap_err();
+    assert!(matches!(err, PlanError::Collective { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "collective 'g': it blocks a compute stream, and register 'source@0.out' goes from node0/cpu:0 to node0/cpu:1: \
+         a device whose thread is blocked in a collective could hold what the other waits for, so such devices may \
+         exchange nothing but collectives (run the collectives on comm streams)"
+    );
+
+    // Another kind of device.
+    let err = hand_built(DeviceKind::Sim, StreamKind::Compute, false).validate().unwrap_err().to_string();
+    assert!(
+        err.starts_with("collective 'g': member 'allreduce@0' runs on a Compute stream of node0/sim:0: a collective blocks its stream"),
+        "{err}"
+    );
+}
