@@ -34,7 +34,7 @@ impl Plan {
             }
             let device = &self.devices[stream.device.index()];
             let error = |detail: String| PlanError::Collective { group: conf.group.clone(), detail };
-            if device.kind != super::DeviceKind::Cpu {
+            if device.kind != super::DeviceKind::Cpu || stream.kind != super::StreamKind::Compute {
                 return Err(error(format!(
                     "member '{}' runs on a {:?} stream of {}: a collective blocks its stream, which only a cpu \
                      device's compute stream may do besides comm streams",

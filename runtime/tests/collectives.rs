@@ -451,26 +451,40 @@ fn a_job_of_one_node_refuses_a_group_that_spans_nodes() {
 }
 
 #[test]
-fn members_need_comm_streams() {
+fn members_block_comm_streams_or_cpu_compute_streams_only() {
     let op = CollectiveOp::AllReduce;
-    let mut b = PlanBuilder::new();
-    for r in 0..2 {
-        let device = b.device(0, DeviceKind::Cpu, r as u16);
-        let compute = b.stream(device, StreamKind::Compute);
-        let src = b.actor(&format!("in{r}"), compute, ActorKind::Source { pieces: SourcePieces::Count(1) });
-        let x = b.regst(&format!("x{r}"), src, 8, 1);
-        let kernel = KernelConf::Collective(conf("g", r, 2, op, DType::F32, &[2]));
-        let c = b.actor(&format!("c{r}"), compute, ActorKind::Compute { kernel });
-        b.consume(c, x);
-        let y = b.regst(&format!("y{r}"), c, 8, 1);
-        let sink = b.actor(&format!("out{r}"), compute, ActorKind::Sink);
-        b.consume(sink, y);
+    let plan = |kind: StreamKind| {
+        let mut b = PlanBuilder::new();
+        for r in 0..2 {
+            let device = b.device(0, DeviceKind::Cpu, r as u16);
+            let compute = b.stream(device, StreamKind::Compute);
+            let blocking = if kind == StreamKind::Compute { compute } else { b.stream(device, kind) };
+            let src = b.actor(&format!("in{r}"), compute, ActorKind::Source { pieces: SourcePieces::Count(1) });
+            let x = b.regst(&format!("x{r}"), src, 8, 1);
+            let kernel = KernelConf::Collective(conf("g", r, 2, op, DType::F32, &[2]));
+            let c = b.actor(&format!("c{r}"), blocking, ActorKind::Compute { kernel });
+            b.consume(c, x);
+            let y = b.regst(&format!("y{r}"), c, 8, 1);
+            let sink = b.actor(&format!("out{r}"), compute, ActorKind::Sink);
+            b.consume(sink, y);
+        }
+        b.build()
+    };
+    // A cpu compute stream may block in a collective (`collectives_on_compute_streams`):
+    // the two devices exchange nothing else, so the job runs its piece and ends.
+    let mut job = Job::builder(plan(StreamKind::Compute).unwrap()).build().unwrap();
+    let fetchers: Vec<_> = (0..2).map(|r| job.fetcher(&format!("out{r}")).unwrap()).collect();
+    for fetcher in &fetchers {
+        assert_eq!(fetcher.recv().unwrap().bytes().len(), 8);
     }
-    let err = build_error(b.build().unwrap());
+    drop(fetchers);
+    job.wait().unwrap();
+    // A copy stream may not.
+    let err = plan(StreamKind::Copy).unwrap_err().to_string();
     assert_eq!(
         err,
-        "cannot make the kernel of actor 'c0': collective 'g': runs on a Compute stream; collectives need a comm \
-         stream (they block it)"
+        "collective 'g': member 'c0' runs on a Copy stream of node0/cpu:0: a collective blocks its stream, which only \
+         a cpu device's compute stream may do besides comm streams"
     );
 }
 
