@@ -2,8 +2,9 @@
 //! collectives in different orders (collectives block their stream until the whole group
 //! arrives, so crossed orders deadlock, as with NCCL).
 
+use super::order::{topological_positions, Reach};
 use super::{ActorIndex, ActorKind, CollectiveConf, KernelConf, Plan, PlanError, Shape};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
 impl Plan {
     /// Collectives that block a stream other than a comm stream (a cpu device's compute
@@ -240,66 +241,5 @@ impl Plan {
         let s = &self.streams[stream];
         let device = self.devices.get(s.device.index()).map(|d| d.label()).unwrap_or_default();
         format!("device {device} ({:?} stream)", s.kind).to_lowercase()
-    }
-}
-
-/// Each actor's position in a topological order of `successors` (Kahn's, first come first
-/// served, so ties keep plan order); actors on a cycle get `usize::MAX`.
-fn topological_positions(successors: &[Vec<usize>]) -> Vec<usize> {
-    let n = successors.len();
-    let mut indegree = vec![0usize; n];
-    for next in successors {
-        for &b in next {
-            indegree[b] += 1;
-        }
-    }
-    let mut ready: VecDeque<usize> = (0..n).filter(|&a| indegree[a] == 0).collect();
-    let mut position = vec![usize::MAX; n];
-    let mut at = 0;
-    while let Some(a) = ready.pop_front() {
-        position[a] = at;
-        at += 1;
-        for &b in &successors[a] {
-            indegree[b] -= 1;
-            if indegree[b] == 0 {
-                ready.push_back(b);
-            }
-        }
-    }
-    position
-}
-
-/// Reachability queries that reuse one visited table (stamped per query, never cleared).
-struct Reach {
-    stamp: Vec<u32>,
-    query: u32,
-    stack: Vec<usize>,
-}
-
-impl Reach {
-    fn new(n: usize) -> Self {
-        Self { stamp: vec![0; n], query: 0, stack: Vec::new() }
-    }
-
-    /// Whether a path leads from `from` to `to`, searching only actors that come before
-    /// `to` in the topological order (no other can lead to it).
-    fn reaches(&mut self, successors: &[Vec<usize>], position: &[usize], from: usize, to: usize) -> bool {
-        if successors[from].contains(&to) {
-            return true;
-        }
-        self.query += 1;
-        self.stack.clear();
-        self.stack.push(from);
-        while let Some(a) = self.stack.pop() {
-            if a == to {
-                return true;
-            }
-            if self.stamp[a] == self.query || position[a] > position[to] {
-                continue;
-            }
-            self.stamp[a] = self.query;
-            self.stack.extend(successors[a].iter().copied());
-        }
-        false
     }
 }

@@ -2,33 +2,54 @@
 //! ([`RegstDesc::aliased_slots`]): the one rule that plan validation enforces and the
 //! compiler chooses by.
 
+use super::order::{chain_positions, topological_positions, Reach};
 use super::*;
 
-/// Checks registers against the in-place rule, remembering what reaches the writer it
-/// checked last (an optimizer update writes several registers in place, checked one
-/// after the other).
+/// Checks registers against the in-place rule, keeping what it learns of the plan's step
+/// order between checks (an optimizer update writes several registers in place).
 #[derive(Debug)]
 pub struct InPlaceCheck<'p> {
     plan: &'p Plan,
     index: &'p PlanIndex<'p>,
-    /// Per actor, the number of the last search that reached it ([`InPlaceCheck::search`]);
-    /// allocated at the first search.
-    reached: Vec<u32>,
-    /// The latest search's number, and its writer and scope (`true`: the whole plan).
-    latest: (u32, Option<(ActorIndex, bool)>),
-    stack: Vec<ActorIndex>,
-    /// Per actor, its position on its stream where the stream's actors form one chain
-    /// within a step ([`chain_positions`]); computed at the first check.
-    chained: Option<Vec<Option<u32>>>,
+    /// The step's order, computed at the first question of what runs before what.
+    order: Option<StepOrder>,
     /// Each collective group's members, collected at the first check of a register within
     /// another.
     groups: Option<std::collections::HashMap<&'p str, Vec<ActorIndex>>>,
 }
 
+/// What runs before what within one step: where two actors lie on their stream's chain
+/// (a compiled cpu plan's memory-sharing chain), their positions say; elsewhere a search
+/// of the registers that are not preloaded does.
+#[derive(Debug)]
+struct StepOrder {
+    successors: Vec<Vec<usize>>,
+    position: Vec<usize>,
+    chained: Vec<Option<u32>>,
+    reach: Reach,
+}
+
+impl StepOrder {
+    fn new(plan: &Plan) -> Self {
+        let successors = plan.within_step_successors();
+        let position = topological_positions(&successors);
+        Self { chained: chain_positions(plan), reach: Reach::new(successors.len()), successors, position }
+    }
+
+    /// Whether `a` reaches `b` through registers that are not preloaded (within a step, it
+    /// fires before it).
+    fn before(&mut self, a: ActorIndex, b: ActorIndex) -> bool {
+        match (self.chained[a.index()], self.chained[b.index()]) {
+            (Some(x), Some(y)) => x < y,
+            _ => self.reach.reaches(&self.successors, &self.position, a.index(), b.index()),
+        }
+    }
+}
+
 impl<'p> InPlaceCheck<'p> {
     /// The check over `plan`, indexed by `index`.
     pub fn new(plan: &'p Plan, index: &'p PlanIndex<'p>) -> Self {
-        Self { plan, index, reached: Vec::new(), latest: (0, None), stack: Vec::new(), chained: None, groups: None }
+        Self { plan, index, order: None, groups: None }
     }
 
     /// Whether `regst`'s slots may be one buffer its producer writes in place; else why
@@ -123,10 +144,8 @@ impl<'p> InPlaceCheck<'p> {
         let producer = &self.plan.actors[producer_index.index()];
         let ActorKind::Compute { kernel: KernelConf::Collective(_) } = producer.kind else { return None };
         let input = *producer.inputs.first()?;
-        (self.index.outputs_of(producer_index).first() == Some(&target))
-            .then_some(())
-            .and(self.plan.regst_descs[input.index()].within.filter(|w| w.regst == target))
-            .map(|_| input)
+        let within = self.plan.regst_descs[input.index()].within?;
+        (within.regst == target && self.index.outputs_of(producer_index).first() == Some(&target)).then_some(input)
     }
 
     /// Whether `view` may be bytes of the register it names ([`RegstDesc::within`]); else
@@ -234,107 +253,23 @@ impl<'p> InPlaceCheck<'p> {
 
     /// Every reader of `regst` other than `writer` runs on `writer`'s stream and reaches it
     /// through registers that are not preloaded: within a step it has read its piece
-    /// before `writer` fires and writes over it.
-    /// `role` says what `writer` is, before its name.
+    /// before `writer` fires and writes over it. `role` says what `writer` is, before its
+    /// name.
     ///
-    /// Where the stream's actors form one chain (a compiled cpu plan's memory-sharing
-    /// chain), a reader is before `writer` if it comes earlier in the chain. Elsewhere the
-    /// readers are looked for among `writer`'s ancestors on its own stream first, and among
-    /// all its ancestors only where one is missing. A sharded plan has an update per weight
-    /// and device, and a search of the whole plan from each made compiling a 16-device GPT
-    /// take seconds (BENCHMARKS.md, issue 13, "twentieth").
+    /// On a compiled cpu plan the chain positions answer at once: a sharded plan has an
+    /// update per weight and device, and a search of the whole plan from each made
+    /// compiling a 16-device GPT take seconds (BENCHMARKS.md, issue 13, "twentieth").
     fn readers_before(&mut self, regst: RegstDescId, writer: ActorIndex, role: &str) -> Result<(), String> {
-        if self.chained.is_none() {
-            self.chained = Some(chain_positions(self.plan));
-        }
-        let chained = self.chained.take().unwrap_or_default();
-        let result = self.readers_before_in(regst, writer, role, &chained);
-        self.chained = Some(chained);
-        result
-    }
-
-    /// [`InPlaceCheck::readers_before`] with the chain positions taken out of `self`.
-    fn readers_before_in(
-        &mut self,
-        regst: RegstDescId,
-        writer: ActorIndex,
-        role: &str,
-        chained: &[Option<u32>],
-    ) -> Result<(), String> {
         let plan = self.plan;
-        let desc = &plan.regst_descs[regst.index()];
+        let order = self.order.get_or_insert_with(|| StepOrder::new(plan));
         let producer = &plan.actors[writer.index()];
-        let chain_order = |reader: ActorIndex| match (chained[reader.index()], chained[writer.index()]) {
-            (Some(r), Some(w)) => Some(r < w),
-            _ => None,
-        };
-        let (mut whole, mut searched) = (false, false);
-        for reader in desc.consumers.iter().filter(|&&c| c != writer) {
+        for &reader in plan.regst_descs[regst.index()].consumers.iter().filter(|&&c| c != writer) {
             let actor = &plan.actors[reader.index()];
-            if actor.stream != producer.stream {
-                return Err(not_before(actor, producer, role));
-            }
-            if let Some(before) = chain_order(*reader) {
-                if before {
-                    continue;
-                }
-                return Err(not_before(actor, producer, role));
-            }
-            if !searched {
-                self.search(writer, whole);
-                searched = true;
-            }
-            let mut before = self.is_reached(*reader);
-            if !before && !whole {
-                whole = true;
-                self.search(writer, whole);
-                before = self.is_reached(*reader);
-            }
-            if !before {
+            if actor.stream != producer.stream || !order.before(reader, writer) {
                 return Err(not_before(actor, producer, role));
             }
         }
         Ok(())
-    }
-
-    /// Marks the actors from which `writer` is reached through registers that are not
-    /// preloaded (within a step, they fire before it): through actors of its stream only,
-    /// or through any (`whole`). The latest search is reused.
-    fn search(&mut self, writer: ActorIndex, whole: bool) {
-        if self.latest.1 == Some((writer, whole)) {
-            return;
-        }
-        let plan = self.plan;
-        if self.reached.is_empty() {
-            self.reached = vec![0; plan.actors.len()];
-        }
-        if self.latest.0 == u32::MAX {
-            self.reached.iter_mut().for_each(|r| *r = 0);
-            self.latest.0 = 0;
-        }
-        let number = self.latest.0 + 1;
-        self.latest = (number, Some((writer, whole)));
-        let stream = plan.actors[writer.index()].stream;
-        self.stack.clear();
-        self.stack.push(writer);
-        while let Some(a) = self.stack.pop() {
-            for input in &plan.actors[a.index()].inputs {
-                let desc = &plan.regst_descs[input.index()];
-                let p = desc.producer;
-                if desc.preloaded == 0
-                    && self.reached[p.index()] != number
-                    && (whole || plan.actors[p.index()].stream == stream)
-                {
-                    self.reached[p.index()] = number;
-                    self.stack.push(p);
-                }
-            }
-        }
-    }
-
-    /// Whether the latest search reached `actor`.
-    fn is_reached(&self, actor: ActorIndex) -> bool {
-        self.reached[actor.index()] == self.latest.0
     }
 }
 
@@ -359,102 +294,4 @@ fn not_before(reader: &ActorDesc, writer: &ActorDesc, role: &str) -> String {
          (the reader must run on the stream of '{}' and reach it through registers that are not preloaded)",
         reader.name, writer.name, writer.name
     )
-}
-
-/// Per actor, its position on the longest path of its stream's actors within a step
-/// (each reaching the next through a register that is not preloaded, so each is reached
-/// from every actor before it on the path), or `None` off that path. In a compiled cpu plan
-/// that path is the memory-sharing chain through every compute actor of the stream; its
-/// sources and sinks are off it.
-fn chain_positions(plan: &Plan) -> Vec<Option<u32>> {
-    let n = plan.actors.len();
-    // Within-step edges between actors of one stream.
-    let mut indegree = vec![0usize; n];
-    let mut successors: Vec<Vec<usize>> = vec![Vec::<usize>::new(); n];
-    for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0) {
-        let p = desc.producer.index();
-        for c in &desc.consumers {
-            if plan.actors[c.index()].stream == plan.actors[p].stream && c.index() != p {
-                successors[p].push(c.index());
-                indegree[c.index()] += 1;
-            }
-        }
-    }
-    // Longest path ending at each actor (Kahn's order over all streams at once), and the
-    // actor before it on that path.
-    let mut length = vec![1u32; n];
-    let mut parent: Vec<Option<usize>> = vec![None; n];
-    let mut ready: Vec<usize> = (0..n).filter(|&a| indegree[a] == 0).collect();
-    while let Some(a) = ready.pop() {
-        for &c in &successors[a] {
-            if length[a] + 1 > length[c] {
-                length[c] = length[a] + 1;
-                parent[c] = Some(a);
-            }
-            indegree[c] -= 1;
-            if indegree[c] == 0 {
-                ready.push(c);
-            }
-        }
-    }
-    // Per stream, the end of its longest path, walked back.
-    let mut end: Vec<Option<usize>> = vec![None; plan.streams.len()];
-    for a in 0..n {
-        let Some(e) = end.get_mut(plan.actors[a].stream.index()) else { continue };
-        if e.is_none_or(|b| length[a] > length[b]) {
-            *e = Some(a);
-        }
-    }
-    let mut position = vec![None; n];
-    for mut at in end.into_iter().flatten() {
-        // A cycle leaves `length` unfinished for its actors; positions then stay None
-        // there (validation refuses such plans elsewhere).
-        let mut k = length[at];
-        loop {
-            k -= 1;
-            position[at] = Some(k);
-            match parent[at] {
-                Some(p) if k > 0 => at = p,
-                _ => break,
-            }
-        }
-    }
-    position
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// One stream: a source feeding a chain `a → b → c → d` (zero-byte order registers), a
-    /// side actor `e` that only `d` reads, a loop register from `d` back to `a` (preloaded,
-    /// not an order within a step), and a second stream with one actor. Positions follow the
-    /// longest path; the side actor, and actors whose stream has no longer path, have their
-    /// own place on it or none.
-    #[test]
-    fn positions_follow_each_streams_longest_path() {
-        let mut b = PlanBuilder::new();
-        let device = b.device(0, DeviceKind::Cpu, 0);
-        let (s0, s1) = (b.stream(device, StreamKind::Compute), b.stream(device, StreamKind::Comm));
-        let noop = || ActorKind::Compute { kernel: KernelConf::Noop };
-        let source = b.actor("source", s0, ActorKind::Source { pieces: SourcePieces::Count(2) });
-        let [a, bb, c, d, e] = ["a", "b", "c", "d", "e"].map(|name| b.actor(name, s0, noop()));
-        let other = b.actor("other", s1, noop());
-        let fed = b.regst("source.out", source, 8, 1);
-        b.consume(a, fed).consume(e, fed).consume(other, fed);
-        for (from, to) in [(a, bb), (bb, c), (c, d), (e, d)] {
-            let r = b.regst(&format!("{}->{}", from.0, to.0), from, 0, 1);
-            b.consume(to, r);
-        }
-        let back = b.regst("d.loop", d, 8, 2);
-        b.preload(back, 1);
-        b.consume(a, back);
-        let plan = b.plan_mut().clone();
-        let positions = chain_positions(&plan);
-        // source → a → b → c → d is the longest path of stream 0 (five actors).
-        let on = |x: ActorIndex| positions[x.index()];
-        assert_eq!([on(source), on(a), on(bb), on(c), on(d)], [Some(0), Some(1), Some(2), Some(3), Some(4)]);
-        assert_eq!(on(e), None, "a side actor is off the path");
-        assert_eq!(on(other), Some(0), "a stream of one actor is its own path");
-    }
 }

@@ -37,6 +37,7 @@ mod index;
 mod init;
 mod memory;
 pub mod ops;
+mod order;
 mod signature;
 mod tensor;
 mod types;
