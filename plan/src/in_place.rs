@@ -193,16 +193,10 @@ impl<'p> InPlaceCheck<'p> {
                 gather.name
             ));
         }
-        // Shapes come from plan files: every product is checked.
-        let row_bytes = conf.shape[1..].iter().try_fold(conf.dtype.size() as u64, |acc, &d| acc.checked_mul(d as u64));
-        let part = crate::part_range(conf.shape[0], conf.size.max(1) as usize, conf.rank as usize);
-        let own = row_bytes.and_then(|row| {
-            let offset = (part.start as u64).checked_mul(row)?;
-            Some((offset, offset.checked_add((part.len() as u64).checked_mul(row)?)?))
-        });
-        let Some((offset, end)) = own else {
+        let Some(own) = conf.own_part_bytes() else {
             return Err(format!("the all-gather '{}' has a shape {:?} past 2^64 bytes", gather.name, conf.shape));
         };
+        let (offset, end) = (own.start, own.end);
         if (within.offset, within.offset.checked_add(desc.bytes)) != (offset, Some(end)) {
             return Err(format!(
                 "it is bytes {}..{} there, and the all-gather '{}' (rank {} of {}) puts its own part at bytes {offset}..{end}",

@@ -284,6 +284,18 @@ impl CollectiveConf {
         }
     }
 
+    /// For an all-gather along dimension 0, the bytes of its output where this member's own
+    /// part goes (one run: the part's rows); `None` for other collectives, or where the
+    /// sizes pass 2^64 (a plan file may say anything).
+    pub fn own_part_bytes(&self) -> Option<std::ops::Range<u64>> {
+        let (CollectiveOp::AllGather { dim: 0 }, Some((&rows, rest))) = (self.op, self.shape.split_first()) else {
+            return None;
+        };
+        let row = rest.iter().try_fold(self.dtype.size() as u64, |acc, &d| acc.checked_mul(d as u64))?;
+        let part = crate::part_range(rows, self.size.max(1) as usize, self.rank as usize);
+        Some((part.start as u64).checked_mul(row)?..(part.end as u64).checked_mul(row)?)
+    }
+
     /// Shape of this member's output.
     pub fn output_shape(&self) -> Vec<usize> {
         match self.op {

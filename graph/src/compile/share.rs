@@ -127,7 +127,7 @@ pub(crate) fn share_memory(
 /// nodes, other kinds of device), with every other member of their group, go back to two
 /// slots and a part of their own.
 fn gather_in_place(plan: &mut crate::plan::Plan) {
-    use crate::plan::{CollectiveOp, KernelConf, Within};
+    use crate::plan::Within;
     let mut marked = Vec::new();
     let index = PlanIndex::new(plan);
     for t in 0..plan.regst_descs.len() {
@@ -136,16 +136,10 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
         if index.outputs_of(target.producer).first() != Some(&RegstDescId(t as u32)) || target.bytes == 0 {
             continue;
         }
-        let gather = &plan.actors[target.producer.index()];
-        let conf = match &gather.kind {
-            ActorKind::Compute { kernel: KernelConf::Collective(conf) }
-                if matches!(conf.op, CollectiveOp::AllGather { dim: 0 }) && !conf.shape.is_empty() =>
-            {
-                conf
-            }
-            _ => continue,
-        };
-        let Some(&view) = gather.inputs.first() else { continue };
+        // An all-gather along dimension 0 (the only collective with an own part in place).
+        let Some(conf) = plan.collective_conf(target.producer.index()) else { continue };
+        let Some(own) = conf.own_part_bytes() else { continue };
+        let Some(&view) = plan.actors[target.producer.index()].inputs.first() else { continue };
         let part = &plan.regst_descs[view.index()];
         // Read by this all-gather alone (a part gathered twice is no one place's part).
         if part.consumers.as_slice() != [target.producer]
@@ -158,14 +152,8 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
         {
             continue;
         }
-        let row_bytes = conf.shape[1..].iter().product::<usize>() as u64 * conf.dtype.size() as u64;
-        let offset =
-            crate::plan::part_range(conf.shape[0], conf.size as usize, conf.rank as usize).start as u64 * row_bytes;
-        marked.push((view, RegstDescId(t as u32), offset, conf.group.as_str(), conf.size as usize));
+        marked.push((view, RegstDescId(t as u32), own.start, conf.group.clone(), conf.size as usize));
     }
-    drop(index);
-    let marked: Vec<(RegstDescId, RegstDescId, u64, String, usize)> =
-        marked.into_iter().map(|(v, t, o, group, size)| (v, t, o, group.to_string(), size)).collect();
     for (view, target, offset, _, _) in &marked {
         plan.regst_descs[target.index()].aliased_slots = true;
         plan.regst_descs[view.index()].within = Some(Within { regst: *target, offset: *offset });
