@@ -190,7 +190,7 @@ impl CollectiveMember {
         output_len: usize,
     ) -> Result<(), KernelError> {
         let (layout, group) = (&self.layout, &self.rendezvous.group);
-        let own = layout.own_part_in_output();
+        let own = layout.own_part.clone();
         let in_place = own.as_ref().is_some_and(|own| {
             input as usize == output as usize + own.start
                 && input_len == own.len()

@@ -20,6 +20,9 @@ pub(super) struct Layout {
     pub(super) rank: usize,
     pub(super) input_bytes: usize,
     pub(super) output_bytes: usize,
+    /// Where this member's own part lies in its output, for an all-gather along dimension 0
+    /// ([`CollectiveConf::own_part_bytes`], in this machine's sizes); `None` otherwise.
+    pub(super) own_part: Option<std::ops::Range<usize>>,
 }
 
 impl Layout {
@@ -56,6 +59,9 @@ impl Layout {
             rank: conf.rank as usize,
             input_bytes: bytes(&conf.input_shape())?,
             output_bytes: bytes(&conf.output_shape())?,
+            own_part: conf
+                .own_part_bytes()
+                .and_then(|r| Some(usize::try_from(r.start).ok()?..usize::try_from(r.end).ok()?)),
         })
     }
 
@@ -109,19 +115,6 @@ impl Layout {
         for r in (0..self.size).filter(|&r| r != self.rank) {
             let part = self.part_bytes(r);
             write(part.clone()).copy_from_slice(peers.output(r, part));
-        }
-    }
-
-    /// Where this member's own part lies in its output, for an all-gather along dimension
-    /// 0 (one run of bytes); `None` for other collectives.
-    pub(super) fn own_part_in_output(&self) -> Option<std::ops::Range<usize>> {
-        match self.op {
-            CollectiveOp::AllGather { dim: 0 } if !self.shape.is_empty() => {
-                let (_, len, inner) = self.around(0);
-                let part = part_range(len, self.size, self.rank);
-                Some(part.start * inner..part.end * inner)
-            }
-            _ => None,
         }
     }
 
