@@ -15,17 +15,8 @@ impl Plan {
     /// devices exchange nothing but collectives, issued in one order, which
     /// [`Plan::check_collective_order`] checks).
     pub fn check_blocking_collectives(&self) -> Result<(), PlanError> {
-        // Each group's nodes, and per device one group that blocks one of its streams.
-        let mut nodes: HashMap<&str, Vec<u16>> = HashMap::new();
-        for (a, actor) in self.actors.iter().enumerate() {
-            if let Some(conf) = self.collective_conf(a) {
-                let node = self.devices[self.streams[actor.stream.index()].device.index()].node;
-                let seen = nodes.entry(conf.group.as_str()).or_default();
-                if !seen.contains(&node) {
-                    seen.push(node);
-                }
-            }
-        }
+        let groups = self.collective_groups();
+        // Per device, one group that blocks one of its streams.
         let mut blocking: Vec<(super::DeviceIndex, &str)> = Vec::new();
         for (a, actor) in self.actors.iter().enumerate() {
             let Some(conf) = self.collective_conf(a) else { continue };
@@ -44,7 +35,7 @@ impl Plan {
                     device.label()
                 )));
             }
-            if nodes.get(conf.group.as_str()).is_some_and(|n| n.len() > 1) {
+            if self.member_apart(&groups, &conf.group, device.node).is_some() {
                 return Err(error(format!(
                     "member '{}' blocks a {:?} stream, and the group spans nodes: blocking collectives outside comm \
                      streams are built for groups within one process",
@@ -105,12 +96,7 @@ impl Plan {
     /// that every device issues its collectives in one order that all devices share.
     pub fn check_collective_order(&self) -> Result<(), PlanError> {
         let error = |group: &str, detail: String| PlanError::Collective { group: group.to_string(), detail };
-        let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for a in 0..self.actors.len() {
-            if let Some(conf) = self.collective_conf(a) {
-                groups.entry(conf.group.as_str()).or_default().push(a);
-            }
-        }
+        let groups = self.collective_groups();
         for (group, members) in &groups {
             let first =
                 self.collective_conf(members[0]).ok_or_else(|| error(group, "lost (broken invariant)".into()))?;
@@ -235,6 +221,24 @@ impl Plan {
             });
         }
         Ok(())
+    }
+
+    /// Each collective group's members, by group name.
+    pub(crate) fn collective_groups(&self) -> BTreeMap<&str, Vec<usize>> {
+        let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for a in 0..self.actors.len() {
+            if let Some(conf) = self.collective_conf(a) {
+                groups.entry(conf.group.as_str()).or_default().push(a);
+            }
+        }
+        groups
+    }
+
+    /// A member of `group` (in `groups`, [`Plan::collective_groups`]) on another node than
+    /// `node`, if any.
+    pub(crate) fn member_apart(&self, groups: &BTreeMap<&str, Vec<usize>>, group: &str, node: u16) -> Option<usize> {
+        let node_of = |a: usize| self.devices[self.streams[self.actors[a].stream.index()].device.index()].node;
+        groups.get(group)?.iter().copied().find(|&a| node_of(a) != node)
     }
 
     fn stream_label(&self, stream: usize) -> String {

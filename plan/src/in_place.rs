@@ -15,7 +15,7 @@ pub struct InPlaceCheck<'p> {
     order: Option<StepOrder>,
     /// Each collective group's members, collected at the first check of a register within
     /// another.
-    groups: Option<std::collections::HashMap<&'p str, Vec<ActorIndex>>>,
+    groups: Option<std::collections::BTreeMap<&'p str, Vec<usize>>>,
 }
 
 /// What runs before what within one step: where two actors lie on their stream's chain
@@ -122,19 +122,9 @@ impl<'p> InPlaceCheck<'p> {
     }
 
     /// A member of collective group `group` on another node than `node`, if any.
-    fn member_apart(&mut self, group: &str, node: u16) -> Option<ActorIndex> {
+    fn member_apart(&mut self, group: &str, node: u16) -> Option<usize> {
         let plan = self.plan;
-        let groups = self.groups.get_or_insert_with(|| {
-            let mut groups: std::collections::HashMap<&'p str, Vec<ActorIndex>> = std::collections::HashMap::new();
-            for (a, actor) in plan.actors.iter().enumerate() {
-                if let ActorKind::Compute { kernel: KernelConf::Collective(c) } = &actor.kind {
-                    groups.entry(c.group.as_str()).or_default().push(ActorIndex(a as u32));
-                }
-            }
-            groups
-        });
-        let node_of = |a: &ActorIndex| plan.devices[plan.device_of(*a).index()].node;
-        groups.get(group)?.iter().find(|a| node_of(a) != node).copied()
+        plan.member_apart(self.groups.get_or_insert_with(|| plan.collective_groups()), group, node)
     }
 
     /// The register within `target` that its producer, an all-gather, reads as its own
@@ -218,7 +208,7 @@ impl<'p> InPlaceCheck<'p> {
         if let Some(member) = self.member_apart(&conf.group, device.node) {
             return Err(format!(
                 "the all-gather's group '{}' has member '{}' on another node: gathering in place is built for groups within one process",
-                conf.group, plan.actors[member.index()].name
+                conf.group, plan.actors[member].name
             ));
         }
         let writer = &plan.actors[desc.producer.index()];
