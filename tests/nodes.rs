@@ -5,6 +5,7 @@
 //! processes (this test binary again, as one rank each) started by hand with torchrun's
 //! variables, by `regflow launch`, or by Open MPI's `mpirun` where it is installed.
 
+use regflow::graph::plan::CollectiveOp;
 use regflow::graph::sbp::{Mesh, Sbp};
 use regflow::graph::{Graph, HostArray, ParallelOptions, SplitMix64};
 #[path = "common/small_mlp.rs"]
@@ -185,11 +186,16 @@ fn zero_across_2_nodes_equals_one_process() {
 
 #[test]
 fn sharded_optimizer_state_across_2_nodes_equals_one_process() {
-    // The moments' pins hold: gradients are reduce-scattered, weights not copied after
+    // The moments' pins hold: gradients are reduce-scattered (the small ones in a bucket,
+    // which then crosses the network as one flat reduce-scatter), weights not copied after
     // their all-gather.
     let (plan, _) = compile(&zero1());
-    let ops: Vec<&str> = (0..plan.actors.len()).filter_map(|a| plan.collective_conf(a)).map(|c| c.op_name()).collect();
-    assert_eq!(ops.iter().filter(|op| **op == "reduce_scatter").count(), 8, "{ops:?}");
+    let confs: Vec<_> = (0..plan.actors.len()).filter_map(|a| plan.collective_conf(a)).collect();
+    let ops: Vec<&str> = confs.iter().map(|c| c.op_name()).collect();
+    let scattered: usize =
+        confs.iter().filter(|c| c.op.flat() == CollectiveOp::ReduceScatter { dim: 0 }).map(|c| c.op.parts()).sum();
+    assert_eq!(scattered, 8, "{ops:?}");
+    assert_eq!(ops.iter().filter(|op| **op == "reduce_scatter_bucket").count(), 2, "{ops:?}");
     assert!(!plan.actors.iter().any(|a| a.name.starts_with("assign:w") || a.name.starts_with("assign:b")));
     check("zero1", zero1(), 1);
 }

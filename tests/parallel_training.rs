@@ -1,6 +1,7 @@
 //! Data, tensor, ZeRO and 2-D parallel training from layouts: the same graph compiled onto
 //! a mesh of cpu devices trains like one device (the host reference session), step by step.
 
+use regflow::graph::plan::CollectiveOp;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Session, SplitMix64, TrainStep};
 use regflow::prelude::*;
@@ -31,6 +32,11 @@ fn batches(steps: usize, dtype: DType) -> Vec<(HostArray, HostArray)> {
 }
 
 fn model<'g>(g: &'g Graph, dtype: DType, layout: Option<&Layout>) -> TrainStep<'g> {
+    model_clipped(g, dtype, layout, true)
+}
+
+/// [`model`], its gradients clipped by their global norm or not.
+fn model_clipped<'g>(g: &'g Graph, dtype: DType, layout: Option<&Layout>, clip: bool) -> TrainStep<'g> {
     let x = g.input("x", [BATCH, 6], dtype).unwrap();
     let y = g.input("y", [BATCH], DType::I64).unwrap();
     let w1 = g.variable("w1", [6, 16], dtype, Init::Kaiming { seed: 1 }).unwrap();
@@ -46,7 +52,8 @@ fn model<'g>(g: &'g Graph, dtype: DType, layout: Option<&Layout>) -> TrainStep<'
     }
     let h = x.matmul(&w1).unwrap().add(&b1).unwrap().relu().unwrap();
     let loss = h.matmul(&w2).unwrap().add(&b2).unwrap().sparse_cross_entropy(&y).unwrap();
-    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-3).with_clip_norm(1.0)).unwrap()
+    let optimizer = Optimizer::adamw(1e-2, 1e-3);
+    g.minimize(loss, &if clip { optimizer.with_clip_norm(1.0) } else { optimizer }).unwrap()
 }
 
 fn as_f64(bytes: &[u8], dtype: DType) -> f64 {
@@ -211,19 +218,59 @@ fn sharded_optimizer_state_trains_like_one_device_without_weight_copies() {
         }
         let windowed = plan.actors.iter().filter(|a| a.name.starts_with("adamw_update") && !a.windows.is_empty());
         assert!(windowed.count() > 4, "rank 0's four updates and rank 1's of w1 read windows");
-        // One all-gather of the updated rows per weight and device; each weight's gradient
-        // is reduce-scattered to the rows its device updates; what is still all-reduced is
-        // scalars (the fetched loss, the clipping norm).
-        let collectives: Vec<(&str, usize)> = (0..plan.actors.len())
-            .filter_map(|a| plan.collective_conf(a))
-            .map(|c| (c.op_name(), c.shape.iter().product()))
-            .collect();
+        // The updated rows of every weight are all-gathered on every device; each weight's
+        // gradient is reduce-scattered to the rows its device updates: those whose rows
+        // split evenly in one bucket each way (b2's 3 elements do not: it keeps its own);
+        // what is still all-reduced is scalars (the fetched loss, the clipping norm).
+        let confs: Vec<_> = (0..plan.actors.len()).filter_map(|a| plan.collective_conf(a)).collect();
+        let collectives: Vec<(&str, usize)> = confs.iter().map(|c| (c.op_name(), c.shape.iter().product())).collect();
+        let tensors =
+            |flat: CollectiveOp| confs.iter().filter(|c| c.op.flat() == flat).map(|c| c.op.parts()).sum::<usize>();
         let count = |name: &str| collectives.iter().filter(|(op, _)| *op == name).count();
-        assert_eq!(count("all_gather"), 2 * 4, "{collectives:?}");
-        assert_eq!(count("reduce_scatter"), 2 * 4, "{collectives:?}");
+        assert_eq!(tensors(CollectiveOp::AllGather { dim: 0 }), 2 * 4, "{collectives:?}");
+        assert_eq!(tensors(CollectiveOp::ReduceScatter { dim: 0 }), 2 * 4, "{collectives:?}");
+        for op in ["all_gather", "reduce_scatter", "all_gather_bucket", "reduce_scatter_bucket"] {
+            assert_eq!(count(op), 2, "{op}: {collectives:?}");
+        }
         assert!(collectives.iter().all(|&(op, elements)| op != "all_reduce" || elements == 1), "{collectives:?}");
         let want = reference_losses(steps, dtype);
         assert_close(&format!("zero1 {dtype}"), &run_losses(&compiled, steps, dtype), &want, tolerance);
+    }
+}
+
+/// ZeRO's buckets sum each element in the order one collective per tensor does: with
+/// sharded moments (zero1) or sharded weights and moments (zero2), with clipping (every
+/// update waits for every gradient) or without (each update runs once its gradient is in,
+/// so gathers of updated weights come between the gradients' reduce-scatters), buckets are
+/// made and the losses are the same bits as without them.
+#[test]
+fn zero_buckets_change_no_bit() {
+    for clip in [true, false] {
+        for (name, layout) in [("zero1", data_parallel(2)), ("zero2", zero())] {
+            let run = |bucket_bytes: u64| {
+                let g = Graph::new();
+                let train = model_clipped(&g, DType::F32, Some(&layout), clip);
+                for (state, _) in &train.states {
+                    g.set_layout(*state, &layout.mesh, NdSbp(vec![S(0)])).unwrap();
+                }
+                let options =
+                    ParallelOptions { bucket_bytes, ..ParallelOptions::new(layout.mesh.clone()).train(&train) };
+                let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
+                let plan = &compiled.plan;
+                let buckets: Vec<&str> = (0..plan.actors.len())
+                    .filter_map(|a| plan.collective_conf(a))
+                    .filter(|c| c.op.is_bucket())
+                    .map(|c| c.op_name())
+                    .collect();
+                let losses: Vec<u64> = run_losses(&compiled, 12, DType::F32).iter().map(|l| l.to_bits()).collect();
+                (losses, buckets)
+            };
+            let ((bucketed, buckets), (separate, none)) = (run(1 << 20), run(0));
+            assert!(buckets.contains(&"reduce_scatter_bucket"), "{name}, clip {clip}: {buckets:?}");
+            assert!(buckets.contains(&"all_gather_bucket"), "{name}, clip {clip}: {buckets:?}");
+            assert!(none.is_empty(), "{none:?}");
+            assert_eq!(bucketed, separate, "{name}, clip {clip}: losses, bit for bit");
+        }
     }
 }
 

@@ -262,6 +262,52 @@ pub enum CollectiveOp {
         /// Tensors in the bucket (at least 1).
         parts: u32,
     },
+    /// A reduce-scatter of `parts` tensors at once (a ZeRO gradient bucket): data input `i`
+    /// a whole summand of tensor `i`, data output `i` this member's part of its sum along
+    /// dimension 0, in equal blocks (each tensor's elements divide evenly among the
+    /// members). The group's `shape` is `[total elements]` of the whole tensors; the parts
+    /// travel as one reduce-scatter of that flat tensor, each member's block holding its
+    /// part of every tensor in input order. One rendezvous instead of one per tensor.
+    ReduceScatterBucket {
+        /// Tensors in the bucket (at least 1).
+        parts: u32,
+    },
+    /// An all-gather of `parts` tensors at once (the updated parameters of a ZeRO bucket):
+    /// data input `i` this member's equal block of tensor `i` along dimension 0, data
+    /// output `i` the whole tensor. The group's `shape` is `[total elements]` of the whole
+    /// tensors, gathered as one flat tensor as in [`CollectiveOp::ReduceScatterBucket`].
+    AllGatherBucket {
+        /// Tensors in the bucket (at least 1).
+        parts: u32,
+    },
+}
+
+impl CollectiveOp {
+    /// Tensors a member reads and writes: `parts` for a bucket, else 1.
+    pub fn parts(self) -> usize {
+        match self {
+            CollectiveOp::AllReduceBucket { parts }
+            | CollectiveOp::ReduceScatterBucket { parts }
+            | CollectiveOp::AllGatherBucket { parts } => parts as usize,
+            _ => 1,
+        }
+    }
+
+    /// What a bucket is, to the group: the collective of its parts end to end (an
+    /// all-reduce, or a reduce-scatter or all-gather along dimension 0); other ops as they are.
+    pub fn flat(self) -> CollectiveOp {
+        match self {
+            CollectiveOp::AllReduceBucket { .. } => CollectiveOp::AllReduce,
+            CollectiveOp::ReduceScatterBucket { .. } => CollectiveOp::ReduceScatter { dim: 0 },
+            CollectiveOp::AllGatherBucket { .. } => CollectiveOp::AllGather { dim: 0 },
+            op => op,
+        }
+    }
+
+    /// Whether it is a bucket of several tensors.
+    pub fn is_bucket(self) -> bool {
+        self.flat() != self
+    }
 }
 
 impl CollectiveConf {
@@ -273,14 +319,13 @@ impl CollectiveConf {
         shape
     }
 
-    /// Shape of this member's input.
+    /// Shape of this member's input (for a bucket, all its data inputs end to end).
     pub fn input_shape(&self) -> Vec<usize> {
-        match self.op {
-            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } | CollectiveOp::ReduceScatter { .. } => {
-                self.shape.clone()
-            }
+        match self.op.flat() {
             CollectiveOp::AllGather { dim } => self.part_shape(dim),
             CollectiveOp::AllToAll { from, .. } => self.part_shape(from),
+            // `flat` leaves no bucket.
+            _ => self.shape.clone(),
         }
     }
 
@@ -296,14 +341,13 @@ impl CollectiveConf {
         Some((part.start as u64).checked_mul(row)?..(part.end as u64).checked_mul(row)?)
     }
 
-    /// Shape of this member's output.
+    /// Shape of this member's output (for a bucket, all its data outputs end to end).
     pub fn output_shape(&self) -> Vec<usize> {
-        match self.op {
-            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } | CollectiveOp::AllGather { .. } => {
-                self.shape.clone()
-            }
+        match self.op.flat() {
             CollectiveOp::ReduceScatter { dim } => self.part_shape(dim),
             CollectiveOp::AllToAll { to, .. } => self.part_shape(to),
+            // `flat` leaves no bucket.
+            _ => self.shape.clone(),
         }
     }
 
@@ -315,6 +359,8 @@ impl CollectiveConf {
             CollectiveOp::AllGather { .. } => "all_gather",
             CollectiveOp::AllToAll { .. } => "all_to_all",
             CollectiveOp::AllReduceBucket { .. } => "all_reduce_bucket",
+            CollectiveOp::ReduceScatterBucket { .. } => "reduce_scatter_bucket",
+            CollectiveOp::AllGatherBucket { .. } => "all_gather_bucket",
         }
     }
 }

@@ -53,7 +53,7 @@ use crate::kernel::{Kernel, KernelError, KernelIo, KernelSpec};
 use crate::sync::{lock, Arc, Mutex};
 use crate::RuntimeError;
 use layout::Layout;
-use regflow_plan::{CollectiveConf, CollectiveOp, PlanIndex, StreamKind};
+use regflow_plan::{CollectiveConf, PlanIndex, StreamKind};
 use std::collections::HashMap;
 
 /// One member of an in-process collective group, usable without a job (benchmarks, tests).
@@ -288,10 +288,7 @@ impl CollectiveGroups {
         // Further inputs only order or pace the actor (zero-byte order tokens chaining a
         // stream's collectives; the step's tick for a collective of a variable) and are not
         // read; further outputs are order tokens.
-        let parts = match conf.op {
-            CollectiveOp::AllReduceBucket { parts } => parts as usize,
-            _ => 1,
-        };
+        let parts = conf.op.parts();
         if spec.input_bytes.len() < parts || spec.output_bytes.len() < parts {
             let needs = if parts == 1 {
                 "a data input and a data output register".to_string()
@@ -313,12 +310,8 @@ impl CollectiveGroups {
             }
         }
         let (inputs, outputs) = (&spec.input_bytes[..parts], &spec.output_bytes[..parts]);
-        let bucket = matches!(conf.op, CollectiveOp::AllReduceBucket { .. });
-        if let Some(i) = (0..parts).find(|&i| bucket && inputs[i] != outputs[i]) {
-            return Err(fail(format!(
-                "bucket part {i} has {} input but {} output bytes; each part's sum is as long as its summands",
-                inputs[i], outputs[i]
-            )));
+        if conf.op.is_bucket() {
+            bucket::check_parts(conf.op, conf.size, conf.dtype.size(), inputs, outputs).map_err(fail)?;
         }
         for (side, shape, got, needed) in [
             ("input", conf.input_shape(), inputs.iter().sum::<u64>(), layout.input_bytes),
@@ -343,15 +336,13 @@ impl CollectiveGroups {
             Some((net, group)) => net.kernel(group, layout).map_err(fail)?,
             None => Box::new(CollectiveKernel(CollectiveMember::new(rendezvous, layout))),
         };
-        let host = match conf.op {
-            CollectiveOp::AllReduceBucket { .. } => {
-                Box::new(bucket::BucketKernel::new(spec.actor, flat, inputs).map_err(fail)?)
-            }
-            _ => flat,
+        let host = match conf.op.is_bucket() {
+            true => Box::new(bucket::BucketKernel::new(spec.actor, flat, conf, inputs, outputs).map_err(fail)?),
+            false => flat,
         };
         // A cuda member of an in-process group whose layout NCCL expresses may run on NCCL,
         // decided for the whole group in `check`.
-        match (nccl, nccl::shape_of(conf, inputs)) {
+        match (nccl, nccl::shape_of(conf, inputs, outputs)) {
             (Some(group), Some((shape, element))) if !spans_nodes => {
                 Ok(Box::new(nccl::NcclKernel::new(host, group, conf.rank as usize, shape, element)))
             }

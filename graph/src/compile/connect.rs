@@ -242,11 +242,13 @@ impl Lowering<'_> {
                     };
                     let stream = self.comm_stream(slot, phase);
                     let bytes = (conf.shape.iter().product::<usize>() * conf.dtype.size()) as u64;
-                    let reduces = conf.op == CollectiveOp::AllReduce;
+                    let op = conf.op;
+                    // A part of a ZeRO bucket is one equal block of its tensor's rows.
+                    let even = conf.shape.first().is_some_and(|&rows| rows % conf.size.max(1) as usize == 0);
                     let kind = ActorKind::Compute { kernel: KernelConf::Collective(conf) };
                     let actor = self.b.actor(&actor_name, stream, kind);
                     self.issued.push(Issued { key, slot, phase, actor });
-                    collectives.push((actor, phase, bytes, reduces));
+                    collectives.push((actor, phase, bytes, op, even));
                     actor
                 }
             };
@@ -258,10 +260,10 @@ impl Lowering<'_> {
             let slots = self.register_num(rate, mesh_index);
             outputs.push(Reg::whole(self.b.regst(&format!("{actor_name}.out"), actor, out_meta.bytes() as u64, slots)));
         }
-        if let Some(&(_, phase, bytes, all_reduce)) = collectives.first().filter(|_| collectives.len() == inputs.len())
-        {
+        if let Some(&(_, phase, bytes, op, _)) = collectives.first().filter(|_| collectives.len() == inputs.len()) {
             self.bucket_candidates.push(Candidate {
-                all_reduce,
+                op,
+                even: collectives.iter().all(|&(.., even)| even),
                 key,
                 tensor: t,
                 mesh: mesh_index,

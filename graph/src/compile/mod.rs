@@ -17,8 +17,8 @@
 //!    and mesh the reader needs: collectives and local slices, copies across stages, and
 //!    rate adapters for micro-batches, made once per form;
 //! 5. **pipeline adapters** ([`adapters`]): the GPipe gate of each stage;
-//! 6. **gradient buckets** ([`bucket`]): small weight-gradient all-reduces merge into one
-//!    collective per bucket;
+//! 6. **buckets** ([`bucket`]): small weight-gradient all-reduces, and ZeRO's small
+//!    reduce-scatters and all-gathers, merge into one collective per bucket;
 //! 7. **collective order** ([`collective_order`]): every comm stream issues its
 //!    collectives in one global order (on `cpu` devices, that of one step's estimated
 //!    schedule, [`schedule`]);

@@ -158,11 +158,13 @@ pub struct ParallelOptions {
     /// the device ([`Plan::check_finite`](crate::plan::Plan::check_finite)). Costs one read
     /// of every output; cheap enough to leave on in tests.
     pub check_finite: bool,
-    /// Gradient buckets: data-parallel all-reduces of weight gradients of at most this many
-    /// bytes per device are merged, in the order the gradients are made, into buckets of at
-    /// most this many bytes, one collective each (as PyTorch DDP's `bucket_cap_mb`, except
-    /// that larger gradients keep an all-reduce of their own instead of being copied into a
-    /// bucket). 0 turns bucketing off. Default 1 MiB.
+    /// Buckets: data-parallel all-reduces of weight gradients, and ZeRO's reduce-scatters
+    /// of gradients and all-gathers of updated weights along dimension 0, of at most this
+    /// many bytes per device are merged, in the order they are made, into buckets of at
+    /// most this many bytes, one collective each (as PyTorch DDP's `bucket_cap_mb` and
+    /// DeepSpeed's `reduce_bucket_size` and `allgather_bucket_size`, except that larger
+    /// tensors keep a collective of their own instead of being copied into a bucket).
+    /// 0 turns bucketing off. Default 1 MiB.
     pub bucket_bytes: u64,
     /// Fuse each device's optimizer updates into one `update_group` actor per set of
     /// gradients that are ready together (`compile/fuse_updates.rs`): one firing and one

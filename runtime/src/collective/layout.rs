@@ -34,10 +34,12 @@ impl Layout {
             return Err(format!("rank {} is not below size {}", conf.rank, conf.size));
         }
         let dims = match conf.op {
-            CollectiveOp::AllReduceBucket { parts: 0 } => return Err("a bucket of 0 tensors".into()),
-            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } => vec![],
-            CollectiveOp::ReduceScatter { dim } | CollectiveOp::AllGather { dim } => vec![dim],
-            CollectiveOp::AllToAll { from, to } => vec![from, to],
+            op if op.is_bucket() && op.parts() == 0 => return Err("a bucket of 0 tensors".into()),
+            op => match op.flat() {
+                CollectiveOp::ReduceScatter { dim } | CollectiveOp::AllGather { dim } => vec![dim],
+                CollectiveOp::AllToAll { from, to } => vec![from, to],
+                _ => vec![],
+            },
         };
         if let Some(dim) = dims.into_iter().find(|&d| d >= conf.shape.len()) {
             return Err(format!("dimension {dim} is out of range for shape {:?}", conf.shape));
@@ -48,11 +50,8 @@ impl Layout {
             })
         };
         Ok(Self {
-            // A bucket is, to the group, one all-reduce of its parts end to end.
-            op: match conf.op {
-                CollectiveOp::AllReduceBucket { .. } => CollectiveOp::AllReduce,
-                op => op,
-            },
+            // A bucket is, to the group, one collective of its parts end to end.
+            op: conf.op.flat(),
             dtype: conf.dtype,
             shape: conf.shape.clone(),
             size: conf.size as usize,
@@ -138,10 +137,12 @@ impl Layout {
     /// Computes this member's output from every member's input.
     pub(super) fn compute(&self, peers: Peers<'_>, output: &mut [u8]) {
         match self.op {
-            // `Layout::new` made a bucket's op `AllReduce`.
-            CollectiveOp::AllReduce | CollectiveOp::AllReduceBucket { .. } => {
-                sum_into(self.dtype, output, self.size, |r| peers.input(r))
-            }
+            // `Layout::new` keeps a bucket's flat op, so buckets never reach this match; they
+            // are listed with the all-reduce only to make it exhaustive.
+            CollectiveOp::AllReduce
+            | CollectiveOp::AllReduceBucket { .. }
+            | CollectiveOp::ReduceScatterBucket { .. }
+            | CollectiveOp::AllGatherBucket { .. } => sum_into(self.dtype, output, self.size, |r| peers.input(r)),
             CollectiveOp::ReduceScatter { dim } => {
                 let (outer, len, inner) = self.around(dim);
                 let part = part_range(len, self.size, self.rank);

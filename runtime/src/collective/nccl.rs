@@ -24,19 +24,27 @@ pub(super) enum Shape {
     AllReduce(usize),
     /// A bucket: part `i` (input and output `i`) all-reduced, all in one NCCL group.
     Bucket(Vec<usize>),
+    /// A reduce-scatter bucket: rank r gets block r of the sum of part `i` (`counts[i]`
+    /// elements of output `i`), all in one NCCL group.
+    ReduceScatterBucket(Vec<usize>),
+    /// An all-gather bucket: every rank gets every block of part `i` (`counts[i]` elements
+    /// of input `i` from each), all in one NCCL group.
+    AllGatherBucket(Vec<usize>),
     /// Rank r gets part r (contiguous, equal parts) of the sum.
     ReduceScatter(usize),
     /// Every rank gets all parts, rank after rank.
     AllGather(usize),
 }
 
-/// How NCCL would run `conf` with parts of `part_bytes` bytes, or `None` where it cannot:
+/// How NCCL would run `conf` with data registers of `input_bytes` and `output_bytes`, or
+/// `None` where it cannot:
 /// a dtype it has no element for, an all-to-all, or parts along a dimension that are not
 /// contiguous equal blocks of the flat tensor (NCCL's reduce-scatter and all-gather order
 /// ranks along the flat buffer).
-pub(super) fn shape_of(conf: &CollectiveConf, part_bytes: &[u64]) -> Option<(Shape, Element)> {
+pub(super) fn shape_of(conf: &CollectiveConf, input_bytes: &[u64], output_bytes: &[u64]) -> Option<(Shape, Element)> {
     let element = Element::of(conf.dtype)?;
     let size = conf.dtype.size() as u64;
+    let counts = |bytes: &[u64]| bytes.iter().map(|&b| usize::try_from(b / size).unwrap_or(usize::MAX)).collect();
     let numel: usize = conf.shape.iter().product();
     let blocks = |dim: usize| {
         let outer_is_one = conf.shape.get(..dim).is_some_and(|outer| outer.iter().all(|&d| d == 1));
@@ -45,9 +53,9 @@ pub(super) fn shape_of(conf: &CollectiveConf, part_bytes: &[u64]) -> Option<(Sha
     };
     let shape = match conf.op {
         CollectiveOp::AllReduce => Shape::AllReduce(numel),
-        CollectiveOp::AllReduceBucket { .. } => {
-            Shape::Bucket(part_bytes.iter().map(|&b| usize::try_from(b / size).unwrap_or(usize::MAX)).collect())
-        }
+        CollectiveOp::AllReduceBucket { .. } => Shape::Bucket(counts(input_bytes)),
+        CollectiveOp::ReduceScatterBucket { .. } => Shape::ReduceScatterBucket(counts(output_bytes)),
+        CollectiveOp::AllGatherBucket { .. } => Shape::AllGatherBucket(counts(input_bytes)),
         CollectiveOp::ReduceScatter { dim } => Shape::ReduceScatter(blocks(dim)?),
         CollectiveOp::AllGather { dim } => Shape::AllGather(blocks(dim)?),
         CollectiveOp::AllToAll { .. } => return None,
@@ -144,7 +152,7 @@ impl NcclKernel {
         element: Element,
     ) -> Self {
         let calls = Vec::with_capacity(match &shape {
-            Shape::Bucket(parts) => parts.len(),
+            Shape::Bucket(parts) | Shape::ReduceScatterBucket(parts) | Shape::AllGatherBucket(parts) => parts.len(),
             _ => 1,
         });
         Self { host, group, rank, shape, element, calls }
@@ -170,6 +178,20 @@ impl Kernel for NcclKernel {
                 output: io.output_addr(i),
                 count,
             })),
+            Shape::ReduceScatterBucket(parts) => {
+                self.calls.extend(parts.iter().enumerate().map(|(i, &count)| Call::ReduceScatter {
+                    input: io.input_addr(i),
+                    output: io.output_addr(i),
+                    count,
+                }))
+            }
+            Shape::AllGatherBucket(parts) => {
+                self.calls.extend(parts.iter().enumerate().map(|(i, &count)| Call::AllGather {
+                    input: io.input_addr(i),
+                    output: io.output_addr(i),
+                    count,
+                }))
+            }
         }
         comm.queue(&self.calls, self.element, StreamHandle(io.context().native)).map_err(fail)
     }
@@ -193,7 +215,7 @@ mod tests {
 
     #[test]
     fn nccl_takes_the_layouts_its_rank_order_expresses() {
-        let count = |c: &CollectiveConf, parts: &[u64]| shape_of(c, parts).map(|(s, _)| format!("{s:?}"));
+        let count = |c: &CollectiveConf, parts: &[u64]| shape_of(c, parts, parts).map(|(s, _)| format!("{s:?}"));
         assert_eq!(count(&conf(CollectiveOp::AllReduce, &[3, 5], 2), &[60]).as_deref(), Some("AllReduce(15)"));
         // Rows split over 2 ranks: contiguous equal blocks.
         let rs = conf(CollectiveOp::ReduceScatter { dim: 0 }, &[4, 5], 2);
@@ -207,6 +229,13 @@ mod tests {
         assert_eq!(count(&conf(CollectiveOp::AllToAll { from: 0, to: 1 }, &[4, 4], 2), &[64]), None);
         let bucket = conf(CollectiveOp::AllReduceBucket { parts: 2 }, &[7], 2);
         assert_eq!(count(&bucket, &[12, 16]).as_deref(), Some("Bucket([3, 4])"));
+        // ZeRO buckets: per part, the elements of one member's block (output of a
+        // reduce-scatter, input of an all-gather).
+        let rs = conf(CollectiveOp::ReduceScatterBucket { parts: 2 }, &[14], 2);
+        let blocks = shape_of(&rs, &[24, 32], &[12, 16]).map(|(s, _)| format!("{s:?}"));
+        assert_eq!(blocks.as_deref(), Some("ReduceScatterBucket([3, 4])"));
+        let ag = conf(CollectiveOp::AllGatherBucket { parts: 2 }, &[14], 2);
+        assert_eq!(count(&ag, &[12, 16]).as_deref(), Some("AllGatherBucket([3, 4])"));
     }
 
     #[test]

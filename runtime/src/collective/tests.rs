@@ -281,3 +281,121 @@ fn an_input_overlapping_its_output_otherwise_is_refused() {
     let err = unsafe { member.gather_in_place(out, 32, out, 32) }.unwrap_err();
     assert!(err.0.ends_with("other than as its own part of an all-gather along dimension 0"), "{}", err.0);
 }
+
+/// Runs one firing of a bucket of `op` over `size` members on threads: part `i`'s input on
+/// rank `r` holds `value(r, i, e)` at element `e`. Returns each rank's outputs, per part.
+fn run_bucket(
+    op: CollectiveOp,
+    size: u32,
+    inputs: &[u64],
+    outputs: &[u64],
+    value: impl Fn(usize, usize, usize) -> f32 + Sync,
+) -> Vec<Vec<Vec<f32>>> {
+    use crate::kernel::{KernelIo, StreamContext};
+    use regflow_memory::{Arena, MemoryKind};
+    let groups = CollectiveGroups::default();
+    let total: u64 = match op {
+        CollectiveOp::AllGatherBucket { .. } => outputs.iter().sum(),
+        _ => inputs.iter().sum(),
+    };
+    let kernels: Vec<_> = (0..size)
+        .map(|rank| {
+            let conf = CollectiveConf { op, size, ..conf(rank, &[total as usize / 4]) };
+            let spec = KernelSpec {
+                actor: "b",
+                device: DeviceKind::Cpu,
+                device_index: 0,
+                op: None,
+                input_bytes: inputs,
+                output_bytes: outputs,
+            };
+            groups.make_kernel(&conf, &spec).unwrap()
+        })
+        .collect();
+    let value = &value;
+    std::thread::scope(|s| {
+        let threads: Vec<_> = kernels
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut kernel)| {
+                s.spawn(move || {
+                    // Every register 256 bytes apart in one arena, inputs first.
+                    let arena =
+                        Arena::allocate("t", MemoryKind::Host, 256 * (inputs.len() + outputs.len()) as u64).unwrap();
+                    let view = |i: usize, len: u64| arena.view(256 * i as u64, len).unwrap();
+                    let ins: Vec<_> = inputs.iter().enumerate().map(|(i, &b)| view(i, b)).collect();
+                    let outs: Vec<_> = outputs.iter().enumerate().map(|(i, &b)| view(inputs.len() + i, b)).collect();
+                    for (i, input) in ins.iter().enumerate() {
+                        let values: Vec<f32> = (0..input.len() / 4).map(|e| value(rank, i, e)).collect();
+                        unsafe { input.as_mut_slice() }.copy_from_slice(bytemuck::cast_slice(&values));
+                    }
+                    let context = StreamContext::default();
+                    let group = regflow_plan::GroupPosition { index: 0, count: 1 };
+                    kernel.run(&mut KernelIo::new(0, group, &ins, &outs, &context)).unwrap();
+                    outs.iter().map(|o| bytemuck::cast_slice::<u8, f32>(unsafe { o.as_slice() }).to_vec()).collect()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+/// ZeRO's buckets over 3 members, parts of 6, 3 and 9 elements: a reduce-scatter bucket
+/// gives each rank its block of each part's sum (summed in rank order, bit for bit), and
+/// an all-gather bucket gives every rank each part whole, blocks in rank order.
+#[test]
+fn zero_buckets_scatter_and_gather_each_part_through_one_round() {
+    let whole: [u64; 3] = [24, 12, 36];
+    let block: [u64; 3] = [8, 4, 12];
+    let value = |rank: usize, part: usize, e: usize| (rank * 100 + part * 10 + e) as f32 * 0.37;
+    let scattered = run_bucket(CollectiveOp::ReduceScatterBucket { parts: 3 }, 3, &whole, &block, value);
+    for (rank, outputs) in scattered.iter().enumerate() {
+        for (part, output) in outputs.iter().enumerate() {
+            let n = block[part] as usize / 4;
+            let expected: Vec<f32> = (rank * n..(rank + 1) * n)
+                .map(|e| (value(0, part, e) + value(1, part, e)) + value(2, part, e))
+                .collect();
+            assert_eq!(
+                output.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "rank {rank}, part {part}"
+            );
+        }
+    }
+    // Rank r's block of part i holds value(r, i, e) at its element e.
+    let gathered = run_bucket(CollectiveOp::AllGatherBucket { parts: 3 }, 3, &block, &whole, value);
+    for (rank, outputs) in gathered.iter().enumerate() {
+        for (part, output) in outputs.iter().enumerate() {
+            let n = block[part] as usize / 4;
+            let expected: Vec<f32> = (0..3).flat_map(|r| (0..n).map(move |e| value(r, part, e))).collect();
+            assert_eq!(output, &expected, "rank {rank}, part {part}");
+        }
+    }
+}
+
+/// A ZeRO bucket's part must be one of `size` equal blocks of whole elements.
+#[test]
+fn a_zero_bucket_refuses_parts_that_are_not_equal_blocks() {
+    let rs = CollectiveConf { op: CollectiveOp::ReduceScatterBucket { parts: 2 }, ..conf(0, &[6]) };
+    let spec = |input_bytes: &'static [u64], output_bytes: &'static [u64]| KernelSpec {
+        actor: "bucket",
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: None,
+        input_bytes,
+        output_bytes,
+    };
+    let make = |conf: &CollectiveConf, spec: KernelSpec<'_>| {
+        CollectiveGroups::default().make_kernel(conf, &spec).map(|_| ()).map_err(|e| e.0)
+    };
+    assert_eq!(make(&rs, spec(&[16, 8], &[8, 4])), Ok(()));
+    assert_eq!(
+        make(&rs, spec(&[16, 8], &[4, 8])).unwrap_err(),
+        "collective 'g' (reduce_scatter_bucket, rank 0 of 2): bucket part 0 has 16 input and 4 output bytes; a \
+         reduce-scatter bucket's part is a tensor of whole 4-byte elements and one of 2 equal blocks of it"
+    );
+    let ag = CollectiveConf { op: CollectiveOp::AllGatherBucket { parts: 2 }, ..conf(0, &[6]) };
+    assert_eq!(make(&ag, spec(&[8, 4], &[16, 8])), Ok(()));
+    // Blocks that match but do not add up to the group's shape.
+    assert!(make(&ag, spec(&[8, 8], &[16, 16])).unwrap_err().contains("needs 12"));
+}
