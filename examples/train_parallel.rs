@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release --example train_parallel -- \
 //!     --layout dp4|dp2|tp2|zero1|zero2|dp2xtp2|pp2|pp4|dp2xtp2xpp2 [--model mlp|gpt] \
-//!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare] [--nodes N]
+//!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare] [--nodes N] \
+//!     [--collectives-on-compute]
 //! ```
 //!
 //! Layouts (`S(d)`: split along dim d over the mesh axis, `B`: whole on every device):
@@ -32,6 +33,10 @@
 //! would), each joins the others and runs its node's actors; the node that receives the
 //! loss reports it, and the comparison with one device is made as before. Under a launcher
 //! (`RANK`, `WORLD_SIZE`, ... set) it runs as that one node.
+//!
+//! `--collectives-on-compute` runs each cpu device's collectives on its compute stream
+//! (`ParallelOptions::collectives_on_compute_streams`; one micro-batch only): fewer threads
+//! where the machine has fewer cores than the mesh has devices.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -70,6 +75,8 @@ struct Options {
     micro_batches: usize,
     /// Nodes (processes) the layout's devices are spread over.
     nodes: u16,
+    /// Run each cpu device's collectives on its compute stream.
+    collectives_on_compute: bool,
 }
 
 fn options() -> Result<Options, String> {
@@ -81,6 +88,7 @@ fn options() -> Result<Options, String> {
         compare: true,
         micro_batches: 4,
         nodes: 1,
+        collectives_on_compute: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -97,6 +105,7 @@ fn options() -> Result<Options, String> {
             "--steps" => o.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--trace" => o.trace = Some(value()?),
             "--no-compare" => o.compare = false,
+            "--collectives-on-compute" => o.collectives_on_compute = true,
             "--nodes" => {
                 o.nodes = value()?.parse().map_err(|e| format!("--nodes: {e}"))?;
                 if o.nodes == 0 {
@@ -372,6 +381,7 @@ fn train(
     if micro > 1 {
         options = options.micro_batches(&step, micro as u32);
     }
+    options.collectives_on_compute_streams = o.collectives_on_compute && layout.is_some();
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &options)?;
     let actors = compiled.plan.actors.len();
     if let (Some(path), Some(_)) = (std::env::var_os("REGFLOW_PLAN_JSON"), layout) {

@@ -195,6 +195,12 @@ impl InboxReceiver {
         if let Some(envelope) = self.try_recv() {
             return Some(envelope);
         }
+        // More stream threads awake than cores: the sender may need this one's core. A
+        // message announced by an `Envelope::Wake` is awaited all the same: it is due now.
+        #[cfg(not(loom))]
+        if spin_time <= SPIN_TIME && !crate::activity::may_spin() {
+            return crate::activity::asleep(|| self.recv());
+        }
         #[cfg(not(loom))]
         let start = std::time::Instant::now();
         #[cfg(not(loom))]
@@ -221,7 +227,7 @@ impl InboxReceiver {
             #[cfg(loom)]
             let _ = round;
         }
-        self.recv()
+        crate::activity::asleep(|| self.recv())
     }
 }
 

@@ -21,6 +21,7 @@
 //! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod activity;
 mod arenas;
 mod bus;
 mod collective;

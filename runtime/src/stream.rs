@@ -474,6 +474,7 @@ impl Env<'_> {
 impl StreamWorker {
     /// The thread's main loop.
     pub(crate) fn run(mut self) -> StreamExit {
+        let _awake = crate::activity::Awake::start();
         let mut live = self.actors.iter().filter(|a| a.lifecycle() != Lifecycle::Done).count();
         let mut snapshot_due = false;
         let mut spin_time = SPIN_TIME;

@@ -261,9 +261,12 @@ impl Rendezvous {
         self.phase.load(Ordering::Acquire)
     }
 
-    /// Spins a little while the barrier of `phase` fills; returns whether it completed.
+    /// Spins a little while the barrier of `phase` fills, unless the stream threads that
+    /// are awake outnumber the cores (then the peer waited for may need this very core,
+    /// `crate::activity`); returns whether it completed.
     fn spin_past(&self, phase: u64) -> bool {
-        for _ in 0..SPIN_ROUNDS {
+        let rounds = if crate::activity::may_spin() { SPIN_ROUNDS } else { 0 };
+        for _ in 0..rounds {
             if self.phase() != phase {
                 return true;
             }
@@ -274,7 +277,7 @@ impl Rendezvous {
 
     fn wait<'g>(&self, state: MutexGuard<'g, RoundState>) -> MutexGuard<'g, RoundState> {
         // Poison only says another member panicked; the state is whole (see `sync::lock`).
-        self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::activity::asleep(|| self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 }
 

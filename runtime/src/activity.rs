@@ -1,0 +1,82 @@
+//! Whether a waiting thread may spin: only while the process's stream threads that are not
+//! asleep fit on its cores.
+//!
+//! A stream thread waits in two places: an empty inbox and a collective's barrier. Both
+//! spin a few microseconds before they sleep, because a message or a peer a few
+//! microseconds away is caught without a futex sleep and wake-up (tens of microseconds on
+//! a VM). That holds while every thread that has work has a core. With more runnable
+//! threads than cores (four devices of a 2 × 2 mesh on a 2-core machine), the thread a
+//! waiter waits for is often the one its spin keeps off the core: the tiny GPT on a
+//! `[dp2, tp2]` mesh spent a third of its time spinning in barriers and ran 5× slower
+//! than on one device. So every stream thread counts itself awake while it runs, and out
+//! while it sleeps; a waiter spins only while the awake count is at most the cores
+//! (`std::thread::available_parallelism`), and otherwise sleeps at once.
+//!
+//! The count is process-wide, across jobs, since the jobs of a process share its cores. It
+//! only steers spinning, never correctness, so it stays a plain `std` atomic under loom
+//! (the models' spins are bounded by their own round counts).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// Stream threads of the process that are not asleep.
+static AWAKE: AtomicUsize = AtomicUsize::new(0);
+
+/// The cores this process may run on, asked once.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Whether a waiting stream thread may spin before it sleeps: the awake stream threads
+/// (the waiter among them) fit on the cores.
+pub(crate) fn may_spin() -> bool {
+    AWAKE.load(Ordering::Relaxed) <= cores()
+}
+
+thread_local! {
+    /// Whether the calling thread is a stream thread, counted in [`AWAKE`].
+    static COUNTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Counts the calling stream thread awake for as long as it is held.
+#[derive(Debug)]
+pub(crate) struct Awake(());
+
+impl Awake {
+    /// The calling stream thread starts to run.
+    pub(crate) fn start() -> Self {
+        AWAKE.fetch_add(1, Ordering::Relaxed);
+        COUNTED.set(true);
+        Awake(())
+    }
+}
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        COUNTED.set(false);
+        AWAKE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs `sleep` (a blocking wait) with the calling thread counted out of the awake ones,
+/// if it is a counted stream thread (other threads, a test's, are not counted at all).
+pub(crate) fn asleep<R>(sleep: impl FnOnce() -> R) -> R {
+    if !COUNTED.get() {
+        return sleep();
+    }
+    AWAKE.fetch_sub(1, Ordering::Relaxed);
+    let woken = Woken;
+    let result = sleep();
+    drop(woken);
+    result
+}
+
+/// Counts the thread back in when its sleep ends, even by unwinding.
+struct Woken;
+
+impl Drop for Woken {
+    fn drop(&mut self) {
+        AWAKE.fetch_add(1, Ordering::Relaxed);
+    }
+}
