@@ -4,12 +4,14 @@
 //! A stream thread waits in two places: an empty inbox and a collective's barrier. Both
 //! spin a few microseconds before they sleep, because a message or a peer a few
 //! microseconds away is caught without a futex sleep and wake-up (tens of microseconds on
-//! a VM). That holds while every thread that has work has a core. With more runnable
-//! threads than cores (four devices of a 2 × 2 mesh on a 2-core machine), the thread a
-//! waiter waits for is often the one its spin keeps off the core: the tiny GPT on a
-//! `[dp2, tp2]` mesh spent a third of its time spinning in barriers and ran 5× slower
-//! than on one device. So every stream thread counts itself awake while it runs, and out
-//! while it sleeps; a waiter spins only while the awake count is at most the cores
+//! a VM). That holds while every thread that has work has a core. The inbox's spin yields
+//! its core after a few rounds, so it keeps nobody off one; the barrier's only pauses.
+//! With more runnable threads than cores (four devices of a 2 × 2 mesh on a 2-core
+//! machine), the thread a barrier waits for is often the one its spin keeps off the core:
+//! the tiny GPT on a `[dp2, tp2]` mesh spent a third of its time spinning in barriers and
+//! ran 5× slower than on one device. So every stream thread counts itself awake while it
+//! runs, and out while it waits on its inbox or sleeps at a barrier; a barrier's waiter
+//! spins only while the awake count is at most the cores
 //! (`std::thread::available_parallelism`), and otherwise sleeps at once.
 //!
 //! The count is process-wide, across jobs, since the jobs of a process share its cores. It

@@ -195,12 +195,20 @@ impl InboxReceiver {
         if let Some(envelope) = self.try_recv() {
             return Some(envelope);
         }
-        // More stream threads awake than cores: the sender may need this one's core. A
-        // message announced by an `Envelope::Wake` is awaited all the same: it is due now.
-        #[cfg(not(loom))]
-        if spin_time <= SPIN_TIME && !crate::activity::may_spin() {
-            return crate::activity::asleep(|| self.recv());
-        }
+        // The thread counts as asleep for all of its wait: the spin yields its core after a
+        // few rounds, so it keeps no thread with work off a core (`crate::activity`). It
+        // spins at all only while the threads awake fit on the cores, or for a message an
+        // `Envelope::Wake` announced (due now).
+        crate::activity::asleep(|| {
+            #[cfg(not(loom))]
+            if spin_time <= SPIN_TIME && !crate::activity::may_spin() {
+                return self.recv();
+            }
+            self.spin_then_recv(spin_time)
+        })
+    }
+
+    fn spin_then_recv(&self, spin_time: std::time::Duration) -> Option<Envelope> {
         #[cfg(not(loom))]
         let start = std::time::Instant::now();
         #[cfg(not(loom))]
@@ -227,7 +235,7 @@ impl InboxReceiver {
             #[cfg(loom)]
             let _ = round;
         }
-        crate::activity::asleep(|| self.recv())
+        self.recv()
     }
 }
 
