@@ -19,7 +19,7 @@ use crate::trace::TraceBuffer;
 use crate::RuntimeError;
 use regflow_actors::{PlanIds, StreamId};
 use regflow_kernels::StreamScratch;
-use regflow_plan::{DeviceKind, Plan, PlanIndex};
+use regflow_plan::{DeviceKind, Plan, PlanIndex, StreamKind};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -420,6 +420,8 @@ impl Job {
             }
         }
 
+        hint_collectives_on_compute(&plan, threads.iter().map(|&(s, _)| s), builder.cpu_threads);
+
         let watchdog = match builder.watchdog {
             None => None,
             Some(timeout) => {
@@ -468,6 +470,32 @@ fn stop_started(
 }
 
 /// Starts the thread of one stream; its exit notice is sent however the thread ends.
+/// Says in the log when a job's cpu stream threads (each with its kernels' helpers)
+/// outnumber the cores while cpu collectives run on comm threads of their own: there, each
+/// collective wakes a thread that has no core to run on, and compiling with
+/// `ParallelOptions::collectives_on_compute_streams` runs them on the compute threads
+/// instead (BENCHMARKS.md, issue 13, "twenty-first").
+fn hint_collectives_on_compute(plan: &Plan, started: impl Iterator<Item = usize>, cpu_threads: usize) {
+    let cpu = |s: usize| plan.devices[plan.streams[s].device.index()].kind == DeviceKind::Cpu;
+    let started: Vec<usize> = started.filter(|&s| cpu(s)).collect();
+    let comm_collectives = plan.actors.iter().enumerate().any(|(a, actor)| {
+        plan.collective_conf(a).is_some()
+            && plan.streams[actor.stream.index()].kind == StreamKind::Comm
+            && cpu(actor.stream.index())
+    });
+    let threads: usize =
+        started.iter().map(|&s| if plan.streams[s].kind == StreamKind::Compute { cpu_threads.max(1) } else { 1 }).sum();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if comm_collectives && threads > cores {
+        tracing::info!(
+            threads,
+            cores,
+            "{threads} cpu stream threads on {cores} cores, with collectives on comm threads of their own: \
+             compiling with ParallelOptions::collectives_on_compute_streams runs them on the compute threads"
+        );
+    }
+}
+
 fn spawn_stream(
     worker: StreamWorker,
     shared: &Arc<JobShared>,
