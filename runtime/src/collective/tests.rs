@@ -136,91 +136,52 @@ fn large_all_reduces_in_two_steps_give_the_rank_order_sum_bitwise() {
     }
 }
 
+/// The spec of a cpu bucket member whose data registers have these sizes.
+fn bucket_spec<'a>(input_bytes: &'a [u64], output_bytes: &'a [u64]) -> KernelSpec<'a> {
+    KernelSpec { actor: "bucket", device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes, output_bytes }
+}
+
+/// Makes the member `conf` in a group of its own, or says why not.
+fn make_alone(conf: &CollectiveConf, input_bytes: &[u64], output_bytes: &[u64]) -> Result<(), String> {
+    CollectiveGroups::default().make_kernel(conf, &bucket_spec(input_bytes, output_bytes)).map(|_| ()).map_err(|e| e.0)
+}
+
 #[test]
 fn a_bucket_needs_its_parts_as_data_registers_of_matching_sizes() {
     let bucket = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 2 }, ..conf(0, &[6]) };
-    let spec = |input_bytes: &'static [u64], output_bytes: &'static [u64]| KernelSpec {
-        actor: "bucket",
-        device: DeviceKind::Cpu,
-        device_index: 0,
-        op: None,
-        input_bytes,
-        output_bytes,
-    };
-    let make =
-        |spec: KernelSpec<'_>| CollectiveGroups::default().make_kernel(&bucket, &spec).map(|_| ()).map_err(|e| e.0);
+    let make = |(input_bytes, output_bytes): (&[u64], &[u64])| make_alone(&bucket, input_bytes, output_bytes);
     // Parts of 4 and 2 floats, a pacing tick and an order token.
-    assert_eq!(make(spec(&[16, 8, 0], &[16, 8, 0])), Ok(()));
+    assert_eq!(make((&[16, 8, 0], &[16, 8, 0])), Ok(()));
     assert_eq!(
-        make(spec(&[16, 8], &[8, 16])).unwrap_err(),
+        make((&[16, 8], &[8, 16])).unwrap_err(),
         "collective 'g' (all_reduce_bucket, rank 0 of 2): bucket part 0 has 16 input but 8 output bytes; each \
          part's sum is as long as its summands"
     );
     assert_eq!(
-        make(spec(&[16, 4], &[16, 4])).unwrap_err(),
+        make((&[16, 4], &[16, 4])).unwrap_err(),
         "collective 'g' (all_reduce_bucket, rank 0 of 2): its 2 input registers have 20 bytes, but input shape [6] \
          of f32 needs 24"
     );
-    assert!(make(spec(&[24], &[24])).unwrap_err().ends_with(
+    assert!(make((&[24], &[24])).unwrap_err().ends_with(
         "needs 2 data input and output registers (one per bucket part); this one has 1 input(s) and 1 output(s)"
     ));
     let empty = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 0 }, ..conf(0, &[6]) };
-    let err = CollectiveGroups::default().make_kernel(&empty, &spec(&[24], &[24])).map(|_| ()).unwrap_err();
+    let err = CollectiveGroups::default().make_kernel(&empty, &bucket_spec(&[24], &[24])).map(|_| ()).unwrap_err();
     assert_eq!(err.0, "collective 'g' (all_reduce_bucket, rank 0 of 2): a bucket of 0 tensors");
 }
 
 #[test]
 fn a_bucket_sums_each_part_through_one_round() {
-    use crate::kernel::{KernelIo, StreamContext};
-    use regflow_memory::{Arena, MemoryKind};
-    let groups = CollectiveGroups::default();
-    let parts: [usize; 3] = [3, 1, 5];
-    let total: usize = parts.iter().sum();
-    let bytes: Vec<u64> = parts.iter().map(|&p| 4 * p as u64).collect();
-    let kernels: Vec<_> = (0..2)
-        .map(|rank| {
-            let conf = CollectiveConf { op: CollectiveOp::AllReduceBucket { parts: 3 }, ..conf(rank, &[total]) };
-            let spec = KernelSpec {
-                actor: "b",
-                device: DeviceKind::Cpu,
-                device_index: 0,
-                op: None,
-                input_bytes: &bytes,
-                output_bytes: &bytes,
-            };
-            groups.make_kernel(&conf, &spec).unwrap()
-        })
-        .collect();
-    let outputs: Vec<Vec<f32>> = std::thread::scope(|s| {
-        let threads: Vec<_> = kernels
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut kernel)| {
-                let bytes = &bytes;
-                s.spawn(move || {
-                    // Inputs then outputs, one register each, in one arena.
-                    let arena = Arena::allocate("t", MemoryKind::Host, 2 * 64 * 3).unwrap();
-                    let view = |i: usize, len: u64| arena.view(64 * i as u64, len).unwrap();
-                    let inputs: Vec<_> = bytes.iter().enumerate().map(|(i, &b)| view(i, b)).collect();
-                    let outputs: Vec<_> = bytes.iter().enumerate().map(|(i, &b)| view(3 + i, b)).collect();
-                    for (i, input) in inputs.iter().enumerate() {
-                        let values: Vec<f32> = (0..parts[i]).map(|e| (100 * rank + 10 * i + e) as f32).collect();
-                        unsafe { input.as_mut_slice() }.copy_from_slice(bytemuck::cast_slice(&values));
-                    }
-                    let context = StreamContext::default();
-                    let group = regflow_plan::GroupPosition { index: 0, count: 1 };
-                    kernel.run(&mut KernelIo::new(0, group, &inputs, &outputs, &context)).unwrap();
-                    outputs
-                        .iter()
-                        .flat_map(|o| bytemuck::cast_slice::<u8, f32>(unsafe { o.as_slice() }).to_vec())
-                        .collect()
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
-    });
-    let expected: Vec<f32> = (0..3).flat_map(|i| (0..parts[i]).map(move |e| (100 + 2 * (10 * i + e)) as f32)).collect();
-    assert_eq!(outputs, [expected.clone(), expected]);
+    let bytes: [u64; 3] = [12, 4, 20];
+    let value = |rank: usize, part: usize, e: usize| (100 * rank + 10 * part + e) as f32;
+    let outputs = run_bucket(CollectiveOp::AllReduceBucket { parts: 3 }, 2, &bytes, &bytes, value);
+    for per_rank in outputs {
+        for (part, output) in per_rank.iter().enumerate() {
+            let expected: Vec<f32> =
+                (0..bytes[part] as usize / 4).map(|e| value(0, part, e) + value(1, part, e)).collect();
+            assert_eq!(output, &expected, "part {part}");
+        }
+    }
 }
 
 /// An all-gather along dimension 0 whose inputs already lie at their own parts of the
@@ -301,15 +262,7 @@ fn run_bucket(
     let kernels: Vec<_> = (0..size)
         .map(|rank| {
             let conf = CollectiveConf { op, size, ..conf(rank, &[total as usize / 4]) };
-            let spec = KernelSpec {
-                actor: "b",
-                device: DeviceKind::Cpu,
-                device_index: 0,
-                op: None,
-                input_bytes: inputs,
-                output_bytes: outputs,
-            };
-            groups.make_kernel(&conf, &spec).unwrap()
+            groups.make_kernel(&conf, &bucket_spec(inputs, outputs)).unwrap()
         })
         .collect();
     let value = &value;
@@ -377,25 +330,17 @@ fn zero_buckets_scatter_and_gather_each_part_through_one_round() {
 #[test]
 fn a_zero_bucket_refuses_parts_that_are_not_equal_blocks() {
     let rs = CollectiveConf { op: CollectiveOp::ReduceScatterBucket { parts: 2 }, ..conf(0, &[6]) };
-    let spec = |input_bytes: &'static [u64], output_bytes: &'static [u64]| KernelSpec {
-        actor: "bucket",
-        device: DeviceKind::Cpu,
-        device_index: 0,
-        op: None,
-        input_bytes,
-        output_bytes,
+    let make = |conf: &CollectiveConf, (input_bytes, output_bytes): (&[u64], &[u64])| {
+        make_alone(conf, input_bytes, output_bytes)
     };
-    let make = |conf: &CollectiveConf, spec: KernelSpec<'_>| {
-        CollectiveGroups::default().make_kernel(conf, &spec).map(|_| ()).map_err(|e| e.0)
-    };
-    assert_eq!(make(&rs, spec(&[16, 8], &[8, 4])), Ok(()));
+    assert_eq!(make(&rs, (&[16, 8], &[8, 4])), Ok(()));
     assert_eq!(
-        make(&rs, spec(&[16, 8], &[4, 8])).unwrap_err(),
+        make(&rs, (&[16, 8], &[4, 8])).unwrap_err(),
         "collective 'g' (reduce_scatter_bucket, rank 0 of 2): bucket part 0 has 16 input and 4 output bytes; a \
          reduce-scatter bucket's part is a tensor of whole 4-byte elements and one of 2 equal blocks of it"
     );
     let ag = CollectiveConf { op: CollectiveOp::AllGatherBucket { parts: 2 }, ..conf(0, &[6]) };
-    assert_eq!(make(&ag, spec(&[8, 4], &[16, 8])), Ok(()));
+    assert_eq!(make(&ag, (&[8, 4], &[16, 8])), Ok(()));
     // Blocks that match but do not add up to the group's shape.
-    assert!(make(&ag, spec(&[8, 8], &[16, 16])).unwrap_err().contains("needs 12"));
+    assert!(make(&ag, (&[8, 8], &[16, 16])).unwrap_err().contains("needs 12"));
 }
