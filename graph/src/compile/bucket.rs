@@ -84,8 +84,9 @@ pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
     if limit == 0 {
         return;
     }
-    // A tensor that another collective's tensor depends on (an activation gradient under
-    // tensor parallelism, a gradient whose norm is all-reduced) stays out: its all-reduce
+    // An all-reduced tensor that another collective's tensor depends on (an activation
+    // gradient under tensor parallelism, a gradient whose norm is all-reduced) stays out
+    // of all-reduce buckets: its all-reduce
     // is on the way to another collective, which the collective order may put before the
     // bucket, and which a bucket would at least delay until its last part. So does a
     // tensor boxed by more than one collective: its all-reduce may be one step of several
@@ -100,8 +101,9 @@ pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
     for c in &candidates {
         steps[c.tensor.0 as usize] += 1;
     }
-    // A member reading its part through a window keeps its own all-reduce: a bucket's
-    // member reads every part whole.
+    // A member reading its part through a window keeps its own collective: a bucket's
+    // member reads every part whole. (The rule above is the all-reduces'; ZeRO's buckets
+    // are cut where a collective waits for one of their parts instead, `zero_buckets`.)
     let plan = low.b.plan_mut();
     let windowed = |c: &Candidate| c.actors.iter().any(|a| !plan.actors[a.index()].windows.is_empty());
     let joins = |c: &Candidate| c.bytes <= limit && steps[c.tensor.0 as usize] == 1 && !windowed(c);
