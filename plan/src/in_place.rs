@@ -129,7 +129,7 @@ impl<'p> InPlaceCheck<'p> {
 
     /// The register within `target` that its producer, an all-gather, reads as its own
     /// part, if it has one ([`RegstDesc::within`]).
-    fn gathered_in_place(&self, target: RegstDescId) -> Option<RegstDescId> {
+    pub(crate) fn gathered_in_place(&self, target: RegstDescId) -> Option<RegstDescId> {
         let producer_index = self.plan.regst_descs[target.index()].producer;
         let producer = &self.plan.actors[producer_index.index()];
         let ActorKind::Compute { kernel: KernelConf::Collective(_) } = producer.kind else { return None };

@@ -173,6 +173,20 @@ impl Plan {
         Ok(PlanMemory { devices, placement })
     }
 
+    /// The error of register `view`, which says it lies [`within`](RegstDesc::within)
+    /// another: names both (the other by its index where the plan has no such register).
+    pub(crate) fn within_error(&self, view: RegstDescId, detail: String) -> PlanError {
+        let desc = &self.regst_descs[view.index()];
+        let within = desc.within.map(|w| w.regst);
+        PlanError::Within {
+            regst: desc.name.clone(),
+            within: within.map_or_else(String::new, |r| {
+                self.regst_descs.get(r.index()).map_or_else(|| format!("#{}", r.0), |t| t.name.clone())
+            }),
+            detail,
+        }
+    }
+
     /// Where a register [`within`](RegstDesc::within) another lies: inside that one's single
     /// buffer, on the same device, as one slot (a plan file may say anything).
     fn place_within(
@@ -182,13 +196,8 @@ impl Plan {
     ) -> Result<(usize, Place), PlanError> {
         let desc = &self.regst_descs[view.index()];
         let Some(within) = desc.within else { unreachable!("called for registers within others") };
-        let target = self.regst_descs.get(within.regst.index());
-        let error = |detail: String| PlanError::Within {
-            regst: desc.name.clone(),
-            within: target.map_or_else(|| format!("#{}", within.regst.0), |t| t.name.clone()),
-            detail,
-        };
-        let target = target.ok_or_else(|| {
+        let error = |detail: String| self.within_error(view, detail);
+        let target = self.regst_descs.get(within.regst.index()).ok_or_else(|| {
             error(format!(
                 "the plan has {} registers, so there is no register {}",
                 self.regst_descs.len(),

@@ -74,15 +74,12 @@ impl Reach {
 pub(crate) fn chain_positions(plan: &Plan) -> Vec<Option<u32>> {
     let n = plan.actors.len();
     // Within-step edges between actors of one stream.
-    let mut successors: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut successors = plan.within_step_successors();
     let mut predecessors: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for desc in plan.regst_descs.iter().filter(|d| d.preloaded == 0) {
-        let p = desc.producer.index();
-        for c in desc.consumers.iter().map(|c| c.index()) {
-            if plan.actors[c].stream == plan.actors[p].stream && c != p {
-                successors[p].push(c);
-                predecessors[c].push(p);
-            }
+    for (p, next) in successors.iter_mut().enumerate() {
+        next.retain(|&c| c != p && plan.actors[c].stream == plan.actors[p].stream);
+        for &c in next.iter() {
+            predecessors[c].push(p);
         }
     }
     // Longest path ending at each actor, in topological order (actors on a cycle, which

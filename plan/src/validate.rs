@@ -241,18 +241,15 @@ impl Plan {
     fn check_aliased_slots(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
         let mut rule = crate::InPlaceCheck::new(self, index);
         // Registers within others first: their errors name them, not the register they are in.
-        for (r, desc) in self.regst_descs.iter().enumerate() {
-            let Some(within) = desc.within else { continue };
-            rule.check_within(RegstDescId(r as u32)).map_err(|detail| PlanError::Within {
-                regst: desc.name.clone(),
-                within: self
-                    .regst_descs
-                    .get(within.regst.index())
-                    .map_or_else(|| format!("#{}", within.regst.0), |t| t.name.clone()),
-                detail,
-            })?;
+        for r in (0..self.regst_descs.len()).filter(|&r| self.regst_descs[r].within.is_some()) {
+            let view = RegstDescId(r as u32);
+            rule.check_within(view).map_err(|detail| self.within_error(view, detail))?;
         }
         for (r, desc) in self.regst_descs.iter().enumerate().filter(|(_, d)| d.aliased_slots) {
+            // A weight gathered in place was checked just above, with the register within it.
+            if rule.gathered_in_place(RegstDescId(r as u32)).is_some() {
+                continue;
+            }
             rule.check(RegstDescId(r as u32))
                 .map_err(|detail| PlanError::AliasedSlots { regst: desc.name.clone(), detail })?;
         }
