@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 static AWAKE: AtomicUsize = AtomicUsize::new(0);
 
 /// The cores this process may run on, asked once.
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

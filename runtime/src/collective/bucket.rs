@@ -66,20 +66,14 @@ fn op_of(op: CollectiveOp) -> &'static str {
     }
 }
 
-/// Where one part's bytes go between its register and the packed buffers.
-#[derive(Debug, Clone)]
-struct Part {
-    /// Bytes of the part in this member's flat input block (all-gather), flat output block
-    /// (reduce-scatter) or flat buffer (all-reduce).
-    at: Range<usize>,
-}
-
 /// Wraps the flat collective kernel of a bucket of `parts.len()` tensors.
 pub(super) struct BucketKernel {
     flat: Box<dyn Kernel>,
     op: CollectiveOp,
     size: usize,
-    parts: Vec<Part>,
+    /// Bytes of each part in this member's flat input block (all-gather), flat output
+    /// block (reduce-scatter) or flat buffer (all-reduce).
+    parts: Vec<Range<usize>>,
     /// Bytes of one member's block of every part (reduce-scatter, all-gather); the whole
     /// flat buffer for an all-reduce.
     block: usize,
@@ -111,7 +105,7 @@ impl BucketKernel {
         for &bytes in part_bytes {
             let bytes =
                 usize::try_from(bytes).map_err(|_| format!("a part of {bytes} bytes does not fit in memory"))?;
-            parts.push(Part { at: block..block + bytes });
+            parts.push(block..block + bytes);
             block += bytes;
         }
         let whole = match conf.op {
@@ -139,13 +133,13 @@ impl BucketKernel {
             let input = io.input(i);
             match self.op {
                 CollectiveOp::ReduceScatterBucket { .. } => {
-                    let len = part.at.len();
+                    let len = part.len();
                     for r in 0..self.size {
-                        let at = r * self.block + part.at.start;
+                        let at = r * self.block + part.start;
                         packed[at..at + len].copy_from_slice(&input[r * len..(r + 1) * len]);
                     }
                 }
-                _ => packed[part.at.clone()].copy_from_slice(input),
+                _ => packed[part.clone()].copy_from_slice(input),
             }
         }
     }
@@ -157,13 +151,13 @@ impl BucketKernel {
             let output = io.output(i);
             match self.op {
                 CollectiveOp::AllGatherBucket { .. } => {
-                    let len = part.at.len();
+                    let len = part.len();
                     for r in 0..self.size {
-                        let at = r * self.block + part.at.start;
+                        let at = r * self.block + part.start;
                         output[r * len..(r + 1) * len].copy_from_slice(&result[at..at + len]);
                     }
                 }
-                _ => output.copy_from_slice(&result[part.at.clone()]),
+                _ => output.copy_from_slice(&result[part.clone()]),
             }
         }
     }

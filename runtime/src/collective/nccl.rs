@@ -173,24 +173,14 @@ impl Kernel for NcclKernel {
             Shape::AllReduce(count) => self.calls.push(Call::AllReduce { input, output, count: *count }),
             Shape::ReduceScatter(count) => self.calls.push(Call::ReduceScatter { input, output, count: *count }),
             Shape::AllGather(count) => self.calls.push(Call::AllGather { input, output, count: *count }),
-            Shape::Bucket(parts) => self.calls.extend(parts.iter().enumerate().map(|(i, &count)| Call::AllReduce {
-                input: io.input_addr(i),
-                output: io.output_addr(i),
-                count,
-            })),
-            Shape::ReduceScatterBucket(parts) => {
-                self.calls.extend(parts.iter().enumerate().map(|(i, &count)| Call::ReduceScatter {
-                    input: io.input_addr(i),
-                    output: io.output_addr(i),
-                    count,
-                }))
+            Shape::Bucket(parts) => {
+                per_part(&mut self.calls, io, parts, |input, output, count| Call::AllReduce { input, output, count })
             }
+            Shape::ReduceScatterBucket(parts) => per_part(&mut self.calls, io, parts, |input, output, count| {
+                Call::ReduceScatter { input, output, count }
+            }),
             Shape::AllGatherBucket(parts) => {
-                self.calls.extend(parts.iter().enumerate().map(|(i, &count)| Call::AllGather {
-                    input: io.input_addr(i),
-                    output: io.output_addr(i),
-                    count,
-                }))
+                per_part(&mut self.calls, io, parts, |input, output, count| Call::AllGather { input, output, count })
             }
         }
         comm.queue(&self.calls, self.element, StreamHandle(io.context().native)).map_err(fail)
@@ -202,6 +192,12 @@ impl Kernel for NcclKernel {
             None => self.host.execution(),
         }
     }
+}
+
+/// Appends one call per part of a bucket: part `i` from input `i` to output `i`, `counts[i]`
+/// elements.
+fn per_part(calls: &mut Vec<Call>, io: &KernelIo<'_>, counts: &[usize], call: impl Fn(u64, u64, usize) -> Call) {
+    calls.extend(counts.iter().enumerate().map(|(i, &count)| call(io.input_addr(i), io.output_addr(i), count)));
 }
 
 #[cfg(all(test, not(loom)))]

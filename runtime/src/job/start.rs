@@ -469,7 +469,6 @@ fn stop_started(
     error
 }
 
-/// Starts the thread of one stream; its exit notice is sent however the thread ends.
 /// Says in the log when a job's cpu stream threads (each with its kernels' helpers)
 /// outnumber the cores while cpu collectives run on comm threads of their own: there, each
 /// collective wakes a thread that has no core to run on, and compiling with
@@ -485,7 +484,7 @@ fn hint_collectives_on_compute(plan: &Plan, started: impl Iterator<Item = usize>
     });
     let threads: usize =
         started.iter().map(|&s| if plan.streams[s].kind == StreamKind::Compute { cpu_threads.max(1) } else { 1 }).sum();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::activity::cores();
     if comm_collectives && threads > cores {
         tracing::info!(
             threads,
@@ -496,6 +495,7 @@ fn hint_collectives_on_compute(plan: &Plan, started: impl Iterator<Item = usize>
     }
 }
 
+/// Starts the thread of one stream; its exit notice is sent however the thread ends.
 fn spawn_stream(
     worker: StreamWorker,
     shared: &Arc<JobShared>,
