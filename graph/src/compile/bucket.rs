@@ -65,19 +65,25 @@ impl Candidate {
         (self.mesh, self.axis, self.rate, self.phase, self.dtype, self.ticked, self.op)
     }
 
-    /// The bucket op it can join as a ZeRO part, if any.
-    fn zero_bucket(&self) -> Option<CollectiveOp> {
-        match self.op {
-            CollectiveOp::ReduceScatter { dim: 0 } if self.even => Some(CollectiveOp::ReduceScatterBucket { parts: 0 }),
-            CollectiveOp::AllGather { dim: 0 } if self.even => Some(CollectiveOp::AllGatherBucket { parts: 0 }),
-            _ => None,
-        }
+    /// Whether it can be a part of a ZeRO bucket: a reduce-scatter or all-gather along
+    /// dimension 0 in equal blocks.
+    fn zero_part(&self) -> bool {
+        self.even && matches!(self.op, CollectiveOp::ReduceScatter { dim: 0 } | CollectiveOp::AllGather { dim: 0 })
+    }
+}
+
+/// The bucket of `parts` tensors that merges collectives of `op`, and its boxing for labels.
+fn bucket_of(op: CollectiveOp, parts: u32) -> (CollectiveOp, &'static str) {
+    match op {
+        CollectiveOp::ReduceScatter { .. } => (CollectiveOp::ReduceScatterBucket { parts }, "P->S(0)"),
+        CollectiveOp::AllGather { .. } => (CollectiveOp::AllGatherBucket { parts }, "S(0)->B"),
+        _ => (CollectiveOp::AllReduceBucket { parts }, "P->B"),
     }
 }
 
 type Kind = (usize, usize, Rate, Phase, DType, bool, CollectiveOp);
 
-/// Merges the bucketable all-reduces recorded by boxing.
+/// Merges the bucketable collectives recorded by boxing.
 pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
     let limit = low.options.bucket_bytes;
     let mut candidates = std::mem::take(&mut low.bucket_candidates);
@@ -86,11 +92,11 @@ pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
     }
     // An all-reduced tensor that another collective's tensor depends on (an activation
     // gradient under tensor parallelism, a gradient whose norm is all-reduced) stays out
-    // of all-reduce buckets: its all-reduce
-    // is on the way to another collective, which the collective order may put before the
-    // bucket, and which a bucket would at least delay until its last part. So does a
-    // tensor boxed by more than one collective: its all-reduce may be one step of several
-    // on a 2-D mesh, whose next step reads its output.
+    // of all-reduce buckets: its all-reduce is on the way to another collective, which the
+    // collective order may put before the bucket, and which a bucket would at least delay
+    // until its last part. A tensor boxed by more than one collective stays out of every
+    // bucket: its collective may be one step of several on a 2-D mesh, whose next step
+    // reads its output.
     let nodes = &low.facts.nodes;
     let producer_inputs = candidates.iter().flat_map(|c| match low.graph.info(c.tensor).source {
         TensorSource::Op { node, .. } => nodes[node].inputs.clone(),
@@ -159,7 +165,7 @@ fn zero_buckets<'c>(
             open.into_iter().partition(|o| o.reached[candidate.tensor.0 as usize]);
         done.extend(cut.into_iter().map(|o| o.parts));
         open = kept;
-        if candidate.zero_bucket().is_none() || !joins(candidate) {
+        if !candidate.zero_part() || !joins(candidate) {
             continue;
         }
         let kind = candidate.kind();
@@ -185,15 +191,14 @@ fn zero_buckets<'c>(
     done
 }
 
-/// Marks in `reached` every tensor made from tensor `root` (not `root` itself, whose own
-/// collective is the part). `nodes` are in the order they were made, so one pass suffices.
+/// Marks in `reached` tensor `root` and every tensor made from it (a part's tensor has no
+/// other collective: parts are tensors boxed once). `nodes` are in the order they were
+/// made, so one pass suffices.
 fn reach_from(nodes: &[Node], root: usize, reached: &mut [bool]) {
-    let mut from = vec![false; reached.len()];
-    from[root] = true;
+    reached[root] = true;
     for node in nodes {
-        if node.inputs.iter().any(|i| from[i.0 as usize]) {
+        if node.inputs.iter().any(|i| reached[i.0 as usize]) {
             for o in &node.outputs {
-                from[o.0 as usize] = true;
                 reached[o.0 as usize] = true;
             }
         }
@@ -207,11 +212,7 @@ fn merge(low: &mut Lowering<'_>, number: usize, bucket: &[&Candidate], removed: 
     let names: Vec<String> = bucket.iter().map(|c| low.name(c.tensor)).collect();
     let old_groups: Vec<String> =
         bucket.iter().flat_map(|c| c.actors.iter()).filter_map(|&a| group_of(low.b.plan_mut(), a)).collect();
-    let boxing = match bucket[0].op {
-        CollectiveOp::ReduceScatter { .. } => "P->S(0)",
-        CollectiveOp::AllGather { .. } => "S(0)->B",
-        _ => "P->B",
-    };
+    let (op, boxing) = bucket_of(bucket[0].op, bucket.len() as u32);
     let label = format!("bucket{number}:{boxing}:{}+{}", names[0], names.len() - 1);
     let mut group_names = Vec::new();
     for rank in 0..bucket[0].actors.len() {
@@ -247,12 +248,6 @@ fn merge(low: &mut Lowering<'_>, number: usize, bucket: &[&Candidate], removed: 
         if let ActorKind::Compute { kernel: KernelConf::Collective(conf) } = &mut actor.kind {
             let group = format!("{label}:{}", conf.group.rsplit(':').next().unwrap_or("0"));
             group_names.push(group.clone());
-            let parts = bucket.len() as u32;
-            let op = match conf.op {
-                CollectiveOp::ReduceScatter { .. } => CollectiveOp::ReduceScatterBucket { parts },
-                CollectiveOp::AllGather { .. } => CollectiveOp::AllGatherBucket { parts },
-                _ => CollectiveOp::AllReduceBucket { parts },
-            };
             *conf = CollectiveConf { group, op, shape: vec![elements], ..conf.clone() };
         }
         if let Some(issued) = low.issued.iter_mut().find(|i| i.actor == lead) {
