@@ -8,7 +8,6 @@ use regflow::graph::plan::{
     ActorKind, CollectiveConf, CollectiveOp, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, SourcePieces,
     StreamKind,
 };
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{CompiledGraph, DType, Graph, Optimizer, ParallelOptions};
 
 #[path = "common/tiny_mlp.rs"]
@@ -29,15 +28,7 @@ fn try_compile(
 ) -> Result<CompiledGraph, regflow::graph::GraphError> {
     let g = Graph::new();
     let (train_step, _) = model(&g, &Optimizer::adamw(5e-2, 1e-2));
-    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-    for name in ["x", "y"] {
-        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    if sharded {
-        for (state, _) in &train_step.states {
-            g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-        }
-    }
+    let mesh = tiny_mlp::two_devices(&g, &train_step, sharded);
     let mut options =
         ParallelOptions { collectives_on_compute_streams: inline, reuse_memory: reuse, ..ParallelOptions::new(mesh) };
     if micro_batches > 1 {

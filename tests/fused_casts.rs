@@ -5,7 +5,6 @@
 //! two; no all-reduce waits for a group.
 
 use regflow::graph::plan::Plan;
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{CompileOptions, CompiledGraph, Graph, Optimizer, ParallelOptions, Precision};
 
 mod common;
@@ -67,10 +66,7 @@ fn one_device_casts_its_weights_and_its_gradients_in_one_actor_each_with_the_bit
 fn two_devices(g: &Graph, fuse_casts: bool, bucket_bytes: u64) -> CompiledGraph {
     g.mixed_precision(Precision::Bf16).unwrap();
     let (step, _) = tiny_mlp::model(g, &Optimizer::adamw(5e-2, 1e-2));
-    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-    for name in ["x", "y"] {
-        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
+    let mesh = tiny_mlp::two_devices(g, &step, false);
     let options = ParallelOptions { fuse_casts, bucket_bytes, ..ParallelOptions::new(mesh) }.train(&step);
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
 }

@@ -4,7 +4,6 @@
 //! same bits as with two buffers.
 
 use regflow::graph::plan::{ActorKind, KernelConf, Plan, PlanError, RegstDescId};
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{CompileOptions, CompiledGraph, Graph, HostArray, Optimizer, ParallelOptions};
 
 #[path = "common/tiny_mlp.rs"]
@@ -151,13 +150,7 @@ fn sharded(g: &Graph, optimizer: &Optimizer) -> CompiledGraph {
 /// [`sharded`], fetching `w0` too where `fetch_w0`.
 fn sharded_fetching(g: &Graph, optimizer: &Optimizer, fetch_w0: bool) -> CompiledGraph {
     let (train_step, w0) = model(g, optimizer);
-    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-    for name in ["x", "y"] {
-        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    for (state, _) in &train_step.states {
-        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
+    let mesh = tiny_mlp::two_devices(g, &train_step, true);
     // Without buckets: this model's weights are small enough to be gathered in one ZeRO
     // bucket, through buffers of the bucket's own; these tests are about one gather each.
     let options = ParallelOptions { bucket_bytes: 0, ..ParallelOptions::new(mesh).train(&train_step) };

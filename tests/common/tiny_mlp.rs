@@ -1,9 +1,11 @@
 //! A 12-16-5 MLP the optimizer-update tests train (`in_place_updates.rs`,
-//! `fused_updates.rs`): its graph, its batches, and a job that trains it and returns the
-//! losses' bits and every variable's final value, for comparisons bit for bit.
+//! `fused_updates.rs`, `collectives_on_compute.rs`, ...): its graph, its layout on two
+//! data-parallel devices, its batches, and a job that trains it and returns the losses'
+//! bits and every variable's final value, for comparisons bit for bit.
 #![allow(dead_code)] // each test file uses some of it
 
 use regflow::graph::plan::Plan;
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{CompiledGraph, DType, Graph, HostArray, Init, Optimizer, SplitMix64, Tensor, TrainStep};
 use regflow::prelude::*;
 
@@ -21,6 +23,21 @@ pub(crate) fn model<'g>(g: &'g Graph, optimizer: &Optimizer) -> (TrainStep<'g>, 
     let h = x.matmul(&w0).unwrap().add(&b0).unwrap().relu().unwrap();
     let loss = h.matmul(&w1).unwrap().sparse_cross_entropy(&y).unwrap();
     (g.minimize(loss, optimizer).unwrap(), w0)
+}
+
+/// Two data-parallel cpu devices for the MLP in `g`: its inputs split `S(0)` over `dp`,
+/// and where `sharded_state`, every optimizer state of `step` too (ZeRO stage 1).
+pub(crate) fn two_devices(g: &Graph, step: &TrainStep<'_>, sharded_state: bool) -> Mesh {
+    let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
+    for name in ["x", "y"] {
+        g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    if sharded_state {
+        for (state, _) in &step.states {
+            g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+        }
+    }
+    mesh
 }
 
 /// Batch `k` (the same for every run).
