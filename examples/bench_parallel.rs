@@ -26,7 +26,8 @@
 //! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
 //! `REGFLOW_CPU_THREADS=n` gives every cpu device's kernels n threads (default 1),
 //! `REGFLOW_INLINE_COLLECTIVES=1` runs both dp2 plans' collectives on the compute streams
-//! (`ParallelOptions::collectives_on_compute_streams`),
+//! and `=0` on comm streams of their own (`ParallelOptions::collective_streams`; unset: `Auto`,
+//! the compute streams on a host of fewer than 4 cores),
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan and `REGFLOW_DP_PLAN_JSON=p.json` the cpu
 //! dp2 plan, `REGFLOW_Z1_PLAN_JSON=p.json` the one with sharded AdamW state (for
@@ -38,7 +39,8 @@ use cpu_time::process_cpu_seconds;
 use regflow::graph::plan::{ActorKind, KernelConf, StreamKind};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
-    CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, SplitMix64,
+    CollectiveStreams, CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions,
+    SplitMix64,
 };
 use regflow::prelude::{Job, RuntimeError};
 use std::time::Instant;
@@ -161,9 +163,13 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     let train = mlp(&g, BATCH, &SIZES)?;
     let mesh = Mesh::cpu(&[2], &["dp"])?;
     data_parallel(&g, &mesh)?;
-    let inline = std::env::var_os("REGFLOW_INLINE_COLLECTIVES").is_some();
+    let collective_streams = match std::env::var("REGFLOW_INLINE_COLLECTIVES").as_deref() {
+        Ok("0") => CollectiveStreams::CommStreams,
+        Ok(_) => CollectiveStreams::ComputeStreams,
+        Err(_) => CollectiveStreams::Auto,
+    };
     let mut dp_options = ParallelOptions::new(mesh).train(&train);
-    dp_options.collectives_on_compute_streams = inline;
+    dp_options.collective_streams = collective_streams;
     dp_options.reuse_memory = std::env::var_os("REGFLOW_NO_REUSE").is_none();
     if std::env::var_os("REGFLOW_NO_BUCKETS").is_some() {
         dp_options.bucket_bytes = 0;
@@ -185,8 +191,7 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     for (state, _) in &train.states {
         g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)]))?;
     }
-    let zero1_options =
-        ParallelOptions { collectives_on_compute_streams: inline, ..ParallelOptions::new(mesh) }.train(&train);
+    let zero1_options = ParallelOptions { collective_streams, ..ParallelOptions::new(mesh) }.train(&train);
     let zero1 = g.compile_parallel(&[train.loss], &train.updates, &zero1_options)?;
     if let Some(path) = std::env::var_os("REGFLOW_Z1_PLAN_JSON") {
         std::fs::write(path, zero1.plan.to_json())?;

@@ -5,7 +5,7 @@
 //! cargo run --release --example train_parallel -- \
 //!     --layout dp4|dp2|tp2|zero1|zero2|dp2xtp2|pp2|pp4|dp2xtp2xpp2 [--model mlp|gpt] \
 //!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare] [--nodes N] \
-//!     [--collectives-on-compute]
+//!     [--collective-streams auto|comm|compute]
 //! ```
 //!
 //! Layouts (`S(d)`: split along dim d over the mesh axis, `B`: whole on every device):
@@ -34,9 +34,11 @@
 //! loss reports it, and the comparison with one device is made as before. Under a launcher
 //! (`RANK`, `WORLD_SIZE`, ... set) it runs as that one node.
 //!
-//! `--collectives-on-compute` runs each cpu device's collectives on its compute stream
-//! (`ParallelOptions::collectives_on_compute_streams`; one micro-batch only): fewer threads
-//! where the machine has fewer cores than the mesh has devices.
+//! `--collective-streams` says where each cpu device's collectives run
+//! (`ParallelOptions::collective_streams`): `comm` on comm streams of their own, `compute`
+//! on its compute stream (one micro-batch only: fewer threads, which pays where the machine
+//! has fewer cores than the mesh has devices), `auto` (the default) whichever of the two
+//! suits this machine's cores.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -46,7 +48,8 @@ use gpt::{Gpt, GptConfig};
 use regflow::graph::plan::DeviceKind;
 use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
 use regflow::graph::{
-    DType, Graph, GraphError, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor, TrainStep,
+    CollectiveStreams, DType, Graph, GraphError, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor,
+    TrainStep,
 };
 use regflow::prelude::Job;
 use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions};
@@ -75,8 +78,8 @@ struct Options {
     micro_batches: usize,
     /// Nodes (processes) the layout's devices are spread over.
     nodes: u16,
-    /// Run each cpu device's collectives on its compute stream.
-    collectives_on_compute: bool,
+    /// Where each cpu device's collectives run.
+    collective_streams: CollectiveStreams,
 }
 
 fn options() -> Result<Options, String> {
@@ -88,7 +91,7 @@ fn options() -> Result<Options, String> {
         compare: true,
         micro_batches: 4,
         nodes: 1,
-        collectives_on_compute: false,
+        collective_streams: CollectiveStreams::Auto,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -105,7 +108,14 @@ fn options() -> Result<Options, String> {
             "--steps" => o.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--trace" => o.trace = Some(value()?),
             "--no-compare" => o.compare = false,
-            "--collectives-on-compute" => o.collectives_on_compute = true,
+            "--collective-streams" => {
+                o.collective_streams = match value()?.as_str() {
+                    "auto" => CollectiveStreams::Auto,
+                    "comm" => CollectiveStreams::CommStreams,
+                    "compute" => CollectiveStreams::ComputeStreams,
+                    other => return Err(format!("--collective-streams {other}: expected auto, comm or compute")),
+                }
+            }
             "--nodes" => {
                 o.nodes = value()?.parse().map_err(|e| format!("--nodes: {e}"))?;
                 if o.nodes == 0 {
@@ -381,7 +391,7 @@ fn train(
     if micro > 1 {
         options = options.micro_batches(&step, micro as u32);
     }
-    options.collectives_on_compute_streams = o.collectives_on_compute && layout.is_some();
+    options.collective_streams = o.collective_streams;
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &options)?;
     let actors = compiled.plan.actors.len();
     if let (Some(path), Some(_)) = (std::env::var_os("REGFLOW_PLAN_JSON"), layout) {

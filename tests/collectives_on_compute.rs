@@ -1,14 +1,15 @@
-//! Collectives on cpu devices' compute streams (`ParallelOptions::collectives_on_compute_streams`):
+//! Collectives on cpu devices' compute streams (`ParallelOptions::collective_streams`):
 //! the same collectives, in the same order, run by the compute threads instead of comm
-//! threads of their own, so a data-parallel step trains to the same bits; and plan
-//! validation refuses a blocking collective where a blocked thread could hold what another
-//! device waits for.
+//! threads of their own, so a data-parallel step trains to the same bits; the compiler
+//! chooses them by the host's cores where asked to; and plan validation refuses a blocking
+//! collective where a blocked thread could hold what another device waits for.
 
 use regflow::graph::plan::{
     ActorKind, CollectiveConf, CollectiveOp, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, SourcePieces,
     StreamKind,
 };
-use regflow::graph::{CompiledGraph, DType, Graph, Optimizer, ParallelOptions};
+use regflow::graph::sbp::{Mesh, NdSbp};
+use regflow::graph::{CollectiveStreams, CompiledGraph, DType, Graph, Optimizer, ParallelOptions};
 
 #[path = "common/tiny_mlp.rs"]
 mod tiny_mlp;
@@ -17,20 +18,20 @@ use tiny_mlp::model;
 /// The tiny MLP data-parallel over two cpu devices, its AdamW state sharded where
 /// `sharded`, memory shared where `reuse`, its collectives on compute streams where `inline`.
 fn compile(sharded: bool, reuse: bool, inline: bool) -> CompiledGraph {
-    try_compile(sharded, reuse, inline, 1).unwrap()
+    let streams = if inline { CollectiveStreams::ComputeStreams } else { CollectiveStreams::CommStreams };
+    try_compile(sharded, reuse, streams, 1).unwrap()
 }
 
 fn try_compile(
     sharded: bool,
     reuse: bool,
-    inline: bool,
+    collective_streams: CollectiveStreams,
     micro_batches: u32,
 ) -> Result<CompiledGraph, regflow::graph::GraphError> {
     let g = Graph::new();
     let (train_step, _) = model(&g, &Optimizer::adamw(5e-2, 1e-2));
     let mesh = tiny_mlp::two_devices(&g, &train_step, sharded);
-    let mut options =
-        ParallelOptions { collectives_on_compute_streams: inline, reuse_memory: reuse, ..ParallelOptions::new(mesh) };
+    let mut options = ParallelOptions { collective_streams, reuse_memory: reuse, ..ParallelOptions::new(mesh) };
     if micro_batches > 1 {
         options = options.micro_batches(&train_step, micro_batches);
     }
@@ -73,12 +74,78 @@ fn collectives_on_compute_streams_train_to_the_same_bits() {
     }
     // Several micro-batches per step: refused by name (per-micro-batch collectives and those
     // of the averaged gradients would block one stream at different rates).
-    let Err(err) = try_compile(false, true, true, 2) else { panic!("compiled with 2 micro-batches") };
+    let Err(err) = try_compile(false, true, CollectiveStreams::ComputeStreams, 2) else {
+        panic!("compiled with 2 micro-batches")
+    };
     assert!(
         err.to_string()
-            .contains("option `collectives_on_compute_streams` is true with 2 micro-batches: one micro-batch per step"),
+            .contains("option `collective_streams` is ComputeStreams with 2 micro-batches: one micro-batch per step"),
         "{err}"
     );
+}
+
+#[test]
+fn the_compiler_chooses_the_streams_by_the_cores() {
+    for sharded in [false, true] {
+        let with = |streams| try_compile(sharded, true, streams, 1).unwrap();
+        // Two cpu devices want four threads: on 2 or 3 cores the collectives run on the
+        // compute streams, on 4 or more on comm streams of their own.
+        for (cores, inline) in [(1, true), (2, true), (3, true), (4, false), (64, false)] {
+            let (count, on_compute, busy_comm) = where_collectives_run(&with(CollectiveStreams::ForCores(cores)).plan);
+            let got = (on_compute == count, busy_comm > 0, on_compute > 0);
+            let want = if inline { (true, false, true) } else { (false, true, false) };
+            assert_eq!(got, want, "{cores} cores, sharded {sharded}: {on_compute} of {count} collectives on compute");
+        }
+        // The choice is the explicit option's plan, to the byte.
+        assert_eq!(
+            with(CollectiveStreams::ForCores(2)).plan.to_json(),
+            with(CollectiveStreams::ComputeStreams).plan.to_json()
+        );
+        assert_eq!(
+            with(CollectiveStreams::ForCores(8)).plan.to_json(),
+            with(CollectiveStreams::CommStreams).plan.to_json()
+        );
+        // `Auto` is this host's cores (the default).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto = with(CollectiveStreams::Auto).plan.to_json();
+        assert_eq!(auto, with(CollectiveStreams::ForCores(cores)).plan.to_json(), "{cores} cores");
+        assert_eq!(ParallelOptions::new(Mesh::cpu(&[2], &["dp"]).unwrap()).collective_streams, CollectiveStreams::Auto);
+    }
+    // Two micro-batches: comm streams, whatever the cores (the compute streams would be
+    // refused).
+    let micro = try_compile(false, true, CollectiveStreams::ForCores(1), 2).unwrap();
+    assert_eq!(where_collectives_run(&micro.plan).1, 0);
+    // A host of no cores is no host.
+    let Err(err) = try_compile(false, true, CollectiveStreams::ForCores(0), 1) else { panic!("compiled for 0 cores") };
+    assert!(err.to_string().contains("option `collective_streams` is ForCores(0)"), "{err}");
+}
+
+/// The tiny MLP over two cpu devices with its bias `b0` on the first alone: a mesh of the
+/// same stage, so device 1 gets the bias from device 0 by a copy, not a collective.
+fn bias_on_device_0(collective_streams: CollectiveStreams) -> Result<CompiledGraph, regflow::graph::GraphError> {
+    let g = Graph::new();
+    let (train_step, _) = model(&g, &Optimizer::adamw(5e-2, 1e-2));
+    let mesh = tiny_mlp::two_devices(&g, &train_step, false);
+    let first = Mesh::new(vec![mesh.devices()[0]], &[1], &["first"]).unwrap();
+    g.set_layout(g.by_name("b0").unwrap(), &first, NdSbp(vec![regflow::graph::sbp::Sbp::Broadcast])).unwrap();
+    let options = ParallelOptions { collective_streams, ..ParallelOptions::new(mesh) }.train(&train_step);
+    g.compile_parallel(&[train_step.loss], &train_step.updates, &options)
+}
+
+#[test]
+fn a_step_that_copies_between_devices_keeps_its_comm_streams() {
+    // Asked outright, the compute streams are refused: device 0's thread, blocked in a
+    // collective, could hold what device 1 waits for.
+    let Err(err) = bias_on_device_0(CollectiveStreams::ComputeStreams) else { panic!("compiled") };
+    assert!(err.to_string().contains("it blocks a compute stream, and register"), "{err}");
+    // Chosen by the compiler, the plan keeps its comm streams instead, and trains.
+    let chosen = bias_on_device_0(CollectiveStreams::ForCores(2)).unwrap();
+    let on_comm = bias_on_device_0(CollectiveStreams::CommStreams).unwrap();
+    assert_eq!(chosen.plan.to_json(), on_comm.plan.to_json());
+    let (count, on_compute, _) = where_collectives_run(&chosen.plan);
+    assert!(count >= 2 && on_compute == 0, "{count} collectives, {on_compute} on compute streams");
+    let (losses, _) = tiny_mlp::train(&chosen, chosen.plan.clone(), 1, 3, 1);
+    assert_eq!(losses.len(), 3);
 }
 
 /// Two devices of one kind, each a source feeding an all-reduce member on the stream of

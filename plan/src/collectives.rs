@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 impl Plan {
     /// Collectives that block a stream other than a comm stream (a cpu device's compute
-    /// stream, `ParallelOptions::collectives_on_compute_streams`): a member blocks its
+    /// stream, `ParallelOptions::collective_streams`): a member blocks its
     /// thread until every member has arrived, so nothing a blocked thread would do may be
     /// what another member waits for. The rule: such members run on cpu devices of one
     /// node, and no register joins two devices of a group that has such a member (the

@@ -473,7 +473,7 @@ fn members_block_comm_streams_or_cpu_compute_streams_only() {
         }
         b.build()
     };
-    // A cpu compute stream may block in a collective (`collectives_on_compute_streams`):
+    // A cpu compute stream may block in a collective (`ParallelOptions::collective_streams`):
     // the two devices exchange nothing else, so the job runs its piece and ends.
     let mut job = Job::builder(plan(StreamKind::Compute).unwrap()).build().unwrap();
     let fetchers: Vec<_> = (0..2).map(|r| job.fetcher(&format!("out{r}")).unwrap()).collect();

@@ -53,7 +53,7 @@ pub(crate) fn order_collectives(low: &mut Lowering<'_>, starts: Option<&[u64]>) 
     let mut chain_of: HashMap<(usize, Phase), usize> = HashMap::new();
     // Collectives on a cpu device's compute stream share one stream whatever their phase,
     // so they share one chain (one micro-batch per step: all fire once per step).
-    let inline = low.options.collectives_on_compute_streams;
+    let inline = low.collectives_on_compute;
     let cpu: Vec<bool> = low.placement.devices.iter().map(|d| d.kind == crate::plan::DeviceKind::Cpu).collect();
     for i in &low.issued {
         let phase = if inline && cpu.get(i.slot).copied().unwrap_or(false) { Phase::Step } else { i.phase };

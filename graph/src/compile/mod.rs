@@ -67,7 +67,7 @@ mod step;
 
 pub use compiled::{CompiledGraph, CompiledInput, CompiledVariable, ParallelInfo, ParallelInput};
 pub use error::{CompileError, NoSignature};
-pub use options::{Accumulate, CompileOptions, DatasetInputs, ParallelOptions, PipelineSchedule};
+pub use options::{Accumulate, CollectiveStreams, CompileOptions, DatasetInputs, ParallelOptions, PipelineSchedule};
 
 use crate::dsl::{Graph, Tensor};
 use crate::GraphError;
@@ -137,8 +137,33 @@ fn compile_step(
     let facts = StepFacts::new(graph, fetch, updates, options)?;
     let placement = placement::place(graph, &facts, &options.mesh, scope)?;
     let layouts = layout::infer(graph, &facts, &placement, options, scope)?;
+    let on_compute = options.collective_streams.on_compute(&placement.devices, placement.stages, facts.micro_batches);
+    let lower = |on_compute| lower_step(graph, &facts, &placement, &layouts, options, scope, on_compute);
+    match lower(on_compute) {
+        // The compiler chose the compute streams for devices that turned out to exchange
+        // more than collectives (meshes of one stage over different devices): the plan
+        // cannot block them, so it keeps the comm streams.
+        Err(CompileError::Plan(regflow_plan::PlanError::Collective { .. }))
+            if on_compute && options.collective_streams.chosen_by_compiler() =>
+        {
+            lower(false)
+        }
+        compiled => compiled,
+    }
+}
 
-    let mut low = Lowering::new(graph, &facts, &placement, &layouts, options);
+/// Lowers a placed and laid-out step to a plan, its collectives on the cpu devices'
+/// compute streams where `collectives_on_compute` says so.
+fn lower_step(
+    graph: &Graph,
+    facts: &StepFacts,
+    placement: &placement::Placement,
+    layouts: &layout::Layouts,
+    options: &ParallelOptions,
+    scope: Scope,
+    collectives_on_compute: bool,
+) -> Result<CompiledGraph, CompileError> {
+    let mut low = Lowering::new(graph, facts, placement, layouts, options, collectives_on_compute);
     lower::lower_inputs(&mut low)?;
     lower::lower_ops(&mut low)?;
     lower::lower_variables(&mut low)?;

@@ -5,7 +5,7 @@
 use super::error::CompileError;
 use crate::dsl::TensorId;
 use crate::plan::{DeviceKind, SourcePieces};
-use crate::sbp::Mesh;
+use crate::sbp::{Mesh, MeshDevice};
 use crate::TrainStep;
 
 /// Options of the one-device compiler.
@@ -194,17 +194,77 @@ pub struct ParallelOptions {
     /// gradients): per transformer block four lone casts (on CUDA four launches and a pass
     /// over an activation each) fewer. Results are bitwise the casts'. Default on.
     pub fold_casts: bool,
-    /// Run each cpu device's collectives on its compute stream instead of comm streams of
-    /// their own. A collective blocks the thread that runs it until every member has
-    /// arrived, so on a comm stream it overlaps the products only where a core is spare;
-    /// where a host has about one core per device (two cpu devices on two cores), the comm
-    /// threads only add wake-ups and preemptions, and this runs the same collectives, in
-    /// the same order and with the same results, without them (dp2 MLP on two cores: about
-    /// 5 % faster, BENCHMARKS.md, issue 13, "twentieth"). Plan validation checks that
-    /// nothing can then wait on a blocked compute thread: the devices of one node exchange
-    /// nothing but collectives. Other devices keep their comm streams. Needs one
-    /// micro-batch per step. Default off.
-    pub collectives_on_compute_streams: bool,
+    /// Which streams run the cpu devices' collectives: comm streams of their own, the
+    /// compute streams, or (the default) whichever suits the compiling host
+    /// ([`CollectiveStreams`]).
+    pub collective_streams: CollectiveStreams,
+}
+
+/// Which streams run a cpu device's collectives.
+///
+/// A collective blocks the thread that runs it until every member has arrived. On comm
+/// streams of their own (a thread each) the collectives overlap the products, but only
+/// where a core is spare: where a host has about one core per device (two cpu devices on
+/// two cores) the comm threads only add wake-ups and preemptions, and running the same
+/// collectives, in the same order and with the same results, on the compute streams is
+/// up to twice as fast (the tiny GPT with `tp2` on two cores: 2.0 against 0.9 ms per
+/// step; BENCHMARKS.md, issue 13, "twenty-first" and "twenty-second").
+///
+/// On the compute streams, plan validation checks that nothing can wait on a blocked
+/// compute thread (the devices of one node exchange nothing but collectives), and the
+/// step must have one micro-batch. Devices of other kinds keep their comm streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CollectiveStreams {
+    /// [`CollectiveStreams::ForCores`] the compiling host's cores
+    /// (`std::thread::available_parallelism`). The plan is then made for the host that
+    /// compiles it: give the cores of the host that will run a plan file made elsewhere.
+    #[default]
+    Auto,
+    /// The compute streams where they can be ([`CollectiveStreams::inline_possible`]) and
+    /// a host of this many cores cannot give every cpu device a compute and a comm thread
+    /// (fewer than twice as many cores as cpu devices), else comm streams.
+    ForCores(usize),
+    /// Comm streams of their own (a thread per device and phase).
+    CommStreams,
+    /// Each cpu device's compute stream (one micro-batch per step only).
+    ComputeStreams,
+}
+
+impl CollectiveStreams {
+    /// Whether a step of `micro_batches` over `devices` in `stages` pipeline stages could
+    /// run its collectives on the compute streams: one micro-batch, no pipeline (whose
+    /// stages exchange activations, not collectives), cpu devices of one node, at least
+    /// two of them (one device has no collectives).
+    pub(crate) fn inline_possible(devices: &[MeshDevice], stages: usize, micro_batches: u32) -> bool {
+        micro_batches == 1
+            && stages <= 1
+            && devices.len() >= 2
+            && devices.iter().all(|d| d.kind == DeviceKind::Cpu && d.node == devices[0].node)
+    }
+
+    /// Whether the cpu devices' collectives run on their compute streams.
+    pub(crate) fn on_compute(self, devices: &[MeshDevice], stages: usize, micro_batches: u32) -> bool {
+        match self {
+            Self::CommStreams => false,
+            Self::ComputeStreams => true,
+            Self::Auto => Self::ForCores(host_cores()).on_compute(devices, stages, micro_batches),
+            Self::ForCores(cores) => {
+                let cpu = devices.iter().filter(|d| d.kind == DeviceKind::Cpu).count();
+                Self::inline_possible(devices, stages, micro_batches) && 2 * cpu > cores
+            }
+        }
+    }
+
+    /// Whether the choice was the compiler's (so a plan that cannot block its compute
+    /// streams keeps its comm streams instead of being refused).
+    pub(crate) fn chosen_by_compiler(self) -> bool {
+        matches!(self, Self::Auto | Self::ForCores(_))
+    }
+}
+
+/// The cores this process may run on (1 where the host will not say).
+fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// How pipeline stages order their micro-batches. Neither is schedule code: both are
@@ -241,7 +301,7 @@ impl ParallelOptions {
             fuse_norms: true,
             fuse_casts: true,
             fold_casts: true,
-            collectives_on_compute_streams: false,
+            collective_streams: CollectiveStreams::Auto,
         }
     }
 
@@ -276,13 +336,20 @@ impl ParallelOptions {
             ("activation_register_num", self.activation_register_num),
             ("micro_batches", self.micro_batch_count()),
         ];
-        if self.collectives_on_compute_streams && self.micro_batch_count() > 1 {
+        if self.collective_streams == CollectiveStreams::ForCores(0) {
             return Err(CompileError::BadOption {
-                option: "collectives_on_compute_streams",
-                value: format!("true with {} micro-batches", self.micro_batch_count()),
+                option: "collective_streams",
+                value: "ForCores(0)".into(),
+                expected: "the cores of the host the plan is for, at least 1 (or Auto: this host's)",
+            });
+        }
+        if self.collective_streams == CollectiveStreams::ComputeStreams && self.micro_batch_count() > 1 {
+            return Err(CompileError::BadOption {
+                option: "collective_streams",
+                value: format!("ComputeStreams with {} micro-batches", self.micro_batch_count()),
                 expected: "one micro-batch per step: a collective of every micro-batch and one of the averaged \
-                           gradients would block one stream at different rates (leave it off: comm streams keep \
-                           them apart)",
+                           gradients would block one stream at different rates (CommStreams or Auto keep them \
+                           apart)",
             });
         }
         for (option, value) in positive {

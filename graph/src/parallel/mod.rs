@@ -6,7 +6,9 @@
 //! re-exported here from the compiler.
 
 pub use crate::compile::boxing::{KeepOnFirst, TakePart};
-pub use crate::compile::{Accumulate, DatasetInputs, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule};
+pub use crate::compile::{
+    Accumulate, CollectiveStreams, DatasetInputs, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule,
+};
 use crate::dsl::Tensor;
 use crate::ops::{GradCtx, InputGrads, OpDef};
 use crate::plan::TensorMeta;

@@ -471,9 +471,11 @@ fn stop_started(
 
 /// Says in the log when a job's cpu stream threads (each with its kernels' helpers)
 /// outnumber the cores while cpu collectives run on comm threads of their own: there, each
-/// collective wakes a thread that has no core to run on, and compiling with
-/// `ParallelOptions::collectives_on_compute_streams` runs them on the compute threads
-/// instead (BENCHMARKS.md, issue 13, "twenty-first").
+/// collective wakes a thread that has no core to run on, and compiling for this host's
+/// cores (`ParallelOptions::collective_streams`, `Auto` or `ForCores`) runs them on the
+/// compute threads instead (BENCHMARKS.md, issue 13, "twenty-first"). A plan compiled with
+/// `Auto` on this host has them there already, unless kernel helper threads
+/// (`cpu_threads`) are what outnumber the cores.
 fn hint_collectives_on_compute(plan: &Plan, started: impl Iterator<Item = usize>, cpu_threads: usize) {
     let cpu = |s: usize| plan.devices[plan.streams[s].device.index()].kind == DeviceKind::Cpu;
     let started: Vec<usize> = started.filter(|&s| cpu(s)).collect();
@@ -490,7 +492,7 @@ fn hint_collectives_on_compute(plan: &Plan, started: impl Iterator<Item = usize>
             threads,
             cores,
             "{threads} cpu stream threads on {cores} cores, with collectives on comm threads of their own: \
-             compiling with ParallelOptions::collectives_on_compute_streams runs them on the compute threads"
+             compiling with ParallelOptions::collective_streams = CollectiveStreams::ComputeStreams runs them on the compute threads"
         );
     }
 }

@@ -154,6 +154,9 @@ pub(crate) struct Lowering<'a> {
     pub(crate) placement: &'a Placement,
     pub(crate) layouts: &'a Layouts,
     pub(crate) options: &'a ParallelOptions,
+    /// Whether the cpu devices' collectives run on their compute streams
+    /// ([`ParallelOptions::collective_streams`], resolved for this step and host).
+    pub(crate) collectives_on_compute: bool,
     pub(crate) b: PlanBuilder,
     /// By device slot.
     pub(crate) devices: Vec<DeviceStreams>,
@@ -190,6 +193,7 @@ impl<'a> Lowering<'a> {
         placement: &'a Placement,
         layouts: &'a Layouts,
         options: &'a ParallelOptions,
+        collectives_on_compute: bool,
     ) -> Self {
         let mut b = PlanBuilder::new();
         let devices: Vec<DeviceStreams> = placement
@@ -207,6 +211,7 @@ impl<'a> Lowering<'a> {
             placement,
             layouts,
             options,
+            collectives_on_compute,
             b,
             devices,
             regs: HashMap::new(),
@@ -372,11 +377,9 @@ impl<'a> Lowering<'a> {
     }
 
     /// The comm stream of device `slot` for collectives of `phase` (its compute stream on a
-    /// cpu device where [`ParallelOptions::collectives_on_compute_streams`] says so).
+    /// cpu device where [`ParallelOptions::collective_streams`] says so).
     pub(crate) fn comm_stream(&mut self, slot: usize, phase: Phase) -> StreamIndex {
-        if self.options.collectives_on_compute_streams
-            && self.placement.devices[slot].kind == crate::plan::DeviceKind::Cpu
-        {
+        if self.collectives_on_compute && self.placement.devices[slot].kind == crate::plan::DeviceKind::Cpu {
             return self.devices[slot].compute;
         }
         if let Some(s) = self.devices[slot].comm.get(&phase) {
