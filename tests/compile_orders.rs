@@ -3,11 +3,14 @@
 //! stream's chain, so a collective whose input is ready never waits behind one whose input
 //! comes later (the data-parallel MLP's `dW1` all-reduce once waited about 5 ms behind
 //! `dW2`'s all-gather, and the next step's first product for it; BENCHMARKS.md, issue 13,
-//! "twelfth").
+//! "twelfth"). The rule is the comm streams': with the collectives on the compute streams
+//! (`CollectiveStreams::ComputeStreams`, which `Auto` picks on a host of 2 or 3 cores) the
+//! compute thread that runs them is the one making their inputs, and their one chain follows
+//! the step's estimated schedule instead.
 
 use regflow::graph::plan::Plan;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, Init, Optimizer, ParallelOptions};
+use regflow::graph::{CollectiveStreams, DType, Graph, Init, Optimizer, ParallelOptions};
 use std::collections::HashMap;
 
 /// The benchmark's MLP (784-1024-1024-10, batch 256, AdamW), data parallel over two `cpu`
@@ -37,7 +40,8 @@ fn compiled_mlp(sharded: bool) -> Plan {
             g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
         }
     }
-    let options = ParallelOptions::new(mesh).train(&train);
+    let options = ParallelOptions { collective_streams: CollectiveStreams::CommStreams, ..ParallelOptions::new(mesh) }
+        .train(&train);
     g.compile_parallel(&[train.loss], &train.updates, &options).unwrap().plan
 }
 

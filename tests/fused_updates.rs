@@ -6,7 +6,8 @@
 use regflow::graph::plan::{ActorKind, DeviceKind, KernelConf, OpConf, Plan};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
-    CompileOptions, CompiledGraph, DType, Graph, HostArray, LossScale, Optimizer, ParallelOptions, TrainStep,
+    CollectiveStreams, CompileOptions, CompiledGraph, DType, Graph, HostArray, LossScale, Optimizer, ParallelOptions,
+    TrainStep,
 };
 use regflow::prelude::*;
 
@@ -86,7 +87,11 @@ fn data_parallel(g: &Graph, step: &TrainStep<'_>, bucket_bytes: u64, fuse_update
     for name in ["x", "y"] {
         g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
     }
-    let options = ParallelOptions { bucket_bytes, fuse_updates, ..ParallelOptions::new(mesh) }.train(step);
+    // On comm streams: an all-reduce on the compute stream is made on the update's own
+    // stream, so every update of a device would join one group whatever the buckets.
+    let collective_streams = CollectiveStreams::CommStreams;
+    let options =
+        ParallelOptions { bucket_bytes, fuse_updates, collective_streams, ..ParallelOptions::new(mesh) }.train(step);
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
 }
 

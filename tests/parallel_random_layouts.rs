@@ -2,11 +2,14 @@
 //! a small MLP (uneven sizes: batch 6, widths 5, 7 and 3) for 3 steps with random layouts of
 //! its inputs and weights on a random 1-D or 2-D mesh of up to 4 devices, and checks every
 //! loss against one device (f64, 1e-9 relative). Every op's signatures, the chooser, the
-//! boxing, uneven and empty parts, the optimizer's layouts and the feeds take part.
+//! boxing, uneven and empty parts, the optimizer's layouts and the feeds take part, with
+//! the collectives on comm streams or on the compute streams (drawn too).
 
 use proptest::prelude::*;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Session, SplitMix64, TrainStep};
+use regflow::graph::{
+    CollectiveStreams, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Session, SplitMix64, TrainStep,
+};
 use regflow::prelude::*;
 
 const BATCH: usize = 6;
@@ -25,6 +28,8 @@ struct Case {
     w1: Vec<Sbp>,
     b1: Vec<Sbp>,
     w2: Vec<Sbp>,
+    /// Where the collectives run (the default, `Auto`, would pick one by the host's cores).
+    streams: CollectiveStreams,
 }
 
 fn one_of(options: Vec<Sbp>) -> impl Strategy<Value = Sbp> {
@@ -43,8 +48,9 @@ fn case() -> impl Strategy<Value = Case> {
             matrix(),
             proptest::collection::vec(one_of(vec![Sbp::Broadcast, Sbp::Split(0)]), n),
             matrix(),
+            prop_oneof![Just(CollectiveStreams::CommStreams), Just(CollectiveStreams::ComputeStreams)],
         )
-            .prop_map(|(mesh, x, y, w1, b1, w2)| Case { mesh, x, y, w1, b1, w2 })
+            .prop_map(|(mesh, x, y, w1, b1, w2, streams)| Case { mesh, x, y, w1, b1, w2, streams })
     })
 }
 
@@ -91,7 +97,11 @@ fn parallel(case: &Case) -> Vec<f64> {
     let train = model(&g, Some(case));
     let axes: Vec<String> = (0..case.mesh.len()).map(|i| format!("a{i}")).collect();
     let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
-    let options = ParallelOptions::new(Mesh::cpu(&case.mesh, &axes).unwrap()).train(&train);
+    let options = ParallelOptions {
+        collective_streams: case.streams,
+        ..ParallelOptions::new(Mesh::cpu(&case.mesh, &axes).unwrap())
+    }
+    .train(&train);
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let mut feeds = job.graph_feeds().unwrap();

@@ -3,7 +3,9 @@
 
 use regflow::graph::plan::CollectiveOp;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Session, SplitMix64, TrainStep};
+use regflow::graph::{
+    CollectiveStreams, DType, Graph, HostArray, Init, Optimizer, ParallelOptions, Session, SplitMix64, TrainStep,
+};
 use regflow::prelude::*;
 
 use Sbp::{Broadcast as B, Split as S};
@@ -275,8 +277,9 @@ fn zero_buckets_change_no_bit() {
 }
 
 /// Bytes per device of the digits-size MLP (784-1024-1024-10, batch 256, AdamW) on two
-/// devices, data parallel, with the moments replicated or split `S(0)`.
-fn zero1_bytes_per_device(sharded: bool) -> u64 {
+/// devices, data parallel, with the moments replicated or split `S(0)`, its collectives on
+/// `streams`.
+fn zero1_bytes_per_device(sharded: bool, streams: CollectiveStreams) -> u64 {
     let g = Graph::new();
     let x = g.input("x", [256, 784], DType::F32).unwrap();
     let y = g.input("y", [256], DType::I64).unwrap();
@@ -301,7 +304,7 @@ fn zero1_bytes_per_device(sharded: bool) -> u64 {
             g.set_layout(*state, &mesh, NdSbp(vec![S(0)])).unwrap();
         }
     }
-    let options = ParallelOptions::new(mesh).train(&train);
+    let options = ParallelOptions { collective_streams: streams, ..ParallelOptions::new(mesh) }.train(&train);
     let plan = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap().plan;
     let devices = plan.memory().unwrap().report().devices;
     assert_eq!(devices.len(), 2);
@@ -316,15 +319,22 @@ fn zero1_bytes_per_device(sharded: bool) -> u64 {
 /// them once too, and since the sharded updates write their rows where they lie in the
 /// gathered weight, so does the sharded plan: 23.0 MB per device sharded against 40.2 MB
 /// replicated, 2.3 of a weight's bytes (34.2 MB while a gathered weight kept two buffers
-/// and its rows one of their own; before in-place updates: 41.1 against 63.1 MB).
+/// and its rows one of their own; before in-place updates: 41.1 against 63.1 MB). With the
+/// collectives on the compute streams their buffers share memory with the activations'
+/// too (they are on the chain), and each plan holds less again: 20.0 and 32.7 MB.
 #[test]
 fn sharded_optimizer_state_saves_over_twice_the_weights_per_device() {
     let weights = ((784 + 1) * 1024 + (1024 + 1) * 1024 + (1024 + 1) * 10) * 4;
-    let (sharded, replicated) = (zero1_bytes_per_device(true), zero1_bytes_per_device(false));
+    let bytes = |sharded| zero1_bytes_per_device(sharded, CollectiveStreams::CommStreams);
+    let (sharded, replicated) = (bytes(true), bytes(false));
     assert!(
         sharded + 2 * weights <= replicated,
         "{sharded} bytes sharded + twice {weights} of weights > {replicated} replicated"
     );
+    let on_compute = |sharded| zero1_bytes_per_device(sharded, CollectiveStreams::ComputeStreams);
+    let (sharded_inline, replicated_inline) = (on_compute(true), on_compute(false));
+    assert!(sharded_inline + weights <= replicated_inline, "{sharded_inline} + {weights} > {replicated_inline}");
+    assert!(sharded_inline <= sharded && replicated_inline <= replicated, "more memory on the compute streams");
 }
 
 #[test]

@@ -74,6 +74,8 @@ pub(crate) fn share_memory(
                 || !readers_in_chain
                 // A constant variable's slots hold its value for the whole job.
                 || constants.contains(&RegstDescId(r as u32))
+                // A weight's updated part that may lie within the gathered weight instead.
+                || may_gather_in_place(&plan, &index, RegstDescId(r as u32))
             {
                 continue;
             }
@@ -180,6 +182,18 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
         plan.regst_descs[target.index()].aliased_slots = false;
         plan.regst_descs[view.index()].within = None;
     }
+}
+
+/// Whether `part` is read by one all-gather alone, as its own part of a loop register (a
+/// weight gathered after its sharded update): [`gather_in_place`] may put it within that
+/// register, so it keeps out of the shared memory. Only collectives on the compute streams
+/// (`CollectiveStreams::ComputeStreams`) put such a reader on the chain.
+fn may_gather_in_place(plan: &crate::plan::Plan, index: &PlanIndex<'_>, part: RegstDescId) -> bool {
+    let desc = &plan.regst_descs[part.index()];
+    let [gather] = desc.consumers.as_slice() else { return false };
+    let own_part = plan.collective_conf(gather.index()).is_some_and(|conf| conf.own_part_bytes().is_some());
+    let output = index.outputs_of(*gather).first().map(|o| &plan.regst_descs[o.index()]);
+    own_part && plan.actors[gather.index()].inputs.first() == Some(&part) && output.is_some_and(|o| o.preloaded == 1)
 }
 
 /// The loop registers (one preloaded slot) that may be one buffer their update writes in
