@@ -10,7 +10,8 @@
 //! The model is the README's "Parallel training from layouts" one: `x: f32[8, 3]` and
 //! `y: i64[8]` split along the batch over the mesh axis `dp`, one weight `w: f32[3, 2]`
 //! broadcast to both devices, softmax cross-entropy, AdamW. The weight's gradient comes out
-//! `Partial` and is all-reduced on each device's comm stream.
+//! `Partial` and is all-reduced on each device's comm stream (on its compute stream where
+//! this host has fewer than 4 cores: `ParallelOptions::collective_streams`, `Auto`).
 
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{DType, Graph, Init, Optimizer, ParallelOptions};
