@@ -1,8 +1,10 @@
 //! Collectives on cpu devices' compute streams (`ParallelOptions::collective_streams`):
 //! the same collectives, in the same order, run by the compute threads instead of comm
 //! threads of their own, so a data-parallel step trains to the same bits; the compiler
-//! chooses them by the host's cores where asked to; and plan validation refuses a blocking
-//! collective where a blocked thread could hold what another device waits for.
+//! chooses them by the host's cores where asked to, keeping comm streams for devices that
+//! exchange copies (a tensor on one device of the mesh, which trains like one device either
+//! way); and plan validation refuses a blocking collective where a blocked thread could
+//! hold what another device waits for.
 
 use regflow::graph::plan::{
     ActorKind, CollectiveConf, CollectiveOp, DeviceKind, KernelConf, Plan, PlanBuilder, PlanError, SourcePieces,
@@ -205,4 +207,39 @@ fn a_blocking_collective_outside_a_comm_stream_is_checked() {
         err.starts_with("collective 'g': member 'allreduce@0' runs on a Compute stream of node0/sim:0: a collective blocks its stream"),
         "{err}"
     );
+}
+
+/// A tensor on the mesh's first device alone (a weight, a bias, the loss): the other device
+/// copies it in, or hands it its part, by copy actors, and the step trains as on one device
+/// (within f32 rounding: the gradient's sum runs in another order). A copied-in variable
+/// used to end every job with a piece-order error (its copy was taken for a reader from
+/// outside the loop, although its gradient part comes back through an all-reduce), and the
+/// compiler refused the plan for it.
+#[test]
+fn a_tensor_on_one_device_of_the_mesh_trains_like_one_device() {
+    let optimizer = Optimizer::adamw(5e-2, 1e-2);
+    let g = Graph::new();
+    let (step, _) = model(&g, &optimizer);
+    let one = g.compile(&[step.loss], &step.updates, &regflow::graph::CompileOptions::default()).unwrap();
+    let (want, _) = tiny_mlp::train(&one, one.plan.clone(), 1, 6, 1);
+    for name in ["w0", "b0", "w1", "loss"] {
+        for collective_streams in [CollectiveStreams::CommStreams, CollectiveStreams::ForCores(2)] {
+            let g = Graph::new();
+            let (step, _) = model(&g, &optimizer);
+            let mesh = tiny_mlp::two_devices(&g, &step, false);
+            let first = Mesh::new(vec![mesh.devices()[0]], &[1], &["first"]).unwrap();
+            let t = if name == "loss" { step.loss } else { g.by_name(name).unwrap() };
+            g.set_layout(t, &first, NdSbp(vec![regflow::graph::sbp::Sbp::Broadcast])).unwrap();
+            let options = ParallelOptions { collective_streams, ..ParallelOptions::new(mesh) }.train(&step);
+            let compiled = g
+                .compile_parallel(&[step.loss], &step.updates, &options)
+                .unwrap_or_else(|e| panic!("{name} on device 0: {e}"));
+            let (got, _) = tiny_mlp::train(&compiled, compiled.plan.clone(), 1, 6, 1);
+            assert_eq!(got.len(), want.len());
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                let (a, b) = (f64::from_bits(*a), f64::from_bits(*b));
+                assert!((a - b).abs() <= 1e-5 * b.abs(), "{name} on device 0, step {k}: loss {a} against {b}");
+            }
+        }
+    }
 }

@@ -163,11 +163,34 @@ impl<'p> PlanIndex<'p> {
     }
 
     /// The strongly connected component of every actor (along every register, preloaded
-    /// or not), numbered arbitrarily. Iterative Tarjan, so a long chain cannot overflow the
-    /// stack.
+    /// or not, and around every collective group), numbered arbitrarily. Iterative Tarjan,
+    /// so a long chain cannot overflow the stack.
+    ///
+    /// The members of a collective group finish only together, so each depends on every
+    /// other: a ring through them (one extra edge per member) puts them in one component.
+    /// Without it, a variable of one device that another device copies in (a weight on a
+    /// sub-mesh) was read by the copy as if from outside the loop, although the copy's
+    /// device hands its gradient part back to the update through an all-reduce: the copy
+    /// then saw one value more than the step's tick and ended the job with a piece order
+    /// error.
     fn components(&self) -> Vec<usize> {
         const UNVISITED: usize = usize::MAX;
         let n = self.plan.actors.len();
+        let mut ring_next: Vec<Option<usize>> = vec![None; n];
+        for members in self.plan.collective_groups().values() {
+            for (k, &member) in members.iter().enumerate() {
+                ring_next[member] = Some(members[(k + 1) % members.len()]).filter(|&next| next != member);
+            }
+        }
+        // The successor at position `next` of `a`'s list: its consumers, then its ring's next.
+        let successor = |a: usize, next: usize| -> Option<usize> {
+            let end = self.consumer_start[a + 1];
+            match next.cmp(&end) {
+                std::cmp::Ordering::Less => Some(self.consumers[next].index()),
+                std::cmp::Ordering::Equal => ring_next[a],
+                std::cmp::Ordering::Greater => None,
+            }
+        };
         let mut order = vec![UNVISITED; n];
         let mut low = vec![0usize; n];
         let mut component = vec![UNVISITED; n];
@@ -187,8 +210,7 @@ impl<'p> PlanIndex<'p> {
             stack.push(root);
             on_stack[root] = true;
             while let Some(&mut (a, ref mut next)) = frames.last_mut() {
-                if *next < self.consumer_start[a + 1] {
-                    let c = self.consumers[*next].index();
+                if let Some(c) = successor(a, *next) {
                     *next += 1;
                     if order[c] == UNVISITED {
                         order[c] = visited;
@@ -316,6 +338,11 @@ mod tests {
                 }
                 if !std::mem::replace(&mut seen[a.index()], true) {
                     stack.extend(plan.outputs_of(a).flat_map(|d| plan.regst_descs[d.index()].consumers.clone()));
+                    // A collective member reaches every member of its group.
+                    if let Some(conf) = plan.collective_conf(a.index()) {
+                        let group = |b: &usize| plan.collective_conf(*b).is_some_and(|c| c.group == conf.group);
+                        stack.extend((0..plan.actors.len()).filter(group).map(|b| ActorIndex(b as u32)));
+                    }
                 }
             }
             false
@@ -352,6 +379,55 @@ mod tests {
         assert_eq!(index.loop_inputs(update), [true, false]);
         assert_eq!(index.loop_inputs(forward), [false, true]);
         assert_eq!(index.loop_inputs(reader), [false]);
+    }
+
+    #[test]
+    fn a_loop_closes_through_a_collective_group() {
+        // Device 0 updates w (preloaded) from an all-reduce; device 1 copies w in and hands
+        // its part to the same all-reduce: the copy is inside the loop, though no register
+        // leads from it back to the update.
+        let mut b = PlanBuilder::new();
+        let streams: Vec<StreamIndex> = (0..2u16)
+            .map(|d| {
+                let device = b.device(0, DeviceKind::Cpu, d);
+                b.stream(device, StreamKind::Compute)
+            })
+            .collect();
+        let member = |b: &mut PlanBuilder, rank: u32| {
+            let conf = crate::CollectiveConf {
+                group: "g".into(),
+                rank,
+                size: 2,
+                op: crate::CollectiveOp::AllReduce,
+                dtype: crate::DType::F32,
+                shape: vec![2],
+            };
+            let kind = ActorKind::Compute { kernel: KernelConf::Collective(conf) };
+            b.actor(&format!("allreduce@{rank}"), streams[rank as usize], kind)
+        };
+        let update = b.actor("update", streams[0], compute());
+        let w = b.regst("w", update, 8, 1);
+        b.preload(w, 1);
+        let copy = b.actor("copy@1", streams[1], compute());
+        b.consume(copy, w);
+        let copied = b.regst("copied", copy, 8, 1);
+        let (m0, m1) = (member(&mut b, 0), member(&mut b, 1));
+        b.consume(m1, copied);
+        let own = b.actor("own@0", streams[0], compute());
+        b.consume(own, w);
+        let part = b.regst("part", own, 8, 1);
+        b.consume(m0, part);
+        let sum = b.regst("sum", m0, 8, 1);
+        b.consume(update, w).consume(update, sum);
+        let sum1 = b.regst("sum@1", m1, 8, 1);
+        let sink = b.actor("sink", streams[1], ActorKind::Sink);
+        b.consume(sink, sum1);
+        let plan = b.plan_mut().clone();
+        assert_eq!(assert_agrees_with_plan(&plan), 3);
+        let index = PlanIndex::new(&plan);
+        assert_eq!(index.loop_inputs(copy), [true]);
+        assert_eq!(index.loop_inputs(own), [true]);
+        assert_eq!(index.loop_inputs(sink), [false]);
     }
 
     #[test]

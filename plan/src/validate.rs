@@ -322,7 +322,9 @@ impl Plan {
     }
 
     /// For each input of `actor`, whether it closes a loop: its register carries loop state
-    /// (preloaded, or handed on by a repeat) and `actor` can reach the register's producer.
+    /// (preloaded, or handed on by a repeat) and `actor` can reach the register's producer
+    /// (along registers, and from a collective member to every member of its group, since
+    /// they finish only together).
     /// Such an input carries one value per preloaded slot more than the loop runs; an actor
     /// that merely reads a preloaded register from outside the loop sees every value as an
     /// ordinary input. Linear in the plan's size; for many actors build one [`PlanIndex`].
