@@ -3,7 +3,9 @@
 //! its inputs and weights on a random 1-D or 2-D mesh of up to 4 devices, and checks every
 //! loss against one device (f64, 1e-9 relative). Every op's signatures, the chooser, the
 //! boxing, uneven and empty parts, the optimizer's layouts and the feeds take part, with
-//! the collectives on comm streams or on the compute streams (drawn too).
+//! the collectives on comm streams or on the compute streams (drawn too), and now and then
+//! one tensor (a weight, the bias, the hidden activation or the loss) whole on one device
+//! of the mesh alone, so that copies between devices take part.
 
 use proptest::prelude::*;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
@@ -30,6 +32,9 @@ struct Case {
     w2: Vec<Sbp>,
     /// Where the collectives run (the default, `Auto`, would pick one by the host's cores).
     streams: CollectiveStreams,
+    /// A tensor (by name: `w1`, `b1`, `w2`, `h` or `loss`) whole on the mesh's device of
+    /// this rank alone, instead of its layout on the mesh.
+    alone: Option<(&'static str, usize)>,
 }
 
 fn one_of(options: Vec<Sbp>) -> impl Strategy<Value = Sbp> {
@@ -40,6 +45,7 @@ fn case() -> impl Strategy<Value = Case> {
     let meshes = prop_oneof![Just(vec![2]), Just(vec![3]), Just(vec![4]), Just(vec![2, 2]), Just(vec![1, 3])];
     meshes.prop_flat_map(|mesh| {
         let n = mesh.len();
+        let devices: usize = mesh.iter().product();
         let matrix = || proptest::collection::vec(one_of(vec![Sbp::Broadcast, Sbp::Split(0), Sbp::Split(1)]), n);
         (
             Just(mesh),
@@ -49,8 +55,21 @@ fn case() -> impl Strategy<Value = Case> {
             proptest::collection::vec(one_of(vec![Sbp::Broadcast, Sbp::Split(0)]), n),
             matrix(),
             prop_oneof![Just(CollectiveStreams::CommStreams), Just(CollectiveStreams::ComputeStreams)],
+            proptest::option::weighted(
+                0.3,
+                (proptest::sample::select(vec!["w1", "b1", "w2", "h", "loss"]), 0..devices),
+            ),
         )
-            .prop_map(|(mesh, x, y, w1, b1, w2, streams)| Case { mesh, x, y, w1, b1, w2, streams })
+            .prop_map(|(mesh, x, y, w1, b1, w2, streams, alone)| Case {
+                mesh,
+                x,
+                y,
+                w1,
+                b1,
+                w2,
+                streams,
+                alone,
+            })
     })
 }
 
@@ -60,16 +79,39 @@ fn model<'g>(g: &'g Graph, case: Option<&Case>) -> TrainStep<'g> {
     let w1 = g.variable("w1", [5, 7], DType::F64, Init::Xavier { seed: 1 }).unwrap();
     let b1 = g.variable("b1", [7], DType::F64, Init::Normal { mean: 0.0, std: 0.1, seed: 2 }).unwrap();
     let w2 = g.variable("w2", [7, 3], DType::F64, Init::Xavier { seed: 3 }).unwrap();
-    if let Some(c) = case {
-        let axes: Vec<String> = (0..c.mesh.len()).map(|i| format!("a{i}")).collect();
-        let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
-        let mesh = Mesh::cpu(&c.mesh, &axes).unwrap();
-        for (t, sbp) in [(x, &c.x), (y, &c.y), (w1, &c.w1), (b1, &c.b1), (w2, &c.w2)] {
-            g.set_layout(t, &mesh, NdSbp(sbp.clone())).unwrap();
+    let Some(c) = case else {
+        let loss = x.matmul(&w1).unwrap().add(&b1).unwrap().tanh().unwrap().matmul(&w2).unwrap();
+        let loss = loss.sparse_cross_entropy(&y).unwrap();
+        return g.minimize(loss, &Optimizer::adamw(5e-2, 1e-2).with_clip_norm(0.5)).unwrap();
+    };
+    let axes: Vec<String> = (0..c.mesh.len()).map(|i| format!("a{i}")).collect();
+    let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
+    let mesh = Mesh::cpu(&c.mesh, &axes).unwrap();
+    // The tensor named to lie whole on one device alone, and that device's mesh: a variable
+    // is made there and moved to the mesh (`to_global`) where used; an op's output is moved
+    // there and back.
+    let alone = c.alone.map(|(name, rank)| (name, Mesh::new(vec![mesh.devices()[rank]], &[1], &["alone"]).unwrap()));
+    let whole = || NdSbp(vec![Sbp::Broadcast]);
+    let laid = |name: &str, t: regflow::graph::Tensor<'g>, sbp: &Vec<Sbp>| match alone.as_ref() {
+        Some((a, one)) if *a == name => {
+            g.set_layout(t, one, whole()).unwrap();
+            t.to_global(&mesh, NdSbp(sbp.clone())).unwrap()
         }
-    }
-    let loss = x.matmul(&w1).unwrap().add(&b1).unwrap().tanh().unwrap().matmul(&w2).unwrap();
-    let loss = loss.sparse_cross_entropy(&y).unwrap();
+        _ => {
+            g.set_layout(t, &mesh, NdSbp(sbp.clone())).unwrap();
+            t
+        }
+    };
+    let (x, y) = (laid("x", x, &c.x), laid("y", y, &c.y));
+    let (w1, b1, w2) = (laid("w1", w1, &c.w1), laid("b1", b1, &c.b1), laid("w2", w2, &c.w2));
+    let through_one = |name: &str, t: regflow::graph::Tensor<'g>| match alone.as_ref() {
+        Some((a, one)) if *a == name => Some(t.to_global(one, whole()).unwrap()),
+        _ => None,
+    };
+    let h = x.matmul(&w1).unwrap().add(&b1).unwrap().tanh().unwrap();
+    let h = through_one("h", h).map_or(h, |h| h.to_global(&mesh, NdSbp(vec![Sbp::Broadcast; c.mesh.len()])).unwrap());
+    let loss = h.matmul(&w2).unwrap().sparse_cross_entropy(&y).unwrap();
+    let loss = through_one("loss", loss).unwrap_or(loss);
     g.minimize(loss, &Optimizer::adamw(5e-2, 1e-2).with_clip_norm(0.5)).unwrap()
 }
 
@@ -97,11 +139,15 @@ fn parallel(case: &Case) -> Vec<f64> {
     let train = model(&g, Some(case));
     let axes: Vec<String> = (0..case.mesh.len()).map(|i| format!("a{i}")).collect();
     let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
-    let options = ParallelOptions {
-        collective_streams: case.streams,
-        ..ParallelOptions::new(Mesh::cpu(&case.mesh, &axes).unwrap())
-    }
-    .train(&train);
+    // Copies between devices rule out collectives that block the compute streams: asked
+    // for outright they are refused, chosen by the compiler (`ForCores`) the plan falls
+    // back to comm streams.
+    let collective_streams = match (case.streams, case.alone) {
+        (CollectiveStreams::ComputeStreams, Some(_)) => CollectiveStreams::ForCores(1),
+        (streams, _) => streams,
+    };
+    let options = ParallelOptions { collective_streams, ..ParallelOptions::new(Mesh::cpu(&case.mesh, &axes).unwrap()) }
+        .train(&train);
     let compiled = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap();
     let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let mut feeds = job.graph_feeds().unwrap();
