@@ -2,7 +2,8 @@
 //! 2 or 4 stages (one cpu device each), trained with m micro-batches per step, gives the
 //! same losses as one device training on the whole batch; m = 1 does not hang; and the
 //! live activations per stage stay within the stage count with 1F1B counts but reach m
-//! under the GPipe option.
+//! under the GPipe option. A proptest draws pipelines of 2 or 4 stages of 1 or 2 devices,
+//! random layouts on each, 1 to 8 micro-batches and either schedule.
 
 mod common;
 
@@ -26,8 +27,10 @@ fn stage_mesh(stage: usize) -> Mesh {
 struct Stages {
     meshes: Vec<Mesh>,
     input: Vec<Sbp>,
-    weight: fn(usize) -> Vec<Sbp>,
-    bias: fn(usize) -> Vec<Sbp>,
+    /// By layer.
+    weight: Vec<Vec<Sbp>>,
+    /// By layer.
+    bias: Vec<Vec<Sbp>>,
 }
 
 /// One cpu device per stage.
@@ -35,8 +38,8 @@ fn single_devices(p: usize) -> Stages {
     Stages {
         meshes: (0..p).map(stage_mesh).collect(),
         input: vec![Sbp::Broadcast],
-        weight: |_| vec![Sbp::Broadcast],
-        bias: |_| vec![Sbp::Broadcast],
+        weight: vec![vec![Sbp::Broadcast]; LAYERS],
+        bias: vec![vec![Sbp::Broadcast]; LAYERS],
     }
 }
 
@@ -50,8 +53,12 @@ fn dp_tp_pp() -> Stages {
     Stages {
         meshes: vec![mesh(0), mesh(1)],
         input: vec![Sbp::Split(0), Sbp::Broadcast],
-        weight: |l| vec![Sbp::Broadcast, if l % 2 == 0 { Sbp::Split(1) } else { Sbp::Split(0) }],
-        bias: |l| vec![Sbp::Broadcast, if l % 2 == 0 { Sbp::Split(0) } else { Sbp::Broadcast }],
+        weight: (0..LAYERS)
+            .map(|l| vec![Sbp::Broadcast, if l % 2 == 0 { Sbp::Split(1) } else { Sbp::Split(0) }])
+            .collect(),
+        bias: (0..LAYERS)
+            .map(|l| vec![Sbp::Broadcast, if l % 2 == 0 { Sbp::Split(0) } else { Sbp::Broadcast }])
+            .collect(),
     }
 }
 
@@ -66,8 +73,8 @@ fn two_then_one() -> Stages {
             Mesh::new(devices(2, 1), &[1], &["dp"]).unwrap(),
         ],
         input: vec![Sbp::Split(0)],
-        weight: |_| vec![Sbp::Broadcast],
-        bias: |_| vec![Sbp::Broadcast],
+        weight: vec![vec![Sbp::Broadcast]; LAYERS],
+        bias: vec![vec![Sbp::Broadcast]; LAYERS],
     }
 }
 
@@ -91,8 +98,8 @@ fn model_with<'g>(g: &'g Graph, batch: usize, stages: Option<&Stages>, optimizer
         let w = g.variable(&format!("w{l}"), [WIDTH, out], DType::F64, Init::Xavier { seed: l as u64 }).unwrap();
         let b = g.variable(&format!("b{l}"), [out], DType::F64, Init::Zeros).unwrap();
         if let (Some(s), Some(st)) = (stage_of(l), stages) {
-            g.set_layout(w, &st.meshes[s], NdSbp((st.weight)(l))).unwrap();
-            g.set_layout(b, &st.meshes[s], NdSbp((st.bias)(l))).unwrap();
+            g.set_layout(w, &st.meshes[s], NdSbp(st.weight[l].clone())).unwrap();
+            g.set_layout(b, &st.meshes[s], NdSbp(st.bias[l].clone())).unwrap();
             if l > 0 && stage_of(l - 1) != Some(s) {
                 h = h.to_placement(&st.meshes[s]).unwrap();
             }
@@ -449,5 +456,83 @@ fn check_one_forward_one_backward(p: usize, shape: &[usize], axes: &[&str]) {
             most = most.max(ahead);
         }
         assert_eq!(most, warmup as i64, "stage {s}: {order}");
+    }
+}
+
+/// A random pipeline: 2 or 4 stages, each a 1-D mesh of 1 or 2 devices of its own, every
+/// weight and bias in a random layout on its stage, the batch split or not, 1 to 8
+/// micro-batches, either schedule.
+#[derive(Debug, Clone)]
+struct RandomPipeline {
+    sizes: Vec<u16>,
+    input: Sbp,
+    weight: Vec<Sbp>,
+    bias: Vec<Sbp>,
+    micro_batches: usize,
+    schedule: PipelineSchedule,
+}
+
+impl RandomPipeline {
+    fn stages(&self) -> Stages {
+        let mut next = 0u16;
+        let meshes = self
+            .sizes
+            .iter()
+            .map(|&n| {
+                let devices =
+                    (next..next + n).map(|index| MeshDevice { node: 0, kind: DeviceKind::Cpu, index }).collect();
+                next += n;
+                Mesh::new(devices, &[n as usize], &["dp"]).unwrap()
+            })
+            .collect();
+        Stages {
+            meshes,
+            input: vec![self.input.clone()],
+            weight: self.weight.iter().map(|s| vec![s.clone()]).collect(),
+            bias: self.bias.iter().map(|s| vec![s.clone()]).collect(),
+        }
+    }
+}
+
+fn random_pipeline() -> impl proptest::strategy::Strategy<Value = RandomPipeline> {
+    use proptest::prelude::*;
+    let sbp = |options: Vec<Sbp>| proptest::sample::select(options);
+    let matrix = || sbp(vec![Sbp::Broadcast, Sbp::Split(0), Sbp::Split(1)]);
+    (
+        prop_oneof![Just(2usize), Just(4)].prop_flat_map(|p| proptest::collection::vec(1u16..=2, p)),
+        sbp(vec![Sbp::Broadcast, Sbp::Split(0)]),
+        proptest::collection::vec(matrix(), LAYERS),
+        proptest::collection::vec(sbp(vec![Sbp::Broadcast, Sbp::Split(0)]), LAYERS),
+        proptest::sample::select(vec![1usize, 2, 3, 8]),
+        prop_oneof![Just(PipelineSchedule::OneForwardOneBackward), Just(PipelineSchedule::GPipe)],
+    )
+        .prop_map(|(sizes, input, weight, bias, micro_batches, schedule)| RandomPipeline {
+            sizes,
+            input,
+            weight,
+            bias,
+            micro_batches,
+            schedule,
+        })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: std::env::var("REGFLOW_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).map_or(12, |n: u32| (n / 20).max(12)),
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Whatever the stages' sizes and layouts, the micro-batches and the schedule, a
+    /// pipeline trains like one device on the whole batch, and ends (the watchdog of
+    /// `run_compiled` turns a hang into an error naming who waits on whom).
+    #[test]
+    fn random_pipelines_train_like_one_device(case in random_pipeline()) {
+        let steps = 3;
+        let want = reference(steps, case.micro_batches);
+        let (got, _) = run(steps, &case.stages(), case.micro_batches, case.schedule);
+        proptest::prop_assert_eq!(got.len(), want.len());
+        for (step, (a, b)) in got.iter().zip(&want).enumerate() {
+            proptest::prop_assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "step {}: {} against {} ({:?})", step, a, b, case);
+        }
     }
 }
