@@ -487,9 +487,9 @@ impl RandomPipeline {
             .collect();
         Stages {
             meshes,
-            input: vec![self.input.clone()],
-            weight: self.weight.iter().map(|s| vec![s.clone()]).collect(),
-            bias: self.bias.iter().map(|s| vec![s.clone()]).collect(),
+            input: vec![self.input],
+            weight: self.weight.iter().map(|&s| vec![s]).collect(),
+            bias: self.bias.iter().map(|&s| vec![s]).collect(),
         }
     }
 }
