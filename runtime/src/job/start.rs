@@ -19,7 +19,7 @@ use crate::trace::TraceBuffer;
 use crate::RuntimeError;
 use regflow_actors::{PlanIds, StreamId};
 use regflow_kernels::StreamScratch;
-use regflow_plan::{DeviceKind, Plan, PlanIndex, StreamKind};
+use regflow_plan::{ActorKind, DeviceKind, Plan, PlanIndex, StreamKind};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -475,26 +475,44 @@ fn stop_started(
 /// cores (`ParallelOptions::collective_streams`, `Auto` or `ForCores`) runs them on the
 /// compute threads instead (BENCHMARKS.md, issue 13, "twenty-first"). A plan compiled with
 /// `Auto` on this host has them there already, unless kernel helper threads
-/// (`cpu_threads`) are what outnumber the cores.
+/// (`cpu_threads`) are what outnumber the cores. Plans that could not block their compute
+/// streams (micro-batches, copies between devices) get no hint.
 fn hint_collectives_on_compute(plan: &Plan, started: impl Iterator<Item = usize>, cpu_threads: usize) {
+    let started: Vec<usize> = started.collect();
+    if let Some(hint) = comm_threads_hint(plan, &started, cpu_threads, crate::activity::cores()) {
+        tracing::info!("{hint}");
+    }
+}
+
+/// [`hint_collectives_on_compute`]'s sentence for a plan whose streams `started` run, with
+/// `cpu_threads` threads per cpu compute stream, on `cores` cores; `None` where it has
+/// nothing to say.
+fn comm_threads_hint(plan: &Plan, started: &[usize], cpu_threads: usize, cores: usize) -> Option<String> {
     let cpu = |s: usize| plan.devices[plan.streams[s].device.index()].kind == DeviceKind::Cpu;
-    let started: Vec<usize> = started.filter(|&s| cpu(s)).collect();
     let comm_collectives = plan.actors.iter().enumerate().any(|(a, actor)| {
         plan.collective_conf(a).is_some()
             && plan.streams[actor.stream.index()].kind == StreamKind::Comm
             && cpu(actor.stream.index())
     });
-    let threads: usize =
-        started.iter().map(|&s| if plan.streams[s].kind == StreamKind::Compute { cpu_threads.max(1) } else { 1 }).sum();
-    let cores = crate::activity::cores();
-    if comm_collectives && threads > cores {
-        tracing::info!(
-            threads,
-            cores,
+    let threads: usize = started
+        .iter()
+        .filter(|&&s| cpu(s))
+        .map(|&s| if plan.streams[s].kind == StreamKind::Compute { cpu_threads.max(1) } else { 1 })
+        .sum();
+    // Only where the compute streams could take them: one micro-batch per step (no repeat
+    // or acc actors) and devices that exchange nothing but collectives (no pipeline).
+    let micro_batches = plan.actors.iter().any(|a| matches!(a.kind, ActorKind::Repeat { .. } | ActorKind::Acc { .. }));
+    let copies_between_devices = plan.regst_descs.iter().any(|desc| {
+        let from = plan.device_of(desc.producer);
+        desc.consumers.iter().any(|&c| plan.device_of(c) != from)
+    });
+    (comm_collectives && threads > cores && !micro_batches && !copies_between_devices).then(|| {
+        format!(
             "{threads} cpu stream threads on {cores} cores, with collectives on comm threads of their own: \
-             compiling with ParallelOptions::collective_streams = CollectiveStreams::ComputeStreams runs them on the compute threads"
-        );
-    }
+             compiling with ParallelOptions::collective_streams = CollectiveStreams::ComputeStreams runs them on the \
+             compute threads"
+        )
+    })
 }
 
 /// Starts the thread of one stream; its exit notice is sent however the thread ends.
@@ -565,4 +583,73 @@ fn check_cluster(plan: &Plan, cluster: &crate::net::Cluster) -> Result<(), Runti
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::comm_threads_hint;
+    use regflow_plan::{
+        ActorKind, CollectiveConf, CollectiveOp, DType, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces,
+        StreamKind,
+    };
+
+    /// Two cpu devices, each a source feeding an all-reduce member on a comm stream, read
+    /// by a sink on its compute stream; with `cross`, device 0's source is read on device 1
+    /// too, and with `repeat` a repeat hands device 0's source on.
+    fn plan(cross: bool, repeat: bool) -> Plan {
+        let mut b = PlanBuilder::new();
+        let mut sources = Vec::new();
+        let mut sinks = Vec::new();
+        for rank in 0..2u16 {
+            let d = b.device(0, DeviceKind::Cpu, rank);
+            let (compute, comm) = (b.stream(d, StreamKind::Compute), b.stream(d, StreamKind::Comm));
+            let source =
+                b.actor(&format!("source@{rank}"), compute, ActorKind::Source { pieces: SourcePieces::Count(2) });
+            let conf = CollectiveConf {
+                group: "g".into(),
+                rank: u32::from(rank),
+                size: 2,
+                op: CollectiveOp::AllReduce,
+                dtype: DType::F32,
+                shape: vec![4],
+            };
+            let member = b.actor(
+                &format!("allreduce@{rank}"),
+                comm,
+                ActorKind::Compute { kernel: KernelConf::Collective(conf) },
+            );
+            let input = b.regst(&format!("source@{rank}.out"), source, 16, 1);
+            b.consume(member, input);
+            let output = b.regst(&format!("allreduce@{rank}.out"), member, 16, 1);
+            let sink = b.actor(&format!("sink@{rank}"), compute, ActorKind::Sink);
+            b.consume(sink, output);
+            sources.push((source, input, compute));
+            sinks.push(sink);
+        }
+        if cross {
+            b.consume(sinks[1], sources[0].1);
+        }
+        if repeat {
+            let r = b.actor("repeat@0", sources[0].2, ActorKind::Repeat { count: 2 });
+            b.consume(r, sources[0].1);
+            let repeated = b.regst("repeat@0.out", r, 16, 1);
+            let sink = b.actor("sink2@0", sources[0].2, ActorKind::Sink);
+            b.consume(sink, repeated);
+        }
+        b.plan_mut().clone()
+    }
+
+    #[test]
+    fn the_hint_names_threads_and_cores_where_the_compute_streams_could_take_the_collectives() {
+        let all: Vec<usize> = (0..4).collect();
+        let hint = comm_threads_hint(&plan(false, false), &all, 1, 2).expect("4 threads on 2 cores");
+        assert!(hint.starts_with("4 cpu stream threads on 2 cores, with collectives on comm threads"), "{hint}");
+        // Helper threads count: 2 × 2 + 2 on 4 cores.
+        assert!(comm_threads_hint(&plan(false, false), &all, 2, 4).unwrap().starts_with("6 cpu stream threads"));
+        // Enough cores, a plan whose compute streams could not block (copies between
+        // devices, micro-batches): nothing to say.
+        assert_eq!(comm_threads_hint(&plan(false, false), &all, 1, 4), None);
+        assert_eq!(comm_threads_hint(&plan(true, false), &all, 1, 2), None);
+        assert_eq!(comm_threads_hint(&plan(false, true), &all, 1, 2), None);
+    }
 }
