@@ -4,8 +4,9 @@
 //! loss against one device (f64, 1e-9 relative). Every op's signatures, the chooser, the
 //! boxing, uneven and empty parts, the optimizer's layouts and the feeds take part, with
 //! the collectives on comm streams or on the compute streams (drawn too), and now and then
-//! one tensor (a weight, the bias, the hidden activation or the loss) whole on one device
-//! of the mesh alone, so that copies between devices take part.
+//! one tensor (a weight, the bias, the hidden activation or the loss) on a mesh of its own:
+//! one or two of the mesh's devices, in any order, so that copies between devices and
+//! boxing between meshes take part.
 
 use proptest::prelude::*;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
@@ -32,9 +33,10 @@ struct Case {
     w2: Vec<Sbp>,
     /// Where the collectives run (the default, `Auto`, would pick one by the host's cores).
     streams: CollectiveStreams,
-    /// A tensor (by name: `w1`, `b1`, `w2`, `h` or `loss`) whole on the mesh's device of
-    /// this rank alone, instead of its layout on the mesh.
-    alone: Option<(&'static str, usize)>,
+    /// A tensor (by name: `w1`, `b1`, `w2`, `h` or `loss`) on a 1-D mesh of the mesh's
+    /// devices of these ranks (one or two, in this order), in this layout there (`Split`
+    /// only where the tensor has that dimension), instead of its layout on the mesh.
+    elsewhere: Option<(&'static str, Vec<usize>, Sbp)>,
 }
 
 fn one_of(options: Vec<Sbp>) -> impl Strategy<Value = Sbp> {
@@ -57,10 +59,14 @@ fn case() -> impl Strategy<Value = Case> {
             prop_oneof![Just(CollectiveStreams::CommStreams), Just(CollectiveStreams::ComputeStreams)],
             proptest::option::weighted(
                 0.3,
-                (proptest::sample::select(vec!["w1", "b1", "w2", "h", "loss"]), 0..devices),
+                (
+                    proptest::sample::select(vec!["w1", "b1", "w2", "h", "loss"]),
+                    proptest::sample::subsequence((0..devices).collect::<Vec<_>>(), 1..=2.min(devices)).prop_shuffle(),
+                    one_of(vec![Sbp::Broadcast, Sbp::Split(0), Sbp::Split(1)]),
+                ),
             ),
         )
-            .prop_map(|(mesh, x, y, w1, b1, w2, streams, alone)| Case {
+            .prop_map(|(mesh, x, y, w1, b1, w2, streams, elsewhere)| Case {
                 mesh,
                 x,
                 y,
@@ -68,7 +74,7 @@ fn case() -> impl Strategy<Value = Case> {
                 b1,
                 w2,
                 streams,
-                alone,
+                elsewhere,
             })
     })
 }
@@ -87,14 +93,26 @@ fn model<'g>(g: &'g Graph, case: Option<&Case>) -> TrainStep<'g> {
     let axes: Vec<String> = (0..c.mesh.len()).map(|i| format!("a{i}")).collect();
     let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
     let mesh = Mesh::cpu(&c.mesh, &axes).unwrap();
-    // The tensor named to lie whole on one device alone, and that device's mesh: a variable
-    // is made there and moved to the mesh (`to_global`) where used; an op's output is moved
+    // The tensor named to lie elsewhere, that mesh and its layout there (a split of a
+    // dimension the tensor lacks, or of a one-device mesh, is whole instead): a variable is
+    // made there and moved to the mesh (`to_global`) where used; an op's output is moved
     // there and back.
-    let alone = c.alone.map(|(name, rank)| (name, Mesh::new(vec![mesh.devices()[rank]], &[1], &["alone"]).unwrap()));
-    let whole = || NdSbp(vec![Sbp::Broadcast]);
-    let laid = |name: &str, t: regflow::graph::Tensor<'g>, sbp: &Vec<Sbp>| match alone.as_ref() {
-        Some((a, one)) if *a == name => {
-            g.set_layout(t, one, whole()).unwrap();
+    let elsewhere = c.elsewhere.as_ref().map(|(name, ranks, sbp)| {
+        let devices: Vec<_> = ranks.iter().map(|&r| mesh.devices()[r]).collect();
+        let rank = match *name {
+            "loss" => 0,
+            "b1" => 1,
+            _ => 2,
+        };
+        let sbp = match sbp {
+            Sbp::Split(d) if *d >= rank || devices.len() == 1 => Sbp::Broadcast,
+            other => *other,
+        };
+        (*name, Mesh::new(devices.clone(), &[devices.len()], &["elsewhere"]).unwrap(), NdSbp(vec![sbp]))
+    });
+    let laid = |name: &str, t: regflow::graph::Tensor<'g>, sbp: &Vec<Sbp>| match elsewhere.as_ref() {
+        Some((a, there, layout)) if *a == name => {
+            g.set_layout(t, there, layout.clone()).unwrap();
             t.to_global(&mesh, NdSbp(sbp.clone())).unwrap()
         }
         _ => {
@@ -104,14 +122,14 @@ fn model<'g>(g: &'g Graph, case: Option<&Case>) -> TrainStep<'g> {
     };
     let (x, y) = (laid("x", x, &c.x), laid("y", y, &c.y));
     let (w1, b1, w2) = (laid("w1", w1, &c.w1), laid("b1", b1, &c.b1), laid("w2", w2, &c.w2));
-    let through_one = |name: &str, t: regflow::graph::Tensor<'g>| match alone.as_ref() {
-        Some((a, one)) if *a == name => Some(t.to_global(one, whole()).unwrap()),
+    let moved_there = |name: &str, t: regflow::graph::Tensor<'g>| match elsewhere.as_ref() {
+        Some((a, there, layout)) if *a == name => Some(t.to_global(there, layout.clone()).unwrap()),
         _ => None,
     };
     let h = x.matmul(&w1).unwrap().add(&b1).unwrap().tanh().unwrap();
-    let h = through_one("h", h).map_or(h, |h| h.to_global(&mesh, NdSbp(vec![Sbp::Broadcast; c.mesh.len()])).unwrap());
+    let h = moved_there("h", h).map_or(h, |h| h.to_global(&mesh, NdSbp(vec![Sbp::Broadcast; c.mesh.len()])).unwrap());
     let loss = h.matmul(&w2).unwrap().sparse_cross_entropy(&y).unwrap();
-    let loss = through_one("loss", loss).unwrap_or(loss);
+    let loss = moved_there("loss", loss).unwrap_or(loss);
     g.minimize(loss, &Optimizer::adamw(5e-2, 1e-2).with_clip_norm(0.5)).unwrap()
 }
 
@@ -142,7 +160,7 @@ fn parallel(case: &Case) -> Vec<f64> {
     // Copies between devices rule out collectives that block the compute streams: asked
     // for outright they are refused, chosen by the compiler (`ForCores`) the plan falls
     // back to comm streams.
-    let collective_streams = match (case.streams, case.alone) {
+    let collective_streams = match (case.streams, &case.elsewhere) {
         (CollectiveStreams::ComputeStreams, Some(_)) => CollectiveStreams::ForCores(1),
         (streams, _) => streams,
     };
