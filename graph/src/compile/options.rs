@@ -220,9 +220,10 @@ pub enum CollectiveStreams {
     /// compiles it: give the cores of the host that will run a plan file made elsewhere.
     #[default]
     Auto,
-    /// The compute streams where they can be ([`CollectiveStreams::inline_possible`]) and
-    /// a host of this many cores cannot give every cpu device a compute and a comm thread
-    /// (fewer than twice as many cores as cpu devices), else comm streams.
+    /// The compute streams where they can be (a step of one micro-batch and one pipeline
+    /// stage over two or more cpu devices of one node) and a host of this many cores
+    /// cannot give every cpu device a compute and a comm thread (fewer than twice as many
+    /// cores as cpu devices), else comm streams.
     ForCores(usize),
     /// Comm streams of their own (a thread per device and phase).
     CommStreams,
