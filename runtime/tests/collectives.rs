@@ -535,16 +535,20 @@ fn members_reject_buffers_of_the_wrong_size() {
 }
 
 /// Three ranks, rank 1's input never fed: ranks 0 and 2 block in the rendezvous on their
-/// comm streams. Each comm stream's sink callback holds a clone of the returned witness, so
-/// its count says whether a comm stream thread was left behind, blocked.
-fn job_with_a_missing_rank(watchdog: Option<Duration>) -> (Job, Vec<regflow_runtime::Feeder>, std::sync::Arc<()>) {
+/// streams of `kind` (comm, or compute: `CollectiveStreams::ComputeStreams`, which `Auto`
+/// picks on small hosts). Each such stream's sink callback holds a clone of the returned
+/// witness, so its count says whether a stream thread was left behind, blocked.
+fn job_with_a_missing_rank(
+    watchdog: Option<Duration>,
+    kind: StreamKind,
+) -> (Job, Vec<regflow_runtime::Feeder>, std::sync::Arc<()>) {
     let size = 3;
     let op = CollectiveOp::AllReduce;
     let mut b = PlanBuilder::new();
     for r in 0..size {
         let device = b.device(0, DeviceKind::Cpu, r as u16);
         let compute = b.stream(device, StreamKind::Compute);
-        let comm = b.stream(device, StreamKind::Comm);
+        let comm = if kind == StreamKind::Compute { compute } else { b.stream(device, kind) };
         let src = b.actor(&format!("in{r}"), compute, ActorKind::Source { pieces: SourcePieces::Fed });
         let x = b.regst(&format!("x{r}"), src, 16, 1);
         let kernel = KernelConf::Collective(conf("stuck", r, size, op, DType::F32, &[4]));
@@ -576,33 +580,38 @@ fn job_with_a_missing_rank(watchdog: Option<Duration>) -> (Job, Vec<regflow_runt
 
 #[test]
 fn aborting_the_job_wakes_members_waiting_for_a_rank_that_never_comes() {
-    let (job, feeders, witness) = job_with_a_missing_rank(None);
-    let err = within(Duration::from_secs(30), move || {
-        // Give ranks 0 and 2 time to enter the rendezvous (not asserted: the abort must
-        // work whether they are waiting or not).
-        std::thread::sleep(Duration::from_millis(100));
-        job.abort(RuntimeError::Data { message: "user abort".into() });
-        let result = job.wait();
-        drop(feeders);
-        result.unwrap_err()
-    });
-    assert_eq!(err.to_string(), "dataset: user abort");
-    // Every comm stream thread ended (none was left blocked in the rendezvous), so every
-    // kernel, and the witness clones the sink callbacks held, were dropped.
-    assert_eq!(std::sync::Arc::strong_count(&witness), 1);
+    for kind in [StreamKind::Comm, StreamKind::Compute] {
+        let (job, feeders, witness) = job_with_a_missing_rank(None, kind);
+        let err = within(Duration::from_secs(30), move || {
+            // Give ranks 0 and 2 time to enter the rendezvous (not asserted: the abort must
+            // work whether they are waiting or not).
+            std::thread::sleep(Duration::from_millis(100));
+            job.abort(RuntimeError::Data { message: "user abort".into() });
+            let result = job.wait();
+            drop(feeders);
+            result.unwrap_err()
+        });
+        assert_eq!(err.to_string(), "dataset: user abort", "{kind:?} streams");
+        // Every stream thread ended (none was left blocked in the rendezvous), so every
+        // kernel, and the witness clones the sink callbacks held, were dropped.
+        assert_eq!(std::sync::Arc::strong_count(&witness), 1, "{kind:?} streams");
+    }
 }
 
 #[test]
 fn the_watchdog_names_members_blocked_on_a_missing_rank_and_frees_them() {
-    let (job, feeders, witness) = job_with_a_missing_rank(Some(Duration::from_millis(200)));
-    let err = within(Duration::from_secs(30), move || {
-        let result = job.wait();
-        drop(feeders);
-        result.unwrap_err()
-    });
-    let RuntimeError::Stalled { graph, .. } = &err else { panic!("expected a stall, got {err}") };
-    for r in [0, 2] {
-        assert!(graph.silent_streams.iter().any(|s| s.contains(&format!("busy in the kernel of 'c{r}'"))), "{graph}");
+    for kind in [StreamKind::Comm, StreamKind::Compute] {
+        let (job, feeders, witness) = job_with_a_missing_rank(Some(Duration::from_millis(200)), kind);
+        let err = within(Duration::from_secs(30), move || {
+            let result = job.wait();
+            drop(feeders);
+            result.unwrap_err()
+        });
+        let RuntimeError::Stalled { graph, .. } = &err else { panic!("expected a stall, got {err}") };
+        for r in [0, 2] {
+            let busy = format!("busy in the kernel of 'c{r}'");
+            assert!(graph.silent_streams.iter().any(|s| s.contains(&busy)), "{kind:?} streams: {graph}");
+        }
+        assert_eq!(std::sync::Arc::strong_count(&witness), 1, "{kind:?} streams");
     }
-    assert_eq!(std::sync::Arc::strong_count(&witness), 1);
 }
