@@ -67,6 +67,22 @@ fn collectives_on_compute_streams_train_to_the_same_bits() {
         assert_eq!((on_compute, busy_comm), (count, 0), "sharded {sharded}, memory shared {reuse}");
         let (count_before, on_compute_before, _) = where_collectives_run(&on_comm.plan);
         assert_eq!((count_before, on_compute_before), (count, 0));
+        // With memory shared, the compute stream's chain orders the collectives on it; a
+        // chain of their own comes only without it (and on comm streams).
+        let own_chain = inline.plan.regst_descs.iter().filter(|d| d.name.starts_with("comm_")).count();
+        assert_eq!(own_chain == 0, reuse, "{own_chain} registers chain the collectives (memory shared {reuse})");
+        if reuse {
+            let on_chain = (0..inline.plan.actors.len())
+                .filter(|&a| inline.plan.collective_conf(a).is_some())
+                .filter(|&a| {
+                    inline.plan.outputs_of(regflow::graph::plan::ActorIndex(a as u32)).any(|r| {
+                        inline.plan.regst_descs[r.index()].name.starts_with("order:")
+                            || inline.plan.regst_descs[r.index()].name.starts_with("step_token")
+                    })
+                })
+                .count();
+            assert_eq!(on_chain, count, "every collective is on its compute stream's chain");
+        }
 
         let steps = 5;
         let want = tiny_mlp::train(&on_comm, on_comm.plan.clone(), 1, steps, 1);

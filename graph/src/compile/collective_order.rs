@@ -4,7 +4,9 @@
 //! ([`schedule`](super::schedule)) where the compiler has one (a `cpu` plan of one
 //! micro-batch per step), else by the producing op's position in the graph, then
 //! creation. Each stream's collectives are chained in that order by zero-byte registers
-//! closed by a preloaded token; `Plan::check_collective_order` verifies any plan. The
+//! closed by a preloaded token, except on a cpu compute stream whose memory-sharing chain
+//! (made from the same estimate, [`share`](super::share)) orders them with everything
+//! else it runs; `Plan::check_collective_order` verifies any plan. The
 //! estimate is one schedule of the whole plan in which a group's members start together, so
 //! the order follows every dependency between collectives and is the same on every device.
 
@@ -63,9 +65,14 @@ pub(crate) fn order_collectives(low: &mut Lowering<'_>, starts: Option<&[u64]>) 
         });
         chains[k].1.push(i.actor);
     }
+    // On a compute stream whose actors the memory-sharing chain will order (one
+    // micro-batch, memory reuse on, an estimated schedule), that chain, made from the same
+    // estimate, orders the collectives too: a chain of their own would only add registers
+    // and messages (`Plan::check_collective_order` checks the order either way).
+    let memory_chained = inline && low.options.reuse_memory && low.facts.micro_batches == 1 && starts.is_some();
     for ((slot, phase), chain) in chains {
         let (Some(&first), Some(&last)) = (chain.first(), chain.last()) else { continue };
-        if chain.len() < 2 {
+        if chain.len() < 2 || (memory_chained && cpu.get(slot).copied().unwrap_or(false)) {
             continue;
         }
         for pair in chain.windows(2) {

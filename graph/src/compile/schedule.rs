@@ -23,7 +23,8 @@
 
 use super::lower::Lowering;
 use crate::plan::{ActorKind, KernelConf, Plan};
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 /// Estimated cost of one firing besides its work, in nanoseconds.
 const FIRING_NANOS: u64 = 1_000;
@@ -100,11 +101,17 @@ struct ListSchedule<'p> {
     ready_at: Vec<u64>,
     starts: Vec<u64>,
     /// Each collective member's group, each group's members, how many of them are ready,
-    /// and the groups all of whose members are.
+    /// and the groups all of whose members are, keyed by (when the group could start, its
+    /// first member) as last computed. A group starts when its members' inputs are made
+    /// and their streams are free, and streams only get free later, so a key is never
+    /// past the group's true start: the least key, recomputed until it holds, is the
+    /// group to start next. (Looking at every ready group on every start made compiling
+    /// a 16-device plan with its collectives on the compute streams, where groups wait
+    /// long for busy streams, take 35 % longer.)
     group_of: Vec<Option<usize>>,
     members: Vec<Vec<usize>>,
     members_ready: Vec<usize>,
-    groups_ready: BTreeSet<usize>,
+    groups_ready: BinaryHeap<Reverse<(u64, usize, usize)>>,
 }
 
 impl<'p> ListSchedule<'p> {
@@ -133,12 +140,20 @@ impl<'p> ListSchedule<'p> {
             group_of,
             members_ready: vec![0; members.len()],
             members,
-            groups_ready: BTreeSet::new(),
+            groups_ready: BinaryHeap::new(),
         }
     }
 
     fn stream_of(&self, a: usize) -> usize {
         self.plan.actors[a].stream.index()
+    }
+
+    /// (When group `g` could start now: its members' inputs made and their streams free,
+    /// its first member, `g`).
+    fn group_key(&self, g: usize) -> (u64, usize, usize) {
+        let members = &self.members[g];
+        let at = members.iter().map(|&m| self.ready_at[m].max(self.free[self.stream_of(m)])).max().unwrap_or(0);
+        (at, members.iter().copied().min().unwrap_or(0), g)
     }
 
     /// Every input of `a` is made (at `ready_at[a]`).
@@ -147,7 +162,8 @@ impl<'p> ListSchedule<'p> {
             Some(g) => {
                 self.members_ready[g] += 1;
                 if self.members_ready[g] == self.members[g].len() {
-                    self.groups_ready.insert(g);
+                    let key = self.group_key(g);
+                    self.groups_ready.push(Reverse(key));
                 }
             }
             None => {
@@ -161,9 +177,9 @@ impl<'p> ListSchedule<'p> {
     /// its members' streams (ties: the earliest made, so the graph's order decides).
     fn next_start(&mut self) -> Option<(u64, Vec<usize>)> {
         let mut next: Option<(u64, usize, Option<usize>)> = None;
-        let mut consider = |candidate: (u64, usize, Option<usize>)| {
+        let consider = |next: &mut Option<(u64, usize, Option<usize>)>, candidate: (u64, usize, Option<usize>)| {
             if next.is_none_or(|(t, a, _)| (candidate.0, candidate.1) < (t, a)) {
-                next = Some(candidate);
+                *next = Some(candidate);
             }
         };
         for s in 0..self.free.len() {
@@ -175,20 +191,29 @@ impl<'p> ListSchedule<'p> {
                 self.available[s].insert(a);
             }
             match (self.available[s].first(), self.waiting[s].first()) {
-                (Some(&a), _) => consider((self.free[s], a, None)),
-                (None, Some(&(at, a))) => consider((at, a, None)),
+                (Some(&a), _) => consider(&mut next, (self.free[s], a, None)),
+                (None, Some(&(at, a))) => consider(&mut next, (at, a, None)),
                 (None, None) => {}
             }
         }
-        for &g in &self.groups_ready {
-            let members = &self.members[g];
-            let at = members.iter().map(|&m| self.ready_at[m].max(self.free[self.stream_of(m)])).max().unwrap_or(0);
-            consider((at, members.iter().copied().min().unwrap_or(0), Some(g)));
+        // The ready group that can start first: keys only fall behind, so refresh the least
+        // until it is current, unless even its stale key loses to a stream's actor.
+        while let Some(&Reverse(key)) = self.groups_ready.peek() {
+            if next.is_some_and(|(t, a, _)| (t, a) < (key.0, key.1)) {
+                break;
+            }
+            let now = self.group_key(key.2);
+            if now == key {
+                consider(&mut next, (key.0, key.1, Some(key.2)));
+                break;
+            }
+            self.groups_ready.pop();
+            self.groups_ready.push(Reverse(now));
         }
         let (at, a, group) = next?;
         let started = match group {
             Some(g) => {
-                self.groups_ready.remove(&g);
+                self.groups_ready.pop();
                 self.members[g].clone()
             }
             None => {
