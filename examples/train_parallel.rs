@@ -393,6 +393,15 @@ fn train(
     }
     options.collective_streams = o.collective_streams;
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &options)?;
+    if let (Some(_), Some(info)) = (layout, &compiled.parallel) {
+        let on = if info.collectives_on_compute_streams { "the compute streams" } else { "comm streams" };
+        let asked = match o.collective_streams {
+            CollectiveStreams::CommStreams => "comm",
+            CollectiveStreams::ComputeStreams => "compute",
+            _ => "auto",
+        };
+        println!("collectives on {on} (--collective-streams {asked})");
+    }
     let actors = compiled.plan.actors.len();
     if let (Some(path), Some(_)) = (std::env::var_os("REGFLOW_PLAN_JSON"), layout) {
         std::fs::write(path, compiled.plan.to_json())?;

@@ -109,7 +109,10 @@ fn the_compiler_chooses_the_streams_by_the_cores() {
         // Two cpu devices want four threads: on 2 or 3 cores the collectives run on the
         // compute streams, on 4 or more on comm streams of their own.
         for (cores, inline) in [(1, true), (2, true), (3, true), (4, false), (64, false)] {
-            let (count, on_compute, busy_comm) = where_collectives_run(&with(CollectiveStreams::ForCores(cores)).plan);
+            let compiled = with(CollectiveStreams::ForCores(cores));
+            let info = compiled.parallel.as_ref().unwrap();
+            assert_eq!(info.collectives_on_compute_streams, inline, "the choice, as the compiled graph tells it");
+            let (count, on_compute, busy_comm) = where_collectives_run(&compiled.plan);
             let got = (on_compute == count, busy_comm > 0, on_compute > 0);
             let want = if inline { (true, false, true) } else { (false, true, false) };
             assert_eq!(got, want, "{cores} cores, sharded {sharded}: {on_compute} of {count} collectives on compute");
@@ -158,6 +161,7 @@ fn a_step_that_copies_between_devices_keeps_its_comm_streams() {
     assert!(err.to_string().contains("it blocks a compute stream, and register"), "{err}");
     // Chosen by the compiler, the plan keeps its comm streams instead, and trains.
     let chosen = bias_on_device_0(CollectiveStreams::ForCores(2)).unwrap();
+    assert!(!chosen.parallel.as_ref().unwrap().collectives_on_compute_streams);
     let on_comm = bias_on_device_0(CollectiveStreams::CommStreams).unwrap();
     assert_eq!(chosen.plan.to_json(), on_comm.plan.to_json());
     let (count, on_compute, _) = where_collectives_run(&chosen.plan);

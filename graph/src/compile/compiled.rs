@@ -64,6 +64,10 @@ pub struct ParallelInfo {
     pub layouts: Vec<(String, NdSbp)>,
     /// Collective groups in the global order: each comm stream issues its own in this order.
     pub collectives: Vec<String>,
+    /// Whether the cpu devices' collectives run on their compute streams: what the compiler
+    /// made of [`ParallelOptions::collective_streams`](crate::ParallelOptions::collective_streams)
+    /// (for `Auto`, on this host).
+    pub collectives_on_compute_streams: bool,
 }
 
 /// A fed input of a parallel plan.
