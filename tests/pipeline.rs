@@ -3,7 +3,8 @@
 //! same losses as one device training on the whole batch; m = 1 does not hang; and the
 //! live activations per stage stay within the stage count with 1F1B counts but reach m
 //! under the GPipe option. A proptest draws pipelines of 2 or 4 stages of 1 or 2 devices,
-//! random layouts on each, 1 to 8 micro-batches and either schedule.
+//! random layouts on each, 1 to 8 micro-batches, either schedule and now and then a weight
+//! whole on one device of its stage.
 
 mod common;
 
@@ -31,6 +32,9 @@ struct Stages {
     weight: Vec<Vec<Sbp>>,
     /// By layer.
     bias: Vec<Vec<Sbp>>,
+    /// A layer whose weight lives whole on one device of its stage's mesh (this rank), and
+    /// is moved to the stage's mesh where used.
+    weight_alone: Option<(usize, usize)>,
 }
 
 /// One cpu device per stage.
@@ -40,6 +44,7 @@ fn single_devices(p: usize) -> Stages {
         input: vec![Sbp::Broadcast],
         weight: vec![vec![Sbp::Broadcast]; LAYERS],
         bias: vec![vec![Sbp::Broadcast]; LAYERS],
+        weight_alone: None,
     }
 }
 
@@ -59,6 +64,7 @@ fn dp_tp_pp() -> Stages {
         bias: (0..LAYERS)
             .map(|l| vec![Sbp::Broadcast, if l % 2 == 0 { Sbp::Split(0) } else { Sbp::Broadcast }])
             .collect(),
+        weight_alone: None,
     }
 }
 
@@ -75,6 +81,7 @@ fn two_then_one() -> Stages {
         input: vec![Sbp::Split(0)],
         weight: vec![vec![Sbp::Broadcast]; LAYERS],
         bias: vec![vec![Sbp::Broadcast]; LAYERS],
+        weight_alone: None,
     }
 }
 
@@ -97,8 +104,17 @@ fn model_with<'g>(g: &'g Graph, batch: usize, stages: Option<&Stages>, optimizer
         let out = if l + 1 == LAYERS { 3 } else { WIDTH };
         let w = g.variable(&format!("w{l}"), [WIDTH, out], DType::F64, Init::Xavier { seed: l as u64 }).unwrap();
         let b = g.variable(&format!("b{l}"), [out], DType::F64, Init::Zeros).unwrap();
+        let mut w = w;
         if let (Some(s), Some(st)) = (stage_of(l), stages) {
-            g.set_layout(w, &st.meshes[s], NdSbp(st.weight[l].clone())).unwrap();
+            match st.weight_alone {
+                Some((layer, rank)) if layer == l => {
+                    let device = st.meshes[s].devices()[rank % st.meshes[s].size()];
+                    let one = Mesh::new(vec![device], &[1], &["alone"]).unwrap();
+                    g.set_layout(w, &one, NdSbp(vec![Sbp::Broadcast])).unwrap();
+                    w = w.to_global(&st.meshes[s], NdSbp(st.weight[l].clone())).unwrap();
+                }
+                _ => g.set_layout(w, &st.meshes[s], NdSbp(st.weight[l].clone())).unwrap(),
+            }
             g.set_layout(b, &st.meshes[s], NdSbp(st.bias[l].clone())).unwrap();
             if l > 0 && stage_of(l - 1) != Some(s) {
                 h = h.to_placement(&st.meshes[s]).unwrap();
@@ -470,6 +486,7 @@ struct RandomPipeline {
     bias: Vec<Sbp>,
     micro_batches: usize,
     schedule: PipelineSchedule,
+    weight_alone: Option<(usize, usize)>,
 }
 
 impl RandomPipeline {
@@ -490,6 +507,7 @@ impl RandomPipeline {
             input: vec![self.input],
             weight: self.weight.iter().map(|&s| vec![s]).collect(),
             bias: self.bias.iter().map(|&s| vec![s]).collect(),
+            weight_alone: self.weight_alone,
         }
     }
 }
@@ -505,14 +523,16 @@ fn random_pipeline() -> impl proptest::strategy::Strategy<Value = RandomPipeline
         proptest::collection::vec(sbp(vec![Sbp::Broadcast, Sbp::Split(0)]), LAYERS),
         proptest::sample::select(vec![1usize, 2, 3, 8]),
         prop_oneof![Just(PipelineSchedule::OneForwardOneBackward), Just(PipelineSchedule::GPipe)],
+        proptest::option::weighted(0.3, (0..LAYERS, 0usize..2)),
     )
-        .prop_map(|(sizes, input, weight, bias, micro_batches, schedule)| RandomPipeline {
+        .prop_map(|(sizes, input, weight, bias, micro_batches, schedule, weight_alone)| RandomPipeline {
             sizes,
             input,
             weight,
             bias,
             micro_batches,
             schedule,
+            weight_alone,
         })
 }
 
