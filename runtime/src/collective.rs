@@ -44,7 +44,7 @@ mod nccl;
 mod net;
 mod rendezvous;
 #[cfg(all(test, not(loom)))]
-mod tests;
+pub(crate) mod tests;
 
 pub(crate) use net::{CollectiveSend, NetGroups};
 pub(crate) use rendezvous::{PeerInput, Peers, Rendezvous};

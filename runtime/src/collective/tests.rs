@@ -6,7 +6,8 @@ use crate::kernel::KernelSpec;
 use regflow_plan::DType;
 use regflow_plan::{CollectiveConf, CollectiveOp, DeviceKind};
 
-fn conf(rank: u32, shape: &[usize]) -> CollectiveConf {
+/// Rank `rank` of group `g`: an f32 all-reduce of `shape` over 2 members.
+pub(crate) fn conf(rank: u32, shape: &[usize]) -> CollectiveConf {
     CollectiveConf {
         group: "g".into(),
         rank,

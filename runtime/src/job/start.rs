@@ -585,13 +585,10 @@ fn check_cluster(plan: &Plan, cluster: &crate::net::Cluster) -> Result<(), Runti
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::comm_threads_hint;
-    use regflow_plan::{
-        ActorKind, CollectiveConf, CollectiveOp, DType, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces,
-        StreamKind,
-    };
+    use regflow_plan::{ActorKind, DeviceKind, KernelConf, Plan, PlanBuilder, SourcePieces, StreamKind};
 
     /// Two cpu devices, each a source feeding an all-reduce member on a comm stream, read
     /// by a sink on its compute stream; with `cross`, device 0's source is read on device 1
@@ -605,14 +602,7 @@ mod tests {
             let (compute, comm) = (b.stream(d, StreamKind::Compute), b.stream(d, StreamKind::Comm));
             let source =
                 b.actor(&format!("source@{rank}"), compute, ActorKind::Source { pieces: SourcePieces::Count(2) });
-            let conf = CollectiveConf {
-                group: "g".into(),
-                rank: u32::from(rank),
-                size: 2,
-                op: CollectiveOp::AllReduce,
-                dtype: DType::F32,
-                shape: vec![4],
-            };
+            let conf = crate::collective::tests::conf(u32::from(rank), &[4]);
             let member = b.actor(
                 &format!("allreduce@{rank}"),
                 comm,
