@@ -126,20 +126,26 @@ impl BucketKernel {
         Ok(Self { flat, op: conf.op, size, parts, block, _buffers: buffers, packed: [packed], result: [result] })
     }
 
+    /// Where part `i`'s bytes lie in the flat buffer and in its own tensor, as pairs of
+    /// byte ranges (flat, tensor): one pair end to end, or, where `blocked`, one per member
+    /// (block `r` of the part at the part's place in block `r` of the buffer).
+    fn spans(&self, i: usize, blocked: bool) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
+        let part = &self.parts[i];
+        let (len, blocks) = (part.len(), if blocked { self.size } else { 1 });
+        (0..blocks).map(move |r| {
+            let at = r * self.block + part.start;
+            (at..at + len, r * len..(r + 1) * len)
+        })
+    }
+
     /// Packs the inputs: end to end, or (reduce-scatter) block `r` of every part in block
     /// `r` of the buffer.
     fn pack(&self, io: &KernelIo<'_>, packed: &mut [u8]) {
-        for (i, part) in self.parts.iter().enumerate() {
+        let blocked = matches!(self.op, CollectiveOp::ReduceScatterBucket { .. });
+        for i in 0..self.parts.len() {
             let input = io.input(i);
-            match self.op {
-                CollectiveOp::ReduceScatterBucket { .. } => {
-                    let len = part.len();
-                    for r in 0..self.size {
-                        let at = r * self.block + part.start;
-                        packed[at..at + len].copy_from_slice(&input[r * len..(r + 1) * len]);
-                    }
-                }
-                _ => packed[part.clone()].copy_from_slice(input),
+            for (flat, tensor) in self.spans(i, blocked) {
+                packed[flat].copy_from_slice(&input[tensor]);
             }
         }
     }
@@ -147,17 +153,11 @@ impl BucketKernel {
     /// Unpacks the flat result into the outputs: end to end, or (all-gather) block `r` of
     /// the result into each part's block `r`.
     fn unpack(&self, result: &[u8], io: &mut KernelIo<'_>) {
-        for (i, part) in self.parts.iter().enumerate() {
+        let blocked = matches!(self.op, CollectiveOp::AllGatherBucket { .. });
+        for i in 0..self.parts.len() {
             let output = io.output(i);
-            match self.op {
-                CollectiveOp::AllGatherBucket { .. } => {
-                    let len = part.len();
-                    for r in 0..self.size {
-                        let at = r * self.block + part.start;
-                        output[r * len..(r + 1) * len].copy_from_slice(&result[at..at + len]);
-                    }
-                }
-                _ => output.copy_from_slice(&result[part.clone()]),
+            for (flat, tensor) in self.spans(i, blocked) {
+                output[tensor].copy_from_slice(&result[flat]);
             }
         }
     }
