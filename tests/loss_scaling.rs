@@ -4,12 +4,14 @@
 //! (with and without micro-batch accumulation), and data parallelism skipping the same
 //! steps as one device, because the overflow check reads the all-reduced norm.
 
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{
     CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, LossScale, Optimizer, ParallelOptions, Precision,
     Session, SplitMix64, Tensor, TrainStep,
 };
 use regflow::prelude::*;
+
+#[path = "common/tiny_mlp.rs"]
+mod tiny_mlp;
 
 /// Runs `compiled`, which fetches `fetch`, on `steps` (the feeds of each piece, in order)
 /// and returns, per fetch, the first element of every piece as f64 (see [`run_job`]).
@@ -236,15 +238,7 @@ fn data_parallel_ranks_skip_the_same_steps_as_one_device() {
         let g = Graph::new();
         g.mixed_precision(Precision::F16).unwrap();
         let train = mlp(&g, BATCH, &optimizer);
-        let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
-        for name in ["x", "y"] {
-            g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-        }
-        if sharded {
-            for (state, _) in &train.states {
-                g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-            }
-        }
+        let mesh = tiny_mlp::two_devices(&g, &train, sharded);
         let options = ParallelOptions::new(mesh).train(&train);
         let fetch = [train.loss, train.loss_scale.unwrap()];
         let compiled = g.compile_parallel(&fetch, &train.updates, &options).unwrap();
