@@ -130,10 +130,22 @@ pub(crate) fn bucket_gradients(low: &mut Lowering<'_>) {
         }
     }
     buckets.retain(|b| b.len() > 1);
-    let mut removed = vec![false; low.b.plan_mut().actors.len()];
-    for (number, bucket) in buckets.iter().enumerate() {
-        merge(low, number, bucket, &mut removed);
+    let plan = low.b.plan_mut();
+    let actors = plan.actors.len();
+    // Each actor's first register, found once: a member's output (merging moves only the
+    // members' own registers, so these stay right from bucket to bucket).
+    let mut first_output = vec![None; actors];
+    for (r, desc) in plan.regst_descs.iter().enumerate().rev() {
+        first_output[desc.producer.index()] = Some(RegstDescId(r as u32));
     }
+    let mut lead_of = vec![None; actors];
+    for (number, bucket) in buckets.iter().enumerate() {
+        merge(low, number, bucket, &first_output, &mut lead_of);
+    }
+    // Every bucket's registers move to its members' leads in one pass.
+    super::lower::redirect_to_leads(low.b.plan_mut(), &lead_of);
+    let removed: Vec<bool> =
+        (0..actors).map(|a| lead_of[a].is_some_and(|lead: ActorIndex| lead.index() != a)).collect();
     low.remove_actors(&removed);
 }
 
@@ -206,8 +218,15 @@ fn reach_from(nodes: &[Node], root: usize, reached: &mut [bool]) {
 }
 
 /// Makes each rank's first member of `bucket` the bucket's member on that device, reading
-/// and writing every part, and marks the others `removed`.
-fn merge(low: &mut Lowering<'_>, number: usize, bucket: &[&Candidate], removed: &mut [bool]) {
+/// and writing every part (`first_output`: each actor's first register), and records
+/// every member's lead in `lead_of`, whose registers the caller then redirects.
+fn merge(
+    low: &mut Lowering<'_>,
+    number: usize,
+    bucket: &[&Candidate],
+    first_output: &[Option<RegstDescId>],
+    lead_of: &mut [Option<ActorIndex>],
+) {
     let key = bucket.iter().map(|c| c.key).max().unwrap_or(bucket[0].key);
     let names: Vec<String> = bucket.iter().map(|c| low.name(c.tensor)).collect();
     let old_groups: Vec<String> =
@@ -226,10 +245,7 @@ fn merge(low: &mut Lowering<'_>, number: usize, bucket: &[&Candidate], removed: 
         // registers in plan order.
         let mut parts: Vec<(RegstDescId, RegstDescId)> = members
             .iter()
-            .map(|&m| {
-                let output = plan.regst_descs.iter().position(|d| d.producer == m).map(|r| RegstDescId(r as u32));
-                (plan.actors[m.index()].inputs[0], output.unwrap_or(RegstDescId(u32::MAX)))
-            })
+            .map(|&m| (plan.actors[m.index()].inputs[0], first_output[m.index()].unwrap_or(RegstDescId(u32::MAX))))
             .collect();
         parts.sort_by_key(|&(_, output)| output);
         let tick = plan.actors[lead.index()].inputs.get(1).copied();
@@ -238,10 +254,9 @@ fn merge(low: &mut Lowering<'_>, number: usize, bucket: &[&Candidate], removed: 
             .iter()
             .filter_map(|&m| plan.collective_conf(m.index()).map(|c| c.shape.iter().product::<usize>()))
             .sum();
-        for &m in &members[1..] {
-            removed[m.index()] = true;
+        for &m in &members {
+            lead_of[m.index()] = Some(lead);
         }
-        super::lower::redirect_registers(plan, &members, lead);
         let actor = &mut plan.actors[lead.index()];
         actor.name = name;
         actor.inputs = parts.iter().map(|&(input, _)| input).chain(tick).collect();

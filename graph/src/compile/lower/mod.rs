@@ -104,22 +104,39 @@ pub(crate) fn group_name(prefix: &str, lead: &str, more: usize, single_device: b
 /// Makes `lead` the producer and consumer of every register one of `members` produces or
 /// reads (each consumer listed once): the registers of actors merged into one.
 pub(crate) fn redirect_registers(plan: &mut crate::plan::Plan, members: &[ActorIndex], lead: ActorIndex) {
-    // A set, not `members.contains`: a device's fused update has a member per parameter.
-    let mut is_member = vec![false; plan.actors.len()];
-    members.iter().for_each(|m| is_member[m.index()] = true);
+    let mut lead_of = vec![None; plan.actors.len()];
+    members.iter().for_each(|m| lead_of[m.index()] = Some(lead));
+    redirect_to_leads(plan, &lead_of);
+}
+
+/// [`redirect_registers`] for many groups in one pass over the registers: every actor `a`
+/// with `lead_of[a] = Some(lead)` hands its registers to `lead` (a set by actor, not a
+/// search: a device's fused update has a member per parameter, and a plan's buckets are
+/// merged by the dozen per device).
+pub(crate) fn redirect_to_leads(plan: &mut crate::plan::Plan, lead_of: &[Option<ActorIndex>]) {
     for desc in &mut plan.regst_descs {
-        if is_member[desc.producer.index()] {
+        if let Some(lead) = lead_of[desc.producer.index()] {
             desc.producer = lead;
         }
         let mut redirected = false;
-        for consumer in desc.consumers.iter_mut().filter(|c| is_member[c.index()]) {
-            *consumer = lead;
-            redirected = true;
+        for consumer in desc.consumers.iter_mut() {
+            if let Some(lead) = lead_of[consumer.index()] {
+                redirected |= *consumer != lead;
+                *consumer = lead;
+            }
         }
-        // Consumers were distinct, so only the lead can now be listed twice.
+        // Consumers were distinct, so only leads can now be listed twice: keep each once,
+        // in place.
         if redirected {
-            let mut lead_seen = false;
-            desc.consumers.retain(|&c| c != lead || !std::mem::replace(&mut lead_seen, true));
+            let mut kept = 0;
+            for i in 0..desc.consumers.len() {
+                let consumer = desc.consumers[i];
+                if !desc.consumers[..kept].contains(&consumer) {
+                    desc.consumers[kept] = consumer;
+                    kept += 1;
+                }
+            }
+            desc.consumers.truncate(kept);
         }
     }
 }
