@@ -143,9 +143,9 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
         let Some(own) = conf.own_part_bytes() else { continue };
         let Some(&view) = plan.actors[target.producer.index()].inputs.first() else { continue };
         let part = &plan.regst_descs[view.index()];
-        // Read by this all-gather alone (a part gathered twice is no one place's part).
-        if part.consumers.as_slice() != [target.producer]
-            || target.preloaded != 1
+        // Read by this all-gather alone (a part gathered twice is no one place's part), into
+        // a loop register.
+        if !may_gather_in_place(plan, &index, view)
             || target.aliased_slots
             || target.shared_offset.is_some()
             || part.within.is_some()
@@ -186,8 +186,8 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
 
 /// Whether `part` is read by one all-gather alone, as its own part of a loop register (a
 /// weight gathered after its sharded update): [`gather_in_place`] may put it within that
-/// register, so it keeps out of the shared memory. Only collectives on the compute streams
-/// (`CollectiveStreams::ComputeStreams`) put such a reader on the chain.
+/// register, so it keeps out of the shared memory (only collectives on the compute streams,
+/// `CollectiveStreams::ComputeStreams`, put such a reader on the chain).
 fn may_gather_in_place(plan: &crate::plan::Plan, index: &PlanIndex<'_>, part: RegstDescId) -> bool {
     let desc = &plan.regst_descs[part.index()];
     let [gather] = desc.consumers.as_slice() else { return false };
