@@ -47,10 +47,15 @@ impl Router {
         self.hosted_node.is_none_or(|n| n == node)
     }
 
+    /// The plan stream that runs `dst`.
+    #[inline]
+    pub(crate) fn stream_index(&self, dst: regflow_actors::ActorId) -> Option<usize> {
+        Some(*self.stream_of.get(dst.device() as usize)?.get(dst.stream() as usize)? as usize)
+    }
+
     /// The inbox of the stream that runs `dst`, if this job runs it.
     pub(crate) fn inbox_of(&self, dst: regflow_actors::ActorId) -> Option<&InboxSender> {
-        let stream = *self.stream_of.get(dst.device() as usize)?.get(dst.stream() as usize)?;
-        self.inboxes.get(stream as usize)?.as_ref()
+        self.inboxes.get(self.stream_index(dst)?)?.as_ref()
     }
 
     /// Delivers to another stream thread, or fails with the reason.

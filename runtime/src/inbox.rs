@@ -1,11 +1,17 @@
 //! A stream thread's inbox: many senders, one receiver, FIFO per sender, blocking receive
 //! after a bounded spin.
 //!
-//! Normal builds use a crossbeam channel. Under `--cfg loom` it is a mutex-and-condvar
-//! queue made of loom primitives with the same semantics, so loom explores every
-//! interleaving of the threads that use it (crossbeam's internals have their own tests).
+//! It has two parts. Other stream threads of the job write into *lanes*, one ring per
+//! sending stream ([`crate::lane`]), with no locked instruction. Everyone else (device
+//! completion threads, feeders, the watchdog, connections, aborts) sends through a
+//! channel: a crossbeam channel in normal builds and, under `--cfg loom`, a
+//! mutex-and-condvar queue made of loom primitives with the same semantics, so loom
+//! explores every interleaving of the threads that use it (crossbeam's internals have
+//! their own tests). A receiver with nothing in either sleeps on the channel.
 //! The spin-then-park wait ([`InboxReceiver::recv_spinning`]) is written once over both.
 
+use crate::lane::{lane, Doorbell, LaneReceiver, LaneSender};
+use crate::sync::Arc;
 use regflow_actors::Message;
 
 /// What travels to a stream thread.
@@ -25,6 +31,9 @@ pub(crate) enum Envelope {
     /// the thread wakes now and spins for it, up to [`WAKE_SPIN_TIME`], instead of
     /// sleeping through the wake-up latency when it arrives.
     Wake,
+    /// Nothing to handle: a lane has envelopes, sent while the receiver was going to sleep
+    /// (see [`crate::lane`]).
+    Lanes,
 }
 
 /// The receiver has gone.
@@ -35,20 +44,18 @@ pub(crate) struct Disconnected;
 mod imp {
     use super::{Disconnected, Envelope};
 
-    /// Sending half.
+    /// Sending half of the channel.
     #[derive(Debug, Clone)]
     pub(crate) struct InboxSender(crossbeam_channel::Sender<Envelope>);
 
-    /// Receiving half.
+    /// Receiving half of the channel.
     #[derive(Debug)]
-    pub(crate) struct InboxReceiver(crossbeam_channel::Receiver<Envelope>);
+    pub(crate) struct ChannelReceiver(crossbeam_channel::Receiver<Envelope>);
 
-    /// An inbox with room for `capacity` envelopes, allocated now. The job sizes it from
-    /// the register counts, which bound the messages in flight to one stream, so a send
-    /// never waits and never allocates.
-    pub(crate) fn inbox(capacity: usize) -> (InboxSender, InboxReceiver) {
+    /// A channel with room for `capacity` envelopes, allocated now.
+    pub(crate) fn channel(capacity: usize) -> (InboxSender, ChannelReceiver) {
         let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
-        (InboxSender(tx), InboxReceiver(rx))
+        (InboxSender(tx), ChannelReceiver(rx))
     }
 
     impl InboxSender {
@@ -63,7 +70,7 @@ mod imp {
         }
     }
 
-    impl InboxReceiver {
+    impl ChannelReceiver {
         pub(crate) fn try_recv(&self) -> Option<Envelope> {
             self.0.try_recv().ok()
         }
@@ -99,11 +106,11 @@ mod imp {
 
     /// Receiving half.
     #[derive(Debug)]
-    pub(crate) struct InboxReceiver(Arc<Queue>);
+    pub(crate) struct ChannelReceiver(Arc<Queue>);
 
-    pub(crate) fn inbox(_capacity: usize) -> (InboxSender, InboxReceiver) {
+    pub(crate) fn channel(_capacity: usize) -> (InboxSender, ChannelReceiver) {
         let queue = Arc::new(Queue { items: Mutex::new((VecDeque::new(), 1)), ready: Condvar::new() });
-        (InboxSender(queue.clone()), InboxReceiver(queue))
+        (InboxSender(queue.clone()), ChannelReceiver(queue))
     }
 
     impl Clone for InboxSender {
@@ -132,7 +139,7 @@ mod imp {
         }
     }
 
-    impl InboxReceiver {
+    impl ChannelReceiver {
         pub(crate) fn try_recv(&self) -> Option<Envelope> {
             crate::sync::lock(&self.0.items).0.pop_front()
         }
@@ -156,7 +163,121 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{inbox, InboxReceiver, InboxSender};
+pub(crate) use imp::InboxSender;
+use imp::{channel, ChannelReceiver};
+
+/// Receiving half: the lanes of the other stream threads, then the channel.
+#[derive(Debug)]
+pub(crate) struct InboxReceiver {
+    lanes: Vec<LaneReceiver>,
+    /// The lane to look at first: the last one that had an envelope.
+    cursor: std::cell::Cell<usize>,
+    doorbell: Arc<Doorbell>,
+    channel: ChannelReceiver,
+}
+
+/// An inbox whose channel has room for `capacity` envelopes, allocated now. The job sizes
+/// it from the register counts, which bound the messages in flight to one stream, so a
+/// send never waits and never allocates. It has no lanes until [`InboxReceiver::lane`].
+pub(crate) fn inbox(capacity: usize) -> (InboxSender, InboxReceiver) {
+    let (tx, rx) = channel(capacity);
+    let receiver = InboxReceiver {
+        lanes: Vec::new(),
+        cursor: std::cell::Cell::new(0),
+        doorbell: Arc::new(Doorbell::default()),
+        channel: rx,
+    };
+    (tx, receiver)
+}
+
+impl InboxReceiver {
+    /// Lets the senders of this inbox's lanes skip their fence, where the process can make
+    /// the heavy barrier instead (see [`crate::lane`]); only before its first lane.
+    pub(crate) fn use_asymmetric_barrier(&mut self) {
+        if self.lanes.is_empty() {
+            self.doorbell = Arc::new(Doorbell::asymmetric());
+        }
+    }
+
+    /// A lane of at least `capacity` envelopes into this inbox, for one other stream
+    /// thread; `wake` is a sender of this inbox's channel, which the lane's sender keeps to
+    /// wake the receiver (so the channel ends only after the lanes' senders are gone).
+    pub(crate) fn lane(&mut self, capacity: usize, wake: InboxSender) -> LaneSender {
+        let (sender, receiver) = lane(capacity, self.doorbell.clone(), wake);
+        self.lanes.push(receiver);
+        sender
+    }
+
+    /// An envelope already there: the channel's first (aborts and snapshots do not wait
+    /// behind a busy lane), else the lanes', starting with the last lane that had one.
+    /// A lane's wake-up ([`Envelope::Lanes`]) is not returned: it only says to look at
+    /// the lanes, which this does anyway.
+    #[inline]
+    pub(crate) fn try_recv(&self) -> Option<Envelope> {
+        if !self.channel.is_empty() {
+            match self.channel.try_recv() {
+                Some(Envelope::Lanes) | None => {}
+                Some(envelope) => return Some(envelope),
+            }
+        }
+        self.try_recv_lanes()
+    }
+
+    #[inline]
+    fn try_recv_lanes(&self) -> Option<Envelope> {
+        let count = self.lanes.len();
+        let first = self.cursor.get();
+        for offset in 0..count {
+            let at = if first + offset >= count { first + offset - count } else { first + offset };
+            if let Some(envelope) = self.lanes[at].try_recv() {
+                self.cursor.set(at);
+                return Some(envelope);
+            }
+        }
+        None
+    }
+
+    /// Whether nothing is queued: loads only, no write, so a spinning receiver does not
+    /// take cache lines from the senders.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.channel.is_empty() && self.lanes.iter().all(LaneReceiver::is_empty)
+    }
+
+    /// Blocks until an envelope arrives; `None` once every sender of the channel is gone
+    /// and the lanes are empty (the lanes' senders hold channel senders too).
+    pub(crate) fn recv(&self) -> Option<Envelope> {
+        loop {
+            if let Some(envelope) = self.try_recv() {
+                return Some(envelope);
+            }
+            if self.lanes.is_empty() {
+                return self.channel.recv();
+            }
+            if !self.doorbell.raise() {
+                // The kernel refused the barrier a sleep relies on: look again instead.
+                self.doorbell.lower();
+                yield_now();
+                continue;
+            }
+            if let Some(envelope) = self.try_recv_lanes() {
+                self.doorbell.lower();
+                return Some(envelope);
+            }
+            match self.channel.recv() {
+                // The sender lowered the doorbell: look at the lanes again.
+                Some(Envelope::Lanes) => {}
+                Some(envelope) => {
+                    self.doorbell.lower();
+                    return Some(envelope);
+                }
+                None => {
+                    self.doorbell.lower();
+                    return self.try_recv_lanes();
+                }
+            }
+        }
+    }
+}
 
 /// Most rounds a receiver spins on an empty inbox before it parks. Loom explores a spin of
 /// two rounds (a message landing during the spin, or after it).
@@ -240,7 +361,7 @@ impl InboxReceiver {
 }
 
 #[cfg(not(loom))]
-use std::{hint::spin_loop, thread::yield_now};
+pub(crate) use std::{hint::spin_loop, thread::yield_now};
 
 #[cfg(loom)]
-use loom::{hint::spin_loop, thread::yield_now};
+pub(crate) use loom::{hint::spin_loop, thread::yield_now};

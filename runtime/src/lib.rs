@@ -34,6 +34,7 @@ mod inbox;
 mod io;
 mod job;
 mod kernel;
+mod lane;
 mod net;
 mod stream;
 mod sync;

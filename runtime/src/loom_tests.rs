@@ -235,11 +235,15 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
             .map(|d| (0..d.register_num).map(|_| UnsafeCell::new(u64::MAX)).collect())
             .collect(),
     });
-    let (tx0, rx0) = inbox(64);
-    let (tx1, rx1) = inbox(64);
+    let (tx0, mut rx0) = inbox(64);
+    let (tx1, mut rx1) = inbox(64);
     if wake_first {
         assert!(tx1.try_send(Envelope::Wake));
     }
+    // The streams talk through lanes, as in a job (their channels carry the rest).
+    let mut lanes = [crate::lane::Lanes::new(2), crate::lane::Lanes::new(2)];
+    lanes[0].insert(1, rx1.lane(16, tx1.clone()));
+    lanes[1].insert(0, rx0.lane(16, tx0.clone()));
     let inboxes = [tx0.clone(), tx1.clone()];
     let router = Router::new(None, vec![vec![0, 1]], vec![Some(tx0.clone()), Some(tx1)], None);
     let (queue, driven) = loom::sync::mpsc::channel();
@@ -250,7 +254,7 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
     let (snapshots, _) = crossbeam_channel::unbounded();
     let shared = Arc::new(JobShared::new(2, snapshots, Default::default()));
     let mut workers = Vec::new();
-    for (s, rx) in [(0usize, rx0), (1usize, rx1)] {
+    for ((s, rx), lanes) in [(0usize, rx0), (1usize, rx1)].into_iter().zip(lanes) {
         let mut actors = Vec::new();
         let mut runtimes = Vec::new();
         for (a, desc) in plan.actors.iter().enumerate() {
@@ -297,6 +301,7 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
             local: VecDeque::new(),
             runnable,
             inbox: rx,
+            lanes,
             router: router.clone(),
             device,
             memory: arenas.clone(),
@@ -409,6 +414,50 @@ fn loom_spinning_receiver_gets_every_envelope_then_the_end() {
         assert_eq!(rx.recv_spinning(SPIN_TIME), Some(Envelope::Stop));
         assert_eq!(rx.recv_spinning(SPIN_TIME), None);
         sender.join().unwrap();
+    });
+}
+
+/// A lane into a receiver that goes to sleep: whatever the interleaving of the sender's
+/// publish-then-look and the receiver's raise-then-look, every envelope arrives, in order,
+/// through the lane (never lost in a lane while the receiver sleeps), and the end of the
+/// senders ends the wait.
+#[test]
+fn loom_a_lane_wakes_its_sleeping_receiver_and_keeps_order() {
+    model(|| {
+        let (tx, mut rx) = inbox(4);
+        let lane = rx.lane(2, tx);
+        let sender = loom::thread::spawn(move || {
+            lane.send(Envelope::Snapshot).unwrap();
+            lane.send(Envelope::Stop).unwrap();
+        });
+        assert_eq!(rx.recv(), Some(Envelope::Snapshot));
+        assert_eq!(rx.recv(), Some(Envelope::Stop));
+        // A wake-up the sender sent while the receiver found the envelope anyway is not
+        // returned; the channel ends with the lane's sender.
+        assert_eq!(rx.recv(), None);
+        sender.join().unwrap();
+    });
+}
+
+/// A lane and the channel into one sleeping receiver: an envelope of each arrives.
+#[test]
+fn loom_a_receiver_sleeping_on_lane_and_channel_gets_both() {
+    model(|| {
+        let (tx, mut rx) = inbox(4);
+        let lane = rx.lane(2, tx.clone());
+        let from_lane = loom::thread::spawn(move || lane.send(Envelope::Snapshot).unwrap());
+        let from_channel = loom::thread::spawn(move || tx.send(Envelope::Stop).unwrap());
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            match rx.recv() {
+                Some(envelope) => got.push(envelope),
+                None => panic!("the channel ended before both envelopes arrived: {got:?}"),
+            }
+        }
+        got.sort_by_key(|e| matches!(e, Envelope::Stop));
+        assert_eq!(got, [Envelope::Snapshot, Envelope::Stop]);
+        from_lane.join().unwrap();
+        from_channel.join().unwrap();
     });
 }
 

@@ -10,6 +10,7 @@ use crate::collective::CollectiveGroups;
 use crate::device::{DeviceStream, Launched, SliceTag};
 use crate::inbox::{Envelope, InboxReceiver, SPIN_TIME, WAKE_SPIN_TIME};
 use crate::kernel::{Kernel, KernelIo, StreamContext};
+use crate::lane::Lanes;
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::trace::{flow_id, TraceBuffer, TraceEvent};
 use crate::RuntimeError;
@@ -151,6 +152,9 @@ pub(crate) struct StreamWorker {
     /// Actors that a message taken straight in made able to fire.
     pub(crate) runnable: RunQueue,
     pub(crate) inbox: InboxReceiver,
+    /// Its lanes to the other streams it shares registers with (the rest goes through
+    /// the router).
+    pub(crate) lanes: Lanes,
     pub(crate) router: Router,
     pub(crate) device: Box<dyn DeviceStream>,
     pub(crate) memory: Arc<PlanArenas>,
@@ -207,6 +211,7 @@ struct Env<'w> {
     /// the recipient's, not as the sender's failure to send.
     refused: Option<ActorError>,
     router: &'w Router,
+    lanes: &'w Lanes,
     device: &'w mut dyn DeviceStream,
     runtimes: &'w mut [ActorRuntime],
     /// Index of the actor whose turn it is (a message handled or a run after `accept`).
@@ -269,10 +274,26 @@ impl Env<'_> {
             None => Ok(()),
             Some(held) if held.dst.stream_id() == msg.dst.stream_id() => {
                 self.outbox = None;
-                self.router.send_pair(held, msg)
+                self.deliver(held, Some(msg))
             }
-            Some(held) => self.router.send(held),
+            Some(held) => self.deliver(held, None),
         }
+    }
+
+    /// Hands `first` (and `then`, for the same stream) to the stream of this node that
+    /// runs `first.dst`, in one envelope: through the lane to it, if the plan gave the two
+    /// streams one, else through the router. Either way the order of what this thread
+    /// sends there is kept, since it always takes the same way.
+    #[inline]
+    fn deliver(&self, first: Message, then: Option<Message>) -> Result<(), EnvError> {
+        let dst = first.dst;
+        match (self.router.stream_index(dst).and_then(|s| self.lanes.to(s)), then) {
+            (Some(lane), None) => lane.send(Envelope::Actor(first)),
+            (Some(lane), Some(then)) => lane.send(Envelope::Pair(first, then)),
+            (None, None) => return self.router.send(first),
+            (None, Some(then)) => return self.router.send_pair(first, then),
+        }
+        .map_err(|_| EnvError::Disconnected { dst })
     }
 
     /// Sends the held message, if any.
@@ -288,7 +309,7 @@ impl Env<'_> {
     fn send_held(&mut self) -> Result<(), EnvError> {
         match self.outbox.take() {
             None => Ok(()),
-            Some(held) => self.router.send(held),
+            Some(held) => self.deliver(held, None),
         }
     }
 }
@@ -517,6 +538,8 @@ impl StreamWorker {
                     }
                     Envelope::Stop => break 'outer,
                     Envelope::Wake => spin_time = WAKE_SPIN_TIME,
+                    // The lanes are read by the next `try_recv`.
+                    Envelope::Lanes => {}
                 }
                 taken += 1;
                 next = if taken < INBOX_BATCH { self.inbox.try_recv() } else { None };
@@ -563,6 +586,7 @@ impl StreamWorker {
             runnable: &mut self.runnable,
             refused: None,
             router: &self.router,
+            lanes: &self.lanes,
             device: self.device.as_mut(),
             runtimes: &mut self.runtimes,
             current: 0,

@@ -17,7 +17,7 @@ use regflow_actors::{Actor, ActorId, Body, Cmd, Message, PlanIds};
 use regflow_kernels::StreamScratch;
 use regflow_memory::{ArenaMemory, MemoryReport};
 use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePieces};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 /// Refuses a plan whose devices (on the nodes this job runs) cannot run here (a `cuda`
@@ -290,6 +290,30 @@ pub(super) fn inbox_capacities(
     capacities
 }
 
+/// Room for each lane (`crate::lane`), keyed by (sending stream, receiving stream): for
+/// every register whose producer and a consumer run on two different streams that
+/// `hosted` holds, the consumer's `Ready`s (one per slot, and the `Eord`) one way and its
+/// `Ack`s the other, counted twice with the slack of [`inbox_capacities`]. Pairs of
+/// streams that share no register get no lane.
+pub(super) fn lane_capacities(plan: &Plan, hosted: impl Fn(usize) -> bool) -> BTreeMap<(usize, usize), usize> {
+    let mut capacities = BTreeMap::new();
+    for desc in &plan.regst_descs {
+        let Some(producer) = plan.actors.get(desc.producer.index()) else { continue };
+        let from = producer.stream.index();
+        for consumer in &desc.consumers {
+            let Some(consumer) = plan.actors.get(consumer.index()) else { continue };
+            let to = consumer.stream.index();
+            if from == to || !hosted(from) || !hosted(to) {
+                continue;
+            }
+            let slots = desc.register_num as usize + 1;
+            *capacities.entry((from, to)).or_insert(4) += 2 * slots;
+            *capacities.entry((to, from)).or_insert(4) += 2 * slots;
+        }
+    }
+    capacities
+}
+
 pub(super) fn stream_label(plan: &Plan, s: usize) -> String {
     let stream = &plan.streams[s];
     format!("{}/{:?}#{s}", plan.devices[stream.device.index()].label(), stream.kind)
@@ -515,6 +539,35 @@ pub(super) fn stream_device(
 mod tests {
     use super::*;
     use regflow_plan::{KernelConf, PlanBuilder, StreamKind};
+
+    #[test]
+    fn lanes_join_the_hosted_streams_that_share_a_register_with_room_for_its_slots() {
+        // src (stream 0) -> r0 (2 slots) -> copy (stream 1) -> r1 (3 slots) -> sinks on
+        // streams 1 and 0; stream 2 shares nothing.
+        let mut b = PlanBuilder::new();
+        let d = b.device(0, DeviceKind::Cpu, 0);
+        let (s0, s1, s2) =
+            (b.stream(d, StreamKind::Compute), b.stream(d, StreamKind::Comm), b.stream(d, StreamKind::Comm));
+        let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(1) });
+        let copy = b.actor("copy", s1, ActorKind::Compute { kernel: KernelConf::Copy });
+        let lone = b.actor("lone", s2, ActorKind::Source { pieces: SourcePieces::Count(1) });
+        let lone_sink = b.actor("lone_sink", s2, ActorKind::Sink);
+        let r0 = b.regst("r0", src, 8, 2);
+        b.consume(copy, r0);
+        let r1 = b.regst("r1", copy, 8, 3);
+        for sink in [b.actor("k1", s1, ActorKind::Sink), b.actor("k0", s0, ActorKind::Sink)] {
+            b.consume(sink, r1);
+        }
+        let r2 = b.regst("r2", lone, 8, 1);
+        b.consume(lone_sink, r2);
+        let plan = b.build().unwrap();
+        let lanes = lane_capacities(&plan, |_| true);
+        // Each way: r0's 2 slots and r1's 3 (for k0), each counted (slots + 1) x 2, plus 4.
+        let room = 4 + 2 * (2 + 1) + 2 * (3 + 1);
+        assert_eq!(lanes.into_iter().collect::<Vec<_>>(), vec![((0, 1), room), ((1, 0), room)]);
+        // A stream of another node gets none.
+        assert!(lane_capacities(&plan, |s| s != 1).is_empty());
+    }
 
     #[test]
     fn a_local_queue_has_room_for_every_slot_and_consumer_its_stream_receives() {

@@ -13,6 +13,7 @@ use crate::bus::Router;
 
 use crate::inbox::{inbox, InboxReceiver, InboxSender};
 use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
+use crate::lane::Lanes;
 use crate::stream::{JobShared, StreamExit, StreamWorker};
 use crate::sync::Arc;
 use crate::trace::TraceBuffer;
@@ -291,6 +292,17 @@ impl Job {
             })
             .unzip();
         let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
+        // Lanes between the hosted streams that share registers; their senders skip the
+        // fence when the receivers seldom sleep, i.e. the stream threads fit on the cores.
+        if hosted.len() <= crate::activity::cores() {
+            receivers.iter_mut().flatten().for_each(InboxReceiver::use_asymmetric_barrier);
+        }
+        let mut lanes: Vec<Lanes> = (0..plan.streams.len()).map(|_| Lanes::new(plan.streams.len())).collect();
+        for ((from, to), capacity) in super::setup::lane_capacities(&plan, |s| receivers[s].is_some()) {
+            if let (Some(receiver), Some(wake)) = (receivers[to].as_mut(), senders[to].clone()) {
+                lanes[from].insert(to, receiver.lane(capacity, wake));
+            }
+        }
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
         for (s, stream) in plan.streams.iter().enumerate() {
             stream_of[stream.device.index()].push(s as u32);
@@ -403,6 +415,7 @@ impl Job {
                 local: VecDeque::with_capacity(local_room[s]),
                 runnable: regflow_actors::RunQueue::new(actor_count),
                 inbox,
+                lanes: std::mem::take(&mut lanes[s]),
                 router: router.clone(),
                 device,
                 memory: arenas.clone(),
