@@ -17,8 +17,11 @@
 //! envelope, or the sender the raised doorbell, which it lowers and answers with an
 //! [`Envelope::Lanes`](crate::inbox::Envelope::Lanes) through the channel). Both do it with
 //! a swap of the doorbell, so the two are ordered on that one location (acquire and
-//! release suffice, and loom checks exactly that; it does not decide the same handshake
-//! written with two fences, and reported a deadlock there).
+//! release suffice, and loom checks exactly that). Every write of the doorbell is a
+//! swap, the receiver's lowering included (see [`Doorbell::lower`]). Written with a store
+//! and a fence on each side instead, the handshake is reported as a deadlock by loom,
+//! which treats sequentially consistent stores as release stores; we use the form it
+//! can check.
 //!
 //! The handshake may be asymmetric where the kernel offers a heavy barrier (Linux's
 //! `membarrier`, as in userspace RCU): a sender then only loads the doorbell after a
@@ -151,7 +154,7 @@ impl Doorbell {
     #[must_use]
     pub(crate) fn raise(&self) -> bool {
         if self.asymmetric {
-            self.asleep.store(true, Ordering::Relaxed);
+            self.asleep.swap(true, Ordering::AcqRel);
             return barrier::heavy();
         }
         // A read-modify-write of the one location both sides write: the senders' swaps and
@@ -163,8 +166,14 @@ impl Doorbell {
     }
 
     /// Lowered by the receiver once it is awake (a sender may have lowered it already).
+    /// A swap, not a store: every write of the doorbell is a read-modify-write, so the
+    /// next raise reads the latest sender's swap and acquires what it published. With a
+    /// plain store here a sender's swap could be ordered before the store in the
+    /// doorbell's history while coming later in time; the next raise then read the
+    /// receiver's own store, saw nothing of the envelope, and slept with it in the lane
+    /// (a deadlock loom found in a two-thread model of the handshake).
     pub(crate) fn lower(&self) {
-        self.asleep.store(false, Ordering::Relaxed);
+        self.asleep.swap(false, Ordering::AcqRel);
     }
 
     /// Whether a sender that published an envelope must wake the receiver: true at most

@@ -439,6 +439,32 @@ fn loom_a_lane_wakes_its_sleeping_receiver_and_keeps_order() {
     });
 }
 
+/// Two threads that each send through a lane and then sleep on their own inbox, round
+/// after round, as two stream threads of a chain do: nobody sleeps with an envelope left
+/// in its lane. (With the receiver lowering its doorbell by a plain store, loom finds the
+/// deadlock: a sender's swap ordered before that store, the next raise reading the store.)
+#[test]
+fn loom_two_threads_trading_through_lanes_never_both_sleep() {
+    model(|| {
+        let (tx_a, mut rx_a) = inbox(4);
+        let (tx_b, mut rx_b) = inbox(4);
+        let to_a = rx_a.lane(4, tx_a);
+        let to_b = rx_b.lane(4, tx_b);
+        const ROUNDS: usize = 2;
+        let other = loom::thread::spawn(move || {
+            for _ in 0..ROUNDS {
+                to_b.send(Envelope::Snapshot).unwrap();
+                assert_eq!(rx_a.recv(), Some(Envelope::Snapshot));
+            }
+        });
+        for _ in 0..ROUNDS {
+            assert_eq!(rx_b.recv(), Some(Envelope::Snapshot));
+            to_a.send(Envelope::Snapshot).unwrap();
+        }
+        other.join().unwrap();
+    });
+}
+
 /// A lane and the channel into one sleeping receiver: an envelope of each arrives.
 #[test]
 fn loom_a_receiver_sleeping_on_lane_and_channel_gets_both() {
