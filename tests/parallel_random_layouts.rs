@@ -178,7 +178,8 @@ fn parallel(case: &Case) -> Vec<f64> {
     let losses =
         std::iter::from_fn(|| fetcher.recv()).map(|p| f64::from_le_bytes(p.bytes().try_into().unwrap())).collect();
     drop(fetcher);
-    job.wait().unwrap();
+    let report = job.wait().unwrap();
+    assert_eq!(report.lane_waits, 0, "a message between stream threads found its lane full");
     losses
 }
 

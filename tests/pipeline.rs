@@ -213,6 +213,7 @@ fn run_compiled(
         std::iter::from_fn(|| fetcher.recv()).map(|p| f64::from_le_bytes(p.bytes().try_into().unwrap())).collect();
     drop(fetcher);
     let report = job.wait().unwrap_or_else(|e| panic!("pp{p}, m = {m}: {e}"));
+    assert_eq!(report.lane_waits, 0, "pp{p}, m = {m}: a message between stream threads found its lane full");
     pusher.join().unwrap();
     assert_eq!(micro_losses.len(), steps * m, "one loss per micro-batch");
     (micro_losses.chunks(m).map(|c| c.iter().sum::<f64>() / m as f64).collect(), report)

@@ -621,6 +621,7 @@ proptest! {
             prop_assert!(stats.finished, "'{}' did not finish", stats.name);
             check_register_bounds(&plan, stats)?;
         }
+        prop_assert_eq!(report.lane_waits, 0, "a message between stream threads found its lane full");
     }
 }
 
@@ -689,6 +690,7 @@ fn producer_never_holds_more_pieces_than_register_num() {
             });
         }
         let report = builder.build().unwrap().wait().unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert_eq!(report.lane_waits, 0, "{kind:?}: a message between stream threads found its lane full");
 
         let expected: Vec<(u64, Option<u64>)> = (0..PIECES).map(|p| (p, Some(p))).collect();
         for name in ["sink_fast", "sink_slow"] {

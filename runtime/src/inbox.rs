@@ -202,8 +202,14 @@ impl InboxReceiver {
     /// A lane of at least `capacity` envelopes into this inbox, for one other stream
     /// thread; `wake` is a sender of this inbox's channel, which the lane's sender keeps to
     /// wake the receiver (so the channel ends only after the lanes' senders are gone).
-    pub(crate) fn lane(&mut self, capacity: usize, wake: InboxSender) -> LaneSender {
-        let (sender, receiver) = lane(capacity, self.doorbell.clone(), wake);
+    /// A send that finds the lane full counts itself in `waits`.
+    pub(crate) fn lane(
+        &mut self,
+        capacity: usize,
+        wake: InboxSender,
+        waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) -> LaneSender {
+        let (sender, receiver) = lane(capacity, self.doorbell.clone(), wake, waits);
         self.lanes.push(receiver);
         sender
     }

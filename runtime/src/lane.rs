@@ -200,6 +200,8 @@ pub(crate) struct LaneSender {
     tail: Cell<usize>,
     /// The receiver's `head` as last read: room is known up to `head_seen + slots`.
     head_seen: Cell<usize>,
+    /// Sends of the job that found their lane full (`JobReport::lane_waits`).
+    waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The reading end of a lane, kept by the receiving inbox.
@@ -213,11 +215,13 @@ pub(crate) struct LaneReceiver {
 }
 
 /// A lane of at least `capacity` envelopes (rounded up to a power of two), allocated now,
-/// into a receiver whose doorbell is `doorbell` and whose channel `wake` reaches.
+/// into a receiver whose doorbell is `doorbell` and whose channel `wake` reaches; a send
+/// that finds it full counts itself in `waits`.
 pub(crate) fn lane(
     capacity: usize,
     doorbell: Arc<Doorbell>,
     wake: crate::inbox::InboxSender,
+    waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> (LaneSender, LaneReceiver) {
     let len = capacity.max(2).next_power_of_two();
     let ring = Arc::new(Ring {
@@ -227,7 +231,7 @@ pub(crate) fn lane(
         tail: CachePadded::new(AtomicUsize::new(0)),
         closed: AtomicBool::new(false),
     });
-    let sender = LaneSender { ring: ring.clone(), doorbell, wake, tail: Cell::new(0), head_seen: Cell::new(0) };
+    let sender = LaneSender { ring: ring.clone(), doorbell, wake, tail: Cell::new(0), head_seen: Cell::new(0), waits };
     let receiver = LaneReceiver { ring, head: Cell::new(0), tail_seen: Cell::new(0) };
     (sender, receiver)
 }
@@ -285,11 +289,16 @@ impl LaneSender {
     #[cold]
     #[inline(never)]
     fn wait_for_room(&self, tail: usize) -> Result<(), Disconnected> {
+        let mut counted = false;
         loop {
             let head = self.ring.head.load(Ordering::Acquire);
             if tail.wrapping_sub(head) <= self.ring.mask {
                 self.head_seen.set(head);
                 return Ok(());
+            }
+            if !counted {
+                counted = true;
+                self.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             if self.ring.closed.load(Ordering::Acquire) {
                 return Err(Disconnected);
@@ -352,7 +361,7 @@ mod tests {
     #[test]
     fn envelopes_arrive_in_order_across_many_wraps() {
         let (wake, _channel) = crate::inbox::inbox(4);
-        let (tx, rx) = lane(3, Arc::new(Doorbell::default()), wake);
+        let (tx, rx) = lane(3, Arc::new(Doorbell::default()), wake, Default::default());
         assert_eq!(rx.ring.slots.len(), 4, "the capacity is rounded up to a power of two");
         let mut next = 0;
         for sent in 0..1000u64 {
@@ -380,7 +389,7 @@ mod tests {
             // (`is_empty`), and swallows the wake-up (`try_recv`).
             let (wake, channel) = crate::inbox::inbox(4);
             let doorbell = Arc::new(doorbell);
-            let (tx, rx) = lane(4, doorbell.clone(), wake);
+            let (tx, rx) = lane(4, doorbell.clone(), wake, Default::default());
             tx.send(message(0)).expect("the receiver is here");
             assert!(channel.is_empty(), "an awake receiver is not woken (asymmetric: {asymmetric})");
             assert!(doorbell.raise());
@@ -399,10 +408,13 @@ mod tests {
     #[test]
     fn a_sender_waiting_for_room_stops_when_the_receiver_goes() {
         let (wake, _channel) = crate::inbox::inbox(4);
-        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake);
+        let waits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone());
         tx.send(message(0)).expect("room");
         tx.send(message(1)).expect("room");
+        assert_eq!(waits.load(std::sync::atomic::Ordering::Relaxed), 0, "no send waited yet");
         drop(rx);
         assert_eq!(tx.send(message(2)), Err(Disconnected));
+        assert_eq!(waits.load(std::sync::atomic::Ordering::Relaxed), 1, "the third send found the lane full");
     }
 }

@@ -73,11 +73,15 @@ fn run(pieces: u64, register_num: u32, hold: Duration, limit: Duration) {
                 counter.store(expected + 1, Ordering::Relaxed);
             })
             .build()
-            .and_then(|job| job.wait().map(|_| ()));
+            .and_then(|job| job.wait())
+            .map(|report| report.lane_waits);
         let _ = done.send(result);
     });
     match finished.recv_timeout(limit) {
-        Ok(result) => result.expect("the chain runs to its end"),
+        Ok(result) => {
+            let waits = result.expect("the chain runs to its end");
+            assert_eq!(waits, 0, "messages between the streams found their lane full");
+        }
         Err(_) => panic!(
             "the chain over two streams hung: {} of {pieces} pieces reached the sink after {limit:?}",
             seen.load(Ordering::Relaxed)

@@ -91,7 +91,8 @@ pub(crate) fn fed_losses(
         })
         .collect();
     pusher.join().unwrap();
-    job.wait().unwrap();
+    let report = job.wait().unwrap();
+    assert_eq!(report.lane_waits, 0, "a message between stream threads found its lane full");
     losses
 }
 

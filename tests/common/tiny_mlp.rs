@@ -71,5 +71,6 @@ pub(crate) fn train(
     feeds.close().unwrap();
     drop((feeds, losses));
     let report = job.wait().unwrap();
+    assert_eq!(report.lane_waits, 0, "a message between stream threads found its lane full");
     (got, report.state.unwrap())
 }

@@ -75,6 +75,8 @@ pub struct Job {
     host_kernels: Vec<String>,
     /// The kernels' own device memory ([`Job::kernel_memory`]).
     kernel_memory: MemoryReport,
+    /// Sends that found their lane full ([`JobReport::lane_waits`]).
+    lane_waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What a finished job reports.
@@ -99,6 +101,10 @@ pub struct JobReport {
     /// by the job of the first of them in the plan's device order, so that the parts of all
     /// the nodes' jobs of a plan hold every element once.
     pub state_parts: Option<Vec<StatePart>>,
+    /// Messages between this job's stream threads that found the lane to their stream full
+    /// and waited for room. Lanes are sized from the plan's register counts so that this
+    /// stays 0; anything else is a bug in that sizing (the tests assert it).
+    pub lane_waits: u64,
 }
 
 impl JobReport {
@@ -283,6 +289,7 @@ impl Job {
             trace: self.trace_path.clone(),
             state,
             state_parts,
+            lane_waits: self.lane_waits.load(Ordering::Relaxed),
         })
     }
 

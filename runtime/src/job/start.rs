@@ -297,10 +297,11 @@ impl Job {
         if hosted.len() <= crate::activity::cores() {
             receivers.iter_mut().flatten().for_each(InboxReceiver::use_asymmetric_barrier);
         }
+        let lane_waits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut lanes: Vec<Lanes> = (0..plan.streams.len()).map(|_| Lanes::new(plan.streams.len())).collect();
         for ((from, to), capacity) in super::setup::lane_capacities(&plan, |s| receivers[s].is_some()) {
             if let (Some(receiver), Some(wake)) = (receivers[to].as_mut(), senders[to].clone()) {
-                lanes[from].insert(to, receiver.lane(capacity, wake));
+                lanes[from].insert(to, receiver.lane(capacity, wake, lane_waits.clone()));
             }
         }
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
@@ -464,6 +465,7 @@ impl Job {
             net,
             host_kernels,
             kernel_memory,
+            lane_waits,
         })
     }
 }
