@@ -19,9 +19,10 @@
 //! a swap of the doorbell, so the two are ordered on that one location (acquire and
 //! release suffice, and loom checks exactly that). Every write of the doorbell is a
 //! swap, the receiver's lowering included (see [`Doorbell::lower`]). Written with a store
-//! and a fence on each side instead, the handshake is reported as a deadlock by loom,
-//! which treats sequentially consistent stores as release stores; we use the form it
-//! can check.
+//! and a fence on each side instead (and the lowering a swap), loom still reports a
+//! deadlock in a two-thread model; we did not settle whether that is real or a false alarm
+//! (loom's README says it treats sequentially consistent stores as acquire-release), and
+//! use the form it checks.
 //!
 //! The handshake may be asymmetric where the kernel offers a heavy barrier (Linux's
 //! `membarrier`, as in userspace RCU): a sender then only loads the doorbell after a
