@@ -11,7 +11,7 @@
 //! The spin-then-park wait ([`InboxReceiver::recv_spinning`]) is written once over both.
 
 use crate::lane::{lane, Doorbell, LaneReceiver, LaneSender};
-use crate::sync::Arc;
+use crate::sync::{spin_loop, yield_now, Arc};
 use regflow_actors::Message;
 
 /// What travels to a stream thread.
@@ -365,9 +365,3 @@ impl InboxReceiver {
         self.recv()
     }
 }
-
-#[cfg(not(loom))]
-pub(crate) use std::{hint::spin_loop, thread::yield_now};
-
-#[cfg(loom)]
-pub(crate) use loom::{hint::spin_loop, thread::yield_now};

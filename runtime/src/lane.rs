@@ -304,7 +304,7 @@ impl LaneSender {
             if self.ring.closed.load(Ordering::Acquire) {
                 return Err(Disconnected);
             }
-            crate::inbox::yield_now();
+            crate::sync::yield_now();
         }
     }
 }

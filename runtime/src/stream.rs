@@ -538,7 +538,7 @@ impl StreamWorker {
                     }
                     Envelope::Stop => break 'outer,
                     Envelope::Wake => spin_time = WAKE_SPIN_TIME,
-                    // The lanes are read by the next `try_recv`.
+                    // Never handed out: the inbox swallows the lanes' wake-ups.
                     Envelope::Lanes => {}
                 }
                 taken += 1;

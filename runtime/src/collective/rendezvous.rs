@@ -13,11 +13,7 @@ use crate::sync::{lock, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 /// too few arrivals (medians 10–28 µs at 1 KiB).
 const SPIN_ROUNDS: u32 = if cfg!(loom) { 2 } else { 512 };
 
-#[cfg(not(loom))]
-use std::hint::spin_loop;
-
-#[cfg(loom)]
-use loom::hint::spin_loop;
+use crate::sync::spin_loop;
 use std::fmt;
 
 /// Where one member's input lies during a round: an address, readable by peers only

@@ -7,7 +7,8 @@ use super::UserWaits;
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimPoller};
-use crate::inbox::{Envelope, InboxSender};
+use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
+use crate::lane::Lanes;
 use crate::stream::ActorRuntime;
 use crate::stream::JobShared;
 use crate::sync::Arc;
@@ -18,6 +19,7 @@ use regflow_kernels::StreamScratch;
 use regflow_memory::{ArenaMemory, MemoryReport};
 use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePieces};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 /// Refuses a plan whose devices (on the nodes this job runs) cannot run here (a `cuda`
@@ -260,11 +262,7 @@ pub(super) fn fetch_depth(plan: &Plan, sink: ActorIndex, configured: Option<u64>
 /// Upper bound of the messages that can be in flight to each stream: every `Ready` holds a
 /// slot, every `Ack` answers one, every `ActDone` answers a launch that holds one. One pass
 /// over the actors.
-pub(super) fn inbox_capacities(
-    indexed: &PlanIndex<'_>,
-    configured_fetch_depth: Option<u64>,
-    per_step: &[u64],
-) -> Vec<usize> {
+fn inbox_capacities(indexed: &PlanIndex<'_>, configured_fetch_depth: Option<u64>, per_step: &[u64]) -> Vec<usize> {
     let plan = indexed.plan();
     let mut capacities = vec![16usize; plan.streams.len()];
     for (a, actor) in plan.actors.iter().enumerate() {
@@ -290,12 +288,55 @@ pub(super) fn inbox_capacities(
     capacities
 }
 
+/// How messages reach the streams a job hosts, by plan stream index (`None` for the
+/// streams of other nodes).
+pub(super) struct Deliveries {
+    /// Each hosted stream's inbox: its channel's sending end, for the router and the rest.
+    pub(super) senders: Vec<Option<InboxSender>>,
+    /// Each hosted stream's inbox, to be moved into its thread.
+    pub(super) receivers: Vec<Option<InboxReceiver>>,
+    /// Each stream's lanes to the streams it shares registers with.
+    pub(super) lanes: Vec<Lanes>,
+    /// Sends that found their lane full ([`crate::JobReport::lane_waits`]).
+    pub(super) lane_waits: std::sync::Arc<AtomicU64>,
+}
+
+/// The inboxes of the `hosted` streams, sized by [`inbox_capacities`], and the lanes
+/// between those that share registers, sized by [`lane_capacities`]. The lanes' senders
+/// skip their fence when receivers seldom sleep, i.e. when the hosted stream threads fit
+/// on the cores (`crate::lane`).
+pub(super) fn deliveries(
+    indexed: &PlanIndex<'_>,
+    configured_fetch_depth: Option<u64>,
+    per_step: &[u64],
+    hosted: &[usize],
+) -> Deliveries {
+    let plan = indexed.plan();
+    let capacities = inbox_capacities(indexed, configured_fetch_depth, per_step);
+    let (mut senders, mut receivers): (Vec<_>, Vec<_>) = (0..capacities.len()).map(|_| (None, None)).unzip();
+    for &s in hosted {
+        let (tx, mut rx) = inbox(capacities[s]);
+        if hosted.len() <= crate::activity::cores() {
+            rx.use_asymmetric_barrier();
+        }
+        (senders[s], receivers[s]) = (Some(tx), Some(rx));
+    }
+    let lane_waits = std::sync::Arc::new(AtomicU64::new(0));
+    let mut lanes: Vec<Lanes> = (0..plan.streams.len()).map(|_| Lanes::new(plan.streams.len())).collect();
+    for ((from, to), capacity) in lane_capacities(plan, |s| receivers[s].is_some()) {
+        if let (Some(receiver), Some(wake)) = (receivers[to].as_mut(), senders[to].clone()) {
+            lanes[from].insert(to, receiver.lane(capacity, wake, lane_waits.clone()));
+        }
+    }
+    Deliveries { senders, receivers, lanes, lane_waits }
+}
+
 /// Room for each lane (`crate::lane`), keyed by (sending stream, receiving stream): for
 /// every register whose producer and a consumer run on two different streams that
 /// `hosted` holds, the consumer's `Ready`s (one per slot, and the `Eord`) one way and its
 /// `Ack`s the other, counted twice with the slack of [`inbox_capacities`]. Pairs of
 /// streams that share no register get no lane.
-pub(super) fn lane_capacities(plan: &Plan, hosted: impl Fn(usize) -> bool) -> BTreeMap<(usize, usize), usize> {
+fn lane_capacities(plan: &Plan, hosted: impl Fn(usize) -> bool) -> BTreeMap<(usize, usize), usize> {
     let mut capacities = BTreeMap::new();
     for desc in &plan.regst_descs {
         let Some(producer) = plan.actors.get(desc.producer.index()) else { continue };

@@ -3,17 +3,18 @@
 
 use super::make::UserEnds;
 use super::setup::{
-    check_devices, check_sink_callbacks, inbox_capacities, kernel_memory, lend_scratches, make_actors, max_arity,
-    sim_poller, start_sources, start_watchdog, stream_device, stream_label, user_records, variable_preloads,
-    watch_names, write_preloads, write_variables,
+    check_devices, check_sink_callbacks, deliveries, kernel_memory, lend_scratches, make_actors, max_arity, sim_poller,
+    start_sources, start_watchdog, stream_device, stream_label, user_records, variable_preloads, watch_names,
+    write_preloads, write_variables, Deliveries, LentScratch,
 };
 use super::{Job, DEFAULT_WATCHDOG, MAX_CPU_THREADS};
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
-
-use crate::inbox::{inbox, InboxReceiver, InboxSender};
-use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
+use crate::device::GpuMap;
+use crate::inbox::InboxReceiver;
 use crate::lane::Lanes;
+
+use crate::kernel::{JobKernels, Kernel, KernelFactory, KernelIo, KernelSpec, StreamContext};
 use crate::stream::{JobShared, StreamExit, StreamWorker};
 use crate::sync::Arc;
 use crate::trace::TraceBuffer;
@@ -243,16 +244,7 @@ impl Job {
     }
 
     fn start_with(mut builder: JobBuilder, cluster: &mut Option<crate::net::Cluster>) -> Result<Job, RuntimeError> {
-        if !(1..=MAX_CPU_THREADS).contains(&builder.cpu_threads) {
-            return Err(RuntimeError::Setting {
-                setting: "cpu_threads",
-                value: builder.cpu_threads.to_string(),
-                reason: format!(
-                    "a cpu device's kernels run on 1 to {MAX_CPU_THREADS} threads (this machine has {})",
-                    std::thread::available_parallelism().map_or(1, usize::from)
-                ),
-            });
-        }
+        check_cpu_threads(builder.cpu_threads)?;
         let plan = Arc::new(std::mem::replace(&mut builder.plan, Plan::empty()));
         plan.validate()?;
         // Every per-actor lookup below goes through the index: building is linear in the
@@ -278,53 +270,18 @@ impl Job {
         let callback_sinks: Vec<String> = builder.sink_callbacks.keys().cloned().collect();
         check_sink_callbacks(&builder, &indexed)?;
 
-        // Inboxes and the router.
-        let capacities = inbox_capacities(&indexed, builder.fetch_depth, &per_step);
-        let (senders, mut receivers): (Vec<Option<InboxSender>>, Vec<Option<InboxReceiver>>) = capacities
-            .iter()
-            .enumerate()
-            .map(|(s, &capacity)| match hosts(stream_node(s)) {
-                true => {
-                    let (tx, rx) = inbox(capacity);
-                    (Some(tx), Some(rx))
-                }
-                false => (None, None),
-            })
-            .unzip();
+        // Inboxes and lanes, then the router.
         let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
-        // Lanes between the hosted streams that share registers; their senders skip the
-        // fence when the receivers seldom sleep, i.e. the stream threads fit on the cores.
-        if hosted.len() <= crate::activity::cores() {
-            receivers.iter_mut().flatten().for_each(InboxReceiver::use_asymmetric_barrier);
-        }
-        let lane_waits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let mut lanes: Vec<Lanes> = (0..plan.streams.len()).map(|_| Lanes::new(plan.streams.len())).collect();
-        for ((from, to), capacity) in super::setup::lane_capacities(&plan, |s| receivers[s].is_some()) {
-            if let (Some(receiver), Some(wake)) = (receivers[to].as_mut(), senders[to].clone()) {
-                lanes[from].insert(to, receiver.lane(capacity, wake, lane_waits.clone()));
-            }
-        }
+        let Deliveries { senders, mut receivers, mut lanes, lane_waits } =
+            deliveries(&indexed, builder.fetch_depth, &per_step, &hosted);
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
         for (s, stream) in plan.streams.iter().enumerate() {
             stream_of[stream.device.index()].push(s as u32);
         }
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
-        // The network: a writer channel per peer, and the collectives that span nodes.
         let net = match cluster.as_ref() {
-            Some(cluster) => {
-                check_cluster(&plan, cluster)?;
-                let capacities = crate::net::channel_capacities(&plan, cluster.rank(), cluster.world());
-                let abort = shared.abort_signal.receiver().clone();
-                let (out, receivers) = crate::net::NetPlane::channels(cluster, &capacities, abort);
-                let sink: std::sync::Arc<dyn crate::collective::CollectiveSend> = std::sync::Arc::new(out.clone());
-                let groups = crate::collective::NetGroups::new(&plan, cluster.rank(), sink).map_err(|message| {
-                    RuntimeError::Cluster { node: cluster.rank(), world: cluster.world(), message }
-                })?;
-                let groups = Arc::new(groups);
-                builder.kernels.collectives().set_net(groups.clone());
-                Some((out, receivers, groups))
-            }
+            Some(cluster) => Some(net_channels(&plan, cluster, &shared, &builder.kernels)?),
             None => None,
         };
         let router = Router::new(builder.node, stream_of, senders.clone(), net.as_ref().map(|(out, _, _)| out.clone()));
@@ -385,48 +342,27 @@ impl Job {
         let mut threads = Vec::new();
         // Bounded: one notice per stream, allocated now, so teardown allocates nothing.
         let (exit_tx, exits) = crossbeam_channel::bounded(plan.streams.len().max(1));
-        let max_arity = max_arity(&indexed);
-        let local_room = super::setup::local_queue_capacities(&plan);
-        for (s, (actors, runtimes)) in per_stream.into_iter().enumerate() {
+        let parts = WorkerParts {
+            plan: &plan,
+            ids: &ids,
+            gpus: &builder.gpus,
+            cpu_threads: builder.cpu_threads,
+            traced: builder.trace.is_some(),
+            router: &router,
+            memory: &arenas,
+            shared: &shared,
+            max_arity: max_arity(&indexed),
+            local_room: super::setup::local_queue_capacities(&plan),
+        };
+        for (s, made) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
-            let device_desc = &plan.devices[plan.streams[s].device.index()];
             let device = match stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus) {
                 Ok(Some(device)) => device,
                 Ok(None) => continue,
                 Err(e) => return Err(stop_started(threads, &shared, &router, e)),
             };
-            let (lent_scratch, scratch) =
-                scratches[s].take().map_or((None, StreamScratch::NONE), |(m, lent)| (Some(m), lent));
-            let context = StreamContext {
-                device: device_desc.kind,
-                device_index: builder.gpus.kernel_index(device_desc.kind, device_desc.index),
-                threads: builder.cpu_threads,
-                native: device.native(),
-                scratch,
-            };
-            let stream_id =
-                actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(&plan, &ids, s));
-            let actor_count = actors.len();
-            let worker = StreamWorker {
-                index: s,
-                label: stream_label(&plan, s),
-                stream_id,
-                actors,
-                runtimes,
-                local: VecDeque::with_capacity(local_room[s]),
-                runnable: regflow_actors::RunQueue::new(actor_count),
-                inbox,
-                lanes: std::mem::take(&mut lanes[s]),
-                router: router.clone(),
-                device,
-                memory: arenas.clone(),
-                shared: shared.clone(),
-                trace: builder.trace.as_ref().map(|_| TraceBuffer::new(s)),
-                scratch_inputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
-                scratch_outputs: vec![regflow_memory::BufferView::empty(); max_arity].into_boxed_slice(),
-                context,
-                _lent_scratch: lent_scratch,
-            };
+            let lanes = std::mem::take(&mut lanes[s]);
+            let worker = parts.worker(s, made, inbox, lanes, device, scratches[s].take());
             let exit_notice = ExitNotice(exit_tx.clone(), s);
             match spawn_stream(worker, &shared, &router, exit_notice) {
                 Ok(handle) => threads.push((s, handle)),
@@ -469,6 +405,114 @@ impl Job {
         })
     }
 }
+
+/// Refuses a thread count per cpu kernel outside 1 to [`MAX_CPU_THREADS`].
+fn check_cpu_threads(threads: usize) -> Result<(), RuntimeError> {
+    if (1..=MAX_CPU_THREADS).contains(&threads) {
+        return Ok(());
+    }
+    Err(RuntimeError::Setting {
+        setting: "cpu_threads",
+        value: threads.to_string(),
+        reason: format!(
+            "a cpu device's kernels run on 1 to {MAX_CPU_THREADS} threads (this machine has {})",
+            std::thread::available_parallelism().map_or(1, usize::from)
+        ),
+    })
+}
+
+/// What the stream workers of a job share, for [`WorkerParts::worker`].
+struct WorkerParts<'a> {
+    plan: &'a Plan,
+    ids: &'a PlanIds,
+    gpus: &'a GpuMap,
+    cpu_threads: usize,
+    /// The job records a timeline.
+    traced: bool,
+    router: &'a Router,
+    memory: &'a Arc<PlanArenas>,
+    shared: &'a Arc<JobShared>,
+    /// The most inputs (or outputs) of an actor of the plan.
+    max_arity: usize,
+    /// Room of each stream's local queue.
+    local_room: Vec<usize>,
+}
+
+impl WorkerParts<'_> {
+    /// The worker of plan stream `s`: its actors and their runtimes, its inbox and lanes,
+    /// its device stream and the kernel scratch it lends.
+    fn worker(
+        &self,
+        s: usize,
+        (actors, runtimes): (Vec<regflow_actors::Actor>, Vec<crate::stream::ActorRuntime>),
+        inbox: InboxReceiver,
+        lanes: Lanes,
+        device: Box<dyn crate::device::DeviceStream>,
+        scratch: Option<LentScratch>,
+    ) -> StreamWorker {
+        let plan = self.plan;
+        let device_desc = &plan.devices[plan.streams[s].device.index()];
+        let (lent_scratch, scratch) = scratch.map_or((None, StreamScratch::NONE), |(m, lent)| (Some(m), lent));
+        let context = StreamContext {
+            device: device_desc.kind,
+            device_index: self.gpus.kernel_index(device_desc.kind, device_desc.index),
+            threads: self.cpu_threads,
+            native: device.native(),
+            scratch,
+        };
+        let stream_id =
+            actors.first().map(|a| a.id().stream_id()).unwrap_or_else(|| placeholder_stream_id(plan, self.ids, s));
+        let actor_count = actors.len();
+        StreamWorker {
+            index: s,
+            label: stream_label(plan, s),
+            stream_id,
+            actors,
+            runtimes,
+            local: VecDeque::with_capacity(self.local_room[s]),
+            runnable: regflow_actors::RunQueue::new(actor_count),
+            inbox,
+            lanes,
+            router: self.router.clone(),
+            device,
+            memory: self.memory.clone(),
+            shared: self.shared.clone(),
+            trace: self.traced.then(|| TraceBuffer::new(s)),
+            scratch_inputs: vec![regflow_memory::BufferView::empty(); self.max_arity].into_boxed_slice(),
+            scratch_outputs: vec![regflow_memory::BufferView::empty(); self.max_arity].into_boxed_slice(),
+            context,
+            _lent_scratch: lent_scratch,
+        }
+    }
+}
+
+/// The network of a job that runs one node of `cluster`: its writers' channels, one per
+/// peer, and the collectives that span nodes (handed to the job's kernels).
+fn net_channels(
+    plan: &Plan,
+    cluster: &crate::net::Cluster,
+    shared: &JobShared,
+    kernels: &JobKernels,
+) -> Result<NetChannels, RuntimeError> {
+    check_cluster(plan, cluster)?;
+    let capacities = crate::net::channel_capacities(plan, cluster.rank(), cluster.world());
+    let abort = shared.abort_signal.receiver().clone();
+    let (out, receivers) = crate::net::NetPlane::channels(cluster, &capacities, abort);
+    let sink: std::sync::Arc<dyn crate::collective::CollectiveSend> = std::sync::Arc::new(out.clone());
+    let groups = crate::collective::NetGroups::new(plan, cluster.rank(), sink)
+        .map_err(|message| RuntimeError::Cluster { node: cluster.rank(), world: cluster.world(), message })?;
+    let groups = Arc::new(groups);
+    kernels.collectives().set_net(groups.clone());
+    Ok((out, receivers, groups))
+}
+
+/// What [`net_channels`] makes: the writers' sending side, their receiving ends by node,
+/// and the collectives across nodes.
+type NetChannels = (
+    Arc<crate::net::NetOut>,
+    Vec<Option<crossbeam_channel::Receiver<crate::net::Outgoing>>>,
+    Arc<crate::collective::NetGroups>,
+);
 
 /// Stops the stream threads started so far, before a job that could not start all of them
 /// returns `error`: left running, they would wait for ever on inboxes they hold the
