@@ -202,14 +202,16 @@ impl InboxReceiver {
     /// A lane of at least `capacity` envelopes into this inbox, for one other stream
     /// thread; `wake` is a sender of this inbox's channel, which the lane's sender keeps to
     /// wake the receiver (so the channel ends only after the lanes' senders are gone).
-    /// A send that finds the lane full counts itself in `waits`.
+    /// The lane goes from plan stream `from` to this inbox's, `to`; a send that finds it
+    /// full says so in `waits`.
     pub(crate) fn lane(
         &mut self,
         capacity: usize,
         wake: InboxSender,
-        waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        waits: std::sync::Arc<crate::lane::LaneWaits>,
+        from_to: (usize, usize),
     ) -> LaneSender {
-        let (sender, receiver) = lane(capacity, self.doorbell.clone(), wake, waits);
+        let (sender, receiver) = lane(capacity, self.doorbell.clone(), wake, waits, from_to);
         self.lanes.push(receiver);
         sender
     }

@@ -40,7 +40,10 @@
 //! The job makes a lane for every pair of hosted streams whose actors share a register,
 //! sized from the register counts like the inbox (`job::setup::lane_capacities`), so a send
 //! never waits; the cold path that would wait for room exists for a plan the sizing got
-//! wrong, and ends with an error once the receiver has gone.
+//! wrong, and ends with an error once the receiver has gone. While it waits, the thread
+//! answers no snapshot, so it says whom it waits on in [`LaneWaits`]: the watchdog reports
+//! it as a [`crate::FullLane`], an edge of the wait-for graph from the waiting stream to
+//! the one that has not taken the lane's envelopes.
 
 use crate::inbox::{Disconnected, Envelope};
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering, UnsafeCell};
@@ -190,6 +193,49 @@ impl Doorbell {
     }
 }
 
+/// Sends of a job's stream threads that found their lane full: how many, and whom each
+/// thread waits on now. A lane is sized so that this never happens; if a plan's sizing is
+/// wrong, the waiting thread answers no snapshot, and this is how the watchdog still names
+/// the stream it waits on.
+#[derive(Debug, Default)]
+pub(crate) struct LaneWaits {
+    /// Sends that waited, since the job started.
+    count: std::sync::atomic::AtomicU64,
+    /// Per sending plan stream: the plan stream whose lane it waits on, plus 1; 0 when it
+    /// does not wait.
+    waiting_on: Box<[std::sync::atomic::AtomicUsize]>,
+}
+
+impl LaneWaits {
+    /// None yet, for a job of `streams` plan streams.
+    pub(crate) fn new(streams: usize) -> Self {
+        Self { count: Default::default(), waiting_on: (0..streams).map(|_| Default::default()).collect() }
+    }
+
+    /// Sends that waited for room so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The plan stream whose full lane the thread of plan stream `from` waits on now.
+    pub(crate) fn waiting_on(&self, from: usize) -> Option<usize> {
+        self.waiting_on.get(from)?.load(std::sync::atomic::Ordering::Acquire).checked_sub(1)
+    }
+
+    fn begin(&self, from: usize, to: usize) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(slot) = self.waiting_on.get(from) {
+            slot.store(to + 1, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    fn end(&self, from: usize) {
+        if let Some(slot) = self.waiting_on.get(from) {
+            slot.store(0, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
 /// The writing end of a lane, owned by one stream thread (not `Clone`, not `Sync`).
 #[derive(Debug)]
 pub(crate) struct LaneSender {
@@ -201,8 +247,12 @@ pub(crate) struct LaneSender {
     tail: Cell<usize>,
     /// The receiver's `head` as last read: room is known up to `head_seen + slots`.
     head_seen: Cell<usize>,
-    /// Sends of the job that found their lane full (`JobReport::lane_waits`).
-    waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Where a send that finds the lane full says so (`JobReport::lane_waits`, and the
+    /// watchdog's owner of the wait).
+    waits: std::sync::Arc<LaneWaits>,
+    /// The plan streams of the sending and the receiving thread.
+    from: usize,
+    to: usize,
 }
 
 /// The reading end of a lane, kept by the receiving inbox.
@@ -216,13 +266,15 @@ pub(crate) struct LaneReceiver {
 }
 
 /// A lane of at least `capacity` envelopes (rounded up to a power of two), allocated now,
-/// into a receiver whose doorbell is `doorbell` and whose channel `wake` reaches; a send
-/// that finds it full counts itself in `waits`.
+/// from plan stream `from` into a receiver of plan stream `to` whose doorbell is
+/// `doorbell` and whose channel `wake` reaches; a send that finds it full says so in
+/// `waits`.
 pub(crate) fn lane(
     capacity: usize,
     doorbell: Arc<Doorbell>,
     wake: crate::inbox::InboxSender,
-    waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    waits: std::sync::Arc<LaneWaits>,
+    (from, to): (usize, usize),
 ) -> (LaneSender, LaneReceiver) {
     let len = capacity.max(2).next_power_of_two();
     let ring = Arc::new(Ring {
@@ -232,7 +284,8 @@ pub(crate) fn lane(
         tail: CachePadded::new(AtomicUsize::new(0)),
         closed: AtomicBool::new(false),
     });
-    let sender = LaneSender { ring: ring.clone(), doorbell, wake, tail: Cell::new(0), head_seen: Cell::new(0), waits };
+    let sender =
+        LaneSender { ring: ring.clone(), doorbell, wake, tail: Cell::new(0), head_seen: Cell::new(0), waits, from, to };
     let receiver = LaneReceiver { ring, head: Cell::new(0), tail_seen: Cell::new(0) };
     (sender, receiver)
 }
@@ -290,22 +343,26 @@ impl LaneSender {
     #[cold]
     #[inline(never)]
     fn wait_for_room(&self, tail: usize) -> Result<(), Disconnected> {
-        let mut counted = false;
-        loop {
+        let mut waiting = false;
+        let room = loop {
             let head = self.ring.head.load(Ordering::Acquire);
             if tail.wrapping_sub(head) <= self.ring.mask {
                 self.head_seen.set(head);
-                return Ok(());
+                break Ok(());
             }
-            if !counted {
-                counted = true;
-                self.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if !waiting {
+                waiting = true;
+                self.waits.begin(self.from, self.to);
             }
             if self.ring.closed.load(Ordering::Acquire) {
-                return Err(Disconnected);
+                break Err(Disconnected);
             }
             crate::sync::yield_now();
+        };
+        if waiting {
+            self.waits.end(self.from);
         }
+        room
     }
 }
 
@@ -362,7 +419,7 @@ mod tests {
     #[test]
     fn envelopes_arrive_in_order_across_many_wraps() {
         let (wake, _channel) = crate::inbox::inbox(4);
-        let (tx, rx) = lane(3, Arc::new(Doorbell::default()), wake, Default::default());
+        let (tx, rx) = lane(3, Arc::new(Doorbell::default()), wake, Default::default(), (0, 1));
         assert_eq!(rx.ring.slots.len(), 4, "the capacity is rounded up to a power of two");
         let mut next = 0;
         for sent in 0..1000u64 {
@@ -390,7 +447,7 @@ mod tests {
             // (`is_empty`), and swallows the wake-up (`try_recv`).
             let (wake, channel) = crate::inbox::inbox(4);
             let doorbell = Arc::new(doorbell);
-            let (tx, rx) = lane(4, doorbell.clone(), wake, Default::default());
+            let (tx, rx) = lane(4, doorbell.clone(), wake, Default::default(), (0, 1));
             tx.send(message(0)).expect("the receiver is here");
             assert!(channel.is_empty(), "an awake receiver is not woken (asymmetric: {asymmetric})");
             assert!(doorbell.raise());
@@ -407,15 +464,38 @@ mod tests {
     }
 
     #[test]
-    fn a_sender_waiting_for_room_stops_when_the_receiver_goes() {
+    fn a_sender_waiting_for_room_names_its_receiver_until_it_gets_room() {
         let (wake, _channel) = crate::inbox::inbox(4);
-        let waits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone());
+        let waits = std::sync::Arc::new(LaneWaits::new(3));
+        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (2, 0));
         tx.send(message(0)).expect("room");
         tx.send(message(1)).expect("room");
-        assert_eq!(waits.load(std::sync::atomic::Ordering::Relaxed), 0, "no send waited yet");
+        assert_eq!((waits.count(), waits.waiting_on(2)), (0, None), "no send waited yet");
+        let sender = std::thread::spawn(move || tx.send(message(2)).map(|()| tx));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while waits.waiting_on(2).is_none() {
+            assert!(std::time::Instant::now() < deadline, "the third send never said it waits");
+            std::thread::yield_now();
+        }
+        assert_eq!(waits.waiting_on(2), Some(0), "stream 2 waits on stream 0's lane");
+        assert_eq!(waits.waiting_on(0), None);
+        assert_eq!(rx.try_recv(), Some(message(0)));
+        let tx = sender.join().expect("the sender does not panic").expect("the receiver is here");
+        assert_eq!((waits.count(), waits.waiting_on(2)), (1, None), "one send waited, and no longer does");
+        assert_eq!((rx.try_recv(), rx.try_recv(), rx.try_recv()), (Some(message(1)), Some(message(2)), None));
+        drop(tx);
+    }
+
+    #[test]
+    fn a_sender_waiting_for_room_stops_when_the_receiver_goes() {
+        let (wake, _channel) = crate::inbox::inbox(4);
+        let waits = std::sync::Arc::new(LaneWaits::new(2));
+        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (0, 1));
+        tx.send(message(0)).expect("room");
+        tx.send(message(1)).expect("room");
+        assert_eq!(waits.count(), 0, "no send waited yet");
         drop(rx);
         assert_eq!(tx.send(message(2)), Err(Disconnected));
-        assert_eq!(waits.load(std::sync::atomic::Ordering::Relaxed), 1, "the third send found the lane full");
+        assert_eq!((waits.count(), waits.waiting_on(0)), (1, None), "the third send found the lane full, and stopped");
     }
 }

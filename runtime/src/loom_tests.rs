@@ -242,8 +242,8 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
     }
     // The streams talk through lanes, as in a job (their channels carry the rest).
     let mut lanes = [crate::lane::Lanes::new(2), crate::lane::Lanes::new(2)];
-    lanes[0].insert(1, rx1.lane(16, tx1.clone(), Default::default()));
-    lanes[1].insert(0, rx0.lane(16, tx0.clone(), Default::default()));
+    lanes[0].insert(1, rx1.lane(16, tx1.clone(), Default::default(), (0, 1)));
+    lanes[1].insert(0, rx0.lane(16, tx0.clone(), Default::default(), (1, 0)));
     let inboxes = [tx0.clone(), tx1.clone()];
     let router = Router::new(None, vec![vec![0, 1]], vec![Some(tx0.clone()), Some(tx1)], None);
     let (queue, driven) = loom::sync::mpsc::channel();
@@ -425,7 +425,7 @@ fn loom_spinning_receiver_gets_every_envelope_then_the_end() {
 fn loom_a_lane_wakes_its_sleeping_receiver_and_keeps_order() {
     model(|| {
         let (tx, mut rx) = inbox(4);
-        let lane = rx.lane(2, tx, Default::default());
+        let lane = rx.lane(2, tx, Default::default(), (0, 1));
         let sender = loom::thread::spawn(move || {
             lane.send(Envelope::Snapshot).unwrap();
             lane.send(Envelope::Stop).unwrap();
@@ -448,8 +448,8 @@ fn loom_two_threads_trading_through_lanes_never_both_sleep() {
     model(|| {
         let (tx_a, mut rx_a) = inbox(4);
         let (tx_b, mut rx_b) = inbox(4);
-        let to_a = rx_a.lane(4, tx_a, Default::default());
-        let to_b = rx_b.lane(4, tx_b, Default::default());
+        let to_a = rx_a.lane(4, tx_a, Default::default(), (1, 0));
+        let to_b = rx_b.lane(4, tx_b, Default::default(), (0, 1));
         const ROUNDS: usize = 2;
         let other = loom::thread::spawn(move || {
             for _ in 0..ROUNDS {
@@ -470,7 +470,7 @@ fn loom_two_threads_trading_through_lanes_never_both_sleep() {
 fn loom_a_receiver_sleeping_on_lane_and_channel_gets_both() {
     model(|| {
         let (tx, mut rx) = inbox(4);
-        let lane = rx.lane(2, tx.clone(), Default::default());
+        let lane = rx.lane(2, tx.clone(), Default::default(), (0, 1));
         let from_lane = loom::thread::spawn(move || lane.send(Envelope::Snapshot).unwrap());
         let from_channel = loom::thread::spawn(move || tx.send(Envelope::Stop).unwrap());
         let mut got = Vec::new();

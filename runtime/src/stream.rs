@@ -55,6 +55,9 @@ pub(crate) struct JobShared {
     /// Wakes the program's threads blocked on the job (a push waiting for a buffer) the
     /// moment it aborts, instead of their polling `aborting`.
     pub(crate) abort_signal: AbortSignal,
+    /// Sends between stream threads that found their lane full, and whom each thread
+    /// waits on now.
+    pub(crate) lane_waits: std::sync::Arc<crate::lane::LaneWaits>,
 }
 
 /// A channel that carries nothing and disconnects when the job aborts: a thread that waits
@@ -99,6 +102,7 @@ impl JobShared {
             snapshots,
             collectives,
             abort_signal: AbortSignal::new(),
+            lane_waits: std::sync::Arc::new(crate::lane::LaneWaits::new(streams)),
         }
     }
 

@@ -166,6 +166,26 @@ impl UserWait {
     }
 }
 
+/// A stream thread that waits for room in its lane to another stream thread (a message
+/// between the two that found the lane full): it answers no snapshot meanwhile, and none
+/// of its actors can fire until the other thread takes an envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FullLane {
+    /// The waiting stream.
+    pub stream: String,
+    /// The stream whose thread has not taken the lane's envelopes.
+    pub waits_on: String,
+    /// The waiting stream's actors (their thread waits with them).
+    pub actors: Vec<String>,
+}
+
+impl FullLane {
+    /// A stream's node name in edges and cycles.
+    pub fn node(stream: &str) -> String {
+        format!("stream {stream}")
+    }
+}
+
 /// Who waits on whom when a job stalls.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WaitForGraph {
@@ -173,6 +193,8 @@ pub struct WaitForGraph {
     pub actors: Vec<StuckActor>,
     /// Streams that did not answer the watchdog (blocked outside the protocol).
     pub silent_streams: Vec<String>,
+    /// Silent streams whose thread waits for room in a lane to another stream.
+    pub full_lanes: Vec<FullLane>,
     /// What the program's threads wait on or hold: blocked pushes, unread fetchers, inputs
     /// never fed, `Job::wait`.
     pub user: Vec<UserWait>,
@@ -190,9 +212,18 @@ impl WaitForGraph {
     /// (a push waits on its source), `fetch` (a sink waits on its fetcher), `not reading`
     /// (an unread fetcher waits on the program's thread blocked in a push, in another
     /// fetcher's `recv` or in `Job::wait`), `recv` (a reading thread waits on its sink) or
-    /// `end` (`Job::wait` waits on a sink to finish).
+    /// `end` (`Job::wait` waits on a sink to finish). A stream whose thread waits for room
+    /// in a lane ([`FullLane`], nodes named by [`FullLane::node`]) waits on the other
+    /// stream (`full lane`), and its actors on it (`its thread`).
     pub fn edges(&self) -> Vec<(String, String, String)> {
         let mut edges = Vec::new();
+        for lane in &self.full_lanes {
+            let stream = FullLane::node(&lane.stream);
+            edges.push((stream.clone(), FullLane::node(&lane.waits_on), "full lane".into()));
+            for actor in &lane.actors {
+                edges.push((actor.clone(), stream.clone(), "its thread".into()));
+            }
+        }
         for actor in &self.actors {
             for wait in &actor.waits {
                 match wait {
@@ -300,8 +331,9 @@ impl WaitForGraph {
         for (from, to, _) in &edges {
             next.entry(from.as_str()).or_default().push(to.as_str());
         }
-        let user_nodes: Vec<String> = self.user.iter().map(UserWait::node).collect();
-        for start in user_nodes.iter().map(String::as_str).chain(self.actors.iter().map(|a| a.name.as_str())) {
+        let mut starts: Vec<String> = self.user.iter().map(UserWait::node).collect();
+        starts.extend(self.full_lanes.iter().map(|lane| FullLane::node(&lane.stream)));
+        for start in starts.iter().map(String::as_str).chain(self.actors.iter().map(|a| a.name.as_str())) {
             // Depth-first from `start`, looking for a way back to it.
             let mut stack = vec![(start, 0usize)];
             let mut seen = vec![start];
@@ -383,6 +415,13 @@ impl fmt::Display for WaitForGraph {
         for stream in &self.silent_streams {
             writeln!(f, "  stream {stream} did not answer")?;
         }
+        for lane in &self.full_lanes {
+            writeln!(
+                f,
+                "  stream {} waits for room in its lane to stream {}, whose thread has not taken the lane's messages",
+                lane.stream, lane.waits_on
+            )?;
+        }
         for node in &self.user {
             writeln!(f, "  program: {node}")?;
         }
@@ -402,6 +441,8 @@ pub(crate) struct Names {
     pub(crate) actors: HashMap<ActorId, String>,
     pub(crate) descs: Vec<String>,
     pub(crate) streams: Vec<String>,
+    /// Each plan stream's actors.
+    pub(crate) stream_actors: Vec<Vec<String>>,
     /// Plan streams this job runs.
     pub(crate) hosted: Vec<usize>,
 }
@@ -415,6 +456,7 @@ impl Names {
         &self,
         snapshots: &[(usize, Vec<ActorSnapshot>)],
         silent: Vec<String>,
+        full_lanes: Vec<FullLane>,
         user: Vec<UserWait>,
     ) -> WaitForGraph {
         let mut actors = Vec::new();
@@ -453,7 +495,8 @@ impl Names {
                 });
             }
         }
-        let mut graph = WaitForGraph { actors, silent_streams: silent, user, cycle: None, network: Vec::new() };
+        let mut graph =
+            WaitForGraph { actors, silent_streams: silent, full_lanes, user, cycle: None, network: Vec::new() };
         graph.cycle = graph.find_cycle();
         graph
     }
@@ -498,7 +541,7 @@ fn answer_peer(
 ) {
     let (mut answers, _) = collect(shared, router, names, snapshots, tick.max(Duration::from_millis(200)));
     answers.sort_by_key(|(s, _)| *s);
-    let graph = names.graph(&answers, Vec::new(), Vec::new());
+    let graph = names.graph(&answers, Vec::new(), Vec::new(), Vec::new());
     let remote: Vec<RemoteStuck> = graph.actors.iter().map(RemoteStuck::from_local).collect();
     if let Ok(json) = serde_json::to_vec(&remote) {
         net.out.to_node(node, crate::net::Outgoing::Snapshot(json));
@@ -592,15 +635,31 @@ pub(crate) fn watch(
             .filter(|s| !answers.iter().any(|(a, _)| a == *s) && !shared.probes[**s].exited.load(Ordering::Acquire))
             .map(|&s| {
                 let in_kernel = shared.probes[s].in_kernel.load(Ordering::Relaxed);
+                let waits_on = shared.lane_waits.waiting_on(s).and_then(|to| names.streams.get(to));
                 match in_kernel.checked_sub(1).and_then(|bits| names.actors.iter().find(|(id, _)| id.bits() == bits)) {
                     Some((_, actor)) => format!("{} (busy in the kernel of '{actor}')", names.streams[s]),
-                    None => names.streams[s].clone(),
+                    None => match waits_on {
+                        Some(to) => format!("{} (waiting for room in its lane to {to})", names.streams[s]),
+                        None => names.streams[s].clone(),
+                    },
                 }
+            })
+            .collect();
+        let full_lanes: Vec<FullLane> = live
+            .iter()
+            .filter(|s| !answers.iter().any(|(a, _)| a == *s))
+            .filter_map(|&s| {
+                let to = shared.lane_waits.waiting_on(s)?;
+                Some(FullLane {
+                    stream: names.streams[s].clone(),
+                    waits_on: names.streams.get(to)?.clone(),
+                    actors: names.stream_actors.get(s).cloned().unwrap_or_default(),
+                })
             })
             .collect();
         if (pending && !excused) || !silent.is_empty() {
             answers.sort_by_key(|(s, _)| *s);
-            let mut graph = names.graph(&answers, silent, user_nodes);
+            let mut graph = names.graph(&answers, silent, full_lanes, user_nodes);
             // The other nodes' stuck actors: the cycle may run through them.
             if let Some(net) = &net {
                 let (remote, unanswered) = peer_actors(net, &names);
@@ -613,5 +672,27 @@ pub(crate) fn watch(
             return;
         }
         last_progress = Instant::now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_streams_each_waiting_for_room_in_the_others_lane_are_a_cycle() {
+        let lane = |stream: &str, waits_on: &str, actor: &str| FullLane {
+            stream: stream.into(),
+            waits_on: waits_on.into(),
+            actors: vec![actor.into()],
+        };
+        let mut graph =
+            WaitForGraph { full_lanes: vec![lane("a", "b", "x"), lane("b", "a", "y")], ..WaitForGraph::default() };
+        graph.cycle = graph.find_cycle();
+        assert_eq!(graph.cycle, Some(vec!["stream a".into(), "stream b".into(), "stream a".into()]), "{graph}");
+        assert!(graph.edges().contains(&("y".into(), "stream b".into(), "its thread".into())));
+        // One stream waiting on a stream that waits on nothing known is no cycle.
+        graph.full_lanes.pop();
+        assert_eq!(graph.find_cycle(), None, "{graph}");
     }
 }

@@ -76,7 +76,7 @@ pub struct Job {
     /// The kernels' own device memory ([`Job::kernel_memory`]).
     kernel_memory: MemoryReport,
     /// Sends that found their lane full ([`JobReport::lane_waits`]).
-    lane_waits: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    lane_waits: std::sync::Arc<crate::lane::LaneWaits>,
 }
 
 /// What a finished job reports.
@@ -289,7 +289,7 @@ impl Job {
             trace: self.trace_path.clone(),
             state,
             state_parts,
-            lane_waits: self.lane_waits.load(Ordering::Relaxed),
+            lane_waits: self.lane_waits.count(),
         })
     }
 

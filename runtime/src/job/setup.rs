@@ -8,7 +8,7 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimPoller};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
-use crate::lane::Lanes;
+use crate::lane::{LaneWaits, Lanes};
 use crate::stream::ActorRuntime;
 use crate::stream::JobShared;
 use crate::sync::Arc;
@@ -19,7 +19,6 @@ use regflow_kernels::StreamScratch;
 use regflow_memory::{ArenaMemory, MemoryReport};
 use regflow_plan::{ActorIndex, ActorKind, DeviceKind, Plan, PlanIndex, SourcePieces};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 /// Refuses a plan whose devices (on the nodes this job runs) cannot run here (a `cuda`
@@ -178,10 +177,15 @@ pub(super) fn write_preloads(
 
 /// The names the watchdog reports in, for the streams `hosted`.
 pub(super) fn watch_names(plan: &Plan, ids: &PlanIds, hosted: &[usize]) -> Names {
+    let mut stream_actors = vec![Vec::new(); plan.streams.len()];
+    for actor in &plan.actors {
+        stream_actors[actor.stream.index()].push(actor.name.clone());
+    }
     Names {
         actors: plan.actors.iter().enumerate().map(|(a, d)| (ids.actors[a], d.name.clone())).collect(),
         descs: plan.regst_descs.iter().map(|d| d.name.clone()).collect(),
         streams: (0..plan.streams.len()).map(|s| stream_label(plan, s)).collect(),
+        stream_actors,
         hosted: hosted.to_vec(),
     }
 }
@@ -297,12 +301,11 @@ pub(super) struct Deliveries {
     pub(super) receivers: Vec<Option<InboxReceiver>>,
     /// Each stream's lanes to the streams it shares registers with.
     pub(super) lanes: Vec<Lanes>,
-    /// Sends that found their lane full ([`crate::JobReport::lane_waits`]).
-    pub(super) lane_waits: std::sync::Arc<AtomicU64>,
 }
 
 /// The inboxes of the `hosted` streams, sized by [`inbox_capacities`], and the lanes
-/// between those that share registers, sized by [`lane_capacities`]. The lanes' senders
+/// between those that share registers, sized by [`lane_capacities`], whose sends that
+/// find them full say so in `lane_waits`. The lanes' senders
 /// skip their fence when receivers seldom sleep, i.e. when the hosted stream threads fit
 /// on the cores (`crate::lane`).
 pub(super) fn deliveries(
@@ -310,6 +313,7 @@ pub(super) fn deliveries(
     configured_fetch_depth: Option<u64>,
     per_step: &[u64],
     hosted: &[usize],
+    lane_waits: &std::sync::Arc<LaneWaits>,
 ) -> Deliveries {
     let plan = indexed.plan();
     let capacities = inbox_capacities(indexed, configured_fetch_depth, per_step);
@@ -321,14 +325,16 @@ pub(super) fn deliveries(
         }
         (senders[s], receivers[s]) = (Some(tx), Some(rx));
     }
-    let lane_waits = std::sync::Arc::new(AtomicU64::new(0));
     let mut lanes: Vec<Lanes> = (0..plan.streams.len()).map(|_| Lanes::new(plan.streams.len())).collect();
     for ((from, to), capacity) in lane_capacities(plan, |s| receivers[s].is_some()) {
+        // A test's lanes may be made too small, to see a send wait for room.
+        #[cfg(test)]
+        let capacity = tests::LANE_ROOM.with(std::cell::Cell::get).unwrap_or(capacity);
         if let (Some(receiver), Some(wake)) = (receivers[to].as_mut(), senders[to].clone()) {
-            lanes[from].insert(to, receiver.lane(capacity, wake, lane_waits.clone()));
+            lanes[from].insert(to, receiver.lane(capacity, wake, lane_waits.clone(), (from, to)));
         }
     }
-    Deliveries { senders, receivers, lanes, lane_waits }
+    Deliveries { senders, receivers, lanes }
 }
 
 /// Room for each lane (`crate::lane`), keyed by (sending stream, receiving stream): for
@@ -580,6 +586,68 @@ pub(super) fn stream_device(
 mod tests {
     use super::*;
     use regflow_plan::{KernelConf, PlanBuilder, StreamKind};
+
+    thread_local! {
+        /// Room for every lane of the jobs this thread builds, instead of the plan's.
+        pub(super) static LANE_ROOM: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Holds its first piece for `hold`, longer than the watchdog's timeout.
+    struct Hold(Duration);
+
+    impl crate::Kernel for Hold {
+        fn run(&mut self, io: &mut crate::KernelIo<'_>) -> Result<(), crate::KernelError> {
+            if io.piece() == 0 {
+                std::thread::sleep(self.0);
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stream_waiting_for_room_in_a_lane_is_reported_with_the_stream_it_waits_on() {
+        // src (stream 0) -> r0 (256 slots) -> hold (stream 1) -> sink. Stream 1 takes at
+        // most a batch of Readys before it fires `hold` on the first and stays in its
+        // kernel; with lanes of 2 envelopes, src then waits for room in its lane.
+        let mut b = PlanBuilder::new();
+        let d = b.device(0, DeviceKind::Cpu, 0);
+        let (s0, s1) = (b.stream(d, StreamKind::Compute), b.stream(d, StreamKind::Compute));
+        let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(256) });
+        let hold = b.actor("hold", s1, ActorKind::Compute { kernel: KernelConf::Custom { name: "hold".into() } });
+        let sink = b.actor("sink", s1, ActorKind::Sink);
+        let r0 = b.regst("r0", src, 8, 256);
+        b.consume(hold, r0);
+        let r1 = b.regst("r1", hold, 8, 1);
+        b.consume(sink, r1);
+        let plan = b.build().unwrap();
+        let (stream0, stream1) = (stream_label(&plan, 0), stream_label(&plan, 1));
+        LANE_ROOM.with(|room| room.set(Some(2)));
+        let job = crate::Job::builder(plan)
+            .kernel("hold", |_| Ok(Box::new(Hold(Duration::from_millis(1500)))))
+            .watchdog(Duration::from_millis(200))
+            .build();
+        LANE_ROOM.with(|room| room.set(None));
+        let error = job.expect("the job builds").wait().expect_err("the job stalls");
+        let RuntimeError::Stalled { graph, .. } = &error else { panic!("not a stall: {error}") };
+        assert_eq!(
+            graph.full_lanes,
+            vec![crate::FullLane { stream: stream0.clone(), waits_on: stream1.clone(), actors: vec!["src".into()] }],
+            "{graph}"
+        );
+        assert!(
+            graph.silent_streams.contains(&format!("{stream0} (waiting for room in its lane to {stream1})")),
+            "{graph}"
+        );
+        assert!(graph.silent_streams.contains(&format!("{stream1} (busy in the kernel of 'hold')")), "{graph}");
+        let text = graph.to_string();
+        assert!(text.contains(&format!("stream {stream0} waits for room in its lane to stream {stream1}")), "{text}");
+        assert_eq!(graph.cycle, None, "stream 1 is in a kernel, not waiting on stream 0: {graph}");
+        assert!(
+            graph.edges().contains(&("src".into(), crate::FullLane::node(&stream0), "its thread".into())),
+            "{:?}",
+            graph.edges()
+        );
+    }
 
     #[test]
     fn lanes_join_the_hosted_streams_that_share_a_register_with_room_for_its_slots() {

@@ -271,15 +271,16 @@ impl Job {
         check_sink_callbacks(&builder, &indexed)?;
 
         // Inboxes and lanes, then the router.
+        let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
         let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
-        let Deliveries { senders, mut receivers, mut lanes, lane_waits } =
-            deliveries(&indexed, builder.fetch_depth, &per_step, &hosted);
+        let lane_waits = shared.lane_waits.clone();
+        let Deliveries { senders, mut receivers, mut lanes } =
+            deliveries(&indexed, builder.fetch_depth, &per_step, &hosted, &lane_waits);
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
         for (s, stream) in plan.streams.iter().enumerate() {
             stream_of[stream.device.index()].push(s as u32);
         }
-        let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
-        let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
         let net = match cluster.as_ref() {
             Some(cluster) => Some(net_channels(&plan, cluster, &shared, &builder.kernels)?),
             None => None,
