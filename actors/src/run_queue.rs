@@ -35,6 +35,12 @@ impl RunQueue {
         }
     }
 
+    /// Whether no actor waits for its turn.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
     /// The actor whose turn is next.
     #[inline(always)]
     pub fn pop(&mut self) -> Option<usize> {
