@@ -14,8 +14,9 @@
 //! spins only while the awake count is at most the cores
 //! (`std::thread::available_parallelism`), and otherwise sleeps at once.
 //!
-//! The count is process-wide, across jobs, since the jobs of a process share its cores. It
-//! only steers spinning, never correctness, so it stays a plain `std` atomic under loom
+//! The count is process-wide, across jobs, since the jobs of a process share its cores. So
+//! is the count of the jobs' stream threads ([`StreamThreads`]), which a job being built
+//! reads to choose its lanes' barrier (`crate::lane`). Both only steer speed, never correctness, so they stay plain `std` atomics under loom
 //! (the models' spins are bounded by their own round counts).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -80,5 +81,33 @@ struct Woken;
 impl Drop for Woken {
     fn drop(&mut self) {
         AWAKE.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Stream threads of the process's jobs, counted from each job's build to its end: what a
+/// new job adds its own to when it asks whether all of them fit on the cores.
+static CLAIMED: AtomicUsize = AtomicUsize::new(0);
+
+/// A job's stream threads, counted in the process's total for as long as it is held.
+#[derive(Debug)]
+pub(crate) struct StreamThreads(usize);
+
+impl StreamThreads {
+    /// Counts `threads` more stream threads, for a job being built.
+    pub(crate) fn claim(threads: usize) -> Self {
+        CLAIMED.fetch_add(threads, Ordering::Relaxed);
+        Self(threads)
+    }
+
+    /// Whether the stream threads of every job of the process, this one's included, fit
+    /// on the cores.
+    pub(crate) fn all_fit(&self) -> bool {
+        CLAIMED.load(Ordering::Relaxed) <= cores()
+    }
+}
+
+impl Drop for StreamThreads {
+    fn drop(&mut self) {
+        CLAIMED.fetch_sub(self.0, Ordering::Relaxed);
     }
 }

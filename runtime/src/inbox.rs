@@ -199,6 +199,12 @@ impl InboxReceiver {
         }
     }
 
+    /// Whether its lanes' senders skip their fence (the barrier is asymmetric).
+    #[cfg(test)]
+    pub(crate) fn asymmetric_barrier(&self) -> bool {
+        self.doorbell.is_asymmetric()
+    }
+
     /// A lane of at least `capacity` envelopes into this inbox, for one other stream
     /// thread; `wake` is a sender of this inbox's channel, which the lane's sender keeps to
     /// wake the receiver (so the channel ends only after the lanes' senders are gone).

@@ -33,9 +33,13 @@
 //! of the samples of the sending function on the load after a fence). But the heavy barrier interrupts the process's running threads each time a
 //! receiver goes to sleep, and with more stream threads than cores receivers sleep often:
 //! the tiny GPT over 8 devices on 2 cores (`train_parallel --layout dp2xtp2xpp2`) ran 16
-//! ms per step with fences and 20-22 with the heavy barrier. So the job asks for it only
-//! when its stream threads fit on the cores ([`Doorbell::asymmetric`]); elsewhere, and
-//! under loom, both sides use a sequentially consistent fence.
+//! ms per step with fences and 20-22 with the heavy barrier. So a job asks for it only
+//! when the stream threads of all the process's jobs, its own included, fit on the cores
+//! as it is built (`crate::activity::StreamThreads`; [`Doorbell::asymmetric`]); elsewhere,
+//! and under loom, both sides swap the doorbell. A job keeps the choice it made: one
+//! built earlier, when the threads fitted, goes on with the heavy barrier after later jobs
+//! have outnumbered the cores (switching a live doorbell's mode would need every sender
+//! to have seen the switch before the receiver relies on it).
 //!
 //! The job makes a lane for every pair of hosted streams whose actors share a register,
 //! sized from the register counts like the inbox (`job::setup::lane_capacities`), so a send
@@ -150,6 +154,12 @@ impl Doorbell {
     /// the heavy barrier (registered on first use); else one that fences both sides.
     pub(crate) fn asymmetric() -> Self {
         Self { asleep: CachePadded::new(AtomicBool::new(false)), asymmetric: barrier::asymmetric() }
+    }
+
+    /// Whether the handshake's barrier is asymmetric.
+    #[cfg(test)]
+    pub(crate) fn is_asymmetric(&self) -> bool {
+        self.asymmetric
     }
 
     /// Raised before the receiver's last look at its lanes; then it sleeps unless that

@@ -77,6 +77,9 @@ pub struct Job {
     kernel_memory: MemoryReport,
     /// Sends that found their lane full ([`JobReport::lane_waits`]).
     lane_waits: std::sync::Arc<crate::lane::LaneWaits>,
+    /// Its stream threads in the process's count, which later jobs read to choose their
+    /// lanes' barrier (`crate::activity::StreamThreads`); released when the job ends.
+    _stream_threads: crate::activity::StreamThreads,
 }
 
 /// What a finished job reports.

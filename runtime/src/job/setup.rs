@@ -4,6 +4,7 @@
 use super::make::{make_actor, UserEnds};
 use super::start::JobBuilder;
 use super::UserWaits;
+use crate::activity::StreamThreads;
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimPoller};
@@ -301,13 +302,16 @@ pub(super) struct Deliveries {
     pub(super) receivers: Vec<Option<InboxReceiver>>,
     /// Each stream's lanes to the streams it shares registers with.
     pub(super) lanes: Vec<Lanes>,
+    /// The hosted streams' threads, counted in the process's total until the job ends.
+    pub(super) stream_threads: StreamThreads,
 }
 
 /// The inboxes of the `hosted` streams, sized by [`inbox_capacities`], and the lanes
 /// between those that share registers, sized by [`lane_capacities`], whose sends that
 /// find them full say so in `lane_waits`. The lanes' senders
-/// skip their fence when receivers seldom sleep, i.e. when the hosted stream threads fit
-/// on the cores (`crate::lane`).
+/// skip their fence when receivers seldom sleep, i.e. when the stream threads of every
+/// job of the process, these included, fit on the cores (`crate::lane`); the job holds
+/// `stream_threads`, their count in the process's total, until it ends.
 pub(super) fn deliveries(
     indexed: &PlanIndex<'_>,
     configured_fetch_depth: Option<u64>,
@@ -318,9 +322,11 @@ pub(super) fn deliveries(
     let plan = indexed.plan();
     let capacities = inbox_capacities(indexed, configured_fetch_depth, per_step);
     let (mut senders, mut receivers): (Vec<_>, Vec<_>) = (0..capacities.len()).map(|_| (None, None)).unzip();
+    let stream_threads = StreamThreads::claim(hosted.len());
+    let asymmetric = stream_threads.all_fit();
     for &s in hosted {
         let (tx, mut rx) = inbox(capacities[s]);
-        if hosted.len() <= crate::activity::cores() {
+        if asymmetric {
             rx.use_asymmetric_barrier();
         }
         (senders[s], receivers[s]) = (Some(tx), Some(rx));
@@ -334,7 +340,7 @@ pub(super) fn deliveries(
             lanes[from].insert(to, receiver.lane(capacity, wake, lane_waits.clone(), (from, to)));
         }
     }
-    Deliveries { senders, receivers, lanes }
+    Deliveries { senders, receivers, lanes, stream_threads }
 }
 
 /// Room for each lane (`crate::lane`), keyed by (sending stream, receiving stream): for
@@ -676,6 +682,32 @@ mod tests {
         assert_eq!(lanes.into_iter().collect::<Vec<_>>(), vec![((0, 1), room), ((1, 0), room)]);
         // A stream of another node gets none.
         assert!(lane_capacities(&plan, |s| s != 1).is_empty());
+    }
+
+    #[test]
+    fn a_job_built_while_other_jobs_threads_fill_the_cores_swaps_its_doorbells() {
+        if !crate::lane::Doorbell::asymmetric().is_asymmetric() || crate::activity::cores() < 2 {
+            eprintln!("skipped: this host offers no membarrier or has one core, so no job skips its fences");
+            return;
+        }
+        // src (stream 0) -> r0 -> sink (stream 1): two hosted streams with a lane each way.
+        let mut b = PlanBuilder::new();
+        let d = b.device(0, DeviceKind::Cpu, 0);
+        let (s0, s1) = (b.stream(d, StreamKind::Compute), b.stream(d, StreamKind::Compute));
+        let src = b.actor("src", s0, ActorKind::Source { pieces: SourcePieces::Count(1) });
+        let sink = b.actor("sink", s1, ActorKind::Sink);
+        let r0 = b.regst("r0", src, 8, 2);
+        b.consume(sink, r0);
+        let plan = b.build().unwrap();
+        let indexed = PlanIndex::new(&plan);
+        let per_step = vec![1; plan.actors.len()];
+        let build = || deliveries(&indexed, None, &per_step, &[0, 1], &Default::default());
+        // Other jobs of the process (whatever the tests beside this one run) hold every core.
+        let others = crate::activity::StreamThreads::claim(crate::activity::cores());
+        let job = build();
+        let asymmetric: Vec<bool> = job.receivers.iter().flatten().map(InboxReceiver::asymmetric_barrier).collect();
+        assert_eq!(asymmetric, [false, false], "with the cores taken, both sides swap the doorbell");
+        drop((job, others));
     }
 
     #[test]

@@ -275,7 +275,7 @@ impl Job {
         let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
         let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
         let lane_waits = shared.lane_waits.clone();
-        let Deliveries { senders, mut receivers, mut lanes } =
+        let Deliveries { senders, mut receivers, mut lanes, stream_threads } =
             deliveries(&indexed, builder.fetch_depth, &per_step, &hosted, &lane_waits);
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
         for (s, stream) in plan.streams.iter().enumerate() {
@@ -403,6 +403,7 @@ impl Job {
             host_kernels,
             kernel_memory,
             lane_waits,
+            _stream_threads: stream_threads,
         })
     }
 }
