@@ -14,6 +14,9 @@
 //!   (plain `VecDeque`s, and crossbeam bounded channels).
 //! - **B2** the same chain with actor *i* on stream *i* % 2: ns per hop, beside the same
 //!   chain of crossbeam bounded channels alternating between two threads.
+//! - **B2 jobs** (`b2jobs`) two B2 chains (or `REGFLOW_BENCH_JOBS`) as jobs at once in one
+//!   process: ns per hop of all together, beside one chain alone. With 2 registers. Four stream threads
+//!   share the cores, so this is where the lanes' barrier mode matters (`runtime/src/lane.rs`).
 //! - **B3** four `sim` stages of 1 ms each: wall time against the ideal (m + p − 1)·t,
 //!   with 1, 2 and 3 registers per stage edge.
 //! - **B4** source → copy → sink with 1 MiB registers: pieces/s and GB/s copied.
@@ -325,6 +328,33 @@ fn b2() {
     println!("target: regflow <= 2x the crossbeam chain (ratio: median over rounds that run each once)");
 }
 
+/// B2 chains run as jobs of one process at the same time: two, or `REGFLOW_BENCH_JOBS`.
+fn b2_jobs() {
+    let pieces = pieces_or(B2_PIECES);
+    let jobs = std::env::var("REGFLOW_BENCH_JOBS").ok().and_then(|n| n.parse::<u64>().ok()).unwrap_or(2).max(1);
+    println!(
+        "\n## B2 jobs: {jobs} chains of {STAGES} no-op actors over 2 cpu streams each, at once, {pieces} pieces each"
+    );
+    let hops = pieces * (STAGES as u64 + 1);
+    let plan = chain_plan(2, pieces, 2);
+    let mut all = || {
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            let others: Vec<_> = (1..jobs).map(|_| scope.spawn(|| run_counting(&plan, pieces))).collect();
+            run_counting(&plan, pieces);
+            for other in others {
+                other.join().expect("a job's thread does not panic");
+            }
+        });
+        start.elapsed()
+    };
+    let runs = interleaved(&mut [&mut || run_counting(&plan, pieces), &mut all]);
+    let (alone, together) = (Stats::of(runs[0].clone()).per(hops), Stats::of(runs[1].clone()).per(jobs * hops));
+    println!("{:>14} | {:>22}", "", "ns/hop best / median");
+    println!("{:>14} | {:>10.1} / {:>9.1}", "one job", alone.0, alone.1);
+    println!("{:>14} | {:>10.1} / {:>9.1}", format!("{jobs} jobs"), together.0, together.1);
+}
+
 // ---------------------------------------------------------------------------------------
 // Sim pipeline (B3)
 // ---------------------------------------------------------------------------------------
@@ -603,7 +633,8 @@ fn main() {
     let wanted = |name: &str| only.is_empty() || only.iter().any(|a| a == name);
     let start = Instant::now();
     println!("# regflow actor benchmarks: best / median of {REPS} runs");
-    let benchmarks: [(&str, fn()); 5] = [("primitives", primitives), ("b1", b1), ("b2", b2), ("b3", b3), ("b4", b4)];
+    let benchmarks: [(&str, fn()); 6] =
+        [("primitives", primitives), ("b1", b1), ("b2", b2), ("b2jobs", b2_jobs), ("b3", b3), ("b4", b4)];
     for (name, run) in benchmarks {
         if wanted(name) {
             run();

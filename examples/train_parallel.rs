@@ -39,6 +39,10 @@
 //! on its compute stream (one micro-batch only: fewer threads, which pays where the machine
 //! has fewer cores than the mesh has devices), `auto` (the default) whichever of the two
 //! suits this machine's cores.
+//!
+//! `REGFLOW_JOBS=n` trains n copies of the layout at once, as n jobs of this process
+//! (without the comparison), and prints each one's time per step: several jobs sharing
+//! the cores, as in a service that runs several models.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -446,6 +450,26 @@ fn train(
     Ok((losses, elapsed, actors))
 }
 
+/// Trains `jobs` copies of the layout at once, each a job of its own on a thread of its
+/// own, and prints each one's time per step.
+fn train_at_once(o: &Options, task: &Task, vocab: usize, spec: &Spec, jobs: usize) -> Result<(), String> {
+    let results: Vec<Result<(Vec<f64>, f64, usize), String>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..jobs)
+            .map(|_| scope.spawn(|| train(o, task, vocab, Some(spec), None).map_err(|e| e.to_string())))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|_| Err("a training thread panicked".into()))).collect()
+    });
+    for (j, result) in results.into_iter().enumerate() {
+        let (losses, seconds, actors) = result?;
+        println!(
+            "job {j}: {} steps in {seconds:.2}s ({:.1} ms/step, {actors} actors)",
+            losses.len(),
+            1e3 * seconds / o.steps as f64
+        );
+    }
+    Ok(())
+}
+
 /// Micro-batch `k` of `m` of a batched input (rows along dim 0); the mask is not batched.
 fn micro_batch(value: &HostArray, name: &str, k: usize, m: usize) -> HostArray {
     if m == 1 || name == "causal_mask" {
@@ -492,6 +516,9 @@ fn main() -> Result<(), regflow::Report> {
     }
     for (name, sbp) in &spec.pins {
         println!("  {name:<28} {}", NdSbp(sbp.clone()).describe(&spec.stages[0]));
+    }
+    if let Some(jobs) = std::env::var("REGFLOW_JOBS").ok().and_then(|n| n.parse::<usize>().ok()).filter(|&n| n > 1) {
+        return Ok(train_at_once(&o, &task, vocab, &spec, jobs)?);
     }
     let (losses, seconds, actors) = train(&o, &task, vocab, Some(&spec), o.trace.as_deref())?;
     if o.nodes > 1 {
