@@ -379,13 +379,17 @@ fn build<'g>(
 }
 
 /// Trains on `mesh` (one device when `None`); returns the losses and the seconds taken.
+/// What a training run reports: the loss of every step, the seconds it took, the plan's
+/// actor count.
+type Trained = (Vec<f64>, f64, usize);
+
 fn train(
     o: &Options,
     task: &Task,
     vocab: usize,
     layout: Option<&Spec>,
     trace: Option<&str>,
-) -> Result<(Vec<f64>, f64, usize), Box<dyn std::error::Error>> {
+) -> Result<Trained, Box<dyn std::error::Error>> {
     let g = Graph::new();
     // Pipelines take each step as micro-batches (pieces); one device takes the whole batch.
     let micro = if layout.is_some_and(|s| s.stages.len() > 1) { o.micro_batches } else { 1 };
@@ -453,7 +457,7 @@ fn train(
 /// Trains `jobs` copies of the layout at once, each a job of its own on a thread of its
 /// own, and prints each one's time per step.
 fn train_at_once(o: &Options, task: &Task, vocab: usize, spec: &Spec, jobs: usize) -> Result<(), String> {
-    let results: Vec<Result<(Vec<f64>, f64, usize), String>> = std::thread::scope(|scope| {
+    let results: Vec<Result<Trained, String>> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..jobs)
             .map(|_| scope.spawn(|| train(o, task, vocab, Some(spec), None).map_err(|e| e.to_string())))
             .collect();
