@@ -53,6 +53,11 @@ impl Router {
         Some(*self.stream_of.get(dst.device() as usize)?.get(dst.stream() as usize)? as usize)
     }
 
+    /// Whether this job runs plan stream `s`.
+    fn hosts_stream(&self, s: usize) -> bool {
+        self.inboxes.get(s).is_some_and(Option::is_some)
+    }
+
     /// The inbox of the stream that runs `dst`, if this job runs it.
     pub(crate) fn inbox_of(&self, dst: regflow_actors::ActorId) -> Option<&InboxSender> {
         self.inboxes.get(self.stream_index(dst)?)?.as_ref()
@@ -63,7 +68,8 @@ impl Router {
         let node = msg.dst.node();
         if !self.hosts(node) {
             return match &self.remote {
-                Some(remote) => remote.send_actor(msg),
+                // The sender's stream, if this job runs it: an actor's thread.
+                Some(remote) => remote.send_actor(msg, self.stream_index(msg.src).filter(|&s| self.hosts_stream(s))),
                 None => Err(EnvError::NotConnected { dst: msg.dst, node }),
             };
         }

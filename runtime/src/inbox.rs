@@ -214,7 +214,7 @@ impl InboxReceiver {
         &mut self,
         capacity: usize,
         wake: InboxSender,
-        waits: std::sync::Arc<crate::lane::LaneWaits>,
+        waits: std::sync::Arc<crate::lane::SendWaits>,
         from_to: (usize, usize),
     ) -> LaneSender {
         let (sender, receiver) = lane(capacity, self.doorbell.clone(), wake, waits, from_to);

@@ -45,7 +45,7 @@
 //! sized from the register counts like the inbox (`job::setup::lane_capacities`), so a send
 //! never waits; the cold path that would wait for room exists for a plan the sizing got
 //! wrong, and ends with an error once the receiver has gone. While it waits, the thread
-//! answers no snapshot, so it says whom it waits on in [`LaneWaits`]: the watchdog reports
+//! answers no snapshot, so it says whom it waits on in [`SendWaits`]: the watchdog reports
 //! it as a [`crate::FullLane`], an edge of the wait-for graph from the waiting stream to
 //! the one that has not taken the lane's envelopes.
 
@@ -203,43 +203,77 @@ impl Doorbell {
     }
 }
 
-/// Sends of a job's stream threads that found their lane full: how many, and whom each
-/// thread waits on now. A lane is sized so that this never happens; if a plan's sizing is
-/// wrong, the waiting thread answers no snapshot, and this is how the watchdog still names
-/// the stream it waits on.
+/// Sends of a job's stream threads that found no room: how many found their lane full, and
+/// whom each thread waits on now (a stream's lane, or the queue to another node's
+/// connection). Both are sized so that this never happens; if a plan's sizing is wrong,
+/// the waiting thread answers no snapshot, and this is how the watchdog still names
+/// whom it waits on.
 #[derive(Debug, Default)]
-pub(crate) struct LaneWaits {
-    /// Sends that waited, since the job started.
+pub(crate) struct SendWaits {
+    /// Sends through lanes that waited, since the job started.
     count: std::sync::atomic::AtomicU64,
-    /// Per sending plan stream: the plan stream whose lane it waits on, plus 1; 0 when it
-    /// does not wait.
+    /// Per sending plan stream: what it waits on, encoded by [`WaitsOn::encode`]; 0 when
+    /// it does not wait.
     waiting_on: Box<[std::sync::atomic::AtomicUsize]>,
 }
 
-impl LaneWaits {
+/// Whom a stream thread that found no room to send waits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitsOn {
+    /// The thread of this plan stream, to take envelopes from their lane.
+    Stream(usize),
+    /// The writer of the connection to this node, to take frames from its queue.
+    Node(u16),
+}
+
+/// The top bit of an encoded [`WaitsOn`] marks a node.
+const NODE_BIT: usize = 1 << (usize::BITS - 1);
+
+impl WaitsOn {
+    fn encode(self) -> usize {
+        match self {
+            WaitsOn::Stream(s) => s + 1,
+            WaitsOn::Node(n) => NODE_BIT | usize::from(n),
+        }
+    }
+
+    fn decode(code: usize) -> Option<Self> {
+        match code {
+            0 => None,
+            c if c & NODE_BIT != 0 => Some(WaitsOn::Node((c & !NODE_BIT) as u16)),
+            c => Some(WaitsOn::Stream(c - 1)),
+        }
+    }
+}
+
+impl SendWaits {
     /// None yet, for a job of `streams` plan streams.
     pub(crate) fn new(streams: usize) -> Self {
         Self { count: Default::default(), waiting_on: (0..streams).map(|_| Default::default()).collect() }
     }
 
-    /// Sends that waited for room so far.
+    /// Sends through lanes that waited for room so far.
     pub(crate) fn count(&self) -> u64 {
         self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The plan stream whose full lane the thread of plan stream `from` waits on now.
-    pub(crate) fn waiting_on(&self, from: usize) -> Option<usize> {
-        self.waiting_on.get(from)?.load(std::sync::atomic::Ordering::Acquire).checked_sub(1)
+    /// Whom the thread of plan stream `from` waits on now, if it waits for room.
+    pub(crate) fn waiting_on(&self, from: usize) -> Option<WaitsOn> {
+        WaitsOn::decode(self.waiting_on.get(from)?.load(std::sync::atomic::Ordering::Acquire))
     }
 
-    fn begin(&self, from: usize, to: usize) {
-        self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// The thread of plan stream `from` starts to wait on `on`.
+    pub(crate) fn begin(&self, from: usize, on: WaitsOn) {
+        if matches!(on, WaitsOn::Stream(_)) {
+            self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(slot) = self.waiting_on.get(from) {
-            slot.store(to + 1, std::sync::atomic::Ordering::Release);
+            slot.store(on.encode(), std::sync::atomic::Ordering::Release);
         }
     }
 
-    fn end(&self, from: usize) {
+    /// The thread of plan stream `from` no longer waits.
+    pub(crate) fn end(&self, from: usize) {
         if let Some(slot) = self.waiting_on.get(from) {
             slot.store(0, std::sync::atomic::Ordering::Release);
         }
@@ -259,7 +293,7 @@ pub(crate) struct LaneSender {
     head_seen: Cell<usize>,
     /// Where a send that finds the lane full says so (`JobReport::lane_waits`, and the
     /// watchdog's owner of the wait).
-    waits: std::sync::Arc<LaneWaits>,
+    waits: std::sync::Arc<SendWaits>,
     /// The plan streams of the sending and the receiving thread.
     from: usize,
     to: usize,
@@ -283,7 +317,7 @@ pub(crate) fn lane(
     capacity: usize,
     doorbell: Arc<Doorbell>,
     wake: crate::inbox::InboxSender,
-    waits: std::sync::Arc<LaneWaits>,
+    waits: std::sync::Arc<SendWaits>,
     (from, to): (usize, usize),
 ) -> (LaneSender, LaneReceiver) {
     let len = capacity.max(2).next_power_of_two();
@@ -362,7 +396,7 @@ impl LaneSender {
             }
             if !waiting {
                 waiting = true;
-                self.waits.begin(self.from, self.to);
+                self.waits.begin(self.from, WaitsOn::Stream(self.to));
             }
             if self.ring.closed.load(Ordering::Acquire) {
                 break Err(Disconnected);
@@ -476,7 +510,7 @@ mod tests {
     #[test]
     fn a_sender_waiting_for_room_names_its_receiver_until_it_gets_room() {
         let (wake, _channel) = crate::inbox::inbox(4);
-        let waits = std::sync::Arc::new(LaneWaits::new(3));
+        let waits = std::sync::Arc::new(SendWaits::new(3));
         let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (2, 0));
         tx.send(message(0)).expect("room");
         tx.send(message(1)).expect("room");
@@ -487,7 +521,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the third send never said it waits");
             std::thread::yield_now();
         }
-        assert_eq!(waits.waiting_on(2), Some(0), "stream 2 waits on stream 0's lane");
+        assert_eq!(waits.waiting_on(2), Some(WaitsOn::Stream(0)), "stream 2 waits on stream 0's lane");
         assert_eq!(waits.waiting_on(0), None);
         assert_eq!(rx.try_recv(), Some(message(0)));
         let tx = sender.join().expect("the sender does not panic").expect("the receiver is here");
@@ -499,7 +533,7 @@ mod tests {
     #[test]
     fn a_sender_waiting_for_room_stops_when_the_receiver_goes() {
         let (wake, _channel) = crate::inbox::inbox(4);
-        let waits = std::sync::Arc::new(LaneWaits::new(2));
+        let waits = std::sync::Arc::new(SendWaits::new(2));
         let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (0, 1));
         tx.send(message(0)).expect("room");
         tx.send(message(1)).expect("room");

@@ -57,7 +57,7 @@ pub(crate) struct JobShared {
     pub(crate) abort_signal: AbortSignal,
     /// Sends between stream threads that found their lane full, and whom each thread
     /// waits on now.
-    pub(crate) lane_waits: std::sync::Arc<crate::lane::LaneWaits>,
+    pub(crate) send_waits: std::sync::Arc<crate::lane::SendWaits>,
 }
 
 /// A channel that carries nothing and disconnects when the job aborts: a thread that waits
@@ -102,7 +102,7 @@ impl JobShared {
             snapshots,
             collectives,
             abort_signal: AbortSignal::new(),
-            lane_waits: std::sync::Arc::new(crate::lane::LaneWaits::new(streams)),
+            send_waits: std::sync::Arc::new(crate::lane::SendWaits::new(streams)),
         }
     }
 

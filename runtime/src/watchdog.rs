@@ -10,6 +10,7 @@
 use crate::bus::Router;
 use crate::inbox::Envelope;
 use crate::job::UserWaits;
+use crate::lane::WaitsOn;
 use crate::net::WatchNet;
 use crate::stream::JobShared;
 use crate::sync::{Arc, Ordering};
@@ -635,11 +636,18 @@ pub(crate) fn watch(
             .filter(|s| !answers.iter().any(|(a, _)| a == *s) && !shared.probes[**s].exited.load(Ordering::Acquire))
             .map(|&s| {
                 let in_kernel = shared.probes[s].in_kernel.load(Ordering::Relaxed);
-                let waits_on = shared.lane_waits.waiting_on(s).and_then(|to| names.streams.get(to));
                 match in_kernel.checked_sub(1).and_then(|bits| names.actors.iter().find(|(id, _)| id.bits() == bits)) {
                     Some((_, actor)) => format!("{} (busy in the kernel of '{actor}')", names.streams[s]),
-                    None => match waits_on {
-                        Some(to) => format!("{} (waiting for room in its lane to {to})", names.streams[s]),
+                    None => match shared.send_waits.waiting_on(s) {
+                        Some(WaitsOn::Stream(to)) => format!(
+                            "{} (waiting for room in its lane to {})",
+                            names.streams[s],
+                            names.streams.get(to).map_or("an unknown stream", String::as_str)
+                        ),
+                        Some(WaitsOn::Node(node)) => format!(
+                            "{} (waiting for room in its queue to the connection to node {node}, whose writer has not taken the frames)",
+                            names.streams[s]
+                        ),
                         None => names.streams[s].clone(),
                     },
                 }
@@ -649,7 +657,7 @@ pub(crate) fn watch(
             .iter()
             .filter(|s| !answers.iter().any(|(a, _)| a == *s))
             .filter_map(|&s| {
-                let to = shared.lane_waits.waiting_on(s)?;
+                let WaitsOn::Stream(to) = shared.send_waits.waiting_on(s)? else { return None };
                 Some(FullLane {
                     stream: names.streams[s].clone(),
                     waits_on: names.streams.get(to)?.clone(),

@@ -76,7 +76,7 @@ pub struct Job {
     /// The kernels' own device memory ([`Job::kernel_memory`]).
     kernel_memory: MemoryReport,
     /// Sends that found their lane full ([`JobReport::lane_waits`]).
-    lane_waits: std::sync::Arc<crate::lane::LaneWaits>,
+    lane_waits: std::sync::Arc<crate::lane::SendWaits>,
     /// Its stream threads in the process's count, which later jobs read to choose their
     /// lanes' barrier (`crate::activity::StreamThreads`); released when the job ends.
     _stream_threads: crate::activity::StreamThreads,

@@ -9,7 +9,7 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimPoller};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
-use crate::lane::{LaneWaits, Lanes};
+use crate::lane::{Lanes, SendWaits};
 use crate::stream::ActorRuntime;
 use crate::stream::JobShared;
 use crate::sync::Arc;
@@ -317,7 +317,7 @@ pub(super) fn deliveries(
     configured_fetch_depth: Option<u64>,
     per_step: &[u64],
     hosted: &[usize],
-    lane_waits: &std::sync::Arc<LaneWaits>,
+    lane_waits: &std::sync::Arc<SendWaits>,
 ) -> Deliveries {
     let plan = indexed.plan();
     let capacities = inbox_capacities(indexed, configured_fetch_depth, per_step);

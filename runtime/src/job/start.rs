@@ -274,7 +274,7 @@ impl Job {
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
         let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
-        let lane_waits = shared.lane_waits.clone();
+        let lane_waits = shared.send_waits.clone();
         let Deliveries { senders, mut receivers, mut lanes, stream_threads } =
             deliveries(&indexed, builder.fetch_depth, &per_step, &hosted, &lane_waits);
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
@@ -499,7 +499,7 @@ fn net_channels(
     check_cluster(plan, cluster)?;
     let capacities = crate::net::channel_capacities(plan, cluster.rank(), cluster.world());
     let abort = shared.abort_signal.receiver().clone();
-    let (out, receivers) = crate::net::NetPlane::channels(cluster, &capacities, abort);
+    let (out, receivers) = crate::net::NetPlane::channels(cluster, &capacities, abort, shared.send_waits.clone());
     let sink: std::sync::Arc<dyn crate::collective::CollectiveSend> = std::sync::Arc::new(out.clone());
     let groups = crate::collective::NetGroups::new(plan, cluster.rank(), sink)
         .map_err(|message| RuntimeError::Cluster { node: cluster.rank(), world: cluster.world(), message })?;

@@ -129,18 +129,22 @@ pub(crate) struct NetOut {
     peers: Vec<Option<crossbeam_channel::Sender<Outgoing>>>,
     /// Disconnected once the job aborts (`JobShared::abort_signal`).
     abort: crossbeam_channel::Receiver<()>,
+    /// Where a stream thread that finds a queue full says so, for the watchdog.
+    waits: std::sync::Arc<crate::lane::SendWaits>,
 }
 
 impl NetOut {
     /// Hands `msg` to the writer of its recipient's node. The channel has room for every
     /// message the register counts allow in flight, so this waits only if the plan's bound
-    /// is wrong; it never waits past an abort.
-    pub(crate) fn send_actor(&self, msg: Message) -> Result<(), EnvError> {
+    /// is wrong; it never waits past an abort. The thread of plan stream `from`, if given,
+    /// says while it waits that it waits on that node ([`crate::lane::SendWaits`]).
+    pub(crate) fn send_actor(&self, msg: Message, from: Option<usize>) -> Result<(), EnvError> {
         let node = msg.dst.node();
         let Some(Some(peer)) = self.peers.get(node as usize) else {
             return Err(EnvError::NotConnected { dst: msg.dst, node });
         };
-        self.send_to(peer, Outgoing::Actor(msg)).map_err(|_| EnvError::Disconnected { dst: msg.dst })
+        self.send_to(peer, Outgoing::Actor(msg), from.map(|from| (from, node)))
+            .map_err(|_| EnvError::Disconnected { dst: msg.dst })
     }
 
     /// Hands a collective input to the writer of `node`.
@@ -148,18 +152,32 @@ impl NetOut {
         let Some(Some(peer)) = self.peers.get(node as usize) else {
             return Err(format!("node {node} is not connected to node {}", self.rank));
         };
-        self.send_to(peer, item).map_err(|()| format!("the connection to node {node} is closed"))
+        self.send_to(peer, item, None).map_err(|()| format!("the connection to node {node} is closed"))
     }
 
-    fn send_to(&self, peer: &crossbeam_channel::Sender<Outgoing>, item: Outgoing) -> Result<(), ()> {
+    /// Queues `item` on `peer`, waiting for room (until an abort) if it is full; a
+    /// `waiter` (plan stream, node) says meanwhile that its thread waits on that node.
+    fn send_to(
+        &self,
+        peer: &crossbeam_channel::Sender<Outgoing>,
+        item: Outgoing,
+        waiter: Option<(usize, u16)>,
+    ) -> Result<(), ()> {
         match peer.try_send(item) {
             Ok(()) => Ok(()),
             Err(crossbeam_channel::TrySendError::Disconnected(_)) => Err(()),
             Err(crossbeam_channel::TrySendError::Full(item)) => {
-                crossbeam_channel::select! {
+                if let Some((from, node)) = waiter {
+                    self.waits.begin(from, crate::lane::WaitsOn::Node(node));
+                }
+                let sent = crossbeam_channel::select! {
                     send(peer, item) -> sent => sent.map_err(|_| ()),
                     recv(self.abort) -> _ => Err(()),
+                };
+                if let Some((from, _)) = waiter {
+                    self.waits.end(from);
                 }
+                sent
             }
         }
     }
@@ -279,6 +297,7 @@ impl NetPlane {
         cluster: &Cluster,
         capacities: &[usize],
         abort: crossbeam_channel::Receiver<()>,
+        waits: std::sync::Arc<crate::lane::SendWaits>,
     ) -> (Arc<NetOut>, Vec<Option<crossbeam_channel::Receiver<Outgoing>>>) {
         let mut senders = Vec::with_capacity(cluster.world() as usize);
         let mut receivers = Vec::with_capacity(cluster.world() as usize);
@@ -292,7 +311,7 @@ impl NetPlane {
                 receivers.push(None);
             }
         }
-        (Arc::new(NetOut { rank: cluster.rank(), peers: senders, abort }), receivers)
+        (Arc::new(NetOut { rank: cluster.rank(), peers: senders, abort, waits }), receivers)
     }
 
     /// Starts the reader and writer of every connection.
@@ -448,4 +467,40 @@ pub(crate) fn channel_capacities(plan: &Plan, node: u16, world: u16) -> Vec<usiz
         }
     }
     capacity
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::lane::{SendWaits, WaitsOn};
+    use regflow_actors::Body;
+
+    #[test]
+    fn a_stream_waiting_for_room_in_a_nodes_queue_names_the_node_until_the_abort() {
+        let (tx, _writer) = crossbeam_channel::bounded(1);
+        let (abort_tx, abort) = crossbeam_channel::bounded::<()>(1);
+        let waits = std::sync::Arc::new(SendWaits::new(3));
+        let out = NetOut { rank: 0, peers: vec![None, Some(tx)], abort, waits: waits.clone() };
+        let dst = ActorId::new(1, 0, 0, 0).expect("small ids fit");
+        let msg = Message { dst, src: dst, body: Body::ActDone };
+        out.send_actor(msg, Some(2)).expect("room for one");
+        assert_eq!(waits.waiting_on(2), None, "the first frame found room");
+        std::thread::scope(|scope| {
+            let sender = scope.spawn(|| out.send_actor(msg, Some(2)));
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while waits.waiting_on(2).is_none() {
+                assert!(std::time::Instant::now() < deadline, "the second send never said it waits");
+                std::thread::yield_now();
+            }
+            assert_eq!(waits.waiting_on(2), Some(WaitsOn::Node(1)), "stream 2 waits on node 1's queue");
+            drop(abort_tx);
+            assert_eq!(
+                sender.join().expect("the sender does not panic"),
+                Err(EnvError::Disconnected { dst }),
+                "the abort ends the wait"
+            );
+        });
+        assert_eq!(waits.waiting_on(2), None, "no longer waiting");
+        assert_eq!(waits.count(), 0, "a node's queue is not a lane");
+    }
 }
