@@ -16,8 +16,9 @@
 //!
 //! The count is process-wide, across jobs, since the jobs of a process share its cores. So
 //! is the count of the jobs' stream threads ([`StreamThreads`]), which a job being built
-//! reads to choose its lanes' barrier (`crate::lane`). Both only steer speed, never correctness, so they stay plain `std` atomics under loom
-//! (the models' spins are bounded by their own round counts).
+//! reads to choose its lanes' barrier (`crate::lane`). Both only steer speed, never
+//! correctness, so they stay plain `std` atomics under loom (the models' spins are bounded
+//! by their own round counts).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;

@@ -191,15 +191,15 @@ pub(crate) fn inbox(capacity: usize) -> (InboxSender, InboxReceiver) {
 }
 
 impl InboxReceiver {
-    /// Lets the senders of this inbox's lanes skip their fence, where the process can make
-    /// the heavy barrier instead (see [`crate::lane`]); only before its first lane.
+    /// Lets the senders of this inbox's lanes skip their locked swap, where the process
+    /// can make the heavy barrier instead (see [`crate::lane`]); only before its first lane.
     pub(crate) fn use_asymmetric_barrier(&mut self) {
         if self.lanes.is_empty() {
             self.doorbell = Arc::new(Doorbell::asymmetric());
         }
     }
 
-    /// Whether its lanes' senders skip their fence (the barrier is asymmetric).
+    /// Whether its lanes' senders skip their locked swap (the barrier is asymmetric).
     #[cfg(test)]
     pub(crate) fn asymmetric_barrier(&self) -> bool {
         self.doorbell.is_asymmetric()
@@ -214,7 +214,7 @@ impl InboxReceiver {
         &mut self,
         capacity: usize,
         wake: InboxSender,
-        waits: std::sync::Arc<crate::lane::SendWaits>,
+        waits: std::sync::Arc<crate::send_waits::SendWaits>,
         from_to: (usize, usize),
     ) -> LaneSender {
         let (sender, receiver) = lane(capacity, self.doorbell.clone(), wake, waits, from_to);

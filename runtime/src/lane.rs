@@ -30,10 +30,11 @@
 //! process pass a full barrier. A locked instruction on every send waits for the
 //! envelope's stores to leave the core, which means waiting for the receiver's core to
 //! give up the slot's cache line: most of a send's time in B2 (`perf annotate`: two thirds
-//! of the samples of the sending function on the load after a fence). But the heavy barrier interrupts the process's running threads each time a
-//! receiver goes to sleep, and with more stream threads than cores receivers sleep often:
-//! the tiny GPT over 8 devices on 2 cores (`train_parallel --layout dp2xtp2xpp2`) ran 16
-//! ms per step with fences and 20-22 with the heavy barrier. So a job asks for it only
+//! of the samples of the sending function on the load after a fence). But the heavy
+//! barrier interrupts the process's running threads each time a receiver goes to sleep,
+//! and with more stream threads than cores receivers sleep often: the tiny GPT over 8
+//! devices on 2 cores (`train_parallel --layout dp2xtp2xpp2`) ran 16 ms per step with
+//! locked instructions on both sides and 20-22 with the heavy barrier. So a job asks for it only
 //! when the stream threads of all the process's jobs, its own included, fit on the cores
 //! as it is built (`crate::activity::StreamThreads`; [`Doorbell::asymmetric`]); elsewhere,
 //! and under loom, both sides swap the doorbell. A job keeps the choice it made: one
@@ -50,6 +51,7 @@
 //! the one that has not taken the lane's envelopes.
 
 use crate::inbox::{Disconnected, Envelope};
+use crate::send_waits::{SendWaits, WaitsOn};
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 use crossbeam_utils::CachePadded;
 use std::cell::Cell;
@@ -143,7 +145,7 @@ pub(crate) struct Doorbell {
 }
 
 impl Default for Doorbell {
-    /// A doorbell whose handshake fences both sides.
+    /// A doorbell whose handshake swaps it on both sides.
     fn default() -> Self {
         Self { asleep: CachePadded::new(AtomicBool::new(false)), asymmetric: false }
     }
@@ -151,7 +153,7 @@ impl Default for Doorbell {
 
 impl Doorbell {
     /// A doorbell whose senders need only a compiler barrier, if this process can make
-    /// the heavy barrier (registered on first use); else one that fences both sides.
+    /// the heavy barrier (registered on first use); else one swapped on both sides.
     pub(crate) fn asymmetric() -> Self {
         Self { asleep: CachePadded::new(AtomicBool::new(false)), asymmetric: barrier::asymmetric() }
     }
@@ -167,16 +169,13 @@ impl Doorbell {
     /// not sleep (it yields and looks again), since a sender may miss the doorbell.
     #[must_use]
     pub(crate) fn raise(&self) -> bool {
-        if self.asymmetric {
-            self.asleep.swap(true, Ordering::AcqRel);
-            return barrier::heavy();
-        }
-        // A read-modify-write of the one location both sides write: the senders' swaps and
-        // this one are totally ordered, so either a sender's swap comes first and its
-        // envelope is visible to the look that follows (release, then acquire), or it
-        // comes after and reads `true`.
+        // Symmetric: a read-modify-write of the one location both sides write, so the
+        // senders' swaps and this one are totally ordered: either a sender's swap comes
+        // first and its envelope is visible to the look that follows (release, then
+        // acquire), or it comes after and reads `true`. Asymmetric: the heavy barrier
+        // after it orders the senders' loads.
         self.asleep.swap(true, Ordering::AcqRel);
-        true
+        !self.asymmetric || barrier::heavy()
     }
 
     /// Lowered by the receiver once it is awake (a sender may have lowered it already).
@@ -200,83 +199,6 @@ impl Doorbell {
             return self.asleep.load(Ordering::Relaxed) && self.asleep.swap(false, Ordering::AcqRel);
         }
         self.asleep.swap(false, Ordering::AcqRel)
-    }
-}
-
-/// Sends of a job's stream threads that found no room: how many found their lane full, and
-/// whom each thread waits on now (a stream's lane, or the queue to another node's
-/// connection). Both are sized so that this never happens; if a plan's sizing is wrong,
-/// the waiting thread answers no snapshot, and this is how the watchdog still names
-/// whom it waits on.
-#[derive(Debug, Default)]
-pub(crate) struct SendWaits {
-    /// Sends through lanes that waited, since the job started.
-    count: std::sync::atomic::AtomicU64,
-    /// Per sending plan stream: what it waits on, encoded by [`WaitsOn::encode`]; 0 when
-    /// it does not wait.
-    waiting_on: Box<[std::sync::atomic::AtomicUsize]>,
-}
-
-/// Whom a stream thread that found no room to send waits on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitsOn {
-    /// The thread of this plan stream, to take envelopes from their lane.
-    Stream(usize),
-    /// The writer of the connection to this node, to take frames from its queue.
-    Node(u16),
-}
-
-/// The top bit of an encoded [`WaitsOn`] marks a node.
-const NODE_BIT: usize = 1 << (usize::BITS - 1);
-
-impl WaitsOn {
-    fn encode(self) -> usize {
-        match self {
-            WaitsOn::Stream(s) => s + 1,
-            WaitsOn::Node(n) => NODE_BIT | usize::from(n),
-        }
-    }
-
-    fn decode(code: usize) -> Option<Self> {
-        match code {
-            0 => None,
-            c if c & NODE_BIT != 0 => Some(WaitsOn::Node((c & !NODE_BIT) as u16)),
-            c => Some(WaitsOn::Stream(c - 1)),
-        }
-    }
-}
-
-impl SendWaits {
-    /// None yet, for a job of `streams` plan streams.
-    pub(crate) fn new(streams: usize) -> Self {
-        Self { count: Default::default(), waiting_on: (0..streams).map(|_| Default::default()).collect() }
-    }
-
-    /// Sends through lanes that waited for room so far.
-    pub(crate) fn count(&self) -> u64 {
-        self.count.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Whom the thread of plan stream `from` waits on now, if it waits for room.
-    pub(crate) fn waiting_on(&self, from: usize) -> Option<WaitsOn> {
-        WaitsOn::decode(self.waiting_on.get(from)?.load(std::sync::atomic::Ordering::Acquire))
-    }
-
-    /// The thread of plan stream `from` starts to wait on `on`.
-    pub(crate) fn begin(&self, from: usize, on: WaitsOn) {
-        if matches!(on, WaitsOn::Stream(_)) {
-            self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        if let Some(slot) = self.waiting_on.get(from) {
-            slot.store(on.encode(), std::sync::atomic::Ordering::Release);
-        }
-    }
-
-    /// The thread of plan stream `from` no longer waits.
-    pub(crate) fn end(&self, from: usize) {
-        if let Some(slot) = self.waiting_on.get(from) {
-            slot.store(0, std::sync::atomic::Ordering::Release);
-        }
     }
 }
 
@@ -387,26 +309,20 @@ impl LaneSender {
     #[cold]
     #[inline(never)]
     fn wait_for_room(&self, tail: usize) -> Result<(), Disconnected> {
-        let mut waiting = false;
-        let room = loop {
+        // Says whom this thread waits on from the first look that found no room to the end.
+        let mut waiting = None;
+        loop {
             let head = self.ring.head.load(Ordering::Acquire);
             if tail.wrapping_sub(head) <= self.ring.mask {
                 self.head_seen.set(head);
-                break Ok(());
+                return Ok(());
             }
-            if !waiting {
-                waiting = true;
-                self.waits.begin(self.from, WaitsOn::Stream(self.to));
-            }
+            waiting.get_or_insert_with(|| self.waits.begin(self.from, WaitsOn::Stream(self.to)));
             if self.ring.closed.load(Ordering::Acquire) {
-                break Err(Disconnected);
+                return Err(Disconnected);
             }
             crate::sync::yield_now();
-        };
-        if waiting {
-            self.waits.end(self.from);
         }
-        room
     }
 }
 

@@ -55,9 +55,9 @@ pub(crate) struct JobShared {
     /// Wakes the program's threads blocked on the job (a push waiting for a buffer) the
     /// moment it aborts, instead of their polling `aborting`.
     pub(crate) abort_signal: AbortSignal,
-    /// Sends between stream threads that found their lane full, and whom each thread
-    /// waits on now.
-    pub(crate) send_waits: std::sync::Arc<crate::lane::SendWaits>,
+    /// Sends of stream threads that found no room (in a lane, or in the queue to another
+    /// node), and whom each thread waits on now.
+    pub(crate) send_waits: std::sync::Arc<crate::send_waits::SendWaits>,
 }
 
 /// A channel that carries nothing and disconnects when the job aborts: a thread that waits
@@ -102,7 +102,7 @@ impl JobShared {
             snapshots,
             collectives,
             abort_signal: AbortSignal::new(),
-            send_waits: std::sync::Arc::new(crate::lane::SendWaits::new(streams)),
+            send_waits: std::sync::Arc::new(crate::send_waits::SendWaits::new(streams)),
         }
     }
 
@@ -366,14 +366,15 @@ impl<'t, 'w> Turn<'t, 'w> {
         (Self { env, before, after }, actor)
     }
 
-    /// The other actor with index `index` on this stream, if any.
+    /// The other actor with index `index` on this stream, if any, from the actors
+    /// `before` and `after` the current one (borrowed apart from the rest of the turn).
     #[inline(always)]
-    fn other(&mut self, index: usize) -> Option<&mut Actor> {
-        let current = self.before.len();
+    fn other<'a>(before: &'a mut [Actor], after: &'a mut [Actor], index: usize) -> Option<&'a mut Actor> {
+        let current = before.len();
         if index < current {
-            self.before.get_mut(index)
+            before.get_mut(index)
         } else {
-            self.after.get_mut(index.checked_sub(current + 1)?)
+            after.get_mut(index.checked_sub(current + 1)?)
         }
     }
 
@@ -381,14 +382,31 @@ impl<'t, 'w> Turn<'t, 'w> {
     /// returns whether it took it.
     #[inline(always)]
     fn deliver_here(&mut self, index: usize, msg: &Message) -> Result<bool, EnvError> {
-        let Some(recipient) = self.other(index) else { return Ok(false) };
-        match recipient.accept(msg) {
-            Ok(Accepted::Runnable) => self.env.runnable.push(index),
-            Ok(Accepted::Taken) => {}
-            Ok(Accepted::Declined) => return Ok(false),
-            Err(error) => return Err(self.env.refuse(error, msg.dst)),
+        let Some(recipient) = Self::other(self.before, self.after, index) else { return Ok(false) };
+        match accept_into(recipient, index, msg, self.env.runnable) {
+            Ok(took) => Ok(took),
+            Err(error) => Err(self.env.refuse(error, msg.dst)),
         }
-        Ok(true)
+    }
+}
+
+/// Hands `msg` to `recipient` (actor `index` of its stream) without running it
+/// ([`Actor::accept`]) and queues its turn in `runnable` if it can now fire; whether it
+/// took the message (a declined one must be handled in order, through the local queue).
+#[inline(always)]
+fn accept_into(
+    recipient: &mut Actor,
+    index: usize,
+    msg: &Message,
+    runnable: &mut RunQueue,
+) -> Result<bool, ActorError> {
+    match recipient.accept(msg)? {
+        Accepted::Runnable => {
+            runnable.push(index);
+            Ok(true)
+        }
+        Accepted::Taken => Ok(true),
+        Accepted::Declined => Ok(false),
     }
 }
 
@@ -592,13 +610,8 @@ impl StreamWorker {
     fn take_in(&mut self, msg: Message) -> Result<(), ActorError> {
         let index = msg.dst.index() as usize;
         if let (Some(actor), None) = (self.actors.get_mut(index), self.trace.as_ref()) {
-            match actor.accept(&msg)? {
-                Accepted::Runnable => {
-                    self.runnable.push(index);
-                    return Ok(());
-                }
-                Accepted::Taken => return Ok(()),
-                Accepted::Declined => {}
+            if accept_into(actor, index, &msg, &mut self.runnable)? {
+                return Ok(());
             }
         }
         self.local.push_back(msg);

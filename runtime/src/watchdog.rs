@@ -10,8 +10,8 @@
 use crate::bus::Router;
 use crate::inbox::Envelope;
 use crate::job::UserWaits;
-use crate::lane::WaitsOn;
 use crate::net::WatchNet;
+use crate::send_waits::WaitsOn;
 use crate::stream::JobShared;
 use crate::sync::{Arc, Ordering};
 use crate::RuntimeError;
@@ -453,6 +453,40 @@ impl Names {
         self.actors.get(&id).cloned().unwrap_or_else(|| id.to_string())
     }
 
+    /// Plan stream `s`, which did not answer, as the graph lists it: with the kernel it is
+    /// busy in, or whom it waits on for room to send, where it says.
+    fn silent_stream(&self, shared: &JobShared, s: usize) -> String {
+        let in_kernel = shared.probes[s].in_kernel.load(Ordering::Relaxed);
+        if let Some((_, actor)) =
+            in_kernel.checked_sub(1).and_then(|bits| self.actors.iter().find(|(id, _)| id.bits() == bits))
+        {
+            return format!("{} (busy in the kernel of '{actor}')", self.streams[s]);
+        }
+        match shared.send_waits.waiting_on(s) {
+            Some(WaitsOn::Stream(to)) => format!(
+                "{} (waiting for room in its lane to {})",
+                self.streams[s],
+                self.streams.get(to).map_or("an unknown stream", String::as_str)
+            ),
+            Some(WaitsOn::Node(node)) => format!(
+                "{} (waiting for room in its queue to the connection to node {node}, whose writer has not taken the frames)",
+                self.streams[s]
+            ),
+            None => self.streams[s].clone(),
+        }
+    }
+
+    /// Plan stream `s`, which did not answer, as a [`FullLane`] if it waits for room in
+    /// a lane.
+    fn full_lane(&self, shared: &JobShared, s: usize) -> Option<FullLane> {
+        let WaitsOn::Stream(to) = shared.send_waits.waiting_on(s)? else { return None };
+        Some(FullLane {
+            stream: self.streams[s].clone(),
+            waits_on: self.streams.get(to)?.clone(),
+            actors: self.stream_actors.get(s).cloned().unwrap_or_default(),
+        })
+    }
+
     fn graph(
         &self,
         snapshots: &[(usize, Vec<ActorSnapshot>)],
@@ -631,40 +665,14 @@ pub(crate) fn watch(
             user_nodes.iter().any(|u| matches!(u, UserWait::Push { .. } | UserWait::Recv { .. } | UserWait::JobWait))
                 && user_nodes.iter().any(|u| matches!(u, UserWait::Unread { .. }));
         let excused = all.iter().any(|s| s.waits.contains(&WaitReason::Fetch)) && !user_blocked;
-        let silent: Vec<String> = live
+        // Streams that did not answer (and did not end): blocked outside the protocol.
+        let quiet: Vec<usize> = live
             .iter()
-            .filter(|s| !answers.iter().any(|(a, _)| a == *s) && !shared.probes[**s].exited.load(Ordering::Acquire))
-            .map(|&s| {
-                let in_kernel = shared.probes[s].in_kernel.load(Ordering::Relaxed);
-                match in_kernel.checked_sub(1).and_then(|bits| names.actors.iter().find(|(id, _)| id.bits() == bits)) {
-                    Some((_, actor)) => format!("{} (busy in the kernel of '{actor}')", names.streams[s]),
-                    None => match shared.send_waits.waiting_on(s) {
-                        Some(WaitsOn::Stream(to)) => format!(
-                            "{} (waiting for room in its lane to {})",
-                            names.streams[s],
-                            names.streams.get(to).map_or("an unknown stream", String::as_str)
-                        ),
-                        Some(WaitsOn::Node(node)) => format!(
-                            "{} (waiting for room in its queue to the connection to node {node}, whose writer has not taken the frames)",
-                            names.streams[s]
-                        ),
-                        None => names.streams[s].clone(),
-                    },
-                }
-            })
+            .copied()
+            .filter(|&s| !answers.iter().any(|(a, _)| *a == s) && !shared.probes[s].exited.load(Ordering::Acquire))
             .collect();
-        let full_lanes: Vec<FullLane> = live
-            .iter()
-            .filter(|s| !answers.iter().any(|(a, _)| a == *s))
-            .filter_map(|&s| {
-                let WaitsOn::Stream(to) = shared.send_waits.waiting_on(s)? else { return None };
-                Some(FullLane {
-                    stream: names.streams[s].clone(),
-                    waits_on: names.streams.get(to)?.clone(),
-                    actors: names.stream_actors.get(s).cloned().unwrap_or_default(),
-                })
-            })
-            .collect();
+        let silent: Vec<String> = quiet.iter().map(|&s| names.silent_stream(&shared, s)).collect();
+        let full_lanes: Vec<FullLane> = quiet.iter().filter_map(|&s| names.full_lane(&shared, s)).collect();
         if (pending && !excused) || !silent.is_empty() {
             answers.sort_by_key(|(s, _)| *s);
             let mut graph = names.graph(&answers, silent, full_lanes, user_nodes);

@@ -75,8 +75,6 @@ pub struct Job {
     host_kernels: Vec<String>,
     /// The kernels' own device memory ([`Job::kernel_memory`]).
     kernel_memory: MemoryReport,
-    /// Sends that found their lane full ([`JobReport::lane_waits`]).
-    lane_waits: std::sync::Arc<crate::lane::SendWaits>,
     /// Its stream threads in the process's count, which later jobs read to choose their
     /// lanes' barrier (`crate::activity::StreamThreads`); released when the job ends.
     _stream_threads: crate::activity::StreamThreads,
@@ -292,7 +290,7 @@ impl Job {
             trace: self.trace_path.clone(),
             state,
             state_parts,
-            lane_waits: self.lane_waits.count(),
+            lane_waits: self.shared.send_waits.count(),
         })
     }
 

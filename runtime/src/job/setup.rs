@@ -9,7 +9,8 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimPoller};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
-use crate::lane::{Lanes, SendWaits};
+use crate::lane::Lanes;
+use crate::send_waits::SendWaits;
 use crate::stream::ActorRuntime;
 use crate::stream::JobShared;
 use crate::sync::Arc;
@@ -308,16 +309,16 @@ pub(super) struct Deliveries {
 
 /// The inboxes of the `hosted` streams, sized by [`inbox_capacities`], and the lanes
 /// between those that share registers, sized by [`lane_capacities`], whose sends that
-/// find them full say so in `lane_waits`. The lanes' senders
-/// skip their fence when receivers seldom sleep, i.e. when the stream threads of every
-/// job of the process, these included, fit on the cores (`crate::lane`); the job holds
-/// `stream_threads`, their count in the process's total, until it ends.
+/// find them full say so in `send_waits`. The lanes' senders skip their locked swap when
+/// receivers seldom sleep, i.e. when the stream threads of every job of the process,
+/// these included, fit on the cores (`crate::lane`); the job holds `stream_threads`,
+/// their count in the process's total, until it ends.
 pub(super) fn deliveries(
     indexed: &PlanIndex<'_>,
     configured_fetch_depth: Option<u64>,
     per_step: &[u64],
     hosted: &[usize],
-    lane_waits: &std::sync::Arc<SendWaits>,
+    send_waits: &std::sync::Arc<SendWaits>,
 ) -> Deliveries {
     let plan = indexed.plan();
     let capacities = inbox_capacities(indexed, configured_fetch_depth, per_step);
@@ -337,7 +338,7 @@ pub(super) fn deliveries(
         #[cfg(test)]
         let capacity = tests::LANE_ROOM.with(std::cell::Cell::get).unwrap_or(capacity);
         if let (Some(receiver), Some(wake)) = (receivers[to].as_mut(), senders[to].clone()) {
-            lanes[from].insert(to, receiver.lane(capacity, wake, lane_waits.clone(), (from, to)));
+            lanes[from].insert(to, receiver.lane(capacity, wake, send_waits.clone(), (from, to)));
         }
     }
     Deliveries { senders, receivers, lanes, stream_threads }

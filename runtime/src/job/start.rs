@@ -274,9 +274,8 @@ impl Job {
         let (snapshot_tx, snapshot_rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(JobShared::new(plan.streams.len(), snapshot_tx, builder.kernels.collectives()));
         let hosted: Vec<usize> = (0..plan.streams.len()).filter(|&s| hosts(stream_node(s))).collect();
-        let lane_waits = shared.send_waits.clone();
         let Deliveries { senders, mut receivers, mut lanes, stream_threads } =
-            deliveries(&indexed, builder.fetch_depth, &per_step, &hosted, &lane_waits);
+            deliveries(&indexed, builder.fetch_depth, &per_step, &hosted, &shared.send_waits);
         let mut stream_of = vec![Vec::new(); plan.devices.len()];
         for (s, stream) in plan.streams.iter().enumerate() {
             stream_of[stream.device.index()].push(s as u32);
@@ -402,7 +401,6 @@ impl Job {
             net,
             host_kernels,
             kernel_memory,
-            lane_waits,
             _stream_threads: stream_threads,
         })
     }

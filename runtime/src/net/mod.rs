@@ -35,6 +35,7 @@ pub use join::ClusterSession;
 
 use crate::arenas::PlanArenas;
 use crate::collective::NetGroups;
+use crate::send_waits::WaitsOn;
 use crate::stream::JobShared;
 use crate::sync::Arc;
 use crate::RuntimeError;
@@ -130,14 +131,14 @@ pub(crate) struct NetOut {
     /// Disconnected once the job aborts (`JobShared::abort_signal`).
     abort: crossbeam_channel::Receiver<()>,
     /// Where a stream thread that finds a queue full says so, for the watchdog.
-    waits: std::sync::Arc<crate::lane::SendWaits>,
+    waits: std::sync::Arc<crate::send_waits::SendWaits>,
 }
 
 impl NetOut {
     /// Hands `msg` to the writer of its recipient's node. The channel has room for every
     /// message the register counts allow in flight, so this waits only if the plan's bound
     /// is wrong; it never waits past an abort. The thread of plan stream `from`, if given,
-    /// says while it waits that it waits on that node ([`crate::lane::SendWaits`]).
+    /// says while it waits that it waits on that node ([`crate::send_waits::SendWaits`]).
     pub(crate) fn send_actor(&self, msg: Message, from: Option<usize>) -> Result<(), EnvError> {
         let node = msg.dst.node();
         let Some(Some(peer)) = self.peers.get(node as usize) else {
@@ -167,17 +168,11 @@ impl NetOut {
             Ok(()) => Ok(()),
             Err(crossbeam_channel::TrySendError::Disconnected(_)) => Err(()),
             Err(crossbeam_channel::TrySendError::Full(item)) => {
-                if let Some((from, node)) = waiter {
-                    self.waits.begin(from, crate::lane::WaitsOn::Node(node));
-                }
-                let sent = crossbeam_channel::select! {
+                let _waiting = waiter.map(|(from, node)| self.waits.begin(from, WaitsOn::Node(node)));
+                crossbeam_channel::select! {
                     send(peer, item) -> sent => sent.map_err(|_| ()),
                     recv(self.abort) -> _ => Err(()),
-                };
-                if let Some((from, _)) = waiter {
-                    self.waits.end(from);
                 }
-                sent
             }
         }
     }
@@ -297,7 +292,7 @@ impl NetPlane {
         cluster: &Cluster,
         capacities: &[usize],
         abort: crossbeam_channel::Receiver<()>,
-        waits: std::sync::Arc<crate::lane::SendWaits>,
+        waits: std::sync::Arc<crate::send_waits::SendWaits>,
     ) -> (Arc<NetOut>, Vec<Option<crossbeam_channel::Receiver<Outgoing>>>) {
         let mut senders = Vec::with_capacity(cluster.world() as usize);
         let mut receivers = Vec::with_capacity(cluster.world() as usize);
@@ -472,7 +467,7 @@ pub(crate) fn channel_capacities(plan: &Plan, node: u16, world: u16) -> Vec<usiz
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::lane::{SendWaits, WaitsOn};
+    use crate::send_waits::SendWaits;
     use regflow_actors::Body;
 
     #[test]
