@@ -14,9 +14,10 @@
 //!   (plain `VecDeque`s, and crossbeam bounded channels).
 //! - **B2** the same chain with actor *i* on stream *i* % 2: ns per hop, beside the same
 //!   chain of crossbeam bounded channels alternating between two threads.
-//! - **B2 jobs** (`b2jobs`) two B2 chains (or `REGFLOW_BENCH_JOBS`) as jobs at once in one
-//!   process: ns per hop of all together, beside one chain alone. With 2 registers. Four stream threads
-//!   share the cores, so this is where the lanes' barrier mode matters (`runtime/src/lane.rs`).
+//! - **B2 jobs** (`b2jobs`) two B2 chains with 2 registers (or `REGFLOW_BENCH_JOBS` of
+//!   them) as jobs of one process at once: ns per hop of all together, beside one chain
+//!   alone. Their stream threads outnumber two cores, so this is where the lanes' barrier
+//!   mode could matter (`runtime/src/lane.rs`).
 //! - **B3** four `sim` stages of 1 ms each: wall time against the ideal (m + p − 1)·t,
 //!   with 1, 2 and 3 registers per stage edge.
 //! - **B4** source → copy → sink with 1 MiB registers: pieces/s and GB/s copied.

@@ -378,11 +378,11 @@ fn build<'g>(
     Ok(step)
 }
 
-/// Trains on `mesh` (one device when `None`); returns the losses and the seconds taken.
 /// What a training run reports: the loss of every step, the seconds it took, the plan's
 /// actor count.
 type Trained = (Vec<f64>, f64, usize);
 
+/// Trains on `mesh` (one device when `None`); returns the losses and the seconds taken.
 fn train(
     o: &Options,
     task: &Task,
