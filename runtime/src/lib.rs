@@ -59,4 +59,4 @@ pub use regflow_kernels::KernelRegistry;
 pub use regflow_net::env::ClusterEnv;
 pub use regflow_net::handshake::Secret;
 pub use stream::ActorStats;
-pub use watchdog::{FullLane, StuckActor, UserWait, Wait, WaitForGraph};
+pub use watchdog::{FullLane, RoomFrom, StuckActor, UserWait, Wait, WaitForGraph};

@@ -167,17 +167,42 @@ impl UserWait {
     }
 }
 
-/// A stream thread that waits for room in its lane to another stream thread (a message
-/// between the two that found the lane full): it answers no snapshot meanwhile, and none
-/// of its actors can fire until the other thread takes an envelope.
+/// A stream thread that waits for room to send: in its lane to another stream thread, or
+/// in its queue to the connection to another node (a message that found it full). It
+/// answers no snapshot meanwhile, and none of its actors can fire until the other side
+/// takes an envelope or a frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FullLane {
     /// The waiting stream.
     pub stream: String,
-    /// The stream whose thread has not taken the lane's envelopes.
-    pub waits_on: String,
+    /// Who has not taken what the stream sent.
+    pub waits_on: RoomFrom,
     /// The waiting stream's actors (their thread waits with them).
     pub actors: Vec<String>,
+}
+
+/// Who must take what a [`FullLane`]'s stream sent before it can send again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoomFrom {
+    /// The thread of this stream, which has not taken the lane's envelopes.
+    Stream(String),
+    /// The writer of the connection to this node, which has not taken the queue's frames
+    /// (the peer does not read them, or the connection is stuck).
+    Connection {
+        /// The node the connection leads to.
+        node: u16,
+    },
+}
+
+impl RoomFrom {
+    /// Its node name in edges and cycles: a stream as [`FullLane::node`] names it, a
+    /// connection as `connection to node N`.
+    pub fn node(&self) -> String {
+        match self {
+            RoomFrom::Stream(stream) => FullLane::node(stream),
+            RoomFrom::Connection { node } => format!("connection to node {node}"),
+        }
+    }
 }
 
 impl FullLane {
@@ -194,7 +219,8 @@ pub struct WaitForGraph {
     pub actors: Vec<StuckActor>,
     /// Streams that did not answer the watchdog (blocked outside the protocol).
     pub silent_streams: Vec<String>,
-    /// Silent streams whose thread waits for room in a lane to another stream.
+    /// Silent streams whose thread waits for room to send: in a lane to another stream, or
+    /// in the queue to another node's connection.
     pub full_lanes: Vec<FullLane>,
     /// What the program's threads wait on or hold: blocked pushes, unread fetchers, inputs
     /// never fed, `Job::wait`.
@@ -214,13 +240,18 @@ impl WaitForGraph {
     /// (an unread fetcher waits on the program's thread blocked in a push, in another
     /// fetcher's `recv` or in `Job::wait`), `recv` (a reading thread waits on its sink) or
     /// `end` (`Job::wait` waits on a sink to finish). A stream whose thread waits for room
-    /// in a lane ([`FullLane`], nodes named by [`FullLane::node`]) waits on the other
-    /// stream (`full lane`), and its actors on it (`its thread`).
+    /// ([`FullLane`], nodes named by [`FullLane::node`]) waits on the other stream (`full
+    /// lane`) or on the connection to the other node (`full queue`, named by
+    /// [`RoomFrom::node`]), and its actors wait on it (`its thread`).
     pub fn edges(&self) -> Vec<(String, String, String)> {
         let mut edges = Vec::new();
         for lane in &self.full_lanes {
             let stream = FullLane::node(&lane.stream);
-            edges.push((stream.clone(), FullLane::node(&lane.waits_on), "full lane".into()));
+            let what = match lane.waits_on {
+                RoomFrom::Stream(_) => "full lane",
+                RoomFrom::Connection { .. } => "full queue",
+            };
+            edges.push((stream.clone(), lane.waits_on.node(), what.into()));
             for actor in &lane.actors {
                 edges.push((actor.clone(), stream.clone(), "its thread".into()));
             }
@@ -417,11 +448,18 @@ impl fmt::Display for WaitForGraph {
             writeln!(f, "  stream {stream} did not answer")?;
         }
         for lane in &self.full_lanes {
-            writeln!(
-                f,
-                "  stream {} waits for room in its lane to stream {}, whose thread has not taken the lane's messages",
-                lane.stream, lane.waits_on
-            )?;
+            match &lane.waits_on {
+                RoomFrom::Stream(to) => writeln!(
+                    f,
+                    "  stream {} waits for room in its lane to stream {to}, whose thread has not taken the lane's messages",
+                    lane.stream
+                )?,
+                RoomFrom::Connection { node } => writeln!(
+                    f,
+                    "  stream {} waits for room in its queue to the connection to node {node}, whose writer has not taken the frames",
+                    lane.stream
+                )?,
+            }
         }
         for node in &self.user {
             writeln!(f, "  program: {node}")?;
@@ -476,13 +514,16 @@ impl Names {
         }
     }
 
-    /// Plan stream `s`, which did not answer, as a [`FullLane`] if it waits for room in
-    /// a lane.
-    fn full_lane(&self, shared: &JobShared, s: usize) -> Option<FullLane> {
-        let WaitsOn::Stream(to) = shared.send_waits.waiting_on(s)? else { return None };
+    /// Plan stream `s`, which did not answer, as a [`FullLane`] if it waits for room to
+    /// send (`waits_on`, as its thread recorded it).
+    fn full_lane(&self, s: usize, waits_on: Option<WaitsOn>) -> Option<FullLane> {
+        let waits_on = match waits_on? {
+            WaitsOn::Stream(to) => RoomFrom::Stream(self.streams.get(to)?.clone()),
+            WaitsOn::Node(node) => RoomFrom::Connection { node },
+        };
         Some(FullLane {
-            stream: self.streams[s].clone(),
-            waits_on: self.streams.get(to)?.clone(),
+            stream: self.streams.get(s)?.clone(),
+            waits_on,
             actors: self.stream_actors.get(s).cloned().unwrap_or_default(),
         })
     }
@@ -672,7 +713,8 @@ pub(crate) fn watch(
             .filter(|&s| !answers.iter().any(|(a, _)| *a == s) && !shared.probes[s].exited.load(Ordering::Acquire))
             .collect();
         let silent: Vec<String> = quiet.iter().map(|&s| names.silent_stream(&shared, s)).collect();
-        let full_lanes: Vec<FullLane> = quiet.iter().filter_map(|&s| names.full_lane(&shared, s)).collect();
+        let full_lanes: Vec<FullLane> =
+            quiet.iter().filter_map(|&s| names.full_lane(s, shared.send_waits.waiting_on(s))).collect();
         if (pending && !excused) || !silent.is_empty() {
             answers.sort_by_key(|(s, _)| *s);
             let mut graph = names.graph(&answers, silent, full_lanes, user_nodes);
@@ -699,7 +741,7 @@ mod tests {
     fn two_streams_each_waiting_for_room_in_the_others_lane_are_a_cycle() {
         let lane = |stream: &str, waits_on: &str, actor: &str| FullLane {
             stream: stream.into(),
-            waits_on: waits_on.into(),
+            waits_on: RoomFrom::Stream(waits_on.into()),
             actors: vec![actor.into()],
         };
         let mut graph =
@@ -710,5 +752,50 @@ mod tests {
         // One stream waiting on a stream that waits on nothing known is no cycle.
         graph.full_lanes.pop();
         assert_eq!(graph.find_cycle(), None, "{graph}");
+    }
+
+    #[test]
+    fn a_stream_waiting_for_room_in_a_nodes_queue_is_an_edge_to_the_connection() {
+        let names = Names {
+            actors: HashMap::new(),
+            descs: Vec::new(),
+            streams: vec!["n0.d0.s0".into(), "n0.d0.s1".into()],
+            stream_actors: vec![vec!["send_to_1".into(), "relu".into()], vec!["loss".into()]],
+            hosted: vec![0, 1],
+        };
+        assert_eq!(names.full_lane(0, None), None, "a stream that does not wait for room is no full lane");
+        let lane = names.full_lane(0, Some(WaitsOn::Node(1))).expect("a wait on node 1's queue");
+        assert_eq!(
+            lane,
+            FullLane {
+                stream: "n0.d0.s0".into(),
+                waits_on: RoomFrom::Connection { node: 1 },
+                actors: vec!["send_to_1".into(), "relu".into()],
+            }
+        );
+        let mut graph = WaitForGraph { full_lanes: vec![lane], ..WaitForGraph::default() };
+        graph.cycle = graph.find_cycle();
+        let edges = graph.edges();
+        assert_eq!(
+            edges,
+            vec![
+                ("stream n0.d0.s0".into(), "connection to node 1".into(), "full queue".into()),
+                ("send_to_1".into(), "stream n0.d0.s0".into(), "its thread".into()),
+                ("relu".into(), "stream n0.d0.s0".into(), "its thread".into()),
+            ]
+        );
+        assert_eq!(graph.cycle, None, "the connection waits on nothing this node knows");
+        assert!(
+            graph.to_string().contains(
+                "stream n0.d0.s0 waits for room in its queue to the connection to node 1, whose writer has not taken the frames"
+            ),
+            "{graph}"
+        );
+        // A lane to a stream the plan does not have is no full lane (nothing to name).
+        assert_eq!(names.full_lane(0, Some(WaitsOn::Stream(7))), None);
+        assert_eq!(
+            names.full_lane(1, Some(WaitsOn::Stream(0))).map(|lane| lane.waits_on),
+            Some(RoomFrom::Stream("n0.d0.s0".into()))
+        );
     }
 }

@@ -638,7 +638,11 @@ mod tests {
         let RuntimeError::Stalled { graph, .. } = &error else { panic!("not a stall: {error}") };
         assert_eq!(
             graph.full_lanes,
-            vec![crate::FullLane { stream: stream0.clone(), waits_on: stream1.clone(), actors: vec!["src".into()] }],
+            vec![crate::FullLane {
+                stream: stream0.clone(),
+                waits_on: crate::RoomFrom::Stream(stream1.clone()),
+                actors: vec!["src".into()]
+            }],
             "{graph}"
         );
         assert!(
