@@ -303,8 +303,15 @@ const SPIN_ROUNDS: u32 = 2;
 /// Longest a receiver usually spins before it parks. A message from a thread that is
 /// itself busy (a cross-thread chain, B2 in `examples/bench_actors.rs`) comes back within
 /// a few microseconds; parking costs a futex wait here and a futex wake in the sender,
-/// each several microseconds on a VM. An idle stream spins this long once, then sleeps.
-pub(crate) const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(8);
+/// each several microseconds on a VM, and with lanes the heavy barrier (`membarrier`,
+/// see [`crate::lane`]): 13–38 µs a call on the 2-vCPU benchmark VM while the other
+/// thread spins, whose vCPU has left the guest on `pause` and must be brought back for
+/// the barrier's interrupt. With 8 µs, a peer held up that long (by the host, or by its
+/// own parking) made the waiting thread park too, and the two took turns parking: B2 made
+/// 219 `membarrier` calls per run, 15 with 50 µs, and its median hop fell by 8–14 %
+/// (BENCHMARKS.md, issue 13, twenty-fifth session). An idle stream spins this long once,
+/// then sleeps; it spins at all only while the stream threads awake fit on the cores.
+pub(crate) const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Longest a receiver spins after an [`Envelope::Wake`]: the sender announced a message
 /// due within about `device::sim::WAKE_AHEAD`; this leaves room for it to come late.
@@ -324,7 +331,7 @@ const ROUNDS_PER_CLOCK: u32 = 4;
 
 impl InboxReceiver {
     /// The next envelope: one already queued, or one arriving within a bounded spin
-    /// (at most `spin_time`, and [`SPIN_ROUNDS`] rounds per 8 µs of it), or else blocks
+    /// (at most `spin_time`, and [`SPIN_ROUNDS`] rounds per [`SPIN_TIME`] of it), or else blocks
     /// until one arrives. `None` once every sender is gone.
     pub(crate) fn recv_spinning(&self, spin_time: std::time::Duration) -> Option<Envelope> {
         if let Some(envelope) = self.try_recv() {
