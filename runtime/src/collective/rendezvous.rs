@@ -4,14 +4,30 @@
 use crate::kernel::KernelError;
 use crate::sync::{lock, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 
-/// Rounds a member spins on the phase before it sleeps: pauses only, about 8 µs at most
-/// on the benchmark VM. A peer that is about to arrive is caught without a futex sleep and
-/// wake (30–45 µs per small all-reduce before, under 2 µs now; `bench_collectives`); a
-/// peer that is far behind costs this little. Yielding in the spin, as the inbox does, was
+/// Longest a member spins on the phase before it sleeps: pauses only, checking the clock
+/// every [`ROUNDS_PER_CLOCK`] rounds (a pause takes 24 ns on the 2-vCPU benchmark VM and
+/// about as long on recent Intel cores, but a few on older ones, so a count of rounds is
+/// no duration). A peer that is about to arrive is caught without a futex sleep and wake
+/// (30–45 µs per small all-reduce before, under 2 µs now; `bench_collectives`); a peer
+/// that is far behind costs this little, and the spin happens at all only while the
+/// stream threads awake fit on the cores. Yielding in the spin, as the inbox does, was
 /// tried: on two cores shared with the compute threads it spent their time while members
-/// waited for peers a kernel away (dp2 1.23–1.35× against 1.33–1.41×). 128 rounds caught
-/// too few arrivals (medians 10–28 µs at 1 KiB).
-const SPIN_ROUNDS: u32 = if cfg!(loom) { 2 } else { 512 };
+/// waited for peers a kernel away (dp2 1.23–1.35× against 1.33–1.41×). About 3 µs caught
+/// too few arrivals (medians 10–28 µs at 1 KiB); 12 µs (512 rounds, until the
+/// twenty-fifth session) left the tiny GPT's tp2 step with about 10 sleeps at barriers
+/// (`perf stat -e syscalls:sys_enter_futex`), half as many at 100 µs, and its tp2, dp2
+/// and zero1 steps 3–5 % longer (BENCHMARKS.md, issue 13; the MLP's dp2, with few and
+/// large collectives, did not change beyond its noise).
+#[cfg(not(loom))]
+const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Spin rounds between two reads of the clock (a read costs about one round).
+#[cfg(not(loom))]
+const ROUNDS_PER_CLOCK: u32 = 64;
+
+/// Rounds a member spins under loom: the peer arriving during the spin, or after it.
+#[cfg(loom)]
+const LOOM_SPIN_ROUNDS: u32 = 2;
 
 use crate::sync::spin_loop;
 use std::fmt;
@@ -126,6 +142,10 @@ struct RoundState {
     outputs: Vec<PeerInput>,
     /// Set by an abort, for ever: no barrier 1 completes after it.
     aborted: bool,
+    /// Members asleep on `changed` (counted under the lock before they wait): the last
+    /// arrival wakes them only if there are any, since a condition variable's notify is a
+    /// system call even when nobody waits.
+    sleeping: usize,
 }
 
 /// The meeting point of one group's members; every table is allocated once, at creation.
@@ -158,6 +178,7 @@ impl Rendezvous {
                 inputs: vec![PeerInput::empty(); size],
                 outputs: vec![PeerInput::empty(); size],
                 aborted: false,
+                sleeping: 0,
             }),
             changed: Condvar::new(),
             phase: AtomicU64::new(0),
@@ -247,7 +268,9 @@ impl Rendezvous {
         state.count = 0;
         state.arrived.fill(false);
         self.phase.fetch_add(1, Ordering::Release);
-        self.changed.notify_all();
+        if state.sleeping > 0 {
+            self.changed.notify_all();
+        }
         true
     }
 
@@ -261,19 +284,40 @@ impl Rendezvous {
     /// are awake outnumber the cores (then the peer waited for may need this very core,
     /// `crate::activity`); returns whether it completed.
     fn spin_past(&self, phase: u64) -> bool {
-        let rounds = if crate::activity::may_spin() { SPIN_ROUNDS } else { 0 };
-        for _ in 0..rounds {
+        if !crate::activity::may_spin() {
+            return false;
+        }
+        #[cfg(loom)]
+        for _ in 0..LOOM_SPIN_ROUNDS {
             if self.phase() != phase {
                 return true;
             }
             spin_loop();
         }
+        #[cfg(not(loom))]
+        {
+            let start = std::time::Instant::now();
+            while start.elapsed() < SPIN_TIME {
+                for _ in 0..ROUNDS_PER_CLOCK {
+                    if self.phase() != phase {
+                        return true;
+                    }
+                    spin_loop();
+                }
+            }
+        }
         false
     }
 
-    fn wait<'g>(&self, state: MutexGuard<'g, RoundState>) -> MutexGuard<'g, RoundState> {
+    /// Sleeps until the last arrival of a barrier (or an abort) wakes it, counted in
+    /// `sleeping` meanwhile: both under the lock the waker holds, so no wake-up is lost.
+    fn wait<'g>(&self, mut state: MutexGuard<'g, RoundState>) -> MutexGuard<'g, RoundState> {
+        state.sleeping += 1;
         // Poison only says another member panicked; the state is whole (see `sync::lock`).
-        crate::activity::asleep(|| self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner))
+        let mut state =
+            crate::activity::asleep(|| self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner));
+        state.sleeping -= 1;
+        state
     }
 }
 
