@@ -4,13 +4,13 @@
 use crate::kernel::KernelError;
 use crate::sync::{lock, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 
-/// Longest a member spins on the phase before it sleeps: pauses only, checking the clock
-/// every [`ROUNDS_PER_CLOCK`] rounds (a pause takes 24 ns on the 2-vCPU benchmark VM and
-/// about as long on recent Intel cores, but a few on older ones, so a count of rounds is
-/// no duration). A peer that is about to arrive is caught without a futex sleep and wake
+/// Longest a member spins on the phase before it sleeps, while the process's stream
+/// threads all fit on its cores: pauses only, checking the clock every
+/// [`ROUNDS_PER_CLOCK`] rounds (a pause takes 24 ns on the 2-vCPU benchmark VM and about
+/// as long on recent Intel cores, but a few on older ones, so a count of rounds is no
+/// duration). A peer that is about to arrive is caught without a futex sleep and wake
 /// (30–45 µs per small all-reduce before, under 2 µs now; `bench_collectives`); a peer
-/// that is far behind costs this little, and the spin happens at all only while the
-/// stream threads awake fit on the cores. Yielding in the spin, as the inbox does, was
+/// that is far behind costs this little. Yielding in the spin, as the inbox does, was
 /// tried: on two cores shared with the compute threads it spent their time while members
 /// waited for peers a kernel away (dp2 1.23–1.35× against 1.33–1.41×). About 3 µs caught
 /// too few arrivals (medians 10–28 µs at 1 KiB); 12 µs (512 rounds, until the
@@ -20,6 +20,14 @@ use crate::sync::{lock, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 /// large collectives, did not change beyond its noise).
 #[cfg(not(loom))]
 const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Longest a member spins where the process has more stream threads than cores (and the
+/// awake ones fit, `crate::activity::may_spin`). A spin that only pauses keeps its core
+/// from a thread woken to run, which counts itself awake only once it runs: with 100 µs
+/// here, the tiny GPT on 8 devices over 2 cores (`train_parallel --layout dp2xtp2xpp2`)
+/// ran 3× slower than with 12 µs.
+#[cfg(not(loom))]
+const CROWDED_SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(12);
 
 /// Spin rounds between two reads of the clock (a read costs about one round).
 #[cfg(not(loom))]
@@ -280,9 +288,10 @@ impl Rendezvous {
         self.phase.load(Ordering::Acquire)
     }
 
-    /// Spins a little while the barrier of `phase` fills, unless the stream threads that
-    /// are awake outnumber the cores (then the peer waited for may need this very core,
-    /// `crate::activity`); returns whether it completed.
+    /// Spins a little while the barrier of `phase` fills ([`SPIN_TIME`], or
+    /// [`CROWDED_SPIN_TIME`] where the process has more stream threads than cores), unless
+    /// the stream threads that are awake outnumber the cores (then the peer waited for may
+    /// need this very core, `crate::activity`); returns whether it completed.
     fn spin_past(&self, phase: u64) -> bool {
         if !crate::activity::may_spin() {
             return false;
@@ -296,8 +305,9 @@ impl Rendezvous {
         }
         #[cfg(not(loom))]
         {
+            let limit = if crate::activity::all_stream_threads_fit() { SPIN_TIME } else { CROWDED_SPIN_TIME };
             let start = std::time::Instant::now();
-            while start.elapsed() < SPIN_TIME {
+            while start.elapsed() < limit {
                 for _ in 0..ROUNDS_PER_CLOCK {
                     if self.phase() != phase {
                         return true;
