@@ -45,7 +45,8 @@
 //! The job makes a lane for every pair of hosted streams whose actors share a register,
 //! sized from the register counts like the inbox (`job::setup::lane_capacities`), so a send
 //! never waits; the cold path that would wait for room exists for a plan the sizing got
-//! wrong, and ends with an error once the receiver has gone. While it waits, the thread
+//! wrong, and ends with an error once the receiver has gone or the job aborts (two
+//! threads each waiting for room in the other's lane would otherwise outlive the job). While it waits, the thread
 //! answers no snapshot, so it says whom it waits on in [`SendWaits`]: the watchdog reports
 //! it as a [`crate::FullLane`], an edge of the wait-for graph from the waiting stream to
 //! the one that has not taken the lane's envelopes.
@@ -305,7 +306,8 @@ impl LaneSender {
     }
 
     /// Waits until the receiver has taken an envelope: never, for a lane sized from the
-    /// plan's register counts (see the module's docs).
+    /// plan's register counts (see the module's docs). Ends with an error once the
+    /// receiver has gone or the job aborted.
     #[cold]
     #[inline(never)]
     fn wait_for_room(&self, tail: usize) -> Result<(), Disconnected> {
@@ -318,7 +320,7 @@ impl LaneSender {
                 return Ok(());
             }
             waiting.get_or_insert_with(|| self.waits.begin(self.from, WaitsOn::Stream(self.to)));
-            if self.ring.closed.load(Ordering::Acquire) {
+            if self.ring.closed.load(Ordering::Acquire) || self.waits.abandoned() {
                 return Err(Disconnected);
             }
             crate::sync::yield_now();
@@ -444,6 +446,31 @@ mod tests {
         assert_eq!((waits.count(), waits.waiting_on(2)), (1, None), "one send waited, and no longer does");
         assert_eq!((rx.try_recv(), rx.try_recv(), rx.try_recv()), (Some(message(1)), Some(message(2)), None));
         drop(tx);
+    }
+
+    #[test]
+    fn a_sender_waiting_for_room_stops_when_the_job_aborts() {
+        // The receiver stays (a thread stuck itself, not reading): only the abort ends
+        // the wait, and it ends the waits that start after it too.
+        let (wake, _channel) = crate::inbox::inbox(4);
+        let waits = std::sync::Arc::new(SendWaits::new(2));
+        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (0, 1));
+        tx.send(message(0)).expect("room");
+        tx.send(message(1)).expect("room");
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send((tx.send(message(2)), tx)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while waits.waiting_on(0).is_none() {
+            assert!(std::time::Instant::now() < deadline, "the third send never said it waits");
+            std::thread::yield_now();
+        }
+        waits.abandon();
+        // A wait the abort does not end fails here (and ends when `rx` goes, unwinding).
+        let (sent, tx) = ended.recv_timeout(std::time::Duration::from_secs(30)).expect("the abort ends the wait");
+        assert_eq!(sent, Err(Disconnected), "the abort ends the wait");
+        assert_eq!(tx.send(message(3)), Err(Disconnected), "and a wait that starts after it");
+        assert_eq!((waits.count(), waits.waiting_on(0)), (2, None), "both sends found the lane full, and stopped");
+        assert_eq!((rx.try_recv(), rx.try_recv(), rx.try_recv()), (Some(message(0)), Some(message(1)), None));
     }
 
     #[test]

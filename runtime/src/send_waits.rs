@@ -7,7 +7,7 @@
 //! a thread waiting on its inbox, answers no snapshot; what it wrote here is how the
 //! watchdog still says on whom it waits ([`crate::FullLane`], and the silent stream's line).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Sends of a job's stream threads that found no room: how many found their lane full, and
 /// whom each thread waits on now.
@@ -18,6 +18,8 @@ pub(crate) struct SendWaits {
     /// Per sending plan stream: what it waits on, encoded by [`WaitsOn::encode`]; 0 when
     /// it does not wait.
     waiting_on: Box<[AtomicUsize]>,
+    /// The job aborted: a thread waiting for room stops waiting ([`SendWaits::abandon`]).
+    abandoned: AtomicBool,
 }
 
 /// Whom a stream thread that found no room to send waits on.
@@ -52,7 +54,24 @@ impl WaitsOn {
 impl SendWaits {
     /// None yet, for a job of `streams` plan streams.
     pub(crate) fn new(streams: usize) -> Self {
-        Self { count: AtomicU64::new(0), waiting_on: (0..streams).map(|_| AtomicUsize::new(0)).collect() }
+        Self {
+            count: AtomicU64::new(0),
+            waiting_on: (0..streams).map(|_| AtomicUsize::new(0)).collect(),
+            abandoned: AtomicBool::new(false),
+        }
+    }
+
+    /// The job aborts: every thread waiting for room, and every one that would start to,
+    /// gives up. A lane's receiver that is itself stuck (waiting for room in a lane back,
+    /// full because this sender does not read its inbox while it waits) would otherwise
+    /// never take an envelope nor go away, and the two threads outlive their job.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
+    }
+
+    /// Whether the job aborted, so a wait for room must end.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
     }
 
     /// Sends through lanes that waited for room so far.

@@ -117,6 +117,7 @@ impl JobShared {
         if !self.aborting.swap(true, Ordering::AcqRel) {
             router.abort_peers(lock(&self.error).as_ref().unwrap_or(&RuntimeError::Stopped));
             router.broadcast(Envelope::Stop);
+            self.send_waits.abandon();
             self.collectives.abort_all();
             self.abort_signal.fire();
         }

@@ -593,19 +593,23 @@ pub(super) fn stream_device(
 mod tests {
     use super::*;
     use regflow_plan::{KernelConf, PlanBuilder, StreamKind};
+    use std::sync::atomic::Ordering;
 
     thread_local! {
         /// Room for every lane of the jobs this thread builds, instead of the plan's.
         pub(super) static LANE_ROOM: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     }
 
-    /// Holds its first piece for `hold`, longer than the watchdog's timeout.
-    struct Hold(Duration);
+    /// Holds its first piece until `release` is set (the test sets it once the watchdog
+    /// has aborted the job, however long the watchdog took on a loaded machine), or for
+    /// 60 s at most, so that a test that never sets it still ends.
+    struct Hold(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
     impl crate::Kernel for Hold {
         fn run(&mut self, io: &mut crate::KernelIo<'_>) -> Result<(), crate::KernelError> {
-            if io.piece() == 0 {
-                std::thread::sleep(self.0);
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while io.piece() == 0 && !self.0.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
             }
             Ok(())
         }
@@ -629,12 +633,31 @@ mod tests {
         let plan = b.build().unwrap();
         let (stream0, stream1) = (stream_label(&plan, 0), stream_label(&plan, 1));
         LANE_ROOM.with(|room| room.set(Some(2)));
+        let release = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let held = release.clone();
         let job = crate::Job::builder(plan)
-            .kernel("hold", |_| Ok(Box::new(Hold(Duration::from_millis(1500)))))
+            .kernel("hold", move |_| Ok(Box::new(Hold(held.clone()))))
             .watchdog(Duration::from_millis(200))
             .build();
         LANE_ROOM.with(|room| room.set(None));
-        let error = job.expect("the job builds").wait().expect_err("the job stalls");
+        let job = job.expect("the job builds");
+        // `hold` keeps stream 1 in its kernel until the watchdog has aborted the job.
+        let shared = job.shared.clone();
+        let waiter = std::thread::spawn(move || job.wait());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !shared.aborting.load(Ordering::Acquire) {
+            assert!(std::time::Instant::now() < deadline, "the watchdog did not abort the stalled job within 30 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        release.store(true, Ordering::Release);
+        let error = waiter.join().expect("wait does not panic").expect_err("the job stalls");
+        // Released, stream 1 acks what it holds into its own lane of 2 to stream 0, which
+        // is not reading while it waits for room: both wait on each other unless the abort
+        // ends their waits. Then `wait` gives up on them after its grace, and they outlive
+        // the job.
+        for s in [0, 1] {
+            assert!(shared.probes[s].exited.load(Ordering::Acquire), "stream {s} did not end after the abort");
+        }
         let RuntimeError::Stalled { graph, .. } = &error else { panic!("not a stall: {error}") };
         assert_eq!(
             graph.full_lanes,
