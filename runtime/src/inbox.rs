@@ -330,9 +330,9 @@ const PAUSE_ROUNDS: u32 = 1;
 const ROUNDS_PER_CLOCK: u32 = 4;
 
 impl InboxReceiver {
-    /// The next envelope: one already queued, or one arriving within a bounded spin
-    /// (at most `spin_time`, and [`SPIN_ROUNDS`] rounds per [`SPIN_TIME`] of it), or else blocks
-    /// until one arrives. `None` once every sender is gone.
+    /// The next envelope: one already queued, or one arriving within a bounded spin (at
+    /// most `spin_time`, and [`SPIN_ROUNDS`] rounds per [`SPIN_TIME`] of it), or else
+    /// blocks until one arrives. `None` once every sender is gone.
     pub(crate) fn recv_spinning(&self, spin_time: std::time::Duration) -> Option<Envelope> {
         if let Some(envelope) = self.try_recv() {
             return Some(envelope);

@@ -46,10 +46,11 @@
 //! sized from the register counts like the inbox (`job::setup::lane_capacities`), so a send
 //! never waits; the cold path that would wait for room exists for a plan the sizing got
 //! wrong, and ends with an error once the receiver has gone or the job aborts (two
-//! threads each waiting for room in the other's lane would otherwise outlive the job). While it waits, the thread
-//! answers no snapshot, so it says whom it waits on in [`SendWaits`]: the watchdog reports
-//! it as a [`crate::FullLane`], an edge of the wait-for graph from the waiting stream to
-//! the one that has not taken the lane's envelopes.
+//! threads each waiting for room in the other's lane would otherwise outlive the job).
+//! While it waits, the thread answers no snapshot, so it says whom it waits on in
+//! [`SendWaits`]: the watchdog reports it as a [`crate::FullLane`], an edge of the
+//! wait-for graph from the waiting stream to the one that has not taken the lane's
+//! envelopes.
 
 use crate::inbox::{Disconnected, Envelope};
 use crate::send_waits::{SendWaits, WaitsOn};
