@@ -5,7 +5,7 @@
 //! cargo run --release --example train_parallel -- \
 //!     --layout dp4|dp2|tp2|zero1|zero2|dp2xtp2|pp2|pp4|dp2xtp2xpp2 [--model mlp|gpt] \
 //!     [--steps N] [--micro-batches M] [--trace timeline.json] [--no-compare] [--nodes N] \
-//!     [--collective-streams auto|comm|compute]
+//!     [--collective-streams auto|comm|compute] [--copy-streams auto|copy|compute]
 //! ```
 //!
 //! Layouts (`S(d)`: split along dim d over the mesh axis, `B`: whole on every device):
@@ -38,7 +38,10 @@
 //! (`ParallelOptions::collective_streams`): `comm` on comm streams of their own, `compute`
 //! on its compute stream (one micro-batch only: fewer threads, which pays where the machine
 //! has fewer cores than the mesh has devices), `auto` (the default) whichever of the two
-//! suits this machine's cores.
+//! suits this machine's cores. `--copy-streams` says the same of the copies a device
+//! receives from another (`ParallelOptions::copy_streams`, pipeline stages' activations):
+//! `copy` on a copy stream of its own, `compute` on its compute stream, `auto` (the
+//! default) as suits the cores.
 //!
 //! `REGFLOW_JOBS=n` trains n copies of the layout at once, as n jobs of this process
 //! (without the comparison), and prints each one's time per step: several jobs sharing
@@ -52,8 +55,8 @@ use gpt::{Gpt, GptConfig};
 use regflow::graph::plan::DeviceKind;
 use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
 use regflow::graph::{
-    CollectiveStreams, DType, Graph, GraphError, HostArray, Init, Optimizer, ParallelOptions, SplitMix64, Tensor,
-    TrainStep,
+    CollectiveStreams, CopyStreams, DType, Graph, GraphError, HostArray, Init, Optimizer, ParallelOptions, SplitMix64,
+    Tensor, TrainStep,
 };
 use regflow::prelude::Job;
 use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions};
@@ -84,6 +87,8 @@ struct Options {
     nodes: u16,
     /// Where each cpu device's collectives run.
     collective_streams: CollectiveStreams,
+    /// Where each cpu device runs the copies it receives.
+    copy_streams: CopyStreams,
 }
 
 fn options() -> Result<Options, String> {
@@ -96,6 +101,7 @@ fn options() -> Result<Options, String> {
         micro_batches: 4,
         nodes: 1,
         collective_streams: CollectiveStreams::Auto,
+        copy_streams: CopyStreams::Auto,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -118,6 +124,14 @@ fn options() -> Result<Options, String> {
                     "comm" => CollectiveStreams::CommStreams,
                     "compute" => CollectiveStreams::ComputeStreams,
                     other => return Err(format!("--collective-streams {other}: expected auto, comm or compute")),
+                }
+            }
+            "--copy-streams" => {
+                o.copy_streams = match value()?.as_str() {
+                    "auto" => CopyStreams::Auto,
+                    "copy" => CopyStreams::CopyStreams,
+                    "compute" => CopyStreams::ComputeStreams,
+                    other => return Err(format!("--copy-streams {other}: expected auto, copy or compute")),
                 }
             }
             "--nodes" => {
@@ -400,6 +414,7 @@ fn train(
         options = options.micro_batches(&step, micro as u32);
     }
     options.collective_streams = o.collective_streams;
+    options.copy_streams = o.copy_streams;
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &options)?;
     if let (Some(_), Some(info)) = (layout, &compiled.parallel) {
         let on = if info.collectives_on_compute_streams { "the compute streams" } else { "comm streams" };

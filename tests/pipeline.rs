@@ -290,6 +290,60 @@ fn pipelines_train_like_one_device_for_any_number_of_micro_batches() {
     }
 }
 
+/// Copies between stages run where `ParallelOptions::copy_streams` says: on the receiving
+/// device's compute stream where a host of the given cores cannot give each stage a copy
+/// thread too (or when asked), else on copy streams; the losses are the same bits either
+/// way, and like one device's. `ForCores(0)` is refused, naming the option.
+#[test]
+fn copies_between_stages_run_on_the_streams_asked_for_with_the_same_losses() {
+    use regflow::graph::plan::{KernelConf, StreamKind};
+    use regflow::graph::CopyStreams;
+    let (steps, m) = (4, 2);
+    let stages = single_devices(2);
+    let compile_with = |copy_streams: CopyStreams| {
+        let g = Graph::new();
+        let train = model_with(&g, MICRO, Some(&stages), &Optimizer::adamw(3e-2, 1e-3));
+        let mut options = ParallelOptions::new(stages.meshes[0].clone()).train(&train).micro_batches(&train, m as u32);
+        options.copy_streams = copy_streams;
+        g.compile_parallel(&[train.loss], &train.updates, &options)
+    };
+    let want = reference(steps, m);
+    let mut losses = Vec::new();
+    for (copy_streams, on_compute) in [
+        (CopyStreams::ForCores(2), true),
+        (CopyStreams::ForCores(4), false),
+        (CopyStreams::ComputeStreams, true),
+        (CopyStreams::CopyStreams, false),
+    ] {
+        let compiled = compile_with(copy_streams).unwrap();
+        let plan = &compiled.plan;
+        let kind = |a: &regflow::graph::plan::ActorDesc| plan.streams[a.stream.index()].kind;
+        let copies: Vec<_> = plan
+            .actors
+            .iter()
+            // The copies across placements (`copy<n>:<tensor>@<device>`); assignments run
+            // the copy kernel too, on their compute streams.
+            .filter(|a| {
+                matches!(a.kind, regflow::graph::plan::ActorKind::Compute { kernel: KernelConf::Copy })
+                    && a.name.starts_with("copy")
+            })
+            .collect();
+        assert!(copies.len() >= 2, "{copy_streams:?}: activations and gradients cross the stages");
+        let expected = if on_compute { StreamKind::Compute } else { StreamKind::Copy };
+        for copy in &copies {
+            assert_eq!(kind(copy), expected, "{copy_streams:?}: copy '{}'", copy.name);
+        }
+        let copy_threads = plan.streams.iter().filter(|s| s.kind == StreamKind::Copy).count();
+        assert_eq!(copy_threads, if on_compute { 0 } else { 2 }, "{copy_streams:?}: one copy stream per stage");
+        let (got, _) = run_compiled(steps, &stages, m, &compiled);
+        assert_close(&format!("{copy_streams:?}"), &got, &want);
+        losses.push(got);
+    }
+    assert!(losses.windows(2).all(|w| w[0] == w[1]), "the same bits on every stream choice: {losses:?}");
+    let refused = compile_with(CopyStreams::ForCores(0)).map(|_| ()).expect_err("ForCores(0) means nothing");
+    assert!(refused.to_string().contains("copy_streams"), "{refused}");
+}
+
 /// Most micro-batches whose first-layer activations stage 0 held at once.
 fn live_on_stage_0(report: &regflow::prelude::JobReport) -> u32 {
     // The first layer's tanh output is read by the backward pass of stage 0.

@@ -41,7 +41,7 @@ pub use compile::{
 pub use dsl::{Graph, Node, Tensor, TensorId, TensorInfo, TensorSource};
 pub use error::GraphError;
 pub use optim::{LossScale, Optimizer, OptimizerKind, Schedule, TrainStep};
-pub use parallel::{CollectiveStreams, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule};
+pub use parallel::{CollectiveStreams, CopyStreams, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule};
 pub use regflow_plan as plan;
 pub use regflow_plan::{
     ArrayError, DType, Element, HostArray, HostData, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Init, Real,

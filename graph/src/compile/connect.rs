@@ -123,7 +123,8 @@ impl Lowering<'_> {
         }
     }
 
-    /// Copies across placements: one copy actor per destination device, on its copy stream.
+    /// Copies across placements: one copy actor per destination device, on the stream that
+    /// receives its copies ([`Lowering::receiving_stream`]).
     fn copy(
         &mut self,
         t: TensorId,
@@ -143,7 +144,7 @@ impl Lowering<'_> {
             })?;
             let name = self.on_device(&format!("copy{}:{}", self.conversions, self.name(t)), slot);
             self.conversions += 1;
-            let stream = self.copy_stream(slot);
+            let stream = self.receiving_stream(slot);
             let actor = self.b.actor(&name, stream, ActorKind::Compute { kernel: KernelConf::Copy });
             self.consume_reg(actor, input)?;
             if !self.facts.paced(t) {

@@ -67,7 +67,9 @@ mod step;
 
 pub use compiled::{CompiledGraph, CompiledInput, CompiledVariable, ParallelInfo, ParallelInput};
 pub use error::{CompileError, NoSignature};
-pub use options::{Accumulate, CollectiveStreams, CompileOptions, DatasetInputs, ParallelOptions, PipelineSchedule};
+pub use options::{
+    Accumulate, CollectiveStreams, CompileOptions, CopyStreams, DatasetInputs, ParallelOptions, PipelineSchedule,
+};
 
 use crate::dsl::{Graph, Tensor};
 use crate::GraphError;

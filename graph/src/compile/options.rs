@@ -7,6 +7,7 @@ use crate::dsl::TensorId;
 use crate::plan::{DeviceKind, SourcePieces};
 use crate::sbp::{Mesh, MeshDevice};
 use crate::TrainStep;
+use std::collections::HashMap;
 
 /// Options of the one-device compiler.
 #[derive(Debug, Clone)]
@@ -198,6 +199,11 @@ pub struct ParallelOptions {
     /// compute streams, or (the default) whichever suits the compiling host
     /// ([`CollectiveStreams`]).
     pub collective_streams: CollectiveStreams,
+    /// Which stream of a cpu device runs the copies it receives from other devices (a
+    /// pipeline stage's activations, a tensor moving to another mesh): a copy stream of
+    /// its own, its compute stream, or (the default) whichever suits the compiling host
+    /// ([`CopyStreams`]).
+    pub copy_streams: CopyStreams,
 }
 
 /// Which streams run a cpu device's collectives.
@@ -263,6 +269,49 @@ impl CollectiveStreams {
     }
 }
 
+/// Where a cpu device runs the copies it receives from other devices. A copy never blocks
+/// its thread (it fires once its input has arrived and its output has room), so unlike a
+/// collective it may run on the compute stream at any micro-batch count; on a copy stream
+/// of its own it overlaps the device's products, but only where a core is spare. With two
+/// pipeline stages on two cores each stage's copy thread only added wake-ups and
+/// preemptions: the tiny GPT's `pp2` and `pp4` steps took 8 % longer than with the copies
+/// on the compute streams (BENCHMARKS.md, issue 13, "twenty-fifth"). Copies into `cuda`
+/// and `sim` devices keep their copy streams (asynchronous copies, modeled times).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CopyStreams {
+    /// [`CopyStreams::ForCores`] the compiling host's cores
+    /// (`std::thread::available_parallelism`): give the cores of the host that will run
+    /// a plan file made elsewhere.
+    #[default]
+    Auto,
+    /// The compute streams where a host of this many cores cannot give every cpu device
+    /// of a node a compute and a copy thread (fewer than twice as many cores as the node
+    /// with the most cpu devices has of them), else copy streams.
+    ForCores(usize),
+    /// A copy stream (a thread) per receiving device.
+    CopyStreams,
+    /// The receiving cpu device's compute stream.
+    ComputeStreams,
+}
+
+impl CopyStreams {
+    /// Whether copies into the cpu devices among `devices` run on their compute streams.
+    pub(crate) fn on_compute(self, devices: &[MeshDevice]) -> bool {
+        match self {
+            Self::CopyStreams => false,
+            Self::ComputeStreams => true,
+            Self::Auto => Self::ForCores(host_cores()).on_compute(devices),
+            Self::ForCores(cores) => {
+                let mut per_node: HashMap<u16, usize> = HashMap::new();
+                for d in devices.iter().filter(|d| d.kind == DeviceKind::Cpu) {
+                    *per_node.entry(d.node).or_default() += 1;
+                }
+                2 * per_node.values().copied().max().unwrap_or(0) > cores
+            }
+        }
+    }
+}
+
 /// The cores this process may run on (1 where the host will not say).
 fn host_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -303,6 +352,7 @@ impl ParallelOptions {
             fuse_casts: true,
             fold_casts: true,
             collective_streams: CollectiveStreams::Auto,
+            copy_streams: CopyStreams::Auto,
         }
     }
 
@@ -340,6 +390,13 @@ impl ParallelOptions {
         if self.collective_streams == CollectiveStreams::ForCores(0) {
             return Err(CompileError::BadOption {
                 option: "collective_streams",
+                value: "ForCores(0)".into(),
+                expected: "the cores of the host the plan is for, at least 1 (or Auto: this host's)",
+            });
+        }
+        if self.copy_streams == CopyStreams::ForCores(0) {
+            return Err(CompileError::BadOption {
+                option: "copy_streams",
                 value: "ForCores(0)".into(),
                 expected: "the cores of the host the plan is for, at least 1 (or Auto: this host's)",
             });

@@ -7,7 +7,8 @@
 
 pub use crate::compile::boxing::{KeepOnFirst, TakePart};
 pub use crate::compile::{
-    Accumulate, CollectiveStreams, DatasetInputs, ParallelInfo, ParallelInput, ParallelOptions, PipelineSchedule,
+    Accumulate, CollectiveStreams, CopyStreams, DatasetInputs, ParallelInfo, ParallelInput, ParallelOptions,
+    PipelineSchedule,
 };
 use crate::dsl::Tensor;
 use crate::ops::{GradCtx, InputGrads, OpDef};

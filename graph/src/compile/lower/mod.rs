@@ -174,6 +174,9 @@ pub(crate) struct Lowering<'a> {
     /// Whether the cpu devices' collectives run on their compute streams
     /// ([`ParallelOptions::collective_streams`], resolved for this step and host).
     pub(crate) collectives_on_compute: bool,
+    /// Copies into a cpu device run on its compute stream, not a copy stream
+    /// ([`ParallelOptions::copy_streams`], resolved for this step and host).
+    pub(crate) copies_on_compute: bool,
     pub(crate) b: PlanBuilder,
     /// By device slot.
     pub(crate) devices: Vec<DeviceStreams>,
@@ -229,6 +232,7 @@ impl<'a> Lowering<'a> {
             layouts,
             options,
             collectives_on_compute,
+            copies_on_compute: options.copy_streams.on_compute(&placement.devices),
             b,
             devices,
             regs: HashMap::new(),
@@ -405,6 +409,16 @@ impl<'a> Lowering<'a> {
         let s = self.b.stream(self.devices[slot].index, StreamKind::Comm);
         self.devices[slot].comm.insert(phase, s);
         s
+    }
+
+    /// The stream of device `slot` that runs the copies it receives from other devices:
+    /// its compute stream on a cpu device where [`ParallelOptions::copy_streams`] says so,
+    /// else its copy stream.
+    pub(crate) fn receiving_stream(&mut self, slot: usize) -> StreamIndex {
+        if self.copies_on_compute && self.placement.devices[slot].kind == DeviceKind::Cpu {
+            return self.devices[slot].compute;
+        }
+        self.copy_stream(slot)
     }
 
     /// The copy stream of device `slot`.
