@@ -52,6 +52,8 @@ pub(crate) fn share_memory(
     // One chain per compute stream (one per device in a parallel plan), in that order:
     // collectives on comm streams and copies on copy streams stay outside the chains, so
     // they still overlap, and the global order keeps every chain consistent with them.
+    // Copies on a compute stream (`ParallelOptions::copy_streams`) are in its chain, at
+    // their place in the global order, after the producer they copy from.
     let mut streams: Vec<crate::plan::StreamIndex> = Vec::new();
     for &a in &order {
         let stream = plan.actors[a].stream;
