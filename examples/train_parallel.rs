@@ -424,6 +424,15 @@ fn train(
             _ => "auto",
         };
         println!("collectives on {on} (--collective-streams {asked})");
+        if layout.is_some_and(|s| s.stages.len() > 1) {
+            let on = if info.copies_on_compute_streams { "the compute streams" } else { "copy streams" };
+            let asked = match o.copy_streams {
+                CopyStreams::CopyStreams => "copy",
+                CopyStreams::ComputeStreams => "compute",
+                _ => "auto",
+            };
+            println!("stage copies on {on} (--copy-streams {asked})");
+        }
     }
     let actors = compiled.plan.actors.len();
     if let (Some(path), Some(_)) = (std::env::var_os("REGFLOW_PLAN_JSON"), layout) {

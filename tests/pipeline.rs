@@ -333,6 +333,8 @@ fn copies_between_stages_run_on_the_streams_asked_for_with_the_same_losses() {
         for copy in &copies {
             assert_eq!(kind(copy), expected, "{copy_streams:?}: copy '{}'", copy.name);
         }
+        let info = compiled.parallel.as_ref().expect("a parallel plan");
+        assert_eq!(info.copies_on_compute_streams, on_compute, "{copy_streams:?}: what the compiler says it chose");
         let copy_threads = plan.streams.iter().filter(|s| s.kind == StreamKind::Copy).count();
         assert_eq!(copy_threads, if on_compute { 0 } else { 2 }, "{copy_streams:?}: one copy stream per stage");
         let (got, _) = run_compiled(steps, &stages, m, &compiled);

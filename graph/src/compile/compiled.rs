@@ -68,6 +68,11 @@ pub struct ParallelInfo {
     /// made of [`ParallelOptions::collective_streams`](crate::ParallelOptions::collective_streams)
     /// (for `Auto`, on this host).
     pub collectives_on_compute_streams: bool,
+    /// Whether the copies a cpu device receives from other devices run on its compute
+    /// stream: what the compiler made of
+    /// [`ParallelOptions::copy_streams`](crate::ParallelOptions::copy_streams) (for `Auto`,
+    /// on this host).
+    pub copies_on_compute_streams: bool,
 }
 
 /// A fed input of a parallel plan.

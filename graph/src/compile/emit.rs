@@ -9,7 +9,7 @@ use crate::sbp::NdSbp;
 
 /// Builds (and so validates) the plan and the [`CompiledGraph`] around it.
 pub(crate) fn emit(low: Lowering<'_>, collectives: Vec<String>, scope: Scope) -> Result<CompiledGraph, CompileError> {
-    let Lowering { graph, layouts, options, collectives_on_compute, mut b, out, .. } = low;
+    let Lowering { graph, layouts, options, collectives_on_compute, copies_on_compute, mut b, out, .. } = low;
     b.plan_mut().variables = out.variables;
     b.plan_mut().check_finite = options.check_finite;
     let plan = b.build()?;
@@ -41,6 +41,7 @@ pub(crate) fn emit(low: Lowering<'_>, collectives: Vec<String>, scope: Scope) ->
                 layouts: named,
                 collectives,
                 collectives_on_compute_streams: collectives_on_compute,
+                copies_on_compute_streams: copies_on_compute,
             })
         }
     };
