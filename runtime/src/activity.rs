@@ -2,9 +2,9 @@
 //! asleep fit on its cores.
 //!
 //! A stream thread waits in two places: an empty inbox and a collective's barrier. Both
-//! spin a few microseconds before they sleep, because a message or a peer a few
-//! microseconds away is caught without a futex sleep and wake-up (tens of microseconds on
-//! a VM). That holds while every thread that has work has a core. The inbox's spin yields
+//! spin up to tens of microseconds (50 and 100) before they sleep, because a message or a
+//! peer that close is caught without a futex sleep and wake-up (tens of microseconds on a
+//! VM, and with lanes a heavy barrier as long). That holds while every thread that has work has a core. The inbox's spin yields
 //! its core after a few rounds, so it keeps nobody off one; the barrier's only pauses.
 //! With more runnable threads than cores (four devices of a 2 × 2 mesh on a 2-core
 //! machine), the thread a barrier waits for is often the one its spin keeps off the core:
