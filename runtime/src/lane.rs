@@ -321,7 +321,7 @@ impl LaneSender {
                 return Ok(());
             }
             waiting.get_or_insert_with(|| self.waits.begin(self.from, WaitsOn::Stream(self.to)));
-            if self.ring.closed.load(Ordering::Acquire) || self.waits.abandoned() {
+            if self.ring.closed.load(Ordering::Acquire) || self.waits.aborted() {
                 return Err(Disconnected);
             }
             crate::sync::yield_now();
@@ -379,6 +379,28 @@ mod tests {
         Envelope::Actor(Message { dst: id, src: id, body: Body::ActDone })
     }
 
+    /// A lane of two envelopes from plan stream `from` to `to` (of `streams`), both sent.
+    /// Bind every field: one left to `..` is dropped at once (the job aborts).
+    struct FullLane {
+        tx: LaneSender,
+        rx: LaneReceiver,
+        waits: std::sync::Arc<SendWaits>,
+        /// Dropping it aborts the job.
+        abort: crossbeam_channel::Sender<()>,
+        /// The receiver's channel, which the lane's wake-ups reach.
+        _channel: crate::inbox::InboxReceiver,
+    }
+
+    fn full_lane((from, to): (usize, usize), streams: usize) -> FullLane {
+        let (wake, _channel) = crate::inbox::inbox(4);
+        let (abort, aborted) = crossbeam_channel::bounded(1);
+        let waits = std::sync::Arc::new(SendWaits::new(streams, aborted));
+        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (from, to));
+        tx.send(message(0)).expect("room");
+        tx.send(message(1)).expect("room");
+        FullLane { tx, rx, waits, abort, _channel }
+    }
+
     #[test]
     fn envelopes_arrive_in_order_across_many_wraps() {
         let (wake, _channel) = crate::inbox::inbox(4);
@@ -428,11 +450,7 @@ mod tests {
 
     #[test]
     fn a_sender_waiting_for_room_names_its_receiver_until_it_gets_room() {
-        let (wake, _channel) = crate::inbox::inbox(4);
-        let waits = std::sync::Arc::new(SendWaits::new(3));
-        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (2, 0));
-        tx.send(message(0)).expect("room");
-        tx.send(message(1)).expect("room");
+        let FullLane { tx, rx, waits, abort: _abort, _channel } = full_lane((2, 0), 3);
         assert_eq!((waits.count(), waits.waiting_on(2)), (0, None), "no send waited yet");
         let sender = std::thread::spawn(move || tx.send(message(2)).map(|()| tx));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -453,11 +471,7 @@ mod tests {
     fn a_sender_waiting_for_room_stops_when_the_job_aborts() {
         // The receiver stays (a thread stuck itself, not reading): only the abort ends
         // the wait, and it ends the waits that start after it too.
-        let (wake, _channel) = crate::inbox::inbox(4);
-        let waits = std::sync::Arc::new(SendWaits::new(2));
-        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (0, 1));
-        tx.send(message(0)).expect("room");
-        tx.send(message(1)).expect("room");
+        let FullLane { tx, rx, waits, abort, _channel } = full_lane((0, 1), 2);
         let (done, ended) = std::sync::mpsc::channel();
         std::thread::spawn(move || done.send((tx.send(message(2)), tx)));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -465,7 +479,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the third send never said it waits");
             std::thread::yield_now();
         }
-        waits.abandon();
+        drop(abort);
         // A wait the abort does not end fails here (and ends when `rx` goes, unwinding).
         let (sent, tx) = ended.recv_timeout(std::time::Duration::from_secs(30)).expect("the abort ends the wait");
         assert_eq!(sent, Err(Disconnected), "the abort ends the wait");
@@ -476,11 +490,7 @@ mod tests {
 
     #[test]
     fn a_sender_waiting_for_room_stops_when_the_receiver_goes() {
-        let (wake, _channel) = crate::inbox::inbox(4);
-        let waits = std::sync::Arc::new(SendWaits::new(2));
-        let (tx, rx) = lane(2, Arc::new(Doorbell::default()), wake, waits.clone(), (0, 1));
-        tx.send(message(0)).expect("room");
-        tx.send(message(1)).expect("room");
+        let FullLane { tx, rx, waits, abort: _abort, _channel } = full_lane((0, 1), 2);
         assert_eq!(waits.count(), 0, "no send waited yet");
         drop(rx);
         assert_eq!(tx.send(message(2)), Err(Disconnected));

@@ -7,7 +7,7 @@
 //! a thread waiting on its inbox, answers no snapshot; what it wrote here is how the
 //! watchdog still says on whom it waits ([`crate::FullLane`], and the silent stream's line).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Sends of a job's stream threads that found no room: how many found their lane full, and
 /// whom each thread waits on now.
@@ -18,8 +18,10 @@ pub(crate) struct SendWaits {
     /// Per sending plan stream: what it waits on, encoded by [`WaitsOn::encode`]; 0 when
     /// it does not wait.
     waiting_on: Box<[AtomicUsize]>,
-    /// The job aborted: a thread waiting for room stops waiting ([`SendWaits::abandon`]).
-    abandoned: AtomicBool,
+    /// The job's abort signal (`JobShared::abort_signal`), disconnected once it aborts: a
+    /// thread waiting for room then stops waiting ([`SendWaits::aborted`]). None outside a
+    /// job (unit tests, loom models), where nothing aborts.
+    abort: Option<crossbeam_channel::Receiver<()>>,
 }
 
 /// Whom a stream thread that found no room to send waits on.
@@ -52,26 +54,23 @@ impl WaitsOn {
 }
 
 impl SendWaits {
-    /// None yet, for a job of `streams` plan streams.
-    pub(crate) fn new(streams: usize) -> Self {
+    /// None yet, for a job of `streams` plan streams whose abort disconnects `abort`.
+    pub(crate) fn new(streams: usize, abort: crossbeam_channel::Receiver<()>) -> Self {
         Self {
             count: AtomicU64::new(0),
             waiting_on: (0..streams).map(|_| AtomicUsize::new(0)).collect(),
-            abandoned: AtomicBool::new(false),
+            abort: Some(abort),
         }
     }
 
-    /// The job aborts: every thread waiting for room, and every one that would start to,
-    /// gives up. A lane's receiver that is itself stuck (waiting for room in a lane back,
-    /// full because this sender does not read its inbox while it waits) would otherwise
-    /// never take an envelope nor go away, and the two threads outlive their job.
-    pub(crate) fn abandon(&self) {
-        self.abandoned.store(true, Ordering::Release);
-    }
-
-    /// Whether the job aborted, so a wait for room must end.
-    pub(crate) fn abandoned(&self) -> bool {
-        self.abandoned.load(Ordering::Acquire)
+    /// Whether the job aborted, so a wait for room must end, and one that would start
+    /// gives up at once. A lane's receiver that is itself stuck (waiting for room in a
+    /// lane back, full because this sender does not read its inbox while it waits) would
+    /// otherwise never take an envelope nor go away, and the two threads outlive their job.
+    pub(crate) fn aborted(&self) -> bool {
+        self.abort
+            .as_ref()
+            .is_some_and(|abort| matches!(abort.try_recv(), Err(crossbeam_channel::TryRecvError::Disconnected)))
     }
 
     /// Sends through lanes that waited for room so far.
@@ -116,7 +115,8 @@ mod tests {
 
     #[test]
     fn a_wait_names_its_stream_or_node_until_its_guard_goes() {
-        let waits = SendWaits::new(3);
+        let (_abort, never) = crossbeam_channel::bounded(1);
+        let waits = SendWaits::new(3, never);
         for on in [WaitsOn::Stream(0), WaitsOn::Stream(2), WaitsOn::Node(0), WaitsOn::Node(u16::MAX)] {
             let waiting = waits.begin(1, on);
             assert_eq!(waits.waiting_on(1), Some(on));

@@ -95,14 +95,18 @@ impl JobShared {
         snapshots: crossbeam_channel::Sender<(usize, Vec<ActorSnapshot>)>,
         collectives: std::sync::Arc<CollectiveGroups>,
     ) -> Self {
+        let abort_signal = AbortSignal::new();
         Self {
             probes: (0..streams).map(|_| StreamProbe::default()).collect(),
             error: Mutex::new(None),
             aborting: AtomicBool::new(false),
             snapshots,
             collectives,
-            abort_signal: AbortSignal::new(),
-            send_waits: std::sync::Arc::new(crate::send_waits::SendWaits::new(streams)),
+            send_waits: std::sync::Arc::new(crate::send_waits::SendWaits::new(
+                streams,
+                abort_signal.receiver().clone(),
+            )),
+            abort_signal,
         }
     }
 
@@ -117,7 +121,6 @@ impl JobShared {
         if !self.aborting.swap(true, Ordering::AcqRel) {
             router.abort_peers(lock(&self.error).as_ref().unwrap_or(&RuntimeError::Stopped));
             router.broadcast(Envelope::Stop);
-            self.send_waits.abandon();
             self.collectives.abort_all();
             self.abort_signal.fire();
         }

@@ -474,7 +474,7 @@ mod tests {
     fn a_stream_waiting_for_room_in_a_nodes_queue_names_the_node_until_the_abort() {
         let (tx, _writer) = crossbeam_channel::bounded(1);
         let (abort_tx, abort) = crossbeam_channel::bounded::<()>(1);
-        let waits = std::sync::Arc::new(SendWaits::new(3));
+        let waits = std::sync::Arc::new(SendWaits::new(3, abort.clone()));
         let out = NetOut { rank: 0, peers: vec![None, Some(tx)], abort, waits: waits.clone() };
         let dst = ActorId::new(1, 0, 0, 0).expect("small ids fit");
         let msg = Message { dst, src: dst, body: Body::ActDone };
