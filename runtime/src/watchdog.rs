@@ -492,15 +492,16 @@ impl Names {
     }
 
     /// Plan stream `s`, which did not answer, as the graph lists it: with the kernel it is
-    /// busy in, or whom it waits on for room to send, where it says.
-    fn silent_stream(&self, shared: &JobShared, s: usize) -> String {
+    /// busy in, or whom it waits on for room to send (`waiting`, as its thread recorded
+    /// it), where it says.
+    fn silent_stream(&self, shared: &JobShared, s: usize, waiting: Option<WaitsOn>) -> String {
         let in_kernel = shared.probes[s].in_kernel.load(Ordering::Relaxed);
         if let Some((_, actor)) =
             in_kernel.checked_sub(1).and_then(|bits| self.actors.iter().find(|(id, _)| id.bits() == bits))
         {
             return format!("{} (busy in the kernel of '{actor}')", self.streams[s]);
         }
-        match shared.send_waits.waiting_on(s) {
+        match waiting {
             Some(WaitsOn::Stream(to)) => format!(
                 "{} (waiting for room in its lane to {})",
                 self.streams[s],
@@ -712,9 +713,13 @@ pub(crate) fn watch(
             .copied()
             .filter(|&s| !answers.iter().any(|(a, _)| *a == s) && !shared.probes[s].exited.load(Ordering::Acquire))
             .collect();
-        let silent: Vec<String> = quiet.iter().map(|&s| names.silent_stream(&shared, s)).collect();
-        let full_lanes: Vec<FullLane> =
-            quiet.iter().filter_map(|&s| names.full_lane(s, shared.send_waits.waiting_on(s))).collect();
+        // What each waits on, read once: its line and its full lane say the same.
+        let (mut silent, mut full_lanes) = (Vec::new(), Vec::new());
+        for &s in &quiet {
+            let waiting = shared.send_waits.waiting_on(s);
+            silent.push(names.silent_stream(&shared, s, waiting));
+            full_lanes.extend(names.full_lane(s, waiting));
+        }
         if (pending && !excused) || !silent.is_empty() {
             answers.sort_by_key(|(s, _)| *s);
             let mut graph = names.graph(&answers, silent, full_lanes, user_nodes);
