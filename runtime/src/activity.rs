@@ -4,8 +4,9 @@
 //! A stream thread waits in two places: an empty inbox and a collective's barrier. Both
 //! spin up to tens of microseconds (50 and 100) before they sleep, because a message or a
 //! peer that close is caught without a futex sleep and wake-up (tens of microseconds on a
-//! VM, and with lanes a heavy barrier as long). That holds while every thread that has work has a core. The inbox's spin yields
-//! its core after a few rounds, so it keeps nobody off one; the barrier's only pauses.
+//! VM, and with lanes a heavy barrier as long). That holds while every thread that has
+//! work has a core. The inbox's spin yields its core after a few rounds, so it keeps
+//! nobody off one; the barrier's only pauses.
 //! With more runnable threads than cores (four devices of a 2 × 2 mesh on a 2-core
 //! machine), the thread a barrier waits for is often the one its spin keeps off the core:
 //! the tiny GPT on a `[dp2, tp2]` mesh spent a third of its time spinning in barriers and
@@ -101,12 +102,6 @@ impl StreamThreads {
     pub(crate) fn claim(threads: usize) -> Self {
         CLAIMED.fetch_add(threads, Ordering::Relaxed);
         Self(threads)
-    }
-
-    /// Whether the stream threads of every job of the process, this one's included, fit
-    /// on the cores.
-    pub(crate) fn all_fit(&self) -> bool {
-        all_stream_threads_fit()
     }
 }
 

@@ -34,10 +34,10 @@
 //! barrier interrupts the process's running threads each time a receiver goes to sleep,
 //! and with more stream threads than cores receivers sleep often: the tiny GPT over 8
 //! devices on 2 cores (`train_parallel --layout dp2xtp2xpp2`) ran 16 ms per step with
-//! locked instructions on both sides and 20-22 with the heavy barrier. So a job asks for it only
-//! when the stream threads of all the process's jobs, its own included, fit on the cores
-//! as it is built (`crate::activity::StreamThreads`; [`Doorbell::asymmetric`]); elsewhere,
-//! and under loom, both sides swap the doorbell. A job keeps the choice it made: one
+//! locked instructions on both sides and 20-22 with the heavy barrier. So a job asks for
+//! it only when the stream threads of all the process's jobs, its own included, fit on
+//! the cores as it is built (`crate::activity::StreamThreads`; [`Doorbell::asymmetric`]);
+//! elsewhere, and under loom, both sides swap the doorbell. A job keeps the choice it made: one
 //! built earlier, when the threads fitted, goes on with the heavy barrier after later jobs
 //! have outnumbered the cores (switching a live doorbell's mode would need every sender
 //! to have seen the switch before the receiver relies on it).

@@ -323,8 +323,9 @@ pub(super) fn deliveries(
     let plan = indexed.plan();
     let capacities = inbox_capacities(indexed, configured_fetch_depth, per_step);
     let (mut senders, mut receivers): (Vec<_>, Vec<_>) = (0..capacities.len()).map(|_| (None, None)).unzip();
+    // Counted first: whether all fit includes these.
     let stream_threads = StreamThreads::claim(hosted.len());
-    let asymmetric = stream_threads.all_fit();
+    let asymmetric = crate::activity::all_stream_threads_fit();
     for &s in hosted {
         let (tx, mut rx) = inbox(capacities[s]);
         if asymmetric {
