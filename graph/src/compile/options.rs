@@ -256,8 +256,7 @@ impl CollectiveStreams {
             Self::ComputeStreams => true,
             Self::Auto => Self::ForCores(host_cores()).on_compute(devices, stages, micro_batches),
             Self::ForCores(cores) => {
-                let cpu = devices.iter().filter(|d| d.kind == DeviceKind::Cpu).count();
-                Self::inline_possible(devices, stages, micro_batches) && 2 * cpu > cores
+                Self::inline_possible(devices, stages, micro_batches) && short_of_cores(devices, cores)
             }
         }
     }
@@ -301,15 +300,20 @@ impl CopyStreams {
             Self::CopyStreams => false,
             Self::ComputeStreams => true,
             Self::Auto => Self::ForCores(host_cores()).on_compute(devices),
-            Self::ForCores(cores) => {
-                let mut per_node: HashMap<u16, usize> = HashMap::new();
-                for d in devices.iter().filter(|d| d.kind == DeviceKind::Cpu) {
-                    *per_node.entry(d.node).or_default() += 1;
-                }
-                2 * per_node.values().copied().max().unwrap_or(0) > cores
-            }
+            Self::ForCores(cores) => short_of_cores(devices, cores),
         }
     }
+}
+
+/// Whether a host of `cores` cores cannot give every cpu device of a node a second thread
+/// beside its compute thread (a comm or a copy thread): it has fewer than twice as many
+/// cores as the node with the most cpu devices has of them.
+fn short_of_cores(devices: &[MeshDevice], cores: usize) -> bool {
+    let mut per_node: HashMap<u16, usize> = HashMap::new();
+    for d in devices.iter().filter(|d| d.kind == DeviceKind::Cpu) {
+        *per_node.entry(d.node).or_default() += 1;
+    }
+    2 * per_node.values().copied().max().unwrap_or(0) > cores
 }
 
 /// The cores this process may run on (1 where the host will not say).
