@@ -91,6 +91,30 @@ struct Options {
     copy_streams: CopyStreams,
 }
 
+/// The values of `--collective-streams`.
+const COLLECTIVE_STREAMS: [(&str, CollectiveStreams); 3] = [
+    ("auto", CollectiveStreams::Auto),
+    ("comm", CollectiveStreams::CommStreams),
+    ("compute", CollectiveStreams::ComputeStreams),
+];
+
+/// The values of `--copy-streams`.
+const COPY_STREAMS: [(&str, CopyStreams); 3] =
+    [("auto", CopyStreams::Auto), ("copy", CopyStreams::CopyStreams), ("compute", CopyStreams::ComputeStreams)];
+
+/// The choice `value` of `flag` names in `table`, or an error listing the names.
+fn flag_value<T: Copy>(flag: &str, table: &[(&str, T)], value: &str) -> Result<T, String> {
+    table.iter().find(|(name, _)| *name == value).map(|(_, choice)| *choice).ok_or_else(|| {
+        let names: Vec<&str> = table.iter().map(|(name, _)| *name).collect();
+        format!("{flag} {value}: expected one of {}", names.join(", "))
+    })
+}
+
+/// The name `table` gives `choice`.
+fn flag_name<T: PartialEq>(table: &[(&'static str, T)], choice: T) -> &'static str {
+    table.iter().find(|(_, c)| *c == choice).map_or("auto", |(name, _)| *name)
+}
+
 fn options() -> Result<Options, String> {
     let mut o = Options {
         model: Model::Mlp,
@@ -118,22 +142,8 @@ fn options() -> Result<Options, String> {
             "--steps" => o.steps = value()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--trace" => o.trace = Some(value()?),
             "--no-compare" => o.compare = false,
-            "--collective-streams" => {
-                o.collective_streams = match value()?.as_str() {
-                    "auto" => CollectiveStreams::Auto,
-                    "comm" => CollectiveStreams::CommStreams,
-                    "compute" => CollectiveStreams::ComputeStreams,
-                    other => return Err(format!("--collective-streams {other}: expected auto, comm or compute")),
-                }
-            }
-            "--copy-streams" => {
-                o.copy_streams = match value()?.as_str() {
-                    "auto" => CopyStreams::Auto,
-                    "copy" => CopyStreams::CopyStreams,
-                    "compute" => CopyStreams::ComputeStreams,
-                    other => return Err(format!("--copy-streams {other}: expected auto, copy or compute")),
-                }
-            }
+            "--collective-streams" => o.collective_streams = flag_value(&arg, &COLLECTIVE_STREAMS, &value()?)?,
+            "--copy-streams" => o.copy_streams = flag_value(&arg, &COPY_STREAMS, &value()?)?,
             "--nodes" => {
                 o.nodes = value()?.parse().map_err(|e| format!("--nodes: {e}"))?;
                 if o.nodes == 0 {
@@ -418,20 +428,10 @@ fn train(
     let compiled = g.compile_parallel(&[step.loss], &step.updates, &options)?;
     if let (Some(_), Some(info)) = (layout, &compiled.parallel) {
         let on = if info.collectives_on_compute_streams { "the compute streams" } else { "comm streams" };
-        let asked = match o.collective_streams {
-            CollectiveStreams::CommStreams => "comm",
-            CollectiveStreams::ComputeStreams => "compute",
-            _ => "auto",
-        };
-        println!("collectives on {on} (--collective-streams {asked})");
+        println!("collectives on {on} (--collective-streams {})", flag_name(&COLLECTIVE_STREAMS, o.collective_streams));
         if layout.is_some_and(|s| s.stages.len() > 1) {
             let on = if info.copies_on_compute_streams { "the compute streams" } else { "copy streams" };
-            let asked = match o.copy_streams {
-                CopyStreams::CopyStreams => "copy",
-                CopyStreams::ComputeStreams => "compute",
-                _ => "auto",
-            };
-            println!("stage copies on {on} (--copy-streams {asked})");
+            println!("stage copies on {on} (--copy-streams {})", flag_name(&COPY_STREAMS, o.copy_streams));
         }
     }
     let actors = compiled.plan.actors.len();
