@@ -80,6 +80,74 @@ fn updates_write_in_place_hold_each_variable_once_and_change_no_bit() {
     }
 }
 
+/// Gradient accumulation: each micro-batch reads the step's weights through a repeat
+/// actor, which hands the loop register's bytes on without copying. With the updates
+/// fused into one group, every such read feeds a gradient the group waits for, so every
+/// parameter and state is one buffer, and training changes no bit. With one update per
+/// parameter and no clipping, `w1`'s update waits only for `w1`'s gradient, not for the
+/// last micro-batch's `dy · w1ᵀ` (which feeds `w0`'s): `w1` keeps two buffers, and a plan
+/// file that aliases it anyway is refused, naming that product. With clipping every
+/// update waits for the norm of all gradients, `w0`'s included, so `w1` qualifies again.
+#[test]
+fn micro_batches_update_in_place_where_every_read_feeds_the_update() {
+    let every: Vec<String> = {
+        let mut names: Vec<String> = ["b0", "w0", "w1"]
+            .iter()
+            .flat_map(|p| [p.to_string(), format!("{p}.adam_m"), format!("{p}.adam_v")])
+            .collect();
+        names.sort();
+        names
+    };
+    let cases = [(2, true, true), (3, true, false), (2, false, true), (3, false, false), (2, false, false)];
+    for (micro_batches, fuse_updates, clip) in cases {
+        let optimizer = match clip {
+            true => Optimizer::adamw(5e-2, 1e-2).with_clip_norm(0.5),
+            false => Optimizer::adamw(5e-2, 1e-2),
+        };
+        let g = Graph::new();
+        let (train_step, _) = model(&g, &optimizer);
+        let options = CompileOptions {
+            accumulate: Some(train_step.accumulate(micro_batches)),
+            fuse_updates,
+            ..CompileOptions::default()
+        };
+        let compiled = g.compile(&[train_step.loss], &train_step.updates, &options).unwrap();
+        let aliased = aliased_variables(&compiled.plan);
+        let want: Vec<String> = match fuse_updates || clip {
+            true => every.clone(),
+            false => every.iter().filter(|n| *n != "w1").cloned().collect(),
+        };
+        assert_eq!(aliased, want, "{micro_batches} micro-batches, fused updates {fuse_updates}, clipping {clip}");
+        let steps = 4;
+        let pieces = u64::from(micro_batches);
+        let (losses, state) = tiny_mlp::train(&compiled, compiled.plan.clone(), 1, steps, pieces);
+        let (want_losses, want_state) = tiny_mlp::train(&compiled, two_buffers(&compiled.plan), 1, steps, pieces);
+        assert_eq!(losses, want_losses, "losses, bit for bit");
+        assert_eq!(state, want_state, "weights and optimizer state, bit for bit");
+        assert!(bytes_of(&compiled.plan) < bytes_of(&two_buffers(&compiled.plan)));
+
+        if !fuse_updates && !clip {
+            let mut plan = compiled.plan.clone();
+            let w1 = plan.variables.iter().find(|v| v.name == "w1").unwrap().regst;
+            plan.regst_descs[w1.index()].aliased_slots = true;
+            let text = plan.validate().unwrap_err().to_string();
+            // The product reads `w1` through the repeat's register; nothing else names it.
+            let reader = plan
+                .actors
+                .iter()
+                .find(|a| {
+                    let reads_repeat = a.inputs.iter().any(|r| {
+                        let producer = &plan.actors[plan.regst_descs[r.index()].producer.index()];
+                        matches!(producer.kind, ActorKind::Repeat { .. }) && producer.inputs.first() == Some(&w1)
+                    });
+                    reads_repeat && text.contains(&format!("reader '{}'", a.name))
+                })
+                .map(|a| a.name.clone());
+            assert!(reader.is_some_and(|r| r.starts_with("matmul")), "{text}");
+        }
+    }
+}
+
 #[test]
 fn cuda_devices_update_in_place_and_sim_devices_do_not() {
     use regflow::graph::plan::DeviceKind;
@@ -127,10 +195,12 @@ fn registers_others_read_outside_the_order_keep_two_buffers() {
     let (losses, state) = train(&compiled, compiled.plan.clone(), 4);
     assert_eq!((losses, state), train(&compiled, two_buffers(&compiled.plan), 4));
 
-    // Micro-batches: no fixed order (and no memory sharing), so two buffers everywhere.
+    // Micro-batches with a fetched weight: the sink reads the weight's loop register, so
+    // it keeps two buffers there too (`micro_batches_update_in_place_where_every_read_feeds_the_update`).
     let options = CompileOptions { accumulate: Some(train_step.accumulate(2)), ..CompileOptions::default() };
-    let compiled = g.compile(&[train_step.loss], &train_step.updates, &options).unwrap();
-    assert_eq!(aliased_variables(&compiled.plan), Vec::<String>::new());
+    let compiled = g.compile(&[train_step.loss, w0], &train_step.updates, &options).unwrap();
+    let aliased = aliased_variables(&compiled.plan);
+    assert!(!aliased.contains(&"w0".to_string()) && aliased.contains(&"w1".to_string()), "{aliased:?}");
 
     // Sharded AdamW state on two devices: the moments are updated in place, and so are the
     // weights, gathered in place (`sharded_weights_are_gathered_in_place`).

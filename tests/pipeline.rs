@@ -290,6 +290,60 @@ fn pipelines_train_like_one_device_for_any_number_of_micro_batches() {
     }
 }
 
+/// Each stage updates its weights and AdamW moments in place where every micro-batch's
+/// read of a weight (through its stage's repeat) feeds a gradient the stage's fused update
+/// waits for: that parameter or state is one buffer (`RegstDesc::aliased_slots`), which
+/// the stage does not copy per step. The exception is the first weight of every stage but
+/// the first: its `dy · wᵀ` feeds the stage before, not this stage's update, so nothing
+/// makes the last micro-batch's product read it before the update writes over it, and it
+/// keeps two buffers (its moments qualify). The losses are the bits of the same plan with
+/// two buffers each, under either schedule.
+#[test]
+fn stages_update_their_weights_in_place_with_the_bits_of_two_buffers() {
+    let optimizer = Optimizer::adamw(3e-2, 1e-3);
+    for (p, m, schedule) in [
+        (2, 2, PipelineSchedule::OneForwardOneBackward),
+        (4, 8, PipelineSchedule::OneForwardOneBackward),
+        (2, 4, PipelineSchedule::GPipe),
+    ] {
+        let stages = single_devices(p);
+        let compiled = compile(&stages, m, schedule, &optimizer, true);
+        let plan = &compiled.plan;
+        let aliased: Vec<&str> = plan
+            .variables
+            .iter()
+            .filter(|v| plan.regst_descs[v.regst.index()].aliased_slots)
+            .map(|v| v.name.as_str())
+            .collect();
+        // Every layer's weight and bias with their two moments, not the step counters.
+        let mut want: Vec<String> = (0..LAYERS)
+            .flat_map(|l| {
+                let stage = l * p / LAYERS;
+                let first_of_later_stage = stage > 0 && (l - 1) * p / LAYERS != stage;
+                let weight = (!first_of_later_stage).then(|| format!("w{l}@{stage}"));
+                let states = ["w", "b"]
+                    .into_iter()
+                    .flat_map(move |t| ["adam_m", "adam_v"].map(|state| format!("{t}{l}.{state}@{stage}")));
+                weight.into_iter().chain(std::iter::once(format!("b{l}@{stage}"))).chain(states)
+            })
+            .collect();
+        want.sort();
+        let mut aliased: Vec<String> = aliased.into_iter().map(str::to_string).collect();
+        aliased.sort();
+        assert_eq!(aliased, want, "pp{p}, m = {m}");
+        let mut two_buffers = compiled.clone();
+        two_buffers.plan.regst_descs.iter_mut().for_each(|d| d.aliased_slots = false);
+        two_buffers.plan.validate().unwrap();
+        assert!(
+            plan.memory().unwrap().report().total_bytes() < two_buffers.plan.memory().unwrap().report().total_bytes()
+        );
+        let (got, _) = run_compiled(4, &stages, m, &compiled);
+        let (want, _) = run_compiled(4, &stages, m, &two_buffers);
+        let bits = |losses: &[f64]| losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "pp{p}, m = {m}, {schedule:?}");
+    }
+}
+
 /// Copies between stages run where `ParallelOptions::copy_streams` says: on the receiving
 /// device's compute stream where a host of the given cores cannot give each stage a copy
 /// thread too (or when asked), else on copy streams; the losses are the same bits either

@@ -243,14 +243,33 @@ impl<'p> InPlaceCheck<'p> {
     /// On a compiled cpu plan the chain positions answer at once: a sharded plan has an
     /// update per weight and device, and a search of the whole plan from each made
     /// compiling a 16-device GPT take seconds (BENCHMARKS.md, issue 13, "twentieth").
+    ///
+    /// A repeat actor hands its input's bytes on to every micro-batch of a step without
+    /// copying (gradient accumulation, pipeline stages), so its readers read `regst`'s
+    /// bytes too: they are held to the same rule, through any chain of repeats. That the
+    /// repeat itself comes first is not enough: a per-parameter update that does not wait
+    /// for the last micro-batch's `dy · wᵀ` would write over `w` before that product reads
+    /// it.
     fn readers_before(&mut self, regst: RegstDescId, writer: ActorIndex, role: &str) -> Result<(), String> {
         let plan = self.plan;
         let order = self.order.get_or_insert_with(|| StepOrder::new(plan));
         let producer = &plan.actors[writer.index()];
-        for &reader in plan.regst_descs[regst.index()].consumers.iter().filter(|&&c| c != writer) {
-            let actor = &plan.actors[reader.index()];
-            if actor.stream != producer.stream || !order.before(reader, writer) {
-                return Err(not_before(actor, producer, role));
+        // Registers whose bytes are `regst`'s: it, and what repeats hand on of it. A plan
+        // file may loop repeats; each register is looked at once.
+        let mut seen = vec![false; plan.regst_descs.len()];
+        let mut holding = vec![regst];
+        while let Some(held) = holding.pop() {
+            if std::mem::replace(&mut seen[held.index()], true) {
+                continue;
+            }
+            for &reader in plan.regst_descs[held.index()].consumers.iter().filter(|&&c| c != writer) {
+                let actor = &plan.actors[reader.index()];
+                if actor.stream != producer.stream || !order.before(reader, writer) {
+                    return Err(not_before(actor, producer, role));
+                }
+                if matches!(actor.kind, ActorKind::Repeat { .. }) {
+                    holding.extend(self.index.outputs_of(reader).iter().filter(|r| r.index() < seen.len()));
+                }
             }
         }
         Ok(())

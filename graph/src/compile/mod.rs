@@ -193,6 +193,8 @@ fn lower_step(
     if options.reuse_memory && facts.micro_batches == 1 {
         let constants: Vec<_> = low.out.variables.iter().filter(|v| v.constant).map(|v| v.regst).collect();
         share::share_memory(&mut low.b, &constants, starts.as_deref())?;
+    } else if options.reuse_memory {
+        share::write_updates_in_place(&mut low.b);
     }
     let compiled = emit::emit(low, collectives, scope)?;
     progress::prove(&compiled.plan, options)?;

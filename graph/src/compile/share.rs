@@ -110,11 +110,26 @@ pub(crate) fn share_memory(
             b.consume(ActorIndex(first as u32), token);
         }
     }
+    write_updates_in_place(b);
+    Ok(())
+}
+
+/// Marks every loop register its update may write in place ([`in_place_registers`]) and
+/// every sharded weight its all-gather may gather in place ([`gather_in_place`]).
+///
+/// A plan of one micro-batch per step calls it from [`share_memory`], after the chains
+/// that order its readers. A plan of several (gradient accumulation, pipeline stages) has
+/// no such chains and shares no activation memory, but its updates still qualify where
+/// the graph itself orders every reader before the update: each micro-batch reads the
+/// step's weight through a repeat, and each of those reads feeds the accumulated gradient
+/// the update waits for ([`InPlaceCheck`](crate::plan::InPlaceCheck) follows repeats).
+/// Without it each parameter and state keeps two buffers and every update copies all of
+/// them first (BENCHMARKS.md, issue 13, "twenty-sixth").
+pub(crate) fn write_updates_in_place(b: &mut PlanBuilder) {
     for regst in in_place_registers(b.plan_mut()) {
         b.plan_mut().regst_descs[regst.index()].aliased_slots = true;
     }
     gather_in_place(b.plan_mut());
-    Ok(())
 }
 
 /// Sharded weights gathered in place: where a weight's loop register is made by an
