@@ -2,6 +2,7 @@
 //! weights to each micro-batch and acc actors averaging the gradients, trains like one
 //! batch k times larger.
 
+use regflow::graph::plan::DeviceKind;
 use regflow::graph::{CompileOptions, DType, Graph, HostArray, Init, Optimizer, Session, SplitMix64, TrainStep};
 use regflow::prelude::*;
 
@@ -70,4 +71,76 @@ fn two_micro_batches_of_four_train_like_one_batch_of_eight() {
     // w's and b's updates are one fused actor (`compile/fuse_updates.rs`): both gradients
     // are made on the device's stream.
     assert_eq!(updates, vec![steps], "one update of w and b per step");
+}
+
+/// A layer wide enough for gemm to pack its weight: `[64, 96] · [96, 128]`, ReLU,
+/// `· [128, 10]`, three micro-batches per step.
+fn wide_model(g: &Graph) -> TrainStep<'_> {
+    let x = g.input("x", [64, 96], DType::F32).unwrap();
+    let y = g.input("y", [64], DType::I64).unwrap();
+    let w0 = g.variable("w0", [96, 128], DType::F32, Init::Kaiming { seed: 1 }).unwrap();
+    let w1 = g.variable("w1", [128, 10], DType::F32, Init::Kaiming { seed: 2 }).unwrap();
+    let h = x.matmul(&w0).unwrap().relu().unwrap();
+    let loss = h.matmul(&w1).unwrap().sparse_cross_entropy(&y).unwrap();
+    g.minimize(loss, &Optimizer::adamw(1e-2, 1e-2)).unwrap()
+}
+
+/// Each micro-batch reads the step's weights through a repeat, so the plan says each
+/// product's weight holds for 3 pieces (`Plan::input_repeats`), and the CPU kernel packs it
+/// once per step instead of once per micro-batch (`HeldWeightMatMul`). Training gives the
+/// bits of the plain kernel (registered over it with `JobBuilder::op_kernel`), which packs
+/// at every piece.
+#[test]
+fn weights_packed_once_per_step_train_to_the_bits_of_packing_every_micro_batch() {
+    use regflow::graph::plan::{ActorIndex, ActorKind, KernelConf};
+    use regflow::kernels::{HostOpKernel, KernelError};
+    let g = Graph::new();
+    let train = wide_model(&g);
+    let options = CompileOptions { accumulate: Some(train.accumulate(3)), ..CompileOptions::default() };
+    let compiled = g.compile(&[train.loss], &train.updates, &options).unwrap();
+    let plan = &compiled.plan;
+    // Every product reading a weight: forward `x · w` and backward `dy · wᵀ`.
+    let mut held = 0;
+    for (a, actor) in plan.actors.iter().enumerate() {
+        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { continue };
+        for (k, &input) in conf.input_map.iter().enumerate() {
+            let from_repeat = matches!(
+                plan.actors[plan.regst_descs[actor.inputs[input].index()].producer.index()].kind,
+                ActorKind::Repeat { .. }
+            );
+            let repeats = plan.input_repeats(ActorIndex(a as u32), input);
+            assert_eq!(repeats, if from_repeat { 3 } else { 1 }, "{} input {k}", actor.name);
+            held += usize::from(conf.op_type == "matmul" && k == 1 && from_repeat);
+        }
+    }
+    assert_eq!(held, 3, "x · w0, h · w1 and dy · w1ᵀ");
+
+    let train_with = |plain: bool| {
+        let mut builder = Job::builder(plan.clone()).keep_state();
+        if plain {
+            builder = builder.op_kernel("matmul", DeviceKind::Cpu, DType::F32, |spec| {
+                let conf = spec.op.ok_or_else(|| KernelError("no op".into()))?;
+                let op: regflow::graph::plan::ops::MatMul = conf.parse_attrs().map_err(KernelError)?;
+                Ok(Box::new(HostOpKernel::new(op, conf)))
+            });
+        }
+        let mut job = builder.build().unwrap();
+        let mut feeds = job.graph_feeds().unwrap();
+        let losses = job.fetcher(&compiled.fetches[0]).unwrap();
+        let mut rng = SplitMix64::new(7);
+        for _ in 0..4 * 3 {
+            let xs = (0..64 * 96).map(|_| rng.next_normal() as f32).collect();
+            let ys = (0..64).map(|_| (rng.next_u64() % 10) as i64).collect();
+            feeds.push("x", &HostArray::f32([64, 96], xs).unwrap()).unwrap();
+            feeds.push("y", &HostArray::i64([64], ys).unwrap()).unwrap();
+        }
+        feeds.close().unwrap();
+        let bits: Vec<u32> =
+            std::iter::from_fn(|| losses.recv()).map(|p| u32::from_le_bytes(p.bytes().try_into().unwrap())).collect();
+        drop(losses);
+        (bits, job.wait().unwrap().state.unwrap())
+    };
+    let (losses, state) = train_with(false);
+    assert_eq!(losses.len(), 12);
+    assert_eq!((losses, state), train_with(true));
 }

@@ -103,6 +103,7 @@ fn time_matmul(
         op: Some(&conf),
         input_bytes: &sizes[..2],
         output_bytes: &sizes[2..],
+        input_repeats: &[],
     };
     let mut kernel = registry.make(&regflow_plan::KernelConf::Op(conf.clone()), &spec)?;
     if kernel.execution() != Execution::Queued {

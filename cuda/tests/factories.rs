@@ -24,6 +24,7 @@ fn make(conf: &OpConf) -> Result<(), String> {
         op: Some(conf),
         input_bytes: &input_bytes,
         output_bytes: &output_bytes,
+        input_repeats: &[],
     };
     registry.make(&KernelConf::Op(conf.clone()), &spec).map(|_| ()).map_err(|e| e.0)
 }
@@ -254,6 +255,7 @@ fn register_copies_on_cuda_are_queued_on_the_stream() {
             op: None,
             input_bytes: &[64],
             output_bytes: &[64],
+            input_repeats: &[],
         };
         let kernel = registry.make(&KernelConf::Copy, &spec).expect("a copy kernel");
         assert_eq!(kernel.execution(), expected, "{device:?}");

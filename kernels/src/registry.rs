@@ -26,6 +26,10 @@ pub struct KernelSpec<'a> {
     pub input_bytes: &'a [u64],
     /// Bytes per slot of each output.
     pub output_bytes: &'a [u64],
+    /// For each input, for how many consecutive pieces (from piece 0) it holds the same
+    /// bytes ([`Plan::input_repeats`](regflow_plan::Plan::input_repeats)): a kernel may
+    /// keep what it derives from it that long. Empty: 1 for every input.
+    pub input_repeats: &'a [u64],
 }
 
 /// The key of an op kernel: which op, on which kind of device, for which element type.

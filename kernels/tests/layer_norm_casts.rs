@@ -94,6 +94,7 @@ fn refusal(op: &dyn OpAttrs, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> S
         op: Some(&conf),
         input_bytes: &input_bytes,
         output_bytes: &output_bytes,
+        input_repeats: &[],
     };
     match registry.make(&KernelConf::Op(conf.clone()), &spec) {
         Ok(_) => panic!("{} on {inputs:?} -> {outputs:?} was accepted", op.attrs()),

@@ -465,6 +465,31 @@ impl Plan {
             None => desc.inputs.get(i).map_or(0, |r| self.regst_descs[r.index()].bytes),
         }
     }
+
+    /// For how many consecutive pieces actor `actor`'s input `i` holds the same bytes: the
+    /// product of the counts of the repeats that hand it on (a weight handed to every
+    /// micro-batch of a step), 1 for an input no repeat makes. Pieces `j·n .. (j+1)·n` of
+    /// the input are the bytes of one piece of the register the first repeat reads, and
+    /// nothing writes them while those pieces are read: the repeat holds that piece until
+    /// they come back, and an update that writes over it in place fires only after its
+    /// readers (`InPlaceCheck`, which follows repeats). A kernel may keep what it derives
+    /// from such an input (gemm's packed panels of a weight) for `n` pieces.
+    pub fn input_repeats(&self, actor: ActorIndex, i: usize) -> u64 {
+        let mut count: u64 = 1;
+        let mut regst = self.actors.get(actor.index()).and_then(|a| a.inputs.get(i)).copied();
+        // A plan file may loop repeats: at most one step per register.
+        for _ in 0..self.regst_descs.len() {
+            let Some(producer) = regst.and_then(|r| self.regst_descs.get(r.index())).map(|d| d.producer) else { break };
+            let Some(ActorDesc { kind: ActorKind::Repeat { count: n }, inputs, .. }) =
+                self.actors.get(producer.index())
+            else {
+                break;
+            };
+            count = count.saturating_mul(u64::from(*n).max(1));
+            regst = inputs.first().copied();
+        }
+        count
+    }
 }
 
 /// A register descriptor: `register_num` slots of `bytes` bytes, written by one producer

@@ -63,6 +63,7 @@ pub(crate) fn run_skewed(
         op: Some(conf),
         input_bytes: &input_bytes,
         output_bytes: &output_bytes,
+        input_repeats: &[],
     };
     let mut kernel = registry.make(&regflow_plan::KernelConf::Op(conf.clone()), &spec).expect("a kernel");
     // One arena, 256-byte aligned slots (one element further when skewed), inputs then outputs.

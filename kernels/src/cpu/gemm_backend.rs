@@ -176,9 +176,10 @@ pub(crate) struct CblasCall {
 }
 
 impl Product {
-    /// Runs `block(part, a, b, c)` for each of `threads` blocks of output rows or columns
-    /// (the longer side) that `self` is cut into, on this thread and its helpers
-    /// ([`team`](super::team)): `part` the block's product (its rows or columns), `a`, `b`
+    /// Runs `block(number, part, a, b, c)` for each of `threads` blocks of output rows or
+    /// columns (the longer side) that `self` is cut into, on this thread and its helpers
+    /// ([`team`](super::team)): `number` the block's (`0..threads`, the same block of the
+    /// same product every time), `part` the block's product (its rows or columns), `a`, `b`
     /// and `c` its operands' first elements. Blocks write disjoint parts of `c`.
     ///
     /// # Safety
@@ -188,12 +189,12 @@ impl Product {
         self,
         (a, b, c): (*const T, *const T, *mut T),
         threads: usize,
-        block: impl Fn(Product, *const T, *const T, *mut T) + Sync,
+        block: impl Fn(usize, Product, *const T, *const T, *mut T) + Sync,
     ) {
         let Product { m, n, a_strides, b_strides, ldc, .. } = self;
         let by_rows = m >= n;
         let operands = Operands { a, b, out: c };
-        super::shares::in_shares(threads, if by_rows { m } else { n }, |range| {
+        super::shares::in_numbered_shares(threads, if by_rows { m } else { n }, |number, range| {
             // Borrowed whole first, so the closure captures the `Sync` struct, not its pointers.
             let operands = &operands;
             let Operands { a, b, out: c } = *operands;
@@ -208,7 +209,7 @@ impl Product {
                     (Product { n: len, ..self }, a, b.offset(start * b_strides.1), c.offset(start))
                 }
             };
-            block(part, a, b, c);
+            block(number, part, a, b, c);
         });
     }
 
@@ -258,7 +259,7 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
     split: bool,
 ) -> bool {
     let Some(call) = product.cblas_call() else { return false };
-    let block = |part: Product, a, b, c| {
+    let block = |_, part: Product, a, b, c| {
         // A block's sizes fit `i32`: they are at most the product's.
         let part = CblasCall { m: part.m as i32, n: part.n as i32, ..call };
         // SAFETY: `in_blocks` hands out the block's operands (its contract).

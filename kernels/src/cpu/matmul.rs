@@ -2,6 +2,9 @@
 
 use super::gemm_backend::{blas_product, GemmBackend, Product};
 use crate::host::{HostCompute, HostContext};
+use crate::io::{view, view_mut};
+use crate::{Kernel, KernelError, KernelIo};
+use gemm_common::packed_lhs::{with_packed_lhs, PackedLhs};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
 
@@ -18,6 +21,63 @@ impl HostCompute for MatMul {
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
         check_product(inputs, outputs, self.transpose_a, self.transpose_b, false)
+    }
+}
+
+/// A product whose right operand `b` holds the same values for `every` consecutive pieces
+/// (a weight a repeat hands to every micro-batch of a step,
+/// [`KernelSpec::input_repeats`](crate::KernelSpec)): gemm packs `b` into panels once per
+/// `every` firings instead of at every one (issue 13: "pack weights once per step"), and
+/// its blocks' panels stay with the kernel between firings. Packing only moves values, so
+/// the results are bitwise those of [`MatMul`]'s host kernel. f32 and f64 only (16-bit
+/// operands are widened into scratch by the host kernel, which packs that).
+#[derive(Debug)]
+pub(crate) struct HeldWeightMatMul {
+    op: MatMul,
+    /// `a`, `b` and the output.
+    metas: [TensorMeta; 3],
+    /// The actor inputs of `a` and `b`.
+    inputs: [usize; 2],
+    every: u64,
+    /// One cache of `b`'s panels per block of the product ([`HeldOperand::panels`]).
+    panels: Vec<PackedLhs>,
+}
+
+impl HeldWeightMatMul {
+    /// The kernel of `op` configured by `conf`, whose `b` holds for `every` pieces; `None`
+    /// where it does not apply (`every` 1, 16-bit operands, a conf that is not `[a, b] ->
+    /// out`): the plain host kernel serves those.
+    pub(crate) fn new(op: MatMul, conf: &regflow_plan::OpConf, every: u64) -> Option<Self> {
+        let ([a, b], [out], &[ia, ib]) = (conf.inputs.as_slice(), conf.outputs.as_slice(), conf.input_map.as_slice())
+        else {
+            return None;
+        };
+        let float = matches!(out.dtype, DType::F32 | DType::F64);
+        (every > 1 && float).then(|| Self {
+            op,
+            metas: [a.clone(), b.clone(), out.clone()],
+            inputs: [ia, ib],
+            every,
+            panels: Vec::new(),
+        })
+    }
+}
+
+impl Kernel for HeldWeightMatMul {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let fail = |m: String| KernelError(format!("matmul: {m}"));
+        let [a_meta, b_meta, out_meta] = &self.metas;
+        let a = view(a_meta, io.input(self.inputs[0])).map_err(fail)?;
+        let b = view(b_meta, io.input(self.inputs[1])).map_err(fail)?;
+        let mut out = view_mut(out_meta, io.output_detached(0)).map_err(fail)?;
+        let layout = layout(a.shape, self.op.transpose_a, b.shape, self.op.transpose_b).map_err(fail)?;
+        let held = HeldOperand { stamp: io.piece() / self.every, panels: &mut self.panels };
+        let threads = io.context().threads;
+        let inputs = [a, b];
+        by_float!(out_meta.dtype, "integer matrix products are not supported", T => {
+            gemm_typed_held::<T>(&layout, false, threads, &inputs, &mut out, Some(held))
+        })
+        .map_err(fail)
     }
 }
 
@@ -182,6 +242,29 @@ pub fn gemm_typed<T: Real>(
     inputs: &[HostTensor<'_>],
     out: &mut HostTensorMut<'_>,
 ) -> Result<(), String> {
+    gemm_typed_held::<T>(layout, sum_batch, threads, inputs, out, None)
+}
+
+/// What a product may keep of its right operand `b` between firings: gemm's packed panels
+/// of it (one cache per block of the product a thread computes), valid while `b`'s
+/// values are those of `stamp` ([`HeldWeightMatMul`]).
+pub(crate) struct HeldOperand<'p> {
+    /// Names `b`'s current values: equal stamps, equal values.
+    pub(crate) stamp: u64,
+    /// One cache per block ([`Product::in_blocks`]); grown to the thread count on first use.
+    pub(crate) panels: &'p mut Vec<PackedLhs>,
+}
+
+/// [`gemm_typed`], reusing `held`'s packed panels of `b` where its stamp says they are
+/// still `b`'s (gemm's own products only: OpenBLAS packs inside its calls).
+pub(crate) fn gemm_typed_held<T: Real>(
+    layout: &Layout,
+    sum_batch: bool,
+    threads: usize,
+    inputs: &[HostTensor<'_>],
+    out: &mut HostTensorMut<'_>,
+    mut held: Option<HeldOperand<'_>>,
+) -> Result<(), String> {
     let (a, b) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?);
     let out = out.as_mut_slice::<T>()?;
     let Layout { m, k, n, a_step, b_step, .. } = *layout;
@@ -213,6 +296,11 @@ pub fn gemm_typed<T: Real>(
     // a fixed order, so results do not depend on scheduling. A small product stays on one
     // thread: handing out its shares costs more than it saves.
     let parallel = threads > 1 && m * n * k >= PARALLEL_MIN_MULTIPLY_ADDS;
+    // One `b` for every product (a weight shared across the batch), or the caches would
+    // hold each product's `b` in turn.
+    if layout.b_step != 0 && count > 1 {
+        held = None;
+    }
     // Otherwise every product overwrites its output (`read_dst` is false for the first).
     for i in 0..count {
         let dst = out[i * out_step..].as_mut_ptr();
@@ -230,7 +318,7 @@ pub fn gemm_typed<T: Real>(
             if to_blas && by_blas(product, (lhs, rhs, dst), threads, parallel) {
                 continue;
             }
-            gemm_product(product, (lhs, rhs, dst), if parallel { threads } else { 1 });
+            gemm_product(product, (lhs, rhs, dst), if parallel { threads } else { 1 }, held.as_mut());
         }
     }
     Ok(())
@@ -246,12 +334,32 @@ pub fn gemm_typed<T: Real>(
 /// `lhs`, `rhs` and `dst` must address operands laid out as `product` says (`dst` with
 /// row stride `product.ldc`, column stride 1), valid for the call, `dst` not overlapping
 /// the others; `T` is f32 or f64.
-unsafe fn gemm_product<T: Real>(product: Product, operands: (*const T, *const T, *mut T), threads: usize) {
-    let block = |part: Product, a: *const T, b: *const T, c: *mut T| {
+///
+/// With `held`, each block multiplies with its own cache of `b`'s packed panels lent
+/// ([`with_packed_lhs`]): gemm computes a row-major product as its transpose, so `b` is
+/// the left-hand operand it packs, except for an output one column wide (`ldc` 1), which it
+/// does not transpose and which gets no cache.
+unsafe fn gemm_product<T: Real>(
+    product: Product,
+    operands: (*const T, *const T, *mut T),
+    threads: usize,
+    held: Option<&mut HeldOperand<'_>>,
+) {
+    /// The caches, one per block; each block touches only its own.
+    struct Caches(*mut PackedLhs);
+    // SAFETY: blocks index disjoint caches (`in_blocks` numbers them `0..threads`).
+    unsafe impl Sync for Caches {}
+    let held = held.filter(|_| product.ldc > 1).map(|held| {
+        if held.panels.len() < threads.max(1) {
+            held.panels.resize_with(threads.max(1), PackedLhs::new);
+        }
+        (Caches(held.panels.as_mut_ptr()), held.stamp)
+    });
+    let block = |number: usize, part: Product, a: *const T, b: *const T, c: *mut T| {
         let Product { m, k, n, a_strides, b_strides, ldc, accumulate } = part;
         // SAFETY: `in_blocks` hands out the block's operands (its contract); `T` is f32 or
         // f64, types gemm supports.
-        unsafe {
+        let multiply = || unsafe {
             gemm::gemm(
                 m,
                 n,
@@ -274,6 +382,15 @@ unsafe fn gemm_product<T: Real>(product: Product, operands: (*const T, *const T,
                 gemm::Parallelism::None,
             )
         };
+        match &held {
+            Some((caches, stamp)) => {
+                // SAFETY: `number` is below the caches' count (`threads`), and no other
+                // block uses cache `number` during this product.
+                let cache = unsafe { &mut *caches.0.add(number) };
+                with_packed_lhs(cache, *stamp, multiply)
+            }
+            None => multiply(),
+        }
     };
     // SAFETY: forwarded to the caller.
     unsafe { product.in_blocks(operands, threads, block) };

@@ -116,6 +116,28 @@ fn host<T: HostCompute + DeserializeOwned + 'static>() -> KernelFactory {
     })
 }
 
+/// The factory of `matmul`'s CPU kernel: where the right operand holds the same values for
+/// several pieces (a weight handed to every micro-batch, [`KernelSpec::input_repeats`]),
+/// the kernel that packs it once for all of them ([`matmul::HeldWeightMatMul`]), else the
+/// host kernel.
+///
+/// [`KernelSpec::input_repeats`]: crate::KernelSpec
+fn matmul_kernel() -> KernelFactory {
+    let host = host::<ops::MatMul>();
+    Arc::new(move |spec| {
+        let conf = spec.op.ok_or_else(|| {
+            KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
+        })?;
+        let op: ops::MatMul = conf.parse_attrs().map_err(KernelError)?;
+        op.check(&conf.inputs, &conf.outputs).map_err(|m| KernelError(format!("op '{}': {m}", conf.op_type)))?;
+        let every = conf.input_map.get(1).and_then(|&b| spec.input_repeats.get(b)).copied().unwrap_or(1);
+        match matmul::HeldWeightMatMul::new(op, conf, every) {
+            Some(kernel) => Ok(Box::new(kernel)),
+            None => host(spec),
+        }
+    })
+}
+
 /// Registers `T`'s host kernel under its op type for each of `dtypes`.
 fn add<T: HostCompute + DeserializeOwned + OpAttrs + Default + 'static>(
     registry: &mut KernelRegistry,
@@ -176,7 +198,9 @@ pub fn register(registry: &mut KernelRegistry, device: DeviceKind) {
     // build (`LayerNorm::check`). The gradient, keyed f32, may read a 16-bit `dy`.
     add_as::<ops::LayerNorm>(r, "layer_norm", device, LOW);
     add_as::<ops::LayerNormGrad>(r, "layer_norm_grad", device, FLOAT);
-    add::<ops::MatMul>(r, device, LOW);
+    for &dtype in LOW {
+        r.register_op("matmul", device, dtype, matmul_kernel());
+    }
     add::<ops::MatMulBatchSum>(r, device, LOW);
     add::<ops::PermutedMatMul>(r, device, LOW);
     add_as::<ops::Softmax>(r, "softmax", device, FLOAT);

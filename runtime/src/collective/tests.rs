@@ -26,6 +26,7 @@ fn make(groups: &CollectiveGroups, actor: &str, conf: &CollectiveConf, bytes: u6
         op: None,
         input_bytes: &[bytes],
         output_bytes: &[bytes],
+        input_repeats: &[],
     };
     groups.make_kernel(conf, &spec).map(|_| ()).map_err(|e| e.0)
 }
@@ -60,6 +61,7 @@ fn extra_inputs_pace_and_extra_outputs_must_be_zero_byte_tokens() {
         op: None,
         input_bytes: &[16, 0],
         output_bytes: &[16, 0, 0],
+        input_repeats: &[],
     };
     assert!(groups.make_kernel(&conf(0, &[4]), &spec).is_ok());
     // A pacing input (the step's tick) may hold bytes; the kernel does not read it.
@@ -70,6 +72,7 @@ fn extra_inputs_pace_and_extra_outputs_must_be_zero_byte_tokens() {
         op: None,
         input_bytes: &[16, 16],
         output_bytes: &[16],
+        input_repeats: &[],
     };
     assert!(groups.make_kernel(&conf(1, &[4]), &spec).is_ok());
     let spec = KernelSpec {
@@ -79,6 +82,7 @@ fn extra_inputs_pace_and_extra_outputs_must_be_zero_byte_tokens() {
         op: None,
         input_bytes: &[16],
         output_bytes: &[16, 8],
+        input_repeats: &[],
     };
     let err = CollectiveGroups::default().make_kernel(&conf(0, &[4]), &spec).map(|_| ()).unwrap_err();
     assert_eq!(
@@ -93,6 +97,7 @@ fn extra_inputs_pace_and_extra_outputs_must_be_zero_byte_tokens() {
         op: None,
         input_bytes: &[16],
         output_bytes: &[],
+        input_repeats: &[],
     };
     let err = CollectiveGroups::default().make_kernel(&conf(0, &[4]), &spec).map(|_| ()).unwrap_err();
     assert!(err.0.ends_with("needs a data input and a data output register; this one has 1 input(s) and 0 output(s)"));
@@ -139,7 +144,15 @@ fn large_all_reduces_in_two_steps_give_the_rank_order_sum_bitwise() {
 
 /// The spec of a cpu bucket member whose data registers have these sizes.
 fn bucket_spec<'a>(input_bytes: &'a [u64], output_bytes: &'a [u64]) -> KernelSpec<'a> {
-    KernelSpec { actor: "bucket", device: DeviceKind::Cpu, device_index: 0, op: None, input_bytes, output_bytes }
+    KernelSpec {
+        actor: "bucket",
+        device: DeviceKind::Cpu,
+        device_index: 0,
+        op: None,
+        input_bytes,
+        output_bytes,
+        input_repeats: &[],
+    }
 }
 
 /// Makes the member `conf` in a group of its own, or says why not.

@@ -70,6 +70,7 @@ pub(super) fn make_actor(
     let outputs: Vec<u64> = indexed.outputs_of(index).iter().map(|r| plan.regst_descs[r.index()].bytes).collect();
     // What the kernel sees of each input: its window, or the whole register.
     let inputs: Vec<u64> = (0..desc.inputs.len()).map(|i| plan.input_bytes(index, i)).collect();
+    let repeats: Vec<u64> = (0..desc.inputs.len()).map(|i| plan.input_repeats(index, i)).collect();
     let setup = |message: String| RuntimeError::KernelSetup { actor: desc.name.clone(), message };
     let device_desc = &plan.devices[plan.streams[stream].device.index()];
     let spec = KernelSpec {
@@ -79,6 +80,7 @@ pub(super) fn make_actor(
         op: None,
         input_bytes: &inputs,
         output_bytes: &outputs,
+        input_repeats: &repeats,
     };
     // Sources start producing, and actors with preloaded outputs hand them out, on Start.
     let starts = matches!(desc.kind, ActorKind::Source { .. })

@@ -492,6 +492,46 @@ pub unsafe fn gemm_basic_generic<
     let mut did_pack_lhs_flags = crate::reuse::take_flags(mc / MR);
     let did_pack_lhs = Ptr((&mut *did_pack_lhs_flags) as *mut _);
 
+    // regflow patch: the left-hand panels of an earlier call with the same operand, or room
+    // to keep this call's (see `packed_lhs`). Panels are numbered as the loops below visit
+    // them: by depth block, then by row chunk, then by `MR` rows within the chunk.
+    let panels_per_depth = {
+        let (mut panels, mut row_outer) = (0, 0);
+        while row_outer != m {
+            let mut m_chunk = mc.min(m - row_outer);
+            if m_chunk > N && !do_prepack_lhs {
+                m_chunk = m_chunk / N * N;
+            }
+            panels += m_chunk.msrv_div_ceil(MR);
+            row_outer += m_chunk;
+        }
+        panels
+    };
+    let cached_lhs = match parallelism {
+        Parallelism::None => crate::packed_lhs::panels(
+            crate::packed_lhs::Key {
+                element: core::any::TypeId::of::<T>(),
+                lhs: lhs.0 as usize,
+                m,
+                k,
+                lhs_cs,
+                lhs_rs,
+                conj: conj_lhs,
+                kc,
+                mc,
+                mr: MR,
+                n: N,
+                prepacked: do_prepack_lhs,
+                stamp: 0,
+            },
+            k.msrv_div_ceil(kc) * panels_per_depth * packed_lhs_stride * core::mem::size_of::<T>(),
+        ),
+        #[cfg(feature = "rayon")]
+        Parallelism::Rayon(_) => None,
+    };
+    let cache_base = cached_lhs.as_ref().map(|panels| Ptr(panels.base as *mut T));
+    let mut cache_ready = cached_lhs.as_ref().is_some_and(|panels| panels.ready);
+
     let mut col_outer = 0;
     while col_outer != n {
         let n_chunk = nc.min(n - col_outer);
@@ -624,7 +664,12 @@ pub unsafe fn gemm_basic_generic<
                     }
                 }
             }
-            if do_prepack_lhs {
+            // regflow patch: this depth block's first panel in the cache, if one is lent.
+            let depth_block = depth_outer / kc;
+            let cached_panels =
+                cache_base.map(|base| base.wrapping_add(depth_block * panels_per_depth * packed_lhs_stride));
+            let prepacked_lhs = cached_panels.unwrap_or(prepacked_lhs);
+            if do_prepack_lhs && !cache_ready {
                 pack_lhs::<T, N, MR, _>(
                     simd,
                     m,
@@ -676,6 +721,8 @@ pub unsafe fn gemm_basic_generic<
 
                 let mut row_outer = 0;
                 let mut job_id = 0;
+                // regflow patch: panels of the row chunks before this one.
+                let mut panels_before = 0;
                 while row_outer != m {
                     let mut m_chunk = mc.min(m - row_outer);
                     if m_chunk > N && !do_prepack_lhs {
@@ -691,11 +738,23 @@ pub unsafe fn gemm_basic_generic<
                     if job_id + n_mini_jobs < job_start {
                         row_outer += m_chunk;
                         job_id += n_mini_jobs;
+                        panels_before += n_row_mini_chunks;
                         continue;
                     }
 
+                    // regflow patch: with a cache lent, the panels are always packed (once,
+                    // into the cache), whatever the width, since later calls reuse them.
                     let do_pack_lhs = !do_prepack_lhs
-                        && ((m_chunk % N != 0) || lhs_rs != 1 || n_chunk > packing_threshold * NR);
+                        && ((m_chunk % N != 0)
+                            || lhs_rs != 1
+                            || n_chunk > packing_threshold * NR
+                            || cached_panels.is_some());
+                    // regflow patch: where panel `i` of this chunk goes: the cache, or the
+                    // call's scratch.
+                    let panel_at = |i: usize| match cached_panels {
+                        Some(first) => first.wrapping_add((panels_before + i) * packed_lhs_stride),
+                        None => packed_lhs.wrapping_add(i * packed_lhs_stride),
+                    };
                     let packed_lhs_cs = if do_prepack_lhs || do_pack_lhs {
                         MR as isize
                     } else {
@@ -728,12 +787,12 @@ pub unsafe fn gemm_basic_generic<
                             let func =
                                 dispatcher[(m_chunk_inner + (N - 1)) / N - 1][n_chunk_inner - 1];
 
-                            if do_pack_lhs && !did_pack_lhs[i] {
+                            if do_pack_lhs && !did_pack_lhs[i] && !(cache_ready && cached_panels.is_some()) {
                                 pack_lhs::<T, N, MR, _>(
                                     simd,
                                     m_chunk_inner,
                                     k_chunk,
-                                    packed_lhs.wrapping_add(i * packed_lhs_stride),
+                                    panel_at(i),
                                     lhs.wrapping_offset(
                                         (row_outer + row_inner) as isize * lhs_rs
                                             + depth_outer as isize * lhs_cs,
@@ -751,7 +810,7 @@ pub unsafe fn gemm_basic_generic<
                                 k_chunk,
                                 dst.0,
                                 if do_pack_lhs {
-                                    packed_lhs.wrapping_add(i * packed_lhs_stride).0
+                                    panel_at(i).0
                                 } else if do_prepack_lhs {
                                     packed_lhs
                                         .wrapping_add((i + row_outer / MR) * packed_lhs_stride)
@@ -791,6 +850,7 @@ pub unsafe fn gemm_basic_generic<
                     }
 
                     row_outer += m_chunk;
+                    panels_before += n_row_mini_chunks;
                 }
             };
 
@@ -847,6 +907,11 @@ pub unsafe fn gemm_basic_generic<
             depth_outer += k_chunk;
         }
         col_outer += n_chunk;
+        // regflow patch: the first column block packed every panel; the others reuse them.
+        cache_ready |= cache_base.is_some();
+    }
+    if let Some(panels) = cached_lhs {
+        panels.commit();
     }
 
     // regflow patch: the buffers go back to this thread's pool.

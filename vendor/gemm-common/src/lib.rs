@@ -33,6 +33,8 @@ pub mod microkernel;
 pub mod pack_operands;
 mod reuse;
 pub mod isa;
+// regflow patch: a left-hand operand packed once for several calls (REGFLOW.md, 4).
+pub mod packed_lhs;
 pub mod simd;
 
 pub use pulp;
