@@ -64,7 +64,10 @@ impl Kernel for SumF32 {
 
 /// The kernel of an acc actor under gradient accumulation (op type
 /// [`regflow_plan::ops::ACCUMULATE_MEAN`]): the mean of a group of pieces (the first is
-/// copied, the others added, the sum scaled by 1/k on the last).
+/// copied, the others added, the sum scaled by 1/k on the last). The last piece is added
+/// and scaled in one pass, `(sum + x) · (1/k)`: the same two roundings as adding, then
+/// scaling in a pass of its own, one read and write of the output fewer (the output is a
+/// whole gradient, and this kernel is bound by memory).
 pub(crate) struct AccumulateMean<T>(pub(crate) std::marker::PhantomData<T>);
 
 impl<T: Real + bytemuck::Pod> Kernel for AccumulateMean<T> {
@@ -74,19 +77,52 @@ impl<T: Real + bytemuck::Pod> Kernel for AccumulateMean<T> {
             bytemuck::try_cast_slice(io.input(0)).map_err(|e| KernelError(format!("accumulate_mean: {e}")))?;
         let out: &mut [T] =
             bytemuck::try_cast_slice_mut(io.output(0)).map_err(|e| KernelError(format!("accumulate_mean: {e}")))?;
-        if group.index == 0 {
-            out.copy_from_slice(input);
-        } else {
-            for (o, &x) in out.iter_mut().zip(input) {
-                *o += x;
-            }
-        }
-        if group.index + 1 == group.count {
-            let scale = T::from_f64(1.0 / f64::from(group.count));
-            for o in out.iter_mut() {
-                *o = *o * scale;
-            }
+        let scale = T::from_f64(1.0 / f64::from(group.count.max(1)));
+        match (group.index == 0, group.index + 1 >= group.count) {
+            (true, false) => out.copy_from_slice(input),
+            (true, true) => out.iter_mut().zip(input).for_each(|(o, &x)| *o = x * scale),
+            (false, false) => out.iter_mut().zip(input).for_each(|(o, &x)| *o += x),
+            (false, true) => out.iter_mut().zip(input).for_each(|(o, &x)| *o = (*o + x) * scale),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StreamContext;
+    use regflow_memory::{Arena, MemoryKind};
+    use regflow_plan::GroupPosition;
+
+    /// Groups of 1 to 4 pieces: the mean is the bits of copying the first piece, adding
+    /// the others one by one and scaling the sum in a pass of its own.
+    #[test]
+    fn the_mean_of_a_group_has_the_bits_of_adding_then_scaling() {
+        let len = 37;
+        let arena = Arena::allocate("test", MemoryKind::Host, 2 * 256).unwrap();
+        let views = [arena.view(0, 4 * len as u64).unwrap(), arena.view(256, 4 * len as u64).unwrap()];
+        let context = StreamContext::default();
+        let piece =
+            |p: u32| -> Vec<f32> { (0..len).map(|i| ((i as f32) * 0.37 + p as f32 * 1.13).sin() * 3.1).collect() };
+        for count in 1..=4u32 {
+            let mut kernel = AccumulateMean::<f32>(std::marker::PhantomData);
+            let mut want = piece(0);
+            for p in 1..count {
+                want.iter_mut().zip(piece(p)).for_each(|(w, x)| *w += x);
+            }
+            let scale = (1.0 / f64::from(count)) as f32;
+            want.iter_mut().for_each(|w| *w *= scale);
+            for p in 0..count {
+                // SAFETY: the views are disjoint, and the kernel is not running.
+                unsafe { views[0].as_mut_slice().copy_from_slice(bytemuck::cast_slice(&piece(p))) };
+                let group = GroupPosition { index: p, count };
+                kernel.run(&mut KernelIo::new(u64::from(p), group, &views[..1], &views[1..], &context)).unwrap();
+            }
+            // SAFETY: the kernel has finished.
+            let got: Vec<f32> = bytemuck::cast_slice(unsafe { views[1].as_slice() }).to_vec();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "a group of {count}");
+        }
     }
 }
