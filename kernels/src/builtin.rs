@@ -72,18 +72,33 @@ pub(crate) struct AccumulateMean<T>(pub(crate) std::marker::PhantomData<T>);
 
 impl<T: Real + bytemuck::Pod> Kernel for AccumulateMean<T> {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        let group = io.group();
+        let (group, threads) = (io.group(), io.context().threads);
         let input: &[T] =
             bytemuck::try_cast_slice(io.input(0)).map_err(|e| KernelError(format!("accumulate_mean: {e}")))?;
         let out: &mut [T] =
             bytemuck::try_cast_slice_mut(io.output(0)).map_err(|e| KernelError(format!("accumulate_mean: {e}")))?;
         let scale = T::from_f64(1.0 / f64::from(group.count.max(1)));
-        match (group.index == 0, group.index + 1 >= group.count) {
+        let (first, last) = (group.index == 0, group.index + 1 >= group.count);
+        let len = out.len().min(input.len());
+        let step = |out: &mut [T], input: &[T]| match (first, last) {
             (true, false) => out.copy_from_slice(input),
             (true, true) => out.iter_mut().zip(input).for_each(|(o, &x)| *o = x * scale),
             (false, false) => out.iter_mut().zip(input).for_each(|(o, &x)| *o += x),
             (false, true) => out.iter_mut().zip(input).for_each(|(o, &x)| *o = (*o + x) * scale),
+        };
+        // A whole gradient per firing, bound by memory: on all the device's threads where it
+        // is large, each element still one thread's (the same bits on any count).
+        let threads = if len >= crate::cpu::shares::ROWS_PARALLEL_MIN_ELEMENTS { threads } else { 1 };
+        let (out, input) = (&mut out[..len], &input[..len]);
+        if threads <= 1 {
+            step(out, input);
+            return Ok(());
         }
+        let out = crate::cpu::shares::DisjointParts::new(out);
+        crate::cpu::shares::in_shares(threads, len, |range| {
+            // SAFETY: shares are disjoint ranges of the output.
+            step(unsafe { out.part(range.clone()) }, &input[range]);
+        });
         Ok(())
     }
 }
@@ -99,10 +114,18 @@ mod tests {
     /// the others one by one and scaling the sum in a pass of its own.
     #[test]
     fn the_mean_of_a_group_has_the_bits_of_adding_then_scaling() {
-        let len = 37;
-        let arena = Arena::allocate("test", MemoryKind::Host, 2 * 256).unwrap();
-        let views = [arena.view(0, 4 * len as u64).unwrap(), arena.view(256, 4 * len as u64).unwrap()];
-        let context = StreamContext::default();
+        for (len, threads) in [(37, 1), (37, 2), (1 << 16, 1), ((1 << 16) + 3, 2), ((1 << 16) + 3, 3)] {
+            mean_of_groups(len, threads);
+        }
+    }
+
+    /// [`the_mean_of_a_group_has_the_bits_of_adding_then_scaling`] over `len` elements on
+    /// `threads`.
+    fn mean_of_groups(len: usize, threads: usize) {
+        let slot = (4 * len as u64).next_multiple_of(256);
+        let arena = Arena::allocate("test", MemoryKind::Host, 2 * slot).unwrap();
+        let views = [arena.view(0, 4 * len as u64).unwrap(), arena.view(slot, 4 * len as u64).unwrap()];
+        let context = StreamContext { threads, ..StreamContext::default() };
         let piece =
             |p: u32| -> Vec<f32> { (0..len).map(|i| ((i as f32) * 0.37 + p as f32 * 1.13).sin() * 3.1).collect() };
         for count in 1..=4u32 {
@@ -122,7 +145,7 @@ mod tests {
             // SAFETY: the kernel has finished.
             let got: Vec<f32> = bytemuck::cast_slice(unsafe { views[1].as_slice() }).to_vec();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "a group of {count}");
+            assert_eq!(bits(&got), bits(&want), "a group of {count}, {len} elements on {threads} threads");
         }
     }
 }

@@ -91,7 +91,7 @@ pub mod permuted_matmul;
 pub mod reduce;
 pub mod reduce_to;
 pub mod reshape;
-mod shares;
+pub(crate) mod shares;
 pub mod slice;
 pub mod softmax;
 mod team;
