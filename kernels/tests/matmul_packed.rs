@@ -6,22 +6,14 @@
 //! reused shows where the contract is broken on purpose: a weight changed within a step's
 //! pieces is not seen until the next step.
 
+mod operands;
+
+use operands::random;
 use regflow_kernels::cpu::gemm_backend::{force_backend, GemmBackend};
 use regflow_kernels::{Kernel, KernelIo, KernelRegistry, KernelSpec, StreamContext};
 use regflow_memory::{Arena, MemoryKind};
 use regflow_plan::ops::MatMul;
-use regflow_plan::{DType, DeviceKind, GroupPosition, HostArray, KernelConf, OpConf, SplitMix64, TensorMeta};
-
-/// Values in [-1, 1) of `shape`, drawn from `seed`.
-fn random(shape: [usize; 2], seed: u64, dtype: DType) -> HostArray {
-    let mut rng = SplitMix64::new(seed);
-    let values: Vec<f64> = (0..shape[0] * shape[1]).map(|_| rng.next_f64() * 2.0 - 1.0).collect();
-    match dtype {
-        DType::F32 => HostArray::f32(shape, values.iter().map(|&v| v as f32).collect()),
-        _ => HostArray::f64(shape, values),
-    }
-    .unwrap()
-}
+use regflow_plan::{DType, DeviceKind, GroupPosition, HostArray, KernelConf, OpConf, TensorMeta};
 
 /// Bytes rounded up to a 64-byte slot.
 fn slot(bytes: usize) -> usize {

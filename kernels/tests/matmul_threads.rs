@@ -3,20 +3,13 @@
 //! `gemm_backend`) the thread count never changes a result; permuted products share their
 //! batch over threads, one product per thread at a time.
 
+mod operands;
+
+use operands::random;
 use regflow_kernels::cpu::gemm_backend::{force_backend, GemmBackend};
 use regflow_kernels::{HostCompute, HostContext};
 use regflow_plan::ops::MatMul;
 use regflow_plan::{DType, HostArray, SplitMix64, TensorMeta};
-
-fn random(shape: [usize; 2], seed: u64, dtype: DType) -> HostArray {
-    let mut rng = SplitMix64::new(seed);
-    let values: Vec<f64> = (0..shape[0] * shape[1]).map(|_| rng.next_f64() * 2.0 - 1.0).collect();
-    match dtype {
-        DType::F32 => HostArray::f32(shape, values.iter().map(|&v| v as f32).collect()),
-        _ => HostArray::f64(shape, values),
-    }
-    .unwrap()
-}
 
 fn product(threads: usize, dtype: DType) -> Vec<f64> {
     // Large enough to be split over the threads (`PARALLEL_MIN_MULTIPLY_ADDS`), with
