@@ -345,15 +345,12 @@ unsafe fn gemm_product<T: Real>(
     threads: usize,
     held: Option<&mut HeldOperand<'_>>,
 ) {
-    /// The caches, one per block; each block touches only its own.
-    struct Caches(*mut PackedLhs);
-    // SAFETY: blocks index disjoint caches (`in_blocks` numbers them `0..threads`).
-    unsafe impl Sync for Caches {}
+    // The caches, one per block; each block touches only its own.
     let held = held.filter(|_| product.ldc > 1).map(|held| {
         if held.panels.len() < threads.max(1) {
             held.panels.resize_with(threads.max(1), PackedLhs::new);
         }
-        (Caches(held.panels.as_mut_ptr()), held.stamp)
+        (super::shares::DisjointParts::new(&mut held.panels[..]), held.stamp)
     });
     let block = |number: usize, part: Product, a: *const T, b: *const T, c: *mut T| {
         let Product { m, k, n, a_strides, b_strides, ldc, accumulate } = part;
@@ -384,9 +381,9 @@ unsafe fn gemm_product<T: Real>(
         };
         match &held {
             Some((caches, stamp)) => {
-                // SAFETY: `number` is below the caches' count (`threads`), and no other
+                // SAFETY: `in_blocks` numbers the blocks `0..threads`, one each: no other
                 // block uses cache `number` during this product.
-                let cache = unsafe { &mut *caches.0.add(number) };
+                let cache = unsafe { &mut caches.part(number..number + 1)[0] };
                 with_packed_lhs(cache, *stamp, multiply)
             }
             None => multiply(),

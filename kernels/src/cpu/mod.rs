@@ -63,7 +63,7 @@ macro_rules! by_element {
 }
 
 use crate::host::{HostCompute, HostOpKernel};
-use crate::{KernelError, KernelFactory, KernelRegistry};
+use crate::{KernelError, KernelFactory, KernelRegistry, KernelSpec};
 use regflow_plan::ops::{self, OpAttrs};
 use regflow_plan::{DType, DeviceKind};
 use serde::de::DeserializeOwned;
@@ -107,34 +107,35 @@ pub(crate) fn not_n_to_one(inputs: usize, metas: (&[regflow_plan::TensorMeta], &
 /// A factory that parses the op's attributes as `T` and runs its host computation.
 fn host<T: HostCompute + DeserializeOwned + 'static>() -> KernelFactory {
     Arc::new(|spec| {
-        let conf = spec.op.ok_or_else(|| {
-            KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
-        })?;
-        let op: T = conf.parse_attrs().map_err(KernelError)?;
-        op.check(&conf.inputs, &conf.outputs).map_err(|m| KernelError(format!("op '{}': {m}", conf.op_type)))?;
+        let (op, conf) = checked_op::<T>(spec)?;
         Ok(Box::new(HostOpKernel::new(op, conf)))
     })
+}
+
+/// The op of `spec`'s actor, its attributes parsed as `T` and its metas checked by `T`.
+fn checked_op<'s, T: HostCompute + DeserializeOwned>(
+    spec: &KernelSpec<'s>,
+) -> Result<(T, &'s regflow_plan::OpConf), KernelError> {
+    let conf = spec.op.ok_or_else(|| {
+        KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
+    })?;
+    let op: T = conf.parse_attrs().map_err(KernelError)?;
+    op.check(&conf.inputs, &conf.outputs).map_err(|m| KernelError(format!("op '{}': {m}", conf.op_type)))?;
+    Ok((op, conf))
 }
 
 /// The factory of `matmul`'s CPU kernel: where the right operand holds the same values for
 /// several pieces (a weight handed to every micro-batch, [`KernelSpec::input_repeats`]),
 /// the kernel that packs it once for all of them ([`matmul::HeldWeightMatMul`]), else the
 /// host kernel.
-///
-/// [`KernelSpec::input_repeats`]: crate::KernelSpec
 fn matmul_kernel() -> KernelFactory {
-    let host = host::<ops::MatMul>();
-    Arc::new(move |spec| {
-        let conf = spec.op.ok_or_else(|| {
-            KernelError(format!("actor '{}' runs an op kernel without an op (broken invariant)", spec.actor))
-        })?;
-        let op: ops::MatMul = conf.parse_attrs().map_err(KernelError)?;
-        op.check(&conf.inputs, &conf.outputs).map_err(|m| KernelError(format!("op '{}': {m}", conf.op_type)))?;
+    Arc::new(|spec| {
+        let (op, conf) = checked_op::<ops::MatMul>(spec)?;
         let every = conf.input_map.get(1).and_then(|&b| spec.input_repeats.get(b)).copied().unwrap_or(1);
-        match matmul::HeldWeightMatMul::new(op, conf, every) {
-            Some(kernel) => Ok(Box::new(kernel)),
-            None => host(spec),
-        }
+        Ok(match matmul::HeldWeightMatMul::new(op, conf, every) {
+            Some(kernel) => Box::new(kernel),
+            None => Box::new(HostOpKernel::new(op, conf)),
+        })
     })
 }
 

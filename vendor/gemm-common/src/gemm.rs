@@ -493,43 +493,11 @@ pub unsafe fn gemm_basic_generic<
     let did_pack_lhs = Ptr((&mut *did_pack_lhs_flags) as *mut _);
 
     // regflow patch: the left-hand panels of an earlier call with the same operand, or room
-    // to keep this call's (see `packed_lhs`). Panels are numbered as the loops below visit
-    // them: by depth block, then by row chunk, then by `MR` rows within the chunk.
-    let panels_per_depth = {
-        let (mut panels, mut row_outer) = (0, 0);
-        while row_outer != m {
-            let mut m_chunk = mc.min(m - row_outer);
-            if m_chunk > N && !do_prepack_lhs {
-                m_chunk = m_chunk / N * N;
-            }
-            panels += m_chunk.msrv_div_ceil(MR);
-            row_outer += m_chunk;
-        }
-        panels
-    };
-    let cached_lhs = match parallelism {
-        Parallelism::None => crate::packed_lhs::panels(
-            crate::packed_lhs::Key {
-                element: core::any::TypeId::of::<T>(),
-                lhs: lhs.0 as usize,
-                m,
-                k,
-                lhs_cs,
-                lhs_rs,
-                conj: conj_lhs,
-                kc,
-                mc,
-                mr: MR,
-                n: N,
-                prepacked: do_prepack_lhs,
-                stamp: 0,
-            },
-            k.msrv_div_ceil(kc) * panels_per_depth * packed_lhs_stride * core::mem::size_of::<T>(),
-        ),
-        #[cfg(feature = "rayon")]
-        Parallelism::Rayon(_) => None,
-    };
-    let cache_base = cached_lhs.as_ref().map(|panels| Ptr(panels.base as *mut T));
+    // to keep this call's (see `packed_lhs`).
+    let (lhs_at, conj, prepacked) = (lhs.0 as usize, conj_lhs, do_prepack_lhs);
+    let operand = crate::packed_lhs::Operand { lhs: lhs_at, m, k, lhs_cs, lhs_rs, conj, kc, mc, mr: MR, lanes: N, prepacked };
+    let single_threaded = matches!(parallelism, Parallelism::None);
+    let cached_lhs = crate::packed_lhs::lend::<T>(operand, packed_lhs_stride, single_threaded);
     let mut cache_ready = cached_lhs.as_ref().is_some_and(|panels| panels.ready);
 
     let mut col_outer = 0;
@@ -665,9 +633,7 @@ pub unsafe fn gemm_basic_generic<
                 }
             }
             // regflow patch: this depth block's first panel in the cache, if one is lent.
-            let depth_block = depth_outer / kc;
-            let cached_panels =
-                cache_base.map(|base| base.wrapping_add(depth_block * panels_per_depth * packed_lhs_stride));
+            let cached_panels = cached_lhs.as_ref().map(|panels| Ptr(panels.depth_block::<T>(depth_outer / kc)));
             let prepacked_lhs = cached_panels.unwrap_or(prepacked_lhs);
             if do_prepack_lhs && !cache_ready {
                 pack_lhs::<T, N, MR, _>(
@@ -908,7 +874,7 @@ pub unsafe fn gemm_basic_generic<
         }
         col_outer += n_chunk;
         // regflow patch: the first column block packed every panel; the others reuse them.
-        cache_ready |= cache_base.is_some();
+        cache_ready |= cached_lhs.is_some();
     }
     if let Some(panels) = cached_lhs {
         panels.commit();

@@ -21,11 +21,10 @@ use core::cell::Cell;
 /// Bytes the cache's panels are aligned to (as gemm's own packing buffers).
 const ALIGN: usize = 128;
 
-/// What a cache's panels were packed from, and with which blocking: a call finds its
-/// panels only if every field matches.
+/// A call's left-hand operand and the blocking it is packed with: with the element type
+/// and the stamp, what a call must match to use the panels a cache holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Key {
-    pub(crate) element: TypeId,
+pub(crate) struct Operand {
     pub(crate) lhs: usize,
     pub(crate) m: usize,
     pub(crate) k: usize,
@@ -35,9 +34,35 @@ pub(crate) struct Key {
     pub(crate) kc: usize,
     pub(crate) mc: usize,
     pub(crate) mr: usize,
-    pub(crate) n: usize,
+    /// SIMD lanes (`N`): row chunks past one are cut to a multiple of it.
+    pub(crate) lanes: usize,
+    /// Whether the call packs the whole operand per depth block up front.
     pub(crate) prepacked: bool,
-    pub(crate) stamp: u64,
+}
+
+impl Operand {
+    /// Panels per depth block, numbered as `gemm_basic_generic`'s loops visit them: by row
+    /// chunk (`mc` rows, cut to a multiple of the lanes unless prepacked), then by `mr` rows.
+    fn panels_per_depth(&self) -> usize {
+        let (mut panels, mut row) = (0, 0);
+        while row != self.m {
+            let mut chunk = self.mc.min(self.m - row);
+            if chunk > self.lanes && !self.prepacked {
+                chunk = chunk / self.lanes * self.lanes;
+            }
+            panels += chunk.div_ceil(self.mr);
+            row += chunk;
+        }
+        panels
+    }
+}
+
+/// What a cache's panels were packed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key {
+    operand: Operand,
+    element: TypeId,
+    stamp: u64,
 }
 
 /// A left-hand operand's panels, kept between calls. See the module documentation.
@@ -47,17 +72,11 @@ pub struct PackedLhs {
     buffer: Vec<u8>,
     /// What the buffer holds; `None` until a call has packed all of it.
     key: Option<Key>,
-    reused: u64,
-    packed: u64,
 }
 
 impl core::fmt::Debug for PackedLhs {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("PackedLhs")
-            .field("bytes", &self.buffer.len())
-            .field("reused", &self.reused)
-            .field("packed", &self.packed)
-            .finish()
+        f.debug_struct("PackedLhs").field("bytes", &self.buffer.len()).field("key", &self.key).finish()
     }
 }
 
@@ -66,46 +85,31 @@ impl PackedLhs {
     pub fn new() -> Self {
         Self::default()
     }
-
-    /// Calls that found their panels here.
-    pub fn reused(&self) -> u64 {
-        self.reused
-    }
-
-    /// Calls that packed their panels here.
-    pub fn packed(&self) -> u64 {
-        self.packed
-    }
-
-    /// Bytes the cache holds.
-    pub fn bytes(&self) -> usize {
-        self.buffer.len()
-    }
-
-    /// Forgets the panels (the next call packs again), keeping the buffer.
-    pub fn clear(&mut self) {
-        self.key = None;
-    }
 }
 
-/// The panels a call uses: where they start, and whether they are packed already.
+/// The panels a call uses: ready (packed by an earlier call), or room to pack them into.
 pub(crate) struct Panels {
-    pub(crate) base: *mut u8,
+    base: *mut u8,
+    /// Packed already: the call packs nothing.
     pub(crate) ready: bool,
+    per_depth: usize,
+    /// Bytes of one panel.
+    panel_bytes: usize,
     cache: *mut PackedLhs,
     key: Key,
 }
 
 impl Panels {
-    /// Records that the call has packed every panel (it found none ready).
+    /// The first panel of depth block `block`, as elements of the operand's type.
+    pub(crate) fn depth_block<T>(&self, block: usize) -> *mut T {
+        self.base.wrapping_add(block * self.per_depth * self.panel_bytes) as *mut T
+    }
+
+    /// Records that the call has packed every panel (if it found none ready).
     pub(crate) fn commit(self) {
-        // SAFETY: the cache outlives the call (`with_packed_lhs` holds it borrowed).
-        let cache = unsafe { &mut *self.cache };
-        if self.ready {
-            cache.reused += 1;
-        } else {
-            cache.key = Some(self.key);
-            cache.packed += 1;
+        if !self.ready {
+            // SAFETY: the cache outlives the call (`with_packed_lhs` holds it borrowed).
+            unsafe { (*self.cache).key = Some(self.key) };
         }
     }
 }
@@ -134,11 +138,14 @@ pub fn with_packed_lhs<R>(cache: &mut PackedLhs, stamp: u64, f: impl FnOnce() ->
     f()
 }
 
-/// The panels for a call of `key` (its stamp filled in here) needing `bytes`, if a cache
-/// is lent to this thread: ready if the cache holds them, else room to pack them into.
-pub(crate) fn panels(mut key: Key, bytes: usize) -> Option<Panels> {
-    let (cache, stamp) = LENT.with(|lent| lent.get())?;
-    key.stamp = stamp;
+/// The panels of a single-threaded call packing `operand` of `T` into panels of
+/// `panel_elements`, if a cache is lent to this thread: ready if the cache holds them,
+/// else room to pack them into. `None` for other calls.
+pub(crate) fn lend<T: 'static>(operand: Operand, panel_elements: usize, single_threaded: bool) -> Option<Panels> {
+    let (cache, stamp) = LENT.with(|lent| lent.get()).filter(|_| single_threaded)?;
+    let key = Key { operand, element: TypeId::of::<T>(), stamp };
+    let (per_depth, panel_bytes) = (operand.panels_per_depth(), panel_elements * core::mem::size_of::<T>());
+    let bytes = operand.k.div_ceil(operand.kc) * per_depth * panel_bytes;
     // SAFETY: lent by `with_packed_lhs`, which holds the cache borrowed for the call.
     let held = unsafe { &mut *cache };
     let ready = held.key == Some(key);
@@ -150,5 +157,5 @@ pub(crate) fn panels(mut key: Key, bytes: usize) -> Option<Panels> {
     }
     let start = held.buffer.as_mut_ptr();
     let base = start.wrapping_add(start.align_offset(ALIGN));
-    Some(Panels { base, ready, cache, key })
+    Some(Panels { base, ready, per_depth, panel_bytes, cache, key })
 }
