@@ -15,12 +15,14 @@ fn train(compiled: &CompiledGraph, plan: Plan, steps: u64) -> (Vec<u64>, Vec<(St
     tiny_mlp::train(compiled, plan, 1, steps, 1)
 }
 
-/// The plan with every register's slots separate again (and no register within another).
+/// The plan with every register's slots separate again (and no register within or held in
+/// another).
 fn two_buffers(plan: &Plan) -> Plan {
     let mut plan = plan.clone();
     for desc in &mut plan.regst_descs {
         desc.aliased_slots = false;
         desc.within = None;
+        desc.home = None;
     }
     plan.validate().unwrap();
     plan
@@ -279,7 +281,17 @@ fn sharded_weights_are_gathered_in_place() {
     assert_eq!(gathered, ["w0@0", "w0@1"]);
     assert_eq!(windowed_on["b0"], [true, false], "b0's part on device 1 is copied out: {windowed_on:?}");
 
-    // Each weight once instead of twice, and no bytes for its updated part.
+    // The gathered weight is held once for the process: device 1's is device 0's buffer,
+    // where each device's update writes its part.
+    let w0 = |d: usize| plan.variables.iter().find(|v| v.name == format!("w0@{d}")).unwrap().regst;
+    assert_eq!(plan.regst_descs[w0(1).index()].home, Some(w0(0)));
+    let homes: Vec<&str> = plan.regst_descs.iter().filter(|d| d.home.is_some()).map(|d| d.name.as_str()).collect();
+    assert_eq!(homes, [plan.regst_descs[w0(1).index()].name.as_str()]);
+    let memory = plan.memory().unwrap();
+    assert_eq!(memory.slot(w0(1), 0), memory.slot(w0(0), 0), "one buffer");
+
+    // Each weight once instead of twice (and once for both devices), and no bytes for its
+    // updated part.
     let separate = two_buffers(plan);
     let saved: u64 = plan
         .regst_descs
@@ -287,14 +299,23 @@ fn sharded_weights_are_gathered_in_place() {
         .filter(|d| d.aliased_slots)
         .map(|d| d.bytes.next_multiple_of(64) * u64::from(d.register_num - 1))
         .chain(plan.regst_descs.iter().filter(|d| d.within.is_some()).map(|d| d.bytes.next_multiple_of(64)))
+        .chain(plan.regst_descs.iter().filter(|d| d.home.is_some()).map(|d| d.bytes.next_multiple_of(64)))
         .sum();
     assert_eq!(bytes_of(&separate) - bytes_of(plan), saved);
+    // Held apart again (each device's weight its own buffer, gathered in place), too.
+    let mut apart = plan.clone();
+    for desc in &mut apart.regst_descs {
+        desc.home = None;
+    }
+    apart.validate().unwrap();
+    assert_eq!(bytes_of(&apart) - bytes_of(plan), plan.regst_descs[w0(1).index()].bytes.next_multiple_of(64));
 
     // The same bits as with a part of its own and two slots, step after step.
     let (losses, state) = train(&compiled, plan.clone(), 6);
     let (want_losses, want_state) = train(&compiled, separate, 6);
     assert_eq!(losses, want_losses, "losses, bit for bit");
     assert_eq!(state, want_state, "weights and optimizer state, bit for bit");
+    assert_eq!(train(&compiled, apart, 6), (want_losses, want_state), "held apart, bit for bit");
 }
 
 #[test]
@@ -457,4 +478,80 @@ fn within_at_any_offset_or_register_is_checked() {
             let _ = edited.memory();
         }
     }
+}
+
+/// What a plan file may say of a weight held once for the process (`RegstDesc::home`):
+/// only the compiler's own homes validate, each error names the registers (and, for a
+/// reader nothing orders, that reader, its device and the update that would write over
+/// it), and nothing panics.
+#[test]
+fn a_plan_file_cannot_hold_a_weight_once_unsafely() {
+    use regflow::graph::plan::{ActorDesc, ActorIndex};
+    let compiled = sharded(&Graph::new(), &Optimizer::adamw(5e-2, 0.0));
+    let plan = &compiled.plan;
+    let variable = |name: &str| plan.variables.iter().find(|v| v.name == name).unwrap().regst;
+    let (w0_0, w0_1, w1_1) = (variable("w0@0"), variable("w0@1"), variable("w1@1"));
+    let name = |r: RegstDescId| plan.regst_descs[r.index()].name.clone();
+    let json = serde_json::to_string(plan).unwrap();
+    assert!(json.contains(&format!("\"home\":{}", w0_0.0)), "a plan file says it");
+    assert_eq!(Plan::from_json(&json).unwrap().regst_descs[w0_1.index()].home, Some(w0_0));
+
+    let refused = |edit: &dyn Fn(&mut Plan)| {
+        let mut edited = plan.clone();
+        edit(&mut edited);
+        let _ = edited.memory();
+        let err = edited.validate().unwrap_err();
+        assert!(Plan::from_json(&serde_json::to_string(&edited).unwrap()).is_err());
+        err.to_string()
+    };
+    let held = format!("register '{}' is held in the buffer of register", name(w0_1));
+    // Itself, nothing, a register of another all-gather, one not gathered in place.
+    let text = refused(&|p: &mut Plan| p.regst_descs[w0_1.index()].home = Some(w0_1));
+    assert!(text.starts_with(&held) && text.ends_with("it is this one, or held elsewhere itself"), "{text}");
+    let text = refused(&|p: &mut Plan| p.regst_descs[w0_1.index()].home = Some(RegstDescId(u32::MAX)));
+    assert!(
+        text.contains("'#4294967295'") && text.ends_with(&format!("the plan has {} registers", plan.regst_descs.len())),
+        "{text}"
+    );
+    let w1_0 = variable("w1@0");
+    let text = refused(&|p: &mut Plan| p.regst_descs[w0_1.index()].home = Some(w1_0));
+    assert!(text.contains("only the outputs of one all-gather along dimension 0 share a buffer"), "{text}");
+    let text = refused(&|p: &mut Plan| p.regst_descs[w1_1.index()].home = Some(w1_0));
+    assert!(text.ends_with("is not gathered in place (its all-gather's own part does not lie within it)"), "{text}");
+
+    // A reader of device 1's weight that runs before device 1's update but that no
+    // collective orders before device 0's: device 0 could write its rows while it reads.
+    let text = refused(&|p: &mut Plan| {
+        let guest = &p.regst_descs[w0_1.index()];
+        let gather = &p.actors[guest.producer.index()];
+        let update_1 = p.regst_descs[gather.inputs[0].index()].producer;
+        let stream = p.actors[update_1.index()].stream;
+        let reader = ActorIndex(p.actors.len() as u32);
+        p.actors.push(ActorDesc {
+            name: "late_reader".into(),
+            stream,
+            kind: ActorKind::Compute { kernel: KernelConf::Noop },
+            inputs: vec![w0_1],
+            sim_nanos: None,
+            windows: Vec::new(),
+        });
+        p.regst_descs[w0_1.index()].consumers.push(reader);
+        // A zero-byte token from the reader to device 1's update.
+        let mut token = p.regst_descs[w0_1.index()].clone();
+        (token.name, token.producer, token.consumers) = ("late_reader.token".into(), reader, vec![update_1]);
+        (token.register_num, token.bytes, token.preloaded) = (1, 0, 0);
+        (token.aliased_slots, token.within, token.home, token.shared_offset) = (false, None, None, None);
+        p.regst_descs.push(token);
+        p.actors[update_1.index()].inputs.push(RegstDescId(p.regst_descs.len() as u32 - 1));
+    });
+    let gather_0 = &plan.actors[plan.regst_descs[w0_0.index()].producer.index()];
+    let update_0 = &plan.actors[plan.regst_descs[gather_0.inputs[0].index()].producer.index()].name;
+    assert!(
+        text.contains(&format!(
+            "nothing makes 'late_reader' on node0/cpu:1, which reads '{}' (the same bytes, held once for the process), \
+             read them before '{update_0}' on node0/cpu:0 writes over them",
+            name(w0_1)
+        )),
+        "{text}"
+    );
 }

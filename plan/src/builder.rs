@@ -82,6 +82,7 @@ impl PlanBuilder {
             shared_offset: None,
             aliased_slots: false,
             within: None,
+            home: None,
         });
         RegstDescId(plan.regst_descs.len() as u32 - 1)
     }

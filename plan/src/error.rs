@@ -164,6 +164,18 @@ pub enum PlanError {
         /// What is wrong.
         detail: String,
     },
+    /// A register held in another's buffer ([`RegstDesc::home`](crate::RegstDesc)) where
+    /// that is not safe.
+    #[error("register '{regst}' is held in the buffer of register '{home}', but {detail}")]
+    Home {
+        /// The register.
+        regst: String,
+        /// The register whose buffer it says it is held in (its index where that is out of
+        /// range).
+        home: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// An input window that does not fit its actor or its register.
     #[error("actor '{actor}' {detail}")]
     BadWindow {

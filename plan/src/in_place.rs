@@ -16,6 +16,9 @@ pub struct InPlaceCheck<'p> {
     /// Each collective group's members, collected at the first check of a register within
     /// another.
     groups: Option<std::collections::BTreeMap<&'p str, Vec<usize>>>,
+    /// Per register that holds others in its buffer ([`RegstDesc::home`]), those others,
+    /// collected at the first check that needs them.
+    guests: Option<std::collections::BTreeMap<RegstDescId, Vec<RegstDescId>>>,
 }
 
 /// What runs before what within one step: where two actors lie on their stream's chain
@@ -38,9 +41,10 @@ impl StepOrder {
 
     /// Whether `a` reaches `b` through registers that are not preloaded (within a step, it
     /// fires before it).
-    fn before(&mut self, a: ActorIndex, b: ActorIndex) -> bool {
+    fn before(&mut self, plan: &Plan, a: ActorIndex, b: ActorIndex) -> bool {
         match (self.chained[a.index()], self.chained[b.index()]) {
-            (Some(x), Some(y)) => x < y,
+            // Positions on two streams' chains say nothing of each other.
+            (Some(x), Some(y)) if plan.actors[a.index()].stream == plan.actors[b.index()].stream => x < y,
             _ => self.reach.reaches(&self.successors, &self.position, a.index(), b.index()),
         }
     }
@@ -49,7 +53,7 @@ impl StepOrder {
 impl<'p> InPlaceCheck<'p> {
     /// The check over `plan`, indexed by `index`.
     pub fn new(plan: &'p Plan, index: &'p PlanIndex<'p>) -> Self {
-        Self { plan, index, order: None, groups: None }
+        Self { plan, index, order: None, groups: None, guests: None }
     }
 
     /// Whether `regst`'s slots may be one buffer its producer writes in place; else why
@@ -232,7 +236,162 @@ impl<'p> InPlaceCheck<'p> {
             ));
         }
         written_as_f32_or_f64(writer, op, output)?;
-        self.readers_before(within.regst, desc.producer, "the op that writes this part in place,")
+        self.readers_before(within.regst, desc.producer, "the op that writes this part in place,")?;
+        let (start, end) = (within.offset, within.offset.saturating_add(desc.bytes));
+        for other in self.sharing_buffer(within.regst) {
+            self.readers_before_across(other, (start, end), desc.producer)?;
+        }
+        Ok(())
+    }
+
+    /// The registers other than `regst` that are its one buffer ([`RegstDesc::home`]):
+    /// its home and the home's other guests, or its own guests.
+    fn sharing_buffer(&mut self, regst: RegstDescId) -> Vec<RegstDescId> {
+        let plan = self.plan;
+        let guests = self.guests.get_or_insert_with(|| {
+            let mut guests: std::collections::BTreeMap<RegstDescId, Vec<RegstDescId>> = Default::default();
+            for (r, desc) in plan.regst_descs.iter().enumerate() {
+                if let Some(home) = desc.home {
+                    guests.entry(home).or_default().push(RegstDescId(r as u32));
+                }
+            }
+            guests
+        });
+        let home = plan.regst_descs.get(regst.index()).and_then(|d| d.home).unwrap_or(regst);
+        let mut sharing = guests.get(&home).cloned().unwrap_or_default();
+        if home != regst {
+            sharing.push(home);
+        }
+        sharing.retain(|&r| r != regst && r.index() < plan.regst_descs.len());
+        sharing
+    }
+
+    /// Every reader of `other` (a register on another device that is the same buffer as
+    /// the one `writer` writes bytes `bytes` of) that may read those bytes has read its
+    /// piece before `writer` fires: it reaches a member of some collective group whose
+    /// member on `writer`'s device reaches `writer` (members of a group pass its
+    /// rendezvous only together, so what runs before one member's round runs before what
+    /// runs after another's). A reader that reads `other` only through a window outside
+    /// `bytes` (the all-gather's other members' updates, each writing its own part) is no
+    /// concern of `writer`'s.
+    fn readers_before_across(
+        &mut self,
+        other: RegstDescId,
+        bytes: (u64, u64),
+        writer: ActorIndex,
+    ) -> Result<(), String> {
+        let plan = self.plan;
+        let groups = self.groups.get_or_insert_with(|| plan.collective_groups());
+        let order = self.order.get_or_insert_with(|| StepOrder::new(plan));
+        let writer_device = plan.device_of(writer);
+        // Readers of `other`'s bytes: its consumers, and those of what repeats hand on of it
+        // (as in `readers_before`).
+        let mut readers = Vec::new();
+        let mut seen = vec![false; plan.regst_descs.len()];
+        let mut holding = vec![other];
+        while let Some(held) = holding.pop() {
+            if std::mem::replace(&mut seen[held.index()], true) {
+                continue;
+            }
+            for &reader in &plan.regst_descs[held.index()].consumers {
+                let actor = &plan.actors[reader.index()];
+                if matches!(actor.kind, ActorKind::Repeat { .. }) {
+                    holding.extend(self.index.outputs_of(reader).iter().filter(|r| r.index() < seen.len()));
+                }
+                let input = actor.inputs.iter().position(|&i| i == held);
+                let window = actor.windows.iter().find(|w| Some(w.input as usize) == input);
+                if !window.is_some_and(|w| w.offset.saturating_add(w.bytes) <= bytes.0 || w.offset >= bytes.1) {
+                    readers.push(reader);
+                }
+            }
+        }
+        let held = &plan.regst_descs[other.index()];
+        for reader in readers {
+            let actor = &plan.actors[reader.index()];
+            let reader_device = plan.device_of(reader);
+            let ordered = groups.values().any(|members| {
+                let on = |device: DeviceIndex| {
+                    members.iter().copied().filter(move |&m| plan.device_of(ActorIndex(m as u32)) == device)
+                };
+                on(reader_device).any(|m| m == reader.index() || order.before(plan, reader, ActorIndex(m as u32)))
+                    && on(writer_device).any(|m| order.before(plan, ActorIndex(m as u32), writer))
+            });
+            if !ordered {
+                return Err(format!(
+                    "nothing makes '{}' on {}, which reads '{}' (the same bytes, held once for the process), \
+                     read them before '{}' on {} writes over them: a collective that both devices take part in \
+                     must come after the reader and before the writer",
+                    actor.name,
+                    plan.devices[reader_device.index()].label(),
+                    held.name,
+                    plan.actors[writer.index()].name,
+                    plan.devices[writer_device.index()].label(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `guest` may be held in the buffer of the register it names
+    /// ([`RegstDesc::home`]); else why not, as a phrase that follows "but".
+    ///
+    /// The one case built: the members of an all-gather along dimension 0 on cpu devices
+    /// of one node that gathers in place on every member ([`InPlaceCheck::check_within`])
+    /// hold its output once. So `guest` and its home are the outputs of two members of one
+    /// such group, on two devices, both gathered in place, and the home is held nowhere
+    /// else. That no member's update writes its part while a reader on another device still
+    /// reads those bytes is [`InPlaceCheck::check_within`]'s to say, for every member's part;
+    /// that no reader reads the weight before every part is written follows from the
+    /// all-gather: its members leave their round only together.
+    pub fn check_home(&mut self, guest: RegstDescId) -> Result<(), String> {
+        let plan = self.plan;
+        let desc = &plan.regst_descs[guest.index()];
+        let Some(home) = desc.home else { return Err("it names no register to be held in".into()) };
+        let Some(target) = plan.regst_descs.get(home.index()) else {
+            return Err(format!("the plan has {} registers", plan.regst_descs.len()));
+        };
+        if home == guest || target.home.is_some() {
+            return Err("that register is not a buffer of its own: it is this one, or held elsewhere itself".into());
+        }
+        let members = [desc.producer, target.producer].map(|p| plan.collective_conf(p.index()));
+        let [Some(ours), Some(theirs)] = members else {
+            return Err(format!(
+                "'{}' and '{}', which make them, are not both members of an all-gather",
+                plan.actors[desc.producer.index()].name,
+                plan.actors[target.producer.index()].name
+            ));
+        };
+        if ours.group != theirs.group || !matches!(ours.op, CollectiveOp::AllGather { dim: 0 }) {
+            return Err(format!(
+                "they are made by members of groups '{}' and '{}': only the outputs of one all-gather along dimension 0 share a buffer",
+                ours.group, theirs.group
+            ));
+        }
+        if plan.device_of(desc.producer) == plan.device_of(target.producer) {
+            return Err("both are made on one device".into());
+        }
+        // Every member's output is the one buffer, or two members would both copy a third's
+        // part into it.
+        let groups = self.groups.get_or_insert_with(|| plan.collective_groups());
+        let apart = groups.get(ours.group.as_str()).into_iter().flatten().copied().find(|&m| {
+            let output = self.index.outputs_of(ActorIndex(m as u32)).first().copied();
+            output.is_none_or(|o| o != home && plan.regst_descs[o.index()].home != Some(home))
+        });
+        if let Some(member) = apart {
+            return Err(format!(
+                "member '{}' of all-gather group '{}' writes a buffer of its own: the group's members hold their output once or each its own",
+                plan.actors[member].name, ours.group
+            ));
+        }
+        for r in [guest, home] {
+            if self.gathered_in_place(r).is_none() {
+                return Err(format!(
+                    "'{}' is not gathered in place (its all-gather's own part does not lie within it)",
+                    plan.regst_descs[r.index()].name
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every reader of `regst` other than `writer` runs on `writer`'s stream and reaches it
@@ -264,7 +423,7 @@ impl<'p> InPlaceCheck<'p> {
             }
             for &reader in plan.regst_descs[held.index()].consumers.iter().filter(|&&c| c != writer) {
                 let actor = &plan.actors[reader.index()];
-                if actor.stream != producer.stream || !order.before(reader, writer) {
+                if actor.stream != producer.stream || !order.before(plan, reader, writer) {
                     return Err(not_before(actor, producer, role));
                 }
                 if matches!(actor.kind, ActorKind::Repeat { .. }) {

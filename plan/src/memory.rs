@@ -87,11 +87,13 @@ impl Plan {
     /// that one's buffer.
     pub fn memory(&self) -> Result<PlanMemory, PlanError> {
         let mut per_device: Vec<Vec<RegstDescId>> = vec![Vec::new(); self.devices.len()];
-        let mut views = Vec::new();
+        let (mut views, mut guests) = (Vec::new(), Vec::new());
         for i in 0..self.regst_descs.len() {
             let desc = RegstDescId(i as u32);
             if self.regst_descs[i].within.is_some() {
                 views.push(desc);
+            } else if self.regst_descs[i].home.is_some() {
+                guests.push(desc);
             } else if self.owns_memory(desc) {
                 per_device[self.device_of(self.regst_descs[i].producer).index()].push(desc);
             }
@@ -167,6 +169,10 @@ impl Plan {
                 unshared_bytes,
             });
         }
+        // Registers held in another's buffer first: a part may lie within one of them.
+        for guest in guests {
+            placement[guest.index()] = Some(self.place_at_home(guest, &placement)?);
+        }
         for view in views {
             placement[view.index()] = Some(self.place_within(view, &placement)?);
         }
@@ -185,6 +191,68 @@ impl Plan {
             }),
             detail,
         }
+    }
+
+    /// The error of register `guest`, which says it is held in another's buffer
+    /// ([`RegstDesc::home`]): names both (the other by its index where the plan has no such
+    /// register).
+    pub(crate) fn home_error(&self, guest: RegstDescId, detail: String) -> PlanError {
+        let desc = &self.regst_descs[guest.index()];
+        PlanError::Home {
+            regst: desc.name.clone(),
+            home: desc.home.map_or_else(String::new, |r| {
+                self.regst_descs.get(r.index()).map_or_else(|| format!("#{}", r.0), |t| t.name.clone())
+            }),
+            detail,
+        }
+    }
+
+    /// Where a register whose buffer is another's ([`RegstDesc::home`]) lies: in that
+    /// one's single buffer, which is a buffer of its own, on a cpu device of the same node
+    /// and of the same size (a plan file may say anything; what may share it is
+    /// [`InPlaceCheck::check_home`](crate::InPlaceCheck::check_home)'s to say).
+    fn place_at_home(
+        &self,
+        guest: RegstDescId,
+        placement: &[Option<(usize, Place)>],
+    ) -> Result<(usize, Place), PlanError> {
+        let desc = &self.regst_descs[guest.index()];
+        let Some(home) = desc.home else { unreachable!("called for registers held elsewhere") };
+        let error = |detail: String| self.home_error(guest, detail);
+        let Some(target) = self.regst_descs.get(home.index()) else {
+            return Err(error(format!(
+                "the plan has {} registers, so there is no register {} to hold it",
+                self.regst_descs.len(),
+                home.0
+            )));
+        };
+        let Some((device, Place::OneBuffer(block))) = placement[home.index()] else {
+            return Err(error(format!(
+                "'{}' does not have one buffer of its own (aliased slots, not shared, not itself held elsewhere)",
+                target.name
+            )));
+        };
+        let (own, there) = (&self.devices[self.device_of(desc.producer).index()], &self.devices[device]);
+        if own.kind != DeviceKind::Cpu || there.kind != DeviceKind::Cpu || own.node != there.node {
+            return Err(error(format!(
+                "it is made on {} and '{}' lives on {}: only cpu devices of one node share memory",
+                own.label(),
+                target.name,
+                there.label()
+            )));
+        }
+        if !desc.aliased_slots || desc.shared_offset.is_some() || desc.within.is_some() || desc.bytes != target.bytes {
+            return Err(error(format!(
+                "it is not one buffer of '{}''s {} bytes: it has {} bytes, {} slots{}{}",
+                target.name,
+                target.bytes,
+                desc.bytes,
+                desc.buffers(),
+                if desc.shared_offset.is_some() { ", a shared offset" } else { "" },
+                if desc.within.is_some() { ", and lies within another" } else { "" }
+            )));
+        }
+        Ok((device, Place::OneBuffer(block)))
     }
 
     /// Where a register [`within`](RegstDesc::within) another lies: inside that one's single
@@ -207,12 +275,15 @@ impl Plan {
         let Some((device, Place::OneBuffer(block))) = placement[within.regst.index()] else {
             return Err(error("that register does not have one buffer of its own (aliased slots)".into()));
         };
+        // The device that makes the register it lies in (whose buffer may be held on
+        // another device of the node, `RegstDesc::home`).
+        let device_of_target = self.device_of(target.producer).index();
         let own_device = self.device_of(desc.producer).index();
-        if own_device != device {
+        if own_device != device_of_target {
             return Err(error(format!(
                 "it is written on {} and that register lives on {}",
                 self.devices[own_device].label(),
-                self.devices[device].label()
+                self.devices[device_of_target].label()
             )));
         }
         if desc.register_num != 1 || desc.shared_offset.is_some() || desc.aliased_slots {

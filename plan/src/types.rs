@@ -535,6 +535,14 @@ pub struct RegstDesc {
     /// other parts (see [`Within`] and [`InPlaceCheck::check_within`](crate::InPlaceCheck::check_within)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub within: Option<Within>,
+    /// The register's one buffer is the one buffer of register `home`, made on another cpu
+    /// device of the same node, not memory of its own: the members of an all-gather that
+    /// gathers a sharded update's parts in place hold the gathered weight once for the
+    /// process instead of once per device, each member's update writes its part there, and
+    /// the all-gather copies nothing (see
+    /// [`InPlaceCheck::check_home`](crate::InPlaceCheck::check_home)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<RegstDescId>,
 }
 
 /// Where a register's one slot lies inside another register ([`RegstDesc::within`]).

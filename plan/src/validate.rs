@@ -240,10 +240,15 @@ impl Plan {
     /// and every register within another may lie there ([`InPlaceCheck`](crate::InPlaceCheck)).
     fn check_aliased_slots(&self, index: &PlanIndex<'_>) -> Result<(), PlanError> {
         let mut rule = crate::InPlaceCheck::new(self, index);
-        // Registers within others first: their errors name them, not the register they are in.
+        // Registers within others, then those held in others' buffers, first: their errors
+        // name them, not the register they are in.
         for r in (0..self.regst_descs.len()).filter(|&r| self.regst_descs[r].within.is_some()) {
             let view = RegstDescId(r as u32);
             rule.check_within(view).map_err(|detail| self.within_error(view, detail))?;
+        }
+        for r in (0..self.regst_descs.len()).filter(|&r| self.regst_descs[r].home.is_some()) {
+            let guest = RegstDescId(r as u32);
+            rule.check_home(guest).map_err(|detail| self.home_error(guest, detail))?;
         }
         for (r, desc) in self.regst_descs.iter().enumerate().filter(|(_, d)| d.aliased_slots) {
             // A weight gathered in place was checked just above, with the register within it.

@@ -82,8 +82,8 @@ fn device_limit(device: &regflow_plan::DeviceDesc, gpus: &GpuMap, host: Option<u
 fn does_not_fit(plan: &Plan, memory: &PlanMemory, d: usize, bytes: u64, available: String) -> RuntimeError {
     let mut registers: Vec<usize> = (0..plan.regst_descs.len())
         .filter(|&r| memory.slot(RegstDescId(r as u32), 0).is_some_and(|(device, _)| device == d))
-        // A register within another takes no bytes of its own.
-        .filter(|&r| plan.regst_descs[r].within.is_none())
+        // A register within another, or held in another's buffer, takes no bytes of its own.
+        .filter(|&r| plan.regst_descs[r].within.is_none() && plan.regst_descs[r].home.is_none())
         .collect();
     let size = |r: &usize| plan.regst_descs[*r].bytes.saturating_mul(u64::from(plan.regst_descs[*r].register_num));
     registers.sort_by_key(|r| std::cmp::Reverse(size(r)));

@@ -5,6 +5,7 @@
 
 use super::error::CompileError;
 use crate::plan::{ActorIndex, ActorKind, PlanBuilder, PlanIndex, RegstDesc, RegstDescId};
+use std::collections::BTreeMap;
 
 /// Lets one-slot activation registers whose lifetimes do not overlap share memory.
 ///
@@ -195,9 +196,64 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
             .map(|&(v, t, _, _, _)| (v, t))
             .collect()
     };
-    for (view, target) in refused {
+    for (view, target) in &refused {
         plan.regst_descs[target.index()].aliased_slots = false;
         plan.regst_descs[view.index()].within = None;
+    }
+    let mut gathered: BTreeMap<String, Vec<(u32, RegstDescId, RegstDescId)>> = BTreeMap::new();
+    for (view, target, _, group, _) in marked.into_iter().filter(|(v, ..)| !refused.iter().any(|(r, _)| r == v)) {
+        let rank = plan.collective_conf(plan.regst_descs[target.index()].producer.index()).map_or(0, |c| c.rank);
+        gathered.entry(group).or_default().push((rank, target, view));
+    }
+    hold_gathered_once(plan, gathered);
+}
+
+/// Weights gathered in place by every member of their all-gather are held once for the
+/// process ([`RegstDesc::home`](crate::plan::RegstDesc)): rank 0's gathered weight is the
+/// buffer of every member's, each member's update writes its part there, and the all-gather
+/// copies nothing (its members only meet, so that no device reads the weight before every
+/// part is written). Per device that saves copying the other members' parts every step, and
+/// the bytes of a weight on every device but one; and the devices' products read one copy
+/// of the weight from the caches they share. Data-parallel MLP with sharded AdamW state on
+/// two cpu devices: 1.63–1.75× → 1.80–1.89× one device (BENCHMARKS.md, issue 13, "twenty-seventh").
+///
+/// In-process cpu devices share the host's memory, so the weight is the same bytes on
+/// every device anyway; what the plan must still make sure of is that no member's update
+/// writes its part while another device's reader still reads those bytes
+/// ([`InPlaceCheck::check_within`](crate::plan::InPlaceCheck::check_within): a collective
+/// both devices take part in lies between them). A group any member of which the rule
+/// refuses keeps a weight per device.
+fn hold_gathered_once(plan: &mut crate::plan::Plan, groups: BTreeMap<String, Vec<(u32, RegstDescId, RegstDescId)>>) {
+    let groups: Vec<Vec<(u32, RegstDescId, RegstDescId)>> = groups
+        .into_values()
+        .filter(|members| members.len() > 1)
+        .map(|mut members| {
+            members.sort_unstable_by_key(|&(rank, ..)| rank);
+            members
+        })
+        .collect();
+    for members in &groups {
+        let home = members[0].1;
+        for &(_, target, _) in &members[1..] {
+            plan.regst_descs[target.index()].home = Some(home);
+        }
+    }
+    let refused: Vec<&Vec<(u32, RegstDescId, RegstDescId)>> = {
+        let index = PlanIndex::new(plan);
+        let mut rule = crate::plan::InPlaceCheck::new(plan, &index);
+        groups
+            .iter()
+            .filter(|members| {
+                !members.iter().all(|&(rank, target, view)| {
+                    (rank == members[0].0 || rule.check_home(target).is_ok()) && rule.check_within(view).is_ok()
+                })
+            })
+            .collect()
+    };
+    for members in refused {
+        for &(_, target, _) in members {
+            plan.regst_descs[target.index()].home = None;
+        }
     }
 }
 

@@ -234,6 +234,62 @@ fn an_all_gather_in_place_copies_the_other_parts_only() {
     }
 }
 
+/// Members whose outputs are one buffer (`RegstDesc::home`: cpu devices of one process
+/// holding a gathered weight once): each writes its own part there before its round, and
+/// after the round (the members leave it only together) the buffer holds every part, round
+/// after round (the kernel skips each part whose source is where it would copy it).
+#[test]
+fn members_sharing_one_output_buffer_end_each_round_with_every_part() {
+    use super::CollectiveMember;
+    let conf = CollectiveConf { op: CollectiveOp::AllGather { dim: 0 }, size: 3, ..conf(0, &[7, 3]) };
+    let members = CollectiveMember::group(&conf).unwrap();
+    let row = |round: usize, r: usize| -> Vec<u8> {
+        (0..3).flat_map(|c| (round as f32 * 100.0 + r as f32 * 10.0 + c as f32).to_le_bytes()).collect()
+    };
+    let mut shared = vec![0xAB_u8; 7 * 12];
+    let address = shared.as_mut_ptr() as usize;
+    // Between reading a round's buffer and writing the next round's parts (a test's own
+    // order: in a plan, the readers of the weight come before any update, by the rule).
+    let read = std::sync::Barrier::new(3);
+    let rounds = 5;
+    let seen: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+        let threads: Vec<_> = members
+            .into_iter()
+            .map(|mut member| {
+                let read = &read;
+                s.spawn(move || {
+                    let own = regflow_plan::part_range(7, 3, member.rank() as usize);
+                    let (start, end) = (own.start * 12, own.end * 12);
+                    let out = address as *mut u8;
+                    let mut seen = Vec::new();
+                    for round in 0..rounds {
+                        let part: Vec<u8> = own.clone().flat_map(|r| row(round, r)).collect();
+                        // SAFETY: this member alone writes its own part, while every member
+                        // is between the last `read` barrier and this round.
+                        unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), out.add(start), part.len()) };
+                        // SAFETY: the buffer outlives the scope; peers' parts are not written here.
+                        unsafe { member.gather_in_place(out.add(start), end - start, out, 7 * 12) }.unwrap();
+                        // SAFETY: nobody writes until every member has read (the barrier).
+                        seen.push(unsafe { std::slice::from_raw_parts(out, 7 * 12) }.to_vec());
+                        read.wait();
+                    }
+                    seen
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    drop(shared);
+    assert_eq!(seen.len(), 3);
+    for member in seen {
+        assert_eq!(member.len(), rounds);
+        for (round, buffer) in member.iter().enumerate() {
+            let whole: Vec<u8> = (0..7).flat_map(|r| row(round, r)).collect();
+            assert_eq!(buffer, &whole, "round {round}");
+        }
+    }
+}
+
 /// An input that overlaps the output anywhere but at the member's own part of an
 /// all-gather is refused, naming the offsets, before any peer is waited for.
 #[test]

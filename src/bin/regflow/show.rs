@@ -198,7 +198,13 @@ fn list(out: &mut String, plan: &Plan, actors: &[usize]) {
                 if register.preloaded > 0 { format!(" (preloaded {})", register.preloaded) } else { String::new() };
             let shared = match (register.shared_offset, register.aliased_slots, register.within) {
                 (Some(offset), _, _) => format!(" (shared region at {offset})"),
-                (None, true, _) => " (one buffer: updated in place)".to_string(),
+                (None, true, _) => match register.home {
+                    Some(home) => format!(
+                        " (one buffer: held in '{}', once for the process)",
+                        plan.regst_descs.get(home.index()).map_or("?", |r| r.name.as_str())
+                    ),
+                    None => " (one buffer: updated in place)".to_string(),
+                },
                 (None, false, Some(within)) => format!(
                     " (within '{}' at byte {})",
                     plan.regst_descs.get(within.regst.index()).map_or("?", |r| r.name.as_str()),
