@@ -2,12 +2,14 @@
 //!
 //! 1. `cpu`: one training step (forward, backward, AdamW) of the MLP 784-1024-1024-10,
 //!    batch 256, f32, on one device vs data-parallel over two `cpu` devices (batch `S(0)`
-//!    pinned, every other layout the compiler's choice: weights `B`; `dW0` and the small
-//!    gradients all-reduced; `dW1` computed by rows from an all-to-all of the first hidden
-//!    activation and an all-gather of its output gradient, then all-gathered, 2.75 MB moved
-//!    per device instead of an all-reduce's 4), one matmul thread per device: samples/s, the core
-//!    time per step (all threads) and ratio, in three rounds that each time all three plans
-//!    once, and the median per-round ratio.
+//!    pinned, every other layout the compiler's choice: weights `B`, the AdamW state
+//!    sharded in process where its rows split on 64 bytes, `ParallelOptions::
+//!    shard_states_in_process`, the gathered weights held once; `dW1` computed by rows from
+//!    an all-to-all of the first hidden activation and an all-gather of its output
+//!    gradient), then the same with every AdamW state pinned `B` (a copy per device, each
+//!    updating all of it) and pinned `S(0)`, one matmul thread per device: samples/s, the
+//!    core time per step (all threads) and ratio, in three rounds that each time all four
+//!    plans once, and the median per-round ratios.
 //! 2. `sim`: a 16-layer MLP data-parallel over two `sim` devices with modeled kernel and
 //!    link times: the step time against max(compute, comm) (perfect overlap) and against
 //!    compute + comm (no overlap), where compute and comm are the modeled busy times of one
@@ -20,8 +22,9 @@
 //! `--trace` writes the sim part's timeline. Environment, for looking closer:
 //! `REGFLOW_ONE_TRACE=t.json` writes the timeline of the cpu one-device run (first round),
 //! `REGFLOW_DP_TRACE=t.json` that of the cpu dp2 run,
-//! `REGFLOW_Z1_TRACE=t.json` that of the dp2 run with sharded AdamW state,
-//! `REGFLOW_ONLY=one|dp|z1` times only that plan, 200 steps (for a profiler),
+//! `REGFLOW_REP_TRACE=t.json` and `REGFLOW_Z1_TRACE=t.json` those of the dp2 runs with the
+//! AdamW state pinned `B` and `S(0)`,
+//! `REGFLOW_ONLY=one|dp|rep|z1` times only that plan, 200 steps (for a profiler),
 //! `REGFLOW_SHOW_COLLECTIVES=1` prints its collectives in issue order,
 //! `REGFLOW_NO_REUSE=1` compiles it without memory reuse (to compare),
 //! `REGFLOW_CPU_THREADS=n` gives every cpu device's kernels n threads (default 1),
@@ -30,8 +33,8 @@
 //! the compute streams on a host of fewer than 4 cores),
 //! `REGFLOW_NO_BUCKETS=1` without gradient buckets (one all-reduce per gradient), and
 //! `REGFLOW_PLAN_JSON=p.json` writes the sim plan and `REGFLOW_DP_PLAN_JSON=p.json` the cpu
-//! dp2 plan, `REGFLOW_Z1_PLAN_JSON=p.json` the one with sharded AdamW state (for
-//! `regflow plan show|dot`).
+//! dp2 plan, `REGFLOW_REP_PLAN_JSON=p.json` and `REGFLOW_Z1_PLAN_JSON=p.json` those with
+//! the AdamW state pinned `B` and `S(0)` (for `regflow plan show|dot`).
 
 #[path = "common/cpu_time.rs"]
 mod cpu_time;
@@ -182,66 +185,77 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
         println!("collectives: {:?}", dp.parallel.as_ref().map(|p| &p.collectives));
     }
 
-    // The same with the AdamW state sharded S(0) (ZeRO stage 1): each device updates half
-    // of every weight, and the weights are all-gathered after the update.
-    let g = Graph::new();
-    let train = mlp(&g, BATCH, &SIZES)?;
-    let mesh = Mesh::cpu(&[2], &["dp"])?;
-    data_parallel(&g, &mesh)?;
-    for (state, _) in &train.states {
-        g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)]))?;
+    // The same with every AdamW state pinned: `B` (a copy per device, each updating all of
+    // it: what the compiler chose before it sharded state in process) and `S(0)` (ZeRO
+    // stage 1, all states; the compiler's choice leaves `b2`'s 10 rows replicated).
+    let pinned = |layout: Sbp| -> Result<CompiledGraph, Box<dyn std::error::Error>> {
+        let g = Graph::new();
+        let train = mlp(&g, BATCH, &SIZES)?;
+        let mesh = Mesh::cpu(&[2], &["dp"])?;
+        data_parallel(&g, &mesh)?;
+        for (state, _) in &train.states {
+            g.set_layout(*state, &mesh, NdSbp(vec![layout]))?;
+        }
+        let options = ParallelOptions { collective_streams, ..ParallelOptions::new(mesh) }.train(&train);
+        Ok(g.compile_parallel(&[train.loss], &train.updates, &options)?)
+    };
+    let (replicated, zero1) = (pinned(Sbp::Broadcast)?, pinned(Sbp::Split(0))?);
+    if let Some(path) = std::env::var_os("REGFLOW_REP_PLAN_JSON") {
+        std::fs::write(path, replicated.plan.to_json())?;
     }
-    let zero1_options = ParallelOptions { collective_streams, ..ParallelOptions::new(mesh) }.train(&train);
-    let zero1 = g.compile_parallel(&[train.loss], &train.updates, &zero1_options)?;
     if let Some(path) = std::env::var_os("REGFLOW_Z1_PLAN_JSON") {
         std::fs::write(path, zero1.plan.to_json())?;
     }
 
-    // One plan alone, for a profiler whose samples should not mix the three.
+    // One plan alone, for a profiler whose samples should not mix the others.
     if let Ok(which) = std::env::var("REGFLOW_ONLY") {
         let compiled = match which.as_str() {
             "one" => &one,
             "dp" => &dp,
+            "rep" => &replicated,
             "z1" => &zero1,
-            other => return Err(format!("REGFLOW_ONLY={other:?}: expected one, dp or z1").into()),
+            other => return Err(format!("REGFLOW_ONLY={other:?}: expected one, dp, rep or z1").into()),
         };
         let t = time_steps(compiled, &feeds, warmup, 200, None)?;
         println!("{which}: {:.2} ms/step, {:.2} ms of core time", t.wall * 1e3, t.cpu * 1e3);
         return Ok(());
     }
-    let one_trace = std::env::var("REGFLOW_ONE_TRACE").ok();
-    let dp_trace = std::env::var("REGFLOW_DP_TRACE").ok();
-    let zero1_trace = std::env::var("REGFLOW_Z1_TRACE").ok();
-    let (mut dp_gains, mut zero1_gains) = (Vec::new(), Vec::new());
+    let traces: Vec<Option<String>> =
+        ["REGFLOW_ONE_TRACE", "REGFLOW_DP_TRACE", "REGFLOW_REP_TRACE", "REGFLOW_Z1_TRACE"]
+            .iter()
+            .map(|v| std::env::var(v).ok())
+            .collect();
+    let plans = [&one, &dp, &replicated, &zero1];
+    let mut gains = vec![Vec::new(); 3];
     for round in 0..ROUNDS {
-        let trace = if round == 0 { one_trace.as_deref() } else { None };
-        let single = time_steps(&one, &feeds, warmup, steps, trace)?;
-        let trace = if round == 0 { dp_trace.as_deref() } else { None };
-        let parallel = time_steps(&dp, &feeds, warmup, steps, trace)?;
-        let trace = if round == 0 { zero1_trace.as_deref() } else { None };
-        let sharded = time_steps(&zero1, &feeds, warmup, steps, trace)?;
-        dp_gains.push(single.wall / parallel.wall);
-        zero1_gains.push(single.wall / sharded.wall);
+        let mut times = Vec::new();
+        for (plan, trace) in plans.iter().zip(&traces) {
+            let trace = if round == 0 { trace.as_deref() } else { None };
+            times.push(time_steps(plan, &feeds, warmup, steps, trace)?);
+        }
+        for (gain, t) in gains.iter_mut().zip(&times[1..]) {
+            gain.push(times[0].wall / t.wall);
+        }
         // Core time per step: what two cores must hold for the gain (all threads, the
         // feeder's and the collectives' included).
         let describe = |t: StepTime| {
             format!(
-                "{:.1} ms/step ({:.0} samples/s; {:.1} ms of core time, {:.2} cores busy)",
+                "{:.1} ms/step ({:.0} samples/s; {:.1} ms of core time, {:.2} cores busy), {:.2}x",
                 t.wall * 1e3,
                 BATCH as f64 / t.wall,
                 t.cpu * 1e3,
-                t.cpu / t.wall
+                t.cpu / t.wall,
+                times[0].wall / t.wall
             )
         };
         println!(
-            "round {}: cpu MLP 784-1024-1024-10, batch {BATCH}: one device {}; dp2 {}, {:.2}x; \
-             dp2 + sharded AdamW state {}, {:.2}x",
+            "round {}: cpu MLP 784-1024-1024-10, batch {BATCH}: one device {}; dp2 {}; \
+             dp2, AdamW state pinned B {}; pinned S(0) {}",
             round + 1,
-            describe(single),
-            describe(parallel),
-            single.wall / parallel.wall,
-            describe(sharded),
-            single.wall / sharded.wall
+            describe(times[0]),
+            describe(times[1]),
+            describe(times[2]),
+            describe(times[3]),
         );
     }
     let median = |mut v: Vec<f64>| {
@@ -249,9 +263,11 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
         v[v.len() / 2]
     };
     println!(
-        "cpu MLP dp2 speed-up over one device, median of {ROUNDS} rounds: {:.2}x; with sharded AdamW state: {:.2}x",
-        median(dp_gains),
-        median(zero1_gains)
+        "cpu MLP dp2 speed-up over one device, median of {ROUNDS} rounds: {:.2}x (the compiler's layouts); \
+         AdamW state pinned B {:.2}x, pinned S(0) {:.2}x",
+        median(gains[0].clone()),
+        median(gains[1].clone()),
+        median(gains[2].clone())
     );
     Ok(())
 }

@@ -76,7 +76,10 @@ fn two_devices(g: &Graph, optimizer: &Optimizer, sharded: bool, fuse_norms: bool
     for name in split {
         g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
     }
-    let options = ParallelOptions { fuse_norms, ..ParallelOptions::new(mesh) }.train(&step);
+    // Optimizer state replicated unless the parameters are split (left to the compiler, it
+    // would be sharded in process: `ParallelOptions::shard_states_in_process`).
+    let options =
+        ParallelOptions { fuse_norms, shard_states_in_process: false, ..ParallelOptions::new(mesh) }.train(&step);
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
 }
 

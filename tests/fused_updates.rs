@@ -80,8 +80,8 @@ fn sim_and_cuda_devices_fuse_their_updates_too() {
     }
 }
 
-/// The MLP on two data-parallel cpu devices, gradients all-reduced in buckets of at most
-/// `bucket_bytes`.
+/// The MLP on two data-parallel cpu devices with replicated optimizer state, gradients
+/// all-reduced in buckets of at most `bucket_bytes`.
 fn data_parallel(g: &Graph, step: &TrainStep<'_>, bucket_bytes: u64, fuse_updates: bool) -> CompiledGraph {
     let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
     for name in ["x", "y"] {
@@ -90,8 +90,15 @@ fn data_parallel(g: &Graph, step: &TrainStep<'_>, bucket_bytes: u64, fuse_update
     // On comm streams: an all-reduce on the compute stream is made on the update's own
     // stream, so every update of a device would join one group whatever the buckets.
     let collective_streams = CollectiveStreams::CommStreams;
-    let options =
-        ParallelOptions { bucket_bytes, fuse_updates, collective_streams, ..ParallelOptions::new(mesh) }.train(step);
+    // Replicated optimizer state (left to the compiler, it would be sharded in process).
+    let options = ParallelOptions {
+        bucket_bytes,
+        fuse_updates,
+        collective_streams,
+        shard_states_in_process: false,
+        ..ParallelOptions::new(mesh)
+    }
+    .train(step);
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
 }
 

@@ -276,11 +276,9 @@ fn zero_buckets_change_no_bit() {
     }
 }
 
-/// Bytes per device of the digits-size MLP (784-1024-1024-10, batch 256, AdamW) on two
-/// devices, data parallel, with the moments replicated or split `S(0)`, its collectives on
-/// `streams`.
-fn zero1_bytes_per_device(sharded: bool, streams: CollectiveStreams) -> u64 {
-    let g = Graph::new();
+/// The digits-size MLP (784-1024-1024-10, batch 256, AdamW) in `g`, its batch split over
+/// two cpu devices: the step and the mesh.
+fn digits_mlp_on_two(g: &Graph) -> (TrainStep<'_>, Mesh) {
     let x = g.input("x", [256, 784], DType::F32).unwrap();
     let y = g.input("y", [256], DType::I64).unwrap();
     let sizes = [784, 1024, 1024, 10];
@@ -299,10 +297,18 @@ fn zero1_bytes_per_device(sharded: bool, streams: CollectiveStreams) -> u64 {
     for t in [x, y] {
         g.set_layout(t, &mesh, NdSbp(vec![S(0)])).unwrap();
     }
-    if sharded {
-        for (state, _) in &train.states {
-            g.set_layout(*state, &mesh, NdSbp(vec![S(0)])).unwrap();
-        }
+    (train, mesh)
+}
+
+/// Bytes per device of [`digits_mlp_on_two`], data parallel, with the moments replicated or
+/// split `S(0)`, its collectives on `streams`.
+fn zero1_bytes_per_device(sharded: bool, streams: CollectiveStreams) -> u64 {
+    let g = Graph::new();
+    let (train, mesh) = digits_mlp_on_two(&g);
+    // Replicated: pinned, since states left to the compiler are sharded in process.
+    let layout = if sharded { S(0) } else { Sbp::Broadcast };
+    for (state, _) in &train.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![layout])).unwrap();
     }
     let options = ParallelOptions { collective_streams: streams, ..ParallelOptions::new(mesh) }.train(&train);
     let plan = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap().plan;
@@ -553,7 +559,11 @@ fn collectives_on_first_device(layout: &Layout, bucket_bytes: u64) -> Vec<(Strin
     use regflow::graph::plan::{ActorKind, CollectiveOp, KernelConf};
     let g = Graph::new();
     let train = model(&g, DType::F32, Some(layout));
-    let options = ParallelOptions { bucket_bytes, ..ParallelOptions::new(layout.mesh.clone()) }.train(&train);
+    // Replicated optimizer state, whose gradients are all-reduced (this file's
+    // `data_parallel_with_state_left_to_the_compiler_shards_it_in_process` has the other).
+    let options =
+        ParallelOptions { bucket_bytes, shard_states_in_process: false, ..ParallelOptions::new(layout.mesh.clone()) }
+            .train(&train);
     let plan = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap().plan;
     let device = plan.device_of(
         plan.actors
@@ -611,4 +621,93 @@ fn buckets_change_no_bit_of_the_losses() {
             assert_eq!(bucketed, single, "dp{p} {dtype}");
         }
     }
+}
+
+/// Data parallel on cpu devices of one process with the optimizer state left to the
+/// compiler (`ParallelOptions::shard_states_in_process`): every state whose rows split on
+/// 64-byte boundaries is split `S(0)`, its gradient reduce-scattered instead of
+/// all-reduced, and its gathered weight held once for the process; the rest (`b2`'s state:
+/// 10 rows of 4 bytes) stays replicated. Losses are bitwise those of replicated state.
+#[test]
+fn data_parallel_with_state_left_to_the_compiler_shards_it_in_process() {
+    use regflow::graph::plan::{ActorKind, KernelConf, Plan};
+    let compile = |shard: bool| {
+        let g = Graph::new();
+        let (train, mesh) = digits_mlp_on_two(&g);
+        let options = ParallelOptions { shard_states_in_process: shard, ..ParallelOptions::new(mesh) }.train(&train);
+        g.compile_parallel(&[train.loss], &train.updates, &options).unwrap()
+    };
+    let (sharded, replicated) = (compile(true), compile(false));
+    let bytes = |plan: &Plan, name: &str| {
+        plan.regst_descs[plan.variables.iter().find(|v| v.name == name).unwrap().regst.index()].bytes
+    };
+    for state in ["adam_m", "adam_v"] {
+        for (param, rows, row_bytes) in [("w0", 784u64, 4096u64), ("w1", 1024, 4096), ("b0", 1024, 4), ("b1", 1024, 4)]
+        {
+            for device in 0..2 {
+                let name = format!("{param}.{state}@{device}");
+                assert_eq!(bytes(&sharded.plan, &name), rows / 2 * row_bytes, "{name}");
+                assert_eq!(bytes(&replicated.plan, &name), rows * row_bytes, "{name}");
+            }
+        }
+        assert_eq!(bytes(&sharded.plan, &format!("b2.{state}@1")), 40, "10 rows of 4 bytes do not split on 64");
+    }
+    let ops = |plan: &Plan| -> Vec<String> {
+        let mut ops: Vec<String> = plan
+            .actors
+            .iter()
+            .filter(|a| a.name.ends_with("@0"))
+            .filter_map(|a| match &a.kind {
+                ActorKind::Compute { kernel: KernelConf::Collective(conf) } => Some(conf.op_name().to_string()),
+                _ => None,
+            })
+            .collect();
+        ops.sort();
+        ops
+    };
+    let (sharded_ops, replicated_ops) = (ops(&sharded.plan), ops(&replicated.plan));
+    assert!(sharded_ops.iter().any(|o| o.starts_with("reduce_scatter")), "{sharded_ops:?}");
+    assert!(!replicated_ops.iter().any(|o| o.starts_with("reduce_scatter")), "{replicated_ops:?}");
+    // The weights: held once (device 1's is device 0's buffer).
+    let held: Vec<&str> = sharded
+        .plan
+        .regst_descs
+        .iter()
+        .filter(|d| d.home.is_some())
+        .map(|d| {
+            let v = sharded.plan.variables.iter().find(|v| sharded.plan.regst_descs[v.regst.index()].name == d.name);
+            v.map_or(d.name.as_str(), |v| v.name.as_str())
+        })
+        .collect();
+    assert!(held.contains(&"w0@1") && held.contains(&"w1@1"), "{held:?}");
+    assert!(replicated.plan.regst_descs.iter().all(|d| d.home.is_none()));
+
+    // The same losses, bit for bit, over four steps (each step's loss reads the weights
+    // every update before it wrote).
+    let run = |compiled: &regflow::graph::CompiledGraph| -> Vec<u32> {
+        let mut rng = SplitMix64::new(9);
+        let x: Vec<f32> = (0..256 * 784).map(|_| rng.next_normal() as f32).collect();
+        let y: Vec<i64> = (0..256).map(|_| (rng.next_u64() % 10) as i64).collect();
+        let (x, y) = (HostArray::f32([256, 784], x).unwrap(), HostArray::i64([256], y).unwrap());
+        let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+        let mut feeds = job.graph_feeds().unwrap();
+        let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
+        let pusher = std::thread::spawn(move || {
+            for _ in 0..4 {
+                feeds.push("x", &x).unwrap();
+                feeds.push("y", &y).unwrap();
+            }
+            feeds.close().unwrap();
+        });
+        let losses: Vec<u32> = std::iter::from_fn(|| fetcher.recv())
+            .map(|p| f32::from_le_bytes(p.bytes()[..4].try_into().unwrap()).to_bits())
+            .collect();
+        pusher.join().unwrap();
+        job.wait().unwrap();
+        losses
+    };
+    let losses = run(&sharded);
+    assert_eq!(losses.len(), 4);
+    assert!(f32::from_bits(losses[3]) < f32::from_bits(losses[0]), "{losses:?}");
+    assert_eq!(losses, run(&replicated), "losses, bit for bit");
 }

@@ -26,16 +26,17 @@ pub(crate) fn model<'g>(g: &'g Graph, optimizer: &Optimizer) -> (TrainStep<'g>, 
 }
 
 /// Two data-parallel cpu devices for the MLP in `g`: its inputs split `S(0)` over `dp`,
-/// and where `sharded_state`, every optimizer state of `step` too (ZeRO stage 1).
+/// and every optimizer state of `step` split too where `sharded_state` (ZeRO stage 1), else
+/// pinned `Broadcast` (left to the compiler, states of one process's cpu devices are
+/// sharded where their rows allow: `ParallelOptions::shard_states_in_process`).
 pub(crate) fn two_devices(g: &Graph, step: &TrainStep<'_>, sharded_state: bool) -> Mesh {
     let mesh = Mesh::cpu(&[2], &["dp"]).unwrap();
     for name in ["x", "y"] {
         g.set_layout(g.by_name(name).unwrap(), &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
     }
-    if sharded_state {
-        for (state, _) in &step.states {
-            g.set_layout(*state, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-        }
+    let layout = if sharded_state { Sbp::Split(0) } else { Sbp::Broadcast };
+    for (state, _) in &step.states {
+        g.set_layout(*state, &mesh, NdSbp(vec![layout])).unwrap();
     }
     mesh
 }

@@ -108,6 +108,9 @@ struct Inference<'a> {
     pins: bool,
     /// `tensor -> like`: `tensor` takes `like`'s layout.
     follow: HashMap<TensorId, TensorId>,
+    /// Whether optimizer state left to the compiler may be sharded in process
+    /// ([`ParallelOptions::shard_states_in_process`], in a step where it applies).
+    shard_states: bool,
     /// Where outputs are going: a variable's next value goes to the variable's layout, a
     /// followed tensor to its leader's.
     destination: HashMap<TensorId, NdSbp>,
@@ -128,6 +131,10 @@ pub(crate) fn infer(
         placement,
         pins: scope == Scope::Placements,
         follow: options.follow.iter().copied().collect(),
+        shard_states: options.shard_states_in_process
+            && options.reuse_memory
+            && facts.micro_batches == 1
+            && scope == Scope::Placements,
         destination: HashMap::new(),
         layouts: Layouts::default(),
     };
@@ -173,8 +180,11 @@ impl Inference<'_> {
             }
             let mesh = self.placement.mesh(id)?;
             let ndim = mesh.ndim();
-            let layout = self
-                .pin(id)
+            let pinned = match self.pin(id) {
+                Some(pin) => Some(pin),
+                None => self.sharded_state(id, facts)?,
+            };
+            let layout = pinned
                 .or_else(|| self.follow.get(&id).and_then(|like| self.pin(*like)))
                 .unwrap_or_else(|| NdSbp::broadcast(ndim));
             layout.check(mesh, &info.meta.shape).map_err(|reason| CompileError::LayoutDoesNotFit {
@@ -194,6 +204,37 @@ impl Inference<'_> {
             self.layouts.visible.insert(id, layout);
         }
         Ok(())
+    }
+
+    /// `S(0)` for an optimizer state sharded in process
+    /// ([`ParallelOptions::shard_states_in_process`]): a variable that is not trainable and
+    /// follows a trainable one (as [`ParallelOptions::train`] makes every state follow its
+    /// parameter), neither pinned otherwise, nor the parameter fetched, on a one-axis mesh
+    /// of two or more cpu devices of one node, where every device's rows start on a 64-byte
+    /// boundary (so its update writes them in place, where the all-gather puts them).
+    fn sharded_state(&self, id: TensorId, facts: &StepFacts) -> Result<Option<NdSbp>, CompileError> {
+        let Some(&param) = self.follow.get(&id).filter(|_| self.shard_states) else { return Ok(None) };
+        let trainable = |t: TensorId| match self.graph.info(t).source {
+            TensorSource::Variable { trainable, .. } => Some(trainable),
+            _ => None,
+        };
+        if trainable(id) != Some(false) || trainable(param) != Some(true) || self.pin(param).is_some() {
+            return Ok(None);
+        }
+        if facts.fetch.contains(&param) {
+            return Ok(None);
+        }
+        let (mesh, meta) = (self.placement.mesh(id)?, self.graph.info(id).meta);
+        let devices = mesh.devices();
+        let one_node = devices.iter().all(|d| d.kind == crate::plan::DeviceKind::Cpu && d.node == devices[0].node);
+        let (Some(&rows), true) = (meta.shape.0.first(), mesh.ndim() == 1 && mesh.size() > 1 && one_node) else {
+            return Ok(None);
+        };
+        let row_bytes = meta.bytes() / rows.max(1);
+        let aligned = (0..mesh.size())
+            .all(|r| (crate::plan::part_range(rows, mesh.size(), r).start * row_bytes).is_multiple_of(64));
+        Ok((rows >= mesh.size() && aligned && *self.placement.mesh(param)? == *mesh)
+            .then(|| NdSbp(vec![Sbp::Split(0)])))
     }
 
     /// Where outputs are going: a variable's next value goes to the variable's layout, a

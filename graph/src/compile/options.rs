@@ -167,6 +167,20 @@ pub struct ParallelOptions {
     /// tensors keep a collective of their own instead of being copied into a bucket).
     /// 0 turns bucketing off. Default 1 MiB.
     pub bucket_bytes: u64,
+    /// Shard optimizer state in process: an optimizer state whose layout is left to the
+    /// compiler (not pinned), of a parameter replicated over a one-axis mesh of cpu
+    /// devices of one node, is split `S(0)` over it (ZeRO stage 1), where every device's
+    /// rows start on a 64-byte boundary and the parameter is not fetched, in a step of one
+    /// micro-batch that reuses memory. Each device then updates its rows of the parameter
+    /// (a reduce-scatter of the gradient instead of an all-reduce), and the gathered
+    /// parameter is held once for the process (`RegstDesc::home`), its all-gather copying
+    /// nothing. On such devices a replicated update is bound by memory: every device
+    /// reads and writes all of the parameters and their state, each step, at the same
+    /// moment (BENCHMARKS.md, issue 13, "twenty-sixth"). Values, fetches and checkpoints
+    /// are those of replicated state (the same bits: the update is elementwise, the
+    /// reduce-scatter sums in rank order as the all-reduce does). Pin a state `Broadcast`,
+    /// or turn this off, to keep a copy per device. Default on.
+    pub shard_states_in_process: bool,
     /// Fuse each device's optimizer updates into one `update_group` actor per set of
     /// gradients that are ready together (`compile/fuse_updates.rs`): one firing and one
     /// pass over all their elements, on all the device's threads (a CUDA device: one
@@ -351,6 +365,7 @@ impl ParallelOptions {
             reuse_memory: true,
             check_finite: false,
             bucket_bytes: 1 << 20,
+            shard_states_in_process: true,
             fuse_updates: true,
             fuse_norms: true,
             fuse_casts: true,
