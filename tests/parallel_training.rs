@@ -627,7 +627,8 @@ fn buckets_change_no_bit_of_the_losses() {
 /// compiler (`ParallelOptions::shard_states_in_process`): every state whose rows split on
 /// 64-byte boundaries is split `S(0)`, its gradient reduce-scattered instead of
 /// all-reduced, and its gathered weight held once for the process; the rest (`b2`'s state:
-/// 10 rows of 4 bytes) stays replicated. Losses are bitwise those of replicated state.
+/// 10 rows of 4 bytes) stays replicated. Losses are bitwise those of replicated state (no clipping here: a global
+/// norm would sum each device's rows first).
 #[test]
 fn data_parallel_with_state_left_to_the_compiler_shards_it_in_process() {
     use regflow::graph::plan::{ActorKind, KernelConf, Plan};
@@ -641,6 +642,16 @@ fn data_parallel_with_state_left_to_the_compiler_shards_it_in_process() {
     let bytes = |plan: &Plan, name: &str| {
         plan.regst_descs[plan.variables.iter().find(|v| v.name == name).unwrap().regst.index()].bytes
     };
+    // A parameter pinned replicated counts as replicated; one pinned split (tensor
+    // parallel) keeps its state in its own layout.
+    for (pin, m_bytes) in [(B, 392 * 4096), (S(1), 784 * 2048)] {
+        let g = Graph::new();
+        let (train, mesh) = digits_mlp_on_two(&g);
+        g.set_layout(g.by_name("w0").unwrap(), &mesh, NdSbp(vec![pin])).unwrap();
+        let options = ParallelOptions::new(mesh).train(&train);
+        let plan = g.compile_parallel(&[train.loss], &train.updates, &options).unwrap().plan;
+        assert_eq!(bytes(&plan, "w0.adam_m@1"), m_bytes, "w0 pinned {pin:?}");
+    }
     for state in ["adam_m", "adam_v"] {
         for (param, rows, row_bytes) in [("w0", 784u64, 4096u64), ("w1", 1024, 4096), ("b0", 1024, 4), ("b1", 1024, 4)]
         {

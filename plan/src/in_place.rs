@@ -164,6 +164,13 @@ impl<'p> InPlaceCheck<'p> {
         if !target.aliased_slots || target.shared_offset.is_some() {
             return Err("that register's slots are not one buffer of its own".into());
         }
+        if desc.register_num != 1 || desc.aliased_slots || desc.shared_offset.is_some() {
+            return Err(format!(
+                "it has {} slots{}: a register within another has one slot and no other memory sharing",
+                desc.register_num,
+                if desc.shared_offset.is_some() || desc.aliased_slots { " and shares memory otherwise" } else { "" }
+            ));
+        }
         let gather = &plan.actors[target.producer.index()];
         let conf = match &gather.kind {
             ActorKind::Compute { kernel: KernelConf::Collective(conf) }

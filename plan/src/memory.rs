@@ -183,14 +183,7 @@ impl Plan {
     /// another: names both (the other by its index where the plan has no such register).
     pub(crate) fn within_error(&self, view: RegstDescId, detail: String) -> PlanError {
         let desc = &self.regst_descs[view.index()];
-        let within = desc.within.map(|w| w.regst);
-        PlanError::Within {
-            regst: desc.name.clone(),
-            within: within.map_or_else(String::new, |r| {
-                self.regst_descs.get(r.index()).map_or_else(|| format!("#{}", r.0), |t| t.name.clone())
-            }),
-            detail,
-        }
+        PlanError::Within { regst: desc.name.clone(), within: self.named(desc.within.map(|w| w.regst)), detail }
     }
 
     /// The error of register `guest`, which says it is held in another's buffer
@@ -198,13 +191,15 @@ impl Plan {
     /// register).
     pub(crate) fn home_error(&self, guest: RegstDescId, detail: String) -> PlanError {
         let desc = &self.regst_descs[guest.index()];
-        PlanError::Home {
-            regst: desc.name.clone(),
-            home: desc.home.map_or_else(String::new, |r| {
-                self.regst_descs.get(r.index()).map_or_else(|| format!("#{}", r.0), |t| t.name.clone())
-            }),
-            detail,
-        }
+        PlanError::Home { regst: desc.name.clone(), home: self.named(desc.home), detail }
+    }
+
+    /// The name of register `r` a plan file names, `#index` where there is none, or
+    /// nothing where it names none.
+    fn named(&self, r: Option<RegstDescId>) -> String {
+        r.map_or_else(String::new, |r| {
+            self.regst_descs.get(r.index()).map_or_else(|| format!("#{}", r.0), |t| t.name.clone())
+        })
     }
 
     /// Where a register whose buffer is another's ([`RegstDesc::home`]) lies: in that

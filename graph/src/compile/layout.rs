@@ -209,7 +209,7 @@ impl Inference<'_> {
     /// `S(0)` for an optimizer state sharded in process
     /// ([`ParallelOptions::shard_states_in_process`]): a variable that is not trainable and
     /// follows a trainable one (as [`ParallelOptions::train`] makes every state follow its
-    /// parameter), neither pinned otherwise, nor the parameter fetched, on a one-axis mesh
+    /// parameter), not pinned itself, its parameter replicated and not fetched, on a one-axis mesh
     /// of two or more cpu devices of one node, where every device's rows start on a 64-byte
     /// boundary (so its update writes them in place, where the all-gather puts them).
     fn sharded_state(&self, id: TensorId, facts: &StepFacts) -> Result<Option<NdSbp>, CompileError> {
@@ -218,7 +218,9 @@ impl Inference<'_> {
             TensorSource::Variable { trainable, .. } => Some(trainable),
             _ => None,
         };
-        if trainable(id) != Some(false) || trainable(param) != Some(true) || self.pin(param).is_some() {
+        // The parameter replicated: pinned so, or left to the compiler (which replicates it).
+        let replicated = self.pin(param).is_none_or(|pin| pin.0.iter().all(|s| *s == Sbp::Broadcast));
+        if trainable(id) != Some(false) || trainable(param) != Some(true) || !replicated {
             return Ok(None);
         }
         if facts.fetch.contains(&param) {

@@ -176,10 +176,12 @@ pub struct ParallelOptions {
     /// parameter is held once for the process (`RegstDesc::home`), its all-gather copying
     /// nothing. On such devices a replicated update is bound by memory: every device
     /// reads and writes all of the parameters and their state, each step, at the same
-    /// moment (BENCHMARKS.md, issue 13, "twenty-sixth"). Values, fetches and checkpoints
-    /// are those of replicated state (the same bits: the update is elementwise, the
-    /// reduce-scatter sums in rank order as the all-reduce does). Pin a state `Broadcast`,
-    /// or turn this off, to keep a copy per device. Default on.
+    /// moment (BENCHMARKS.md, issue 13, "twenty-sixth"). Fetches and checkpoints see whole
+    /// states as with replicated state, and the values are its bits (the update is
+    /// elementwise, the reduce-scatter sums in rank order as the all-reduce does) except
+    /// with a gradient scale: clipping's and loss scaling's global norm then sums each
+    /// device's rows first, as under ZeRO, which may change its last bits. Pin a state
+    /// `Broadcast`, or turn this off, to keep a copy per device. Default on.
     pub shard_states_in_process: bool,
     /// Fuse each device's optimizer updates into one `update_group` actor per set of
     /// gradients that are ready together (`compile/fuse_updates.rs`): one firing and one
