@@ -309,7 +309,8 @@ fn compiled_data_parallel_plan_shows_both_devices_and_their_all_reduces() {
 }
 
 /// With sharded optimizer state each device updates its rows of the replicated weight,
-/// read in place: `plan show` counts those windows per device, `plan dot` labels them.
+/// read in place: `plan show` counts those windows per device, `plan dot` labels them, and
+/// `plan show --actors` names the buffer the weight is held in once for the process.
 #[test]
 fn a_sharded_state_plan_shows_the_rows_it_reads_in_place() {
     let compiled = compiled_dp2(32, 16, true);
@@ -321,6 +322,17 @@ fn a_sharded_state_plan_shows_the_rows_it_reads_in_place() {
         text.matches("  windows      1 input read in place, 1024 bytes (1.0 KiB) not copied per piece").count(),
         2,
         "{text}"
+    );
+    // The gathered weight is held once for the process: device 1's register is device
+    // 0's buffer, and `--actors` says so beside each of device 1's actors that touch it.
+    let w = |d: usize| compiled.plan.variables.iter().find(|v| v.name == format!("w@{d}")).unwrap().regst;
+    let home = &compiled.plan.regst_descs[w(0).index()].name;
+    assert_eq!(compiled.plan.regst_descs[w(1).index()].home, Some(w(0)));
+    let actors = success(&["plan", "show", "--actors", &path]);
+    let held = format!("(one buffer: held in '{home}', once for the process)");
+    assert!(
+        actors.lines().any(|l| l.contains(&compiled.plan.regst_descs[w(1).index()].name) && l.contains(&held)),
+        "{actors}"
     );
     let dot = success(&["plan", "dot", &path]);
     assert_eq!(dot.matches("reads 1.0 KiB at +").count(), 2, "{dot}");
