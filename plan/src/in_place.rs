@@ -164,13 +164,7 @@ impl<'p> InPlaceCheck<'p> {
         if !target.aliased_slots || target.shared_offset.is_some() {
             return Err("that register's slots are not one buffer of its own".into());
         }
-        if desc.register_num != 1 || desc.aliased_slots || desc.shared_offset.is_some() {
-            return Err(format!(
-                "it has {} slots{}: a register within another has one slot and no other memory sharing",
-                desc.register_num,
-                if desc.shared_offset.is_some() || desc.aliased_slots { " and shares memory otherwise" } else { "" }
-            ));
-        }
+        super::memory::one_slot_alone(desc)?;
         let gather = &plan.actors[target.producer.index()];
         let conf = match &gather.kind {
             ActorKind::Compute { kernel: KernelConf::Collective(conf) }
@@ -288,32 +282,18 @@ impl<'p> InPlaceCheck<'p> {
         writer: ActorIndex,
     ) -> Result<(), String> {
         let plan = self.plan;
+        let readers = self.readers_of(other);
         let groups = self.groups.get_or_insert_with(|| plan.collective_groups());
         let order = self.order.get_or_insert_with(|| StepOrder::new(plan));
         let writer_device = plan.device_of(writer);
-        // Readers of `other`'s bytes: its consumers, and those of what repeats hand on of it
-        // (as in `readers_before`).
-        let mut readers = Vec::new();
-        let mut seen = vec![false; plan.regst_descs.len()];
-        let mut holding = vec![other];
-        while let Some(held) = holding.pop() {
-            if std::mem::replace(&mut seen[held.index()], true) {
-                continue;
-            }
-            for &reader in &plan.regst_descs[held.index()].consumers {
-                let actor = &plan.actors[reader.index()];
-                if matches!(actor.kind, ActorKind::Repeat { .. }) {
-                    holding.extend(self.index.outputs_of(reader).iter().filter(|r| r.index() < seen.len()));
-                }
-                let input = actor.inputs.iter().position(|&i| i == held);
-                let window = actor.windows.iter().find(|w| Some(w.input as usize) == input);
-                if !window.is_some_and(|w| w.offset.saturating_add(w.bytes) <= bytes.0 || w.offset >= bytes.1) {
-                    readers.push(reader);
-                }
-            }
-        }
+        let readers = readers.into_iter().filter(|&(reader, held)| {
+            let actor = &plan.actors[reader.index()];
+            let input = actor.inputs.iter().position(|&i| i == held);
+            let window = actor.windows.iter().find(|w| Some(w.input as usize) == input);
+            !window.is_some_and(|w| w.offset.saturating_add(w.bytes) <= bytes.0 || w.offset >= bytes.1)
+        });
         let held = &plan.regst_descs[other.index()];
-        for reader in readers {
+        for (reader, _) in readers {
             let actor = &plan.actors[reader.index()];
             let reader_device = plan.device_of(reader);
             let ordered = groups.values().any(|members| {
@@ -418,27 +398,38 @@ impl<'p> InPlaceCheck<'p> {
     /// it.
     fn readers_before(&mut self, regst: RegstDescId, writer: ActorIndex, role: &str) -> Result<(), String> {
         let plan = self.plan;
+        let readers = self.readers_of(regst);
         let order = self.order.get_or_insert_with(|| StepOrder::new(plan));
         let producer = &plan.actors[writer.index()];
-        // Registers whose bytes are `regst`'s: it, and what repeats hand on of it. A plan
-        // file may loop repeats; each register is looked at once.
+        for (reader, _) in readers.into_iter().filter(|&(reader, _)| reader != writer) {
+            let actor = &plan.actors[reader.index()];
+            if actor.stream != producer.stream || !order.before(plan, reader, writer) {
+                return Err(not_before(actor, producer, role));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every actor that reads `regst`'s bytes, with the register it reads them through:
+    /// `regst`'s consumers, and those of what repeats hand on of it, through any chain of
+    /// repeats (a plan file may loop them; each register is looked at once).
+    fn readers_of(&self, regst: RegstDescId) -> Vec<(ActorIndex, RegstDescId)> {
+        let plan = self.plan;
+        let mut readers = Vec::new();
         let mut seen = vec![false; plan.regst_descs.len()];
         let mut holding = vec![regst];
         while let Some(held) = holding.pop() {
             if std::mem::replace(&mut seen[held.index()], true) {
                 continue;
             }
-            for &reader in plan.regst_descs[held.index()].consumers.iter().filter(|&&c| c != writer) {
-                let actor = &plan.actors[reader.index()];
-                if actor.stream != producer.stream || !order.before(plan, reader, writer) {
-                    return Err(not_before(actor, producer, role));
-                }
-                if matches!(actor.kind, ActorKind::Repeat { .. }) {
+            for &reader in &plan.regst_descs[held.index()].consumers {
+                if matches!(plan.actors[reader.index()].kind, ActorKind::Repeat { .. }) {
                     holding.extend(self.index.outputs_of(reader).iter().filter(|r| r.index() < seen.len()));
                 }
+                readers.push((reader, held));
             }
         }
-        Ok(())
+        readers
     }
 }
 
