@@ -198,36 +198,43 @@ fn a_bucket_sums_each_part_through_one_round() {
     }
 }
 
+/// Runs `f` on a thread per member of an all-gather of 7 rows of 3 f32 over 3 members
+/// (parts of 3, 2 and 2 rows), with the member and its own part's rows; returns what each
+/// returns, by rank.
+fn on_gather_members<R: Send>(f: impl Fn(super::CollectiveMember, std::ops::Range<usize>) -> R + Sync) -> Vec<R> {
+    let conf = CollectiveConf { op: CollectiveOp::AllGather { dim: 0 }, size: 3, ..conf(0, &[7, 3]) };
+    let members = super::CollectiveMember::group(&conf).unwrap();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = members
+            .into_iter()
+            .map(|member| {
+                let f = &f;
+                s.spawn(move || {
+                    let own = regflow_plan::part_range(7, 3, member.rank() as usize);
+                    f(member, own)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
 /// An all-gather along dimension 0 whose inputs already lie at their own parts of the
 /// outputs (`RegstDesc::within`): every member ends with every part, uneven parts included,
 /// and its own part is left as it was (nobody writes it).
 #[test]
 fn an_all_gather_in_place_copies_the_other_parts_only() {
-    use super::CollectiveMember;
-    // 7 rows of 3 f32 over 3 members: parts of 3, 2 and 2 rows.
-    let conf = CollectiveConf { op: CollectiveOp::AllGather { dim: 0 }, size: 3, ..conf(0, &[7, 3]) };
-    let members = CollectiveMember::group(&conf).unwrap();
     let row = |r: usize| -> Vec<u8> { (0..3).flat_map(|c| (r as f32 * 10.0 + c as f32).to_le_bytes()).collect() };
     let whole: Vec<u8> = (0..7).flat_map(row).collect();
-    let outputs: Vec<Vec<u8>> = std::thread::scope(|s| {
-        let threads: Vec<_> = members
-            .into_iter()
-            .map(|mut member| {
-                let whole = &whole;
-                s.spawn(move || {
-                    let own = regflow_plan::part_range(7, 3, member.rank() as usize);
-                    let (start, end) = (own.start * 12, own.end * 12);
-                    // Only the own part is written; the rest is garbage the gather overwrites.
-                    let mut output = vec![0xAB_u8; 7 * 12];
-                    output[start..end].copy_from_slice(&whole[start..end]);
-                    let out = output.as_mut_ptr();
-                    // SAFETY: `output` lives through the call and nobody else touches it.
-                    unsafe { member.gather_in_place(out.add(start), end - start, out, output.len()) }.unwrap();
-                    output
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    let outputs = on_gather_members(|mut member, own| {
+        let (start, end) = (own.start * 12, own.end * 12);
+        // Only the own part is written; the rest is garbage the gather overwrites.
+        let mut output = vec![0xAB_u8; 7 * 12];
+        output[start..end].copy_from_slice(&whole[start..end]);
+        let out = output.as_mut_ptr();
+        // SAFETY: `output` lives through the call and nobody else touches it.
+        unsafe { member.gather_in_place(out.add(start), end - start, out, output.len()) }.unwrap();
+        output
     });
     for output in outputs {
         assert_eq!(output, whole);
@@ -240,9 +247,6 @@ fn an_all_gather_in_place_copies_the_other_parts_only() {
 /// after round (the kernel skips each part whose source is where it would copy it).
 #[test]
 fn members_sharing_one_output_buffer_end_each_round_with_every_part() {
-    use super::CollectiveMember;
-    let conf = CollectiveConf { op: CollectiveOp::AllGather { dim: 0 }, size: 3, ..conf(0, &[7, 3]) };
-    let members = CollectiveMember::group(&conf).unwrap();
     let row = |round: usize, r: usize| -> Vec<u8> {
         (0..3).flat_map(|c| (round as f32 * 100.0 + r as f32 * 10.0 + c as f32).to_le_bytes()).collect()
     };
@@ -252,32 +256,22 @@ fn members_sharing_one_output_buffer_end_each_round_with_every_part() {
     // order: in a plan, the readers of the weight come before any update, by the rule).
     let read = std::sync::Barrier::new(3);
     let rounds = 5;
-    let seen: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
-        let threads: Vec<_> = members
-            .into_iter()
-            .map(|mut member| {
-                let read = &read;
-                s.spawn(move || {
-                    let own = regflow_plan::part_range(7, 3, member.rank() as usize);
-                    let (start, end) = (own.start * 12, own.end * 12);
-                    let out = address as *mut u8;
-                    let mut seen = Vec::new();
-                    for round in 0..rounds {
-                        let part: Vec<u8> = own.clone().flat_map(|r| row(round, r)).collect();
-                        // SAFETY: this member alone writes its own part, while every member
-                        // is between the last `read` barrier and this round.
-                        unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), out.add(start), part.len()) };
-                        // SAFETY: the buffer outlives the scope; peers' parts are not written here.
-                        unsafe { member.gather_in_place(out.add(start), end - start, out, 7 * 12) }.unwrap();
-                        // SAFETY: nobody writes until every member has read (the barrier).
-                        seen.push(unsafe { std::slice::from_raw_parts(out, 7 * 12) }.to_vec());
-                        read.wait();
-                    }
-                    seen
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    let seen = on_gather_members(|mut member, own| {
+        let (start, end) = (own.start * 12, own.end * 12);
+        let out = address as *mut u8;
+        let mut seen = Vec::new();
+        for round in 0..rounds {
+            let part: Vec<u8> = own.clone().flat_map(|r| row(round, r)).collect();
+            // SAFETY: this member alone writes its own part, while every member is between
+            // the last `read` barrier and this round.
+            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), out.add(start), part.len()) };
+            // SAFETY: the buffer outlives the scope; peers' parts are not written here.
+            unsafe { member.gather_in_place(out.add(start), end - start, out, 7 * 12) }.unwrap();
+            // SAFETY: nobody writes until every member has read (the barrier).
+            seen.push(unsafe { std::slice::from_raw_parts(out, 7 * 12) }.to_vec());
+            read.wait();
+        }
+        seen
     });
     drop(shared);
     assert_eq!(seen.len(), 3);
