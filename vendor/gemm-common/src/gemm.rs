@@ -753,7 +753,7 @@ pub unsafe fn gemm_basic_generic<
                             let func =
                                 dispatcher[(m_chunk_inner + (N - 1)) / N - 1][n_chunk_inner - 1];
 
-                            if do_pack_lhs && !did_pack_lhs[i] && !(cache_ready && cached_panels.is_some()) {
+                            if do_pack_lhs && !did_pack_lhs[i] && !cache_ready {
                                 pack_lhs::<T, N, MR, _>(
                                     simd,
                                     m_chunk_inner,
