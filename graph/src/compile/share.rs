@@ -172,38 +172,34 @@ fn gather_in_place(plan: &mut crate::plan::Plan) {
         {
             continue;
         }
-        marked.push((view, RegstDescId(t as u32), own.start, conf.group.clone(), conf.size as usize));
+        marked.push((view, RegstDescId(t as u32), own.start, conf.group.clone(), conf.size as usize, conf.rank));
     }
-    for (view, target, offset, _, _) in &marked {
+    for (view, target, offset, ..) in &marked {
         plan.regst_descs[target.index()].aliased_slots = true;
         plan.regst_descs[view.index()].within = Some(Within { regst: *target, offset: *offset });
     }
     // A group gathers in place on all its members or on none, so that its devices hold the
     // same bytes (a part that only some members read through a window, others through a
     // copy, as an offset that is no multiple of 64 bytes makes it, stays a part of its own).
-    let refused: Vec<(RegstDescId, RegstDescId)> = {
+    let accepted: std::collections::HashSet<String> = {
         let index = PlanIndex::new(plan);
         let mut rule = crate::plan::InPlaceCheck::new(plan, &index);
-        let mut members: std::collections::HashMap<&str, (usize, bool)> = std::collections::HashMap::new();
-        for (view, _, _, group, _) in &marked {
-            let entry = members.entry(group.as_str()).or_insert((0, true));
+        let mut members: std::collections::HashMap<&str, (usize, usize, bool)> = std::collections::HashMap::new();
+        for (view, _, _, group, size, _) in &marked {
+            let entry = members.entry(group.as_str()).or_insert((0, *size, true));
             entry.0 += 1;
-            entry.1 &= rule.check_within(*view).is_ok();
+            entry.2 &= rule.check_within(*view).is_ok();
         }
-        marked
-            .iter()
-            .filter(|(_, _, _, group, size)| members.get(group.as_str()).is_none_or(|&(n, ok)| !ok || n != *size))
-            .map(|&(v, t, _, _, _)| (v, t))
-            .collect()
+        members.into_iter().filter(|&(_, (n, size, ok))| ok && n == size).map(|(g, _)| g.to_string()).collect()
     };
-    for (view, target) in &refused {
-        plan.regst_descs[target.index()].aliased_slots = false;
-        plan.regst_descs[view.index()].within = None;
-    }
     let mut gathered: BTreeMap<String, Vec<(u32, RegstDescId, RegstDescId)>> = BTreeMap::new();
-    for (view, target, _, group, _) in marked.into_iter().filter(|(v, ..)| !refused.iter().any(|(r, _)| r == v)) {
-        let rank = plan.collective_conf(plan.regst_descs[target.index()].producer.index()).map_or(0, |c| c.rank);
-        gathered.entry(group).or_default().push((rank, target, view));
+    for (view, target, _, group, _, rank) in marked {
+        if accepted.contains(&group) {
+            gathered.entry(group).or_default().push((rank, target, view));
+        } else {
+            plan.regst_descs[target.index()].aliased_slots = false;
+            plan.regst_descs[view.index()].within = None;
+        }
     }
     hold_gathered_once(plan, gathered);
 }
