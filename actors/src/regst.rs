@@ -16,7 +16,7 @@ pub(crate) struct ReadyRegst {
 }
 
 /// One consumed descriptor.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct InputState {
     pub(crate) desc: RegstDescId,
     pub(crate) producer: ActorId,
@@ -100,7 +100,7 @@ pub(crate) struct SlotState {
 }
 
 /// One produced descriptor.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct OutputState {
     pub(crate) desc: RegstDescId,
     pub(crate) register_num: u32,

@@ -11,7 +11,7 @@ use crate::ring::Ring;
 /// `Ack` usually leaves its recipient with nothing to do (its input is not ready yet), so
 /// most of them cost no turn at all: B1 in `examples/bench_actors.rs` went from 848 to 798
 /// instructions per firing, and from 41 to 34.5 ns with 2 registers (BENCHMARKS.md).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RunQueue {
     /// A [`Ring`], not a `VecDeque`: this is on the path of every firing, and it never
     /// holds more than one entry per actor.

@@ -80,6 +80,12 @@ impl ActorEnv for Driver {
 }
 
 fn run(plan: &Plan, direct: bool) -> (Result<Outcome, String>, usize) {
+    run_moving(plan, direct, false)
+}
+
+/// [`run`]; with `moving`, every actor moves its state into new memory
+/// ([`Actor::reallocate`]) every third turn, as a stream thread does once when it starts.
+fn run_moving(plan: &Plan, direct: bool, moving: bool) -> (Result<Outcome, String>, usize) {
     let ids = PlanIds::assign(plan).expect("ids fit");
     let index = PlanIndex::new(plan);
     let actors: Vec<Option<Actor>> =
@@ -120,6 +126,13 @@ fn run(plan: &Plan, direct: bool) -> (Result<Outcome, String>, usize) {
             Some(msg) => actor.handle(&msg, &mut d),
         };
         d.actors[j] = Some(actor);
+        if moving && turns % 3 == 0 {
+            for actor in d.actors.iter_mut().flatten() {
+                let before = actor.snapshot();
+                actor.reallocate();
+                assert_eq!(actor.snapshot(), before, "reallocating changed what the actor holds");
+            }
+        }
         if let Err(error) = result {
             return (Err(d.refused.take().unwrap_or(error).to_string()), d.taken);
         }
@@ -183,6 +196,25 @@ fn chains_across_streams_acc_and_repeat_fire_the_same() {
                 let plan = chain(5, regs, streams, middle.clone());
                 let (outcome, _) = same_both_ways(&plan);
                 assert!(outcome.expect("the chain runs").all_done, "{streams:?} {middle:?} {regs}");
+            }
+        }
+    }
+}
+
+/// An actor whose state moved into new memory mid-run goes on as if it had not
+/// (`StreamWorker::reallocate` moves every actor of a stream once, before it starts).
+#[test]
+fn actors_moved_into_new_memory_mid_run_fire_the_same() {
+    for streams in [[0; 5], [0, 1, 0, 1, 0]] {
+        for middle in [[COPY, acc(3), COPY], [COPY, ActorKind::Repeat { count: 3 }, COPY]] {
+            for regs in [1, 2] {
+                let plan = chain(5, regs, streams, middle.clone());
+                for direct in [false, true] {
+                    let (kept, _) = run_moving(&plan, direct, false);
+                    let (moved, _) = run_moving(&plan, direct, true);
+                    assert_eq!(moved, kept, "{streams:?} {middle:?} {regs} registers, direct {direct}");
+                    assert!(moved.expect("the chain runs").all_done);
+                }
             }
         }
     }

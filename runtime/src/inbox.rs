@@ -210,6 +210,13 @@ impl InboxReceiver {
     /// wake the receiver (so the channel ends only after the lanes' senders are gone).
     /// The lane goes from plan stream `from` to this inbox's, `to`; a send that finds it
     /// full says so in `waits`.
+    /// Moves the lanes' read ends (whose indices the receiving thread writes at every
+    /// envelope) into memory the calling thread allocates now; see
+    /// [`StreamWorker::reallocate`](crate::stream::StreamWorker::reallocate).
+    pub(crate) fn reallocate(&mut self) {
+        self.lanes = crate::lane::moved_into_new(&mut self.lanes);
+    }
+
     pub(crate) fn lane(
         &mut self,
         capacity: usize,

@@ -275,11 +275,26 @@ impl Lanes {
         }
     }
 
+    /// Moves the lanes' write ends (whose indices the sending thread writes at every
+    /// envelope) into memory the calling thread allocates now; see
+    /// [`StreamWorker::reallocate`](crate::stream::StreamWorker::reallocate).
+    pub(crate) fn reallocate(&mut self) {
+        self.0 = moved_into_new(&mut self.0);
+    }
+
     /// The lane to plan stream `to`, if the plan gave the two streams one.
     #[inline]
     pub(crate) fn to(&self, to: usize) -> Option<&LaneSender> {
         self.0.get(to)?.as_ref()
     }
+}
+
+/// The items of `items`, moved into a vector the calling thread allocates now, with the
+/// same capacity. Not `into_iter().collect()`, which may reuse the old allocation.
+pub(crate) fn moved_into_new<T>(items: &mut Vec<T>) -> Vec<T> {
+    let mut moved = Vec::with_capacity(items.capacity());
+    moved.extend(items.drain(..));
+    moved
 }
 
 impl LaneSender {

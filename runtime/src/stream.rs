@@ -127,6 +127,14 @@ impl JobShared {
     }
 }
 
+/// The items of `queue`, moved into a queue the calling thread allocates now, with the same
+/// capacity (see [`StreamWorker::reallocate`]).
+fn queue_moved_into_new<T>(queue: &mut VecDeque<T>) -> VecDeque<T> {
+    let mut moved = VecDeque::with_capacity(queue.capacity());
+    moved.extend(queue.drain(..));
+    moved
+}
+
 /// The runtime side of one actor: its kernel and what tracing needs.
 pub(crate) struct ActorRuntime {
     /// Actor name, for the per-firing `tracing` span.
@@ -520,7 +528,35 @@ impl Env<'_> {
 
 impl StreamWorker {
     /// The thread's main loop.
+    /// Moves everything this thread writes while it runs (its actors' state, its queues,
+    /// its lanes' ends, the firing's scratch lists) into memory it allocates itself, once,
+    /// before the first message. The job builds every stream's part on one thread, so
+    /// without this the small allocations of actors neighbouring in the plan lie side by
+    /// side whatever stream runs them, and two stream threads write the same cache lines
+    /// (false sharing). glibc's allocator gives each new thread an arena of its own (up to
+    /// eight per core), so what a stream thread allocates lies apart from other streams'.
+    /// `bench_actors b2`, alternated with the build before it: see BENCHMARKS.md.
+    pub(crate) fn reallocate(&mut self) {
+        self.actors = crate::lane::moved_into_new(&mut self.actors);
+        for actor in &mut self.actors {
+            actor.reallocate();
+        }
+        self.runtimes = crate::lane::moved_into_new(&mut self.runtimes);
+        for runtime in &mut self.runtimes {
+            runtime.input_descs = runtime.input_descs.clone();
+            runtime.windows = runtime.windows.clone();
+            runtime.pending_slices = queue_moved_into_new(&mut runtime.pending_slices);
+        }
+        self.local = queue_moved_into_new(&mut self.local);
+        self.runnable = self.runnable.clone();
+        self.scratch_inputs = self.scratch_inputs.clone();
+        self.scratch_outputs = self.scratch_outputs.clone();
+        self.lanes.reallocate();
+        self.inbox.reallocate();
+    }
+
     pub(crate) fn run(mut self) -> StreamExit {
+        self.reallocate();
         let _awake = crate::activity::Awake::start();
         let mut live = self.actors.iter().filter(|a| a.lifecycle() != Lifecycle::Done).count();
         let mut snapshot_due = false;
