@@ -3,7 +3,10 @@
 //! stages of a `[dp4, tp4]` mesh each (Megatron tensor parallelism inside a stage, data
 //! parallelism across, 1F1B over 4 micro-batches); and on a `[dp8, tp2]` mesh with the AdamW
 //! state split over `dp` (ZeRO stage 1: an update per weight and device, each weight
-//! gathered in place, which the in-place checks must prove for every one).
+//! gathered in place, which the in-place checks must prove for every one); and on 16
+//! devices of one axis with only the batch pinned, collectives on comm streams (the state
+//! sharded in process and each weight held once, whose readers on every device the
+//! in-place checks must prove done before each device's update writes its part).
 //!
 //! ```text
 //! cargo run --release --example bench_compile [-- --layers 24 --repeats 3 --no-job]
@@ -22,7 +25,7 @@ mod gpt;
 use gpt::{Gpt, GptConfig};
 use regflow::graph::plan::{DeviceKind, Plan};
 use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};
-use regflow::graph::{DType, Graph, Optimizer, ParallelOptions, TrainStep};
+use regflow::graph::{CollectiveStreams, DType, Graph, Optimizer, ParallelOptions, TrainStep};
 use regflow::prelude::Job;
 use std::time::Instant;
 
@@ -57,7 +60,17 @@ fn step<'g>(
     let mask = g.input("causal_mask", [config.context, config.context], DType::F32).map_err(e)?;
     let ids = g.input("ids", [BATCH / micro, config.context], DType::I64).map_err(e)?;
     let targets = g.input("targets", [BATCH / micro * config.context], DType::I64).map_err(e)?;
-    if !meshes.is_empty() {
+    if let [mesh] = meshes {
+        if mesh.ndim() == 1 {
+            // Data parallel with everything else left to the compiler: the AdamW state is
+            // sharded in process and each weight held once, which the in-place checks
+            // must prove across devices for every part.
+            for t in [ids, targets] {
+                g.set_layout(t, mesh, NdSbp(vec![S(0)])).map_err(e)?;
+            }
+        }
+    }
+    if !meshes.is_empty() && meshes[0].ndim() == 2 {
         let last = meshes.len() - 1;
         for t in [mask, ids, targets].into_iter().chain(g.trainable_variables()) {
             let name = t.name();
@@ -105,6 +118,8 @@ struct Run {
     registers: usize,
     devices: usize,
     memory_bytes: u64,
+    /// Registers held in another device's buffer ([`regflow::graph::plan::RegstDesc::home`]).
+    held_once: usize,
 }
 
 fn run(
@@ -119,7 +134,13 @@ fn run(
     let train = step(&g, config, meshes, micro, sharded_state)?;
     let t1 = Instant::now();
     let mesh = meshes.first().cloned().unwrap_or(Mesh::cpu(&[1], &["one"])?);
+    let one_axis = mesh.ndim() == 1 && !meshes.is_empty();
     let mut options = ParallelOptions::new(mesh).train(&train);
+    if one_axis {
+        // Comm streams, as a host with enough cores gets: the order of a weight's readers
+        // and its updates across devices is then proved through the collectives.
+        options.collective_streams = CollectiveStreams::CommStreams;
+    }
     if micro > 1 {
         options = options.micro_batches(&train, micro as u32);
     }
@@ -158,6 +179,7 @@ fn summary(plan: &Plan, json_bytes: usize, [t0, t1, t2, t3, t4]: [Instant; 5]) -
         registers: plan.regst_descs.len(),
         devices: plan.devices.len(),
         memory_bytes: plan.memory().map_or(0, |m| m.report().total_bytes()),
+        held_once: plan.regst_descs.iter().filter(|r| r.home.is_some()).count(),
     }
 }
 
@@ -178,8 +200,15 @@ fn main() -> Result<(), regflow::Report> {
         ("1 device", Vec::new(), 1, false),
         ("dp4 x tp4 x pp4", stages(4, 4, 4)?, 4, false),
         ("dp8 x tp2, sharded AdamW state", stages(1, 8, 2)?, 1, true),
+        ("dp16 (d_model 256), the compiler's layouts, comm streams", vec![Mesh::cpu(&[16], &["dp"])?], 1, false),
     ];
     for (label, meshes, micro, sharded) in layouts {
+        // Weights of d_model 128 travel in buckets, which are not held once: the one-axis
+        // layout takes wider ones, whose every part the in-place checks must order.
+        let config = match meshes.as_slice() {
+            [mesh] if mesh.ndim() == 1 => GptConfig { d_model: 256, mlp_width: 1024, ..config },
+            _ => config,
+        };
         let runs: Vec<Run> =
             (0..repeats).map(|_| run(config, &meshes, micro, sharded, build)).collect::<Result<_, _>>()?;
         let range = |f: fn(&Run) -> f64| {
@@ -189,10 +218,11 @@ fn main() -> Result<(), regflow::Report> {
         };
         let r = &runs[0];
         println!(
-            "{label}: {} devices, {} actors, {} registers, plan JSON {:.1} MiB, registers {:.2} GiB in all",
+            "{label}: {} devices, {} actors, {} registers ({} held once), plan JSON {:.1} MiB, registers {:.2} GiB in all",
             r.devices,
             r.actors,
             r.registers,
+            r.held_once,
             r.json_bytes as f64 / (1024.0 * 1024.0),
             r.memory_bytes as f64 / (1024.0 * 1024.0 * 1024.0)
         );

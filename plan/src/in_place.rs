@@ -19,6 +19,36 @@ pub struct InPlaceCheck<'p> {
     /// Per register that holds others in its buffer ([`RegstDesc::home`]), those others,
     /// collected at the first check that needs them.
     guests: Option<std::collections::BTreeMap<RegstDescId, Vec<RegstDescId>>>,
+    /// The collective members of each device by step position, collected at the first
+    /// check of a register held once.
+    meetings: Option<Meetings>,
+}
+
+/// The plan's collective members arranged for [`InPlaceCheck::readers_before_across`]:
+/// each group's members, and each device's members by their position in the step order.
+#[derive(Debug)]
+struct Meetings {
+    groups: Vec<Vec<usize>>,
+    /// Per device: (step position, member, group index), by position.
+    by_device: Vec<Vec<(usize, usize, u32)>>,
+}
+
+impl Meetings {
+    fn new(plan: &Plan, position: &[usize]) -> Self {
+        let groups: Vec<Vec<usize>> = plan.collective_groups().into_values().collect();
+        let mut by_device = vec![Vec::new(); plan.devices.len()];
+        for (g, members) in groups.iter().enumerate() {
+            for &m in members {
+                if let Some(list) = by_device.get_mut(plan.device_of(ActorIndex(m as u32)).index()) {
+                    list.push((position[m], m, g as u32));
+                }
+            }
+        }
+        for list in &mut by_device {
+            list.sort_unstable();
+        }
+        Self { groups, by_device }
+    }
 }
 
 /// What runs before what within one step: where two actors lie on their stream's chain
@@ -53,7 +83,7 @@ impl StepOrder {
 impl<'p> InPlaceCheck<'p> {
     /// The check over `plan`, indexed by `index`.
     pub fn new(plan: &'p Plan, index: &'p PlanIndex<'p>) -> Self {
-        Self { plan, index, order: None, groups: None, guests: None }
+        Self { plan, index, order: None, groups: None, guests: None, meetings: None }
     }
 
     /// Whether `regst`'s slots may be one buffer its producer writes in place; else why
@@ -283,9 +313,12 @@ impl<'p> InPlaceCheck<'p> {
     ) -> Result<(), String> {
         let plan = self.plan;
         let readers = self.readers_of(other);
-        let groups = self.groups.get_or_insert_with(|| plan.collective_groups());
         let order = self.order.get_or_insert_with(|| StepOrder::new(plan));
+        let meetings = self.meetings.get_or_insert_with(|| Meetings::new(plan, &order.position));
         let writer_device = plan.device_of(writer);
+        // Per group, whether its member on the writer's device runs before the writer:
+        // asked only of the groups a reader reaches, once each.
+        let mut before_writer: Vec<Option<bool>> = vec![None; meetings.groups.len()];
         let readers = readers.into_iter().filter(|&(reader, held)| {
             let actor = &plan.actors[reader.index()];
             let input = actor.inputs.iter().position(|&i| i == held);
@@ -296,12 +329,19 @@ impl<'p> InPlaceCheck<'p> {
         for (reader, _) in readers {
             let actor = &plan.actors[reader.index()];
             let reader_device = plan.device_of(reader);
-            let ordered = groups.values().any(|members| {
-                let on = |device: DeviceIndex| {
-                    members.iter().copied().filter(move |&m| plan.device_of(ActorIndex(m as u32)) == device)
-                };
-                on(reader_device).any(|m| m == reader.index() || order.before(plan, reader, ActorIndex(m as u32)))
-                    && on(writer_device).any(|m| order.before(plan, ActorIndex(m as u32), writer))
+            // The reader's device's members of those groups that the reader reaches (or
+            // is): only members after it in the step order can be, nearest first, since
+            // the search for a near one is short.
+            let members = meetings.by_device.get(reader_device.index()).map_or(&[][..], |list| list.as_slice());
+            let from = members.partition_point(|&(p, _, _)| p < order.position[reader.index()]);
+            let ordered = members[from..].iter().any(|&(_, m, g)| {
+                (m == reader.index() || order.before(plan, reader, ActorIndex(m as u32)))
+                    && *before_writer[g as usize].get_or_insert_with(|| {
+                        meetings.groups[g as usize].iter().any(|&w| {
+                            let w = ActorIndex(w as u32);
+                            plan.device_of(w) == writer_device && order.before(plan, w, writer)
+                        })
+                    })
             });
             if !ordered {
                 return Err(format!(
