@@ -293,7 +293,7 @@ impl Lanes {
 /// same capacity. Not `into_iter().collect()`, which may reuse the old allocation.
 pub(crate) fn moved_into_new<T>(items: &mut Vec<T>) -> Vec<T> {
     let mut moved = Vec::with_capacity(items.capacity());
-    moved.extend(items.drain(..));
+    moved.append(items);
     moved
 }
 
