@@ -85,14 +85,15 @@ fn main() -> Result<(), regflow::Report> {
     let per_step = per_piece * micro as f64;
     pusher.join().map_err(|_| "feeder panicked")??;
     drop(losses);
-    job.wait()?;
+    let held = job.wait()?.held_by_kernels();
     println!(
-        "regflow: {steps} steps of {micro} micro-batch(es) of {rows}, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4}, matmul backend {}, plan {:.1} MB; {:.1} MB without in-place updates)",
+        "regflow: {steps} steps of {micro} micro-batch(es) of {rows}, {threads} thread(s), {:.2} ms/step, {:.0} samples/s (last loss {last:.4}, matmul backend {}, plan {:.1} MB; {:.1} MB without in-place updates; kernels kept {:.1} MB more)",
         per_step * 1e3,
         BATCH as f64 / per_step,
         regflow::kernels::cpu::gemm_backend::backend_in_use()?,
         bytes as f64 / 1e6,
-        two_buffer_bytes as f64 / 1e6
+        two_buffer_bytes as f64 / 1e6,
+        held as f64 / 1e6
     );
     Ok(())
 }

@@ -101,6 +101,8 @@ fn weights_packed_once_per_step_train_to_the_bits_of_packing_every_micro_batch()
     let plan = &compiled.plan;
     // Every product reading a weight: forward `x · w` and backward `dy · wᵀ`.
     let mut held = 0;
+    // The products of a held weight, and the bytes of that weight.
+    let mut held_products = std::collections::BTreeMap::new();
     for (a, actor) in plan.actors.iter().enumerate() {
         let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &actor.kind else { continue };
         for (k, &input) in conf.input_map.iter().enumerate() {
@@ -110,7 +112,10 @@ fn weights_packed_once_per_step_train_to_the_bits_of_packing_every_micro_batch()
             );
             let repeats = plan.input_repeats(ActorIndex(a as u32), input);
             assert_eq!(repeats, if from_repeat { 3 } else { 1 }, "{} input {k}", actor.name);
-            held += usize::from(conf.op_type == "matmul" && k == 1 && from_repeat);
+            if conf.op_type == "matmul" && k == 1 && from_repeat {
+                held += 1;
+                held_products.insert(actor.name.clone(), plan.regst_descs[actor.inputs[input].index()].bytes);
+            }
         }
     }
     assert_eq!(held, 3, "x · w0, h · w1 and dy · w1ᵀ");
@@ -138,9 +143,24 @@ fn weights_packed_once_per_step_train_to_the_bits_of_packing_every_micro_batch()
         let bits: Vec<u32> =
             std::iter::from_fn(|| losses.recv()).map(|p| u32::from_le_bytes(p.bytes().try_into().unwrap())).collect();
         drop(losses);
-        (bits, job.wait().unwrap().state.unwrap())
+        let report = job.wait().unwrap();
+        let held: Vec<(String, u64)> =
+            report.actors.iter().filter(|a| a.held_bytes > 0).map(|a| (a.name.clone(), a.held_bytes)).collect();
+        assert_eq!(report.held_by_kernels(), held.iter().map(|(_, b)| b).sum::<u64>());
+        (bits, report.state.unwrap(), held)
     };
-    let (losses, state) = train_with(false);
+    let (losses, state, held) = train_with(false);
     assert_eq!(losses.len(), 12);
-    assert_eq!((losses, state), train_with(true));
+    let (plain_losses, plain_state, plain_held) = train_with(true);
+    assert_eq!((losses, state), (plain_losses, plain_state));
+    // Only the products of a held weight may keep bytes between firings: their packed
+    // panels, at least the weight, where the gemm backend runs them (the backend is chosen
+    // by the host's processor; `kernels/tests/matmul_packed.rs` forces it). The plain
+    // kernel keeps nothing.
+    for (name, bytes) in &held {
+        let weight =
+            held_products.get(name).unwrap_or_else(|| panic!("{name} keeps {bytes} bytes: not a held product"));
+        assert!(bytes >= weight, "{name} keeps {bytes} bytes, less than its weight's {weight}");
+    }
+    assert!(plain_held.is_empty(), "{plain_held:?}");
 }

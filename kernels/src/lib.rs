@@ -68,4 +68,12 @@ pub trait Kernel: Send {
     fn scratch_bytes(&self) -> u64 {
         0
     }
+
+    /// Bytes the kernel keeps from one firing to the next outside the plan's registers, as
+    /// it holds them now: a matrix product's cache of a weight's packed panels (made by its
+    /// first firing, so 0 before), 0 for most kernels. The plan's memory layout does not
+    /// count them; a job reports them per actor when it ends (`ActorStats::held_bytes`).
+    fn held_bytes(&self) -> u64 {
+        0
+    }
 }

@@ -91,12 +91,24 @@ fn a_weight_packed_once_per_step_gives_the_bits_of_packing_it_every_piece() {
                 let a: Vec<HostArray> = (0..6).map(|p| random([rows, depth], 10 + p, dtype)).collect();
                 // A new weight at each step's first piece, as an update writes it.
                 let b: Vec<HostArray> = (0..6).map(|p| random(b_shape, 100 + p / 3, dtype)).collect();
-                let want = run(&mut *kernel(&op, &metas, 1), &a, &b, &metas[2], 1);
+                let mut plain = kernel(&op, &metas, 1);
+                let want = run(&mut *plain, &a, &b, &metas[2], 1);
                 assert!(want.iter().all(|o| o.iter().any(|&byte| byte != 0)));
+                assert_eq!(plain.held_bytes(), 0, "the plain kernel keeps nothing between firings");
                 for threads in [1, 2] {
-                    let got = run(&mut *kernel(&op, &metas, 3), &a, &b, &metas[2], threads);
+                    let mut held = kernel(&op, &metas, 3);
+                    assert_eq!(held.held_bytes(), 0, "nothing is packed before the first firing");
+                    let got = run(&mut *held, &a, &b, &metas[2], threads);
                     let case = format!("{dtype} {rows}x{depth}x{width}, b transposed {transpose_b}, {threads} threads");
                     assert!(got == want, "{case}: the held kernel's outputs differ");
+                    // The panels it keeps hold the whole weight (its blocks' shares together),
+                    // but for a one-column output, which gets no cache.
+                    let weight = (depth * width * dtype.size()) as u64;
+                    if width > 1 {
+                        assert!(held.held_bytes() >= weight, "{case}: {} bytes held", held.held_bytes());
+                    } else {
+                        assert_eq!(held.held_bytes(), 0, "{case}");
+                    }
                 }
             }
         }

@@ -283,6 +283,7 @@ fn run_model_with(plan: &Plan, wake_first: bool, devices: [Device; 2]) -> Option
                 input_descs: desc.inputs.clone(),
                 windows: Box::default(),
                 pending_slices: VecDeque::new(),
+                held_bytes: 0,
             });
         }
         let stream_id = actors[0].id().stream_id();

@@ -148,6 +148,9 @@ pub(crate) struct ActorRuntime {
     pub(crate) windows: Box<[Option<(usize, usize)>]>,
     /// Modeled (start, end) of launches not yet completed, oldest first (for flow arrows).
     pub(crate) pending_slices: VecDeque<(Instant, Instant)>,
+    /// What the kernel held between firings when it was dropped, at the actor's end
+    /// ([`ActorStats::held_bytes`]).
+    pub(crate) held_bytes: u64,
 }
 
 impl std::fmt::Debug for ActorRuntime {
@@ -213,6 +216,11 @@ pub struct ActorStats {
     pub max_held: Vec<(u32, usize)>,
     /// Whether it finished (not stopped by an abort).
     pub finished: bool,
+    /// Bytes its kernel kept between firings outside the plan's registers when the job
+    /// ended ([`Kernel::held_bytes`](regflow_kernels::Kernel::held_bytes): a product's
+    /// packed panels of a weight that every micro-batch of a step reads), which the plan's
+    /// memory layout does not count.
+    pub held_bytes: u64,
 }
 
 /// What the actors of one stream share: the worker's parts the actors do not own. Made
@@ -626,12 +634,14 @@ impl StreamWorker {
         let snapshots = self
             .actors
             .iter()
-            .map(|a| ActorStats {
+            .zip(&self.runtimes)
+            .map(|(a, runtime)| ActorStats {
                 name: a.name().to_string(),
                 fires: a.fires(),
                 max_in_flight: a.max_in_flight().collect(),
                 max_held: a.max_held().collect(),
                 finished: a.lifecycle() == Lifecycle::Done,
+                held_bytes: runtime.kernel.as_ref().map_or(runtime.held_bytes, |k| k.held_bytes()),
             })
             .collect();
         self.shared.probes[self.index].exited.store(true, Ordering::Release);
@@ -731,7 +741,9 @@ impl StreamWorker {
             }
             if !was_done && lifecycle == Lifecycle::Done {
                 // Dropping the kernel closes what it feeds (a sink's fetcher sees the end).
-                turn.env.runtimes[index].kernel = None;
+                let runtime = &mut turn.env.runtimes[index];
+                runtime.held_bytes = runtime.kernel.as_ref().map_or(0, |k| k.held_bytes());
+                runtime.kernel = None;
                 *live -= 1;
             }
         }

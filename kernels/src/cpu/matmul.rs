@@ -64,6 +64,10 @@ impl HeldWeightMatMul {
 }
 
 impl Kernel for HeldWeightMatMul {
+    fn held_bytes(&self) -> u64 {
+        self.panels.iter().map(|p| p.bytes() as u64).sum()
+    }
+
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let fail = |m: String| KernelError(format!("matmul: {m}"));
         let [a_meta, b_meta, out_meta] = &self.metas;

@@ -207,6 +207,7 @@ pub(super) fn make_actor(
             (0..desc.inputs.len()).map(|i| desc.window(i).map(|w| (w.offset as usize, w.bytes as usize))).collect()
         },
         pending_slices: VecDeque::with_capacity(if builder.trace.is_some() { slots } else { 0 }),
+        held_bytes: 0,
     };
     let on_host = match (&desc.kind, &runtime.kernel) {
         (

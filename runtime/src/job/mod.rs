@@ -114,6 +114,13 @@ impl JobReport {
         self.actors.iter().find(|a| a.name == name)
     }
 
+    /// Bytes the job's kernels kept between firings outside the plan's registers when it
+    /// ended, summed over its actors ([`ActorStats::held_bytes`]): what the job used beyond
+    /// [`JobReport::memory`] and the streams' scratch ([`Job::kernel_memory`]).
+    pub fn held_by_kernels(&self) -> u64 {
+        self.actors.iter().map(|a| a.held_bytes).sum()
+    }
+
     /// The final value of variable `name` (its logical name), when the state was kept.
     pub fn variable(&self, name: &str) -> Option<&regflow_plan::HostArray> {
         self.state.as_ref()?.iter().find(|(n, _)| n == name).map(|(_, v)| v)

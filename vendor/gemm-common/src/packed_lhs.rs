@@ -85,6 +85,12 @@ impl PackedLhs {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Bytes the cache holds (its panels, with the room to align them): 0 until a call
+    /// packs into it.
+    pub fn bytes(&self) -> usize {
+        self.buffer.capacity()
+    }
 }
 
 /// The panels a call uses: ready (packed by an earlier call), or room to pack them into.
