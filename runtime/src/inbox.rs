@@ -205,11 +205,6 @@ impl InboxReceiver {
         self.doorbell.is_asymmetric()
     }
 
-    /// A lane of at least `capacity` envelopes into this inbox, for one other stream
-    /// thread; `wake` is a sender of this inbox's channel, which the lane's sender keeps to
-    /// wake the receiver (so the channel ends only after the lanes' senders are gone).
-    /// The lane goes from plan stream `from` to this inbox's, `to`; a send that finds it
-    /// full says so in `waits`.
     /// Moves the lanes' read ends (whose indices the receiving thread writes at every
     /// envelope) into memory the calling thread allocates now; see
     /// [`StreamWorker::reallocate`](crate::stream::StreamWorker::reallocate).
@@ -217,6 +212,11 @@ impl InboxReceiver {
         self.lanes = crate::lane::moved_into_new(&mut self.lanes);
     }
 
+    /// A lane of at least `capacity` envelopes into this inbox, for one other stream
+    /// thread; `wake` is a sender of this inbox's channel, which the lane's sender keeps to
+    /// wake the receiver (so the channel ends only after the lanes' senders are gone).
+    /// The lane goes from plan stream `from` to this inbox's, `to`; a send that finds it
+    /// full says so in `waits`.
     pub(crate) fn lane(
         &mut self,
         capacity: usize,

@@ -535,7 +535,6 @@ impl Env<'_> {
 }
 
 impl StreamWorker {
-    /// The thread's main loop.
     /// Moves everything this thread writes while it runs (its actors' state, its queues,
     /// its lanes' ends, the firing's scratch lists) into memory it allocates itself, once,
     /// before the first message. The job builds every stream's part on one thread, so
@@ -563,6 +562,7 @@ impl StreamWorker {
         self.inbox.reallocate();
     }
 
+    /// The thread's main loop.
     pub(crate) fn run(mut self) -> StreamExit {
         self.reallocate();
         let _awake = crate::activity::Awake::start();
