@@ -209,7 +209,7 @@ impl InboxReceiver {
     /// envelope) into memory the calling thread allocates now; see
     /// [`StreamWorker::reallocate`](crate::stream::StreamWorker::reallocate).
     pub(crate) fn reallocate(&mut self) {
-        self.lanes = crate::lane::moved_into_new(&mut self.lanes);
+        self.lanes = crate::own_memory::vec(&mut self.lanes);
     }
 
     /// A lane of at least `capacity` envelopes into this inbox, for one other stream

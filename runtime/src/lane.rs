@@ -279,7 +279,7 @@ impl Lanes {
     /// envelope) into memory the calling thread allocates now; see
     /// [`StreamWorker::reallocate`](crate::stream::StreamWorker::reallocate).
     pub(crate) fn reallocate(&mut self) {
-        self.0 = moved_into_new(&mut self.0);
+        self.0 = crate::own_memory::vec(&mut self.0);
     }
 
     /// The lane to plan stream `to`, if the plan gave the two streams one.
@@ -287,14 +287,6 @@ impl Lanes {
     pub(crate) fn to(&self, to: usize) -> Option<&LaneSender> {
         self.0.get(to)?.as_ref()
     }
-}
-
-/// The items of `items`, moved into a vector the calling thread allocates now, with the
-/// same capacity. Not `into_iter().collect()`, which may reuse the old allocation.
-pub(crate) fn moved_into_new<T>(items: &mut Vec<T>) -> Vec<T> {
-    let mut moved = Vec::with_capacity(items.capacity());
-    moved.append(items);
-    moved
 }
 
 impl LaneSender {

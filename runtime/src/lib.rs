@@ -36,6 +36,7 @@ mod job;
 mod kernel;
 mod lane;
 mod net;
+mod own_memory;
 mod send_waits;
 mod stream;
 mod sync;

@@ -127,14 +127,6 @@ impl JobShared {
     }
 }
 
-/// The items of `queue`, moved into a queue the calling thread allocates now, with the same
-/// capacity (see [`StreamWorker::reallocate`]).
-fn queue_moved_into_new<T>(queue: &mut VecDeque<T>) -> VecDeque<T> {
-    let mut moved = VecDeque::with_capacity(queue.capacity());
-    moved.extend(queue.drain(..));
-    moved
-}
-
 /// The runtime side of one actor: its kernel and what tracing needs.
 pub(crate) struct ActorRuntime {
     /// Actor name, for the per-firing `tracing` span.
@@ -544,17 +536,17 @@ impl StreamWorker {
     /// eight per core), so what a stream thread allocates lies apart from other streams'.
     /// `bench_actors b2`, alternated with the build before it: see BENCHMARKS.md.
     pub(crate) fn reallocate(&mut self) {
-        self.actors = crate::lane::moved_into_new(&mut self.actors);
+        use crate::own_memory;
+        self.actors = own_memory::vec(&mut self.actors);
         for actor in &mut self.actors {
             actor.reallocate();
         }
-        self.runtimes = crate::lane::moved_into_new(&mut self.runtimes);
+        // The runtimes' lists of input registers and windows are only read.
+        self.runtimes = own_memory::vec(&mut self.runtimes);
         for runtime in &mut self.runtimes {
-            runtime.input_descs = runtime.input_descs.clone();
-            runtime.windows = runtime.windows.clone();
-            runtime.pending_slices = queue_moved_into_new(&mut runtime.pending_slices);
+            runtime.pending_slices = own_memory::queue(&mut runtime.pending_slices);
         }
-        self.local = queue_moved_into_new(&mut self.local);
+        self.local = own_memory::queue(&mut self.local);
         self.runnable = self.runnable.clone();
         self.scratch_inputs = self.scratch_inputs.clone();
         self.scratch_outputs = self.scratch_outputs.clone();
