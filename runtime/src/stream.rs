@@ -145,6 +145,14 @@ pub(crate) struct ActorRuntime {
     pub(crate) held_bytes: u64,
 }
 
+impl ActorRuntime {
+    /// What its kernel keeps between firings ([`Kernel::held_bytes`](regflow_kernels::Kernel::held_bytes)),
+    /// or kept when it was dropped.
+    fn kernel_held_bytes(&self) -> u64 {
+        self.kernel.as_ref().map_or(self.held_bytes, |k| k.held_bytes())
+    }
+}
+
 impl std::fmt::Debug for ActorRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ActorRuntime").field("plan_index", &self.plan_index).finish_non_exhaustive()
@@ -633,7 +641,7 @@ impl StreamWorker {
                 max_in_flight: a.max_in_flight().collect(),
                 max_held: a.max_held().collect(),
                 finished: a.lifecycle() == Lifecycle::Done,
-                held_bytes: runtime.kernel.as_ref().map_or(runtime.held_bytes, |k| k.held_bytes()),
+                held_bytes: runtime.kernel_held_bytes(),
             })
             .collect();
         self.shared.probes[self.index].exited.store(true, Ordering::Release);
@@ -734,7 +742,7 @@ impl StreamWorker {
             if !was_done && lifecycle == Lifecycle::Done {
                 // Dropping the kernel closes what it feeds (a sink's fetcher sees the end).
                 let runtime = &mut turn.env.runtimes[index];
-                runtime.held_bytes = runtime.kernel.as_ref().map_or(0, |k| k.held_bytes());
+                runtime.held_bytes = runtime.kernel_held_bytes();
                 runtime.kernel = None;
                 *live -= 1;
             }
