@@ -34,8 +34,10 @@ struct Meetings {
 }
 
 impl Meetings {
-    fn new(plan: &Plan, position: &[usize]) -> Self {
-        let groups: Vec<Vec<usize>> = plan.collective_groups().into_values().collect();
+    /// From the plan's `groups` ([`Plan::collective_groups`]) and the step order's
+    /// `position`s.
+    fn new(plan: &Plan, groups: &std::collections::BTreeMap<&str, Vec<usize>>, position: &[usize]) -> Self {
+        let groups: Vec<Vec<usize>> = groups.values().cloned().collect();
         let mut by_device = vec![Vec::new(); plan.devices.len()];
         for (g, members) in groups.iter().enumerate() {
             for &m in members {
@@ -314,7 +316,8 @@ impl<'p> InPlaceCheck<'p> {
         let plan = self.plan;
         let readers = self.readers_of(other);
         let order = self.order.get_or_insert_with(|| StepOrder::new(plan));
-        let meetings = self.meetings.get_or_insert_with(|| Meetings::new(plan, &order.position));
+        let groups = self.groups.get_or_insert_with(|| plan.collective_groups());
+        let meetings = self.meetings.get_or_insert_with(|| Meetings::new(plan, groups, &order.position));
         let writer_device = plan.device_of(writer);
         // Per group, whether its member on the writer's device runs before the writer:
         // asked only of the groups a reader reaches, once each.
