@@ -237,6 +237,24 @@ fn the_tiny_gpt_trains_on_one_gpu_like_on_the_cpu() {
     assert_close("gpt", &gpt_losses(DeviceKind::Cuda, None), &gpt_losses(DeviceKind::Cpu, None), 1e-4);
 }
 
+/// A step on a GPU gives the same bits in every run, in f32 and bf16: no kernel of the
+/// GPT's step adds in an order that depends on timing (the embedding's gradient did, by
+/// float atomics, until it summed each row in id order).
+#[test]
+fn the_tiny_gpt_trains_to_the_same_bits_in_every_run_on_a_gpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    for precision in [None, Some(Precision::Bf16)] {
+        let first = gpt_losses(DeviceKind::Cuda, precision);
+        for run in 1..3 {
+            let again = gpt_losses(DeviceKind::Cuda, precision);
+            let bits = |losses: &[f64]| losses.iter().map(|l| l.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&again), bits(&first), "{precision:?}, run {run}: {again:?} against {first:?}");
+        }
+    }
+}
+
 /// A vocabulary padded to a multiple of 8 (13 classes, 16 columns: `Gpt::pad_vocab`, the
 /// loss over the first 13) trains as the unpadded model: on the CPU to f32 rounding, and on
 /// a GPU in bf16 like the CPU's unpadded bf16 step (GPT-2's padded step on CUDA; dry, it

@@ -1,7 +1,8 @@
 // Data movement: `reshape` (a device copy), `broadcast_to`, `permute` (strided gathers),
 // `slice`, `slice_grad`, `concat` (copies of axis ranges), `sum_to` (the adjoint of
-// broadcasting), `embedding` (a row gather) and `embedding_grad` (a row scatter-add).
-// Zero-filling before a scatter uses `regflow_fill_*` of fill.cu.
+// broadcasting), `embedding` (a row gather) and `embedding_grad` (its adjoint, each table
+// row summed in id order). Zero-filling the gradient's row counts uses `regflow_fill_f32`
+// of fill.cu.
 
 
 // The offset of linear index i (row-major over s.dims) in the operand of strides s.a.
@@ -456,17 +457,92 @@ __device__ __forceinline__ void embedding(const T* table, const i64* ids, T* out
     }
 }
 
-// table[ids[i] - first, f] += dy[i, f] into a zero-filled table of rows first..first + rows.
-// Atomic adds: rows hit by several ids are summed in whatever order the threads arrive,
-// where the CPU adds in id order, so f32 results may differ from the CPU's in the last bits
-// (f64 too, far below 1e-12). Ids held elsewhere or outside the vocabulary scatter nothing.
+// The gradient of a gather: table[r, f] = Σ dy[i, f] over the ids i with ids[i] = first + r,
+// added in id order from 0, as the CPU kernel adds them, so the bits are the CPU's and the
+// same from run to run (atomic adds would sum a row's contributions in whatever order the
+// threads arrive). Ids held elsewhere or outside the vocabulary add nothing. Four launches,
+// through the stream's scratch (rows + 1 offsets, then one u32 per id):
+// 1. embedding_grad_count: offsets[r] = how many ids fall on row r (offsets zeroed first);
+// 2. embedding_grad_offsets: offsets made exclusive prefix sums in place, offsets[rows] the
+//    number of ids held;
+// 3. embedding_grad_order: order[offsets[r] + k] = the k-th id (in id order) of row r, its
+//    rank k counted by a warp over the ids before it (no sort, so the order is fixed);
+// 4. embedding_grad_<dtype>: each table row, whole, from its ids' dy rows in that order
+//    (zeros where none), so the table needs no zero fill of its own.
+
+// Whether id falls on the rows first..first + rows (compared before subtracting: an id far
+// below `first` must not overflow).
+__device__ __forceinline__ bool held_id(i64 id, u64 first, u64 rows) {
+    return id >= (i64)first && (u64)id - first < rows;
+}
+
+extern "C" __global__ void regflow_embedding_grad_count(const i64* ids, u32* offsets, u64 tokens, u64 first,
+                                                        u64 rows) {
+    FOR_EACH(i, tokens) {
+        i64 id = ids[i];
+        if (held_id(id, first, rows)) atomicAdd(&offsets[(u64)id - first], 1u);
+    }
+}
+
+// One block of 1024 threads: thread t counts a contiguous run of rows, the block scans the
+// runs' totals, and each thread rewrites its run as exclusive sums from its start.
+extern "C" __global__ void BLOCK_1024 regflow_embedding_grad_offsets(u32* offsets, u64 rows) {
+    __shared__ u32 totals[1024];
+    u32 t = threadIdx.x;
+    u64 per = (rows + blockDim.x - 1) / blockDim.x;
+    u64 begin = (u64)t * per < rows ? (u64)t * per : rows;
+    u64 end = begin + per < rows ? begin + per : rows;
+    // Unrolled so that eight of a thread's loads are in flight at once: the block's 1024
+    // threads are all the scan has (GPT-2's 50257 rows: 50 each, twice).
+    u32 run = 0;
+#pragma unroll 8
+    for (u64 r = begin; r < end; ++r) run += offsets[r];
+    totals[t] = run;
+    __syncthreads();
+    // Inclusive scan of the runs' totals (Hillis-Steele over the block).
+    for (u32 step = 1; step < blockDim.x; step <<= 1) {
+        u32 before = t >= step ? totals[t - step] : 0u;
+        __syncthreads();
+        totals[t] += before;
+        __syncthreads();
+    }
+    run = t == 0 ? 0u : totals[t - 1];
+#pragma unroll 8
+    for (u64 r = begin; r < end; ++r) {
+        u32 count = offsets[r];
+        offsets[r] = run;
+        run += count;
+    }
+    if (t == blockDim.x - 1) offsets[rows] = totals[t];
+}
+
+// One warp per id (grid-stride over warps): its rank among the earlier ids of its row.
+extern "C" __global__ void regflow_embedding_grad_order(const i64* ids, const u32* offsets, u32* order, u64 tokens,
+                                                        u64 first, u64 rows) {
+    u32 lane = threadIdx.x & 31;
+    u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    for (u64 i = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); i < tokens; i += warps) {
+        i64 id = ids[i];
+        if (!held_id(id, first, rows)) continue;
+        u32 rank = 0;
+#pragma unroll 4
+        for (u64 j = lane; j < i; j += 32) rank += ids[j] == id ? 1u : 0u;
+        rank = warp_sum(rank);
+        if (lane == 0) order[offsets[(u64)id - first] + rank] = (u32)i;
+    }
+}
+
+// One block per table row (grid-stride), its threads over the features.
 template <typename T>
-__device__ __forceinline__ void embedding_grad(const i64* ids, const T* dy, T* table, u64 n, u64 features, u64 first,
-                                               u64 rows) {
-    FOR_EACH(i, n) {
-        u64 row = i, f = div_step(&row, features);
-        i64 id = ids[row];
-        if (id >= (i64)first && (u64)id - first < rows) atomicAdd(&table[((u64)id - first) * features + f], dy[i]);
+__device__ __forceinline__ void embedding_grad_rows(const T* dy, const u32* offsets, const u32* order, T* table,
+                                                    u64 features, u64 rows) {
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        u32 begin = offsets[r], end = offsets[r + 1];
+        for (u64 f = threadIdx.x; f < features; f += blockDim.x) {
+            T sum = (T)0;
+            for (u32 k = begin; k < end; ++k) sum += dy[(u64)order[k] * features + f];
+            table[r * features + f] = sum;
+        }
     }
 }
 
@@ -478,11 +554,11 @@ extern "C" __global__ void regflow_embedding_f64(const double* table, const i64*
                                                  u64 first, u64 rows) {
     embedding(table, ids, out, n, features, first, rows);
 }
-extern "C" __global__ void regflow_embedding_grad_f32(const i64* ids, const float* dy, float* table, u64 n, u64 features,
-                                                      u64 first, u64 rows) {
-    embedding_grad(ids, dy, table, n, features, first, rows);
+extern "C" __global__ void regflow_embedding_grad_f32(const float* dy, const u32* offsets, const u32* order,
+                                                      float* table, u64 features, u64 rows) {
+    embedding_grad_rows(dy, offsets, order, table, features, rows);
 }
-extern "C" __global__ void regflow_embedding_grad_f64(const i64* ids, const double* dy, double* table, u64 n,
-                                                      u64 features, u64 first, u64 rows) {
-    embedding_grad(ids, dy, table, n, features, first, rows);
+extern "C" __global__ void regflow_embedding_grad_f64(const double* dy, const u32* offsets, const u32* order,
+                                                      double* table, u64 features, u64 rows) {
+    embedding_grad_rows(dy, offsets, order, table, features, rows);
 }

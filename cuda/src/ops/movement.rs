@@ -893,18 +893,18 @@ fn gather_rows(
         return Err(fail(spec, conf, format!("gathers {what} by ids {ids}, but the output is {out}")));
     }
     Ok(EmbeddingKernel {
-        zero: None,
-        function: function(spec, &format!("regflow_embedding_{}", suffix(dtype)))?,
+        steps: EmbeddingSteps::Gather(function(spec, &format!("regflow_embedding_{}", suffix(dtype)))?),
         inputs: input_slots(conf),
-        n: out.shape.numel() as u64,
+        ids: ids.shape.numel() as u64,
         features: features as u64,
         first: held.start as u64,
         rows: held.len() as u64,
     })
 }
 
-/// The scatter-add of `dy` rows by ids into a zeroed table holding the rows `held` of the
-/// vocabulary (inputs ids, dy); `what` names the table in errors.
+/// The sum of `dy` rows by ids into a table holding the rows `held` of the vocabulary
+/// (inputs ids, dy), each row in id order (see `movement.cu`); `what` names the table in
+/// errors.
 fn scatter_rows(
     spec: &KernelSpec<'_>,
     conf: &OpConf,
@@ -921,46 +921,106 @@ fn scatter_rows(
     {
         return Err(fail(spec, conf, format!("scatters {dy} by ids {ids} into {what}, but the output is {out}")));
     }
+    // Row offsets and id positions are u32 in the kernels.
+    let tokens = ids.shape.numel();
+    if tokens > u32::MAX as usize || held.len() >= u32::MAX as usize {
+        return Err(fail(spec, conf, format!("scatters {tokens} ids into {what}: at most {} of either", u32::MAX - 1)));
+    }
     Ok(EmbeddingKernel {
-        zero: Some((function(spec, &format!("regflow_fill_{}", suffix(dtype)))?, dtype, out.shape.numel() as u64)),
-        function: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
+        steps: EmbeddingSteps::Scatter {
+            fill: function(spec, "regflow_fill_f32")?,
+            count: function(spec, "regflow_embedding_grad_count")?,
+            offsets: function(spec, "regflow_embedding_grad_offsets")?,
+            order: function(spec, "regflow_embedding_grad_order")?,
+            rows: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
+        },
         inputs: input_slots(conf),
-        n: dy.shape.numel() as u64,
+        ids: tokens as u64,
         features: features as u64,
         first: held.start as u64,
         rows: held.len() as u64,
     })
 }
 
-/// `embedding` (inputs table, ids) or, with `zero`, `embedding_grad` (inputs ids, dy): both
-/// entries take (input 0, input 1, out, n, features, first, rows), the table holding rows
-/// `first..first + rows` of the vocabulary.
+/// `embedding` (inputs table, ids) or `embedding_grad` (inputs ids, dy) on a table holding
+/// rows `first..first + rows` of the vocabulary.
 #[derive(Debug)]
 struct EmbeddingKernel {
-    zero: Option<(Function, DType, u64)>,
-    function: Function,
+    steps: EmbeddingSteps,
     inputs: [usize; 2],
-    n: u64,
+    /// How many ids the op reads.
+    ids: u64,
     features: u64,
     first: u64,
     rows: u64,
+}
+
+/// The launches of an [`EmbeddingKernel`].
+#[derive(Debug)]
+enum EmbeddingSteps {
+    /// One gather of `features` elements per id (`regflow_embedding_<dtype>`).
+    Gather(Function),
+    /// The gradient's four steps (`movement.cu`), after zeroing the row counts with `fill`.
+    Scatter { fill: Function, count: Function, offsets: Function, order: Function, rows: Function },
+}
+
+/// Threads per block of the gradient's row sums (over a row's features).
+const EMBEDDING_ROW_THREADS: u32 = 128;
+
+impl EmbeddingKernel {
+    /// Where the gradient's id positions start in its scratch: after `rows + 1` u32 row
+    /// offsets, 16-byte aligned.
+    fn order_offset(&self) -> u64 {
+        ((self.rows + 1) * 4).next_multiple_of(16)
+    }
 }
 
 impl Kernel for EmbeddingKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let (s, out) = (stream(io), io.output_addr(0));
         let (input0, input1) = (io.input_addr(self.inputs[0]), io.input_addr(self.inputs[1]));
-        let (n, features, first, rows) = (self.n, self.features, self.first, self.rows);
-        if let Some((fill, dtype, len)) = self.zero {
-            // SAFETY: the table holds `len` elements of dtype (its meta).
-            unsafe { zero(s, fill, dtype, out, len) }?;
+        let (ids, features, first, rows) = (self.ids, self.features, self.first, self.rows);
+        match &self.steps {
+            EmbeddingSteps::Gather(function) => {
+                let n = ids * features;
+                // SAFETY: ids hold `ids` i64s, the table and the output the elements of their
+                // checked metas; ids outside first..first + rows read zeros.
+                unsafe {
+                    launch(s, *function, Grid::linear(n), &mut args![input0, input1, out, n, features, first, rows])
+                }?;
+            }
+            EmbeddingSteps::Scatter { fill, count, offsets: scan, order, rows: sum } => {
+                let scratch = io.scratch(self.scratch_bytes())?;
+                let (offsets, positions) = (scratch, scratch + self.order_offset());
+                let (id_array, dy) = (input0, input1);
+                let warps_per_block = u64::from(crate::driver::LINEAR_THREADS / 32);
+                let order_grid = Grid::linear(ids.div_ceil(warps_per_block) * u64::from(crate::driver::LINEAR_THREADS));
+                let row_blocks = rows.clamp(1, MAX_LINEAR_BLOCKS) as u32;
+                let row_grid =
+                    Grid { blocks: (row_blocks, 1, 1), threads: (EMBEDDING_ROW_THREADS, 1, 1), shared_bytes: 0 };
+                let one_block = Grid { blocks: (1, 1, 1), threads: (1024, 1, 1), shared_bytes: 0 };
+                // SAFETY: the scratch holds rows + 1 u32 offsets and, from order_offset, one
+                // u32 per id (scratch_bytes); the ids hold `ids` i64s, dy `ids · features`
+                // elements and the table `rows · features` (checked at build); the launches run
+                // in order on one stream, each reading what the one before wrote; the
+                // argument types are the entries'.
+                unsafe {
+                    launch(s, *fill, Grid::linear(rows + 1), &mut args![offsets, 0f32, rows + 1])?;
+                    launch(s, *count, Grid::linear(ids), &mut args![id_array, offsets, ids, first, rows])?;
+                    launch(s, *scan, one_block, &mut args![offsets, rows])?;
+                    launch(s, *order, order_grid, &mut args![id_array, offsets, positions, ids, first, rows])?;
+                    launch(s, *sum, row_grid, &mut args![dy, offsets, positions, out, features, rows])?;
+                }
+            }
         }
-        // SAFETY: ids hold n / features i64s, the dense operand and the output the elements
-        // of their checked metas; ids outside first..first + rows are skipped by the kernels.
-        unsafe {
-            launch(s, self.function, Grid::linear(n), &mut args![input0, input1, out, n, features, first, rows])
-        }?;
         Ok(())
+    }
+
+    fn scratch_bytes(&self) -> u64 {
+        match self.steps {
+            EmbeddingSteps::Gather(_) => 0,
+            EmbeddingSteps::Scatter { .. } => self.order_offset() + self.ids * 4,
+        }
     }
 }
 
