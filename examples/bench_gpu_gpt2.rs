@@ -21,7 +21,10 @@
 //! `--unfolded-casts` compiles with `fold_casts` off: the casts of the layer norms'
 //! outputs to bf16 (or f16), of their gradients' `dy` back to f32, of the blocks' outputs
 //! to f32 for the residual adds and of the residual gradients' sums to bf16 run as lone
-//! casts instead of inside those ops.
+//! casts instead of inside those ops. `--unfolded-table-grads` compiles with
+//! `fold_table_grads` off: the tied token table's two gradients (the embedding's scatter
+//! and the output projection's weight gradient, through the padded vocabulary's slice and
+//! mixed precision's cast) are summed by an `add` of their own instead of by the scatter.
 //!
 //! `--attention fused` runs each block's attention as one `attention` op (flash attention
 //! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,
@@ -143,7 +146,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let parameters: usize = g.trainable_variables().iter().map(|v| v.shape().numel()).sum();
     let fuse_casts = !std::env::args().any(|a| a == "--lone-casts");
     let fold_casts = !std::env::args().any(|a| a == "--unfolded-casts");
-    let options = CompileOptions { device, fuse_casts, fold_casts, ..Default::default() };
+    let fold_table_grads = !std::env::args().any(|a| a == "--unfolded-table-grads");
+    let options = CompileOptions { device, fuse_casts, fold_casts, fold_table_grads, ..Default::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     if std::env::args().any(|a| a == "--plan-only") {
         // What the step needs per device, without a device: the plan's memory layout.

@@ -63,7 +63,9 @@ fn compile_on(kind: DeviceKind, precision: Precision, devices: usize, fold_casts
     let g = Graph::new();
     let mesh = Mesh::of_kind(kind, &[devices], &["dp"]).unwrap();
     let step = step(&g, &mesh, precision);
-    let options = ParallelOptions { fold_casts, ..ParallelOptions::new(mesh) }.train(&step);
+    // The tied table's gradient sum stays an add (`tests/folded_table_grads.rs` folds it):
+    // one of the adds counted here, whose 16-bit operand's cast folds into it.
+    let options = ParallelOptions { fold_casts, fold_table_grads: false, ..ParallelOptions::new(mesh) }.train(&step);
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
 }
 

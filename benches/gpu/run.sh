@@ -79,8 +79,8 @@ wait
 [ -f "$logs/torch-warm.log" ] && cp "$logs/torch-warm.log" "$out/torch-warm.log"
 
 # 3. Benchmarks, one at a time, most wanted first (F32=0, FUSED=0, GEMM=0, TORCH=0 (PyTorch eager),
-# TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0, PADDED=0, UNFOLDED=0
-# leave parts out;
+# TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0, PADDED=0, UNFOLDED=0,
+# UNFOLDED_TABLE=0 leave parts out;
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
@@ -134,6 +134,19 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
         for round in $(seq "${UNFOLDED_ROUNDS:-2}"); do
           for fold in "" --unfolded-casts; do
             echo "== GPT-2 124M regflow bf16, fused attention, --pad-vocab 64 ${fold:-(casts folded)} (round $round)"
+            gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16 \
+              --attention fused --pad-vocab 64 $fold
+            echo "exit $?"
+          done
+        done
+      fi
+      if [ "${UNFOLDED_TABLE:-1}" = 1 ]; then
+        # The padded bf16 step with the tied table's two gradients summed by an add of
+        # their own (fold_table_grads off), alternated with the folded step,
+        # UNFOLDED_TABLE_ROUNDS times.
+        for round in $(seq "${UNFOLDED_TABLE_ROUNDS:-2}"); do
+          for fold in "" --unfolded-table-grads; do
+            echo "== GPT-2 124M regflow bf16, fused attention, --pad-vocab 64 ${fold:-(table gradients folded)} (round $round)"
             gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16 \
               --attention fused --pad-vocab 64 $fold
             echo "exit $?"

@@ -88,11 +88,7 @@ fn valid_confs_pass_validation() {
     }
     accepted(&conf(&SumTo(Shape::new([5])), vec![x.clone()], vec![m(&[5], f)]));
     accepted(&conf(&Embedding, vec![m(&[10, 4], f), m(&[2, 3], DType::I64)], vec![m(&[2, 3, 4], f)]));
-    accepted(&conf(
-        &EmbeddingGrad { vocab_size: 10 },
-        vec![m(&[2, 3], DType::I64), m(&[2, 3, 4], f)],
-        vec![m(&[10, 4], f)],
-    ));
+    accepted(&conf(&EmbeddingGrad::new(10), vec![m(&[2, 3], DType::I64), m(&[2, 3, 4], f)], vec![m(&[10, 4], f)]));
     let held = Rows { vocab_size: 10, held: 5..10 };
     let gather = VocabPart { rows: held.clone(), grad: false };
     accepted(&conf(&gather, vec![m(&[5, 4], f), m(&[2, 3], DType::I64)], vec![m(&[2, 3, 4], f)]));

@@ -388,7 +388,7 @@ fn embedding_and_its_gradient_match_the_cpu() {
             );
             let dy = random(&out, dtype, 9);
             // Each row sums its ids' dy rows in id order, as the CPU does: the CPU's bits.
-            let grad = EmbeddingGrad { vocab_size: vocab };
+            let grad = EmbeddingGrad::new(vocab);
             check(
                 &format!("embedding_grad {what}"),
                 &grad,
@@ -403,9 +403,26 @@ fn embedding_and_its_gradient_match_the_cpu() {
         let (vocab, features, ids_shape) = (11, 5, vec![8, 1024]);
         let ids = random_ids(&ids_shape, 4, 15);
         let dy = random(&[8, 1024, features], dtype, 16);
-        let grad = EmbeddingGrad { vocab_size: vocab };
+        let grad = EmbeddingGrad::new(vocab);
         let what = format!("embedding_grad {dtype} table [{vocab}, {features}] ids {ids_shape:?} in 0..4");
         check(&what, &grad, &[&ids, &dy], TensorMeta::new([vocab, features], dtype), gpu, 0.0);
+    }
+    // With a base (a tied table's other gradient, folded in by the compiler): more rows
+    // than the table (a padded vocabulary's), of the table's dtype or 16-bit beside f32;
+    // each element the bits of an add of the scatter and the base.
+    for (dtype, base_dtype) in
+        [(DType::F32, DType::F32), (DType::F32, DType::Bf16), (DType::F32, DType::F16), (DType::F64, DType::F64)]
+    {
+        let (vocab, features) = (70, 5);
+        let ids = random_ids(&[3, 40], vocab, 17);
+        let dy = random(&[3, 40, features], dtype, 18);
+        let base = random(&[vocab + 7, features], base_dtype, 19);
+        let grad = EmbeddingGrad { base: Some(base_dtype), ..EmbeddingGrad::new(vocab) };
+        let what = format!(
+            "embedding_grad {dtype} table [{vocab}, {features}] with a {base_dtype} base of {} rows",
+            vocab + 7
+        );
+        check(&what, &grad, &[&ids, &dy, &base], TensorMeta::new([vocab, features], dtype), gpu, 0.0);
     }
 }
 

@@ -309,7 +309,7 @@ fn embedding_gathers_rows_and_scatters_gradients() {
         let inputs = [random([5, 3], seed), random_indices([2, 4], 5, 10 + seed)];
         check_grad("embedding", &inputs, |x| x[0].embedding(&x[1]));
         let inputs = [random_indices([2, 4], 5, 20 + seed), random([2, 4, 3], 30 + seed)];
-        check_grad("embedding_grad", &inputs, |x| x[0].graph().apply1(EmbeddingGrad { vocab_size: 5 }, &[x[0], x[1]]));
+        check_grad("embedding_grad", &inputs, |x| x[0].graph().apply1(EmbeddingGrad::new(5), &[x[0], x[1]]));
     }
 }
 

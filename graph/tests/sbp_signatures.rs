@@ -433,7 +433,7 @@ fn embeddings_split_ids_features_and_vocabulary() {
         assert!(has(&signatures, &[S(0), B], &[P]));
         let mut dy_shape = ids_shape.clone();
         dy_shape.push(4);
-        let signatures = check_signatures(&EmbeddingGrad { vocab_size: 11 }, &[ids, random(dy_shape, 19)]);
+        let signatures = check_signatures(&EmbeddingGrad::new(11), &[ids, random(dy_shape, 19)]);
         assert!(has(&signatures, &[S(0), S(0)], &[P]) && has(&signatures, &[B, B], &[S(0)]));
     }
 }

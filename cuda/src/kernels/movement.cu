@@ -532,16 +532,18 @@ extern "C" __global__ void regflow_embedding_grad_order(const i64* ids, const u3
     }
 }
 
-// One block per table row (grid-stride), its threads over the features.
-template <typename T>
-__device__ __forceinline__ void embedding_grad_rows(const T* dy, const u32* offsets, const u32* order, T* table,
-                                                    u64 features, u64 rows) {
+// One block per table row (grid-stride), its threads over the features. With a base
+// (EmbeddingGrad::base, B its element type, 16-bit ones widened), each element is then
+// added to the base's, as an `add` of the two would.
+template <typename T, typename B>
+__device__ __forceinline__ void embedding_grad_rows(const T* dy, const u32* offsets, const u32* order, const B* base,
+                                                    T* table, u64 features, u64 rows) {
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         u32 begin = offsets[r], end = offsets[r + 1];
         for (u64 f = threadIdx.x; f < features; f += blockDim.x) {
             T sum = (T)0;
             for (u32 k = begin; k < end; ++k) sum += dy[(u64)order[k] * features + f];
-            table[r * features + f] = sum;
+            table[r * features + f] = base ? sum + (T)ld(base + r * features + f) : sum;
         }
     }
 }
@@ -556,9 +558,18 @@ extern "C" __global__ void regflow_embedding_f64(const double* table, const i64*
 }
 extern "C" __global__ void regflow_embedding_grad_f32(const float* dy, const u32* offsets, const u32* order,
                                                       float* table, u64 features, u64 rows) {
-    embedding_grad_rows(dy, offsets, order, table, features, rows);
+    embedding_grad_rows(dy, offsets, order, (const float*)nullptr, table, features, rows);
 }
 extern "C" __global__ void regflow_embedding_grad_f64(const double* dy, const u32* offsets, const u32* order,
                                                       double* table, u64 features, u64 rows) {
-    embedding_grad_rows(dy, offsets, order, table, features, rows);
+    embedding_grad_rows(dy, offsets, order, (const double*)nullptr, table, features, rows);
 }
+#define EMBEDDING_GRAD_BASE(S, T, B)                                                                        \
+    extern "C" __global__ void regflow_embedding_grad_base_##S(const T* dy, const u32* offsets, const u32* order, \
+                                                               const B* base, T* table, u64 features, u64 rows) { \
+        embedding_grad_rows(dy, offsets, order, base, table, features, rows);                               \
+    }
+EMBEDDING_GRAD_BASE(f32_f32, float, float)
+EMBEDDING_GRAD_BASE(f32_bf16, float, bf16)
+EMBEDDING_GRAD_BASE(f32_f16, float, f16)
+EMBEDDING_GRAD_BASE(f64_f64, double, double)

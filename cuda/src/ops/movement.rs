@@ -844,9 +844,17 @@ fn make_embedding(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError>
 fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError> {
     let conf = op_conf(spec)?;
     let op: EmbeddingGrad = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
-    check(spec, conf, &op)?;
-    arity(spec, conf, 2, 1)?;
-    scatter_rows(spec, conf, 0..op.vocab_size, &format!("a table of {} rows", op.vocab_size))
+    op.check(&conf.inputs, &conf.outputs).map_err(|e| fail(spec, conf, e))?;
+    arity(spec, conf, 2 + usize::from(op.base.is_some()), 1)?;
+    let mut kernel = scatter_rows(spec, conf, 0..op.vocab_size, &format!("a table of {} rows", op.vocab_size))?;
+    if let (Some(base), EmbeddingSteps::Scatter(steps)) = (op.base, &mut kernel.steps) {
+        let ScatterSteps { rows, base: slot, .. } = steps.as_mut();
+        // Each row's sum plus its row of the base (`regflow_embedding_grad_base_<dy>_<base>`).
+        let dtype = conf.outputs[0].dtype;
+        *rows = function(spec, &format!("regflow_embedding_grad_base_{}_{}", suffix(dtype), suffix(base)))?;
+        *slot = Some(conf.input_map[2]);
+    }
+    Ok(kernel)
 }
 
 /// `vocab_part`: `embedding` or its gradient on a device's rows `held` of a table split by
@@ -927,13 +935,14 @@ fn scatter_rows(
         return Err(fail(spec, conf, format!("scatters {tokens} ids into {what}: at most {} of either", u32::MAX - 1)));
     }
     Ok(EmbeddingKernel {
-        steps: EmbeddingSteps::Scatter {
+        steps: EmbeddingSteps::Scatter(Box::new(ScatterSteps {
             fill: function(spec, "regflow_fill_f32")?,
             count: function(spec, "regflow_embedding_grad_count")?,
             offsets: function(spec, "regflow_embedding_grad_offsets")?,
             order: function(spec, "regflow_embedding_grad_order")?,
             rows: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
-        },
+            base: None,
+        })),
         inputs: input_slots(conf),
         ids: tokens as u64,
         features: features as u64,
@@ -960,8 +969,20 @@ struct EmbeddingKernel {
 enum EmbeddingSteps {
     /// One gather of `features` elements per id (`regflow_embedding_<dtype>`).
     Gather(Function),
-    /// The gradient's four steps (`movement.cu`), after zeroing the row counts with `fill`.
-    Scatter { fill: Function, count: Function, offsets: Function, order: Function, rows: Function },
+    /// The gradient's steps (boxed: six functions beside the gather's one).
+    Scatter(Box<ScatterSteps>),
+}
+
+/// The gradient's four steps (`movement.cu`), after zeroing the row counts with `fill`;
+/// `rows` adds the actor input `base` (`EmbeddingGrad::base`) where there is one.
+#[derive(Debug)]
+struct ScatterSteps {
+    fill: Function,
+    count: Function,
+    offsets: Function,
+    order: Function,
+    rows: Function,
+    base: Option<usize>,
 }
 
 /// Threads per block of the gradient's row sums (over a row's features).
@@ -989,7 +1010,9 @@ impl Kernel for EmbeddingKernel {
                     launch(s, *function, Grid::linear(n), &mut args![input0, input1, out, n, features, first, rows])
                 }?;
             }
-            EmbeddingSteps::Scatter { fill, count, offsets: scan, order, rows: sum } => {
+            EmbeddingSteps::Scatter(steps) => {
+                let ScatterSteps { fill, count, offsets: scan, order, rows: sum, base } = steps.as_ref();
+                let base = base.map(|slot| io.input_addr(slot));
                 let scratch = io.scratch(self.scratch_bytes())?;
                 let (offsets, positions) = (scratch, scratch + self.order_offset());
                 let (id_array, dy) = (input0, input1);
@@ -1009,7 +1032,13 @@ impl Kernel for EmbeddingKernel {
                     launch(s, *count, Grid::linear(ids), &mut args![id_array, offsets, ids, first, rows])?;
                     launch(s, *scan, one_block, &mut args![offsets, rows])?;
                     launch(s, *order, order_grid, &mut args![id_array, offsets, positions, ids, first, rows])?;
-                    launch(s, *sum, row_grid, &mut args![dy, offsets, positions, out, features, rows])?;
+                    match base {
+                        // The base holds at least `rows · features` elements of its dtype (checked).
+                        Some(base) => {
+                            launch(s, *sum, row_grid, &mut args![dy, offsets, positions, base, out, features, rows])?
+                        }
+                        None => launch(s, *sum, row_grid, &mut args![dy, offsets, positions, out, features, rows])?,
+                    }
                 }
             }
         }
@@ -1019,7 +1048,7 @@ impl Kernel for EmbeddingKernel {
     fn scratch_bytes(&self) -> u64 {
         match self.steps {
             EmbeddingSteps::Gather(_) => 0,
-            EmbeddingSteps::Scatter { .. } => self.order_offset() + self.ids * 4,
+            EmbeddingSteps::Scatter(_) => self.order_offset() + self.ids * 4,
         }
     }
 }
@@ -1147,6 +1176,10 @@ mod tests {
                 let name = format!("regflow_{stem}_{dtype}");
                 assert!(entries.contains(&name.as_str()), "{name}");
             }
+        }
+        for stem in ["count", "offsets", "order", "base_f32_f32", "base_f32_bf16", "base_f32_f16", "base_f64_f64"] {
+            let name = format!("regflow_embedding_grad_{stem}");
+            assert!(entries.contains(&name.as_str()), "{name}");
         }
         for dtype in ["f32", "f64", "bf16", "f16"] {
             for stem in [

@@ -53,6 +53,7 @@ mod connect;
 mod emit;
 mod error;
 mod fold_casts;
+mod fold_table_grads;
 mod fuse_casts;
 mod fuse_norms;
 mod fuse_updates;
@@ -178,6 +179,8 @@ fn lower_step(
     // Before the cast groups: a cast it folds never joins one, and the groups are then
     // made of the casts that are left.
     fold_casts::fold_casts(&mut low);
+    // After fold_casts, which may have made the sum read its 16-bit operand as it is.
+    fold_table_grads::fold_table_grads(&mut low);
     fuse_casts::fuse_casts(&mut low);
     // One step's estimated schedule orders the collectives and the memory-sharing chains of
     // a cpu plan ([`schedule`]); a pipeline's micro-batches interleave in ways one step does

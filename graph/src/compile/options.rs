@@ -60,6 +60,13 @@ pub struct CompileOptions {
     /// gradients): per transformer block four lone casts (on CUDA four launches and a pass
     /// over an activation each) fewer. Results are bitwise the casts'. Default on.
     pub fold_casts: bool,
+    /// Fold a tied table's two gradients into one kernel (`compile/fold_table_grads.rs`):
+    /// the `add` of an `embedding_grad` and the table's other gradient (a language model's
+    /// output projection) is done by the embedding gradient, which reads the other as its
+    /// base ([`EmbeddingGrad::base`](crate::plan::ops::EmbeddingGrad::base)), through a
+    /// slice of its first rows (a padded vocabulary) and a cast from bf16 or f16. Results
+    /// are bitwise the add's. Default on.
+    pub fold_table_grads: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -97,6 +104,7 @@ impl Default for CompileOptions {
             fuse_norms: true,
             fuse_casts: true,
             fold_casts: true,
+            fold_table_grads: true,
         }
     }
 }
@@ -117,6 +125,7 @@ impl CompileOptions {
             fuse_norms: self.fuse_norms,
             fuse_casts: self.fuse_casts,
             fold_casts: self.fold_casts,
+            fold_table_grads: self.fold_table_grads,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -211,6 +220,13 @@ pub struct ParallelOptions {
     /// gradients): per transformer block four lone casts (on CUDA four launches and a pass
     /// over an activation each) fewer. Results are bitwise the casts'. Default on.
     pub fold_casts: bool,
+    /// Fold a tied table's two gradients into one kernel (`compile/fold_table_grads.rs`):
+    /// the `add` of an `embedding_grad` and the table's other gradient (a language model's
+    /// output projection) is done by the embedding gradient, which reads the other as its
+    /// base ([`EmbeddingGrad::base`](crate::plan::ops::EmbeddingGrad::base)), through a
+    /// slice of its first rows (a padded vocabulary) and a cast from bf16 or f16. Results
+    /// are bitwise the add's. Default on.
+    pub fold_table_grads: bool,
     /// Which streams run the cpu devices' collectives: comm streams of their own, the
     /// compute streams, or (the default) whichever suits the compiling host
     /// ([`CollectiveStreams`]).
@@ -372,6 +388,7 @@ impl ParallelOptions {
             fuse_norms: true,
             fuse_casts: true,
             fold_casts: true,
+            fold_table_grads: true,
             collective_streams: CollectiveStreams::Auto,
             copy_streams: CopyStreams::Auto,
         }

@@ -28,7 +28,7 @@ impl OpDef for VocabPart {
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
         if self.grad {
-            EmbeddingGrad { vocab_size: self.rows.held.len() }.infer(inputs)
+            EmbeddingGrad::new(self.rows.held.len()).infer(inputs)
         } else {
             Embedding.infer(inputs)
         }
@@ -62,7 +62,7 @@ impl OpDef for Embedding {
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         let (table, ids, dy) = (ctx.inputs[0], ctx.inputs[1], ctx.grad()?);
         let vocab_size = table.shape().dims()[0];
-        Ok(vec![Some(table.graph().apply1(EmbeddingGrad { vocab_size }, &[ids, dy])?), None])
+        Ok(vec![Some(table.graph().apply1(EmbeddingGrad::new(vocab_size), &[ids, dy])?), None])
     }
 
     /// A split of the ids splits the output (table whole); a split of the features splits
@@ -106,6 +106,13 @@ impl OpDef for EmbeddingGrad {
     }
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
+        if let Some(base) = self.base {
+            // Its adjoint and layouts would be another op's: a graph adds the two gradients.
+            return Err(format!(
+                "embedding_grad with a {base} base is the compiler's fold of a table gradient and an add \
+                 (graph/src/compile/fold_table_grads.rs); a graph applies the plain op and `add`"
+            ));
+        }
         let [ids, dy] = inputs else { return Err(format!("takes 2 inputs, got {}", inputs.len())) };
         check_ids(ids)?;
         if !dy.dtype.is_float() {

@@ -2,7 +2,7 @@
 
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::*;
-use regflow_plan::{HostTensor, HostTensorMut, Real};
+use regflow_plan::{HostTensor, HostTensorMut, Real, TensorMeta};
 
 impl HostCompute for VocabPart {
     fn compute(
@@ -37,8 +37,33 @@ impl HostCompute for EmbeddingGrad {
         inputs: &[HostTensor<'_>],
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
-        scatter(&Rows::all(self.vocab_size), inputs, outputs)
+        scatter(&Rows::all(self.vocab_size), inputs, outputs)?;
+        match inputs.get(2) {
+            // Each element as an `add` of the two would give it (a 16-bit base arrives
+            // widened to f32, as an add's operand does).
+            Some(base) => {
+                by_float!(outputs[0].dtype(), "integer tables are not supported", T => add_base::<T>(base, &mut outputs[0]))
+            }
+            None => Ok(()),
+        }
     }
+
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        EmbeddingGrad::check(self, inputs, outputs)
+    }
+}
+
+/// `out += base`, element by element, over `out`'s rows (the first of `base`'s).
+fn add_base<T: Real>(base: &HostTensor<'_>, out: &mut HostTensorMut<'_>) -> Result<(), String> {
+    let base = base.as_slice::<T>()?;
+    let out = out.as_mut_slice::<T>()?;
+    let Some(base) = base.get(..out.len()) else {
+        return Err(format!("a base of {} elements cannot be added to a table of {}", base.len(), out.len()));
+    };
+    for (o, &b) in out.iter_mut().zip(base) {
+        *o += b;
+    }
+    Ok(())
 }
 
 fn gather(rows: &Rows, inputs: &[HostTensor<'_>], outputs: &mut [HostTensorMut<'_>]) -> Result<(), String> {

@@ -1,0 +1,203 @@
+//! A tied table's two gradients summed by the embedding gradient itself
+//! (`graph/src/compile/fold_table_grads.rs`): in the tiny GPT, whose output projection reads
+//! the token table, the `add` of the `embedding_grad` scatter and the projection's weight
+//! gradient folds into the scatter (through the padded vocabulary's slice and mixed
+//! precision's cast), and training gives the bits of the unfolded plan in f32, bf16 and
+//! f16, padded or not, on one thread and two, on one device and with the batch split.
+
+mod common;
+#[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
+#[path = "../examples/common/gpt.rs"]
+mod gpt;
+
+use gpt::{Gpt, GptConfig};
+use regflow::graph::plan::{ActorKind, KernelConf, OpConf, Plan};
+use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
+use regflow::graph::{
+    CompiledGraph, DType, Graph, HostArray, Optimizer, ParallelOptions, Precision, SplitMix64, TrainStep,
+};
+use regflow::plan::ops::EmbeddingGrad;
+use regflow::prelude::*;
+
+const CONFIG: GptConfig =
+    GptConfig { d_model: 16, heads: 2, layers: 2, context: 8, mlp_width: 32, fused_attention: false };
+const VOCAB: usize = 13;
+const BATCH: usize = 4;
+const STEPS: usize = 4;
+
+/// How a step is compiled: its precision, the vocabulary's padding multiple (1: none), its
+/// devices, and whether the table's gradients fold.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    precision: Option<Precision>,
+    pad: usize,
+    devices: usize,
+    fold: bool,
+}
+
+/// The tiny GPT's step compiled on `devices` devices of `kind`, its batch split over them.
+fn compile(kind: DeviceKind, setup: Setup) -> CompiledGraph {
+    let g = Graph::new();
+    if let Some(precision) = setup.precision {
+        g.mixed_precision(precision).unwrap();
+    }
+    let mesh = Mesh::of_kind(kind, &[setup.devices], &["dp"]).unwrap();
+    let model = Gpt::new(&g, CONFIG, VOCAB).unwrap().pad_vocab(setup.pad);
+    let mask = g.causal_mask(CONFIG.context, DType::F32).unwrap();
+    let ids = g.input("ids", [BATCH, CONFIG.context], DType::I64).unwrap();
+    let targets = g.input("targets", [BATCH * CONFIG.context], DType::I64).unwrap();
+    g.set_layout(mask, &mesh, NdSbp(vec![Sbp::Broadcast])).unwrap();
+    for t in [ids, targets] {
+        g.set_layout(t, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
+    }
+    let loss = model.loss(&model.logits(&ids, &mask).unwrap(), &targets).unwrap();
+    let step: TrainStep<'_> = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).unwrap();
+    let options = ParallelOptions { fold_table_grads: setup.fold, ..ParallelOptions::new(mesh) }.train(&step);
+    g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
+}
+
+/// The `embedding_grad` ops of `plan`.
+fn scatters(plan: &Plan) -> Vec<(&str, &OpConf)> {
+    plan.actors
+        .iter()
+        .filter_map(|actor| match &actor.kind {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == "embedding_grad" => {
+                Some((actor.name.as_str(), conf))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Losses (as bits) and every variable's final value after [`STEPS`] steps of `compiled`
+/// on `threads` threads per device.
+fn train(compiled: &CompiledGraph, threads: usize) -> (Vec<u64>, Vec<(String, HostArray)>) {
+    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).keep_state().build().unwrap();
+    let mut feeds = job.graph_feeds().unwrap();
+    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
+    let mut rng = SplitMix64::new(11);
+    let mut got = Vec::new();
+    for _ in 0..STEPS {
+        // Each token's successor is its id + 1: learnable, so the loss falls. Ids repeat
+        // within a batch, so rows of the scatter sum several `dy` rows.
+        let ids: Vec<i64> = (0..BATCH * CONFIG.context).map(|_| (rng.next_u64() % VOCAB as u64) as i64).collect();
+        let targets: Vec<i64> = ids.iter().map(|&id| (id + 1) % VOCAB as i64).collect();
+        feeds.push("ids", &HostArray::i64([BATCH, CONFIG.context], ids).unwrap()).unwrap();
+        feeds.push("targets", &HostArray::i64([BATCH * CONFIG.context], targets).unwrap()).unwrap();
+        got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
+    }
+    feeds.close().unwrap();
+    drop((feeds, losses));
+    let report = job.wait().unwrap();
+    (got, report.state.unwrap())
+}
+
+/// The 16-bit dtype of `precision`, f32 without one.
+fn low(precision: Option<Precision>) -> DType {
+    match precision {
+        Some(Precision::F16) => DType::F16,
+        Some(_) => DType::Bf16,
+        None => DType::F32,
+    }
+}
+
+#[test]
+fn the_tied_tables_gradient_is_summed_by_its_scatter_with_the_bits_of_the_add() {
+    for precision in [None, Some(Precision::Bf16), Some(Precision::F16)] {
+        for pad in [1, 8] {
+            let setup = Setup { precision, pad, devices: 1, fold: true };
+            let (folded, apart) =
+                (compile(DeviceKind::Cpu, setup), compile(DeviceKind::Cpu, Setup { fold: false, ..setup }));
+            let what = format!("{precision:?}, vocabulary padded to a multiple of {pad}");
+            // The one scatter reads the projection's gradient as its base: through the
+            // padded vocabulary's slice (16 rows for a table of 13) and, in mixed
+            // precision, as the product made it, 16-bit.
+            let folded_scatters = scatters(&folded.plan);
+            let [(name, conf)] = folded_scatters.as_slice() else { panic!("{what}: {folded_scatters:?}") };
+            let op: EmbeddingGrad = conf.parse_attrs().unwrap();
+            assert_eq!(op.base, Some(low(precision)), "{what}: {name}");
+            let rows = if pad == 1 { VOCAB } else { 16 };
+            assert_eq!(conf.inputs[2].shape.dims(), [rows, CONFIG.d_model], "{what}: {name}");
+            assert_eq!(conf.inputs[2].dtype, low(precision), "{what}");
+            let unfolded_scatters = scatters(&apart.plan);
+            let [(_, plain)] = unfolded_scatters.as_slice() else { panic!("{what}: {unfolded_scatters:?}") };
+            assert!(plain.attrs.get("base").is_none(), "{what}: {}", plain.attrs);
+            // The add goes, and with padding the slice, and in mixed precision the cast
+            // (unpadded, fold_casts already made the add read the 16-bit gradient).
+            let gone = 1 + usize::from(pad > 1) + usize::from(pad > 1 && precision.is_some());
+            assert_eq!(folded.plan.actors.len() + gone, apart.plan.actors.len(), "{what}");
+            // A plan file like any other.
+            assert_eq!(Plan::from_json(&folded.plan.to_json()).unwrap(), folded.plan, "{what}");
+
+            let want = train(&apart, 1);
+            assert!(f64::from_bits(want.0[STEPS - 1]) < f64::from_bits(want.0[0]), "{what}: {:?}", want.0);
+            for threads in [1, 2] {
+                assert_eq!(train(&folded, threads), want, "{what}, {threads} threads");
+            }
+        }
+    }
+}
+
+/// The batch split over two devices: each device's scatter makes a partial gradient;
+/// whatever the compiler folds there, training gives the unfolded bits.
+#[test]
+fn a_split_batch_trains_to_the_same_bits_folded_or_not() {
+    for precision in [None, Some(Precision::Bf16)] {
+        let setup = Setup { precision, pad: 8, devices: 2, fold: true };
+        let (folded, apart) =
+            (compile(DeviceKind::Cpu, setup), compile(DeviceKind::Cpu, Setup { fold: false, ..setup }));
+        assert_eq!(train(&folded, 1), train(&apart, 1), "{precision:?}");
+    }
+}
+
+/// A plan file whose folded scatter contradicts its base is refused at job build with a
+/// sentence naming the actor, the base and what it must be.
+#[test]
+fn a_plan_file_with_a_wrong_base_is_refused() {
+    let folded = compile(DeviceKind::Cpu, Setup { precision: Some(Precision::Bf16), pad: 8, devices: 1, fold: true });
+    let mut plan = folded.plan.clone();
+    let scatter = plan
+        .actors
+        .iter_mut()
+        .find_map(|actor| match &mut actor.kind {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == "embedding_grad" => Some(conf),
+            _ => None,
+        })
+        .unwrap();
+    let op: EmbeddingGrad = scatter.parse_attrs().unwrap();
+    scatter.attrs = regflow::plan::ops::OpAttrs::attrs(&EmbeddingGrad { base: Some(DType::F16), ..op });
+    let err = Job::builder(plan).build().map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("embedding_grad") && err.contains("base of f16") && err.contains("bf16"), "{err}");
+}
+
+/// On a GPU the folded kernel gives the unfolded plan's bits too (the scatter sums each
+/// row in id order, then adds the base as the add did). Without a GPU (NVRTC at hand) the
+/// folded plan builds its CUDA kernels and runs to its end on dry-run devices; with
+/// neither the test skips.
+#[test]
+fn on_a_gpu_the_folded_table_gradient_trains_to_the_unfolded_bits() {
+    let Some(on_gpu) = common::gpu_or_dry_run() else { return };
+    for precision in [None, Some(Precision::Bf16)] {
+        let setup = Setup { precision, pad: 8, devices: 1, fold: true };
+        let folded = compile(DeviceKind::Cuda, setup);
+        let apart = compile(DeviceKind::Cuda, Setup { fold: false, ..setup });
+        let gone = 2 + usize::from(precision.is_some());
+        assert_eq!(folded.plan.actors.len() + gone, apart.plan.actors.len(), "{precision:?}");
+        if on_gpu {
+            assert_eq!(train(&folded, 1), train(&apart, 1), "{precision:?} on a GPU");
+        } else {
+            let mut job = Job::builder(folded.plan.clone()).build().unwrap();
+            let mut feeds = job.graph_feeds().unwrap();
+            let losses = job.graph_fetcher(&folded.fetches[0]).unwrap();
+            for _ in 0..2 {
+                let ids = HostArray::i64([BATCH, CONFIG.context], vec![1; BATCH * CONFIG.context]).unwrap();
+                feeds.push("ids", &ids).unwrap();
+                let targets = HostArray::i64([BATCH * CONFIG.context], vec![2; BATCH * CONFIG.context]).unwrap();
+                feeds.push("targets", &targets).unwrap();
+                losses.recv_scalar().unwrap().unwrap();
+            }
+            drop((feeds, losses));
+            job.wait().unwrap();
+        }
+    }
+}
