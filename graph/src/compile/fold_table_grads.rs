@@ -153,7 +153,9 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
         reader = plan.regst_descs[base.index()].producer;
         (base, base_meta) = (input, meta);
     }
-    if grad_actor.inputs.contains(&base) {
+    // The register finally read as the base: not one the scatter reads already, and in the
+    // memory its output is in.
+    if grad_actor.inputs.contains(&base) || plan.regst_descs[base.index()].memory != output_desc.memory {
         return None;
     }
     let widened = out.dtype == DType::F32 && matches!(base_meta.dtype, DType::Bf16 | DType::F16);
