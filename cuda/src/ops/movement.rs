@@ -846,15 +846,8 @@ fn make_embedding_grad(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelE
     let op: EmbeddingGrad = conf.parse_attrs().map_err(|e| fail(spec, conf, e))?;
     op.check(&conf.inputs, &conf.outputs).map_err(|e| fail(spec, conf, e))?;
     arity(spec, conf, 2 + usize::from(op.base.is_some()), 1)?;
-    let mut kernel = scatter_rows(spec, conf, 0..op.vocab_size, &format!("a table of {} rows", op.vocab_size))?;
-    if let (Some(base), EmbeddingSteps::Scatter(steps)) = (op.base, &mut kernel.steps) {
-        let ScatterSteps { rows, base: slot, .. } = steps.as_mut();
-        // Each row's sum plus its row of the base (`regflow_embedding_grad_base_<dy>_<base>`).
-        let dtype = conf.outputs[0].dtype;
-        *rows = function(spec, &format!("regflow_embedding_grad_base_{}_{}", suffix(dtype), suffix(base)))?;
-        *slot = Some(conf.input_map[2]);
-    }
-    Ok(kernel)
+    let base = op.base.map(|dtype| (dtype, conf.input_map[2]));
+    scatter_rows(spec, conf, 0..op.vocab_size, &format!("a table of {} rows", op.vocab_size), base)
 }
 
 /// `vocab_part`: `embedding` or its gradient on a device's rows `held` of a table split by
@@ -873,7 +866,7 @@ fn make_vocab_part(spec: &KernelSpec<'_>) -> Result<EmbeddingKernel, KernelError
     }
     if op.grad {
         let what = format!("rows {}..{}", held.start, held.end);
-        scatter_rows(spec, conf, held, &what)
+        scatter_rows(spec, conf, held, &what, None)
     } else {
         gather_rows(spec, conf, Some(held))
     }
@@ -911,13 +904,15 @@ fn gather_rows(
 }
 
 /// The sum of `dy` rows by ids into a table holding the rows `held` of the vocabulary
-/// (inputs ids, dy), each row in id order (see `movement.cu`); `what` names the table in
-/// errors.
+/// (inputs ids, dy), each row in id order (see `movement.cu`), plus a base of the dtype
+/// given, read at the actor input given (`EmbeddingGrad::base`, checked by the caller);
+/// `what` names the table in errors.
 fn scatter_rows(
     spec: &KernelSpec<'_>,
     conf: &OpConf,
     held: std::ops::Range<usize>,
     what: &str,
+    base: Option<(DType, usize)>,
 ) -> Result<EmbeddingKernel, KernelError> {
     let dtype = float_dtype(spec, conf)?;
     let (ids, dy, out) = (&conf.inputs[0], &conf.inputs[1], &conf.outputs[0]);
@@ -940,8 +935,13 @@ fn scatter_rows(
             count: function(spec, "regflow_embedding_grad_count")?,
             offsets: function(spec, "regflow_embedding_grad_offsets")?,
             order: function(spec, "regflow_embedding_grad_order")?,
-            rows: function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
-            base: None,
+            rows: match base {
+                Some((base, _)) => {
+                    function(spec, &format!("regflow_embedding_grad_base_{}_{}", suffix(dtype), suffix(base)))?
+                }
+                None => function(spec, &format!("regflow_embedding_grad_{}", suffix(dtype)))?,
+            },
+            base: base.map(|(_, slot)| slot),
         })),
         inputs: input_slots(conf),
         ids: tokens as u64,
@@ -969,7 +969,7 @@ struct EmbeddingKernel {
 enum EmbeddingSteps {
     /// One gather of `features` elements per id (`regflow_embedding_<dtype>`).
     Gather(Function),
-    /// The gradient's steps (boxed: six functions beside the gather's one).
+    /// The gradient's steps (boxed: five functions beside the gather's one).
     Scatter(Box<ScatterSteps>),
 }
 
