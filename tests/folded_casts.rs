@@ -10,48 +10,28 @@ mod common;
 #[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
 #[path = "../examples/common/gpt.rs"]
 mod gpt;
+#[path = "common/tiny_gpt_runs.rs"]
+mod tiny_gpt_runs;
 
-use gpt::{Gpt, GptConfig};
 use regflow::graph::plan::{ActorKind, KernelConf, Plan};
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{
-    CompiledGraph, DType, Graph, HostArray, Optimizer, ParallelOptions, Precision, SplitMix64, TrainStep,
-};
+use regflow::graph::sbp::Mesh;
+use regflow::graph::{CompiledGraph, DType, Graph, ParallelOptions, Precision};
 use regflow::plan::ops::{LayerNorm, LayerNormGrad};
 use regflow::prelude::*;
+use tiny_gpt_runs::RUNS;
 
-const CONFIG: GptConfig =
-    GptConfig { d_model: 16, heads: 2, layers: 2, context: 8, mlp_width: 32, fused_attention: false };
-const VOCAB: usize = 13;
-const BATCH: usize = 4;
-const STEPS: usize = 4;
 /// Two per block and the final one.
-const LAYER_NORMS: usize = 2 * CONFIG.layers + 1;
+const LAYER_NORMS: usize = 2 * RUNS.config.layers + 1;
 /// Adds that read a block's (or the logits' product's) 16-bit result through a cast: two
 /// residual adds per block (after attention and after the MLP), and the tied token
 /// table's gradient, the sum of the logits product's bf16 weight gradient and the
 /// embedding's f32 one.
-const WIDENING_ADDS: usize = 2 * CONFIG.layers + 1;
+const WIDENING_ADDS: usize = 2 * RUNS.config.layers + 1;
 /// The backward pass's sums of residual gradients, each read in f32 by the next and in
 /// the low dtype by a block's products: they write that copy as a second output.
-const GRADIENT_SUMS: usize = 2 * CONFIG.layers - 1;
+const GRADIENT_SUMS: usize = 2 * RUNS.config.layers - 1;
 /// Every cast folded: two per layer norm, one per such add and one per such sum.
 const FOLDED: usize = 2 * LAYER_NORMS + WIDENING_ADDS + GRADIENT_SUMS;
-
-/// The tiny GPT's step in `precision`, its batch split over `mesh`'s devices.
-fn step<'g>(g: &'g Graph, mesh: &Mesh, precision: Precision) -> TrainStep<'g> {
-    g.mixed_precision(precision).unwrap();
-    let model = Gpt::new(g, CONFIG, VOCAB).unwrap();
-    let mask = g.causal_mask(CONFIG.context, DType::F32).unwrap();
-    let ids = g.input("ids", [BATCH, CONFIG.context], DType::I64).unwrap();
-    let targets = g.input("targets", [BATCH * CONFIG.context], DType::I64).unwrap();
-    g.set_layout(mask, mesh, NdSbp(vec![Sbp::Broadcast])).unwrap();
-    for t in [ids, targets] {
-        g.set_layout(t, mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    let loss = model.loss(&model.logits(&ids, &mask).unwrap(), &targets).unwrap();
-    g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).unwrap()
-}
 
 /// The step compiled on `devices` cpu devices, with the casts folded or not.
 fn compile(precision: Precision, devices: usize, fold_casts: bool) -> CompiledGraph {
@@ -62,7 +42,7 @@ fn compile(precision: Precision, devices: usize, fold_casts: bool) -> CompiledGr
 fn compile_on(kind: DeviceKind, precision: Precision, devices: usize, fold_casts: bool) -> CompiledGraph {
     let g = Graph::new();
     let mesh = Mesh::of_kind(kind, &[devices], &["dp"]).unwrap();
-    let step = step(&g, &mesh, precision);
+    let step = RUNS.step(&g, &mesh, Some(precision), 1);
     // The tied table's gradient sum stays an add (`tests/folded_table_grads.rs` folds it):
     // one of the adds counted here, whose 16-bit operand's cast folds into it.
     let options = ParallelOptions { fold_casts, fold_table_grads: false, ..ParallelOptions::new(mesh) }.train(&step);
@@ -79,28 +59,6 @@ fn ops<'p>(plan: &'p Plan, op_type: &str) -> Vec<(usize, &'p regflow::graph::pla
             _ => None,
         })
         .collect()
-}
-
-/// Losses (as bits) and every variable's final value after [`STEPS`] steps of `compiled`
-/// on `threads` threads per device.
-fn train(compiled: &CompiledGraph, threads: usize) -> (Vec<u64>, Vec<(String, HostArray)>) {
-    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).keep_state().build().unwrap();
-    let mut feeds = job.graph_feeds().unwrap();
-    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
-    let mut rng = SplitMix64::new(7);
-    let mut got = Vec::new();
-    for _ in 0..STEPS {
-        // Each token's successor is its id + 1: learnable, so the loss falls.
-        let ids: Vec<i64> = (0..BATCH * CONFIG.context).map(|_| (rng.next_u64() % VOCAB as u64) as i64).collect();
-        let targets: Vec<i64> = ids.iter().map(|&id| (id + 1) % VOCAB as i64).collect();
-        feeds.push("ids", &HostArray::i64([BATCH, CONFIG.context], ids).unwrap()).unwrap();
-        feeds.push("targets", &HostArray::i64([BATCH * CONFIG.context], targets).unwrap()).unwrap();
-        got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
-    }
-    feeds.close().unwrap();
-    drop((feeds, losses));
-    let report = job.wait().unwrap();
-    (got, report.state.unwrap())
 }
 
 /// Which casts remain: every lone cast between f32 and the low dtype, as `from->to`.
@@ -208,10 +166,10 @@ fn layer_norms_and_residual_adds_read_and_write_the_low_dtype_with_the_bits_of_t
         let reloaded = Plan::from_json(&folded.plan.to_json()).unwrap();
         assert_eq!(reloaded, folded.plan, "{what}");
 
-        let want = train(&apart, 1);
-        assert!(f64::from_bits(want.0[STEPS - 1]) < f64::from_bits(want.0[0]), "{what}: {:?}", want.0);
+        let want = RUNS.train(&apart, 1);
+        assert!(f64::from_bits(want.0[RUNS.steps - 1]) < f64::from_bits(want.0[0]), "{what}: {:?}", want.0);
         for threads in [1, 2] {
-            assert_eq!(train(&folded, threads), want, "{what}, {threads} threads");
+            assert_eq!(RUNS.train(&folded, threads), want, "{what}, {threads} threads");
         }
     }
 }
@@ -240,7 +198,7 @@ fn each_device_of_a_split_batch_folds_its_own_casts_with_the_same_bits() {
             let lone = (on_device(&folded.plan, "cast"), on_device(&apart.plan, "cast"));
             assert_eq!(lone.0 + FOLDED, lone.1, "{what}, device {device}: {lone:?}");
         }
-        assert_eq!(train(&folded, 1), train(&apart, 1), "{what}");
+        assert_eq!(RUNS.train(&folded, 1), RUNS.train(&apart, 1), "{what}");
     }
 }
 
@@ -256,24 +214,9 @@ fn on_a_gpu_the_folded_plan_trains_to_the_bits_of_the_unfolded_one() {
         let apart = compile_on(DeviceKind::Cuda, precision, 1, false);
         assert_eq!(folded.plan.actors.len() + FOLDED, apart.plan.actors.len(), "{precision:?}");
         if on_gpu {
-            assert_eq!(train(&folded, 1), train(&apart, 1), "{precision:?} on a GPU");
+            assert_eq!(RUNS.train(&folded, 1), RUNS.train(&apart, 1), "{precision:?} on a GPU");
         } else {
-            let mut job = Job::builder(folded.plan.clone()).build().unwrap();
-            let mut feeds = job.graph_feeds().unwrap();
-            let losses = job.graph_fetcher(&folded.fetches[0]).unwrap();
-            for _ in 0..2 {
-                let ids = HostArray::i64([BATCH, CONFIG.context], vec![1; BATCH * CONFIG.context]).unwrap();
-                feeds.push("ids", &ids).unwrap();
-                feeds
-                    .push(
-                        "targets",
-                        &HostArray::i64([BATCH * CONFIG.context], vec![2; BATCH * CONFIG.context]).unwrap(),
-                    )
-                    .unwrap();
-                losses.recv_scalar().unwrap().unwrap();
-            }
-            drop((feeds, losses));
-            job.wait().unwrap();
+            RUNS.run_dry(&folded);
         }
     }
 }

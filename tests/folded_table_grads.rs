@@ -9,21 +9,15 @@ mod common;
 #[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
 #[path = "../examples/common/gpt.rs"]
 mod gpt;
+#[path = "common/tiny_gpt_runs.rs"]
+mod tiny_gpt_runs;
 
-use gpt::{Gpt, GptConfig};
 use regflow::graph::plan::{ActorKind, KernelConf, OpConf, Plan};
-use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
-use regflow::graph::{
-    CompiledGraph, DType, Graph, HostArray, Optimizer, ParallelOptions, Precision, SplitMix64, TrainStep,
-};
+use regflow::graph::sbp::Mesh;
+use regflow::graph::{CompiledGraph, DType, Graph, ParallelOptions, Precision};
 use regflow::plan::ops::EmbeddingGrad;
 use regflow::prelude::*;
-
-const CONFIG: GptConfig =
-    GptConfig { d_model: 16, heads: 2, layers: 2, context: 8, mlp_width: 32, fused_attention: false };
-const VOCAB: usize = 13;
-const BATCH: usize = 4;
-const STEPS: usize = 4;
+use tiny_gpt_runs::RUNS;
 
 /// How a step is compiled: its precision, the vocabulary's padding multiple (1: none), its
 /// devices, and whether the table's gradients fold.
@@ -38,20 +32,8 @@ struct Setup {
 /// The tiny GPT's step compiled on `devices` devices of `kind`, its batch split over them.
 fn compile(kind: DeviceKind, setup: Setup) -> CompiledGraph {
     let g = Graph::new();
-    if let Some(precision) = setup.precision {
-        g.mixed_precision(precision).unwrap();
-    }
     let mesh = Mesh::of_kind(kind, &[setup.devices], &["dp"]).unwrap();
-    let model = Gpt::new(&g, CONFIG, VOCAB).unwrap().pad_vocab(setup.pad);
-    let mask = g.causal_mask(CONFIG.context, DType::F32).unwrap();
-    let ids = g.input("ids", [BATCH, CONFIG.context], DType::I64).unwrap();
-    let targets = g.input("targets", [BATCH * CONFIG.context], DType::I64).unwrap();
-    g.set_layout(mask, &mesh, NdSbp(vec![Sbp::Broadcast])).unwrap();
-    for t in [ids, targets] {
-        g.set_layout(t, &mesh, NdSbp(vec![Sbp::Split(0)])).unwrap();
-    }
-    let loss = model.loss(&model.logits(&ids, &mask).unwrap(), &targets).unwrap();
-    let step: TrainStep<'_> = g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).unwrap();
+    let step = RUNS.step(&g, &mesh, setup.precision, setup.pad);
     let options = ParallelOptions { fold_table_grads: setup.fold, ..ParallelOptions::new(mesh) }.train(&step);
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
 }
@@ -67,29 +49,6 @@ fn scatters(plan: &Plan) -> Vec<(&str, &OpConf)> {
             _ => None,
         })
         .collect()
-}
-
-/// Losses (as bits) and every variable's final value after [`STEPS`] steps of `compiled`
-/// on `threads` threads per device.
-fn train(compiled: &CompiledGraph, threads: usize) -> (Vec<u64>, Vec<(String, HostArray)>) {
-    let mut job = Job::builder(compiled.plan.clone()).cpu_threads(threads).keep_state().build().unwrap();
-    let mut feeds = job.graph_feeds().unwrap();
-    let losses = job.graph_fetcher(&compiled.fetches[0]).unwrap();
-    let mut rng = SplitMix64::new(11);
-    let mut got = Vec::new();
-    for _ in 0..STEPS {
-        // Each token's successor is its id + 1: learnable, so the loss falls. Ids repeat
-        // within a batch, so rows of the scatter sum several `dy` rows.
-        let ids: Vec<i64> = (0..BATCH * CONFIG.context).map(|_| (rng.next_u64() % VOCAB as u64) as i64).collect();
-        let targets: Vec<i64> = ids.iter().map(|&id| (id + 1) % VOCAB as i64).collect();
-        feeds.push("ids", &HostArray::i64([BATCH, CONFIG.context], ids).unwrap()).unwrap();
-        feeds.push("targets", &HostArray::i64([BATCH * CONFIG.context], targets).unwrap()).unwrap();
-        got.push(losses.recv_scalar().unwrap().unwrap().to_bits());
-    }
-    feeds.close().unwrap();
-    drop((feeds, losses));
-    let report = job.wait().unwrap();
-    (got, report.state.unwrap())
 }
 
 /// The 16-bit dtype of `precision`, f32 without one.
@@ -116,8 +75,8 @@ fn the_tied_tables_gradient_is_summed_by_its_scatter_with_the_bits_of_the_add() 
             let [(name, conf)] = folded_scatters.as_slice() else { panic!("{what}: {folded_scatters:?}") };
             let op: EmbeddingGrad = conf.parse_attrs().unwrap();
             assert_eq!(op.base, Some(low(precision)), "{what}: {name}");
-            let rows = if pad == 1 { VOCAB } else { 16 };
-            assert_eq!(conf.inputs[2].shape.dims(), [rows, CONFIG.d_model], "{what}: {name}");
+            let rows = if pad == 1 { RUNS.vocab } else { 16 };
+            assert_eq!(conf.inputs[2].shape.dims(), [rows, RUNS.config.d_model], "{what}: {name}");
             assert_eq!(conf.inputs[2].dtype, low(precision), "{what}");
             let unfolded_scatters = scatters(&apart.plan);
             let [(_, plain)] = unfolded_scatters.as_slice() else { panic!("{what}: {unfolded_scatters:?}") };
@@ -129,10 +88,10 @@ fn the_tied_tables_gradient_is_summed_by_its_scatter_with_the_bits_of_the_add() 
             // A plan file like any other.
             assert_eq!(Plan::from_json(&folded.plan.to_json()).unwrap(), folded.plan, "{what}");
 
-            let want = train(&apart, 1);
-            assert!(f64::from_bits(want.0[STEPS - 1]) < f64::from_bits(want.0[0]), "{what}: {:?}", want.0);
+            let want = RUNS.train(&apart, 1);
+            assert!(f64::from_bits(want.0[RUNS.steps - 1]) < f64::from_bits(want.0[0]), "{what}: {:?}", want.0);
             for threads in [1, 2] {
-                assert_eq!(train(&folded, threads), want, "{what}, {threads} threads");
+                assert_eq!(RUNS.train(&folded, threads), want, "{what}, {threads} threads");
             }
         }
     }
@@ -146,7 +105,7 @@ fn a_split_batch_trains_to_the_same_bits_folded_or_not() {
         let setup = Setup { precision, pad: 8, devices: 2, fold: true };
         let (folded, apart) =
             (compile(DeviceKind::Cpu, setup), compile(DeviceKind::Cpu, Setup { fold: false, ..setup }));
-        assert_eq!(train(&folded, 1), train(&apart, 1), "{precision:?}");
+        assert_eq!(RUNS.train(&folded, 1), RUNS.train(&apart, 1), "{precision:?}");
     }
 }
 
@@ -184,20 +143,9 @@ fn on_a_gpu_the_folded_table_gradient_trains_to_the_unfolded_bits() {
         let gone = 2 + usize::from(precision.is_some());
         assert_eq!(folded.plan.actors.len() + gone, apart.plan.actors.len(), "{precision:?}");
         if on_gpu {
-            assert_eq!(train(&folded, 1), train(&apart, 1), "{precision:?} on a GPU");
+            assert_eq!(RUNS.train(&folded, 1), RUNS.train(&apart, 1), "{precision:?} on a GPU");
         } else {
-            let mut job = Job::builder(folded.plan.clone()).build().unwrap();
-            let mut feeds = job.graph_feeds().unwrap();
-            let losses = job.graph_fetcher(&folded.fetches[0]).unwrap();
-            for _ in 0..2 {
-                let ids = HostArray::i64([BATCH, CONFIG.context], vec![1; BATCH * CONFIG.context]).unwrap();
-                feeds.push("ids", &ids).unwrap();
-                let targets = HostArray::i64([BATCH * CONFIG.context], vec![2; BATCH * CONFIG.context]).unwrap();
-                feeds.push("targets", &targets).unwrap();
-                losses.recv_scalar().unwrap().unwrap();
-            }
-            drop((feeds, losses));
-            job.wait().unwrap();
+            RUNS.run_dry(&folded);
         }
     }
 }

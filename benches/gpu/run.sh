@@ -84,6 +84,18 @@ wait
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
+# The padded bf16 step with fused attention alternated, $1 rounds, with the same step given
+# the flag $2 (one fold turned off; $3 says what the plain step has), to compare in one call.
+padded_against() {
+  for round in $(seq "$1"); do
+    for flag in "" "$2"; do
+      echo "== GPT-2 124M regflow bf16, fused attention, --pad-vocab 64 ${flag:-($3)} (round $round)"
+      gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16 \
+        --attention fused --pad-vocab 64 $flag
+      echo "exit $?"
+    done
+  done
+}
 {
   full=0
   if [ "${F32:-1}" = 1 ]; then
@@ -129,29 +141,12 @@ gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}";
         echo "exit $?"
       fi
       if [ "${UNFOLDED:-1}" = 1 ]; then
-        # The padded bf16 step with the casts around layer norms and residual adds as lone
-        # casts (fold_casts off), alternated with the folded step, UNFOLDED_ROUNDS times.
-        for round in $(seq "${UNFOLDED_ROUNDS:-2}"); do
-          for fold in "" --unfolded-casts; do
-            echo "== GPT-2 124M regflow bf16, fused attention, --pad-vocab 64 ${fold:-(casts folded)} (round $round)"
-            gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16 \
-              --attention fused --pad-vocab 64 $fold
-            echo "exit $?"
-          done
-        done
+        # The casts around layer norms and residual adds as lone casts (fold_casts off).
+        padded_against "${UNFOLDED_ROUNDS:-2}" --unfolded-casts "casts folded"
       fi
       if [ "${UNFOLDED_TABLE:-1}" = 1 ]; then
-        # The padded bf16 step with the tied table's two gradients summed by an add of
-        # their own (fold_table_grads off), alternated with the folded step,
-        # UNFOLDED_TABLE_ROUNDS times.
-        for round in $(seq "${UNFOLDED_TABLE_ROUNDS:-2}"); do
-          for fold in "" --unfolded-table-grads; do
-            echo "== GPT-2 124M regflow bf16, fused attention, --pad-vocab 64 ${fold:-(table gradients folded)} (round $round)"
-            gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" --precision bf16 \
-              --attention fused --pad-vocab 64 $fold
-            echo "exit $?"
-          done
-        done
+        # The tied table's two gradients summed by an add of their own (fold_table_grads off).
+        padded_against "${UNFOLDED_TABLE_ROUNDS:-2}" --unfolded-table-grads "table gradients folded"
       fi
       if [ "${LONE_CASTS:-1}" = 1 ]; then
         # The same bf16 step with each weight and gradient cast its own launch (fuse_casts

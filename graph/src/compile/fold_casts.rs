@@ -43,7 +43,7 @@
 //! this pass, on the registers that are left.
 
 use super::fuse_casts::plain_op;
-use super::lower::Lowering;
+use super::lower::{plan_each, Lowering};
 use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, OpConf, Plan, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, Cast, LayerNorm, LayerNormGrad, OpAttrs};
 
@@ -87,13 +87,7 @@ pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
         return;
     }
     let plan = low.b.plan_mut();
-    let folds: Vec<Fold> = {
-        let index = PlanIndex::new(plan);
-        (0..plan.actors.len()).filter_map(|a| fold_of(&index, ActorIndex(a as u32))).collect()
-    };
-    if folds.is_empty() {
-        return;
-    }
+    let folds = plan_each(plan, fold_of);
     let mut merged_into: Vec<Option<ActorIndex>> = vec![None; plan.actors.len()];
     let mut removed_registers = vec![false; plan.regst_descs.len()];
     for fold in folds {
@@ -126,10 +120,7 @@ pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
             }
         }
     }
-    low.retarget_op_actors(&merged_into);
-    let removed: Vec<bool> = merged_into.iter().map(Option::is_some).collect();
-    low.remove_registers(&removed_registers);
-    low.remove_actors(&removed);
+    low.drop_merged(&merged_into, &removed_registers);
 }
 
 /// The op of compute actor `a`, which [`fold_of`] found to be one.

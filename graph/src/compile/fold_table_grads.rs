@@ -26,7 +26,7 @@
 //! after this pass, on the registers left.
 
 use super::fuse_casts::plain_op;
-use super::lower::Lowering;
+use super::lower::{plan_each, Lowering};
 use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, Cast, EmbeddingGrad, OpAttrs, Slice};
 
@@ -55,13 +55,7 @@ pub(crate) fn fold_table_grads(low: &mut Lowering<'_>) {
         return;
     }
     let plan = low.b.plan_mut();
-    let folds: Vec<Fold> = {
-        let index = PlanIndex::new(plan);
-        (0..plan.actors.len()).filter_map(|a| fold_of(&index, ActorIndex(a as u32))).collect()
-    };
-    if folds.is_empty() {
-        return;
-    }
+    let folds = plan_each(plan, fold_of);
     let mut merged_into: Vec<Option<ActorIndex>> = vec![None; plan.actors.len()];
     let mut removed_registers = vec![false; plan.regst_descs.len()];
     for fold in folds {
@@ -87,10 +81,7 @@ pub(crate) fn fold_table_grads(low: &mut Lowering<'_>) {
             merged_into[a.index()] = Some(fold.grad);
         }
     }
-    low.retarget_op_actors(&merged_into);
-    let removed: Vec<bool> = merged_into.iter().map(Option::is_some).collect();
-    low.remove_registers(&removed_registers);
-    low.remove_actors(&removed);
+    low.drop_merged(&merged_into, &removed_registers);
 }
 
 /// Actor `add` as a table gradient's sum to fold (module docs), if it is one.

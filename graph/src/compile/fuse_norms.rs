@@ -74,11 +74,7 @@ pub(crate) fn fuse_norms(low: &mut Lowering<'_>) {
     for merge in merges {
         apply(plan, merge, &merged_into, single_device);
     }
-    low.retarget_op_actors(&merged_into);
-    let removed: Vec<bool> =
-        merged_into.iter().enumerate().map(|(a, lead)| lead.is_some_and(|l| l.index() != a)).collect();
-    low.remove_registers(&removed_registers);
-    low.remove_actors(&removed);
+    low.drop_merged(&merged_into, &removed_registers);
 }
 
 /// Every chain of links (module docs), each from its head, as actor indices.

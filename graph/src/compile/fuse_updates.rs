@@ -93,10 +93,7 @@ pub(super) fn merge_groups(
             low.merge_op_actors(&members, op.as_ref(), &mut merged_into);
         }
     }
-    low.retarget_op_actors(&merged_into);
-    let removed: Vec<bool> =
-        merged_into.iter().enumerate().map(|(a, lead)| lead.is_some_and(|l| l.index() != a)).collect();
-    low.remove_actors(&removed);
+    low.drop_merged(&merged_into, &[]);
 }
 
 /// The update actors of cpu, sim and cuda devices, grouped by [`GroupKey`].

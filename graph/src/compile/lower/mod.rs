@@ -101,6 +101,16 @@ pub(crate) fn group_name(prefix: &str, lead: &str, more: usize, single_device: b
     }
 }
 
+/// What `plan_of` makes of each actor of `plan` (a merging pass's plan for it, if any), all
+/// planned from one index of the plan as it is, before the pass changes anything.
+pub(crate) fn plan_each<T>(
+    plan: &crate::plan::Plan,
+    plan_of: impl Fn(&crate::plan::PlanIndex<'_>, ActorIndex) -> Option<T>,
+) -> Vec<T> {
+    let index = crate::plan::PlanIndex::new(plan);
+    (0..plan.actors.len()).filter_map(|a| plan_of(&index, ActorIndex(a as u32))).collect()
+}
+
 /// Makes `lead` the producer and consumer of every register one of `members` produces or
 /// reads (each consumer listed once): the registers of actors merged into one.
 pub(crate) fn redirect_registers(plan: &mut crate::plan::Plan, members: &[ActorIndex], lead: ActorIndex) {
@@ -298,10 +308,21 @@ impl<'a> Lowering<'a> {
     /// Points the op actors at the actors they were merged into (`merged_into[a]`: `a`'s
     /// group lead, if merged): their ops now run on the lead, and the schedule estimate adds
     /// their costs up there.
-    pub(crate) fn retarget_op_actors(&mut self, merged_into: &[Option<ActorIndex>]) {
+    fn retarget_op_actors(&mut self, merged_into: &[Option<ActorIndex>]) {
         for op_actor in self.op_actors.iter_mut().flat_map(|op| op.actors.iter_mut()) {
             *op_actor = merged_into[op_actor.index()].unwrap_or(*op_actor);
         }
+    }
+
+    /// Ends a merging pass: points the op actors' lists at the actors others merged into
+    /// (`merged_into[a]`, where it names an actor other than `a`), then drops those merged
+    /// actors and the `removed` registers.
+    pub(crate) fn drop_merged(&mut self, merged_into: &[Option<ActorIndex>], removed_registers: &[bool]) {
+        self.retarget_op_actors(merged_into);
+        let removed: Vec<bool> =
+            merged_into.iter().enumerate().map(|(a, into)| into.is_some_and(|i| i.index() != a)).collect();
+        self.remove_registers(removed_registers);
+        self.remove_actors(&removed);
     }
 
     /// Drops the `removed` actors from the plan and renumbers every reference to the rest.
