@@ -13,7 +13,6 @@ use regflow_plan::{DType, HostArray, TensorMeta};
 
 mod counting;
 
-#[test]
 fn a_product_split_over_threads_allocates_nothing_once_warm() {
     // gemm's path (OpenBLAS's splits products the same way, but its library may allocate).
     force_backend(Some(GemmBackend::Gemm)).unwrap();
@@ -47,4 +46,11 @@ fn a_product_split_over_threads_allocates_nothing_once_warm() {
         );
         assert!(out.to_f64_vec().iter().all(|&v| v == 0.125 * k as f64));
     }
+}
+
+/// The one test, run without libtest's harness (`harness = false` in Cargo.toml), so that
+/// no other thread of the process allocates while its allocations are counted.
+fn main() {
+    a_product_split_over_threads_allocates_nothing_once_warm();
+    println!("test a_product_split_over_threads_allocates_nothing_once_warm ... ok");
 }

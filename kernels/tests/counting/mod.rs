@@ -1,5 +1,6 @@
 //! A global allocator that counts the process's allocations, for the tests that a warm
-//! kernel allocates nothing (each such test binary holds one test, so nothing else runs).
+//! kernel allocates nothing (each such test binary holds one test and runs without libtest's
+//! harness, so no other thread allocates).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
