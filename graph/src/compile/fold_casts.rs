@@ -43,7 +43,7 @@
 //! this pass, on the registers that are left.
 
 use super::fuse_casts::plain_op;
-use super::lower::{plan_each, Lowering};
+use super::lower::{plan_each, Lowering, Merges};
 use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, OpConf, Plan, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, Cast, LayerNorm, LayerNormGrad, OpAttrs};
 
@@ -88,8 +88,7 @@ pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
     }
     let plan = low.b.plan_mut();
     let folds = plan_each(plan, fold_of);
-    let mut merged_into: Vec<Option<ActorIndex>> = vec![None; plan.actors.len()];
-    let mut removed_registers = vec![false; plan.regst_descs.len()];
+    let mut merges = Merges::new(plan);
     for fold in folds {
         match fold {
             Fold::Forward { cast, norm, op, norm_output, output, to } => {
@@ -97,13 +96,13 @@ pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
                 conf.attrs = LayerNorm { out: Some(to), ..op }.attrs();
                 conf.outputs[0].dtype = to;
                 plan.regst_descs[output.index()].producer = norm;
-                removed_registers[norm_output.index()] = true;
-                merged_into[cast.index()] = Some(norm);
+                merges.removed_registers[norm_output.index()] = true;
+                merges.into[cast.index()] = Some(norm);
             }
             Fold::Narrowed { cast, op_actor, output, to } => {
                 op_conf_mut(plan, op_actor).outputs.push(to);
                 plan.regst_descs[output.index()].producer = op_actor;
-                merged_into[cast.index()] = Some(op_actor);
+                merges.into[cast.index()] = Some(op_actor);
             }
             Fold::Widened { cast, reader, attrs, operand, position, input, output, from } => {
                 let conf = op_conf_mut(plan, reader);
@@ -115,12 +114,12 @@ pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
                 for consumer in plan.regst_descs[input.index()].consumers.iter_mut().filter(|c| **c == cast) {
                     *consumer = reader;
                 }
-                removed_registers[output.index()] = true;
-                merged_into[cast.index()] = Some(reader);
+                merges.removed_registers[output.index()] = true;
+                merges.into[cast.index()] = Some(reader);
             }
         }
     }
-    low.drop_merged(&merged_into, &removed_registers);
+    low.drop_merged(&merges);
 }
 
 /// The op of compute actor `a`, which [`fold_of`] found to be one.

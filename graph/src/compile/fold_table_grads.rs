@@ -26,7 +26,7 @@
 //! after this pass, on the registers left.
 
 use super::fuse_casts::plain_op;
-use super::lower::{plan_each, Lowering};
+use super::lower::{plan_each, Lowering, Merges};
 use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, Cast, EmbeddingGrad, OpAttrs, Slice};
 
@@ -56,8 +56,7 @@ pub(crate) fn fold_table_grads(low: &mut Lowering<'_>) {
     }
     let plan = low.b.plan_mut();
     let folds = plan_each(plan, fold_of);
-    let mut merged_into: Vec<Option<ActorIndex>> = vec![None; plan.actors.len()];
-    let mut removed_registers = vec![false; plan.regst_descs.len()];
+    let mut merges = Merges::new(plan);
     for fold in folds {
         let actor = &mut plan.actors[fold.grad.index()];
         let position = actor.inputs.len();
@@ -75,13 +74,13 @@ pub(crate) fn fold_table_grads(low: &mut Lowering<'_>) {
         }
         plan.regst_descs[fold.output.index()].producer = fold.grad;
         for r in fold.removed {
-            removed_registers[r.index()] = true;
+            merges.removed_registers[r.index()] = true;
         }
         for a in fold.merged {
-            merged_into[a.index()] = Some(fold.grad);
+            merges.into[a.index()] = Some(fold.grad);
         }
     }
-    low.drop_merged(&merged_into, &removed_registers);
+    low.drop_merged(&merges);
 }
 
 /// Actor `add` as a table gradient's sum to fold (module docs), if it is one.

@@ -23,7 +23,7 @@
 //! the next stage) is no `sum_squares` nor `add`, so it ends one chain and its output is
 //! the next chain's carry.
 
-use super::lower::Lowering;
+use super::lower::{Lowering, Merges};
 use crate::plan::{ActorIndex, ActorKind, KernelConf, OpConf, PlanIndex, RegstDescId};
 use regflow_plan::ops::{Binary, BinaryKind, OpAttrs, SumSquaresGroup};
 
@@ -64,17 +64,16 @@ pub(crate) fn fuse_norms(low: &mut Lowering<'_>) {
         return;
     }
     // Each member's lead (the lead's own too): chains are disjoint.
-    let mut merged_into: Vec<Option<ActorIndex>> = vec![None; plan.actors.len()];
-    let mut removed_registers = vec![false; plan.regst_descs.len()];
+    let mut merged = Merges::new(plan);
     for merge in &merges {
-        merge.members.iter().for_each(|m| merged_into[m.index()] = Some(merge.lead));
-        merge.inner.iter().for_each(|r| removed_registers[r.index()] = true);
+        merge.members.iter().for_each(|m| merged.into[m.index()] = Some(merge.lead));
+        merge.inner.iter().for_each(|r| merged.removed_registers[r.index()] = true);
     }
     let single_device = low.placement.single_device();
     for merge in merges {
-        apply(plan, merge, &merged_into, single_device);
+        apply(plan, merge, &merged.into, single_device);
     }
-    low.drop_merged(&merged_into, &removed_registers);
+    low.drop_merged(&merged);
 }
 
 /// Every chain of links (module docs), each from its head, as actor indices.

@@ -26,7 +26,7 @@
 //! multi-tensor launch per 32 parameters instead of one launch per parameter,
 //! `cuda/src/ops/optim/group.rs`).
 
-use super::lower::Lowering;
+use super::lower::{Lowering, Merges};
 use crate::plan::{ActorIndex, ActorKind, DeviceKind, KernelConf, OpConf, Plan, RegstDescId, StreamIndex};
 use regflow_plan::ops::{OpAttrs, Update, UpdateGroup};
 use std::collections::BTreeMap;
@@ -82,7 +82,7 @@ pub(super) fn merge_groups(
     for (r, desc) in plan.regst_descs.iter().enumerate() {
         outputs_of[desc.producer.index()].push(r);
     }
-    let mut merged_into = vec![None; plan.actors.len()];
+    let mut merges = Merges::new(plan);
     for members in groups.into_iter().filter(|m| m.len() > 1) {
         let Some(members) = mergeable(low.b.plan_mut(), &successors, &outputs_of, members) else { continue };
         let ActorKind::Compute { kernel: KernelConf::Op(first) } = &low.b.plan_mut().actors[members[0].index()].kind
@@ -90,10 +90,10 @@ pub(super) fn merge_groups(
             continue;
         };
         if let Some(op) = group_op(first, members.len()) {
-            low.merge_op_actors(&members, op.as_ref(), &mut merged_into);
+            low.merge_op_actors(&members, op.as_ref(), &mut merges.into);
         }
     }
-    low.drop_merged(&merged_into, &[]);
+    low.drop_merged(&merges);
 }
 
 /// The update actors of cpu, sim and cuda devices, grouped by [`GroupKey`].

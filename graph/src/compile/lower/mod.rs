@@ -101,6 +101,21 @@ pub(crate) fn group_name(prefix: &str, lead: &str, more: usize, single_device: b
     }
 }
 
+/// What a merging pass records as it changes the plan, for [`Lowering::drop_merged`].
+pub(crate) struct Merges {
+    /// The actor each actor merged into (`None`: not merged; itself: a lead that stays).
+    pub(crate) into: Vec<Option<ActorIndex>>,
+    /// The registers that go.
+    pub(crate) removed_registers: Vec<bool>,
+}
+
+impl Merges {
+    /// Nothing merged yet in `plan`.
+    pub(crate) fn new(plan: &crate::plan::Plan) -> Self {
+        Self { into: vec![None; plan.actors.len()], removed_registers: vec![false; plan.regst_descs.len()] }
+    }
+}
+
 /// What `plan_of` makes of each actor of `plan` (a merging pass's plan for it, if any), all
 /// planned from one index of the plan as it is, before the pass changes anything.
 pub(crate) fn plan_each<T>(
@@ -315,13 +330,13 @@ impl<'a> Lowering<'a> {
     }
 
     /// Ends a merging pass: points the op actors' lists at the actors others merged into
-    /// (`merged_into[a]`, where it names an actor other than `a`), then drops those merged
-    /// actors and the `removed` registers.
-    pub(crate) fn drop_merged(&mut self, merged_into: &[Option<ActorIndex>], removed_registers: &[bool]) {
-        self.retarget_op_actors(merged_into);
+    /// (`merges.into[a]`, where it names an actor other than `a`), then drops those merged
+    /// actors and the removed registers.
+    pub(crate) fn drop_merged(&mut self, merges: &Merges) {
+        self.retarget_op_actors(&merges.into);
         let removed: Vec<bool> =
-            merged_into.iter().enumerate().map(|(a, into)| into.is_some_and(|i| i.index() != a)).collect();
-        self.remove_registers(removed_registers);
+            merges.into.iter().enumerate().map(|(a, into)| into.is_some_and(|i| i.index() != a)).collect();
+        self.remove_registers(&merges.removed_registers);
         self.remove_actors(&removed);
     }
 
