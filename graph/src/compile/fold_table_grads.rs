@@ -27,7 +27,7 @@
 
 use super::fuse_casts::plain_op;
 use super::lower::{plan_each, Lowering, Merges};
-use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, PlanIndex, RegstDescId, TensorMeta};
+use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, OpConf, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, Cast, EmbeddingGrad, OpAttrs, Slice};
 
 /// One sum to fold, planned from the index before the plan changes.
@@ -120,31 +120,24 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
     let operand = conf.input_map.iter().position(|&p| p == base_position)?;
     let mut base_meta = conf.inputs[operand].clone();
     let output_desc = &plan.regst_descs[output.index()];
-    let grad_actor = &plan.actors[grad.index()];
-    if first == second
-        || output_desc.preloaded > 0
-        || plan.regst_descs[base.index()].memory != output_desc.memory
-        || grad_actor.inputs.contains(&base)
-    {
+    if first == second || output_desc.preloaded > 0 {
         return None;
     }
     let (mut merged, mut removed, mut reader) = (vec![add], vec![scatter_output], add);
-    // Through a slice of the base's first rows.
-    if let Some((input, meta)) = prefix_slice_of(index, base, reader, &same_stream, out) {
-        merged.push(plan.regst_descs[base.index()].producer);
-        removed.push(base);
-        reader = plan.regst_descs[base.index()].producer;
-        (base, base_meta) = (input, meta);
-    }
-    // Through a cast of a 16-bit base to the f32 table.
-    if let Some((input, meta)) = widening_cast_of(index, base, reader, &same_stream) {
-        merged.push(plan.regst_descs[base.index()].producer);
-        removed.push(base);
-        reader = plan.regst_descs[base.index()].producer;
-        (base, base_meta) = (input, meta);
+    // Through a slice of the base's first rows, then through a cast of a 16-bit base to the
+    // f32 table: the base becomes that op's input, and the op and its output go.
+    let slice_of_table = |from: &TensorMeta, to: &TensorMeta, op: &OpConf| prefix_slice(from, to, op, out);
+    let steps: [(&str, &ThroughOp<'_>); 2] = [("slice", &slice_of_table), ("cast", &widening_cast)];
+    for (op_type, folds) in steps {
+        if let Some((producer, input, meta)) = single_input_op(index, base, reader, op_type, &same_stream, folds) {
+            merged.push(producer);
+            removed.push(base);
+            (reader, base, base_meta) = (producer, input, meta);
+        }
     }
     // The register finally read as the base: not one the scatter reads already, and in the
     // memory its output is in.
+    let grad_actor = &plan.actors[grad.index()];
     if grad_actor.inputs.contains(&base) || plan.regst_descs[base.index()].memory != output_desc.memory {
         return None;
     }
@@ -161,61 +154,51 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
     })
 }
 
-/// The input register and meta of the `slice` that makes `base`, read by `reader` alone,
-/// if it keeps the first rows of its input (axis 0 from 0) with the table's other
-/// dimensions.
-fn prefix_slice_of(
+/// Whether the scatter may read through an op of these input and output metas and conf.
+type ThroughOp<'a> = dyn Fn(&TensorMeta, &TensorMeta, &OpConf) -> bool + 'a;
+
+/// The producer of `base`, its input register and that input's meta, if the producer is a
+/// plain `op_type` op of one input and one output on `reader`'s stream that `folds` accepts
+/// (given its input and output metas and conf), and `base` and that input are read by
+/// `reader` and the producer alone: what the scatter may read through.
+fn single_input_op(
     index: &PlanIndex<'_>,
     base: RegstDescId,
     reader: ActorIndex,
+    op_type: &str,
     same_stream: &dyn Fn(ActorIndex) -> bool,
-    table: &TensorMeta,
-) -> Option<(RegstDescId, TensorMeta)> {
+    folds: &ThroughOp<'_>,
+) -> Option<(ActorIndex, RegstDescId, TensorMeta)> {
     let plan = index.plan();
     let desc = &plan.regst_descs[base.index()];
-    let slice = desc.producer;
-    let conf = plain_op(plan, slice, "slice")?;
-    let op = conf.parse_attrs::<Slice>().ok()?;
+    let producer = desc.producer;
+    let conf = plain_op(plan, producer, op_type)?;
     let (&[input], [from], [to], [0]) =
-        (plan.actors[slice.index()].inputs.as_slice(), &conf.inputs[..], &conf.outputs[..], &conf.input_map[..])
+        (plan.actors[producer.index()].inputs.as_slice(), &conf.inputs[..], &conf.outputs[..], &conf.input_map[..])
     else {
         return None;
     };
-    let (axis, _) = op.resolve(&from.shape).ok()?;
-    let rows_of = |m: &TensorMeta| m.shape.dims().split_first().map(|(&rows, rest)| (rows, rest.to_vec()));
-    let ((rows, rest), (_, table_rest)) = (rows_of(from)?, rows_of(table)?);
-    let prefix = axis == 0 && op.start == 0 && *to == *table && rest == table_rest && rows >= op.end;
     let input_desc = &plan.regst_descs[input.index()];
-    let alone = desc.consumers == [reader] && input_desc.consumers == [slice] && input_desc.preloaded == 0;
-    (prefix && alone && from.dtype == to.dtype && same_stream(slice) && index.outputs_of(slice) == [base])
-        .then(|| (input, from.clone()))
+    let alone = desc.consumers == [reader] && input_desc.consumers == [producer] && input_desc.preloaded == 0;
+    (alone && same_stream(producer) && index.outputs_of(producer) == [base] && folds(from, to, conf))
+        .then(|| (producer, input, from.clone()))
 }
 
-/// The input register and meta of the `cast` from bf16 or f16 to f32 that makes `base`,
-/// read by `reader` alone.
-fn widening_cast_of(
-    index: &PlanIndex<'_>,
-    base: RegstDescId,
-    reader: ActorIndex,
-    same_stream: &dyn Fn(ActorIndex) -> bool,
-) -> Option<(RegstDescId, TensorMeta)> {
-    let plan = index.plan();
-    let desc = &plan.regst_descs[base.index()];
-    let cast = desc.producer;
-    let conf = plain_op(plan, cast, "cast")?;
-    let (&[input], [from], [to], [0]) =
-        (plan.actors[cast.index()].inputs.as_slice(), &conf.inputs[..], &conf.outputs[..], &conf.input_map[..])
+/// Whether a `slice` of `from` into `to` keeps the first rows of its input (axis 0 from
+/// 0) with the `table`'s other dimensions, in its dtype: `to` is the table.
+fn prefix_slice(from: &TensorMeta, to: &TensorMeta, conf: &OpConf, table: &TensorMeta) -> bool {
+    let Ok(op) = conf.parse_attrs::<Slice>() else { return false };
+    let rows_of = |m: &TensorMeta| m.shape.dims().split_first().map(|(&rows, rest)| (rows, rest.to_vec()));
+    let (Ok((axis, _)), Some((rows, rest)), Some((_, table_rest))) =
+        (op.resolve(&from.shape), rows_of(from), rows_of(table))
     else {
-        return None;
+        return false;
     };
+    axis == 0 && op.start == 0 && to == table && rest == table_rest && rows >= op.end && from.dtype == to.dtype
+}
+
+/// Whether a `cast` of `from` into `to` widens bf16 or f16 to f32, element for element.
+fn widening_cast(from: &TensorMeta, to: &TensorMeta, conf: &OpConf) -> bool {
     let widening = matches!(from.dtype, DType::Bf16 | DType::F16) && to.dtype == DType::F32;
-    let input_desc = &plan.regst_descs[input.index()];
-    let alone = desc.consumers == [reader] && input_desc.consumers == [cast] && input_desc.preloaded == 0;
-    (conf.parse_attrs::<Cast>().ok()?.to == to.dtype
-        && widening
-        && from.shape == to.shape
-        && alone
-        && same_stream(cast)
-        && index.outputs_of(cast) == [base])
-    .then(|| (input, from.clone()))
+    widening && from.shape == to.shape && conf.parse_attrs::<Cast>().is_ok_and(|c| c.to == to.dtype)
 }
