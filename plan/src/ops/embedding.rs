@@ -45,12 +45,15 @@ impl EmbeddingGrad {
                 inputs.len()
             ));
         }
-        let features = dy.shape.dims().last().copied().unwrap_or(0);
-        let mut lead = ids.shape.dims().to_vec();
-        lead.push(features);
-        if ids.dtype != DType::I64 || !dy.dtype.is_float() || dy.shape.dims() != lead {
-            return Err(format!("scatters dy {dy} by ids {ids}: ids must be i64 and dy float of shape ids + [D]"));
+        if ids.dtype != DType::I64 {
+            return Err(format!("ids must be i64, got {}", ids.dtype));
         }
+        if !dy.dtype.is_float() {
+            return Err(format!("dy must be float, got {}", dy.dtype));
+        }
+        let Some((&features, _)) = dy.shape.dims().split_last().filter(|(_, lead)| *lead == ids.shape.dims()) else {
+            return Err(format!("dy must have shape {} + [D], got {}", ids.shape, dy.shape));
+        };
         if *out != TensorMeta::new([self.vocab_size, features], dy.dtype) {
             return Err(format!(
                 "gives a table of {} rows of dy's {features} features in {}, not {out}",
