@@ -80,7 +80,7 @@ wait
 
 # 3. Benchmarks, one at a time, most wanted first (F32=0, FUSED=0, GEMM=0, TORCH=0 (PyTorch eager),
 # TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0, PADDED=0, UNFOLDED=0,
-# UNFOLDED_TABLE=0 leave parts out;
+# UNFOLDED_TABLE=0, ATTENTION_AB=0 leave parts out;
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
@@ -96,6 +96,21 @@ padded_against() {
     done
   done
 }
+# The same padded step alternated, $1 rounds, with the kernels compiled with the macro
+# definitions $2 (REGFLOW_CUDA_DEFINES, cuda/src/sources.rs: a kernel variant, no rebuild;
+# $3 says what the plain step has).
+padded_defined() {
+  for round in $(seq "$1"); do
+    for defines in "" "$2"; do
+      echo "== GPT-2 124M regflow bf16, fused attention, --pad-vocab 64, REGFLOW_CUDA_DEFINES=${defines:-\"\" ($3)} (round $round)"
+      REGFLOW_CUDA_DEFINES="$defines" gpt2 "${GPT2_LIMIT:-120}" --batch "$BATCH" --warmup "${WARMUP:-3}" --steps "$STEPS" \
+        --precision bf16 --attention fused --pad-vocab 64
+      echo "exit $?"
+    done
+  done
+}
+# The attention entries as before the thirtieth session: unbounded registers, whole tiles.
+old_attention="ATT_OCCUPANCY=0,ATT_PART=64"
 {
   full=0
   if [ "${F32:-1}" = 1 ]; then
@@ -147,6 +162,11 @@ padded_against() {
       if [ "${UNFOLDED_TABLE:-1}" = 1 ]; then
         # The tied table's two gradients summed by an add of their own (fold_table_grads off).
         padded_against "${UNFOLDED_TABLE_ROUNDS:-2}" --unfolded-table-grads "table gradients folded"
+      fi
+      if [ "${ATTENTION_AB:-1}" = 1 ]; then
+        # The tensor-core attention entries without their occupancy caps and with whole
+        # tiles (attention.cu: ATT_OCCUPANCY, ATT_PART), compiled from the same binary.
+        padded_defined "${ATTENTION_AB_ROUNDS:-2}" "$old_attention" "attention capped, in parts"
       fi
       if [ "${LONE_CASTS:-1}" = 1 ]; then
         # The same bf16 step with each weight and gradient cast its own launch (fuse_casts
@@ -208,16 +228,23 @@ padded_against() {
   if [ "${PROFILE:-1}" = 1 ] && [ "$full" = 0 ]; then
     # PROFILE_PRECISIONS="bf16" profiles one precision only (each traced step takes a
     # while); "bf16:fused" profiles the fused-attention step.
+    # With ATTENTION_AB, each fused-attention profile is taken again with the attention
+    # entries as before (REGFLOW_CUDA_DEFINES="$old_attention"): their kernels' times side by side.
     for entry in ${PROFILE_PRECISIONS:-f32 bf16 bf16:fused}; do
       # "bf16:fused:64" also pads the vocabulary to a multiple of 64.
       precision=${entry%%:*}; rest=${entry#"$precision"}; rest=${rest#:}
       attention=${rest%%:*}; [ -z "$attention" ] && attention=composed
       pad=${rest#"$attention"}; pad=${pad#:}; [ -z "$pad" ] && pad=1
-      echo "== GPT-2 124M regflow $precision, $attention attention, --pad-vocab $pad, traced (CUDA events around each kernel): per-op profile of step 1"
-      gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" --attention "$attention" \
-        --pad-vocab "$pad" --trace "$out/trace-$precision-$attention-$pad.json"
-      echo "exit $?"
-      python3 "$here/op_profile.py" "$out/trace-$precision-$attention-$pad.json" --pieces 1 --top 30
+      variants=("")
+      [ "${ATTENTION_AB:-1}" = 1 ] && [ "$attention" = fused ] && variants+=("$old_attention")
+      for defines in "${variants[@]}"; do
+        name="$precision-$attention-$pad${defines:+-before}"
+        echo "== GPT-2 124M regflow $precision, $attention attention, --pad-vocab $pad, REGFLOW_CUDA_DEFINES=\"$defines\", traced (CUDA events around each kernel): per-op profile of step 1"
+        REGFLOW_CUDA_DEFINES="$defines" gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" \
+          --attention "$attention" --pad-vocab "$pad" --trace "$out/trace-$name.json"
+        echo "exit $?"
+        python3 "$here/op_profile.py" "$out/trace-$name.json" --pieces 1 --top 30
+      done
     done
   fi
   # Nsight Systems, where the machine has it: the untraced step's kernels as the GPU ran

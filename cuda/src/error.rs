@@ -44,6 +44,19 @@ pub enum CudaError {
         /// NVRTC's log.
         log: String,
     },
+    /// `REGFLOW_CUDA_DEFINES` ([`crate::sources::DEFINES_VARIABLE`]) is not a list of macro
+    /// definitions.
+    #[error(
+        "REGFLOW_CUDA_DEFINES is {value:?}, but {why}: it takes comma-separated macro definitions NAME or \
+         NAME=VALUE (NAME a C identifier, VALUE letters, digits, '_', '.', '+' and '-'), which every CUDA kernel \
+         source is compiled with"
+    )]
+    Defines {
+        /// The variable's value.
+        value: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// No kernel source defines this entry point.
     #[error("no CUDA kernel source defines the entry point '{entry}'{nearest}")]
     UnknownEntry {

@@ -34,6 +34,46 @@ pub fn full_text(source: &KernelSource) -> String {
     format!("{PRELUDE}\n#line 1 \"{}.cu\"\n{}", source.name, source.code)
 }
 
+/// The environment variable whose macro definitions every kernel source is compiled with:
+/// comma-separated `NAME` or `NAME=VALUE`. It picks a kernel variant the sources leave open
+/// (the attention entries' `ATT_OCCUPANCY` and `ATT_PART`) at run time, so a session with a
+/// GPU can time variants in one call without rebuilding. Read once per process; part of
+/// the kernel cache's key ([`crate::ptx_cache`]), so each variant compiles once per machine.
+pub const DEFINES_VARIABLE: &str = "REGFLOW_CUDA_DEFINES";
+
+/// NVRTC's options for `value`, a value of [`DEFINES_VARIABLE`]: `-DNAME=VALUE`, or `-DNAME`
+/// for a bare name, per definition (none for an empty value); or why `value` is not one.
+pub fn define_options(value: &str) -> Result<Vec<String>, CudaError> {
+    let refuse = |why: String| CudaError::Defines { value: value.to_string(), why };
+    if value.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let is_name = |n: &str| {
+        n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let is_value = |v: &str| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c));
+    value
+        .split(',')
+        .enumerate()
+        .map(|(k, item)| {
+            let item = item.trim();
+            let (name, defined) = match item.split_once('=') {
+                Some((name, defined)) => (name.trim(), Some(defined.trim())),
+                None => (item, None),
+            };
+            if !is_name(name) {
+                return Err(refuse(format!("definition {} names {name:?}, which is not a C identifier", k + 1)));
+            }
+            match defined {
+                None => Ok(format!("-D{name}")),
+                Some(v) if is_value(v) => Ok(format!("-D{name}={v}")),
+                Some(v) => Err(refuse(format!("definition {} gives {name} the value {v:?}", k + 1))),
+            }
+        })
+        .collect()
+}
+
 /// How a kernel entry point is declared in a source.
 const ENTRY_MARK: &str = "extern \"C\" __global__ void ";
 
@@ -194,6 +234,30 @@ mod tests {
         assert_eq!(ptx_params(ptx, "regflow_x_f32"), Some(vec![8, 4, 200, 4]));
         assert_eq!(ptx_params(ptx, "regflow_y"), Some(vec![]));
         assert_eq!(ptx_params(ptx, "regflow_z"), None);
+    }
+
+    #[test]
+    fn macro_definitions_become_nvrtc_options() {
+        assert_eq!(define_options("").unwrap(), Vec::<String>::new());
+        assert_eq!(define_options("  ").unwrap(), Vec::<String>::new());
+        assert_eq!(
+            define_options("ATT_OCCUPANCY=0, ATT_PART = 64,_FLAG,X1=-2.5e+3").unwrap(),
+            ["-DATT_OCCUPANCY=0", "-DATT_PART=64", "-D_FLAG", "-DX1=-2.5e+3"]
+        );
+        // What would reach NVRTC as more than one definition, or none, is refused.
+        for (bad, says) in [
+            ("ATT_PART=64,", "definition 2 names \"\""),
+            ("1ST=2", "\"1ST\", which is not a C identifier"),
+            ("A B=1", "\"A B\""),
+            ("ATT_PART=", "gives ATT_PART the value \"\""),
+            ("ATT_PART=6 -DX", "the value \"6 -DX\""),
+            ("X=\"s\"", "the value \"\\\"s\\\"\""),
+        ] {
+            let e = define_options(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("REGFLOW_CUDA_DEFINES is {bad:?}, but ")), "{e}");
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.contains("NAME or NAME=VALUE"), "{e}");
+        }
     }
 
     #[test]

@@ -102,3 +102,140 @@ fn a_broken_source_is_an_error_with_nvrtcs_log() {
     // The prelude is part of what is compiled, once.
     assert_eq!(full_text(&broken).matches("block_sum").count(), 2);
 }
+
+/// What `ptxas -v` says of one entry point.
+#[derive(Debug, Clone, Copy, Default)]
+struct Resources {
+    registers: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+    shared_bytes: u32,
+}
+
+impl Resources {
+    /// Blocks of `threads` an SM of compute capability 8.0 or 9.0 holds at once, as its
+    /// registers (65536, given out per warp in units of 256) and its shared memory
+    /// (`shared_per_sm`, less 1 KiB the driver keeps per block) allow.
+    fn blocks_per_sm(&self, threads: u32, shared_per_sm: u32) -> u32 {
+        let per_warp = (self.registers * 32).div_ceil(256) * 256;
+        let by_registers = (65536 / per_warp.max(1)) / threads.div_ceil(32);
+        by_registers.min(shared_per_sm / (self.shared_bytes + 1024))
+    }
+}
+
+/// `ptxas -v`'s resources for every entry of `ptx`, assembled for `gpu`.
+fn resources(ptxas: &std::ffi::OsStr, ptx: &str, gpu: &str) -> std::collections::HashMap<String, Resources> {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("regflow-ptxas-v-{}-{call}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let file = dir.join("source.ptx");
+    std::fs::write(&file, ptx).expect("the PTX written");
+    let out = std::process::Command::new(ptxas)
+        .args(["-v", "--gpu-name", gpu, "-o"])
+        .arg(dir.join("out.cubin"))
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.to_string_lossy()));
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "ptxas failed for {gpu}:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+    // "Compiling entry function 'NAME' for 'sm_90'", then "N bytes spill stores, M bytes
+    // spill loads", then "Used R registers, ..., S bytes smem".
+    let number_before = |line: &str, unit: &str| -> Option<u32> {
+        let at = line.find(unit)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    let mut all = std::collections::HashMap::new();
+    let mut current: Option<(String, Resources)> = None;
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            if let Some((name, r)) = current.take() {
+                all.insert(name, r);
+            }
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            current = Some((name, Resources::default()));
+        } else if let Some((_, r)) = current.as_mut() {
+            if let Some(n) = number_before(line, " bytes spill stores") {
+                r.spill_stores = n;
+                r.spill_loads = number_before(line, " bytes spill loads").unwrap_or(0);
+            }
+            if let Some(n) = number_before(line, " registers") {
+                r.registers = n;
+                r.shared_bytes = number_before(line, " bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    if let Some((name, r)) = current {
+        all.insert(name, r);
+    }
+    all
+}
+
+/// The tensor-core attention entries for heads of 64 (GPT-2's) are compiled to fit 4
+/// blocks per SM (the forward and dq) and 3 (dk/dv) on Ampere and Hopper, with at most a
+/// few values through local memory (`attention.cu`, `ATT_OCCUPANCY`), and no entry fits
+/// fewer than the variant a GPU session times against, unbounded and with whole tiles
+/// (`REGFLOW_CUDA_DEFINES="ATT_OCCUPANCY=0,ATT_PART=64"`): ptxas's register counts and
+/// shared memory say how many blocks fit. Both variants' figures are printed.
+#[test]
+fn the_tensor_core_attention_entries_fit_the_blocks_per_sm_they_are_compiled_for() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let Some(ptxas) = std::env::var_os("REGFLOW_PTXAS") else {
+        eprintln!("skipped: REGFLOW_PTXAS does not name a ptxas to assemble the PTX with");
+        return;
+    };
+    let source = SOURCES.iter().find(|s| s.name == "attention").expect("attention.cu");
+    // Shared memory per SM: A100 164 KiB, H100 and H200 228 KiB.
+    let gpus = [("compute_80", "sm_80", 167_936), ("compute_90", "sm_90", 233_472)];
+    // Four NVRTC compiles of the largest source, a thread each.
+    let assembled: Vec<_> = std::thread::scope(|scope| {
+        let compiles: Vec<_> = gpus
+            .iter()
+            .flat_map(|&(arch, gpu, _)| ["", "ATT_OCCUPANCY=0,ATT_PART=64"].map(|defines| (arch, gpu, defines)))
+            .map(|(arch, gpu, defines)| {
+                let ptxas = &ptxas;
+                scope.spawn(move || {
+                    let ptx = nvrtc::compile_variant(source, arch, defines).unwrap_or_else(|e| panic!("{e}"));
+                    resources(ptxas, &ptx, gpu)
+                })
+            })
+            .collect();
+        compiles.into_iter().map(|c| c.join().expect("a compile does not panic")).collect()
+    });
+    for ((_, gpu, shared_per_sm), pair) in gpus.into_iter().zip(assembled.chunks(2)) {
+        let (now, before) = (&pair[0], &pair[1]);
+        for dtype in ["bf16", "f16"] {
+            for d in [16, 32, 64, 128] {
+                for (stage, wanted) in [("fwd", 4), ("dq", 4), ("dkv", 3)] {
+                    let entry = format!("regflow_attention_{stage}_{dtype}_d{d}");
+                    let (r, old) = (now[&entry], before[&entry]);
+                    let blocks = r.blocks_per_sm(128, shared_per_sm);
+                    eprintln!(
+                        "{gpu} {entry}: {} registers, {} / {} bytes spilled (stores / loads), {} blocks per SM; \
+                         unbounded, whole tiles: {} registers, {} / {} bytes, {} blocks",
+                        r.registers,
+                        r.spill_stores,
+                        r.spill_loads,
+                        blocks,
+                        old.registers,
+                        old.spill_stores,
+                        old.spill_loads,
+                        old.blocks_per_sm(128, shared_per_sm)
+                    );
+                    let fewer = blocks < old.blocks_per_sm(128, shared_per_sm);
+                    assert!(!fewer, "{gpu} {entry} fits fewer blocks per SM than unbounded: {r:?} against {old:?}");
+                    if d == 64 {
+                        assert!(blocks >= wanted, "{gpu} {entry} fits {blocks} blocks per SM, not {wanted}: {r:?}");
+                        assert!(
+                            r.spill_stores + r.spill_loads <= 64,
+                            "{gpu} {entry} spills more than a few values to local memory: {r:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -82,3 +82,74 @@ fn a_long_bf16_sequence_spans_many_tiles_of_queries_and_keys() {
     // ending at its diagonal tile.
     check_case((1, 300, 300, 2, 64, true), DType::Bf16, (&device, &stream));
 }
+
+/// What the bits test writes from the child process, and the variant it compiles there.
+const BITS_VARIABLE: &str = "REGFLOW_ATTENTION_BITS";
+const UNBOUNDED_WHOLE_TILES: &str = "ATT_OCCUPANCY=0,ATT_PART=64";
+
+/// The tensor-core entries' outputs (forward, then gradient) for GPT-2's head size and a
+/// smaller one, bf16 and f16, causal and not, as exact values.
+fn tensor_core_outputs(gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) -> Vec<u64> {
+    let mut bits = Vec::new();
+    for dtype in [DType::Bf16, DType::F16] {
+        for (b, tq, tk, h, d, causal) in
+            [(1, 200, 200, 2, 64, true), (1, 70, 130, 2, 64, false), (2, 90, 90, 1, 32, true)]
+        {
+            let scale = 1.0 / (d as f64).sqrt();
+            let (q, k, v) = (
+                common::array(&[b, tq, h, d], dtype, 11),
+                common::array(&[b, tk, h, d], dtype, 12),
+                common::array(&[b, tk, h, d], dtype, 13),
+            );
+            let forward_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, h, tq], DType::F32)];
+            let forward = common::conf(&Attention { scale, causal }, &[&q, &k, &v], &forward_outputs);
+            let mut outs = common::run(&forward, &[&q, &k, &v], Some(gpu));
+            let dout = common::array(&[b, tq, h, d], dtype, 14);
+            let inputs: [&HostArray; 6] = [&q, &k, &v, &outs[0], &outs[1], &dout];
+            let grad_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, tk, h, d], dtype), meta(&[b, tk, h, d], dtype)];
+            let grad = common::conf(&AttentionGrad { scale, causal }, &inputs, &grad_outputs);
+            let grads = common::run(&grad, &inputs, Some(gpu));
+            outs.extend(grads);
+            bits.extend(outs.iter().flat_map(|o| o.to_f64_vec()).map(f64::to_bits));
+        }
+    }
+    bits
+}
+
+/// The occupancy caps and the parts of the tiles change no bit (`attention.cu`,
+/// `ATT_OCCUPANCY` and `ATT_PART`): this process runs the entries as compiled by default,
+/// a child process of this test binary the same with them unbounded and with whole tiles
+/// (`REGFLOW_CUDA_DEFINES`, read once per process), and the values must be identical.
+#[test]
+fn the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tiles() {
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let bits = tensor_core_outputs((&device, &stream));
+    if let Some(path) = std::env::var_os(BITS_VARIABLE) {
+        // The child: hand the values over and stop.
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        std::fs::write(path, bytes).expect("the child writes its values");
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("regflow-attention-bits-{}", std::process::id()));
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let status = std::process::Command::new(exe)
+        .args(["--exact", "the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tiles"])
+        .args(["--test-threads=1", "--nocapture"])
+        .env(regflow_cuda::sources::DEFINES_VARIABLE, UNBOUNDED_WHOLE_TILES)
+        .env(BITS_VARIABLE, &path)
+        .status()
+        .expect("the child starts");
+    assert!(status.success(), "the child with REGFLOW_CUDA_DEFINES={UNBOUNDED_WHOLE_TILES} failed: {status}");
+    let bytes = std::fs::read(&path).expect("the child's values");
+    let _ = std::fs::remove_file(&path);
+    let before: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+    assert_eq!(before.len(), bits.len(), "as many values from the child");
+    if let Some(at) = bits.iter().zip(&before).position(|(a, b)| a != b) {
+        panic!(
+            "value {at} of {} differs: {} now, {} unbounded with whole tiles",
+            bits.len(),
+            f64::from_bits(bits[at]),
+            f64::from_bits(before[at])
+        );
+    }
+}

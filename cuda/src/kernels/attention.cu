@@ -24,7 +24,41 @@
 #define ATT_THREADS 128    // 4 warps
 #define ATT_SIMT_THREADS 128
 #define ATT_SIMT_MAX_D 256
-#define ATT_BOUNDS __launch_bounds__(ATT_THREADS)
+// How many blocks of the tensor-core entries an SM holds at once is set by their registers
+// per thread (65536 per SM; 128 threads a block): left alone, ptxas gave the forward 132,
+// dq 164 and dk/dv 248 at D = 64, so 3, 3 and 2 blocks, 2-3 warps per scheduler, and Nsight
+// Compute found all three latency-bound. At D = 64 the entries are compiled to fit 4, 4
+// and 3 (`__launch_bounds__`'s second argument caps the registers at 128, 128 and 168; a
+// few values then go through local memory, which ptxas reports and
+// `cuda/tests/nvrtc_sources.rs` bounds), and at every D dq, dk and dv take a tile's other
+// side in parts of ATT_PART rows, so a thread holds a part's scores and score gradients,
+// not the whole tile's. Every accumulator takes the same products in the same order either
+// way, so the results are the same bits. Both are macros so that a GPU session can time
+// the entries unbounded and with whole tiles, as they were (but for 32-bit tile counters),
+// without a rebuild: REGFLOW_CUDA_DEFINES="ATT_OCCUPANCY=0,ATT_PART=64" (`sources.rs`).
+#ifndef ATT_OCCUPANCY
+#define ATT_OCCUPANCY 1
+#endif
+#ifndef ATT_PART
+#define ATT_PART 16
+#endif
+// An entry's bounds by head size, pasted from it (`ATT_FIT4_##D`): the entry-name reader
+// in `sources.rs` takes the last word before the first parenthesis after `void`. Only D =
+// 64 is capped: smaller heads already fit as many blocks or more (a cap of 128 registers
+// let ptxas give the D = 16 forward 127, down from 6 blocks to 4), and D = 128 spills.
+#if ATT_OCCUPANCY
+#define ATT_FIT4_64 __launch_bounds__(ATT_THREADS, 4)
+#define ATT_FIT3_64 __launch_bounds__(ATT_THREADS, 3)
+#else
+#define ATT_FIT4_64 __launch_bounds__(ATT_THREADS)
+#define ATT_FIT3_64 __launch_bounds__(ATT_THREADS)
+#endif
+#define ATT_FIT4_16 __launch_bounds__(ATT_THREADS)
+#define ATT_FIT4_32 __launch_bounds__(ATT_THREADS)
+#define ATT_FIT4_128 __launch_bounds__(ATT_THREADS)
+#define ATT_FIT3_16 __launch_bounds__(ATT_THREADS)
+#define ATT_FIT3_32 __launch_bounds__(ATT_THREADS)
+#define ATT_FIT3_128 __launch_bounds__(ATT_THREADS)
 
 typedef unsigned short h16;  // a 16-bit float's bits, bf16 or f16
 
@@ -138,11 +172,13 @@ template <int D, int ROWS> struct Stages {
 
 // Runs `body(tile, stage)` over `tiles` tiles whose shared copies `load(tile, stage)` starts
 // (and commits): with two stages the next tile loads while the block computes on this one,
-// with one it loads after. Every thread of the block takes part.
+// with one it loads after. Every thread of the block takes part. Tiles are counted in 32
+// bits, and `tile * KT` (a position) too: the host takes sequences of fewer than 2^31
+// positions here, and 32-bit counters leave the entries registers they need.
 template <int S, typename Load, typename Body>
-__device__ __forceinline__ void att_pipeline(u64 tiles, Load load, Body body) {
+__device__ __forceinline__ void att_pipeline(u32 tiles, Load load, Body body) {
     if (tiles > 0) load(0, 0);
-    for (u64 tile = 0; tile < tiles; ++tile) {
+    for (u32 tile = 0; tile < tiles; ++tile) {
         const int stage = S == 2 ? (int)(tile & 1) : 0;
         if (S == 2 && tile + 1 < tiles) {
             load(tile + 1, stage ^ 1);
@@ -290,13 +326,13 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
     // Running max (log2 units) and the thread's part of the running sum, per row.
     float m_lo = minus_infinity<float>(), m_hi = minus_infinity<float>(), l_lo = 0.f, l_hi = 0.f;
     const float c = scale * ATT_LOG2E;
-    const u64 tiles = (att_key_end(block0, tk, causal) + KT - 1) / KT;
-    auto load = [&](u64 tile, int stage) {
+    const u32 tiles = (u32)((att_key_end(block0, tk, causal) + KT - 1) / KT);
+    auto load = [&](u32 tile, int stage) {
         att_load_tile<D, KT>(ks[stage], kh, tile * KT, tk, stride);
         att_load_tile<D, KT>(vs[stage], vh, tile * KT, tk, stride);
         att_commit();
     };
-    att_pipeline<S>(tiles, load, [&](u64 tile, int st) {
+    att_pipeline<S>(tiles, load, [&](u32 tile, int st) {
         const u64 key0 = tile * KT;
         float s[KT / 8][4];
         att_times_rows<T, D, KT>(s, qa, ks[st], lane);
@@ -353,7 +389,7 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
 template <typename T, int D>
 __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,
                           const float* dots, h16* dq, u64 tq, u64 tk, u64 heads, float scale, u32 causal) {
-    const int KT = D <= 64 ? 64 : 32, S = Stages<D, KT>::n;
+    const int KT = D <= 64 ? 64 : 32, KP = ATT_PART < KT ? ATT_PART : KT, S = Stages<D, KT>::n;
     __shared__ __align__(16) h16 ks[S][KT][D + 8];
     __shared__ __align__(16) h16 vs[S][KT][D + 8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -368,28 +404,34 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
     float acc[D / 8][4];
     att_zero<D>(acc);
     const float c = scale * ATT_LOG2E;
-    const u64 tiles = (att_key_end(block0, tk, causal) + KT - 1) / KT;
-    auto load = [&](u64 tile, int stage) {
+    const u32 tiles = (u32)((att_key_end(block0, tk, causal) + KT - 1) / KT);
+    auto load = [&](u32 tile, int stage) {
         att_load_tile<D, KT>(ks[stage], k + offset_k, tile * KT, tk, stride);
         att_load_tile<D, KT>(vs[stage], v + offset_k, tile * KT, tk, stride);
         att_commit();
     };
-    att_pipeline<S>(tiles, load, [&](u64 tile, int st) {
-        const u64 key0 = tile * KT;
-        float s[KT / 8][4], dp[KT / 8][4];
-        att_times_rows<T, D, KT>(s, qa, ks[st], lane);
-        att_times_rows<T, D, KT>(dp, da, vs[st], lane);
-        const bool edge = key0 + KT > tk || (causal && key0 + KT > block0 + 1);
+    att_pipeline<S>(tiles, load, [&](u32 tile, int st) {
+        // The tile's keys in parts of KP: a part's scores and their gradients are all a
+        // thread holds of them, and `acc` takes the parts' products in key order, as it
+        // would the whole tile's.
 #pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt)
+        for (int part = 0; part < KT / KP; ++part) {
+            const u64 key0 = tile * KT + part * KP;
+            float s[KP / 8][4], dp[KP / 8][4];
+            att_times_rows<T, D, KP>(s, qa, ks[st] + part * KP, lane);
+            att_times_rows<T, D, KP>(dp, da, vs[st] + part * KP, lane);
+            const bool edge = key0 + KP > tk || (causal && key0 + KP > block0 + 1);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const u32 key = (u32)key0 + nt * 8 + 2 * t4 + (i & 1), row = (u32)(i < 2 ? lo : hi);
-                const bool ok = !edge || (key < (u32)tk && !(causal && key > row));
-                float p = ok ? exp2f(s[nt][i] * c - (i < 2 ? lse_lo : lse_hi)) : 0.f;
-                s[nt][i] = p * (dp[nt][i] - (i < 2 ? dot_lo : dot_hi));
-            }
-        att_times_tile<T, D, KT>(acc, s, ks[st], lane);
+            for (int nt = 0; nt < KP / 8; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const u32 key = (u32)key0 + nt * 8 + 2 * t4 + (i & 1), row = (u32)(i < 2 ? lo : hi);
+                    const bool ok = !edge || (key < (u32)tk && !(causal && key > row));
+                    float p = ok ? exp2f(s[nt][i] * c - (i < 2 ? lse_lo : lse_hi)) : 0.f;
+                    s[nt][i] = p * (dp[nt][i] - (i < 2 ? dot_lo : dot_hi));
+                }
+            att_times_tile<T, D, KP>(acc, s, ks[st] + part * KP, lane);
+        }
     });
     att_store_rows<T, D>(dq + offset_q, acc, lo, tq, stride, t4, scale, scale);
 }
@@ -399,7 +441,7 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
 template <typename T, int D>
 __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,
                            const float* dots, h16* dk, h16* dv, u64 tq, u64 tk, u64 heads, float scale, u32 causal) {
-    const int QT = D <= 64 ? 64 : 32, S = Stages<D, QT>::n;
+    const int QT = D <= 64 ? 64 : 32, QP = ATT_PART < QT ? ATT_PART : QT, S = Stages<D, QT>::n;
     __shared__ __align__(16) h16 qs[S][QT][D + 8];
     __shared__ __align__(16) h16 ds[S][QT][D + 8];
     __shared__ float ls[S][QT], dd[S][QT];
@@ -416,8 +458,8 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
     const float c = scale * ATT_LOG2E;
     // Causal: queries before the block's first key attend none of its keys.
     const u64 first = causal ? block0 : 0;
-    const u64 tiles = first < tq ? (tq - first + QT - 1) / QT : 0;
-    auto load = [&](u64 tile, int stage) {
+    const u32 tiles = first < tq ? (u32)((tq - first + QT - 1) / QT) : 0u;
+    auto load = [&](u32 tile, int stage) {
         const u64 q0 = first + tile * QT;
         att_load_tile<D, QT>(qs[stage], q + offset_q, q0, tq, stride);
         att_load_tile<D, QT>(ds[stage], dout + offset_q, q0, tq, stride);
@@ -427,25 +469,30 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
             dd[stage][r] = q0 + r < tq ? dots[bh * tq + q0 + r] : 0.f;
         }
     };
-    att_pipeline<S>(tiles, load, [&](u64 tile, int st) {
-        const u64 q0 = first + tile * QT;
-        float s[QT / 8][4], dp[QT / 8][4];
-        att_times_rows<T, D, QT>(s, ka, qs[st], lane);
-        att_times_rows<T, D, QT>(dp, va, ds[st], lane);
-        // Only a tile past the queries' end or across the diagonal has pairs to mask.
-        const bool edge = q0 + QT > tq || (causal && q0 < block0 + ATT_ROWS);
+    att_pipeline<S>(tiles, load, [&](u32 tile, int st) {
+        // The tile's queries in parts of QP (as dq's keys): dv and dk take the parts'
+        // products in query order, as they would the whole tile's.
 #pragma unroll
-        for (int nt = 0; nt < QT / 8; ++nt)
+        for (int part = 0; part < QT / QP; ++part) {
+            const u64 q0 = first + tile * QT + part * QP;
+            float s[QP / 8][4], dp[QP / 8][4];
+            att_times_rows<T, D, QP>(s, ka, qs[st] + part * QP, lane);
+            att_times_rows<T, D, QP>(dp, va, ds[st] + part * QP, lane);
+            // Only a part past the queries' end or across the diagonal has pairs to mask.
+            const bool edge = q0 + QP > tq || (causal && q0 < block0 + ATT_ROWS);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = nt * 8 + 2 * t4 + (i & 1);
-                const u32 query = (u32)q0 + r, key = (u32)(i < 2 ? lo : hi);
-                const bool ok = !edge || (query < (u32)tq && !(causal && key > query));
-                s[nt][i] = ok ? exp2f(s[nt][i] * c - ls[st][r]) : 0.f;
-                dp[nt][i] = s[nt][i] * (dp[nt][i] - dd[st][r]);
-            }
-        att_times_tile<T, D, QT>(dv_acc, s, ds[st], lane);
-        att_times_tile<T, D, QT>(dk_acc, dp, qs[st], lane);
+            for (int nt = 0; nt < QP / 8; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int r = part * QP + nt * 8 + 2 * t4 + (i & 1);
+                    const u32 query = (u32)(first + tile * QT) + r, key = (u32)(i < 2 ? lo : hi);
+                    const bool ok = !edge || (query < (u32)tq && !(causal && key > query));
+                    s[nt][i] = ok ? exp2f(s[nt][i] * c - ls[st][r]) : 0.f;
+                    dp[nt][i] = s[nt][i] * (dp[nt][i] - dd[st][r]);
+                }
+            att_times_tile<T, D, QP>(dv_acc, s, ds[st] + part * QP, lane);
+            att_times_tile<T, D, QP>(dk_acc, dp, qs[st] + part * QP, lane);
+        }
     });
     att_store_rows<T, D>(dk + offset_k, dk_acc, lo, tk, stride, t4, scale, scale);
     att_store_rows<T, D>(dv + offset_k, dv_acc, lo, tk, stride, t4, 1.f, 1.f);
@@ -454,18 +501,18 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
 // The tensor-core entries for one 16-bit type and head size: `regflow_attention_*_<S>`
 // with S = <type>_d<D>.
 #define ATTENTION_TC(S, T, D)                                                                                    \
-    extern "C" __global__ void ATT_BOUNDS                                                                   \
+    extern "C" __global__ void ATT_FIT4_##D                                                                 \
         regflow_attention_fwd_##S(const h16* q, const h16* k, const h16* v, h16* out, float* lse, u64 tq,       \
                                   u64 tk, u64 heads, float scale, u32 causal) {                                  \
         att_forward_tc<T, D>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                   \
     }                                                                                                            \
-    extern "C" __global__ void ATT_BOUNDS                                                                   \
+    extern "C" __global__ void ATT_FIT4_##D                                                                 \
         regflow_attention_dq_##S(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,   \
                                  const float* dots, h16* dq, u64 tq, u64 tk, u64 heads, float scale,             \
                                  u32 causal) {                                                                   \
         att_dq_tc<T, D>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                             \
     }                                                                                                            \
-    extern "C" __global__ void ATT_BOUNDS                                                                   \
+    extern "C" __global__ void ATT_FIT3_##D                                                                 \
         regflow_attention_dkv_##S(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,  \
                                   const float* dots, h16* dk, h16* dv, u64 tq, u64 tk, u64 heads, float scale,   \
                                   u32 causal) {                                                                  \

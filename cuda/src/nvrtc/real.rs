@@ -66,9 +66,31 @@ pub fn compile(source: &KernelSource, arch: &str) -> Result<String, CudaError> {
     if let Some(ptx) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(ptx.clone());
     }
-    let ptx = compile_through(source, arch, ptx_cache::folder().as_deref())?;
+    let ptx = compile_through(source, arch, ptx_cache::folder().as_deref(), defines()?)?;
     cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
     Ok(ptx)
+}
+
+/// [`compile`] with the macro definitions `defines` (a value of
+/// [`DEFINES_VARIABLE`](sources::DEFINES_VARIABLE)) instead of the environment's, and
+/// neither the process's cache nor the disk's: a kernel variant compiled to be looked at
+/// (`cuda/tests/nvrtc_sources.rs` assembles both attention variants).
+pub fn compile_variant(source: &KernelSource, arch: &str, defines: &str) -> Result<String, CudaError> {
+    compile_through(source, arch, None, &sources::define_options(defines)?)
+}
+
+/// The NVRTC options of [`DEFINES_VARIABLE`](sources::DEFINES_VARIABLE), read once per
+/// process (an unset variable defines nothing).
+fn defines() -> Result<&'static [String], CudaError> {
+    static DEFINES: OnceLock<Result<Vec<String>, CudaError>> = OnceLock::new();
+    let read = || match std::env::var(sources::DEFINES_VARIABLE) {
+        Ok(value) => sources::define_options(&value),
+        Err(std::env::VarError::NotPresent) => Ok(Vec::new()),
+        Err(std::env::VarError::NotUnicode(value)) => {
+            Err(CudaError::Defines { value: value.to_string_lossy().into_owned(), why: "it is not Unicode".into() })
+        }
+    };
+    DEFINES.get_or_init(read).as_deref().map_err(Clone::clone)
 }
 
 /// The options every source is compiled with, beside the architecture and the name.
@@ -78,15 +100,21 @@ const FTZ: bool = false;
 const PRECISE_DIVISION: bool = true;
 const PRECISE_SQRT: bool = true;
 
-/// [`compile`] without the process's cache: the PTX kept in `disk` for exactly this
-/// compile, else NVRTC's (then kept there).
-pub(crate) fn compile_through(source: &KernelSource, arch: &str, disk: Option<&Path>) -> Result<String, CudaError> {
+/// [`compile`] without the process's cache, with the NVRTC options `defines` (macro
+/// definitions): the PTX kept in `disk` for exactly this compile, else NVRTC's (then kept
+/// there).
+pub(crate) fn compile_through(
+    source: &KernelSource,
+    arch: &str,
+    disk: Option<&Path>,
+    defines: &[String],
+) -> Result<String, CudaError> {
     available()?;
     let fail = |log: String| CudaError::Compile { source_name: source.name, arch: arch.to_string(), log };
     let static_arch = static_arch(arch).ok_or_else(|| {
         fail(format!("regflow knows no NVRTC architecture '{arch}' (it knows compute_75 to compute_121)"))
     })?;
-    let key = disk.map(|_| key_of(source, arch));
+    let key = disk.map(|_| key_of(source, arch, defines));
     if let (Some(disk), Some(key)) = (disk, &key) {
         if let Some(ptx) = ptx_cache::load(disk, key) {
             return Ok(ptx);
@@ -97,7 +125,7 @@ pub(crate) fn compile_through(source: &KernelSource, arch: &str, disk: Option<&P
         ftz: Some(FTZ),
         prec_div: Some(PRECISE_DIVISION),
         prec_sqrt: Some(PRECISE_SQRT),
-        options: OPTIONS.iter().map(|o| o.to_string()).collect(),
+        options: OPTIONS.iter().map(|o| o.to_string()).chain(defines.iter().cloned()).collect(),
         name: Some(format!("{}.cu", source.name)),
         ..Default::default()
     };
@@ -124,14 +152,15 @@ pub(crate) fn compile_through(source: &KernelSource, arch: &str, disk: Option<&P
 
 /// Everything the PTX of `source` for `arch` depends on: the text, the architecture, the
 /// options and NVRTC's version.
-fn key_of(source: &KernelSource, arch: &str) -> ptx_cache::CompileKey {
+fn key_of(source: &KernelSource, arch: &str, defines: &[String]) -> ptx_cache::CompileKey {
     ptx_cache::CompileKey {
         name: source.name.to_string(),
         arch: arch.to_string(),
         compiler: format!(
-            "nvrtc {}; {}; ftz {FTZ}, prec-div {PRECISE_DIVISION}, prec-sqrt {PRECISE_SQRT}",
+            "nvrtc {}; {}; ftz {FTZ}, prec-div {PRECISE_DIVISION}, prec-sqrt {PRECISE_SQRT}{}",
             version().unwrap_or_else(|| "of unknown version".into()),
-            OPTIONS.join(" ")
+            OPTIONS.join(" "),
+            defines.iter().map(|d| format!(" {d}")).collect::<String>()
         ),
         text: sources::full_text(source),
     }
@@ -165,16 +194,19 @@ mod tests {
         let folder = std::env::temp_dir().join(format!("regflow-nvrtc-cache-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&folder);
         let source = &sources::SOURCES[0];
-        let compiled = compile_through(source, "compute_80", Some(&folder)).unwrap();
+        let compiled = compile_through(source, "compute_80", Some(&folder), &[]).unwrap();
         assert!(compiled.contains(".target sm_80"), "NVRTC's PTX");
-        let key = key_of(source, "compute_80");
+        let key = key_of(source, "compute_80", &[]);
         assert_eq!(ptx_cache::load(&folder, &key).as_deref(), Some(compiled.as_str()), "kept on disk");
         // An entry for exactly this compile is what the next process gets.
         assert!(ptx_cache::store(&folder, &key, "// planted\n"));
-        assert_eq!(compile_through(source, "compute_80", Some(&folder)).unwrap(), "// planted\n");
-        // Another architecture is another compile; without a folder NVRTC compiles.
-        assert!(compile_through(source, "compute_90", Some(&folder)).unwrap().contains(".target sm_90"));
-        assert_eq!(compile_through(source, "compute_80", None).unwrap(), compiled);
+        assert_eq!(compile_through(source, "compute_80", Some(&folder), &[]).unwrap(), "// planted\n");
+        // Another architecture, or other macro definitions, is another compile; without a
+        // folder NVRTC compiles.
+        assert!(compile_through(source, "compute_90", Some(&folder), &[]).unwrap().contains(".target sm_90"));
+        let defined = ["-DREGFLOW_UNUSED_MACRO=1".to_string()];
+        assert_ne!(compile_through(source, "compute_80", Some(&folder), &defined).unwrap(), "// planted\n");
+        assert_eq!(compile_through(source, "compute_80", None, &[]).unwrap(), compiled);
         std::fs::remove_dir_all(&folder).unwrap();
     }
 }

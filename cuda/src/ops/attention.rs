@@ -10,7 +10,7 @@
 //! to 256). The gradient first writes the row dots `Σ dout·out` into the stream's
 //! scratch, then dq over query blocks and dk, dv over key blocks, each output written by
 //! one thread in a fixed order (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs,
-//! sequences of 2^32 positions or an empty tensor run the CPU kernel on the host.
+//! sequences of 2^31 positions or more, or an empty tensor, run the CPU kernel on the host.
 
 use super::elementwise::input_slots;
 use super::{fail, function, op_conf, queued, stream, suffix, Entry};
@@ -64,8 +64,8 @@ impl Sizes {
         let (&[batch, tq, heads, d], &[_, tk, _, _]) = (q, k) else { return None };
         let pairs = batch * heads;
         let empty = [batch, tq, tk, heads, d].contains(&0);
-        // The tensor-core entries compare positions in 32 bits.
-        let positions_fit = tq.max(tk) < u32::MAX as usize;
+        // The tensor-core entries count positions, and a tile past the last, in 32 bits.
+        let positions_fit = tq.max(tk) < 1 << 31;
         (!empty && d <= ROW_MAX_HEAD && pairs <= MAX_PAIRS && positions_fit).then_some(Self {
             tq: tq as u64,
             tk: tk as u64,
