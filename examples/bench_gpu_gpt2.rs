@@ -7,7 +7,8 @@
 //! cargo run --release --features cuda --example bench_gpu_gpt2 -- [--device cuda|cpu]
 //!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
 //!     [--peak-tflops 989] [--trace PATH] [--layers N] [--attention composed|fused]
-//!     [--plan-only] [--dry-run] [--lone-casts] [--unfolded-casts] [--pad-vocab 64]
+//!     [--plan-only] [--dry-run] [--lone-casts] [--unfolded-casts] [--unfolded-table-grads]
+//!     [--unfolded-norm-grads] [--pad-vocab 64]
 //! ```
 //!
 //! `--pad-vocab 64` pads the logits' columns to a multiple of 64 (50257 to 50304, as
@@ -25,6 +26,9 @@
 //! `fold_table_grads` off: the tied token table's two gradients (the embedding's scatter
 //! and the output projection's weight gradient, through the padded vocabulary's slice and
 //! mixed precision's cast) are summed by an `add` of their own instead of by the scatter.
+//! `--unfolded-norm-grads` compiles with `fold_norm_grads` off: each block's residual
+//! gradient (the gradient from above plus its layer norm gradient's `dx`, and the sum's
+//! bf16 copy) is summed by an `add` of its own instead of by the layer norm gradient.
 //!
 //! `--attention fused` runs each block's attention as one `attention` op (flash attention
 //! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,
@@ -147,7 +151,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let fuse_casts = !std::env::args().any(|a| a == "--lone-casts");
     let fold_casts = !std::env::args().any(|a| a == "--unfolded-casts");
     let fold_table_grads = !std::env::args().any(|a| a == "--unfolded-table-grads");
-    let options = CompileOptions { device, fuse_casts, fold_casts, fold_table_grads, ..Default::default() };
+    let fold_norm_grads = !std::env::args().any(|a| a == "--unfolded-norm-grads");
+    let options =
+        CompileOptions { device, fuse_casts, fold_casts, fold_table_grads, fold_norm_grads, ..Default::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     if std::env::args().any(|a| a == "--plan-only") {
         // What the step needs per device, without a device: the plan's memory layout.

@@ -80,7 +80,7 @@ wait
 
 # 3. Benchmarks, one at a time, most wanted first (F32=0, FUSED=0, GEMM=0, TORCH=0 (PyTorch eager),
 # TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0, PADDED=0, UNFOLDED=0,
-# UNFOLDED_TABLE=0, ATTENTION_AB=0 leave parts out;
+# UNFOLDED_TABLE=0, UNFOLDED_NORM=0, ATTENTION_AB=0 leave parts out;
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
@@ -162,6 +162,10 @@ old_attention="ATT_OCCUPANCY=0,ATT_PART=64"
       if [ "${UNFOLDED_TABLE:-1}" = 1 ]; then
         # The tied table's two gradients summed by an add of their own (fold_table_grads off).
         padded_against "${UNFOLDED_TABLE_ROUNDS:-2}" --unfolded-table-grads "table gradients folded"
+      fi
+      if [ "${UNFOLDED_NORM:-1}" = 1 ]; then
+        # Each block's residual gradient summed by an add of its own (fold_norm_grads off).
+        padded_against "${UNFOLDED_NORM_ROUNDS:-2}" --unfolded-norm-grads "norm gradients folded"
       fi
       if [ "${ATTENTION_AB:-1}" = 1 ]; then
         # The tensor-core attention entries without their occupancy caps and with whole

@@ -249,7 +249,7 @@ fn layer_norm_with_16_bit_output_or_dy_matches_the_cast_and_the_f32_op() {
             let dy = common::array(&dims, low, 24);
             let wide_dy = HostArray::from_f64(dims.clone(), DType::F32, &dy.to_f64_vec()).expect("dy in f32");
             let outputs = [meta(&dims, DType::F32), meta(&[len], DType::F32), meta(&[len], DType::F32)];
-            let op = LayerNormGrad { eps: 1e-5, dy: Some(low) };
+            let op = LayerNormGrad { dy: Some(low), ..LayerNormGrad::new(1e-5) };
             let folded = common::conf(&op, &[&x, &gamma, &dy], &outputs);
             let what = format!("layer_norm_grad f32, dy {low} {dims:?}");
             check_layer_norm_grad(&what, &folded, &[&x, &gamma, &dy], rows, gpu);
@@ -304,8 +304,18 @@ fn check_layer_norm_grad_skewed(
     }
     let rel = tolerance(conf.outputs[0].dtype);
     common::assert_close(&format!("{what} dx"), &on_gpu[..1], &on_cpu[..1], rel);
-    let params = (&on_gpu[1..], &on_cpu[1..]);
+    let params = (&on_gpu[1..3], &on_cpu[1..3]);
     common::assert_close(&format!("{what} dgamma, dbeta"), params.0, params.1, rel * (rows.max(1) as f64).sqrt());
+    // A 16-bit copy of dx (`LayerNormGrad::dx_narrow`): within its own rounding.
+    if let (Some(gpu_copy), Some(cpu_copy)) = (on_gpu.get(3), on_cpu.get(3)) {
+        let rel = tolerance(gpu_copy.dtype());
+        common::assert_close(
+            &format!("{what} dx's copy"),
+            std::slice::from_ref(gpu_copy),
+            std::slice::from_ref(cpu_copy),
+            rel,
+        );
+    }
 }
 
 #[test]
@@ -449,5 +459,59 @@ fn cross_entropy_of_rows_with_masked_and_nan_logits_matches_the_cpu() {
         let grad = SparseCrossEntropyGrad { classes: Some(classes) };
         let outputs = [meta(&[rows, width], dtype)];
         check(&format!("sparse_cross_entropy_grad, {what}"), &grad, &[&logits, &labels, &dy], &outputs, gpu);
+    }
+}
+
+/// A layer norm gradient with a base added to dx (`LayerNormGrad::base`) and the sum's
+/// bf16 or f16 copy (`LayerNormGrad::dx_narrow`), the residual gradient's `add` folded in
+/// (`graph/src/compile/fold_norm_grads.rs`): on the GPU bitwise the gradient, then an
+/// `add` of the base, then a cast, each on the GPU; within the usual tolerance of the CPU
+/// kernels; in runs and element by element (registers off alignment), on the warp-per-row
+/// and block-per-row entries, in f32 (with an f32 or a 16-bit dy) and f64.
+#[test]
+fn layer_norm_grad_with_a_base_and_a_copy_matches_the_add_and_the_cast() {
+    use regflow_plan::ops::{Binary, BinaryKind};
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    let cases =
+        [(DType::F32, None), (DType::F32, Some(DType::Bf16)), (DType::F32, Some(DType::F16)), (DType::F64, None)];
+    for (dtype, dy_dtype) in cases {
+        for (rows, len) in [(7, 1), (5, 33), (37, 256), (9, 768), (33, 1500)] {
+            let dims = vec![rows, len];
+            let (x, gamma) = (common::array(&dims, dtype, 31), common::array(&[len], dtype, 32));
+            let dy = common::array(&dims, dy_dtype.unwrap_or(dtype), 33);
+            let base = common::array(&dims, dtype, 34);
+            let outputs = [meta(&dims, dtype), meta(&[len], dtype), meta(&[len], dtype)];
+            let plain_op = LayerNormGrad { dy: dy_dtype, ..LayerNormGrad::new(1e-5) };
+            let plain = common::conf(&plain_op, &[&x, &gamma, &dy], &outputs);
+            let mut want = common::run(&plain, &[&x, &gamma, &dy], Some(gpu));
+            let add = common::conf(&Binary(BinaryKind::Add), &[&base, &want[0]], &[meta(&dims, dtype)]);
+            want[0] = common::run(&add, &[&base, &want[0]], Some(gpu)).remove(0);
+            // The copies a folded f32 sum may carry: none, bf16, f16 (f64 has none).
+            let copies: &[Option<DType>] =
+                if dtype == DType::F32 { &[None, Some(DType::Bf16), Some(DType::F16)] } else { &[None] };
+            for &copy in copies {
+                let op = LayerNormGrad { base: true, dx_narrow: copy, ..plain_op };
+                let mut with_copy = outputs.to_vec();
+                with_copy.extend(copy.map(|low| meta(&dims, low)));
+                let folded = common::conf(&op, &[&x, &gamma, &dy, &base], &with_copy);
+                let what = format!("layer_norm_grad {dtype}, dy {dy_dtype:?}, copy {copy:?}, {dims:?}");
+                let inputs = [&x, &gamma, &dy, &base];
+                check_layer_norm_grad(&what, &folded, &inputs, rows, gpu);
+                check_layer_norm_grad_skewed(&format!("{what}, off alignment"), &folded, &inputs, rows, gpu, true);
+                let got = common::run(&folded, &inputs, Some(gpu));
+                if device.is_dry() {
+                    continue;
+                }
+                for (o, (got, want)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(got.to_le_bytes(), want.to_le_bytes(), "{what}: output {o} not the add's bits");
+                }
+                if let Some(low) = copy {
+                    let cast = common::conf(&Cast { to: low }, &[&want[0]], &[meta(&dims, low)]);
+                    let cast = common::run(&cast, &[&want[0]], Some(gpu)).remove(0);
+                    assert_eq!(got[3].to_le_bytes(), cast.to_le_bytes(), "{what}: the copy is not the cast's bits");
+                }
+            }
+        }
     }
 }

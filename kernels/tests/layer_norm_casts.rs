@@ -65,7 +65,7 @@ fn a_layer_norm_gradient_reading_a_16_bit_dy_is_that_of_the_dy_cast_to_f32() {
             let outputs = [x.meta(), gamma.meta(), gamma.meta()];
             let want = run(&LayerNormGrad::new(1e-5), &[&x, &gamma, &wide_dy], &outputs, 1);
             for threads in [1, 3] {
-                let op = LayerNormGrad { eps: 1e-5, dy: Some(low) };
+                let op = LayerNormGrad { dy: Some(low), ..LayerNormGrad::new(1e-5) };
                 let got = run(&op, &[&x, &gamma, &dy], &outputs, threads);
                 for (o, (got, want)) in got.iter().zip(&want).enumerate() {
                     let what = format!("{low} {dims:?} on {threads} threads, output {o}");
@@ -123,7 +123,7 @@ fn other_dtype_pairs_are_refused_naming_the_op_and_the_dtypes() {
     assert!(e.contains("layer_norm") && e.contains("f16") && e.contains("bf16"), "{e}");
 
     let grad = |x: DType, dy_attr: Option<DType>, dy: DType| {
-        let op = LayerNormGrad { eps: 1e-5, dy: dy_attr };
+        let op = LayerNormGrad { dy: dy_attr, ..LayerNormGrad::new(1e-5) };
         refusal(&op, &[meta(x), params(x), meta(dy)], &[meta(x), params(x), params(x)])
     };
     let e = grad(DType::F64, Some(DType::F16), DType::F16);
@@ -132,4 +132,63 @@ fn other_dtype_pairs_are_refused_naming_the_op_and_the_dtypes() {
     assert!(e.contains("layer_norm_grad with dy = f32") && e.contains("bf16 or f16"), "{e}");
     let e = grad(DType::F32, Some(DType::Bf16), DType::F32);
     assert!(e.contains("layer_norm_grad") && e.contains("dy must be"), "{e}");
+}
+
+/// A layer norm gradient with a base (`LayerNormGrad::base`, `compile/fold_norm_grads.rs`)
+/// gives the bits of the gradient followed by an `add` of the base to `dx`, and the same
+/// `dgamma` and `dbeta`, in f32 and f64, with a 16-bit `dy` too, on one thread and three.
+#[test]
+fn a_layer_norm_gradient_with_a_base_is_the_gradient_then_the_add() {
+    use regflow_plan::ops::{Binary, BinaryKind};
+    for (x_dtype, dy_dtype) in [(DType::F32, None), (DType::F64, None), (DType::F32, Some(DType::Bf16))] {
+        for (rows, features) in SHAPES {
+            let dims = [rows, features];
+            let (x, gamma) = (random(&dims, x_dtype, 7), random(&[features], x_dtype, 8));
+            let dy = random(&dims, dy_dtype.unwrap_or(x_dtype), 9);
+            let base = random(&dims, x_dtype, 10);
+            let outputs = [x.meta(), gamma.meta(), gamma.meta()];
+            let plain = LayerNormGrad { dy: dy_dtype, ..LayerNormGrad::new(1e-5) };
+            let mut want = run(&plain, &[&x, &gamma, &dy], &outputs, 1);
+            want[0] = run(&Binary(BinaryKind::Add), &[&base, &want[0]], &[x.meta()], 1).remove(0);
+            for threads in [1, 3] {
+                let op = LayerNormGrad { base: true, ..plain };
+                let got = run(&op, &[&x, &gamma, &dy, &base], &outputs, threads);
+                for (o, (got, want)) in got.iter().zip(&want).enumerate() {
+                    let what = format!("output {o}, x {x_dtype}, dy {dy_dtype:?}, {dims:?} on {threads} threads");
+                    assert_eq!(got.to_le_bytes(), want.to_le_bytes(), "{what}");
+                }
+                // With the sum's 16-bit copy as a fourth output: the cast's bits.
+                if x_dtype != DType::F32 {
+                    continue;
+                }
+                for low in [DType::Bf16, DType::F16] {
+                    let op = LayerNormGrad { base: true, dx_narrow: Some(low), ..plain };
+                    let narrow = TensorMeta::new(dims, low);
+                    let mut with_copy = outputs.to_vec();
+                    with_copy.push(narrow.clone());
+                    let got = run(&op, &[&x, &gamma, &dy, &base], &with_copy, threads);
+                    let cast = run(&Cast { to: low }, &[&want[0]], &[narrow], 1).remove(0);
+                    let what = format!("dx as {low}, dy {dy_dtype:?}, {dims:?} on {threads} threads");
+                    assert_eq!(got[3].to_le_bytes(), cast.to_le_bytes(), "{what}");
+                    assert_eq!(got[0].to_le_bytes(), want[0].to_le_bytes(), "{what}");
+                }
+            }
+        }
+    }
+    // A base that is not dx's meta, or missing, is refused naming the op.
+    let (x, gamma) = (TensorMeta::new([4, 8], DType::F32), TensorMeta::new([8], DType::F32));
+    let outputs = [x.clone(), gamma.clone(), gamma.clone()];
+    let op = LayerNormGrad { base: true, ..LayerNormGrad::new(1e-5) };
+    let e = refusal(&op, &[x.clone(), gamma.clone(), x.clone(), TensorMeta::new([4, 8], DType::F64)], &outputs);
+    assert!(e.contains("layer_norm_grad") && e.contains("the base added to dx must match the input"), "{e}");
+    let e = refusal(&op, &[x.clone(), gamma.clone(), x.clone()], &outputs);
+    assert!(e.contains("takes 4 inputs and gives 3 outputs, but has 3 and 3"), "{e}");
+    let inputs = [x.clone(), gamma.clone(), x.clone(), x.clone()];
+    let op = LayerNormGrad { dx_narrow: Some(DType::Bf16), ..op };
+    let mut with_copy = outputs.to_vec();
+    with_copy.push(TensorMeta::new([4, 8], DType::F16));
+    let e = refusal(&op, &inputs, &with_copy);
+    assert!(e.contains("the narrow dx must be [4, 8] bf16") || e.contains("narrow dx must be"), "{e}");
+    let e = refusal(&LayerNormGrad { dx_narrow: Some(DType::F64), ..op }, &inputs, &with_copy);
+    assert!(e.contains("layer_norm_grad with dx_narrow = f64") && e.contains("bf16 or f16"), "{e}");
 }

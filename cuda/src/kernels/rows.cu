@@ -247,8 +247,19 @@ __device__ void layer_norm_params_grad(const T* x_hat, const D* dy, T* dgamma, T
     layer_norm_params_columns(dgamma, dbeta, rows, len, XHatTerms<T, D>{x_hat, dy, len});
 }
 
+// `LayerNormGrad::base` and `dx_narrow`: the computed dx plus the base, one addition (never
+// contracted into a multiply-add, as an `add` op's is not), and the sum's 16-bit copy
+// (`narrow_kind` 1: bf16, 2: f16, 0: none) rounded as a cast rounds it.
+__device__ __forceinline__ float exact_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double exact_add(double a, double b) { return __dadd_rn(a, b); }
+template <typename T> __device__ __forceinline__ void st_narrow(void* narrow, u32 kind, u64 i, T v) {
+    if (kind == 1) st((bf16*)narrow + i, (float)v);
+    else if (kind == 2) st((f16*)narrow + i, (float)v);
+}
+
 template <typename T, typename D>
-__device__ void layer_norm_dx_rows(const T* x, const T* gamma, const D* dy, T* dx, u64 rows, u64 len, T eps) {
+__device__ void layer_norm_dx_rows(const T* x, const T* gamma, const D* dy, T* dx, u64 rows, u64 len, T eps,
+                                   const T* base, void* narrow, u32 narrow_kind) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
         const T* xr = x + r * len;
@@ -264,7 +275,12 @@ __device__ void layer_norm_dx_rows(const T* x, const T* gamma, const D* dy, T* d
         }
         T g_mean = block_sum(g, scratch) / (T)len;
         T gx_mean = block_sum(gx, scratch) / (T)len;
-        FOR_EACH_COL(j, len) dxr[j] = rstd * (ld(dyr + j) * gamma[j] - g_mean - dxr[j] * gx_mean);
+        FOR_EACH_COL(j, len) {
+            T v = rstd * (ld(dyr + j) * gamma[j] - g_mean - dxr[j] * gx_mean);
+            if (base) v = exact_add(base[r * len + j], v);
+            dxr[j] = v;
+            st_narrow(narrow, narrow_kind, r * len + j, v);
+        }
     }
 }
 
@@ -281,9 +297,10 @@ extern "C" __global__ void regflow_layer_norm_x_hat_f64(const double* x, double*
         const T* x_hat, const D* dy, T* dgamma, T* dbeta, u64 rows, u64 len) {                           \
         layer_norm_params_grad(x_hat, dy, dgamma, dbeta, rows, len);                                     \
     }                                                                                                    \
-    extern "C" __global__ void regflow_layer_norm_dx_##S(                                                \
-        const T* x, const T* gamma, const D* dy, T* dx, u64 rows, u64 len, T eps) {                      \
-        layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps);                                            \
+    extern "C" __global__ void regflow_layer_norm_dx_##S(const T* x, const T* gamma, const D* dy, T* dx,  \
+                                                         u64 rows, u64 len, T eps, const T* base,        \
+                                                         void* narrow, u32 narrow_kind) {                \
+        layer_norm_dx_rows(x, gamma, dy, dx, rows, len, eps, base, narrow, narrow_kind);                 \
     }
 LAYER_NORM_GRAD_ENTRIES(f32, float, float)
 LAYER_NORM_GRAD_ENTRIES(f64, double, double)
@@ -847,10 +864,13 @@ template <int N> __device__ __forceinline__ void times_gamma(float* d, const flo
 // dy is stored as D: f32, or bf16 or f16 widened as it loads.
 template <int N, typename D>
 __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const D* dy, float* dx, float* parts,
-                                     u64 rows, u64 len, float eps) {
+                                     u64 rows, u64 len, float eps, const float* base, void* narrow, u32 narrow_kind) {
     u32 lane = threadIdx.x & 31;
     u64 w = (u64)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5), warps = (u64)gridDim.x * WARP_ROWS;
-    bool runs = layer_norm_runs<N>(len, x, gamma, dy, dx);
+    // A base and a copy take runs where they are aligned for them as well (8 bytes for a
+    // copy's runs of four 16-bit values).
+    bool runs = layer_norm_runs<N>(len, x, gamma, dy, dx) && (!base || aligned16(base)) &&
+                (narrow_kind == 0 || (u64)narrow % 8 == 0);
     float pg[N], pb[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) pg[k] = pb[k] = 0.0f;
@@ -876,7 +896,15 @@ __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const D
         gx = warp_all_sum(gx) / (float)len;
 #pragma unroll
         for (int k = 0; k < N; ++k) v[k] = rstd * (d[k] - g - v[k] * gx);
+        if (base) {
+            // d is free again: the base's row.
+            ld_lane<N>(base + r * len, runs, len, d);
+#pragma unroll
+            for (int k = 0; k < N; ++k) v[k] = exact_add(d[k], v[k]);
+        }
         st_lane<N>(dx + r * len, runs, len, v);
+        if (narrow_kind == 1) st_lane<N>((bf16*)narrow + r * len, runs, len, v);
+        else if (narrow_kind == 2) st_lane<N>((f16*)narrow + r * len, runs, len, v);
     }
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -958,18 +986,23 @@ extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_grad_f32_w##N(const float* x, const float* gamma,               \
                                                                 const float* dy, float* dx, float* parts,         \
-                                                                u64 rows, u64 len, float eps) {                   \
-        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps);                                         \
+                                                                u64 rows, u64 len, float eps, const float* base,  \
+                                                                void* narrow, u32 narrow_kind) {                  \
+        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps, base, narrow, narrow_kind);              \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_grad_f32_dy_bf16_w##N(const float* x, const float* gamma,       \
                                                                         const bf16* dy, float* dx, float* parts,  \
-                                                                        u64 rows, u64 len, float eps) {           \
-        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps);                                         \
+                                                                        u64 rows, u64 len, float eps,             \
+                                                                        const float* base, void* narrow,          \
+                                                                        u32 narrow_kind) {                        \
+        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps, base, narrow, narrow_kind);              \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_grad_f32_dy_f16_w##N(const float* x, const float* gamma,        \
                                                                        const f16* dy, float* dx, float* parts,    \
-                                                                       u64 rows, u64 len, float eps) {            \
-        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps);                                         \
+                                                                       u64 rows, u64 len, float eps,              \
+                                                                       const float* base, void* narrow,           \
+                                                                       u32 narrow_kind) {                         \
+        layer_norm_grad_warp<N>(x, gamma, dy, dx, parts, rows, len, eps, base, narrow, narrow_kind);              \
     }
 WARP_ROW_ENTRIES(8)
 WARP_ROW_ENTRIES(16)

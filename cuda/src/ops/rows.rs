@@ -419,6 +419,11 @@ struct LayerNormGradKernel {
     steps: LayerNormGradSteps,
     /// The actor inputs holding x, gamma and dy.
     inputs: [usize; 3],
+    /// The actor input holding the base added to dx (`LayerNormGrad::base`), if any.
+    base: Option<usize>,
+    /// The kernels' code of the 16-bit copy of dx, the fourth output
+    /// (`LayerNormGrad::dx_narrow`): 1 bf16, 2 f16, 0 none.
+    narrow_kind: u32,
     rows: u64,
     len: u64,
     eps: f64,
@@ -439,11 +444,15 @@ impl Kernel for LayerNormGradKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
         let [x, gamma, dy] = self.inputs.map(|i| io.input_addr(i));
         let (dx, dgamma, dbeta) = (io.output_addr(0), io.output_addr(1), io.output_addr(2));
+        // 0: no base, no copy (the kernels test the pointer and the kind).
+        let base = self.base.map_or(0, |i| io.input_addr(i));
+        let (narrow, kind) = if self.narrow_kind == 0 { (0, 0) } else { (io.output_addr(3), self.narrow_kind) };
         let (rows, len, s) = (self.rows, self.len, stream(io));
         let (e64, e32) = (self.eps, self.eps as f32);
-        // SAFETY (every launch): x, dy and dx hold `rows · len` elements, gamma, dgamma and
-        // dbeta `len` (checked at build); the launches run in order on one stream, so each
-        // reads what the one before wrote; the argument types are the kernels'.
+        // SAFETY (every launch): x, dy, dx, a base and a copy hold `rows · len` elements,
+        // gamma, dgamma and dbeta `len` (checked at build); the launches run in order on one
+        // stream, so each reads what the one before wrote; the argument types are the
+        // kernels'.
         match &self.steps {
             LayerNormGradSteps::Warp { grad, sum, grid, parts } => {
                 let warps = u64::from(grid.blocks.0) * WARP_ROWS;
@@ -451,7 +460,7 @@ impl Kernel for LayerNormGradKernel {
                 // SAFETY: as above; `parts` holds 2 · warps · len f32 partials, which the
                 // first launch writes whole (its grid has `warps` warps) and the second reads.
                 unsafe {
-                    launch(s, *grad, *grid, &mut args![x, gamma, dy, dx, parts, rows, len, e32])?;
+                    launch(s, *grad, *grid, &mut args![x, gamma, dy, dx, parts, rows, len, e32, base, narrow, kind])?;
                     launch(s, *sum, Grid::columns(len, warps), &mut args![parts, dgamma, dbeta, warps, len])?;
                 }
             }
@@ -462,11 +471,13 @@ impl Kernel for LayerNormGradKernel {
                     if *dtype == DType::F64 {
                         launch(s, *x_hat, *grid, &mut args![x, dx, rows, len, e64])?;
                         launch(s, *params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
-                        launch(s, *dx_function, *grid, &mut args![x, gamma, dy, dx, rows, len, e64])?;
+                        let args = &mut args![x, gamma, dy, dx, rows, len, e64, base, narrow, kind];
+                        launch(s, *dx_function, *grid, args)?;
                     } else {
                         launch(s, *x_hat, *grid, &mut args![x, dx, rows, len, e32])?;
                         launch(s, *params, columns, &mut args![dx, dy, dgamma, dbeta, rows, len])?;
-                        launch(s, *dx_function, *grid, &mut args![x, gamma, dy, dx, rows, len, e32])?;
+                        let args = &mut args![x, gamma, dy, dx, rows, len, e32, base, narrow, kind];
+                        launch(s, *dx_function, *grid, args)?;
                     }
                 }
             }
@@ -495,9 +506,10 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
     // The suffix of the entries that read dy.
     let dy_suffix = match op.dy {
         None => {
-            metas(spec, conf, 3, 3, &[])?;
-            // dy and dx match x; dgamma and dbeta match gamma.
-            same_meta(spec, conf, &[2, 3])?;
+            // `check` compared every meta with x's (a base's too, and a copy's shape).
+            if !matches!(dtype, DType::F32 | DType::F64) {
+                return Err(fail(spec, conf, format!("computes in f32 or f64, got {}", conf.inputs[0])));
+            }
             String::new()
         }
         Some(dy) => format!("_dy_{}", suffix(dy)),
@@ -528,9 +540,17 @@ fn make_layer_norm_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Kernel
             dtype,
         },
     };
+    let narrow_kind = match op.dx_narrow {
+        None => 0,
+        Some(DType::Bf16) => 1,
+        Some(DType::F16) => 2,
+        Some(other) => return Err(fail(spec, conf, format!("a 16-bit copy of dx in {other} (broken invariant)"))),
+    };
     Ok(queued(LayerNormGradKernel {
         steps,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
+        base: op.base.then(|| conf.input_map[3]),
+        narrow_kind,
         rows: rows as u64,
         len: features as u64,
         eps: op.eps,

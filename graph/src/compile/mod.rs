@@ -53,6 +53,7 @@ mod connect;
 mod emit;
 mod error;
 mod fold_casts;
+mod fold_norm_grads;
 mod fold_table_grads;
 mod fuse_casts;
 mod fuse_norms;
@@ -181,6 +182,8 @@ fn lower_step(
     fold_casts::fold_casts(&mut low);
     // After fold_casts, which may have made the sum read its 16-bit operand as it is.
     fold_table_grads::fold_table_grads(&mut low);
+    // After fold_casts, which gives the residual gradients' sums their 16-bit copies.
+    fold_norm_grads::fold_norm_grads(&mut low);
     fuse_casts::fuse_casts(&mut low);
     // One step's estimated schedule orders the collectives and the memory-sharing chains of
     // a cpu plan ([`schedule`]); a pipeline's micro-batches interleave in ways one step does

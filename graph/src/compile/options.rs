@@ -67,6 +67,13 @@ pub struct CompileOptions {
     /// slice of its first rows (a padded vocabulary) and a cast from bf16 or f16. Results
     /// are bitwise the add's. Default on.
     pub fold_table_grads: bool,
+    /// Fold a pre-norm block's residual gradient sum into its layer norm's gradient
+    /// (`compile/fold_norm_grads.rs`): the `add` of the gradient from above and the layer
+    /// norm gradient's `dx` (and the sum's 16-bit copy) is done by the layer norm gradient,
+    /// which reads the other gradient as its base
+    /// ([`LayerNormGrad::base`](crate::plan::ops::LayerNormGrad::base)). Results are
+    /// bitwise the add's. Default on.
+    pub fold_norm_grads: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -105,6 +112,7 @@ impl Default for CompileOptions {
             fuse_casts: true,
             fold_casts: true,
             fold_table_grads: true,
+            fold_norm_grads: true,
         }
     }
 }
@@ -126,6 +134,7 @@ impl CompileOptions {
             fuse_casts: self.fuse_casts,
             fold_casts: self.fold_casts,
             fold_table_grads: self.fold_table_grads,
+            fold_norm_grads: self.fold_norm_grads,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -227,6 +236,13 @@ pub struct ParallelOptions {
     /// slice of its first rows (a padded vocabulary) and a cast from bf16 or f16. Results
     /// are bitwise the add's. Default on.
     pub fold_table_grads: bool,
+    /// Fold a pre-norm block's residual gradient sum into its layer norm's gradient
+    /// (`compile/fold_norm_grads.rs`): the `add` of the gradient from above and the layer
+    /// norm gradient's `dx` (and the sum's 16-bit copy) is done by the layer norm gradient,
+    /// which reads the other gradient as its base
+    /// ([`LayerNormGrad::base`](crate::plan::ops::LayerNormGrad::base)). Results are
+    /// bitwise the add's. Default on.
+    pub fold_norm_grads: bool,
     /// Which streams run the cpu devices' collectives: comm streams of their own, the
     /// compute streams, or (the default) whichever suits the compiling host
     /// ([`CollectiveStreams`]).
@@ -389,6 +405,7 @@ impl ParallelOptions {
             fuse_casts: true,
             fold_casts: true,
             fold_table_grads: true,
+            fold_norm_grads: true,
             collective_streams: CollectiveStreams::Auto,
             copy_streams: CopyStreams::Auto,
         }

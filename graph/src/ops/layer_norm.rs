@@ -21,7 +21,7 @@ impl OpDef for LayerNorm {
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         let (x, gamma, dy) = (ctx.inputs[0], ctx.inputs[1], ctx.grad()?);
         // An output in another dtype (bf16 from f32) has its gradient in that dtype too.
-        let grads = x.graph().apply(LayerNormGrad { eps: self.eps, dy: self.out }, &[x, gamma, dy])?;
+        let grads = x.graph().apply(LayerNormGrad { dy: self.out, ..LayerNormGrad::new(self.eps) }, &[x, gamma, dy])?;
         Ok(grads.into_iter().map(Some).collect())
     }
 
@@ -40,13 +40,12 @@ impl OpDef for LayerNormGrad {
     }
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
-        let [x, gamma, dy] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
-        regflow_plan::ops::layer_norm_features(self.eps, x, &[gamma])?;
-        let expected = TensorMeta::new(x.shape.clone(), self.dy_dtype(x.dtype)?);
-        if *dy != expected {
-            return Err(format!("dy must be {expected} (x is {x}), got {dy}"));
-        }
-        Ok(vec![x.clone(), gamma.clone(), gamma.clone()])
+        let (Some(x), Some(gamma)) = (inputs.first(), inputs.get(1)) else {
+            return Err(format!("takes {} inputs, got {}", 3 + usize::from(self.base), inputs.len()));
+        };
+        let outputs = vec![x.clone(), gamma.clone(), gamma.clone()];
+        self.check(inputs, &outputs)?;
+        Ok(outputs)
     }
 
     fn grad<'g>(&self, _ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {

@@ -71,6 +71,7 @@ impl HostCompute for LayerNormGrad {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let threads = context.threads;
+        let (outputs, narrow) = outputs.split_at_mut(3.min(outputs.len()));
         match (self.dy, inputs[0].dtype()) {
             (None, _) => {
                 by_float!(outputs[0].dtype(), "integer layer norm is not supported", T => backward_typed::<T, T>(self.eps, threads, inputs, outputs))
@@ -78,32 +79,51 @@ impl HostCompute for LayerNormGrad {
             (Some(DType::Bf16), DType::F32) => backward_typed::<f32, bf16>(self.eps, threads, inputs, outputs),
             (Some(DType::F16), DType::F32) => backward_typed::<f32, f16>(self.eps, threads, inputs, outputs),
             (Some(dy), x) => Err(format!("layer_norm_grad of {x} with a {dy} dy is not supported (broken invariant)")),
-        }
-    }
-
-    /// f32 or f64 `x` and `gamma` as for [`LayerNorm`], `dy` of `x`'s shape in
-    /// [`LayerNormGrad::dy_dtype`], `dx` like `x`, and `dgamma` and `dbeta` like `gamma`.
-    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
-        let ([x, gamma, dy], [dx, dgamma, dbeta]) = (inputs, outputs) else {
-            return Err(format!("takes 3 inputs and gives 3 outputs, but has {} and {}", inputs.len(), outputs.len()));
-        };
-        check_input_and_parameters(self.eps, x, &[gamma])?;
-        let expected = TensorMeta::new(x.shape.clone(), self.dy_dtype(x.dtype)?);
-        if *dy != expected {
-            return Err(format!("dy must be {expected} for the input {x}, got {dy}"));
-        }
-        if dx != x || dgamma != gamma || dbeta != gamma {
-            return Err(format!(
-                "dx must match the input {x} and dgamma and dbeta gamma {gamma}, got {dx}, {dgamma} and {dbeta}"
-            ));
+        }?;
+        // `LayerNormGrad::dx_narrow`: dx rounded as a `cast` rounds (`cpu/cast.rs`).
+        if let [narrow] = narrow {
+            let (dx, features): (&[f32], usize) =
+                (outputs[0].as_mut_slice::<f32>()?, inputs[1].as_slice::<f32>()?.len());
+            match narrow.dtype() {
+                DType::Bf16 => narrow_rows(threads, dx, features, narrow.as_mut_slice::<bf16>()?, bf16::from_f32),
+                DType::F16 => narrow_rows(threads, dx, features, narrow.as_mut_slice::<f16>()?, f16::from_f32),
+                other => return Err(format!("layer_norm_grad's narrow dx is {other} (broken invariant)")),
+            }
         }
         Ok(())
     }
 
-    /// A bf16 or f16 `dy` is read as it is, a row at a time (module docs).
-    fn half_native(&self) -> bool {
-        self.dy.is_some()
+    /// f32 or f64 `x` and `gamma` as for [`LayerNorm`], and the rest as
+    /// [`LayerNormGrad::check`] says.
+    fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        self.check(inputs, outputs)?;
+        check_input_and_parameters(self.eps, &inputs[0], &[&inputs[1]])
     }
+
+    /// A bf16 or f16 `dy` is read as it is, a row at a time (module docs), and a narrow
+    /// `dx` written as it is.
+    fn half_native(&self) -> bool {
+        self.dy.is_some() || self.dx_narrow.is_some()
+    }
+}
+
+/// `narrow[i] = round(wide[i])` over rows of `features`, in shares of rows over `threads`
+/// when they are many.
+fn narrow_rows<H: Element + Send>(
+    threads: usize,
+    wide: &[f32],
+    features: usize,
+    narrow: &mut [H],
+    round: impl Fn(f32) -> H + Sync,
+) {
+    if features == 0 {
+        return;
+    }
+    rows_in_shares(threads, narrow, features, |rows, narrow| {
+        for (n, &w) in narrow.iter_mut().zip(&wide[rows.start * features..]) {
+            *n = round(w);
+        }
+    });
 }
 
 /// Checks that `x` is f32 or f64 (the dtypes these kernels compute in) and fits its
@@ -188,6 +208,8 @@ fn backward_typed<T: Real, D: WideRows<T>>(
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
     let (x, gamma, dy) = (inputs[0].as_slice::<T>()?, inputs[1].as_slice::<T>()?, inputs[2].as_slice::<D>()?);
+    // `LayerNormGrad::base`: added to each element of dx as it is written.
+    let base = inputs.get(3).map(|b| b.as_slice::<T>()).transpose()?;
     let [dx, dgamma, dbeta] = outputs else { return Err(format!("expected 3 outputs, got {}", outputs.len())) };
     let (dx, dgamma, dbeta) = (dx.as_mut_slice::<T>()?, dgamma.as_mut_slice::<T>()?, dbeta.as_mut_slice::<T>()?);
     dgamma.fill(T::zero());
@@ -199,7 +221,7 @@ fn backward_typed<T: Real, D: WideRows<T>>(
     if row_shares(threads, dx.len(), features) <= 1 {
         fast_math::vectorized(
             #[inline(always)]
-            || input_gradient_rows(eps, (x, gamma, dy), dx, Some((dgamma, dbeta)), None),
+            || input_gradient_rows(eps, (x, gamma, dy, base), dx, Some((dgamma, dbeta)), None),
         );
         return Ok(());
     }
@@ -210,6 +232,7 @@ fn backward_typed<T: Real, D: WideRows<T>>(
     for first in (0..rows).step_by(GRAD_BLOCK_ROWS) {
         let end = (first + GRAD_BLOCK_ROWS).min(rows);
         let span = first * features..end * features;
+        let base = base.map(|b| &b[span.clone()]);
         let (x, dy, dx) = (&x[span.clone()], &dy[span.clone()], &mut dx[span]);
         let stats = DisjointParts::new(&mut row_stats[..end - first]);
         rows_in_shares(threads, dx, features, |rows, dx| {
@@ -218,7 +241,10 @@ fn backward_typed<T: Real, D: WideRows<T>>(
             let span = rows.start * features..rows.end * features;
             fast_math::vectorized(
                 #[inline(always)]
-                || input_gradient_rows(eps, (&x[span.clone()], gamma, &dy[span]), dx, None, Some(stats)),
+                || {
+                    let base = base.map(|b| &b[span.clone()]);
+                    input_gradient_rows(eps, (&x[span.clone()], gamma, &dy[span.clone()], base), dx, None, Some(stats))
+                },
             )
         });
         let stats_of_block = &row_stats[..end - first];
@@ -253,12 +279,17 @@ fn backward_typed<T: Real, D: WideRows<T>>(
     Ok(())
 }
 
-/// `dx` of the rows of `x` (and `dy`), adding each row's share of `dgamma` and `dbeta` in
-/// row order when `parameters` is given.
+/// What the input gradient of some rows reads: their `x`, `gamma`, their `dy`, and the
+/// base added to `dx` where there is one (`LayerNormGrad::base`).
+type GradientRows<'a, T, D> = (&'a [T], &'a [T], &'a [D], Option<&'a [T]>);
+
+/// `dx` of the rows of `x` (and `dy`), plus `base`'s rows where given (each element of `dx`
+/// computed, then one addition, as an `add` after the op would), adding each row's share
+/// of `dgamma` and `dbeta` in row order when `parameters` is given.
 #[inline(always)]
 fn input_gradient_rows<T: Real, D: WideRows<T>>(
     eps: f64,
-    (x, gamma, dy): (&[T], &[T], &[D]),
+    (x, gamma, dy, base): GradientRows<'_, T, D>,
     dx: &mut [T],
     mut parameters: Option<(&mut [T], &mut [T])>,
     mut row_stats: Option<&mut [(T, T)]>,
@@ -292,6 +323,11 @@ fn input_gradient_rows<T: Real, D: WideRows<T>>(
                 let gx_mean = fast_math::lane_reduce(features, |j| dy_row[j] * gamma[j] * dx_row[j]) / count;
                 for ((d, &dy), &g) in dx_row.iter_mut().zip(dy_row).zip(gamma) {
                     *d = rstd * (dy * g - g_mean - *d * gx_mean);
+                }
+                if let Some(base) = base {
+                    for (d, &b) in dx_row.iter_mut().zip(&base[index * features..(index + 1) * features]) {
+                        *d = b + *d;
+                    }
                 }
             },
         )

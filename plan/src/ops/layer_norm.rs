@@ -34,8 +34,9 @@ impl LayerNorm {
     }
 }
 
-/// The gradients of [`LayerNorm`] from inputs `(x, gamma, dy)`: three outputs, `dx`,
-/// `dgamma` and `dbeta`, computed in one pass (the statistics are recomputed, not stored).
+/// The gradients of [`LayerNorm`] from inputs `(x, gamma, dy)` (and `base` with
+/// [`LayerNormGrad::base`]): three outputs, `dx`, `dgamma` and `dbeta`, computed in one pass
+/// (the statistics are recomputed, not stored).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayerNormGrad {
     /// The forward op's `eps`.
@@ -46,12 +47,69 @@ pub struct LayerNormGrad {
     /// without the f32 copy of `dy`. `None` (the default, left out of plan files): `x`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dy: Option<DType>,
+    /// A fourth input, `base`, of `dx`'s meta, added to `dx` (`dx + base`, each element one
+    /// addition of the computed `dx` and the base, as an `add` after the op adds them, so
+    /// the bits are those of `add(base, layer_norm_grad(..).dx)`): the residual stream's
+    /// gradient a pre-norm block adds to its norm's input gradient, summed without the
+    /// `add`'s pass over three tensors (`graph/src/compile/fold_norm_grads.rs`). `false`
+    /// (the default, left out of plan files): three inputs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base: bool,
+    /// A fourth output: `dx` (with the base, if any) rounded to bf16 or f16 as a `cast`
+    /// rounds it, from f32 `x` (the 16-bit copy of the residual gradient that mixed
+    /// precision's products read, which the folded `add` wrote as its second output).
+    /// `None` (the default, left out of plan files): three outputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dx_narrow: Option<DType>,
 }
 
 impl LayerNormGrad {
     /// A layer norm's gradient whose `dy` has `x`'s dtype.
     pub fn new(eps: f64) -> Self {
-        Self { eps, dy: None }
+        Self { eps, dy: None, base: false, dx_narrow: None }
+    }
+
+    /// Whether `inputs` (`x`, `gamma`, `dy`, and `base` with [`LayerNormGrad::base`]) and
+    /// `outputs` (`dx`, `dgamma`, `dbeta`, and the narrow `dx` with
+    /// [`LayerNormGrad::dx_narrow`]) fit the op, or why not: `x` and `gamma` as
+    /// [`layer_norm_features`] says, `dy` of `x`'s shape in [`LayerNormGrad::dy_dtype`],
+    /// `dx` and a base like `x`, `dgamma` and `dbeta` like `gamma`, a narrow `dx` of `x`'s
+    /// shape in bf16 or f16 from f32. The graph's shape rule and the kernels ask it.
+    pub fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let wanted = (3 + usize::from(self.base), 3 + usize::from(self.dx_narrow.is_some()));
+        let (Some([x, gamma, dy]), Some([dx, dgamma, dbeta])) = (
+            inputs.get(..3).filter(|_| inputs.len() == wanted.0),
+            outputs.get(..3).filter(|_| outputs.len() == wanted.1),
+        ) else {
+            return Err(format!(
+                "takes {} inputs and gives {} outputs, but has {} and {}",
+                wanted.0,
+                wanted.1,
+                inputs.len(),
+                outputs.len()
+            ));
+        };
+        if let Some(narrow) = self.dx_narrow {
+            narrowing("layer_norm_grad", "dx_narrow", narrow, x.dtype)?;
+            let expected = TensorMeta::new(x.shape.clone(), narrow);
+            if outputs[3] != expected {
+                return Err(format!("the narrow dx must be {expected} for the input {x}, got {}", outputs[3]));
+            }
+        }
+        layer_norm_features(self.eps, x, &[gamma])?;
+        let expected = TensorMeta::new(x.shape.clone(), self.dy_dtype(x.dtype)?);
+        if *dy != expected {
+            return Err(format!("dy must be {expected} for the input {x}, got {dy}"));
+        }
+        if let Some(base) = inputs.get(3).filter(|&base| base != x) {
+            return Err(format!("the base added to dx must match the input {x}, got {base}"));
+        }
+        if dx != x || dgamma != gamma || dbeta != gamma {
+            return Err(format!(
+                "dx must match the input {x} and dgamma and dbeta gamma {gamma}, got {dx}, {dgamma} and {dbeta}"
+            ));
+        }
+        Ok(())
     }
 
     /// The dtype `dy` must have for an `x` (and `gamma`) of `input`, or why the pair is

@@ -371,6 +371,38 @@ impl<'a> Lowering<'a> {
         }
     }
 
+    /// Points every reference to register `old` at `new` instead: the actors' inputs, the
+    /// variables and the lowering's own maps, so `old` may then be removed
+    /// ([`Lowering::remove_registers`]). `new`'s own fields (its readers among them) are
+    /// the caller's to set.
+    pub(crate) fn replace_register(&mut self, old: RegstDescId, new: RegstDescId) {
+        let swap = |r: &mut RegstDescId| {
+            if *r == old {
+                *r = new;
+            }
+        };
+        let plan = self.b.plan_mut();
+        plan.actors.iter_mut().flat_map(|a| a.inputs.iter_mut()).for_each(swap);
+        self.out.variables.iter_mut().for_each(|v| swap(&mut v.regst));
+        let reg = |r: &Reg| Reg { desc: if r.desc == old { new } else { r.desc }, window: r.window };
+        for regs in self.regs.values_mut() {
+            regs.iter_mut().for_each(|r| *r = reg(r));
+        }
+        self.windows_of = self.windows_of.drain().map(|(r, w)| (reg(&r), w)).collect();
+        self.copies_out = self
+            .copies_out
+            .drain()
+            .map(|(r, mut copy)| {
+                (reg(&r), {
+                    swap(&mut copy);
+                    copy
+                })
+            })
+            .collect();
+        self.ticks.iter_mut().flatten().for_each(swap);
+        self.step_ticks.values_mut().for_each(swap);
+    }
+
     /// Drops the `removed` registers and renumbers every reference to the rest: the actors'
     /// inputs, the variables, and the lowering's own maps (a register merged away, say the
     /// running totals inside a fused chain). No remaining actor may read a removed register
