@@ -146,3 +146,38 @@ fn on_a_gpu_the_folded_residual_gradients_train_to_the_unfolded_bits() {
         }
     }
 }
+
+/// A sum whose other operand is made from the gradient's own parameter gradients (a graph
+/// built by hand: autodiff never makes one) does not fold, since the gradient would then
+/// wait on itself; the plan builds and runs, folded or not, to the same values.
+#[test]
+fn a_sum_made_from_the_gradients_own_outputs_stays_an_add() {
+    use regflow::graph::{CompileOptions, HostArray, Shape};
+    let run = |fold: bool| {
+        let g = Graph::new();
+        let x = g.input("x", [4, 8], DType::F32).unwrap();
+        let gamma = g.input("gamma", [8], DType::F32).unwrap();
+        let dy = g.input("dy", [4, 8], DType::F32).unwrap();
+        let grads = g.apply(LayerNormGrad::new(1e-5), &[x, gamma, dy]).unwrap();
+        let other = grads[1].broadcast_to(&Shape::new(vec![4, 8])).unwrap();
+        let out = grads[0].add(&other).unwrap();
+        let options = CompileOptions { fold_norm_grads: fold, ..Default::default() };
+        let compiled = g.compile(&[out], &[], &options).unwrap();
+        let based = norm_grads(&compiled.plan).iter().filter(|(_, _, op)| op.base).count();
+        let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
+        let mut feeds = job.graph_feeds().unwrap();
+        let fetched = job.graph_fetcher(&compiled.fetches[0]).unwrap();
+        let values = |n: usize, seed: f32| (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect::<Vec<f32>>();
+        feeds.push("x", &HostArray::f32([4, 8], values(32, 1.0)).unwrap()).unwrap();
+        feeds.push("gamma", &HostArray::f32([8], values(8, 2.0)).unwrap()).unwrap();
+        feeds.push("dy", &HostArray::f32([4, 8], values(32, 3.0)).unwrap()).unwrap();
+        let got = fetched.recv().unwrap().unwrap();
+        feeds.close().unwrap();
+        drop((feeds, fetched));
+        job.wait().unwrap();
+        (based, got.to_le_bytes())
+    };
+    let (folded, apart) = (run(true), run(false));
+    assert_eq!(folded.0, 0, "a sum made from dgamma folded into the gradient that makes dgamma");
+    assert_eq!(folded.1, apart.1);
+}

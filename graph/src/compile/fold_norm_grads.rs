@@ -12,7 +12,9 @@
 //! What folds, on one stream of a cpu, sim or cuda device, no actor involved reading
 //! through a window: an f32 or f64 `add` of two operands of its output's dtype and shape
 //! (one output, or two with the 16-bit copy), one the `dx` of a plain `layer_norm_grad`
-//! (no base, no copy yet) read by the add alone. The other operand becomes the base.
+//! (no base, no copy yet) read by the add alone. The other operand becomes the base,
+//! unless it is made from the gradient's other outputs (the fold would then wait on
+//! itself).
 //!
 //! Registers keep their plan order (an actor's outputs are its registers in descriptor
 //! order): the gradient's `dx` register stays where it is and takes the add's name and
@@ -142,5 +144,44 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
         && !sum_desc.aliased_slots;
     let copy_last = narrow.as_ref().is_none_or(|(r, _)| index.outputs_of(grad).iter().all(|o| o < r));
     let reads_base = plan.actors[grad.index()].inputs.contains(&base);
-    (alike && copy_last && !reads_base).then(|| Fold { grad, op, add, dx, sum, narrow, base, base_meta: out.clone() })
+    if !alike || !copy_last || reads_base {
+        return None;
+    }
+    // Reading the base must not make the gradient wait on itself: the base may not be
+    // made from its other outputs (autodiff never does so: activation gradients do not
+    // depend on parameter gradients, but a graph built by hand may).
+    let base_producer = plan.regst_descs[base.index()].producer;
+    let others = index.outputs_of(grad).get(1..).unwrap_or_default();
+    (!made_from(index, others, base_producer)).then(|| Fold {
+        grad,
+        op,
+        add,
+        dx,
+        sum,
+        narrow,
+        base,
+        base_meta: out.clone(),
+    })
+}
+
+/// Whether actor `target` reads, directly or through other actors, any of the registers
+/// `from` (within a step: preloaded registers, which carry values to the next one, are
+/// not followed).
+fn made_from(index: &PlanIndex<'_>, from: &[RegstDescId], target: ActorIndex) -> bool {
+    let plan = index.plan();
+    let readers = |r: &RegstDescId| {
+        let desc = &plan.regst_descs[r.index()];
+        (desc.preloaded == 0).then_some(desc.consumers.iter().copied()).into_iter().flatten()
+    };
+    let mut seen = vec![false; plan.actors.len()];
+    let mut stack: Vec<ActorIndex> = from.iter().flat_map(readers).collect();
+    while let Some(actor) = stack.pop() {
+        if actor == target {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[actor.index()], true) {
+            stack.extend(index.outputs_of(actor).iter().flat_map(readers));
+        }
+    }
+    false
 }
