@@ -6,11 +6,14 @@
 //!
 //! ```text
 //! cargo run --release --example bench_gpt -- [steps] [threads] [trace.json] [--fused-attention]
+//!     [--unfolded-norm-grads]
 //! ```
 //!
 //! A third argument records a Chrome-trace timeline of the run to that file.
 //! `--fused-attention` runs each block's attention as one `attention` op (the tiled CPU
 //! kernel, `kernels/src/cpu/attention`) instead of the products around a masked softmax.
+//! `--unfolded-norm-grads` compiles with `fold_norm_grads` off: each block's residual
+//! gradients summed by `add`s of their own instead of by the layer norm gradients.
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -43,7 +46,9 @@ fn main() -> Result<(), regflow::Report> {
     let loss = model.loss(&model.logits(&ids, &mask)?, &targets)?;
     // train_char_gpt's optimizer without its schedule (a schedule costs one scalar op).
     let train = g.minimize(loss, &Optimizer::adamw(6e-3, 0.01).with_clip_norm(1.0))?;
-    let compiled = g.compile(&[train.loss], &train.updates, &CompileOptions::default())?;
+    let fold_norm_grads = !std::env::args().any(|a| a == "--unfolded-norm-grads");
+    let options = CompileOptions { fold_norm_grads, ..CompileOptions::default() };
+    let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(threads);
     if let Some(path) = &trace {
         builder = builder.trace(path);

@@ -26,6 +26,19 @@ fn nvrtc_or_skip() -> bool {
     }
 }
 
+/// The assembler `REGFLOW_PTXAS` names, where NVRTC is usable too; `None` (after saying
+/// why) where either is missing.
+fn ptxas_or_skip() -> Option<std::ffi::OsString> {
+    if !nvrtc_or_skip() {
+        return None;
+    }
+    let ptxas = std::env::var_os("REGFLOW_PTXAS");
+    if ptxas.is_none() {
+        eprintln!("skipped: REGFLOW_PTXAS does not name a ptxas to assemble the PTX with");
+    }
+    ptxas
+}
+
 #[test]
 fn every_source_compiles_for_every_architecture() {
     if !nvrtc_or_skip() {
@@ -52,13 +65,7 @@ fn every_source_compiles_for_every_architecture() {
 /// installs it from the `nvidia-cuda-nvcc` package); without it the test skips.
 #[test]
 fn every_source_assembles_for_the_real_architectures() {
-    if !nvrtc_or_skip() {
-        return;
-    }
-    let Some(ptxas) = std::env::var_os("REGFLOW_PTXAS") else {
-        eprintln!("skipped: REGFLOW_PTXAS does not name a ptxas to assemble the PTX with");
-        return;
-    };
+    let Some(ptxas) = ptxas_or_skip() else { return };
     let dir = std::env::temp_dir().join(format!("regflow-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     for source in SOURCES {
@@ -180,13 +187,7 @@ fn resources(ptxas: &std::ffi::OsStr, ptx: &str, gpu: &str) -> std::collections:
 /// shared memory say how many blocks fit. Both variants' figures are printed.
 #[test]
 fn the_tensor_core_attention_entries_fit_the_blocks_per_sm_they_are_compiled_for() {
-    if !nvrtc_or_skip() {
-        return;
-    }
-    let Some(ptxas) = std::env::var_os("REGFLOW_PTXAS") else {
-        eprintln!("skipped: REGFLOW_PTXAS does not name a ptxas to assemble the PTX with");
-        return;
-    };
+    let Some(ptxas) = ptxas_or_skip() else { return };
     let source = SOURCES.iter().find(|s| s.name == "attention").expect("attention.cu");
     // Shared memory per SM: A100 164 KiB, H100 and H200 228 KiB.
     let gpus = [("compute_80", "sm_80", 167_936), ("compute_90", "sm_90", 233_472)];

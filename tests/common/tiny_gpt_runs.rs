@@ -57,6 +57,16 @@ impl Runs {
         g.minimize(loss, &Optimizer::adamw(3e-3, 1e-4).with_clip_norm(1.0)).unwrap()
     }
 
+    /// Trains `apart` on one thread (its loss must fall) and `folded` on one thread and on
+    /// two: the folded plan must give the unfolded one's losses and variables, bit for bit.
+    pub(crate) fn assert_same_bits(&self, folded: &CompiledGraph, apart: &CompiledGraph, what: &str) {
+        let want = self.train(apart, 1);
+        assert!(f64::from_bits(want.0[self.steps - 1]) < f64::from_bits(want.0[0]), "{what}: {:?}", want.0);
+        for threads in [1, 2] {
+            assert_eq!(self.train(folded, threads), want, "{what}, {threads} threads");
+        }
+    }
+
     /// Losses (as bits) and every variable's final value after the steps of `compiled` on
     /// `threads` threads per device.
     pub(crate) fn train(&self, compiled: &CompiledGraph, threads: usize) -> (Vec<u64>, Vec<(String, HostArray)>) {
