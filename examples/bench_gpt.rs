@@ -6,14 +6,16 @@
 //!
 //! ```text
 //! cargo run --release --example bench_gpt -- [steps] [threads] [trace.json] [--fused-attention]
-//!     [--unfolded-norm-grads]
+//!     [--unfolded-norm-grads] [--unfolded-norm-inputs]
 //! ```
 //!
 //! A third argument records a Chrome-trace timeline of the run to that file.
 //! `--fused-attention` runs each block's attention as one `attention` op (the tiled CPU
 //! kernel, `kernels/src/cpu/attention`) instead of the products around a masked softmax.
 //! `--unfolded-norm-grads` compiles with `fold_norm_grads` off: each block's residual
-//! gradients summed by `add`s of their own instead of by the layer norm gradients.
+//! gradients summed by `add`s of their own instead of by the layer norm gradients;
+//! `--unfolded-norm-inputs` with `fold_norm_inputs` off (the residual adds before the
+//! norms as `add`s of their own).
 
 #[path = "common/gpt.rs"]
 mod gpt;
@@ -47,7 +49,8 @@ fn main() -> Result<(), regflow::Report> {
     // train_char_gpt's optimizer without its schedule (a schedule costs one scalar op).
     let train = g.minimize(loss, &Optimizer::adamw(6e-3, 0.01).with_clip_norm(1.0))?;
     let fold_norm_grads = !std::env::args().any(|a| a == "--unfolded-norm-grads");
-    let options = CompileOptions { fold_norm_grads, ..CompileOptions::default() };
+    let fold_norm_inputs = !std::env::args().any(|a| a == "--unfolded-norm-inputs");
+    let options = CompileOptions { fold_norm_grads, fold_norm_inputs, ..CompileOptions::default() };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(threads);
     if let Some(path) = &trace {

@@ -8,7 +8,7 @@
 //!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
 //!     [--peak-tflops 989] [--trace PATH] [--layers N] [--attention composed|fused]
 //!     [--plan-only] [--dry-run] [--lone-casts] [--unfolded-casts] [--unfolded-table-grads]
-//!     [--unfolded-norm-grads] [--pad-vocab 64]
+//!     [--unfolded-norm-grads] [--unfolded-norm-inputs] [--pad-vocab 64]
 //! ```
 //!
 //! `--pad-vocab 64` pads the logits' columns to a multiple of 64 (50257 to 50304, as
@@ -29,6 +29,8 @@
 //! `--unfolded-norm-grads` compiles with `fold_norm_grads` off: each block's residual
 //! gradient (the gradient from above plus its layer norm gradient's `dx`, and the sum's
 //! bf16 copy) is summed by an `add` of its own instead of by the layer norm gradient.
+//! `--unfolded-norm-inputs` compiles with `fold_norm_inputs` off: each residual add whose
+//! sum a layer norm reads runs as an `add` of its own instead of inside the norm.
 //!
 //! `--attention fused` runs each block's attention as one `attention` op (flash attention
 //! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,
@@ -152,8 +154,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let fold_casts = !std::env::args().any(|a| a == "--unfolded-casts");
     let fold_table_grads = !std::env::args().any(|a| a == "--unfolded-table-grads");
     let fold_norm_grads = !std::env::args().any(|a| a == "--unfolded-norm-grads");
-    let options =
-        CompileOptions { device, fuse_casts, fold_casts, fold_table_grads, fold_norm_grads, ..Default::default() };
+    let fold_norm_inputs = !std::env::args().any(|a| a == "--unfolded-norm-inputs");
+    let options = CompileOptions {
+        device,
+        fuse_casts,
+        fold_casts,
+        fold_table_grads,
+        fold_norm_grads,
+        fold_norm_inputs,
+        ..Default::default()
+    };
     let compiled = g.compile(&[train.loss], &train.updates, &options)?;
     if std::env::args().any(|a| a == "--plan-only") {
         // What the step needs per device, without a device: the plan's memory layout.

@@ -164,8 +164,9 @@ old_attention="ATT_OCCUPANCY=0,ATT_PART=64"
         padded_against "${UNFOLDED_TABLE_ROUNDS:-2}" --unfolded-table-grads "table gradients folded"
       fi
       if [ "${UNFOLDED_NORM:-1}" = 1 ]; then
-        # Each block's residual gradient summed by an add of its own (fold_norm_grads off).
-        padded_against "${UNFOLDED_NORM_ROUNDS:-2}" --unfolded-norm-grads "norm gradients folded"
+        # The residual adds and the residual gradients' sums each an add of its own
+        # (fold_norm_inputs and fold_norm_grads off).
+        padded_against "${UNFOLDED_NORM_ROUNDS:-2}" "--unfolded-norm-grads --unfolded-norm-inputs" "norm folds"
       fi
       if [ "${ATTENTION_AB:-1}" = 1 ]; then
         # The tensor-core attention entries without their occupancy caps and with whole

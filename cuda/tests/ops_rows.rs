@@ -235,7 +235,7 @@ fn layer_norm_with_16_bit_output_or_dy_matches_the_cast_and_the_f32_op() {
             let x = common::array(&dims, DType::F32, 21);
             let (gamma, beta) = (common::array(&[len], DType::F32, 22), common::array(&[len], DType::F32, 23));
             let what = format!("layer_norm f32 -> {low} {dims:?}");
-            let op = LayerNorm { eps: 1e-5, out: Some(low) };
+            let op = LayerNorm { out: Some(low), ..LayerNorm::new(1e-5) };
             let folded = common::conf(&op, &[&x, &gamma, &beta], &[meta(&dims, low)]);
             common::check_both(&what, &folded, &[&x, &gamma, &beta], gpu, tolerance(low));
             let plain = common::conf(&LayerNorm::new(1e-5), &[&x, &gamma, &beta], &[meta(&dims, DType::F32)]);
@@ -511,6 +511,47 @@ fn layer_norm_grad_with_a_base_and_a_copy_matches_the_add_and_the_cast() {
                     let cast = common::run(&cast, &[&want[0]], Some(gpu)).remove(0);
                     assert_eq!(got[3].to_le_bytes(), cast.to_le_bytes(), "{what}: the copy is not the cast's bits");
                 }
+            }
+        }
+    }
+}
+
+/// A layer norm with a summand (`LayerNorm::residual`), the residual add before it folded
+/// in (`graph/src/compile/fold_norm_inputs.rs`): on the GPU bitwise an `add` (on the GPU)
+/// then the norm, the sum as its first output; within the usual tolerance of the CPU
+/// kernels; in runs and element by element, on the warp-per-row and block-per-row entries,
+/// in f32 with an f32, bf16 or f16 summand (and a bf16 output) and in f64.
+#[test]
+fn layer_norm_with_a_summand_matches_the_add_then_the_norm() {
+    use regflow_plan::ops::{Binary, BinaryKind};
+    let Some((device, stream)) = common::gpu_or_skip() else { return };
+    let gpu = (&device, &stream);
+    let cases = [
+        (DType::F32, DType::F32, None),
+        (DType::F32, DType::Bf16, Some(DType::Bf16)),
+        (DType::F32, DType::F16, None),
+        (DType::F64, DType::F64, None),
+    ];
+    for (dtype, b_dtype, out) in cases {
+        for (rows, len) in [(7, 1), (5, 33), (37, 256), (9, 768), (33, 1500)] {
+            let dims = vec![rows, len];
+            let (a, b) = (common::array(&dims, dtype, 41), common::array(&dims, b_dtype, 42));
+            let (gamma, beta) = (common::array(&[len], dtype, 43), common::array(&[len], dtype, 44));
+            let y_meta = meta(&dims, out.unwrap_or(dtype));
+            let norm = LayerNorm { out, ..LayerNorm::new(1e-5) };
+            let op = LayerNorm { residual: Some(b_dtype), ..norm };
+            let inputs = [&a, &gamma, &beta, &b];
+            let folded = common::conf(&op, &inputs, &[meta(&dims, dtype), y_meta.clone()]);
+            let what = format!("layer_norm {dtype} + {b_dtype} -> {out:?} {dims:?}");
+            common::check_both(&what, &folded, &inputs, gpu, tolerance(out.unwrap_or(dtype)));
+            let got = common::run(&folded, &inputs, Some(gpu));
+            let add = common::conf(&Binary(BinaryKind::Add), &[&a, &b], &[meta(&dims, dtype)]);
+            let sum = common::run(&add, &[&a, &b], Some(gpu)).remove(0);
+            let plain = common::conf(&norm, &[&sum, &gamma, &beta], std::slice::from_ref(&y_meta));
+            let y = common::run(&plain, &[&sum, &gamma, &beta], Some(gpu)).remove(0);
+            if !device.is_dry() {
+                assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum is not the add's bits");
+                assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: y is not the norm's bits");
             }
         }
     }

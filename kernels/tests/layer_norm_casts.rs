@@ -44,7 +44,7 @@ fn a_layer_norm_writing_16_bits_is_the_f32_layer_norm_cast() {
             let out = TensorMeta::new(dims, low);
             let cast = run(&Cast { to: low }, &[&wide], std::slice::from_ref(&out), 1).remove(0);
             for threads in [1, 3] {
-                let op = LayerNorm { eps: 1e-5, out: Some(low) };
+                let op = LayerNorm { out: Some(low), ..LayerNorm::new(1e-5) };
                 let folded = run(&op, &[&x, &gamma, &beta], std::slice::from_ref(&out), threads).remove(0);
                 assert_eq!(folded.meta(), out);
                 let what = format!("{low} {dims:?} on {threads} threads");
@@ -107,7 +107,7 @@ fn other_dtype_pairs_are_refused_naming_the_op_and_the_dtypes() {
     let meta = |dtype: DType| TensorMeta::new([4, 8], dtype);
     let params = |dtype: DType| TensorMeta::new([8], dtype);
     let norm = |x: DType, out: Option<DType>, y: DType| {
-        refusal(&LayerNorm { eps: 1e-5, out }, &[meta(x), params(x), params(x)], &[meta(y)])
+        refusal(&LayerNorm { out, ..LayerNorm::new(1e-5) }, &[meta(x), params(x), params(x)], &[meta(y)])
     };
     // An `out` that is no 16-bit float, one from f64, and a 16-bit input.
     let e = norm(DType::F32, Some(DType::F64), DType::F64);
@@ -191,4 +191,56 @@ fn a_layer_norm_gradient_with_a_base_is_the_gradient_then_the_add() {
     assert!(e.contains("the narrow dx must be [4, 8] bf16") || e.contains("narrow dx must be"), "{e}");
     let e = refusal(&LayerNormGrad { dx_narrow: Some(DType::F64), ..op }, &inputs, &with_copy);
     assert!(e.contains("layer_norm_grad with dx_narrow = f64") && e.contains("bf16 or f16"), "{e}");
+}
+
+/// A layer norm with a summand (`LayerNorm::residual`, `compile/fold_norm_inputs.rs`)
+/// writes the `add` of its two summands (a 16-bit one widened) as its first output and the
+/// norm of that sum as its second, with the bits of the add then the norm (then the cast,
+/// for a 16-bit output), on one thread and three.
+#[test]
+fn a_layer_norm_with_a_summand_is_the_add_then_the_norm() {
+    use regflow_plan::ops::{Binary, BinaryKind};
+    let cases = [
+        (DType::F32, DType::F32, None),
+        (DType::F64, DType::F64, None),
+        (DType::F32, DType::Bf16, Some(DType::Bf16)),
+        (DType::F32, DType::F16, Some(DType::F16)),
+        (DType::F32, DType::Bf16, None),
+    ];
+    for (x_dtype, b_dtype, out) in cases {
+        for (rows, features) in SHAPES {
+            let dims = [rows, features];
+            let (a, b) = (random(&dims, x_dtype, 11), random(&dims, b_dtype, 12));
+            let (gamma, beta) = (random(&[features], x_dtype, 13), random(&[features], x_dtype, 14));
+            let sum = run(&Binary(BinaryKind::Add), &[&a, &b], &[a.meta()], 1).remove(0);
+            let norm = LayerNorm { out, ..LayerNorm::new(1e-5) };
+            let y_meta = TensorMeta::new(dims, out.unwrap_or(x_dtype));
+            let y = run(&norm, &[&sum, &gamma, &beta], std::slice::from_ref(&y_meta), 1).remove(0);
+            for threads in [1, 3] {
+                let op = LayerNorm { residual: Some(b_dtype), ..norm };
+                let got = run(&op, &[&a, &gamma, &beta, &b], &[a.meta(), y_meta.clone()], threads);
+                let what = format!("x {x_dtype}, b {b_dtype}, out {out:?}, {dims:?} on {threads} threads");
+                assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum");
+                assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: the norm");
+            }
+        }
+    }
+    // A summand of another shape or dtype, or a missing sum output, is refused naming the op.
+    let (x, p) = (TensorMeta::new([4, 8], DType::F32), TensorMeta::new([8], DType::F32));
+    let op = LayerNorm { residual: Some(DType::Bf16), ..LayerNorm::new(1e-5) };
+    let e =
+        refusal(&op, &[x.clone(), p.clone(), p.clone(), TensorMeta::new([4, 8], DType::F16)], &[x.clone(), x.clone()]);
+    assert!(e.contains("layer_norm") && e.contains("the summand added to the input must be bf16[4, 8]"), "{e}");
+    let e = refusal(
+        &op,
+        &[x.clone(), p.clone(), p.clone(), TensorMeta::new([4, 8], DType::Bf16)],
+        std::slice::from_ref(&x),
+    );
+    assert!(e.contains("takes 4 inputs and gives 2 output(s), but has 4 and 1"), "{e}");
+    let f64_op = LayerNorm { residual: Some(DType::Bf16), ..LayerNorm::new(1e-5) };
+    let x64 = TensorMeta::new([4, 8], DType::F64);
+    let p64 = TensorMeta::new([8], DType::F64);
+    let e =
+        refusal(&f64_op, &[x64.clone(), p64.clone(), p64, TensorMeta::new([4, 8], DType::Bf16)], &[x64.clone(), x64]);
+    assert!(e.contains("layer_norm with residual = bf16 needs f32 inputs, got f64"), "{e}");
 }

@@ -167,13 +167,38 @@ template <typename T> __device__ void row_stats(const T* xr, u64 len, T eps, T* 
 }
 
 // y = (x - mean) · rstd · gamma + beta per row of `len` features, computed in T and stored
+// One addition, never contracted into a multiply-add (as an `add` op's is not): the
+// folded adds' sums (`LayerNorm::residual`, `LayerNormGrad::base`) keep the add's bits.
+__device__ __forceinline__ float exact_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double exact_add(double a, double b) { return __dadd_rn(a, b); }
+// Element i of a summand stored as `kind` (1: T itself, 2: bf16, 3: f16, widened exactly).
+template <typename T> __device__ __forceinline__ T summand_at(const void* b, u32 kind, u64 i) {
+    if (kind == 2) return (T)ld((const bf16*)b + i);
+    if (kind == 3) return (T)ld((const f16*)b + i);
+    return ((const T*)b)[i];
+}
+// Element i of a 16-bit copy stored as `kind` (1: bf16, 2: f16, 0: none), rounded as a cast.
+template <typename T> __device__ __forceinline__ void st_narrow(void* narrow, u32 kind, u64 i, T v) {
+    if (kind == 1) st((bf16*)narrow + i, (float)v);
+    else if (kind == 2) st((f16*)narrow + i, (float)v);
+}
+
 // as Y: T, or (mixed precision's cast folded into the norm) bf16 or f16 from f32, rounded
 // by the conversion the cast kernels use, so the bits are those of the cast of the f32 y.
+// With a summand (`LayerNorm::residual`: `b` non-null) the row is x + b, written to `sum`
+// first and normalized from there.
 template <typename T, typename Y>
-__device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, Y* y, u64 rows, u64 len, T eps) {
+__device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, Y* y, u64 rows, u64 len, T eps,
+                                const void* b, u32 b_kind, T* sum) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
         const T* xr = x + r * len;
+        if (b) {
+            FOR_EACH_COL(j, len) sum[r * len + j] = exact_add(xr[j], summand_at<T>(b, b_kind, r * len + j));
+            // The row's sum, written by every thread of the block, is read by all of them.
+            __syncthreads();
+            xr = sum + r * len;
+        }
         T mean, rstd;
         row_stats(xr, len, eps, scratch, &mean, &rstd);
         FOR_EACH_COL(j, len) st(y + r * len + j, (xr[j] - mean) * rstd * gamma[j] + beta[j]);
@@ -183,9 +208,10 @@ __device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, Y* y,
 // One block per row for one set of element types: S their suffix, T the input's and the
 // computation's, Y the output's: T itself, or bf16 or f16 from f32 (`_f32_<out>`).
 #define LAYER_NORM_ENTRY(S, T, Y)                                                                          \
-    extern "C" __global__ void regflow_layer_norm_##S(                                                     \
-        const T* x, const T* gamma, const T* beta, Y* y, u64 rows, u64 len, T eps) {                       \
-        layer_norm_rows(x, gamma, beta, y, rows, len, eps);                                                \
+    extern "C" __global__ void regflow_layer_norm_##S(const T* x, const T* gamma, const T* beta, Y* y,      \
+                                                      u64 rows, u64 len, T eps, const void* b, u32 b_kind,  \
+                                                      T* sum) {                                             \
+        layer_norm_rows(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                \
     }
 LAYER_NORM_ENTRY(f32, float, float)
 LAYER_NORM_ENTRY(f64, double, double)
@@ -247,16 +273,8 @@ __device__ void layer_norm_params_grad(const T* x_hat, const D* dy, T* dgamma, T
     layer_norm_params_columns(dgamma, dbeta, rows, len, XHatTerms<T, D>{x_hat, dy, len});
 }
 
-// `LayerNormGrad::base` and `dx_narrow`: the computed dx plus the base, one addition (never
-// contracted into a multiply-add, as an `add` op's is not), and the sum's 16-bit copy
-// (`narrow_kind` 1: bf16, 2: f16, 0: none) rounded as a cast rounds it.
-__device__ __forceinline__ float exact_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double exact_add(double a, double b) { return __dadd_rn(a, b); }
-template <typename T> __device__ __forceinline__ void st_narrow(void* narrow, u32 kind, u64 i, T v) {
-    if (kind == 1) st((bf16*)narrow + i, (float)v);
-    else if (kind == 2) st((f16*)narrow + i, (float)v);
-}
-
+// `LayerNormGrad::base` and `dx_narrow`: the computed dx plus the base (`exact_add`), and
+// the sum's 16-bit copy (`narrow_kind` 1: bf16, 2: f16, 0: none) rounded as a cast rounds.
 template <typename T, typename D>
 __device__ void layer_norm_dx_rows(const T* x, const T* gamma, const D* dy, T* dx, u64 rows, u64 len, T eps,
                                    const T* base, void* narrow, u32 narrow_kind) {
@@ -773,13 +791,11 @@ template <int N, typename T> __device__ __forceinline__ void st_lane(T* p, bool 
     }
 }
 
-// The row's values into v (0 past the end), and its mean and 1 / sqrt(var + eps), two
-// passes over the registers as row_stats does over memory.
+// The mean and 1 / sqrt(var + eps) of the row in v (0 past the end), two passes over the
+// registers as row_stats does over memory.
 template <int N>
-__device__ __forceinline__ void warp_row_stats(const float* xr, bool runs, u64 len, float eps, float* v, float* mean,
-                                               float* rstd) {
+__device__ __forceinline__ void warp_stats(const float* v, bool runs, u64 len, float eps, float* mean, float* rstd) {
     u32 lane = threadIdx.x & 31;
-    ld_lane<N>(xr, runs, len, v);
     float s = 0;
 #pragma unroll
     for (int k = 0; k < N; ++k) s += v[k];
@@ -794,6 +810,15 @@ __device__ __forceinline__ void warp_row_stats(const float* xr, bool runs, u64 l
     *rstd = 1.0f / m_sqrt(warp_all_sum(q) / (float)len + eps);
 }
 
+// The row's values into v (0 past the end), and its mean and 1 / sqrt(var + eps), two
+// passes over the registers as row_stats does over memory.
+template <int N>
+__device__ __forceinline__ void warp_row_stats(const float* xr, bool runs, u64 len, float eps, float* v, float* mean,
+                                               float* rstd) {
+    ld_lane<N>(xr, runs, len, v);
+    warp_stats<N>(v, runs, len, eps, mean, rstd);
+}
+
 // Whether the layer-norm rows of `len` at these pointers go in runs: rows fill all 32·N
 // places (so every row starts as its tensor does) and every tensor is 16-byte aligned.
 template <int N, typename C, typename D>
@@ -801,15 +826,37 @@ __device__ __forceinline__ bool layer_norm_runs(u64 len, const float* a, const f
     return len == 32u * N && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
 }
 
-// layer_norm_rows for one warp per row (y stored as Y: f32, or bf16 or f16 rounded).
+// This lane's N values of row r of a summand stored as `kind` (layer_norm_rows), widened.
+template <int N>
+__device__ __forceinline__ void ld_summand(const void* b, u32 kind, u64 at, bool runs, u64 len, float* w) {
+    if (kind == 2) ld_lane<N>((const bf16*)b + at, runs, len, w);
+    else if (kind == 3) ld_lane<N>((const f16*)b + at, runs, len, w);
+    else ld_lane<N>((const float*)b + at, runs, len, w);
+}
+
+// layer_norm_rows for one warp per row (y stored as Y: f32, or bf16 or f16 rounded; with
+// a summand, the row x + b written to `sum` and normalized from the registers).
 template <int N, typename Y>
 __device__ void layer_norm_warp(const float* x, const float* gamma, const float* beta, Y* y, u64 rows, u64 len,
-                                float eps) {
+                                float eps, const void* b, u32 b_kind, float* sum) {
     u32 lane = threadIdx.x & 31;
-    bool runs = layer_norm_runs<N>(len, x, gamma, beta, y);
+    // A summand's runs are 8 (16-bit) or 16 bytes (f32) a lane: aligned to that, and the
+    // sum to 16.
+    bool b_aligned = !b || ((u64)b % (b_kind == 1 ? 16 : 8) == 0 && aligned16(sum));
+    bool runs = layer_norm_runs<N>(len, x, gamma, beta, y) && b_aligned;
     FOR_EACH_WARP_ROW(r, rows) {
         float v[N], mean, rstd;
-        warp_row_stats<N>(x + r * len, runs, len, eps, v, &mean, &rstd);
+        if (b) {
+            float w[N];
+            ld_lane<N>(x + r * len, runs, len, v);
+            ld_summand<N>(b, b_kind, r * len, runs, len, w);
+#pragma unroll
+            for (int k = 0; k < N; ++k) v[k] = exact_add(v[k], w[k]);
+            st_lane<N>(sum + r * len, runs, len, v);
+            warp_stats<N>(v, runs, len, eps, &mean, &rstd);
+        } else {
+            warp_row_stats<N>(x + r * len, runs, len, eps, v, &mean, &rstd);
+        }
         // gamma and beta a run at a time: arrays of N of them took registers (and warps).
         if (runs) {
 #pragma unroll
@@ -971,18 +1018,21 @@ extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
         masked_softmax_grad_warp<f16, N>(y, dy, dx, rows, len, scale);                                            \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_w##N(const float* x, const float* gamma, const float* beta, \
-                                                           float* y, u64 rows, u64 len, float eps) {              \
-        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps);                                                    \
+                                                           float* y, u64 rows, u64 len, float eps, const void* b, \
+                                                           u32 b_kind, float* sum) {                              \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                    \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_bf16_w##N(const float* x, const float* gamma,               \
                                                                 const float* beta, bf16* y, u64 rows, u64 len,    \
-                                                                float eps) {                                      \
-        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps);                                                    \
+                                                                float eps, const void* b, u32 b_kind,             \
+                                                                float* sum) {                                     \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                    \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_f16_w##N(const float* x, const float* gamma,                \
                                                                const float* beta, f16* y, u64 rows, u64 len,      \
-                                                               float eps) {                                       \
-        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps);                                                    \
+                                                               float eps, const void* b, u32 b_kind,              \
+                                                               float* sum) {                                      \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                    \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_grad_f32_w##N(const float* x, const float* gamma,               \
                                                                 const float* dy, float* dx, float* parts,         \

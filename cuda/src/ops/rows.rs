@@ -380,37 +380,81 @@ fn layer_norm_rows(spec: &KernelSpec<'_>, conf: &OpConf) -> Result<(usize, usize
 
 /// `regflow_layer_norm_<dtype>[_w<N>]`, or for an f32 norm writing bf16 or f16
 /// `regflow_layer_norm_f32_<out>[_w<N>]`: each element computed in f32 and rounded as the
-/// cast kernels round.
+/// cast kernels round. With a summand (`LayerNorm::residual`) the same entries add it to
+/// the input first and write the sum too.
 fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError> {
     let conf = op_conf(spec)?;
     let op: LayerNorm = conf.parse_attrs().map_err(KernelError)?;
-    // f32 or f64 inputs, and the output's dtype the attributes give.
+    // Every meta against x's, the summand and the sum too; the output's dtype the
+    // attributes give.
     op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
+    let x = conf.inputs[0].dtype;
+    if !matches!(x, DType::F32 | DType::F64) {
+        return Err(fail(spec, conf, format!("computes in f32 or f64, got {}", conf.inputs[0])));
+    }
     let (entries, dtype) = match op.out {
-        None => {
-            let dtype = metas(spec, conf, 3, 1, &[])?;
-            // x and y share a meta, and so do gamma and beta.
-            same_meta(spec, conf, &[3])?;
-            ("layer_norm", dtype)
-        }
+        None => ("layer_norm", x),
         Some(out) => ("layer_norm_f32", out),
     };
-    if conf.inputs[2] != conf.inputs[1] {
-        return Err(fail(spec, conf, format!("beta {} must match gamma {}", conf.inputs[2], conf.inputs[1])));
-    }
     let (rows, features) = layer_norm_rows(spec, conf)?;
     let (function, grid) = row_entry(spec, entries, dtype, rows, features)?;
-    Ok(queued(RowsKernel {
+    // The kernels' code of the summand's storage: 1 x's dtype, 2 bf16, 3 f16.
+    let summand = match op.residual {
+        None => None,
+        Some(b) if b == x => Some((conf.input_map[3], 1)),
+        Some(DType::Bf16) => Some((conf.input_map[3], 2)),
+        Some(DType::F16) => Some((conf.input_map[3], 3)),
+        Some(other) => return Err(fail(spec, conf, format!("a {other} summand (broken invariant)"))),
+    };
+    Ok(queued(LayerNormKernel {
         function,
         grid,
-        // The arithmetic's: f64 passes an f64 eps, the others f32.
-        dtype: conf.inputs[0].dtype,
+        f64: x == DType::F64,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
-        three: true,
+        summand,
         rows: rows as u64,
         len: features as u64,
-        scalar: op.eps,
+        eps: op.eps,
     }))
+}
+
+/// `layer_norm` (see `rows.cu`): one launch, a block or a warp per row.
+#[derive(Debug)]
+struct LayerNormKernel {
+    function: Function,
+    grid: Grid,
+    /// f64 passes an f64 eps, f32 an f32 one.
+    f64: bool,
+    /// The actor inputs holding x, gamma and beta.
+    inputs: [usize; 3],
+    /// The actor input holding the summand and the kernels' code of its storage
+    /// (`LayerNorm::residual`): the sum is then output 0 and y output 1.
+    summand: Option<(usize, u32)>,
+    rows: u64,
+    len: u64,
+    eps: f64,
+}
+
+impl Kernel for LayerNormKernel {
+    fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
+        let [x, gamma, beta] = self.inputs.map(|i| io.input_addr(i));
+        // 0: no summand, no sum (the kernels test the pointer).
+        let (b, kind, sum, y) = match self.summand {
+            Some((i, kind)) => (io.input_addr(i), kind, io.output_addr(0), io.output_addr(1)),
+            None => (0, 0, 0, io.output_addr(0)),
+        };
+        let (f, g, rows, len) = (self.function, self.grid, self.rows, self.len);
+        // SAFETY: x, y, a summand and a sum hold `rows · len` elements, gamma and beta `len`
+        // (checked at build); the argument types are the kernels'.
+        unsafe {
+            if self.f64 {
+                launch(stream(io), f, g, &mut args![x, gamma, beta, y, rows, len, self.eps, b, kind, sum])
+            } else {
+                launch(stream(io), f, g, &mut args![x, gamma, beta, y, rows, len, self.eps as f32, b, kind, sum])
+            }
+        }?;
+        Ok(())
+    }
 }
 
 /// `layer_norm_grad` (see `rows.cu`): deterministic, no atomics, in one of two ways.

@@ -54,6 +54,7 @@ mod emit;
 mod error;
 mod fold_casts;
 mod fold_norm_grads;
+mod fold_norm_inputs;
 mod fold_table_grads;
 mod fuse_casts;
 mod fuse_norms;
@@ -184,6 +185,8 @@ fn lower_step(
     fold_table_grads::fold_table_grads(&mut low);
     // After fold_casts, which gives the residual gradients' sums their 16-bit copies.
     fold_norm_grads::fold_norm_grads(&mut low);
+    // After fold_casts, which makes the residual adds read their 16-bit operands.
+    fold_norm_inputs::fold_norm_inputs(&mut low);
     fuse_casts::fuse_casts(&mut low);
     // One step's estimated schedule orders the collectives and the memory-sharing chains of
     // a cpu plan ([`schedule`]); a pipeline's micro-batches interleave in ways one step does

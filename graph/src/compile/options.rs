@@ -74,6 +74,12 @@ pub struct CompileOptions {
     /// ([`LayerNormGrad::base`](crate::plan::ops::LayerNormGrad::base)). Results are
     /// bitwise the add's. Default on.
     pub fold_norm_grads: bool,
+    /// Fold a pre-norm block's residual add into the layer norm that reads its sum
+    /// (`compile/fold_norm_inputs.rs`): the norm adds the two summands itself
+    /// ([`LayerNorm::residual`](crate::plan::ops::LayerNorm::residual)), writes the sum as
+    /// its first output and normalizes it, instead of reading it back. Results are bitwise
+    /// the add's. Default on.
+    pub fold_norm_inputs: bool,
 }
 
 /// Gradient accumulation over micro-batches (see [`crate::TrainStep::accumulate`]).
@@ -113,6 +119,7 @@ impl Default for CompileOptions {
             fold_casts: true,
             fold_table_grads: true,
             fold_norm_grads: true,
+            fold_norm_inputs: true,
         }
     }
 }
@@ -135,6 +142,7 @@ impl CompileOptions {
             fold_casts: self.fold_casts,
             fold_table_grads: self.fold_table_grads,
             fold_norm_grads: self.fold_norm_grads,
+            fold_norm_inputs: self.fold_norm_inputs,
             ..ParallelOptions::new(mesh)
         })
     }
@@ -243,6 +251,12 @@ pub struct ParallelOptions {
     /// ([`LayerNormGrad::base`](crate::plan::ops::LayerNormGrad::base)). Results are
     /// bitwise the add's. Default on.
     pub fold_norm_grads: bool,
+    /// Fold a pre-norm block's residual add into the layer norm that reads its sum
+    /// (`compile/fold_norm_inputs.rs`): the norm adds the two summands itself
+    /// ([`LayerNorm::residual`](crate::plan::ops::LayerNorm::residual)), writes the sum as
+    /// its first output and normalizes it, instead of reading it back. Results are bitwise
+    /// the add's. Default on.
+    pub fold_norm_inputs: bool,
     /// Which streams run the cpu devices' collectives: comm streams of their own, the
     /// compute streams, or (the default) whichever suits the compiling host
     /// ([`CollectiveStreams`]).
@@ -406,6 +420,7 @@ impl ParallelOptions {
             fold_casts: true,
             fold_table_grads: true,
             fold_norm_grads: true,
+            fold_norm_inputs: true,
             collective_streams: CollectiveStreams::Auto,
             copy_streams: CopyStreams::Auto,
         }

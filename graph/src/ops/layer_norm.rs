@@ -13,9 +13,11 @@ impl OpDef for LayerNorm {
     }
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
-        let [x, gamma, beta] = inputs else { return Err(format!("takes 3 inputs, got {}", inputs.len())) };
-        regflow_plan::ops::layer_norm_features(self.eps, x, &[gamma, beta])?;
-        Ok(vec![TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?)])
+        let Some(x) = inputs.first() else { return Err("takes 3 inputs, got none".into()) };
+        let y = TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?);
+        let outputs = if self.residual.is_some() { vec![x.clone(), y] } else { vec![y] };
+        self.check(inputs, &outputs)?;
+        Ok(outputs)
     }
 
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {

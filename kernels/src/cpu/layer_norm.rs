@@ -14,7 +14,7 @@ use crate::cpu::shares::{in_shares, row_shares, rows_in_shares, DisjointParts};
 use crate::host::{HostCompute, HostContext};
 use half::slice::HalfFloatSliceExt;
 use regflow_plan::ops::*;
-use regflow_plan::{bf16, f16, DType, Element, HostTensor, HostTensorMut, Real, TensorMeta};
+use regflow_plan::{bf16, f16, DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, TensorMeta};
 use std::cell::RefCell;
 
 impl HostCompute for LayerNorm {
@@ -25,6 +25,20 @@ impl HostCompute for LayerNorm {
         outputs: &mut [HostTensorMut<'_>],
     ) -> Result<(), String> {
         let threads = context.threads;
+        // `LayerNorm::residual`: the sum first, into the first output; it is then the input.
+        let (sum, outputs) = match self.residual {
+            Some(_) => {
+                let (sum, rest) = outputs.split_at_mut(1);
+                add_summand(threads, inputs, &mut sum[0], inputs[1].len())?;
+                (Some(&sum[0]), rest)
+            }
+            None => (None, outputs),
+        };
+        let x = match sum {
+            Some(sum) => read_back(sum)?,
+            None => inputs[0],
+        };
+        let inputs = &[x, inputs[1], inputs[2]];
         let out = &mut outputs[0];
         match (self.out, inputs[0].dtype()) {
             (None, _) => {
@@ -42,24 +56,16 @@ impl HostCompute for LayerNorm {
     }
 
     /// f32 or f64 inputs (16-bit ones are cast to f32 first: mixed precision's autocast
-    /// does), `gamma` and `beta` of `[D]` for `x` of `[..., D]`, and the output `x`'s shape
-    /// in [`LayerNorm::output_dtype`].
+    /// does), and the rest as [`LayerNorm::check`] says.
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
-        let ([x, gamma, beta], [y]) = (inputs, outputs) else {
-            return Err(format!("takes 3 inputs and gives 1 output, but has {} and {}", inputs.len(), outputs.len()));
-        };
-        check_input_and_parameters(self.eps, x, &[gamma, beta])?;
-        let expected = TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?);
-        if *y != expected {
-            return Err(format!("the output must be {expected} for the input {x}, got {y}"));
-        }
-        Ok(())
+        self.check(inputs, outputs)?;
+        check_input_and_parameters(self.eps, &inputs[0], &[&inputs[1], &inputs[2]])
     }
 
-    /// A bf16 or f16 output is written as it is (module docs); otherwise every tensor is
-    /// f32 or f64, so nothing would be widened anyway.
+    /// A bf16 or f16 output or summand is taken as it is (module docs); otherwise every
+    /// tensor is f32 or f64, so nothing would be widened anyway.
     fn half_native(&self) -> bool {
-        self.out.is_some()
+        self.out.is_some() || self.residual.is_some_and(DType::is_half)
     }
 }
 
@@ -105,6 +111,61 @@ impl HostCompute for LayerNormGrad {
     fn half_native(&self) -> bool {
         self.dy.is_some() || self.dx_narrow.is_some()
     }
+}
+
+/// The sum of [`LayerNorm::residual`]: `sum = inputs[0] + inputs[3]` element by element, as
+/// a `binary` add computes it (`cpu/binary.rs`: a 16-bit `b` widened exactly, one addition
+/// in the sum's dtype), in shares of rows of `features` over `threads`.
+fn add_summand(
+    threads: usize,
+    inputs: &[HostTensor<'_>],
+    sum: &mut HostTensorMut<'_>,
+    features: usize,
+) -> Result<(), String> {
+    fn add<T: Real, B: Element>(
+        threads: usize,
+        (a, b): (&[T], &[B]),
+        sum: &mut [T],
+        features: usize,
+        widen: impl Fn(B) -> T + Sync,
+    ) {
+        if features == 0 {
+            return;
+        }
+        rows_in_shares(threads, sum, features, |rows, sum| {
+            let span = rows.start * features..rows.end * features;
+            for ((s, &a), &b) in sum.iter_mut().zip(&a[span.clone()]).zip(&b[span]) {
+                *s = a + widen(b);
+            }
+        });
+    }
+    let (a, b) = (inputs[0], inputs[3]);
+    match (sum.dtype(), b.dtype()) {
+        (DType::F32, DType::F32) => {
+            add(threads, (a.as_slice::<f32>()?, b.as_slice::<f32>()?), sum.as_mut_slice()?, features, |v| v)
+        }
+        (DType::F64, DType::F64) => {
+            add(threads, (a.as_slice::<f64>()?, b.as_slice::<f64>()?), sum.as_mut_slice()?, features, |v| v)
+        }
+        (DType::F32, DType::Bf16) => {
+            add(threads, (a.as_slice::<f32>()?, b.as_slice::<bf16>()?), sum.as_mut_slice()?, features, bf16::to_f32)
+        }
+        (DType::F32, DType::F16) => {
+            add(threads, (a.as_slice::<f32>()?, b.as_slice::<f16>()?), sum.as_mut_slice()?, features, f16::to_f32)
+        }
+        (x, b) => return Err(format!("layer_norm of {x} with a {b} summand is not supported (broken invariant)")),
+    }
+    Ok(())
+}
+
+/// What a kernel wrote into `t`, to be read as an input.
+fn read_back<'a>(t: &'a HostTensorMut<'_>) -> Result<HostTensor<'a>, String> {
+    let data = match &t.data {
+        HostSliceMut::F32(v) => HostSlice::F32(v),
+        HostSliceMut::F64(v) => HostSlice::F64(v),
+        _ => return Err(format!("layer_norm's sum is {} (broken invariant)", t.dtype())),
+    };
+    Ok(HostTensor { shape: t.shape, data })
 }
 
 /// `narrow[i] = round(wide[i])` over rows of `features`, in shares of rows over `threads`

@@ -16,12 +16,61 @@ pub struct LayerNorm {
     /// `None` (the default, left out of plan files): the input's dtype.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub out: Option<DType>,
+    /// The dtype of a second summand `b`, a fourth input of the first one's shape: the
+    /// norm's input is `x = input 0 + b`, computed as an `add` of the two computes it (a
+    /// bf16 or f16 `b` beside f32 widened exactly), written as the first output, and
+    /// normalized into the second: the residual stream's add before a pre-norm block's
+    /// norm, whose sum the norm no longer reads back (`graph/src/compile/fold_norm_inputs.rs`).
+    /// `b` has input 0's dtype, or is bf16 or f16 beside f32. `None` (the default, left
+    /// out of plan files): three inputs, one output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual: Option<DType>,
 }
 
 impl LayerNorm {
     /// A layer norm whose output has its input's dtype.
     pub fn new(eps: f64) -> Self {
-        Self { eps, out: None }
+        Self { eps, out: None, residual: None }
+    }
+
+    /// Whether `inputs` (`x`, `gamma`, `beta`, and `b` with [`LayerNorm::residual`]) and
+    /// `outputs` (`y`, or the sum and `y`) fit the op, or why not: `x` and the parameters
+    /// as [`layer_norm_features`] says, `y` of `x`'s shape in [`LayerNorm::output_dtype`],
+    /// `b` of `x`'s shape in the residual's dtype, the sum like `x`. The graph's shape rule
+    /// and the kernels ask it.
+    pub fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
+        let wanted = match self.residual {
+            None => (3, 1),
+            Some(_) => (4, 2),
+        };
+        let Some([x, gamma, beta]) = inputs.get(..3).filter(|_| (inputs.len(), outputs.len()) == wanted) else {
+            return Err(format!(
+                "takes {} inputs and gives {} output(s), but has {} and {}",
+                wanted.0,
+                wanted.1,
+                inputs.len(),
+                outputs.len()
+            ));
+        };
+        layer_norm_features(self.eps, x, &[gamma, beta])?;
+        if let Some(residual) = self.residual {
+            if residual != x.dtype {
+                narrowing("layer_norm", "residual", residual, x.dtype)?;
+            }
+            let expected = TensorMeta::new(x.shape.clone(), residual);
+            if inputs[3] != expected {
+                return Err(format!("the summand added to the input must be {expected}, got {}", inputs[3]));
+            }
+            if outputs[0] != *x {
+                return Err(format!("the sum must match the input {x}, got {}", outputs[0]));
+            }
+        }
+        let expected = TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?);
+        let y = &outputs[outputs.len() - 1];
+        if *y != expected {
+            return Err(format!("the output must be {expected} for the input {x}, got {y}"));
+        }
+        Ok(())
     }
 
     /// The output dtype of this op on an input (and scale and shift) of `input`, or why
