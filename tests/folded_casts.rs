@@ -45,8 +45,8 @@ fn compile_on(kind: DeviceKind, precision: Precision, devices: usize, fold_casts
     let step = RUNS.step(&g, &mesh, Some(precision), 1);
     // The tied table's gradient sum stays an add (`tests/folded_table_grads.rs` folds it):
     // one of the adds counted here, whose 16-bit operand's cast folds into it. So do the
-    // residual gradients' sums (`tests/folded_norm_grads.rs` folds them with their copies)
-    // and the residual adds (`tests/folded_norm_inputs.rs` folds them into the norms).
+    // residual gradients' sums (`tests/folded_norms.rs` folds them with their copies)
+    // and the residual adds (the same tests fold them into the norms).
     let options = ParallelOptions {
         fold_casts,
         fold_table_grads: false,

@@ -12,12 +12,12 @@ mod gpt;
 #[path = "common/tiny_gpt_runs.rs"]
 mod tiny_gpt_runs;
 
-use regflow::graph::plan::{ActorKind, KernelConf, OpConf, Plan};
+use regflow::graph::plan::{ActorKind, KernelConf, Plan};
 use regflow::graph::sbp::Mesh;
 use regflow::graph::{CompiledGraph, DType, Graph, ParallelOptions, Precision};
 use regflow::plan::ops::EmbeddingGrad;
 use regflow::prelude::*;
-use tiny_gpt_runs::RUNS;
+use tiny_gpt_runs::{low, ops, RUNS};
 
 /// How a step is compiled: its precision, the vocabulary's padding multiple (1: none), its
 /// devices, and whether the table's gradients fold.
@@ -38,28 +38,6 @@ fn compile(kind: DeviceKind, setup: Setup) -> CompiledGraph {
     g.compile_parallel(&[step.loss], &step.updates, &options).unwrap()
 }
 
-/// The `embedding_grad` ops of `plan`.
-fn scatters(plan: &Plan) -> Vec<(&str, &OpConf)> {
-    plan.actors
-        .iter()
-        .filter_map(|actor| match &actor.kind {
-            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == "embedding_grad" => {
-                Some((actor.name.as_str(), conf))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-/// The 16-bit dtype of `precision`, f32 without one.
-fn low(precision: Option<Precision>) -> DType {
-    match precision {
-        Some(Precision::F16) => DType::F16,
-        Some(_) => DType::Bf16,
-        None => DType::F32,
-    }
-}
-
 #[test]
 fn the_tied_tables_gradient_is_summed_by_its_scatter_with_the_bits_of_the_add() {
     for precision in [None, Some(Precision::Bf16), Some(Precision::F16)] {
@@ -71,14 +49,14 @@ fn the_tied_tables_gradient_is_summed_by_its_scatter_with_the_bits_of_the_add() 
             // The one scatter reads the projection's gradient as its base: through the
             // padded vocabulary's slice (16 rows for a table of 13) and, in mixed
             // precision, as the product made it, 16-bit.
-            let folded_scatters = scatters(&folded.plan);
+            let folded_scatters = ops(&folded.plan, "embedding_grad");
             let [(name, conf)] = folded_scatters.as_slice() else { panic!("{what}: {folded_scatters:?}") };
             let op: EmbeddingGrad = conf.parse_attrs().unwrap();
             assert_eq!(op.base, Some(low(precision)), "{what}: {name}");
             let rows = if pad == 1 { RUNS.vocab } else { 16 };
             assert_eq!(conf.inputs[2].shape.dims(), [rows, RUNS.config.d_model], "{what}: {name}");
             assert_eq!(conf.inputs[2].dtype, low(precision), "{what}");
-            let unfolded_scatters = scatters(&apart.plan);
+            let unfolded_scatters = ops(&apart.plan, "embedding_grad");
             let [(_, plain)] = unfolded_scatters.as_slice() else { panic!("{what}: {unfolded_scatters:?}") };
             assert!(plain.attrs.get("base").is_none(), "{what}: {}", plain.attrs);
             // The add goes, and with padding the slice, and in mixed precision the cast

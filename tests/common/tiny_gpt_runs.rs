@@ -6,6 +6,7 @@
 #![allow(dead_code)] // each test file uses some of it
 
 use crate::gpt::{Gpt, GptConfig};
+use regflow::graph::plan::{ActorKind, KernelConf, OpConf, Plan};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{CompiledGraph, DType, Graph, HostArray, Optimizer, Precision, SplitMix64, TrainStep};
 use regflow::prelude::*;
@@ -103,5 +104,27 @@ impl Runs {
         }
         drop((feeds, losses));
         job.wait().unwrap();
+    }
+}
+
+/// The ops of `plan`'s compute actors running `op_type`, with the actor's name.
+pub(crate) fn ops<'p>(plan: &'p Plan, op_type: &str) -> Vec<(&'p str, &'p OpConf)> {
+    plan.actors
+        .iter()
+        .filter_map(|actor| match &actor.kind {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == op_type => {
+                Some((actor.name.as_str(), conf))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The 16-bit dtype of `precision`, f32 without one.
+pub(crate) fn low(precision: Option<Precision>) -> DType {
+    match precision {
+        Some(Precision::F16) => DType::F16,
+        Some(_) => DType::Bf16,
+        None => DType::F32,
     }
 }
