@@ -97,18 +97,21 @@ fn each_residual_add_is_done_by_the_norm_reading_its_sum_with_the_bits_of_the_ad
         let apart = compile(DeviceKind::Cpu, precision, 1, Fold::Inputs, false);
         let what = format!("{precision:?}");
         // Every norm but the first reads a residual add's sum (the first reads the
-        // embeddings' sum, a broadcast add); in mixed precision the block's output is
-        // added as the product made it.
+        // embeddings' sum, a broadcast add), whose block output is a product plus its bias:
+        // the norm adds the bias too, and in mixed precision reads the product as it was
+        // made, 16-bit.
         let norms = ops(&folded.plan, "layer_norm");
-        let summing: Vec<_> = norms.iter().filter(|(_, conf)| conf.inputs.len() == 4).collect();
+        let summing: Vec<_> = norms.iter().filter(|(_, conf)| conf.inputs.len() > 3).collect();
         assert_eq!((norms.len(), summing.len()), (5, 4), "{what}: {norms:?}");
         for (name, conf) in &summing {
             let op: LayerNorm = conf.parse_attrs().unwrap();
-            assert_eq!((op.residual, conf.outputs.len()), (Some(low(precision)), 2), "{what}: {name}");
+            let found = (op.residual, op.summand_bias, conf.inputs.len(), conf.outputs.len());
+            assert_eq!(found, (Some(low(precision)), true, 5, 2), "{what}: {name}");
         }
         let unfolded = ops(&apart.plan, "layer_norm");
         assert!(unfolded.iter().all(|(_, conf)| conf.attrs.get("residual").is_none()), "{what}: {unfolded:?}");
-        assert_eq!(folded.plan.actors.len() + summing.len(), apart.plan.actors.len(), "{what}: one add fewer each");
+        let gone = 2 * summing.len();
+        assert_eq!(folded.plan.actors.len() + gone, apart.plan.actors.len(), "{what}: two adds fewer each");
         assert_eq!(Plan::from_json(&folded.plan.to_json()).unwrap(), folded.plan, "{what}");
         RUNS.assert_same_bits(&folded, &apart, &what);
     }
@@ -122,7 +125,7 @@ fn both_folds_together_train_to_the_bits_of_neither() {
         let folded = compile(DeviceKind::Cpu, precision, 1, Fold::Both, true);
         let apart = compile(DeviceKind::Cpu, precision, 1, Fold::Both, false);
         let what = format!("{precision:?}");
-        assert_eq!(folded.plan.actors.len() + 4 * RUNS.config.layers, apart.plan.actors.len(), "{what}");
+        assert_eq!(folded.plan.actors.len() + 6 * RUNS.config.layers, apart.plan.actors.len(), "{what}");
         RUNS.assert_same_bits(&folded, &apart, &what);
     }
 }
@@ -142,7 +145,7 @@ fn a_split_batch_trains_to_the_same_bits_folded_or_not() {
 }
 
 /// The error a job build gives for the folded bf16 plan of `fold` after `change` rewrote
-/// the attributes of its first folded `op_type` op (the one with 4 inputs).
+/// the attributes of its first folded `op_type` op (one with more than 3 inputs).
 fn refusal_after(fold: Fold, op_type: &str, change: impl Fn(&mut OpConf)) -> String {
     let folded = compile(DeviceKind::Cpu, Some(Precision::Bf16), 1, fold, true);
     let mut plan = folded.plan.clone();
@@ -150,9 +153,7 @@ fn refusal_after(fold: Fold, op_type: &str, change: impl Fn(&mut OpConf)) -> Str
         .actors
         .iter_mut()
         .find_map(|actor| match &mut actor.kind {
-            ActorKind::Compute { kernel: KernelConf::Op(conf) }
-                if conf.op_type == op_type && conf.inputs.len() == 4 =>
-            {
+            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == op_type && conf.inputs.len() > 3 => {
                 Some(conf)
             }
             _ => None,
@@ -179,9 +180,15 @@ fn a_plan_file_that_contradicts_a_fold_is_refused() {
         });
         assert!(err.contains("layer_norm_grad") && err.contains(says), "{says}: {err}");
     }
-    for (residual, says) in [(None, "takes 3 inputs"), (Some(DType::F16), "the summand added to the input must be")] {
+    type NormChange = fn(LayerNorm) -> LayerNorm;
+    let norm_changes: [(NormChange, &str); 3] = [
+        (|op| LayerNorm { residual: None, summand_bias: false, ..op }, "takes 3 inputs"),
+        (|op| LayerNorm { residual: Some(DType::F16), ..op }, "the summand added to the input must be"),
+        (|op| LayerNorm { summand_bias: false, ..op }, "takes 4 inputs"),
+    ];
+    for (change, says) in norm_changes {
         let err = refusal_after(Fold::Inputs, "layer_norm", |conf| {
-            conf.attrs = LayerNorm { residual, ..conf.parse_attrs::<LayerNorm>().unwrap() }.attrs();
+            conf.attrs = change(conf.parse_attrs().unwrap()).attrs();
         });
         assert!(err.contains("layer_norm") && err.contains(says), "{says}: {err}");
     }
@@ -191,7 +198,7 @@ fn a_plan_file_that_contradicts_a_fold_is_refused() {
 type Build = for<'g> fn(&'g Graph, [Tensor<'g>; 3]) -> Tensor<'g>;
 
 /// `build`'s graph compiled with `fold` on or off and run once: how many ops the fold made
-/// (`op_type` ops of 4 inputs) and the output's bytes.
+/// (`op_type` ops of more than 3 inputs) and the output's bytes.
 fn run_hand_built(fold: Fold, folded: bool, op_type: &str, build: Build) -> (usize, Vec<u8>) {
     let g = Graph::new();
     let (a, b) = (g.input("a", [4, 8], DType::F32).unwrap(), g.input("b", [4, 8], DType::F32).unwrap());
@@ -203,7 +210,7 @@ fn run_hand_built(fold: Fold, folded: bool, op_type: &str, build: Build) -> (usi
         ..Default::default()
     };
     let compiled = g.compile(&[out], &[], &options).unwrap();
-    let made = ops(&compiled.plan, op_type).iter().filter(|(_, conf)| conf.inputs.len() == 4).count();
+    let made = ops(&compiled.plan, op_type).iter().filter(|(_, conf)| conf.inputs.len() > 3).count();
     let mut job = Job::builder(compiled.plan.clone()).build().unwrap();
     let mut feeds = job.graph_feeds().unwrap();
     let fetched = job.graph_fetcher(&compiled.fetches[0]).unwrap();
@@ -259,7 +266,12 @@ fn on_a_gpu_the_folded_norms_train_to_the_unfolded_bits() {
             let folded = compile(DeviceKind::Cuda, precision, 1, fold, true);
             let apart = compile(DeviceKind::Cuda, precision, 1, fold, false);
             let what = format!("{fold:?}, {precision:?}");
-            let gone = if fold == Fold::Both { 4 } else { 2 } * RUNS.config.layers;
+            // Per block: 2 gradient sums; 2 residual adds and their 2 bias adds.
+            let gone = match fold {
+                Fold::Grads => 2,
+                Fold::Inputs => 4,
+                Fold::Both => 6,
+            } * RUNS.config.layers;
             assert_eq!(folded.plan.actors.len() + gone, apart.plan.actors.len(), "{what}");
             if on_gpu {
                 assert_eq!(RUNS.train(&folded, 1), RUNS.train(&apart, 1), "{what} on a GPU");

@@ -520,7 +520,8 @@ fn layer_norm_grad_with_a_base_and_a_copy_matches_the_add_and_the_cast() {
 /// in (`graph/src/compile/fold_norm_inputs.rs`): on the GPU bitwise an `add` (on the GPU)
 /// then the norm, the sum as its first output; within the usual tolerance of the CPU
 /// kernels; in runs and element by element, on the warp-per-row and block-per-row entries,
-/// in f32 with an f32, bf16 or f16 summand (and a bf16 output) and in f64.
+/// in f32 with an f32, bf16 or f16 summand (and a bf16 output) and in f64; with and without
+/// a bias added to the summand first (`LayerNorm::summand_bias`).
 #[test]
 fn layer_norm_with_a_summand_matches_the_add_then_the_norm() {
     use regflow_plan::ops::{Binary, BinaryKind};
@@ -551,6 +552,24 @@ fn layer_norm_with_a_summand_matches_the_add_then_the_norm() {
             let y = common::run(&plain, &[&sum, &gamma, &beta], Some(gpu)).remove(0);
             if !device.is_dry() {
                 assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum is not the add's bits");
+                assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: y is not the norm's bits");
+            }
+            // With a bias added to the summand first (`LayerNorm::summand_bias`): the bias
+            // add's bits, then the residual add's, then the norm's.
+            let bias = common::array(&[len], b_dtype, 45);
+            let op = LayerNorm { summand_bias: true, ..op };
+            let inputs = [&a, &gamma, &beta, &b, &bias];
+            let folded = common::conf(&op, &inputs, &[meta(&dims, dtype), y_meta.clone()]);
+            let what = format!("{what}, the summand biased");
+            common::check_both(&what, &folded, &inputs, gpu, tolerance(out.unwrap_or(dtype)));
+            let got = common::run(&folded, &inputs, Some(gpu));
+            let bias_add = common::conf(&Binary(BinaryKind::Add), &[&b, &bias], &[meta(&dims, b_dtype)]);
+            let biased = common::run(&bias_add, &[&b, &bias], Some(gpu)).remove(0);
+            let add = common::conf(&Binary(BinaryKind::Add), &[&a, &biased], &[meta(&dims, dtype)]);
+            let sum = common::run(&add, &[&a, &biased], Some(gpu)).remove(0);
+            let y = common::run(&plain, &[&sum, &gamma, &beta], Some(gpu)).remove(0);
+            if !device.is_dry() {
+                assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum is not the adds' bits");
                 assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: y is not the norm's bits");
             }
         }

@@ -223,6 +223,19 @@ fn a_layer_norm_with_a_summand_is_the_add_then_the_norm() {
                 assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum");
                 assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: the norm");
             }
+            // With a bias added to the summand first (`LayerNorm::summand_bias`): the bits of
+            // the bias add, then the residual add, then the norm.
+            let bias = random(&[features], b_dtype, 15);
+            let biased = run(&Binary(BinaryKind::Add), &[&b, &bias], &[b.meta()], 1).remove(0);
+            let sum = run(&Binary(BinaryKind::Add), &[&a, &biased], &[a.meta()], 1).remove(0);
+            let y = run(&norm, &[&sum, &gamma, &beta], std::slice::from_ref(&y_meta), 1).remove(0);
+            for threads in [1, 3] {
+                let op = LayerNorm { residual: Some(b_dtype), summand_bias: true, ..norm };
+                let got = run(&op, &[&a, &gamma, &beta, &b, &bias], &[a.meta(), y_meta.clone()], threads);
+                let what = format!("x {x_dtype}, b {b_dtype} + bias, out {out:?}, {dims:?} on {threads} threads");
+                assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum");
+                assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: the norm");
+            }
         }
     }
     // A summand of another shape or dtype, or a missing sum output, is refused naming the op.
@@ -243,4 +256,12 @@ fn a_layer_norm_with_a_summand_is_the_add_then_the_norm() {
     let e =
         refusal(&f64_op, &[x64.clone(), p64.clone(), p64, TensorMeta::new([4, 8], DType::Bf16)], &[x64.clone(), x64]);
     assert!(e.contains("layer_norm with residual = bf16 needs f32 inputs, got f64"), "{e}");
+    // A summand's bias of the wrong shape, or one without a summand.
+    let op = LayerNorm { summand_bias: true, ..op };
+    let inputs =
+        [x.clone(), p.clone(), p.clone(), TensorMeta::new([4, 8], DType::Bf16), TensorMeta::new([4], DType::Bf16)];
+    let e = refusal(&op, &inputs, &[x.clone(), x.clone()]);
+    assert!(e.contains("the summand's bias must be bf16[8], got bf16[4]"), "{e}");
+    let e = refusal(&LayerNorm { residual: None, ..op }, &inputs[..3], std::slice::from_ref(&x));
+    assert!(e.contains("a bias of the summand needs a summand"), "{e}");
 }

@@ -177,6 +177,15 @@ template <typename T> __device__ __forceinline__ T summand_at(const void* b, u32
     if (kind == 3) return (T)ld((const f16*)b + i);
     return ((const T*)b)[i];
 }
+// Element i of a summand plus, where `bias` is non-null, bias[j] added first as a `binary`
+// add of the summand's dtype computes it (in f32 for 16-bit ones, rounded once).
+template <typename T>
+__device__ __forceinline__ T biased_summand_at(const void* b, u32 kind, const void* bias, u64 i, u64 j) {
+    if (!bias) return summand_at<T>(b, kind, i);
+    if (kind == 2) return (T)bf16_to_f32(f32_to_bf16(__fadd_rn(ld((const bf16*)b + i), ld((const bf16*)bias + j))));
+    if (kind == 3) return (T)f16_to_f32(f32_to_f16(__fadd_rn(ld((const f16*)b + i), ld((const f16*)bias + j))));
+    return exact_add(((const T*)b)[i], ((const T*)bias)[j]);
+}
 // Element i of a 16-bit copy stored as `kind` (1: bf16, 2: f16, 0: none), rounded as a cast.
 template <typename T> __device__ __forceinline__ void st_narrow(void* narrow, u32 kind, u64 i, T v) {
     if (kind == 1) st((bf16*)narrow + i, (float)v);
@@ -189,12 +198,12 @@ template <typename T> __device__ __forceinline__ void st_narrow(void* narrow, u3
 // first and normalized from there.
 template <typename T, typename Y>
 __device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, Y* y, u64 rows, u64 len, T eps,
-                                const void* b, u32 b_kind, T* sum) {
+                                const void* b, u32 b_kind, T* sum, const void* bias) {
     __shared__ T scratch[32];
     FOR_EACH_ROW(r, rows) {
         const T* xr = x + r * len;
         if (b) {
-            FOR_EACH_COL(j, len) sum[r * len + j] = exact_add(xr[j], summand_at<T>(b, b_kind, r * len + j));
+            FOR_EACH_COL(j, len) sum[r * len + j] = exact_add(xr[j], biased_summand_at<T>(b, b_kind, bias, r * len + j, j));
             // The row's sum, written by every thread of the block, is read by all of them.
             __syncthreads();
             xr = sum + r * len;
@@ -210,8 +219,8 @@ __device__ void layer_norm_rows(const T* x, const T* gamma, const T* beta, Y* y,
 #define LAYER_NORM_ENTRY(S, T, Y)                                                                          \
     extern "C" __global__ void regflow_layer_norm_##S(const T* x, const T* gamma, const T* beta, Y* y,      \
                                                       u64 rows, u64 len, T eps, const void* b, u32 b_kind,  \
-                                                      T* sum) {                                             \
-        layer_norm_rows(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                \
+                                                      T* sum, const void* bias) {                           \
+        layer_norm_rows(x, gamma, beta, y, rows, len, eps, b, b_kind, sum, bias);                          \
     }
 LAYER_NORM_ENTRY(f32, float, float)
 LAYER_NORM_ENTRY(f64, double, double)
@@ -838,7 +847,7 @@ __device__ __forceinline__ void ld_summand(const void* b, u32 kind, u64 at, bool
 // a summand, the row x + b written to `sum` and normalized from the registers).
 template <int N, typename Y>
 __device__ void layer_norm_warp(const float* x, const float* gamma, const float* beta, Y* y, u64 rows, u64 len,
-                                float eps, const void* b, u32 b_kind, float* sum) {
+                                float eps, const void* b, u32 b_kind, float* sum, const void* bias) {
     u32 lane = threadIdx.x & 31;
     // A summand's runs are 8 (16-bit) or 16 bytes (f32) a lane: aligned to that, and the
     // sum to 16.
@@ -850,6 +859,14 @@ __device__ void layer_norm_warp(const float* x, const float* gamma, const float*
             float w[N];
             ld_lane<N>(x + r * len, runs, len, v);
             ld_summand<N>(b, b_kind, r * len, runs, len, w);
+            if (bias) {
+                // The bias added to the summand first, rounded as its add rounds.
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    u64 j = lane_element(runs, lane, k);
+                    if (j < len) w[k] = biased_summand_at<float>(b, b_kind, bias, r * len + j, j);
+                }
+            }
 #pragma unroll
             for (int k = 0; k < N; ++k) v[k] = exact_add(v[k], w[k]);
             st_lane<N>(sum + r * len, runs, len, v);
@@ -1019,20 +1036,20 @@ extern "C" __global__ void BLOCK_1024 regflow_layer_norm_params_sum_f32(
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_w##N(const float* x, const float* gamma, const float* beta, \
                                                            float* y, u64 rows, u64 len, float eps, const void* b, \
-                                                           u32 b_kind, float* sum) {                              \
-        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                    \
+                                                           u32 b_kind, float* sum, const void* bias) {            \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum, bias);                              \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_bf16_w##N(const float* x, const float* gamma,               \
                                                                 const float* beta, bf16* y, u64 rows, u64 len,    \
                                                                 float eps, const void* b, u32 b_kind,             \
-                                                                float* sum) {                                     \
-        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                    \
+                                                                float* sum, const void* bias) {                   \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum, bias);                              \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_f32_f16_w##N(const float* x, const float* gamma,                \
                                                                const float* beta, f16* y, u64 rows, u64 len,      \
                                                                float eps, const void* b, u32 b_kind,              \
-                                                               float* sum) {                                      \
-        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum);                                    \
+                                                               float* sum, const void* bias) {                    \
+        layer_norm_warp<N>(x, gamma, beta, y, rows, len, eps, b, b_kind, sum, bias);                              \
     }                                                                                                             \
     extern "C" __global__ void regflow_layer_norm_grad_f32_w##N(const float* x, const float* gamma,               \
                                                                 const float* dy, float* dx, float* parts,         \

@@ -412,6 +412,7 @@ fn make_layer_norm(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError
         f64: x == DType::F64,
         inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[2]],
         summand,
+        bias: op.summand_bias.then(|| conf.input_map[4]),
         rows: rows as u64,
         len: features as u64,
         eps: op.eps,
@@ -430,6 +431,8 @@ struct LayerNormKernel {
     /// The actor input holding the summand and the kernels' code of its storage
     /// (`LayerNorm::residual`): the sum is then output 0 and y output 1.
     summand: Option<(usize, u32)>,
+    /// The actor input holding the summand's bias (`LayerNorm::summand_bias`), if any.
+    bias: Option<usize>,
     rows: u64,
     len: u64,
     eps: f64,
@@ -443,14 +446,16 @@ impl Kernel for LayerNormKernel {
             Some((i, kind)) => (io.input_addr(i), kind, io.output_addr(0), io.output_addr(1)),
             None => (0, 0, 0, io.output_addr(0)),
         };
+        let bias = self.bias.map_or(0, |i| io.input_addr(i));
         let (f, g, rows, len) = (self.function, self.grid, self.rows, self.len);
-        // SAFETY: x, y, a summand and a sum hold `rows · len` elements, gamma and beta `len`
-        // (checked at build); the argument types are the kernels'.
+        // SAFETY: x, y, a summand and a sum hold `rows · len` elements, gamma, beta and a
+        // summand's bias `len` (checked at build); the argument types are the kernels'.
         unsafe {
             if self.f64 {
-                launch(stream(io), f, g, &mut args![x, gamma, beta, y, rows, len, self.eps, b, kind, sum])
+                launch(stream(io), f, g, &mut args![x, gamma, beta, y, rows, len, self.eps, b, kind, sum, bias])
             } else {
-                launch(stream(io), f, g, &mut args![x, gamma, beta, y, rows, len, self.eps as f32, b, kind, sum])
+                let eps = self.eps as f32;
+                launch(stream(io), f, g, &mut args![x, gamma, beta, y, rows, len, eps, b, kind, sum, bias])
             }
         }?;
         Ok(())

@@ -13,7 +13,11 @@
 //! input 0) and the other in it too or bf16 or f16 beside f32 (the summand). The sum's
 //! register stays, produced by the norm now (descriptor order is output order: it was
 //! made before the norm's own output), with its readers; the add goes. Not where the norm's
-//! scale or shift is made from the sum (the norm would then wait on itself). Runs after
+//! scale or shift is made from the sum (the norm would then wait on itself). Where the
+//! narrower summand is the output of a bias add (rows of its shape plus a `[D]` bias of its
+//! dtype: the block's last product and its bias) read by the residual add alone, that add
+//! folds too: the norm reads the rows and the bias and adds them first, rounded as the bias
+//! add rounded ([`LayerNorm::summand_bias`]), and the bias add and its output go. Runs after
 //! `fold_casts` (which gives the add its 16-bit operand) and before `fuse_casts`.
 
 use super::fuse_casts::plain_op;
@@ -36,6 +40,18 @@ struct Fold {
     first: RegstDescId,
     second: RegstDescId,
     second_meta: TensorMeta,
+    /// Where the second summand is a bias add's output read by the add alone: that add,
+    /// its rows (the norm's summand now) and its bias (`LayerNorm::summand_bias`).
+    biased: Option<BiasAdd>,
+}
+
+/// A bias add folded into the norm with the residual add.
+#[derive(Debug)]
+struct BiasAdd {
+    add: ActorIndex,
+    rows: RegstDescId,
+    bias: RegstDescId,
+    bias_meta: TensorMeta,
 }
 
 /// Folds every residual add into the layer norm that reads its sum (module docs), unless
@@ -52,18 +68,33 @@ pub(crate) fn fold_norm_inputs(low: &mut Lowering<'_>) {
         let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &mut actor.kind else {
             unreachable!("a folded add's norm is an op actor (checked when the fold was planned)")
         };
-        // Input 0 (the sum) becomes the first summand; the second is appended.
+        // Input 0 (the sum) becomes the first summand; the second (or the bias add's rows,
+        // and its bias) are appended.
         let position = conf.input_map[0];
         actor.inputs[position] = fold.first;
+        let second = fold.biased.as_ref().map_or(fold.second, |b| b.rows);
         let position = actor.inputs.len();
-        actor.inputs.push(fold.second);
-        conf.attrs = LayerNorm { residual: Some(fold.second_meta.dtype), ..fold.op }.attrs();
+        actor.inputs.push(second);
+        let summand_bias = fold.biased.is_some();
+        conf.attrs = LayerNorm { residual: Some(fold.second_meta.dtype), summand_bias, ..fold.op }.attrs();
         conf.inputs.push(fold.second_meta);
         conf.input_map.push(position);
+        if let Some(biased) = &fold.biased {
+            let position = actor.inputs.len();
+            actor.inputs.push(biased.bias);
+            conf.inputs.push(biased.bias_meta.clone());
+            conf.input_map.push(position);
+        }
         conf.outputs.insert(0, fold.sum_meta);
-        for summand in [fold.first, fold.second] {
-            for consumer in plan.regst_descs[summand.index()].consumers.iter_mut() {
-                if *consumer == fold.add {
+        let mut reads = vec![(fold.first, fold.add), (fold.second, fold.add)];
+        if let Some(biased) = &fold.biased {
+            reads = vec![(fold.first, fold.add), (biased.rows, biased.add), (biased.bias, biased.add)];
+            merges.removed_registers[fold.second.index()] = true;
+            merges.into[biased.add.index()] = Some(fold.norm);
+        }
+        for (register, reader) in reads {
+            for consumer in plan.regst_descs[register.index()].consumers.iter_mut() {
+                if *consumer == reader {
                     *consumer = fold.norm;
                 }
             }
@@ -125,7 +156,43 @@ fn fold_of(index: &PlanIndex<'_>, norm: ActorIndex) -> Option<Fold> {
     if made_from(index, &parameters, add) {
         return None;
     }
-    Some(Fold { norm, op, add, sum, sum_meta: out.clone(), first, second, second_meta: second_meta.clone() })
+    let biased = bias_add_of(index, second, second_meta, add, &actor.inputs);
+    Some(Fold { norm, op, add, sum, sum_meta: out.clone(), first, second, second_meta: second_meta.clone(), biased })
+}
+
+/// The bias add that makes `summand` (of `meta`), if it folds with the residual add `add`
+/// that reads it: a plain `binary` add on the same stream of rows of `meta` and a `[D]`
+/// bias of its dtype (`D` its last dimension), whose output is read by `add` alone, and
+/// whose operands the norm (reading `norm_inputs`) does not read already.
+fn bias_add_of(
+    index: &PlanIndex<'_>,
+    summand: RegstDescId,
+    meta: &TensorMeta,
+    add: ActorIndex,
+    norm_inputs: &[RegstDescId],
+) -> Option<BiasAdd> {
+    let plan = index.plan();
+    let desc = &plan.regst_descs[summand.index()];
+    let producer = desc.producer;
+    let conf = plain_op(plan, producer, "binary")?;
+    let actor = &plan.actors[producer.index()];
+    let (Binary(BinaryKind::Add), [rows_meta, bias_meta], [out], &[only]) =
+        (conf.parse_attrs::<Binary>().ok()?, &conf.inputs[..], &conf.outputs[..], index.outputs_of(producer))
+    else {
+        return None;
+    };
+    let (&[rows, bias], [0, 1]) = (actor.inputs.as_slice(), &conf.input_map[..]) else { return None };
+    let features = meta.shape.dims().last().copied();
+    let bias_fits = bias_meta.shape.dims() == features.as_slice() && bias_meta.dtype == meta.dtype;
+    let alone = desc.consumers == [add] && desc.preloaded == 0 && only == summand;
+    let same_stream = actor.stream == plan.actors[add.index()].stream;
+    let fresh = ![rows, bias].iter().any(|r| norm_inputs.contains(r)) && rows != bias;
+    (out == meta && rows_meta == meta && bias_fits && alone && same_stream && fresh).then(|| BiasAdd {
+        add: producer,
+        rows,
+        bias,
+        bias_meta: bias_meta.clone(),
+    })
 }
 
 /// Whether any of the registers `of` is made, directly or through other actors, by actor

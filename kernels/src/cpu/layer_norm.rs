@@ -115,47 +115,99 @@ impl HostCompute for LayerNormGrad {
 
 /// The sum of [`LayerNorm::residual`]: `sum = inputs[0] + inputs[3]` element by element, as
 /// a `binary` add computes it (`cpu/binary.rs`: a 16-bit `b` widened exactly, one addition
-/// in the sum's dtype), in shares of rows of `features` over `threads`.
+/// in the sum's dtype), with [`LayerNorm::summand_bias`] `inputs[4]` added to `b` first as
+/// a `binary` add of the two computes it (in f32 for 16-bit ones, rounded once), in shares
+/// of rows of `features` over `threads`.
 fn add_summand(
     threads: usize,
     inputs: &[HostTensor<'_>],
     sum: &mut HostTensorMut<'_>,
     features: usize,
 ) -> Result<(), String> {
-    fn add<T: Real, B: Element>(
+    fn add<T: Real, B: Summand<T>>(
         threads: usize,
-        (a, b): (&[T], &[B]),
+        (a, b, bias): (&[T], &[B], Option<&[B]>),
         sum: &mut [T],
         features: usize,
-        widen: impl Fn(B) -> T + Sync,
     ) {
         if features == 0 {
             return;
         }
         rows_in_shares(threads, sum, features, |rows, sum| {
             let span = rows.start * features..rows.end * features;
-            for ((s, &a), &b) in sum.iter_mut().zip(&a[span.clone()]).zip(&b[span]) {
-                *s = a + widen(b);
+            let rows = sum.chunks_exact_mut(features).zip(a[span.clone()].chunks_exact(features));
+            for ((sum, a), b) in rows.zip(b[span].chunks_exact(features)) {
+                match bias {
+                    Some(bias) => {
+                        for (((s, &a), &b), &c) in sum.iter_mut().zip(a).zip(b).zip(bias) {
+                            *s = a + B::biased(b, c).widen();
+                        }
+                    }
+                    None => {
+                        for ((s, &a), &b) in sum.iter_mut().zip(a).zip(b) {
+                            *s = a + b.widen();
+                        }
+                    }
+                }
             }
         });
     }
-    let (a, b) = (inputs[0], inputs[3]);
+    let (a, b, bias) = (inputs[0], inputs[3], inputs.get(4));
+    macro_rules! summed {
+        ($t:ty, $b:ty) => {
+            add::<$t, $b>(
+                threads,
+                (a.as_slice()?, b.as_slice()?, bias.map(|c| c.as_slice()).transpose()?),
+                sum.as_mut_slice()?,
+                features,
+            )
+        };
+    }
     match (sum.dtype(), b.dtype()) {
-        (DType::F32, DType::F32) => {
-            add(threads, (a.as_slice::<f32>()?, b.as_slice::<f32>()?), sum.as_mut_slice()?, features, |v| v)
-        }
-        (DType::F64, DType::F64) => {
-            add(threads, (a.as_slice::<f64>()?, b.as_slice::<f64>()?), sum.as_mut_slice()?, features, |v| v)
-        }
-        (DType::F32, DType::Bf16) => {
-            add(threads, (a.as_slice::<f32>()?, b.as_slice::<bf16>()?), sum.as_mut_slice()?, features, bf16::to_f32)
-        }
-        (DType::F32, DType::F16) => {
-            add(threads, (a.as_slice::<f32>()?, b.as_slice::<f16>()?), sum.as_mut_slice()?, features, f16::to_f32)
-        }
+        (DType::F32, DType::F32) => summed!(f32, f32),
+        (DType::F64, DType::F64) => summed!(f64, f64),
+        (DType::F32, DType::Bf16) => summed!(f32, bf16),
+        (DType::F32, DType::F16) => summed!(f32, f16),
         (x, b) => return Err(format!("layer_norm of {x} with a {b} summand is not supported (broken invariant)")),
     }
     Ok(())
+}
+
+/// A summand's element type beside sums of `T`: widened exactly, and a bias added as a
+/// `binary` add adds it.
+trait Summand<T>: Element {
+    /// The value as `T` (exact).
+    fn widen(self) -> T;
+    /// `self + bias` as a `binary` add of two of these computes it.
+    fn biased(self, bias: Self) -> Self;
+}
+
+impl<T: Real> Summand<T> for T {
+    fn widen(self) -> T {
+        self
+    }
+    fn biased(self, bias: T) -> T {
+        self + bias
+    }
+}
+
+impl Summand<f32> for bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    // The 16-bit binary ops compute in f32 and round once, as a cast rounds.
+    fn biased(self, bias: bf16) -> bf16 {
+        bf16::from_f32(self.to_f32() + bias.to_f32())
+    }
+}
+
+impl Summand<f32> for f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    fn biased(self, bias: f16) -> f16 {
+        f16::from_f32(self.to_f32() + bias.to_f32())
+    }
 }
 
 /// What a kernel wrote into `t`, to be read as an input.

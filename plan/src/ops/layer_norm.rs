@@ -25,12 +25,19 @@ pub struct LayerNorm {
     /// out of plan files): three inputs, one output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub residual: Option<DType>,
+    /// With a summand: a fifth input, a `[D]` bias in the summand's dtype added to the
+    /// summand first, as a `binary` add of the two computes it (in f32 for 16-bit ones,
+    /// rounded once to the summand's dtype), so the bits are those of the norm of
+    /// `x + (b + bias)` made by two adds: the bias of the block's last product, whose add
+    /// folds in too. `false` (the default, left out of plan files): no bias.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summand_bias: bool,
 }
 
 impl LayerNorm {
     /// A layer norm whose output has its input's dtype.
     pub fn new(eps: f64) -> Self {
-        Self { eps, out: None, residual: None }
+        Self { eps, out: None, residual: None, summand_bias: false }
     }
 
     /// Whether `inputs` (`x`, `gamma`, `beta`, and `b` with [`LayerNorm::residual`]) and
@@ -39,9 +46,11 @@ impl LayerNorm {
     /// `b` of `x`'s shape in the residual's dtype, the sum like `x`. The graph's shape rule
     /// and the kernels ask it.
     pub fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
-        let wanted = match self.residual {
-            None => (3, 1),
-            Some(_) => (4, 2),
+        let wanted = match (self.residual, self.summand_bias) {
+            (None, false) => (3, 1),
+            (Some(_), false) => (4, 2),
+            (Some(_), true) => (5, 2),
+            (None, true) => return Err("a bias of the summand needs a summand (residual)".into()),
         };
         let Some([x, gamma, beta]) = inputs.get(..3).filter(|_| (inputs.len(), outputs.len()) == wanted) else {
             return Err(format!(
@@ -63,6 +72,10 @@ impl LayerNorm {
             }
             if outputs[0] != *x {
                 return Err(format!("the sum must match the input {x}, got {}", outputs[0]));
+            }
+            let features = gamma.shape.clone();
+            if let Some(bias) = inputs.get(4).filter(|&b| *b != TensorMeta::new(features.clone(), residual)) {
+                return Err(format!("the summand's bias must be {}, got {bias}", TensorMeta::new(features, residual)));
             }
         }
         let expected = TensorMeta::new(x.shape.clone(), self.output_dtype(x.dtype)?);
