@@ -87,11 +87,12 @@ pub(crate) fn fold_norm_grads(low: &mut Lowering<'_>) {
         let dx = &mut plan.regst_descs[fold.dx.index()];
         dx.name = name;
         dx.consumers = readers;
-        low.replace_register(fold.sum, fold.dx);
         moved[fold.sum.index()] = Some(fold.dx);
         merges.removed_registers[fold.sum.index()] = true;
         merges.into[fold.add.index()] = Some(fold.grad);
     }
+    // Every sum's readers read its `dx` register now: one pass over the plan for all folds.
+    low.replace_registers(&moved);
     low.drop_merged(&merges);
 }
 

@@ -371,34 +371,23 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// Points every reference to register `old` at `new` instead: the actors' inputs, the
-    /// variables and the lowering's own maps, so `old` may then be removed
-    /// ([`Lowering::remove_registers`]). `new`'s own fields (its readers among them) are
-    /// the caller's to set.
-    pub(crate) fn replace_register(&mut self, old: RegstDescId, new: RegstDescId) {
-        let swap = |r: &mut RegstDescId| {
-            if *r == old {
-                *r = new;
-            }
-        };
+    /// Points every reference to a register `r` with `with[r]` at that register instead:
+    /// the actors' inputs, the variables and the lowering's own maps, in one pass for all of
+    /// them, so the replaced registers may then be removed ([`Lowering::remove_registers`]).
+    /// The new registers' own fields (their readers among them) are the caller's to set; a
+    /// new register is not itself replaced.
+    pub(crate) fn replace_registers(&mut self, with: &[Option<RegstDescId>]) {
+        let new = |r: RegstDescId| with.get(r.index()).copied().flatten().unwrap_or(r);
+        let swap = |r: &mut RegstDescId| *r = new(*r);
         let plan = self.b.plan_mut();
         plan.actors.iter_mut().flat_map(|a| a.inputs.iter_mut()).for_each(swap);
         self.out.variables.iter_mut().for_each(|v| swap(&mut v.regst));
-        let reg = |r: &Reg| Reg { desc: if r.desc == old { new } else { r.desc }, window: r.window };
+        let reg = |r: &Reg| Reg { desc: new(r.desc), window: r.window };
         for regs in self.regs.values_mut() {
             regs.iter_mut().for_each(|r| *r = reg(r));
         }
         self.windows_of = self.windows_of.drain().map(|(r, w)| (reg(&r), w)).collect();
-        self.copies_out = self
-            .copies_out
-            .drain()
-            .map(|(r, mut copy)| {
-                (reg(&r), {
-                    swap(&mut copy);
-                    copy
-                })
-            })
-            .collect();
+        self.copies_out = self.copies_out.drain().map(|(r, copy)| (reg(&r), new(copy))).collect();
         self.ticks.iter_mut().flatten().for_each(swap);
         self.step_ticks.values_mut().for_each(swap);
     }
