@@ -309,16 +309,15 @@ fn masked_entries(x: DType, mask: DType) -> Option<DType> {
     (mask == arithmetic).then_some(x)
 }
 
-/// The kernels of one launch over rows whose only scalar is `scalar` (a scale or an eps):
-/// `masked_softmax_grad` (y, dy -> dx) and `layer_norm` (x, gamma, beta -> y).
+/// `masked_softmax_grad` (y, dy -> dx): one launch over rows whose only scalar is the
+/// scale. (Layer norm has a kernel of its own, [`LayerNormKernel`].)
 #[derive(Debug)]
 struct RowsKernel {
     function: Function,
     grid: Grid,
     dtype: DType,
-    /// The actor inputs, in the kernel's order (two or three).
-    inputs: [usize; 3],
-    three: bool,
+    /// The actor inputs, in the kernel's order.
+    inputs: [usize; 2],
     rows: u64,
     len: u64,
     scalar: f64,
@@ -326,18 +325,17 @@ struct RowsKernel {
 
 impl Kernel for RowsKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        let [a, b, c] = self.inputs.map(|i| io.input_addr(i));
+        let [a, b] = self.inputs.map(|i| io.input_addr(i));
         let out = io.output_addr(0);
         let (rows, len, f, g) = (self.rows, self.len, self.function, self.grid);
         let (s64, s32) = (self.scalar, self.scalar as f32);
-        // SAFETY: every tensor holds `rows · len` elements, or `len` for layer norm's gamma
-        // and beta (checked at build); the argument types are the kernels'.
+        // SAFETY: every tensor holds `rows · len` elements (checked at build); the argument
+        // types are the kernels'.
         unsafe {
-            match (self.three, self.dtype) {
-                (true, DType::F64) => launch(stream(io), f, g, &mut args![a, b, c, out, rows, len, s64]),
-                (true, _) => launch(stream(io), f, g, &mut args![a, b, c, out, rows, len, s32]),
-                (false, DType::F64) => launch(stream(io), f, g, &mut args![a, b, out, rows, len, s64]),
-                (false, _) => launch(stream(io), f, g, &mut args![a, b, out, rows, len, s32]),
+            if self.dtype == DType::F64 {
+                launch(stream(io), f, g, &mut args![a, b, out, rows, len, s64])
+            } else {
+                launch(stream(io), f, g, &mut args![a, b, out, rows, len, s32])
             }
         }?;
         Ok(())
@@ -359,8 +357,7 @@ fn make_masked_softmax_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, Ke
         grid,
         // The probabilities' dtype: f64 passes an f64 scale, the others f32.
         dtype: conf.inputs[0].dtype,
-        inputs: [conf.input_map[0], conf.input_map[1], conf.input_map[1]],
-        three: false,
+        inputs: [conf.input_map[0], conf.input_map[1]],
         rows: rows as u64,
         len: len as u64,
         scalar: op.scale,
