@@ -43,8 +43,8 @@
 //! this pass, on the registers that are left.
 
 use super::fuse_casts::plain_op;
-use super::lower::{plan_each, Lowering, Merges};
-use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, OpConf, Plan, PlanIndex, RegstDescId, TensorMeta};
+use super::lower::{move_read, op_conf_mut, plan_each, Lowering, Merges};
+use crate::plan::{ActorIndex, DType, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, Cast, LayerNorm, LayerNormGrad, OpAttrs};
 
 /// One cast to fold, planned from the index before the plan changes.
@@ -111,23 +111,13 @@ pub(crate) fn fold_casts(low: &mut Lowering<'_>) {
                 }
                 conf.inputs[operand].dtype = from;
                 plan.actors[reader.index()].inputs[position] = input;
-                for consumer in plan.regst_descs[input.index()].consumers.iter_mut().filter(|c| **c == cast) {
-                    *consumer = reader;
-                }
+                move_read(plan, input, cast, reader);
                 merges.removed_registers[output.index()] = true;
                 merges.into[cast.index()] = Some(reader);
             }
         }
     }
     low.drop_merged(&merges);
-}
-
-/// The op of compute actor `a`, which [`fold_of`] found to be one.
-fn op_conf_mut(plan: &mut Plan, a: ActorIndex) -> &mut OpConf {
-    match &mut plan.actors[a.index()].kind {
-        ActorKind::Compute { kernel: KernelConf::Op(conf) } => conf,
-        _ => unreachable!("a folded cast's partner is an op actor (checked when the fold was planned)"),
-    }
 }
 
 /// Actor `cast` as a cast to fold (module docs), if it is one.

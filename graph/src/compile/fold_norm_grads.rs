@@ -25,8 +25,8 @@
 //! order, and memory sharing runs after this pass, on the registers left.
 
 use super::fuse_casts::plain_op;
-use super::lower::{plan_each, Lowering, Merges};
-use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, PlanIndex, RegstDescId, TensorMeta};
+use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
+use crate::plan::{ActorIndex, DType, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, LayerNormGrad, OpAttrs};
 
 /// One sum to fold, planned from the index before the plan changes.
@@ -62,25 +62,14 @@ pub(crate) fn fold_norm_grads(low: &mut Lowering<'_>) {
     for mut fold in folds {
         fold.base = moved[fold.base.index()].unwrap_or(fold.base);
         let plan = low.b.plan_mut();
-        let actor = &mut plan.actors[fold.grad.index()];
-        let position = actor.inputs.len();
-        actor.inputs.push(fold.base);
-        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &mut actor.kind else {
-            unreachable!("a folded sum's gradient is an op actor (checked when the fold was planned)")
-        };
         let dx_narrow = fold.narrow.as_ref().map(|(_, meta)| meta.dtype);
-        conf.attrs = LayerNormGrad { base: true, dx_narrow, ..fold.op }.attrs();
-        conf.inputs.push(fold.base_meta);
-        conf.input_map.push(position);
+        op_conf_mut(plan, fold.grad).attrs = LayerNormGrad { base: true, dx_narrow, ..fold.op }.attrs();
+        push_op_input(plan, fold.grad, fold.base, fold.base_meta);
         if let Some((narrow, meta)) = fold.narrow {
-            conf.outputs.push(meta);
+            op_conf_mut(plan, fold.grad).outputs.push(meta);
             plan.regst_descs[narrow.index()].producer = fold.grad;
         }
-        for consumer in plan.regst_descs[fold.base.index()].consumers.iter_mut() {
-            if *consumer == fold.add {
-                *consumer = fold.grad;
-            }
-        }
+        move_read(plan, fold.base, fold.add, fold.grad);
         // `dx` now holds the sum: it takes the sum register's name and readers.
         let sum = &plan.regst_descs[fold.sum.index()];
         let (name, readers) = (sum.name.clone(), sum.consumers.clone());

@@ -21,8 +21,8 @@
 //! `fold_casts` (which gives the add its 16-bit operand) and before `fuse_casts`.
 
 use super::fuse_casts::plain_op;
-use super::lower::{plan_each, Lowering, Merges};
-use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, PlanIndex, RegstDescId, TensorMeta};
+use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
+use crate::plan::{ActorIndex, DType, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, LayerNorm, OpAttrs};
 
 /// One residual add to fold, planned from the index before the plan changes.
@@ -64,39 +64,27 @@ pub(crate) fn fold_norm_inputs(low: &mut Lowering<'_>) {
     let folds = plan_each(plan, fold_of);
     let mut merges = Merges::new(plan);
     for fold in folds {
-        let actor = &mut plan.actors[fold.norm.index()];
-        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &mut actor.kind else {
-            unreachable!("a folded add's norm is an op actor (checked when the fold was planned)")
-        };
         // Input 0 (the sum) becomes the first summand; the second (or the bias add's rows,
         // and its bias) are appended.
-        let position = conf.input_map[0];
-        actor.inputs[position] = fold.first;
-        let second = fold.biased.as_ref().map_or(fold.second, |b| b.rows);
-        let position = actor.inputs.len();
-        actor.inputs.push(second);
+        let conf = op_conf_mut(plan, fold.norm);
         let summand_bias = fold.biased.is_some();
         conf.attrs = LayerNorm { residual: Some(fold.second_meta.dtype), summand_bias, ..fold.op }.attrs();
-        conf.inputs.push(fold.second_meta);
-        conf.input_map.push(position);
-        if let Some(biased) = &fold.biased {
-            let position = actor.inputs.len();
-            actor.inputs.push(biased.bias);
-            conf.inputs.push(biased.bias_meta.clone());
-            conf.input_map.push(position);
-        }
         conf.outputs.insert(0, fold.sum_meta);
-        let mut reads = vec![(fold.first, fold.add), (fold.second, fold.add)];
-        if let Some(biased) = &fold.biased {
-            reads = vec![(fold.first, fold.add), (biased.rows, biased.add), (biased.bias, biased.add)];
-            merges.removed_registers[fold.second.index()] = true;
-            merges.into[biased.add.index()] = Some(fold.norm);
-        }
-        for (register, reader) in reads {
-            for consumer in plan.regst_descs[register.index()].consumers.iter_mut() {
-                if *consumer == reader {
-                    *consumer = fold.norm;
-                }
+        let position = conf.input_map[0];
+        plan.actors[fold.norm.index()].inputs[position] = fold.first;
+        move_read(plan, fold.first, fold.add, fold.norm);
+        match &fold.biased {
+            None => {
+                push_op_input(plan, fold.norm, fold.second, fold.second_meta);
+                move_read(plan, fold.second, fold.add, fold.norm);
+            }
+            Some(biased) => {
+                push_op_input(plan, fold.norm, biased.rows, fold.second_meta);
+                push_op_input(plan, fold.norm, biased.bias, biased.bias_meta.clone());
+                move_read(plan, biased.rows, biased.add, fold.norm);
+                move_read(plan, biased.bias, biased.add, fold.norm);
+                merges.removed_registers[fold.second.index()] = true;
+                merges.into[biased.add.index()] = Some(fold.norm);
             }
         }
         let sum = &mut plan.regst_descs[fold.sum.index()];

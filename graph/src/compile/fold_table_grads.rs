@@ -26,8 +26,8 @@
 //! after this pass, on the registers left.
 
 use super::fuse_casts::plain_op;
-use super::lower::{plan_each, Lowering, Merges};
-use crate::plan::{ActorIndex, ActorKind, DType, KernelConf, OpConf, PlanIndex, RegstDescId, TensorMeta};
+use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
+use crate::plan::{ActorIndex, DType, OpConf, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, Cast, EmbeddingGrad, OpAttrs, Slice};
 
 /// One sum to fold, planned from the index before the plan changes.
@@ -58,20 +58,9 @@ pub(crate) fn fold_table_grads(low: &mut Lowering<'_>) {
     let folds = plan_each(plan, fold_of);
     let mut merges = Merges::new(plan);
     for fold in folds {
-        let actor = &mut plan.actors[fold.grad.index()];
-        let position = actor.inputs.len();
-        actor.inputs.push(fold.base);
-        let ActorKind::Compute { kernel: KernelConf::Op(conf) } = &mut actor.kind else {
-            unreachable!("a folded sum's gradient is an op actor (checked when the fold was planned)")
-        };
-        conf.attrs = EmbeddingGrad { base: Some(fold.base_meta.dtype), ..fold.op }.attrs();
-        conf.inputs.push(fold.base_meta);
-        conf.input_map.push(position);
-        for consumer in plan.regst_descs[fold.base.index()].consumers.iter_mut() {
-            if *consumer == fold.base_reader {
-                *consumer = fold.grad;
-            }
-        }
+        op_conf_mut(plan, fold.grad).attrs = EmbeddingGrad { base: Some(fold.base_meta.dtype), ..fold.op }.attrs();
+        push_op_input(plan, fold.grad, fold.base, fold.base_meta);
+        move_read(plan, fold.base, fold.base_reader, fold.grad);
         plan.regst_descs[fold.output.index()].producer = fold.grad;
         for r in fold.removed {
             merges.removed_registers[r.index()] = true;

@@ -116,6 +116,39 @@ impl Merges {
     }
 }
 
+/// The op of actor `a`, which a merging pass planned to change: an op actor (checked when
+/// the merge was planned, so anything else is a broken invariant).
+pub(crate) fn op_conf_mut(plan: &mut crate::plan::Plan, a: ActorIndex) -> &mut crate::plan::OpConf {
+    match &mut plan.actors[a.index()].kind {
+        crate::plan::ActorKind::Compute { kernel: crate::plan::KernelConf::Op(conf) } => conf,
+        _ => unreachable!("a merged actor's partner is an op actor (checked when the merge was planned)"),
+    }
+}
+
+/// Appends `register`, of `meta`, to op actor `a`'s inputs: a new actor input that is the
+/// op's last input.
+pub(crate) fn push_op_input(
+    plan: &mut crate::plan::Plan,
+    a: ActorIndex,
+    register: RegstDescId,
+    meta: crate::plan::TensorMeta,
+) {
+    let actor = &mut plan.actors[a.index()];
+    let position = actor.inputs.len();
+    actor.inputs.push(register);
+    let conf = op_conf_mut(plan, a);
+    conf.inputs.push(meta);
+    conf.input_map.push(position);
+}
+
+/// Makes actor `to` the reader of `register` where actor `from` read it: a read that a
+/// merging pass moves into the actor taking `from`'s work over.
+pub(crate) fn move_read(plan: &mut crate::plan::Plan, register: RegstDescId, from: ActorIndex, to: ActorIndex) {
+    for reader in plan.regst_descs[register.index()].consumers.iter_mut().filter(|c| **c == from) {
+        *reader = to;
+    }
+}
+
 /// What `plan_of` makes of each actor of `plan` (a merging pass's plan for it, if any), all
 /// planned from one index of the plan as it is, before the pass changes anything.
 pub(crate) fn plan_each<T>(
