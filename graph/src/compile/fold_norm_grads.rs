@@ -25,7 +25,7 @@
 //! order, and memory sharing runs after this pass, on the registers left.
 
 use super::fuse_casts::plain_op;
-use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
+use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, reads_transitively, Lowering, Merges};
 use crate::plan::{ActorIndex, DType, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, LayerNormGrad, OpAttrs};
 
@@ -142,7 +142,7 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
     // depend on parameter gradients, but a graph built by hand may).
     let base_producer = plan.regst_descs[base.index()].producer;
     let others = index.outputs_of(grad).get(1..).unwrap_or_default();
-    (!made_from(index, others, base_producer)).then(|| Fold {
+    (!reads_transitively(index, base_producer, others)).then(|| Fold {
         grad,
         op,
         add,
@@ -152,26 +152,4 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
         base,
         base_meta: out.clone(),
     })
-}
-
-/// Whether actor `target` reads, directly or through other actors, any of the registers
-/// `from` (within a step: preloaded registers, which carry values to the next one, are
-/// not followed).
-fn made_from(index: &PlanIndex<'_>, from: &[RegstDescId], target: ActorIndex) -> bool {
-    let plan = index.plan();
-    let readers = |r: &RegstDescId| {
-        let desc = &plan.regst_descs[r.index()];
-        (desc.preloaded == 0).then_some(desc.consumers.iter().copied()).into_iter().flatten()
-    };
-    let mut seen = vec![false; plan.actors.len()];
-    let mut stack: Vec<ActorIndex> = from.iter().flat_map(readers).collect();
-    while let Some(actor) = stack.pop() {
-        if actor == target {
-            return true;
-        }
-        if !std::mem::replace(&mut seen[actor.index()], true) {
-            stack.extend(index.outputs_of(actor).iter().flat_map(readers));
-        }
-    }
-    false
 }

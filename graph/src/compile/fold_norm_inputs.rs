@@ -21,7 +21,7 @@
 //! `fold_casts` (which gives the add its 16-bit operand) and before `fuse_casts`.
 
 use super::fuse_casts::plain_op;
-use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
+use super::lower::{made_by, move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
 use crate::plan::{ActorIndex, DType, PlanIndex, RegstDescId, TensorMeta};
 use regflow_plan::ops::{Binary, BinaryKind, LayerNorm, OpAttrs};
 
@@ -141,7 +141,7 @@ fn fold_of(index: &PlanIndex<'_>, norm: ActorIndex) -> Option<Fold> {
     }
     // Not where the scale or the shift is made from the sum.
     let parameters: Vec<RegstDescId> = actor.inputs.iter().copied().filter(|&r| r != sum).collect();
-    if made_from(index, &parameters, add) {
+    if made_by(index, &parameters, add) {
         return None;
     }
     let biased = bias_add_of(index, second, second_meta, add, &actor.inputs);
@@ -181,26 +181,4 @@ fn bias_add_of(
         bias,
         bias_meta: bias_meta.clone(),
     })
-}
-
-/// Whether any of the registers `of` is made, directly or through other actors, by actor
-/// `target` (within a step: preloaded registers, which carry values from the step before,
-/// are not followed).
-fn made_from(index: &PlanIndex<'_>, of: &[RegstDescId], target: ActorIndex) -> bool {
-    let plan = index.plan();
-    let maker = |r: &RegstDescId| {
-        let desc = &plan.regst_descs[r.index()];
-        (desc.preloaded == 0).then_some(desc.producer)
-    };
-    let mut seen = vec![false; plan.actors.len()];
-    let mut stack: Vec<ActorIndex> = of.iter().filter_map(maker).collect();
-    while let Some(actor) = stack.pop() {
-        if actor == target {
-            return true;
-        }
-        if !std::mem::replace(&mut seen[actor.index()], true) {
-            stack.extend(plan.actors[actor.index()].inputs.iter().filter_map(maker));
-        }
-    }
-    false
 }

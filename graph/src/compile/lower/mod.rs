@@ -149,6 +149,57 @@ pub(crate) fn move_read(plan: &mut crate::plan::Plan, register: RegstDescId, fro
     }
 }
 
+/// Whether actor `actor` reads, directly or through other actors, any of `registers`
+/// within a step (preloaded registers, which carry values to the next step, are not
+/// followed): whether a merge that makes one of `registers`' makers read what `actor`
+/// makes would close a cycle. Searches forward from the registers' readers, cheap where
+/// they have few (a layer norm gradient's parameter gradients: the optimizer's part).
+pub(crate) fn reads_transitively(
+    index: &crate::plan::PlanIndex<'_>,
+    actor: ActorIndex,
+    registers: &[RegstDescId],
+) -> bool {
+    let plan = index.plan();
+    let readers = |r: &RegstDescId| {
+        let desc = &plan.regst_descs[r.index()];
+        (desc.preloaded == 0).then_some(desc.consumers.iter().copied()).into_iter().flatten()
+    };
+    let mut seen = vec![false; plan.actors.len()];
+    let mut stack: Vec<ActorIndex> = registers.iter().flat_map(readers).collect();
+    while let Some(a) = stack.pop() {
+        if a == actor {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[a.index()], true) {
+            stack.extend(index.outputs_of(a).iter().flat_map(readers));
+        }
+    }
+    false
+}
+
+/// Whether any of `registers` is made, directly or through other actors, by actor `actor`
+/// within a step (preloaded registers are not followed): the same question as
+/// [`reads_transitively`], searched backward from the registers' makers, cheap where they
+/// have few (a layer norm's scale and shift: variables).
+pub(crate) fn made_by(index: &crate::plan::PlanIndex<'_>, registers: &[RegstDescId], actor: ActorIndex) -> bool {
+    let plan = index.plan();
+    let maker = |r: &RegstDescId| {
+        let desc = &plan.regst_descs[r.index()];
+        (desc.preloaded == 0).then_some(desc.producer)
+    };
+    let mut seen = vec![false; plan.actors.len()];
+    let mut stack: Vec<ActorIndex> = registers.iter().filter_map(maker).collect();
+    while let Some(a) = stack.pop() {
+        if a == actor {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[a.index()], true) {
+            stack.extend(plan.actors[a.index()].inputs.iter().filter_map(maker));
+        }
+    }
+    false
+}
+
 /// What `plan_of` makes of each actor of `plan` (a merging pass's plan for it, if any), all
 /// planned from one index of the plan as it is, before the pass changes anything.
 pub(crate) fn plan_each<T>(
