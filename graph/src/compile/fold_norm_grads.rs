@@ -24,10 +24,10 @@
 //! layer norm gradient now waits for the gradient from above too; nothing else changes
 //! order, and memory sharing runs after this pass, on the registers left.
 
-use super::fuse_casts::plain_op;
+use super::fuse_casts::{plain_add, plain_op, PlainAdd};
 use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, reads_transitively, Lowering, Merges};
 use crate::plan::{ActorIndex, DType, PlanIndex, RegstDescId, TensorMeta};
-use regflow_plan::ops::{Binary, BinaryKind, LayerNormGrad, OpAttrs};
+use regflow_plan::ops::{LayerNormGrad, OpAttrs};
 
 /// One sum to fold, planned from the index before the plan changes.
 #[derive(Debug)]
@@ -88,19 +88,15 @@ pub(crate) fn fold_norm_grads(low: &mut Lowering<'_>) {
 /// Actor `add` as a residual gradient's sum to fold (module docs), if it is one.
 fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
     let plan = index.plan();
-    let conf = plain_op(plan, add, "binary")?;
+    let PlainAdd { operands: [first, second], metas: [a, b], outputs, output_metas } = plain_add(index, add)?;
     let actor = &plan.actors[add.index()];
-    let (Binary(BinaryKind::Add), [a, b]) = (conf.parse_attrs::<Binary>().ok()?, &conf.inputs[..]) else {
-        return None;
-    };
-    let (&[first, second], [0, 1]) = (actor.inputs.as_slice(), &conf.input_map[..]) else { return None };
-    let out = conf.outputs.first()?;
-    let (&sum, narrow) = match (index.outputs_of(add), &conf.outputs[..]) {
+    let out = output_metas.first()?;
+    let (&sum, narrow) = match (outputs, output_metas) {
         ([sum], [_]) => (sum, None),
         ([sum, narrow], [_, narrow_meta]) => (sum, Some((*narrow, narrow_meta.clone()))),
         _ => return None,
     };
-    if !matches!(out.dtype, DType::F32 | DType::F64) || a != out || b != out || first == second {
+    if !matches!(out.dtype, DType::F32 | DType::F64) || a != out || b != out {
         return None;
     }
     let same_stream = |x: ActorIndex| plan.actors[x.index()].stream == actor.stream;

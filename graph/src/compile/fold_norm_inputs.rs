@@ -20,10 +20,10 @@
 //! add rounded ([`LayerNorm::summand_bias`]), and the bias add and its output go. Runs after
 //! `fold_casts` (which gives the add its 16-bit operand) and before `fuse_casts`.
 
-use super::fuse_casts::plain_op;
+use super::fuse_casts::{plain_add, plain_op, PlainAdd};
 use super::lower::{made_by, move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
 use crate::plan::{ActorIndex, DType, PlanIndex, RegstDescId, TensorMeta};
-use regflow_plan::ops::{Binary, BinaryKind, LayerNorm, OpAttrs};
+use regflow_plan::ops::{LayerNorm, OpAttrs};
 
 /// One residual add to fold, planned from the index before the plan changes.
 #[derive(Debug)]
@@ -107,16 +107,10 @@ fn fold_of(index: &PlanIndex<'_>, norm: ActorIndex) -> Option<Fold> {
     let sum = *actor.inputs.get(conf.input_map[0])?;
     let sum_desc = &plan.regst_descs[sum.index()];
     let add = sum_desc.producer;
-    let add_conf = plain_op(plan, add, "binary")?;
-    let add_actor = &plan.actors[add.index()];
-    let (Binary(BinaryKind::Add), [a, b], [out], &[only]) =
-        (add_conf.parse_attrs::<Binary>().ok()?, &add_conf.inputs[..], &add_conf.outputs[..], index.outputs_of(add))
-    else {
-        return None;
-    };
-    let (&[a_reg, b_reg], [0, 1]) = (add_actor.inputs.as_slice(), &add_conf.input_map[..]) else { return None };
-    let same_stream = add_actor.stream == actor.stream;
-    if only != sum || sum_desc.preloaded > 0 || !same_stream || a_reg == b_reg || *out != conf.inputs[0] {
+    let PlainAdd { operands: [a_reg, b_reg], metas: [a, b], outputs, output_metas } = plain_add(index, add)?;
+    let (&[only], [out]) = (outputs, output_metas) else { return None };
+    let same_stream = plan.actors[add.index()].stream == actor.stream;
+    if only != sum || sum_desc.preloaded > 0 || !same_stream || *out != conf.inputs[0] {
         return None;
     }
     if !matches!(out.dtype, DType::F32 | DType::F64) || a.shape != out.shape || b.shape != out.shape {
@@ -162,19 +156,14 @@ fn bias_add_of(
     let plan = index.plan();
     let desc = &plan.regst_descs[summand.index()];
     let producer = desc.producer;
-    let conf = plain_op(plan, producer, "binary")?;
-    let actor = &plan.actors[producer.index()];
-    let (Binary(BinaryKind::Add), [rows_meta, bias_meta], [out], &[only]) =
-        (conf.parse_attrs::<Binary>().ok()?, &conf.inputs[..], &conf.outputs[..], index.outputs_of(producer))
-    else {
-        return None;
-    };
-    let (&[rows, bias], [0, 1]) = (actor.inputs.as_slice(), &conf.input_map[..]) else { return None };
+    let PlainAdd { operands: [rows, bias], metas: [rows_meta, bias_meta], outputs, output_metas } =
+        plain_add(index, producer)?;
+    let (&[only], [out]) = (outputs, output_metas) else { return None };
     let features = meta.shape.dims().last().copied();
     let bias_fits = bias_meta.shape.dims() == features.as_slice() && bias_meta.dtype == meta.dtype;
     let alone = desc.consumers == [add] && desc.preloaded == 0 && only == summand;
-    let same_stream = actor.stream == plan.actors[add.index()].stream;
-    let fresh = ![rows, bias].iter().any(|r| norm_inputs.contains(r)) && rows != bias;
+    let same_stream = plan.actors[producer.index()].stream == plan.actors[add.index()].stream;
+    let fresh = ![rows, bias].iter().any(|r| norm_inputs.contains(r));
     (out == meta && rows_meta == meta && bias_fits && alone && same_stream && fresh).then(|| BiasAdd {
         add: producer,
         rows,

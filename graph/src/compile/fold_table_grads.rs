@@ -25,10 +25,10 @@
 //! gradient as well as its own inputs. Nothing else changes order; memory sharing runs
 //! after this pass, on the registers left.
 
-use super::fuse_casts::plain_op;
+use super::fuse_casts::{plain_add, plain_op, PlainAdd};
 use super::lower::{move_read, op_conf_mut, plan_each, push_op_input, Lowering, Merges};
 use crate::plan::{ActorIndex, DType, OpConf, PlanIndex, RegstDescId, TensorMeta};
-use regflow_plan::ops::{Binary, BinaryKind, Cast, EmbeddingGrad, OpAttrs, Slice};
+use regflow_plan::ops::{Cast, EmbeddingGrad, OpAttrs, Slice};
 
 /// One sum to fold, planned from the index before the plan changes.
 #[derive(Debug)]
@@ -75,15 +75,10 @@ pub(crate) fn fold_table_grads(low: &mut Lowering<'_>) {
 /// Actor `add` as a table gradient's sum to fold (module docs), if it is one.
 fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
     let plan = index.plan();
-    let conf = plain_op(plan, add, "binary")?;
+    let PlainAdd { operands: [first, second], metas, outputs, output_metas } = plain_add(index, add)?;
+    let (&[output], [out]) = (outputs, output_metas) else { return None };
     let actor = &plan.actors[add.index()];
-    let (Binary(BinaryKind::Add), [a, b], [out], &[output]) =
-        (conf.parse_attrs::<Binary>().ok()?, &conf.inputs[..], &conf.outputs[..], index.outputs_of(add))
-    else {
-        return None;
-    };
-    let &[first, second] = actor.inputs.as_slice() else { return None };
-    if !matches!(out.dtype, DType::F32 | DType::F64) || a.shape != out.shape || b.shape != out.shape {
+    if !matches!(out.dtype, DType::F32 | DType::F64) || metas.iter().any(|m| m.shape != out.shape) {
         return None;
     }
     let same_stream = |x: ActorIndex| plan.actors[x.index()].stream == actor.stream;
@@ -91,7 +86,7 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
         let desc = &plan.regst_descs[r.index()];
         desc.consumers == [reader] && desc.preloaded == 0
     };
-    // Which operand the scatter made (the other is the base), as the add's op inputs say.
+    // Which operand the scatter made (the other is the base).
     let scatter_of = |r: RegstDescId| {
         let producer = plan.regst_descs[r.index()].producer;
         let grad = plain_op(plan, producer, "embedding_grad")?;
@@ -99,17 +94,14 @@ fn fold_of(index: &PlanIndex<'_>, add: ActorIndex) -> Option<Fold> {
         let only = index.outputs_of(producer) == [r] && grad.outputs[..] == [out.clone()];
         (op.base.is_none() && only && alone(r, add) && same_stream(producer)).then_some((producer, op))
     };
-    let (scatter, base_position) = match (scatter_of(first), scatter_of(second)) {
-        (Some(found), _) => ((first, found), 1),
-        (None, Some(found)) => ((second, found), 0),
+    let (scatter_output, (grad, op), mut base, base_operand) = match (scatter_of(first), scatter_of(second)) {
+        (Some(found), _) => (first, found, second, 1),
+        (None, Some(found)) => (second, found, first, 0),
         (None, None) => return None,
     };
-    let (scatter_output, (grad, op)) = scatter;
-    let mut base = actor.inputs[base_position];
-    let operand = conf.input_map.iter().position(|&p| p == base_position)?;
-    let mut base_meta = conf.inputs[operand].clone();
+    let mut base_meta = metas[base_operand].clone();
     let output_desc = &plan.regst_descs[output.index()];
-    if first == second || output_desc.preloaded > 0 {
+    if output_desc.preloaded > 0 {
         return None;
     }
     let (mut merged, mut removed, mut reader) = (vec![add], vec![scatter_output], add);

@@ -29,8 +29,10 @@
 //! (`fuse_updates::merge_groups`).
 
 use super::lower::Lowering;
-use crate::plan::{ActorIndex, ActorKind, DType, DeviceKind, KernelConf, OpConf, Plan, StreamIndex};
-use regflow_plan::ops::{Cast, CastGroup};
+use crate::plan::{
+    ActorIndex, ActorKind, DType, DeviceKind, KernelConf, OpConf, Plan, PlanIndex, RegstDescId, StreamIndex, TensorMeta,
+};
+use regflow_plan::ops::{Binary, BinaryKind, Cast, CastGroup};
 use std::collections::BTreeMap;
 
 /// Why members are ready together (module docs).
@@ -133,4 +135,36 @@ pub(super) fn plain_op<'p>(plan: &'p Plan, a: ActorIndex, op_type: &str) -> Opti
     let device = &plan.devices[plan.streams[actor.stream.index()].device.index()];
     let kernels = matches!(device.kind, DeviceKind::Cpu | DeviceKind::Sim | DeviceKind::Cuda);
     (kernels && conf.op_type == op_type && actor.windows.is_empty()).then_some(conf)
+}
+
+/// A plain `binary` add (see [`plain_op`]) of two different registers: what the folds of a
+/// sum into the op beside it start from.
+pub(super) struct PlainAdd<'i> {
+    /// The operands' registers and metas, in the op's order.
+    pub(super) operands: [RegstDescId; 2],
+    pub(super) metas: [&'i TensorMeta; 2],
+    /// Its output registers (in the op's order) and their metas: the sum, and for some a
+    /// 16-bit copy of it (`fold_casts`).
+    pub(super) outputs: &'i [RegstDescId],
+    pub(super) output_metas: &'i [TensorMeta],
+}
+
+/// Actor `a` as a [`PlainAdd`], if it is one.
+pub(super) fn plain_add<'i>(index: &'i PlanIndex<'_>, a: ActorIndex) -> Option<PlainAdd<'i>> {
+    let plan = index.plan();
+    let conf = plain_op(plan, a, "binary")?;
+    let inputs = plan.actors[a.index()].inputs.as_slice();
+    let (Binary(BinaryKind::Add), [x, y], &[i, j], 2) =
+        (conf.parse_attrs::<Binary>().ok()?, &conf.inputs[..], &conf.input_map[..], inputs.len())
+    else {
+        return None;
+    };
+    let operands = [*inputs.get(i)?, *inputs.get(j)?];
+    let outputs = index.outputs_of(a);
+    (operands[0] != operands[1] && outputs.len() == conf.outputs.len()).then_some(PlainAdd {
+        operands,
+        metas: [x, y],
+        outputs,
+        output_metas: &conf.outputs,
+    })
 }
