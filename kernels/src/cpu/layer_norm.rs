@@ -91,8 +91,8 @@ impl HostCompute for LayerNormGrad {
             let (dx, features): (&[f32], usize) =
                 (outputs[0].as_mut_slice::<f32>()?, inputs[1].as_slice::<f32>()?.len());
             match narrow.dtype() {
-                DType::Bf16 => narrow_rows(threads, dx, features, narrow.as_mut_slice::<bf16>()?, bf16::from_f32),
-                DType::F16 => narrow_rows(threads, dx, features, narrow.as_mut_slice::<f16>()?, f16::from_f32),
+                DType::Bf16 => narrow_rows(threads, dx, features, narrow.as_mut_slice::<bf16>()?),
+                DType::F16 => narrow_rows(threads, dx, features, narrow.as_mut_slice::<f16>()?),
                 other => return Err(format!("layer_norm_grad's narrow dx is {other} (broken invariant)")),
             }
         }
@@ -220,22 +220,18 @@ fn read_back<'a>(t: &'a HostTensorMut<'_>) -> Result<HostTensor<'a>, String> {
     Ok(HostTensor { shape: t.shape, data })
 }
 
-/// `narrow[i] = round(wide[i])` over rows of `features`, in shares of rows over `threads`
-/// when they are many.
-fn narrow_rows<H: Element + Send>(
-    threads: usize,
-    wide: &[f32],
-    features: usize,
-    narrow: &mut [H],
-    round: impl Fn(f32) -> H + Sync,
-) {
+/// `wide` rounded to nearest even into `narrow` as the register kernels round a 16-bit
+/// output (`host.rs`, the slice conversion a `cast` rounds like), over rows of `features`,
+/// in shares of rows over `threads` when they are many.
+fn narrow_rows<H: Element + Send>(threads: usize, wide: &[f32], features: usize, narrow: &mut [H])
+where
+    [H]: HalfFloatSliceExt,
+{
     if features == 0 {
         return;
     }
     rows_in_shares(threads, narrow, features, |rows, narrow| {
-        for (n, &w) in narrow.iter_mut().zip(&wide[rows.start * features..]) {
-            *n = round(w);
-        }
+        narrow.convert_from_f32_slice(&wide[rows.start * features..rows.end * features]);
     });
 }
 
