@@ -80,7 +80,7 @@ fn step<'g>(
                 None if name == "targets" || name.starts_with("ln_final") => last,
                 None => 0,
             };
-            let column = ["attn.query", "attn.key", "attn.value", "mlp.in"].iter().any(|p| name.contains(p));
+            let column = ["attn.qkv", "attn.query", "attn.key", "attn.value", "mlp.in"].iter().any(|p| name.contains(p));
             let row = name.ends_with("attn.out.weight") || name.ends_with("mlp.out.weight");
             let layout = match () {
                 _ if name == "ids" || name == "targets" => vec![S(0), B],

@@ -193,6 +193,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             runs("cast"),
             runs("cast_group")
         );
+        // Every op's count, most first: what a fold takes away shows here.
+        let mut by_op = std::collections::BTreeMap::<&str, usize>::new();
+        for actor in &compiled.plan.actors {
+            if let regflow::plan::ActorKind::Compute { kernel: regflow::plan::KernelConf::Op(conf) } = &actor.kind {
+                *by_op.entry(conf.op_type.as_str()).or_default() += 1;
+            }
+        }
+        let mut by_op: Vec<_> = by_op.into_iter().collect();
+        by_op.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let listed: Vec<String> = by_op.iter().map(|(op, n)| format!("{op} {n}")).collect();
+        println!("plan ops: {}", listed.join(", "));
+        if let Ok(p) = std::env::var("TMP_PLAN") { std::fs::write(p, compiled.plan.to_json())?; }
         return Ok(());
     }
     let mut builder = Job::builder(compiled.plan.clone());

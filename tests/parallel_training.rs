@@ -357,9 +357,11 @@ fn data_times_tensor_parallel_trains_like_one_device() {
 
 /// One pre-LayerNorm attention block with an MLP on token ids, in f64 (so the comparison is
 /// tight): Megatron tensor parallelism splits the heads (Q/K/V column-split) and the MLP's
-/// hidden units, and the second matrix of each pair is row-split. With `fused`, the
-/// attention is one `attention` op on `[B, T, H, d]` (causal, no mask input).
-fn attention<'g>(g: &'g Graph, layout: Option<&Layout>, fused: bool) -> TrainStep<'g> {
+/// hidden units, and the second matrix of each pair is row-split. Unless composed, the
+/// attention is one `attention` op on `[B, T, H, d]` (causal, no mask input), or packed, on
+/// one projection to `[B, T, H, 3, d]`.
+fn attention<'g>(g: &'g Graph, layout: Option<&Layout>, attn: Attn) -> TrainStep<'g> {
+    let fused = attn != Attn::Composed;
     let (batch, time, vocab, d, heads) = (4usize, 4usize, 7usize, 8usize, 2usize);
     let hd = d / heads;
     let ids = g.input("ids", [batch, time], DType::I64).unwrap();
@@ -390,6 +392,19 @@ fn attention<'g>(g: &'g Graph, layout: Option<&Layout>, fused: bool) -> TrainSte
     let v = heads_of(h.matmul(&wv).unwrap());
     let scale = 1.0 / (hd as f64).sqrt();
     let merged = match mask {
+        None if attn == Attn::Packed => {
+            // The same projections packed, their columns grouped by head ([d, H, 3, hd]), made
+            // from the three weights (and q's bias) so the step is the same function of them.
+            let grouped = |w: regflow::graph::Tensor<'g>| w.reshape(&[d as isize, heads as isize, 1, hd as isize]);
+            let (gq, gk, gv) = (grouped(wq).unwrap(), grouped(wk).unwrap(), grouped(wv).unwrap());
+            let w_qkv = gq.concat(&[gk, gv], 2).unwrap().reshape(&[d as isize, 3 * d as isize]).unwrap();
+            let zeros = g.constant(0.0, [heads, 2, hd], DType::F64).unwrap();
+            let b_qkv = bq.reshape(&[heads as isize, 1, hd as isize]).unwrap().concat(&[zeros], 1).unwrap();
+            let b_qkv = b_qkv.reshape(&[3 * d as isize]).unwrap();
+            let qkv = h.matmul(&w_qkv).unwrap().add(&b_qkv).unwrap();
+            let qkv = qkv.reshape(&[b, t, heads as isize, 3, hd as isize]).unwrap();
+            qkv.attention_packed(scale, true).unwrap().reshape(&[b * t, d as isize]).unwrap()
+        }
         None => q.attention(&k, &v, scale, true).unwrap().reshape(&[b * t, d as isize]).unwrap(),
         Some(mask) => {
             let split = |r: regflow::graph::Tensor<'g>| r.permute(&[0, 2, 1, 3]).unwrap();
@@ -406,7 +421,8 @@ fn attention<'g>(g: &'g Graph, layout: Option<&Layout>, fused: bool) -> TrainSte
 }
 
 /// The feeds of `steps` steps: ids, targets, and (unless `fused`) the causal mask.
-fn attention_batches(steps: usize, fused: bool) -> Vec<Vec<(&'static str, HostArray)>> {
+fn attention_batches(steps: usize, attn: Attn) -> Vec<Vec<(&'static str, HostArray)>> {
+    let fused = attn != Attn::Composed;
     let mut rng = SplitMix64::new(9);
     let mask: Vec<f64> = (0..16).map(|i| if i % 4 <= i / 4 { 0.0 } else { -1e9 }).collect();
     (0..steps)
@@ -425,12 +441,12 @@ fn attention_batches(steps: usize, fused: bool) -> Vec<Vec<(&'static str, HostAr
         .collect()
 }
 
-fn attention_losses(steps: usize, layout: Option<&Layout>, fused: bool) -> Vec<f64> {
+fn attention_losses(steps: usize, layout: Option<&Layout>, attn: Attn) -> Vec<f64> {
     let g = Graph::new();
-    let train = attention(&g, layout, fused);
+    let train = attention(&g, layout, attn);
     let Some(layout) = layout else {
         let mut s = Session::new(&g);
-        return attention_batches(steps, fused)
+        return attention_batches(steps, attn)
             .into_iter()
             .map(|batch| {
                 let feeds: Vec<_> = batch.into_iter().map(|(n, v)| (g.by_name(n).unwrap(), v)).collect();
@@ -444,7 +460,7 @@ fn attention_losses(steps: usize, layout: Option<&Layout>, fused: bool) -> Vec<f
     let mut feeds = job.graph_feeds().unwrap();
     let fetcher = job.fetcher(&compiled.fetches[0]).unwrap();
     let pusher = std::thread::spawn(move || {
-        for batch in attention_batches(steps, fused) {
+        for batch in attention_batches(steps, attn) {
             for (name, value) in &batch {
                 feeds.push(name, value).unwrap();
             }
@@ -486,7 +502,7 @@ fn tensor_parallel_attention_trains_like_one_device() {
     // The heads really are split: the attention probabilities [B, H, T, T] are S(1) on tp.
     let g = Graph::new();
     let tp = megatron(&[2], &["tp"], 0);
-    let train = attention(&g, Some(&tp), false);
+    let train = attention(&g, Some(&tp), Attn::Composed);
     let compiled = g
         .compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(tp.mesh.clone()).train(&train))
         .unwrap();
@@ -496,11 +512,12 @@ fn tensor_parallel_attention_trains_like_one_device() {
     assert!(!softmax.is_empty() && softmax.iter().all(|(_, l)| l.0 == vec![S(1)]), "{softmax:?}\n{layouts:?}");
 
     let steps = 20;
-    let want = attention_losses(steps, None, false);
-    assert_close("attention tp2", &attention_losses(steps, Some(&megatron(&[2], &["tp"], 0)), false), &want, 1e-10);
+    let want = attention_losses(steps, None, Attn::Composed);
+    let tp2 = attention_losses(steps, Some(&megatron(&[2], &["tp"], 0)), Attn::Composed);
+    assert_close("attention tp2", &tp2, &want, 1e-10);
     assert_close(
         "attention dp2xtp2",
-        &attention_losses(steps, Some(&megatron(&[2, 2], &["dp", "tp"], 1)), false),
+        &attention_losses(steps, Some(&megatron(&[2, 2], &["dp", "tp"], 1)), Attn::Composed),
         &want,
         1e-10,
     );
@@ -514,7 +531,7 @@ fn tensor_parallel_attention_trains_like_one_device() {
 fn tensor_parallel_fused_attention_trains_like_one_device() {
     let g = Graph::new();
     let tp = megatron(&[2], &["tp"], 0);
-    let train = attention(&g, Some(&tp), true);
+    let train = attention(&g, Some(&tp), Attn::Fused);
     let compiled = g
         .compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(tp.mesh.clone()).train(&train))
         .unwrap();
@@ -526,11 +543,46 @@ fn tensor_parallel_fused_attention_trains_like_one_device() {
     assert!(fused.iter().all(|(n, l)| l.0 == vec![if lse(n) { S(1) } else { S(2) }]), "heads split: {fused:?}");
 
     let steps = 20;
-    let want = attention_losses(steps, None, true);
-    assert_close("fused vs composed, one device", &want, &attention_losses(steps, None, false), 1e-10);
-    assert_close("fused attention tp2", &attention_losses(steps, Some(&tp), true), &want, 1e-10);
+    let want = attention_losses(steps, None, Attn::Fused);
+    assert_close("fused vs composed, one device", &want, &attention_losses(steps, None, Attn::Composed), 1e-10);
+    assert_close("fused attention tp2", &attention_losses(steps, Some(&tp), Attn::Fused), &want, 1e-10);
     let dp_tp = megatron(&[2, 2], &["dp", "tp"], 1);
-    assert_close("fused attention dp2xtp2", &attention_losses(steps, Some(&dp_tp), true), &want, 1e-10);
+    assert_close("fused attention dp2xtp2", &attention_losses(steps, Some(&dp_tp), Attn::Fused), &want, 1e-10);
+}
+
+/// The packed op (`attention_packed`) over one projection to `[B, T, H, 3, hd]`, made from
+/// the same three weights, under the same layouts: `qkv`'s heads split on `tp` (`S(2)`),
+/// the op and its gradient on each device's heads, and the losses those of the fused op
+/// over the projections apart (f64: the packed op's sums are the same).
+#[test]
+fn tensor_parallel_packed_attention_trains_like_one_device() {
+    let g = Graph::new();
+    let tp = megatron(&[2], &["tp"], 0);
+    let train = attention(&g, Some(&tp), Attn::Packed);
+    let compiled = g
+        .compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(tp.mesh.clone()).train(&train))
+        .unwrap();
+    let layouts = &compiled.parallel.as_ref().unwrap().layouts;
+    let packed: Vec<_> = layouts.iter().filter(|(n, _)| n.starts_with("attention")).collect();
+    assert!(packed.len() >= 2, "the attention op and its gradient: {layouts:?}");
+    let lse = |name: &str| name.starts_with("attention") && !name.starts_with("attention_grad") && name.ends_with(":1");
+    assert!(packed.iter().all(|(n, l)| l.0 == vec![if lse(n) { S(1) } else { S(2) }]), "heads split: {packed:?}");
+
+    let steps = 20;
+    let want = attention_losses(steps, None, Attn::Fused);
+    assert_close("packed vs apart, one device", &attention_losses(steps, None, Attn::Packed), &want, 1e-10);
+    assert_close("packed attention tp2", &attention_losses(steps, Some(&tp), Attn::Packed), &want, 1e-10);
+    let dp_tp = megatron(&[2, 2], &["dp", "tp"], 1);
+    assert_close("packed attention dp2xtp2", &attention_losses(steps, Some(&dp_tp), Attn::Packed), &want, 1e-10);
+}
+
+/// How the attention test model attends: the products around a softmax, the fused op over
+/// q, k and v apart, or the packed op over one projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attn {
+    Composed,
+    Fused,
+    Packed,
 }
 
 /// Parallel plans share memory between one-slot registers whose lifetimes do not overlap,

@@ -118,7 +118,7 @@ fn gpt_plan_on(mesh: Mesh) -> CompiledGraph {
     g.set_layout(targets, &mesh, NdSbp(vec![S(0), B])).unwrap();
     for variable in g.trainable_variables() {
         let name = variable.name();
-        let column = ["attn.query", "attn.key", "attn.value", "mlp.in"].iter().any(|p| name.contains(p));
+        let column = ["attn.qkv", "attn.query", "attn.key", "attn.value", "mlp.in"].iter().any(|p| name.contains(p));
         let row = name.ends_with("attn.out.weight") || name.ends_with("mlp.out.weight");
         let sbp = match () {
             _ if column && name.ends_with(".weight") => vec![B, S(1)],

@@ -2,7 +2,8 @@
 second, for comparison with `examples/bench_gpu_gpt2.rs` in the same run
 (`benches/gpu/run.sh`). The same model as examples/common/gpt.rs at GPT-2 small's sizes:
 12 pre-LayerNorm blocks, d_model 768, 12 heads, context 1024, vocabulary 50257, learned
-token and position embeddings, separate Q/K/V projections, scaled scores plus an additive
+token and position embeddings, Q/K/V projections (one packed projection with `--attention
+sdpa`, as regflow's fused attention has, three with `composed`), scaled scores plus an additive
 causal mask (0 / -1e9), the tanh-approximated GELU, a final LayerNorm and logits from the
 tied token embedding; AdamW (lr 6e-4, weight decay 0.1), gradients clipped to norm 1.
 
@@ -32,7 +33,12 @@ class Block(torch.nn.Module):
         super().__init__()
         self.heads, self.sdpa = heads, sdpa
         self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        if sdpa:
+            # One projection to q, k and v side by side (nanoGPT's `c_attn`).
+            self.qkv = torch.nn.Linear(d, 3 * d)
+        else:
+            self.q, self.k, self.v = (torch.nn.Linear(d, d) for _ in range(3))
+        self.o = torch.nn.Linear(d, d)
         self.fc, self.proj = torch.nn.Linear(d, mlp), torch.nn.Linear(mlp, d)
         for lin in (self.o, self.proj):
             torch.nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * layers))
@@ -41,7 +47,10 @@ class Block(torch.nn.Module):
         b, t, d = x.shape
         h = self.ln1(x)
         split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        if self.sdpa:
+            q, k, v = (split(part) for part in self.qkv(h).split(d, dim=2))
+        else:
+            q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
         if self.sdpa:
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

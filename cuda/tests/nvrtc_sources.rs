@@ -179,8 +179,9 @@ fn resources(ptxas: &std::ffi::OsStr, ptx: &str, gpu: &str) -> std::collections:
     all
 }
 
-/// The tensor-core attention entries for heads of 64 (GPT-2's) are compiled to fit 4
-/// blocks per SM (the forward and dq) and 3 (dk/dv) on Ampere and Hopper, with at most a
+/// The tensor-core attention entries for heads of 64 (GPT-2's), over q, k and v apart and
+/// packed (`_qkv`), are compiled to fit 4 blocks per SM (the forward and dq) and 3 (dk/dv)
+/// on Ampere and Hopper, with at most a
 /// few values through local memory (`attention.cu`, `ATT_OCCUPANCY`), and no entry fits
 /// fewer than the variant a GPU session times against, unbounded and with whole tiles
 /// (`REGFLOW_CUDA_DEFINES="ATT_OCCUPANCY=0,ATT_PART=64"`): ptxas's register counts and
@@ -209,9 +210,9 @@ fn the_tensor_core_attention_entries_fit_the_blocks_per_sm_they_are_compiled_for
     for ((_, gpu, shared_per_sm), pair) in gpus.into_iter().zip(assembled.chunks(2)) {
         let (now, before) = (&pair[0], &pair[1]);
         for dtype in ["bf16", "f16"] {
-            for d in [16, 32, 64, 128] {
+            for (d, packed) in [16, 32, 64, 128].into_iter().flat_map(|d| [(d, ""), (d, "_qkv")]) {
                 for (stage, wanted) in [("fwd", 4), ("dq", 4), ("dkv", 3)] {
-                    let entry = format!("regflow_attention_{stage}_{dtype}_d{d}");
+                    let entry = format!("regflow_attention_{stage}_{dtype}_d{d}{packed}");
                     let (r, old) = (now[&entry], before[&entry]);
                     let blocks = r.blocks_per_sm(128, shared_per_sm);
                     eprintln!(

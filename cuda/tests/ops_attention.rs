@@ -51,7 +51,7 @@ fn check_case(case: Case, dtype: DType, gpu: (&regflow_cuda::Device, &regflow_cu
     );
     let wide = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
     let forward_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, h, tq], wide)];
-    let forward = common::conf(&Attention { scale, causal }, &[&q, &k, &v], &forward_outputs);
+    let forward = common::conf(&Attention::new(scale, causal), &[&q, &k, &v], &forward_outputs);
     let rel = tolerance(dtype);
     common::check_both(&format!("attention {what}"), &forward, &[&q, &k, &v], gpu, rel);
     // The gradient from the CPU's forward, so both sides read the same out and lse.
@@ -61,7 +61,7 @@ fn check_case(case: Case, dtype: DType, gpu: (&regflow_cuda::Device, &regflow_cu
     let dout = common::array(&[b, tq, h, d], dtype, 4);
     let inputs: [&HostArray; 6] = [&q, &k, &v, &out, &lse, &dout];
     let grad_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, tk, h, d], dtype), meta(&[b, tk, h, d], dtype)];
-    let grad = common::conf(&AttentionGrad { scale, causal }, &inputs, &grad_outputs);
+    let grad = common::conf(&AttentionGrad::new(scale, causal), &inputs, &grad_outputs);
     common::check_both(&format!("attention_grad {what}"), &grad, &inputs, gpu, rel);
 }
 
@@ -102,12 +102,12 @@ fn tensor_core_outputs(gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) -> V
                 common::array(&[b, tk, h, d], dtype, 13),
             );
             let forward_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, h, tq], DType::F32)];
-            let forward = common::conf(&Attention { scale, causal }, &[&q, &k, &v], &forward_outputs);
+            let forward = common::conf(&Attention::new(scale, causal), &[&q, &k, &v], &forward_outputs);
             let mut outs = common::run(&forward, &[&q, &k, &v], Some(gpu));
             let dout = common::array(&[b, tq, h, d], dtype, 14);
             let inputs: [&HostArray; 6] = [&q, &k, &v, &outs[0], &outs[1], &dout];
             let grad_outputs = [meta(&[b, tq, h, d], dtype), meta(&[b, tk, h, d], dtype), meta(&[b, tk, h, d], dtype)];
-            let grad = common::conf(&AttentionGrad { scale, causal }, &inputs, &grad_outputs);
+            let grad = common::conf(&AttentionGrad::new(scale, causal), &inputs, &grad_outputs);
             let grads = common::run(&grad, &inputs, Some(gpu));
             outs.extend(grads);
             bits.extend(outs.iter().flat_map(|o| o.to_f64_vec()).map(f64::to_bits));

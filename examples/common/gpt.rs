@@ -10,7 +10,12 @@
 //! (`masked_softmax`) and so is the MLP's bias add and GELU (`bias_gelu`); the arithmetic is
 //! that of the unfused composition. With `fused_attention` the products and the softmax
 //! are one `attention` op (causal, the mask input then unused), whose sums run in
-//! another order.
+//! another order, and the Q/K/V projections are one, `attn.qkv` (`[D, 3·D]`, its columns
+//! grouped by head: per head its query, key and value columns), read in place by the
+//! packed op (`Tensor::attention_packed`): one product, one bias add and one bias gradient
+//! where there were three, and no sum of three input gradients. A column split of
+//! `attn.qkv` on a tensor-parallel axis splits whole heads, as the three projections'
+//! splits did.
 
 use regflow::graph::{DType, Graph, GraphError, Init, Tensor};
 
@@ -25,8 +30,9 @@ pub(crate) struct GptConfig {
     pub(crate) layers: usize,
     pub(crate) context: usize,
     pub(crate) mlp_width: usize,
-    /// Attention as one fused op (`Tensor::attention`, flash attention on CUDA: the
-    /// `[T, T]` scores never stored) instead of the products and masked softmax.
+    /// Attention as one fused op (`Tensor::attention_packed`, flash attention on CUDA: the
+    /// `[T, T]` scores never stored) over one packed Q/K/V projection, instead of three
+    /// projections, the products and the masked softmax.
     pub(crate) fused_attention: bool,
 }
 
@@ -88,12 +94,18 @@ impl<'g> LayerNorm<'g> {
     }
 }
 
+/// The projections of attention's queries, keys and values.
+enum Projections<'g> {
+    /// Three, for the products and the masked softmax.
+    Apart { query: Linear<'g>, key: Linear<'g>, value: Linear<'g> },
+    /// One, to `[B·T, H·3·d]` (per head its query, key and value rows), for the fused op.
+    Packed(Linear<'g>),
+}
+
 /// One pre-LayerNorm transformer block.
 struct Block<'g> {
     ln1: LayerNorm<'g>,
-    query: Linear<'g>,
-    key: Linear<'g>,
-    value: Linear<'g>,
+    projections: Projections<'g>,
     attn_out: Linear<'g>,
     ln2: LayerNorm<'g>,
     mlp_in: Linear<'g>,
@@ -109,9 +121,15 @@ impl<'g> Block<'g> {
         let residual_std = 0.02 / ((2 * c.layers) as f64).sqrt();
         Ok(Self {
             ln1: params.layer_norm(&format!("{name}.ln1"))?,
-            query: params.linear(&format!("{name}.attn.query"), c.d_model, c.d_model, 0.02)?,
-            key: params.linear(&format!("{name}.attn.key"), c.d_model, c.d_model, 0.02)?,
-            value: params.linear(&format!("{name}.attn.value"), c.d_model, c.d_model, 0.02)?,
+            projections: if c.fused_attention {
+                Projections::Packed(params.linear(&format!("{name}.attn.qkv"), c.d_model, 3 * c.d_model, 0.02)?)
+            } else {
+                Projections::Apart {
+                    query: params.linear(&format!("{name}.attn.query"), c.d_model, c.d_model, 0.02)?,
+                    key: params.linear(&format!("{name}.attn.key"), c.d_model, c.d_model, 0.02)?,
+                    value: params.linear(&format!("{name}.attn.value"), c.d_model, c.d_model, 0.02)?,
+                }
+            },
             attn_out: params.linear(&format!("{name}.attn.out"), c.d_model, c.d_model, residual_std)?,
             ln2: params.layer_norm(&format!("{name}.ln2"))?,
             mlp_in: params.linear(&format!("{name}.mlp.in"), c.d_model, c.mlp_width, 0.02)?,
@@ -126,24 +144,37 @@ impl<'g> Block<'g> {
         let (b, t) = (batch as isize, c.context as isize);
         // [B·T, D] -> [B, T, H, d], read as [B, H, T, d] by the products below (through
         // strides, no permute copies): one attention problem per (sequence, head).
-        let split_heads = |rows: Tensor<'g>| rows.reshape(&[b, t, c.heads as isize, c.head_dim() as isize]);
+        let (heads, head_dim) = (c.heads as isize, c.head_dim() as isize);
+        let split_heads = |rows: Tensor<'g>| rows.reshape(&[b, t, heads, head_dim]);
         let h = self.ln1.forward(&x)?;
-        let q = split_heads(self.query.forward(&h)?)?;
-        let k = split_heads(self.key.forward(&h)?)?;
-        let v = split_heads(self.value.forward(&h)?)?;
         let scale = 1.0 / (c.head_dim() as f64).sqrt();
-        let attended = if c.fused_attention {
-            // softmax(q·kᵀ/√d, causal)·v in one op, read and written as [B, T, H, d].
-            q.attention(&k, &v, scale, true)?
-        } else {
-            // q·kᵀ: [B, H, T, d] x [B, H, d, T] -> [B, H, T, T].
-            let scores = q.matmul_permuted(&k, &HEADS_FIRST, &[0, 2, 3, 1], &[0, 1, 2, 3])?;
-            // softmax(q·kᵀ/√d + mask) in one kernel, forward and backward.
-            let weights = scores.masked_softmax(mask, scale)?;
-            // weights·v: [B, H, T, T] x [B, H, T, d] -> [B, H, T, d], stored [B, T, H, d].
-            weights.matmul_permuted(&v, &[0, 1, 2, 3], &HEADS_FIRST, &HEADS_FIRST)?
+        let (query, key, value) = match &self.projections {
+            Projections::Packed(qkv) => {
+                // softmax(q·kᵀ/√d, causal)·v in one op over [B, T, H, 3, d] (a view of
+                // the product's rows), written as [B, T, H, d].
+                let packed = qkv.forward(&h)?.reshape(&[b, t, heads, 3, head_dim])?;
+                let attended = packed.attention_packed(scale, true)?;
+                let merged = attended.reshape(&[b * t, c.d_model as isize])?;
+                return self.rest(x, merged);
+            }
+            Projections::Apart { query, key, value } => (query, key, value),
         };
+        let q = split_heads(query.forward(&h)?)?;
+        let k = split_heads(key.forward(&h)?)?;
+        let v = split_heads(value.forward(&h)?)?;
+        // q·kᵀ: [B, H, T, d] x [B, H, d, T] -> [B, H, T, T].
+        let scores = q.matmul_permuted(&k, &HEADS_FIRST, &[0, 2, 3, 1], &[0, 1, 2, 3])?;
+        // softmax(q·kᵀ/√d + mask) in one kernel, forward and backward.
+        let weights = scores.masked_softmax(mask, scale)?;
+        // weights·v: [B, H, T, T] x [B, H, T, d] -> [B, H, T, d], stored [B, T, H, d].
+        let attended = weights.matmul_permuted(&v, &[0, 1, 2, 3], &HEADS_FIRST, &HEADS_FIRST)?;
         let merged = attended.reshape(&[b * t, c.d_model as isize])?;
+        self.rest(x, merged)
+    }
+
+    /// The rest of the block after attention: `merged` (`[B·T, D]`, the heads side by
+    /// side) through the output projection into the residual stream, then the MLP.
+    fn rest(&self, x: Tensor<'g>, merged: Tensor<'g>) -> Result<Tensor<'g>, GraphError> {
         let x = x.add(&self.attn_out.forward(&merged)?)?;
         // gelu(h·w1 + b1): the bias add and the activation in one kernel.
         let hidden = self.ln2.forward(&x)?.matmul(&self.mlp_in.weight)?.bias_gelu(&self.mlp_in.bias)?;

@@ -256,7 +256,7 @@ fn refusal(metas: &[TensorMeta], scale: f64, causal: bool) -> String {
     let g = Graph::new();
     let xs: Vec<Tensor<'_>> =
         metas.iter().enumerate().map(|(i, m)| g.input(&format!("x{i}"), m.shape.clone(), m.dtype).unwrap()).collect();
-    let error = g.apply(Attention { scale, causal }, &xs).unwrap_err();
+    let error = g.apply(Attention::new(scale, causal), &xs).unwrap_err();
     assert!(matches!(&error, GraphError::Op { op, .. } if op == "attention"), "{error}");
     error.to_string()
 }
@@ -323,7 +323,7 @@ fn attention_refuses_inputs_that_do_not_fit_naming_the_values() {
 
 #[test]
 fn attention_grad_refuses_an_lse_out_or_dout_that_does_not_fit_its_q() {
-    let op = AttentionGrad { scale: 0.5, causal: true };
+    let op = AttentionGrad::new(0.5, true);
     let (q, kv) = (meta(&[2, 3, 4, 8], DType::F32), meta(&[2, 3, 4, 8], DType::F32));
     let lse = meta(&[2, 4, 3], DType::F32);
     let good = vec![q.clone(), kv.clone(), kv.clone(), q.clone(), lse.clone(), q.clone()];
@@ -338,9 +338,9 @@ fn attention_grad_refuses_an_lse_out_or_dout_that_does_not_fit_its_q() {
     let message = with(4, meta(&[2, 3, 4], DType::F32));
     assert!(message.contains("lse must be f32[2, 4, 3]") && message.contains("f32[2, 3, 4]"), "{message}");
     let message = with(3, meta(&[2, 3, 4, 8], DType::F64));
-    assert!(message.contains("out must have q's shape and dtype f32[2, 3, 4, 8]"), "{message}");
+    assert!(message.contains("out must be f32[2, 3, 4, 8]") && message.contains("got out f64[2, 3, 4, 8]"), "{message}");
     let message = with(5, meta(&[2, 3, 4, 7], DType::F32));
-    assert!(message.contains("dout must have q's shape and dtype") && message.contains("[2, 3, 4, 7]"), "{message}");
+    assert!(message.contains("dout must be f32[2, 3, 4, 8]") && message.contains("[2, 3, 4, 7]"), "{message}");
     let message = op.infer(&good[..5]).unwrap_err();
     assert!(message.contains("takes 6 inputs (q, k, v, out, lse, dout), got 5"), "{message}");
     // f64 inputs take an f64 lse; bf16 inputs an f32 one.
@@ -354,7 +354,7 @@ fn attention_grad_refuses_an_lse_out_or_dout_that_does_not_fit_its_q() {
 
 #[test]
 fn the_cpu_kernels_refuse_a_plan_whose_metas_contradict_each_other() {
-    let forward = Attention { scale: 0.5, causal: false };
+    let forward = Attention::new(0.5, false);
     let (q, kv) = (meta(&[2, 3, 4, 8], DType::Bf16), meta(&[2, 5, 4, 8], DType::Bf16));
     let lse = meta(&[2, 4, 3], DType::F32);
     let inputs = [q.clone(), kv.clone(), kv.clone()];
@@ -362,14 +362,16 @@ fn the_cpu_kernels_refuse_a_plan_whose_metas_contradict_each_other() {
     let message = forward.check(&inputs, &[q.clone(), meta(&[2, 4, 3], DType::Bf16)]).unwrap_err();
     assert!(message.contains("lse must be f32[2, 4, 3], got lse bf16[2, 4, 3]"), "{message}");
     let message = forward.check(&inputs, &[meta(&[2, 3, 4, 8], DType::F32), lse.clone()]).unwrap_err();
-    assert!(message.contains("out must have q's shape and dtype bf16[2, 3, 4, 8]"), "{message}");
+    assert!(message.contains("out must be bf16[2, 3, 4, 8], got out f32[2, 3, 4, 8]"), "{message}");
     let message = forward.check(&inputs[..2], &[q.clone(), lse.clone()]).unwrap_err();
-    assert!(message.contains("takes 3 inputs (q, k, v) and gives 2 outputs (out, lse), but has 2 and 2"), "{message}");
-    let causal = Attention { scale: 0.5, causal: true };
+    assert!(message.contains("takes 3 inputs (q, k, v), got 2"), "{message}");
+    let message = forward.check(&inputs, &[q.clone()]).unwrap_err();
+    assert!(message.contains("gives 2 outputs (out, lse), but has 1"), "{message}");
+    let causal = Attention::new(0.5, true);
     let message = causal.check(&inputs, &[q.clone(), lse.clone()]).unwrap_err();
     assert!(message.contains("Tq = 3 queries and Tk = 5 keys"), "{message}");
 
-    let backward = AttentionGrad { scale: 0.5, causal: false };
+    let backward = AttentionGrad::new(0.5, false);
     let grad_inputs = [q.clone(), kv.clone(), kv.clone(), q.clone(), lse.clone(), q.clone()];
     assert_eq!(backward.check(&grad_inputs, &[q.clone(), kv.clone(), kv.clone()]), Ok(()));
     let message = backward.check(&grad_inputs, &[q.clone(), kv.clone(), q.clone()]).unwrap_err();
@@ -398,14 +400,14 @@ fn attention_counts_two_products_and_its_gradient_two_and_a_half_times_that() {
     let inputs = [q.clone(), kv.clone(), kv.clone()];
     let products = 4.0 * 2.0 * 3.0 * 8.0 * 8.0 * 16.0;
     for causal in [false, true] {
-        let forward = Attention { scale: 0.25, causal };
+        let forward = Attention::new(0.25, causal);
         let outputs = forward.infer(&inputs).unwrap();
         let expected = if causal { products / 2.0 } else { products };
         assert_eq!(forward.flops(&inputs, &outputs), expected);
         let mut grad_inputs = inputs.to_vec();
         grad_inputs.extend(outputs.iter().cloned());
         grad_inputs.push(q.clone());
-        let backward = AttentionGrad { scale: 0.25, causal };
+        let backward = AttentionGrad::new(0.25, causal);
         assert_eq!(backward.flops(&grad_inputs, &inputs), 2.5 * expected);
     }
 }

@@ -363,14 +363,14 @@ fn attention_splits_sequences_heads_and_free_queries_and_its_gradient_takes_summ
     // Three sequences and three heads over 2, 3 and 4 devices: uneven and empty parts.
     for (causal, keys) in [(true, 5), (false, 5), (false, 3)] {
         let (q, k, v) = (random([3, 5, 3, 4], 26), random([3, keys, 3, 4], 27), random([3, keys, 3, 4], 28));
-        let op = Attention { scale: 0.4, causal };
+        let op = Attention::new(0.4, causal);
         let signatures = check_signatures(&op, &[q.clone(), k.clone(), v.clone()]);
         assert!(has(&signatures, &[S(0), S(0), S(0)], &[S(0), S(0)]), "{causal}");
         assert!(has(&signatures, &[S(2), S(2), S(2)], &[S(2), S(1)]), "{causal}");
         assert_eq!(has(&signatures, &[S(1), B, B], &[S(1), S(2)]), !causal);
         let outputs = run(&op, &[q.clone(), k.clone(), v.clone()]).unwrap();
         let dout = random([3, 5, 3, 4], 29);
-        let grad = AttentionGrad { scale: 0.4, causal };
+        let grad = AttentionGrad::new(0.4, causal);
         let inputs = [q, k, v, outputs[0].clone(), outputs[1].clone(), dout];
         let signatures = check_signatures(&grad, &inputs);
         assert!(has(&signatures, &[B, B, B, B, B, P], &[P, P, P]), "{causal}");

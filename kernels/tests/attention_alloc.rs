@@ -24,9 +24,9 @@ fn attention_and_its_gradient_allocate_nothing_once_warm() {
     for threads in [1, 2] {
         let context = HostContext { threads };
         let mut run = || {
-            let forward = Attention { scale: 0.05, causal: true };
+            let forward = Attention::new(0.05, true);
             forward.compute(&context, &[q.view(), k.view(), v.view()], &mut [out.view_mut(), lse.view_mut()]).unwrap();
-            let backward = AttentionGrad { scale: 0.05, causal: true };
+            let backward = AttentionGrad::new(0.05, true);
             let inputs = [q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view()];
             let [dq, dk, dv] = &mut grads[..] else { unreachable!() };
             backward.compute(&context, &inputs, &mut [dq.view_mut(), dk.view_mut(), dv.view_mut()]).unwrap();

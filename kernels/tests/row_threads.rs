@@ -93,7 +93,7 @@ fn attention_and_its_gradient_share_whole_sequences() {
     for (b, t, h, d) in [(5, 33, 2, 16), (1, 5, 2, 4)] {
         for causal in [true, false] {
             let (q, k, v) = (random(&[b, t, h, d], 40), random(&[b, t, h, d], 41), random(&[b, t, h, d], 42));
-            let op = Attention { scale: 0.25, causal };
+            let op = Attention::new(0.25, causal);
             let outs = [vec![b, t, h, d], vec![b, h, t]];
             same_on_any_thread_count("attention", &op, &[q.clone(), k.clone(), v.clone()], &outs);
             let mut forward = run(&op, &[q.clone(), k.clone(), v.clone()], &outs, 1).into_iter();
@@ -104,7 +104,7 @@ fn attention_and_its_gradient_share_whole_sequences() {
             let (out, lse) = (f32s(&outs[0]), f32s(&outs[1]));
             let dout = random(&[b, t, h, d], 43);
             let grads = vec![vec![b, t, h, d]; 3];
-            let grad = AttentionGrad { scale: 0.25, causal };
+            let grad = AttentionGrad::new(0.25, causal);
             same_on_any_thread_count("attention_grad", &grad, &[q, k, v, out, lse, dout], &grads);
         }
     }

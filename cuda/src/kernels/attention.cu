@@ -307,20 +307,23 @@ __device__ __forceinline__ void att_zero(float (*acc)[4]) {
 }
 
 // The forward: a block per 64 queries of one (sequence, head) (blockIdx.x, blockIdx.y).
-template <typename T, int D>
+template <typename T, int D, int PACK>
 __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* out, float* lse, u64 tq, u64 tk,
                                u64 heads, float scale, u32 causal) {
+    const u64 pack = PACK;
     const int KT = 64, S = Stages<D, KT>::n;
     __shared__ __align__(16) h16 ks[S][KT][D + 8];
     __shared__ __align__(16) h16 vs[S][KT][D + 8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    // q, k and v rows of `PACK · D` values (a packed qkv's), out's of D.
     const u64 bh = blockIdx.y, b = bh / heads, h = bh % heads, stride = heads * D;
-    const h16* qh = q + (b * tq * heads + h) * D;
-    const h16* kh = k + (b * tk * heads + h) * D;
-    const h16* vh = v + (b * tk * heads + h) * D;
+    const u32 in_stride = (u32)heads * (D * PACK);
+    const h16* qh = q + (b * tq * heads + h) * D * pack;
+    const h16* kh = k + (b * tk * heads + h) * D * pack;
+    const h16* vh = v + (b * tk * heads + h) * D * pack;
     const u64 block0 = (u64)blockIdx.x * ATT_ROWS, lo = block0 + warp * 16 + g, hi = lo + 8;
     u32 qa[D / 16][4];
-    att_load_rows<D>(qa, qh, lo, tq, stride, t4);
+    att_load_rows<D>(qa, qh, lo, tq, in_stride, t4);
     float o[D / 8][4];
     att_zero<D>(o);
     // Running max (log2 units) and the thread's part of the running sum, per row.
@@ -328,8 +331,8 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
     const float c = scale * ATT_LOG2E;
     const u32 tiles = (u32)((att_key_end(block0, tk, causal) + KT - 1) / KT);
     auto load = [&](u32 tile, int stage) {
-        att_load_tile<D, KT>(ks[stage], kh, tile * KT, tk, stride);
-        att_load_tile<D, KT>(vs[stage], vh, tile * KT, tk, stride);
+        att_load_tile<D, KT>(ks[stage], kh, tile * KT, tk, in_stride);
+        att_load_tile<D, KT>(vs[stage], vh, tile * KT, tk, in_stride);
         att_commit();
     };
     att_pipeline<S>(tiles, load, [&](u32 tile, int st) {
@@ -386,18 +389,21 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
 }
 
 // dq: a block per 64 queries; keys and values stream through shared memory.
-template <typename T, int D>
+template <typename T, int D, int PACK>
 __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,
                           const float* dots, h16* dq, u64 tq, u64 tk, u64 heads, float scale, u32 causal) {
+    const u64 pack = PACK;
     const int KT = D <= 64 ? 64 : 32, KP = ATT_PART < KT ? ATT_PART : KT, S = Stages<D, KT>::n;
     __shared__ __align__(16) h16 ks[S][KT][D + 8];
     __shared__ __align__(16) h16 vs[S][KT][D + 8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    // q, k, v and dq rows of `PACK · D` values (a packed qkv's), dout's of D.
     const u64 bh = blockIdx.y, b = bh / heads, h = bh % heads, stride = heads * D;
-    const u64 offset_q = (b * tq * heads + h) * D, offset_k = (b * tk * heads + h) * D;
+    const u64 in_stride = stride * pack;
+    const u64 offset_q = (b * tq * heads + h) * D, offset_k = (b * tk * heads + h) * D * pack;
     const u64 block0 = (u64)blockIdx.x * ATT_ROWS, lo = block0 + warp * 16 + g, hi = lo + 8;
     u32 qa[D / 16][4], da[D / 16][4];
-    att_load_rows<D>(qa, q + offset_q, lo, tq, stride, t4);
+    att_load_rows<D>(qa, q + offset_q * pack, lo, tq, in_stride, t4);
     att_load_rows<D>(da, dout + offset_q, lo, tq, stride, t4);
     const float lse_lo = lo < tq ? lse[bh * tq + lo] * ATT_LOG2E : 0.f, lse_hi = hi < tq ? lse[bh * tq + hi] * ATT_LOG2E : 0.f;
     const float dot_lo = lo < tq ? dots[bh * tq + lo] : 0.f, dot_hi = hi < tq ? dots[bh * tq + hi] : 0.f;
@@ -406,8 +412,8 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
     const float c = scale * ATT_LOG2E;
     const u32 tiles = (u32)((att_key_end(block0, tk, causal) + KT - 1) / KT);
     auto load = [&](u32 tile, int stage) {
-        att_load_tile<D, KT>(ks[stage], k + offset_k, tile * KT, tk, stride);
-        att_load_tile<D, KT>(vs[stage], v + offset_k, tile * KT, tk, stride);
+        att_load_tile<D, KT>(ks[stage], k + offset_k, tile * KT, tk, in_stride);
+        att_load_tile<D, KT>(vs[stage], v + offset_k, tile * KT, tk, in_stride);
         att_commit();
     };
     att_pipeline<S>(tiles, load, [&](u32 tile, int st) {
@@ -433,25 +439,28 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
             att_times_tile<T, D, KP>(acc, s, ks[st] + part * KP, lane);
         }
     });
-    att_store_rows<T, D>(dq + offset_q, acc, lo, tq, stride, t4, scale, scale);
+    att_store_rows<T, D>(dq + offset_q * pack, acc, lo, tq, in_stride, t4, scale, scale);
 }
 
 // dk and dv: a block per 64 keys; queries, their output gradients, lse and dots stream
 // through shared memory. The products are taken transposed (keys as rows): sᵀ = k·qᵀ.
-template <typename T, int D>
+template <typename T, int D, int PACK>
 __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,
                            const float* dots, h16* dk, h16* dv, u64 tq, u64 tk, u64 heads, float scale, u32 causal) {
+    const u64 pack = PACK;
     const int QT = D <= 64 ? 64 : 32, QP = ATT_PART < QT ? ATT_PART : QT, S = Stages<D, QT>::n;
     __shared__ __align__(16) h16 qs[S][QT][D + 8];
     __shared__ __align__(16) h16 ds[S][QT][D + 8];
     __shared__ float ls[S][QT], dd[S][QT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    // q, k, v, dk and dv rows of `PACK · D` values (a packed qkv's), dout's of D.
     const u64 bh = blockIdx.y, b = bh / heads, h = bh % heads, stride = heads * D;
-    const u64 offset_q = (b * tq * heads + h) * D, offset_k = (b * tk * heads + h) * D;
+    const u32 in_stride = (u32)heads * (D * PACK);
+    const u64 offset_q = (b * tq * heads + h) * D, offset_k = (b * tk * heads + h) * D * pack;
     const u64 block0 = (u64)blockIdx.x * ATT_ROWS, lo = block0 + warp * 16 + g, hi = lo + 8;
     u32 ka[D / 16][4], va[D / 16][4];
-    att_load_rows<D>(ka, k + offset_k, lo, tk, stride, t4);
-    att_load_rows<D>(va, v + offset_k, lo, tk, stride, t4);
+    att_load_rows<D>(ka, k + offset_k, lo, tk, in_stride, t4);
+    att_load_rows<D>(va, v + offset_k, lo, tk, in_stride, t4);
     float dk_acc[D / 8][4], dv_acc[D / 8][4];
     att_zero<D>(dk_acc);
     att_zero<D>(dv_acc);
@@ -461,7 +470,7 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
     const u32 tiles = first < tq ? (u32)((tq - first + QT - 1) / QT) : 0u;
     auto load = [&](u32 tile, int stage) {
         const u64 q0 = first + tile * QT;
-        att_load_tile<D, QT>(qs[stage], q + offset_q, q0, tq, stride);
+        att_load_tile<D, QT>(qs[stage], q + offset_q * pack, q0, tq, in_stride);
         att_load_tile<D, QT>(ds[stage], dout + offset_q, q0, tq, stride);
         att_commit();
         for (int r = threadIdx.x; r < QT; r += ATT_THREADS) {
@@ -494,30 +503,36 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
             att_times_tile<T, D, QP>(dk_acc, dp, qs[st] + part * QP, lane);
         }
     });
-    att_store_rows<T, D>(dk + offset_k, dk_acc, lo, tk, stride, t4, scale, scale);
-    att_store_rows<T, D>(dv + offset_k, dv_acc, lo, tk, stride, t4, 1.f, 1.f);
+    att_store_rows<T, D>(dk + offset_k, dk_acc, lo, tk, in_stride, t4, scale, scale);
+    att_store_rows<T, D>(dv + offset_k, dv_acc, lo, tk, in_stride, t4, 1.f, 1.f);
 }
 
 // The tensor-core entries for one 16-bit type and head size: `regflow_attention_*_<S>`
-// with S = <type>_d<D>.
-#define ATTENTION_TC(S, T, D)                                                                                    \
+// with S = <type>_d<D>, over q, k and v apart (P = 1) or, with S = <type>_d<D>_qkv, over one
+// packed qkv (P = 3: the host passes q, k and v as its address plus 0, D and 2·D). The
+// packing is a template argument, not a launch's: as a run-time value its strides cost the
+// registers that spill at the blocks per SM these entries are bounded to.
+#define ATTENTION_TC_PACKED(S, T, D, P)                                                                          \
     extern "C" __global__ void ATT_FIT4_##D                                                                 \
         regflow_attention_fwd_##S(const h16* q, const h16* k, const h16* v, h16* out, float* lse, u64 tq,       \
                                   u64 tk, u64 heads, float scale, u32 causal) {                                  \
-        att_forward_tc<T, D>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                   \
+        att_forward_tc<T, D, P>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                \
     }                                                                                                            \
     extern "C" __global__ void ATT_FIT4_##D                                                                 \
         regflow_attention_dq_##S(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,   \
                                  const float* dots, h16* dq, u64 tq, u64 tk, u64 heads, float scale,             \
                                  u32 causal) {                                                                   \
-        att_dq_tc<T, D>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                             \
+        att_dq_tc<T, D, P>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                          \
     }                                                                                                            \
     extern "C" __global__ void ATT_FIT3_##D                                                                 \
         regflow_attention_dkv_##S(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,  \
                                   const float* dots, h16* dk, h16* dv, u64 tq, u64 tk, u64 heads, float scale,   \
                                   u32 causal) {                                                                  \
-        att_dkv_tc<T, D>(q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal);                        \
+        att_dkv_tc<T, D, P>(q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal);                     \
     }
+#define ATTENTION_TC(S, T, D)                                                                                    \
+    ATTENTION_TC_PACKED(S, T, D, 1)                                                                              \
+    ATTENTION_TC_PACKED(S##_qkv, T, D, 3)
 ATTENTION_TC(bf16_d16, bf16, 16)
 ATTENTION_TC(bf16_d32, bf16, 32)
 ATTENTION_TC(bf16_d64, bf16, 64)
@@ -539,14 +554,15 @@ __device__ __forceinline__ W att_dot(const T* a, const T* b, u64 d) {
 // The forward, a thread per query (blockIdx.x · blockDim.x + threadIdx.x, head blockIdx.y).
 template <typename T>
 __device__ void att_forward_simt(const T* q, const T* k, const T* v, T* out, typename Wide<T>::type* lse, u64 tq,
-                                 u64 tk, u64 heads, u64 d, typename Wide<T>::type scale, u32 causal) {
+                                 u64 tk, u64 heads, u64 pack, u64 d, typename Wide<T>::type scale, u32 causal) {
     typedef typename Wide<T>::type W;
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
     if (i >= tq) return;
-    const u64 stride = heads * d;
-    const T* qi = q + ((b * tq + i) * heads + h) * d;
-    const T* kh = k + (b * tk * heads + h) * d;
-    const T* vh = v + (b * tk * heads + h) * d;
+    // q, k and v rows of `pack · d` values (a packed qkv's), out's of d.
+    const u64 stride = heads * d * pack;
+    const T* qi = q + ((b * tq + i) * heads + h) * d * pack;
+    const T* kh = k + (b * tk * heads + h) * d * pack;
+    const T* vh = v + (b * tk * heads + h) * d * pack;
     W acc[ATT_SIMT_MAX_D];
     for (u64 x = 0; x < d; ++x) acc[x] = W(0);
     W m = minus_infinity<W>(), l = W(0);
@@ -572,42 +588,44 @@ __device__ void att_forward_simt(const T* q, const T* k, const T* v, T* out, typ
 // dq, a thread per query.
 template <typename T>
 __device__ void att_dq_simt(const T* q, const T* k, const T* v, const T* dout, const typename Wide<T>::type* lse,
-                            const typename Wide<T>::type* dots, T* dq, u64 tq, u64 tk, u64 heads, u64 d,
+                            const typename Wide<T>::type* dots, T* dq, u64 tq, u64 tk, u64 heads, u64 pack, u64 d,
                             typename Wide<T>::type scale, u32 causal) {
     typedef typename Wide<T>::type W;
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
     if (i >= tq) return;
-    const u64 stride = heads * d, row = ((b * tq + i) * heads + h) * d;
-    const T* kh = k + (b * tk * heads + h) * d;
-    const T* vh = v + (b * tk * heads + h) * d;
+    // q, k, v and dq rows of `pack · d` values (a packed qkv's), dout's of d.
+    const u64 stride = heads * d * pack, row = ((b * tq + i) * heads + h) * d, in_row = row * pack;
+    const T* kh = k + (b * tk * heads + h) * d * pack;
+    const T* vh = v + (b * tk * heads + h) * d * pack;
     const W l = lse[bh * tq + i], dot = dots[bh * tq + i];
     W acc[ATT_SIMT_MAX_D];
     for (u64 x = 0; x < d; ++x) acc[x] = W(0);
     const u64 end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
     for (u64 j = 0; j < end; ++j) {
         const T* kj = kh + j * stride;
-        const W p = m_exp(att_dot<T, W>(q + row, kj, d) * scale - l);
+        const W p = m_exp(att_dot<T, W>(q + in_row, kj, d) * scale - l);
         const W ds = p * (att_dot<T, W>(dout + row, vh + j * stride, d) - dot);
         for (u64 x = 0; x < d; ++x) acc[x] += ds * (W)ld(kj + x);
     }
-    for (u64 x = 0; x < d; ++x) st(dq + row + x, acc[x] * scale);
+    for (u64 x = 0; x < d; ++x) st(dq + in_row + x, acc[x] * scale);
 }
 
 // dk and dv, a thread per key.
 template <typename T>
 __device__ void att_dkv_simt(const T* q, const T* k, const T* v, const T* dout, const typename Wide<T>::type* lse,
-                             const typename Wide<T>::type* dots, T* dk, T* dv, u64 tq, u64 tk, u64 heads, u64 d,
-                             typename Wide<T>::type scale, u32 causal) {
+                             const typename Wide<T>::type* dots, T* dk, T* dv, u64 tq, u64 tk, u64 heads, u64 pack,
+                             u64 d, typename Wide<T>::type scale, u32 causal) {
     typedef typename Wide<T>::type W;
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
     if (j >= tk) return;
-    const u64 stride = heads * d, row = ((b * tk + j) * heads + h) * d;
-    const T* qh = q + (b * tq * heads + h) * d;
+    // q, k, v, dk and dv rows of `pack · d` values (a packed qkv's), dout's of d.
+    const u64 stride = heads * d, in_stride = stride * pack, row = ((b * tk + j) * heads + h) * d * pack;
+    const T* qh = q + (b * tq * heads + h) * d * pack;
     const T* oh = dout + (b * tq * heads + h) * d;
     W acc_k[ATT_SIMT_MAX_D], acc_v[ATT_SIMT_MAX_D];
     for (u64 x = 0; x < d; ++x) acc_k[x] = acc_v[x] = W(0);
     for (u64 i = causal ? j : 0; i < tq; ++i) {
-        const T* qi = qh + i * stride;
+        const T* qi = qh + i * in_stride;
         const T* oi = oh + i * stride;
         const W p = m_exp(att_dot<T, W>(qi, k + row, d) * scale - lse[bh * tq + i]);
         const W ds = p * (att_dot<T, W>(oi, v + row, d) - dots[bh * tq + i]);
@@ -680,14 +698,15 @@ template <typename W, int D> __device__ __forceinline__ W att_row_dot(const W* a
 // The forward, a thread per query.
 template <typename T, int D>
 __device__ void att_forward_rows(const T* q, const T* k, const T* v, T* out, typename Wide<T>::type* lse, u64 tq,
-                                 u64 tk, u64 heads, typename Wide<T>::type scale, u32 causal) {
+                                 u64 tk, u64 heads, u64 pack, typename Wide<T>::type scale, u32 causal) {
     typedef typename Wide<T>::type W;
     __shared__ W ks[ATT_ROW_TILE][D], vs[ATT_ROW_TILE][D];
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
-    const u64 stride = heads * D;
+    // q, k and v rows of `pack · D` values (a packed qkv's), out's of D.
+    const u64 stride = heads * D * pack;
     const bool inside = i < tq;
     W qi[D], acc[D];
-    att_row<T, D>(qi, q + ((b * tq + (inside ? i : 0)) * heads + h) * D, inside);
+    att_row<T, D>(qi, q + ((b * tq + (inside ? i : 0)) * heads + h) * D * pack, inside);
 #pragma unroll
     for (int x = 0; x < D; ++x) acc[x] = W(0);
     W m = minus_infinity<W>(), l = W(0);
@@ -696,8 +715,8 @@ __device__ void att_forward_rows(const T* q, const T* k, const T* v, T* out, typ
     const u64 end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
     for (u64 key0 = 0; key0 < key_end; key0 += ATT_ROW_TILE) {
         __syncthreads();
-        att_rows_tile<T, D>(ks, k + (b * tk * heads + h) * D, key0, tk, stride);
-        att_rows_tile<T, D>(vs, v + (b * tk * heads + h) * D, key0, tk, stride);
+        att_rows_tile<T, D>(ks, k + (b * tk * heads + h) * D * pack, key0, tk, stride);
+        att_rows_tile<T, D>(vs, v + (b * tk * heads + h) * D * pack, key0, tk, stride);
         __syncthreads();
         const int n = inside && end > key0 ? (int)(end - key0 < ATT_ROW_TILE ? end - key0 : ATT_ROW_TILE) : 0;
         for (int j = 0; j < n; ++j) {
@@ -725,15 +744,16 @@ __device__ void att_forward_rows(const T* q, const T* k, const T* v, T* out, typ
 // dq, a thread per query.
 template <typename T, int D>
 __device__ void att_dq_rows(const T* q, const T* k, const T* v, const T* dout, const typename Wide<T>::type* lse,
-                            const typename Wide<T>::type* dots, T* dq, u64 tq, u64 tk, u64 heads,
+                            const typename Wide<T>::type* dots, T* dq, u64 tq, u64 tk, u64 heads, u64 pack,
                             typename Wide<T>::type scale, u32 causal) {
     typedef typename Wide<T>::type W;
     __shared__ W ks[ATT_ROW_TILE][D], vs[ATT_ROW_TILE][D];
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
-    const u64 stride = heads * D, row = ((b * tq + (i < tq ? i : 0)) * heads + h) * D;
+    // q, k, v and dq rows of `pack · D` values (a packed qkv's), dout's of D.
+    const u64 stride = heads * D * pack, row = ((b * tq + (i < tq ? i : 0)) * heads + h) * D, in_row = row * pack;
     const bool inside = i < tq;
     W qi[D], oi[D], acc[D];
-    att_row<T, D>(qi, q + row, inside);
+    att_row<T, D>(qi, q + in_row, inside);
     att_row<T, D>(oi, dout + row, inside);
 #pragma unroll
     for (int x = 0; x < D; ++x) acc[x] = W(0);
@@ -743,8 +763,8 @@ __device__ void att_dq_rows(const T* q, const T* k, const T* v, const T* dout, c
     const u64 end = causal ? (i + 1 < tk ? i + 1 : tk) : tk;
     for (u64 key0 = 0; key0 < key_end; key0 += ATT_ROW_TILE) {
         __syncthreads();
-        att_rows_tile<T, D>(ks, k + (b * tk * heads + h) * D, key0, tk, stride);
-        att_rows_tile<T, D>(vs, v + (b * tk * heads + h) * D, key0, tk, stride);
+        att_rows_tile<T, D>(ks, k + (b * tk * heads + h) * D * pack, key0, tk, stride);
+        att_rows_tile<T, D>(vs, v + (b * tk * heads + h) * D * pack, key0, tk, stride);
         __syncthreads();
         const int n = inside && end > key0 ? (int)(end - key0 < ATT_ROW_TILE ? end - key0 : ATT_ROW_TILE) : 0;
         for (int j = 0; j < n; ++j) {
@@ -756,19 +776,20 @@ __device__ void att_dq_rows(const T* q, const T* k, const T* v, const T* dout, c
     }
     if (!inside) return;
 #pragma unroll
-    for (int x = 0; x < D; ++x) st(dq + row + x, acc[x] * scale);
+    for (int x = 0; x < D; ++x) st(dq + in_row + x, acc[x] * scale);
 }
 
 // dk (`want_dk`) or dv, a thread per key: two launches, so a thread holds at most three
 // rows (its key, its value, one gradient) in registers.
 template <typename T, int D>
 __device__ void att_dkv_rows(const T* q, const T* k, const T* v, const T* dout, const typename Wide<T>::type* lse,
-                             const typename Wide<T>::type* dots, T* grad, u64 tq, u64 tk, u64 heads,
+                             const typename Wide<T>::type* dots, T* grad, u64 tq, u64 tk, u64 heads, u64 pack,
                              typename Wide<T>::type scale, u32 causal, bool want_dk) {
     typedef typename Wide<T>::type W;
     __shared__ W qs[ATT_ROW_TILE][D], os[ATT_ROW_TILE][D], ls[ATT_ROW_TILE], dd[ATT_ROW_TILE];
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x, bh = blockIdx.y, b = bh / heads, h = bh % heads;
-    const u64 stride = heads * D, row = ((b * tk + (j < tk ? j : 0)) * heads + h) * D;
+    // q, k, v and the gradient rows of `pack · D` values (a packed qkv's), dout's of D.
+    const u64 stride = heads * D, row = ((b * tk + (j < tk ? j : 0)) * heads + h) * D * pack;
     const bool inside = j < tk;
     W kj[D], vj[D], acc[D];
     att_row<T, D>(kj, k + row, inside);
@@ -779,7 +800,7 @@ __device__ void att_dkv_rows(const T* q, const T* k, const T* v, const T* dout, 
     const u64 first = causal ? (u64)blockIdx.x * blockDim.x : 0;
     for (u64 q0 = first; q0 < tq; q0 += ATT_ROW_TILE) {
         __syncthreads();
-        att_rows_tile<T, D>(qs, q + (b * tq * heads + h) * D, q0, tq, stride);
+        att_rows_tile<T, D>(qs, q + (b * tq * heads + h) * D * pack, q0, tq, stride * pack);
         att_rows_tile<T, D>(os, dout + (b * tq * heads + h) * D, q0, tq, stride);
         for (int r = threadIdx.x; r < ATT_ROW_TILE; r += blockDim.x) {
             ls[r] = q0 + r < tq ? lse[bh * tq + q0 + r] : W(0);
@@ -811,27 +832,27 @@ __device__ void att_dkv_rows(const T* q, const T* k, const T* v, const T* dout, 
 // <type>_rows_d<D>.
 #define ATTENTION_ROWS(S, T, D)                                                                                  \
     extern "C" __global__ void regflow_attention_fwd_##S(const T* q, const T* k, const T* v, T* out,            \
-                                                         Wide<T>::type* lse, u64 tq, u64 tk, u64 heads,          \
+                                                         Wide<T>::type* lse, u64 tq, u64 tk, u64 heads, u64 pack,\
                                                          Wide<T>::type scale, u32 causal) {                      \
-        att_forward_rows<T, D>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                 \
+        att_forward_rows<T, D>(q, k, v, out, lse, tq, tk, heads, pack, scale, causal);                           \
     }                                                                                                            \
     extern "C" __global__ void regflow_attention_dq_##S(const T* q, const T* k, const T* v, const T* dout,      \
                                                         const Wide<T>::type* lse, const Wide<T>::type* dots,     \
-                                                        T* dq, u64 tq, u64 tk, u64 heads, Wide<T>::type scale,   \
-                                                        u32 causal) {                                            \
-        att_dq_rows<T, D>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                           \
+                                                        T* dq, u64 tq, u64 tk, u64 heads, u64 pack,              \
+                                                        Wide<T>::type scale, u32 causal) {                       \
+        att_dq_rows<T, D>(q, k, v, dout, lse, dots, dq, tq, tk, heads, pack, scale, causal);                     \
     }                                                                                                            \
     extern "C" __global__ void regflow_attention_dk_##S(const T* q, const T* k, const T* v, const T* dout,      \
                                                         const Wide<T>::type* lse, const Wide<T>::type* dots,     \
-                                                        T* dk, u64 tq, u64 tk, u64 heads, Wide<T>::type scale,   \
-                                                        u32 causal) {                                            \
-        att_dkv_rows<T, D>(q, k, v, dout, lse, dots, dk, tq, tk, heads, scale, causal, true);                    \
+                                                        T* dk, u64 tq, u64 tk, u64 heads, u64 pack,              \
+                                                        Wide<T>::type scale, u32 causal) {                       \
+        att_dkv_rows<T, D>(q, k, v, dout, lse, dots, dk, tq, tk, heads, pack, scale, causal, true);              \
     }                                                                                                            \
     extern "C" __global__ void regflow_attention_dv_##S(const T* q, const T* k, const T* v, const T* dout,      \
                                                         const Wide<T>::type* lse, const Wide<T>::type* dots,     \
-                                                        T* dv, u64 tq, u64 tk, u64 heads, Wide<T>::type scale,   \
-                                                        u32 causal) {                                            \
-        att_dkv_rows<T, D>(q, k, v, dout, lse, dots, dv, tq, tk, heads, scale, causal, false);                   \
+                                                        T* dv, u64 tq, u64 tk, u64 heads, u64 pack,              \
+                                                        Wide<T>::type scale, u32 causal) {                       \
+        att_dkv_rows<T, D>(q, k, v, dout, lse, dots, dv, tq, tk, heads, pack, scale, causal, false);             \
     }
 ATTENTION_ROWS(f32_rows_d16, float, 16)
 ATTENTION_ROWS(f32_rows_d32, float, 32)
@@ -843,21 +864,21 @@ ATTENTION_ROWS(f64_rows_d64, double, 64)
 
 #define ATTENTION_SIMT(S, T)                                                                                     \
     extern "C" __global__ void regflow_attention_fwd_##S(const T* q, const T* k, const T* v, T* out,            \
-                                                         Wide<T>::type* lse, u64 tq, u64 tk, u64 heads, u64 d,   \
-                                                         Wide<T>::type scale, u32 causal) {                      \
-        att_forward_simt<T>(q, k, v, out, lse, tq, tk, heads, d, scale, causal);                                 \
+                                                         Wide<T>::type* lse, u64 tq, u64 tk, u64 heads,          \
+                                                         u64 pack, u64 d, Wide<T>::type scale, u32 causal) {     \
+        att_forward_simt<T>(q, k, v, out, lse, tq, tk, heads, pack, d, scale, causal);                           \
     }                                                                                                            \
     extern "C" __global__ void regflow_attention_dq_##S(const T* q, const T* k, const T* v, const T* dout,      \
                                                         const Wide<T>::type* lse, const Wide<T>::type* dots,     \
-                                                        T* dq, u64 tq, u64 tk, u64 heads, u64 d,                 \
+                                                        T* dq, u64 tq, u64 tk, u64 heads, u64 pack, u64 d,       \
                                                         Wide<T>::type scale, u32 causal) {                       \
-        att_dq_simt<T>(q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal);                           \
+        att_dq_simt<T>(q, k, v, dout, lse, dots, dq, tq, tk, heads, pack, d, scale, causal);                     \
     }                                                                                                            \
     extern "C" __global__ void regflow_attention_dkv_##S(const T* q, const T* k, const T* v, const T* dout,     \
                                                          const Wide<T>::type* lse, const Wide<T>::type* dots,    \
-                                                         T* dk, T* dv, u64 tq, u64 tk, u64 heads, u64 d,         \
-                                                         Wide<T>::type scale, u32 causal) {                      \
-        att_dkv_simt<T>(q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal);                      \
+                                                         T* dk, T* dv, u64 tq, u64 tk, u64 heads, u64 pack,      \
+                                                         u64 d, Wide<T>::type scale, u32 causal) {               \
+        att_dkv_simt<T>(q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, pack, d, scale, causal);                \
     }                                                                                                            \
     extern "C" __global__ void regflow_attention_dots_##S(const T* out, const T* dout, Wide<T>::type* dots,     \
                                                           u64 rows, u64 tq, u64 heads, u64 d) {                  \

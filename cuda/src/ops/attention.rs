@@ -11,6 +11,13 @@
 //! scratch, then dq over query blocks and dk, dv over key blocks, each output written by
 //! one thread in a fixed order (no atomics: deterministic). Heads past 256, more than 65535 (sequence, head) pairs,
 //! sequences of 2^31 positions or more, or an empty tensor, run the CPU kernel on the host.
+//!
+//! The packed op's `qkv [B, T, H, 3, D]` is read in place: `q`, `k` and `v` are the
+//! tensor's address plus 0, `D` and `2·D` elements, with rows of `3·D` values (`out` and
+//! `dout` keep rows of `D`). The tensor-core entries have packed twins
+//! (`regflow_attention_{fwd,dq,dkv}_<dtype>_d<D>_qkv`, the packing compiled in: as a
+//! launch argument its strides cost registers these entries do not have); the row entries
+//! take the packing as their `pack` argument (3, else 1).
 
 use super::elementwise::input_slots;
 use super::{fail, function, op_conf, queued, stream, suffix, Entry};
@@ -45,7 +52,8 @@ const ROW_MAX_HEAD: usize = 256;
 /// The most (sequence, head) pairs a launch takes: they are its grid's `y`.
 const MAX_PAIRS: usize = 65_535;
 
-/// The sizes of one attention: q `[batch, tq, heads, d]`, k and v `[batch, tk, heads, d]`.
+/// The sizes of one attention: q `[batch, tq, heads, d]`, k and v `[batch, tk, heads, d]`
+/// (or one qkv `[batch, t, heads, 3, d]`).
 #[derive(Debug, Clone, Copy)]
 struct Sizes {
     tq: u64,
@@ -54,14 +62,25 @@ struct Sizes {
     d: u64,
     /// batch · heads.
     pairs: u64,
+    /// 3 for a packed qkv (rows of `3·d` values), else 1.
+    pack: u64,
 }
 
 impl Sizes {
-    /// The sizes of `conf`, whose first two inputs are q and k; `None` where the CUDA
-    /// kernels do not take them (the CPU kernel runs on the host).
-    fn of(conf: &OpConf) -> Option<Self> {
-        let (q, k) = (conf.inputs.first()?.shape.dims(), conf.inputs.get(1)?.shape.dims());
-        let (&[batch, tq, heads, d], &[_, tk, _, _]) = (q, k) else { return None };
+    /// The sizes of `conf`, whose first two inputs are q and k (whose first is qkv, when
+    /// `packed`); `None` where the CUDA kernels do not take them (the CPU kernel runs on
+    /// the host).
+    fn of(conf: &OpConf, packed: bool) -> Option<Self> {
+        let first = conf.inputs.first()?.shape.dims();
+        let (batch, tq, tk, heads, d, pack) = if packed {
+            let &[batch, t, heads, 3, d] = first else { return None };
+            (batch, t, t, heads, d, 3)
+        } else {
+            let (&[batch, tq, heads, d], &[_, tk, _, _]) = (first, conf.inputs.get(1)?.shape.dims()) else {
+                return None;
+            };
+            (batch, tq, tk, heads, d, 1)
+        };
         let pairs = batch * heads;
         let empty = [batch, tq, tk, heads, d].contains(&0);
         // The tensor-core entries count positions, and a tile past the last, in 32 bits.
@@ -72,7 +91,17 @@ impl Sizes {
             heads: heads as u64,
             d: d as u64,
             pairs: pairs as u64,
+            pack,
         })
+    }
+
+    /// Bytes from the packed qkv's address to its `k` and `v` (zeros when apart).
+    fn packed_offsets(&self, dtype: DType) -> [u64; 3] {
+        if self.pack == 1 {
+            return [0; 3];
+        }
+        let row = self.d * dtype.size() as u64;
+        [0, row, 2 * row]
     }
 
     /// The grid of the tensor-core entries over `rows` (queries or keys).
@@ -107,14 +136,14 @@ struct Entries {
 }
 
 impl Entries {
-    fn find(spec: &KernelSpec<'_>, dtype: DType, d: u64) -> Result<Self, KernelError> {
+    fn find(spec: &KernelSpec<'_>, dtype: DType, d: u64, packed: bool) -> Result<Self, KernelError> {
         let s = suffix(dtype);
         let named = |stage: &str, tail: &str| function(spec, &format!("regflow_attention_{stage}_{tail}"));
         let device = Device::open(usize::from(spec.device_index))?;
         let half = matches!(dtype, DType::Bf16 | DType::F16);
         let tensor_cores =
             if half && device.info().compute_capability.0 >= 8 && TENSOR_CORE_HEADS.contains(&(d as usize)) {
-                let tail = format!("{s}_d{d}");
+                let tail = format!("{s}_d{d}{}", if packed { "_qkv" } else { "" });
                 Some([named("fwd", &tail)?, named("dq", &tail)?, named("dkv", &tail)?])
             } else {
                 None
@@ -154,10 +183,16 @@ struct Prepared {
 impl Prepared {
     /// The kernels' state for `conf` (already checked by the op's `check`), or `None` where
     /// the CUDA kernels do not take its sizes (the CPU kernel then runs on the host).
-    fn of(spec: &KernelSpec<'_>, conf: &OpConf, scale: f64, causal: bool) -> Result<Option<Self>, KernelError> {
-        let Some(sizes) = Sizes::of(conf) else { return Ok(None) };
+    fn of(
+        spec: &KernelSpec<'_>,
+        conf: &OpConf,
+        scale: f64,
+        causal: bool,
+        packed: bool,
+    ) -> Result<Option<Self>, KernelError> {
+        let Some(sizes) = Sizes::of(conf, packed) else { return Ok(None) };
         Ok(Some(Self {
-            entries: Entries::find(spec, conf.outputs[0].dtype, sizes.d)?,
+            entries: Entries::find(spec, conf.outputs[0].dtype, sizes.d, packed)?,
             sizes,
             scale,
             causal: u32::from(causal),
@@ -166,27 +201,33 @@ impl Prepared {
     }
 }
 
-/// `attention`: q, k, v -> out, lse.
+/// `attention`: q, k, v (or qkv) -> out, lse.
 #[derive(Debug)]
 struct AttentionKernel {
     at: Prepared,
+    /// The slots of q, k and v (qkv's thrice, when packed).
     inputs: [usize; 3],
+    /// Bytes added to each input's address ([`Sizes::packed_offsets`]).
+    offsets: [u64; 3],
 }
 
 impl Kernel for AttentionKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        let [q, k, v] = self.inputs.map(|i| io.input_addr(i));
+        let [q, k, v] = std::array::from_fn(|n| io.input_addr(self.inputs[n]) + self.offsets[n]);
         let (out, lse) = (io.output_addr(0), io.output_addr(1));
         let at = &self.at;
         let Sizes { tq, tk, heads, .. } = at.sizes;
         let (causal, s) = (at.causal, stream(io));
-        // SAFETY (every launch): q and out hold batch·tq·heads·d elements, k and v
-        // batch·tk·heads·d, lse batch·heads·tq (checked at build); a grid's y is the
-        // (sequence, head) pair and its x covers tq; the argument types are the kernels'.
+        // SAFETY (every launch): out holds batch·tq·heads·d elements, q batch·tq·heads·pack·d
+        // from its address (packed: k and v start d and 2·d elements further, in one
+        // batch·t·heads·3·d tensor), k and v batch·tk·heads·pack·d, lse batch·heads·tq
+        // (checked at build); a grid's y is the (sequence, head) pair and its x covers tq;
+        // the argument types are the kernels'.
         unsafe {
             if let Some([forward, ..]) = at.entries.tensor_cores_for(&[q, k, v, out]) {
                 let grid = at.sizes.tensor_core_grid(tq);
-                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, at.scale as f32, causal])?;
+                let scale = at.scale as f32;
+                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, scale, causal])?;
             } else {
                 let pointers = [q, k, v, out, lse];
                 if at.wide == DType::F64 {
@@ -204,19 +245,30 @@ fn make_attention(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelError>
     let conf = op_conf(spec)?;
     let op: Attention = conf.parse_attrs().map_err(KernelError)?;
     op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
-    Ok(match Prepared::of(spec, conf, op.scale, op.causal)? {
-        Some(at) => queued(AttentionKernel { at, inputs: input_slots(conf) }),
+    Ok(match Prepared::of(spec, conf, op.scale, op.causal, op.packed)? {
+        Some(at) => {
+            let offsets = at.sizes.packed_offsets(conf.inputs[0].dtype);
+            let inputs = if op.packed { [input_slots::<1>(conf)[0]; 3] } else { input_slots(conf) };
+            queued(AttentionKernel { at, inputs, offsets })
+        }
         None => Box::new(HostOpKernel::new(op, conf)),
     })
 }
 
-/// `attention_grad`: q, k, v, out, lse, dout -> dq, dk, dv.
+/// `attention_grad`: q, k, v, out, lse, dout -> dq, dk, dv (or qkv, out, lse, dout ->
+/// dqkv).
 #[derive(Debug)]
 struct AttentionGradKernel {
     at: Prepared,
     /// The row dots' entry, `Σ dout·out` per (sequence, head, query).
     dots: Function,
+    /// The slots of q, k, v, out, lse and dout (qkv's thrice, when packed).
     inputs: [usize; 6],
+    /// Bytes added to q's, k's and v's addresses, and to those of their gradients
+    /// ([`Sizes::packed_offsets`]).
+    offsets: [u64; 3],
+    /// The output slots of dq, dk and dv (dqkv's thrice).
+    outputs: [usize; 3],
 }
 
 impl AttentionGradKernel {
@@ -228,15 +280,17 @@ impl AttentionGradKernel {
 
 impl Kernel for AttentionGradKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        let [q, k, v, out, lse, dout] = self.inputs.map(|i| io.input_addr(i));
-        let (dq, dk, dv) = (io.output_addr(0), io.output_addr(1), io.output_addr(2));
+        let [q, k, v, out, lse, dout] = std::array::from_fn(|n| {
+            io.input_addr(self.inputs[n]) + self.offsets.get(n).copied().unwrap_or(0)
+        });
+        let [dq, dk, dv] = std::array::from_fn(|n| io.output_addr(self.outputs[n]) + self.offsets[n]);
         let dots = io.scratch(self.dots_bytes())?;
         let at = &self.at;
-        let Sizes { tq, tk, heads, d, pairs } = at.sizes;
+        let Sizes { tq, tk, heads, d, pairs, .. } = at.sizes;
         let (causal, s) = (at.causal, stream(io));
         let rows = pairs * tq;
-        // SAFETY (every launch): as the forward's, with out, dout and dq shaped as q, dk
-        // and dv as k, lse batch·heads·tq; `dots` holds batch·heads·tq values of the
+        // SAFETY (every launch): as the forward's, with dout shaped as out, dq as q, dk and
+        // dv as k (packed: dqkv as qkv, at the same offsets), lse batch·heads·tq; `dots` holds batch·heads·tq values of the
         // arithmetic type, written whole by the first launch and read by the other two,
         // in stream order.
         unsafe {
@@ -277,16 +331,16 @@ unsafe fn rows_forward<S>(
     scale: S,
     causal: u32,
 ) -> Result<(), KernelError> {
-    let Sizes { tq, tk, heads, d, .. } = *sizes;
+    let Sizes { tq, tk, heads, d, pack, .. } = *sizes;
     let grid = sizes.row_grid(tq);
     // SAFETY: the caller's.
     unsafe {
         match entries {
             RowEntries::Known([forward, ..]) => {
-                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, scale, causal])?
+                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, pack, scale, causal])?
             }
             RowEntries::Any([forward, ..]) => {
-                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, d, scale, causal])?
+                launch(s, forward, grid, &mut args![q, k, v, out, lse, tq, tk, heads, pack, d, scale, causal])?
             }
         }
     }
@@ -306,22 +360,23 @@ unsafe fn rows_grad<S: Copy>(
     scale: S,
     causal: u32,
 ) -> Result<(), KernelError> {
-    let Sizes { tq, tk, heads, d, .. } = *sizes;
+    let Sizes { tq, tk, heads, d, pack, .. } = *sizes;
     let (grid_q, grid_kv) = (sizes.row_grid(tq), sizes.row_grid(tk));
     // SAFETY: the caller's.
     unsafe {
         match entries {
             RowEntries::Known([_, grad_q, grad_k, grad_v]) => {
-                launch(s, grad_q, grid_q, &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal])?;
+                let args = &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, pack, scale, causal];
+                launch(s, grad_q, grid_q, args)?;
                 for (entry, grad) in [(grad_k, dk), (grad_v, dv)] {
-                    let args = &mut args![q, k, v, dout, lse, dots, grad, tq, tk, heads, scale, causal];
+                    let args = &mut args![q, k, v, dout, lse, dots, grad, tq, tk, heads, pack, scale, causal];
                     launch(s, entry, grid_kv, args)?;
                 }
             }
             RowEntries::Any([_, grad_q, grad_kv]) => {
-                let args = &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, d, scale, causal];
+                let args = &mut args![q, k, v, dout, lse, dots, dq, tq, tk, heads, pack, d, scale, causal];
                 launch(s, grad_q, grid_q, args)?;
-                let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, d, scale, causal];
+                let args = &mut args![q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, pack, d, scale, causal];
                 launch(s, grad_kv, grid_kv, args)?;
             }
         }
@@ -333,9 +388,16 @@ fn make_attention_grad(spec: &KernelSpec<'_>) -> Result<Box<dyn Kernel>, KernelE
     let conf = op_conf(spec)?;
     let op: AttentionGrad = conf.parse_attrs().map_err(KernelError)?;
     op.check(&conf.inputs, &conf.outputs).map_err(|m| fail(spec, conf, m))?;
-    let Some(at) = Prepared::of(spec, conf, op.scale, op.causal)? else {
+    let Some(at) = Prepared::of(spec, conf, op.scale, op.causal, op.packed)? else {
         return Ok(Box::new(HostOpKernel::new(op, conf)));
     };
     let dots = function(spec, &format!("regflow_attention_dots_{}", suffix(conf.outputs[0].dtype)))?;
-    Ok(queued(AttentionGradKernel { at, dots, inputs: input_slots(conf) }))
+    let offsets = at.sizes.packed_offsets(conf.inputs[0].dtype);
+    let (inputs, outputs) = if op.packed {
+        let [qkv, out, lse, dout] = input_slots::<4>(conf);
+        ([qkv, qkv, qkv, out, lse, dout], [0; 3])
+    } else {
+        (input_slots(conf), [0, 1, 2])
+    };
+    Ok(queued(AttentionGradKernel { at, dots, inputs, offsets, outputs }))
 }

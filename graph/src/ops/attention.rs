@@ -5,7 +5,7 @@ use super::{GradCtx, InputGrads, OpDef};
 use crate::plan::TensorMeta;
 use crate::sbp::{Sbp, SbpSignature};
 use crate::{GraphError, Tensor};
-use regflow_kernels::cpu::attention::{check_attention, check_attention_grad, AttentionDims};
+use regflow_kernels::cpu::attention::{check_attention_grad, check_attention_inputs, out_meta, AttentionDims};
 pub use regflow_plan::ops::{Attention, AttentionGrad};
 
 /// Flops of the forward op's two products, `q·kᵀ` and `p·v`: a multiply and an add each per
@@ -22,13 +22,14 @@ impl OpDef for Attention {
     }
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
-        let [q, k, v] = inputs else { return Err(format!("takes 3 inputs (q, k, v), got {}", inputs.len())) };
-        let dims = check_attention(self.scale, self.causal, q, k, v)?;
-        Ok(vec![q.clone(), dims.lse_meta(q.dtype)])
+        let dims = check_attention_inputs(self.scale, self.causal, self.packed, inputs)?;
+        let dtype = inputs[0].dtype;
+        Ok(vec![out_meta(&dims, dtype), dims.lse_meta(dtype)])
     }
 
-    /// One `attention_grad` op for `q`, `k` and `v`, reading the forward op's `out` and
-    /// `lse`. Only `out` may reach the loss: a gradient through `lse` is refused.
+    /// One `attention_grad` op for `q`, `k` and `v` (for `qkv` when packed), reading the
+    /// forward op's `out` and `lse`. Only `out` may reach the loss: a gradient through
+    /// `lse` is refused.
     fn grad<'g>(&self, ctx: &GradCtx<'g>) -> Result<InputGrads<'g>, GraphError> {
         if ctx.output_grads.get(1).copied().flatten().is_some() {
             return Err(GraphError::Op {
@@ -39,21 +40,25 @@ impl OpDef for Attention {
                     .into(),
             });
         }
-        let [q, k, v] = ctx.inputs[..] else {
+        let forward = if self.packed { 1 } else { 3 };
+        if ctx.inputs.len() != forward {
             return Err(GraphError::Kernel {
                 op: self.name().into(),
-                message: format!("gradient rule got {} inputs, not 3 (broken invariant)", ctx.inputs.len()),
+                message: format!("gradient rule got {} inputs, not {forward} (broken invariant)", ctx.inputs.len()),
             });
-        };
+        }
         let [out, lse] = ctx.outputs[..] else {
             return Err(GraphError::Kernel {
                 op: self.name().into(),
                 message: format!("gradient rule got {} outputs, not 2 (broken invariant)", ctx.outputs.len()),
             });
         };
-        let dout = ctx.grad()?.cast(q.dtype())?;
-        let grad = AttentionGrad { scale: self.scale, causal: self.causal };
-        let grads = q.graph().apply(grad, &[q, k, v, out, lse, dout])?;
+        let first = ctx.inputs[0];
+        let dout = ctx.grad()?.cast(first.dtype())?;
+        let grad = AttentionGrad { scale: self.scale, causal: self.causal, packed: self.packed };
+        let mut inputs = ctx.inputs.to_vec();
+        inputs.extend([out, lse, dout]);
+        let grads = first.graph().apply(grad, &inputs)?;
         Ok(grads.into_iter().map(Some).collect())
     }
 
@@ -62,7 +67,19 @@ impl OpDef for Attention {
     /// `causal`, queries are too: a split of `q`'s queries with `k` and `v` whole splits
     /// `out` and `lse` alike (a causal query needs its position, which a part does not
     /// know).
+    ///
+    /// Packed, `qkv [B, T, H, 3, D]` splits on the batch (0) or the heads (2); a split of
+    /// queries would split keys too.
     fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        if self.packed {
+            return match inputs.len() {
+                1 => vec![
+                    SbpSignature::new([Sbp::Split(0)], [Sbp::Split(0), Sbp::Split(0)]),
+                    SbpSignature::new([Sbp::Split(2)], [Sbp::Split(2), Sbp::Split(1)]),
+                ],
+                _ => Vec::new(),
+            };
+        }
         if inputs.len() != 3 {
             return Vec::new();
         }
@@ -80,8 +97,8 @@ impl OpDef for Attention {
     }
 
     fn flops(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> f64 {
-        let [q, k, v] = inputs else { return 0.0 };
-        check_attention(self.scale, self.causal, q, k, v).map_or(0.0, |dims| forward_flops(&dims, self.causal))
+        check_attention_inputs(self.scale, self.causal, self.packed, inputs)
+            .map_or(0.0, |dims| forward_flops(&dims, self.causal))
     }
 
     /// Two products: `q`, `k` and `v` in bf16 (or f16) under mixed precision, computed
@@ -97,8 +114,8 @@ impl OpDef for AttentionGrad {
     }
 
     fn infer(&self, inputs: &[TensorMeta]) -> Result<Vec<TensorMeta>, String> {
-        check_attention_grad(self.scale, self.causal, inputs)?;
-        Ok(inputs[..3].to_vec())
+        check_attention_grad(self.scale, self.causal, self.packed, inputs)?;
+        Ok(inputs[..if self.packed { 1 } else { 3 }].to_vec())
     }
 
     /// Reads its inputs as they are: bf16 `q`, `k`, `v`, `out` and `dout` with the f32
@@ -116,8 +133,20 @@ impl OpDef for AttentionGrad {
     /// The forward op's splits of sequences and heads (`lse` split alike), and, without
     /// `causal`, of queries (`dk` and `dv` then partial sums over them) or of keys (`dq`
     /// partial). With every other input whole, all three gradients are linear in `dout`
-    /// (`Σ dout·out` is too), so summands of `dout` give summands.
+    /// (`Σ dout·out` is too), so summands of `dout` give summands. Packed: the batch and
+    /// head splits, and summands of `dout`.
     fn sbp_signatures(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> Vec<SbpSignature> {
+        if self.packed {
+            if inputs.len() != 4 {
+                return Vec::new();
+            }
+            let whole = Sbp::Broadcast;
+            return vec![
+                SbpSignature::new([Sbp::Split(0); 4], [Sbp::Split(0)]),
+                SbpSignature::new([Sbp::Split(2), Sbp::Split(2), Sbp::Split(1), Sbp::Split(2)], [Sbp::Split(2)]),
+                SbpSignature::new([whole, whole, whole, Sbp::Partial], [Sbp::Partial]),
+            ];
+        }
         if inputs.len() != 6 {
             return Vec::new();
         }
@@ -146,7 +175,7 @@ impl OpDef for AttentionGrad {
     /// The forward's products recomputed (`q·kᵀ`) and four more of its size (`dout·vᵀ`,
     /// `dv`, `dq`, `dk`): 2.5 times the forward op's.
     fn flops(&self, inputs: &[TensorMeta], _outputs: &[TensorMeta]) -> f64 {
-        check_attention_grad(self.scale, self.causal, inputs)
+        check_attention_grad(self.scale, self.causal, self.packed, inputs)
             .map_or(0.0, |dims| 2.5 * forward_flops(&dims, self.causal))
     }
 }
@@ -189,7 +218,33 @@ impl<'g> Tensor<'g> {
         scale: f64,
         causal: bool,
     ) -> Result<(Tensor<'g>, Tensor<'g>), GraphError> {
-        let outputs = self.graph().apply(Attention { scale, causal }, &[*self, *k, *v])?;
+        let outputs = self.graph().apply(Attention::new(scale, causal), &[*self, *k, *v])?;
+        match outputs[..] {
+            [out, lse] => Ok((out, lse)),
+            _ => Err(GraphError::Kernel {
+                op: "attention".into(),
+                message: format!("gave {} outputs, not 2 (broken invariant)", outputs.len()),
+            }),
+        }
+    }
+
+    /// [`attention`](Self::attention) over `self` as one packed `qkv [B, T, H, 3, D]`: per
+    /// position and head the query, key and value rows side by side, as one projection
+    /// `x·w_qkv` to `[B·T, H·3·D]` writes them when `w_qkv`'s columns are grouped by head
+    /// (reshape its rows to `[B, T, H, 3, D]`; no copy). `q`, `k` and `v` are read in
+    /// place, and the gradient is one `dqkv` laid out alike, so the three projections,
+    /// their bias adds and the sum of their inputs' gradients become one each. A column
+    /// split of `w_qkv` on a tensor-parallel axis splits whole heads. Returns `out [B, T,
+    /// H, D]` (and, with [`attention_packed_with_lse`](Self::attention_packed_with_lse),
+    /// `lse`).
+    pub fn attention_packed(&self, scale: f64, causal: bool) -> Result<Tensor<'g>, GraphError> {
+        Ok(self.attention_packed_with_lse(scale, causal)?.0)
+    }
+
+    /// [`attention_packed`](Self::attention_packed), also returning `lse [B, H, T]` (as
+    /// [`attention_with_lse`](Self::attention_with_lse)).
+    pub fn attention_packed_with_lse(&self, scale: f64, causal: bool) -> Result<(Tensor<'g>, Tensor<'g>), GraphError> {
+        let outputs = self.graph().apply(Attention { scale, causal, packed: true }, &[*self])?;
         match outputs[..] {
             [out, lse] => Ok((out, lse)),
             _ => Err(GraphError::Kernel {

@@ -4,7 +4,9 @@
 //! `q [B, Tq, H, D]`, `k` and `v [B, Tk, H, D]` are read where the projections wrote them:
 //! element `(b, t, h, d)` at `((b·T + t)·H + h)·D + d`, so one head's row of `D` values is
 //! contiguous and consecutive positions of a head are `H·D` apart; the products read them
-//! through those strides, never copied.
+//! through those strides, never copied. The packed op's `qkv [B, T, H, 3, D]` is read the
+//! same way with rows `3·D` wide: `q`, `k` and `v` of `(b, t, h)` at `((b·T + t)·H + h)·3·D`
+//! plus `0`, `D` and `2·D`, and its gradient `dqkv` is written so.
 //!
 //! The forward op is an online softmax over blocks of keys (FlashAttention's): per block
 //! of queries and block of keys, one matrix product makes a `[64, 64]` tile of scores on
@@ -26,7 +28,7 @@ use crate::cpu::shares::{in_shares, DisjointParts, ROWS_PARALLEL_MIN_ELEMENTS};
 use crate::host::{HostCompute, HostContext};
 use regflow_plan::ops::{Attention, AttentionGrad};
 use regflow_plan::{DType, HostTensor, HostTensorMut, Shape, TensorMeta};
-use tiles::{backward_sequence, forward_sequence, BLOCK, TILE};
+use tiles::{backward_sequence, forward_sequence, Grads, BLOCK, TILE};
 
 /// The sizes of one attention op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +43,8 @@ pub struct AttentionDims {
     pub heads: usize,
     /// `D`: values per head.
     pub head_dim: usize,
+    /// `q`, `k` and `v` (and their gradients) are one tensor `[B, T, H, 3, D]`.
+    pub packed: bool,
 }
 
 impl AttentionDims {
@@ -54,6 +58,17 @@ impl AttentionDims {
     fn multiply_adds(&self, causal: bool) -> usize {
         let pairs = if causal { self.queries * (self.queries + 1) / 2 } else { self.queries * self.keys };
         self.batch * self.heads * pairs * self.head_dim
+    }
+
+    /// Elements of one sequence's `q` (and of `out`, `dout`), of its `k` and `v`, in their
+    /// tensors: packed, all three are the sequence's whole `[T, H, 3, D]`.
+    fn sequence_lens(&self) -> (usize, usize) {
+        let row = self.heads * self.head_dim;
+        if self.packed {
+            (3 * self.queries * row, 3 * self.keys * row)
+        } else {
+            (self.queries * row, self.keys * row)
+        }
     }
 }
 
@@ -118,53 +133,121 @@ pub fn check_attention(
              queries and Tk = {keys} keys"
         ));
     }
-    Ok(AttentionDims { batch, queries, keys, heads, head_dim })
+    Ok(AttentionDims { batch, queries, keys, heads, head_dim, packed: false })
 }
 
-/// Checks `attention_grad`'s inputs `(q, k, v, out, lse, dout)`: `q`, `k`, `v` as
-/// [`check_attention`], `out` and `dout` of `q`'s shape and dtype, `lse [B, H, Tq]` in
-/// [`lse_dtype`]. Returns the sizes, or a sentence naming the values that do not fit.
-pub fn check_attention_grad(scale: f64, causal: bool, inputs: &[TensorMeta]) -> Result<AttentionDims, String> {
-    let [q, k, v, out, lse, dout] = inputs else {
-        return Err(format!("takes 6 inputs (q, k, v, out, lse, dout), got {}", inputs.len()));
+/// Checks the packed `attention`'s attributes and input (shared as [`check_attention`]):
+/// `qkv [B, T, H, 3, D]` of a float dtype and a finite scale. Returns the sizes (`T`
+/// queries and keys), or a sentence naming the values that do not fit.
+pub fn check_attention_packed(scale: f64, qkv: &TensorMeta) -> Result<AttentionDims, String> {
+    if !scale.is_finite() {
+        return Err(format!("scale must be finite, got {scale}"));
+    }
+    let &[batch, len, heads, three, head_dim] = qkv.shape.dims() else {
+        return Err(format!(
+            "packed qkv must have rank 5 [batch, length, heads, 3, head size], got qkv {qkv} of rank {}",
+            qkv.shape.rank()
+        ));
     };
-    let dims = check_attention(scale, causal, q, k, v)?;
+    if three != 3 {
+        return Err(format!(
+            "packed qkv must hold 3 rows (query, key, value) per position and head on axis 3, got qkv {qkv} \
+             with {three}"
+        ));
+    }
+    if !qkv.dtype.is_float() {
+        return Err(format!("qkv must be floats, got {}", qkv.dtype));
+    }
+    Ok(AttentionDims { batch, queries: len, keys: len, heads, head_dim, packed: true })
+}
+
+/// The sizes of an attention op's inputs (`q`, `k`, `v`, or `qkv` when `packed`), checked
+/// by [`check_attention`] or [`check_attention_packed`].
+pub fn check_attention_inputs(
+    scale: f64,
+    causal: bool,
+    packed: bool,
+    inputs: &[TensorMeta],
+) -> Result<AttentionDims, String> {
+    match (packed, inputs) {
+        (true, [qkv]) => check_attention_packed(scale, qkv),
+        (false, [q, k, v]) => check_attention(scale, causal, q, k, v),
+        (true, _) => Err(format!("packed attention takes 1 input (qkv), got {}", inputs.len())),
+        (false, _) => Err(format!("takes 3 inputs (q, k, v), got {}", inputs.len())),
+    }
+}
+
+/// The meta of the `out` (and `dout`) of attention over inputs of `dims` in `dtype`:
+/// `[B, Tq, H, D]`.
+pub fn out_meta(dims: &AttentionDims, dtype: DType) -> TensorMeta {
+    TensorMeta::new(Shape(vec![dims.batch, dims.queries, dims.heads, dims.head_dim]), dtype)
+}
+
+/// Checks `attention_grad`'s inputs `(q, k, v, out, lse, dout)`, or `(qkv, out, lse,
+/// dout)` when `packed`: the forward op's inputs as [`check_attention_inputs`], `out` and
+/// `dout` `[B, Tq, H, D]` in their dtype, `lse [B, H, Tq]` in [`lse_dtype`]. Returns the
+/// sizes, or a sentence naming the values that do not fit.
+pub fn check_attention_grad(
+    scale: f64,
+    causal: bool,
+    packed: bool,
+    inputs: &[TensorMeta],
+) -> Result<AttentionDims, String> {
+    let forward_inputs = if packed { 1 } else { 3 };
+    if inputs.len() != forward_inputs + 3 {
+        return Err(if packed {
+            format!("packed attention_grad takes 4 inputs (qkv, out, lse, dout), got {}", inputs.len())
+        } else {
+            format!("takes 6 inputs (q, k, v, out, lse, dout), got {}", inputs.len())
+        });
+    }
+    let (forward, [out, lse, dout]) = inputs.split_at(forward_inputs) else {
+        unreachable!("the count was checked")
+    };
+    let dims = check_attention_inputs(scale, causal, packed, forward)?;
+    let dtype = forward[0].dtype;
+    let expected = out_meta(&dims, dtype);
     for (name, meta) in [("out", out), ("dout", dout)] {
-        if meta != q {
-            return Err(format!("{name} must have q's shape and dtype {q}, got {name} {meta}"));
+        if *meta != expected {
+            return Err(format!("{name} must be {expected} (the forward op's output), got {name} {meta}"));
         }
     }
-    let expected = dims.lse_meta(q.dtype);
+    let expected = dims.lse_meta(dtype);
     if *lse != expected {
         return Err(format!(
-            "lse must be {expected} ([batch, heads, queries] in the arithmetic dtype of {} inputs), got lse {lse}",
-            q.dtype
+            "lse must be {expected} ([batch, heads, queries] in the arithmetic dtype of {dtype} inputs), got lse {lse}"
         ));
     }
     Ok(dims)
 }
 
 /// The sizes of tensors whose metas were checked (the op's shape rule, its kernel's
-/// `check`), with the element counts of the slices confirmed.
-fn dims_of(inputs: &[HostTensor<'_>], lens: &[usize]) -> Result<AttentionDims, String> {
-    let (Some(q), Some(k)) = (inputs.first(), inputs.get(1)) else {
-        return Err(format!("attention takes q, k and v, got {} inputs (broken invariant)", inputs.len()));
+/// `check`), with the element counts of the slices confirmed: `lens` are those of the
+/// forward op's inputs (`q`, `k`, `v`, or `qkv`) then `out`, `lse` and, for the gradient,
+/// `dout`.
+fn dims_of(packed: bool, inputs: &[HostTensor<'_>], lens: &[usize]) -> Result<AttentionDims, String> {
+    let dims = match (packed, inputs.first().map(|t| t.shape.dims()), inputs.get(1).map(|t| t.shape.dims())) {
+        (true, Some(&[batch, len, heads, 3, head_dim]), _) => {
+            AttentionDims { batch, queries: len, keys: len, heads, head_dim, packed }
+        }
+        (false, Some(&[batch, queries, heads, head_dim]), Some(&[_, keys, _, _])) => {
+            AttentionDims { batch, queries, keys, heads, head_dim, packed }
+        }
+        _ => {
+            let shapes: Vec<String> = inputs.iter().map(|t| t.shape.to_string()).collect();
+            return Err(format!("attention inputs of shapes {shapes:?} (packed: {packed}) (broken invariant)"));
+        }
     };
-    let (&[batch, queries, heads, head_dim], &[_, keys, _, _]) = (q.shape.dims(), k.shape.dims()) else {
-        return Err(format!("q {} and k {} must have rank 4 (broken invariant)", q.shape, k.shape));
-    };
-    let dims = AttentionDims { batch, queries, keys, heads, head_dim };
-    let (q_len, kv_len) = (batch * queries * heads * head_dim, batch * keys * heads * head_dim);
-    let expected = |index: usize| match index {
-        0 | 3 | 5 => q_len,
-        1 | 2 => kv_len,
-        _ => batch * heads * queries,
-    };
-    if let Some(index) = (0..lens.len()).find(|&i| lens[i] != expected(i)) {
+    let (q_len, kv_len) = dims.sequence_lens();
+    let out_len = dims.queries * dims.heads * dims.head_dim;
+    let mut expected = if packed { vec![q_len] } else { vec![q_len, kv_len, kv_len] };
+    expected.extend([out_len, dims.heads * dims.queries, out_len]);
+    let expected: Vec<usize> = expected.iter().map(|per_sequence| per_sequence * dims.batch).collect();
+    if let Some(index) = (0..lens.len()).find(|&i| expected.get(i) != Some(&lens[i])) {
         return Err(format!(
-            "tensor {index} has {} elements, {} expected for {dims:?} (broken invariant)",
+            "tensor {index} has {} elements, {:?} expected for {dims:?} (broken invariant)",
             lens[index],
-            expected(index)
+            expected.get(index)
         ));
     }
     Ok(dims)
@@ -218,22 +301,31 @@ impl HostCompute for Attention {
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
-        let ([q, k, v], [out, lse]) = (inputs, outputs) else {
-            return Err(format!(
-                "takes 3 inputs (q, k, v) and gives 2 outputs (out, lse), but has {} and {}",
-                inputs.len(),
-                outputs.len()
-            ));
+        let dims = check_attention_inputs(self.scale, self.causal, self.packed, inputs)?;
+        let [out, lse] = outputs else {
+            return Err(format!("gives 2 outputs (out, lse), but has {}", outputs.len()));
         };
-        let dims = check_attention(self.scale, self.causal, q, k, v)?;
-        if out != q {
-            return Err(format!("out must have q's shape and dtype {q}, got out {out}"));
+        let expected = out_meta(&dims, inputs[0].dtype);
+        if *out != expected {
+            return Err(format!("out must be {expected}, got out {out}"));
         }
-        let expected = dims.lse_meta(q.dtype);
+        let expected = dims.lse_meta(inputs[0].dtype);
         if *lse != expected {
             return Err(format!("lse must be {expected}, got lse {lse}"));
         }
         Ok(())
+    }
+}
+
+/// The forward op's inputs as `q`, `k` and `v` slices: the three of them, or `qkv` thrice.
+fn forward_inputs<'a, T: FastMath>(inputs: &'a [HostTensor<'_>]) -> Result<[&'a [T]; 3], String> {
+    match inputs {
+        [qkv] => {
+            let qkv = qkv.as_slice::<T>()?;
+            Ok([qkv; 3])
+        }
+        [q, k, v] => Ok([q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?]),
+        _ => Err(format!("attention takes 1 input (qkv) or 3 (q, k, v), got {}", inputs.len())),
     }
 }
 
@@ -243,15 +335,15 @@ fn forward<T: FastMath>(
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
-    let [q, k, v] = inputs else { return Err(format!("attention takes 3 inputs, got {}", inputs.len())) };
+    let [q, k, v] = forward_inputs::<T>(inputs)?;
     let [out, lse] = outputs else { return Err(format!("attention gives 2 outputs, got {}", outputs.len())) };
     // The products' instruction set, capped as every product's is (`REGFLOW_CPU_ISA`).
     crate::cpu::isa::from_environment()?;
-    let (q, k, v) = (q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?);
     let (out, lse) = (out.as_mut_slice::<T>()?, lse.as_mut_slice::<T>()?);
-    let dims = dims_of(inputs, &[q.len(), k.len(), v.len(), out.len(), lse.len()])?;
+    let lens = if op.packed { vec![q.len(), out.len(), lse.len()] } else { vec![q.len(), k.len(), v.len(), out.len(), lse.len()] };
+    let dims = dims_of(op.packed, inputs, &lens)?;
     let (scale, causal) = (T::from_f64(op.scale), op.causal);
-    let (q_len, kv_len) = (dims.queries * dims.heads * dims.head_dim, dims.keys * dims.heads * dims.head_dim);
+    let (q_len, kv_len) = dims.sequence_lens();
     let multiply_adds = dims.multiply_adds(causal);
     for_each_sequence(
         threads,
@@ -280,11 +372,12 @@ impl HostCompute for AttentionGrad {
     }
 
     fn check(&self, inputs: &[TensorMeta], outputs: &[TensorMeta]) -> Result<(), String> {
-        check_attention_grad(self.scale, self.causal, inputs)?;
-        let [dq, dk, dv] = outputs else {
-            return Err(format!("gives 3 outputs (dq, dk, dv), but has {}", outputs.len()));
-        };
-        for (name, grad, input) in [("dq", dq, &inputs[0]), ("dk", dk, &inputs[1]), ("dv", dv, &inputs[2])] {
+        check_attention_grad(self.scale, self.causal, self.packed, inputs)?;
+        let names: &[&str] = if self.packed { &["dqkv"] } else { &["dq", "dk", "dv"] };
+        if outputs.len() != names.len() {
+            return Err(format!("gives {} outputs ({}), but has {}", names.len(), names.join(", "), outputs.len()));
+        }
+        for ((name, grad), input) in names.iter().zip(outputs).zip(inputs) {
             if grad != input {
                 return Err(format!("{name} must have its input's shape and dtype {input}, got {name} {grad}"));
             }
@@ -299,50 +392,55 @@ fn backward<T: FastMath>(
     inputs: &[HostTensor<'_>],
     outputs: &mut [HostTensorMut<'_>],
 ) -> Result<(), String> {
-    let [q, k, v, out, lse, dout] = inputs else {
-        return Err(format!("attention_grad takes 6 inputs, got {}", inputs.len()));
-    };
-    let [dq, dk, dv] = outputs else { return Err(format!("attention_grad gives 3 outputs, got {}", outputs.len())) };
-    crate::cpu::isa::from_environment()?;
-    let (q, k, v) = (q.as_slice::<T>()?, k.as_slice::<T>()?, v.as_slice::<T>()?);
-    let (out, lse, dout) = (out.as_slice::<T>()?, lse.as_slice::<T>()?, dout.as_slice::<T>()?);
-    let (dq, dk, dv) = (dq.as_mut_slice::<T>()?, dk.as_mut_slice::<T>()?, dv.as_mut_slice::<T>()?);
-    let lens = [q.len(), k.len(), v.len(), out.len(), lse.len(), dout.len()];
-    let dims = dims_of(inputs, &lens)?;
-    if (dq.len(), dk.len(), dv.len()) != (q.len(), k.len(), v.len()) {
-        return Err(format!(
-            "gradients of {}, {} and {} elements for {dims:?} (broken invariant)",
-            dq.len(),
-            dk.len(),
-            dv.len()
-        ));
+    let forward_count = if op.packed { 1 } else { 3 };
+    if inputs.len() != forward_count + 3 {
+        return Err(format!("attention_grad takes {} inputs, got {}", forward_count + 3, inputs.len()));
     }
+    let (forward, rest) = inputs.split_at(forward_count);
+    let [q, k, v] = forward_inputs::<T>(forward)?;
+    let [out, lse, dout] = rest else { unreachable!("the count was checked") };
+    crate::cpu::isa::from_environment()?;
+    let (out, lse, dout) = (out.as_slice::<T>()?, lse.as_slice::<T>()?, dout.as_slice::<T>()?);
+    let mut lens = if op.packed { vec![q.len()] } else { vec![q.len(), k.len(), v.len()] };
+    lens.extend([out.len(), lse.len(), dout.len()]);
+    let dims = dims_of(op.packed, inputs, &lens)?;
     let (scale, causal) = (T::from_f64(op.scale), op.causal);
-    let (q_len, kv_len) = (dims.queries * dims.heads * dims.head_dim, dims.keys * dims.heads * dims.head_dim);
-    let lse_len = dims.heads * dims.queries;
+    let (q_len, kv_len) = dims.sequence_lens();
+    let (out_len, lse_len) = (dims.queries * dims.heads * dims.head_dim, dims.heads * dims.queries);
     // Five products per tile where the forward op has two.
     let multiply_adds = dims.multiply_adds(causal) * 5 / 2;
-    for_each_sequence(
-        threads,
-        dims.batch,
-        multiply_adds,
-        [dq, dk, dv],
-        || ([T::zero(); TILE], [T::zero(); TILE], [T::zero(); BLOCK]),
-        #[inline(always)]
-        |b, [dq, dk, dv], (probabilities, score_grads, deltas)| {
-            let (q, out, dout) = (&q[b * q_len..][..q_len], &out[b * q_len..][..q_len], &dout[b * q_len..][..q_len]);
-            let (k, v) = (&k[b * kv_len..][..kv_len], &v[b * kv_len..][..kv_len]);
-            let lse = &lse[b * lse_len..][..lse_len];
-            backward_sequence(
-                &dims,
-                scale,
-                causal,
-                [q, k, v, out, lse, dout],
-                [dq, dk, dv],
-                [probabilities, score_grads],
-                deltas,
-            );
-        },
-    );
+    let sequence = |b: usize, grads: Grads<'_, T>, (probabilities, score_grads, deltas): &mut ([T; TILE], [T; TILE], [T; BLOCK])| {
+        let (out, dout) = (&out[b * out_len..][..out_len], &dout[b * out_len..][..out_len]);
+        let (q, k, v) = (&q[b * q_len..][..q_len], &k[b * kv_len..][..kv_len], &v[b * kv_len..][..kv_len]);
+        let lse = &lse[b * lse_len..][..lse_len];
+        backward_sequence(&dims, scale, causal, [q, k, v, out, lse, dout], grads, [probabilities, score_grads], deltas);
+    };
+    let scratch = || ([T::zero(); TILE], [T::zero(); TILE], [T::zero(); BLOCK]);
+    match outputs {
+        [dqkv] if op.packed => {
+            let dqkv = dqkv.as_mut_slice::<T>()?;
+            if dqkv.len() != q.len() {
+                return Err(format!("dqkv of {} elements for {dims:?} (broken invariant)", dqkv.len()));
+            }
+            for_each_sequence(threads, dims.batch, multiply_adds, [dqkv], scratch, #[inline(always)] |b, [dqkv], scratch| {
+                sequence(b, Grads::Packed(dqkv), scratch)
+            });
+        }
+        [dq, dk, dv] if !op.packed => {
+            let (dq, dk, dv) = (dq.as_mut_slice::<T>()?, dk.as_mut_slice::<T>()?, dv.as_mut_slice::<T>()?);
+            if (dq.len(), dk.len(), dv.len()) != (q.len(), k.len(), v.len()) {
+                return Err(format!(
+                    "gradients of {}, {} and {} elements for {dims:?} (broken invariant)",
+                    dq.len(),
+                    dk.len(),
+                    dv.len()
+                ));
+            }
+            for_each_sequence(threads, dims.batch, multiply_adds, [dq, dk, dv], scratch, #[inline(always)] |b, grads, scratch| {
+                sequence(b, Grads::Apart(grads), scratch)
+            });
+        }
+        _ => return Err(format!("attention_grad (packed: {}) gives {} outputs", op.packed, outputs.len())),
+    }
     Ok(())
 }

@@ -23,18 +23,27 @@ struct View {
     column_stride: usize,
 }
 
+/// Which of a head's rows a view reads: packed, `q`, `k` and `v` lie side by side in one
+/// row of `3·D` per position and head; `out` (and `dout`) is never packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part {
+    Query = 0,
+    Key = 1,
+    Value = 2,
+    Out = 3,
+}
+
 impl View {
-    /// Rows `first..first + rows` of one head of a sequence's `[T, H, D]` tensor: `D`
-    /// columns, rows `H·D` apart.
-    fn head_rows(dims: &AttentionDims, head: usize, first: usize, rows: usize) -> Self {
-        let stride = dims.heads * dims.head_dim;
-        Self {
-            offset: first * stride + head * dims.head_dim,
-            rows,
-            columns: dims.head_dim,
-            row_stride: stride,
-            column_stride: 1,
-        }
+    /// Rows `first..first + rows` of one head of a sequence's `[T, H, D]` tensor (`part`
+    /// of a packed `[T, H, 3, D]` one): `D` columns, rows `H·D` (`H·3·D`) apart.
+    fn head_rows(dims: &AttentionDims, part: Part, head: usize, first: usize, rows: usize) -> Self {
+        let (width, base) = match part {
+            Part::Out => (dims.head_dim, 0),
+            _ if dims.packed => (3 * dims.head_dim, part as usize * dims.head_dim),
+            _ => (dims.head_dim, 0),
+        };
+        let stride = dims.heads * width;
+        Self { offset: base + first * stride + head * width, rows, columns: dims.head_dim, row_stride: stride, column_stride: 1 }
     }
 
     /// The first `rows × columns` of a tile.
@@ -137,6 +146,31 @@ fn product<T: FastMath>(
     }
 }
 
+/// Where a sequence's gradients go: `dq`, `dk` and `dv` apart, or one packed `dqkv`.
+pub(super) enum Grads<'a, T> {
+    Apart([&'a mut [T]; 3]),
+    Packed(&'a mut [T]),
+}
+
+impl<T: FastMath> Grads<'_, T> {
+    /// The slice that holds `part`'s gradient.
+    #[inline(always)]
+    fn of(&mut self, part: Part) -> &mut [T] {
+        match self {
+            Self::Apart(grads) => &mut *grads[part as usize],
+            Self::Packed(dqkv) => dqkv,
+        }
+    }
+
+    /// Zeros every gradient.
+    fn zero(&mut self) {
+        match self {
+            Self::Apart(grads) => grads.iter_mut().for_each(|g| g.fill(T::zero())),
+            Self::Packed(dqkv) => dqkv.fill(T::zero()),
+        }
+    }
+}
+
 /// `ln(e^a + e^b)`, with `-inf` for an empty sum.
 #[inline(always)]
 fn log_add_exp<T: FastMath>(a: T, b: T) -> T {
@@ -185,11 +219,13 @@ pub(super) fn forward_sequence<T: FastMath>(
         let lse_row = &mut lse[head * dims.queries..][..dims.queries];
         for first_query in (0..dims.queries).step_by(BLOCK) {
             let queries = (dims.queries - first_query).min(BLOCK);
-            let query_rows = View::head_rows(dims, head, first_query, queries);
+            let query_rows = View::head_rows(dims, Part::Query, head, first_query, queries);
+            let out_rows = View::head_rows(dims, Part::Out, head, first_query, queries);
             let keys_attended = keys_of_block(dims, causal, first_query, queries);
             for first_key in (0..keys_attended).step_by(BLOCK) {
                 let keys = (keys_attended - first_key).min(BLOCK);
-                let key_rows = View::head_rows(dims, head, first_key, keys);
+                let key_rows = View::head_rows(dims, Part::Key, head, first_key, keys);
+                let value_rows = View::head_rows(dims, Part::Value, head, first_key, keys);
                 let tile = View::tile(queries, keys);
                 product((scores, tile), false, (q, query_rows), (k, key_rows.transposed()), scale);
                 for (row, query) in (first_query..first_query + queries).enumerate() {
@@ -211,7 +247,7 @@ pub(super) fn forward_sequence<T: FastMath>(
                         let running = lse_row[query];
                         let merged = log_add_exp(running, block_lse);
                         let keep = (running - merged).fast_exp();
-                        let out_row = &mut out[query_rows.offset + row * query_rows.row_stride..][..dims.head_dim];
+                        let out_row = &mut out[out_rows.offset + row * out_rows.row_stride..][..dims.head_dim];
                         for value in out_row.iter_mut() {
                             *value = keep * *value;
                         }
@@ -222,7 +258,7 @@ pub(super) fn forward_sequence<T: FastMath>(
                     }
                     lse_row[query] = merged;
                 }
-                product((out, query_rows), true, (scores, tile), (v, key_rows), T::one());
+                product((out, out_rows), true, (scores, tile), (v, value_rows), T::one());
             }
         }
     }
@@ -239,29 +275,29 @@ pub(super) fn backward_sequence<T: FastMath>(
     scale: T,
     causal: bool,
     [q, k, v, out, lse, dout]: [&[T]; 6],
-    [dq, dk, dv]: [&mut [T]; 3],
+    mut grads: Grads<'_, T>,
     [probabilities, score_grads]: [&mut [T; TILE]; 2],
     deltas: &mut [T; BLOCK],
 ) {
-    dq.fill(T::zero());
-    dk.fill(T::zero());
-    dv.fill(T::zero());
+    grads.zero();
     for head in 0..dims.heads {
         let lse_row = &lse[head * dims.queries..][..dims.queries];
         for first_query in (0..dims.queries).step_by(BLOCK) {
             let queries = (dims.queries - first_query).min(BLOCK);
-            let query_rows = View::head_rows(dims, head, first_query, queries);
+            let query_rows = View::head_rows(dims, Part::Query, head, first_query, queries);
+            let out_rows = View::head_rows(dims, Part::Out, head, first_query, queries);
             for (row, delta) in deltas[..queries].iter_mut().enumerate() {
-                let at = query_rows.offset + row * query_rows.row_stride;
+                let at = out_rows.offset + row * out_rows.row_stride;
                 *delta = fast_math::dot(&dout[at..][..dims.head_dim], &out[at..][..dims.head_dim]);
             }
             let keys_attended = keys_of_block(dims, causal, first_query, queries);
             for first_key in (0..keys_attended).step_by(BLOCK) {
                 let keys = (keys_attended - first_key).min(BLOCK);
-                let key_rows = View::head_rows(dims, head, first_key, keys);
+                let key_rows = View::head_rows(dims, Part::Key, head, first_key, keys);
+                let value_rows = View::head_rows(dims, Part::Value, head, first_key, keys);
                 let tile = View::tile(queries, keys);
                 product((probabilities, tile), false, (q, query_rows), (k, key_rows.transposed()), scale);
-                product((score_grads, tile), false, (dout, query_rows), (v, key_rows.transposed()), T::one());
+                product((score_grads, tile), false, (dout, out_rows), (v, value_rows.transposed()), T::one());
                 for (row, query) in (first_query..first_query + queries).enumerate() {
                     let attended = keys_attended_by(causal, query, first_key, keys);
                     let (p, p_masked) = probabilities[row * BLOCK..][..keys].split_at_mut(attended);
@@ -275,9 +311,9 @@ pub(super) fn backward_sequence<T: FastMath>(
                     }
                 }
                 let (p, ds) = (&probabilities[..], &score_grads[..]);
-                product((&mut *dv, key_rows), true, (p, tile.transposed()), (dout, query_rows), T::one());
-                product((&mut *dk, key_rows), true, (ds, tile.transposed()), (q, query_rows), scale);
-                product((&mut *dq, query_rows), true, (ds, tile), (k, key_rows), scale);
+                product((grads.of(Part::Value), value_rows), true, (p, tile.transposed()), (dout, out_rows), T::one());
+                product((grads.of(Part::Key), key_rows), true, (ds, tile.transposed()), (q, query_rows), scale);
+                product((grads.of(Part::Query), query_rows), true, (ds, tile), (k, key_rows), scale);
             }
         }
     }
