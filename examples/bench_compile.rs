@@ -194,7 +194,7 @@ fn main() -> Result<(), regflow::Report> {
     let layers = flag("--layers", 24)?;
     let repeats = flag("--repeats", 3)?.max(1);
     let build = !args.iter().any(|a| a == "--no-job");
-    let config = GptConfig { d_model: 128, heads: 4, layers, context: 64, mlp_width: 512, fused_attention: false };
+    let config = GptConfig { d_model: 128, heads: 4, layers, context: 64, mlp_width: 512, fused_attention: false, apart_qkv: false };
     println!("GPT: {layers} layers, d_model 128, 4 heads, context 64, batch {BATCH}, vocab {VOCAB}; AdamW + clipping");
     let layouts = [
         ("1 device", Vec::new(), 1, false),

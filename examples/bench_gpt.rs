@@ -6,12 +6,13 @@
 //!
 //! ```text
 //! cargo run --release --example bench_gpt -- [steps] [threads] [trace.json] [--fused-attention]
-//!     [--unfolded-norm-grads] [--unfolded-norm-inputs]
+//!     [--unfolded-norm-grads] [--unfolded-norm-inputs] [--apart-qkv]
 //! ```
 //!
 //! A third argument records a Chrome-trace timeline of the run to that file.
 //! `--fused-attention` runs each block's attention as one `attention` op (the tiled CPU
-//! kernel, `kernels/src/cpu/attention`) instead of the products around a masked softmax.
+//! kernel, `kernels/src/cpu/attention`) instead of the products around a masked softmax,
+//! over one packed Q/K/V projection (`attention_packed`), or over three with `--apart-qkv`.
 //! `--unfolded-norm-grads` compiles with `fold_norm_grads` off: each block's residual
 //! gradients summed by `add`s of their own instead of by the layer norm gradients;
 //! `--unfolded-norm-inputs` with `fold_norm_inputs` off (the residual adds before the
@@ -29,7 +30,7 @@ use regflow::prelude::Job;
 const BATCH: usize = 16;
 const VOCAB: usize = 65;
 const CONFIG: GptConfig =
-    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false };
+    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false, apart_qkv: false };
 
 fn main() -> Result<(), regflow::Report> {
     let fused = std::env::args().any(|a| a == "--fused-attention");
@@ -38,7 +39,11 @@ fn main() -> Result<(), regflow::Report> {
     let threads: usize = positional.get(1).map(|s| s.parse()).transpose()?.unwrap_or(1);
     let trace = positional.get(2);
     let warmup = 5;
-    let config = GptConfig { fused_attention: fused, ..CONFIG };
+    let apart_qkv = std::env::args().any(|a| a == "--apart-qkv");
+    if apart_qkv && !fused {
+        return Err("--apart-qkv times the fused op over three projections: it needs --fused-attention".into());
+    }
+    let config = GptConfig { fused_attention: fused, apart_qkv, ..CONFIG };
     let t = config.context;
     let g = Graph::new();
     let model = Gpt::new(&g, config, VOCAB)?;

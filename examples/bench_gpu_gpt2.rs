@@ -8,7 +8,7 @@
 //!     [--size gpt2|tiny] [--precision f32|bf16|f16] [--batch 8] [--steps 20] [--warmup 3]
 //!     [--peak-tflops 989] [--trace PATH] [--layers N] [--attention composed|fused]
 //!     [--plan-only] [--dry-run] [--lone-casts] [--unfolded-casts] [--unfolded-table-grads]
-//!     [--unfolded-norm-grads] [--unfolded-norm-inputs] [--pad-vocab 64]
+//!     [--unfolded-norm-grads] [--unfolded-norm-inputs] [--apart-qkv] [--pad-vocab 64]
 //! ```
 //!
 //! `--pad-vocab 64` pads the logits' columns to a multiple of 64 (50257 to 50304, as
@@ -33,7 +33,10 @@
 //! sum a layer norm reads runs as an `add` of its own instead of inside the norm.
 //!
 //! `--attention fused` runs each block's attention as one `attention` op (flash attention
-//! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored); the default,
+//! on CUDA: tensor cores in bf16 and f16, the `[T, T]` scores never stored) over one packed
+//! Q/K/V projection (`attention_packed`: one product, one bias add, one bias gradient, and
+//! no sum of three input gradients); `--apart-qkv` keeps three projections and the op over
+//! them apart, for timing the packing against it. The default,
 //! `composed`, is the two strided products around a masked softmax that PyTorch's eager
 //! model in `benches/peers/gpt2_torch.py` also runs (`--attention sdpa` there is
 //! `F.scaled_dot_product_attention`, the fused peer).
@@ -74,9 +77,9 @@ use regflow::graph::{CompileOptions, DType, Graph, Optimizer, Precision};
 use regflow::prelude::{DeviceKind, Job};
 
 const GPT2: GptConfig =
-    GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072, fused_attention: false };
+    GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072, fused_attention: false, apart_qkv: false };
 const TINY: GptConfig =
-    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false };
+    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false, apart_qkv: false };
 
 /// The value after `--name`, parsed, or `default`.
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -126,6 +129,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "fused" => true,
         other => return Err(format!("--attention {other}: expected composed or fused").into()),
     };
+    config.apart_qkv = std::env::args().any(|a| a == "--apart-qkv");
+    if config.apart_qkv && !config.fused_attention {
+        return Err("--apart-qkv times the fused op over three projections: it needs --attention fused".into());
+    }
     let batch: usize = arg("--batch", 8)?;
     let steps: usize = arg("--steps", 20)?;
     let warmup: usize = arg("--warmup", 3)?;

@@ -154,6 +154,7 @@ fn main() -> Result<(), regflow::Report> {
         context: CONTEXT,
         mlp_width: MLP_WIDTH,
         fused_attention: false,
+        apart_qkv: false,
     };
     let model = Gpt::new(&g, config, vocab_size)?;
     // 0 where query `i` may attend key `j <= i`, -1e9 after it: made by the step itself.

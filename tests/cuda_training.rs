@@ -18,11 +18,11 @@ use Sbp::{Broadcast as B, Split as S};
 const BATCH: usize = 16;
 const STEPS: usize = 8;
 const GPT: GptConfig =
-    GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32, fused_attention: false };
+    GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32, fused_attention: false, apart_qkv: false };
 /// The tiny GPT with one `attention` op per block, heads of 16 (the tensor-core entries
 /// in bf16 and f16) over a context longer than a tile of 64.
 const FUSED_GPT: GptConfig =
-    GptConfig { d_model: 32, heads: 2, layers: 1, context: 80, mlp_width: 32, fused_attention: true };
+    GptConfig { d_model: 32, heads: 2, layers: 1, context: 80, mlp_width: 32, fused_attention: true, apart_qkv: false };
 const VOCAB: usize = 13;
 
 /// Whether this machine runs cuda devices; says why not otherwise.

@@ -27,7 +27,7 @@ const RECORDS: usize = 320;
 const RECORD_FILE: &str = "digits.records";
 
 const GPT: GptConfig =
-    GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32, fused_attention: false };
+    GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 32, fused_attention: false, apart_qkv: false };
 const GPT_BATCH: usize = 4;
 const VOCAB: usize = 13;
 

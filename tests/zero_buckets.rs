@@ -13,7 +13,7 @@ use regflow::graph::{DType, Graph, HostArray, Optimizer, ParallelOptions, SplitM
 use regflow::prelude::*;
 
 const GPT: GptConfig =
-    GptConfig { d_model: 16, heads: 2, layers: 2, context: 8, mlp_width: 32, fused_attention: false };
+    GptConfig { d_model: 16, heads: 2, layers: 2, context: 8, mlp_width: 32, fused_attention: false, apart_qkv: false };
 const BATCH: usize = 4;
 const VOCAB: usize = 12;
 

@@ -81,7 +81,8 @@ const ENTRY_MARK: &str = "extern \"C\" __global__ void ";
 /// launch-bounds macro (`BLOCK_1024`) may stand between `void` and the name. An entry
 /// declared in the body of a macro `#define NAME(S, ...)` as `regflow_..._##S` (the same
 /// entries for several dtypes, written once) is counted once per line that invokes it,
-/// `NAME(f32, ...)`, with `S` replaced by the invocation's first argument.
+/// `NAME(f32, ...)`, with `S` replaced by the invocation's first argument (and a name
+/// pasted on after it, `regflow_..._##S##_qkv`, joined to it).
 pub fn entries_of(code: &'static str) -> Vec<String> {
     let declared = |text: &'static str| {
         text.match_indices(ENTRY_MARK).filter_map(move |(at, _)| {
@@ -96,7 +97,8 @@ pub fn entries_of(code: &'static str) -> Vec<String> {
         let invocation = format!("{name}(");
         for line in code.lines().filter(|l| l.starts_with(&invocation)) {
             let arg = line[invocation.len()..].split([',', ')']).next().unwrap_or("").trim();
-            entries.extend(templates.iter().map(|t| t.replace(&format!("##{param}"), arg)));
+            // `regflow_x_##S##_tail`: the parameter replaced, then the pasting of the rest.
+            entries.extend(templates.iter().map(|t| t.replace(&format!("##{param}"), arg).replace("##", "")));
         }
     }
     entries

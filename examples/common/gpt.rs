@@ -34,6 +34,10 @@ pub(crate) struct GptConfig {
     /// `[T, T]` scores never stored) over one packed Q/K/V projection, instead of three
     /// projections, the products and the masked softmax.
     pub(crate) fused_attention: bool,
+    /// With `fused_attention`, three Q/K/V projections and the op over them apart
+    /// (`Tensor::attention`) instead of one packed projection: for benchmarks that time
+    /// the packing against what it replaced.
+    pub(crate) apart_qkv: bool,
 }
 
 impl GptConfig {
@@ -121,7 +125,7 @@ impl<'g> Block<'g> {
         let residual_std = 0.02 / ((2 * c.layers) as f64).sqrt();
         Ok(Self {
             ln1: params.layer_norm(&format!("{name}.ln1"))?,
-            projections: if c.fused_attention {
+            projections: if c.fused_attention && !c.apart_qkv {
                 Projections::Packed(params.linear(&format!("{name}.attn.qkv"), c.d_model, 3 * c.d_model, 0.02)?)
             } else {
                 Projections::Apart {
@@ -162,6 +166,11 @@ impl<'g> Block<'g> {
         let q = split_heads(query.forward(&h)?)?;
         let k = split_heads(key.forward(&h)?)?;
         let v = split_heads(value.forward(&h)?)?;
+        if c.fused_attention {
+            // The fused op over the projections apart (`apart_qkv`).
+            let attended = q.attention(&k, &v, scale, true)?;
+            return self.rest(x, attended.reshape(&[b * t, c.d_model as isize])?);
+        }
         // q·kᵀ: [B, H, T, d] x [B, H, d, T] -> [B, H, T, T].
         let scores = q.matmul_permuted(&k, &HEADS_FIRST, &[0, 2, 3, 1], &[0, 1, 2, 3])?;
         // softmax(q·kᵀ/√d + mask) in one kernel, forward and backward.

@@ -512,27 +512,41 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
 // packed qkv (P = 3: the host passes q, k and v as its address plus 0, D and 2·D). The
 // packing is a template argument, not a launch's: as a run-time value its strides cost the
 // registers that spill at the blocks per SM these entries are bounded to.
-#define ATTENTION_TC_PACKED(S, T, D, P)                                                                          \
+#define ATTENTION_TC(S, T, D)                                                                                    \
     extern "C" __global__ void ATT_FIT4_##D                                                                 \
         regflow_attention_fwd_##S(const h16* q, const h16* k, const h16* v, h16* out, float* lse, u64 tq,       \
                                   u64 tk, u64 heads, float scale, u32 causal) {                                  \
-        att_forward_tc<T, D, P>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                \
+        att_forward_tc<T, D, 1>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                \
     }                                                                                                            \
     extern "C" __global__ void ATT_FIT4_##D                                                                 \
         regflow_attention_dq_##S(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,   \
                                  const float* dots, h16* dq, u64 tq, u64 tk, u64 heads, float scale,             \
                                  u32 causal) {                                                                   \
-        att_dq_tc<T, D, P>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                          \
+        att_dq_tc<T, D, 1>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                          \
     }                                                                                                            \
     extern "C" __global__ void ATT_FIT3_##D                                                                 \
         regflow_attention_dkv_##S(const h16* q, const h16* k, const h16* v, const h16* dout, const float* lse,  \
                                   const float* dots, h16* dk, h16* dv, u64 tq, u64 tk, u64 heads, float scale,   \
                                   u32 causal) {                                                                  \
-        att_dkv_tc<T, D, P>(q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal);                     \
+        att_dkv_tc<T, D, 1>(q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal);                     \
+    }                                                                                                            \
+    extern "C" __global__ void ATT_FIT4_##D                                                                 \
+        regflow_attention_fwd_##S##_qkv(const h16* q, const h16* k, const h16* v, h16* out, float* lse, u64 tq, \
+                                        u64 tk, u64 heads, float scale, u32 causal) {                            \
+        att_forward_tc<T, D, 3>(q, k, v, out, lse, tq, tk, heads, scale, causal);                                \
+    }                                                                                                            \
+    extern "C" __global__ void ATT_FIT4_##D                                                                 \
+        regflow_attention_dq_##S##_qkv(const h16* q, const h16* k, const h16* v, const h16* dout,              \
+                                       const float* lse, const float* dots, h16* dq, u64 tq, u64 tk, u64 heads,  \
+                                       float scale, u32 causal) {                                                \
+        att_dq_tc<T, D, 3>(q, k, v, dout, lse, dots, dq, tq, tk, heads, scale, causal);                          \
+    }                                                                                                            \
+    extern "C" __global__ void ATT_FIT3_##D                                                                 \
+        regflow_attention_dkv_##S##_qkv(const h16* q, const h16* k, const h16* v, const h16* dout,             \
+                                        const float* lse, const float* dots, h16* dk, h16* dv, u64 tq, u64 tk,   \
+                                        u64 heads, float scale, u32 causal) {                                    \
+        att_dkv_tc<T, D, 3>(q, k, v, dout, lse, dots, dk, dv, tq, tk, heads, scale, causal);                     \
     }
-#define ATTENTION_TC(S, T, D)                                                                                    \
-    ATTENTION_TC_PACKED(S, T, D, 1)                                                                              \
-    ATTENTION_TC_PACKED(S##_qkv, T, D, 3)
 ATTENTION_TC(bf16_d16, bf16, 16)
 ATTENTION_TC(bf16_d32, bf16, 32)
 ATTENTION_TC(bf16_d64, bf16, 64)
