@@ -80,7 +80,8 @@ fn step<'g>(
                 None if name == "targets" || name.starts_with("ln_final") => last,
                 None => 0,
             };
-            let column = ["attn.qkv", "attn.query", "attn.key", "attn.value", "mlp.in"].iter().any(|p| name.contains(p));
+            let column =
+                ["attn.qkv", "attn.query", "attn.key", "attn.value", "mlp.in"].iter().any(|p| name.contains(p));
             let row = name.ends_with("attn.out.weight") || name.ends_with("mlp.out.weight");
             let layout = match () {
                 _ if name == "ids" || name == "targets" => vec![S(0), B],
@@ -194,7 +195,15 @@ fn main() -> Result<(), regflow::Report> {
     let layers = flag("--layers", 24)?;
     let repeats = flag("--repeats", 3)?.max(1);
     let build = !args.iter().any(|a| a == "--no-job");
-    let config = GptConfig { d_model: 128, heads: 4, layers, context: 64, mlp_width: 512, fused_attention: false, apart_qkv: false };
+    let config = GptConfig {
+        d_model: 128,
+        heads: 4,
+        layers,
+        context: 64,
+        mlp_width: 512,
+        fused_attention: false,
+        apart_qkv: false,
+    };
     println!("GPT: {layers} layers, d_model 128, 4 heads, context 64, batch {BATCH}, vocab {VOCAB}; AdamW + clipping");
     let layouts = [
         ("1 device", Vec::new(), 1, false),

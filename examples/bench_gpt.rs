@@ -29,8 +29,15 @@ use regflow::prelude::Job;
 
 const BATCH: usize = 16;
 const VOCAB: usize = 65;
-const CONFIG: GptConfig =
-    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false, apart_qkv: false };
+const CONFIG: GptConfig = GptConfig {
+    d_model: 64,
+    heads: 4,
+    layers: 2,
+    context: 64,
+    mlp_width: 256,
+    fused_attention: false,
+    apart_qkv: false,
+};
 
 fn main() -> Result<(), regflow::Report> {
     let fused = std::env::args().any(|a| a == "--fused-attention");

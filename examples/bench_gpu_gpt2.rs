@@ -76,10 +76,24 @@ use gpt::{Gpt, GptConfig};
 use regflow::graph::{CompileOptions, DType, Graph, Optimizer, Precision};
 use regflow::prelude::{DeviceKind, Job};
 
-const GPT2: GptConfig =
-    GptConfig { d_model: 768, heads: 12, layers: 12, context: 1024, mlp_width: 3072, fused_attention: false, apart_qkv: false };
-const TINY: GptConfig =
-    GptConfig { d_model: 64, heads: 4, layers: 2, context: 64, mlp_width: 256, fused_attention: false, apart_qkv: false };
+const GPT2: GptConfig = GptConfig {
+    d_model: 768,
+    heads: 12,
+    layers: 12,
+    context: 1024,
+    mlp_width: 3072,
+    fused_attention: false,
+    apart_qkv: false,
+};
+const TINY: GptConfig = GptConfig {
+    d_model: 64,
+    heads: 4,
+    layers: 2,
+    context: 64,
+    mlp_width: 256,
+    fused_attention: false,
+    apart_qkv: false,
+};
 
 /// The value after `--name`, parsed, or `default`.
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -211,7 +225,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         by_op.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         let listed: Vec<String> = by_op.iter().map(|(op, n)| format!("{op} {n}")).collect();
         println!("plan ops: {}", listed.join(", "));
-        if let Ok(p) = std::env::var("TMP_PLAN") { std::fs::write(p, compiled.plan.to_json())?; }
+        if let Ok(p) = std::env::var("TMP_PLAN") {
+            std::fs::write(p, compiled.plan.to_json())?;
+        }
         return Ok(());
     }
     let mut builder = Job::builder(compiled.plan.clone());

@@ -66,8 +66,15 @@ use std::time::Instant;
 use Sbp::{Broadcast as B, Split as S};
 
 const MLP_BATCH: usize = 64;
-const GPT: GptConfig =
-    GptConfig { d_model: 64, heads: 4, layers: 2, context: 32, mlp_width: 256, fused_attention: false, apart_qkv: false };
+const GPT: GptConfig = GptConfig {
+    d_model: 64,
+    heads: 4,
+    layers: 2,
+    context: 32,
+    mlp_width: 256,
+    fused_attention: false,
+    apart_qkv: false,
+};
 const GPT_BATCH: usize = 8;
 
 #[derive(Clone, Copy, PartialEq)]

@@ -848,7 +848,15 @@ fn compiled_gpt_block_with_fused_attention_allocates_nothing_per_step() {
 fn gpt_block_allocates_nothing_per_step(fused_attention: bool) {
     const BATCH: usize = 2;
     const VOCAB: usize = 12;
-    let config = gpt::GptConfig { d_model: 16, heads: 2, layers: 1, context: 8, mlp_width: 64, fused_attention };
+    let config = gpt::GptConfig {
+        d_model: 16,
+        heads: 2,
+        layers: 1,
+        context: 8,
+        mlp_width: 64,
+        fused_attention,
+        apart_qkv: false,
+    };
     let time = config.context;
     let g = Graph::new();
     let ids = g.input("ids", [BATCH, time], DType::I64).unwrap();

@@ -80,7 +80,7 @@ wait
 
 # 3. Benchmarks, one at a time, most wanted first (F32=0, FUSED=0, GEMM=0, TORCH=0 (PyTorch eager),
 # TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0, PADDED=0, UNFOLDED=0,
-# UNFOLDED_TABLE=0, UNFOLDED_NORM=0, ATTENTION_AB=0 leave parts out;
+# UNFOLDED_TABLE=0, UNFOLDED_NORM=0, ATTENTION_AB=0, APART_QKV=0 leave parts out;
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
@@ -172,6 +172,11 @@ old_attention="ATT_OCCUPANCY=0,ATT_PART=64"
         # The tensor-core attention entries without their occupancy caps and with whole
         # tiles (attention.cu: ATT_OCCUPANCY, ATT_PART), compiled from the same binary.
         padded_defined "${ATTENTION_AB_ROUNDS:-2}" "$old_attention" "attention capped, in parts"
+      fi
+      if [ "${APART_QKV:-1}" = 1 ]; then
+        # Three Q/K/V projections and the op over them apart, against one packed projection
+        # read in place (Tensor::attention_packed).
+        padded_against "${APART_QKV_ROUNDS:-2}" --apart-qkv "Q/K/V packed"
       fi
       if [ "${LONE_CASTS:-1}" = 1 ]; then
         # The same bf16 step with each weight and gradient cast its own launch (fuse_casts

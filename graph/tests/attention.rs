@@ -338,7 +338,10 @@ fn attention_grad_refuses_an_lse_out_or_dout_that_does_not_fit_its_q() {
     let message = with(4, meta(&[2, 3, 4], DType::F32));
     assert!(message.contains("lse must be f32[2, 4, 3]") && message.contains("f32[2, 3, 4]"), "{message}");
     let message = with(3, meta(&[2, 3, 4, 8], DType::F64));
-    assert!(message.contains("out must be f32[2, 3, 4, 8]") && message.contains("got out f64[2, 3, 4, 8]"), "{message}");
+    assert!(
+        message.contains("out must be f32[2, 3, 4, 8]") && message.contains("got out f64[2, 3, 4, 8]"),
+        "{message}"
+    );
     let message = with(5, meta(&[2, 3, 4, 7], DType::F32));
     assert!(message.contains("dout must be f32[2, 3, 4, 8]") && message.contains("[2, 3, 4, 7]"), "{message}");
     let message = op.infer(&good[..5]).unwrap_err();
@@ -365,7 +368,7 @@ fn the_cpu_kernels_refuse_a_plan_whose_metas_contradict_each_other() {
     assert!(message.contains("out must be bf16[2, 3, 4, 8], got out f32[2, 3, 4, 8]"), "{message}");
     let message = forward.check(&inputs[..2], &[q.clone(), lse.clone()]).unwrap_err();
     assert!(message.contains("takes 3 inputs (q, k, v), got 2"), "{message}");
-    let message = forward.check(&inputs, &[q.clone()]).unwrap_err();
+    let message = forward.check(&inputs, std::slice::from_ref(&q)).unwrap_err();
     assert!(message.contains("gives 2 outputs (out, lse), but has 1"), "{message}");
     let causal = Attention::new(0.5, true);
     let message = causal.check(&inputs, &[q.clone(), lse.clone()]).unwrap_err();

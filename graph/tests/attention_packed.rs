@@ -61,7 +61,8 @@ fn the_packed_op_gives_the_bits_of_the_op_over_its_rows_apart_forward_and_backwa
 
 #[test]
 fn packed_attention_gradients_match_finite_differences() {
-    for (seed, (b, t, h, d, causal)) in [(2, 3, 2, 4, true), (2, 3, 2, 4, false), (1, 1, 1, 1, true)].into_iter().enumerate()
+    for (seed, (b, t, h, d, causal)) in
+        [(2, 3, 2, 4, true), (2, 3, 2, 4, false), (1, 1, 1, 1, true)].into_iter().enumerate()
     {
         let inputs = [random([b, t, h, 3, d], 600 + seed as u64)];
         let name = format!("packed attention b {b}, t {t}, h {h}, d {d}, causal {causal}");
@@ -106,12 +107,16 @@ fn the_packed_op_refuses_inputs_that_do_not_fit_naming_the_values() {
 #[test]
 fn the_packed_gradient_and_the_kernels_check_its_inputs_and_outputs() {
     let op = AttentionGrad { scale: 0.5, causal: true, packed: true };
-    let (qkv, out, lse) = (meta(&[2, 3, 4, 3, 8], DType::F32), meta(&[2, 3, 4, 8], DType::F32), meta(&[2, 4, 3], DType::F32));
+    let (qkv, out, lse) =
+        (meta(&[2, 3, 4, 3, 8], DType::F32), meta(&[2, 3, 4, 8], DType::F32), meta(&[2, 4, 3], DType::F32));
     let good = vec![qkv.clone(), out.clone(), lse.clone(), out.clone()];
     assert_eq!(op.infer(&good).unwrap(), vec![qkv.clone()]);
     assert_eq!(op.check(&good, std::slice::from_ref(&qkv)), Ok(()));
     let message = op.infer(&[qkv.clone(), qkv.clone(), lse.clone(), out.clone()]).unwrap_err();
-    assert!(message.contains("out must be f32[2, 3, 4, 8]") && message.contains("got out f32[2, 3, 4, 3, 8]"), "{message}");
+    assert!(
+        message.contains("out must be f32[2, 3, 4, 8]") && message.contains("got out f32[2, 3, 4, 3, 8]"),
+        "{message}"
+    );
     let message = op.infer(&good[..3]).unwrap_err();
     assert!(message.contains("packed attention_grad takes 4 inputs (qkv, out, lse, dout), got 3"), "{message}");
     let message = op.check(&good, &[out.clone(), out.clone(), out.clone()]).unwrap_err();

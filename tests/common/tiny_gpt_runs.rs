@@ -14,7 +14,15 @@ use regflow::prelude::*;
 /// The tiny GPT both fold tests train: 2 blocks of width 16 (2 heads, an MLP of 32) over
 /// 8 tokens of a 13-token vocabulary, batches of 4, 4 steps.
 pub(crate) const RUNS: Runs = Runs {
-    config: GptConfig { d_model: 16, heads: 2, layers: 2, context: 8, mlp_width: 32, fused_attention: false, apart_qkv: false },
+    config: GptConfig {
+        d_model: 16,
+        heads: 2,
+        layers: 2,
+        context: 8,
+        mlp_width: 32,
+        fused_attention: false,
+        apart_qkv: false,
+    },
     vocab: 13,
     batch: 4,
     steps: 4,

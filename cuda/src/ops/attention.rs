@@ -280,9 +280,8 @@ impl AttentionGradKernel {
 
 impl Kernel for AttentionGradKernel {
     fn run(&mut self, io: &mut KernelIo<'_>) -> Result<(), KernelError> {
-        let [q, k, v, out, lse, dout] = std::array::from_fn(|n| {
-            io.input_addr(self.inputs[n]) + self.offsets.get(n).copied().unwrap_or(0)
-        });
+        let [q, k, v, out, lse, dout] =
+            std::array::from_fn(|n| io.input_addr(self.inputs[n]) + self.offsets.get(n).copied().unwrap_or(0));
         let [dq, dk, dv] = std::array::from_fn(|n| io.output_addr(self.outputs[n]) + self.offsets[n]);
         let dots = io.scratch(self.dots_bytes())?;
         let at = &self.at;

@@ -201,9 +201,7 @@ pub fn check_attention_grad(
             format!("takes 6 inputs (q, k, v, out, lse, dout), got {}", inputs.len())
         });
     }
-    let (forward, [out, lse, dout]) = inputs.split_at(forward_inputs) else {
-        unreachable!("the count was checked")
-    };
+    let (forward, [out, lse, dout]) = inputs.split_at(forward_inputs) else { unreachable!("the count was checked") };
     let dims = check_attention_inputs(scale, causal, packed, forward)?;
     let dtype = forward[0].dtype;
     let expected = out_meta(&dims, dtype);
@@ -340,7 +338,11 @@ fn forward<T: FastMath>(
     // The products' instruction set, capped as every product's is (`REGFLOW_CPU_ISA`).
     crate::cpu::isa::from_environment()?;
     let (out, lse) = (out.as_mut_slice::<T>()?, lse.as_mut_slice::<T>()?);
-    let lens = if op.packed { vec![q.len(), out.len(), lse.len()] } else { vec![q.len(), k.len(), v.len(), out.len(), lse.len()] };
+    let lens = if op.packed {
+        vec![q.len(), out.len(), lse.len()]
+    } else {
+        vec![q.len(), k.len(), v.len(), out.len(), lse.len()]
+    };
     let dims = dims_of(op.packed, inputs, &lens)?;
     let (scale, causal) = (T::from_f64(op.scale), op.causal);
     let (q_len, kv_len) = dims.sequence_lens();
@@ -409,7 +411,9 @@ fn backward<T: FastMath>(
     let (out_len, lse_len) = (dims.queries * dims.heads * dims.head_dim, dims.heads * dims.queries);
     // Five products per tile where the forward op has two.
     let multiply_adds = dims.multiply_adds(causal) * 5 / 2;
-    let sequence = |b: usize, grads: Grads<'_, T>, (probabilities, score_grads, deltas): &mut ([T; TILE], [T; TILE], [T; BLOCK])| {
+    let sequence = |b: usize,
+                    grads: Grads<'_, T>,
+                    (probabilities, score_grads, deltas): &mut ([T; TILE], [T; TILE], [T; BLOCK])| {
         let (out, dout) = (&out[b * out_len..][..out_len], &dout[b * out_len..][..out_len]);
         let (q, k, v) = (&q[b * q_len..][..q_len], &k[b * kv_len..][..kv_len], &v[b * kv_len..][..kv_len]);
         let lse = &lse[b * lse_len..][..lse_len];
@@ -422,9 +426,15 @@ fn backward<T: FastMath>(
             if dqkv.len() != q.len() {
                 return Err(format!("dqkv of {} elements for {dims:?} (broken invariant)", dqkv.len()));
             }
-            for_each_sequence(threads, dims.batch, multiply_adds, [dqkv], scratch, #[inline(always)] |b, [dqkv], scratch| {
-                sequence(b, Grads::Packed(dqkv), scratch)
-            });
+            for_each_sequence(
+                threads,
+                dims.batch,
+                multiply_adds,
+                [dqkv],
+                scratch,
+                #[inline(always)]
+                |b, [dqkv], scratch| sequence(b, Grads::Packed(dqkv), scratch),
+            );
         }
         [dq, dk, dv] if !op.packed => {
             let (dq, dk, dv) = (dq.as_mut_slice::<T>()?, dk.as_mut_slice::<T>()?, dv.as_mut_slice::<T>()?);
@@ -436,9 +446,15 @@ fn backward<T: FastMath>(
                     dv.len()
                 ));
             }
-            for_each_sequence(threads, dims.batch, multiply_adds, [dq, dk, dv], scratch, #[inline(always)] |b, grads, scratch| {
-                sequence(b, Grads::Apart(grads), scratch)
-            });
+            for_each_sequence(
+                threads,
+                dims.batch,
+                multiply_adds,
+                [dq, dk, dv],
+                scratch,
+                #[inline(always)]
+                |b, grads, scratch| sequence(b, Grads::Apart(grads), scratch),
+            );
         }
         _ => return Err(format!("attention_grad (packed: {}) gives {} outputs", op.packed, outputs.len())),
     }

@@ -43,7 +43,13 @@ impl View {
             _ => (dims.head_dim, 0),
         };
         let stride = dims.heads * width;
-        Self { offset: base + first * stride + head * width, rows, columns: dims.head_dim, row_stride: stride, column_stride: 1 }
+        Self {
+            offset: base + first * stride + head * width,
+            rows,
+            columns: dims.head_dim,
+            row_stride: stride,
+            column_stride: 1,
+        }
     }
 
     /// The first `rows × columns` of a tile.
