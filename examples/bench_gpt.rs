@@ -29,15 +29,6 @@ use regflow::prelude::Job;
 
 const BATCH: usize = 16;
 const VOCAB: usize = 65;
-const CONFIG: GptConfig = GptConfig {
-    d_model: 64,
-    heads: 4,
-    layers: 2,
-    context: 64,
-    mlp_width: 256,
-    fused_attention: false,
-    apart_qkv: false,
-};
 
 fn main() -> Result<(), regflow::Report> {
     let fused = std::env::args().any(|a| a == "--fused-attention");
@@ -50,7 +41,7 @@ fn main() -> Result<(), regflow::Report> {
     if apart_qkv && !fused {
         return Err("--apart-qkv times the fused op over three projections: it needs --fused-attention".into());
     }
-    let config = GptConfig { fused_attention: fused, apart_qkv, ..CONFIG };
+    let config = GptConfig { fused_attention: fused, apart_qkv, ..GptConfig::CHAR };
     let t = config.context;
     let g = Graph::new();
     let model = Gpt::new(&g, config, VOCAB)?;

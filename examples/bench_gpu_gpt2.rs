@@ -48,8 +48,8 @@
 //! calls are not issued, so a real step's host side is that plus theirs. Its losses mean
 //! nothing and are not printed.
 //!
-//! `--plan-only` compiles the step and prints its memory per device and its count of
-//! actors and casts, running nothing (no GPU needed: the plan's layout is the memory a GPU
+//! `--plan-only` compiles the step and prints its memory per device, its count of actors
+//! and casts and every op's count (what a fold or `--apart-qkv` changes), running nothing (no GPU needed: the plan's layout is the memory a GPU
 //! run allocates).
 //!
 //! `--layers N` keeps the size's widths with N layers (to bisect a problem by depth). Each
@@ -82,15 +82,6 @@ const GPT2: GptConfig = GptConfig {
     layers: 12,
     context: 1024,
     mlp_width: 3072,
-    fused_attention: false,
-    apart_qkv: false,
-};
-const TINY: GptConfig = GptConfig {
-    d_model: 64,
-    heads: 4,
-    layers: 2,
-    context: 64,
-    mlp_width: 256,
     fused_attention: false,
     apart_qkv: false,
 };
@@ -128,7 +119,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (mut config, vocab) = match arg("--size", "gpt2".to_string())?.as_str() {
         "gpt2" => (GPT2, 50_257),
-        "tiny" => (TINY, 65),
+        "tiny" => (GptConfig::CHAR, 65),
         other => return Err(format!("--size {other}: expected gpt2 or tiny").into()),
     };
     let precision = match arg("--precision", "f32".to_string())?.as_str() {

@@ -354,7 +354,8 @@ fn every_op_of_the_training_steps_but_scalar_ones_has_a_cuda_kernel() {
         let compiled = g.compile_parallel(&[step.loss], &step.updates, &options).unwrap();
         let (ops, on_host) = ops_on_the_host(&compiled.plan);
         let on_host = large(on_host);
-        assert!(ops > 50, "gpt {precision:?}: only {ops} op actors");
+        // The one-layer GPT with packed Q/K/V (FUSED_GPT) has 43.
+        assert!(ops > 40, "gpt {precision:?}: only {ops} op actors");
         assert!(on_host.is_empty(), "gpt {precision:?}: ops that would run on the host: {on_host:#?}");
         // The updates are fused on cuda too: multi-tensor launches, no update of its own.
         let count = |op_type: &str| common::ops(&compiled.plan, op_type).len();

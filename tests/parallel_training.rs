@@ -529,25 +529,9 @@ fn tensor_parallel_attention_trains_like_one_device() {
 /// differs).
 #[test]
 fn tensor_parallel_fused_attention_trains_like_one_device() {
-    let g = Graph::new();
-    let tp = megatron(&[2], &["tp"], 0);
-    let train = attention(&g, Some(&tp), Attn::Fused);
-    let compiled = g
-        .compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(tp.mesh.clone()).train(&train))
-        .unwrap();
-    let layouts = &compiled.parallel.as_ref().unwrap().layouts;
-    let fused: Vec<_> = layouts.iter().filter(|(n, _)| n.starts_with("attention")).collect();
-    assert!(fused.len() >= 2, "the attention op and its gradient: {layouts:?}");
-    // Every tensor [B, T, H, d] split on H; the forward's lse [B, H, T] on its H too.
-    let lse = |name: &str| name.starts_with("attention") && !name.starts_with("attention_grad") && name.ends_with(":1");
-    assert!(fused.iter().all(|(n, l)| l.0 == vec![if lse(n) { S(1) } else { S(2) }]), "heads split: {fused:?}");
-
-    let steps = 20;
-    let want = attention_losses(steps, None, Attn::Fused);
-    assert_close("fused vs composed, one device", &want, &attention_losses(steps, None, Attn::Composed), 1e-10);
-    assert_close("fused attention tp2", &attention_losses(steps, Some(&tp), Attn::Fused), &want, 1e-10);
-    let dp_tp = megatron(&[2, 2], &["dp", "tp"], 1);
-    assert_close("fused attention dp2xtp2", &attention_losses(steps, Some(&dp_tp), Attn::Fused), &want, 1e-10);
+    let want = attention_losses(20, None, Attn::Fused);
+    assert_close("fused vs composed, one device", &want, &attention_losses(20, None, Attn::Composed), 1e-10);
+    check_heads_split(Attn::Fused, &want);
 }
 
 /// The packed op (`attention_packed`) over one projection to `[B, T, H, 3, hd]`, made from
@@ -556,24 +540,30 @@ fn tensor_parallel_fused_attention_trains_like_one_device() {
 /// over the projections apart (f64: the packed op's sums are the same).
 #[test]
 fn tensor_parallel_packed_attention_trains_like_one_device() {
+    let want = attention_losses(20, None, Attn::Fused);
+    assert_close("packed vs apart, one device", &attention_losses(20, None, Attn::Packed), &want, 1e-10);
+    check_heads_split(Attn::Packed, &want);
+}
+
+/// The attention model attending by `attn` on `tp2`: the attention op and its gradient
+/// have every tensor split on its heads (`[B, T, H, ..]` on H, the forward's `lse [B, H,
+/// T]` on its H), and 20 steps on `tp2` and on `dp2 x tp2` give the losses `want`.
+fn check_heads_split(attn: Attn, want: &[f64]) {
     let g = Graph::new();
     let tp = megatron(&[2], &["tp"], 0);
-    let train = attention(&g, Some(&tp), Attn::Packed);
+    let train = attention(&g, Some(&tp), attn);
     let compiled = g
         .compile_parallel(&[train.loss], &train.updates, &ParallelOptions::new(tp.mesh.clone()).train(&train))
         .unwrap();
     let layouts = &compiled.parallel.as_ref().unwrap().layouts;
-    let packed: Vec<_> = layouts.iter().filter(|(n, _)| n.starts_with("attention")).collect();
-    assert!(packed.len() >= 2, "the attention op and its gradient: {layouts:?}");
+    let ops: Vec<_> = layouts.iter().filter(|(n, _)| n.starts_with("attention")).collect();
+    assert!(ops.len() >= 2, "{attn:?}: the attention op and its gradient: {layouts:?}");
     let lse = |name: &str| name.starts_with("attention") && !name.starts_with("attention_grad") && name.ends_with(":1");
-    assert!(packed.iter().all(|(n, l)| l.0 == vec![if lse(n) { S(1) } else { S(2) }]), "heads split: {packed:?}");
-
-    let steps = 20;
-    let want = attention_losses(steps, None, Attn::Fused);
-    assert_close("packed vs apart, one device", &attention_losses(steps, None, Attn::Packed), &want, 1e-10);
-    assert_close("packed attention tp2", &attention_losses(steps, Some(&tp), Attn::Packed), &want, 1e-10);
+    assert!(ops.iter().all(|(n, l)| l.0 == vec![if lse(n) { S(1) } else { S(2) }]), "{attn:?}: heads split: {ops:?}");
+    let steps = want.len();
+    assert_close(&format!("{attn:?} tp2"), &attention_losses(steps, Some(&tp), attn), want, 1e-10);
     let dp_tp = megatron(&[2, 2], &["dp", "tp"], 1);
-    assert_close("packed attention dp2xtp2", &attention_losses(steps, Some(&dp_tp), Attn::Packed), &want, 1e-10);
+    assert_close(&format!("{attn:?} dp2xtp2"), &attention_losses(steps, Some(&dp_tp), attn), want, 1e-10);
 }
 
 /// How the attention test model attends: the products around a softmax, the fused op over

@@ -41,6 +41,20 @@ pub(crate) struct GptConfig {
 }
 
 impl GptConfig {
+    /// The character GPT the CPU benchmarks and their peers run (`bench_gpt`,
+    /// `bench_gpu_gpt2 --size tiny`, `benches/peers/gpt_peers.py`): 2 layers of 64 wide
+    /// with 4 heads over 64 positions, composed attention.
+    #[allow(dead_code)] // the examples that train other sizes share this module
+    pub(crate) const CHAR: Self = Self {
+        d_model: 64,
+        heads: 4,
+        layers: 2,
+        context: 64,
+        mlp_width: 256,
+        fused_attention: false,
+        apart_qkv: false,
+    };
+
     fn head_dim(&self) -> usize {
         self.d_model / self.heads
     }

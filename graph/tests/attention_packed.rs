@@ -8,7 +8,7 @@ mod common;
 use common::{check_grad, random, to_f32};
 use regflow_graph::ops::{Attention, AttentionGrad, HostCompute, OpDef};
 use regflow_graph::sbp::Sbp;
-use regflow_graph::{DType, Graph, HostArray, Shape, Tensor, TensorMeta};
+use regflow_graph::{DType, Graph, HostArray, Precision, Shape, Tensor, TensorMeta};
 
 /// Row `which` (0 query, 1 key, 2 value) of every position and head of `qkv`, as `[B, T,
 /// H, D]`.
@@ -19,15 +19,20 @@ fn part<'g>(qkv: &Tensor<'g>, which: usize) -> Tensor<'g> {
 }
 
 /// `(out, lse, dqkv)` of the packed op and of the op over the parts apart, where the
-/// gradient is that of `sum(out · r)`.
-fn packed_and_apart(qkv: &HostArray, scale: f64, causal: bool) -> [[Vec<f64>; 3]; 2] {
+/// gradient is that of `sum(out · r)`, under mixed `precision` if any.
+fn packed_and_apart(qkv: &HostArray, scale: f64, causal: bool, precision: Option<Precision>) -> [[Vec<f64>; 3]; 2] {
     let g = Graph::new();
+    if let Some(precision) = precision {
+        g.mixed_precision(precision).unwrap();
+    }
     let x = g.input("qkv", qkv.shape.clone(), qkv.dtype()).unwrap();
     let (packed, packed_lse) = x.attention_packed_with_lse(scale, causal).unwrap();
     let (apart, apart_lse) = part(&x, 0).attention_with_lse(&part(&x, 1), &part(&x, 2), scale, causal).unwrap();
-    let r = g.input("r", packed.shape(), packed.dtype()).unwrap();
-    let packed_loss = packed.mul(&r).unwrap().sum_to(&Shape::scalar()).unwrap();
-    let apart_loss = apart.mul(&r).unwrap().sum_to(&Shape::scalar()).unwrap();
+    assert_eq!((packed.meta(), packed_lse.meta()), (apart.meta(), apart_lse.meta()));
+    let r = g.input("r", packed.shape(), qkv.dtype()).unwrap();
+    let dtype = qkv.dtype();
+    let packed_loss = packed.cast(dtype).unwrap().mul(&r).unwrap().sum_to(&Shape::scalar()).unwrap();
+    let apart_loss = apart.cast(dtype).unwrap().mul(&r).unwrap().sum_to(&Shape::scalar()).unwrap();
     let packed_grad = g.grad(packed_loss, &[x]).unwrap()[0];
     let apart_grad = g.grad(apart_loss, &[x]).unwrap()[0];
     let r_value = random(packed.shape(), 0xbeef);
@@ -50,13 +55,38 @@ fn the_packed_op_gives_the_bits_of_the_op_over_its_rows_apart_forward_and_backwa
         let scale = 1.0 / (d as f64).sqrt();
         let qkv = random([b, t, h, 3, d], 500 + seed as u64);
         for (dtype, qkv) in [("f64", qkv.clone()), ("f32", to_f32(&qkv))] {
-            let [packed, apart] = packed_and_apart(&qkv, scale, causal);
+            let [packed, apart] = packed_and_apart(&qkv, scale, causal, None);
             for (name, (p, a)) in ["out", "lse", "dqkv"].iter().zip(packed.iter().zip(&apart)) {
                 let same = p.len() == a.len() && p.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{dtype} {name} of b {b}, t {t}, h {h}, d {d}, causal {causal}: {p:?} against {a:?}");
             }
         }
     }
+}
+
+#[test]
+fn under_mixed_precision_the_packed_op_casts_qkv_once_and_gives_the_bits_of_the_op_apart() {
+    for (seed, (b, t, h, d, causal)) in [(2, 9, 3, 16, true), (1, 70, 2, 8, false)].into_iter().enumerate() {
+        let qkv = to_f32(&random([b, t, h, 3, d], 700 + seed as u64));
+        for precision in [Precision::Bf16, Precision::F16] {
+            let [packed, apart] = packed_and_apart(&qkv, 0.25, causal, Some(precision));
+            for (name, (p, a)) in ["out", "lse", "dqkv"].iter().zip(packed.iter().zip(&apart)) {
+                // The same bits, but for the sign of a zero: apart, each part's gradient is
+                // summed with the others' zeros (`slice_grad`), and a gradient that f16
+                // rounds to -0 comes out +0.
+                let same = p.len() == a.len() && p.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits() || x == y);
+                assert!(same, "{precision:?} {name} of b {b}, t {t}, h {h}, d {d}, causal {causal}");
+            }
+        }
+    }
+    // One cast of qkv (and one of its gradient back), where the op apart casts q, k, v.
+    let g = Graph::new();
+    g.mixed_precision(Precision::Bf16).unwrap();
+    let x = g.input("qkv", [1, 4, 2, 3, 8], DType::F32).unwrap();
+    let out = x.attention_packed(0.5, true).unwrap();
+    assert_eq!(out.dtype(), DType::Bf16);
+    let node = g.nodes().into_iter().find(|n| n.op.name() == "attention").unwrap();
+    assert_eq!(g.info(node.inputs[0]).meta, TensorMeta::new(vec![1, 4, 2, 3, 8], DType::Bf16));
 }
 
 #[test]

@@ -238,14 +238,16 @@ fn dims_of(packed: bool, inputs: &[HostTensor<'_>], lens: &[usize]) -> Result<At
     };
     let (q_len, kv_len) = dims.sequence_lens();
     let out_len = dims.queries * dims.heads * dims.head_dim;
-    let mut expected = if packed { vec![q_len] } else { vec![q_len, kv_len, kv_len] };
-    expected.extend([out_len, dims.heads * dims.queries, out_len]);
-    let expected: Vec<usize> = expected.iter().map(|per_sequence| per_sequence * dims.batch).collect();
-    if let Some(index) = (0..lens.len()).find(|&i| expected.get(i) != Some(&lens[i])) {
+    // Per sequence: the forward inputs', then out's, lse's and dout's (packed, qkv's is
+    // the last of the three). A firing's check: nothing allocated.
+    let apart = [q_len, kv_len, kv_len, out_len, dims.heads * dims.queries, out_len];
+    let expected = if packed { &apart[2..] } else { &apart[..] };
+    let expected = |index: usize| expected.get(index).map(|per_sequence| per_sequence * dims.batch);
+    if let Some(index) = (0..lens.len()).find(|&i| expected(i) != Some(lens[i])) {
         return Err(format!(
             "tensor {index} has {} elements, {:?} expected for {dims:?} (broken invariant)",
             lens[index],
-            expected.get(index)
+            expected(index)
         ));
     }
     Ok(dims)
@@ -338,12 +340,9 @@ fn forward<T: FastMath>(
     // The products' instruction set, capped as every product's is (`REGFLOW_CPU_ISA`).
     crate::cpu::isa::from_environment()?;
     let (out, lse) = (out.as_mut_slice::<T>()?, lse.as_mut_slice::<T>()?);
-    let lens = if op.packed {
-        vec![q.len(), out.len(), lse.len()]
-    } else {
-        vec![q.len(), k.len(), v.len(), out.len(), lse.len()]
-    };
-    let dims = dims_of(op.packed, inputs, &lens)?;
+    // Packed, q, k and v are all qkv: its length counts once.
+    let lens = [q.len(), k.len(), v.len(), out.len(), lse.len()];
+    let dims = dims_of(op.packed, inputs, if op.packed { &lens[2..] } else { &lens })?;
     let (scale, causal) = (T::from_f64(op.scale), op.causal);
     let (q_len, kv_len) = dims.sequence_lens();
     let multiply_adds = dims.multiply_adds(causal);
@@ -403,9 +402,8 @@ fn backward<T: FastMath>(
     let [out, lse, dout] = rest else { unreachable!("the count was checked") };
     crate::cpu::isa::from_environment()?;
     let (out, lse, dout) = (out.as_slice::<T>()?, lse.as_slice::<T>()?, dout.as_slice::<T>()?);
-    let mut lens = if op.packed { vec![q.len()] } else { vec![q.len(), k.len(), v.len()] };
-    lens.extend([out.len(), lse.len(), dout.len()]);
-    let dims = dims_of(op.packed, inputs, &lens)?;
+    let lens = [q.len(), k.len(), v.len(), out.len(), lse.len(), dout.len()];
+    let dims = dims_of(op.packed, inputs, if op.packed { &lens[2..] } else { &lens })?;
     let (scale, causal) = (T::from_f64(op.scale), op.causal);
     let (q_len, kv_len) = dims.sequence_lens();
     let (out_len, lse_len) = (dims.queries * dims.heads * dims.head_dim, dims.heads * dims.queries);
