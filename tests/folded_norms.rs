@@ -14,12 +14,13 @@ mod gpt;
 #[path = "common/tiny_gpt_runs.rs"]
 mod tiny_gpt_runs;
 
+use common::ops;
 use regflow::graph::plan::{ActorKind, KernelConf, OpConf, Plan};
 use regflow::graph::sbp::Mesh;
 use regflow::graph::{CompileOptions, CompiledGraph, DType, Graph, HostArray, ParallelOptions, Precision, Tensor};
 use regflow::plan::ops::{LayerNorm, LayerNormGrad, OpAttrs};
 use regflow::prelude::*;
-use tiny_gpt_runs::{low, ops, RUNS};
+use tiny_gpt_runs::{low, RUNS};
 
 /// Which of the two folds a plan is compiled with or without.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,12 +12,13 @@ mod gpt;
 #[path = "common/tiny_gpt_runs.rs"]
 mod tiny_gpt_runs;
 
+use common::ops;
 use regflow::graph::plan::{ActorKind, KernelConf, Plan};
 use regflow::graph::sbp::Mesh;
 use regflow::graph::{CompiledGraph, DType, Graph, ParallelOptions, Precision};
 use regflow::plan::ops::EmbeddingGrad;
 use regflow::prelude::*;
-use tiny_gpt_runs::{low, ops, RUNS};
+use tiny_gpt_runs::{low, RUNS};
 
 /// How a step is compiled: its precision, the vocabulary's padding multiple (1: none), its
 /// devices, and whether the table's gradients fold.

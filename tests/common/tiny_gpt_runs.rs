@@ -1,12 +1,11 @@
 //! The tiny GPT's training step and runs of it for comparisons bit for bit
-//! (`folded_casts.rs`, `folded_table_grads.rs`): its batches (each token's successor is
+//! (`folded_casts.rs`, `folded_table_grads.rs`, `folded_norms.rs`): its batches (each token's successor is
 //! its id + 1, so the loss falls; ids repeat within a batch), the losses' bits and every
 //! variable's final value, and two steps to their end on dry-run CUDA devices. A test file
 //! that uses it declares `mod gpt` (`examples/common/gpt.rs`) at its root too.
 #![allow(dead_code)] // each test file uses some of it
 
 use crate::gpt::{Gpt, GptConfig};
-use regflow::graph::plan::{ActorKind, KernelConf, OpConf, Plan};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
 use regflow::graph::{CompiledGraph, DType, Graph, HostArray, Optimizer, Precision, SplitMix64, TrainStep};
 use regflow::prelude::*;
@@ -113,19 +112,6 @@ impl Runs {
         drop((feeds, losses));
         job.wait().unwrap();
     }
-}
-
-/// The ops of `plan`'s compute actors running `op_type`, with the actor's name.
-pub(crate) fn ops<'p>(plan: &'p Plan, op_type: &str) -> Vec<(&'p str, &'p OpConf)> {
-    plan.actors
-        .iter()
-        .filter_map(|actor| match &actor.kind {
-            ActorKind::Compute { kernel: KernelConf::Op(conf) } if conf.op_type == op_type => {
-                Some((actor.name.as_str(), conf))
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 /// The 16-bit dtype of `precision`, f32 without one.
