@@ -164,17 +164,9 @@ pub(crate) fn reads_transitively(
         let desc = &plan.regst_descs[r.index()];
         (desc.preloaded == 0).then_some(desc.consumers.iter().copied()).into_iter().flatten()
     };
-    let mut seen = vec![false; plan.actors.len()];
-    let mut stack: Vec<ActorIndex> = registers.iter().flat_map(readers).collect();
-    while let Some(a) = stack.pop() {
-        if a == actor {
-            return true;
-        }
-        if !std::mem::replace(&mut seen[a.index()], true) {
-            stack.extend(index.outputs_of(a).iter().flat_map(readers));
-        }
-    }
-    false
+    reaches(plan.actors.len(), registers.iter().flat_map(readers), actor, |a| {
+        index.outputs_of(a).iter().flat_map(readers)
+    })
 }
 
 /// Whether any of `registers` is made, directly or through other actors, by actor `actor`
@@ -187,14 +179,27 @@ pub(crate) fn made_by(index: &crate::plan::PlanIndex<'_>, registers: &[RegstDesc
         let desc = &plan.regst_descs[r.index()];
         (desc.preloaded == 0).then_some(desc.producer)
     };
-    let mut seen = vec![false; plan.actors.len()];
-    let mut stack: Vec<ActorIndex> = registers.iter().filter_map(maker).collect();
+    reaches(plan.actors.len(), registers.iter().filter_map(maker), actor, |a| {
+        plan.actors[a.index()].inputs.iter().filter_map(maker)
+    })
+}
+
+/// Whether a depth-first walk of a plan of `actors` actors from `start`, stepping from
+/// each actor to `next(actor)`, meets `target` (each actor visited once).
+fn reaches<I: IntoIterator<Item = ActorIndex>>(
+    actors: usize,
+    start: impl IntoIterator<Item = ActorIndex>,
+    target: ActorIndex,
+    next: impl Fn(ActorIndex) -> I,
+) -> bool {
+    let mut seen = vec![false; actors];
+    let mut stack: Vec<ActorIndex> = start.into_iter().collect();
     while let Some(a) = stack.pop() {
-        if a == actor {
+        if a == target {
             return true;
         }
         if !std::mem::replace(&mut seen[a.index()], true) {
-            stack.extend(plan.actors[a.index()].inputs.iter().filter_map(maker));
+            stack.extend(next(a));
         }
     }
     false
