@@ -540,38 +540,33 @@ fn layer_norm_with_a_summand_matches_the_add_then_the_norm() {
             let (gamma, beta) = (common::array(&[len], dtype, 43), common::array(&[len], dtype, 44));
             let y_meta = meta(&dims, out.unwrap_or(dtype));
             let norm = LayerNorm { out, ..LayerNorm::new(1e-5) };
+            let plain = common::conf(&norm, &[&a, &gamma, &beta], std::slice::from_ref(&y_meta));
+            let add_of = |x: &HostArray, y: &HostArray, to: DType| {
+                let add = common::conf(&Binary(BinaryKind::Add), &[x, y], &[meta(&dims, to)]);
+                common::run(&add, &[x, y], Some(gpu)).remove(0)
+            };
+            // The folded op on `inputs` against the CPU, and its sum and y against `sum`
+            // (the GPU's own adds) and the GPU's norm of it, bit for bit.
+            let check = |op: &LayerNorm, inputs: &[&HostArray], sum: HostArray, what: &str| {
+                let folded = common::conf(op, inputs, &[meta(&dims, dtype), y_meta.clone()]);
+                common::check_both(what, &folded, inputs, gpu, tolerance(out.unwrap_or(dtype)));
+                let got = common::run(&folded, inputs, Some(gpu));
+                let y = common::run(&plain, &[&sum, &gamma, &beta], Some(gpu)).remove(0);
+                if !device.is_dry() {
+                    assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum is not the adds' bits");
+                    assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: y is not the norm's bits");
+                }
+            };
             let op = LayerNorm { residual: Some(b_dtype), ..norm };
-            let inputs = [&a, &gamma, &beta, &b];
-            let folded = common::conf(&op, &inputs, &[meta(&dims, dtype), y_meta.clone()]);
             let what = format!("layer_norm {dtype} + {b_dtype} -> {out:?} {dims:?}");
-            common::check_both(&what, &folded, &inputs, gpu, tolerance(out.unwrap_or(dtype)));
-            let got = common::run(&folded, &inputs, Some(gpu));
-            let add = common::conf(&Binary(BinaryKind::Add), &[&a, &b], &[meta(&dims, dtype)]);
-            let sum = common::run(&add, &[&a, &b], Some(gpu)).remove(0);
-            let plain = common::conf(&norm, &[&sum, &gamma, &beta], std::slice::from_ref(&y_meta));
-            let y = common::run(&plain, &[&sum, &gamma, &beta], Some(gpu)).remove(0);
-            if !device.is_dry() {
-                assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum is not the add's bits");
-                assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: y is not the norm's bits");
-            }
+            check(&op, &[&a, &gamma, &beta, &b], add_of(&a, &b, dtype), &what);
             // With a bias added to the summand first (`LayerNorm::summand_bias`): the bias
             // add's bits, then the residual add's, then the norm's.
             let bias = common::array(&[len], b_dtype, 45);
+            let biased = add_of(&b, &bias, b_dtype);
             let op = LayerNorm { summand_bias: true, ..op };
-            let inputs = [&a, &gamma, &beta, &b, &bias];
-            let folded = common::conf(&op, &inputs, &[meta(&dims, dtype), y_meta.clone()]);
             let what = format!("{what}, the summand biased");
-            common::check_both(&what, &folded, &inputs, gpu, tolerance(out.unwrap_or(dtype)));
-            let got = common::run(&folded, &inputs, Some(gpu));
-            let bias_add = common::conf(&Binary(BinaryKind::Add), &[&b, &bias], &[meta(&dims, b_dtype)]);
-            let biased = common::run(&bias_add, &[&b, &bias], Some(gpu)).remove(0);
-            let add = common::conf(&Binary(BinaryKind::Add), &[&a, &biased], &[meta(&dims, dtype)]);
-            let sum = common::run(&add, &[&a, &biased], Some(gpu)).remove(0);
-            let y = common::run(&plain, &[&sum, &gamma, &beta], Some(gpu)).remove(0);
-            if !device.is_dry() {
-                assert_eq!(got[0].to_le_bytes(), sum.to_le_bytes(), "{what}: the sum is not the adds' bits");
-                assert_eq!(got[1].to_le_bytes(), y.to_le_bytes(), "{what}: y is not the norm's bits");
-            }
+            check(&op, &[&a, &gamma, &beta, &b, &bias], add_of(&a, &biased, dtype), &what);
         }
     }
 }
