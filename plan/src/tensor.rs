@@ -521,6 +521,18 @@ impl<'a> HostTensor<'a> {
 }
 
 impl HostTensorMut<'_> {
+    /// What it holds, read as an input (a kernel that reads back what it wrote).
+    pub fn view(&self) -> HostTensor<'_> {
+        let data = match &self.data {
+            HostSliceMut::F32(v) => HostSlice::F32(v),
+            HostSliceMut::F64(v) => HostSlice::F64(v),
+            HostSliceMut::I64(v) => HostSlice::I64(v),
+            HostSliceMut::Bf16(v) => HostSlice::Bf16(v),
+            HostSliceMut::F16(v) => HostSlice::F16(v),
+        };
+        HostTensor { shape: self.shape, data }
+    }
+
     /// How many elements its data holds.
     pub fn len(&self) -> usize {
         match &self.data {

@@ -14,7 +14,7 @@ use crate::cpu::shares::{in_shares, row_shares, rows_in_shares, DisjointParts};
 use crate::host::{HostCompute, HostContext};
 use half::slice::HalfFloatSliceExt;
 use regflow_plan::ops::*;
-use regflow_plan::{bf16, f16, DType, Element, HostSlice, HostSliceMut, HostTensor, HostTensorMut, Real, TensorMeta};
+use regflow_plan::{bf16, f16, DType, Element, HostTensor, HostTensorMut, Real, TensorMeta};
 use std::cell::RefCell;
 
 impl HostCompute for LayerNorm {
@@ -35,7 +35,7 @@ impl HostCompute for LayerNorm {
             None => (None, outputs),
         };
         let x = match sum {
-            Some(sum) => read_back(sum)?,
+            Some(sum) => sum.view(),
             None => inputs[0],
         };
         let inputs = &[x, inputs[1], inputs[2]];
@@ -208,16 +208,6 @@ impl Summand<f32> for f16 {
     fn biased(self, bias: f16) -> f16 {
         f16::from_f32(self.to_f32() + bias.to_f32())
     }
-}
-
-/// What a kernel wrote into `t`, to be read as an input.
-fn read_back<'a>(t: &'a HostTensorMut<'_>) -> Result<HostTensor<'a>, String> {
-    let data = match &t.data {
-        HostSliceMut::F32(v) => HostSlice::F32(v),
-        HostSliceMut::F64(v) => HostSlice::F64(v),
-        _ => return Err(format!("layer_norm's sum is {} (broken invariant)", t.dtype())),
-    };
-    Ok(HostTensor { shape: t.shape, data })
 }
 
 /// `wide` rounded to nearest even into `narrow` as the register kernels round a 16-bit
