@@ -7,9 +7,13 @@
 //!    shard_states_in_process`, the gathered weights held once; `dW1` computed by rows from
 //!    an all-to-all of the first hidden activation and an all-gather of its output
 //!    gradient), then the same with every AdamW state pinned `B` (a copy per device, each
-//!    updating all of it) and pinned `S(0)`, one matmul thread per device: samples/s, the
-//!    core time per step (all threads) and ratio, in three rounds that each time all four
-//!    plans once, and the median per-round ratios.
+//!    updating all of it) and pinned `S(0)`, one matmul thread per device: ms per step,
+//!    samples/s, the cores busy (all threads' core time per step over the step) and the
+//!    speed-up over one device. The four jobs are built at once and take turns, a block of
+//!    steps each (one untimed, then four timed), twelve blocks per plan: on a shared host
+//!    whose speed moves by a third within seconds, only blocks run back to back compare
+//!    fairly, so each block's speed-up pairs it with the one-device block just before, and
+//!    the figure is the median of those paired ratios (with their quartiles).
 //! 2. `sim`: a 16-layer MLP data-parallel over two `sim` devices with modeled kernel and
 //!    link times: the step time against max(compute, comm) (perfect overlap) and against
 //!    compute + comm (no overlap), where compute and comm are the modeled busy times of one
@@ -20,7 +24,7 @@
 //! ```
 //!
 //! `--trace` writes the sim part's timeline. Environment, for looking closer:
-//! `REGFLOW_ONE_TRACE=t.json` writes the timeline of the cpu one-device run (first round),
+//! `REGFLOW_ONE_TRACE=t.json` writes the timeline of the cpu one-device run (all its blocks),
 //! `REGFLOW_DP_TRACE=t.json` that of the cpu dp2 run,
 //! `REGFLOW_REP_TRACE=t.json` and `REGFLOW_Z1_TRACE=t.json` those of the dp2 runs with the
 //! AdamW state pinned `B` and `S(0)`,
@@ -45,7 +49,7 @@ use regflow::graph::{
     CollectiveStreams, CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, ParallelOptions,
     SplitMix64,
 };
-use regflow::prelude::{Job, RuntimeError};
+use regflow::prelude::{Fetcher, Job, RuntimeError};
 use std::time::Instant;
 
 /// Per step of a timed run: wall seconds, and CPU seconds of all the process's threads.
@@ -55,8 +59,6 @@ struct StepTime {
     cpu: f64,
 }
 
-/// Runs `steps` after `warmup` steps of a compiled step fed with the same batch; returns
-/// the time per step.
 /// `REGFLOW_CPU_THREADS`: threads per cpu device's kernels for every plan (default 1).
 fn cpu_threads() -> Result<usize, Box<dyn std::error::Error>> {
     match std::env::var("REGFLOW_CPU_THREADS") {
@@ -65,6 +67,72 @@ fn cpu_threads() -> Result<usize, Box<dyn std::error::Error>> {
     }
 }
 
+/// A job of one compiled step, fed the same batch every step by a thread of its own and
+/// timed a block of steps at a time, so that several jobs can take turns in one process.
+/// The feeds are pushed from another thread than the one fetching the losses: a job takes
+/// a step's feeds only as its registers free up, which may wait on the fetches.
+struct SteppedJob {
+    job: Job,
+    losses: Fetcher,
+    /// How many steps' feeds to push next; dropped to close the feeds.
+    blocks: std::sync::mpsc::Sender<usize>,
+    pusher: std::thread::JoinHandle<Result<(), RuntimeError>>,
+}
+
+impl SteppedJob {
+    fn start(
+        compiled: &CompiledGraph,
+        feeds_of: &[(&str, HostArray)],
+        trace: Option<&str>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(cpu_threads()?);
+        if let Some(path) = trace {
+            builder = builder.trace(path);
+        }
+        let mut job = builder.build()?;
+        let mut feeds = job.graph_feeds()?;
+        let losses = job.fetcher(&compiled.fetches[0])?;
+        let values: Vec<(String, HostArray)> = feeds_of.iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
+        let (blocks, steps_to_push) = std::sync::mpsc::channel::<usize>();
+        let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
+            for steps in steps_to_push {
+                for _ in 0..steps {
+                    for (name, value) in &values {
+                        feeds.push(name, value)?;
+                    }
+                }
+            }
+            feeds.close()
+        });
+        Ok(Self { job, losses, blocks, pusher })
+    }
+
+    /// Runs `steps` steps; returns the time per step.
+    fn run(&mut self, steps: usize) -> Result<StepTime, Box<dyn std::error::Error>> {
+        let (start, cpu_start) = (Instant::now(), process_cpu_seconds());
+        self.blocks.send(steps).map_err(|_| "the feeding thread ended early")?;
+        for _ in 0..steps {
+            self.losses.recv().ok_or("the job ended early")?;
+        }
+        Ok(StepTime {
+            wall: start.elapsed().as_secs_f64() / steps as f64,
+            cpu: (process_cpu_seconds() - cpu_start) / steps as f64,
+        })
+    }
+
+    /// Closes the feeds and waits for the job's end.
+    fn finish(self) -> Result<(), Box<dyn std::error::Error>> {
+        let Self { job, losses, blocks, pusher } = self;
+        drop(blocks);
+        pusher.join().map_err(|_| "feeder panicked")??;
+        drop(losses);
+        job.wait()?;
+        Ok(())
+    }
+}
+
+/// Runs `steps` after `warmup` steps of a compiled step fed with the same batch; returns
+/// the time per step.
 fn time_steps(
     compiled: &CompiledGraph,
     feeds_of: &[(&str, HostArray)],
@@ -72,37 +140,19 @@ fn time_steps(
     steps: usize,
     trace: Option<&str>,
 ) -> Result<StepTime, Box<dyn std::error::Error>> {
-    let mut builder = Job::builder(compiled.plan.clone()).cpu_threads(cpu_threads()?);
-    if let Some(path) = trace {
-        builder = builder.trace(path);
-    }
-    let mut job = builder.build()?;
-    let mut feeds = job.graph_feeds()?;
-    let losses = job.fetcher(&compiled.fetches[0])?;
-    let values: Vec<(String, HostArray)> = feeds_of.iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
-    let pusher = std::thread::spawn(move || -> Result<(), RuntimeError> {
-        for _ in 0..warmup + steps {
-            for (name, value) in &values {
-                feeds.push(name, value)?;
-            }
-        }
-        feeds.close()
-    });
-    let (mut start, mut cpu_start) = (Instant::now(), process_cpu_seconds());
-    for step in 0..warmup + steps {
-        if step == warmup {
-            (start, cpu_start) = (Instant::now(), process_cpu_seconds());
-        }
-        losses.recv().ok_or("the job ended early")?;
-    }
-    let per_step = StepTime {
-        wall: start.elapsed().as_secs_f64() / steps as f64,
-        cpu: (process_cpu_seconds() - cpu_start) / steps as f64,
-    };
-    pusher.join().map_err(|_| "feeder panicked")??;
-    drop(losses);
-    job.wait()?;
+    let mut job = SteppedJob::start(compiled, feeds_of, trace)?;
+    job.run(warmup)?;
+    let per_step = job.run(steps)?;
+    job.finish()?;
     Ok(per_step)
+}
+
+/// The median of `values` and its lower and upper quartiles.
+fn quartiles(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.25), at(0.75))
 }
 
 /// An MLP with `sizes`; inputs `x`, `y`; returns the graph's step.
@@ -152,10 +202,10 @@ fn data_parallel(g: &Graph, mesh: &Mesh) -> Result<(), Box<dyn std::error::Error
 fn cpu() -> Result<(), Box<dyn std::error::Error>> {
     const BATCH: usize = 256;
     const SIZES: [usize; 4] = [784, 1024, 1024, 10];
-    // Rounds, each timing the three plans once: this host's clock drifts between minutes,
-    // so a speed-up is only fair between runs of the same round.
-    const ROUNDS: usize = 3;
-    let (warmup, steps) = (3, 20);
+    // Blocks per plan, and timed steps per block (after one untimed step).
+    const BLOCKS: usize = 12;
+    const BLOCK_STEPS: usize = 4;
+    let warmup = 3;
     let feeds = batch(BATCH, SIZES[0], 10);
 
     let g = Graph::new();
@@ -225,49 +275,56 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|v| std::env::var(v).ok())
             .collect();
+    // The plans take turns in one process, a block of steps each: this host's speed moves
+    // by a third within seconds (other tenants' load), so a speed-up is only fair between
+    // blocks run back to back. Each block's first step is not timed: the plan before it
+    // has just taken the caches.
     let plans = [&one, &dp, &replicated, &zero1];
-    let mut gains = vec![Vec::new(); 3];
-    for round in 0..ROUNDS {
-        let mut times = Vec::new();
-        for (plan, trace) in plans.iter().zip(&traces) {
-            let trace = if round == 0 { trace.as_deref() } else { None };
-            times.push(time_steps(plan, &feeds, warmup, steps, trace)?);
+    let mut jobs = Vec::with_capacity(plans.len());
+    for (plan, trace) in plans.iter().zip(&traces) {
+        let mut job = SteppedJob::start(plan, &feeds, trace.as_deref())?;
+        job.run(warmup)?;
+        jobs.push(job);
+    }
+    let mut times: Vec<Vec<StepTime>> = vec![Vec::with_capacity(BLOCKS); plans.len()];
+    for _ in 0..BLOCKS {
+        for (job, times) in jobs.iter_mut().zip(&mut times) {
+            job.run(1)?;
+            times.push(job.run(BLOCK_STEPS)?);
         }
-        for (gain, t) in gains.iter_mut().zip(&times[1..]) {
-            gain.push(times[0].wall / t.wall);
-        }
+    }
+    for job in jobs {
+        job.finish()?;
+    }
+    println!(
+        "cpu MLP 784-1024-1024-10, batch {BATCH}, one cpu thread per device: the four plans take turns, \
+         {BLOCKS} blocks of {BLOCK_STEPS} timed steps each"
+    );
+    let names = ["one device", "dp2", "dp2, AdamW state pinned B", "dp2, AdamW state pinned S(0)"];
+    let mut gains = Vec::new();
+    for (name, plan_times) in names.iter().zip(&times) {
+        let walls: Vec<f64> = plan_times.iter().map(|t| t.wall * 1e3).collect();
+        let busy: Vec<f64> = plan_times.iter().map(|t| t.cpu / t.wall).collect();
+        let (wall, wall_low, wall_high) = quartiles(&walls);
+        let mut line = format!(
+            "  {name}: {wall:.1} ms/step ({:.0} samples/s; quartiles {wall_low:.1}-{wall_high:.1} ms), {:.2} cores busy",
+            BATCH as f64 / wall * 1e3,
+            quartiles(&busy).0
+        );
         // Core time per step: what two cores must hold for the gain (all threads, the
         // feeder's and the collectives' included).
-        let describe = |t: StepTime| {
-            format!(
-                "{:.1} ms/step ({:.0} samples/s; {:.1} ms of core time, {:.2} cores busy), {:.2}x",
-                t.wall * 1e3,
-                BATCH as f64 / t.wall,
-                t.cpu * 1e3,
-                t.cpu / t.wall,
-                times[0].wall / t.wall
-            )
-        };
-        println!(
-            "round {}: cpu MLP 784-1024-1024-10, batch {BATCH}: one device {}; dp2 {}; \
-             dp2, AdamW state pinned B {}; pinned S(0) {}",
-            round + 1,
-            describe(times[0]),
-            describe(times[1]),
-            describe(times[2]),
-            describe(times[3]),
-        );
+        if plan_times.as_ptr() != times[0].as_ptr() {
+            let ratios: Vec<f64> = times[0].iter().zip(plan_times).map(|(one, t)| one.wall / t.wall).collect();
+            let (gain, low, high) = quartiles(&ratios);
+            line += &format!(", {gain:.2}x one device (per-block ratios' median; quartiles {low:.2}-{high:.2})");
+            gains.push(gain);
+        }
+        println!("{line}");
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
-        "cpu MLP dp2 speed-up over one device, median of {ROUNDS} rounds: {:.2}x (the compiler's layouts); \
+        "cpu MLP dp2 speed-up over one device, median of {BLOCKS} paired blocks: {:.2}x (the compiler's layouts); \
          AdamW state pinned B {:.2}x, pinned S(0) {:.2}x",
-        median(gains[0].clone()),
-        median(gains[1].clone()),
-        median(gains[2].clone())
+        gains[0], gains[1], gains[2]
     );
     Ok(())
 }

