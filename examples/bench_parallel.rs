@@ -10,10 +10,11 @@
 //!    updating all of it) and pinned `S(0)`, one matmul thread per device: ms per step,
 //!    samples/s, the cores busy (all threads' core time per step over the step) and the
 //!    speed-up over one device. The four jobs are built at once and take turns, a block of
-//!    steps each (one untimed, then four timed), twelve blocks per plan: on a shared host
-//!    whose speed moves by a third within seconds, only blocks run back to back compare
-//!    fairly, so each block's speed-up pairs it with the one-device block just before, and
-//!    the figure is the median of those paired ratios (with their quartiles).
+//!    steps each (one untimed, then four timed), in twelve rounds of one block per plan,
+//!    in an order that changes from round to round: on a shared host whose speed moves by
+//!    a third within seconds, only blocks run close together compare fairly, so each
+//!    block's speed-up pairs it with the one-device block of its round, and the figure is
+//!    the median of those paired ratios (with their quartiles).
 //! 2. `sim`: a 16-layer MLP data-parallel over two `sim` devices with modeled kernel and
 //!    link times: the step time against max(compute, comm) (perfect overlap) and against
 //!    compute + comm (no overlap), where compute and comm are the modeled busy times of one
@@ -287,10 +288,18 @@ fn cpu() -> Result<(), Box<dyn std::error::Error>> {
         jobs.push(job);
     }
     let mut times: Vec<Vec<StepTime>> = vec![Vec::with_capacity(BLOCKS); plans.len()];
-    for _ in 0..BLOCKS {
-        for (job, times) in jobs.iter_mut().zip(&mut times) {
-            job.run(1)?;
-            times.push(job.run(BLOCK_STEPS)?);
+    // The order changes from round to round (rotated by one, and reversed every other
+    // round), so that no plan always runs in the same place and after the same plan: in a
+    // fixed order (dp2 always right after one device), the compiler's dp2 plan and the one
+    // with state pinned `S(0)`, which differ only in `b2`'s 10-float state, measured 5-10 %
+    // apart in five invocations of six; in a changing order, 1-5 %.
+    let count = jobs.len();
+    for round in 0..BLOCKS {
+        for k in 0..count {
+            let place = if round % 2 == 0 { k } else { count - 1 - k };
+            let p = (round + place) % count;
+            jobs[p].run(1)?;
+            times[p].push(jobs[p].run(BLOCK_STEPS)?);
         }
     }
     for job in jobs {
