@@ -3,7 +3,8 @@
 # steps of benches/peers/PEERS (`jax THREADS`, `torch THREADS`), each pinned to 1 then 2
 # cores. It does so in $ROUNDS rounds (default 3), each running all three once, because
 # this host's clock drifts by up to 2x between minutes: a ratio is only fair between runs of
-# the same round. Each program prints its figure as "<number> UNIT"; UNIT `ms/step` is
+# the same round (every other round runs them in the opposite order, so that none always
+# runs first). Each program prints its figure as "<number> UNIT"; UNIT `ms/step` is
 # better lower, anything else (`samples/s`) better higher. Prints every round's figures and
 # ratios (above 1: regflow is faster), then per thread count the median ratio over rounds.
 compare() {
@@ -16,10 +17,14 @@ compare() {
     for threads in 1 2; do
       cpus=$([ "$threads" = 1 ] && echo 0 || echo 0,1)
       # regflow: one compute stream; its matmuls split their output tiles over `threads`.
-      ours=$(taskset -c "$cpus" "./target/release/examples/$example" "$steps" "$threads" | tee -a /dev/stderr | value)
-      jax=$(XLA_FLAGS="--xla_cpu_multi_thread_eigen=$([ "$threads" = 1 ] && echo false || echo true) intra_op_parallelism_threads=$threads" \
-            taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" jax "$threads" | tee -a /dev/stderr | value)
-      torch=$(OMP_NUM_THREADS=$threads taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" torch "$threads" | tee -a /dev/stderr | value)
+      run_ours() { ours=$(taskset -c "$cpus" "./target/release/examples/$example" "$steps" "$threads" | tee -a /dev/stderr | value); }
+      run_jax() {
+        jax=$(XLA_FLAGS="--xla_cpu_multi_thread_eigen=$([ "$threads" = 1 ] && echo false || echo true) intra_op_parallelism_threads=$threads" \
+              taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" jax "$threads" | tee -a /dev/stderr | value)
+      }
+      run_torch() { torch=$(OMP_NUM_THREADS=$threads taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" torch "$threads" | tee -a /dev/stderr | value); }
+      # Every other round in the opposite order, so that no program always runs first.
+      if [ $((round % 2)) = 1 ]; then run_ours; run_jax; run_torch; else run_torch; run_jax; run_ours; fi
       awk -v r="$round" -v t="$threads" -v o="$ours" -v j="${jax:-0}" -v p="${torch:-0}" -v u="$unit" 'BEGIN {
         jr = (j > 0) ? ((u == "ms/step") ? j / o : o / j) : 0;
         pr = (p > 0) ? ((u == "ms/step") ? p / o : o / p) : 0;
