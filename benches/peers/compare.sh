@@ -13,16 +13,18 @@ compare() {
   results=$(mktemp)
   cargo build -q --release ${REGFLOW_FEATURES:+--features "$REGFLOW_FEATURES"} --example "$example"
   value() { sed -n "s|.* \([0-9][0-9.]*\) $unit.*|\1|p"; }
+  # Each program once, on the loop's `threads` pinned to `cpus`, its figure into `ours`,
+  # `jax` or `torch`. regflow: one compute stream; its matmuls split their output tiles
+  # over `threads`.
+  run_ours() { ours=$(taskset -c "$cpus" "./target/release/examples/$example" "$steps" "$threads" | tee -a /dev/stderr | value); }
+  run_jax() {
+    jax=$(XLA_FLAGS="--xla_cpu_multi_thread_eigen=$([ "$threads" = 1 ] && echo false || echo true) intra_op_parallelism_threads=$threads" \
+          taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" jax "$threads" | tee -a /dev/stderr | value)
+  }
+  run_torch() { torch=$(OMP_NUM_THREADS=$threads taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" torch "$threads" | tee -a /dev/stderr | value); }
   for round in $(seq "$rounds"); do
     for threads in 1 2; do
       cpus=$([ "$threads" = 1 ] && echo 0 || echo 0,1)
-      # regflow: one compute stream; its matmuls split their output tiles over `threads`.
-      run_ours() { ours=$(taskset -c "$cpus" "./target/release/examples/$example" "$steps" "$threads" | tee -a /dev/stderr | value); }
-      run_jax() {
-        jax=$(XLA_FLAGS="--xla_cpu_multi_thread_eigen=$([ "$threads" = 1 ] && echo false || echo true) intra_op_parallelism_threads=$threads" \
-              taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" jax "$threads" | tee -a /dev/stderr | value)
-      }
-      run_torch() { torch=$(OMP_NUM_THREADS=$threads taskset -c "$cpus" "$venv/bin/python" "benches/peers/$peers" torch "$threads" | tee -a /dev/stderr | value); }
       # Every other round in the opposite order, so that no program always runs first.
       if [ $((round % 2)) = 1 ]; then run_ours; run_jax; run_torch; else run_torch; run_jax; run_ours; fi
       awk -v r="$round" -v t="$threads" -v o="$ours" -v j="${jax:-0}" -v p="${torch:-0}" -v u="$unit" 'BEGIN {
