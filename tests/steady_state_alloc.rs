@@ -1,7 +1,7 @@
 //! Steady state allocates nothing: a counting global allocator shows that running more pieces through a plan costs no more heap allocations.
 //!
-//! Only allocations on the threads a job uses are counted: its stream threads, the sim
-//! poller and the watchdog (recognized by their `regflow-` thread names) and the test thread
+//! Only allocations on the threads a job uses are counted: its stream threads and the
+//! watchdog (recognized by their `regflow-` thread names) and the test thread
 //! that builds, feeds, fetches and waits. Libtest's own threads are not counted, and the
 //! tests take one lock so that two jobs never overlap. During measured runs every counted
 //! allocation is classified by its backtrace, so that crossbeam-channel's lazy, timing-
@@ -42,23 +42,21 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy)]
 enum Counted {
     Stream = 0,
-    Poller = 1,
-    Watchdog = 2,
-    TestThread = 3,
-    FirstBlock = 4,
-    ListBlock = 5,
+    Watchdog = 1,
+    TestThread = 2,
+    FirstBlock = 3,
+    ListBlock = 4,
 }
 
-const CATEGORIES: [&str; 6] = [
+const CATEGORIES: [&str; 5] = [
     "stream threads",
-    "sim poller",
     "watchdog",
     "test thread",
     "crossbeam first blocking receive",
     "crossbeam unbounded-channel block",
 ];
 
-static COUNTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+static COUNTS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 /// Set during measured runs: every counted allocation is classified by its backtrace.
 static CLASSIFY: AtomicBool = AtomicBool::new(false);
 /// Set while a steady-state window is open, to print backtraces when asked.
@@ -87,9 +85,7 @@ fn category() -> Option<Counted> {
     }
     // SAFETY: on success the name is NUL-terminated within the buffer.
     let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_bytes();
-    if name.starts_with(b"regflow-sim") {
-        Some(Counted::Poller)
-    } else if name.starts_with(b"regflow-watch") {
+    if name.starts_with(b"regflow-watch") {
         Some(Counted::Watchdog)
     } else if name.starts_with(b"regflow-") {
         Some(Counted::Stream)
@@ -205,19 +201,19 @@ unsafe impl GlobalAlloc for CountingAllocator {
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// Allocations so far, per category.
-fn counts() -> [u64; 6] {
+fn counts() -> [u64; 5] {
     std::array::from_fn(|c| COUNTS[c].load(Ordering::Relaxed))
 }
 
-fn total(counts: [u64; 6]) -> u64 {
+fn total(counts: [u64; 5]) -> u64 {
     counts.iter().sum()
 }
 
-fn difference(after: [u64; 6], before: [u64; 6]) -> [u64; 6] {
+fn difference(after: [u64; 5], before: [u64; 5]) -> [u64; 5] {
     std::array::from_fn(|c| after[c] - before[c])
 }
 
-fn describe(counts: [u64; 6]) -> String {
+fn describe(counts: [u64; 5]) -> String {
     let parts: Vec<String> = CATEGORIES.iter().zip(counts).map(|(name, n)| format!("{name}: {n}")).collect();
     parts.join(", ")
 }
@@ -275,8 +271,8 @@ struct Window {
     /// First piece after the window.
     closes_at: u64,
     started: AtomicBool,
-    opened: Mutex<Option<[u64; 6]>>,
-    allocations: Mutex<Option<[u64; 6]>>,
+    opened: Mutex<Option<[u64; 5]>>,
+    allocations: Mutex<Option<[u64; 5]>>,
 }
 
 impl Window {
@@ -311,29 +307,29 @@ impl Window {
         }
     }
 
-    fn allocations(&self) -> Option<[u64; 6]> {
+    fn allocations(&self) -> Option<[u64; 5]> {
         *self.allocations.lock().unwrap()
     }
 }
 
 /// Most lazy crossbeam-channel allocations one job may make: one `Context` per thread (the
-/// stream threads, the sim poller, the watchdog, the test thread), one waker list per
-/// channel a receiver or a sender blocks on (the stream inboxes, the poller's timers, the
+/// stream threads, the watchdog, the test thread), one waker list per
+/// channel a receiver or a sender blocks on (the stream inboxes, the
 /// watchdog's stop and snapshot channels, the feeders' buffer pools, the fetchers'
 /// deliveries, plus every inbox again for a full one a sender waits on), and the
 /// stream-exit channel's first block plus one per racing stream thread.
 fn lazy_channel_bound(streams: u64, feeders: u64, fetchers: u64) -> u64 {
-    let threads = streams + 3;
-    let channels = 2 * streams + 3 + feeders + fetchers;
+    let threads = streams + 2;
+    let channels = 2 * streams + 2 + feeders + fetchers;
     threads + channels + 1 + streams
 }
 
 /// The bound for the hand-built plans of this file: two streams, a feeder and a fetcher at
 /// most.
-const LAZY_CHANNEL_BOUND: u64 = 5 + 7 + 3;
+const LAZY_CHANNEL_BOUND: u64 = 4 + 6 + 3;
 
 /// Allocations that are not crossbeam-channel's lazy ones.
-fn ordinary(counts: [u64; 6]) -> u64 {
+fn ordinary(counts: [u64; 5]) -> u64 {
     total(counts) - counts[Counted::FirstBlock as usize] - counts[Counted::ListBlock as usize]
 }
 
@@ -490,7 +486,7 @@ fn cpu_chain_allocates_nothing_per_piece() {
     });
 }
 
-/// The same chain on a sim device: launches complete through the sim poller thread.
+/// The same chain on a sim device: its stream threads time their kernels' completions.
 #[test]
 fn sim_chain_allocates_nothing_per_piece() {
     let plan = chain(DeviceKind::Sim, SourcePieces::Count(0), 2_000);

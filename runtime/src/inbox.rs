@@ -27,10 +27,6 @@ pub(crate) enum Envelope {
     Snapshot,
     /// Abort: stop at once.
     Stop,
-    /// Nothing to handle: a message is due within microseconds (a modeled kernel ends), so
-    /// the thread wakes now and spins for it, up to [`WAKE_SPIN_TIME`], instead of
-    /// sleeping through the wake-up latency when it arrives.
-    Wake,
     /// Nothing to handle: a lane has envelopes, sent while the receiver was going to sleep
     /// (see [`crate::lane`]).
     Lanes,
@@ -40,9 +36,18 @@ pub(crate) enum Envelope {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Disconnected;
 
+/// Why a wait with a deadline ([`InboxReceiver::recv_until`]) ended without an envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// The deadline came.
+    Due,
+    /// Every sender is gone.
+    Closed,
+}
+
 #[cfg(not(loom))]
 mod imp {
-    use super::{Disconnected, Envelope};
+    use super::{Disconnected, Envelope, Waited};
 
     /// Sending half of the channel.
     #[derive(Debug, Clone)]
@@ -64,7 +69,8 @@ mod imp {
         }
 
         /// Sends unless the inbox is full or gone; returns whether it sent. For envelopes
-        /// beyond the inbox's sizing ([`Envelope::Wake`]): a full inbox is awake anyway.
+        /// beyond the inbox's sizing (a lane's wake-up, [`Envelope::Lanes`]): a full inbox
+        /// is awake anyway.
         pub(crate) fn try_send(&self, envelope: Envelope) -> bool {
             self.0.try_send(envelope).is_ok()
         }
@@ -85,12 +91,20 @@ mod imp {
         pub(crate) fn recv(&self) -> Option<Envelope> {
             self.0.recv().ok()
         }
+
+        /// [`ChannelReceiver::recv`] until `deadline` at the latest.
+        pub(crate) fn recv_deadline(&self, deadline: std::time::Instant) -> Result<Envelope, Waited> {
+            self.0.recv_deadline(deadline).map_err(|e| match e {
+                crossbeam_channel::RecvTimeoutError::Timeout => Waited::Due,
+                crossbeam_channel::RecvTimeoutError::Disconnected => Waited::Closed,
+            })
+        }
     }
 }
 
 #[cfg(loom)]
 mod imp {
-    use super::{Disconnected, Envelope};
+    use super::{Disconnected, Envelope, Waited};
     use loom::sync::{Arc, Condvar, Mutex};
     use std::collections::VecDeque;
 
@@ -158,6 +172,20 @@ mod imp {
                     return None;
                 }
                 items = self.0.ready.wait(items).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+
+        /// Loom has no clock to wait on: the models use no deadlines (no `sim` device), so
+        /// this only looks.
+        pub(crate) fn recv_deadline(&self, _deadline: std::time::Instant) -> Result<Envelope, Waited> {
+            let items = crate::sync::lock(&self.0.items);
+            match items.0.front() {
+                Some(_) => {
+                    drop(items);
+                    self.try_recv().ok_or(Waited::Due)
+                }
+                None if items.1 == 0 => Err(Waited::Closed),
+                None => Err(Waited::Due),
             }
         }
     }
@@ -267,12 +295,25 @@ impl InboxReceiver {
     /// Blocks until an envelope arrives; `None` once every sender of the channel is gone
     /// and the lanes are empty (the lanes' senders hold channel senders too).
     pub(crate) fn recv(&self) -> Option<Envelope> {
+        self.park(None).ok()
+    }
+
+    /// Blocks until an envelope arrives or `until` comes (if given): the sleep of
+    /// [`InboxReceiver::recv`] and [`InboxReceiver::recv_until`].
+    fn park(&self, until: Option<std::time::Instant>) -> Result<Envelope, Waited> {
+        let channel_recv = || match until {
+            None => self.channel.recv().ok_or(Waited::Closed),
+            Some(deadline) => self.channel.recv_deadline(deadline),
+        };
         loop {
             if let Some(envelope) = self.try_recv() {
-                return Some(envelope);
+                return Ok(envelope);
             }
             if self.lanes.is_empty() {
-                return self.channel.recv();
+                return match channel_recv() {
+                    Ok(Envelope::Lanes) => continue,
+                    other => other,
+                };
             }
             if !self.doorbell.raise() {
                 // The kernel refused the barrier a sleep relies on: look again instead.
@@ -282,21 +323,69 @@ impl InboxReceiver {
             }
             if let Some(envelope) = self.try_recv_lanes() {
                 self.doorbell.lower();
-                return Some(envelope);
+                return Ok(envelope);
             }
-            match self.channel.recv() {
+            match channel_recv() {
                 // The sender lowered the doorbell: look at the lanes again.
-                Some(Envelope::Lanes) => {}
-                Some(envelope) => {
+                Ok(Envelope::Lanes) => {}
+                Ok(envelope) => {
                     self.doorbell.lower();
-                    return Some(envelope);
+                    return Ok(envelope);
                 }
-                None => {
+                Err(waited) => {
                     self.doorbell.lower();
-                    return self.try_recv_lanes();
+                    return self.try_recv_lanes().ok_or(waited);
                 }
             }
         }
+    }
+
+    /// The sleep of [`InboxReceiver::recv_until`] without its spin: blocks until an
+    /// envelope arrives or `deadline` comes.
+    #[cfg(all(loom, test))]
+    pub(crate) fn park_until(&self, deadline: std::time::Instant) -> Result<Envelope, Waited> {
+        self.park(Some(deadline))
+    }
+
+    /// The next envelope, if one comes before `deadline` (a modeled kernel's end, which
+    /// the stream thread then reports itself): sleeps until [`DEADLINE_SPIN`] before it,
+    /// then spins, yielding its core between looks, so that it sees the deadline within
+    /// about a microsecond rather than a timer's wake-up later.
+    /// The deadline is looked at first: a thread kept busy by its inbox still reports a
+    /// completion when it is due, not once the inbox runs dry.
+    pub(crate) fn recv_until(&self, deadline: std::time::Instant) -> Result<Envelope, Waited> {
+        if std::time::Instant::now() >= deadline {
+            return Err(Waited::Due);
+        }
+        if let Some(envelope) = self.try_recv() {
+            return Ok(envelope);
+        }
+        crate::activity::asleep(|| {
+            let mut round = 0u32;
+            loop {
+                let now = std::time::Instant::now();
+                if now >= deadline {
+                    return Err(Waited::Due);
+                }
+                if deadline - now > DEADLINE_SPIN {
+                    match self.park(Some(deadline - DEADLINE_SPIN)) {
+                        Err(Waited::Due) => continue,
+                        other => return other,
+                    }
+                }
+                round += 1;
+                if round <= PAUSE_ROUNDS {
+                    spin_loop();
+                } else {
+                    yield_now();
+                }
+                if !self.is_empty() {
+                    if let Some(envelope) = self.try_recv() {
+                        return Ok(envelope);
+                    }
+                }
+            }
+        })
     }
 }
 
@@ -318,11 +407,13 @@ const SPIN_ROUNDS: u32 = 2;
 /// 219 `membarrier` calls per run, 15 with 50 µs, and its median hop fell by 8–14 %
 /// (BENCHMARKS.md, issue 13, twenty-fifth session). An idle stream spins this long once,
 /// then sleeps; it spins at all only while the stream threads awake fit on the cores.
+#[cfg(not(loom))]
 pub(crate) const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// Longest a receiver spins after an [`Envelope::Wake`]: the sender announced a message
-/// due within about `device::sim::WAKE_AHEAD`; this leaves room for it to come late.
-pub(crate) const WAKE_SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(100);
+/// How long before a deadline [`InboxReceiver::recv_until`] stops sleeping and spins:
+/// a timed sleep ends late by tens of microseconds (timer slack, the wake-up), which
+/// would add up along a pipeline of modeled kernels.
+pub(crate) const DEADLINE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// Rounds of `spin_loop` before the spin yields its core instead (measured on the 2-core
 /// benchmark VM under load: pausing alone made B2 and B3 slower than parking at once,
@@ -338,33 +429,28 @@ const ROUNDS_PER_CLOCK: u32 = 4;
 
 impl InboxReceiver {
     /// The next envelope: one already queued, or one arriving within a bounded spin (at
-    /// most `spin_time`, and [`SPIN_ROUNDS`] rounds per [`SPIN_TIME`] of it), or else
-    /// blocks until one arrives. `None` once every sender is gone.
-    pub(crate) fn recv_spinning(&self, spin_time: std::time::Duration) -> Option<Envelope> {
+    /// most [`SPIN_TIME`] and [`SPIN_ROUNDS`] rounds), or else blocks until one arrives.
+    /// `None` once every sender is gone.
+    pub(crate) fn recv_spinning(&self) -> Option<Envelope> {
         if let Some(envelope) = self.try_recv() {
             return Some(envelope);
         }
         // The thread counts as asleep for all of its wait: the spin yields its core after a
         // few rounds, so it keeps no thread with work off a core (`crate::activity`). It
-        // spins at all only while the threads awake fit on the cores, or for a message an
-        // `Envelope::Wake` announced (due now).
+        // spins at all only while the threads awake fit on the cores.
         crate::activity::asleep(|| {
             #[cfg(not(loom))]
-            if spin_time <= SPIN_TIME && !crate::activity::may_spin() {
+            if !crate::activity::may_spin() {
                 return self.recv();
             }
-            self.spin_then_recv(spin_time)
+            self.spin_then_recv()
         })
     }
 
-    fn spin_then_recv(&self, spin_time: std::time::Duration) -> Option<Envelope> {
+    fn spin_then_recv(&self) -> Option<Envelope> {
         #[cfg(not(loom))]
         let start = std::time::Instant::now();
-        #[cfg(not(loom))]
-        let rounds = SPIN_ROUNDS.saturating_mul((spin_time.as_micros() / SPIN_TIME.as_micros()).max(1) as u32);
-        #[cfg(loom)]
-        let rounds = SPIN_ROUNDS + u32::from(spin_time > SPIN_TIME);
-        for round in 1..=rounds {
+        for round in 1..=SPIN_ROUNDS {
             // A few rounds of pausing, then yield: on a machine with fewer cores than busy
             // threads, the sender may need this very core to send.
             if round <= PAUSE_ROUNDS {
@@ -378,7 +464,7 @@ impl InboxReceiver {
                 }
             }
             #[cfg(not(loom))]
-            if round % ROUNDS_PER_CLOCK == 0 && start.elapsed() >= spin_time {
+            if round % ROUNDS_PER_CLOCK == 0 && start.elapsed() >= SPIN_TIME {
                 break;
             }
             #[cfg(loom)]

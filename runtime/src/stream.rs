@@ -8,7 +8,7 @@ use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::collective::CollectiveGroups;
 use crate::device::{DeviceStream, Launched, SliceTag};
-use crate::inbox::{Envelope, InboxReceiver, SPIN_TIME, WAKE_SPIN_TIME};
+use crate::inbox::{Envelope, InboxReceiver, Waited};
 use crate::kernel::{Kernel, KernelIo, StreamContext};
 use crate::lane::Lanes;
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
@@ -568,9 +568,9 @@ impl StreamWorker {
         let _awake = crate::activity::Awake::start();
         let mut live = self.actors.iter().filter(|a| a.lifecycle() != Lifecycle::Done).count();
         let mut snapshot_due = false;
-        let mut spin_time = SPIN_TIME;
         // Subscribers are set up before jobs run: ask once, not per firing.
         let fire_spans = tracing::span_enabled!(tracing::Level::TRACE);
+        let times_completions = self.device.times_completions();
         'outer: while live > 0 {
             if let Err(error) = self.drain_local(&mut live, fire_spans) {
                 self.shared.abort(RuntimeError::Actor(error), &self.router);
@@ -587,9 +587,24 @@ impl StreamWorker {
                 continue;
             }
             // Take one envelope (spinning briefly, then parking), then whatever else is
-            // already queued, up to a batch, before going back to the local queue.
-            let mut next = self.inbox.recv_spinning(spin_time);
-            spin_time = SPIN_TIME;
+            // already queued, up to a batch, before going back to the local queue. A
+            // device that times its own kernels (`sim`) has the wait end at the next
+            // kernel's end, whose completion the thread then hands itself.
+            let mut next = if times_completions {
+                match self.device.next_completion() {
+                    Some(at) => match self.inbox.recv_until(at) {
+                        Ok(envelope) => Some(envelope),
+                        Err(Waited::Due) => {
+                            self.take_completions();
+                            continue;
+                        }
+                        Err(Waited::Closed) => None,
+                    },
+                    None => self.inbox.recv_spinning(),
+                }
+            } else {
+                self.inbox.recv_spinning()
+            };
             if next.is_none() {
                 break;
             }
@@ -604,10 +619,6 @@ impl StreamWorker {
                         break;
                     }
                     Envelope::Stop => break 'outer,
-                    Envelope::Wake => {
-                        spin_time = WAKE_SPIN_TIME;
-                        Ok(())
-                    }
                     // Never handed out: the inbox swallows the lanes' wake-ups.
                     Envelope::Lanes => Ok(()),
                 };
@@ -646,6 +657,14 @@ impl StreamWorker {
             .collect();
         self.shared.probes[self.index].exited.store(true, Ordering::Release);
         StreamExit { trace: self.trace.take(), snapshots }
+    }
+
+    /// Queues an `ActDone` for every launch the device says has completed by now.
+    fn take_completions(&mut self) {
+        let now = Instant::now();
+        while let Some(actor) = self.device.take_completed(now) {
+            self.local.push_back(Message { dst: actor, src: actor, body: Body::ActDone });
+        }
     }
 
     /// Hands a message from another thread to its recipient's [`Actor::accept`], as one

@@ -1,7 +1,7 @@
 //! Devices behind one trait with asynchronous completion: `cpu` runs kernels on the stream
 //! thread and completes at once; `sim` computes on the host but completes after a modeled
-//! duration, on a poller thread; `cuda` queues kernels on a CUDA stream and completes from
-//! the driver's callback.
+//! duration, which its stream thread times itself; `cuda` queues kernels on a CUDA stream
+//! and completes from the driver's callback.
 
 mod cpu;
 mod cuda;
@@ -10,7 +10,7 @@ pub(crate) mod staging;
 
 pub(crate) use cpu::CpuStream;
 pub(crate) use cuda::CudaStream;
-pub(crate) use sim::SimPoller;
+pub(crate) use sim::SimStream;
 
 use crate::kernel::{Kernel, KernelError, KernelIo};
 use crate::trace::TraceEvent;
@@ -79,6 +79,27 @@ pub(crate) trait DeviceStream: Send {
     fn drain_device_slices(&mut self, out: &mut Vec<TraceEvent>) -> Result<(), KernelError> {
         let _ = out;
         Ok(())
+    }
+
+    /// Whether the stream thread reports this device's completions itself
+    /// ([`DeviceStream::next_completion`]); asked once per thread.
+    fn times_completions(&self) -> bool {
+        false
+    }
+
+    /// When the earliest launch that someone waits for completes, for a device whose
+    /// stream thread reports its own completions (`sim`: the modeled end): the thread
+    /// waits on its inbox only until then, then takes them with
+    /// [`DeviceStream::take_completed`]. `None` for the others, and when none is pending.
+    fn next_completion(&self) -> Option<Instant> {
+        None
+    }
+
+    /// The actor whose launch completes first, if it has completed by `now`, taken off
+    /// the pending ones (see [`DeviceStream::next_completion`]).
+    fn take_completed(&mut self, now: Instant) -> Option<ActorId> {
+        let _ = now;
+        None
     }
 
     /// The native stream handle kernels launch onto ([`StreamContext::native`]); 0 for

@@ -10,7 +10,6 @@ mod user_waits;
 
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
-use crate::device::SimPoller;
 use crate::io::{Feeder, Fetcher};
 use crate::stream::{ActorStats, JobShared, StreamExit};
 use crate::sync::{lock, Arc};
@@ -60,7 +59,6 @@ pub struct Job {
     /// Sinks that deliver to an `on_sink` callback (no fetcher can take them).
     callback_sinks: Vec<String>,
     watchdog: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
-    poller: Option<SimPoller>,
     memory: MemoryReport,
     arenas: Option<Arc<PlanArenas>>,
     /// What the program's threads wait on and hold (feeders, fetchers, `wait`).
@@ -350,7 +348,6 @@ impl Job {
             drop(stop);
             let _ = handle.join();
         }
-        self.poller.take();
         self.arenas.take();
     }
 }

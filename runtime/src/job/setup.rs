@@ -7,7 +7,7 @@ use super::UserWaits;
 use crate::activity::StreamThreads;
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
-use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimPoller};
+use crate::device::{CpuStream, CudaStream, DeviceStream, GpuMap, SimStream};
 use crate::inbox::{inbox, Envelope, InboxReceiver, InboxSender};
 use crate::lane::Lanes;
 use crate::send_waits::SendWaits;
@@ -548,17 +548,10 @@ pub(super) fn check_sink_callbacks(builder: &JobBuilder, indexed: &PlanIndex<'_>
     Ok(())
 }
 
-/// The sim poller, when the plan has sim streams, sized by the launches that can be in
-/// flight on them.
-pub(super) fn sim_poller(plan: &Plan) -> Result<Option<SimPoller>, RuntimeError> {
-    let has_sim = plan.streams.iter().any(|s| plan.devices[s.device.index()].kind == DeviceKind::Sim);
-    if !has_sim {
-        return Ok(None);
-    }
-    let capacity: usize = plan.regst_descs.iter().map(|r| r.register_num as usize * 2).sum::<usize>() + 64;
-    SimPoller::start(capacity)
-        .map(Some)
-        .map_err(|e| RuntimeError::Spawn { thread: "sim poller".into(), message: e.to_string() })
+/// How many launches a sim stream may have pending: every launch holds a slot of a
+/// register until it completes, so the plan's slots bound them.
+pub(super) fn sim_capacity(plan: &Plan) -> usize {
+    plan.regst_descs.iter().map(|r| r.register_num as usize).sum::<usize>() + 1
 }
 
 /// How stream `s` launches kernels on its device; `None` for a sim or cuda stream this job
@@ -566,27 +559,20 @@ pub(super) fn sim_poller(plan: &Plan) -> Result<Option<SimPoller>, RuntimeError>
 pub(super) fn stream_device(
     plan: &Plan,
     s: usize,
-    poller: Option<&SimPoller>,
     inbox: Option<&InboxSender>,
     gpus: &GpuMap,
 ) -> Result<Option<Box<dyn DeviceStream>>, RuntimeError> {
     let device = &plan.devices[plan.streams[s].device.index()];
-    match (poller, device.kind) {
-        (Some(poller), DeviceKind::Sim) => {
-            Ok(inbox.map(|tx| Box::new(poller.stream(tx.clone())) as Box<dyn DeviceStream>))
-        }
-        (_, DeviceKind::Cpu) => Ok(Some(Box::new(CpuStream))),
-        (_, DeviceKind::Cuda) => {
+    match device.kind {
+        DeviceKind::Sim => Ok(inbox.map(|_| Box::new(SimStream::new(sim_capacity(plan))) as Box<dyn DeviceStream>)),
+        DeviceKind::Cpu => Ok(Some(Box::new(CpuStream))),
+        DeviceKind::Cuda => {
             let Some(inbox) = inbox else { return Ok(None) };
             let refused = |reason: String| RuntimeError::UnsupportedDevice { device: device.label(), reason };
             let ordinal = gpus.ordinal(device.index).map_err(refused)?;
             let stream = CudaStream::new(ordinal, device.label(), inbox.clone()).map_err(|e| refused(e.to_string()))?;
             Ok(Some(Box::new(stream)))
         }
-        (_, kind) => Err(RuntimeError::UnsupportedDevice {
-            device: device.label(),
-            reason: format!("no stream backend for {} (broken invariant)", kind.name()),
-        }),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::make::UserEnds;
 use super::setup::{
-    check_devices, check_sink_callbacks, deliveries, kernel_memory, lend_scratches, make_actors, max_arity, sim_poller,
+    check_devices, check_sink_callbacks, deliveries, kernel_memory, lend_scratches, make_actors, max_arity,
     start_sources, start_watchdog, stream_device, stream_label, user_records, variable_preloads, watch_names,
     write_preloads, write_variables, Deliveries, LentScratch,
 };
@@ -285,7 +285,6 @@ impl Job {
             None => None,
         };
         let router = Router::new(builder.node, stream_of, senders.clone(), net.as_ref().map(|(out, _, _)| out.clone()));
-        let poller = sim_poller(&plan)?;
         let (user, records) = user_records(
             &indexed,
             |a| senders[plan.actors[a.index()].stream.index()].is_some(),
@@ -356,7 +355,7 @@ impl Job {
         };
         for (s, made) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
-            let device = match stream_device(&plan, s, poller.as_ref(), senders[s].as_ref(), &builder.gpus) {
+            let device = match stream_device(&plan, s, senders[s].as_ref(), &builder.gpus) {
                 Ok(Some(device)) => device,
                 Ok(None) => continue,
                 Err(e) => return Err(stop_started(threads, &shared, &router, e)),
@@ -394,7 +393,6 @@ impl Job {
             callback_sinks,
             user,
             watchdog,
-            poller,
             epoch,
             trace_path: builder.trace,
             keep_state: builder.keep_state,
