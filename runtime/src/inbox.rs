@@ -411,9 +411,13 @@ const SPIN_ROUNDS: u32 = 2;
 pub(crate) const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// How long before a deadline [`InboxReceiver::recv_until`] stops sleeping and spins:
-/// a timed sleep ends late by tens of microseconds (timer slack, the wake-up), which
-/// would add up along a pipeline of modeled kernels.
-pub(crate) const DEADLINE_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+/// a timed sleep ends late by tens of microseconds (Linux's default timer slack of 50 µs,
+/// then the VM's wake-up), which would add up along a pipeline of modeled kernels. On the
+/// 2-vCPU Zen 3 VM (`bench_actors b3`, 2 registers, m = 32, best of each invocation,
+/// median of 8–10 alternated invocations): 40 µs 1.076×, 100 µs 1.027–1.030×, 250 µs
+/// 1.019–1.020×, 500 µs 1.019×, 1 000 µs (always spinning) 1.025×; 100 µs with the
+/// thread's timer slack cut to 1 µs 1.020×, no better than the longer spin.
+pub(crate) const DEADLINE_SPIN: std::time::Duration = std::time::Duration::from_micros(250);
 
 /// Rounds of `spin_loop` before the spin yields its core instead (measured on the 2-core
 /// benchmark VM under load: pausing alone made B2 and B3 slower than parking at once,
