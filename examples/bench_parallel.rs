@@ -73,11 +73,13 @@ fn cpu_threads() -> Result<usize, Box<dyn std::error::Error>> {
 /// The feeds are pushed from another thread than the one fetching the losses: a job takes
 /// a step's feeds only as its registers free up, which may wait on the fetches.
 struct SteppedJob {
-    job: Job,
+    /// Taken only to find why the job ended early ([`SteppedJob::failure`]).
+    job: Option<Job>,
     losses: Fetcher,
     /// How many steps' feeds to push next; dropped to close the feeds.
-    blocks: std::sync::mpsc::Sender<usize>,
-    pusher: std::thread::JoinHandle<Result<(), RuntimeError>>,
+    blocks: Option<std::sync::mpsc::Sender<usize>>,
+    /// Taken to join it: at the end, or to find why the job ended early.
+    pusher: Option<std::thread::JoinHandle<Result<(), RuntimeError>>>,
 }
 
 impl SteppedJob {
@@ -105,15 +107,19 @@ impl SteppedJob {
             }
             feeds.close()
         });
-        Ok(Self { job, losses, blocks, pusher })
+        Ok(Self { job: Some(job), losses, blocks: Some(blocks), pusher: Some(pusher) })
     }
 
     /// Runs `steps` steps; returns the time per step.
     fn run(&mut self, steps: usize) -> Result<StepTime, Box<dyn std::error::Error>> {
         let (start, cpu_start) = (Instant::now(), process_cpu_seconds());
-        self.blocks.send(steps).map_err(|_| "the feeding thread ended early")?;
-        for _ in 0..steps {
-            self.losses.recv().ok_or("the job ended early")?;
+        if self.blocks.as_ref().is_none_or(|blocks| blocks.send(steps).is_err()) {
+            return Err(self.failure(0, steps));
+        }
+        for step in 0..steps {
+            if self.losses.recv().is_none() {
+                return Err(self.failure(step, steps));
+            }
         }
         Ok(StepTime {
             wall: start.elapsed().as_secs_f64() / steps as f64,
@@ -121,13 +127,35 @@ impl SteppedJob {
         })
     }
 
+    /// Why the job ended `done` steps into a block of `steps`: the job's own error and the
+    /// feeding thread's, whichever there are (a feed refused ends the job too).
+    fn failure(&mut self, done: usize, steps: usize) -> Box<dyn std::error::Error> {
+        // The feeding thread ends once its feeds close, or at a push the job refused.
+        self.blocks = None;
+        let job = match self.job.take() {
+            Some(job) => job.wait().err().map_or_else(|| "the job ended cleanly".to_string(), |e| e.to_string()),
+            None => "the job was already waited for".to_string(),
+        };
+        let feeder = match self.pusher.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(Ok(()))) => "the feeding thread pushed every feed".to_string(),
+            Some(Ok(Err(e))) => format!("the feeding thread failed: {e}"),
+            Some(Err(_)) => "the feeding thread panicked".to_string(),
+            None => "the feeding thread was already joined".to_string(),
+        };
+        format!("the job ended after {done} of a block's {steps} steps: {job}; {feeder}").into()
+    }
+
     /// Closes the feeds and waits for the job's end.
     fn finish(self) -> Result<(), Box<dyn std::error::Error>> {
         let Self { job, losses, blocks, pusher } = self;
         drop(blocks);
-        pusher.join().map_err(|_| "feeder panicked")??;
+        if let Some(pusher) = pusher {
+            pusher.join().map_err(|_| "feeder panicked")??;
+        }
         drop(losses);
-        job.wait()?;
+        if let Some(job) = job {
+            job.wait()?;
+        }
         Ok(())
     }
 }
