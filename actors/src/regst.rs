@@ -26,6 +26,8 @@ pub(crate) struct InputState {
     pub(crate) in_use: Ring<u32>,
     /// Piece expected in the next `Ready`.
     pub(crate) next_piece: u64,
+    /// The slot the actor's current firing reads.
+    pub(crate) firing: u32,
     pub(crate) eord: bool,
     /// The producer's slot count.
     pub(crate) register_num: u32,
@@ -45,6 +47,7 @@ impl InputState {
             ready: Ring::new(capacity, ReadyRegst { slot: 0, piece: 0, data: RegstRef { desc, slot: 0 } }),
             in_use: Ring::new(capacity, 0),
             next_piece: 0,
+            firing: 0,
             eord: false,
             register_num,
             loop_carried,
@@ -122,6 +125,8 @@ pub(crate) struct OutputState {
     /// Emitted by launches not yet completed: (slot, piece, data), oldest first.
     pub(crate) launched: Ring<(u32, u64, RegstRef)>,
     pub(crate) next_piece: u64,
+    /// The slot the actor's current firing writes.
+    pub(crate) firing: u32,
     /// Pieces taken and not yet given back by every consumer, counted apart from `free`.
     pub(crate) in_flight: u32,
     pub(crate) max_in_flight: u32,
@@ -149,6 +154,7 @@ impl OutputState {
             slots: vec![SlotState::default(); slots],
             launched: Ring::new(slots, (0, 0, RegstRef { desc, slot: 0 })),
             next_piece: 0,
+            firing: 0,
             in_flight: 0,
             max_in_flight: 0,
         }

@@ -57,8 +57,10 @@ impl<T: Copy> Ring<T> {
     pub(crate) fn push_back(&mut self, item: T) {
         let capacity = self.capacity;
         assert!(self.len < capacity, "a slot queue of {capacity} overflowed (broken invariant)");
-        let at = self.head.wrapping_add(self.len) & self.mask;
-        self.items[at as usize] = item;
+        let at = (self.head.wrapping_add(self.len) & self.mask) as usize;
+        debug_assert!(at < self.items.len());
+        // SAFETY: `items` has `mask + 1` entries (`new`; never resized), and `at` is masked.
+        unsafe { *self.items.get_unchecked_mut(at) = item };
         self.len += 1;
     }
 
@@ -68,7 +70,10 @@ impl<T: Copy> Ring<T> {
         if self.len == 0 {
             return None;
         }
-        let item = self.items[self.head as usize];
+        debug_assert!((self.head as usize) < self.items.len());
+        // SAFETY: `items` has `mask + 1` entries (`new`; never resized), and `head` is
+        // always masked (here, and 0 at the start).
+        let item = unsafe { *self.items.get_unchecked(self.head as usize) };
         self.head = (self.head + 1) & self.mask;
         self.len -= 1;
         Some(item)

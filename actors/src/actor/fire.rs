@@ -8,9 +8,26 @@ impl Actor {
     #[inline(always)]
     pub(super) fn fire<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         self.fires += 1;
-        if matches!(self.kind, KindState::Repeat { .. }) {
-            return self.fire_repeat(env);
+        if self.computes {
+            return self.fire_kind::<true, E>(env);
         }
+        match self.kind {
+            KindState::Repeat { .. } => self.fire_repeat(env),
+            _ => self.fire_other(env),
+        }
+    }
+
+    /// [`Actor::fire`] for a source, sink or acc: out of line, so that the compute
+    /// actors' firing, most of a plan's, stays small where it is inlined.
+    #[inline(never)]
+    fn fire_other<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        self.fire_kind::<false, E>(env)
+    }
+
+    /// Fires a compute actor (`COMPUTE`, whose launches always read and emit, one piece
+    /// at a time: none of the kind's state to look at) or a source, sink or acc.
+    #[inline(always)]
+    fn fire_kind<const COMPUTE: bool, E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         // Consume the front of every input; the pieces must be in step.
         let mut piece = None;
         let first_desc = self.inputs.first().map(|i| i.desc);
@@ -19,7 +36,7 @@ impl Actor {
             let Some(front) = input.pop_ready(&mut self.unready_inputs) else {
                 unreachable!("fired without a ready input")
             };
-            self.scratch_slots[i] = front.slot;
+            input.firing = front.slot;
             if let Some(p) = piece.filter(|&p| p != front.piece) {
                 let detail = format!(
                     "input {} is at piece {} while input {} is at piece {p}",
@@ -34,6 +51,7 @@ impl Actor {
         }
         // Decide the group position and which output slots this launch writes.
         let (group, ack_inputs, emit) = match &mut self.kind {
+            _ if COMPUTE => (GroupPosition { index: 0, count: 1 }, true, true),
             KindState::Source { available, produced, limit, .. } => {
                 piece = Some(*produced);
                 *produced += 1;
@@ -65,17 +83,18 @@ impl Actor {
         for o in 0..self.outputs.len() {
             let output = &mut self.outputs[o];
             let slot = match self.kind {
-                KindState::Acc { held: Some(slot), .. } => slot,
+                KindState::Acc { held: Some(slot), .. } if !COMPUTE => slot,
                 _ => match output.take(true, &mut self.full_outputs) {
                     Some(slot) => slot,
                     None => unreachable!("fired without a free output slot"),
                 },
             };
+            output.firing = slot;
             self.scratch_outputs[o] = RegstRef { desc: output.desc, slot };
         }
         // An acc flushes a partial sum to its consumers when drained without a launch, so
         // each of its launches reports completion where those consumers would wait.
-        let emits_now_or_later = emit || matches!(self.kind, KindState::Acc { .. });
+        let emits_now_or_later = emit || (!COMPUTE && matches!(self.kind, KindState::Acc { .. }));
         let completion_wanted =
             !self.pending.is_empty() || (emits_now_or_later && self.outputs_wait) || (ack_inputs && self.inputs_wait);
         let firing = Firing {
@@ -92,7 +111,7 @@ impl Actor {
         let at_once = completion == Completion::Done && self.pending.is_empty();
         if emit {
             for o in 0..self.outputs.len() {
-                let slot = self.scratch_outputs[o].slot;
+                let slot = self.outputs[o].firing;
                 let piece = self.outputs[o].next_piece;
                 self.outputs[o].next_piece += 1;
                 let regst = RegstRef { desc: self.outputs[o].desc, slot };
@@ -102,7 +121,7 @@ impl Actor {
         if at_once {
             if emit {
                 for o in 0..self.outputs.len() {
-                    let slot = self.scratch_outputs[o].slot;
+                    let slot = self.outputs[o].firing;
                     let piece = self.outputs[o].next_piece - 1;
                     let regst = RegstRef { desc: self.outputs[o].desc, slot };
                     self.finish_output(env, o, slot, piece, regst)?;
@@ -110,13 +129,13 @@ impl Actor {
             }
             if ack_inputs {
                 for i in 0..self.inputs.len() {
-                    self.ack_input(env, i, self.scratch_slots[i])?;
+                    self.ack_input(env, i, self.inputs[i].firing)?;
                 }
             }
             return Ok(());
         }
-        for i in 0..self.inputs.len() {
-            self.inputs[i].in_use.push_back(self.scratch_slots[i]);
+        for input in &mut self.inputs {
+            input.in_use.push_back(input.firing);
         }
         self.pending.push_back(Launch { ack_inputs, emit });
         if completion == Completion::Done {

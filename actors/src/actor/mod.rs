@@ -100,12 +100,11 @@ pub struct Actor {
     /// another stream, or is a repeat (which hands the slot back to its own producer as
     /// soon as the slot returns, possibly across streams).
     inputs_wait: bool,
-    /// What the current firing reads (one entry per input), which slot of each input
-    /// that is, and what it writes (one per output): allocated once with the actor and
-    /// overwritten in place by every firing, so a firing allocates nothing and needs no
-    /// length bookkeeping.
+    /// What the current firing reads (one entry per input) and writes (one per output):
+    /// allocated once with the actor and overwritten in place by every firing, so a
+    /// firing allocates nothing and needs no length bookkeeping. (The slots it takes are
+    /// kept with each input and output, `firing`, read where those are read anyway.)
     scratch_inputs: Box<[RegstRef]>,
-    scratch_slots: Box<[u32]>,
     scratch_outputs: Box<[RegstRef]>,
     /// Input and output positions by register, sorted, for an actor with more than
     /// [`SCAN_MAX`] of them (a fused optimizer update reads and writes hundreds): a message
@@ -114,6 +113,10 @@ pub struct Actor {
     input_lookup: Box<[(RegstDescId, u32)]>,
     output_lookup: Box<[(RegstDescId, u32)]>,
     pub(crate) fires: u64,
+    /// The kind is [`KindState::Compute`], kept apart from the kind's tag: the firing path
+    /// tests it with one comparison, where a `match` on the tag compiles to a jump table
+    /// (an indirect jump, several times per firing).
+    computes: bool,
 }
 
 /// Most inputs (outputs) an actor finds a message's register among by a scan.
@@ -215,6 +218,7 @@ impl Actor {
             + outputs.iter().map(|o| o.register_num as usize).sum::<usize>()
             + 1;
         let placeholder = RegstRef { desc: RegstDescId(0), slot: 0 };
+        let computes = matches!(kind, KindState::Compute);
         let full_outputs = outputs.iter().filter(|o| !o.has_free()).count() as u32;
         let ends_by_inputs =
             !matches!(kind, KindState::Source { .. }) && !inputs.iter().all(|i: &InputState| i.loop_carried);
@@ -228,7 +232,6 @@ impl Actor {
             unready_inputs: inputs.len() as u32,
             full_outputs,
             scratch_inputs: vec![placeholder; inputs.len()].into_boxed_slice(),
-            scratch_slots: vec![0; inputs.len()].into_boxed_slice(),
             scratch_outputs: vec![placeholder; outputs.len()].into_boxed_slice(),
             input_lookup: lookup(inputs.iter().map(|i| i.desc)),
             output_lookup: lookup(outputs.iter().map(|o| o.desc)),
@@ -240,6 +243,7 @@ impl Actor {
             stopped: false,
             ended_inputs: 0,
             fires: 0,
+            computes,
         }
     }
 
@@ -269,11 +273,11 @@ impl Actor {
             outputs_wait: self.outputs_wait,
             inputs_wait: self.inputs_wait,
             scratch_inputs: self.scratch_inputs.clone(),
-            scratch_slots: self.scratch_slots.clone(),
             scratch_outputs: self.scratch_outputs.clone(),
             input_lookup: self.input_lookup.clone(),
             output_lookup: self.output_lookup.clone(),
             fires: self.fires,
+            computes: self.computes,
         };
         *self = copy;
     }
@@ -573,6 +577,9 @@ impl Actor {
         );
         let outputs_free = || self.full_outputs == 0;
         let inputs_ready = || self.unready_inputs == 0;
+        if self.computes {
+            return inputs_ready() && outputs_free();
+        }
         match &self.kind {
             KindState::Source { limit, available, produced, .. } => {
                 let has_piece = match limit {
