@@ -31,8 +31,7 @@ impl Actor {
         // Consume the front of every input; the pieces must be in step.
         let mut piece = None;
         let first_desc = self.inputs.first().map(|i| i.desc);
-        for i in 0..self.inputs.len() {
-            let input = &mut self.inputs[i];
+        for (input, data) in self.inputs.iter_mut().zip(self.scratch_inputs.iter_mut()) {
             let Some(front) = input.pop_ready(&mut self.unready_inputs) else {
                 unreachable!("fired without a ready input")
             };
@@ -47,7 +46,7 @@ impl Actor {
                 return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
             }
             piece = Some(front.piece);
-            self.scratch_inputs[i] = front.data;
+            *data = front.data;
         }
         // Decide the group position and which output slots this launch writes.
         let (group, ack_inputs, emit) = match &mut self.kind {
@@ -80,8 +79,7 @@ impl Actor {
             }
             _ => (GroupPosition { index: 0, count: 1 }, true, true),
         };
-        for o in 0..self.outputs.len() {
-            let output = &mut self.outputs[o];
+        for (output, regst) in self.outputs.iter_mut().zip(self.scratch_outputs.iter_mut()) {
             let slot = match self.kind {
                 KindState::Acc { held: Some(slot), .. } if !COMPUTE => slot,
                 _ => match output.take(true, &mut self.full_outputs) {
@@ -90,7 +88,7 @@ impl Actor {
                 },
             };
             output.firing = slot;
-            self.scratch_outputs[o] = RegstRef { desc: output.desc, slot };
+            *regst = RegstRef { desc: output.desc, slot };
         }
         // An acc flushes a partial sum to its consumers when drained without a launch, so
         // each of its launches reports completion where those consumers would wait.

@@ -157,6 +157,22 @@ fn position_of<T>(
     }
 }
 
+/// [`position_of`], returning the item itself: the scan's find hands back a reference
+/// that needs no second bounds check, as indexing by the found position would.
+#[inline(always)]
+fn find_mut<'a, T>(
+    items: &'a mut [T],
+    table: &[(RegstDescId, u32)],
+    desc: RegstDescId,
+    desc_of: impl Fn(&T) -> RegstDescId,
+) -> Option<&'a mut T> {
+    if items.len() > SCAN_MAX {
+        look_up(table, desc).and_then(|k| items.get_mut(k))
+    } else {
+        items.iter_mut().find(|item| desc_of(item) == desc)
+    }
+}
+
 impl Actor {
     /// Builds actor `index` of the indexed plan. The plan must be validated and `ids`
     /// assigned from it. Looks its edges up in `indexed` (no scan of the plan's registers), so
@@ -475,10 +491,9 @@ impl Actor {
 
     #[inline(always)]
     fn on_ready(&mut self, src: ActorId, regst: RegstRef, piece: u64, data: RegstRef) -> Result<(), ActorError> {
-        let Some(position) = position_of(&self.inputs, &self.input_lookup, regst.desc, |i| i.desc) else {
+        let Some(input) = find_mut(&mut self.inputs, &self.input_lookup, regst.desc, |i| i.desc) else {
             return Err(self.bad_ready(src, regst, piece));
         };
-        let input = &mut self.inputs[position];
         if input.producer != src
             || input.eord
             || piece != input.next_piece
@@ -523,8 +538,7 @@ impl Actor {
     /// Records an `Ack`; returns whether the slot became free.
     #[inline(always)]
     fn take_ack(&mut self, src: ActorId, regst: RegstRef) -> Result<bool, ActorError> {
-        let position = position_of(&self.outputs, &self.output_lookup, regst.desc, |o| o.desc);
-        let Some(output) = position.map(|k| &mut self.outputs[k]) else {
+        let Some(output) = find_mut(&mut self.outputs, &self.output_lookup, regst.desc, |o| o.desc) else {
             return Err(self.unexpected(format!("Ack of {} from {src}, which it does not produce", regst.desc)));
         };
         match output.ack(regst.slot, src, &mut self.full_outputs) {
