@@ -6,7 +6,7 @@ use crate::{ActorId, Message, RegstRef};
 pub use regflow_plan::GroupPosition;
 
 /// One firing, as the kernel sees it.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct Firing<'a> {
     /// The firing actor.
     pub actor: ActorId,

@@ -356,7 +356,8 @@ impl ActorEnv for Env<'_> {
     #[inline(always)]
     fn launch(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
         if self.fire_spans {
-            return self.launch_in_span(firing);
+            // By value: a reference would keep the firing in memory on the usual path too.
+            return self.launch_in_span(*firing);
         }
         self.launch_kernel(firing)
     }
@@ -463,11 +464,11 @@ impl Env<'_> {
     /// A launch inside a `fire` span, for a `tracing` subscriber that wants them.
     #[cold]
     #[inline(never)]
-    fn launch_in_span(&mut self, firing: &Firing<'_>) -> Result<Completion, EnvError> {
+    fn launch_in_span(&mut self, firing: Firing<'_>) -> Result<Completion, EnvError> {
         let name = self.runtimes[self.current].name.as_str();
         let _span =
             tracing::trace_span!("fire", actor = name, piece = firing.piece, stream = self.stream_index).entered();
-        self.launch_kernel(firing)
+        self.launch_kernel(&firing)
     }
 
     /// Runs or queues the current actor's kernel: its inputs' and outputs' views, the
