@@ -40,6 +40,16 @@ pub(crate) struct StreamProbe {
     pub(crate) exited: AtomicBool,
 }
 
+impl StreamProbe {
+    /// The stream's kernel returned: none runs now, and one more firing is done.
+    #[inline(always)]
+    fn finished_kernel(&self) {
+        self.in_kernel.store(0, Ordering::Relaxed);
+        // One writer (this thread): a plain store avoids a locked read-modify-write.
+        self.fires.store(self.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
 /// State shared by every thread of a job.
 #[derive(Debug)]
 pub(crate) struct JobShared {
@@ -504,17 +514,22 @@ impl Env<'_> {
         let Some(kernel) = runtime.kernel.as_deref_mut() else {
             return Err(EnvError::Kernel("actor has no kernel (broken invariant)".into()));
         };
-        self.probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
+        let probe = self.probe;
+        probe.in_kernel.store(firing.actor.bits() + 1, Ordering::Relaxed);
         let timed = self.trace.is_some().then_some(SliceTag { actor: runtime.plan_index, piece: firing.piece });
-        let launched = if self.runs_at_launch && timed.is_none() {
-            // What the device's launch would do, without the call through it.
-            kernel.run(&mut io).map(|()| Launched { completion: Completion::Done, span: None })
-        } else {
-            self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed, firing.completion_wanted)
-        };
-        self.probe.in_kernel.store(0, Ordering::Relaxed);
-        // One writer (this thread): a plain store avoids a locked read-modify-write.
-        self.probe.fires.store(self.probe.fires.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        if self.runs_at_launch && timed.is_none() {
+            // What the device's launch would do, without the call through it (nor the
+            // `Launched` it would build, whose empty span is only checked and dropped).
+            let ran = kernel.run(&mut io);
+            probe.finished_kernel();
+            return match ran {
+                Ok(()) => Ok(Completion::Done),
+                Err(e) => Err(EnvError::Kernel(e.0)),
+            };
+        }
+        let launched =
+            self.device.launch(firing.actor, kernel, &mut io, runtime.modeled, timed, firing.completion_wanted);
+        probe.finished_kernel();
         let launched = launched.map_err(|e| EnvError::Kernel(e.0))?;
         if timed.is_none() {
             // The slice anchors flow arrows, which only a trace draws.
