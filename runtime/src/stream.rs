@@ -7,7 +7,7 @@
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
 use crate::collective::CollectiveGroups;
-use crate::device::{DeviceStream, Launched, SliceTag};
+use crate::device::{DeviceStream, SliceTag};
 use crate::inbox::{Envelope, InboxReceiver, Waited};
 use crate::kernel::{Kernel, KernelIo, StreamContext};
 use crate::lane::Lanes;
