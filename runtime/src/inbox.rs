@@ -374,18 +374,28 @@ impl InboxReceiver {
                     }
                 }
                 round += 1;
-                if round <= PAUSE_ROUNDS {
-                    spin_loop();
-                } else {
-                    yield_now();
-                }
-                if !self.is_empty() {
-                    if let Some(envelope) = self.try_recv() {
-                        return Ok(envelope);
-                    }
+                if let Some(envelope) = self.spin_round(round) {
+                    return Ok(envelope);
                 }
             }
         })
+    }
+
+    /// Round `round` (from 1) of a spin: a pause in the first [`PAUSE_ROUNDS`], then a
+    /// yield of the core (on a machine with fewer cores than busy threads, the sender may
+    /// need this very core to send); then a look at the inbox, by loads only until
+    /// something is there.
+    #[inline]
+    fn spin_round(&self, round: u32) -> Option<Envelope> {
+        if round <= PAUSE_ROUNDS {
+            spin_loop();
+        } else {
+            yield_now();
+        }
+        if self.is_empty() {
+            return None;
+        }
+        self.try_recv()
     }
 }
 
@@ -455,17 +465,8 @@ impl InboxReceiver {
         #[cfg(not(loom))]
         let start = std::time::Instant::now();
         for round in 1..=SPIN_ROUNDS {
-            // A few rounds of pausing, then yield: on a machine with fewer cores than busy
-            // threads, the sender may need this very core to send.
-            if round <= PAUSE_ROUNDS {
-                spin_loop();
-            } else {
-                yield_now();
-            }
-            if !self.is_empty() {
-                if let Some(envelope) = self.try_recv() {
-                    return Some(envelope);
-                }
+            if let Some(envelope) = self.spin_round(round) {
+                return Some(envelope);
             }
             #[cfg(not(loom))]
             if round % ROUNDS_PER_CLOCK == 0 && start.elapsed() >= SPIN_TIME {

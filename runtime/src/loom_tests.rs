@@ -408,6 +408,18 @@ fn loom_spinning_receiver_gets_every_envelope_then_the_end() {
     });
 }
 
+/// An inbox whose only sender is a lane, and a loom thread that sends a `Snapshot` then a
+/// `Stop` through that lane and ends (which ends the inbox's channel).
+fn lane_sending_snapshot_then_stop() -> (crate::inbox::InboxReceiver, loom::thread::JoinHandle<()>) {
+    let (tx, mut rx) = inbox(4);
+    let lane = rx.lane(2, tx, Default::default(), (0, 1));
+    let sender = loom::thread::spawn(move || {
+        lane.send(Envelope::Snapshot).unwrap();
+        lane.send(Envelope::Stop).unwrap();
+    });
+    (rx, sender)
+}
+
 /// A lane into a receiver that goes to sleep: whatever the interleaving of the sender's
 /// publish-then-look and the receiver's raise-then-look, every envelope arrives, in order,
 /// through the lane (never lost in a lane while the receiver sleeps), and the end of the
@@ -415,12 +427,7 @@ fn loom_spinning_receiver_gets_every_envelope_then_the_end() {
 #[test]
 fn loom_a_lane_wakes_its_sleeping_receiver_and_keeps_order() {
     model(|| {
-        let (tx, mut rx) = inbox(4);
-        let lane = rx.lane(2, tx, Default::default(), (0, 1));
-        let sender = loom::thread::spawn(move || {
-            lane.send(Envelope::Snapshot).unwrap();
-            lane.send(Envelope::Stop).unwrap();
-        });
+        let (rx, sender) = lane_sending_snapshot_then_stop();
         assert_eq!(rx.recv(), Some(Envelope::Snapshot));
         assert_eq!(rx.recv(), Some(Envelope::Stop));
         // A wake-up the sender sent while the receiver found the envelope anyway is not
@@ -438,12 +445,7 @@ fn loom_a_lane_wakes_its_sleeping_receiver_and_keeps_order() {
 #[test]
 fn loom_a_sleep_that_times_out_loses_nothing_a_lane_sent() {
     model(|| {
-        let (tx, mut rx) = inbox(4);
-        let lane = rx.lane(2, tx, Default::default(), (0, 1));
-        let sender = loom::thread::spawn(move || {
-            lane.send(Envelope::Snapshot).unwrap();
-            lane.send(Envelope::Stop).unwrap();
-        });
+        let (rx, sender) = lane_sending_snapshot_then_stop();
         let due = std::time::Instant::now();
         let mut got = Vec::new();
         while got.len() < 2 {
