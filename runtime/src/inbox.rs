@@ -178,12 +178,9 @@ mod imp {
         /// Loom has no clock to wait on: the models use no deadlines (no `sim` device), so
         /// this only looks.
         pub(crate) fn recv_deadline(&self, _deadline: std::time::Instant) -> Result<Envelope, Waited> {
-            let items = crate::sync::lock(&self.0.items);
-            match items.0.front() {
-                Some(_) => {
-                    drop(items);
-                    self.try_recv().ok_or(Waited::Due)
-                }
+            let mut items = crate::sync::lock(&self.0.items);
+            match items.0.pop_front() {
+                Some(envelope) => Ok(envelope),
                 None if items.1 == 0 => Err(Waited::Closed),
                 None => Err(Waited::Due),
             }
@@ -300,7 +297,7 @@ impl InboxReceiver {
 
     /// Blocks until an envelope arrives or `until` comes (if given): the sleep of
     /// [`InboxReceiver::recv`] and [`InboxReceiver::recv_until`].
-    fn park(&self, until: Option<std::time::Instant>) -> Result<Envelope, Waited> {
+    pub(crate) fn park(&self, until: Option<std::time::Instant>) -> Result<Envelope, Waited> {
         let channel_recv = || match until {
             None => self.channel.recv().ok_or(Waited::Closed),
             Some(deadline) => self.channel.recv_deadline(deadline),
@@ -338,13 +335,6 @@ impl InboxReceiver {
                 }
             }
         }
-    }
-
-    /// The sleep of [`InboxReceiver::recv_until`] without its spin: blocks until an
-    /// envelope arrives or `deadline` comes.
-    #[cfg(all(loom, test))]
-    pub(crate) fn park_until(&self, deadline: std::time::Instant) -> Result<Envelope, Waited> {
-        self.park(Some(deadline))
     }
 
     /// The next envelope, if one comes before `deadline` (a modeled kernel's end, which

@@ -449,7 +449,7 @@ fn loom_a_sleep_that_times_out_loses_nothing_a_lane_sent() {
         let due = std::time::Instant::now();
         let mut got = Vec::new();
         while got.len() < 2 {
-            match rx.park_until(due) {
+            match rx.park(Some(due)) {
                 Ok(envelope) => got.push(envelope),
                 Err(crate::inbox::Waited::Due) => loom::thread::yield_now(),
                 Err(crate::inbox::Waited::Closed) => panic!("the inbox closed with {got:?} received"),

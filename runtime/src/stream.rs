@@ -606,20 +606,17 @@ impl StreamWorker {
             // already queued, up to a batch, before going back to the local queue. A
             // device that times its own kernels (`sim`) has the wait end at the next
             // kernel's end, whose completion the thread then hands itself.
-            let mut next = if times_completions {
-                match self.device.next_completion() {
-                    Some(at) => match self.inbox.recv_until(at) {
-                        Ok(envelope) => Some(envelope),
-                        Err(Waited::Due) => {
-                            self.take_completions();
-                            continue;
-                        }
-                        Err(Waited::Closed) => None,
-                    },
-                    None => self.inbox.recv_spinning(),
-                }
-            } else {
-                self.inbox.recv_spinning()
+            let due = if times_completions { self.device.next_completion() } else { None };
+            let mut next = match due {
+                None => self.inbox.recv_spinning(),
+                Some(at) => match self.inbox.recv_until(at) {
+                    Ok(envelope) => Some(envelope),
+                    Err(Waited::Due) => {
+                        self.take_completions();
+                        continue;
+                    }
+                    Err(Waited::Closed) => None,
+                },
             };
             if next.is_none() {
                 break;

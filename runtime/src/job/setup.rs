@@ -555,16 +555,17 @@ pub(super) fn sim_capacity(plan: &Plan) -> usize {
 }
 
 /// How stream `s` launches kernels on its device; `None` for a sim or cuda stream this job
-/// has no inbox for.
+/// has no inbox for. A sim stream has room for `sim_room` pending launches ([`sim_capacity`]).
 pub(super) fn stream_device(
     plan: &Plan,
     s: usize,
     inbox: Option<&InboxSender>,
     gpus: &GpuMap,
+    sim_room: usize,
 ) -> Result<Option<Box<dyn DeviceStream>>, RuntimeError> {
     let device = &plan.devices[plan.streams[s].device.index()];
     match device.kind {
-        DeviceKind::Sim => Ok(inbox.map(|_| Box::new(SimStream::new(sim_capacity(plan))) as Box<dyn DeviceStream>)),
+        DeviceKind::Sim => Ok(inbox.map(|_| Box::new(SimStream::new(sim_room)) as Box<dyn DeviceStream>)),
         DeviceKind::Cpu => Ok(Some(Box::new(CpuStream))),
         DeviceKind::Cuda => {
             let Some(inbox) = inbox else { return Ok(None) };

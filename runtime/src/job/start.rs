@@ -4,8 +4,8 @@
 use super::make::UserEnds;
 use super::setup::{
     check_devices, check_sink_callbacks, deliveries, kernel_memory, lend_scratches, make_actors, max_arity,
-    start_sources, start_watchdog, stream_device, stream_label, user_records, variable_preloads, watch_names,
-    write_preloads, write_variables, Deliveries, LentScratch,
+    sim_capacity, start_sources, start_watchdog, stream_device, stream_label, user_records, variable_preloads,
+    watch_names, write_preloads, write_variables, Deliveries, LentScratch,
 };
 use super::{Job, DEFAULT_WATCHDOG, MAX_CPU_THREADS};
 use crate::arenas::PlanArenas;
@@ -353,9 +353,10 @@ impl Job {
             max_arity: max_arity(&indexed),
             local_room: super::setup::local_queue_capacities(&plan),
         };
+        let sim_room = sim_capacity(&plan);
         for (s, made) in per_stream.into_iter().enumerate() {
             let Some(inbox) = receivers[s].take() else { continue };
-            let device = match stream_device(&plan, s, senders[s].as_ref(), &builder.gpus) {
+            let device = match stream_device(&plan, s, senders[s].as_ref(), &builder.gpus, sim_room) {
                 Ok(Some(device)) => device,
                 Ok(None) => continue,
                 Err(e) => return Err(stop_started(threads, &shared, &router, e)),
