@@ -6,7 +6,8 @@
 //! B1 and B2 run regflow and their floors in rounds (each once per round) and report the
 //! median over rounds of the per-round ratio, so a drift of the host's clock between runs
 //! does not pass for a difference. `REGFLOW_BENCH_PIECES=n` shortens the chains, e.g. to
-//! count instructions per firing under `valgrind --tool=callgrind`.
+//! count instructions per firing under `valgrind --tool=callgrind`, and
+//! `REGFLOW_BENCH_REGISTERS=n` runs B1 and B2 with `n` registers per edge only.
 //! Results and their analysis: `BENCHMARKS.md`.
 //!
 //! - **B1** one cpu stream, source → 64 no-op stages → sink: ns per firing, beside two
@@ -91,6 +92,16 @@ fn median_ratio(a: &[Duration], b: &[Duration]) -> f64 {
 /// instructions under callgrind on a short run).
 fn pieces_or(default: u64) -> u64 {
     std::env::var("REGFLOW_BENCH_PIECES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Register counts a chain benchmark runs with: 1 and 2, or only `REGFLOW_BENCH_REGISTERS`
+/// (to count one configuration's instructions).
+fn chain_registers() -> Vec<u32> {
+    match std::env::var("REGFLOW_BENCH_REGISTERS").ok().map(|v| v.parse::<u32>()) {
+        None => vec![1, 2],
+        Some(Ok(n)) if n > 0 => vec![n],
+        Some(_) => panic!("REGFLOW_BENCH_REGISTERS must be a positive whole number"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -277,7 +288,7 @@ fn b1() {
         "{:>5} | {:>22} | {:>22} | {:>22} | {:>12} | {:>12}",
         "", "best / median", "best / median", "best / median", "median/round", "median/round"
     );
-    for register_num in [1u32, 2] {
+    for register_num in chain_registers() {
         let plan = chain_plan(register_num, pieces, 1);
         let runs = interleaved(&mut [
             &mut || run_counting(&plan, pieces),
@@ -309,7 +320,7 @@ fn b2() {
     let hops = pieces * (STAGES as u64 + 1);
     println!("{:>5} | {:>22} | {:>22} | {:>12}", "regs", "regflow ns/hop", "crossbeam ns/hop", "ratio");
     println!("{:>5} | {:>22} | {:>22} | {:>12}", "", "best / median", "best / median", "median/round");
-    for register_num in [1u32, 2] {
+    for register_num in chain_registers() {
         let plan = chain_plan(register_num, pieces, 2);
         let runs = interleaved(&mut [&mut || run_counting(&plan, pieces), &mut || {
             crossbeam_two_threads(register_num as usize, pieces)

@@ -9,6 +9,10 @@ use regflow_cuda::{nvrtc, CudaError};
 /// The architectures compiled for: Turing (the oldest NVRTC 13 serves), Ampere, Hopper.
 const ARCHES: &[&str] = &["compute_75", "compute_80", "compute_90"];
 
+/// The attention variant without occupancy caps and with whole tiles, which the compiled
+/// default must fit at least as many blocks per SM as.
+const UNBOUNDED_WHOLE_TILES: &str = "ATT_OCCUPANCY=0,ATT_PART=64";
+
 fn nvrtc_or_skip() -> bool {
     if !regflow_cuda::BUILT {
         eprintln!("skipped: built without the `cuda` feature (NVRTC is reached through cudarc)");
@@ -44,18 +48,20 @@ fn every_source_compiles_for_every_architecture() {
     if !nvrtc_or_skip() {
         return;
     }
-    for source in SOURCES {
-        for arch in ARCHES {
-            let ptx = nvrtc::compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
-            for entry in entries_of(source.code) {
-                assert!(
-                    ptx.contains(&format!(".entry {entry}(")),
-                    "{}: no entry {entry} in the PTX for {arch}",
-                    source.name
-                );
-            }
+    // NVRTC takes seconds a source (half a minute for the largest) where no PTX is on disk
+    // yet, as on a fresh CI machine: side by side, and each (source, architecture) once
+    // for the process (`nvrtc::compile`; the ptxas checks below use the same).
+    let each: Vec<_> = SOURCES.iter().flat_map(|source| ARCHES.iter().map(move |&arch| (source, arch))).collect();
+    in_parallel(&each, |&(source, arch)| {
+        let ptx = nvrtc::compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
+        for entry in entries_of(source.code) {
+            assert!(
+                ptx.contains(&format!(".entry {entry}(")),
+                "{}: no entry {entry} in the PTX for {arch}",
+                source.name
+            );
         }
-    }
+    });
 }
 
 /// The PTX of every source assembles with `ptxas` for the real GPUs of the oldest and the
@@ -66,28 +72,30 @@ fn every_source_compiles_for_every_architecture() {
 #[test]
 fn every_source_assembles_for_the_real_architectures() {
     let Some(ptxas) = ptxas_or_skip() else { return };
-    let dir = std::env::temp_dir().join(format!("regflow-ptxas-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a scratch directory");
-    for source in SOURCES {
-        for (arch, gpu) in [("compute_75", "sm_75"), ("compute_90", "sm_90")] {
-            let ptx = nvrtc::compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
-            let file = dir.join(format!("{}-{arch}.ptx", source.name));
-            std::fs::write(&file, ptx).expect("the PTX written");
-            let out = std::process::Command::new(&ptxas)
-                .args(["--gpu-name", gpu, "-o"])
-                .arg(dir.join("out.cubin"))
-                .arg(&file)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.to_string_lossy()));
-            assert!(
-                out.status.success(),
-                "{}.cu for {gpu}: ptxas failed:\n{}",
-                source.name,
-                String::from_utf8_lossy(&out.stderr)
-            );
+    let gpus = [("compute_75", "sm_75"), ("compute_90", "sm_90")];
+    let each: Vec<_> = SOURCES.iter().flat_map(|source| gpus.map(|(arch, gpu)| (source, arch, gpu))).collect();
+    // The largest sources take ptxas tens of seconds: assembled side by side, and each
+    // (source, GPU) once for the whole test binary (the resource checks below read the
+    // same assemblies). `assembled` panics with ptxas's log on a failure.
+    in_parallel(&each, |&(source, arch, gpu)| {
+        assembled(&ptxas, source, arch, gpu, None);
+    });
+}
+
+/// Runs `f` on every item, on as many threads as the machine has cores (at most one per
+/// item), and returns when all are done; a panic in `f` fails the caller.
+fn in_parallel<T: Sync>(items: &[T], f: impl Fn(&T) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len()).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                while let Some(item) = items.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    f(item);
+                }
+            });
         }
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    });
 }
 
 #[test]
@@ -130,8 +138,48 @@ impl Resources {
     }
 }
 
-/// `ptxas -v`'s resources for every entry of `ptx`, assembled for `gpu`.
-fn resources(ptxas: &std::ffi::OsStr, ptx: &str, gpu: &str) -> std::collections::HashMap<String, Resources> {
+/// What one (source, GPU, macro definitions) assembled to: every entry's resources.
+type Assembly = std::sync::Arc<std::collections::HashMap<String, Resources>>;
+
+/// `source` compiled for `arch` and assembled for `gpu` with `ptxas -v`, once per test
+/// process: the compile with the environment's definitions (`defines: None`, what a job
+/// compiles: [`nvrtc::compile`]) or with `defines` ([`nvrtc::compile_variant`]). ptxas
+/// takes up to half a minute on the largest sources, and three tests look at the same
+/// assemblies. A caller asking for one that another thread is assembling waits for it;
+/// different ones are assembled side by side.
+fn assembled(
+    ptxas: &std::ffi::OsStr,
+    source: &'static regflow_cuda::sources::KernelSource,
+    arch: &'static str,
+    gpu: &'static str,
+    defines: Option<&'static str>,
+) -> Assembly {
+    type Key = (&'static str, &'static str, &'static str, Option<&'static str>);
+    static DONE: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<Key, std::sync::Arc<std::sync::OnceLock<Assembly>>>>,
+    > = std::sync::OnceLock::new();
+    let cell = {
+        let mut done = DONE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        done.entry((source.name, arch, gpu, defines)).or_default().clone()
+    };
+    cell.get_or_init(|| {
+        let ptx = match defines {
+            None => nvrtc::compile(source, arch),
+            Some(defines) => nvrtc::compile_variant(source, arch, defines),
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
+        std::sync::Arc::new(resources(ptxas, &ptx, gpu, source.name))
+    })
+    .clone()
+}
+
+/// `ptxas -v`'s resources for every entry of `ptx` (of the source `name`), assembled for `gpu`.
+fn resources(
+    ptxas: &std::ffi::OsStr,
+    ptx: &str,
+    gpu: &str,
+    name: &str,
+) -> std::collections::HashMap<String, Resources> {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("regflow-ptxas-v-{}-{call}", std::process::id()));
@@ -145,7 +193,7 @@ fn resources(ptxas: &std::ffi::OsStr, ptx: &str, gpu: &str) -> std::collections:
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.to_string_lossy()));
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "ptxas failed for {gpu}:\n{log}");
+    assert!(out.status.success(), "{name}.cu for {gpu}: ptxas failed:\n{log}");
     let _ = std::fs::remove_dir_all(&dir);
     // "Compiling entry function 'NAME' for 'sm_90'", then "N bytes spill stores, M bytes
     // spill loads", then "Used R registers, ..., S bytes smem".
@@ -192,21 +240,15 @@ fn the_tensor_core_attention_entries_fit_the_blocks_per_sm_they_are_compiled_for
     let source = SOURCES.iter().find(|s| s.name == "attention").expect("attention.cu");
     // Shared memory per SM: A100 164 KiB, H100 and H200 228 KiB.
     let gpus = [("compute_80", "sm_80", 167_936), ("compute_90", "sm_90", 233_472)];
-    // Four NVRTC compiles of the largest source, a thread each.
-    let assembled: Vec<_> = std::thread::scope(|scope| {
-        let compiles: Vec<_> = gpus
-            .iter()
-            .flat_map(|&(arch, gpu, _)| ["", "ATT_OCCUPANCY=0,ATT_PART=64"].map(|defines| (arch, gpu, defines)))
-            .map(|(arch, gpu, defines)| {
-                let ptxas = &ptxas;
-                scope.spawn(move || {
-                    let ptx = nvrtc::compile_variant(source, arch, defines).unwrap_or_else(|e| panic!("{e}"));
-                    resources(ptxas, &ptx, gpu)
-                })
-            })
-            .collect();
-        compiles.into_iter().map(|c| c.join().expect("a compile does not panic")).collect()
+    // Four assemblies of the largest source, side by side; those compiled by default are
+    // the ones `every_source_assembles_for_the_real_architectures` checks too (once).
+    let variants: Vec<_> =
+        gpus.iter().flat_map(|&(arch, gpu, _)| [None, Some(UNBOUNDED_WHOLE_TILES)].map(|d| (arch, gpu, d))).collect();
+    in_parallel(&variants, |&(arch, gpu, defines)| {
+        assembled(&ptxas, source, arch, gpu, defines);
     });
+    let assembled: Vec<Assembly> =
+        variants.iter().map(|&(arch, gpu, defines)| assembled(&ptxas, source, arch, gpu, defines)).collect();
     for ((_, gpu, shared_per_sm), pair) in gpus.into_iter().zip(assembled.chunks(2)) {
         let (now, before) = (&pair[0], &pair[1]);
         for dtype in ["bf16", "f16"] {
@@ -252,8 +294,7 @@ fn the_column_sums_keep_their_values_in_registers() {
     let Some(ptxas) = ptxas_or_skip() else { return };
     let source = SOURCES.iter().find(|s| s.name == "movement").expect("movement.cu");
     for (arch, gpu) in [("compute_80", "sm_80"), ("compute_90", "sm_90")] {
-        let ptx = nvrtc::compile(source, arch).unwrap_or_else(|e| panic!("{e}"));
-        let all = resources(&ptxas, &ptx, gpu);
+        let all = assembled(&ptxas, source, arch, gpu, None);
         for dtype in ["f32", "f64", "bf16", "f16"] {
             for kind in ["sum_to", "sum_to_split", "sum_to_chunks"] {
                 let entry = format!("regflow_{kind}_{dtype}");

@@ -8,6 +8,17 @@
 //! order (a `cuda` stream's queued work and its host callbacks).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p regflow-runtime --lib --release loom`
+//!
+//! **Preemption bounds.** Each model explores every interleaving with at most a few
+//! preemptions: 3 where that stays within seconds, 2 for the models of whole jobs on two
+//! streams whose state space grows the most (3 took them 150–170 s each, most of CI's loom
+//! time). Bound 2 keeps those two models' teeth for every mutation tried on 2026-11-29: a
+//! lane's tail published `Relaxed` (a causality violation) and a sender that never rings
+//! the doorbell (a deadlock) both fail at 2 as at 3; the doorbell lowered with a store
+//! instead of a swap passes both at 3 as at 2, and fails the dedicated two-thread lane
+//! model (`loom_two_threads_trading_through_lanes_never_both_sleep`), which stays at 3.
+//! `LOOM_MAX_PREEMPTIONS=n` (loom's own variable) runs every model of this module at `n`
+//! instead, for a deeper check by hand.
 
 use crate::arenas::PlanArenas;
 use crate::bus::Router;
@@ -337,8 +348,16 @@ fn run_model_with(plan: &Plan, devices: [Device; 2]) -> Option<crate::RuntimeErr
 }
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(3, f);
+}
+
+/// [`model`] with at most `preemptions` preemptions, unless `LOOM_MAX_PREEMPTIONS` says
+/// otherwise (see the module's docs).
+fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
+        builder.preemption_bound = Some(preemptions);
+    }
     builder.check(f);
 }
 
@@ -349,14 +368,16 @@ fn loom_one_register_is_rewritten_only_after_the_cross_thread_ack() {
 
 #[test]
 fn loom_two_registers_let_the_producer_run_ahead_safely() {
-    model(|| run_model(&ping_pong_plan(2, 3, false)));
+    // Bound 2: see the module's docs.
+    model_bounded(2, || run_model(&ping_pong_plan(2, 3, false)));
 }
 
 /// The middle actor (stream 1) sends its `Ready` to the sink and its `Ack` to the source,
 /// both on stream 0: they travel as one `Envelope::Pair`, in every interleaving.
 #[test]
 fn loom_ready_and_ack_cross_both_ways_and_eord_cascades() {
-    model(|| run_model(&ping_pong_plan(1, 2, true)));
+    // Bound 2: see the module's docs.
+    model_bounded(2, || run_model(&ping_pong_plan(1, 2, true)));
 }
 
 /// Work a device still had queued when its stream's actors finished fails: the job ends
@@ -383,9 +404,7 @@ fn loom_a_failure_of_queued_work_after_the_last_firing_fails_the_job() {
 fn loom_a_source_completing_on_the_drivers_thread_is_read_only_after_its_write() {
     // A fourth thread (the driver's) multiplies the interleavings: preemptions bounded at
     // 2, not 3, keep the model to CI's budget.
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(|| {
+    model_bounded(2, || {
         let error = run_model_with(&ping_pong_plan(1, 2, false), [Device::Queued, Device::Cpu]);
         assert!(error.is_none(), "job failed: {error:?}");
     });

@@ -27,7 +27,7 @@ impl Actor {
     /// Fires a compute actor (`COMPUTE`, whose launches always read and emit, one piece
     /// at a time: none of the kind's state to look at) or a source, sink or acc.
     #[inline(always)]
-    fn fire_kind<const COMPUTE: bool, E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+    pub(super) fn fire_kind<const COMPUTE: bool, E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         // Consume the front of every input; the pieces must be in step.
         let mut piece = None;
         let first_desc = self.inputs.first().map(|i| i.desc);

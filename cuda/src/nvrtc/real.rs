@@ -6,7 +6,7 @@ use crate::{ptx_cache, CudaError};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Whether NVRTC (`libnvrtc`) can be loaded; cudarc panics on its first call otherwise.
 pub fn available() -> Result<(), CudaError> {
@@ -59,16 +59,25 @@ pub fn compile_all(arch: &str) {
 /// each (source, architecture) is compiled once per process, and kept on disk
 /// ([`ptx_cache`](crate::ptx_cache)), so once per machine while the source, the options
 /// and NVRTC stay the same.
+///
+/// Threads asking for the same (source, architecture) at once share one compile: the
+/// later ones wait for the first (NVRTC takes seconds per source, up to half a minute for
+/// the attention kernels). A failed compile is not kept; the next call tries again.
 pub fn compile(source: &KernelSource, arch: &str) -> Result<String, CudaError> {
-    static CACHE: OnceLock<Mutex<HashMap<(&'static str, String), String>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let key = (source.name, arch.to_string());
-    if let Some(ptx) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+    type Slot = Arc<Mutex<Option<String>>>;
+    static CACHE: OnceLock<Mutex<HashMap<(&'static str, String), Slot>>> = OnceLock::new();
+    let slot = {
+        let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        cache.entry((source.name, arch.to_string())).or_default().clone()
+    };
+    // Held across the compile: one per key, so only the same (source, architecture) waits.
+    let mut ptx = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(ptx) = ptx.as_ref() {
         return Ok(ptx.clone());
     }
-    let ptx = compile_through(source, arch, ptx_cache::folder().as_deref(), defines()?)?;
-    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
-    Ok(ptx)
+    let compiled = compile_through(source, arch, ptx_cache::folder().as_deref(), defines()?)?;
+    *ptx = Some(compiled.clone());
+    Ok(compiled)
 }
 
 /// [`compile`] with the macro definitions `defines` (a value of
