@@ -12,11 +12,13 @@
 //! **Preemption bounds.** Each model explores every interleaving with at most a few
 //! preemptions: 3 where that stays within seconds, 2 for the models of whole jobs on two
 //! streams whose state space grows the most (3 took them 150–170 s each, most of CI's loom
-//! time). Bound 2 keeps those two models' teeth for every mutation tried on 2026-11-29: a
-//! lane's tail published `Relaxed` (a causality violation) and a sender that never rings
-//! the doorbell (a deadlock) both fail at 2 as at 3; the doorbell lowered with a store
-//! instead of a swap passes both at 3 as at 2, and fails the dedicated two-thread lane
-//! model (`loom_two_threads_trading_through_lanes_never_both_sleep`), which stays at 3.
+//! time). Mutations tried on 2026-11-29: a lane's tail published `Relaxed` (a causality
+//! violation) and a sender that never rings the doorbell (a deadlock) fail both models at 2
+//! as at 3; a compute actor acking its inputs before its kernel ran (a causality violation)
+//! fails `loom_ready_and_ack_cross_both_ways_and_eord_cascades` at 2; the doorbell lowered
+//! with a store instead of a swap passes both at 3 as at 2, and fails the dedicated
+//! two-thread lane model (`loom_two_threads_trading_through_lanes_never_both_sleep`), which
+//! stays at 3.
 //! `LOOM_MAX_PREEMPTIONS=n` (loom's own variable) runs every model of this module at `n`
 //! instead, for a deeper check by hand.
 
