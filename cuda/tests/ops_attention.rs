@@ -202,6 +202,13 @@ fn tensor_core_outputs(gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) -> V
 fn the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tiles() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };
     let bits = tensor_core_outputs((&device, &stream));
+    if device.is_dry() {
+        // Launches checked above; a dry run has no values to compare, and the other
+        // variant's compile and resources are checked by `nvrtc_sources.rs` (its child
+        // here compiled `attention.cu` again for half a minute of CI's time).
+        eprintln!("dry run: the launches are checked, the child with other tiles is not started");
+        return;
+    }
     if let Some(path) = std::env::var_os(BITS_VARIABLE) {
         // The child: hand the values over and stop.
         let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
