@@ -97,10 +97,10 @@ fn pieces_or(default: u64) -> u64 {
 /// Register counts a chain benchmark runs with: 1 and 2, or only `REGFLOW_BENCH_REGISTERS`
 /// (to count one configuration's instructions).
 fn chain_registers() -> Vec<u32> {
-    match std::env::var("REGFLOW_BENCH_REGISTERS").ok().map(|v| v.parse::<u32>()) {
-        None => vec![1, 2],
-        Some(Ok(n)) if n > 0 => vec![n],
-        Some(_) => panic!("REGFLOW_BENCH_REGISTERS must be a positive whole number"),
+    let Ok(value) = std::env::var("REGFLOW_BENCH_REGISTERS") else { return vec![1, 2] };
+    match value.parse::<u32>() {
+        Ok(n) if n > 0 => vec![n],
+        _ => panic!("REGFLOW_BENCH_REGISTERS is {value:?}; it must be a positive whole number of registers"),
     }
 }
 

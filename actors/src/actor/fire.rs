@@ -7,14 +7,22 @@ use crate::{ActorEnv, ActorError, Body, Completion, Firing, GroupPosition, Regst
 impl Actor {
     #[inline(always)]
     pub(super) fn fire<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
-        self.fires += 1;
         if self.computes {
-            return self.fire_kind::<true, E>(env);
+            return self.fire_compute(env);
         }
+        self.fires += 1;
         match self.kind {
             KindState::Repeat { .. } => self.fire_repeat(env),
             _ => self.fire_other(env),
         }
+    }
+
+    /// [`Actor::fire`] for a compute actor, which the caller knows it is (`computes`):
+    /// `Actor::progress` calls it straight, without `fire`'s look at the kind.
+    #[inline(always)]
+    pub(super) fn fire_compute<E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+        self.fires += 1;
+        self.fire_kind::<true, E>(env)
     }
 
     /// [`Actor::fire`] for a source, sink or acc: out of line, so that the compute
@@ -27,7 +35,7 @@ impl Actor {
     /// Fires a compute actor (`COMPUTE`, whose launches always read and emit, one piece
     /// at a time: none of the kind's state to look at) or a source, sink or acc.
     #[inline(always)]
-    pub(super) fn fire_kind<const COMPUTE: bool, E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
+    fn fire_kind<const COMPUTE: bool, E: ActorEnv>(&mut self, env: &mut E) -> Result<(), ActorError> {
         // Consume the front of every input; the pieces must be in step.
         let mut piece = None;
         let first_desc = self.inputs.first().map(|i| i.desc);

@@ -622,8 +622,7 @@ impl Actor {
                 // A compute actor's `can_fire` and `fire`, with the kind looked at once
                 // per turn instead of twice per firing.
                 while self.unready_inputs == 0 && self.full_outputs == 0 {
-                    self.fires += 1;
-                    self.fire_kind::<true, E>(env)?;
+                    self.fire_compute(env)?;
                 }
             } else {
                 while self.can_fire() {
