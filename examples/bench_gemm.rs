@@ -6,8 +6,7 @@
 //! ```text
 //! cargo run --release --example bench_gemm -- [runs] [max threads] [MxKxN[:tn|nt|tt],...]
 //! REGFLOW_CPU_ISA=avx2 cargo run --release --example bench_gemm   # force a narrower ISA
-//! cargo run --release --features blas --example bench_gemm            # OpenBLAS's products
-//! REGFLOW_CPU_GEMM=gemm cargo run --release --features blas --example bench_gemm  # gemm's
+//! REGFLOW_CPU_GEMM=blas cargo run --release --example bench_gemm  # OpenBLAS's products
 //! ```
 
 #[path = "common/cpu_time.rs"]

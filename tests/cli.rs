@@ -349,7 +349,7 @@ fn env_reports_the_machine_and_fails_after_the_report_on_a_refused_setting() {
     let env = |vars: &[(&str, &str)]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_regflow"));
         command.arg("env");
-        for name in ["REGFLOW_CPU_GEMM", "REGFLOW_CPU_ISA", "REGFLOW_KERNEL_CACHE"] {
+        for name in ["REGFLOW_CPU_GEMM", "REGFLOW_CPU_ISA", "REGFLOW_KERNEL_CACHE", "REGFLOW_OPENBLAS"] {
             command.env_remove(name);
         }
         command.envs(vars.iter().copied());
@@ -374,8 +374,25 @@ fn env_reports_the_machine_and_fails_after_the_report_on_a_refused_setting() {
     assert!(stderr.starts_with("error: refused settings: REGFLOW_CPU_GEMM=\"mkl\""), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 
-    // A `blas` build says where OpenBLAS takes no product (AVX-512: `prefers_blas`).
-    if cfg!(feature = "blas") {
+    // A process asking for OpenBLAS where it is missing is refused with the way to get it.
+    let out = env(&[("REGFLOW_CPU_GEMM", "blas"), ("REGFLOW_OPENBLAS", "/nonexistent/libopenblas.so.0")]);
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stdout.contains("OpenBLAS not found (REGFLOW_OPENBLAS=\"/nonexistent/libopenblas.so.0\" could not be loaded ("),
+        "{stdout}"
+    );
+    assert!(
+        stderr.starts_with("error: refused settings: REGFLOW_CPU_GEMM=blas: the CPU matrix product backend `blas` was asked for, but REGFLOW_OPENBLAS=\"/nonexistent/libopenblas.so.0\" could not be loaded (/nonexistent/libopenblas.so.0: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Where OpenBLAS loads, `regflow env` names it and says where it takes no product
+    // (AVX-512: `prefers_blas`).
+    if let Ok(library) = regflow::kernels::cpu::gemm_backend::openblas_library() {
+        let found = String::from_utf8(env(&[("REGFLOW_CPU_GEMM", "blas")]).stdout).unwrap();
+        assert!(found.contains(&format!("OpenBLAS found ({library})")), "{found}");
         let note = "cpu products: at avx512 gemm computes every product (faster there than OpenBLAS)";
         let capped =
             String::from_utf8(env(&[("REGFLOW_CPU_GEMM", "blas"), ("REGFLOW_CPU_ISA", "avx2")]).stdout).unwrap();

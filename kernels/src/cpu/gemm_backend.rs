@@ -1,5 +1,6 @@
-//! Which library computes the CPU matrix products: the `gemm` crate (always built in), or
-//! the system's OpenBLAS through CBLAS (the `blas` cargo feature), chosen once per process.
+//! Which library computes the CPU matrix products: the `gemm` crate (built in, the
+//! default), or the system's OpenBLAS through CBLAS, loaded at run time when
+//! `REGFLOW_CPU_GEMM=blas` asks for it; chosen once per process.
 //!
 //! Why two: on the AVX2 machines here OpenBLAS's hand-written kernels ran the MLP's
 //! 128×1024×1024 products at 68–80 GFLOP/s where gemm 0.19 ran them at 48–50
@@ -7,11 +8,14 @@
 //! AVX-512 machines gemm's x86-v4 kernels are the faster ones on every shape measured, so
 //! the `blas` backend sends each product where it ran fastest
 //! ([`prefers_blas`](super::matmul::prefers_blas)): to OpenBLAS only below AVX-512, and
-//! skinny products to gemm everywhere. gemm stays the default of a plain build, because
-//! OpenBLAS is a system library (Debian: `libopenblas-dev`) that a fresh machine may not
-//! have, and it stays the backend of the instruction-set tests ([`isa`](super::isa)), whose
-//! levels cap gemm's own dispatch. OpenBLAS picks its kernels at run time itself (Debian
-//! builds it with `DYNAMIC_ARCH`); `OPENBLAS_CORETYPE` forces one.
+//! skinny products to gemm everywhere. gemm stays the default, even where OpenBLAS is
+//! installed: its results never change with the thread count (below), a fresh machine may
+//! lack OpenBLAS (Debian: `libopenblas0`), and it is the backend of the instruction-set
+//! tests ([`isa`](super::isa)), whose levels cap gemm's own dispatch. OpenBLAS is loaded,
+//! not linked (`libopenblas.so.0`, or `REGFLOW_OPENBLAS`): every build can use it, and
+//! asking for it where it is missing is an error that says how to get it. OpenBLAS picks
+//! its kernels at run time itself (Debian builds it with `DYNAMIC_ARCH`);
+//! `OPENBLAS_CORETYPE` forces one.
 //!
 //! Threads: OpenBLAS is told once to use one thread per call; a product big enough to pay
 //! for a second thread is split here into contiguous blocks of output rows (or columns),
@@ -27,7 +31,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 /// The environment variable read at the first matrix product: `gemm`, `blas`, or `auto`
-/// (unset: OpenBLAS where the build has it, else gemm).
+/// (the same as unset: gemm).
 pub const BACKEND_VARIABLE: &str = "REGFLOW_CPU_GEMM";
 
 /// A library that computes matrix products on the CPU.
@@ -35,7 +39,7 @@ pub const BACKEND_VARIABLE: &str = "REGFLOW_CPU_GEMM";
 pub enum GemmBackend {
     /// The `gemm` crate (pure Rust; AVX-512, AVX2 or scalar by run-time dispatch).
     Gemm,
-    /// The system's OpenBLAS through CBLAS (built with the `blas` feature).
+    /// The system's OpenBLAS through CBLAS, loaded at run time.
     Blas,
 }
 
@@ -58,22 +62,19 @@ impl GemmBackend {
         }
     }
 
-    /// Whether this build can use the backend.
-    pub fn is_built(self) -> bool {
-        match self {
-            GemmBackend::Gemm => true,
-            GemmBackend::Blas => blas::BUILT,
-        }
+    /// Whether this process can use the backend (for `blas`: loads OpenBLAS, once).
+    pub fn is_available(self) -> bool {
+        self.availability().is_ok()
     }
 
-    /// What a build without the backend says when it is asked for.
-    fn not_built(self) -> String {
-        format!(
-            "the CPU matrix product backend `{}` was asked for, but this build has no OpenBLAS: \
-             build with `--features regflow/blas` (needs the system's libopenblas, Debian: \
-             libopenblas-dev), or use `gemm`",
-            self.name()
-        )
+    /// `Ok` where this process can use the backend, else why not and how to get it.
+    pub fn availability(self) -> Result<(), String> {
+        match self {
+            GemmBackend::Gemm => Ok(()),
+            GemmBackend::Blas => blas::loaded()
+                .map(|_| ())
+                .map_err(|e| format!("the CPU matrix product backend `blas` was asked for, but {e}; or use `gemm`")),
+        }
     }
 
     fn code(self) -> u8 {
@@ -93,14 +94,17 @@ impl std::fmt::Display for GemmBackend {
 /// The backend every matrix product uses, once settled (0: not yet).
 static CHOSEN: AtomicU8 = AtomicU8::new(0);
 
-/// The default: OpenBLAS where the build has it.
-fn widest_built() -> GemmBackend {
-    if blas::BUILT {
-        GemmBackend::Blas
-    } else {
-        GemmBackend::Gemm
-    }
+/// The default (`auto`): gemm, whose results never depend on the thread count.
+const DEFAULT_BACKEND: GemmBackend = GemmBackend::Gemm;
+
+/// Where OpenBLAS was loaded from, or why it could not be: loads it once, if it is not yet.
+pub fn openblas_library() -> Result<String, String> {
+    blas::loaded().map(|library| library.name.clone())
 }
+
+/// The environment variable naming the OpenBLAS library to load (a path, or a file name the
+/// dynamic loader finds) instead of `libopenblas.so.0`.
+pub const OPENBLAS_VARIABLE: &str = blas::LIBRARY_VARIABLE;
 
 /// Reads `REGFLOW_CPU_GEMM` the first time it is called (later calls: the same answer).
 fn from_environment() -> Result<(), String> {
@@ -108,12 +112,10 @@ fn from_environment() -> Result<(), String> {
     APPLIED
         .get_or_init(|| {
             let chosen = match std::env::var(BACKEND_VARIABLE) {
-                Ok(value) => GemmBackend::parse(&value)?.unwrap_or_else(widest_built),
-                Err(_) => widest_built(),
+                Ok(value) => GemmBackend::parse(&value)?.unwrap_or(DEFAULT_BACKEND),
+                Err(_) => DEFAULT_BACKEND,
             };
-            if !chosen.is_built() {
-                return Err(format!("{BACKEND_VARIABLE}: {}", chosen.not_built()));
-            }
+            chosen.availability().map_err(|e| format!("{BACKEND_VARIABLE}={}: {e}", chosen.name()))?;
             // Only the first settles it: `force_backend` may have run before.
             let _ = CHOSEN.compare_exchange(0, chosen.code(), Ordering::Relaxed, Ordering::Relaxed);
             Ok(())
@@ -122,12 +124,11 @@ fn from_environment() -> Result<(), String> {
 }
 
 /// Makes every later matrix product of the process use `backend` (`None`: the default,
-/// OpenBLAS where built). Overrides `REGFLOW_CPU_GEMM`; an error if the build lacks it.
+/// gemm). Overrides `REGFLOW_CPU_GEMM`; an error if the process cannot use it (OpenBLAS
+/// not found).
 pub fn force_backend(backend: Option<GemmBackend>) -> Result<(), String> {
-    let backend = backend.unwrap_or_else(widest_built);
-    if !backend.is_built() {
-        return Err(backend.not_built());
-    }
+    let backend = backend.unwrap_or(DEFAULT_BACKEND);
+    backend.availability()?;
     // Settle the variable first, so that it cannot override this later.
     let _ = from_environment();
     CHOSEN.store(backend.code(), Ordering::Relaxed);
@@ -160,8 +161,6 @@ pub(crate) struct Product {
 
 /// The arguments of one row-major `cblas_?gemm` call with alpha 1, each within `i32`.
 #[derive(Clone, Copy, Debug)]
-// Read by the OpenBLAS binding only.
-#[cfg_attr(not(feature = "blas"), allow(dead_code))]
 pub(crate) struct CblasCall {
     trans_a: bool,
     trans_b: bool,
@@ -259,114 +258,153 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
     split: bool,
 ) -> bool {
     let Some(call) = product.cblas_call() else { return false };
+    // The backend is chosen only once the library has loaded (`is_available`).
+    let Ok(library) = blas::loaded() else { return false };
     let block = |_, part: Product, a, b, c| {
         // A block's sizes fit `i32`: they are at most the product's.
         let part = CblasCall { m: part.m as i32, n: part.n as i32, ..call };
         // SAFETY: `in_blocks` hands out the block's operands (its contract).
-        unsafe { blas::call(&part, a, b, c) };
+        unsafe { blas::call(library, &part, a, b, c) };
     };
     // SAFETY: forwarded to the caller.
     unsafe { product.in_blocks((a, b, c), if split { threads } else { 1 }, block) };
     true
 }
 
-/// The CBLAS binding (with the `blas` feature) or its stand-in (without).
-#[cfg(feature = "blas")]
+/// The CBLAS binding, loaded from the system's OpenBLAS at run time.
+///
+/// Loaded rather than linked, as cudarc loads CUDA: one binary runs with or without the
+/// library (the machine decides, not a cargo feature), and a build never needs it. That
+/// also let CI test this backend with the binaries it already built for every other test,
+/// where a `blas` feature rebuilt the kernels crate and everything above it (about three
+/// minutes of a fresh CI run).
 mod blas {
     use super::CblasCall;
     use std::ffi::c_int;
-    use std::sync::Once;
+    use std::sync::OnceLock;
 
-    /// This build has OpenBLAS.
-    pub(super) const BUILT: bool = true;
+    /// The environment variable naming the OpenBLAS library to load (a path or a file name
+    /// the dynamic loader finds), instead of the usual names.
+    pub(crate) const LIBRARY_VARIABLE: &str = "REGFLOW_OPENBLAS";
+
+    /// The names tried, in order, when `REGFLOW_OPENBLAS` is unset: Debian's runtime package
+    /// (`libopenblas0`) has only the versioned name.
+    const LIBRARY_NAMES: [&str; 3] = ["libopenblas.so.0", "libopenblas.so", "libopenblas.dylib"];
 
     const ROW_MAJOR: c_int = 101;
     const NO_TRANS: c_int = 111;
     const TRANS: c_int = 112;
 
-    #[link(name = "openblas")]
-    extern "C" {
-        fn openblas_set_num_threads(threads: c_int);
+    /// `cblas_?gemm`'s signature for element type `T`.
+    type CblasGemm<T> = unsafe extern "C" fn(
+        order: c_int,
+        trans_a: c_int,
+        trans_b: c_int,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: T,
+        a: *const T,
+        lda: c_int,
+        b: *const T,
+        ldb: c_int,
+        beta: T,
+        c: *mut T,
+        ldc: c_int,
+    );
+
+    /// The loaded library and the entry points regflow calls.
+    pub(crate) struct OpenBlas {
+        /// Where it was loaded from (as given to the loader).
+        pub(crate) name: String,
+        sgemm: CblasGemm<f32>,
+        dgemm: CblasGemm<f64>,
+        /// Keeps the entry points mapped for the life of the process.
+        _library: libloading::Library,
+    }
+
+    /// Loads OpenBLAS the first time it is asked for (later calls: the same answer), and
+    /// tells it once to run each call on the calling thread: its own pool would fight the
+    /// device's threads.
+    pub(crate) fn loaded() -> Result<&'static OpenBlas, String> {
+        static LOADED: OnceLock<Result<OpenBlas, String>> = OnceLock::new();
+        LOADED
+            .get_or_init(|| match std::env::var(LIBRARY_VARIABLE) {
+                Ok(name) if !name.trim().is_empty() => open(name.trim()).map_err(|e| {
+                    format!(
+                        "{LIBRARY_VARIABLE}={name:?} could not be loaded ({e}); point it at the system's \
+                         OpenBLAS (Debian: apt-get install libopenblas0, then libopenblas.so.0)"
+                    )
+                }),
+                _ => {
+                    let mut tried = Vec::new();
+                    for name in LIBRARY_NAMES {
+                        match open(name) {
+                            Ok(library) => return Ok(library),
+                            Err(e) => tried.push(e),
+                        }
+                    }
+                    Err(format!(
+                        "the system's OpenBLAS could not be loaded ({}); install it (Debian: apt-get \
+                         install libopenblas0) or set {LIBRARY_VARIABLE} to its path",
+                        tried.join("; ")
+                    ))
+                }
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Opens the library `name` and finds its entry points, or says which is missing.
+    fn open(name: &str) -> Result<OpenBlas, String> {
+        // SAFETY: loading runs the library's initializers; OpenBLAS's only set up its
+        // tables and thread pool.
+        let library = unsafe { libloading::Library::new(name) }.map_err(|e| format!("{name}: {e}"))?;
+        // SAFETY: each symbol is declared with its CBLAS (or OpenBLAS) C signature.
+        unsafe {
+            let symbol_error = |symbol: &str, e: libloading::Error| format!("{name} has no `{symbol}`: {e}");
+            let sgemm = *library.get::<CblasGemm<f32>>(b"cblas_sgemm\0").map_err(|e| symbol_error("cblas_sgemm", e))?;
+            let dgemm = *library.get::<CblasGemm<f64>>(b"cblas_dgemm\0").map_err(|e| symbol_error("cblas_dgemm", e))?;
+            let set_threads = *library
+                .get::<unsafe extern "C" fn(c_int)>(b"openblas_set_num_threads\0")
+                .map_err(|e| symbol_error("openblas_set_num_threads", e))?;
+            set_threads(1);
+            Ok(OpenBlas { name: name.to_string(), sgemm, dgemm, _library: library })
+        }
     }
 
     /// A type CBLAS multiplies: f32 (`sgemm`) or f64 (`dgemm`).
     pub(crate) trait Scalar: Copy {
-        /// # Safety
-        /// As `cblas_?gemm` with these arguments.
-        unsafe fn gemm(call: &CblasCall, a: *const Self, b: *const Self, c: *mut Self);
+        /// This type's `cblas_?gemm` in `library`.
+        fn gemm(library: &OpenBlas) -> CblasGemm<Self>;
+        /// 0 and 1.
+        const ZERO_ONE: (Self, Self);
     }
 
-    /// Declares `cblas_?gemm` for one type and makes the type a [`Scalar`] through it.
-    macro_rules! cblas_gemm {
-        ($t:ty, $name:ident) => {
-            #[link(name = "openblas")]
-            extern "C" {
-                fn $name(
-                    order: c_int,
-                    trans_a: c_int,
-                    trans_b: c_int,
-                    m: c_int,
-                    n: c_int,
-                    k: c_int,
-                    alpha: $t,
-                    a: *const $t,
-                    lda: c_int,
-                    b: *const $t,
-                    ldb: c_int,
-                    beta: $t,
-                    c: *mut $t,
-                    ldc: c_int,
-                );
-            }
-
-            impl Scalar for $t {
-                unsafe fn gemm(call: &CblasCall, a: *const $t, b: *const $t, c: *mut $t) {
-                    let CblasCall { trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate } = *call;
-                    let flag = |t: bool| if t { TRANS } else { NO_TRANS };
-                    let beta = if accumulate { 1.0 } else { 0.0 };
-                    // SAFETY: forwarded from the caller.
-                    unsafe {
-                        $name(ROW_MAJOR, flag(trans_a), flag(trans_b), m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
-                    }
-                }
-            }
-        };
+    impl Scalar for f32 {
+        fn gemm(library: &OpenBlas) -> CblasGemm<f32> {
+            library.sgemm
+        }
+        const ZERO_ONE: (f32, f32) = (0.0, 1.0);
     }
-    cblas_gemm!(f32, cblas_sgemm);
-    cblas_gemm!(f64, cblas_dgemm);
+
+    impl Scalar for f64 {
+        fn gemm(library: &OpenBlas) -> CblasGemm<f64> {
+            library.dgemm
+        }
+        const ZERO_ONE: (f64, f64) = (0.0, 1.0);
+    }
 
     /// Runs one product on this thread.
     ///
     /// # Safety
     /// As [`super::blas_product`].
-    pub(super) unsafe fn call<T: Scalar>(call: &CblasCall, a: *const T, b: *const T, c: *mut T) {
-        // OpenBLAS's own pool would fight the device's threads: calls run where they are made.
-        static ONE_THREAD: Once = Once::new();
-        // SAFETY: a plain setter of OpenBLAS's thread count.
-        ONE_THREAD.call_once(|| unsafe { openblas_set_num_threads(1) });
-        // SAFETY: forwarded from the caller.
-        unsafe { T::gemm(call, a, b, c) }
-    }
-}
-
-/// Stand-in for a build without OpenBLAS: [`GemmBackend::Blas`] is never chosen there.
-#[cfg(not(feature = "blas"))]
-mod blas {
-    use super::CblasCall;
-
-    /// This build has no OpenBLAS.
-    pub(super) const BUILT: bool = false;
-
-    /// The types the real binding multiplies.
-    pub(crate) trait Scalar: Copy {}
-    impl Scalar for f32 {}
-    impl Scalar for f64 {}
-
-    /// Never called: the backend cannot be chosen in this build.
-    ///
-    /// # Safety
-    /// Trivially safe; `unsafe` to match the real binding.
-    pub(super) unsafe fn call<T: Scalar>(_: &CblasCall, _: *const T, _: *const T, _: *mut T) {
-        unreachable!("the blas backend is not built, so it is never chosen");
+    pub(super) unsafe fn call<T: Scalar>(library: &OpenBlas, call: &CblasCall, a: *const T, b: *const T, c: *mut T) {
+        let CblasCall { trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate } = *call;
+        let flag = |t: bool| if t { TRANS } else { NO_TRANS };
+        let (zero, one) = T::ZERO_ONE;
+        let beta = if accumulate { one } else { zero };
+        // SAFETY: forwarded from the caller; the entry point has this signature.
+        unsafe { T::gemm(library)(ROW_MAJOR, flag(trans_a), flag(trans_b), m, n, k, one, a, lda, b, ldb, beta, c, ldc) }
     }
 }

@@ -45,10 +45,11 @@ pub(crate) fn report() -> Report {
         Ok(level) => level.name().to_string(),
         Err(e) => refused_setting(e, &mut refused),
     };
-    let openblas = if gemm_backend::GemmBackend::Blas.is_built() { "in this build" } else { "not in this build" };
-    lines.push(format!(
-        "cpu products: backend {backend_name}, instruction set {isa_name}; OpenBLAS {openblas} (feature `blas`)"
-    ));
+    let openblas = match gemm_backend::openblas_library() {
+        Ok(name) => format!("found ({name})"),
+        Err(e) => format!("not found ({e})"),
+    };
+    lines.push(format!("cpu products: backend {backend_name}, instruction set {isa_name}; OpenBLAS {openblas}"));
     if let (Ok(backend), Ok(level)) = (backend, level) {
         lines.extend(products_note(backend, level));
     }
