@@ -7,7 +7,7 @@ use regflow::graph::{DType, Graph, Init, Optimizer, ParallelOptions};
 use regflow::prelude::*;
 use std::process::Command;
 
-mod common;
+use crate::common;
 use common::{failure, regflow, success, temp_dir};
 
 /// Two cpu devices with a compute and a comm stream each. Per rank `r`: `src@r` makes a

@@ -13,8 +13,7 @@ use regflow::graph::plan::{
 use regflow::graph::sbp::{Mesh, NdSbp};
 use regflow::graph::{CollectiveStreams, CompiledGraph, DType, Graph, Optimizer, ParallelOptions};
 
-#[path = "common/tiny_mlp.rs"]
-mod tiny_mlp;
+use crate::tiny_mlp;
 use tiny_mlp::model;
 
 /// The tiny MLP data-parallel over two cpu devices, its AdamW state sharded where

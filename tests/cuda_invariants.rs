@@ -5,7 +5,7 @@
 //! stream's page-locked staging arrive whole, each in its own step. Skips without a GPU
 //! (the copy-stream placement and the feed-to-fetch copies also run dry, with NVRTC).
 
-mod common;
+use crate::common;
 
 use regflow::cuda::{args, launch, Device, Grid, StreamHandle};
 use regflow::graph::sbp::Mesh;

@@ -3,9 +3,8 @@
 //! in-process collectives). Every test skips, saying why, on a machine without a GPU or a
 //! build without the `cuda` feature; a `cuda` plan there is refused (tests/kernel_registry.rs).
 
-mod common;
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
+use crate::common;
+use crate::gpt;
 
 use gpt::{Gpt, GptConfig};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};

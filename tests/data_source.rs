@@ -2,7 +2,7 @@
 //! covers each record once, fields stay together, the order is reproducible by seed; on a
 //! `cuda` device the same batches arrive through page-locked staging on its copy stream.
 
-mod common;
+use crate::common;
 
 use regflow::prelude::*;
 use regflow::runtime::RecordFile;

@@ -6,12 +6,8 @@
 //! go; training gives the bits of the unfolded plan, on one thread and two, on one device
 //! and with the batch split over two.
 
-mod common;
-#[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
-#[path = "common/tiny_gpt_runs.rs"]
-mod tiny_gpt_runs;
+use crate::common;
+use crate::tiny_gpt_runs;
 
 use regflow::graph::plan::{ActorKind, KernelConf, Plan};
 use regflow::graph::sbp::Mesh;

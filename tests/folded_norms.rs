@@ -7,12 +7,8 @@
 //! the folds, and ones that contradict them are refused; a hand-built graph in which a
 //! fold would make an op wait on itself keeps its add.
 
-mod common;
-#[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
-#[path = "common/tiny_gpt_runs.rs"]
-mod tiny_gpt_runs;
+use crate::common;
+use crate::tiny_gpt_runs;
 
 use common::ops;
 use regflow::graph::plan::{ActorKind, KernelConf, OpConf, Plan};

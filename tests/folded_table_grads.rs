@@ -5,12 +5,8 @@
 //! precision's cast), and training gives the bits of the unfolded plan in f32, bf16 and
 //! f16, padded or not, on one thread and two, on one device and with the batch split.
 
-mod common;
-#[allow(dead_code)] // the GPT-2 benchmark's and the pipeline examples' parts go unused here
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
-#[path = "common/tiny_gpt_runs.rs"]
-mod tiny_gpt_runs;
+use crate::common;
+use crate::tiny_gpt_runs;
 
 use common::ops;
 use regflow::graph::plan::{ActorKind, KernelConf, Plan};

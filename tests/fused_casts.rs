@@ -7,10 +7,9 @@
 use regflow::graph::plan::Plan;
 use regflow::graph::{CompileOptions, CompiledGraph, Graph, Optimizer, ParallelOptions, Precision};
 
-mod common;
+use crate::common;
 
-#[path = "common/tiny_mlp.rs"]
-mod tiny_mlp;
+use crate::tiny_mlp;
 
 /// Compute actors running `op_type`: (name, op inputs, (from, to) dtypes of the first).
 fn casts(plan: &Plan, op_type: &str) -> Vec<(String, usize, String)> {

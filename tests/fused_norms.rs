@@ -11,10 +11,9 @@ use regflow::graph::{
 };
 use regflow::prelude::*;
 
-mod common;
+use crate::common;
 
-#[path = "common/tiny_mlp.rs"]
-mod tiny_mlp;
+use crate::tiny_mlp;
 
 /// Compute actors running `op_type`: (name, carried attribute if any, op inputs).
 fn ops(plan: &Plan, op_type: &str) -> Vec<(String, Option<bool>, usize)> {

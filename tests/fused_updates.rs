@@ -11,10 +11,9 @@ use regflow::graph::{
 };
 use regflow::prelude::*;
 
-mod common;
+use crate::common;
 
-#[path = "common/tiny_mlp.rs"]
-mod tiny_mlp;
+use crate::tiny_mlp;
 
 /// The MLP's train step (three parameters: `w0`, `b0`, `w1`).
 fn model<'g>(g: &'g Graph, optimizer: &Optimizer) -> TrainStep<'g> {

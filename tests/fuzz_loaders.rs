@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::{regflow, temp_dir};
 
 fn cases() -> u32 {

@@ -6,8 +6,7 @@
 use regflow::graph::plan::{ActorKind, KernelConf, Plan, PlanError, RegstDescId};
 use regflow::graph::{CompileOptions, CompiledGraph, Graph, HostArray, Optimizer, ParallelOptions};
 
-#[path = "common/tiny_mlp.rs"]
-mod tiny_mlp;
+use crate::tiny_mlp;
 use tiny_mlp::model;
 
 /// Losses (as bits) and final state of `steps` steps of `plan`, on one thread.

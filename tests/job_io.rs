@@ -1,8 +1,7 @@
 //! The embedding API: feeds and fetches, their errors, backpressure towards the user, the
 //! remote route, and failures that abort the job with the actor's name.
 
-#[path = "common/mod.rs"]
-mod common;
+use crate::common;
 use common::fed_chain;
 
 use regflow::prelude::*;

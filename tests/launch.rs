@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::temp_dir;
 
 /// No launcher in these tests needs longer; past it the test fails instead of hanging.

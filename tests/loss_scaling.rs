@@ -10,8 +10,7 @@ use regflow::graph::{
 };
 use regflow::prelude::*;
 
-#[path = "common/tiny_mlp.rs"]
-mod tiny_mlp;
+use crate::tiny_mlp;
 
 /// Runs `compiled`, which fetches `fetch`, on `steps` (the feeds of each piece, in order)
 /// and returns, per fetch, the first element of every piece as f64 (see [`run_job`]).

@@ -7,7 +7,7 @@
 use regflow::graph::{CompileOptions, CompiledGraph, DType, Graph, HostArray, Init, Optimizer, Precision, SplitMix64};
 use regflow::plan::Plan;
 
-mod common;
+use crate::common;
 use regflow::prelude::*;
 
 const BATCH: usize = 64;

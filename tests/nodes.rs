@@ -5,11 +5,11 @@
 //! processes (this test binary again, as one rank each) started by hand with torchrun's
 //! variables, by `regflow launch`, or by Open MPI's `mpirun` where it is installed.
 
+use crate::common::test_name;
+use crate::small_mlp;
 use regflow::graph::plan::CollectiveOp;
 use regflow::graph::sbp::{Mesh, Sbp};
 use regflow::graph::{Graph, HostArray, ParallelOptions, SplitMix64};
-#[path = "common/small_mlp.rs"]
-mod small_mlp;
 
 use regflow::prelude::*;
 use regflow::runtime::{Cluster, ClusterEnv, ClusterOptions};
@@ -278,8 +278,9 @@ fn printed_losses(output: &str) -> Vec<f32> {
     lines[0].split(',').map(|b| f32::from_bits(b.trim().parse().unwrap())).collect()
 }
 
-fn worker_args() -> Vec<&'static str> {
-    vec![WORKER, "--exact", "--ignored", "--nocapture", "--test-threads=1"]
+fn worker_args() -> Vec<String> {
+    let flags = ["--exact", "--ignored", "--nocapture", "--test-threads=1"];
+    std::iter::once(test_name(module_path!(), WORKER)).chain(flags.map(String::from)).collect()
 }
 
 fn free_port() -> u16 {
@@ -431,7 +432,8 @@ fn kill_trial(trial: usize, victim: usize, delay: Duration) -> Duration {
     let mut children: Vec<_> = (0..4)
         .map(|rank| {
             Command::new(std::env::current_exe().unwrap())
-                .args(["rank_of_a_job_that_loses_a_node", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                .arg(test_name(module_path!(), "rank_of_a_job_that_loses_a_node"))
+                .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", "4")
                 .env("MASTER_ADDR", "127.0.0.1")

@@ -6,7 +6,7 @@
 //! random layouts on each, 1 to 8 micro-batches, either schedule and now and then a weight
 //! whole on one device of its stage.
 
-mod common;
+use crate::common;
 
 use regflow::graph::plan::DeviceKind;
 use regflow::graph::sbp::{Mesh, MeshDevice, NdSbp, Sbp};

@@ -5,7 +5,7 @@
 //! reference evaluator does, and training runs to its end on one device and on a
 //! data-parallel mesh.
 
-mod common;
+use crate::common;
 
 use regflow::graph::plan::Plan;
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};

@@ -3,8 +3,7 @@
 //! losses, bit for bit, as the same plans run in this process. Bad plan files and feeds
 //! that do not fit are errors naming the file and the actor, input or variable.
 
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
+use crate::gpt;
 
 use flate2::read::GzDecoder;
 use gpt::{Gpt, GptConfig};
@@ -16,7 +15,7 @@ use regflow::graph::{
 };
 use regflow::prelude::*;
 
-mod common;
+use crate::common;
 use common::{failure, regflow, temp_dir};
 use std::io::Read;
 use std::path::Path;

@@ -6,10 +6,9 @@
 //! previous checkpoint as the latest complete one; bad files are refused, naming file and
 //! tensor.
 
+use crate::small_mlp;
 use regflow::graph::sbp::{Mesh, MeshDevice, Sbp};
 use regflow::graph::{DType, Graph, HostArray, ParallelOptions};
-#[path = "common/small_mlp.rs"]
-mod small_mlp;
 
 use regflow::prelude::*;
 use regflow::runtime::{Cluster, StatePart};

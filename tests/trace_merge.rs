@@ -6,7 +6,7 @@ use regflow::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 use common::{failure, regflow, temp_dir};
 
 /// On each node in `nodes`: a counted source on one stream feeding a copy on a second

@@ -3,8 +3,7 @@
 //! fed end with errors that name the feeder, the fetcher or the input, never a hang. Also:
 //! non-blocking pushes, dropped fetchers, unknown names, plans too big for the device.
 
-#[path = "common/mod.rs"]
-mod common;
+use crate::common;
 use common::fed_chain;
 
 use regflow::graph::{CompileOptions, CompiledGraph, DType, Graph, Init};

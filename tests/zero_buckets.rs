@@ -4,8 +4,7 @@
 //! waits for the bucket itself. The plan compiles, makes its buckets, and trains to the same
 //! bits as with one collective per tensor.
 
-#[path = "../examples/common/gpt.rs"]
-mod gpt;
+use crate::gpt;
 
 use gpt::{Gpt, GptConfig};
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};

@@ -12,7 +12,7 @@ out=gpu-bin
 rm -rf "$out" && mkdir -p "$out"
 # Test binaries: the backend's op-by-op comparisons, NCCL, and training on a GPU.
 list=$(cargo test --release -p regflow-cuda --features cuda --tests --no-run --message-format=json 2>/dev/null;
-       cargo test --release --features regflow/cuda --test cuda_training --test cuda_invariants --test folded_casts --test folded_table_grads --test folded_norms --no-run --message-format=json 2>/dev/null)
+       cargo test --release --features regflow/cuda --test cuda_plans --no-run --message-format=json 2>/dev/null)
 echo "$list" | python3 -c '
 import json, sys
 for line in sys.stdin:

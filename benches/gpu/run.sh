@@ -59,10 +59,21 @@ if [ "${TORCH_COMPILE:-1}" = 1 ]; then
     --attention "${TORCH_ATTENTION:-composed,sdpa}" >"$logs/torch-warm.log" 2>&1 &
 fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-# TESTS="ops_attention cuda_training" runs only those binaries (and their memcheck).
+# TESTS="ops_attention cuda_training" runs only those binaries or modules (and their memcheck).
 wanted() { [ -z "${TESTS:-}" ] || [[ " $TESTS " == *" $1 "* ]]; }
 {
-  for t in "$here"/test-*; do b=$(basename "$t"); wanted "${b#test-}" && echo "${b#test-} $t"; done
+  for t in "$here"/test-*; do
+    b=$(basename "$t")
+    if [ "$b" = test-cuda_plans ]; then
+      # The root crate's `cuda` plan tests are one binary (tests/cuda_plans.rs): a job per
+      # module (its file), so they run side by side as when each file was a binary.
+      for module in $("$t" --list --format terse 2>/dev/null | sed -n 's/::.*//p' | sort -u); do
+        wanted "$module" && echo "$module $t $module::"
+      done
+    else
+      wanted "${b#test-}" && echo "${b#test-} $t"
+    fi
+  done
   if [ -n "$sanitizer" ]; then
     for t in ops_rows ops_reduce ops_movement ops_elementwise ops_optim ops_attention; do
       wanted "$t" || continue

@@ -7,6 +7,16 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
+/// The name libtest gives test `function` of the module at `module_path` (its
+/// `module_path!()`): the path without the crate's name, so that a test that starts its own
+/// binary again to run one test (`--exact`) finds it whichever binary holds the module.
+pub(crate) fn test_name(module_path: &str, function: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_crate, module)) => format!("{module}::{function}"),
+        None => function.to_string(),
+    }
+}
+
 /// A fresh directory under target/tmp for the files of test `test` of file `group`.
 pub(crate) fn temp_dir(group: &str, test: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(group).join(test);
