@@ -14,7 +14,7 @@
 //!   beside the others.
 //!
 //! A test that starts this binary again as a child names itself with
-//! [`common::test_name`], which adds the module's path.
+//! [`common::rank_args`], which adds the module's path.
 
 // Helpers shared by the modules, each compiled once (each allows its own dead code).
 mod common;

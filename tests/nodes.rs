@@ -5,7 +5,7 @@
 //! processes (this test binary again, as one rank each) started by hand with torchrun's
 //! variables, by `regflow launch`, or by Open MPI's `mpirun` where it is installed.
 
-use crate::common::test_name;
+use crate::common::rank_args;
 use crate::small_mlp;
 use regflow::graph::plan::CollectiveOp;
 use regflow::graph::sbp::{Mesh, Sbp};
@@ -279,8 +279,7 @@ fn printed_losses(output: &str) -> Vec<f32> {
 }
 
 fn worker_args() -> Vec<String> {
-    let flags = ["--exact", "--ignored", "--nocapture", "--test-threads=1"];
-    std::iter::once(test_name(module_path!(), WORKER)).chain(flags.map(String::from)).collect()
+    rank_args(module_path!(), WORKER)
 }
 
 fn free_port() -> u16 {
@@ -432,8 +431,7 @@ fn kill_trial(trial: usize, victim: usize, delay: Duration) -> Duration {
     let mut children: Vec<_> = (0..4)
         .map(|rank| {
             Command::new(std::env::current_exe().unwrap())
-                .arg(test_name(module_path!(), "rank_of_a_job_that_loses_a_node"))
-                .args(["--exact", "--ignored", "--nocapture", "--test-threads=1"])
+                .args(rank_args(module_path!(), "rank_of_a_job_that_loses_a_node"))
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", "4")
                 .env("MASTER_ADDR", "127.0.0.1")

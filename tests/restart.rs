@@ -9,7 +9,7 @@
 //! MLP data-parallel over WORLD_SIZE nodes in jobs of [`CHUNK`] steps, saves a sharded
 //! checkpoint after each, and on a restart resumes from the latest one.
 
-use crate::common::test_name;
+use crate::common::rank_args;
 use crate::small_mlp;
 
 use regflow::graph::sbp::{Mesh, NdSbp, Sbp};
@@ -166,8 +166,7 @@ fn launch(name: &str, args: &[&str], kill: &str) -> (Vec<(u32, u64, f32)>, Strin
     std::fs::create_dir_all(&root).unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_regflow"));
     command.arg("launch").args(args).arg("--").arg(std::env::current_exe().unwrap());
-    command.arg(test_name(module_path!(), "rank_of_a_restartable_job"));
-    command.args(["--exact", "--ignored", "--nocapture", "--test-threads=1"]);
+    command.args(rank_args(module_path!(), "rank_of_a_restartable_job"));
     let child =
         command.env(DIR_VAR, &root).env(KILL_VAR, kill).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let output = wait_bounded(child, Duration::from_secs(180));

@@ -15,8 +15,8 @@ const ARCHES: &[&str] = &["compute_75", "compute_80", "compute_90"];
 const UNBOUNDED_WHOLE_TILES: &str = "ATT_OCCUPANCY=0,ATT_PART=64";
 
 /// The blocks per SM (of 128 threads) that each tensor-core attention entry fits today, the
-/// least over bf16 and f16, q, k and v apart and packed, for heads of 16, 32, 64 and 128:
-/// (GPU, stage, blocks). A change that fits fewer fails; one that fits more can raise them.
+/// least over bf16 and f16, q, k and v apart and packed: (GPU, stage, blocks for heads of
+/// 16, 32, 64 and 128). A change that fits fewer fails; one that fits more can raise them.
 /// Each is at least the unbounded variant's (2026-11-29: sm_80 fwd 5 4 3 2, dq 4 3 2 2, dkv
 /// 3 3 2 2; sm_90 fwd 5 4 3 2, dq 4 3 2 2, dkv 3 2 2 2), which CI no longer compiles: that
 /// took two more NVRTC compiles and assemblies of the largest source, about 110 s of CPU.
@@ -274,7 +274,8 @@ fn the_tensor_core_attention_entries_fit_the_blocks_per_sm_they_are_compiled_for
     for ((_, gpu, shared_per_sm), pair) in gpus.into_iter().zip(assembled.chunks(defines.len())) {
         let (now, before) = (&pair[0], pair.get(1));
         for dtype in ["bf16", "f16"] {
-            for (d, packed) in [16u32, 32, 64, 128].into_iter().flat_map(|d| [(d, ""), (d, "_qkv")]) {
+            let heads = [16, 32, 64, 128].into_iter().enumerate();
+            for ((nth, d), packed) in heads.flat_map(|head| [(head, ""), (head, "_qkv")]) {
                 for (stage, wanted) in [("fwd", 4), ("dq", 4), ("dkv", 3)] {
                     let entry = format!("regflow_attention_{stage}_{dtype}_d{d}{packed}");
                     let r = now[&entry];
@@ -286,7 +287,7 @@ fn the_tensor_core_attention_entries_fit_the_blocks_per_sm_they_are_compiled_for
                     let floor = ATTENTION_BLOCKS_FLOOR
                         .iter()
                         .find(|&&(g, s, _)| g == gpu && s == stage)
-                        .map(|(_, _, by_d)| by_d[d.trailing_zeros() as usize - 4])
+                        .map(|(_, _, by_head)| by_head[nth])
                         .expect("a floor for every GPU and stage");
                     assert!(
                         blocks >= floor,

@@ -7,14 +7,16 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-/// The name libtest gives test `function` of the module at `module_path` (its
-/// `module_path!()`): the path without the crate's name, so that a test that starts its own
-/// binary again to run one test (`--exact`) finds it whichever binary holds the module.
-pub(crate) fn test_name(module_path: &str, function: &str) -> String {
-    match module_path.split_once("::") {
+/// The arguments that make this test binary run only test `function` of the module at
+/// `module_path` (its `module_path!()`), ignored or not, as one rank of a job a test starts:
+/// libtest names it by the path without the crate's name, so `--exact` finds it whichever
+/// binary holds the module.
+pub(crate) fn rank_args(module_path: &str, function: &str) -> Vec<String> {
+    let name = match module_path.split_once("::") {
         Some((_crate, module)) => format!("{module}::{function}"),
         None => function.to_string(),
-    }
+    };
+    [name.as_str(), "--exact", "--ignored", "--nocapture", "--test-threads=1"].map(String::from).to_vec()
 }
 
 /// A fresh directory under target/tmp for the files of test `test` of file `group`.

@@ -104,7 +104,7 @@ pub fn openblas_library() -> Result<String, String> {
 
 /// The environment variable naming the OpenBLAS library to load (a path, or a file name the
 /// dynamic loader finds) instead of `libopenblas.so.0`.
-pub const OPENBLAS_VARIABLE: &str = blas::LIBRARY_VARIABLE;
+pub const OPENBLAS_VARIABLE: &str = "REGFLOW_OPENBLAS";
 
 /// Reads `REGFLOW_CPU_GEMM` the first time it is called (later calls: the same answer).
 fn from_environment() -> Result<(), String> {
@@ -279,13 +279,9 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
 /// where a `blas` feature rebuilt the kernels crate and everything above it (about three
 /// minutes of a fresh CI run).
 mod blas {
-    use super::CblasCall;
+    use super::{CblasCall, OPENBLAS_VARIABLE as LIBRARY_VARIABLE};
     use std::ffi::c_int;
     use std::sync::OnceLock;
-
-    /// The environment variable naming the OpenBLAS library to load (a path or a file name
-    /// the dynamic loader finds), instead of the usual names.
-    pub(crate) const LIBRARY_VARIABLE: &str = "REGFLOW_OPENBLAS";
 
     /// The names tried, in order, when `REGFLOW_OPENBLAS` is unset: Debian's runtime package
     /// (`libopenblas0`) has only the versioned name.
