@@ -1,5 +1,16 @@
-//! Register slots as one actor sees them: a FIFO of ready slots per consumed descriptor,
-//! and free slots plus per-slot holders per produced descriptor.
+//! Register slots as one actor sees them: counters of the pieces ready and in use per
+//! consumed descriptor, and of the slots taken and lent per produced descriptor.
+//!
+//! **Slots go round in order.** A producer takes the slots of a register in the cyclic
+//! order 0, 1, …, n − 1, 0, … (piece `p` is always in slot `p mod n`), every consumer reads
+//! and gives back the pieces of an input in the order they came, and kernels complete in
+//! launch order, so a slot is free again only after every older one is. Each queue of
+//! slots is therefore a window that two counters describe: no ring of slot numbers, no
+//! table of who holds which slot. Every `Ready` and `Ack` still names its slot, and the
+//! receiver checks it against the counters, so a message out of order (from a broken
+//! peer or a corrupt frame) is an error naming the slot expected, never a silent mix-up.
+//! (`bench_actors b1`, callgrind: the rings and the holder table were about a sixth of a
+//! firing's instructions.)
 
 use crate::ring::Ring;
 use crate::{ActorId, RegstRef};
@@ -7,7 +18,26 @@ use regflow_plan::RegstDescId;
 
 pub use regflow_plan::MAX_CONSUMERS;
 
-/// A slot that arrived ready and waits to be read.
+/// `slot + 1` in the cyclic order of a register of `slots` slots.
+#[inline(always)]
+fn next_slot(slot: u32, slots: u32) -> u32 {
+    if slot + 1 == slots {
+        0
+    } else {
+        slot + 1
+    }
+}
+
+/// `slot - back` in the cyclic order of a register of `slots` slots (`back <= slots`).
+#[inline(always)]
+fn slot_before(slot: u32, back: u32, slots: u32) -> u32 {
+    match slot.checked_sub(back) {
+        Some(s) => s,
+        None => slot + slots - back,
+    }
+}
+
+/// A slot read from an input: which slot to give back, its piece, and what it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReadyRegst {
     pub(crate) slot: u32,
@@ -16,14 +46,24 @@ pub(crate) struct ReadyRegst {
 }
 
 /// One consumed descriptor.
+///
+/// Of the producer's slots, this actor holds a window: the oldest `in_use` are read by
+/// launched firings whose kernels have not completed, the `ready` after them arrived and
+/// wait to be read; `read_slot` is the first ready one.
 #[derive(Debug, Clone)]
 pub(crate) struct InputState {
     pub(crate) desc: RegstDescId,
     pub(crate) producer: ActorId,
-    /// Arrived, not yet read; never longer than the producer's `register_num`.
-    pub(crate) ready: Ring<ReadyRegst>,
-    /// Read by launched firings whose kernels have not completed, oldest first.
-    pub(crate) in_use: Ring<u32>,
+    /// Arrived, not yet read; never more than the producer's `register_num` with `in_use`.
+    pub(crate) ready: u32,
+    /// Read by launched firings whose kernels have not completed.
+    pub(crate) in_use: u32,
+    /// The slot of the oldest ready piece.
+    read_slot: u32,
+    /// What each ready piece reads, oldest first, when the producer is a repeat (its
+    /// pieces are views of the repeat's own input, not of its slots); else unused (a
+    /// piece reads its own slot).
+    data: Option<Ring<RegstRef>>,
     /// Piece expected in the next `Ready`.
     pub(crate) next_piece: u64,
     /// The slot the actor's current firing reads.
@@ -39,13 +79,21 @@ pub(crate) struct InputState {
 }
 
 impl InputState {
-    pub(crate) fn new(desc: RegstDescId, producer: ActorId, register_num: u32, loop_carried: bool) -> Self {
-        let capacity = register_num as usize;
+    /// An input of `register_num` slots; `repeat_fed` when its producer is a repeat.
+    pub(crate) fn new(
+        desc: RegstDescId,
+        producer: ActorId,
+        register_num: u32,
+        loop_carried: bool,
+        repeat_fed: bool,
+    ) -> Self {
         Self {
             desc,
             producer,
-            ready: Ring::new(capacity, ReadyRegst { slot: 0, piece: 0, data: RegstRef { desc, slot: 0 } }),
-            in_use: Ring::new(capacity, 0),
+            ready: 0,
+            in_use: 0,
+            read_slot: 0,
+            data: repeat_fed.then(|| Ring::new(register_num as usize, RegstRef { desc, slot: 0 })),
             next_piece: 0,
             firing: 0,
             eord: false,
@@ -55,42 +103,120 @@ impl InputState {
         }
     }
 
+    /// Whether no piece waits to be read.
     #[inline(always)]
-    pub(crate) fn note_held(&mut self) {
-        let held = (self.ready.len() + self.in_use.len()) as u32;
-        self.max_held = self.max_held.max(held);
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ready == 0
     }
 
-    /// Queues a ready slot; counts the input off `unready` if it was empty.
+    /// The piece of the oldest ready slot, if any.
+    pub(crate) fn front_piece(&self) -> Option<u64> {
+        (self.ready > 0).then(|| self.next_piece - u64::from(self.ready))
+    }
+
+    /// Why a `Ready` of `slot` for piece `piece` from `src` cannot be taken now, if it
+    /// cannot: another producer, after the end, out of order, more slots than the
+    /// register has, or not the slot that piece must be in.
     #[inline(always)]
-    pub(crate) fn push_ready(&mut self, regst: ReadyRegst, unready: &mut u32) {
-        if self.ready.is_empty() {
+    pub(crate) fn refuses(&self, src: ActorId, slot: u32, piece: u64) -> bool {
+        self.producer != src
+            || self.eord
+            || piece != self.next_piece
+            || self.ready + self.in_use >= self.register_num
+            || slot != self.arriving_slot()
+    }
+
+    /// The slot the next `Ready` must name: the one after the newest ready slot.
+    #[inline(always)]
+    pub(crate) fn arriving_slot(&self) -> u32 {
+        let slot = self.read_slot + self.ready;
+        match slot.checked_sub(self.register_num) {
+            Some(wrapped) => wrapped,
+            None => slot,
+        }
+    }
+
+    /// Queues the next piece (the caller checked it with [`InputState::refuses`]), which
+    /// reads `data`; counts the input off `unready` if it was empty.
+    #[inline(always)]
+    pub(crate) fn push_ready(&mut self, data: RegstRef, unready: &mut u32) {
+        if self.ready == 0 {
             *unready -= 1;
         }
-        self.ready.push_back(regst);
+        self.ready += 1;
+        self.next_piece += 1;
+        if let Some(ring) = &mut self.data {
+            ring.push_back(data);
+        }
+        let held = self.ready + self.in_use;
+        self.max_held = self.max_held.max(held);
     }
 
     /// Takes the oldest ready slot; counts the input in `unready` if it is now empty.
     #[inline(always)]
     pub(crate) fn pop_ready(&mut self, unready: &mut u32) -> Option<ReadyRegst> {
-        let regst = self.ready.pop_front()?;
-        if self.ready.is_empty() {
+        if self.ready == 0 {
+            return None;
+        }
+        let slot = self.read_slot;
+        let piece = self.next_piece - u64::from(self.ready);
+        self.read_slot = next_slot(slot, self.register_num);
+        self.ready -= 1;
+        if self.ready == 0 {
             *unready += 1;
         }
-        Some(regst)
+        let data = match &mut self.data {
+            None => RegstRef { desc: self.desc, slot },
+            Some(ring) => match ring.pop_front() {
+                Some(data) => data,
+                None => unreachable!("a repeat-fed input keeps one view per ready piece"),
+            },
+        };
+        Some(ReadyRegst { slot, piece, data })
+    }
+
+    /// The slot just read is read by a launch whose kernel has not completed.
+    #[inline(always)]
+    pub(crate) fn hold_in_use(&mut self) {
+        self.in_use += 1;
+    }
+
+    /// The oldest launch still reading this input completed: the slot to give back.
+    /// Every slot read and not given back is in use (the firing path gives a slot back
+    /// at once only when no launch is in flight), so it is the oldest of them.
+    #[inline(always)]
+    pub(crate) fn release_in_use(&mut self) -> Option<u32> {
+        if self.in_use == 0 {
+            return None;
+        }
+        let slot = slot_before(self.read_slot, self.in_use, self.register_num);
+        self.in_use -= 1;
+        Some(slot)
     }
 
     pub(crate) fn is_finished(&self) -> bool {
-        self.eord && self.ready.is_empty()
+        self.eord && self.ready == 0
     }
 }
 
-/// A consumer of a produced descriptor.
+/// A consumer of a produced descriptor, and the slots it holds: `owed` slots from
+/// `next_ack` on, in the cyclic order.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Consumer {
     pub(crate) id: ActorId,
     /// On the producer's stream: told at launch, since stream order makes that safe.
     pub(crate) same_stream: bool,
+    /// The slot it gives back next.
+    next_ack: u32,
+    /// Slots lent to it and not yet given back.
+    owed: u32,
+}
+
+impl Consumer {
+    /// Consumer `id`, holding nothing yet.
+    pub(crate) fn new(id: ActorId, same_stream: bool) -> Self {
+        Self { id, same_stream, next_ack: 0, owed: 0 }
+    }
 }
 
 /// Who holds one slot of a produced descriptor.
@@ -103,6 +229,9 @@ pub(crate) struct SlotState {
 }
 
 /// One produced descriptor.
+///
+/// The `in_flight` slots taken and not yet free are the window that ends before
+/// `next_take`, in the cyclic order; the rest are free.
 #[derive(Debug, Clone)]
 pub(crate) struct OutputState {
     pub(crate) desc: RegstDescId,
@@ -115,19 +244,16 @@ pub(crate) struct OutputState {
     pub(crate) consumers: Vec<Consumer>,
     /// How many of `consumers` run on the actor's own stream (the first ones).
     pub(crate) same_stream_consumers: usize,
-    pub(crate) free: Ring<u32>,
-    /// Per slot and consumer (`slot * consumers + i`): consumer `i` has not acked it.
-    /// A flat table allocated once, so a register may have any number of consumers (an
-    /// optimizer's clip factor is read by every update of a device).
-    pub(crate) holders: Vec<bool>,
-    /// Per slot: who still holds it, side by side in one table.
+    /// The slot the next piece is written into.
+    next_take: u32,
+    /// Per slot: who still holds it.
     pub(crate) slots: Vec<SlotState>,
     /// Emitted by launches not yet completed: (slot, piece, data), oldest first.
     pub(crate) launched: Ring<(u32, u64, RegstRef)>,
     pub(crate) next_piece: u64,
     /// The slot the actor's current firing writes.
     pub(crate) firing: u32,
-    /// Pieces taken and not yet given back by every consumer, counted apart from `free`.
+    /// Pieces taken and not yet given back by every consumer.
     pub(crate) in_flight: u32,
     pub(crate) max_in_flight: u32,
 }
@@ -135,7 +261,6 @@ pub(crate) struct OutputState {
 impl OutputState {
     pub(crate) fn new(desc: RegstDescId, register_num: u32, preloaded: u32, mut consumers: Vec<Consumer>) -> Self {
         let slots = register_num as usize;
-        let table = slots * consumers.len();
         // Stable: plan order within each group.
         consumers.sort_by_key(|c| !c.same_stream);
         let same_stream_consumers = consumers.iter().filter(|c| c.same_stream).count();
@@ -145,12 +270,7 @@ impl OutputState {
             preloaded,
             consumers,
             same_stream_consumers,
-            free: {
-                let mut free = Ring::new(slots, 0);
-                (0..register_num).for_each(|slot| free.push_back(slot));
-                free
-            },
-            holders: vec![false; table],
+            next_take: 0,
             slots: vec![SlotState::default(); slots],
             launched: Ring::new(slots, (0, 0, RegstRef { desc, slot: 0 })),
             next_piece: 0,
@@ -171,81 +291,152 @@ impl OutputState {
         }
     }
 
+    #[inline(always)]
     pub(crate) fn has_free(&self) -> bool {
-        !self.free.is_empty()
+        self.in_flight < self.register_num
     }
 
-    /// Takes a free slot for a new piece. Until [`OutputState::lend`] it is held by the
-    /// producer alone (an acc accumulating into it, a kernel writing it). Counts the output
-    /// in `full` if that was its last free slot.
+    /// Takes the next free slot for a new piece. Until [`OutputState::lend`] it is held
+    /// by the producer alone (an acc accumulating into it, a kernel writing it). Counts
+    /// the output in `full` if that was its last free slot.
     #[inline(always)]
     pub(crate) fn take(&mut self, completing: bool, full: &mut u32) -> Option<u32> {
-        let slot = self.free.pop_front()?;
-        if self.free.is_empty() {
+        if self.in_flight == self.register_num {
+            return None;
+        }
+        let slot = self.next_take;
+        self.next_take = next_slot(slot, self.register_num);
+        self.in_flight += 1;
+        if self.in_flight == self.register_num {
             *full += 1;
         }
-        self.slots[slot as usize] = SlotState { holding: 0, completing };
-        self.in_flight += 1;
+        if let Some(state) = self.slots.get_mut(slot as usize) {
+            *state = SlotState { holding: 0, completing };
+        }
         self.max_in_flight = self.max_in_flight.max(self.in_flight);
         Some(slot)
     }
 
-    /// The piece in `slot` is being handed to every consumer: each holds it until it acks.
+    /// The piece in `slot` (the newest taken) is being handed to every consumer: each
+    /// holds it until it acks.
     #[inline(always)]
     pub(crate) fn lend(&mut self, slot: u32) {
-        let n = self.consumers.len();
-        let at = slot as usize * n;
-        // Most registers have one consumer: one store, not a call to `memset`.
-        match &mut self.holders[at..at + n] {
-            [only] => *only = true,
-            holders => holders.fill(true),
+        // Most registers have one consumer: one add, not a loop.
+        match &mut self.consumers[..] {
+            [only] => only.owed += 1,
+            all => all.iter_mut().for_each(|c| c.owed += 1),
         }
-        self.slots[slot as usize].holding = n as u32;
+        if let Some(state) = self.slots.get_mut(slot as usize) {
+            state.holding = self.consumers.len() as u32;
+        }
     }
 
     /// Records an ack; returns `Ok(true)` if the slot became free (and then counts the
-    /// output off `full` if it had no free slot).
+    /// output off `full` if it had no free slot). An ack of a slot the consumer does not
+    /// hold, or not of the oldest one it holds, is refused.
     #[inline(always)]
     pub(crate) fn ack(&mut self, slot: u32, from: ActorId, full: &mut u32) -> Result<bool, String> {
-        let Some(position) = self.consumers.iter().position(|c| c.id == from) else {
+        let Some(consumer) = self.consumers.iter_mut().find(|c| c.id == from) else {
             return Err(format!("ack of slot {slot} from {from}, which does not consume it"));
         };
-        if slot >= self.register_num {
-            return Err(format!("ack of slot {slot}, but the register has {} slots", self.register_num));
+        if consumer.owed == 0 || consumer.next_ack != slot {
+            return Err(Self::bad_ack(slot, from, consumer, self.register_num));
         }
-        let held = &mut self.holders[slot as usize * self.consumers.len() + position];
-        if !*held {
-            return Err(format!("slot {slot} acked by {from}, which does not hold it (acked twice?)"));
-        }
-        *held = false;
-        let state = &mut self.slots[slot as usize];
+        consumer.owed -= 1;
+        consumer.next_ack = next_slot(slot, self.register_num);
+        let Some(state) = self.slots.get_mut(slot as usize) else {
+            unreachable!("a consumer's next slot is below register_num")
+        };
         state.holding -= 1;
         Ok(state.holding == 0 && !state.completing && self.release(slot, full))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad_ack(slot: u32, from: ActorId, consumer: &Consumer, register_num: u32) -> String {
+        if slot >= register_num {
+            format!("ack of slot {slot}, but the register has {register_num} slots")
+        } else if consumer.owed == 0 {
+            format!("slot {slot} acked by {from}, which does not hold it (acked twice?)")
+        } else {
+            format!(
+                "slot {slot} acked by {from} out of order: it holds {} slot(s) from slot {}, given back oldest first",
+                consumer.owed, consumer.next_ack
+            )
+        }
     }
 
     /// Marks the slot's kernel complete; returns whether the slot became free (and then
     /// counts the output off `full` if it had no free slot).
     #[inline(always)]
     pub(crate) fn complete(&mut self, slot: u32, full: &mut u32) -> bool {
-        let state = &mut self.slots[slot as usize];
+        let Some(state) = self.slots.get_mut(slot as usize) else { return false };
         state.completing = false;
         state.holding == 0 && self.release(slot, full)
     }
 
+    /// Frees `slot`, the oldest taken (see the module's docs for why it always is).
     #[inline(always)]
     fn release(&mut self, slot: u32, full: &mut u32) -> bool {
-        if self.free.is_empty() {
+        debug_assert_eq!(slot, slot_before(self.next_take, self.in_flight, self.register_num), "oldest slot");
+        if self.in_flight == self.register_num {
             *full -= 1;
         }
-        self.free.push_back(slot);
         self.in_flight -= 1;
         true
     }
 
     /// Consumers still holding `slot`.
     pub(crate) fn holders_of(&self, slot: u32) -> impl Iterator<Item = ActorId> + '_ {
-        let n = self.consumers.len();
-        let held = &self.holders[slot as usize * n..(slot as usize + 1) * n];
-        self.consumers.iter().zip(held).filter(|(_, &h)| h).map(|(c, _)| c.id)
+        let n = self.register_num;
+        self.consumers.iter().filter(move |c| (slot + n - c.next_ack) % n < c.owed).map(|c| c.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{slot_before, Consumer, OutputState};
+    use crate::ActorId;
+    use regflow_plan::RegstDescId;
+
+    fn actor(k: u64) -> ActorId {
+        ActorId::new(0, 0, 0, k as u32).expect("a small id")
+    }
+
+    /// Slots are taken round in order and freed oldest first; acks out of order, twice or
+    /// from a stranger are refused with the slot expected.
+    #[test]
+    fn slots_go_round_in_order_and_acks_are_checked() {
+        let consumers = vec![Consumer::new(actor(1), true), Consumer::new(actor(2), false)];
+        let mut out = OutputState::new(RegstDescId(0), 3, 0, consumers);
+        let mut full = 0;
+        let taken: Vec<u32> = (0..3).filter_map(|_| out.take(false, &mut full)).collect();
+        assert_eq!(taken, [0, 1, 2]);
+        assert_eq!((full, out.take(false, &mut full)), (1, None));
+        taken.iter().for_each(|&s| out.lend(s));
+        assert_eq!(out.holders_of(1).collect::<Vec<_>>(), [actor(1), actor(2)]);
+        assert!(out.ack(1, actor(1), &mut full).unwrap_err().contains("out of order: it holds 3 slot(s) from slot 0"));
+        assert!(out.ack(0, actor(3), &mut full).unwrap_err().contains("does not consume it"));
+        assert_eq!(out.ack(0, actor(1), &mut full), Ok(false));
+        assert_eq!(out.holders_of(0).collect::<Vec<_>>(), [actor(2)]);
+        assert_eq!(out.ack(0, actor(2), &mut full), Ok(true));
+        assert_eq!((full, out.in_flight), (0, 2));
+        assert_eq!(out.take(false, &mut full), Some(0));
+        out.lend(0);
+        for slot in [1, 2, 0] {
+            assert_eq!(out.ack(slot, actor(2), &mut full), Ok(false));
+        }
+        assert!(out.ack(1, actor(2), &mut full).unwrap_err().contains("acked twice?"));
+        for slot in [1, 2, 0] {
+            assert_eq!(out.ack(slot, actor(1), &mut full), Ok(true));
+        }
+        assert_eq!((full, out.in_flight, out.max_in_flight), (0, 0, 3));
+    }
+
+    #[test]
+    fn a_slot_before_wraps_round() {
+        assert_eq!(slot_before(2, 2, 4), 0);
+        assert_eq!(slot_before(1, 2, 4), 3);
+        assert_eq!(slot_before(0, 4, 4), 0);
     }
 }

@@ -45,12 +45,6 @@ impl<T: Copy> Ring<T> {
         self.len == 0
     }
 
-    /// Most items it can hold.
-    #[inline(always)]
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity as usize
-    }
-
     /// Queues `item` last. The caller keeps the length within the capacity (the register
     /// count that sized it bounds it); pushing onto a full ring is a broken invariant.
     #[inline(always)]
@@ -77,12 +71,6 @@ impl<T: Copy> Ring<T> {
         self.head = (self.head + 1) & self.mask;
         self.len -= 1;
         Some(item)
-    }
-
-    /// The oldest item.
-    #[inline(always)]
-    pub(crate) fn front(&self) -> Option<&T> {
-        (self.len > 0).then(|| &self.items[self.head as usize])
     }
 }
 
@@ -111,9 +99,7 @@ mod tests {
                 }
                 assert_eq!(ring.len(), model.len());
                 assert_eq!(ring.is_empty(), model.is_empty());
-                assert_eq!(ring.front(), model.front());
             }
-            assert_eq!(ring.capacity(), capacity);
         }
     }
 

@@ -79,7 +79,7 @@ impl Actor {
         }
         let repeat_holds_input = matches!(self.kind, KindState::Repeat { held: Some(_), .. });
         for input in &self.inputs {
-            if input.ready.is_empty() && !input.eord && !repeat_holds_input {
+            if input.is_empty() && !input.eord && !repeat_holds_input {
                 waits.push(WaitReason::Input { desc: input.desc, producer: input.producer });
             }
         }
@@ -112,7 +112,7 @@ impl Actor {
             waits.push(WaitReason::Kernel { launches });
         }
         let holds_data = launches > 0
-            || self.inputs.iter().any(|i| !i.loop_carried && (!i.ready.is_empty() || !i.in_use.is_empty()))
+            || self.inputs.iter().any(|i| !i.loop_carried && (!i.is_empty() || i.in_use > 0))
             || match &self.kind {
                 KindState::Source { limit: Some(n), produced, .. } => self.started && produced < n,
                 KindState::Source { limit: None, available, .. } => *available > 0,

@@ -141,7 +141,7 @@ impl Actor {
             return Ok(());
         }
         for input in &mut self.inputs {
-            input.in_use.push_back(input.firing);
+            input.hold_in_use();
         }
         self.pending.push_back(Launch { ack_inputs, emit });
         if completion == Completion::Done {
@@ -246,7 +246,7 @@ impl Actor {
         }
         if launch.ack_inputs {
             for i in 0..self.inputs.len() {
-                let Some(slot) = self.inputs[i].in_use.pop_front() else {
+                let Some(slot) = self.inputs[i].release_in_use() else {
                     unreachable!("a launch that read inputs recorded no slot")
                 };
                 self.ack_input(env, i, slot)?;

@@ -188,7 +188,8 @@ impl Actor {
             .zip(loop_inputs)
             .map(|(&r, &closes_loop)| {
                 let regst = &plan.regst_descs[r.index()];
-                InputState::new(r, ids.of(regst.producer), regst.register_num, closes_loop)
+                let repeat_fed = matches!(plan.actors[regst.producer.index()].kind, ActorKind::Repeat { .. });
+                InputState::new(r, ids.of(regst.producer), regst.register_num, closes_loop, repeat_fed)
             })
             .collect();
         let outputs: Vec<OutputState> = indexed
@@ -201,7 +202,7 @@ impl Actor {
                     .iter()
                     .map(|&c| {
                         let cid = ids.of(c);
-                        Consumer { id: cid, same_stream: cid.stream_id() == id.stream_id() }
+                        Consumer::new(cid, cid.stream_id() == id.stream_id())
                     })
                     .collect();
                 OutputState::new(r, regst.register_num, regst.preloaded, consumers)
@@ -494,16 +495,10 @@ impl Actor {
         let Some(input) = find_mut(&mut self.inputs, &self.input_lookup, regst.desc, |i| i.desc) else {
             return Err(self.bad_ready(src, regst, piece));
         };
-        if input.producer != src
-            || input.eord
-            || piece != input.next_piece
-            || input.ready.len() + input.in_use.len() >= input.ready.capacity()
-        {
+        if input.refuses(src, regst.slot, piece) {
             return Err(self.bad_ready(src, regst, piece));
         }
-        input.next_piece += 1;
-        input.push_ready(ReadyRegst { slot: regst.slot, piece, data }, &mut self.unready_inputs);
-        input.note_held();
+        input.push_ready(data, &mut self.unready_inputs);
         Ok(())
     }
 
@@ -523,7 +518,17 @@ impl Actor {
             let detail = format!("{} delivered piece {piece}, expected piece {}", regst.desc, input.next_piece);
             return ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail };
         }
-        let detail = format!("{} delivered more slots than its register_num {}", regst.desc, input.ready.capacity());
+        if input.ready + input.in_use >= input.register_num {
+            let detail = format!("{} delivered more slots than its register_num {}", regst.desc, input.register_num);
+            return self.unexpected(detail);
+        }
+        let detail = format!(
+            "{} delivered piece {piece} in slot {}, but piece {piece} of a register of {} slots is in slot {}",
+            regst.desc,
+            regst.slot,
+            input.register_num,
+            input.arriving_slot()
+        );
         self.unexpected(detail)
     }
 
@@ -579,7 +584,7 @@ impl Actor {
     fn can_fire(&self) -> bool {
         debug_assert_eq!(
             self.unready_inputs as usize,
-            self.inputs.iter().filter(|i| i.ready.is_empty()).count(),
+            self.inputs.iter().filter(|i| i.is_empty()).count(),
             "unready input count of {}",
             self.name
         );
@@ -722,14 +727,14 @@ impl Actor {
                 // Loop-carried inputs do not decide the end: they carry one value more than
                 // the loop runs (given back once the actor is drained).
                 let ended = self.inputs.iter().find(|i| !i.loop_carried && i.is_finished());
-                let waiting = self.inputs.iter().find(|i| !i.loop_carried && !i.ready.is_empty());
+                let waiting = self.inputs.iter().find(|i| !i.loop_carried && !i.is_empty());
                 if let (Some(ended), Some(waiting)) = (ended, waiting) {
                     let detail = format!(
                         "input {} ended after {} pieces but input {} still has piece {} ready",
                         ended.desc,
                         ended.next_piece,
                         waiting.desc,
-                        waiting.ready.front().map_or(0, |r| r.piece)
+                        waiting.front_piece().unwrap_or(0)
                     );
                     return Err(ActorError::PieceOrder { name: self.name.clone(), id: self.id, detail });
                 }
