@@ -217,21 +217,27 @@ impl Consumer {
     pub(crate) fn new(id: ActorId, same_stream: bool) -> Self {
         Self { id, same_stream, next_ack: 0, owed: 0 }
     }
-}
 
-/// Who holds one slot of a produced descriptor.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SlotState {
-    /// Consumers that still hold it.
-    pub(crate) holding: u32,
-    /// Written by a launch whose kernel has not completed.
-    pub(crate) completing: bool,
+    /// Whether it holds `slot` of a register of `slots` slots: the slot lies in its
+    /// window of `owed` slots from `next_ack`.
+    #[inline(always)]
+    fn holds(&self, slot: u32, slots: u32) -> bool {
+        let after = match slot.checked_sub(self.next_ack) {
+            Some(d) => d,
+            None => slot + slots - self.next_ack,
+        };
+        after < self.owed
+    }
 }
 
 /// One produced descriptor.
 ///
 /// The `in_flight` slots taken and not yet free are the window that ends before
-/// `next_take`, in the cyclic order; the rest are free.
+/// `next_take`, in the cyclic order; the rest are free. Of that window, the newest
+/// `uncompleted` were written by launches whose kernels have not completed (kernels
+/// complete in launch order), and each consumer holds the slots from its `next_ack` on.
+/// A slot is free once it is completed and no consumer holds it, which happens oldest
+/// first.
 #[derive(Debug, Clone)]
 pub(crate) struct OutputState {
     pub(crate) desc: RegstDescId,
@@ -246,8 +252,12 @@ pub(crate) struct OutputState {
     pub(crate) same_stream_consumers: usize,
     /// The slot the next piece is written into.
     next_take: u32,
-    /// Per slot: who still holds it.
-    pub(crate) slots: Vec<SlotState>,
+    /// The newest taken slots whose kernels have not completed.
+    uncompleted: u32,
+    /// Per slot, for a register of several consumers: how many still hold it. Empty for
+    /// one consumer (or none), whose own window tells whether it holds a slot: the
+    /// usual register checks no table.
+    holding: Box<[u32]>,
     /// Emitted by launches not yet completed: (slot, piece, data), oldest first.
     pub(crate) launched: Ring<(u32, u64, RegstRef)>,
     pub(crate) next_piece: u64,
@@ -264,6 +274,7 @@ impl OutputState {
         // Stable: plan order within each group.
         consumers.sort_by_key(|c| !c.same_stream);
         let same_stream_consumers = consumers.iter().filter(|c| c.same_stream).count();
+        let holding = if consumers.len() > 1 { vec![0; slots] } else { Vec::new() };
         Self {
             desc,
             register_num,
@@ -271,7 +282,8 @@ impl OutputState {
             consumers,
             same_stream_consumers,
             next_take: 0,
-            slots: vec![SlotState::default(); slots],
+            uncompleted: 0,
+            holding: holding.into_boxed_slice(),
             launched: Ring::new(slots, (0, 0, RegstRef { desc, slot: 0 })),
             next_piece: 0,
             firing: 0,
@@ -310,8 +322,8 @@ impl OutputState {
         if self.in_flight == self.register_num {
             *full += 1;
         }
-        if let Some(state) = self.slots.get_mut(slot as usize) {
-            *state = SlotState { holding: 0, completing };
+        if completing {
+            self.uncompleted += 1;
         }
         self.max_in_flight = self.max_in_flight.max(self.in_flight);
         Some(slot)
@@ -324,10 +336,12 @@ impl OutputState {
         // Most registers have one consumer: one add, not a loop.
         match &mut self.consumers[..] {
             [only] => only.owed += 1,
-            all => all.iter_mut().for_each(|c| c.owed += 1),
-        }
-        if let Some(state) = self.slots.get_mut(slot as usize) {
-            state.holding = self.consumers.len() as u32;
+            all => {
+                all.iter_mut().for_each(|c| c.owed += 1);
+                if let Some(holding) = self.holding.get_mut(slot as usize) {
+                    *holding = all.len() as u32;
+                }
+            }
         }
     }
 
@@ -344,11 +358,17 @@ impl OutputState {
         }
         consumer.owed -= 1;
         consumer.next_ack = next_slot(slot, self.register_num);
-        let Some(state) = self.slots.get_mut(slot as usize) else {
-            unreachable!("a consumer's next slot is below register_num")
+        // Given back by every consumer: with one, by this ack.
+        let given_back = match self.holding.get_mut(slot as usize) {
+            None => true,
+            Some(holding) => {
+                *holding -= 1;
+                *holding == 0
+            }
         };
-        state.holding -= 1;
-        Ok(state.holding == 0 && !state.completing && self.release(slot, full))
+        // Every consumer gave back the slots older than this one first, so it is the
+        // oldest taken unless an older one waits for its kernel, and then so does this one.
+        Ok(given_back && self.in_flight > self.uncompleted && self.release(slot, full))
     }
 
     #[cold]
@@ -370,9 +390,16 @@ impl OutputState {
     /// counts the output off `full` if it had no free slot).
     #[inline(always)]
     pub(crate) fn complete(&mut self, slot: u32, full: &mut u32) -> bool {
-        let Some(state) = self.slots.get_mut(slot as usize) else { return false };
-        state.completing = false;
-        state.holding == 0 && self.release(slot, full)
+        debug_assert!(self.uncompleted > 0, "a completion of {slot} with none pending");
+        self.uncompleted -= 1;
+        // Kernels complete in launch order, so every older slot is complete too: if no
+        // consumer holds this one, none holds an older one, and it is the oldest taken.
+        let held = match (&self.consumers[..], self.holding.get(slot as usize)) {
+            (_, Some(&holding)) => holding > 0,
+            ([only], None) => only.holds(slot, self.register_num),
+            (_, None) => false,
+        };
+        !held && self.release(slot, full)
     }
 
     /// Frees `slot`, the oldest taken (see the module's docs for why it always is).
@@ -389,7 +416,7 @@ impl OutputState {
     /// Consumers still holding `slot`.
     pub(crate) fn holders_of(&self, slot: u32) -> impl Iterator<Item = ActorId> + '_ {
         let n = self.register_num;
-        self.consumers.iter().filter(move |c| (slot + n - c.next_ack) % n < c.owed).map(|c| c.id)
+        self.consumers.iter().filter(move |c| c.holds(slot, n)).map(|c| c.id)
     }
 }
 
