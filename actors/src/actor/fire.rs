@@ -115,22 +115,23 @@ impl Actor {
         // A kernel that completed during the launch with none older in flight completes
         // here and now: nothing is queued only to be taken right back.
         let at_once = completion == Completion::Done && self.pending.is_empty();
-        if emit {
-            for o in 0..self.outputs.len() {
-                let slot = self.outputs[o].firing;
-                let piece = self.outputs[o].next_piece;
-                self.outputs[o].next_piece += 1;
-                let regst = RegstRef { desc: self.outputs[o].desc, slot };
-                self.emit_at_launch(env, o, slot, piece, regst, !at_once)?;
-            }
-        }
         if at_once {
             if emit {
+                // Written and complete: every consumer, on this stream or another, is told
+                // now, in one walk per output.
                 for o in 0..self.outputs.len() {
-                    let slot = self.outputs[o].firing;
-                    let piece = self.outputs[o].next_piece - 1;
-                    let regst = RegstRef { desc: self.outputs[o].desc, slot };
-                    self.finish_output(env, o, slot, piece, regst)?;
+                    let output = &mut self.outputs[o];
+                    let slot = output.firing;
+                    let piece = output.next_piece;
+                    output.next_piece += 1;
+                    output.lend(slot);
+                    let regst = RegstRef { desc: output.desc, slot };
+                    for consumer in &self.outputs[o].consumers {
+                        self.send(env, consumer.id, Body::Ready { regst, piece, data: regst })?;
+                    }
+                    if self.outputs[o].complete(slot, &mut self.full_outputs) {
+                        self.on_slot_freed(env)?;
+                    }
                 }
             }
             if ack_inputs {
@@ -139,6 +140,15 @@ impl Actor {
                 }
             }
             return Ok(());
+        }
+        if emit {
+            for o in 0..self.outputs.len() {
+                let slot = self.outputs[o].firing;
+                let piece = self.outputs[o].next_piece;
+                self.outputs[o].next_piece += 1;
+                let regst = RegstRef { desc: self.outputs[o].desc, slot };
+                self.emit_at_launch(env, o, slot, piece, regst)?;
+            }
         }
         for input in &mut self.inputs {
             input.hold_in_use();
@@ -181,7 +191,7 @@ impl Actor {
         let firing =
             Firing { actor: self.id, piece, inputs: &self.scratch_inputs, outputs: &[], group, completion_wanted };
         let completion = env.launch(&firing).map_err(|e| self.env_error(e))?;
-        self.emit_at_launch(env, 0, slot, piece, input.data, true)?;
+        self.emit_at_launch(env, 0, slot, piece, input.data)?;
         self.pending.push_back(Launch { ack_inputs: false, emit: true });
         if completion == Completion::Done {
             self.complete_oldest(env)?;
@@ -189,9 +199,8 @@ impl Actor {
         Ok(())
     }
 
-    /// An emitting launch: lend the slot to every consumer, record it until completion
-    /// (`record`; not when it completes right away), and tell the consumers on this stream
-    /// now.
+    /// An emitting launch whose kernel has not completed: lend the slot to every consumer,
+    /// record it until completion, and tell the consumers on this stream now.
     #[inline(always)]
     fn emit_at_launch<E: ActorEnv>(
         &mut self,
@@ -200,13 +209,10 @@ impl Actor {
         slot: u32,
         piece: u64,
         data: RegstRef,
-        record: bool,
     ) -> Result<(), ActorError> {
         let output = &mut self.outputs[o];
         output.lend(slot);
-        if record {
-            output.launched.push_back((slot, piece, data));
-        }
+        output.launched.push_back((slot, piece, data));
         self.tell_consumers(env, o, slot, piece, data, true)
     }
 
