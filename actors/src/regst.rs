@@ -422,8 +422,9 @@ impl OutputState {
 
 #[cfg(test)]
 mod tests {
-    use super::{slot_before, Consumer, OutputState};
+    use super::{slot_before, Consumer, InputState, OutputState};
     use crate::ActorId;
+    use crate::RegstRef;
     use regflow_plan::RegstDescId;
 
     fn actor(k: u64) -> ActorId {
@@ -458,6 +459,72 @@ mod tests {
             assert_eq!(out.ack(slot, actor(1), &mut full), Ok(true));
         }
         assert_eq!((full, out.in_flight, out.max_in_flight), (0, 0, 3));
+    }
+
+    /// With one consumer (no holder table) a slot is free once it is given back and its
+    /// kernel completed, in either order, and always the oldest first.
+    #[test]
+    fn one_consumer_frees_a_slot_after_its_ack_and_its_completion() {
+        let mut out = OutputState::new(RegstDescId(0), 2, 0, vec![Consumer::new(actor(1), false)]);
+        let mut full = 0;
+        for round in 0..3u32 {
+            // Two pieces in flight, neither complete: the register is full.
+            let (a, b) = (out.take(true, &mut full).unwrap(), out.take(true, &mut full).unwrap());
+            assert_eq!((a, b, full), (0, 1, 1), "round {round}");
+            out.lend(a);
+            out.lend(b);
+            assert_eq!(out.holders_of(a).chain(out.holders_of(b)).count(), 2);
+            // Acked before completion: still held by its kernel.
+            assert_eq!(out.ack(a, actor(1), &mut full), Ok(false));
+            assert!(out.holders_of(a).next().is_none());
+            assert!(out.complete(a, &mut full), "round {round}");
+            assert_eq!((full, out.in_flight), (0, 1));
+            // Completed before the ack: free at the ack.
+            assert!(!out.complete(b, &mut full));
+            assert_eq!(out.ack(b, actor(1), &mut full), Ok(true));
+            assert_eq!((full, out.in_flight), (0, 0));
+        }
+        // An output nobody reads frees its slot at completion.
+        let mut lone = OutputState::new(RegstDescId(1), 1, 0, Vec::new());
+        let slot = lone.take(true, &mut full).unwrap();
+        lone.lend(slot);
+        assert!(lone.complete(slot, &mut full));
+        assert_eq!(lone.in_flight, 0);
+    }
+
+    /// An input takes pieces in their slots' order, refuses one in another slot, and gives
+    /// back the oldest in use first; one fed by a repeat reads what each piece names.
+    #[test]
+    fn an_input_is_a_window_of_its_producers_slots() {
+        let (producer, desc) = (actor(7), RegstDescId(3));
+        let mut input = InputState::new(desc, producer, 3, false, false);
+        let mut unready = 1;
+        for piece in 0..2u64 {
+            let slot = piece as u32;
+            assert!(input.refuses(producer, slot + 1, piece), "slot {} for piece {piece}", slot + 1);
+            assert!(!input.refuses(producer, slot, piece));
+            input.push_ready(RegstRef { desc, slot }, &mut unready);
+        }
+        assert_eq!((unready, input.front_piece()), (0, Some(0)));
+        for slot in 0..2 {
+            let read = input.pop_ready(&mut unready).unwrap();
+            assert_eq!((read.slot, read.piece, read.data), (slot, u64::from(slot), RegstRef { desc, slot }));
+            input.hold_in_use();
+        }
+        assert_eq!((unready, input.pop_ready(&mut unready)), (1, None));
+        assert!(input.refuses(producer, 2, 3), "piece 3 before piece 2");
+        assert!(!input.refuses(producer, 2, 2));
+        input.push_ready(RegstRef { desc, slot: 2 }, &mut unready);
+        assert!(input.refuses(producer, 0, 3), "a fourth piece with three slots held");
+        assert_eq!([input.release_in_use(), input.release_in_use(), input.release_in_use()], [Some(0), Some(1), None]);
+        assert_eq!(input.arriving_slot(), 0);
+        assert_eq!(input.max_held, 3);
+
+        let mut fed = InputState::new(desc, producer, 2, false, true);
+        let view = RegstRef { desc: RegstDescId(9), slot: 1 };
+        let mut unready = 1;
+        fed.push_ready(view, &mut unready);
+        assert_eq!(fed.pop_ready(&mut unready).map(|r| (r.slot, r.data)), Some((0, view)));
     }
 
     #[test]

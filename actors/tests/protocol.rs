@@ -516,6 +516,20 @@ fn protocol_errors_name_the_actor() {
     let again = h.delivered(h.deliveries(|m| m.dst == f && is_ready(m))[0]);
     expect(&mut h, again, "f", "out of order: regst#0 delivered piece 0, expected piece 1");
 
+    // Slots go round in order: piece 1 of a 2-slot register is in slot 1.
+    let mut h = fresh();
+    let wrong_slot = RegstRef { desc: h.desc("src.out"), slot: 0 };
+    let ready = msg(f, src, Body::Ready { regst: wrong_slot, piece: 1, data: wrong_slot });
+    expect(&mut h, ready, "f", "delivered piece 1 in slot 0, but piece 1 of a register of 2 slots is in slot 1");
+
+    // Slots come back oldest first: `f`, whose kernel still reads slot 0, gives back 1.
+    let mut h = fed_plan(&["f"]);
+    h.start();
+    h.post("src", FEED);
+    h.run().unwrap();
+    let early = msg(src, f, Body::Ack { regst });
+    expect(&mut h, early, "src", "slot 1 acked by n0.d0.s1.a0 out of order: it holds 1 slot(s) from slot 0");
+
     let mut h = fresh();
     let ready = msg(sink, src, Body::Ready { regst, piece: 0, data: regst });
     expect(&mut h, ready, "sink", "Ready of regst#0 from n0.d0.s0.a0, which it does not consume");
