@@ -131,6 +131,14 @@ fn a_report_without_kept_state_says_how_to_ask_for_it() {
 /// Trains 8 steps unbroken, then 5 + 3 through a saved state dict, then 8 with a checkpoint
 /// every 3 steps: the losses are bitwise the same.
 fn resumes_bitwise(mesh: Option<Mesh>, tensor_parallel: bool) {
+    // The variants run side by side in one process: each writes and removes files of its
+    // own (dp2 and tp2 have meshes of one size, and shared a checkpoint folder that the
+    // first to finish removed under the other).
+    let layout = match (&mesh, tensor_parallel) {
+        (None, _) => "one".to_string(),
+        (Some(m), false) => format!("dp{}", m.size()),
+        (Some(m), true) => format!("tp{}", m.size()),
+    };
     let compiled_for = |g: &Graph| {
         let train = model(g, mesh.as_ref(), tensor_parallel);
         match &mesh {
@@ -148,7 +156,7 @@ fn resumes_bitwise(mesh: Option<Mesh>, tensor_parallel: bool) {
 
     let first = Trainer::new(&compiled).steps(5).progress(false).run(|s| Ok::<_, TrainError>(batch(s))).unwrap();
     assert_eq!(first.losses, unbroken.losses[..5]);
-    let path = temp(&format!("resume-{}.safetensors", mesh.as_ref().map_or(1, |m| m.size())));
+    let path = temp(&format!("resume-{layout}.safetensors"));
     first.state.save(&path).unwrap();
 
     // A fresh graph, plan and job from the file.
@@ -163,7 +171,7 @@ fn resumes_bitwise(mesh: Option<Mesh>, tensor_parallel: bool) {
     assert_eq!(resumed.losses, unbroken.losses[5..]);
     assert_eq!(resumed.state, unbroken.state);
 
-    let dir = temp(&format!("checkpoints-{}", mesh.as_ref().map_or(1, |m| m.size())));
+    let dir = temp(&format!("checkpoints-{layout}"));
     let mut seen = Vec::new();
     let stepped = Trainer::new(&compiled)
         .steps(8)
