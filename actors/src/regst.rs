@@ -18,7 +18,19 @@ use regflow_plan::RegstDescId;
 
 pub use regflow_plan::MAX_CONSUMERS;
 
-/// `slot + 1` in the cyclic order of a register of `slots` slots.
+/// `slot + ahead` in the cyclic order of a register of `slots` slots (`ahead <= slots`).
+#[inline(always)]
+fn slot_after(slot: u32, ahead: u32, slots: u32) -> u32 {
+    let at = slot + ahead;
+    match at.checked_sub(slots) {
+        Some(wrapped) => wrapped,
+        None => at,
+    }
+}
+
+/// `slot + 1` in the cyclic order of a register of `slots` slots ([`slot_after`] by one,
+/// with a comparison where that needs a subtraction: this one runs several times per
+/// firing).
 #[inline(always)]
 fn next_slot(slot: u32, slots: u32) -> u32 {
     if slot + 1 == slots {
@@ -66,8 +78,6 @@ pub(crate) struct InputState {
     data: Option<Ring<RegstRef>>,
     /// Piece expected in the next `Ready`.
     pub(crate) next_piece: u64,
-    /// The slot the actor's current firing reads.
-    pub(crate) firing: u32,
     pub(crate) eord: bool,
     /// The producer's slot count.
     pub(crate) register_num: u32,
@@ -95,7 +105,6 @@ impl InputState {
             read_slot: 0,
             data: repeat_fed.then(|| Ring::new(register_num as usize, RegstRef { desc, slot: 0 })),
             next_piece: 0,
-            firing: 0,
             eord: false,
             register_num,
             loop_carried,
@@ -129,11 +138,7 @@ impl InputState {
     /// The slot the next `Ready` must name: the one after the newest ready slot.
     #[inline(always)]
     pub(crate) fn arriving_slot(&self) -> u32 {
-        let slot = self.read_slot + self.ready;
-        match slot.checked_sub(self.register_num) {
-            Some(wrapped) => wrapped,
-            None => slot,
-        }
+        slot_after(self.read_slot, self.ready, self.register_num)
     }
 
     /// Queues the next piece (the caller checked it with [`InputState::refuses`]), which
@@ -173,6 +178,13 @@ impl InputState {
             },
         };
         Some(ReadyRegst { slot, piece, data })
+    }
+
+    /// The slot read last, to give back when no launch reads this input any more: with
+    /// none in flight, it is the only slot read and not given back.
+    #[inline(always)]
+    pub(crate) fn last_read(&self) -> u32 {
+        slot_before(self.read_slot, 1, self.register_num)
     }
 
     /// The slot just read is read by a launch whose kernel has not completed.
@@ -222,11 +234,8 @@ impl Consumer {
     /// window of `owed` slots from `next_ack`.
     #[inline(always)]
     fn holds(&self, slot: u32, slots: u32) -> bool {
-        let after = match slot.checked_sub(self.next_ack) {
-            Some(d) => d,
-            None => slot + slots - self.next_ack,
-        };
-        after < self.owed
+        // How far `slot` lies after `next_ack`.
+        slot_before(slot, self.next_ack, slots) < self.owed
     }
 }
 
@@ -422,7 +431,7 @@ impl OutputState {
 
 #[cfg(test)]
 mod tests {
-    use super::{slot_before, Consumer, InputState, OutputState};
+    use super::{slot_after, slot_before, Consumer, InputState, OutputState};
     use crate::ActorId;
     use crate::RegstRef;
     use regflow_plan::RegstDescId;
@@ -528,9 +537,12 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_before_wraps_round() {
+    fn a_slot_before_or_after_wraps_round() {
         assert_eq!(slot_before(2, 2, 4), 0);
         assert_eq!(slot_before(1, 2, 4), 3);
         assert_eq!(slot_before(0, 4, 4), 0);
+        assert_eq!(slot_after(1, 2, 4), 3);
+        assert_eq!(slot_after(3, 2, 4), 1);
+        assert_eq!(slot_after(3, 4, 4), 3);
     }
 }

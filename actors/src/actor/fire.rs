@@ -43,7 +43,6 @@ impl Actor {
             let Some(front) = input.pop_ready(&mut self.unready_inputs) else {
                 unreachable!("fired without a ready input")
             };
-            input.firing = front.slot;
             if let Some(p) = piece.filter(|&p| p != front.piece) {
                 let detail = format!(
                     "input {} is at piece {} while input {} is at piece {p}",
@@ -120,12 +119,8 @@ impl Actor {
                 // Written and complete: every consumer, on this stream or another, is told
                 // now, in one walk per output.
                 for o in 0..self.outputs.len() {
-                    let output = &mut self.outputs[o];
-                    let slot = output.firing;
-                    let piece = output.next_piece;
-                    output.next_piece += 1;
-                    output.lend(slot);
-                    let regst = RegstRef { desc: output.desc, slot };
+                    let (slot, piece, regst) = self.emit_piece(o);
+                    self.outputs[o].lend(slot);
                     for consumer in &self.outputs[o].consumers {
                         self.send(env, consumer.id, Body::Ready { regst, piece, data: regst })?;
                     }
@@ -136,17 +131,14 @@ impl Actor {
             }
             if ack_inputs {
                 for i in 0..self.inputs.len() {
-                    self.ack_input(env, i, self.inputs[i].firing)?;
+                    self.ack_input(env, i, self.inputs[i].last_read())?;
                 }
             }
             return Ok(());
         }
         if emit {
             for o in 0..self.outputs.len() {
-                let slot = self.outputs[o].firing;
-                let piece = self.outputs[o].next_piece;
-                self.outputs[o].next_piece += 1;
-                let regst = RegstRef { desc: self.outputs[o].desc, slot };
+                let (slot, piece, regst) = self.emit_piece(o);
                 self.emit_at_launch(env, o, slot, piece, regst)?;
             }
         }
@@ -197,6 +189,16 @@ impl Actor {
             self.complete_oldest(env)?;
         }
         Ok(())
+    }
+
+    /// Numbers the piece the current firing writes into output `o`: its slot, its piece
+    /// and the slot as a register reference.
+    #[inline(always)]
+    fn emit_piece(&mut self, o: usize) -> (u32, u64, RegstRef) {
+        let output = &mut self.outputs[o];
+        let (slot, piece) = (output.firing, output.next_piece);
+        output.next_piece += 1;
+        (slot, piece, RegstRef { desc: output.desc, slot })
     }
 
     /// An emitting launch whose kernel has not completed: lend the slot to every consumer,

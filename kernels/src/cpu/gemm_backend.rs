@@ -279,7 +279,7 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
 /// where a `blas` feature rebuilt the kernels crate and everything above it (about three
 /// minutes of a fresh CI run).
 mod blas {
-    use super::{CblasCall, OPENBLAS_VARIABLE as LIBRARY_VARIABLE};
+    use super::{CblasCall, OPENBLAS_VARIABLE};
     use std::ffi::c_int;
     use std::sync::OnceLock;
 
@@ -325,10 +325,10 @@ mod blas {
     pub(crate) fn loaded() -> Result<&'static OpenBlas, String> {
         static LOADED: OnceLock<Result<OpenBlas, String>> = OnceLock::new();
         LOADED
-            .get_or_init(|| match std::env::var(LIBRARY_VARIABLE) {
+            .get_or_init(|| match std::env::var(OPENBLAS_VARIABLE) {
                 Ok(name) if !name.trim().is_empty() => open(name.trim()).map_err(|e| {
                     format!(
-                        "{LIBRARY_VARIABLE}={name:?} could not be loaded ({e}); point it at the system's \
+                        "{OPENBLAS_VARIABLE}={name:?} could not be loaded ({e}); point it at the system's \
                          OpenBLAS (Debian: apt-get install libopenblas0, then libopenblas.so.0)"
                     )
                 }),
@@ -342,7 +342,7 @@ mod blas {
                     }
                     Err(format!(
                         "the system's OpenBLAS could not be loaded ({}); install it (Debian: apt-get \
-                         install libopenblas0) or set {LIBRARY_VARIABLE} to its path",
+                         install libopenblas0) or set {OPENBLAS_VARIABLE} to its path",
                         tried.join("; ")
                     ))
                 }
