@@ -7,13 +7,21 @@
 //! cargo run --release --example bench_gemm -- [runs] [max threads] [MxKxN[:tn|nt|tt],...]
 //! REGFLOW_CPU_ISA=avx2 cargo run --release --example bench_gemm   # force a narrower ISA
 //! REGFLOW_CPU_GEMM=blas cargo run --release --example bench_gemm  # OpenBLAS's products
+//! REGFLOW_BENCH_PREFETCH=ab cargo run --release --example bench_gemm -- 40 1  # prefetch on vs off
 //! ```
+//!
+//! With `REGFLOW_BENCH_PREFETCH=ab` it also times each shape on one thread with gemm's
+//! microkernel prefetch on and off ([`set_microkernel_prefetch`]), alternated call by call
+//! within the process (on, off, off, on, ... so neither always runs first), and prints the
+//! ratio of their total times: this host's speed drifts by a third between seconds, so
+//! only calls that close together compare.
 
 #[path = "common/cpu_time.rs"]
 mod cpu_time;
 use cpu_time::process_cpu_seconds;
 use regflow::kernels::cpu::gemm_backend::backend_in_use;
 use regflow::kernels::cpu::isa::{isa_in_use, Isa};
+use regflow::kernels::cpu::matmul::set_microkernel_prefetch;
 use regflow::kernels::{HostCompute, HostContext};
 use regflow::plan::ops::MatMul;
 use regflow::plan::{DType, HostArray, SplitMix64, TensorMeta};
@@ -119,8 +127,52 @@ fn main() -> Result<(), regflow::Report> {
                 100.0 * best / (per_core * threads as f64)
             );
         }
+        if std::env::var("REGFLOW_BENCH_PREFETCH").is_ok_and(|v| v == "ab") {
+            let context = HostContext { threads: 1 };
+            let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
+            let (on, off) = prefetch_ab(&mut multiply, runs)?;
+            let rate = |seconds: &[f64]| 2.0 * (m * k * n) as f64 / median_of(seconds) / 1e9;
+            println!(
+                "regflow f32 {shape} threads 1, prefetch on / off alternated: median {:.1} / {:.1} GFLOP/s, off takes {:.3}x the time of on",
+                rate(&on),
+                rate(&off),
+                off.iter().sum::<f64>() / on.iter().sum::<f64>()
+            );
+        }
     }
     Ok(())
+}
+
+/// Seconds per call of `multiply` with the microkernel's prefetch on and off: `rounds`
+/// rounds of on, off, off, on (each setting first in every other place), so that both see
+/// the same minutes of the host. Leaves the prefetch on.
+fn prefetch_ab(
+    multiply: &mut dyn FnMut() -> Result<(), String>,
+    rounds: usize,
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let (mut on, mut off) = (Vec::with_capacity(2 * rounds), Vec::with_capacity(2 * rounds));
+    for _ in 0..rounds {
+        for prefetch in [true, false, false, true] {
+            set_microkernel_prefetch(prefetch);
+            let start = Instant::now();
+            multiply()?;
+            let seconds = start.elapsed().as_secs_f64();
+            if prefetch {
+                on.push(seconds)
+            } else {
+                off.push(seconds)
+            }
+        }
+    }
+    set_microkernel_prefetch(true);
+    Ok((on, off))
+}
+
+/// The median of `values` (not empty).
+fn median_of(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
 }
 
 /// `MxKxN`, optionally `:tn`, `:nt` or `:tt` (which operands are read transposed), or why not.

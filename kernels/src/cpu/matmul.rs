@@ -397,6 +397,17 @@ unsafe fn gemm_product<T: Real>(
     unsafe { product.in_blocks(operands, threads, block) };
 }
 
+/// Turns the software prefetch of gemm's microkernel on (the default) or off, process-wide,
+/// from the next product on. The vendored gemm-common's AVX2 kernels ask for the output
+/// tile's cache lines before their loop over `k` and for the packed operands' lines a few
+/// steps ahead (vendor/gemm-common/REGFLOW.md, section 5); off, they are upstream's. A
+/// prefetch moves no value, so results are the same bits either way: this is for
+/// benchmarks that time the difference (`bench_gemm` with `REGFLOW_BENCH_PREFETCH=ab`) and
+/// for tests. It does not reach OpenBLAS.
+pub fn set_microkernel_prefetch(on: bool) {
+    gemm_common::microkernel::set_prefetch(on);
+}
+
 /// A product goes to OpenBLAS only if all three of its sizes are at least this. Skinnier
 /// ones, such as a transformer head's 64 or a classifier's 10 columns, ran 34–60 % faster on
 /// gemm, and squarer ones 10–62 % faster on OpenBLAS (`bench_gemm` with shapes as its third
@@ -513,6 +524,34 @@ mod tests {
                 let upstream = run();
                 gemm_common::pack_operands::set_blocked_packing(true);
                 assert_eq!(run(), upstream, "{m}x{k}x{n}, batch {batch}");
+            }
+        }
+    }
+
+    /// Products with the microkernel's prefetch off (upstream's kernel) and on give the same
+    /// bits: f32 and f64, sizes around the AVX2 and AVX-512 tiles (a partial tile's output
+    /// columns and rows included), operands read as stored and transposed, on one and two
+    /// threads. A prefetch moves no value; this holds the patch to that (and runs it over
+    /// addresses past an operand's end, which a prefetch must not fault on).
+    #[test]
+    fn the_microkernels_prefetch_changes_no_bit() {
+        let mut rng = regflow_plan::SplitMix64::new(5);
+        for (m, k, n) in [(1, 1, 1), (7, 33, 5), (16, 512, 6), (17, 513, 7), (48, 100, 13), (130, 700, 97)] {
+            for (ta, tb) in [(false, false), (true, false), (false, true)] {
+                for threads in [1, 2] {
+                    let a: Vec<f32> = (0..m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+                    let b: Vec<f32> = (0..k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+                    let a64: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
+                    let b64: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
+                    // Process-wide, but harmless to products of other tests: it changes no result.
+                    set_microkernel_prefetch(false);
+                    let upstream = product((&a, ta), (&b, tb), (m, k, n), (1, threads), F32);
+                    let upstream64 = product((&a64, ta), (&b64, tb), (m, k, n), (1, threads), F64);
+                    set_microkernel_prefetch(true);
+                    let what = format!("{m}x{k}x{n}, transposed {ta}/{tb}, {threads} thread(s)");
+                    assert_eq!(product((&a, ta), (&b, tb), (m, k, n), (1, threads), F32), upstream, "f32 {what}");
+                    assert_eq!(product((&a64, ta), (&b64, tb), (m, k, n), (1, threads), F64), upstream64, "f64 {what}");
+                }
             }
         }
     }

@@ -1,3 +1,46 @@
+// regflow patch: software prefetch in the real-type microkernel (REGFLOW.md, section 5).
+
+/// regflow patch: whether the real-type microkernel prefetches; on unless a test or a
+/// benchmark turns it off to compare with upstream's kernel.
+static PREFETCH: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(true);
+
+/// regflow patch: turns the microkernel's software prefetch on or off, process-wide, from
+/// the next microkernel call on. A prefetch only moves cache lines, so a product's result
+/// is the same bits either way; tests compare the two to check exactly that, and
+/// `bench_gemm` alternates them within one process to time the difference.
+pub fn set_prefetch(on: bool) {
+    PREFETCH.store(on, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// regflow patch: whether the microkernel prefetches (see [`set_prefetch`]).
+#[doc(hidden)]
+#[inline(always)]
+pub fn prefetch_enabled() -> bool {
+    PREFETCH.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// regflow patch: how far ahead of its loads the microkernel asks for its packed operands'
+/// lines, in bytes: 8 steps of `k` of an AVX2 `f32` left-hand panel (16 rows), 10 of its
+/// right-hand one (6 columns).
+#[doc(hidden)]
+pub const PREFETCH_LHS_BYTES: usize = 512;
+#[doc(hidden)]
+pub const PREFETCH_RHS_BYTES: usize = 256;
+
+/// regflow patch: asks for the cache line holding `ptr` to be brought into L1. A hint
+/// only: it never faults, whatever the address, so `ptr` may point past an operand's end.
+#[doc(hidden)]
+#[inline(always)]
+pub unsafe fn prefetch_l1<T>(ptr: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(ptr as *const i8);
+    #[cfg(target_arch = "x86")]
+    core::arch::x86::_mm_prefetch::<{ core::arch::x86::_MM_HINT_T0 }>(ptr as *const i8);
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+    let _ = ptr;
+}
+// end regflow patch
+
 pub type MicroKernelFn<T> = unsafe fn(
     usize,
     usize,
@@ -425,6 +468,22 @@ macro_rules! microkernel {
             let mut lhs = [::core::mem::MaybeUninit::<Pack>::uninit(); $mr_div_n];
             let mut rhs = ::core::mem::MaybeUninit::<Pack>::uninit();
 
+            // regflow patch: the destination tile's lines, asked for before the loop over
+            // `k` so that they have come by the time the sums are added to them: the
+            // output of a product whose rows do not fit in L2 comes from L3 or memory at
+            // every depth block, and each call of the kernel waited for its tile at the end
+            // (first and last element of each column; a full tile's column spans at most
+            // two lines).
+            let prefetch = $crate::microkernel::prefetch_enabled();
+            if prefetch && dst_rs == 1 {
+                seq_macro::seq!(N_ITER in 0..$nr {{
+                    let column = dst.wrapping_offset(N_ITER * dst_cs);
+                    $crate::microkernel::prefetch_l1(column);
+                    $crate::microkernel::prefetch_l1(column.wrapping_add($mr_div_n * N - 1));
+                }});
+            }
+            // end regflow patch
+
             #[derive(Copy, Clone)]
             struct KernelIter {
                 packed_lhs: *const T,
@@ -436,6 +495,8 @@ macro_rules! microkernel {
                 accum: *mut Pack,
                 lhs: *mut Pack,
                 rhs: *mut Pack,
+                // regflow patch: whether to prefetch (`prefetch_enabled`, read once per call).
+                prefetch: bool,
             }
 
             impl KernelIter {
@@ -448,6 +509,26 @@ macro_rules! microkernel {
                     seq_macro::seq!(M_ITER in 0..$mr_div_n {{
                         *self.lhs.add(M_ITER) = *(packed_lhs.add(M_ITER * N) as *const Pack);
                     }});
+
+                    // regflow patch: the packed operands' lines some steps ahead, one
+                    // request per 64 bytes of a left-hand step and one for the right-hand
+                    // panel every other step. Only in the 32-byte (AVX2) kernels, where it
+                    // was measured (REGFLOW.md, section 5).
+                    if ::core::mem::size_of::<Pack>() == 32 && self.prefetch {
+                        const LHS_STEP_BYTES: usize = $mr_div_n * ::core::mem::size_of::<Pack>();
+                        let ahead = (packed_lhs as *const u8).wrapping_add($crate::microkernel::PREFETCH_LHS_BYTES);
+                        let mut line = 0;
+                        while line < LHS_STEP_BYTES {
+                            $crate::microkernel::prefetch_l1(ahead.wrapping_add(line));
+                            line += 64;
+                        }
+                        if iter % 2 == 0 {
+                            $crate::microkernel::prefetch_l1(
+                                (packed_rhs as *const u8).wrapping_add($crate::microkernel::PREFETCH_RHS_BYTES),
+                            );
+                        }
+                    }
+                    // end regflow patch
 
                     seq_macro::seq!(N_ITER in 0..$nr {{
                         *self.rhs = splat(*packed_rhs.wrapping_offset(N_ITER * self.rhs_cs));
@@ -517,6 +598,7 @@ macro_rules! microkernel {
                                         accum,
                                         lhs: lhs.as_mut_ptr() as _,
                                         rhs: &mut rhs as *mut _ as _,
+                                        prefetch,
                                     };
 
                                     seq_macro::seq!(UNROLL_ITER in 0..$unroll {{
@@ -546,6 +628,7 @@ macro_rules! microkernel {
                                         accum,
                                         lhs: lhs.as_mut_ptr() as _,
                                         rhs: &mut rhs as *mut _ as _,
+                                        prefetch,
                                     }
                                     .execute_neon(0);
 
@@ -576,6 +659,7 @@ macro_rules! microkernel {
                                     accum,
                                     lhs: lhs.as_mut_ptr() as _,
                                     rhs: &mut rhs as *mut _ as _,
+                                    prefetch,
                                 };
 
                                 seq_macro::seq!(UNROLL_ITER in 0..$unroll {{
@@ -605,6 +689,7 @@ macro_rules! microkernel {
                                     accum,
                                     lhs: lhs.as_mut_ptr() as _,
                                     rhs: &mut rhs as *mut _ as _,
+                                    prefetch,
                                 }
                                 .execute(0);
 
