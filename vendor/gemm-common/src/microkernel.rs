@@ -472,8 +472,9 @@ macro_rules! microkernel {
             // `k` so that they have come by the time the sums are added to them: the
             // output of a product whose rows do not fit in L2 comes from L3 or memory at
             // every depth block, and each call of the kernel waited for its tile at the end
-            // (first and last element of each column; a full tile's column spans at most
-            // two lines).
+            // (first and last element of each column: the whole column of an AVX2 `f32`
+            // tile, 64 bytes over at most two lines; a wider tile's middle lines are left
+            // to the hardware prefetcher, which follows a column's ascending lines).
             let prefetch = $crate::microkernel::prefetch_enabled();
             if prefetch && dst_rs == 1 {
                 seq_macro::seq!(N_ITER in 0..$nr {{
