@@ -10,7 +10,7 @@
 //! REGFLOW_BENCH_PREFETCH=ab cargo run --release --example bench_gemm -- 40 1  # prefetch on vs off
 //! ```
 //!
-//! With `REGFLOW_BENCH_PREFETCH=ab` it also times each shape on one thread with gemm's
+//! With `REGFLOW_BENCH_PREFETCH=ab` it also times each shape on each thread count with gemm's
 //! microkernel prefetch on and off ([`set_microkernel_prefetch`]), alternated call by call
 //! within the process (on, off, off, on, ... so neither always runs first), and prints the
 //! ratio of their total times: this host's speed drifts by a third between seconds, so
@@ -128,16 +128,18 @@ fn main() -> Result<(), regflow::Report> {
             );
         }
         if std::env::var("REGFLOW_BENCH_PREFETCH").is_ok_and(|v| v == "ab") {
-            let context = HostContext { threads: 1 };
-            let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
-            let (on, off) = prefetch_ab(&mut multiply, runs)?;
-            let rate = |seconds: &[f64]| 2.0 * (m * k * n) as f64 / median_of(seconds) / 1e9;
-            println!(
-                "regflow f32 {shape} threads 1, prefetch on / off alternated: median {:.1} / {:.1} GFLOP/s, off takes {:.3}x the time of on",
-                rate(&on),
-                rate(&off),
-                off.iter().sum::<f64>() / on.iter().sum::<f64>()
-            );
+            for threads in 1..=max_threads {
+                let context = HostContext { threads };
+                let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
+                let (on, off) = prefetch_ab(&mut multiply, runs)?;
+                let rate = |seconds: &[f64]| 2.0 * (m * k * n) as f64 / median_of(seconds) / 1e9;
+                println!(
+                    "regflow f32 {shape} threads {threads}, prefetch on / off alternated: median {:.1} / {:.1} GFLOP/s, off takes {:.3}x the time of on",
+                    rate(&on),
+                    rate(&off),
+                    off.iter().sum::<f64>() / on.iter().sum::<f64>()
+                );
+            }
         }
     }
     Ok(())
