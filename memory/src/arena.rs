@@ -44,6 +44,8 @@ impl HostBuffer {
         }
         // SAFETY: `offset < ALIGNMENT`, and the allocation has `len + ALIGNMENT` bytes.
         let ptr = unsafe { NonNull::new_unchecked(raw.as_ptr().add(offset)) };
+        // Before the first touch, which is when the kernel picks a page's size.
+        crate::huge_pages::advise(ptr.as_ptr(), len);
         Ok(Self { ptr, len, raw })
     }
 

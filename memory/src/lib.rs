@@ -19,11 +19,13 @@
 
 mod allocator;
 mod arena;
+mod huge_pages;
 mod layout;
 mod reuse;
 
 pub use allocator::{host_memory_bytes, ArenaAllocator, ArenaMemory, HostAllocator};
 pub use arena::{Arena, BufferView, HostBuffer};
+pub use huge_pages::{huge_pages, set_huge_pages, HUGE_PAGE_MIN_BYTES};
 pub use layout::{ArenaLayout, MemoryReport};
 pub use reuse::ReusedLayout;
 
