@@ -362,6 +362,7 @@ fn env_reports_the_machine_and_fails_after_the_report_on_a_refused_setting() {
     assert!(stdout.starts_with(&format!("regflow: {}\n", env!("CARGO_PKG_VERSION"))), "{stdout}");
     assert!(stdout.contains("cpu products: backend gemm, instruction set scalar;"), "{stdout}");
     assert!(stdout.contains(&format!("kernel cache: {cache_path} (1 entry, 5 bytes)\n")), "{stdout}");
+    assert!(stdout.contains("host arenas: "), "{stdout}");
     assert!(stdout.contains("cuda backend: "), "{stdout}");
 
     let off = String::from_utf8(env(&[("REGFLOW_KERNEL_CACHE", "off")]).stdout).unwrap();

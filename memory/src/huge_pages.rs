@@ -35,6 +35,20 @@ pub fn huge_pages() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
+/// The kernel's transparent huge page mode (`always`, `madvise` or `never`), from Linux's
+/// `/sys/kernel/mm/transparent_hugepage/enabled`; `None` where the kernel has none (or
+/// the platform is not Linux). With `never` the advice changes nothing.
+pub fn kernel_mode() -> Option<String> {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok().and_then(|text| selected_mode(&text))
+}
+
+/// The bracketed choice of a sysfs list such as `always [madvise] never`.
+fn selected_mode(text: &str) -> Option<String> {
+    let (_, rest) = text.split_once('[')?;
+    let (mode, _) = rest.split_once(']')?;
+    Some(mode.to_string())
+}
+
 /// Advises the kernel to back the whole 2 MiB extents of the `len` bytes at `ptr` with huge
 /// pages, if [`huge_pages`] is on and `len` is at least [`HUGE_PAGE_MIN_BYTES`]. Call it
 /// before the bytes are first touched. A hint only: an error (an old kernel, a sandbox)
@@ -61,6 +75,13 @@ pub(crate) fn advise(ptr: *mut u8, len: usize) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_kernels_mode_is_the_bracketed_choice() {
+        assert_eq!(super::selected_mode("always [madvise] never\n").as_deref(), Some("madvise"));
+        assert_eq!(super::selected_mode("[always] madvise never").as_deref(), Some("always"));
+        assert_eq!(super::selected_mode("always madvise never"), None);
+    }
+
     /// The `VmFlags` of the mapping that holds `address`, from `/proc/self/smaps`.
     #[cfg(target_os = "linux")]
     fn vm_flags_at(address: usize) -> Option<String> {

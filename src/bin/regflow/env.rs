@@ -1,6 +1,7 @@
 //! `regflow env`: what this machine and build give regflow, for bug reports and setup checks
-//! (as PyTorch's `collect_env`): the CPU and the products' backend and instruction set, the
-//! CUDA backend, its devices and NVRTC, and the kernel cache.
+//! (as PyTorch's `collect_env`): the CPU and the products' backend and instruction set,
+//! whether host arenas get huge pages, the CUDA backend, its devices and NVRTC, and the
+//! kernel cache.
 
 use regflow::cuda::ptx_cache;
 use regflow::kernels::cpu::{gemm_backend, isa, matmul};
@@ -53,6 +54,7 @@ pub(crate) fn report() -> Report {
     if let (Ok(backend), Ok(level)) = (backend, level) {
         lines.extend(products_note(backend, level));
     }
+    lines.push(host_memory_line(regflow::memory::huge_page_mode().as_deref()));
     lines.push(format!(
         "cuda backend: {} (feature `cuda`)",
         if regflow::cuda::BUILT { "in this build" } else { "not in this build" }
@@ -82,6 +84,17 @@ pub(crate) fn report() -> Report {
     });
     lines.push(cache);
     Report { lines, refused }
+}
+
+/// What becomes of the huge-page advice for host arenas under the kernel's transparent
+/// huge page mode `mode` (`None`: the kernel has none).
+fn host_memory_line(mode: Option<&str>) -> String {
+    let min = regflow::memory::HUGE_PAGE_MIN_BYTES >> 20;
+    match mode {
+        Some("never") => format!("host arenas: {min} MiB or more advised to huge pages; the kernel's mode is never, so they stay on small pages"),
+        Some(mode) => format!("host arenas: {min} MiB or more on huge pages (the kernel's transparent huge pages: {mode})"),
+        None => "host arenas: small pages (this kernel has no transparent huge pages)".to_string(),
+    }
 }
 
 /// `path (N entries, B bytes)`, `path (empty)`, or `off`.
@@ -139,5 +152,17 @@ mod tests {
         );
         assert_eq!(products_note(GemmBackend::Blas, Isa::Avx2), None);
         assert_eq!(products_note(GemmBackend::Gemm, Isa::Avx512), None);
+    }
+
+    /// The host arenas' line says whether the huge-page advice takes, by the kernel's mode.
+    #[test]
+    fn the_host_arenas_line_follows_the_kernels_huge_page_mode() {
+        use super::host_memory_line;
+        assert_eq!(
+            host_memory_line(Some("madvise")),
+            "host arenas: 4 MiB or more on huge pages (the kernel's transparent huge pages: madvise)"
+        );
+        assert!(host_memory_line(Some("never")).contains("stay on small pages"));
+        assert_eq!(host_memory_line(None), "host arenas: small pages (this kernel has no transparent huge pages)");
     }
 }
