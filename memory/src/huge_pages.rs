@@ -24,21 +24,16 @@ pub const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
 static ON: AtomicBool = AtomicBool::new(true);
 
 /// Turns the huge-page advice for large host buffers on (the default) or off, process-wide,
-/// for the buffers allocated from now on: for benchmarks that time the difference, and for
-/// a process that would rather not round its memory up to whole 2 MiB pages.
+/// for the buffers allocated from now on: for a process that would rather not round its
+/// memory up to whole 2 MiB pages, and for tests.
 pub fn set_huge_pages(on: bool) {
     ON.store(on, Ordering::Relaxed);
-}
-
-/// Whether large host buffers allocated now get the huge-page advice ([`set_huge_pages`]).
-pub fn huge_pages() -> bool {
-    ON.load(Ordering::Relaxed)
 }
 
 /// The kernel's transparent huge page mode (`always`, `madvise` or `never`), from Linux's
 /// `/sys/kernel/mm/transparent_hugepage/enabled`; `None` where the kernel has none (or
 /// the platform is not Linux). With `never` the advice changes nothing.
-pub fn kernel_mode() -> Option<String> {
+pub fn huge_page_mode() -> Option<String> {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok().and_then(|text| selected_mode(&text))
 }
 
@@ -50,11 +45,12 @@ fn selected_mode(text: &str) -> Option<String> {
 }
 
 /// Advises the kernel to back the whole 2 MiB extents of the `len` bytes at `ptr` with huge
-/// pages, if [`huge_pages`] is on and `len` is at least [`HUGE_PAGE_MIN_BYTES`]. Call it
+/// pages, unless [`set_huge_pages`] turned that off, if `len` is at least
+/// [`HUGE_PAGE_MIN_BYTES`]. Call it
 /// before the bytes are first touched. A hint only: an error (an old kernel, a sandbox)
 /// leaves the buffer on small pages, which is what it would have had.
 pub(crate) fn advise(ptr: *mut u8, len: usize) {
-    if len < HUGE_PAGE_MIN_BYTES || !huge_pages() {
+    if len < HUGE_PAGE_MIN_BYTES || !ON.load(Ordering::Relaxed) {
         return;
     }
     #[cfg(target_os = "linux")]
@@ -100,6 +96,13 @@ mod tests {
         None
     }
 
+    /// Whether the mapping that holds `address` carries the huge-page advice (`hg`).
+    #[cfg(target_os = "linux")]
+    fn advised_at(address: usize) -> bool {
+        let flags = vm_flags_at(address).expect("the mapping is in smaps");
+        flags.split_whitespace().any(|flag| flag == "hg")
+    }
+
     /// A fresh anonymous mapping of `bytes`, unmapped when dropped (not from `malloc`, so
     /// that no other allocation shares its flags).
     #[cfg(target_os = "linux")]
@@ -124,8 +127,7 @@ mod tests {
         }
 
         fn advised(&self) -> bool {
-            let flags = vm_flags_at(self.0 as usize + self.1 / 2).expect("the mapping is in smaps");
-            flags.split_whitespace().any(|flag| flag == "hg")
+            advised_at(self.0 as usize + self.1 / 2)
         }
     }
 
@@ -159,8 +161,6 @@ mod tests {
         super::set_huge_pages(true);
         assert!(!off, "with the advice off, a 16 MiB range is not advised");
         let buffer = crate::HostBuffer::zeroed("test", 16 << 20).expect("16 MiB");
-        let middle = buffer.base().as_ptr() as usize + (8 << 20);
-        let flags = vm_flags_at(middle).expect("the buffer's mapping is in smaps");
-        assert!(flags.split_whitespace().any(|flag| flag == "hg"), "a 16 MiB host buffer is advised: {flags}");
+        assert!(advised_at(buffer.base().as_ptr() as usize + (8 << 20)), "a 16 MiB host buffer is advised");
     }
 }

@@ -25,9 +25,7 @@ mod reuse;
 
 pub use allocator::{host_memory_bytes, ArenaAllocator, ArenaMemory, HostAllocator};
 pub use arena::{Arena, BufferView, HostBuffer};
-/// The kernel's transparent huge page mode (see [`set_huge_pages`]).
-pub use huge_pages::kernel_mode as huge_page_mode;
-pub use huge_pages::{huge_pages, set_huge_pages, HUGE_PAGE_MIN_BYTES};
+pub use huge_pages::{huge_page_mode, set_huge_pages, HUGE_PAGE_MIN_BYTES};
 pub use layout::{ArenaLayout, MemoryReport};
 pub use reuse::ReusedLayout;
 

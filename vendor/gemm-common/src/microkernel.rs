@@ -19,11 +19,12 @@ pub fn prefetch_enabled() -> bool {
     PREFETCH.load(core::sync::atomic::Ordering::Relaxed)
 }
 
-/// regflow patch: how far ahead of its loads the microkernel asks for its packed operands'
-/// lines, in bytes: 8 steps of `k` of an AVX2 `f32` left-hand panel (16 rows), 10 of its
-/// right-hand one (6 columns).
+/// regflow patch: how far ahead of its loads the microkernel asks for its packed left-hand
+/// panel's lines, in bytes: 8 steps of `k` of an AVX2 `f32` panel (16 rows).
 #[doc(hidden)]
 pub const PREFETCH_LHS_BYTES: usize = 512;
+/// regflow patch: the same for its packed right-hand panel: about 10 steps of an AVX2
+/// `f32` panel (6 columns).
 #[doc(hidden)]
 pub const PREFETCH_RHS_BYTES: usize = 256;
 
