@@ -8,18 +8,22 @@
 //! REGFLOW_CPU_ISA=avx2 cargo run --release --example bench_gemm   # force a narrower ISA
 //! REGFLOW_CPU_GEMM=blas cargo run --release --example bench_gemm  # OpenBLAS's products
 //! REGFLOW_BENCH_PREFETCH=ab cargo run --release --example bench_gemm -- 40 1  # prefetch on vs off
+//! REGFLOW_BENCH_BACKENDS=ab cargo run --release --example bench_gemm -- 40 2  # gemm vs OpenBLAS
 //! ```
 //!
 //! With `REGFLOW_BENCH_PREFETCH=ab` it also times each shape on each thread count with gemm's
 //! microkernel prefetch on and off ([`set_microkernel_prefetch`]), alternated call by call
 //! within the process (on, off, off, on, ... so neither always runs first), and prints the
 //! ratio of their total times: this host's speed drifts by a third between seconds, so
-//! only calls that close together compare.
+//! only calls that close together compare. `REGFLOW_BENCH_BACKENDS=ab` does the same with
+//! the two backends ([`force_backend`]: gemm, then OpenBLAS where
+//! [`prefers_blas`](regflow::kernels::cpu::matmul::prefers_blas) sends the shape, as
+//! `REGFLOW_CPU_GEMM=blas` would), and needs OpenBLAS installed.
 
 #[path = "common/cpu_time.rs"]
 mod cpu_time;
 use cpu_time::process_cpu_seconds;
-use regflow::kernels::cpu::gemm_backend::backend_in_use;
+use regflow::kernels::cpu::gemm_backend::{backend_in_use, force_backend, GemmBackend};
 use regflow::kernels::cpu::isa::{isa_in_use, Isa};
 use regflow::kernels::cpu::matmul::set_microkernel_prefetch;
 use regflow::kernels::{HostCompute, HostContext};
@@ -127,12 +131,18 @@ fn main() -> Result<(), regflow::Report> {
                 100.0 * best / (per_core * threads as f64)
             );
         }
-        if std::env::var("REGFLOW_BENCH_PREFETCH").is_ok_and(|v| v == "ab") {
-            for threads in 1..=max_threads {
-                let context = HostContext { threads };
-                let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
-                let (on, off) = prefetch_ab(&mut multiply, runs)?;
-                let rate = |seconds: &[f64]| 2.0 * (m * k * n) as f64 / median_of(seconds) / 1e9;
+        let ab_prefetch = std::env::var("REGFLOW_BENCH_PREFETCH").is_ok_and(|v| v == "ab");
+        let ab_backends = std::env::var("REGFLOW_BENCH_BACKENDS").is_ok_and(|v| v == "ab");
+        for threads in 1..=max_threads {
+            let context = HostContext { threads };
+            let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
+            let rate = |seconds: &[f64]| 2.0 * (m * k * n) as f64 / median_of(seconds) / 1e9;
+            if ab_prefetch {
+                let (on, off) = alternated(&mut multiply, runs, &mut |on| {
+                    set_microkernel_prefetch(on);
+                    Ok(())
+                })?;
+                set_microkernel_prefetch(true);
                 println!(
                     "regflow f32 {shape} threads {threads}, prefetch on / off alternated: median {:.1} / {:.1} GFLOP/s, off takes {:.3}x the time of on",
                     rate(&on),
@@ -140,34 +150,48 @@ fn main() -> Result<(), regflow::Report> {
                     off.iter().sum::<f64>() / on.iter().sum::<f64>()
                 );
             }
+            if ab_backends {
+                let chosen = backend_in_use()?;
+                let (gemm, blas) = alternated(&mut multiply, runs, &mut |gemm| {
+                    force_backend(Some(if gemm { GemmBackend::Gemm } else { GemmBackend::Blas }))
+                })?;
+                force_backend(Some(chosen))?;
+                println!(
+                    "regflow f32 {shape} threads {threads}, gemm / OpenBLAS alternated: median {:.1} / {:.1} GFLOP/s, OpenBLAS takes {:.3}x the time of gemm",
+                    rate(&gemm),
+                    rate(&blas),
+                    blas.iter().sum::<f64>() / gemm.iter().sum::<f64>()
+                );
+            }
         }
     }
     Ok(())
 }
 
-/// Seconds per call of `multiply` with the microkernel's prefetch on and off: `rounds`
-/// rounds of on, off, off, on (each setting first in every other place), so that both see
-/// the same minutes of the host. Leaves the prefetch on.
-fn prefetch_ab(
+/// Seconds per call of `multiply` under two settings that `set(true)` and `set(false)`
+/// choose: `rounds` rounds of true, false, false, true (each setting first in every other
+/// place), so that both see the same minutes of the host. The setting is left as the last
+/// round's `true`; callers restore their own.
+fn alternated(
     multiply: &mut dyn FnMut() -> Result<(), String>,
     rounds: usize,
+    set: &mut dyn FnMut(bool) -> Result<(), String>,
 ) -> Result<(Vec<f64>, Vec<f64>), String> {
-    let (mut on, mut off) = (Vec::with_capacity(2 * rounds), Vec::with_capacity(2 * rounds));
+    let (mut yes, mut no) = (Vec::with_capacity(2 * rounds), Vec::with_capacity(2 * rounds));
     for _ in 0..rounds {
-        for prefetch in [true, false, false, true] {
-            set_microkernel_prefetch(prefetch);
+        for setting in [true, false, false, true] {
+            set(setting)?;
             let start = Instant::now();
             multiply()?;
             let seconds = start.elapsed().as_secs_f64();
-            if prefetch {
-                on.push(seconds)
+            if setting {
+                yes.push(seconds)
             } else {
-                off.push(seconds)
+                no.push(seconds)
             }
         }
     }
-    set_microkernel_prefetch(true);
-    Ok((on, off))
+    Ok((yes, no))
 }
 
 /// The median of `values` (not empty).
