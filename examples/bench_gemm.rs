@@ -9,6 +9,7 @@
 //! REGFLOW_CPU_GEMM=blas cargo run --release --example bench_gemm  # OpenBLAS's products
 //! REGFLOW_BENCH_PREFETCH=ab cargo run --release --example bench_gemm -- 40 1  # prefetch on vs off
 //! REGFLOW_BENCH_BACKENDS=ab cargo run --release --example bench_gemm -- 40 2  # gemm vs OpenBLAS
+//! REGFLOW_BENCH_CUT=ab cargo run --release --example bench_gemm -- 40 2  # learned cut vs middle
 //! ```
 //!
 //! With `REGFLOW_BENCH_PREFETCH=ab` it also times each shape on each thread count with gemm's
@@ -18,14 +19,16 @@
 //! only calls that close together compare. `REGFLOW_BENCH_BACKENDS=ab` does the same with
 //! the two backends ([`force_backend`]: gemm, then OpenBLAS where
 //! [`prefers_blas`](regflow::kernels::cpu::matmul::prefers_blas) sends the shape, as
-//! `REGFLOW_CPU_GEMM=blas` would), and needs OpenBLAS installed.
+//! `REGFLOW_CPU_GEMM=blas` would), and needs OpenBLAS installed. `REGFLOW_BENCH_CUT=ab`
+//! times gemm's two-thread products cut where the threads' measured speeds put the cut
+//! (the default) against cut at the middle ([`pin_stream_thread_share`]), on two threads.
 
 #[path = "common/cpu_time.rs"]
 mod cpu_time;
 use cpu_time::process_cpu_seconds;
 use regflow::kernels::cpu::gemm_backend::{backend_in_use, force_backend, GemmBackend};
 use regflow::kernels::cpu::isa::{isa_in_use, Isa};
-use regflow::kernels::cpu::matmul::set_microkernel_prefetch;
+use regflow::kernels::cpu::matmul::{pin_stream_thread_share, set_microkernel_prefetch};
 use regflow::kernels::{HostCompute, HostContext};
 use regflow::plan::ops::MatMul;
 use regflow::plan::{DType, HostArray, SplitMix64, TensorMeta};
@@ -133,6 +136,7 @@ fn main() -> Result<(), regflow::Report> {
         }
         let ab_prefetch = std::env::var("REGFLOW_BENCH_PREFETCH").is_ok_and(|v| v == "ab");
         let ab_backends = std::env::var("REGFLOW_BENCH_BACKENDS").is_ok_and(|v| v == "ab");
+        let ab_cut = std::env::var("REGFLOW_BENCH_CUT").is_ok_and(|v| v == "ab");
         for threads in 1..=max_threads {
             let context = HostContext { threads };
             let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
@@ -148,6 +152,19 @@ fn main() -> Result<(), regflow::Report> {
                     rate(&on),
                     rate(&off),
                     off.iter().sum::<f64>() / on.iter().sum::<f64>()
+                );
+            }
+            if ab_cut && threads == 2 {
+                let (learned, middle) = alternated(&mut multiply, runs, &mut |learned| {
+                    pin_stream_thread_share(if learned { None } else { Some(0.5) });
+                    Ok(())
+                })?;
+                pin_stream_thread_share(None);
+                println!(
+                    "regflow f32 {shape} threads {threads}, cut learned / at the middle alternated: median {:.1} / {:.1} GFLOP/s, the middle takes {:.3}x the time of the learned cut",
+                    rate(&learned),
+                    rate(&middle),
+                    middle.iter().sum::<f64>() / learned.iter().sum::<f64>()
                 );
             }
             if ab_backends {

@@ -61,13 +61,25 @@ fn shaped_product(
 }
 
 /// Split by rows (more rows than columns) and by columns, both operands' orientations,
-/// sizes off the kernels' tiles, the transformer's and the MLP's shapes, and a batch summed
-/// into one output: every thread count gives the bits of one thread.
+/// sizes off the kernels' tiles, the transformer's and the MLP's shapes, products 64 or
+/// fewer wide on one side and deeper than 512 (whose blocks must stay out of gemm's path
+/// for small products, `GEMM_SMALL_SIDE`), and a batch summed into one output: every
+/// thread count gives the bits of one thread.
 #[test]
 fn matmul_blocks_of_rows_or_columns_give_the_bits_of_one_thread() {
     force_backend(Some(GemmBackend::Gemm)).unwrap();
-    let shapes =
-        [(1024, 64, 256), (256, 1024, 64), (64, 1024, 1027), (999, 131, 130), (129, 1000, 257), (256, 784, 1024)];
+    let shapes = [
+        (1024, 64, 256),
+        (256, 1024, 64),
+        (64, 1024, 1027),
+        (999, 131, 130),
+        (129, 1000, 257),
+        (256, 784, 1024),
+        (100, 784, 50),
+        (50, 784, 100),
+        (128, 600, 64),
+        (200, 1000, 33),
+    ];
     for shape in shapes {
         assert!(shape.0 * shape.1 * shape.2 >= regflow_kernels::cpu::matmul::PARALLEL_MIN_MULTIPLY_ADDS, "{shape:?}");
         for transposes in [(false, false), (true, false), (false, true), (true, true)] {
@@ -80,6 +92,26 @@ fn matmul_blocks_of_rows_or_columns_give_the_bits_of_one_thread() {
                         "{shape:?} {transposes:?} batch sum {batch_sum}: {threads} threads differ from one"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// On two threads a product is cut where the threads' speeds put it (`cpu/balance.rs`);
+/// pinned at either end of the range the cut may take, the results are still one
+/// thread's bits.
+#[test]
+fn where_a_two_thread_product_is_cut_changes_no_bit() {
+    use regflow_kernels::cpu::matmul::pin_stream_thread_share;
+    force_backend(Some(GemmBackend::Gemm)).unwrap();
+    for shape in [(256, 784, 1024), (999, 131, 130), (129, 1000, 257), (1024, 64, 256)] {
+        for transposes in [(false, false), (true, false), (false, true)] {
+            let one = shaped_product(shape, transposes, false, 1);
+            for share in [0.3, 0.7, 0.0, 1.0] {
+                pin_stream_thread_share(Some(share));
+                let two = shaped_product(shape, transposes, false, 2);
+                pin_stream_thread_share(None);
+                assert!(one == two, "{shape:?} {transposes:?}: cut at a share of {share} differs from one thread");
             }
         }
     }

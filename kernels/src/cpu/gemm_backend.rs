@@ -175,6 +175,16 @@ pub(crate) struct CblasCall {
 }
 
 impl Product {
+    /// The side of the output [`Product::in_blocks`] cuts (the longer: rows when there are
+    /// at least as many rows as columns), and the other.
+    pub(crate) fn split_sides(&self) -> (usize, usize) {
+        if self.m >= self.n {
+            (self.m, self.n)
+        } else {
+            (self.n, self.m)
+        }
+    }
+
     /// Runs `block(number, part, a, b, c)` for each of `threads` blocks of output rows or
     /// columns (the longer side) that `self` is cut into, on this thread and its helpers
     /// ([`team`](super::team)): `number` the block's (`0..threads`, the same block of the
@@ -186,30 +196,56 @@ impl Product {
     /// `c` not overlapping the others; `block` gets the same promise for its part.
     pub(crate) unsafe fn in_blocks<T>(
         self,
+        operands: (*const T, *const T, *mut T),
+        threads: usize,
+        block: impl Fn(usize, Product, *const T, *const T, *mut T) + Sync,
+    ) {
+        let len = self.split_sides().0;
+        let blocks = threads.min(len);
+        // SAFETY: forwarded; the starts rise from 0 to `len`.
+        unsafe { self.in_blocks_from(operands, threads, blocks, &|number| number * len / blocks, block) };
+    }
+
+    /// [`Product::in_blocks`] with `blocks` blocks (on up to `threads` threads) where block
+    /// `number` starts at row or column `start(number)` and ends where the next starts.
+    ///
+    /// # Safety
+    /// As [`Product::in_blocks`]; moreover `start` must rise from `start(0) == 0` to
+    /// `start(blocks)`, the length of the side cut ([`Product::split_sides`]).
+    pub(crate) unsafe fn in_blocks_from<T>(
+        self,
         (a, b, c): (*const T, *const T, *mut T),
         threads: usize,
+        blocks: usize,
+        start: &(dyn Fn(usize) -> usize + Sync),
         block: impl Fn(usize, Product, *const T, *const T, *mut T) + Sync,
     ) {
         let Product { m, n, a_strides, b_strides, ldc, .. } = self;
         let by_rows = m >= n;
         let operands = Operands { a, b, out: c };
-        super::shares::in_numbered_shares(threads, if by_rows { m } else { n }, |number, range| {
+        let run = |number: usize| {
             // Borrowed whole first, so the closure captures the `Sync` struct, not its pointers.
             let operands = &operands;
             let Operands { a, b, out: c } = *operands;
-            let (start, len) = (range.start as isize, range.end - range.start);
-            // SAFETY: a block of rows starts `start` rows into `op(a)` and `c`; a block of
-            // columns `start` columns into `op(b)` and `c`; both stay inside the operands
+            let (first, end) = (start(number), start(number + 1));
+            let (first, len) = (first as isize, end - first);
+            // SAFETY: a block of rows starts `first` rows into `op(a)` and `c`; a block of
+            // columns `first` columns into `op(b)` and `c`; both stay inside the operands
             // the caller vouched for.
             let (part, a, b, c) = unsafe {
                 if by_rows {
-                    (Product { m: len, ..self }, a.offset(start * a_strides.0), b, c.offset(start * ldc as isize))
+                    (Product { m: len, ..self }, a.offset(first * a_strides.0), b, c.offset(first * ldc as isize))
                 } else {
-                    (Product { n: len, ..self }, a, b.offset(start * b_strides.1), c.offset(start))
+                    (Product { n: len, ..self }, a, b.offset(first * b_strides.1), c.offset(first))
                 }
             };
             block(number, part, a, b, c);
-        });
+        };
+        if blocks <= 1 {
+            run(0);
+        } else {
+            super::team::for_each_share(threads, blocks, &run);
+        }
     }
 
     /// The CBLAS call that computes it, or `None` when CBLAS cannot read an operand (neither

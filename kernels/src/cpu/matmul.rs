@@ -7,6 +7,10 @@ use crate::{Kernel, KernelError, KernelIo};
 use gemm_common::packed_lhs::{with_packed_lhs, PackedLhs};
 use regflow_plan::ops::*;
 use regflow_plan::{DType, HostTensor, HostTensorMut, Real, Shape, TensorMeta};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use super::balance::pin_stream_thread_share;
 
 impl HostCompute for MatMul {
     fn compute(
@@ -328,11 +332,14 @@ pub(crate) fn gemm_typed_held<T: Real>(
     Ok(())
 }
 
-/// Computes `product` by `gemm`, split over `threads` blocks of output rows or columns (the
-/// longer side), each block one single-threaded `gemm` call on this thread or a helper of
-/// it (`cpu/team.rs`). Every output element is still the sum of the same terms in
-/// the same order (`gemm` blocks the depth by its length alone, not by the block's rows or
-/// columns), so the thread count never changes a result (`tests/matmul_threads.rs`).
+/// Computes `product` by `gemm`, split over up to `threads` blocks of output rows or
+/// columns (the longer side), each block one single-threaded `gemm` call on this thread or
+/// a helper of it (`cpu/team.rs`); on two threads cut where the two threads' measured
+/// speeds say they finish together ([`balance`](super::balance)). Every output element is
+/// still the sum of the same terms in the same order (`gemm` blocks the depth by its length
+/// alone, not by the block's rows or columns, as long as no block takes gemm's path for
+/// small products unless the whole does: [`GEMM_SMALL_SIDE`]), so neither the thread count
+/// nor the cut changes a result (`tests/matmul_threads.rs`).
 ///
 /// # Safety
 /// `lhs`, `rhs` and `dst` must address operands laid out as `product` says (`dst` with
@@ -349,10 +356,14 @@ unsafe fn gemm_product<T: Real>(
     threads: usize,
     held: Option<&mut HeldOperand<'_>>,
 ) {
+    let (len, other) = product.split_sides();
+    let blocks = gemm_blocks(threads, len, other);
+    // Kept panels belong to a block's rows or columns: a cut that moved would pack them again.
+    let keeps_panels = held.is_some();
     // The caches, one per block; each block touches only its own.
     let held = held.filter(|_| product.ldc > 1).map(|held| {
-        if held.panels.len() < threads.max(1) {
-            held.panels.resize_with(threads.max(1), PackedLhs::new);
+        if held.panels.len() < blocks.max(1) {
+            held.panels.resize_with(blocks.max(1), PackedLhs::new);
         }
         (super::shares::DisjointParts::new(&mut held.panels[..]), held.stamp)
     });
@@ -385,7 +396,7 @@ unsafe fn gemm_product<T: Real>(
         };
         match &held {
             Some((caches, stamp)) => {
-                // SAFETY: `in_blocks` numbers the blocks `0..threads`, one each: no other
+                // SAFETY: `in_blocks` numbers the blocks `0..blocks`, one each: no other
                 // block uses cache `number` during this product.
                 let cache = unsafe { &mut caches.part(number..number + 1)[0] };
                 with_packed_lhs(cache, *stamp, multiply)
@@ -393,8 +404,58 @@ unsafe fn gemm_product<T: Real>(
             None => multiply(),
         }
     };
-    // SAFETY: forwarded to the caller.
-    unsafe { product.in_blocks(operands, threads, block) };
+    // Two threads: one cut, where the threads' recent speeds put it. Only where the side
+    // not cut is wider than gemm's small path, so that a narrow block cannot take it, and
+    // where no block keeps its panels between firings.
+    let cut = (threads == 2 && blocks == 2 && other > GEMM_SMALL_SIDE && !keeps_panels)
+        .then(|| super::balance::cut(len, super::balance::stream_thread_share()))
+        .flatten();
+    let Some(cut) = cut else {
+        let start = |number: usize| number * len / blocks;
+        // SAFETY: forwarded to the caller; the starts rise from 0 to `len`.
+        unsafe { product.in_blocks_from(operands, threads, blocks, &start, block) };
+        return;
+    };
+    // Each block's time and whether a helper ran it, for the next cut.
+    let took = [AtomicU64::new(0), AtomicU64::new(0)];
+    let by_helper = [AtomicBool::new(false), AtomicBool::new(false)];
+    let timed = |number: usize, part: Product, a: *const T, b: *const T, c: *mut T| {
+        let started = Instant::now();
+        block(number, part, a, b, c);
+        took[number].store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        by_helper[number].store(super::team::on_helper(), Ordering::Relaxed);
+    };
+    let bounds = [0, cut, len];
+    // SAFETY: forwarded to the caller; the bounds rise from 0 to `len`.
+    unsafe { product.in_blocks_from(operands, threads, 2, &|number| bounds[number], timed) };
+    // `for_each_share` returned after both blocks: their stores are visible.
+    let [first, second] = by_helper.map(|flag| flag.into_inner());
+    if first != second {
+        let time = |number: usize| Duration::from_nanos(took[number].load(Ordering::Relaxed));
+        let (mine, theirs) = if first { (1, 0) } else { (0, 1) };
+        let size = |number: usize| bounds[number + 1] - bounds[number];
+        super::balance::learn(size(mine), time(mine), size(theirs), time(theirs));
+    }
+}
+
+/// gemm computes a product whose output is at most this many rows and columns (in its
+/// column-major view) by another path, which blocks the depth by `min(k, 512)` rather than
+/// as its general path does: a block of a split product must not take it unless the whole
+/// product does, or its elements would sum the same terms in other groups than on one
+/// thread (a 100×784×50 product changed 4 474 of its 5 000 elements' last bits on two
+/// threads before [`gemm_blocks`] kept its blocks out of that path).
+pub const GEMM_SMALL_SIDE: usize = 64;
+
+/// How many blocks gemm's products of a side `len` long (the side cut) and another `other`
+/// long are cut into on `threads` threads: one per thread, but never so many that a block
+/// is [`GEMM_SMALL_SIDE`] or less across while `other` is too (unless the whole product
+/// is that small, which then takes the small path whole and in blocks alike).
+pub fn gemm_blocks(threads: usize, len: usize, other: usize) -> usize {
+    let blocks = threads.min(len).max(1);
+    if other > GEMM_SMALL_SIDE || len <= GEMM_SMALL_SIDE {
+        return blocks;
+    }
+    blocks.min(len / (GEMM_SMALL_SIDE + 1)).max(1)
 }
 
 /// Turns the software prefetch of gemm's microkernel on (the default) or off, process-wide,
@@ -470,6 +531,22 @@ fn matrix(shape: &Shape, transposed: bool) -> (usize, usize, (isize, isize)) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gemm_blocks_keep_out_of_the_small_product_path_unless_the_whole_takes_it() {
+        // Wide on both sides: one block per thread.
+        assert_eq!(gemm_blocks(2, 1024, 256), 2);
+        assert_eq!(gemm_blocks(3, 1024, 65), 3);
+        assert_eq!(gemm_blocks(4, 3, 1000), 3);
+        // 64 or fewer on the other side: blocks of more than 64, or none.
+        assert_eq!(gemm_blocks(2, 100, 50), 1);
+        assert_eq!(gemm_blocks(2, 130, 64), 2);
+        assert_eq!(gemm_blocks(3, 130, 64), 2);
+        assert_eq!(gemm_blocks(8, 1000, 10), 8);
+        // Small on both sides: the whole takes the small path too.
+        assert_eq!(gemm_blocks(2, 64, 64), 2);
+        assert_eq!(gemm_blocks(1, 1024, 10), 1);
+    }
+
     use super::*;
     use crate::cpu::isa::Isa;
 

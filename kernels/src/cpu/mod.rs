@@ -71,6 +71,7 @@ use std::sync::Arc;
 
 pub mod attention;
 pub mod axes;
+pub(crate) mod balance;
 pub mod binary;
 pub mod boxing;
 pub mod cast;

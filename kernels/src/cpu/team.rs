@@ -300,6 +300,7 @@ impl Drop for Team {
 /// A helper's loop: wait for a job (spin, then park), claim and run its shares, repeat.
 fn help(shared: &Shared, index: usize) {
     IN_TEAM.with(|flag| flag.set(true));
+    HELPER.with(|flag| flag.set(true));
     // The epoch the team starts at, not the one current when this thread gets to run: the
     // first job may be published before that.
     let mut seen = 0;
@@ -350,12 +351,21 @@ thread_local! {
     /// This thread is a helper, or runs a share of its own team's job: a parallel kernel
     /// inside runs serially.
     static IN_TEAM: Cell<bool> = const { Cell::new(false) };
+    /// This thread is a helper (not a stream thread).
+    static HELPER: Cell<bool> = const { Cell::new(false) };
 }
 
 #[cfg(loom)]
 loom::thread_local! {
     static TEAM: RefCell<Option<Team>> = RefCell::new(None);
     static IN_TEAM: Cell<bool> = Cell::new(false);
+    static HELPER: Cell<bool> = Cell::new(false);
+}
+
+/// Whether the calling thread is a helper of a stream thread, rather than the stream
+/// thread (or any other thread): a share can tell who runs it.
+pub(crate) fn on_helper() -> bool {
+    HELPER.with(Cell::get)
 }
 
 /// Runs `work(0)` … `work(shares − 1)`, each exactly once, on this thread and up to
