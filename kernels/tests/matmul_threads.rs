@@ -63,8 +63,9 @@ fn shaped_product(
 /// Split by rows (more rows than columns) and by columns, both operands' orientations,
 /// sizes off the kernels' tiles, the transformer's and the MLP's shapes, products 64 or
 /// fewer wide on one side and deeper than 512 (whose blocks must stay out of gemm's path
-/// for small products, `GEMM_SMALL_SIDE`), and a batch summed into one output: every
-/// thread count gives the bits of one thread.
+/// for small products, `GEMM_SMALL_SIDE`), matrix-vector products (whose blocks must stay
+/// out of its dot-product path, `GEMM_HORIZONTAL_MAX_ELEMENTS`), and a batch summed into
+/// one output: every thread count gives the bits of one thread.
 #[test]
 fn matmul_blocks_of_rows_or_columns_give_the_bits_of_one_thread() {
     force_backend(Some(GemmBackend::Gemm)).unwrap();
@@ -79,6 +80,8 @@ fn matmul_blocks_of_rows_or_columns_give_the_bits_of_one_thread() {
         (50, 784, 100),
         (128, 600, 64),
         (200, 1000, 33),
+        (1, 4096, 1024),
+        (1024, 4096, 1),
     ];
     for shape in shapes {
         assert!(shape.0 * shape.1 * shape.2 >= regflow_kernels::cpu::matmul::PARALLEL_MIN_MULTIPLY_ADDS, "{shape:?}");
@@ -86,7 +89,7 @@ fn matmul_blocks_of_rows_or_columns_give_the_bits_of_one_thread() {
             for batch_sum in [false, true] {
                 let one = shaped_product(shape, transposes, batch_sum, 1);
                 assert!(one.iter().any(|&v| v != 0.0));
-                for threads in [2, 3] {
+                for threads in [2, 3, 4] {
                     assert!(
                         one == shaped_product(shape, transposes, batch_sum, threads),
                         "{shape:?} {transposes:?} batch sum {batch_sum}: {threads} threads differ from one"

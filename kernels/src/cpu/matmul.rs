@@ -446,16 +446,27 @@ unsafe fn gemm_product<T: Real>(
 /// threads before [`gemm_blocks`] kept its blocks out of that path).
 pub const GEMM_SMALL_SIDE: usize = 64;
 
+/// gemm computes a product of at most this many output elements, where its operands' rows
+/// (or columns) lie along the depth, as dot products (its "horizontal" kernels, summing the
+/// depth in blocks of 1 024 and then across a vector's lanes): a block must not take that
+/// path unless the whole product does (a 1×4096×1024 product cut in four blocks of 256
+/// changed 905 of its 1 024 elements' last bits before [`gemm_blocks`] kept them out).
+pub const GEMM_HORIZONTAL_MAX_ELEMENTS: usize = 16 * 16;
+
 /// How many blocks gemm's products of a side `len` long (the side cut) and another `other`
 /// long are cut into on `threads` threads: one per thread, but never so many that a block
-/// is [`GEMM_SMALL_SIDE`] or less across while `other` is too (unless the whole product
-/// is that small, which then takes the small path whole and in blocks alike).
+/// takes another of gemm's paths than the whole product (the dot products of
+/// [`GEMM_HORIZONTAL_MAX_ELEMENTS`], the small products of [`GEMM_SMALL_SIDE`]), which
+/// would sum its elements' terms in other groups than one thread does.
 pub fn gemm_blocks(threads: usize, len: usize, other: usize) -> usize {
-    let blocks = threads.min(len).max(1);
-    if other > GEMM_SMALL_SIDE || len <= GEMM_SMALL_SIDE {
-        return blocks;
+    let mut least = 1;
+    if len.saturating_mul(other) > GEMM_HORIZONTAL_MAX_ELEMENTS {
+        least = least.max(GEMM_HORIZONTAL_MAX_ELEMENTS / other.max(1) + 1);
     }
-    blocks.min(len / (GEMM_SMALL_SIDE + 1)).max(1)
+    if other <= GEMM_SMALL_SIDE && len > GEMM_SMALL_SIDE {
+        least = least.max(GEMM_SMALL_SIDE + 1);
+    }
+    threads.min(len / least).max(1)
 }
 
 /// Turns the software prefetch of gemm's microkernel on (the default) or off, process-wide,
@@ -548,6 +559,11 @@ mod tests {
         // Small on both sides: the whole takes the small path too.
         assert_eq!(gemm_blocks(2, 64, 64), 2);
         assert_eq!(gemm_blocks(1, 1024, 10), 1);
+        // Blocks of more than 256 elements where the whole has more.
+        assert_eq!(gemm_blocks(4, 1024, 1), 3);
+        assert_eq!(gemm_blocks(2, 1024, 1), 2);
+        assert_eq!(gemm_blocks(2, 64, 5), 1);
+        assert_eq!(gemm_blocks(4, 16, 16), 4);
     }
 
     /// How a test's operands of element type `T` are seen as tensors.
