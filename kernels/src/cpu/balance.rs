@@ -29,7 +29,7 @@ const LEARNING_RATE: f32 = 0.125;
 
 /// Cuts fall on multiples of this many rows or columns, so that blocks stay whole register
 /// tiles of gemm's AVX2 kernels (16 f32 rows); the end of the range is the only partial one.
-pub(crate) const CUT_ALIGN: usize = 16;
+const CUT_ALIGN: usize = 16;
 
 thread_local! {
     /// The calling stream thread's share of its two-thread products.

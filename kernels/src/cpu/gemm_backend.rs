@@ -185,11 +185,12 @@ impl Product {
         }
     }
 
-    /// Runs `block(number, part, a, b, c)` for each of `threads` blocks of output rows or
-    /// columns (the longer side) that `self` is cut into, on this thread and its helpers
-    /// ([`team`](super::team)): `number` the block's (`0..threads`, the same block of the
-    /// same product every time), `part` the block's product (its rows or columns), `a`, `b`
-    /// and `c` its operands' first elements. Blocks write disjoint parts of `c`.
+    /// Runs `block(number, part, a, b, c)` for each of the `min(blocks, len)` equal blocks of
+    /// output rows or columns (the longer side, `len` long) that `self` is cut into, on this
+    /// thread and up to `threads − 1` helpers of it ([`team`](super::team)): `number` the
+    /// block's (`0..blocks`, the same block of the same product every time), `part` the
+    /// block's product (its rows or columns), `a`, `b` and `c` its operands' first
+    /// elements. Blocks write disjoint parts of `c`.
     ///
     /// # Safety
     /// `a`, `b` and `c` must point to operands laid out as `self` says, valid for the call,
@@ -198,12 +199,14 @@ impl Product {
         self,
         operands: (*const T, *const T, *mut T),
         threads: usize,
+        blocks: usize,
         block: impl Fn(usize, Product, *const T, *const T, *mut T) + Sync,
     ) {
         let len = self.split_sides().0;
-        let blocks = threads.min(len);
+        let blocks = blocks.min(len);
+        let start = |number: usize| super::shares::share_start(number, len, blocks);
         // SAFETY: forwarded; the starts rise from 0 to `len`.
-        unsafe { self.in_blocks_from(operands, threads, blocks, &|number| number * len / blocks, block) };
+        unsafe { self.in_blocks_from(operands, threads, blocks, &start, block) };
     }
 
     /// [`Product::in_blocks`] with `blocks` blocks (on up to `threads` threads) where block
@@ -302,8 +305,9 @@ pub(crate) unsafe fn blas_product<T: blas::Scalar>(
         // SAFETY: `in_blocks` hands out the block's operands (its contract).
         unsafe { blas::call(library, &part, a, b, c) };
     };
+    let blocks = if split { threads } else { 1 };
     // SAFETY: forwarded to the caller.
-    unsafe { product.in_blocks((a, b, c), if split { threads } else { 1 }, block) };
+    unsafe { product.in_blocks((a, b, c), threads, blocks, block) };
     true
 }
 

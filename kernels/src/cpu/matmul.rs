@@ -411,9 +411,8 @@ unsafe fn gemm_product<T: Real>(
         .then(|| super::balance::cut(len, super::balance::stream_thread_share()))
         .flatten();
     let Some(cut) = cut else {
-        let start = |number: usize| number * len / blocks;
-        // SAFETY: forwarded to the caller; the starts rise from 0 to `len`.
-        unsafe { product.in_blocks_from(operands, threads, blocks, &start, block) };
+        // SAFETY: forwarded to the caller.
+        unsafe { product.in_blocks(operands, threads, blocks, block) };
         return;
     };
     // Each block's time and whether a helper ran it, for the next cut.

@@ -8,24 +8,18 @@ use std::ops::Range;
 /// exactly one share, so work that writes only its own indices gives the same result on
 /// any thread count.
 pub(crate) fn in_shares(threads: usize, len: usize, work: impl Fn(Range<usize>) + Sync) {
-    in_numbered_shares(threads, len, |_, range| work(range));
-}
-
-/// [`in_shares`], telling `work` each share's number too (`0..min(threads, len)`, in the
-/// order of the shares' ranges), for work that keeps state per share.
-pub(crate) fn in_numbered_shares(threads: usize, len: usize, work: impl Fn(usize, Range<usize>) + Sync) {
     let shares = threads.min(len);
     if shares <= 1 {
-        work(0, 0..len);
+        work(0..len);
         return;
     }
     super::team::for_each_share(threads, shares, &|share| {
-        work(share, share_start(share, len, shares)..share_start(share + 1, len, shares));
+        work(share_start(share, len, shares)..share_start(share + 1, len, shares));
     });
 }
 
 /// The first index of share `share` of `len` indices cut into `shares` contiguous shares.
-fn share_start(share: usize, len: usize, shares: usize) -> usize {
+pub(crate) fn share_start(share: usize, len: usize, shares: usize) -> usize {
     share * len / shares
 }
 
