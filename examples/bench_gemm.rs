@@ -140,45 +140,38 @@ fn main() -> Result<(), regflow::Report> {
         for threads in 1..=max_threads {
             let context = HostContext { threads };
             let mut multiply = || product.compute(&context, &[a.view(), b.view()], &mut [out.view_mut()]);
-            let rate = |seconds: &[f64]| 2.0 * (m * k * n) as f64 / median_of(seconds) / 1e9;
+            let gflop = 2.0 * (m * k * n) as f64 / 1e9;
+            let label = format!("regflow f32 {shape} threads {threads}");
             if ab_prefetch {
-                let (on, off) = alternated(&mut multiply, runs, &mut |on| {
+                let times = alternated(&mut multiply, runs, &mut |on| {
                     set_microkernel_prefetch(on);
                     Ok(())
                 })?;
                 set_microkernel_prefetch(true);
-                println!(
-                    "regflow f32 {shape} threads {threads}, prefetch on / off alternated: median {:.1} / {:.1} GFLOP/s, off takes {:.3}x the time of on",
-                    rate(&on),
-                    rate(&off),
-                    off.iter().sum::<f64>() / on.iter().sum::<f64>()
-                );
+                report_ab(&label, gflop, ("prefetch on", "off"), "off takes", "of on", times);
             }
             if ab_cut && threads == 2 {
-                let (learned, middle) = alternated(&mut multiply, runs, &mut |learned| {
+                let times = alternated(&mut multiply, runs, &mut |learned| {
                     pin_stream_thread_share(if learned { None } else { Some(0.5) });
                     Ok(())
                 })?;
                 pin_stream_thread_share(None);
-                println!(
-                    "regflow f32 {shape} threads {threads}, cut learned / at the middle alternated: median {:.1} / {:.1} GFLOP/s, the middle takes {:.3}x the time of the learned cut",
-                    rate(&learned),
-                    rate(&middle),
-                    middle.iter().sum::<f64>() / learned.iter().sum::<f64>()
+                report_ab(
+                    &label,
+                    gflop,
+                    ("cut learned", "at the middle"),
+                    "the middle takes",
+                    "of the learned cut",
+                    times,
                 );
             }
             if ab_backends {
                 let chosen = backend_in_use()?;
-                let (gemm, blas) = alternated(&mut multiply, runs, &mut |gemm| {
+                let times = alternated(&mut multiply, runs, &mut |gemm| {
                     force_backend(Some(if gemm { GemmBackend::Gemm } else { GemmBackend::Blas }))
                 })?;
                 force_backend(Some(chosen))?;
-                println!(
-                    "regflow f32 {shape} threads {threads}, gemm / OpenBLAS alternated: median {:.1} / {:.1} GFLOP/s, OpenBLAS takes {:.3}x the time of gemm",
-                    rate(&gemm),
-                    rate(&blas),
-                    blas.iter().sum::<f64>() / gemm.iter().sum::<f64>()
-                );
+                report_ab(&label, gflop, ("gemm", "OpenBLAS"), "OpenBLAS takes", "of gemm", times);
             }
         }
     }
@@ -209,6 +202,26 @@ fn alternated(
         }
     }
     Ok((yes, no))
+}
+
+/// Prints an A/B timing from [`alternated`]: each setting's median GFLOP/s (`gflop` per
+/// call) and the second's total time as a multiple of the first's, as
+/// `<label>, <first> / <second> alternated: median … GFLOP/s, <slower> …x the time <of>`.
+fn report_ab(
+    label: &str,
+    gflop: f64,
+    (first, second): (&str, &str),
+    slower: &str,
+    of: &str,
+    times: (Vec<f64>, Vec<f64>),
+) {
+    let (a, b) = times;
+    println!(
+        "{label}, {first} / {second} alternated: median {:.1} / {:.1} GFLOP/s, {slower} {:.3}x the time {of}",
+        gflop / median_of(&a),
+        gflop / median_of(&b),
+        b.iter().sum::<f64>() / a.iter().sum::<f64>()
+    );
 }
 
 /// The median of `values` (not empty).
