@@ -443,14 +443,14 @@ unsafe fn gemm_product<T: Real>(
 /// product does, or its elements would sum the same terms in other groups than on one
 /// thread (a 100×784×50 product changed 4 474 of its 5 000 elements' last bits on two
 /// threads before [`gemm_blocks`] kept its blocks out of that path).
-pub const GEMM_SMALL_SIDE: usize = 64;
+pub const GEMM_SMALL_SIDE: usize = gemm_common::gemm::SMALL_PRODUCT_SIDE;
 
 /// gemm computes a product of at most this many output elements, where its operands' rows
 /// (or columns) lie along the depth, as dot products (its "horizontal" kernels, summing the
 /// depth in blocks of 1 024 and then across a vector's lanes): a block must not take that
 /// path unless the whole product does (a 1×4096×1024 product cut in four blocks of 256
 /// changed 905 of its 1 024 elements' last bits before [`gemm_blocks`] kept them out).
-pub const GEMM_HORIZONTAL_MAX_ELEMENTS: usize = 16 * 16;
+pub const GEMM_HORIZONTAL_MAX_ELEMENTS: usize = gemm_common::gemm::HORIZONTAL_MAX_ELEMENTS;
 
 /// How many blocks gemm's products of a side `len` long (the side cut) and another `other`
 /// long are cut into on `threads` threads: one per thread, but never so many that a block

@@ -108,6 +108,17 @@ impl Conj for c64 {
 
 pub const DEFAULT_THREADING_THRESHOLD: usize = 48 * 48 * 256;
 
+/// regflow patch: the most output elements a product with its operands along the depth
+/// (`lhs_cs == 1`, `rhs_rs == 1`) may have for `gemm_basic_generic` to compute it as dot
+/// products (the horizontal kernels), upstream's literal `16 * 16` named so that a caller
+/// that splits products can keep every part on the whole's path.
+pub const HORIZONTAL_MAX_ELEMENTS: usize = 16 * 16;
+
+/// regflow patch: the widest a product's output may be on both sides for
+/// `gemm_basic_generic` to block its depth by `min(k, 512)` rather than by `kernel_params`
+/// (upstream's literal `64`, named for the same reason).
+pub const SMALL_PRODUCT_SIDE: usize = 64;
+
 // we REALLY want to pack the rhs on aarch64 since we can use mul_add_lane
 #[cfg(target_arch = "aarch64")]
 pub const DEFAULT_RHS_PACKING_THRESHOLD: usize = 2;
@@ -257,7 +268,8 @@ pub unsafe fn gemm_basic_generic<
         return;
     }
 
-    if (H_M > 0 && H_N > 0) && (!conj_dst && lhs_cs == 1 && rhs_rs == 1 && (m * n) <= 16 * 16) {
+    // regflow patch: upstream's literal `16 * 16` named (`HORIZONTAL_MAX_ELEMENTS`).
+    if (H_M > 0 && H_N > 0) && (!conj_dst && lhs_cs == 1 && rhs_rs == 1 && (m * n) <= HORIZONTAL_MAX_ELEMENTS) {
         let kc = 1024;
         let mut depth = 0;
         let mut conj_dst = conj_dst;
@@ -349,7 +361,7 @@ pub unsafe fn gemm_basic_generic<
         }
     }
 
-    let KernelParams { kc, mc, nc } = if m <= 64 && n <= 64 {
+    let KernelParams { kc, mc, nc } = if m <= SMALL_PRODUCT_SIDE && n <= SMALL_PRODUCT_SIDE { // regflow patch: upstream's `64` named
         // skip expensive kernel_params call for small sizes
         let kc = k.min(512);
         let alloc = CACHE_INFO[1].cache_bytes / core::mem::size_of::<T>();
