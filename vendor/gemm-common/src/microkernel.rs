@@ -712,6 +712,13 @@ macro_rules! microkernel {
 
             if rhs_rs == 1 {
                 main_loop();
+            } else if rhs_cs == 1 {
+                // regflow patch: a packed right-hand panel (`rhs_cs == 1`) gets a copy of the
+                // loop of its own, as upstream gives `rhs_rs == 1` one: with the column
+                // stride known, the broadcasts of a step read fixed offsets from one
+                // pointer instead of adding the stride again for every column (REGFLOW.md,
+                // section 7). The same operations in the same order: the same bits.
+                main_loop();
             } else {
                 main_loop();
             }
