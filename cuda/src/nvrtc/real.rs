@@ -1,5 +1,5 @@
 //! NVRTC over cudarc: kernel sources to PTX at run time, once per (source, architecture)
-//! per process, and kept on disk for the next process ([`ptx_cache`](crate::ptx_cache)).
+//! per process, and kept on disk for the next process ([`crate::ptx_cache`]).
 
 use crate::sources::{self, KernelSource};
 use crate::{ptx_cache, CudaError};
@@ -57,7 +57,7 @@ pub fn compile_all(arch: &str) {
 /// Compiles `source` (after the shared prelude) to PTX for the virtual architecture
 /// `arch` (`compute_90`); the driver JIT-compiles the PTX for the exact device. Cached, so
 /// each (source, architecture) is compiled once per process, and kept on disk
-/// ([`ptx_cache`](crate::ptx_cache)), so once per machine while the source, the options
+/// ([`crate::ptx_cache`]), so once per machine while the source, the options
 /// and NVRTC stay the same.
 ///
 /// Threads asking for the same (source, architecture) at once share one compile: the

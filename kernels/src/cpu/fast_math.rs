@@ -107,7 +107,7 @@ pub fn tanh_f32(x: f32) -> f32 {
 /// into the chosen function, so their loops vectorize for it; detection is a cached flag,
 /// nothing is allocated. The width changes no bit: Rust does not contract a multiply and an
 /// add into an FMA, each element is computed by the same operations at any width, and the
-/// reductions keep [`LANES`] partial sums in a fixed order.
+/// reductions keep eight partial sums (`LANES`) in a fixed order.
 ///
 /// [`isa_in_use`]: super::isa::isa_in_use
 #[inline(always)]
