@@ -678,6 +678,40 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// Products whose packed operand lies along its panels' rows (`b` as stored: gemm
+        /// packs `bᵀ`'s panels from `b`'s rows), which the patched gemm-common packs a whole
+        /// row chunk at a time, row by row (vendor/gemm-common/REGFLOW.md, 8): the bits of
+        /// packing panel by panel, over sizes across the panel width, the row chunks and the
+        /// depth blocks, f32 and f64, plain and batch-summed, on any thread count. Packing
+        /// only moves values, so a misplaced element of a packed panel would show.
+        #[test]
+        fn row_packing_gives_the_bits_of_packing_panel_by_panel(
+            m in 1usize..300, k in 1usize..1100, n in 1usize..300, ta in proptest::bool::ANY,
+            threads in 1usize..4, sum in proptest::bool::ANY, seed in 0u64..1000,
+        ) {
+            let isa = crate::cpu::isa::isa_in_use().unwrap();
+            let backend = crate::cpu::gemm_backend::backend_in_use().unwrap();
+            proptest::prop_assume!(backend == GemmBackend::Gemm || !prefers_blas(m, k, n, isa));
+            let batch = if sum { 2 } else { 1 };
+            let mut rng = regflow_plan::SplitMix64::new(seed);
+            let a: Vec<f32> = (0..batch * m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+            let b: Vec<f32> = (0..batch * k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+            let a64: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
+            let b64: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
+            // Process-wide, but harmless to products of other tests: it changes no result.
+            gemm_common::pack_operands::set_row_packing(false);
+            let by_panels = product((&a, ta), (&b, false), (m, k, n), (batch, threads), F32);
+            let by_panels64 = product((&a64, ta), (&b64, false), (m, k, n), (batch, threads), F64);
+            gemm_common::pack_operands::set_row_packing(true);
+            let by_rows = product((&a, ta), (&b, false), (m, k, n), (batch, threads), F32);
+            let by_rows64 = product((&a64, ta), (&b64, false), (m, k, n), (batch, threads), F64);
+            proptest::prop_assert_eq!(by_rows, by_panels);
+            proptest::prop_assert_eq!(by_rows64, by_panels64);
+        }
+    }
+
     #[test]
     fn openblas_takes_the_squarer_products_below_avx512_only() {
         // The MLP's forward product and input gradient (`dy · wᵀ`, the same sizes), and its

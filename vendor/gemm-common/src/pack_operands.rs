@@ -500,3 +500,56 @@ pub unsafe fn pack_rhs<T: Copy, const N: usize, const NR: usize, S: Simd>(
         || pack_generic::<T, N, NR>(n, k, dst, src, src_rs, src_cs, dst_stride),
     );
 }
+
+/// regflow patch: whether the full panels of a row chunk whose operand lies along the
+/// panels' rows are packed at once, row by row (`pack_lhs_rows`); on unless a test turns it
+/// off to compare with upstream's panel-by-panel packing.
+static ROW_PACKING: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(true);
+
+/// regflow patch: turns the packing of whole row chunks row by row on or off, process-wide,
+/// from the next row chunk on. Packing only moves values, so a product's result is the
+/// same bits either way; tests compare the two to check exactly that.
+pub fn set_row_packing(on: bool) {
+    ROW_PACKING.store(on, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// regflow patch: whether [`set_row_packing`] left the row-by-row packing on.
+#[inline]
+pub fn row_packing() -> bool {
+    ROW_PACKING.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// regflow patch: packs `panels` full panels of `MR` rows each, for `k` steps, from an
+/// operand whose `MR` rows of a step lie next to each other (`src_rs == 1`; step `p`
+/// starts at `src + p * src_cs`), into panels `panel_stride` elements apart: the same
+/// values in the same places as `pack_lhs` panel by panel, in another order.
+///
+/// Why: `pack_lhs` fills one panel at a time, reading `MR` elements (64 bytes for `f32`
+/// on AVX2) of each step, whose steps lie a row of the operand apart: for a 1024-wide
+/// `f32` weight that is a new 4 KiB page for every 64 bytes, which the hardware
+/// prefetchers do not follow across pages. Row by row, a step's panels are read as one
+/// run of `panels * MR` elements.
+#[inline(never)]
+pub unsafe fn pack_lhs_rows<T: Copy, const MR: usize, S: Simd>(
+    _: S,
+    panels: usize,
+    k: usize,
+    dst: crate::Ptr<T>,
+    panel_stride: usize,
+    src: crate::Ptr<T>,
+    src_cs: isize,
+) {
+    let (dst, src) = (dst.0, src.0);
+    S::vectorize(
+        #[inline(always)]
+        || {
+            for p in 0..k {
+                let step = src.wrapping_offset(p as isize * src_cs);
+                for i in 0..panels {
+                    let values = (step.add(i * MR) as *const [T; MR]).read_unaligned();
+                    (dst.add(i * panel_stride + p * MR) as *mut [T; MR]).write_unaligned(values);
+                }
+            }
+        },
+    );
+}
