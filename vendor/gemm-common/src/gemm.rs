@@ -742,27 +742,28 @@ pub unsafe fn gemm_basic_generic<
                     let mut j = 0;
                     did_pack_lhs.fill(false);
                     // regflow patch: where this thread multiplies every panel of the chunk
-                    // and the operand's rows of a step lie next to each other, its full
-                    // panels are packed now, row by row, instead of each before its first
-                    // use, reading the operand a step at a time (`pack_lhs_rows`; REGFLOW.md,
+                    // and the operand's elements of a panel's step lie next to each other,
+                    // the full panels are packed now, in one call that reads the operand in
+                    // the order of its rows, instead of each before its first use (REGFLOW.md,
                     // section 8). A partial last panel is left to the loop below.
                     let full_panels = m_chunk / MR;
                     if do_pack_lhs
                         && !cache_ready
                         && lhs_rs == 1
-                        && full_panels > 0
+                        && full_panels > 1
                         && job_start <= job_id
                         && job_id + n_mini_jobs <= job_end
                         && crate::pack_operands::row_packing()
                     {
-                        crate::pack_operands::pack_lhs_rows::<T, MR, _>(
+                        pack_lhs::<T, N, MR, _>(
                             simd,
-                            full_panels,
+                            full_panels * MR,
                             k_chunk,
                             panel_at(0),
-                            packed_lhs_stride,
                             lhs.wrapping_offset(row_outer as isize * lhs_rs + depth_outer as isize * lhs_cs),
                             lhs_cs,
+                            lhs_rs,
+                            packed_lhs_stride,
                         );
                         did_pack_lhs[..full_panels].fill(true);
                     }

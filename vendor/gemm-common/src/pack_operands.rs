@@ -451,6 +451,15 @@ unsafe fn pack_generic<T: Copy, const N: usize, const DST_WIDTH: usize>(
     let m_width = m / DST_WIDTH * DST_WIDTH;
 
     let mut i = 0;
+    // regflow patch: two or more full panels of an operand whose panel elements of a step
+    // lie next to each other are packed in the order of its rows (`pack_panels_by_rows`).
+    if src_rs == 1 && m_width >= 2 * DST_WIDTH && row_packing() {
+        let panels = m_width / DST_WIDTH;
+        pack_panels_by_rows::<T, DST_WIDTH>(panels, k, dst, src, src_cs, dst_stride);
+        src = src.wrapping_offset(src_rs * m_width as isize);
+        dst = dst.add(panels * dst_stride);
+        i = m_width;
+    }
     while i < m_width {
         pack_generic_inner_loop::<_, N, DST_WIDTH>(dst, src, src_rs, src_cs, DST_WIDTH, k);
         src = src.wrapping_offset(src_rs * DST_WIDTH as isize);
@@ -501,13 +510,14 @@ pub unsafe fn pack_rhs<T: Copy, const N: usize, const NR: usize, S: Simd>(
     );
 }
 
-/// regflow patch: whether the full panels of a row chunk whose operand lies along the
-/// panels' rows are packed at once, row by row (`pack_lhs_rows`); on unless a test turns it
-/// off to compare with upstream's panel-by-panel packing.
+/// regflow patch: whether full panels whose elements of a step lie next to each other are
+/// packed in the order of the operand's rows (`pack_panels_by_rows`), and a row chunk's
+/// left-hand panels all at once; on unless a test turns it off to compare with upstream's
+/// panel-by-panel packing.
 static ROW_PACKING: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(true);
 
-/// regflow patch: turns the packing of whole row chunks row by row on or off, process-wide,
-/// from the next row chunk on. Packing only moves values, so a product's result is the
+/// regflow patch: turns the packing of panels row by row on or off, process-wide, from the
+/// next packing on. Packing only moves values, so a product's result is the
 /// same bits either way; tests compare the two to check exactly that.
 pub fn set_row_packing(on: bool) {
     ROW_PACKING.store(on, core::sync::atomic::Ordering::Relaxed);
@@ -519,37 +529,31 @@ pub fn row_packing() -> bool {
     ROW_PACKING.load(core::sync::atomic::Ordering::Relaxed)
 }
 
-/// regflow patch: packs `panels` full panels of `MR` rows each, for `k` steps, from an
-/// operand whose `MR` rows of a step lie next to each other (`src_rs == 1`; step `p`
-/// starts at `src + p * src_cs`), into panels `panel_stride` elements apart: the same
-/// values in the same places as `pack_lhs` panel by panel, in another order.
+/// regflow patch: packs `panels` full panels of `DST_WIDTH` elements a step, for `k`
+/// steps, from an operand whose panel elements of a step lie next to each other (step `p`
+/// of panel `i` starts at `src + p * src_cs + i * DST_WIDTH`), into panels `dst_stride`
+/// elements apart: the values and places of `pack_generic_inner_loop` panel by panel, in
+/// the order of the operand's rows instead.
 ///
-/// Why: `pack_lhs` fills one panel at a time, reading `MR` elements (64 bytes for `f32`
-/// on AVX2) of each step, whose steps lie a row of the operand apart: for a 1024-wide
-/// `f32` weight that is a new 4 KiB page for every 64 bytes, which the hardware
-/// prefetchers do not follow across pages. Row by row, a step's panels are read as one
-/// run of `panels * MR` elements.
-#[inline(never)]
-pub unsafe fn pack_lhs_rows<T: Copy, const MR: usize, S: Simd>(
-    _: S,
+/// Why: panel by panel, each step of a panel is a short read (64 bytes of a 16-wide `f32`
+/// panel, 24 of a 6-wide one) a row of the operand after the last: for a 1024-wide `f32`
+/// matrix, a new 4 KiB page at every step, which the hardware prefetchers do not follow
+/// across pages. Row by row, each step of all the panels is one run of
+/// `panels * DST_WIDTH` elements (REGFLOW.md, section 8).
+#[inline(always)]
+unsafe fn pack_panels_by_rows<T: Copy, const DST_WIDTH: usize>(
     panels: usize,
     k: usize,
-    dst: crate::Ptr<T>,
-    panel_stride: usize,
-    src: crate::Ptr<T>,
+    dst: *mut T,
+    src: *const T,
     src_cs: isize,
+    dst_stride: usize,
 ) {
-    let (dst, src) = (dst.0, src.0);
-    S::vectorize(
-        #[inline(always)]
-        || {
-            for p in 0..k {
-                let step = src.wrapping_offset(p as isize * src_cs);
-                for i in 0..panels {
-                    let values = (step.add(i * MR) as *const [T; MR]).read_unaligned();
-                    (dst.add(i * panel_stride + p * MR) as *mut [T; MR]).write_unaligned(values);
-                }
-            }
-        },
-    );
+    for p in 0..k {
+        let step = src.wrapping_offset(p as isize * src_cs);
+        for i in 0..panels {
+            let values = (step.add(i * DST_WIDTH) as *const [T; DST_WIDTH]).read_unaligned();
+            (dst.add(i * dst_stride + p * DST_WIDTH) as *mut [T; DST_WIDTH]).write_unaligned(values);
+        }
+    }
 }
