@@ -648,6 +648,21 @@ mod tests {
         }
     }
 
+    /// Whether gemm multiplies `m x k x n` with the backend in use: OpenBLAS packs its own
+    /// way (`prefers_blas`), so only there is gemm's packing at stake.
+    fn gemm_packs(m: usize, k: usize, n: usize) -> bool {
+        let isa = crate::cpu::isa::isa_in_use().unwrap();
+        crate::cpu::gemm_backend::backend_in_use().unwrap() == GemmBackend::Gemm || !prefers_blas(m, k, n, isa)
+    }
+
+    /// `batch` products' operands `a` and `b` of `m x k x n`, uniform in [-0.5, 0.5).
+    fn random_operands((m, k, n): (usize, usize, usize), batch: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let mut rng = regflow_plan::SplitMix64::new(seed);
+        let a = (0..batch * m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        let b = (0..batch * k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+        (a, b)
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
         /// Products of operands read transposed, which the patched gemm-common packs by
@@ -661,14 +676,9 @@ mod tests {
             m in 1usize..300, k in 1usize..330, n in 1usize..300, ta in proptest::bool::ANY,
             tb in proptest::bool::ANY, threads in 1usize..4, sum in proptest::bool::ANY, seed in 0u64..1000,
         ) {
-            // OpenBLAS packs its own way (`prefers_blas`): only gemm's packing is at stake.
-            let isa = crate::cpu::isa::isa_in_use().unwrap();
-            let backend = crate::cpu::gemm_backend::backend_in_use().unwrap();
-            proptest::prop_assume!(backend == GemmBackend::Gemm || !prefers_blas(m, k, n, isa));
+            proptest::prop_assume!(gemm_packs(m, k, n));
             let batch = if sum { 2 } else { 1 };
-            let mut rng = regflow_plan::SplitMix64::new(seed);
-            let a: Vec<f32> = (0..batch * m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
-            let b: Vec<f32> = (0..batch * k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+            let (a, b) = random_operands((m, k, n), batch, seed);
             // Process-wide, but harmless to products of other tests: it changes no result.
             gemm_common::pack_operands::set_blocked_packing(false);
             let upstream = product((&a, ta), (&b, tb), (m, k, n), (batch, threads), F32);
@@ -676,10 +686,7 @@ mod tests {
             let blocked = product((&a, ta), (&b, tb), (m, k, n), (batch, threads), F32);
             proptest::prop_assert_eq!(blocked, upstream);
         }
-    }
 
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
         /// Products whose packed operand lies along its panels' rows (`b` as stored: gemm
         /// packs `bᵀ`'s panels from `b`'s rows), which the patched gemm-common packs a whole
         /// row chunk at a time, row by row (vendor/gemm-common/REGFLOW.md, 8): the bits of
@@ -691,13 +698,9 @@ mod tests {
             m in 1usize..300, k in 1usize..1100, n in 1usize..300, ta in proptest::bool::ANY,
             threads in 1usize..4, sum in proptest::bool::ANY, seed in 0u64..1000,
         ) {
-            let isa = crate::cpu::isa::isa_in_use().unwrap();
-            let backend = crate::cpu::gemm_backend::backend_in_use().unwrap();
-            proptest::prop_assume!(backend == GemmBackend::Gemm || !prefers_blas(m, k, n, isa));
+            proptest::prop_assume!(gemm_packs(m, k, n));
             let batch = if sum { 2 } else { 1 };
-            let mut rng = regflow_plan::SplitMix64::new(seed);
-            let a: Vec<f32> = (0..batch * m * k).map(|_| rng.next_f64() as f32 - 0.5).collect();
-            let b: Vec<f32> = (0..batch * k * n).map(|_| rng.next_f64() as f32 - 0.5).collect();
+            let (a, b) = random_operands((m, k, n), batch, seed);
             let a64: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
             let b64: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
             // Process-wide, but harmless to products of other tests: it changes no result.
