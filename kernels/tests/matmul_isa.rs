@@ -3,9 +3,9 @@
 //! so the fallbacks cannot rot on machines whose default is wider. Either operand may be
 //! read transposed: `aᵀ · b` (a weight's gradient) is the product whose right-hand panels
 //! the microkernel reads with a unit column stride, a loop of its own since the vendored
-//! gemm-common's patch 7. One test, because the
-//! forced level is process-wide. The levels cap gemm's dispatch, so the products here run on
-//! gemm whatever backend the build would pick (`matmul_backends.rs` covers OpenBLAS).
+//! gemm-common's patch 7. One test, because the forced level is process-wide. The levels
+//! cap gemm's dispatch, so the products here run on gemm whatever backend the build would
+//! pick (`matmul_backends.rs` covers OpenBLAS).
 
 use regflow_kernels::cpu::gemm_backend::{force_backend, GemmBackend};
 use regflow_kernels::cpu::isa::{force_isa, isa_in_use, Isa};

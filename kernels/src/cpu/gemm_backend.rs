@@ -175,10 +175,16 @@ pub(crate) struct CblasCall {
 }
 
 impl Product {
-    /// The side of the output [`Product::in_blocks`] cuts (the longer: rows when there are
-    /// at least as many rows as columns), and the other.
+    /// Whether [`Product::in_blocks`] cuts the output's rows (the longer side, rows when
+    /// there are at least as many rows as columns) rather than its columns.
+    fn cuts_rows(&self) -> bool {
+        self.m >= self.n
+    }
+
+    /// The side of the output [`Product::in_blocks`] cuts ([`Product::cuts_rows`]), and the
+    /// other.
     pub(crate) fn split_sides(&self) -> (usize, usize) {
-        if self.m >= self.n {
+        if self.cuts_rows() {
             (self.m, self.n)
         } else {
             (self.n, self.m)
@@ -223,8 +229,8 @@ impl Product {
         start: &(dyn Fn(usize) -> usize + Sync),
         block: impl Fn(usize, Product, *const T, *const T, *mut T) + Sync,
     ) {
-        let Product { m, n, a_strides, b_strides, ldc, .. } = self;
-        let by_rows = m >= n;
+        let Product { a_strides, b_strides, ldc, .. } = self;
+        let by_rows = self.cuts_rows();
         let operands = Operands { a, b, out: c };
         let run = |number: usize| {
             // Borrowed whole first, so the closure captures the `Sync` struct, not its pointers.

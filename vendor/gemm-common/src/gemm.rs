@@ -749,11 +749,9 @@ pub unsafe fn gemm_basic_generic<
                     let full_panels = m_chunk / MR;
                     if do_pack_lhs
                         && !cache_ready
-                        && lhs_rs == 1
-                        && full_panels > 1
                         && job_start <= job_id
                         && job_id + n_mini_jobs <= job_end
-                        && crate::pack_operands::row_packing()
+                        && crate::pack_operands::packs_by_rows(lhs_rs, full_panels)
                     {
                         pack_lhs::<T, N, MR, _>(
                             simd,

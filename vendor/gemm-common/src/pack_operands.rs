@@ -453,7 +453,7 @@ unsafe fn pack_generic<T: Copy, const N: usize, const DST_WIDTH: usize>(
     let mut i = 0;
     // regflow patch: two or more full panels of an operand whose panel elements of a step
     // lie next to each other are packed in the order of its rows (`pack_panels_by_rows`).
-    if src_rs == 1 && m_width >= 2 * DST_WIDTH && row_packing() {
+    if packs_by_rows(src_rs, m_width / DST_WIDTH) {
         let panels = m_width / DST_WIDTH;
         pack_panels_by_rows::<T, DST_WIDTH>(panels, k, dst, src, src_cs, dst_stride);
         src = src.wrapping_offset(src_rs * m_width as isize);
@@ -523,10 +523,13 @@ pub fn set_row_packing(on: bool) {
     ROW_PACKING.store(on, core::sync::atomic::Ordering::Relaxed);
 }
 
-/// regflow patch: whether [`set_row_packing`] left the row-by-row packing on.
+/// regflow patch: whether `panels` full panels of an operand whose panel elements of a
+/// step lie `src_rs` apart are packed in the order of its rows (`pack_panels_by_rows`):
+/// where those elements lie next to each other, there are two panels or more, and
+/// [`set_row_packing`] left it on.
 #[inline]
-pub fn row_packing() -> bool {
-    ROW_PACKING.load(core::sync::atomic::Ordering::Relaxed)
+pub(crate) fn packs_by_rows(src_rs: isize, panels: usize) -> bool {
+    src_rs == 1 && panels >= 2 && ROW_PACKING.load(core::sync::atomic::Ordering::Relaxed)
 }
 
 /// regflow patch: packs `panels` full panels of `DST_WIDTH` elements a step, for `k`
