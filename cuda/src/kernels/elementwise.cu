@@ -46,6 +46,41 @@ template <typename T> __device__ __forceinline__ T gelu_derivative(T x) {
     return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * dinner;
 }
 
+// The same two functions in the logistic form, for values stored in 16 bits (FAST16, see
+// `stored_exp`): x/2 · (1 + tanh u) = x · σ(2u) = x / (1 + e^(-2u)), and with s = σ(2u),
+// 1 + tanh u = 2s and 1 - tanh² u = 4s(1 - s), so the derivative is s + 2x · s(1 - s) · u'.
+// One `__expf` and an approximate division where `tanhf` took a few dozen instructions:
+// within a few f32 ulps of the tanh form, far below a bf16 result's rounding. Large |x|
+// give what the tanh form gives (e^(-2u) = inf: x / inf = -0, s = 0).
+__device__ __forceinline__ float gelu_logistic(float x) {
+    float inner = (float)GELU_C * (x + (float)GELU_A * x * x * x);
+    return __fdividef(x, 1.0f + __expf(-2.0f * inner));
+}
+
+__device__ __forceinline__ float gelu_logistic_derivative(float x) {
+    float inner = (float)GELU_C * (x + (float)GELU_A * x * x * x);
+    float s = __fdividef(1.0f, 1.0f + __expf(-2.0f * inner));
+    float dinner = (float)GELU_C * (1.0f + (float)(3.0 * GELU_A) * x * x);
+    return s + 2.0f * x * s * (1.0f - s) * dinner;
+}
+
+// GELU and its derivative for a value stored as T, computed in Wide<T>.
+template <typename T> __device__ __forceinline__ typename Wide<T>::type stored_gelu(typename Wide<T>::type x) {
+    return gelu(x);
+}
+template <> __device__ __forceinline__ float stored_gelu<bf16>(float x) { return FAST16 ? gelu_logistic(x) : gelu(x); }
+template <> __device__ __forceinline__ float stored_gelu<f16>(float x) { return FAST16 ? gelu_logistic(x) : gelu(x); }
+template <typename T>
+__device__ __forceinline__ typename Wide<T>::type stored_gelu_derivative(typename Wide<T>::type x) {
+    return gelu_derivative(x);
+}
+template <> __device__ __forceinline__ float stored_gelu_derivative<bf16>(float x) {
+    return FAST16 ? gelu_logistic_derivative(x) : gelu_derivative(x);
+}
+template <> __device__ __forceinline__ float stored_gelu_derivative<f16>(float x) {
+    return FAST16 ? gelu_logistic_derivative(x) : gelu_derivative(x);
+}
+
 // Stable on both sides, as the CPU: never exponentiates a large positive number.
 template <typename T> __device__ __forceinline__ T sigmoid(T x) {
     if (x >= (T)0) return (T)1 / ((T)1 + m_exp(-x));
@@ -61,8 +96,13 @@ struct Log { template <typename T> __device__ T operator()(T x) const { return m
 struct Sqrt { template <typename T> __device__ T operator()(T x) const { return m_sqrt(x); } };
 struct Tanh { template <typename T> __device__ T operator()(T x) const { return m_tanh(x); } };
 struct Sigmoid { template <typename T> __device__ T operator()(T x) const { return sigmoid(x); } };
-struct Gelu { template <typename T> __device__ T operator()(T x) const { return gelu(x); } };
-struct GeluDerivative { template <typename T> __device__ T operator()(T x) const { return gelu_derivative(x); } };
+// GELU of values stored as S (see stored_gelu).
+template <typename S> struct Gelu {
+    template <typename W> __device__ W operator()(W x) const { return stored_gelu<S>(x); }
+};
+template <typename S> struct GeluDerivative {
+    template <typename W> __device__ W operator()(W x) const { return stored_gelu_derivative<S>(x); }
+};
 
 // out = f(x), eight elements per step where aligned (see EIGHT in the prelude).
 template <typename T, typename F> __device__ __forceinline__ void map1(const T* x, T* out, u64 n, F f) {
@@ -119,9 +159,9 @@ template <typename T> __device__ __forceinline__ void pow_scalar(const T* x, T* 
     extern "C" __global__ void regflow_unary_sigmoid_##S(const T* x, T* out, u64 n) {                          \
         map1(x, out, n, Sigmoid());                                                                     \
     }                                                                                                   \
-    extern "C" __global__ void regflow_unary_gelu_##S(const T* x, T* out, u64 n) { map1(x, out, n, Gelu()); } \
+    extern "C" __global__ void regflow_unary_gelu_##S(const T* x, T* out, u64 n) { map1(x, out, n, Gelu<T>()); } \
     extern "C" __global__ void regflow_unary_gelu_derivative_##S(const T* x, T* out, u64 n) {                  \
-        map1(x, out, n, GeluDerivative());                                                              \
+        map1(x, out, n, GeluDerivative<T>());                                                              \
     }                                                                                                   \
     extern "C" __global__ void regflow_unary_add_scalar_##S(const T* x, T* out, W c, u64 n) {                  \
         add_scalar(x, out, c, n);                                                                       \
@@ -300,14 +340,14 @@ template <typename T> __device__ __forceinline__ void bias_gelu(const T* x, cons
             u64 row = g * EIGHT, col = div_step(&row, width);
             Eight<T> xs = ld8(x + g * EIGHT), bs = ld8(bias + col), r;
 #pragma unroll
-            for (int k = 0; k < EIGHT; ++k) st(&r.v[k], gelu(ld(&xs.v[k]) + ld(&bs.v[k])));
+            for (int k = 0; k < EIGHT; ++k) st(&r.v[k], stored_gelu<T>(ld(&xs.v[k]) + ld(&bs.v[k])));
             st8(out + g * EIGHT, r);
         }
         done = groups * EIGHT;
     }
     FOR_EACH(k, n - done) {
         u64 i = done + k, row = i;
-        st(&out[i], gelu(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
+        st(&out[i], stored_gelu<T>(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
     }
 }
 
@@ -321,14 +361,14 @@ __device__ __forceinline__ void bias_gelu_grad(const T* x, const T* bias, const 
             u64 row = g * EIGHT, col = div_step(&row, width);
             Eight<T> xs = ld8(x + g * EIGHT), bs = ld8(bias + col), ds = ld8(dy + g * EIGHT), r;
 #pragma unroll
-            for (int k = 0; k < EIGHT; ++k) st(&r.v[k], ld(&ds.v[k]) * gelu_derivative(ld(&xs.v[k]) + ld(&bs.v[k])));
+            for (int k = 0; k < EIGHT; ++k) st(&r.v[k], ld(&ds.v[k]) * stored_gelu_derivative<T>(ld(&xs.v[k]) + ld(&bs.v[k])));
             st8(dx + g * EIGHT, r);
         }
         done = groups * EIGHT;
     }
     FOR_EACH(k, n - done) {
         u64 i = done + k, row = i;
-        st(&dx[i], ld(&dy[i]) * gelu_derivative(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
+        st(&dx[i], ld(&dy[i]) * stored_gelu_derivative<T>(ld(&x[i]) + ld(&bias[div_step(&row, width)])));
     }
 }
 

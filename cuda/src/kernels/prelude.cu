@@ -10,12 +10,25 @@ typedef unsigned short bf16;
 
 __device__ __forceinline__ float bf16_to_f32(bf16 x) { return __uint_as_float(((u32)x) << 16); }
 
-// Round to nearest even; NaN stays NaN (quiet).
+// Round to nearest even; NaN stays NaN (quiet), its sign and payload kept. From Ampere on
+// one conversion instruction rounds (it would make every NaN the canonical one, hence the
+// select), where the bit arithmetic took six: kernels that store bf16 row by row (the
+// cross-entropy's gradient stores 412 M per GPT-2 step) were limited by instructions.
+// `BF16_CVT=0` (REGFLOW_CUDA_DEFINES) takes the bit arithmetic everywhere.
+#ifndef BF16_CVT
+#define BF16_CVT 1
+#endif
 __device__ __forceinline__ bf16 f32_to_bf16(float f) {
     u32 u = __float_as_uint(f);
+#if BF16_CVT && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return f != f ? (bf16)((u >> 16) | 0x40u) : (bf16)r;
+#else
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16)(u >> 16);
+#endif
 }
 
 // f16 (IEEE half) travels as its bits too, wrapped in a struct so that it is a type of its
@@ -71,6 +84,22 @@ __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+
+// e^x for a value stored as T, computed in Wide<T>: for bf16 and f16 the hardware's
+// approximation (`__expf`: a multiply and `ex2.approx`, relative error about 2^-21 for the
+// arguments a softmax or a GELU gives it, far below the 2^-9 of a bf16 result) where `expf`
+// takes about ten instructions with its range reduction; f32 and f64 keep the accurate
+// function. The cross-entropy and GELU kernels over 16-bit data were limited by issuing
+// those instructions, not by memory. `FAST16=0` (REGFLOW_CUDA_DEFINES) takes `expf` for
+// every type, as before.
+#ifndef FAST16
+#define FAST16 1
+#endif
+template <typename T> __device__ __forceinline__ typename Wide<T>::type stored_exp(typename Wide<T>::type x) {
+    return m_exp(x);
+}
+template <> __device__ __forceinline__ float stored_exp<bf16>(float x) { return FAST16 ? __expf(x) : expf(x); }
+template <> __device__ __forceinline__ float stored_exp<f16>(float x) { return FAST16 ? __expf(x) : expf(x); }
 
 #define MAX_RANK 8
 

@@ -342,6 +342,12 @@ LAYER_NORM_GRAD_ENTRIES(f32_dy_f16, float, f16)
 // return the CPU kernel's error). `T` is how the logits are stored; the arithmetic is in
 // `Wide<T>` (bf16 logits are widened as they load, so no f32 copy of them exists).
 //
+// CE_GROUPS=0 (REGFLOW_CUDA_DEFINES) takes aligned rows one element at a time through
+// online_add, as before groups of eight (softmax_stats).
+#ifndef CE_GROUPS
+#define CE_GROUPS 1
+#endif
+
 // A row's max `m` and sum `s` of exp(x - m) come from one pass over it (an online softmax:
 // when a larger value arrives, the sum so far is rescaled to it), with four loads in flight
 // per thread; the gradient's second pass writes. Before, a max pass and a sum pass read the
@@ -392,8 +398,29 @@ template <typename T, typename W> __device__ void softmax_stats(const T* xr, u64
 #pragma unroll 2
         for (u64 g = threadIdx.x; g < groups; g += step) {
             Eight<T> v = ld8(xr + g * EIGHT);
+#if CE_GROUPS
+            // The group's max first, so the running sum is rescaled at most once per eight
+            // elements and each element costs one exponential and no branch (online_add per
+            // element was most of the kernel's instructions). NaN is ignored by the max and
+            // makes the sum NaN through its exponential; while the max is still -inf, the
+            // elements are measured from 0 (exp(-inf - -inf) would make a clean 0 NaN).
+            W x[EIGHT], gm = minus_infinity<W>();
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) {
+                x[k] = ld(&v.v[k]);
+                gm = x[k] > gm ? x[k] : gm;
+            }
+            if (gm > m) {
+                s *= stored_exp<T>(m - gm);
+                m = gm;
+            }
+            W from = m == minus_infinity<W>() ? (W)0 : m;
+#pragma unroll
+            for (int k = 0; k < EIGHT; ++k) s += stored_exp<T>(x[k] - from);
+#else
 #pragma unroll
             for (int k = 0; k < EIGHT; ++k) online_add((W)ld(&v.v[k]), m, s);
+#endif
         }
         j = groups * EIGHT + threadIdx.x;
     }
@@ -508,7 +535,7 @@ __device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, cons
                 Eight<T> x = ld8(xr + base), out;
 #pragma unroll
                 for (int k = 0; k < EIGHT; ++k) {
-                    W v = m_exp(ld(&x.v[k]) - shift) * scale;
+                    W v = stored_exp<T>(ld(&x.v[k]) - shift) * scale;
                     if ((i64)(base + k) == c) v -= scale;
                     st(&out.v[k], valid ? v : quiet_nan<W>());
                 }
@@ -518,7 +545,7 @@ __device__ void cross_entropy_grad_rows(const T* logits, const i64* labels, cons
         }
 #pragma unroll 4
         for (u64 j = done + threadIdx.x; j < classes; j += blockDim.x) {
-            W v = m_exp(ld(xr + j) - shift) * scale;
+            W v = stored_exp<T>(ld(xr + j) - shift) * scale;
             if ((i64)j == c) v -= scale;
             st(dr + j, valid ? v : quiet_nan<W>());
         }
@@ -926,6 +953,18 @@ template <int N> __device__ __forceinline__ void times_gamma(float* d, const flo
 // W depends on the shape alone (rows.rs), so the bits do not change from run to run; so
 // does the layout (runs or not), decided once for the launch, as the partials must be.
 // dy is stored as D: f32, or bf16 or f16 widened as it loads.
+// LN_PIPELINE=0 (REGFLOW_CUDA_DEFINES) loads each row when its turn comes, as before.
+#ifndef LN_PIPELINE
+#define LN_PIPELINE 1
+#endif
+// This lane's part of row r's x, dy and (with a base) base, asked for at once.
+template <int N, typename D>
+__device__ __forceinline__ void ld_grad_row(const float* x, const D* dy, const float* base, u64 r, bool runs, u64 len,
+                                            float* v, float* d, float* b) {
+    ld_lane<N>(x + r * len, runs, len, v);
+    ld_lane<N>(dy + r * len, runs, len, d);
+    if (base) ld_lane<N>(base + r * len, runs, len, b);
+}
 template <int N, typename D>
 __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const D* dy, float* dx, float* parts,
                                      u64 rows, u64 len, float eps, const float* base, void* narrow, u32 narrow_kind) {
@@ -938,10 +977,29 @@ __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const D
     float pg[N], pb[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) pg[k] = pb[k] = 0.0f;
+    // At N = 24 (rows of 768, GPT-2's) the warp's next row is loaded while it computes this
+    // one: the kernel's registers hold one block of 8 warps per SM, too few to keep the
+    // memory busy when each waited for its row before computing it. Pipelined, it takes 243
+    // registers and still one block. Below 24 the unpipelined kernel fits two blocks, which
+    // the pipeline's registers would halve; at 32 they would spill. The arithmetic is the
+    // same either way, so are the bits.
+    const bool pipelined = LN_PIPELINE && N == 24;
+    float nx[N], nd[N], nb[N];
+    if (pipelined && w < rows) ld_grad_row<N>(x, dy, base, w, runs, len, nx, nd, nb);
     for (u64 r = w; r < rows; r += warps) {
-        float v[N], d[N], mean, rstd;
-        warp_row_stats<N>(x + r * len, runs, len, eps, v, &mean, &rstd);
-        ld_lane<N>(dy + r * len, runs, len, d);
+        float v[N], d[N], b[N], mean, rstd;
+        if (pipelined) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                v[k] = nx[k];
+                d[k] = nd[k];
+                b[k] = nb[k];
+            }
+            if (r + warps < rows) ld_grad_row<N>(x, dy, base, r + warps, runs, len, nx, nd, nb);
+        } else {
+            ld_grad_row<N>(x, dy, nullptr, r, runs, len, v, d, b);
+        }
+        warp_stats<N>(v, runs, len, eps, &mean, &rstd);
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             v[k] = (v[k] - mean) * rstd;
@@ -961,10 +1019,12 @@ __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const D
 #pragma unroll
         for (int k = 0; k < N; ++k) v[k] = rstd * (d[k] - g - v[k] * gx);
         if (base) {
-            // d is free again: the base's row.
-            ld_lane<N>(base + r * len, runs, len, d);
+            // Unpipelined, the base's row comes now: asked for with x and dy it would keep a
+            // third row's registers live through the reductions (N = 16: two blocks per SM
+            // would become one).
+            if (!pipelined) ld_lane<N>(base + r * len, runs, len, b);
 #pragma unroll
-            for (int k = 0; k < N; ++k) v[k] = exact_add(d[k], v[k]);
+            for (int k = 0; k < N; ++k) v[k] = exact_add(b[k], v[k]);
         }
         st_lane<N>(dx + r * len, runs, len, v);
         if (narrow_kind == 1) st_lane<N>((bf16*)narrow + r * len, runs, len, v);

@@ -1,0 +1,161 @@
+"""PyTorch's kernels for the memory-bound ops of a GPT-2 124M bf16 step, at that step's shapes
+(batch 8 x 1024 tokens, d_model 768, MLP 3072, vocabulary padded to 50304), timed on one GPU,
+for comparison with the per-op profile of regflow's traced step (`benches/gpu/run.sh`,
+`op_profile.py`) in the same call. Each line gives the microseconds per call (CUDA events
+around 50 calls after 5 warm-up calls, the median of 5 such rounds) and the bytes the op
+must move at least, as GB/s.
+
+    python3 benches/peers/rows_torch.py
+
+It also times one memory question of regflow's own: its arenas are managed memory
+(`cuMemAllocManaged`, preferred on the device; `cuda/src/driver/real.rs`), where PyTorch's
+are plain device memory (`cudaMalloc`). `copy` and `add` run on both kinds, the managed
+buffers made with `cudaMallocManaged`, advised to the device, zeroed by it, and wrapped for
+torch through `__cuda_array_interface__`.
+"""
+
+import ctypes
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+ROWS, D, MLP, VOCAB = 8 * 1024, 768, 3072, 50304
+
+
+def timed(fn, calls=50, rounds=5):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        per.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(per)
+
+
+def report(name, us, moved):
+    print(f"torch {name:42s} {us:8.1f} us  {moved / 1e6:8.1f} MB  {moved / us / 1e3:7.0f} GB/s", flush=True)
+
+
+class MemLocation(ctypes.Structure):
+    """`cudaMemLocation`: a kind of location and its id."""
+
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class Managed:
+    """A managed allocation preferred on device 0, seen by torch through the CUDA array
+    interface (the way regflow's arenas are allocated)."""
+
+    def __init__(self, shape, dtype):
+        cudart = None
+        for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+            try:
+                cudart = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if cudart is None:
+            raise OSError("no libcudart")
+        self.cudart = cudart
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.tensor([], dtype=dtype).element_size()
+        ptr = ctypes.c_void_p()
+        assert cudart.cudaMallocManaged(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 1) == 0
+        self.ptr = ptr
+        # cudaMemAdviseSetPreferredLocation = 3, on device 0: CUDA 13 takes a location
+        # {cudaMemLocationTypeDevice = 1, 0}, CUDA 12 the device's ordinal.
+        location = MemLocation(1, 0) if torch.version.cuda.startswith("13") else ctypes.c_int(0)
+        advised = cudart.cudaMemAdvise(ptr, ctypes.c_size_t(nbytes), 3, location)
+        print(f"  managed: {nbytes} bytes at {ptr.value:#x}, cudaMemAdvise -> {advised}", flush=True)
+        assert cudart.cudaMemset(ptr, 0, ctypes.c_size_t(nbytes)) == 0
+        cudart.cudaDeviceSynchronize()
+        typestr = {torch.float32: "<f4", torch.bfloat16: "<V2"}[dtype]
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr.value, False),
+                                         "version": 2, "strides": None}
+        self.dtype = dtype
+
+    def tensor(self):
+        t = torch.as_tensor(self, device="cuda")
+        return t.view(self.dtype) if self.dtype == torch.bfloat16 else t
+
+
+def main():
+    torch.manual_seed(0)
+    dev = "cuda"
+    print("pytorch", torch.__version__, "on", torch.cuda.get_device_name(), flush=True)
+    f32 = lambda *s: torch.randn(*s, device=dev)
+    b16 = lambda *s: torch.randn(*s, device=dev, dtype=torch.bfloat16)
+
+    # Plain copies and adds: the memory's bandwidth, device memory against managed.
+    a, b, out = f32(ROWS, MLP), f32(ROWS, MLP), f32(ROWS, MLP)
+    n = a.numel() * 4
+    report("copy f32 [8192, 3072], device memory", timed(lambda: out.copy_(a)), 2 * n)
+    report("add f32 [8192, 3072], device memory", timed(lambda: torch.add(a, b, out=out)), 3 * n)
+    try:
+        ma, mb, mo = (Managed((ROWS, MLP), torch.float32) for _ in range(3))
+        ta, tb, to = ma.tensor(), mb.tensor(), mo.tensor()
+        ta.copy_(a)
+        tb.copy_(b)
+        report("copy f32 [8192, 3072], managed memory", timed(lambda: to.copy_(ta)), 2 * n)
+        report("add f32 [8192, 3072], managed memory", timed(lambda: torch.add(ta, tb, out=to)), 3 * n)
+        assert torch.equal(to, a + b)
+    except Exception as e:  # noqa: BLE001 - the comparison is optional, the rest is not
+        print("managed memory not timed:", e, flush=True)
+
+    # The step's ops at its shapes.
+    x = b16(ROWS, MLP)
+    bias = b16(MLP)
+    report("bias + gelu(tanh) bf16 [8192, 3072]", timed(lambda: F.gelu(x + bias, approximate="tanh")),
+           2 * x.numel() * 2 + x.numel() * 2)
+    pre = (x + bias)
+    report("gelu(tanh) bf16 [8192, 3072]", timed(lambda: F.gelu(pre, approximate="tanh")), 2 * x.numel() * 2)
+    dy = b16(ROWS, MLP)
+    report("gelu(tanh) backward bf16 [8192, 3072]",
+           timed(lambda: torch.ops.aten.gelu_backward(dy, pre, approximate="tanh")), 3 * x.numel() * 2)
+
+    h = f32(ROWS, D)
+    w, bb = torch.ones(D, device=dev), torch.zeros(D, device=dev)
+    report("layer_norm f32 [8192, 768] -> bf16 out",
+           timed(lambda: F.layer_norm(h, (D,), w, bb).to(torch.bfloat16)), h.numel() * (4 + 2))
+    hh = h.clone().requires_grad_(True)
+    ww = w.clone().requires_grad_(True)
+    bb2 = bb.clone().requires_grad_(True)
+    y = F.layer_norm(hh, (D,), ww, bb2)
+    g = torch.randn_like(y)
+
+    def ln_back():
+        torch.autograd.grad(y, (hh, ww, bb2), g, retain_graph=True)
+
+    report("layer_norm backward f32 [8192, 768]", timed(ln_back), h.numel() * 4 * 3)
+
+    logits = b16(ROWS, VOCAB)
+    labels = torch.randint(0, 50257, (ROWS,), device=dev)
+    report("cross_entropy bf16 [8192, 50304] (fwd)",
+           timed(lambda: F.cross_entropy(logits, labels)),
+           logits.numel() * 2)
+    lg = logits.clone().requires_grad_(True)
+    loss = F.cross_entropy(lg, labels)
+
+    def ce_back():
+        torch.autograd.grad(loss, lg, retain_graph=True)
+
+    report("cross_entropy backward bf16 [8192, 50304]", timed(ce_back), logits.numel() * 2 * 2)
+
+    grads = f32(124_439_808)
+    report("sum of squares f32 [124M] (grad norm)", timed(lambda: torch.linalg.vector_norm(grads)), grads.numel() * 4)
+    cols = b16(ROWS, 3 * D)
+    report("column sum bf16 [8192, 2304] (bias grad)", timed(lambda: cols.sum(0, dtype=torch.float32)),
+           cols.numel() * 2)
+
+
+if __name__ == "__main__":
+    main()
