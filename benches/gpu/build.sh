@@ -30,7 +30,7 @@ cargo build --release --features regflow/cuda --example bench_gpu_gpt2
 cargo build --release -p regflow-cuda --features cuda --example bench_cuda_gemm
 strip -o "$out/bench_gpu_gpt2" target/release/examples/bench_gpu_gpt2
 strip -o "$out/bench_cuda_gemm" target/release/examples/bench_cuda_gemm
-cp benches/gpu/run.sh benches/gpu/ncu.sh benches/gpu/op_profile.py benches/peers/gpt2_torch.py benches/peers/gemm_torch.py benches/peers/rows_torch.py "$out/"
+cp benches/gpu/run.sh benches/gpu/ncu.sh benches/gpu/op_profile.py benches/peers/gpt2_torch.py benches/peers/gemm_torch.py benches/peers/ops_torch.py "$out/"
 if [ -n "${PREVIOUS:-}" ]; then
   cp "$PREVIOUS" "$out/bench_gpu_gpt2.old"
 fi

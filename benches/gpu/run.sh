@@ -241,10 +241,10 @@ old_rows="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,BF16_CVT=0"
     echo "exit $?"
   fi
   if [ "${ROWS_TORCH:-1}" = 1 ]; then
-    # PyTorch's kernels for the step's memory-bound ops at its shapes, and plain device
-    # memory against managed memory (regflow's arenas).
-    echo "== PyTorch row and elementwise kernels"
-    timeout 60 python3 "$here/rows_torch.py"
+    # PyTorch's kernels for the step's memory-bound ops and its attention at its shapes,
+    # and plain device memory against managed memory (regflow's arenas).
+    echo "== PyTorch kernels of the step's ops"
+    timeout 90 python3 "$here/ops_torch.py"
     echo "exit $?"
   fi
   if [ "${TORCH_COMPILE:-1}" = 1 ]; then

@@ -1,11 +1,12 @@
-"""PyTorch's kernels for the memory-bound ops of a GPT-2 124M bf16 step, at that step's shapes
-(batch 8 x 1024 tokens, d_model 768, MLP 3072, vocabulary padded to 50304), timed on one GPU,
-for comparison with the per-op profile of regflow's traced step (`benches/gpu/run.sh`,
-`op_profile.py`) in the same call. Each line gives the microseconds per call (CUDA events
-around 50 calls after 5 warm-up calls, the median of 5 such rounds) and the bytes the op
-must move at least, as GB/s.
+"""PyTorch's kernels for the ops of a GPT-2 124M bf16 step, at that step's shapes (batch 8 x
+1024 tokens, d_model 768, 12 heads of 64, MLP 3072, vocabulary padded to 50304), timed on one
+GPU, for comparison with the per-op profile of regflow's traced step (`benches/gpu/run.sh`,
+`op_profile.py`) in the same call: the memory-bound ops (each line gives the microseconds
+per call, CUDA events around 50 calls after 5 warm-up calls, the median of 5 such rounds,
+and the bytes the op must move at least, as GB/s) and causal attention through
+`F.scaled_dot_product_attention`, forward and backward (its FLOPs, as TFLOP/s).
 
-    python3 benches/peers/rows_torch.py
+    python3 benches/peers/ops_torch.py
 
 It also times one memory question of regflow's own: its arenas are managed memory
 (`cuMemAllocManaged`, preferred on the device; `cuda/src/driver/real.rs`), where PyTorch's
@@ -41,6 +42,10 @@ def timed(fn, calls=50, rounds=5):
 
 def report(name, us, moved):
     print(f"torch {name:42s} {us:8.1f} us  {moved / 1e6:8.1f} MB  {moved / us / 1e3:7.0f} GB/s", flush=True)
+
+
+def report_flops(name, us, flops):
+    print(f"torch {name:42s} {us:8.1f} us  {flops / 1e9:8.1f} GFLOP  {flops / us / 1e6:6.0f} TFLOP/s", flush=True)
 
 
 class MemLocation(ctypes.Structure):
@@ -155,6 +160,22 @@ def main():
     cols = b16(ROWS, 3 * D)
     report("column sum bf16 [8192, 2304] (bias grad)", timed(lambda: cols.sum(0, dtype=torch.float32)),
            cols.numel() * 2)
+
+    # One layer's causal attention (regflow's `attention` and `attention_grad`, 12 of each a
+    # step): [B, H, T, D] = [8, 12, 1024, 64]; FLOPs of the causal half (forward: two
+    # products; backward: five, as flash attention recomputes the scores).
+    b, heads, t, d = 8, 12, 1024, 64
+    q, k, v = (torch.randn(b, heads, t, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    forward = 2 * 2 * b * heads * t * t * d / 2
+    report_flops("attention forward bf16 (sdpa, causal)",
+                 timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), forward)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    dout = torch.randn_like(out)
+
+    def attention_back():
+        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+    report_flops("attention backward bf16 (sdpa, causal)", timed(attention_back), 2.5 * forward)
 
 
 if __name__ == "__main__":
