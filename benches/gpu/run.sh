@@ -91,7 +91,7 @@ wait
 
 # 3. Benchmarks, one at a time, most wanted first (F32=0, FUSED=0, GEMM=0, TORCH=0 (PyTorch eager),
 # TORCH_COMPILE=0, PROFILE=0, CALLBACKS=0, STAGING=0, F16=0, NSYS=0, LONE_CASTS=0, PADDED=0, UNFOLDED=0,
-# UNFOLDED_TABLE=0, UNFOLDED_NORM=0, ATTENTION_AB=0, APART_QKV=0, ROWS_AB=0, ROWS_TORCH=0 leave parts out;
+# UNFOLDED_TABLE=0, UNFOLDED_NORM=0, ATTENTION_AB=0, APART_QKV=0, KERNELS_AB=0, OPS_TORCH=0 leave parts out;
 # TORCH_DTYPES=f32,bf16 picks eager's). Each GPT-2 run says on stderr when each step's loss
 # arrived, so a run cut short by its limit still shows its pace.
 gpt2() { timeout "$1" "$here/bench_gpu_gpt2" --device cuda --size gpt2 "${@:2}"; }
@@ -122,10 +122,10 @@ padded_defined() {
 }
 # The attention entries as before the thirtieth session: unbounded registers, whole tiles.
 old_attention="ATT_OCCUPANCY=0,ATT_PART=64"
-# The row and elementwise kernels as before the fortieth session: expf for 16-bit data,
-# the cross-entropy's statistics one element at a time, the gradient norm's and the
-# layer-norm gradient's loads one round trip at a time, bf16 rounded by bit arithmetic.
-old_rows="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,BF16_CVT=0"
+# The kernels as before the fortieth session: expf for 16-bit data, the cross-entropy's
+# statistics one element at a time, the gradient norm's and the layer-norm gradient's loads
+# one round trip at a time, bf16 rounded by bit arithmetic, exp2f in the attention entries.
+old_kernels="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,BF16_CVT=0,ATT_FAST_EXP2=0"
 {
   full=0
   if [ "${F32:-1}" = 1 ]; then
@@ -188,9 +188,9 @@ old_rows="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,BF16_CVT=0"
         # tiles (attention.cu: ATT_OCCUPANCY, ATT_PART), compiled from the same binary.
         padded_defined "${ATTENTION_AB_ROUNDS:-2}" "$old_attention" "attention capped, in parts"
       fi
-      if [ "${ROWS_AB:-1}" = 1 ]; then
-        # The row and elementwise kernels as before (old_rows), compiled from the same binary.
-        padded_defined "${ROWS_AB_ROUNDS:-2}" "$old_rows" "row kernels as now"
+      if [ "${KERNELS_AB:-1}" = 1 ]; then
+        # The kernels as before the fortieth session (old_kernels), compiled from the same binary.
+        padded_defined "${KERNELS_AB_ROUNDS:-2}" "$old_kernels" "kernels as now"
       fi
       if [ "${APART_QKV:-1}" = 1 ]; then
         # Three Q/K/V projections and the op over them apart, against one packed projection
@@ -240,7 +240,7 @@ old_rows="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,BF16_CVT=0"
       --attention "${TORCH_ATTENTION:-composed,sdpa}"
     echo "exit $?"
   fi
-  if [ "${ROWS_TORCH:-1}" = 1 ]; then
+  if [ "${OPS_TORCH:-1}" = 1 ]; then
     # PyTorch's kernels for the step's memory-bound ops and its attention at its shapes,
     # and plain device memory against managed memory (regflow's arenas).
     echo "== PyTorch kernels of the step's ops"
@@ -273,11 +273,11 @@ old_rows="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,BF16_CVT=0"
       pad=${rest#"$attention"}; pad=${pad#:}; [ -z "$pad" ] && pad=1
       variants=("")
       [ "${ATTENTION_AB:-1}" = 1 ] && [ "$attention" = fused ] && variants+=("$old_attention")
-      [ "${ROWS_AB:-1}" = 1 ] && variants+=("$old_rows")
+      [ "${KERNELS_AB:-1}" = 1 ] && variants+=("$old_kernels")
       for defines in "${variants[@]}"; do
         name="$precision-$attention-$pad"
         [ "$defines" = "$old_attention" ] && name="$name-before"
-        [ "$defines" = "$old_rows" ] && name="$name-rows-before"
+        [ "$defines" = "$old_kernels" ] && name="$name-kernels-before"
         echo "== GPT-2 124M regflow $precision, $attention attention, --pad-vocab $pad, REGFLOW_CUDA_DEFINES=\"$defines\", traced (CUDA events around each kernel): per-op profile of step 1"
         REGFLOW_CUDA_DEFINES="$defines" gpt2 120 --batch "$BATCH" --warmup 1 --steps 1 --precision "$precision" \
           --attention "$attention" --pad-vocab "$pad" --trace "$out/trace-$name.json"

@@ -20,6 +20,27 @@
 
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
+
+// 2^x in the tensor-core entries: the hardware's `ex2.approx.ftz` alone (relative error
+// about 2^-22, results below 2^-126 flushed to 0), as flash attention gets it by compiling
+// with --use_fast_math. `exp2f` wraps the same instruction in a range test and two
+// multiplies to keep results below 2^-126 exact: a probability that small never shows in a
+// 16-bit product, and the three instructions are 64 a lane per tile in the forward (a
+// sixth of its loop), where the entries are bound by issuing instructions. The forward,
+// dq and dk/dv all take it, so the gradient recomputes the forward's probabilities.
+// ATT_FAST_EXP2=0 (REGFLOW_CUDA_DEFINES) takes `exp2f`, as before.
+#ifndef ATT_FAST_EXP2
+#define ATT_FAST_EXP2 1
+#endif
+__device__ __forceinline__ float att_exp2(float x) {
+#if ATT_FAST_EXP2
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
 #define ATT_ROWS 64        // rows of a tensor-core block: 16 per warp
 #define ATT_THREADS 128    // 4 warps
 #define ATT_SIMT_THREADS 128
@@ -355,7 +376,7 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
         const float new_lo = fmaxf(m_lo, att_quad_max(mx_lo)), new_hi = fmaxf(m_hi, att_quad_max(mx_hi));
         // A row with no key yet keeps a base of 0, so no -inf - -inf is taken.
         const float base_lo = new_lo == minus_infinity<float>() ? 0.f : new_lo, base_hi = new_hi == minus_infinity<float>() ? 0.f : new_hi;
-        const float a_lo = exp2f(m_lo - base_lo), a_hi = exp2f(m_hi - base_hi);
+        const float a_lo = att_exp2(m_lo - base_lo), a_hi = att_exp2(m_hi - base_hi);
         m_lo = new_lo;
         m_hi = new_hi;
         l_lo *= a_lo;
@@ -369,10 +390,10 @@ __device__ void att_forward_tc(const h16* q, const h16* k, const h16* v, h16* ou
         }
 #pragma unroll
         for (int nt = 0; nt < KT / 8; ++nt) {
-            s[nt][0] = exp2f(s[nt][0] - base_lo);
-            s[nt][1] = exp2f(s[nt][1] - base_lo);
-            s[nt][2] = exp2f(s[nt][2] - base_hi);
-            s[nt][3] = exp2f(s[nt][3] - base_hi);
+            s[nt][0] = att_exp2(s[nt][0] - base_lo);
+            s[nt][1] = att_exp2(s[nt][1] - base_lo);
+            s[nt][2] = att_exp2(s[nt][2] - base_hi);
+            s[nt][3] = att_exp2(s[nt][3] - base_hi);
             l_lo += s[nt][0] + s[nt][1];
             l_hi += s[nt][2] + s[nt][3];
         }
@@ -433,7 +454,7 @@ __device__ void att_dq_tc(const h16* q, const h16* k, const h16* v, const h16* d
                 for (int i = 0; i < 4; ++i) {
                     const u32 key = (u32)key0 + nt * 8 + 2 * t4 + (i & 1), row = (u32)(i < 2 ? lo : hi);
                     const bool ok = !edge || (key < (u32)tk && !(causal && key > row));
-                    float p = ok ? exp2f(s[nt][i] * c - (i < 2 ? lse_lo : lse_hi)) : 0.f;
+                    float p = ok ? att_exp2(s[nt][i] * c - (i < 2 ? lse_lo : lse_hi)) : 0.f;
                     s[nt][i] = p * (dp[nt][i] - (i < 2 ? dot_lo : dot_hi));
                 }
             att_times_tile<T, D, KP>(acc, s, ks[st] + part * KP, lane);
@@ -496,7 +517,7 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
                     const int r = part * QP + nt * 8 + 2 * t4 + (i & 1);
                     const u32 query = (u32)(first + tile * QT) + r, key = (u32)(i < 2 ? lo : hi);
                     const bool ok = !edge || (query < (u32)tq && !(causal && key > query));
-                    s[nt][i] = ok ? exp2f(s[nt][i] * c - ls[st][r]) : 0.f;
+                    s[nt][i] = ok ? att_exp2(s[nt][i] * c - ls[st][r]) : 0.f;
                     dp[nt][i] = s[nt][i] * (dp[nt][i] - dd[st][r]);
                 }
             att_times_tile<T, D, QP>(dv_acc, s, ds[st] + part * QP, lane);
