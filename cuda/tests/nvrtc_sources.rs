@@ -247,10 +247,8 @@ fn resources(
 }
 
 /// The most bytes of spill stores and loads together a capped tensor-core attention entry
-/// may have. With `ex2.approx` for its exponentials (`ATT_FAST_EXP2`) ptxas gave Hopper's
-/// packed dk/dv 32 / 40 bytes (from 24 / 32), 6 local accesses in a loop of 1697
-/// instructions per tile (from 4 in 2222), and the packed dq and forward fewer than before.
-const ATTENTION_SPILL_BYTES: u32 = 80;
+/// may have: a few values through local memory, not a loop's working set.
+const ATTENTION_SPILL_BYTES: u32 = 64;
 
 /// The tensor-core attention entries for heads of 64 (GPT-2's), over q, k and v apart and
 /// packed (`_qkv`), are compiled to fit 4 blocks per SM (the forward and dq) and 3 (dk/dv)

@@ -151,7 +151,11 @@ fn packed_attention_and_its_gradient_match_the_cpu_and_the_op_apart_bit_for_bit(
 
 /// What the bits test writes from the child process, and the variant it compiles there.
 const BITS_VARIABLE: &str = "REGFLOW_ATTENTION_BITS";
-const UNBOUNDED_WHOLE_TILES: &str = "ATT_OCCUPANCY=0,ATT_PART=64";
+/// The entries as before the thirtieth and fortieth sessions' changes that keep the bits:
+/// unbounded registers, whole tiles, tiles loaded by the general loop and the rows' lse
+/// and dots through registers (`attention.cu`: `ATT_OCCUPANCY`, `ATT_PART`,
+/// `ATT_TILE_LOADS`).
+const UNBOUNDED_WHOLE_TILES: &str = "ATT_OCCUPANCY=0,ATT_PART=64,ATT_TILE_LOADS=0";
 
 /// The tensor-core entries' outputs (forward, then gradient) for GPT-2's head size and a
 /// smaller one, bf16 and f16, causal and not (and their packed twins where queries and
@@ -194,9 +198,11 @@ fn tensor_core_outputs(gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) -> V
     bits
 }
 
-/// The occupancy caps and the parts of the tiles change no bit (`attention.cu`,
-/// `ATT_OCCUPANCY` and `ATT_PART`): this process runs the entries as compiled by default,
-/// a child process of this test binary the same with them unbounded and with whole tiles
+/// The occupancy caps, the parts of the tiles and the unrolled tile loads change no bit
+/// (`attention.cu`, `ATT_OCCUPANCY`, `ATT_PART`, `ATT_TILE_LOADS`): this process runs the
+/// entries as compiled by default,
+/// a child process of this test binary the same with them unbounded, with whole tiles and
+/// the tiles' general loads
 /// (`REGFLOW_CUDA_DEFINES`, read once per process), and the values must be identical.
 #[test]
 fn the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tiles() {

@@ -153,9 +153,42 @@ __device__ __forceinline__ u32 att_shared(const void* p) {
 // Starts copying rows `row0 .. row0 + ROWS` of one head (rows `stride` apart) into a shared
 // tile, zeros past `rows` (`cp.async` with a source size of 0): the copy runs while the
 // block computes on the other tile, and `att_wait` ends it. Every thread takes part.
+//
+// Where the block's threads take the tile's 16-byte chunks in whole rounds (every tile of
+// these entries: 64 rows of D / 8 chunks, D / 8 dividing the 128 threads), a thread's chunks
+// are the same column `j` of rows `step` apart, so the rounds are unrolled and each costs an
+// add to a row, a 32-bit bounds test (positions are below 2^31, see att_pipeline) and one
+// 64-bit multiply-add: the general loop below re-derived row and column by division and
+// tested bounds in 64 bits, about 25 instructions a chunk, a fifth of the forward's
+// per-tile loop. The same chunks land in the same places, so the bits are unchanged.
+// ATT_TILE_LOADS=0 (REGFLOW_CUDA_DEFINES) takes the general loop for every tile, as before.
+#ifndef ATT_TILE_LOADS
+#define ATT_TILE_LOADS 1
+#endif
 template <int D, int ROWS>
 __device__ __forceinline__ void att_load_tile(h16 (*tile)[D + 8], const h16* head, u64 row0, u64 rows, u64 stride) {
     const int chunks = D / 8;
+    if (ATT_TILE_LOADS && ATT_THREADS % chunks == 0 && (ROWS * chunks) % ATT_THREADS == 0) {
+        const int step = ATT_THREADS / chunks, r0 = threadIdx.x / chunks, j = threadIdx.x % chunks;
+        const h16* column = head + j * 8;
+        const u32 to = att_shared(&tile[r0][j * 8]);
+#pragma unroll
+        for (int i = 0; i < ROWS * chunks / ATT_THREADS; ++i) {
+            const u32 row = (u32)row0 + (u32)(r0 + i * step);
+            const bool inside = row < (u32)rows;
+            const h16* from = inside ? column + (u64)row * stride : head;
+#if __CUDA_ARCH__ >= 800
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                             to + (u32)(i * step * (D + 8) * sizeof(h16))),
+                         "l"(from), "r"(inside ? 16 : 0));
+#else
+            (void)from;
+            (void)to;
+            __trap();
+#endif
+        }
+        return;
+    }
     for (int c = threadIdx.x; c < ROWS * chunks; c += ATT_THREADS) {
         const int r = c / chunks, j = c % chunks;
         const bool inside = row0 + r < rows;
@@ -168,6 +201,19 @@ __device__ __forceinline__ void att_load_tile(h16 (*tile)[D + 8], const h16* hea
         __trap();
 #endif
     }
+}
+
+// Starts copying the 4 bytes at `from` to `to` in shared memory (zeros where not `inside`),
+// in the current group of copies.
+__device__ __forceinline__ void att_copy4(float* to, const float* from, bool inside) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(att_shared(to)), "l"(from), "r"(inside ? 4 : 0));
+#else
+    (void)to;
+    (void)from;
+    (void)inside;
+    __trap();
+#endif
 }
 
 // Closes the group of copies started since the last one.
@@ -489,14 +535,31 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
     // Causal: queries before the block's first key attend none of its keys.
     const u64 first = causal ? block0 : 0;
     const u32 tiles = first < tq ? (u32)((tq - first + QT - 1) / QT) : 0u;
+    // At D = 16 and 32 the copies' registers cost the entries blocks per SM (sm_90, D = 16:
+    // 69 registers unbounded, 118 with them), and their tiles are too short for the wait
+    // to matter as much.
+    const bool copied_lse = ATT_TILE_LOADS && D >= 64;
     auto load = [&](u32 tile, int stage) {
         const u64 q0 = first + tile * QT;
         att_load_tile<D, QT>(qs[stage], q + offset_q * pack, q0, tq, in_stride);
         att_load_tile<D, QT>(ds[stage], dout + offset_q, q0, tq, stride);
-        att_commit();
-        for (int r = threadIdx.x; r < QT; r += ATT_THREADS) {
-            ls[stage][r] = q0 + r < tq ? lse[bh * tq + q0 + r] * ATT_LOG2E : 0.f;
-            dd[stage][r] = q0 + r < tq ? dots[bh * tq + q0 + r] : 0.f;
+        if (copied_lse) {
+            // The rows' lse and dots copied as the tiles are (zeros past tq), in the same
+            // group: loaded into registers and stored, they held every tile's barrier for a
+            // memory round trip. lse is kept as it is and taken to log2 units where read.
+            for (int r = threadIdx.x; r < QT; r += ATT_THREADS) {
+                const bool inside = q0 + r < tq;
+                const u64 at = inside ? bh * tq + q0 + r : 0;
+                att_copy4(&ls[stage][r], lse + at, inside);
+                att_copy4(&dd[stage][r], dots + at, inside);
+            }
+            att_commit();
+        } else {
+            att_commit();
+            for (int r = threadIdx.x; r < QT; r += ATT_THREADS) {
+                ls[stage][r] = q0 + r < tq ? lse[bh * tq + q0 + r] * ATT_LOG2E : 0.f;
+                dd[stage][r] = q0 + r < tq ? dots[bh * tq + q0 + r] : 0.f;
+            }
         }
     };
     att_pipeline<S>(tiles, load, [&](u32 tile, int st) {
@@ -517,7 +580,15 @@ __device__ void att_dkv_tc(const h16* q, const h16* k, const h16* v, const h16* 
                     const int r = part * QP + nt * 8 + 2 * t4 + (i & 1);
                     const u32 query = (u32)(first + tile * QT) + r, key = (u32)(i < 2 ? lo : hi);
                     const bool ok = !edge || (query < (u32)tq && !(causal && key > query));
-                    s[nt][i] = ok ? att_exp2(s[nt][i] * c - ls[st][r]) : 0.f;
+                    if (copied_lse) {
+                        // The product the copy loop's other branch takes (0 stays 0), taken
+                        // outside the select: inside it, ptxas gave a loop of 1503
+                        // instructions a tile at D = 64, against 1230.
+                        const float l = ls[st][r] * ATT_LOG2E;
+                        s[nt][i] = ok ? att_exp2(s[nt][i] * c - l) : 0.f;
+                    } else {
+                        s[nt][i] = ok ? att_exp2(s[nt][i] * c - ls[st][r]) : 0.f;
+                    }
                     dp[nt][i] = s[nt][i] * (dp[nt][i] - dd[st][r]);
                 }
             att_times_tile<T, D, QP>(dv_acc, s, ds[st] + part * QP, lane);
