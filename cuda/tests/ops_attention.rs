@@ -149,8 +149,6 @@ fn packed_attention_and_its_gradient_match_the_cpu_and_the_op_apart_bit_for_bit(
     check_packed_case((1, 300, 300, 2, 64, true), DType::Bf16, (&device, &stream));
 }
 
-/// What the bits test writes from the child process, and the variant it compiles there.
-const BITS_VARIABLE: &str = "REGFLOW_ATTENTION_BITS";
 /// The entries as before the thirtieth and fortieth sessions' changes that keep the bits:
 /// unbounded registers, whole tiles, tiles loaded by the general loop and the rows' lse
 /// and dots through registers (`attention.cu`: `ATT_OCCUPANCY`, `ATT_PART`,
@@ -215,24 +213,9 @@ fn the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tile
         eprintln!("dry run: the launches are checked, the child with other tiles is not started");
         return;
     }
-    if let Some(path) = std::env::var_os(BITS_VARIABLE) {
-        // The child: hand the values over and stop.
-        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
-        std::fs::write(path, bytes).expect("the child writes its values");
-        return;
-    }
-    let path = std::env::temp_dir().join(format!("regflow-attention-bits-{}", std::process::id()));
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let status = std::process::Command::new(exe)
-        .args(["--exact", "the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tiles"])
-        .args(["--test-threads=1", "--nocapture"])
-        .env(regflow_cuda::sources::DEFINES_VARIABLE, UNBOUNDED_WHOLE_TILES)
-        .env(BITS_VARIABLE, &path)
-        .status()
-        .expect("the child starts");
-    assert!(status.success(), "the child with REGFLOW_CUDA_DEFINES={UNBOUNDED_WHOLE_TILES} failed: {status}");
-    let bytes = std::fs::read(&path).expect("the child's values");
-    let _ = std::fs::remove_file(&path);
+    let own: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let test = "the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tiles";
+    let Some(bytes) = common::child_bytes(test, UNBOUNDED_WHOLE_TILES, &own) else { return };
     let before: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
     assert_eq!(before.len(), bits.len(), "as many values from the child");
     if let Some(at) = bits.iter().zip(&before).position(|(a, b)| a != b) {

@@ -11,8 +11,7 @@ mod common;
 use regflow_plan::ops::{Cast, LayerNorm, LayerNormGrad, SumSquaresGroup};
 use regflow_plan::{DType, HostArray, Shape, TensorMeta};
 
-/// What the child writes its values to, and the variants it compiles.
-const BITS_VARIABLE: &str = "REGFLOW_SAME_BITS_OUT";
+/// The variants the child compiles.
 const BEFORE: &str = "LN_PIPELINE=0,NORM_LOADS_AHEAD=0,BF16_CVT=0";
 
 fn meta(dims: &[usize], dtype: DType) -> TensorMeta {
@@ -112,25 +111,11 @@ fn the_variants_give_the_bits_the_kernels_gave_before_them() {
         eprintln!("dry run: the launches are checked, the child with the kernels as before is not started");
         return;
     }
-    if let Some(path) = std::env::var_os(BITS_VARIABLE) {
-        // The child: hand the values over and stop.
-        let bytes: Vec<u8> =
-            now.iter().flat_map(|o| (o.len() as u64).to_le_bytes().into_iter().chain(o.clone())).collect();
-        std::fs::write(path, bytes).expect("the child writes its values");
+    let own: Vec<u8> = now.iter().flat_map(|o| (o.len() as u64).to_le_bytes().into_iter().chain(o.clone())).collect();
+    let Some(bytes) = common::child_bytes("the_variants_give_the_bits_the_kernels_gave_before_them", BEFORE, &own)
+    else {
         return;
-    }
-    let path = std::env::temp_dir().join(format!("regflow-same-bits-{}", std::process::id()));
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let status = std::process::Command::new(exe)
-        .args(["--exact", "the_variants_give_the_bits_the_kernels_gave_before_them"])
-        .args(["--test-threads=1", "--nocapture"])
-        .env(regflow_cuda::sources::DEFINES_VARIABLE, BEFORE)
-        .env(BITS_VARIABLE, &path)
-        .status()
-        .expect("the child starts");
-    assert!(status.success(), "the child with REGFLOW_CUDA_DEFINES={BEFORE} failed: {status}");
-    let bytes = std::fs::read(&path).expect("the child's values");
-    let _ = std::fs::remove_file(&path);
+    };
     let mut before = Vec::new();
     let mut rest = &bytes[..];
     while rest.len() >= 8 {

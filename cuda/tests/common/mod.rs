@@ -176,3 +176,30 @@ pub(crate) fn array(dims: &[usize], dtype: DType, seed: u64) -> HostArray {
 pub(crate) fn scalar(dtype: DType, value: f64) -> HostArray {
     HostArray::from_f64([1], dtype, &[value]).expect("a scalar")
 }
+
+/// What tells a child process of a test binary where to write its bytes ([`child_bytes`]).
+const CHILD_BYTES_VARIABLE: &str = "REGFLOW_TEST_CHILD_BYTES";
+
+/// The bytes test `test` of this binary computes with every kernel compiled with the macro
+/// definitions `defines` (`REGFLOW_CUDA_DEFINES` is read once per process, so another
+/// variant of the kernels needs another process): in the parent, starts a child process
+/// running that test alone and returns the bytes it computed; in that child, writes
+/// `bytes` (what it computed) for the parent and returns `None`, and the test ends there.
+pub(crate) fn child_bytes(test: &str, defines: &str, bytes: &[u8]) -> Option<Vec<u8>> {
+    if let Some(path) = std::env::var_os(CHILD_BYTES_VARIABLE) {
+        std::fs::write(path, bytes).expect("the child writes its values");
+        return None;
+    }
+    let path = std::env::temp_dir().join(format!("regflow-child-bytes-{test}-{}", std::process::id()));
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let status = std::process::Command::new(exe)
+        .args(["--exact", test, "--test-threads=1", "--nocapture"])
+        .env(regflow_cuda::sources::DEFINES_VARIABLE, defines)
+        .env(CHILD_BYTES_VARIABLE, &path)
+        .status()
+        .expect("the child starts");
+    assert!(status.success(), "{test}'s child with REGFLOW_CUDA_DEFINES={defines} failed: {status}");
+    let child = std::fs::read(&path).expect("the child's values");
+    let _ = std::fs::remove_file(&path);
+    Some(child)
+}
