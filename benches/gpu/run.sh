@@ -124,9 +124,10 @@ padded_defined() {
 old_attention="ATT_OCCUPANCY=0,ATT_PART=64"
 # The kernels as before the fortieth session: expf for 16-bit data, the cross-entropy's
 # statistics one element at a time, the gradient norm's and the layer-norm gradient's loads
-# one round trip at a time, bf16 rounded by bit arithmetic, exp2f in the attention entries
-# and their tiles loaded by the general loop.
-old_kernels="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,BF16_CVT=0,ATT_FAST_EXP2=0,ATT_TILE_LOADS=0"
+# one round trip at a time, a layer norm's bf16 summand and bias element by element, bf16
+# rounded by bit arithmetic, exp2f in the attention entries and their tiles loaded by the
+# general loop.
+old_kernels="FAST16=0,CE_GROUPS=0,NORM_LOADS_AHEAD=0,LN_PIPELINE=0,LN_SUMMAND_RUNS=0,BF16_CVT=0,ATT_FAST_EXP2=0,ATT_TILE_LOADS=0"
 {
   full=0
   if [ "${F32:-1}" = 1 ]; then

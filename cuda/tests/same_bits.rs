@@ -1,5 +1,6 @@
 //! Kernel variants that must not change a bit: the layer-norm gradient that loads a warp's
-//! next row while it computes this one (`rows.cu`, `LN_PIPELINE`), the gradient norm's
+//! next row while it computes this one (`rows.cu`, `LN_PIPELINE`), the layer norm that reads
+//! a bf16 summand and its bias in runs (`LN_SUMMAND_RUNS`), the gradient norm's
 //! loads in flight (`optim.cu`, `NORM_LOADS_AHEAD`) and the bf16 rounding by the
 //! conversion instruction (`prelude.cu`, `BF16_CVT`). This process runs them as compiled by
 //! default; a child process of this test binary runs the same ops compiled as before them
@@ -12,7 +13,7 @@ use regflow_plan::ops::{Cast, LayerNorm, LayerNormGrad, SumSquaresGroup};
 use regflow_plan::{DType, HostArray, Shape, TensorMeta};
 
 /// The variants the child compiles.
-const BEFORE: &str = "LN_PIPELINE=0,NORM_LOADS_AHEAD=0,BF16_CVT=0";
+const BEFORE: &str = "LN_PIPELINE=0,LN_SUMMAND_RUNS=0,NORM_LOADS_AHEAD=0,BF16_CVT=0";
 
 fn meta(dims: &[usize], dtype: DType) -> TensorMeta {
     TensorMeta::new(Shape::new(dims.to_vec()), dtype)
@@ -78,14 +79,22 @@ fn outputs(gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) -> Vec<Vec<u8>> 
             let conf = common::conf(&folded, &inputs, &with_copy);
             all.extend(common::run(&conf, &inputs, Some(gpu)).iter().map(HostArray::to_le_bytes));
         }
-        // A layer norm with a bf16 output: every element rounded.
+        // A layer norm with a bf16 output (every element rounded), alone and with a bf16
+        // summand, with and without its bias (the summand and bias read in runs).
         let beta = common::array(&[len], DType::F32, 5);
-        let conf = common::conf(
-            &LayerNorm { out: Some(DType::Bf16), ..LayerNorm::new(1e-5) },
-            &[&x, &gamma, &beta],
-            &[meta(&dims, DType::Bf16)],
-        );
+        let norm = LayerNorm { out: Some(DType::Bf16), ..LayerNorm::new(1e-5) };
+        let conf = common::conf(&norm, &[&x, &gamma, &beta], &[meta(&dims, DType::Bf16)]);
         all.extend(common::run(&conf, &[&x, &gamma, &beta], Some(gpu)).iter().map(HostArray::to_le_bytes));
+        let (summand, bias) = (common::array(&dims, DType::Bf16, 6), common::array(&[len], DType::Bf16, 7));
+        let sum_and_y = [meta(&dims, DType::F32), meta(&dims, DType::Bf16)];
+        let residual = LayerNorm { residual: Some(DType::Bf16), ..norm };
+        let inputs = [&x, &gamma, &beta, &summand];
+        let conf = common::conf(&residual, &inputs, &sum_and_y);
+        all.extend(common::run(&conf, &inputs, Some(gpu)).iter().map(HostArray::to_le_bytes));
+        let biased = LayerNorm { summand_bias: true, ..residual };
+        let inputs = [&x, &gamma, &beta, &summand, &bias];
+        let conf = common::conf(&biased, &inputs, &sum_and_y);
+        all.extend(common::run(&conf, &inputs, Some(gpu)).iter().map(HostArray::to_le_bytes));
     }
     // The gradient norm's chain over tensors of one chunk, several, and a remainder.
     let members: Vec<HostArray> = [70_001, 8193, 3, 1 << 20]

@@ -870,6 +870,62 @@ __device__ __forceinline__ void ld_summand(const void* b, u32 kind, u64 at, bool
     else ld_lane<N>((const float*)b + at, runs, len, w);
 }
 
+// y = (v - mean) · rstd · gamma + beta for this lane's runs of row r, gamma and beta a run
+// at a time (arrays of N of them took registers, and warps).
+template <int N, typename Y>
+__device__ __forceinline__ void layer_norm_out_runs(const float* v, float mean, float rstd, const float* gamma,
+                                                    const float* beta, Y* yr) {
+    u32 lane = threadIdx.x & 31;
+#pragma unroll
+    for (int a = 0; a < N / F32_RUN; ++a) {
+        u32 j = run_start<F32_RUN>(lane, a);
+        float g[F32_RUN], b[F32_RUN], o[F32_RUN];
+        ld_run<F32_RUN>(gamma + j, g);
+        ld_run<F32_RUN>(beta + j, b);
+#pragma unroll
+        for (int i = 0; i < F32_RUN; ++i) o[i] = (v[a * F32_RUN + i] - mean) * rstd * g[i] + b[i];
+        st_four(yr + j, o);
+    }
+}
+
+// LN_SUMMAND_RUNS=0 (REGFLOW_CUDA_DEFINES) takes layer_norm_warp's general loop for a bf16
+// summand in runs too, as before.
+#ifndef LN_SUMMAND_RUNS
+#define LN_SUMMAND_RUNS 1
+#endif
+
+// layer_norm_warp for rows in runs with a bf16 summand and, where `bias` is non-null, its
+// bf16 bias (8-byte aligned): the residual stream of a pre-norm block under bf16 mixed
+// precision, 24 of GPT-2's 25 norms a step. The general loop added the bias element by
+// element, loading each summand element again beside it and choosing the summand's type
+// per element; here the summand and the bias come a run at a time, and each element is
+// computed by the same expressions (the same bits).
+template <int N, typename Y>
+__device__ void layer_norm_warp_bf16_summand(const float* x, const float* gamma, const float* beta, Y* y, u64 rows,
+                                             u64 len, float eps, const bf16* b, float* sum, const bf16* bias) {
+    u32 lane = threadIdx.x & 31;
+    FOR_EACH_WARP_ROW(r, rows) {
+        float v[N], w[N], mean, rstd;
+        ld_lane<N>(x + r * len, true, len, v);
+        ld_lane<N>(b + r * len, true, len, w);
+        if (bias) {
+#pragma unroll
+            for (int a = 0; a < N / F32_RUN; ++a) {
+                float c[F32_RUN];
+                ld_four(bias + run_start<F32_RUN>(lane, a), c);
+#pragma unroll
+                for (int i = 0; i < F32_RUN; ++i)
+                    w[a * F32_RUN + i] = bf16_to_f32(f32_to_bf16(__fadd_rn(w[a * F32_RUN + i], c[i])));
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < N; ++k) v[k] = exact_add(v[k], w[k]);
+        st_lane<N>(sum + r * len, true, len, v);
+        warp_stats<N>(v, true, len, eps, &mean, &rstd);
+        layer_norm_out_runs<N>(v, mean, rstd, gamma, beta, y + r * len);
+    }
+}
+
 // layer_norm_rows for one warp per row (y stored as Y: f32, or bf16 or f16 rounded; with
 // a summand, the row x + b written to `sum` and normalized from the registers).
 template <int N, typename Y>
@@ -880,6 +936,10 @@ __device__ void layer_norm_warp(const float* x, const float* gamma, const float*
     // sum to 16.
     bool b_aligned = !b || ((u64)b % (b_kind == 1 ? 16 : 8) == 0 && aligned16(sum));
     bool runs = layer_norm_runs<N>(len, x, gamma, beta, y) && b_aligned;
+    if (LN_SUMMAND_RUNS && runs && b && b_kind == 2 && (u64)bias % 8 == 0) {
+        layer_norm_warp_bf16_summand<N>(x, gamma, beta, y, rows, len, eps, (const bf16*)b, sum, (const bf16*)bias);
+        return;
+    }
     FOR_EACH_WARP_ROW(r, rows) {
         float v[N], mean, rstd;
         if (b) {
@@ -901,18 +961,8 @@ __device__ void layer_norm_warp(const float* x, const float* gamma, const float*
         } else {
             warp_row_stats<N>(x + r * len, runs, len, eps, v, &mean, &rstd);
         }
-        // gamma and beta a run at a time: arrays of N of them took registers (and warps).
         if (runs) {
-#pragma unroll
-            for (int a = 0; a < N / F32_RUN; ++a) {
-                u32 j = run_start<F32_RUN>(lane, a);
-                float g[F32_RUN], b[F32_RUN], o[F32_RUN];
-                ld_run<F32_RUN>(gamma + j, g);
-                ld_run<F32_RUN>(beta + j, b);
-#pragma unroll
-                for (int i = 0; i < F32_RUN; ++i) o[i] = (v[a * F32_RUN + i] - mean) * rstd * g[i] + b[i];
-                st_four(y + r * len + j, o);
-            }
+            layer_norm_out_runs<N>(v, mean, rstd, gamma, beta, y + r * len);
         } else {
 #pragma unroll
             for (int k = 0; k < N; ++k) {
