@@ -6,7 +6,10 @@ per call, CUDA events around 50 calls after 5 warm-up calls, the median of 5 suc
 and the bytes the op must move at least, as GB/s) and causal attention through
 `F.scaled_dot_product_attention`, forward and backward (its FLOPs, as TFLOP/s).
 
-    python3 benches/peers/ops_torch.py
+    python3 benches/peers/ops_torch.py [--smoke]
+
+`--smoke` runs every line on the CPU at small sizes, to check the script where no GPU is
+(its figures mean nothing).
 
 It also times one memory question of regflow's own: its arenas are managed memory
 (`cuMemAllocManaged`, preferred on the device; `cuda/src/driver/real.rs`), where PyTorch's
@@ -15,16 +18,24 @@ buffers made with `cudaMallocManaged`, advised to the device, zeroed by it, and 
 torch through `__cuda_array_interface__`.
 """
 
+import argparse
 import ctypes
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
 
-ROWS, D, MLP, VOCAB = 8 * 1024, 768, 3072, 50304
+ROWS, D, MLP, VOCAB, CLASSES, PARAMS, ATTENTION = 8 * 1024, 768, 3072, 50304, 50257, 124_439_808, (8, 12, 1024, 64)
 
 
 def timed(fn, calls=50, rounds=5):
+    if not torch.cuda.is_available():
+        # --smoke: the host's clock, a couple of calls.
+        fn()
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -94,9 +105,18 @@ class Managed:
 
 
 def main():
+    global ROWS, D, MLP, VOCAB, CLASSES, PARAMS, ATTENTION
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="small sizes on the CPU: a check of the script")
+    args = parser.parse_args()
     torch.manual_seed(0)
-    dev = "cuda"
-    print("pytorch", torch.__version__, "on", torch.cuda.get_device_name(), flush=True)
+    if args.smoke:
+        ROWS, D, MLP, VOCAB, CLASSES, PARAMS, ATTENTION = 64, 32, 128, 136, 130, 10_000, (1, 2, 64, 16)
+        dev = "cpu"
+        print("pytorch", torch.__version__, "on the CPU, --smoke sizes (no figures)", flush=True)
+    else:
+        dev = "cuda"
+        print("pytorch", torch.__version__, "on", torch.cuda.get_device_name(), flush=True)
     f32 = lambda *s: torch.randn(*s, device=dev)
     b16 = lambda *s: torch.randn(*s, device=dev, dtype=torch.bfloat16)
 
@@ -106,6 +126,8 @@ def main():
     report("copy f32 [8192, 3072], device memory", timed(lambda: out.copy_(a)), 2 * n)
     report("add f32 [8192, 3072], device memory", timed(lambda: torch.add(a, b, out=out)), 3 * n)
     try:
+        if dev != "cuda":
+            raise RuntimeError("no GPU")
         ma, mb, mo = (Managed((ROWS, MLP), torch.float32) for _ in range(3))
         ta, tb, to = ma.tensor(), mb.tensor(), mo.tensor()
         ta.copy_(a)
@@ -143,7 +165,7 @@ def main():
     report("layer_norm backward f32 [8192, 768]", timed(ln_back), h.numel() * 4 * 3)
 
     logits = b16(ROWS, VOCAB)
-    labels = torch.randint(0, 50257, (ROWS,), device=dev)
+    labels = torch.randint(0, CLASSES, (ROWS,), device=dev)
     report("cross_entropy bf16 [8192, 50304] (fwd)",
            timed(lambda: F.cross_entropy(logits, labels)),
            logits.numel() * 2)
@@ -155,7 +177,7 @@ def main():
 
     report("cross_entropy backward bf16 [8192, 50304]", timed(ce_back), logits.numel() * 2 * 2)
 
-    grads = f32(124_439_808)
+    grads = f32(PARAMS)
     report("sum of squares f32 [124M] (grad norm)", timed(lambda: torch.linalg.vector_norm(grads)), grads.numel() * 4)
     cols = b16(ROWS, 3 * D)
     report("column sum bf16 [8192, 2304] (bias grad)", timed(lambda: cols.sum(0, dtype=torch.float32)),
@@ -164,7 +186,7 @@ def main():
     # One layer's causal attention (regflow's `attention` and `attention_grad`, 12 of each a
     # step): [B, H, T, D] = [8, 12, 1024, 64]; FLOPs of the causal half (forward: two
     # products; backward: five, as flash attention recomputes the scores).
-    b, heads, t, d = 8, 12, 1024, 64
+    b, heads, t, d = ATTENTION
     q, k, v = (torch.randn(b, heads, t, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     forward = 2 * 2 * b * heads * t * t * d / 2
     report_flops("attention forward bf16 (sdpa, causal)",
