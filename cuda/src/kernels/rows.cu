@@ -1035,6 +1035,9 @@ __device__ void layer_norm_grad_warp(const float* x, const float* gamma, const D
     // same either way, so are the bits.
     const bool pipelined = LN_PIPELINE && N == 24;
     float nx[N], nd[N], nb[N];
+    // Without a base nothing loads nb: zeros, so that no register is read unset.
+#pragma unroll
+    for (int k = 0; k < N; ++k) nb[k] = 0.0f;
     if (pipelined && w < rows) ld_grad_row<N>(x, dy, base, w, runs, len, nx, nd, nb);
     for (u64 r = w; r < rows; r += warps) {
         float v[N], d[N], b[N], mean, rstd;
