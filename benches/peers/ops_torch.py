@@ -79,14 +79,12 @@ class Managed:
                 continue
         if cudart is None:
             raise OSError("no libcudart")
-        self.cudart = cudart
         numel = 1
         for s in shape:
             numel *= s
         nbytes = numel * torch.tensor([], dtype=dtype).element_size()
         ptr = ctypes.c_void_p()
         assert cudart.cudaMallocManaged(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 1) == 0
-        self.ptr = ptr
         # cudaMemAdviseSetPreferredLocation = 3, on device 0: CUDA 13 takes a location
         # {cudaMemLocationTypeDevice = 1, 0}, CUDA 12 the device's ordinal.
         location = MemLocation(1, 0) if torch.version.cuda.startswith("13") else ctypes.c_int(0)

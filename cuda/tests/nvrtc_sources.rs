@@ -253,8 +253,8 @@ const ATTENTION_SPILL_BYTES: u32 = 64;
 /// The tensor-core attention entries for heads of 64 (GPT-2's), over q, k and v apart and
 /// packed (`_qkv`), are compiled to fit 4 blocks per SM (the forward and dq) and 3 (dk/dv)
 /// on Ampere and Hopper, with at most a few values through local memory (`attention.cu`,
-/// `ATT_OCCUPANCY`; [`ATTENTION_SPILL_BYTES`]), and no entry fits fewer blocks than [`ATTENTION_BLOCKS_FLOOR`]: ptxas's
-/// register counts and shared memory say how many fit. With
+/// `ATT_OCCUPANCY`; [`ATTENTION_SPILL_BYTES`]), and no entry fits fewer blocks than
+/// [`ATTENTION_BLOCKS_FLOOR`]: ptxas's register counts and shared memory say how many fit. With
 /// `REGFLOW_ATTENTION_AGAINST_UNBOUNDED=1` it also compiles the variant a GPU session times
 /// against, unbounded and with whole tiles (`REGFLOW_CUDA_DEFINES="ATT_OCCUPANCY=0,ATT_PART=64"`),
 /// checks that no entry fits fewer than it, and prints both variants' figures.

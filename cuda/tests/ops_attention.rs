@@ -198,10 +198,9 @@ fn tensor_core_outputs(gpu: (&regflow_cuda::Device, &regflow_cuda::Stream)) -> V
 
 /// The occupancy caps, the parts of the tiles and the unrolled tile loads change no bit
 /// (`attention.cu`, `ATT_OCCUPANCY`, `ATT_PART`, `ATT_TILE_LOADS`): this process runs the
-/// entries as compiled by default,
-/// a child process of this test binary the same with them unbounded, with whole tiles and
-/// the tiles' general loads
-/// (`REGFLOW_CUDA_DEFINES`, read once per process), and the values must be identical.
+/// entries as compiled by default, a child process of this test binary the same with them
+/// unbounded, with whole tiles and the tiles' general loads (`REGFLOW_CUDA_DEFINES`, read
+/// once per process, `common::child_bytes`), and the values must be identical.
 #[test]
 fn the_tensor_core_entries_give_the_bits_they_gave_unbounded_and_with_whole_tiles() {
     let Some((device, stream)) = common::gpu_or_skip() else { return };

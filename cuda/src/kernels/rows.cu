@@ -177,12 +177,16 @@ template <typename T> __device__ __forceinline__ T summand_at(const void* b, u32
     if (kind == 3) return (T)ld((const f16*)b + i);
     return ((const T*)b)[i];
 }
+// A bf16 summand's value s plus its bf16 bias's c (both widened), as a bf16 `binary` add
+// computes it: in f32, rounded once.
+__device__ __forceinline__ float bf16_add(float s, float c) { return bf16_to_f32(f32_to_bf16(__fadd_rn(s, c))); }
+
 // Element i of a summand plus, where `bias` is non-null, bias[j] added first as a `binary`
 // add of the summand's dtype computes it (in f32 for 16-bit ones, rounded once).
 template <typename T>
 __device__ __forceinline__ T biased_summand_at(const void* b, u32 kind, const void* bias, u64 i, u64 j) {
     if (!bias) return summand_at<T>(b, kind, i);
-    if (kind == 2) return (T)bf16_to_f32(f32_to_bf16(__fadd_rn(ld((const bf16*)b + i), ld((const bf16*)bias + j))));
+    if (kind == 2) return (T)bf16_add(ld((const bf16*)b + i), ld((const bf16*)bias + j));
     if (kind == 3) return (T)f16_to_f32(f32_to_f16(__fadd_rn(ld((const f16*)b + i), ld((const f16*)bias + j))));
     return exact_add(((const T*)b)[i], ((const T*)bias)[j]);
 }
@@ -899,7 +903,8 @@ __device__ __forceinline__ void layer_norm_out_runs(const float* v, float mean, 
 // precision, 24 of GPT-2's 25 norms a step. The general loop added the bias element by
 // element, loading each summand element again beside it and choosing the summand's type
 // per element; here the summand and the bias come a run at a time, and each element is
-// computed by the same expressions (the same bits).
+// computed by the same functions (`bf16_add`, `exact_add`, `layer_norm_out_runs`: the same
+// bits).
 template <int N, typename Y>
 __device__ void layer_norm_warp_bf16_summand(const float* x, const float* gamma, const float* beta, Y* y, u64 rows,
                                              u64 len, float eps, const bf16* b, float* sum, const bf16* bias) {
@@ -914,8 +919,7 @@ __device__ void layer_norm_warp_bf16_summand(const float* x, const float* gamma,
                 float c[F32_RUN];
                 ld_four(bias + run_start<F32_RUN>(lane, a), c);
 #pragma unroll
-                for (int i = 0; i < F32_RUN; ++i)
-                    w[a * F32_RUN + i] = bf16_to_f32(f32_to_bf16(__fadd_rn(w[a * F32_RUN + i], c[i])));
+                for (int i = 0; i < F32_RUN; ++i) w[a * F32_RUN + i] = bf16_add(w[a * F32_RUN + i], c[i]);
             }
         }
 #pragma unroll
